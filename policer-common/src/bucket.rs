@@ -1,0 +1,360 @@
+//! The reverse leaky bucket.
+//!
+//! A bucket holds *debt*: every admitted packet adds its cost, and debt
+//! drains at the configured rate. A packet that would push debt above the
+//! bucket size (the burst) is dropped. Drain is computed lazily from the
+//! timestamp of the next packet, so nothing sweeps the table, and a bucket
+//! at zero debt is identical to no bucket at all: evicting it loses nothing.
+//!
+//! Representation: debt is kept as the time at which it will have drained
+//! to zero ("theoretical arrival time", `tat`), in units of 2^-shift ns.
+//! That makes the whole state one `u64` a CPU can compare-and-swap, and the
+//! per-packet path needs only a shift, a multiply and additions — no
+//! division. Debt = `tat - now` when positive, else zero.
+//!
+//! The unit is per rule (`shift`): fine enough that the cost of one packet
+//! has many units even at 100 Mpps or 400 Gbit/s, coarse enough that the
+//! largest bucket (burst 10^9 at 1 pps) still fits in 61 bits. `now` in
+//! those units wraps modulo 2^64; all comparisons are wrapping differences,
+//! which stay exact because debt is bounded far below 2^63.
+
+/// Nanoseconds per second.
+pub const NS_PER_SEC: u64 = 1_000_000_000;
+/// Finest time unit: 2^-16 ns. Coarser units are picked when a bucket is
+/// so large that it would not fit in [`MAX_LIMIT`].
+pub const MAX_SHIFT: u32 = 16;
+/// Extra fraction bits of the per-byte cost, so that one byte at
+/// 400 Gbit/s (0.02 ns) still has a precise cost.
+pub const BYTE_FRAC_BITS: u32 = 16;
+const BYTE_FRAC_MASK: u64 = (1 << BYTE_FRAC_BITS) - 1;
+/// Largest bucket size (debt limit) in time units. Debt plus one packet's
+/// cost then always fits in 63 bits: no overflow is possible.
+pub const MAX_LIMIT: u64 = 1 << 61;
+/// Largest cost of one packet in time units.
+pub const MAX_PKT_COST: u64 = 1 << 61;
+/// Frames are charged for at most this many bytes (an XDP frame is far
+/// smaller; the cap bounds the multiply below).
+pub const MAX_FRAME_LEN: u32 = 65_535;
+/// Largest per-byte cost, so `MAX_FRAME_LEN * byte_cost` fits in 62 bits.
+pub const MAX_BYTE_COST: u64 = (1 << 62) / MAX_FRAME_LEN as u64;
+/// A wrapped difference `tat - now` this large cannot be debt (debt is at
+/// most [`MAX_LIMIT`]): the bucket is so old that `now` went round the
+/// clock past it. It is treated as drained.
+pub const STALE: u64 = 1 << 62;
+
+/// Rates and bursts accepted by the constructors (see README).
+pub const MIN_RATE_PPS: u64 = 1;
+pub const MAX_RATE_PPS: u64 = 100_000_000;
+pub const MIN_RATE_BPS: u64 = 1_000;
+pub const MAX_RATE_BPS: u64 = 400_000_000_000;
+pub const MAX_BURST: u64 = 1_000_000_000;
+
+/// What a rule does with the sources it matches. Stored as `u32` in
+/// [`Rule::action`] so the kernel value has no implicit padding.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Drop what exceeds the bucket.
+    Police = 0,
+    /// Pass everything, count what would have been dropped.
+    Monitor = 1,
+    /// Never police.
+    Allow = 2,
+    /// Drop everything.
+    Deny = 3,
+}
+
+impl Action {
+    pub const fn from_u32(v: u32) -> Option<Action> {
+        match v {
+            0 => Some(Action::Police),
+            1 => Some(Action::Monitor),
+            2 => Some(Action::Allow),
+            3 => Some(Action::Deny),
+            _ => None,
+        }
+    }
+}
+
+/// A rule as the kernel sees it: the value of the LPM tries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Debt added per packet, in time units (2^-shift ns). Zero in byte mode.
+    pub pkt_cost: u64,
+    /// Debt added per byte, in 2^-(shift + BYTE_FRAC_BITS) ns. Zero in
+    /// packet mode.
+    pub byte_cost: u64,
+    /// Bucket size: the most debt a bucket may hold, in time units.
+    pub limit: u64,
+    /// Mask applied to the source address to form the bucket key (network
+    /// order; the first `key_len` bits set).
+    pub key_mask: [u8; 16],
+    /// Time unit of this rule's buckets: 2^-shift ns.
+    pub shift: u32,
+    /// An [`Action`] as `u32`.
+    pub action: u32,
+    /// How many leading bits of the source form one bucket.
+    pub key_len: u32,
+    /// Identifies the rule in counters and buckets.
+    pub rule_id: u32,
+}
+
+/// Why a rate or burst cannot make a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleError {
+    RateOutOfRange,
+    BurstOutOfRange,
+    KeyLenOutOfRange,
+}
+
+impl core::fmt::Display for RuleError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RuleError::RateOutOfRange => write!(
+                f,
+                "rate out of range ({MIN_RATE_PPS} pps ..= {MAX_RATE_PPS} pps, \
+                 {MIN_RATE_BPS} bit/s ..= {MAX_RATE_BPS} bit/s)"
+            ),
+            RuleError::BurstOutOfRange => write!(f, "burst out of range (1 ..= {MAX_BURST})"),
+            RuleError::KeyLenOutOfRange => {
+                write!(
+                    f,
+                    "key length out of range (1..=32 for IPv4, 1..=128 for IPv6)"
+                )
+            }
+        }
+    }
+}
+
+/// `ceil(a * 2^s / b)` without overflow; host side only (the kernel never
+/// divides).
+const fn ceil_scaled(a: u64, s: u32, b: u64) -> u128 {
+    let n = (a as u128) << s;
+    n.div_ceil(b as u128)
+}
+
+impl Rule {
+    /// A rule that charges one unit per packet: `rate_pps` packets per
+    /// second, `burst` packets back to back from an empty bucket.
+    pub fn packets(rate_pps: u64, burst: u64) -> Result<Rule, RuleError> {
+        if !(MIN_RATE_PPS..=MAX_RATE_PPS).contains(&rate_pps) {
+            return Err(RuleError::RateOutOfRange);
+        }
+        if !(1..=MAX_BURST).contains(&burst) {
+            return Err(RuleError::BurstOutOfRange);
+        }
+        let mut shift = MAX_SHIFT;
+        loop {
+            // Rounding the cost up means the bucket never admits more than
+            // the rate; the error is below one unit in the cost's units.
+            let cost = ceil_scaled(NS_PER_SEC, shift, rate_pps);
+            let limit = cost * burst as u128;
+            if limit <= MAX_LIMIT as u128 && cost <= MAX_PKT_COST as u128 {
+                return Ok(Rule::raw(cost as u64, 0, limit as u64, shift));
+            }
+            if shift == 0 {
+                return Err(RuleError::BurstOutOfRange);
+            }
+            shift -= 1;
+        }
+    }
+
+    /// A rule that charges by frame length: `rate_bps` bits per second and
+    /// `burst_bytes` bytes back to back from an empty bucket.
+    pub fn bytes(rate_bps: u64, burst_bytes: u64) -> Result<Rule, RuleError> {
+        if !(MIN_RATE_BPS..=MAX_RATE_BPS).contains(&rate_bps) {
+            return Err(RuleError::RateOutOfRange);
+        }
+        if !(1..=MAX_BURST).contains(&burst_bytes) {
+            return Err(RuleError::BurstOutOfRange);
+        }
+        let mut shift = MAX_SHIFT;
+        loop {
+            // ns per byte = 8e9 / bps.
+            let byte_cost = ceil_scaled(8 * NS_PER_SEC, shift + BYTE_FRAC_BITS, rate_bps);
+            let limit = (byte_cost * burst_bytes as u128) >> BYTE_FRAC_BITS;
+            if limit <= MAX_LIMIT as u128 && byte_cost <= MAX_BYTE_COST as u128 {
+                return Ok(Rule::raw(0, byte_cost as u64, limit as u64, shift));
+            }
+            if shift == 0 {
+                return Err(RuleError::BurstOutOfRange);
+            }
+            shift -= 1;
+        }
+    }
+
+    const fn raw(pkt_cost: u64, byte_cost: u64, limit: u64, shift: u32) -> Rule {
+        Rule {
+            pkt_cost,
+            byte_cost,
+            limit,
+            key_mask: [0xff; 16],
+            shift,
+            action: Action::Police as u32,
+            key_len: 128,
+            rule_id: 0,
+        }
+    }
+
+    /// Sets how many leading bits of the source address form one bucket.
+    pub fn with_key_len(mut self, key_len: u32, ipv6: bool) -> Result<Rule, RuleError> {
+        let max = if ipv6 { 128 } else { 32 };
+        if key_len == 0 || key_len > max {
+            return Err(RuleError::KeyLenOutOfRange);
+        }
+        self.key_len = key_len;
+        self.key_mask = prefix_mask(key_len);
+        Ok(self)
+    }
+
+    pub const fn with_action(mut self, action: Action) -> Rule {
+        self.action = action as u32;
+        self
+    }
+
+    pub const fn with_id(mut self, rule_id: u32) -> Rule {
+        self.rule_id = rule_id;
+        self
+    }
+
+    /// The debt one frame of `frame_len` bytes adds, in time units.
+    #[inline(always)]
+    pub fn cost(&self, frame_len: u32) -> u64 {
+        let len = if frame_len > MAX_FRAME_LEN {
+            MAX_FRAME_LEN
+        } else {
+            frame_len
+        } as u64;
+        // Clamps make any value written into the map safe, not only the
+        // ones the constructors make: the sum below cannot overflow.
+        let byte_cost = min(self.byte_cost, MAX_BYTE_COST);
+        let scaled = len * byte_cost;
+        // Round up: a frame never costs less than its exact share.
+        let bytes = (scaled >> BYTE_FRAC_BITS) + ((scaled & BYTE_FRAC_MASK != 0) as u64);
+        min(self.pkt_cost, MAX_PKT_COST) + bytes
+    }
+
+    #[inline(always)]
+    fn shift(&self) -> u32 {
+        min(self.shift as u64, MAX_SHIFT as u64) as u32
+    }
+
+    #[inline(always)]
+    fn limit(&self) -> u64 {
+        min(self.limit, MAX_LIMIT)
+    }
+
+    /// Debt in time units a bucket holds at `now` (0 when drained).
+    #[inline(always)]
+    fn debt(tat: u64, now: u64) -> u64 {
+        let d = tat.wrapping_sub(now);
+        // `d` as i64 <= 0: tat is in the past, the bucket is empty.
+        if (d as i64) <= 0 || d >= STALE { 0 } else { d }
+    }
+
+    /// The `tat` of a bucket with no debt at `now_ns`: what a new bucket
+    /// starts from.
+    #[inline(always)]
+    pub fn empty_tat(&self, now_ns: u64) -> u64 {
+        now_ns.wrapping_shl(self.shift())
+    }
+
+    /// The verdict for one frame of `frame_len` bytes at `now_ns`, given
+    /// the bucket's `tat` (use [`Rule::empty_tat`] for a new bucket).
+    ///
+    /// Returns the bucket's new `tat` when the frame is admitted, `None`
+    /// when it must be dropped. A dropped frame leaves the bucket as it
+    /// was, so the drop path never writes.
+    #[inline(always)]
+    pub fn admit(&self, tat: u64, now_ns: u64, frame_len: u32) -> Option<u64> {
+        let now = now_ns.wrapping_shl(self.shift());
+        let limit = self.limit();
+        let debt = Rule::debt(tat, now);
+        // More debt than the bucket holds only happens when the clock
+        // stepped back: keep the bucket (never create budget) and drop.
+        if debt > limit {
+            return None;
+        }
+        let new_debt = debt + self.cost(frame_len);
+        if new_debt > limit {
+            None
+        } else {
+            Some(now.wrapping_add(new_debt))
+        }
+    }
+
+    /// Debt of a bucket at `now_ns`, in nanoseconds.
+    pub fn debt_ns(&self, tat: u64, now_ns: u64) -> u64 {
+        let now = now_ns.wrapping_shl(self.shift());
+        Rule::debt(tat, now) >> self.shift()
+    }
+
+    /// Carries a bucket over from the time unit `old_shift` to this rule's
+    /// (the rule of its prefix changed). The debt is kept as time-to-drain,
+    /// capped at this rule's bucket size. Returns the new `tat`.
+    #[inline(always)]
+    pub fn rescale(&self, tat: u64, old_shift: u32, now_ns: u64) -> u64 {
+        let old_shift = min(old_shift as u64, MAX_SHIFT as u64) as u32;
+        let old_now = now_ns.wrapping_shl(old_shift);
+        let debt_ns = Rule::debt(tat, old_now) >> old_shift;
+        let shift = self.shift();
+        // debt_ns < 2^62, so this shift can only overflow for absurd debt;
+        // the cap keeps it sane either way.
+        let debt = if debt_ns > (MAX_LIMIT >> shift) {
+            MAX_LIMIT
+        } else {
+            debt_ns << shift
+        };
+        now_ns
+            .wrapping_shl(shift)
+            .wrapping_add(min(debt, self.limit()))
+    }
+}
+
+#[inline(always)]
+const fn min(a: u64, b: u64) -> u64 {
+    if a < b { a } else { b }
+}
+
+/// The first `bits` bits set, network order.
+pub const fn prefix_mask(bits: u32) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        let lo = (i * 8) as u32;
+        m[i] = if bits >= lo + 8 {
+            0xff
+        } else if bits <= lo {
+            0
+        } else {
+            0xffu8 << (8 - (bits - lo))
+        };
+        i += 1;
+    }
+    m
+}
+
+/// The value of the bucket map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Bucket {
+    /// When the debt will have drained, in 2^-shift ns (see module doc).
+    /// Updated with compare-and-swap.
+    pub tat: u64,
+    /// The time unit `tat` is in; differs from the rule's after a rule
+    /// change, and the bucket is then rescaled.
+    pub shift: u32,
+    /// The rule that last charged this bucket.
+    pub rule_id: u32,
+}
+
+/// The verdict of the whole program for one frame, as user space reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Drop,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,19 @@
+//! Types and bucket math shared by the XDP program and the userspace side.
+//!
+//! This crate is the single definition of everything the kernel and user
+//! space exchange: map names, map keys and values, counters, and the reverse
+//! leaky bucket itself. The eBPF crate is glue around it. Every `#[repr(C)]`
+//! type here is laid out without implicit padding, so the bytes the kernel
+//! sees are exactly the bytes user space wrote.
+#![no_std]
+
+#[cfg(feature = "std")]
+extern crate std;
+
+pub mod bucket;
+pub mod maps;
+#[cfg(feature = "std")]
+pub mod rate;
+
+pub use bucket::{Bucket, Rule, Verdict};
+pub use maps::*;

@@ -1,0 +1,125 @@
+//! Map names, keys and values the XDP program and user space share.
+//!
+//! The eBPF statics carry exactly these names (a test loads the object and
+//! checks each one exists).
+
+use crate::bucket::Bucket;
+
+/// LPM trie: IPv4 prefix -> [`crate::Rule`].
+pub const MAP_RULES_V4: &str = "RULES_V4";
+/// LPM trie: IPv6 prefix -> [`crate::Rule`].
+pub const MAP_RULES_V6: &str = "RULES_V6";
+/// LRU hash: [`BucketKey`] -> [`Bucket`].
+pub const MAP_BUCKETS: &str = "BUCKETS";
+/// Per-CPU array of [`Counters`], one slot.
+pub const MAP_COUNTERS: &str = "COUNTERS";
+/// Array of one `u64`: the clock in ns when the test clock is on.
+pub const MAP_CLOCK: &str = "CLOCK";
+/// Read-only global (`u32`): non-zero makes the program read its clock
+/// from [`MAP_CLOCK`] instead of `bpf_ktime_get_ns`. Set at load time, so
+/// the verifier removes the branch in production.
+pub const GLOBAL_TEST_CLOCK: &str = "TEST_CLOCK";
+/// The XDP program's name in the object.
+pub const PROGRAM_NAME: &str = "policer";
+
+/// Capacity of the rule tries.
+pub const MAX_RULES: u32 = 131_072;
+/// Default capacity of the bucket table (sources tracked at once).
+pub const DEFAULT_MAX_SOURCES: u32 = 1_048_576;
+
+pub const FAMILY_V4: u32 = 4;
+pub const FAMILY_V6: u32 = 6;
+
+/// Key of the bucket map: the source address masked to the rule's key
+/// length. The key length is part of the key so two rules that group
+/// sources differently never share a bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct BucketKey {
+    /// Masked source, network order; IPv4 uses the first 4 bytes.
+    pub addr: [u8; 16],
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u32,
+    /// Leading bits of `addr` that are significant.
+    pub key_len: u32,
+}
+
+/// Packet counters, one set per CPU; user space sums them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Frames passed by a rule (admitted, allowed or monitored).
+    pub passed_pkts: u64,
+    pub passed_bytes: u64,
+    /// Frames dropped by a rule (over the bucket, or a deny rule).
+    pub dropped_pkts: u64,
+    pub dropped_bytes: u64,
+    /// Frames a monitor rule passed that policing would have dropped.
+    pub would_drop_pkts: u64,
+    pub would_drop_bytes: u64,
+    /// IP frames no rule matched (passed).
+    pub unmatched_pkts: u64,
+    /// Non-IP frames (passed).
+    pub non_ip_pkts: u64,
+    /// Frames claiming IP too short to carry a source address (dropped).
+    pub malformed_pkts: u64,
+    /// Buckets created.
+    pub buckets_created: u64,
+    /// Bucket inserts the kernel refused (the frame is still judged).
+    pub bucket_insert_failed: u64,
+    /// Compare-and-swap rounds lost to another CPU.
+    pub cas_retries: u64,
+}
+
+impl Counters {
+    /// Adds another CPU's counters.
+    pub fn add(&mut self, o: &Counters) {
+        self.passed_pkts += o.passed_pkts;
+        self.passed_bytes += o.passed_bytes;
+        self.dropped_pkts += o.dropped_pkts;
+        self.dropped_bytes += o.dropped_bytes;
+        self.would_drop_pkts += o.would_drop_pkts;
+        self.would_drop_bytes += o.would_drop_bytes;
+        self.unmatched_pkts += o.unmatched_pkts;
+        self.non_ip_pkts += o.non_ip_pkts;
+        self.malformed_pkts += o.malformed_pkts;
+        self.buckets_created += o.buckets_created;
+        self.bucket_insert_failed += o.bucket_insert_failed;
+        self.cas_retries += o.cas_retries;
+    }
+}
+
+/// Layer-2/3 constants the parser uses.
+pub mod wire {
+    pub const ETH_HLEN: usize = 14;
+    pub const ETH_P_IP: u16 = 0x0800;
+    pub const ETH_P_IPV6: u16 = 0x86DD;
+    pub const ETH_P_8021Q: u16 = 0x8100;
+    pub const ETH_P_8021AD: u16 = 0x88A8;
+    pub const VLAN_HLEN: usize = 4;
+    /// 802.1Q / 802.1ad tags the parser looks through.
+    pub const MAX_VLAN_TAGS: usize = 2;
+    pub const IPV4_MIN_HLEN: usize = 20;
+    pub const IPV6_HLEN: usize = 40;
+    /// Default bucket key length: one bucket per IPv4 address, per IPv6 /64.
+    pub const DEFAULT_KEY_LEN_V4: u32 = 32;
+    pub const DEFAULT_KEY_LEN_V6: u32 = 64;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `#[repr(C)]` integers and byte arrays with no padding
+    // (fields are ordered largest first), so every bit pattern is valid.
+    unsafe impl aya::Pod for super::BucketKey {}
+    unsafe impl aya::Pod for super::Counters {}
+    unsafe impl aya::Pod for crate::bucket::Bucket {}
+    unsafe impl aya::Pod for crate::bucket::Rule {}
+}
+
+const _: () = {
+    // No implicit padding: the sizes are the sums of the fields.
+    assert!(core::mem::size_of::<BucketKey>() == 24);
+    assert!(core::mem::size_of::<Bucket>() == 16);
+    assert!(core::mem::size_of::<crate::bucket::Rule>() == 56);
+    assert!(core::mem::size_of::<Counters>() == 12 * 8);
+};
