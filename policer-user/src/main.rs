@@ -25,11 +25,11 @@ enum Cmd {
         #[arg(required = true, value_name = "IFACE")]
         ifaces: Vec<String>,
         /// Rate per source: 500pps, 10kpps, 1.5Mpps, or a bit rate (64kbit, 10gbit).
-        #[arg(long, value_parser = parse_rate)]
+        #[arg(long, value_parser = parse_rate, allow_hyphen_values = true)]
         rate: Rate,
         /// Burst per source: packets (200), or bytes for a bit rate (1500b, 64kb).
         /// Default: 1/50 s worth of the rate.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         burst: Option<String>,
         /// XDP mode: auto tries native, then skb.
         #[arg(long, value_enum, default_value_t = Mode::Auto)]

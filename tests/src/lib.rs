@@ -1,1 +1,31 @@
+//! Test support for policer: network namespaces and veth pairs, frame
+//! building, AF_PACKET sockets and a paced traffic generator.
+//!
+//! Everything here stays inside namespaces the caller creates; frames only
+//! ever cross the veth pair between them.
 
+pub mod daemon;
+pub mod frame;
+pub mod netns;
+pub mod packet;
+pub mod traffic;
+
+/// True when the privileged tiers can run. When they cannot, says why;
+/// under CI (`CI=true`) or `POLICER_REQUIRE_PRIVILEGED=1` an unexpected
+/// skip is a failure.
+pub fn privileged(tier: &str) -> bool {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let reason = format!(
+        "{tier}: skipped: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN); run `cargo xtask test`"
+    );
+    let required = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+        || std::env::var("POLICER_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1");
+    if required {
+        panic!("{reason} (CI requires every tier)");
+    }
+    eprintln!("{reason}");
+    false
+}

@@ -1,0 +1,134 @@
+//! Running the real `policer` binary as a separate process, the way a
+//! user does: `ip netns exec NS policer ...`.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+/// The `policer` binary under test: `$POLICER_BIN`, else the workspace's
+/// debug build (`cargo xtask test` builds it first).
+pub fn policer_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("POLICER_BIN") {
+        return p.into();
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/policer");
+    assert!(
+        p.exists(),
+        "{} missing: build it first (`cargo xtask test` does)",
+        p.display()
+    );
+    p
+}
+
+/// Runs `policer ARGS` inside `ns` to completion.
+pub fn policer_in(ns: &str, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(policer_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run policer")
+}
+
+/// A running `policer attach`; killed on drop if still running.
+pub struct Daemon {
+    child: Child,
+    pub out: Arc<Mutex<Vec<String>>>,
+    pub err: Arc<Mutex<Vec<String>>>,
+}
+
+fn collect(r: impl std::io::Read + Send + 'static, into: Arc<Mutex<Vec<String>>>) {
+    thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            into.lock().unwrap().push(line);
+        }
+    });
+}
+
+impl Daemon {
+    /// Starts `policer ARGS` in `ns` and waits until it reports that it is
+    /// policing; panics with its output if it exits first.
+    pub fn start(ns: &str, args: &[&str]) -> Daemon {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(policer_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn policer");
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let err = Arc::new(Mutex::new(Vec::new()));
+        collect(child.stdout.take().unwrap(), out.clone());
+        collect(child.stderr.take().unwrap(), err.clone());
+        Daemon::wait_more(Daemon { child, out, err }, Instant::now())
+    }
+
+    fn wait_more(mut d: Daemon, t0: Instant) -> Daemon {
+        loop {
+            if d.stdout().contains("policing every source") {
+                return d;
+            }
+            if let Ok(Some(st)) = d.child.try_wait() {
+                thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "policer exited ({st}) before policing:\n{}\n{}",
+                    d.stdout(),
+                    d.stderr()
+                );
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "policer did not start:\n{}",
+                d.stdout()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stdout(&self) -> String {
+        self.out.lock().unwrap().join("\n")
+    }
+
+    pub fn stderr(&self) -> String {
+        self.err.lock().unwrap().join("\n")
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends `sig` and waits for the exit; returns whether it exited 0.
+    pub fn stop_with(&mut self, sig: i32) -> bool {
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(self.pid(), sig) };
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                thread::sleep(Duration::from_millis(100));
+                return st.success();
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                let _ = self.child.kill();
+                return false;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

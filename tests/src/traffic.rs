@@ -1,0 +1,237 @@
+//! A smoothly paced traffic generator and a receiver that counts what
+//! arrives, per flow. Burst-sending generators under-admit in accuracy
+//! tests (PLATFORM-NOTES), so each flow sends at exact, evenly spaced
+//! times from one schedule.
+
+use std::{
+    cmp::Reverse,
+    collections::BinaryHeap,
+    net::IpAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    frame::{FrameSpec, find_mark},
+    netns::{Sandbox, enter},
+    packet::RawSocket,
+};
+
+/// One source sending at a fixed rate.
+#[derive(Clone, Debug)]
+pub struct Flow {
+    pub src: IpAddr,
+    pub pps: f64,
+    /// Frame length in bytes.
+    pub len: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SendReport {
+    pub sent: Vec<u64>,
+    /// Send time of each flow's first and last frame, ns since the start.
+    pub first_ns: Vec<u64>,
+    pub last_ns: Vec<u64>,
+}
+
+impl SendReport {
+    /// Seconds between a flow's first and last frame.
+    pub fn span_secs(&self, flow: usize) -> f64 {
+        self.last_ns[flow].saturating_sub(self.first_ns[flow]) as f64 / 1e9
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Received {
+    pub per_flow: Vec<u64>,
+    pub bytes_per_flow: Vec<u64>,
+    /// Frames that were not ours (should be zero in a quiet sandbox).
+    pub foreign: u64,
+    /// Frames the receive socket itself lost (must be zero for counts to
+    /// be trusted).
+    pub socket_drops: u64,
+}
+
+const DST_V4: &str = "198.19.255.1";
+const DST_V6: &str = "2001:db8:ffff::1";
+
+/// Sends `flows` for `duration` on `sock`, paced.
+pub fn send(
+    sock: &RawSocket,
+    flows: &[Flow],
+    dst_mac: [u8; 6],
+    run: u32,
+    duration: Duration,
+    stop: &AtomicBool,
+) -> SendReport {
+    let mut frames: Vec<(Vec<u8>, usize)> = flows
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let dst: IpAddr = if f.src.is_ipv4() {
+                DST_V4.parse().unwrap()
+            } else {
+                DST_V6.parse().unwrap()
+            };
+            let mut spec = FrameSpec::udp(f.src, dst, f.len);
+            spec.dst_mac = dst_mac;
+            let b = spec.build(Some((run, i as u32, 0)));
+            let seq_at = b
+                .windows(4)
+                .position(|w| w == crate::frame::MARKER)
+                .expect("marker")
+                + 12;
+            (b, seq_at)
+        })
+        .collect();
+    let n = flows.len();
+    let mut rep = SendReport {
+        sent: vec![0; n],
+        first_ns: vec![0; n],
+        last_ns: vec![0; n],
+    };
+    let period: Vec<f64> = flows.iter().map(|f| 1e9 / f.pps).collect();
+    // Stagger the flows' phases so the aggregate is smooth too.
+    let phase: Vec<f64> = (0..n).map(|i| period[i] * (i as f64 / n as f64)).collect();
+    let end_ns = duration.as_nanos() as u64;
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> =
+        (0..n).map(|i| Reverse((phase[i] as u64, i))).collect();
+    let start = Instant::now();
+    while let Some(Reverse((due, i))) = heap.pop() {
+        if due >= end_ns || stop.load(Ordering::Relaxed) {
+            continue;
+        }
+        loop {
+            let now = start.elapsed().as_nanos() as u64;
+            if now >= due {
+                break;
+            }
+            if due - now > 300_000 {
+                thread::sleep(Duration::from_nanos(due - now - 200_000));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let (frame, seq_at) = &mut frames[i];
+        let k = rep.sent[i];
+        frame[*seq_at..*seq_at + 4].copy_from_slice(&(k as u32).to_be_bytes());
+        let at = start.elapsed().as_nanos() as u64;
+        sock.send(frame).expect("send frame");
+        if k == 0 {
+            rep.first_ns[i] = at;
+        }
+        rep.last_ns[i] = at;
+        rep.sent[i] = k + 1;
+        let next = phase[i] + (k + 1) as f64 * period[i];
+        heap.push(Reverse((next as u64, i)));
+    }
+    rep
+}
+
+/// Counts our frames by flow until `stop`, then drains for a moment.
+pub fn receive(sock: &RawSocket, n: usize, run: u32, stop: &AtomicBool) -> Received {
+    let mut r = Received {
+        per_flow: vec![0; n],
+        bytes_per_flow: vec![0; n],
+        ..Default::default()
+    };
+    let mut buf = vec![0u8; 65536];
+    sock.set_timeout(Duration::from_millis(50))
+        .expect("timeout");
+    let mut quiet_since: Option<Instant> = None;
+    loop {
+        match sock.recv(&mut buf).expect("recv") {
+            Some(len) => {
+                quiet_since = None;
+                match find_mark(&buf[..len]) {
+                    Some((id, flow, _)) if id == run && (flow as usize) < n => {
+                        r.per_flow[flow as usize] += 1;
+                        r.bytes_per_flow[flow as usize] += len as u64;
+                    }
+                    _ => r.foreign += 1,
+                }
+            }
+            None => {
+                if stop.load(Ordering::Relaxed) {
+                    let q = *quiet_since.get_or_insert_with(Instant::now);
+                    if q.elapsed() > Duration::from_millis(300) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    r.socket_drops = sock.drops().unwrap_or(u32::MAX) as u64;
+    r
+}
+
+/// Sends `flows` from the sandbox's transmit side and counts what arrives
+/// on the receive side, each in a thread inside its namespace.
+pub fn run(sb: &Sandbox, flows: &[Flow], duration: Duration) -> (SendReport, Received) {
+    run_in(
+        &sb.tx_ns,
+        &sb.tx_if,
+        &sb.rx_ns,
+        &sb.rx_if,
+        sb.rx_mac(),
+        flows,
+        duration,
+        None,
+    )
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "plain plumbing of one experiment's parameters"
+)]
+pub fn run_in(
+    tx_ns: &str,
+    tx_if: &str,
+    rx_ns: &str,
+    rx_if: &str,
+    dst_mac: [u8; 6],
+    flows: &[Flow],
+    duration: Duration,
+    stop: Option<Arc<AtomicBool>>,
+) -> (SendReport, Received) {
+    let run: u32 = rand_u32();
+    let stop_rx = Arc::new(AtomicBool::new(false));
+    let stop_tx = stop.unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let n = flows.len();
+    let (rns, rif) = (rx_ns.to_string(), rx_if.to_string());
+    let st = stop_rx.clone();
+    let receiver = thread::spawn(move || {
+        enter(&rns).expect("enter receive namespace");
+        let sock = RawSocket::bind(&rif).expect("bind receive socket");
+        sock.big_buffers().expect("socket buffers");
+        ready_tx.send(()).unwrap();
+        receive(&sock, n, run, &st)
+    });
+    ready_rx.recv().expect("receiver ready");
+    let (tns, tif) = (tx_ns.to_string(), tx_if.to_string());
+    let fl = flows.to_vec();
+    let stx = stop_tx.clone();
+    let sender = thread::spawn(move || {
+        enter(&tns).expect("enter transmit namespace");
+        let sock = RawSocket::bind(&tif).expect("bind transmit socket");
+        sock.big_buffers().expect("socket buffers");
+        send(&sock, &fl, dst_mac, run, duration, &stx)
+    });
+    let sent = sender.join().expect("sender");
+    stop_rx.store(true, Ordering::Relaxed);
+    let recv = receiver.join().expect("receiver");
+    (sent, recv)
+}
+
+fn rand_u32() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.subsec_nanos() ^ std::process::id().rotate_left(16)) | 1
+}
