@@ -1,0 +1,360 @@
+//! Tier 2: the real compiled XDP object, run by BPF_PROG_TEST_RUN on a
+//! table of frames with a clock the test controls; verdicts and counters
+//! must match exactly.
+
+use std::net::IpAddr;
+
+use aya::programs::{TestRun, TestRunOptions};
+use ipnet::IpNet;
+use policer_common::{
+    Counters, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, Rule,
+    bucket::Action, rate::Rate,
+};
+use policer_tests::{frame::FrameSpec, privileged};
+use policer_user::{LoadOptions, Policer};
+
+const PASS: u32 = 2;
+const DROP: u32 = 1;
+const SEC: u64 = 1_000_000_000;
+
+fn load() -> Policer {
+    Policer::load(&LoadOptions {
+        max_sources: 4096,
+        test_clock: true,
+    })
+    .expect("load object")
+}
+
+fn rule(rate: &str, burst: u64, key_len: u32, v6: bool) -> Rule {
+    Rate::parse(rate)
+        .unwrap()
+        .rule(burst)
+        .unwrap()
+        .with_key_len(key_len, v6)
+        .unwrap()
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn run(p: &mut Policer, frame: &[u8]) -> u32 {
+    let mut out = vec![0u8; frame.len() + 512];
+    let r = p
+        .program()
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .expect("test run");
+    r.return_value
+}
+
+fn udp(src: &str, len: usize) -> Vec<u8> {
+    let src: IpAddr = src.parse().unwrap();
+    let dst: IpAddr = if src.is_ipv4() {
+        "198.19.0.1".parse().unwrap()
+    } else {
+        "2001:db8:ffff::1".parse().unwrap()
+    };
+    FrameSpec::udp(src, dst, len).build(None)
+}
+
+fn tagged(src: &str, tags: &[(u16, u16)]) -> Vec<u8> {
+    let mut s = FrameSpec::udp(src.parse().unwrap(), "198.19.0.1".parse().unwrap(), 64);
+    s.vlans = tags.to_vec();
+    s.build(None)
+}
+
+/// A policer with the rules the table below relies on.
+fn configured() -> Policer {
+    let mut p = load();
+    p.set_clock(SEC).unwrap();
+    p.set_rule(net("0.0.0.0/0"), &rule("1000pps", 3, 32, false))
+        .unwrap();
+    p.set_rule(net("::/0"), &rule("1000pps", 3, 64, true))
+        .unwrap();
+    p.set_rule(
+        net("198.51.100.0/24"),
+        &rule("1pps", 1, 32, false).with_action(Action::Deny),
+    )
+    .unwrap();
+    p.set_rule(
+        net("203.0.113.0/24"),
+        &rule("1pps", 1, 32, false).with_action(Action::Allow),
+    )
+    .unwrap();
+    p.set_rule(
+        net("192.0.2.0/24"),
+        &rule("1pps", 1, 32, false).with_action(Action::Monitor),
+    )
+    .unwrap();
+    p.set_rule(net("10.0.0.0/8"), &rule("1000pps", 3, 24, false))
+        .unwrap();
+    p.set_rule(net("100.100.0.0/16"), &rule("8kbit", 1500, 32, false))
+        .unwrap();
+    p
+}
+
+#[test]
+fn object_has_every_shared_name() {
+    if !privileged("object tier") {
+        return;
+    }
+    let p = load();
+    for m in [
+        MAP_RULES_V4,
+        MAP_RULES_V6,
+        MAP_BUCKETS,
+        MAP_COUNTERS,
+        MAP_CLOCK,
+    ] {
+        assert!(p.ebpf.map(m).is_some(), "map {m} missing from the object");
+    }
+}
+
+/// Parsing: each frame's verdict and which counter it lands in.
+#[test]
+fn frame_table() {
+    if !privileged("object tier") {
+        return;
+    }
+    let mut p = configured();
+    let mut arp = vec![0xffu8; 6];
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    arp.resize(60, 0);
+    let mut eth_only = udp("198.51.100.1", 64);
+    eth_only.truncate(14);
+    let mut short_v4 = udp("198.51.100.1", 64);
+    short_v4.truncate(14 + 19);
+    let mut ihl4 = udp("203.0.113.5", 64);
+    ihl4[14] = 0x44;
+    let mut v6_in_v4 = udp("203.0.113.5", 64);
+    v6_in_v4[14] = 0x65;
+    let mut short_v6 = udp("2001:db8::1", 100);
+    short_v6.truncate(14 + 39);
+    let mut bad_v6_version = udp("2001:db8::1", 100);
+    bad_v6_version[14] = 0x40;
+    let mut short_tag = vec![0u8; 12];
+    short_tag.extend_from_slice(&[0x81, 0x00, 0x00]);
+    let mut opts = FrameSpec::udp(
+        "198.51.100.9".parse().unwrap(),
+        "198.19.0.1".parse().unwrap(),
+        80,
+    );
+    opts.ipv4_options = vec![1, 1, 1, 0, 0x94, 4, 0, 0]; // NOPs, EOL, router alert
+    let with_opts = opts.build(None);
+    let mut opts_allowed = opts.clone();
+    opts_allowed.src = "203.0.113.9".parse().unwrap();
+    let with_opts_allowed = opts_allowed.build(None);
+
+    // (name, frame, verdict, counter that must move by one)
+    type Pick = fn(&Counters) -> u64;
+    let table: Vec<(&str, Vec<u8>, u32, Pick)> = vec![
+        ("arp passes as non-IP", arp, PASS, |c| c.non_ip_pkts),
+        (
+            "three VLAN tags: beyond the two parsed, non-IP",
+            tagged("198.51.100.1", &[(0x88a8, 1), (0x8100, 2), (0x8100, 3)]),
+            PASS,
+            |c| c.non_ip_pkts,
+        ),
+        ("ethernet header only", eth_only, DROP, |c| c.malformed_pkts),
+        ("IPv4 header cut short", short_v4, DROP, |c| {
+            c.malformed_pkts
+        }),
+        ("IPv4 with IHL 4", ihl4, DROP, |c| c.malformed_pkts),
+        ("version 6 under the IPv4 ethertype", v6_in_v4, DROP, |c| {
+            c.malformed_pkts
+        }),
+        ("IPv6 header cut short", short_v6, DROP, |c| {
+            c.malformed_pkts
+        }),
+        (
+            "version 4 under the IPv6 ethertype",
+            bad_v6_version,
+            DROP,
+            |c| c.malformed_pkts,
+        ),
+        ("VLAN tag cut short", short_tag, DROP, |c| c.malformed_pkts),
+        ("deny prefix drops", udp("198.51.100.1", 64), DROP, |c| {
+            c.dropped_pkts
+        }),
+        ("allow prefix passes", udp("203.0.113.1", 64), PASS, |c| {
+            c.passed_pkts
+        }),
+        (
+            "802.1Q tag is looked through",
+            tagged("198.51.100.2", &[(0x8100, 10)]),
+            DROP,
+            |c| c.dropped_pkts,
+        ),
+        (
+            "QinQ is looked through",
+            tagged("198.51.100.3", &[(0x88a8, 10), (0x8100, 20)]),
+            DROP,
+            |c| c.dropped_pkts,
+        ),
+        (
+            "IPv4 options are skipped to the source",
+            with_opts,
+            DROP,
+            |c| c.dropped_pkts,
+        ),
+        (
+            "IPv4 options, allowed source",
+            with_opts_allowed,
+            PASS,
+            |c| c.passed_pkts,
+        ),
+    ];
+    for (name, frame, verdict, pick) in table {
+        let before = p.counters().unwrap();
+        assert_eq!(run(&mut p, &frame), verdict, "{name}: verdict");
+        let after = p.counters().unwrap();
+        assert_eq!(pick(&after), pick(&before) + 1, "{name}: counter");
+        let moved = [
+            after.passed_pkts - before.passed_pkts,
+            after.dropped_pkts - before.dropped_pkts,
+            after.non_ip_pkts - before.non_ip_pkts,
+            after.malformed_pkts - before.malformed_pkts,
+            after.unmatched_pkts - before.unmatched_pkts,
+        ];
+        assert_eq!(
+            moved.iter().sum::<u64>(),
+            1,
+            "{name}: exactly one counter moves ({moved:?})"
+        );
+    }
+}
+
+/// The bucket, driven by the test clock: burst, drain, backwards clock,
+/// key lengths, monitor and byte mode — verdicts and counters exact.
+#[test]
+fn buckets_under_a_controlled_clock() {
+    if !privileged("object tier") {
+        return;
+    }
+    let mut p = configured();
+    let mut expect = Counters::default();
+    let mut step = |p: &mut Policer, t: u64, src: &str, len: usize, verdict: u32, what: &str| {
+        p.set_clock(t).unwrap();
+        let f = udp(src, len);
+        assert_eq!(run(p, &f), verdict, "{what}: {src} at {t} ns");
+        if verdict == PASS {
+            expect.passed_pkts += 1;
+            expect.passed_bytes += f.len() as u64;
+        } else {
+            expect.dropped_pkts += 1;
+            expect.dropped_bytes += f.len() as u64;
+        }
+    };
+    let t = 50 * SEC;
+    let ms = SEC / 1000;
+    // 1000 pps, burst 3: three back to back, then one per ms.
+    for _ in 0..3 {
+        step(&mut p, t, "100.64.0.1", 64, PASS, "burst");
+    }
+    step(&mut p, t, "100.64.0.1", 64, DROP, "over burst");
+    step(
+        &mut p,
+        t + ms - 1,
+        "100.64.0.1",
+        64,
+        DROP,
+        "not yet drained",
+    );
+    step(&mut p, t + ms, "100.64.0.1", 64, PASS, "drained one");
+    step(&mut p, t + ms, "100.64.0.1", 64, DROP, "full again");
+    // A clock that steps back creates no budget.
+    step(
+        &mut p,
+        t - 10 * SEC,
+        "100.64.0.1",
+        64,
+        DROP,
+        "clock went backwards",
+    );
+    step(
+        &mut p,
+        t + 2 * ms,
+        "100.64.0.1",
+        64,
+        PASS,
+        "clock back on track",
+    );
+    // Other sources are independent.
+    step(&mut p, t, "100.64.0.2", 64, PASS, "independent source");
+    // IPv6: one bucket per /64.
+    for _ in 0..3 {
+        step(&mut p, t, "2001:db8:5::1", 100, PASS, "v6 burst");
+    }
+    step(
+        &mut p,
+        t,
+        "2001:db8:5::ffff",
+        100,
+        DROP,
+        "same /64 shares the bucket",
+    );
+    step(&mut p, t, "2001:db8:6::1", 100, PASS, "another /64");
+    // --key-len 24: each /24 inside 10/8 shares one bucket.
+    for _ in 0..3 {
+        step(&mut p, t, "10.1.1.1", 64, PASS, "/24 burst");
+    }
+    step(&mut p, t, "10.1.1.200", 64, DROP, "same /24");
+    step(&mut p, t, "10.1.2.1", 64, PASS, "another /24");
+    // Monitor: passes everything, counts what it would drop.
+    step(&mut p, t, "192.0.2.1", 64, PASS, "monitor within budget");
+    step(
+        &mut p,
+        t,
+        "192.0.2.1",
+        64,
+        PASS,
+        "monitor over budget still passes",
+    );
+    expect.would_drop_pkts += 1;
+    expect.would_drop_bytes += 64;
+    // Byte mode: 8 kbit/s = 1000 B/s, burst 1500 B, charged by frame length.
+    step(&mut p, t, "100.100.0.1", 1000, PASS, "bytes within burst");
+    step(&mut p, t, "100.100.0.1", 600, DROP, "bytes over burst");
+    step(
+        &mut p,
+        t,
+        "100.100.0.1",
+        500,
+        PASS,
+        "bytes filling the burst",
+    );
+    step(
+        &mut p,
+        t + 500 * ms,
+        "100.100.0.1",
+        500,
+        PASS,
+        "500 B drained in 0.5 s",
+    );
+    step(&mut p, t + 500 * ms, "100.100.0.1", 64, DROP, "full");
+
+    let got = p.counters().unwrap();
+    expect.buckets_created = got.buckets_created;
+    assert_eq!(got, expect);
+    // 100.64.0.1, .2, two /64s, two /24s, 192.0.2.1, 100.100.0.1
+    assert_eq!(got.buckets_created, 8);
+}
+
+/// A source no rule covers passes and is counted as unmatched.
+#[test]
+fn unmatched_sources_pass() {
+    if !privileged("object tier") {
+        return;
+    }
+    let mut p = load();
+    p.set_rule(net("10.0.0.0/8"), &rule("1pps", 1, 32, false))
+        .unwrap();
+    assert_eq!(run(&mut p, &udp("192.0.2.1", 64)), PASS);
+    assert_eq!(run(&mut p, &udp("2001:db8::1", 64)), PASS);
+    let c = p.counters().unwrap();
+    assert_eq!((c.unmatched_pkts, c.passed_pkts, c.dropped_pkts), (2, 0, 0));
+}
