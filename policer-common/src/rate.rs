@@ -31,7 +31,7 @@ impl fmt::Display for Rate {
 /// `10000` -> `10k`, `1500000` -> `1.5M`.
 fn si(v: u64) -> String {
     for (div, p) in [(1_000_000_000u64, "G"), (1_000_000, "M"), (1_000, "k")] {
-        if v >= div && (v * 1000) % div == 0 {
+        if v >= div && (v * 1000).is_multiple_of(div) {
             let whole = v / div;
             let frac = v % div * 1000 / div;
             return if frac == 0 {

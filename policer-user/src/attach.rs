@@ -169,3 +169,55 @@ pub async fn run(args: AttachArgs) -> Result<()> {
     println!("policer: detached from {}", args.ifaces.join(", "));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(ifaces: &[&str]) -> AttachArgs {
+        AttachArgs {
+            ifaces: ifaces.iter().map(|s| s.to_string()).collect(),
+            rate: Rate::Pps(1000),
+            burst: 10,
+            mode: Mode::Auto,
+            max_sources: 1024,
+            interval: 1.0,
+        }
+    }
+
+    #[test]
+    fn validation_refuses_before_touching_the_kernel() {
+        assert!(matches!(validate(&args(&[])), Err(Error::Invalid(_))));
+        assert!(matches!(
+            validate(&args(&["lo", "lo"])),
+            Err(Error::DuplicateInterface(_))
+        ));
+        assert!(matches!(
+            validate(&args(&["nosuch0"])),
+            Err(Error::UnknownInterface(_))
+        ));
+        let mut a = args(&["lo"]);
+        a.interval = 0.001;
+        assert!(matches!(validate(&a), Err(Error::Invalid(_))));
+        let mut a = args(&["lo"]);
+        a.burst = 0;
+        assert!(matches!(validate(&a), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn counter_line_rates() {
+        let prev = Counters {
+            passed_pkts: 100,
+            dropped_pkts: 10,
+            ..Default::default()
+        };
+        let now = Counters {
+            passed_pkts: 300,
+            dropped_pkts: 1010,
+            ..Default::default()
+        };
+        let l = format_line(Duration::from_secs(3), &now, &prev, 2.0);
+        assert!(l.contains("passed 300 pkts (100/s)"), "{l}");
+        assert!(l.contains("dropped 1010 pkts (500/s)"), "{l}");
+    }
+}

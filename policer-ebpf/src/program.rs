@@ -1,0 +1,283 @@
+//! The XDP program: glue around `policer_common`.
+//!
+//! parse -> rule lookup (LPM trie) -> bucket lookup (LRU hash) ->
+//! `Rule::admit` under compare-and-swap -> count.
+
+use core::{
+    intrinsics::{AtomicOrdering, atomic_cxchg},
+    mem,
+};
+
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, xdp_action},
+    helpers::bpf_ktime_get_ns,
+    macros::{map, xdp},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    programs::XdpContext,
+};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
+use policer_common::{
+    Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_RULES, Rule,
+    bucket::Action,
+    wire::{ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, MAX_VLAN_TAGS, VLAN_HLEN},
+};
+
+#[map]
+static RULES_V4: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
+#[map]
+static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
+/// Resized by the loader to `--max-sources`.
+#[map]
+static BUCKETS: LruHashMap<BucketKey, Bucket> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+#[map]
+static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static CLOCK: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Set by the loader (read-only data): non-zero reads the clock from
+/// `CLOCK`, for tests that control time. Constant after load, so the
+/// verifier prunes the branch that is not taken.
+#[unsafe(no_mangle)]
+static TEST_CLOCK: u32 = 0;
+
+/// Compare-and-swap rounds before giving up. Each lost round means another
+/// CPU admitted a packet from this bucket meanwhile; four in a row is rare.
+const CAS_ROUNDS: usize = 4;
+
+#[xdp]
+pub fn policer(ctx: XdpContext) -> u32 {
+    try_policer(&ctx)
+}
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } != 0 {
+        return CLOCK.get(0).copied().unwrap_or(0);
+    }
+    // SAFETY: BPF helper with no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// One bounds-checked read of a `T` at `off` bytes into the frame.
+#[inline(always)]
+fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*const T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + mem::size_of::<T>() > end {
+        return None;
+    }
+    Some((start + off) as *const T)
+}
+
+enum Parsed {
+    NonIp,
+    Malformed,
+    Ip { family: u32, addr: [u8; 16] },
+}
+
+#[inline(always)]
+fn parse(ctx: &XdpContext) -> Parsed {
+    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
+        return Parsed::NonIp;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let mut proto = u16::from_be(unsafe { (*eth).ether_type });
+    let mut off = EthHdr::LEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if proto != ETH_P_8021Q && proto != ETH_P_8021AD {
+            break;
+        }
+        // The inner ethertype sits in the last two bytes of the tag.
+        let Some(inner) = ptr_at::<[u8; 2]>(ctx, off + VLAN_HLEN - 2) else {
+            return Parsed::Malformed;
+        };
+        // SAFETY: bounds checked by ptr_at.
+        proto = u16::from_be_bytes(unsafe { *inner });
+        off += VLAN_HLEN;
+    }
+    match proto {
+        ETH_P_IP => {
+            let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, off) else {
+                return Parsed::Malformed;
+            };
+            // SAFETY: bounds checked by ptr_at.
+            let ip = unsafe { &*ip };
+            if ip.vihl >> 4 != 4 || ip.vihl & 0xf < 5 {
+                return Parsed::Malformed;
+            }
+            let mut addr = [0u8; 16];
+            addr[..4].copy_from_slice(&ip.src_addr);
+            Parsed::Ip {
+                family: FAMILY_V4,
+                addr,
+            }
+        }
+        ETH_P_IPV6 => {
+            let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, off) else {
+                return Parsed::Malformed;
+            };
+            // SAFETY: bounds checked by ptr_at.
+            let ip = unsafe { &*ip };
+            if ip.vcf[0] >> 4 != 6 {
+                return Parsed::Malformed;
+            }
+            Parsed::Ip {
+                family: FAMILY_V6,
+                addr: ip.src_addr,
+            }
+        }
+        _ => Parsed::NonIp,
+    }
+}
+
+#[inline(always)]
+fn lookup_rule(family: u32, addr: &[u8; 16]) -> Option<&'static Rule> {
+    if family == FAMILY_V4 {
+        let a = [addr[0], addr[1], addr[2], addr[3]];
+        RULES_V4.get(&Key::new(32, a))
+    } else {
+        RULES_V6.get(&Key::new(128, *addr))
+    }
+}
+
+/// Judges the frame against the source's bucket. Returns true to admit.
+#[inline(always)]
+fn police(key: &BucketKey, rule: &Rule, now: u64, len: u32, c: &mut Counters) -> bool {
+    let Some(bucket) = BUCKETS.get_ptr_mut(key) else {
+        // First frame from this source: a new bucket at zero debt.
+        let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
+            return false;
+        };
+        let new = Bucket {
+            tat,
+            shift: rule.shift,
+            rule_id: rule.rule_id,
+        };
+        match BUCKETS.insert(key, &new, BPF_NOEXIST as u64) {
+            Ok(()) => {
+                c.buckets_created += 1;
+                return true;
+            }
+            // Another CPU created it meanwhile: judge against that one.
+            Err(_) => match BUCKETS.get_ptr_mut(key) {
+                Some(b) => return cas_admit(b, rule, now, len, c),
+                None => {
+                    c.bucket_insert_failed += 1;
+                    return true;
+                }
+            },
+        }
+    };
+    cas_admit(bucket, rule, now, len, c)
+}
+
+#[inline(always)]
+fn cas_admit(bucket: *mut Bucket, rule: &Rule, now: u64, len: u32, c: &mut Counters) -> bool {
+    // SAFETY: `bucket` points into a live map value (RCU keeps it valid for
+    // this program run); fields are read with volatile loads because other
+    // CPUs write them.
+    unsafe {
+        if core::ptr::read_volatile(&(*bucket).shift) != rule.shift {
+            // The prefix's rule changed to another time unit: carry the
+            // debt over. Rare, so a plain write is fine here.
+            let old = core::ptr::read_volatile(&(*bucket).tat);
+            let tat = rule.rescale(old, (*bucket).shift, now);
+            let tat_ptr = &raw mut (*bucket).tat;
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                tat_ptr, old, tat,
+            );
+            core::ptr::write_volatile(&raw mut (*bucket).shift, rule.shift);
+        }
+        let tat_ptr = &raw mut (*bucket).tat;
+        let mut old = core::ptr::read_volatile(tat_ptr);
+        for _ in 0..CAS_ROUNDS {
+            let Some(new) = rule.admit(old, now, len) else {
+                return false;
+            };
+            let (seen, _) =
+                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                    tat_ptr, old, new,
+                );
+            // Compare the returned value, not the flag: see PLATFORM-NOTES.
+            if seen == old {
+                return true;
+            }
+            c.cas_retries += 1;
+            old = seen;
+        }
+    }
+    // Lost every round to other CPUs admitting from this bucket: it is
+    // being hammered, so dropping is the conservative answer.
+    false
+}
+
+#[inline(always)]
+fn try_policer(ctx: &XdpContext) -> u32 {
+    let Some(c) = COUNTERS.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while we run.
+    let c = unsafe { &mut *c };
+    let len = (ctx.data_end() - ctx.data()) as u32;
+    let (family, addr) = match parse(ctx) {
+        Parsed::NonIp => {
+            c.non_ip_pkts += 1;
+            return xdp_action::XDP_PASS;
+        }
+        Parsed::Malformed => {
+            c.malformed_pkts += 1;
+            return xdp_action::XDP_DROP;
+        }
+        Parsed::Ip { family, addr } => (family, addr),
+    };
+    let Some(rule) = lookup_rule(family, &addr) else {
+        c.unmatched_pkts += 1;
+        return xdp_action::XDP_PASS;
+    };
+    let admitted = match Action::from_u32(rule.action) {
+        Some(Action::Allow) => true,
+        Some(Action::Deny) => false,
+        _ => {
+            let mut key = BucketKey {
+                addr: [0; 16],
+                family,
+                key_len: rule.key_len,
+            };
+            for i in 0..16 {
+                key.addr[i] = addr[i] & rule.key_mask[i];
+            }
+            let now = now_ns();
+            let ok = police(&key, rule, now, len, c);
+            if !ok && rule.action == Action::Monitor as u32 {
+                c.would_drop_pkts += 1;
+                c.would_drop_bytes += len as u64;
+                true
+            } else {
+                ok
+            }
+        }
+    };
+    if admitted {
+        c.passed_pkts += 1;
+        c.passed_bytes += len as u64;
+        xdp_action::XDP_PASS
+    } else {
+        c.dropped_pkts += 1;
+        c.dropped_bytes += len as u64;
+        xdp_action::XDP_DROP
+    }
+}
+
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
