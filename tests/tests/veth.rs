@@ -84,11 +84,11 @@ fn heavy_hitter_gets_rate_times_t_plus_burst() {
         (admitted - expected).abs() <= expected * 0.01,
         "admitted {admitted}, expected {expected:.1} +-1 %"
     );
-    for i in 1..flows.len() {
+    for (i, f) in flows.iter().enumerate().skip(1) {
         assert_eq!(
             got.per_flow[i], sent.sent[i],
             "in-profile source {} lost frames",
-            flows[i].src
+            f.src
         );
     }
     assert!(
