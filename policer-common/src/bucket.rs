@@ -96,7 +96,8 @@ pub struct Rule {
     pub action: u32,
     /// How many leading bits of the source form one bucket.
     pub key_len: u32,
-    /// Identifies the rule in counters and buckets.
+    /// Identifies this version of the rule in buckets: user space gives
+    /// every change a new id.
     pub rule_id: u32,
 }
 
@@ -290,25 +291,38 @@ impl Rule {
         Rule::debt(tat, now) >> self.shift()
     }
 
-    /// Carries a bucket over from the time unit `old_shift` to this rule's
-    /// (the rule of its prefix changed). The debt is kept as time-to-drain,
-    /// capped at this rule's bucket size. Returns the new `tat`.
+    /// Carries a bucket over to this rule from the rule that last charged
+    /// it (the prefix's rule changed, or the source now falls under another
+    /// prefix). The bucket keeps its *fill*: a full bucket stays full and a
+    /// half-drained one stays half-drained, so a rule change never hands out
+    /// a burst and never takes one away. Returns the new `tat`.
+    ///
+    /// Only integer shifts, multiplies and one division: this runs in the
+    /// kernel, but only on the first packet after a change.
     #[inline(always)]
-    pub fn rescale(&self, tat: u64, old_shift: u32, now_ns: u64) -> u64 {
-        let old_shift = min(old_shift as u64, MAX_SHIFT as u64) as u32;
-        let old_now = now_ns.wrapping_shl(old_shift);
-        let debt_ns = Rule::debt(tat, old_now) >> old_shift;
-        let shift = self.shift();
-        // debt_ns < 2^62, so this shift can only overflow for absurd debt;
-        // the cap keeps it sane either way.
-        let debt = if debt_ns > (MAX_LIMIT >> shift) {
-            MAX_LIMIT
+    pub fn rescale(&self, old: &Bucket, now_ns: u64) -> u64 {
+        let old_shift = min(old.shift as u64, MAX_SHIFT as u64) as u32;
+        let old_limit = min(old.limit, MAX_LIMIT);
+        let debt = min(Rule::debt(old.tat, now_ns.wrapping_shl(old_shift)), old_limit);
+        let new_limit = self.limit();
+        // fill = debt / old_limit as a 16-bit fraction. debt <= 2^61, so
+        // `debt << 16` would overflow: shift the divisor instead when large.
+        let fill = if old_limit == 0 {
+            0
+        } else if debt <= u64::MAX >> 16 {
+            (debt << 16).checked_div(old_limit).unwrap_or(0)
         } else {
-            debt_ns << shift
+            debt.checked_div(old_limit >> 16).unwrap_or(0)
         };
-        now_ns
-            .wrapping_shl(shift)
-            .wrapping_add(min(debt, self.limit()))
+        let fill = min(fill, 1 << 16);
+        let new_debt = (new_limit >> 16) * fill + (((new_limit & 0xffff) * fill) >> 16);
+        self.empty_tat(now_ns).wrapping_add(min(new_debt, new_limit))
+    }
+
+    /// The bucket this rule leaves after admitting to `tat`.
+    #[inline(always)]
+    pub fn bucket(&self, tat: u64) -> Bucket {
+        Bucket { tat, limit: self.limit, shift: self.shift, rule_id: self.rule_id }
     }
 }
 
@@ -342,10 +356,13 @@ pub struct Bucket {
     /// When the debt will have drained, in 2^-shift ns (see module doc).
     /// Updated with compare-and-swap.
     pub tat: u64,
-    /// The time unit `tat` is in; differs from the rule's after a rule
-    /// change, and the bucket is then rescaled.
+    /// Size of the bucket under the rule that last charged it, so a rule
+    /// change can carry the fill over ([`Rule::rescale`]).
+    pub limit: u64,
+    /// The time unit `tat` is in.
     pub shift: u32,
-    /// The rule that last charged this bucket.
+    /// The rule (version) that last charged this bucket; every rule change
+    /// gets a new id, and a mismatch triggers the rescale.
     pub rule_id: u32,
 }
 

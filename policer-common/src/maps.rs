@@ -119,7 +119,7 @@ mod pod {
 const _: () = {
     // No implicit padding: the sizes are the sums of the fields.
     assert!(core::mem::size_of::<BucketKey>() == 24);
-    assert!(core::mem::size_of::<Bucket>() == 16);
+    assert!(core::mem::size_of::<Bucket>() == 24);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 56);
     assert!(core::mem::size_of::<Counters>() == 12 * 8);
 };

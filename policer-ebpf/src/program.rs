@@ -153,11 +153,7 @@ fn police(key: &BucketKey, rule: &Rule, now: u64, len: u32, c: &mut Counters) ->
         let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
             return false;
         };
-        let new = Bucket {
-            tat,
-            shift: rule.shift,
-            rule_id: rule.rule_id,
-        };
+        let new = rule.bucket(tat);
         match BUCKETS.insert(key, &new, BPF_NOEXIST as u64) {
             Ok(()) => {
                 c.buckets_created += 1;
@@ -182,16 +178,20 @@ fn cas_admit(bucket: *mut Bucket, rule: &Rule, now: u64, len: u32, c: &mut Count
     // this program run); fields are read with volatile loads because other
     // CPUs write them.
     unsafe {
-        if core::ptr::read_volatile(&(*bucket).shift) != rule.shift {
-            // The prefix's rule changed to another time unit: carry the
-            // debt over. Rare, so a plain write is fine here.
-            let old = core::ptr::read_volatile(&(*bucket).tat);
-            let tat = rule.rescale(old, (*bucket).shift, now);
-            let tat_ptr = &raw mut (*bucket).tat;
+        if core::ptr::read_volatile(&(*bucket).rule_id) != rule.rule_id {
+            // The source's rule changed: carry the bucket's fill over to
+            // the new rule. Rare (first packet after a change), so the
+            // metadata is written plainly after the CAS of `tat`.
+            let old = core::ptr::read_volatile(bucket);
+            let tat = rule.rescale(&old, now);
             atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                tat_ptr, old, tat,
+                &raw mut (*bucket).tat,
+                old.tat,
+                tat,
             );
+            core::ptr::write_volatile(&raw mut (*bucket).limit, rule.limit);
             core::ptr::write_volatile(&raw mut (*bucket).shift, rule.shift);
+            core::ptr::write_volatile(&raw mut (*bucket).rule_id, rule.rule_id);
         }
         let tat_ptr = &raw mut (*bucket).tat;
         let mut old = core::ptr::read_volatile(tat_ptr);

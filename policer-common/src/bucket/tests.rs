@@ -117,24 +117,34 @@ fn key_masks() {
 }
 
 #[test]
-fn rescale_keeps_time_to_drain() {
-    let coarse = Rule::packets(1, MAX_BURST).unwrap(); // shift 0
-    let fine = Rule::packets(10, 100).unwrap(); // shift 16
-    assert!(coarse.shift < fine.shift);
+fn rescale_keeps_the_fill() {
     let now = 7_000_000_000;
-    let mut tat = coarse.empty_tat(now);
+    // A full bucket at 1 pps / burst 10^9 (shift 0) ...
+    let coarse = Rule::packets(1, MAX_BURST).unwrap().with_id(1);
+    let full = coarse.bucket(coarse.empty_tat(now).wrapping_add(coarse.limit));
+    // ... stays full under a fine-grained rule: not one packet passes.
+    let fine = Rule::packets(1000, 10).unwrap().with_id(2);
+    assert!(coarse.shift < fine.shift);
+    let moved = fine.rescale(&full, now);
+    assert_eq!(fine.admit(moved, now, 64), None);
+    assert!(fine.admit(moved, now + 1_000_000, 64).is_some());
+    // Half full at 1000 pps burst 10 -> half full at 100 pps burst 100.
+    let mut tat = fine.empty_tat(now);
     for _ in 0..5 {
-        tat = coarse.admit(tat, now, 60).unwrap();
+        tat = fine.admit(tat, now, 64).unwrap();
     }
-    assert_eq!(coarse.debt_ns(tat, now), 5_000_000_000);
-    let moved = fine.rescale(tat, coarse.shift, now);
-    assert_eq!(fine.debt_ns(moved, now), 5_000_000_000);
-    // Capped at the new bucket size (100 packets at 10 pps = 10 s).
-    let small = Rule::packets(10, 2).unwrap();
-    assert_eq!(
-        small.debt_ns(small.rescale(tat, coarse.shift, now), now),
-        200_000_000
-    );
+    let slow = Rule::packets(100, 100).unwrap().with_id(3);
+    let moved = slow.rescale(&fine.bucket(tat), now);
+    let mut n = 0;
+    let mut t = moved;
+    while let Some(new) = slow.admit(t, now, 64) {
+        t = new;
+        n += 1;
+    }
+    assert_eq!(n, 50);
+    // An empty bucket stays empty.
+    let empty = fine.bucket(fine.empty_tat(now));
+    assert_eq!(slow.debt_ns(slow.rescale(&empty, now + 5), now + 5), 0);
 }
 
 /// Any rule the constructors can make, packet or byte mode.
@@ -270,7 +280,7 @@ proptest! {
         for r in [rule, Rule { pkt_cost: raw.0, byte_cost: raw.1, limit: raw.2, shift: raw.3, ..rule }] {
             let _ = r.admit(tat, now, len);
             let _ = r.debt_ns(tat, now);
-            let _ = r.rescale(tat, raw.3, now);
+            let _ = r.rescale(&Bucket { tat, limit: raw.2, shift: raw.3, rule_id: 0 }, now);
             let _ = r.cost(len);
         }
     }
