@@ -303,7 +303,10 @@ impl Rule {
     pub fn rescale(&self, old: &Bucket, now_ns: u64) -> u64 {
         let old_shift = min(old.shift as u64, MAX_SHIFT as u64) as u32;
         let old_limit = min(old.limit, MAX_LIMIT);
-        let debt = min(Rule::debt(old.tat, now_ns.wrapping_shl(old_shift)), old_limit);
+        let debt = min(
+            Rule::debt(old.tat, now_ns.wrapping_shl(old_shift)),
+            old_limit,
+        );
         let new_limit = self.limit();
         // fill = debt / old_limit as a 16-bit fraction. debt <= 2^61, so
         // `debt << 16` would overflow: shift the divisor instead when large.
@@ -316,13 +319,19 @@ impl Rule {
         };
         let fill = min(fill, 1 << 16);
         let new_debt = (new_limit >> 16) * fill + (((new_limit & 0xffff) * fill) >> 16);
-        self.empty_tat(now_ns).wrapping_add(min(new_debt, new_limit))
+        self.empty_tat(now_ns)
+            .wrapping_add(min(new_debt, new_limit))
     }
 
     /// The bucket this rule leaves after admitting to `tat`.
     #[inline(always)]
     pub fn bucket(&self, tat: u64) -> Bucket {
-        Bucket { tat, limit: self.limit, shift: self.shift, rule_id: self.rule_id }
+        Bucket {
+            tat,
+            limit: self.limit,
+            shift: self.shift,
+            rule_id: self.rule_id,
+        }
     }
 }
 

@@ -41,6 +41,21 @@ pub enum Error {
     Missing(&'static str),
     #[error("{0}")]
     Invalid(String),
+    #[error(
+        "no policer daemon is running in this network namespace \
+         (start one with `policer attach IFACE --rate RATE`)"
+    )]
+    NoDaemon,
+    #[error(
+        "a policer daemon is already running in this network namespace (pid {0}); change it with `policer rule ...`, or stop it first"
+    )]
+    DaemonRunning(String),
+    #[error("{iface}: {source}")]
+    Netlink {
+        iface: String,
+        #[source]
+        source: crate::netlink::NlError,
+    },
     #[error(transparent)]
     Io(#[from] io::Error),
 }

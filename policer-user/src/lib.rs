@@ -2,8 +2,13 @@
 //! are thin wrappers.
 
 pub mod attach;
+pub mod config;
+pub mod control;
+pub mod daemon;
 pub mod error;
 pub mod loader;
+pub mod netlink;
+pub mod rules;
 
 pub use error::{Error, Result};
 pub use loader::{EBPF_OBJECT, LoadOptions, Mode, Policer};

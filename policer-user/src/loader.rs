@@ -1,11 +1,16 @@
 //! Loading the XDP object, filling its maps and attaching it.
 
-use std::{ffi::CString, io};
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{AsFd, AsRawFd, RawFd},
+    path::PathBuf,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
-    programs::{ProgramError, Xdp, XdpMode, xdp::XdpLinkId},
+    programs::Xdp,
 };
 use ipnet::IpNet;
 use policer_common::{
@@ -27,12 +32,24 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub fn name(xdp: XdpMode) -> &'static str {
-        match xdp {
-            XdpMode::Driver => "native",
-            XdpMode::Skb => "skb",
-            XdpMode::Hardware => "hw",
-            XdpMode::Default => "default",
+    /// Netlink mode flags to try, in order.
+    pub fn tries(self) -> &'static [u32] {
+        use crate::netlink::{XDP_FLAGS_DRV_MODE as DRV, XDP_FLAGS_SKB_MODE as SKB};
+        match self {
+            Mode::Auto => &[DRV, SKB],
+            Mode::Native => &[DRV],
+            Mode::Skb => &[SKB],
+        }
+    }
+
+    /// The name of a netlink mode flag.
+    pub fn flag_name(flags: u32) -> &'static str {
+        if flags & crate::netlink::XDP_FLAGS_SKB_MODE != 0 {
+            "skb"
+        } else if flags & crate::netlink::XDP_FLAGS_DRV_MODE != 0 {
+            "native"
+        } else {
+            "default"
         }
     }
 }
@@ -43,6 +60,9 @@ pub struct LoadOptions {
     pub max_sources: u32,
     /// Read the clock from the CLOCK map (tests only).
     pub test_clock: bool,
+    /// Existing maps to reuse, by name: bpffs paths where they are pinned
+    /// (adopting a running policer's rules, buckets and counters).
+    pub reuse: Vec<(&'static str, PathBuf)>,
 }
 
 impl Default for LoadOptions {
@@ -50,6 +70,7 @@ impl Default for LoadOptions {
         LoadOptions {
             max_sources: DEFAULT_MAX_SOURCES,
             test_clock: false,
+            reuse: vec![],
         }
     }
 }
@@ -87,17 +108,21 @@ impl Policer {
             return Err(Error::Invalid("--max-sources must be at least 1".into()));
         }
         let test_clock: u32 = opts.test_clock.into();
-        let mut ebpf =
-            EbpfLoader::new()
-                .map_max_entries(policer_common::MAP_BUCKETS, opts.max_sources)
-                .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
-                .load(EBPF_OBJECT)
-                .map_err(|e| match &e {
-                    aya::EbpfError::MapError(aya::maps::MapError::CreateError {
-                        io_error, ..
-                    }) if is_eperm(io_error) => Error::NotRoot("loading the XDP program"),
-                    _ => Error::Load(Box::new(e)),
-                })?;
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries(policer_common::MAP_BUCKETS, opts.max_sources)
+            .override_global(GLOBAL_TEST_CLOCK, &test_clock, true);
+        for (name, path) in &opts.reuse {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| match &e {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
+                if is_eperm(io_error) =>
+            {
+                Error::NotRoot("loading the XDP program")
+            }
+            _ => Error::Load(Box::new(e)),
+        })?;
         let prog: &mut Xdp = ebpf
             .program_mut(PROGRAM_NAME)
             .ok_or(Error::Missing("XDP program"))?
@@ -177,57 +202,75 @@ impl Policer {
         m.set(0, &now_ns, 0).map_err(Error::map(MAP_CLOCK))
     }
 
-    /// Attaches to `iface`; returns the link and the mode obtained.
-    pub fn attach(&mut self, iface: &str, mode: Mode) -> Result<(XdpLinkId, XdpMode)> {
-        let idx = if_index(iface)?;
-        let tries: &[XdpMode] = match mode {
-            Mode::Auto => &[XdpMode::Driver, XdpMode::Skb],
-            Mode::Native => &[XdpMode::Driver],
-            Mode::Skb => &[XdpMode::Skb],
-        };
-        let mut last = None;
-        for &m in tries {
-            match self.program().attach(idx, m) {
-                Ok(id) => return Ok((id, m)),
-                Err(e) => {
-                    let err = classify(iface, m, e);
-                    // Only "this mode is not supported" moves on to the
-                    // next mode; anything else (another program, no
-                    // permission) is final.
-                    if !matches!(err, Error::ModeUnsupported { .. }) {
-                        return Err(err);
-                    }
-                    last = Some(err);
-                }
+    /// The loaded program's file descriptor (for netlink attach).
+    pub fn prog_fd(&mut self) -> Result<RawFd> {
+        let fd = self
+            .program()
+            .fd()
+            .map_err(|e| Error::Program(Box::new(e)))?;
+        Ok(fd.as_fd().as_raw_fd())
+    }
+
+    /// Removes the rule for `net`.
+    pub fn remove_rule(&mut self, net: IpNet) -> Result<()> {
+        let net = net.trunc();
+        match net {
+            IpNet::V4(n) => {
+                let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> = LpmTrie::try_from(
+                    self.ebpf
+                        .map_mut(MAP_RULES_V4)
+                        .ok_or(Error::Missing(MAP_RULES_V4))?,
+                )
+                .map_err(Error::map(MAP_RULES_V4))?;
+                m.remove(&Key::new(n.prefix_len().into(), n.network().octets()))
+                    .map_err(Error::map(MAP_RULES_V4))
+            }
+            IpNet::V6(n) => {
+                let mut m: LpmTrie<&mut MapData, [u8; 16], Rule> = LpmTrie::try_from(
+                    self.ebpf
+                        .map_mut(MAP_RULES_V6)
+                        .ok_or(Error::Missing(MAP_RULES_V6))?,
+                )
+                .map_err(Error::map(MAP_RULES_V6))?;
+                m.remove(&Key::new(n.prefix_len().into(), n.network().octets()))
+                    .map_err(Error::map(MAP_RULES_V6))
             }
         }
-        Err(last.expect("at least one mode tried"))
     }
-}
 
-fn classify(iface: &str, mode: XdpMode, e: ProgramError) -> Error {
-    let errno = match &e {
-        ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
-        ProgramError::XdpError(aya::programs::xdp::XdpError::NetlinkError(n)) => {
-            // Netlink errors carry the errno in their io::Error source.
-            std::error::Error::source(n)
-                .and_then(|s| s.downcast_ref::<io::Error>())
-                .and_then(io::Error::raw_os_error)
+    /// Every rule in the kernel's tries.
+    pub fn kernel_rules(&self) -> Result<Vec<(IpNet, Rule)>> {
+        let mut out = Vec::new();
+        let m: LpmTrie<&MapData, [u8; 4], Rule> = LpmTrie::try_from(
+            self.ebpf
+                .map(MAP_RULES_V4)
+                .ok_or(Error::Missing(MAP_RULES_V4))?,
+        )
+        .map_err(Error::map(MAP_RULES_V4))?;
+        for item in m.iter() {
+            let (k, v) = item.map_err(Error::map(MAP_RULES_V4))?;
+            let net = IpNet::new(
+                std::net::Ipv4Addr::from(k.data()).into(),
+                k.prefix_len() as u8,
+            )
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+            out.push((net, v));
         }
-        _ => None,
-    };
-    match errno {
-        Some(libc::EBUSY) | Some(libc::EEXIST) => Error::AlreadyAttached {
-            iface: iface.into(),
-        },
-        Some(libc::EPERM) | Some(libc::EACCES) => Error::NotRoot("attaching XDP"),
-        Some(libc::EOPNOTSUPP) => Error::ModeUnsupported {
-            iface: iface.into(),
-            mode: Mode::name(mode),
-        },
-        _ => Error::Attach {
-            iface: iface.into(),
-            source: Box::new(e),
-        },
+        let m: LpmTrie<&MapData, [u8; 16], Rule> = LpmTrie::try_from(
+            self.ebpf
+                .map(MAP_RULES_V6)
+                .ok_or(Error::Missing(MAP_RULES_V6))?,
+        )
+        .map_err(Error::map(MAP_RULES_V6))?;
+        for item in m.iter() {
+            let (k, v) = item.map_err(Error::map(MAP_RULES_V6))?;
+            let net = IpNet::new(
+                std::net::Ipv6Addr::from(k.data()).into(),
+                k.prefix_len() as u8,
+            )
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+            out.push((net, v));
+        }
+        Ok(out)
     }
 }

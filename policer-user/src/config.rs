@@ -1,0 +1,271 @@
+//! The config file: TOML, written atomically by the daemon after every
+//! change, read at start and on `policer reload` / SIGHUP.
+//!
+//! ```toml
+//! [daemon]
+//! interfaces = ["eth0"]      # used when `policer attach` names none
+//! mode = "auto"              # auto | native | skb
+//! max_sources = 1048576
+//!
+//! [[rule]]
+//! prefix = "0.0.0.0/0"
+//! rate = "10kpps"
+//! burst = 200
+//!
+//! [[rule]]
+//! prefix = "203.0.113.0/24"
+//! rate = "500pps"
+//! burst = 50
+//! action = "police"          # police | monitor | allow | deny
+//! key_len = 32               # leading source bits per bucket
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    error::{Error, Result},
+    loader::Mode,
+    rules::{RuleConfig, RuleSpec},
+};
+
+pub const DEFAULT_PATH: &str = "/etc/policer/policer.toml";
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ModeName>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sources: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeName {
+    Auto,
+    Native,
+    Skb,
+}
+
+impl From<ModeName> for Mode {
+    fn from(m: ModeName) -> Mode {
+        match m {
+            ModeName::Auto => Mode::Auto,
+            ModeName::Native => Mode::Native,
+            ModeName::Skb => Mode::Skb,
+        }
+    }
+}
+
+impl From<Mode> for ModeName {
+    fn from(m: Mode) -> ModeName {
+        match m {
+            Mode::Auto => ModeName::Auto,
+            Mode::Native => ModeName::Native,
+            Mode::Skb => ModeName::Skb,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub daemon: DaemonConfig,
+    #[serde(default, rename = "rule", skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RuleConfig>,
+}
+
+const HEADER: &str = "\
+# policer configuration (see README, \"Config file\").
+# Written by the policer daemon after every change; edit by hand and run
+# `policer reload` (or send SIGHUP) to apply: nothing is applied unless the
+# whole file is valid.
+";
+
+impl Config {
+    /// Parses and validates the whole text; on any error nothing is used.
+    pub fn parse(text: &str, origin: &Path) -> Result<(Config, BTreeMap<IpNet, RuleSpec>)> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            Error::Invalid(format!("{}: {}", origin.display(), e.to_string().trim()))
+        })?;
+        let rules = cfg
+            .validate()
+            .map_err(|e| Error::Invalid(format!("{}: {e}", origin.display())))?;
+        Ok((cfg, rules))
+    }
+
+    /// Validates every rule; prefixes must be unique.
+    pub fn validate(&self) -> Result<BTreeMap<IpNet, RuleSpec>> {
+        let mut out = BTreeMap::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            let spec = r
+                .validate()
+                .map_err(|e| Error::Invalid(format!("rule #{} ({}): {e}", i + 1, r.prefix)))?;
+            if out.insert(spec.net, spec.clone()).is_some() {
+                return Err(Error::Invalid(format!(
+                    "rule #{} ({}): prefix {} appears twice",
+                    i + 1,
+                    r.prefix,
+                    spec.net
+                )));
+            }
+        }
+        if let Some(0) = self.daemon.max_sources {
+            return Err(Error::Invalid(
+                "daemon.max_sources must be at least 1".into(),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Reads `path`; a missing file is an empty config.
+    pub fn load(path: &Path) -> Result<(Config, BTreeMap<IpNet, RuleSpec>)> {
+        match fs::read_to_string(path) {
+            Ok(text) => Config::parse(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok((Config::default(), BTreeMap::new()))
+            }
+            Err(e) => Err(Error::Invalid(format!("{}: {e}", path.display()))),
+        }
+    }
+
+    /// The config with `rules` as its rule list (sorted by prefix).
+    pub fn with_rules(&self, rules: &BTreeMap<IpNet, RuleSpec>) -> Config {
+        Config {
+            daemon: self.daemon.clone(),
+            rules: rules.values().map(RuleSpec::config).collect(),
+        }
+    }
+
+    pub fn to_text(&self) -> String {
+        format!(
+            "{HEADER}\n{}",
+            toml::to_string_pretty(self).expect("config serializes")
+        )
+    }
+
+    /// Writes atomically: a temporary file in the same directory, fsync,
+    /// rename over the old one, fsync the directory.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        fs::create_dir_all(dir)?;
+        let tmp: PathBuf = dir.join(format!(
+            ".{}.tmp-{}",
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("policer.toml"),
+            std::process::id()
+        ));
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(self.to_text().as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)?;
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[daemon]
+interfaces = ["eth0"]
+mode = "native"
+
+[[rule]]
+prefix = "0.0.0.0/0"
+rate = "10kpps"
+burst = 200
+
+[[rule]]
+prefix = "2001:db8::/32"
+rate = "100mbit"
+burst = "64kb"
+key_len = 48
+
+[[rule]]
+prefix = "198.51.100.0/24"
+action = "deny"
+"#;
+
+    #[test]
+    fn parses_and_round_trips() {
+        let (cfg, rules) = Config::parse(GOOD, Path::new("t.toml")).unwrap();
+        assert_eq!(rules.len(), 3);
+        assert_eq!(cfg.daemon.mode, Some(ModeName::Native));
+        let text = cfg.with_rules(&rules).to_text();
+        let (_, again) = Config::parse(&text, Path::new("t.toml")).unwrap();
+        assert_eq!(rules, again);
+    }
+
+    #[test]
+    fn refuses_bad_files() {
+        for (bad, needle) in [
+            ("[daemon]\ncolour = 1\n", "unknown field"),
+            (
+                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nburst = 5\nfoo = 1\n",
+                "unknown field",
+            ),
+            ("[[rule]]\nprefix = 10\n", "invalid type"),
+            (
+                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1000\n",
+                "invalid type",
+            ),
+            (
+                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\n[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"2kpps\"\n",
+                "appears twice",
+            ),
+            (
+                "[[rule]]\nprefix = \"10.0.0.1/8\"\nrate = \"1kpps\"\n",
+                "host bits",
+            ),
+            (
+                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kbps\"\n",
+                "unknown unit",
+            ),
+            ("[[rule]]\nprefix = \"10.0.0.0/8\"\n", "needs a rate"),
+            ("[daemon]\nmax_sources = 0\n", "max_sources"),
+            ("[daemon]\nmode = \"turbo\"\n", "unknown variant"),
+            ("this is not toml", "t.toml"),
+        ] {
+            let e = Config::parse(bad, Path::new("t.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn saves_atomically() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sub/policer.toml");
+        let (cfg, rules) = Config::parse(GOOD, Path::new("t.toml")).unwrap();
+        cfg.with_rules(&rules).save(&p).unwrap();
+        let (_, back) = Config::load(&p).unwrap();
+        assert_eq!(back, rules);
+        assert_eq!(
+            std::fs::read_dir(p.parent().unwrap()).unwrap().count(),
+            1,
+            "temporary file left behind"
+        );
+    }
+}

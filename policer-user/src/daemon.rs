@@ -1,0 +1,865 @@
+//! `policer attach`: the daemon.
+//!
+//! Lifecycle (see README, "Lifecycle"):
+//! - start: read and validate the config file, take the per-namespace
+//!   lock, look at each interface. A policer program already attached
+//!   (left by a daemon that exited with `--persist`, crashed, or was
+//!   killed) is *adopted*: the new program reuses its maps — rules,
+//!   buckets, counters — and replaces it atomically
+//!   (`XDP_FLAGS_REPLACE`). Any other XDP program is left alone and
+//!   attaching fails.
+//! - run: serve the control socket, print counters, reload on SIGHUP.
+//! - exit (SIGINT/SIGTERM): detach, unless `--persist`, in which case the
+//!   kernel keeps policing with the last rules until a new daemon adopts
+//!   the program or `policer detach` removes it. A killed daemon leaves
+//!   the program attached and policing, as with `--persist`.
+
+use std::{
+    collections::BTreeMap,
+    fs::{self, File},
+    io::{BufRead, BufReader, Write},
+    os::{
+        fd::{AsFd, AsRawFd, OwnedFd, RawFd},
+        unix::{fs::PermissionsExt, net::UnixListener},
+    },
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use aya::{
+    maps::{MapData, MapInfo},
+    programs::{ProgramFd, loaded_programs},
+};
+use ipnet::IpNet;
+use policer_common::{
+    DEFAULT_MAX_SOURCES, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
+    PROGRAM_NAME, Rule, rate::Rate,
+};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    attach::format_line,
+    config::Config,
+    control::{self, Request, Response, RuleView, StatusView},
+    error::{Error, Result},
+    loader::{LoadOptions, Mode, Policer, if_index, is_root},
+    netlink::{self, XDP_FLAGS_UPDATE_IF_NOEXIST},
+    rules::{BurstValue, RuleConfig, RuleSpec},
+};
+
+/// Maps a new program takes over from an adopted one.
+const SHARED_MAPS: [&str; 5] = [
+    MAP_RULES_V4,
+    MAP_RULES_V6,
+    MAP_BUCKETS,
+    MAP_COUNTERS,
+    MAP_CLOCK,
+];
+
+#[derive(Clone, Debug)]
+pub struct DaemonArgs {
+    /// Interfaces; empty means the config file's `daemon.interfaces`.
+    pub ifaces: Vec<String>,
+    /// Default rule (0.0.0.0/0 and ::/0), written into the config.
+    pub rate: Option<Rate>,
+    pub burst: Option<String>,
+    pub mode: Option<Mode>,
+    pub max_sources: Option<u32>,
+    pub interval: f64,
+    pub config: PathBuf,
+    pub persist: bool,
+}
+
+struct Iface {
+    name: String,
+    index: u32,
+    mode_flags: u32,
+}
+
+pub struct Daemon {
+    policer: Policer,
+    ifaces: Vec<Iface>,
+    /// The rules in force, with the id each has in the kernel.
+    rules: BTreeMap<IpNet, (RuleSpec, u32)>,
+    cfg: Config,
+    config_path: PathBuf,
+    next_id: u32,
+    persist: bool,
+    interval: f64,
+    socket: PathBuf,
+    listener: Option<UnixListener>,
+    _lock: File,
+}
+
+/// A running policer program found on an interface.
+struct Found {
+    prog_id: u32,
+    prog_fd: ProgramFd,
+    /// name -> (map id, max_entries)
+    maps: BTreeMap<String, (u32, u32)>,
+}
+
+/// What is on an interface now.
+enum Existing {
+    None,
+    Ours { prog_id: u32, mode_flags: u32 },
+}
+
+fn inspect(iface: &str, index: u32) -> Result<Existing> {
+    let st = netlink::query(index).map_err(|source| Error::Netlink {
+        iface: iface.into(),
+        source,
+    })?;
+    let Some(st) = st else {
+        return Ok(Existing::None);
+    };
+    match find(st.prog_id) {
+        Some(_) => Ok(Existing::Ours {
+            prog_id: st.prog_id,
+            mode_flags: st.mode_flags,
+        }),
+        None => Err(Error::AlreadyAttached {
+            iface: iface.into(),
+        }),
+    }
+}
+
+/// The policer program with `prog_id` and its maps; None if that program
+/// is not a policer (another name, or not our maps).
+fn find(prog_id: u32) -> Option<Found> {
+    let info = loaded_programs()
+        .filter_map(|p| p.ok())
+        .find(|p| p.id() == prog_id)?;
+    if info.name_as_str() != Some(PROGRAM_NAME) {
+        return None;
+    }
+    let mut maps = BTreeMap::new();
+    for id in info.map_ids().ok()??.into_iter() {
+        let Ok(m) = MapInfo::from_id(id) else {
+            continue;
+        };
+        if let Some(n) = m.name_as_str().filter(|n| SHARED_MAPS.contains(n)) {
+            maps.insert(n.to_string(), (id, m.max_entries()));
+        }
+    }
+    if maps.len() != SHARED_MAPS.len() {
+        return None;
+    }
+    let prog_fd = info.fd().ok()?;
+    Some(Found {
+        prog_id,
+        prog_fd,
+        maps,
+    })
+}
+
+/// A bpffs mounted in a mount namespace of this thread's own, so pins of
+/// adopted maps (needed to hand them to the loader) are invisible to
+/// everyone else and vanish with the process. Must run before any thread
+/// is started.
+struct PrivateBpffs {
+    dir: PathBuf,
+}
+
+impl PrivateBpffs {
+    fn mount() -> Result<PrivateBpffs> {
+        let dir = PathBuf::from(control::RUN_DIR).join(format!("adopt-{}", std::process::id()));
+        fs::create_dir_all(&dir)?;
+        let c =
+            |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL");
+        let dir_c = c(&dir);
+        // SAFETY: plain syscalls with valid C strings.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error().into());
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error().into());
+            }
+            if libc::mount(
+                c"bpf".as_ptr(),
+                dir_c.as_ptr(),
+                c"bpf".as_ptr(),
+                0,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error().into());
+            }
+        }
+        Ok(PrivateBpffs { dir })
+    }
+}
+
+impl Drop for PrivateBpffs {
+    fn drop(&mut self) {
+        if let Ok(c) = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes()) {
+            // SAFETY: valid C string.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+/// Takes the per-namespace lock: one daemon per network namespace.
+fn lock() -> Result<File> {
+    fs::create_dir_all(control::RUN_DIR)?;
+    let path = control::lock_path()?;
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let pid = fs::read_to_string(&path).unwrap_or_default();
+        return Err(Error::DaemonRunning(pid.trim().to_string()));
+    }
+    f.set_len(0)?;
+    writeln!(f, "{}", std::process::id())?;
+    Ok(f)
+}
+
+/// The default rules `--rate/--burst` stand for.
+fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<RuleSpec>> {
+    let burst = match burst {
+        Some(b) => Some(BurstValue::Text(b.clone())),
+        None => None,
+    };
+    ["0.0.0.0/0", "::/0"]
+        .iter()
+        .map(|p| {
+            RuleConfig {
+                prefix: p.to_string(),
+                rate: Some(rate.to_string()),
+                burst: burst.clone(),
+                action: None,
+                key_len: None,
+            }
+            .validate()
+            .map_err(|e| match (&e, burst.as_ref()) {
+                (Error::Invalid(m), Some(BurstValue::Text(b))) if m.starts_with("burst") => {
+                    Error::Invalid(format!(
+                        "invalid --burst '{b}': {}",
+                        m.split_once(": ").map_or(m.as_str(), |x| x.1)
+                    ))
+                }
+                _ => e,
+            })
+        })
+        .collect()
+}
+
+fn same_params(a: &Rule, b: &Rule) -> bool {
+    Rule { rule_id: 0, ..*a } == Rule { rule_id: 0, ..*b }
+}
+
+impl Daemon {
+    /// Everything up to and including attaching; runs before any thread.
+    /// On error nothing stays changed: not the interfaces, not the file.
+    pub fn start(args: &DaemonArgs) -> Result<Daemon> {
+        let (mut cfg, mut specs) = Config::load(&args.config)?;
+        if let Some(rate) = args.rate {
+            for s in default_rules(rate, &args.burst)? {
+                specs.insert(s.net, s);
+            }
+        } else if args.burst.is_some() {
+            return Err(Error::Invalid("--burst needs --rate".into()));
+        }
+        if specs.is_empty() {
+            return Err(Error::Invalid(format!(
+                "nothing to police: give --rate (and --burst), or rules in {}",
+                args.config.display()
+            )));
+        }
+        let names = if args.ifaces.is_empty() {
+            cfg.daemon.interfaces.clone()
+        } else {
+            args.ifaces.clone()
+        };
+        if names.is_empty() {
+            return Err(Error::Invalid(format!(
+                "no interface given, and none in {}",
+                args.config.display()
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut indexes = Vec::new();
+        for n in &names {
+            if !seen.insert(n) {
+                return Err(Error::DuplicateInterface(n.clone()));
+            }
+            indexes.push(if_index(n)?);
+        }
+        let mode = args
+            .mode
+            .or(cfg.daemon.mode.map(Into::into))
+            .unwrap_or(Mode::Auto);
+        let max_sources = args
+            .max_sources
+            .or(cfg.daemon.max_sources)
+            .unwrap_or(DEFAULT_MAX_SOURCES);
+        if max_sources == 0 {
+            return Err(Error::Invalid("--max-sources must be at least 1".into()));
+        }
+        if !(args.interval == 0.0 || (0.05..=3600.0).contains(&args.interval)) {
+            return Err(Error::Invalid(
+                "--interval must be 0 (off) or 0.05 ..= 3600 seconds".into(),
+            ));
+        }
+        if !is_root() {
+            return Err(Error::NotRoot("attaching XDP"));
+        }
+        let lock = lock()?;
+
+        // What is on the interfaces now.
+        let mut existing = Vec::new();
+        for (n, &i) in names.iter().zip(&indexes) {
+            existing.push(inspect(n, i)?);
+        }
+        let adopt_from = existing.iter().find_map(|e| match e {
+            Existing::Ours { prog_id, .. } => Some(*prog_id),
+            Existing::None => None,
+        });
+        let mut out = std::io::stdout().lock();
+
+        // Load, reusing an adopted program's maps.
+        let mut opts = LoadOptions {
+            max_sources,
+            test_clock: false,
+            reuse: vec![],
+        };
+        let mut _bpffs = None;
+        let mut old_fds: BTreeMap<u32, ProgramFd> = BTreeMap::new();
+        if let Some(id) = adopt_from {
+            let found = find(id).ok_or(Error::Invalid(format!(
+                "policer program {id} went away while adopting"
+            )))?;
+            let fs_ = PrivateBpffs::mount()?;
+            for name in SHARED_MAPS {
+                let (map_id, max) = found.maps[name];
+                let path = fs_.dir.join(name);
+                MapData::from_id(map_id)
+                    .map_err(Error::map(name))?
+                    .pin(&path)
+                    .map_err(|e| Error::Invalid(format!("cannot pin adopted map {name}: {e}")))?;
+                if name == MAP_BUCKETS && max != max_sources {
+                    if args.max_sources.is_some() || cfg.daemon.max_sources.is_some() {
+                        let _ = writeln!(
+                            out,
+                            "policer: keeping the running table of {max} sources (not {max_sources}): \
+                             resizing needs `policer detach` first"
+                        );
+                    }
+                    opts.max_sources = max;
+                }
+                opts.reuse.push((name, path));
+            }
+            let _ = writeln!(
+                out,
+                "policer: adopting the policer already running (program {id}): its rules, buckets and counters carry over"
+            );
+            old_fds.insert(id, found.prog_fd);
+            _bpffs = Some(fs_);
+        }
+        let mut policer = Policer::load(&opts)?;
+        drop(_bpffs);
+        for (e, n) in existing.iter().zip(&names) {
+            if let Existing::Ours { prog_id, .. } = e
+                && !old_fds.contains_key(prog_id)
+            {
+                let f = find(*prog_id).ok_or(Error::AlreadyAttached { iface: n.clone() })?;
+                old_fds.insert(*prog_id, f.prog_fd);
+            }
+        }
+
+        // Bring the kernel's rules to the config's, keeping the id (and so
+        // the buckets' state) of every rule that did not change.
+        let kernel: BTreeMap<IpNet, Rule> = policer.kernel_rules()?.into_iter().collect();
+        let mut next_id = kernel.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
+        let mut rules = BTreeMap::new();
+        for (net, spec) in &specs {
+            let fresh = spec.kernel(0)?;
+            let id = match kernel.get(net) {
+                Some(k) if same_params(k, &fresh) => k.rule_id,
+                _ => {
+                    let id = next_id;
+                    next_id += 1;
+                    policer.set_rule(*net, &spec.kernel(id)?)?;
+                    id
+                }
+            };
+            rules.insert(*net, (spec.clone(), id));
+        }
+        for net in kernel.keys() {
+            if !specs.contains_key(net) {
+                policer.remove_rule(*net)?;
+            }
+        }
+
+        // Attach: replace an adopted program atomically, else attach fresh.
+        let new_fd = policer.prog_fd()?;
+        let mut ifaces: Vec<Iface> = Vec::new();
+        let mut undo: Vec<(u32, u32, Option<RawFd>)> = Vec::new();
+        let result = (|| -> Result<()> {
+            for ((name, &index), e) in names.iter().zip(&indexes).zip(&existing) {
+                match e {
+                    Existing::Ours {
+                        prog_id,
+                        mode_flags,
+                    } => {
+                        let old = old_fds[prog_id].as_fd().as_raw_fd();
+                        netlink::set(index, new_fd, *mode_flags, Some(old)).map_err(|source| {
+                            Error::Netlink {
+                                iface: name.clone(),
+                                source,
+                            }
+                        })?;
+                        undo.push((index, *mode_flags, Some(old)));
+                        let _ = writeln!(
+                            out,
+                            "policer: replaced program {prog_id} on {name} ({} mode)",
+                            Mode::flag_name(*mode_flags)
+                        );
+                        ifaces.push(Iface {
+                            name: name.clone(),
+                            index,
+                            mode_flags: *mode_flags,
+                        });
+                    }
+                    Existing::None => {
+                        let flags = attach_fresh(name, index, new_fd, mode)?;
+                        undo.push((index, flags, None));
+                        let _ = writeln!(
+                            out,
+                            "policer: attached to {name} ({} mode)",
+                            Mode::flag_name(flags)
+                        );
+                        ifaces.push(Iface {
+                            name: name.clone(),
+                            index,
+                            mode_flags: flags,
+                        });
+                    }
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            // Put every interface back as it was.
+            for (index, flags, old) in undo.into_iter().rev() {
+                match old {
+                    Some(old) => {
+                        let _ = netlink::set(index, old, flags, Some(new_fd));
+                    }
+                    None => {
+                        let _ = netlink::set(index, -1, flags, Some(new_fd));
+                    }
+                }
+            }
+            return Err(e);
+        }
+
+        cfg.daemon.interfaces = names.clone();
+        let cfg = cfg.with_rules(&specs);
+        if let Err(e) = cfg.save(&args.config) {
+            let _ = writeln!(
+                out,
+                "policer: warning: cannot write {}: {e}",
+                args.config.display()
+            );
+        }
+
+        let socket = control::socket_path()?;
+        let _ = fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket)?;
+        fs::set_permissions(&socket, fs::Permissions::from_mode(0o600))?;
+        let _ = writeln!(
+            out,
+            "policer: policing on {} with {} rules from {}; {}",
+            names.join(", "),
+            rules.len(),
+            args.config.display(),
+            if args.persist {
+                "exiting leaves it attached and policing"
+            } else {
+                "Ctrl-C detaches"
+            }
+        );
+        let _ = out.flush();
+        Ok(Daemon {
+            policer,
+            ifaces,
+            rules,
+            cfg,
+            config_path: args.config.clone(),
+            next_id,
+            persist: args.persist,
+            interval: args.interval,
+            socket,
+            listener: Some(listener),
+            _lock: lock,
+        })
+    }
+
+    fn views(&self) -> Vec<RuleView> {
+        self.rules
+            .values()
+            .map(|(s, _)| RuleView {
+                prefix: s.net.to_string(),
+                action: s.action.to_string(),
+                rate: s.rate.map(|r| r.to_string()),
+                burst: s.rate.map(|_| s.burst),
+                unit: if s.rate.is_some_and(|r| r.is_bytes()) {
+                    "bytes"
+                } else {
+                    "packets"
+                }
+                .into(),
+                key_len: s.key_len,
+            })
+            .collect()
+    }
+
+    fn specs(&self) -> BTreeMap<IpNet, RuleSpec> {
+        self.rules
+            .iter()
+            .map(|(n, (s, _))| (*n, s.clone()))
+            .collect()
+    }
+
+    /// Writes the config; on failure the caller undoes its change.
+    fn persist_config(&mut self, specs: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+        let cfg = self.cfg.with_rules(specs);
+        cfg.save(&self.config_path).map_err(|e| {
+            Error::Invalid(format!(
+                "cannot write {}: {e}; change undone",
+                self.config_path.display()
+            ))
+        })?;
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    /// Applies `want` (already validated) to the kernel: changed and new
+    /// prefixes first, removed ones last, each one atomic for its prefix.
+    fn apply(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+        for (net, spec) in want {
+            if self.rules.get(net).is_some_and(|(s, _)| s == spec) {
+                continue;
+            }
+            let id = self.next_id;
+            self.policer.set_rule(*net, &spec.kernel(id)?)?;
+            self.next_id += 1;
+            self.rules.insert(*net, (spec.clone(), id));
+        }
+        let gone: Vec<IpNet> = self
+            .rules
+            .keys()
+            .filter(|n| !want.contains_key(n))
+            .copied()
+            .collect();
+        for net in gone {
+            self.policer.remove_rule(net)?;
+            self.rules.remove(&net);
+        }
+        Ok(())
+    }
+
+    fn rule_set(&mut self, rc: &RuleConfig) -> Result<String> {
+        let spec = rc.validate()?;
+        let before = self.specs();
+        let mut want = before.clone();
+        let net = spec.net;
+        let existed = want.insert(net, spec).is_some();
+        self.apply(&want)?;
+        if let Err(e) = self.persist_config(&want) {
+            self.apply(&before)?;
+            return Err(e);
+        }
+        Ok(format!(
+            "{} rule for {net}",
+            if existed { "replaced the" } else { "added a" }
+        ))
+    }
+
+    fn rule_rm(&mut self, prefix: &str) -> Result<String> {
+        let net = crate::rules::parse_prefix(prefix)?;
+        let before = self.specs();
+        let mut want = before.clone();
+        if want.remove(&net).is_none() {
+            return Err(Error::Invalid(format!(
+                "no rule for {net} (see `policer rule ls`)"
+            )));
+        }
+        self.apply(&want)?;
+        if let Err(e) = self.persist_config(&want) {
+            self.apply(&before)?;
+            return Err(e);
+        }
+        Ok(format!("removed the rule for {net}"))
+    }
+
+    /// Re-reads the config file; applies it only if all of it is valid.
+    fn reload(&mut self) -> Result<String> {
+        let (cfg, want) = Config::parse(
+            &fs::read_to_string(&self.config_path)
+                .map_err(|e| Error::Invalid(format!("{}: {e}", self.config_path.display())))?,
+            &self.config_path,
+        )?;
+        if want.is_empty() {
+            return Err(Error::Invalid(format!(
+                "{}: no rules; nothing changed",
+                self.config_path.display()
+            )));
+        }
+        let before = self.specs();
+        if let Err(e) = self.apply(&want) {
+            let _ = self.apply(&before);
+            return Err(e);
+        }
+        let note = if cfg.daemon != self.cfg.daemon {
+            " ([daemon] settings apply at the next start)"
+        } else {
+            ""
+        };
+        self.cfg = cfg;
+        Ok(format!(
+            "reloaded {}: {} rules{note}",
+            self.config_path.display(),
+            want.len()
+        ))
+    }
+
+    /// Detaches `name`; true when no interface is left.
+    fn detach(&mut self, name: &str) -> Result<bool> {
+        let pos = self
+            .ifaces
+            .iter()
+            .position(|i| i.name == name)
+            .ok_or_else(|| Error::Invalid(format!("{name} is not policed by this daemon")))?;
+        let fd = self.policer.prog_fd()?;
+        let i = &self.ifaces[pos];
+        netlink::set(i.index, -1, i.mode_flags, Some(fd)).map_err(|source| Error::Netlink {
+            iface: name.into(),
+            source,
+        })?;
+        self.ifaces.remove(pos);
+        self.cfg.daemon.interfaces.retain(|n| n != name);
+        let specs = self.specs();
+        let _ = self.persist_config(&specs);
+        Ok(self.ifaces.is_empty())
+    }
+
+    fn handle(&mut self, req: Request) -> (Response, bool) {
+        let r = match req {
+            Request::RuleSet { rule } => self.rule_set(&rule).map(Response::ok),
+            Request::RuleRm { prefix } => self.rule_rm(&prefix).map(Response::ok),
+            Request::RuleLs => Ok(Response {
+                ok: true,
+                rules: self.views(),
+                ..Default::default()
+            }),
+            Request::Reload => self.reload().map(Response::ok),
+            Request::Status => Ok(Response {
+                ok: true,
+                status: Some(StatusView {
+                    pid: std::process::id(),
+                    interfaces: self.ifaces.iter().map(|i| i.name.clone()).collect(),
+                    config: self.config_path.display().to_string(),
+                    rules: self.rules.len(),
+                    persist: self.persist,
+                }),
+                ..Default::default()
+            }),
+            Request::Detach { iface } => match self.detach(&iface) {
+                Ok(last) => {
+                    let msg = if last {
+                        format!("detached from {iface}; no interface left, the daemon exits")
+                    } else {
+                        format!("detached from {iface}")
+                    };
+                    return (Response::ok(msg), last);
+                }
+                Err(e) => Err(e),
+            },
+        };
+        (r.unwrap_or_else(Response::err), false)
+    }
+
+    /// Runs until SIGINT/SIGTERM (or the last interface is detached).
+    pub async fn serve(mut self) -> Result<()> {
+        let listener = self.listener.take().expect("bound at start");
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(listener)?;
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut sighup = signal(SignalKind::hangup())?;
+        let started = Instant::now();
+        let period = if self.interval > 0.0 {
+            self.interval
+        } else {
+            3600.0
+        };
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(period));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut prev = self.policer.counters()?;
+        let mut prev_at = Instant::now();
+        let mut last_detached = false;
+        loop {
+            tokio::select! {
+                _ = sigint.recv() => break,
+                _ = sigterm.recv() => break,
+                _ = sighup.recv() => match self.reload() {
+                    Ok(m) => println!("policer: SIGHUP: {m}"),
+                    Err(e) => println!("policer: SIGHUP: reload refused, nothing changed: {e}"),
+                },
+                conn = listener.accept() => {
+                    let Ok((stream, _)) = conn else { continue };
+                    let Ok(stream) = stream.into_std() else { continue };
+                    if self.serve_one(stream) {
+                        last_detached = true;
+                        break;
+                    }
+                }
+                _ = tick.tick(), if self.interval > 0.0 => {
+                    let now = self.policer.counters()?;
+                    let dt = prev_at.elapsed().as_secs_f64();
+                    println!("{}", format_line(started.elapsed(), &now, &prev, dt));
+                    prev = now;
+                    prev_at = Instant::now();
+                }
+            }
+        }
+        let last = self.policer.counters()?;
+        println!(
+            "{}",
+            format_line(
+                started.elapsed(),
+                &last,
+                &prev,
+                prev_at.elapsed().as_secs_f64()
+            )
+        );
+        let _ = fs::remove_file(&self.socket);
+        if last_detached {
+            println!("policer: no interface left; exiting");
+        } else if self.persist {
+            println!(
+                "policer: exiting; XDP stays attached on {} and keeps policing (`policer detach IFACE` removes it)",
+                self.ifaces
+                    .iter()
+                    .map(|i| i.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        } else {
+            let fd = self.policer.prog_fd()?;
+            for i in &self.ifaces {
+                if let Err(e) = netlink::set(i.index, -1, i.mode_flags, Some(fd)) {
+                    eprintln!("policer: {}: cannot detach: {e}", i.name);
+                }
+            }
+            println!(
+                "policer: detached from {}",
+                self.ifaces
+                    .iter()
+                    .map(|i| i.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        Ok(())
+    }
+
+    /// One control request; true when the daemon should exit.
+    fn serve_one(&mut self, stream: std::os::unix::net::UnixStream) -> bool {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut line = String::new();
+        if BufReader::new(&stream).read_line(&mut line).is_err() {
+            return false;
+        }
+        let (resp, exit) = match serde_json::from_str::<Request>(&line) {
+            Ok(req) => self.handle(req),
+            Err(e) => (Response::err(format!("bad request: {e}")), false),
+        };
+        let mut w = &stream;
+        let mut text = serde_json::to_string(&resp).unwrap_or_else(|_| "{\"ok\":false}".into());
+        text.push('\n');
+        let _ = w.write_all(text.as_bytes());
+        exit
+    }
+}
+
+/// Attaches fresh (never over another program), trying modes in order.
+fn attach_fresh(name: &str, index: u32, fd: RawFd, mode: Mode) -> Result<u32> {
+    let mut last = None;
+    for &m in mode.tries() {
+        match netlink::set(index, fd, XDP_FLAGS_UPDATE_IF_NOEXIST | m, None) {
+            Ok(()) => return Ok(m),
+            Err(e) => match e.errno {
+                libc::EBUSY | libc::EEXIST => {
+                    return Err(Error::AlreadyAttached { iface: name.into() });
+                }
+                libc::EPERM | libc::EACCES => return Err(Error::NotRoot("attaching XDP")),
+                libc::EOPNOTSUPP | libc::EINVAL => {
+                    last = Some(Error::ModeUnsupported {
+                        iface: name.into(),
+                        mode: Mode::flag_name(m),
+                    });
+                }
+                _ => {
+                    return Err(Error::Netlink {
+                        iface: name.into(),
+                        source: e,
+                    });
+                }
+            },
+        }
+    }
+    Err(last.expect("at least one mode"))
+}
+
+/// `policer detach IFACE` with no daemon running: remove the policer
+/// program left attached (never another program).
+pub fn detach_orphan(name: &str) -> Result<String> {
+    if !is_root() {
+        return Err(Error::NotRoot("detaching XDP"));
+    }
+    let index = if_index(name)?;
+    let st = netlink::query(index).map_err(|source| Error::Netlink {
+        iface: name.into(),
+        source,
+    })?;
+    let Some(st) = st else {
+        return Err(Error::Invalid(format!(
+            "no XDP program is attached to {name}"
+        )));
+    };
+    let found = find(st.prog_id).ok_or_else(|| {
+        Error::Invalid(format!(
+            "the XDP program on {name} is not policer's; leaving it alone"
+        ))
+    })?;
+    let fd: OwnedFd = found.prog_fd.as_fd().try_clone_to_owned()?;
+    netlink::set(index, -1, st.mode_flags, Some(fd.as_raw_fd())).map_err(|source| {
+        Error::Netlink {
+            iface: name.into(),
+            source,
+        }
+    })?;
+    Ok(format!(
+        "detached policer (program {}) from {name}",
+        found.prog_id
+    ))
+}

@@ -1,0 +1,317 @@
+//! Rules as operators write them (CLI and config file), validated into
+//! what the kernel needs. One place decides what is a valid rule.
+
+use std::{fmt, net::IpAddr, str::FromStr};
+
+use ipnet::IpNet;
+use policer_common::{
+    Rule,
+    bucket::Action,
+    rate::Rate,
+    wire::{DEFAULT_KEY_LEN_V4, DEFAULT_KEY_LEN_V6},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A rule's action, as written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionName {
+    /// Drop what exceeds the bucket.
+    Police,
+    /// Pass everything; count what would have been dropped.
+    Monitor,
+    /// Never police.
+    Allow,
+    /// Drop everything.
+    Deny,
+}
+
+impl ActionName {
+    pub fn kernel(self) -> Action {
+        match self {
+            ActionName::Police => Action::Police,
+            ActionName::Monitor => Action::Monitor,
+            ActionName::Allow => Action::Allow,
+            ActionName::Deny => Action::Deny,
+        }
+    }
+
+    pub fn from_kernel(a: u32) -> Option<ActionName> {
+        Some(match Action::from_u32(a)? {
+            Action::Police => ActionName::Police,
+            Action::Monitor => ActionName::Monitor,
+            Action::Allow => ActionName::Allow,
+            Action::Deny => ActionName::Deny,
+        })
+    }
+
+    /// Whether the action uses a bucket (and so needs a rate).
+    pub fn polices(self) -> bool {
+        matches!(self, ActionName::Police | ActionName::Monitor)
+    }
+}
+
+impl fmt::Display for ActionName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ActionName::Police => "police",
+            ActionName::Monitor => "monitor",
+            ActionName::Allow => "allow",
+            ActionName::Deny => "deny",
+        })
+    }
+}
+
+/// A burst as written in TOML: a number of packets, or a size string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BurstValue {
+    Count(u64),
+    Text(String),
+}
+
+/// A rule as written: in the config file (`[[rule]]`) and on the wire
+/// between CLI and daemon.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<BurstValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<ActionName>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_len: Option<u32>,
+}
+
+/// A validated rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSpec {
+    pub net: IpNet,
+    /// None for allow/deny rules written without a rate.
+    pub rate: Option<Rate>,
+    /// Packets, or bytes for a bit rate.
+    pub burst: u64,
+    pub action: ActionName,
+    pub key_len: u32,
+}
+
+/// Parses a prefix. A bare address means one host (/32 or /128); host bits
+/// set after the prefix length are refused rather than silently cleared,
+/// since `203.0.113.5/24` is more often a typo than a wish.
+pub fn parse_prefix(s: &str) -> Result<IpNet> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(Error::Invalid("empty prefix".into()));
+    }
+    if !s.contains('/') {
+        let a = IpAddr::from_str(s)
+            .map_err(|_| Error::Invalid(format!("'{s}' is not an IP address or prefix")))?;
+        return Ok(IpNet::from(a));
+    }
+    let (addr, len) = s.split_once('/').expect("has /");
+    let a = IpAddr::from_str(addr)
+        .map_err(|_| Error::Invalid(format!("'{addr}' in '{s}' is not an IP address")))?;
+    let max = if a.is_ipv4() { 32 } else { 128 };
+    let len: u8 = len.parse().ok().filter(|l| *l <= max).ok_or_else(|| {
+        Error::Invalid(format!("prefix length '/{len}' in '{s}' must be 0..={max}"))
+    })?;
+    let net = IpNet::new(a, len).map_err(|e| Error::Invalid(format!("'{s}': {e}")))?;
+    if net.trunc() != net {
+        return Err(Error::Invalid(format!(
+            "'{s}' has host bits set; did you mean {}?",
+            net.trunc()
+        )));
+    }
+    Ok(net)
+}
+
+impl RuleConfig {
+    pub fn validate(&self) -> Result<RuleSpec> {
+        let net = parse_prefix(&self.prefix)?;
+        let action = self.action.unwrap_or(ActionName::Police);
+        let rate = match &self.rate {
+            Some(r) => {
+                Some(Rate::parse(r).map_err(|e| Error::Invalid(format!("rate '{r}': {e}")))?)
+            }
+            None if action.polices() => {
+                return Err(Error::Invalid(format!(
+                    "{}: a {action} rule needs a rate (--rate)",
+                    self.prefix
+                )));
+            }
+            None => None,
+        };
+        let burst = match (&rate, &self.burst) {
+            (Some(r), Some(BurstValue::Count(n))) => r
+                .parse_burst(&n.to_string())
+                .map_err(|e| Error::Invalid(format!("burst '{n}': {e}")))?,
+            (Some(r), Some(BurstValue::Text(t))) => r
+                .parse_burst(t)
+                .map_err(|e| Error::Invalid(format!("burst '{t}': {e}")))?,
+            (Some(r), None) => r.default_burst(),
+            (None, Some(_)) => {
+                return Err(Error::Invalid(format!(
+                    "{}: a burst needs a rate",
+                    self.prefix
+                )));
+            }
+            (None, None) => 1,
+        };
+        let v6 = net.addr().is_ipv6();
+        let key_len = self.key_len.unwrap_or(if v6 {
+            DEFAULT_KEY_LEN_V6
+        } else {
+            DEFAULT_KEY_LEN_V4
+        });
+        let max = if v6 { 128 } else { 32 };
+        if key_len == 0 || key_len > max {
+            return Err(Error::Invalid(format!(
+                "key length {key_len} out of range 1..={max}"
+            )));
+        }
+        // Buckets are keyed by (masked source, key length): a key shorter
+        // than the prefix could share a bucket with a shorter rule's.
+        if key_len < u32::from(net.prefix_len()) {
+            return Err(Error::Invalid(format!(
+                "key length {key_len} is shorter than the prefix {net}; use {} for one bucket for the whole prefix",
+                net.prefix_len()
+            )));
+        }
+        let spec = RuleSpec {
+            net,
+            rate,
+            burst,
+            action,
+            key_len,
+        };
+        spec.kernel(0)?;
+        Ok(spec)
+    }
+}
+
+impl RuleSpec {
+    /// The kernel's value for this rule, tagged with `rule_id`.
+    pub fn kernel(&self, rule_id: u32) -> Result<Rule> {
+        let base = match self.rate {
+            Some(r) => r
+                .rule(self.burst)
+                .map_err(|e| Error::Invalid(e.to_string()))?,
+            // allow/deny without a rate: the bucket fields are never used.
+            None => Rule::packets(1, 1).expect("valid"),
+        };
+        let v6 = self.net.addr().is_ipv6();
+        Ok(base
+            .with_key_len(self.key_len, v6)
+            .map_err(|e| Error::Invalid(e.to_string()))?
+            .with_action(self.action.kernel())
+            .with_id(rule_id))
+    }
+
+    /// Back to the written form (canonical: what the daemon writes).
+    pub fn config(&self) -> RuleConfig {
+        let v6 = self.net.addr().is_ipv6();
+        let default_key = if v6 {
+            DEFAULT_KEY_LEN_V6
+        } else {
+            DEFAULT_KEY_LEN_V4
+        };
+        RuleConfig {
+            prefix: self.net.to_string(),
+            rate: self.rate.map(|r| r.to_string()),
+            burst: self.rate.map(|r| {
+                if r.is_bytes() {
+                    BurstValue::Text(format!("{}b", self.burst))
+                } else {
+                    BurstValue::Count(self.burst)
+                }
+            }),
+            action: (self.action != ActionName::Police).then_some(self.action),
+            key_len: (self.key_len != default_key).then_some(self.key_len),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rc(prefix: &str, rate: Option<&str>, burst: Option<BurstValue>) -> RuleConfig {
+        RuleConfig {
+            prefix: prefix.into(),
+            rate: rate.map(Into::into),
+            burst,
+            action: None,
+            key_len: None,
+        }
+    }
+
+    #[test]
+    fn prefixes() {
+        assert_eq!(
+            parse_prefix("203.0.113.0/24").unwrap().to_string(),
+            "203.0.113.0/24"
+        );
+        assert_eq!(
+            parse_prefix("203.0.113.7").unwrap().to_string(),
+            "203.0.113.7/32"
+        );
+        assert_eq!(
+            parse_prefix("2001:db8::/32").unwrap().to_string(),
+            "2001:db8::/32"
+        );
+        for bad in [
+            "",
+            "203.0.113.0/33",
+            "2001:db8::/129",
+            "203.0.113.5/24",
+            "300.1.1.1/8",
+            "10.0.0.0/-1",
+            "10.0.0.0/",
+            "foo/8",
+            "10.0.0.0/8/8",
+        ] {
+            assert!(parse_prefix(bad).is_err(), "{bad} accepted");
+        }
+        let e = parse_prefix("203.0.113.5/24").unwrap_err().to_string();
+        assert!(e.contains("did you mean 203.0.113.0/24"), "{e}");
+    }
+
+    #[test]
+    fn rules_validate() {
+        let s = rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50)))
+            .validate()
+            .unwrap();
+        assert_eq!((s.burst, s.key_len, s.action), (50, 32, ActionName::Police));
+        assert_eq!(
+            s.config(),
+            rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50)))
+        );
+        let s = rc(
+            "2001:db8::/32",
+            Some("64kbit"),
+            Some(BurstValue::Text("64kb".into())),
+        )
+        .validate()
+        .unwrap();
+        assert_eq!((s.burst, s.key_len), (65536, 64));
+        let mut deny = rc("198.51.100.0/24", None, None);
+        deny.action = Some(ActionName::Deny);
+        assert!(deny.validate().is_ok());
+        assert!(
+            rc("10.0.0.0/8", None, None).validate().is_err(),
+            "police without rate"
+        );
+        let mut k = rc("10.0.0.0/8", Some("1kpps"), None);
+        k.key_len = Some(4);
+        assert!(k.validate().is_err(), "key shorter than prefix");
+        k.key_len = Some(33);
+        assert!(k.validate().is_err());
+        k.key_len = Some(24);
+        assert_eq!(k.validate().unwrap().kernel(7).unwrap().rule_id, 7);
+    }
+}
