@@ -73,7 +73,7 @@ impl Daemon {
 
     fn wait_more(mut d: Daemon, t0: Instant) -> Daemon {
         loop {
-            if d.stdout().contains("policing every source") {
+            if d.stdout().contains("policer: policing") {
                 return d;
             }
             if let Ok(Some(st)) = d.child.try_wait() {
@@ -131,4 +131,41 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+impl Daemon {
+    /// `policer attach RX_IF --config SANDBOX_CONFIG ARGS...` in the
+    /// sandbox's receiving namespace.
+    pub fn attach(sb: &crate::netns::Sandbox, args: &[&str]) -> Daemon {
+        let mut v = vec!["attach", sb.rx_if.as_str(), "--config", sb.config.as_str()];
+        v.extend_from_slice(args);
+        Daemon::start(&sb.rx_ns, &v)
+    }
+}
+
+/// `policer ARGS` in the sandbox's receiving namespace (CLI verbs).
+pub fn cli(sb: &crate::netns::Sandbox, args: &[&str]) -> Output {
+    policer_in(&sb.rx_ns, args)
+}
+
+/// Asserts `out` failed cleanly with `needle` in its message.
+pub fn fails_with(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure ({needle}), got success: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(err.contains(needle), "stderr lacks '{needle}': {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
+
+/// Asserts `out` succeeded; returns its stdout.
+pub fn succeeds(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

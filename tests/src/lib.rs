@@ -5,6 +5,7 @@
 //! ever cross the veth pair between them.
 
 pub mod daemon;
+pub mod foreign;
 pub mod frame;
 pub mod netns;
 pub mod packet;

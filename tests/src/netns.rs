@@ -36,6 +36,9 @@ pub fn ip_out(args: &[&str]) -> String {
 /// `rx_ns`/`rx_if` (where the policer attaches) and `tx_ns`/`tx_if`
 /// (where traffic comes from). Both are deleted on drop.
 pub struct Sandbox {
+    /// A config file for the policer of this sandbox (removed on drop);
+    /// tests never touch /etc/policer.
+    pub config: String,
     pub rx_ns: String,
     pub tx_ns: String,
     pub rx_if: String,
@@ -61,7 +64,10 @@ impl Sandbox {
         // Leftovers from an interrupted run would make `add` fail.
         let _ = ip_out(&["netns", "del", rx_ns]);
         let _ = ip_out(&["netns", "del", tx_ns]);
+        let config = format!("{}/{rx_ns}.toml", std::env::temp_dir().display());
+        let _ = std::fs::remove_file(&config);
         let sb = Sandbox {
+            config,
             rx_ns: rx_ns.into(),
             tx_ns: tx_ns.into(),
             rx_if: rx_if.into(),
@@ -111,6 +117,7 @@ impl Drop for Sandbox {
         // Deleting a namespace deletes the veth in it (and so its peer).
         let _ = ip_out(&["netns", "del", &self.rx_ns]);
         let _ = ip_out(&["netns", "del", &self.tx_ns]);
+        let _ = std::fs::remove_file(&self.config);
     }
 }
 

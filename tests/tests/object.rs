@@ -21,6 +21,7 @@ fn load() -> Policer {
     Policer::load(&LoadOptions {
         max_sources: 4096,
         test_clock: true,
+        ..Default::default()
     })
     .expect("load object")
 }

@@ -3,16 +3,17 @@
 //! what arrives is counted on the receiving side, independently of
 //! policer's own counters.
 
-use std::{net::IpAddr, time::Duration};
+use std::{net::IpAddr, os::fd::AsRawFd, time::Duration};
 
 use policer_tests::{
-    daemon::{Daemon, policer_in},
-    netns::Sandbox,
+    daemon::{Daemon, cli, fails_with, policer_bin, policer_in},
+    foreign,
+    netns::{Sandbox, enter},
     privileged,
     traffic::{self, Flow},
 };
 
-fn v4(s: &str) -> IpAddr {
+fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
@@ -24,11 +25,9 @@ fn heavy_hitter_gets_rate_times_t_plus_burst() {
         return;
     }
     let sb = Sandbox::new("acc");
-    let mut d = Daemon::start(
-        &sb.rx_ns,
+    let mut d = Daemon::attach(
+        &sb,
         &[
-            "attach",
-            &sb.rx_if,
             "--rate",
             "1000pps",
             "--burst",
@@ -43,13 +42,13 @@ fn heavy_hitter_gets_rate_times_t_plus_burst() {
     assert!(sb.rx_xdp().is_some(), "no XDP program on {}", sb.rx_if);
 
     let mut flows = vec![Flow {
-        src: v4("198.18.0.1"),
+        src: ip("198.18.0.1"),
         pps: 10_000.0,
         len: 64,
     }];
     for i in 0..40 {
         flows.push(Flow {
-            src: v4(&format!("198.18.1.{}", i + 1)),
+            src: ip(&format!("198.18.1.{}", i + 1)),
             pps: 50.0,
             len: 64,
         });
@@ -57,7 +56,7 @@ fn heavy_hitter_gets_rate_times_t_plus_burst() {
     for i in 0..10 {
         // Distinct /64s: IPv6 buckets are per /64 by default.
         flows.push(Flow {
-            src: v4(&format!("2001:db8:1:{i}::1")),
+            src: ip(&format!("2001:db8:1:{i}::1")),
             pps: 50.0,
             len: 90,
         });
@@ -107,15 +106,10 @@ fn skb_mode_polices_and_sigint_detaches() {
         return;
     }
     let sb = Sandbox::new("skb");
-    let mut d = Daemon::start(
-        &sb.rx_ns,
-        &[
-            "attach", &sb.rx_if, "--rate", "200pps", "--burst", "5", "--mode", "skb",
-        ],
-    );
+    let mut d = Daemon::attach(&sb, &["--rate", "200pps", "--burst", "5", "--mode", "skb"]);
     assert!(d.stdout().contains("(skb mode)"), "{}", d.stdout());
     let flows = [Flow {
-        src: v4("198.18.7.7"),
+        src: ip("198.18.7.7"),
         pps: 2_000.0,
         len: 64,
     }];
@@ -130,70 +124,136 @@ fn skb_mode_polices_and_sigint_detaches() {
     assert!(sb.rx_xdp().is_none());
 }
 
-fn fails_with(out: &std::process::Output, needle: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "expected failure, got success: {err}"
-    );
-    assert!(err.contains(needle), "stderr lacks '{needle}': {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-}
-
-/// Bad input gets a clear error, a non-zero exit, and nothing attached.
+/// Bad input to `attach` gets a clear error, a non-zero exit, and leaves
+/// nothing attached and no config file written.
 #[test]
-fn bad_input_changes_nothing() {
+fn bad_attach_input_changes_nothing() {
     if !privileged("veth tier") {
         return;
     }
     let sb = Sandbox::new("bad");
     let ns = sb.rx_ns.as_str();
     let ifc = sb.rx_if.as_str();
+    let cfg = sb.config.as_str();
     let cases: &[(&[&str], &str)] = &[
         (
-            &["attach", "nosuch0", "--rate", "1kpps"],
+            &["attach", "nosuch0", "--config", cfg, "--rate", "1kpps"],
             "unknown interface 'nosuch0'",
         ),
         (
-            &["attach", ifc, "nosuch0", "--rate", "1kpps"],
+            &["attach", ifc, "nosuch0", "--config", cfg, "--rate", "1kpps"],
             "unknown interface 'nosuch0'",
         ),
-        (&["attach", ifc, ifc, "--rate", "1kpps"], "given twice"),
-        (&["attach", ifc, "--rate", "10kbps"], "unknown unit"),
-        (&["attach", ifc, "--rate", "0pps"], "rate out of range"),
-        (&["attach", ifc, "--rate", "-5pps"], "non-negative number"),
-        (&["attach", ifc, "--rate", "200Mpps"], "rate out of range"),
-        (&["attach", ifc, "--rate", "1.5pps"], "whole number"),
         (
-            &["attach", ifc, "--rate", "99999999999999999999999pps"],
-            "too large",
+            &["attach", ifc, ifc, "--config", cfg, "--rate", "1kpps"],
+            "given twice",
         ),
         (
-            &["attach", ifc, "--rate", "1kpps", "--burst", "0"],
-            "burst out of range",
+            &["attach", ifc, "--config", cfg, "--rate", "10kbps"],
+            "unknown unit",
         ),
         (
-            &["attach", ifc, "--rate", "1kpps", "--burst", "2000000000"],
-            "burst out of range",
+            &["attach", ifc, "--config", cfg, "--rate", "0pps"],
+            "rate out of range",
         ),
         (
-            &["attach", ifc, "--rate", "1kpps", "--burst", "ten"],
+            &["attach", ifc, "--config", cfg, "--rate", "-5pps"],
             "non-negative number",
         ),
         (
-            &["attach", ifc, "--rate", "1kpps", "--mode", "turbo"],
+            &["attach", ifc, "--config", cfg, "--rate", "200Mpps"],
+            "rate out of range",
+        ),
+        (
+            &["attach", ifc, "--config", cfg, "--rate", "1.5pps"],
+            "whole number",
+        ),
+        (
+            &[
+                "attach",
+                ifc,
+                "--config",
+                cfg,
+                "--rate",
+                "99999999999999999999999pps",
+            ],
+            "too large",
+        ),
+        (
+            &[
+                "attach", ifc, "--config", cfg, "--rate", "1kpps", "--burst", "0",
+            ],
+            "burst out of range",
+        ),
+        (
+            &[
+                "attach",
+                ifc,
+                "--config",
+                cfg,
+                "--rate",
+                "1kpps",
+                "--burst",
+                "2000000000",
+            ],
+            "burst out of range",
+        ),
+        (
+            &[
+                "attach", ifc, "--config", cfg, "--rate", "1kpps", "--burst", "ten",
+            ],
+            "non-negative number",
+        ),
+        (
+            &["attach", ifc, "--config", cfg, "--burst", "10"],
+            "--burst needs --rate",
+        ),
+        (
+            &[
+                "attach", ifc, "--config", cfg, "--rate", "1kpps", "--mode", "turbo",
+            ],
             "invalid value 'turbo'",
         ),
         (
-            &["attach", ifc, "--rate", "1kpps", "--max-sources", "0"],
+            &[
+                "attach",
+                ifc,
+                "--config",
+                cfg,
+                "--rate",
+                "1kpps",
+                "--max-sources",
+                "0",
+            ],
             "--max-sources",
         ),
-        (&["attach", ifc], "--rate"),
+        (
+            &[
+                "attach",
+                ifc,
+                "--config",
+                cfg,
+                "--rate",
+                "1kpps",
+                "--interval",
+                "0.001",
+            ],
+            "--interval",
+        ),
+        (&["attach", ifc, "--config", cfg], "nothing to police"),
+        (
+            &["attach", "--config", cfg, "--rate", "1kpps"],
+            "no interface given",
+        ),
     ];
     for (args, needle) in cases {
         let out = policer_in(ns, args);
         fails_with(&out, needle);
         assert!(sb.rx_xdp().is_none(), "{args:?} left XDP attached");
+        assert!(
+            !std::path::Path::new(cfg).exists(),
+            "{args:?} wrote the config file"
+        );
     }
 
     // Not root: refused before touching anything.
@@ -207,40 +267,84 @@ fn bad_input_changes_nothing() {
             "--regid=65534",
             "--clear-groups",
         ])
-        .arg(policer_tests::daemon::policer_bin())
-        .args(["attach", ifc, "--rate", "1kpps"])
+        .arg(policer_bin())
+        .args(["attach", ifc, "--config", cfg, "--rate", "1kpps"])
         .output()
         .expect("setpriv");
     fails_with(&out, "needs root");
     assert!(sb.rx_xdp().is_none());
+    assert!(!std::path::Path::new(cfg).exists());
+}
 
-    // XDP already attached by another program: refused, the other stays.
-    let mut first = Daemon::start(
-        ns,
-        &["attach", ifc, "--rate", "1kpps", "--max-sources", "1024"],
-    );
-    let id = sb.rx_xdp().expect("first policer attached");
+/// Another program's XDP is never replaced or removed, in any mode.
+#[test]
+fn foreign_xdp_program_is_left_alone() {
+    if !privileged("veth tier") {
+        return;
+    }
+    let sb = Sandbox::new("fgn");
+    let (ns, ifc) = (sb.rx_ns.clone(), sb.rx_if.clone());
+    std::thread::spawn(move || {
+        enter(&ns).unwrap();
+        let fd = foreign::load_xdp_pass().expect("load foreign program");
+        let idx = policer_user::loader::if_index(&ifc).unwrap();
+        policer_user::netlink::set(
+            idx,
+            fd.as_raw_fd(),
+            policer_user::netlink::XDP_FLAGS_DRV_MODE,
+            None,
+        )
+        .expect("attach foreign program");
+    })
+    .join()
+    .unwrap();
+    let id = sb.rx_xdp().expect("foreign program attached");
     for mode in ["auto", "native", "skb"] {
-        let out = policer_in(
-            ns,
+        let out = cli(
+            &sb,
             &[
-                "attach",
-                ifc,
-                "--rate",
-                "1kpps",
-                "--mode",
-                mode,
-                "--max-sources",
-                "1024",
+                "attach", &sb.rx_if, "--config", &sb.config, "--rate", "1kpps", "--mode", mode,
             ],
         );
         fails_with(&out, "another XDP program is already attached");
         assert_eq!(
             sb.rx_xdp().as_deref(),
             Some(id.as_str()),
-            "the first program was replaced"
+            "the foreign program was replaced"
         );
     }
+    fails_with(&cli(&sb, &["detach", &sb.rx_if]), "not policer's");
+    assert_eq!(
+        sb.rx_xdp().as_deref(),
+        Some(id.as_str()),
+        "the foreign program was removed"
+    );
+}
+
+/// A second daemon in the same network namespace is refused and changes
+/// nothing; when one fails on a second interface, the first is undone.
+#[test]
+fn second_daemon_is_refused() {
+    if !privileged("veth tier") {
+        return;
+    }
+    let sb = Sandbox::new("two");
+    let mut first = Daemon::attach(&sb, &["--rate", "1kpps", "--max-sources", "1024"]);
+    let id = sb.rx_xdp().expect("first policer attached");
+    let before = std::fs::read(&sb.config).unwrap();
+    let out = cli(
+        &sb,
+        &[
+            "attach", &sb.rx_if, "--config", &sb.config, "--rate", "5pps",
+        ],
+    );
+    fails_with(&out, "already running in this network namespace");
+    assert_eq!(sb.rx_xdp().as_deref(), Some(id.as_str()));
+    assert_eq!(
+        std::fs::read(&sb.config).unwrap(),
+        before,
+        "config file changed"
+    );
     assert!(first.stop_with(libc::SIGTERM));
     assert!(sb.rx_xdp().is_none());
 }

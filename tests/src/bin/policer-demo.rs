@@ -52,13 +52,10 @@ fn main() {
     let rate = format!("{}pps", a.rate);
     let burst = a.burst.to_string();
     println!(
-        "demo: sudo ip netns exec {} policer attach {} --rate {rate} --burst {burst}",
-        sb.rx_ns, sb.rx_if
+        "demo: sudo ip netns exec {} policer attach {} --config {} --rate {rate} --burst {burst}",
+        sb.rx_ns, sb.rx_if, sb.config
     );
-    let mut d = Daemon::start(
-        &sb.rx_ns,
-        &["attach", &sb.rx_if, "--rate", &rate, "--burst", &burst],
-    );
+    let mut d = Daemon::attach(&sb, &["--rate", &rate, "--burst", &burst]);
     println!("{}", d.stdout());
     // Echo the policer's live counter lines while traffic runs.
     let out = d.out.clone();
