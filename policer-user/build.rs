@@ -14,11 +14,7 @@ fn main() -> anyhow::Result<()> {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../policer-ebpf");
     println!("cargo::rerun-if-changed=../policer-common/src");
     aya_build::build_ebpf(
-        [Package {
-            name: "policer-ebpf",
-            root_dir: root,
-            ..Default::default()
-        }],
+        [Package { name: "policer-ebpf", root_dir: root, ..Default::default() }],
         Toolchain::Custom(TOOLCHAIN),
     )
 }

@@ -119,10 +119,7 @@ impl core::fmt::Display for RuleError {
             ),
             RuleError::BurstOutOfRange => write!(f, "burst out of range (1 ..= {MAX_BURST})"),
             RuleError::KeyLenOutOfRange => {
-                write!(
-                    f,
-                    "key length out of range (1..=32 for IPv4, 1..=128 for IPv6)"
-                )
+                write!(f, "key length out of range (1..=32 for IPv4, 1..=128 for IPv6)")
             }
         }
     }
@@ -222,11 +219,7 @@ impl Rule {
     /// The debt one frame of `frame_len` bytes adds, in time units.
     #[inline(always)]
     pub fn cost(&self, frame_len: u32) -> u64 {
-        let len = if frame_len > MAX_FRAME_LEN {
-            MAX_FRAME_LEN
-        } else {
-            frame_len
-        } as u64;
+        let len = if frame_len > MAX_FRAME_LEN { MAX_FRAME_LEN } else { frame_len } as u64;
         // Clamps make any value written into the map safe, not only the
         // ones the constructors make: the sum below cannot overflow.
         let byte_cost = min(self.byte_cost, MAX_BYTE_COST);
@@ -278,11 +271,7 @@ impl Rule {
             return None;
         }
         let new_debt = debt + self.cost(frame_len);
-        if new_debt > limit {
-            None
-        } else {
-            Some(now.wrapping_add(new_debt))
-        }
+        if new_debt > limit { None } else { Some(now.wrapping_add(new_debt)) }
     }
 
     /// Debt of a bucket at `now_ns`, in nanoseconds.
@@ -303,10 +292,7 @@ impl Rule {
     pub fn rescale(&self, old: &Bucket, now_ns: u64) -> u64 {
         let old_shift = min(old.shift as u64, MAX_SHIFT as u64) as u32;
         let old_limit = min(old.limit, MAX_LIMIT);
-        let debt = min(
-            Rule::debt(old.tat, now_ns.wrapping_shl(old_shift)),
-            old_limit,
-        );
+        let debt = min(Rule::debt(old.tat, now_ns.wrapping_shl(old_shift)), old_limit);
         let new_limit = self.limit();
         // fill = debt / old_limit as a 16-bit fraction. debt <= 2^61, so
         // `debt << 16` would overflow: shift the divisor instead when large.
@@ -319,19 +305,13 @@ impl Rule {
         };
         let fill = min(fill, 1 << 16);
         let new_debt = (new_limit >> 16) * fill + (((new_limit & 0xffff) * fill) >> 16);
-        self.empty_tat(now_ns)
-            .wrapping_add(min(new_debt, new_limit))
+        self.empty_tat(now_ns).wrapping_add(min(new_debt, new_limit))
     }
 
     /// The bucket this rule leaves after admitting to `tat`.
     #[inline(always)]
     pub fn bucket(&self, tat: u64) -> Bucket {
-        Bucket {
-            tat,
-            limit: self.limit,
-            shift: self.shift,
-            rule_id: self.rule_id,
-        }
+        Bucket { tat, limit: self.limit, shift: self.shift, rule_id: self.rule_id }
     }
 }
 

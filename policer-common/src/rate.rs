@@ -92,17 +92,9 @@ fn scaled(s: &str, num: &str, mult: u64) -> Result<u64, ParseError> {
     if frac.len() > 18 {
         return Err(ParseError::NotWhole(s.into()));
     }
-    let int_v: u128 = if int.is_empty() {
-        0
-    } else {
-        int.parse::<u128>()
-            .map_err(|_| ParseError::Overflow(s.into()))?
-    };
-    let frac_v: u128 = if frac.is_empty() {
-        0
-    } else {
-        frac.parse().unwrap_or(0)
-    };
+    let int_v: u128 =
+        if int.is_empty() { 0 } else { int.parse::<u128>().map_err(|_| ParseError::Overflow(s.into()))? };
+    let frac_v: u128 = if frac.is_empty() { 0 } else { frac.parse().unwrap_or(0) };
     let denom = 10u128.pow(frac.len() as u32);
     let total = int_v
         .checked_mul(denom)
@@ -121,9 +113,7 @@ fn split(s: &str) -> Result<(&str, String), ParseError> {
     if s.is_empty() {
         return Err(ParseError::Empty);
     }
-    let at = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let at = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = s.split_at(at);
     if num.is_empty() {
         return Err(ParseError::Number(s.into()));

@@ -31,8 +31,7 @@ static RULES_V4: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0
 static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
 /// Resized by the loader to `--max-sources`.
 #[map]
-static BUCKETS: LruHashMap<BucketKey, Bucket> =
-    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+static BUCKETS: LruHashMap<BucketKey, Bucket> = LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 #[map]
@@ -112,10 +111,7 @@ fn parse(ctx: &XdpContext) -> Parsed {
             }
             let mut addr = [0u8; 16];
             addr[..4].copy_from_slice(&ip.src_addr);
-            Parsed::Ip {
-                family: FAMILY_V4,
-                addr,
-            }
+            Parsed::Ip { family: FAMILY_V4, addr }
         }
         ETH_P_IPV6 => {
             let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, off) else {
@@ -126,10 +122,7 @@ fn parse(ctx: &XdpContext) -> Parsed {
             if ip.vcf[0] >> 4 != 6 {
                 return Parsed::Malformed;
             }
-            Parsed::Ip {
-                family: FAMILY_V6,
-                addr: ip.src_addr,
-            }
+            Parsed::Ip { family: FAMILY_V6, addr: ip.src_addr }
         }
         _ => Parsed::NonIp,
     }
@@ -200,9 +193,7 @@ fn cas_admit(bucket: *mut Bucket, rule: &Rule, now: u64, len: u32, c: &mut Count
                 return false;
             };
             let (seen, _) =
-                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                    tat_ptr, old, new,
-                );
+                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(tat_ptr, old, new);
             // Compare the returned value, not the flag: see PLATFORM-NOTES.
             if seen == old {
                 return true;
@@ -243,11 +234,7 @@ fn try_policer(ctx: &XdpContext) -> u32 {
         Some(Action::Allow) => true,
         Some(Action::Deny) => false,
         _ => {
-            let mut key = BucketKey {
-                addr: [0; 16],
-                family,
-                key_len: rule.key_len,
-            };
+            let mut key = BucketKey { addr: [0; 16], family, key_len: rule.key_len };
             for i in 0..16 {
                 key.addr[i] = addr[i] & rule.key_mask[i];
             }

@@ -96,12 +96,9 @@ const HEADER: &str = "\
 impl Config {
     /// Parses and validates the whole text; on any error nothing is used.
     pub fn parse(text: &str, origin: &Path) -> Result<(Config, BTreeMap<IpNet, RuleSpec>)> {
-        let cfg: Config = toml::from_str(text).map_err(|e| {
-            Error::Invalid(format!("{}: {}", origin.display(), e.to_string().trim()))
-        })?;
-        let rules = cfg
-            .validate()
-            .map_err(|e| Error::Invalid(format!("{}: {e}", origin.display())))?;
+        let cfg: Config = toml::from_str(text)
+            .map_err(|e| Error::Invalid(format!("{}: {}", origin.display(), e.to_string().trim())))?;
+        let rules = cfg.validate().map_err(|e| Error::Invalid(format!("{}: {e}", origin.display())))?;
         Ok((cfg, rules))
     }
 
@@ -109,9 +106,7 @@ impl Config {
     pub fn validate(&self) -> Result<BTreeMap<IpNet, RuleSpec>> {
         let mut out = BTreeMap::new();
         for (i, r) in self.rules.iter().enumerate() {
-            let spec = r
-                .validate()
-                .map_err(|e| Error::Invalid(format!("rule #{} ({}): {e}", i + 1, r.prefix)))?;
+            let spec = r.validate().map_err(|e| Error::Invalid(format!("rule #{} ({}): {e}", i + 1, r.prefix)))?;
             if out.insert(spec.net, spec.clone()).is_some() {
                 return Err(Error::Invalid(format!(
                     "rule #{} ({}): prefix {} appears twice",
@@ -122,9 +117,7 @@ impl Config {
             }
         }
         if let Some(0) = self.daemon.max_sources {
-            return Err(Error::Invalid(
-                "daemon.max_sources must be at least 1".into(),
-            ));
+            return Err(Error::Invalid("daemon.max_sources must be at least 1".into()));
         }
         Ok(out)
     }
@@ -133,41 +126,28 @@ impl Config {
     pub fn load(path: &Path) -> Result<(Config, BTreeMap<IpNet, RuleSpec>)> {
         match fs::read_to_string(path) {
             Ok(text) => Config::parse(&text, path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Ok((Config::default(), BTreeMap::new()))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Config::default(), BTreeMap::new())),
             Err(e) => Err(Error::Invalid(format!("{}: {e}", path.display()))),
         }
     }
 
     /// The config with `rules` as its rule list (sorted by prefix).
     pub fn with_rules(&self, rules: &BTreeMap<IpNet, RuleSpec>) -> Config {
-        Config {
-            daemon: self.daemon.clone(),
-            rules: rules.values().map(RuleSpec::config).collect(),
-        }
+        Config { daemon: self.daemon.clone(), rules: rules.values().map(RuleSpec::config).collect() }
     }
 
     pub fn to_text(&self) -> String {
-        format!(
-            "{HEADER}\n{}",
-            toml::to_string_pretty(self).expect("config serializes")
-        )
+        format!("{HEADER}\n{}", toml::to_string_pretty(self).expect("config serializes"))
     }
 
     /// Writes atomically: a temporary file in the same directory, fsync,
     /// rename over the old one, fsync the directory.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         fs::create_dir_all(dir)?;
         let tmp: PathBuf = dir.join(format!(
             ".{}.tmp-{}",
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("policer.toml"),
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("policer.toml"),
             std::process::id()
         ));
         let mut f = fs::File::create(&tmp)?;
@@ -221,35 +201,21 @@ action = "deny"
     fn refuses_bad_files() {
         for (bad, needle) in [
             ("[daemon]\ncolour = 1\n", "unknown field"),
-            (
-                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nburst = 5\nfoo = 1\n",
-                "unknown field",
-            ),
+            ("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nburst = 5\nfoo = 1\n", "unknown field"),
             ("[[rule]]\nprefix = 10\n", "invalid type"),
-            (
-                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1000\n",
-                "invalid type",
-            ),
+            ("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1000\n", "invalid type"),
             (
                 "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\n[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"2kpps\"\n",
                 "appears twice",
             ),
-            (
-                "[[rule]]\nprefix = \"10.0.0.1/8\"\nrate = \"1kpps\"\n",
-                "host bits",
-            ),
-            (
-                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kbps\"\n",
-                "unknown unit",
-            ),
+            ("[[rule]]\nprefix = \"10.0.0.1/8\"\nrate = \"1kpps\"\n", "host bits"),
+            ("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kbps\"\n", "unknown unit"),
             ("[[rule]]\nprefix = \"10.0.0.0/8\"\n", "needs a rate"),
             ("[daemon]\nmax_sources = 0\n", "max_sources"),
             ("[daemon]\nmode = \"turbo\"\n", "unknown variant"),
             ("this is not toml", "t.toml"),
         ] {
-            let e = Config::parse(bad, Path::new("t.toml"))
-                .unwrap_err()
-                .to_string();
+            let e = Config::parse(bad, Path::new("t.toml")).unwrap_err().to_string();
             assert!(e.contains(needle), "{bad:?}: {e}");
         }
     }
@@ -262,10 +228,18 @@ action = "deny"
         cfg.with_rules(&rules).save(&p).unwrap();
         let (_, back) = Config::load(&p).unwrap();
         assert_eq!(back, rules);
-        assert_eq!(
-            std::fs::read_dir(p.parent().unwrap()).unwrap().count(),
-            1,
-            "temporary file left behind"
-        );
+        assert_eq!(std::fs::read_dir(p.parent().unwrap()).unwrap().count(), 1, "temporary file left behind");
+    }
+}
+
+#[cfg(test)]
+mod shipped {
+    /// The documented example config parses and validates.
+    #[test]
+    fn deploy_example_is_valid() {
+        let text = include_str!("../../deploy/policer.toml");
+        let (cfg, rules) = super::Config::parse(text, std::path::Path::new("deploy/policer.toml")).unwrap();
+        assert_eq!(rules.len(), 7);
+        assert_eq!(cfg.daemon.interfaces, vec!["eth0".to_string()]);
     }
 }

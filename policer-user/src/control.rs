@@ -81,19 +81,11 @@ pub struct Response {
 
 impl Response {
     pub fn ok(message: impl Into<String>) -> Response {
-        Response {
-            ok: true,
-            message: Some(message.into()),
-            ..Default::default()
-        }
+        Response { ok: true, message: Some(message.into()), ..Default::default() }
     }
 
     pub fn err(e: impl std::fmt::Display) -> Response {
-        Response {
-            ok: false,
-            error: Some(e.to_string()),
-            ..Default::default()
-        }
+        Response { ok: false, error: Some(e.to_string()), ..Default::default() }
     }
 }
 
@@ -112,6 +104,5 @@ pub fn call(req: &Request) -> Result<Response> {
     w.write_all(line.as_bytes())?;
     let mut resp = String::new();
     BufReader::new(&stream).read_line(&mut resp)?;
-    serde_json::from_str(&resp)
-        .map_err(|e| Error::Invalid(format!("bad reply from the daemon: {e}")))
+    serde_json::from_str(&resp).map_err(|e| Error::Invalid(format!("bad reply from the daemon: {e}")))
 }

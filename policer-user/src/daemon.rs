@@ -32,8 +32,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    DEFAULT_MAX_SOURCES, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
-    PROGRAM_NAME, Rule, rate::Rate,
+    DEFAULT_MAX_SOURCES, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, PROGRAM_NAME, Rule,
+    rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -48,13 +48,7 @@ use crate::{
 };
 
 /// Maps a new program takes over from an adopted one.
-const SHARED_MAPS: [&str; 5] = [
-    MAP_RULES_V4,
-    MAP_RULES_V6,
-    MAP_BUCKETS,
-    MAP_COUNTERS,
-    MAP_CLOCK,
-];
+const SHARED_MAPS: [&str; 5] = [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS, MAP_COUNTERS, MAP_CLOCK];
 
 #[derive(Clone, Debug)]
 pub struct DaemonArgs {
@@ -106,30 +100,20 @@ enum Existing {
 }
 
 fn inspect(iface: &str, index: u32) -> Result<Existing> {
-    let st = netlink::query(index).map_err(|source| Error::Netlink {
-        iface: iface.into(),
-        source,
-    })?;
+    let st = netlink::query(index).map_err(|source| Error::Netlink { iface: iface.into(), source })?;
     let Some(st) = st else {
         return Ok(Existing::None);
     };
     match find(st.prog_id) {
-        Some(_) => Ok(Existing::Ours {
-            prog_id: st.prog_id,
-            mode_flags: st.mode_flags,
-        }),
-        None => Err(Error::AlreadyAttached {
-            iface: iface.into(),
-        }),
+        Some(_) => Ok(Existing::Ours { prog_id: st.prog_id, mode_flags: st.mode_flags }),
+        None => Err(Error::AlreadyAttached { iface: iface.into() }),
     }
 }
 
 /// The policer program with `prog_id` and its maps; None if that program
 /// is not a policer (another name, or not our maps).
 fn find(prog_id: u32) -> Option<Found> {
-    let info = loaded_programs()
-        .filter_map(|p| p.ok())
-        .find(|p| p.id() == prog_id)?;
+    let info = loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == prog_id)?;
     if info.name_as_str() != Some(PROGRAM_NAME) {
         return None;
     }
@@ -146,11 +130,7 @@ fn find(prog_id: u32) -> Option<Found> {
         return None;
     }
     let prog_fd = info.fd().ok()?;
-    Some(Found {
-        prog_id,
-        prog_fd,
-        maps,
-    })
+    Some(Found { prog_id, prog_fd, maps })
 }
 
 /// A bpffs mounted in a mount namespace of this thread's own, so pins of
@@ -165,8 +145,7 @@ impl PrivateBpffs {
     fn mount() -> Result<PrivateBpffs> {
         let dir = PathBuf::from(control::RUN_DIR).join(format!("adopt-{}", std::process::id()));
         fs::create_dir_all(&dir)?;
-        let c =
-            |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL");
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL");
         let dir_c = c(&dir);
         // SAFETY: plain syscalls with valid C strings.
         unsafe {
@@ -183,14 +162,7 @@ impl PrivateBpffs {
             {
                 return Err(std::io::Error::last_os_error().into());
             }
-            if libc::mount(
-                c"bpf".as_ptr(),
-                dir_c.as_ptr(),
-                c"bpf".as_ptr(),
-                0,
-                std::ptr::null(),
-            ) != 0
-            {
+            if libc::mount(c"bpf".as_ptr(), dir_c.as_ptr(), c"bpf".as_ptr(), 0, std::ptr::null()) != 0 {
                 return Err(std::io::Error::last_os_error().into());
             }
         }
@@ -212,12 +184,7 @@ impl Drop for PrivateBpffs {
 fn lock() -> Result<File> {
     fs::create_dir_all(control::RUN_DIR)?;
     let path = control::lock_path()?;
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)?;
+    let mut f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let pid = fs::read_to_string(&path).unwrap_or_default();
@@ -230,10 +197,7 @@ fn lock() -> Result<File> {
 
 /// The default rules `--rate/--burst` stand for.
 fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<RuleSpec>> {
-    let burst = match burst {
-        Some(b) => Some(BurstValue::Text(b.clone())),
-        None => None,
-    };
+    let burst = burst.as_ref().map(|b| BurstValue::Text(b.clone()));
     ["0.0.0.0/0", "::/0"]
         .iter()
         .map(|p| {
@@ -247,10 +211,7 @@ fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<RuleSpec>> {
             .validate()
             .map_err(|e| match (&e, burst.as_ref()) {
                 (Error::Invalid(m), Some(BurstValue::Text(b))) if m.starts_with("burst") => {
-                    Error::Invalid(format!(
-                        "invalid --burst '{b}': {}",
-                        m.split_once(": ").map_or(m.as_str(), |x| x.1)
-                    ))
+                    Error::Invalid(format!("invalid --burst '{b}': {}", m.split_once(": ").map_or(m.as_str(), |x| x.1)))
                 }
                 _ => e,
             })
@@ -280,16 +241,9 @@ impl Daemon {
                 args.config.display()
             )));
         }
-        let names = if args.ifaces.is_empty() {
-            cfg.daemon.interfaces.clone()
-        } else {
-            args.ifaces.clone()
-        };
+        let names = if args.ifaces.is_empty() { cfg.daemon.interfaces.clone() } else { args.ifaces.clone() };
         if names.is_empty() {
-            return Err(Error::Invalid(format!(
-                "no interface given, and none in {}",
-                args.config.display()
-            )));
+            return Err(Error::Invalid(format!("no interface given, and none in {}", args.config.display())));
         }
         let mut seen = std::collections::HashSet::new();
         let mut indexes = Vec::new();
@@ -299,21 +253,13 @@ impl Daemon {
             }
             indexes.push(if_index(n)?);
         }
-        let mode = args
-            .mode
-            .or(cfg.daemon.mode.map(Into::into))
-            .unwrap_or(Mode::Auto);
-        let max_sources = args
-            .max_sources
-            .or(cfg.daemon.max_sources)
-            .unwrap_or(DEFAULT_MAX_SOURCES);
+        let mode = args.mode.or(cfg.daemon.mode.map(Into::into)).unwrap_or(Mode::Auto);
+        let max_sources = args.max_sources.or(cfg.daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
         if max_sources == 0 {
             return Err(Error::Invalid("--max-sources must be at least 1".into()));
         }
         if !(args.interval == 0.0 || (0.05..=3600.0).contains(&args.interval)) {
-            return Err(Error::Invalid(
-                "--interval must be 0 (off) or 0.05 ..= 3600 seconds".into(),
-            ));
+            return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
         }
         if !is_root() {
             return Err(Error::NotRoot("attaching XDP"));
@@ -332,17 +278,11 @@ impl Daemon {
         let mut out = std::io::stdout().lock();
 
         // Load, reusing an adopted program's maps.
-        let mut opts = LoadOptions {
-            max_sources,
-            test_clock: false,
-            reuse: vec![],
-        };
+        let mut opts = LoadOptions { max_sources, test_clock: false, reuse: vec![] };
         let mut _bpffs = None;
         let mut old_fds: BTreeMap<u32, ProgramFd> = BTreeMap::new();
         if let Some(id) = adopt_from {
-            let found = find(id).ok_or(Error::Invalid(format!(
-                "policer program {id} went away while adopting"
-            )))?;
+            let found = find(id).ok_or(Error::Invalid(format!("policer program {id} went away while adopting")))?;
             let fs_ = PrivateBpffs::mount()?;
             for name in SHARED_MAPS {
                 let (map_id, max) = found.maps[name];
@@ -412,42 +352,23 @@ impl Daemon {
         let result = (|| -> Result<()> {
             for ((name, &index), e) in names.iter().zip(&indexes).zip(&existing) {
                 match e {
-                    Existing::Ours {
-                        prog_id,
-                        mode_flags,
-                    } => {
+                    Existing::Ours { prog_id, mode_flags } => {
                         let old = old_fds[prog_id].as_fd().as_raw_fd();
-                        netlink::set(index, new_fd, *mode_flags, Some(old)).map_err(|source| {
-                            Error::Netlink {
-                                iface: name.clone(),
-                                source,
-                            }
-                        })?;
+                        netlink::set(index, new_fd, *mode_flags, Some(old))
+                            .map_err(|source| Error::Netlink { iface: name.clone(), source })?;
                         undo.push((index, *mode_flags, Some(old)));
                         let _ = writeln!(
                             out,
                             "policer: replaced program {prog_id} on {name} ({} mode)",
                             Mode::flag_name(*mode_flags)
                         );
-                        ifaces.push(Iface {
-                            name: name.clone(),
-                            index,
-                            mode_flags: *mode_flags,
-                        });
+                        ifaces.push(Iface { name: name.clone(), index, mode_flags: *mode_flags });
                     }
                     Existing::None => {
                         let flags = attach_fresh(name, index, new_fd, mode)?;
                         undo.push((index, flags, None));
-                        let _ = writeln!(
-                            out,
-                            "policer: attached to {name} ({} mode)",
-                            Mode::flag_name(flags)
-                        );
-                        ifaces.push(Iface {
-                            name: name.clone(),
-                            index,
-                            mode_flags: flags,
-                        });
+                        let _ = writeln!(out, "policer: attached to {name} ({} mode)", Mode::flag_name(flags));
+                        ifaces.push(Iface { name: name.clone(), index, mode_flags: flags });
                     }
                 }
             }
@@ -471,11 +392,7 @@ impl Daemon {
         cfg.daemon.interfaces = names.clone();
         let cfg = cfg.with_rules(&specs);
         if let Err(e) = cfg.save(&args.config) {
-            let _ = writeln!(
-                out,
-                "policer: warning: cannot write {}: {e}",
-                args.config.display()
-            );
+            let _ = writeln!(out, "policer: warning: cannot write {}: {e}", args.config.display());
         }
 
         let socket = control::socket_path()?;
@@ -488,11 +405,7 @@ impl Daemon {
             names.join(", "),
             rules.len(),
             args.config.display(),
-            if args.persist {
-                "exiting leaves it attached and policing"
-            } else {
-                "Ctrl-C detaches"
-            }
+            if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
         );
         let _ = out.flush();
         Ok(Daemon {
@@ -518,33 +431,21 @@ impl Daemon {
                 action: s.action.to_string(),
                 rate: s.rate.map(|r| r.to_string()),
                 burst: s.rate.map(|_| s.burst),
-                unit: if s.rate.is_some_and(|r| r.is_bytes()) {
-                    "bytes"
-                } else {
-                    "packets"
-                }
-                .into(),
+                unit: if s.rate.is_some_and(|r| r.is_bytes()) { "bytes" } else { "packets" }.into(),
                 key_len: s.key_len,
             })
             .collect()
     }
 
     fn specs(&self) -> BTreeMap<IpNet, RuleSpec> {
-        self.rules
-            .iter()
-            .map(|(n, (s, _))| (*n, s.clone()))
-            .collect()
+        self.rules.iter().map(|(n, (s, _))| (*n, s.clone())).collect()
     }
 
     /// Writes the config; on failure the caller undoes its change.
     fn persist_config(&mut self, specs: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
         let cfg = self.cfg.with_rules(specs);
-        cfg.save(&self.config_path).map_err(|e| {
-            Error::Invalid(format!(
-                "cannot write {}: {e}; change undone",
-                self.config_path.display()
-            ))
-        })?;
+        cfg.save(&self.config_path)
+            .map_err(|e| Error::Invalid(format!("cannot write {}: {e}; change undone", self.config_path.display())))?;
         self.cfg = cfg;
         Ok(())
     }
@@ -561,12 +462,7 @@ impl Daemon {
             self.next_id += 1;
             self.rules.insert(*net, (spec.clone(), id));
         }
-        let gone: Vec<IpNet> = self
-            .rules
-            .keys()
-            .filter(|n| !want.contains_key(n))
-            .copied()
-            .collect();
+        let gone: Vec<IpNet> = self.rules.keys().filter(|n| !want.contains_key(n)).copied().collect();
         for net in gone {
             self.policer.remove_rule(net)?;
             self.rules.remove(&net);
@@ -585,10 +481,7 @@ impl Daemon {
             self.apply(&before)?;
             return Err(e);
         }
-        Ok(format!(
-            "{} rule for {net}",
-            if existed { "replaced the" } else { "added a" }
-        ))
+        Ok(format!("{} rule for {net}", if existed { "replaced the" } else { "added a" }))
     }
 
     fn rule_rm(&mut self, prefix: &str) -> Result<String> {
@@ -596,9 +489,7 @@ impl Daemon {
         let before = self.specs();
         let mut want = before.clone();
         if want.remove(&net).is_none() {
-            return Err(Error::Invalid(format!(
-                "no rule for {net} (see `policer rule ls`)"
-            )));
+            return Err(Error::Invalid(format!("no rule for {net} (see `policer rule ls`)")));
         }
         self.apply(&want)?;
         if let Err(e) = self.persist_config(&want) {
@@ -616,27 +507,16 @@ impl Daemon {
             &self.config_path,
         )?;
         if want.is_empty() {
-            return Err(Error::Invalid(format!(
-                "{}: no rules; nothing changed",
-                self.config_path.display()
-            )));
+            return Err(Error::Invalid(format!("{}: no rules; nothing changed", self.config_path.display())));
         }
         let before = self.specs();
         if let Err(e) = self.apply(&want) {
             let _ = self.apply(&before);
             return Err(e);
         }
-        let note = if cfg.daemon != self.cfg.daemon {
-            " ([daemon] settings apply at the next start)"
-        } else {
-            ""
-        };
+        let note = if cfg.daemon != self.cfg.daemon { " ([daemon] settings apply at the next start)" } else { "" };
         self.cfg = cfg;
-        Ok(format!(
-            "reloaded {}: {} rules{note}",
-            self.config_path.display(),
-            want.len()
-        ))
+        Ok(format!("reloaded {}: {} rules{note}", self.config_path.display(), want.len()))
     }
 
     /// Detaches `name`; true when no interface is left.
@@ -648,10 +528,8 @@ impl Daemon {
             .ok_or_else(|| Error::Invalid(format!("{name} is not policed by this daemon")))?;
         let fd = self.policer.prog_fd()?;
         let i = &self.ifaces[pos];
-        netlink::set(i.index, -1, i.mode_flags, Some(fd)).map_err(|source| Error::Netlink {
-            iface: name.into(),
-            source,
-        })?;
+        netlink::set(i.index, -1, i.mode_flags, Some(fd))
+            .map_err(|source| Error::Netlink { iface: name.into(), source })?;
         self.ifaces.remove(pos);
         self.cfg.daemon.interfaces.retain(|n| n != name);
         let specs = self.specs();
@@ -663,11 +541,7 @@ impl Daemon {
         let r = match req {
             Request::RuleSet { rule } => self.rule_set(&rule).map(Response::ok),
             Request::RuleRm { prefix } => self.rule_rm(&prefix).map(Response::ok),
-            Request::RuleLs => Ok(Response {
-                ok: true,
-                rules: self.views(),
-                ..Default::default()
-            }),
+            Request::RuleLs => Ok(Response { ok: true, rules: self.views(), ..Default::default() }),
             Request::Reload => self.reload().map(Response::ok),
             Request::Status => Ok(Response {
                 ok: true,
@@ -704,11 +578,7 @@ impl Daemon {
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sighup = signal(SignalKind::hangup())?;
         let started = Instant::now();
-        let period = if self.interval > 0.0 {
-            self.interval
-        } else {
-            3600.0
-        };
+        let period = if self.interval > 0.0 { self.interval } else { 3600.0 };
         let mut tick = tokio::time::interval(Duration::from_secs_f64(period));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -741,26 +611,14 @@ impl Daemon {
             }
         }
         let last = self.policer.counters()?;
-        println!(
-            "{}",
-            format_line(
-                started.elapsed(),
-                &last,
-                &prev,
-                prev_at.elapsed().as_secs_f64()
-            )
-        );
+        println!("{}", format_line(started.elapsed(), &last, &prev, prev_at.elapsed().as_secs_f64()));
         let _ = fs::remove_file(&self.socket);
         if last_detached {
             println!("policer: no interface left; exiting");
         } else if self.persist {
             println!(
                 "policer: exiting; XDP stays attached on {} and keeps policing (`policer detach IFACE` removes it)",
-                self.ifaces
-                    .iter()
-                    .map(|i| i.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                self.ifaces.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
             );
         } else {
             let fd = self.policer.prog_fd()?;
@@ -771,11 +629,7 @@ impl Daemon {
             }
             println!(
                 "policer: detached from {}",
-                self.ifaces
-                    .iter()
-                    .map(|i| i.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                self.ifaces.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
             );
         }
         Ok(())
@@ -813,16 +667,10 @@ fn attach_fresh(name: &str, index: u32, fd: RawFd, mode: Mode) -> Result<u32> {
                 }
                 libc::EPERM | libc::EACCES => return Err(Error::NotRoot("attaching XDP")),
                 libc::EOPNOTSUPP | libc::EINVAL => {
-                    last = Some(Error::ModeUnsupported {
-                        iface: name.into(),
-                        mode: Mode::flag_name(m),
-                    });
+                    last = Some(Error::ModeUnsupported { iface: name.into(), mode: Mode::flag_name(m) });
                 }
                 _ => {
-                    return Err(Error::Netlink {
-                        iface: name.into(),
-                        source: e,
-                    });
+                    return Err(Error::Netlink { iface: name.into(), source: e });
                 }
             },
         }
@@ -837,29 +685,14 @@ pub fn detach_orphan(name: &str) -> Result<String> {
         return Err(Error::NotRoot("detaching XDP"));
     }
     let index = if_index(name)?;
-    let st = netlink::query(index).map_err(|source| Error::Netlink {
-        iface: name.into(),
-        source,
-    })?;
+    let st = netlink::query(index).map_err(|source| Error::Netlink { iface: name.into(), source })?;
     let Some(st) = st else {
-        return Err(Error::Invalid(format!(
-            "no XDP program is attached to {name}"
-        )));
+        return Err(Error::Invalid(format!("no XDP program is attached to {name}")));
     };
-    let found = find(st.prog_id).ok_or_else(|| {
-        Error::Invalid(format!(
-            "the XDP program on {name} is not policer's; leaving it alone"
-        ))
-    })?;
+    let found = find(st.prog_id)
+        .ok_or_else(|| Error::Invalid(format!("the XDP program on {name} is not policer's; leaving it alone")))?;
     let fd: OwnedFd = found.prog_fd.as_fd().try_clone_to_owned()?;
-    netlink::set(index, -1, st.mode_flags, Some(fd.as_raw_fd())).map_err(|source| {
-        Error::Netlink {
-            iface: name.into(),
-            source,
-        }
-    })?;
-    Ok(format!(
-        "detached policer (program {}) from {name}",
-        found.prog_id
-    ))
+    netlink::set(index, -1, st.mode_flags, Some(fd.as_raw_fd()))
+        .map_err(|source| Error::Netlink { iface: name.into(), source })?;
+    Ok(format!("detached policer (program {}) from {name}", found.prog_id))
 }

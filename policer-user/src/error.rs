@@ -10,9 +10,7 @@ pub enum Error {
     UnknownInterface(String),
     #[error("interface '{0}' is given twice")]
     DuplicateInterface(String),
-    #[error(
-        "permission denied: {0} needs root (CAP_BPF and CAP_NET_ADMIN); try `sudo policer ...`"
-    )]
+    #[error("permission denied: {0} needs root (CAP_BPF and CAP_NET_ADMIN); try `sudo policer ...`")]
     NotRoot(&'static str),
     #[error(
         "{iface}: another XDP program is already attached; policer will not replace it \
@@ -62,10 +60,7 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn map(map: &'static str) -> impl FnOnce(MapError) -> Error {
-        move |source| Error::Map {
-            map,
-            source: Box::new(source),
-        }
+        move |source| Error::Map { map, source: Box::new(source) }
     }
 }
 

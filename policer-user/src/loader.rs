@@ -14,8 +14,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4,
-    MAP_RULES_V6, PROGRAM_NAME, Rule,
+    Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
+    PROGRAM_NAME, Rule,
 };
 
 use crate::error::{Error, Result};
@@ -67,11 +67,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions {
-            max_sources: DEFAULT_MAX_SOURCES,
-            test_clock: false,
-            reuse: vec![],
-        }
+        LoadOptions { max_sources: DEFAULT_MAX_SOURCES, test_clock: false, reuse: vec![] }
     }
 }
 
@@ -86,11 +82,7 @@ pub fn if_index(name: &str) -> Result<u32> {
     let c = CString::new(name).map_err(|_| Error::UnknownInterface(name.into()))?;
     // SAFETY: `c` is a valid NUL-terminated string.
     let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        Err(Error::UnknownInterface(name.into()))
-    } else {
-        Ok(idx)
-    }
+    if idx == 0 { Err(Error::UnknownInterface(name.into())) } else { Ok(idx) }
 }
 
 pub fn is_root() -> bool {
@@ -109,16 +101,16 @@ impl Policer {
         }
         let test_clock: u32 = opts.test_clock.into();
         let mut loader = EbpfLoader::new();
-        loader
-            .map_max_entries(policer_common::MAP_BUCKETS, opts.max_sources)
-            .override_global(GLOBAL_TEST_CLOCK, &test_clock, true);
+        loader.map_max_entries(policer_common::MAP_BUCKETS, opts.max_sources).override_global(
+            GLOBAL_TEST_CLOCK,
+            &test_clock,
+            true,
+        );
         for (name, path) in &opts.reuse {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| match &e {
-            aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
-                if is_eperm(io_error) =>
-            {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. }) if is_eperm(io_error) => {
                 Error::NotRoot("loading the XDP program")
             }
             _ => Error::Load(Box::new(e)),
@@ -134,10 +126,7 @@ impl Policer {
 
     pub fn program(&mut self) -> &mut Xdp {
         // Checked at load.
-        self.ebpf
-            .program_mut(PROGRAM_NAME)
-            .and_then(|p| p.try_into().ok())
-            .expect("loaded")
+        self.ebpf.program_mut(PROGRAM_NAME).and_then(|p| p.try_into().ok()).expect("loaded")
     }
 
     /// Installs (or replaces, atomically for that prefix) the rule for `net`.
@@ -145,44 +134,27 @@ impl Policer {
         let net = net.trunc();
         match net {
             IpNet::V4(n) => {
-                let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> = LpmTrie::try_from(
-                    self.ebpf
-                        .map_mut(MAP_RULES_V4)
-                        .ok_or(Error::Missing(MAP_RULES_V4))?,
-                )
-                .map_err(Error::map(MAP_RULES_V4))?;
-                m.insert(
-                    &Key::new(n.prefix_len().into(), n.network().octets()),
-                    rule,
-                    0,
-                )
-                .map_err(Error::map(MAP_RULES_V4))
+                let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> =
+                    LpmTrie::try_from(self.ebpf.map_mut(MAP_RULES_V4).ok_or(Error::Missing(MAP_RULES_V4))?)
+                        .map_err(Error::map(MAP_RULES_V4))?;
+                m.insert(&Key::new(n.prefix_len().into(), n.network().octets()), rule, 0)
+                    .map_err(Error::map(MAP_RULES_V4))
             }
             IpNet::V6(n) => {
-                let mut m: LpmTrie<&mut MapData, [u8; 16], Rule> = LpmTrie::try_from(
-                    self.ebpf
-                        .map_mut(MAP_RULES_V6)
-                        .ok_or(Error::Missing(MAP_RULES_V6))?,
-                )
-                .map_err(Error::map(MAP_RULES_V6))?;
-                m.insert(
-                    &Key::new(n.prefix_len().into(), n.network().octets()),
-                    rule,
-                    0,
-                )
-                .map_err(Error::map(MAP_RULES_V6))
+                let mut m: LpmTrie<&mut MapData, [u8; 16], Rule> =
+                    LpmTrie::try_from(self.ebpf.map_mut(MAP_RULES_V6).ok_or(Error::Missing(MAP_RULES_V6))?)
+                        .map_err(Error::map(MAP_RULES_V6))?;
+                m.insert(&Key::new(n.prefix_len().into(), n.network().octets()), rule, 0)
+                    .map_err(Error::map(MAP_RULES_V6))
             }
         }
     }
 
     /// Counters summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
-        let m: PerCpuArray<&MapData, Counters> = PerCpuArray::try_from(
-            self.ebpf
-                .map(MAP_COUNTERS)
-                .ok_or(Error::Missing(MAP_COUNTERS))?,
-        )
-        .map_err(Error::map(MAP_COUNTERS))?;
+        let m: PerCpuArray<&MapData, Counters> =
+            PerCpuArray::try_from(self.ebpf.map(MAP_COUNTERS).ok_or(Error::Missing(MAP_COUNTERS))?)
+                .map_err(Error::map(MAP_COUNTERS))?;
         let per_cpu = m.get(&0, 0).map_err(Error::map(MAP_COUNTERS))?;
         let mut total = Counters::default();
         for c in per_cpu.iter() {
@@ -193,21 +165,15 @@ impl Policer {
 
     /// Sets the test clock (only read when loaded with `test_clock`).
     pub fn set_clock(&mut self, now_ns: u64) -> Result<()> {
-        let mut m: Array<&mut MapData, u64> = Array::try_from(
-            self.ebpf
-                .map_mut(MAP_CLOCK)
-                .ok_or(Error::Missing(MAP_CLOCK))?,
-        )
-        .map_err(Error::map(MAP_CLOCK))?;
+        let mut m: Array<&mut MapData, u64> =
+            Array::try_from(self.ebpf.map_mut(MAP_CLOCK).ok_or(Error::Missing(MAP_CLOCK))?)
+                .map_err(Error::map(MAP_CLOCK))?;
         m.set(0, &now_ns, 0).map_err(Error::map(MAP_CLOCK))
     }
 
     /// The loaded program's file descriptor (for netlink attach).
     pub fn prog_fd(&mut self) -> Result<RawFd> {
-        let fd = self
-            .program()
-            .fd()
-            .map_err(|e| Error::Program(Box::new(e)))?;
+        let fd = self.program().fd().map_err(|e| Error::Program(Box::new(e)))?;
         Ok(fd.as_fd().as_raw_fd())
     }
 
@@ -216,24 +182,16 @@ impl Policer {
         let net = net.trunc();
         match net {
             IpNet::V4(n) => {
-                let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> = LpmTrie::try_from(
-                    self.ebpf
-                        .map_mut(MAP_RULES_V4)
-                        .ok_or(Error::Missing(MAP_RULES_V4))?,
-                )
-                .map_err(Error::map(MAP_RULES_V4))?;
-                m.remove(&Key::new(n.prefix_len().into(), n.network().octets()))
-                    .map_err(Error::map(MAP_RULES_V4))
+                let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> =
+                    LpmTrie::try_from(self.ebpf.map_mut(MAP_RULES_V4).ok_or(Error::Missing(MAP_RULES_V4))?)
+                        .map_err(Error::map(MAP_RULES_V4))?;
+                m.remove(&Key::new(n.prefix_len().into(), n.network().octets())).map_err(Error::map(MAP_RULES_V4))
             }
             IpNet::V6(n) => {
-                let mut m: LpmTrie<&mut MapData, [u8; 16], Rule> = LpmTrie::try_from(
-                    self.ebpf
-                        .map_mut(MAP_RULES_V6)
-                        .ok_or(Error::Missing(MAP_RULES_V6))?,
-                )
-                .map_err(Error::map(MAP_RULES_V6))?;
-                m.remove(&Key::new(n.prefix_len().into(), n.network().octets()))
-                    .map_err(Error::map(MAP_RULES_V6))
+                let mut m: LpmTrie<&mut MapData, [u8; 16], Rule> =
+                    LpmTrie::try_from(self.ebpf.map_mut(MAP_RULES_V6).ok_or(Error::Missing(MAP_RULES_V6))?)
+                        .map_err(Error::map(MAP_RULES_V6))?;
+                m.remove(&Key::new(n.prefix_len().into(), n.network().octets())).map_err(Error::map(MAP_RULES_V6))
             }
         }
     }
@@ -241,34 +199,22 @@ impl Policer {
     /// Every rule in the kernel's tries.
     pub fn kernel_rules(&self) -> Result<Vec<(IpNet, Rule)>> {
         let mut out = Vec::new();
-        let m: LpmTrie<&MapData, [u8; 4], Rule> = LpmTrie::try_from(
-            self.ebpf
-                .map(MAP_RULES_V4)
-                .ok_or(Error::Missing(MAP_RULES_V4))?,
-        )
-        .map_err(Error::map(MAP_RULES_V4))?;
+        let m: LpmTrie<&MapData, [u8; 4], Rule> =
+            LpmTrie::try_from(self.ebpf.map(MAP_RULES_V4).ok_or(Error::Missing(MAP_RULES_V4))?)
+                .map_err(Error::map(MAP_RULES_V4))?;
         for item in m.iter() {
             let (k, v) = item.map_err(Error::map(MAP_RULES_V4))?;
-            let net = IpNet::new(
-                std::net::Ipv4Addr::from(k.data()).into(),
-                k.prefix_len() as u8,
-            )
-            .map_err(|e| Error::Invalid(e.to_string()))?;
+            let net = IpNet::new(std::net::Ipv4Addr::from(k.data()).into(), k.prefix_len() as u8)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
             out.push((net, v));
         }
-        let m: LpmTrie<&MapData, [u8; 16], Rule> = LpmTrie::try_from(
-            self.ebpf
-                .map(MAP_RULES_V6)
-                .ok_or(Error::Missing(MAP_RULES_V6))?,
-        )
-        .map_err(Error::map(MAP_RULES_V6))?;
+        let m: LpmTrie<&MapData, [u8; 16], Rule> =
+            LpmTrie::try_from(self.ebpf.map(MAP_RULES_V6).ok_or(Error::Missing(MAP_RULES_V6))?)
+                .map_err(Error::map(MAP_RULES_V6))?;
         for item in m.iter() {
             let (k, v) = item.map_err(Error::map(MAP_RULES_V6))?;
-            let net = IpNet::new(
-                std::net::Ipv6Addr::from(k.data()).into(),
-                k.prefix_len() as u8,
-            )
-            .map_err(|e| Error::Invalid(e.to_string()))?;
+            let net = IpNet::new(std::net::Ipv6Addr::from(k.data()).into(), k.prefix_len() as u8)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
             out.push((net, v));
         }
         Ok(out)

@@ -13,11 +13,7 @@ use policer_user::{
 };
 
 #[derive(Parser)]
-#[command(
-    name = "policer",
-    version,
-    about = "Per-source packet-rate policer in XDP"
-)]
+#[command(name = "policer", version, about = "Per-source packet-rate policer in XDP")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -127,14 +123,9 @@ fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(rules)?);
         return Ok(());
     }
-    println!(
-        "{:<44} {:<8} {:>12} {:>14} {:>7}",
-        "PREFIX", "ACTION", "RATE", "BURST", "KEY-LEN"
-    );
+    println!("{:<44} {:<8} {:>12} {:>14} {:>7}", "PREFIX", "ACTION", "RATE", "BURST", "KEY-LEN");
     for r in rules {
-        let burst = r
-            .burst
-            .map(|b| format!("{b} {}", if r.unit == "bytes" { "B" } else { "pkt" }));
+        let burst = r.burst.map(|b| format!("{b} {}", if r.unit == "bytes" { "B" } else { "pkt" }));
         println!(
             "{:<44} {:<8} {:>12} {:>14} {:>7}",
             r.prefix,
@@ -149,37 +140,15 @@ fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
-        Cmd::Attach {
-            ifaces,
-            rate,
-            burst,
-            mode,
-            max_sources,
-            interval,
-            config,
-            persist,
-        } => {
-            let args = DaemonArgs {
-                ifaces,
-                rate,
-                burst,
-                mode,
-                max_sources,
-                interval,
-                config,
-                persist,
-            };
+        Cmd::Attach { ifaces, rate, burst, mode, max_sources, interval, config, persist } => {
+            let args = DaemonArgs { ifaces, rate, burst, mode, max_sources, interval, config, persist };
             // Start before any thread exists: adopting a running program
             // uses a private mount namespace for this process.
             let d = Daemon::start(&args)?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(d.serve())?;
         }
-        Cmd::Detach { iface } => match control::call(&Request::Detach {
-            iface: iface.clone(),
-        }) {
+        Cmd::Detach { iface } => match control::call(&Request::Detach { iface: iface.clone() }) {
             Ok(r) if r.ok => println!("policer: {}", r.message.unwrap_or_default()),
             Ok(r) => anyhow::bail!("{}", r.error.unwrap_or_default()),
             Err(policer_user::Error::NoDaemon) => {
@@ -187,44 +156,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Err(e) => return Err(e.into()),
         },
-        Cmd::Rule {
-            cmd:
-                RuleCmd::Set {
-                    cidr,
-                    rate,
-                    burst,
-                    action,
-                    key_len,
-                },
-        } => {
+        Cmd::Rule { cmd: RuleCmd::Set { cidr, rate, burst, action, key_len } } => {
             let key_len = match key_len {
-                Some(k) => Some(k.parse::<u32>().map_err(|_| {
-                    anyhow::anyhow!("invalid --key-len '{k}': not a number of bits")
-                })?),
+                Some(k) => Some(
+                    k.parse::<u32>().map_err(|_| anyhow::anyhow!("invalid --key-len '{k}': not a number of bits"))?,
+                ),
                 None => None,
             };
-            let rule = RuleConfig {
-                prefix: cidr,
-                rate,
-                burst: burst.map(BurstValue::Text),
-                action: Some(action),
-                key_len,
-            };
+            let rule =
+                RuleConfig { prefix: cidr, rate, burst: burst.map(BurstValue::Text), action: Some(action), key_len };
             // Validate here too, so bad input fails even with no daemon.
             rule.validate()?;
             let r = call(Request::RuleSet { rule })?;
             println!("policer: {}", r.message.unwrap_or_default());
         }
-        Cmd::Rule {
-            cmd: RuleCmd::Rm { cidr },
-        } => {
+        Cmd::Rule { cmd: RuleCmd::Rm { cidr } } => {
             policer_user::rules::parse_prefix(&cidr)?;
             let r = call(Request::RuleRm { prefix: cidr })?;
             println!("policer: {}", r.message.unwrap_or_default());
         }
-        Cmd::Rule {
-            cmd: RuleCmd::Ls { json },
-        } => {
+        Cmd::Rule { cmd: RuleCmd::Ls { json } } => {
             let r = call(Request::RuleLs)?;
             print_rules(&r.rules, json)?;
         }
@@ -244,11 +195,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     s.interfaces.join(", "),
                     s.rules,
                     s.config,
-                    if s.persist {
-                        "persists on exit"
-                    } else {
-                        "detaches on exit"
-                    }
+                    if s.persist { "persists on exit" } else { "detaches on exit" }
                 );
             }
         }

@@ -64,22 +64,12 @@ impl Drop for Sock {
 fn open() -> io::Result<Sock> {
     // SAFETY: plain syscalls on a fresh descriptor.
     unsafe {
-        let fd = libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        );
+        let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE);
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         let one: i32 = 1;
-        libc::setsockopt(
-            fd,
-            libc::SOL_NETLINK,
-            NETLINK_EXT_ACK,
-            &one as *const _ as *const libc::c_void,
-            4,
-        );
+        libc::setsockopt(fd, libc::SOL_NETLINK, NETLINK_EXT_ACK, &one as *const _ as *const libc::c_void, 4);
         Ok(Sock(fd))
     }
 }
@@ -89,7 +79,7 @@ fn push_attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
     buf.extend_from_slice(&(len as u16).to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
     buf.extend_from_slice(data);
-    while buf.len() % 4 != 0 {
+    while !buf.len().is_multiple_of(4) {
         buf.push(0);
     }
 }
@@ -166,10 +156,7 @@ fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 /// Checks an ACK; returns the kernel's error.
 fn check_ack(resp: &[u8]) -> Result<(), NlError> {
     if resp.len() < 20 || u16_at(resp, 4) != libc::NLMSG_ERROR as u16 {
-        return Err(NlError {
-            errno: libc::EPROTO,
-            msg: None,
-        });
+        return Err(NlError { errno: libc::EPROTO, msg: None });
     }
     let err = -(u32_at(resp, 16) as i32);
     if err == 0 {
@@ -180,19 +167,11 @@ fn check_ack(resp: &[u8]) -> Result<(), NlError> {
     let flags = u16_at(resp, 6);
     let mut msg = None;
     if flags & 0x200 != 0 {
-        let skip = if flags & 0x100 != 0 {
-            20 + 16
-        } else {
-            20 + u32_at(resp, 20) as usize
-        };
+        let skip = if flags & 0x100 != 0 { 20 + 16 } else { 20 + u32_at(resp, 20) as usize };
         if skip <= resp.len() {
             for (ty, data) in attrs(&resp[skip..]) {
                 if ty == NLMSGERR_ATTR_MSG {
-                    msg = Some(
-                        String::from_utf8_lossy(data)
-                            .trim_end_matches('\0')
-                            .to_string(),
-                    );
+                    msg = Some(String::from_utf8_lossy(data).trim_end_matches('\0').to_string());
                 }
             }
         }
@@ -203,21 +182,13 @@ fn check_ack(resp: &[u8]) -> Result<(), NlError> {
 /// The XDP program attached to `ifindex`, if any.
 pub fn query(ifindex: u32) -> Result<Option<XdpState>, NlError> {
     let s = open().map_err(io_err)?;
-    let m = message(
-        libc::RTM_GETLINK,
-        (libc::NLM_F_REQUEST) as u16,
-        ifindex,
-        &[],
-    );
+    let m = message(libc::RTM_GETLINK, (libc::NLM_F_REQUEST) as u16, ifindex, &[]);
     let resp = send_recv(&s, &m).map_err(io_err)?;
     if resp.len() >= 16 && u16_at(&resp, 4) == libc::NLMSG_ERROR as u16 {
         check_ack(&resp)?;
     }
     if resp.len() < 32 || u16_at(&resp, 4) != libc::RTM_NEWLINK {
-        return Err(NlError {
-            errno: libc::EPROTO,
-            msg: Some("unexpected reply to RTM_GETLINK".into()),
-        });
+        return Err(NlError { errno: libc::EPROTO, msg: Some("unexpected reply to RTM_GETLINK".into()) });
     }
     let total = (u32_at(&resp, 0) as usize).min(resp.len());
     let mut attached = 0u8;
@@ -241,17 +212,11 @@ pub fn query(ifindex: u32) -> Result<Option<XdpState>, NlError> {
         2 => XDP_FLAGS_SKB_MODE,
         _ => 0,
     };
-    Ok(Some(XdpState {
-        prog_id,
-        mode_flags,
-    }))
+    Ok(Some(XdpState { prog_id, mode_flags }))
 }
 
 fn io_err(e: io::Error) -> NlError {
-    NlError {
-        errno: e.raw_os_error().unwrap_or(libc::EIO),
-        msg: None,
-    }
+    NlError { errno: e.raw_os_error().unwrap_or(libc::EIO), msg: None }
 }
 
 /// Attaches `fd` (or detaches with -1) with `flags`; with
@@ -268,12 +233,7 @@ pub fn set(ifindex: u32, fd: RawFd, flags: u32, expected: Option<RawFd>) -> Resu
     push_attr(&mut nested, IFLA_XDP_FLAGS, &flags.to_ne_bytes());
     let mut a = Vec::new();
     push_attr(&mut a, IFLA_XDP | NLA_F_NESTED, &nested);
-    let m = message(
-        libc::RTM_SETLINK,
-        (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
-        ifindex,
-        &a,
-    );
+    let m = message(libc::RTM_SETLINK, (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16, ifindex, &a);
     let resp = send_recv(&s, &m).map_err(io_err)?;
     check_ack(&resp)
 }

@@ -109,23 +109,20 @@ pub fn parse_prefix(s: &str) -> Result<IpNet> {
         return Err(Error::Invalid("empty prefix".into()));
     }
     if !s.contains('/') {
-        let a = IpAddr::from_str(s)
-            .map_err(|_| Error::Invalid(format!("'{s}' is not an IP address or prefix")))?;
+        let a = IpAddr::from_str(s).map_err(|_| Error::Invalid(format!("'{s}' is not an IP address or prefix")))?;
         return Ok(IpNet::from(a));
     }
     let (addr, len) = s.split_once('/').expect("has /");
-    let a = IpAddr::from_str(addr)
-        .map_err(|_| Error::Invalid(format!("'{addr}' in '{s}' is not an IP address")))?;
+    let a = IpAddr::from_str(addr).map_err(|_| Error::Invalid(format!("'{addr}' in '{s}' is not an IP address")))?;
     let max = if a.is_ipv4() { 32 } else { 128 };
-    let len: u8 = len.parse().ok().filter(|l| *l <= max).ok_or_else(|| {
-        Error::Invalid(format!("prefix length '/{len}' in '{s}' must be 0..={max}"))
-    })?;
+    let len: u8 = len
+        .parse()
+        .ok()
+        .filter(|l| *l <= max)
+        .ok_or_else(|| Error::Invalid(format!("prefix length '/{len}' in '{s}' must be 0..={max}")))?;
     let net = IpNet::new(a, len).map_err(|e| Error::Invalid(format!("'{s}': {e}")))?;
     if net.trunc() != net {
-        return Err(Error::Invalid(format!(
-            "'{s}' has host bits set; did you mean {}?",
-            net.trunc()
-        )));
+        return Err(Error::Invalid(format!("'{s}' has host bits set; did you mean {}?", net.trunc())));
     }
     Ok(net)
 }
@@ -135,44 +132,30 @@ impl RuleConfig {
         let net = parse_prefix(&self.prefix)?;
         let action = self.action.unwrap_or(ActionName::Police);
         let rate = match &self.rate {
-            Some(r) => {
-                Some(Rate::parse(r).map_err(|e| Error::Invalid(format!("rate '{r}': {e}")))?)
-            }
+            Some(r) => Some(Rate::parse(r).map_err(|e| Error::Invalid(format!("rate '{r}': {e}")))?),
             None if action.polices() => {
-                return Err(Error::Invalid(format!(
-                    "{}: a {action} rule needs a rate (--rate)",
-                    self.prefix
-                )));
+                return Err(Error::Invalid(format!("{}: a {action} rule needs a rate (--rate)", self.prefix)));
             }
             None => None,
         };
         let burst = match (&rate, &self.burst) {
-            (Some(r), Some(BurstValue::Count(n))) => r
-                .parse_burst(&n.to_string())
-                .map_err(|e| Error::Invalid(format!("burst '{n}': {e}")))?,
-            (Some(r), Some(BurstValue::Text(t))) => r
-                .parse_burst(t)
-                .map_err(|e| Error::Invalid(format!("burst '{t}': {e}")))?,
+            (Some(r), Some(BurstValue::Count(n))) => {
+                r.parse_burst(&n.to_string()).map_err(|e| Error::Invalid(format!("burst '{n}': {e}")))?
+            }
+            (Some(r), Some(BurstValue::Text(t))) => {
+                r.parse_burst(t).map_err(|e| Error::Invalid(format!("burst '{t}': {e}")))?
+            }
             (Some(r), None) => r.default_burst(),
             (None, Some(_)) => {
-                return Err(Error::Invalid(format!(
-                    "{}: a burst needs a rate",
-                    self.prefix
-                )));
+                return Err(Error::Invalid(format!("{}: a burst needs a rate", self.prefix)));
             }
             (None, None) => 1,
         };
         let v6 = net.addr().is_ipv6();
-        let key_len = self.key_len.unwrap_or(if v6 {
-            DEFAULT_KEY_LEN_V6
-        } else {
-            DEFAULT_KEY_LEN_V4
-        });
+        let key_len = self.key_len.unwrap_or(if v6 { DEFAULT_KEY_LEN_V6 } else { DEFAULT_KEY_LEN_V4 });
         let max = if v6 { 128 } else { 32 };
         if key_len == 0 || key_len > max {
-            return Err(Error::Invalid(format!(
-                "key length {key_len} out of range 1..={max}"
-            )));
+            return Err(Error::Invalid(format!("key length {key_len} out of range 1..={max}")));
         }
         // Buckets are keyed by (masked source, key length): a key shorter
         // than the prefix could share a bucket with a shorter rule's.
@@ -182,13 +165,7 @@ impl RuleConfig {
                 net.prefix_len()
             )));
         }
-        let spec = RuleSpec {
-            net,
-            rate,
-            burst,
-            action,
-            key_len,
-        };
+        let spec = RuleSpec { net, rate, burst, action, key_len };
         spec.kernel(0)?;
         Ok(spec)
     }
@@ -198,9 +175,7 @@ impl RuleSpec {
     /// The kernel's value for this rule, tagged with `rule_id`.
     pub fn kernel(&self, rule_id: u32) -> Result<Rule> {
         let base = match self.rate {
-            Some(r) => r
-                .rule(self.burst)
-                .map_err(|e| Error::Invalid(e.to_string()))?,
+            Some(r) => r.rule(self.burst).map_err(|e| Error::Invalid(e.to_string()))?,
             // allow/deny without a rate: the bucket fields are never used.
             None => Rule::packets(1, 1).expect("valid"),
         };
@@ -215,20 +190,12 @@ impl RuleSpec {
     /// Back to the written form (canonical: what the daemon writes).
     pub fn config(&self) -> RuleConfig {
         let v6 = self.net.addr().is_ipv6();
-        let default_key = if v6 {
-            DEFAULT_KEY_LEN_V6
-        } else {
-            DEFAULT_KEY_LEN_V4
-        };
+        let default_key = if v6 { DEFAULT_KEY_LEN_V6 } else { DEFAULT_KEY_LEN_V4 };
         RuleConfig {
             prefix: self.net.to_string(),
             rate: self.rate.map(|r| r.to_string()),
             burst: self.rate.map(|r| {
-                if r.is_bytes() {
-                    BurstValue::Text(format!("{}b", self.burst))
-                } else {
-                    BurstValue::Count(self.burst)
-                }
+                if r.is_bytes() { BurstValue::Text(format!("{}b", self.burst)) } else { BurstValue::Count(self.burst) }
             }),
             action: (self.action != ActionName::Police).then_some(self.action),
             key_len: (self.key_len != default_key).then_some(self.key_len),
@@ -241,29 +208,14 @@ mod tests {
     use super::*;
 
     fn rc(prefix: &str, rate: Option<&str>, burst: Option<BurstValue>) -> RuleConfig {
-        RuleConfig {
-            prefix: prefix.into(),
-            rate: rate.map(Into::into),
-            burst,
-            action: None,
-            key_len: None,
-        }
+        RuleConfig { prefix: prefix.into(), rate: rate.map(Into::into), burst, action: None, key_len: None }
     }
 
     #[test]
     fn prefixes() {
-        assert_eq!(
-            parse_prefix("203.0.113.0/24").unwrap().to_string(),
-            "203.0.113.0/24"
-        );
-        assert_eq!(
-            parse_prefix("203.0.113.7").unwrap().to_string(),
-            "203.0.113.7/32"
-        );
-        assert_eq!(
-            parse_prefix("2001:db8::/32").unwrap().to_string(),
-            "2001:db8::/32"
-        );
+        assert_eq!(parse_prefix("203.0.113.0/24").unwrap().to_string(), "203.0.113.0/24");
+        assert_eq!(parse_prefix("203.0.113.7").unwrap().to_string(), "203.0.113.7/32");
+        assert_eq!(parse_prefix("2001:db8::/32").unwrap().to_string(), "2001:db8::/32");
         for bad in [
             "",
             "203.0.113.0/33",
@@ -283,29 +235,15 @@ mod tests {
 
     #[test]
     fn rules_validate() {
-        let s = rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50)))
-            .validate()
-            .unwrap();
+        let s = rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50))).validate().unwrap();
         assert_eq!((s.burst, s.key_len, s.action), (50, 32, ActionName::Police));
-        assert_eq!(
-            s.config(),
-            rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50)))
-        );
-        let s = rc(
-            "2001:db8::/32",
-            Some("64kbit"),
-            Some(BurstValue::Text("64kb".into())),
-        )
-        .validate()
-        .unwrap();
+        assert_eq!(s.config(), rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50))));
+        let s = rc("2001:db8::/32", Some("64kbit"), Some(BurstValue::Text("64kb".into()))).validate().unwrap();
         assert_eq!((s.burst, s.key_len), (65536, 64));
         let mut deny = rc("198.51.100.0/24", None, None);
         deny.action = Some(ActionName::Deny);
         assert!(deny.validate().is_ok());
-        assert!(
-            rc("10.0.0.0/8", None, None).validate().is_err(),
-            "police without rate"
-        );
+        assert!(rc("10.0.0.0/8", None, None).validate().is_err(), "police without rate");
         let mut k = rc("10.0.0.0/8", Some("1kpps"), None);
         k.key_len = Some(4);
         assert!(k.validate().is_err(), "key shorter than prefix");

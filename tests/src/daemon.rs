@@ -17,11 +17,7 @@ pub fn policer_bin() -> PathBuf {
         return p.into();
     }
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/policer");
-    assert!(
-        p.exists(),
-        "{} missing: build it first (`cargo xtask test` does)",
-        p.display()
-    );
+    assert!(p.exists(), "{} missing: build it first (`cargo xtask test` does)", p.display());
     p
 }
 
@@ -78,17 +74,9 @@ impl Daemon {
             }
             if let Ok(Some(st)) = d.child.try_wait() {
                 thread::sleep(Duration::from_millis(100));
-                panic!(
-                    "policer exited ({st}) before policing:\n{}\n{}",
-                    d.stdout(),
-                    d.stderr()
-                );
+                panic!("policer exited ({st}) before policing:\n{}\n{}", d.stdout(), d.stderr());
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "policer did not start:\n{}",
-                d.stdout()
-            );
+            assert!(t0.elapsed() < Duration::from_secs(30), "policer did not start:\n{}", d.stdout());
             thread::sleep(Duration::from_millis(20));
         }
     }
@@ -162,10 +150,6 @@ pub fn fails_with(out: &Output, needle: &str) {
 
 /// Asserts `out` succeeded; returns its stdout.
 pub fn succeeds(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -12,10 +12,8 @@ const BPF_PROG_TYPE_XDP: u32 = 6;
 
 pub fn load_xdp_pass() -> io::Result<OwnedFd> {
     // mov64 r0, 2 (XDP_PASS); exit
-    let insns: [u64; 2] = [
-        u64::from_le_bytes([0xb7, 0, 0, 0, 2, 0, 0, 0]),
-        u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0]),
-    ];
+    let insns: [u64; 2] =
+        [u64::from_le_bytes([0xb7, 0, 0, 0, 2, 0, 0, 0]), u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0])];
     let license = c"GPL";
     let mut attr = [0u8; 128];
     attr[0..4].copy_from_slice(&BPF_PROG_TYPE_XDP.to_ne_bytes());

@@ -134,12 +134,7 @@ mod tests {
 
     #[test]
     fn v4_frame_layout() {
-        let f = FrameSpec::udp(
-            "198.18.0.1".parse().unwrap(),
-            "198.19.0.1".parse().unwrap(),
-            64,
-        )
-        .build(Some((7, 3, 9)));
+        let f = FrameSpec::udp("198.18.0.1".parse().unwrap(), "198.19.0.1".parse().unwrap(), 64).build(Some((7, 3, 9)));
         assert_eq!(f.len(), 64);
         assert_eq!(&f[12..14], &[0x08, 0x00]);
         assert_eq!(&f[26..30], &[198, 18, 0, 1]);
@@ -149,11 +144,7 @@ mod tests {
 
     #[test]
     fn v6_and_vlan_layout() {
-        let mut s = FrameSpec::udp(
-            "2001:db8::1".parse().unwrap(),
-            "2001:db8:ffff::1".parse().unwrap(),
-            100,
-        );
+        let mut s = FrameSpec::udp("2001:db8::1".parse().unwrap(), "2001:db8:ffff::1".parse().unwrap(), 100);
         s.vlans = vec![(0x88a8, 5), (0x8100, 7)];
         let f = s.build(Some((1, 2, 3)));
         assert_eq!(f.len(), 100);

@@ -19,9 +19,7 @@ pub fn privileged(tier: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    let reason = format!(
-        "{tier}: skipped: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN); run `cargo xtask test`"
-    );
+    let reason = format!("{tier}: skipped: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN); run `cargo xtask test`");
     let required = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
         || std::env::var("POLICER_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1");
     if required {

@@ -9,17 +9,8 @@ use std::{
 
 /// Runs `ip ARGS`, panicking with its stderr on failure.
 pub fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new("ip").args(args).stdin(Stdio::null()).output().expect("run ip");
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
 /// `ip ARGS`, stdout, ignoring failure.
@@ -66,19 +57,10 @@ impl Sandbox {
         let _ = ip_out(&["netns", "del", tx_ns]);
         let config = format!("{}/{rx_ns}.toml", std::env::temp_dir().display());
         let _ = std::fs::remove_file(&config);
-        let sb = Sandbox {
-            config,
-            rx_ns: rx_ns.into(),
-            tx_ns: tx_ns.into(),
-            rx_if: rx_if.into(),
-            tx_if: tx_if.into(),
-        };
+        let sb = Sandbox { config, rx_ns: rx_ns.into(), tx_ns: tx_ns.into(), rx_if: rx_if.into(), tx_if: tx_if.into() };
         ip(&["netns", "add", rx_ns]);
         ip(&["netns", "add", tx_ns]);
-        ip(&[
-            "link", "add", rx_if, "netns", rx_ns, "type", "veth", "peer", "name", tx_if, "netns",
-            tx_ns,
-        ]);
+        ip(&["link", "add", rx_if, "netns", rx_ns, "type", "veth", "peer", "name", tx_if, "netns", tx_ns]);
         for (ns, ifc) in [(rx_ns, rx_if), (tx_ns, tx_if)] {
             // No IPv6 autoconfiguration chatter: only test frames cross.
             sysctl(ns, "net.ipv6.conf.all.disable_ipv6", "1");
@@ -92,11 +74,7 @@ impl Sandbox {
     /// MAC address of the receiving interface.
     pub fn rx_mac(&self) -> [u8; 6] {
         let out = ip_out(&["-n", &self.rx_ns, "-o", "link", "show", &self.rx_if]);
-        let mac = out
-            .split_whitespace()
-            .skip_while(|w| *w != "link/ether")
-            .nth(1)
-            .expect("mac address");
+        let mac = out.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).expect("mac address");
         let mut m = [0u8; 6];
         for (i, p) in mac.split(':').enumerate() {
             m[i] = u8::from_str_radix(p, 16).expect("hex");
@@ -107,8 +85,7 @@ impl Sandbox {
     /// The XDP program id attached to the receiving interface, if any.
     pub fn rx_xdp(&self) -> Option<String> {
         let out = ip_out(&["-n", &self.rx_ns, "-d", "link", "show", &self.rx_if]);
-        out.split_once("prog/xdp id ")
-            .map(|(_, r)| r.split_whitespace().next().unwrap_or("").to_string())
+        out.split_once("prog/xdp id ").map(|(_, r)| r.split_whitespace().next().unwrap_or("").to_string())
     }
 }
 
@@ -123,14 +100,7 @@ impl Drop for Sandbox {
 
 fn sysctl(ns: &str, key: &str, val: &str) {
     let _ = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "sysctl",
-            "-qw",
-            &format!("{key}={val}"),
-        ])
+        .args(["netns", "exec", ns, "sysctl", "-qw", &format!("{key}={val}")])
         .stdin(Stdio::null())
         .status();
 }

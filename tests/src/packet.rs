@@ -18,13 +18,7 @@ impl RawSocket {
     pub fn bind(iface: &str) -> io::Result<RawSocket> {
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain syscall.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                proto as i32,
-            )
-        };
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto as i32) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -43,11 +37,7 @@ impl RawSocket {
         sa.sll_ifindex = idx as i32;
         // SAFETY: pointer and length describe `sa`.
         let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &sa as *const _ as *const libc::sockaddr,
-                mem::size_of_val(&sa) as u32,
-            )
+            libc::bind(fd.as_raw_fd(), &sa as *const _ as *const libc::sockaddr, mem::size_of_val(&sa) as u32)
         };
         if r != 0 {
             return Err(io::Error::last_os_error());
@@ -60,20 +50,8 @@ impl RawSocket {
 
     fn setsockopt(&self, level: i32, opt: i32, v: i32) -> io::Result<()> {
         // SAFETY: pointer and length describe `v`.
-        let r = unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                level,
-                opt,
-                &v as *const _ as *const libc::c_void,
-                4,
-            )
-        };
-        if r != 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
+        let r = unsafe { libc::setsockopt(self.fd.as_raw_fd(), level, opt, &v as *const _ as *const libc::c_void, 4) };
+        if r != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
 
     /// Large buffers, so a receiver never loses frames to a full queue.
@@ -83,10 +61,7 @@ impl RawSocket {
     }
 
     pub fn set_timeout(&self, t: Duration) -> io::Result<()> {
-        let tv = libc::timeval {
-            tv_sec: t.as_secs() as i64,
-            tv_usec: t.subsec_micros() as i64,
-        };
+        let tv = libc::timeval { tv_sec: t.as_secs() as i64, tv_usec: t.subsec_micros() as i64 };
         // SAFETY: pointer and length describe `tv`.
         let r = unsafe {
             libc::setsockopt(
@@ -97,24 +72,13 @@ impl RawSocket {
                 mem::size_of_val(&tv) as u32,
             )
         };
-        if r != 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
+        if r != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
 
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         loop {
             // SAFETY: buffer and length describe `frame`.
-            let r = unsafe {
-                libc::send(
-                    self.fd.as_raw_fd(),
-                    frame.as_ptr() as *const libc::c_void,
-                    frame.len(),
-                    0,
-                )
-            };
+            let r = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr() as *const libc::c_void, frame.len(), 0) };
             if r >= 0 {
                 return Ok(());
             }
@@ -131,14 +95,7 @@ impl RawSocket {
     /// One frame, or `None` on timeout.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         // SAFETY: buffer and length describe `buf`.
-        let r = unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                buf.len(),
-                0,
-            )
-        };
+        let r = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
         if r >= 0 {
             return Ok(Some(r as usize));
         }
@@ -152,10 +109,7 @@ impl RawSocket {
     /// Frames the kernel dropped for this socket (queue full) since the
     /// last call.
     pub fn drops(&self) -> io::Result<u32> {
-        let mut st = libc::tpacket_stats {
-            tp_packets: 0,
-            tp_drops: 0,
-        };
+        let mut st = libc::tpacket_stats { tp_packets: 0, tp_drops: 0 };
         let mut len = mem::size_of_val(&st) as u32;
         // SAFETY: pointer and length describe `st`.
         let r = unsafe {
@@ -167,10 +121,6 @@ impl RawSocket {
                 &mut len,
             )
         };
-        if r != 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(st.tp_drops)
-        }
+        if r != 0 { Err(io::Error::last_os_error()) } else { Ok(st.tp_drops) }
     }
 }

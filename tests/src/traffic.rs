@@ -55,6 +55,16 @@ pub struct Received {
     /// Frames the receive socket itself lost (must be zero for counts to
     /// be trusted).
     pub socket_drops: u64,
+    /// Arrival times of flow 0's frames, ns since [`epoch`].
+    pub arrivals0: Vec<u64>,
+}
+
+static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// A process-wide time origin, so tests can line up what they did with
+/// when frames arrived.
+pub fn epoch_ns() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 const DST_V4: &str = "198.19.255.1";
@@ -73,34 +83,21 @@ pub fn send(
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let dst: IpAddr = if f.src.is_ipv4() {
-                DST_V4.parse().unwrap()
-            } else {
-                DST_V6.parse().unwrap()
-            };
+            let dst: IpAddr = if f.src.is_ipv4() { DST_V4.parse().unwrap() } else { DST_V6.parse().unwrap() };
             let mut spec = FrameSpec::udp(f.src, dst, f.len);
             spec.dst_mac = dst_mac;
             let b = spec.build(Some((run, i as u32, 0)));
-            let seq_at = b
-                .windows(4)
-                .position(|w| w == crate::frame::MARKER)
-                .expect("marker")
-                + 12;
+            let seq_at = b.windows(4).position(|w| w == crate::frame::MARKER).expect("marker") + 12;
             (b, seq_at)
         })
         .collect();
     let n = flows.len();
-    let mut rep = SendReport {
-        sent: vec![0; n],
-        first_ns: vec![0; n],
-        last_ns: vec![0; n],
-    };
+    let mut rep = SendReport { sent: vec![0; n], first_ns: vec![0; n], last_ns: vec![0; n] };
     let period: Vec<f64> = flows.iter().map(|f| 1e9 / f.pps).collect();
     // Stagger the flows' phases so the aggregate is smooth too.
     let phase: Vec<f64> = (0..n).map(|i| period[i] * (i as f64 / n as f64)).collect();
     let end_ns = duration.as_nanos() as u64;
-    let mut heap: BinaryHeap<Reverse<(u64, usize)>> =
-        (0..n).map(|i| Reverse((phase[i] as u64, i))).collect();
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..n).map(|i| Reverse((phase[i] as u64, i))).collect();
     let start = Instant::now();
     while let Some(Reverse((due, i))) = heap.pop() {
         if due >= end_ns || stop.load(Ordering::Relaxed) {
@@ -135,14 +132,9 @@ pub fn send(
 
 /// Counts our frames by flow until `stop`, then drains for a moment.
 pub fn receive(sock: &RawSocket, n: usize, run: u32, stop: &AtomicBool) -> Received {
-    let mut r = Received {
-        per_flow: vec![0; n],
-        bytes_per_flow: vec![0; n],
-        ..Default::default()
-    };
+    let mut r = Received { per_flow: vec![0; n], bytes_per_flow: vec![0; n], ..Default::default() };
     let mut buf = vec![0u8; 65536];
-    sock.set_timeout(Duration::from_millis(50))
-        .expect("timeout");
+    sock.set_timeout(Duration::from_millis(50)).expect("timeout");
     let mut quiet_since: Option<Instant> = None;
     loop {
         match sock.recv(&mut buf).expect("recv") {
@@ -150,6 +142,9 @@ pub fn receive(sock: &RawSocket, n: usize, run: u32, stop: &AtomicBool) -> Recei
                 quiet_since = None;
                 match find_mark(&buf[..len]) {
                     Some((id, flow, _)) if id == run && (flow as usize) < n => {
+                        if flow == 0 {
+                            r.arrivals0.push(epoch_ns());
+                        }
                         r.per_flow[flow as usize] += 1;
                         r.bytes_per_flow[flow as usize] += len as u64;
                     }
@@ -173,22 +168,10 @@ pub fn receive(sock: &RawSocket, n: usize, run: u32, stop: &AtomicBool) -> Recei
 /// Sends `flows` from the sandbox's transmit side and counts what arrives
 /// on the receive side, each in a thread inside its namespace.
 pub fn run(sb: &Sandbox, flows: &[Flow], duration: Duration) -> (SendReport, Received) {
-    run_in(
-        &sb.tx_ns,
-        &sb.tx_if,
-        &sb.rx_ns,
-        &sb.rx_if,
-        sb.rx_mac(),
-        flows,
-        duration,
-        None,
-    )
+    run_in(&sb.tx_ns, &sb.tx_if, &sb.rx_ns, &sb.rx_if, sb.rx_mac(), flows, duration, None)
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "plain plumbing of one experiment's parameters"
-)]
+#[expect(clippy::too_many_arguments, reason = "plain plumbing of one experiment's parameters")]
 pub fn run_in(
     tx_ns: &str,
     tx_if: &str,
@@ -230,8 +213,20 @@ pub fn run_in(
 }
 
 fn rand_u32() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     (t.subsec_nanos() ^ std::process::id().rotate_left(16)) | 1
+}
+
+/// [`run`] in a background thread, so a test can act while traffic flows.
+pub fn run_bg(sb: &Sandbox, flows: &[Flow], duration: Duration) -> thread::JoinHandle<(SendReport, Received)> {
+    let (tx_ns, tx_if, rx_ns, rx_if, mac) =
+        (sb.tx_ns.clone(), sb.tx_if.clone(), sb.rx_ns.clone(), sb.rx_if.clone(), sb.rx_mac());
+    let flows = flows.to_vec();
+    epoch_ns();
+    thread::spawn(move || run_in(&tx_ns, &tx_if, &rx_ns, &rx_if, mac, &flows, duration, None))
+}
+
+/// Frames of flow 0 that arrived in [from, to) (ns since [`epoch_ns`]).
+pub fn arrived_between(r: &Received, from: u64, to: u64) -> u64 {
+    r.arrivals0.iter().filter(|&&t| t >= from && t < to).count() as u64
 }

@@ -7,8 +7,7 @@ use std::net::IpAddr;
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
 use policer_common::{
-    Counters, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, Rule,
-    bucket::Action, rate::Rate,
+    Counters, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, Rule, bucket::Action, rate::Rate,
 };
 use policer_tests::{frame::FrameSpec, privileged};
 use policer_user::{LoadOptions, Policer};
@@ -18,21 +17,11 @@ const DROP: u32 = 1;
 const SEC: u64 = 1_000_000_000;
 
 fn load() -> Policer {
-    Policer::load(&LoadOptions {
-        max_sources: 4096,
-        test_clock: true,
-        ..Default::default()
-    })
-    .expect("load object")
+    Policer::load(&LoadOptions { max_sources: 4096, test_clock: true, ..Default::default() }).expect("load object")
 }
 
 fn rule(rate: &str, burst: u64, key_len: u32, v6: bool) -> Rule {
-    Rate::parse(rate)
-        .unwrap()
-        .rule(burst)
-        .unwrap()
-        .with_key_len(key_len, v6)
-        .unwrap()
+    Rate::parse(rate).unwrap().rule(burst).unwrap().with_key_len(key_len, v6).unwrap()
 }
 
 fn net(s: &str) -> IpNet {
@@ -43,22 +32,14 @@ fn run(p: &mut Policer, frame: &[u8]) -> u32 {
     let mut out = vec![0u8; frame.len() + 512];
     let r = p
         .program()
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ..Default::default()
-        })
+        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
         .expect("test run");
     r.return_value
 }
 
 fn udp(src: &str, len: usize) -> Vec<u8> {
     let src: IpAddr = src.parse().unwrap();
-    let dst: IpAddr = if src.is_ipv4() {
-        "198.19.0.1".parse().unwrap()
-    } else {
-        "2001:db8:ffff::1".parse().unwrap()
-    };
+    let dst: IpAddr = if src.is_ipv4() { "198.19.0.1".parse().unwrap() } else { "2001:db8:ffff::1".parse().unwrap() };
     FrameSpec::udp(src, dst, len).build(None)
 }
 
@@ -72,29 +53,13 @@ fn tagged(src: &str, tags: &[(u16, u16)]) -> Vec<u8> {
 fn configured() -> Policer {
     let mut p = load();
     p.set_clock(SEC).unwrap();
-    p.set_rule(net("0.0.0.0/0"), &rule("1000pps", 3, 32, false))
-        .unwrap();
-    p.set_rule(net("::/0"), &rule("1000pps", 3, 64, true))
-        .unwrap();
-    p.set_rule(
-        net("198.51.100.0/24"),
-        &rule("1pps", 1, 32, false).with_action(Action::Deny),
-    )
-    .unwrap();
-    p.set_rule(
-        net("203.0.113.0/24"),
-        &rule("1pps", 1, 32, false).with_action(Action::Allow),
-    )
-    .unwrap();
-    p.set_rule(
-        net("192.0.2.0/24"),
-        &rule("1pps", 1, 32, false).with_action(Action::Monitor),
-    )
-    .unwrap();
-    p.set_rule(net("10.0.0.0/8"), &rule("1000pps", 3, 24, false))
-        .unwrap();
-    p.set_rule(net("100.100.0.0/16"), &rule("8kbit", 1500, 32, false))
-        .unwrap();
+    p.set_rule(net("0.0.0.0/0"), &rule("1000pps", 3, 32, false)).unwrap();
+    p.set_rule(net("::/0"), &rule("1000pps", 3, 64, true)).unwrap();
+    p.set_rule(net("198.51.100.0/24"), &rule("1pps", 1, 32, false).with_action(Action::Deny)).unwrap();
+    p.set_rule(net("203.0.113.0/24"), &rule("1pps", 1, 32, false).with_action(Action::Allow)).unwrap();
+    p.set_rule(net("192.0.2.0/24"), &rule("1pps", 1, 32, false).with_action(Action::Monitor)).unwrap();
+    p.set_rule(net("10.0.0.0/8"), &rule("1000pps", 3, 24, false)).unwrap();
+    p.set_rule(net("100.100.0.0/16"), &rule("8kbit", 1500, 32, false)).unwrap();
     p
 }
 
@@ -104,13 +69,7 @@ fn object_has_every_shared_name() {
         return;
     }
     let p = load();
-    for m in [
-        MAP_RULES_V4,
-        MAP_RULES_V6,
-        MAP_BUCKETS,
-        MAP_COUNTERS,
-        MAP_CLOCK,
-    ] {
+    for m in [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS, MAP_COUNTERS, MAP_CLOCK] {
         assert!(p.ebpf.map(m).is_some(), "map {m} missing from the object");
     }
 }
@@ -139,11 +98,7 @@ fn frame_table() {
     bad_v6_version[14] = 0x40;
     let mut short_tag = vec![0u8; 12];
     short_tag.extend_from_slice(&[0x81, 0x00, 0x00]);
-    let mut opts = FrameSpec::udp(
-        "198.51.100.9".parse().unwrap(),
-        "198.19.0.1".parse().unwrap(),
-        80,
-    );
+    let mut opts = FrameSpec::udp("198.51.100.9".parse().unwrap(), "198.19.0.1".parse().unwrap(), 80);
     opts.ipv4_options = vec![1, 1, 1, 0, 0x94, 4, 0, 0]; // NOPs, EOL, router alert
     let with_opts = opts.build(None);
     let mut opts_allowed = opts.clone();
@@ -161,53 +116,18 @@ fn frame_table() {
             |c| c.non_ip_pkts,
         ),
         ("ethernet header only", eth_only, DROP, |c| c.malformed_pkts),
-        ("IPv4 header cut short", short_v4, DROP, |c| {
-            c.malformed_pkts
-        }),
+        ("IPv4 header cut short", short_v4, DROP, |c| c.malformed_pkts),
         ("IPv4 with IHL 4", ihl4, DROP, |c| c.malformed_pkts),
-        ("version 6 under the IPv4 ethertype", v6_in_v4, DROP, |c| {
-            c.malformed_pkts
-        }),
-        ("IPv6 header cut short", short_v6, DROP, |c| {
-            c.malformed_pkts
-        }),
-        (
-            "version 4 under the IPv6 ethertype",
-            bad_v6_version,
-            DROP,
-            |c| c.malformed_pkts,
-        ),
+        ("version 6 under the IPv4 ethertype", v6_in_v4, DROP, |c| c.malformed_pkts),
+        ("IPv6 header cut short", short_v6, DROP, |c| c.malformed_pkts),
+        ("version 4 under the IPv6 ethertype", bad_v6_version, DROP, |c| c.malformed_pkts),
         ("VLAN tag cut short", short_tag, DROP, |c| c.malformed_pkts),
-        ("deny prefix drops", udp("198.51.100.1", 64), DROP, |c| {
-            c.dropped_pkts
-        }),
-        ("allow prefix passes", udp("203.0.113.1", 64), PASS, |c| {
-            c.passed_pkts
-        }),
-        (
-            "802.1Q tag is looked through",
-            tagged("198.51.100.2", &[(0x8100, 10)]),
-            DROP,
-            |c| c.dropped_pkts,
-        ),
-        (
-            "QinQ is looked through",
-            tagged("198.51.100.3", &[(0x88a8, 10), (0x8100, 20)]),
-            DROP,
-            |c| c.dropped_pkts,
-        ),
-        (
-            "IPv4 options are skipped to the source",
-            with_opts,
-            DROP,
-            |c| c.dropped_pkts,
-        ),
-        (
-            "IPv4 options, allowed source",
-            with_opts_allowed,
-            PASS,
-            |c| c.passed_pkts,
-        ),
+        ("deny prefix drops", udp("198.51.100.1", 64), DROP, |c| c.dropped_pkts),
+        ("allow prefix passes", udp("203.0.113.1", 64), PASS, |c| c.passed_pkts),
+        ("802.1Q tag is looked through", tagged("198.51.100.2", &[(0x8100, 10)]), DROP, |c| c.dropped_pkts),
+        ("QinQ is looked through", tagged("198.51.100.3", &[(0x88a8, 10), (0x8100, 20)]), DROP, |c| c.dropped_pkts),
+        ("IPv4 options are skipped to the source", with_opts, DROP, |c| c.dropped_pkts),
+        ("IPv4 options, allowed source", with_opts_allowed, PASS, |c| c.passed_pkts),
     ];
     for (name, frame, verdict, pick) in table {
         let before = p.counters().unwrap();
@@ -221,11 +141,7 @@ fn frame_table() {
             after.malformed_pkts - before.malformed_pkts,
             after.unmatched_pkts - before.unmatched_pkts,
         ];
-        assert_eq!(
-            moved.iter().sum::<u64>(),
-            1,
-            "{name}: exactly one counter moves ({moved:?})"
-        );
+        assert_eq!(moved.iter().sum::<u64>(), 1, "{name}: exactly one counter moves ({moved:?})");
     }
 }
 
@@ -257,47 +173,19 @@ fn buckets_under_a_controlled_clock() {
         step(&mut p, t, "100.64.0.1", 64, PASS, "burst");
     }
     step(&mut p, t, "100.64.0.1", 64, DROP, "over burst");
-    step(
-        &mut p,
-        t + ms - 1,
-        "100.64.0.1",
-        64,
-        DROP,
-        "not yet drained",
-    );
+    step(&mut p, t + ms - 1, "100.64.0.1", 64, DROP, "not yet drained");
     step(&mut p, t + ms, "100.64.0.1", 64, PASS, "drained one");
     step(&mut p, t + ms, "100.64.0.1", 64, DROP, "full again");
     // A clock that steps back creates no budget.
-    step(
-        &mut p,
-        t - 10 * SEC,
-        "100.64.0.1",
-        64,
-        DROP,
-        "clock went backwards",
-    );
-    step(
-        &mut p,
-        t + 2 * ms,
-        "100.64.0.1",
-        64,
-        PASS,
-        "clock back on track",
-    );
+    step(&mut p, t - 10 * SEC, "100.64.0.1", 64, DROP, "clock went backwards");
+    step(&mut p, t + 2 * ms, "100.64.0.1", 64, PASS, "clock back on track");
     // Other sources are independent.
     step(&mut p, t, "100.64.0.2", 64, PASS, "independent source");
     // IPv6: one bucket per /64.
     for _ in 0..3 {
         step(&mut p, t, "2001:db8:5::1", 100, PASS, "v6 burst");
     }
-    step(
-        &mut p,
-        t,
-        "2001:db8:5::ffff",
-        100,
-        DROP,
-        "same /64 shares the bucket",
-    );
+    step(&mut p, t, "2001:db8:5::ffff", 100, DROP, "same /64 shares the bucket");
     step(&mut p, t, "2001:db8:6::1", 100, PASS, "another /64");
     // --key-len 24: each /24 inside 10/8 shares one bucket.
     for _ in 0..3 {
@@ -307,35 +195,14 @@ fn buckets_under_a_controlled_clock() {
     step(&mut p, t, "10.1.2.1", 64, PASS, "another /24");
     // Monitor: passes everything, counts what it would drop.
     step(&mut p, t, "192.0.2.1", 64, PASS, "monitor within budget");
-    step(
-        &mut p,
-        t,
-        "192.0.2.1",
-        64,
-        PASS,
-        "monitor over budget still passes",
-    );
+    step(&mut p, t, "192.0.2.1", 64, PASS, "monitor over budget still passes");
     expect.would_drop_pkts += 1;
     expect.would_drop_bytes += 64;
     // Byte mode: 8 kbit/s = 1000 B/s, burst 1500 B, charged by frame length.
     step(&mut p, t, "100.100.0.1", 1000, PASS, "bytes within burst");
     step(&mut p, t, "100.100.0.1", 600, DROP, "bytes over burst");
-    step(
-        &mut p,
-        t,
-        "100.100.0.1",
-        500,
-        PASS,
-        "bytes filling the burst",
-    );
-    step(
-        &mut p,
-        t + 500 * ms,
-        "100.100.0.1",
-        500,
-        PASS,
-        "500 B drained in 0.5 s",
-    );
+    step(&mut p, t, "100.100.0.1", 500, PASS, "bytes filling the burst");
+    step(&mut p, t + 500 * ms, "100.100.0.1", 500, PASS, "500 B drained in 0.5 s");
     step(&mut p, t + 500 * ms, "100.100.0.1", 64, DROP, "full");
 
     let got = p.counters().unwrap();
@@ -352,10 +219,43 @@ fn unmatched_sources_pass() {
         return;
     }
     let mut p = load();
-    p.set_rule(net("10.0.0.0/8"), &rule("1pps", 1, 32, false))
-        .unwrap();
+    p.set_rule(net("10.0.0.0/8"), &rule("1pps", 1, 32, false)).unwrap();
     assert_eq!(run(&mut p, &udp("192.0.2.1", 64)), PASS);
     assert_eq!(run(&mut p, &udp("2001:db8::1", 64)), PASS);
     let c = p.counters().unwrap();
     assert_eq!((c.unmatched_pkts, c.passed_pkts, c.dropped_pkts), (2, 0, 0));
+}
+
+/// Replacing a prefix's rule keeps each bucket's fill: a full bucket stays
+/// full under the new rate (no burst handed out, none taken away).
+#[test]
+fn rule_change_keeps_the_fill() {
+    if !privileged("object tier") {
+        return;
+    }
+    let mut p = load();
+    let t = 20 * SEC;
+    let ms = SEC / 1000;
+    p.set_clock(t).unwrap();
+    p.set_rule(net("0.0.0.0/0"), &rule("1000pps", 10, 32, false).with_id(1)).unwrap();
+    for _ in 0..10 {
+        assert_eq!(run(&mut p, &udp("100.64.9.9", 64)), PASS);
+    }
+    assert_eq!(run(&mut p, &udp("100.64.9.9", 64)), DROP);
+    // Slower rule, same burst: still full, now drains one per 10 ms.
+    p.set_rule(net("0.0.0.0/0"), &rule("100pps", 10, 32, false).with_id(2)).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.9.9", 64)), DROP, "a rule change handed out budget");
+    p.set_clock(t + 2 * ms).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.9.9", 64)), DROP, "still drained at the old rate");
+    p.set_clock(t + 10 * ms).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.9.9", 64)), PASS);
+    assert_eq!(run(&mut p, &udp("100.64.9.9", 64)), DROP);
+    // A more specific rule takes over the source: the fill carries over too.
+    p.set_rule(net("100.64.0.0/16"), &rule("1000pps", 100, 32, false).with_id(3)).unwrap();
+    let mut passed = 0;
+    while run(&mut p, &udp("100.64.9.9", 64)) == PASS {
+        passed += 1;
+        assert!(passed < 200);
+    }
+    assert_eq!(passed, 0, "a full bucket must stay full under a bigger burst");
 }

@@ -25,76 +25,32 @@ fn heavy_hitter_gets_rate_times_t_plus_burst() {
         return;
     }
     let sb = Sandbox::new("acc");
-    let mut d = Daemon::attach(
-        &sb,
-        &[
-            "--rate",
-            "1000pps",
-            "--burst",
-            "10",
-            "--mode",
-            "native",
-            "--max-sources",
-            "65536",
-        ],
-    );
+    let mut d =
+        Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--mode", "native", "--max-sources", "65536"]);
     assert!(d.stdout().contains("(native mode)"), "{}", d.stdout());
     assert!(sb.rx_xdp().is_some(), "no XDP program on {}", sb.rx_if);
 
-    let mut flows = vec![Flow {
-        src: ip("198.18.0.1"),
-        pps: 10_000.0,
-        len: 64,
-    }];
+    let mut flows = vec![Flow { src: ip("198.18.0.1"), pps: 10_000.0, len: 64 }];
     for i in 0..40 {
-        flows.push(Flow {
-            src: ip(&format!("198.18.1.{}", i + 1)),
-            pps: 50.0,
-            len: 64,
-        });
+        flows.push(Flow { src: ip(&format!("198.18.1.{}", i + 1)), pps: 50.0, len: 64 });
     }
     for i in 0..10 {
         // Distinct /64s: IPv6 buckets are per /64 by default.
-        flows.push(Flow {
-            src: ip(&format!("2001:db8:1:{i}::1")),
-            pps: 50.0,
-            len: 90,
-        });
+        flows.push(Flow { src: ip(&format!("2001:db8:1:{i}::1")), pps: 50.0, len: 90 });
     }
     let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(5));
-    assert_eq!(
-        got.socket_drops, 0,
-        "receive socket lost frames: counts not trustworthy"
-    );
+    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
 
     let span = sent.span_secs(0);
     let expected = 1000.0 * span + 10.0;
     let admitted = got.per_flow[0] as f64;
-    eprintln!(
-        "heavy hitter: sent {}, admitted {admitted}, expected {expected:.1} (T = {span:.4} s)",
-        sent.sent[0]
-    );
-    assert!(
-        sent.sent[0] >= 49_000,
-        "generator fell short: {}",
-        sent.sent[0]
-    );
-    assert!(
-        (admitted - expected).abs() <= expected * 0.01,
-        "admitted {admitted}, expected {expected:.1} +-1 %"
-    );
+    eprintln!("heavy hitter: sent {}, admitted {admitted}, expected {expected:.1} (T = {span:.4} s)", sent.sent[0]);
+    assert!(sent.sent[0] >= 49_000, "generator fell short: {}", sent.sent[0]);
+    assert!((admitted - expected).abs() <= expected * 0.01, "admitted {admitted}, expected {expected:.1} +-1 %");
     for (i, f) in flows.iter().enumerate().skip(1) {
-        assert_eq!(
-            got.per_flow[i], sent.sent[i],
-            "in-profile source {} lost frames",
-            f.src
-        );
+        assert_eq!(got.per_flow[i], sent.sent[i], "in-profile source {} lost frames", f.src);
     }
-    assert!(
-        d.stop_with(libc::SIGTERM),
-        "policer did not exit cleanly:\n{}",
-        d.stderr()
-    );
+    assert!(d.stop_with(libc::SIGTERM), "policer did not exit cleanly:\n{}", d.stderr());
     assert!(d.stdout().contains("detached"), "{}", d.stdout());
     assert!(sb.rx_xdp().is_none(), "XDP still attached after SIGTERM");
 }
@@ -108,18 +64,11 @@ fn skb_mode_polices_and_sigint_detaches() {
     let sb = Sandbox::new("skb");
     let mut d = Daemon::attach(&sb, &["--rate", "200pps", "--burst", "5", "--mode", "skb"]);
     assert!(d.stdout().contains("(skb mode)"), "{}", d.stdout());
-    let flows = [Flow {
-        src: ip("198.18.7.7"),
-        pps: 2_000.0,
-        len: 64,
-    }];
+    let flows = [Flow { src: ip("198.18.7.7"), pps: 2_000.0, len: 64 }];
     let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(2));
     let expected = 200.0 * sent.span_secs(0) + 5.0;
     let admitted = got.per_flow[0] as f64;
-    assert!(
-        (admitted - expected).abs() <= expected * 0.02 + 1.0,
-        "admitted {admitted}, expected {expected:.1}"
-    );
+    assert!((admitted - expected).abs() <= expected * 0.02 + 1.0, "admitted {admitted}, expected {expected:.1}");
     assert!(d.stop_with(libc::SIGINT), "{}", d.stderr());
     assert!(sb.rx_xdp().is_none());
 }
@@ -136,137 +85,35 @@ fn bad_attach_input_changes_nothing() {
     let ifc = sb.rx_if.as_str();
     let cfg = sb.config.as_str();
     let cases: &[(&[&str], &str)] = &[
-        (
-            &["attach", "nosuch0", "--config", cfg, "--rate", "1kpps"],
-            "unknown interface 'nosuch0'",
-        ),
-        (
-            &["attach", ifc, "nosuch0", "--config", cfg, "--rate", "1kpps"],
-            "unknown interface 'nosuch0'",
-        ),
-        (
-            &["attach", ifc, ifc, "--config", cfg, "--rate", "1kpps"],
-            "given twice",
-        ),
-        (
-            &["attach", ifc, "--config", cfg, "--rate", "10kbps"],
-            "unknown unit",
-        ),
-        (
-            &["attach", ifc, "--config", cfg, "--rate", "0pps"],
-            "rate out of range",
-        ),
-        (
-            &["attach", ifc, "--config", cfg, "--rate", "-5pps"],
-            "non-negative number",
-        ),
-        (
-            &["attach", ifc, "--config", cfg, "--rate", "200Mpps"],
-            "rate out of range",
-        ),
-        (
-            &["attach", ifc, "--config", cfg, "--rate", "1.5pps"],
-            "whole number",
-        ),
-        (
-            &[
-                "attach",
-                ifc,
-                "--config",
-                cfg,
-                "--rate",
-                "99999999999999999999999pps",
-            ],
-            "too large",
-        ),
-        (
-            &[
-                "attach", ifc, "--config", cfg, "--rate", "1kpps", "--burst", "0",
-            ],
-            "burst out of range",
-        ),
-        (
-            &[
-                "attach",
-                ifc,
-                "--config",
-                cfg,
-                "--rate",
-                "1kpps",
-                "--burst",
-                "2000000000",
-            ],
-            "burst out of range",
-        ),
-        (
-            &[
-                "attach", ifc, "--config", cfg, "--rate", "1kpps", "--burst", "ten",
-            ],
-            "non-negative number",
-        ),
-        (
-            &["attach", ifc, "--config", cfg, "--burst", "10"],
-            "--burst needs --rate",
-        ),
-        (
-            &[
-                "attach", ifc, "--config", cfg, "--rate", "1kpps", "--mode", "turbo",
-            ],
-            "invalid value 'turbo'",
-        ),
-        (
-            &[
-                "attach",
-                ifc,
-                "--config",
-                cfg,
-                "--rate",
-                "1kpps",
-                "--max-sources",
-                "0",
-            ],
-            "--max-sources",
-        ),
-        (
-            &[
-                "attach",
-                ifc,
-                "--config",
-                cfg,
-                "--rate",
-                "1kpps",
-                "--interval",
-                "0.001",
-            ],
-            "--interval",
-        ),
+        (&["attach", "nosuch0", "--config", cfg, "--rate", "1kpps"], "unknown interface 'nosuch0'"),
+        (&["attach", ifc, "nosuch0", "--config", cfg, "--rate", "1kpps"], "unknown interface 'nosuch0'"),
+        (&["attach", ifc, ifc, "--config", cfg, "--rate", "1kpps"], "given twice"),
+        (&["attach", ifc, "--config", cfg, "--rate", "10kbps"], "unknown unit"),
+        (&["attach", ifc, "--config", cfg, "--rate", "0pps"], "rate out of range"),
+        (&["attach", ifc, "--config", cfg, "--rate", "-5pps"], "non-negative number"),
+        (&["attach", ifc, "--config", cfg, "--rate", "200Mpps"], "rate out of range"),
+        (&["attach", ifc, "--config", cfg, "--rate", "1.5pps"], "whole number"),
+        (&["attach", ifc, "--config", cfg, "--rate", "99999999999999999999999pps"], "too large"),
+        (&["attach", ifc, "--config", cfg, "--rate", "1kpps", "--burst", "0"], "burst out of range"),
+        (&["attach", ifc, "--config", cfg, "--rate", "1kpps", "--burst", "2000000000"], "burst out of range"),
+        (&["attach", ifc, "--config", cfg, "--rate", "1kpps", "--burst", "ten"], "non-negative number"),
+        (&["attach", ifc, "--config", cfg, "--burst", "10"], "--burst needs --rate"),
+        (&["attach", ifc, "--config", cfg, "--rate", "1kpps", "--mode", "turbo"], "invalid value 'turbo'"),
+        (&["attach", ifc, "--config", cfg, "--rate", "1kpps", "--max-sources", "0"], "--max-sources"),
+        (&["attach", ifc, "--config", cfg, "--rate", "1kpps", "--interval", "0.001"], "--interval"),
         (&["attach", ifc, "--config", cfg], "nothing to police"),
-        (
-            &["attach", "--config", cfg, "--rate", "1kpps"],
-            "no interface given",
-        ),
+        (&["attach", "--config", cfg, "--rate", "1kpps"], "no interface given"),
     ];
     for (args, needle) in cases {
         let out = policer_in(ns, args);
         fails_with(&out, needle);
         assert!(sb.rx_xdp().is_none(), "{args:?} left XDP attached");
-        assert!(
-            !std::path::Path::new(cfg).exists(),
-            "{args:?} wrote the config file"
-        );
+        assert!(!std::path::Path::new(cfg).exists(), "{args:?} wrote the config file");
     }
 
     // Not root: refused before touching anything.
     let out = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-        ])
+        .args(["netns", "exec", ns, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(policer_bin())
         .args(["attach", ifc, "--config", cfg, "--rate", "1kpps"])
         .output()
@@ -288,37 +135,19 @@ fn foreign_xdp_program_is_left_alone() {
         enter(&ns).unwrap();
         let fd = foreign::load_xdp_pass().expect("load foreign program");
         let idx = policer_user::loader::if_index(&ifc).unwrap();
-        policer_user::netlink::set(
-            idx,
-            fd.as_raw_fd(),
-            policer_user::netlink::XDP_FLAGS_DRV_MODE,
-            None,
-        )
-        .expect("attach foreign program");
+        policer_user::netlink::set(idx, fd.as_raw_fd(), policer_user::netlink::XDP_FLAGS_DRV_MODE, None)
+            .expect("attach foreign program");
     })
     .join()
     .unwrap();
     let id = sb.rx_xdp().expect("foreign program attached");
     for mode in ["auto", "native", "skb"] {
-        let out = cli(
-            &sb,
-            &[
-                "attach", &sb.rx_if, "--config", &sb.config, "--rate", "1kpps", "--mode", mode,
-            ],
-        );
+        let out = cli(&sb, &["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1kpps", "--mode", mode]);
         fails_with(&out, "another XDP program is already attached");
-        assert_eq!(
-            sb.rx_xdp().as_deref(),
-            Some(id.as_str()),
-            "the foreign program was replaced"
-        );
+        assert_eq!(sb.rx_xdp().as_deref(), Some(id.as_str()), "the foreign program was replaced");
     }
     fails_with(&cli(&sb, &["detach", &sb.rx_if]), "not policer's");
-    assert_eq!(
-        sb.rx_xdp().as_deref(),
-        Some(id.as_str()),
-        "the foreign program was removed"
-    );
+    assert_eq!(sb.rx_xdp().as_deref(), Some(id.as_str()), "the foreign program was removed");
 }
 
 /// A second daemon in the same network namespace is refused and changes
@@ -332,19 +161,10 @@ fn second_daemon_is_refused() {
     let mut first = Daemon::attach(&sb, &["--rate", "1kpps", "--max-sources", "1024"]);
     let id = sb.rx_xdp().expect("first policer attached");
     let before = std::fs::read(&sb.config).unwrap();
-    let out = cli(
-        &sb,
-        &[
-            "attach", &sb.rx_if, "--config", &sb.config, "--rate", "5pps",
-        ],
-    );
+    let out = cli(&sb, &["attach", &sb.rx_if, "--config", &sb.config, "--rate", "5pps"]);
     fails_with(&out, "already running in this network namespace");
     assert_eq!(sb.rx_xdp().as_deref(), Some(id.as_str()));
-    assert_eq!(
-        std::fs::read(&sb.config).unwrap(),
-        before,
-        "config file changed"
-    );
+    assert_eq!(std::fs::read(&sb.config).unwrap(), before, "config file changed");
     assert!(first.stop_with(libc::SIGTERM));
     assert!(sb.rx_xdp().is_none());
 }

@@ -18,15 +18,8 @@ const TOOLCHAIN: &str = "1.98.0";
 const LLVM_MAJOR: u32 = 22;
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages: LLVM for bpf-linker, and what the tests and demo run.
-const APT_PACKAGES: &[&str] = &[
-    "llvm-22-dev",
-    "libpolly-22-dev",
-    "libzstd-dev",
-    "zlib1g-dev",
-    "iproute2",
-    "util-linux",
-    "procps",
-];
+const APT_PACKAGES: &[&str] =
+    &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev", "iproute2", "util-linux", "procps"];
 
 #[derive(Parser)]
 #[command(name = "xtask")]
@@ -76,10 +69,7 @@ fn main() -> ExitCode {
 }
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf()
 }
 
 fn say(msg: &str) {
@@ -89,9 +79,7 @@ fn say(msg: &str) {
 /// Runs a command from the workspace root, failing on a non-zero exit.
 fn sh(cmd: &mut Command) -> Result<()> {
     cmd.current_dir(workspace());
-    let st = cmd
-        .status()
-        .with_context(|| format!("cannot run {cmd:?}"))?;
+    let st = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
     if !st.success() {
         bail!("{cmd:?} failed ({st})");
     }
@@ -100,9 +88,7 @@ fn sh(cmd: &mut Command) -> Result<()> {
 
 fn output(cmd: &str, args: &[&str]) -> Option<String> {
     let o = Command::new(cmd).args(args).output().ok()?;
-    o.status
-        .success()
-        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 fn cargo() -> Command {
@@ -127,23 +113,14 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Demo { seconds } => demo(seconds),
         Cmd::Install { root } => {
             setup()?;
-            sh(cargo()
-                .args(["install", "--locked", "--path", "policer-user", "--root"])
-                .arg(&root))?;
+            sh(cargo().args(["install", "--locked", "--path", "policer-user", "--root"]).arg(&root))?;
             say(&format!("installed {}", root.join("bin/policer").display()));
             Ok(())
         }
         Cmd::Lint => {
             setup()?;
             sh(cargo().args(["fmt", "--all", "--check"]))?;
-            sh(cargo().args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ]))
+            sh(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
         }
     }
 }
@@ -159,8 +136,7 @@ fn setup() -> Result<()> {
         .iter()
         .copied()
         .filter(|p| {
-            !output("dpkg-query", &["-W", "-f=${Status}", p])
-                .is_some_and(|s| s.contains("install ok installed"))
+            !output("dpkg-query", &["-W", "-f=${Status}", p]).is_some_and(|s| s.contains("install ok installed"))
         })
         .collect();
     if !missing.is_empty() {
@@ -173,15 +149,9 @@ fn setup() -> Result<()> {
             );
         }
         if !is_root() {
-            bail!(
-                "missing packages {missing:?}: run as root, or `sudo apt-get install {}`",
-                missing.join(" ")
-            );
+            bail!("missing packages {missing:?}: run as root, or `sudo apt-get install {}`", missing.join(" "));
         }
-        say(&format!(
-            "installing Debian packages: {}",
-            missing.join(" ")
-        ));
+        say(&format!("installing Debian packages: {}", missing.join(" ")));
         sh(Command::new("apt-get").args(["update", "-q"]))?;
         sh(Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])
@@ -189,11 +159,8 @@ fn setup() -> Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
     // 2. The pinned toolchain with rust-src (for -Z build-std=core).
-    let have_src = output(
-        "rustup",
-        &["component", "list", "--installed", "--toolchain", TOOLCHAIN],
-    )
-    .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
+    let have_src = output("rustup", &["component", "list", "--installed", "--toolchain", TOOLCHAIN])
+        .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
     if !have_src {
         say(&format!("installing Rust {TOOLCHAIN} with rust-src"));
         sh(Command::new("rustup").args([
@@ -208,23 +175,15 @@ fn setup() -> Result<()> {
     }
     // 3. bpf-linker, linked against the same LLVM major as rustc.
     let llvm_ok = output("sh", &["-c", "ldd \"$(command -v bpf-linker)\""]).is_some_and(|s| {
-        s.contains(&format!("libLLVM.so.{LLVM_MAJOR}"))
-            || s.contains(&format!("libLLVM-{LLVM_MAJOR}"))
+        s.contains(&format!("libLLVM.so.{LLVM_MAJOR}")) || s.contains(&format!("libLLVM-{LLVM_MAJOR}"))
     });
-    let version_ok =
-        output("bpf-linker", &["--version"]).is_some_and(|s| s.contains(BPF_LINKER_VERSION));
+    let version_ok = output("bpf-linker", &["--version"]).is_some_and(|s| s.contains(BPF_LINKER_VERSION));
     if !(llvm_ok && version_ok) {
-        say(&format!(
-            "building bpf-linker {BPF_LINKER_VERSION} against LLVM {LLVM_MAJOR} (about a minute)"
-        ));
+        say(&format!("building bpf-linker {BPF_LINKER_VERSION} against LLVM {LLVM_MAJOR} (about a minute)"));
         sh(Command::new("rustup")
             .args(["run", TOOLCHAIN, "cargo", "install", "--force", "--locked"])
             .arg(format!("bpf-linker@{BPF_LINKER_VERSION}"))
-            .args([
-                "--no-default-features",
-                "--features",
-                &format!("llvm-{LLVM_MAJOR}"),
-            ])
+            .args(["--no-default-features", "--features", &format!("llvm-{LLVM_MAJOR}")])
             .env("LLVM_PREFIX", format!("/usr/lib/llvm-{LLVM_MAJOR}")))?;
     }
     if output("bpf-linker", &["--version"]).is_none() {
@@ -250,37 +209,22 @@ fn test(host_only: bool) -> Result<()> {
     let bin = workspace().join("target/debug/policer");
     // Tier 2: the real object under PROG_TEST_RUN.
     say("tier 2: PROG_TEST_RUN of the real XDP object");
-    sh(cargo()
-        .args(["test", "-p", "policer-tests", "--test", "object"])
-        .env("POLICER_BIN", &bin))?;
+    sh(cargo().args(["test", "-p", "policer-tests", "--test", "object"]).env("POLICER_BIN", &bin))?;
     // Tier 3: real binary, real frames over veth. One test at a time: they
     // measure rates on a 2-core machine.
     say("tier 3: the policer binary on real veth traffic");
-    sh(cargo()
-        .args([
-            "test",
-            "-p",
-            "policer-tests",
-            "--test",
-            "veth",
-            "--",
-            "--test-threads=1",
-        ])
-        .env("POLICER_BIN", &bin))?;
+    for t in ["veth", "control"] {
+        sh(cargo()
+            .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
+            .env("POLICER_BIN", &bin))?;
+    }
     say("all tiers passed");
     Ok(())
 }
 
 fn demo(seconds: u32) -> Result<()> {
     setup()?;
-    sh(cargo().args([
-        "build",
-        "-p",
-        "policer-user",
-        "-p",
-        "policer-tests",
-        "--bins",
-    ]))?;
+    sh(cargo().args(["build", "-p", "policer-user", "-p", "policer-tests", "--bins"]))?;
     if !is_root() {
         bail!("the demo creates network namespaces and attaches XDP: run it as root");
     }

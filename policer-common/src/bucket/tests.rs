@@ -66,35 +66,16 @@ fn actions_round_trip() {
 #[test]
 fn constructor_ranges() {
     assert_eq!(Rule::packets(0, 1), Err(RuleError::RateOutOfRange));
-    assert_eq!(
-        Rule::packets(MAX_RATE_PPS + 1, 1),
-        Err(RuleError::RateOutOfRange)
-    );
+    assert_eq!(Rule::packets(MAX_RATE_PPS + 1, 1), Err(RuleError::RateOutOfRange));
     assert_eq!(Rule::packets(1, 0), Err(RuleError::BurstOutOfRange));
-    assert_eq!(
-        Rule::packets(1, MAX_BURST + 1),
-        Err(RuleError::BurstOutOfRange)
-    );
+    assert_eq!(Rule::packets(1, MAX_BURST + 1), Err(RuleError::BurstOutOfRange));
     assert_eq!(Rule::bytes(999, 1), Err(RuleError::RateOutOfRange));
-    assert_eq!(
-        Rule::bytes(MAX_RATE_BPS + 1, 1),
-        Err(RuleError::RateOutOfRange)
-    );
-    for (rate, burst) in [
-        (1, 1),
-        (1, MAX_BURST),
-        (MAX_RATE_PPS, 1),
-        (MAX_RATE_PPS, MAX_BURST),
-    ] {
+    assert_eq!(Rule::bytes(MAX_RATE_BPS + 1, 1), Err(RuleError::RateOutOfRange));
+    for (rate, burst) in [(1, 1), (1, MAX_BURST), (MAX_RATE_PPS, 1), (MAX_RATE_PPS, MAX_BURST)] {
         let r = Rule::packets(rate, burst).unwrap();
         assert!(r.limit <= MAX_LIMIT && r.limit >= r.pkt_cost);
     }
-    for (rate, burst) in [
-        (1_000, 1),
-        (1_000, MAX_BURST),
-        (MAX_RATE_BPS, 1),
-        (MAX_RATE_BPS, MAX_BURST),
-    ] {
+    for (rate, burst) in [(1_000, 1), (1_000, MAX_BURST), (MAX_RATE_BPS, 1), (MAX_RATE_BPS, MAX_BURST)] {
         let r = Rule::bytes(rate, burst).unwrap();
         assert!(r.limit <= MAX_LIMIT && r.byte_cost <= MAX_BYTE_COST);
     }
@@ -150,8 +131,7 @@ fn rescale_keeps_the_fill() {
 /// Any rule the constructors can make, packet or byte mode.
 fn any_rule() -> impl Strategy<Value = Rule> {
     prop_oneof![
-        (MIN_RATE_PPS..=MAX_RATE_PPS, 1..=MAX_BURST)
-            .prop_map(|(r, b)| Rule::packets(r, b).unwrap()),
+        (MIN_RATE_PPS..=MAX_RATE_PPS, 1..=MAX_BURST).prop_map(|(r, b)| Rule::packets(r, b).unwrap()),
         (1..=100_000u64, 1..=1_000u64).prop_map(|(r, b)| Rule::packets(r, b).unwrap()),
         (MIN_RATE_BPS..=MAX_RATE_BPS, 1..=MAX_BURST).prop_map(|(r, b)| Rule::bytes(r, b).unwrap()),
         (8_000..=10_000_000u64, 64..=100_000u64).prop_map(|(r, b)| Rule::bytes(r, b).unwrap()),
@@ -169,26 +149,10 @@ struct Spec {
 
 fn any_spec() -> impl Strategy<Value = Spec> {
     prop_oneof![
-        (1..=2_000u64, 1..=50u64).prop_map(|(rate, burst)| Spec {
-            rate,
-            burst,
-            bytes: false
-        }),
-        (1..=MAX_RATE_PPS, 1..=MAX_BURST).prop_map(|(rate, burst)| Spec {
-            rate,
-            burst,
-            bytes: false
-        }),
-        (MIN_RATE_BPS..=100_000u64, 1..=20_000u64).prop_map(|(rate, burst)| Spec {
-            rate,
-            burst,
-            bytes: true
-        }),
-        (MIN_RATE_BPS..=MAX_RATE_BPS, 1..=MAX_BURST).prop_map(|(rate, burst)| Spec {
-            rate,
-            burst,
-            bytes: true
-        }),
+        (1..=2_000u64, 1..=50u64).prop_map(|(rate, burst)| Spec { rate, burst, bytes: false }),
+        (1..=MAX_RATE_PPS, 1..=MAX_BURST).prop_map(|(rate, burst)| Spec { rate, burst, bytes: false }),
+        (MIN_RATE_BPS..=100_000u64, 1..=20_000u64).prop_map(|(rate, burst)| Spec { rate, burst, bytes: true }),
+        (MIN_RATE_BPS..=MAX_RATE_BPS, 1..=MAX_BURST).prop_map(|(rate, burst)| Spec { rate, burst, bytes: true }),
     ]
 }
 

@@ -76,43 +76,22 @@ fn main() {
     // Groups: one heavy hitter at 20x the rate, 20 abusers at 2x, and 2000
     // well-behaved sources at 1 % of it, IPv4 and IPv6.
     let r = a.rate as f64;
-    let mut flows = vec![Flow {
-        src: "198.18.0.1".parse().unwrap(),
-        pps: 20.0 * r,
-        len: 64,
-    }];
+    let mut flows = vec![Flow { src: "198.18.0.1".parse().unwrap(), pps: 20.0 * r, len: 64 }];
     let abusers = 1..21;
     for i in abusers.clone() {
-        flows.push(Flow {
-            src: format!("198.18.1.{i}").parse().unwrap(),
-            pps: 2.0 * r,
-            len: 64,
-        });
+        flows.push(Flow { src: format!("198.18.1.{i}").parse().unwrap(), pps: 2.0 * r, len: 64 });
     }
     let normal = flows.len()..flows.len() + 2000;
     for i in 0..2000u32 {
         let src: IpAddr = if i % 4 == 3 {
-            format!("2001:db8:{}:{}::1", i / 256, i % 256)
-                .parse()
-                .unwrap()
+            format!("2001:db8:{}:{}::1", i / 256, i % 256).parse().unwrap()
         } else {
-            format!("198.18.{}.{}", 16 + i / 250, 1 + i % 250)
-                .parse()
-                .unwrap()
+            format!("198.18.{}.{}", 16 + i / 250, 1 + i % 250).parse().unwrap()
         };
-        flows.push(Flow {
-            src,
-            pps: r / 100.0,
-            len: 64,
-        });
+        flows.push(Flow { src, pps: r / 100.0, len: 64 });
     }
     let offered: f64 = flows.iter().map(|f| f.pps).sum();
-    println!(
-        "demo: sending {:.0} pps for {} s from {} sources (Ctrl-C stops early)",
-        offered,
-        a.seconds,
-        flows.len()
-    );
+    println!("demo: sending {:.0} pps for {} s from {} sources (Ctrl-C stops early)", offered, a.seconds, flows.len());
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let watcher = thread::spawn(move || {
@@ -137,53 +116,27 @@ fn main() {
     echo_stop.store(true, Ordering::Relaxed);
     let _ = echo.join();
     let clean = d.stop_with(libc::SIGTERM);
-    for l in d
-        .stdout()
-        .lines()
-        .rev()
-        .take(2)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-    {
+    for l in d.stdout().lines().rev().take(2).collect::<Vec<_>>().into_iter().rev() {
         println!("  policer | {l}");
     }
 
     println!("\ndemo: summary (counted on the receiving side, per source)");
-    println!(
-        "  {:<28} {:>8} {:>12} {:>12} {:>12}",
-        "group", "sources", "sent", "admitted", "expected"
-    );
+    println!("  {:<28} {:>8} {:>12} {:>12} {:>12}", "group", "sources", "sent", "admitted", "expected");
     let row = |name: &str, idx: std::ops::Range<usize>| {
         let s: u64 = idx.clone().map(|i| sent.sent[i]).sum();
         let g: u64 = idx.clone().map(|i| got.per_flow[i]).sum();
         // Each source may have rate*T + burst, or everything it sent if less.
-        let e: f64 = idx
-            .clone()
-            .map(|i| (r * sent.span_secs(i) + a.burst as f64).min(sent.sent[i] as f64))
-            .sum();
+        let e: f64 = idx.clone().map(|i| (r * sent.span_secs(i) + a.burst as f64).min(sent.sent[i] as f64)).sum();
         println!("  {name:<28} {:>8} {s:>12} {g:>12} {e:>12.0}", idx.len());
     };
     row(&format!("heavy hitter ({}x rate)", 20), 0..1);
     row("abusers (2x rate)", abusers);
     row("well-behaved (1% of rate)", normal);
-    println!(
-        "  configured: {rate} per source, burst {burst}; expected = min(sent, rate x T + burst) per source"
-    );
+    println!("  configured: {rate} per source, burst {burst}; expected = min(sent, rate x T + burst) per source");
     if got.socket_drops > 0 {
-        println!(
-            "  note: the receiving socket itself lost {} frames",
-            got.socket_drops
-        );
+        println!("  note: the receiving socket itself lost {} frames", got.socket_drops);
     }
-    println!(
-        "demo: policer {}; removing the sandbox",
-        if clean {
-            "detached cleanly"
-        } else {
-            "was killed"
-        }
-    );
+    println!("demo: policer {}; removing the sandbox", if clean { "detached cleanly" } else { "was killed" });
     drop(d);
     drop(sb);
 }

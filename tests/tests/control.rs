@@ -1,0 +1,264 @@
+//! Tier 3, control plane: live rule changes under load, restarts and
+//! upgrades that keep policing and keep buckets, reloads of a hand-edited
+//! config file, and bad input that changes nothing. The daemon and the
+//! CLI are separate processes, each started with `ip netns exec`, as a
+//! user runs them.
+
+use std::{net::IpAddr, thread, time::Duration};
+
+use policer_tests::{
+    daemon::{Daemon, cli, fails_with, policer_bin, policer_in, succeeds},
+    netns::Sandbox,
+    privileged,
+    traffic::{self, Flow, arrived_between, epoch_ns},
+};
+
+const MS: u64 = 1_000_000;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn heavy(pps: f64) -> Flow {
+    Flow { src: ip("198.18.0.1"), pps, len: 64 }
+}
+
+fn rules_json(sb: &Sandbox) -> String {
+    succeeds(&cli(sb, &["rule", "ls", "--json"]))
+}
+
+/// A rule change under load is live at once: the admitted rate moves to
+/// the new value, with no burst of over-admission at the switch.
+#[test]
+fn rule_change_under_load_takes_effect_without_a_burst() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("chg");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let flood = traffic::run_bg(&sb, &[heavy(10_000.0)], Duration::from_secs(4));
+    thread::sleep(Duration::from_millis(2000));
+    let before = epoch_ns();
+    succeeds(&cli(&sb, &["rule", "set", "198.18.0.0/16", "--rate", "200pps", "--burst", "10"]));
+    let live = epoch_ns();
+    let (sent, got) = flood.join().unwrap();
+    assert_eq!(got.socket_drops, 0);
+    let start = got.arrivals0[0];
+    let end = start + (sent.span_secs(0) * 1e9) as u64;
+    eprintln!("rule change took {:.1} ms (CLI round trip)", (live - before) as f64 / 1e6);
+    // Before: 1000/s.
+    let old = arrived_between(&got, start + 500 * MS, before) as f64 / ((before - start - 500 * MS) as f64 / 1e9);
+    assert!((old - 1000.0).abs() < 30.0, "old rate {old:.1}/s");
+    // Right after the CLI returns: no burst — the full bucket stays full
+    // under the new rule, so the first half second gets 200/s * 0.5 s.
+    let first = arrived_between(&got, live, live + 500 * MS);
+    assert!(first <= 100 + 2, "{first} frames in the 500 ms after the change: a burst");
+    // Live within 50 ms, and at the new rate from then on.
+    let new_span = (end - live - 50 * MS) as f64 / 1e9;
+    let new = arrived_between(&got, live + 50 * MS, end + MS) as f64 / new_span;
+    assert!((new - 200.0).abs() < 200.0 * 0.03 + 2.0, "new rate {new:.1}/s");
+    // The change is in the file.
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(text.contains("198.18.0.0/16") && text.contains("200pps"), "{text}");
+}
+
+/// `kill -9` of the daemon during a flood: the kernel keeps policing,
+/// exactly; a new daemon adopts the program.
+#[test]
+fn kill_9_during_a_flood_keeps_enforcing() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("k9");
+    let mut d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let id = sb.rx_xdp().unwrap();
+    let mut flows = vec![heavy(10_000.0)];
+    for i in 1..=20 {
+        flows.push(Flow { src: ip(&format!("198.18.2.{i}")), pps: 100.0, len: 64 });
+    }
+    let flood = traffic::run_bg(&sb, &flows, Duration::from_secs(5));
+    thread::sleep(Duration::from_millis(1500));
+    d.stop_with(libc::SIGKILL);
+    let (sent, got) = flood.join().unwrap();
+    assert_eq!(sb.rx_xdp().as_deref(), Some(id.as_str()), "program gone after kill -9");
+    let expected = 1000.0 * sent.span_secs(0) + 10.0;
+    let admitted = got.per_flow[0] as f64;
+    assert!((admitted - expected).abs() <= expected * 0.01, "admitted {admitted}, expected {expected:.1}");
+    for i in 1..flows.len() {
+        assert_eq!(got.per_flow[i], sent.sent[i], "in-profile source lost frames");
+    }
+    // No daemon now: the CLI says so.
+    fails_with(&cli(&sb, &["rule", "ls"]), "no policer daemon is running");
+    // A new daemon adopts the program (no --rate: the rules come from the file).
+    let mut d2 = Daemon::attach(&sb, &["--interval", "0"]);
+    assert!(d2.stdout().contains("adopting the policer already running"), "{}", d2.stdout());
+    assert!(rules_json(&sb).contains("0.0.0.0/0"));
+    assert!(d2.stop_with(libc::SIGTERM));
+    assert!(sb.rx_xdp().is_none());
+}
+
+/// Restart and upgrade: a daemon that exits with --persist leaves the
+/// kernel policing; the next one replaces the program atomically and
+/// adopts the buckets, so a heavy hitter gets no fresh burst.
+#[test]
+fn restart_adopts_buckets_and_replaces_the_program() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("rst");
+    let mut d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "2000", "--interval", "0", "--persist"]);
+    let id1 = sb.rx_xdp().unwrap();
+    let flood = traffic::run_bg(&sb, &[heavy(10_000.0)], Duration::from_secs(6));
+    thread::sleep(Duration::from_millis(2000));
+    assert!(d.stop_with(libc::SIGTERM));
+    assert!(d.stdout().contains("stays attached"), "{}", d.stdout());
+    assert_eq!(sb.rx_xdp().as_deref(), Some(id1.as_str()), "--persist exit detached");
+    thread::sleep(Duration::from_millis(500));
+    let d2 = Daemon::attach(&sb, &["--interval", "0", "--persist"]);
+    let id2 = sb.rx_xdp().unwrap();
+    assert_ne!(id1, id2, "program not replaced");
+    assert!(d2.stdout().contains(&format!("replaced program {id1}")), "{}", d2.stdout());
+    let (sent, got) = flood.join().unwrap();
+    let expected = 1000.0 * sent.span_secs(0) + 2000.0;
+    let admitted = got.per_flow[0] as f64;
+    eprintln!("across a restart: admitted {admitted}, expected {expected:.1} (a fresh burst would add 2000)");
+    assert!((admitted - expected).abs() <= expected * 0.01, "admitted {admitted}, expected {expected:.1}");
+    // `policer detach` is the way to remove it: the daemon detaches and,
+    // with no interface left, exits.
+    let out = succeeds(&cli(&sb, &["detach", &sb.rx_if]));
+    assert!(out.contains("detached from"), "{out}");
+    thread::sleep(Duration::from_millis(300));
+    assert!(sb.rx_xdp().is_none());
+    drop(d2);
+}
+
+fn send_two(sb: &Sandbox) -> (u64, u64) {
+    let flows =
+        [Flow { src: ip("198.18.5.1"), pps: 100.0, len: 64 }, Flow { src: ip("198.18.6.1"), pps: 100.0, len: 64 }];
+    let (sent, got) = traffic::run(sb, &flows, Duration::from_millis(700));
+    assert_eq!(got.per_flow[1], sent.sent[1], "the other prefix lost frames");
+    (got.per_flow[0], sent.sent[0])
+}
+
+/// A hand-edited config is applied by `policer reload` and by SIGHUP, only
+/// when all of it is valid; a bad edit changes nothing.
+#[test]
+fn reload_applies_a_hand_edited_file() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("rld");
+    let d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let orig = std::fs::read_to_string(&sb.config).unwrap();
+    let deny = format!("{orig}\n[[rule]]\nprefix = \"198.18.5.0/24\"\naction = \"deny\"\n");
+    std::fs::write(&sb.config, &deny).unwrap();
+    assert!(succeeds(&cli(&sb, &["reload"])).contains("reloaded"));
+    assert!(rules_json(&sb).contains("198.18.5.0/24"));
+    let (got, sent) = send_two(&sb);
+    assert_eq!((got, sent > 0), (0, true), "deny rule not applied");
+
+    // A bad edit: refused, nothing changes, the file is left as written.
+    let before = rules_json(&sb);
+    for (bad, needle) in [
+        (
+            format!("{orig}\n[[rule]]\nprefix = \"198.18.7.0/24\"\nrate = \"1kpps\"\nburst = 5\ncolour = \"red\"\n"),
+            "unknown field",
+        ),
+        (format!("{orig}\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"5pps\"\n"), "appears twice"),
+        (format!("{orig}\n[[rule]]\nprefix = \"198.18.7.0/24\"\nrate = 500\n"), "invalid type"),
+        ("[daemon]\n".to_string(), "no rules"),
+    ] {
+        std::fs::write(&sb.config, &bad).unwrap();
+        fails_with(&cli(&sb, &["reload"]), needle);
+        assert_eq!(rules_json(&sb), before, "a refused reload changed the rules");
+        assert_eq!(std::fs::read_to_string(&sb.config).unwrap(), bad, "the daemon rewrote a hand-edited file");
+    }
+    let (got, _) = send_two(&sb);
+    assert_eq!(got, 0, "deny rule lost by a refused reload");
+
+    // SIGHUP applies the original file again: the deny rule is gone.
+    std::fs::write(&sb.config, &orig).unwrap();
+    // SAFETY: signalling our child.
+    unsafe { libc::kill(d.pid(), libc::SIGHUP) };
+    thread::sleep(Duration::from_millis(300));
+    assert!(!rules_json(&sb).contains("198.18.5.0/24"), "SIGHUP did not reload");
+    let (got, sent) = send_two(&sb);
+    assert_eq!(got, sent, "traffic still denied after SIGHUP reload");
+}
+
+/// Every bad input to the rule verbs: a clear message, a non-zero exit, no
+/// change to the running rules or the file.
+#[test]
+fn bad_rule_input_changes_nothing() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("brl");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8", "--rate", "5kpps", "--burst", "50"]));
+    let rules = rules_json(&sb);
+    let file = std::fs::read(&sb.config).unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["rule", "set", "10.0.0.0/33", "--rate", "1kpps"], "must be 0..=32"),
+        (&["rule", "set", "2001:db8::/129", "--rate", "1kpps"], "must be 0..=128"),
+        (&["rule", "set", "203.0.113.5/24", "--rate", "1kpps"], "host bits set"),
+        (&["rule", "set", "300.0.0.0/8", "--rate", "1kpps"], "not an IP address"),
+        (&["rule", "set", "garbage", "--rate", "1kpps"], "not an IP address"),
+        (&["rule", "set", "", "--rate", "1kpps"], "empty prefix"),
+        (&["rule", "set", "10.0.0.0/x", "--rate", "1kpps"], "prefix length"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "0pps"], "rate out of range"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "-1pps"], "non-negative number"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1e3pps"], "unknown unit"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "99999999999999999999999pps"], "too large"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "5furlongs"], "unknown unit"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "100"], "unknown unit"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "999bit"], "rate out of range"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "500gbit"], "rate out of range"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "101Mpps"], "rate out of range"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--burst", "0"], "burst out of range"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--burst", "1000000001"], "burst out of range"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--burst", "64kb"], "unknown unit"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "64kbit", "--burst", "10pkts"], "unknown unit"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--burst", "-3"], "non-negative number"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--key-len", "33"], "out of range 1..=32"),
+        (&["rule", "set", "2001:db8::/32", "--rate", "1kpps", "--key-len", "129"], "out of range 1..=128"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--key-len", "4"], "shorter than the prefix"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--key-len", "abc"], "not a number of bits"),
+        (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--action", "explode"], "invalid value 'explode'"),
+        (&["rule", "set", "10.0.0.0/8"], "needs a rate"),
+        (&["rule", "set", "10.0.0.0/8", "--action", "deny", "--burst", "5"], "a burst needs a rate"),
+        (&["rule", "rm", "10.9.0.0/16"], "no rule for 10.9.0.0/16"),
+        (&["rule", "rm", "10.0.0.1/8"], "host bits set"),
+        (&["rule", "frobnicate"], "unrecognized subcommand"),
+        (&["detach", "nosuch0"], "not policed by this daemon"),
+    ];
+    for (args, needle) in cases {
+        fails_with(&cli(&sb, args), needle);
+        assert_eq!(rules_json(&sb), rules, "{args:?} changed the rules");
+        assert_eq!(std::fs::read(&sb.config).unwrap(), file, "{args:?} changed the file");
+    }
+    // Not root: the socket is 0600.
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &sb.rx_ns, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(policer_bin())
+        .args(["rule", "set", "10.0.0.0/8", "--rate", "1pps"])
+        .output()
+        .unwrap();
+    fails_with(&out, "needs root");
+    assert_eq!(rules_json(&sb), rules);
+    // No daemon in another namespace: said clearly.
+    fails_with(&policer_in(&sb.tx_ns, &["rule", "ls"]), "no policer daemon is running");
+    fails_with(&policer_in(&sb.tx_ns, &["reload"]), "no policer daemon is running");
+    // And the good verbs work: byte mode, monitor/allow/deny, key length.
+    for args in [
+        &["rule", "set", "10.1.0.0/16", "--rate", "64kbit", "--burst", "1500b"][..],
+        &["rule", "set", "10.2.0.0/16", "--rate", "1kpps", "--action", "monitor"],
+        &["rule", "set", "10.3.0.0/16", "--action", "allow"],
+        &["rule", "set", "2001:db8::/32", "--rate", "1kpps", "--key-len", "48"],
+        &["rule", "rm", "10.3.0.0/16"],
+    ] {
+        succeeds(&cli(&sb, args));
+    }
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(text.contains("64kbit") && text.contains("monitor") && !text.contains("10.3.0.0/16"), "{text}");
+}
