@@ -99,6 +99,11 @@ pub struct Rule {
     /// Identifies this version of the rule in buckets: user space gives
     /// every change a new id.
     pub rule_id: u32,
+    /// Slot of this rule's counters in `RULE_COUNTERS` (kept across
+    /// changes to the same prefix).
+    pub counter_slot: u32,
+    /// Reserved, zero (keeps the value free of implicit padding).
+    pub _reserved: u32,
 }
 
 /// Why a rate or burst cannot make a rule.
@@ -192,6 +197,8 @@ impl Rule {
             action: Action::Police as u32,
             key_len: 128,
             rule_id: 0,
+            counter_slot: 0,
+            _reserved: 0,
         }
     }
 
@@ -213,6 +220,11 @@ impl Rule {
 
     pub const fn with_id(mut self, rule_id: u32) -> Rule {
         self.rule_id = rule_id;
+        self
+    }
+
+    pub const fn with_counter_slot(mut self, slot: u32) -> Rule {
+        self.counter_slot = slot;
         self
     }
 
@@ -311,7 +323,7 @@ impl Rule {
     /// The bucket this rule leaves after admitting to `tat`.
     #[inline(always)]
     pub fn bucket(&self, tat: u64) -> Bucket {
-        Bucket { tat, limit: self.limit, shift: self.shift, rule_id: self.rule_id }
+        Bucket { tat, limit: self.limit, shift: self.shift, rule_id: self.rule_id, drops: 0 }
     }
 }
 
@@ -353,6 +365,9 @@ pub struct Bucket {
     /// The rule (version) that last charged this bucket; every rule change
     /// gets a new id, and a mismatch triggers the rescale.
     pub rule_id: u32,
+    /// Frames this source had dropped (or would have, under monitor) since
+    /// its bucket was created; what `policer top` ranks by.
+    pub drops: u64,
 }
 
 /// The verdict of the whole program for one frame, as user space reports it.

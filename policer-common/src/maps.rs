@@ -11,14 +11,28 @@ pub const MAP_RULES_V4: &str = "RULES_V4";
 pub const MAP_RULES_V6: &str = "RULES_V6";
 /// LRU hash: [`BucketKey`] -> [`Bucket`].
 pub const MAP_BUCKETS: &str = "BUCKETS";
-/// Per-CPU array of [`Counters`], one slot.
+/// Per-CPU array of [`Counters`], one slot per interface
+/// (`ifindex % MAX_IFACE_SLOTS`).
 pub const MAP_COUNTERS: &str = "COUNTERS";
+/// Per-CPU array of [`RuleCounters`], one slot per rule (`Rule::counter_slot`).
+pub const MAP_RULE_COUNTERS: &str = "RULE_COUNTERS";
+/// Per-CPU array of one `u64`: sequence for the bench-only key variation.
+pub const MAP_BENCH_SEQ: &str = "BENCH_SEQ";
 /// Array of one `u64`: the clock in ns when the test clock is on.
 pub const MAP_CLOCK: &str = "CLOCK";
 /// Read-only global (`u32`): non-zero makes the program read its clock
 /// from [`MAP_CLOCK`] instead of `bpf_ktime_get_ns`. Set at load time, so
 /// the verifier removes the branch in production.
 pub const GLOBAL_TEST_CLOCK: &str = "TEST_CLOCK";
+/// Read-only global (`u32`): non-zero makes the program ignore the real
+/// source and police synthetic sources 0..N in turn (benchmarks only, to
+/// touch N buckets with one test frame). Zero in production: the verifier
+/// removes the branch.
+pub const GLOBAL_BENCH_SOURCES: &str = "BENCH_SOURCES";
+/// Slots in [`MAP_COUNTERS`]: interfaces are counted at `ifindex % 1024`.
+pub const MAX_IFACE_SLOTS: u32 = 1024;
+/// Slots in [`MAP_RULE_COUNTERS`]; rules past this share slot 0.
+pub const MAX_RULE_SLOTS: u32 = 4096;
 /// The XDP program's name in the object.
 pub const PROGRAM_NAME: &str = "policer";
 
@@ -63,6 +77,8 @@ pub struct Counters {
     pub non_ip_pkts: u64,
     /// Frames claiming IP too short to carry a source address (dropped).
     pub malformed_pkts: u64,
+    /// IP fragments (policed like any frame of their source).
+    pub fragment_pkts: u64,
     /// Buckets created.
     pub buckets_created: u64,
     /// Bucket inserts the kernel refused (the frame is still judged).
@@ -83,9 +99,35 @@ impl Counters {
         self.unmatched_pkts += o.unmatched_pkts;
         self.non_ip_pkts += o.non_ip_pkts;
         self.malformed_pkts += o.malformed_pkts;
+        self.fragment_pkts += o.fragment_pkts;
         self.buckets_created += o.buckets_created;
         self.bucket_insert_failed += o.bucket_insert_failed;
         self.cas_retries += o.cas_retries;
+    }
+}
+
+/// Per-rule counters, one set per CPU; user space sums them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RuleCounters {
+    pub passed_pkts: u64,
+    pub passed_bytes: u64,
+    pub dropped_pkts: u64,
+    pub dropped_bytes: u64,
+    pub would_drop_pkts: u64,
+    pub would_drop_bytes: u64,
+    pub buckets_created: u64,
+}
+
+impl RuleCounters {
+    pub fn add(&mut self, o: &RuleCounters) {
+        self.passed_pkts += o.passed_pkts;
+        self.passed_bytes += o.passed_bytes;
+        self.dropped_pkts += o.dropped_pkts;
+        self.dropped_bytes += o.dropped_bytes;
+        self.would_drop_pkts += o.would_drop_pkts;
+        self.would_drop_bytes += o.would_drop_bytes;
+        self.buckets_created += o.buckets_created;
     }
 }
 
@@ -112,6 +154,7 @@ mod pod {
     // (fields are ordered largest first), so every bit pattern is valid.
     unsafe impl aya::Pod for super::BucketKey {}
     unsafe impl aya::Pod for super::Counters {}
+    unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for crate::bucket::Bucket {}
     unsafe impl aya::Pod for crate::bucket::Rule {}
 }
@@ -119,7 +162,8 @@ mod pod {
 const _: () = {
     // No implicit padding: the sizes are the sums of the fields.
     assert!(core::mem::size_of::<BucketKey>() == 24);
-    assert!(core::mem::size_of::<Bucket>() == 24);
-    assert!(core::mem::size_of::<crate::bucket::Rule>() == 56);
-    assert!(core::mem::size_of::<Counters>() == 12 * 8);
+    assert!(core::mem::size_of::<Bucket>() == 32);
+    assert!(core::mem::size_of::<crate::bucket::Rule>() == 64);
+    assert!(core::mem::size_of::<Counters>() == 13 * 8);
+    assert!(core::mem::size_of::<RuleCounters>() == 7 * 8);
 };

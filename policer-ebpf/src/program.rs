@@ -4,7 +4,7 @@
 //! `Rule::admit` under compare-and-swap -> count.
 
 use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg},
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd},
     mem,
 };
 
@@ -20,7 +20,8 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use policer_common::{
-    Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_RULES, Rule,
+    Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES,
+    Rule, RuleCounters,
     bucket::Action,
     wire::{ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, MAX_VLAN_TAGS, VLAN_HLEN},
 };
@@ -33,7 +34,11 @@ static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(MAX_RULES, 
 #[map]
 static BUCKETS: LruHashMap<BucketKey, Bucket> = LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
 #[map]
-static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
+static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_IFACE_SLOTS, 0);
+#[map]
+static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULE_SLOTS, 0);
+#[map]
+static BENCH_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static CLOCK: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -42,6 +47,12 @@ static CLOCK: Array<u64> = Array::with_max_entries(1, 0);
 /// verifier prunes the branch that is not taken.
 #[unsafe(no_mangle)]
 static TEST_CLOCK: u32 = 0;
+
+/// Set by the benchmark loader only: non-zero replaces the source with
+/// synthetic IPv4 sources 0..BENCH_SOURCES in turn, so one test frame
+/// touches many buckets. Zero (pruned by the verifier) in production.
+#[unsafe(no_mangle)]
+static BENCH_SOURCES: u32 = 0;
 
 /// Compare-and-swap rounds before giving up. Each lost round means another
 /// CPU admitted a packet from this bucket meanwhile; four in a row is rare.
@@ -76,7 +87,7 @@ fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*const T> {
 enum Parsed {
     NonIp,
     Malformed,
-    Ip { family: u32, addr: [u8; 16] },
+    Ip { family: u32, addr: [u8; 16], fragment: bool },
 }
 
 #[inline(always)]
@@ -111,7 +122,9 @@ fn parse(ctx: &XdpContext) -> Parsed {
             }
             let mut addr = [0u8; 16];
             addr[..4].copy_from_slice(&ip.src_addr);
-            Parsed::Ip { family: FAMILY_V4, addr }
+            // More-fragments flag or a fragment offset.
+            let fragment = u16::from_be_bytes(ip.frags) & 0x3fff != 0;
+            Parsed::Ip { family: FAMILY_V4, addr, fragment }
         }
         ETH_P_IPV6 => {
             let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, off) else {
@@ -122,7 +135,8 @@ fn parse(ctx: &XdpContext) -> Parsed {
             if ip.vcf[0] >> 4 != 6 {
                 return Parsed::Malformed;
             }
-            Parsed::Ip { family: FAMILY_V6, addr: ip.src_addr }
+            // A fragment header right after the fixed header.
+            Parsed::Ip { family: FAMILY_V6, addr: ip.src_addr, fragment: ip.next_hdr == 44 }
         }
         _ => Parsed::NonIp,
     }
@@ -138,31 +152,38 @@ fn lookup_rule(family: u32, addr: &[u8; 16]) -> Option<&'static Rule> {
     }
 }
 
-/// Judges the frame against the source's bucket. Returns true to admit.
+/// What `police` decided, and the bucket it used (to count a drop on).
+struct Judged {
+    admit: bool,
+    bucket: Option<*mut Bucket>,
+}
+
+/// Judges the frame against the source's bucket.
 #[inline(always)]
-fn police(key: &BucketKey, rule: &Rule, now: u64, len: u32, c: &mut Counters) -> bool {
+fn police(key: &BucketKey, rule: &Rule, now: u64, len: u32, c: &mut Counters, rc: &mut RuleCounters) -> Judged {
     let Some(bucket) = BUCKETS.get_ptr_mut(key) else {
         // First frame from this source: a new bucket at zero debt.
         let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
-            return false;
+            return Judged { admit: false, bucket: None };
         };
         let new = rule.bucket(tat);
         match BUCKETS.insert(key, &new, BPF_NOEXIST as u64) {
             Ok(()) => {
                 c.buckets_created += 1;
-                return true;
+                rc.buckets_created += 1;
+                return Judged { admit: true, bucket: None };
             }
             // Another CPU created it meanwhile: judge against that one.
             Err(_) => match BUCKETS.get_ptr_mut(key) {
-                Some(b) => return cas_admit(b, rule, now, len, c),
+                Some(b) => return Judged { admit: cas_admit(b, rule, now, len, c), bucket: Some(b) },
                 None => {
                     c.bucket_insert_failed += 1;
-                    return true;
+                    return Judged { admit: true, bucket: None };
                 }
             },
         }
     };
-    cas_admit(bucket, rule, now, len, c)
+    Judged { admit: cas_admit(bucket, rule, now, len, c), bucket: Some(bucket) }
 }
 
 #[inline(always)]
@@ -207,15 +228,36 @@ fn cas_admit(bucket: *mut Bucket, rule: &Rule, now: u64, len: u32, c: &mut Count
     false
 }
 
+/// Synthetic IPv4 source for the benchmark variant.
+#[inline(always)]
+fn bench_source(n: u32) -> [u8; 16] {
+    let mut addr = [0u8; 16];
+    if let Some(seq) = BENCH_SEQ.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        let i = unsafe {
+            let v = *seq;
+            *seq = v + 1;
+            (v % n as u64) as u32
+        };
+        addr[0] = 10;
+        addr[1] = (i >> 16) as u8;
+        addr[2] = (i >> 8) as u8;
+        addr[3] = i as u8;
+    }
+    addr
+}
+
 #[inline(always)]
 fn try_policer(ctx: &XdpContext) -> u32 {
-    let Some(c) = COUNTERS.get_ptr_mut(0) else {
+    // SAFETY: reading the ingress ifindex from the context.
+    let slot = unsafe { (*ctx.ctx).ingress_ifindex } % MAX_IFACE_SLOTS;
+    let Some(c) = COUNTERS.get_ptr_mut(slot) else {
         return xdp_action::XDP_PASS;
     };
     // SAFETY: per-CPU slot, only this CPU writes it while we run.
     let c = unsafe { &mut *c };
     let len = (ctx.data_end() - ctx.data()) as u32;
-    let (family, addr) = match parse(ctx) {
+    let (family, mut addr) = match parse(ctx) {
         Parsed::NonIp => {
             c.non_ip_pkts += 1;
             return xdp_action::XDP_PASS;
@@ -224,12 +266,27 @@ fn try_policer(ctx: &XdpContext) -> u32 {
             c.malformed_pkts += 1;
             return xdp_action::XDP_DROP;
         }
-        Parsed::Ip { family, addr } => (family, addr),
+        Parsed::Ip { family, addr, fragment } => {
+            if fragment {
+                c.fragment_pkts += 1;
+            }
+            (family, addr)
+        }
     };
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    let bench = unsafe { core::ptr::read_volatile(&BENCH_SOURCES) };
+    if bench != 0 && family == FAMILY_V4 {
+        addr = bench_source(bench);
+    }
     let Some(rule) = lookup_rule(family, &addr) else {
         c.unmatched_pkts += 1;
         return xdp_action::XDP_PASS;
     };
+    let Some(rc) = RULE_COUNTERS.get_ptr_mut(rule.counter_slot % MAX_RULE_SLOTS) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while we run.
+    let rc = unsafe { &mut *rc };
     let admitted = match Action::from_u32(rule.action) {
         Some(Action::Allow) => true,
         Some(Action::Deny) => false,
@@ -239,23 +296,38 @@ fn try_policer(ctx: &XdpContext) -> u32 {
                 key.addr[i] = addr[i] & rule.key_mask[i];
             }
             let now = now_ns();
-            let ok = police(&key, rule, now, len, c);
-            if !ok && rule.action == Action::Monitor as u32 {
+            let j = police(&key, rule, now, len, c, rc);
+            if !j.admit
+                && let Some(b) = j.bucket
+            {
+                // SAFETY: live map value; an atomic add because other CPUs
+                // may count drops on the same source.
+                unsafe {
+                    atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).drops, 1);
+                }
+            }
+            if !j.admit && rule.action == Action::Monitor as u32 {
                 c.would_drop_pkts += 1;
                 c.would_drop_bytes += len as u64;
+                rc.would_drop_pkts += 1;
+                rc.would_drop_bytes += len as u64;
                 true
             } else {
-                ok
+                j.admit
             }
         }
     };
     if admitted {
         c.passed_pkts += 1;
         c.passed_bytes += len as u64;
+        rc.passed_pkts += 1;
+        rc.passed_bytes += len as u64;
         xdp_action::XDP_PASS
     } else {
         c.dropped_pkts += 1;
         c.dropped_bytes += len as u64;
+        rc.dropped_pkts += 1;
+        rc.dropped_bytes += len as u64;
         xdp_action::XDP_DROP
     }
 }

@@ -278,7 +278,7 @@ impl Daemon {
         let mut out = std::io::stdout().lock();
 
         // Load, reusing an adopted program's maps.
-        let mut opts = LoadOptions { max_sources, test_clock: false, reuse: vec![] };
+        let mut opts = LoadOptions { max_sources, ..Default::default() };
         let mut _bpffs = None;
         let mut old_fds: BTreeMap<u32, ProgramFd> = BTreeMap::new();
         if let Some(id) = adopt_from {

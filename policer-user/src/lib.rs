@@ -2,6 +2,7 @@
 //! are thin wrappers.
 
 pub mod attach;
+pub mod batch;
 pub mod config;
 pub mod control;
 pub mod daemon;

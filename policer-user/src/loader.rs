@@ -14,8 +14,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
-    PROGRAM_NAME, Rule,
+    Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS,
+    MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, PROGRAM_NAME, Rule, RuleCounters,
 };
 
 use crate::error::{Error, Result};
@@ -60,6 +60,9 @@ pub struct LoadOptions {
     pub max_sources: u32,
     /// Read the clock from the CLOCK map (tests only).
     pub test_clock: bool,
+    /// Police synthetic sources 0..N instead of the real one (benchmarks
+    /// only; 0 = off).
+    pub bench_sources: u32,
     /// Existing maps to reuse, by name: bpffs paths where they are pinned
     /// (adopting a running policer's rules, buckets and counters).
     pub reuse: Vec<(&'static str, PathBuf)>,
@@ -67,7 +70,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { max_sources: DEFAULT_MAX_SOURCES, test_clock: false, reuse: vec![] }
+        LoadOptions { max_sources: DEFAULT_MAX_SOURCES, test_clock: false, bench_sources: 0, reuse: vec![] }
     }
 }
 
@@ -150,17 +153,95 @@ impl Policer {
         }
     }
 
-    /// Counters summed over CPUs.
+    fn map_fd(&self, name: &'static str) -> Result<RawFd> {
+        let m = self.ebpf.map(name).ok_or(Error::Missing(name))?;
+        let data: &MapData = match m {
+            aya::maps::Map::PerCpuArray(d)
+            | aya::maps::Map::LruHashMap(d)
+            | aya::maps::Map::Array(d)
+            | aya::maps::Map::LpmTrie(d) => d,
+            _ => return Err(Error::Missing(name)),
+        };
+        Ok(data.fd().as_fd().as_raw_fd())
+    }
+
+    /// Sums a per-CPU array's slots over CPUs, slot by slot.
+    fn per_cpu_slots<T: aya::Pod + Default>(
+        &self,
+        name: &'static str,
+        add: impl Fn(&mut T, &T),
+    ) -> Result<Vec<(u32, T)>> {
+        let fd = self.map_fd(name)?;
+        let cpus = crate::batch::possible_cpus()?;
+        let stride = size_of::<T>().next_multiple_of(8);
+        let mut out = Vec::new();
+        crate::batch::for_each(fd, 4, stride * cpus, |k, v| {
+            let slot = u32::from_ne_bytes([k[0], k[1], k[2], k[3]]);
+            let mut sum = T::default();
+            for cpu in 0..cpus {
+                // SAFETY: the kernel wrote a T at each stride; T is Pod.
+                let one: T = unsafe { std::ptr::read_unaligned(v[cpu * stride..].as_ptr() as *const T) };
+                add(&mut sum, &one);
+            }
+            out.push((slot, sum));
+        })
+        .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+        Ok(out)
+    }
+
+    /// Counters of every interface slot (summed over CPUs).
+    pub fn iface_counters(&self) -> Result<Vec<(u32, Counters)>> {
+        self.per_cpu_slots(MAP_COUNTERS, Counters::add)
+    }
+
+    /// Counters summed over CPUs and interfaces.
     pub fn counters(&self) -> Result<Counters> {
-        let m: PerCpuArray<&MapData, Counters> =
-            PerCpuArray::try_from(self.ebpf.map(MAP_COUNTERS).ok_or(Error::Missing(MAP_COUNTERS))?)
-                .map_err(Error::map(MAP_COUNTERS))?;
-        let per_cpu = m.get(&0, 0).map_err(Error::map(MAP_COUNTERS))?;
         let mut total = Counters::default();
-        for c in per_cpu.iter() {
-            total.add(c);
+        for (_, c) in self.iface_counters()? {
+            total.add(&c);
         }
         Ok(total)
+    }
+
+    /// Counters of every rule slot (summed over CPUs).
+    pub fn rule_counters(&self) -> Result<Vec<(u32, RuleCounters)>> {
+        self.per_cpu_slots(MAP_RULE_COUNTERS, RuleCounters::add)
+    }
+
+    /// Zeroes a rule slot before it is given to a new prefix.
+    pub fn reset_rule_counters(&mut self, slot: u32) -> Result<()> {
+        let cpus = crate::batch::possible_cpus()?;
+        let mut m: PerCpuArray<&mut MapData, RuleCounters> =
+            PerCpuArray::try_from(self.ebpf.map_mut(MAP_RULE_COUNTERS).ok_or(Error::Missing(MAP_RULE_COUNTERS))?)
+                .map_err(Error::map(MAP_RULE_COUNTERS))?;
+        let zeros = aya::maps::PerCpuValues::try_from(vec![RuleCounters::default(); cpus])
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        m.set(slot, zeros, 0).map_err(Error::map(MAP_RULE_COUNTERS))
+    }
+
+    /// Calls `f` for every live bucket.
+    pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
+        let fd = self.map_fd(MAP_BUCKETS)?;
+        crate::batch::for_each(fd, size_of::<BucketKey>(), size_of::<Bucket>(), |k, v| {
+            // SAFETY: the kernel wrote a key and a value of these Pod types.
+            let (k, v) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr() as *const BucketKey),
+                    std::ptr::read_unaligned(v.as_ptr() as *const Bucket),
+                )
+            };
+            f(&k, &v);
+        })
+        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS}: {e}")))
+    }
+
+    /// Capacity of the bucket table.
+    pub fn max_sources(&self) -> Result<u32> {
+        let m = self.ebpf.map(MAP_BUCKETS).ok_or(Error::Missing(MAP_BUCKETS))?;
+        match m {
+            aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS)),
+            _ => Err(Error::Missing(MAP_BUCKETS)),
+        }
     }
 
     /// Sets the test clock (only read when loaded with `test_clock`).

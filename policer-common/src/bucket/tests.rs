@@ -244,7 +244,7 @@ proptest! {
         for r in [rule, Rule { pkt_cost: raw.0, byte_cost: raw.1, limit: raw.2, shift: raw.3, ..rule }] {
             let _ = r.admit(tat, now, len);
             let _ = r.debt_ns(tat, now);
-            let _ = r.rescale(&Bucket { tat, limit: raw.2, shift: raw.3, rule_id: 0 }, now);
+            let _ = r.rescale(&Bucket { tat, limit: raw.2, shift: raw.3, rule_id: 0, drops: 0 }, now);
             let _ = r.cost(len);
         }
     }

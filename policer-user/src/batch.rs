@@ -1,0 +1,67 @@
+//! BPF_MAP_LOOKUP_BATCH: read a whole map in a few system calls (aya 0.16
+//! has no wrapper). Reading a million buckets one key at a time takes two
+//! syscalls per entry; a batch of 8192 takes one.
+
+use std::{io, os::fd::RawFd};
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// `bpf_attr.batch`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Calls `f(key, value)` for every entry of the map behind `fd`.
+/// `value_size` is the size the kernel copies per entry (for per-CPU maps:
+/// the value rounded up to 8 bytes, times the possible CPUs).
+pub fn for_each(fd: RawFd, key_size: usize, value_size: usize, mut f: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
+    const CHUNK: usize = 8192;
+    let mut keys = vec![0u8; key_size * CHUNK];
+    let mut values = vec![0u8; value_size * CHUNK];
+    // The batch token is opaque; 8 bytes covers every map type's.
+    let mut token_in = [0u8; 8];
+    let mut token_out = [0u8; 8];
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { token_in.as_mut_ptr() as u64 },
+            out_batch: token_out.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd as u32,
+            ..Default::default()
+        };
+        // SAFETY: attr points to buffers large enough for `count` entries.
+        let r = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
+        };
+        let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
+        let n = attr.count as usize;
+        for i in 0..n {
+            f(&keys[i * key_size..(i + 1) * key_size], &values[i * value_size..(i + 1) * value_size]);
+        }
+        match err {
+            None => {}
+            // ENOENT: that was the last chunk.
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Some(e) => return Err(e),
+        }
+        token_in = token_out;
+        first = false;
+    }
+}
+
+/// Possible CPUs, as per-CPU map values are laid out.
+pub fn possible_cpus() -> io::Result<usize> {
+    aya::util::nr_cpus().map(|n| n.get() as usize).map_err(|(_, e)| e)
+}
