@@ -23,6 +23,10 @@ use crate::error::{Error, Result};
 /// The XDP object, built by build.rs with the pinned toolchain.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/policer"));
 
+/// Reference programs for the benchmark (xdp_pass, xdp_drop, parse + one
+/// lookup), built from policer-ebpf/src/reference.rs.
+pub static REFERENCE_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reference"));
+
 /// How to attach: `auto` tries native (driver) XDP first, then generic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {

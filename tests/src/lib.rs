@@ -4,6 +4,7 @@
 //! Everything here stays inside namespaces the caller creates; frames only
 //! ever cross the veth pair between them.
 
+pub mod bench;
 pub mod daemon;
 pub mod foreign;
 pub mod frame;

@@ -49,6 +49,13 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         seconds: u32,
     },
+    /// Measure against nftables, iptables hashlimit and XDP floors; writes
+    /// BENCHMARKS.md, bench/results.json and bench/*.png.
+    Bench {
+        /// Smoke run (about 3 minutes) instead of the full one.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Build in release mode and install `policer` (default /usr/local/bin).
     Install {
         #[arg(long, default_value = "/usr/local")]
@@ -111,6 +118,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Test { host_only } => test(host_only),
         Cmd::Demo { seconds } => demo(seconds),
+        Cmd::Bench { quick } => bench(quick),
         Cmd::Install { root } => {
             setup()?;
             sh(cargo().args(["install", "--locked", "--path", "policer-user", "--root"]).arg(&root))?;
@@ -220,6 +228,40 @@ fn test(host_only: bool) -> Result<()> {
     }
     say("all tiers passed");
     Ok(())
+}
+
+/// Peers the benchmark runs side by side with policer.
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables"];
+
+fn bench(quick: bool) -> Result<()> {
+    setup()?;
+    if !is_root() {
+        bail!("the benchmark attaches XDP, nftables and iptables rules in namespaces: run it as root");
+    }
+    let missing: Vec<&str> = BENCH_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !output("dpkg-query", &["-W", "-f=${Status}", p]).is_some_and(|s| s.contains("install ok installed"))
+        })
+        .collect();
+    if !missing.is_empty() {
+        say(&format!("installing the benchmark's peers: {}", missing.join(" ")));
+        sh(Command::new("apt-get").args(["update", "-q"]))?;
+        sh(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-tests", "--bins"]))?;
+    let root = workspace();
+    let mut c = Command::new(root.join("target/release/policer-bench"));
+    c.args(["--report", "BENCHMARKS.md", "--results", "bench/results.json", "--plots", "bench"])
+        .env("POLICER_BIN", root.join("target/release/policer"));
+    if quick {
+        c.arg("--quick");
+    }
+    sh(&mut c)
 }
 
 fn demo(seconds: u32) -> Result<()> {
