@@ -370,6 +370,32 @@ pub struct Bucket {
     pub drops: u64,
 }
 
+impl Bucket {
+    /// Debt at `now_ns` in this bucket's own units (what `limit` is in).
+    pub fn debt(&self, now_ns: u64) -> u64 {
+        let shift = min(self.shift as u64, MAX_SHIFT as u64) as u32;
+        Rule::debt(self.tat, now_ns.wrapping_shl(shift))
+    }
+
+    /// Debt at `now_ns` as ns of drain time.
+    pub fn debt_ns(&self, now_ns: u64) -> u64 {
+        self.debt(now_ns) >> min(self.shift as u64, MAX_SHIFT as u64)
+    }
+
+    /// Debt as a fraction of the bucket size, in 1/65536 (65536 = full).
+    pub fn fill_q16(&self, now_ns: u64) -> u64 {
+        let limit = min(self.limit, MAX_LIMIT);
+        let debt = min(self.debt(now_ns), limit);
+        if limit == 0 {
+            0
+        } else if debt <= u64::MAX >> 16 {
+            (debt << 16) / limit
+        } else {
+            debt / (limit >> 16).max(1)
+        }
+    }
+}
+
 /// The verdict of the whole program for one frame, as user space reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {

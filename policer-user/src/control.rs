@@ -42,6 +42,124 @@ pub enum Request {
     Detach { iface: String },
     Reload,
     Status,
+    Stats,
+    Top { n: usize },
+}
+
+/// Packet counters as `stats --json` shows them (stable field names).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountersView {
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+    pub would_drop_packets: u64,
+    pub would_drop_bytes: u64,
+    pub buckets_created: u64,
+}
+
+/// Per-interface view: verdicts plus parse outcomes and table events.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct IfaceStats {
+    pub name: String,
+    pub ifindex: u32,
+    #[serde(flatten)]
+    pub counters: CountersView,
+    pub unmatched_packets: u64,
+    pub non_ip_packets: u64,
+    pub malformed_packets: u64,
+    pub fragment_packets: u64,
+    pub bucket_insert_failures: u64,
+    pub cas_retries: u64,
+    /// Per-second rates since the previous sample (`--watch` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rates: Option<RateView>,
+}
+
+/// Per-second rates between two samples.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RateView {
+    pub passed_pps: f64,
+    pub dropped_pps: f64,
+    pub would_drop_pps: f64,
+    pub passed_bps: f64,
+    pub dropped_bps: f64,
+}
+
+impl RateView {
+    /// Rates from `prev` to `now` over `secs`.
+    pub fn between(now: &CountersView, prev: &CountersView, secs: f64) -> RateView {
+        let r = |a: u64, b: u64| if secs > 0.0 { a.saturating_sub(b) as f64 / secs } else { 0.0 };
+        RateView {
+            passed_pps: r(now.passed_packets, prev.passed_packets),
+            dropped_pps: r(now.dropped_packets, prev.dropped_packets),
+            would_drop_pps: r(now.would_drop_packets, prev.would_drop_packets),
+            passed_bps: 8.0 * r(now.passed_bytes, prev.passed_bytes),
+            dropped_bps: 8.0 * r(now.dropped_bytes, prev.dropped_bytes),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RuleStats {
+    pub prefix: String,
+    pub action: String,
+    #[serde(flatten)]
+    pub counters: CountersView,
+    /// Per-second rates since the previous sample (`--watch` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rates: Option<RateView>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableStats {
+    /// Capacity of the bucket table (--max-sources).
+    pub capacity: u64,
+    /// Buckets created since the table was created.
+    pub created: u64,
+    /// Buckets live now (only counted by `top` and /metrics, which read
+    /// the table; null in `stats`).
+    #[serde(default)]
+    pub live: Option<u64>,
+    /// Inserts the kernel refused.
+    pub insert_failures: u64,
+}
+
+/// `policer stats --json`: one sample.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatsView {
+    /// CLOCK_MONOTONIC at the sample, ns (the kernel's bpf_ktime_get_ns).
+    pub time_ns: u64,
+    pub totals: IfaceStats,
+    pub interfaces: Vec<IfaceStats>,
+    pub rules: Vec<RuleStats>,
+    pub table: TableStats,
+}
+
+/// One source in `policer top`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TopEntry {
+    /// The bucket's key: an address, or a prefix when --key-len groups sources.
+    pub source: String,
+    /// The rule that charges it.
+    pub rule: String,
+    /// Debt now, in ns of drain time.
+    pub debt_ns: u64,
+    /// Debt as a fraction of the bucket size (1.0 = full: dropping).
+    pub fill: f64,
+    /// Frames dropped (or would-drop) since the bucket was created.
+    pub drops: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TopView {
+    pub time_ns: u64,
+    /// Live buckets read.
+    pub live: u64,
+    /// Milliseconds the table read took.
+    pub read_ms: f64,
+    pub by_debt: Vec<TopEntry>,
+    pub by_drops: Vec<TopEntry>,
 }
 
 /// A rule with every default filled in, as `rule ls` shows it.
@@ -77,6 +195,10 @@ pub struct Response {
     pub rules: Vec<RuleView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<StatusView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<StatsView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top: Option<TopView>,
 }
 
 impl Response {
@@ -97,12 +219,12 @@ pub fn call(req: &Request) -> Result<Response> {
         Some(libc::EACCES) | Some(libc::EPERM) => Error::NotRoot("talking to the policer daemon"),
         _ => Error::Io(e),
     })?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut w = &stream;
     let mut line = serde_json::to_string(req).map_err(|e| Error::Invalid(e.to_string()))?;
     line.push('\n');
     w.write_all(line.as_bytes())?;
     let mut resp = String::new();
-    BufReader::new(&stream).read_line(&mut resp)?;
+    BufReader::with_capacity(1 << 20, &stream).read_line(&mut resp)?;
     serde_json::from_str(&resp).map_err(|e| Error::Invalid(format!("bad reply from the daemon: {e}")))
 }

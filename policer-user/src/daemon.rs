@@ -32,15 +32,18 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    DEFAULT_MAX_SOURCES, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, PROGRAM_NAME, Rule,
-    rate::Rate,
+    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULE_COUNTERS,
+    MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     attach::format_line,
     config::Config,
-    control::{self, Request, Response, RuleView, StatusView},
+    control::{
+        self, CountersView, IfaceStats, Request, Response, RuleStats, RuleView, StatsView, StatusView, TableStats,
+        TopEntry, TopView,
+    },
     error::{Error, Result},
     loader::{LoadOptions, Mode, Policer, if_index, is_root},
     netlink::{self, XDP_FLAGS_UPDATE_IF_NOEXIST},
@@ -48,7 +51,7 @@ use crate::{
 };
 
 /// Maps a new program takes over from an adopted one.
-const SHARED_MAPS: [&str; 5] = [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS, MAP_COUNTERS, MAP_CLOCK];
+const SHARED_MAPS: [&str; 6] = [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS, MAP_COUNTERS, MAP_RULE_COUNTERS, MAP_CLOCK];
 
 #[derive(Clone, Debug)]
 pub struct DaemonArgs {
@@ -62,6 +65,45 @@ pub struct DaemonArgs {
     pub interval: f64,
     pub config: PathBuf,
     pub persist: bool,
+    /// Serve Prometheus /metrics here (`9100` = 127.0.0.1:9100).
+    pub metrics: Option<String>,
+}
+
+/// A rule as installed in the kernel.
+#[derive(Clone, Debug)]
+struct Installed {
+    spec: RuleSpec,
+    /// Changes with every change of the rule (buckets rescale on it).
+    id: u32,
+    /// Counter slot; kept while the prefix has a rule.
+    slot: u32,
+}
+
+/// Allocates rule counter slots; slot 0 is shared by rules past the last.
+#[derive(Default)]
+struct Slots {
+    used: std::collections::BTreeSet<u32>,
+}
+
+impl Slots {
+    fn take(&mut self) -> u32 {
+        let mut s = 1;
+        for &u in self.used.range(1..) {
+            if u != s {
+                break;
+            }
+            s += 1;
+        }
+        if s >= MAX_RULE_SLOTS {
+            return 0;
+        }
+        self.used.insert(s);
+        s
+    }
+
+    fn free(&mut self, s: u32) {
+        self.used.remove(&s);
+    }
 }
 
 struct Iface {
@@ -73,8 +115,9 @@ struct Iface {
 pub struct Daemon {
     policer: Policer,
     ifaces: Vec<Iface>,
-    /// The rules in force, with the id each has in the kernel.
-    rules: BTreeMap<IpNet, (RuleSpec, u32)>,
+    /// The rules in force, with their kernel id and counter slot.
+    rules: BTreeMap<IpNet, Installed>,
+    slots: Slots,
     cfg: Config,
     config_path: PathBuf,
     next_id: u32,
@@ -82,6 +125,7 @@ pub struct Daemon {
     interval: f64,
     socket: PathBuf,
     listener: Option<UnixListener>,
+    metrics: Option<std::net::TcpListener>,
     _lock: File,
 }
 
@@ -220,7 +264,7 @@ fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<RuleSpec>> {
 }
 
 fn same_params(a: &Rule, b: &Rule) -> bool {
-    Rule { rule_id: 0, ..*a } == Rule { rule_id: 0, ..*b }
+    Rule { rule_id: 0, counter_slot: 0, ..*a } == Rule { rule_id: 0, counter_slot: 0, ..*b }
 }
 
 impl Daemon {
@@ -261,10 +305,19 @@ impl Daemon {
         if !(args.interval == 0.0 || (0.05..=3600.0).contains(&args.interval)) {
             return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
         }
+        let metrics_addr = args.metrics.as_deref().map(crate::metrics::parse_addr).transpose()?;
         if !is_root() {
             return Err(Error::NotRoot("attaching XDP"));
         }
         let lock = lock()?;
+        // Bind before attaching: a taken port must fail with nothing changed.
+        let metrics = match metrics_addr {
+            Some(a) => Some(
+                std::net::TcpListener::bind(a)
+                    .map_err(|e| Error::Invalid(format!("--metrics {a}: cannot listen: {e}")))?,
+            ),
+            None => None,
+        };
 
         // What is on the interfaces now.
         let mut existing = Vec::new();
@@ -325,19 +378,37 @@ impl Daemon {
         // the buckets' state) of every rule that did not change.
         let kernel: BTreeMap<IpNet, Rule> = policer.kernel_rules()?.into_iter().collect();
         let mut next_id = kernel.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
+        let mut slots = Slots::default();
+        for (net, k) in &kernel {
+            if specs.contains_key(net) && k.counter_slot != 0 {
+                slots.used.insert(k.counter_slot);
+            }
+        }
         let mut rules = BTreeMap::new();
         for (net, spec) in &specs {
             let fresh = spec.kernel(0)?;
-            let id = match kernel.get(net) {
-                Some(k) if same_params(k, &fresh) => k.rule_id,
-                _ => {
-                    let id = next_id;
+            let inst = match kernel.get(net) {
+                Some(k) if same_params(k, &fresh) => {
+                    Installed { spec: spec.clone(), id: k.rule_id, slot: k.counter_slot }
+                }
+                Some(k) => {
+                    let inst = Installed { spec: spec.clone(), id: next_id, slot: k.counter_slot };
                     next_id += 1;
-                    policer.set_rule(*net, &spec.kernel(id)?)?;
-                    id
+                    policer.set_rule(*net, &spec.kernel(inst.id)?.with_counter_slot(inst.slot))?;
+                    inst
+                }
+                None => {
+                    let slot = slots.take();
+                    if slot != 0 {
+                        policer.reset_rule_counters(slot)?;
+                    }
+                    let inst = Installed { spec: spec.clone(), id: next_id, slot };
+                    next_id += 1;
+                    policer.set_rule(*net, &spec.kernel(inst.id)?.with_counter_slot(slot))?;
+                    inst
                 }
             };
-            rules.insert(*net, (spec.clone(), id));
+            rules.insert(*net, inst);
         }
         for net in kernel.keys() {
             if !specs.contains_key(net) {
@@ -399,6 +470,11 @@ impl Daemon {
         let _ = fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket)?;
         fs::set_permissions(&socket, fs::Permissions::from_mode(0o600))?;
+        if let Some(m) = &metrics
+            && let Ok(a) = m.local_addr()
+        {
+            let _ = writeln!(out, "policer: serving Prometheus metrics on http://{a}/metrics");
+        }
         let _ = writeln!(
             out,
             "policer: policing on {} with {} rules from {}; {}",
@@ -412,6 +488,7 @@ impl Daemon {
             policer,
             ifaces,
             rules,
+            slots,
             cfg,
             config_path: args.config.clone(),
             next_id,
@@ -419,6 +496,7 @@ impl Daemon {
             interval: args.interval,
             socket,
             listener: Some(listener),
+            metrics,
             _lock: lock,
         })
     }
@@ -426,7 +504,7 @@ impl Daemon {
     fn views(&self) -> Vec<RuleView> {
         self.rules
             .values()
-            .map(|(s, _)| RuleView {
+            .map(|Installed { spec: s, .. }| RuleView {
                 prefix: s.net.to_string(),
                 action: s.action.to_string(),
                 rate: s.rate.map(|r| r.to_string()),
@@ -438,7 +516,7 @@ impl Daemon {
     }
 
     fn specs(&self) -> BTreeMap<IpNet, RuleSpec> {
-        self.rules.iter().map(|(n, (s, _))| (*n, s.clone())).collect()
+        self.rules.iter().map(|(n, i)| (*n, i.spec.clone())).collect()
     }
 
     /// Writes the config; on failure the caller undoes its change.
@@ -454,18 +532,38 @@ impl Daemon {
     /// prefixes first, removed ones last, each one atomic for its prefix.
     fn apply(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
         for (net, spec) in want {
-            if self.rules.get(net).is_some_and(|(s, _)| s == spec) {
-                continue;
-            }
+            let slot = match self.rules.get(net) {
+                Some(i) if &i.spec == spec => continue,
+                Some(i) => i.slot,
+                None => {
+                    let slot = self.slots.take();
+                    if slot != 0
+                        && let Err(e) = self.policer.reset_rule_counters(slot)
+                    {
+                        self.slots.free(slot);
+                        return Err(e);
+                    }
+                    slot
+                }
+            };
             let id = self.next_id;
-            self.policer.set_rule(*net, &spec.kernel(id)?)?;
+            if let Err(e) = self.policer.set_rule(*net, &spec.kernel(id)?.with_counter_slot(slot)) {
+                if !self.rules.contains_key(net) && slot != 0 {
+                    self.slots.free(slot);
+                }
+                return Err(e);
+            }
             self.next_id += 1;
-            self.rules.insert(*net, (spec.clone(), id));
+            self.rules.insert(*net, Installed { spec: spec.clone(), id, slot });
         }
         let gone: Vec<IpNet> = self.rules.keys().filter(|n| !want.contains_key(n)).copied().collect();
         for net in gone {
             self.policer.remove_rule(net)?;
-            self.rules.remove(&net);
+            if let Some(i) = self.rules.remove(&net)
+                && i.slot != 0
+            {
+                self.slots.free(i.slot);
+            }
         }
         Ok(())
     }
@@ -537,6 +635,108 @@ impl Daemon {
         Ok(self.ifaces.is_empty())
     }
 
+    /// One sample of every counter.
+    pub fn stats(&self) -> Result<StatsView> {
+        let time_ns = monotonic_ns();
+        let slots = self.policer.iface_counters()?;
+        let mut total = Counters::default();
+        for (_, c) in &slots {
+            total.add(c);
+        }
+        let interfaces = self
+            .ifaces
+            .iter()
+            .map(|i| {
+                let c = slots.iter().find(|(s, _)| *s == i.index % MAX_IFACE_SLOTS).map(|x| x.1).unwrap_or_default();
+                iface_stats(&i.name, i.index, &c)
+            })
+            .collect();
+        let rc: BTreeMap<u32, RuleCounters> = self.policer.rule_counters()?.into_iter().collect();
+        let rules = self
+            .rules
+            .iter()
+            .map(|(net, i)| {
+                let c = rc.get(&i.slot).copied().unwrap_or_default();
+                RuleStats {
+                    prefix: net.to_string(),
+                    action: i.spec.action.to_string(),
+                    counters: CountersView {
+                        passed_packets: c.passed_pkts,
+                        passed_bytes: c.passed_bytes,
+                        dropped_packets: c.dropped_pkts,
+                        dropped_bytes: c.dropped_bytes,
+                        would_drop_packets: c.would_drop_pkts,
+                        would_drop_bytes: c.would_drop_bytes,
+                        buckets_created: c.buckets_created,
+                    },
+                    rates: None,
+                }
+            })
+            .collect();
+        let table = TableStats {
+            capacity: self.policer.max_sources()? as u64,
+            created: total.buckets_created,
+            live: None,
+            insert_failures: total.bucket_insert_failed,
+        };
+        Ok(StatsView { time_ns, totals: iface_stats("total", 0, &total), interfaces, rules, table })
+    }
+
+    /// The `n` sources with the most debt and the most drops.
+    pub fn top(&self, n: usize) -> Result<TopView> {
+        let t0 = Instant::now();
+        let now = monotonic_ns();
+        let by_id: std::collections::HashMap<u32, IpNet> = self.rules.iter().map(|(net, i)| (i.id, *net)).collect();
+        struct Row {
+            key: BucketKey,
+            fill: u64,
+            debt_ns: u64,
+            drops: u64,
+            rule_id: u32,
+        }
+        let mut rows = Vec::new();
+        self.policer.for_each_bucket(|k, b| {
+            rows.push(Row {
+                key: *k,
+                fill: b.fill_q16(now),
+                debt_ns: b.debt_ns(now),
+                drops: b.drops,
+                rule_id: b.rule_id,
+            })
+        })?;
+        let live = rows.len() as u64;
+        let read_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let entry = |r: &Row| TopEntry {
+            source: bucket_source(&r.key),
+            rule: match by_id.get(&r.rule_id) {
+                Some(net) => net.to_string(),
+                None => self.rule_for(&r.key).map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+            },
+            debt_ns: r.debt_ns,
+            fill: r.fill as f64 / 65536.0,
+            drops: r.drops,
+        };
+        let mut pick = |key: &dyn Fn(&Row) -> (u64, u64)| -> Vec<TopEntry> {
+            let k = n.min(rows.len());
+            if k == 0 {
+                return vec![];
+            }
+            rows.select_nth_unstable_by(k - 1, |a, b| key(b).cmp(&key(a)));
+            let mut top: Vec<&Row> = rows[..k].iter().filter(|r| key(r) != (0, 0)).collect();
+            top.sort_by_key(|r| std::cmp::Reverse(key(r)));
+            top.into_iter().map(entry).collect()
+        };
+        let by_debt = pick(&|r| (r.fill, r.debt_ns));
+        let by_drops = pick(&|r| (r.drops, r.fill));
+        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops })
+    }
+
+    /// The rule (longest prefix) a bucket's source falls under now.
+    fn rule_for(&self, k: &BucketKey) -> Option<IpNet> {
+        let addr = key_addr(k);
+        self.rules.keys().filter(|n| n.contains(&addr)).max_by_key(|n| n.prefix_len()).copied()
+    }
+
     fn handle(&mut self, req: Request) -> (Response, bool) {
         let r = match req {
             Request::RuleSet { rule } => self.rule_set(&rule).map(Response::ok),
@@ -554,6 +754,8 @@ impl Daemon {
                 }),
                 ..Default::default()
             }),
+            Request::Stats => self.stats().map(|s| Response { ok: true, stats: Some(s), ..Default::default() }),
+            Request::Top { n } => self.top(n).map(|t| Response { ok: true, top: Some(t), ..Default::default() }),
             Request::Detach { iface } => match self.detach(&iface) {
                 Ok(last) => {
                     let msg = if last {
@@ -585,8 +787,20 @@ impl Daemon {
         let mut prev = self.policer.counters()?;
         let mut prev_at = Instant::now();
         let mut last_detached = false;
+        let metrics = match self.metrics.take() {
+            Some(m) => {
+                m.set_nonblocking(true)?;
+                Some(tokio::net::TcpListener::from_std(m)?)
+            }
+            None => None,
+        };
         loop {
             tokio::select! {
+                conn = async { metrics.as_ref().expect("guarded").accept().await }, if metrics.is_some() => {
+                    if let Ok((stream, _)) = conn {
+                        self.serve_metrics(stream).await;
+                    }
+                }
                 _ = sigint.recv() => break,
                 _ = sigterm.recv() => break,
                 _ = sighup.recv() => match self.reload() {
@@ -635,6 +849,57 @@ impl Daemon {
         Ok(())
     }
 
+    /// Live buckets in the table (reads it whole).
+    fn live_buckets(&self) -> u64 {
+        let mut n = 0;
+        let _ = self.policer.for_each_bucket(|_, _| n += 1);
+        n
+    }
+
+    /// One HTTP exchange on the metrics port.
+    async fn serve_metrics(&self, mut stream: tokio::net::TcpStream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 4096];
+        let mut got = 0;
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            while got < buf.len() {
+                match stream.read(&mut buf[got..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        got += n;
+                        if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+        .await;
+        if read.is_err() {
+            return;
+        }
+        let req = String::from_utf8_lossy(&buf[..got]);
+        let mut parts = req.split_whitespace();
+        let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let (status, ctype, body) = if method != "GET" {
+            ("405 Method Not Allowed", "text/plain", "only GET\n".to_string())
+        } else if path != "/metrics" && !path.starts_with("/metrics?") {
+            ("404 Not Found", "text/plain", "see /metrics\n".to_string())
+        } else {
+            match self.stats() {
+                Ok(s) => ("200 OK", crate::metrics::CONTENT_TYPE, crate::metrics::render(&s, self.live_buckets())),
+                Err(e) => ("500 Internal Server Error", "text/plain", format!("{e}\n")),
+            }
+        };
+        let head = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = stream.write_all(head.as_bytes()).await;
+        let _ = stream.write_all(body.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    }
+
     /// One control request; true when the daemon should exit.
     fn serve_one(&mut self, stream: std::os::unix::net::UnixStream) -> bool {
         let _ = stream.set_nonblocking(false);
@@ -653,6 +918,52 @@ impl Daemon {
         let _ = w.write_all(text.as_bytes());
         exit
     }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
+    IfaceStats {
+        name: name.into(),
+        ifindex,
+        counters: CountersView {
+            passed_packets: c.passed_pkts,
+            passed_bytes: c.passed_bytes,
+            dropped_packets: c.dropped_pkts,
+            dropped_bytes: c.dropped_bytes,
+            would_drop_packets: c.would_drop_pkts,
+            would_drop_bytes: c.would_drop_bytes,
+            buckets_created: c.buckets_created,
+        },
+        unmatched_packets: c.unmatched_pkts,
+        non_ip_packets: c.non_ip_pkts,
+        malformed_packets: c.malformed_pkts,
+        fragment_packets: c.fragment_pkts,
+        bucket_insert_failures: c.bucket_insert_failed,
+        cas_retries: c.cas_retries,
+        rates: None,
+    }
+}
+
+fn key_addr(k: &BucketKey) -> std::net::IpAddr {
+    if k.family == FAMILY_V4 {
+        std::net::Ipv4Addr::new(k.addr[0], k.addr[1], k.addr[2], k.addr[3]).into()
+    } else {
+        std::net::Ipv6Addr::from(k.addr).into()
+    }
+}
+
+/// A bucket's key as text: the address, or a prefix when sources are grouped.
+fn bucket_source(k: &BucketKey) -> String {
+    let a = key_addr(k);
+    let full = if a.is_ipv4() { 32 } else { 128 };
+    if k.key_len >= full { a.to_string() } else { format!("{a}/{}", k.key_len) }
 }
 
 /// Attaches fresh (never over another program), trying modes in order.

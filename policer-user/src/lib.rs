@@ -8,7 +8,9 @@ pub mod control;
 pub mod daemon;
 pub mod error;
 pub mod loader;
+pub mod metrics;
 pub mod netlink;
+pub mod report;
 pub mod rules;
 
 pub use error::{Error, Result};

@@ -9,6 +9,7 @@ use policer_user::{
     config::DEFAULT_PATH,
     control::{self, Request, Response, RuleView},
     daemon::{self, Daemon, DaemonArgs},
+    report,
     rules::{ActionName, BurstValue, RuleConfig},
 };
 
@@ -50,6 +51,9 @@ enum Cmd {
         /// `policer attach` adopts it, `policer detach` removes it.
         #[arg(long)]
         persist: bool,
+        /// Serve Prometheus metrics: PORT or :PORT (127.0.0.1), or ADDRESS:PORT.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
     },
     /// Detach from an interface (through the daemon, or directly if none runs).
     Detach { iface: String },
@@ -65,6 +69,34 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Counters: totals, per interface, per rule (exact, summed over CPUs).
+    Stats {
+        /// One JSON object (per sample with --watch); see README for the schema.
+        #[arg(long)]
+        json: bool,
+        /// Repeat every SECS seconds, with rates between samples.
+        #[arg(long, value_name = "SECS")]
+        watch: Option<f64>,
+    },
+    /// The sources with the most debt and the most drops right now.
+    Top {
+        /// How many sources in each list.
+        #[arg(short = 'n', long = "count", default_value_t = 10)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+        /// Repeat every SECS seconds.
+        #[arg(long, value_name = "SECS")]
+        watch: Option<f64>,
+    },
+}
+
+fn watch_period(w: Option<f64>) -> anyhow::Result<Option<std::time::Duration>> {
+    match w {
+        None => Ok(None),
+        Some(s) if (0.1..=3600.0).contains(&s) => Ok(Some(std::time::Duration::from_secs_f64(s))),
+        Some(s) => anyhow::bail!("--watch {s}: must be 0.1 ..= 3600 seconds"),
+    }
 }
 
 #[derive(Subcommand)]
@@ -140,8 +172,8 @@ fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
-        Cmd::Attach { ifaces, rate, burst, mode, max_sources, interval, config, persist } => {
-            let args = DaemonArgs { ifaces, rate, burst, mode, max_sources, interval, config, persist };
+        Cmd::Attach { ifaces, rate, burst, mode, max_sources, interval, config, persist, metrics } => {
+            let args = DaemonArgs { ifaces, rate, burst, mode, max_sources, interval, config, persist, metrics };
             // Start before any thread exists: adopting a running program
             // uses a private mount namespace for this process.
             let d = Daemon::start(&args)?;
@@ -182,6 +214,53 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Reload => {
             let r = call(Request::Reload)?;
             println!("policer: {}", r.message.unwrap_or_default());
+        }
+        Cmd::Stats { json, watch } => {
+            let period = watch_period(watch)?;
+            let mut prev: Option<control::StatsView> = None;
+            loop {
+                let mut s = call(Request::Stats)?.stats.unwrap_or_default();
+                if let Some(p) = &prev {
+                    report::add_rates(&mut s, p);
+                }
+                if json {
+                    // One object per line in watch mode.
+                    println!(
+                        "{}",
+                        if period.is_some() { serde_json::to_string(&s)? } else { serde_json::to_string_pretty(&s)? }
+                    );
+                } else {
+                    print!("{}", report::stats_text(&s));
+                    if period.is_some() {
+                        println!();
+                    }
+                }
+                let Some(p) = period else { break };
+                prev = Some(s);
+                std::thread::sleep(p);
+            }
+        }
+        Cmd::Top { n, json, watch } => {
+            if n == 0 || n > 100_000 {
+                anyhow::bail!("-n {n}: must be 1 ..= 100000");
+            }
+            let period = watch_period(watch)?;
+            loop {
+                let t = call(Request::Top { n })?.top.unwrap_or_default();
+                if json {
+                    println!(
+                        "{}",
+                        if period.is_some() { serde_json::to_string(&t)? } else { serde_json::to_string_pretty(&t)? }
+                    );
+                } else {
+                    print!("{}", report::top_text(&t));
+                    if period.is_some() {
+                        println!();
+                    }
+                }
+                let Some(p) = period else { break };
+                std::thread::sleep(p);
+            }
         }
         Cmd::Status { json } => {
             let r = call(Request::Status)?;

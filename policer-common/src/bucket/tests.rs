@@ -281,3 +281,17 @@ proptest! {
             "admitted {admitted}, expected {expected}");
     }
 }
+
+#[test]
+fn bucket_debt_and_fill() {
+    let r = Rule::packets(1000, 10).unwrap().with_id(1);
+    let t = 3_000_000_000;
+    let mut tat = r.empty_tat(t);
+    for _ in 0..5 {
+        tat = r.admit(tat, t, 64).unwrap();
+    }
+    let b = r.bucket(tat);
+    assert_eq!(b.debt_ns(t), 5_000_000);
+    assert_eq!(b.fill_q16(t), 1 << 15);
+    assert_eq!(b.fill_q16(t + 10_000_000), 0);
+}

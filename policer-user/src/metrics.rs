@@ -1,0 +1,209 @@
+//! Prometheus `/metrics`, built with prometheus-client from one sample of
+//! the kernel's counters at each scrape (so values are exact, not
+//! re-counted). Names and labels are documented in the README.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::{
+    control::{CountersView, StatsView},
+    error::{Error, Result},
+};
+
+/// Parses `--metrics`: `9100` or `:9100` bind to 127.0.0.1; anything else
+/// (`0.0.0.0:9100`, `[::1]:9100`) is taken as told.
+pub fn parse_addr(s: &str) -> Result<SocketAddr> {
+    let t = s.trim().trim_start_matches(':');
+    if let Ok(port) = t.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    s.trim().parse().map_err(|_| Error::Invalid(format!("--metrics '{s}': expected PORT, :PORT or ADDRESS:PORT")))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Verdict {
+    iface: String,
+    verdict: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    iface: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleVerdict {
+    rule: String,
+    action: String,
+    verdict: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabel {
+    rule: String,
+}
+
+fn verdicts(c: &CountersView) -> [(&'static str, u64, u64); 3] {
+    [
+        ("passed", c.passed_packets, c.passed_bytes),
+        ("dropped", c.dropped_packets, c.dropped_bytes),
+        ("would_drop", c.would_drop_packets, c.would_drop_bytes),
+    ]
+}
+
+/// The exposition text for one sample; `live` is the number of buckets
+/// in the table now.
+pub fn render(s: &StatsView, live: u64) -> String {
+    let mut reg = Registry::with_prefix("policer");
+    let pkts = Family::<Verdict, Counter>::default();
+    let bytes = Family::<Verdict, Counter>::default();
+    let parse = Family::<Outcome, Counter>::default();
+    for i in &s.interfaces {
+        for (v, p, b) in verdicts(&i.counters) {
+            let l = Verdict { iface: i.name.clone(), verdict: v.into() };
+            pkts.get_or_create(&l).inc_by(p);
+            bytes.get_or_create(&l).inc_by(b);
+        }
+        for (o, n) in [
+            ("unmatched", i.unmatched_packets),
+            ("non_ip", i.non_ip_packets),
+            ("malformed", i.malformed_packets),
+            ("fragment", i.fragment_packets),
+        ] {
+            parse.get_or_create(&Outcome { iface: i.name.clone(), outcome: o.into() }).inc_by(n);
+        }
+    }
+    reg.register("packets", "Frames judged by a rule, by interface and verdict", pkts);
+    reg.register("bytes", "Bytes of frames judged by a rule, by interface and verdict", bytes);
+    reg.register(
+        "parse_packets",
+        "Frames by parse outcome (unmatched, non_ip and fragment pass; malformed is dropped)",
+        parse,
+    );
+
+    let rpkts = Family::<RuleVerdict, Counter>::default();
+    let rbytes = Family::<RuleVerdict, Counter>::default();
+    let rsources = Family::<RuleLabel, Counter>::default();
+    for r in &s.rules {
+        for (v, p, b) in verdicts(&r.counters) {
+            let l = RuleVerdict { rule: r.prefix.clone(), action: r.action.clone(), verdict: v.into() };
+            rpkts.get_or_create(&l).inc_by(p);
+            rbytes.get_or_create(&l).inc_by(b);
+        }
+        rsources.get_or_create(&RuleLabel { rule: r.prefix.clone() }).inc_by(r.counters.buckets_created);
+    }
+    reg.register("rule_packets", "Frames judged by each rule, by verdict", rpkts);
+    reg.register("rule_bytes", "Bytes judged by each rule, by verdict", rbytes);
+    reg.register("rule_buckets_created", "Buckets (sources) created under each rule", rsources);
+
+    let counter = |v: u64| {
+        let c: Counter = Counter::default();
+        c.inc_by(v);
+        c
+    };
+    let gauge = |v: u64| {
+        let g: Gauge = Gauge::default();
+        g.set(v as i64);
+        g
+    };
+    reg.register("buckets_created", "Buckets created in the table", counter(s.table.created));
+    reg.register(
+        "bucket_evictions",
+        "Buckets evicted from the LRU table to make room (created minus live)",
+        counter(s.table.created.saturating_sub(live)),
+    );
+    reg.register("bucket_insert_failures", "Bucket inserts the kernel refused", counter(s.table.insert_failures));
+    reg.register("cas_retries", "Compare-and-swap rounds lost to another CPU", counter(s.totals.cas_retries));
+    reg.register("bucket_table_capacity", "Capacity of the bucket table (--max-sources)", gauge(s.table.capacity));
+    reg.register("bucket_table_live", "Buckets in the table now", gauge(live));
+    reg.register("rules", "Rules installed", gauge(s.rules.len() as u64));
+    let mut out = String::new();
+    encode(&mut out, &reg).expect("writing to a String cannot fail");
+    to_text_format(&out)
+}
+
+/// The content type of what [`render`] returns.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// prometheus-client writes OpenMetrics, whose counter families are named
+/// without `_total` and which ends with `# EOF`. Prometheus' own text
+/// format (what `promtool check metrics` and every scraper accept) names
+/// the family after its samples: rename and drop the EOF marker.
+fn to_text_format(om: &str) -> String {
+    let lines: Vec<&str> = om.lines().collect();
+    let mut out = String::with_capacity(om.len() + 256);
+    for (i, line) in lines.iter().enumerate() {
+        if *line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let counter_family = |name: &str| {
+            lines[i..]
+                .iter()
+                .take(3)
+                .any(|l| l.starts_with("# TYPE ") && l.ends_with(" counter") && l.split(' ').nth(2) == Some(name))
+        };
+        let fixed = match line.split(' ').collect::<Vec<_>>().as_slice() {
+            ["#", kind @ ("HELP" | "TYPE"), name, rest @ ..] if counter_family(name) => {
+                format!("# {kind} {name}_total {}", rest.join(" "))
+            }
+            _ => line.to_string(),
+        };
+        out.push_str(&fixed);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::{IfaceStats, RuleStats, TableStats};
+
+    #[test]
+    fn addresses() {
+        assert_eq!(parse_addr("9100").unwrap().to_string(), "127.0.0.1:9100");
+        assert_eq!(parse_addr(":9100").unwrap().to_string(), "127.0.0.1:9100");
+        assert_eq!(parse_addr("0.0.0.0:9100").unwrap().to_string(), "0.0.0.0:9100");
+        assert_eq!(parse_addr("[::1]:9100").unwrap().to_string(), "[::1]:9100");
+        assert!(parse_addr("localhost").is_err());
+        assert!(parse_addr("99999").is_err());
+    }
+
+    #[test]
+    fn renders_names_and_labels() {
+        let c = CountersView { passed_packets: 5, dropped_packets: 7, dropped_bytes: 448, ..Default::default() };
+        let s = StatsView {
+            interfaces: vec![IfaceStats {
+                name: "eth0".into(),
+                counters: c.clone(),
+                malformed_packets: 2,
+                ..Default::default()
+            }],
+            rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), counters: c, rates: None }],
+            table: TableStats { capacity: 1024, created: 10, live: None, insert_failures: 0 },
+            ..Default::default()
+        };
+        let text = render(&s, 4);
+        for line in [
+            "policer_packets_total{iface=\"eth0\",verdict=\"dropped\"} 7",
+            "policer_bytes_total{iface=\"eth0\",verdict=\"dropped\"} 448",
+            "policer_parse_packets_total{iface=\"eth0\",outcome=\"malformed\"} 2",
+            "policer_rule_packets_total{rule=\"0.0.0.0/0\",action=\"police\",verdict=\"passed\"} 5",
+            "policer_bucket_evictions_total 6",
+            "policer_bucket_table_capacity 1024",
+            "policer_bucket_table_live 4",
+            "# TYPE policer_packets_total counter",
+            "# HELP policer_packets_total Frames judged",
+            "# TYPE policer_bucket_table_live gauge",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        assert!(!text.contains("# EOF"));
+    }
+}
