@@ -206,4 +206,32 @@ mod tests {
         }
         assert!(!text.contains("# EOF"));
     }
+
+    /// The shipped Grafana dashboard only queries metrics that exist.
+    #[test]
+    fn dashboard_uses_real_metrics() {
+        let dash: serde_json::Value =
+            serde_json::from_str(include_str!("../../deploy/grafana-dashboard.json")).unwrap();
+        let s = StatsView {
+            interfaces: vec![IfaceStats { name: "eth0".into(), ..Default::default() }],
+            rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), ..Default::default() }],
+            ..Default::default()
+        };
+        let text = render(&s, 0);
+        let names: Vec<&str> =
+            text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+        let mut checked = 0;
+        for p in dash["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                let expr = t["expr"].as_str().unwrap();
+                for (i, _) in expr.match_indices("policer_") {
+                    let name: String =
+                        expr[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                    assert!(names.contains(&name.as_str()), "dashboard uses unknown metric {name}");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 10);
+    }
 }

@@ -230,3 +230,18 @@ pub fn run_bg(sb: &Sandbox, flows: &[Flow], duration: Duration) -> thread::JoinH
 pub fn arrived_between(r: &Received, from: u64, to: u64) -> u64 {
     r.arrivals0.iter().filter(|&&t| t >= from && t < to).count() as u64
 }
+
+/// Sends `frames` as they are from the sandbox's transmit side, back to
+/// back. Returns when all are sent.
+pub fn send_raw(sb: &Sandbox, frames: Vec<Vec<u8>>) {
+    let (ns, ifc) = (sb.tx_ns.clone(), sb.tx_if.clone());
+    thread::spawn(move || {
+        enter(&ns).expect("enter transmit namespace");
+        let sock = RawSocket::bind(&ifc).expect("bind transmit socket");
+        for f in &frames {
+            sock.send(f).expect("send");
+        }
+    })
+    .join()
+    .expect("raw sender");
+}

@@ -1,0 +1,233 @@
+//! Tier 3, observability: after a known number of real frames, every
+//! counter of `policer stats --json` equals what was sent and dropped,
+//! exactly; `/metrics` parses (promtool) and agrees; `top` ranks the heavy
+//! hitter first.
+
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    net::{IpAddr, TcpStream},
+    process::Command,
+    time::Duration,
+};
+
+use policer_tests::{
+    daemon::{Daemon, cli, succeeds},
+    frame::FrameSpec,
+    netns::{Sandbox, enter},
+    privileged,
+    traffic::{self, Flow},
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).expect("valid JSON")
+}
+
+/// GET http://127.0.0.1:PORT/metrics from inside `ns`.
+fn scrape(ns: &str, port: u16) -> String {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        enter(&ns).unwrap();
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    })
+    .join()
+    .unwrap()
+}
+
+/// `name{labels} value` lines of an exposition, keyed by `name{labels}`.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' ').map(|(k, v)| (k.to_string(), v.parse().unwrap())))
+        .collect()
+}
+
+#[test]
+fn counters_are_exact_and_metrics_agree() {
+    if !privileged("observability tier") {
+        return;
+    }
+    let sb = Sandbox::new("obs");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0", "--metrics", "9464"]);
+    for args in [
+        &["rule", "set", "198.51.100.0/24", "--action", "deny"][..],
+        &["rule", "set", "203.0.113.0/24", "--action", "allow"],
+        &["rule", "set", "192.0.2.0/24", "--rate", "1pps", "--burst", "5", "--action", "monitor"],
+        &["rule", "rm", "::/0"],
+    ] {
+        succeeds(&cli(&sb, args));
+    }
+    let mac = sb.rx_mac();
+    let build = |src: &str, len: usize| {
+        let src = ip(src);
+        let dst = if src.is_ipv4() { ip("198.19.0.1") } else { ip("2001:db8:ffff::1") };
+        let mut s = FrameSpec::udp(src, dst, len);
+        s.dst_mac = mac;
+        s.build(None)
+    };
+    // Raw frames with known outcomes.
+    let mut arp = mac.to_vec();
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 0xb, 0x08, 0x06]);
+    arp.resize(60, 0);
+    let mut malformed = build("198.18.9.9", 64);
+    malformed[14] = 0x44; // IHL 4
+    let mut fragment = build("203.0.113.50", 100);
+    fragment[20] = 0x20; // more fragments
+    let unmatched = build("2001:db8:9::1", 80);
+    let monitored = build("192.0.2.9", 70);
+    let mut raw = vec![];
+    raw.extend(std::iter::repeat_n(arp.clone(), 50));
+    raw.extend(std::iter::repeat_n(malformed, 30));
+    raw.extend(std::iter::repeat_n(fragment.clone(), 40));
+    raw.extend(std::iter::repeat_n(unmatched.clone(), 25));
+    // Back to back: a 1 pps bucket of 5 cannot drain between them, so the
+    // monitor rule would drop exactly 20 of 25.
+    raw.extend(std::iter::repeat_n(monitored.clone(), 25));
+    traffic::send_raw(&sb, raw);
+
+    let mut flows = vec![Flow { src: ip("198.18.0.1"), pps: 5000.0, len: 64 }];
+    for i in 1..=20 {
+        flows.push(Flow { src: ip(&format!("198.18.1.{i}")), pps: 50.0, len: 64 });
+    }
+    flows.push(Flow { src: ip("198.51.100.7"), pps: 200.0, len: 64 });
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(2));
+    assert_eq!(got.socket_drops, 0);
+    let deny = flows.len() - 1;
+    assert_eq!(got.per_flow[deny], 0, "deny rule passed frames");
+    let sent_bytes = |i: usize| sent.sent[i] * flows[i].len as u64;
+
+    let s = json(&succeeds(&cli(&sb, &["stats", "--json"])));
+    let i = &s["interfaces"][0];
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {v}"));
+    // Policed flows (all but the deny one).
+    let (mut rx, mut rx_bytes, mut tx, mut tx_bytes) = (0, 0, 0, 0);
+    for f in 0..deny {
+        rx += got.per_flow[f];
+        rx_bytes += got.bytes_per_flow[f];
+        tx += sent.sent[f];
+        tx_bytes += sent_bytes(f);
+    }
+    let expect = [
+        ("passed_packets", rx + 40 + 25),
+        ("passed_bytes", rx_bytes + 40 * fragment.len() as u64 + 25 * monitored.len() as u64),
+        ("dropped_packets", (tx - rx) + sent.sent[deny]),
+        ("dropped_bytes", (tx_bytes - rx_bytes) + sent_bytes(deny)),
+        ("would_drop_packets", 20),
+        ("would_drop_bytes", 20 * monitored.len() as u64),
+        ("buckets_created", 22),
+        ("non_ip_packets", 50),
+        ("malformed_packets", 30),
+        ("fragment_packets", 40),
+        ("unmatched_packets", 25),
+        ("bucket_insert_failures", 0),
+    ];
+    for (k, v) in expect {
+        assert_eq!(n(i, k), v, "interface counter {k}");
+        assert_eq!(n(&s["totals"], k), v, "total counter {k}");
+    }
+    let rule = |p: &str| s["rules"].as_array().unwrap().iter().find(|r| r["prefix"] == p).unwrap().clone();
+    let def = rule("0.0.0.0/0");
+    assert_eq!(n(&def, "passed_packets"), rx);
+    assert_eq!(n(&def, "dropped_packets"), tx - rx);
+    assert_eq!(n(&def, "buckets_created"), 21);
+    assert_eq!(n(&rule("198.51.100.0/24"), "dropped_packets"), sent.sent[deny]);
+    assert_eq!(n(&rule("203.0.113.0/24"), "passed_packets"), 40);
+    let mon = rule("192.0.2.0/24");
+    assert_eq!((n(&mon, "passed_packets"), n(&mon, "would_drop_packets"), n(&mon, "dropped_packets")), (25, 20, 0));
+    assert_eq!(n(&s["table"], "created"), 22);
+
+    // /metrics: valid exposition, same numbers.
+    let text = scrape(&sb.rx_ns, 9464);
+    if let Ok(out) = Command::new("promtool").args(["check", "metrics"]).stdin_text(&text) {
+        assert!(
+            out.status.success(),
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else if std::env::var("CI").is_ok() {
+        panic!("promtool not installed (cargo xtask setup installs Debian's prometheus package)");
+    } else {
+        eprintln!("promtool not found: exposition format not checked");
+    }
+    let m = samples(&text);
+    let ifc = &sb.rx_if;
+    for (verdict, key) in
+        [("passed", "passed_packets"), ("dropped", "dropped_packets"), ("would_drop", "would_drop_packets")]
+    {
+        assert_eq!(m[&format!("policer_packets_total{{iface=\"{ifc}\",verdict=\"{verdict}\"}}")], n(i, key) as f64);
+    }
+    assert_eq!(m[&format!("policer_parse_packets_total{{iface=\"{ifc}\",outcome=\"malformed\"}}")], 30.0);
+    assert_eq!(m["policer_rule_packets_total{rule=\"192.0.2.0/24\",action=\"monitor\",verdict=\"would_drop\"}"], 20.0);
+    assert_eq!(m["policer_buckets_created_total"], 22.0);
+    assert_eq!(m["policer_bucket_table_live"], 22.0);
+    assert_eq!(m["policer_bucket_evictions_total"], 0.0);
+
+    // top: the heavy hitter has the most drops and a full bucket.
+    let t = json(&succeeds(&cli(&sb, &["top", "-n", "5", "--json"])));
+    assert_eq!(t["by_drops"][0]["source"], "198.18.0.1", "{t}");
+    assert_eq!(t["by_drops"][0]["rule"], "0.0.0.0/0");
+    assert_eq!(
+        n(&t["by_drops"][0], "drops"),
+        tx - rx - (sent.sent[1..deny].iter().sum::<u64>() - got.per_flow[1..deny].iter().sum::<u64>())
+    );
+    let debt: Vec<&str> = t["by_debt"].as_array().unwrap().iter().map(|e| e["source"].as_str().unwrap()).collect();
+    assert!(debt.contains(&"198.18.0.1") && debt.contains(&"192.0.2.9"), "{debt:?}");
+    assert_eq!(n(&t, "live"), 22);
+    let text = succeeds(&cli(&sb, &["top"]));
+    assert!(text.contains("198.18.0.1"), "{text}");
+    let text = succeeds(&cli(&sb, &["stats"]));
+    assert!(text.contains("192.0.2.0/24") && text.contains("bucket table: capacity"), "{text}");
+}
+
+/// `stats --watch` prints samples with rates until stopped.
+#[test]
+fn stats_watch_reports_rates() {
+    if !privileged("observability tier") {
+        return;
+    }
+    let sb = Sandbox::new("wat");
+    let _d = Daemon::attach(&sb, &["--rate", "100pps", "--burst", "5", "--interval", "0"]);
+    let flood = traffic::run_bg(&sb, &[Flow { src: ip("198.18.0.9"), pps: 1000.0, len: 64 }], Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new("timeout")
+        .args(["2.2", "ip", "netns", "exec", &sb.rx_ns])
+        .arg(policer_tests::daemon::policer_bin())
+        .args(["stats", "--json", "--watch", "0.5"])
+        .output()
+        .unwrap();
+    flood.join().unwrap();
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines.len() >= 3, "{} samples", lines.len());
+    let r = &lines[2]["totals"]["rates"];
+    let passed = r["passed_pps"].as_f64().unwrap();
+    let dropped = r["dropped_pps"].as_f64().unwrap();
+    assert!((passed - 100.0).abs() < 25.0 && (dropped - 900.0).abs() < 120.0, "rates {r}");
+}
+
+trait StdinText {
+    fn stdin_text(&mut self, text: &str) -> std::io::Result<std::process::Output>;
+}
+
+impl StdinText for Command {
+    fn stdin_text(&mut self, text: &str) -> std::io::Result<std::process::Output> {
+        let mut child = self
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        child.stdin.take().unwrap().write_all(text.as_bytes())?;
+        child.wait_with_output()
+    }
+}
