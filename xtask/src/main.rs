@@ -18,8 +18,17 @@ const TOOLCHAIN: &str = "1.98.0";
 const LLVM_MAJOR: u32 = 22;
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages: LLVM for bpf-linker, and what the tests and demo run.
-const APT_PACKAGES: &[&str] =
-    &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev", "iproute2", "util-linux", "procps"];
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+    "iproute2",
+    "util-linux",
+    "procps",
+    // promtool, to check the /metrics exposition in the tests.
+    "prometheus",
+];
 
 #[derive(Parser)]
 #[command(name = "xtask")]
