@@ -85,6 +85,8 @@ pub struct Counters {
     pub bucket_insert_failed: u64,
     /// Compare-and-swap rounds lost to another CPU.
     pub cas_retries: u64,
+    /// Frames dropped because every compare-and-swap round was lost.
+    pub cas_exhausted: u64,
 }
 
 impl Counters {
@@ -103,6 +105,7 @@ impl Counters {
         self.buckets_created += o.buckets_created;
         self.bucket_insert_failed += o.bucket_insert_failed;
         self.cas_retries += o.cas_retries;
+        self.cas_exhausted += o.cas_exhausted;
     }
 }
 
@@ -164,6 +167,6 @@ const _: () = {
     assert!(core::mem::size_of::<BucketKey>() == 24);
     assert!(core::mem::size_of::<Bucket>() == 32);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 64);
-    assert!(core::mem::size_of::<Counters>() == 13 * 8);
+    assert!(core::mem::size_of::<Counters>() == 14 * 8);
     assert!(core::mem::size_of::<RuleCounters>() == 7 * 8);
 };

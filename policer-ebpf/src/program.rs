@@ -8,6 +8,7 @@ use core::{
     mem,
 };
 
+use aya_log_ebpf::warn;
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, xdp_action},
     helpers::bpf_ktime_get_ns,
@@ -160,7 +161,15 @@ struct Judged {
 
 /// Judges the frame against the source's bucket.
 #[inline(always)]
-fn police(key: &BucketKey, rule: &Rule, now: u64, len: u32, c: &mut Counters, rc: &mut RuleCounters) -> Judged {
+fn police(
+    ctx: &XdpContext,
+    key: &BucketKey,
+    rule: &Rule,
+    now: u64,
+    len: u32,
+    c: &mut Counters,
+    rc: &mut RuleCounters,
+) -> Judged {
     let Some(bucket) = BUCKETS.get_ptr_mut(key) else {
         // First frame from this source: a new bucket at zero debt.
         let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
@@ -175,19 +184,24 @@ fn police(key: &BucketKey, rule: &Rule, now: u64, len: u32, c: &mut Counters, rc
             }
             // Another CPU created it meanwhile: judge against that one.
             Err(_) => match BUCKETS.get_ptr_mut(key) {
-                Some(b) => return Judged { admit: cas_admit(b, rule, now, len, c), bucket: Some(b) },
+                Some(b) => return Judged { admit: cas_admit(ctx, b, rule, now, len, c), bucket: Some(b) },
                 None => {
                     c.bucket_insert_failed += 1;
+                    // Rare; logged at 1, 2, 4, 8... per CPU so a flood
+                    // cannot flood the log.
+                    if c.bucket_insert_failed.is_power_of_two() {
+                        warn!(ctx, "bucket table refused an insert ({} on this CPU); frame admitted", c.bucket_insert_failed);
+                    }
                     return Judged { admit: true, bucket: None };
                 }
             },
         }
     };
-    Judged { admit: cas_admit(bucket, rule, now, len, c), bucket: Some(bucket) }
+    Judged { admit: cas_admit(ctx, bucket, rule, now, len, c), bucket: Some(bucket) }
 }
 
 #[inline(always)]
-fn cas_admit(bucket: *mut Bucket, rule: &Rule, now: u64, len: u32, c: &mut Counters) -> bool {
+fn cas_admit(ctx: &XdpContext, bucket: *mut Bucket, rule: &Rule, now: u64, len: u32, c: &mut Counters) -> bool {
     // SAFETY: `bucket` points into a live map value (RCU keeps it valid for
     // this program run); fields are read with volatile loads because other
     // CPUs write them.
@@ -225,6 +239,10 @@ fn cas_admit(bucket: *mut Bucket, rule: &Rule, now: u64, len: u32, c: &mut Count
     }
     // Lost every round to other CPUs admitting from this bucket: it is
     // being hammered, so dropping is the conservative answer.
+    c.cas_exhausted += 1;
+    if c.cas_exhausted.is_power_of_two() {
+        warn!(ctx, "a bucket lost {} compare-and-swap rounds in a row ({} drops so far on this CPU)", CAS_ROUNDS, c.cas_exhausted);
+    }
     false
 }
 
@@ -296,7 +314,7 @@ fn try_policer(ctx: &XdpContext) -> u32 {
                 key.addr[i] = addr[i] & rule.key_mask[i];
             }
             let now = now_ns();
-            let j = police(&key, rule, now, len, c, rc);
+            let j = police(ctx, &key, rule, now, len, c, rc);
             if !j.admit
                 && let Some(b) = j.bucket
             {

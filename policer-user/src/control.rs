@@ -71,6 +71,8 @@ pub struct IfaceStats {
     pub fragment_packets: u64,
     pub bucket_insert_failures: u64,
     pub cas_retries: u64,
+    /// Frames dropped because every compare-and-swap round was lost.
+    pub cas_exhausted: u64,
     /// Per-second rates since the previous sample (`--watch` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rates: Option<RateView>,

@@ -773,6 +773,25 @@ impl Daemon {
 
     /// Runs until SIGINT/SIGTERM (or the last interface is detached).
     pub async fn serve(mut self) -> Result<()> {
+        // Rare kernel events (sampled in the program) go to the log.
+        match aya_log::EbpfLogger::init(&mut self.policer.ebpf) {
+            Ok(logger) => {
+                // SAFETY: the logger owns its ring buffer fd and flushing
+                // neither closes nor replaces it.
+                match unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
+                    Ok(mut fd) => {
+                        tokio::spawn(async move {
+                            while let Ok(mut guard) = fd.readable_mut().await {
+                                guard.get_inner_mut().flush();
+                                guard.clear_ready();
+                            }
+                        });
+                    }
+                    Err(e) => log::warn!("kernel event log unavailable: {e}"),
+                }
+            }
+            Err(e) => log::warn!("kernel event log unavailable: {e}"),
+        }
         let listener = self.listener.take().expect("bound at start");
         listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(listener)?;
@@ -947,6 +966,7 @@ fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
         fragment_packets: c.fragment_pkts,
         bucket_insert_failures: c.bucket_insert_failed,
         cas_retries: c.cas_retries,
+        cas_exhausted: c.cas_exhausted,
         rates: None,
     }
 }

@@ -132,6 +132,8 @@ fn parse_rate(s: &str) -> Result<Rate, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Warnings (including sampled kernel events) to stderr; RUST_LOG overrides.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -120,6 +120,11 @@ pub fn render(s: &StatsView, live: u64) -> String {
     );
     reg.register("bucket_insert_failures", "Bucket inserts the kernel refused", counter(s.table.insert_failures));
     reg.register("cas_retries", "Compare-and-swap rounds lost to another CPU", counter(s.totals.cas_retries));
+    reg.register(
+        "cas_exhausted",
+        "Frames dropped because every compare-and-swap round was lost",
+        counter(s.totals.cas_exhausted),
+    );
     reg.register("bucket_table_capacity", "Capacity of the bucket table (--max-sources)", gauge(s.table.capacity));
     reg.register("bucket_table_live", "Buckets in the table now", gauge(live));
     reg.register("rules", "Rules installed", gauge(s.rules.len() as u64));
