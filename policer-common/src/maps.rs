@@ -146,6 +146,15 @@ pub mod wire {
     pub const MAX_VLAN_TAGS: usize = 2;
     pub const IPV4_MIN_HLEN: usize = 20;
     pub const IPV6_HLEN: usize = 40;
+    pub const IPPROTO_HOPOPTS: u8 = 0;
+    pub const IPPROTO_ROUTING: u8 = 43;
+    pub const IPPROTO_FRAGMENT: u8 = 44;
+    pub const IPPROTO_AH: u8 = 51;
+    pub const IPPROTO_DSTOPTS: u8 = 60;
+    /// IPv6 extension headers walked at most (looking for a fragment header).
+    pub const MAX_EXT_HEADERS: usize = 8;
+    /// The walk stops once it is this many bytes into the frame.
+    pub const MAX_EXT_OFFSET: usize = 512;
     /// Default bucket key length: one bucket per IPv4 address, per IPv6 /64.
     pub const DEFAULT_KEY_LEN_V4: u32 = 32;
     pub const DEFAULT_KEY_LEN_V6: u32 = 64;

@@ -24,7 +24,11 @@ use policer_common::{
     Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES,
     Rule, RuleCounters,
     bucket::Action,
-    wire::{ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, MAX_VLAN_TAGS, VLAN_HLEN},
+    wire::{
+        ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_AH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
+        IPPROTO_HOPOPTS, IPPROTO_ROUTING, IPV4_MIN_HLEN, IPV6_HLEN, MAX_EXT_HEADERS, MAX_EXT_OFFSET, MAX_VLAN_TAGS,
+        VLAN_HLEN,
+    },
 };
 
 #[map]
@@ -111,6 +115,7 @@ fn parse(ctx: &XdpContext) -> Parsed {
         proto = u16::from_be_bytes(unsafe { *inner });
         off += VLAN_HLEN;
     }
+    let frame_len = ctx.data_end() - ctx.data();
     match proto {
         ETH_P_IP => {
             let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, off) else {
@@ -118,7 +123,13 @@ fn parse(ctx: &XdpContext) -> Parsed {
             };
             // SAFETY: bounds checked by ptr_at.
             let ip = unsafe { &*ip };
-            if ip.vihl >> 4 != 4 || ip.vihl & 0xf < 5 {
+            let hlen = ((ip.vihl & 0xf) as usize) * 4;
+            let tot_len = u16::from_be_bytes(ip.tot_len) as usize;
+            // Version 4, IHL >= 5, options inside the frame, and a total
+            // length that covers the header and fits in the frame (shorter
+            // is fine: Ethernet pads small frames).
+            if ip.vihl >> 4 != 4 || hlen < IPV4_MIN_HLEN || off + hlen > frame_len || tot_len < hlen || off + tot_len > frame_len
+            {
                 return Parsed::Malformed;
             }
             let mut addr = [0u8; 16];
@@ -133,11 +144,49 @@ fn parse(ctx: &XdpContext) -> Parsed {
             };
             // SAFETY: bounds checked by ptr_at.
             let ip = unsafe { &*ip };
-            if ip.vcf[0] >> 4 != 6 {
+            let payload = u16::from_be_bytes(ip.payload_len) as usize;
+            // Payload length 0 is a jumbogram (or unknown): not checked.
+            if ip.vcf[0] >> 4 != 6 || off + IPV6_HLEN + payload > frame_len {
                 return Parsed::Malformed;
             }
-            // A fragment header right after the fixed header.
-            Parsed::Ip { family: FAMILY_V6, addr: ip.src_addr, fragment: ip.next_hdr == 44 }
+            // Walk the extension headers to find a fragment header; a
+            // header cut off by the end of the frame is malformed.
+            let mut nh = ip.next_hdr;
+            let mut p = off + IPV6_HLEN;
+            let mut fragment = false;
+            for _ in 0..MAX_EXT_HEADERS {
+                let len = match nh {
+                    IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH => {
+                        let Some(h) = ptr_at::<[u8; 2]>(ctx, p) else {
+                            return Parsed::Malformed;
+                        };
+                        // SAFETY: bounds checked by ptr_at.
+                        let h = unsafe { *h };
+                        let len = if nh == IPPROTO_AH { (h[1] as usize + 2) * 4 } else { (h[1] as usize + 1) * 8 };
+                        nh = h[0];
+                        len
+                    }
+                    IPPROTO_FRAGMENT => {
+                        let Some(h) = ptr_at::<[u8; 1]>(ctx, p) else {
+                            return Parsed::Malformed;
+                        };
+                        fragment = true;
+                        // SAFETY: bounds checked by ptr_at.
+                        nh = unsafe { (*h)[0] };
+                        8
+                    }
+                    _ => break,
+                };
+                if p + len > frame_len {
+                    return Parsed::Malformed;
+                }
+                p += len;
+                // Bounded: past this, the rest of the chain is not read.
+                if p > MAX_EXT_OFFSET {
+                    break;
+                }
+            }
+            Parsed::Ip { family: FAMILY_V6, addr: ip.src_addr, fragment }
         }
         _ => Parsed::NonIp,
     }
