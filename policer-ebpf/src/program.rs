@@ -167,7 +167,9 @@ fn parse(ctx: &XdpContext) -> Parsed {
                         len
                     }
                     IPPROTO_FRAGMENT => {
-                        let Some(h) = ptr_at::<[u8; 1]>(ctx, p) else {
+                        // The whole (fixed, 8-byte) header; a one-byte read
+                        // gets a bounds check the verifier cannot follow.
+                        let Some(h) = ptr_at::<[u8; 8]>(ctx, p) else {
                             return Parsed::Malformed;
                         };
                         fragment = true;
