@@ -18,6 +18,9 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_RULE_COUNTERS: &str = "RULE_COUNTERS";
 /// Per-CPU array of one `u64`: sequence for the bench-only key variation.
 pub const MAP_BENCH_SEQ: &str = "BENCH_SEQ";
+/// Array of [`NewSources`], one per rule counter slot: the limiter on how
+/// fast a rule may admit sources that have no bucket (table pressure).
+pub const MAP_NEW_SOURCES: &str = "NEW_SOURCES";
 /// Array of one `u64`: the clock in ns when the test clock is on.
 pub const MAP_CLOCK: &str = "CLOCK";
 /// Read-only global (`u32`): non-zero makes the program read its clock
@@ -87,6 +90,9 @@ pub struct Counters {
     pub cas_retries: u64,
     /// Frames dropped because every compare-and-swap round was lost.
     pub cas_exhausted: u64,
+    /// New sources refused by their rule's new-source limiter: their bucket
+    /// is created full and the frame dropped (table pressure).
+    pub new_sources_limited: u64,
 }
 
 impl Counters {
@@ -106,6 +112,7 @@ impl Counters {
         self.bucket_insert_failed += o.bucket_insert_failed;
         self.cas_retries += o.cas_retries;
         self.cas_exhausted += o.cas_exhausted;
+        self.new_sources_limited += o.new_sources_limited;
     }
 }
 
@@ -131,6 +138,65 @@ impl RuleCounters {
         self.would_drop_pkts += o.would_drop_pkts;
         self.would_drop_bytes += o.would_drop_bytes;
         self.buckets_created += o.buckets_created;
+    }
+}
+
+/// The new-source limiter of one rule: an aggregate bucket, scaled to the
+/// table, charged by sources that cannot get or keep a bucket of their own.
+///
+/// A source with no bucket (new, or evicted from a full table) gets a
+/// fresh, empty one only while its rule's limiter has budget; each fresh
+/// bucket costs one `burst`'s worth of the rule's budget. The limiter
+/// refills at `capacity x rate / burst` fresh buckets per second, in
+/// bursts of `capacity`: as much fresh budget as a full table of sources
+/// at the rule's rate could use. Legitimate churn stays far below that.
+/// A population of sources larger than the table, each losing its bucket
+/// before it returns, reaches it; from then on such sources are dropped
+/// (no bucket is created, so they cause no further evictions) until the
+/// limiter refills. Sources holding a bucket, and other rules' sources,
+/// are unaffected.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NewSources {
+    /// Limiter state, as a bucket's (compare-and-swap).
+    pub tat: u64,
+    /// Cost of one new source, in 2^-shift ns.
+    pub cost: u64,
+    /// Limiter size, in 2^-shift ns.
+    pub limit: u64,
+    pub shift: u32,
+    /// Zero: no limit (allow/deny rules, or a limit too high to matter).
+    pub enabled: u32,
+}
+
+impl NewSources {
+    /// The limiter as a packet-mode rule (one "packet" per new source).
+    #[inline(always)]
+    pub fn limiter(&self) -> crate::Rule {
+        crate::Rule {
+            pkt_cost: self.cost,
+            byte_cost: 0,
+            limit: self.limit,
+            key_mask: [0; 16],
+            shift: self.shift,
+            action: 0,
+            key_len: 0,
+            rule_id: 0,
+            counter_slot: 0,
+            _reserved: 0,
+        }
+    }
+
+    /// The limiter for a rule of `rate` units per second and `burst` units
+    /// (packets, or bytes in byte mode) in a table of `capacity` buckets,
+    /// starting empty at `now_ns`.
+    pub fn for_rule(rate: u64, burst: u64, capacity: u32, now_ns: u64) -> NewSources {
+        let rate = (rate as u128 * capacity as u128 / burst.max(1) as u128).clamp(1, u64::MAX as u128) as u64;
+        let burst = (capacity as u64).clamp(1, crate::bucket::MAX_BURST);
+        match crate::Rule::packets(rate, burst) {
+            Ok(r) => NewSources { tat: r.empty_tat(now_ns), cost: r.pkt_cost, limit: r.limit, shift: r.shift, enabled: 1 },
+            Err(_) => NewSources::default(),
+        }
     }
 }
 
@@ -167,6 +233,7 @@ mod pod {
     unsafe impl aya::Pod for super::BucketKey {}
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::RuleCounters {}
+    unsafe impl aya::Pod for super::NewSources {}
     unsafe impl aya::Pod for crate::bucket::Bucket {}
     unsafe impl aya::Pod for crate::bucket::Rule {}
 }
@@ -176,6 +243,7 @@ const _: () = {
     assert!(core::mem::size_of::<BucketKey>() == 24);
     assert!(core::mem::size_of::<Bucket>() == 32);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 64);
-    assert!(core::mem::size_of::<Counters>() == 14 * 8);
+    assert!(core::mem::size_of::<Counters>() == 15 * 8);
+    assert!(core::mem::size_of::<NewSources>() == 32);
     assert!(core::mem::size_of::<RuleCounters>() == 7 * 8);
 };

@@ -21,7 +21,7 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use policer_common::{
-    Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES,
+    Bucket, BucketKey, Counters, NewSources, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES,
     Rule, RuleCounters,
     bucket::Action,
     wire::{
@@ -44,6 +44,8 @@ static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_IFACE
 static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULE_SLOTS, 0);
 #[map]
 static BENCH_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static NEW_SOURCES: Array<NewSources> = Array::with_max_entries(MAX_RULE_SLOTS, 0);
 #[map]
 static CLOCK: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -222,7 +224,15 @@ fn police(
     rc: &mut RuleCounters,
 ) -> Judged {
     let Some(bucket) = BUCKETS.get_ptr_mut(key) else {
-        // First frame from this source: a new bucket at zero debt.
+        // No bucket: a new source, or one the full table evicted. It gets a
+        // fresh bucket only while its rule's new-source limiter allows (see
+        // NewSources); otherwise it is dropped and no bucket is made, so a
+        // population too large for the table cannot churn it further.
+        if !new_source_allowed(rule, now) {
+            c.new_sources_limited += 1;
+            return Judged { admit: false, bucket: None };
+        }
+        // A new bucket at zero debt.
         let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
             return Judged { admit: false, bucket: None };
         };
@@ -293,6 +303,35 @@ fn cas_admit(ctx: &XdpContext, bucket: *mut Bucket, rule: &Rule, now: u64, len: 
     c.cas_exhausted += 1;
     if c.cas_exhausted.is_power_of_two() {
         warn!(ctx, "a bucket lost {} compare-and-swap rounds in a row ({} drops so far on this CPU)", CAS_ROUNDS, c.cas_exhausted);
+    }
+    false
+}
+
+/// Takes one new source from the rule's limiter (compare-and-swap).
+#[inline(always)]
+fn new_source_allowed(rule: &Rule, now: u64) -> bool {
+    let Some(ns) = NEW_SOURCES.get_ptr_mut(rule.counter_slot % MAX_RULE_SLOTS) else {
+        return true;
+    };
+    // SAFETY: a live array value; `tat` is only changed by compare-and-swap.
+    unsafe {
+        if core::ptr::read_volatile(&(*ns).enabled) == 0 {
+            return true;
+        }
+        let limiter = core::ptr::read_volatile(ns).limiter();
+        let tat_ptr = &raw mut (*ns).tat;
+        let mut old = core::ptr::read_volatile(tat_ptr);
+        for _ in 0..CAS_ROUNDS {
+            let Some(new) = limiter.admit(old, now, 0) else {
+                return false;
+            };
+            let (seen, _) =
+                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(tat_ptr, old, new);
+            if seen == old {
+                return true;
+            }
+            old = seen;
+        }
     }
     false
 }

@@ -73,6 +73,9 @@ pub struct IfaceStats {
     pub cas_retries: u64,
     /// Frames dropped because every compare-and-swap round was lost.
     pub cas_exhausted: u64,
+    /// Sources refused a fresh bucket by their rule's new-source limiter
+    /// (table pressure): their bucket started full.
+    pub new_sources_limited: u64,
     /// Per-second rates since the previous sample (`--watch` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rates: Option<RateView>,

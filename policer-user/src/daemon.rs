@@ -32,7 +32,7 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULE_COUNTERS,
+    BucketKey, Counters, MAP_NEW_SOURCES, NewSources, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULE_COUNTERS,
     MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
@@ -51,7 +51,8 @@ use crate::{
 };
 
 /// Maps a new program takes over from an adopted one.
-const SHARED_MAPS: [&str; 6] = [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS, MAP_COUNTERS, MAP_RULE_COUNTERS, MAP_CLOCK];
+const SHARED_MAPS: [&str; 7] =
+    [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS, MAP_COUNTERS, MAP_RULE_COUNTERS, MAP_NEW_SOURCES, MAP_CLOCK];
 
 #[derive(Clone, Debug)]
 pub struct DaemonArgs {
@@ -394,7 +395,7 @@ impl Daemon {
                 Some(k) => {
                     let inst = Installed { spec: spec.clone(), id: next_id, slot: k.counter_slot };
                     next_id += 1;
-                    policer.set_rule(*net, &spec.kernel(inst.id)?.with_counter_slot(inst.slot))?;
+                    install(&mut policer, *net, spec, inst.id, inst.slot)?;
                     inst
                 }
                 None => {
@@ -404,7 +405,7 @@ impl Daemon {
                     }
                     let inst = Installed { spec: spec.clone(), id: next_id, slot };
                     next_id += 1;
-                    policer.set_rule(*net, &spec.kernel(inst.id)?.with_counter_slot(slot))?;
+                    install(&mut policer, *net, spec, inst.id, slot)?;
                     inst
                 }
             };
@@ -547,7 +548,7 @@ impl Daemon {
                 }
             };
             let id = self.next_id;
-            if let Err(e) = self.policer.set_rule(*net, &spec.kernel(id)?.with_counter_slot(slot)) {
+            if let Err(e) = install(&mut self.policer, *net, spec, id, slot) {
                 if !self.rules.contains_key(net) && slot != 0 {
                     self.slots.free(slot);
                 }
@@ -939,6 +940,23 @@ impl Daemon {
     }
 }
 
+/// Installs a rule (one atomic update of its prefix), after setting the
+/// new-source limiter of its counter slot.
+fn install(p: &mut Policer, net: IpNet, spec: &RuleSpec, id: u32, slot: u32) -> Result<()> {
+    // Rate and burst in the same unit: packets, or bytes in byte mode.
+    let rate = match (spec.action.polices(), spec.rate) {
+        (true, Some(Rate::Pps(r))) => Some(r),
+        (true, Some(Rate::Bps(b))) => Some(b / 8),
+        _ => None,
+    };
+    let ns = match rate {
+        Some(r) => NewSources::for_rule(r, spec.burst, p.max_sources()?, monotonic_ns()),
+        None => NewSources::default(),
+    };
+    p.set_new_sources(slot, &ns)?;
+    p.set_rule(net, &spec.kernel(id)?.with_counter_slot(slot))
+}
+
 /// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -967,6 +985,7 @@ fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
         bucket_insert_failures: c.bucket_insert_failed,
         cas_retries: c.cas_retries,
         cas_exhausted: c.cas_exhausted,
+        new_sources_limited: c.new_sources_limited,
         rates: None,
     }
 }

@@ -121,6 +121,11 @@ pub fn render(s: &StatsView, live: u64) -> String {
     reg.register("bucket_insert_failures", "Bucket inserts the kernel refused", counter(s.table.insert_failures));
     reg.register("cas_retries", "Compare-and-swap rounds lost to another CPU", counter(s.totals.cas_retries));
     reg.register(
+        "new_sources_limited",
+        "Sources refused a fresh bucket under table pressure (their bucket started full, the frame dropped)",
+        counter(s.totals.new_sources_limited),
+    );
+    reg.register(
         "cas_exhausted",
         "Frames dropped because every compare-and-swap round was lost",
         counter(s.totals.cas_exhausted),

@@ -295,3 +295,31 @@ fn bucket_debt_and_fill() {
     assert_eq!(b.fill_q16(t), 1 << 15);
     assert_eq!(b.fill_q16(t + 10_000_000), 0);
 }
+
+#[test]
+fn new_source_limiter() {
+    use crate::maps::NewSources;
+    let t = 9_000_000_000;
+    // 1000 pps, burst 10, table of 256: 25 600 fresh buckets/s, bursts of 256.
+    let ns = NewSources::for_rule(1000, 10, 256, t);
+    assert_eq!(ns.enabled, 1);
+    let l = ns.limiter();
+    let mut tat = ns.tat;
+    let mut n = 0;
+    while let Some(new) = l.admit(tat, t, 0) {
+        tat = new;
+        n += 1;
+    }
+    assert_eq!(n, 256);
+    // Over the next second, offered every microsecond: 25 600 more.
+    let mut m = 0;
+    for us in 1..=1_000_000u64 {
+        if let Some(new) = l.admit(tat, t + us * 1000, 0) {
+            tat = new;
+            m += 1;
+        }
+    }
+    assert!((25_599..=25_601).contains(&m), "{m}");
+    // Too high to matter: off.
+    assert_eq!(NewSources::for_rule(100_000_000, 1, 1 << 20, t).enabled, 0);
+}
