@@ -10,6 +10,7 @@ pub mod foreign;
 pub mod frame;
 pub mod netns;
 pub mod packet;
+pub mod reference;
 pub mod traffic;
 
 /// True when the privileged tiers can run. When they cannot, says why;

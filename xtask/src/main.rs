@@ -226,11 +226,13 @@ fn test(host_only: bool) -> Result<()> {
     let bin = workspace().join("target/debug/policer");
     // Tier 2: the real object under PROG_TEST_RUN.
     say("tier 2: PROG_TEST_RUN of the real XDP object");
-    sh(cargo().args(["test", "-p", "policer-tests", "--test", "object"]).env("POLICER_BIN", &bin))?;
+    for t in ["object", "kernel"] {
+        sh(cargo().args(["test", "-p", "policer-tests", "--test", t]).env("POLICER_BIN", &bin))?;
+    }
     // Tier 3: real binary, real frames over veth. One test at a time: they
     // measure rates on a 2-core machine.
     say("tier 3: the policer binary on real veth traffic");
-    for t in ["veth", "control", "observe"] {
+    for t in ["veth", "control", "observe", "attack"] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
             .env("POLICER_BIN", &bin))?;
