@@ -82,6 +82,8 @@ impl Default for LoadOptions {
 /// made and unloads the program.
 pub struct Policer {
     pub ebpf: Ebpf,
+    /// Capacity of the bucket table, read once at load.
+    capacity: u32,
 }
 
 /// The interface index of `name`, or a clear error.
@@ -128,7 +130,9 @@ impl Policer {
             .try_into()
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
-        Ok(Policer { ebpf })
+        let mut p = Policer { ebpf, capacity: 0 };
+        p.capacity = p.read_max_sources()?;
+        Ok(p)
     }
 
     pub fn program(&mut self) -> &mut Xdp {
@@ -250,6 +254,10 @@ impl Policer {
 
     /// Capacity of the bucket table.
     pub fn max_sources(&self) -> Result<u32> {
+        Ok(self.capacity)
+    }
+
+    fn read_max_sources(&self) -> Result<u32> {
         let m = self.ebpf.map(MAP_BUCKETS).ok_or(Error::Missing(MAP_BUCKETS))?;
         match m {
             aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS)),
