@@ -194,7 +194,9 @@ impl NewSources {
         let rate = (rate as u128 * capacity as u128 / burst.max(1) as u128).clamp(1, u64::MAX as u128) as u64;
         let burst = (capacity as u64).clamp(1, crate::bucket::MAX_BURST);
         match crate::Rule::packets(rate, burst) {
-            Ok(r) => NewSources { tat: r.empty_tat(now_ns), cost: r.pkt_cost, limit: r.limit, shift: r.shift, enabled: 1 },
+            Ok(r) => {
+                NewSources { tat: r.empty_tat(now_ns), cost: r.pkt_cost, limit: r.limit, shift: r.shift, enabled: 1 }
+            }
             Err(_) => NewSources::default(),
         }
     }

@@ -8,7 +8,6 @@ use core::{
     mem,
 };
 
-use aya_log_ebpf::warn;
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, xdp_action},
     helpers::bpf_ktime_get_ns,
@@ -16,13 +15,14 @@ use aya_ebpf::{
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
+use aya_log_ebpf::warn;
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use policer_common::{
-    Bucket, BucketKey, Counters, NewSources, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES,
-    Rule, RuleCounters,
+    Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES,
+    NewSources, Rule, RuleCounters,
     bucket::Action,
     wire::{
         ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_AH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
@@ -130,7 +130,11 @@ fn parse(ctx: &XdpContext) -> Parsed {
             // Version 4, IHL >= 5, options inside the frame, and a total
             // length that covers the header and fits in the frame (shorter
             // is fine: Ethernet pads small frames).
-            if ip.vihl >> 4 != 4 || hlen < IPV4_MIN_HLEN || off + hlen > frame_len || tot_len < hlen || off + tot_len > frame_len
+            if ip.vihl >> 4 != 4
+                || hlen < IPV4_MIN_HLEN
+                || off + hlen > frame_len
+                || tot_len < hlen
+                || off + tot_len > frame_len
             {
                 return Parsed::Malformed;
             }
@@ -251,7 +255,10 @@ fn police(
                     // Rare; logged at 1, 2, 4, 8... per CPU so a flood
                     // cannot flood the log.
                     if c.bucket_insert_failed.is_power_of_two() {
-                        warn!(ctx, "bucket table refused an insert ({} on this CPU); frame admitted", c.bucket_insert_failed);
+                        warn!(
+                            ctx,
+                            "bucket table refused an insert ({} on this CPU); frame admitted", c.bucket_insert_failed
+                        );
                     }
                     return Judged { admit: true, bucket: None };
                 }
@@ -302,7 +309,12 @@ fn cas_admit(ctx: &XdpContext, bucket: *mut Bucket, rule: &Rule, now: u64, len: 
     // being hammered, so dropping is the conservative answer.
     c.cas_exhausted += 1;
     if c.cas_exhausted.is_power_of_two() {
-        warn!(ctx, "a bucket lost {} compare-and-swap rounds in a row ({} drops so far on this CPU)", CAS_ROUNDS, c.cas_exhausted);
+        warn!(
+            ctx,
+            "a bucket lost {} compare-and-swap rounds in a row ({} drops so far on this CPU)",
+            CAS_ROUNDS,
+            c.cas_exhausted
+        );
     }
     false
 }

@@ -32,8 +32,9 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, MAP_NEW_SOURCES, NewSources, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULE_COUNTERS,
-    MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
+    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES,
+    MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources, PROGRAM_NAME, Rule,
+    RuleCounters, rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -779,7 +780,8 @@ impl Daemon {
             Ok(logger) => {
                 // SAFETY: the logger owns its ring buffer fd and flushing
                 // neither closes nor replaces it.
-                match unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
+                match unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) }
+                {
                     Ok(mut fd) => {
                         tokio::spawn(async move {
                             while let Ok(mut guard) = fd.readable_mut().await {

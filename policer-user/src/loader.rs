@@ -14,8 +14,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Bucket, BucketKey, MAP_NEW_SOURCES, NewSources, Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS,
-    MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, PROGRAM_NAME, Rule, RuleCounters,
+    Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS,
+    MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, NewSources, PROGRAM_NAME, Rule, RuleCounters,
 };
 
 use crate::error::{Error, Result};
@@ -218,10 +218,9 @@ impl Policer {
 
     /// Sets the new-source limiter of a rule slot.
     pub fn set_new_sources(&mut self, slot: u32, ns: &NewSources) -> Result<()> {
-        let mut m: Array<&mut MapData, NewSources> = Array::try_from(
-            self.ebpf.map_mut(MAP_NEW_SOURCES).ok_or(Error::Missing(MAP_NEW_SOURCES))?,
-        )
-        .map_err(Error::map(MAP_NEW_SOURCES))?;
+        let mut m: Array<&mut MapData, NewSources> =
+            Array::try_from(self.ebpf.map_mut(MAP_NEW_SOURCES).ok_or(Error::Missing(MAP_NEW_SOURCES))?)
+                .map_err(Error::map(MAP_NEW_SOURCES))?;
         m.set(slot, ns, 0).map_err(Error::map(MAP_NEW_SOURCES))
     }
 
