@@ -206,7 +206,7 @@ fn fuzz_against_the_reference_parser() {
             0 => {
                 let len = 14 + (rng(&mut s) % 200) as usize;
                 let mut f: Vec<u8> = (0..len).map(|_| rng(&mut s) as u8).collect();
-                if rng(&mut s) % 2 == 0 {
+                if rng(&mut s).is_multiple_of(2) {
                     let e: [u8; 2] =
                         [[0x08, 0x00], [0x86, 0xdd], [0x81, 0x00], [0x88, 0xa8]][(rng(&mut s) % 4) as usize];
                     f[12..14].copy_from_slice(&e);
@@ -226,7 +226,7 @@ fn fuzz_against_the_reference_parser() {
             _ => {}
         }
         // Vary the sources so the bucket table sees many keys.
-        if f.len() >= 34 && rng(&mut s) % 2 == 0 {
+        if f.len() >= 34 && rng(&mut s).is_multiple_of(2) {
             f[29] = rng(&mut s) as u8;
         }
         tally.add(check(&mut p, &mut keys, &f, &format!("frame {i}")));
