@@ -61,6 +61,11 @@ pub struct BucketKey {
     pub key_len: u32,
 }
 
+/// `a.f += b.f` for each field named.
+macro_rules! add_fields {
+    ($a:ident, $b:ident; $($f:ident),+ $(,)?) => { $( $a.$f += $b.$f; )+ };
+}
+
 /// Packet counters, one set per CPU; user space sums them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -96,23 +101,24 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// The verdict counters, in the per-rule layout.
+    pub fn verdicts(&self) -> RuleCounters {
+        RuleCounters {
+            passed_pkts: self.passed_pkts,
+            passed_bytes: self.passed_bytes,
+            dropped_pkts: self.dropped_pkts,
+            dropped_bytes: self.dropped_bytes,
+            would_drop_pkts: self.would_drop_pkts,
+            would_drop_bytes: self.would_drop_bytes,
+            buckets_created: self.buckets_created,
+        }
+    }
+
     /// Adds another CPU's counters.
     pub fn add(&mut self, o: &Counters) {
-        self.passed_pkts += o.passed_pkts;
-        self.passed_bytes += o.passed_bytes;
-        self.dropped_pkts += o.dropped_pkts;
-        self.dropped_bytes += o.dropped_bytes;
-        self.would_drop_pkts += o.would_drop_pkts;
-        self.would_drop_bytes += o.would_drop_bytes;
-        self.unmatched_pkts += o.unmatched_pkts;
-        self.non_ip_pkts += o.non_ip_pkts;
-        self.malformed_pkts += o.malformed_pkts;
-        self.fragment_pkts += o.fragment_pkts;
-        self.buckets_created += o.buckets_created;
-        self.bucket_insert_failed += o.bucket_insert_failed;
-        self.cas_retries += o.cas_retries;
-        self.cas_exhausted += o.cas_exhausted;
-        self.new_sources_limited += o.new_sources_limited;
+        add_fields!(self, o; passed_pkts, passed_bytes, dropped_pkts, dropped_bytes, would_drop_pkts,
+            would_drop_bytes, unmatched_pkts, non_ip_pkts, malformed_pkts, fragment_pkts, buckets_created,
+            bucket_insert_failed, cas_retries, cas_exhausted, new_sources_limited);
     }
 }
 
@@ -130,14 +136,10 @@ pub struct RuleCounters {
 }
 
 impl RuleCounters {
+    /// Adds another CPU's counters.
     pub fn add(&mut self, o: &RuleCounters) {
-        self.passed_pkts += o.passed_pkts;
-        self.passed_bytes += o.passed_bytes;
-        self.dropped_pkts += o.dropped_pkts;
-        self.dropped_bytes += o.dropped_bytes;
-        self.would_drop_pkts += o.would_drop_pkts;
-        self.would_drop_bytes += o.would_drop_bytes;
-        self.buckets_created += o.buckets_created;
+        add_fields!(self, o; passed_pkts, passed_bytes, dropped_pkts, dropped_bytes, would_drop_pkts,
+            would_drop_bytes, buckets_created);
     }
 }
 

@@ -58,6 +58,20 @@ pub struct CountersView {
     pub buckets_created: u64,
 }
 
+impl From<&policer_common::RuleCounters> for CountersView {
+    fn from(c: &policer_common::RuleCounters) -> CountersView {
+        CountersView {
+            passed_packets: c.passed_pkts,
+            passed_bytes: c.passed_bytes,
+            dropped_packets: c.dropped_pkts,
+            dropped_bytes: c.dropped_bytes,
+            would_drop_packets: c.would_drop_pkts,
+            would_drop_bytes: c.would_drop_bytes,
+            buckets_created: c.buckets_created,
+        }
+    }
+}
+
 /// Per-interface view: verdicts plus parse outcomes and table events.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct IfaceStats {

@@ -662,15 +662,7 @@ impl Daemon {
                 RuleStats {
                     prefix: net.to_string(),
                     action: i.spec.action.to_string(),
-                    counters: CountersView {
-                        passed_packets: c.passed_pkts,
-                        passed_bytes: c.passed_bytes,
-                        dropped_packets: c.dropped_pkts,
-                        dropped_bytes: c.dropped_bytes,
-                        would_drop_packets: c.would_drop_pkts,
-                        would_drop_bytes: c.would_drop_bytes,
-                        buckets_created: c.buckets_created,
-                    },
+                    counters: CountersView::from(&c),
                     rates: None,
                 }
             })
@@ -971,15 +963,7 @@ fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
     IfaceStats {
         name: name.into(),
         ifindex,
-        counters: CountersView {
-            passed_packets: c.passed_pkts,
-            passed_bytes: c.passed_bytes,
-            dropped_packets: c.dropped_pkts,
-            dropped_bytes: c.dropped_bytes,
-            would_drop_packets: c.would_drop_pkts,
-            would_drop_bytes: c.would_drop_bytes,
-            buckets_created: c.buckets_created,
-        },
+        counters: CountersView::from(&c.verdicts()),
         unmatched_packets: c.unmatched_pkts,
         non_ip_packets: c.non_ip_pkts,
         malformed_packets: c.malformed_pkts,

@@ -142,21 +142,27 @@ impl Policer {
 
     /// Installs (or replaces, atomically for that prefix) the rule for `net`.
     pub fn set_rule(&mut self, net: IpNet, rule: &Rule) -> Result<()> {
-        let net = net.trunc();
-        match net {
+        self.update_rule(net, Some(rule))
+    }
+
+    /// One update of the rule tries: insert (or replace) `rule` for `net`,
+    /// or remove it with `None`. Atomic for that prefix.
+    fn update_rule(&mut self, net: IpNet, rule: Option<&Rule>) -> Result<()> {
+        fn apply<K: aya::Pod>(ebpf: &mut Ebpf, name: &'static str, key: Key<K>, rule: Option<&Rule>) -> Result<()> {
+            let mut m: LpmTrie<&mut MapData, K, Rule> =
+                LpmTrie::try_from(ebpf.map_mut(name).ok_or(Error::Missing(name))?).map_err(Error::map(name))?;
+            match rule {
+                Some(r) => m.insert(&key, r, 0),
+                None => m.remove(&key),
+            }
+            .map_err(Error::map(name))
+        }
+        match net.trunc() {
             IpNet::V4(n) => {
-                let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> =
-                    LpmTrie::try_from(self.ebpf.map_mut(MAP_RULES_V4).ok_or(Error::Missing(MAP_RULES_V4))?)
-                        .map_err(Error::map(MAP_RULES_V4))?;
-                m.insert(&Key::new(n.prefix_len().into(), n.network().octets()), rule, 0)
-                    .map_err(Error::map(MAP_RULES_V4))
+                apply(&mut self.ebpf, MAP_RULES_V4, Key::new(n.prefix_len().into(), n.network().octets()), rule)
             }
             IpNet::V6(n) => {
-                let mut m: LpmTrie<&mut MapData, [u8; 16], Rule> =
-                    LpmTrie::try_from(self.ebpf.map_mut(MAP_RULES_V6).ok_or(Error::Missing(MAP_RULES_V6))?)
-                        .map_err(Error::map(MAP_RULES_V6))?;
-                m.insert(&Key::new(n.prefix_len().into(), n.network().octets()), rule, 0)
-                    .map_err(Error::map(MAP_RULES_V6))
+                apply(&mut self.ebpf, MAP_RULES_V6, Key::new(n.prefix_len().into(), n.network().octets()), rule)
             }
         }
     }
@@ -280,21 +286,7 @@ impl Policer {
 
     /// Removes the rule for `net`.
     pub fn remove_rule(&mut self, net: IpNet) -> Result<()> {
-        let net = net.trunc();
-        match net {
-            IpNet::V4(n) => {
-                let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> =
-                    LpmTrie::try_from(self.ebpf.map_mut(MAP_RULES_V4).ok_or(Error::Missing(MAP_RULES_V4))?)
-                        .map_err(Error::map(MAP_RULES_V4))?;
-                m.remove(&Key::new(n.prefix_len().into(), n.network().octets())).map_err(Error::map(MAP_RULES_V4))
-            }
-            IpNet::V6(n) => {
-                let mut m: LpmTrie<&mut MapData, [u8; 16], Rule> =
-                    LpmTrie::try_from(self.ebpf.map_mut(MAP_RULES_V6).ok_or(Error::Missing(MAP_RULES_V6))?)
-                        .map_err(Error::map(MAP_RULES_V6))?;
-                m.remove(&Key::new(n.prefix_len().into(), n.network().octets())).map_err(Error::map(MAP_RULES_V6))
-            }
-        }
+        self.update_rule(net, None)
     }
 
     /// Every rule in the kernel's tries.

@@ -146,16 +146,28 @@ fn is_root() -> bool {
     output("id", &["-u"]).is_some_and(|s| s.trim() == "0")
 }
 
-fn setup() -> Result<()> {
-    let debian = Path::new("/etc/debian_version").exists();
-    // 1. Debian packages.
-    let missing: Vec<&str> = APT_PACKAGES
-        .iter()
+/// The Debian packages of `pkgs` that are not installed.
+fn missing_packages<'a>(pkgs: &[&'a str]) -> Vec<&'a str> {
+    pkgs.iter()
         .copied()
         .filter(|p| {
             !output("dpkg-query", &["-W", "-f=${Status}", p]).is_some_and(|s| s.contains("install ok installed"))
         })
-        .collect();
+        .collect()
+}
+
+fn apt_install(pkgs: &[&str]) -> Result<()> {
+    sh(Command::new("apt-get").args(["update", "-q"]))?;
+    sh(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(pkgs)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn setup() -> Result<()> {
+    let debian = Path::new("/etc/debian_version").exists();
+    // 1. Debian packages.
+    let missing = missing_packages(APT_PACKAGES);
     if !missing.is_empty() {
         if !debian {
             bail!(
@@ -169,11 +181,7 @@ fn setup() -> Result<()> {
             bail!("missing packages {missing:?}: run as root, or `sudo apt-get install {}`", missing.join(" "));
         }
         say(&format!("installing Debian packages: {}", missing.join(" ")));
-        sh(Command::new("apt-get").args(["update", "-q"]))?;
-        sh(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        apt_install(&missing)?;
     }
     // 2. The pinned toolchain with rust-src (for -Z build-std=core).
     let have_src = output("rustup", &["component", "list", "--installed", "--toolchain", TOOLCHAIN])
@@ -249,20 +257,10 @@ fn bench(quick: bool) -> Result<()> {
     if !is_root() {
         bail!("the benchmark attaches XDP, nftables and iptables rules in namespaces: run it as root");
     }
-    let missing: Vec<&str> = BENCH_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| {
-            !output("dpkg-query", &["-W", "-f=${Status}", p]).is_some_and(|s| s.contains("install ok installed"))
-        })
-        .collect();
+    let missing = missing_packages(BENCH_PACKAGES);
     if !missing.is_empty() {
         say(&format!("installing the benchmark's peers: {}", missing.join(" ")));
-        sh(Command::new("apt-get").args(["update", "-q"]))?;
-        sh(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        apt_install(&missing)?;
     }
     sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-tests", "--bins"]))?;
     let root = workspace();
