@@ -1,10 +1,56 @@
 //! Reference XDP programs for the benchmark (`cargo xtask bench`): floors
-//! measured in the same run as the policer. Not part of the product.
+//! measured in the same run as the policer, and the live-frames traffic
+//! generator. Not part of the product.
+//!
+//! - `xdp_pass`, `xdp_drop`: the floors.
+//! - `parse_lookup`: the minimal work a per-source policer cannot avoid —
+//!   parse Ethernet + IPv4, build the same 24-byte key as the policer, one
+//!   LRU hash lookup (insert on a miss, as the policer's first packet does)
+//!   and a read of the 32-byte value. With `REF_SOURCES` = N it replaces the
+//!   source with synthetic sources 10.x.y.z cycling 0..N exactly as the
+//!   policer's bench variant does, so both touch the same number of entries.
+//! - `xdp_gen`: run with `BPF_F_TEST_XDP_LIVE_FRAMES`, rewrites each frame's
+//!   IPv4 source (GEN_BASE + 0..GEN_SOURCES, in turn or at random), fixes the
+//!   header checksum and redirects the frame into `GEN_IFINDEX`.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 
 #[cfg(target_arch = "bpf")]
 mod programs {
-    use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+    use aya_ebpf::{
+        bindings::{BPF_NOEXIST, xdp_action},
+        helpers::{bpf_get_prandom_u32, bpf_redirect},
+        macros::{map, xdp},
+        maps::{LruHashMap, PerCpuArray},
+        programs::XdpContext,
+    };
+    use policer_common::{Bucket, BucketKey, FAMILY_V4};
+
+    /// Resized by the benchmark loader.
+    #[map]
+    static REF_TABLE: LruHashMap<BucketKey, Bucket> = LruHashMap::with_max_entries(1024, 0);
+    #[map]
+    static REF_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+    #[map]
+    static GEN_SEQ: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+    /// Synthetic sources for `parse_lookup` (0 = the frame's own source).
+    #[unsafe(no_mangle)]
+    static REF_SOURCES: u32 = 0;
+    /// Where `xdp_gen` redirects its frames.
+    #[unsafe(no_mangle)]
+    static GEN_IFINDEX: u32 = 0;
+    /// Number of sources `xdp_gen` cycles through (at least 1).
+    #[unsafe(no_mangle)]
+    static GEN_SOURCES: u32 = 1;
+    /// First source address, host order.
+    #[unsafe(no_mangle)]
+    static GEN_BASE: u32 = 0x0a00_0000;
+    /// Non-zero: pick sources at random instead of in turn.
+    #[unsafe(no_mangle)]
+    static GEN_RANDOM: u32 = 0;
+
+    const ETH_HLEN: usize = 14;
+    const IPV4_HLEN: usize = 20;
 
     #[xdp]
     pub fn xdp_pass(_ctx: XdpContext) -> u32 {
@@ -14,6 +60,107 @@ mod programs {
     #[xdp]
     pub fn xdp_drop(_ctx: XdpContext) -> u32 {
         xdp_action::XDP_DROP
+    }
+
+    #[inline(always)]
+    fn ro(v: &u32) -> u32 {
+        // SAFETY: a read of a plain static the loader may rewrite before load.
+        unsafe { core::ptr::read_volatile(v) }
+    }
+
+    #[xdp]
+    pub fn parse_lookup(ctx: XdpContext) -> u32 {
+        let data = ctx.data();
+        if data + ETH_HLEN + IPV4_HLEN > ctx.data_end() {
+            return xdp_action::XDP_PASS;
+        }
+        // SAFETY: bounds checked above.
+        let (proto, vihl, src) = unsafe {
+            let p = data as *const u8;
+            (
+                u16::from_be_bytes([*p.add(12), *p.add(13)]),
+                *p.add(ETH_HLEN),
+                [*p.add(26), *p.add(27), *p.add(28), *p.add(29)],
+            )
+        };
+        if proto != 0x0800 || vihl >> 4 != 4 || vihl & 0xf < 5 {
+            return xdp_action::XDP_PASS;
+        }
+        let mut key = BucketKey { addr: [0; 16], family: FAMILY_V4, key_len: 32 };
+        key.addr[..4].copy_from_slice(&src);
+        let n = ro(&REF_SOURCES);
+        if n != 0
+            && let Some(seq) = REF_SEQ.get_ptr_mut(0)
+        {
+            // SAFETY: per-CPU slot. The same arithmetic as the policer's
+            // bench variant (a 64-bit modulo).
+            let i = unsafe {
+                let v = *seq;
+                *seq = v + 1;
+                (v % n as u64) as u32
+            };
+            key.addr[0] = 10;
+            key.addr[1] = (i >> 16) as u8;
+            key.addr[2] = (i >> 8) as u8;
+            key.addr[3] = i as u8;
+        }
+        match REF_TABLE.get_ptr(&key) {
+            Some(v) => {
+                // SAFETY: a live map value; read like the policer reads `tat`.
+                let tat = unsafe { core::ptr::read_volatile(&(*v).tat) };
+                if tat == u64::MAX { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
+            }
+            None => {
+                // SAFETY: Bucket is plain data; all zeroes is a valid value.
+                let b: Bucket = unsafe { core::mem::zeroed() };
+                let _ = REF_TABLE.insert(&key, &b, BPF_NOEXIST as u64);
+                xdp_action::XDP_DROP
+            }
+        }
+    }
+
+    #[xdp]
+    pub fn xdp_gen(ctx: XdpContext) -> u32 {
+        let data = ctx.data();
+        if data + ETH_HLEN + IPV4_HLEN > ctx.data_end() {
+            return xdp_action::XDP_ABORTED;
+        }
+        let n = ro(&GEN_SOURCES).max(1);
+        let i = if ro(&GEN_RANDOM) != 0 {
+            // SAFETY: helper with no preconditions.
+            (unsafe { bpf_get_prandom_u32() }) % n
+        } else {
+            let Some(seq) = GEN_SEQ.get_ptr_mut(0) else {
+                return xdp_action::XDP_ABORTED;
+            };
+            // SAFETY: per-CPU slot, only this CPU writes it while we run.
+            unsafe {
+                let v = *seq;
+                *seq = if v + 1 >= n { 0 } else { v + 1 };
+                v
+            }
+        };
+        let src = ro(&GEN_BASE).wrapping_add(i).to_be_bytes();
+        // SAFETY: bounds checked above; the frame is ours to rewrite.
+        unsafe {
+            let ip = (data + ETH_HLEN) as *mut u8;
+            for (k, b) in src.iter().enumerate() {
+                *ip.add(12 + k) = *b;
+            }
+            *ip.add(10) = 0;
+            *ip.add(11) = 0;
+            let mut sum: u32 = 0;
+            for w in 0..IPV4_HLEN / 2 {
+                sum += u32::from(u16::from_be_bytes([*ip.add(2 * w), *ip.add(2 * w + 1)]));
+            }
+            sum = (sum & 0xffff) + (sum >> 16);
+            sum = (sum & 0xffff) + (sum >> 16);
+            let c = (!(sum as u16)).to_be_bytes();
+            *ip.add(10) = c[0];
+            *ip.add(11) = c[1];
+        }
+        // SAFETY: helper with no preconditions.
+        unsafe { bpf_redirect(ro(&GEN_IFINDEX), 0) as u32 }
     }
 
     #[panic_handler]

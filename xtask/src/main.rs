@@ -249,8 +249,9 @@ fn test(host_only: bool) -> Result<()> {
     Ok(())
 }
 
-/// Peers the benchmark runs side by side with policer.
-const BENCH_PACKAGES: &[&str] = &["nftables", "iptables"];
+/// Peers the benchmark runs side by side with policer, ethtool (GRO on the
+/// benchmark's veths) and the font its plots are drawn with.
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "fonts-dejavu-core"];
 
 fn bench(quick: bool) -> Result<()> {
     setup()?;

@@ -1,1 +1,176 @@
-//! Benchmark support (`cargo xtask bench`).
+//! Benchmark support (`cargo xtask bench`): kernel cost by PROG_TEST_RUN,
+//! per-packet cost on veth against XDP floors and the kernel's own
+//! per-source limiters, accuracy under paced traffic, the control plane;
+//! a Markdown report, JSON results and PNG plots.
+//!
+//! Everything runs inside network namespaces named `pb-*` that are removed
+//! when each experiment ends. Nothing asserts a timing: it only reports.
+
+pub mod accuracy;
+pub mod control;
+pub mod generator;
+pub mod kernel;
+pub mod peers;
+pub mod plot;
+pub mod report;
+pub mod sys;
+pub mod veth;
+
+use std::{
+    panic::{AssertUnwindSafe, catch_unwind},
+    path::PathBuf,
+    time::Instant,
+};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+/// Median with min–max over repetitions.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Stat {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Stat {
+    pub fn of(v: &[f64]) -> Stat {
+        let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        if s.is_empty() {
+            return Stat { median: f64::NAN, min: f64::NAN, max: f64::NAN, n: 0 };
+        }
+        s.sort_by(|a, b| a.total_cmp(b));
+        let n = s.len();
+        let median = if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 };
+        Stat { median, min: s[0], max: s[n - 1], n }
+    }
+}
+
+/// Progress on stderr.
+pub fn say(msg: &str) {
+    eprintln!("policer-bench: {msg}");
+}
+
+/// Everything one run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Results {
+    pub date: String,
+    pub commit: String,
+    pub machine: String,
+    pub quick: bool,
+    pub seconds: f64,
+    pub kernel: Option<kernel::KernelResults>,
+    pub veth: Option<veth::VethResults>,
+    pub accuracy: Option<accuracy::AccuracyResults>,
+    pub control: Option<control::ControlResults>,
+    pub targets: Vec<report::Target>,
+    /// Experiments that failed, and why.
+    pub errors: Vec<String>,
+}
+
+pub struct Options {
+    pub quick: bool,
+    pub report: PathBuf,
+    pub results: PathBuf,
+    pub plots: PathBuf,
+    /// Only these experiments (kernel, veth, accuracy, control); all if empty.
+    pub only: Vec<String>,
+}
+
+/// Runs one experiment; a failure (error or panic) is recorded, not fatal.
+fn guarded<T>(name: &str, errors: &mut Vec<String>, f: impl FnOnce() -> Result<T>) -> Option<T> {
+    say(&format!("{name}: start"));
+    let t0 = Instant::now();
+    let r = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            errors.push(format!("{name}: {e:#}"));
+            None
+        }
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            errors.push(format!("{name}: panicked: {}", msg.lines().take(3).collect::<Vec<_>>().join(" ")));
+            None
+        }
+    };
+    say(&format!("{name}: done in {:.1} s", t0.elapsed().as_secs_f64()));
+    r
+}
+
+pub fn run(o: &Options) -> Result<Results> {
+    let t0 = Instant::now();
+    let want = |x: &str| o.only.is_empty() || o.only.iter().any(|w| w == x);
+    let reps = if o.quick { 2 } else { 5 };
+    let mut errors = vec![];
+    let kernel = if want("kernel") { guarded("kernel cost", &mut errors, || kernel::run(o.quick, reps)) } else { None };
+    let veth = if want("veth") { guarded("veth cost", &mut errors, || veth::run(o.quick, reps)) } else { None };
+    let accuracy = if want("accuracy") {
+        guarded("accuracy", &mut errors, || accuracy::run(o.quick, if o.quick { 1 } else { 2 }))
+    } else {
+        None
+    };
+    let control = if want("control") {
+        guarded("control plane", &mut errors, || control::run(o.quick, if o.quick { 2 } else { 3 }))
+    } else {
+        None
+    };
+    let date = sys::run("date", &["-u", "+%Y-%m-%d %H:%M"]).unwrap_or_default().trim().to_string();
+    let mut commit = sys::run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_default().trim().to_string();
+    if sys::run("git", &["status", "--porcelain", "--untracked-files=no"]).is_ok_and(|s| !s.trim().is_empty()) {
+        commit.push_str(" + uncommitted changes");
+    }
+    let mut r = Results {
+        date,
+        commit,
+        machine: sys::machine(),
+        quick: o.quick,
+        seconds: 0.0,
+        kernel,
+        veth,
+        accuracy,
+        control,
+        targets: vec![],
+        errors,
+    };
+    r.targets = report::targets(&r);
+    std::fs::create_dir_all(&o.plots).with_context(|| format!("{}", o.plots.display()))?;
+    let mut plot_errors = vec![];
+    if let Some(v) = &r.veth
+        && let Err(e) = plot::veth_cost(v, &o.plots.join("veth-cost.png"))
+    {
+        plot_errors.push(format!("plot veth-cost.png: {e:#}"));
+    }
+    if let Some(k) = &r.kernel
+        && let Err(e) = plot::kernel_cost(k, &o.plots.join("kernel-cost.png"))
+    {
+        plot_errors.push(format!("plot kernel-cost.png: {e:#}"));
+    }
+    if let Some(a) = &r.accuracy
+        && let Err(e) = plot::accuracy(a, &o.plots.join("accuracy.png"))
+    {
+        plot_errors.push(format!("plot accuracy.png: {e:#}"));
+    }
+    r.errors.extend(plot_errors);
+    r.seconds = t0.elapsed().as_secs_f64();
+    if let Some(dir) = o.results.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&o.results, serde_json::to_string_pretty(&r)? + "\n")?;
+    std::fs::write(&o.report, report::markdown(&r))?;
+    say(&format!(
+        "wrote {}, {} and plots in {} ({:.1} min)",
+        o.report.display(),
+        o.results.display(),
+        o.plots.display(),
+        r.seconds / 60.0
+    ));
+    for e in &r.errors {
+        say(&format!("not measured: {e}"));
+    }
+    Ok(r)
+}

@@ -1,0 +1,247 @@
+//! Accuracy: sources offered 10× their limit, smoothly paced (the tests'
+//! AF_PACKET generator), and what each system admitted against
+//! `rate·T + burst`. Counted where every system's verdict is final: a UDP
+//! socket in the receiving namespace (nftables ingress and iptables raw
+//! run after AF_PACKET taps, so a raw receive socket would see frames
+//! they drop).
+
+use std::{
+    net::{Ipv4Addr, UdpSocket},
+    os::fd::AsRawFd,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::{
+    Stat,
+    peers::{Limit, System, hashlimit, nft, policer},
+    say,
+    sys::{DST, Net, settle},
+};
+use crate::{
+    frame::MARKER,
+    netns::enter,
+    packet::RawSocket,
+    traffic::{Flow, SendReport, epoch_ns, send},
+};
+
+/// What the receiving UDP socket counted.
+#[derive(Clone, Debug, Default)]
+pub struct UdpReceived {
+    pub per_flow: Vec<u64>,
+    /// Arrival times of flow 0's datagrams, ns since [`epoch_ns`].
+    pub arrivals0: Vec<u64>,
+    pub foreign: u64,
+}
+
+fn set_rcvbuf(s: &UdpSocket) {
+    let v: i32 = 64 << 20;
+    // SAFETY: pointer and length describe `v`.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            &v as *const _ as *const libc::c_void,
+            4,
+        )
+    };
+}
+
+/// Sends `flows` paced from the transmit side for `duration` and counts,
+/// per flow, the datagrams a UDP socket on the receiving side gets.
+/// `during` runs on the calling thread while traffic flows.
+pub fn paced(
+    net: &Net,
+    flows: &[Flow],
+    duration: Duration,
+    during: impl FnOnce(),
+) -> Result<(SendReport, UdpReceived)> {
+    let run: u32 = (epoch_ns() as u32) | 1;
+    let n = flows.len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let rns = net.sb.rx_ns.clone();
+    let st = stop.clone();
+    epoch_ns();
+    let receiver = thread::spawn(move || -> Result<UdpReceived> {
+        enter(&rns)?;
+        let sock = UdpSocket::bind((Ipv4Addr::from(DST), 9)).context("bind the UDP receiver")?;
+        set_rcvbuf(&sock);
+        sock.set_read_timeout(Some(Duration::from_millis(50)))?;
+        let _ = ready_tx.send(());
+        let mut r = UdpReceived { per_flow: vec![0; n], ..Default::default() };
+        let mut buf = [0u8; 2048];
+        let mut quiet: Option<Instant> = None;
+        loop {
+            match sock.recv(&mut buf) {
+                Ok(len) => {
+                    quiet = None;
+                    let m = &buf[..len];
+                    if len >= 12 && m[..4] == MARKER {
+                        let id = u32::from_be_bytes([m[4], m[5], m[6], m[7]]);
+                        let flow = u32::from_be_bytes([m[8], m[9], m[10], m[11]]) as usize;
+                        if id == run && flow < n {
+                            if flow == 0 {
+                                r.arrivals0.push(epoch_ns());
+                            }
+                            r.per_flow[flow] += 1;
+                            continue;
+                        }
+                    }
+                    r.foreign += 1;
+                }
+                Err(_) => {
+                    if st.load(Ordering::Relaxed)
+                        && quiet.get_or_insert_with(Instant::now).elapsed() > Duration::from_millis(300)
+                    {
+                        return Ok(r);
+                    }
+                }
+            }
+        }
+    });
+    ready_rx.recv().context("receiver did not start")?;
+    let (tns, tif, mac) = (net.sb.tx_ns.clone(), net.sb.tx_if.clone(), net.rx_mac);
+    let fl = flows.to_vec();
+    let sender = thread::spawn(move || -> Result<SendReport> {
+        enter(&tns)?;
+        let sock = RawSocket::bind(&tif)?;
+        sock.big_buffers()?;
+        Ok(send(&sock, &fl, mac, run, duration, &AtomicBool::new(false)))
+    });
+    during();
+    let sent = sender.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    stop.store(true, Ordering::Relaxed);
+    let got = receiver.join().map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+    Ok((sent, got))
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AccuracyRow {
+    pub system: System,
+    pub key: String,
+    pub label: String,
+    /// Heavy flows: admitted / expected - 1, per flow and repetition.
+    pub error: Stat,
+    /// Heavy flows: admitted and expected, summed over flows, per repetition.
+    pub admitted: Vec<u64>,
+    pub expected: Vec<f64>,
+    pub sent: Vec<u64>,
+    /// The light flow (half its limit): frames lost, per repetition.
+    pub light_lost: Vec<u64>,
+    /// Heavy hitter's (flow 0) admitted rate per bin, last repetition.
+    pub timeline: Vec<(f64, f64)>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AccuracyResults {
+    pub limit_pps: u64,
+    pub burst: u64,
+    pub offered_pps: f64,
+    pub heavy_flows: usize,
+    pub seconds: f64,
+    pub reps: usize,
+    pub bin_ms: u64,
+    pub rows: Vec<AccuracyRow>,
+}
+
+pub const SYSTEMS: [System; 4] = [System::PolicerDrop, System::Nft, System::IptLegacy, System::IptNft];
+
+pub fn run(quick: bool, reps: usize) -> Result<AccuracyResults> {
+    let limit = Limit { pps: 1000, burst: 10 };
+    let heavy = 4usize;
+    let offered = 10.0 * limit.pps as f64;
+    let secs = if quick { 2.0 } else { 5.0 };
+    let bin_ms = 100u64;
+    let mut flows: Vec<Flow> =
+        (0..heavy).map(|i| Flow { src: Ipv4Addr::new(10, 2, 0, 1 + i as u8).into(), pps: offered, len: 64 }).collect();
+    flows.push(Flow { src: Ipv4Addr::new(10, 2, 1, 1).into(), pps: limit.pps as f64 / 2.0, len: 64 });
+    let mut rows = Vec::new();
+    for sys in SYSTEMS {
+        say(&format!("accuracy: {}", sys.label()));
+        let mut errs = Vec::new();
+        let (mut admitted, mut expected, mut sent, mut light_lost) = (vec![], vec![], vec![], vec![]);
+        let mut timeline = vec![];
+        for _ in 0..reps {
+            // A fresh system each repetition: every source starts empty.
+            let net = Net::new(&format!("a{}", sys.tag()))?;
+            let _daemon = match sys {
+                System::PolicerDrop => Some(policer(&net, limit, &["--max-sources", "65536"])),
+                System::Nft => {
+                    nft(&net, limit)?;
+                    None
+                }
+                System::IptLegacy => {
+                    hashlimit(&net, "iptables-legacy", limit)?;
+                    None
+                }
+                _ => {
+                    hashlimit(&net, "iptables-nft", limit)?;
+                    None
+                }
+            };
+            settle();
+            let (s, r) = paced(&net, &flows, Duration::from_secs_f64(secs), || {})?;
+            let (mut a, mut e) = (0u64, 0f64);
+            for f in 0..heavy {
+                let exp = limit.pps as f64 * s.span_secs(f) + limit.burst as f64;
+                errs.push(r.per_flow[f] as f64 / exp - 1.0);
+                a += r.per_flow[f];
+                e += exp;
+            }
+            admitted.push(a);
+            expected.push(e);
+            sent.push(s.sent[..heavy].iter().sum());
+            light_lost.push(s.sent[heavy].saturating_sub(r.per_flow[heavy]));
+            timeline = bins(&r.arrivals0, bin_ms);
+        }
+        rows.push(AccuracyRow {
+            system: sys,
+            key: sys.key().into(),
+            label: match sys {
+                System::PolicerDrop => "policer".into(),
+                _ => sys.label().into(),
+            },
+            error: Stat::of(&errs),
+            admitted,
+            expected,
+            sent,
+            light_lost,
+            timeline,
+        });
+    }
+    Ok(AccuracyResults {
+        limit_pps: limit.pps,
+        burst: limit.burst,
+        offered_pps: offered,
+        heavy_flows: heavy,
+        seconds: secs,
+        reps,
+        bin_ms,
+        rows,
+    })
+}
+
+/// Arrivals per bin as a rate (pps), time from the first arrival (s).
+fn bins(arrivals: &[u64], bin_ms: u64) -> Vec<(f64, f64)> {
+    let Some(&t0) = arrivals.first() else { return vec![] };
+    let w = bin_ms * 1_000_000;
+    let last = arrivals.last().copied().unwrap_or(t0);
+    let n = ((last - t0) / w + 1) as usize;
+    let mut c = vec![0u64; n];
+    for &t in arrivals {
+        c[((t - t0) / w) as usize] += 1;
+    }
+    // The last bin is partial: leave it out.
+    c.pop();
+    c.iter().enumerate().map(|(i, &k)| ((i as u64 * bin_ms) as f64 / 1e3, k as f64 * 1e3 / bin_ms as f64)).collect()
+}

@@ -1,0 +1,346 @@
+//! The control plane, measured the way a user runs it: the real `policer`
+//! binary, daemon and CLI as separate processes under `ip netns exec`.
+
+use std::{
+    fmt::Write as _,
+    io::{BufRead, BufReader, Write},
+    net::Ipv4Addr,
+    os::{linux::fs::MetadataExt, unix::net::UnixStream},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use policer_user::{
+    control::{Request, Response},
+    rules::{BurstValue, RuleConfig},
+};
+use serde::Serialize;
+
+use super::{
+    Stat,
+    accuracy::paced,
+    generator::Generator,
+    say,
+    sys::{Net, bench_cpu, rss_kib},
+};
+use crate::{
+    daemon::{Daemon, cli},
+    traffic::{Flow, epoch_ns},
+};
+
+pub const RULES: u32 = 100_000;
+
+/// One measured quantity: a statistic, or why it was not measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Measure {
+    pub key: String,
+    pub label: String,
+    pub unit: String,
+    pub value: Option<Stat>,
+    pub note: String,
+}
+
+fn m(key: &str, label: &str, unit: &str, v: &[f64], note: impl Into<String>) -> Measure {
+    Measure { key: key.into(), label: label.into(), unit: unit.into(), value: Some(Stat::of(v)), note: note.into() }
+}
+
+fn not_measured(key: &str, label: &str, unit: &str, why: impl Into<String>) -> Measure {
+    Measure { key: key.into(), label: label.into(), unit: unit.into(), value: None, note: why.into() }
+}
+
+/// The n-th rule prefix of the big rule set: host routes in 100.64.0.0/10.
+fn prefix(i: u32) -> String {
+    format!("{}/32", Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 64, 0, 0)) + i))
+}
+
+/// A config file with the default rule and `n` more rules.
+fn config(n: u32, rate: &str) -> String {
+    let mut s = String::with_capacity(n as usize * 64);
+    s.push_str("[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1Mpps\"\nburst = 1000\n\n");
+    for i in 0..n {
+        let _ = write!(s, "[[rule]]\nprefix = \"{}\"\nrate = \"{rate}\"\nburst = 50\n\n", prefix(i));
+    }
+    s
+}
+
+fn start(net: &Net, args: &[&str]) -> (Daemon, f64) {
+    let mut v = vec!["--mode", "native", "--interval", "0"];
+    v.extend_from_slice(args);
+    let t0 = Instant::now();
+    let d = Daemon::attach(&net.sb, &v);
+    (d, t0.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Runs a CLI verb in the daemon's namespace; returns (ms, stdout).
+fn timed_cli(net: &Net, args: &[&str]) -> Result<(f64, String)> {
+    let t0 = Instant::now();
+    let out = cli(&net.sb, args);
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    if !out.status.success() {
+        bail!("policer {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok((ms, String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+/// One request on the daemon's control socket, from this process (no
+/// process start): the socket of the receiving namespace, found by its
+/// inode as the CLI does.
+fn request(net: &Net, req: &Request) -> Result<Response> {
+    let ino = std::fs::metadata(format!("/run/netns/{}", net.sb.rx_ns))?.st_ino();
+    let path = format!("{}/ns-{ino}.sock", policer_user::control::RUN_DIR);
+    let stream = UnixStream::connect(&path).with_context(|| format!("connect {path}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut line = serde_json::to_string(req)?;
+    line.push('\n');
+    (&stream).write_all(line.as_bytes())?;
+    let mut resp = String::new();
+    BufReader::new(&stream).read_line(&mut resp)?;
+    let r: Response = serde_json::from_str(&resp)?;
+    if !r.ok {
+        bail!("daemon refused: {}", r.error.unwrap_or_default());
+    }
+    Ok(r)
+}
+
+fn rule_set(i: u32, rate: &str) -> Request {
+    Request::RuleSet {
+        rule: RuleConfig {
+            prefix: prefix(i),
+            rate: Some(rate.into()),
+            burst: Some(BurstValue::Count(50)),
+            action: None,
+            key_len: None,
+        },
+    }
+}
+
+fn rss_mib(d: &Daemon) -> f64 {
+    rss_kib(d.pid()).map(|k| k as f64 / 1024.0).unwrap_or(f64::NAN)
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ControlResults {
+    pub rules: u32,
+    pub rows: Vec<Measure>,
+}
+
+pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
+    let mut rows = Vec::new();
+    let net = Net::new("ct")?;
+    let big = config(RULES, "500pps");
+
+    // 1. Start-up, default rules only, and with 100 000 rules in the file.
+    say("control: daemon start-up");
+    let (mut base, mut with, mut rss0, mut rss1) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..reps {
+        std::fs::write(&net.sb.config, config(0, "500pps"))?;
+        let (mut d, ms) = start(&net, &[]);
+        base.push(ms);
+        rss0.push(rss_mib(&d));
+        d.stop_with(libc::SIGTERM);
+        std::fs::write(&net.sb.config, &big)?;
+        let (mut d, ms) = start(&net, &[]);
+        with.push(ms);
+        rss1.push(rss_mib(&d));
+        d.stop_with(libc::SIGTERM);
+    }
+    let extra: Vec<f64> = with.iter().zip(&base).map(|(a, b)| a - b).collect();
+    rows.push(m(
+        "start_default",
+        "`policer attach`, 1 rule: start until policing",
+        "ms",
+        &base,
+        "includes the 1 048 576-entry bucket table",
+    ));
+    rows.push(m(
+        "start_100k",
+        "`policer attach`, 100 000 rules in the config file: start until policing",
+        "ms",
+        &with,
+        "",
+    ));
+    rows.push(m(
+        "load_100k",
+        "loading 100 000 rules at start-up (difference of the two)",
+        "ms",
+        &extra,
+        "target ≤ 1 000 ms",
+    ));
+    rows.push(m("rss_default", "daemon RSS (VmRSS), 1 rule", "MiB", &rss0, ""));
+    rows.push(m("rss_100k", "daemon RSS (VmRSS), 100 000 rules", "MiB", &rss1, ""));
+
+    // 2. With 100 000 rules loaded: reload with every rule changed, rule ls,
+    // single rule changes through the CLI.
+    say("control: 100 000 rules: reload, ls, rule set");
+    std::fs::write(&net.sb.config, &big)?;
+    let (d, _) = start(&net, &[]);
+    let (mut reload, mut ls, mut set, mut stats_big) = (vec![], vec![], vec![], vec![]);
+    for k in 0..reps {
+        std::fs::write(&net.sb.config, config(RULES, if k % 2 == 0 { "600pps" } else { "500pps" }))?;
+        reload.push(timed_cli(&net, &["reload"])?.0);
+        ls.push(timed_cli(&net, &["rule", "ls", "--json"])?.0);
+        stats_big.push(timed_cli(&net, &["stats", "--json"]).map(|x| x.0).unwrap_or(f64::NAN));
+    }
+    let n_set = if quick { 5 } else { 20 };
+    for i in 0..n_set {
+        let rate = if i % 2 == 0 { "700pps" } else { "800pps" };
+        set.push(timed_cli(&net, &["rule", "set", &prefix(i * 997 % RULES), "--rate", rate, "--burst", "50"])?.0);
+    }
+    rows.push(m(
+        "reload_100k",
+        "`policer reload`, 100 000 rules all changed",
+        "ms",
+        &reload,
+        "the CLI call: parse, validate, apply, reply",
+    ));
+    rows.push(m(
+        "rule_set_cli_100k",
+        "one `policer rule set` with 100 000 rules loaded (CLI process, start to exit)",
+        "ms",
+        &set,
+        "includes `ip netns exec`, and rewriting the 100 000-rule config file",
+    ));
+    rows.push(m("rule_ls_100k", "`policer rule ls --json`, 100 000 rules", "ms", &ls, ""));
+    rows.push(m(
+        "stats_100k_rules",
+        "`policer stats --json`, 100 000 rules",
+        "ms",
+        &stats_big,
+        "per-rule counters for every rule",
+    ));
+    drop(d);
+
+    // 3. Rule changes through the control socket, one after another, from
+    // a daemon with only the default rule.
+    say("control: rule set requests through the control socket");
+    std::fs::write(&net.sb.config, config(0, "500pps"))?;
+    let (d, _) = start(&net, &[]);
+    let k = if quick { 300 } else { 2000 };
+    let t0 = Instant::now();
+    let mut each = Vec::with_capacity(k as usize);
+    for i in 0..k {
+        let t = Instant::now();
+        request(&net, &rule_set(i, "500pps"))?;
+        each.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let total = t0.elapsed().as_secs_f64() * 1e3;
+    rows.push(m(
+        "rule_set_socket",
+        &format!("one `rule set` request on the control socket (the first {k} rules, one after another)"),
+        "ms",
+        &each,
+        format!("{k} requests took {total:.0} ms in all; each rewrites the config file"),
+    ));
+    drop(d);
+
+    // 4. Rule-change latency: a paced source, its rule flipped between deny
+    // and the default (1 Mpps) with the CLI; when do its frames stop / resume?
+    say("control: rule-change latency");
+    std::fs::write(&net.sb.config, config(0, "500pps"))?;
+    let (d, _) = start(&net, &[]);
+    let pps = 20_000.0;
+    let src = Ipv4Addr::new(10, 4, 0, 1);
+    let flows = [Flow { src: src.into(), pps, len: 64 }];
+    let events = if quick { 4 } else { 10 };
+    let mut marks: Vec<(bool, u64)> = vec![];
+    let mut cli_ms = vec![];
+    let (_, got) = paced(&net, &flows, Duration::from_millis(300 * (events as u64 + 2)), || {
+        for e in 0..events {
+            std::thread::sleep(Duration::from_millis(300));
+            let deny = e % 2 == 0;
+            let args: Vec<&str> = if deny {
+                vec!["rule", "set", "10.4.0.1/32", "--action", "deny"]
+            } else {
+                vec!["rule", "rm", "10.4.0.1/32"]
+            };
+            let t = Instant::now();
+            let out = cli(&net.sb, &args);
+            let at = epoch_ns();
+            cli_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            if out.status.success() {
+                marks.push((deny, at));
+            }
+        }
+    })?;
+    // Signed: negative means the change was visible before the command
+    // returned. Frames arrive every 1/pps s, which bounds the resolution.
+    let (mut stop_ms, mut resume_ms) = (vec![], vec![]);
+    let window = 250_000_000;
+    for (i, &(deny, at)) in marks.iter().enumerate() {
+        let prev = if i > 0 { marks[i - 1].1 } else { 0 };
+        if deny {
+            // The last frame admitted around the change.
+            let last = got.arrivals0.iter().filter(|&&t| t + window >= at && t < at + window).max().copied();
+            stop_ms.push(last.map(|t| (t as f64 - at as f64) / 1e6).unwrap_or(f64::NAN));
+        } else {
+            // The first frame admitted after the previous change (a deny).
+            let first = got.arrivals0.iter().find(|&&t| t > prev + 1_000_000).copied();
+            resume_ms.push(first.map(|t| (t as f64 - at as f64) / 1e6).unwrap_or(f64::NAN));
+        }
+    }
+    rows.push(m(
+        "change_to_deny",
+        "rule change → enforced: last frame admitted, relative to `rule set … --action deny` returning",
+        "ms",
+        &stop_ms,
+        format!(
+            "negative: enforced before the command returned; source paced at {pps:.0} pps ({:.2} ms apart)",
+            1e3 / pps
+        ),
+    ));
+    rows.push(m(
+        "change_to_allow",
+        "rule change → enforced: first frame admitted again, relative to `rule rm` returning",
+        "ms",
+        &resume_ms,
+        format!("negative: before the command returned; includes up to one frame gap ({:.2} ms)", 1e3 / pps),
+    ));
+    rows.push(m(
+        "rule_cli",
+        "the `policer rule set/rm` CLI calls of that test",
+        "ms",
+        &cli_ms,
+        "process start to exit",
+    ));
+    drop(d);
+
+    // 5. stats and top with 1 000 000 live buckets.
+    say("control: stats and top with 1 000 000 live buckets");
+    std::fs::write(&net.sb.config, config(0, "500pps"))?;
+    let (d, _) = start(&net, &[]);
+    let verbs =
+        cli(&net.sb, &["stats", "--json"]).status.success() && cli(&net.sb, &["top", "--json"]).status.success();
+    if verbs {
+        let g = Generator::new(net.tx_index, net.rx_mac, 1_000_000, Ipv4Addr::new(10, 8, 0, 0), false)?;
+        // Two passes over the million sources.
+        g.flood(&net.sb.tx_ns, bench_cpu(), Duration::ZERO, 2_000_000)?;
+        let (mut stats, mut top, mut live) = (vec![], vec![], vec![]);
+        for _ in 0..reps {
+            stats.push(timed_cli(&net, &["stats", "--json"])?.0);
+            let (ms, out) = timed_cli(&net, &["top", "--json"])?;
+            top.push(ms);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+            live.push(v["live"].as_f64().unwrap_or(f64::NAN));
+        }
+        let live_note = format!("`top` read {:.0} live buckets", Stat::of(&live).median);
+        rows.push(m("stats_1m", "`policer stats --json`, 1 000 000 live buckets", "ms", &stats, "target ≤ 1 000 ms"));
+        rows.push(m(
+            "top_1m",
+            "`policer top --json`, 1 000 000 live buckets",
+            "ms",
+            &top,
+            format!("target ≤ 1 000 ms; {live_note}"),
+        ));
+        rows.push(m("live_buckets", "live buckets during those calls", "buckets", &live, ""));
+        rows.push(m("rss_1m", "daemon RSS (VmRSS) after `top` over 1 000 000 buckets", "MiB", &[rss_mib(&d)], ""));
+    } else {
+        for (key, label) in [
+            ("stats_1m", "`policer stats --json`, 1 000 000 live buckets"),
+            ("top_1m", "`policer top --json`, 1 000 000 live buckets"),
+        ] {
+            rows.push(not_measured(key, label, "ms", "not measured: verb not available"));
+        }
+    }
+    drop(d);
+    Ok(ControlResults { rules: RULES, rows })
+}

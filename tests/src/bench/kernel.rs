@@ -1,0 +1,261 @@
+//! Kernel cost per packet by `BPF_PROG_TEST_RUN` (one 64-byte frame run
+//! `repeat` times): the policer's bench variant, which replaces the source
+//! with synthetic sources 10.x.y.z cycling 0..N, beside the reference
+//! programs measured in the same run.
+
+use std::{net::Ipv4Addr, time::Instant};
+
+use anyhow::{Context, Result};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use ipnet::IpNet;
+use policer_common::{
+    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS, MAP_COUNTERS, MAP_RULES_V4, MAX_IFACE_SLOTS,
+    PROGRAM_NAME, Rule, rate::Rate,
+};
+use policer_user::loader::{EBPF_OBJECT, LoadOptions, Policer, REFERENCE_OBJECT};
+use serde::Serialize;
+
+use super::{
+    Stat, say,
+    sys::{DST, bench_cpu, pin_cpu},
+};
+use crate::frame::FrameSpec;
+
+/// What a row runs.
+enum Subject {
+    Policer(Box<Policer>),
+    /// The policer object loaded by the benchmark itself, with the
+    /// BENCH_SOURCES global set (when `LoadOptions::bench_sources` is not
+    /// honoured by the loader).
+    RawPolicer(Box<Ebpf>),
+    Reference(Box<Ebpf>, &'static str),
+}
+
+impl Subject {
+    fn prog(&mut self) -> Result<&Xdp> {
+        Ok(match self {
+            Subject::Policer(p) => p.program(),
+            Subject::RawPolicer(e) => e.program(PROGRAM_NAME).context("policer program")?.try_into()?,
+            Subject::Reference(e, name) => e.program(name).context("reference program")?.try_into()?,
+        })
+    }
+
+    /// Buckets the policer created so far (None for references).
+    fn created(&self) -> Result<Option<u64>> {
+        Ok(match self {
+            Subject::Policer(p) => Some(p.counters()?.buckets_created),
+            Subject::RawPolicer(e) => Some(raw_counters(e)?.buckets_created),
+            Subject::Reference(..) => None,
+        })
+    }
+}
+
+fn raw_counters(e: &Ebpf) -> Result<Counters> {
+    let m: PerCpuArray<&MapData, Counters> = PerCpuArray::try_from(e.map(MAP_COUNTERS).context("COUNTERS")?)?;
+    let mut total = Counters::default();
+    for slot in 0..MAX_IFACE_SLOTS {
+        for c in m.get(&slot, 0)?.iter() {
+            total.add(c);
+        }
+    }
+    Ok(total)
+}
+
+fn raw_set_default_rule(e: &mut Ebpf, rule: &Rule) -> Result<()> {
+    let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> = LpmTrie::try_from(e.map_mut(MAP_RULES_V4).context("RULES_V4")?)?;
+    m.insert(&Key::new(0, [0; 4]), rule, 0)?;
+    Ok(())
+}
+
+struct Row {
+    key: &'static str,
+    label: String,
+    sources: u32,
+    table: u32,
+    repeat: u32,
+    subject: Subject,
+    wall: Vec<f64>,
+    kernel: Vec<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelRow {
+    /// Stable key: `policer_drop`, `policer_admit`, `parse_lookup`, `xdp_pass`, `xdp_drop`.
+    pub key: String,
+    pub label: String,
+    pub sources: u32,
+    /// Capacity of the program's LRU table (0: none).
+    pub table: u32,
+    pub repeat: u32,
+    /// ns per packet: wall time of the test-run syscall / repeat.
+    pub ns: Stat,
+    /// ns per packet as the kernel reports it (integer ns, same runs;
+    /// time the test loop spends rescheduled is not counted). The headline.
+    pub kernel_ns: Stat,
+    /// `kernel_ns` per repetition, in run order.
+    pub kernel_reps: Vec<f64>,
+    /// Buckets the policer created during the measured runs (after the
+    /// warm-up pass); non-zero means the table was evicting.
+    pub created_while_measuring: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelResults {
+    pub rows: Vec<KernelRow>,
+    /// True when `LoadOptions::bench_sources` did not take effect and the
+    /// benchmark set the BENCH_SOURCES global itself.
+    pub bench_sources_override: bool,
+}
+
+fn frame() -> Vec<u8> {
+    FrameSpec::udp(Ipv4Addr::new(10, 0, 0, 1).into(), Ipv4Addr::from(DST).into(), 64).build(None)
+}
+
+fn run_once(prog: &Xdp, data: &[u8], repeat: u32) -> Result<(f64, f64)> {
+    let t0 = Instant::now();
+    let r = prog.test_run(TestRunOptions { data_in: Some(data), repeat, ..Default::default() }).context("test run")?;
+    let wall = t0.elapsed().as_nanos() as f64 / f64::from(repeat);
+    Ok((wall, r.duration.as_nanos() as f64))
+}
+
+/// The rule for `rate` and `burst`, one bucket per IPv4 address.
+fn rule(rate: &str, burst: u64) -> Result<policer_common::Rule> {
+    Rate::parse(rate)?.rule(burst)?.with_key_len(32, false).map_err(|e| anyhow::anyhow!("rule: {e:?}"))
+}
+
+/// Does `Policer::load` set BENCH_SOURCES from `LoadOptions::bench_sources`?
+/// One pass of 64 frames with 64 synthetic sources must create 64 buckets.
+fn loader_honours_bench_sources() -> Result<bool> {
+    let mut p = Policer::load(&LoadOptions { max_sources: 1024, bench_sources: 64, ..Default::default() })?;
+    p.set_rule("0.0.0.0/0".parse::<IpNet>()?, &rule("100Mpps", 1_000_000)?)?;
+    run_once(p.program(), &frame(), 64)?;
+    Ok(p.counters()?.buckets_created >= 64)
+}
+
+/// The policer's bench variant with `rate` for 0.0.0.0/0.
+fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: bool) -> Result<Subject> {
+    let rule = rule(rate, burst)?;
+    if through_loader {
+        let mut p = Policer::load(&LoadOptions { max_sources: table, bench_sources: sources, ..Default::default() })?;
+        p.set_rule("0.0.0.0/0".parse::<IpNet>()?, &rule)?;
+        return Ok(Subject::Policer(Box::new(p)));
+    }
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries(MAP_BUCKETS, table).override_global(GLOBAL_TEST_CLOCK, &0u32, true).override_global(
+        GLOBAL_BENCH_SOURCES,
+        &sources,
+        true,
+    );
+    let mut ebpf = loader.load(EBPF_OBJECT)?;
+    let x: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).context("program")?.try_into()?;
+    x.load()?;
+    raw_set_default_rule(&mut ebpf, &rule)?;
+    Ok(Subject::RawPolicer(Box::new(ebpf)))
+}
+
+fn reference(name: &'static str, sources: u32, table: u32) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries("REF_TABLE", table.max(1)).override_global("REF_SOURCES", &sources, true);
+    let mut e = loader.load(REFERENCE_OBJECT)?;
+    let x: &mut Xdp = e.program_mut(name).context("reference program")?.try_into()?;
+    x.load()?;
+    Ok(e)
+}
+
+const M: u32 = 1 << 20;
+
+/// Runs in a thread of its own, pinned to the benchmark CPU.
+pub fn run(quick: bool, reps: usize) -> Result<KernelResults> {
+    std::thread::scope(|s| s.spawn(|| measure(quick, reps)).join())
+        .map_err(|_| anyhow::anyhow!("kernel bench panicked"))?
+}
+
+fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
+    pin_cpu(bench_cpu())?;
+    let through_loader = loader_honours_bench_sources()?;
+    let sizes: &[(u32, u32)] = &[(1, M), (65_536, M), (M, 2 * M)];
+    let (short, long) = if quick { (2_000_000, 2_000_000) } else { (10_000_000, 4_000_000) };
+    let mut rows = Vec::new();
+    let mut add = |key, label: String, sources, table, subject| {
+        let repeat = if sources >= M { long } else { short };
+        rows.push(Row { key, label, sources, table, repeat, subject, wall: vec![], kernel: vec![] });
+    };
+    add(
+        "xdp_drop",
+        "xdp_drop (reference)".into(),
+        0,
+        0,
+        Subject::Reference(Box::new(reference("xdp_drop", 0, 1)?), "xdp_drop"),
+    );
+    add(
+        "xdp_pass",
+        "xdp_pass (reference)".into(),
+        0,
+        0,
+        Subject::Reference(Box::new(reference("xdp_pass", 0, 1)?), "xdp_pass"),
+    );
+    let mut extra = sizes.to_vec();
+    extra.push((M, M / 2));
+    for &(n, table) in &extra {
+        let tag = if table < n { format!("{n} sources, {table}-entry table") } else { format!("{n} sources") };
+        add(
+            "parse_lookup",
+            format!("parse + one LRU lookup (reference), {tag}"),
+            n,
+            table,
+            Subject::Reference(Box::new(reference("parse_lookup", n, table)?), "parse_lookup"),
+        );
+        add(
+            "policer_drop",
+            format!("policer, dropping (1 pps per source), {tag}"),
+            n,
+            table,
+            policer(n, table, "1pps", 1, through_loader)?,
+        );
+        if table >= n {
+            add(
+                "policer_admit",
+                format!("policer, all admitted (100 Mpps), {tag}"),
+                n,
+                table,
+                policer(n, table, "100Mpps", 1_000_000, through_loader)?,
+            );
+        }
+    }
+    let data = frame();
+    // Warm-up: one pass over every source creates the entries.
+    let mut created0 = Vec::new();
+    for r in rows.iter_mut() {
+        let n = r.sources.max(100_000);
+        run_once(r.subject.prog()?, &data, n)?;
+        created0.push(r.subject.created()?);
+    }
+    for rep in 0..reps {
+        say(&format!("kernel cost: repetition {}/{reps}", rep + 1));
+        for r in rows.iter_mut() {
+            let (w, k) = run_once(r.subject.prog()?, &data, r.repeat)?;
+            r.wall.push(w);
+            r.kernel.push(k);
+        }
+    }
+    let mut out = Vec::new();
+    for (r, c0) in rows.iter_mut().zip(created0) {
+        let created = r.subject.created()?.zip(c0).map(|(c, c0)| c - c0);
+        out.push(KernelRow {
+            key: r.key.into(),
+            label: r.label.clone(),
+            sources: r.sources,
+            table: r.table,
+            repeat: r.repeat,
+            ns: Stat::of(&r.wall),
+            kernel_ns: Stat::of(&r.kernel),
+            kernel_reps: r.kernel.clone(),
+            created_while_measuring: created,
+        });
+    }
+    Ok(KernelResults { rows: out, bench_sources_override: !through_loader })
+}

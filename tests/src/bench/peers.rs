@@ -1,0 +1,189 @@
+//! The systems compared: XDP floors, the policer (the real daemon), and
+//! the kernel's own per-source limiters (nftables dynamic set with `limit`,
+//! iptables `hashlimit` on the legacy and nft back ends). Each lives in
+//! the receiving namespace of its own [`Net`] and goes away with it.
+
+use anyhow::{Context, Result};
+use aya::{
+    Ebpf,
+    programs::{Xdp, XdpMode},
+};
+use policer_user::loader::REFERENCE_OBJECT;
+
+use super::sys::{Net, if_index, run_in, run_in_stdin};
+use crate::{daemon::Daemon, netns::enter};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum System {
+    XdpDrop,
+    PolicerDrop,
+    PolicerAdmit,
+    XdpPass,
+    Nft,
+    IptLegacy,
+    IptNft,
+}
+
+/// A per-source limit: packets per second and burst.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    pub pps: u64,
+    pub burst: u64,
+}
+
+impl System {
+    pub fn key(self) -> &'static str {
+        match self {
+            System::XdpDrop => "xdp_drop",
+            System::PolicerDrop => "policer_drop",
+            System::PolicerAdmit => "policer_admit",
+            System::XdpPass => "xdp_pass",
+            System::Nft => "nft_dynset",
+            System::IptLegacy => "iptables_legacy_hashlimit",
+            System::IptNft => "iptables_nft_hashlimit",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            System::XdpDrop => "xdp_drop (floor)",
+            System::PolicerDrop => "policer, dropping (1 pps per source)",
+            System::PolicerAdmit => "policer, all admitted",
+            System::XdpPass => "xdp_pass, up to the stack",
+            System::Nft => "nftables netdev ingress, dynamic set + limit",
+            System::IptLegacy => "iptables-legacy raw hashlimit",
+            System::IptNft => "iptables-nft raw hashlimit",
+        }
+    }
+
+    /// Short tag for namespace and interface names.
+    pub fn tag(self) -> &'static str {
+        match self {
+            System::XdpDrop => "fd",
+            System::PolicerDrop => "pd",
+            System::PolicerAdmit => "pa",
+            System::XdpPass => "fp",
+            System::Nft => "nf",
+            System::IptLegacy => "il",
+            System::IptNft => "in",
+        }
+    }
+}
+
+/// A system installed on a [`Net`]; removed with it.
+pub enum Installed {
+    Xdp(Box<Ebpf>),
+    Daemon(Box<Daemon>),
+    Netfilter,
+}
+
+impl Installed {
+    pub fn daemon(&self) -> Option<&Daemon> {
+        match self {
+            Installed::Daemon(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Attaches reference program `name` to the receiving veth (native mode).
+pub fn attach_reference(net: &Net, name: &str) -> Result<Ebpf> {
+    let mut e = Ebpf::load(REFERENCE_OBJECT)?;
+    let p: &mut Xdp = e.program_mut(name).context("reference program")?.try_into()?;
+    p.load()?;
+    let idx = if_index(&net.sb.rx_ns, &net.sb.rx_if)?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> Result<()> {
+            enter(&net.sb.rx_ns)?;
+            p.attach(idx, XdpMode::Driver)?;
+            Ok(())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("attach thread panicked"))?
+    })?;
+    Ok(e)
+}
+
+/// `policer attach` on the receiving veth with `limit` for every source.
+pub fn policer(net: &Net, limit: Limit, extra: &[&str]) -> Daemon {
+    let rate = format!("{}pps", limit.pps);
+    let burst = limit.burst.to_string();
+    let mut args = vec!["--rate", &rate, "--burst", &burst, "--mode", "native", "--interval", "0"];
+    args.extend_from_slice(extra);
+    Daemon::attach(&net.sb, &args)
+}
+
+/// nftables: a netdev ingress chain on the receiving veth that adds each
+/// source to a dynamic set with a `limit` and drops what is over it.
+pub fn nft(net: &Net, limit: Limit) -> Result<()> {
+    let ruleset = format!(
+        "table netdev pb {{\n  set pbm {{ type ipv4_addr; size 262144; flags dynamic; }}\n  \
+         chain pbin {{ type filter hook ingress device \"{}\" priority 0; policy accept;\n    \
+         add @pbm {{ ip saddr limit rate over {}/second burst {} packets }} drop\n  }}\n}}\n",
+        net.sb.rx_if, limit.pps, limit.burst
+    );
+    run_in_stdin(&net.sb.rx_ns, "nft", &["-f", "-"], &ruleset).context("nft ruleset")?;
+    Ok(())
+}
+
+/// iptables (`iptables-legacy` or `iptables-nft`): raw PREROUTING
+/// hashlimit per source address, dropping what is above the limit.
+pub fn hashlimit(net: &Net, binary: &str, limit: Limit) -> Result<()> {
+    let above = format!("{}/sec", limit.pps);
+    let burst = limit.burst.to_string();
+    let name = format!("pb{}", net.sb.rx_if);
+    run_in(
+        &net.sb.rx_ns,
+        binary,
+        &[
+            "-t",
+            "raw",
+            "-A",
+            "PREROUTING",
+            "-i",
+            &net.sb.rx_if,
+            "-m",
+            "hashlimit",
+            "--hashlimit-mode",
+            "srcip",
+            "--hashlimit-above",
+            &above,
+            "--hashlimit-burst",
+            &burst,
+            "--hashlimit-name",
+            &name,
+            "--hashlimit-htable-size",
+            "65536",
+            "--hashlimit-htable-max",
+            "262144",
+            "-j",
+            "DROP",
+        ],
+    )
+    .with_context(|| format!("{binary} hashlimit"))?;
+    Ok(())
+}
+
+/// Installs `sys` on `net`: `drop_limit` is the limit for the dropping
+/// rows, `admit_limit` for the policer row that admits everything.
+pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) -> Result<Installed> {
+    Ok(match sys {
+        System::XdpDrop => Installed::Xdp(Box::new(attach_reference(net, "xdp_drop")?)),
+        System::XdpPass => Installed::Xdp(Box::new(attach_reference(net, "xdp_pass")?)),
+        System::PolicerDrop => Installed::Daemon(Box::new(policer(net, drop_limit, &[]))),
+        System::PolicerAdmit => Installed::Daemon(Box::new(policer(net, admit_limit, &[]))),
+        System::Nft => {
+            nft(net, drop_limit)?;
+            Installed::Netfilter
+        }
+        System::IptLegacy => {
+            hashlimit(net, "iptables-legacy", drop_limit)?;
+            Installed::Netfilter
+        }
+        System::IptNft => {
+            hashlimit(net, "iptables-nft", drop_limit)?;
+            Installed::Netfilter
+        }
+    })
+}

@@ -1,0 +1,430 @@
+//! BENCHMARKS.md from one run's results.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{
+    Results, Stat,
+    kernel::{KernelResults, KernelRow},
+    veth::{VethResults, VethRow, ratio},
+};
+
+/// A target, measured in this run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    pub key: String,
+    pub what: String,
+    /// "ratio" or "ms".
+    pub unit: String,
+    pub limit: f64,
+    pub measured: Option<Stat>,
+    pub met: Option<bool>,
+    /// What limits it (when not met), or why it was not measured.
+    pub note: String,
+}
+
+fn fx(s: &Stat) -> String {
+    if s.n == 0 {
+        return "–".into();
+    }
+    if s.n == 1 { format!("{:.2}×", s.median) } else { format!("{:.2}× ({:.2}–{:.2})", s.median, s.min, s.max) }
+}
+
+fn fnum(s: &Stat, digits: usize) -> String {
+    if s.n == 0 || !s.median.is_finite() {
+        return "–".into();
+    }
+    if s.n == 1 || (s.max - s.min).abs() < 1e-9 {
+        format!("{:.*}", digits, s.median)
+    } else {
+        format!("{:.*} ({:.*}–{:.*})", digits, s.median, digits, s.min, digits, s.max)
+    }
+}
+
+fn row<'a>(v: &'a VethResults, key: &str) -> Option<&'a VethRow> {
+    v.rows.iter().find(|r| r.key == key)
+}
+
+fn krow<'a>(k: &'a KernelResults, key: &str, sources: u32) -> Option<&'a KernelRow> {
+    k.rows.iter().find(|r| r.key == key && r.sources == sources && r.table >= sources)
+}
+
+fn kratio(a: &KernelRow, b: &KernelRow) -> Stat {
+    let r: Vec<f64> = a.kernel_reps.iter().zip(&b.kernel_reps).map(|(x, y)| x / y).collect();
+    Stat::of(&r)
+}
+
+fn target(
+    key: &str,
+    what: &str,
+    unit: &str,
+    limit: f64,
+    measured: Option<Stat>,
+    why: impl FnOnce() -> String,
+) -> Target {
+    let met = measured.filter(|s| s.n > 0 && s.median.is_finite()).map(|s| s.median <= limit);
+    let note = match met {
+        Some(true) => String::new(),
+        Some(false) => why(),
+        None => "not measured in this run".into(),
+    };
+    Target { key: key.into(), what: what.into(), unit: unit.into(), limit, measured, met, note }
+}
+
+/// The targets of the issue, each from this run's numbers.
+pub fn targets(r: &Results) -> Vec<Target> {
+    let mut t = vec![];
+    let v = r.veth.as_ref();
+    let k = r.kernel.as_ref();
+    let get = |key: &str| v.and_then(|v| row(v, key));
+    let kern65 = |key: &str| k.and_then(|k| krow(k, key, 65_536)).map(|r| r.kernel_ns.median).unwrap_or(f64::NAN);
+    let kpass =
+        k.and_then(|k| k.rows.iter().find(|r| r.key == "xdp_pass")).map(|r| r.kernel_ns.median).unwrap_or(f64::NAN);
+    let pd = get("policer_drop");
+    let drop_extra = || {
+        let (Some(p), Some(f)) = (pd, get("xdp_drop")) else { return String::new() };
+        format!(
+            "The drop path costs {:.0} ns per packet more than the floor ({:.0} vs {:.0} ns). The floor is almost all \
+             generator + veth: what the policer adds is its own program. By PROG_TEST_RUN at 65 536 sources the program \
+             costs {:.0} ns against {:.0} ns for parse + one LRU lookup and {:.0} ns for an empty program: the bucket \
+             lookup (a cache miss per packet: 65 536 buckets are cycled in turn) is most of it; the rest is the LPM-trie \
+             rule lookup, bpf_ktime_get_ns, the compare-and-swap or the atomic drop count on the bucket, and two per-CPU \
+             counter blocks (interface and rule). The floor's own cost is small, so any per-packet map work shows up \
+             as a large ratio here.",
+            p.cpu_ns.median - f.cpu_ns.median,
+            p.cpu_ns.median,
+            f.cpu_ns.median,
+            kern65("policer_drop"),
+            kern65("parse_lookup"),
+            kpass,
+        )
+    };
+    t.push(target(
+        "drop_vs_floor",
+        "drop path ≤ 1.8× the xdp_drop floor, per received packet on veth",
+        "ratio",
+        1.8,
+        pd.zip(get("xdp_drop")).map(|(a, b)| ratio(a, b)),
+        drop_extra,
+    ));
+    for (key, peer, what, limit) in [
+        ("drop_vs_nft", "nft_dynset", "drop path ≤ 0.25× nftables dynamic set + limit", 0.25),
+        ("drop_vs_iptables_legacy", "iptables_legacy_hashlimit", "drop path ≤ 0.33× iptables-legacy hashlimit", 0.33),
+    ] {
+        let p = get(peer);
+        t.push(target(key, what, "ratio", limit, pd.zip(p).map(|(a, b)| ratio(a, b)), || {
+            let (Some(a), Some(b), Some(f)) = (pd, p, get("xdp_drop")) else { return String::new() };
+            format!(
+                "Both sides carry the same generator + veth cost ({:.0} ns, the xdp_drop floor). Without it, the policer \
+                 spends {:.0} ns per packet and the peer {:.0} ns ({:.2}×): the shared fixed cost is what keeps the \
+                 whole-path ratio above {limit}.",
+                f.cpu_ns.median,
+                a.cpu_ns.median - f.cpu_ns.median,
+                b.cpu_ns.median - f.cpu_ns.median,
+                (a.cpu_ns.median - f.cpu_ns.median) / (b.cpu_ns.median - f.cpu_ns.median)
+            )
+        }));
+    }
+    let pa = get("policer_admit");
+    let xp = get("xdp_pass");
+    t.push(target(
+        "admit_vs_pass",
+        "all-admitted path ≤ 1.15× xdp_pass up to the stack",
+        "ratio",
+        1.15,
+        pa.zip(xp).map(|(a, b)| ratio(a, b)),
+        || {
+            let (Some(a), Some(b)) = (pa, xp) else { return String::new() };
+            format!(
+                "Admitting costs {:.0} ns per packet more than xdp_pass ({:.0} vs {:.0} ns): the policer's program \
+                 (by PROG_TEST_RUN ≈ {:.0} ns at 65 536 sources, all admitted, vs {kpass:.0} ns for an empty program) \
+                 runs in front of a stack that costs the same either way.",
+                a.cpu_ns.median - b.cpu_ns.median,
+                a.cpu_ns.median,
+                b.cpu_ns.median,
+                kern65("policer_admit")
+            )
+        },
+    ));
+    let kp = k.and_then(|k| krow(k, "policer_drop", 65_536));
+    let kr = k.and_then(|k| krow(k, "parse_lookup", 65_536));
+    t.push(target(
+        "kernel_vs_reference",
+        "kernel cost at 65 536 sources (dropping) ≤ 1.1× parse + one LRU lookup",
+        "ratio",
+        1.1,
+        kp.zip(kr).map(|(a, b)| kratio(a, b)),
+        || {
+            let (Some(a), Some(b)) = (kp, kr) else { return String::new() };
+            format!(
+                "The policer costs {:.0} ns more than the reference ({:.0} vs {:.0} ns). Both take the same cache miss \
+                 on the bucket; the difference is the policer's other work: an LPM-trie lookup of the rule (a second \
+                 map lookup, walking the trie), the rule-counter and interface-counter per-CPU blocks, \
+                 bpf_ktime_get_ns, the bucket arithmetic and an atomic (CAS or xadd) on the bucket's cache line.",
+                a.kernel_ns.median - b.kernel_ns.median,
+                a.kernel_ns.median,
+                b.kernel_ns.median
+            )
+        },
+    ));
+    let c = r.control.as_ref();
+    let cm = |key: &str| c.and_then(|c| c.rows.iter().find(|m| m.key == key)).and_then(|m| m.value);
+    for (key, what, limit) in [
+        ("load_100k", "loading 100 000 rules (at `policer attach`) ≤ 1 s", 1000.0),
+        ("change_to_deny", "rule change visibly enforced ≤ 50 ms after `policer rule set` returns", 50.0),
+        ("stats_1m", "`policer stats` with 1 000 000 live buckets ≤ 1 s", 1000.0),
+        ("top_1m", "`policer top` with 1 000 000 live buckets ≤ 1 s", 1000.0),
+    ] {
+        let mut tg = target(key, what, "ms", limit, cm(key), || "see the control-plane table".into());
+        if tg.met.is_none()
+            && let Some(m) = c.and_then(|c| c.rows.iter().find(|m| m.key == key))
+        {
+            tg.note = m.note.clone();
+        }
+        t.push(tg);
+    }
+    t
+}
+
+fn met(m: Option<bool>) -> &'static str {
+    match m {
+        Some(true) => "**met**",
+        Some(false) => "**not met**",
+        None => "not measured",
+    }
+}
+
+pub fn markdown(r: &Results) -> String {
+    let mut s = String::new();
+    let w = &mut s;
+    let _ = writeln!(w, "# Benchmarks\n");
+    let _ = writeln!(
+        w,
+        "Written by `cargo xtask bench{}` from one run: {} (UTC), commit `{}`, {}. The run took {:.1} min.\n",
+        if r.quick { " --quick" } else { "" },
+        r.date,
+        r.commit,
+        r.machine,
+        r.seconds / 60.0
+    );
+    if r.quick {
+        let _ = writeln!(w, "> **Quick (smoke) run**: fewer repetitions and shorter runs than the full benchmark.\n");
+    }
+    let _ = writeln!(
+        w,
+        "This is a 2-vCPU VM: absolute numbers move ±10–15 % between runs. Every system is measured in the same run, \
+         repetitions interleaved, and the headline is ratios within the run. Values are medians over repetitions with \
+         min–max in parentheses. Machine-readable results: [`bench/results.json`](bench/results.json).\n"
+    );
+    for e in &r.errors {
+        let _ = writeln!(w, "> **Not measured**: {e}\n");
+    }
+
+    let _ = writeln!(w, "## Targets\n");
+    let _ = writeln!(w, "| target | measured in this run | |");
+    let _ = writeln!(w, "|---|---|---|");
+    for t in &r.targets {
+        let m = match &t.measured {
+            Some(x) if x.n > 0 && t.unit == "ratio" => fx(x),
+            Some(x) if x.n > 0 => format!("{} ms", fnum(x, 1)),
+            _ => t.note.clone(),
+        };
+        let _ = writeln!(w, "| {} | {m} | {} |", t.what, met(t.met));
+    }
+    let _ = writeln!(w);
+    let missed: Vec<&super::report::Target> = r.targets.iter().filter(|t| t.met == Some(false)).collect();
+    if !missed.is_empty() {
+        let _ = writeln!(w, "### What limits the targets not met\n");
+        for t in missed {
+            let _ = writeln!(w, "- **{}** — {}\n", t.what, t.note);
+        }
+    }
+
+    if let Some(v) = &r.veth {
+        let _ = writeln!(w, "## Per received packet on veth\n");
+        let _ = writeln!(
+            w,
+            "64-byte UDP frames from {} sources (10.1.0.0 + 0..65 535, in turn), made by the XDP live-frames generator \
+             (`xdp_gen` in policer-ebpf/src/reference.rs, BPF_PROG_TEST_RUN with `BPF_F_TEST_XDP_LIVE_FRAMES`, \
+             {}-frame calls) and redirected into a veth whose peer runs the system under test. Generator and receiver \
+             share CPU {} (the receiving NAPI runs in softirq on the generating CPU). Each system has its own pair of \
+             namespaces; {} repetitions of {:.1} s each, systems interleaved. **CPU ns / packet** = CPU time of the \
+             generator thread (which runs the receive softirq) + that CPU's ksoftirqd, divided by the frames the \
+             receiving veth counted; **busy ns** = the CPU's busy time from /proc/stat over the same interval \
+             (includes anything else that ran there). Dropping systems police each source to {} pps, burst 1; the \
+             admitting policer row uses 100 Mpps. Admitted = share of received frames that reached the UDP layer.\n",
+            v.sources,
+            super::generator::CHUNK,
+            v.cpu,
+            v.reps,
+            v.seconds_per_rep,
+            v.drop_limit_pps
+        );
+        let _ = writeln!(
+            w,
+            "| system | CPU ns / packet | × xdp_drop floor | busy ns / packet | Mpps received | admitted |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|");
+        for x in &v.rows {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | {} | {} |",
+                x.label,
+                fnum(&x.cpu_ns, 0),
+                fx(&x.vs_floor),
+                fnum(&x.busy_ns, 0),
+                fnum(&x.mpps, 2),
+                if x.admitted.median.is_finite() {
+                    format!("{:.1} %", x.admitted.median * 100.0)
+                } else {
+                    "–".into()
+                }
+            );
+        }
+        let lost: u64 = v.rows.iter().map(|x| x.lost).sum();
+        let _ = writeln!(
+            w,
+            "\nFrames generated but not received by the veth (ring full): {lost} of {}.\n",
+            v.rows.iter().map(|x| x.received).sum::<u64>() + lost
+        );
+        let find = |k: &str| row(v, k);
+        if let Some(p) = find("policer_drop") {
+            let _ = writeln!(w, "Ratios, repetition by repetition (the dropping policer against …):\n");
+            for peer in ["xdp_drop", "nft_dynset", "iptables_legacy_hashlimit", "iptables_nft_hashlimit"] {
+                if let Some(b) = find(peer) {
+                    let _ = writeln!(w, "- {}: {}", b.label, fx(&ratio(p, b)));
+                }
+            }
+            if let (Some(a), Some(b)) = (find("policer_admit"), find("xdp_pass")) {
+                let _ = writeln!(w, "- policer all admitted against xdp_pass up to the stack: {}", fx(&ratio(a, b)));
+            }
+            let _ = writeln!(w);
+        }
+        let _ = writeln!(w, "![CPU ns per received packet](bench/veth-cost.png)\n");
+    }
+
+    if let Some(k) = &r.kernel {
+        let _ = writeln!(w, "## Kernel cost by PROG_TEST_RUN\n");
+        let _ = writeln!(
+            w,
+            "One 64-byte frame run `repeat` times on one pinned CPU, {} repetitions, rows interleaved. The policer is the \
+             real object loaded with `BENCH_SOURCES` = N: it replaces each frame's source with 10.x.y.z cycling 0..N \
+             (per-CPU counter), so one frame touches N buckets. The reference `parse_lookup` does the same source \
+             variation, parses Ethernet + IPv4, builds the policer's 24-byte key and does one LRU hash lookup \
+             (inserting on a miss) and a read of the 32-byte value. A warm-up pass creates every entry before \
+             measuring. **kernel ns** is what the kernel reports (integer ns per run; time spent rescheduled is not \
+             counted); **wall ns** is the syscall's wall time / repeat. The test loop itself costs a few ns (see \
+             xdp_pass).{}\n",
+            k.rows.first().map(|r| r.kernel_ns.n).unwrap_or(0),
+            if k.bench_sources_override {
+                " `LoadOptions::bench_sources` did not reach the object in this build (the loader does not set the \
+                 BENCH_SOURCES global), so the benchmark loaded EBPF_OBJECT itself with that global overridden."
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            w,
+            "| program | sources | table | repeat | kernel ns / packet | wall ns / packet | × reference | buckets created while measuring |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+        for x in &k.rows {
+            let reference =
+                k.rows.iter().find(|y| y.key == "parse_lookup" && y.sources == x.sources && y.table == x.table);
+            let rel = match reference {
+                Some(y) if x.key.starts_with("policer") => fx(&kratio(x, y)),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                x.label,
+                if x.sources == 0 { "–".into() } else { x.sources.to_string() },
+                if x.table == 0 { "–".into() } else { x.table.to_string() },
+                x.repeat,
+                fnum(&x.kernel_ns, 0),
+                fnum(&x.ns, 1),
+                rel,
+                x.created_while_measuring.map(|c| c.to_string()).unwrap_or_default()
+            );
+        }
+        let _ = writeln!(w, "\n![Kernel ns per packet](bench/kernel-cost.png)\n");
+    }
+
+    if let Some(a) = &r.accuracy {
+        let _ = writeln!(w, "## Accuracy\n");
+        let _ = writeln!(
+            w,
+            "{} heavy sources each offered {:.0} pps (10× the limit) and one light source at {} pps, for {:.0} s, \
+             smoothly paced by the tests' AF_PACKET generator (tests/src/traffic.rs); every system polices each source to \
+             {} pps, burst {}. Counted by a UDP socket on the receiving side (after every system's verdict). Expected per \
+             heavy source = rate · T + burst, T = time between its first and last frame sent. {} repetition(s), a fresh \
+             system each time.\n",
+            a.heavy_flows,
+            a.offered_pps,
+            a.limit_pps / 2,
+            a.seconds,
+            a.limit_pps,
+            a.burst,
+            a.reps
+        );
+        let _ = writeln!(w, "| system | heavy sources: admitted / expected | error per source | light source lost |");
+        let _ = writeln!(w, "|---|---|---|---|");
+        for x in &a.rows {
+            let adm: Vec<String> = x.admitted.iter().zip(&x.expected).map(|(a, e)| format!("{a} / {e:.0}")).collect();
+            let e = &x.error;
+            let err = if e.n == 0 {
+                "–".into()
+            } else {
+                format!("{:+.2} % ({:+.2} … {:+.2} %)", e.median * 100.0, e.min * 100.0, e.max * 100.0)
+            };
+            let _ = writeln!(
+                w,
+                "| {} | {} | {err} | {} |",
+                x.label,
+                adm.join(", "),
+                x.light_lost.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+            );
+        }
+        let _ = writeln!(w, "\n![Admitted rate of a heavy hitter against its limit](bench/accuracy.png)\n");
+    }
+
+    if let Some(c) = &r.control {
+        let _ = writeln!(w, "## Control plane\n");
+        let _ = writeln!(
+            w,
+            "The real `policer` binary, daemon and CLI as separate processes under `ip netns exec`, as a user runs them. \
+             Rule sets are host routes in 100.64.0.0/10 beside the default rule; the bucket table has the default \
+             1 048 576 entries.\n"
+        );
+        let _ = writeln!(w, "| measure | median (min–max) | unit | note |");
+        let _ = writeln!(w, "|---|---|---|---|");
+        for m in &c.rows {
+            let v = match &m.value {
+                Some(x) => fnum(
+                    x,
+                    match m.unit.as_str() {
+                        "ms" => 2,
+                        "MiB" => 1,
+                        _ => 0,
+                    },
+                ),
+                None => "not measured".into(),
+            };
+            let _ = writeln!(w, "| {} | {v} | {} | {} |", m.label, m.unit, m.note);
+        }
+        let _ = writeln!(w);
+    }
+
+    let _ = writeln!(w, "## How to run\n");
+    let _ = writeln!(
+        w,
+        "`cargo xtask bench` (as root; about 10 minutes) or `cargo xtask bench --quick` (a smoke run of about 3 \
+         minutes) installs nftables, iptables and ethtool if missing, builds release binaries and runs \
+         `target/release/policer-bench`, which rewrites this file, `bench/results.json` and `bench/*.png`. Everything \
+         runs inside network namespaces named `pb-*` that are removed afterwards. Nothing here asserts a timing: the \
+         benchmark only reports."
+    );
+    s
+}

@@ -1,0 +1,185 @@
+//! System plumbing for the benchmark: CPU pinning and accounting, commands,
+//! namespaces set up for benchmarking, interface and SNMP counters.
+
+use std::{
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::netns::{Sandbox, ip, ip_out};
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) targets this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+            return Err(std::io::Error::last_os_error()).context("sched_setaffinity");
+        }
+    }
+    Ok(())
+}
+
+/// The CPU that generators and receivers share (the last one).
+pub fn bench_cpu() -> usize {
+    thread::available_parallelism().map(|n| n.get()).unwrap_or(1).saturating_sub(1)
+}
+
+/// Busy and idle time of `cpu` since boot, in ns, from /proc/stat
+/// (busy = user + nice + system + irq + softirq + steal).
+pub fn cpu_times_ns(cpu: usize) -> Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let name = format!("cpu{cpu}");
+    let line = stat.lines().find(|l| l.split_whitespace().next() == Some(name.as_str())).context("cpu line")?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect();
+    // SAFETY: no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let busy = v[0] + v[1] + v[2] + v[5] + v[6] + v.get(7).copied().unwrap_or(0);
+    let idle = v[3] + v[4];
+    Ok((busy * 1_000_000_000 / hz, idle * 1_000_000_000 / hz))
+}
+
+/// Runs a command to completion; fails with its stderr.
+pub fn run(cmd: &str, args: &[&str]) -> Result<String> {
+    let out =
+        Command::new(cmd).args(args).stdin(Stdio::null()).output().with_context(|| format!("cannot run {cmd}"))?;
+    if !out.status.success() {
+        bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs a command inside namespace `ns`.
+pub fn run_in(ns: &str, cmd: &str, args: &[&str]) -> Result<String> {
+    let mut v = vec!["netns", "exec", ns, cmd];
+    v.extend_from_slice(args);
+    run("ip", &v)
+}
+
+/// Runs a command inside `ns`, feeding `input` on stdin.
+pub fn run_in_stdin(ns: &str, cmd: &str, args: &[&str], input: &str) -> Result<String> {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, cmd])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {cmd}"))?;
+    child.stdin.take().context("stdin")?.write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Destination of every benchmark frame; assigned to the receiving veth
+/// so admitted frames go up the stack to a closed UDP port (or a socket).
+pub const DST: [u8; 4] = [198, 19, 255, 1];
+
+/// Two namespaces and a veth pair, named `pb-TAG-rx`/`pb-TAG-tx`, set up
+/// like a receiving host: the destination address on the receiving side,
+/// no reverse-path filter, GRO on (so the veth has NAPI and receives
+/// redirected frames with or without an XDP program). Removed on drop.
+pub struct Net {
+    pub sb: Sandbox,
+    pub rx_mac: [u8; 6],
+    /// Index of the transmit veth, in the transmit namespace.
+    pub tx_index: u32,
+}
+
+impl Net {
+    pub fn new(tag: &str) -> Result<Net> {
+        let sb = Sandbox::named(
+            &format!("pb-{tag}-rx"),
+            &format!("pb-{tag}-tx"),
+            &format!("pbr{tag}"),
+            &format!("pbt{tag}"),
+        );
+        let dst = format!("{}.{}.{}.{}/24", DST[0], DST[1], DST[2], DST[3]);
+        ip(&["-n", &sb.rx_ns, "addr", "add", &dst, "dev", &sb.rx_if]);
+        for key in ["all", "default", sb.rx_if.as_str()] {
+            run_in(&sb.rx_ns, "sysctl", &["-qw", &format!("net.ipv4.conf.{key}.rp_filter=0")])?;
+        }
+        for (ns, ifc) in [(&sb.rx_ns, &sb.rx_if), (&sb.tx_ns, &sb.tx_if)] {
+            run_in(ns, "ethtool", &["-K", ifc, "gro", "on"]).context("ethtool -K gro on")?;
+        }
+        let rx_mac = sb.rx_mac();
+        let tx_index = if_index(&sb.tx_ns, &sb.tx_if)?;
+        Ok(Net { sb, rx_mac, tx_index })
+    }
+
+    pub fn rx_stats(&self) -> Result<LinkStats> {
+        link_stats(&self.sb.rx_ns, &self.sb.rx_if)
+    }
+
+    /// Datagrams that reached the UDP layer of the receiving namespace
+    /// (delivered to a socket or to a closed port).
+    pub fn udp_in(&self) -> Result<u64> {
+        let snmp = run_in(&self.sb.rx_ns, "cat", &["/proc/net/snmp"])?;
+        let mut lines = snmp.lines().filter(|l| l.starts_with("Udp:"));
+        let (h, v) = (lines.next().context("Udp header")?, lines.next().context("Udp values")?);
+        let mut total = 0;
+        for (k, x) in h.split_whitespace().zip(v.split_whitespace()) {
+            if k == "InDatagrams" || k == "NoPorts" || k == "InErrors" {
+                total += x.parse::<u64>().unwrap_or(0);
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// Index of `ifc` in `ns`.
+pub fn if_index(ns: &str, ifc: &str) -> Result<u32> {
+    let out = ip_out(&["-n", ns, "-j", "link", "show", "dev", ifc]);
+    let v: serde_json::Value = serde_json::from_str(&out).context("ip -j link")?;
+    v[0]["ifindex"].as_u64().map(|x| x as u32).context("ifindex")
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinkStats {
+    pub rx_packets: u64,
+    pub rx_dropped: u64,
+}
+
+pub fn link_stats(ns: &str, ifc: &str) -> Result<LinkStats> {
+    let out = ip_out(&["-n", ns, "-s", "-j", "link", "show", "dev", ifc]);
+    let v: serde_json::Value = serde_json::from_str(&out).context("ip -s -j link")?;
+    let rx = &v[0]["stats64"]["rx"];
+    Ok(LinkStats {
+        rx_packets: rx["packets"].as_u64().context("rx packets")?,
+        rx_dropped: rx["dropped"].as_u64().unwrap_or(0),
+    })
+}
+
+/// VmRSS of `pid` in KiB.
+pub fn rss_kib(pid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Sleeps a little so the machine settles between experiments.
+pub fn settle() {
+    thread::sleep(Duration::from_millis(200));
+}
+
+/// One-line description of the machine.
+pub fn machine() -> String {
+    let kernel = run("uname", &["-r"]).unwrap_or_default().trim().to_string();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let n = thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    format!("Linux {kernel}, {n} vCPU ({cpu})")
+}

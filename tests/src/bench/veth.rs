@@ -1,0 +1,161 @@
+//! Per received packet on veth: the live-frames generator and the
+//! receiving veth's NAPI on one CPU, 64-byte UDP from 65 536 sources, every
+//! system in its own pair of namespaces, repetitions interleaved so drift
+//! hits every system alike. Cost = busy time of that CPU / frames the
+//! receiving veth received.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::{
+    Stat,
+    generator::{CHUNK, Generator},
+    peers::{Installed, Limit, System, install},
+    say,
+    sys::{Net, bench_cpu, settle},
+};
+
+pub const SOURCES: u32 = 65_536;
+
+pub const SYSTEMS: [System; 7] = [
+    System::XdpDrop,
+    System::PolicerDrop,
+    System::PolicerAdmit,
+    System::XdpPass,
+    System::Nft,
+    System::IptLegacy,
+    System::IptNft,
+];
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VethRow {
+    pub system: System,
+    pub key: String,
+    pub label: String,
+    /// CPU ns per received frame: the generator thread (which runs the
+    /// receiving softirq) + ksoftirqd of that CPU. The headline.
+    pub cpu_ns: Stat,
+    /// Busy ns of the shared CPU per received frame (/proc/stat; counts
+    /// anything else that ran on that CPU too).
+    pub busy_ns: Stat,
+    /// `cpu_ns` per repetition (in run order).
+    pub cpu_reps: Vec<f64>,
+    /// Wall ns per received frame.
+    pub wall_ns: Stat,
+    /// Received frames per second (millions).
+    pub mpps: Stat,
+    /// Fraction of received frames that reached the UDP layer.
+    pub admitted: Stat,
+    /// `cpu_ns` divided by the floor's in the same repetition.
+    pub vs_floor: Stat,
+    /// Generated frames that the receiving veth did not count.
+    pub lost: u64,
+    pub received: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VethResults {
+    pub sources: u32,
+    pub frame_bytes: u32,
+    pub seconds_per_rep: f64,
+    pub reps: usize,
+    pub cpu: usize,
+    pub drop_limit_pps: u64,
+    pub rows: Vec<VethRow>,
+}
+
+struct Sample {
+    cpu: f64,
+    busy: f64,
+    wall: f64,
+    mpps: f64,
+    admitted: f64,
+    lost: u64,
+    received: u64,
+}
+
+pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
+    let dur = Duration::from_millis(if quick { 600 } else { 2000 });
+    let cpu = bench_cpu();
+    // ≈ 99 % dropped: every source offers ~100 pps at these rates.
+    let drop_limit = Limit { pps: 1, burst: 1 };
+    let admit_limit = Limit { pps: 100_000_000, burst: 1_000_000 };
+    let mut setups = Vec::new();
+    for sys in SYSTEMS {
+        say(&format!("veth: setting up {}", sys.label()));
+        let net = Net::new(sys.tag())?;
+        let inst = install(sys, &net, drop_limit, admit_limit)?;
+        let g = Generator::new(net.tx_index, net.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)?;
+        setups.push((sys, net, inst, g));
+    }
+    // Warm-up: every source seen, every table filled.
+    for (sys, net, _, g) in &setups {
+        say(&format!("veth: warm-up {}", sys.label()));
+        g.flood(&net.sb.tx_ns, cpu, Duration::from_millis(if quick { 200 } else { 500 }), CHUNK)?;
+    }
+    let mut samples: Vec<Vec<Sample>> = setups.iter().map(|_| Vec::new()).collect();
+    for rep in 0..reps {
+        say(&format!("veth: repetition {}/{reps}", rep + 1));
+        // Rotate the order so no system always runs first.
+        for k in 0..setups.len() {
+            let i = (k + rep) % setups.len();
+            let (_, net, _, g) = &setups[i];
+            settle();
+            let (s0, u0) = (net.rx_stats()?, net.udp_in()?);
+            let f = g.flood(&net.sb.tx_ns, cpu, dur, CHUNK)?;
+            let (s1, u1) = (net.rx_stats()?, net.udp_in()?);
+            let rx = (s1.rx_packets - s0.rx_packets).max(1);
+            samples[i].push(Sample {
+                cpu: f.own_ns as f64 / rx as f64,
+                busy: f.busy_ns as f64 / rx as f64,
+                wall: f.wall_ns as f64 / rx as f64,
+                mpps: rx as f64 / f.wall_ns as f64 * 1e3,
+                admitted: (u1 - u0) as f64 / rx as f64,
+                lost: f.frames.saturating_sub(rx),
+                received: rx,
+            });
+        }
+    }
+    let floor: Vec<f64> = samples[0].iter().map(|s| s.cpu).collect();
+    let mut rows = Vec::new();
+    for ((sys, _, inst, _), ss) in setups.iter().zip(&samples) {
+        if let Installed::Daemon(d) = inst
+            && !d.stderr().is_empty()
+        {
+            say(&format!("veth: {} daemon said: {}", sys.label(), d.stderr()));
+        }
+        let v = |f: fn(&Sample) -> f64| Stat::of(&ss.iter().map(f).collect::<Vec<_>>());
+        let ratio: Vec<f64> = ss.iter().zip(&floor).map(|(s, f)| s.cpu / f).collect();
+        rows.push(VethRow {
+            system: *sys,
+            key: sys.key().into(),
+            label: sys.label().into(),
+            cpu_ns: v(|s| s.cpu),
+            cpu_reps: ss.iter().map(|s| s.cpu).collect(),
+            busy_ns: v(|s| s.busy),
+            wall_ns: v(|s| s.wall),
+            mpps: v(|s| s.mpps),
+            admitted: v(|s| s.admitted),
+            vs_floor: Stat::of(&ratio),
+            lost: ss.iter().map(|s| s.lost).sum(),
+            received: ss.iter().map(|s| s.received).sum(),
+        });
+    }
+    Ok(VethResults {
+        sources: SOURCES,
+        frame_bytes: 64,
+        seconds_per_rep: dur.as_secs_f64(),
+        reps,
+        cpu,
+        drop_limit_pps: drop_limit.pps,
+        rows,
+    })
+}
+
+/// Ratio of two rows' CPU ns per frame, repetition by repetition.
+pub fn ratio(a: &VethRow, b: &VethRow) -> Stat {
+    let r: Vec<f64> = a.cpu_reps.iter().zip(&b.cpu_reps).map(|(x, y)| x / y).collect();
+    Stat::of(&r)
+}
