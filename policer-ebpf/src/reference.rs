@@ -9,21 +9,30 @@
 //!   and a read of the 32-byte value. With `REF_SOURCES` = N it replaces the
 //!   source with synthetic sources 10.x.y.z cycling 0..N exactly as the
 //!   policer's bench variant does, so both touch the same number of entries.
+//!   `REF_STEPS` adds, one bit each, the policer's other per-packet work so
+//!   its cost can be broken down: 1 = the LPM-trie rule lookup, 2 =
+//!   `bpf_ktime_get_ns`, 4 = the two per-CPU counter blocks (interface and
+//!   rule), 8 = an atomic add on the bucket's value.
 //! - `xdp_gen`: run with `BPF_F_TEST_XDP_LIVE_FRAMES`, rewrites each frame's
 //!   IPv4 source (GEN_BASE + 0..GEN_SOURCES, in turn or at random), fixes the
 //!   header checksum and redirects the frame into `GEN_IFINDEX`.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics), allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
 mod programs {
+    use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
     use aya_ebpf::{
         bindings::{BPF_NOEXIST, xdp_action},
-        helpers::{bpf_get_prandom_u32, bpf_redirect},
+        helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect},
         macros::{map, xdp},
-        maps::{LruHashMap, PerCpuArray},
+        maps::{LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
         programs::XdpContext,
     };
-    use policer_common::{Bucket, BucketKey, FAMILY_V4};
+    use policer_common::{
+        Bucket, BucketKey, Counters, FAMILY_V4, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, Rule, RuleCounters,
+    };
 
     /// Resized by the benchmark loader.
     #[map]
@@ -32,10 +41,19 @@ mod programs {
     static REF_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
     #[map]
     static GEN_SEQ: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+    #[map]
+    static REF_RULES: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
+    #[map]
+    static REF_COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_IFACE_SLOTS, 0);
+    #[map]
+    static REF_RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULE_SLOTS, 0);
 
     /// Synthetic sources for `parse_lookup` (0 = the frame's own source).
     #[unsafe(no_mangle)]
     static REF_SOURCES: u32 = 0;
+    /// Extra steps of `parse_lookup` (bits, see the module doc).
+    #[unsafe(no_mangle)]
+    static REF_STEPS: u32 = 0;
     /// Where `xdp_gen` redirects its frames.
     #[unsafe(no_mangle)]
     static GEN_IFINDEX: u32 = 0;
@@ -104,11 +122,40 @@ mod programs {
             key.addr[2] = (i >> 8) as u8;
             key.addr[3] = i as u8;
         }
-        match REF_TABLE.get_ptr(&key) {
+        let steps = ro(&REF_STEPS);
+        let len = (ctx.data_end() - data) as u64;
+        let mut slot = 0;
+        if steps & 1 != 0 {
+            let a = [key.addr[0], key.addr[1], key.addr[2], key.addr[3]];
+            match REF_RULES.get(&Key::new(32, a)) {
+                Some(r) => slot = r.counter_slot % MAX_RULE_SLOTS,
+                None => return xdp_action::XDP_PASS,
+            }
+        }
+        // SAFETY: helper with no preconditions.
+        let now = if steps & 2 != 0 { unsafe { bpf_ktime_get_ns() } } else { 0 };
+        if steps & 4 != 0 {
+            // SAFETY: reading the ingress ifindex from the context.
+            let ifslot = unsafe { (*ctx.ctx).ingress_ifindex } % MAX_IFACE_SLOTS;
+            if let (Some(c), Some(rc)) = (REF_COUNTERS.get_ptr_mut(ifslot), REF_RULE_COUNTERS.get_ptr_mut(slot)) {
+                // SAFETY: per-CPU slots, only this CPU writes them while we run.
+                unsafe {
+                    (*c).dropped_pkts += 1;
+                    (*c).dropped_bytes += len;
+                    (*rc).dropped_pkts += 1;
+                    (*rc).dropped_bytes += len;
+                }
+            }
+        }
+        match REF_TABLE.get_ptr_mut(&key) {
             Some(v) => {
                 // SAFETY: a live map value; read like the policer reads `tat`.
                 let tat = unsafe { core::ptr::read_volatile(&(*v).tat) };
-                if tat == u64::MAX { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
+                if steps & 8 != 0 {
+                    // SAFETY: a live map value; other CPUs may add too.
+                    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*v).drops, 1) };
+                }
+                if tat == u64::MAX || (now != 0 && tat > now) { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
             }
             None => {
                 // SAFETY: Bucket is plain data; all zeroes is a valid value.

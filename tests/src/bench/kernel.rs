@@ -157,14 +157,28 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
     Ok(Subject::RawPolicer(Box::new(ebpf)))
 }
 
-fn reference(name: &'static str, sources: u32, table: u32) -> Result<Ebpf> {
+fn reference(name: &'static str, sources: u32, table: u32, steps: u32) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
-    loader.map_max_entries("REF_TABLE", table.max(1)).override_global("REF_SOURCES", &sources, true);
+    loader.map_max_entries("REF_TABLE", table.max(1)).override_global("REF_SOURCES", &sources, true).override_global(
+        "REF_STEPS",
+        &steps,
+        true,
+    );
     let mut e = loader.load(REFERENCE_OBJECT)?;
     let x: &mut Xdp = e.program_mut(name).context("reference program")?.try_into()?;
     x.load()?;
+    let mut m: LpmTrie<&mut MapData, [u8; 4], Rule> = LpmTrie::try_from(e.map_mut("REF_RULES").context("REF_RULES")?)?;
+    m.insert(&Key::new(0, [0; 4]), &rule("1pps", 1)?, 0)?;
     Ok(e)
 }
+
+/// The cumulative steps of the breakdown rows (see reference.rs).
+pub const STEPS: [(u32, &str); 4] = [
+    (1, "+ LPM-trie rule lookup"),
+    (3, "+ bpf_ktime_get_ns"),
+    (7, "+ two per-CPU counter blocks"),
+    (15, "+ atomic add on the bucket"),
+];
 
 const M: u32 = 1 << 20;
 
@@ -189,14 +203,14 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
         "xdp_drop (reference)".into(),
         0,
         0,
-        Subject::Reference(Box::new(reference("xdp_drop", 0, 1)?), "xdp_drop"),
+        Subject::Reference(Box::new(reference("xdp_drop", 0, 1, 0)?), "xdp_drop"),
     );
     add(
         "xdp_pass",
         "xdp_pass (reference)".into(),
         0,
         0,
-        Subject::Reference(Box::new(reference("xdp_pass", 0, 1)?), "xdp_pass"),
+        Subject::Reference(Box::new(reference("xdp_pass", 0, 1, 0)?), "xdp_pass"),
     );
     let mut extra = sizes.to_vec();
     extra.push((M, M / 2));
@@ -207,8 +221,19 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
             format!("parse + one LRU lookup (reference), {tag}"),
             n,
             table,
-            Subject::Reference(Box::new(reference("parse_lookup", n, table)?), "parse_lookup"),
+            Subject::Reference(Box::new(reference("parse_lookup", n, table, 0)?), "parse_lookup"),
         );
+        if n == 65_536 {
+            for (steps, what) in STEPS {
+                add(
+                    "breakdown",
+                    format!("parse + one LRU lookup {what}, {tag}"),
+                    n,
+                    table,
+                    Subject::Reference(Box::new(reference("parse_lookup", n, table, steps)?), "parse_lookup"),
+                );
+            }
+        }
         add(
             "policer_drop",
             format!("policer, dropping (1 pps per source), {tag}"),

@@ -333,7 +333,7 @@ pub fn markdown(r: &Results) -> String {
             let reference =
                 k.rows.iter().find(|y| y.key == "parse_lookup" && y.sources == x.sources && y.table == x.table);
             let rel = match reference {
-                Some(y) if x.key.starts_with("policer") => fx(&kratio(x, y)),
+                Some(y) if x.key.starts_with("policer") || x.key == "breakdown" => fx(&kratio(x, y)),
                 _ => String::new(),
             };
             let _ = writeln!(
@@ -350,6 +350,7 @@ pub fn markdown(r: &Results) -> String {
             );
         }
         let _ = writeln!(w, "\n![Kernel ns per packet](bench/kernel-cost.png)\n");
+        breakdown(w, k);
     }
 
     if let Some(a) = &r.accuracy {
@@ -427,4 +428,37 @@ pub fn markdown(r: &Results) -> String {
          benchmark only reports."
     );
     s
+}
+
+/// Where the policer's time goes at 65 536 sources: the reference with the
+/// policer's other steps added one by one.
+fn breakdown(w: &mut String, k: &KernelResults) {
+    let at =
+        |key: &'static str| k.rows.iter().filter(move |r| r.key == key && r.sources == 65_536 && r.table >= r.sources);
+    let (Some(base), Some(pol)) = (at("parse_lookup").next(), at("policer_drop").next()) else { return };
+    let steps: Vec<&KernelRow> = at("breakdown").collect();
+    if steps.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "### Where the policer's time goes (65 536 sources, kernel ns per packet)\n");
+    let _ = writeln!(
+        w,
+        "The reference with the policer's other per-packet work added one step at a time (cumulative; the `REF_STEPS` \
+         bits of `parse_lookup`). Differences between medians; the VM's noise is a few ns.\n"
+    );
+    let _ = writeln!(w, "| step | kernel ns | added |");
+    let _ = writeln!(w, "|---|---|---|");
+    let _ = writeln!(w, "| parse + one LRU lookup | {:.0} | |", base.kernel_ns.median);
+    let mut prev = base.kernel_ns.median;
+    for r in &steps {
+        let what = r.label.trim_start_matches("parse + one LRU lookup ").split(',').next().unwrap_or("");
+        let _ = writeln!(w, "| {what} | {:.0} | {:+.0} |", r.kernel_ns.median, r.kernel_ns.median - prev);
+        prev = r.kernel_ns.median;
+    }
+    let _ = writeln!(
+        w,
+        "| the policer itself (dropping): rule checks, key masking, bucket arithmetic, CAS, its own branches | {:.0} | {:+.0} |\n",
+        pol.kernel_ns.median,
+        pol.kernel_ns.median - prev
+    );
 }
