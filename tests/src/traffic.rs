@@ -37,6 +37,8 @@ pub struct SendReport {
     /// Send time of each flow's first and last frame, ns since the start.
     pub first_ns: Vec<u64>,
     pub last_ns: Vec<u64>,
+    /// Send time of every frame of flow 0, ns since the start.
+    pub times0: Vec<u64>,
 }
 
 impl SendReport {
@@ -92,7 +94,7 @@ pub fn send(
         })
         .collect();
     let n = flows.len();
-    let mut rep = SendReport { sent: vec![0; n], first_ns: vec![0; n], last_ns: vec![0; n] };
+    let mut rep = SendReport { sent: vec![0; n], first_ns: vec![0; n], last_ns: vec![0; n], times0: vec![] };
     let period: Vec<f64> = flows.iter().map(|f| 1e9 / f.pps).collect();
     // Stagger the flows' phases so the aggregate is smooth too.
     let phase: Vec<f64> = (0..n).map(|i| period[i] * (i as f64 / n as f64)).collect();
@@ -124,6 +126,9 @@ pub fn send(
         }
         rep.last_ns[i] = at;
         rep.sent[i] = k + 1;
+        if i == 0 {
+            rep.times0.push(at);
+        }
         let next = phase[i] + (k + 1) as f64 * period[i];
         heap.push(Reverse((next as u64, i)));
     }
@@ -224,6 +229,30 @@ pub fn run_bg(sb: &Sandbox, flows: &[Flow], duration: Duration) -> thread::JoinH
     let flows = flows.to_vec();
     epoch_ns();
     thread::spawn(move || run_in(&tx_ns, &tx_if, &rx_ns, &rx_if, mac, &flows, duration, None))
+}
+
+/// What an exact policer admits of flow 0 as it was actually sent (the
+/// host model of the bucket over the real send times). A generator that
+/// stalls (a loaded machine) hands the bucket idle gaps it cannot bank
+/// beyond its burst; comparing against this, rather than rate x T + burst,
+/// keeps a stall from looking like a policer error.
+pub fn exact_admitted(sent: &SendReport, rule: &policer_common::Rule, len: u32) -> u64 {
+    let mut tat = rule.empty_tat(1_000_000_000);
+    let mut n = 0;
+    for &t in &sent.times0 {
+        if let Some(new) = rule.admit(tat, 1_000_000_000 + t, len) {
+            tat = new;
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Whether flow 0 was sent smoothly enough for a rate x T + burst check:
+/// the exact policer's count over the real send times is within `tol` of it.
+pub fn smooth(sent: &SendReport, rule: &policer_common::Rule, rate_pps: f64, burst: f64, tol: f64) -> bool {
+    let ideal = rate_pps * sent.span_secs(0) + burst;
+    (exact_admitted(sent, rule, 64) as f64 - ideal).abs() <= tol * ideal
 }
 
 /// Frames of flow 0 that arrived in [from, to) (ns since [`epoch_ns`]).

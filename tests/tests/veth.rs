@@ -5,6 +5,7 @@
 
 use std::{net::IpAddr, os::fd::AsRawFd, time::Duration};
 
+use policer_common::rate::Rate;
 use policer_tests::{
     daemon::{Daemon, cli, fails_with, policer_bin, policer_in},
     foreign,
@@ -30,25 +31,45 @@ fn heavy_hitter_gets_rate_times_t_plus_burst() {
     assert!(d.stdout().contains("(native mode)"), "{}", d.stdout());
     assert!(sb.rx_xdp().is_some(), "no XDP program on {}", sb.rx_if);
 
-    let mut flows = vec![Flow { src: ip("198.18.0.1"), pps: 10_000.0, len: 64 }];
-    for i in 0..40 {
-        flows.push(Flow { src: ip(&format!("198.18.1.{}", i + 1)), pps: 50.0, len: 64 });
-    }
-    for i in 0..10 {
-        // Distinct /64s: IPv6 buckets are per /64 by default.
-        flows.push(Flow { src: ip(&format!("2001:db8:1:{i}::1")), pps: 50.0, len: 90 });
-    }
-    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(5));
-    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
-
-    let span = sent.span_secs(0);
-    let expected = 1000.0 * span + 10.0;
-    let admitted = got.per_flow[0] as f64;
-    eprintln!("heavy hitter: sent {}, admitted {admitted}, expected {expected:.1} (T = {span:.4} s)", sent.sent[0]);
-    assert!(sent.sent[0] >= 49_000, "generator fell short: {}", sent.sent[0]);
-    assert!((admitted - expected).abs() <= expected * 0.01, "admitted {admitted}, expected {expected:.1} +-1 %");
-    for (i, f) in flows.iter().enumerate().skip(1) {
-        assert_eq!(got.per_flow[i], sent.sent[i], "in-profile source {} lost frames", f.src);
+    let rule = Rate::Pps(1000).rule(10).unwrap();
+    // Up to three tries, each with a fresh heavy hitter: a try only counts
+    // if the generator managed to send smoothly (a loaded machine can stall
+    // it, and a stalled sender hands the bucket idle time it cannot bank).
+    for attempt in 1..=3 {
+        let mut flows = vec![Flow { src: ip(&format!("198.18.0.{attempt}")), pps: 10_000.0, len: 64 }];
+        for i in 0..40 {
+            flows.push(Flow { src: ip(&format!("198.18.1.{}", i + 1)), pps: 50.0, len: 64 });
+        }
+        for i in 0..10 {
+            // Distinct /64s: IPv6 buckets are per /64 by default.
+            flows.push(Flow { src: ip(&format!("2001:db8:1:{i}::1")), pps: 50.0, len: 90 });
+        }
+        let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(5));
+        assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+        let span = sent.span_secs(0);
+        let expected = 1000.0 * span + 10.0;
+        let exact = traffic::exact_admitted(&sent, &rule, 64) as f64;
+        let admitted = got.per_flow[0] as f64;
+        eprintln!(
+            "try {attempt}: heavy hitter sent {}, admitted {admitted}, rate x T + burst {expected:.1} (T = {span:.4} s), \
+             exact policer over the real send times {exact}",
+            sent.sent[0]
+        );
+        // The policer is exact for whatever was really sent...
+        assert!((admitted - exact).abs() <= exact * 0.005 + 2.0, "admitted {admitted}, exact model {exact}");
+        for (i, f) in flows.iter().enumerate().skip(1) {
+            assert_eq!(got.per_flow[i], sent.sent[i], "in-profile source {} lost frames", f.src);
+        }
+        // ...and when that was a smooth 10x, it is rate x T + burst within 1 %.
+        if traffic::smooth(&sent, &rule, 1000.0, 10.0, 0.002) {
+            assert!(sent.sent[0] >= 49_000, "generator fell short: {}", sent.sent[0]);
+            assert!(
+                (admitted - expected).abs() <= expected * 0.01,
+                "admitted {admitted}, expected {expected:.1} +-1 %"
+            );
+            break;
+        }
+        assert!(attempt < 3, "the generator could not send smoothly in three tries: machine overloaded");
     }
     assert!(d.stop_with(libc::SIGTERM), "policer did not exit cleanly:\n{}", d.stderr());
     assert!(d.stdout().contains("detached"), "{}", d.stdout());
