@@ -37,23 +37,50 @@ use crate::{
 #[derive(Clone, Debug, Default)]
 pub struct UdpReceived {
     pub per_flow: Vec<u64>,
-    /// Arrival times of flow 0's datagrams, ns since [`epoch_ns`].
+    /// Arrival times of flow 0's datagrams (kernel receive timestamps), ns
+    /// since [`epoch_ns`].
     pub arrivals0: Vec<u64>,
     pub foreign: u64,
 }
 
-fn set_rcvbuf(s: &UdpSocket) {
-    let v: i32 = 64 << 20;
+fn setsockopt(s: &UdpSocket, opt: i32, v: i32) {
     // SAFETY: pointer and length describe `v`.
+    unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, opt, &v as *const _ as *const libc::c_void, 4) };
+}
+
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64
+}
+
+/// One datagram and the kernel's receive timestamp (SO_TIMESTAMPNS,
+/// CLOCK_REALTIME ns), taken when the frame entered the stack: the
+/// receiver thread's own scheduling delays do not move it.
+fn recv_ts(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, Option<u64>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    let mut cbuf = [0u64; 16];
+    // SAFETY: msghdr is plain data; every pointer in it describes a live
+    // buffer of the stated length; cmsgs are walked with the libc macros.
     unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            &v as *const _ as *const libc::c_void,
-            4,
-        )
-    };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        let n = libc::recvmsg(s.as_raw_fd(), &mut msg, 0);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut ts = None;
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let t: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                ts = Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+        Ok((n as usize, ts))
+    }
 }
 
 /// Sends `flows` paced from the transmit side for `duration` and counts,
@@ -75,15 +102,19 @@ pub fn paced(
     let receiver = thread::spawn(move || -> Result<UdpReceived> {
         enter(&rns)?;
         let sock = UdpSocket::bind((Ipv4Addr::from(DST), 9)).context("bind the UDP receiver")?;
-        set_rcvbuf(&sock);
+        setsockopt(&sock, libc::SO_RCVBUFFORCE, 64 << 20);
+        setsockopt(&sock, libc::SO_TIMESTAMPNS, 1);
+        // Kernel timestamps are CLOCK_REALTIME; arrivals are kept on the
+        // process's monotonic epoch.
+        let offset = realtime_ns() as i64 - epoch_ns() as i64;
         sock.set_read_timeout(Some(Duration::from_millis(50)))?;
         let _ = ready_tx.send(());
         let mut r = UdpReceived { per_flow: vec![0; n], ..Default::default() };
         let mut buf = [0u8; 2048];
         let mut quiet: Option<Instant> = None;
         loop {
-            match sock.recv(&mut buf) {
-                Ok(len) => {
+            match recv_ts(&sock, &mut buf) {
+                Ok((len, ts)) => {
                     quiet = None;
                     let m = &buf[..len];
                     if len >= 12 && m[..4] == MARKER {
@@ -91,7 +122,7 @@ pub fn paced(
                         let flow = u32::from_be_bytes([m[8], m[9], m[10], m[11]]) as usize;
                         if id == run && flow < n {
                             if flow == 0 {
-                                r.arrivals0.push(epoch_ns());
+                                r.arrivals0.push(ts.map(|t| (t as i64 - offset) as u64).unwrap_or_else(epoch_ns));
                             }
                             r.per_flow[flow] += 1;
                             continue;

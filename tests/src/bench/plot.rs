@@ -203,58 +203,56 @@ pub fn kernel_cost(k: &KernelResults, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Admitted rate of the heavy hitter against its limit, per system.
+/// Admitted rate of the heavy hitter against its limit: one panel per
+/// system (they coincide on one chart).
 pub fn accuracy(a: &AccuracyResults, path: &Path) -> Result<()> {
     init_font()?;
-    let root = BitMapBackend::new(path, (1100, 620)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1100, 720)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let tmax = a.rows.iter().flat_map(|r| r.timeline.last().map(|x| x.0)).fold(a.seconds, f64::max);
-    let ymax = a.limit_pps as f64 * 1.6;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "Heavy hitter offered {:.0} pps against a {} pps limit (burst {}): admitted rate, {} ms bins",
+    let root = root
+        .titled(
+            &format!(
+                "A heavy hitter offered {:.0} pps against a {} pps limit (burst {}): admitted rate in {} ms bins",
                 a.offered_pps, a.limit_pps, a.burst, a.bin_ms
             ),
             ("sans-serif", 20),
         )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..tmax + a.bin_ms as f64 / 1e3, 0f64..ymax)
         .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds since its first admitted packet")
-        .y_desc("admitted packets / s")
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 16))
-        .draw()
-        .map_err(err)?;
+    let tmax = a.rows.iter().flat_map(|r| r.timeline.last().map(|x| x.0)).fold(a.seconds, f64::max);
+    let ymax = a.limit_pps as f64 * 1.3;
     let colors = [PALETTE[1], PALETTE[4], PALETTE[5], PALETTE[6]];
-    for (i, r) in a.rows.iter().enumerate() {
+    let cols = 2;
+    let rows = a.rows.len().div_ceil(cols).max(1);
+    let panels = root.split_evenly((rows, cols));
+    for (i, (r, area)) in a.rows.iter().zip(panels.iter()).enumerate() {
         let c = colors[i % colors.len()];
+        let adm: u64 = r.admitted.last().copied().unwrap_or(0);
+        let exp: f64 = r.expected.last().copied().unwrap_or(f64::NAN);
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!("{} (all {} heavy sources: {adm} admitted, {exp:.0} expected)", r.label, a.heavy_flows),
+                ("sans-serif", 14),
+            )
+            .margin(8)
+            .x_label_area_size(35)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0f64..tmax + a.bin_ms as f64 / 1e3, 0f64..ymax)
+            .map_err(err)?;
         chart
-            .draw_series(LineSeries::new(r.timeline.iter().copied(), c.stroke_width(2)))
-            .map_err(err)?
-            .label(r.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+            .configure_mesh()
+            .x_desc("s since its first admitted packet")
+            .y_desc("admitted pps")
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .label_style(("sans-serif", 13))
+            .axis_desc_style(("sans-serif", 13))
+            .draw()
+            .map_err(err)?;
+        let lim = a.limit_pps as f64;
+        chart
+            .draw_series(DashedLineSeries::new(vec![(0.0, lim), (tmax, lim)], 8, 6, BLACK.stroke_width(1)))
+            .map_err(err)?;
+        chart.draw_series(LineSeries::new(r.timeline.iter().copied(), c.stroke_width(2))).map_err(err)?;
     }
-    let lim = a.limit_pps as f64;
-    chart
-        .draw_series(DashedLineSeries::new(vec![(0.0, lim), (tmax, lim)], 8, 6, BLACK.stroke_width(1)))
-        .map_err(err)?
-        .label(format!("limit {} pps", a.limit_pps))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
 }

@@ -441,8 +441,8 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(w, "## How to run\n");
     let _ = writeln!(
         w,
-        "`cargo xtask bench` (as root; about 10 minutes) or `cargo xtask bench --quick` (a smoke run of about 3 \
-         minutes) installs nftables, iptables and ethtool if missing, builds release binaries and runs \
+        "`cargo xtask bench` (as root; about 5 minutes once built) or `cargo xtask bench --quick` (a smoke run of \
+         under 2 minutes) installs nftables, iptables, ethtool and the DejaVu font if missing, builds release binaries and runs \
          `target/release/policer-bench`, which rewrites this file, `bench/results.json` and `bench/*.png`. Everything \
          runs inside network namespaces named `pb-*` that are removed afterwards. Nothing here asserts a timing: the \
          benchmark only reports."
