@@ -110,11 +110,10 @@ impl Policer {
         }
         let test_clock: u32 = opts.test_clock.into();
         let mut loader = EbpfLoader::new();
-        loader.map_max_entries(policer_common::MAP_BUCKETS, opts.max_sources).override_global(
-            GLOBAL_TEST_CLOCK,
-            &test_clock,
-            true,
-        );
+        loader
+            .map_max_entries(policer_common::MAP_BUCKETS, opts.max_sources)
+            .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
+            .override_global(policer_common::GLOBAL_BENCH_SOURCES, &opts.bench_sources, true);
         for (name, path) in &opts.reuse {
             loader.map_pin_path(name, path.as_path());
         }
