@@ -181,5 +181,16 @@ pub fn machine() -> String {
         })
         .unwrap_or_default();
     let n = thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    format!("Linux {kernel}, {n} vCPU ({cpu})")
+    // Return-thunk and retpoline mitigations make every kernel call and
+    // return (BPF helpers included) dearer: worth knowing beside the numbers.
+    let vuln = |name: &str| {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/vulnerabilities/{name}"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into())
+    };
+    format!(
+        "Linux {kernel}, {n} vCPU ({cpu}); mitigations: spec_rstack_overflow \"{}\", spectre_v2 \"{}\"",
+        vuln("spec_rstack_overflow"),
+        vuln("spectre_v2")
+    )
 }
