@@ -305,6 +305,23 @@ pub fn markdown(r: &Results) -> String {
                 }
             );
         }
+        if let (Some(f), Some(pass)) = (row(v, "xdp_drop"), row(v, "xdp_pass")) {
+            let stack = pass.cpu_ns.median - f.cpu_ns.median;
+            let parts: Vec<String> = v
+                .rows
+                .iter()
+                .filter(|x| x.admitted.median > 0.0 && x.admitted.median < 0.5)
+                .map(|x| format!("{} ≈ {:.0} ns", x.label, x.admitted.median * stack))
+                .collect();
+            let _ = writeln!(
+                w,
+                "\nAn admitted frame goes on up the stack, which costs ≈ {stack:.0} ns (xdp_pass − floor), so the \
+                 dropping rows also pay for the share they admit — at {} pps per source it differs with each system's \
+                 throughput. Estimated share of each row's cost spent on admitted frames: {}.",
+                v.drop_limit_pps,
+                parts.join("; ")
+            );
+        }
         let lost: u64 = v.rows.iter().map(|x| x.lost).sum();
         let _ = writeln!(
             w,
