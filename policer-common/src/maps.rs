@@ -21,6 +21,15 @@ pub const MAP_BENCH_SEQ: &str = "BENCH_SEQ";
 /// Array of [`NewSources`], one per rule counter slot: the limiter on how
 /// fast a rule may admit sources that have no bucket (table pressure).
 pub const MAP_NEW_SOURCES: &str = "NEW_SOURCES";
+/// Array of one `u32`: the default-rules fast path. 0: look every source up
+/// in the LPM tries. 1 or 2: the rule set is only `0.0.0.0/0` and/or `::/0`,
+/// and their rules are in [`MAP_DEFAULT_RULES`] pair 0 or 1 (double
+/// buffered, so a reader never sees a rule half written).
+pub const MAP_FAST_PATH: &str = "FAST_PATH";
+/// Array of 4 [`crate::Rule`]s: two pairs of (IPv4 default, IPv6 default).
+pub const MAP_DEFAULT_RULES: &str = "DEFAULT_RULES";
+/// A default-rule slot with this action means "no rule for this family".
+pub const ACTION_NONE: u32 = u32::MAX;
 /// Array of one `u64`: the clock in ns when the test clock is on.
 pub const MAP_CLOCK: &str = "CLOCK";
 /// Read-only global (`u32`): non-zero makes the program read its clock

@@ -120,6 +120,9 @@ pub struct Daemon {
     /// The rules in force, with their kernel id and counter slot.
     rules: BTreeMap<IpNet, Installed>,
     slots: Slots,
+    /// Default-rules fast path: 0 off, else the pair of DEFAULT_RULES in use.
+    fast: u32,
+    last_flip: Option<Instant>,
     cfg: Config,
     config_path: PathBuf,
     next_id: u32,
@@ -486,11 +489,13 @@ impl Daemon {
             if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
         );
         let _ = out.flush();
-        Ok(Daemon {
+        let mut d = Daemon {
             policer,
             ifaces,
             rules,
             slots,
+            fast: 0,
+            last_flip: None,
             cfg,
             config_path: args.config.clone(),
             next_id,
@@ -500,7 +505,47 @@ impl Daemon {
             listener: Some(listener),
             metrics,
             _lock: lock,
-        })
+        };
+        d.sync_fast_path()?;
+        Ok(d)
+    }
+
+    /// Whether every rule is for 0.0.0.0/0 or ::/0.
+    fn only_defaults(&self) -> bool {
+        self.rules.keys().all(|n| n.prefix_len() == 0)
+    }
+
+    /// Turns the default-rules fast path on (with the current default rules)
+    /// when only default rules exist, off otherwise. The rules go into the
+    /// pair not in use, then one u32 write switches readers over, so no
+    /// packet sees a rule half written; switches are at least 1 ms apart so
+    /// a reader of the pair before last (a program run lasts microseconds)
+    /// is long gone before that pair is rewritten.
+    fn sync_fast_path(&mut self) -> Result<()> {
+        if !self.only_defaults() {
+            if self.fast != 0 {
+                self.policer.set_fast_path(0)?;
+                self.fast = 0;
+            }
+            return Ok(());
+        }
+        let rule = |d: &Daemon, net: &str| -> Result<Option<Rule>> {
+            let net: IpNet = net.parse().expect("literal");
+            d.rules.get(&net).map(|i| Ok(i.spec.kernel(i.id)?.with_counter_slot(i.slot))).transpose()
+        };
+        let (v4, v6) = (rule(self, "0.0.0.0/0")?, rule(self, "::/0")?);
+        let next = if self.fast == 1 { 2 } else { 1 };
+        if let Some(t) = self.last_flip {
+            let since = t.elapsed();
+            if since < Duration::from_millis(1) {
+                std::thread::sleep(Duration::from_millis(1) - since);
+            }
+        }
+        self.policer.set_default_rules(next - 1, v4, v6)?;
+        self.policer.set_fast_path(next)?;
+        self.fast = next;
+        self.last_flip = Some(Instant::now());
+        Ok(())
     }
 
     fn views(&self) -> Vec<RuleView> {
@@ -533,6 +578,19 @@ impl Daemon {
     /// Applies `want` (already validated) to the kernel: changed and new
     /// prefixes first, removed ones last, each one atomic for its prefix.
     fn apply(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+        // A more specific prefix is about to exist: back to the tries first,
+        // so no packet is judged by a default rule it no longer falls under.
+        if self.fast != 0 && want.keys().any(|n| n.prefix_len() != 0) {
+            self.policer.set_fast_path(0)?;
+            self.fast = 0;
+        }
+        let r = self.apply_rules(want);
+        // Whatever happened, the fast path follows the rules now in force.
+        self.sync_fast_path()?;
+        r
+    }
+
+    fn apply_rules(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
         for (net, spec) in want {
             let slot = match self.rules.get(net) {
                 Some(i) if &i.spec == spec => continue,

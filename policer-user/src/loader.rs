@@ -15,7 +15,8 @@ use aya::{
 use ipnet::IpNet;
 use policer_common::{
     Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS,
-    MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, NewSources,
+    PROGRAM_NAME, Rule, RuleCounters,
 };
 
 use crate::error::{Error, Result};
@@ -219,6 +220,26 @@ impl Policer {
     /// Counters of every rule slot (summed over CPUs).
     pub fn rule_counters(&self) -> Result<Vec<(u32, RuleCounters)>> {
         self.per_cpu_slots(MAP_RULE_COUNTERS, RuleCounters::add)
+    }
+
+    /// Turns the default-rules fast path off (0) or on, reading pair
+    /// `selector - 1` of the default rules.
+    pub fn set_fast_path(&mut self, selector: u32) -> Result<()> {
+        let mut m: Array<&mut MapData, u32> =
+            Array::try_from(self.ebpf.map_mut(MAP_FAST_PATH).ok_or(Error::Missing(MAP_FAST_PATH))?)
+                .map_err(Error::map(MAP_FAST_PATH))?;
+        m.set(0, &selector, 0).map_err(Error::map(MAP_FAST_PATH))
+    }
+
+    /// Writes default-rule pair `pair` (0 or 1): the rules for 0.0.0.0/0
+    /// and ::/0, `None` where that family has no rule.
+    pub fn set_default_rules(&mut self, pair: u32, v4: Option<Rule>, v6: Option<Rule>) -> Result<()> {
+        let mut m: Array<&mut MapData, Rule> =
+            Array::try_from(self.ebpf.map_mut(MAP_DEFAULT_RULES).ok_or(Error::Missing(MAP_DEFAULT_RULES))?)
+                .map_err(Error::map(MAP_DEFAULT_RULES))?;
+        let none = Rule { action: policer_common::ACTION_NONE, ..Rule::packets(1, 1).expect("valid") };
+        m.set(pair * 2, &v4.unwrap_or(none), 0).map_err(Error::map(MAP_DEFAULT_RULES))?;
+        m.set(pair * 2 + 1, &v6.unwrap_or(none), 0).map_err(Error::map(MAP_DEFAULT_RULES))
     }
 
     /// Sets the new-source limiter of a rule slot.

@@ -259,3 +259,30 @@ fn rule_change_keeps_the_fill() {
     }
     assert_eq!(passed, 0, "a full bucket must stay full under a bigger burst");
 }
+
+/// The default-rules fast path: with it on, the program takes the rule
+/// from the default pair the selector names (no trie lookup); a family
+/// without a default rule is unmatched; off, the tries decide again.
+#[test]
+fn default_rules_fast_path() {
+    if !privileged("object tier") {
+        return;
+    }
+    let mut p = load();
+    p.set_clock(30 * SEC).unwrap();
+    let v4 = rule("1pps", 2, 32, false).with_id(7);
+    // Pair 1 holds the rules; pair 0 holds something else that must not be read.
+    p.set_default_rules(0, Some(rule("1pps", 1, 32, false).with_action(Action::Deny)), None).unwrap();
+    p.set_default_rules(1, Some(v4), None).unwrap();
+    p.set_fast_path(2).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.1.1", 64)), PASS);
+    assert_eq!(run(&mut p, &udp("100.64.1.1", 64)), PASS);
+    assert_eq!(run(&mut p, &udp("100.64.1.1", 64)), DROP, "burst 2 from the fast-path rule");
+    assert_eq!(run(&mut p, &udp("2001:db8::1", 64)), PASS);
+    let c = p.counters().unwrap();
+    assert_eq!((c.passed_pkts, c.dropped_pkts, c.unmatched_pkts), (2, 1, 1));
+    // Off: the (empty) tries decide.
+    p.set_fast_path(0).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.1.1", 64)), PASS);
+    assert_eq!(p.counters().unwrap().unmatched_pkts, 2);
+}
