@@ -85,6 +85,8 @@ pub struct Policer {
     pub ebpf: Ebpf,
     /// Capacity of the bucket table, read once at load.
     capacity: u32,
+    /// Whether the shared counter slot 0's new-source limiter was set.
+    pub(crate) shared_slot_set: bool,
 }
 
 /// The interface index of `name`, or a clear error.
@@ -130,7 +132,7 @@ impl Policer {
             .try_into()
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
-        let mut p = Policer { ebpf, capacity: 0 };
+        let mut p = Policer { ebpf, capacity: 0, shared_slot_set: false };
         p.capacity = p.read_max_sources()?;
         Ok(p)
     }

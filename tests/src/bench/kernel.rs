@@ -142,6 +142,9 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
     if through_loader {
         let mut p = Policer::load(&LoadOptions { max_sources: table, bench_sources: sources, ..Default::default() })?;
         p.set_rule("0.0.0.0/0".parse::<IpNet>()?, &rule)?;
+        // As the daemon does when only default rules exist: the fast path.
+        p.set_default_rules(0, Some(rule), None)?;
+        p.set_fast_path(1)?;
         return Ok(Subject::Policer(Box::new(p)));
     }
     let mut loader = EbpfLoader::new();

@@ -93,10 +93,11 @@ fn breakdown_sentence(k: Option<&KernelResults>) -> String {
     }
     let _ = write!(
         out,
-        "; the policer {:.0} ({:+.0} for the rest: rule checks, key masking, bucket arithmetic, CAS). The two \
-         helper calls the policer adds per packet — bpf_ktime_get_ns and the LPM-trie lookup, neither inlined by the \
-         verifier, unlike the per-CPU array and hash lookups — are most of the gap; on this VM every kernel call and \
-         return also pays for the mitigations named at the top.",
+        "; the policer {:.0} ({:+.0} for the rest: rule checks, key masking, bucket arithmetic, CAS; with only \
+         default rules, as here, the daemon's fast path replaces the LPM-trie lookup by an inlined array read). The \
+         clock read, bpf_ktime_get_ns — a helper call the verifier does not inline, unlike the array and hash \
+         lookups — is most of the gap, and the policer needs one per packet to drain its buckets; on this VM every \
+         kernel call and return also pays for the mitigations named at the top.",
         pol.kernel_ns.median,
         pol.kernel_ns.median - prev
     );
