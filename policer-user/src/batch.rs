@@ -65,3 +65,23 @@ pub fn for_each(fd: RawFd, key_size: usize, value_size: usize, mut f: impl FnMut
 pub fn possible_cpus() -> io::Result<usize> {
     aya::util::nr_cpus().map(|n| n.get() as usize).map_err(|(_, e)| e)
 }
+
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// BPF_MAP_UPDATE_BATCH of `count` packed keys and values. Returns how many
+/// entries the kernel took before an error (all of them on success).
+pub fn update(fd: RawFd, keys: &[u8], values: &[u8], count: usize) -> (usize, Option<io::Error>) {
+    let mut attr = BatchAttr {
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count: count as u32,
+        map_fd: fd as u32,
+        ..Default::default()
+    };
+    // SAFETY: keys and values hold `count` packed entries of the map's sizes.
+    let r = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
+    };
+    let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
+    (attr.count as usize, err)
+}

@@ -82,29 +82,32 @@ struct Installed {
 }
 
 /// Allocates rule counter slots; slot 0 is shared by rules past the last.
-#[derive(Default)]
 struct Slots {
-    used: std::collections::BTreeSet<u32>,
+    /// Slots 1.. not in use, lowest first.
+    free: std::collections::BTreeSet<u32>,
+}
+
+impl Default for Slots {
+    fn default() -> Slots {
+        Slots { free: (1..MAX_RULE_SLOTS).collect() }
+    }
 }
 
 impl Slots {
+    /// The lowest free slot, or the shared slot 0 when all are taken.
     fn take(&mut self) -> u32 {
-        let mut s = 1;
-        for &u in self.used.range(1..) {
-            if u != s {
-                break;
-            }
-            s += 1;
-        }
-        if s >= MAX_RULE_SLOTS {
-            return 0;
-        }
-        self.used.insert(s);
-        s
+        self.free.pop_first().unwrap_or(0)
+    }
+
+    /// Marks a slot an adopted rule already uses.
+    fn mark_used(&mut self, s: u32) {
+        self.free.remove(&s);
     }
 
     fn free(&mut self, s: u32) {
-        self.used.remove(&s);
+        if s != 0 {
+            self.free.insert(s);
+        }
     }
 }
 
@@ -386,10 +389,12 @@ impl Daemon {
         let mut slots = Slots::default();
         for (net, k) in &kernel {
             if specs.contains_key(net) && k.counter_slot != 0 {
-                slots.used.insert(k.counter_slot);
+                slots.mark_used(k.counter_slot);
             }
         }
         let mut rules = BTreeMap::new();
+        // New and changed rules, installed together in one batch below.
+        let mut pending: Vec<(IpNet, Rule)> = Vec::new();
         for (net, spec) in &specs {
             let fresh = spec.kernel(0)?;
             let inst = match kernel.get(net) {
@@ -399,22 +404,25 @@ impl Daemon {
                 Some(k) => {
                     let inst = Installed { spec: spec.clone(), id: next_id, slot: k.counter_slot };
                     next_id += 1;
-                    install(&mut policer, *net, spec, inst.id, inst.slot)?;
+                    pending.push((*net, prepare(&mut policer, spec, inst.id, inst.slot)?));
                     inst
                 }
                 None => {
                     let slot = slots.take();
-                    if slot != 0 {
+                    // A fresh program's counters are zero; an adopted one's
+                    // slot may hold a removed rule's counts.
+                    if slot != 0 && adopt_from.is_some() {
                         policer.reset_rule_counters(slot)?;
                     }
                     let inst = Installed { spec: spec.clone(), id: next_id, slot };
                     next_id += 1;
-                    install(&mut policer, *net, spec, inst.id, slot)?;
+                    pending.push((*net, prepare(&mut policer, spec, inst.id, slot)?));
                     inst
                 }
             };
             rules.insert(*net, inst);
         }
+        policer.set_rules(&pending)?;
         for net in kernel.keys() {
             if !specs.contains_key(net) {
                 policer.remove_rule(*net)?;
@@ -998,6 +1006,13 @@ impl Daemon {
 /// Installs a rule (one atomic update of its prefix), after setting the
 /// new-source limiter of its counter slot.
 fn install(p: &mut Policer, net: IpNet, spec: &RuleSpec, id: u32, slot: u32) -> Result<()> {
+    let rule = prepare(p, spec, id, slot)?;
+    p.set_rule(net, &rule)
+}
+
+/// Sets the new-source limiter of the rule's counter slot; returns the
+/// kernel value of the rule, ready to install.
+fn prepare(p: &mut Policer, spec: &RuleSpec, id: u32, slot: u32) -> Result<Rule> {
     // Rate and burst in the same unit: packets, or bytes in byte mode.
     let rate = match (spec.action.polices(), spec.rate) {
         (true, Some(Rate::Pps(r))) => Some(r),
@@ -1014,7 +1029,7 @@ fn install(p: &mut Policer, net: IpNet, spec: &RuleSpec, id: u32, slot: u32) -> 
         p.set_new_sources(slot, &ns)?;
         p.shared_slot_set |= slot == 0;
     }
-    p.set_rule(net, &spec.kernel(id)?.with_counter_slot(slot))
+    Ok(spec.kernel(id)?.with_counter_slot(slot))
 }
 
 /// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.
@@ -1097,4 +1112,25 @@ pub fn detach_orphan(name: &str) -> Result<String> {
     netlink::set(index, -1, st.mode_flags, Some(fd.as_raw_fd()))
         .map_err(|source| Error::Netlink { iface: name.into(), source })?;
     Ok(format!("detached policer (program {}) from {name}", found.prog_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_reused_lowest_first_and_overflow_to_zero() {
+        let mut s = Slots::default();
+        s.mark_used(1);
+        assert_eq!(s.take(), 2);
+        assert_eq!(s.take(), 3);
+        s.free(2);
+        assert_eq!(s.take(), 2);
+        for _ in 4..MAX_RULE_SLOTS {
+            assert_ne!(s.take(), 0);
+        }
+        assert_eq!(s.take(), 0);
+        s.free(0);
+        assert_eq!(s.take(), 0, "slot 0 is shared, never handed out as free");
+    }
 }
