@@ -396,12 +396,5 @@ impl Bucket {
     }
 }
 
-/// The verdict of the whole program for one frame, as user space reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    Pass,
-    Drop,
-}
-
 #[cfg(test)]
 mod tests;

@@ -15,5 +15,5 @@ pub mod maps;
 #[cfg(feature = "std")]
 pub mod rate;
 
-pub use bucket::{Bucket, Rule, Verdict};
+pub use bucket::{Bucket, Rule};
 pub use maps::*;

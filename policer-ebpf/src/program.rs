@@ -301,20 +301,10 @@ fn cas_admit(ctx: &XdpContext, bucket: *mut Bucket, rule: &Rule, now: u64, len: 
             core::ptr::write_volatile(&raw mut (*bucket).shift, rule.shift);
             core::ptr::write_volatile(&raw mut (*bucket).rule_id, rule.rule_id);
         }
-        let tat_ptr = &raw mut (*bucket).tat;
-        let mut old = core::ptr::read_volatile(tat_ptr);
-        for _ in 0..CAS_ROUNDS {
-            let Some(new) = rule.admit(old, now, len) else {
-                return false;
-            };
-            let (seen, _) =
-                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(tat_ptr, old, new);
-            // Compare the returned value, not the flag: see PLATFORM-NOTES.
-            if seen == old {
-                return true;
-            }
-            c.cas_retries += 1;
-            old = seen;
+        match charge(&raw mut (*bucket).tat, rule, now, len, &mut c.cas_retries) {
+            Charge::Admitted => return true,
+            Charge::Refused => return false,
+            Charge::Lost => {}
         }
     }
     // Lost every round to other CPUs admitting from this bucket: it is
@@ -343,21 +333,45 @@ fn new_source_allowed(rule: &Rule, now: u64) -> bool {
             return true;
         }
         let limiter = core::ptr::read_volatile(ns).limiter();
-        let tat_ptr = &raw mut (*ns).tat;
-        let mut old = core::ptr::read_volatile(tat_ptr);
-        for _ in 0..CAS_ROUNDS {
-            let Some(new) = limiter.admit(old, now, 0) else {
-                return false;
-            };
-            let (seen, _) =
-                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(tat_ptr, old, new);
-            if seen == old {
-                return true;
-            }
-            old = seen;
-        }
+        let mut retries = 0;
+        matches!(charge(&raw mut (*ns).tat, &limiter, now, 0, &mut retries), Charge::Admitted)
     }
-    false
+}
+
+/// The outcome of charging a bucket under compare-and-swap.
+enum Charge {
+    Admitted,
+    /// The bucket has no room: the frame is over its rate.
+    Refused,
+    /// Every round was lost to other CPUs charging the same bucket.
+    Lost,
+}
+
+/// Charges one frame to the bucket state at `tat_ptr` with `rule`'s
+/// arithmetic: the one compare-and-swap loop of the program, so two CPUs
+/// can never spend the same budget. Counts lost rounds in `retries`.
+///
+/// # Safety
+/// `tat_ptr` must point into a live map value.
+#[inline(always)]
+unsafe fn charge(tat_ptr: *mut u64, rule: &Rule, now: u64, len: u32, retries: &mut u64) -> Charge {
+    // SAFETY: the caller's contract; other CPUs only change it by CAS.
+    let mut old = unsafe { core::ptr::read_volatile(tat_ptr) };
+    for _ in 0..CAS_ROUNDS {
+        let Some(new) = rule.admit(old, now, len) else {
+            return Charge::Refused;
+        };
+        // SAFETY: as above.
+        let (seen, _) =
+            unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(tat_ptr, old, new) };
+        // Compare the returned value, not the flag: see PLATFORM-NOTES.
+        if seen == old {
+            return Charge::Admitted;
+        }
+        *retries += 1;
+        old = seen;
+    }
+    Charge::Lost
 }
 
 /// Synthetic IPv4 source for the benchmark variant.

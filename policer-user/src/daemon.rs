@@ -39,7 +39,6 @@ use policer_common::{
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    attach::format_line,
     config::Config,
     control::{
         self, CountersView, IfaceStats, Request, Response, RuleStats, RuleView, StatsView, StatusView, TableStats,
@@ -48,6 +47,7 @@ use crate::{
     error::{Error, Result},
     loader::{LoadOptions, Mode, Policer, if_index, is_root},
     netlink::{self, XDP_FLAGS_UPDATE_IF_NOEXIST},
+    report::format_line,
     rules::{BurstValue, RuleConfig, RuleSpec},
 };
 

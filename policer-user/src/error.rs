@@ -21,12 +21,6 @@ pub enum Error {
     ModeUnsupported { iface: String, mode: &'static str },
     #[error("cannot load the XDP program: {0}")]
     Load(#[source] Box<EbpfError>),
-    #[error("{iface}: cannot attach the XDP program: {source}")]
-    Attach {
-        iface: String,
-        #[source]
-        source: Box<ProgramError>,
-    },
     #[error("cannot prepare the XDP program: {0}")]
     Program(#[source] Box<ProgramError>),
     #[error("map {map}: {source}")]

@@ -1,7 +1,6 @@
 //! The policer daemon and CLI as a library; `main.rs` and each subcommand
 //! are thin wrappers.
 
-pub mod attach;
 pub mod batch;
 pub mod config;
 pub mod control;

@@ -64,10 +64,10 @@ impl Daemon {
         let err = Arc::new(Mutex::new(Vec::new()));
         collect(child.stdout.take().unwrap(), out.clone());
         collect(child.stderr.take().unwrap(), err.clone());
-        Daemon::wait_more(Daemon { child, out, err }, Instant::now())
+        Daemon::wait_until_policing(Daemon { child, out, err }, Instant::now())
     }
 
-    fn wait_more(mut d: Daemon, t0: Instant) -> Daemon {
+    fn wait_until_policing(mut d: Daemon, t0: Instant) -> Daemon {
         loop {
             if d.stdout().contains("policer: policing") {
                 return d;
