@@ -276,7 +276,9 @@ proptest! {
         let frames: Vec<_> = (0..n).map(|i| (1_000_000 + i * gap, 64)).collect();
         let admitted = run(&rule, &frames).iter().filter(|a| **a).count() as u64;
         let span = (n - 1) * gap;
-        let expected = burst + span * rate / NS_PER_SEC;
+        // A burst larger than what two seconds at 10x bring is never
+        // exhausted: then every frame is admitted.
+        let expected = (burst + span * rate / NS_PER_SEC).min(n);
         prop_assert!(admitted <= expected + 1 && admitted + 1 + expected / 1000 >= expected,
             "admitted {admitted}, expected {expected}");
     }
@@ -322,4 +324,25 @@ fn new_source_limiter() {
     assert!((25_599..=25_601).contains(&m), "{m}");
     // Too high to matter: off.
     assert_eq!(NewSources::for_rule(100_000_000, 1, 1 << 20, t).enabled, 0);
+}
+
+/// The small-rate corner of `accurate_at_ten_times_the_rate`, swept
+/// exhaustively: bursts bigger than the offered load admit every frame,
+/// smaller ones admit burst + rate * T.
+#[test]
+fn accurate_at_ten_times_small_rates_every_burst() {
+    for rate in [10u64, 11, 17, 50] {
+        for burst in 2..=1_000u64 {
+            let rule = Rule::packets(rate, burst).unwrap();
+            let gap = NS_PER_SEC / (10 * rate);
+            let n = 10 * rate * 2;
+            let frames: Vec<_> = (0..n).map(|i| (1_000_000 + i * gap, 64)).collect();
+            let admitted = run(&rule, &frames).iter().filter(|a| **a).count() as u64;
+            let expected = (burst + (n - 1) * gap * rate / NS_PER_SEC).min(n);
+            assert!(
+                admitted <= expected + 1 && admitted + 1 >= expected,
+                "rate {rate} burst {burst}: {admitted} vs {expected}"
+            );
+        }
+    }
 }
