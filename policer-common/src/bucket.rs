@@ -286,6 +286,23 @@ impl Rule {
         if new_debt > limit { None } else { Some(now.wrapping_add(new_debt)) }
     }
 
+    /// Whether a frame is refused at every instant of `[lo_ns, hi_ns]`:
+    /// then it can be dropped without knowing the time more exactly (see
+    /// [`crate::clock`]). `false` means the clock must be read, not that
+    /// the frame would be admitted.
+    ///
+    /// Checking both ends is enough: across a window of at most
+    /// [`crate::clock::MAX_WINDOW_NS`] the debt only falls as time goes on,
+    /// except where it crosses the stale boundary, and there the two ends
+    /// differ.
+    #[inline(always)]
+    pub fn refuses_within(&self, tat: u64, lo_ns: u64, hi_ns: u64, frame_len: u32) -> bool {
+        hi_ns >= lo_ns
+            && hi_ns - lo_ns <= crate::clock::MAX_WINDOW_NS
+            && self.admit(tat, hi_ns, frame_len).is_none()
+            && self.admit(tat, lo_ns, frame_len).is_none()
+    }
+
     /// Debt of a bucket at `now_ns`, in nanoseconds.
     pub fn debt_ns(&self, tat: u64, now_ns: u64) -> u64 {
         let now = now_ns.wrapping_shl(self.shift());

@@ -11,9 +11,11 @@
 extern crate std;
 
 pub mod bucket;
+pub mod clock;
 pub mod maps;
 #[cfg(feature = "std")]
 pub mod rate;
 
 pub use bucket::{Bucket, Rule};
+pub use clock::{ClockWindow, CpuScratch};
 pub use maps::*;

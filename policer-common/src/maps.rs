@@ -16,8 +16,9 @@ pub const MAP_BUCKETS: &str = "BUCKETS";
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Per-CPU array of [`RuleCounters`], one slot per rule (`Rule::counter_slot`).
 pub const MAP_RULE_COUNTERS: &str = "RULE_COUNTERS";
-/// Per-CPU array of one `u64`: sequence for the bench-only key variation.
-pub const MAP_BENCH_SEQ: &str = "BENCH_SEQ";
+/// Per-CPU array of one [`crate::CpuScratch`]: the program's last clock
+/// reading on this CPU, and the sequence of the bench-only key variation.
+pub const MAP_CPU_SCRATCH: &str = "CPU_SCRATCH";
 /// Array of [`NewSources`], one per rule counter slot: the limiter on how
 /// fast a rule may admit sources that have no bucket (table pressure).
 pub const MAP_NEW_SOURCES: &str = "NEW_SOURCES";
@@ -30,12 +31,16 @@ pub const MAP_FAST_PATH: &str = "FAST_PATH";
 pub const MAP_DEFAULT_RULES: &str = "DEFAULT_RULES";
 /// A default-rule slot with this action means "no rule for this family".
 pub const ACTION_NONE: u32 = u32::MAX;
-/// Array of one `u64`: the clock in ns when the test clock is on.
+/// Array of two `u64`: the clock in ns and the jiffies, when the test clock
+/// is on (jiffies 0: the program reads the clock for every frame).
 pub const MAP_CLOCK: &str = "CLOCK";
 /// Read-only global (`u32`): non-zero makes the program read its clock
 /// from [`MAP_CLOCK`] instead of `bpf_ktime_get_ns`. Set at load time, so
 /// the verifier removes the branch in production.
 pub const GLOBAL_TEST_CLOCK: &str = "TEST_CLOCK";
+/// Read-only global (`u64`): the kernel's tick in ns (1e9 / CONFIG_HZ),
+/// 0 if unknown. See [`crate::clock`].
+pub const GLOBAL_TICK_NS: &str = "TICK_NS";
 /// Read-only global (`u32`): non-zero makes the program ignore the real
 /// source and police synthetic sources 0..N in turn (benchmarks only, to
 /// touch N buckets with one test frame). Zero in production: the verifier

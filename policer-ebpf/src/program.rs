@@ -10,7 +10,7 @@ use core::{
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, xdp_action},
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::{map, xdp},
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
@@ -21,8 +21,8 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use policer_common::{
-    ACTION_NONE, Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS,
-    MAX_RULE_SLOTS, MAX_RULES, NewSources, Rule, RuleCounters,
+    ACTION_NONE, Bucket, BucketKey, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6,
+    MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, NewSources, Rule, RuleCounters,
     bucket::Action,
     wire::{
         ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_AH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
@@ -42,8 +42,9 @@ static BUCKETS: LruHashMap<BucketKey, Bucket> = LruHashMap::with_max_entries(DEF
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_IFACE_SLOTS, 0);
 #[map]
 static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULE_SLOTS, 0);
+/// This CPU's last clock reading and the bench sequence (see CpuScratch).
 #[map]
-static BENCH_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static CPU_SCRATCH: PerCpuArray<CpuScratch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static NEW_SOURCES: Array<NewSources> = Array::with_max_entries(MAX_RULE_SLOTS, 0);
 /// See policer_common::MAP_FAST_PATH. Array lookups are inlined by the
@@ -52,14 +53,22 @@ static NEW_SOURCES: Array<NewSources> = Array::with_max_entries(MAX_RULE_SLOTS, 
 static FAST_PATH: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 static DEFAULT_RULES: Array<Rule> = Array::with_max_entries(4, 0);
+/// The test clock: [ns, jiffies] (jiffies 0: no clock window).
 #[map]
-static CLOCK: Array<u64> = Array::with_max_entries(1, 0);
+static CLOCK: Array<u64> = Array::with_max_entries(2, 0);
 
 /// Set by the loader (read-only data): non-zero reads the clock from
 /// `CLOCK`, for tests that control time. Constant after load, so the
 /// verifier prunes the branch that is not taken.
 #[unsafe(no_mangle)]
 static TEST_CLOCK: u32 = 0;
+
+/// Set by the loader: the kernel's tick (1e9 / CONFIG_HZ) in ns, so the
+/// program knows how far the clock can be from its last reading by the
+/// jiffies alone (see policer_common::clock). 0: unknown, the clock is read
+/// for every frame that reaches a bucket.
+#[unsafe(no_mangle)]
+static TICK_NS: u64 = 0;
 
 /// Set by the benchmark loader only: non-zero replaces the source with
 /// synthetic IPv4 sources 0..BENCH_SOURCES in turn, so one test frame
@@ -76,14 +85,65 @@ pub fn policer(ctx: XdpContext) -> u32 {
     try_policer(&ctx)
 }
 
-#[inline(always)]
-fn now_ns() -> u64 {
-    // SAFETY: a read of a plain static the loader may rewrite before load.
-    if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } != 0 {
-        return CLOCK.get(0).copied().unwrap_or(0);
+/// The time, read at most once per frame and only when a verdict needs it.
+struct Clock {
+    scratch: *mut CpuScratch,
+    jiffies: u64,
+    /// Where the time is known to lie without reading the clock.
+    window: Option<ClockWindow>,
+    now: Option<u64>,
+}
+
+impl Clock {
+    #[inline(always)]
+    fn new() -> Clock {
+        let scratch = CPU_SCRATCH.get_ptr_mut(0).unwrap_or(core::ptr::null_mut());
+        // SAFETY: plain statics the loader may rewrite before load.
+        let (test, tick) = unsafe { (core::ptr::read_volatile(&TEST_CLOCK) != 0, core::ptr::read_volatile(&TICK_NS)) };
+        let jiffies = if test {
+            CLOCK.get(1).copied().unwrap_or(0)
+        } else {
+            // SAFETY: BPF helper with no preconditions (inlined by the verifier).
+            unsafe { bpf_jiffies64() }
+        };
+        let window = if scratch.is_null() || (test && jiffies == 0) {
+            None
+        } else {
+            // SAFETY: this CPU's slot; only this CPU touches it while we run.
+            unsafe { (*scratch).window(jiffies, tick) }
+        };
+        Clock { scratch, jiffies, window, now: None }
     }
-    // SAFETY: BPF helper with no preconditions.
-    unsafe { bpf_ktime_get_ns() }
+
+    /// Whether `rule` refuses the frame at every instant the time can be,
+    /// so it can be dropped without reading the clock.
+    #[inline(always)]
+    fn refuses(&self, rule: &Rule, tat: u64, len: u32) -> bool {
+        match self.window {
+            Some(w) if self.now.is_none() => rule.refuses_within(tat, w.lo, w.hi, len),
+            _ => false,
+        }
+    }
+
+    #[inline(always)]
+    fn now(&mut self) -> u64 {
+        if let Some(now) = self.now {
+            return now;
+        }
+        // SAFETY: a read of a plain static the loader may rewrite before load.
+        let now = if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } != 0 {
+            CLOCK.get(0).copied().unwrap_or(0)
+        } else {
+            // SAFETY: BPF helper with no preconditions.
+            unsafe { bpf_ktime_get_ns() }
+        };
+        if !self.scratch.is_null() {
+            // SAFETY: as in `new`.
+            unsafe { (*self.scratch).record(now, self.jiffies) };
+        }
+        self.now = Some(now);
+        now
+    }
 }
 
 /// One bounds-checked read of a `T` at `off` bytes into the frame.
@@ -234,7 +294,7 @@ fn police(
     ctx: &XdpContext,
     key: &BucketKey,
     rule: &Rule,
-    now: u64,
+    clock: &mut Clock,
     len: u32,
     c: &mut Counters,
     rc: &mut RuleCounters,
@@ -244,11 +304,12 @@ fn police(
         // fresh bucket only while its rule's new-source limiter allows (see
         // NewSources); otherwise it is dropped and no bucket is made, so a
         // population too large for the table cannot churn it further.
-        if !new_source_allowed(rule, now) {
+        if !new_source_allowed(rule, clock) {
             c.new_sources_limited += 1;
             return Judged { admit: false, bucket: None };
         }
         // A new bucket at zero debt.
+        let now = clock.now();
         let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
             return Judged { admit: false, bucket: None };
         };
@@ -261,7 +322,7 @@ fn police(
             }
             // Another CPU created it meanwhile: judge against that one.
             Err(_) => match BUCKETS.get_ptr_mut(key) {
-                Some(b) => return Judged { admit: cas_admit(ctx, b, rule, now, len, c), bucket: Some(b) },
+                Some(b) => return Judged { admit: cas_admit(ctx, b, rule, clock, len, c), bucket: Some(b) },
                 None => {
                     c.bucket_insert_failed += 1;
                     // Rare; logged at 1, 2, 4, 8... per CPU so a flood
@@ -277,11 +338,18 @@ fn police(
             },
         }
     };
-    Judged { admit: cas_admit(ctx, bucket, rule, now, len, c), bucket: Some(bucket) }
+    Judged { admit: cas_admit(ctx, bucket, rule, clock, len, c), bucket: Some(bucket) }
 }
 
 #[inline(always)]
-fn cas_admit(ctx: &XdpContext, bucket: *mut Bucket, rule: &Rule, now: u64, len: u32, c: &mut Counters) -> bool {
+fn cas_admit(
+    ctx: &XdpContext,
+    bucket: *mut Bucket,
+    rule: &Rule,
+    clock: &mut Clock,
+    len: u32,
+    c: &mut Counters,
+) -> bool {
     // SAFETY: `bucket` points into a live map value (RCU keeps it valid for
     // this program run); fields are read with volatile loads because other
     // CPUs write them.
@@ -291,7 +359,7 @@ fn cas_admit(ctx: &XdpContext, bucket: *mut Bucket, rule: &Rule, now: u64, len: 
             // the new rule. Rare (first packet after a change), so the
             // metadata is written plainly after the CAS of `tat`.
             let old = core::ptr::read_volatile(bucket);
-            let tat = rule.rescale(&old, now);
+            let tat = rule.rescale(&old, clock.now());
             atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
                 &raw mut (*bucket).tat,
                 old.tat,
@@ -301,7 +369,7 @@ fn cas_admit(ctx: &XdpContext, bucket: *mut Bucket, rule: &Rule, now: u64, len: 
             core::ptr::write_volatile(&raw mut (*bucket).shift, rule.shift);
             core::ptr::write_volatile(&raw mut (*bucket).rule_id, rule.rule_id);
         }
-        match charge(&raw mut (*bucket).tat, rule, now, len, &mut c.cas_retries) {
+        match charge(&raw mut (*bucket).tat, rule, clock, len, &mut c.cas_retries) {
             Charge::Admitted => return true,
             Charge::Refused => return false,
             Charge::Lost => {}
@@ -323,7 +391,7 @@ fn cas_admit(ctx: &XdpContext, bucket: *mut Bucket, rule: &Rule, now: u64, len: 
 
 /// Takes one new source from the rule's limiter (compare-and-swap).
 #[inline(always)]
-fn new_source_allowed(rule: &Rule, now: u64) -> bool {
+fn new_source_allowed(rule: &Rule, clock: &mut Clock) -> bool {
     let Some(ns) = NEW_SOURCES.get_ptr_mut(rule.counter_slot % MAX_RULE_SLOTS) else {
         return true;
     };
@@ -334,7 +402,7 @@ fn new_source_allowed(rule: &Rule, now: u64) -> bool {
         }
         let limiter = core::ptr::read_volatile(ns).limiter();
         let mut retries = 0;
-        matches!(charge(&raw mut (*ns).tat, &limiter, now, 0, &mut retries), Charge::Admitted)
+        matches!(charge(&raw mut (*ns).tat, &limiter, clock, 0, &mut retries), Charge::Admitted)
     }
 }
 
@@ -350,13 +418,19 @@ enum Charge {
 /// Charges one frame to the bucket state at `tat_ptr` with `rule`'s
 /// arithmetic: the one compare-and-swap loop of the program, so two CPUs
 /// can never spend the same budget. Counts lost rounds in `retries`.
+/// A frame the bucket refuses whatever the exact time is refused without
+/// reading the clock; everything else reads it.
 ///
 /// # Safety
 /// `tat_ptr` must point into a live map value.
 #[inline(always)]
-unsafe fn charge(tat_ptr: *mut u64, rule: &Rule, now: u64, len: u32, retries: &mut u64) -> Charge {
+unsafe fn charge(tat_ptr: *mut u64, rule: &Rule, clock: &mut Clock, len: u32, retries: &mut u64) -> Charge {
     // SAFETY: the caller's contract; other CPUs only change it by CAS.
     let mut old = unsafe { core::ptr::read_volatile(tat_ptr) };
+    if clock.refuses(rule, old, len) {
+        return Charge::Refused;
+    }
+    let now = clock.now();
     for _ in 0..CAS_ROUNDS {
         let Some(new) = rule.admit(old, now, len) else {
             return Charge::Refused;
@@ -378,11 +452,11 @@ unsafe fn charge(tat_ptr: *mut u64, rule: &Rule, now: u64, len: u32, retries: &m
 #[inline(always)]
 fn bench_source(n: u32) -> [u8; 16] {
     let mut addr = [0u8; 16];
-    if let Some(seq) = BENCH_SEQ.get_ptr_mut(0) {
+    if let Some(scratch) = CPU_SCRATCH.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         let i = unsafe {
-            let v = *seq;
-            *seq = v + 1;
+            let v = (*scratch).bench_seq;
+            (*scratch).bench_seq = v + 1;
             (v % n as u64) as u32
         };
         addr[0] = 10;
@@ -441,8 +515,8 @@ fn try_policer(ctx: &XdpContext) -> u32 {
             for i in 0..16 {
                 key.addr[i] = addr[i] & rule.key_mask[i];
             }
-            let now = now_ns();
-            let j = police(ctx, &key, rule, now, len, c, rc);
+            let mut clock = Clock::new();
+            let j = police(ctx, &key, rule, &mut clock, len, c, rc);
             if !j.admit
                 && let Some(b) = j.bucket
             {

@@ -68,6 +68,9 @@ pub struct LoadOptions {
     /// Police synthetic sources 0..N instead of the real one (benchmarks
     /// only; 0 = off).
     pub bench_sources: u32,
+    /// The kernel's tick in ns; `None` reads CONFIG_HZ from the kernel's
+    /// config (0: unknown, the program reads the clock for every frame).
+    pub tick_ns: Option<u64>,
     /// Existing maps to reuse, by name: bpffs paths where they are pinned
     /// (adopting a running policer's rules, buckets and counters).
     pub reuse: Vec<(&'static str, PathBuf)>,
@@ -75,7 +78,13 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { max_sources: DEFAULT_MAX_SOURCES, test_clock: false, bench_sources: 0, reuse: vec![] }
+        LoadOptions {
+            max_sources: DEFAULT_MAX_SOURCES,
+            test_clock: false,
+            bench_sources: 0,
+            tick_ns: None,
+            reuse: vec![],
+        }
     }
 }
 
@@ -87,6 +96,30 @@ pub struct Policer {
     capacity: u32,
     /// Whether the shared counter slot 0's new-source limiter was set.
     pub(crate) shared_slot_set: bool,
+    /// The tick the program was loaded with (see `LoadOptions::tick_ns`).
+    tick_ns: u64,
+}
+
+/// The running kernel's CONFIG_HZ, from /proc/config.gz or
+/// /boot/config-RELEASE; `None` if neither says.
+pub fn kernel_hz() -> Option<u64> {
+    use std::io::Read;
+    let from_gz = || {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open("/proc/config.gz").ok()?).read_to_string(&mut text).ok()?;
+        Some(text)
+    };
+    let from_boot = || {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+        std::fs::read_to_string(format!("/boot/config-{}", release.trim())).ok()
+    };
+    let text = from_gz().or_else(from_boot)?;
+    parse_hz(&text)
+}
+
+/// `CONFIG_HZ=N` from a kernel config.
+fn parse_hz(config: &str) -> Option<u64> {
+    config.lines().find_map(|l| l.strip_prefix("CONFIG_HZ=")).and_then(|v| v.trim().parse().ok()).filter(|&hz| hz > 0)
 }
 
 /// The interface index of `name`, or a clear error.
@@ -112,10 +145,12 @@ impl Policer {
             return Err(Error::Invalid("--max-sources must be at least 1".into()));
         }
         let test_clock: u32 = opts.test_clock.into();
+        let tick_ns = opts.tick_ns.unwrap_or_else(|| kernel_hz().map_or(0, policer_common::clock::tick_ns));
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(policer_common::MAP_BUCKETS, opts.max_sources)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
+            .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
             .override_global(policer_common::GLOBAL_BENCH_SOURCES, &opts.bench_sources, true);
         for (name, path) in &opts.reuse {
             loader.map_pin_path(name, path.as_path());
@@ -132,7 +167,7 @@ impl Policer {
             .try_into()
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
-        let mut p = Policer { ebpf, capacity: 0, shared_slot_set: false };
+        let mut p = Policer { ebpf, capacity: 0, shared_slot_set: false, tick_ns };
         p.capacity = p.read_max_sources()?;
         Ok(p)
     }
@@ -294,10 +329,25 @@ impl Policer {
 
     /// Sets the test clock (only read when loaded with `test_clock`).
     pub fn set_clock(&mut self, now_ns: u64) -> Result<()> {
+        self.set_clock_word(0, now_ns)
+    }
+
+    /// Sets the test jiffies (only read when loaded with `test_clock`; 0,
+    /// the default, makes the program read the clock for every frame).
+    pub fn set_jiffies(&mut self, jiffies: u64) -> Result<()> {
+        self.set_clock_word(1, jiffies)
+    }
+
+    fn set_clock_word(&mut self, index: u32, value: u64) -> Result<()> {
         let mut m: Array<&mut MapData, u64> =
             Array::try_from(self.ebpf.map_mut(MAP_CLOCK).ok_or(Error::Missing(MAP_CLOCK))?)
                 .map_err(Error::map(MAP_CLOCK))?;
-        m.set(0, &now_ns, 0).map_err(Error::map(MAP_CLOCK))
+        m.set(index, &value, 0).map_err(Error::map(MAP_CLOCK))
+    }
+
+    /// The kernel tick the program was loaded with, ns (0: unknown).
+    pub fn tick_ns(&self) -> u64 {
+        self.tick_ns
     }
 
     /// The loaded program's file descriptor (for netlink attach).
@@ -379,5 +429,19 @@ impl Policer {
             out.push((net, v));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_hz;
+
+    #[test]
+    fn hz_from_a_kernel_config() {
+        assert_eq!(parse_hz("# CONFIG_HZ_100 is not set\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n"), Some(250));
+        assert_eq!(parse_hz("CONFIG_HZ_1000=y\nCONFIG_HZ=1000"), Some(1000));
+        assert_eq!(parse_hz("CONFIG_HZ=\n"), None);
+        assert_eq!(parse_hz("CONFIG_HZ=0\n"), None);
+        assert_eq!(parse_hz("CONFIG_HZ_PERIODIC=y\n"), None);
     }
 }

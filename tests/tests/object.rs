@@ -286,3 +286,91 @@ fn default_rules_fast_path() {
     assert_eq!(run(&mut p, &udp("100.64.1.1", 64)), PASS);
     assert_eq!(p.counters().unwrap().unmatched_pkts, 2);
 }
+
+const TICK: u64 = 4_000_000;
+
+fn load_with_ticks() -> Policer {
+    Policer::load(&LoadOptions { max_sources: 4096, test_clock: true, tick_ns: Some(TICK), ..Default::default() })
+        .expect("load object")
+}
+
+/// A frame whose bucket refuses it whatever the time within the jiffies'
+/// window is dropped without reading the clock; anything less certain
+/// reads it. The test breaks the clock/jiffies contract on purpose to see
+/// which one the program used.
+#[test]
+fn certain_drops_skip_the_clock() {
+    if !privileged("object tier") {
+        return;
+    }
+    let mut p = load_with_ticks();
+    p.set_rule(net("0.0.0.0/0"), &rule("1pps", 1, 32, false)).unwrap();
+    let (t, j) = (100 * SEC, 25_000);
+    p.set_clock(t).unwrap();
+    p.set_jiffies(j).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.0.1", 64)), PASS, "first frame: one second of debt");
+    // The clock says two seconds later (the bucket is empty by then), but
+    // the jiffies did not move: the time is in [t, t + 3 ticks] and the
+    // bucket refuses the frame throughout, so the clock is not read.
+    p.set_clock(t + 2 * SEC).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.0.1", 64)), DROP, "dropped on the jiffies' window");
+    // A new source needs the time: it reads the clock.
+    assert_eq!(run(&mut p, &udp("100.64.0.2", 64)), PASS, "new bucket");
+    // Now the clock reading is t + 2 s at jiffies j: the old source's debt
+    // is gone, and admitting always reads the clock.
+    p.set_jiffies(j + 1).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.0.1", 64)), PASS, "admitted on the clock");
+    // With the window reaching the end of the debt, the clock decides.
+    p.set_clock(t + 2 * SEC + SEC / 2).unwrap();
+    p.set_jiffies(j + 1 + (SEC / 2) / TICK).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.0.2", 64)), DROP, "half the debt left: certain");
+    p.set_clock(t + 3 * SEC).unwrap();
+    p.set_jiffies(j + 1 + (SEC - 2 * TICK) / TICK).unwrap();
+    assert_eq!(run(&mut p, &udp("100.64.0.2", 64)), PASS, "window past the debt: the clock says drained");
+    let c = p.counters().unwrap();
+    assert_eq!((c.passed_pkts, c.dropped_pkts), (4, 2));
+}
+
+/// With jiffies that keep to the clock (lagging up to LAG_TICKS), the
+/// program's verdicts are exactly the bucket math's on the exact time,
+/// frame by frame, whether or not it read the clock.
+#[test]
+fn verdicts_with_the_clock_window_match_the_math() {
+    if !privileged("object tier") {
+        return;
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for (rate, burst, mean_gap) in [("1pps", 1, SEC / 10), ("50pps", 5, 2_000_000), ("1000pps", 3, 300_000)] {
+        let mut p = load_with_ticks();
+        let r = rule(rate, burst, 32, false);
+        p.set_rule(net("0.0.0.0/0"), &r).unwrap();
+        let mut t = 7 * SEC + 1234;
+        let mut tat = r.empty_tat(t);
+        let (mut admitted, mut dropped) = (0u64, 0u64);
+        for i in 0..3000 {
+            t += next() % (2 * mean_gap);
+            let lag = next() % (policer_common::clock::LAG_TICKS + 1);
+            p.set_clock(t).unwrap();
+            p.set_jiffies((t / TICK).saturating_sub(lag).max(1)).unwrap();
+            let expect = match r.admit(tat, t, 64) {
+                Some(new) => {
+                    tat = new;
+                    admitted += 1;
+                    PASS
+                }
+                None => {
+                    dropped += 1;
+                    DROP
+                }
+            };
+            assert_eq!(run(&mut p, &udp("100.64.9.9", 64)), expect, "{rate} burst {burst}: frame {i} at {t}");
+        }
+        assert!(admitted > 0 && dropped > 0, "{rate}: {admitted} admitted, {dropped} dropped");
+    }
+}

@@ -346,3 +346,69 @@ fn accurate_at_ten_times_small_rates_every_burst() {
         }
     }
 }
+
+/// Bucket states that sit on the edges `refuses_within` must get right:
+/// just around either end of the window, around the stale boundary and
+/// around the last debt that still admits.
+fn edge_tat(rule: Rule, lo: u64, hi: u64) -> impl Strategy<Value = u64> {
+    let s = rule.shift();
+    let (lo, hi) = (lo.wrapping_shl(s), hi.wrapping_shl(s));
+    let room = rule.limit().saturating_sub(rule.pkt_cost);
+    let bases = [lo, hi, lo.wrapping_add(STALE), hi.wrapping_add(STALE), lo.wrapping_add(room), hi.wrapping_add(room)];
+    prop_oneof![
+        any::<u64>(),
+        (prop::sample::select(bases.to_vec()), -(1i64 << 20)..(1i64 << 20)).prop_map(|(b, d)| b.wrapping_add_signed(d)),
+        (prop::sample::select(bases.to_vec()), any::<i64>().prop_map(|d| d >> 16))
+            .prop_map(|(b, d)| b.wrapping_add_signed(d)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+    /// Dropping without reading the clock gives the clock's verdict: a
+    /// frame refused within a window is refused at every instant in it.
+    #[test]
+    fn refused_within_a_window_is_refused_throughout(
+        (rule, lo, width, tat, len, picks) in (
+            prop_oneof![
+                4 => any_rule(),
+                1 => (any::<u64>(), any::<u64>(), any::<u64>(), 0..=MAX_SHIFT)
+                    .prop_map(|(p, b, l, s)| Rule { pkt_cost: p, byte_cost: b, limit: l, shift: s, ..Rule::packets(1, 1).unwrap() }),
+            ],
+            any::<u64>(),
+            prop_oneof![Just(0u64), 0..=crate::clock::MAX_WINDOW_NS, 0..=1_000_000u64],
+        )
+            .prop_flat_map(|(rule, lo, width)| {
+                let hi = lo.saturating_add(width);
+                (Just(rule), Just(lo), Just(hi - lo), edge_tat(rule, lo, hi), 0..=9_000u32,
+                 prop::collection::vec(any::<prop::sample::Index>(), 8))
+            })
+    ) {
+        let hi = lo + width;
+        if rule.refuses_within(tat, lo, hi, len) {
+            let mut nows = std::vec![lo, hi, lo.saturating_add(1).min(hi), hi.saturating_sub(1).max(lo)];
+            nows.extend(picks.iter().map(|i| lo + i.index(width as usize + 1) as u64));
+            for now in nows {
+                prop_assert_eq!(rule.admit(tat, now, len), None, "admitted at {} in [{}, {}]", now, lo, hi);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bucket_with_debt_beyond_the_window_is_refused_without_the_clock() {
+    // 1 pps, burst 1: one frame leaves a second of debt.
+    let r = Rule::packets(1, 1).unwrap();
+    let t = 5 * NS_PER_SEC;
+    let tat = r.admit(r.empty_tat(t), t, 64).unwrap();
+    let window = 12_000_000;
+    assert!(r.refuses_within(tat, t + 100_000_000, t + 100_000_000 + window, 64));
+    // The window reaches past the end of the debt: the clock decides.
+    assert!(!r.refuses_within(tat, t + NS_PER_SEC - window / 2, t + NS_PER_SEC + window / 2, 64));
+    // An empty bucket is never refused on an estimate.
+    assert!(!r.refuses_within(r.empty_tat(t), t, t + window, 64));
+    // Nor with a window wider than allowed, or reversed.
+    assert!(!r.refuses_within(tat, t, t + crate::clock::MAX_WINDOW_NS + 1, 64));
+    assert!(!r.refuses_within(tat, t + 1, t, 64));
+}
