@@ -105,6 +105,11 @@ pub fn attach_reference(net: &Net, name: &str) -> Result<Ebpf> {
     Ok(e)
 }
 
+/// Sources every system can track at once in the veth runs: the nftables
+/// set size, hashlimit's `--hashlimit-htable-max` and policer's
+/// `--max-sources`, so no system pays for a larger table than the others.
+pub const TABLE_CAPACITY: u32 = 262_144;
+
 /// `policer attach` on the receiving veth with `limit` for every source.
 pub fn policer(net: &Net, limit: Limit, extra: &[&str]) -> Daemon {
     let rate = format!("{}pps", limit.pps);
@@ -118,10 +123,10 @@ pub fn policer(net: &Net, limit: Limit, extra: &[&str]) -> Daemon {
 /// source to a dynamic set with a `limit` and drops what is over it.
 pub fn nft(net: &Net, limit: Limit) -> Result<()> {
     let ruleset = format!(
-        "table netdev pb {{\n  set pbm {{ type ipv4_addr; size 262144; flags dynamic; }}\n  \
+        "table netdev pb {{\n  set pbm {{ type ipv4_addr; size {}; flags dynamic; }}\n  \
          chain pbin {{ type filter hook ingress device \"{}\" priority 0; policy accept;\n    \
          add @pbm {{ ip saddr limit rate over {}/second burst {} packets }} drop\n  }}\n}}\n",
-        net.sb.rx_if, limit.pps, limit.burst
+        TABLE_CAPACITY, net.sb.rx_if, limit.pps, limit.burst
     );
     run_in_stdin(&net.sb.rx_ns, "nft", &["-f", "-"], &ruleset).context("nft ruleset")?;
     Ok(())
@@ -133,6 +138,7 @@ pub fn hashlimit(net: &Net, binary: &str, limit: Limit) -> Result<()> {
     let above = format!("{}/sec", limit.pps);
     let burst = limit.burst.to_string();
     let name = format!("pb{}", net.sb.rx_if);
+    let max = TABLE_CAPACITY.to_string();
     run_in(
         &net.sb.rx_ns,
         binary,
@@ -156,7 +162,7 @@ pub fn hashlimit(net: &Net, binary: &str, limit: Limit) -> Result<()> {
             "--hashlimit-htable-size",
             "65536",
             "--hashlimit-htable-max",
-            "262144",
+            &max,
             "-j",
             "DROP",
         ],
@@ -168,11 +174,12 @@ pub fn hashlimit(net: &Net, binary: &str, limit: Limit) -> Result<()> {
 /// Installs `sys` on `net`: `drop_limit` is the limit for the dropping
 /// rows, `admit_limit` for the policer row that admits everything.
 pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) -> Result<Installed> {
+    let capacity = TABLE_CAPACITY.to_string();
     Ok(match sys {
         System::XdpDrop => Installed::Xdp(Box::new(attach_reference(net, "xdp_drop")?)),
         System::XdpPass => Installed::Xdp(Box::new(attach_reference(net, "xdp_pass")?)),
-        System::PolicerDrop => Installed::Daemon(Box::new(policer(net, drop_limit, &[]))),
-        System::PolicerAdmit => Installed::Daemon(Box::new(policer(net, admit_limit, &[]))),
+        System::PolicerDrop => Installed::Daemon(Box::new(policer(net, drop_limit, &["--max-sources", &capacity]))),
+        System::PolicerAdmit => Installed::Daemon(Box::new(policer(net, admit_limit, &["--max-sources", &capacity]))),
         System::Nft => {
             nft(net, drop_limit)?;
             Installed::Netfilter

@@ -95,9 +95,12 @@ fn breakdown_sentence(k: Option<&KernelResults>) -> String {
         out,
         "; the policer {:.0} ({:+.0} for the rest: rule checks, key masking, bucket arithmetic, CAS; with only \
          default rules, as here, the daemon's fast path replaces the LPM-trie lookup by an inlined array read). The \
-         clock read, bpf_ktime_get_ns — a helper call the verifier does not inline, unlike the array and hash \
-         lookups — is most of the gap, and the policer needs one per packet to drain its buckets; on this VM every \
-         kernel call and return also pays for the mitigations named at the top.",
+         clock read, bpf_ktime_get_ns, is a helper call the verifier does not inline (on this VM every kernel call \
+         and return also pays for the mitigations named at the top): the policer skips it for a drop that is \
+         certain whatever the exact time, bounding the time by this CPU's last reading and the inlined jiffies, and \
+         reads it to admit, to create a bucket, or when a bucket's debt ends within a few ticks. At 1 pps per \
+         source, as here, most drops skip it; the rest of the gap is the bucket-table lookup's cache misses, which \
+         the reference pays as well.",
         pol.kernel_ns.median,
         pol.kernel_ns.median - prev
     );
@@ -277,13 +280,16 @@ pub fn markdown(r: &Results) -> String {
              generator thread (which runs the receive softirq) + that CPU's ksoftirqd, divided by the frames the \
              receiving veth counted; **busy ns** = the CPU's busy time from /proc/stat over the same interval \
              (includes anything else that ran there). Dropping systems police each source to {} pps, burst 1; the \
-             admitting policer row uses 100 Mpps. Admitted = share of received frames that reached the UDP layer.\n",
+             admitting policer row uses 100 Mpps. Every system can track {} sources (nftables set size, hashlimit \
+             `--hashlimit-htable-max`, policer `--max-sources`): a larger table costs more cache misses per lookup. \
+             Admitted = share of received frames that reached the UDP layer.\n",
             v.sources,
             super::generator::CHUNK,
             v.cpu,
             v.reps,
             v.seconds_per_rep,
-            v.drop_limit_pps
+            v.drop_limit_pps,
+            super::peers::TABLE_CAPACITY
         );
         let _ = writeln!(
             w,
