@@ -58,8 +58,9 @@ fn verdicts(c: &CountersView) -> [(&'static str, u64, u64); 3] {
 }
 
 /// The exposition text for one sample; `live` is the number of buckets
-/// in the table now.
-pub fn render(s: &StatsView, live: u64) -> String {
+/// in the table and `evicted` the buckets evicted so far, both from the
+/// daemon's last count of the table.
+pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
     let mut reg = Registry::with_prefix("policer");
     let pkts = Family::<Verdict, Counter>::default();
     let bytes = Family::<Verdict, Counter>::default();
@@ -116,7 +117,7 @@ pub fn render(s: &StatsView, live: u64) -> String {
     reg.register(
         "bucket_evictions",
         "Buckets evicted from the LRU table to make room (created minus live)",
-        counter(s.table.created.saturating_sub(live)),
+        counter(evicted),
     );
     reg.register("bucket_insert_failures", "Bucket inserts the kernel refused", counter(s.table.insert_failures));
     reg.register("cas_retries", "Compare-and-swap rounds lost to another CPU", counter(s.totals.cas_retries));
@@ -199,7 +200,7 @@ mod tests {
             table: TableStats { capacity: 1024, created: 10, live: None, insert_failures: 0 },
             ..Default::default()
         };
-        let text = render(&s, 4);
+        let text = render(&s, 4, 6);
         for line in [
             "policer_packets_total{iface=\"eth0\",verdict=\"dropped\"} 7",
             "policer_bytes_total{iface=\"eth0\",verdict=\"dropped\"} 448",
@@ -227,7 +228,7 @@ mod tests {
             rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), ..Default::default() }],
             ..Default::default()
         };
-        let text = render(&s, 0);
+        let text = render(&s, 0, 0);
         let names: Vec<&str> =
             text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
         let mut checked = 0;
