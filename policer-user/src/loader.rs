@@ -96,8 +96,6 @@ pub struct Policer {
     capacity: u32,
     /// Whether the shared counter slot 0's new-source limiter was set.
     pub(crate) shared_slot_set: bool,
-    /// The tick the program was loaded with (see `LoadOptions::tick_ns`).
-    tick_ns: u64,
 }
 
 /// The running kernel's CONFIG_HZ, from /proc/config.gz or
@@ -167,7 +165,7 @@ impl Policer {
             .try_into()
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
-        let mut p = Policer { ebpf, capacity: 0, shared_slot_set: false, tick_ns };
+        let mut p = Policer { ebpf, capacity: 0, shared_slot_set: false };
         p.capacity = p.read_max_sources()?;
         Ok(p)
     }
@@ -343,11 +341,6 @@ impl Policer {
             Array::try_from(self.ebpf.map_mut(MAP_CLOCK).ok_or(Error::Missing(MAP_CLOCK))?)
                 .map_err(Error::map(MAP_CLOCK))?;
         m.set(index, &value, 0).map_err(Error::map(MAP_CLOCK))
-    }
-
-    /// The kernel tick the program was loaded with, ns (0: unknown).
-    pub fn tick_ns(&self) -> u64 {
-        self.tick_ns
     }
 
     /// The loaded program's file descriptor (for netlink attach).

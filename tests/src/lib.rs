@@ -30,3 +30,11 @@ pub fn privileged(tier: &str) -> bool {
     eprintln!("{reason}");
     false
 }
+
+/// A deterministic xorshift64 step: reproducible pseudo-random test input.
+pub fn rng(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}

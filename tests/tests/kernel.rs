@@ -19,19 +19,13 @@ use policer_tests::{
     frame::{FrameSpec, ipv4_header, ipv6_header},
     privileged,
     reference::{self, Expect},
+    rng,
 };
 use policer_user::{LoadOptions, Policer};
 
 const PASS: u32 = 2;
 const DROP: u32 = 1;
 const ABORTED: u32 = 0;
-
-fn rng(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
 
 /// A policer that admits everything it polices (so the verdict depends on
 /// parsing alone) and keys IPv4 by address, IPv6 by /64.

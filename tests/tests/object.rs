@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use policer_common::{
     Counters, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, Rule, bucket::Action, rate::Rate,
 };
-use policer_tests::{frame::FrameSpec, privileged};
+use policer_tests::{frame::FrameSpec, privileged, rng};
 use policer_user::{LoadOptions, Policer};
 
 const PASS: u32 = 2;
@@ -340,12 +340,7 @@ fn verdicts_with_the_clock_window_match_the_math() {
         return;
     }
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = || rng(&mut state);
     for (rate, burst, mean_gap) in [("1pps", 1, SEC / 10), ("50pps", 5, 2_000_000), ("1000pps", 3, 300_000)] {
         let mut p = load_with_ticks();
         let r = rule(rate, burst, 32, false);
