@@ -37,8 +37,8 @@ pub struct SendReport {
     /// Send time of each flow's first and last frame, ns since the start.
     pub first_ns: Vec<u64>,
     pub last_ns: Vec<u64>,
-    /// Send time of every frame of flow 0, ns since the start.
-    pub times0: Vec<u64>,
+    /// Every frame sent, in order: (ns since the start, flow index).
+    pub frames: Vec<(u64, u32)>,
 }
 
 impl SendReport {
@@ -94,7 +94,7 @@ pub fn send(
         })
         .collect();
     let n = flows.len();
-    let mut rep = SendReport { sent: vec![0; n], first_ns: vec![0; n], last_ns: vec![0; n], times0: vec![] };
+    let mut rep = SendReport { sent: vec![0; n], first_ns: vec![0; n], last_ns: vec![0; n], frames: vec![] };
     let period: Vec<f64> = flows.iter().map(|f| 1e9 / f.pps).collect();
     // Stagger the flows' phases so the aggregate is smooth too.
     let phase: Vec<f64> = (0..n).map(|i| period[i] * (i as f64 / n as f64)).collect();
@@ -126,9 +126,7 @@ pub fn send(
         }
         rep.last_ns[i] = at;
         rep.sent[i] = k + 1;
-        if i == 0 {
-            rep.times0.push(at);
-        }
+        rep.frames.push((at, i as u32));
         let next = phase[i] + (k + 1) as f64 * period[i];
         heap.push(Reverse((next as u64, i)));
     }
@@ -237,15 +235,27 @@ pub fn run_bg(sb: &Sandbox, flows: &[Flow], duration: Duration) -> thread::JoinH
 /// beyond its burst; comparing against this, rather than rate x T + burst,
 /// keeps a stall from looking like a policer error.
 pub fn exact_admitted(sent: &SendReport, rule: &policer_common::Rule, len: u32) -> u64 {
+    exact_model(rule, sent.frames.iter().filter(|f| f.1 == 0).map(|&(t, _)| (t, len))).0
+}
+
+/// Bytes an exact policer admits when all `flows` share one bucket (one
+/// source), over the real send times of every frame: see [`exact_admitted`].
+pub fn exact_admitted_bytes(sent: &SendReport, flows: &[Flow], rule: &policer_common::Rule) -> u64 {
+    exact_model(rule, sent.frames.iter().map(|&(t, i)| (t, flows[i as usize].len as u32))).1
+}
+
+/// (frames, bytes) one bucket under `rule` admits of (send time, length).
+fn exact_model(rule: &policer_common::Rule, frames: impl Iterator<Item = (u64, u32)>) -> (u64, u64) {
     let mut tat = rule.empty_tat(1_000_000_000);
-    let mut n = 0;
-    for &t in &sent.times0 {
+    let (mut n, mut bytes) = (0, 0);
+    for (t, len) in frames {
         if let Some(new) = rule.admit(tat, 1_000_000_000 + t, len) {
             tat = new;
             n += 1;
+            bytes += len as u64;
         }
     }
-    n
+    (n, bytes)
 }
 
 /// Whether flow 0 was sent smoothly enough for a rate x T + burst check:
