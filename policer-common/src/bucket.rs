@@ -102,8 +102,10 @@ pub struct Rule {
     /// Slot of this rule's counters in `RULE_COUNTERS` (kept across
     /// changes to the same prefix).
     pub counter_slot: u32,
-    /// Reserved, zero (keeps the value free of implicit padding).
-    pub _reserved: u32,
+    /// [`stamp`]`(limit, shift)`: what the buckets this rule charges
+    /// remember of it, so a change of size or unit can be detected and the
+    /// fill carried over ([`Rule::rescale`]).
+    pub stamp: u32,
 }
 
 /// Why a rate or burst cannot make a rule.
@@ -198,7 +200,7 @@ impl Rule {
             key_len: 128,
             rule_id: 0,
             counter_slot: 0,
-            _reserved: 0,
+            stamp: stamp(limit, shift),
         }
     }
 
@@ -310,8 +312,8 @@ impl Rule {
     }
 
     /// Carries a bucket over to this rule from the rule that last charged
-    /// it (the prefix's rule changed, or the source now falls under another
-    /// prefix). The bucket keeps its *fill*: a full bucket stays full and a
+    /// it (the prefix's rule changed size or unit, or the source now falls
+    /// under another prefix whose does: the bucket's stamp differs). The bucket keeps its *fill*: a full bucket stays full and a
     /// half-drained one stays half-drained, so a rule change never hands out
     /// a burst and never takes one away. Returns the new `tat`.
     ///
@@ -319,8 +321,7 @@ impl Rule {
     /// kernel, but only on the first packet after a change.
     #[inline(always)]
     pub fn rescale(&self, old: &Bucket, now_ns: u64) -> u64 {
-        let old_shift = min(old.shift as u64, MAX_SHIFT as u64) as u32;
-        let old_limit = min(old.limit, MAX_LIMIT);
+        let (old_limit, old_shift) = unstamp(old.stamp());
         let debt = min(Rule::debt(old.tat, now_ns.wrapping_shl(old_shift)), old_limit);
         let new_limit = self.limit();
         // fill = debt / old_limit as a 16-bit fraction. debt <= 2^61, so
@@ -340,7 +341,7 @@ impl Rule {
     /// The bucket this rule leaves after admitting to `tat`.
     #[inline(always)]
     pub fn bucket(&self, tat: u64) -> Bucket {
-        Bucket { tat, limit: self.limit, shift: self.shift, rule_id: self.rule_id, drops: 0 }
+        Bucket { tat, meta: self.stamp as u64 & STAMP_MASK }
     }
 }
 
@@ -367,48 +368,100 @@ pub const fn prefix_mask(bits: u32) -> [u8; 16] {
     m
 }
 
-/// The value of the bucket map.
+/// Bits of [`Bucket::meta`] that hold the stamp; the bits above count drops.
+pub const STAMP_BITS: u32 = 24;
+pub const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
+/// One drop, as added to [`Bucket::meta`] (atomically, by the kernel).
+pub const DROP_ONE: u64 = 1 << STAMP_BITS;
+/// Significant bits of a bucket size kept in a stamp.
+const STAMP_MANT_BITS: u32 = 13;
+/// Bits of the shift in a stamp (a shift is at most [`MAX_SHIFT`] = 16).
+const STAMP_SHIFT_BITS: u32 = 5;
+/// Bits of the size's exponent in a stamp (sizes are below 2^62).
+const STAMP_EXP_BITS: u32 = 6;
+
+/// What a bucket remembers of the rule that last charged it: the time unit
+/// (`shift`) exactly and the size (`limit`) rounded to 13 significant bits,
+/// in [`STAMP_BITS`] bits. That is all [`Rule::rescale`] needs: a change of
+/// rule carries the fill over to within 1/8192 of the bucket. Two rules with
+/// the same stamp read a bucket's `tat` alike (their sizes differ by less
+/// than 1/4096), so no rescale is needed between them.
+pub const fn stamp(limit: u64, shift: u32) -> u32 {
+    let limit = min(limit, MAX_LIMIT);
+    let shift = min(shift as u64, MAX_SHIFT as u64) as u32;
+    let bits = 64 - limit.leading_zeros();
+    let mut exp = bits.saturating_sub(STAMP_MANT_BITS);
+    // Rounded to nearest, so the fill carried over is as likely a hair
+    // high as low.
+    let mut mant = if exp == 0 { limit } else { (limit + (1 << (exp - 1))) >> exp };
+    if mant == 1 << STAMP_MANT_BITS {
+        mant >>= 1;
+        exp += 1;
+    }
+    shift | (exp << STAMP_SHIFT_BITS) | ((mant as u32) << (STAMP_SHIFT_BITS + STAMP_EXP_BITS))
+}
+
+/// The bucket size (to 13 significant bits) and time unit a stamp stands
+/// for. Any 32-bit value decodes to a size within
+/// [`MAX_LIMIT`] and a shift within [`MAX_SHIFT`].
+#[inline(always)]
+pub const fn unstamp(stamp: u32) -> (u64, u32) {
+    let shift = min((stamp & ((1 << STAMP_SHIFT_BITS) - 1)) as u64, MAX_SHIFT as u64) as u32;
+    let exp = (stamp >> STAMP_SHIFT_BITS) & ((1 << STAMP_EXP_BITS) - 1);
+    let mant = ((stamp >> (STAMP_SHIFT_BITS + STAMP_EXP_BITS)) & ((1 << STAMP_MANT_BITS) - 1)) as u64;
+    let limit = if exp > 64 - STAMP_MANT_BITS { MAX_LIMIT } else { min(mant << exp, MAX_LIMIT) };
+    (limit, shift)
+}
+
+/// The value of the bucket map: 16 bytes, so that a hash table element
+/// (the kernel's 48-byte header, the key, the value) stays small; a lookup
+/// costs cache misses per line it touches.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Bucket {
     /// When the debt will have drained, in 2^-shift ns (see module doc).
     /// Updated with compare-and-swap.
     pub tat: u64,
-    /// Size of the bucket under the rule that last charged it, so a rule
-    /// change can carry the fill over ([`Rule::rescale`]).
-    pub limit: u64,
-    /// The time unit `tat` is in.
-    pub shift: u32,
-    /// The rule (version) that last charged this bucket; every rule change
-    /// gets a new id, and a mismatch triggers the rescale.
-    pub rule_id: u32,
-    /// Frames this source had dropped (or would have, under monitor) since
-    /// its bucket was created; what `policer top` ranks by.
-    pub drops: u64,
+    /// Low [`STAMP_BITS`]: the [`stamp`] of the rule that last charged the
+    /// bucket (a mismatch triggers [`Rule::rescale`]). Above: frames this
+    /// source had dropped (or would have, under monitor) since its bucket
+    /// was created, what `policer top` ranks by; 2^40 of them before the
+    /// count wraps (to zero, never into the stamp).
+    pub meta: u64,
 }
 
 impl Bucket {
-    /// Debt at `now_ns` in this bucket's own units (what `limit` is in).
+    /// The stamp of the rule that last charged this bucket.
+    pub const fn stamp(&self) -> u32 {
+        (self.meta & STAMP_MASK) as u32
+    }
+
+    /// Frames dropped from this source since the bucket was created.
+    pub const fn drops(&self) -> u64 {
+        self.meta >> STAMP_BITS
+    }
+
+    /// Debt at `now_ns` in this bucket's own units (what its size is in).
     pub fn debt(&self, now_ns: u64) -> u64 {
-        let shift = min(self.shift as u64, MAX_SHIFT as u64) as u32;
+        let (_, shift) = unstamp(self.stamp());
         Rule::debt(self.tat, now_ns.wrapping_shl(shift))
     }
 
     /// Debt at `now_ns` as ns of drain time.
     pub fn debt_ns(&self, now_ns: u64) -> u64 {
-        self.debt(now_ns) >> min(self.shift as u64, MAX_SHIFT as u64)
+        self.debt(now_ns) >> unstamp(self.stamp()).1
     }
 
     /// Debt as a fraction of the bucket size, in 1/65536 (65536 = full).
     pub fn fill_q16(&self, now_ns: u64) -> u64 {
-        let limit = min(self.limit, MAX_LIMIT);
+        let (limit, _) = unstamp(self.stamp());
         let debt = min(self.debt(now_ns), limit);
         if limit == 0 {
             0
         } else if debt <= u64::MAX >> 16 {
-            (debt << 16) / limit
+            ((debt << 16) / limit).min(1 << 16)
         } else {
-            debt / (limit >> 16).max(1)
+            (debt / (limit >> 16).max(1)).min(1 << 16)
         }
     }
 }

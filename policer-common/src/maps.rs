@@ -9,8 +9,10 @@ use crate::bucket::Bucket;
 pub const MAP_RULES_V4: &str = "RULES_V4";
 /// LPM trie: IPv6 prefix -> [`crate::Rule`].
 pub const MAP_RULES_V6: &str = "RULES_V6";
-/// LRU hash: [`BucketKey`] -> [`Bucket`].
-pub const MAP_BUCKETS: &str = "BUCKETS";
+/// LRU hash: [`BucketKeyV4`] -> [`Bucket`], the IPv4 sources.
+pub const MAP_BUCKETS_V4: &str = "BUCKETS_V4";
+/// LRU hash: [`BucketKeyV6`] -> [`Bucket`], the IPv6 sources.
+pub const MAP_BUCKETS_V6: &str = "BUCKETS_V6";
 /// Per-CPU array of [`Counters`], one slot per interface
 /// (`ifindex % MAX_IFACE_SLOTS`).
 pub const MAP_COUNTERS: &str = "COUNTERS";
@@ -61,10 +63,30 @@ pub const DEFAULT_MAX_SOURCES: u32 = 1_048_576;
 pub const FAMILY_V4: u32 = 4;
 pub const FAMILY_V6: u32 = 6;
 
-/// Key of the bucket map: the source address masked to the rule's key
-/// length. The key length is part of the key so two rules that group
-/// sources differently never share a bucket.
+/// Key of the IPv4 bucket table: the source address masked to the rule's
+/// key length, and the key length, so two rules that group sources
+/// differently never share a bucket. 8 bytes: with the 16-byte [`Bucket`]
+/// and the kernel's 48-byte element header, an element is 72 bytes.
 #[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct BucketKeyV4 {
+    /// Masked source, network order.
+    pub addr: [u8; 4],
+    /// Leading bits of `addr` that are significant.
+    pub key_len: u32,
+}
+
+/// Key of the IPv6 bucket table (as [`BucketKeyV4`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct BucketKeyV6 {
+    /// Masked source, network order.
+    pub addr: [u8; 16],
+    /// Leading bits of `addr` that are significant.
+    pub key_len: u32,
+}
+
+/// A bucket's key from either table, as user space shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct BucketKey {
     /// Masked source, network order; IPv4 uses the first 4 bytes.
@@ -73,6 +95,20 @@ pub struct BucketKey {
     pub family: u32,
     /// Leading bits of `addr` that are significant.
     pub key_len: u32,
+}
+
+impl From<BucketKeyV4> for BucketKey {
+    fn from(k: BucketKeyV4) -> BucketKey {
+        let mut addr = [0; 16];
+        addr[..4].copy_from_slice(&k.addr);
+        BucketKey { addr, family: FAMILY_V4, key_len: k.key_len }
+    }
+}
+
+impl From<BucketKeyV6> for BucketKey {
+    fn from(k: BucketKeyV6) -> BucketKey {
+        BucketKey { addr: k.addr, family: FAMILY_V6, key_len: k.key_len }
+    }
 }
 
 /// `a.f += b.f` for each field named.
@@ -199,7 +235,7 @@ impl NewSources {
             key_len: 0,
             rule_id: 0,
             counter_slot: 0,
-            _reserved: 0,
+            stamp: 0,
         }
     }
 
@@ -248,7 +284,8 @@ pub mod wire {
 mod pod {
     // SAFETY: plain `#[repr(C)]` integers and byte arrays with no padding
     // (fields are ordered largest first), so every bit pattern is valid.
-    unsafe impl aya::Pod for super::BucketKey {}
+    unsafe impl aya::Pod for super::BucketKeyV4 {}
+    unsafe impl aya::Pod for super::BucketKeyV6 {}
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::NewSources {}
@@ -258,8 +295,9 @@ mod pod {
 
 const _: () = {
     // No implicit padding: the sizes are the sums of the fields.
-    assert!(core::mem::size_of::<BucketKey>() == 24);
-    assert!(core::mem::size_of::<Bucket>() == 32);
+    assert!(core::mem::size_of::<BucketKeyV4>() == 8);
+    assert!(core::mem::size_of::<BucketKeyV6>() == 20);
+    assert!(core::mem::size_of::<Bucket>() == 16);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 64);
     assert!(core::mem::size_of::<Counters>() == 15 * 8);
     assert!(core::mem::size_of::<NewSources>() == 32);

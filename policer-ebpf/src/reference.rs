@@ -4,9 +4,9 @@
 //!
 //! - `xdp_pass`, `xdp_drop`: the floors.
 //! - `parse_lookup`: the minimal work a per-source policer cannot avoid —
-//!   parse Ethernet + IPv4, build the same 24-byte key as the policer, one
+//!   parse Ethernet + IPv4, build the same 8-byte key as the policer, one
 //!   LRU hash lookup (insert on a miss, as the policer's first packet does)
-//!   and a read of the 32-byte value. With `REF_SOURCES` = N it replaces the
+//!   and a read of the 16-byte value. With `REF_SOURCES` = N it replaces the
 //!   source with synthetic sources 10.x.y.z cycling 0..N exactly as the
 //!   policer's bench variant does, so both touch the same number of entries.
 //!   `REF_STEPS` adds, one bit each, the policer's other per-packet work so
@@ -31,12 +31,12 @@ mod programs {
         programs::XdpContext,
     };
     use policer_common::{
-        Bucket, BucketKey, Counters, FAMILY_V4, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, Rule, RuleCounters,
+        Bucket, BucketKeyV4, Counters, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, Rule, RuleCounters,
     };
 
     /// Resized by the benchmark loader.
     #[map]
-    static REF_TABLE: LruHashMap<BucketKey, Bucket> = LruHashMap::with_max_entries(1024, 0);
+    static REF_TABLE: LruHashMap<BucketKeyV4, Bucket> = LruHashMap::with_max_entries(1024, 0);
     #[map]
     static REF_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
     #[map]
@@ -104,8 +104,7 @@ mod programs {
         if proto != 0x0800 || vihl >> 4 != 4 || vihl & 0xf < 5 {
             return xdp_action::XDP_PASS;
         }
-        let mut key = BucketKey { addr: [0; 16], family: FAMILY_V4, key_len: 32 };
-        key.addr[..4].copy_from_slice(&src);
+        let mut key = BucketKeyV4 { addr: src, key_len: 32 };
         let n = ro(&REF_SOURCES);
         if n != 0
             && let Some(seq) = REF_SEQ.get_ptr_mut(0)
@@ -153,7 +152,12 @@ mod programs {
                 let tat = unsafe { core::ptr::read_volatile(&(*v).tat) };
                 if steps & 8 != 0 {
                     // SAFETY: a live map value; other CPUs may add too.
-                    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*v).drops, 1) };
+                    unsafe {
+                        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+                            &raw mut (*v).meta,
+                            policer_common::bucket::DROP_ONE,
+                        )
+                    };
                 }
                 if tat == u64::MAX || (now != 0 && tat > now) { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
             }

@@ -32,9 +32,9 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES,
-    MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources, PROGRAM_NAME, Rule,
-    RuleCounters, rate::Rate,
+    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS,
+    MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources,
+    PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -52,8 +52,16 @@ use crate::{
 };
 
 /// Maps a new program takes over from an adopted one.
-const SHARED_MAPS: [&str; 7] =
-    [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS, MAP_COUNTERS, MAP_RULE_COUNTERS, MAP_NEW_SOURCES, MAP_CLOCK];
+const SHARED_MAPS: [&str; 8] = [
+    MAP_RULES_V4,
+    MAP_RULES_V6,
+    MAP_BUCKETS_V4,
+    MAP_BUCKETS_V6,
+    MAP_COUNTERS,
+    MAP_RULE_COUNTERS,
+    MAP_NEW_SOURCES,
+    MAP_CLOCK,
+];
 
 #[derive(Clone, Debug)]
 pub struct DaemonArgs {
@@ -360,7 +368,7 @@ impl Daemon {
                     .map_err(Error::map(name))?
                     .pin(&path)
                     .map_err(|e| Error::Invalid(format!("cannot pin adopted map {name}: {e}")))?;
-                if name == MAP_BUCKETS && max != max_sources {
+                if name == MAP_BUCKETS_V4 && max != max_sources {
                     if args.max_sources.is_some() || cfg.daemon.max_sources.is_some() {
                         let _ = writeln!(
                             out,
@@ -758,32 +766,21 @@ impl Daemon {
     pub fn top(&self, n: usize) -> Result<TopView> {
         let t0 = Instant::now();
         let now = monotonic_ns();
-        let by_id: std::collections::HashMap<u32, IpNet> = self.rules.iter().map(|(net, i)| (i.id, *net)).collect();
         struct Row {
             key: BucketKey,
             fill: u64,
             debt_ns: u64,
             drops: u64,
-            rule_id: u32,
         }
         let mut rows = Vec::new();
         self.policer.for_each_bucket(|k, b| {
-            rows.push(Row {
-                key: *k,
-                fill: b.fill_q16(now),
-                debt_ns: b.debt_ns(now),
-                drops: b.drops,
-                rule_id: b.rule_id,
-            })
+            rows.push(Row { key: *k, fill: b.fill_q16(now), debt_ns: b.debt_ns(now), drops: b.drops() })
         })?;
         let live = rows.len() as u64;
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
         let entry = |r: &Row| TopEntry {
             source: bucket_source(&r.key),
-            rule: match by_id.get(&r.rule_id) {
-                Some(net) => net.to_string(),
-                None => self.rule_for(&r.key).map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
-            },
+            rule: self.rule_for(&r.key).map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
             debt_ns: r.debt_ns,
             fill: r.fill as f64 / 65536.0,
             drops: r.drops,

@@ -14,9 +14,9 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Bucket, BucketKey, Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS, MAP_CLOCK, MAP_COUNTERS,
-    MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, NewSources,
-    PROGRAM_NAME, Rule, RuleCounters,
+    Bucket, BucketKey, BucketKeyV4, BucketKeyV6, Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4,
+    MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS,
+    MAP_RULES_V4, MAP_RULES_V6, NewSources, PROGRAM_NAME, Rule, RuleCounters,
 };
 
 use crate::error::{Error, Result};
@@ -146,7 +146,8 @@ impl Policer {
         let tick_ns = opts.tick_ns.unwrap_or_else(|| kernel_hz().map_or(0, policer_common::clock::tick_ns));
         let mut loader = EbpfLoader::new();
         loader
-            .map_max_entries(policer_common::MAP_BUCKETS, opts.max_sources)
+            .map_max_entries(MAP_BUCKETS_V4, opts.max_sources)
+            .map_max_entries(MAP_BUCKETS_V6, opts.max_sources)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
             .override_global(policer_common::GLOBAL_BENCH_SOURCES, &opts.bench_sources, true);
@@ -296,20 +297,29 @@ impl Policer {
         m.set(slot, zeros, 0).map_err(Error::map(MAP_RULE_COUNTERS))
     }
 
-    /// Calls `f` for every live bucket.
+    /// Calls `f` for every live bucket, IPv4 then IPv6.
     pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
-        let fd = self.map_fd(MAP_BUCKETS)?;
-        crate::batch::for_each(fd, size_of::<BucketKey>(), size_of::<Bucket>(), |k, v| {
+        self.for_each_in::<BucketKeyV4>(MAP_BUCKETS_V4, &mut f)?;
+        self.for_each_in::<BucketKeyV6>(MAP_BUCKETS_V6, &mut f)
+    }
+
+    fn for_each_in<K: aya::Pod + Into<BucketKey>>(
+        &self,
+        name: &'static str,
+        f: &mut impl FnMut(&BucketKey, &Bucket),
+    ) -> Result<()> {
+        let fd = self.map_fd(name)?;
+        crate::batch::for_each(fd, size_of::<K>(), size_of::<Bucket>(), |k, v| {
             // SAFETY: the kernel wrote a key and a value of these Pod types.
             let (k, v) = unsafe {
                 (
-                    std::ptr::read_unaligned(k.as_ptr() as *const BucketKey),
+                    std::ptr::read_unaligned(k.as_ptr() as *const K),
                     std::ptr::read_unaligned(v.as_ptr() as *const Bucket),
                 )
             };
-            f(&k, &v);
+            f(&k.into(), &v);
         })
-        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS}: {e}")))
+        .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))
     }
 
     /// Capacity of the bucket table.
@@ -318,10 +328,10 @@ impl Policer {
     }
 
     fn read_max_sources(&self) -> Result<u32> {
-        let m = self.ebpf.map(MAP_BUCKETS).ok_or(Error::Missing(MAP_BUCKETS))?;
+        let m = self.ebpf.map(MAP_BUCKETS_V4).ok_or(Error::Missing(MAP_BUCKETS_V4))?;
         match m {
-            aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS)),
-            _ => Err(Error::Missing(MAP_BUCKETS)),
+            aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS_V4)),
+            _ => Err(Error::Missing(MAP_BUCKETS_V4)),
         }
     }
 

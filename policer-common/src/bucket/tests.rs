@@ -128,6 +128,45 @@ fn rescale_keeps_the_fill() {
     assert_eq!(slow.debt_ns(slow.rescale(&empty, now + 5), now + 5), 0);
 }
 
+#[test]
+fn stamps_round_trip() {
+    // Small sizes are exact; shifts always are.
+    for limit in [0, 1, 2, 4095, 8191] {
+        for shift in [0, 7, MAX_SHIFT] {
+            assert_eq!(unstamp(stamp(limit, shift)), (limit, shift));
+        }
+    }
+    // Larger sizes to 13 significant bits, rounded to nearest.
+    for limit in [8192, 8193, 16_383, 1 << 40, (1 << 40) + (1 << 27), 655_360_000_000, MAX_LIMIT - 1, MAX_LIMIT] {
+        let (back, shift) = unstamp(stamp(limit, 3));
+        assert_eq!(shift, 3);
+        assert!(back.abs_diff(limit) <= limit >> 13, "{limit} -> {back}");
+    }
+    // Out-of-range fields are clamped, and the stamp fits its bits.
+    assert_eq!(unstamp(stamp(u64::MAX, 99)), (MAX_LIMIT, MAX_SHIFT));
+    assert_eq!(stamp(u64::MAX, 99) as u64 & !STAMP_MASK, 0);
+    // A rule's stamp is its own size and unit, whatever its id.
+    let r = Rule::packets(1000, 10).unwrap();
+    assert_eq!(r.with_id(5).stamp, stamp(r.limit, r.shift));
+    assert_ne!(Rule::packets(1000, 11).unwrap().stamp, r.stamp);
+    assert_ne!(Rule::packets(100_000, 100).unwrap().stamp, r.stamp);
+    // 100 kpps with a burst of 1000 drains in the same 10 ms as 1000 pps
+    // with 10: the same size in the same unit, so a bucket means the same.
+    assert_eq!(Rule::packets(100_000, 1000).unwrap().stamp, r.stamp);
+}
+
+#[test]
+fn drops_count_above_the_stamp() {
+    let r = Rule::packets(1000, 10).unwrap();
+    let mut b = r.bucket(r.empty_tat(5));
+    assert_eq!((b.stamp(), b.drops()), (r.stamp, 0));
+    b.meta += 3 * DROP_ONE;
+    assert_eq!((b.stamp(), b.drops()), (r.stamp, 3));
+    // The count wraps to zero, never into the stamp.
+    b.meta = b.meta.wrapping_add(((1 << (64 - STAMP_BITS)) - 3) * DROP_ONE);
+    assert_eq!((b.stamp(), b.drops()), (r.stamp, 0));
+}
+
 /// Any rule the constructors can make, packet or byte mode.
 fn any_rule() -> impl Strategy<Value = Rule> {
     prop_oneof![
@@ -244,7 +283,9 @@ proptest! {
         for r in [rule, Rule { pkt_cost: raw.0, byte_cost: raw.1, limit: raw.2, shift: raw.3, ..rule }] {
             let _ = r.admit(tat, now, len);
             let _ = r.debt_ns(tat, now);
-            let _ = r.rescale(&Bucket { tat, limit: raw.2, shift: raw.3, rule_id: 0, drops: 0 }, now);
+            let _ = r.rescale(&Bucket { tat, meta: raw.0 }, now);
+            let b = Bucket { tat, meta: raw.1 };
+            let _ = (b.debt_ns(now), b.fill_q16(now), b.drops());
             let _ = r.cost(len);
         }
     }
@@ -294,8 +335,11 @@ fn bucket_debt_and_fill() {
     }
     let b = r.bucket(tat);
     assert_eq!(b.debt_ns(t), 5_000_000);
-    assert_eq!(b.fill_q16(t), 1 << 15);
+    // The bucket knows its size to 13 significant bits (see `stamp`).
+    assert!(b.fill_q16(t).abs_diff(1 << 15) <= (1 << 16) >> 13, "{}", b.fill_q16(t));
     assert_eq!(b.fill_q16(t + 10_000_000), 0);
+    let full = r.bucket(r.empty_tat(t).wrapping_add(r.limit)).fill_q16(t);
+    assert!(full.abs_diff(1 << 16) <= (1 << 16) >> 13, "{full}");
 }
 
 #[test]

@@ -13,8 +13,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS, MAP_COUNTERS, MAP_RULES_V4, MAX_IFACE_SLOTS,
-    PROGRAM_NAME, Rule, rate::Rate,
+    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V6, MAP_COUNTERS, MAP_RULES_V4,
+    MAX_IFACE_SLOTS, PROGRAM_NAME, Rule, rate::Rate,
 };
 use policer_user::loader::{EBPF_OBJECT, LoadOptions, Policer, REFERENCE_OBJECT};
 use serde::Serialize;
@@ -148,11 +148,11 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
         return Ok(Subject::Policer(Box::new(p)));
     }
     let mut loader = EbpfLoader::new();
-    loader.map_max_entries(MAP_BUCKETS, table).override_global(GLOBAL_TEST_CLOCK, &0u32, true).override_global(
-        GLOBAL_BENCH_SOURCES,
-        &sources,
-        true,
-    );
+    loader
+        .map_max_entries(MAP_BUCKETS_V4, table)
+        .map_max_entries(MAP_BUCKETS_V6, table)
+        .override_global(GLOBAL_TEST_CLOCK, &0u32, true)
+        .override_global(GLOBAL_BENCH_SOURCES, &sources, true);
     let mut ebpf = loader.load(EBPF_OBJECT)?;
     let x: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).context("program")?.try_into()?;
     x.load()?;

@@ -358,8 +358,8 @@ pub fn markdown(r: &Results) -> String {
             "One 64-byte frame run `repeat` times on one pinned CPU, {} repetitions, rows interleaved. The policer is the \
              real object loaded with `BENCH_SOURCES` = N: it replaces each frame's source with 10.x.y.z cycling 0..N \
              (per-CPU counter), so one frame touches N buckets. The reference `parse_lookup` does the same source \
-             variation, parses Ethernet + IPv4, builds the policer's 24-byte key and does one LRU hash lookup \
-             (inserting on a miss) and a read of the 32-byte value. A warm-up pass creates every entry before \
+             variation, parses Ethernet + IPv4, builds the policer's 8-byte IPv4 key and does one LRU hash lookup \
+             (inserting on a miss) and a read of the 16-byte value. A warm-up pass creates every entry before \
              measuring. **kernel ns** is what the kernel reports (integer ns per run; time spent rescheduled is not \
              counted); **wall ns** is the syscall's wall time / repeat. The test loop itself costs a few ns (see \
              xdp_pass).{}\n",

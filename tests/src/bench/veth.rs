@@ -83,7 +83,13 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
     let drop_limit = Limit { pps: 1, burst: 1 };
     let admit_limit = Limit { pps: 100_000_000, burst: 1_000_000 };
     let mut setups = Vec::new();
+    // BENCH_AB set: only the floor and the dropping policer, for quick A/B
+    // runs of two builds (POLICER_BIN) in turn. Not for the report.
+    let only_drop = std::env::var_os("BENCH_AB").is_some();
     for sys in SYSTEMS {
+        if only_drop && !matches!(sys, System::XdpDrop | System::PolicerDrop) {
+            continue;
+        }
         say(&format!("veth: setting up {}", sys.label()));
         let net = Net::new(sys.tag())?;
         let inst = install(sys, &net, drop_limit, admit_limit)?;
