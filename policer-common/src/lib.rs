@@ -15,6 +15,7 @@ pub mod clock;
 pub mod maps;
 #[cfg(feature = "std")]
 pub mod rate;
+pub mod table;
 
 pub use bucket::{Bucket, Rule};
 pub use clock::{ClockWindow, CpuScratch};

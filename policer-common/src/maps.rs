@@ -9,8 +9,11 @@ use crate::bucket::Bucket;
 pub const MAP_RULES_V4: &str = "RULES_V4";
 /// LPM trie: IPv6 prefix -> [`crate::Rule`].
 pub const MAP_RULES_V6: &str = "RULES_V6";
-/// LRU hash: [`BucketKeyV4`] -> [`Bucket`], the IPv4 sources.
+/// Array of [`crate::table::Set`]: the IPv4 sources, a set-associative
+/// table (see [`crate::table`]); `sets_for(--max-sources)` entries.
 pub const MAP_BUCKETS_V4: &str = "BUCKETS_V4";
+/// Array of one [`crate::table::Geometry`]: the IPv4 table's hash and size.
+pub const MAP_BUCKETS_V4_GEOMETRY: &str = "BUCKETS_V4_GEOM";
 /// LRU hash: [`BucketKeyV6`] -> [`Bucket`], the IPv6 sources.
 pub const MAP_BUCKETS_V6: &str = "BUCKETS_V6";
 /// Per-CPU array of [`Counters`], one slot per interface
@@ -63,10 +66,10 @@ pub const DEFAULT_MAX_SOURCES: u32 = 1_048_576;
 pub const FAMILY_V4: u32 = 4;
 pub const FAMILY_V6: u32 = 6;
 
-/// Key of the IPv4 bucket table: the source address masked to the rule's
-/// key length, and the key length, so two rules that group sources
-/// differently never share a bucket. 8 bytes: with the 16-byte [`Bucket`]
-/// and the kernel's 48-byte element header, an element is 72 bytes.
+/// An IPv4 source as the bucket table knows it: the address masked to the
+/// rule's key length, and the key length, so two rules that group sources
+/// differently never share a bucket. In the table it is packed into one
+/// key word ([`crate::table::slot_key`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct BucketKeyV4 {
@@ -76,7 +79,7 @@ pub struct BucketKeyV4 {
     pub key_len: u32,
 }
 
-/// Key of the IPv6 bucket table (as [`BucketKeyV4`]).
+/// Key of the IPv6 bucket table, an LRU hash (as [`BucketKeyV4`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct BucketKeyV6 {
@@ -290,6 +293,8 @@ mod pod {
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::NewSources {}
     unsafe impl aya::Pod for crate::bucket::Bucket {}
+    unsafe impl aya::Pod for crate::table::Set {}
+    unsafe impl aya::Pod for crate::table::Geometry {}
     unsafe impl aya::Pod for crate::bucket::Rule {}
 }
 
@@ -298,6 +303,9 @@ const _: () = {
     assert!(core::mem::size_of::<BucketKeyV4>() == 8);
     assert!(core::mem::size_of::<BucketKeyV6>() == 20);
     assert!(core::mem::size_of::<Bucket>() == 16);
+    assert!(core::mem::size_of::<crate::table::Slot>() == 32);
+    assert!(core::mem::size_of::<crate::table::Set>() == 128);
+    assert!(core::mem::size_of::<crate::table::Geometry>() == 16);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 64);
     assert!(core::mem::size_of::<Counters>() == 15 * 8);
     assert!(core::mem::size_of::<NewSources>() == 32);

@@ -1,6 +1,7 @@
 //! The XDP program: glue around `policer_common`.
 //!
-//! parse -> rule lookup (LPM trie) -> bucket lookup (LRU hash) ->
+//! parse -> rule lookup (LPM trie) -> bucket lookup (IPv4: set-associative
+//! array, see policer_common::table; IPv6: LRU hash) ->
 //! `Rule::admit` under compare-and-swap -> count.
 
 use core::{
@@ -9,7 +10,7 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, xdp_action},
+    bindings::{BPF_F_MMAPABLE, BPF_NOEXIST, xdp_action},
     helpers::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::{map, xdp},
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
@@ -21,9 +22,10 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use policer_common::{
-    ACTION_NONE, Bucket, BucketKeyV4, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_SOURCES, FAMILY_V4,
-    FAMILY_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, NewSources, Rule, RuleCounters,
+    ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6,
+    MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, NewSources, Rule, RuleCounters,
     bucket::{Action, DROP_ONE, STAMP_MASK},
+    table::{self, Geometry, Set, WAYS},
     wire::{
         ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_AH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
         IPPROTO_HOPOPTS, IPPROTO_ROUTING, IPV4_MIN_HLEN, IPV6_HLEN, MAX_EXT_HEADERS, MAX_EXT_OFFSET, MAX_VLAN_TAGS,
@@ -35,10 +37,15 @@ use policer_common::{
 static RULES_V4: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
 #[map]
 static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
-/// Resized by the loader to `--max-sources`. One table per family, so the
-/// IPv4 key is 8 bytes: a smaller element is fewer cache misses per lookup.
+/// The IPv4 sources: a set-associative table (see policer_common::table),
+/// resized by the loader to `--max-sources`. Mmapable, so the sets start on
+/// a page and each spans exactly two cache lines.
 #[map]
-static BUCKETS_V4: LruHashMap<BucketKeyV4, Bucket> = LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+static BUCKETS_V4: Array<Set> = Array::with_max_entries(DEFAULT_MAX_SOURCES / WAYS as u32, BPF_F_MMAPABLE);
+/// The IPv4 table's hash multiplier and size (written by the loader).
+#[map]
+static BUCKETS_V4_GEOM: Array<Geometry> = Array::with_max_entries(1, 0);
+/// The IPv6 sources, resized by the loader to `--max-sources`.
 #[map]
 static BUCKETS_V6: LruHashMap<BucketKeyV6, Bucket> = LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
 #[map]
@@ -291,7 +298,82 @@ struct Judged {
     bucket: Option<*mut Bucket>,
 }
 
-/// Judges the frame against the source's bucket.
+/// Judges an IPv4 frame against its source's slot in the set-associative table.
+#[inline(always)]
+fn police_v4(
+    ctx: &XdpContext,
+    key: u64,
+    rule: &Rule,
+    clock: &mut Clock,
+    len: u32,
+    c: &mut Counters,
+    rc: &mut RuleCounters,
+) -> Judged {
+    let set = match BUCKETS_V4_GEOM.get(0) {
+        Some(g) if g.sets != 0 => BUCKETS_V4.get_ptr_mut(g.set_of(key)),
+        _ => None,
+    };
+    let Some(set) = set else {
+        // No table (not set up by the loader): police nothing.
+        c.bucket_insert_failed += 1;
+        return Judged { admit: true, bucket: None };
+    };
+    // SAFETY: `set` points into the array's value, live for this program
+    // run; slots are read with volatile loads because other CPUs write them.
+    unsafe {
+        let ways = &raw mut (*set).ways;
+        for w in 0..WAYS {
+            let slot = (ways as *mut table::Slot).add(w);
+            if core::ptr::read_volatile(&(*slot).key) == key {
+                let b = &raw mut (*slot).bucket;
+                return Judged { admit: cas_admit(ctx, b, rule, clock, len, c), bucket: Some(b) };
+            }
+        }
+        // A new source (or one whose slot was taken): as with the hash
+        // table, a fresh bucket only while the rule's limiter allows.
+        if !new_source_allowed(rule, clock) {
+            c.new_sources_limited += 1;
+            return Judged { admit: false, bucket: None };
+        }
+        let now = clock.now();
+        let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
+            return Judged { admit: false, bucket: None };
+        };
+        let mut keys = [0u64; WAYS];
+        let mut buckets = [Bucket::default(); WAYS];
+        for w in 0..WAYS {
+            let slot = (ways as *mut table::Slot).add(w);
+            keys[w] = core::ptr::read_volatile(&(*slot).key);
+            buckets[w] = core::ptr::read_volatile(&(*slot).bucket);
+        }
+        let v = table::victim(&keys, &buckets, now) % WAYS;
+        let slot = (ways as *mut table::Slot).add(v);
+        let (seen, _) = atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+            &raw mut (*slot).key,
+            keys[v],
+            key,
+        );
+        if seen == keys[v] {
+            // Ours: the new bucket replaces whatever the slot held.
+            let new = rule.bucket(tat);
+            core::ptr::write_volatile(&raw mut (*slot).bucket.tat, new.tat);
+            core::ptr::write_volatile(&raw mut (*slot).bucket.meta, new.meta);
+            c.buckets_created += 1;
+            rc.buckets_created += 1;
+            return Judged { admit: true, bucket: None };
+        }
+        if seen == key {
+            // Another CPU made this source's bucket meanwhile: judge by it.
+            let b = &raw mut (*slot).bucket;
+            return Judged { admit: cas_admit(ctx, b, rule, clock, len, c), bucket: Some(b) };
+        }
+    }
+    // Lost the slot to another new source: rare; admitted, and counted.
+    c.bucket_insert_failed += 1;
+    Judged { admit: true, bucket: None }
+}
+
+/// Judges the frame against an IPv6 source's bucket (LRU hash).
 #[inline(always)]
 fn police<K>(
     ctx: &XdpContext,
@@ -529,11 +611,11 @@ fn try_policer(ctx: &XdpContext) -> u32 {
         _ => {
             let mut clock = Clock::new();
             let j = if family == FAMILY_V4 {
-                let mut key = BucketKeyV4 { addr: [0; 4], key_len: rule.key_len };
+                let mut a = [0u8; 4];
                 for i in 0..4 {
-                    key.addr[i] = addr[i] & rule.key_mask[i];
+                    a[i] = addr[i] & rule.key_mask[i];
                 }
-                police(ctx, &BUCKETS_V4, &key, rule, &mut clock, len, c, rc)
+                police_v4(ctx, table::slot_key(a, rule.key_len), rule, &mut clock, len, c, rc)
             } else {
                 let mut key = BucketKeyV6 { addr: [0; 16], key_len: rule.key_len };
                 for i in 0..16 {

@@ -32,9 +32,9 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS,
-    MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources,
-    PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
+    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
+    MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS,
+    MAX_RULE_SLOTS, NewSources, PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -52,10 +52,11 @@ use crate::{
 };
 
 /// Maps a new program takes over from an adopted one.
-const SHARED_MAPS: [&str; 8] = [
+const SHARED_MAPS: [&str; 9] = [
     MAP_RULES_V4,
     MAP_RULES_V6,
     MAP_BUCKETS_V4,
+    MAP_BUCKETS_V4_GEOMETRY,
     MAP_BUCKETS_V6,
     MAP_COUNTERS,
     MAP_RULE_COUNTERS,
@@ -368,7 +369,7 @@ impl Daemon {
                     .map_err(Error::map(name))?
                     .pin(&path)
                     .map_err(|e| Error::Invalid(format!("cannot pin adopted map {name}: {e}")))?;
-                if name == MAP_BUCKETS_V4 && max != max_sources {
+                if name == MAP_BUCKETS_V6 && max != max_sources {
                     if args.max_sources.is_some() || cfg.daemon.max_sources.is_some() {
                         let _ = writeln!(
                             out,

@@ -14,9 +14,10 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Bucket, BucketKey, BucketKeyV4, BucketKeyV6, Counters, DEFAULT_MAX_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4,
-    MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS,
-    MAP_RULES_V4, MAP_RULES_V6, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4,
+    MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH,
+    MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    table::{self, Geometry, Set},
 };
 
 use crate::error::{Error, Result};
@@ -146,7 +147,7 @@ impl Policer {
         let tick_ns = opts.tick_ns.unwrap_or_else(|| kernel_hz().map_or(0, policer_common::clock::tick_ns));
         let mut loader = EbpfLoader::new();
         loader
-            .map_max_entries(MAP_BUCKETS_V4, opts.max_sources)
+            .map_max_entries(MAP_BUCKETS_V4, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V6, opts.max_sources)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
@@ -168,6 +169,17 @@ impl Policer {
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
         let mut p = Policer { ebpf, capacity: 0, shared_slot_set: false };
         p.capacity = p.read_max_sources()?;
+        // A table taken over keeps its hash; a new one gets a fresh secret
+        // multiplier, so nobody can pick sources that share a set.
+        if !opts.reuse.iter().any(|(n, _)| *n == MAP_BUCKETS_V4) {
+            let sets = table::sets_for(opts.max_sources);
+            let geometry = Geometry::new(random_u64()?, sets);
+            let mut m: Array<&mut MapData, Geometry> = Array::try_from(
+                p.ebpf.map_mut(MAP_BUCKETS_V4_GEOMETRY).ok_or(Error::Missing(MAP_BUCKETS_V4_GEOMETRY))?,
+            )
+            .map_err(Error::map(MAP_BUCKETS_V4_GEOMETRY))?;
+            m.set(0, &geometry, 0).map_err(Error::map(MAP_BUCKETS_V4_GEOMETRY))?;
+        }
         Ok(p)
     }
 
@@ -297,29 +309,56 @@ impl Policer {
         m.set(slot, zeros, 0).map_err(Error::map(MAP_RULE_COUNTERS))
     }
 
-    /// Calls `f` for every live bucket, IPv4 then IPv6.
-    pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
-        self.for_each_in::<BucketKeyV4>(MAP_BUCKETS_V4, &mut f)?;
-        self.for_each_in::<BucketKeyV6>(MAP_BUCKETS_V6, &mut f)
+    /// The bucket of one source, if it has one.
+    pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
+        if key.family == FAMILY_V4 {
+            let g: Array<&MapData, Geometry> =
+                Array::try_from(self.ebpf.map(MAP_BUCKETS_V4_GEOMETRY).ok_or(Error::Missing(MAP_BUCKETS_V4_GEOMETRY))?)
+                    .map_err(Error::map(MAP_BUCKETS_V4_GEOMETRY))?;
+            let g = g.get(&0, 0).map_err(Error::map(MAP_BUCKETS_V4_GEOMETRY))?;
+            let want = table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len);
+            let t: Array<&MapData, Set> =
+                Array::try_from(self.ebpf.map(MAP_BUCKETS_V4).ok_or(Error::Missing(MAP_BUCKETS_V4))?)
+                    .map_err(Error::map(MAP_BUCKETS_V4))?;
+            let set = t.get(&g.set_of(want), 0).map_err(Error::map(MAP_BUCKETS_V4))?;
+            Ok(set.ways.iter().find(|s| s.key == want).map(|s| s.bucket))
+        } else {
+            let m: aya::maps::HashMap<&MapData, BucketKeyV6, Bucket> =
+                aya::maps::HashMap::try_from(self.ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))?)
+                    .map_err(Error::map(MAP_BUCKETS_V6))?;
+            match m.get(&BucketKeyV6 { addr: key.addr, key_len: key.key_len }, 0) {
+                Ok(b) => Ok(Some(b)),
+                Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+                Err(e) => Err(Error::map(MAP_BUCKETS_V6)(e)),
+            }
+        }
     }
 
-    fn for_each_in<K: aya::Pod + Into<BucketKey>>(
-        &self,
-        name: &'static str,
-        f: &mut impl FnMut(&BucketKey, &Bucket),
-    ) -> Result<()> {
-        let fd = self.map_fd(name)?;
-        crate::batch::for_each(fd, size_of::<K>(), size_of::<Bucket>(), |k, v| {
+    /// Calls `f` for every live bucket, IPv4 then IPv6.
+    pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
+        let fd = self.map_fd(MAP_BUCKETS_V4)?;
+        crate::batch::for_each(fd, size_of::<u32>(), size_of::<Set>(), |_, v| {
+            // SAFETY: the kernel wrote a value of this Pod type.
+            let set = unsafe { std::ptr::read_unaligned(v.as_ptr() as *const Set) };
+            for slot in &set.ways {
+                if let Some(k) = table::key_of(slot.key) {
+                    f(&k.into(), &slot.bucket);
+                }
+            }
+        })
+        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4}: {e}")))?;
+        let fd = self.map_fd(MAP_BUCKETS_V6)?;
+        crate::batch::for_each(fd, size_of::<BucketKeyV6>(), size_of::<Bucket>(), |k, v| {
             // SAFETY: the kernel wrote a key and a value of these Pod types.
             let (k, v) = unsafe {
                 (
-                    std::ptr::read_unaligned(k.as_ptr() as *const K),
+                    std::ptr::read_unaligned(k.as_ptr() as *const BucketKeyV6),
                     std::ptr::read_unaligned(v.as_ptr() as *const Bucket),
                 )
             };
             f(&k.into(), &v);
         })
-        .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))
+        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V6}: {e}")))
     }
 
     /// Capacity of the bucket table.
@@ -328,10 +367,12 @@ impl Policer {
     }
 
     fn read_max_sources(&self) -> Result<u32> {
-        let m = self.ebpf.map(MAP_BUCKETS_V4).ok_or(Error::Missing(MAP_BUCKETS_V4))?;
+        // The IPv6 table holds exactly `--max-sources`; the IPv4 table has
+        // that many slots, rounded up to whole sets.
+        let m = self.ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))?;
         match m {
-            aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS_V4)),
-            _ => Err(Error::Missing(MAP_BUCKETS_V4)),
+            aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS_V6)),
+            _ => Err(Error::Missing(MAP_BUCKETS_V6)),
         }
     }
 
@@ -433,6 +474,17 @@ impl Policer {
         }
         Ok(out)
     }
+}
+
+/// 64 random bits from the kernel.
+fn random_u64() -> Result<u64> {
+    let mut b = [0u8; 8];
+    // SAFETY: writes at most 8 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        return Err(Error::Invalid(format!("getrandom: {}", io::Error::last_os_error())));
+    }
+    Ok(u64::from_ne_bytes(b))
 }
 
 #[cfg(test)]

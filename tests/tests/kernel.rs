@@ -9,14 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::{
-    maps::{HashMap, MapData},
-    programs::{TestRun, TestRunOptions},
-};
+use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
-use policer_common::{
-    Bucket, BucketKey, BucketKeyV4, BucketKeyV6, FAMILY_V4, FAMILY_V6, MAP_BUCKETS_V4, MAP_BUCKETS_V6, rate::Rate,
-};
+use policer_common::{BucketKey, FAMILY_V4, FAMILY_V6, rate::Rate};
 use policer_tests::{
     frame::{FrameSpec, ipv4_header, ipv6_header},
     privileged,
@@ -117,18 +112,7 @@ fn check(p: &mut Policer, keys: &mut HashSet<BucketKey>, frame: &[u8], what: &st
     assert_eq!(got, verdict, "{what}: verdict for {frame:02x?} (reference: {want:?})");
     if let Expect::Ip { v6, src, .. } = want {
         let k = key_of(v6, &src);
-        // The kernel key of the family's table, built by hand from the
-        // reference's view.
-        let found = if v6 {
-            let m: HashMap<&MapData, BucketKeyV6, Bucket> =
-                HashMap::try_from(p.ebpf.map(MAP_BUCKETS_V6).unwrap()).unwrap();
-            m.get(&BucketKeyV6 { addr: k.addr, key_len: k.key_len }, 0).is_ok()
-        } else {
-            let m: HashMap<&MapData, BucketKeyV4, Bucket> =
-                HashMap::try_from(p.ebpf.map(MAP_BUCKETS_V4).unwrap()).unwrap();
-            let addr = [k.addr[0], k.addr[1], k.addr[2], k.addr[3]];
-            m.get(&BucketKeyV4 { addr, key_len: k.key_len }, 0).is_ok()
-        };
+        let found = p.bucket(&k).unwrap().is_some();
         assert!(found, "{what}: no bucket under the reference key {k:?} for {frame:02x?}");
         keys.insert(k);
     }

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
 use policer_common::{
-    Counters, MAP_BUCKETS_V4, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, Rule,
-    bucket::Action, rate::Rate,
+    Counters, MAP_BUCKETS_V4, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4,
+    MAP_RULES_V6, Rule, bucket::Action, rate::Rate,
 };
 use policer_tests::{frame::FrameSpec, privileged, rng};
 use policer_user::{LoadOptions, Policer};
@@ -70,7 +70,9 @@ fn object_has_every_shared_name() {
         return;
     }
     let p = load();
-    for m in [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS_V4, MAP_BUCKETS_V6, MAP_COUNTERS, MAP_CLOCK] {
+    for m in
+        [MAP_RULES_V4, MAP_RULES_V6, MAP_BUCKETS_V4, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_COUNTERS, MAP_CLOCK]
+    {
         assert!(p.ebpf.map(m).is_some(), "map {m} missing from the object");
     }
 }

@@ -8,13 +8,15 @@ use std::{net::Ipv4Addr, time::Instant};
 use anyhow::{Context, Result};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
+    maps::{Array, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use ipnet::IpNet;
 use policer_common::{
-    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V6, MAP_COUNTERS, MAP_RULES_V4,
-    MAX_IFACE_SLOTS, PROGRAM_NAME, Rule, rate::Rate,
+    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
+    MAP_COUNTERS, MAP_RULES_V4, MAX_IFACE_SLOTS, PROGRAM_NAME, Rule,
+    rate::Rate,
+    table::{self, Geometry},
 };
 use policer_user::loader::{EBPF_OBJECT, LoadOptions, Policer, REFERENCE_OBJECT};
 use serde::Serialize;
@@ -149,7 +151,7 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
     }
     let mut loader = EbpfLoader::new();
     loader
-        .map_max_entries(MAP_BUCKETS_V4, table)
+        .map_max_entries(MAP_BUCKETS_V4, table::sets_for(table))
         .map_max_entries(MAP_BUCKETS_V6, table)
         .override_global(GLOBAL_TEST_CLOCK, &0u32, true)
         .override_global(GLOBAL_BENCH_SOURCES, &sources, true);
@@ -157,6 +159,9 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
     let x: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).context("program")?.try_into()?;
     x.load()?;
     raw_set_default_rule(&mut ebpf, &rule)?;
+    let mut g: Array<&mut MapData, Geometry> =
+        Array::try_from(ebpf.map_mut(MAP_BUCKETS_V4_GEOMETRY).context("BUCKETS_V4_GEOM")?)?;
+    g.set(0, &Geometry::new(0x9e37_79b9_7f4a_7c15, table::sets_for(table)), 0)?;
     Ok(Subject::RawPolicer(Box::new(ebpf)))
 }
 

@@ -1,0 +1,118 @@
+//! The IPv4 bucket table: a set-associative cache in a BPF array.
+//!
+//! A kernel hash table costs a function call and two dependent cache misses
+//! per lookup (the bucket head, then the element), and those misses were
+//! most of the policer's cost per packet. Here a source hashes to one
+//! [`Set`] of [`WAYS`] slots, 128 bytes on two adjacent cache lines of an
+//! array whose lookup the verifier inlines: one miss, no call.
+//!
+//! Eviction is where the reversed bucket pays off: a slot whose bucket has
+//! drained holds nothing worth keeping, so a new source takes an empty or
+//! drained slot first ([`victim`]). Only when every slot of its set is in
+//! debt does it take the one with the least debt, and only while its rule's
+//! new-source limiter allows (as with a full LRU table): a heavy hitter,
+//! whose bucket is full, is the last to go. The hash is multiply-shift with
+//! a random multiplier chosen at load, so sources cannot be picked to
+//! collide.
+//!
+//! Concurrency: a slot is claimed with a compare-and-swap of its key word,
+//! then its bucket is written. Two CPUs creating the same source both pick
+//! the same slot from the same set state, so one claim fails and that CPU
+//! finds the key the other wrote. A CPU that races a claim on the same slot
+//! can charge one frame against the state being replaced: bounded, rare,
+//! as with a hash table that reuses an element.
+
+use crate::{Bucket, BucketKeyV4};
+
+/// Slots per set.
+pub const WAYS: usize = 4;
+/// A slot's key word has this bit set once claimed (0 = never used).
+pub const KEY_VALID: u64 = 1 << 40;
+
+/// One source's bucket and who it belongs to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slot {
+    /// [`slot_key`] of the source, 0 while the slot was never used.
+    pub key: u64,
+    pub bucket: Bucket,
+    /// Zero; pads the slot to 32 bytes, so a set is 128.
+    pub _spare: u64,
+}
+
+/// The value of the IPv4 bucket array: the slots one hash value selects.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Set {
+    pub ways: [Slot; WAYS],
+}
+
+/// The table's shape and hash, in a one-entry array map kept with the
+/// table (a program that takes the table over must hash alike).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Geometry {
+    /// Multiplier of the hash (odd; random per table).
+    pub mult: u64,
+    /// Sets in the table (entries of the array map).
+    pub sets: u64,
+}
+
+/// The key word of a source: masked address, key length, valid bit.
+#[inline(always)]
+pub const fn slot_key(addr: [u8; 4], key_len: u32) -> u64 {
+    u32::from_ne_bytes(addr) as u64 | ((key_len as u64 & 0xff) << 32) | KEY_VALID
+}
+
+/// The source a key word stands for (`None` for an unused slot).
+pub const fn key_of(key: u64) -> Option<BucketKeyV4> {
+    if key & KEY_VALID == 0 {
+        return None;
+    }
+    Some(BucketKeyV4 { addr: (key as u32).to_ne_bytes(), key_len: ((key >> 32) & 0xff) as u32 })
+}
+
+/// Sets needed for `capacity` sources.
+pub const fn sets_for(capacity: u32) -> u32 {
+    let s = capacity.div_ceil(WAYS as u32);
+    if s == 0 { 1 } else { s }
+}
+
+impl Geometry {
+    /// A table of `sets` sets hashed with `seed` (made odd).
+    pub const fn new(seed: u64, sets: u32) -> Geometry {
+        Geometry { mult: seed | 1, sets: sets as u64 }
+    }
+
+    /// The set a key word falls in: the high 32 bits of key × multiplier,
+    /// scaled to the number of sets (no division, any number of sets).
+    #[inline(always)]
+    pub fn set_of(&self, key: u64) -> u32 {
+        let h = key.wrapping_mul(self.mult | 1) >> 32;
+        let sets = if self.sets > u32::MAX as u64 { u32::MAX as u64 } else { self.sets };
+        ((h * sets) >> 32) as u32
+    }
+}
+
+/// The slot a new source takes at `now_ns`, from the set's key words and
+/// buckets: the first never-used slot, else the first whose bucket has
+/// drained, else the one with the least debt (in ns of drain time).
+#[inline(always)]
+pub fn victim(keys: &[u64; WAYS], buckets: &[Bucket; WAYS], now_ns: u64) -> usize {
+    let mut best = 0;
+    let mut best_debt = u64::MAX;
+    for w in 0..WAYS {
+        if keys[w] == 0 {
+            return w;
+        }
+        let d = buckets[w].debt_ns(now_ns);
+        if d < best_debt {
+            best = w;
+            best_debt = d;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests;
