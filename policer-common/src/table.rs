@@ -11,9 +11,8 @@
 //! drained slot first ([`victim`]). Only when every slot of its set is in
 //! debt does it take the one with the least debt, and only while its rule's
 //! new-source limiter allows (as with a full LRU table): a heavy hitter,
-//! whose bucket is full, is the last to go. The hash is multiply-shift with
-//! a random multiplier chosen at load, so sources cannot be picked to
-//! collide.
+//! whose bucket is full, is the last to go. The hash is keyed with a random
+//! seed drawn at load, so sources cannot be picked to collide.
 //!
 //! Concurrency: a slot is claimed with a compare-and-swap of its key word,
 //! then its bucket is written. Two CPUs creating the same source both pick
@@ -52,8 +51,8 @@ pub struct Set {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Geometry {
-    /// Multiplier of the hash (odd; random per table).
-    pub mult: u64,
+    /// Key of the hash (random per table).
+    pub seed: u64,
     /// Sets in the table (entries of the array map).
     pub sets: u64,
 }
@@ -72,25 +71,44 @@ pub const fn key_of(key: u64) -> Option<BucketKeyV4> {
     Some(BucketKeyV4 { addr: (key as u32).to_ne_bytes(), key_len: ((key >> 32) & 0xff) as u32 })
 }
 
+/// Slots per source the table is sized for. Sources do not spread evenly
+/// over sets: with one slot per source a full table would hold only ~80 %
+/// of them at once (a set gets 4 on average, and more than 4 often); with
+/// two it holds ~96 % (see the tests).
+pub const SLOTS_PER_SOURCE: u32 = 2;
+
 /// Sets needed for `capacity` sources.
 pub const fn sets_for(capacity: u32) -> u32 {
-    let s = capacity.div_ceil(WAYS as u32);
-    if s == 0 { 1 } else { s }
+    let s = (capacity as u64 * SLOTS_PER_SOURCE as u64).div_ceil(WAYS as u64);
+    if s == 0 {
+        1
+    } else if s > u32::MAX as u64 {
+        u32::MAX
+    } else {
+        s as u32
+    }
 }
 
 impl Geometry {
-    /// A table of `sets` sets hashed with `seed` (made odd).
+    /// A table of `sets` sets hashed with `seed`.
     pub const fn new(seed: u64, sets: u32) -> Geometry {
-        Geometry { mult: seed | 1, sets: sets as u64 }
+        Geometry { seed, sets: sets as u64 }
     }
 
-    /// The set a key word falls in: the high 32 bits of key × multiplier,
-    /// scaled to the number of sets (no division, any number of sets).
+    /// The set a key word falls in: the key mixed with the seed (the
+    /// 64-bit finalizer of MurmurHash3: every input bit moves every output
+    /// bit), its high 32 bits scaled to the number of sets (no division,
+    /// any number of sets).
     #[inline(always)]
     pub fn set_of(&self, key: u64) -> u32 {
-        let h = key.wrapping_mul(self.mult | 1) >> 32;
+        let mut h = key ^ self.seed;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^= h >> 33;
         let sets = if self.sets > u32::MAX as u64 { u32::MAX as u64 } else { self.sets };
-        ((h * sets) >> 32) as u32
+        (((h >> 32) * sets) >> 32) as u32
     }
 }
 

@@ -41,8 +41,8 @@ static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(MAX_RULES, 
 /// resized by the loader to `--max-sources`. Mmapable, so the sets start on
 /// a page and each spans exactly two cache lines.
 #[map]
-static BUCKETS_V4: Array<Set> = Array::with_max_entries(DEFAULT_MAX_SOURCES / WAYS as u32, BPF_F_MMAPABLE);
-/// The IPv4 table's hash multiplier and size (written by the loader).
+static BUCKETS_V4: Array<Set> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
+/// The IPv4 table's hash seed and size (written by the loader).
 #[map]
 static BUCKETS_V4_GEOM: Array<Geometry> = Array::with_max_entries(1, 0);
 /// The IPv6 sources, resized by the loader to `--max-sources`.

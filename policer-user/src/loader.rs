@@ -170,7 +170,7 @@ impl Policer {
         let mut p = Policer { ebpf, capacity: 0, shared_slot_set: false };
         p.capacity = p.read_max_sources()?;
         // A table taken over keeps its hash; a new one gets a fresh secret
-        // multiplier, so nobody can pick sources that share a set.
+        // seed, so nobody can pick sources that share a set.
         if !opts.reuse.iter().any(|(n, _)| *n == MAP_BUCKETS_V4) {
             let sets = table::sets_for(opts.max_sources);
             let geometry = Geometry::new(random_u64()?, sets);
