@@ -75,6 +75,9 @@ pub struct LoadOptions {
     /// Existing maps to reuse, by name: bpffs paths where they are pinned
     /// (adopting a running policer's rules, buckets and counters).
     pub reuse: Vec<(&'static str, PathBuf)>,
+    /// The IPv4 table's hash seed; `None` draws a random one (tests fix it
+    /// to know which sources share a set).
+    pub table_seed: Option<u64>,
 }
 
 impl Default for LoadOptions {
@@ -85,6 +88,7 @@ impl Default for LoadOptions {
             bench_sources: 0,
             tick_ns: None,
             reuse: vec![],
+            table_seed: None,
         }
     }
 }
@@ -173,7 +177,11 @@ impl Policer {
         // seed, so nobody can pick sources that share a set.
         if !opts.reuse.iter().any(|(n, _)| *n == MAP_BUCKETS_V4) {
             let sets = table::sets_for(opts.max_sources);
-            let geometry = Geometry::new(random_u64()?, sets);
+            let seed = match opts.table_seed {
+                Some(s) => s,
+                None => random_u64()?,
+            };
+            let geometry = Geometry::new(seed, sets);
             let mut m: Array<&mut MapData, Geometry> = Array::try_from(
                 p.ebpf.map_mut(MAP_BUCKETS_V4_GEOMETRY).ok_or(Error::Missing(MAP_BUCKETS_V4_GEOMETRY))?,
             )

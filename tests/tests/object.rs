@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
 use policer_common::{
-    Counters, MAP_BUCKETS_V4, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4,
-    MAP_RULES_V6, Rule, bucket::Action, rate::Rate,
+    BucketKey, Counters, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS,
+    MAP_RULES_V4, MAP_RULES_V6, Rule, bucket::Action, rate::Rate, table,
 };
 use policer_tests::{frame::FrameSpec, privileged, rng};
 use policer_user::{LoadOptions, Policer};
@@ -227,6 +227,72 @@ fn unmatched_sources_pass() {
     assert_eq!(run(&mut p, &udp("2001:db8::1", 64)), PASS);
     let c = p.counters().unwrap();
     assert_eq!((c.unmatched_pkts, c.passed_pkts, c.dropped_pkts), (2, 0, 0));
+}
+
+/// The IPv4 table: a new source takes an empty slot of its set, else a
+/// drained one, else the one with the least debt; a full bucket goes last.
+/// A drop count survives a change of rule.
+#[test]
+fn ipv4_table_evicts_drained_then_least_debt() {
+    if !privileged("object tier") {
+        return;
+    }
+    const SEED: u64 = 0x0123_4567_89ab_cdef;
+    let max = 64;
+    let mut p = Policer::load(&LoadOptions {
+        max_sources: max,
+        test_clock: true,
+        table_seed: Some(SEED),
+        ..Default::default()
+    })
+    .expect("load object");
+    // Six sources that share one set, found with the table's own hash.
+    let g = table::Geometry::new(SEED, table::sets_for(max));
+    let set = |i: u32| g.set_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
+    let s: Vec<String> = (0..100_000u32)
+        .filter(|&i| set(i) == set(0))
+        .take(6)
+        .map(|i| std::net::Ipv4Addr::from(0x6440_0000 + i).to_string())
+        .collect();
+    assert_eq!(s.len(), 6);
+    let key = |a: &str| {
+        let a: std::net::Ipv4Addr = a.parse().unwrap();
+        let mut addr = [0; 16];
+        addr[..4].copy_from_slice(&a.octets());
+        BucketKey { addr, family: FAMILY_V4, key_len: 32 }
+    };
+    let has = |p: &Policer, a: &str| p.bucket(&key(a)).unwrap().is_some();
+    let t = 30 * SEC;
+    let ms = SEC / 1000;
+    p.set_clock(t).unwrap();
+    // 10 pps, burst 2: a frame is 100 ms of debt, a full bucket 200 ms.
+    p.set_rule(net("0.0.0.0/0"), &rule("10pps", 2, 32, false).with_id(1)).unwrap();
+    for _ in 0..2 {
+        assert_eq!(run(&mut p, &udp(&s[0], 64)), PASS);
+    }
+    assert_eq!(run(&mut p, &udp(&s[0], 64)), DROP);
+    for a in &s[1..4] {
+        assert_eq!(run(&mut p, &udp(a, 64)), PASS);
+    }
+    // The set is full and nothing has drained: the least debt goes (the
+    // first of the 100 ms ones), the heavy hitter stays.
+    assert_eq!(run(&mut p, &udp(&s[4], 64)), PASS);
+    assert!(!has(&p, &s[1]) && has(&p, &s[0]) && has(&p, &s[2]) && has(&p, &s[3]) && has(&p, &s[4]));
+    // 150 ms on, the 100 ms buckets have drained: the first drained slot
+    // goes (the one s[4] took), not the heavy hitter's (50 ms left).
+    p.set_clock(t + 150 * ms).unwrap();
+    assert_eq!(run(&mut p, &udp(&s[5], 64)), PASS);
+    assert!(!has(&p, &s[4]) && has(&p, &s[0]) && has(&p, &s[5]));
+    // The heavy hitter kept its debt: 50 ms left + 100 ms fits in 200 ms,
+    // a second frame does not.
+    assert_eq!(run(&mut p, &udp(&s[0], 64)), PASS);
+    assert_eq!(run(&mut p, &udp(&s[0], 64)), DROP);
+    assert_eq!(p.bucket(&key(&s[0])).unwrap().unwrap().drops(), 2);
+    // A rule of another size rescales the bucket and keeps the count.
+    p.set_rule(net("0.0.0.0/0"), &rule("20pps", 2, 32, false).with_id(2)).unwrap();
+    assert_eq!(run(&mut p, &udp(&s[0], 64)), DROP, "a full bucket stays full");
+    let b = p.bucket(&key(&s[0])).unwrap().unwrap();
+    assert_eq!((b.drops(), b.stamp()), (3, rule("20pps", 2, 32, false).stamp));
 }
 
 /// Replacing a prefix's rule keeps each bucket's fill: a full bucket stays

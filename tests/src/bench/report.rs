@@ -99,8 +99,10 @@ fn breakdown_sentence(k: Option<&KernelResults>) -> String {
          and return also pays for the mitigations named at the top): the policer skips it for a drop that is \
          certain whatever the exact time, bounding the time by this CPU's last reading and the inlined jiffies, and \
          reads it to admit, to create a bucket, or when a bucket's debt ends within a few ticks. At 1 pps per \
-         source, as here, most drops skip it; the rest of the gap is the bucket-table lookup's cache misses, which \
-         the reference pays as well.",
+         source, as here, most drops skip it. The rest is the bucket lookup: for IPv4 the policer reads one set of \
+         its set-associative array table (an inlined read, one cache miss; the sets of 65 536 sources lie all \
+         over the table, so most reads miss the TLB too), where the reference's LRU hash lookup is a call with two \
+         dependent misses (bucket head, then element).",
         pol.kernel_ns.median,
         pol.kernel_ns.median - prev
     );
@@ -358,7 +360,7 @@ pub fn markdown(r: &Results) -> String {
             "One 64-byte frame run `repeat` times on one pinned CPU, {} repetitions, rows interleaved. The policer is the \
              real object loaded with `BENCH_SOURCES` = N: it replaces each frame's source with 10.x.y.z cycling 0..N \
              (per-CPU counter), so one frame touches N buckets. The reference `parse_lookup` does the same source \
-             variation, parses Ethernet + IPv4, builds the policer's 8-byte IPv4 key and does one LRU hash lookup \
+             variation, parses Ethernet + IPv4, builds an 8-byte key (source and key length) and does one LRU hash lookup \
              (inserting on a miss) and a read of the 16-byte value. A warm-up pass creates every entry before \
              measuring. **kernel ns** is what the kernel reports (integer ns per run; time spent rescheduled is not \
              counted); **wall ns** is the syscall's wall time / repeat. The test loop itself costs a few ns (see \
