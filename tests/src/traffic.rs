@@ -238,6 +238,12 @@ pub fn exact_admitted(sent: &SendReport, rule: &policer_common::Rule, len: u32) 
     exact_model(rule, sent.frames.iter().filter(|f| f.1 == 0).map(|&(t, _)| (t, len))).0
 }
 
+/// Frames an exact policer admits when every flow shares one bucket (one
+/// source, or one prefix grouped by key length), frames of `len` bytes.
+pub fn exact_admitted_shared(sent: &SendReport, rule: &policer_common::Rule, len: u32) -> u64 {
+    exact_model(rule, sent.frames.iter().map(|&(t, _)| (t, len))).0
+}
+
 /// Bytes an exact policer admits when all `flows` share one bucket (one
 /// source), over the real send times of every frame: see [`exact_admitted`].
 pub fn exact_admitted_bytes(sent: &SendReport, flows: &[Flow], rule: &policer_common::Rule) -> u64 {
