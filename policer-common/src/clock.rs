@@ -38,6 +38,8 @@ pub struct CpuScratch {
     pub clock_ns: u64,
     /// Jiffies read before that clock reading.
     pub clock_jiffies: u64,
+    /// State of this CPU's xorshift, for sampling drops (0: not seeded).
+    pub rng: u64,
 }
 
 /// An interval the clock is known to lie in, in ns.
@@ -67,6 +69,20 @@ impl CpuScratch {
             return None;
         }
         Some(ClockWindow { lo: self.clock_ns, hi: self.clock_ns.checked_add(span)? })
+    }
+
+    /// The next pseudo-random number of this CPU (xorshift64; never 0).
+    #[inline(always)]
+    pub fn next_random(&mut self) -> u64 {
+        let mut x = if self.rng == 0 { 0x9e37_79b9_7f4a_7c15 ^ self.clock_ns } else { self.rng };
+        if x == 0 {
+            x = 0x9e37_79b9_7f4a_7c15;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        x
     }
 
     /// Remembers a clock reading and the jiffies read before it.

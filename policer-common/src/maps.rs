@@ -12,6 +12,9 @@ pub const MAP_RULES_V6: &str = "RULES_V6";
 /// Array of [`crate::table::Set`]: the IPv4 sources, a set-associative
 /// table (see [`crate::table`]); `sets_for(--max-sources)` entries.
 pub const MAP_BUCKETS_V4: &str = "BUCKETS_V4";
+/// Array of [`crate::table::SetDrops`], one per set of [`MAP_BUCKETS_V4`]:
+/// the drops counted for each slot (sampled).
+pub const MAP_BUCKETS_V4_DROPS: &str = "BUCKETS_V4_DROP";
 /// Array of one [`crate::table::Geometry`]: the IPv4 table's hash and size.
 pub const MAP_BUCKETS_V4_GEOMETRY: &str = "BUCKETS_V4_GEOM";
 /// LRU hash: [`BucketKeyV6`] -> [`Bucket`], the IPv6 sources.
@@ -43,6 +46,9 @@ pub const MAP_CLOCK: &str = "CLOCK";
 /// from [`MAP_CLOCK`] instead of `bpf_ktime_get_ns`. Set at load time, so
 /// the verifier removes the branch in production.
 pub const GLOBAL_TEST_CLOCK: &str = "TEST_CLOCK";
+/// Read-only global (`u32`): one IPv4 drop in 2^N is counted, as 2^N
+/// (see [`crate::table::DROP_SAMPLE_SHIFT`]); 0 counts every drop.
+pub const GLOBAL_DROP_SAMPLE_SHIFT: &str = "DROP_SAMPLE_SHIFT";
 /// Read-only global (`u64`): the kernel's tick in ns (1e9 / CONFIG_HZ),
 /// 0 if unknown. See [`crate::clock`].
 pub const GLOBAL_TICK_NS: &str = "TICK_NS";
@@ -294,6 +300,7 @@ mod pod {
     unsafe impl aya::Pod for super::NewSources {}
     unsafe impl aya::Pod for crate::bucket::Bucket {}
     unsafe impl aya::Pod for crate::table::Set {}
+    unsafe impl aya::Pod for crate::table::SetDrops {}
     unsafe impl aya::Pod for crate::table::Geometry {}
     unsafe impl aya::Pod for crate::bucket::Rule {}
 }
@@ -303,8 +310,10 @@ const _: () = {
     assert!(core::mem::size_of::<BucketKeyV4>() == 8);
     assert!(core::mem::size_of::<BucketKeyV6>() == 20);
     assert!(core::mem::size_of::<Bucket>() == 16);
-    assert!(core::mem::size_of::<crate::table::Slot>() == 32);
-    assert!(core::mem::size_of::<crate::table::Set>() == 128);
+    assert!(core::mem::size_of::<crate::table::Slot>() == 16);
+    // One cache line.
+    assert!(core::mem::size_of::<crate::table::Set>() == 64);
+    assert!(core::mem::size_of::<crate::table::SetDrops>() == 32);
     assert!(core::mem::size_of::<crate::table::Geometry>() == 16);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 64);
     assert!(core::mem::size_of::<Counters>() == 15 * 8);

@@ -3,8 +3,15 @@
 //! A kernel hash table costs a function call and two dependent cache misses
 //! per lookup (the bucket head, then the element), and those misses were
 //! most of the policer's cost per packet. Here a source hashes to one
-//! [`Set`] of [`WAYS`] slots, 128 bytes on two adjacent cache lines of an
-//! array whose lookup the verifier inlines: one miss, no call.
+//! [`Set`] of [`WAYS`] 16-byte slots: 64 bytes, one cache line of an array
+//! whose lookup the verifier inlines. One miss, no call, and a table half
+//! the size of one with 32-byte slots, so fewer pages to miss in the TLB.
+//!
+//! A slot is two words: the key word (source, key length, and the stamp of
+//! the rule that last charged it, see [`crate::bucket::stamp`]) and the
+//! bucket's `tat`. What a source has dropped is counted beside the table,
+//! in [`SetDrops`], by sampling (see [`DROP_SAMPLE_SHIFT`]), so the drop
+//! path does not write the table at all.
 //!
 //! Eviction is where the reversed bucket pays off: a slot whose bucket has
 //! drained holds nothing worth keeping, so a new source takes an empty or
@@ -15,36 +22,86 @@
 //! seed drawn at load, so sources cannot be picked to collide.
 //!
 //! Concurrency: a slot is claimed with a compare-and-swap of its key word,
-//! then its bucket is written. Two CPUs creating the same source both pick
+//! then its `tat` is written. Two CPUs creating the same source both pick
 //! the same slot from the same set state, so one claim fails and that CPU
 //! finds the key the other wrote. A CPU that races a claim on the same slot
 //! can charge one frame against the state being replaced: bounded, rare,
 //! as with a hash table that reuses an element.
 
-use crate::{Bucket, BucketKeyV4};
+use crate::{
+    Bucket, BucketKeyV4,
+    bucket::{STAMP_BITS, STAMP_MASK},
+};
 
 /// Slots per set.
 pub const WAYS: usize = 4;
 /// A slot's key word has this bit set once claimed (0 = never used).
-pub const KEY_VALID: u64 = 1 << 40;
+pub const KEY_VALID: u64 = 1 << 38;
+/// The bits of a key word that name the source (address, key length,
+/// valid bit); the stamp sits above them.
+pub const KEY_MASK: u64 = (1 << 39) - 1;
+/// Where the stamp of the rule that last charged the slot starts.
+pub const SLOT_STAMP_SHIFT: u32 = 64 - STAMP_BITS;
 
 /// One source's bucket and who it belongs to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot {
-    /// [`slot_key`] of the source, 0 while the slot was never used.
+    /// [`slot_key`] of the source | the rule's stamp << [`SLOT_STAMP_SHIFT`];
+    /// 0 while the slot was never used.
     pub key: u64,
-    pub bucket: Bucket,
-    /// Zero; pads the slot to 32 bytes, so a set is 128.
-    pub _spare: u64,
+    /// The bucket's state (see [`crate::bucket`]); compare-and-swap.
+    pub tat: u64,
 }
 
-/// The value of the IPv4 bucket array: the slots one hash value selects.
+impl Slot {
+    /// The source part of the key word.
+    #[inline(always)]
+    pub const fn source(&self) -> u64 {
+        self.key & KEY_MASK
+    }
+
+    /// The stamp of the rule that last charged this slot.
+    #[inline(always)]
+    pub const fn stamp(&self) -> u32 {
+        (self.key >> SLOT_STAMP_SHIFT) as u32
+    }
+
+    /// The slot as a [`Bucket`], with `drops` frames dropped.
+    pub const fn bucket(&self, drops: u64) -> Bucket {
+        Bucket { tat: self.tat, meta: self.stamp() as u64 | (drops << STAMP_BITS) }
+    }
+}
+
+/// The key word of `source` ([`slot_key`]) charged by a rule with `stamp`.
+#[inline(always)]
+pub const fn stamped(source: u64, stamp: u32) -> u64 {
+    (source & KEY_MASK) | ((stamp as u64 & STAMP_MASK) << SLOT_STAMP_SHIFT)
+}
+
+/// The value of the IPv4 bucket array: the slots one hash value selects,
+/// one cache line.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Set {
     pub ways: [Slot; WAYS],
 }
+
+/// Drops counted for each slot of a set (the array beside the table,
+/// same index). Sampled: see [`DROP_SAMPLE_SHIFT`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetDrops {
+    pub ways: [u64; WAYS],
+}
+
+/// One drop in 2^this is counted, as 2^this drops, at a random drop (a
+/// per-CPU xorshift): touching the drops array on every drop would cost a
+/// cache miss per dropped frame, the most common frame under attack. A
+/// source's count is then an unbiased estimate, within a few percent once
+/// it has dropped a few thousand frames. The loader can set 0 (exact) for
+/// tests.
+pub const DROP_SAMPLE_SHIFT: u32 = 4;
 
 /// The table's shape and hash, in a one-entry array map kept with the
 /// table (a program that takes the table over must hash alike).
@@ -60,7 +117,7 @@ pub struct Geometry {
 /// The key word of a source: masked address, key length, valid bit.
 #[inline(always)]
 pub const fn slot_key(addr: [u8; 4], key_len: u32) -> u64 {
-    u32::from_ne_bytes(addr) as u64 | ((key_len as u64 & 0xff) << 32) | KEY_VALID
+    u32::from_ne_bytes(addr) as u64 | ((key_len as u64 & 0x3f) << 32) | KEY_VALID
 }
 
 /// The source a key word stands for (`None` for an unused slot).
@@ -68,7 +125,7 @@ pub const fn key_of(key: u64) -> Option<BucketKeyV4> {
     if key & KEY_VALID == 0 {
         return None;
     }
-    Some(BucketKeyV4 { addr: (key as u32).to_ne_bytes(), key_len: ((key >> 32) & 0xff) as u32 })
+    Some(BucketKeyV4 { addr: (key as u32).to_ne_bytes(), key_len: ((key >> 32) & 0x3f) as u32 })
 }
 
 /// Slots per source the table is sized for. Sources do not spread evenly
@@ -112,18 +169,18 @@ impl Geometry {
     }
 }
 
-/// The slot a new source takes at `now_ns`, from the set's key words and
-/// buckets: the first never-used slot, else the first whose bucket has
-/// drained, else the one with the least debt (in ns of drain time).
+/// The slot a new source takes at `now_ns`: the first never-used slot,
+/// else the first whose bucket has drained, else the one with the least
+/// debt (in ns of drain time).
 #[inline(always)]
-pub fn victim(keys: &[u64; WAYS], buckets: &[Bucket; WAYS], now_ns: u64) -> usize {
+pub fn victim(slots: &[Slot; WAYS], now_ns: u64) -> usize {
     let mut best = 0;
     let mut best_debt = u64::MAX;
-    for w in 0..WAYS {
-        if keys[w] == 0 {
+    for (w, slot) in slots.iter().enumerate() {
+        if slot.key == 0 {
             return w;
         }
-        let d = buckets[w].debt_ns(now_ns);
+        let d = slot.bucket(0).debt_ns(now_ns);
         if d < best_debt {
             best = w;
             best_debt = d;

@@ -25,7 +25,7 @@ use policer_common::{
     ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6,
     MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, NewSources, Rule, RuleCounters,
     bucket::{Action, DROP_ONE, STAMP_MASK},
-    table::{self, Geometry, Set, WAYS},
+    table::{self, Geometry, KEY_MASK, SLOT_STAMP_SHIFT, Set, SetDrops, Slot, WAYS},
     wire::{
         ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_AH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
         IPPROTO_HOPOPTS, IPPROTO_ROUTING, IPV4_MIN_HLEN, IPV6_HLEN, MAX_EXT_HEADERS, MAX_EXT_OFFSET, MAX_VLAN_TAGS,
@@ -39,9 +39,13 @@ static RULES_V4: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0
 static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
 /// The IPv4 sources: a set-associative table (see policer_common::table),
 /// resized by the loader to `--max-sources`. Mmapable, so the sets start on
-/// a page and each spans exactly two cache lines.
+/// a page and each is exactly one cache line.
 #[map]
 static BUCKETS_V4: Array<Set> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
+/// Drops counted per slot of BUCKETS_V4 (same index, sampled); kept apart
+/// so the drop path does not write the table.
+#[map]
+static BUCKETS_V4_DROP: Array<SetDrops> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
 /// The IPv4 table's hash seed and size (written by the loader).
 #[map]
 static BUCKETS_V4_GEOM: Array<Geometry> = Array::with_max_entries(1, 0);
@@ -79,6 +83,11 @@ static TEST_CLOCK: u32 = 0;
 /// for every frame that reaches a bucket.
 #[unsafe(no_mangle)]
 static TICK_NS: u64 = 0;
+
+/// Set by the loader: one IPv4 drop in 2^N is counted per source, as 2^N
+/// (policer_common::table::DROP_SAMPLE_SHIFT); 0 counts every drop.
+#[unsafe(no_mangle)]
+static DROP_SAMPLE_SHIFT: u32 = table::DROP_SAMPLE_SHIFT;
 
 /// Set by the benchmark loader only: non-zero replaces the source with
 /// synthetic IPv4 sources 0..BENCH_SOURCES in turn, so one test frame
@@ -133,6 +142,17 @@ impl Clock {
             Some(w) if self.now.is_none() => rule.refuses_within(tat, w.lo, w.hi, len),
             _ => false,
         }
+    }
+
+    /// Whether to count this drop (one in 2^`shift`, at random).
+    #[inline(always)]
+    fn sample(&mut self, shift: u32) -> bool {
+        if shift == 0 || self.scratch.is_null() {
+            return true;
+        }
+        // SAFETY: as in `new`.
+        let r = unsafe { (*self.scratch).next_random() };
+        r & ((1u64 << (shift & 31)) - 1) == 0
     }
 
     #[inline(always)]
@@ -292,13 +312,29 @@ fn lookup_rule(family: u32, addr: &[u8; 16]) -> Option<&'static Rule> {
     }
 }
 
-/// What `police` decided, and the bucket it used (to count a drop on).
-struct Judged {
-    admit: bool,
-    bucket: Option<*mut Bucket>,
+/// Where a drop is counted for the source.
+enum DropAt {
+    Nowhere,
+    /// An IPv6 bucket's own drop count.
+    V6(*mut Bucket),
+    /// The IPv4 table's drop array: set, way.
+    V4(u32, usize),
 }
 
-/// Judges an IPv4 frame against its source's slot in the set-associative table.
+/// What `police` decided, and where to count a drop.
+struct Judged {
+    admit: bool,
+    drop_at: DropAt,
+}
+
+impl Judged {
+    const fn new_bucket(admit: bool) -> Judged {
+        Judged { admit, drop_at: DropAt::Nowhere }
+    }
+}
+
+/// Judges an IPv4 frame against its source's slot in the set-associative
+/// table. `key` is the source's key word without a stamp.
 #[inline(always)]
 fn police_v4(
     ctx: &XdpContext,
@@ -309,68 +345,108 @@ fn police_v4(
     c: &mut Counters,
     rc: &mut RuleCounters,
 ) -> Judged {
-    let set = match BUCKETS_V4_GEOM.get(0) {
-        Some(g) if g.sets != 0 => BUCKETS_V4.get_ptr_mut(g.set_of(key)),
-        _ => None,
+    let (index, set) = match BUCKETS_V4_GEOM.get(0) {
+        Some(g) if g.sets != 0 => {
+            let i = g.set_of(key);
+            (i, BUCKETS_V4.get_ptr_mut(i))
+        }
+        _ => (0, None),
     };
     let Some(set) = set else {
         // No table (not set up by the loader): police nothing.
         c.bucket_insert_failed += 1;
-        return Judged { admit: true, bucket: None };
+        return Judged::new_bucket(true);
     };
     // SAFETY: `set` points into the array's value, live for this program
     // run; slots are read with volatile loads because other CPUs write them.
     unsafe {
-        let ways = &raw mut (*set).ways;
+        let ways = &raw mut (*set).ways as *mut Slot;
         for w in 0..WAYS {
-            let slot = (ways as *mut table::Slot).add(w);
-            if core::ptr::read_volatile(&(*slot).key) == key {
-                let b = &raw mut (*slot).bucket;
-                return Judged { admit: cas_admit(ctx, b, rule, clock, len, c), bucket: Some(b) };
+            let slot = ways.add(w);
+            let word = core::ptr::read_volatile(&(*slot).key);
+            if word & KEY_MASK == key {
+                let admit = slot_admit(ctx, slot, word, rule, clock, len, c);
+                return Judged { admit, drop_at: DropAt::V4(index, w) };
             }
         }
         // A new source (or one whose slot was taken): as with the hash
         // table, a fresh bucket only while the rule's limiter allows.
         if !new_source_allowed(rule, clock) {
             c.new_sources_limited += 1;
-            return Judged { admit: false, bucket: None };
+            return Judged::new_bucket(false);
         }
         let now = clock.now();
         let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
-            return Judged { admit: false, bucket: None };
+            return Judged::new_bucket(false);
         };
-        let mut keys = [0u64; WAYS];
-        let mut buckets = [Bucket::default(); WAYS];
+        let mut slots = [Slot::default(); WAYS];
         for w in 0..WAYS {
-            let slot = (ways as *mut table::Slot).add(w);
-            keys[w] = core::ptr::read_volatile(&(*slot).key);
-            buckets[w] = core::ptr::read_volatile(&(*slot).bucket);
+            slots[w] = core::ptr::read_volatile(ways.add(w));
         }
-        let v = table::victim(&keys, &buckets, now) % WAYS;
-        let slot = (ways as *mut table::Slot).add(v);
+        let v = table::victim(&slots, now) % WAYS;
+        let slot = ways.add(v);
         let (seen, _) = atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
             &raw mut (*slot).key,
-            keys[v],
-            key,
+            slots[v].key,
+            table::stamped(key, rule.stamp),
         );
-        if seen == keys[v] {
-            // Ours: the new bucket replaces whatever the slot held.
-            let new = rule.bucket(tat);
-            core::ptr::write_volatile(&raw mut (*slot).bucket.tat, new.tat);
-            core::ptr::write_volatile(&raw mut (*slot).bucket.meta, new.meta);
+        if seen == slots[v].key {
+            // Ours: the new bucket replaces whatever the slot held, and
+            // its drop count starts at zero.
+            core::ptr::write_volatile(&raw mut (*slot).tat, tat);
+            if let Some(d) = BUCKETS_V4_DROP.get_ptr_mut(index) {
+                core::ptr::write_volatile((&raw mut (*d).ways as *mut u64).add(v), 0);
+            }
             c.buckets_created += 1;
             rc.buckets_created += 1;
-            return Judged { admit: true, bucket: None };
+            return Judged::new_bucket(true);
         }
-        if seen == key {
+        if seen & KEY_MASK == key {
             // Another CPU made this source's bucket meanwhile: judge by it.
-            let b = &raw mut (*slot).bucket;
-            return Judged { admit: cas_admit(ctx, b, rule, clock, len, c), bucket: Some(b) };
+            let admit = slot_admit(ctx, slot, seen, rule, clock, len, c);
+            return Judged { admit, drop_at: DropAt::V4(index, v) };
         }
     }
     // Lost the slot to another new source: rare; admitted, and counted.
     c.bucket_insert_failed += 1;
-    Judged { admit: true, bucket: None }
+    Judged::new_bucket(true)
+}
+
+/// Charges a frame to an IPv4 slot whose key word was read as `word`,
+/// carrying the bucket over first if its rule changed size or unit.
+///
+/// # Safety
+/// `slot` must point into a live map value.
+#[inline(always)]
+unsafe fn slot_admit(
+    ctx: &XdpContext,
+    slot: *mut Slot,
+    word: u64,
+    rule: &Rule,
+    clock: &mut Clock,
+    len: u32,
+    c: &mut Counters,
+) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if word >> SLOT_STAMP_SHIFT != rule.stamp as u64 & STAMP_MASK {
+            // Rare (first packet after a change): the stamp is swapped in
+            // after the CAS of `tat`, unless the slot changed hands.
+            let old = Slot { key: word, tat: core::ptr::read_volatile(&(*slot).tat) };
+            let tat = rule.rescale(&old.bucket(0), clock.now());
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                &raw mut (*slot).tat,
+                old.tat,
+                tat,
+            );
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                &raw mut (*slot).key,
+                word,
+                table::stamped(word, rule.stamp),
+            );
+        }
+        judge(ctx, &raw mut (*slot).tat, rule, clock, len, c)
+    }
 }
 
 /// Judges the frame against an IPv6 source's bucket (LRU hash).
@@ -392,23 +468,23 @@ fn police<K>(
         // population too large for the table cannot churn it further.
         if !new_source_allowed(rule, clock) {
             c.new_sources_limited += 1;
-            return Judged { admit: false, bucket: None };
+            return Judged::new_bucket(false);
         }
         // A new bucket at zero debt.
         let now = clock.now();
         let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
-            return Judged { admit: false, bucket: None };
+            return Judged::new_bucket(false);
         };
         let new = rule.bucket(tat);
         match table.insert(key, &new, BPF_NOEXIST as u64) {
             Ok(()) => {
                 c.buckets_created += 1;
                 rc.buckets_created += 1;
-                return Judged { admit: true, bucket: None };
+                return Judged::new_bucket(true);
             }
             // Another CPU created it meanwhile: judge against that one.
             Err(_) => match table.get_ptr_mut(key) {
-                Some(b) => return Judged { admit: cas_admit(ctx, b, rule, clock, len, c), bucket: Some(b) },
+                Some(b) => return Judged { admit: cas_admit(ctx, b, rule, clock, len, c), drop_at: DropAt::V6(b) },
                 None => {
                     c.bucket_insert_failed += 1;
                     // Rare; logged at 1, 2, 4, 8... per CPU so a flood
@@ -419,12 +495,12 @@ fn police<K>(
                             "bucket table refused an insert ({} on this CPU); frame admitted", c.bucket_insert_failed
                         );
                     }
-                    return Judged { admit: true, bucket: None };
+                    return Judged::new_bucket(true);
                 }
             },
         }
     };
-    Judged { admit: cas_admit(ctx, bucket, rule, clock, len, c), bucket: Some(bucket) }
+    Judged { admit: cas_admit(ctx, bucket, rule, clock, len, c), drop_at: DropAt::V6(bucket) }
 }
 
 #[inline(always)]
@@ -467,11 +543,28 @@ fn cas_admit(
                 m = seen;
             }
         }
-        match charge(&raw mut (*bucket).tat, rule, clock, len, &mut c.cas_retries) {
-            Charge::Admitted => return true,
-            Charge::Refused => return false,
-            Charge::Lost => {}
-        }
+        judge(ctx, &raw mut (*bucket).tat, rule, clock, len, c)
+    }
+}
+
+/// Charges a frame to the bucket state at `tat_ptr`; the verdict.
+///
+/// # Safety
+/// `tat_ptr` must point into a live map value.
+#[inline(always)]
+unsafe fn judge(
+    ctx: &XdpContext,
+    tat_ptr: *mut u64,
+    rule: &Rule,
+    clock: &mut Clock,
+    len: u32,
+    c: &mut Counters,
+) -> bool {
+    // SAFETY: the caller's contract.
+    match unsafe { charge(tat_ptr, rule, clock, len, &mut c.cas_retries) } {
+        Charge::Admitted => return true,
+        Charge::Refused => return false,
+        Charge::Lost => {}
     }
     // Lost every round to other CPUs admitting from this bucket: it is
     // being hammered, so dropping is the conservative answer.
@@ -544,6 +637,34 @@ unsafe fn charge(tat_ptr: *mut u64, rule: &Rule, clock: &mut Clock, len: u32, re
         old = seen;
     }
     Charge::Lost
+}
+
+/// Counts a drop on its source: atomic adds, because other CPUs may count
+/// drops on the same source. IPv4 drops are sampled (DROP_SAMPLE_SHIFT).
+#[inline(always)]
+fn count_drop(at: &DropAt, clock: &mut Clock) {
+    match *at {
+        DropAt::Nowhere => {}
+        // SAFETY: live map value.
+        DropAt::V6(b) => unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).meta, DROP_ONE);
+        },
+        DropAt::V4(set, way) => {
+            // SAFETY: a read of a plain static the loader may rewrite before load.
+            let shift = unsafe { core::ptr::read_volatile(&DROP_SAMPLE_SHIFT) } & 15;
+            if clock.sample(shift)
+                && let Some(d) = BUCKETS_V4_DROP.get_ptr_mut(set)
+            {
+                // SAFETY: live map value; `way` < WAYS.
+                unsafe {
+                    atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+                        (&raw mut (*d).ways as *mut u64).add(way % WAYS),
+                        1u64 << shift,
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Synthetic IPv4 source for the benchmark variant.
@@ -623,14 +744,8 @@ fn try_policer(ctx: &XdpContext) -> u32 {
                 }
                 police(ctx, &BUCKETS_V6, &key, rule, &mut clock, len, c, rc)
             };
-            if !j.admit
-                && let Some(b) = j.bucket
-            {
-                // SAFETY: live map value; an atomic add because other CPUs
-                // may count drops on the same source.
-                unsafe {
-                    atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).meta, DROP_ONE);
-                }
+            if !j.admit {
+                count_drop(&j.drop_at, &mut clock);
             }
             if !j.admit && rule.action == Action::Monitor as u32 {
                 c.would_drop_pkts += 1;

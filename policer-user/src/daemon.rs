@@ -32,9 +32,9 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
-    MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAX_IFACE_SLOTS,
-    MAX_RULE_SLOTS, NewSources, PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
+    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY,
+    MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
+    MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources, PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -52,16 +52,25 @@ use crate::{
 };
 
 /// Maps a new program takes over from an adopted one.
-const SHARED_MAPS: [&str; 9] = [
+const SHARED_MAPS: [&str; 10] = [
     MAP_RULES_V4,
     MAP_RULES_V6,
     MAP_BUCKETS_V4,
+    MAP_BUCKETS_V4_DROPS,
     MAP_BUCKETS_V4_GEOMETRY,
     MAP_BUCKETS_V6,
     MAP_COUNTERS,
     MAP_RULE_COUNTERS,
     MAP_NEW_SOURCES,
     MAP_CLOCK,
+];
+
+/// Value sizes of the bucket tables: an older build with the same map
+/// names but another layout is treated as foreign.
+const VALUE_SIZES: [(&str, usize); 3] = [
+    (MAP_BUCKETS_V4, size_of::<policer_common::table::Set>()),
+    (MAP_BUCKETS_V4_DROPS, size_of::<policer_common::table::SetDrops>()),
+    (MAP_BUCKETS_V6, size_of::<policer_common::Bucket>()),
 ];
 
 #[derive(Clone, Debug)]
@@ -192,6 +201,11 @@ fn find(prog_id: u32) -> Option<Found> {
             continue;
         };
         if let Some(n) = m.name_as_str().filter(|n| SHARED_MAPS.contains(n)) {
+            // A build whose tables have another layout is not ours to adopt:
+            // its buckets would be misread.
+            if VALUE_SIZES.iter().any(|&(name, size)| name == n && m.value_size() as usize != size) {
+                return None;
+            }
             maps.insert(n.to_string(), (id, m.max_entries()));
         }
     }

@@ -14,10 +14,11 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4,
-    MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH,
-    MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, NewSources, PROGRAM_NAME, Rule, RuleCounters,
-    table::{self, Geometry, Set},
+    Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, GLOBAL_DROP_SAMPLE_SHIFT,
+    GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK,
+    MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
+    NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    table::{self, Geometry, Set, SetDrops},
 };
 
 use crate::error::{Error, Result};
@@ -78,6 +79,9 @@ pub struct LoadOptions {
     /// The IPv4 table's hash seed; `None` draws a random one (tests fix it
     /// to know which sources share a set).
     pub table_seed: Option<u64>,
+    /// One IPv4 drop in 2^N is counted per source, as 2^N
+    /// ([`table::DROP_SAMPLE_SHIFT`]); tests set 0 to count every drop.
+    pub drop_sample_shift: u32,
 }
 
 impl Default for LoadOptions {
@@ -89,6 +93,7 @@ impl Default for LoadOptions {
             tick_ns: None,
             reuse: vec![],
             table_seed: None,
+            drop_sample_shift: table::DROP_SAMPLE_SHIFT,
         }
     }
 }
@@ -149,10 +154,13 @@ impl Policer {
         }
         let test_clock: u32 = opts.test_clock.into();
         let tick_ns = opts.tick_ns.unwrap_or_else(|| kernel_hz().map_or(0, policer_common::clock::tick_ns));
+        let drop_shift = opts.drop_sample_shift.min(15);
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(MAP_BUCKETS_V4, table::sets_for(opts.max_sources))
+            .map_max_entries(MAP_BUCKETS_V4_DROPS, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V6, opts.max_sources)
+            .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
             .override_global(policer_common::GLOBAL_BENCH_SOURCES, &opts.bench_sources, true);
@@ -328,8 +336,13 @@ impl Policer {
             let t: Array<&MapData, Set> =
                 Array::try_from(self.ebpf.map(MAP_BUCKETS_V4).ok_or(Error::Missing(MAP_BUCKETS_V4))?)
                     .map_err(Error::map(MAP_BUCKETS_V4))?;
-            let set = t.get(&g.set_of(want), 0).map_err(Error::map(MAP_BUCKETS_V4))?;
-            Ok(set.ways.iter().find(|s| s.key == want).map(|s| s.bucket))
+            let d: Array<&MapData, SetDrops> =
+                Array::try_from(self.ebpf.map(MAP_BUCKETS_V4_DROPS).ok_or(Error::Missing(MAP_BUCKETS_V4_DROPS))?)
+                    .map_err(Error::map(MAP_BUCKETS_V4_DROPS))?;
+            let i = g.set_of(want);
+            let set = t.get(&i, 0).map_err(Error::map(MAP_BUCKETS_V4))?;
+            let drops = d.get(&i, 0).map_err(Error::map(MAP_BUCKETS_V4_DROPS))?;
+            Ok(set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n)))
         } else {
             let m: aya::maps::HashMap<&MapData, BucketKeyV6, Bucket> =
                 aya::maps::HashMap::try_from(self.ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))?)
@@ -344,13 +357,34 @@ impl Policer {
 
     /// Calls `f` for every live bucket, IPv4 then IPv6.
     pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
+        // The drop counts first (a set's index is its key), then the sets.
+        let mut drops: Vec<SetDrops> = Vec::new();
+        let fd = self.map_fd(MAP_BUCKETS_V4_DROPS)?;
+        crate::batch::for_each(fd, size_of::<u32>(), size_of::<SetDrops>(), |k, v| {
+            // SAFETY: the kernel wrote a key and a value of these Pod types.
+            let (i, d) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr() as *const u32),
+                    std::ptr::read_unaligned(v.as_ptr() as *const SetDrops),
+                )
+            };
+            let i = i as usize;
+            if drops.len() <= i {
+                drops.resize(i + 1, SetDrops::default());
+            }
+            drops[i] = d;
+        })
+        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4_DROPS}: {e}")))?;
         let fd = self.map_fd(MAP_BUCKETS_V4)?;
-        crate::batch::for_each(fd, size_of::<u32>(), size_of::<Set>(), |_, v| {
-            // SAFETY: the kernel wrote a value of this Pod type.
-            let set = unsafe { std::ptr::read_unaligned(v.as_ptr() as *const Set) };
-            for slot in &set.ways {
+        crate::batch::for_each(fd, size_of::<u32>(), size_of::<Set>(), |k, v| {
+            // SAFETY: the kernel wrote a key and a value of these Pod types.
+            let (i, set) = unsafe {
+                (std::ptr::read_unaligned(k.as_ptr() as *const u32), std::ptr::read_unaligned(v.as_ptr() as *const Set))
+            };
+            let d = drops.get(i as usize).copied().unwrap_or_default();
+            for (slot, n) in set.ways.iter().zip(d.ways) {
                 if let Some(k) = table::key_of(slot.key) {
-                    f(&k.into(), &slot.bucket);
+                    f(&k.into(), &slot.bucket(n));
                 }
             }
         })

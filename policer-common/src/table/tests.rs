@@ -17,6 +17,23 @@ fn keys_round_trip() {
 }
 
 #[test]
+fn stamps_sit_above_the_source() {
+    let r = Rule::packets(1000, 10).unwrap();
+    for (addr, len) in [([255, 255, 255, 255], 32), ([0, 0, 0, 0], 1), ([192, 0, 2, 0], 24)] {
+        let k = slot_key(addr, len);
+        assert_eq!(k & !KEY_MASK, 0, "the source fits below the stamp");
+        for stamp in [0, 1, r.stamp, crate::bucket::STAMP_MASK as u32, u32::MAX] {
+            let s = Slot { key: stamped(k, stamp), tat: 7 };
+            assert_eq!(s.source(), k);
+            assert_eq!(s.stamp() as u64, stamp as u64 & crate::bucket::STAMP_MASK);
+            assert_eq!(key_of(s.key), Some(BucketKeyV4 { addr, key_len: len }));
+            let b = s.bucket(42);
+            assert_eq!((b.tat, b.stamp() as u64, b.drops()), (7, stamp as u64 & crate::bucket::STAMP_MASK, 42));
+        }
+    }
+}
+
+#[test]
 fn sets_cover_the_capacity() {
     assert_eq!(sets_for(0), 1);
     assert_eq!(sets_for(1), 1);
@@ -82,20 +99,21 @@ fn hash_stays_in_range_and_spreads() {
 fn victims_empty_then_drained_then_least_debt() {
     let r = Rule::packets(1000, 10).unwrap();
     let now = 5_000_000_000;
-    let debt = |n: u64| {
+    // Source i with n packets of debt, charged by `r`.
+    let s = |i: u32, n: u64| {
         let mut tat = r.empty_tat(now);
         for _ in 0..n {
             tat = r.admit(tat, now, 64).unwrap();
         }
-        r.bucket(tat)
+        Slot { key: stamped(slot_key(i.to_be_bytes(), 32), r.stamp), tat }
     };
-    let k = |i: u32| slot_key(i.to_be_bytes(), 32);
+    let unused = Slot::default();
     // A never-used slot first.
-    assert_eq!(victim(&[k(1), 0, k(3), 0], &[debt(9), debt(0), debt(9), debt(0)], now), 1);
+    assert_eq!(victim(&[s(1, 9), unused, s(3, 9), unused], now), 1);
     // Else the first drained one.
-    assert_eq!(victim(&[k(1), k(2), k(3), k(4)], &[debt(9), debt(5), debt(0), debt(0)], now), 2);
+    assert_eq!(victim(&[s(1, 9), s(2, 5), s(3, 0), s(4, 0)], now), 2);
     // Else the least debt: a full bucket (a heavy hitter) goes last.
-    assert_eq!(victim(&[k(1), k(2), k(3), k(4)], &[debt(10), debt(3), debt(10), debt(2)], now), 3);
+    assert_eq!(victim(&[s(1, 10), s(2, 3), s(3, 10), s(4, 2)], now), 3);
     // Drained by the time asked.
-    assert_eq!(victim(&[k(1), k(2), k(3), k(4)], &[debt(10), debt(3), debt(10), debt(2)], now + 10_000_000), 0);
+    assert_eq!(victim(&[s(1, 10), s(2, 3), s(3, 10), s(4, 2)], now + 10_000_000), 0);
 }

@@ -13,8 +13,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
-    MAP_COUNTERS, MAP_RULES_V4, MAX_IFACE_SLOTS, PROGRAM_NAME, Rule,
+    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY,
+    MAP_BUCKETS_V6, MAP_COUNTERS, MAP_RULES_V4, MAX_IFACE_SLOTS, PROGRAM_NAME, Rule,
     rate::Rate,
     table::{self, Geometry},
 };
@@ -152,6 +152,7 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
     let mut loader = EbpfLoader::new();
     loader
         .map_max_entries(MAP_BUCKETS_V4, table::sets_for(table))
+        .map_max_entries(MAP_BUCKETS_V4_DROPS, table::sets_for(table))
         .map_max_entries(MAP_BUCKETS_V6, table)
         .override_global(GLOBAL_TEST_CLOCK, &0u32, true)
         .override_global(GLOBAL_BENCH_SOURCES, &sources, true);
