@@ -42,6 +42,20 @@ pub const ACTION_NONE: u32 = u32::MAX;
 /// Array of two `u64`: the clock in ns and the jiffies, when the test clock
 /// is on (jiffies 0: the program reads the clock for every frame).
 pub const MAP_CLOCK: &str = "CLOCK";
+/// The maps a newly loaded program takes over from a running one it
+/// adopts (rules, buckets, counters): the state that outlives a restart.
+pub const SHARED_MAPS: [&str; 10] = [
+    MAP_RULES_V4,
+    MAP_RULES_V6,
+    MAP_BUCKETS_V4,
+    MAP_BUCKETS_V4_DROPS,
+    MAP_BUCKETS_V4_GEOMETRY,
+    MAP_BUCKETS_V6,
+    MAP_COUNTERS,
+    MAP_RULE_COUNTERS,
+    MAP_NEW_SOURCES,
+    MAP_CLOCK,
+];
 /// Read-only global (`u32`): non-zero makes the program read its clock
 /// from [`MAP_CLOCK`] instead of `bpf_ktime_get_ns`. Set at load time, so
 /// the verifier removes the branch in production.

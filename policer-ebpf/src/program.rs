@@ -385,11 +385,7 @@ fn police_v4(
         }
         let v = table::victim(&slots, now) % WAYS;
         let slot = ways.add(v);
-        let (seen, _) = atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-            &raw mut (*slot).key,
-            slots[v].key,
-            table::stamped(key, rule.stamp),
-        );
+        let seen = cas(&raw mut (*slot).key, slots[v].key, table::stamped(key, rule.stamp));
         if seen == slots[v].key {
             // Ours: the new bucket replaces whatever the slot held, and
             // its drop count starts at zero.
@@ -433,17 +429,8 @@ unsafe fn slot_admit(
             // Rare (first packet after a change): the stamp is swapped in
             // after the CAS of `tat`, unless the slot changed hands.
             let old = Slot { key: word, tat: core::ptr::read_volatile(&(*slot).tat) };
-            let tat = rule.rescale(&old.bucket(0), clock.now());
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                &raw mut (*slot).tat,
-                old.tat,
-                tat,
-            );
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                &raw mut (*slot).key,
-                word,
-                table::stamped(word, rule.stamp),
-            );
+            carry_over(&raw mut (*slot).tat, &old.bucket(0), rule, clock);
+            cas(&raw mut (*slot).key, word, table::stamped(word, rule.stamp));
         }
         judge(ctx, &raw mut (*slot).tat, rule, clock, len, c)
     }
@@ -521,22 +508,12 @@ fn cas_admit(
             // The source's rule changed size or unit: carry the bucket's
             // fill over to the new rule. Rare (first packet after a
             // change): the stamp is swapped in after the CAS of `tat`.
-            let old = core::ptr::read_volatile(bucket);
-            let tat = rule.rescale(&old, clock.now());
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                &raw mut (*bucket).tat,
-                old.tat,
-                tat,
-            );
+            carry_over(&raw mut (*bucket).tat, &core::ptr::read_volatile(bucket), rule, clock);
             // Keep the drop count other CPUs may be adding to.
             let mut m = meta;
             for _ in 0..CAS_ROUNDS {
                 let new = (m & !STAMP_MASK) | (rule.stamp as u64 & STAMP_MASK);
-                let (seen, _) = atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                    &raw mut (*bucket).meta,
-                    m,
-                    new,
-                );
+                let seen = cas(&raw mut (*bucket).meta, m, new);
                 if seen == m {
                     break;
                 }
@@ -545,6 +522,30 @@ fn cas_admit(
         }
         judge(ctx, &raw mut (*bucket).tat, rule, clock, len, c)
     }
+}
+
+/// Compare-and-swap of a word other CPUs also change; returns the word
+/// found, which equals `old` when the swap happened. (Compare that value,
+/// not the intrinsic's flag: see PLATFORM-NOTES.)
+///
+/// # Safety
+/// `ptr` must point into a live map value.
+#[inline(always)]
+unsafe fn cas(ptr: *mut u64, old: u64, new: u64) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(ptr, old, new).0 }
+}
+
+/// Carries a bucket read as `old` over to `rule` (its rule changed size
+/// or unit): the rescaled `tat` is swapped in unless another CPU charged
+/// the bucket meanwhile. The caller then swaps in the new stamp.
+///
+/// # Safety
+/// `tat_ptr` must point into a live map value.
+#[inline(always)]
+unsafe fn carry_over(tat_ptr: *mut u64, old: &Bucket, rule: &Rule, clock: &mut Clock) {
+    // SAFETY: the caller's contract.
+    unsafe { cas(tat_ptr, old.tat, rule.rescale(old, clock.now())) };
 }
 
 /// Charges a frame to the bucket state at `tat_ptr`; the verdict.
@@ -627,9 +628,7 @@ unsafe fn charge(tat_ptr: *mut u64, rule: &Rule, clock: &mut Clock, len: u32, re
             return Charge::Refused;
         };
         // SAFETY: as above.
-        let (seen, _) =
-            unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(tat_ptr, old, new) };
-        // Compare the returned value, not the flag: see PLATFORM-NOTES.
+        let seen = unsafe { cas(tat_ptr, old, new) };
         if seen == old {
             return Charge::Admitted;
         }

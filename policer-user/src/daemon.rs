@@ -32,9 +32,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY,
-    MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
-    MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources, PROGRAM_NAME, Rule, RuleCounters, rate::Rate,
+    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V6,
+    MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources, PROGRAM_NAME, Rule, RuleCounters, SHARED_MAPS, rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -50,20 +49,6 @@ use crate::{
     report::format_line,
     rules::{BurstValue, RuleConfig, RuleSpec},
 };
-
-/// Maps a new program takes over from an adopted one.
-const SHARED_MAPS: [&str; 10] = [
-    MAP_RULES_V4,
-    MAP_RULES_V6,
-    MAP_BUCKETS_V4,
-    MAP_BUCKETS_V4_DROPS,
-    MAP_BUCKETS_V4_GEOMETRY,
-    MAP_BUCKETS_V6,
-    MAP_COUNTERS,
-    MAP_RULE_COUNTERS,
-    MAP_NEW_SOURCES,
-    MAP_CLOCK,
-];
 
 /// Value sizes of the bucket tables: an older build with the same map
 /// names but another layout is treated as foreign.

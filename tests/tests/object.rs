@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
-    MAP_CLOCK, MAP_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, Rule, bucket::Action, rate::Rate, table,
+    BucketKey, Counters, FAMILY_V4, MAP_CPU_SCRATCH, MAP_DEFAULT_RULES, MAP_FAST_PATH, Rule, SHARED_MAPS,
+    bucket::Action, rate::Rate, table,
 };
 use policer_tests::{frame::FrameSpec, privileged, rng};
 use policer_user::{LoadOptions, Policer};
@@ -70,16 +70,7 @@ fn object_has_every_shared_name() {
         return;
     }
     let p = load();
-    for m in [
-        MAP_RULES_V4,
-        MAP_RULES_V6,
-        MAP_BUCKETS_V4,
-        MAP_BUCKETS_V4_DROPS,
-        MAP_BUCKETS_V4_GEOMETRY,
-        MAP_BUCKETS_V6,
-        MAP_COUNTERS,
-        MAP_CLOCK,
-    ] {
+    for m in SHARED_MAPS.into_iter().chain([MAP_CPU_SCRATCH, MAP_FAST_PATH, MAP_DEFAULT_RULES]) {
         assert!(p.ebpf.map(m).is_some(), "map {m} missing from the object");
     }
 }
