@@ -299,10 +299,17 @@ impl Rule {
     /// differ.
     #[inline(always)]
     pub fn refuses_within(&self, tat: u64, lo_ns: u64, hi_ns: u64, frame_len: u32) -> bool {
-        hi_ns >= lo_ns
-            && hi_ns - lo_ns <= crate::clock::MAX_WINDOW_NS
-            && self.admit(tat, hi_ns, frame_len).is_none()
-            && self.admit(tat, lo_ns, frame_len).is_none()
+        if hi_ns < lo_ns || hi_ns - lo_ns > crate::clock::MAX_WINDOW_NS {
+            return false;
+        }
+        // `admit` refuses at `t` exactly when the debt at `t` exceeds the
+        // room the bucket has for this frame (none: refused even empty).
+        // The cost and the limit are worked out once for both ends.
+        let Some(room) = self.limit().checked_sub(self.cost(frame_len)) else {
+            return true;
+        };
+        let shift = self.shift();
+        Rule::debt(tat, hi_ns.wrapping_shl(shift)) > room && Rule::debt(tat, lo_ns.wrapping_shl(shift)) > room
     }
 
     /// Debt of a bucket at `now_ns`, in nanoseconds.

@@ -117,7 +117,14 @@ pub struct Geometry {
 /// The key word of a source: masked address, key length, valid bit.
 #[inline(always)]
 pub const fn slot_key(addr: [u8; 4], key_len: u32) -> u64 {
-    u32::from_ne_bytes(addr) as u64 | ((key_len as u64 & 0x3f) << 32) | KEY_VALID
+    slot_key_word(u32::from_ne_bytes(addr), key_len)
+}
+
+/// [`slot_key`] of an address already read as a word (`from_ne_bytes` of
+/// its network-order bytes).
+#[inline(always)]
+pub const fn slot_key_word(addr: u32, key_len: u32) -> u64 {
+    addr as u64 | ((key_len as u64 & 0x3f) << 32) | KEY_VALID
 }
 
 /// The source a key word stands for (`None` for an unused slot).

@@ -22,8 +22,8 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use policer_common::{
-    ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_SOURCES, FAMILY_V4, FAMILY_V6,
-    MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, NewSources, Rule, RuleCounters,
+    ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_SOURCES, MAX_IFACE_SLOTS,
+    MAX_RULE_SLOTS, MAX_RULES, NewSources, Rule, RuleCounters,
     bucket::{Action, DROP_ONE, STAMP_MASK},
     table::{self, Geometry, KEY_MASK, SLOT_STAMP_SHIFT, Set, SetDrops, Slot, WAYS},
     wire::{
@@ -190,7 +190,15 @@ fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*const T> {
 enum Parsed {
     NonIp,
     Malformed,
-    Ip { family: u32, addr: [u8; 16], fragment: bool },
+    /// The source address as it sits in the header (network order).
+    V4 {
+        src: [u8; 4],
+        fragment: bool,
+    },
+    V6 {
+        src: [u8; 16],
+        fragment: bool,
+    },
 }
 
 #[inline(always)]
@@ -234,11 +242,9 @@ fn parse(ctx: &XdpContext) -> Parsed {
             {
                 return Parsed::Malformed;
             }
-            let mut addr = [0u8; 16];
-            addr[..4].copy_from_slice(&ip.src_addr);
             // More-fragments flag or a fragment offset.
             let fragment = u16::from_be_bytes(ip.frags) & 0x3fff != 0;
-            Parsed::Ip { family: FAMILY_V4, addr, fragment }
+            Parsed::V4 { src: ip.src_addr, fragment }
         }
         ETH_P_IPV6 => {
             let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, off) else {
@@ -290,26 +296,23 @@ fn parse(ctx: &XdpContext) -> Parsed {
                     break;
                 }
             }
-            Parsed::Ip { family: FAMILY_V6, addr: ip.src_addr, fragment }
+            Parsed::V6 { src: ip.src_addr, fragment }
         }
         _ => Parsed::NonIp,
     }
 }
 
+/// The rule for a source: with only default rules (FAST_PATH) an inlined
+/// array read, else the longest-prefix match in the family's trie.
 #[inline(always)]
-fn lookup_rule(family: u32, addr: &[u8; 16]) -> Option<&'static Rule> {
+fn lookup_rule<const V6: bool>(search: impl FnOnce() -> Option<&'static Rule>) -> Option<&'static Rule> {
     let fast = FAST_PATH.get(0).copied().unwrap_or(0);
     if fast != 0 {
         // Only default rules: no need to search the tries.
-        let i = (fast - 1) * 2 + (family == FAMILY_V6) as u32;
+        let i = (fast - 1) * 2 + V6 as u32;
         return DEFAULT_RULES.get(i).filter(|r| r.action != ACTION_NONE);
     }
-    if family == FAMILY_V4 {
-        let a = [addr[0], addr[1], addr[2], addr[3]];
-        RULES_V4.get(&Key::new(32, a))
-    } else {
-        RULES_V6.get(&Key::new(128, *addr))
-    }
+    search()
 }
 
 /// Where a drop is counted for the source.
@@ -668,8 +671,8 @@ fn count_drop(at: &DropAt, clock: &mut Clock) {
 
 /// Synthetic IPv4 source for the benchmark variant.
 #[inline(always)]
-fn bench_source(n: u32) -> [u8; 16] {
-    let mut addr = [0u8; 16];
+fn bench_source(n: u32) -> [u8; 4] {
+    let mut addr = [0u8; 4];
     if let Some(scratch) = CPU_SCRATCH.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         let i = unsafe {
@@ -695,28 +698,55 @@ fn try_policer(ctx: &XdpContext) -> u32 {
     // SAFETY: per-CPU slot, only this CPU writes it while we run.
     let c = unsafe { &mut *c };
     let len = (ctx.data_end() - ctx.data()) as u32;
-    let (family, mut addr) = match parse(ctx) {
+    match parse(ctx) {
         Parsed::NonIp => {
             c.non_ip_pkts += 1;
-            return xdp_action::XDP_PASS;
+            xdp_action::XDP_PASS
         }
         Parsed::Malformed => {
             c.malformed_pkts += 1;
-            return xdp_action::XDP_DROP;
+            xdp_action::XDP_DROP
         }
-        Parsed::Ip { family, addr, fragment } => {
-            if fragment {
-                c.fragment_pkts += 1;
-            }
-            (family, addr)
+        Parsed::V4 { src, fragment } => {
+            c.fragment_pkts += fragment as u64;
+            // SAFETY: a read of a plain static the loader may rewrite before load.
+            let bench = unsafe { core::ptr::read_volatile(&BENCH_SOURCES) };
+            let src = if bench != 0 { bench_source(bench) } else { src };
+            let rule = lookup_rule::<false>(|| RULES_V4.get(&Key::new(32, src)));
+            verdict(rule, len, c, |rule, clock, c, rc| {
+                // The key: the masked source as one word (IPv4 keys are
+                // at most 32 bits).
+                let m = &rule.key_mask;
+                let mask = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
+                let key = table::slot_key_word(u32::from_ne_bytes(src) & mask, rule.key_len);
+                police_v4(ctx, key, rule, clock, len, c, rc)
+            })
         }
-    };
-    // SAFETY: a read of a plain static the loader may rewrite before load.
-    let bench = unsafe { core::ptr::read_volatile(&BENCH_SOURCES) };
-    if bench != 0 && family == FAMILY_V4 {
-        addr = bench_source(bench);
+        Parsed::V6 { src, fragment } => {
+            c.fragment_pkts += fragment as u64;
+            let rule = lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src)));
+            verdict(rule, len, c, |rule, clock, c, rc| {
+                let mut key = BucketKeyV6 { addr: [0; 16], key_len: rule.key_len };
+                for i in 0..16 {
+                    key.addr[i] = src[i] & rule.key_mask[i];
+                }
+                police(ctx, &BUCKETS_V6, &key, rule, clock, len, c, rc)
+            })
+        }
     }
-    let Some(rule) = lookup_rule(family, &addr) else {
+}
+
+/// Applies `rule` (from [`lookup_rule`]) to a frame of `len` bytes:
+/// `police` judges it against the source's bucket when the rule polices or
+/// monitors. Counts the verdict per interface and per rule.
+#[inline(always)]
+fn verdict(
+    rule: Option<&'static Rule>,
+    len: u32,
+    c: &mut Counters,
+    police: impl FnOnce(&Rule, &mut Clock, &mut Counters, &mut RuleCounters) -> Judged,
+) -> u32 {
+    let Some(rule) = rule else {
         c.unmatched_pkts += 1;
         return xdp_action::XDP_PASS;
     };
@@ -730,30 +760,20 @@ fn try_policer(ctx: &XdpContext) -> u32 {
         Some(Action::Deny) => false,
         _ => {
             let mut clock = Clock::new();
-            let j = if family == FAMILY_V4 {
-                let mut a = [0u8; 4];
-                for i in 0..4 {
-                    a[i] = addr[i] & rule.key_mask[i];
-                }
-                police_v4(ctx, table::slot_key(a, rule.key_len), rule, &mut clock, len, c, rc)
-            } else {
-                let mut key = BucketKeyV6 { addr: [0; 16], key_len: rule.key_len };
-                for i in 0..16 {
-                    key.addr[i] = addr[i] & rule.key_mask[i];
-                }
-                police(ctx, &BUCKETS_V6, &key, rule, &mut clock, len, c, rc)
-            };
-            if !j.admit {
-                count_drop(&j.drop_at, &mut clock);
-            }
-            if !j.admit && rule.action == Action::Monitor as u32 {
-                c.would_drop_pkts += 1;
-                c.would_drop_bytes += len as u64;
-                rc.would_drop_pkts += 1;
-                rc.would_drop_bytes += len as u64;
+            let j = police(rule, &mut clock, c, rc);
+            if j.admit {
                 true
             } else {
-                j.admit
+                count_drop(&j.drop_at, &mut clock);
+                if rule.action == Action::Monitor as u32 {
+                    c.would_drop_pkts += 1;
+                    c.would_drop_bytes += len as u64;
+                    rc.would_drop_pkts += 1;
+                    rc.would_drop_bytes += len as u64;
+                    true
+                } else {
+                    false
+                }
             }
         }
     };

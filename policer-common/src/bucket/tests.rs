@@ -440,6 +440,33 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+    /// `refuses_within` is exactly "refused at both ends" (of a window no
+    /// wider than allowed): it only saves working out the cost twice.
+    #[test]
+    fn refused_within_is_refused_at_both_ends(
+        (rule, lo, width, tat, len) in (
+            prop_oneof![
+                4 => any_rule(),
+                1 => (any::<u64>(), any::<u64>(), any::<u64>(), 0..=MAX_SHIFT)
+                    .prop_map(|(p, b, l, s)| Rule { pkt_cost: p, byte_cost: b, limit: l, shift: s, ..Rule::packets(1, 1).unwrap() }),
+            ],
+            any::<u64>(),
+            prop_oneof![Just(0u64), 0..=crate::clock::MAX_WINDOW_NS],
+        )
+            .prop_flat_map(|(rule, lo, width)| {
+                let hi = lo.saturating_add(width);
+                (Just(rule), Just(lo), Just(hi - lo), edge_tat(rule, lo, hi), 0..=70_000u32)
+            })
+    ) {
+        let hi = lo + width;
+        let both = rule.admit(tat, lo, len).is_none() && rule.admit(tat, hi, len).is_none();
+        prop_assert_eq!(rule.refuses_within(tat, lo, hi, len), both);
+    }
+}
+
 #[test]
 fn a_bucket_with_debt_beyond_the_window_is_refused_without_the_clock() {
     // 1 pps, burst 1: one frame leaves a second of debt.
