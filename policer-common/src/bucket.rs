@@ -304,12 +304,20 @@ impl Rule {
         }
         // `admit` refuses at `t` exactly when the debt at `t` exceeds the
         // room the bucket has for this frame (none: refused even empty).
-        // The cost and the limit are worked out once for both ends.
         let Some(room) = self.limit().checked_sub(self.cost(frame_len)) else {
             return true;
         };
+        // The debt at `t` is d(t) = tat - t (in units) when 0 < d(t) <
+        // STALE, else 0. With d = d(hi), d(lo) = d + span: refused at both
+        // ends exactly when room < d and d + span < STALE. (span < 2^46
+        // and room <= MAX_LIMIT = 2^61, so nothing wraps.) Only the last
+        // two comparisons wait for `tat`, the one value read from the
+        // table: everything else is worked out while that read is on its
+        // way.
         let shift = self.shift();
-        Rule::debt(tat, hi_ns.wrapping_shl(shift)) > room && Rule::debt(tat, lo_ns.wrapping_shl(shift)) > room
+        let span = (hi_ns - lo_ns) << shift;
+        let d = tat.wrapping_sub(hi_ns.wrapping_shl(shift));
+        d > room && d < STALE - span
     }
 
     /// Debt of a bucket at `now_ns`, in nanoseconds.
