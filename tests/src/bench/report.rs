@@ -72,6 +72,34 @@ fn target(
     Target { key: key.into(), what: what.into(), unit: unit.into(), limit, measured, met, note }
 }
 
+/// What one step of the breakdown added (kernel ns at 65 536 sources), by
+/// a word of its label.
+fn step_cost(k: Option<&KernelResults>, word: &str) -> Option<f64> {
+    let k = k?;
+    let at =
+        |key: &'static str| k.rows.iter().filter(move |r| r.key == key && r.sources == 65_536 && r.table >= r.sources);
+    let mut prev = at("parse_lookup").next()?.kernel_ns.median;
+    for r in at("breakdown") {
+        if r.label.contains(word) {
+            return Some(r.kernel_ns.median - prev);
+        }
+        prev = r.kernel_ns.median;
+    }
+    None
+}
+
+/// Measured apart from the benchmark (it needs perf), on the host and
+/// commit named in it: where the drop path's time goes on veth.
+const LIVE_PROFILE: &str = "Profiled apart from this run (perf cpu-clock sampling during a veth run, sample \
+     addresses mapped onto the program's JIT image; Intel host, commit e54ba64): 81 % of the samples inside the \
+     policer's program sit on the read of the set's first word, the table's cache miss; everything else it does, \
+     counters and clock window included, is under a fifth. On veth the miss costs more than under PROG_TEST_RUN, \
+     where the next frame's lookup overlaps it, and it grows with the table: the dropping policer measured \
+     118–127, 124–134 and 149–220 ns per packet with --max-sources 131 072, 262 144 and 1 048 576 (4, 8 and 32 MiB \
+     of sets), although 65 536 sources touch about as many cache lines in each. What grows is the number of \
+     4 KiB pages of the vmalloc'd array the lookups land on (the TLB's reach); a table in huge pages is what \
+     could move it next.";
+
 /// One sentence: the policer's kernel cost at 65 536 sources, step by step.
 fn breakdown_sentence(k: Option<&KernelResults>) -> String {
     let Some(k) = k else { return String::new() };
@@ -143,7 +171,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
         format!(
             "The drop path costs {:.0} ns per packet more than the floor ({:.0} vs {:.0} ns); the floor is the \
              generator + veth + an empty program, so the difference is the policer's program and the cache misses it \
-             takes in a live setting. {}",
+             takes in a live setting. {} {LIVE_PROFILE}",
             p.cpu_ns.median - f.cpu_ns.median,
             p.cpu_ns.median,
             f.cpu_ns.median,
@@ -168,7 +196,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
             format!(
                 "Both sides carry the same generator + veth cost ({:.0} ns, the xdp_drop floor). Without it, the policer \
                  spends {:.0} ns per packet and the peer {:.0} ns ({:.2}×): the shared fixed cost is what keeps the \
-                 whole-path ratio above {limit}.",
+                 whole-path ratio above {limit}. {LIVE_PROFILE}",
                 f.cpu_ns.median,
                 a.cpu_ns.median - f.cpu_ns.median,
                 b.cpu_ns.median - f.cpu_ns.median,
@@ -189,11 +217,18 @@ pub fn targets(r: &Results) -> Vec<Target> {
             format!(
                 "Admitting costs {:.0} ns per packet more than xdp_pass ({:.0} vs {:.0} ns): the policer's program \
                  (by PROG_TEST_RUN ≈ {:.0} ns at 65 536 sources, all admitted, vs {kpass:.0} ns for an empty program) \
-                 runs in front of a stack that costs the same either way.",
+                 runs in front of a stack that costs the same either way. 1.15× leaves the program {:.0} ns. An \
+                 admitted frame needs the time to the nanosecond, because a drained bucket's new debt starts at the \
+                 frame's arrival: bpf_ktime_get_ns, a helper call ({:+.0} ns in the breakdown below), then a \
+                 compare-and-swap on the bucket, on top of the lookup's cache miss. Reading the clock less often \
+                 would be exact only for a bucket in debt across the whole jiffies window, never the case here, \
+                 where every bucket drains between its frames; the policer keeps admissions exact instead.",
                 a.cpu_ns.median - b.cpu_ns.median,
                 a.cpu_ns.median,
                 b.cpu_ns.median,
-                kern65("policer_admit")
+                kern65("policer_admit"),
+                0.15 * b.cpu_ns.median,
+                step_cost(k, "ktime").unwrap_or(f64::NAN)
             )
         },
     ));
