@@ -96,9 +96,10 @@ const LIVE_PROFILE: &str = "Profiled apart from this run (perf cpu-clock samplin
      counters and clock window included, is under a fifth. On veth the miss costs more than under PROG_TEST_RUN, \
      where the next frame's lookup overlaps it, and it grows with the table: the dropping policer measured \
      118–127, 124–134 and 149–220 ns per packet with --max-sources 131 072, 262 144 and 1 048 576 (4, 8 and 32 MiB \
-     of sets), although 65 536 sources touch about as many cache lines in each. What grows is the number of \
-     4 KiB pages of the vmalloc'd array the lookups land on (the TLB's reach); a table in huge pages is what \
-     could move it next.";
+     of sets). The table in kmalloc'd 32 KiB chunks (the kernel's huge-page direct map instead of 4 KiB pages of \
+     a vmalloc'd array) was measured against it in the same veth runs, paired repetition by repetition (three \
+     runs of five): no consistent difference, so it was not kept. What is left is the miss itself: the 65 536 \
+     sources' sets do not fit in this CPU's 2 MiB L2.";
 
 /// One sentence: the policer's kernel cost at 65 536 sources, step by step.
 fn breakdown_sentence(k: Option<&KernelResults>) -> String {
