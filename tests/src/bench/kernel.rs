@@ -13,8 +13,9 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY,
-    MAP_BUCKETS_V6, MAP_COUNTERS, MAP_RULES_V4, MAX_IFACE_SLOTS, PROGRAM_NAME, Rule,
+    Counters, GLOBAL_BENCH_SOURCES, GLOBAL_TEST_CLOCK, GLOBAL_TICK_NS, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS,
+    MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_RULES_V4,
+    MAX_IFACE_SLOTS, PROGRAM_NAME, Rule,
     rate::Rate,
     table::{self, Geometry},
 };
@@ -149,21 +150,34 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
         p.set_fast_path(1)?;
         return Ok(Subject::Policer(Box::new(p)));
     }
+    Ok(Subject::RawPolicer(Box::new(raw_policer(EBPF_OBJECT, sources, table, &rule)?)))
+}
+
+/// A policer object loaded by the benchmark itself, set up as the daemon
+/// sets it up with only a default rule: `rule` for 0.0.0.0/0, the fast
+/// path on, the kernel's tick, BENCH_SOURCES = `sources`.
+fn raw_policer(object: &[u8], sources: u32, table: u32, rule: &Rule) -> Result<Ebpf> {
+    let tick_ns = policer_user::loader::kernel_hz().map_or(0, policer_common::clock::tick_ns);
     let mut loader = EbpfLoader::new();
     loader
         .map_max_entries(MAP_BUCKETS_V4, table::sets_for(table))
         .map_max_entries(MAP_BUCKETS_V4_DROPS, table::sets_for(table))
         .map_max_entries(MAP_BUCKETS_V6, table)
         .override_global(GLOBAL_TEST_CLOCK, &0u32, true)
+        .override_global(GLOBAL_TICK_NS, &tick_ns, true)
         .override_global(GLOBAL_BENCH_SOURCES, &sources, true);
-    let mut ebpf = loader.load(EBPF_OBJECT)?;
+    let mut ebpf = loader.load(object)?;
     let x: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).context("program")?.try_into()?;
     x.load()?;
-    raw_set_default_rule(&mut ebpf, &rule)?;
+    raw_set_default_rule(&mut ebpf, rule)?;
+    let mut d: Array<&mut MapData, Rule> = Array::try_from(ebpf.map_mut(MAP_DEFAULT_RULES).context("DEFAULT_RULES")?)?;
+    d.set(0, rule, 0)?;
+    let mut f: Array<&mut MapData, u32> = Array::try_from(ebpf.map_mut(MAP_FAST_PATH).context("FAST_PATH")?)?;
+    f.set(0, &1, 0)?;
     let mut g: Array<&mut MapData, Geometry> =
         Array::try_from(ebpf.map_mut(MAP_BUCKETS_V4_GEOMETRY).context("BUCKETS_V4_GEOM")?)?;
     g.set(0, &Geometry::new(0x9e37_79b9_7f4a_7c15, table::sets_for(table)), 0)?;
-    Ok(Subject::RawPolicer(Box::new(ebpf)))
+    Ok(ebpf)
 }
 
 fn reference(name: &'static str, sources: u32, table: u32, steps: u32) -> Result<Ebpf> {
@@ -292,4 +306,62 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
         });
     }
     Ok(KernelResults { rows: out, bench_sources_override: !through_loader })
+}
+
+/// One row of an A/B comparison ([`ab`]): wall ns per packet over the
+/// repetitions.
+#[derive(Clone, Debug)]
+pub struct AbRow {
+    pub label: String,
+    pub min: f64,
+    pub q25: f64,
+    pub median: f64,
+}
+
+/// Compares policer objects (`(name, ELF bytes)`) by PROG_TEST_RUN, for
+/// work on the packet path: each dropping (1 pps per source) and admitting
+/// everything, at 1 and 65 536 sources, beside the parse + one LRU lookup
+/// reference; repetitions interleaved, `repeat` frames each. Not part of
+/// the report: rows of two builds side by side in one run, which is what a
+/// change of a few ns needs on a noisy VM.
+pub fn ab(objects: &[(String, Vec<u8>)], reps: usize, repeat: u32) -> Result<Vec<AbRow>> {
+    std::thread::scope(|s| s.spawn(|| ab_measure(objects, reps, repeat)).join())
+        .map_err(|_| anyhow::anyhow!("A/B run panicked"))?
+}
+
+fn ab_measure(objects: &[(String, Vec<u8>)], reps: usize, repeat: u32) -> Result<Vec<AbRow>> {
+    pin_cpu(bench_cpu())?;
+    let data = frame();
+    let mut subjects: Vec<(String, Subject)> = Vec::new();
+    for n in [1u32, 65_536] {
+        let reference = reference("parse_lookup", n, M, 0)?;
+        subjects.push((
+            format!("parse + one LRU lookup, {n} sources"),
+            Subject::Reference(Box::new(reference), "parse_lookup"),
+        ));
+        for (name, object) in objects {
+            for (rate, burst, what) in [("1pps", 1, "dropping"), ("100Mpps", 1_000_000, "all admitted")] {
+                let e = raw_policer(object, n, M, &rule(rate, burst)?).with_context(|| format!("loading {name}"))?;
+                subjects.push((format!("{name}, {what}, {n} sources"), Subject::RawPolicer(Box::new(e))));
+            }
+        }
+    }
+    // Warm-up: every source's bucket made.
+    for (_, s) in subjects.iter_mut() {
+        run_once(s.prog()?, &data, 200_000)?;
+    }
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); subjects.len()];
+    for _ in 0..reps.max(1) {
+        for (i, (_, s)) in subjects.iter_mut().enumerate() {
+            wall[i].push(run_once(s.prog()?, &data, repeat)?.0);
+        }
+    }
+    Ok(subjects
+        .iter()
+        .zip(wall)
+        .map(|((label, _), mut v)| {
+            v.sort_by(f64::total_cmp);
+            AbRow { label: label.clone(), min: v[0], q25: v[v.len() / 4], median: v[v.len() / 2] }
+        })
+        .collect())
 }

@@ -24,6 +24,48 @@ struct Args {
     /// Only these experiments: kernel, veth, accuracy, control (comma-separated).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
+    /// side by side in one run (comma-separated ELF files; `built` is the
+    /// object built into this binary). Prints a table; writes nothing.
+    #[arg(long, value_delimiter = ',', value_name = "OBJECTS")]
+    ab: Vec<String>,
+    /// Repetitions of an `--ab` run.
+    #[arg(long, default_value_t = 11)]
+    ab_reps: usize,
+    /// Frames per repetition of an `--ab` run (at least 5 000 000: below
+    /// that the test run's wall time comes in jiffy-sized steps).
+    #[arg(long, default_value_t = 5_000_000)]
+    ab_repeat: u32,
+    /// Write the object built into this binary to this file (to compare
+    /// it with a later build by `--ab`), and exit.
+    #[arg(long, value_name = "FILE")]
+    save_object: Option<PathBuf>,
+}
+
+/// `--save-object` and `--ab`.
+fn objects(a: &Args) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if let Some(p) = &a.save_object {
+        std::fs::write(p, policer_user::loader::EBPF_OBJECT).with_context(|| format!("writing {}", p.display()))?;
+        say(&format!("wrote the built object to {}", p.display()));
+        return Ok(());
+    }
+    let mut objects = Vec::new();
+    for name in &a.ab {
+        let bytes = if name == "built" {
+            policer_user::loader::EBPF_OBJECT.to_vec()
+        } else {
+            std::fs::read(name).with_context(|| format!("reading {name}"))?
+        };
+        objects.push((name.clone(), bytes));
+    }
+    let rows = policer_tests::bench::kernel::ab(&objects, a.ab_reps, a.ab_repeat)?;
+    println!("wall ns per packet over {} repetitions of {} frames", a.ab_reps, a.ab_repeat);
+    println!("{:56} {:>8} {:>8} {:>8}", "", "min", "q25", "median");
+    for r in rows {
+        println!("{:56} {:8.1} {:8.1} {:8.1}", r.label, r.min, r.q25, r.median);
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -39,7 +81,16 @@ fn main() -> ExitCode {
     // before any thread exists.)
     // SAFETY: plain syscall.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) };
-    let o = Options { quick: a.quick, report: a.report, results: a.results, plots: a.plots, only: a.only };
+    if a.save_object.is_some() || !a.ab.is_empty() {
+        return match objects(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                say(&format!("error: {e:#}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let o = Options { quick: a.quick, report: a.report, results: a.results, plots: a.plots, only: a.only.clone() };
     match run(&o) {
         Ok(r) if r.errors.is_empty() => ExitCode::SUCCESS,
         Ok(_) => {
