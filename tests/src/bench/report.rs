@@ -96,9 +96,8 @@ const LIVE_PROFILE: &str = "Profiled apart from this run (perf cpu-clock samplin
      counters and clock window included, is under a fifth. On veth the miss costs more than under PROG_TEST_RUN, \
      where the next frame's lookup overlaps it, and it grows with the table: the dropping policer measured \
      118–127, 124–134 and 149–220 ns per packet with --max-sources 131 072, 262 144 and 1 048 576 (4, 8 and 32 MiB \
-     of sets). The table in kmalloc'd 32 KiB chunks (the kernel's huge-page direct map instead of 4 KiB pages of \
-     a vmalloc'd array) was measured against it in the same veth runs, paired repetition by repetition (three \
-     runs of five): no consistent difference, so it was not kept. What is left is the miss itself: the 65 536 \
+     of sets). The chunked table above was measured on veth too, against the current one in the same runs, \
+     paired repetition by repetition (three runs of five): no consistent difference either. What is left is the miss itself: the 65 536 \
      sources' sets do not fit in this CPU's 2 MiB L2.";
 
 /// One sentence: the policer's kernel cost at 65 536 sources, step by step.
@@ -197,7 +196,8 @@ pub fn targets(r: &Results) -> Vec<Target> {
             format!(
                 "Both sides carry the same generator + veth cost ({:.0} ns, the xdp_drop floor). Without it, the policer \
                  spends {:.0} ns per packet and the peer {:.0} ns ({:.2}×): the shared fixed cost is what keeps the \
-                 whole-path ratio above {limit}. {LIVE_PROFILE}",
+                 whole-path ratio above {limit}. What the policer's share is spent on: see the floor target \
+                 above.",
                 f.cpu_ns.median,
                 a.cpu_ns.median - f.cpu_ns.median,
                 b.cpu_ns.median - f.cpu_ns.median,
