@@ -56,6 +56,31 @@ pub const SHARED_MAPS: [&str; 10] = [
     MAP_NEW_SOURCES,
     MAP_CLOCK,
 ];
+/// Key and value sizes of each map in [`SHARED_MAPS`], as this build lays
+/// them out (same order). A running program whose maps differ in either is
+/// another build's: its state would be misread, so it is not adopted. (The
+/// LPM tries' keys are the kernel's `bpf_lpm_trie_key`: a `u32` prefix
+/// length, then the address.)
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 10] = {
+    use core::mem::size_of;
+
+    use crate::{
+        Rule,
+        table::{Geometry, Set, SetDrops},
+    };
+    [
+        (MAP_RULES_V4, 4 + 4, size_of::<Rule>()),
+        (MAP_RULES_V6, 4 + 16, size_of::<Rule>()),
+        (MAP_BUCKETS_V4, 4, size_of::<Set>()),
+        (MAP_BUCKETS_V4_DROPS, 4, size_of::<SetDrops>()),
+        (MAP_BUCKETS_V4_GEOMETRY, 4, size_of::<Geometry>()),
+        (MAP_BUCKETS_V6, size_of::<BucketKeyV6>(), size_of::<Bucket>()),
+        (MAP_COUNTERS, 4, size_of::<Counters>()),
+        (MAP_RULE_COUNTERS, 4, size_of::<RuleCounters>()),
+        (MAP_NEW_SOURCES, 4, size_of::<NewSources>()),
+        (MAP_CLOCK, 4, size_of::<u64>()),
+    ]
+};
 /// Read-only global (`u32`): non-zero makes the program read its clock
 /// from [`MAP_CLOCK`] instead of `bpf_ktime_get_ns`. Set at load time, so
 /// the verifier removes the branch in production.
@@ -333,4 +358,24 @@ const _: () = {
     assert!(core::mem::size_of::<Counters>() == 15 * 8);
     assert!(core::mem::size_of::<NewSources>() == 32);
     assert!(core::mem::size_of::<RuleCounters>() == 7 * 8);
+    // SHARED_MAP_LAYOUT names the shared maps in SHARED_MAPS' order.
+    const fn same(a: &str, b: &str) -> bool {
+        let (a, b) = (a.as_bytes(), b.as_bytes());
+        if a.len() != b.len() {
+            return false;
+        }
+        let mut i = 0;
+        while i < a.len() {
+            if a[i] != b[i] {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+    let mut i = 0;
+    while i < SHARED_MAPS.len() {
+        assert!(same(SHARED_MAPS[i], SHARED_MAP_LAYOUT[i].0));
+        i += 1;
+    }
 };

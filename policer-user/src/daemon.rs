@@ -32,8 +32,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V6,
-    MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources, PROGRAM_NAME, Rule, RuleCounters, SHARED_MAPS, rate::Rate,
+    BucketKey, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, MAP_BUCKETS_V6, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, NewSources,
+    PROGRAM_NAME, Rule, RuleCounters, SHARED_MAP_LAYOUT, SHARED_MAPS, rate::Rate,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -49,14 +49,6 @@ use crate::{
     report::format_line,
     rules::{BurstValue, RuleConfig, RuleSpec},
 };
-
-/// Value sizes of the bucket tables: an older build with the same map
-/// names but another layout is treated as foreign.
-const VALUE_SIZES: [(&str, usize); 3] = [
-    (MAP_BUCKETS_V4, size_of::<policer_common::table::Set>()),
-    (MAP_BUCKETS_V4_DROPS, size_of::<policer_common::table::SetDrops>()),
-    (MAP_BUCKETS_V6, size_of::<policer_common::Bucket>()),
-];
 
 #[derive(Clone, Debug)]
 pub struct DaemonArgs {
@@ -186,9 +178,11 @@ fn find(prog_id: u32) -> Option<Found> {
             continue;
         };
         if let Some(n) = m.name_as_str().filter(|n| SHARED_MAPS.contains(n)) {
-            // A build whose tables have another layout is not ours to adopt:
-            // its buckets would be misread.
-            if VALUE_SIZES.iter().any(|&(name, size)| name == n && m.value_size() as usize != size) {
+            // A build whose maps have another layout is not ours to adopt:
+            // its rules, buckets or counters would be misread.
+            if SHARED_MAP_LAYOUT.iter().any(|&(name, key, value)| {
+                name == n && (m.key_size() as usize != key || m.value_size() as usize != value)
+            }) {
                 return None;
             }
             maps.insert(n.to_string(), (id, m.max_entries()));

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
 use policer_common::{
-    BucketKey, Counters, FAMILY_V4, MAP_CPU_SCRATCH, MAP_DEFAULT_RULES, MAP_FAST_PATH, Rule, SHARED_MAPS,
-    bucket::Action, rate::Rate, table,
+    BucketKey, Counters, FAMILY_V4, MAP_CPU_SCRATCH, MAP_DEFAULT_RULES, MAP_FAST_PATH, Rule, SHARED_MAP_LAYOUT,
+    SHARED_MAPS, bucket::Action, rate::Rate, table,
 };
 use policer_tests::{frame::FrameSpec, privileged, rng};
 use policer_user::{LoadOptions, Policer};
@@ -72,6 +72,16 @@ fn object_has_every_shared_name() {
     let p = load();
     for m in SHARED_MAPS.into_iter().chain([MAP_CPU_SCRATCH, MAP_FAST_PATH, MAP_DEFAULT_RULES]) {
         assert!(p.ebpf.map(m).is_some(), "map {m} missing from the object");
+    }
+    // The layout a daemon checks before adopting a running program is
+    // this object's own: else it would take its own program for foreign.
+    for (name, key, value) in SHARED_MAP_LAYOUT {
+        use aya::maps::Map;
+        let info = match p.ebpf.map(name).unwrap() {
+            Map::Array(d) | Map::PerCpuArray(d) | Map::LpmTrie(d) | Map::LruHashMap(d) => d.info().unwrap(),
+            other => panic!("{name}: unexpected map type {other:?}"),
+        };
+        assert_eq!((info.key_size() as usize, info.value_size() as usize), (key, value), "{name}");
     }
 }
 
