@@ -50,6 +50,12 @@ fn krow<'a>(k: &'a KernelResults, key: &str, sources: u32) -> Option<&'a KernelR
     k.rows.iter().find(|r| r.key == key && r.sources == sources && r.table >= sources)
 }
 
+/// The rows of `key` at 65 536 sources (with a table that holds them all),
+/// in run order: the reference, then the breakdown steps one by one.
+fn at_65536<'a>(k: &'a KernelResults, key: &'a str) -> impl Iterator<Item = &'a KernelRow> {
+    k.rows.iter().filter(move |r| r.key == key && r.sources == 65_536 && r.table >= r.sources)
+}
+
 fn kratio(a: &KernelRow, b: &KernelRow) -> Stat {
     let r: Vec<f64> = a.kernel_reps.iter().zip(&b.kernel_reps).map(|(x, y)| x / y).collect();
     Stat::of(&r)
@@ -76,8 +82,7 @@ fn target(
 /// a word of its label.
 fn step_cost(k: Option<&KernelResults>, word: &str) -> Option<f64> {
     let k = k?;
-    let at =
-        |key: &'static str| k.rows.iter().filter(move |r| r.key == key && r.sources == 65_536 && r.table >= r.sources);
+    let at = |key: &'static str| at_65536(k, key);
     let mut prev = at("parse_lookup").next()?.kernel_ns.median;
     for r in at("breakdown") {
         if r.label.contains(word) {
@@ -97,14 +102,13 @@ const LIVE_PROFILE: &str = "Profiled apart from this run (perf cpu-clock samplin
      where the next frame's lookup overlaps it, and it grows with the table: the dropping policer measured \
      118–127, 124–134 and 149–220 ns per packet with --max-sources 131 072, 262 144 and 1 048 576 (4, 8 and 32 MiB \
      of sets). The chunked table above was measured on veth too, against the current one in the same runs, \
-     paired repetition by repetition (three runs of five): no consistent difference either. What is left is the miss itself: the 65 536 \
-     sources' sets do not fit in this CPU's 2 MiB L2.";
+     paired repetition by repetition (three runs of five): no consistent difference either. What is left is the \
+     miss itself: the 65 536 sources' sets do not fit in this CPU's 2 MiB L2.";
 
 /// One sentence: the policer's kernel cost at 65 536 sources, step by step.
 fn breakdown_sentence(k: Option<&KernelResults>) -> String {
     let Some(k) = k else { return String::new() };
-    let at =
-        |key: &'static str| k.rows.iter().filter(move |r| r.key == key && r.sources == 65_536 && r.table >= r.sources);
+    let at = |key: &'static str| at_65536(k, key);
     let (Some(base), Some(pol)) = (at("parse_lookup").next(), at("policer_drop").next()) else { return String::new() };
     let empty = k.rows.iter().find(|r| r.key == "xdp_pass").map(|r| r.kernel_ns.median).unwrap_or(f64::NAN);
     let mut out = format!(
@@ -537,8 +541,7 @@ pub fn markdown(r: &Results) -> String {
 /// Where the policer's time goes at 65 536 sources: the reference with the
 /// policer's other steps added one by one.
 fn breakdown(w: &mut String, k: &KernelResults) {
-    let at =
-        |key: &'static str| k.rows.iter().filter(move |r| r.key == key && r.sources == 65_536 && r.table >= r.sources);
+    let at = |key: &'static str| at_65536(k, key);
     let (Some(base), Some(pol)) = (at("parse_lookup").next(), at("policer_drop").next()) else { return };
     let steps: Vec<&KernelRow> = at("breakdown").collect();
     if steps.is_empty() {

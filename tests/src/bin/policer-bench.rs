@@ -27,18 +27,18 @@ struct Args {
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the
     /// object built into this binary). Prints a table; writes nothing.
-    #[arg(long, value_delimiter = ',', value_name = "OBJECTS")]
+    #[arg(long, value_delimiter = ',', value_name = "OBJECTS", conflicts_with_all = ["quick", "only", "save_object"])]
     ab: Vec<String>,
     /// Repetitions of an `--ab` run.
-    #[arg(long, default_value_t = 11)]
-    ab_reps: usize,
-    /// Frames per repetition of an `--ab` run (at least 5 000 000: below
+    #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u32).range(1..=1000), requires = "ab")]
+    ab_reps: u32,
+    /// Frames per repetition of an `--ab` run (5 000 000 or more: below
     /// that the test run's wall time comes in jiffy-sized steps).
-    #[arg(long, default_value_t = 5_000_000)]
+    #[arg(long, default_value_t = 5_000_000, value_parser = clap::value_parser!(u32).range(1..), requires = "ab")]
     ab_repeat: u32,
     /// Write the object built into this binary to this file (to compare
     /// it with a later build by `--ab`), and exit.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["quick", "only"])]
     save_object: Option<PathBuf>,
 }
 
@@ -59,7 +59,7 @@ fn objects(a: &Args) -> anyhow::Result<()> {
         };
         objects.push((name.clone(), bytes));
     }
-    let rows = policer_tests::bench::kernel::ab(&objects, a.ab_reps, a.ab_repeat)?;
+    let rows = policer_tests::bench::kernel::ab(&objects, a.ab_reps as usize, a.ab_repeat)?;
     println!("wall ns per packet over {} repetitions of {} frames", a.ab_reps, a.ab_repeat);
     println!("{:56} {:>8} {:>8} {:>8}", "", "min", "q25", "median");
     for r in rows {
@@ -90,7 +90,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let o = Options { quick: a.quick, report: a.report, results: a.results, plots: a.plots, only: a.only.clone() };
+    let o = Options { quick: a.quick, report: a.report, results: a.results, plots: a.plots, only: a.only };
     match run(&o) {
         Ok(r) if r.errors.is_empty() => ExitCode::SUCCESS,
         Ok(_) => {
