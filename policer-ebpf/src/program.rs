@@ -337,7 +337,8 @@ impl Judged {
 }
 
 /// Judges an IPv4 frame against its source's slot in the set-associative
-/// table. `key` is the source's key word without a stamp.
+/// table: looked for in its first set, then its second (see
+/// policer_common::table). `key` is the source's key word without a stamp.
 #[inline(always)]
 fn police_v4(
     ctx: &XdpContext,
@@ -348,29 +349,35 @@ fn police_v4(
     c: &mut Counters,
     rc: &mut RuleCounters,
 ) -> Judged {
-    let (index, set) = match BUCKETS_V4_GEOM.get(0) {
+    let (index, first) = match BUCKETS_V4_GEOM.get(0) {
         Some(g) if g.sets != 0 => {
-            let i = g.set_of(key);
-            (i, BUCKETS_V4.get_ptr_mut(i))
+            let i = g.sets_of(key);
+            (i, BUCKETS_V4.get_ptr_mut(i[0]))
         }
-        _ => (0, None),
+        _ => ([0, 0], None),
     };
-    let Some(set) = set else {
+    let Some(first) = first else {
         // No table (not set up by the loader): police nothing.
         c.bucket_insert_failed += 1;
         return Judged::new_bucket(true);
     };
-    // SAFETY: `set` points into the array's value, live for this program
-    // run; slots are read with volatile loads because other CPUs write them.
+    // SAFETY: `first` and `second` point into the array's values, live for
+    // this program run; slots are read with volatile loads because other
+    // CPUs write them.
     unsafe {
-        let ways = &raw mut (*set).ways as *mut Slot;
-        for w in 0..WAYS {
-            let slot = ways.add(w);
-            let word = core::ptr::read_volatile(&(*slot).key);
-            if word & KEY_MASK == key {
-                let admit = slot_admit(ctx, slot, word, rule, clock, len, c);
-                return Judged { admit, drop_at: DropAt::V4(index, w) };
-            }
+        if let Some(j) = find_v4(ctx, first, index[0], key, rule, clock, len, c) {
+            return j;
+        }
+        // The second set only when the first does not hold the source
+        // (rare: only when the first was full as the source came).
+        let (second, index1) = match BUCKETS_V4.get_ptr_mut(index[1]) {
+            Some(s) if index[1] != index[0] => (s, index[1]),
+            _ => (first, index[0]),
+        };
+        if index1 != index[0]
+            && let Some(j) = find_v4(ctx, second, index1, key, rule, clock, len, c)
+        {
+            return j;
         }
         // A new source (or one whose slot was taken): as with the hash
         // table, a fresh bucket only while the rule's limiter allows.
@@ -382,14 +389,19 @@ fn police_v4(
         let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
             return Judged::new_bucket(false);
         };
-        let mut slots = [Slot::default(); WAYS];
+        let (w0, w1) = (&raw mut (*first).ways as *mut Slot, &raw mut (*second).ways as *mut Slot);
+        let mut slots = [[Slot::default(); WAYS]; 2];
         for w in 0..WAYS {
-            slots[w] = core::ptr::read_volatile(ways.add(w));
+            slots[0][w] = core::ptr::read_volatile(w0.add(w));
+            slots[1][w] = core::ptr::read_volatile(w1.add(w));
         }
-        let v = table::victim(&slots, now) % WAYS;
+        let (i, v) = table::victim(&slots, now);
+        let (ways, index, old) =
+            if i == 0 { (w0, index[0], slots[0][v % WAYS]) } else { (w1, index1, slots[1][v % WAYS]) };
+        let v = v % WAYS;
         let slot = ways.add(v);
-        let seen = cas(&raw mut (*slot).key, slots[v].key, table::stamped(key, rule.stamp));
-        if seen == slots[v].key {
+        let seen = cas(&raw mut (*slot).key, old.key, table::stamped(key, rule.stamp));
+        if seen == old.key {
             // Ours: the new bucket replaces whatever the slot held, and
             // its drop count starts at zero.
             core::ptr::write_volatile(&raw mut (*slot).tat, tat);
@@ -409,6 +421,38 @@ fn police_v4(
     // Lost the slot to another new source: rare; admitted, and counted.
     c.bucket_insert_failed += 1;
     Judged::new_bucket(true)
+}
+
+/// Judges the frame by the source's slot in the set at `set` (array index
+/// `index`), if the set holds the source.
+///
+/// # Safety
+/// `set` must point into a live map value.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn find_v4(
+    ctx: &XdpContext,
+    set: *mut Set,
+    index: u32,
+    key: u64,
+    rule: &Rule,
+    clock: &mut Clock,
+    len: u32,
+    c: &mut Counters,
+) -> Option<Judged> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let ways = &raw mut (*set).ways as *mut Slot;
+        for w in 0..WAYS {
+            let slot = ways.add(w);
+            let word = core::ptr::read_volatile(&(*slot).key);
+            if word & KEY_MASK == key {
+                let admit = slot_admit(ctx, slot, word, rule, clock, len, c);
+                return Some(Judged { admit, drop_at: DropAt::V4(index, w) });
+            }
+        }
+    }
+    None
 }
 
 /// Charges a frame to an IPv4 slot whose key word was read as `word`,

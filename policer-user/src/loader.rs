@@ -339,10 +339,17 @@ impl Policer {
             let d: Array<&MapData, SetDrops> =
                 Array::try_from(self.ebpf.map(MAP_BUCKETS_V4_DROPS).ok_or(Error::Missing(MAP_BUCKETS_V4_DROPS))?)
                     .map_err(Error::map(MAP_BUCKETS_V4_DROPS))?;
-            let i = g.set_of(want);
-            let set = t.get(&i, 0).map_err(Error::map(MAP_BUCKETS_V4))?;
-            let drops = d.get(&i, 0).map_err(Error::map(MAP_BUCKETS_V4_DROPS))?;
-            Ok(set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n)))
+            // Its first set, then its second (see policer_common::table).
+            for i in g.sets_of(want) {
+                let set = t.get(&i, 0).map_err(Error::map(MAP_BUCKETS_V4))?;
+                let drops = d.get(&i, 0).map_err(Error::map(MAP_BUCKETS_V4_DROPS))?;
+                if let Some(b) =
+                    set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n))
+                {
+                    return Ok(Some(b));
+                }
+            }
+            Ok(None)
         } else {
             let m: aya::maps::HashMap<&MapData, BucketKeyV6, Bucket> =
                 aya::maps::HashMap::try_from(self.ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))?)

@@ -237,9 +237,9 @@ fn unmatched_sources_pass() {
     assert_eq!((c.unmatched_pkts, c.passed_pkts, c.dropped_pkts), (2, 0, 0));
 }
 
-/// The IPv4 table: a new source takes an empty slot of its set, else a
-/// drained one, else the one with the least debt; a full bucket goes last.
-/// A drop count survives a change of rule.
+/// The IPv4 table: a new source takes an empty slot of its first set, else
+/// of its second, else a drained one, else the one with the least debt; a
+/// full bucket goes last. A drop count survives a change of rule.
 #[test]
 fn ipv4_table_evicts_drained_then_least_debt() {
     if !privileged("object tier") {
@@ -256,15 +256,21 @@ fn ipv4_table_evicts_drained_then_least_debt() {
         ..Default::default()
     })
     .expect("load object");
-    // Six sources that share one set, found with the table's own hash.
+    // Ten sources whose two sets are the same two sets (eight slots),
+    // found with the table's own hash.
     let g = table::Geometry::new(SEED, table::sets_for(max));
-    let set = |i: u32| g.set_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
-    let s: Vec<String> = (0..100_000u32)
-        .filter(|&i| set(i) == set(0))
-        .take(6)
+    let sets = |i: u32| {
+        let mut s = g.sets_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
+        s.sort();
+        s
+    };
+    let pair = (0..).map(sets).find(|s| s[0] != s[1]).unwrap();
+    let s: Vec<String> = (0..1_000_000u32)
+        .filter(|&i| sets(i) == pair)
+        .take(10)
         .map(|i| std::net::Ipv4Addr::from(0x6440_0000 + i).to_string())
         .collect();
-    assert_eq!(s.len(), 6);
+    assert_eq!(s.len(), 10);
     let key = |a: &str| {
         let a: std::net::Ipv4Addr = a.parse().unwrap();
         let mut addr = [0; 16];
@@ -281,18 +287,21 @@ fn ipv4_table_evicts_drained_then_least_debt() {
         assert_eq!(run(&mut p, &udp(&s[0], 64)), PASS);
     }
     assert_eq!(run(&mut p, &udp(&s[0], 64)), DROP);
-    for a in &s[1..4] {
+    for a in &s[1..8] {
         assert_eq!(run(&mut p, &udp(a, 64)), PASS);
     }
-    // The set is full and nothing has drained: the least debt goes (the
-    // first of the 100 ms ones), the heavy hitter stays.
-    assert_eq!(run(&mut p, &udp(&s[4], 64)), PASS);
-    assert!(!has(&p, &s[1]) && has(&p, &s[0]) && has(&p, &s[2]) && has(&p, &s[3]) && has(&p, &s[4]));
-    // 150 ms on, the 100 ms buckets have drained: the first drained slot
-    // goes (the one s[4] took), not the heavy hitter's (50 ms left).
+    assert!(s[..8].iter().all(|a| has(&p, a)), "eight sources in eight slots of two sets");
+    // Both sets are full and nothing has drained: one of the 100 ms
+    // buckets goes, the heavy hitter stays.
+    assert_eq!(run(&mut p, &udp(&s[8], 64)), PASS);
+    let gone: Vec<&String> = s[1..8].iter().filter(|a| !has(&p, a)).collect();
+    assert_eq!(gone.len(), 1, "exactly one light source evicted");
+    assert!(has(&p, &s[0]) && has(&p, &s[8]));
+    // 150 ms on, the 100 ms buckets have drained: a drained slot goes,
+    // not the heavy hitter's (50 ms left).
     p.set_clock(t + 150 * ms).unwrap();
-    assert_eq!(run(&mut p, &udp(&s[5], 64)), PASS);
-    assert!(!has(&p, &s[4]) && has(&p, &s[0]) && has(&p, &s[5]));
+    assert_eq!(run(&mut p, &udp(&s[9], 64)), PASS);
+    assert!(has(&p, &s[0]) && has(&p, &s[9]));
     // The heavy hitter kept its debt: 50 ms left + 100 ms fits in 200 ms,
     // a second frame does not.
     assert_eq!(run(&mut p, &udp(&s[0], 64)), PASS);
@@ -303,6 +312,46 @@ fn ipv4_table_evicts_drained_then_least_debt() {
     assert_eq!(run(&mut p, &udp(&s[0], 64)), DROP, "a full bucket stays full");
     let b = p.bucket(&key(&s[0])).unwrap().unwrap();
     assert_eq!((b.drops(), b.stamp()), (3, rule("20pps", 2, 32, false).stamp));
+}
+
+/// Sources that share their first set are all held to their rate: with
+/// one set per source, the fifth and sixth of six such sources found the
+/// set full of buckets in debt, evicted one, and the evicted one did the
+/// same on its next frame: each frame got a fresh bucket and passed. With
+/// two sets, the ones the first set cannot hold go to their second.
+#[test]
+fn sources_sharing_a_set_are_each_held_to_their_rate() {
+    if !privileged("object tier") {
+        return;
+    }
+    const SEED: u64 = 0x0123_4567_89ab_cdef;
+    let max = 64;
+    let mut p = Policer::load(&LoadOptions {
+        max_sources: max,
+        test_clock: true,
+        table_seed: Some(SEED),
+        ..Default::default()
+    })
+    .expect("load object");
+    let g = table::Geometry::new(SEED, table::sets_for(max));
+    let first = |i: u32| g.set_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
+    let s: Vec<Vec<u8>> = (0..100_000u32)
+        .filter(|&i| first(i) == first(0))
+        .take(6)
+        .map(|i| udp(&std::net::Ipv4Addr::from(0x6440_0000 + i).to_string(), 64))
+        .collect();
+    assert_eq!(s.len(), 6);
+    p.set_clock(50 * SEC).unwrap();
+    p.set_rule(net("0.0.0.0/0"), &rule("1pps", 1, 32, false).with_id(1)).unwrap();
+    // Ten rounds, the time standing still: one frame each passes.
+    let mut passed = vec![0; s.len()];
+    for _ in 0..10 {
+        for (i, f) in s.iter().enumerate() {
+            passed[i] += (run(&mut p, f) == PASS) as u32;
+        }
+    }
+    assert_eq!(passed, vec![1; 6]);
+    assert_eq!(p.counters().unwrap().buckets_created, 6);
 }
 
 /// IPv4 drops are counted by sampling (the production default): one drop

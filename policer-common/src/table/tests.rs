@@ -43,35 +43,100 @@ fn sets_cover_the_capacity() {
     assert_eq!(sets_for(u32::MAX), u32::MAX / 2 + 1);
 }
 
-/// A table sized for N sources holds at least 95 % of N distinct sources
-/// at once, sequential or random, for any seed the loader may draw.
-#[test]
-fn a_full_table_holds_its_sources() {
-    let mut x = 0x1234_5678_9abc_def1u64;
-    let mut rnd = move || {
+/// Places `n` sources as the program does (first set while it has room,
+/// else the second; never evicting) and returns how many found a slot.
+fn place(g: &Geometry, sources: impl Iterator<Item = u32>) -> u32 {
+    let mut load = vec![0u8; g.sets as usize];
+    let mut held = 0u32;
+    for a in sources {
+        let [s0, s1] = g.sets_of(slot_key(a.to_be_bytes(), 32));
+        for s in [s0, s1] {
+            if (load[s as usize] as usize) < WAYS {
+                load[s as usize] += 1;
+                held += 1;
+                break;
+            }
+        }
+    }
+    held
+}
+
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         x
-    };
+    }
+}
+
+/// A table sized for N sources holds 99.5 % of N distinct sources at once
+/// (measured ~99.6 %, sequential or random, for any seed the loader may
+/// draw); with one choice of set it held ~96 %.
+#[test]
+fn a_full_table_holds_its_sources() {
+    let mut rnd = xorshift(0x1234_5678_9abc_def1);
     for n in [4096u32, 65_536, 1 << 20] {
         for _ in 0..3 {
             let g = Geometry::new(rnd(), sets_for(n));
-            for random in [false, true] {
-                let mut load = vec![0u8; g.sets as usize];
-                let mut held = 0u32;
-                for i in 0..n {
-                    let a = if random { rnd() as u32 } else { 0x0a00_0000 + i };
-                    let s = &mut load[g.set_of(slot_key(a.to_be_bytes(), 32)) as usize];
-                    if (*s as usize) < WAYS {
-                        *s += 1;
-                        held += 1;
-                    }
-                }
-                assert!(held as f64 >= 0.95 * n as f64, "{n} sources (random {random}): {held} held");
+            let seq = place(&g, (0..n).map(|i| 0x0a00_0000 + i));
+            let random: std::vec::Vec<u32> = (0..n).map(|_| rnd() as u32).collect();
+            let ran = place(&g, random.into_iter());
+            for (what, held) in [("sequential", seq), ("random", ran)] {
+                assert!(held as f64 >= 0.995 * n as f64, "{n} {what} sources: {held} held");
             }
         }
     }
+}
+
+/// The benchmark's case: 65 536 sources in a table for 262 144. With one
+/// choice, ~20 sets per seed had more sources than ways, and their sources
+/// evicted each other on every frame, each passing at the rate it offered.
+/// With two, a source is left without a slot of its own only when both its
+/// sets are full: measured 2 sources in 40 placements of 65 536.
+#[test]
+fn a_quarter_full_table_leaves_hardly_a_source_out() {
+    let mut rnd = xorshift(0x0bad_5eed_1234_5678);
+    let (mut two, mut one) = (0, 0);
+    for _ in 0..20 {
+        let g = Geometry::new(rnd(), sets_for(262_144));
+        let random: std::vec::Vec<u32> = (0..65_536).map(|_| rnd() as u32).collect();
+        for sources in [(0..65_536u32).map(|i| 0x0a01_0000 + i).collect(), random] {
+            let out = 65_536 - place(&g, sources.iter().copied());
+            assert!(out <= 2, "{out} sources left out");
+            two += out;
+            // The same sources with the first choice only.
+            let mut load = vec![0u8; g.sets as usize];
+            for a in &sources {
+                let s = &mut load[g.set_of(slot_key(a.to_be_bytes(), 32)) as usize];
+                if (*s as usize) < WAYS {
+                    *s += 1;
+                } else {
+                    one += 1;
+                }
+            }
+        }
+    }
+    assert!(two <= 6, "{two} left out in 40 placements");
+    assert!(one >= 100 * two.max(1), "one choice left out {one}, two {two}");
+}
+
+/// The first choice is the one set of earlier builds (a table they filled
+/// reads the same), and the second is another set nearly always.
+#[test]
+fn two_choices_first_is_the_old_set() {
+    let g = Geometry::new(0x9e37_79b9_7f4a_7c15, 1 << 17);
+    let mut same = 0;
+    for i in 0..100_000u32 {
+        let k = slot_key((0x0a00_0000 + i).to_be_bytes(), 32);
+        let [a, b] = g.sets_of(k);
+        assert_eq!(a, g.set_of(k));
+        assert!(b < 1 << 17);
+        same += (a == b) as u32;
+    }
+    assert!(same < 10, "{same} sources with one set twice");
+    // One set: both choices are it.
+    assert_eq!(Geometry::new(5, 1).sets_of(slot_key([10, 0, 0, 1], 32)), [0, 0]);
 }
 
 #[test]
@@ -108,12 +173,22 @@ fn victims_empty_then_drained_then_least_debt() {
         Slot { key: stamped(slot_key(i.to_be_bytes(), 32), r.stamp), tat }
     };
     let unused = Slot::default();
+    let one = |a: [Slot; WAYS]| [a, [s(9, 10); WAYS]];
     // A never-used slot first.
-    assert_eq!(victim(&[s(1, 9), unused, s(3, 9), unused], now), 1);
+    assert_eq!(victim(&one([s(1, 9), unused, s(3, 9), unused]), now), (0, 1));
     // Else the first drained one.
-    assert_eq!(victim(&[s(1, 9), s(2, 5), s(3, 0), s(4, 0)], now), 2);
+    assert_eq!(victim(&one([s(1, 9), s(2, 5), s(3, 0), s(4, 0)]), now), (0, 2));
     // Else the least debt: a full bucket (a heavy hitter) goes last.
-    assert_eq!(victim(&[s(1, 10), s(2, 3), s(3, 10), s(4, 2)], now), 3);
+    assert_eq!(victim(&one([s(1, 10), s(2, 3), s(3, 10), s(4, 2)]), now), (0, 3));
     // Drained by the time asked.
-    assert_eq!(victim(&[s(1, 10), s(2, 3), s(3, 10), s(4, 2)], now + 10_000_000), 0);
+    assert_eq!(victim(&one([s(1, 10), s(2, 3), s(3, 10), s(4, 2)]), now + 10_000_000), (0, 0));
+    // Two sets: a free slot of the first set before any of the second ...
+    let full = [s(1, 9), s(2, 9), s(3, 9), s(4, 9)];
+    assert_eq!(victim(&[[s(1, 9), s(2, 0), s(3, 9), s(4, 9)], [unused; WAYS]], now), (0, 1));
+    // ... then a never-used or drained slot of the second ...
+    assert_eq!(victim(&[full, [s(5, 9), unused, s(7, 9), s(8, 9)]], now), (1, 1));
+    assert_eq!(victim(&[full, [s(5, 9), s(6, 9), s(7, 0), s(8, 9)]], now), (1, 2));
+    // ... else the least debt of the two, the first set's on a tie.
+    assert_eq!(victim(&[full, [s(5, 9), s(6, 9), s(7, 4), s(8, 9)]], now), (1, 2));
+    assert_eq!(victim(&[[s(1, 9), s(2, 4), s(3, 9), s(4, 9)], [s(5, 9), s(6, 9), s(7, 4), s(8, 9)]], now), (0, 1));
 }
