@@ -51,9 +51,14 @@ impl Daemon {
     /// Starts `policer ARGS` in `ns` and waits until it reports that it is
     /// policing; panics with its output if it exits first.
     pub fn start(ns: &str, args: &[&str]) -> Daemon {
+        Daemon::start_bin(&policer_bin(), ns, args)
+    }
+
+    /// [`Daemon::start`] with another `policer` binary.
+    pub fn start_bin(bin: &std::path::Path, ns: &str, args: &[&str]) -> Daemon {
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns])
-            .arg(policer_bin())
+            .arg(bin)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -125,9 +130,14 @@ impl Daemon {
     /// `policer attach RX_IF --config SANDBOX_CONFIG ARGS...` in the
     /// sandbox's receiving namespace.
     pub fn attach(sb: &crate::netns::Sandbox, args: &[&str]) -> Daemon {
+        Daemon::attach_bin(&policer_bin(), sb, args)
+    }
+
+    /// [`Daemon::attach`] with another `policer` binary.
+    pub fn attach_bin(bin: &std::path::Path, sb: &crate::netns::Sandbox, args: &[&str]) -> Daemon {
         let mut v = vec!["attach", sb.rx_if.as_str(), "--config", sb.config.as_str()];
         v.extend_from_slice(args);
-        Daemon::start(&sb.rx_ns, &v)
+        Daemon::start_bin(bin, &sb.rx_ns, &v)
     }
 }
 

@@ -112,11 +112,16 @@ pub const TABLE_CAPACITY: u32 = 262_144;
 
 /// `policer attach` on the receiving veth with `limit` for every source.
 pub fn policer(net: &Net, limit: Limit, extra: &[&str]) -> Daemon {
+    policer_bin(&crate::daemon::policer_bin(), net, limit, extra)
+}
+
+/// [`policer`] with the `policer` binary at `bin`.
+pub fn policer_bin(bin: &std::path::Path, net: &Net, limit: Limit, extra: &[&str]) -> Daemon {
     let rate = format!("{}pps", limit.pps);
     let burst = limit.burst.to_string();
     let mut args = vec!["--rate", &rate, "--burst", &burst, "--mode", "native", "--interval", "0"];
     args.extend_from_slice(extra);
-    Daemon::attach(&net.sb, &args)
+    Daemon::attach_bin(bin, &net.sb, &args)
 }
 
 /// nftables: a netdev ingress chain on the receiving veth that adds each

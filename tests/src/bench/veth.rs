@@ -80,50 +80,18 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
     let dur = Duration::from_millis(if quick { 600 } else { 2000 });
     let cpu = bench_cpu();
     // ≈ 99 % dropped: every source offers ~100 pps at these rates.
-    let drop_limit = Limit { pps: 1, burst: 1 };
+    let drop_limit = DROP_LIMIT;
     let admit_limit = Limit { pps: 100_000_000, burst: 1_000_000 };
     let mut setups = Vec::new();
-    // BENCH_AB set: only the floor and the dropping policer, for quick A/B
-    // runs of two builds (POLICER_BIN) in turn. Not for the report.
-    let only_drop = std::env::var_os("BENCH_AB").is_some();
     for sys in SYSTEMS {
-        if only_drop && !matches!(sys, System::XdpDrop | System::PolicerDrop) {
-            continue;
-        }
         say(&format!("veth: setting up {}", sys.label()));
         let net = Net::new(sys.tag())?;
         let inst = install(sys, &net, drop_limit, admit_limit)?;
         let g = Generator::new(net.tx_index, net.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)?;
         setups.push((sys, net, inst, g));
     }
-    // Warm-up: every source seen, every table filled.
-    for (sys, net, _, g) in &setups {
-        say(&format!("veth: warm-up {}", sys.label()));
-        g.flood(&net.sb.tx_ns, cpu, Duration::from_millis(if quick { 200 } else { 500 }), CHUNK)?;
-    }
-    let mut samples: Vec<Vec<Sample>> = setups.iter().map(|_| Vec::new()).collect();
-    for rep in 0..reps {
-        say(&format!("veth: repetition {}/{reps}", rep + 1));
-        // Rotate the order so no system always runs first.
-        for k in 0..setups.len() {
-            let i = (k + rep) % setups.len();
-            let (_, net, _, g) = &setups[i];
-            settle();
-            let (s0, u0) = (net.rx_stats()?, net.udp_in()?);
-            let f = g.flood(&net.sb.tx_ns, cpu, dur, CHUNK)?;
-            let (s1, u1) = (net.rx_stats()?, net.udp_in()?);
-            let rx = (s1.rx_packets - s0.rx_packets).max(1);
-            samples[i].push(Sample {
-                cpu: f.own_ns as f64 / rx as f64,
-                busy: f.busy_ns as f64 / rx as f64,
-                wall: f.wall_ns as f64 / rx as f64,
-                mpps: rx as f64 / f.wall_ns as f64 * 1e3,
-                admitted: (u1 - u0) as f64 / rx as f64,
-                lost: f.frames.saturating_sub(rx),
-                received: rx,
-            });
-        }
-    }
+    let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(s, n, _, g)| (s.label(), n, g)).collect();
+    let samples = measure(&runs, cpu, dur, Duration::from_millis(if quick { 200 } else { 500 }), reps)?;
     let floor: Vec<f64> = samples[0].iter().map(|s| s.cpu).collect();
     let mut rows = Vec::new();
     for ((sys, _, inst, _), ss) in setups.iter().zip(&samples) {
@@ -158,6 +126,96 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         drop_limit_pps: drop_limit.pps,
         rows,
     })
+}
+
+/// The dropping rows' limit: every source offers ~100 pps, so ≈ 99 % of
+/// frames are dropped.
+const DROP_LIMIT: Limit = Limit { pps: 1, burst: 1 };
+
+/// Floods every `(label, net, generator)` in turn, `reps` times for `dur`
+/// each (after a warm-up of `warm` each: every source seen, every table
+/// filled); the samples of each, in run order.
+fn measure(
+    runs: &[(&str, &Net, &Generator)],
+    cpu: usize,
+    dur: Duration,
+    warm: Duration,
+    reps: usize,
+) -> Result<Vec<Vec<Sample>>> {
+    for (label, net, g) in runs {
+        say(&format!("veth: warm-up {label}"));
+        g.flood(&net.sb.tx_ns, cpu, warm, CHUNK)?;
+    }
+    let mut samples: Vec<Vec<Sample>> = runs.iter().map(|_| Vec::new()).collect();
+    for rep in 0..reps {
+        say(&format!("veth: repetition {}/{reps}", rep + 1));
+        // Rotate the order so no system always runs first.
+        for k in 0..runs.len() {
+            let i = (k + rep) % runs.len();
+            let (_, net, g) = runs[i];
+            settle();
+            let (s0, u0) = (net.rx_stats()?, net.udp_in()?);
+            let f = g.flood(&net.sb.tx_ns, cpu, dur, CHUNK)?;
+            let (s1, u1) = (net.rx_stats()?, net.udp_in()?);
+            let rx = (s1.rx_packets - s0.rx_packets).max(1);
+            samples[i].push(Sample {
+                cpu: f.own_ns as f64 / rx as f64,
+                busy: f.busy_ns as f64 / rx as f64,
+                wall: f.wall_ns as f64 / rx as f64,
+                mpps: rx as f64 / f.wall_ns as f64 * 1e3,
+                admitted: (u1 - u0) as f64 / rx as f64,
+                lost: f.frames.saturating_sub(rx),
+                received: rx,
+            });
+        }
+    }
+    Ok(samples)
+}
+
+/// One row of [`ab`].
+pub struct AbVethRow {
+    pub label: String,
+    /// CPU ns per received frame.
+    pub cpu_ns: Stat,
+    /// Against the floor, repetition by repetition.
+    pub vs_floor: Stat,
+    /// Against the first binary's row, repetition by repetition.
+    pub vs_first: Stat,
+}
+
+/// The dropping policer of each `policer` binary in `bins`, beside the
+/// xdp_drop floor, measured as the benchmark's veth rows are (65 536
+/// sources, 1 pps each, one CPU), repetitions interleaved: how two builds
+/// compare on the live drop path, paired repetition by repetition, which
+/// is what a change of a few ns needs on a noisy host.
+pub fn ab(bins: &[std::path::PathBuf], reps: usize, dur: Duration) -> Result<Vec<AbVethRow>> {
+    let cpu = bench_cpu();
+    let mut setups = Vec::new();
+    let floor = Net::new("abf")?;
+    let floor_xdp = install(System::XdpDrop, &floor, DROP_LIMIT, DROP_LIMIT)?;
+    let g = Generator::new(floor.tx_index, floor.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)?;
+    setups.push(("xdp_drop (floor)".to_string(), floor, floor_xdp, g));
+    for (i, bin) in bins.iter().enumerate() {
+        say(&format!("veth: setting up the dropping policer of {}", bin.display()));
+        let net = Net::new(&format!("ab{i}"))?;
+        let capacity = super::peers::TABLE_CAPACITY.to_string();
+        let d = super::peers::policer_bin(bin, &net, DROP_LIMIT, &["--max-sources", &capacity]);
+        let g = Generator::new(net.tx_index, net.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)?;
+        setups.push((bin.display().to_string(), net, Installed::Daemon(Box::new(d)), g));
+    }
+    let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();
+    let samples = measure(&runs, cpu, dur, Duration::from_millis(500), reps)?;
+    let cpu_of = |i: usize| samples[i].iter().map(|s| s.cpu).collect::<Vec<_>>();
+    let ratio = |a: &[f64], b: &[f64]| Stat::of(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>());
+    let (floor, first) = (cpu_of(0), cpu_of(1.min(setups.len() - 1)));
+    Ok((0..setups.len())
+        .map(|i| AbVethRow {
+            label: setups[i].0.clone(),
+            cpu_ns: Stat::of(&cpu_of(i)),
+            vs_floor: ratio(&cpu_of(i), &floor),
+            vs_first: ratio(&cpu_of(i), &first),
+        })
+        .collect())
 }
 
 /// Ratio of two rows' CPU ns per frame, repetition by repetition.

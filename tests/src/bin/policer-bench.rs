@@ -40,6 +40,34 @@ struct Args {
     /// it with a later build by `--ab`), and exit.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["quick", "only"])]
     save_object: Option<PathBuf>,
+    /// Instead of the benchmark: the live drop path of `policer` binaries
+    /// side by side on veth (comma-separated paths), each as the
+    /// benchmark's dropping policer row, beside the xdp_drop floor,
+    /// repetitions interleaved and compared pair by pair. Prints a table;
+    /// writes nothing.
+    #[arg(long, value_delimiter = ',', value_name = "BINARIES", conflicts_with_all = ["quick", "only", "save_object", "ab"])]
+    ab_veth: Vec<PathBuf>,
+    /// Repetitions (of one second each) of an `--ab-veth` run.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000), requires = "ab_veth")]
+    ab_veth_reps: u32,
+}
+
+/// `--ab-veth`.
+fn ab_veth(a: &Args) -> anyhow::Result<()> {
+    for b in &a.ab_veth {
+        if !b.is_file() {
+            anyhow::bail!("{}: no such policer binary", b.display());
+        }
+    }
+    let rows = policer_tests::bench::veth::ab(&a.ab_veth, a.ab_veth_reps as usize, std::time::Duration::from_secs(1))?;
+    println!("CPU ns per received packet on veth (65 536 sources, 1 pps each), {} repetitions", a.ab_veth_reps);
+    println!("{:48} {:>22} {:>22} {:>22}", "", "ns median (min-max)", "x floor", "x first binary");
+    for r in rows {
+        let f =
+            |s: &policer_tests::bench::Stat, d: usize| format!("{:.d$} ({:.d$}-{:.d$})", s.median, s.min, s.max, d = d);
+        println!("{:48} {:>22} {:>22} {:>22}", r.label, f(&r.cpu_ns, 0), f(&r.vs_floor, 2), f(&r.vs_first, 3));
+    }
+    Ok(())
 }
 
 /// `--save-object` and `--ab`.
@@ -81,8 +109,9 @@ fn main() -> ExitCode {
     // before any thread exists.)
     // SAFETY: plain syscall.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) };
-    if a.save_object.is_some() || !a.ab.is_empty() {
-        return match objects(&a) {
+    if a.save_object.is_some() || !a.ab.is_empty() || !a.ab_veth.is_empty() {
+        let r = if a.ab_veth.is_empty() { objects(&a) } else { ab_veth(&a) };
+        return match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 say(&format!("error: {e:#}"));
