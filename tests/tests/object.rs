@@ -237,28 +237,36 @@ fn unmatched_sources_pass() {
     assert_eq!((c.unmatched_pkts, c.passed_pkts, c.dropped_pkts), (2, 0, 0));
 }
 
-/// The IPv4 table: a new source takes an empty slot of its first set, else
-/// of its second, else a drained one, else the one with the least debt; a
-/// full bucket goes last. A drop count survives a change of rule.
+/// A policer on a 64-source IPv4 table (32 sets) with a known hash seed,
+/// under the test clock, and that table's geometry, so a test can pick
+/// sources that share sets. `drop_sample_shift` 0 counts every drop.
+fn small_table(drop_sample_shift: u32) -> (Policer, table::Geometry) {
+    const SEED: u64 = 0x0123_4567_89ab_cdef;
+    let max = 64;
+    let p = Policer::load(&LoadOptions {
+        max_sources: max,
+        test_clock: true,
+        table_seed: Some(SEED),
+        drop_sample_shift,
+        ..Default::default()
+    })
+    .expect("load object");
+    (p, table::Geometry::new(SEED, table::sets_for(max)))
+}
+
+/// The IPv4 table: a new source takes a free slot (never used, else
+/// drained) of its first set, else of its second, else the one of the two
+/// sets with the least debt; a full bucket goes last. A drop count survives
+/// a change of rule.
 #[test]
 fn ipv4_table_evicts_drained_then_least_debt() {
     if !privileged("object tier") {
         return;
     }
-    const SEED: u64 = 0x0123_4567_89ab_cdef;
-    let max = 64;
-    let mut p = Policer::load(&LoadOptions {
-        max_sources: max,
-        test_clock: true,
-        table_seed: Some(SEED),
-        // Every drop counted, to check the count exactly.
-        drop_sample_shift: 0,
-        ..Default::default()
-    })
-    .expect("load object");
+    // Every drop counted, to check the count exactly.
+    let (mut p, g) = small_table(0);
     // Ten sources whose two sets are the same two sets (eight slots),
     // found with the table's own hash.
-    let g = table::Geometry::new(SEED, table::sets_for(max));
     let sets = |i: u32| {
         let mut s = g.sets_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
         s.sort();
@@ -324,16 +332,7 @@ fn sources_sharing_a_set_are_each_held_to_their_rate() {
     if !privileged("object tier") {
         return;
     }
-    const SEED: u64 = 0x0123_4567_89ab_cdef;
-    let max = 64;
-    let mut p = Policer::load(&LoadOptions {
-        max_sources: max,
-        test_clock: true,
-        table_seed: Some(SEED),
-        ..Default::default()
-    })
-    .expect("load object");
-    let g = table::Geometry::new(SEED, table::sets_for(max));
+    let (mut p, g) = small_table(table::DROP_SAMPLE_SHIFT);
     let first = |i: u32| g.set_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
     let s: Vec<Vec<u8>> = (0..100_000u32)
         .filter(|&i| first(i) == first(0))
