@@ -112,6 +112,59 @@ pub struct KernelResults {
     /// True when `LoadOptions::bench_sources` did not take effect and the
     /// benchmark set the BENCH_SOURCES global itself.
     pub bench_sources_override: bool,
+    /// What one random read costs on the benchmark CPU, by the size of the
+    /// region read from (see [`memory_latency`]).
+    pub memory: Vec<MemoryLatency>,
+}
+
+/// One working-set size of [`memory_latency`].
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryLatency {
+    pub bytes: usize,
+    /// ns per dependent read of a random cache line of the region.
+    pub ns: f64,
+}
+
+/// Working sets [`memory_latency`] measures: L2-sized to past the tables.
+pub const MEMORY_SIZES: [usize; 6] = [256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 32 << 20];
+
+/// The latency of a random cache-line read from user space on this CPU,
+/// by the size of the region: a chain of pointers through every line of
+/// the region in random order, each read waiting for the one before (as
+/// the policer's bucket read waits for the hash). It says what a table of
+/// a given size costs per lookup on this machine, apart from any program.
+pub fn memory_latency(reads: usize) -> Vec<MemoryLatency> {
+    MEMORY_SIZES
+        .iter()
+        .map(|&bytes| {
+            let lines = bytes / 64;
+            // Every line in one random cycle (Sattolo's shuffle).
+            let mut order: Vec<usize> = (0..lines).collect();
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for i in (1..lines).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                order.swap(i, (x % i as u64) as usize);
+            }
+            // next[line * 8] = the next line's first word index.
+            let mut next = vec![0usize; lines * 8];
+            for i in 0..lines {
+                next[order[i] * 8] = order[(i + 1) % lines] * 8;
+            }
+            let mut p = 0usize;
+            for _ in 0..lines {
+                p = next[p];
+            }
+            let t0 = Instant::now();
+            for _ in 0..reads {
+                p = next[p];
+            }
+            let ns = t0.elapsed().as_nanos() as f64 / reads as f64;
+            std::hint::black_box(p);
+            MemoryLatency { bytes, ns }
+        })
+        .collect()
 }
 
 fn frame() -> Vec<u8> {
@@ -305,7 +358,9 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
             created_while_measuring: created,
         });
     }
-    Ok(KernelResults { rows: out, bench_sources_override: !through_loader })
+    // On the same pinned CPU, after the programs.
+    let memory = memory_latency(if quick { 2_000_000 } else { 10_000_000 });
+    Ok(KernelResults { rows: out, bench_sources_override: !through_loader, memory })
 }
 
 /// One row of an A/B comparison ([`ab`]): wall ns per packet over the
