@@ -193,8 +193,8 @@ pub struct Counters {
     pub cas_retries: u64,
     /// Frames dropped because every compare-and-swap round was lost.
     pub cas_exhausted: u64,
-    /// New sources refused by their rule's new-source limiter: their bucket
-    /// is created full and the frame dropped (table pressure).
+    /// New sources refused by their rule's new-source limiter: the frame is
+    /// dropped and no bucket is made (table pressure).
     pub new_sources_limited: u64,
 }
 

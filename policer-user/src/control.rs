@@ -88,7 +88,7 @@ pub struct IfaceStats {
     /// Frames dropped because every compare-and-swap round was lost.
     pub cas_exhausted: u64,
     /// Sources refused a fresh bucket by their rule's new-source limiter
-    /// (table pressure): their bucket started full.
+    /// (table pressure): the frame was dropped and no bucket made.
     pub new_sources_limited: u64,
     /// Per-second rates since the previous sample (`--watch` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]

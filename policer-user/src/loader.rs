@@ -417,7 +417,7 @@ impl Policer {
 
     fn read_max_sources(&self) -> Result<u32> {
         // The IPv6 table holds exactly `--max-sources`; the IPv4 table has
-        // that many slots, rounded up to whole sets.
+        // twice that many slots (table::SLOTS_PER_SOURCE), in whole sets.
         let m = self.ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))?;
         match m {
             aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS_V6)),

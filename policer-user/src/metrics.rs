@@ -116,14 +116,14 @@ pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
     reg.register("buckets_created", "Buckets created in the table", counter(s.table.created));
     reg.register(
         "bucket_evictions",
-        "Buckets evicted from the LRU table to make room (created minus live)",
+        "Buckets evicted from the bucket tables to make room (created minus live)",
         counter(evicted),
     );
     reg.register("bucket_insert_failures", "Bucket inserts the kernel refused", counter(s.table.insert_failures));
     reg.register("cas_retries", "Compare-and-swap rounds lost to another CPU", counter(s.totals.cas_retries));
     reg.register(
         "new_sources_limited",
-        "Sources refused a fresh bucket under table pressure (their bucket started full, the frame dropped)",
+        "Sources refused a fresh bucket under table pressure (the frame dropped, no bucket made)",
         counter(s.totals.new_sources_limited),
     );
     reg.register(

@@ -61,7 +61,7 @@ enum Cmd {
     /// Measure against nftables, iptables hashlimit and XDP floors; writes
     /// BENCHMARKS.md, bench/results.json and bench/*.png.
     Bench {
-        /// Smoke run (about 3 minutes) instead of the full one.
+        /// Smoke run (about a minute once built) instead of the full one.
         #[arg(long)]
         quick: bool,
     },

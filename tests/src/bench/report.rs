@@ -539,7 +539,7 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(
         w,
         "`cargo xtask bench` (as root; about 6 minutes once built) or `cargo xtask bench --quick` (a smoke run of \
-         under 2 minutes) installs nftables, iptables, ethtool and the DejaVu font if missing, builds release binaries and runs \
+         about a minute once built) installs nftables, iptables, ethtool and the DejaVu font if missing, builds release binaries and runs \
          `target/release/policer-bench`, which rewrites this file, `bench/results.json` and `bench/*.png`. Everything \
          runs inside network namespaces named `pb-*` that are removed afterwards. Nothing here asserts a timing: the \
          benchmark only reports."

@@ -9,7 +9,7 @@ use policer_tests::bench::{Options, run, say};
 #[derive(Parser)]
 #[command(name = "policer-bench", about = "Benchmark policer against XDP floors and the kernel's per-source limiters")]
 struct Args {
-    /// Smoke run (about 3 minutes).
+    /// Smoke run (about a minute).
     #[arg(long)]
     quick: bool,
     /// The Markdown report to write.
