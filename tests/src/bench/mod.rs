@@ -78,23 +78,30 @@ pub struct Options {
     pub only: Vec<String>,
 }
 
-/// Runs one experiment; a failure (error or panic) is recorded, not fatal.
-fn guarded<T>(name: &str, errors: &mut Vec<String>, f: impl FnOnce() -> Result<T>) -> Option<T> {
-    say(&format!("{name}: start"));
-    let t0 = Instant::now();
-    let r = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => Some(v),
-        Ok(Err(e)) => {
-            errors.push(format!("{name}: {e:#}"));
-            None
-        }
+/// `f`, with a panic (the test-support helpers panic when a daemon does
+/// not start) turned into an error carrying the first lines of its message.
+pub fn unpanic<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
         Err(p) => {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            errors.push(format!("{name}: panicked: {}", msg.lines().take(3).collect::<Vec<_>>().join(" ")));
+            Err(anyhow::anyhow!("panicked: {}", msg.lines().take(3).collect::<Vec<_>>().join(" ")))
+        }
+    }
+}
+
+/// Runs one experiment; a failure (error or panic) is recorded, not fatal.
+fn guarded<T>(name: &str, errors: &mut Vec<String>, f: impl FnOnce() -> Result<T>) -> Option<T> {
+    say(&format!("{name}: start"));
+    let t0 = Instant::now();
+    let r = match unpanic(f) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(format!("{name}: {e:#}"));
             None
         }
     };

@@ -87,7 +87,7 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         say(&format!("veth: setting up {}", sys.label()));
         let net = Net::new(sys.tag())?;
         let inst = install(sys, &net, drop_limit, admit_limit)?;
-        let g = Generator::new(net.tx_index, net.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)?;
+        let g = flood_of(&net)?;
         setups.push((sys, net, inst, g));
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(s, n, _, g)| (s.label(), n, g)).collect();
@@ -126,6 +126,12 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         drop_limit_pps: drop_limit.pps,
         rows,
     })
+}
+
+/// The benchmark's flood into `net`: 64-byte UDP from SOURCES sources,
+/// 10.1.0.0 on, in turn.
+fn flood_of(net: &Net) -> Result<Generator> {
+    Generator::new(net.tx_index, net.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)
 }
 
 /// The dropping rows' limit: every source offers ~100 pps, so ≈ 99 % of
@@ -193,14 +199,14 @@ pub fn ab(bins: &[std::path::PathBuf], reps: usize, dur: Duration) -> Result<Vec
     let mut setups = Vec::new();
     let floor = Net::new("abf")?;
     let floor_xdp = install(System::XdpDrop, &floor, DROP_LIMIT, DROP_LIMIT)?;
-    let g = Generator::new(floor.tx_index, floor.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)?;
+    let g = flood_of(&floor)?;
     setups.push(("xdp_drop (floor)".to_string(), floor, floor_xdp, g));
     for (i, bin) in bins.iter().enumerate() {
         say(&format!("veth: setting up the dropping policer of {}", bin.display()));
         let net = Net::new(&format!("ab{i}"))?;
         let capacity = super::peers::TABLE_CAPACITY.to_string();
         let d = super::peers::policer_bin(bin, &net, DROP_LIMIT, &["--max-sources", &capacity]);
-        let g = Generator::new(net.tx_index, net.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)?;
+        let g = flood_of(&net)?;
         setups.push((bin.display().to_string(), net, Installed::Daemon(Box::new(d)), g));
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();

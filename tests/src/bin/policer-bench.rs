@@ -59,7 +59,11 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
             anyhow::bail!("{}: no such policer binary", b.display());
         }
     }
-    let rows = policer_tests::bench::veth::ab(&a.ab_veth, a.ab_veth_reps as usize, std::time::Duration::from_secs(1))?;
+    // A binary that is not a policer fails to start: an error, not a panic
+    // (the namespaces are removed either way).
+    let rows = policer_tests::bench::unpanic(|| {
+        policer_tests::bench::veth::ab(&a.ab_veth, a.ab_veth_reps as usize, std::time::Duration::from_secs(1))
+    })?;
     println!("CPU ns per received packet on veth (65 536 sources, 1 pps each), {} repetitions", a.ab_veth_reps);
     println!("{:48} {:>22} {:>22} {:>22}", "", "ns median (min-max)", "x floor", "x first binary");
     for r in rows {
