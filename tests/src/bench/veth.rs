@@ -19,6 +19,10 @@ use super::{
 
 pub const SOURCES: u32 = 65_536;
 
+/// Fewer active sources for the dropping policer, same table and limit:
+/// how its cost grows with the part of the table the flood touches.
+pub const SWEEP_SOURCES: [u32; 3] = [1, 4_096, 16_384];
+
 pub const SYSTEMS: [System; 7] = [
     System::XdpDrop,
     System::PolicerDrop,
@@ -64,6 +68,18 @@ pub struct VethResults {
     pub cpu: usize,
     pub drop_limit_pps: u64,
     pub rows: Vec<VethRow>,
+    /// The dropping policer by active sources (SWEEP_SOURCES, then the
+    /// dropping row's SOURCES), measured in the same repetitions.
+    pub by_sources: Vec<SweepRow>,
+}
+
+/// The dropping policer with `sources` active sources.
+#[derive(Clone, Debug, Serialize)]
+pub struct SweepRow {
+    pub sources: u32,
+    pub cpu_ns: Stat,
+    /// Against the floor, repetition by repetition.
+    pub vs_floor: Stat,
 }
 
 struct Sample {
@@ -90,9 +106,35 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         let g = flood_of(&net)?;
         setups.push((sys, net, inst, g));
     }
-    let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(s, n, _, g)| (s.label(), n, g)).collect();
+    let mut sweep = Vec::new();
+    for n in SWEEP_SOURCES {
+        say(&format!("veth: setting up the dropping policer for {n} sources"));
+        let net = Net::new(&format!("s{n}"))?;
+        let inst = install(System::PolicerDrop, &net, drop_limit, admit_limit)?;
+        let g = Generator::new(net.tx_index, net.rx_mac, n, Ipv4Addr::new(10, 1, 0, 0), false)?;
+        sweep.push((n, format!("policer, dropping, {n} sources"), net, inst, g));
+    }
+    let mut runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(s, n, _, g)| (s.label(), n, g)).collect();
+    runs.extend(sweep.iter().map(|(_, l, n, _, g)| (l.as_str(), n, g)));
     let samples = measure(&runs, cpu, dur, Duration::from_millis(if quick { 200 } else { 500 }), reps)?;
     let floor: Vec<f64> = samples[0].iter().map(|s| s.cpu).collect();
+    let vs_floor = |ss: &[Sample]| Stat::of(&ss.iter().zip(&floor).map(|(s, f)| s.cpu / f).collect::<Vec<_>>());
+    let mut by_sources: Vec<SweepRow> = sweep
+        .iter()
+        .zip(&samples[setups.len()..])
+        .map(|((n, ..), ss)| SweepRow {
+            sources: *n,
+            cpu_ns: Stat::of(&ss.iter().map(|s| s.cpu).collect::<Vec<_>>()),
+            vs_floor: vs_floor(ss),
+        })
+        .collect();
+    for (_, label, _, inst, _) in &sweep {
+        if let Installed::Daemon(d) = inst
+            && !d.stderr().is_empty()
+        {
+            say(&format!("veth: {label} daemon said: {}", d.stderr()));
+        }
+    }
     let mut rows = Vec::new();
     for ((sys, _, inst, _), ss) in setups.iter().zip(&samples) {
         if let Installed::Daemon(d) = inst
@@ -101,7 +143,9 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
             say(&format!("veth: {} daemon said: {}", sys.label(), d.stderr()));
         }
         let v = |f: fn(&Sample) -> f64| Stat::of(&ss.iter().map(f).collect::<Vec<_>>());
-        let ratio: Vec<f64> = ss.iter().zip(&floor).map(|(s, f)| s.cpu / f).collect();
+        if *sys == System::PolicerDrop {
+            by_sources.push(SweepRow { sources: SOURCES, cpu_ns: v(|s| s.cpu), vs_floor: vs_floor(ss) });
+        }
         rows.push(VethRow {
             system: *sys,
             key: sys.key().into(),
@@ -112,7 +156,7 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
             wall_ns: v(|s| s.wall),
             mpps: v(|s| s.mpps),
             admitted: v(|s| s.admitted),
-            vs_floor: Stat::of(&ratio),
+            vs_floor: vs_floor(ss),
             lost: ss.iter().map(|s| s.lost).sum(),
             received: ss.iter().map(|s| s.received).sum(),
         });
@@ -125,6 +169,7 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         cpu,
         drop_limit_pps: drop_limit.pps,
         rows,
+        by_sources,
     })
 }
 
