@@ -478,9 +478,13 @@ pub fn markdown(r: &Results) -> String {
             w,
             "{} heavy sources each offered {:.0} pps (10× the limit) and one light source at {} pps, for {:.0} s, \
              smoothly paced by the tests' AF_PACKET generator (tests/src/traffic.rs); every system polices each source to \
-             {} pps, burst {}. Counted by a UDP socket on the receiving side (after every system's verdict). Expected per \
-             heavy source = rate · T + burst, T = time between its first and last frame sent. {} repetition(s), a fresh \
-             system each time.\n",
+             {} pps, burst {}. Counted by a UDP socket on the receiving side (after every system's verdict). **Exact** \
+             = what a perfect token bucket of the same rate and burst admits from the frames as the generator \
+             actually sent them, at their send times (`exact_admitted` in tests/src/bench/accuracy.rs, apart from \
+             the policer's own arithmetic): on a busy host the sending thread is sometimes paused and then catches \
+             up in a burst, which any exact policer must partly drop. The error per source is against it. **Budget** \
+             = rate · T + burst, T = time between the source's first and last frame sent: what perfectly smooth \
+             sending would get. {} repetition(s), a fresh system each time.\n",
             a.heavy_flows,
             a.offered_pps,
             a.limit_pps / 2,
@@ -489,22 +493,33 @@ pub fn markdown(r: &Results) -> String {
             a.burst,
             a.reps
         );
-        let _ = writeln!(w, "| system | heavy sources: admitted / expected | error per source | light source lost |");
-        let _ = writeln!(w, "|---|---|---|---|");
-        for x in &a.rows {
-            let adm: Vec<String> = x.admitted.iter().zip(&x.expected).map(|(a, e)| format!("{a} / {e:.0}")).collect();
-            let e = &x.error;
-            let err = if e.n == 0 {
+        let _ = writeln!(
+            w,
+            "| system | heavy sources: admitted / exact | error per source | against the budget | light source \
+             lost (exact) |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|");
+        let pct = |e: &Stat| {
+            if e.n == 0 {
                 "–".into()
             } else {
                 format!("{:+.2} % ({:+.2} … {:+.2} %)", e.median * 100.0, e.min * 100.0, e.max * 100.0)
-            };
+            }
+        };
+        for x in &a.rows {
+            let adm: Vec<String> = x.admitted.iter().zip(&x.exact).map(|(a, e)| format!("{a} / {e}")).collect();
+            let budget: Vec<String> = x.expected.iter().map(|e| format!("{e:.0}")).collect();
+            let light: Vec<String> =
+                x.light_lost.iter().zip(&x.light_lost_exact).map(|(l, e)| format!("{l} ({e})")).collect();
             let _ = writeln!(
                 w,
-                "| {} | {} | {err} | {} |",
+                "| {} | {} | {} | {} (budget {}) | {} |",
                 x.label,
                 adm.join(", "),
-                x.light_lost.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+                pct(&x.error),
+                pct(&x.error_budget),
+                budget.join(", "),
+                light.join(", ")
             );
         }
         let _ = writeln!(w, "\n![Admitted rate of a heavy hitter against its limit](bench/accuracy.png)\n");
