@@ -115,9 +115,10 @@ pub fn run(o: &Options) -> Result<Results> {
     let reps = if o.quick { 2 } else { 5 };
     let mut errors = vec![];
     let kernel = if want("kernel") { guarded("kernel cost", &mut errors, || kernel::run(o.quick, reps)) } else { None };
-    // The veth rows are the noisiest (a 2-vCPU VM shares its host): nine
-    // repetitions, so a burst of someone else's load cannot move a median.
-    let veth_reps = if o.quick { reps } else { 9 };
+    // The veth rows are the noisiest (a 2-vCPU VM shares its host): fifteen
+    // repetitions (about 5 minutes), so a burst of someone else's load
+    // cannot move a median.
+    let veth_reps = if o.quick { reps } else { 15 };
     let veth = if want("veth") { guarded("veth cost", &mut errors, || veth::run(o.quick, veth_reps)) } else { None };
     let accuracy = if want("accuracy") {
         guarded("accuracy", &mut errors, || accuracy::run(o.quick, if o.quick { 1 } else { 2 }))

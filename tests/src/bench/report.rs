@@ -555,7 +555,7 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(w, "## How to run\n");
     let _ = writeln!(
         w,
-        "`cargo xtask bench` (as root; about 6 minutes once built) or `cargo xtask bench --quick` (a smoke run of \
+        "`cargo xtask bench` (as root; about 9 minutes once built) or `cargo xtask bench --quick` (a smoke run of \
          about a minute once built) installs nftables, iptables, ethtool and the DejaVu font if missing, builds release binaries and runs \
          `target/release/policer-bench`, which rewrites this file, `bench/results.json` and `bench/*.png`. Everything \
          runs inside network namespaces named `pb-*` that are removed afterwards. Nothing here asserts a timing: the \
