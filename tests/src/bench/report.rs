@@ -110,8 +110,8 @@ const LIVE_PROFILE: &str = "Profiled apart from this run (perf cpu-clock samplin
      profile's top sample moved to the notes' read, which missed as the table's had. Under the live flood a 1 MiB \
      region does not stay in L2 either, and the cache cost the admit path 13 ns under PROG_TEST_RUN: a source's \
      line is read again only after 65 536 frames of generator and veth work, which evict even a 1 MiB region \
-     between two visits. Nor is it a mispredicted branch after the miss (the way a source sits in is random, so \
-     the way-by-way match branches wrongly on about a fifth of lookups): a match of the four ways without a \
+     between two visits. Nor is it a mispredicted branch after the miss (at this load about a fifth of the \
+     sources sit past their set's first way, where a way-by-way match can mispredict): a match of the four ways without a \
      branch per way, tried on commit 2697f9a, cost 2–8 ns more under PROG_TEST_RUN (more instructions) and no \
      measurable difference on veth; not kept.";
 
