@@ -123,6 +123,12 @@ pub struct MemoryLatency {
     pub bytes: usize,
     /// ns per dependent read of a random cache line of the region.
     pub ns: f64,
+    /// The same with the region in 2 MiB pages (transparent huge pages):
+    /// how much of `ns` is address translation. NaN below 2 MiB.
+    pub huge_ns: f64,
+    /// Share of the region the kernel did back with huge pages (NaN: not
+    /// measured).
+    pub huge_share: f64,
 }
 
 /// Working sets [`memory_latency`] measures: L2-sized to past the tables.
@@ -137,34 +143,119 @@ pub fn memory_latency(reads: usize) -> Vec<MemoryLatency> {
     MEMORY_SIZES
         .iter()
         .map(|&bytes| {
-            let lines = bytes / 64;
-            // Every line in one random cycle (Sattolo's shuffle).
-            let mut order: Vec<usize> = (0..lines).collect();
-            let mut x = 0x9e37_79b9_7f4a_7c15u64;
-            for i in (1..lines).rev() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                order.swap(i, (x % i as u64) as usize);
+            // Three rounds of each, alternating, the medians: the host's
+            // other tenants move a single reading.
+            let (mut ns, mut huge_ns, mut huge_share) = (vec![], vec![], f64::NAN);
+            for _ in 0..3 {
+                ns.push(chase(Region::new(bytes, false).words(), reads));
+                // A region smaller than a huge page cannot have one.
+                if bytes >= Region::HUGE {
+                    let mut huge = Region::new(bytes, true);
+                    huge_share = huge.huge_share();
+                    huge_ns.push(chase(huge.words(), reads));
+                }
             }
-            // next[line * 8] = the next line's first word index.
-            let mut next = vec![0usize; lines * 8];
-            for i in 0..lines {
-                next[order[i] * 8] = order[(i + 1) % lines] * 8;
-            }
-            let mut p = 0usize;
-            for _ in 0..lines {
-                p = next[p];
-            }
-            let t0 = Instant::now();
-            for _ in 0..reads {
-                p = next[p];
-            }
-            let ns = t0.elapsed().as_nanos() as f64 / reads as f64;
-            std::hint::black_box(p);
-            MemoryLatency { bytes, ns }
+            let median = |v: &[f64]| if v.is_empty() { f64::NAN } else { Stat::of(v).median };
+            MemoryLatency { bytes, ns: median(&ns), huge_ns: median(&huge_ns), huge_share }
         })
         .collect()
+}
+
+/// ns per read of a pointer chase through every cache line of `next`, in
+/// one random cycle.
+fn chase(next: &mut [usize], reads: usize) -> f64 {
+    let lines = next.len() / 8;
+    // Every line in one random cycle (Sattolo's shuffle).
+    let mut order: Vec<usize> = (0..lines).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in (1..lines).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % i as u64) as usize);
+    }
+    // next[line * 8] = the next line's first word index.
+    for i in 0..lines {
+        next[order[i] * 8] = order[(i + 1) % lines] * 8;
+    }
+    let mut p = 0usize;
+    for _ in 0..lines {
+        p = next[p];
+    }
+    let t0 = Instant::now();
+    for _ in 0..reads {
+        p = next[p];
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / reads as f64;
+    std::hint::black_box(p);
+    ns
+}
+
+/// An anonymous mapping of `bytes`, 2 MiB-aligned, with or without
+/// transparent huge pages.
+struct Region {
+    base: *mut libc::c_void,
+    len: usize,
+    start: usize,
+    bytes: usize,
+}
+
+impl Region {
+    const HUGE: usize = 2 << 20;
+
+    fn new(bytes: usize, huge: bool) -> Region {
+        let len = bytes + Self::HUGE;
+        // SAFETY: a fresh private anonymous mapping; checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(base != libc::MAP_FAILED, "mmap of {len} bytes: {}", std::io::Error::last_os_error());
+        let start = (base as usize).next_multiple_of(Self::HUGE);
+        let advice = if huge { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+        // SAFETY: inside the mapping. Advice only: failure leaves 4 KiB
+        // pages, which huge_share reports.
+        unsafe { libc::madvise(start as *mut libc::c_void, bytes, advice) };
+        let mut r = Region { base, len, start, bytes };
+        r.words().fill(0);
+        r
+    }
+
+    fn words(&mut self) -> &mut [usize] {
+        // SAFETY: `bytes` of the mapping from `start`, aligned, owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.start as *mut usize, self.bytes / 8) }
+    }
+
+    /// AnonHugePages of the mapping, over its size (from /proc/self/smaps).
+    fn huge_share(&self) -> f64 {
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return f64::NAN };
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ')
+                && let Some((a, b)) = range.split_once('-')
+                && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            {
+                inside = a <= self.start && self.start < b;
+            } else if inside && let Some(kb) = line.strip_prefix("AnonHugePages:") {
+                let kb: f64 = kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(f64::NAN);
+                return kb * 1024.0 / self.bytes as f64;
+            }
+        }
+        f64::NAN
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
 }
 
 fn frame() -> Vec<u8> {
