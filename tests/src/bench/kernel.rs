@@ -146,13 +146,17 @@ pub fn memory_latency(reads: usize) -> Vec<MemoryLatency> {
             // Three rounds of each, alternating, the medians: the host's
             // other tenants move a single reading.
             let (mut ns, mut huge_ns, mut huge_share) = (vec![], vec![], f64::NAN);
-            for _ in 0..3 {
-                ns.push(chase(Region::new(bytes, false).words(), reads));
-                // A region smaller than a huge page cannot have one.
-                if bytes >= Region::HUGE {
-                    let mut huge = Region::new(bytes, true);
-                    huge_share = huge.huge_share();
-                    huge_ns.push(chase(huge.words(), reads));
+            for round in 0..3 {
+                // Each kind goes first in turn. A region smaller than a huge
+                // page cannot have one.
+                for huge in [round % 2 == 1, round % 2 == 0] {
+                    if !huge {
+                        ns.push(chase(Region::new(bytes, false).words(), reads));
+                    } else if bytes >= Region::HUGE {
+                        let mut r = Region::new(bytes, true);
+                        huge_share = r.huge_share();
+                        huge_ns.push(chase(r.words(), reads));
+                    }
                 }
             }
             let median = |v: &[f64]| if v.is_empty() { f64::NAN } else { Stat::of(v).median };

@@ -227,10 +227,13 @@ pub fn accuracy(a: &AccuracyResults, path: &Path) -> Result<()> {
     for (i, (r, area)) in a.rows.iter().zip(panels.iter()).enumerate() {
         let c = colors[i % colors.len()];
         let adm: u64 = r.admitted.last().copied().unwrap_or(0);
-        let exp: f64 = r.expected.last().copied().unwrap_or(f64::NAN);
+        let exact: u64 = r.exact.last().copied().unwrap_or(0);
         let mut chart = ChartBuilder::on(area)
             .caption(
-                format!("{} (all {} heavy sources: {adm} admitted, {exp:.0} expected)", r.label, a.heavy_flows),
+                format!(
+                    "{} (all {} heavy sources: {adm} admitted, {exact} by an exact bucket)",
+                    r.label, a.heavy_flows
+                ),
                 ("sans-serif", 14),
             )
             .margin(8)

@@ -80,6 +80,8 @@ pub struct SweepRow {
     pub cpu_ns: Stat,
     /// Against the floor, repetition by repetition.
     pub vs_floor: Stat,
+    /// Fraction of received frames that reached the UDP layer.
+    pub admitted: Stat,
 }
 
 struct Sample {
@@ -126,6 +128,7 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
             sources: *n,
             cpu_ns: Stat::of(&ss.iter().map(|s| s.cpu).collect::<Vec<_>>()),
             vs_floor: vs_floor(ss),
+            admitted: Stat::of(&ss.iter().map(|s| s.admitted).collect::<Vec<_>>()),
         })
         .collect();
     for (_, label, _, inst, _) in &sweep {
@@ -144,7 +147,12 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         }
         let v = |f: fn(&Sample) -> f64| Stat::of(&ss.iter().map(f).collect::<Vec<_>>());
         if *sys == System::PolicerDrop {
-            by_sources.push(SweepRow { sources: SOURCES, cpu_ns: v(|s| s.cpu), vs_floor: vs_floor(ss) });
+            by_sources.push(SweepRow {
+                sources: SOURCES,
+                cpu_ns: v(|s| s.cpu),
+                vs_floor: vs_floor(ss),
+                admitted: v(|s| s.admitted),
+            });
         }
         rows.push(VethRow {
             system: *sys,
