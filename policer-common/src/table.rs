@@ -182,18 +182,12 @@ impl Geometry {
         Geometry { seed, sets: sets as u64 }
     }
 
-    /// The set a key word falls in: the key mixed with the seed (the
-    /// 64-bit finalizer of MurmurHash3: every input bit moves every output
-    /// bit), its high 32 bits scaled to the number of sets (no division,
-    /// any number of sets).
-    #[inline(always)]
-    pub fn set_of(&self, key: u64) -> u32 {
-        self.sets_of(key)[0]
-    }
-
-    /// The two sets a key word may live in: [`Geometry::set_of`] first,
-    /// then one from the low half of the same hash (the same set again when
-    /// there is only one).
+    /// The two sets a key word may live in: the key mixed with the seed
+    /// (the 64-bit finalizer of MurmurHash3: every input bit moves every
+    /// output bit), its high 32 bits scaled to the number of sets (no
+    /// division, any number of sets) for the first, which is the one set
+    /// of earlier builds, then its low 32 bits alike for the second (the
+    /// same set again when there is only one).
     #[inline(always)]
     pub fn sets_of(&self, key: u64) -> [u32; 2] {
         let mut h = key ^ self.seed;

@@ -333,7 +333,7 @@ fn sources_sharing_a_set_are_each_held_to_their_rate() {
         return;
     }
     let (mut p, g) = small_table(table::DROP_SAMPLE_SHIFT);
-    let first = |i: u32| g.set_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
+    let first = |i: u32| g.sets_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32))[0];
     let s: Vec<Vec<u8>> = (0..100_000u32)
         .filter(|&i| first(i) == first(0))
         .take(6)

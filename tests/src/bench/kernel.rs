@@ -123,8 +123,8 @@ pub struct MemoryLatency {
     pub bytes: usize,
     /// ns per dependent read of a random cache line of the region.
     pub ns: f64,
-    /// The same with the region in 2 MiB pages (transparent huge pages):
-    /// how much of `ns` is address translation. NaN below 2 MiB.
+    /// The same with the region in 2 MiB pages (transparent huge pages;
+    /// on a VM the host's own translation stays). NaN below 2 MiB.
     pub huge_ns: f64,
     /// Share of the region the kernel did back with huge pages (NaN: not
     /// measured).

@@ -22,7 +22,7 @@ struct Args {
     #[arg(long, default_value = "bench")]
     plots: PathBuf,
     /// Only these experiments: kernel, veth, accuracy, control (comma-separated).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "accuracy", "control"])]
     only: Vec<String>,
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the
