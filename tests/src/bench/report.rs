@@ -636,6 +636,29 @@ fn by_sources(w: &mut String, v: &VethResults) {
             x.admitted.median * 100.0
         );
     }
+    if let Some(z) = &v.sized {
+        let _ = writeln!(
+            w,
+            "| {}, table for {} | {} (the whole table) | {} | {} | {:.2} % |",
+            z.sources,
+            z.capacity,
+            mib(z.table_bytes as usize),
+            fnum(&z.cpu_ns, 0),
+            fx(&z.vs_floor),
+            z.admitted.median * 100.0
+        );
+        let _ = writeln!(
+            w,
+            "\nThe last row is the full flood again with the table sized to it (`--max-sources {}`: {} of sets \
+             instead of {}, the smallest table the daemon builds for these sources, two slots each): {} the cost \
+             with the larger table, repetition by repetition. That is what a table whose footprint follows the live \
+             population rather than its capacity could at best bring with these 16-byte slots.",
+            z.capacity,
+            mib(z.table_bytes as usize),
+            mib(policer_common::table::sets_for(super::peers::TABLE_CAPACITY) as usize * 64),
+            fx(&z.vs_full)
+        );
+    }
     let _ = writeln!(w);
 }
 
@@ -676,9 +699,22 @@ fn sources_sentence(v: Option<&VethResults>, limit: f64) -> String {
         }
         _ => String::new(),
     };
+    let sized = match &v.sized {
+        Some(z) => format!(
+            " With the table sized to the flood (`--max-sources {}`, {} of sets, the least that holds it without \
+             evicting) the full flood costs {:.2}× the floor, {:.2}× its cost with the larger table: that is the \
+             most a table whose footprint follows the live population, rather than its capacity, could bring here{}.",
+            z.capacity,
+            mib(z.table_bytes as usize),
+            z.vs_floor.median,
+            z.vs_full.median,
+            if z.vs_floor.median <= limit { ", within the target in this run" } else { ", and it is not enough" }
+        ),
+        None => String::new(),
+    };
     format!(
         "Measured in this run with the same table and program, the drop path costs {} (see The drop path by active \
-         sources): {verdict}.{stack}",
+         sources): {verdict}.{stack}{sized}",
         parts.join(", ")
     )
 }

@@ -7,6 +7,7 @@
 use std::{net::Ipv4Addr, time::Duration};
 
 use anyhow::Result;
+use policer_common::table;
 use serde::Serialize;
 
 use super::{
@@ -22,6 +23,11 @@ pub const SOURCES: u32 = 65_536;
 /// Fewer active sources for the dropping policer, same table and limit:
 /// how its cost grows with the part of the table the flood touches.
 pub const SWEEP_SOURCES: [u32; 3] = [1, 4_096, 16_384];
+
+/// The dropping policer's `--max-sources` for the full flood in a table
+/// sized to it: the smallest table that holds SOURCES sources without
+/// evicting (two slots a source), 2 MiB of sets instead of 8.
+pub const SIZED_CAPACITY: u32 = SOURCES;
 
 pub const SYSTEMS: [System; 7] = [
     System::XdpDrop,
@@ -71,6 +77,27 @@ pub struct VethResults {
     /// The dropping policer by active sources (SWEEP_SOURCES, then the
     /// dropping row's SOURCES), measured in the same repetitions.
     pub by_sources: Vec<SweepRow>,
+    /// The full flood again, the table sized to it (SIZED_CAPACITY).
+    pub sized: Option<SizedRow>,
+}
+
+/// The dropping policer with the full flood in a table sized to it: what
+/// a table whose footprint follows the live population, rather than its
+/// capacity, could at best bring.
+#[derive(Clone, Debug, Serialize)]
+pub struct SizedRow {
+    pub sources: u32,
+    /// Its `--max-sources`.
+    pub capacity: u32,
+    /// Bytes of sets in its table.
+    pub table_bytes: u64,
+    pub cpu_ns: Stat,
+    /// Against the floor, repetition by repetition.
+    pub vs_floor: Stat,
+    /// Against the dropping row (table for TABLE_CAPACITY), repetition by
+    /// repetition.
+    pub vs_full: Stat,
+    pub admitted: Stat,
 }
 
 /// The dropping policer with `sources` active sources.
@@ -116,13 +143,35 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         let g = Generator::new(net.tx_index, net.rx_mac, n, Ipv4Addr::new(10, 1, 0, 0), false)?;
         sweep.push((n, format!("policer, dropping, {n} sources"), net, inst, g));
     }
+    say(&format!("veth: setting up the dropping policer with a table for {SIZED_CAPACITY} sources"));
+    let net = Net::new("sized")?;
+    let capacity = SIZED_CAPACITY.to_string();
+    let inst = Installed::Daemon(Box::new(super::peers::policer(&net, drop_limit, &["--max-sources", &capacity])));
+    let g = flood_of(&net)?;
+    sweep.push((SOURCES, format!("policer, dropping, table for {SIZED_CAPACITY}"), net, inst, g));
     let mut runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(s, n, _, g)| (s.label(), n, g)).collect();
     runs.extend(sweep.iter().map(|(_, l, n, _, g)| (l.as_str(), n, g)));
     let samples = measure(&runs, cpu, dur, Duration::from_millis(if quick { 200 } else { 500 }), reps)?;
     let floor: Vec<f64> = samples[0].iter().map(|s| s.cpu).collect();
     let vs_floor = |ss: &[Sample]| Stat::of(&ss.iter().zip(&floor).map(|(s, f)| s.cpu / f).collect::<Vec<_>>());
+    let full: Vec<f64> = setups
+        .iter()
+        .position(|(s, ..)| *s == System::PolicerDrop)
+        .map(|i| samples[i].iter().map(|s| s.cpu).collect())
+        .unwrap_or_default();
+    let sized_samples = &samples[samples.len() - 1];
+    let sized = Some(SizedRow {
+        sources: SOURCES,
+        capacity: SIZED_CAPACITY,
+        table_bytes: table::sets_for(SIZED_CAPACITY) as u64 * size_of::<table::Set>() as u64,
+        cpu_ns: Stat::of(&sized_samples.iter().map(|s| s.cpu).collect::<Vec<_>>()),
+        vs_floor: vs_floor(sized_samples),
+        vs_full: Stat::of(&sized_samples.iter().zip(&full).map(|(s, f)| s.cpu / f).collect::<Vec<_>>()),
+        admitted: Stat::of(&sized_samples.iter().map(|s| s.admitted).collect::<Vec<_>>()),
+    });
     let mut by_sources: Vec<SweepRow> = sweep
         .iter()
+        .take(SWEEP_SOURCES.len())
         .zip(&samples[setups.len()..])
         .map(|((n, ..), ss)| SweepRow {
             sources: *n,
@@ -178,6 +227,7 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         drop_limit_pps: drop_limit.pps,
         rows,
         by_sources,
+        sized,
     })
 }
 
