@@ -103,7 +103,7 @@ const LIVE_PROFILE: &str = "Profiled apart from this run (perf cpu-clock samplin
      118–127, 124–134 and 149–220 ns per packet with --max-sources 131 072, 262 144 and 1 048 576 (4, 8 and 32 MiB \
      of sets). The chunked table above was measured on veth too, against the current one in the same runs, \
      paired repetition by repetition (three runs of five): no consistent difference either. What is left is the \
-     miss itself: the 65 536 sources' sets do not fit in this CPU's 2 MiB L2. Nor does a smaller structure help: \
+     miss itself (see above: not a matter of the table's size). Nor does a smaller structure help: \
      a refusal cache was built and measured on commit 9cdd141 (not kept): per CPU 1 MiB of 8-byte notes \
      \"this source is refused until T\", read before the table. On veth it served 92 % of the drops, yet in ten \
      pairs against the build without it the dropping policer cost the same (137 against 136 ns per packet): the \
@@ -114,6 +114,19 @@ const LIVE_PROFILE: &str = "Profiled apart from this run (perf cpu-clock samplin
      sources sit past their set's first way, where a way-by-way match can mispredict): a match of the four ways without a \
      branch per way, tried on commit 2697f9a, cost 2–8 ns more under PROG_TEST_RUN (more instructions) and no \
      measurable difference on veth; not kept.";
+
+/// Measured apart from the benchmark (paired `--ab-veth` runs on the
+/// commit named in it): whether a denser table makes the drop path cheaper
+/// at the same number of sources.
+const DENSITY: &str = "Measured apart from this run (commit da7ae15, same packet path; `policer-bench --ab-veth \
+     PATH:N,…` runs one binary with several `--max-sources`, 20 paired repetitions, `--ab-veth-sources` sets the \
+     flood): with 32 768 sources, tables for 262 144, 65 536 and 32 768 sources (8 MiB, 2 MiB and 1 MiB of sets) \
+     cost 1.71×, 1.60× and 1.64× the floor (another run: 1.77×, 1.74×, 1.72×); with 16 384 sources, tables for \
+     262 144, 65 536 and 16 384 (8 MiB, 2 MiB, 512 KiB) cost 1.66×, 1.58× and 1.69×. A table four to sixteen \
+     times denser costs within a few percent of the sparse one: what sets the cost is how many different sources \
+     the flood goes through before it comes back to one, that is how long a source's line must stay in the \
+     cache, not how many bytes the table spans. A denser layout of the per-source state, or a table that \
+     follows the live population, would not bring the 65 536-source flood within the target on this machine.";
 
 /// One sentence: the policer's kernel cost at 65 536 sources, step by step.
 fn breakdown_sentence(k: Option<&KernelResults>) -> String {
@@ -185,7 +198,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
         format!(
             "The drop path costs {:.0} ns per packet more than the floor ({:.0} vs {:.0} ns); the floor is the \
              generator + veth + an empty program, so the difference is the policer's program and the cache misses it \
-             takes in a live setting. {} {} {LIVE_PROFILE} {}",
+             takes in a live setting. {} {DENSITY} {} {LIVE_PROFILE} {}",
             p.cpu_ns.median - f.cpu_ns.median,
             p.cpu_ns.median,
             f.cpu_ns.median,
@@ -616,8 +629,8 @@ fn by_sources(w: &mut String, v: &VethResults) {
     let _ = writeln!(
         w,
         "The dropping policer again, same table (for {} sources), same limit, same repetitions, with fewer sources \
-         in the flood: the program's work per frame is the same, only the share of the table the flood keeps \
-         touching changes: about one 64-byte set per active source (a source in its second set reads two, and \
+         in the flood: the program's work per frame is the same, only the number of sources the flood goes \
+         through before it comes back to one changes, and with it the share of the table it keeps touching: about one 64-byte set per active source (a source in its second set reads two, and \
          sampled drop counts go to an array beside the table), spread over nearly every 4 KiB page of the \
          table from a few thousand sources up. The floor is the xdp_drop row above. At 1 pps per source the \
          larger floods admit a larger share of frames, which also go up the stack.\n",

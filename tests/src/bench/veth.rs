@@ -281,6 +281,41 @@ fn measure(
     Ok(samples)
 }
 
+/// A `policer` binary of an [`ab`] run and the `--max-sources` it runs
+/// with: `PATH` (the benchmark's TABLE_CAPACITY) or `PATH:N`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AbBinary {
+    pub path: std::path::PathBuf,
+    pub max_sources: u32,
+}
+
+impl std::str::FromStr for AbBinary {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<AbBinary, String> {
+        let (path, max_sources) = match s.rsplit_once(':') {
+            Some((p, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                let n: u32 = n.parse().map_err(|_| format!("{n}: not a number of sources"))?;
+                if n == 0 {
+                    return Err(format!("{s}: --max-sources must be at least 1"));
+                }
+                (p, n)
+            }
+            _ => (s, super::peers::TABLE_CAPACITY),
+        };
+        if path.is_empty() {
+            return Err(format!("{s}: no binary named"));
+        }
+        Ok(AbBinary { path: path.into(), max_sources })
+    }
+}
+
+impl std::fmt::Display for AbBinary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} --max-sources {}", self.path.display(), self.max_sources)
+    }
+}
+
 /// One row of [`ab`].
 pub struct AbVethRow {
     pub label: String,
@@ -293,24 +328,26 @@ pub struct AbVethRow {
 }
 
 /// The dropping policer of each `policer` binary in `bins`, beside the
-/// xdp_drop floor, measured as the benchmark's veth rows are (65 536
-/// sources, 1 pps each, one CPU), repetitions interleaved: how two builds
-/// compare on the live drop path, paired repetition by repetition, which
-/// is what a change of a few ns needs on a noisy host.
-pub fn ab(bins: &[std::path::PathBuf], reps: usize, dur: Duration) -> Result<Vec<AbVethRow>> {
+/// xdp_drop floor, measured as the benchmark's veth rows are (`sources`
+/// sources, SOURCES in the benchmark, 1 pps each, one CPU), repetitions
+/// interleaved: how two builds compare on the live drop path, paired
+/// repetition by repetition, which is what a change of a few ns needs on a
+/// noisy host.
+pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, sources: u32) -> Result<Vec<AbVethRow>> {
     let cpu = bench_cpu();
     let mut setups = Vec::new();
     let floor = Net::new("abf")?;
     let floor_xdp = install(System::XdpDrop, &floor, DROP_LIMIT, DROP_LIMIT)?;
-    let g = flood_of(&floor)?;
+    let flood = |net: &Net| Generator::new(net.tx_index, net.rx_mac, sources, Ipv4Addr::new(10, 1, 0, 0), false);
+    let g = flood(&floor)?;
     setups.push(("xdp_drop (floor)".to_string(), floor, floor_xdp, g));
     for (i, bin) in bins.iter().enumerate() {
-        say(&format!("veth: setting up the dropping policer of {}", bin.display()));
+        say(&format!("veth: setting up the dropping policer of {bin}"));
         let net = Net::new(&format!("ab{i}"))?;
-        let capacity = super::peers::TABLE_CAPACITY.to_string();
-        let d = super::peers::policer_bin(bin, &net, DROP_LIMIT, &["--max-sources", &capacity]);
-        let g = flood_of(&net)?;
-        setups.push((bin.display().to_string(), net, Installed::Daemon(Box::new(d)), g));
+        let capacity = bin.max_sources.to_string();
+        let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
+        let g = flood(&net)?;
+        setups.push((bin.to_string(), net, Installed::Daemon(Box::new(d)), g));
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();
     let samples = measure(&runs, cpu, dur, Duration::from_millis(500), reps)?;
@@ -331,4 +368,25 @@ pub fn ab(bins: &[std::path::PathBuf], reps: usize, dur: Duration) -> Result<Vec
 pub fn ratio(a: &VethRow, b: &VethRow) -> Stat {
     let r: Vec<f64> = a.cpu_reps.iter().zip(&b.cpu_reps).map(|(x, y)| x / y).collect();
     Stat::of(&r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AbBinary;
+
+    #[test]
+    fn ab_binary_takes_an_optional_max_sources() {
+        let b: AbBinary = "target/release/policer".parse().unwrap();
+        assert_eq!(b.path, std::path::Path::new("target/release/policer"));
+        assert_eq!(b.max_sources, super::super::peers::TABLE_CAPACITY);
+        let b: AbBinary = "/tmp/old:policer:32768".parse().unwrap();
+        assert_eq!((b.path.to_str().unwrap(), b.max_sources), ("/tmp/old:policer", 32_768));
+        // A suffix that is not a number is part of the path.
+        let b: AbBinary = "/tmp/a:b".parse().unwrap();
+        assert_eq!((b.path.to_str().unwrap(), b.max_sources), ("/tmp/a:b", 262_144));
+        assert!("p:0".parse::<AbBinary>().is_err());
+        assert!("p:99999999999".parse::<AbBinary>().is_err());
+        assert!(":5".parse::<AbBinary>().is_err());
+        assert_eq!("p:7".parse::<AbBinary>().unwrap().to_string(), "p --max-sources 7");
+    }
 }

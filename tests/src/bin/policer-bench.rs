@@ -45,26 +45,39 @@ struct Args {
     /// benchmark's dropping policer row, beside the xdp_drop floor,
     /// repetitions interleaved and compared pair by pair. Prints a table;
     /// writes nothing.
+    /// `PATH:N` runs that binary with `--max-sources N` (default 262144,
+    /// the benchmark's).
     #[arg(long, value_delimiter = ',', value_name = "BINARIES", conflicts_with_all = ["quick", "only", "save_object", "ab"])]
-    ab_veth: Vec<PathBuf>,
+    ab_veth: Vec<policer_tests::bench::veth::AbBinary>,
     /// Repetitions (of one second each) of an `--ab-veth` run.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000), requires = "ab_veth")]
     ab_veth_reps: u32,
+    /// Sources in the flood of an `--ab-veth` run (each at 1 pps).
+    #[arg(long, default_value_t = policer_tests::bench::veth::SOURCES, value_parser = clap::value_parser!(u32).range(1..=16_777_216), requires = "ab_veth")]
+    ab_veth_sources: u32,
 }
 
 /// `--ab-veth`.
 fn ab_veth(a: &Args) -> anyhow::Result<()> {
     for b in &a.ab_veth {
-        if !b.is_file() {
-            anyhow::bail!("{}: no such policer binary", b.display());
+        if !b.path.is_file() {
+            anyhow::bail!("{}: no such policer binary", b.path.display());
         }
     }
     // A binary that is not a policer fails to start: an error, not a panic
     // (the namespaces are removed either way).
     let rows = policer_tests::bench::unpanic(|| {
-        policer_tests::bench::veth::ab(&a.ab_veth, a.ab_veth_reps as usize, std::time::Duration::from_secs(1))
+        policer_tests::bench::veth::ab(
+            &a.ab_veth,
+            a.ab_veth_reps as usize,
+            std::time::Duration::from_secs(1),
+            a.ab_veth_sources,
+        )
     })?;
-    println!("CPU ns per received packet on veth (65 536 sources, 1 pps each), {} repetitions", a.ab_veth_reps);
+    println!(
+        "CPU ns per received packet on veth ({} sources, 1 pps each), {} repetitions",
+        a.ab_veth_sources, a.ab_veth_reps
+    );
     println!("{:48} {:>22} {:>22} {:>22}", "", "ns median (min-max)", "x floor", "x first binary");
     for r in rows {
         let f =
