@@ -25,8 +25,8 @@ pub const SOURCES: u32 = 65_536;
 pub const SWEEP_SOURCES: [u32; 3] = [1, 4_096, 16_384];
 
 /// The dropping policer's `--max-sources` for the full flood in a table
-/// sized to it: the smallest table that holds SOURCES sources without
-/// evicting (two slots a source), 2 MiB of sets instead of 8.
+/// sized to it: as many sources as the flood has (two slots a source),
+/// 2 MiB of sets instead of 8.
 pub const SIZED_CAPACITY: u32 = SOURCES;
 
 pub const SYSTEMS: [System; 7] = [
@@ -78,12 +78,12 @@ pub struct VethResults {
     /// dropping row's SOURCES), measured in the same repetitions.
     pub by_sources: Vec<SweepRow>,
     /// The full flood again, the table sized to it (SIZED_CAPACITY).
-    pub sized: Option<SizedRow>,
+    pub sized: SizedRow,
 }
 
 /// The dropping policer with the full flood in a table sized to it: what
 /// a table whose footprint follows the live population, rather than its
-/// capacity, could at best bring.
+/// capacity, would bring with the same slots.
 #[derive(Clone, Debug, Serialize)]
 pub struct SizedRow {
     pub sources: u32,
@@ -91,6 +91,8 @@ pub struct SizedRow {
     pub capacity: u32,
     /// Bytes of sets in its table.
     pub table_bytes: u64,
+    /// Bytes of sets in the dropping row's table (TABLE_CAPACITY).
+    pub full_table_bytes: u64,
     pub cpu_ns: Stat,
     /// Against the floor, repetition by repetition.
     pub vs_floor: Stat,
@@ -148,9 +150,11 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
     let capacity = SIZED_CAPACITY.to_string();
     let inst = Installed::Daemon(Box::new(super::peers::policer(&net, drop_limit, &["--max-sources", &capacity])));
     let g = flood_of(&net)?;
-    sweep.push((SOURCES, format!("policer, dropping, table for {SIZED_CAPACITY}"), net, inst, g));
+    let sized_setup = (format!("policer, dropping, table for {SIZED_CAPACITY}"), net, inst, g);
     let mut runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(s, n, _, g)| (s.label(), n, g)).collect();
     runs.extend(sweep.iter().map(|(_, l, n, _, g)| (l.as_str(), n, g)));
+    let sized_at = runs.len();
+    runs.push((sized_setup.0.as_str(), &sized_setup.1, &sized_setup.3));
     let samples = measure(&runs, cpu, dur, Duration::from_millis(if quick { 200 } else { 500 }), reps)?;
     let floor: Vec<f64> = samples[0].iter().map(|s| s.cpu).collect();
     let vs_floor = |ss: &[Sample]| Stat::of(&ss.iter().zip(&floor).map(|(s, f)| s.cpu / f).collect::<Vec<_>>());
@@ -158,21 +162,22 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         .iter()
         .position(|(s, ..)| *s == System::PolicerDrop)
         .map(|i| samples[i].iter().map(|s| s.cpu).collect())
-        .unwrap_or_default();
-    let sized_samples = &samples[samples.len() - 1];
-    let sized = Some(SizedRow {
+        .ok_or_else(|| anyhow::anyhow!("no dropping policer row in the veth systems"))?;
+    let sized_samples = &samples[sized_at];
+    let table_bytes = |capacity: u32| table::sets_for(capacity) as u64 * size_of::<table::Set>() as u64;
+    let sized = SizedRow {
         sources: SOURCES,
         capacity: SIZED_CAPACITY,
-        table_bytes: table::sets_for(SIZED_CAPACITY) as u64 * size_of::<table::Set>() as u64,
+        table_bytes: table_bytes(SIZED_CAPACITY),
+        full_table_bytes: table_bytes(super::peers::TABLE_CAPACITY),
         cpu_ns: Stat::of(&sized_samples.iter().map(|s| s.cpu).collect::<Vec<_>>()),
         vs_floor: vs_floor(sized_samples),
         vs_full: Stat::of(&sized_samples.iter().zip(&full).map(|(s, f)| s.cpu / f).collect::<Vec<_>>()),
         admitted: Stat::of(&sized_samples.iter().map(|s| s.admitted).collect::<Vec<_>>()),
-    });
+    };
     let mut by_sources: Vec<SweepRow> = sweep
         .iter()
-        .take(SWEEP_SOURCES.len())
-        .zip(&samples[setups.len()..])
+        .zip(&samples[setups.len()..sized_at])
         .map(|((n, ..), ss)| SweepRow {
             sources: *n,
             cpu_ns: Stat::of(&ss.iter().map(|s| s.cpu).collect::<Vec<_>>()),
@@ -180,7 +185,8 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
             admitted: Stat::of(&ss.iter().map(|s| s.admitted).collect::<Vec<_>>()),
         })
         .collect();
-    for (_, label, _, inst, _) in &sweep {
+    let sweep_daemons = sweep.iter().map(|(_, label, _, inst, _)| (label, inst));
+    for (label, inst) in sweep_daemons.chain([(&sized_setup.0, &sized_setup.2)]) {
         if let Installed::Daemon(d) = inst
             && !d.stderr().is_empty()
         {
@@ -294,8 +300,10 @@ impl std::str::FromStr for AbBinary {
 
     fn from_str(s: &str) -> Result<AbBinary, String> {
         let (path, max_sources) = match s.rsplit_once(':') {
+            // A file named like `PATH:N` is that file.
+            _ if std::path::Path::new(s).is_file() => (s, super::peers::TABLE_CAPACITY),
             Some((p, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
-                let n: u32 = n.parse().map_err(|_| format!("{n}: not a number of sources"))?;
+                let n: u32 = n.parse().map_err(|_| format!("{s}: --max-sources {n} is out of range"))?;
                 if n == 0 {
                     return Err(format!("{s}: --max-sources must be at least 1"));
                 }

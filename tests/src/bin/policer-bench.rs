@@ -45,8 +45,8 @@ struct Args {
     /// benchmark's dropping policer row, beside the xdp_drop floor,
     /// repetitions interleaved and compared pair by pair. Prints a table;
     /// writes nothing.
-    /// `PATH:N` runs that binary with `--max-sources N` (default 262144,
-    /// the benchmark's).
+    /// `PATH:N` runs that binary with `--max-sources N` (default: the
+    /// benchmark's table capacity).
     #[arg(long, value_delimiter = ',', value_name = "BINARIES", conflicts_with_all = ["quick", "only", "save_object", "ab"])]
     ab_veth: Vec<policer_tests::bench::veth::AbBinary>,
     /// Repetitions (of one second each) of an `--ab-veth` run.
@@ -78,11 +78,12 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
         "CPU ns per received packet on veth ({} sources, 1 pps each), {} repetitions",
         a.ab_veth_sources, a.ab_veth_reps
     );
-    println!("{:48} {:>22} {:>22} {:>22}", "", "ns median (min-max)", "x floor", "x first binary");
+    let w = rows.iter().map(|r| r.label.chars().count()).max().unwrap_or(0);
+    println!("{:w$} {:>22} {:>22} {:>22}", "", "ns median (min-max)", "x floor", "x first binary");
     for r in rows {
         let f =
             |s: &policer_tests::bench::Stat, d: usize| format!("{:.d$} ({:.d$}-{:.d$})", s.median, s.min, s.max, d = d);
-        println!("{:48} {:>22} {:>22} {:>22}", r.label, f(&r.cpu_ns, 0), f(&r.vs_floor, 2), f(&r.vs_first, 3));
+        println!("{:w$} {:>22} {:>22} {:>22}", r.label, f(&r.cpu_ns, 0), f(&r.vs_floor, 2), f(&r.vs_first, 3));
     }
     Ok(())
 }
