@@ -18,6 +18,9 @@ use crate::{daemon::Daemon, netns::enter};
 pub enum System {
     XdpDrop,
     PolicerDrop,
+    /// The reference `parse_lookup` (reference.rs) on veth: parse, one
+    /// LRU hash lookup of the source (an insert on a miss), drop.
+    RefLookup,
     PolicerAdmit,
     XdpPass,
     Nft,
@@ -37,6 +40,7 @@ impl System {
         match self {
             System::XdpDrop => "xdp_drop",
             System::PolicerDrop => "policer_drop",
+            System::RefLookup => "parse_lookup",
             System::PolicerAdmit => "policer_admit",
             System::XdpPass => "xdp_pass",
             System::Nft => "nft_dynset",
@@ -49,6 +53,7 @@ impl System {
         match self {
             System::XdpDrop => "xdp_drop (floor)",
             System::PolicerDrop => "policer, dropping (1 pps per source)",
+            System::RefLookup => "parse + one LRU lookup (reference), dropping all",
             System::PolicerAdmit => "policer, all admitted",
             System::XdpPass => "xdp_pass, up to the stack",
             System::Nft => "nftables netdev ingress, dynamic set + limit",
@@ -62,6 +67,7 @@ impl System {
         match self {
             System::XdpDrop => "fd",
             System::PolicerDrop => "pd",
+            System::RefLookup => "rl",
             System::PolicerAdmit => "pa",
             System::XdpPass => "fp",
             System::Nft => "nf",
@@ -89,7 +95,13 @@ impl Installed {
 
 /// Attaches reference program `name` to the receiving veth (native mode).
 pub fn attach_reference(net: &Net, name: &str) -> Result<Ebpf> {
-    let mut e = Ebpf::load(REFERENCE_OBJECT)?;
+    attach_reference_sized(net, name, 1024)
+}
+
+/// [`attach_reference`] with the reference's LRU table (`REF_TABLE`) for
+/// `table` sources.
+pub fn attach_reference_sized(net: &Net, name: &str, table: u32) -> Result<Ebpf> {
+    let mut e = aya::EbpfLoader::new().map_max_entries("REF_TABLE", table.max(1)).load(REFERENCE_OBJECT)?;
     let p: &mut Xdp = e.program_mut(name).context("reference program")?.try_into()?;
     p.load()?;
     let idx = if_index(&net.sb.rx_ns, &net.sb.rx_if)?;
@@ -183,6 +195,7 @@ pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) ->
     Ok(match sys {
         System::XdpDrop => Installed::Xdp(Box::new(attach_reference(net, "xdp_drop")?)),
         System::XdpPass => Installed::Xdp(Box::new(attach_reference(net, "xdp_pass")?)),
+        System::RefLookup => Installed::Xdp(Box::new(attach_reference_sized(net, "parse_lookup", TABLE_CAPACITY)?)),
         System::PolicerDrop => Installed::Daemon(Box::new(policer(net, drop_limit, &["--max-sources", &capacity]))),
         System::PolicerAdmit => Installed::Daemon(Box::new(policer(net, admit_limit, &["--max-sources", &capacity]))),
         System::Nft => {

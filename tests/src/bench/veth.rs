@@ -29,9 +29,10 @@ pub const SWEEP_SOURCES: [u32; 3] = [1, 4_096, 16_384];
 /// 2 MiB of sets instead of 8.
 pub const SIZED_CAPACITY: u32 = SOURCES;
 
-pub const SYSTEMS: [System; 7] = [
+pub const SYSTEMS: [System; 8] = [
     System::XdpDrop,
     System::PolicerDrop,
+    System::RefLookup,
     System::PolicerAdmit,
     System::XdpPass,
     System::Nft,
