@@ -135,7 +135,7 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         say(&format!("veth: setting up {}", sys.label()));
         let net = Net::new(sys.tag())?;
         let inst = install(sys, &net, drop_limit, admit_limit)?;
-        let g = flood_of(&net)?;
+        let g = flood_of(&net, SOURCES)?;
         setups.push((sys, net, inst, g));
     }
     let mut sweep = Vec::new();
@@ -143,14 +143,14 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         say(&format!("veth: setting up the dropping policer for {n} sources"));
         let net = Net::new(&format!("s{n}"))?;
         let inst = install(System::PolicerDrop, &net, drop_limit, admit_limit)?;
-        let g = Generator::new(net.tx_index, net.rx_mac, n, Ipv4Addr::new(10, 1, 0, 0), false)?;
+        let g = flood_of(&net, n)?;
         sweep.push((n, format!("policer, dropping, {n} sources"), net, inst, g));
     }
     say(&format!("veth: setting up the dropping policer with a table for {SIZED_CAPACITY} sources"));
     let net = Net::new("sized")?;
     let capacity = SIZED_CAPACITY.to_string();
     let inst = Installed::Daemon(Box::new(super::peers::policer(&net, drop_limit, &["--max-sources", &capacity])));
-    let g = flood_of(&net)?;
+    let g = flood_of(&net, SOURCES)?;
     let sized_setup = (format!("policer, dropping, table for {SIZED_CAPACITY}"), net, inst, g);
     let mut runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(s, n, _, g)| (s.label(), n, g)).collect();
     runs.extend(sweep.iter().map(|(_, l, n, _, g)| (l.as_str(), n, g)));
@@ -238,10 +238,10 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
     })
 }
 
-/// The benchmark's flood into `net`: 64-byte UDP from SOURCES sources,
-/// 10.1.0.0 on, in turn.
-fn flood_of(net: &Net) -> Result<Generator> {
-    Generator::new(net.tx_index, net.rx_mac, SOURCES, Ipv4Addr::new(10, 1, 0, 0), false)
+/// The benchmark's flood into `net`: 64-byte UDP from `sources` sources
+/// (SOURCES for the headline rows), 10.1.0.0 on, in turn.
+fn flood_of(net: &Net, sources: u32) -> Result<Generator> {
+    Generator::new(net.tx_index, net.rx_mac, sources, Ipv4Addr::new(10, 1, 0, 0), false)
 }
 
 /// The dropping rows' limit: every source offers ~100 pps, so ≈ 99 % of
@@ -347,15 +347,14 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, sources: u32) -> Result
     let mut setups = Vec::new();
     let floor = Net::new("abf")?;
     let floor_xdp = install(System::XdpDrop, &floor, DROP_LIMIT, DROP_LIMIT)?;
-    let flood = |net: &Net| Generator::new(net.tx_index, net.rx_mac, sources, Ipv4Addr::new(10, 1, 0, 0), false);
-    let g = flood(&floor)?;
+    let g = flood_of(&floor, sources)?;
     setups.push(("xdp_drop (floor)".to_string(), floor, floor_xdp, g));
     for (i, bin) in bins.iter().enumerate() {
         say(&format!("veth: setting up the dropping policer of {bin}"));
         let net = Net::new(&format!("ab{i}"))?;
         let capacity = bin.max_sources.to_string();
         let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
-        let g = flood(&net)?;
+        let g = flood_of(&net, sources)?;
         setups.push((bin.to_string(), net, Installed::Daemon(Box::new(d)), g));
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();
