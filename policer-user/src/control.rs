@@ -1,12 +1,14 @@
 //! The control channel between the CLI and the running daemon: a Unix
 //! socket under /run (shared by every `ip netns exec`, unlike /sys), one
 //! per network namespace, mode 0600 so only root may change rules. One
-//! JSON request per connection, one JSON response.
+//! JSON request per connection ([`Envelope`]: the protocol version and a
+//! [`Request`]), one typed [`Reply`]. This module is the protocol and the
+//! client; the daemon's side is `serve::control`.
 
 use std::{
     io::{BufRead, BufReader, Write},
     os::{linux::fs::MetadataExt, unix::net::UnixStream},
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::Duration,
 };
 
@@ -33,17 +35,87 @@ pub fn lock_path() -> Result<PathBuf> {
     Ok(PathBuf::from(RUN_DIR).join(format!("ns-{}.lock", netns_id()?)))
 }
 
+/// Version of the request/reply format. A CLI and a daemon of different
+/// versions refuse each other plainly instead of misreading fields.
+pub const PROTOCOL: u32 = 2;
+
+/// The largest request the daemon reads (a rule is a few hundred bytes).
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// What the CLI asks; one per connection, one JSON line.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    RuleSet { rule: RuleConfig },
-    RuleRm { prefix: String },
+    RuleSet {
+        rule: RuleConfig,
+        /// Apply to the kernel only, without writing the config file.
+        #[serde(default)]
+        runtime: bool,
+    },
+    RuleRm {
+        prefix: String,
+        #[serde(default)]
+        runtime: bool,
+    },
     RuleLs,
-    Detach { iface: String },
+    Detach {
+        iface: String,
+    },
     Reload,
     Status,
     Stats,
-    Top { n: usize },
+    Top {
+        n: usize,
+    },
+}
+
+impl Request {
+    /// Whether the request changes state (a timeout then leaves it unknown
+    /// whether the change was applied).
+    pub fn changes(&self) -> bool {
+        matches!(self, Request::RuleSet { .. } | Request::RuleRm { .. } | Request::Detach { .. } | Request::Reload)
+    }
+}
+
+/// A request on the wire: the protocol version, then the request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Envelope {
+    pub protocol: u32,
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+/// The daemon's answer: one typed reply per kind of request, or a refusal.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// A change was made (rule set/rm, reload, detach).
+    Done {
+        message: String,
+    },
+    Rules {
+        rules: Vec<RuleView>,
+    },
+    Status(StatusView),
+    Stats(Box<StatsView>),
+    Top(TopView),
+    /// Refused: nothing changed.
+    Refused {
+        error: String,
+    },
+}
+
+impl Reply {
+    fn kind(&self) -> &'static str {
+        match self {
+            Reply::Done { .. } => "done",
+            Reply::Rules { .. } => "rules",
+            Reply::Status(_) => "status",
+            Reply::Stats(_) => "stats",
+            Reply::Top(_) => "top",
+            Reply::Refused { .. } => "refused",
+        }
+    }
 }
 
 /// Packet counters as `stats --json` shows them (stable field names).
@@ -192,6 +264,9 @@ pub struct RuleView {
     /// "packets" or "bytes".
     pub unit: String,
     pub key_len: u32,
+    /// Whether the config file holds this rule (false: applied with
+    /// `--runtime`, gone at the next start or reload).
+    pub persisted: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -200,50 +275,70 @@ pub struct StatusView {
     pub interfaces: Vec<String>,
     pub config: String,
     pub rules: usize,
+    /// Rules applied with `--runtime`: in the kernel, not in the file.
+    pub runtime_rules: usize,
     pub persist: bool,
+    /// The policer program's id (`bpftool prog show id N`).
+    pub program_id: u32,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Response {
-    pub ok: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rules: Vec<RuleView>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<StatusView>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stats: Option<StatsView>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top: Option<TopView>,
-}
-
-impl Response {
-    pub fn ok(message: impl Into<String>) -> Response {
-        Response { ok: true, message: Some(message.into()), ..Default::default() }
-    }
-
-    pub fn err(e: impl std::fmt::Display) -> Response {
-        Response { ok: false, error: Some(e.to_string()), ..Default::default() }
-    }
-}
+/// How long the CLI waits for an answer.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Sends one request to the daemon of this network namespace.
-pub fn call(req: &Request) -> Result<Response> {
-    let path = socket_path()?;
-    let stream = UnixStream::connect(&path).map_err(|e| match e.raw_os_error() {
+pub fn call(req: &Request) -> Result<Reply> {
+    call_at(&socket_path()?, req, CALL_TIMEOUT)
+}
+
+/// Sends one request to the daemon listening on `path`; a refusal is
+/// [`Error::Refused`], a reply of the wrong kind an error too.
+pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
+    let stream = UnixStream::connect(path).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ECONNREFUSED) => Error::NoDaemon,
         Some(libc::EACCES) | Some(libc::EPERM) => Error::NotRoot("talking to the policer daemon"),
         _ => Error::Io(e),
     })?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     let mut w = &stream;
-    let mut line = serde_json::to_string(req).map_err(|e| Error::Invalid(e.to_string()))?;
+    let env = Envelope { protocol: PROTOCOL, request: req.clone() };
+    let mut line = serde_json::to_string(&env).map_err(|e| Error::Invalid(e.to_string()))?;
     line.push('\n');
-    w.write_all(line.as_bytes())?;
+    let timed_out = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            Error::Timeout { secs: timeout.as_secs(), may_apply: req.changes() }
+        }
+        _ => Error::Io(e),
+    };
+    w.write_all(line.as_bytes()).map_err(timed_out)?;
     let mut resp = String::new();
-    BufReader::with_capacity(1 << 20, &stream).read_line(&mut resp)?;
-    serde_json::from_str(&resp).map_err(|e| Error::Invalid(format!("bad reply from the daemon: {e}")))
+    BufReader::with_capacity(1 << 20, &stream).read_line(&mut resp).map_err(timed_out)?;
+    if resp.is_empty() {
+        return Err(Error::Invalid("the daemon closed the connection without answering".into()));
+    }
+    let reply: Reply = serde_json::from_str(&resp).map_err(|e| {
+        Error::Invalid(format!(
+            "the daemon's reply is not understood ({e}): is it another version of policer? \
+             restart it with this one"
+        ))
+    })?;
+    match reply {
+        Reply::Refused { error } => Err(Error::Refused(error)),
+        r => {
+            let want = match req {
+                Request::RuleSet { .. } | Request::RuleRm { .. } | Request::Detach { .. } | Request::Reload => "done",
+                Request::RuleLs => "rules",
+                Request::Status => "status",
+                Request::Stats => "stats",
+                Request::Top { .. } => "top",
+            };
+            if r.kind() != want {
+                return Err(Error::Invalid(format!(
+                    "the daemon answered '{}' to a request for '{want}': is it another version of policer?",
+                    r.kind()
+                )));
+            }
+            Ok(r)
+        }
+    }
 }

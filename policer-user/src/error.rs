@@ -42,6 +42,13 @@ pub enum Error {
         "a policer daemon is already running in this network namespace (pid {0}); change it with `policer rule ...`, or stop it first"
     )]
     DaemonRunning(String),
+    #[error("{0}")]
+    Refused(String),
+    #[error(
+        "the daemon did not answer within {secs} s{}",
+        if *may_apply { "; the change may still be applied: check with `policer rule ls` / `policer status`" } else { "" }
+    )]
+    Timeout { secs: u64, may_apply: bool },
     #[error("{iface}: {source}")]
     Netlink {
         iface: String,

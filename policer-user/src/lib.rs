@@ -2,6 +2,7 @@
 //! are thin wrappers.
 
 pub mod batch;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
@@ -11,6 +12,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod report;
 pub mod rules;
+pub mod serve;
 
 pub use error::{Error, Result};
 pub use loader::{EBPF_OBJECT, LoadOptions, Mode, Policer};

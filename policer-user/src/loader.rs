@@ -3,8 +3,9 @@
 use std::{
     ffi::CString,
     io,
-    os::fd::{AsFd, AsRawFd, RawFd},
+    os::fd::{AsFd, AsRawFd, OwnedFd, RawFd},
     path::PathBuf,
+    sync::Arc,
 };
 
 use aya::{
@@ -102,10 +103,26 @@ impl Default for LoadOptions {
 /// made and unloads the program.
 pub struct Policer {
     pub ebpf: Ebpf,
-    /// Capacity of the bucket table, read once at load.
-    capacity: u32,
+    /// Read-only handles on the counter and bucket maps, shared with the
+    /// daemon's readers (stats, top, /metrics) so a long read of the table
+    /// never waits for, or holds up, the one owner that writes.
+    reader: Arc<MapReader>,
     /// Whether the shared counter slot 0's new-source limiter was set.
     pub(crate) shared_slot_set: bool,
+}
+
+/// Read-only access to what the program counts and remembers: its own
+/// duplicates of the maps' file descriptors, so it can live on another
+/// thread than the [`Policer`] that loaded them (the kernel serializes
+/// nothing here: map reads run beside the program and beside writers).
+pub struct MapReader {
+    counters: OwnedFd,
+    rule_counters: OwnedFd,
+    buckets_v4: OwnedFd,
+    buckets_v4_drops: OwnedFd,
+    buckets_v6: OwnedFd,
+    /// Capacity of the bucket table, read once at load.
+    capacity: u32,
 }
 
 /// The running kernel's CONFIG_HZ, from /proc/config.gz or
@@ -179,8 +196,8 @@ impl Policer {
             .try_into()
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
-        let mut p = Policer { ebpf, capacity: 0, shared_slot_set: false };
-        p.capacity = p.read_max_sources()?;
+        let reader = Arc::new(MapReader::of(&ebpf)?);
+        let mut p = Policer { ebpf, reader, shared_slot_set: false };
         // A table taken over keeps its hash; a new one gets a fresh secret
         // seed, so nobody can pick sources that share a set.
         if !opts.reuse.iter().any(|(n, _)| *n == MAP_BUCKETS_V4) {
@@ -232,24 +249,89 @@ impl Policer {
     }
 
     fn map_fd(&self, name: &'static str) -> Result<RawFd> {
-        let m = self.ebpf.map(name).ok_or(Error::Missing(name))?;
-        let data: &MapData = match m {
-            aya::maps::Map::PerCpuArray(d)
-            | aya::maps::Map::LruHashMap(d)
-            | aya::maps::Map::Array(d)
-            | aya::maps::Map::LpmTrie(d) => d,
-            _ => return Err(Error::Missing(name)),
+        map_fd(&self.ebpf, name)
+    }
+
+    /// The read-only side of the maps, for other threads.
+    pub fn reader(&self) -> Arc<MapReader> {
+        self.reader.clone()
+    }
+
+    /// Counters of every interface slot (summed over CPUs).
+    pub fn iface_counters(&self) -> Result<Vec<(u32, Counters)>> {
+        self.reader.iface_counters()
+    }
+
+    /// Counters summed over CPUs and interfaces.
+    pub fn counters(&self) -> Result<Counters> {
+        self.reader.counters()
+    }
+
+    /// Counters of every rule slot (summed over CPUs).
+    pub fn rule_counters(&self) -> Result<Vec<(u32, RuleCounters)>> {
+        self.reader.rule_counters()
+    }
+
+    /// Calls `f` for every live bucket, IPv4 then IPv6.
+    pub fn for_each_bucket(&self, f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
+        self.reader.for_each_bucket(f)
+    }
+
+    /// Capacity of the bucket table.
+    pub fn max_sources(&self) -> Result<u32> {
+        Ok(self.reader.capacity)
+    }
+}
+
+fn map_fd(ebpf: &Ebpf, name: &'static str) -> Result<RawFd> {
+    let m = ebpf.map(name).ok_or(Error::Missing(name))?;
+    let data: &MapData = match m {
+        aya::maps::Map::PerCpuArray(d)
+        | aya::maps::Map::LruHashMap(d)
+        | aya::maps::Map::Array(d)
+        | aya::maps::Map::LpmTrie(d) => d,
+        _ => return Err(Error::Missing(name)),
+    };
+    Ok(data.fd().as_fd().as_raw_fd())
+}
+
+impl MapReader {
+    fn of(ebpf: &Ebpf) -> Result<MapReader> {
+        let dup = |name: &'static str| -> Result<OwnedFd> {
+            let fd = map_fd(ebpf, name)?;
+            // SAFETY: `fd` is open for as long as `ebpf` lives; the
+            // duplicate is ours.
+            Ok(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?)
         };
-        Ok(data.fd().as_fd().as_raw_fd())
+        let capacity = match ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))? {
+            // The IPv6 table holds exactly `--max-sources`; the IPv4 table
+            // has twice that many slots (table::SLOTS_PER_SOURCE), in sets.
+            aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS_V6))?,
+            _ => return Err(Error::Missing(MAP_BUCKETS_V6)),
+        };
+        Ok(MapReader {
+            counters: dup(MAP_COUNTERS)?,
+            rule_counters: dup(MAP_RULE_COUNTERS)?,
+            buckets_v4: dup(MAP_BUCKETS_V4)?,
+            buckets_v4_drops: dup(MAP_BUCKETS_V4_DROPS)?,
+            buckets_v6: dup(MAP_BUCKETS_V6)?,
+            capacity,
+        })
+    }
+
+    /// Capacity of the bucket table.
+    pub fn max_sources(&self) -> u32 {
+        self.capacity
     }
 
     /// Sums a per-CPU array's slots over CPUs, slot by slot.
     fn per_cpu_slots<T: aya::Pod + Default>(
         &self,
+        fd: &OwnedFd,
         name: &'static str,
         add: impl Fn(&mut T, &T),
     ) -> Result<Vec<(u32, T)>> {
-        let fd = self.map_fd(name)?;
+        let fd = fd.as_raw_fd();
         let cpus = crate::batch::possible_cpus()?;
         let stride = size_of::<T>().next_multiple_of(8);
         let mut out = Vec::new();
@@ -269,7 +351,7 @@ impl Policer {
 
     /// Counters of every interface slot (summed over CPUs).
     pub fn iface_counters(&self) -> Result<Vec<(u32, Counters)>> {
-        self.per_cpu_slots(MAP_COUNTERS, Counters::add)
+        self.per_cpu_slots(&self.counters, MAP_COUNTERS, Counters::add)
     }
 
     /// Counters summed over CPUs and interfaces.
@@ -283,9 +365,59 @@ impl Policer {
 
     /// Counters of every rule slot (summed over CPUs).
     pub fn rule_counters(&self) -> Result<Vec<(u32, RuleCounters)>> {
-        self.per_cpu_slots(MAP_RULE_COUNTERS, RuleCounters::add)
+        self.per_cpu_slots(&self.rule_counters, MAP_RULE_COUNTERS, RuleCounters::add)
     }
 
+    /// Calls `f` for every live bucket, IPv4 then IPv6.
+    pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
+        // The drop counts first (a set's index is its key), then the sets.
+        let mut drops: Vec<SetDrops> = Vec::new();
+        let fd = self.buckets_v4_drops.as_raw_fd();
+        crate::batch::for_each(fd, size_of::<u32>(), size_of::<SetDrops>(), |k, v| {
+            // SAFETY: the kernel wrote a key and a value of these Pod types.
+            let (i, d) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr() as *const u32),
+                    std::ptr::read_unaligned(v.as_ptr() as *const SetDrops),
+                )
+            };
+            let i = i as usize;
+            if drops.len() <= i {
+                drops.resize(i + 1, SetDrops::default());
+            }
+            drops[i] = d;
+        })
+        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4_DROPS}: {e}")))?;
+        let fd = self.buckets_v4.as_raw_fd();
+        crate::batch::for_each(fd, size_of::<u32>(), size_of::<Set>(), |k, v| {
+            // SAFETY: the kernel wrote a key and a value of these Pod types.
+            let (i, set) = unsafe {
+                (std::ptr::read_unaligned(k.as_ptr() as *const u32), std::ptr::read_unaligned(v.as_ptr() as *const Set))
+            };
+            let d = drops.get(i as usize).copied().unwrap_or_default();
+            for (slot, n) in set.ways.iter().zip(d.ways) {
+                if let Some(k) = table::key_of(slot.key) {
+                    f(&k.into(), &slot.bucket(n));
+                }
+            }
+        })
+        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4}: {e}")))?;
+        let fd = self.buckets_v6.as_raw_fd();
+        crate::batch::for_each(fd, size_of::<BucketKeyV6>(), size_of::<Bucket>(), |k, v| {
+            // SAFETY: the kernel wrote a key and a value of these Pod types.
+            let (k, v) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr() as *const BucketKeyV6),
+                    std::ptr::read_unaligned(v.as_ptr() as *const Bucket),
+                )
+            };
+            f(&k.into(), &v);
+        })
+        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V6}: {e}")))
+    }
+}
+
+impl Policer {
     /// Turns the default-rules fast path off (0) or on, reading pair
     /// `selector - 1` of the default rules.
     pub fn set_fast_path(&mut self, selector: u32) -> Result<()> {
@@ -362,69 +494,6 @@ impl Policer {
         }
     }
 
-    /// Calls `f` for every live bucket, IPv4 then IPv6.
-    pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
-        // The drop counts first (a set's index is its key), then the sets.
-        let mut drops: Vec<SetDrops> = Vec::new();
-        let fd = self.map_fd(MAP_BUCKETS_V4_DROPS)?;
-        crate::batch::for_each(fd, size_of::<u32>(), size_of::<SetDrops>(), |k, v| {
-            // SAFETY: the kernel wrote a key and a value of these Pod types.
-            let (i, d) = unsafe {
-                (
-                    std::ptr::read_unaligned(k.as_ptr() as *const u32),
-                    std::ptr::read_unaligned(v.as_ptr() as *const SetDrops),
-                )
-            };
-            let i = i as usize;
-            if drops.len() <= i {
-                drops.resize(i + 1, SetDrops::default());
-            }
-            drops[i] = d;
-        })
-        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4_DROPS}: {e}")))?;
-        let fd = self.map_fd(MAP_BUCKETS_V4)?;
-        crate::batch::for_each(fd, size_of::<u32>(), size_of::<Set>(), |k, v| {
-            // SAFETY: the kernel wrote a key and a value of these Pod types.
-            let (i, set) = unsafe {
-                (std::ptr::read_unaligned(k.as_ptr() as *const u32), std::ptr::read_unaligned(v.as_ptr() as *const Set))
-            };
-            let d = drops.get(i as usize).copied().unwrap_or_default();
-            for (slot, n) in set.ways.iter().zip(d.ways) {
-                if let Some(k) = table::key_of(slot.key) {
-                    f(&k.into(), &slot.bucket(n));
-                }
-            }
-        })
-        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4}: {e}")))?;
-        let fd = self.map_fd(MAP_BUCKETS_V6)?;
-        crate::batch::for_each(fd, size_of::<BucketKeyV6>(), size_of::<Bucket>(), |k, v| {
-            // SAFETY: the kernel wrote a key and a value of these Pod types.
-            let (k, v) = unsafe {
-                (
-                    std::ptr::read_unaligned(k.as_ptr() as *const BucketKeyV6),
-                    std::ptr::read_unaligned(v.as_ptr() as *const Bucket),
-                )
-            };
-            f(&k.into(), &v);
-        })
-        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V6}: {e}")))
-    }
-
-    /// Capacity of the bucket table.
-    pub fn max_sources(&self) -> Result<u32> {
-        Ok(self.capacity)
-    }
-
-    fn read_max_sources(&self) -> Result<u32> {
-        // The IPv6 table holds exactly `--max-sources`; the IPv4 table has
-        // twice that many slots (table::SLOTS_PER_SOURCE), in whole sets.
-        let m = self.ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))?;
-        match m {
-            aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS_V6)),
-            _ => Err(Error::Missing(MAP_BUCKETS_V6)),
-        }
-    }
-
     /// Sets the test clock (only read when loaded with `test_clock`).
     pub fn set_clock(&mut self, now_ns: u64) -> Result<()> {
         self.set_clock_word(0, now_ns)
@@ -441,6 +510,12 @@ impl Policer {
             Array::try_from(self.ebpf.map_mut(MAP_CLOCK).ok_or(Error::Missing(MAP_CLOCK))?)
                 .map_err(Error::map(MAP_CLOCK))?;
         m.set(index, &value, 0).map_err(Error::map(MAP_CLOCK))
+    }
+
+    /// The loaded program's kernel id (what netlink reports as attached).
+    pub fn program_id(&mut self) -> Result<u32> {
+        let info = self.program().info().map_err(|e| Error::Program(Box::new(e)))?;
+        Ok(info.id())
     }
 
     /// The loaded program's file descriptor (for netlink attach).

@@ -3,15 +3,14 @@
 
 use std::{
     fmt::Write as _,
-    io::{BufRead, BufReader, Write},
     net::Ipv4Addr,
-    os::{linux::fs::MetadataExt, unix::net::UnixStream},
+    os::linux::fs::MetadataExt,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
 use policer_user::{
-    control::{Request, Response},
+    control::{Reply, Request},
     rules::{BurstValue, RuleConfig},
 };
 use serde::Serialize;
@@ -85,21 +84,11 @@ fn timed_cli(net: &Net, args: &[&str]) -> Result<(f64, String)> {
 /// One request on the daemon's control socket, from this process (no
 /// process start): the socket of the receiving namespace, found by its
 /// inode as the CLI does.
-fn request(net: &Net, req: &Request) -> Result<Response> {
+fn request(net: &Net, req: &Request) -> Result<Reply> {
     let ino = std::fs::metadata(format!("/run/netns/{}", net.sb.rx_ns))?.st_ino();
     let path = format!("{}/ns-{ino}.sock", policer_user::control::RUN_DIR);
-    let stream = UnixStream::connect(&path).with_context(|| format!("connect {path}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let mut line = serde_json::to_string(req)?;
-    line.push('\n');
-    (&stream).write_all(line.as_bytes())?;
-    let mut resp = String::new();
-    BufReader::new(&stream).read_line(&mut resp)?;
-    let r: Response = serde_json::from_str(&resp)?;
-    if !r.ok {
-        bail!("daemon refused: {}", r.error.unwrap_or_default());
-    }
-    Ok(r)
+    policer_user::control::call_at(std::path::Path::new(&path), req, Duration::from_secs(60))
+        .with_context(|| format!("request to {path}"))
 }
 
 fn rule_set(i: u32, rate: &str) -> Request {
@@ -111,6 +100,7 @@ fn rule_set(i: u32, rate: &str) -> Request {
             action: None,
             key_len: None,
         },
+        runtime: false,
     }
 }
 

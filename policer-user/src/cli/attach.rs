@@ -1,0 +1,58 @@
+//! `policer attach`: run the daemon in the foreground.
+
+use std::path::PathBuf;
+
+use policer_common::rate::Rate;
+
+use crate::{
+    Mode,
+    config::DEFAULT_PATH,
+    daemon::{Daemon, DaemonArgs},
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Interfaces (default: `daemon.interfaces` from the config file).
+    #[arg(value_name = "IFACE")]
+    ifaces: Vec<String>,
+    /// Default rate per source (rule for 0.0.0.0/0 and ::/0): 500pps,
+    /// 10kpps, 1.5Mpps, or a bit rate (64kbit, 10gbit) for byte mode.
+    #[arg(long, value_parser = parse_rate, allow_hyphen_values = true)]
+    rate: Option<Rate>,
+    /// Default burst per source: packets (200), or bytes for a bit rate
+    /// (1500b, 64kb). Default: 1/50 s worth of the rate.
+    #[arg(long, allow_hyphen_values = true)]
+    burst: Option<String>,
+    /// XDP mode: auto tries native, then skb.
+    #[arg(long, value_enum)]
+    mode: Option<Mode>,
+    /// Sources tracked at once (bucket table size; default 1048576).
+    #[arg(long)]
+    max_sources: Option<u32>,
+    /// Seconds between counter lines (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    interval: f64,
+    /// Config file (rules; written after every change).
+    #[arg(long, default_value = DEFAULT_PATH)]
+    config: PathBuf,
+    /// On exit leave the program attached and policing; a later
+    /// `policer attach` adopts it, `policer detach` removes it.
+    #[arg(long)]
+    persist: bool,
+    /// Serve Prometheus /metrics and /healthz: PORT or :PORT (127.0.0.1), or ADDRESS:PORT.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+}
+
+fn parse_rate(s: &str) -> Result<Rate, String> {
+    Rate::parse(s).map_err(|e| e.to_string())
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let Args { ifaces, rate, burst, mode, max_sources, interval, config, persist, metrics } = a;
+    let args = DaemonArgs { ifaces, rate, burst, mode, max_sources, interval, config, persist, metrics };
+    // Start before any thread exists: adopting a running program uses a
+    // private mount namespace for this process.
+    Daemon::start(&args)?.run()?;
+    Ok(())
+}

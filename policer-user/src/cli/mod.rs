@@ -1,0 +1,80 @@
+//! The command line: one file per verb (parse, call, print). `main.rs`
+//! only parses and runs [`Cli`].
+
+mod attach;
+mod detach;
+mod reload;
+mod rule;
+mod stats;
+mod status;
+mod top;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::control::{self, Reply, Request};
+
+#[derive(Parser)]
+#[command(name = "policer", version, about = "Per-source packet-rate policer in XDP")]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the daemon: attach to the interfaces and police every source.
+    Attach(attach::Args),
+    /// Detach from an interface (through the daemon, or directly if none runs).
+    Detach(detach::Args),
+    /// Change the running daemon's rules.
+    Rule {
+        #[command(subcommand)]
+        cmd: rule::Cmd,
+    },
+    /// Re-read the config file; applied only if all of it is valid.
+    Reload,
+    /// The running daemon: interfaces, config, rules.
+    Status(status::Args),
+    /// Counters: totals, per interface, per rule (exact, summed over CPUs).
+    Stats(stats::Args),
+    /// The sources with the most debt and the most drops right now.
+    Top(top::Args),
+}
+
+impl Cli {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self.cmd {
+            Cmd::Attach(a) => attach::run(a),
+            Cmd::Detach(a) => detach::run(a),
+            Cmd::Rule { cmd } => rule::run(cmd),
+            Cmd::Reload => reload::run(),
+            Cmd::Status(a) => status::run(a),
+            Cmd::Stats(a) => stats::run(a),
+            Cmd::Top(a) => top::run(a),
+        }
+    }
+}
+
+/// Sends a request; a refusal is an error (non-zero exit).
+fn call(req: Request) -> anyhow::Result<Reply> {
+    Ok(control::call(&req)?)
+}
+
+/// A `Done` reply's message.
+fn done(r: Reply) -> String {
+    match r {
+        Reply::Done { message } => message,
+        _ => String::new(),
+    }
+}
+
+/// `--watch SECS`, checked.
+fn watch_period(w: Option<f64>) -> anyhow::Result<Option<Duration>> {
+    match w {
+        None => Ok(None),
+        Some(s) if (0.1..=3600.0).contains(&s) => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => anyhow::bail!("--watch {s}: must be 0.1 ..= 3600 seconds"),
+    }
+}

@@ -1,0 +1,45 @@
+//! `policer stats [--json] [--watch SECS]`.
+
+use super::{call, watch_period};
+use crate::{
+    control::{Reply, Request, StatsView},
+    report,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// One JSON object (per sample with --watch); see README for the schema.
+    #[arg(long)]
+    json: bool,
+    /// Repeat every SECS seconds, with rates between samples.
+    #[arg(long, value_name = "SECS")]
+    watch: Option<f64>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let period = watch_period(a.watch)?;
+    let mut prev: Option<StatsView> = None;
+    loop {
+        let Reply::Stats(s) = call(Request::Stats)? else { unreachable!("checked by control::call") };
+        let mut s = *s;
+        if let Some(p) = &prev {
+            report::add_rates(&mut s, p);
+        }
+        if a.json {
+            // One object per line in watch mode.
+            println!(
+                "{}",
+                if period.is_some() { serde_json::to_string(&s)? } else { serde_json::to_string_pretty(&s)? }
+            );
+        } else {
+            print!("{}", report::stats_text(&s));
+            if period.is_some() {
+                println!();
+            }
+        }
+        let Some(p) = period else { break };
+        prev = Some(s);
+        std::thread::sleep(p);
+    }
+    Ok(())
+}

@@ -1,0 +1,33 @@
+//! `policer status`.
+
+use super::call;
+use crate::control::{Reply, Request};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let Reply::Status(s) = call(Request::Status)? else { unreachable!("checked by control::call") };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    let runtime = if s.runtime_rules > 0 {
+        format!(" ({} not persisted: set with --runtime; `policer rule ls` shows which)", s.runtime_rules)
+    } else {
+        String::new()
+    };
+    println!(
+        "policer daemon pid {} on {}; {} rules{runtime} from {}; program {}; {}",
+        s.pid,
+        s.interfaces.join(", "),
+        s.rules,
+        s.config,
+        s.program_id,
+        if s.persist { "persists on exit" } else { "detaches on exit" }
+    );
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! `policer top [-n N] [--json] [--watch SECS]`.
+
+use super::{call, watch_period};
+use crate::{
+    control::{Reply, Request},
+    report,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// How many sources in each list.
+    #[arg(short = 'n', long = "count", default_value_t = 10)]
+    n: usize,
+    #[arg(long)]
+    json: bool,
+    /// Repeat every SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    watch: Option<f64>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.n == 0 || a.n > 100_000 {
+        anyhow::bail!("-n {}: must be 1 ..= 100000", a.n);
+    }
+    let period = watch_period(a.watch)?;
+    loop {
+        let Reply::Top(t) = call(Request::Top { n: a.n })? else { unreachable!("checked by control::call") };
+        if a.json {
+            println!(
+                "{}",
+                if period.is_some() { serde_json::to_string(&t)? } else { serde_json::to_string_pretty(&t)? }
+            );
+        } else {
+            print!("{}", report::top_text(&t));
+            if period.is_some() {
+                println!();
+            }
+        }
+        let Some(p) = period else { break };
+        std::thread::sleep(p);
+    }
+    Ok(())
+}

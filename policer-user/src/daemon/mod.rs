@@ -1,0 +1,297 @@
+//! `policer attach`: the daemon.
+//!
+//! Lifecycle (see README, "Lifecycle"):
+//! - start ([`start`]): read and validate the config file, take the
+//!   per-namespace lock, look at each interface. A policer program already
+//!   attached (left by a daemon that exited with `--persist`, crashed, or
+//!   was killed) is *adopted* ([`adopt`]): the new program reuses its maps
+//!   — rules, buckets, counters — and replaces it atomically
+//!   (`XDP_FLAGS_REPLACE`). Any other XDP program is left alone and
+//!   attaching fails.
+//! - run ([`Daemon::run`]): one owner thread holds the kernel state and
+//!   applies changes in order ([`owner`]); the control socket and
+//!   `/metrics` serve each connection in its own task with deadlines
+//!   ([`crate::serve`]); reads go straight to the maps ([`views`]); this
+//!   loop prints counters and handles signals.
+//! - exit (SIGINT/SIGTERM): detach, unless `--persist`, in which case the
+//!   kernel keeps policing with the last rules until a new daemon adopts
+//!   the program or `policer detach` removes it. A killed daemon leaves
+//!   the program attached and policing, as with `--persist`.
+
+mod adopt;
+mod owner;
+mod ruleset;
+mod start;
+mod views;
+
+use std::{
+    collections::BTreeMap,
+    os::unix::net::UnixListener,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+pub use adopt::detach_orphan;
+use ipnet::IpNet;
+pub use owner::{Command, Outcome, Owner};
+use policer_common::rate::Rate;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::watch,
+};
+pub use views::{Health, Snapshot, Views};
+
+use crate::{
+    config::Config,
+    error::Result,
+    loader::{Mode, Policer},
+    netlink,
+    report::format_line,
+    rules::RuleSpec,
+};
+
+#[derive(Clone, Debug)]
+pub struct DaemonArgs {
+    /// Interfaces; empty means the config file's `daemon.interfaces`.
+    pub ifaces: Vec<String>,
+    /// Default rule (0.0.0.0/0 and ::/0), written into the config.
+    pub rate: Option<Rate>,
+    pub burst: Option<String>,
+    pub mode: Option<Mode>,
+    pub max_sources: Option<u32>,
+    pub interval: f64,
+    pub config: PathBuf,
+    pub persist: bool,
+    /// Serve Prometheus /metrics here (`9100` = 127.0.0.1:9100).
+    pub metrics: Option<String>,
+}
+
+/// A rule as installed in the kernel.
+#[derive(Clone, Debug)]
+struct Installed {
+    spec: RuleSpec,
+    /// Changes with every change of the rule (buckets rescale on it).
+    id: u32,
+    /// Counter slot; kept while the prefix has a rule.
+    slot: u32,
+    /// Whether the config file holds the rule as it is in force.
+    persisted: bool,
+}
+
+struct Iface {
+    name: String,
+    index: u32,
+    mode_flags: u32,
+}
+
+/// The daemon's state. After [`Daemon::start`] it belongs to the owner
+/// thread alone.
+pub struct Daemon {
+    policer: Policer,
+    program_id: u32,
+    ifaces: Vec<Iface>,
+    /// The rules in force, with their kernel id and counter slot.
+    rules: BTreeMap<IpNet, Installed>,
+    /// The rules the config file holds (as last read or written).
+    file_rules: BTreeMap<IpNet, RuleSpec>,
+    slots: ruleset::Slots,
+    /// Default-rules fast path: 0 off, else the pair of DEFAULT_RULES in use.
+    fast: u32,
+    last_flip: Option<Instant>,
+    cfg: Config,
+    config_path: PathBuf,
+    next_id: u32,
+    persist: bool,
+    interval: f64,
+    socket: PathBuf,
+    listener: Option<UnixListener>,
+    metrics: Option<std::net::TcpListener>,
+    /// Held (and the file removed) for as long as the daemon lives.
+    _lock: adopt::LockFile,
+    /// Set once [`Daemon::finish`] ran.
+    finished: bool,
+}
+
+impl Daemon {
+    /// Runs until SIGINT/SIGTERM (or the last interface is detached), then
+    /// leaves as configured. Errors on the way still detach (or persist).
+    pub fn run(mut self) -> Result<()> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("policer-io")
+            .enable_all()
+            .build()?;
+        let listener = self.listener.take().expect("bound at start");
+        let metrics = self.metrics.take();
+        let r = rt.block_on(serve(self, listener, metrics));
+        // Connections still open (a client that never reads) are dropped
+        // here, not waited for.
+        rt.shutdown_timeout(Duration::from_millis(200));
+        let (result, owner) = r;
+        if let Some(h) = owner {
+            let _ = h.join();
+        }
+        result
+    }
+
+    /// Leaves: detaches from every interface, or with `--persist` leaves the
+    /// program policing. Runs once.
+    fn finish(&mut self) -> Result<String> {
+        if self.finished {
+            return Ok("already stopped".into());
+        }
+        self.finished = true;
+        let names = self.ifaces.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
+        if self.ifaces.is_empty() {
+            return Ok("no interface left; exiting".into());
+        }
+        if self.persist {
+            return Ok(format!(
+                "exiting; XDP stays attached on {names} and keeps policing (`policer detach IFACE` removes it)"
+            ));
+        }
+        let fd = self.policer.prog_fd()?;
+        let mut failed = Vec::new();
+        for i in &self.ifaces {
+            if let Err(e) = netlink::set(i.index, -1, i.mode_flags, Some(fd)) {
+                failed.push(format!("{}: cannot detach: {e}", i.name));
+            }
+        }
+        if failed.is_empty() {
+            Ok(format!("detached from {names}"))
+        } else {
+            Err(crate::Error::Invalid(failed.join("; ")))
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // A daemon dropped without a shutdown (an error on the way) leaves
+        // as a stopped one would.
+        if !self.finished
+            && let Err(e) = self.finish()
+        {
+            eprintln!("policer: {e}");
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Forwards the program's rare kernel events (sampled) to the log.
+fn start_kernel_log(policer: &mut Policer) {
+    match aya_log::EbpfLogger::init(&mut policer.ebpf) {
+        Ok(logger) => {
+            // SAFETY: the logger owns its ring buffer fd and flushing
+            // neither closes nor replaces it.
+            match unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
+                Ok(mut fd) => {
+                    tokio::spawn(async move {
+                        while let Ok(mut guard) = fd.readable_mut().await {
+                            guard.get_inner_mut().flush();
+                            guard.clear_ready();
+                        }
+                    });
+                }
+                Err(e) => log::warn!("kernel event log unavailable: {e}"),
+            }
+        }
+        Err(e) => log::warn!("kernel event log unavailable: {e}"),
+    }
+}
+
+/// The event loop: hands the daemon to its owner thread, serves, ticks,
+/// and on a signal asks the owner to leave.
+async fn serve(
+    mut d: Daemon,
+    listener: UnixListener,
+    metrics: Option<std::net::TcpListener>,
+) -> (Result<()>, Option<std::thread::JoinHandle<()>>) {
+    start_kernel_log(&mut d.policer);
+    let interval = d.interval;
+    let reader = d.policer.reader();
+    let (snap_tx, snap_rx) = watch::channel(d.snapshot());
+    let (owner, handle) = match owner::spawn(d, snap_tx) {
+        Ok(x) => x,
+        Err(e) => return (Err(e), None),
+    };
+    let views = Arc::new(Views::new(reader, snap_rx));
+    let r = event_loop(owner.clone(), views, listener, metrics, interval).await;
+    // Whatever ended the loop, the owner leaves as configured.
+    let out = owner.ask(Command::Shutdown).await;
+    match out.result {
+        Ok(m) => println!("policer: {m}"),
+        Err(e) => eprintln!("policer: {e}"),
+    }
+    (r, Some(handle))
+}
+
+async fn event_loop(
+    owner: Owner,
+    views: Arc<Views>,
+    listener: UnixListener,
+    metrics: Option<std::net::TcpListener>,
+    interval: f64,
+) -> Result<()> {
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let ctx = Arc::new(crate::serve::Ctx { owner: owner.clone(), views: views.clone(), stop: stop_tx });
+    listener.set_nonblocking(true)?;
+    tokio::spawn(crate::serve::control::run(tokio::net::UnixListener::from_std(listener)?, ctx.clone()));
+    if let Some(m) = metrics {
+        m.set_nonblocking(true)?;
+        tokio::spawn(crate::serve::http::run(tokio::net::TcpListener::from_std(m)?, ctx.clone()));
+    }
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let started = Instant::now();
+    let period = if interval > 0.0 { interval } else { 3600.0 };
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(period));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let counters = |v: &Views| match v.counters() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("policer: cannot read the counters: {e}");
+            None
+        }
+    };
+    let mut prev = counters(&views).unwrap_or_default();
+    let mut prev_at = Instant::now();
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = stop_rx.changed() => break,
+            _ = sighup.recv() => {
+                let o = owner.clone();
+                tokio::spawn(async move {
+                    match o.ask(Command::Reload).await.result {
+                        Ok(m) => println!("policer: SIGHUP: {m}"),
+                        Err(e) => println!("policer: SIGHUP: reload refused, nothing changed: {e}"),
+                    }
+                });
+            }
+            _ = tick.tick(), if interval > 0.0 => {
+                if let Some(now) = counters(&views) {
+                    println!("{}", format_line(started.elapsed(), &now, &prev, prev_at.elapsed().as_secs_f64()));
+                    prev = now;
+                    prev_at = Instant::now();
+                }
+            }
+        }
+    }
+    if let Some(last) = counters(&views) {
+        println!("{}", format_line(started.elapsed(), &last, &prev, prev_at.elapsed().as_secs_f64()));
+    }
+    Ok(())
+}
+
+/// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,132 @@
+//! The one owner of the kernel state: a thread that receives commands on a
+//! channel and applies them in order, so rule changes stay serialized and
+//! nothing else writes the maps. Connections wait for their answer on a
+//! oneshot channel; a slow client holds only its own task, never the owner.
+
+use std::{sync::Arc, thread};
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{
+    Daemon,
+    views::{IfaceRef, RuleRow, Snapshot},
+};
+use crate::{
+    error::{Error, Result},
+    rules::RuleConfig,
+};
+
+/// What the owner is asked to do.
+#[derive(Debug)]
+pub enum Command {
+    RuleSet {
+        rule: RuleConfig,
+        runtime: bool,
+    },
+    RuleRm {
+        prefix: String,
+        runtime: bool,
+    },
+    Reload,
+    Detach {
+        iface: String,
+    },
+    /// Leave: detach (unless --persist) and end the thread.
+    Shutdown,
+}
+
+/// The owner's answer: a message or an error, and whether the daemon
+/// should now exit (its last interface was detached).
+#[derive(Debug)]
+pub struct Outcome {
+    pub result: Result<String>,
+    pub exit: bool,
+}
+
+struct Job {
+    cmd: Command,
+    reply: oneshot::Sender<Outcome>,
+}
+
+/// How connections reach the owner. Cheap to clone.
+#[derive(Clone)]
+pub struct Owner {
+    tx: mpsc::Sender<Job>,
+}
+
+/// Commands waiting for the owner at most; past that a request is refused
+/// at once ("busy") rather than queued without bound.
+const QUEUE: usize = 256;
+
+impl Owner {
+    /// Asks the owner and waits for its answer.
+    pub async fn ask(&self, cmd: Command) -> Outcome {
+        let (reply, rx) = oneshot::channel();
+        if let Err(e) = self.tx.try_send(Job { cmd, reply }) {
+            let why = match e {
+                mpsc::error::TrySendError::Full(_) => "the daemon is busy (too many changes queued); try again",
+                mpsc::error::TrySendError::Closed(_) => "the daemon is shutting down",
+            };
+            return Outcome { result: Err(Error::Invalid(why.into())), exit: false };
+        }
+        rx.await.unwrap_or(Outcome { result: Err(Error::Invalid("the daemon is shutting down".into())), exit: false })
+    }
+}
+
+impl Daemon {
+    /// What the read-only views need to know of the daemon now.
+    pub(super) fn snapshot(&self) -> Arc<Snapshot> {
+        Arc::new(Snapshot {
+            ifaces: self.ifaces.iter().map(|i| IfaceRef { name: i.name.clone(), index: i.index }).collect(),
+            rules: self
+                .rules
+                .iter()
+                .map(|(n, i)| (*n, RuleRow { spec: i.spec.clone(), slot: i.slot, persisted: i.persisted }))
+                .collect(),
+            config: self.config_path.display().to_string(),
+            persist: self.persist,
+            program_id: self.program_id,
+        })
+    }
+
+    fn handle(&mut self, cmd: Command) -> Outcome {
+        let done = |result| Outcome { result, exit: false };
+        match cmd {
+            Command::RuleSet { rule, runtime } => done(self.rule_set(&rule, runtime)),
+            Command::RuleRm { prefix, runtime } => done(self.rule_rm(&prefix, runtime)),
+            Command::Reload => done(self.reload()),
+            Command::Detach { iface } => match self.detach(&iface) {
+                Ok(true) => Outcome {
+                    result: Ok(format!("detached from {iface}; no interface left, the daemon exits")),
+                    exit: true,
+                },
+                Ok(false) => done(Ok(format!("detached from {iface}"))),
+                Err(e) => done(Err(e)),
+            },
+            Command::Shutdown => done(self.finish().map(|m| m.to_string())),
+        }
+    }
+}
+
+/// Starts the owner thread with `daemon`; every change is published on
+/// `snapshot`. The thread ends after [`Command::Shutdown`] (or when every
+/// [`Owner`] is gone, which also shuts down).
+pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Result<(Owner, thread::JoinHandle<()>)> {
+    let (tx, mut rx) = mpsc::channel::<Job>(QUEUE);
+    let handle = thread::Builder::new().name("policer-owner".into()).spawn(move || {
+        while let Some(Job { cmd, reply }) = rx.blocking_recv() {
+            let last = matches!(cmd, Command::Shutdown);
+            let outcome = daemon.handle(cmd);
+            snapshot.send_replace(daemon.snapshot());
+            let _ = reply.send(outcome);
+            if last {
+                return;
+            }
+        }
+        // Every sender gone without a shutdown: still leave cleanly.
+        if let Err(e) = daemon.finish() {
+            eprintln!("policer: {e}");
+        }
+    })?;
+    Ok((Owner { tx }, handle))
+}

@@ -1,0 +1,318 @@
+//! The rule set: reconciling rules into the kernel's maps (counter slots,
+//! new-source limiters, the default-rules fast path) and into the config
+//! file. Only the owner thread calls these.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    time::{Duration, Instant},
+};
+
+use ipnet::IpNet;
+use policer_common::{MAX_RULE_SLOTS, NewSources, Rule, rate::Rate};
+
+use super::{Daemon, Installed, monotonic_ns};
+use crate::{
+    config::Config,
+    error::{Error, Result},
+    loader::Policer,
+    netlink,
+    rules::{RuleConfig, RuleSpec},
+};
+
+/// Allocates rule counter slots; slot 0 is shared by rules past the last.
+pub(super) struct Slots {
+    /// Slots 1.. not in use, lowest first.
+    free: std::collections::BTreeSet<u32>,
+}
+
+impl Default for Slots {
+    fn default() -> Slots {
+        Slots { free: (1..MAX_RULE_SLOTS).collect() }
+    }
+}
+
+impl Slots {
+    /// The lowest free slot, or the shared slot 0 when all are taken.
+    pub fn take(&mut self) -> u32 {
+        self.free.pop_first().unwrap_or(0)
+    }
+
+    /// Marks a slot an adopted rule already uses.
+    pub fn mark_used(&mut self, s: u32) {
+        self.free.remove(&s);
+    }
+
+    pub fn free(&mut self, s: u32) {
+        if s != 0 {
+            self.free.insert(s);
+        }
+    }
+}
+
+impl Daemon {
+    /// Whether every rule is for 0.0.0.0/0 or ::/0.
+    fn only_defaults(&self) -> bool {
+        self.rules.keys().all(|n| n.prefix_len() == 0)
+    }
+
+    /// Turns the default-rules fast path on (with the current default rules)
+    /// when only default rules exist, off otherwise. The rules go into the
+    /// pair not in use, then one u32 write switches readers over, so no
+    /// packet sees a rule half written; switches are at least 1 ms apart so
+    /// a reader of the pair before last (a program run lasts microseconds)
+    /// is long gone before that pair is rewritten.
+    pub(super) fn sync_fast_path(&mut self) -> Result<()> {
+        if !self.only_defaults() {
+            if self.fast != 0 {
+                self.policer.set_fast_path(0)?;
+                self.fast = 0;
+            }
+            return Ok(());
+        }
+        let rule = |d: &Daemon, net: &str| -> Result<Option<Rule>> {
+            let net: IpNet = net.parse().expect("literal");
+            d.rules.get(&net).map(|i| Ok(i.spec.kernel(i.id)?.with_counter_slot(i.slot))).transpose()
+        };
+        let (v4, v6) = (rule(self, "0.0.0.0/0")?, rule(self, "::/0")?);
+        let next = if self.fast == 1 { 2 } else { 1 };
+        if let Some(t) = self.last_flip {
+            let since = t.elapsed();
+            if since < Duration::from_millis(1) {
+                std::thread::sleep(Duration::from_millis(1) - since);
+            }
+        }
+        self.policer.set_default_rules(next - 1, v4, v6)?;
+        self.policer.set_fast_path(next)?;
+        self.fast = next;
+        self.last_flip = Some(Instant::now());
+        Ok(())
+    }
+
+    /// The rules in force in the kernel.
+    pub(super) fn specs(&self) -> BTreeMap<IpNet, RuleSpec> {
+        self.rules.iter().map(|(n, i)| (*n, i.spec.clone())).collect()
+    }
+
+    /// Writes `file` (the rules the config file should hold) into the
+    /// config file; on failure nothing is written and the caller undoes
+    /// its change in the kernel.
+    fn persist_config(&mut self, file: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+        let cfg = self.cfg.with_rules(file);
+        cfg.save(&self.config_path).map_err(|e| {
+            Error::Invalid(format!(
+                "cannot write {}: {e}; nothing changed (`--runtime` applies a change to the kernel only)",
+                self.config_path.display()
+            ))
+        })?;
+        self.cfg = cfg;
+        self.file_rules = file.clone();
+        self.mark_persisted();
+        Ok(())
+    }
+
+    /// A rule is persisted when the config file holds it as it is in force.
+    fn mark_persisted(&mut self) {
+        for (net, i) in self.rules.iter_mut() {
+            i.persisted = self.file_rules.get(net) == Some(&i.spec);
+        }
+    }
+
+    /// Applies `want` (already validated) to the kernel: changed and new
+    /// prefixes first, removed ones last, each one atomic for its prefix.
+    pub(super) fn apply(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+        // A more specific prefix is about to exist: back to the tries first,
+        // so no packet is judged by a default rule it no longer falls under.
+        if self.fast != 0 && want.keys().any(|n| n.prefix_len() != 0) {
+            self.policer.set_fast_path(0)?;
+            self.fast = 0;
+        }
+        let r = self.apply_rules(want);
+        // Whatever happened, the fast path follows the rules now in force.
+        self.sync_fast_path()?;
+        r
+    }
+
+    fn apply_rules(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+        for (net, spec) in want {
+            let slot = match self.rules.get(net) {
+                Some(i) if &i.spec == spec => continue,
+                Some(i) => i.slot,
+                None => {
+                    let slot = self.slots.take();
+                    if slot != 0
+                        && let Err(e) = self.policer.reset_rule_counters(slot)
+                    {
+                        self.slots.free(slot);
+                        return Err(e);
+                    }
+                    slot
+                }
+            };
+            let id = self.next_id;
+            if let Err(e) = install(&mut self.policer, *net, spec, id, slot) {
+                if !self.rules.contains_key(net) && slot != 0 {
+                    self.slots.free(slot);
+                }
+                return Err(e);
+            }
+            self.next_id += 1;
+            self.rules.insert(*net, Installed { spec: spec.clone(), id, slot, persisted: false });
+        }
+        let gone: Vec<IpNet> = self.rules.keys().filter(|n| !want.contains_key(n)).copied().collect();
+        for net in gone {
+            self.policer.remove_rule(net)?;
+            if let Some(i) = self.rules.remove(&net)
+                && i.slot != 0
+            {
+                self.slots.free(i.slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// `policer rule set`: in the kernel, then in the file (unless
+    /// `runtime`); if the file cannot be written the kernel change is
+    /// undone.
+    pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool) -> Result<String> {
+        let spec = rc.validate()?;
+        let net = spec.net;
+        self.change(runtime, |want| {
+            want.insert(net, spec.clone());
+        })?;
+        let existed_note = if runtime { " (runtime only: not written to the config file)" } else { "" };
+        Ok(format!("set the rule for {net}{existed_note}"))
+    }
+
+    /// `policer rule rm`.
+    pub(super) fn rule_rm(&mut self, prefix: &str, runtime: bool) -> Result<String> {
+        let net = crate::rules::parse_prefix(prefix)?;
+        if !self.rules.contains_key(&net) {
+            return Err(Error::Invalid(format!("no rule for {net} (see `policer rule ls`)")));
+        }
+        self.change(runtime, |want| {
+            want.remove(&net);
+        })?;
+        let note = if runtime { " (runtime only: the config file still has it)" } else { "" };
+        Ok(format!("removed the rule for {net}{note}"))
+    }
+
+    /// One change of the rules: `edit` applied to the kernel's rules and,
+    /// unless `runtime`, to the file's. All or nothing.
+    fn change(&mut self, runtime: bool, edit: impl Fn(&mut BTreeMap<IpNet, RuleSpec>)) -> Result<()> {
+        let before = self.specs();
+        let mut want = before.clone();
+        edit(&mut want);
+        if let Err(e) = self.apply(&want) {
+            // Back to what was in force; apply_rules stops at the first
+            // failure, so what it did is undone here.
+            let _ = self.apply(&before);
+            return Err(e);
+        }
+        if runtime {
+            self.mark_persisted();
+            return Ok(());
+        }
+        let mut file = self.file_rules.clone();
+        edit(&mut file);
+        if let Err(e) = self.persist_config(&file) {
+            let _ = self.apply(&before);
+            self.mark_persisted();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Re-reads the config file; applies it only if all of it is valid.
+    /// Rules set with `--runtime` give way to the file's.
+    pub(super) fn reload(&mut self) -> Result<String> {
+        let (cfg, want) = Config::parse(
+            &fs::read_to_string(&self.config_path)
+                .map_err(|e| Error::Invalid(format!("{}: {e}", self.config_path.display())))?,
+            &self.config_path,
+        )?;
+        if want.is_empty() {
+            return Err(Error::Invalid(format!("{}: no rules; nothing changed", self.config_path.display())));
+        }
+        let before = self.specs();
+        if let Err(e) = self.apply(&want) {
+            let _ = self.apply(&before);
+            return Err(e);
+        }
+        let note = if cfg.daemon != self.cfg.daemon { " ([daemon] settings apply at the next start)" } else { "" };
+        self.cfg = cfg;
+        self.file_rules = want.clone();
+        self.mark_persisted();
+        Ok(format!("reloaded {}: {} rules{note}", self.config_path.display(), want.len()))
+    }
+
+    /// Detaches `name`; true when no interface is left.
+    pub(super) fn detach(&mut self, name: &str) -> Result<bool> {
+        let pos = self
+            .ifaces
+            .iter()
+            .position(|i| i.name == name)
+            .ok_or_else(|| Error::Invalid(format!("{name} is not policed by this daemon")))?;
+        let fd = self.policer.prog_fd()?;
+        let i = &self.ifaces[pos];
+        netlink::set(i.index, -1, i.mode_flags, Some(fd))
+            .map_err(|source| Error::Netlink { iface: name.into(), source })?;
+        self.ifaces.remove(pos);
+        self.cfg.daemon.interfaces.retain(|n| n != name);
+        let file = self.file_rules.clone();
+        if let Err(e) = self.persist_config(&file) {
+            log::warn!("{name} detached, but the config file still lists it: {e}");
+        }
+        Ok(self.ifaces.is_empty())
+    }
+}
+
+/// Installs a rule (one atomic update of its prefix), after setting the
+/// new-source limiter of its counter slot.
+fn install(p: &mut Policer, net: IpNet, spec: &RuleSpec, id: u32, slot: u32) -> Result<()> {
+    let rule = prepare(p, spec, id, slot)?;
+    p.set_rule(net, &rule)
+}
+
+/// Sets the new-source limiter of the rule's counter slot; returns the
+/// kernel value of the rule, ready to install.
+pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, id: u32, slot: u32) -> Result<Rule> {
+    // Rate and burst in the same unit: packets, or bytes in byte mode.
+    let rate = match (spec.action.polices(), spec.rate) {
+        (true, Some(Rate::Pps(r))) => Some(r),
+        (true, Some(Rate::Bps(b))) => Some(b / 8),
+        _ => None,
+    };
+    let ns = match rate {
+        Some(r) => NewSources::for_rule(r, spec.burst, p.max_sources()?, monotonic_ns()),
+        None => NewSources::default(),
+    };
+    // Rules past the last counter slot share slot 0 and its limiter: set
+    // it once, not once per rule (100 000 rules would mean 96 000 writes).
+    if slot != 0 || !p.shared_slot_set {
+        p.set_new_sources(slot, &ns)?;
+        p.shared_slot_set |= slot == 0;
+    }
+    Ok(spec.kernel(id)?.with_counter_slot(slot))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_reused_lowest_first_and_overflow_to_zero() {
+        let mut s = Slots::default();
+        s.mark_used(1);
+        assert_eq!(s.take(), 2);
+        assert_eq!(s.take(), 3);
+        s.free(2);
+        assert_eq!(s.take(), 2);
+        for _ in 4..MAX_RULE_SLOTS {
+            assert_ne!(s.take(), 0);
+        }
+        assert_eq!(s.take(), 0);
+        s.free(0);
+        assert_eq!(s.take(), 0, "slot 0 is shared, never handed out as free");
+    }
+}

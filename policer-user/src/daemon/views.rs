@@ -1,0 +1,294 @@
+//! Read-only views of the running policer: `stats`, `top`, `rule ls`,
+//! `status`, `/metrics` and `/healthz`.
+//!
+//! They never go through the owner thread: the kernel's maps are read
+//! through the loader's [`MapReader`] (its own file descriptors), and what
+//! only the daemon knows (interfaces, rules, their counter slots) comes from
+//! the last [`Snapshot`] the owner published. A table read of a second
+//! holds up no rule change, and a rule change holds up no read.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use ipnet::IpNet;
+use policer_common::{BucketKey, Counters, FAMILY_V4, MAX_IFACE_SLOTS, RuleCounters};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::monotonic_ns;
+use crate::{
+    control::{CountersView, IfaceStats, RuleStats, RuleView, StatsView, StatusView, TableStats, TopEntry, TopView},
+    error::Result,
+    loader::MapReader,
+    netlink,
+    rules::RuleSpec,
+};
+
+/// How old the live-bucket count on /metrics may be: counting reads the
+/// whole table (≈ 0.3 s at 1 000 000 buckets), so scrapes share one count.
+const LIVE_COUNT_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// An interface the daemon polices.
+#[derive(Clone, Debug)]
+pub struct IfaceRef {
+    pub name: String,
+    pub index: u32,
+}
+
+/// A rule in force.
+#[derive(Clone, Debug)]
+pub struct RuleRow {
+    pub spec: RuleSpec,
+    pub slot: u32,
+    pub persisted: bool,
+}
+
+/// What the owner thread publishes after every change.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub ifaces: Vec<IfaceRef>,
+    pub rules: BTreeMap<IpNet, RuleRow>,
+    pub config: String,
+    pub persist: bool,
+    pub program_id: u32,
+}
+
+/// The read side of the daemon, shared by every connection.
+pub struct Views {
+    reader: Arc<MapReader>,
+    snapshot: watch::Receiver<Arc<Snapshot>>,
+    /// The last count of the bucket table: when, live buckets, evicted.
+    live_count: Mutex<Option<(Instant, u64, u64)>>,
+}
+
+/// `/healthz`: whether the program is attached to every interface the
+/// daemon polices.
+#[derive(Clone, Debug, Serialize)]
+pub struct Health {
+    pub healthy: bool,
+    pub program_id: u32,
+    pub interfaces: Vec<IfaceHealth>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct IfaceHealth {
+    pub name: String,
+    /// Whether our program (not another, not none) is attached.
+    pub attached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Views {
+    pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>) -> Views {
+        Views { reader, snapshot, live_count: Mutex::new(None) }
+    }
+
+    fn snap(&self) -> Arc<Snapshot> {
+        self.snapshot.borrow().clone()
+    }
+
+    /// Counters summed over interfaces and CPUs (the counter lines).
+    pub fn counters(&self) -> Result<Counters> {
+        self.reader.counters()
+    }
+
+    pub fn rules(&self) -> Vec<RuleView> {
+        self.snap()
+            .rules
+            .values()
+            .map(|RuleRow { spec: s, persisted, .. }| RuleView {
+                prefix: s.net.to_string(),
+                action: s.action.to_string(),
+                rate: s.rate.map(|r| r.to_string()),
+                burst: s.rate.map(|_| s.burst),
+                unit: if s.rate.is_some_and(|r| r.is_bytes()) { "bytes" } else { "packets" }.into(),
+                key_len: s.key_len,
+                persisted: *persisted,
+            })
+            .collect()
+    }
+
+    pub fn status(&self) -> StatusView {
+        let s = self.snap();
+        StatusView {
+            pid: std::process::id(),
+            interfaces: s.ifaces.iter().map(|i| i.name.clone()).collect(),
+            config: s.config.clone(),
+            rules: s.rules.len(),
+            runtime_rules: s.rules.values().filter(|r| !r.persisted).count(),
+            persist: s.persist,
+            program_id: s.program_id,
+        }
+    }
+
+    /// One sample of every counter.
+    pub fn stats(&self) -> Result<StatsView> {
+        let snap = self.snap();
+        let time_ns = monotonic_ns();
+        let slots = self.reader.iface_counters()?;
+        let mut total = Counters::default();
+        for (_, c) in &slots {
+            total.add(c);
+        }
+        let interfaces = snap
+            .ifaces
+            .iter()
+            .map(|i| {
+                let c = slots.iter().find(|(s, _)| *s == i.index % MAX_IFACE_SLOTS).map(|x| x.1).unwrap_or_default();
+                iface_stats(&i.name, i.index, &c)
+            })
+            .collect();
+        let rc: BTreeMap<u32, RuleCounters> = self.reader.rule_counters()?.into_iter().collect();
+        let rules = snap
+            .rules
+            .iter()
+            .map(|(net, r)| RuleStats {
+                prefix: net.to_string(),
+                action: r.spec.action.to_string(),
+                counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
+                rates: None,
+            })
+            .collect();
+        let table = TableStats {
+            capacity: self.reader.max_sources() as u64,
+            created: total.buckets_created,
+            live: None,
+            insert_failures: total.bucket_insert_failed,
+        };
+        Ok(StatsView { time_ns, totals: iface_stats("total", 0, &total), interfaces, rules, table })
+    }
+
+    /// The `n` sources with the most debt and the most drops.
+    pub fn top(&self, n: usize) -> Result<TopView> {
+        let snap = self.snap();
+        let t0 = Instant::now();
+        let now = monotonic_ns();
+        struct Row {
+            key: BucketKey,
+            fill: u64,
+            debt_ns: u64,
+            drops: u64,
+        }
+        let mut rows = Vec::new();
+        self.reader.for_each_bucket(|k, b| {
+            rows.push(Row { key: *k, fill: b.fill_q16(now), debt_ns: b.debt_ns(now), drops: b.drops() })
+        })?;
+        let live = rows.len() as u64;
+        let read_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let entry = |r: &Row| TopEntry {
+            source: bucket_source(&r.key),
+            rule: rule_for(&snap, &r.key).map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+            debt_ns: r.debt_ns,
+            fill: r.fill as f64 / 65536.0,
+            drops: r.drops,
+        };
+        let mut pick = |key: &dyn Fn(&Row) -> (u64, u64)| -> Vec<TopEntry> {
+            let k = n.min(rows.len());
+            if k == 0 {
+                return vec![];
+            }
+            rows.select_nth_unstable_by(k - 1, |a, b| key(b).cmp(&key(a)));
+            let mut top: Vec<&Row> = rows[..k].iter().filter(|r| key(r) != (0, 0)).collect();
+            top.sort_by_key(|r| std::cmp::Reverse(key(r)));
+            top.into_iter().map(entry).collect()
+        };
+        let by_debt = pick(&|r| (r.fill, r.debt_ns));
+        let by_drops = pick(&|r| (r.drops, r.fill));
+        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops })
+    }
+
+    /// (live buckets, buckets evicted so far): a count at most
+    /// [`LIVE_COUNT_MAX_AGE`] old. `created` is the buckets-created counter
+    /// read just before. Concurrent scrapes wait for one count and share it.
+    fn live_buckets(&self, created: u64) -> (u64, u64) {
+        let mut guard = self.live_count.lock().unwrap_or_else(|p| p.into_inner());
+        let prev = *guard;
+        if let Some((at, live, evicted)) = prev
+            && at.elapsed() < LIVE_COUNT_MAX_AGE
+        {
+            return (live, evicted);
+        }
+        let mut live = 0;
+        let _ = self.reader.for_each_bucket(|_, _| live += 1);
+        // Evicted = created - live. Buckets made while the table was read
+        // can make one count low; the counter never goes back.
+        let evicted = created.saturating_sub(live).max(prev.map_or(0, |p| p.2));
+        *guard = Some((Instant::now(), live, evicted));
+        (live, evicted)
+    }
+
+    /// The `/metrics` exposition.
+    pub fn metrics(&self) -> Result<String> {
+        let s = self.stats()?;
+        let (live, evicted) = self.live_buckets(s.table.created);
+        Ok(crate::metrics::render(&s, live, evicted))
+    }
+
+    /// `/healthz`: our program attached to every interface we police.
+    pub fn health(&self) -> Health {
+        let snap = self.snap();
+        let interfaces: Vec<IfaceHealth> = snap
+            .ifaces
+            .iter()
+            .map(|i| match netlink::query(i.index) {
+                Ok(Some(st)) => IfaceHealth {
+                    name: i.name.clone(),
+                    attached: st.prog_id == snap.program_id,
+                    error: (st.prog_id != snap.program_id)
+                        .then(|| format!("another XDP program ({}) is attached", st.prog_id)),
+                },
+                Ok(None) => IfaceHealth {
+                    name: i.name.clone(),
+                    attached: false,
+                    error: Some("no XDP program is attached".into()),
+                },
+                Err(e) => IfaceHealth { name: i.name.clone(), attached: false, error: Some(e.to_string()) },
+            })
+            .collect();
+        let healthy = !interfaces.is_empty() && interfaces.iter().all(|i| i.attached);
+        Health { healthy, program_id: snap.program_id, interfaces }
+    }
+}
+
+/// The rule (longest prefix) a bucket's source falls under now.
+fn rule_for(snap: &Snapshot, k: &BucketKey) -> Option<IpNet> {
+    let addr = key_addr(k);
+    snap.rules.keys().filter(|n| n.contains(&addr)).max_by_key(|n| n.prefix_len()).copied()
+}
+
+fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
+    IfaceStats {
+        name: name.into(),
+        ifindex,
+        counters: CountersView::from(&c.verdicts()),
+        unmatched_packets: c.unmatched_pkts,
+        non_ip_packets: c.non_ip_pkts,
+        malformed_packets: c.malformed_pkts,
+        fragment_packets: c.fragment_pkts,
+        bucket_insert_failures: c.bucket_insert_failed,
+        cas_retries: c.cas_retries,
+        cas_exhausted: c.cas_exhausted,
+        new_sources_limited: c.new_sources_limited,
+        rates: None,
+    }
+}
+
+fn key_addr(k: &BucketKey) -> IpAddr {
+    if k.family == FAMILY_V4 {
+        std::net::Ipv4Addr::new(k.addr[0], k.addr[1], k.addr[2], k.addr[3]).into()
+    } else {
+        std::net::Ipv6Addr::from(k.addr).into()
+    }
+}
+
+/// A bucket's key as text: the address, or a prefix when sources are grouped.
+fn bucket_source(k: &BucketKey) -> String {
+    let a = key_addr(k);
+    let full = if a.is_ipv4() { 32 } else { 128 };
+    if k.key_len >= full { a.to_string() } else { format!("{a}/{}", k.key_len) }
+}
