@@ -136,40 +136,14 @@ pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
     reg.register("rules", "Rules installed", gauge(s.rules.len() as u64));
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
-    to_text_format(&out)
-}
-
-/// The content type of what [`render`] returns.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// prometheus-client writes OpenMetrics, whose counter families are named
-/// without `_total` and which ends with `# EOF`. Prometheus' own text
-/// format (what `promtool check metrics` and every scraper accept) names
-/// the family after its samples: rename and drop the EOF marker.
-fn to_text_format(om: &str) -> String {
-    let lines: Vec<&str> = om.lines().collect();
-    let mut out = String::with_capacity(om.len() + 256);
-    for (i, line) in lines.iter().enumerate() {
-        if *line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let counter_family = |name: &str| {
-            lines[i..]
-                .iter()
-                .take(3)
-                .any(|l| l.starts_with("# TYPE ") && l.ends_with(" counter") && l.split(' ').nth(2) == Some(name))
-        };
-        let fixed = match line.split(' ').collect::<Vec<_>>().as_slice() {
-            ["#", kind @ ("HELP" | "TYPE"), name, rest @ ..] if counter_family(name) => {
-                format!("# {kind} {name}_total {}", rest.join(" "))
-            }
-            _ => line.to_string(),
-        };
-        out.push_str(&fixed);
-        out.push('\n');
-    }
     out
 }
+
+/// The content type of what [`render`] returns: OpenMetrics text, as
+/// prometheus-client's encoder writes it (counter families are named
+/// without `_total`, their samples with it; the text ends with `# EOF`).
+/// Prometheus asks for it first when it scrapes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
@@ -209,13 +183,13 @@ mod tests {
             "policer_bucket_evictions_total 6",
             "policer_bucket_table_capacity 1024",
             "policer_bucket_table_live 4",
-            "# TYPE policer_packets_total counter",
-            "# HELP policer_packets_total Frames judged",
+            "# TYPE policer_packets counter",
+            "# HELP policer_packets Frames judged",
             "# TYPE policer_bucket_table_live gauge",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
-        assert!(!text.contains("# EOF"));
+        assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
     }
 
     /// The shipped Grafana dashboard only queries metrics that exist.
@@ -229,8 +203,12 @@ mod tests {
             ..Default::default()
         };
         let text = render(&s, 0, 0);
-        let names: Vec<&str> =
-            text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+        // Sample names, as queries use them (`policer_packets_total`).
+        let names: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
         let mut checked = 0;
         for p in dash["panels"].as_array().unwrap() {
             for t in p["targets"].as_array().unwrap() {

@@ -26,8 +26,8 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
     "procps",
-    // promtool, to check the /metrics exposition in the tests.
-    "prometheus",
+    // The Prometheus project's OpenMetrics parser, to check /metrics in the tests.
+    "python3-prometheus-client",
 ];
 
 #[derive(Parser)]
