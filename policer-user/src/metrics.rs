@@ -204,11 +204,8 @@ mod tests {
         };
         let text = render(&s, 0, 0);
         // Sample names, as queries use them (`policer_packets_total`).
-        let names: Vec<&str> = text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.split(['{', ' ']).next())
-            .collect();
+        let names: Vec<&str> =
+            text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();
         let mut checked = 0;
         for p in dash["panels"].as_array().unwrap() {
             for t in p["targets"].as_array().unwrap() {
