@@ -49,10 +49,18 @@ pub const MIN_RATE_BPS: u64 = 1_000;
 pub const MAX_RATE_BPS: u64 = 400_000_000_000;
 pub const MAX_BURST: u64 = 1_000_000_000;
 
+impl core::fmt::Display for Action {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What a rule does with the sources it matches. Stored as `u32` in
 /// [`Rule::action`] so the kernel value has no implicit padding.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize, clap::ValueEnum))]
+#[cfg_attr(feature = "user", serde(rename_all = "lowercase"))]
 pub enum Action {
     /// Drop what exceeds the bucket.
     Police = 0,
@@ -65,6 +73,21 @@ pub enum Action {
 }
 
 impl Action {
+    /// Whether the action uses a bucket (and so needs a rate).
+    pub const fn polices(self) -> bool {
+        matches!(self, Action::Police | Action::Monitor)
+    }
+
+    /// The name operators write (config file, CLI).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Action::Police => "police",
+            Action::Monitor => "monitor",
+            Action::Allow => "allow",
+            Action::Deny => "deny",
+        }
+    }
+
     pub const fn from_u32(v: u32) -> Option<Action> {
         match v {
             0 => Some(Action::Police),

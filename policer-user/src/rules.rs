@@ -1,7 +1,7 @@
 //! Rules as operators write them (CLI and config file), validated into
 //! what the kernel needs. One place decides what is a valid rule.
 
-use std::{fmt, net::IpAddr, str::FromStr};
+use std::{net::IpAddr, str::FromStr};
 
 use ipnet::IpNet;
 use policer_common::{
@@ -13,56 +13,6 @@ use policer_common::{
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-
-/// A rule's action, as written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ActionName {
-    /// Drop what exceeds the bucket.
-    Police,
-    /// Pass everything; count what would have been dropped.
-    Monitor,
-    /// Never police.
-    Allow,
-    /// Drop everything.
-    Deny,
-}
-
-impl ActionName {
-    pub fn kernel(self) -> Action {
-        match self {
-            ActionName::Police => Action::Police,
-            ActionName::Monitor => Action::Monitor,
-            ActionName::Allow => Action::Allow,
-            ActionName::Deny => Action::Deny,
-        }
-    }
-
-    pub fn from_kernel(a: u32) -> Option<ActionName> {
-        Some(match Action::from_u32(a)? {
-            Action::Police => ActionName::Police,
-            Action::Monitor => ActionName::Monitor,
-            Action::Allow => ActionName::Allow,
-            Action::Deny => ActionName::Deny,
-        })
-    }
-
-    /// Whether the action uses a bucket (and so needs a rate).
-    pub fn polices(self) -> bool {
-        matches!(self, ActionName::Police | ActionName::Monitor)
-    }
-}
-
-impl fmt::Display for ActionName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ActionName::Police => "police",
-            ActionName::Monitor => "monitor",
-            ActionName::Allow => "allow",
-            ActionName::Deny => "deny",
-        })
-    }
-}
 
 /// A burst as written in TOML: a number of packets, or a size string.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,7 +33,7 @@ pub struct RuleConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<BurstValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub action: Option<ActionName>,
+    pub action: Option<Action>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_len: Option<u32>,
 }
@@ -96,7 +46,7 @@ pub struct RuleSpec {
     pub rate: Option<Rate>,
     /// Packets, or bytes for a bit rate.
     pub burst: u64,
-    pub action: ActionName,
+    pub action: Action,
     pub key_len: u32,
 }
 
@@ -130,7 +80,7 @@ pub fn parse_prefix(s: &str) -> Result<IpNet> {
 impl RuleConfig {
     pub fn validate(&self) -> Result<RuleSpec> {
         let net = parse_prefix(&self.prefix)?;
-        let action = self.action.unwrap_or(ActionName::Police);
+        let action = self.action.unwrap_or(Action::Police);
         let rate = match &self.rate {
             Some(r) => Some(Rate::parse(r).map_err(|e| Error::Invalid(format!("rate '{r}': {e}")))?),
             None if action.polices() => {
@@ -183,7 +133,7 @@ impl RuleSpec {
         Ok(base
             .with_key_len(self.key_len, v6)
             .map_err(|e| Error::Invalid(e.to_string()))?
-            .with_action(self.action.kernel())
+            .with_action(self.action)
             .with_id(rule_id))
     }
 
@@ -197,7 +147,7 @@ impl RuleSpec {
             burst: self.rate.map(|r| {
                 if r.is_bytes() { BurstValue::Text(format!("{}b", self.burst)) } else { BurstValue::Count(self.burst) }
             }),
-            action: (self.action != ActionName::Police).then_some(self.action),
+            action: (self.action != Action::Police).then_some(self.action),
             key_len: (self.key_len != default_key).then_some(self.key_len),
         }
     }
@@ -236,12 +186,12 @@ mod tests {
     #[test]
     fn rules_validate() {
         let s = rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50))).validate().unwrap();
-        assert_eq!((s.burst, s.key_len, s.action), (50, 32, ActionName::Police));
+        assert_eq!((s.burst, s.key_len, s.action), (50, 32, Action::Police));
         assert_eq!(s.config(), rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50))));
         let s = rc("2001:db8::/32", Some("64kbit"), Some(BurstValue::Text("64kb".into()))).validate().unwrap();
         assert_eq!((s.burst, s.key_len), (65536, 64));
         let mut deny = rc("198.51.100.0/24", None, None);
-        deny.action = Some(ActionName::Deny);
+        deny.action = Some(Action::Deny);
         assert!(deny.validate().is_ok());
         assert!(rc("10.0.0.0/8", None, None).validate().is_err(), "police without rate");
         let mut k = rc("10.0.0.0/8", Some("1kpps"), None);

@@ -3,9 +3,11 @@
 use clap::Subcommand;
 
 use super::{call, done};
+use policer_common::bucket::Action;
+
 use crate::{
     control::{Reply, Request, RuleView},
-    rules::{ActionName, BurstValue, RuleConfig},
+    rules::{BurstValue, RuleConfig},
 };
 
 #[derive(Subcommand)]
@@ -20,8 +22,8 @@ pub enum Cmd {
         /// Burst: packets, or bytes for a bit rate (1500b, 64kb).
         #[arg(long, allow_hyphen_values = true)]
         burst: Option<String>,
-        #[arg(long, value_enum, default_value_t = ActionName::Police)]
-        action: ActionName,
+        #[arg(long, value_enum, default_value_t = Action::Police)]
+        action: Action,
         /// Leading source bits that form one bucket (default 32 IPv4, 64 IPv6).
         #[arg(long, allow_hyphen_values = true)]
         key_len: Option<String>,
