@@ -306,7 +306,7 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
     line.push('\n');
     let timed_out = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            Error::Timeout { secs: timeout.as_secs(), may_apply: req.changes() }
+            Error::Timeout { secs: timeout.as_secs_f64(), may_apply: req.changes() }
         }
         _ => Error::Io(e),
     };

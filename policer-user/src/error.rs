@@ -45,10 +45,10 @@ pub enum Error {
     #[error("{0}")]
     Refused(String),
     #[error(
-        "the daemon did not answer within {secs} s{}",
+        "the daemon did not answer within {secs:.1} s{}",
         if *may_apply { "; the change may still be applied: check with `policer rule ls` / `policer status`" } else { "" }
     )]
-    Timeout { secs: u64, may_apply: bool },
+    Timeout { secs: f64, may_apply: bool },
     #[error("{iface}: {source}")]
     Netlink {
         iface: String,

@@ -382,3 +382,36 @@ fn healthz_says_whether_every_interface_is_policed() {
     assert!(bad.contains("\"healthy\":false") && bad.contains("no XDP program is attached"), "{bad}");
     assert!(get("/nope").starts_with("HTTP/1.1 404"));
 }
+
+#[test]
+fn a_change_that_times_out_may_still_apply_and_the_cli_says_so() {
+    if !privileged("serving tier") {
+        return;
+    }
+    let sb = Sandbox::new("tmo");
+    let mut d = Daemon::attach(&sb, &["--rate", "1kpps", "--interval", "0"]);
+    // A daemon that answers nothing (stopped), as a hung one would.
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(d.pid(), libc::SIGSTOP) };
+    let t0 = Instant::now();
+    let out = cli(&sb, &["--timeout", "1", "rule", "set", "203.0.113.0/24", "--rate", "10pps", "--burst", "5"]);
+    let waited = t0.elapsed();
+    policer_tests::daemon::fails_with(&out, "did not answer within 1.0 s; the change may still be applied");
+    assert!(waited < Duration::from_secs(5), "the CLI waited {waited:?} with --timeout 1");
+    let out = cli(&sb, &["--timeout", "1", "stats"]);
+    policer_tests::daemon::fails_with(&out, "did not answer within 1.0 s");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("may still be applied"), "a read changes nothing");
+    // SAFETY: as above.
+    unsafe { libc::kill(d.pid(), libc::SIGCONT) };
+    // The request was in the socket: the daemon applies it once it runs.
+    let t0 = Instant::now();
+    loop {
+        let ls = succeeds(&cli(&sb, &["rule", "ls"]));
+        if ls.contains("203.0.113.0/24") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the timed-out change never applied:\n{ls}");
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(d.stop_with(libc::SIGTERM));
+}

@@ -1,10 +1,7 @@
 //! `policer detach IFACE`: through the daemon, or directly when none runs.
 
-use super::done;
-use crate::{
-    control::{self, Request},
-    daemon,
-};
+use super::{done, request};
+use crate::{control::Request, daemon};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -12,7 +9,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    match control::call(&Request::Detach { iface: a.iface.clone() }) {
+    match request(&Request::Detach { iface: a.iface.clone() }) {
         Ok(r) => println!("policer: {}", done(r)),
         Err(crate::Error::NoDaemon) => println!("policer: {}", daemon::detach_orphan(&a.iface)?),
         Err(e) => return Err(e.into()),

@@ -18,6 +18,10 @@ use crate::control::{self, Reply, Request};
 #[derive(Parser)]
 #[command(name = "policer", version, about = "Per-source packet-rate policer in XDP")]
 pub struct Cli {
+    /// Seconds to wait for the daemon's answer. A change that times out
+    /// may still be applied: the CLI says so.
+    #[arg(long, global = true, value_name = "SECS", default_value_t = 30.0)]
+    timeout: f64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -45,6 +49,10 @@ enum Cmd {
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
+        if !(0.1..=3600.0).contains(&self.timeout) {
+            anyhow::bail!("--timeout {}: must be 0.1 ..= 3600 seconds", self.timeout);
+        }
+        TIMEOUT.set(Duration::from_secs_f64(self.timeout)).ok();
         match self.cmd {
             Cmd::Attach(a) => attach::run(a),
             Cmd::Detach(a) => detach::run(a),
@@ -57,9 +65,17 @@ impl Cli {
     }
 }
 
+/// `--timeout`, set once before any verb runs.
+static TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
 /// Sends a request; a refusal is an error (non-zero exit).
 fn call(req: Request) -> anyhow::Result<Reply> {
-    Ok(control::call(&req)?)
+    Ok(request(&req)?)
+}
+
+/// Sends a request with the `--timeout` in force.
+fn request(req: &Request) -> crate::Result<Reply> {
+    control::call_at(&control::socket_path()?, req, *TIMEOUT.get().unwrap_or(&control::CALL_TIMEOUT))
 }
 
 /// A `Done` reply's message.
