@@ -21,14 +21,21 @@
 //! ```
 //!
 //! - [`Config`]: parsing and strict validation (unknown keys refused).
+//! - [`ConfigFile`] (`file.rs`): what the daemon holds; changes the file the
+//!   operator wrote (`edit.rs`: comments and layout kept) and refuses to
+//!   overwrite a hand edit not yet reloaded.
 //! - `write.rs`: the atomic replacement of the file that keeps its owner,
 //!   mode and symlinks, and leaves no temporary file behind.
 
+mod edit;
+mod file;
 mod write;
 
 #[cfg(test)]
 mod tests;
 
+pub use edit::Change;
+pub use file::{ConfigFile, Snapshot};
 pub use write::NEW_FILE_MODE;
 
 use std::{collections::BTreeMap, fs, path::Path};
@@ -148,7 +155,7 @@ impl Config {
 
     /// Writes the whole file from this config, atomically, keeping the old
     /// file's owner and mode (see [`write`]). Comments are not kept: the
-    /// daemon's edits that keep them are to come.
+    /// daemon changes its file through [`ConfigFile`] instead.
     pub fn save(&self, path: &Path) -> Result<()> {
         write::write_atomic(path, self.to_text().as_bytes())
     }
