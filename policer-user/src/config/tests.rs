@@ -434,3 +434,61 @@ fn config_save_fails_cleanly_and_never_follows_a_planted_name() {
     assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
     assert_eq!(super::Config::load(&p).unwrap().0.rules, cfg.rules);
 }
+
+#[test]
+fn dotted_keys_bare_addresses_and_paragraphs_survive() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    fs::write(
+        &p,
+        "\
+daemon.interfaces = [\"eth0\"] # dotted
+daemon.mode = \"skb\"
+
+# para
+
+# own
+[[rule]]
+prefix = \"10.0.0.0/8\"
+action = \"deny\"
+
+# about the rest
+
+# own2
+[[rule]]
+prefix = \"203.0.113.7\" # bare
+rate = \"1kpps\"
+",
+    )
+    .unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    f.set_interfaces(&["eth1".into()]).unwrap();
+    let rules = with(without(rules, "10.0.0.0/8"), rule("203.0.113.7", Some("2kpps"), None, None));
+    f.apply_rules(&rules).unwrap();
+    let burst = rules.values().next().unwrap().burst;
+    assert_eq!(
+        fs::read_to_string(&p).unwrap(),
+        format!(
+            "\
+daemon.interfaces = [\"eth1\"] # dotted
+daemon.mode = \"skb\"
+
+# para
+
+# about the rest
+
+# own2
+[[rule]]
+prefix = \"203.0.113.7\" # bare
+rate = \"2kpps\"
+burst = {burst}
+"
+        )
+    );
+    // The last rule gone: the paragraphs above it stay at the end.
+    f.apply_rules(&BTreeMap::new()).unwrap();
+    assert_eq!(
+        fs::read_to_string(&p).unwrap(),
+        "daemon.interfaces = [\"eth1\"] # dotted\ndaemon.mode = \"skb\"\n\n# para\n\n# about the rest\n"
+    );
+}
