@@ -94,8 +94,8 @@ impl ConfigFile {
         Ok(!self.unchanged()?)
     }
 
-    /// Writes `rules` as the file's rule set (see [`edit`](super::edit) for
-    /// what is kept).
+    /// Writes `rules` as the file's rule set (`config/edit.rs` says what is
+    /// kept of what the operator wrote).
     pub fn apply_rules(&mut self, rules: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
         self.update(Change { rules: Some(rules), interfaces: None })
     }
@@ -117,7 +117,8 @@ impl ConfigFile {
             Seen::Text(t) => Some(t.as_str()),
         };
         let (text, config) = edit::edit(old, change, &self.path)?;
-        if old == Some(text.as_str()) {
+        // Nothing to say that the file (or its absence) does not say already.
+        if old == Some(text.as_str()) || (old.is_none() && config == Config::default()) {
             return Ok(());
         }
         let staged = write::stage(&self.path, text.as_bytes())?;

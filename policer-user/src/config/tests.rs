@@ -221,6 +221,8 @@ fn new_file_is_0600_and_valid() {
     let p = d.path().join("etc/policer/policer.toml");
     let (mut f, rules) = ConfigFile::open(&p).unwrap();
     assert!(rules.is_empty());
+    f.set_interfaces(&[]).unwrap();
+    assert!(!p.exists(), "a change that changes nothing created the file");
     let rules = with(rules, rule("0.0.0.0/0", Some("10kpps"), Some(200), None));
     f.update(super::Change { rules: Some(&rules), interfaces: Some(&["eth0".into()]) }).unwrap();
     let text = fs::read_to_string(&p).unwrap();
