@@ -1,6 +1,6 @@
 //! The library's one error type. Binaries wrap it in `anyhow`.
 
-use std::io;
+use std::{io, path::PathBuf};
 
 use aya::{EbpfError, maps::MapError, programs::ProgramError};
 
@@ -55,11 +55,37 @@ pub enum Error {
         #[source]
         source: crate::netlink::NlError,
     },
+    /// The config file could not be written; the file is as it was (and
+    /// no temporary file is left). Apart from a bad rule ([`Error::Invalid`]),
+    /// so the daemon can tell "not persisted" from "not valid".
+    #[error("cannot write {}: {what}: {source}; the file was left as it was", path.display())]
+    ConfigWrite {
+        path: PathBuf,
+        /// The step that failed, e.g. "creating a temporary file in /etc/policer".
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The config file changed on disk since the daemon last read or wrote
+    /// it (a hand edit not yet reloaded): the daemon refuses to overwrite it.
+    #[error(
+        "{} changed on disk since policer last read it (edited by hand?); nothing was written. \
+         Run `policer reload` to apply the file as it is now (or undo the edit), then retry",
+        path.display()
+    )]
+    ConfigChanged { path: PathBuf },
     #[error(transparent)]
     Io(#[from] io::Error),
 }
 
 impl Error {
+    /// Whether this is "the config file was not written" (it could not be,
+    /// or it changed by hand since it was read), as opposed to a bad rule
+    /// or a kernel error: what `--runtime` would fall back on.
+    pub fn is_config_not_written(&self) -> bool {
+        matches!(self, Error::ConfigWrite { .. } | Error::ConfigChanged { .. })
+    }
+
     pub(crate) fn map(map: &'static str) -> impl FnOnce(MapError) -> Error {
         move |source| Error::Map { map, source: Box::new(source) }
     }

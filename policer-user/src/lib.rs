@@ -8,6 +8,7 @@ pub mod control;
 pub mod daemon;
 pub mod error;
 pub mod loader;
+pub mod lockfile;
 pub mod metrics;
 pub mod netlink;
 pub mod report;

@@ -1,5 +1,5 @@
-//! The config file: TOML, written atomically by the daemon after every
-//! change, read at start and on `policer reload` / SIGHUP.
+//! The config file: TOML, read at start and on `policer reload` / SIGHUP,
+//! and changed by the daemon after every `policer rule set/rm`.
 //!
 //! ```toml
 //! [daemon]
@@ -19,13 +19,26 @@
 //! action = "police"          # police | monitor | allow | deny
 //! key_len = 32               # leading source bits per bucket
 //! ```
+//!
+//! - [`Config`]: parsing and strict validation (unknown keys refused).
+//! - [`ConfigFile`] (`file.rs`): what the daemon holds; changes the file the
+//!   operator wrote (`edit.rs`: comments and layout kept) and refuses to
+//!   overwrite a hand edit not yet reloaded.
+//! - `write.rs`: the atomic replacement of the file that keeps its owner,
+//!   mode and symlinks, and leaves no temporary file behind.
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    io::Write,
-    path::{Path, PathBuf},
-};
+mod edit;
+mod file;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+pub use edit::Change;
+pub use file::{ConfigFile, Snapshot};
+pub use write::NEW_FILE_MODE;
+
+use std::{collections::BTreeMap, fs, path::Path};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -86,7 +99,7 @@ pub struct Config {
     pub rules: Vec<RuleConfig>,
 }
 
-const HEADER: &str = "\
+pub(crate) const HEADER: &str = "\
 # policer configuration (see README, \"Config file\").
 # Written by the policer daemon after every change; edit by hand and run
 # `policer reload` (or send SIGHUP) to apply: nothing is applied unless the
@@ -140,30 +153,16 @@ impl Config {
         format!("{HEADER}\n{}", toml::to_string_pretty(self).expect("config serializes"))
     }
 
-    /// Writes atomically: a temporary file in the same directory, fsync,
-    /// rename over the old one, fsync the directory.
+    /// Writes the whole file from this config, atomically, keeping the old
+    /// file's owner and mode (see [`write`]). Comments are not kept: the
+    /// daemon changes its file through [`ConfigFile`] instead.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        fs::create_dir_all(dir)?;
-        let tmp: PathBuf = dir.join(format!(
-            ".{}.tmp-{}",
-            path.file_name().and_then(|n| n.to_str()).unwrap_or("policer.toml"),
-            std::process::id()
-        ));
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(self.to_text().as_bytes())?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        if let Ok(d) = fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        write::write_atomic(path, self.to_text().as_bytes())
     }
 }
 
 #[cfg(test)]
-mod tests {
+mod parse_tests {
     use super::*;
 
     const GOOD: &str = r#"
@@ -237,7 +236,7 @@ mod shipped {
     /// The documented example config parses and validates.
     #[test]
     fn deploy_example_is_valid() {
-        let text = include_str!("../../deploy/policer.toml");
+        let text = include_str!("../../../deploy/policer.toml");
         let (cfg, rules) = super::Config::parse(text, std::path::Path::new("deploy/policer.toml")).unwrap();
         assert_eq!(rules.len(), 7);
         assert_eq!(cfg.daemon.interfaces, vec!["eth0".to_string()]);

@@ -1,0 +1,393 @@
+//! Changing the config document the operator wrote, keeping everything the
+//! change does not touch: comments, blank lines, key order, quoting and the
+//! way each untouched rule is written.
+//!
+//! - A rule whose prefix is still wanted with the same meaning is left as
+//!   written (`burst = 200` stays `burst = 200`, `"203.0.113.7"` stays a
+//!   bare address, an explicit default `key_len` stays).
+//! - A changed rule is edited in place: only the keys whose meaning changed
+//!   are rewritten (each keeping the comment at the end of its line); the
+//!   comments above and inside its table stay.
+//! - A removed rule's table goes with the comment lines directly above it;
+//!   comment paragraphs set off from it by a blank line are about more than
+//!   that rule (the file's preamble, "One [[rule]] per prefix..."), so they
+//!   move to whatever followed the rule.
+//! - A new rule is appended after the last one, in the daemon's canonical
+//!   form ([`RuleSpec::config`]).
+//!
+//! Rules may be written as `[[rule]]` tables or as an inline array
+//! `rule = [{ ... }]`; both are edited. The result is parsed back and must
+//! say exactly what was asked, or nothing is written.
+
+use std::{collections::BTreeMap, path::Path};
+
+use ipnet::IpNet;
+use toml_edit::{Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table, TableLike, Value};
+
+use super::{Config, HEADER};
+use crate::{
+    error::{Error, Result},
+    rules::{BurstValue, RuleConfig, RuleSpec},
+};
+
+/// What the daemon changes; `None` leaves that part of the file alone.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Change<'a> {
+    /// The whole rule set, as it should be in force.
+    pub rules: Option<&'a BTreeMap<IpNet, RuleSpec>>,
+    /// `daemon.interfaces`.
+    pub interfaces: Option<&'a [String]>,
+}
+
+/// `text` (the file as it is; `None`: there is none) with `change` made,
+/// and what it says. `origin` names the file in errors.
+pub(crate) fn edit(text: Option<&str>, change: Change<'_>, origin: &Path) -> Result<(String, Config)> {
+    let (cfg, mut doc) = match text {
+        Some(t) => {
+            let (cfg, _) = Config::parse(t, origin)?;
+            let doc = t.parse::<DocumentMut>().map_err(|e| invalid(origin, e.to_string().trim()))?;
+            (cfg, doc)
+        }
+        None => (Config::default(), DocumentMut::new()),
+    };
+    if let Some(names) = change.interfaces
+        && cfg.daemon.interfaces != names
+    {
+        set_interfaces(&mut doc, names, text.is_none(), origin)?;
+    }
+    if let Some(want) = change.rules {
+        let have = cfg.rules.iter().map(RuleConfig::validate).collect::<Result<Vec<_>>>()?;
+        set_rules(&mut doc, &have, want, origin)?;
+    }
+    let out = match text {
+        Some(_) => doc.to_string(),
+        None => format!("{HEADER}\n{}", doc.to_string().trim_start_matches('\n')),
+    };
+
+    // The edit must say exactly what was asked, and nothing else changed.
+    let (got, rules) = Config::parse(&out, origin)
+        .map_err(|e| invalid(origin, &format!("internal error: the edited file does not parse: {e}")))?;
+    let rules_ok = change.rules.is_none_or(|want| &rules == want);
+    let ifaces_ok = change.interfaces.is_none_or(|n| got.daemon.interfaces == n);
+    let rest_ok = got.daemon.mode == cfg.daemon.mode && got.daemon.max_sources == cfg.daemon.max_sources;
+    if !(rules_ok && ifaces_ok && rest_ok) {
+        return Err(invalid(origin, "internal error: the edited file does not say what was asked; nothing written"));
+    }
+    Ok((out, got))
+}
+
+fn invalid(origin: &Path, msg: &str) -> Error {
+    Error::Invalid(format!("{}: {msg}", origin.display()))
+}
+
+fn set_interfaces(doc: &mut DocumentMut, names: &[String], new_file: bool, origin: &Path) -> Result<()> {
+    if doc.get("daemon").is_none() {
+        let mut t = Table::new();
+        if new_file {
+            // A file of its own: [daemon] first, as in the example config.
+            t.set_position(Some(0));
+        } else {
+            t.decor_mut().set_prefix("\n");
+        }
+        doc.insert("daemon", Item::Table(t));
+    }
+    let daemon = doc
+        .get_mut("daemon")
+        .and_then(Item::as_table_like_mut)
+        .ok_or_else(|| invalid(origin, "`daemon` is not a table"))?;
+    set(daemon, "interfaces", Some(Value::Array(names.iter().collect::<Array>())));
+    Ok(())
+}
+
+/// Sets `key` to `v` (or removes it), keeping the old value's surrounding
+/// whitespace and end-of-line comment.
+fn set(t: &mut dyn TableLike, key: &str, v: Option<Value>) {
+    match v {
+        None => {
+            t.remove(key);
+        }
+        Some(mut v) => match t.get_mut(key).and_then(Item::as_value_mut) {
+            Some(old) => {
+                *v.decor_mut() = old.decor().clone();
+                *old = v;
+            }
+            None => {
+                t.insert(key, Item::Value(v));
+            }
+        },
+    }
+}
+
+/// The rules of a document, however they are written.
+enum Rules<'a> {
+    Tables(&'a mut ArrayOfTables),
+    Inline(&'a mut Array),
+}
+
+impl Rules<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Rules::Tables(a) => a.len(),
+            Rules::Inline(a) => a.len(),
+        }
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut dyn TableLike> {
+        match self {
+            Rules::Tables(a) => a.get_mut(i).map(|t| t as &mut dyn TableLike),
+            Rules::Inline(a) => a.get_mut(i).and_then(Value::as_inline_table_mut).map(|t| t as &mut dyn TableLike),
+        }
+    }
+
+    fn push(&mut self, spec: &RuleSpec) {
+        match self {
+            Rules::Tables(a) => {
+                let mut t = Table::new();
+                t.decor_mut().set_prefix("\n");
+                fill(&mut t, spec);
+                a.push(t);
+            }
+            Rules::Inline(a) => {
+                let mut t = InlineTable::new();
+                fill(&mut t, spec);
+                let mut v = Value::InlineTable(t);
+                // Laid out like the rule before it (one per line, or not).
+                if let Some(last) = a.iter().last() {
+                    *v.decor_mut() = last.decor().clone();
+                    let trailing = a.trailing().as_str().unwrap_or("").to_string();
+                    let indent = last.decor().prefix().and_then(|p| p.as_str()).and_then(|p| p.rsplit_once('\n'));
+                    if let (Some((_, indent)), Some((line, rest))) = (indent, trailing.split_once('\n')) {
+                        // What follows the last comma up to the line's end
+                        // (a comment) stays with the rule it follows.
+                        v.decor_mut().set_prefix(format!("{line}\n{indent}"));
+                        a.set_trailing(if rest.contains('\n') { rest.to_string() } else { format!("\n{rest}") });
+                    }
+                }
+                a.push_formatted(v);
+            }
+        }
+    }
+
+    /// The rule at `i` as it reads now.
+    fn spec(&self, i: usize, origin: &Path) -> Result<RuleSpec> {
+        let mut d = DocumentMut::new();
+        match self {
+            Rules::Tables(a) => {
+                let mut one = ArrayOfTables::new();
+                one.push(a.get(i).cloned().unwrap_or_default());
+                d.insert("rule", Item::ArrayOfTables(one));
+            }
+            Rules::Inline(a) => {
+                let one: Array = a.get(i).cloned().into_iter().collect();
+                d.insert("rule", Item::Value(Value::Array(one)));
+            }
+        }
+        let (_, rules) = Config::parse(&d.to_string(), origin)?;
+        rules.into_values().next().ok_or_else(|| invalid(origin, "internal error: a rule vanished"))
+    }
+}
+
+fn rules_mut<'a>(doc: &'a mut DocumentMut, origin: &Path) -> Result<Option<Rules<'a>>> {
+    Ok(match doc.get_mut("rule") {
+        None => None,
+        Some(Item::ArrayOfTables(a)) => Some(Rules::Tables(a)),
+        Some(Item::Value(Value::Array(a))) => Some(Rules::Inline(a)),
+        Some(_) => return Err(invalid(origin, "`rule` is neither [[rule]] tables nor an array of tables")),
+    })
+}
+
+/// Writes `spec` in canonical form into an empty table.
+fn fill(t: &mut dyn TableLike, spec: &RuleSpec) {
+    let c = spec.config();
+    t.insert("prefix", Item::Value(c.prefix.as_str().into()));
+    write_params(t, &c);
+}
+
+/// Sets every key but the prefix to `c`'s canonical form.
+fn write_params(t: &mut dyn TableLike, c: &RuleConfig) {
+    set(t, "rate", c.rate.clone().map(Value::from));
+    set(t, "burst", c.burst.as_ref().map(burst_value));
+    set(t, "action", c.action.map(|a| Value::from(a.to_string())));
+    set(t, "key_len", c.key_len.map(|k| Value::from(i64::from(k))));
+}
+
+fn burst_value(b: &BurstValue) -> Value {
+    match b {
+        // Bursts are far below i64::MAX; saturate rather than panic.
+        BurstValue::Count(n) => Value::from(i64::try_from(*n).unwrap_or(i64::MAX)),
+        BurstValue::Text(s) => Value::from(s.as_str()),
+    }
+}
+
+/// Rewrites only the keys whose meaning changed from `old` to `new`.
+fn update(t: &mut dyn TableLike, old: &RuleSpec, new: &RuleSpec) {
+    let c = new.config();
+    let rate_changed = old.rate != new.rate;
+    if rate_changed {
+        set(t, "rate", c.rate.clone().map(Value::from));
+    }
+    // An absent burst is the rate's default, which moves with the rate; a
+    // written one means packets or bytes according to the rate's kind.
+    let kind = |s: &RuleSpec| s.rate.map(|r| r.is_bytes());
+    if old.burst != new.burst || kind(old) != kind(new) || (rate_changed && !t.contains_key("burst")) {
+        set(t, "burst", c.burst.as_ref().map(burst_value));
+    }
+    if old.action != new.action {
+        set(t, "action", c.action.map(|a| Value::from(a.to_string())));
+    }
+    if old.key_len != new.key_len {
+        set(t, "key_len", Some(Value::from(i64::from(new.key_len))));
+        if c.key_len.is_none() {
+            // The default again: say nothing, as a new rule would.
+            set(t, "key_len", None);
+        }
+    }
+}
+
+fn set_rules(doc: &mut DocumentMut, have: &[RuleSpec], want: &BTreeMap<IpNet, RuleSpec>, origin: &Path) -> Result<()> {
+    // Changed rules, in place; a rule whose keys could not be kept as
+    // written (the verification below says so) is rewritten whole.
+    if let Some(mut rules) = rules_mut(doc, origin)? {
+        if rules.len() != have.len() {
+            return Err(invalid(origin, "internal error: rules and document disagree"));
+        }
+        for (i, old) in have.iter().enumerate() {
+            let Some(new) = want.get(&old.net).filter(|new| *new != old) else { continue };
+            let t = rules.get_mut(i).ok_or_else(|| invalid(origin, "a rule is not a table"))?;
+            update(t, old, new);
+            if rules.spec(i, origin).ok().as_ref() != Some(new) {
+                let t = rules.get_mut(i).ok_or_else(|| invalid(origin, "a rule is not a table"))?;
+                write_params(t, &new.config());
+            }
+        }
+    }
+
+    // Removed rules, last first so the indices hold.
+    for (i, old) in have.iter().enumerate().rev() {
+        if !want.contains_key(&old.net) {
+            remove_rule(doc, i, origin)?;
+        }
+    }
+
+    // New rules, at the end.
+    let known: Vec<IpNet> = have.iter().map(|s| s.net).collect();
+    let new: Vec<&RuleSpec> = want.values().filter(|s| !known.contains(&s.net)).collect();
+    if !new.is_empty() && doc.get("rule").is_none() {
+        doc.insert("rule", Item::ArrayOfTables(ArrayOfTables::new()));
+    }
+    if let Some(mut rules) = rules_mut(doc, origin)? {
+        for s in new {
+            rules.push(s);
+        }
+        if rules.len() == 0 {
+            doc.remove("rule");
+        }
+    }
+    Ok(())
+}
+
+fn remove_rule(doc: &mut DocumentMut, i: usize, origin: &Path) -> Result<()> {
+    let removed = match rules_mut(doc, origin)? {
+        Some(Rules::Tables(a)) => a.remove(i),
+        Some(Rules::Inline(a)) => {
+            let gone = a.remove(i);
+            // The comment after a rule's comma is the start of the next
+            // one's prefix: keep the previous rule's, drop the removed one's.
+            if i > 0 {
+                let before = gone.decor().prefix().and_then(|p| p.as_str()).unwrap_or("");
+                if let Some(next) = a.get_mut(i) {
+                    let after = next.decor().prefix().and_then(|p| p.as_str()).unwrap_or("").to_string();
+                    next.decor_mut().set_prefix(keep_first_line(before, &after));
+                } else {
+                    let after = a.trailing().as_str().unwrap_or("").to_string();
+                    a.set_trailing(keep_first_line(before, &after));
+                }
+            }
+            return Ok(());
+        }
+        None => return Err(invalid(origin, "internal error: no rules to remove")),
+    };
+    let prefix = removed.decor().prefix().and_then(|p| p.as_str()).unwrap_or("");
+    let (detached, _own) = split_detached(prefix);
+    if !detached.contains('#') {
+        return Ok(());
+    }
+    let Some(pos) = removed.position() else { return Ok(()) };
+    match next_table(doc, pos) {
+        Some(t) => {
+            let next = t.decor().prefix().and_then(|p| p.as_str()).unwrap_or("").to_string();
+            t.decor_mut().set_prefix(format!("{detached}{}", trim_blank_lines(&next)));
+        }
+        None => {
+            let trailing = doc.trailing().as_str().unwrap_or("").to_string();
+            doc.set_trailing(format!("{}{}", detached.trim_end_matches('\n'), format_args!("\n{trailing}")));
+        }
+    }
+    Ok(())
+}
+
+/// `to` with its first line (the removed element's own) replaced by the
+/// first line of `from` (the element before it's).
+fn keep_first_line(from: &str, to: &str) -> String {
+    match from.split_once('\n') {
+        Some((line, _)) if line.contains('#') => {
+            let rest = to.split_once('\n').map_or(to, |(_, rest)| rest);
+            format!("{line}\n{rest}")
+        }
+        _ => to.to_string(),
+    }
+}
+
+/// Splits the comment block above a table header at its last blank line:
+/// what comes before is set off from the table, what comes after is its own.
+fn split_detached(prefix: &str) -> (&str, &str) {
+    let mut split = 0;
+    let mut off = 0;
+    for line in prefix.split_inclusive('\n') {
+        off += line.len();
+        if line.ends_with('\n') && line.trim().is_empty() {
+            split = off;
+        }
+    }
+    prefix.split_at(split)
+}
+
+fn trim_blank_lines(s: &str) -> &str {
+    let mut rest = s;
+    while let Some((line, tail)) = rest.split_once('\n') {
+        if !line.trim().is_empty() {
+            break;
+        }
+        rest = tail;
+    }
+    rest
+}
+
+/// The top-level table (or array-of-tables element) laid out first after
+/// `pos`.
+fn next_table(doc: &mut DocumentMut, pos: isize) -> Option<&mut Table> {
+    let after = |t: &Table| t.position().filter(|p| *p > pos);
+    let mut best: Option<(isize, String, Option<usize>)> = None;
+    for (k, item) in doc.iter() {
+        let mut consider = |p: isize, i: Option<usize>| {
+            if best.as_ref().is_none_or(|(b, ..)| p < *b) {
+                best = Some((p, k.to_string(), i));
+            }
+        };
+        match item {
+            Item::Table(t) => after(t).into_iter().for_each(|p| consider(p, None)),
+            Item::ArrayOfTables(a) => {
+                for (i, t) in a.iter().enumerate() {
+                    after(t).into_iter().for_each(|p| consider(p, Some(i)));
+                }
+            }
+            _ => {}
+        }
+    }
+    let (_, key, i) = best?;
+    match (doc.get_mut(&key)?, i) {
+        (Item::Table(t), None) => Some(t),
+        (Item::ArrayOfTables(a), Some(i)) => a.get_mut(i),
+        _ => None,
+    }
+}

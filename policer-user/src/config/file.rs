@@ -1,0 +1,171 @@
+//! The config file as the daemon keeps it: what it last read or wrote, and
+//! changes made to the text the operator wrote.
+//!
+//! **Hand edits are refused, not merged.** Before every write the daemon
+//! compares the file on disk with the text it last read or wrote (all of
+//! it, byte for byte: no clock granularity or `touch` to fool). If they
+//! differ, someone edited the file and has not run `policer reload` yet;
+//! the write is refused with [`Error::ConfigChanged`], the file is left as
+//! they wrote it, and the caller undoes its change. Merging would have to
+//! guess which of two conflicting rules for one prefix wins, and would put
+//! half-finished edits into force without the whole-file validation that
+//! `reload` gives. The check runs again just before the rename, so the
+//! window in which an edit can still be overwritten is the rename itself.
+
+use std::{
+    collections::BTreeMap,
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+
+use super::{
+    Config,
+    edit::{self, Change},
+    write,
+};
+use crate::{
+    error::{Error, Result},
+    rules::RuleSpec,
+};
+
+/// The file's content as the daemon last saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seen {
+    /// There was no file.
+    Missing,
+    Text(String),
+}
+
+/// A config file read from disk and validated; not yet what the daemon
+/// runs from until [`ConfigFile::accept`]ed.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub config: Config,
+    pub rules: BTreeMap<IpNet, RuleSpec>,
+    seen: Seen,
+}
+
+/// The daemon's config file.
+#[derive(Clone, Debug)]
+pub struct ConfigFile {
+    path: PathBuf,
+    config: Config,
+    seen: Seen,
+}
+
+impl ConfigFile {
+    /// Reads and validates `path` (a missing file is an empty config) and
+    /// takes it as what the daemon runs from.
+    pub fn open(path: &Path) -> Result<(ConfigFile, BTreeMap<IpNet, RuleSpec>)> {
+        let snap = read(path)?;
+        let rules = snap.rules.clone();
+        let mut file = ConfigFile { path: path.to_path_buf(), config: Config::default(), seen: Seen::Missing };
+        file.accept(snap);
+        Ok((file, rules))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The config as last read or written.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Reads and validates the file as it is now; changes nothing. For
+    /// `policer reload`: apply `snapshot.rules`, and [`accept`](Self::accept)
+    /// the snapshot only once they are in force.
+    pub fn read(&self) -> Result<Snapshot> {
+        read(&self.path)
+    }
+
+    /// Takes `snap` as what the daemon runs from: later writes edit it.
+    pub fn accept(&mut self, snap: Snapshot) {
+        self.config = snap.config;
+        self.seen = snap.seen;
+    }
+
+    /// Whether the file on disk differs from what the daemon last read or
+    /// wrote (a hand edit not yet reloaded).
+    pub fn changed_on_disk(&self) -> Result<bool> {
+        Ok(!self.unchanged()?)
+    }
+
+    /// Writes `rules` as the file's rule set (`config/edit.rs` says what is
+    /// kept of what the operator wrote).
+    pub fn apply_rules(&mut self, rules: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+        self.update(Change { rules: Some(rules), interfaces: None })
+    }
+
+    /// Writes `names` as `daemon.interfaces`.
+    pub fn set_interfaces(&mut self, names: &[String]) -> Result<()> {
+        self.update(Change { rules: None, interfaces: Some(names) })
+    }
+
+    /// Makes `change` in the file in one atomic write. Refused with
+    /// [`Error::ConfigChanged`] when the file changed by hand since it was
+    /// last read; [`Error::ConfigWrite`] when it cannot be written. Either
+    /// way the file is as it was. A change that changes nothing writes
+    /// nothing.
+    pub fn update(&mut self, change: Change<'_>) -> Result<()> {
+        self.check_unchanged()?;
+        let old = match &self.seen {
+            Seen::Missing => None,
+            Seen::Text(t) => Some(t.as_str()),
+        };
+        let (text, config) = edit::edit(old, change, &self.path)?;
+        // Nothing to say that the file (or its absence) does not say already.
+        if old == Some(text.as_str()) || (old.is_none() && config == Config::default()) {
+            return Ok(());
+        }
+        let staged = write::stage(&self.path, text.as_bytes())?;
+        // Again, now that the new version is ready: an edit saved while we
+        // worked must not be overwritten either. Dropping `staged` removes it.
+        self.check_unchanged()?;
+        staged.commit()?;
+        self.config = config;
+        self.seen = Seen::Text(text);
+        Ok(())
+    }
+
+    /// The file's bytes now; `None`: there is none.
+    fn current(&self) -> Result<Option<Vec<u8>>> {
+        match fs::read(&self.path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Error::ConfigWrite {
+                path: self.path.clone(),
+                what: "reading it to check for edits made by hand".into(),
+                source,
+            }),
+        }
+    }
+
+    fn unchanged(&self) -> Result<bool> {
+        let now = self.current()?;
+        Ok(match &self.seen {
+            Seen::Missing => now.is_none(),
+            Seen::Text(t) => now.as_deref() == Some(t.as_bytes()),
+        })
+    }
+
+    fn check_unchanged(&self) -> Result<()> {
+        if self.unchanged()? { Ok(()) } else { Err(Error::ConfigChanged { path: self.path.clone() }) }
+    }
+}
+
+fn read(path: &Path) -> Result<Snapshot> {
+    match fs::read_to_string(path) {
+        Ok(text) => {
+            let (config, rules) = Config::parse(&text, path)?;
+            Ok(Snapshot { config, rules, seen: Seen::Text(text) })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Ok(Snapshot { config: Config::default(), rules: BTreeMap::new(), seen: Seen::Missing })
+        }
+        Err(e) => Err(Error::Invalid(format!("{}: {e}", path.display()))),
+    }
+}

@@ -1,0 +1,496 @@
+//! Tests of [`ConfigFile`]: edits that keep what the operator wrote, and
+//! writes that keep the file's owner, mode and links, refuse hand edits,
+//! and leave nothing behind on error. They run as root in CI and as any
+//! user by hand; nothing here needs privileges except the owner test, which
+//! says so when it skips.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    os::unix::fs::{MetadataExt, PermissionsExt, symlink},
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+
+use super::{
+    ConfigFile, NEW_FILE_MODE,
+    write::{FAULT, NEXT_NAME, Step},
+};
+use crate::{
+    error::Error,
+    rules::{ActionName, BurstValue, RuleConfig, RuleSpec},
+};
+
+const EXAMPLE: &str = include_str!("../../../deploy/policer.toml");
+
+fn rule(prefix: &str, rate: Option<&str>, burst: Option<u64>, action: Option<ActionName>) -> RuleSpec {
+    RuleConfig {
+        prefix: prefix.into(),
+        rate: rate.map(Into::into),
+        burst: burst.map(BurstValue::Count),
+        action,
+        key_len: None,
+    }
+    .validate()
+    .unwrap()
+}
+
+fn with(mut rules: BTreeMap<IpNet, RuleSpec>, r: RuleSpec) -> BTreeMap<IpNet, RuleSpec> {
+    rules.insert(r.net, r);
+    rules
+}
+
+fn without(mut rules: BTreeMap<IpNet, RuleSpec>, prefix: &str) -> BTreeMap<IpNet, RuleSpec> {
+    rules.remove(&prefix.parse::<IpNet>().unwrap()).expect("rule exists");
+    rules
+}
+
+/// Files in `dir` other than `keep`: temporary files left behind.
+fn leftovers(dir: &Path, keep: &[&str]) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !keep.contains(&n.as_str()))
+        .collect()
+}
+
+fn example_in(dir: &Path) -> PathBuf {
+    let p = dir.join("policer.toml");
+    fs::write(&p, EXAMPLE).unwrap();
+    p
+}
+
+/// Lines of `b` not in `a` and lines of `a` not in `b`, in order.
+fn diff(a: &str, b: &str) -> (Vec<String>, Vec<String>) {
+    let (la, lb): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    (
+        lb.iter().filter(|l| !la.contains(l)).map(|l| l.to_string()).collect(),
+        la.iter().filter(|l| !lb.contains(l)).map(|l| l.to_string()).collect(),
+    )
+}
+
+#[test]
+fn unchanged_rules_write_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let before = fs::metadata(&p).unwrap().ino();
+    f.apply_rules(&rules).unwrap();
+    f.set_interfaces(&["eth0".into()]).unwrap();
+    assert_eq!(fs::read_to_string(&p).unwrap(), EXAMPLE);
+    assert_eq!(fs::metadata(&p).unwrap().ino(), before, "rewritten although nothing changed");
+}
+
+#[test]
+fn set_keeps_comments_and_layout() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+
+    // Replace: only the changed key's line differs; its comment stays.
+    let rules = with(rules, rule("203.0.113.0/24", Some("750pps"), Some(50), None));
+    f.apply_rules(&rules).unwrap();
+    let text = fs::read_to_string(&p).unwrap();
+    assert_eq!(diff(EXAMPLE, &text), (vec![r#"rate = "750pps""#.into()], vec![r#"rate = "500pps""#.into()]));
+    assert!(
+        text.contains("# A tighter limit for one network.\n[[rule]]\nprefix = \"203.0.113.0/24\"\nrate = \"750pps\"")
+    );
+
+    // Add: appended after the last rule; everything before is as it was.
+    let rules = with(rules, rule("192.0.2.128/25", None, None, Some(ActionName::Deny)));
+    f.apply_rules(&rules).unwrap();
+    let added = fs::read_to_string(&p).unwrap();
+    assert!(added.starts_with(&text), "text before the new rule changed:\n{added}");
+    assert_eq!(&added[text.len()..], "\n[[rule]]\nprefix = \"192.0.2.128/25\"\naction = \"deny\"\n");
+
+    // Remove: the table and the comment above it go, nothing else.
+    let rules = without(rules, "203.0.113.0/24");
+    f.apply_rules(&rules).unwrap();
+    let removed = fs::read_to_string(&p).unwrap();
+    let (new, gone) = diff(&added, &removed);
+    assert!(new.is_empty(), "{new:?}");
+    assert_eq!(
+        gone,
+        ["# A tighter limit for one network.", "prefix = \"203.0.113.0/24\"", "rate = \"750pps\"", "burst = 50"]
+    );
+    let (_, back) = ConfigFile::open(&p).unwrap();
+    assert_eq!(back, rules);
+}
+
+#[test]
+fn change_edits_only_what_changed() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    let text = "\
+# top
+[[rule]]
+prefix = '10.0.0.0/8'   # quoted my way
+rate = \"1kpps\"          # the rate
+burst = 100             # the burst
+key_len = 32            # explicit default
+";
+    fs::write(&p, text).unwrap();
+    let (mut f, _) = ConfigFile::open(&p).unwrap();
+    let mut r = rule("10.0.0.0/8", Some("2kpps"), Some(100), Some(ActionName::Monitor));
+    f.apply_rules(&[(r.net, r.clone())].into()).unwrap();
+    assert_eq!(
+        fs::read_to_string(&p).unwrap(),
+        "\
+# top
+[[rule]]
+prefix = '10.0.0.0/8'   # quoted my way
+rate = \"2kpps\"          # the rate
+burst = 100             # the burst
+key_len = 32            # explicit default
+action = \"monitor\"
+"
+    );
+    // To a bit rate: rate and burst change together; back to police: the
+    // action goes, as a new rule would not have it; the explicit default
+    // key length, unchanged, stays.
+    r = rule("10.0.0.0/8", Some("8mbit"), None, None);
+    f.apply_rules(&[(r.net, r.clone())].into()).unwrap();
+    let now = fs::read_to_string(&p).unwrap();
+    assert!(
+        now.contains("prefix = '10.0.0.0/8'   # quoted my way\nrate = \"8mbit\"          # the rate\nburst = \""),
+        "{now}"
+    );
+    assert!(now.contains("key_len = 32            # explicit default\n") && !now.contains("action"), "{now}");
+    let (_, back) = ConfigFile::open(&p).unwrap();
+    assert_eq!(back[&r.net], r);
+}
+
+#[test]
+fn removing_a_rule_keeps_the_paragraph_above_it() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    // The first rule carries the file's "One [[rule]] per prefix" paragraph.
+    f.apply_rules(&without(rules, "0.0.0.0/0")).unwrap();
+    let text = fs::read_to_string(&p).unwrap();
+    let (new, gone) = diff(EXAMPLE, &text);
+    assert!(new.is_empty(), "{new:?}");
+    assert_eq!(
+        gone,
+        ["# The default rule: every IPv4 source at 10 000 packets/s, bursts of 200.", "prefix = \"0.0.0.0/0\"",]
+    );
+    assert!(text.contains(
+        "# (each --key-len group) gets its own bucket of `burst` at `rate`.\n\n# Every IPv6 /64 (the default key length for IPv6) likewise.\n[[rule]]\nprefix = \"::/0\""
+    ), "{text}");
+}
+
+#[test]
+fn inline_rules_are_edited_too() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    fs::write(
+        &p,
+        "rule = [\n  { prefix = \"10.0.0.0/8\", action = \"allow\" },  # lab\n  { prefix = \"0.0.0.0/0\", rate = \"1kpps\" },\n]\n",
+    )
+    .unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let rules = with(without(rules, "0.0.0.0/0"), rule("192.0.2.0/24", Some("5pps"), Some(5), None));
+    f.apply_rules(&rules).unwrap();
+    assert_eq!(
+        fs::read_to_string(&p).unwrap(),
+        "rule = [\n  { prefix = \"10.0.0.0/8\", action = \"allow\" },  # lab\n  \
+         { prefix = \"192.0.2.0/24\", rate = \"5pps\", burst = 5 },\n]\n"
+    );
+    let (_, back) = ConfigFile::open(&p).unwrap();
+    assert_eq!(back, rules);
+}
+
+#[test]
+fn interfaces_keep_their_comment() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    let (mut f, _) = ConfigFile::open(&p).unwrap();
+    f.set_interfaces(&["eth1".into(), "eth2".into()]).unwrap();
+    let text = fs::read_to_string(&p).unwrap();
+    assert_eq!(
+        diff(EXAMPLE, &text),
+        (vec![r#"interfaces = ["eth1", "eth2"]"#.into()], vec![r#"interfaces = ["eth0"]"#.into()])
+    );
+    assert_eq!(f.config().daemon.interfaces, ["eth1", "eth2"]);
+}
+
+#[test]
+fn new_file_is_0600_and_valid() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("etc/policer/policer.toml");
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    assert!(rules.is_empty());
+    f.set_interfaces(&[]).unwrap();
+    assert!(!p.exists(), "a change that changes nothing created the file");
+    let rules = with(rules, rule("0.0.0.0/0", Some("10kpps"), Some(200), None));
+    f.update(super::Change { rules: Some(&rules), interfaces: Some(&["eth0".into()]) }).unwrap();
+    let text = fs::read_to_string(&p).unwrap();
+    assert!(text.starts_with("# policer configuration"), "{text}");
+    assert!(text.find("[daemon]").unwrap() < text.find("[[rule]]").unwrap(), "{text}");
+    assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, NEW_FILE_MODE);
+    let (again, back) = ConfigFile::open(&p).unwrap();
+    assert_eq!((back, &again.config().daemon.interfaces[..]), (rules, &["eth0".to_string()][..]));
+}
+
+#[test]
+fn mode_and_owner_are_kept() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).unwrap();
+    // Another owner than ours, when we may give one (as root).
+    let (uid, gid) = (4242, 4343);
+    let chowned = std::os::unix::fs::chown(&p, Some(uid), Some(gid)).is_ok();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    f.apply_rules(&without(rules, "10.0.0.0/8")).unwrap();
+    let m = fs::metadata(&p).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o640);
+    if chowned {
+        assert_eq!((m.uid(), m.gid()), (uid, gid));
+    } else {
+        eprintln!("skipped the owner check: not allowed to chown (not root)");
+    }
+    assert!(leftovers(d.path(), &["policer.toml"]).is_empty());
+}
+
+#[test]
+fn symlinked_config_is_written_through() {
+    let d = tempfile::tempdir().unwrap();
+    let real_dir = d.path().join("real");
+    fs::create_dir(&real_dir).unwrap();
+    let real = example_in(&real_dir);
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o600)).unwrap();
+    // /etc/policer/policer.toml -> ../real/policer.toml, relative like most.
+    let etc = d.path().join("etc");
+    fs::create_dir(&etc).unwrap();
+    let link = etc.join("policer.toml");
+    symlink("../real/policer.toml", &link).unwrap();
+
+    let (mut f, rules) = ConfigFile::open(&link).unwrap();
+    let rules = without(rules, "198.51.100.0/24");
+    f.apply_rules(&rules).unwrap();
+    assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+    assert_eq!(fs::read_link(&link).unwrap(), Path::new("../real/policer.toml"));
+    assert_eq!(ConfigFile::open(&real).unwrap().1, rules);
+    assert_eq!(fs::metadata(&real).unwrap().mode() & 0o7777, 0o600);
+    assert!(leftovers(&etc, &["policer.toml"]).is_empty());
+    assert!(leftovers(&real_dir, &["policer.toml"]).is_empty());
+}
+
+#[test]
+fn hand_edit_not_reloaded_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let edited = EXAMPLE.replace("rate = \"500pps\"", "rate = \"400pps\" # by hand");
+    fs::write(&p, &edited).unwrap();
+    assert!(f.changed_on_disk().unwrap());
+
+    let e = f.apply_rules(&without(rules.clone(), "10.0.0.0/8")).unwrap_err();
+    assert!(matches!(e, Error::ConfigChanged { .. }), "{e:?}");
+    assert!(e.is_config_not_written());
+    assert!(e.to_string().contains("policer reload"), "{e}");
+    assert_eq!(fs::read_to_string(&p).unwrap(), edited, "the hand edit was overwritten");
+    assert!(leftovers(d.path(), &["policer.toml"]).is_empty());
+
+    // A file removed by hand is a change too.
+    fs::remove_file(&p).unwrap();
+    assert!(matches!(f.set_interfaces(&[]), Err(Error::ConfigChanged { .. })));
+    assert!(!p.exists());
+
+    // After a reload the edit is what the daemon writes on from.
+    fs::write(&p, &edited).unwrap();
+    let snap = f.read().unwrap();
+    assert_eq!(snap.rules.len(), rules.len());
+    let reloaded = snap.rules.clone();
+    f.accept(snap);
+    f.apply_rules(&without(reloaded, "10.0.0.0/8")).unwrap();
+    assert!(fs::read_to_string(&p).unwrap().contains("rate = \"400pps\" # by hand"));
+}
+
+#[test]
+fn failed_write_leaves_file_and_no_temporary() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let want = without(rules, "10.0.0.0/8");
+    for (step, errno, needle) in [
+        (Step::Create, libc::EROFS, "creating a temporary file"),
+        (Step::Create, libc::EACCES, "creating a temporary file"),
+        (Step::Own, libc::EPERM, "giving the new file"),
+        (Step::Write, libc::ENOSPC, "writing the temporary file"),
+        (Step::Sync, libc::EIO, "syncing"),
+        (Step::Rename, libc::EXDEV, "renaming"),
+    ] {
+        FAULT.with(|c| c.set(Some((step, errno))));
+        let e = f.apply_rules(&want).unwrap_err();
+        FAULT.with(|c| c.set(None));
+        assert!(matches!(e, Error::ConfigWrite { .. }) && e.is_config_not_written(), "{step:?}: {e:?}");
+        let msg = e.to_string();
+        assert!(msg.contains(needle) && msg.contains("the file was left as it was"), "{step:?}: {msg}");
+        assert!(msg.contains(&std::io::Error::from_raw_os_error(errno).to_string()), "{msg}");
+        assert_eq!(fs::read_to_string(&p).unwrap(), EXAMPLE, "{step:?}: the file changed");
+        assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o600);
+        assert!(leftovers(d.path(), &["policer.toml"]).is_empty(), "{step:?}: temporary file left behind");
+    }
+    // And with the fault gone, the same change goes through.
+    f.apply_rules(&want).unwrap();
+    assert_eq!(ConfigFile::open(&p).unwrap().1, want);
+}
+
+#[test]
+fn directory_that_cannot_be_created_is_a_clear_error() {
+    let d = tempfile::tempdir().unwrap();
+    fs::write(d.path().join("etc"), "a file, not a directory").unwrap();
+    let p = d.path().join("etc/policer/policer.toml");
+    let e = super::write::write_atomic(&p, b"[daemon]\n").unwrap_err();
+    assert!(matches!(e, Error::ConfigWrite { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("creating the directory") && msg.contains("Not a directory"), "{msg}");
+    assert!(leftovers(d.path(), &["etc"]).is_empty());
+    assert_eq!(fs::read_to_string(d.path().join("etc")).unwrap(), "a file, not a directory");
+}
+
+#[test]
+fn temporary_names_are_random_and_never_followed() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    // Two writes stopped just before the rename: their temporary names.
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        let staged = super::write::stage(&p, b"x = 1\n").unwrap();
+        names.extend(leftovers(d.path(), &["policer.toml"]));
+        drop(staged);
+    }
+    assert_eq!(names.len(), 2);
+    assert_ne!(names[0], names[1], "temporary names repeat");
+    assert!(names.iter().all(|n| n.starts_with(".policer.toml.") && n.ends_with(".tmp")), "{names:?}");
+    assert!(leftovers(d.path(), &["policer.toml"]).is_empty());
+
+    // The old code's predictable name, planted as a symlink to a file the
+    // write must not touch: nothing follows it.
+    let victim = d.path().join("victim");
+    fs::write(&victim, "precious\n").unwrap();
+    let planted = d.path().join(format!(".policer.toml.tmp-{}", std::process::id()));
+    symlink(&victim, &planted).unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    f.apply_rules(&without(rules, "10.0.0.0/8")).unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(fs::symlink_metadata(&planted).unwrap().file_type().is_symlink());
+    assert!(!fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
+}
+
+#[test]
+fn planted_symlink_at_the_temporary_name_is_not_followed() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    let victim = d.path().join("victim");
+    fs::write(&victim, "precious\n").unwrap();
+    // Plant a symlink at the very name the next write will try first.
+    let planted = d.path().join(format!(".policer.toml.{:016x}.tmp", 0x5eed_u64));
+    symlink(&victim, &planted).unwrap();
+    NEXT_NAME.with(|c| c.set(Some(0x5eed)));
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let want = without(rules, "10.0.0.0/8");
+    f.apply_rules(&want).unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n", "the write went through the planted link");
+    assert!(fs::symlink_metadata(&planted).unwrap().file_type().is_symlink());
+    assert_eq!(ConfigFile::open(&p).unwrap().1, want);
+    assert!(
+        leftovers(d.path(), &["policer.toml", "victim", &planted.file_name().unwrap().to_string_lossy()]).is_empty()
+    );
+}
+
+#[test]
+fn config_save_keeps_mode_too() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+    let (cfg, rules) = super::Config::load(&p).unwrap();
+    cfg.with_rules(&rules).save(&p).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o600);
+    assert!(leftovers(d.path(), &["policer.toml"]).is_empty());
+}
+
+#[test]
+fn config_save_fails_cleanly_and_never_follows_a_planted_name() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    let (cfg, rules) = super::Config::load(&p).unwrap();
+    let cfg = cfg.with_rules(&without(rules, "10.0.0.0/8"));
+
+    FAULT.with(|c| c.set(Some((Step::Write, libc::ENOSPC))));
+    let e = cfg.save(&p).unwrap_err();
+    FAULT.with(|c| c.set(None));
+    assert!(matches!(e, Error::ConfigWrite { .. }), "{e:?}");
+    assert_eq!(fs::read_to_string(&p).unwrap(), EXAMPLE);
+    assert!(leftovers(d.path(), &["policer.toml"]).is_empty());
+
+    let victim = d.path().join("victim");
+    fs::write(&victim, "precious\n").unwrap();
+    let planted = d.path().join(format!(".policer.toml.{:016x}.tmp", 0xbad_u64));
+    symlink(&victim, &planted).unwrap();
+    NEXT_NAME.with(|c| c.set(Some(0xbad)));
+    cfg.save(&p).unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert_eq!(super::Config::load(&p).unwrap().0.rules, cfg.rules);
+}
+
+#[test]
+fn dotted_keys_bare_addresses_and_paragraphs_survive() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    fs::write(
+        &p,
+        "\
+daemon.interfaces = [\"eth0\"] # dotted
+daemon.mode = \"skb\"
+
+# para
+
+# own
+[[rule]]
+prefix = \"10.0.0.0/8\"
+action = \"deny\"
+
+# about the rest
+
+# own2
+[[rule]]
+prefix = \"203.0.113.7\" # bare
+rate = \"1kpps\"
+",
+    )
+    .unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    f.set_interfaces(&["eth1".into()]).unwrap();
+    let rules = with(without(rules, "10.0.0.0/8"), rule("203.0.113.7", Some("2kpps"), None, None));
+    f.apply_rules(&rules).unwrap();
+    let burst = rules.values().next().unwrap().burst;
+    assert_eq!(
+        fs::read_to_string(&p).unwrap(),
+        format!(
+            "\
+daemon.interfaces = [\"eth1\"] # dotted
+daemon.mode = \"skb\"
+
+# para
+
+# about the rest
+
+# own2
+[[rule]]
+prefix = \"203.0.113.7\" # bare
+rate = \"2kpps\"
+burst = {burst}
+"
+        )
+    );
+    // The last rule gone: the paragraphs above it stay at the end.
+    f.apply_rules(&BTreeMap::new()).unwrap();
+    assert_eq!(
+        fs::read_to_string(&p).unwrap(),
+        "daemon.interfaces = [\"eth1\"] # dotted\ndaemon.mode = \"skb\"\n\n# para\n\n# about the rest\n"
+    );
+}

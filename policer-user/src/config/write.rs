@@ -1,0 +1,226 @@
+//! Replacing the config file safely.
+//!
+//! The new text goes to a temporary file in the directory of the file it
+//! replaces (`rename(2)` is atomic only within one filesystem), under a
+//! random name, created with `O_CREAT|O_EXCL|O_NOFOLLOW`: a name planted in
+//! advance, symlink or not, makes the create fail instead of redirecting
+//! the write. The temporary file gets the old file's owner and mode (a new
+//! file: 0600, owned by the daemon's user), is written and fsynced, renamed
+//! over the target, and the directory is fsynced so the rename survives a
+//! crash. A symlinked config is written through to the file the link
+//! finally points at; the link itself is left alone.
+//!
+//! On any error before the rename the temporary file is removed (by
+//! [`Staged`]'s `Drop`) and the target is untouched.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{self, Write},
+    os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use crate::error::{Error, Result};
+
+/// The mode of a config file the daemon creates: rules name the operator's
+/// networks, which are nobody else's business.
+pub const NEW_FILE_MODE: u32 = 0o600;
+
+/// Symlinks followed at most, as the kernel's MAXSYMLINKS.
+const MAX_LINKS: usize = 40;
+
+/// Names tried when a random name is taken (only a planted file can make
+/// that happen: 64 random bits).
+const NAME_TRIES: usize = 8;
+
+/// The steps of a write, for fault injection in tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    Create,
+    Own,
+    Write,
+    Sync,
+    Rename,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A step that fails, with an errno, in this thread's next writes.
+    pub(crate) static FAULT: std::cell::Cell<Option<(Step, i32)>> = const { std::cell::Cell::new(None) };
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The random part of this thread's next temporary name, to plant a file at it.
+    pub(crate) static NEXT_NAME: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+#[cfg(test)]
+fn fault(step: Step) -> io::Result<()> {
+    match FAULT.with(|f| f.get()) {
+        Some((s, errno)) if s == step => Err(io::Error::from_raw_os_error(errno)),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn fault(_: Step) -> io::Result<()> {
+    Ok(())
+}
+
+/// A new version of a file, written and synced under a temporary name;
+/// [`Staged::commit`] puts it in place, dropping it removes it.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    /// The path as the operator gave it (in messages).
+    shown: PathBuf,
+    /// The file the path resolves to: what gets replaced.
+    target: PathBuf,
+    dir: PathBuf,
+    /// The temporary file, until it is renamed.
+    tmp: Option<PathBuf>,
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some(tmp) = self.tmp.take()
+            && let Err(e) = fs::remove_file(&tmp)
+        {
+            log::warn!("cannot remove the temporary file {}: {e}", tmp.display());
+        }
+    }
+}
+
+/// Writes `data` as the new content of `path`, atomically (see the module
+/// doc). Nothing is changed on error.
+pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    stage(path, data)?.commit()
+}
+
+/// Writes `data` under a temporary name beside the file `path` resolves to.
+pub(crate) fn stage(path: &Path, data: &[u8]) -> Result<Staged> {
+    let fail = |what: String| move |source| Error::ConfigWrite { path: path.to_path_buf(), what, source };
+    let target = resolve(path).map_err(fail("following its symlinks".into()))?;
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "policer.toml".into());
+    let old = match fs::metadata(&target) {
+        Ok(m) if !m.is_file() => {
+            return Err(fail(format!("{} is not a regular file", target.display()))(io::Error::from_raw_os_error(
+                libc::EINVAL,
+            )));
+        }
+        Ok(m) => Some(m),
+        Err(e) if missing(&e) => {
+            fs::create_dir_all(&dir).map_err(fail(format!("creating the directory {}", dir.display())))?;
+            None
+        }
+        Err(e) => return Err(fail(format!("reading the attributes of {}", target.display()))(e)),
+    };
+    let mode = old.as_ref().map_or(NEW_FILE_MODE, |m| m.mode() & 0o7777);
+
+    let creating = format!("creating a temporary file in {}", dir.display());
+    let mut tries = 0;
+    let (tmp, mut file) = loop {
+        let tmp = dir.join(format!(".{name}.{:016x}.tmp", random_u64().map_err(fail(creating.clone()))?));
+        let opened = fault(Step::Create).and_then(|()| {
+            OpenOptions::new()
+                .write(true)
+                // O_CREAT|O_EXCL: never an existing file, and never through a
+                // symlink (open(2): "O_EXCL ... symbolic links are not followed").
+                .create_new(true)
+                .mode(mode & 0o777)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)
+        });
+        match opened {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < NAME_TRIES => tries += 1,
+            Err(e) => return Err(fail(creating)(e)),
+        }
+    };
+    // From here on, dropping `staged` removes the temporary file.
+    let staged = Staged { shown: path.to_path_buf(), target, dir, tmp: Some(tmp) };
+
+    // Owner first: chown(2) clears set-id bits, the mode restores them.
+    if let Some(m) = &old {
+        let (uid, gid) = (m.uid(), m.gid());
+        fault(Step::Own)
+            .and_then(|()| std::os::unix::fs::fchown(&file, Some(uid), Some(gid)))
+            .map_err(fail(format!("giving the new file the owner {uid}:{gid} of the old one")))?;
+    }
+    // Exactly the old mode, whatever the umask took from the create's.
+    fault(Step::Own)
+        .and_then(|()| file.set_permissions(fs::Permissions::from_mode(mode)))
+        .map_err(fail(format!("giving the new file the mode {mode:04o}")))?;
+    fault(Step::Write).and_then(|()| file.write_all(data)).map_err(fail("writing the temporary file".into()))?;
+    fault(Step::Sync).and_then(|()| file.sync_all()).map_err(fail("syncing the temporary file to disk".into()))?;
+    drop(file);
+    Ok(staged)
+}
+
+impl Staged {
+    /// Renames the temporary file over the target and syncs the directory.
+    pub(crate) fn commit(mut self) -> Result<()> {
+        let tmp = self.tmp.clone().expect("staged until committed");
+        fault(Step::Rename).and_then(|()| fs::rename(&tmp, &self.target)).map_err(|source| Error::ConfigWrite {
+            path: self.shown.clone(),
+            what: format!("renaming the new version over {}", self.target.display()),
+            source,
+        })?;
+        self.tmp = None;
+        // The new content is in place whatever happens now; a failed sync of
+        // the directory only means the rename may not survive a power cut, not
+        // a reason to call the change failed (and undo it in the kernel while
+        // the file keeps it).
+        if let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
+            log::warn!("{}: cannot sync the directory {}: {e}", self.shown.display(), self.dir.display());
+        }
+        Ok(())
+    }
+}
+
+/// The file `path` finally names: its symlinks followed (relative ones from
+/// the link's directory), even when the last one dangles (a config to be
+/// created).
+pub(crate) fn resolve(path: &Path) -> io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            Ok(_) => return Ok(p),
+            Err(e) if missing(&e) => return Ok(p),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ELOOP))
+}
+
+/// No such file: not there, or a directory on the way is not one (then
+/// creating the directory says what is wrong).
+fn missing(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR)
+}
+
+fn random_u64() -> io::Result<u64> {
+    #[cfg(test)]
+    if let Some(n) = NEXT_NAME.with(|c| c.take()) {
+        return Ok(n);
+    }
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom(2) writes at most b.len() bytes into b, which we own.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        return Err(if n < 0 { io::Error::last_os_error() } else { io::Error::from_raw_os_error(libc::EIO) });
+    }
+    Ok(u64::from_ne_bytes(b))
+}
