@@ -19,12 +19,17 @@ use super::{
 };
 use crate::{
     error::Error,
-    rules::{ActionName, BurstValue, RuleConfig, RuleSpec},
+    rules::{BurstValue, RuleConfig, RuleSpec},
 };
 
 const EXAMPLE: &str = include_str!("../../../deploy/policer.toml");
 
-fn rule(prefix: &str, rate: Option<&str>, burst: Option<u64>, action: Option<ActionName>) -> RuleSpec {
+fn rule(
+    prefix: &str,
+    rate: Option<&str>,
+    burst: Option<u64>,
+    action: Option<policer_common::bucket::Action>,
+) -> RuleSpec {
     RuleConfig {
         prefix: prefix.into(),
         rate: rate.map(Into::into),
@@ -98,7 +103,7 @@ fn set_keeps_comments_and_layout() {
     );
 
     // Add: appended after the last rule; everything before is as it was.
-    let rules = with(rules, rule("192.0.2.128/25", None, None, Some(ActionName::Deny)));
+    let rules = with(rules, rule("192.0.2.128/25", None, None, Some(policer_common::bucket::Action::Deny)));
     f.apply_rules(&rules).unwrap();
     let added = fs::read_to_string(&p).unwrap();
     assert!(added.starts_with(&text), "text before the new rule changed:\n{added}");
@@ -132,7 +137,7 @@ key_len = 32            # explicit default
 ";
     fs::write(&p, text).unwrap();
     let (mut f, _) = ConfigFile::open(&p).unwrap();
-    let mut r = rule("10.0.0.0/8", Some("2kpps"), Some(100), Some(ActionName::Monitor));
+    let mut r = rule("10.0.0.0/8", Some("2kpps"), Some(100), Some(policer_common::bucket::Action::Monitor));
     f.apply_rules(&[(r.net, r.clone())].into()).unwrap();
     assert_eq!(
         fs::read_to_string(&p).unwrap(),

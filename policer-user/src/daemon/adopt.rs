@@ -3,12 +3,8 @@
 
 use std::{
     collections::BTreeMap,
-    fs::{self, File},
-    io::Write,
-    os::{
-        fd::{AsFd, AsRawFd, OwnedFd, RawFd},
-        unix::fs::MetadataExt,
-    },
+    fs,
+    os::fd::{AsFd, AsRawFd, OwnedFd, RawFd},
     path::{Path, PathBuf},
 };
 
@@ -124,50 +120,6 @@ impl Drop for PrivateBpffs {
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
         let _ = fs::remove_dir(&self.dir);
-    }
-}
-
-/// The per-namespace lock: one daemon per network namespace. The file is
-/// removed when the daemon ends; a file left by a daemon that was killed
-/// holds no lock (flock dies with its holder) and is simply taken over.
-pub(super) struct LockFile {
-    file: File,
-    path: PathBuf,
-}
-
-impl LockFile {
-    pub fn take() -> Result<LockFile> {
-        fs::create_dir_all(control::RUN_DIR)?;
-        let path = control::lock_path()?;
-        // A daemon that is leaving unlinks the file while holding it: a lock
-        // won on a file no longer at `path` is no lock at all, so try again.
-        for _ in 0..10 {
-            let mut f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
-            // SAFETY: flock on an fd we own.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                let pid = fs::read_to_string(&path).unwrap_or_default();
-                return Err(Error::DaemonRunning(pid.trim().to_string()));
-            }
-            let same = match (f.metadata(), fs::metadata(&path)) {
-                (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
-                _ => false,
-            };
-            if !same {
-                continue;
-            }
-            f.set_len(0)?;
-            writeln!(f, "{}", std::process::id())?;
-            return Ok(LockFile { file: f, path });
-        }
-        Err(Error::Invalid(format!("cannot take the lock {}: it keeps being replaced", path.display())))
-    }
-}
-
-impl Drop for LockFile {
-    fn drop(&mut self) {
-        // Unlink while still holding it (see `take`), then let go.
-        let _ = fs::remove_file(&self.path);
-        let _ = &self.file;
     }
 }
 

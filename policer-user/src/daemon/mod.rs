@@ -43,7 +43,7 @@ use tokio::{
 pub use views::{Health, Snapshot, Views};
 
 use crate::{
-    config::Config,
+    config::ConfigFile,
     error::Result,
     loader::{Mode, Policer},
     netlink,
@@ -99,8 +99,8 @@ pub struct Daemon {
     /// Default-rules fast path: 0 off, else the pair of DEFAULT_RULES in use.
     fast: u32,
     last_flip: Option<Instant>,
-    cfg: Config,
-    config_path: PathBuf,
+    /// The config file, as last read or written.
+    file: ConfigFile,
     next_id: u32,
     persist: bool,
     interval: f64,
@@ -108,7 +108,7 @@ pub struct Daemon {
     listener: Option<UnixListener>,
     metrics: Option<std::net::TcpListener>,
     /// Held (and the file removed) for as long as the daemon lives.
-    _lock: adopt::LockFile,
+    _lock: crate::lockfile::LockFile,
     /// Set once [`Daemon::finish`] ran.
     finished: bool,
 }

@@ -83,7 +83,7 @@ impl Daemon {
                 .iter()
                 .map(|(n, i)| (*n, RuleRow { spec: i.spec.clone(), slot: i.slot, persisted: i.persisted }))
                 .collect(),
-            config: self.config_path.display().to_string(),
+            config: self.file.path().display().to_string(),
             persist: self.persist,
             program_id: self.program_id,
         })

@@ -4,7 +4,6 @@
 
 use std::{
     collections::BTreeMap,
-    fs,
     time::{Duration, Instant},
 };
 
@@ -13,7 +12,6 @@ use policer_common::{MAX_RULE_SLOTS, NewSources, Rule, rate::Rate};
 
 use super::{Daemon, Installed, monotonic_ns};
 use crate::{
-    config::Config,
     error::{Error, Result},
     loader::Policer,
     netlink,
@@ -98,14 +96,7 @@ impl Daemon {
     /// config file; on failure nothing is written and the caller undoes
     /// its change in the kernel.
     fn persist_config(&mut self, file: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
-        let cfg = self.cfg.with_rules(file);
-        cfg.save(&self.config_path).map_err(|e| {
-            Error::Invalid(format!(
-                "cannot write {}: {e}; nothing changed (`--runtime` applies a change to the kernel only)",
-                self.config_path.display()
-            ))
-        })?;
-        self.cfg = cfg;
+        self.file.apply_rules(file)?;
         self.file_rules = file.clone();
         self.mark_persisted();
         Ok(())
@@ -218,7 +209,13 @@ impl Daemon {
         if let Err(e) = self.persist_config(&file) {
             let _ = self.apply(&before);
             self.mark_persisted();
-            return Err(e);
+            return Err(if e.is_config_not_written() {
+                Error::Invalid(format!(
+                    "{e}; the change was not applied (`--runtime` applies it to the kernel only, not persisted)"
+                ))
+            } else {
+                e
+            });
         }
         Ok(())
     }
@@ -226,24 +223,26 @@ impl Daemon {
     /// Re-reads the config file; applies it only if all of it is valid.
     /// Rules set with `--runtime` give way to the file's.
     pub(super) fn reload(&mut self) -> Result<String> {
-        let (cfg, want) = Config::parse(
-            &fs::read_to_string(&self.config_path)
-                .map_err(|e| Error::Invalid(format!("{}: {e}", self.config_path.display())))?,
-            &self.config_path,
-        )?;
+        let snap = self.file.read()?;
+        let want = snap.rules.clone();
         if want.is_empty() {
-            return Err(Error::Invalid(format!("{}: no rules; nothing changed", self.config_path.display())));
+            return Err(Error::Invalid(format!("{}: no rules; nothing changed", self.file.path().display())));
         }
         let before = self.specs();
         if let Err(e) = self.apply(&want) {
             let _ = self.apply(&before);
             return Err(e);
         }
-        let note = if cfg.daemon != self.cfg.daemon { " ([daemon] settings apply at the next start)" } else { "" };
-        self.cfg = cfg;
+        let note = if snap.config.daemon != self.file.config().daemon {
+            " ([daemon] settings apply at the next start)"
+        } else {
+            ""
+        };
+        // Only now that its rules are in force is the file what we run from.
+        self.file.accept(snap);
         self.file_rules = want.clone();
         self.mark_persisted();
-        Ok(format!("reloaded {}: {} rules{note}", self.config_path.display(), want.len()))
+        Ok(format!("reloaded {}: {} rules{note}", self.file.path().display(), want.len()))
     }
 
     /// Detaches `name`; true when no interface is left.
@@ -258,9 +257,8 @@ impl Daemon {
         netlink::set(i.index, -1, i.mode_flags, Some(fd))
             .map_err(|source| Error::Netlink { iface: name.into(), source })?;
         self.ifaces.remove(pos);
-        self.cfg.daemon.interfaces.retain(|n| n != name);
-        let file = self.file_rules.clone();
-        if let Err(e) = self.persist_config(&file) {
+        let left: Vec<String> = self.file.config().daemon.interfaces.iter().filter(|n| *n != name).cloned().collect();
+        if let Err(e) = self.file.set_interfaces(&left) {
             log::warn!("{name} detached, but the config file still lists it: {e}");
         }
         Ok(self.ifaces.is_empty())

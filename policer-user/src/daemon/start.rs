@@ -18,14 +18,15 @@ use policer_common::{DEFAULT_MAX_SOURCES, MAP_BUCKETS_V6, Rule, SHARED_MAPS, rat
 
 use super::{
     Daemon, DaemonArgs, Iface, Installed,
-    adopt::{Existing, LockFile, PrivateBpffs, attach_fresh, find, inspect},
+    adopt::{Existing, PrivateBpffs, attach_fresh, find, inspect},
     ruleset::{Slots, prepare},
 };
 use crate::{
-    config::Config,
+    config::{Change, ConfigFile},
     control,
     error::{Error, Result},
     loader::{LoadOptions, Mode, Policer, if_index, is_root},
+    lockfile::LockFile,
     netlink,
     rules::{BurstValue, RuleConfig, RuleSpec},
 };
@@ -79,7 +80,8 @@ impl Daemon {
     /// Everything up to and including attaching; runs before any thread.
     /// On error nothing stays changed: not the interfaces, not the file.
     pub fn start(args: &DaemonArgs) -> Result<Daemon> {
-        let (mut cfg, mut specs) = Config::load(&args.config)?;
+        let (mut file, mut specs) = ConfigFile::open(&args.config)?;
+        let cfg = file.config().clone();
         if let Some(rate) = args.rate {
             for s in default_rules(rate, &args.burst)? {
                 specs.insert(s.net, s);
@@ -117,7 +119,11 @@ impl Daemon {
         if !is_root() {
             return Err(Error::NotRoot("attaching XDP"));
         }
-        let lock = LockFile::take()?;
+        fs::create_dir_all(control::RUN_DIR)?;
+        if let Err(e) = crate::lockfile::remove_stale(Path::new(control::RUN_DIR)) {
+            log::warn!("cannot clear stale lock files in {}: {e}", control::RUN_DIR);
+        }
+        let lock = LockFile::acquire(&control::lock_path()?)?;
         // Bind before attaching: a taken port must fail with nothing changed.
         let metrics = match metrics_addr {
             Some(a) => Some(
@@ -276,10 +282,12 @@ impl Daemon {
         // Rewrite the file only if this start changed what it says (the
         // default rules from --rate, or the interfaces).
         let changed = args.rate.is_some() || cfg.daemon.interfaces != names;
-        cfg.daemon.interfaces = names.clone();
-        let cfg = cfg.with_rules(&specs);
-        if changed && let Err(e) = cfg.save(&args.config) {
-            let _ = writeln!(out, "policer: warning: cannot write {}: {e}", args.config.display());
+        let mut file_rules = specs.clone();
+        if changed && let Err(e) = file.update(Change { rules: Some(&specs), interfaces: Some(&names) }) {
+            // Policing runs from the command line's rules; the file keeps
+            // what it says, and `rule ls` shows the difference.
+            let _ = writeln!(out, "policer: warning: {e}");
+            file_rules = file.read().map(|s| s.rules).unwrap_or_default();
         }
 
         let socket = control::socket_path()?;
@@ -303,13 +311,12 @@ impl Daemon {
             program_id,
             policer,
             ifaces,
-            file_rules: specs.clone(),
+            file_rules,
             rules,
             slots,
             fast: 0,
             last_flip: None,
-            cfg,
-            config_path: args.config.clone(),
+            file,
             next_id,
             persist: args.persist,
             interval: args.interval,
