@@ -57,37 +57,9 @@ pub struct DaemonConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<ModeName>,
+    pub mode: Option<Mode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_sources: Option<u32>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModeName {
-    Auto,
-    Native,
-    Skb,
-}
-
-impl From<ModeName> for Mode {
-    fn from(m: ModeName) -> Mode {
-        match m {
-            ModeName::Auto => Mode::Auto,
-            ModeName::Native => Mode::Native,
-            ModeName::Skb => Mode::Skb,
-        }
-    }
-}
-
-impl From<Mode> for ModeName {
-    fn from(m: Mode) -> ModeName {
-        match m {
-            Mode::Auto => ModeName::Auto,
-            Mode::Native => ModeName::Native,
-            Mode::Skb => ModeName::Skb,
-        }
-    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,7 +162,7 @@ action = "deny"
     fn parses_and_round_trips() {
         let (cfg, rules) = Config::parse(GOOD, Path::new("t.toml")).unwrap();
         assert_eq!(rules.len(), 3);
-        assert_eq!(cfg.daemon.mode, Some(ModeName::Native));
+        assert_eq!(cfg.daemon.mode, Some(Mode::Native));
         let text = cfg.with_rules(&rules).to_text();
         let (_, again) = Config::parse(&text, Path::new("t.toml")).unwrap();
         assert_eq!(rules, again);

@@ -107,7 +107,7 @@ impl Daemon {
             }
             indexes.push(if_index(n)?);
         }
-        let mode = args.mode.or(cfg.daemon.mode.map(Into::into)).unwrap_or(Mode::Auto);
+        let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
         let max_sources = args.max_sources.or(cfg.daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
         if max_sources == 0 {
             return Err(Error::Invalid("--max-sources must be at least 1".into()));
