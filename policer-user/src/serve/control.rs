@@ -54,9 +54,9 @@ async fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, String> {
 }
 
 async fn serve(mut stream: UnixStream, ctx: &Ctx) {
-    let reply = match read_request(&mut stream).await {
+    let (reply, exit) = match read_request(&mut stream).await {
         Ok(line) => answer(&line, ctx).await,
-        Err(e) => Reply::Refused { error: e },
+        Err(e) => (Reply::Refused { error: e }, false),
     };
     let mut text =
         serde_json::to_vec(&reply).unwrap_or_else(|_| b"{\"reply\":\"refused\",\"error\":\"internal\"}".to_vec());
@@ -66,9 +66,15 @@ async fn serve(mut stream: UnixStream, ctx: &Ctx) {
         stream.shutdown().await
     })
     .await;
+    // The last interface was detached: the daemon exits, now that the
+    // client has its answer.
+    if exit {
+        ctx.stop.send_replace(true);
+    }
 }
 
-async fn answer(line: &[u8], ctx: &Ctx) -> Reply {
+/// The reply, and whether the daemon should now exit.
+async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
     let env: Envelope = match serde_json::from_slice(line) {
         Ok(e) => e,
         Err(e) => {
@@ -82,27 +88,24 @@ async fn answer(line: &[u8], ctx: &Ctx) -> Reply {
             } else {
                 format!("bad request: {e}")
             };
-            return Reply::Refused { error };
+            return (Reply::Refused { error }, false);
         }
     };
     if env.protocol != PROTOCOL {
-        return Reply::Refused {
-            error: format!(
-                "the CLI speaks protocol {} and the daemon {PROTOCOL}: use the same build of policer for both",
-                env.protocol
-            ),
-        };
+        let error = format!(
+            "the CLI speaks protocol {} and the daemon {PROTOCOL}: use the same build of policer for both",
+            env.protocol
+        );
+        return (Reply::Refused { error }, false);
     }
     let refused = |e: crate::Error| Reply::Refused { error: e.to_string() };
     let change = |cmd| async {
         let out = ctx.owner.ask(cmd).await;
-        if out.exit {
-            ctx.stop.send_replace(true);
-        }
-        match out.result {
+        let reply = match out.result {
             Ok(message) => Reply::Done { message },
             Err(e) => refused(e),
-        }
+        };
+        (reply, out.exit)
     };
     let views = ctx.views.clone();
     match env.request {
@@ -110,9 +113,11 @@ async fn answer(line: &[u8], ctx: &Ctx) -> Reply {
         Request::RuleRm { prefix, runtime } => change(Command::RuleRm { prefix, runtime }).await,
         Request::Reload => change(Command::Reload).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
-        Request::RuleLs => Reply::Rules { rules: views.rules() },
-        Request::Status => Reply::Status(views.status()),
-        Request::Stats => blocking(move || views.stats()).await.map_or_else(refused, |s| Reply::Stats(Box::new(s))),
-        Request::Top { n } => blocking(move || views.top(n)).await.map_or_else(refused, Reply::Top),
+        Request::RuleLs => (Reply::Rules { rules: views.rules() }, false),
+        Request::Status => (Reply::Status(views.status()), false),
+        Request::Stats => {
+            (blocking(move || views.stats()).await.map_or_else(refused, |s| Reply::Stats(Box::new(s))), false)
+        }
+        Request::Top { n } => (blocking(move || views.top(n)).await.map_or_else(refused, Reply::Top), false),
     }
 }
