@@ -1,0 +1,186 @@
+//! Tier 3, the config file as the daemon and the CLI (separate processes)
+//! leave it: mode, owner and comments kept across `rule set` / `rule rm`;
+//! a symlinked config written through; a hand edit not yet reloaded is not
+//! overwritten; a file that cannot be written (a read-only mount) refuses
+//! the change cleanly, `--runtime` applies it to the kernel only, and
+//! traffic shows which rules are in force.
+
+use std::{
+    net::IpAddr,
+    os::unix::fs::{MetadataExt, PermissionsExt},
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use policer_tests::{
+    daemon::{Daemon, cli, fails_with, succeeds},
+    netns::Sandbox,
+    privileged,
+    traffic::{self, Flow},
+};
+
+const CONFIG: &str = "\
+# Edge policy, kept by hand. Comments must survive the daemon.
+[daemon]
+mode = \"native\"   # veth has native XDP
+
+# Everyone.
+[[rule]]
+prefix = \"0.0.0.0/0\"
+rate = \"1kpps\"
+burst = 100
+
+# The lab.
+[[rule]]
+prefix = \"203.0.113.0/24\"
+rate = \"500pps\"
+burst = 50   # small bursts only
+";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn rules(sb: &Sandbox) -> serde_json::Value {
+    serde_json::from_str(&succeeds(&cli(sb, &["rule", "ls", "--json"]))).unwrap()
+}
+
+fn rule<'a>(all: &'a serde_json::Value, prefix: &str) -> Option<&'a serde_json::Value> {
+    all.as_array().unwrap().iter().find(|r| r["prefix"] == prefix)
+}
+
+/// A temporary directory removed on drop (unmounting what the test mounted).
+struct Dir {
+    path: PathBuf,
+    mounted: bool,
+}
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let path = std::env::temp_dir().join(format!("policer-cfg-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Dir { path, mounted: false }
+    }
+
+    fn mount_tmpfs(&mut self) {
+        let st = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&self.path).status();
+        assert!(st.unwrap().success(), "mount tmpfs");
+        self.mounted = true;
+    }
+
+    fn remount(&self, opt: &str) {
+        let st = Command::new("mount").args(["-o", &format!("remount,{opt}")]).arg(&self.path).status();
+        assert!(st.unwrap().success(), "remount {opt}");
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn attach(sb: &Sandbox, config: &Path) -> Daemon {
+    let c = config.to_str().unwrap();
+    Daemon::start(&sb.rx_ns, &["attach", &sb.rx_if, "--config", c, "--interval", "0"])
+}
+
+#[test]
+fn the_config_keeps_its_mode_owner_and_comments() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfg");
+    let dir = Dir::new("keep");
+    // The operator's file lives elsewhere; the daemon is pointed at a link.
+    let real = dir.path.join("edge.toml");
+    std::fs::write(&real, CONFIG).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::chown(&real, Some(4242), Some(4343)).unwrap();
+    let link = dir.path.join("policer.toml");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let _d = attach(&sb, &link);
+
+    succeeds(&cli(&sb, &["rule", "set", "198.51.100.0/24", "--action", "deny"]));
+    succeeds(&cli(&sb, &["rule", "set", "203.0.113.0/24", "--rate", "800pps", "--burst", "50"]));
+    succeeds(&cli(&sb, &["rule", "rm", "198.51.100.0/24"]));
+
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays a link");
+    let meta = std::fs::metadata(&real).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o640, "mode kept");
+    assert_eq!((meta.uid(), meta.gid()), (4242, 4343), "owner kept");
+    let text = std::fs::read_to_string(&real).unwrap();
+    for kept in ["# Edge policy, kept by hand.", "# Everyone.", "# The lab.", "# small bursts only", "# veth has"] {
+        assert!(text.contains(kept), "lost {kept:?}:\n{text}");
+    }
+    assert!(text.contains("rate = \"800pps\""), "the change is in the file:\n{text}");
+    assert!(!text.contains("198.51.100.0/24"), "the removed rule is gone:\n{text}");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir.path)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+
+    // A hand edit not yet reloaded is not overwritten.
+    let edited = text.replace("burst = 100", "burst = 120");
+    std::fs::write(&real, &edited).unwrap();
+    fails_with(&cli(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]), "policer reload");
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), edited, "the hand edit is untouched");
+    assert!(rule(&rules(&sb), "192.0.2.0/24").is_none(), "a refused change is not in force either");
+    succeeds(&cli(&sb, &["reload"]));
+    succeeds(&cli(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]));
+    let text = std::fs::read_to_string(&real).unwrap();
+    assert!(text.contains("burst = 120") && text.contains("192.0.2.0/24"), "{text}");
+}
+
+#[test]
+fn a_read_only_config_refuses_changes_and_runtime_applies_them() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("rof");
+    let mut dir = Dir::new("ro");
+    dir.mount_tmpfs();
+    let config = dir.path.join("policer.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let _d = attach(&sb, &config);
+    // (The start wrote the interface into the file.)
+    let before = std::fs::read_to_string(&config).unwrap();
+    dir.remount("ro");
+
+    // The emergency deny: refused clearly with the file as it was...
+    let out = cli(&sb, &["rule", "set", "198.18.0.0/24", "--action", "deny"]);
+    fails_with(&out, "--runtime");
+    assert!(rule(&rules(&sb), "198.18.0.0/24").is_none(), "a refused change is not in force");
+    // ...and applied to the kernel with --runtime.
+    succeeds(&cli(&sb, &["rule", "set", "198.18.0.0/24", "--action", "deny", "--runtime"]));
+    let all = rules(&sb);
+    assert_eq!(rule(&all, "198.18.0.0/24").unwrap()["persisted"], false);
+    assert_eq!(rule(&all, "0.0.0.0/0").unwrap()["persisted"], true);
+    let status: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(status["runtime_rules"], 1);
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), before, "the file is as it was");
+
+    // On the wire: the runtime deny drops, the default rule still polices.
+    let denied = Flow { src: ip("198.18.0.7"), pps: 200.0, len: 64 };
+    let other = Flow { src: ip("198.19.0.7"), pps: 200.0, len: 64 };
+    let (sent, got) = traffic::run(&sb, &[denied, other], Duration::from_secs(1));
+    assert_eq!(got.per_flow[0], 0, "the runtime deny let frames through");
+    assert_eq!(got.per_flow[1], sent.sent[1], "an in-profile source lost frames");
+
+    // A runtime removal of a saved rule; reload goes back to the file.
+    succeeds(&cli(&sb, &["rule", "rm", "203.0.113.0/24", "--runtime"]));
+    assert!(rule(&rules(&sb), "203.0.113.0/24").is_none());
+    succeeds(&cli(&sb, &["reload"]));
+    let all = rules(&sb);
+    assert!(rule(&all, "198.18.0.0/24").is_none(), "reload drops runtime-only rules");
+    assert!(rule(&all, "203.0.113.0/24").is_some(), "reload restores the file's rules");
+    assert!(all.as_array().unwrap().iter().all(|r| r["persisted"] == true));
+}
