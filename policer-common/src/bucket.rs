@@ -26,8 +26,8 @@
 //! # Time that cannot wrap into harm
 //!
 //! The invariant: **with a monotonic clock, a real debt never exceeds
-//! [`debt_bound`]`(limit, shift)` = `limit + limit / 2^11 +`
-//! [`SKEW_ALLOWANCE_NS`]` (20 s) in units`.** Every write leaves at most
+//! [`debt_bound`]`(limit, shift) = limit + limit / 2^11 + (20 s << shift)`**,
+//! all in the rule's units (20 s is [`SKEW_ALLOWANCE_NS`]). Every write leaves at most
 //! `limit` ([`Rule::admit`] admits only to `limit`, [`Rule::rescale`] caps
 //! at it, a new bucket starts at zero); after that the debt only falls.
 //! What a reader can see above `limit`:
@@ -60,8 +60,8 @@
 //! time modulo the period P, so a gap G since a bucket's last write of
 //! debt `d0` (`0 <= d0 <= limit`) cannot be told from `G mod P`. The read
 //! is exact (zero once drained) for every G except those within the bound
-//! of a whole number of periods: `k·P - (bound - d0) <= G <= k·P + d0` in
-//! ns of the rule, `k >= 1` — one window of `bound` (≈ limit + 20 s) per
+//! of a whole number of periods: `k·P - (bound - d0) <= G <= k·P + d0`
+//! (converted to ns), `k >= 1` — one window of `bound` (≈ limit + 20 s) per
 //! period. A gap inside one reads as *phantom* debt of at most `bound`:
 //! above `limit` the source is refused (for at most `bound - limit` =
 //! `limit / 2^11 + 20 s`, since the read debt falls as time goes on, and a
