@@ -377,8 +377,8 @@ impl Rule {
     }
 
     /// Whether an idle gap of `gap_ns` since this rule left a bucket with
-    /// `debt` units falls in an alias window of the
-    /// module doc, where the bucket may read phantom debt:
+    /// `debt` units falls in an alias window of the module doc, where the
+    /// bucket may read phantom debt:
     /// `k·P - (bound - debt) <= gap <= k·P + debt` for some `k >= 1`, in ns,
     /// widened by a ns on each side for the rounding of units to ns.
     /// Outside them, the bucket reads its true debt. For tests and
