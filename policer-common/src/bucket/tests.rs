@@ -859,10 +859,14 @@ proptest! {
         let seen = Rule { limit, shift, ..old };
         let true_debt = (d0 as u128).saturating_sub((gap as u128) << old.shift) as f64;
         let want = (true_debt / old.limit as f64).min(1.0);
+        // The fill is carried to 13 bits, and the new debt rounded down to
+        // a unit: with shift 0 a small bucket has few units (a 1-byte burst
+        // at 4 Mbit/s holds 1973 ns), each a visible step.
+        let tolerance = 1.0 / 2048.0 + 1.0 / new.limit.max(1) as f64;
         if !seen.gap_may_alias(d0, gap) {
-            prop_assert!((got - want).abs() <= 1.0 / 2048.0, "fill {got} for {want}");
+            prop_assert!((got - want).abs() <= tolerance, "fill {got} for {want}");
         } else {
-            prop_assert!(got >= want - 1.0 / 2048.0, "fill {got} for {want}");
+            prop_assert!(got >= want - tolerance, "fill {got} for {want}");
         }
     }
 }
