@@ -10,19 +10,83 @@
 //! to zero ("theoretical arrival time", `tat`), in units of 2^-shift ns.
 //! That makes the whole state one `u64` a CPU can compare-and-swap, and the
 //! per-packet path needs only a shift, a multiply and additions — no
-//! division. Debt = `tat - now` when positive, else zero.
+//! division. Debt = `tat - now`, a wrapping difference, read as described
+//! below.
 //!
-//! The unit is per rule (`shift`): fine enough that the cost of one packet
-//! has many units even at 100 Mpps or 400 Gbit/s, coarse enough that the
-//! largest bucket (burst 10^9 at 1 pps) still fits in 61 bits. `now` in
-//! those units wraps modulo 2^64; all comparisons are wrapping differences,
-//! which stay exact because debt is bounded far below 2^63.
+//! The unit is per rule (`shift`): the *coarsest* unit in which the cost of
+//! one packet (byte mode: of a 64-byte frame) still has at least
+//! 2^[`COST_PRECISION_BITS`] units, so rounding it up costs at most 2^-16 of
+//! the rate; coarser still if the bucket would not fit in [`MAX_LIMIT`]. A
+//! coarse unit makes the clock in units wrap seldom: `now << shift` wraps
+//! every 2^(64 - shift) ns, the rule's *period* ([`Rule::period_ns`]).
+//! Packet rules up to ~15 kpps and byte rules up to ~7.8 Mbit/s get shift 0
+//! (a period of 584 years), 1 Mpps shift 7 (4.6 years), 100 Mpps shift 13
+//! (26 days), byte rules above 256 Gbit/s shift 16 (78 hours).
+//!
+//! # Time that cannot wrap into harm
+//!
+//! The invariant: **with a monotonic clock, a real debt never exceeds
+//! [`debt_bound`]`(limit, shift) = limit + limit / 2^11 + (20 s << shift)`**,
+//! all in the rule's units (20 s is [`SKEW_ALLOWANCE_NS`]). Every write leaves at most
+//! `limit` ([`Rule::admit`] admits only to `limit`, [`Rule::rescale`] caps
+//! at it, a new bucket starts at zero); after that the debt only falls.
+//! What a reader can see above `limit`:
+//! - another CPU admitted with a clock reading taken after ours (between
+//!   our reading and our compare-and-swap), and the jiffies window of
+//!   [`crate::clock`], whose low end is up to [`crate::clock::MAX_WINDOW_NS`]
+//!   old: both well inside the allowance;
+//! - a rule with the same [`stamp`] but a limit up to 2^-12 smaller than
+//!   the one that charged the bucket (a stamp keeps 13 significant bits):
+//!   the `limit / 2^11` term, twice that;
+//! - a clock that stepped back (the test clock, or user space reading with
+//!   its own clock): by up to the allowance it is still recognised.
+//!
+//! So a wrapped difference `d = tat - now` is read as:
+//! - `d <= bound`: debt `d`; above `limit` it is a clock that stepped back,
+//!   and [`Rule::admit`] drops without writing (a clock that goes back never
+//!   creates budget);
+//! - `d > bound`, including every "negative" `d`: the bucket is drained.
+//!   Either `tat` is in the past, or it is so far in the past that `now`
+//!   went round the period past it: a *stale* bucket, not a clock that
+//!   stepped back.
+//!
+//! That one comparison, `d <= bound`, is all a reader needs: the debt of
+//! [`Rule::admit`], [`Rule::refuses_within`], [`Rule::rescale`],
+//! [`Bucket::debt`] (eviction and `policer top`) and the new-source limiter
+//! ([`crate::NewSources`]) are all read through it. `bound` depends only on
+//! the rule, so the program works it out while the bucket is being read.
+//!
+//! **The alias windows, the weakness that remains.** The state keeps the
+//! time modulo the period P, so a gap G since a bucket's last write of
+//! debt `d0` (`0 <= d0 <= limit`) cannot be told from `G mod P`. The read
+//! is exact (zero once drained) for every G except those within the bound
+//! of a whole number of periods: `k·P - (bound - d0) <= G <= k·P + d0`
+//! (converted to ns), `k >= 1` — one window of `bound` (≈ limit + 20 s) per
+//! period. A gap inside one reads as *phantom* debt of at most `bound`:
+//! above `limit` the source is refused (for at most `bound - limit` =
+//! `limit / 2^11 + 20 s`, since the read debt falls as time goes on, and a
+//! drop writes nothing); at or below it the source is admitted against at
+//! most one bucket of phantom debt, which drains at the rule's rate like
+//! any debt. Stricter, never more permissive ([`Rule::gap_may_alias`]
+//! states the windows as code; the property tests check both sides). How
+//! often a source can meet one depends on the period: never within 584
+//! years for shift 0; at 100 Mpps one window of ~limit + 20 s in every
+//! 26 days; byte rules above 256 Gbit/s one in every 78 h.
 
 /// Nanoseconds per second.
 pub const NS_PER_SEC: u64 = 1_000_000_000;
-/// Finest time unit: 2^-16 ns. Coarser units are picked when a bucket is
-/// so large that it would not fit in [`MAX_LIMIT`].
+/// Finest time unit: 2^-16 ns. The constructors pick the coarsest unit that
+/// keeps [`COST_PRECISION_BITS`] (see the module doc), and coarser still
+/// when a bucket is so large that it would not fit in [`MAX_LIMIT`].
 pub const MAX_SHIFT: u32 = 16;
+/// The constructors pick a unit in which one packet (byte mode: one frame
+/// of [`UNIT_FRAME_BYTES`]) costs at least 2^this units, unless that needs
+/// a shift above [`MAX_SHIFT`]: the cost is rounded up by less than one
+/// unit, so a rule admits at most 2^-16 below its rate.
+pub const COST_PRECISION_BITS: u32 = 16;
+/// The frame whose cost sets a byte-mode rule's unit: the smallest
+/// Ethernet frame (without its FCS), the costliest to be exact about.
+pub const UNIT_FRAME_BYTES: u64 = 64;
 /// Extra fraction bits of the per-byte cost, so that one byte at
 /// 400 Gbit/s (0.02 ns) still has a precise cost.
 pub const BYTE_FRAC_BITS: u32 = 16;
@@ -37,10 +101,40 @@ pub const MAX_PKT_COST: u64 = 1 << 61;
 pub const MAX_FRAME_LEN: u32 = 65_535;
 /// Largest per-byte cost, so `MAX_FRAME_LEN * byte_cost` fits in 62 bits.
 pub const MAX_BYTE_COST: u64 = (1 << 62) / MAX_FRAME_LEN as u64;
-/// A wrapped difference `tat - now` this large cannot be debt (debt is at
-/// most [`MAX_LIMIT`]): the bucket is so old that `now` went round the
-/// clock past it. It is treated as drained.
-pub const STALE: u64 = 1 << 62;
+/// How far above a bucket's limit its debt may still be read as debt, not
+/// as a stale bucket (see the module doc): cross-CPU clock readings, the
+/// jiffies window (at most [`crate::clock::MAX_WINDOW_NS`] wide) and a
+/// clock that stepped back by up to this much. 20 s: far above what the
+/// kernel's monotonic clock can show (microseconds between CPUs, a second
+/// of window), and above the 10 s step back the object tests make; small
+/// against the shortest period (78 h), so the alias windows stay narrow.
+pub const SKEW_ALLOWANCE_NS: u64 = 20 * NS_PER_SEC;
+/// Significant bits of a bucket size a [`stamp`] keeps, less one: a rule
+/// with the same stamp as the one that charged a bucket may have a limit
+/// smaller by up to 2^-12 of it; [`debt_bound`] allows twice that.
+const STAMP_SLACK_SHIFT: u32 = 11;
+
+/// The most debt, in units of 2^-`shift` ns, a bucket of size `limit` can
+/// really hold when it is read (the invariant of the module doc): a
+/// wrapped `tat - now` above this is a stale bucket, drained.
+///
+/// `limit + limit / 2^11 + SKEW_ALLOWANCE_NS << shift`, with both clamped as
+/// everywhere (`limit <= 2^61`, `shift <= 16`): below 2^62, so it never
+/// overflows and every "negative" difference (2^63 and above) is beyond it.
+#[inline(always)]
+pub const fn debt_bound(limit: u64, shift: u32) -> u64 {
+    let limit = min(limit, MAX_LIMIT);
+    let shift = min(shift as u64, MAX_SHIFT as u64) as u32;
+    limit + (limit >> STAMP_SLACK_SHIFT) + (SKEW_ALLOWANCE_NS << shift)
+}
+
+const _: () = {
+    // The jiffies window fits in the allowance, so `refuses_within`'s
+    // `bound - span` cannot wrap.
+    assert!(crate::clock::MAX_WINDOW_NS < SKEW_ALLOWANCE_NS);
+    // The bound stays far below the "negative" half of the wrapping clock.
+    assert!(debt_bound(u64::MAX, u32::MAX) < 1 << 62);
+};
 
 /// Rates and bursts accepted by the constructors (see README).
 pub const MIN_RATE_PPS: u64 = 1;
@@ -162,9 +256,22 @@ const fn ceil_scaled(a: u64, s: u32, b: u64) -> u128 {
     n.div_ceil(b as u128)
 }
 
+/// The smallest shift at which `cost_at(shift)`, the cost of one packet in
+/// units of 2^-shift ns, has at least 2^[`COST_PRECISION_BITS`] units
+/// ([`MAX_SHIFT`] if none has): the coarsest unit that is still precise,
+/// so that the clock in units wraps as seldom as it can (module doc).
+fn precise_shift(cost_at: impl Fn(u32) -> u128) -> u32 {
+    let mut shift = 0;
+    while shift < MAX_SHIFT && cost_at(shift) < 1 << COST_PRECISION_BITS {
+        shift += 1;
+    }
+    shift
+}
+
 impl Rule {
     /// A rule that charges one unit per packet: `rate_pps` packets per
-    /// second, `burst` packets back to back from an empty bucket.
+    /// second, `burst` packets back to back from an empty bucket. Its unit
+    /// is the coarsest in which one packet costs 2^16 units or more.
     pub fn packets(rate_pps: u64, burst: u64) -> Result<Rule, RuleError> {
         if !(MIN_RATE_PPS..=MAX_RATE_PPS).contains(&rate_pps) {
             return Err(RuleError::RateOutOfRange);
@@ -172,11 +279,12 @@ impl Rule {
         if !(1..=MAX_BURST).contains(&burst) {
             return Err(RuleError::BurstOutOfRange);
         }
-        let mut shift = MAX_SHIFT;
+        let cost_at = |shift| ceil_scaled(NS_PER_SEC, shift, rate_pps);
+        let mut shift = precise_shift(cost_at);
         loop {
             // Rounding the cost up means the bucket never admits more than
             // the rate; the error is below one unit in the cost's units.
-            let cost = ceil_scaled(NS_PER_SEC, shift, rate_pps);
+            let cost = cost_at(shift);
             let limit = cost * burst as u128;
             if limit <= MAX_LIMIT as u128 && cost <= MAX_PKT_COST as u128 {
                 return Ok(Rule::raw(cost as u64, 0, limit as u64, shift));
@@ -189,7 +297,8 @@ impl Rule {
     }
 
     /// A rule that charges by frame length: `rate_bps` bits per second and
-    /// `burst_bytes` bytes back to back from an empty bucket.
+    /// `burst_bytes` bytes back to back from an empty bucket. Its unit is
+    /// the coarsest in which a 64-byte frame costs 2^16 units or more.
     pub fn bytes(rate_bps: u64, burst_bytes: u64) -> Result<Rule, RuleError> {
         if !(MIN_RATE_BPS..=MAX_RATE_BPS).contains(&rate_bps) {
             return Err(RuleError::RateOutOfRange);
@@ -197,10 +306,11 @@ impl Rule {
         if !(1..=MAX_BURST).contains(&burst_bytes) {
             return Err(RuleError::BurstOutOfRange);
         }
-        let mut shift = MAX_SHIFT;
+        // ns per byte = 8e9 / bps.
+        let byte_cost_at = |shift| ceil_scaled(8 * NS_PER_SEC, shift + BYTE_FRAC_BITS, rate_bps);
+        let mut shift = precise_shift(|shift| (byte_cost_at(shift) * UNIT_FRAME_BYTES as u128) >> BYTE_FRAC_BITS);
         loop {
-            // ns per byte = 8e9 / bps.
-            let byte_cost = ceil_scaled(8 * NS_PER_SEC, shift + BYTE_FRAC_BITS, rate_bps);
+            let byte_cost = byte_cost_at(shift);
             let limit = (byte_cost * burst_bytes as u128) >> BYTE_FRAC_BITS;
             if limit <= MAX_LIMIT as u128 && byte_cost <= MAX_BYTE_COST as u128 {
                 return Ok(Rule::raw(0, byte_cost as u64, limit as u64, shift));
@@ -276,12 +386,42 @@ impl Rule {
         min(self.limit, MAX_LIMIT)
     }
 
-    /// Debt in time units a bucket holds at `now` (0 when drained).
+    /// The most debt this rule's buckets can really hold: [`debt_bound`].
     #[inline(always)]
-    fn debt(tat: u64, now: u64) -> u64 {
+    pub fn debt_bound(&self) -> u64 {
+        debt_bound(self.limit, self.shift)
+    }
+
+    /// How often this rule's clock in units wraps, in ns: 2^(64 - shift)
+    /// (`u64::MAX` for shift 0, 584 years). See the alias windows in the
+    /// module doc.
+    pub fn period_ns(&self) -> u64 {
+        1u64.checked_shl(64 - self.shift()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether an idle gap of `gap_ns` since this rule left a bucket with
+    /// `debt` units falls in an alias window of the module doc, where the
+    /// bucket may read phantom debt:
+    /// `k·P - (bound - debt) <= gap <= k·P + debt` for some `k >= 1`, in ns,
+    /// widened by a ns on each side for the rounding of units to ns.
+    /// Outside them, the bucket reads its true debt. For tests and
+    /// diagnostics (never on the packet path).
+    pub fn gap_may_alias(&self, debt: u64, gap_ns: u64) -> bool {
+        let s = self.shift();
+        let p = 1u128 << (64 - s);
+        let before = (self.debt_bound().saturating_sub(debt) >> s) as u128 + 1;
+        let after = (debt >> s) as u128 + 1;
+        let (g, m) = (gap_ns as u128, gap_ns as u128 % p);
+        m + before >= p || (g >= p && m <= after)
+    }
+
+    /// Debt in time units a bucket holds at `now` (0 when drained), given
+    /// its [`debt_bound`]: a wrapped `tat - now` beyond it, "negative" ones
+    /// included, is a drained bucket (module doc).
+    #[inline(always)]
+    fn debt(tat: u64, now: u64, bound: u64) -> u64 {
         let d = tat.wrapping_sub(now);
-        // `d` as i64 <= 0: tat is in the past, the bucket is empty.
-        if (d as i64) <= 0 || d >= STALE { 0 } else { d }
+        if d <= bound { d } else { 0 }
     }
 
     /// The `tat` of a bucket with no debt at `now_ns`: what a new bucket
@@ -301,9 +441,10 @@ impl Rule {
     pub fn admit(&self, tat: u64, now_ns: u64, frame_len: u32) -> Option<u64> {
         let now = now_ns.wrapping_shl(self.shift());
         let limit = self.limit();
-        let debt = Rule::debt(tat, now);
-        // More debt than the bucket holds only happens when the clock
-        // stepped back: keep the bucket (never create budget) and drop.
+        let debt = Rule::debt(tat, now, self.debt_bound());
+        // More debt than the bucket holds, but within the bound, only
+        // happens when the clock stepped back (or another CPU's reading was
+        // later than ours): keep the bucket (never create budget) and drop.
         if debt > limit {
             return None;
         }
@@ -316,10 +457,13 @@ impl Rule {
     /// [`crate::clock`]). `false` means the clock must be read, not that
     /// the frame would be admitted.
     ///
-    /// Checking both ends is enough: across a window of at most
-    /// [`crate::clock::MAX_WINDOW_NS`] the debt only falls as time goes on,
-    /// except where it crosses the stale boundary, and there the two ends
-    /// differ.
+    /// Checking both ends is enough: `admit` refuses at `t` exactly when the
+    /// wrapped `d(t) = tat - t` lies in `(room, bound]`, one interval that
+    /// does not wrap; across a window of at most
+    /// [`crate::clock::MAX_WINDOW_NS`], `d(t)` runs down one interval of the
+    /// same length from `d(lo)` to `d(hi)`, so if both ends lie in
+    /// `(room, bound]` so does all of it. Where the window crosses the stale
+    /// boundary (`bound`), the ends differ.
     #[inline(always)]
     pub fn refuses_within(&self, tat: u64, lo_ns: u64, hi_ns: u64, frame_len: u32) -> bool {
         if hi_ns < lo_ns || hi_ns - lo_ns > crate::clock::MAX_WINDOW_NS {
@@ -330,23 +474,24 @@ impl Rule {
         let Some(room) = self.limit().checked_sub(self.cost(frame_len)) else {
             return true;
         };
-        // The debt at `t` is d(t) = tat - t (in units) when 0 < d(t) <
-        // STALE, else 0. With d = d(hi), d(lo) = d + span: refused at both
-        // ends exactly when room < d and d + span < STALE. (span < 2^46
-        // and room <= MAX_LIMIT = 2^61, so nothing wraps.) Only the last
-        // two comparisons wait for `tat`, the one value read from the
-        // table: everything else is worked out while that read is on its
-        // way.
+        // The debt at `t` is d(t) = tat - t (in units) when d(t) <= bound,
+        // else 0, and refused means debt > room (room < limit < bound).
+        // With d = d(hi), d(lo) = d + span: refused at both ends exactly
+        // when room < d and d + span <= bound. (span < 2^46 <= the
+        // allowance in `bound`, and bound < 2^62, so nothing wraps.) Only
+        // the last two comparisons wait for `tat`, the one value read from
+        // the table: everything else is worked out while that read is on
+        // its way.
         let shift = self.shift();
         let span = (hi_ns - lo_ns) << shift;
         let d = tat.wrapping_sub(hi_ns.wrapping_shl(shift));
-        d > room && d < STALE - span
+        d > room && d <= self.debt_bound() - span
     }
 
     /// Debt of a bucket at `now_ns`, in nanoseconds.
     pub fn debt_ns(&self, tat: u64, now_ns: u64) -> u64 {
         let now = now_ns.wrapping_shl(self.shift());
-        Rule::debt(tat, now) >> self.shift()
+        Rule::debt(tat, now, self.debt_bound()) >> self.shift()
     }
 
     /// Carries a bucket over to this rule from the rule that last charged
@@ -359,8 +504,11 @@ impl Rule {
     /// kernel, but only on the first packet after a change.
     #[inline(always)]
     pub fn rescale(&self, old: &Bucket, now_ns: u64) -> u64 {
-        let (old_limit, old_shift) = unstamp(old.stamp());
-        let debt = min(Rule::debt(old.tat, now_ns.wrapping_shl(old_shift)), old_limit);
+        let (old_limit, _) = unstamp(old.stamp());
+        // Read as its old rule would (the stamp keeps enough of it for the
+        // bound): a stale bucket carries over empty, debt above the old
+        // limit as a full bucket.
+        let debt = min(old.debt(now_ns), old_limit);
         let new_limit = self.limit();
         // fill = debt / old_limit as a 16-bit fraction. debt <= 2^61, so
         // `debt << 16` would overflow: shift the divisor instead when large.
@@ -479,10 +627,13 @@ impl Bucket {
         self.meta >> STAMP_BITS
     }
 
-    /// Debt at `now_ns` in this bucket's own units (what its size is in).
+    /// Debt at `now_ns` in this bucket's own units (what its size is in),
+    /// read with the [`debt_bound`] of the size and unit its stamp records:
+    /// 0 for a stale bucket, so eviction ([`crate::table::victim`]) takes it
+    /// as drained and `policer top` shows it empty.
     pub fn debt(&self, now_ns: u64) -> u64 {
-        let (_, shift) = unstamp(self.stamp());
-        Rule::debt(self.tat, now_ns.wrapping_shl(shift))
+        let (limit, shift) = unstamp(self.stamp());
+        Rule::debt(self.tat, now_ns.wrapping_shl(shift), debt_bound(limit, shift))
     }
 
     /// Debt at `now_ns` as ns of drain time.

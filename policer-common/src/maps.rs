@@ -270,7 +270,10 @@ pub struct NewSources {
 }
 
 impl NewSources {
-    /// The limiter as a packet-mode rule (one "packet" per new source).
+    /// The limiter as a packet-mode rule (one "packet" per new source): its
+    /// state is read like any bucket's, so a limiter idle for longer than
+    /// its period reads as drained, not as a clock that stepped back (see
+    /// [`crate::bucket`]).
     #[inline(always)]
     pub fn limiter(&self) -> crate::Rule {
         crate::Rule {
@@ -289,7 +292,8 @@ impl NewSources {
 
     /// The limiter for a rule of `rate` units per second and `burst` units
     /// (packets, or bytes in byte mode) in a table of `capacity` buckets,
-    /// starting empty at `now_ns`.
+    /// starting empty at `now_ns`. Its unit is chosen as for any packet
+    /// rule ([`crate::Rule::packets`]).
     pub fn for_rule(rate: u64, burst: u64, capacity: u32, now_ns: u64) -> NewSources {
         let rate = (rate as u128 * capacity as u128 / burst.max(1) as u128).clamp(1, u64::MAX as u128) as u64;
         let burst = (capacity as u64).clamp(1, crate::bucket::MAX_BURST);

@@ -24,8 +24,9 @@
 //! path does not write the table at all.
 //!
 //! Eviction is where the reversed bucket pays off: a slot whose bucket has
-//! drained holds nothing worth keeping, so a new source takes an empty or
-//! drained slot first, in its first set, then in its second ([`victim`]).
+//! drained holds nothing worth keeping (a *stale* one too, idle so long that
+//! its rule's clock wrapped past it: see [`crate::bucket`]), so a new
+//! source takes an empty or drained slot first, in its first set, then in its second ([`victim`]).
 //! Only when every slot of both sets is in debt does it take the one with
 //! the least debt, and only while its rule's new-source limiter allows (as
 //! with a full LRU table): a heavy hitter, whose bucket is full, is the
@@ -203,7 +204,8 @@ impl Geometry {
 
 /// The slot a new source takes at `now_ns`, given its two sets (first,
 /// second), as (which set, way): in the first set, the first never-used
-/// slot, else the first whose bucket has drained; then the same in the
+/// slot, else the first whose bucket has drained (or is stale, read as
+/// drained by [`Bucket::debt`]); then the same in the
 /// second set; else, of the two sets, the slot with the least debt (in ns
 /// of drain time), the first set's on a tie. Free slots of the first set
 /// go first, so that sources stay where they are found with one read.

@@ -539,3 +539,198 @@ fn verdicts_with_the_clock_window_match_the_math() {
         assert!(admitted > 0 && dropped > 0, "{rate}: {admitted} admitted, {dropped} dropped");
     }
 }
+
+const HOUR: u64 = 3_600 * SEC;
+const YEAR: u64 = 8_766 * HOUR;
+
+/// `rule` (a packet rule) in the one unit every rule had before units were
+/// chosen per rate (shift 16: the clock in units wraps every 2^48 ns =
+/// 78.19 h), as an older daemon wrote it into the maps.
+fn in_the_old_unit(rule: Rule) -> Rule {
+    use policer_common::bucket::{MAX_SHIFT, stamp};
+    assert_eq!(rule.byte_cost, 0, "packet rules only");
+    let up = MAX_SHIFT - rule.shift;
+    let limit = rule.limit << up;
+    Rule { pkt_cost: rule.pkt_cost << up, limit, shift: MAX_SHIFT, stamp: stamp(limit, MAX_SHIFT), ..rule }
+}
+
+/// Frames of `len` bytes an empty bucket of `rule` admits back to back,
+/// by the host's math.
+fn fresh_burst(rule: &Rule, len: u32) -> usize {
+    let t = 7 * SEC;
+    let mut tat = rule.empty_tat(t);
+    let mut n = 0;
+    while let Some(next) = rule.admit(tat, t, len) {
+        tat = next;
+        n += 1;
+        assert!(n < 10_000);
+    }
+    n
+}
+
+/// Sends frames of `len` from `src` until one is dropped; how many passed.
+fn burst(p: &mut Policer, src: &str, len: usize) -> usize {
+    let f = udp(src, len);
+    let mut n = 0;
+    while run(p, &f) == PASS {
+        n += 1;
+        assert!(n < 10_000, "{src}: no end to the burst");
+    }
+    n
+}
+
+/// Idle sources are admitted after any gap: the test clock jumps 60 hours,
+/// one year and ten years, and each time every source gets its full burst
+/// and no more, whatever unit its rule has: shift 0 (1000 pps), 13
+/// (100 Mpps), 16 (400 Gbit/s in byte mode), and a rule in the old fixed
+/// unit — the reported case, where a source idle 58.6–78.2 h was dropped
+/// for hours. IPv4 sources (the set-associative table) and IPv6 (the LRU
+/// hash) alike.
+#[test]
+fn idle_sources_are_admitted_after_60_hours_a_year_and_ten_years() {
+    if !privileged("object tier") {
+        return;
+    }
+    let mut p = load();
+    let t0 = 50 * SEC;
+    p.set_clock(t0).unwrap();
+    // (v4 prefix, v6 prefix, rule, frame length)
+    let rules = [
+        ("100.64.1.0/24", "2001:db8:1::/48", rule("1000pps", 3, 32, false), 64),
+        ("100.64.2.0/24", "2001:db8:2::/48", rule("100Mpps", 5, 32, false), 64),
+        ("100.64.3.0/24", "2001:db8:3::/48", rule("400gbit", 700, 32, false), 64),
+        ("100.64.4.0/24", "2001:db8:4::/48", in_the_old_unit(rule("1000pps", 3, 32, false)), 64),
+    ];
+    assert_eq!(rules.map(|r| r.2.shift), [0, 13, 16, 16]);
+    for (i, (v4, v6, r, _)) in rules.iter().enumerate() {
+        let id = i as u32 + 1;
+        p.set_rule(net(v4), &r.with_id(id)).unwrap();
+        p.set_rule(net(v6), &r.with_key_len(64, true).unwrap().with_id(id)).unwrap();
+    }
+    let sources = |v4: &str, v6: &str| [v4.replace("0/24", "1"), v6.replace(":/48", ":1")];
+    let mut t = t0;
+    for (gap, what) in
+        [(0, "at first"), (60 * HOUR, "after 60 hours"), (YEAR, "after a year"), (10 * YEAR, "after ten years")]
+    {
+        t += gap;
+        p.set_clock(t).unwrap();
+        for (v4, v6, r, len) in &rules {
+            // The gap is not one of the rule's alias windows (see
+            // policer_common::bucket): there the bucket may read stricter.
+            assert!(!r.gap_may_alias(r.limit, gap), "{v4}: {what} is in an alias window");
+            let want = fresh_burst(r, *len as u32);
+            assert!(want >= 3, "{v4}: burst of {want}");
+            for src in sources(v4, v6) {
+                assert_eq!(burst(&mut p, &src, *len), want, "{src} (shift {}) {what}", r.shift);
+            }
+        }
+    }
+    let c = p.counters().unwrap();
+    assert_eq!(c.dropped_pkts, 4 * 8, "one refused frame per source and jump");
+}
+
+/// The new-source limiter after such jumps: emptied by a flood of new
+/// sources, it lets its burst of new sources through again 60 hours, a
+/// year and ten years later — in the unit its rule gives it, and in the
+/// old fixed unit, where it refused every new source after 58.6 h.
+#[test]
+fn the_new_source_limiter_refills_after_60_hours_a_year_and_ten_years() {
+    if !privileged("object tier") {
+        return;
+    }
+    let t0 = 50 * SEC;
+    // 1 Mpps, burst 1, a table of 8: 8 new sources in a burst, refilled
+    // at 8 M/s — a fast limiter, shift 10 (a period of 208 days).
+    let ns = policer_common::NewSources::for_rule(1_000_000, 1, 8, t0);
+    assert_eq!((ns.enabled, ns.shift), (1, 10));
+    let old_unit = {
+        let l = in_the_old_unit(ns.limiter());
+        policer_common::NewSources {
+            tat: l.empty_tat(t0),
+            cost: l.pkt_cost,
+            limit: l.limit,
+            shift: l.shift,
+            enabled: 1,
+        }
+    };
+    for (ns, unit) in [(ns, "its own unit"), (old_unit, "the old unit")] {
+        let mut p = load();
+        p.set_clock(t0).unwrap();
+        p.set_rule(net("0.0.0.0/0"), &rule("1000pps", 1, 32, false).with_counter_slot(3)).unwrap();
+        p.set_new_sources(3, &ns).unwrap();
+        let mut t = t0;
+        let mut next = 0u32;
+        for (gap, what) in
+            [(0, "at first"), (60 * HOUR, "after 60 hours"), (YEAR, "after a year"), (10 * YEAR, "after ten years")]
+        {
+            t += gap;
+            p.set_clock(t).unwrap();
+            assert!(!ns.limiter().gap_may_alias(ns.limit, gap), "{unit}: {what} is in an alias window");
+            let before = p.counters().unwrap().new_sources_limited;
+            let mut passed = 0;
+            for _ in 0..9 {
+                next += 1;
+                let src = std::net::Ipv4Addr::from(0x6440_0000 + next).to_string();
+                passed += (run(&mut p, &udp(&src, 64)) == PASS) as u32;
+            }
+            assert_eq!(passed, 8, "{unit} {what}: new sources admitted");
+            assert_eq!(p.counters().unwrap().new_sources_limited - before, 1, "{unit} {what}: the ninth refused");
+        }
+    }
+}
+
+/// Eviction after such a jump: a table whose sources' rule has the old
+/// unit, filled at t, then 60 hours of silence. The old reading took every
+/// stale slot for a heavy hitter hours in debt, so the one source really
+/// in debt — back and sending again — was the least in debt and evicted
+/// first. Stale slots are drained: a new source takes one of them and the
+/// active source keeps its bucket (and its debt).
+#[test]
+fn eviction_takes_a_stale_slot_after_60_hours() {
+    if !privileged("object tier") {
+        return;
+    }
+    let (mut p, g) = small_table(0);
+    let sets = |i: u32| {
+        let mut s = g.sets_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
+        s.sort();
+        s
+    };
+    let pair = (0..).map(sets).find(|s| s[0] != s[1]).unwrap();
+    let s: Vec<String> = (0..1_000_000u32)
+        .filter(|&i| sets(i) == pair)
+        .take(9)
+        .map(|i| std::net::Ipv4Addr::from(0x6440_0000 + i).to_string())
+        .collect();
+    assert_eq!(s.len(), 9);
+    let key = |a: &str| {
+        let a: std::net::Ipv4Addr = a.parse().unwrap();
+        let mut addr = [0; 16];
+        addr[..4].copy_from_slice(&a.octets());
+        BucketKey { addr, family: FAMILY_V4, key_len: 32 }
+    };
+    let has = |p: &Policer, a: &str| p.bucket(&key(a)).unwrap().is_some();
+    let t = 30 * SEC;
+    p.set_clock(t).unwrap();
+    // 10 pps, burst 2, in the old unit: the eight slots of the two sets full.
+    let r = in_the_old_unit(rule("10pps", 2, 32, false)).with_id(1);
+    p.set_rule(net("0.0.0.0/0"), &r).unwrap();
+    for a in &s[..8] {
+        assert_eq!(burst(&mut p, a, 64), 2);
+    }
+    assert!(s[..8].iter().all(|a| has(&p, a)), "eight sources in eight slots of two sets");
+    let later = t + 60 * HOUR;
+    p.set_clock(later).unwrap();
+    // Each slot reads drained, as `policer top` and eviction see it.
+    for a in &s[..8] {
+        let b = p.bucket(&key(a)).unwrap().unwrap();
+        assert_eq!((b.debt_ns(later), b.fill_q16(later)), (0, 0), "{a}");
+    }
+    // The first source is back: a full burst, now really in debt.
+    assert_eq!(burst(&mut p, &s[0], 64), 2);
+    // A new source takes a stale slot, not the active source's.
+    assert_eq!(run(&mut p, &udp(&s[8], 64)), PASS);
+    assert!(has(&p, &s[0]) && has(&p, &s[8]));
+    assert_eq!(s[1..8].iter().filter(|a| !has(&p, a)).count(), 1, "one stale source evicted");
+    assert_eq!(run(&mut p, &udp(&s[0], 64)), DROP, "the active source kept its debt");
+}

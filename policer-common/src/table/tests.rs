@@ -1,5 +1,6 @@
 use super::*;
 use crate::Rule;
+use proptest::prelude::*;
 
 extern crate std;
 use std::vec;
@@ -207,4 +208,95 @@ fn victims_empty_then_drained_then_least_debt() {
     // ... else the least debt of the two, the first set's on a tie.
     assert_eq!(victim(&[full, [s(5, 9), s(6, 9), s(7, 4), s(8, 9)]], now), (1, 2));
     assert_eq!(victim(&[[s(1, 9), s(2, 4), s(3, 9), s(4, 9)], [s(5, 9), s(6, 9), s(7, 4), s(8, 9)]], now), (0, 1));
+}
+
+/// The reported case for eviction: eight sources whose rule had the old
+/// unit (shift 16, period 78.19 h), charged full, then 60 h of silence.
+/// `tat - now` wrapped to hours of "debt", so every slot looked like a
+/// heavy hitter in debt and the one source active again — really in debt —
+/// was evicted first as the least. Stale slots are drained: the first one
+/// goes, and the active source keeps its slot.
+#[test]
+fn a_stale_slot_is_free() {
+    let r = Rule::packets(1000, 2).unwrap();
+    let (up, limit) = (crate::bucket::MAX_SHIFT - r.shift, r.limit << (crate::bucket::MAX_SHIFT - r.shift));
+    let old = Rule {
+        pkt_cost: r.pkt_cost << up,
+        limit,
+        shift: crate::bucket::MAX_SHIFT,
+        stamp: crate::bucket::stamp(limit, crate::bucket::MAX_SHIFT),
+        ..r
+    };
+    let t0 = 5_000_000_000;
+    let full = |i: u32, rule: &Rule, t: u64| Slot {
+        key: stamped(slot_key(i.to_be_bytes(), 32), rule.stamp),
+        tat: rule.empty_tat(t).wrapping_add(rule.limit),
+    };
+    let mut sets = [[Slot::default(); WAYS]; 2];
+    for (i, slot) in sets.iter_mut().flatten().enumerate() {
+        *slot = full(i as u32, &old, t0);
+    }
+    let t = t0 + 60 * 3_600_000_000_000;
+    assert!(sets.iter().flatten().all(|s| s.bucket(0).debt_ns(t) == 0 && s.bucket(0).fill_q16(t) == 0));
+    assert_eq!(victim(&sets, t), (0, 0));
+    // Source 0 is back and in debt (in its rule's own unit now): it stays.
+    sets[0][0] = full(0, &r, t);
+    assert_eq!(victim(&sets, t), (0, 1));
+    sets[0] = [full(0, &r, t), full(1, &r, t), full(2, &r, t), full(3, &r, t)];
+    assert_eq!(victim(&sets, t), (1, 0));
+}
+
+/// A rule any constructor makes, every unit alike (log-uniform rates and
+/// bursts, packet and byte mode).
+fn wide_rule() -> impl Strategy<Value = Rule> {
+    let log = |lo: u64, hi: u64| {
+        (lo.ilog2()..=hi.ilog2()).prop_flat_map(move |b| (1u64 << b).max(lo)..=((2u64 << b) - 1).min(hi))
+    };
+    use crate::bucket::{MAX_BURST, MAX_RATE_BPS, MAX_RATE_PPS, MIN_RATE_BPS};
+    prop_oneof![
+        (log(1, MAX_RATE_PPS), log(1, MAX_BURST)).prop_map(|(r, b)| Rule::packets(r, b).unwrap()),
+        (log(MIN_RATE_BPS, MAX_RATE_BPS), log(1, MAX_BURST)).prop_map(|(r, b)| Rule::bytes(r, b).unwrap()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    /// Eviction across wraps: slots charged at t0 by rules of every unit,
+    /// read after a gap that covers their debt and falls outside their
+    /// alias windows, are drained: the first slot of the first set is
+    /// taken, and a source charged again at that time is never the victim
+    /// while a drained slot is left.
+    #[test]
+    fn stale_slots_are_free_across_wraps(
+        rules in prop::collection::vec((wide_rule(), 0..=1024u64), 2 * WAYS),
+        t0 in any::<u64>(),
+        gap in prop_oneof![any::<u64>(), 0..1u64 << 52],
+        hot in 0..2 * WAYS,
+    ) {
+        let mut sets = [[Slot::default(); WAYS]; 2];
+        let mut stale = true;
+        for (i, (r, fill)) in rules.iter().enumerate() {
+            let d0 = (r.limit as u128 * *fill as u128 / 1024) as u64;
+            sets[i / WAYS][i % WAYS] =
+                Slot { key: stamped(slot_key((i as u32).to_be_bytes(), 32), r.stamp), tat: r.empty_tat(t0).wrapping_add(d0) };
+            // Judged by what the slot remembers of its rule (its stamp),
+            // as eviction reads it.
+            let (limit, shift) = crate::bucket::unstamp(r.stamp);
+            let seen = Rule { limit, shift, ..*r };
+            stale &= !seen.gap_may_alias(d0, gap) && (gap as u128) << r.shift >= d0 as u128;
+        }
+        prop_assume!(stale);
+        let t = t0.wrapping_add(gap);
+        prop_assert!(sets.iter().flatten().all(|s| s.bucket(0).debt_ns(t) == 0));
+        prop_assert_eq!(victim(&sets, t), (0, 0));
+        // The hot source is charged again at t and in debt.
+        let r = rules[hot].0;
+        if let Some(tat) = r.admit(r.empty_tat(t), t, 64) && tat != r.empty_tat(t) {
+            sets[hot / WAYS][hot % WAYS].tat = tat;
+            let v = victim(&sets, t);
+            prop_assert_ne!(v, (hot / WAYS, hot % WAYS));
+            prop_assert_eq!(sets[v.0][v.1].bucket(0).debt_ns(t), 0);
+        }
+    }
 }
