@@ -98,13 +98,17 @@ pub const GLOBAL_TICK_NS: &str = "TICK_NS";
 pub const GLOBAL_BENCH_SOURCES: &str = "BENCH_SOURCES";
 /// Slots in [`MAP_COUNTERS`]: interfaces are counted at `ifindex % 1024`.
 pub const MAX_IFACE_SLOTS: u32 = 1024;
-/// Slots in [`MAP_RULE_COUNTERS`]; rules past this share slot 0.
-pub const MAX_RULE_SLOTS: u32 = 4096;
+/// Rules a daemon holds by default (`--max-rules`): every rule has its own
+/// counters ([`MAP_RULE_COUNTERS`]) and new-source limiter
+/// ([`MAP_NEW_SOURCES`]), at slots 1..=max_rules (slot 0 is never given
+/// out). The loader sizes those maps and the rule tries to the limit.
+pub const DEFAULT_MAX_RULES: u32 = 16_384;
 /// The XDP program's name in the object.
 pub const PROGRAM_NAME: &str = "policer";
 
-/// Capacity of the rule tries.
-pub const MAX_RULES: u32 = 131_072;
+/// The largest `--max-rules` accepted (per-CPU counters cost
+/// 64 bytes per rule and CPU).
+pub const MAX_RULES: u32 = 1_048_576;
 /// Default capacity of the bucket table (sources tracked at once).
 pub const DEFAULT_MAX_SOURCES: u32 = 1_048_576;
 

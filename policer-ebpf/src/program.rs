@@ -22,8 +22,8 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use policer_common::{
-    ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_SOURCES, MAX_IFACE_SLOTS,
-    MAX_RULE_SLOTS, MAX_RULES, NewSources, Rule, RuleCounters,
+    ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
+    MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
     bucket::{Action, DROP_ONE, STAMP_MASK},
     table::{self, Geometry, KEY_MASK, SLOT_STAMP_SHIFT, Set, SetDrops, Slot, WAYS},
     wire::{
@@ -34,9 +34,9 @@ use policer_common::{
 };
 
 #[map]
-static RULES_V4: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
+static RULES_V4: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(DEFAULT_MAX_RULES, 0);
 #[map]
-static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
+static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(DEFAULT_MAX_RULES, 0);
 /// The IPv4 sources: a set-associative table (see policer_common::table),
 /// resized by the loader to `--max-sources`. Mmapable, so the sets start on
 /// a page and each is exactly one cache line.
@@ -55,12 +55,12 @@ static BUCKETS_V6: LruHashMap<BucketKeyV6, Bucket> = LruHashMap::with_max_entrie
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_IFACE_SLOTS, 0);
 #[map]
-static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULE_SLOTS, 0);
+static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
 /// This CPU's last clock reading and the bench sequence (see CpuScratch).
 #[map]
 static CPU_SCRATCH: PerCpuArray<CpuScratch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
-static NEW_SOURCES: Array<NewSources> = Array::with_max_entries(MAX_RULE_SLOTS, 0);
+static NEW_SOURCES: Array<NewSources> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
 /// See policer_common::MAP_FAST_PATH. Array lookups are inlined by the
 /// verifier; the LPM-trie lookup is a helper call (9-15 ns measured).
 #[map]
@@ -633,7 +633,9 @@ unsafe fn judge(
 /// Takes one new source from the rule's limiter (compare-and-swap).
 #[inline(always)]
 fn new_source_allowed(rule: &Rule, clock: &mut Clock) -> bool {
-    let Some(ns) = NEW_SOURCES.get_ptr_mut(rule.counter_slot % MAX_RULE_SLOTS) else {
+    // Sized by the loader to the rule limit: the array's bounds check is
+    // the only one needed.
+    let Some(ns) = NEW_SOURCES.get_ptr_mut(rule.counter_slot) else {
         return true;
     };
     // SAFETY: a live array value; `tat` is only changed by compare-and-swap.
@@ -796,7 +798,7 @@ fn verdict(
         c.unmatched_pkts += 1;
         return xdp_action::XDP_PASS;
     };
-    let Some(rc) = RULE_COUNTERS.get_ptr_mut(rule.counter_slot % MAX_RULE_SLOTS) else {
+    let Some(rc) = RULE_COUNTERS.get_ptr_mut(rule.counter_slot) else {
         return xdp_action::XDP_PASS;
     };
     // SAFETY: per-CPU slot, only this CPU writes it while we run.

@@ -30,9 +30,7 @@ mod programs {
         maps::{LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
         programs::XdpContext,
     };
-    use policer_common::{
-        Bucket, BucketKeyV4, Counters, MAX_IFACE_SLOTS, MAX_RULE_SLOTS, MAX_RULES, Rule, RuleCounters,
-    };
+    use policer_common::{Bucket, BucketKeyV4, Counters, DEFAULT_MAX_RULES, MAX_IFACE_SLOTS, Rule, RuleCounters};
 
     /// Resized by the benchmark loader.
     #[map]
@@ -42,11 +40,11 @@ mod programs {
     #[map]
     static GEN_SEQ: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
     #[map]
-    static REF_RULES: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(MAX_RULES, 0);
+    static REF_RULES: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(DEFAULT_MAX_RULES, 0);
     #[map]
     static REF_COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_IFACE_SLOTS, 0);
     #[map]
-    static REF_RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULE_SLOTS, 0);
+    static REF_RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
 
     /// Synthetic sources for `parse_lookup` (0 = the frame's own source).
     #[unsafe(no_mangle)]
@@ -127,7 +125,7 @@ mod programs {
         if steps & 1 != 0 {
             let a = [key.addr[0], key.addr[1], key.addr[2], key.addr[3]];
             match REF_RULES.get(&Key::new(32, a)) {
-                Some(r) => slot = r.counter_slot % MAX_RULE_SLOTS,
+                Some(r) => slot = r.counter_slot % (DEFAULT_MAX_RULES + 1),
                 None => return xdp_action::XDP_PASS,
             }
         }

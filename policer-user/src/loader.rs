@@ -15,10 +15,10 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, GLOBAL_DROP_SAMPLE_SHIFT,
-    GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK,
-    MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
-    NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, FAMILY_V4,
+    GLOBAL_DROP_SAMPLE_SHIFT, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY,
+    MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS,
+    MAP_RULES_V4, MAP_RULES_V6, MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
     table::{self, Geometry, Set, SetDrops},
 };
 
@@ -68,6 +68,8 @@ impl Mode {
 pub struct LoadOptions {
     /// Capacity of the bucket table.
     pub max_sources: u32,
+    /// Rules the program holds (each with its own counters and limiter).
+    pub max_rules: u32,
     /// Read the clock from the CLOCK map (tests only).
     pub test_clock: bool,
     /// Police synthetic sources 0..N instead of the real one (benchmarks
@@ -91,6 +93,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             max_sources: DEFAULT_MAX_SOURCES,
+            max_rules: DEFAULT_MAX_RULES,
             test_clock: false,
             bench_sources: 0,
             tick_ns: None,
@@ -109,8 +112,6 @@ pub struct Policer {
     /// daemon's readers (stats, top, /metrics) so a long read of the table
     /// never waits for, or holds up, the one owner that writes.
     reader: Arc<MapReader>,
-    /// Whether the shared counter slot 0's new-source limiter was set.
-    pub(crate) shared_slot_set: bool,
 }
 
 /// Read-only access to what the program counts and remembers: its own
@@ -171,6 +172,9 @@ impl Policer {
         if opts.max_sources == 0 {
             return Err(Error::Invalid("--max-sources must be at least 1".into()));
         }
+        if !(1..=MAX_RULES).contains(&opts.max_rules) {
+            return Err(Error::Invalid(format!("--max-rules must be 1 ..= {MAX_RULES}")));
+        }
         let test_clock: u32 = opts.test_clock.into();
         let tick_ns = opts.tick_ns.unwrap_or_else(|| kernel_hz().map_or(0, policer_common::clock::tick_ns));
         let drop_shift = opts.drop_sample_shift.min(15);
@@ -179,6 +183,11 @@ impl Policer {
             .map_max_entries(MAP_BUCKETS_V4, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V4_DROPS, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V6, opts.max_sources)
+            .map_max_entries(MAP_RULES_V4, opts.max_rules)
+            .map_max_entries(MAP_RULES_V6, opts.max_rules)
+            // Slot 0 is never given to a rule: max_rules + 1 entries.
+            .map_max_entries(MAP_RULE_COUNTERS, opts.max_rules + 1)
+            .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
@@ -199,7 +208,7 @@ impl Policer {
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
         let reader = Arc::new(MapReader::of(&ebpf)?);
-        let mut p = Policer { ebpf, reader, shared_slot_set: false };
+        let mut p = Policer { ebpf, reader };
         // A table taken over keeps its hash; a new one gets a fresh secret
         // seed, so nobody can pick sources that share a set.
         if !opts.reuse.iter().any(|(n, _)| *n == MAP_BUCKETS_V4) {
@@ -282,6 +291,18 @@ impl Policer {
     /// Capacity of the bucket table.
     pub fn max_sources(&self) -> Result<u32> {
         Ok(self.reader.capacity)
+    }
+
+    /// Rules this program holds: counter slots 1..=max_rules (an adopted
+    /// program keeps the size it was loaded with).
+    pub fn max_rules(&self) -> Result<u32> {
+        let m = self.ebpf.map(MAP_RULE_COUNTERS).ok_or(Error::Missing(MAP_RULE_COUNTERS))?;
+        match m {
+            aya::maps::Map::PerCpuArray(d) => {
+                d.info().map(|i| i.max_entries().saturating_sub(1)).map_err(Error::map(MAP_RULE_COUNTERS))
+            }
+            _ => Err(Error::Missing(MAP_RULE_COUNTERS)),
+        }
     }
 }
 

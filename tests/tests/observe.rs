@@ -249,3 +249,49 @@ impl StdinText for Command {
         child.wait_with_output()
     }
 }
+
+/// Every rule has counters of its own up to the rule limit — past the
+/// 4096 slots earlier builds had — and a rule past the limit is refused.
+#[test]
+fn every_rule_has_its_own_counters_up_to_the_limit() {
+    if !privileged("observability tier") {
+        return;
+    }
+    let sb = Sandbox::new("lim");
+    const N: u32 = 5_000;
+    let mut cfg = String::from("[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nburst = 100\n\n");
+    for i in 1..N {
+        // 100.64.0.0 + i: /32 rules, one per source.
+        let a = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(100, 64, 0, 0)) + i);
+        cfg.push_str(&format!("[[rule]]\nprefix = \"{a}/32\"\nrate = \"1kpps\"\nburst = 100\n\n"));
+    }
+    std::fs::write(&sb.config, cfg).unwrap();
+    let _d = Daemon::attach(&sb, &["--interval", "0", "--max-rules", &N.to_string()]);
+    // Sources under the last rules (slots well past 4096) and the first.
+    let flows: Vec<Flow> = [4_999u32, 4_500, 4_097, 1]
+        .iter()
+        .enumerate()
+        .map(|(k, i)| Flow {
+            src: std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(100, 64, 0, 0)) + i).into(),
+            pps: 20.0 * (k + 1) as f64,
+            len: 64,
+        })
+        .collect();
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(1));
+    let s = json(&succeeds(&cli(&sb, &["stats", "--json"])));
+    for (k, f) in flows.iter().enumerate() {
+        assert_eq!(got.per_flow[k], sent.sent[k], "in-profile source {} lost frames", f.src);
+        let prefix = format!("{}/32", f.src);
+        let r = s["rules"].as_array().unwrap().iter().find(|r| r["prefix"] == prefix.as_str()).unwrap();
+        assert_eq!(r["passed_packets"].as_u64().unwrap(), sent.sent[k], "counters of {prefix}");
+        assert_eq!(r["buckets_created"].as_u64().unwrap(), 1, "limiter and counters of {prefix}");
+    }
+    // The limit: one more rule is refused, nothing changes.
+    let out = cli(&sb, &["rule", "set", "198.51.100.0/24", "--action", "deny"]);
+    policer_tests::daemon::fails_with(&out, "rule limit reached");
+    let rules = json(&succeeds(&cli(&sb, &["rule", "ls", "--json"])));
+    assert_eq!(rules.as_array().unwrap().len(), N as usize);
+    // Removing one makes room again.
+    succeeds(&cli(&sb, &["rule", "rm", "100.64.0.2/32"]));
+    succeeds(&cli(&sb, &["rule", "set", "198.51.100.0/24", "--action", "deny"]));
+}

@@ -199,7 +199,11 @@ fn slow_and_silent_clients_stall_nothing() {
     let sb = Sandbox::new("srv");
     big_config(&sb.config);
     let interval = INTERVAL_S.to_string();
-    let mut d = Daemon::attach(&sb, &["--mode", "native", "--interval", &interval, "--metrics", &PORT.to_string()]);
+    let max_rules = (RULES + 1_000).to_string();
+    let mut d = Daemon::attach(
+        &sb,
+        &["--mode", "native", "--interval", &interval, "--metrics", &PORT.to_string(), "--max-rules", &max_rules],
+    );
     let body = metrics_len(&sb.rx_ns);
     assert!(body > 10_000_000, "/metrics is {body} bytes; the test wants a body over 10 MB");
 

@@ -29,6 +29,10 @@ pub struct Args {
     /// Sources tracked at once (bucket table size; default 1048576).
     #[arg(long)]
     max_sources: Option<u32>,
+    /// Rules the daemon holds, each with its own counters and new-source
+    /// limiter (default 16384; kernel memory: about 64 bytes per rule and CPU).
+    #[arg(long)]
+    max_rules: Option<u32>,
     /// Seconds between counter lines (0: off).
     #[arg(long, default_value_t = 1.0)]
     interval: f64,
@@ -49,8 +53,8 @@ fn parse_rate(s: &str) -> Result<Rate, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let Args { ifaces, rate, burst, mode, max_sources, interval, config, persist, metrics } = a;
-    let args = DaemonArgs { ifaces, rate, burst, mode, max_sources, interval, config, persist, metrics };
+    let Args { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, persist, metrics } = a;
+    let args = DaemonArgs { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, persist, metrics };
     // Start before any thread exists: adopting a running program uses a
     // private mount namespace for this process.
     Daemon::start(&args)?.run()?;

@@ -60,6 +60,8 @@ pub struct DaemonConfig {
     pub mode: Option<Mode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_sources: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rules: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

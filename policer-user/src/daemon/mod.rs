@@ -60,6 +60,8 @@ pub struct DaemonArgs {
     pub burst: Option<String>,
     pub mode: Option<Mode>,
     pub max_sources: Option<u32>,
+    /// Rules the program holds (each with its own counters and limiter).
+    pub max_rules: Option<u32>,
     pub interval: f64,
     pub config: PathBuf,
     pub persist: bool,

@@ -8,7 +8,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use policer_common::{MAX_RULE_SLOTS, NewSources, Rule, rate::Rate};
+use policer_common::{NewSources, Rule, rate::Rate};
 
 use super::{Daemon, Installed, monotonic_ns};
 use crate::{
@@ -20,25 +20,32 @@ use crate::{
 
 /// Allocates rule counter slots; slot 0 is shared by rules past the last.
 pub(super) struct Slots {
-    /// Slots 1.. not in use, lowest first.
+    /// Slots 1..=capacity not in use, lowest first.
     free: std::collections::BTreeSet<u32>,
-}
-
-impl Default for Slots {
-    fn default() -> Slots {
-        Slots { free: (1..MAX_RULE_SLOTS).collect() }
-    }
+    capacity: u32,
 }
 
 impl Slots {
-    /// The lowest free slot, or the shared slot 0 when all are taken.
-    pub fn take(&mut self) -> u32 {
-        self.free.pop_first().unwrap_or(0)
+    /// Slots 1..=capacity (the program's rule limit), all free.
+    pub fn new(capacity: u32) -> Slots {
+        Slots { free: (1..=capacity).collect(), capacity }
     }
 
-    /// Marks a slot an adopted rule already uses.
-    pub fn mark_used(&mut self, s: u32) {
-        self.free.remove(&s);
+    /// The lowest free slot; an error at the rule limit.
+    pub fn take(&mut self) -> Result<u32> {
+        self.free.pop_first().ok_or_else(|| {
+            Error::Invalid(format!(
+                "rule limit reached: this policer holds {} rules (`--max-rules`, or `max_rules` in \
+                 [daemon]; a larger limit takes effect after `policer detach`)",
+                self.capacity
+            ))
+        })
+    }
+
+    /// Marks a slot an adopted rule already uses; false when the slot is
+    /// not one of ours (0, or past the limit): the rule needs a new one.
+    pub fn mark_used(&mut self, s: u32) -> bool {
+        self.free.remove(&s)
     }
 
     pub fn free(&mut self, s: u32) {
@@ -130,10 +137,8 @@ impl Daemon {
                 Some(i) if &i.spec == spec => continue,
                 Some(i) => i.slot,
                 None => {
-                    let slot = self.slots.take();
-                    if slot != 0
-                        && let Err(e) = self.policer.reset_rule_counters(slot)
-                    {
+                    let slot = self.slots.take()?;
+                    if let Err(e) = self.policer.reset_rule_counters(slot) {
                         self.slots.free(slot);
                         return Err(e);
                     }
@@ -142,7 +147,7 @@ impl Daemon {
             };
             let id = self.next_id;
             if let Err(e) = install(&mut self.policer, *net, spec, id, slot) {
-                if !self.rules.contains_key(net) && slot != 0 {
+                if !self.rules.contains_key(net) {
                     self.slots.free(slot);
                 }
                 return Err(e);
@@ -285,12 +290,7 @@ pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, id: u32, slot: u32) -> R
         Some(r) => NewSources::for_rule(r, spec.burst, p.max_sources()?, monotonic_ns()),
         None => NewSources::default(),
     };
-    // Rules past the last counter slot share slot 0 and its limiter: set
-    // it once, not once per rule (100 000 rules would mean 96 000 writes).
-    if slot != 0 || !p.shared_slot_set {
-        p.set_new_sources(slot, &ns)?;
-        p.shared_slot_set |= slot == 0;
-    }
+    p.set_new_sources(slot, &ns)?;
     Ok(spec.kernel(id)?.with_counter_slot(slot))
 }
 
@@ -299,18 +299,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_are_reused_lowest_first_and_overflow_to_zero() {
-        let mut s = Slots::default();
-        s.mark_used(1);
-        assert_eq!(s.take(), 2);
-        assert_eq!(s.take(), 3);
+    fn slots_are_reused_lowest_first_and_end_at_the_limit() {
+        let mut s = Slots::new(8);
+        assert!(s.mark_used(1));
+        assert!(!s.mark_used(0), "slot 0 is never a rule's");
+        assert!(!s.mark_used(9), "past the limit");
+        assert_eq!(s.take().unwrap(), 2);
+        assert_eq!(s.take().unwrap(), 3);
         s.free(2);
-        assert_eq!(s.take(), 2);
-        for _ in 4..MAX_RULE_SLOTS {
-            assert_ne!(s.take(), 0);
+        assert_eq!(s.take().unwrap(), 2);
+        for _ in 4..=8 {
+            s.take().unwrap();
         }
-        assert_eq!(s.take(), 0);
+        let e = s.take().unwrap_err().to_string();
+        assert!(e.contains("rule limit reached") && e.contains("8 rules"), "{e}");
         s.free(0);
-        assert_eq!(s.take(), 0, "slot 0 is shared, never handed out as free");
+        assert!(s.take().is_err(), "slot 0 is never handed out");
     }
 }

@@ -14,7 +14,9 @@ use std::{
 
 use aya::{maps::MapData, programs::ProgramFd};
 use ipnet::IpNet;
-use policer_common::{DEFAULT_MAX_SOURCES, MAP_BUCKETS_V6, Rule, SHARED_MAPS, rate::Rate};
+use policer_common::{
+    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V6, MAP_RULE_COUNTERS, MAX_RULES, Rule, SHARED_MAPS, rate::Rate,
+};
 
 use super::{
     Daemon, DaemonArgs, Iface, Installed,
@@ -109,6 +111,16 @@ impl Daemon {
         }
         let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
         let max_sources = args.max_sources.or(cfg.daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
+        let max_rules = args.max_rules.or(cfg.daemon.max_rules).unwrap_or(DEFAULT_MAX_RULES);
+        if !(1..=MAX_RULES).contains(&max_rules) {
+            return Err(Error::Invalid(format!("--max-rules must be 1 ..= {MAX_RULES}")));
+        }
+        if specs.len() > max_rules as usize {
+            return Err(Error::Invalid(format!(
+                "{} rules, more than the limit of {max_rules}: raise --max-rules (or max_rules in [daemon])",
+                specs.len()
+            )));
+        }
         if max_sources == 0 {
             return Err(Error::Invalid("--max-sources must be at least 1".into()));
         }
@@ -145,7 +157,7 @@ impl Daemon {
         let mut out = std::io::stdout().lock();
 
         // Load, reusing an adopted program's maps.
-        let mut opts = LoadOptions { max_sources, ..Default::default() };
+        let mut opts = LoadOptions { max_sources, max_rules, ..Default::default() };
         let mut _bpffs = None;
         let mut old_fds: BTreeMap<u32, ProgramFd> = BTreeMap::new();
         if let Some(id) = adopt_from {
@@ -167,6 +179,18 @@ impl Daemon {
                         );
                     }
                     opts.max_sources = max;
+                }
+                // Counter slots 1..=max_rules: the adopted size stays.
+                if name == MAP_RULE_COUNTERS && max.saturating_sub(1) != max_rules {
+                    if args.max_rules.is_some() || cfg.daemon.max_rules.is_some() {
+                        let _ = writeln!(
+                            out,
+                            "policer: keeping the running program's limit of {} rules (not {max_rules}): \
+                             resizing needs `policer detach` first",
+                            max.saturating_sub(1)
+                        );
+                    }
+                    opts.max_rules = max.saturating_sub(1).max(1);
                 }
                 opts.reuse.push((name, path));
             }
@@ -192,10 +216,13 @@ impl Daemon {
         // the buckets' state) of every rule that did not change.
         let kernel: BTreeMap<IpNet, Rule> = policer.kernel_rules()?.into_iter().collect();
         let mut next_id = kernel.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
-        let mut slots = Slots::default();
+        let mut slots = Slots::new(policer.max_rules()?);
+        // Rules that stay keep their counter slot (an older build's shared
+        // slot 0, or one past the limit, is not a slot: such a rule gets one).
+        let mut kept: BTreeMap<IpNet, u32> = BTreeMap::new();
         for (net, k) in &kernel {
-            if specs.contains_key(net) && k.counter_slot != 0 {
-                slots.mark_used(k.counter_slot);
+            if specs.contains_key(net) && slots.mark_used(k.counter_slot) {
+                kept.insert(*net, k.counter_slot);
             }
         }
         let mut rules = BTreeMap::new();
@@ -203,21 +230,21 @@ impl Daemon {
         let mut pending: Vec<(IpNet, Rule)> = Vec::new();
         for (net, spec) in &specs {
             let fresh = spec.kernel(0)?;
-            let inst = match kernel.get(net) {
-                Some(k) if same_params(k, &fresh) => {
-                    Installed { spec: spec.clone(), id: k.rule_id, slot: k.counter_slot, persisted: true }
+            let inst = match (kernel.get(net), kept.get(net)) {
+                (Some(k), Some(&slot)) if same_params(k, &fresh) => {
+                    Installed { spec: spec.clone(), id: k.rule_id, slot, persisted: true }
                 }
-                Some(k) => {
-                    let inst = Installed { spec: spec.clone(), id: next_id, slot: k.counter_slot, persisted: true };
+                (Some(_), Some(&slot)) => {
+                    let inst = Installed { spec: spec.clone(), id: next_id, slot, persisted: true };
                     next_id += 1;
                     pending.push((*net, prepare(&mut policer, spec, inst.id, inst.slot)?));
                     inst
                 }
-                None => {
-                    let slot = slots.take();
+                _ => {
+                    let slot = slots.take()?;
                     // A fresh program's counters are zero; an adopted one's
                     // slot may hold a removed rule's counts.
-                    if slot != 0 && adopt_from.is_some() {
+                    if adopt_from.is_some() {
                         policer.reset_rule_counters(slot)?;
                     }
                     let inst = Installed { spec: spec.clone(), id: next_id, slot, persisted: true };

@@ -63,7 +63,9 @@ fn config(n: u32, rate: &str) -> String {
 }
 
 fn start(net: &Net, args: &[&str]) -> (Daemon, f64) {
-    let mut v = vec!["--mode", "native", "--interval", "0"];
+    // Room for the big rule set and the rules the runs add.
+    let max_rules = (RULES + 1_000).to_string();
+    let mut v = vec!["--mode", "native", "--interval", "0", "--max-rules", &max_rules];
     v.extend_from_slice(args);
     let t0 = Instant::now();
     let d = Daemon::attach(&net.sb, &v);
