@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     match cli.run() {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<policer_user::cli::Quiet>() => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("policer: error: {e:#}");
             ExitCode::FAILURE

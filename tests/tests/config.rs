@@ -184,3 +184,66 @@ fn a_read_only_config_refuses_changes_and_runtime_applies_them() {
     assert!(rule(&all, "203.0.113.0/24").is_some(), "reload restores the file's rules");
     assert!(all.as_array().unwrap().iter().all(|r| r["persisted"] == true));
 }
+
+/// `policer check FILE` as an unprivileged user (nobody), no daemon.
+fn check_as_nobody(file: &Path, json: bool) -> std::process::Output {
+    let mut c = if unsafe { libc::geteuid() } == 0 {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(policer_tests::daemon::policer_bin());
+        c
+    } else {
+        Command::new(policer_tests::daemon::policer_bin())
+    };
+    c.args(["check", "--config"]).arg(file);
+    if json {
+        c.arg("--json");
+    }
+    c.output().expect("run policer check")
+}
+
+#[test]
+fn check_validates_a_file_without_root_or_daemon() {
+    let dir = Dir::new("check");
+    // nobody must be able to read it.
+    std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let good = dir.path.join("good.toml");
+    std::fs::write(&good, format!("{CONFIG}\n[[rule]]\nprefix = \"2001:db8::/32\"\nrate = \"10mbit\"\n")).unwrap();
+    let out = check_as_nobody(&good, false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("ok: 3 rules (2 IPv4, 1 IPv6)"), "{stdout}");
+
+    // Every problem, each with its line; exit 1.
+    let bad = dir.path.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n\n\
+         [[rule]]\nprefix = \"10.0.0.1/8\"\nrate = \"1kpps\"\n\n\
+         [[rule]]\nprefix = \"192.0.2.0/24\"\nrate = \"fast\"\n\n\
+         [[rule]]\nprefix = \"0.0.0.0/0\"\naction = \"deny\"\n",
+    )
+    .unwrap();
+    let out = check_as_nobody(&bad, false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let b = bad.display();
+    for want in [
+        format!("{b}:5: rule #2 (10.0.0.1/8)"),
+        format!("{b}:9: rule #3 (192.0.2.0/24): rate 'fast'"),
+        format!("{b}:13: rule #4 (0.0.0.0/0): prefix 0.0.0.0/0 appears twice"),
+    ] {
+        assert!(err.contains(&want), "missing {want:?} in:\n{err}");
+    }
+    assert!(!err.contains("panicked"));
+    // A syntax error names its line; JSON says the same.
+    std::fs::write(&bad, "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = 1kpps\n").unwrap();
+    let out = check_as_nobody(&bad, true);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["problems"][0]["line"], 3, "{v}");
+    // A file nobody may read is a problem, not a panic.
+    let out = check_as_nobody(&dir.path.join("missing.toml"), false);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read it"));
+}

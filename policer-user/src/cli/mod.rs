@@ -2,6 +2,7 @@
 //! only parses and runs [`Cli`].
 
 mod attach;
+mod check;
 mod detach;
 mod reload;
 mod rule;
@@ -39,6 +40,8 @@ enum Cmd {
     },
     /// Re-read the config file; applied only if all of it is valid.
     Reload,
+    /// Validate a config file (no root, no daemon): what it would install, or every problem.
+    Check(check::Args),
     /// The running daemon: interfaces, config, rules.
     Status(status::Args),
     /// Counters: totals, per interface, per rule (exact, summed over CPUs).
@@ -58,12 +61,26 @@ impl Cli {
             Cmd::Detach(a) => detach::run(a),
             Cmd::Rule { cmd } => rule::run(cmd),
             Cmd::Reload => reload::run(),
+            Cmd::Check(a) => check::run(a),
             Cmd::Status(a) => status::run(a),
             Cmd::Stats(a) => stats::run(a),
             Cmd::Top(a) => top::run(a),
         }
     }
 }
+
+/// An error whose message was already printed: `main` only sets the exit
+/// code.
+#[derive(Debug)]
+pub struct Quiet;
+
+impl std::fmt::Display for Quiet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("(reported above)")
+    }
+}
+
+impl std::error::Error for Quiet {}
 
 /// `--timeout`, set once before any verb runs.
 static TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();

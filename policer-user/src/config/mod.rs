@@ -51,6 +51,14 @@ use crate::{
 
 pub const DEFAULT_PATH: &str = "/etc/policer/policer.toml";
 
+/// One problem of a config file, as `policer check` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// 1-based line, where the problem has one.
+    pub line: Option<usize>,
+    pub message: String,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DaemonConfig {
@@ -89,24 +97,80 @@ impl Config {
         Ok((cfg, rules))
     }
 
-    /// Validates every rule; prefixes must be unique.
+    /// Validates every rule; prefixes must be unique. The first problem
+    /// is the error (see [`Config::problems`] for all of them).
     pub fn validate(&self) -> Result<BTreeMap<IpNet, RuleSpec>> {
+        let (rules, problems) = self.problems(None);
+        match problems.into_iter().next() {
+            Some(p) => Err(Error::Invalid(p.message)),
+            None => Ok(rules),
+        }
+    }
+
+    /// Every problem of the config, each with the line of its `[[rule]]`
+    /// table when `text` (the file it came from) is given; and the rules
+    /// that are valid.
+    pub fn problems(&self, text: Option<&str>) -> (BTreeMap<IpNet, RuleSpec>, Vec<Problem>) {
+        // Lines of the `[[rule]]` headers, in order (1-based); when the
+        // count does not match (rules written as an inline array), none.
+        let heads: Vec<usize> = text
+            .map(|t| {
+                t.lines()
+                    .enumerate()
+                    .filter(|(_, l)| l.trim_start().starts_with("[[rule]]"))
+                    .map(|(n, _)| n + 1)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let line_of = |i: usize| (heads.len() == self.rules.len()).then(|| heads[i]);
         let mut out = BTreeMap::new();
+        let mut problems = Vec::new();
         for (i, r) in self.rules.iter().enumerate() {
-            let spec = r.validate().map_err(|e| Error::Invalid(format!("rule #{} ({}): {e}", i + 1, r.prefix)))?;
-            if out.insert(spec.net, spec.clone()).is_some() {
-                return Err(Error::Invalid(format!(
-                    "rule #{} ({}): prefix {} appears twice",
-                    i + 1,
-                    r.prefix,
-                    spec.net
-                )));
+            let at = |m: String| Problem { line: line_of(i), message: format!("rule #{} ({}): {m}", i + 1, r.prefix) };
+            match r.validate() {
+                Ok(spec) => {
+                    if out.insert(spec.net, spec.clone()).is_some() {
+                        problems.push(at(format!("prefix {} appears twice", spec.net)));
+                    }
+                }
+                Err(e) => problems.push(at(e.to_string())),
             }
         }
-        if let Some(0) = self.daemon.max_sources {
-            return Err(Error::Invalid("daemon.max_sources must be at least 1".into()));
+        let d = &self.daemon;
+        if let Some(0) = d.max_sources {
+            problems.push(Problem { line: None, message: "daemon.max_sources must be at least 1".into() });
         }
-        Ok(out)
+        let max_rules = d.max_rules.unwrap_or(policer_common::DEFAULT_MAX_RULES);
+        if !(1..=policer_common::MAX_RULES).contains(&max_rules) {
+            problems.push(Problem {
+                line: None,
+                message: format!("daemon.max_rules must be 1 ..= {}", policer_common::MAX_RULES),
+            });
+        } else if self.rules.len() > max_rules as usize {
+            problems.push(Problem {
+                line: None,
+                message: format!(
+                    "{} rules, more than the limit of {max_rules} (daemon.max_rules, or --max-rules)",
+                    self.rules.len()
+                ),
+            });
+        }
+        (out, problems)
+    }
+
+    /// `policer check`: the whole file's problems, all of them, each with
+    /// its line where it has one; or the config and its rules.
+    pub fn check(text: &str) -> std::result::Result<(Config, BTreeMap<IpNet, RuleSpec>), Vec<Problem>> {
+        let cfg: Config = match toml::from_str(text) {
+            Ok(c) => c,
+            Err(e) => {
+                // toml says where: the line of the span's start.
+                let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+                return Err(vec![Problem { line, message: e.message().trim().to_string() }]);
+            }
+        };
+        let (rules, problems) = cfg.problems(Some(text));
+        if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
     }
 
     /// Reads `path`; a missing file is an empty config.
