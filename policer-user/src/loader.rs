@@ -16,9 +16,9 @@ use aya::{
 use ipnet::IpNet;
 use policer_common::{
     Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_SOURCES, FAMILY_V4, GLOBAL_DROP_SAMPLE_SHIFT,
-    GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK,
-    MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6,
-    NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    GLOBAL_TEST_CLOCK, LAYOUT_VERSION, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
+    MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RULE_COUNTERS,
+    MAP_RULES_V4, MAP_RULES_V6, NewSources, PROGRAM_NAME, Rule, RuleCounters,
     table::{self, Geometry, Set, SetDrops},
 };
 
@@ -83,6 +83,12 @@ pub struct LoadOptions {
     /// One IPv4 drop in 2^N is counted per source, as 2^N
     /// ([`table::DROP_SAMPLE_SHIFT`]); tests set 0 to count every drop.
     pub drop_sample_shift: u32,
+    /// The layout version the program is stamped with ([`MAP_LAYOUT`]):
+    /// [`LAYOUT_VERSION`]. Tests only: another version makes the program
+    /// look like another build's; `None` stamps nothing, like a build from
+    /// before layout versions.
+    #[doc(hidden)]
+    pub layout_version: Option<u32>,
 }
 
 impl Default for LoadOptions {
@@ -95,6 +101,7 @@ impl Default for LoadOptions {
             reuse: vec![],
             table_seed: None,
             drop_sample_shift: table::DROP_SAMPLE_SHIFT,
+            layout_version: Some(LAYOUT_VERSION),
         }
     }
 }
@@ -196,6 +203,9 @@ impl Policer {
             .try_into()
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
+        if let Some(v) = opts.layout_version {
+            stamp_layout(&mut ebpf, v)?;
+        }
         let reader = Arc::new(MapReader::of(&ebpf)?);
         let mut p = Policer { ebpf, reader, shared_slot_set: false };
         // A table taken over keeps its hash; a new one gets a fresh secret
@@ -598,6 +608,36 @@ impl Policer {
         }
         Ok(out)
     }
+}
+
+/// Writes the layout version into [`MAP_LAYOUT`], freezes the map (no
+/// later write from user space) and binds it to the program: the program
+/// never reads it, and without the binding it would not be among the
+/// program's maps, where another build looks for it.
+fn stamp_layout(ebpf: &mut Ebpf, version: u32) -> Result<()> {
+    let mut m: Array<&mut MapData, u32> =
+        Array::try_from(ebpf.map_mut(MAP_LAYOUT).ok_or(Error::Missing(MAP_LAYOUT))?).map_err(Error::map(MAP_LAYOUT))?;
+    m.set(0, &version, 0).map_err(Error::map(MAP_LAYOUT))?;
+    let map = map_fd(ebpf, MAP_LAYOUT)?;
+    let prog: &Xdp = ebpf
+        .program(PROGRAM_NAME)
+        .ok_or(Error::Missing("XDP program"))?
+        .try_into()
+        .map_err(|e| Error::Program(Box::new(e)))?;
+    let prog = prog.fd().map_err(|e| Error::Program(Box::new(e)))?.as_fd().as_raw_fd();
+    const BPF_MAP_FREEZE: libc::c_long = 22;
+    const BPF_PROG_BIND_MAP: libc::c_long = 35;
+    let sys = |cmd: libc::c_long, attr: &[u32; 3], what: &str| -> Result<()> {
+        // SAFETY: `attr` is a valid prefix of `union bpf_attr` for `cmd`
+        // (map_fd; or prog_fd, map_fd, flags) and outlives the call.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), size_of_val(attr)) };
+        if r < 0 {
+            return Err(Error::Invalid(format!("{what} {MAP_LAYOUT}: {}", io::Error::last_os_error())));
+        }
+        Ok(())
+    };
+    sys(BPF_MAP_FREEZE, &[map as u32, 0, 0], "freezing")?;
+    sys(BPF_PROG_BIND_MAP, &[prog as u32, map as u32, 0], "binding")
 }
 
 /// 64 random bits from the kernel.
