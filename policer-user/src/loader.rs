@@ -293,6 +293,99 @@ impl Policer {
     }
 }
 
+/// The maps a program adopting another's shares with it and a start
+/// writes: the rule tries, the new-source limiters, the rule counters.
+/// Holds its own duplicates of the descriptors, so a start can read what it
+/// is about to overwrite and put it back on failure without borrowing the
+/// [`Policer`] (see `daemon::start`).
+pub struct SharedMaps {
+    rules_v4: LpmTrie<MapData, [u8; 4], Rule>,
+    rules_v6: LpmTrie<MapData, [u8; 16], Rule>,
+    new_sources: Array<MapData, NewSources>,
+    rule_counters: PerCpuArray<MapData, RuleCounters>,
+}
+
+impl SharedMaps {
+    fn of(ebpf: &Ebpf) -> Result<SharedMaps> {
+        let data = |name: &'static str| -> Result<MapData> {
+            // SAFETY: the descriptor is open for as long as `ebpf` lives;
+            // the duplicate is ours.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(map_fd(ebpf, name)?) }.try_clone_to_owned()?;
+            MapData::from_fd(fd).map_err(Error::map(name))
+        };
+        use aya::maps::Map;
+        Ok(SharedMaps {
+            rules_v4: LpmTrie::try_from(Map::LpmTrie(data(MAP_RULES_V4)?)).map_err(Error::map(MAP_RULES_V4))?,
+            rules_v6: LpmTrie::try_from(Map::LpmTrie(data(MAP_RULES_V6)?)).map_err(Error::map(MAP_RULES_V6))?,
+            new_sources: Array::try_from(Map::Array(data(MAP_NEW_SOURCES)?)).map_err(Error::map(MAP_NEW_SOURCES))?,
+            rule_counters: PerCpuArray::try_from(Map::PerCpuArray(data(MAP_RULE_COUNTERS)?))
+                .map_err(Error::map(MAP_RULE_COUNTERS))?,
+        })
+    }
+
+    /// Puts `rule` in force for exactly `net`, or with `None` removes
+    /// `net`'s rule (none there is fine). Atomic for that prefix.
+    pub fn set_rule(&mut self, net: IpNet, rule: Option<&Rule>) -> Result<()> {
+        fn apply<K: aya::Pod>(
+            m: &mut LpmTrie<MapData, K, Rule>,
+            name: &'static str,
+            key: Key<K>,
+            rule: Option<&Rule>,
+        ) -> Result<()> {
+            match rule {
+                Some(r) => m.insert(&key, r, 0),
+                None => match m.remove(&key) {
+                    Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                        Ok(())
+                    }
+                    r => r,
+                },
+            }
+            .map_err(Error::map(name))
+        }
+        match net.trunc() {
+            IpNet::V4(n) => {
+                apply(&mut self.rules_v4, MAP_RULES_V4, Key::new(n.prefix_len().into(), n.network().octets()), rule)
+            }
+            IpNet::V6(n) => {
+                apply(&mut self.rules_v6, MAP_RULES_V6, Key::new(n.prefix_len().into(), n.network().octets()), rule)
+            }
+        }
+    }
+
+    /// The new-source limiter of a rule slot.
+    pub fn new_sources(&self, slot: u32) -> Result<NewSources> {
+        self.new_sources.get(&slot, 0).map_err(Error::map(MAP_NEW_SOURCES))
+    }
+
+    pub fn set_new_sources(&mut self, slot: u32, ns: &NewSources) -> Result<()> {
+        self.new_sources.set(slot, ns, 0).map_err(Error::map(MAP_NEW_SOURCES))
+    }
+
+    /// A rule slot's counters, one per CPU.
+    pub fn rule_counters(&self, slot: u32) -> Result<aya::maps::PerCpuValues<RuleCounters>> {
+        self.rule_counters.get(&slot, 0).map_err(Error::map(MAP_RULE_COUNTERS))
+    }
+
+    pub fn set_rule_counters(&mut self, slot: u32, v: aya::maps::PerCpuValues<RuleCounters>) -> Result<()> {
+        self.rule_counters.set(slot, v, 0).map_err(Error::map(MAP_RULE_COUNTERS))
+    }
+}
+
+impl Policer {
+    /// Handles of its own on the rule, limiter and rule-counter maps.
+    pub fn shared_maps(&self) -> Result<SharedMaps> {
+        SharedMaps::of(&self.ebpf)
+    }
+
+    /// A descriptor of its own on the loaded program (it keeps the
+    /// program loaded, e.g. to put an interface back after a failure).
+    pub fn prog_fd_owned(&mut self) -> Result<OwnedFd> {
+        let fd = self.program().fd().map_err(|e| Error::Program(Box::new(e)))?;
+        Ok(fd.as_fd().try_clone_to_owned()?)
+    }
+}
+
 fn map_fd(ebpf: &Ebpf, name: &'static str) -> Result<RawFd> {
     let m = ebpf.map(name).ok_or(Error::Missing(name))?;
     let data: &MapData = match m {
