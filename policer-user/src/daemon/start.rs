@@ -5,8 +5,9 @@
 //! the first one on is logged in an [`Undo`] before it is made, and put
 //! back when the start does not commit (an error, or a panic).
 //! - Nothing adopted (fresh maps, which no running program reads): the
-//!   rules go in first, then the program is attached, so its first frame
-//!   is policed by the config's rules.
+//!   rules go in first, then the program is attached (or replaces a
+//!   policer of another layout atomically), so its first frame is policed
+//!   by the config's rules.
 //! - Adopting a running program's maps: the new program replaces the old
 //!   one on every interface first, policing with the rules already in the
 //!   maps; only once every interface is attached do the config's rules
@@ -47,6 +48,10 @@ use crate::{
     rules::{BurstValue, RuleConfig, RuleSpec},
 };
 
+/// Tests only: the version a started program is stamped with (a number,
+/// or `none` for no stamp, like a build from before layout versions), so
+/// one binary can play an older build.
+const ENV_TEST_LAYOUT_VERSION: &str = "POLICER_TEST_LAYOUT_VERSION";
 /// Tests only: fail the start right after its Nth kernel change, to check
 /// that each one is undone.
 const ENV_TEST_FAIL_AT: &str = "POLICER_TEST_FAIL_AT";
@@ -136,6 +141,11 @@ impl Daemon {
             return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
         }
         let metrics_addr = args.metrics.as_deref().map(crate::metrics::parse_addr).transpose()?;
+        let layout_version = match std::env::var(ENV_TEST_LAYOUT_VERSION) {
+            Err(_) => Some(policer_common::LAYOUT_VERSION),
+            Ok(v) if v == "none" => None,
+            Ok(v) => Some(v.parse().map_err(|_| Error::Invalid(format!("{ENV_TEST_LAYOUT_VERSION}: '{v}'")))?),
+        };
         if !is_root() {
             return Err(Error::NotRoot("attaching XDP"));
         }
@@ -156,12 +166,12 @@ impl Daemon {
         }
         let adopt_from = existing.iter().find_map(|e| match e {
             Existing::Ours { prog_id, .. } => Some(*prog_id),
-            Existing::None => None,
+            Existing::OtherLayout { .. } | Existing::None => None,
         });
         let mut out = std::io::stdout().lock();
 
         // Load, reusing an adopted program's maps.
-        let mut opts = LoadOptions { max_sources, ..Default::default() };
+        let mut opts = LoadOptions { max_sources, layout_version, ..Default::default() };
         let mut _bpffs = None;
         let mut old_fds: BTreeMap<u32, ProgramFd> = BTreeMap::new();
         if let Some(id) = adopt_from {
@@ -196,7 +206,7 @@ impl Daemon {
         let mut policer = Policer::load(&opts)?;
         drop(_bpffs);
         for (e, n) in existing.iter().zip(&names) {
-            let Existing::Ours { prog_id, .. } = e else {
+            let (Existing::Ours { prog_id, .. } | Existing::OtherLayout { prog_id, .. }) = e else {
                 continue;
             };
             if !old_fds.contains_key(prog_id) {
@@ -292,7 +302,16 @@ impl Daemon {
         }
         for ((name, &index), e) in names.iter().zip(&indexes).zip(&existing) {
             match e {
-                Existing::Ours { prog_id, mode_flags } => {
+                Existing::Ours { prog_id, mode_flags } | Existing::OtherLayout { prog_id, mode_flags, .. } => {
+                    if let Existing::OtherLayout { layout, .. } = e {
+                        let _ = writeln!(
+                            out,
+                            "policer: replacing policer program {prog_id} of {} on {name}: buckets start empty \
+                             and counters at zero, the rules come from {}",
+                            layout.describe(),
+                            args.config.display()
+                        );
+                    }
                     // Our own descriptor of the old program first: once it is
                     // replaced, only that keeps it loaded to be put back.
                     let old = old_fds[prog_id].as_fd().try_clone_to_owned()?;
