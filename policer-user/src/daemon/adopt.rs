@@ -54,6 +54,19 @@ pub(super) enum Layout {
 }
 
 impl Layout {
+    /// A policer program's layout from its stamp (if any) and whether its
+    /// shared maps are exactly this build's (names and sizes).
+    fn of(stamp: Option<u32>, same_maps: bool) -> Layout {
+        match stamp {
+            Some(v) if v != LAYOUT_VERSION => Layout::Version(v),
+            Some(_) if same_maps => Layout::Same,
+            Some(_) => Layout::Mismatch,
+            None if same_maps && UNSTAMPED_LAYOUT_VERSION == LAYOUT_VERSION => Layout::Same,
+            None if same_maps => Layout::Version(UNSTAMPED_LAYOUT_VERSION),
+            None => Layout::Unstamped,
+        }
+    }
+
     /// "an older layout (v1)", for messages.
     pub fn describe(self) -> String {
         match self {
@@ -129,15 +142,7 @@ pub(super) fn find(prog_id: u32) -> Option<Found> {
     if !MAPS_OF_EVERY_BUILD.iter().all(|n| names.iter().any(|m| m == n)) {
         return None;
     }
-    let same_maps = sizes_match && maps.len() == SHARED_MAPS.len();
-    let layout = match stamp {
-        Some(v) if v != LAYOUT_VERSION => Layout::Version(v),
-        Some(_) if same_maps => Layout::Same,
-        Some(_) => Layout::Mismatch,
-        None if same_maps && UNSTAMPED_LAYOUT_VERSION == LAYOUT_VERSION => Layout::Same,
-        None if same_maps => Layout::Version(UNSTAMPED_LAYOUT_VERSION),
-        None => Layout::Unstamped,
-    };
+    let layout = Layout::of(stamp, sizes_match && maps.len() == SHARED_MAPS.len());
     let prog_fd = info.fd().ok()?;
     Some(Found { prog_id, prog_fd, maps, layout })
 }
@@ -283,4 +288,28 @@ pub fn detach_orphan(name: &str) -> Result<String> {
         other => format!(", a program of {}", other.describe()),
     };
     Ok(format!("detached policer (program {}) from {name}{of}", found.prog_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_of_other_builds() {
+        let v = LAYOUT_VERSION;
+        assert_eq!(Layout::of(Some(v), true), Layout::Same);
+        assert_eq!(Layout::of(Some(v - 1), true), Layout::Version(v - 1), "same sizes, older meaning");
+        assert_eq!(Layout::of(Some(v + 1), false), Layout::Version(v + 1));
+        assert_eq!(Layout::of(Some(v), false), Layout::Mismatch, "a layout change without a version bump");
+        assert_eq!(Layout::of(None, false), Layout::Unstamped);
+        // Builds from before stamps had layout UNSTAMPED_LAYOUT_VERSION.
+        let unstamped = Layout::of(None, true);
+        if UNSTAMPED_LAYOUT_VERSION == v {
+            assert_eq!(unstamped, Layout::Same);
+        } else {
+            assert_eq!(unstamped, Layout::Version(UNSTAMPED_LAYOUT_VERSION));
+        }
+        assert_eq!(Layout::Version(v - 1).describe(), format!("an older layout (v{})", v - 1));
+        assert!(Layout::Version(v + 1).describe().starts_with("a newer layout"));
+    }
 }
