@@ -29,6 +29,40 @@ pub struct State {
     pub layout: Option<u32>,
 }
 
+impl State {
+    /// What differs from `other`, briefly (None: nothing).
+    pub fn diff(&self, other: &State) -> Option<String> {
+        let mut d = Vec::new();
+        for (k, r) in &self.rules {
+            match other.rules.get(k) {
+                None => d.push(format!("rule {k} only before")),
+                Some(o) if o != r => d.push(format!("rule {k}: {r:?} -> {o:?}")),
+                _ => {}
+            }
+        }
+        for k in other.rules.keys().filter(|k| !self.rules.contains_key(*k)) {
+            d.push(format!("rule {k} only after"));
+        }
+        for (i, (a, b)) in self.new_sources.iter().zip(&other.new_sources).enumerate() {
+            if a != b {
+                d.push(format!("limiter slot {i}: {a:?} -> {b:?}"));
+            }
+        }
+        for (i, (a, b)) in self.rule_counters.iter().zip(&other.rule_counters).enumerate() {
+            if a != b {
+                d.push(format!("counter slot {i}: {a:?} -> {b:?}"));
+            }
+        }
+        if self.counters != other.counters {
+            d.push(format!("counters: {:?} -> {:?}", self.counters, other.counters));
+        }
+        if self.layout != other.layout {
+            d.push(format!("layout: {:?} -> {:?}", self.layout, other.layout));
+        }
+        if d.is_empty() { None } else { Some(d.join("\n")) }
+    }
+}
+
 /// The program's maps by name.
 fn maps_of(prog_id: u32) -> BTreeMap<String, u32> {
     let info = loaded_programs()

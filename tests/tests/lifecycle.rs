@@ -124,7 +124,7 @@ fn a_start_that_fails_on_one_interface_changes_nothing() {
     assert!(!e.stderr.contains("panicked"), "{}", e.stderr);
     assert_eq!(prog_id(&sb), id, "the old program is no longer attached");
     assert!(!has_xdp(&sb, "lo"), "lo left with a program");
-    assert_eq!(kstate::read(id), before, "a failed start changed rules, limiters or counters");
+    assert_eq!(before.diff(&kstate::read(id)), None, "a failed start changed rules, limiters or counters");
     assert_eq!(std::fs::read(&sb.config).unwrap(), file, "a failed start rewrote the config file");
     fails_with(&cli(&sb, &["rule", "ls"]), "no policer daemon is running");
 
@@ -185,7 +185,11 @@ fn a_start_failing_after_any_kernel_change_undoes_it() {
                 assert!(e.stderr.contains(&format!("undone: program {id} back on {rx_if}")), "{}", e.stderr);
                 assert!(!e.stderr.contains("failed too"), "{}", e.stderr);
                 assert_eq!(prog_id(&sb), id, "failing after change {k}: the old program is not back");
-                assert_eq!(kstate::read(id), before, "failing after change {k}: the kernel's state changed");
+                assert_eq!(
+                    before.diff(&kstate::read(id)),
+                    None,
+                    "failing after change {k}: the kernel's state changed"
+                );
                 assert_eq!(std::fs::read(&sb.config).unwrap(), file, "failing after change {k}: file rewritten");
             }
             Ok(mut d) => {

@@ -387,8 +387,13 @@ fn install(p: &mut Policer, undo: &mut Undo, plan: &Plan, specs: &BTreeMap<IpNet
     let mut pending = Vec::with_capacity(plan.writes.len());
     for w in &plan.writes {
         if w.reset_counters {
-            undo.rule_counters(w.slot)?;
+            let old = undo.save_rule_counters(w.slot)?;
             p.reset_rule_counters(w.slot)?;
+            // Recorded once zeroed: putting it back adds what was counted
+            // since (see `rollback`), which must not count `old` twice.
+            if let Some(old) = old {
+                undo.zeroed_rule_counters(w.slot, old)?;
+            }
         }
         undo.new_sources(w.slot)?;
         pending.push((w.net, prepare(p, &specs[&w.net], w.id, w.slot)?));
@@ -413,13 +418,13 @@ enum Step {
     Rule { net: IpNet, old: Option<Rule> },
     /// An adopted new-source limiter slot.
     NewSources { slot: u32, old: NewSources },
-    /// An adopted rule counter slot, per CPU.
+    /// An adopted rule counter slot, per CPU, before it was zeroed.
     RuleCounters { slot: u32, old: PerCpuValues<RuleCounters> },
 }
 
 /// The undo log of a start. Each change is recorded before it is made (or,
-/// for an attachment, as soon as it is made), so a change that then fails
-/// is put back harmlessly. Dropped without [`Undo::commit`] it puts every
+/// for an attachment and a zeroed counter slot, as soon as it is made), so
+/// a change that then fails is put back harmlessly. Dropped without [`Undo::commit`] it puts every
 /// recorded change back, last first, and says so.
 struct Undo {
     /// The new program: the one expected on an interface that is put back.
@@ -486,14 +491,20 @@ impl Undo {
         self.push(Step::NewSources { slot, old })
     }
 
-    fn rule_counters(&mut self, slot: u32) -> Result<()> {
+    /// A counter slot's values before it is zeroed (None: nothing to save,
+    /// fresh maps or saved already).
+    fn save_rule_counters(&mut self, slot: u32) -> Result<Option<PerCpuValues<RuleCounters>>> {
         let Some(m) = &self.maps else {
-            return Ok(());
+            return Ok(None);
         };
-        if !self.saved_counters.insert(slot) {
-            return Ok(());
+        if self.saved_counters.contains(&slot) {
+            return Ok(None);
         }
-        let old = m.rule_counters(slot)?;
+        Ok(Some(m.rule_counters(slot)?))
+    }
+
+    fn zeroed_rule_counters(&mut self, slot: u32, old: PerCpuValues<RuleCounters>) -> Result<()> {
+        self.saved_counters.insert(slot);
         self.push(Step::RuleCounters { slot, old })
     }
 
@@ -534,7 +545,24 @@ impl Undo {
                 Step::RuleCounters { slot, old } => {
                     counters += 1;
                     let m = self.maps.as_mut().expect("recorded only with maps");
-                    m.set_rule_counters(slot, old).map_err(|e| (format!("the counters of slot {slot}"), e))
+                    // What was there plus what was counted since it was
+                    // zeroed (a removed rule that still used the slot until
+                    // now): no frame the running program counted is lost.
+                    let merged = m.rule_counters(slot).and_then(|now| {
+                        let sum: Vec<RuleCounters> = old
+                            .iter()
+                            .zip(now.iter())
+                            .map(|(o, n)| {
+                                let mut c = *o;
+                                c.add(n);
+                                c
+                            })
+                            .collect();
+                        PerCpuValues::try_from(sum).map_err(|e| Error::Invalid(e.to_string()))
+                    });
+                    merged
+                        .and_then(|v| m.set_rule_counters(slot, v))
+                        .map_err(|e| (format!("the counters of slot {slot}"), e))
                 }
             };
             if let Err((what, e)) = r {
