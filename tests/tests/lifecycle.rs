@@ -4,7 +4,12 @@
 //! `ip netns exec`, as a user runs them; traffic is real, counted on the
 //! receiving side; the kernel's state is read by program id (kstate).
 
-use std::{net::IpAddr, thread, time::Duration};
+use std::{
+    net::IpAddr,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
 
 use policer_common::{LAYOUT_VERSION, rate::Rate};
 use policer_tests::{
@@ -204,6 +209,50 @@ fn a_start_failing_after_any_kernel_change_undoes_it() {
             }
         }
     }
+}
+
+/// SIGTERM (as `systemctl stop` sends, or Ctrl-C's SIGINT) in the middle
+/// of a start: held back until the commit, where it abandons the start,
+/// which is undone like any failure; the daemon then exits saying so.
+#[test]
+fn a_start_interrupted_by_sigterm_changes_nothing() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("sig");
+    let id = orphan_with_old_rules(&sb);
+    let before = kstate::read(id);
+    std::fs::write(&sb.config, NEW_RULES).unwrap();
+    let file = std::fs::read(&sb.config).unwrap();
+    // Paused for a second after its second kernel change (the program
+    // replaced, a counter slot zeroed); signalled in that second.
+    let child = Command::new("ip")
+        .args(["netns", "exec", &sb.rx_ns])
+        .arg(policer_bin())
+        .args(["attach", &sb.rx_if, "--config", &sb.config, "--interval", "0"])
+        .env("POLICER_TEST_PAUSE_AT", "2")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while prog_id(&sb) == id {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the start never replaced the program");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our child (`ip netns exec` execs policer).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("the interrupted start said:\n{stdout}\n{stderr}");
+    assert_eq!(out.status.code(), Some(1), "not a clean failure: {:?}", out.status);
+    assert!(stderr.contains("interrupted by a signal while starting; nothing changed"), "{stderr}");
+    assert!(stderr.contains(&format!("undone: program {id} back on {}", sb.rx_if)), "{stderr}");
+    assert!(!stdout.contains("policer: policing"), "{stdout}");
+    assert_eq!(prog_id(&sb), id, "the old program is not back");
+    assert_eq!(before.diff(&kstate::read(id)), None, "an interrupted start changed the kernel's state");
+    assert_eq!(std::fs::read(&sb.config).unwrap(), file, "an interrupted start rewrote the file");
 }
 
 /// The rules of the layout tests: a default rate and a denied prefix.

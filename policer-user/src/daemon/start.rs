@@ -55,6 +55,9 @@ const ENV_TEST_LAYOUT_VERSION: &str = "POLICER_TEST_LAYOUT_VERSION";
 /// Tests only: fail the start right after its Nth kernel change, to check
 /// that each one is undone.
 const ENV_TEST_FAIL_AT: &str = "POLICER_TEST_FAIL_AT";
+/// Tests only: pause the start for a second after its Nth kernel change,
+/// to signal it mid-way.
+const ENV_TEST_PAUSE_AT: &str = "POLICER_TEST_PAUSE_AT";
 
 /// Binds the control socket with mode 0600 from the moment it exists (a
 /// umask around bind(2); start runs before any other thread, so no one
@@ -312,8 +315,8 @@ impl Daemon {
                             args.config.display()
                         );
                     }
-                    // Our own descriptor of the old program first: once it is
-                    // replaced, only that keeps it loaded to be put back.
+                    // The undo log's own descriptor of the old program, taken
+                    // before the change, so that recording it cannot fail.
                     let old = old_fds[prog_id].as_fd().try_clone_to_owned()?;
                     netlink::set(index, new_fd, *mode_flags, Some(old.as_raw_fd()))
                         .map_err(|source| Error::Netlink { iface: name.clone(), source })?;
@@ -337,7 +340,7 @@ impl Daemon {
             install(&mut d.policer, &mut undo, &plan, &specs)?;
         }
         d.sync_fast_path()?;
-        undo.commit();
+        undo.commit()?;
         d.finished = false;
 
         if changed && let Err(e) = d.cfg.save(&args.config) {
@@ -437,16 +440,79 @@ struct Undo {
     saved_limiters: BTreeSet<u32>,
     saved_counters: BTreeSet<u32>,
     committed: bool,
-    /// Tests only ([`ENV_TEST_FAIL_AT`]).
+    /// Restores the signal mask when the log goes (see [`Signals`]); a
+    /// field, so it is dropped after the rollback.
+    _signals: Signals,
+    /// Tests only ([`ENV_TEST_FAIL_AT`], [`ENV_TEST_PAUSE_AT`]).
     fail_at: Option<usize>,
+    pause_at: Option<usize>,
+}
+
+/// SIGINT, SIGTERM and SIGHUP are held back for the length of the
+/// transaction: by default they end the process, which mid-way would leave
+/// a half-made start behind. One of the first two pending at the commit
+/// aborts the start instead (everything is put back); a SIGHUP then is
+/// dropped (the start has just read the config). Start runs before any
+/// other thread, so this thread's mask is the process's. SIGKILL cannot be
+/// held back: a start killed mid-way is not undone.
+struct Signals {
+    old: libc::sigset_t,
+}
+
+impl Signals {
+    fn set() -> libc::sigset_t {
+        // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, sig);
+            }
+            set
+        }
+    }
+
+    fn block() -> Signals {
+        // SAFETY: valid sets; only this thread's mask changes.
+        unsafe {
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &Signals::set(), &mut old);
+            Signals { old }
+        }
+    }
+
+    /// Takes the held-back signals; true if SIGINT or SIGTERM was among them.
+    fn take_pending() -> bool {
+        let set = Signals::set();
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut stop = false;
+        loop {
+            // SAFETY: valid set and timeout; the info pointer may be null.
+            let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) };
+            if sig <= 0 {
+                return stop;
+            }
+            stop |= sig != libc::SIGHUP;
+        }
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in `block`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
 }
 
 impl Undo {
     fn new(new_prog: OwnedFd, maps: Option<SharedMaps>) -> Result<Undo> {
-        let fail_at = match std::env::var(ENV_TEST_FAIL_AT) {
-            Err(_) => None,
-            Ok(v) => Some(v.parse().map_err(|_| Error::Invalid(format!("{ENV_TEST_FAIL_AT}: '{v}'")))?),
+        let step = |name: &str| -> Result<Option<usize>> {
+            match std::env::var(name) {
+                Err(_) => Ok(None),
+                Ok(v) => Ok(Some(v.parse().map_err(|_| Error::Invalid(format!("{name}: '{v}'")))?)),
+            }
         };
+        let (fail_at, pause_at) = (step(ENV_TEST_FAIL_AT)?, step(ENV_TEST_PAUSE_AT)?);
         Ok(Undo {
             new_prog,
             maps,
@@ -454,12 +520,17 @@ impl Undo {
             saved_limiters: BTreeSet::new(),
             saved_counters: BTreeSet::new(),
             committed: false,
+            _signals: Signals::block(),
             fail_at,
+            pause_at,
         })
     }
 
     fn push(&mut self, step: Step) -> Result<()> {
         self.steps.push(step);
+        if self.pause_at == Some(self.steps.len()) {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
         if self.fail_at == Some(self.steps.len()) {
             return Err(Error::Invalid(format!(
                 "failing on purpose after kernel change {} ({ENV_TEST_FAIL_AT}, for tests)",
@@ -508,8 +579,14 @@ impl Undo {
         self.push(Step::RuleCounters { slot, old })
     }
 
-    fn commit(mut self) {
+    /// Ends the transaction, unless SIGINT or SIGTERM came meanwhile: then
+    /// the start is abandoned (and undone when `self` is dropped).
+    fn commit(mut self) -> Result<()> {
+        if Signals::take_pending() {
+            return Err(Error::Invalid("interrupted by a signal while starting; nothing changed".into()));
+        }
         self.committed = true;
+        Ok(())
     }
 
     /// Puts back every recorded change, last first; reports what it did
@@ -591,6 +668,11 @@ impl Drop for Undo {
     fn drop(&mut self) {
         if !self.committed {
             self.rollback();
+            // The start fails with its own error; a signal held back
+            // meanwhile would end the process before it is said.
+            if Signals::take_pending() {
+                eprintln!("policer: interrupted by a signal while starting");
+            }
         }
     }
 }
