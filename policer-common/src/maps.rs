@@ -42,6 +42,26 @@ pub const ACTION_NONE: u32 = u32::MAX;
 /// Array of two `u64`: the clock in ns and the jiffies, when the test clock
 /// is on (jiffies 0: the program reads the clock for every frame).
 pub const MAP_CLOCK: &str = "CLOCK";
+/// Array of one `u32`: the layout version ([`LAYOUT_VERSION`]) of the
+/// build that loaded the program. The program never reads it: the loader
+/// writes it, freezes it and binds it to the program (BPF_PROG_BIND_MAP),
+/// so any later build can read it through the program's map ids.
+pub const MAP_LAYOUT: &str = "LAYOUT";
+/// The layout of the state a running program shares with the next build
+/// ([`SHARED_MAPS`]: keys, values and what they mean, e.g. a bucket's time
+/// unit). Bump it with any change a newer build would misread: a program
+/// stamped with another version is not adopted but replaced by a fresh
+/// one (buckets start empty, rules come from the config).
+pub const LAYOUT_VERSION: u32 = 1;
+/// Builds from before layout versions carry no stamp. Their last layout
+/// is version 1: an unstamped program whose shared maps have
+/// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
+/// maps is older still.
+pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
+/// Maps every policer build since the first has had, by these names: with
+/// the program name, what tells an unstamped (older) policer program from
+/// someone else's.
+pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
 pub const SHARED_MAPS: [&str; 10] = [

@@ -70,6 +70,10 @@ static DEFAULT_RULES: Array<Rule> = Array::with_max_entries(4, 0);
 /// The test clock: [ns, jiffies] (jiffies 0: no clock window).
 #[map]
 static CLOCK: Array<u64> = Array::with_max_entries(2, 0);
+/// The layout version stamp (policer_common::MAP_LAYOUT): written and
+/// bound to the program by the loader, never read here.
+#[map]
+static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Set by the loader (read-only data): non-zero reads the clock from
 /// `CLOCK`, for tests that control time. Constant after load, so the

@@ -16,9 +16,10 @@ use aya::{
 use ipnet::IpNet;
 use policer_common::{
     Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, FAMILY_V4,
-    GLOBAL_DROP_SAMPLE_SHIFT, GLOBAL_TEST_CLOCK, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY,
-    MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_NEW_SOURCES, MAP_RULE_COUNTERS,
-    MAP_RULES_V4, MAP_RULES_V6, MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    GLOBAL_DROP_SAMPLE_SHIFT, GLOBAL_TEST_CLOCK, LAYOUT_VERSION, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS,
+    MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT,
+    MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAX_RULES, NewSources, PROGRAM_NAME, Rule,
+    RuleCounters,
     table::{self, Geometry, Set, SetDrops},
 };
 
@@ -87,6 +88,12 @@ pub struct LoadOptions {
     /// One IPv4 drop in 2^N is counted per source, as 2^N
     /// ([`table::DROP_SAMPLE_SHIFT`]); tests set 0 to count every drop.
     pub drop_sample_shift: u32,
+    /// The layout version the program is stamped with ([`MAP_LAYOUT`]):
+    /// [`LAYOUT_VERSION`]. Tests only: another version makes the program
+    /// look like another build's; `None` stamps nothing, like a build from
+    /// before layout versions.
+    #[doc(hidden)]
+    pub layout_version: Option<u32>,
 }
 
 impl Default for LoadOptions {
@@ -100,6 +107,7 @@ impl Default for LoadOptions {
             reuse: vec![],
             table_seed: None,
             drop_sample_shift: table::DROP_SAMPLE_SHIFT,
+            layout_version: Some(LAYOUT_VERSION),
         }
     }
 }
@@ -207,6 +215,9 @@ impl Policer {
             .try_into()
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
+        if let Some(v) = opts.layout_version {
+            stamp_layout(&mut ebpf, v)?;
+        }
         let reader = Arc::new(MapReader::of(&ebpf)?);
         let mut p = Policer { ebpf, reader };
         // A table taken over keeps its hash; a new one gets a fresh secret
@@ -303,6 +314,99 @@ impl Policer {
             }
             _ => Err(Error::Missing(MAP_RULE_COUNTERS)),
         }
+    }
+}
+
+/// The maps a program adopting another's shares with it and a start
+/// writes: the rule tries, the new-source limiters, the rule counters.
+/// Holds its own duplicates of the descriptors, so a start can read what it
+/// is about to overwrite and put it back on failure without borrowing the
+/// [`Policer`] (see `daemon::start`).
+pub struct SharedMaps {
+    rules_v4: LpmTrie<MapData, [u8; 4], Rule>,
+    rules_v6: LpmTrie<MapData, [u8; 16], Rule>,
+    new_sources: Array<MapData, NewSources>,
+    rule_counters: PerCpuArray<MapData, RuleCounters>,
+}
+
+impl SharedMaps {
+    fn of(ebpf: &Ebpf) -> Result<SharedMaps> {
+        let data = |name: &'static str| -> Result<MapData> {
+            // SAFETY: the descriptor is open for as long as `ebpf` lives;
+            // the duplicate is ours.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(map_fd(ebpf, name)?) }.try_clone_to_owned()?;
+            MapData::from_fd(fd).map_err(Error::map(name))
+        };
+        use aya::maps::Map;
+        Ok(SharedMaps {
+            rules_v4: LpmTrie::try_from(Map::LpmTrie(data(MAP_RULES_V4)?)).map_err(Error::map(MAP_RULES_V4))?,
+            rules_v6: LpmTrie::try_from(Map::LpmTrie(data(MAP_RULES_V6)?)).map_err(Error::map(MAP_RULES_V6))?,
+            new_sources: Array::try_from(Map::Array(data(MAP_NEW_SOURCES)?)).map_err(Error::map(MAP_NEW_SOURCES))?,
+            rule_counters: PerCpuArray::try_from(Map::PerCpuArray(data(MAP_RULE_COUNTERS)?))
+                .map_err(Error::map(MAP_RULE_COUNTERS))?,
+        })
+    }
+
+    /// Puts `rule` in force for exactly `net`, or with `None` removes
+    /// `net`'s rule (none there is fine). Atomic for that prefix.
+    pub fn set_rule(&mut self, net: IpNet, rule: Option<&Rule>) -> Result<()> {
+        fn apply<K: aya::Pod>(
+            m: &mut LpmTrie<MapData, K, Rule>,
+            name: &'static str,
+            key: Key<K>,
+            rule: Option<&Rule>,
+        ) -> Result<()> {
+            match rule {
+                Some(r) => m.insert(&key, r, 0),
+                None => match m.remove(&key) {
+                    Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                        Ok(())
+                    }
+                    r => r,
+                },
+            }
+            .map_err(Error::map(name))
+        }
+        match net.trunc() {
+            IpNet::V4(n) => {
+                apply(&mut self.rules_v4, MAP_RULES_V4, Key::new(n.prefix_len().into(), n.network().octets()), rule)
+            }
+            IpNet::V6(n) => {
+                apply(&mut self.rules_v6, MAP_RULES_V6, Key::new(n.prefix_len().into(), n.network().octets()), rule)
+            }
+        }
+    }
+
+    /// The new-source limiter of a rule slot.
+    pub fn new_sources(&self, slot: u32) -> Result<NewSources> {
+        self.new_sources.get(&slot, 0).map_err(Error::map(MAP_NEW_SOURCES))
+    }
+
+    pub fn set_new_sources(&mut self, slot: u32, ns: &NewSources) -> Result<()> {
+        self.new_sources.set(slot, ns, 0).map_err(Error::map(MAP_NEW_SOURCES))
+    }
+
+    /// A rule slot's counters, one per CPU.
+    pub fn rule_counters(&self, slot: u32) -> Result<aya::maps::PerCpuValues<RuleCounters>> {
+        self.rule_counters.get(&slot, 0).map_err(Error::map(MAP_RULE_COUNTERS))
+    }
+
+    pub fn set_rule_counters(&mut self, slot: u32, v: aya::maps::PerCpuValues<RuleCounters>) -> Result<()> {
+        self.rule_counters.set(slot, v, 0).map_err(Error::map(MAP_RULE_COUNTERS))
+    }
+}
+
+impl Policer {
+    /// Handles of its own on the rule, limiter and rule-counter maps.
+    pub fn shared_maps(&self) -> Result<SharedMaps> {
+        SharedMaps::of(&self.ebpf)
+    }
+
+    /// A descriptor of its own on the loaded program (it keeps the
+    /// program loaded, e.g. to put an interface back after a failure).
+    pub fn prog_fd_owned(&mut self) -> Result<OwnedFd> {
+        let fd = self.program().fd().map_err(|e| Error::Program(Box::new(e)))?;
+        Ok(fd.as_fd().try_clone_to_owned()?)
     }
 }
 
@@ -621,6 +725,36 @@ impl Policer {
         }
         Ok(out)
     }
+}
+
+/// Writes the layout version into [`MAP_LAYOUT`], freezes the map (no
+/// later write from user space) and binds it to the program: the program
+/// never reads it, and without the binding it would not be among the
+/// program's maps, where another build looks for it.
+fn stamp_layout(ebpf: &mut Ebpf, version: u32) -> Result<()> {
+    let mut m: Array<&mut MapData, u32> =
+        Array::try_from(ebpf.map_mut(MAP_LAYOUT).ok_or(Error::Missing(MAP_LAYOUT))?).map_err(Error::map(MAP_LAYOUT))?;
+    m.set(0, &version, 0).map_err(Error::map(MAP_LAYOUT))?;
+    let map = map_fd(ebpf, MAP_LAYOUT)?;
+    let prog: &Xdp = ebpf
+        .program(PROGRAM_NAME)
+        .ok_or(Error::Missing("XDP program"))?
+        .try_into()
+        .map_err(|e| Error::Program(Box::new(e)))?;
+    let prog = prog.fd().map_err(|e| Error::Program(Box::new(e)))?.as_fd().as_raw_fd();
+    const BPF_MAP_FREEZE: libc::c_long = 22;
+    const BPF_PROG_BIND_MAP: libc::c_long = 35;
+    let sys = |cmd: libc::c_long, attr: &[u32; 3], what: &str| -> Result<()> {
+        // SAFETY: `attr` is a valid prefix of `union bpf_attr` for `cmd`
+        // (map_fd; or prog_fd, map_fd, flags) and outlives the call.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), size_of_val(attr)) };
+        if r < 0 {
+            return Err(Error::Invalid(format!("{what} {MAP_LAYOUT}: {}", io::Error::last_os_error())));
+        }
+        Ok(())
+    };
+    sys(BPF_MAP_FREEZE, &[map as u32, 0, 0], "freezing")?;
+    sys(BPF_PROG_BIND_MAP, &[prog as u32, map as u32, 0], "binding")
 }
 
 /// 64 random bits from the kernel.

@@ -32,6 +32,14 @@ pub fn policer_in(ns: &str, args: &[&str]) -> Output {
         .expect("run policer")
 }
 
+/// How a `policer attach` that never started policing ended.
+#[derive(Debug)]
+pub struct Exited {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
 /// A running `policer attach`; killed on drop if still running.
 pub struct Daemon {
     child: Child,
@@ -56,10 +64,21 @@ impl Daemon {
 
     /// [`Daemon::start`] with another `policer` binary.
     pub fn start_bin(bin: &std::path::Path, ns: &str, args: &[&str]) -> Daemon {
+        match Daemon::try_start(bin, ns, args, &[]) {
+            Ok(d) => d,
+            Err(e) => panic!("policer exited ({}) before policing:\n{}\n{}", e.status, e.stdout, e.stderr),
+        }
+    }
+
+    /// Starts `policer ARGS` in `ns` with extra environment variables:
+    /// the daemon once it reports that it is policing, or how it exited
+    /// before (a start expected to fail).
+    pub fn try_start(bin: &std::path::Path, ns: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<Daemon, Exited> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns])
             .arg(bin)
             .args(args)
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -72,14 +91,15 @@ impl Daemon {
         Daemon::wait_until_policing(Daemon { child, out, err }, Instant::now())
     }
 
-    fn wait_until_policing(mut d: Daemon, t0: Instant) -> Daemon {
+    fn wait_until_policing(mut d: Daemon, t0: Instant) -> Result<Daemon, Exited> {
         loop {
             if d.stdout().contains("policer: policing") {
-                return d;
+                return Ok(d);
             }
-            if let Ok(Some(st)) = d.child.try_wait() {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                // Let the readers take the last lines.
                 thread::sleep(Duration::from_millis(100));
-                panic!("policer exited ({st}) before policing:\n{}\n{}", d.stdout(), d.stderr());
+                return Err(Exited { status, stdout: d.stdout(), stderr: d.stderr() });
             }
             assert!(t0.elapsed() < Duration::from_secs(30), "policer did not start:\n{}", d.stdout());
             thread::sleep(Duration::from_millis(20));

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod daemon;
 pub mod foreign;
 pub mod frame;
+pub mod kstate;
 pub mod netns;
 pub mod packet;
 pub mod reference;

@@ -240,7 +240,7 @@ fn test(host_only: bool) -> Result<()> {
     // Tier 3: real binary, real frames over veth. One test at a time: they
     // measure rates on a 2-core machine.
     say("tier 3: the policer binary on real veth traffic");
-    for t in ["veth", "control", "config", "observe", "attack", "serve"] {
+    for t in ["veth", "control", "config", "lifecycle", "observe", "attack", "serve"] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
             .env("POLICER_BIN", &bin))?;

@@ -9,10 +9,13 @@ use std::{
 };
 
 use aya::{
-    maps::MapInfo,
+    maps::{Array, Map, MapData, MapInfo},
     programs::{ProgramFd, loaded_programs},
 };
-use policer_common::{PROGRAM_NAME, SHARED_MAP_LAYOUT, SHARED_MAPS};
+use policer_common::{
+    LAYOUT_VERSION, MAP_LAYOUT, MAPS_OF_EVERY_BUILD, PROGRAM_NAME, SHARED_MAP_LAYOUT, SHARED_MAPS,
+    UNSTAMPED_LAYOUT_VERSION,
+};
 
 use crate::{
     control,
@@ -25,14 +28,67 @@ use crate::{
 pub(super) struct Found {
     pub prog_id: u32,
     pub prog_fd: ProgramFd,
-    /// name -> (map id, max_entries)
+    /// name -> (map id, max_entries), of the maps named in SHARED_MAPS.
     pub maps: BTreeMap<String, (u32, u32)>,
+    pub layout: Layout,
+}
+
+/// The layout of a running policer program's maps, as this build sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// This build's: its rules, buckets and counters can be adopted.
+    Same,
+    /// Stamped with another version: replaced by a fresh program.
+    Version(u32),
+    /// Stamped with this build's version, but its maps differ (a build that
+    /// changed the layout without bumping LAYOUT_VERSION): replaced too,
+    /// rather than misread.
+    Mismatch,
+    /// No stamp, and maps unlike this build's: a build from before layout
+    /// versions, older than version UNSTAMPED_LAYOUT_VERSION.
+    Unstamped,
+}
+
+impl Layout {
+    /// A policer program's layout from its stamp (if any) and whether its
+    /// shared maps are exactly this build's (names and sizes).
+    fn of(stamp: Option<u32>, same_maps: bool) -> Layout {
+        match stamp {
+            Some(v) if v != LAYOUT_VERSION => Layout::Version(v),
+            Some(_) if same_maps => Layout::Same,
+            Some(_) => Layout::Mismatch,
+            None if same_maps && UNSTAMPED_LAYOUT_VERSION == LAYOUT_VERSION => Layout::Same,
+            None if same_maps => Layout::Version(UNSTAMPED_LAYOUT_VERSION),
+            None => Layout::Unstamped,
+        }
+    }
+
+    /// "an older layout (v1)", for messages.
+    pub fn describe(self) -> String {
+        match self {
+            Layout::Same => format!("this build's layout (v{LAYOUT_VERSION})"),
+            Layout::Version(v) if v < LAYOUT_VERSION => format!("an older layout (v{v})"),
+            Layout::Version(v) => format!("a newer layout (v{v}; this build has v{LAYOUT_VERSION})"),
+            Layout::Mismatch => format!("another layout (stamped v{LAYOUT_VERSION}, but its maps differ)"),
+            Layout::Unstamped => "an older layout (a build from before layout versions)".into(),
+        }
+    }
 }
 
 /// What is on an interface now.
 pub(super) enum Existing {
     None,
-    Ours { prog_id: u32, mode_flags: u32 },
+    /// A policer program of this build's layout: adopted.
+    Ours {
+        prog_id: u32,
+        mode_flags: u32,
+    },
+    /// A policer program of another layout: replaced by a fresh one.
+    OtherLayout {
+        prog_id: u32,
+        mode_flags: u32,
+        layout: Layout,
+    },
 }
 
 pub(super) fn inspect(iface: &str, index: u32) -> Result<Existing> {
@@ -41,39 +97,56 @@ pub(super) fn inspect(iface: &str, index: u32) -> Result<Existing> {
         return Ok(Existing::None);
     };
     match find(st.prog_id) {
-        Some(_) => Ok(Existing::Ours { prog_id: st.prog_id, mode_flags: st.mode_flags }),
+        Some(f) if f.layout == Layout::Same => Ok(Existing::Ours { prog_id: st.prog_id, mode_flags: st.mode_flags }),
+        Some(f) => Ok(Existing::OtherLayout { prog_id: st.prog_id, mode_flags: st.mode_flags, layout: f.layout }),
         None => Err(Error::AlreadyAttached { iface: iface.into() }),
     }
 }
 
-/// The policer program with `prog_id` and its maps; None if that program
-/// is not a policer (another name, or not our maps).
+/// The policer program with `prog_id`, its maps and their layout; None if
+/// that program is not a policer of any build: another name, or not the
+/// maps every policer build has had.
 pub(super) fn find(prog_id: u32) -> Option<Found> {
     let info = loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == prog_id)?;
     if info.name_as_str() != Some(PROGRAM_NAME) {
         return None;
     }
     let mut maps = BTreeMap::new();
+    let mut names = Vec::new();
+    let mut stamp = None;
+    let mut sizes_match = true;
     for id in info.map_ids().ok()??.into_iter() {
         let Ok(m) = MapInfo::from_id(id) else {
             continue;
         };
-        if let Some(n) = m.name_as_str().filter(|n| SHARED_MAPS.contains(n)) {
-            // A build whose maps have another layout is not ours to adopt:
-            // its rules, buckets or counters would be misread.
-            if SHARED_MAP_LAYOUT.iter().any(|&(name, key, value)| {
-                name == n && (m.key_size() as usize != key || m.value_size() as usize != value)
-            }) {
-                return None;
-            }
+        let Some(n) = m.name_as_str() else {
+            continue;
+        };
+        names.push(n.to_string());
+        if n == MAP_LAYOUT {
+            stamp = read_stamp(id);
+        }
+        if SHARED_MAPS.contains(&n) {
+            // Keys or values of other sizes: another build's layout, whose
+            // rules, buckets or counters would be misread.
+            sizes_match &= SHARED_MAP_LAYOUT.iter().all(|&(name, key, value)| {
+                name != n || (m.key_size() as usize == key && m.value_size() as usize == value)
+            });
             maps.insert(n.to_string(), (id, m.max_entries()));
         }
     }
-    if maps.len() != SHARED_MAPS.len() {
+    if !MAPS_OF_EVERY_BUILD.iter().all(|n| names.iter().any(|m| m == n)) {
         return None;
     }
+    let layout = Layout::of(stamp, sizes_match && maps.len() == SHARED_MAPS.len());
     let prog_fd = info.fd().ok()?;
-    Some(Found { prog_id, prog_fd, maps })
+    Some(Found { prog_id, prog_fd, maps, layout })
+}
+
+/// The version in a program's layout stamp (MAP_LAYOUT, key 0).
+fn read_stamp(map_id: u32) -> Option<u32> {
+    let m: Array<MapData, u32> = Array::try_from(Map::Array(MapData::from_id(map_id).ok()?)).ok()?;
+    m.get(&0, 0).ok()
 }
 
 /// A bpffs mounted in a mount namespace of this thread's own, so pins of
@@ -162,5 +235,33 @@ pub fn detach_orphan(name: &str) -> Result<String> {
     let fd: OwnedFd = found.prog_fd.as_fd().try_clone_to_owned()?;
     netlink::set(index, -1, st.mode_flags, Some(fd.as_raw_fd()))
         .map_err(|source| Error::Netlink { iface: name.into(), source })?;
-    Ok(format!("detached policer (program {}) from {name}", found.prog_id))
+    let of = match found.layout {
+        Layout::Same => String::new(),
+        other => format!(", a program of {}", other.describe()),
+    };
+    Ok(format!("detached policer (program {}) from {name}{of}", found.prog_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_of_other_builds() {
+        let v = LAYOUT_VERSION;
+        assert_eq!(Layout::of(Some(v), true), Layout::Same);
+        assert_eq!(Layout::of(Some(v - 1), true), Layout::Version(v - 1), "same sizes, older meaning");
+        assert_eq!(Layout::of(Some(v + 1), false), Layout::Version(v + 1));
+        assert_eq!(Layout::of(Some(v), false), Layout::Mismatch, "a layout change without a version bump");
+        assert_eq!(Layout::of(None, false), Layout::Unstamped);
+        // Builds from before stamps had layout UNSTAMPED_LAYOUT_VERSION.
+        let unstamped = Layout::of(None, true);
+        if UNSTAMPED_LAYOUT_VERSION == v {
+            assert_eq!(unstamped, Layout::Same);
+        } else {
+            assert_eq!(unstamped, Layout::Version(UNSTAMPED_LAYOUT_VERSION));
+        }
+        assert_eq!(Layout::Version(v - 1).describe(), format!("an older layout (v{})", v - 1));
+        assert!(Layout::Version(v + 1).describe().starts_with("a newer layout"));
+    }
 }

@@ -110,7 +110,7 @@ impl Daemon {
     }
 
     /// A rule is persisted when the config file holds it as it is in force.
-    fn mark_persisted(&mut self) {
+    pub(super) fn mark_persisted(&mut self) {
         for (net, i) in self.rules.iter_mut() {
             i.persisted = self.file_rules.get(net) == Some(&i.spec);
         }

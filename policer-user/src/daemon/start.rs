@@ -1,21 +1,40 @@
 //! Starting the daemon: validate, lock, look at the interfaces, load (or
-//! adopt), install the rules, attach.
+//! adopt), then, as one transaction, install the rules and attach.
+//!
+//! A start that fails leaves the kernel as it found it: every change from
+//! the first one on is logged in an [`Undo`] before it is made, and put
+//! back when the start does not commit (an error, or a panic).
+//! - Nothing adopted (fresh maps, which no running program reads): the
+//!   rules go in first, then the program is attached (or replaces a
+//!   policer of another layout atomically), so its first frame is policed
+//!   by the config's rules.
+//! - Adopting a running program's maps: the new program replaces the old
+//!   one on every interface first, policing with the rules already in the
+//!   maps; only once every interface is attached do the config's rules
+//!   replace them, each overwritten entry saved first (rules, new-source
+//!   limiters, counter slots that are zeroed).
+//!
+//! The config file is written only after the start committed.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     io::Write,
     os::{
-        fd::{AsFd, AsRawFd, RawFd},
+        fd::{AsFd, AsRawFd, OwnedFd},
         unix::{fs::PermissionsExt, net::UnixListener},
     },
     path::Path,
 };
 
-use aya::{maps::MapData, programs::ProgramFd};
+use aya::{
+    maps::{MapData, PerCpuValues},
+    programs::ProgramFd,
+};
 use ipnet::IpNet;
 use policer_common::{
-    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V6, MAP_RULE_COUNTERS, MAX_RULES, Rule, SHARED_MAPS, rate::Rate,
+    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V6, MAP_RULE_COUNTERS, MAX_RULES, NewSources, Rule,
+    RuleCounters, SHARED_MAPS, rate::Rate,
 };
 
 use super::{
@@ -27,11 +46,22 @@ use crate::{
     config::{Change, ConfigFile},
     control,
     error::{Error, Result},
-    loader::{LoadOptions, Mode, Policer, if_index, is_root},
+    loader::{LoadOptions, Mode, Policer, SharedMaps, if_index, is_root},
     lockfile::LockFile,
     netlink,
     rules::{BurstValue, RuleConfig, RuleSpec},
 };
+
+/// Tests only: the version a started program is stamped with (a number,
+/// or `none` for no stamp, like a build from before layout versions), so
+/// one binary can play an older build.
+const ENV_TEST_LAYOUT_VERSION: &str = "POLICER_TEST_LAYOUT_VERSION";
+/// Tests only: fail the start right after its Nth kernel change, to check
+/// that each one is undone.
+const ENV_TEST_FAIL_AT: &str = "POLICER_TEST_FAIL_AT";
+/// Tests only: pause the start for a second after its Nth kernel change,
+/// to signal it mid-way.
+const ENV_TEST_PAUSE_AT: &str = "POLICER_TEST_PAUSE_AT";
 
 /// Binds the control socket with mode 0600 from the moment it exists (a
 /// umask around bind(2); start runs before any other thread, so no one
@@ -80,9 +110,10 @@ pub(super) fn same_params(a: &Rule, b: &Rule) -> bool {
 
 impl Daemon {
     /// Everything up to and including attaching; runs before any thread.
-    /// On error nothing stays changed: not the interfaces, not the file.
+    /// On error nothing stays changed: not the interfaces, not the rules,
+    /// limiters or counters, not the file (see the module's comment).
     pub fn start(args: &DaemonArgs) -> Result<Daemon> {
-        let (mut file, mut specs) = ConfigFile::open(&args.config)?;
+        let (file, mut specs) = ConfigFile::open(&args.config)?;
         let cfg = file.config().clone();
         if let Some(rate) = args.rate {
             for s in default_rules(rate, &args.burst)? {
@@ -128,6 +159,11 @@ impl Daemon {
             return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
         }
         let metrics_addr = args.metrics.as_deref().map(crate::metrics::parse_addr).transpose()?;
+        let layout_version = match std::env::var(ENV_TEST_LAYOUT_VERSION) {
+            Err(_) => Some(policer_common::LAYOUT_VERSION),
+            Ok(v) if v == "none" => None,
+            Ok(v) => Some(v.parse().map_err(|_| Error::Invalid(format!("{ENV_TEST_LAYOUT_VERSION}: '{v}'")))?),
+        };
         if !is_root() {
             return Err(Error::NotRoot("attaching XDP"));
         }
@@ -152,12 +188,12 @@ impl Daemon {
         }
         let adopt_from = existing.iter().find_map(|e| match e {
             Existing::Ours { prog_id, .. } => Some(*prog_id),
-            Existing::None => None,
+            Existing::OtherLayout { .. } | Existing::None => None,
         });
         let mut out = std::io::stdout().lock();
 
         // Load, reusing an adopted program's maps.
-        let mut opts = LoadOptions { max_sources, max_rules, ..Default::default() };
+        let mut opts = LoadOptions { max_sources, max_rules, layout_version, ..Default::default() };
         let mut _bpffs = None;
         let mut old_fds: BTreeMap<u32, ProgramFd> = BTreeMap::new();
         if let Some(id) = adopt_from {
@@ -204,16 +240,18 @@ impl Daemon {
         let mut policer = Policer::load(&opts)?;
         drop(_bpffs);
         for (e, n) in existing.iter().zip(&names) {
-            if let Existing::Ours { prog_id, .. } = e
-                && !old_fds.contains_key(prog_id)
-            {
+            let (Existing::Ours { prog_id, .. } | Existing::OtherLayout { prog_id, .. }) = e else {
+                continue;
+            };
+            if !old_fds.contains_key(prog_id) {
                 let f = find(*prog_id).ok_or(Error::AlreadyAttached { iface: n.clone() })?;
                 old_fds.insert(*prog_id, f.prog_fd);
             }
         }
 
         // Bring the kernel's rules to the config's, keeping the id (and so
-        // the buckets' state) of every rule that did not change.
+        // the buckets' state) of every rule that did not change. Planned
+        // here, written in the transaction below.
         let kernel: BTreeMap<IpNet, Rule> = policer.kernel_rules()?.into_iter().collect();
         let mut next_id = kernel.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
         let mut slots = Slots::new(policer.max_rules()?);
@@ -226,8 +264,7 @@ impl Daemon {
             }
         }
         let mut rules = BTreeMap::new();
-        // New and changed rules, installed together in one batch below.
-        let mut pending: Vec<(IpNet, Rule)> = Vec::new();
+        let mut writes: Vec<RuleWrite> = Vec::new();
         for (net, spec) in &specs {
             let fresh = spec.kernel(0)?;
             let inst = match (kernel.get(net), kept.get(net)) {
@@ -237,108 +274,43 @@ impl Daemon {
                 (Some(_), Some(&slot)) => {
                     let inst = Installed { spec: spec.clone(), id: next_id, slot, persisted: true };
                     next_id += 1;
-                    pending.push((*net, prepare(&mut policer, spec, inst.id, inst.slot)?));
+                    writes.push(RuleWrite { net: *net, id: inst.id, slot: inst.slot, reset_counters: false });
                     inst
                 }
                 _ => {
                     let slot = slots.take()?;
-                    // A fresh program's counters are zero; an adopted one's
-                    // slot may hold a removed rule's counts.
-                    if adopt_from.is_some() {
-                        policer.reset_rule_counters(slot)?;
-                    }
                     let inst = Installed { spec: spec.clone(), id: next_id, slot, persisted: true };
                     next_id += 1;
-                    pending.push((*net, prepare(&mut policer, spec, inst.id, slot)?));
+                    // A fresh program's counters are zero; an adopted one's
+                    // slot may hold a removed rule's counts.
+                    let reset_counters = adopt_from.is_some();
+                    writes.push(RuleWrite { net: *net, id: inst.id, slot, reset_counters });
                     inst
                 }
             };
             rules.insert(*net, inst);
         }
-        policer.set_rules(&pending)?;
-        for net in kernel.keys() {
-            if !specs.contains_key(net) {
-                policer.remove_rule(*net)?;
-            }
-        }
+        let removals: Vec<IpNet> = kernel.keys().filter(|n| !specs.contains_key(n)).copied().collect();
+        let plan = Plan { kernel, writes, removals };
 
-        // Attach: replace an adopted program atomically, else attach fresh.
-        let new_fd = policer.prog_fd()?;
-        let mut ifaces: Vec<Iface> = Vec::new();
-        let mut undo: Vec<(u32, u32, Option<RawFd>)> = Vec::new();
-        let result = (|| -> Result<()> {
-            for ((name, &index), e) in names.iter().zip(&indexes).zip(&existing) {
-                match e {
-                    Existing::Ours { prog_id, mode_flags } => {
-                        let old = old_fds[prog_id].as_fd().as_raw_fd();
-                        netlink::set(index, new_fd, *mode_flags, Some(old))
-                            .map_err(|source| Error::Netlink { iface: name.clone(), source })?;
-                        undo.push((index, *mode_flags, Some(old)));
-                        let _ = writeln!(
-                            out,
-                            "policer: replaced program {prog_id} on {name} ({} mode)",
-                            Mode::flag_name(*mode_flags)
-                        );
-                        ifaces.push(Iface { name: name.clone(), index, mode_flags: *mode_flags });
-                    }
-                    Existing::None => {
-                        let flags = attach_fresh(name, index, new_fd, mode)?;
-                        undo.push((index, flags, None));
-                        let _ = writeln!(out, "policer: attached to {name} ({} mode)", Mode::flag_name(flags));
-                        ifaces.push(Iface { name: name.clone(), index, mode_flags: flags });
-                    }
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            // Put every interface back as it was.
-            for (index, flags, old) in undo.into_iter().rev() {
-                match old {
-                    Some(old) => {
-                        let _ = netlink::set(index, old, flags, Some(new_fd));
-                    }
-                    None => {
-                        let _ = netlink::set(index, -1, flags, Some(new_fd));
-                    }
-                }
-            }
-            return Err(e);
-        }
-
-        // Rewrite the file only if this start changed what it says (the
-        // default rules from --rate, or the interfaces).
+        // Rewrite the file (after the start commits) only if this start
+        // changed what it says (the default rules from --rate, or the
+        // interfaces).
         let changed = args.rate.is_some() || cfg.daemon.interfaces != names;
-        let mut file_rules = specs.clone();
-        if changed && let Err(e) = file.update(Change { rules: Some(&specs), interfaces: Some(&names) }) {
-            // Policing runs from the command line's rules; the file keeps
-            // what it says, and `rule ls` shows the difference.
-            let _ = writeln!(out, "policer: warning: {e}");
-            file_rules = file.read().map(|s| s.rules).unwrap_or_default();
-        }
 
+        // The last step that can fail before the kernel changes.
         let socket = control::socket_path()?;
         let listener = bind_private(&socket)?;
-        if let Some(m) = &metrics
-            && let Ok(a) = m.local_addr()
-        {
-            let _ = writeln!(out, "policer: serving Prometheus metrics on http://{a}/metrics");
-        }
-        let _ = writeln!(
-            out,
-            "policer: policing on {} with {} rules from {}; {}",
-            names.join(", "),
-            rules.len(),
-            args.config.display(),
-            if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
-        );
-        let _ = out.flush();
         let program_id = policer.program_id()?;
+        let new_fd = policer.prog_fd()?;
+        let shared = adopt_from.is_some();
+        let new_prog = policer.prog_fd_owned()?;
+        let maps = if shared { Some(policer.shared_maps()?) } else { None };
         let mut d = Daemon {
             program_id,
             policer,
-            ifaces,
-            file_rules,
+            ifaces: Vec::new(),
+            file_rules: specs.clone(),
             rules,
             slots,
             fast: 0,
@@ -351,9 +323,391 @@ impl Daemon {
             listener: Some(listener),
             metrics,
             _lock: lock,
-            finished: false,
+            // Until the start commits, a failure is undone by `undo` (dropped
+            // before `d`, so while the lock is still held), not by leaving
+            // as a stopped daemon would.
+            finished: true,
         };
+        let mut undo = Undo::new(new_prog, maps)?;
+
+        // The transaction: from here on every `?` puts everything back.
+        if !shared {
+            install(&mut d.policer, &mut undo, &plan, &specs)?;
+        }
+        for ((name, &index), e) in names.iter().zip(&indexes).zip(&existing) {
+            match e {
+                Existing::Ours { prog_id, mode_flags } | Existing::OtherLayout { prog_id, mode_flags, .. } => {
+                    if let Existing::OtherLayout { layout, .. } = e {
+                        let _ = writeln!(
+                            out,
+                            "policer: replacing policer program {prog_id} of {} on {name}: buckets start empty \
+                             and counters at zero, the rules come from {}",
+                            layout.describe(),
+                            args.config.display()
+                        );
+                    }
+                    // The undo log's own descriptor of the old program, taken
+                    // before the change, so that recording it cannot fail.
+                    let old = old_fds[prog_id].as_fd().try_clone_to_owned()?;
+                    netlink::set(index, new_fd, *mode_flags, Some(old.as_raw_fd()))
+                        .map_err(|source| Error::Netlink { iface: name.clone(), source })?;
+                    let _ = writeln!(
+                        out,
+                        "policer: replaced program {prog_id} on {name} ({} mode)",
+                        Mode::flag_name(*mode_flags)
+                    );
+                    d.ifaces.push(Iface { name: name.clone(), index, mode_flags: *mode_flags });
+                    undo.attached(name, index, *mode_flags, Some((*prog_id, old)))?;
+                }
+                Existing::None => {
+                    let flags = attach_fresh(name, index, new_fd, mode)?;
+                    let _ = writeln!(out, "policer: attached to {name} ({} mode)", Mode::flag_name(flags));
+                    d.ifaces.push(Iface { name: name.clone(), index, mode_flags: flags });
+                    undo.attached(name, index, flags, None)?;
+                }
+            }
+        }
+        if shared {
+            install(&mut d.policer, &mut undo, &plan, &specs)?;
+        }
         d.sync_fast_path()?;
+        undo.commit()?;
+        d.finished = false;
+
+        if changed && let Err(e) = d.file.update(Change { rules: Some(&specs), interfaces: Some(&names) }) {
+            // Policing runs from the command line's rules; the file keeps
+            // what it says, and `rule ls` shows the difference.
+            let _ = writeln!(out, "policer: warning: {e}");
+            d.file_rules = d.file.read().map(|s| s.rules).unwrap_or_default();
+            d.mark_persisted();
+        }
+        if let Some(m) = &d.metrics
+            && let Ok(a) = m.local_addr()
+        {
+            let _ = writeln!(out, "policer: serving Prometheus metrics on http://{a}/metrics");
+        }
+        let _ = writeln!(
+            out,
+            "policer: policing on {} with {} rules from {}; {}",
+            names.join(", "),
+            d.rules.len(),
+            args.config.display(),
+            if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
+        );
+        let _ = out.flush();
         Ok(d)
+    }
+}
+
+/// A new or changed rule the start writes.
+struct RuleWrite {
+    net: IpNet,
+    id: u32,
+    slot: u32,
+    /// Zero the counter slot first (an adopted slot a removed rule used).
+    reset_counters: bool,
+}
+
+/// What the start does to the rule maps.
+struct Plan {
+    /// The rules in the maps before the start.
+    kernel: BTreeMap<IpNet, Rule>,
+    writes: Vec<RuleWrite>,
+    /// Prefixes the config no longer has.
+    removals: Vec<IpNet>,
+}
+
+/// Writes the planned rules: each new or changed rule's limiter and
+/// counter slot, then those rules in one batch, removed prefixes last (so
+/// no frame falls into a gap between a rule and its replacement). With
+/// adopted maps, each entry is saved in `undo` before it is overwritten.
+fn install(p: &mut Policer, undo: &mut Undo, plan: &Plan, specs: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+    let mut pending = Vec::with_capacity(plan.writes.len());
+    for w in &plan.writes {
+        if w.reset_counters {
+            let old = undo.save_rule_counters(w.slot)?;
+            p.reset_rule_counters(w.slot)?;
+            // Recorded once zeroed: putting it back adds what was counted
+            // since (see `rollback`), which must not count `old` twice.
+            if let Some(old) = old {
+                undo.zeroed_rule_counters(w.slot, old)?;
+            }
+        }
+        undo.new_sources(w.slot)?;
+        pending.push((w.net, prepare(p, &specs[&w.net], w.id, w.slot)?));
+    }
+    for (net, _) in &pending {
+        undo.rule(*net, plan.kernel.get(net).copied())?;
+    }
+    p.set_rules(&pending)?;
+    for net in &plan.removals {
+        undo.rule(*net, plan.kernel.get(net).copied())?;
+        p.remove_rule(*net)?;
+    }
+    Ok(())
+}
+
+/// One kernel change of a start, with what it replaced.
+enum Step {
+    /// The new program was attached to an interface, replacing `old`
+    /// (program id and a descriptor of it) or nothing.
+    Attached { iface: String, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)> },
+    /// An adopted rule trie entry (`None`: the prefix had no rule).
+    Rule { net: IpNet, old: Option<Rule> },
+    /// An adopted new-source limiter slot.
+    NewSources { slot: u32, old: NewSources },
+    /// An adopted rule counter slot, per CPU, before it was zeroed.
+    RuleCounters { slot: u32, old: PerCpuValues<RuleCounters> },
+}
+
+/// The undo log of a start. Each change is recorded before it is made (or,
+/// for an attachment and a zeroed counter slot, as soon as it is made), so
+/// a change that then fails is put back harmlessly. Dropped without [`Undo::commit`] it puts every
+/// recorded change back, last first, and says so.
+struct Undo {
+    /// The new program: the one expected on an interface that is put back.
+    new_prog: OwnedFd,
+    /// The adopted maps the start writes into (None: fresh maps, which no
+    /// running program reads, need no undo).
+    maps: Option<SharedMaps>,
+    steps: Vec<Step>,
+    /// Slots already saved: the first value seen is the one to restore.
+    saved_limiters: BTreeSet<u32>,
+    saved_counters: BTreeSet<u32>,
+    committed: bool,
+    /// Restores the signal mask when the log goes (see [`Signals`]); a
+    /// field, so it is dropped after the rollback.
+    _signals: Signals,
+    /// Tests only ([`ENV_TEST_FAIL_AT`], [`ENV_TEST_PAUSE_AT`]).
+    fail_at: Option<usize>,
+    pause_at: Option<usize>,
+}
+
+/// SIGINT, SIGTERM and SIGHUP are held back for the length of the
+/// transaction: by default they end the process, which mid-way would leave
+/// a half-made start behind. One of the first two pending at the commit
+/// aborts the start instead (everything is put back); a SIGHUP then is
+/// dropped (the start has just read the config). Start runs before any
+/// other thread, so this thread's mask is the process's. SIGKILL cannot be
+/// held back: a start killed mid-way is not undone.
+struct Signals {
+    old: libc::sigset_t,
+}
+
+impl Signals {
+    fn set() -> libc::sigset_t {
+        // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, sig);
+            }
+            set
+        }
+    }
+
+    fn block() -> Signals {
+        // SAFETY: valid sets; only this thread's mask changes.
+        unsafe {
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &Signals::set(), &mut old);
+            Signals { old }
+        }
+    }
+
+    /// Takes the held-back signals; true if SIGINT or SIGTERM was among them.
+    fn take_pending() -> bool {
+        let set = Signals::set();
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut stop = false;
+        loop {
+            // SAFETY: valid set and timeout; the info pointer may be null.
+            let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) };
+            if sig <= 0 {
+                return stop;
+            }
+            stop |= sig != libc::SIGHUP;
+        }
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in `block`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}
+
+impl Undo {
+    fn new(new_prog: OwnedFd, maps: Option<SharedMaps>) -> Result<Undo> {
+        let step = |name: &str| -> Result<Option<usize>> {
+            match std::env::var(name) {
+                Err(_) => Ok(None),
+                Ok(v) => Ok(Some(v.parse().map_err(|_| Error::Invalid(format!("{name}: '{v}'")))?)),
+            }
+        };
+        let (fail_at, pause_at) = (step(ENV_TEST_FAIL_AT)?, step(ENV_TEST_PAUSE_AT)?);
+        Ok(Undo {
+            new_prog,
+            maps,
+            steps: Vec::new(),
+            saved_limiters: BTreeSet::new(),
+            saved_counters: BTreeSet::new(),
+            committed: false,
+            _signals: Signals::block(),
+            fail_at,
+            pause_at,
+        })
+    }
+
+    fn push(&mut self, step: Step) -> Result<()> {
+        self.steps.push(step);
+        if self.pause_at == Some(self.steps.len()) {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+        if self.fail_at == Some(self.steps.len()) {
+            return Err(Error::Invalid(format!(
+                "failing on purpose after kernel change {} ({ENV_TEST_FAIL_AT}, for tests)",
+                self.steps.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn attached(&mut self, iface: &str, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)>) -> Result<()> {
+        self.push(Step::Attached { iface: iface.into(), index, mode_flags, old })
+    }
+
+    fn rule(&mut self, net: IpNet, old: Option<Rule>) -> Result<()> {
+        if self.maps.is_none() {
+            return Ok(());
+        }
+        self.push(Step::Rule { net, old })
+    }
+
+    fn new_sources(&mut self, slot: u32) -> Result<()> {
+        let Some(m) = &self.maps else {
+            return Ok(());
+        };
+        if !self.saved_limiters.insert(slot) {
+            return Ok(());
+        }
+        let old = m.new_sources(slot)?;
+        self.push(Step::NewSources { slot, old })
+    }
+
+    /// A counter slot's values before it is zeroed (None: nothing to save,
+    /// fresh maps or saved already).
+    fn save_rule_counters(&mut self, slot: u32) -> Result<Option<PerCpuValues<RuleCounters>>> {
+        let Some(m) = &self.maps else {
+            return Ok(None);
+        };
+        if self.saved_counters.contains(&slot) {
+            return Ok(None);
+        }
+        Ok(Some(m.rule_counters(slot)?))
+    }
+
+    fn zeroed_rule_counters(&mut self, slot: u32, old: PerCpuValues<RuleCounters>) -> Result<()> {
+        self.saved_counters.insert(slot);
+        self.push(Step::RuleCounters { slot, old })
+    }
+
+    /// Ends the transaction, unless SIGINT or SIGTERM came meanwhile: then
+    /// the start is abandoned (and undone when `self` is dropped).
+    fn commit(mut self) -> Result<()> {
+        if Signals::take_pending() {
+            return Err(Error::Invalid("interrupted by a signal while starting; nothing changed".into()));
+        }
+        self.committed = true;
+        Ok(())
+    }
+
+    /// Puts back every recorded change, last first; reports what it did
+    /// and anything it could not put back.
+    fn rollback(&mut self) {
+        let mut done = Vec::new();
+        let (mut rules, mut limiters, mut counters) = (0usize, 0usize, 0usize);
+        let new = self.new_prog.as_raw_fd();
+        while let Some(step) = self.steps.pop() {
+            let r = match step {
+                Step::Attached { iface, index, mode_flags, old } => {
+                    let (fd, what) = match &old {
+                        Some((id, fd)) => (fd.as_raw_fd(), format!("program {id} back on {iface}")),
+                        None => (-1, format!("detached from {iface}")),
+                    };
+                    let r = netlink::set(index, fd, mode_flags, Some(new))
+                        .map_err(|source| Error::Netlink { iface: iface.clone(), source });
+                    if r.is_ok() {
+                        done.push(what.clone());
+                    }
+                    r.map_err(|e| (what, e))
+                }
+                Step::Rule { net, old } => {
+                    rules += 1;
+                    let m = self.maps.as_mut().expect("recorded only with maps");
+                    m.set_rule(net, old.as_ref()).map_err(|e| (format!("the rule for {net}"), e))
+                }
+                Step::NewSources { slot, old } => {
+                    limiters += 1;
+                    let m = self.maps.as_mut().expect("recorded only with maps");
+                    m.set_new_sources(slot, &old).map_err(|e| (format!("the new-source limiter of slot {slot}"), e))
+                }
+                Step::RuleCounters { slot, old } => {
+                    counters += 1;
+                    let m = self.maps.as_mut().expect("recorded only with maps");
+                    // What was there plus what was counted since it was
+                    // zeroed (a removed rule that still used the slot until
+                    // now): no frame the running program counted is lost.
+                    let merged = m.rule_counters(slot).and_then(|now| {
+                        let sum: Vec<RuleCounters> = old
+                            .iter()
+                            .zip(now.iter())
+                            .map(|(o, n)| {
+                                let mut c = *o;
+                                c.add(n);
+                                c
+                            })
+                            .collect();
+                        PerCpuValues::try_from(sum).map_err(|e| Error::Invalid(e.to_string()))
+                    });
+                    merged
+                        .and_then(|v| m.set_rule_counters(slot, v))
+                        .map_err(|e| (format!("the counters of slot {slot}"), e))
+                }
+            };
+            if let Err((what, e)) = r {
+                eprintln!("policer: start failed, and putting back {what} failed too: {e}");
+            }
+        }
+        let restored: Vec<String> = [
+            (rules, "rule entry", "rule entries"),
+            (limiters, "new-source limiter", "new-source limiters"),
+            (counters, "counter slot", "counter slots"),
+        ]
+        .into_iter()
+        .filter(|&(k, ..)| k > 0)
+        .map(|(k, one, many)| format!("{k} {}", if k == 1 { one } else { many }))
+        .collect();
+        if !restored.is_empty() {
+            done.push(format!("restored {}", restored.join(", ")));
+        }
+        if !done.is_empty() {
+            eprintln!("policer: start failed; undone: {}", done.join("; "));
+        }
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.rollback();
+            // The start fails with its own error; a signal held back
+            // meanwhile would end the process before it is said.
+            if Signals::take_pending() {
+                eprintln!("policer: interrupted by a signal while starting");
+            }
+        }
     }
 }

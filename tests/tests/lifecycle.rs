@@ -1,0 +1,382 @@
+//! Tier 3, lifecycle: starts that fail change nothing, and upgrades across
+//! a change of the maps' layout replace the running program with no
+//! unpoliced window. Daemons and the CLI are separate processes under
+//! `ip netns exec`, as a user runs them; traffic is real, counted on the
+//! receiving side; the kernel's state is read by program id (kstate).
+
+use std::{
+    net::IpAddr,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use policer_common::{LAYOUT_VERSION, rate::Rate};
+use policer_tests::{
+    daemon::{Daemon, Exited, cli, fails_with, policer_bin, succeeds},
+    kstate,
+    netns::{Sandbox, ip_out},
+    privileged,
+    traffic::{self, Flow},
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn flow(src: &str, pps: f64) -> Flow {
+    Flow { src: ip(src), pps, len: 64 }
+}
+
+/// The id of the XDP program on the sandbox's receiving interface.
+fn prog_id(sb: &Sandbox) -> u32 {
+    sb.rx_xdp().expect("no XDP program attached").parse().unwrap()
+}
+
+/// Whether any XDP program is attached to `iface` in the receiving namespace.
+fn has_xdp(sb: &Sandbox, iface: &str) -> bool {
+    ip_out(&["-n", &sb.rx_ns, "-d", "link", "show", iface]).contains("prog/xdp")
+}
+
+/// `policer attach IFACES --config SANDBOX_CONFIG --interval 0` with extra
+/// environment variables: the daemon, or how it exited.
+fn attach_env(sb: &Sandbox, ifaces: &[&str], extra: &[&str], envs: &[(&str, &str)]) -> Result<Daemon, Exited> {
+    let mut args = vec!["attach"];
+    args.extend_from_slice(ifaces);
+    args.extend_from_slice(&["--config", &sb.config, "--interval", "0"]);
+    args.extend_from_slice(extra);
+    Daemon::try_start(&policer_bin(), &sb.rx_ns, &args, envs)
+}
+
+/// The rules a daemon is killed with: a default rule, a prefix that the
+/// next config changes, and one it removes.
+const OLD_RULES: &str = r#"
+[[rule]]
+prefix = "0.0.0.0/0"
+rate = "1000pps"
+burst = 10
+
+[[rule]]
+prefix = "198.18.1.0/24"
+rate = "500pps"
+burst = 10
+
+[[rule]]
+prefix = "198.18.2.0/24"
+rate = "200pps"
+burst = 5
+"#;
+
+/// The next config: 198.18.1.0/24 changed, 198.18.2.0/24 removed, and a
+/// new deny rule for 198.18.9.0/24.
+const NEW_RULES: &str = r#"
+[[rule]]
+prefix = "0.0.0.0/0"
+rate = "1000pps"
+burst = 10
+
+[[rule]]
+prefix = "198.18.1.0/24"
+rate = "300pps"
+burst = 10
+
+[[rule]]
+prefix = "198.18.9.0/24"
+action = "deny"
+"#;
+
+/// A daemon with OLD_RULES, some traffic through it (so counters, buckets
+/// and limiters hold something), then `kill -9`: the program is left
+/// attached, policing, with no daemon. Returns its id.
+fn orphan_with_old_rules(sb: &Sandbox) -> u32 {
+    std::fs::write(&sb.config, OLD_RULES).unwrap();
+    let mut d = Daemon::attach(sb, &["--interval", "0"]);
+    let id = prog_id(sb);
+    let warm = [flow("198.18.1.1", 2000.0), flow("198.18.2.1", 300.0), flow("198.18.9.1", 100.0)];
+    let (_, got) = traffic::run(sb, &warm, Duration::from_millis(700));
+    assert!(got.per_flow.iter().all(|&n| n > 0), "{:?}", got.per_flow);
+    d.stop_with(libc::SIGKILL);
+    assert_eq!(prog_id(sb), id, "program gone after kill -9");
+    id
+}
+
+/// The issue's reproduction: after `kill -9`, a new daemon for the same
+/// interface and `lo` in native mode (which `lo` does not support), with a
+/// new deny rule in the config. It fails on `lo`, and leaves everything as
+/// it was: the old program attached, enforcing the old rules (a source
+/// under the new deny prefix still passes at its rate), rules, limiters
+/// and counters as they were, the config file as written.
+#[test]
+fn a_start_that_fails_on_one_interface_changes_nothing() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("fail");
+    let id = orphan_with_old_rules(&sb);
+    let before = kstate::read(id);
+    assert!(before.rules.contains_key("198.18.2.0/24") && !before.rules.contains_key("198.18.9.0/24"));
+    assert!(before.rule_counters.iter().filter(|c| c.passed_pkts > 0).count() >= 3, "{:?}", before.rule_counters);
+    std::fs::write(&sb.config, NEW_RULES).unwrap();
+    let file = std::fs::read(&sb.config).unwrap();
+
+    let e = attach_env(&sb, &[&sb.rx_if, "lo"], &["--mode", "native"], &[])
+        .err()
+        .expect("attaching lo in native mode succeeded");
+    eprintln!("the failed start said:\n{}\n{}", e.stdout, e.stderr);
+    assert!(!e.status.success());
+    assert!(e.stderr.contains("lo: the driver does not support native XDP"), "{}", e.stderr);
+    assert!(e.stderr.contains(&format!("undone: program {id} back on {}", sb.rx_if)), "{}", e.stderr);
+    assert!(!e.stderr.contains("panicked"), "{}", e.stderr);
+    assert_eq!(prog_id(&sb), id, "the old program is no longer attached");
+    assert!(!has_xdp(&sb, "lo"), "lo left with a program");
+    assert_eq!(before.diff(&kstate::read(id)), None, "a failed start changed rules, limiters or counters");
+    assert_eq!(std::fs::read(&sb.config).unwrap(), file, "a failed start rewrote the config file");
+    fails_with(&cli(&sb, &["rule", "ls"]), "no policer daemon is running");
+
+    // The old program still enforces the old rules: the new deny prefix
+    // passes at its rate, the changed prefix keeps its old rate.
+    // (Compared with the exact model over the real send times: a loaded
+    // machine can stall the sender into bursts the old rules cut too.)
+    let (sent, got) = traffic::run(&sb, &[flow("198.18.9.1", 200.0)], Duration::from_secs(1));
+    assert_eq!((got.socket_drops, got.foreign), (0, 0));
+    assert!(sent.sent[0] > 150, "{:?}", sent.sent);
+    let exact = traffic::exact_admitted(&sent, &Rate::Pps(1000).rule(10).unwrap(), 64);
+    eprintln!("under the new deny prefix: sent {}, admitted {}, exact {exact}", sent.sent[0], got.per_flow[0]);
+    assert_eq!(got.per_flow[0], exact, "a source under the new deny prefix is not policed by the old default rule");
+    let (sent, got) = traffic::run(&sb, &[flow("198.18.1.1", 2000.0)], Duration::from_secs(2));
+    assert_eq!((got.socket_drops, got.foreign), (0, 0));
+    let exact = traffic::exact_admitted(&sent, &Rate::Pps(500).rule(10).unwrap(), 64) as f64;
+    let admitted = got.per_flow[0] as f64;
+    eprintln!("old rule of 500pps: admitted {admitted}, exact {exact}");
+    assert!((admitted - exact).abs() <= exact * 0.02 + 2.0, "admitted {admitted}, the old rule admits {exact}");
+    let after = kstate::read(id);
+    assert_eq!(after.rules, before.rules);
+    for (slot, (b, a)) in before.rule_counters.iter().zip(&after.rule_counters).enumerate() {
+        assert!(a.passed_pkts >= b.passed_pkts && a.dropped_pkts >= b.dropped_pkts, "slot {slot}: counters reset");
+    }
+
+    // A start that can succeed adopts the program and applies the new rules.
+    let mut d = Daemon::attach(&sb, &["--interval", "0"]);
+    assert!(d.stdout().contains(&format!("adopting the policer already running (program {id})")), "{}", d.stdout());
+    let (sent, got) = traffic::run(&sb, &[flow("198.18.9.1", 200.0)], Duration::from_millis(700));
+    assert!(sent.sent[0] > 0);
+    assert_eq!(got.per_flow[0], 0, "the new deny rule is not in force after a good start");
+    assert!(d.stop_with(libc::SIGTERM));
+    assert!(sb.rx_xdp().is_none());
+}
+
+/// The undo log, change by change: the start is made to fail right after
+/// its 1st, 2nd, ... kernel change (an attachment; then, in adopted maps,
+/// a counter slot zeroed, limiters, rule entries written and removed),
+/// until it has no more changes to make and starts. After every failure
+/// the kernel's state is exactly what it was, and the file untouched.
+#[test]
+fn a_start_failing_after_any_kernel_change_undoes_it() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("undo");
+    let id = orphan_with_old_rules(&sb);
+    let before = kstate::read(id);
+    std::fs::write(&sb.config, NEW_RULES).unwrap();
+    let file = std::fs::read(&sb.config).unwrap();
+    let rx_if = sb.rx_if.clone();
+    for k in 1.. {
+        assert!(k < 40, "the start never ran out of kernel changes");
+        match attach_env(&sb, &[&rx_if], &[], &[("POLICER_TEST_FAIL_AT", &k.to_string())]) {
+            Err(e) => {
+                let said = format!("failing on purpose after kernel change {k} ");
+                assert!(e.stderr.contains(&said), "{}\n{}", e.stdout, e.stderr);
+                assert!(e.stderr.contains(&format!("undone: program {id} back on {rx_if}")), "{}", e.stderr);
+                assert!(!e.stderr.contains("failed too"), "{}", e.stderr);
+                assert_eq!(prog_id(&sb), id, "failing after change {k}: the old program is not back");
+                assert_eq!(
+                    before.diff(&kstate::read(id)),
+                    None,
+                    "failing after change {k}: the kernel's state changed"
+                );
+                assert_eq!(std::fs::read(&sb.config).unwrap(), file, "failing after change {k}: file rewritten");
+            }
+            Ok(mut d) => {
+                // The changes: the attachment, the counter slot of the new
+                // rule (the removed rule's), the limiters of the changed
+                // and the new rule, their two rule entries, one removal.
+                assert_eq!(k - 1, 7, "kernel changes of this start:\n{}", d.stdout());
+                let now = kstate::read(prog_id(&sb));
+                assert!(now.rules.contains_key("198.18.9.0/24") && !now.rules.contains_key("198.18.2.0/24"));
+                assert!(d.stop_with(libc::SIGTERM));
+                break;
+            }
+        }
+    }
+}
+
+/// SIGTERM (as `systemctl stop` sends, or Ctrl-C's SIGINT) in the middle
+/// of a start: held back until the commit, where it abandons the start,
+/// which is undone like any failure; the daemon then exits saying so.
+#[test]
+fn a_start_interrupted_by_sigterm_changes_nothing() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("sig");
+    let id = orphan_with_old_rules(&sb);
+    let before = kstate::read(id);
+    std::fs::write(&sb.config, NEW_RULES).unwrap();
+    let file = std::fs::read(&sb.config).unwrap();
+    // Paused for a second after its second kernel change (the program
+    // replaced, a counter slot zeroed); signalled in that second.
+    let child = Command::new("ip")
+        .args(["netns", "exec", &sb.rx_ns])
+        .arg(policer_bin())
+        .args(["attach", &sb.rx_if, "--config", &sb.config, "--interval", "0"])
+        .env("POLICER_TEST_PAUSE_AT", "2")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while prog_id(&sb) == id {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the start never replaced the program");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our child (`ip netns exec` execs policer).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("the interrupted start said:\n{stdout}\n{stderr}");
+    assert_eq!(out.status.code(), Some(1), "not a clean failure: {:?}", out.status);
+    assert!(stderr.contains("interrupted by a signal while starting; nothing changed"), "{stderr}");
+    assert!(stderr.contains(&format!("undone: program {id} back on {}", sb.rx_if)), "{stderr}");
+    assert!(!stdout.contains("policer: policing"), "{stdout}");
+    assert_eq!(prog_id(&sb), id, "the old program is not back");
+    assert_eq!(before.diff(&kstate::read(id)), None, "an interrupted start changed the kernel's state");
+    assert_eq!(std::fs::read(&sb.config).unwrap(), file, "an interrupted start rewrote the file");
+}
+
+/// The rules of the layout tests: a default rate and a denied prefix.
+const RULES_WITH_DENY: &str = r#"
+[[rule]]
+prefix = "0.0.0.0/0"
+rate = "1000pps"
+burst = 10
+
+[[rule]]
+prefix = "198.18.9.0/24"
+action = "deny"
+"#;
+
+/// An upgrade across a layout change under traffic: daemon A, a build of
+/// the previous layout (played by this binary stamping version N-1), is
+/// killed with -9; daemon B of this build finds A's program, cannot adopt
+/// its maps, and replaces it atomically with a fresh one. Counted on the
+/// receiving side throughout: the denied source never gets a frame
+/// through, the in-profile source loses none, and the heavy source gets no
+/// more than one uninterrupted bucket would plus the one fresh burst the
+/// new program's empty buckets give (no unpoliced window).
+#[test]
+fn an_upgrade_across_a_layout_change_replaces_the_program_without_a_gap() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("lay");
+    std::fs::write(&sb.config, RULES_WITH_DENY).unwrap();
+    let older = (LAYOUT_VERSION - 1).to_string();
+    let mut a = attach_env(&sb, &[&sb.rx_if.clone()], &[], &[("POLICER_TEST_LAYOUT_VERSION", &older)]).unwrap();
+    let id_a = prog_id(&sb);
+    assert_eq!(kstate::read(id_a).layout, Some(LAYOUT_VERSION - 1));
+    let flows = [flow("198.18.0.1", 5000.0), flow("198.18.9.1", 2000.0), flow("198.18.3.1", 100.0)];
+    let flood = traffic::run_bg(&sb, &flows, Duration::from_secs(5));
+    thread::sleep(Duration::from_millis(1500));
+    a.stop_with(libc::SIGKILL);
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(prog_id(&sb), id_a, "program gone after kill -9");
+    let mut b = Daemon::attach(&sb, &["--interval", "0"]);
+    let id_b = prog_id(&sb);
+    let (sent, got) = flood.join().unwrap();
+    eprintln!("daemon B said:\n{}", b.stdout());
+    assert_ne!(id_a, id_b, "program not replaced");
+    let said =
+        format!("replacing policer program {id_a} of an older layout (v{older}) on {}: buckets start empty", sb.rx_if);
+    assert!(b.stdout().contains(&said), "{}", b.stdout());
+    assert!(!b.stdout().contains("adopting"), "{}", b.stdout());
+    assert_eq!(kstate::read(id_b).layout, Some(LAYOUT_VERSION));
+
+    assert_eq!((got.socket_drops, got.foreign), (0, 0));
+    assert!(sent.sent[1] > 5000, "{:?}", sent.sent);
+    assert_eq!(got.per_flow[1], 0, "denied frames got through: an unpoliced window");
+    assert_eq!(got.per_flow[2], sent.sent[2], "the in-profile source lost frames");
+    let rule = Rate::Pps(1000).rule(10).unwrap();
+    let one_bucket = traffic::exact_admitted(&sent, &rule, 64);
+    let admitted = got.per_flow[0];
+    eprintln!(
+        "across the layout change: admitted {admitted}, one uninterrupted bucket {one_bucket}, \
+         rate x T + burst {:.0}",
+        1000.0 * sent.span_secs(0) + 10.0
+    );
+    // Empty buckets in the new program: one more burst (10) at most; an
+    // unpoliced millisecond alone would add 5 at this rate.
+    assert!(admitted <= one_bucket + 10 + 1, "admitted {admitted}, at most {} + 10", one_bucket);
+    assert!(admitted as f64 >= one_bucket as f64 * 0.98, "admitted {admitted}, expected about {one_bucket}");
+
+    // Policing on: the rules came from the config.
+    let rules = succeeds(&cli(&sb, &["rule", "ls", "--json"]));
+    assert!(rules.contains("198.18.9.0/24"), "{rules}");
+    assert!(b.stop_with(libc::SIGTERM));
+    assert!(sb.rx_xdp().is_none());
+}
+
+/// `policer detach` with no daemon removes a policer program of another
+/// layout (older or newer) that a killed daemon left (and a failed start
+/// that would have replaced it puts it back first); a program with no
+/// stamp but this build's maps (a build from before layout versions) is
+/// adopted, its rules carrying over.
+#[test]
+fn detach_and_adoption_recognise_other_builds() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("orph");
+    std::fs::write(&sb.config, RULES_WITH_DENY).unwrap();
+    let rx_if = sb.rx_if.clone();
+    for v in [LAYOUT_VERSION - 1, LAYOUT_VERSION + 1] {
+        let mut a = attach_env(&sb, &[&rx_if], &[], &[("POLICER_TEST_LAYOUT_VERSION", &v.to_string())]).unwrap();
+        let id = prog_id(&sb);
+        a.stop_with(libc::SIGKILL);
+        assert_eq!(prog_id(&sb), id);
+        // A start that would replace it but fails on another interface
+        // puts it back.
+        let e = attach_env(&sb, &[&rx_if, "lo"], &["--mode", "native"], &[]).err().expect("lo in native mode");
+        assert!(e.stdout.contains(&format!("replacing policer program {id} of ")), "{}", e.stdout);
+        assert!(e.stderr.contains(&format!("undone: program {id} back on {rx_if}")), "{}", e.stderr);
+        assert_eq!(prog_id(&sb), id, "the other build's program was not put back");
+        assert_eq!(kstate::read(id).layout, Some(v));
+        assert!(!has_xdp(&sb, "lo"));
+        let out = succeeds(&cli(&sb, &["detach", &rx_if]));
+        let layout =
+            if v < LAYOUT_VERSION { format!("an older layout (v{v})") } else { format!("a newer layout (v{v}") };
+        assert!(out.contains(&format!("detached policer (program {id}) from {rx_if}, a program of {layout}")), "{out}");
+        assert!(sb.rx_xdp().is_none(), "still attached after detach");
+    }
+
+    // Unstamped, this build's maps: adopted (rules, buckets, counters).
+    let mut a = attach_env(&sb, &[&rx_if], &[], &[("POLICER_TEST_LAYOUT_VERSION", "none")]).unwrap();
+    let id = prog_id(&sb);
+    let state = kstate::read(id);
+    assert_eq!(state.layout, None);
+    a.stop_with(libc::SIGKILL);
+    let mut b = Daemon::attach(&sb, &["--interval", "0", "--persist"]);
+    assert!(b.stdout().contains(&format!("adopting the policer already running (program {id})")), "{}", b.stdout());
+    let id_b = prog_id(&sb);
+    assert_eq!(kstate::read(id_b).rules, state.rules, "rules did not carry over");
+    assert!(b.stop_with(libc::SIGTERM));
+    // Its own (stamped) program, left by --persist: detached as ever.
+    let out = succeeds(&cli(&sb, &["detach", &rx_if]));
+    assert!(
+        out.contains(&format!("detached policer (program {id_b}) from {rx_if}")) && !out.contains("layout"),
+        "{out}"
+    );
+    assert!(sb.rx_xdp().is_none());
+    // (Someone else's program is still left alone: veth.rs.)
+}
