@@ -802,7 +802,9 @@ fn verdict(
         c.unmatched_pkts += 1;
         return xdp_action::XDP_PASS;
     };
-    let Some(rc) = RULE_COUNTERS.get_ptr_mut(rule.counter_slot) else {
+    // A slot past the array (a rule written for a larger limit) is counted
+    // in slot 0, which no rule owns: the frame is still judged.
+    let Some(rc) = RULE_COUNTERS.get_ptr_mut(rule.counter_slot).or_else(|| RULE_COUNTERS.get_ptr_mut(0)) else {
         return xdp_action::XDP_PASS;
     };
     // SAFETY: per-CPU slot, only this CPU writes it while we run.

@@ -253,6 +253,10 @@ pub struct TopView {
     pub by_drops: Vec<TopEntry>,
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// A rule with every default filled in, as `rule ls` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleView {
@@ -264,9 +268,13 @@ pub struct RuleView {
     /// "packets" or "bytes".
     pub unit: String,
     pub key_len: u32,
-    /// Whether the config file holds this rule (false: applied with
-    /// `--runtime`, gone at the next start or reload).
+    /// Whether the config file holds this rule as shown (false: applied
+    /// with `--runtime`, gone at the next start or reload).
     pub persisted: bool,
+    /// Whether the rule is in force (false: the file has it, but it was
+    /// removed with `rule rm --runtime`; back at the next start or reload).
+    #[serde(default = "yes")]
+    pub in_force: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -275,7 +283,8 @@ pub struct StatusView {
     pub interfaces: Vec<String>,
     pub config: String,
     pub rules: usize,
-    /// Rules applied with `--runtime`: in the kernel, not in the file.
+    /// Rules where the kernel and the file differ through `--runtime`
+    /// (set in the kernel only, or removed from the kernel only).
     pub runtime_rules: usize,
     pub persist: bool,
     /// The policer program's id (`bpftool prog show id N`).

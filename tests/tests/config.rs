@@ -175,14 +175,22 @@ fn a_read_only_config_refuses_changes_and_runtime_applies_them() {
     assert_eq!(got.per_flow[0], 0, "the runtime deny let frames through");
     assert_eq!(got.per_flow[1], sent.sent[1], "an in-profile source lost frames");
 
-    // A runtime removal of a saved rule; reload goes back to the file.
+    // A runtime removal of a saved rule: shown as not in force.
     succeeds(&cli(&sb, &["rule", "rm", "203.0.113.0/24", "--runtime"]));
+    let lab = rule(&rules(&sb), "203.0.113.0/24").cloned().expect("the file's rule is still listed");
+    assert_eq!((lab["in_force"].clone(), lab["persisted"].clone()), (false.into(), true.into()), "{lab}");
+    let status: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(status["runtime_rules"], 2);
+    // Writable again: the removal can be made to stick.
+    dir.remount("rw");
+    succeeds(&cli(&sb, &["rule", "rm", "203.0.113.0/24"]));
+    assert!(!std::fs::read_to_string(&config).unwrap().contains("203.0.113.0/24"));
     assert!(rule(&rules(&sb), "203.0.113.0/24").is_none());
+    // Reload goes back to the file: the runtime deny goes.
     succeeds(&cli(&sb, &["reload"]));
     let all = rules(&sb);
     assert!(rule(&all, "198.18.0.0/24").is_none(), "reload drops runtime-only rules");
-    assert!(rule(&all, "203.0.113.0/24").is_some(), "reload restores the file's rules");
-    assert!(all.as_array().unwrap().iter().all(|r| r["persisted"] == true));
+    assert!(all.as_array().unwrap().iter().all(|r| r["persisted"] == true && r["in_force"] == true));
 }
 
 /// `policer check FILE` as an unprivileged user (nobody), no daemon.

@@ -294,4 +294,18 @@ fn every_rule_has_its_own_counters_up_to_the_limit() {
     // Removing one makes room again.
     succeeds(&cli(&sb, &["rule", "rm", "100.64.0.2/32"]));
     succeeds(&cli(&sb, &["rule", "set", "198.51.100.0/24", "--action", "deny"]));
+    // At the limit, a reload that swaps 500 rules for 500 others fits: the
+    // old ones make room as the new ones go in.
+    let mut cfg = String::from("[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nburst = 100\n\n");
+    for i in 1..N {
+        let base =
+            if i < 500 { std::net::Ipv4Addr::new(100, 65, 0, 0) } else { std::net::Ipv4Addr::new(100, 64, 0, 0) };
+        let a = std::net::Ipv4Addr::from(u32::from(base) + i);
+        cfg.push_str(&format!("[[rule]]\nprefix = \"{a}/32\"\nrate = \"1kpps\"\nburst = 100\n\n"));
+    }
+    std::fs::write(&sb.config, cfg).unwrap();
+    succeeds(&cli(&sb, &["reload"]));
+    let rules = json(&succeeds(&cli(&sb, &["rule", "ls", "--json"])));
+    assert_eq!(rules.as_array().unwrap().len(), N as usize);
+    assert!(rules.as_array().unwrap().iter().any(|r| r["prefix"] == "100.65.1.243/32"));
 }

@@ -15,6 +15,9 @@ pub struct Args {
     /// One JSON object: {"ok", "file", "rules", "ipv4_rules", "ipv6_rules", "interfaces", "problems"}.
     #[arg(long)]
     json: bool,
+    /// The rule limit the daemon will run with (as `attach --max-rules`).
+    #[arg(long)]
+    max_rules: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -37,7 +40,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             return finish(a.json, &file, None, &p);
         }
     };
-    match Config::check(&text) {
+    match Config::check(&text, a.max_rules) {
         Ok((cfg, rules)) => {
             let v4 = rules.keys().filter(|n| matches!(n, ipnet::IpNet::V4(_))).count();
             finish(a.json, &file, Some((cfg, rules.len(), v4)), &[])

@@ -90,7 +90,11 @@ fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
             r.rate.as_deref().unwrap_or("-"),
             burst.as_deref().unwrap_or("-"),
             r.key_len,
-            if r.persisted { "yes" } else { "no (runtime)" }
+            match (r.in_force, r.persisted) {
+                (false, _) => "not in force (removed with --runtime)",
+                (true, true) => "yes",
+                (true, false) => "no (runtime)",
+            }
         );
     }
     Ok(())

@@ -47,6 +47,15 @@ pub struct Snapshot {
     seen: Seen,
 }
 
+/// A new version of the file, written under a temporary name and not yet
+/// in place ([`ConfigFile::stage`]); dropping it removes the temporary.
+#[derive(Debug)]
+pub struct Pending {
+    staged: Option<write::Staged>,
+    text: String,
+    config: Config,
+}
+
 /// The daemon's config file.
 #[derive(Clone, Debug)]
 pub struct ConfigFile {
@@ -111,6 +120,16 @@ impl ConfigFile {
     /// way the file is as it was. A change that changes nothing writes
     /// nothing.
     pub fn update(&mut self, change: Change<'_>) -> Result<()> {
+        let pending = self.stage(change)?;
+        self.commit(pending)
+    }
+
+    /// The first half of [`update`](Self::update): checks for a hand edit,
+    /// edits and writes the new version under a temporary name. Nothing is
+    /// changed until [`commit`](Self::commit); dropping the result removes
+    /// the temporary file. So a caller can stage the file, make its change
+    /// elsewhere (the kernel), and only then put the file in place.
+    pub fn stage(&mut self, change: Change<'_>) -> Result<Pending> {
         self.check_unchanged()?;
         let old = match &self.seen {
             Seen::Missing => None,
@@ -119,9 +138,18 @@ impl ConfigFile {
         let (text, config) = edit::edit(old, change, &self.path)?;
         // Nothing to say that the file (or its absence) does not say already.
         if old == Some(text.as_str()) || (old.is_none() && config == Config::default()) {
-            return Ok(());
+            return Ok(Pending { staged: None, text, config });
         }
         let staged = write::stage(&self.path, text.as_bytes())?;
+        Ok(Pending { staged: Some(staged), text, config })
+    }
+
+    /// Puts a staged version in place.
+    pub fn commit(&mut self, pending: Pending) -> Result<()> {
+        let Pending { staged, text, config } = pending;
+        let Some(staged) = staged else {
+            return Ok(());
+        };
         // Again, now that the new version is ready: an edit saved while we
         // worked must not be overwritten either. Dropping `staged` removes it.
         self.check_unchanged()?;

@@ -35,7 +35,7 @@ mod write;
 mod tests;
 
 pub use edit::Change;
-pub use file::{ConfigFile, Snapshot};
+pub use file::{ConfigFile, Pending, Snapshot};
 pub use write::NEW_FILE_MODE;
 
 use std::{collections::BTreeMap, fs, path::Path};
@@ -140,27 +140,27 @@ impl Config {
         if let Some(0) = d.max_sources {
             problems.push(Problem { line: None, message: "daemon.max_sources must be at least 1".into() });
         }
-        let max_rules = d.max_rules.unwrap_or(policer_common::DEFAULT_MAX_RULES);
-        if !(1..=policer_common::MAX_RULES).contains(&max_rules) {
+        if let Some(m) = d.max_rules
+            && !(1..=policer_common::MAX_RULES).contains(&m)
+        {
             problems.push(Problem {
                 line: None,
                 message: format!("daemon.max_rules must be 1 ..= {}", policer_common::MAX_RULES),
-            });
-        } else if self.rules.len() > max_rules as usize {
-            problems.push(Problem {
-                line: None,
-                message: format!(
-                    "{} rules, more than the limit of {max_rules} (daemon.max_rules, or --max-rules)",
-                    self.rules.len()
-                ),
             });
         }
         (out, problems)
     }
 
     /// `policer check`: the whole file's problems, all of them, each with
-    /// its line where it has one; or the config and its rules.
-    pub fn check(text: &str) -> std::result::Result<(Config, BTreeMap<IpNet, RuleSpec>), Vec<Problem>> {
+    /// its line where it has one; or the config and its rules. `max_rules`
+    /// is the limit the file will run under (`--max-rules`; else the
+    /// file's `daemon.max_rules`, else the default): more rules than that
+    /// is a problem too. (The daemon checks the count against the limit in
+    /// force, which only it knows.)
+    pub fn check(
+        text: &str,
+        max_rules: Option<u32>,
+    ) -> std::result::Result<(Config, BTreeMap<IpNet, RuleSpec>), Vec<Problem>> {
         let cfg: Config = match toml::from_str(text) {
             Ok(c) => c,
             Err(e) => {
@@ -169,7 +169,17 @@ impl Config {
                 return Err(vec![Problem { line, message: e.message().trim().to_string() }]);
             }
         };
-        let (rules, problems) = cfg.problems(Some(text));
+        let (rules, mut problems) = cfg.problems(Some(text));
+        let limit = max_rules.or(cfg.daemon.max_rules).unwrap_or(policer_common::DEFAULT_MAX_RULES);
+        if cfg.rules.len() > limit as usize {
+            problems.push(Problem {
+                line: None,
+                message: format!(
+                    "{} rules, more than the limit of {limit} (--max-rules, or daemon.max_rules)",
+                    cfg.rules.len()
+                ),
+            });
+        }
         if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
     }
 

@@ -47,6 +47,10 @@ pub(super) enum Layout {
     /// No stamp, and maps unlike this build's: a build from before layout
     /// versions, older than version UNSTAMPED_LAYOUT_VERSION.
     Unstamped,
+    /// This build's layout, but room for fewer rules than the start needs
+    /// (an older build's 4 095 counter slots, or a smaller --max-rules):
+    /// adopting it would refuse the config, so it is replaced.
+    RuleLimit { has: u32, needs: u32 },
 }
 
 impl Layout {
@@ -71,6 +75,7 @@ impl Layout {
             Layout::Version(v) => format!("a newer layout (v{v}; this build has v{LAYOUT_VERSION})"),
             Layout::Mismatch => format!("another layout (stamped v{LAYOUT_VERSION}, but its maps differ)"),
             Layout::Unstamped => "an older layout (a build from before layout versions)".into(),
+            Layout::RuleLimit { has, needs } => format!("a limit of {has} rules (this start needs {needs})"),
         }
     }
 }

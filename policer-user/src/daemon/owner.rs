@@ -83,6 +83,12 @@ impl Daemon {
                 .iter()
                 .map(|(n, i)| (*n, RuleRow { spec: i.spec.clone(), slot: i.slot, persisted: i.persisted }))
                 .collect(),
+            removed_at_runtime: self
+                .file_rules
+                .iter()
+                .filter(|(n, _)| !self.rules.contains_key(n))
+                .map(|(_, s)| s.clone())
+                .collect(),
             config: self.file.path().display().to_string(),
             persist: self.persist,
             program_id: self.program_id,

@@ -12,6 +12,7 @@ use policer_common::{NewSources, Rule, rate::Rate};
 
 use super::{Daemon, Installed, monotonic_ns};
 use crate::{
+    config::Change,
     error::{Error, Result},
     loader::Policer,
     netlink,
@@ -32,11 +33,19 @@ impl Slots {
     }
 
     /// The lowest free slot; an error at the rule limit.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.free.is_empty()
+    }
+
     pub fn take(&mut self) -> Result<u32> {
         self.free.pop_first().ok_or_else(|| {
             Error::Invalid(format!(
                 "rule limit reached: this policer holds {} rules (`--max-rules`, or `max_rules` in \
-                 [daemon]; a larger limit takes effect after `policer detach`)",
+                 [daemon]; a larger limit replaces the program at the next start, its buckets starting empty)",
                 self.capacity
             ))
         })
@@ -99,16 +108,6 @@ impl Daemon {
         self.rules.iter().map(|(n, i)| (*n, i.spec.clone())).collect()
     }
 
-    /// Writes `file` (the rules the config file should hold) into the
-    /// config file; on failure nothing is written and the caller undoes
-    /// its change in the kernel.
-    fn persist_config(&mut self, file: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
-        self.file.apply_rules(file)?;
-        self.file_rules = file.clone();
-        self.mark_persisted();
-        Ok(())
-    }
-
     /// A rule is persisted when the config file holds it as it is in force.
     pub(super) fn mark_persisted(&mut self) {
         for (net, i) in self.rules.iter_mut() {
@@ -132,11 +131,28 @@ impl Daemon {
     }
 
     fn apply_rules(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+        if want.len() > self.slots.capacity() as usize {
+            return Err(Error::Invalid(format!(
+                "rule limit reached: {} rules, more than this policer's limit of {} (`--max-rules`, or max_rules in [daemon]; \
+                 a larger limit replaces the program at the next start, its buckets starting empty)",
+                want.len(),
+                self.slots.capacity()
+            )));
+        }
+        // Prefixes this change removes. They go last (no frame falls to a
+        // shorter prefix before its new rule is in), except when the limit
+        // is reached: then one goes first to make room for a new one.
+        let mut gone: Vec<IpNet> = self.rules.keys().filter(|n| !want.contains_key(n)).copied().collect();
         for (net, spec) in want {
             let slot = match self.rules.get(net) {
                 Some(i) if &i.spec == spec => continue,
                 Some(i) => i.slot,
                 None => {
+                    if self.slots.is_empty()
+                        && let Some(g) = gone.pop()
+                    {
+                        self.remove_one(g)?;
+                    }
                     let slot = self.slots.take()?;
                     if let Err(e) = self.policer.reset_rule_counters(slot) {
                         self.slots.free(slot);
@@ -155,14 +171,16 @@ impl Daemon {
             self.next_id += 1;
             self.rules.insert(*net, Installed { spec: spec.clone(), id, slot, persisted: false });
         }
-        let gone: Vec<IpNet> = self.rules.keys().filter(|n| !want.contains_key(n)).copied().collect();
         for net in gone {
-            self.policer.remove_rule(net)?;
-            if let Some(i) = self.rules.remove(&net)
-                && i.slot != 0
-            {
-                self.slots.free(i.slot);
-            }
+            self.remove_one(net)?;
+        }
+        Ok(())
+    }
+
+    fn remove_one(&mut self, net: IpNet) -> Result<()> {
+        self.policer.remove_rule(net)?;
+        if let Some(i) = self.rules.remove(&net) {
+            self.slots.free(i.slot);
         }
         Ok(())
     }
@@ -180,10 +198,13 @@ impl Daemon {
         Ok(format!("set the rule for {net}{existed_note}"))
     }
 
-    /// `policer rule rm`.
+    /// `policer rule rm`. Without `runtime` it also takes a prefix the
+    /// file has but the kernel no longer does (removed earlier with
+    /// `--runtime`), so that removal can be made to stick.
     pub(super) fn rule_rm(&mut self, prefix: &str, runtime: bool) -> Result<String> {
         let net = crate::rules::parse_prefix(prefix)?;
-        if !self.rules.contains_key(&net) {
+        let in_file = !runtime && self.file_rules.contains_key(&net);
+        if !self.rules.contains_key(&net) && !in_file {
             return Err(Error::Invalid(format!("no rule for {net} (see `policer rule ls`)")));
         }
         self.change(runtime, |want| {
@@ -194,35 +215,56 @@ impl Daemon {
     }
 
     /// One change of the rules: `edit` applied to the kernel's rules and,
-    /// unless `runtime`, to the file's. All or nothing.
+    /// unless `runtime`, to the file's. All or nothing, in an order that
+    /// keeps it so: the new file is staged (a hand edit, a full disk or a
+    /// read-only file refuses the change before the kernel is touched),
+    /// then the kernel changes, then the file is put in place.
     fn change(&mut self, runtime: bool, edit: impl Fn(&mut BTreeMap<IpNet, RuleSpec>)) -> Result<()> {
         let before = self.specs();
         let mut want = before.clone();
         edit(&mut want);
+        let staged = if runtime {
+            None
+        } else {
+            let mut file = self.file_rules.clone();
+            edit(&mut file);
+            let pending = self.file.stage(Change { rules: Some(&file), interfaces: None }).map_err(|e| {
+                if e.is_config_not_written() {
+                    Error::Invalid(format!(
+                        "{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            Some((pending, file))
+        };
         if let Err(e) = self.apply(&want) {
-            // Back to what was in force; apply_rules stops at the first
-            // failure, so what it did is undone here.
-            let _ = self.apply(&before);
-            return Err(e);
+            // Back to what was in force (apply_rules stops at the first
+            // failure); the staged file is dropped, and so removed.
+            return Err(self.undo(&before, e));
         }
-        if runtime {
-            self.mark_persisted();
-            return Ok(());
+        if let Some((pending, file)) = staged {
+            if let Err(e) = self.file.commit(pending) {
+                return Err(self.undo(&before, e));
+            }
+            self.file_rules = file;
         }
-        let mut file = self.file_rules.clone();
-        edit(&mut file);
-        if let Err(e) = self.persist_config(&file) {
-            let _ = self.apply(&before);
-            self.mark_persisted();
-            return Err(if e.is_config_not_written() {
-                Error::Invalid(format!(
-                    "{e}; the change was not applied (`--runtime` applies it to the kernel only, not persisted)"
-                ))
-            } else {
-                e
-            });
-        }
+        self.mark_persisted();
         Ok(())
+    }
+
+    /// Puts the rules in force back to `before` after `e`; the error to
+    /// report (saying so if putting them back failed too).
+    fn undo(&mut self, before: &BTreeMap<IpNet, RuleSpec>, e: Error) -> Error {
+        let r = self.apply(before);
+        self.mark_persisted();
+        match r {
+            Ok(()) => e,
+            Err(u) => {
+                Error::Invalid(format!("{e}; and putting the rules back failed too: {u} (see `policer rule ls`)"))
+            }
+        }
     }
 
     /// Re-reads the config file; applies it only if all of it is valid.

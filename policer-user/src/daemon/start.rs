@@ -39,7 +39,7 @@ use policer_common::{
 
 use super::{
     Daemon, DaemonArgs, Iface, Installed,
-    adopt::{Existing, PrivateBpffs, attach_fresh, find, inspect},
+    adopt::{Existing, Layout, PrivateBpffs, attach_fresh, find, inspect},
     ruleset::{Slots, prepare},
 };
 use crate::{
@@ -185,6 +185,20 @@ impl Daemon {
         let mut existing = Vec::new();
         for (n, &i) in names.iter().zip(&indexes) {
             existing.push(inspect(n, i)?);
+        }
+        // A program of this layout with too few rule slots for this start
+        // is replaced rather than adopted (its buckets start empty).
+        let needs =
+            if args.max_rules.is_some() || cfg.daemon.max_rules.is_some() { max_rules } else { specs.len() as u32 };
+        for e in existing.iter_mut() {
+            if let Existing::Ours { prog_id, mode_flags } = *e
+                && let Some(f) = find(prog_id)
+                && let Some(&(_, entries)) = f.maps.get(MAP_RULE_COUNTERS)
+                && entries.saturating_sub(1) < needs
+            {
+                let layout = Layout::RuleLimit { has: entries.saturating_sub(1), needs };
+                *e = Existing::OtherLayout { prog_id, mode_flags, layout };
+            }
         }
         let adopt_from = existing.iter().find_map(|e| match e {
             Existing::Ours { prog_id, .. } => Some(*prog_id),

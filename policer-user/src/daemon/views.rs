@@ -52,6 +52,9 @@ pub struct RuleRow {
 pub struct Snapshot {
     pub ifaces: Vec<IfaceRef>,
     pub rules: BTreeMap<IpNet, RuleRow>,
+    /// Rules the config file holds that are not in force (removed with
+    /// `rule rm --runtime`).
+    pub removed_at_runtime: Vec<RuleSpec>,
     pub config: String,
     pub persist: bool,
     pub program_id: u32,
@@ -98,19 +101,20 @@ impl Views {
     }
 
     pub fn rules(&self) -> Vec<RuleView> {
-        self.snap()
-            .rules
-            .values()
-            .map(|RuleRow { spec: s, persisted, .. }| RuleView {
-                prefix: s.net.to_string(),
-                action: s.action.to_string(),
-                rate: s.rate.map(|r| r.to_string()),
-                burst: s.rate.map(|_| s.burst),
-                unit: if s.rate.is_some_and(|r| r.is_bytes()) { "bytes" } else { "packets" }.into(),
-                key_len: s.key_len,
-                persisted: *persisted,
-            })
-            .collect()
+        let snap = self.snap();
+        let view = |s: &RuleSpec, persisted: bool, in_force: bool| RuleView {
+            prefix: s.net.to_string(),
+            action: s.action.to_string(),
+            rate: s.rate.map(|r| r.to_string()),
+            burst: s.rate.map(|_| s.burst),
+            unit: if s.rate.is_some_and(|r| r.is_bytes()) { "bytes" } else { "packets" }.into(),
+            key_len: s.key_len,
+            persisted,
+            in_force,
+        };
+        let mut out: Vec<RuleView> = snap.rules.values().map(|r| view(&r.spec, r.persisted, true)).collect();
+        out.extend(snap.removed_at_runtime.iter().map(|s| view(s, true, false)));
+        out
     }
 
     pub fn status(&self) -> StatusView {
@@ -120,7 +124,7 @@ impl Views {
             interfaces: s.ifaces.iter().map(|i| i.name.clone()).collect(),
             config: s.config.clone(),
             rules: s.rules.len(),
-            runtime_rules: s.rules.values().filter(|r| !r.persisted).count(),
+            runtime_rules: s.rules.values().filter(|r| !r.persisted).count() + s.removed_at_runtime.len(),
             persist: s.persist,
             program_id: s.program_id,
         }
