@@ -127,7 +127,7 @@ pub const DEFAULT_MAX_RULES: u32 = 16_384;
 pub const PROGRAM_NAME: &str = "policer";
 
 /// The largest `--max-rules` accepted (per-CPU counters cost
-/// 64 bytes per rule and CPU).
+/// 56 bytes per rule and CPU).
 pub const MAX_RULES: u32 = 1_048_576;
 /// Default capacity of the bucket table (sources tracked at once).
 pub const DEFAULT_MAX_SOURCES: u32 = 1_048_576;

@@ -299,14 +299,30 @@ pub fn call(req: &Request) -> Result<Reply> {
     call_at(&socket_path()?, req, CALL_TIMEOUT)
 }
 
+/// Connects within `timeout`: a hung daemon whose listen backlog is full
+/// blocks connect(2) itself, so it runs on a thread of its own.
+fn connect(path: &Path, timeout: Duration) -> Result<UnixStream> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(UnixStream::connect(p));
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ECONNREFUSED) => Error::NoDaemon,
+            Some(libc::EACCES) | Some(libc::EPERM) => Error::NotRoot("talking to the policer daemon"),
+            _ => Error::Io(e),
+        }),
+        // Not connected, so not sent: nothing can have been applied.
+        Err(_) => Err(Error::Timeout { secs: timeout.as_secs_f64(), may_apply: false }),
+    }
+}
+
 /// Sends one request to the daemon listening on `path`; a refusal is
 /// [`Error::Refused`], a reply of the wrong kind an error too.
 pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
-    let stream = UnixStream::connect(path).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) | Some(libc::ECONNREFUSED) => Error::NoDaemon,
-        Some(libc::EACCES) | Some(libc::EPERM) => Error::NotRoot("talking to the policer daemon"),
-        _ => Error::Io(e),
-    })?;
+    let stream = connect(path, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     let mut w = &stream;

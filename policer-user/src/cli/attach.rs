@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long)]
     max_sources: Option<u32>,
     /// Rules the daemon holds, each with its own counters and new-source
-    /// limiter (default 16384; kernel memory: about 64 bytes per rule and CPU).
+    /// limiter (default 16384; kernel memory: 56 bytes per rule and CPU).
     #[arg(long)]
     max_rules: Option<u32>,
     /// Seconds between counter lines (0: off).

@@ -203,6 +203,9 @@ fn start_kernel_log(policer: &mut Policer) {
     }
 }
 
+/// How long leaving waits for the owner thread.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_millis(700);
+
 /// The event loop: hands the daemon to its owner thread, serves, ticks,
 /// and on a signal asks the owner to leave.
 async fn serve(
@@ -220,11 +223,19 @@ async fn serve(
     };
     let views = Arc::new(Views::new(reader, snap_rx));
     let r = event_loop(owner.clone(), views, listener, metrics, interval).await;
-    // Whatever ended the loop, the owner leaves as configured.
-    let out = owner.ask(Command::Shutdown).await;
-    match out.result {
-        Ok(m) => println!("policer: {m}"),
-        Err(e) => eprintln!("policer: {e}"),
+    // Whatever ended the loop, the owner leaves as configured: ahead of
+    // queued changes, and within the second SIGTERM is given.
+    match owner.shutdown(SHUTDOWN_DEADLINE).await {
+        Some(Outcome { result: Ok(m), .. }) => println!("policer: {m}"),
+        Some(Outcome { result: Err(e), .. }) => eprintln!("policer: {e}"),
+        None => {
+            eprintln!(
+                "policer: the owner thread did not answer within {} ms; exiting without it \
+                 (the program stays attached and policing, as with --persist)",
+                SHUTDOWN_DEADLINE.as_millis()
+            );
+            return (r, None);
+        }
     }
     (r, Some(handle))
 }
@@ -261,8 +272,15 @@ async fn event_loop(
     };
     let mut prev = counters(&views).unwrap_or_default();
     let mut prev_at = Instant::now();
+    let mut owner_alive = views.subscribe();
     loop {
         tokio::select! {
+            r = owner_alive.changed() => if r.is_err() {
+                // The owner thread ended without being asked (a panic): its
+                // state went with it, and `Daemon`'s drop detached (or left
+                // the program policing under --persist). Exit non-zero.
+                return Err(crate::Error::Invalid("the owner thread ended unexpectedly; exiting".into()));
+            },
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = stop_rx.changed() => break,

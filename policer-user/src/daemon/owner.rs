@@ -3,7 +3,14 @@
 //! nothing else writes the maps. Connections wait for their answer on a
 //! oneshot channel; a slow client holds only its own task, never the owner.
 
-use std::{sync::Arc, thread};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::Duration,
+};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -52,6 +59,9 @@ struct Job {
 #[derive(Clone)]
 pub struct Owner {
     tx: mpsc::Sender<Job>,
+    /// Set when the daemon is leaving: queued changes are refused, not
+    /// applied, so the shutdown does not wait behind them.
+    stopping: Arc<AtomicBool>,
 }
 
 /// Commands waiting for the owner at most; past that a request is refused
@@ -70,6 +80,20 @@ impl Owner {
             return Outcome { result: Err(Error::Invalid(why.into())), exit: false };
         }
         rx.await.unwrap_or(Outcome { result: Err(Error::Invalid("the daemon is shutting down".into())), exit: false })
+    }
+
+    /// Asks the owner to leave, ahead of any queued change, and waits at
+    /// most `deadline` for it; `None` when it did not answer in time (it
+    /// is stuck in a system call: the program stays attached, as after
+    /// `--persist`).
+    pub async fn shutdown(&self, deadline: Duration) -> Option<Outcome> {
+        self.stopping.store(true, Ordering::SeqCst);
+        let (reply, rx) = oneshot::channel();
+        let ask = async {
+            self.tx.send(Job { cmd: Command::Shutdown, reply }).await.ok()?;
+            rx.await.ok()
+        };
+        tokio::time::timeout(deadline, ask).await.ok().flatten()
     }
 }
 
@@ -119,9 +143,18 @@ impl Daemon {
 /// [`Owner`] is gone, which also shuts down).
 pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Result<(Owner, thread::JoinHandle<()>)> {
     let (tx, mut rx) = mpsc::channel::<Job>(QUEUE);
+    let stopping = Arc::new(AtomicBool::new(false));
+    let stop = stopping.clone();
     let handle = thread::Builder::new().name("policer-owner".into()).spawn(move || {
         while let Some(Job { cmd, reply }) = rx.blocking_recv() {
             let last = matches!(cmd, Command::Shutdown);
+            if !last && stop.load(Ordering::SeqCst) {
+                let _ = reply.send(Outcome {
+                    result: Err(Error::Invalid("the daemon is shutting down; nothing changed".into())),
+                    exit: false,
+                });
+                continue;
+            }
             let outcome = daemon.handle(cmd);
             snapshot.send_replace(daemon.snapshot());
             let _ = reply.send(outcome);
@@ -134,5 +167,5 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
             eprintln!("policer: {e}");
         }
     })?;
-    Ok((Owner { tx }, handle))
+    Ok((Owner { tx, stopping }, handle))
 }

@@ -66,7 +66,13 @@ pub struct Views {
     snapshot: watch::Receiver<Arc<Snapshot>>,
     /// The last count of the bucket table: when, live buckets, evicted.
     live_count: Mutex<Option<(Instant, u64, u64)>>,
+    /// The last `/metrics` answer and when it was rendered: scrapes within
+    /// [`METRICS_MAX_AGE`] share it (and wait for one render, not one each).
+    metrics: Mutex<Option<(Instant, bytes::Bytes)>>,
 }
+
+/// How old a `/metrics` answer may be.
+const METRICS_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// `/healthz`: whether the program is attached to every interface the
 /// daemon polices.
@@ -88,7 +94,13 @@ pub struct IfaceHealth {
 
 impl Views {
     pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>) -> Views {
-        Views { reader, snapshot, live_count: Mutex::new(None) }
+        Views { reader, snapshot, live_count: Mutex::new(None), metrics: Mutex::new(None) }
+    }
+
+    /// A receiver of the owner's snapshots: its `changed()` fails once the
+    /// owner thread is gone (it ended, or panicked).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.snapshot.clone()
     }
 
     fn snap(&self) -> Arc<Snapshot> {
@@ -226,11 +238,19 @@ impl Views {
         (live, evicted)
     }
 
-    /// The `/metrics` exposition.
-    pub fn metrics(&self) -> Result<String> {
+    /// The `/metrics` exposition, at most [`METRICS_MAX_AGE`] old.
+    pub fn metrics(&self) -> Result<bytes::Bytes> {
+        let mut cached = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, body)) = &*cached
+            && at.elapsed() < METRICS_MAX_AGE
+        {
+            return Ok(body.clone());
+        }
         let s = self.stats()?;
         let (live, evicted) = self.live_buckets(s.table.created);
-        Ok(crate::metrics::render(&s, live, evicted))
+        let body = bytes::Bytes::from(crate::metrics::render(&s, live, evicted));
+        *cached = Some((Instant::now(), body.clone()));
+        Ok(body)
     }
 
     /// `/healthz`: our program attached to every interface we police.

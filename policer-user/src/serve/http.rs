@@ -2,7 +2,13 @@
 //! task per connection, one request per connection, a deadline on the
 //! request head and on the whole exchange.
 
-use std::{convert::Infallible, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -15,12 +21,53 @@ use super::{Ctx, REQUEST_DEADLINE, WRITE_TIMEOUT, blocking, limiter};
 /// The whole exchange, from accept to the last byte of the answer.
 const EXCHANGE_DEADLINE: Duration = Duration::from_secs(REQUEST_DEADLINE.as_secs() + WRITE_TIMEOUT.as_secs());
 
+/// Connections one client address may hold at once: with `--metrics
+/// 0.0.0.0:PORT` a remote client holding idle connections must not use up
+/// the endpoint's cap and shut out `/healthz` for everyone else.
+pub const MAX_PER_PEER: usize = 64;
+
+/// Connections per client address; a [`PeerSlot`] gives its place back.
+#[derive(Default)]
+struct Peers(Mutex<HashMap<IpAddr, usize>>);
+
+struct PeerSlot(Arc<Peers>, IpAddr);
+
+impl Peers {
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<PeerSlot> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_default();
+        if *n >= MAX_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot(self.clone(), ip))
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.0.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
+}
+
 /// Accepts until the runtime ends.
 pub async fn run(listener: TcpListener, ctx: Arc<Ctx>) {
     let permits = limiter();
+    let peers = Arc::new(Peers::default());
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        // Over a cap: close at once rather than queue.
+        let Some(slot) = peers.take(peer.ip()) else {
+            drop(stream);
             continue;
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
@@ -39,6 +86,7 @@ pub async fn run(listener: TcpListener, ctx: Arc<Ctx>) {
             // A client that never reads its answer is cut off here.
             let _ = tokio::time::timeout(EXCHANGE_DEADLINE, conn).await;
             drop(permit);
+            drop(slot);
         });
     }
 }
