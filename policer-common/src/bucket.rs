@@ -488,6 +488,33 @@ impl Rule {
         d > room && d <= self.debt_bound() - span
     }
 
+    /// How long from `now_ns` until this rule would admit a frame of
+    /// `frame_len` bytes from a source whose bucket is `bucket` (`None`: it
+    /// has none — drained or evicted — so a frame would start a fresh one):
+    /// 0 when it would be admitted now, `u64::MAX` never (one frame costs
+    /// more than the bucket holds). A bucket last charged by another rule
+    /// is read as this rule would carry it over ([`Rule::rescale`]).
+    /// Host side (`policer inspect`); rounded up to whole ns, so the frame
+    /// is admitted at `now_ns + wait` and not a nanosecond before.
+    pub fn wait_ns(&self, bucket: Option<&Bucket>, now_ns: u64, frame_len: u32) -> u64 {
+        let tat = match bucket {
+            None => return if self.cost(frame_len) > self.limit() { u64::MAX } else { 0 },
+            Some(b) if b.stamp() as u64 == self.stamp as u64 & STAMP_MASK => b.tat,
+            Some(b) => self.rescale(b, now_ns),
+        };
+        let shift = self.shift();
+        let now = now_ns.wrapping_shl(shift);
+        let debt = Rule::debt(tat, now, self.debt_bound());
+        let Some(need) = (debt + self.cost(frame_len)).checked_sub(self.limit()) else {
+            return 0;
+        };
+        if self.cost(frame_len) > self.limit() {
+            return u64::MAX;
+        }
+        // `need` units must drain: round up to whole ns.
+        (need >> shift) + u64::from(need & ((1u64 << shift) - 1) != 0)
+    }
+
     /// Debt of a bucket at `now_ns`, in nanoseconds.
     pub fn debt_ns(&self, tat: u64, now_ns: u64) -> u64 {
         let now = now_ns.wrapping_shl(self.shift());

@@ -85,3 +85,37 @@ pub fn update(fd: RawFd, keys: &[u8], values: &[u8], count: usize) -> (usize, Op
     let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
     (attr.count as usize, err)
 }
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+
+/// `bpf_attr` for one element.
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// BPF_MAP_LOOKUP_ELEM of a plain-data key and value (not per-CPU maps);
+/// `None` when the key is absent.
+pub fn lookup<K: aya::Pod, V: aya::Pod>(fd: RawFd, key: &K) -> io::Result<Option<V>> {
+    let mut value = std::mem::MaybeUninit::<V>::zeroed();
+    let mut attr = ElemAttr {
+        map_fd: fd as u32,
+        key: key as *const K as u64,
+        value: value.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: key and value point to a K and a V of the map's sizes.
+    let r =
+        unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_ELEM, &mut attr as *mut ElemAttr, size_of::<ElemAttr>()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(e) };
+    }
+    // SAFETY: the kernel wrote a whole V; V is plain data (any bytes valid).
+    Ok(Some(unsafe { value.assume_init() }))
+}

@@ -67,6 +67,9 @@ pub enum Request {
     Top {
         n: usize,
     },
+    Inspect {
+        addr: std::net::IpAddr,
+    },
 }
 
 impl Request {
@@ -99,6 +102,7 @@ pub enum Reply {
     Status(StatusView),
     Stats(Box<StatsView>),
     Top(TopView),
+    Inspect(Box<InspectView>),
     /// Refused: nothing changed.
     Refused {
         error: String,
@@ -113,6 +117,7 @@ impl Reply {
             Reply::Status(_) => "status",
             Reply::Stats(_) => "stats",
             Reply::Top(_) => "top",
+            Reply::Inspect(_) => "inspect",
             Reply::Refused { .. } => "refused",
         }
     }
@@ -257,6 +262,42 @@ fn yes() -> bool {
     true
 }
 
+/// `policer inspect ADDR`: what the policer knows of one source now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct InspectView {
+    /// CLOCK_MONOTONIC of the reading, ns.
+    pub time_ns: u64,
+    pub address: String,
+    /// The rule in force for it (longest prefix); null: none matches, its
+    /// frames pass unpoliced.
+    pub rule: Option<String>,
+    pub action: Option<String>,
+    /// Its bucket's key: the address, or the masked prefix (--key-len).
+    pub key: Option<String>,
+    /// Whether the table holds a bucket for it. No bucket means no debt
+    /// (drained and evicted, or never seen): its next frame starts one.
+    pub has_bucket: bool,
+    /// Debt now, in ns of drain time (0 without a bucket).
+    pub debt_ns: u64,
+    /// Debt as a fraction of the bucket size (1.0: full).
+    pub fill: f64,
+    /// Nanoseconds until a frame would be admitted (0: now); null: never
+    /// (a deny rule, or a frame costs more than the bucket holds). A
+    /// frame is one packet, or in byte mode `frame_bytes` bytes.
+    pub next_admit_ns: Option<u64>,
+    pub frame_bytes: u32,
+    /// What a frame would get now: "pass" or "drop" ("pass" under
+    /// monitor, which counts a would-drop instead).
+    pub now: String,
+    /// Frames dropped from it since its bucket was made (sampled for
+    /// IPv4: see README, top).
+    pub drops: u64,
+    /// Without a bucket, whether its rule's new-source limiter would give
+    /// it one now ("accepted") or refuse it under table pressure
+    /// ("limited"); null with a bucket or for allow/deny rules.
+    pub new_source: Option<String>,
+}
+
 /// A rule with every default filled in, as `rule ls` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleView {
@@ -356,6 +397,7 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
                 Request::Status => "status",
                 Request::Stats => "stats",
                 Request::Top { .. } => "top",
+                Request::Inspect { .. } => "inspect",
             };
             if r.kind() != want {
                 return Err(Error::Invalid(format!(

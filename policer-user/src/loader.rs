@@ -132,6 +132,9 @@ pub struct MapReader {
     buckets_v4: OwnedFd,
     buckets_v4_drops: OwnedFd,
     buckets_v6: OwnedFd,
+    new_sources: OwnedFd,
+    /// The IPv4 table's hash; fixed for the table's life.
+    geometry: Geometry,
     /// Capacity of the bucket table, read once at load.
     capacity: u32,
 }
@@ -234,6 +237,12 @@ impl Policer {
             )
             .map_err(Error::map(MAP_BUCKETS_V4_GEOMETRY))?;
             m.set(0, &geometry, 0).map_err(Error::map(MAP_BUCKETS_V4_GEOMETRY))?;
+        }
+        // The reader hashes as the table does (fresh or taken over).
+        let g: Option<Geometry> = crate::batch::lookup(map_fd(&p.ebpf, MAP_BUCKETS_V4_GEOMETRY)?, &0u32)
+            .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4_GEOMETRY}: {e}")))?;
+        if let Some(reader) = Arc::get_mut(&mut p.reader) {
+            reader.geometry = g.unwrap_or_default();
         }
         Ok(p)
     }
@@ -442,8 +451,42 @@ impl MapReader {
             buckets_v4: dup(MAP_BUCKETS_V4)?,
             buckets_v4_drops: dup(MAP_BUCKETS_V4_DROPS)?,
             buckets_v6: dup(MAP_BUCKETS_V6)?,
+            new_sources: dup(MAP_NEW_SOURCES)?,
+            // Filled in by the loader once the table's seed is known.
+            geometry: Geometry::default(),
             capacity,
         })
+    }
+
+    /// The bucket of one source, if it has one (what `policer inspect`
+    /// shows): its first set, then its second (see policer_common::table).
+    pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
+        let io = |name: &'static str| move |e: io::Error| Error::Invalid(format!("reading {name}: {e}"));
+        if key.family == FAMILY_V4 {
+            let want = table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len);
+            for i in self.geometry.sets_of(want) {
+                let set: Option<Set> =
+                    crate::batch::lookup(self.buckets_v4.as_raw_fd(), &i).map_err(io(MAP_BUCKETS_V4))?;
+                let drops: Option<SetDrops> =
+                    crate::batch::lookup(self.buckets_v4_drops.as_raw_fd(), &i).map_err(io(MAP_BUCKETS_V4_DROPS))?;
+                let (Some(set), drops) = (set, drops.unwrap_or_default()) else { continue };
+                if let Some(b) =
+                    set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n))
+                {
+                    return Ok(Some(b));
+                }
+            }
+            Ok(None)
+        } else {
+            let k = BucketKeyV6 { addr: key.addr, key_len: key.key_len };
+            crate::batch::lookup(self.buckets_v6.as_raw_fd(), &k).map_err(io(MAP_BUCKETS_V6))
+        }
+    }
+
+    /// The new-source limiter of a rule's slot.
+    pub fn new_sources(&self, slot: u32) -> Result<Option<NewSources>> {
+        crate::batch::lookup(self.new_sources.as_raw_fd(), &slot)
+            .map_err(|e| Error::Invalid(format!("reading {MAP_NEW_SOURCES}: {e}")))
     }
 
     /// Capacity of the bucket table.
@@ -586,39 +629,7 @@ impl Policer {
 
     /// The bucket of one source, if it has one.
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
-        if key.family == FAMILY_V4 {
-            let g: Array<&MapData, Geometry> =
-                Array::try_from(self.ebpf.map(MAP_BUCKETS_V4_GEOMETRY).ok_or(Error::Missing(MAP_BUCKETS_V4_GEOMETRY))?)
-                    .map_err(Error::map(MAP_BUCKETS_V4_GEOMETRY))?;
-            let g = g.get(&0, 0).map_err(Error::map(MAP_BUCKETS_V4_GEOMETRY))?;
-            let want = table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len);
-            let t: Array<&MapData, Set> =
-                Array::try_from(self.ebpf.map(MAP_BUCKETS_V4).ok_or(Error::Missing(MAP_BUCKETS_V4))?)
-                    .map_err(Error::map(MAP_BUCKETS_V4))?;
-            let d: Array<&MapData, SetDrops> =
-                Array::try_from(self.ebpf.map(MAP_BUCKETS_V4_DROPS).ok_or(Error::Missing(MAP_BUCKETS_V4_DROPS))?)
-                    .map_err(Error::map(MAP_BUCKETS_V4_DROPS))?;
-            // Its first set, then its second (see policer_common::table).
-            for i in g.sets_of(want) {
-                let set = t.get(&i, 0).map_err(Error::map(MAP_BUCKETS_V4))?;
-                let drops = d.get(&i, 0).map_err(Error::map(MAP_BUCKETS_V4_DROPS))?;
-                if let Some(b) =
-                    set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n))
-                {
-                    return Ok(Some(b));
-                }
-            }
-            Ok(None)
-        } else {
-            let m: aya::maps::HashMap<&MapData, BucketKeyV6, Bucket> =
-                aya::maps::HashMap::try_from(self.ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))?)
-                    .map_err(Error::map(MAP_BUCKETS_V6))?;
-            match m.get(&BucketKeyV6 { addr: key.addr, key_len: key.key_len }, 0) {
-                Ok(b) => Ok(Some(b)),
-                Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-                Err(e) => Err(Error::map(MAP_BUCKETS_V6)(e)),
-            }
-        }
+        self.reader.bucket(key)
     }
 
     /// Sets the test clock (only read when loaded with `test_clock`).

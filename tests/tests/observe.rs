@@ -309,3 +309,68 @@ fn every_rule_has_its_own_counters_up_to_the_limit() {
     assert_eq!(rules.as_array().unwrap().len(), N as usize);
     assert!(rules.as_array().unwrap().iter().any(|r| r["prefix"] == "100.65.1.243/32"));
 }
+
+/// `policer inspect` against a live flood: the debt and the time to the
+/// next admission agree with the configured rate; a quiet source has no
+/// bucket and is admitted now; deny and unmatched sources say so.
+#[test]
+fn inspect_agrees_with_the_rate_under_a_flood() {
+    if !privileged("observability tier") {
+        return;
+    }
+    let sb = Sandbox::new("ins");
+    let _d = Daemon::attach(&sb, &["--rate", "100pps", "--burst", "10", "--interval", "0"]);
+    succeeds(&cli(&sb, &["rule", "set", "198.51.100.0/24", "--action", "deny"]));
+    succeeds(&cli(&sb, &["rule", "rm", "::/0"]));
+    let inspect = |a: &str| json(&succeeds(&cli(&sb, &["inspect", a, "--json"])));
+    let flood = traffic::run_bg(&sb, &[Flow { src: ip("198.18.0.1"), pps: 2_000.0, len: 64 }], Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut seen = 0;
+    for _ in 0..5 {
+        let v = inspect("198.18.0.1");
+        assert_eq!(v["rule"], "0.0.0.0/0");
+        assert_eq!(v["key"], "198.18.0.1");
+        assert_eq!(v["has_bucket"], true, "{v}");
+        // Flooded at 20x its rate: the bucket is (nearly) full, its debt at
+        // most the burst's drain time (10 / 100 pps = 100 ms), and the next
+        // admission within one packet's time (10 ms).
+        let debt = v["debt_ns"].as_u64().unwrap();
+        let next = v["next_admit_ns"].as_u64().unwrap();
+        assert!(v["fill"].as_f64().unwrap() >= 0.85, "{v}");
+        assert!((85_000_000..=100_000_000).contains(&debt), "debt {debt} ns: {v}");
+        assert!(next <= 10_000_000, "next admission in {next} ns: {v}");
+        // Consistent: the frame is admitted once the debt has drained to
+        // the bucket's size less one packet.
+        assert!(debt + 10_000_000 - next <= 100_000_000 + 1_000, "debt {debt}, next {next}");
+        if next > 0 {
+            assert_eq!(v["now"], "drop", "{v}");
+            seen += 1;
+        }
+    }
+    assert!(seen > 0, "never caught the flooded source between admissions");
+    let (_, got) = flood.join().unwrap();
+    assert!(got.per_flow[0] > 0);
+    // Drained once the flood stops (100 ms of debt at most).
+    std::thread::sleep(Duration::from_millis(300));
+    let v = inspect("198.18.0.1");
+    assert_eq!(
+        (v["debt_ns"].as_u64(), v["next_admit_ns"].as_u64(), v["now"].as_str()),
+        (Some(0), Some(0), Some("pass"))
+    );
+    // A source never seen: no bucket, a fresh one accepted now.
+    let v = inspect("198.18.7.7");
+    assert_eq!(v["has_bucket"], false);
+    assert_eq!(v["new_source"], "accepted");
+    assert_eq!(v["next_admit_ns"], 0);
+    // Deny: never admitted; no rule: passes unpoliced.
+    let v = inspect("198.51.100.9");
+    assert_eq!((v["action"].as_str(), v["now"].as_str()), (Some("deny"), Some("drop")));
+    assert!(v["next_admit_ns"].is_null());
+    let v = inspect("2001:db8::1");
+    assert!(v["rule"].is_null(), "{v}");
+    assert_eq!(v["now"], "pass");
+    // People's output names the rule and the wait.
+    let text = succeeds(&cli(&sb, &["inspect", "198.18.0.1"]));
+    assert!(text.contains("rule        0.0.0.0/0 (police)") && text.contains("next admit"), "{text}");
+    policer_tests::daemon::fails_with(&cli(&sb, &["inspect", "not-an-address"]), "invalid");
+}

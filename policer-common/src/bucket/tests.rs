@@ -870,3 +870,44 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// `wait_ns` is exactly when `admit` starts admitting again: refused a
+    /// nanosecond before, admitted at it.
+    #[test]
+    fn wait_is_when_admit_says_yes(
+        spec in wide_spec(),
+        t0 in 0..1u64 << 60,
+        fill in 0..=1024u64,
+        len in 64..1500u32,
+    ) {
+        let rule = spec.rule().with_id(1);
+        let (tat, _) = filled(&rule, t0, fill);
+        let wait = rule.wait_ns(Some(&rule.bucket(tat)), t0, len);
+        if rule.cost(len) > rule.limit() {
+            prop_assert_eq!(wait, u64::MAX);
+            return Ok(());
+        }
+        prop_assert!(rule.admit(tat, t0 + wait, len).is_some(), "refused at the wait {wait}");
+        if wait > 0 {
+            prop_assert!(rule.admit(tat, t0 + wait - 1, len).is_none(), "admitted before the wait {wait}");
+        }
+        // No bucket: admitted now.
+        prop_assert_eq!(rule.wait_ns(None, t0, len), 0);
+    }
+}
+
+#[test]
+fn wait_after_a_burst_is_one_frame_at_the_rate() {
+    // 1000 pps, burst 10: ten frames back to back fill it; the next one
+    // waits one packet's time, 1 ms.
+    let rule = Rule::packets(1000, 10).unwrap().with_id(1);
+    let t = 5 * NS_PER_SEC;
+    let mut tat = rule.empty_tat(t);
+    for _ in 0..10 {
+        tat = rule.admit(tat, t, 64).unwrap();
+    }
+    assert_eq!(rule.wait_ns(Some(&rule.bucket(tat)), t, 64), 1_000_000);
+    assert_eq!(rule.wait_ns(Some(&rule.bucket(tat)), t + 400_000, 64), 600_000);
+    assert_eq!(rule.wait_ns(Some(&rule.bucket(tat)), t + 2_000_000, 64), 0);
+}

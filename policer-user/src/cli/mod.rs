@@ -4,6 +4,7 @@
 mod attach;
 mod check;
 mod detach;
+mod inspect;
 mod reload;
 mod rule;
 mod stats;
@@ -48,6 +49,8 @@ enum Cmd {
     Stats(stats::Args),
     /// The sources with the most debt and the most drops right now.
     Top(top::Args),
+    /// One source now: its rule, bucket, debt, and when it would be admitted.
+    Inspect(inspect::Args),
 }
 
 impl Cli {
@@ -65,6 +68,7 @@ impl Cli {
             Cmd::Status(a) => status::run(a),
             Cmd::Stats(a) => stats::run(a),
             Cmd::Top(a) => top::run(a),
+            Cmd::Inspect(a) => inspect::run(a),
         }
     }
 }

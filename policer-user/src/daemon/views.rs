@@ -15,13 +15,16 @@ use std::{
 };
 
 use ipnet::IpNet;
-use policer_common::{BucketKey, Counters, FAMILY_V4, MAX_IFACE_SLOTS, RuleCounters};
+use policer_common::{BucketKey, Counters, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, RuleCounters, bucket::Action};
 use serde::Serialize;
 use tokio::sync::watch;
 
 use super::monotonic_ns;
 use crate::{
-    control::{CountersView, IfaceStats, RuleStats, RuleView, StatsView, StatusView, TableStats, TopEntry, TopView},
+    control::{
+        CountersView, IfaceStats, InspectView, RuleStats, RuleView, StatsView, StatusView, TableStats, TopEntry,
+        TopView,
+    },
     error::Result,
     loader::MapReader,
     netlink,
@@ -218,6 +221,51 @@ impl Views {
         Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops })
     }
 
+    /// `policer inspect ADDR`.
+    pub fn inspect(&self, addr: IpAddr) -> Result<InspectView> {
+        let snap = self.snap();
+        let now = monotonic_ns();
+        let mut v = InspectView { time_ns: now, address: addr.to_string(), now: "pass".into(), ..Default::default() };
+        let Some((net, row)) = snap.rules.iter().filter(|(n, _)| n.contains(&addr)).max_by_key(|(n, _)| n.prefix_len())
+        else {
+            return Ok(v);
+        };
+        let spec = &row.spec;
+        v.rule = Some(net.to_string());
+        v.action = Some(spec.action.to_string());
+        let key = bucket_key(addr, spec.key_len);
+        v.key = Some(bucket_source(&key));
+        match spec.action {
+            Action::Allow => {
+                v.next_admit_ns = Some(0);
+                return Ok(v);
+            }
+            Action::Deny => {
+                v.now = "drop".into();
+                return Ok(v);
+            }
+            Action::Police | Action::Monitor => {}
+        }
+        let rule = spec.kernel(0)?;
+        v.frame_bytes = if rule.byte_cost != 0 { 64 } else { 0 };
+        let bucket = self.reader.bucket(&key)?;
+        v.has_bucket = bucket.is_some();
+        if let Some(b) = &bucket {
+            v.debt_ns = b.debt_ns(now);
+            v.fill = b.fill_q16(now) as f64 / 65536.0;
+            v.drops = b.drops();
+        } else {
+            let ns = self.reader.new_sources(row.slot)?.unwrap_or_default();
+            let open = ns.enabled == 0 || ns.limiter().admit(ns.tat, now, 0).is_some();
+            v.new_source = Some(if open { "accepted" } else { "limited" }.into());
+        }
+        let wait = rule.wait_ns(bucket.as_ref(), now, v.frame_bytes.max(64));
+        v.next_admit_ns = (wait != u64::MAX).then_some(wait);
+        let refused = wait != 0 || v.new_source.as_deref() == Some("limited");
+        v.now = if refused && spec.action == Action::Police { "drop" } else { "pass" }.into();
+        Ok(v)
+    }
+
     /// (live buckets, buckets evicted so far): a count at most
     /// [`LIVE_COUNT_MAX_AGE`] old. `created` is the buckets-created counter
     /// read just before. Concurrent scrapes wait for one count and share it.
@@ -308,6 +356,25 @@ fn key_addr(k: &BucketKey) -> IpAddr {
     } else {
         std::net::Ipv6Addr::from(k.addr).into()
     }
+}
+
+/// The bucket key of `addr` under a rule of `key_len` bits: the masked
+/// address (as the program forms it).
+fn bucket_key(addr: IpAddr, key_len: u32) -> BucketKey {
+    let (mut bytes, family, full) = match addr {
+        IpAddr::V4(a) => {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&a.octets());
+            (b, FAMILY_V4, 32)
+        }
+        IpAddr::V6(a) => (a.octets(), FAMILY_V6, 128),
+    };
+    let key_len = key_len.min(full);
+    let mask = policer_common::bucket::prefix_mask(key_len);
+    for (b, m) in bytes.iter_mut().zip(mask) {
+        *b &= m;
+    }
+    BucketKey { addr: bytes, family, key_len }
 }
 
 /// A bucket's key as text: the address, or a prefix when sources are grouped.

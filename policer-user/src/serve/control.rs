@@ -119,5 +119,8 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
             (blocking(move || views.stats()).await.map_or_else(refused, |s| Reply::Stats(Box::new(s))), false)
         }
         Request::Top { n } => (blocking(move || views.top(n)).await.map_or_else(refused, Reply::Top), false),
+        Request::Inspect { addr } => {
+            (blocking(move || views.inspect(addr)).await.map_or_else(refused, |v| Reply::Inspect(Box::new(v))), false)
+        }
     }
 }

@@ -1,0 +1,68 @@
+//! `policer inspect ADDR [--json]`: one source, as the policer sees it now.
+
+use std::net::IpAddr;
+
+use super::call;
+use crate::control::{Reply, Request};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The source address (IPv4 or IPv6).
+    addr: IpAddr,
+    /// One JSON object; see README for the fields.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `1.5 ms`, `2.0 s`: a duration in ns for people.
+fn human(ns: u64) -> String {
+    match ns {
+        0 => "0".into(),
+        n if n < 1_000 => format!("{n} ns"),
+        n if n < 1_000_000 => format!("{:.1} µs", n as f64 / 1e3),
+        n if n < 1_000_000_000 => format!("{:.1} ms", n as f64 / 1e6),
+        n => format!("{:.1} s", n as f64 / 1e9),
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let Reply::Inspect(v) = call(Request::Inspect { addr: a.addr })? else { unreachable!("checked by control::call") };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let Some(rule) = &v.rule else {
+        println!("{}: no rule matches; its frames pass unpoliced", v.address);
+        return Ok(());
+    };
+    let action = v.action.as_deref().unwrap_or("-");
+    println!("source      {}", v.address);
+    println!("rule        {rule} ({action})");
+    if let Some(k) = &v.key {
+        println!("bucket key  {k}");
+    }
+    if matches!(action, "allow" | "deny") {
+        println!("now         {} (an {action} rule has no bucket)", v.now);
+        return Ok(());
+    }
+    if v.has_bucket {
+        println!("debt        {} ({:.1} % of the bucket)", human(v.debt_ns), v.fill * 100.0);
+        println!("drops       {}", v.drops);
+    } else {
+        println!("debt        none: no bucket (drained and evicted, or never seen); its next frame starts one");
+        if let Some(ns) = &v.new_source {
+            println!(
+                "new source  {ns}{}",
+                if ns == "limited" { " (the rule's new-source limiter refuses fresh buckets now)" } else { "" }
+            );
+        }
+    }
+    let unit = if v.frame_bytes > 0 { format!("a {}-byte frame", v.frame_bytes) } else { "a packet".into() };
+    match v.next_admit_ns {
+        Some(0) => println!("next admit  now ({unit})"),
+        Some(ns) => println!("next admit  in {} ({unit})", human(ns)),
+        None => println!("next admit  never ({unit} costs more than the bucket holds)"),
+    }
+    println!("now         {}", v.now);
+    Ok(())
+}
