@@ -4,6 +4,7 @@
 mod attach;
 mod check;
 mod detach;
+mod docs;
 mod inspect;
 mod reload;
 mod rule;
@@ -51,6 +52,12 @@ enum Cmd {
     Top(top::Args),
     /// One source now: its rule, bucket, debt, and when it would be admitted.
     Inspect(inspect::Args),
+    /// Write the man pages (policer.8 and one per verb) into a directory.
+    #[command(hide = true)]
+    Man(docs::ManArgs),
+    /// Print a shell completion script (bash, zsh, fish).
+    #[command(hide = true)]
+    Completions(docs::CompletionsArgs),
 }
 
 impl Cli {
@@ -69,6 +76,8 @@ impl Cli {
             Cmd::Stats(a) => stats::run(a),
             Cmd::Top(a) => top::run(a),
             Cmd::Inspect(a) => inspect::run(a),
+            Cmd::Man(a) => docs::man(a),
+            Cmd::Completions(a) => docs::completions(a),
         }
     }
 }
