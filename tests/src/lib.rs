@@ -11,6 +11,7 @@ pub mod frame;
 pub mod netns;
 pub mod packet;
 pub mod reference;
+pub mod soak;
 pub mod traffic;
 
 /// True when the privileged tiers can run. When they cannot, says why;
