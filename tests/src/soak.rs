@@ -152,6 +152,8 @@ pub struct SoakReport {
     pub warmup_seconds: f64,
     pub max_sources: u32,
     pub flood_pps: u32,
+    /// The XDP mode the daemon reported attaching in.
+    pub xdp_mode: String,
     /// Frames sent: paced (heavy hitter and in-profile) and spoofed.
     pub paced_sent: u64,
     pub flood_sent: u64,
@@ -241,17 +243,22 @@ impl SoakReport {
         );
         let _ = writeln!(
             w,
-            "The real `policer` daemon on a veth (native XDP, `--rate {RATE} --burst {BURST} --max-sources {}`, \
-             `/metrics` on) receives a spoofed flood of random IPv4 sources in 10.0.0.0/8 ({} frames/s from the \
-             XDP live-frames generator, in bursts of {FLOOD_BURST}), a heavy hitter at {HEAVY_PPS:.0} pps and \
+            "The real `policer` daemon on a veth ({} XDP, `--rate {RATE} --burst {BURST} --max-sources {}`, \
+             `/metrics` on) receives a spoofed flood of random IPv4 sources in 10.0.0.0/8 ({} frames/s asked, {:.0} \
+             sent, from the XDP live-frames generator in bursts of {FLOOD_BURST}), a heavy hitter at {HEAVY_PPS:.0} pps and \
              {IN_PROFILE} in-profile IPv4 and IPv6 sources at {IN_PROFILE_PPS:.0} pps (paced AF_PACKET). Once a \
              second a driver changes one thing in turn (`rule set` of a police rule and of a deny rule, a config \
              edit plus `policer reload` adding a monitor rule, the two `rule rm`, a config edit plus `reload` \
              removing it), scrapes `/metrics` and runs `policer top -n 10 --json` and `policer stats --json`: \
              {} rounds. Every CLI call is timed as a whole process (`ip netns exec` to exit); before the traffic \
-             starts, the same cycle runs {BASELINE_CYCLES} times with nothing else going on. A call *waited* its \
+             starts, the same cycle runs {BASELINE_CYCLES} times with no traffic (the machine is shared: \
+             other work may load either phase). A call *waited* its \
              latency minus the median of the same call in that baseline.\n",
-            self.max_sources, self.flood_pps, self.ticks
+            self.xdp_mode,
+            self.max_sources,
+            self.flood_pps,
+            self.flood_sent as f64 / self.seconds.max(1e-9),
+            self.ticks
         );
         let _ = writeln!(w, "| criterion | measured | |");
         let _ = writeln!(w, "|---|---|---|");
@@ -547,6 +554,8 @@ pub fn run(o: &Options, say: &dyn Fn(&str)) -> Result<SoakReport> {
         &["--rate", RATE, "--burst", BURST, "--max-sources", &max_sources, "--metrics", &port, "--interval", "1"],
     );
     let pid = d.pid();
+    let out = d.stdout();
+    let xdp_mode = out.split_once(" mode)").and_then(|(a, _)| a.rsplit('(').next()).unwrap_or("unknown").to_string();
     let mut r = SoakReport {
         date: crate::bench::sys::run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default().trim().into(),
         commit: crate::bench::sys::run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_default().trim().into(),
@@ -555,6 +564,7 @@ pub fn run(o: &Options, say: &dyn Fn(&str)) -> Result<SoakReport> {
         warmup_seconds: o.warmup.as_secs_f64(),
         max_sources: o.max_sources,
         flood_pps: o.flood_pps,
+        xdp_mode,
         ..Default::default()
     };
     let mut base: Vec<Vec<f64>> = vec![vec![]; CALLS.len()];
