@@ -99,7 +99,7 @@ const HEAVY_PPS: f64 = 1000.0;
 const IN_PROFILE: u32 = 20;
 const IN_PROFILE_PPS: f64 = 10.0;
 const METRICS_PORT: u16 = 9464;
-/// The no-load baseline: this many rounds of the driver's whole cycle.
+/// The no-load baseline: this many times the driver's whole cycle (six rounds).
 const BASELINE_CYCLES: usize = 10;
 /// The criteria.
 pub const MAX_WAIT_MS: f64 = 100.0;
@@ -571,7 +571,7 @@ pub fn run(o: &Options, say: &dyn Fn(&str)) -> Result<SoakReport> {
     let mut load: Vec<Vec<f64>> = vec![vec![]; CALLS.len()];
     let (mut base_scrape, mut load_scrape) = (vec![], vec![]);
 
-    say(&format!("baseline: {BASELINE_CYCLES} rounds of the driver's cycle with no traffic"));
+    say(&format!("baseline: {BASELINE_CYCLES} times the driver's cycle of six rounds, with no traffic"));
     for k in 0..BASELINE_CYCLES * 6 {
         round(&sb, k, &mut base, &mut base_scrape, &mut r.errors);
     }
