@@ -181,6 +181,8 @@ pub struct SoakReport {
     pub rss_peak_kib: u64,
     pub calls: Vec<Calls>,
     pub scrape: Calls,
+    /// The five longest waits: (s since the traffic started, call, ms).
+    pub longest_waits: Vec<(f64, String, f64)>,
     pub ticks: u64,
     /// Calls that failed (must be none).
     pub errors: Vec<String>,
@@ -331,6 +333,11 @@ impl SoakReport {
             );
         }
         let _ = writeln!(w);
+        if !self.longest_waits.is_empty() {
+            let list: Vec<String> =
+                self.longest_waits.iter().map(|(at, call, ms)| format!("{ms:.0} ms `{call}` at {at:.0} s")).collect();
+            let _ = writeln!(w, "The longest waits, and when (seconds into the traffic): {}.\n", list.join("; "));
+        }
         let _ = writeln!(
             w,
             "The `/metrics` scrape is an HTTP request from a thread inside the namespace (connect to the end of the \
@@ -596,10 +603,17 @@ pub fn run(o: &Options, say: &dyn Fn(&str)) -> Result<SoakReport> {
     // The flood ends a little before the paced sender, so the receiver
     // (which stops after the paced sender and a quiet moment) counts all of it.
     let flooder = flood(&sb, o.flood_pps, t0 + o.duration.saturating_sub(Duration::from_millis(200)), stop.clone());
+    // (round start, s since the traffic started; call; ms) of every call.
+    let mut timeline: Vec<(f64, usize, f64)> = vec![];
     let mut k = 0usize;
     let mut next_say = Duration::from_secs(60);
     while t0.elapsed() < o.duration {
+        let round_at = t0.elapsed().as_secs_f64();
+        let before: Vec<usize> = load.iter().map(Vec::len).collect();
         round(&sb, k, &mut load, &mut load_scrape, &mut r.errors);
+        for (i, v) in load.iter().enumerate() {
+            timeline.extend(v[before[i]..].iter().map(|&ms| (round_at, i, ms)));
+        }
         let at = t0.elapsed();
         match rss_kib(pid) {
             Some(kib) => r.rss.push((at.as_secs_f64(), kib)),
@@ -655,6 +669,10 @@ pub fn run(o: &Options, say: &dyn Fn(&str)) -> Result<SoakReport> {
         .zip(base.into_iter().zip(load))
         .map(|(c, (baseline, load))| Calls { call: format!("policer {c}"), baseline, load })
         .collect();
+    let mut waits: Vec<(f64, String, f64)> =
+        timeline.iter().map(|&(at, i, ms)| (at, r.calls[i].call.clone(), ms - r.calls[i].base_median())).collect();
+    waits.sort_by(|a, b| b.2.total_cmp(&a.2));
+    r.longest_waits = waits.into_iter().take(5).collect();
     r.scrape = Calls { call: "GET /metrics".into(), baseline: base_scrape, load: load_scrape };
 
     let t = Instant::now();
