@@ -13,9 +13,9 @@
 //! - no control request waited more than 100 ms. A CLI call is a process
 //!   of its own (`ip netns exec`, exec, connect, request, reply, exit), and
 //!   on a loaded 2-vCPU machine most of its time is that, not the daemon.
-//!   So each kind of call is first measured with no traffic and no other
-//!   load (the baseline), and what it waited under the soak is its latency
-//!   minus the baseline's median for the same call.
+//!   So each kind of call is first measured with the daemon up but no
+//!   traffic (the baseline), and what it waited under the soak is its
+//!   latency minus the baseline's median for the same call.
 
 use std::{
     fmt::Write as _,
@@ -54,8 +54,13 @@ pub struct Options {
     pub flood_pps: u32,
     /// `--max-sources` of the daemon: the flood churns this table.
     pub max_sources: u32,
-    /// `policer` binaries as built in debug mode are slower; say which.
-    pub build: String,
+}
+
+/// "release" or "debug": which build of `policer` the soak runs (a debug
+/// build answers more slowly), from its path.
+fn build_of_policer() -> String {
+    let p = crate::daemon::policer_bin();
+    if p.components().any(|c| c.as_os_str() == "release") { "release" } else { "debug" }.into()
 }
 
 impl Options {
@@ -68,7 +73,6 @@ impl Options {
             warmup: Duration::from_secs(60).min(duration / 5),
             flood_pps: FLOOD_PPS,
             max_sources: MAX_SOURCES,
-            build: "release".into(),
         }
     }
 
@@ -79,7 +83,6 @@ impl Options {
             warmup: Duration::from_secs(10),
             flood_pps: FLOOD_PPS,
             max_sources: MAX_SOURCES,
-            build: "debug".into(),
         }
     }
 }
@@ -360,9 +363,9 @@ const WAITS_TRACED: &str = "Traced apart from this run (a 3-minute soak of commi
      fsync,fdatasync,rename --duration 30` on the daemon): each `rule set`/`rule rm` that waited more than 100 ms \
      coincided, to the second, with the daemon's synchronous write of the config file — an fsync of 106, 133 and \
      137 ms, a rename of 268 ms — on the root ext4 file system shared with other builds; the call waited that \
-     long and a few ms more. `reload` (which does not write the file), `top`, `stats` and `/metrics` stayed under \
-     100 ms there; their longer waits in a loaded run come with the CPU, which the flood, the driver and other \
-     work share.";
+     long and a few ms more. In that run `reload` (which does not write the file), `top`, `stats` and `/metrics` \
+     stayed under 100 ms; longer waits of those in another run were not traced (the machine is shared with other \
+     builds and tests).";
 
 /// Sets the flag when dropped: the traffic threads stop even when the
 /// driver panics, before the sandbox they run in is deleted.
@@ -577,7 +580,7 @@ pub fn run(o: &Options, say: &dyn Fn(&str)) -> Result<SoakReport> {
     let mut r = SoakReport {
         date: crate::bench::sys::run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default().trim().into(),
         commit: crate::bench::sys::run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_default().trim().into(),
-        build: o.build.clone(),
+        build: build_of_policer(),
         seconds: o.duration.as_secs_f64(),
         warmup_seconds: o.warmup.as_secs_f64(),
         max_sources: o.max_sources,
