@@ -12,6 +12,7 @@ pub mod kstate;
 pub mod netns;
 pub mod packet;
 pub mod reference;
+pub mod soak;
 pub mod traffic;
 
 /// True when the privileged tiers can run. When they cannot, says why;

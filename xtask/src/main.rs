@@ -65,6 +65,15 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
     },
+    /// Flood the policer for minutes while rules change, the config is
+    /// reloaded, `/metrics` is scraped and `top` runs; grade exact counters,
+    /// RSS growth and control-request waits; write the soak section of
+    /// BENCHMARKS.md.
+    Soak {
+        /// Minutes of traffic.
+        #[arg(long, default_value_t = 10)]
+        minutes: u32,
+    },
     /// Build in release mode and install `policer` (default /usr/local/bin).
     Install {
         #[arg(long, default_value = "/usr/local")]
@@ -128,6 +137,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Test { host_only } => test(host_only),
         Cmd::Demo { seconds } => demo(seconds),
         Cmd::Bench { quick } => bench(quick),
+        Cmd::Soak { minutes } => soak(minutes),
         Cmd::Install { root } => {
             setup()?;
             sh(cargo().args(["install", "--locked", "--path", "policer-user", "--root"]).arg(&root))?;
@@ -263,7 +273,7 @@ fn test(host_only: bool) -> Result<()> {
     // Tier 3: real binary, real frames over veth. One test at a time: they
     // measure rates on a 2-core machine.
     say("tier 3: the policer binary on real veth traffic");
-    for t in ["veth", "control", "config", "lifecycle", "observe", "attack", "serve"] {
+    for t in ["veth", "control", "config", "lifecycle", "observe", "attack", "serve", "soak"] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
             .env("POLICER_BIN", &bin))?;
@@ -295,6 +305,22 @@ fn bench(quick: bool) -> Result<()> {
         c.arg("--quick");
     }
     sh(&mut c)
+}
+
+fn soak(minutes: u32) -> Result<()> {
+    setup()?;
+    if !is_root() {
+        bail!("the soak creates network namespaces and attaches XDP: run it as root");
+    }
+    if minutes == 0 {
+        bail!("--minutes must be at least 1");
+    }
+    // Release binaries, as the benchmark measures them.
+    sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-tests", "--bins"]))?;
+    let root = workspace();
+    sh(Command::new(root.join("target/release/policer-soak"))
+        .args(["--minutes", &minutes.to_string(), "--report", "BENCHMARKS.md"])
+        .env("POLICER_BIN", root.join("target/release/policer")))
 }
 
 fn demo(seconds: u32) -> Result<()> {

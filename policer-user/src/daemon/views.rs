@@ -69,13 +69,11 @@ pub struct Views {
     snapshot: watch::Receiver<Arc<Snapshot>>,
     /// The last count of the bucket table: when, live buckets, evicted.
     live_count: Mutex<Option<(Instant, u64, u64)>>,
-    /// The last `/metrics` answer and when it was rendered: scrapes within
-    /// [`METRICS_MAX_AGE`] share it (and wait for one render, not one each).
+    /// The last `/metrics` answer and when its counters were read: a scrape
+    /// that arrived while it was being rendered shares it (many clients at
+    /// once cost one render), a later one gets a fresh one.
     metrics: Mutex<Option<(Instant, bytes::Bytes)>>,
 }
-
-/// How old a `/metrics` answer may be.
-const METRICS_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// `/healthz`: whether the program is attached to every interface the
 /// daemon polices.
@@ -286,18 +284,21 @@ impl Views {
         (live, evicted)
     }
 
-    /// The `/metrics` exposition, at most [`METRICS_MAX_AGE`] old.
+    /// The `/metrics` exposition, its counters read after the request
+    /// arrived: requests that wait for a render in progress share it.
     pub fn metrics(&self) -> Result<bytes::Bytes> {
+        let asked = Instant::now();
         let mut cached = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, body)) = &*cached
-            && at.elapsed() < METRICS_MAX_AGE
+        if let Some((read_at, body)) = &*cached
+            && *read_at >= asked
         {
             return Ok(body.clone());
         }
+        let started = Instant::now();
         let s = self.stats()?;
         let (live, evicted) = self.live_buckets(s.table.created);
         let body = bytes::Bytes::from(crate::metrics::render(&s, live, evicted));
-        *cached = Some((Instant::now(), body.clone()));
+        *cached = Some((started, body.clone()));
         Ok(body)
     }
 

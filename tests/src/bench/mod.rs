@@ -172,7 +172,12 @@ pub fn run(o: &Options) -> Result<Results> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&o.results, serde_json::to_string_pretty(&r)? + "\n")?;
-    std::fs::write(&o.report, report::markdown(&r))?;
+    // The soak's section (`cargo xtask soak`) is not this run's: keep it.
+    let mut md = report::markdown(&r);
+    if let Some(soak) = std::fs::read_to_string(&o.report).ok().as_deref().and_then(report::soak_section) {
+        md = report::with_soak_section(&md, soak);
+    }
+    std::fs::write(&o.report, md)?;
     say(&format!(
         "wrote {}, {} and plots in {} ({:.1} min)",
         o.report.display(),
