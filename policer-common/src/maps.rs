@@ -64,20 +64,19 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 10] = [
-    MAP_RULES_V4,
-    MAP_RULES_V6,
-    MAP_BUCKETS_V4,
-    MAP_BUCKETS_V4_DROPS,
-    MAP_BUCKETS_V4_GEOMETRY,
-    MAP_BUCKETS_V6,
-    MAP_COUNTERS,
-    MAP_RULE_COUNTERS,
-    MAP_NEW_SOURCES,
-    MAP_CLOCK,
-];
-/// Key and value sizes of each map in [`SHARED_MAPS`], as this build lays
-/// them out (same order). A running program whose maps differ in either is
+pub const SHARED_MAPS: [&str; 10] = {
+    // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
+    let mut names = [""; 10];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = SHARED_MAP_LAYOUT[i].0;
+        i += 1;
+    }
+    names
+};
+/// The one list of the maps a program shares with the daemon and with the
+/// builds that adopt it, with their key and value sizes as this build lays
+/// them out ([`SHARED_MAPS`] is its names). A running program whose maps differ in either is
 /// another build's: its state would be misread, so it is not adopted. (The
 /// LPM tries' keys are the kernel's `bpf_lpm_trie_key`: a `u32` prefix
 /// length, then the address.)
@@ -386,24 +385,4 @@ const _: () = {
     assert!(core::mem::size_of::<Counters>() == 15 * 8);
     assert!(core::mem::size_of::<NewSources>() == 32);
     assert!(core::mem::size_of::<RuleCounters>() == 7 * 8);
-    // SHARED_MAP_LAYOUT names the shared maps in SHARED_MAPS' order.
-    const fn same(a: &str, b: &str) -> bool {
-        let (a, b) = (a.as_bytes(), b.as_bytes());
-        if a.len() != b.len() {
-            return false;
-        }
-        let mut i = 0;
-        while i < a.len() {
-            if a[i] != b[i] {
-                return false;
-            }
-            i += 1;
-        }
-        true
-    }
-    let mut i = 0;
-    while i < SHARED_MAPS.len() {
-        assert!(same(SHARED_MAPS[i], SHARED_MAP_LAYOUT[i].0));
-        i += 1;
-    }
 };

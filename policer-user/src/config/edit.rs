@@ -41,12 +41,18 @@ pub struct Change<'a> {
 
 /// `text` (the file as it is; `None`: there is none) with `change` made,
 /// and what it says. `origin` names the file in errors.
-pub(crate) fn edit(text: Option<&str>, change: Change<'_>, origin: &Path) -> Result<(String, Config)> {
+pub(crate) fn edit(
+    text: Option<&str>,
+    current: &Config,
+    change: Change<'_>,
+    origin: &Path,
+) -> Result<(String, Config)> {
+    // `current` is what `text` says (the caller read it from that text and
+    // checked the file still is that text): no second parse of it.
     let (cfg, mut doc) = match text {
         Some(t) => {
-            let (cfg, _) = Config::parse(t, origin)?;
             let doc = t.parse::<DocumentMut>().map_err(|e| invalid(origin, e.to_string().trim()))?;
-            (cfg, doc)
+            (current.clone(), doc)
         }
         None => (Config::default(), DocumentMut::new()),
     };
@@ -270,7 +276,8 @@ fn set_rules(doc: &mut DocumentMut, have: &[RuleSpec], want: &BTreeMap<IpNet, Ru
     }
 
     // New rules, at the end.
-    let known: Vec<IpNet> = have.iter().map(|s| s.net).collect();
+    // A set: files of 100 000 rules are edited too.
+    let known: std::collections::HashSet<IpNet> = have.iter().map(|s| s.net).collect();
     let new: Vec<&RuleSpec> = want.values().filter(|s| !known.contains(&s.net)).collect();
     if !new.is_empty() && doc.get("rule").is_none() {
         doc.insert("rule", Item::ArrayOfTables(ArrayOfTables::new()));

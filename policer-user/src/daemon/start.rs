@@ -43,7 +43,7 @@ use super::{
     ruleset::{Slots, prepare},
 };
 use crate::{
-    config::{Change, ConfigFile},
+    config::ConfigFile,
     control,
     error::{Error, Result},
     loader::{LoadOptions, Mode, Policer, SharedMaps, if_index, is_root},
@@ -337,6 +337,7 @@ impl Daemon {
             listener: Some(listener),
             metrics,
             _lock: lock,
+            write_at_start: None,
             // Until the start commits, a failure is undone by `undo` (dropped
             // before `d`, so while the lock is still held), not by leaving
             // as a stopped daemon would.
@@ -388,12 +389,10 @@ impl Daemon {
         undo.commit()?;
         d.finished = false;
 
-        if changed && let Err(e) = d.file.update(Change { rules: Some(&specs), interfaces: Some(&names) }) {
-            // Policing runs from the command line's rules; the file keeps
-            // what it says, and `rule ls` shows the difference.
-            let _ = writeln!(out, "policer: warning: {e}");
-            d.file_rules = d.file.read().map(|s| s.rules).unwrap_or_default();
-            d.mark_persisted();
+        // Before saying "policing", so whoever reads the file next sees it.
+        if changed {
+            d.write_at_start = Some(names.clone());
+            d.write_start_config();
         }
         if let Some(m) = &d.metrics
             && let Ok(a) = m.local_addr()
