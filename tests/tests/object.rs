@@ -254,6 +254,32 @@ fn small_table(drop_sample_shift: u32) -> (Policer, table::Geometry) {
     (p, table::Geometry::new(SEED, table::sets_for(max)))
 }
 
+/// `n` sources (100.64.0.0 + i) whose two sets are the same two sets,
+/// found with the table's own hash.
+fn sharing_two_sets(g: &table::Geometry, n: usize) -> Vec<String> {
+    let sets = |i: u32| {
+        let mut s = g.sets_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
+        s.sort();
+        s
+    };
+    let pair = (0..).map(sets).find(|s| s[0] != s[1]).unwrap();
+    let s: Vec<String> = (0..1_000_000u32)
+        .filter(|&i| sets(i) == pair)
+        .take(n)
+        .map(|i| std::net::Ipv4Addr::from(0x6440_0000 + i).to_string())
+        .collect();
+    assert_eq!(s.len(), n);
+    s
+}
+
+/// The bucket key of one IPv4 address (a /32 key).
+fn v4_key(a: &str) -> BucketKey {
+    let a: std::net::Ipv4Addr = a.parse().unwrap();
+    let mut addr = [0; 16];
+    addr[..4].copy_from_slice(&a.octets());
+    BucketKey { addr, family: FAMILY_V4, key_len: 32 }
+}
+
 /// The IPv4 table: a new source takes a free slot (never used, else
 /// drained) of its first set, else of its second, else the one of the two
 /// sets with the least debt; a full bucket goes last. A drop count survives
@@ -267,25 +293,8 @@ fn ipv4_table_evicts_drained_then_least_debt() {
     let (mut p, g) = small_table(0);
     // Ten sources whose two sets are the same two sets (eight slots),
     // found with the table's own hash.
-    let sets = |i: u32| {
-        let mut s = g.sets_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
-        s.sort();
-        s
-    };
-    let pair = (0..).map(sets).find(|s| s[0] != s[1]).unwrap();
-    let s: Vec<String> = (0..1_000_000u32)
-        .filter(|&i| sets(i) == pair)
-        .take(10)
-        .map(|i| std::net::Ipv4Addr::from(0x6440_0000 + i).to_string())
-        .collect();
-    assert_eq!(s.len(), 10);
-    let key = |a: &str| {
-        let a: std::net::Ipv4Addr = a.parse().unwrap();
-        let mut addr = [0; 16];
-        addr[..4].copy_from_slice(&a.octets());
-        BucketKey { addr, family: FAMILY_V4, key_len: 32 }
-    };
-    let has = |p: &Policer, a: &str| p.bucket(&key(a)).unwrap().is_some();
+    let s = sharing_two_sets(&g, 10);
+    let has = |p: &Policer, a: &str| p.bucket(&v4_key(a)).unwrap().is_some();
     let t = 30 * SEC;
     let ms = SEC / 1000;
     p.set_clock(t).unwrap();
@@ -314,11 +323,11 @@ fn ipv4_table_evicts_drained_then_least_debt() {
     // a second frame does not.
     assert_eq!(run(&mut p, &udp(&s[0], 64)), PASS);
     assert_eq!(run(&mut p, &udp(&s[0], 64)), DROP);
-    assert_eq!(p.bucket(&key(&s[0])).unwrap().unwrap().drops(), 2);
+    assert_eq!(p.bucket(&v4_key(&s[0])).unwrap().unwrap().drops(), 2);
     // A rule of another size rescales the bucket and keeps the count.
     p.set_rule(net("0.0.0.0/0"), &rule("20pps", 2, 32, false).with_id(2)).unwrap();
     assert_eq!(run(&mut p, &udp(&s[0], 64)), DROP, "a full bucket stays full");
-    let b = p.bucket(&key(&s[0])).unwrap().unwrap();
+    let b = p.bucket(&v4_key(&s[0])).unwrap().unwrap();
     assert_eq!((b.drops(), b.stamp()), (3, rule("20pps", 2, 32, false).stamp));
 }
 
@@ -691,25 +700,8 @@ fn eviction_takes_a_stale_slot_after_60_hours() {
         return;
     }
     let (mut p, g) = small_table(0);
-    let sets = |i: u32| {
-        let mut s = g.sets_of(table::slot_key((0x6440_0000 + i).to_be_bytes(), 32));
-        s.sort();
-        s
-    };
-    let pair = (0..).map(sets).find(|s| s[0] != s[1]).unwrap();
-    let s: Vec<String> = (0..1_000_000u32)
-        .filter(|&i| sets(i) == pair)
-        .take(9)
-        .map(|i| std::net::Ipv4Addr::from(0x6440_0000 + i).to_string())
-        .collect();
-    assert_eq!(s.len(), 9);
-    let key = |a: &str| {
-        let a: std::net::Ipv4Addr = a.parse().unwrap();
-        let mut addr = [0; 16];
-        addr[..4].copy_from_slice(&a.octets());
-        BucketKey { addr, family: FAMILY_V4, key_len: 32 }
-    };
-    let has = |p: &Policer, a: &str| p.bucket(&key(a)).unwrap().is_some();
+    let s = sharing_two_sets(&g, 9);
+    let has = |p: &Policer, a: &str| p.bucket(&v4_key(a)).unwrap().is_some();
     let t = 30 * SEC;
     p.set_clock(t).unwrap();
     // 10 pps, burst 2, in the old unit: the eight slots of the two sets full.
@@ -723,7 +715,7 @@ fn eviction_takes_a_stale_slot_after_60_hours() {
     p.set_clock(later).unwrap();
     // Each slot reads drained, as `policer top` and eviction see it.
     for a in &s[..8] {
-        let b = p.bucket(&key(a)).unwrap().unwrap();
+        let b = p.bucket(&v4_key(a)).unwrap().unwrap();
         assert_eq!((b.debt_ns(later), b.fill_q16(later)), (0, 0), "{a}");
     }
     // The first source is back: a full burst, now really in debt.

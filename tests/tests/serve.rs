@@ -207,14 +207,20 @@ fn slow_and_silent_clients_stall_nothing() {
     let body = metrics_len(&sb.rx_ns);
     assert!(body > 10_000_000, "/metrics is {body} bytes; the test wants a body over 10 MB");
 
+    // `--runtime`: the change goes through the owner as any other, without
+    // the format-preserving edit of this 18 000-rule file, whose own cost
+    // (about a second in a debug build) varies between calls by more than
+    // the 100 ms this test measures. The config tier tests the writes.
     let set = |i: usize| -> Vec<String> {
-        ["rule", "set", &format!("198.18.{i}.0/24"), "--rate", "100pps", "--burst", "10"].map(String::from).to_vec()
+        ["rule", "set", &format!("198.18.{i}.0/24"), "--rate", "100pps", "--burst", "10", "--runtime"]
+            .map(String::from)
+            .to_vec()
     };
     let stats = |_| ["stats", "--json"].map(String::from).to_vec();
     // Warm up (page cache, first allocation of a large answer).
     timed(&sb, 2, stats);
-    let mut base_set = timed(&sb, 5, set);
-    let mut base_stats = timed(&sb, 5, stats);
+    let mut base_set = timed(&sb, 6, set);
+    let mut base_stats = timed(&sb, 6, stats);
 
     let sock = socket_of(&sb);
     let mut load = Load::new();
@@ -234,8 +240,8 @@ fn slow_and_silent_clients_stall_nothing() {
     thread::sleep(Duration::from_secs(4));
     let lines_before = counter_times(&d).len();
     let t_load = Instant::now();
-    let load_set = timed(&sb, 7, |i| set(i + 100));
-    let load_stats = timed(&sb, 7, stats);
+    let load_set = timed(&sb, 9, |i| set(i + 100));
+    let load_stats = timed(&sb, 9, stats);
     // Hold the load over more than one request deadline.
     while t_load.elapsed() < Duration::from_secs(7) {
         thread::sleep(Duration::from_millis(100));
@@ -245,8 +251,8 @@ fn slow_and_silent_clients_stall_nothing() {
     // The baseline again, after the load: the host's own noise (two cores,
     // other work) shows on both sides of the comparison.
     thread::sleep(Duration::from_secs(1));
-    base_set.extend(timed(&sb, 5, |i| set(i + 200)));
-    base_stats.extend(timed(&sb, 5, stats));
+    base_set.extend(timed(&sb, 6, |i| set(i + 200)));
+    base_stats.extend(timed(&sb, 6, stats));
     // SIGTERM with bad clients connected again.
     let mut load = Load::new();
     let sock = socket_of(&sb);
