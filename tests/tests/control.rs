@@ -93,8 +93,15 @@ fn kill_9_during_a_flood_keeps_enforcing() {
     for i in 1..flows.len() {
         assert_eq!(got.per_flow[i], sent.sent[i], "in-profile source lost frames");
     }
-    // No daemon now: the CLI says so.
+    // No daemon now: the CLI says so; asked for JSON, in JSON on stdout
+    // with the same exit code.
     fails_with(&cli(&sb, &["rule", "ls"]), "no policer daemon is running");
+    for verb in [&["rule", "ls", "--json"][..], &["stats", "--json"], &["inspect", "198.18.0.1", "--json"]] {
+        let out = cli(&sb, verb);
+        assert_eq!(out.status.code(), Some(1), "{verb:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON error");
+        assert!(v["error"].as_str().unwrap().contains("no policer daemon is running"), "{verb:?}: {v}");
+    }
     // A new daemon adopts the program (no --rate: the rules come from the file).
     let mut d2 = Daemon::attach(&sb, &["--interval", "0"]);
     assert!(d2.stdout().contains("adopting the policer already running"), "{}", d2.stdout());

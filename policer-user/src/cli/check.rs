@@ -14,7 +14,7 @@ pub struct Args {
     config: PathBuf,
     /// One JSON object: {"ok", "file", "rules", "ipv4_rules", "ipv6_rules", "interfaces", "problems"}.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
     /// The rule limit the daemon will run with (as `attach --max-rules`).
     #[arg(long)]
     max_rules: Option<u32>,

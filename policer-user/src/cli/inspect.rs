@@ -11,7 +11,7 @@ pub struct Args {
     addr: IpAddr,
     /// One JSON object; see README for the fields.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 /// `1.5 ms`, `2.0 s`: a duration in ns for people.

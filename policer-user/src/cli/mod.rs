@@ -61,6 +61,21 @@ enum Cmd {
 }
 
 impl Cli {
+    /// Whether the verb was asked for JSON: its errors are JSON too
+    /// (`{"error": "…"}` on stdout, bpftool's convention), with the same
+    /// exit code.
+    pub fn json(&self) -> bool {
+        match &self.cmd {
+            Cmd::Stats(a) => a.json,
+            Cmd::Top(a) => a.json,
+            Cmd::Status(a) => a.json,
+            Cmd::Inspect(a) => a.json,
+            Cmd::Check(a) => a.json,
+            Cmd::Rule { cmd: rule::Cmd::Ls { json } } => *json,
+            _ => false,
+        }
+    }
+
     pub fn run(self) -> anyhow::Result<()> {
         if !(0.1..=3600.0).contains(&self.timeout) {
             anyhow::bail!("--timeout {}: must be 0.1 ..= 3600 seconds", self.timeout);

@@ -10,7 +10,7 @@ use crate::{
 pub struct Args {
     /// One JSON object (per sample with --watch); see README for the schema.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
     /// Repeat every SECS seconds, with rates between samples.
     #[arg(long, value_name = "SECS")]
     watch: Option<f64>,

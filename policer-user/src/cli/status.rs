@@ -6,7 +6,7 @@ use crate::control::{Reply, Request};
 #[derive(clap::Args)]
 pub struct Args {
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {

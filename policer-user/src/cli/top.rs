@@ -12,7 +12,7 @@ pub struct Args {
     #[arg(short = 'n', long = "count", default_value_t = 10)]
     n: usize,
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
     /// Repeat every SECS seconds.
     #[arg(long, value_name = "SECS")]
     watch: Option<f64>,
