@@ -11,57 +11,62 @@ fn rate(r: &Option<RateView>, f: impl Fn(&RateView) -> f64) -> String {
     r.as_ref().map(|r| format!("{:.0}/s", f(r))).unwrap_or_default()
 }
 
-fn iface_row(out: &mut String, i: &IfaceStats) {
+/// A plain table (no borders, columns padded, numbers right-aligned):
+/// easy to read and to cut with awk.
+pub fn table(headers: &[&str], numeric_from: usize) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::NOTHING).set_header(headers.iter().copied());
+    for i in numeric_from..headers.len() {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(comfy_table::CellAlignment::Right);
+        }
+    }
+    t
+}
+
+fn iface_row(t: &mut comfy_table::Table, i: &IfaceStats) {
     let c = &i.counters;
-    let _ = writeln!(
-        out,
-        "{:<16} {:>14} {:>10} {:>14} {:>10} {:>12} {:>9} {:>9} {:>9} {:>9}",
-        i.name,
-        c.passed_packets,
+    t.add_row(vec![
+        i.name.clone(),
+        c.passed_packets.to_string(),
         rate(&i.rates, |r| r.passed_pps),
-        c.dropped_packets,
+        c.dropped_packets.to_string(),
         rate(&i.rates, |r| r.dropped_pps),
-        c.would_drop_packets,
-        i.unmatched_packets,
-        i.non_ip_packets,
-        i.malformed_packets,
-        i.fragment_packets,
-    );
+        c.would_drop_packets.to_string(),
+        i.unmatched_packets.to_string(),
+        i.non_ip_packets.to_string(),
+        i.malformed_packets.to_string(),
+        i.fragment_packets.to_string(),
+    ]);
 }
 
 /// The text form of one stats sample.
 pub fn stats_text(s: &StatsView) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<16} {:>14} {:>10} {:>14} {:>10} {:>12} {:>9} {:>9} {:>9} {:>9}",
-        "INTERFACE", "PASSED", "", "DROPPED", "", "WOULD-DROP", "UNMATCHED", "NON-IP", "MALFORMED", "FRAGMENTS"
+    let mut t = table(
+        &["INTERFACE", "PASSED", "", "DROPPED", "", "WOULD-DROP", "UNMATCHED", "NON-IP", "MALFORMED", "FRAGMENTS"],
+        1,
     );
     for i in &s.interfaces {
-        iface_row(&mut out, i);
+        iface_row(&mut t, i);
     }
-    iface_row(&mut out, &s.totals);
-    let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "{:<44} {:<8} {:>14} {:>10} {:>14} {:>10} {:>12} {:>10}",
-        "RULE", "ACTION", "PASSED", "", "DROPPED", "", "WOULD-DROP", "SOURCES"
-    );
+    iface_row(&mut t, &s.totals);
+    let _ = writeln!(out, "{t}\n");
+    let mut t = table(&["RULE", "ACTION", "PASSED", "", "DROPPED", "", "WOULD-DROP", "SOURCES"], 2);
     for r in &s.rules {
         let c: &CountersView = &r.counters;
-        let _ = writeln!(
-            out,
-            "{:<44} {:<8} {:>14} {:>10} {:>14} {:>10} {:>12} {:>10}",
-            r.prefix,
-            r.action,
-            c.passed_packets,
+        t.add_row(vec![
+            r.prefix.clone(),
+            r.action.clone(),
+            c.passed_packets.to_string(),
             rate(&r.rates, |r| r.passed_pps),
-            c.dropped_packets,
+            c.dropped_packets.to_string(),
             rate(&r.rates, |r| r.dropped_pps),
-            c.would_drop_packets,
-            c.buckets_created
-        );
+            c.would_drop_packets.to_string(),
+            c.buckets_created.to_string(),
+        ]);
     }
+    let _ = writeln!(out, "{t}");
     let _ = writeln!(
         out,
         "\nbucket table: capacity {}, buckets created {}, insert failures {}, compare-and-swap retries {}",
@@ -72,21 +77,21 @@ pub fn stats_text(s: &StatsView) -> String {
 
 fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
     let _ = writeln!(out, "{title}");
-    let _ = writeln!(out, "  {:<44} {:<44} {:>8} {:>12} {:>12}", "SOURCE", "RULE", "FILL", "DEBT", "DROPS");
-    for e in rows {
-        let _ = writeln!(
-            out,
-            "  {:<44} {:<44} {:>7.1}% {:>10.3}ms {:>12}",
-            e.source,
-            e.rule,
-            e.fill * 100.0,
-            e.debt_ns as f64 / 1e6,
-            e.drops
-        );
-    }
     if rows.is_empty() {
         let _ = writeln!(out, "  (none)");
+        return;
     }
+    let mut t = table(&["SOURCE", "RULE", "FILL", "DEBT", "DROPS"], 2);
+    for e in rows {
+        t.add_row(vec![
+            e.source.clone(),
+            e.rule.clone(),
+            format!("{:.1}%", e.fill * 100.0),
+            format!("{:.3}ms", e.debt_ns as f64 / 1e6),
+            e.drops.to_string(),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
 }
 
 pub fn top_text(t: &TopView) -> String {
@@ -98,7 +103,6 @@ pub fn top_text(t: &TopView) -> String {
     out
 }
 
-/// Fills per-second rates in `now` from `prev`.
 pub fn add_rates(now: &mut StatsView, prev: &StatsView) {
     let secs = now.time_ns.saturating_sub(prev.time_ns) as f64 / 1e9;
     now.totals.rates = Some(RateView::between(&now.totals.counters, &prev.totals.counters, secs));

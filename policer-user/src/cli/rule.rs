@@ -80,22 +80,23 @@ fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(rules)?);
         return Ok(());
     }
-    println!("{:<44} {:<8} {:>12} {:>14} {:>7}  SAVED", "PREFIX", "ACTION", "RATE", "BURST", "KEY-LEN");
+    let mut t = crate::report::table(&["PREFIX", "ACTION", "RATE", "BURST", "KEY-LEN", "SAVED"], 2);
     for r in rules {
         let burst = r.burst.map(|b| format!("{b} {}", if r.unit == "bytes" { "B" } else { "pkt" }));
-        println!(
-            "{:<44} {:<8} {:>12} {:>14} {:>7}  {}",
-            r.prefix,
-            r.action,
-            r.rate.as_deref().unwrap_or("-"),
-            burst.as_deref().unwrap_or("-"),
-            r.key_len,
+        t.add_row(vec![
+            r.prefix.clone(),
+            r.action.clone(),
+            r.rate.clone().unwrap_or_else(|| "-".into()),
+            burst.unwrap_or_else(|| "-".into()),
+            r.key_len.to_string(),
             match (r.in_force, r.persisted) {
                 (false, _) => "not in force (removed with --runtime)",
                 (true, true) => "yes",
                 (true, false) => "no (runtime)",
             }
-        );
+            .to_string(),
+        ]);
     }
+    println!("{t}");
     Ok(())
 }
