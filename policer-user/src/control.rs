@@ -335,11 +335,6 @@ pub struct StatusView {
 /// How long the CLI waits for an answer.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Sends one request to the daemon of this network namespace.
-pub fn call(req: &Request) -> Result<Reply> {
-    call_at(&socket_path()?, req, CALL_TIMEOUT)
-}
-
 /// Connects within `timeout`: a hung daemon whose listen backlog is full
 /// blocks connect(2) itself, so it runs on a thread of its own.
 fn connect(path: &Path, timeout: Duration) -> Result<UnixStream> {

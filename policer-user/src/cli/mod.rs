@@ -131,6 +131,17 @@ fn done(r: Reply) -> String {
     }
 }
 
+/// Prints one sample of a read verb: pretty JSON, or one JSON object per
+/// line under `--watch`; else its text, a blank line between samples.
+fn show<T: serde::Serialize>(v: &T, json: bool, watching: bool, text: impl Fn(&T) -> String) -> anyhow::Result<()> {
+    match (json, watching) {
+        (true, true) => println!("{}", serde_json::to_string(v)?),
+        (true, false) => println!("{}", serde_json::to_string_pretty(v)?),
+        (false, w) => print!("{}{}", text(v), if w { "\n" } else { "" }),
+    }
+    Ok(())
+}
+
 /// `--watch SECS`, checked.
 fn watch_period(w: Option<f64>) -> anyhow::Result<Option<Duration>> {
     match w {

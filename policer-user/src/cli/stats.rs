@@ -1,6 +1,6 @@
 //! `policer stats [--json] [--watch SECS]`.
 
-use super::{call, watch_period};
+use super::{call, show, watch_period};
 use crate::{
     control::{Reply, Request, StatsView},
     report,
@@ -25,18 +25,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if let Some(p) = &prev {
             report::add_rates(&mut s, p);
         }
-        if a.json {
-            // One object per line in watch mode.
-            println!(
-                "{}",
-                if period.is_some() { serde_json::to_string(&s)? } else { serde_json::to_string_pretty(&s)? }
-            );
-        } else {
-            print!("{}", report::stats_text(&s));
-            if period.is_some() {
-                println!();
-            }
-        }
+        show(&s, a.json, period.is_some(), report::stats_text)?;
         let Some(p) = period else { break };
         prev = Some(s);
         std::thread::sleep(p);

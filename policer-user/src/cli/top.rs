@@ -1,6 +1,6 @@
 //! `policer top [-n N] [--json] [--watch SECS]`.
 
-use super::{call, watch_period};
+use super::{call, show, watch_period};
 use crate::{
     control::{Reply, Request},
     report,
@@ -25,17 +25,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let period = watch_period(a.watch)?;
     loop {
         let Reply::Top(t) = call(Request::Top { n: a.n })? else { unreachable!("checked by control::call") };
-        if a.json {
-            println!(
-                "{}",
-                if period.is_some() { serde_json::to_string(&t)? } else { serde_json::to_string_pretty(&t)? }
-            );
-        } else {
-            print!("{}", report::top_text(&t));
-            if period.is_some() {
-                println!();
-            }
-        }
+        show(&t, a.json, period.is_some(), report::top_text)?;
         let Some(p) = period else { break };
         std::thread::sleep(p);
     }

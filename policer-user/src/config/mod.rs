@@ -38,7 +38,7 @@ pub use edit::Change;
 pub use file::{ConfigFile, Pending, Snapshot};
 pub use write::NEW_FILE_MODE;
 
-use std::{collections::BTreeMap, fs, path::Path};
+use std::{collections::BTreeMap, path::Path};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -182,31 +182,6 @@ impl Config {
         }
         if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
     }
-
-    /// Reads `path`; a missing file is an empty config.
-    pub fn load(path: &Path) -> Result<(Config, BTreeMap<IpNet, RuleSpec>)> {
-        match fs::read_to_string(path) {
-            Ok(text) => Config::parse(&text, path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Config::default(), BTreeMap::new())),
-            Err(e) => Err(Error::Invalid(format!("{}: {e}", path.display()))),
-        }
-    }
-
-    /// The config with `rules` as its rule list (sorted by prefix).
-    pub fn with_rules(&self, rules: &BTreeMap<IpNet, RuleSpec>) -> Config {
-        Config { daemon: self.daemon.clone(), rules: rules.values().map(RuleSpec::config).collect() }
-    }
-
-    pub fn to_text(&self) -> String {
-        format!("{HEADER}\n{}", toml::to_string_pretty(self).expect("config serializes"))
-    }
-
-    /// Writes the whole file from this config, atomically, keeping the old
-    /// file's owner and mode (see [`write`]). Comments are not kept: the
-    /// daemon changes its file through [`ConfigFile`] instead.
-    pub fn save(&self, path: &Path) -> Result<()> {
-        write::write_atomic(path, self.to_text().as_bytes())
-    }
 }
 
 #[cfg(test)]
@@ -234,12 +209,19 @@ prefix = "198.51.100.0/24"
 action = "deny"
 "#;
 
+    /// The config with `rules` as its rule list, as text: what the
+    /// constructors of a rule read back as.
+    fn text_of(cfg: &Config, rules: &BTreeMap<IpNet, RuleSpec>) -> String {
+        let c = Config { daemon: cfg.daemon.clone(), rules: rules.values().map(RuleSpec::config).collect() };
+        toml::to_string_pretty(&c).expect("config serializes")
+    }
+
     #[test]
     fn parses_and_round_trips() {
         let (cfg, rules) = Config::parse(GOOD, Path::new("t.toml")).unwrap();
         assert_eq!(rules.len(), 3);
         assert_eq!(cfg.daemon.mode, Some(Mode::Native));
-        let text = cfg.with_rules(&rules).to_text();
+        let text = text_of(&cfg, &rules);
         let (_, again) = Config::parse(&text, Path::new("t.toml")).unwrap();
         assert_eq!(rules, again);
     }
@@ -267,21 +249,6 @@ action = "deny"
         }
     }
 
-    #[test]
-    fn saves_atomically() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("sub/policer.toml");
-        let (cfg, rules) = Config::parse(GOOD, Path::new("t.toml")).unwrap();
-        cfg.with_rules(&rules).save(&p).unwrap();
-        let (_, back) = Config::load(&p).unwrap();
-        assert_eq!(back, rules);
-        assert_eq!(std::fs::read_dir(p.parent().unwrap()).unwrap().count(), 1, "temporary file left behind");
-    }
-}
-
-#[cfg(test)]
-mod shipped {
-    /// The documented example config parses and validates.
     #[test]
     fn deploy_example_is_valid() {
         let text = include_str!("../../../deploy/policer.toml");

@@ -92,12 +92,6 @@ impl Drop for Staged {
     }
 }
 
-/// Writes `data` as the new content of `path`, atomically (see the module
-/// doc). Nothing is changed on error.
-pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    stage(path, data)?.commit()
-}
-
 /// Writes `data` under a temporary name beside the file `path` resolves to.
 pub(crate) fn stage(path: &Path, data: &[u8]) -> Result<Staged> {
     let fail = |what: String| move |source| Error::ConfigWrite { path: path.to_path_buf(), what, source };

@@ -113,9 +113,6 @@ pub struct Daemon {
     _lock: crate::lockfile::LockFile,
     /// Set once [`Daemon::finish`] ran.
     finished: bool,
-    /// The start changed what the config file says (the default rules from
-    /// `--rate`, the interfaces): written once the start commits.
-    write_at_start: Option<Vec<String>>,
 }
 
 impl Daemon {

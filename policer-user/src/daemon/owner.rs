@@ -123,10 +123,9 @@ impl Daemon {
     /// into the config file. A failure is a warning: policing runs from the
     /// command line, the file keeps what it says, and `rule ls` shows the
     /// difference.
-    pub(super) fn write_start_config(&mut self) {
-        let Some(names) = self.write_at_start.take() else { return };
+    pub(super) fn write_start_config(&mut self, names: &[String]) {
         let rules = self.specs();
-        if let Err(e) = self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(&names) }) {
+        if let Err(e) = self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names) }) {
             println!("policer: warning: {e}");
             self.file_rules = self.file.read().map(|s| s.rules).unwrap_or_default();
         } else {

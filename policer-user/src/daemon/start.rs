@@ -33,8 +33,8 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V6, MAP_RULE_COUNTERS, MAX_RULES, NewSources, Rule,
-    RuleCounters, SHARED_MAPS, rate::Rate,
+    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V6, MAP_RULE_COUNTERS, NewSources, Rule, RuleCounters,
+    SHARED_MAPS, rate::Rate,
 };
 
 use super::{
@@ -143,9 +143,6 @@ impl Daemon {
         let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
         let max_sources = args.max_sources.or(cfg.daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
         let max_rules = args.max_rules.or(cfg.daemon.max_rules).unwrap_or(DEFAULT_MAX_RULES);
-        if !(1..=MAX_RULES).contains(&max_rules) {
-            return Err(Error::Invalid(format!("--max-rules must be 1 ..= {MAX_RULES}")));
-        }
         if specs.len() > max_rules as usize {
             return Err(Error::Invalid(format!(
                 "{} rules, more than the limit of {max_rules}: raise --max-rules (or max_rules in [daemon])",
@@ -337,7 +334,6 @@ impl Daemon {
             listener: Some(listener),
             metrics,
             _lock: lock,
-            write_at_start: None,
             // Until the start commits, a failure is undone by `undo` (dropped
             // before `d`, so while the lock is still held), not by leaving
             // as a stopped daemon would.
@@ -391,8 +387,7 @@ impl Daemon {
 
         // Before saying "policing", so whoever reads the file next sees it.
         if changed {
-            d.write_at_start = Some(names.clone());
-            d.write_start_config();
+            d.write_start_config(&names);
         }
         if let Some(m) = &d.metrics
             && let Ok(a) = m.local_addr()
