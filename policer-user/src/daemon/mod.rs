@@ -119,11 +119,10 @@ impl Daemon {
     /// Runs until SIGINT/SIGTERM (or the last interface is detached), then
     /// leaves as configured. Errors on the way still detach (or persist).
     pub fn run(mut self) -> Result<()> {
-        // A few blocking threads (map reads for stats, top, /metrics), kept
-        // for the daemon's life: a pool that grows and shrinks with the load
-        // would make new threads (and malloc arenas) for ever, and the
-        // daemon's memory with them. Reads beyond four wait their turn,
-        // within their connection's deadline.
+        // Blocking threads (map reads for stats, top, /metrics) are kept for
+        // the daemon's life once made, and bounded: a pool that grows and
+        // shrinks with the load would make new threads for ever. A few
+        // dozen, so a slow render for one client never queues another's.
         // One malloc arena per thread would grow the daemon's memory as
         // threads come and go; two are plenty for its allocations.
         #[cfg(target_env = "gnu")]
@@ -133,7 +132,7 @@ impl Daemon {
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .max_blocking_threads(4)
+            .max_blocking_threads(32)
             .thread_keep_alive(Duration::from_secs(365 * 24 * 3600))
             .thread_name("policer-io")
             .enable_all()
