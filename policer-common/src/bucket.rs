@@ -431,6 +431,17 @@ impl Rule {
         now_ns.wrapping_shl(self.shift())
     }
 
+    /// The `tat` of a bucket owing `debt_ns` at `now_ns`, capped at one
+    /// bucket: what a source the recall remembers in debt resumes from
+    /// (see [`crate::recall`]).
+    #[inline(always)]
+    pub fn resumed_tat(&self, now_ns: u64, debt_ns: u64) -> u64 {
+        let shift = self.shift();
+        let limit = self.limit();
+        let debt = if debt_ns > (limit >> shift) { limit } else { min(debt_ns << shift, limit) };
+        self.empty_tat(now_ns).wrapping_add(debt)
+    }
+
     /// The verdict for one frame of `frame_len` bytes at `now_ns`, given
     /// the bucket's `tat` (use [`Rule::empty_tat`] for a new bucket).
     ///

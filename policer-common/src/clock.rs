@@ -40,6 +40,9 @@ pub struct CpuScratch {
     pub clock_jiffies: u64,
     /// State of this CPU's xorshift, for sampling drops (0: not seeded).
     pub rng: u64,
+    /// A word the program writes and reads back so the verifier sees a
+    /// value it cannot know (see `launder` in the program).
+    pub opaque: u64,
 }
 
 /// An interval the clock is known to lie in, in ns.

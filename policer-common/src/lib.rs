@@ -12,9 +12,11 @@ extern crate std;
 
 pub mod bucket;
 pub mod clock;
+pub mod flat;
 pub mod maps;
 #[cfg(feature = "std")]
 pub mod rate;
+pub mod recall;
 pub mod table;
 
 pub use bucket::{Bucket, Rule};

@@ -15,10 +15,21 @@ pub const MAP_BUCKETS_V4: &str = "BUCKETS_V4";
 /// Array of [`crate::table::SetDrops`], one per set of [`MAP_BUCKETS_V4`]:
 /// the drops counted for each slot (sampled).
 pub const MAP_BUCKETS_V4_DROPS: &str = "BUCKETS_V4_DROP";
-/// Array of one [`crate::table::Geometry`]: the IPv4 table's hash and size.
+/// Array of one [`crate::table::Geometry`]: the hash and size of both
+/// families' tables and of the recall.
 pub const MAP_BUCKETS_V4_GEOMETRY: &str = "BUCKETS_V4_GEOM";
-/// LRU hash: [`BucketKeyV6`] -> [`Bucket`], the IPv6 sources.
+/// Array of [`crate::table::Set`]: the IPv6 sources, the same design as
+/// [`MAP_BUCKETS_V4`] with fingerprints for keys
+/// ([`crate::table::v6_key_word`]).
 pub const MAP_BUCKETS_V6: &str = "BUCKETS_V6";
+/// Array of [`crate::table::SetDrops`], one per set of [`MAP_BUCKETS_V6`].
+pub const MAP_BUCKETS_V6_DROPS: &str = "BUCKETS_V6_DROP";
+/// Array of [`crate::table::SetKeys`], one per set of [`MAP_BUCKETS_V6`]:
+/// the addresses behind the fingerprints, for user space.
+pub const MAP_BUCKETS_V6_KEYS: &str = "BUCKETS_V6_KEYS";
+/// Array of [`crate::recall::RecallSet`]: what eviction forgot (see
+/// [`crate::recall`]); as many sets as the tables.
+pub const MAP_RECALL: &str = "RECALL";
 /// Per-CPU array of [`Counters`], one slot per interface
 /// (`ifindex % MAX_IFACE_SLOTS`).
 pub const MAP_COUNTERS: &str = "COUNTERS";
@@ -52,7 +63,10 @@ pub const MAP_LAYOUT: &str = "LAYOUT";
 /// unit). Bump it with any change a newer build would misread: a program
 /// stamped with another version is not adopted but replaced by a fresh
 /// one (buckets start empty, rules come from the config).
-pub const LAYOUT_VERSION: u32 = 1;
+///
+/// 2: IPv6 in a set-associative table, the recall, the returned bit of a
+/// slot, the geometry's capacity, the recall counters.
+pub const LAYOUT_VERSION: u32 = 2;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
 /// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
@@ -64,9 +78,9 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 10] = {
+pub const SHARED_MAPS: [&str; 13] = {
     // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 10];
+    let mut names = [""; 13];
     let mut i = 0;
     while i < names.len() {
         names[i] = SHARED_MAP_LAYOUT[i].0;
@@ -80,12 +94,13 @@ pub const SHARED_MAPS: [&str; 10] = {
 /// another build's: its state would be misread, so it is not adopted. (The
 /// LPM tries' keys are the kernel's `bpf_lpm_trie_key`: a `u32` prefix
 /// length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 10] = {
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 13] = {
     use core::mem::size_of;
 
     use crate::{
         Rule,
-        table::{Geometry, Set, SetDrops},
+        recall::RecallSet,
+        table::{Geometry, Set, SetDrops, SetKeys},
     };
     [
         (MAP_RULES_V4, 4 + 4, size_of::<Rule>()),
@@ -93,7 +108,10 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 10] = {
         (MAP_BUCKETS_V4, 4, size_of::<Set>()),
         (MAP_BUCKETS_V4_DROPS, 4, size_of::<SetDrops>()),
         (MAP_BUCKETS_V4_GEOMETRY, 4, size_of::<Geometry>()),
-        (MAP_BUCKETS_V6, size_of::<BucketKeyV6>(), size_of::<Bucket>()),
+        (MAP_BUCKETS_V6, 4, size_of::<Set>()),
+        (MAP_BUCKETS_V6_DROPS, 4, size_of::<SetDrops>()),
+        (MAP_BUCKETS_V6_KEYS, 4, size_of::<SetKeys>()),
+        (MAP_RECALL, 4, size_of::<RecallSet>()),
         (MAP_COUNTERS, 4, size_of::<Counters>()),
         (MAP_RULE_COUNTERS, 4, size_of::<RuleCounters>()),
         (MAP_NEW_SOURCES, 4, size_of::<NewSources>()),
@@ -147,7 +165,9 @@ pub struct BucketKeyV4 {
     pub key_len: u32,
 }
 
-/// Key of the IPv6 bucket table, an LRU hash (as [`BucketKeyV4`]).
+/// An IPv6 source as the bucket table knows it (as [`BucketKeyV4`]); in
+/// the table it is a fingerprint ([`crate::table::v6_key_word`]), and the
+/// key itself sits beside it in [`MAP_BUCKETS_V6_KEYS`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct BucketKeyV6 {
@@ -219,6 +239,13 @@ pub struct Counters {
     /// New sources refused by their rule's new-source limiter: the frame is
     /// dropped and no bucket is made (table pressure).
     pub new_sources_limited: u64,
+    /// Sources without a bucket that the recall knew (see
+    /// [`crate::recall`]): let past the new-source limiter.
+    pub recall_known: u64,
+    /// Frames dropped on a debt resumed from the recall (no bucket made).
+    pub recall_debt_drops: u64,
+    /// Evicted buckets written to the recall.
+    pub recall_stored: u64,
 }
 
 impl Counters {
@@ -239,7 +266,8 @@ impl Counters {
     pub fn add(&mut self, o: &Counters) {
         add_fields!(self, o; passed_pkts, passed_bytes, dropped_pkts, dropped_bytes, would_drop_pkts,
             would_drop_bytes, unmatched_pkts, non_ip_pkts, malformed_pkts, fragment_pkts, buckets_created,
-            bucket_insert_failed, cas_retries, cas_exhausted, new_sources_limited);
+            bucket_insert_failed, cas_retries, cas_exhausted, new_sources_limited, recall_known, recall_debt_drops,
+            recall_stored);
     }
 }
 
@@ -368,6 +396,8 @@ mod pod {
     unsafe impl aya::Pod for crate::table::Set {}
     unsafe impl aya::Pod for crate::table::SetDrops {}
     unsafe impl aya::Pod for crate::table::Geometry {}
+    unsafe impl aya::Pod for crate::table::SetKeys {}
+    unsafe impl aya::Pod for crate::recall::RecallSet {}
     unsafe impl aya::Pod for crate::bucket::Rule {}
 }
 
@@ -380,9 +410,11 @@ const _: () = {
     // One cache line.
     assert!(core::mem::size_of::<crate::table::Set>() == 64);
     assert!(core::mem::size_of::<crate::table::SetDrops>() == 32);
-    assert!(core::mem::size_of::<crate::table::Geometry>() == 16);
+    assert!(core::mem::size_of::<crate::table::Geometry>() == 24);
+    assert!(core::mem::size_of::<crate::table::SetKeys>() == 80);
+    assert!(core::mem::size_of::<crate::recall::RecallSet>() == 64);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 64);
-    assert!(core::mem::size_of::<Counters>() == 15 * 8);
+    assert!(core::mem::size_of::<Counters>() == 18 * 8);
     assert!(core::mem::size_of::<NewSources>() == 32);
     assert!(core::mem::size_of::<RuleCounters>() == 7 * 8);
 };

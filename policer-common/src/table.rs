@@ -48,8 +48,9 @@
 //! charged in its first set, and the second copy drains and is reused.
 
 use crate::{
-    Bucket, BucketKeyV4,
+    Bucket, BucketKeyV4, BucketKeyV6,
     bucket::{STAMP_BITS, STAMP_MASK},
+    flat,
 };
 
 /// Slots per set.
@@ -59,6 +60,14 @@ pub const KEY_VALID: u64 = 1 << 38;
 /// The bits of a key word that name the source (address, key length,
 /// valid bit); the stamp sits above them.
 pub const KEY_MASK: u64 = (1 << 39) - 1;
+/// A slot's key word has this bit set once its source has come back: it
+/// was found in the table after the frame that created its bucket, or it
+/// was let in by the recall (see [`crate::recall`]). Among drained slots
+/// the eviction takes one without it first: a source seen once (the mark
+/// of a spoofed flood) goes before one that keeps coming back.
+pub const KEY_RETURNED: u64 = 1 << 39;
+/// The bits of an IPv6 key word's fingerprint (see [`Geometry::hash_v6`]).
+pub const FINGERPRINT_MASK: u64 = (1 << 38) - 1;
 /// Where the stamp of the rule that last charged the slot starts.
 pub const SLOT_STAMP_SHIFT: u32 = 64 - STAMP_BITS;
 
@@ -80,6 +89,13 @@ impl Slot {
         self.key & KEY_MASK
     }
 
+    /// Whether the source came back since its bucket was made
+    /// ([`KEY_RETURNED`]).
+    #[inline(always)]
+    pub const fn returned(&self) -> bool {
+        self.key & KEY_RETURNED != 0
+    }
+
     /// The stamp of the rule that last charged this slot.
     #[inline(always)]
     pub const fn stamp(&self) -> u32 {
@@ -92,10 +108,11 @@ impl Slot {
     }
 }
 
-/// The key word of `source` ([`slot_key`]) charged by a rule with `stamp`.
+/// The key word of `source` ([`slot_key`], and [`KEY_RETURNED`] if set)
+/// charged by a rule with `stamp`.
 #[inline(always)]
 pub const fn stamped(source: u64, stamp: u32) -> u64 {
-    (source & KEY_MASK) | ((stamp as u64 & STAMP_MASK) << SLOT_STAMP_SHIFT)
+    (source & (KEY_MASK | KEY_RETURNED)) | ((stamp as u64 & STAMP_MASK) << SLOT_STAMP_SHIFT)
 }
 
 /// The value of the IPv4 bucket array: the slots one hash value selects,
@@ -124,15 +141,28 @@ pub struct SetDrops {
 /// can set 0 (exact) for tests.
 pub const DROP_SAMPLE_SHIFT: u32 = 6;
 
-/// The table's shape and hash, in a one-entry array map kept with the
-/// table (a program that takes the table over must hash alike).
+/// The IPv6 sources of one set, beside the IPv6 table (same index): the
+/// table's slots hold a fingerprint of the source ([`Geometry::hash_v6`]);
+/// the address is written here when a slot is claimed, for user space
+/// (`policer top`, `inspect`) and never read by the program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetKeys {
+    pub ways: [BucketKeyV6; WAYS],
+}
+
+/// The tables' shape and hash, in a one-entry array map kept with them (a
+/// program that takes the tables over must hash alike). Both families'
+/// tables, and the recall, have `sets` sets.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Geometry {
     /// Key of the hash (random per table).
     pub seed: u64,
-    /// Sets in the table (entries of the array map).
+    /// Sets in each table (entries of the array maps).
     pub sets: u64,
+    /// Sources each table is sized for (`--max-sources`).
+    pub capacity: u64,
 }
 
 /// The key word of a source: masked address, key length, valid bit.
@@ -177,10 +207,40 @@ pub const fn sets_for(capacity: u32) -> u32 {
     }
 }
 
+/// The 64-bit finalizer of MurmurHash3: every input bit moves every
+/// output bit.
+#[inline(always)]
+pub const fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    h
+}
+
 impl Geometry {
-    /// A table of `sets` sets hashed with `seed`.
-    pub const fn new(seed: u64, sets: u32) -> Geometry {
-        Geometry { seed, sets: sets as u64 }
+    /// Tables for `capacity` sources ([`sets_for`] sets) hashed with `seed`.
+    pub const fn new(seed: u64, capacity: u32) -> Geometry {
+        Geometry { seed, sets: sets_for(capacity) as u64, capacity: capacity as u64 }
+    }
+
+    /// `h`'s high 32 bits, then its low 32 bits, each scaled to the number
+    /// of sets (no division, any number of sets).
+    #[inline(always)]
+    pub fn sets_of_hash(&self, h: u64) -> [u32; 2] {
+        let sets = if self.sets > u32::MAX as u64 { u32::MAX as u64 } else { self.sets };
+        [(((h >> 32) * sets) >> 32) as u32, (((h & 0xffff_ffff) * sets) >> 32) as u32]
+    }
+
+    /// An IPv6 source's hash: the masked address (network order, as two
+    /// words read with `from_ne_bytes`) and key length, mixed with the
+    /// seed. Its sets are [`Geometry::sets_of_hash`] of it, its key word
+    /// [`v6_key_word`] of it.
+    #[inline(always)]
+    pub fn hash_v6(&self, hi: u64, lo: u64, key_len: u32) -> u64 {
+        let h = fmix64(hi ^ self.seed ^ 0x6a09_e667_f3bc_c908);
+        fmix64(h ^ lo ^ ((key_len as u64) << 56 | key_len as u64))
     }
 
     /// The two sets a key word may live in: the key mixed with the seed
@@ -191,51 +251,90 @@ impl Geometry {
     /// same set again when there is only one).
     #[inline(always)]
     pub fn sets_of(&self, key: u64) -> [u32; 2] {
-        let mut h = key ^ self.seed;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^= h >> 33;
-        let sets = if self.sets > u32::MAX as u64 { u32::MAX as u64 } else { self.sets };
-        [(((h >> 32) * sets) >> 32) as u32, (((h & 0xffff_ffff) * sets) >> 32) as u32]
+        self.sets_of_hash(fmix64(key ^ self.seed))
     }
+}
+
+/// The key word of an IPv6 source whose [`Geometry::hash_v6`] is `h`: 38
+/// bits of fingerprint, mixed again so they are independent of the bits
+/// that chose the sets, and the valid bit. An IPv6 key (up to 128 bits and
+/// its length) does not fit in a slot beside the bucket, so the slot keeps
+/// the fingerprint and the address goes to [`SetKeys`]. Two sources are
+/// confused only if they share a set *and* 38 bits of fingerprint: about
+/// 8 in 2^38 per lookup of a source that is not in the table, and the
+/// seed is secret, so nobody can aim for it. The cost is the same for
+/// every key length: two hash rounds, and a write of the address when a
+/// slot is claimed.
+#[inline(always)]
+pub const fn v6_key_word(h: u64) -> u64 {
+    (fmix64(h ^ 0xbb67_ae85_84ca_a73b) & FINGERPRINT_MASK) | KEY_VALID
 }
 
 /// The slot a new source takes at `now_ns`, given its two sets (first,
-/// second), as (which set, way): in the first set, the first never-used
-/// slot, else the first whose bucket has drained (or is stale, read as
-/// drained by [`Bucket::debt`]); then the same in the
-/// second set; else, of the two sets, the slot with the least debt (in ns
-/// of drain time), the first set's on a tie. Free slots of the first set
-/// go first, so that sources stay where they are found with one read.
+/// second), as (which set, way): the lowest [`rank`], the first set's and
+/// then the lowest way on a tie. So a free slot (never used, or drained
+/// and seen once) of the first set first, so that sources stay where they
+/// are found with one read; then one of the second; then a drained slot
+/// whose source came back ([`KEY_RETURNED`]); then the least debt (in ns
+/// of drain time): zero debt before any debt, as always, and a heavy
+/// hitter's full bucket last. Branch-free (see [`crate::flat`]).
 #[inline(always)]
 pub fn victim(sets: &[[Slot; WAYS]; 2], now_ns: u64) -> (usize, usize) {
-    let (w0, d0) = victim_in(&sets[0], now_ns);
-    if d0 == 0 {
-        return (0, w0);
-    }
-    let (w1, d1) = victim_in(&sets[1], now_ns);
-    if d1 < d0 { (1, w1) } else { (0, w0) }
+    let code = victim_code(sets, now_ns);
+    ((code >> 2) as usize & 1, code as usize & 3)
 }
 
-/// Within one set: the first never-used slot, else the first drained one,
-/// else the one with the least debt; and that debt (0: free).
+/// [`victim`] as one number: set * [`WAYS`] + way.
 #[inline(always)]
-fn victim_in(slots: &[Slot; WAYS], now_ns: u64) -> (usize, u64) {
-    let mut best = 0;
-    let mut best_debt = u64::MAX;
-    for (w, slot) in slots.iter().enumerate() {
-        if slot.key == 0 {
-            return (w, 0);
+pub fn victim_code(sets: &[[Slot; WAYS]; 2], now_ns: u64) -> u64 {
+    let mut best = 1u64 << 62;
+    let mut s = 0;
+    while s < 2 {
+        let mut w = 0;
+        while w < WAYS {
+            let r = rank(&sets[s][w], now_ns);
+            best = flat::min(best, (r << 3) | (s * WAYS + w) as u64);
+            w += 1;
         }
-        let d = slot.bucket(0).debt_ns(now_ns);
-        if d < best_debt {
-            best = w;
-            best_debt = d;
-        }
+        s += 1;
     }
-    (best, best_debt)
+    best & 7
+}
+
+/// [`rank`] of a free slot: never used, or drained and seen once.
+pub const RANK_FREE: u64 = 0;
+/// [`rank`] of a drained slot whose source came back.
+pub const RANK_DRAINED_RETURNED: u64 = 1;
+/// Debts above this many ns (9 years) rank alike.
+const RANK_MAX_DEBT_NS: u64 = 1 << 58;
+
+/// How readily a slot is given up (lower first): [`RANK_FREE`],
+/// [`RANK_DRAINED_RETURNED`], else 2 + its debt in ns. Branch-free.
+#[inline(always)]
+pub fn rank(slot: &Slot, now_ns: u64) -> u64 {
+    let debt = flat::min(slot_debt_ns(slot, now_ns), RANK_MAX_DEBT_NS);
+    let returned = (slot.key >> 39) & 1;
+    let used = flat::is_zero(slot.key) ^ 1;
+    used * flat::pick(flat::is_zero(debt), returned, debt + 2)
+}
+
+/// A slot's debt at `now_ns` in ns of drain time: what
+/// `slot.bucket(0).debt_ns(now_ns)` reads (see [`Bucket::debt`]) for every
+/// stamp a rule makes, worked out without a branch (a stamp no rule makes
+/// reads as a size of at most 2^62).
+#[inline(always)]
+pub fn slot_debt_ns(slot: &Slot, now_ns: u64) -> u64 {
+    use crate::bucket::{MAX_LIMIT, MAX_SHIFT, SKEW_ALLOWANCE_NS};
+    let stamp = slot.stamp() as u64;
+    let shift = flat::min(stamp & 31, MAX_SHIFT as u64);
+    let exp = flat::min((stamp >> 5) & 63, 49);
+    let mant = (stamp >> 11) & 0x1fff;
+    let limit = flat::min(mant << exp, MAX_LIMIT);
+    let bound = limit + (limit >> 11) + (SKEW_ALLOWANCE_NS << shift);
+    let d = slot.tat.wrapping_sub(now_ns.wrapping_shl(shift as u32));
+    // Debt when d < 2^62 and d <= bound (bound < 2^62), else drained.
+    let ok = flat::is_zero(d >> 62) & (flat::lt(bound, d & ((1 << 62) - 1)) ^ 1);
+    (d & ok.wrapping_neg()) >> shift
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The XDP program: glue around `policer_common`.
 //!
-//! parse -> rule lookup (LPM trie) -> bucket lookup (IPv4: set-associative
-//! array, see policer_common::table; IPv6: LRU hash) ->
+//! parse -> rule lookup (LPM trie) -> bucket lookup (a set-associative
+//! array per family, see policer_common::table; on a miss the recall,
+//! policer_common::recall, then the new-source limiter) ->
 //! `Rule::admit` under compare-and-swap -> count.
 
 use core::{
@@ -10,10 +11,10 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::{BPF_F_MMAPABLE, BPF_NOEXIST, xdp_action},
+    bindings::{BPF_F_MMAPABLE, xdp_action},
     helpers::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::{map, xdp},
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use aya_log_ebpf::warn;
@@ -24,8 +25,9 @@ use network_types::{
 use policer_common::{
     ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
-    bucket::{Action, DROP_ONE, STAMP_MASK},
-    table::{self, Geometry, KEY_MASK, SLOT_STAMP_SHIFT, Set, SetDrops, Slot, WAYS},
+    bucket::{Action, STAMP_MASK},
+    recall::{self, RecallSet},
+    table::{self, Geometry, KEY_MASK, SLOT_STAMP_SHIFT, Set, SetDrops, SetKeys, Slot, WAYS},
     wire::{
         ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_AH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
         IPPROTO_HOPOPTS, IPPROTO_ROUTING, IPV4_MIN_HLEN, IPV6_HLEN, MAX_EXT_HEADERS, MAX_EXT_OFFSET, MAX_VLAN_TAGS,
@@ -46,12 +48,20 @@ static BUCKETS_V4: Array<Set> = Array::with_max_entries(table::sets_for(DEFAULT_
 /// so the drop path does not write the table.
 #[map]
 static BUCKETS_V4_DROP: Array<SetDrops> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
-/// The IPv4 table's hash seed and size (written by the loader).
+/// The tables' hash seed and size (written by the loader).
 #[map]
 static BUCKETS_V4_GEOM: Array<Geometry> = Array::with_max_entries(1, 0);
-/// The IPv6 sources, resized by the loader to `--max-sources`.
+/// The IPv6 sources: the same design, fingerprints for keys.
 #[map]
-static BUCKETS_V6: LruHashMap<BucketKeyV6, Bucket> = LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+static BUCKETS_V6: Array<Set> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
+#[map]
+static BUCKETS_V6_DROP: Array<SetDrops> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
+/// The IPv6 sources behind the fingerprints (for user space only).
+#[map]
+static BUCKETS_V6_KEYS: Array<SetKeys> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
+/// What eviction forgot (policer_common::recall), one set per table set.
+#[map]
+static RECALL: Array<RecallSet> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_IFACE_SLOTS, 0);
 #[map]
@@ -148,6 +158,16 @@ impl Clock {
         }
     }
 
+    /// The time, or the upper end of the window it is known to lie in
+    /// (no clock read), for decisions a few ticks cannot change.
+    #[inline(always)]
+    fn approx(&mut self) -> u64 {
+        match self.window {
+            Some(w) if self.now.is_none() => w.hi,
+            _ => self.now(),
+        }
+    }
+
     /// Whether to count this drop (one in 2^`shift`, at random).
     #[inline(always)]
     fn sample(&mut self, shift: u32) -> bool {
@@ -177,6 +197,21 @@ impl Clock {
         }
         self.now = Some(now);
         now
+    }
+}
+
+/// `x`, passed through this CPU's scratch map value, so that the verifier
+/// sees a number it cannot know (range checks still bound it) and walks
+/// what follows once, not once per value `x` could take.
+#[inline(always)]
+fn launder(x: u64) -> u64 {
+    match CPU_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; only this CPU touches it while we run.
+        Some(s) => unsafe {
+            core::ptr::write_volatile(&raw mut (*s).opaque, x);
+            core::ptr::read_volatile(&(*s).opaque)
+        },
+        None => x,
     }
 }
 
@@ -322,10 +357,8 @@ fn lookup_rule<const V6: bool>(search: impl FnOnce() -> Option<&'static Rule>) -
 /// Where a drop is counted for the source.
 enum DropAt {
     Nowhere,
-    /// An IPv6 bucket's own drop count.
-    V6(*mut Bucket),
-    /// The IPv4 table's drop array: set, way.
-    V4(u32, usize),
+    /// A table's drop array: IPv6 or not, set, way.
+    Slot(bool, u32, usize),
 }
 
 /// What `police` decided, and where to count a drop.
@@ -340,27 +373,34 @@ impl Judged {
     }
 }
 
-/// Judges an IPv4 frame against its source's slot in the set-associative
-/// table: looked for in its first set, then its second (see
-/// policer_common::table). `key` is the source's key word without a stamp.
+/// The family's table and its drop counts.
 #[inline(always)]
-fn police_v4(
+fn table_of<const V6: bool>() -> (&'static Array<Set>, &'static Array<SetDrops>) {
+    if V6 { (&BUCKETS_V6, &BUCKETS_V6_DROP) } else { (&BUCKETS_V4, &BUCKETS_V4_DROP) }
+}
+
+/// Judges a frame against its source's slot in the family's
+/// set-associative table (see policer_common::table): looked for in its
+/// first set, then its second; on a miss the recall (policer_common::recall)
+/// and the new-source limiter decide. `key` is the source's key word
+/// without a stamp, `index` its two sets, `v6_key` the IPv6 source (written
+/// beside the slot it claims).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn police_table<const V6: bool>(
     ctx: &XdpContext,
+    g: &Geometry,
     key: u64,
+    index: [u32; 2],
+    v6_key: &BucketKeyV6,
     rule: &Rule,
     clock: &mut Clock,
     len: u32,
     c: &mut Counters,
     rc: &mut RuleCounters,
 ) -> Judged {
-    let (index, first) = match BUCKETS_V4_GEOM.get(0) {
-        Some(g) if g.sets != 0 => {
-            let i = g.sets_of(key);
-            (i, BUCKETS_V4.get_ptr_mut(i[0]))
-        }
-        _ => ([0, 0], None),
-    };
-    let Some(first) = first else {
+    let (table, drops) = table_of::<V6>();
+    let Some(first) = table.get_ptr_mut(index[0]) else {
         // No table (not set up by the loader): police nothing.
         c.bucket_insert_failed += 1;
         return Judged::new_bucket(true);
@@ -369,31 +409,56 @@ fn police_v4(
     // this program run; slots are read with volatile loads because other
     // CPUs write them.
     unsafe {
-        if let Some(j) = find_v4(ctx, first, index[0], key, rule, clock, len, c) {
+        if let Some(j) = find::<V6>(ctx, first, index[0], key, rule, clock, len, c) {
             return j;
         }
         // The second set only when the first does not hold the source: a
         // new source, or one whose first set was full when it came (rare).
         // Under a flood of new sources this is a second read, which the
         // benchmark's table-overflow rows measured as no slower.
-        let (second, index1) = match BUCKETS_V4.get_ptr_mut(index[1]) {
+        let (second, index1) = match table.get_ptr_mut(index[1]) {
             Some(s) if index[1] != index[0] => (s, index[1]),
             _ => (first, index[0]),
         };
         if index1 != index[0]
-            && let Some(j) = find_v4(ctx, second, index1, key, rule, clock, len, c)
+            && let Some(j) = find::<V6>(ctx, second, index1, key, rule, clock, len, c)
         {
             return j;
         }
-        // A new source (or one whose slot was taken): as with the hash
-        // table, a fresh bucket only while the rule's limiter allows.
-        if !new_source_allowed(rule, clock) {
-            c.new_sources_limited += 1;
-            return Judged::new_bucket(false);
-        }
-        let now = clock.now();
-        let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
-            return Judged::new_bucket(false);
+        // Not in the table: what does the recall say of it? Read with the
+        // time's upper bound when the jiffies give one (a window of ticks
+        // is nothing against the recall's window), so a refused new source
+        // still costs no clock read.
+        let (rset, fp) = recall::locate(g.seed, g.sets, key, V6);
+        let recalled = match RECALL.get(rset) {
+            Some(s) => recall::recall(s, fp, clock.approx()),
+            None => None,
+        };
+        let (tat, now) = match recalled {
+            Some(debt) => {
+                // Known: no limiter. In debt, it resumes the debt; a frame
+                // the debt refuses is dropped and takes no slot.
+                let now = clock.now();
+                let Some(tat) = rule.admit(rule.resumed_tat(now, debt), now, len) else {
+                    c.recall_debt_drops += 1;
+                    return Judged::new_bucket(false);
+                };
+                c.recall_known += 1;
+                (tat, now)
+            }
+            None => {
+                // A new source (or one the recall forgot): a fresh bucket
+                // only while the rule's limiter allows.
+                if !new_source_allowed(rule, clock) {
+                    c.new_sources_limited += 1;
+                    return Judged::new_bucket(false);
+                }
+                let now = clock.now();
+                let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
+                    return Judged::new_bucket(false);
+                };
+                (tat, now)
+            }
         };
         let (w0, w1) = (&raw mut (*first).ways as *mut Slot, &raw mut (*second).ways as *mut Slot);
         let mut slots = [[Slot::default(); WAYS]; 2];
@@ -401,32 +466,65 @@ fn police_v4(
             slots[0][w] = core::ptr::read_volatile(w0.add(w));
             slots[1][w] = core::ptr::read_volatile(w1.add(w));
         }
-        let (i, v) = table::victim(&slots, now);
-        let (ways, index, old) =
-            if i == 0 { (w0, index[0], slots[0][v % WAYS]) } else { (w1, index1, slots[1][v % WAYS]) };
-        let v = v % WAYS;
+        // The victim as a number the verifier cannot know (else it walks
+        // the rest of this path once for each of the eight slots).
+        let code = launder(table::victim_code(&slots, now)) & 7;
+        let (i, v) = ((code >> 2) as usize, (code & 3) as usize);
+        let (ways, index) = if i == 0 { (w0, index[0]) } else { (w1, index1) };
         let slot = ways.add(v);
-        let seen = cas(&raw mut (*slot).key, old.key, table::stamped(key, rule.stamp));
+        let old = core::ptr::read_volatile(slot);
+        let returned = if recalled.is_some() { table::KEY_RETURNED } else { 0 };
+        let seen = cas(&raw mut (*slot).key, old.key, table::stamped(key | returned, rule.stamp));
         if seen == old.key {
             // Ours: the new bucket replaces whatever the slot held, and
             // its drop count starts at zero.
             core::ptr::write_volatile(&raw mut (*slot).tat, tat);
-            if let Some(d) = BUCKETS_V4_DROP.get_ptr_mut(index) {
+            if let Some(d) = drops.get_ptr_mut(index) {
                 core::ptr::write_volatile((&raw mut (*d).ways as *mut u64).add(v), 0);
+            }
+            if V6 && let Some(k) = BUCKETS_V6_KEYS.get_ptr_mut(index) {
+                core::ptr::write_volatile((&raw mut (*k).ways as *mut BucketKeyV6).add(v), *v6_key);
             }
             c.buckets_created += 1;
             rc.buckets_created += 1;
+            remember::<V6>(g, &old, now, c);
             return Judged::new_bucket(true);
         }
         if seen & KEY_MASK == key {
             // Another CPU made this source's bucket meanwhile: judge by it.
             let admit = slot_admit(ctx, slot, seen, rule, clock, len, c);
-            return Judged { admit, drop_at: DropAt::V4(index, v) };
+            return Judged { admit, drop_at: DropAt::Slot(V6, index, v) };
         }
     }
     // Lost the slot to another new source: rare; admitted, and counted.
     c.bucket_insert_failed += 1;
     Judged::new_bucket(true)
+}
+
+/// Writes an evicted slot into the recall when it is worth remembering:
+/// in debt, or a source that came back (policer_common::recall).
+#[inline(always)]
+fn remember<const V6: bool>(g: &Geometry, old: &Slot, now: u64, c: &mut Counters) {
+    if old.key & table::KEY_VALID == 0 {
+        return;
+    }
+    let debt = old.bucket(0).debt_ns(now);
+    if debt == 0 && !old.returned() {
+        return;
+    }
+    let (rset, fp) = recall::locate(g.seed, g.sets, old.key, V6);
+    let Some(s) = RECALL.get_ptr_mut(rset) else {
+        return;
+    };
+    // SAFETY: a live array value; entries are whole words, written plainly
+    // (two CPUs placing entries at once can lose one: a source forgotten,
+    // judged as new).
+    unsafe {
+        let set = core::ptr::read_volatile(s);
+        let i = launder(recall::place(&set, fp, now) as u64) as usize % recall::RECALL_WAYS;
+        core::ptr::write_volatile((&raw mut (*s).entries as *mut u64).add(i), recall::entry(fp, now, debt));
+    }
+    c.recall_stored += 1;
 }
 
 /// Judges the frame by the source's slot in the set at `set` (array index
@@ -436,7 +534,7 @@ fn police_v4(
 /// `set` must point into a live map value.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn find_v4(
+unsafe fn find<const V6: bool>(
     ctx: &XdpContext,
     set: *mut Set,
     index: u32,
@@ -454,15 +552,16 @@ unsafe fn find_v4(
             let word = core::ptr::read_volatile(&(*slot).key);
             if word & KEY_MASK == key {
                 let admit = slot_admit(ctx, slot, word, rule, clock, len, c);
-                return Some(Judged { admit, drop_at: DropAt::V4(index, w) });
+                return Some(Judged { admit, drop_at: DropAt::Slot(V6, index, w) });
             }
         }
     }
     None
 }
 
-/// Charges a frame to an IPv4 slot whose key word was read as `word`,
-/// carrying the bucket over first if its rule changed size or unit.
+/// Charges a frame to a slot whose key word was read as `word`, carrying
+/// the bucket over first if its rule changed size or unit, and marking the
+/// source as come back (once per slot).
 ///
 /// # Safety
 /// `slot` must point into a live map value.
@@ -478,102 +577,18 @@ unsafe fn slot_admit(
 ) -> bool {
     // SAFETY: the caller's contract.
     unsafe {
-        if word >> SLOT_STAMP_SHIFT != rule.stamp as u64 & STAMP_MASK {
-            // Rare (first packet after a change): the stamp is swapped in
-            // after the CAS of `tat`, unless the slot changed hands.
-            let old = Slot { key: word, tat: core::ptr::read_volatile(&(*slot).tat) };
-            carry_over(&raw mut (*slot).tat, &old.bucket(0), rule, clock);
-            cas(&raw mut (*slot).key, word, table::stamped(word, rule.stamp));
+        let want = table::stamped(word, rule.stamp) | table::KEY_RETURNED;
+        if word != want {
+            // Rare (the source's second frame, or the first after a rule
+            // change): carry the bucket over if the stamp changed, then
+            // swap in the new word, unless the slot changed hands.
+            if word >> SLOT_STAMP_SHIFT != rule.stamp as u64 & STAMP_MASK {
+                let old = Slot { key: word, tat: core::ptr::read_volatile(&(*slot).tat) };
+                carry_over(&raw mut (*slot).tat, &old.bucket(0), rule, clock);
+            }
+            cas(&raw mut (*slot).key, word, want);
         }
         judge(ctx, &raw mut (*slot).tat, rule, clock, len, c)
-    }
-}
-
-/// Judges the frame against an IPv6 source's bucket (LRU hash).
-#[inline(always)]
-fn police<K>(
-    ctx: &XdpContext,
-    table: &LruHashMap<K, Bucket>,
-    key: &K,
-    rule: &Rule,
-    clock: &mut Clock,
-    len: u32,
-    c: &mut Counters,
-    rc: &mut RuleCounters,
-) -> Judged {
-    let Some(bucket) = table.get_ptr_mut(key) else {
-        // No bucket: a new source, or one the full table evicted. It gets a
-        // fresh bucket only while its rule's new-source limiter allows (see
-        // NewSources); otherwise it is dropped and no bucket is made, so a
-        // population too large for the table cannot churn it further.
-        if !new_source_allowed(rule, clock) {
-            c.new_sources_limited += 1;
-            return Judged::new_bucket(false);
-        }
-        // A new bucket at zero debt.
-        let now = clock.now();
-        let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
-            return Judged::new_bucket(false);
-        };
-        let new = rule.bucket(tat);
-        match table.insert(key, &new, BPF_NOEXIST as u64) {
-            Ok(()) => {
-                c.buckets_created += 1;
-                rc.buckets_created += 1;
-                return Judged::new_bucket(true);
-            }
-            // Another CPU created it meanwhile: judge against that one.
-            Err(_) => match table.get_ptr_mut(key) {
-                Some(b) => return Judged { admit: cas_admit(ctx, b, rule, clock, len, c), drop_at: DropAt::V6(b) },
-                None => {
-                    c.bucket_insert_failed += 1;
-                    // Rare; logged at 1, 2, 4, 8... per CPU so a flood
-                    // cannot flood the log.
-                    if c.bucket_insert_failed.is_power_of_two() {
-                        warn!(
-                            ctx,
-                            "bucket table refused an insert ({} on this CPU); frame admitted", c.bucket_insert_failed
-                        );
-                    }
-                    return Judged::new_bucket(true);
-                }
-            },
-        }
-    };
-    Judged { admit: cas_admit(ctx, bucket, rule, clock, len, c), drop_at: DropAt::V6(bucket) }
-}
-
-#[inline(always)]
-fn cas_admit(
-    ctx: &XdpContext,
-    bucket: *mut Bucket,
-    rule: &Rule,
-    clock: &mut Clock,
-    len: u32,
-    c: &mut Counters,
-) -> bool {
-    // SAFETY: `bucket` points into a live map value (RCU keeps it valid for
-    // this program run); fields are read with volatile loads because other
-    // CPUs write them.
-    unsafe {
-        let meta = core::ptr::read_volatile(&(*bucket).meta);
-        if meta & STAMP_MASK != rule.stamp as u64 & STAMP_MASK {
-            // The source's rule changed size or unit: carry the bucket's
-            // fill over to the new rule. Rare (first packet after a
-            // change): the stamp is swapped in after the CAS of `tat`.
-            carry_over(&raw mut (*bucket).tat, &core::ptr::read_volatile(bucket), rule, clock);
-            // Keep the drop count other CPUs may be adding to.
-            let mut m = meta;
-            for _ in 0..CAS_ROUNDS {
-                let new = (m & !STAMP_MASK) | (rule.stamp as u64 & STAMP_MASK);
-                let seen = cas(&raw mut (*bucket).meta, m, new);
-                if seen == m {
-                    break;
-                }
-                m = seen;
-            }
-        }
-        judge(ctx, &raw mut (*bucket).tat, rule, clock, len, c)
     }
 }
 
@@ -693,30 +708,26 @@ unsafe fn charge(tat_ptr: *mut u64, rule: &Rule, clock: &mut Clock, len: u32, re
     Charge::Lost
 }
 
-/// Counts a drop on its source: atomic adds, because other CPUs may count
-/// drops on the same source. IPv4 drops are sampled (DROP_SAMPLE_SHIFT).
+/// Counts a drop on its source, sampled (DROP_SAMPLE_SHIFT): atomic adds,
+/// because other CPUs may count drops on the same source.
 #[inline(always)]
 fn count_drop(at: &DropAt, clock: &mut Clock) {
-    match *at {
-        DropAt::Nowhere => {}
-        // SAFETY: live map value.
-        DropAt::V6(b) => unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).meta, DROP_ONE);
-        },
-        DropAt::V4(set, way) => {
-            // SAFETY: a read of a plain static the loader may rewrite before load.
-            let shift = unsafe { core::ptr::read_volatile(&DROP_SAMPLE_SHIFT) } & 15;
-            if clock.sample(shift)
-                && let Some(d) = BUCKETS_V4_DROP.get_ptr_mut(set)
-            {
-                // SAFETY: live map value; `way` < WAYS.
-                unsafe {
-                    atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
-                        (&raw mut (*d).ways as *mut u64).add(way % WAYS),
-                        1u64 << shift,
-                    );
-                }
-            }
+    let DropAt::Slot(v6, set, way) = *at else {
+        return;
+    };
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    let shift = unsafe { core::ptr::read_volatile(&DROP_SAMPLE_SHIFT) } & 15;
+    if !clock.sample(shift) {
+        return;
+    }
+    let d = if v6 { BUCKETS_V6_DROP.get_ptr_mut(set) } else { BUCKETS_V4_DROP.get_ptr_mut(set) };
+    if let Some(d) = d {
+        // SAFETY: live map value; `way` < WAYS.
+        unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+                (&raw mut (*d).ways as *mut u64).add(way % WAYS),
+                1u64 << shift,
+            );
         }
     }
 }
@@ -771,7 +782,12 @@ fn try_policer(ctx: &XdpContext) -> u32 {
                 let m = &rule.key_mask;
                 let mask = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
                 let key = table::slot_key_word(u32::from_ne_bytes(src) & mask, rule.key_len);
-                police_v4(ctx, key, rule, clock, len, c, rc)
+                let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
+                    c.bucket_insert_failed += 1;
+                    return Judged::new_bucket(true);
+                };
+                let index = g.sets_of(key);
+                police_table::<false>(ctx, g, key, index, &BucketKeyV6::default(), rule, clock, len, c, rc)
             })
         }
         Parsed::V6 { src, fragment } => {
@@ -782,7 +798,16 @@ fn try_policer(ctx: &XdpContext) -> u32 {
                 for i in 0..16 {
                     key.addr[i] = src[i] & rule.key_mask[i];
                 }
-                police(ctx, &BUCKETS_V6, &key, rule, clock, len, c, rc)
+                let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
+                    c.bucket_insert_failed += 1;
+                    return Judged::new_bucket(true);
+                };
+                let a = &key.addr;
+                let hi = u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]);
+                let lo = u64::from_ne_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]);
+                let h = g.hash_v6(hi, lo, rule.key_len);
+                let index = g.sets_of_hash(h);
+                police_table::<true>(ctx, g, table::v6_key_word(h), index, &key, rule, clock, len, c, rc)
             })
         }
     }

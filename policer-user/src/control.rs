@@ -167,6 +167,18 @@ pub struct IfaceStats {
     /// Sources refused a fresh bucket by their rule's new-source limiter
     /// (table pressure): the frame was dropped and no bucket made.
     pub new_sources_limited: u64,
+    /// Sources without a bucket that the recall knew (evicted recently, or
+    /// in debt): let past the new-source limiter.
+    #[serde(default)]
+    pub recall_known: u64,
+    /// Frames dropped on a debt the recall kept for an evicted source (no
+    /// bucket made).
+    #[serde(default)]
+    pub recall_debt_drops: u64,
+    /// Evicted buckets written to the recall (in debt, or a source that
+    /// came back).
+    #[serde(default)]
+    pub recall_stored: u64,
     /// Per-second rates since the previous sample (`--watch` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rates: Option<RateView>,
@@ -219,6 +231,13 @@ pub struct TableStats {
     pub live: Option<u64>,
     /// Inserts the kernel refused.
     pub insert_failures: u64,
+    /// Entries the recall holds (4 per source of capacity).
+    #[serde(default)]
+    pub recall_capacity: u64,
+    /// Entries of the recall that would recall a source now (estimated
+    /// from 1024 sets spread over it when it has more).
+    #[serde(default)]
+    pub recall_live: u64,
 }
 
 /// `policer stats --json`: one sample.
@@ -292,7 +311,9 @@ pub struct InspectView {
     /// Frames dropped from it since its bucket was made (sampled for
     /// IPv4: see README, top).
     pub drops: u64,
-    /// Without a bucket, whether its rule's new-source limiter would give
+    /// Without a bucket: "recalled" if the recall remembers it (evicted
+    /// recently or in debt: it skips the limiter, and `debt_ns` is the debt
+    /// it resumes), else whether its rule's new-source limiter would give
     /// it one now ("accepted") or refuse it under table pressure
     /// ("limited"); null with a bucket or for allow/deny rules.
     pub new_source: Option<String>,

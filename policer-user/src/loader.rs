@@ -17,10 +17,11 @@ use ipnet::IpNet;
 use policer_common::{
     Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, FAMILY_V4,
     GLOBAL_DROP_SAMPLE_SHIFT, GLOBAL_TEST_CLOCK, LAYOUT_VERSION, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS,
-    MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT,
-    MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAX_RULES, NewSources, PROGRAM_NAME, Rule,
-    RuleCounters,
-    table::{self, Geometry, Set, SetDrops},
+    MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_CLOCK, MAP_COUNTERS,
+    MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4,
+    MAP_RULES_V6, MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    recall::{self, RecallSet},
+    table::{self, Geometry, Set, SetDrops, SetKeys},
 };
 
 use crate::error::{Error, Result};
@@ -132,12 +133,27 @@ pub struct MapReader {
     buckets_v4: OwnedFd,
     buckets_v4_drops: OwnedFd,
     buckets_v6: OwnedFd,
+    buckets_v6_drops: OwnedFd,
+    buckets_v6_keys: OwnedFd,
+    recall: OwnedFd,
     new_sources: OwnedFd,
-    /// The IPv4 table's hash; fixed for the table's life.
+    /// The tables' hash and size; fixed for the tables' life.
     geometry: Geometry,
-    /// Capacity of the bucket table, read once at load.
-    capacity: u32,
 }
+
+/// The recall's fill (see policer_common::recall).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecallFill {
+    /// Entries it holds.
+    pub capacity: u64,
+    /// Entries that would recall a source now: exact when the recall has
+    /// at most [`RECALL_SAMPLE_SETS`] sets, else estimated from that many
+    /// sets spread evenly over it.
+    pub live: u64,
+}
+
+/// Sets of the recall read to estimate its fill.
+pub const RECALL_SAMPLE_SETS: u64 = 1024;
 
 /// The running kernel's CONFIG_HZ, from /proc/config.gz or
 /// /boot/config-RELEASE; `None` if neither says.
@@ -193,7 +209,10 @@ impl Policer {
         loader
             .map_max_entries(MAP_BUCKETS_V4, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V4_DROPS, table::sets_for(opts.max_sources))
-            .map_max_entries(MAP_BUCKETS_V6, opts.max_sources)
+            .map_max_entries(MAP_BUCKETS_V6, table::sets_for(opts.max_sources))
+            .map_max_entries(MAP_BUCKETS_V6_DROPS, table::sets_for(opts.max_sources))
+            .map_max_entries(MAP_BUCKETS_V6_KEYS, table::sets_for(opts.max_sources))
+            .map_max_entries(MAP_RECALL, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_RULES_V4, opts.max_rules)
             .map_max_entries(MAP_RULES_V6, opts.max_rules)
             // Slot 0 is never given to a rule: max_rules + 1 entries.
@@ -226,12 +245,11 @@ impl Policer {
         // A table taken over keeps its hash; a new one gets a fresh secret
         // seed, so nobody can pick sources that share a set.
         if !opts.reuse.iter().any(|(n, _)| *n == MAP_BUCKETS_V4) {
-            let sets = table::sets_for(opts.max_sources);
             let seed = match opts.table_seed {
                 Some(s) => s,
                 None => random_u64()?,
             };
-            let geometry = Geometry::new(seed, sets);
+            let geometry = Geometry::new(seed, opts.max_sources);
             let mut m: Array<&mut MapData, Geometry> = Array::try_from(
                 p.ebpf.map_mut(MAP_BUCKETS_V4_GEOMETRY).ok_or(Error::Missing(MAP_BUCKETS_V4_GEOMETRY))?,
             )
@@ -308,9 +326,9 @@ impl Policer {
         self.reader.for_each_bucket(f)
     }
 
-    /// Capacity of the bucket table.
+    /// Capacity of the bucket tables.
     pub fn max_sources(&self) -> Result<u32> {
-        Ok(self.reader.capacity)
+        Ok(self.reader.max_sources())
     }
 
     /// Rules this program holds: counter slots 1..=max_rules (an adopted
@@ -439,22 +457,18 @@ impl MapReader {
             // duplicate is ours.
             Ok(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?)
         };
-        let capacity = match ebpf.map(MAP_BUCKETS_V6).ok_or(Error::Missing(MAP_BUCKETS_V6))? {
-            // The IPv6 table holds exactly `--max-sources`; the IPv4 table
-            // has twice that many slots (table::SLOTS_PER_SOURCE), in sets.
-            aya::maps::Map::LruHashMap(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(MAP_BUCKETS_V6))?,
-            _ => return Err(Error::Missing(MAP_BUCKETS_V6)),
-        };
         Ok(MapReader {
             counters: dup(MAP_COUNTERS)?,
             rule_counters: dup(MAP_RULE_COUNTERS)?,
             buckets_v4: dup(MAP_BUCKETS_V4)?,
             buckets_v4_drops: dup(MAP_BUCKETS_V4_DROPS)?,
             buckets_v6: dup(MAP_BUCKETS_V6)?,
+            buckets_v6_drops: dup(MAP_BUCKETS_V6_DROPS)?,
+            buckets_v6_keys: dup(MAP_BUCKETS_V6_KEYS)?,
+            recall: dup(MAP_RECALL)?,
             new_sources: dup(MAP_NEW_SOURCES)?,
             // Filled in by the loader once the table's seed is known.
             geometry: Geometry::default(),
-            capacity,
         })
     }
 
@@ -462,25 +476,65 @@ impl MapReader {
     /// shows): its first set, then its second (see policer_common::table).
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
         let io = |name: &'static str| move |e: io::Error| Error::Invalid(format!("reading {name}: {e}"));
-        if key.family == FAMILY_V4 {
+        let (want, sets, (table, drops)) = if key.family == FAMILY_V4 {
             let want = table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len);
-            for i in self.geometry.sets_of(want) {
-                let set: Option<Set> =
-                    crate::batch::lookup(self.buckets_v4.as_raw_fd(), &i).map_err(io(MAP_BUCKETS_V4))?;
-                let drops: Option<SetDrops> =
-                    crate::batch::lookup(self.buckets_v4_drops.as_raw_fd(), &i).map_err(io(MAP_BUCKETS_V4_DROPS))?;
-                let (Some(set), drops) = (set, drops.unwrap_or_default()) else { continue };
-                if let Some(b) =
-                    set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n))
-                {
-                    return Ok(Some(b));
-                }
-            }
-            Ok(None)
+            (want, self.geometry.sets_of(want), (&self.buckets_v4, &self.buckets_v4_drops))
         } else {
-            let k = BucketKeyV6 { addr: key.addr, key_len: key.key_len };
-            crate::batch::lookup(self.buckets_v6.as_raw_fd(), &k).map_err(io(MAP_BUCKETS_V6))
+            let (want, sets) = self.v6_word(&BucketKeyV6 { addr: key.addr, key_len: key.key_len });
+            (want, sets, (&self.buckets_v6, &self.buckets_v6_drops))
+        };
+        for i in sets {
+            let set: Option<Set> = crate::batch::lookup(table.as_raw_fd(), &i).map_err(io(MAP_BUCKETS_V4))?;
+            let drops: Option<SetDrops> =
+                crate::batch::lookup(drops.as_raw_fd(), &i).map_err(io(MAP_BUCKETS_V4_DROPS))?;
+            let (Some(set), drops) = (set, drops.unwrap_or_default()) else { continue };
+            if let Some(b) = set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n))
+            {
+                return Ok(Some(b));
+            }
         }
+        Ok(None)
+    }
+
+    /// An IPv6 source's key word and sets, as the program hashes it.
+    fn v6_word(&self, k: &BucketKeyV6) -> (u64, [u32; 2]) {
+        let a = &k.addr;
+        let hi = u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]);
+        let lo = u64::from_ne_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]);
+        let h = self.geometry.hash_v6(hi, lo, k.key_len);
+        (table::v6_key_word(h), self.geometry.sets_of_hash(h))
+    }
+
+    /// Whether the recall would recall `key` now, and with what debt in ns
+    /// (`None`: not recalled). See policer_common::recall.
+    pub fn recalled(&self, key: &BucketKey, now_ns: u64) -> Result<Option<u64>> {
+        let word = if key.family == FAMILY_V4 {
+            table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len)
+        } else {
+            self.v6_word(&BucketKeyV6 { addr: key.addr, key_len: key.key_len }).0
+        };
+        let (i, fp) = recall::locate(self.geometry.seed, self.geometry.sets, word, key.family != FAMILY_V4);
+        let set: Option<RecallSet> = crate::batch::lookup(self.recall.as_raw_fd(), &i)
+            .map_err(|e| Error::Invalid(format!("reading {MAP_RECALL}: {e}")))?;
+        Ok(set.and_then(|s| recall::recall(&s, fp, now_ns)))
+    }
+
+    /// How full the recall is at `now_ns` (see [`RecallFill`]).
+    pub fn recall_fill(&self, now_ns: u64) -> Result<RecallFill> {
+        let sets = self.geometry.sets;
+        let capacity = sets * recall::RECALL_WAYS as u64;
+        let n = sets.min(RECALL_SAMPLE_SETS);
+        if n == 0 {
+            return Ok(RecallFill::default());
+        }
+        let mut live = 0u64;
+        for j in 0..n {
+            let i = (j * sets / n) as u32;
+            let set: Option<RecallSet> = crate::batch::lookup(self.recall.as_raw_fd(), &i)
+                .map_err(|e| Error::Invalid(format!("reading {MAP_RECALL}: {e}")))?;
+            live += set.map_or(0, |s| recall::live(&s, now_ns) as u64);
+        }
+        Ok(RecallFill { capacity, live: live * sets / n })
     }
 
     /// The new-source limiter of a rule's slot.
@@ -489,9 +543,9 @@ impl MapReader {
             .map_err(|e| Error::Invalid(format!("reading {MAP_NEW_SOURCES}: {e}")))
     }
 
-    /// Capacity of the bucket table.
+    /// Capacity of the bucket tables (`--max-sources`).
     pub fn max_sources(&self) -> u32 {
-        self.capacity
+        self.geometry.capacity.min(u32::MAX as u64) as u32
     }
 
     /// Sums a per-CPU array's slots over CPUs, slot by slot.
@@ -540,51 +594,67 @@ impl MapReader {
 
     /// Calls `f` for every live bucket, IPv4 then IPv6.
     pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
-        // The drop counts first (a set's index is its key), then the sets.
-        let mut drops: Vec<SetDrops> = Vec::new();
-        let fd = self.buckets_v4_drops.as_raw_fd();
-        crate::batch::for_each(fd, size_of::<u32>(), size_of::<SetDrops>(), |k, v| {
-            // SAFETY: the kernel wrote a key and a value of these Pod types.
-            let (i, d) = unsafe {
-                (
-                    std::ptr::read_unaligned(k.as_ptr() as *const u32),
-                    std::ptr::read_unaligned(v.as_ptr() as *const SetDrops),
-                )
-            };
-            let i = i as usize;
-            if drops.len() <= i {
-                drops.resize(i + 1, SetDrops::default());
+        self.for_each_slot(&self.buckets_v4, &self.buckets_v4_drops, MAP_BUCKETS_V4, |_, _, slot, n| {
+            if let Some(k) = table::key_of(slot.key) {
+                f(&k.into(), &slot.bucket(n));
             }
-            drops[i] = d;
+        })?;
+        // IPv6 slots hold fingerprints: the keys sit beside them, written
+        // after the slot is claimed. A key that does not hash to its slot
+        // (being rewritten) is skipped.
+        let keys: Vec<SetKeys> = read_array(&self.buckets_v6_keys, MAP_BUCKETS_V6_KEYS)?;
+        self.for_each_slot(&self.buckets_v6, &self.buckets_v6_drops, MAP_BUCKETS_V6, |i, w, slot, n| {
+            if slot.key & table::KEY_VALID == 0 {
+                return;
+            }
+            let Some(k) = keys.get(i as usize).map(|s| s.ways[w]) else { return };
+            let (word, sets) = self.v6_word(&k);
+            if word == slot.source() && sets.contains(&i) {
+                f(&k.into(), &slot.bucket(n));
+            }
         })
-        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4_DROPS}: {e}")))?;
-        let fd = self.buckets_v4.as_raw_fd();
-        crate::batch::for_each(fd, size_of::<u32>(), size_of::<Set>(), |k, v| {
+    }
+
+    /// Calls `f(set, way, slot, drops)` for every slot of a table.
+    fn for_each_slot(
+        &self,
+        table: &OwnedFd,
+        drops: &OwnedFd,
+        name: &'static str,
+        mut f: impl FnMut(u32, usize, &table::Slot, u64),
+    ) -> Result<()> {
+        // The drop counts first (a set's index is its key), then the sets.
+        let drops: Vec<SetDrops> = read_array(drops, name)?;
+        crate::batch::for_each(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), |k, v| {
             // SAFETY: the kernel wrote a key and a value of these Pod types.
             let (i, set) = unsafe {
                 (std::ptr::read_unaligned(k.as_ptr() as *const u32), std::ptr::read_unaligned(v.as_ptr() as *const Set))
             };
             let d = drops.get(i as usize).copied().unwrap_or_default();
-            for (slot, n) in set.ways.iter().zip(d.ways) {
-                if let Some(k) = table::key_of(slot.key) {
-                    f(&k.into(), &slot.bucket(n));
-                }
+            for (w, (slot, n)) in set.ways.iter().zip(d.ways).enumerate() {
+                f(i, w, slot, n);
             }
         })
-        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4}: {e}")))?;
-        let fd = self.buckets_v6.as_raw_fd();
-        crate::batch::for_each(fd, size_of::<BucketKeyV6>(), size_of::<Bucket>(), |k, v| {
-            // SAFETY: the kernel wrote a key and a value of these Pod types.
-            let (k, v) = unsafe {
-                (
-                    std::ptr::read_unaligned(k.as_ptr() as *const BucketKeyV6),
-                    std::ptr::read_unaligned(v.as_ptr() as *const Bucket),
-                )
-            };
-            f(&k.into(), &v);
-        })
-        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V6}: {e}")))
+        .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))
     }
+}
+
+/// Every value of an array map, by index.
+fn read_array<T: aya::Pod + Default + Clone>(fd: &OwnedFd, name: &'static str) -> Result<Vec<T>> {
+    let mut out: Vec<T> = Vec::new();
+    crate::batch::for_each(fd.as_raw_fd(), size_of::<u32>(), size_of::<T>(), |k, v| {
+        // SAFETY: the kernel wrote a key and a value of these Pod types.
+        let (i, t) = unsafe {
+            (std::ptr::read_unaligned(k.as_ptr() as *const u32), std::ptr::read_unaligned(v.as_ptr() as *const T))
+        };
+        let i = i as usize;
+        if out.len() <= i {
+            out.resize(i + 1, T::default());
+        }
+        out[i] = t;
+    })
+    .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+    Ok(out)
 }
 
 impl Policer {

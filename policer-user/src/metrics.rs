@@ -127,6 +127,19 @@ pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
         counter(s.totals.new_sources_limited),
     );
     reg.register(
+        "recall_known",
+        "Sources without a bucket the recall knew (evicted recently or in debt), let past the new-source limiter",
+        counter(s.totals.recall_known),
+    );
+    reg.register(
+        "recall_debt_drops",
+        "Frames dropped on a debt the recall kept for an evicted source",
+        counter(s.totals.recall_debt_drops),
+    );
+    reg.register("recall_stored", "Evicted buckets written to the recall", counter(s.totals.recall_stored));
+    reg.register("recall_capacity", "Entries the recall holds", gauge(s.table.recall_capacity));
+    reg.register("recall_live", "Entries of the recall that would recall a source now", gauge(s.table.recall_live));
+    reg.register(
         "cas_exhausted",
         "Frames dropped because every compare-and-swap round was lost",
         counter(s.totals.cas_exhausted),
@@ -171,7 +184,7 @@ mod tests {
                 ..Default::default()
             }],
             rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), counters: c, rates: None }],
-            table: TableStats { capacity: 1024, created: 10, live: None, insert_failures: 0 },
+            table: TableStats { capacity: 1024, created: 10, live: None, insert_failures: 0, ..Default::default() },
             ..Default::default()
         };
         let text = render(&s, 4, 6);

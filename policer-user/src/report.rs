@@ -72,6 +72,17 @@ pub fn stats_text(s: &StatsView) -> String {
         "\nbucket table: capacity {}, buckets created {}, insert failures {}, compare-and-swap retries {}",
         s.table.capacity, s.table.created, s.table.insert_failures, s.totals.cas_retries
     );
+    let _ = writeln!(
+        out,
+        "table pressure: new sources limited {}, recall: {} of {} entries live, {} stored, {} known sources let in, \
+         {} frames dropped on a recalled debt",
+        s.totals.new_sources_limited,
+        s.table.recall_live,
+        s.table.recall_capacity,
+        s.totals.recall_stored,
+        s.totals.recall_known,
+        s.totals.recall_debt_drops
+    );
     out
 }
 

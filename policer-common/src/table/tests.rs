@@ -79,7 +79,7 @@ fn a_full_table_holds_its_sources() {
     let mut rnd = xorshift(0x1234_5678_9abc_def1);
     for n in [4096u32, 65_536, 1 << 20] {
         for _ in 0..3 {
-            let g = Geometry::new(rnd(), sets_for(n));
+            let g = geom(rnd(), sets_for(n));
             let seq = place(&g, (0..n).map(|i| 0x0a00_0000 + i));
             let random: std::vec::Vec<u32> = (0..n).map(|_| rnd() as u32).collect();
             let ran = place(&g, random.into_iter());
@@ -100,7 +100,7 @@ fn a_quarter_full_table_leaves_hardly_a_source_out() {
     let mut rnd = xorshift(0x0bad_5eed_1234_5678);
     let (mut two, mut one) = (0, 0);
     for _ in 0..20 {
-        let g = Geometry::new(rnd(), sets_for(262_144));
+        let g = geom(rnd(), sets_for(262_144));
         let random: std::vec::Vec<u32> = (0..65_536).map(|_| rnd() as u32).collect();
         for sources in [(0..65_536u32).map(|i| 0x0a01_0000 + i).collect(), random] {
             let out = 65_536 - place(&g, sources.iter().copied());
@@ -142,9 +142,9 @@ fn two_choices_first_is_the_old_set() {
         (7, 1_000_003, [255, 255, 255, 255], 32, 881_028),
     ];
     for (seed, sets, addr, len, old) in golden {
-        assert_eq!(Geometry::new(seed, sets).sets_of(slot_key(addr, len))[0], old, "{seed:#x} {sets} {addr:?}/{len}");
+        assert_eq!(geom(seed, sets).sets_of(slot_key(addr, len))[0], old, "{seed:#x} {sets} {addr:?}/{len}");
     }
-    let g = Geometry::new(0x9e37_79b9_7f4a_7c15, 1 << 17);
+    let g = geom(0x9e37_79b9_7f4a_7c15, 1 << 17);
     let mut same = 0;
     for i in 0..100_000u32 {
         let [a, b] = g.sets_of(slot_key((0x0a00_0000 + i).to_be_bytes(), 32));
@@ -153,13 +153,13 @@ fn two_choices_first_is_the_old_set() {
     }
     assert!(same < 10, "{same} sources with one set twice");
     // One set: both choices are it.
-    assert_eq!(Geometry::new(5, 1).sets_of(slot_key([10, 0, 0, 1], 32)), [0, 0]);
+    assert_eq!(geom(5, 1).sets_of(slot_key([10, 0, 0, 1], 32)), [0, 0]);
 }
 
 #[test]
 fn hash_stays_in_range_and_spreads() {
     for sets in [1u32, 3, 1000, 1 << 18, u32::MAX] {
-        let g = Geometry::new(0x9e37_79b9_7f4a_7c15, sets);
+        let g = geom(0x9e37_79b9_7f4a_7c15, sets);
         for i in 0..10_000u32 {
             assert!(g.sets_of(slot_key(i.to_be_bytes(), 32)).iter().all(|&s| s < sets));
         }
@@ -167,7 +167,7 @@ fn hash_stays_in_range_and_spreads() {
     // 65 536 sequential sources over 16 384 sets: no set gets many more
     // than its share (4), whatever the seed.
     for seed in [0, 1, 0x9e37_79b9_7f4a_7c15, 0xdead_beef_0bad_cafe, 0xbf58_476d_1ce4_e5b9] {
-        let g = Geometry::new(seed, 16_384);
+        let g = geom(seed, 16_384);
         let mut load = vec![0u32; 16_384];
         for i in 0..65_536u32 {
             load[g.sets_of(slot_key((0x0a01_0000 + i).to_be_bytes(), 32))[0] as usize] += 1;
@@ -298,5 +298,82 @@ proptest! {
             prop_assert_ne!(v, (hot / WAYS, hot % WAYS));
             prop_assert_eq!(sets[v.0][v.1].bucket(0).debt_ns(t), 0);
         }
+    }
+}
+
+/// A geometry of `sets` sets hashed with `seed`.
+fn geom(seed: u64, sets: u32) -> Geometry {
+    Geometry { seed, sets: sets as u64, capacity: 0 }
+}
+
+/// A source seen once goes before a drained source that came back, both
+/// before any debt; across sets, a drained returned slot of the first set
+/// goes only when the second has nothing better.
+#[test]
+fn drained_sources_seen_once_go_first() {
+    let r = Rule::packets(1000, 10).unwrap();
+    let now = 5_000_000_000;
+    let s = |i: u32, n: u64, returned: bool| {
+        let mut tat = r.empty_tat(now);
+        for _ in 0..n {
+            tat = r.admit(tat, now, 64).unwrap();
+        }
+        let key = stamped(slot_key(i.to_be_bytes(), 32), r.stamp) | if returned { KEY_RETURNED } else { 0 };
+        Slot { key, tat }
+    };
+    assert!(s(1, 0, true).returned() && !s(1, 0, false).returned());
+    // The returned bit survives a change of stamp.
+    assert!(Slot { key: stamped(s(1, 0, true).key, 77), tat: 0 }.returned());
+    let debt = [s(11, 3, true), s(12, 3, true), s(13, 3, true), s(14, 3, true)];
+    assert_eq!(victim(&[[s(1, 0, true), s(2, 0, false), s(3, 5, true), s(4, 0, true)], debt], now), (0, 1));
+    assert_eq!(victim(&[[s(1, 0, true), s(2, 1, false), s(3, 5, true), s(4, 0, true)], debt], now), (0, 0));
+    // The second set's once-seen drained slot before the first's returned one.
+    assert_eq!(
+        victim(
+            &[
+                [s(1, 0, true), s(2, 9, true), s(3, 9, true), s(4, 9, true)],
+                [s(5, 9, true), s(6, 0, false), s(7, 9, true), s(8, 9, true)]
+            ],
+            now
+        ),
+        (1, 1)
+    );
+    // Zero debt before any debt, returned or not.
+    assert_eq!(victim(&[[s(1, 1, false), s(2, 9, false), s(3, 9, false), s(4, 0, true)], debt], now), (0, 3));
+}
+
+/// IPv6 sources: the key word is a fingerprint with the valid bit, below
+/// the stamp and the returned bit; the key length is part of the hash,
+/// and the sets are in range.
+#[test]
+fn ipv6_key_words() {
+    let g = geom(0x1234_5678, 1 << 17);
+    let mut words = std::collections::HashSet::new();
+    for i in 0..50_000u64 {
+        let hi = (0x2001_0db8_0000_0000u64 + i).to_be();
+        let h = g.hash_v6(hi, 0, 64);
+        let w = v6_key_word(h);
+        assert_eq!(w & !KEY_MASK, 0);
+        assert!(w & KEY_VALID != 0);
+        let [a, b] = g.sets_of_hash(h);
+        assert!(a < 1 << 17 && b < 1 << 17);
+        words.insert(w);
+        assert_ne!(h, g.hash_v6(hi, 0, 48));
+    }
+    assert_eq!(words.len(), 50_000);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+    /// The branch-free debt of eviction reads what the bucket reads, for
+    /// every rule's stamp, any state and any time.
+    #[test]
+    fn branch_free_debt_is_the_buckets(r in wide_rule(), tat in any::<u64>(), now in any::<u64>(), near in 0..1u64 << 40) {
+        let slot = Slot { key: stamped(slot_key([10, 0, 0, 1], 32), r.stamp), tat };
+        prop_assert_eq!(slot_debt_ns(&slot, now), slot.bucket(0).debt_ns(now));
+        // States near now too (any u64 is nearly always stale).
+        let slot = Slot { tat: r.empty_tat(now).wrapping_add(near), ..slot };
+        prop_assert_eq!(slot_debt_ns(&slot, now), slot.bucket(0).debt_ns(now));
     }
 }

@@ -48,6 +48,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if v.has_bucket {
         println!("debt        {} ({:.1} % of the bucket)", human(v.debt_ns), v.fill * 100.0);
         println!("drops       {}", v.drops);
+    } else if v.new_source.as_deref() == Some("recalled") {
+        println!(
+            "debt        {} ({:.1} % of the bucket), kept by the recall: no bucket (evicted), its next frame \
+             resumes this debt without asking the new-source limiter",
+            human(v.debt_ns),
+            v.fill * 100.0
+        );
     } else {
         println!("debt        none: no bucket (drained and evicted, or never seen); its next frame starts one");
         if let Some(ns) = &v.new_source {

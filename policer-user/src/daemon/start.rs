@@ -33,7 +33,7 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V6, MAP_RULE_COUNTERS, NewSources, Rule, RuleCounters,
+    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V4_GEOMETRY, MAP_RULE_COUNTERS, NewSources, Rule, RuleCounters,
     SHARED_MAPS, rate::Rate,
 };
 
@@ -217,7 +217,9 @@ impl Daemon {
                     .map_err(Error::map(name))?
                     .pin(&path)
                     .map_err(|e| Error::Invalid(format!("cannot pin adopted map {name}: {e}")))?;
-                if name == MAP_BUCKETS_V6 && max != max_sources {
+                // The tables' capacity is in their geometry.
+                let max = if name == MAP_BUCKETS_V4_GEOMETRY { adopted_capacity(&path)? } else { max };
+                if name == MAP_BUCKETS_V4_GEOMETRY && max != max_sources {
                     if args.max_sources.is_some() || cfg.daemon.max_sources.is_some() {
                         let _ = writeln!(
                             out,
@@ -717,5 +719,20 @@ impl Drop for Undo {
                 eprintln!("policer: interrupted by a signal while starting");
             }
         }
+    }
+}
+
+/// The `--max-sources` of an adopted program's tables: the capacity in
+/// their geometry map (pinned at `path`).
+fn adopted_capacity(path: &std::path::Path) -> Result<u32> {
+    let bad = |e: String| Error::Invalid(format!("reading the adopted {MAP_BUCKETS_V4_GEOMETRY}: {e}"));
+    let data = MapData::from_pin(path).map_err(|e| bad(e.to_string()))?;
+    let g: Option<policer_common::table::Geometry> = {
+        use std::os::fd::{AsFd, AsRawFd};
+        crate::batch::lookup(data.fd().as_fd().as_raw_fd(), &0u32).map_err(|e| bad(e.to_string()))?
+    };
+    match g {
+        Some(g) if g.capacity > 0 && g.capacity <= u32::MAX as u64 => Ok(g.capacity as u32),
+        _ => Err(bad("no capacity recorded".into())),
     }
 }

@@ -171,11 +171,14 @@ impl Views {
                 rates: None,
             })
             .collect();
+        let fill = self.reader.recall_fill(time_ns)?;
         let table = TableStats {
             capacity: self.reader.max_sources() as u64,
             created: total.buckets_created,
             live: None,
             insert_failures: total.bucket_insert_failed,
+            recall_capacity: fill.capacity,
+            recall_live: fill.live,
         };
         Ok(StatsView { time_ns, totals: iface_stats("total", 0, &total), interfaces, rules, table })
     }
@@ -252,12 +255,30 @@ impl Views {
             v.debt_ns = b.debt_ns(now);
             v.fill = b.fill_q16(now) as f64 / 65536.0;
             v.drops = b.drops();
-        } else {
-            let ns = self.reader.new_sources(row.slot)?.unwrap_or_default();
-            let open = ns.enabled == 0 || ns.limiter().admit(ns.tat, now, 0).is_some();
-            v.new_source = Some(if open { "accepted" } else { "limited" }.into());
         }
-        let wait = rule.wait_ns(bucket.as_ref(), now, v.frame_bytes.max(64));
+        // No bucket: the recall (policer_common::recall) decides before the
+        // limiter. A recalled debt is judged as a bucket of that debt.
+        let mut resumed = None;
+        if bucket.is_none() {
+            match self.reader.recalled(&key, now)? {
+                Some(debt) => {
+                    v.new_source = Some("recalled".into());
+                    v.debt_ns = debt.min(rule.limit >> rule.shift);
+                    v.fill = if rule.limit == 0 {
+                        0.0
+                    } else {
+                        (v.debt_ns as f64 / (rule.limit >> rule.shift) as f64).min(1.0)
+                    };
+                    resumed = Some(rule.bucket(rule.resumed_tat(now, debt)));
+                }
+                None => {
+                    let ns = self.reader.new_sources(row.slot)?.unwrap_or_default();
+                    let open = ns.enabled == 0 || ns.limiter().admit(ns.tat, now, 0).is_some();
+                    v.new_source = Some(if open { "accepted" } else { "limited" }.into());
+                }
+            }
+        }
+        let wait = rule.wait_ns(bucket.as_ref().or(resumed.as_ref()), now, v.frame_bytes.max(64));
         v.next_admit_ns = (wait != u64::MAX).then_some(wait);
         let refused = wait != 0 || v.new_source.as_deref() == Some("limited");
         v.now = if refused && spec.action == Action::Police { "drop" } else { "pass" }.into();
@@ -347,6 +368,9 @@ fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
         cas_retries: c.cas_retries,
         cas_exhausted: c.cas_exhausted,
         new_sources_limited: c.new_sources_limited,
+        recall_known: c.recall_known,
+        recall_debt_drops: c.recall_debt_drops,
+        recall_stored: c.recall_stored,
         rates: None,
     }
 }

@@ -310,7 +310,10 @@ fn raw_policer(object: &[u8], sources: u32, table: u32, rule: &Rule) -> Result<E
     loader
         .map_max_entries(MAP_BUCKETS_V4, table::sets_for(table))
         .map_max_entries(MAP_BUCKETS_V4_DROPS, table::sets_for(table))
-        .map_max_entries(MAP_BUCKETS_V6, table)
+        .map_max_entries(MAP_BUCKETS_V6, table::sets_for(table))
+        .map_max_entries(policer_common::MAP_BUCKETS_V6_DROPS, table::sets_for(table))
+        .map_max_entries(policer_common::MAP_BUCKETS_V6_KEYS, table::sets_for(table))
+        .map_max_entries(policer_common::MAP_RECALL, table::sets_for(table))
         .override_global(GLOBAL_TEST_CLOCK, &0u32, true)
         .override_global(GLOBAL_TICK_NS, &tick_ns, true)
         .override_global(GLOBAL_BENCH_SOURCES, &sources, true);
@@ -324,7 +327,7 @@ fn raw_policer(object: &[u8], sources: u32, table: u32, rule: &Rule) -> Result<E
     f.set(0, &1, 0)?;
     let mut g: Array<&mut MapData, Geometry> =
         Array::try_from(ebpf.map_mut(MAP_BUCKETS_V4_GEOMETRY).context("BUCKETS_V4_GEOM")?)?;
-    g.set(0, &Geometry::new(0x9e37_79b9_7f4a_7c15, table::sets_for(table)), 0)?;
+    g.set(0, &Geometry::new(0x9e37_79b9_7f4a_7c15, table), 0)?;
     Ok(ebpf)
 }
 
