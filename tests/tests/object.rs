@@ -740,3 +740,92 @@ fn the_verifier_has_headroom() {
     eprintln!("verifier processed {n} instructions (limit 1 000 000)");
     assert!(n > 0 && n < 850_000, "the verifier processed {n} instructions");
 }
+
+/// Sources of one family whose two sets are the same two sets: IPv4 /32s
+/// from 100.64.0.0, or IPv6 /64s from 2001:db8:64::/48, as text with the
+/// bucket key of each.
+fn sharing_sets(g: &table::Geometry, v6: bool, n: usize) -> Vec<(String, BucketKey)> {
+    let key = |i: u32| -> (String, BucketKey, [u32; 2]) {
+        if v6 {
+            let a = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0x64, i as u16, 0, 0, 0, 1);
+            let mut addr = [0u8; 16];
+            addr[..8].copy_from_slice(&a.octets()[..8]);
+            let hi = u64::from_ne_bytes(addr[..8].try_into().unwrap());
+            let mut s = g.sets_of_hash(g.hash_v6(hi, 0, 64));
+            s.sort();
+            (a.to_string(), BucketKey { addr, family: policer_common::FAMILY_V6, key_len: 64 }, s)
+        } else {
+            let a = std::net::Ipv4Addr::from(0x6440_0000 + i);
+            let mut s = g.sets_of(table::slot_key(a.octets(), 32));
+            s.sort();
+            (a.to_string(), v4_key(&a.to_string()), s)
+        }
+    };
+    let pair = (0..).map(|i| key(i).2).find(|s| s[0] != s[1]).unwrap();
+    let out: Vec<(String, BucketKey)> =
+        (0..65_535u32).map(key).filter(|k| k.2 == pair).take(n).map(|(a, k, _)| (a, k)).collect();
+    assert_eq!(out.len(), n);
+    out
+}
+
+/// The recall, for each family, on a table of 64 sources under the test
+/// clock: eight sources fill their two sets with full buckets and a ninth
+/// evicts one of them. The evicted source, back at once, is dropped on the
+/// debt the recall kept (and takes no slot); once that debt has drained
+/// it gets a bucket although the new-source limiter is spent, while a
+/// source never seen is refused. IPv6 slots list their real addresses.
+#[test]
+fn the_recall_resumes_debt_and_knows_returning_sources() {
+    if !privileged("object tier") {
+        return;
+    }
+    for v6 in [false, true] {
+        let family = if v6 { "IPv6" } else { "IPv4" };
+        let (mut p, g) = small_table(0);
+        let s = sharing_sets(&g, v6, 10);
+        let t = 40 * SEC;
+        let ms = SEC / 1000;
+        p.set_clock(t).unwrap();
+        // 10 pps, burst 2: a frame is 100 ms of debt. A limiter of 9 new
+        // sources at once, refilled at one a second.
+        let (prefix, key_len) = if v6 { ("::/0", 64) } else { ("0.0.0.0/0", 32) };
+        p.set_rule(net(prefix), &rule("10pps", 2, key_len, v6).with_id(1).with_counter_slot(3)).unwrap();
+        p.set_new_sources(3, &policer_common::NewSources::for_rule(1, 1000, 9, t)).unwrap();
+        let has = |p: &Policer, k: &BucketKey| p.bucket(k).unwrap().is_some();
+        for (a, _) in &s[..8] {
+            assert_eq!(run(&mut p, &udp(a, 64)), PASS);
+            assert_eq!(run(&mut p, &udp(a, 64)), PASS);
+            assert_eq!(run(&mut p, &udp(a, 64)), DROP, "{family}: {a} is full");
+        }
+        let mut listed = Vec::new();
+        p.for_each_bucket(|k, _| listed.push(*k)).unwrap();
+        for (a, k) in &s[..8] {
+            assert!(listed.contains(k), "{family}: {a} is listed with its address");
+        }
+        // A ninth source (the limiter's ninth) evicts a full bucket.
+        assert_eq!(run(&mut p, &udp(&s[8].0, 64)), PASS);
+        let gone: Vec<&(String, BucketKey)> = s[..8].iter().filter(|(_, k)| !has(&p, k)).collect();
+        assert_eq!(gone.len(), 1, "{family}: one source evicted");
+        let (evicted, ek) = gone[0].clone();
+        let c = p.counters().unwrap();
+        assert_eq!(c.recall_stored, 1, "{family}: the evicted debt is remembered");
+        // Back at once: dropped on its recalled debt, no slot taken.
+        assert_eq!(run(&mut p, &udp(&evicted, 64)), DROP, "{family}: the evicted source keeps its debt");
+        let c = p.counters().unwrap();
+        assert_eq!((c.recall_debt_drops, c.new_sources_limited), (1, 0));
+        assert!(!has(&p, &ek) && has(&p, &s[8].1));
+        // 250 ms on, its debt has drained: the limiter is spent (a source
+        // never seen is refused), the known source is let in.
+        p.set_clock(t + 250 * ms).unwrap();
+        assert_eq!(run(&mut p, &udp(&s[9].0, 64)), DROP, "{family}: a new source meets the spent limiter");
+        assert_eq!(p.counters().unwrap().new_sources_limited, 1);
+        assert_eq!(run(&mut p, &udp(&evicted, 64)), PASS, "{family}: the known source is let past the limiter");
+        let c = p.counters().unwrap();
+        assert_eq!((c.recall_known, c.new_sources_limited), (1, 1));
+        assert!(has(&p, &ek), "{family}: it has a bucket again");
+        // The bucket it got is a fresh one charged one frame: a second
+        // frame fits (burst 2), a third does not.
+        assert_eq!(run(&mut p, &udp(&evicted, 64)), PASS);
+        assert_eq!(run(&mut p, &udp(&evicted, 64)), DROP);
+    }
+}
