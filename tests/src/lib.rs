@@ -13,6 +13,7 @@ pub mod netns;
 pub mod packet;
 pub mod reference;
 pub mod soak;
+pub mod spoof;
 pub mod traffic;
 
 /// True when the privileged tiers can run. When they cannot, says why;

@@ -5,12 +5,18 @@
 use std::{
     ffi::CString,
     io, mem,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     time::Duration,
 };
 
 pub struct RawSocket {
     fd: OwnedFd,
+}
+
+impl AsRawFd for RawSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
 }
 
 impl RawSocket {

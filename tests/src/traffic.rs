@@ -39,6 +39,12 @@ pub struct SendReport {
     pub last_ns: Vec<u64>,
     /// Every frame sent, in order: (ns since the start, flow index).
     pub frames: Vec<(u64, u32)>,
+    /// How late the latest frame was sent against its schedule, ns.
+    pub max_late_ns: u64,
+    /// Frames sent more than a millisecond late.
+    pub late_1ms: u64,
+    /// The start of the schedule, ns since [`epoch_ns`].
+    pub start_epoch_ns: u64,
 }
 
 impl SendReport {
@@ -59,6 +65,9 @@ pub struct Received {
     pub socket_drops: u64,
     /// Arrival times of flow 0's frames, ns since [`epoch`].
     pub arrivals0: Vec<u64>,
+    /// (flow, sequence) of every frame of ours, in arrival order, when
+    /// asked for ([`RunOptions::keep_marks`]).
+    pub marks: Vec<(u32, u32)>,
 }
 
 static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -94,13 +103,14 @@ pub fn send(
         })
         .collect();
     let n = flows.len();
-    let mut rep = SendReport { sent: vec![0; n], first_ns: vec![0; n], last_ns: vec![0; n], frames: vec![] };
+    let mut rep = SendReport { sent: vec![0; n], first_ns: vec![0; n], last_ns: vec![0; n], ..Default::default() };
     let period: Vec<f64> = flows.iter().map(|f| 1e9 / f.pps).collect();
     // Stagger the flows' phases so the aggregate is smooth too.
     let phase: Vec<f64> = (0..n).map(|i| period[i] * (i as f64 / n as f64)).collect();
     let end_ns = duration.as_nanos() as u64;
     let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..n).map(|i| Reverse((phase[i] as u64, i))).collect();
     let start = Instant::now();
+    rep.start_epoch_ns = epoch_ns();
     while let Some(Reverse((due, i))) = heap.pop() {
         if due >= end_ns || stop.load(Ordering::Relaxed) {
             continue;
@@ -120,6 +130,9 @@ pub fn send(
         let k = rep.sent[i];
         frame[*seq_at..*seq_at + 4].copy_from_slice(&(k as u32).to_be_bytes());
         let at = start.elapsed().as_nanos() as u64;
+        let late = at - due;
+        rep.max_late_ns = rep.max_late_ns.max(late);
+        rep.late_1ms += u64::from(late > 1_000_000);
         sock.send(frame).expect("send frame");
         if k == 0 {
             rep.first_ns[i] = at;
@@ -135,6 +148,11 @@ pub fn send(
 
 /// Counts our frames by flow until `stop`, then drains for a moment.
 pub fn receive(sock: &RawSocket, n: usize, run: u32, stop: &AtomicBool) -> Received {
+    receive_marks(sock, n, run, stop, false)
+}
+
+/// [`receive`], keeping every frame's (flow, sequence) with `keep_marks`.
+pub fn receive_marks(sock: &RawSocket, n: usize, run: u32, stop: &AtomicBool, keep_marks: bool) -> Received {
     let mut r = Received { per_flow: vec![0; n], bytes_per_flow: vec![0; n], ..Default::default() };
     let mut buf = vec![0u8; 65536];
     sock.set_timeout(Duration::from_millis(50)).expect("timeout");
@@ -144,7 +162,10 @@ pub fn receive(sock: &RawSocket, n: usize, run: u32, stop: &AtomicBool) -> Recei
             Some(len) => {
                 quiet_since = None;
                 match find_mark(&buf[..len]) {
-                    Some((id, flow, _)) if id == run && (flow as usize) < n => {
+                    Some((id, flow, seq)) if id == run && (flow as usize) < n => {
+                        if keep_marks {
+                            r.marks.push((flow, seq));
+                        }
                         if flow == 0 {
                             r.arrivals0.push(epoch_ns());
                         }
@@ -174,6 +195,29 @@ pub fn run(sb: &Sandbox, flows: &[Flow], duration: Duration) -> (SendReport, Rec
     run_in(&sb.tx_ns, &sb.tx_if, &sb.rx_ns, &sb.rx_if, sb.rx_mac(), flows, duration, None)
 }
 
+/// How [`run_with`] runs.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// The receiving socket takes only frames with the marker (a socket
+    /// filter, see [`accept_only_marked`]): for runs beside a flood whose
+    /// admitted frames would otherwise swamp it. Untagged frames without
+    /// IPv4 options only.
+    pub marked_only: bool,
+    /// Pin the sender to this CPU (a flood generator pinned to the other
+    /// one then cannot crowd it).
+    pub sender_cpu: Option<usize>,
+    /// Stops the sender early.
+    pub stop: Option<Arc<AtomicBool>>,
+    /// Keep every received frame's (flow, sequence) in
+    /// [`Received::marks`] (for [`since`]).
+    pub keep_marks: bool,
+}
+
+/// [`run`] with options.
+pub fn run_with(sb: &Sandbox, flows: &[Flow], duration: Duration, opts: &RunOptions) -> (SendReport, Received) {
+    run_opts(&sb.tx_ns, &sb.tx_if, &sb.rx_ns, &sb.rx_if, sb.rx_mac(), flows, duration, opts)
+}
+
 #[expect(clippy::too_many_arguments, reason = "plain plumbing of one experiment's parameters")]
 pub fn run_in(
     tx_ns: &str,
@@ -185,26 +229,54 @@ pub fn run_in(
     duration: Duration,
     stop: Option<Arc<AtomicBool>>,
 ) -> (SendReport, Received) {
+    let opts = RunOptions { stop, ..Default::default() };
+    run_opts(tx_ns, tx_if, rx_ns, rx_if, dst_mac, flows, duration, &opts)
+}
+
+#[expect(clippy::too_many_arguments, reason = "plain plumbing of one experiment's parameters")]
+fn run_opts(
+    tx_ns: &str,
+    tx_if: &str,
+    rx_ns: &str,
+    rx_if: &str,
+    dst_mac: [u8; 6],
+    flows: &[Flow],
+    duration: Duration,
+    opts: &RunOptions,
+) -> (SendReport, Received) {
     let run: u32 = rand_u32();
     let stop_rx = Arc::new(AtomicBool::new(false));
-    let stop_tx = stop.unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
+    let stop_tx = opts.stop.clone().unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
     let (ready_tx, ready_rx) = mpsc::channel();
     let n = flows.len();
     let (rns, rif) = (rx_ns.to_string(), rx_if.to_string());
     let st = stop_rx.clone();
+    let (marked_only, keep_marks) = (opts.marked_only, opts.keep_marks);
     let receiver = thread::spawn(move || {
         enter(&rns).expect("enter receive namespace");
         let sock = RawSocket::bind(&rif).expect("bind receive socket");
         sock.big_buffers().expect("socket buffers");
+        if marked_only {
+            accept_only_marked(&sock).expect("socket filter");
+            // Frames queued between bind and filter are not ours to count.
+            sock.set_timeout(Duration::from_millis(1)).expect("timeout");
+            let mut buf = vec![0u8; 65536];
+            while sock.recv(&mut buf).expect("recv").is_some() {}
+            sock.drops().expect("socket statistics");
+        }
         ready_tx.send(()).unwrap();
-        receive(&sock, n, run, &st)
+        receive_marks(&sock, n, run, &st, keep_marks)
     });
     ready_rx.recv().expect("receiver ready");
     let (tns, tif) = (tx_ns.to_string(), tx_if.to_string());
     let fl = flows.to_vec();
     let stx = stop_tx.clone();
+    let cpu = opts.sender_cpu;
     let sender = thread::spawn(move || {
         enter(&tns).expect("enter transmit namespace");
+        if let Some(cpu) = cpu {
+            crate::bench::sys::pin_cpu(cpu).expect("pin the sender");
+        }
         let sock = RawSocket::bind(&tif).expect("bind transmit socket");
         sock.big_buffers().expect("socket buffers");
         send(&sock, &fl, dst_mac, run, duration, &stx)
@@ -213,6 +285,75 @@ pub fn run_in(
     stop_rx.store(true, Ordering::Relaxed);
     let recv = receiver.join().expect("receiver");
     (sent, recv)
+}
+
+/// Per flow, the frames sent from `from_ns` (ns since [`epoch_ns`]) on,
+/// and how many of them arrived: (sent, arrived). Needs a run with
+/// [`RunOptions::keep_marks`].
+pub fn since(sent: &SendReport, got: &Received, from_ns: u64) -> (Vec<u64>, Vec<u64>) {
+    let n = sent.sent.len();
+    let cut = from_ns.saturating_sub(sent.start_epoch_ns);
+    // Sequence numbers count each flow's frames from 0 in send order.
+    let mut seq = vec![0u32; n];
+    let mut first = vec![u32::MAX; n];
+    let mut after = vec![0u64; n];
+    for &(t, i) in &sent.frames {
+        let i = i as usize;
+        if t >= cut {
+            first[i] = first[i].min(seq[i]);
+            after[i] += 1;
+        }
+        seq[i] += 1;
+    }
+    let mut arrived = vec![0u64; n];
+    for &(flow, s) in &got.marks {
+        if let Some(a) = arrived.get_mut(flow as usize)
+            && s >= first[flow as usize]
+        {
+            *a += 1;
+        }
+    }
+    (after, arrived)
+}
+
+/// A classic BPF socket filter on `sock` that keeps only frames carrying
+/// the marker at the start of the UDP payload of an untagged IPv4 (no
+/// options) or IPv6 frame, as [`send`] builds them. Frames it rejects are
+/// not counted as the socket's drops.
+pub fn accept_only_marked(sock: &RawSocket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let marker = u32::from_be_bytes(crate::frame::MARKER);
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
+    let (ld_h, ld_w, jeq, ret) = (
+        libc::BPF_LD | libc::BPF_H | libc::BPF_ABS,
+        libc::BPF_LD | libc::BPF_W | libc::BPF_ABS,
+        libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+        libc::BPF_RET | libc::BPF_K,
+    );
+    let prog = [
+        op(ld_h, 0, 0, 12),    // 0: EtherType
+        op(jeq, 0, 2, 0x0800), // 1: IPv4 -> 2, else 4
+        op(ld_w, 0, 0, 42),    // 2: payload of 14 + 20 + 8
+        op(jeq, 3, 4, marker), // 3: marker -> 7, else 8
+        op(jeq, 0, 3, 0x86dd), // 4: IPv6 -> 5, else 8
+        op(ld_w, 0, 0, 62),    // 5: payload of 14 + 40 + 8
+        op(jeq, 0, 1, marker), // 6: marker -> 7, else 8
+        op(ret, 0, 0, 0xffff), // 7: accept
+        op(ret, 0, 0, 0),      // 8: reject
+    ];
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: pointer and length describe `fprog`, which points at `prog`;
+    // the kernel copies the program.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            &fprog as *const _ as *const libc::c_void,
+            std::mem::size_of_val(&fprog) as u32,
+        )
+    };
+    if r != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
 fn rand_u32() -> u32 {
