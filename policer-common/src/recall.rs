@@ -21,20 +21,24 @@
 //!   source. It gets a slot without asking the new-source limiter.
 //! - **not recalled**: a new source, rationed by the limiter as before.
 //!
-//! Only evictions worth remembering are written: a bucket in debt, or a
-//! source that came back ([`crate::table::KEY_RETURNED`]). A drained source
-//! seen once (what a spoofed flood is made of) is forgotten, so a flood
-//! does not wash the recall.
+//! Every eviction is written, marked *once* when the bucket had drained
+//! and its source had not come back ([`crate::table::KEY_RETURNED`]): a
+//! spoofed flood is made of such sources, and so is a legitimate client
+//! whose bucket was taken after its first frame (under a population attack
+//! the drained go first). A set gives up an empty entry first, then the
+//! oldest *once* entry, then the oldest of the others: a flood's sources
+//! wash out only each other, never a debt or a source that keeps coming
+//! back.
 //!
 //! # What the recall can get wrong, and by how much
-//! An entry is a 20-bit fingerprint and a 44-bit time; a set holds 8, and
-//! a new entry takes the place of the same fingerprint, else an empty one,
-//! else the oldest. So:
+//! An entry is a 19-bit fingerprint, the once bit and a 44-bit time; a set
+//! holds 8, and a new entry takes the place of the same fingerprint, else
+//! as above. So:
 //! - **A source forgotten** (its entry pushed out by newer ones: more
 //!   evictions worth remembering than the recall holds within the window)
 //!   is a new source again: the limiter judges it, as before the recall.
 //! - **A false recall** (another source's entry with the same fingerprint
-//!   in the same set: about 8 in 2^20 per lookup of a full set) lets a new
+//!   in the same set: about 8 in 2^19 per lookup of a full set) lets a new
 //!   source past the limiter, and can give it that other source's debt,
 //!   capped at one bucket of its own rule: stricter by at most its burst,
 //!   never more permissive than a fresh bucket.
@@ -58,8 +62,11 @@ pub const UNIT_SHIFT: u32 = 12;
 /// Bits of an entry that hold the time (in units).
 pub const TIME_BITS: u32 = 44;
 const TIME_MASK: u64 = (1 << TIME_BITS) - 1;
-/// Bits of an entry's fingerprint.
-pub const FP_BITS: u32 = 64 - TIME_BITS;
+/// An entry's *once* bit: the source had drained and had not come back.
+pub const ONCE: u64 = 1 << TIME_BITS;
+/// Where an entry's fingerprint starts, and its bits.
+pub const FP_SHIFT: u32 = TIME_BITS + 1;
+pub const FP_BITS: u32 = 64 - FP_SHIFT;
 /// How long after its eviction (or the end of its debt) a source is still
 /// known: it gets a bucket again without asking the new-source limiter.
 /// Longer than the gaps of any source worth keeping (a client that sends
@@ -72,7 +79,8 @@ const WINDOW_UNITS: i64 = (RECALL_WINDOW_NS >> UNIT_SHIFT) as i64;
 pub const MAX_DEBT_NS: u64 = 1 << (TIME_BITS - 2 + UNIT_SHIFT);
 
 /// One set of the recall: [`RECALL_WAYS`] entries, each
-/// `fingerprint << TIME_BITS | time`; 0 is an empty entry.
+/// `fingerprint << FP_SHIFT | once << TIME_BITS | time`; 0 is an empty
+/// entry.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecallSet {
@@ -107,7 +115,7 @@ pub fn recall(set: &RecallSet, fp: u64, now_ns: u64) -> Option<u64> {
     let mut i = 0;
     while i < RECALL_WAYS {
         let e = set.entries[i];
-        if e >> TIME_BITS == fp {
+        if e >> FP_SHIFT == fp {
             let d = since(e & TIME_MASK, now);
             if d >= -WINDOW_UNITS {
                 return Some(if d > 0 { (d as u64) << UNIT_SHIFT } else { 0 });
@@ -120,18 +128,18 @@ pub fn recall(set: &RecallSet, fp: u64, now_ns: u64) -> Option<u64> {
 
 /// The entry recording that the source with fingerprint `fp` was evicted
 /// at `now_ns` owing `debt_ns`: the time its debt ends, rounded up, and at
-/// least `now_ns`.
+/// least `now_ns`; `once` (0 or 1): drained and never come back.
 #[inline(always)]
-pub fn entry(fp: u64, now_ns: u64, debt_ns: u64) -> u64 {
+pub fn entry(fp: u64, now_ns: u64, debt_ns: u64, once: u64) -> u64 {
     let debt = if debt_ns > MAX_DEBT_NS { MAX_DEBT_NS } else { debt_ns };
     let end = now_ns.wrapping_add(debt);
     let t = (end >> UNIT_SHIFT) + ((end & ((1 << UNIT_SHIFT) - 1) != 0) as u64);
-    (fp << TIME_BITS) | (t & TIME_MASK)
+    (fp << FP_SHIFT) | ((once & 1) << TIME_BITS) | (t & TIME_MASK)
 }
 
 /// Where the entry of `fp` goes in `set` at `now_ns`: the entry it already
-/// has, else the first empty one, else the oldest (the one whose time is
-/// furthest in the past). Branch-free.
+/// has, else the first empty one, else the oldest *once* entry, else the
+/// oldest (the one whose time is furthest in the past). Branch-free.
 #[inline(always)]
 pub fn place(set: &RecallSet, fp: u64, now_ns: u64) -> usize {
     let now = now_ns >> UNIT_SHIFT;
@@ -141,7 +149,9 @@ pub fn place(set: &RecallSet, fp: u64, now_ns: u64) -> usize {
         let e = set.entries[i];
         // Older is lower: `since` is in [-2^43, 2^43).
         let age = (since(e & TIME_MASK, now) + (1 << (TIME_BITS - 1))) as u64;
-        let score = flat::pick(flat::eq(e >> TIME_BITS, fp), 0, flat::pick(flat::is_zero(e), 1, 2 + age));
+        let kept = ((e >> TIME_BITS) & 1) ^ 1;
+        let score =
+            flat::pick(flat::eq(e >> FP_SHIFT, fp), 0, flat::pick(flat::is_zero(e), 1, 2 + age + (kept << TIME_BITS)));
         best = flat::min(best, (score << 3) | i as u64);
         i += 1;
     }

@@ -501,17 +501,15 @@ fn police_table<const V6: bool>(
     Judged::new_bucket(true)
 }
 
-/// Writes an evicted slot into the recall when it is worth remembering:
-/// in debt, or a source that came back (policer_common::recall).
+/// Writes an evicted slot into the recall (policer_common::recall), marked
+/// *once* when it had drained and its source had not come back.
 #[inline(always)]
 fn remember<const V6: bool>(g: &Geometry, old: &Slot, now: u64, c: &mut Counters) {
     if old.key & table::KEY_VALID == 0 {
         return;
     }
-    let debt = old.bucket(0).debt_ns(now);
-    if debt == 0 && !old.returned() {
-        return;
-    }
+    let debt = table::slot_debt_ns(old, now);
+    let once = policer_common::flat::is_zero(debt) & (((old.key & table::KEY_RETURNED) >> 39) ^ 1);
     let (rset, fp) = recall::locate(g.seed, g.sets, old.key, V6);
     let Some(s) = RECALL.get_ptr_mut(rset) else {
         return;
@@ -522,7 +520,7 @@ fn remember<const V6: bool>(g: &Geometry, old: &Slot, now: u64, c: &mut Counters
     unsafe {
         let set = core::ptr::read_volatile(s);
         let i = launder(recall::place(&set, fp, now) as u64) as usize % recall::RECALL_WAYS;
-        core::ptr::write_volatile((&raw mut (*s).entries as *mut u64).add(i), recall::entry(fp, now, debt));
+        core::ptr::write_volatile((&raw mut (*s).entries as *mut u64).add(i), recall::entry(fp, now, debt, once));
     }
     c.recall_stored += 1;
 }

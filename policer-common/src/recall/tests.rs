@@ -13,7 +13,7 @@ fn set_with(entries: &[u64]) -> RecallSet {
 #[test]
 fn a_debt_is_recalled_until_it_ends_then_the_source_is_known_for_the_window() {
     let now = 1_000 * S;
-    let set = set_with(&[entry(7, now, 3 * S)]);
+    let set = set_with(&[entry(7, now, 3 * S, 0)]);
     // Rounded up to a unit, never down.
     let d = recall(&set, 7, now).unwrap();
     assert!((3 * S..3 * S + (1 << UNIT_SHIFT)).contains(&d), "{d}");
@@ -47,24 +47,28 @@ fn fingerprints_are_never_zero_and_sets_in_range() {
 #[test]
 fn place_reuses_the_source_then_an_empty_then_the_oldest() {
     let now = 500 * S;
-    let mut set = set_with(&[entry(1, now - 10 * S, 0), entry(2, now - 50 * S, 0), entry(3, now, 5 * S)]);
+    let mut set = set_with(&[entry(1, now - 10 * S, 0, 0), entry(2, now - 50 * S, 0, 0), entry(3, now, 5 * S, 0)]);
     assert_eq!(place(&set, 2, now), 1);
     assert_eq!(place(&set, 9, now), 3);
     for (i, fp) in (3..RECALL_WAYS).zip(10u64..) {
-        set.entries[i] = entry(fp, now - S, 0);
+        set.entries[i] = entry(fp, now - S, 0, 0);
     }
     // Full: the oldest (fingerprint 2, 50 s ago) goes.
     assert_eq!(place(&set, 99, now), 1);
+    // A source seen once goes before any other, however young.
+    set.entries[6] = entry(77, now, 0, 1);
+    assert_eq!(place(&set, 99, now), 6);
+    set.entries[6] = entry(77, now, 0, 0);
     // A debt that ends later counts as younger than a plain eviction now.
-    set.entries[1] = entry(2, now, 0);
-    set.entries[0] = entry(1, now - 100 * S, 0);
+    set.entries[1] = entry(2, now, 0, 0);
+    set.entries[0] = entry(1, now - 100 * S, 0, 0);
     assert_eq!(place(&set, 99, now), 0);
 }
 
 #[test]
 fn live_counts_entries_within_the_window() {
     let now = 1_000 * S;
-    let set = set_with(&[entry(1, now, 0), entry(2, now - RECALL_WINDOW_NS - S, 0), entry(3, now, S)]);
+    let set = set_with(&[entry(1, now, 0, 0), entry(2, now - RECALL_WINDOW_NS - S, 0, 0), entry(3, now, S, 0)]);
     assert_eq!(live(&set, now), 2);
     assert_eq!(live(&set, now + RECALL_WINDOW_NS + 2 * S), 0);
 }
@@ -72,7 +76,7 @@ fn live_counts_entries_within_the_window() {
 #[test]
 fn long_debts_are_capped() {
     let now = 7 * S;
-    let set = set_with(&[entry(5, now, u64::MAX)]);
+    let set = set_with(&[entry(5, now, u64::MAX, 0)]);
     let d = recall(&set, 5, now).unwrap();
     assert!(d >= MAX_DEBT_NS && d <= MAX_DEBT_NS + (1 << UNIT_SHIFT), "{d}");
 }
@@ -92,7 +96,7 @@ proptest! {
         rate in 1..1_000_000u64,
         burst in 1..10_000u64,
     ) {
-        let set = set_with(&[entry(fp, now, debt)]);
+        let set = set_with(&[entry(fp, now, debt, 0)]);
         let d = recall(&set, fp, now).unwrap();
         prop_assert!(d >= debt && d - debt < 2 << UNIT_SHIFT, "debt {} read {}", debt, d);
         let t = now.wrapping_add(debt).wrapping_add(later);
