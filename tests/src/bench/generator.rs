@@ -1,12 +1,24 @@
 //! The flood generator: the reference object's `xdp_gen` run with
 //! `BPF_PROG_TEST_RUN` in live-frames mode (`BPF_F_TEST_XDP_LIVE_FRAMES`).
-//! Each frame gets a new IPv4 source and is redirected into the transmit
-//! veth, whose peer receives it. The receiving veth's NAPI runs in softirq
+//! Each frame gets a new source and is redirected into the transmit veth,
+//! whose peer receives it.
+//!
+//! IPv4 ([`Generator::new`]): `xdp_gen` writes the source, base + 0..N in
+//! turn or at random, and fixes the header checksum.
+//!
+//! IPv6 ([`Generator::new_v6`]) uses the same program unchanged. `xdp_gen`
+//! writes at fixed offsets of what it takes for an IPv4 header: the 4-byte
+//! "source" at IP offset 12 and the 2-byte "checksum" at IP offset 10. In
+//! an IPv6 header those are bytes 4..8 and 2..4 of the source address. So
+//! bytes 4..8 become base + i, bytes 2..4 a checksum that depends only on
+//! the frame's fixed bytes and i, and bytes 0..2 and the interface id
+//! (8..16) stay as built: every i is its own /64, all inside the /16 of
+//! the base address. [`v6_source`] computes the address of index i. The receiving veth's NAPI runs in softirq
 //! on the CPU that runs the test, so generator and receiver share one CPU
 //! (PLATFORM-NOTES: split across CPUs, page-pool recycling dominates).
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -18,12 +30,19 @@ use aya::{
 use policer_user::loader::REFERENCE_OBJECT;
 
 use super::sys::{DST, cpu_times_ns, pin_cpu};
-use crate::{frame::FrameSpec, netns::enter};
+use crate::{
+    frame::{FrameSpec, checksum},
+    netns::enter,
+};
 
 /// Frames per test-run call (each call costs milliseconds of RCU sync).
 pub const CHUNK: u32 = 1 << 20;
 /// Frames per redirect flush inside a call.
 pub const BATCH: u32 = 64;
+/// Destination of the IPv6 frames.
+pub const DST_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
+/// Length of the generated frames (the smallest Ethernet frame).
+pub const FRAME_LEN: usize = 64;
 
 pub struct Generator {
     ebpf: Ebpf,
@@ -75,7 +94,22 @@ impl Generator {
     /// namespace it will run in), 64-byte UDP frames to `dst_mac`, from
     /// `sources` addresses starting at `base`.
     pub fn new(tx_index: u32, dst_mac: [u8; 6], sources: u32, base: Ipv4Addr, random: bool) -> Result<Generator> {
-        let base = u32::from(base);
+        let mut spec = FrameSpec::udp(base.into(), Ipv4Addr::from(DST).into(), FRAME_LEN);
+        spec.dst_mac = dst_mac;
+        Generator::load(tx_index, spec.build(None), sources, u32::from(base), random)
+    }
+
+    /// An IPv6 generator: 64-byte UDP frames to `dst_mac` from `sources`
+    /// distinct /64s, index i from [`v6_source`]`(base, i)` (in turn, or
+    /// at random with `random`). The /64s all lie in `base`'s /16, bytes
+    /// 4..8 of the address are `base`'s bytes 4..8 plus i, and every frame
+    /// has `base`'s interface id.
+    pub fn new_v6(tx_index: u32, dst_mac: [u8; 6], sources: u32, base: Ipv6Addr, random: bool) -> Result<Generator> {
+        let frame = v6_frame(dst_mac, base);
+        Generator::load(tx_index, frame, sources, v6_index_base(base), random)
+    }
+
+    fn load(tx_index: u32, frame: Vec<u8>, sources: u32, base: u32, random: bool) -> Result<Generator> {
         let random = u32::from(random);
         let sources = sources.max(1);
         let mut loader = EbpfLoader::new();
@@ -87,9 +121,7 @@ impl Generator {
         let mut ebpf = loader.load(REFERENCE_OBJECT).context("load the reference object")?;
         let p: &mut Xdp = ebpf.program_mut("xdp_gen").context("xdp_gen")?.try_into()?;
         p.load().context("load xdp_gen")?;
-        let mut spec = FrameSpec::udp(Ipv4Addr::from(base).into(), Ipv4Addr::from(DST).into(), 64);
-        spec.dst_mac = dst_mac;
-        Ok(Generator { ebpf, frame: spec.build(None) })
+        Ok(Generator { ebpf, frame })
     }
 
     fn prog(&self) -> Result<&Xdp> {
@@ -136,5 +168,61 @@ impl Generator {
             .join()
             .map_err(|_| anyhow::anyhow!("generator thread panicked"))?
         })
+    }
+}
+
+/// Offset of the IP header in a generated frame (no VLAN tags).
+const L3: usize = 14;
+
+/// The IPv6 frame `xdp_gen` rewrites (see the module doc).
+fn v6_frame(dst_mac: [u8; 6], base: Ipv6Addr) -> Vec<u8> {
+    let mut spec = FrameSpec::udp(base.into(), DST_V6.into(), FRAME_LEN);
+    spec.dst_mac = dst_mac;
+    spec.build(None)
+}
+
+/// `GEN_BASE` for an IPv6 base address: its bytes 4..8.
+fn v6_index_base(base: Ipv6Addr) -> u32 {
+    let o = base.octets();
+    u32::from_be_bytes([o[4], o[5], o[6], o[7]])
+}
+
+/// The source address of index `i` of an IPv6 generator built from `base`:
+/// what `xdp_gen` makes of the frame (its IPv4 source and checksum writes
+/// landing in the IPv6 source address, see the module doc).
+pub fn v6_source(base: Ipv6Addr, i: u32) -> Ipv6Addr {
+    let mut f = v6_frame([0; 6], base);
+    let ip = &mut f[L3..L3 + 20];
+    ip[12..16].copy_from_slice(&v6_index_base(base).wrapping_add(i).to_be_bytes());
+    ip[10] = 0;
+    ip[11] = 0;
+    let c = checksum(ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&f[L3 + 8..L3 + 24]);
+    Ipv6Addr::from(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v6_sources_are_distinct_64s_of_one_16() {
+        let base: Ipv6Addr = "3fff:0:100:0:a:b:c:d".parse().unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..10_000 {
+            let a = v6_source(base, i).octets();
+            assert_eq!(a[..2], [0x3f, 0xff]);
+            assert_eq!(u32::from_be_bytes([a[4], a[5], a[6], a[7]]), 0x0100_0000 + i);
+            assert_eq!(a[8..], base.octets()[8..]);
+            assert!(seen.insert(a[..8].to_vec()), "index {i}: a /64 twice");
+        }
+        // The frame is what it claims: IPv6, UDP, 64 bytes, from `base`.
+        let f = v6_frame([2, 0, 0, 0, 0, 1], base);
+        assert_eq!(f.len(), FRAME_LEN);
+        assert_eq!(&f[12..14], &[0x86, 0xdd]);
+        assert_eq!(f[L3 + 6], 17);
+        assert_eq!(f[L3 + 8..L3 + 24], base.octets());
     }
 }
