@@ -74,7 +74,8 @@ pub struct Options {
     pub report: PathBuf,
     pub results: PathBuf,
     pub plots: PathBuf,
-    /// Only these experiments (kernel, veth, accuracy, control); all if empty.
+    /// Only these experiments (kernel, veth, ipv6, accuracy, control); all
+    /// if empty.
     pub only: Vec<String>,
 }
 
@@ -119,7 +120,14 @@ pub fn run(o: &Options) -> Result<Results> {
     // repetitions (about 5 minutes), so a burst of someone else's load
     // cannot move a median.
     let veth_reps = if o.quick { reps } else { 15 };
-    let veth = if want("veth") { guarded("veth cost", &mut errors, || veth::run(o.quick, veth_reps)) } else { None };
+    // The IPv4 and IPv6 rows in one run of repetitions, so that their
+    // ratio is within a run.
+    let groups = veth::Groups { ipv4: want("veth"), ipv6: want("ipv6") };
+    let veth = if groups.ipv4 || groups.ipv6 {
+        guarded("veth cost", &mut errors, || veth::run(o.quick, veth_reps, groups))
+    } else {
+        None
+    };
     let accuracy = if want("accuracy") {
         guarded("accuracy", &mut errors, || accuracy::run(o.quick, if o.quick { 1 } else { 2 }))
     } else {

@@ -7,6 +7,7 @@ use serde::Serialize;
 use super::{
     Results, Stat,
     kernel::{KernelResults, KernelRow},
+    peers::Family,
     veth::{VethResults, VethRow, ratio},
 };
 
@@ -116,6 +117,68 @@ fn target(
         None => "not measured in this run".into(),
     };
     Target { key: key.into(), what: what.into(), unit: unit.into(), limit, measured, met, note }
+}
+
+/// Ratio of two series, element by element.
+fn reps_ratio(a: &[f64], b: &[f64]) -> Stat {
+    Stat::of(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>())
+}
+
+/// Ratio of two rows' multiples of their own floors, repetition by
+/// repetition.
+fn floor_ratio(a: &VethRow, b: &VethRow) -> Stat {
+    reps_ratio(&a.vs_floor_reps, &b.vs_floor_reps)
+}
+
+/// A share as a percentage (median).
+fn pct(s: &Stat) -> String {
+    if s.n == 0 || !s.median.is_finite() { "–".into() } else { format!("{:.1} %", s.median * 100.0) }
+}
+
+/// The IPv6 rows beside the IPv4 ones: (IPv4 key, IPv6 key, what).
+const V6_PAIRS: [(&str, &str, &str); 4] = [
+    ("xdp_drop", "xdp_drop_v6", "xdp_drop (floor)"),
+    ("policer_drop", "policer_drop_v6", "policer, dropping (1 pps per source)"),
+    ("parse_lookup", "parse_lookup_v6", "parse + one LRU lookup (reference), dropping all"),
+    ("nft_dynset", "nft_dynset_v6", "nftables netdev ingress, dynamic set + limit"),
+];
+
+/// For the IPv6 target: what each family's drop path costs over its floor,
+/// and the same for the reference lookup, from this run.
+fn v6_note(v: Option<&VethResults>) -> String {
+    let Some(v) = v else { return String::new() };
+    let over = |k4: &str, k6: &str| -> Option<(f64, f64, Stat)> {
+        let (a4, f4, a6, f6) = (row(v, k4)?, row(v, "xdp_drop")?, row(v, k6)?, row(v, "xdp_drop_v6")?);
+        Some((a4.cpu_ns.median - f4.cpu_ns.median, a6.cpu_ns.median - f6.cpu_ns.median, floor_ratio(a6, a4)))
+    };
+    let Some((p4, p6, _)) = over("policer_drop", "policer_drop_v6") else { return String::new() };
+    let (f4, f6) = (row(v, "xdp_drop").map(|r| r.cpu_ns.median), row(v, "xdp_drop_v6").map(|r| r.cpu_ns.median));
+    let mut out = format!(
+        "Over its own floor ({:.0} ns IPv4, {:.0} ns IPv6) the dropping policer spends {p4:.0} ns per packet on \
+         IPv4 and {p6:.0} ns on IPv6 ({:+.0} ns).",
+        f4.unwrap_or(f64::NAN),
+        f6.unwrap_or(f64::NAN),
+        p6 - p4
+    );
+    if let Some((r4, r6, rr)) = over("parse_lookup", "parse_lookup_v6") {
+        let _ = write!(
+            out,
+            " The reference that only parses and looks the source up in an LRU hash (an 8-byte key for IPv4, a \
+             20-byte key holding the /64 for IPv6) spends {r4:.0} and {r6:.0} ns ({:+.0} ns): IPv6 {} IPv4 in \
+             floor multiples, repetition by repetition.",
+            r6 - r4,
+            fx(&rr)
+        );
+    }
+    if let (Some(a), Some(b)) = (row(v, "policer_drop_v6"), row(v, "policer_drop")) {
+        let _ = write!(
+            out,
+            " The IPv6 flood had {} of its received frames admitted (up the stack), the IPv4 one {}.",
+            pct(&a.admitted),
+            pct(&b.admitted)
+        );
+    }
+    out
 }
 
 /// What one step of the breakdown added (kernel ns at 65 536 sources), by
@@ -316,6 +379,18 @@ pub fn targets(r: &Results) -> Vec<Target> {
             )
         },
     ));
+    // IPv6 against IPv4: each drop path as a multiple of the xdp_drop floor
+    // fed its own family's flood (the floor target's convention), then the
+    // ratio of the two, repetition by repetition.
+    let pd6 = get("policer_drop_v6");
+    t.push(target(
+        "v6_drop_vs_v4",
+        "IPv6 drop path ≤ 1.1× the IPv4 one (each × its own family's xdp_drop floor, per received packet on veth)",
+        "ratio",
+        1.1,
+        pd6.zip(pd).map(|(a, b)| floor_ratio(a, b)),
+        || v6_note(v),
+    ));
     let kp = k.and_then(|k| krow(k, "policer_drop", 65_536));
     let kr = k.and_then(|k| krow(k, "parse_lookup", 65_536));
     t.push(target(
@@ -441,7 +516,7 @@ pub fn markdown(r: &Results) -> String {
             "| system | CPU ns / packet | × xdp_drop floor | busy ns / packet | Mpps received | admitted |"
         );
         let _ = writeln!(w, "|---|---|---|---|---|---|");
-        for x in &v.rows {
+        for x in v.rows.iter().filter(|x| x.family == Family::V4) {
             let _ = writeln!(
                 w,
                 "| {} | {} | {} | {} | {} | {} |",
@@ -462,7 +537,7 @@ pub fn markdown(r: &Results) -> String {
             let parts: Vec<String> = v
                 .rows
                 .iter()
-                .filter(|x| x.admitted.median > 0.0 && x.admitted.median < 0.5)
+                .filter(|x| x.family == Family::V4 && x.admitted.median > 0.0 && x.admitted.median < 0.5)
                 .map(|x| format!("{} ≈ {:.0} ns", x.label, x.admitted.median * stack))
                 .collect();
             let _ = writeln!(
@@ -495,6 +570,7 @@ pub fn markdown(r: &Results) -> String {
         }
         let _ = writeln!(w, "![CPU ns per received packet](bench/veth-cost.png)\n");
         by_sources(w, v);
+        ipv6(w, v);
     }
 
     if let Some(k) = &r.kernel {
@@ -703,7 +779,10 @@ fn by_sources(w: &mut String, v: &VethResults) {
             x.admitted.median * 100.0
         );
     }
-    let z = &v.sized;
+    let Some(z) = &v.sized else {
+        let _ = writeln!(w);
+        return;
+    };
     let _ = writeln!(
         w,
         "| {}, table for {} | {} (the whole table) | {} | {} | {:.2} % |",
@@ -726,6 +805,52 @@ fn by_sources(w: &mut String, v: &VethResults) {
         fx(&z.vs_full)
     );
     let _ = writeln!(w);
+}
+
+/// The IPv6 rows beside the IPv4 ones.
+fn ipv6(w: &mut String, v: &VethResults) {
+    if !v.ipv6 {
+        return;
+    }
+    let _ = writeln!(w, "### IPv6\n");
+    let _ = writeln!(
+        w,
+        "The same systems fed an IPv6 flood in the same repetitions: 64-byte UDP frames (Ethernet, IPv6, UDP) from \
+         {} sources in turn, each its own /64 (3fff:XXXX:0100:0000 + i::1, see `Generator::new_v6` in \
+         tests/src/bench/generator.rs), so the policer's default IPv6 key length (/64) gives each its own bucket, \
+         as the IPv4 flood's addresses do; same limit, same capacity ({} sources: `--max-sources`, the reference's \
+         LRU hash, nftables' set). The IPv6 reference `parse_lookup6` parses Ethernet + IPv6 and looks up the \
+         source's /64 (a 20-byte key) in an LRU hash; nftables uses an `ip6 saddr` set (one address per /64 here, \
+         so per address is per /64). **× floor** is against the xdp_drop floor fed the same family's flood; \
+         **IPv6 / IPv4** is the ratio of the two × floor figures, repetition by repetition.\n",
+        v.sources,
+        super::peers::TABLE_CAPACITY
+    );
+    let _ = writeln!(
+        w,
+        "| system | IPv4 CPU ns / packet | IPv4 × floor | IPv6 CPU ns / packet | IPv6 × floor | IPv6 / IPv4 | IPv6 Mpps \
+         received | IPv6 admitted |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    for (k4, k6, what) in V6_PAIRS {
+        let (Some(a), Some(b)) = (row(v, k4), row(v, k6)) else { continue };
+        let _ = writeln!(
+            w,
+            "| {what} | {} | {} | {} | {} | {} | {} | {} |",
+            fnum(&a.cpu_ns, 0),
+            fx(&a.vs_floor),
+            fnum(&b.cpu_ns, 0),
+            fx(&b.vs_floor),
+            if k4 == "xdp_drop" { fx(&ratio(b, a)) + " (raw)" } else { fx(&floor_ratio(b, a)) },
+            fnum(&b.mpps, 2),
+            pct(&b.admitted)
+        );
+    }
+    let _ = writeln!(
+        w,
+        "\nThe floors' row gives the raw ratio of the two floors: what the generator and veth cost more (or less) \
+         for an IPv6 frame.\n"
+    );
 }
 
 /// One sentence on the reference lookup's veth row (for the floor target):
@@ -783,17 +908,19 @@ fn sources_sentence(v: Option<&VethResults>, limit: f64) -> String {
         }
         _ => String::new(),
     };
-    let z = &v.sized;
-    let sized = format!(
-        " With `--max-sources` equal to the flood's sources ({}, {} of sets instead of {}) the full flood costs {} \
-         the floor, {} its cost with the larger table, repetition by repetition{}.",
-        z.capacity,
-        mib(z.table_bytes as usize),
-        mib(z.full_table_bytes as usize),
-        fx(&z.vs_floor),
-        fx(&z.vs_full),
-        if z.vs_floor.median <= limit { ": within the target in this run" } else { ": still over the target" }
-    );
+    let sized = match &v.sized {
+        Some(z) => format!(
+            " With `--max-sources` equal to the flood's sources ({}, {} of sets instead of {}) the full flood costs \
+             {} the floor, {} its cost with the larger table, repetition by repetition{}.",
+            z.capacity,
+            mib(z.table_bytes as usize),
+            mib(z.full_table_bytes as usize),
+            fx(&z.vs_floor),
+            fx(&z.vs_full),
+            if z.vs_floor.median <= limit { ": within the target in this run" } else { ": still over the target" }
+        ),
+        None => String::new(),
+    };
     format!(
         "Measured in this run with the same table and program, the drop path costs {} (see The drop path by active \
          sources): {verdict}.{stack}{sized}",
@@ -867,5 +994,75 @@ mod tests {
         assert_eq!(with_soak_section("# Benchmarks\n", &b), format!("# Benchmarks\n\n{b}"));
         assert_eq!(with_soak_section("", &b), b);
         assert_eq!(soak_section("# Benchmarks\n"), None);
+    }
+
+    /// A veth row of `system` with these CPU ns per repetition against
+    /// these floor ns.
+    fn vrow(system: crate::bench::peers::System, cpu: &[f64], floor: &[f64]) -> VethRow {
+        let vs: Vec<f64> = cpu.iter().zip(floor).map(|(a, b)| a / b).collect();
+        VethRow {
+            system,
+            key: system.key().into(),
+            label: system.label().into(),
+            family: system.family(),
+            cpu_ns: Stat::of(cpu),
+            busy_ns: Stat::of(cpu),
+            cpu_reps: cpu.to_vec(),
+            wall_ns: Stat::of(cpu),
+            mpps: Stat::of(&[3.0]),
+            admitted: Stat::of(&[0.03]),
+            vs_floor: Stat::of(&vs),
+            vs_floor_reps: vs,
+            lost: 0,
+            received: 1,
+        }
+    }
+
+    #[test]
+    fn the_ipv6_target_is_the_ratio_of_floor_multiples_repetition_by_repetition() {
+        use crate::bench::peers::System;
+        let (f4, f6) = ([100.0, 200.0, 100.0], [110.0, 200.0, 100.0]);
+        let rows = vec![
+            vrow(System::XdpDrop, &f4, &f4),
+            vrow(System::PolicerDrop, &[200.0, 400.0, 200.0], &f4),
+            vrow(System::XdpDrop6, &f6, &f6),
+            // 2.1/2 = 1.05, 2.4/2 = 1.2, 2.0/2 = 1.0: median 1.05, not the
+            // ratio of raw medians (231 / 200).
+            vrow(System::PolicerDrop6, &[231.0, 480.0, 200.0], &f6),
+        ];
+        let veth = VethResults {
+            sources: 65_536,
+            frame_bytes: 64,
+            seconds_per_rep: 1.0,
+            reps: 3,
+            cpu: 1,
+            drop_limit_pps: 1,
+            rows,
+            by_sources: vec![],
+            sized: None,
+            ipv4: false,
+            ipv6: true,
+        };
+        let mut r = Results {
+            date: String::new(),
+            commit: String::new(),
+            machine: String::new(),
+            quick: true,
+            seconds: 0.0,
+            kernel: None,
+            veth: Some(veth),
+            accuracy: None,
+            control: None,
+            targets: vec![],
+            errors: vec![],
+        };
+        r.targets = targets(&r);
+        let t = r.targets.iter().find(|t| t.key == "v6_drop_vs_v4").unwrap();
+        let m = t.measured.unwrap();
+        assert!((m.median - 1.05).abs() < 1e-9 && (m.min - 1.0).abs() < 1e-9 && (m.max - 1.2).abs() < 1e-9, "{m:?}");
+        assert_eq!(t.met, Some(true));
+        let md = markdown(&r);
+        assert!(md.contains("### IPv6"), "{md}");
+        assert!(md.contains("| 1.05× (1.00–1.20) | **met** |"), "{md}");
     }
 }

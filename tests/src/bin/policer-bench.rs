@@ -21,8 +21,10 @@ struct Args {
     /// Directory for the PNG plots.
     #[arg(long, default_value = "bench")]
     plots: PathBuf,
-    /// Only these experiments: kernel, veth, accuracy, control (comma-separated).
-    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "accuracy", "control"])]
+    /// Only these experiments (comma-separated): kernel, veth (the IPv4
+    /// rows on veth), ipv6 (the IPv6 rows on veth, beside the IPv4 floor,
+    /// policer, reference and nftables), accuracy, control.
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "accuracy", "control"])]
     only: Vec<String>,
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the
