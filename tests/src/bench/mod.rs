@@ -12,6 +12,7 @@ pub mod generator;
 pub mod kernel;
 pub mod peers;
 pub mod plot;
+pub mod pressure;
 pub mod report;
 pub mod sys;
 pub mod veth;
@@ -62,6 +63,7 @@ pub struct Results {
     pub seconds: f64,
     pub kernel: Option<kernel::KernelResults>,
     pub veth: Option<veth::VethResults>,
+    pub pressure: Option<pressure::PressureResults>,
     pub accuracy: Option<accuracy::AccuracyResults>,
     pub control: Option<control::ControlResults>,
     pub targets: Vec<report::Target>,
@@ -74,8 +76,8 @@ pub struct Options {
     pub report: PathBuf,
     pub results: PathBuf,
     pub plots: PathBuf,
-    /// Only these experiments (kernel, veth, ipv6, accuracy, control); all
-    /// if empty.
+    /// Only these experiments (kernel, veth, ipv6, pressure, accuracy,
+    /// control); all if empty.
     pub only: Vec<String>,
 }
 
@@ -128,6 +130,13 @@ pub fn run(o: &Options) -> Result<Results> {
     } else {
         None
     };
+    // Floods that outnumber the table: their own floors, fewer repetitions
+    // (their comparisons are by factors, not percent).
+    let pressure = if want("pressure") {
+        guarded("table pressure", &mut errors, || pressure::run(o.quick, if o.quick { reps } else { 7 }))
+    } else {
+        None
+    };
     let accuracy = if want("accuracy") {
         guarded("accuracy", &mut errors, || accuracy::run(o.quick, if o.quick { 1 } else { 2 }))
     } else {
@@ -151,6 +160,7 @@ pub fn run(o: &Options) -> Result<Results> {
         seconds: 0.0,
         kernel,
         veth,
+        pressure,
         accuracy,
         control,
         targets: vec![],

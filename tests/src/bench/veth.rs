@@ -165,6 +165,8 @@ pub(super) struct Sample {
     pub mpps: f64,
     /// Share of received frames that reached the UDP layer.
     pub admitted: f64,
+    /// Frames that reached the UDP layer.
+    pub admitted_frames: u64,
     pub lost: u64,
     pub received: u64,
 }
@@ -363,6 +365,7 @@ pub(super) fn measure(
                 wall: f.wall_ns as f64 / rx as f64,
                 mpps: rx as f64 / f.wall_ns as f64 * 1e3,
                 admitted: (u1 - u0) as f64 / rx as f64,
+                admitted_frames: u1 - u0,
                 lost: f.frames.saturating_sub(rx),
                 received: rx,
             });

@@ -23,8 +23,9 @@ struct Args {
     plots: PathBuf,
     /// Only these experiments (comma-separated): kernel, veth (the IPv4
     /// rows on veth), ipv6 (the IPv6 rows on veth, beside the IPv4 floor,
-    /// policer, reference and nftables), accuracy, control.
-    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "accuracy", "control"])]
+    /// policer, reference and nftables), pressure (population and spoofed
+    /// floods), accuracy, control.
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "pressure", "accuracy", "control"])]
     only: Vec<String>,
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the
