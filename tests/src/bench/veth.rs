@@ -422,25 +422,35 @@ pub struct AbVethRow {
     pub vs_first: Stat,
 }
 
+/// The flood of an [`ab`] run.
+#[derive(Clone, Copy, Debug)]
+pub struct AbFlood {
+    /// Sources (SOURCES in the benchmark's rows), each at 1 pps.
+    pub sources: u32,
+    pub family: Family,
+    /// Random sources (a spoofed flood) instead of in turn.
+    pub random: bool,
+}
+
 /// The dropping policer of each `policer` binary in `bins`, beside the
-/// xdp_drop floor, measured as the benchmark's veth rows are (`sources`
-/// sources, SOURCES in the benchmark, 1 pps each, one CPU), repetitions
-/// interleaved: how two builds compare on the live drop path, paired
-/// repetition by repetition, which is what a change of a few ns needs on a
-/// noisy host.
-pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, sources: u32) -> Result<Vec<AbVethRow>> {
+/// xdp_drop floor, measured as the benchmark's veth rows are (`flood`: the
+/// benchmark's drop row is SOURCES IPv4 sources in turn, 1 pps each, one
+/// CPU), repetitions interleaved: how two builds compare on the live drop
+/// path, paired repetition by repetition, which is what a change of a few
+/// ns needs on a noisy host. The floor gets the same flood.
+pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood) -> Result<Vec<AbVethRow>> {
     let cpu = bench_cpu();
     let mut setups = Vec::new();
     let floor = Net::new("abf")?;
     let floor_xdp = install(System::XdpDrop, &floor, DROP_LIMIT, DROP_LIMIT)?;
-    let g = flood_of(&floor, sources)?;
+    let g = flood(&floor, flood_.sources, flood_.family, flood_.random)?;
     setups.push(("xdp_drop (floor)".to_string(), floor, floor_xdp, g));
     for (i, bin) in bins.iter().enumerate() {
         say(&format!("veth: setting up the dropping policer of {bin}"));
         let net = Net::new(&format!("ab{i}"))?;
         let capacity = bin.max_sources.to_string();
         let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
-        let g = flood_of(&net, sources)?;
+        let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
         setups.push((bin.to_string(), net, Installed::Daemon(Box::new(d)), g));
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();
