@@ -12,6 +12,7 @@ pub mod generator;
 pub mod kernel;
 pub mod peers;
 pub mod plot;
+pub mod pressure;
 pub mod report;
 pub mod sys;
 pub mod veth;
@@ -62,6 +63,7 @@ pub struct Results {
     pub seconds: f64,
     pub kernel: Option<kernel::KernelResults>,
     pub veth: Option<veth::VethResults>,
+    pub pressure: Option<pressure::PressureResults>,
     pub accuracy: Option<accuracy::AccuracyResults>,
     pub control: Option<control::ControlResults>,
     pub targets: Vec<report::Target>,
@@ -74,7 +76,8 @@ pub struct Options {
     pub report: PathBuf,
     pub results: PathBuf,
     pub plots: PathBuf,
-    /// Only these experiments (kernel, veth, accuracy, control); all if empty.
+    /// Only these experiments (kernel, veth, ipv6, pressure, accuracy,
+    /// control); all if empty.
     pub only: Vec<String>,
 }
 
@@ -119,7 +122,21 @@ pub fn run(o: &Options) -> Result<Results> {
     // repetitions (about 5 minutes), so a burst of someone else's load
     // cannot move a median.
     let veth_reps = if o.quick { reps } else { 15 };
-    let veth = if want("veth") { guarded("veth cost", &mut errors, || veth::run(o.quick, veth_reps)) } else { None };
+    // The IPv4 and IPv6 rows in one run of repetitions, so that their
+    // ratio is within a run.
+    let groups = veth::Groups { ipv4: want("veth"), ipv6: want("ipv6") };
+    let veth = if groups.ipv4 || groups.ipv6 {
+        guarded("veth cost", &mut errors, || veth::run(o.quick, veth_reps, groups))
+    } else {
+        None
+    };
+    // Floods that outnumber the table: their own floors, fewer repetitions
+    // (their comparisons are by factors, not percent).
+    let pressure = if want("pressure") {
+        guarded("table pressure", &mut errors, || pressure::run(o.quick, if o.quick { reps } else { 7 }))
+    } else {
+        None
+    };
     let accuracy = if want("accuracy") {
         guarded("accuracy", &mut errors, || accuracy::run(o.quick, if o.quick { 1 } else { 2 }))
     } else {
@@ -143,6 +160,7 @@ pub fn run(o: &Options) -> Result<Results> {
         seconds: 0.0,
         kernel,
         veth,
+        pressure,
         accuracy,
         control,
         targets: vec![],

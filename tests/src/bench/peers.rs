@@ -26,6 +26,31 @@ pub enum System {
     Nft,
     IptLegacy,
     IptNft,
+    /// The IPv6 rows: the same systems fed an IPv6 flood (a source per /64).
+    XdpDrop6,
+    PolicerDrop6,
+    /// The reference `parse_lookup6`: parse, one LRU hash lookup of the
+    /// source's /64, drop.
+    RefLookup6,
+    /// nftables with an `ip6 saddr` dynamic set.
+    Nft6,
+}
+
+/// An address family of a flood.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
 }
 
 /// A per-source limit: packets per second and burst.
@@ -46,6 +71,10 @@ impl System {
             System::Nft => "nft_dynset",
             System::IptLegacy => "iptables_legacy_hashlimit",
             System::IptNft => "iptables_nft_hashlimit",
+            System::XdpDrop6 => "xdp_drop_v6",
+            System::PolicerDrop6 => "policer_drop_v6",
+            System::RefLookup6 => "parse_lookup_v6",
+            System::Nft6 => "nft_dynset_v6",
         }
     }
 
@@ -59,6 +88,10 @@ impl System {
             System::Nft => "nftables netdev ingress, dynamic set + limit",
             System::IptLegacy => "iptables-legacy raw hashlimit",
             System::IptNft => "iptables-nft raw hashlimit",
+            System::XdpDrop6 => "IPv6: xdp_drop (floor)",
+            System::PolicerDrop6 => "IPv6: policer, dropping (1 pps per /64)",
+            System::RefLookup6 => "IPv6: parse + one LRU lookup of the /64 (reference), dropping all",
+            System::Nft6 => "IPv6: nftables netdev ingress, ip6 saddr dynamic set + limit",
         }
     }
 
@@ -73,6 +106,18 @@ impl System {
             System::Nft => "nf",
             System::IptLegacy => "il",
             System::IptNft => "in",
+            System::XdpDrop6 => "fd6",
+            System::PolicerDrop6 => "pd6",
+            System::RefLookup6 => "rl6",
+            System::Nft6 => "nf6",
+        }
+    }
+
+    /// The family of the flood the system is measured with.
+    pub fn family(self) -> Family {
+        match self {
+            System::XdpDrop6 | System::PolicerDrop6 | System::RefLookup6 | System::Nft6 => Family::V6,
+            _ => Family::V4,
         }
     }
 }
@@ -98,10 +143,13 @@ pub fn attach_reference(net: &Net, name: &str) -> Result<Ebpf> {
     attach_reference_sized(net, name, 1024)
 }
 
-/// [`attach_reference`] with the reference's LRU table (`REF_TABLE`) for
-/// `table` sources.
+/// [`attach_reference`] with the reference's LRU tables (`REF_TABLE`,
+/// `REF_TABLE6`) for `table` sources.
 pub fn attach_reference_sized(net: &Net, name: &str, table: u32) -> Result<Ebpf> {
-    let mut e = aya::EbpfLoader::new().map_max_entries("REF_TABLE", table.max(1)).load(REFERENCE_OBJECT)?;
+    let mut e = aya::EbpfLoader::new()
+        .map_max_entries("REF_TABLE", table.max(1))
+        .map_max_entries("REF_TABLE6", table.max(1))
+        .load(REFERENCE_OBJECT)?;
     let p: &mut Xdp = e.program_mut(name).context("reference program")?.try_into()?;
     p.load()?;
     let idx = if_index(&net.sb.rx_ns, &net.sb.rx_if)?;
@@ -139,11 +187,22 @@ pub fn policer_bin(bin: &std::path::Path, net: &Net, limit: Limit, extra: &[&str
 /// nftables: a netdev ingress chain on the receiving veth that adds each
 /// source to a dynamic set with a `limit` and drops what is over it.
 pub fn nft(net: &Net, limit: Limit) -> Result<()> {
+    nft_set(net, limit, Family::V4, TABLE_CAPACITY)
+}
+
+/// [`nft`] for `family` (`ip saddr` or `ip6 saddr`) with a set of `size`
+/// elements. A full set adds nothing: the rule does not match, and the
+/// chain's policy accepts the frame (nft_dynset in the kernel).
+pub fn nft_set(net: &Net, limit: Limit, family: Family, size: u32) -> Result<()> {
+    let (ty, saddr) = match family {
+        Family::V4 => ("ipv4_addr", "ip saddr"),
+        Family::V6 => ("ipv6_addr", "ip6 saddr"),
+    };
     let ruleset = format!(
-        "table netdev pb {{\n  set pbm {{ type ipv4_addr; size {}; flags dynamic; }}\n  \
+        "table netdev pb {{\n  set pbm {{ type {ty}; size {size}; flags dynamic; }}\n  \
          chain pbin {{ type filter hook ingress device \"{}\" priority 0; policy accept;\n    \
-         add @pbm {{ ip saddr limit rate over {}/second burst {} packets }} drop\n  }}\n}}\n",
-        TABLE_CAPACITY, net.sb.rx_if, limit.pps, limit.burst
+         add @pbm {{ {saddr} limit rate over {}/second burst {} packets }} drop\n  }}\n}}\n",
+        net.sb.rx_if, limit.pps, limit.burst
     );
     run_in_stdin(&net.sb.rx_ns, "nft", &["-f", "-"], &ruleset).context("nft ruleset")?;
     Ok(())
@@ -193,13 +252,20 @@ pub fn hashlimit(net: &Net, binary: &str, limit: Limit) -> Result<()> {
 pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) -> Result<Installed> {
     let capacity = TABLE_CAPACITY.to_string();
     Ok(match sys {
-        System::XdpDrop => Installed::Xdp(Box::new(attach_reference(net, "xdp_drop")?)),
+        System::XdpDrop | System::XdpDrop6 => Installed::Xdp(Box::new(attach_reference(net, "xdp_drop")?)),
         System::XdpPass => Installed::Xdp(Box::new(attach_reference(net, "xdp_pass")?)),
         System::RefLookup => Installed::Xdp(Box::new(attach_reference_sized(net, "parse_lookup", TABLE_CAPACITY)?)),
-        System::PolicerDrop => Installed::Daemon(Box::new(policer(net, drop_limit, &["--max-sources", &capacity]))),
+        System::RefLookup6 => Installed::Xdp(Box::new(attach_reference_sized(net, "parse_lookup6", TABLE_CAPACITY)?)),
+        System::PolicerDrop | System::PolicerDrop6 => {
+            Installed::Daemon(Box::new(policer(net, drop_limit, &["--max-sources", &capacity])))
+        }
         System::PolicerAdmit => Installed::Daemon(Box::new(policer(net, admit_limit, &["--max-sources", &capacity]))),
         System::Nft => {
             nft(net, drop_limit)?;
+            Installed::Netfilter
+        }
+        System::Nft6 => {
+            nft_set(net, drop_limit, Family::V6, TABLE_CAPACITY)?;
             Installed::Netfilter
         }
         System::IptLegacy => {

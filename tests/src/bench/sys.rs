@@ -104,6 +104,17 @@ impl Net {
         );
         let dst = format!("{}.{}.{}.{}/24", DST[0], DST[1], DST[2], DST[3]);
         ip(&["-n", &sb.rx_ns, "addr", "add", &dst, "dev", &sb.rx_if]);
+        // The IPv6 floods' destination too, so that their admitted frames
+        // go up the stack as far as the IPv4 ones (the sandbox disables
+        // IPv6, and an interface without it discards IPv6 frames at once).
+        // IPv6 on the receiving interface only, with no link-local address,
+        // no router solicitations and no duplicate address detection: no
+        // chatter, and the address is usable at once.
+        for (key, val) in [("addr_gen_mode", "1"), ("router_solicitations", "0"), ("disable_ipv6", "0")] {
+            run_in(&sb.rx_ns, "sysctl", &["-qw", &format!("net.ipv6.conf.{}.{key}={val}", sb.rx_if)])?;
+        }
+        let dst6 = format!("{}/64", super::generator::DST_V6);
+        ip(&["-n", &sb.rx_ns, "addr", "add", &dst6, "dev", &sb.rx_if, "nodad"]);
         for key in ["all", "default", sb.rx_if.as_str()] {
             run_in(&sb.rx_ns, "sysctl", &["-qw", &format!("net.ipv4.conf.{key}.rp_filter=0")])?;
         }
@@ -120,19 +131,32 @@ impl Net {
     }
 
     /// Datagrams that reached the UDP layer of the receiving namespace
-    /// (delivered to a socket or to a closed port).
+    /// (delivered to a socket or to a closed port, or refused there), IPv4
+    /// and IPv6.
     pub fn udp_in(&self) -> Result<u64> {
-        let snmp = run_in(&self.sb.rx_ns, "cat", &["/proc/net/snmp"])?;
-        let mut lines = snmp.lines().filter(|l| l.starts_with("Udp:"));
-        let (h, v) = (lines.next().context("Udp header")?, lines.next().context("Udp values")?);
-        let mut total = 0;
-        for (k, x) in h.split_whitespace().zip(v.split_whitespace()) {
-            if k == "InDatagrams" || k == "NoPorts" || k == "InErrors" {
-                total += x.parse::<u64>().unwrap_or(0);
-            }
-        }
-        Ok(total)
+        let out = run_in(&self.sb.rx_ns, "cat", &["/proc/net/snmp", "/proc/net/snmp6"])?;
+        udp_in_of(&out)
     }
+}
+
+/// [`Net::udp_in`] from /proc/net/snmp followed by /proc/net/snmp6.
+fn udp_in_of(text: &str) -> Result<u64> {
+    let mut lines = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (h, v) = (lines.next().context("Udp header")?, lines.next().context("Udp values")?);
+    let mut total = 0;
+    for (k, x) in h.split_whitespace().zip(v.split_whitespace()) {
+        if k == "InDatagrams" || k == "NoPorts" || k == "InErrors" {
+            total += x.parse::<u64>().unwrap_or(0);
+        }
+    }
+    // snmp6: one "name value" a line.
+    for l in text.lines() {
+        let mut f = l.split_whitespace();
+        if let (Some("Udp6InDatagrams" | "Udp6NoPorts" | "Udp6InErrors"), Some(x)) = (f.next(), f.next()) {
+            total += x.parse::<u64>().unwrap_or(0);
+        }
+    }
+    Ok(total)
 }
 
 /// Index of `ifc` in `ns`.
@@ -193,4 +217,21 @@ pub fn machine() -> String {
         vuln("spec_rstack_overflow"),
         vuln("spectre_v2")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn udp_in_counts_ipv4_and_ipv6() {
+        let text = "Ip: Forwarding DefaultTTL\nIp: 2 64\n\
+                    Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors\n\
+                    Udp: 1 20 300 4000 5\n\
+                    Udp6InDatagrams                 \t10000\n\
+                    Udp6NoPorts                     \t200000\n\
+                    Udp6InErrors                    \t3000000\n\
+                    Udp6OutDatagrams                \t7\n\
+                    UdpLite6InDatagrams             \t9\n";
+        assert_eq!(super::udp_in_of(text).unwrap(), 3_210_321);
+        assert!(super::udp_in_of("Udp6NoPorts 1\n").is_err(), "no IPv4 table");
+    }
 }

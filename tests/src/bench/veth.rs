@@ -3,8 +3,18 @@
 //! system in its own pair of namespaces, repetitions interleaved so drift
 //! hits every system alike. Cost = busy time of that CPU / frames the
 //! receiving veth received.
+//!
+//! Two groups of rows: the IPv4 rows (`--only veth`) and the IPv6 rows
+//! (`--only ipv6`: the floor, the dropping policer, the reference lookup
+//! and nftables fed an IPv6 flood of as many sources, each its own /64).
+//! The IPv6 rows are compared with the IPv4 ones repetition by
+//! repetition, so the IPv6 group alone still measures the IPv4 floor,
+//! dropping policer, reference and nftables beside it.
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use anyhow::Result;
 use policer_common::table;
@@ -13,7 +23,7 @@ use serde::Serialize;
 use super::{
     Stat,
     generator::{CHUNK, Generator},
-    peers::{Installed, Limit, System, install},
+    peers::{Family, Installed, Limit, System, install},
     say,
     sys::{Net, bench_cpu, settle},
 };
@@ -40,11 +50,34 @@ pub const SYSTEMS: [System; 8] = [
     System::IptNft,
 ];
 
+/// The IPv6 rows (`--only ipv6`), each beside its IPv4 counterpart.
+pub const SYSTEMS_V6: [System; 4] = [System::XdpDrop6, System::PolicerDrop6, System::RefLookup6, System::Nft6];
+
+/// The IPv4 rows the IPv6 rows are compared with, when the IPv6 group
+/// runs without the IPv4 one.
+const SYSTEMS_V4_FOR_V6: [System; 4] = [System::XdpDrop, System::PolicerDrop, System::RefLookup, System::Nft];
+
+/// First source of the IPv6 floods: source i is 3fff:XXXX:0100:0000+i::1
+/// (see [`Generator::new_v6`]), its own /64, so the policer's default key
+/// length (/64) gives every source its own bucket, as in the IPv4 flood.
+pub const V6_BASE: Ipv6Addr = Ipv6Addr::new(0x3fff, 0, 0x0100, 0, 0, 0, 0, 1);
+
+/// Which groups of veth rows to measure.
+#[derive(Clone, Copy, Debug)]
+pub struct Groups {
+    /// The IPv4 rows, the sweep by active sources and the sized table.
+    pub ipv4: bool,
+    /// The IPv6 rows.
+    pub ipv6: bool,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct VethRow {
     pub system: System,
     pub key: String,
     pub label: String,
+    /// The flood's family.
+    pub family: Family,
     /// CPU ns per received frame: the generator thread (which runs the
     /// receiving softirq) + ksoftirqd of that CPU. The headline.
     pub cpu_ns: Stat,
@@ -59,8 +92,11 @@ pub struct VethRow {
     pub mpps: Stat,
     /// Fraction of received frames that reached the UDP layer.
     pub admitted: Stat,
-    /// `cpu_ns` divided by the floor's in the same repetition.
+    /// `cpu_ns` divided by the floor's (the xdp_drop row of the same
+    /// family) in the same repetition.
     pub vs_floor: Stat,
+    /// `vs_floor` per repetition (in run order).
+    pub vs_floor_reps: Vec<f64>,
     /// Generated frames that the receiving veth did not count.
     pub lost: u64,
     pub received: u64,
@@ -76,10 +112,17 @@ pub struct VethResults {
     pub drop_limit_pps: u64,
     pub rows: Vec<VethRow>,
     /// The dropping policer by active sources (SWEEP_SOURCES, then the
-    /// dropping row's SOURCES), measured in the same repetitions.
+    /// dropping row's SOURCES), measured in the same repetitions (with the
+    /// IPv4 group only).
     pub by_sources: Vec<SweepRow>,
-    /// The full flood again, the table sized to it (SIZED_CAPACITY).
-    pub sized: SizedRow,
+    /// The full flood again, the table sized to it (SIZED_CAPACITY; with
+    /// the IPv4 group only).
+    pub sized: Option<SizedRow>,
+    /// Whether the IPv4 group was measured (else only the IPv4 rows the
+    /// IPv6 ones are compared with).
+    pub ipv4: bool,
+    /// Whether the IPv6 group was measured.
+    pub ipv6: bool,
 }
 
 /// The dropping policer with the full flood in a table sized to it: what
@@ -114,68 +157,94 @@ pub struct SweepRow {
     pub admitted: Stat,
 }
 
-struct Sample {
-    cpu: f64,
-    busy: f64,
-    wall: f64,
-    mpps: f64,
-    admitted: f64,
-    lost: u64,
-    received: u64,
+/// One system's repetition.
+pub(super) struct Sample {
+    pub cpu: f64,
+    pub busy: f64,
+    pub wall: f64,
+    pub mpps: f64,
+    /// Share of received frames that reached the UDP layer.
+    pub admitted: f64,
+    /// Frames that reached the UDP layer.
+    pub admitted_frames: u64,
+    pub lost: u64,
+    pub received: u64,
 }
 
-pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
+pub fn run(quick: bool, reps: usize, groups: Groups) -> Result<VethResults> {
     let dur = Duration::from_millis(if quick { 600 } else { 2000 });
     let cpu = bench_cpu();
     // ≈ 99 % dropped: every source offers ~100 pps at these rates.
     let drop_limit = DROP_LIMIT;
     let admit_limit = Limit { pps: 100_000_000, burst: 1_000_000 };
+    let mut systems: Vec<System> = if groups.ipv4 { SYSTEMS.to_vec() } else { SYSTEMS_V4_FOR_V6.to_vec() };
+    if groups.ipv6 {
+        systems.extend(SYSTEMS_V6);
+    }
     let mut setups = Vec::new();
-    for sys in SYSTEMS {
+    for sys in systems {
         say(&format!("veth: setting up {}", sys.label()));
         let net = Net::new(sys.tag())?;
         let inst = install(sys, &net, drop_limit, admit_limit)?;
-        let g = flood_of(&net, SOURCES)?;
+        let g = flood(&net, SOURCES, sys.family(), false)?;
         setups.push((sys, net, inst, g));
     }
     let mut sweep = Vec::new();
-    for n in SWEEP_SOURCES {
-        say(&format!("veth: setting up the dropping policer for {n} sources"));
-        let net = Net::new(&format!("s{n}"))?;
-        let inst = install(System::PolicerDrop, &net, drop_limit, admit_limit)?;
-        let g = flood_of(&net, n)?;
-        sweep.push((n, format!("policer, dropping, {n} sources"), net, inst, g));
+    let mut sized_setup = None;
+    if groups.ipv4 {
+        for n in SWEEP_SOURCES {
+            say(&format!("veth: setting up the dropping policer for {n} sources"));
+            let net = Net::new(&format!("s{n}"))?;
+            let inst = install(System::PolicerDrop, &net, drop_limit, admit_limit)?;
+            let g = flood_of(&net, n)?;
+            sweep.push((n, format!("policer, dropping, {n} sources"), net, inst, g));
+        }
+        say(&format!("veth: setting up the dropping policer with a table for {SIZED_CAPACITY} sources"));
+        let net = Net::new("sized")?;
+        let capacity = SIZED_CAPACITY.to_string();
+        let inst = Installed::Daemon(Box::new(super::peers::policer(&net, drop_limit, &["--max-sources", &capacity])));
+        let g = flood_of(&net, SOURCES)?;
+        sized_setup = Some((format!("policer, dropping, table for {SIZED_CAPACITY}"), net, inst, g));
     }
-    say(&format!("veth: setting up the dropping policer with a table for {SIZED_CAPACITY} sources"));
-    let net = Net::new("sized")?;
-    let capacity = SIZED_CAPACITY.to_string();
-    let inst = Installed::Daemon(Box::new(super::peers::policer(&net, drop_limit, &["--max-sources", &capacity])));
-    let g = flood_of(&net, SOURCES)?;
-    let sized_setup = (format!("policer, dropping, table for {SIZED_CAPACITY}"), net, inst, g);
     let mut runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(s, n, _, g)| (s.label(), n, g)).collect();
     runs.extend(sweep.iter().map(|(_, l, n, _, g)| (l.as_str(), n, g)));
     let sized_at = runs.len();
-    runs.push((sized_setup.0.as_str(), &sized_setup.1, &sized_setup.3));
+    if let Some((l, n, _, g)) = &sized_setup {
+        runs.push((l.as_str(), n, g));
+    }
     let samples = measure(&runs, cpu, dur, Duration::from_millis(if quick { 200 } else { 500 }), reps)?;
-    let floor: Vec<f64> = samples[0].iter().map(|s| s.cpu).collect();
-    let vs_floor = |ss: &[Sample]| Stat::of(&ss.iter().zip(&floor).map(|(s, f)| s.cpu / f).collect::<Vec<_>>());
+    let cpu_of = |i: usize| samples[i].iter().map(|s| s.cpu).collect::<Vec<f64>>();
+    let floor_of = |family: Family| {
+        let floor = if family == Family::V4 { System::XdpDrop } else { System::XdpDrop6 };
+        setups
+            .iter()
+            .position(|(s, ..)| *s == floor)
+            .map(cpu_of)
+            .ok_or_else(|| anyhow::anyhow!("no {} floor in the veth systems", family.name()))
+    };
+    let floor = floor_of(Family::V4)?;
+    let floor6 = if groups.ipv6 { floor_of(Family::V6)? } else { vec![] };
+    let per_rep = |ss: &[Sample], f: &[f64]| ss.iter().zip(f).map(|(s, f)| s.cpu / f).collect::<Vec<_>>();
+    let vs_floor = |ss: &[Sample]| Stat::of(&per_rep(ss, &floor));
     let full: Vec<f64> = setups
         .iter()
         .position(|(s, ..)| *s == System::PolicerDrop)
-        .map(|i| samples[i].iter().map(|s| s.cpu).collect())
+        .map(cpu_of)
         .ok_or_else(|| anyhow::anyhow!("no dropping policer row in the veth systems"))?;
-    let sized_samples = &samples[sized_at];
     let table_bytes = |capacity: u32| table::sets_for(capacity) as u64 * size_of::<table::Set>() as u64;
-    let sized = SizedRow {
-        sources: SOURCES,
-        capacity: SIZED_CAPACITY,
-        table_bytes: table_bytes(SIZED_CAPACITY),
-        full_table_bytes: table_bytes(super::peers::TABLE_CAPACITY),
-        cpu_ns: Stat::of(&sized_samples.iter().map(|s| s.cpu).collect::<Vec<_>>()),
-        vs_floor: vs_floor(sized_samples),
-        vs_full: Stat::of(&sized_samples.iter().zip(&full).map(|(s, f)| s.cpu / f).collect::<Vec<_>>()),
-        admitted: Stat::of(&sized_samples.iter().map(|s| s.admitted).collect::<Vec<_>>()),
-    };
+    let sized = sized_setup.as_ref().map(|_| {
+        let sized_samples = &samples[sized_at];
+        SizedRow {
+            sources: SOURCES,
+            capacity: SIZED_CAPACITY,
+            table_bytes: table_bytes(SIZED_CAPACITY),
+            full_table_bytes: table_bytes(super::peers::TABLE_CAPACITY),
+            cpu_ns: Stat::of(&sized_samples.iter().map(|s| s.cpu).collect::<Vec<_>>()),
+            vs_floor: vs_floor(sized_samples),
+            vs_full: Stat::of(&sized_samples.iter().zip(&full).map(|(s, f)| s.cpu / f).collect::<Vec<_>>()),
+            admitted: Stat::of(&sized_samples.iter().map(|s| s.admitted).collect::<Vec<_>>()),
+        }
+    });
     let mut by_sources: Vec<SweepRow> = sweep
         .iter()
         .zip(&samples[setups.len()..sized_at])
@@ -187,7 +256,7 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         })
         .collect();
     let sweep_daemons = sweep.iter().map(|(_, label, _, inst, _)| (label, inst));
-    for (label, inst) in sweep_daemons.chain([(&sized_setup.0, &sized_setup.2)]) {
+    for (label, inst) in sweep_daemons.chain(sized_setup.as_ref().map(|(l, _, i, _)| (l, i))) {
         if let Installed::Daemon(d) = inst
             && !d.stderr().is_empty()
         {
@@ -202,11 +271,12 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
             say(&format!("veth: {} daemon said: {}", sys.label(), d.stderr()));
         }
         let v = |f: fn(&Sample) -> f64| Stat::of(&ss.iter().map(f).collect::<Vec<_>>());
-        if *sys == System::PolicerDrop {
+        let vs_floor_reps = per_rep(ss, if sys.family() == Family::V4 { &floor } else { &floor6 });
+        if *sys == System::PolicerDrop && groups.ipv4 {
             by_sources.push(SweepRow {
                 sources: SOURCES,
                 cpu_ns: v(|s| s.cpu),
-                vs_floor: vs_floor(ss),
+                vs_floor: Stat::of(&vs_floor_reps),
                 admitted: v(|s| s.admitted),
             });
         }
@@ -214,13 +284,15 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
             system: *sys,
             key: sys.key().into(),
             label: sys.label().into(),
+            family: sys.family(),
             cpu_ns: v(|s| s.cpu),
             cpu_reps: ss.iter().map(|s| s.cpu).collect(),
             busy_ns: v(|s| s.busy),
             wall_ns: v(|s| s.wall),
             mpps: v(|s| s.mpps),
             admitted: v(|s| s.admitted),
-            vs_floor: vs_floor(ss),
+            vs_floor: Stat::of(&vs_floor_reps),
+            vs_floor_reps,
             lost: ss.iter().map(|s| s.lost).sum(),
             received: ss.iter().map(|s| s.received).sum(),
         });
@@ -235,30 +307,43 @@ pub fn run(quick: bool, reps: usize) -> Result<VethResults> {
         rows,
         by_sources,
         sized,
+        ipv4: groups.ipv4,
+        ipv6: groups.ipv6,
     })
 }
 
 /// The benchmark's flood into `net`: 64-byte UDP from `sources` sources
 /// (SOURCES for the headline rows), 10.1.0.0 on, in turn.
 fn flood_of(net: &Net, sources: u32) -> Result<Generator> {
-    Generator::new(net.tx_index, net.rx_mac, sources, Ipv4Addr::new(10, 1, 0, 0), false)
+    flood(net, sources, Family::V4, false)
+}
+
+/// A flood into `net` of `family`: 64-byte UDP from `sources` sources, in
+/// turn or at random. IPv4: 10.1.0.0 + i (at most 2^24 - 2^16 sources stay
+/// in 10/8); IPv6: one /64 per source from [`V6_BASE`].
+pub(super) fn flood(net: &Net, sources: u32, family: Family, random: bool) -> Result<Generator> {
+    match family {
+        Family::V4 => Generator::new(net.tx_index, net.rx_mac, sources, Ipv4Addr::new(10, 1, 0, 0), random),
+        Family::V6 => Generator::new_v6(net.tx_index, net.rx_mac, sources, V6_BASE, random),
+    }
 }
 
 /// The dropping rows' limit: every source offers ~100 pps, so ≈ 99 % of
 /// frames are dropped.
-const DROP_LIMIT: Limit = Limit { pps: 1, burst: 1 };
+pub(super) const DROP_LIMIT: Limit = Limit { pps: 1, burst: 1 };
 
 /// Floods every `(label, net, generator)` in turn, `reps` times for `dur`
 /// each (after a warm-up of `warm` each: every source seen, every table
-/// filled); the samples of each, in run order.
-fn measure(
+/// filled; none if `warm` is zero); the samples of each, in run order.
+pub(super) fn measure(
     runs: &[(&str, &Net, &Generator)],
     cpu: usize,
     dur: Duration,
     warm: Duration,
     reps: usize,
 ) -> Result<Vec<Vec<Sample>>> {
-    for (label, net, g) in runs {
+    // (A zero `warm`: the caller warmed up.)
+    for (label, net, g) in runs.iter().filter(|_| !warm.is_zero()) {
         say(&format!("veth: warm-up {label}"));
         g.flood(&net.sb.tx_ns, cpu, warm, CHUNK)?;
     }
@@ -280,6 +365,7 @@ fn measure(
                 wall: f.wall_ns as f64 / rx as f64,
                 mpps: rx as f64 / f.wall_ns as f64 * 1e3,
                 admitted: (u1 - u0) as f64 / rx as f64,
+                admitted_frames: u1 - u0,
                 lost: f.frames.saturating_sub(rx),
                 received: rx,
             });
@@ -336,25 +422,35 @@ pub struct AbVethRow {
     pub vs_first: Stat,
 }
 
+/// The flood of an [`ab`] run.
+#[derive(Clone, Copy, Debug)]
+pub struct AbFlood {
+    /// Sources (SOURCES in the benchmark's rows), each at 1 pps.
+    pub sources: u32,
+    pub family: Family,
+    /// Random sources (a spoofed flood) instead of in turn.
+    pub random: bool,
+}
+
 /// The dropping policer of each `policer` binary in `bins`, beside the
-/// xdp_drop floor, measured as the benchmark's veth rows are (`sources`
-/// sources, SOURCES in the benchmark, 1 pps each, one CPU), repetitions
-/// interleaved: how two builds compare on the live drop path, paired
-/// repetition by repetition, which is what a change of a few ns needs on a
-/// noisy host.
-pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, sources: u32) -> Result<Vec<AbVethRow>> {
+/// xdp_drop floor, measured as the benchmark's veth rows are (`flood`: the
+/// benchmark's drop row is SOURCES IPv4 sources in turn, 1 pps each, one
+/// CPU), repetitions interleaved: how two builds compare on the live drop
+/// path, paired repetition by repetition, which is what a change of a few
+/// ns needs on a noisy host. The floor gets the same flood.
+pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood) -> Result<Vec<AbVethRow>> {
     let cpu = bench_cpu();
     let mut setups = Vec::new();
     let floor = Net::new("abf")?;
     let floor_xdp = install(System::XdpDrop, &floor, DROP_LIMIT, DROP_LIMIT)?;
-    let g = flood_of(&floor, sources)?;
+    let g = flood(&floor, flood_.sources, flood_.family, flood_.random)?;
     setups.push(("xdp_drop (floor)".to_string(), floor, floor_xdp, g));
     for (i, bin) in bins.iter().enumerate() {
         say(&format!("veth: setting up the dropping policer of {bin}"));
         let net = Net::new(&format!("ab{i}"))?;
         let capacity = bin.max_sources.to_string();
         let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
-        let g = flood_of(&net, sources)?;
+        let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
         setups.push((bin.to_string(), net, Installed::Daemon(Box::new(d)), g));
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();

@@ -21,8 +21,11 @@ struct Args {
     /// Directory for the PNG plots.
     #[arg(long, default_value = "bench")]
     plots: PathBuf,
-    /// Only these experiments: kernel, veth, accuracy, control (comma-separated).
-    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "accuracy", "control"])]
+    /// Only these experiments (comma-separated): kernel, veth (the IPv4
+    /// rows on veth), ipv6 (the IPv6 rows on veth, beside the IPv4 floor,
+    /// policer, reference and nftables), pressure (population and spoofed
+    /// floods), accuracy, control.
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "pressure", "accuracy", "control"])]
     only: Vec<String>,
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the
@@ -55,6 +58,15 @@ struct Args {
     /// Sources in the flood of an `--ab-veth` run (each at 1 pps).
     #[arg(long, default_value_t = policer_tests::bench::veth::SOURCES, value_parser = clap::value_parser!(u32).range(1..=16_777_216), requires = "ab_veth")]
     ab_veth_sources: u32,
+    /// Address family of an `--ab-veth` run's flood: 4, or 6 (each source
+    /// its own /64, as in the benchmark's IPv6 rows).
+    #[arg(long, default_value = "4", value_parser = ["4", "6"], requires = "ab_veth")]
+    ab_veth_family: String,
+    /// Random sources instead of in turn (a spoofed flood: with
+    /// `--ab-veth-sources` well above `--max-sources`, most frames miss
+    /// the table, as in the benchmark's spoofed rows).
+    #[arg(long, requires = "ab_veth")]
+    ab_veth_random: bool,
 }
 
 /// `--ab-veth`.
@@ -64,19 +76,20 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
             anyhow::bail!("{}: no such policer binary", b.path.display());
         }
     }
+    use policer_tests::bench::{peers::Family, veth::AbFlood};
+    let family = if a.ab_veth_family == "6" { Family::V6 } else { Family::V4 };
+    let flood = AbFlood { sources: a.ab_veth_sources, family, random: a.ab_veth_random };
     // A binary that is not a policer fails to start: an error, not a panic
     // (the namespaces are removed either way).
     let rows = policer_tests::bench::unpanic(|| {
-        policer_tests::bench::veth::ab(
-            &a.ab_veth,
-            a.ab_veth_reps as usize,
-            std::time::Duration::from_secs(1),
-            a.ab_veth_sources,
-        )
+        policer_tests::bench::veth::ab(&a.ab_veth, a.ab_veth_reps as usize, std::time::Duration::from_secs(1), flood)
     })?;
     println!(
-        "CPU ns per received packet on veth ({} sources, 1 pps each), {} repetitions",
-        a.ab_veth_sources, a.ab_veth_reps
+        "CPU ns per received packet on veth ({} {} sources{}, 1 pps each), {} repetitions",
+        a.ab_veth_sources,
+        family.name(),
+        if a.ab_veth_random { " at random" } else { " in turn" },
+        a.ab_veth_reps
     );
     let w = rows.iter().map(|r| r.label.chars().count()).max().unwrap_or(0);
     println!("{:w$} {:>22} {:>22} {:>22}", "", "ns median (min-max)", "x floor", "x first binary");
