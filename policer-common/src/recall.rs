@@ -94,7 +94,7 @@ pub fn locate(seed: u64, sets: u64, word: u64, v6: bool) -> (u32, u64) {
     let h = fmix64((word & crate::table::KEY_MASK) ^ seed.rotate_left(29) ^ ((v6 as u64) << 63));
     let sets = if sets > u32::MAX as u64 { u32::MAX as u64 } else { sets };
     let fp = h & ((1 << FP_BITS) - 1);
-    (((h >> 32) * sets >> 32) as u32, if fp == 0 { 1 } else { fp })
+    ((((h >> 32) * sets) >> 32) as u32, if fp == 0 { 1 } else { fp })
 }
 
 /// The time `t` (in units) minus `now` (in units), read as a signed number

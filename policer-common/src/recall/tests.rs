@@ -33,7 +33,7 @@ fn fingerprints_are_never_zero_and_sets_in_range() {
     for sets in [1u64, 2, 3, 1000, 1 << 19] {
         for w in 0..2000u64 {
             for v6 in [false, true] {
-                let (i, fp) = locate(0x1234, sets, w * 0x9e37_79b9 | crate::table::KEY_VALID, v6);
+                let (i, fp) = locate(0x1234, sets, (w * 0x9e37_79b9) | crate::table::KEY_VALID, v6);
                 assert!((i as u64) < sets);
                 assert!(fp != 0 && fp < 1 << FP_BITS);
             }
@@ -78,7 +78,7 @@ fn long_debts_are_capped() {
     let now = 7 * S;
     let set = set_with(&[entry(5, now, u64::MAX, 0)]);
     let d = recall(&set, 5, now).unwrap();
-    assert!(d >= MAX_DEBT_NS && d <= MAX_DEBT_NS + (1 << UNIT_SHIFT), "{d}");
+    assert!((MAX_DEBT_NS..=MAX_DEBT_NS + (1 << UNIT_SHIFT)).contains(&d), "{d}");
 }
 
 proptest! {
