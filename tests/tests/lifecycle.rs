@@ -330,8 +330,8 @@ fn an_upgrade_across_a_layout_change_replaces_the_program_without_a_gap() {
 /// `policer detach` with no daemon removes a policer program of another
 /// layout (older or newer) that a killed daemon left (and a failed start
 /// that would have replaced it puts it back first); a program with no
-/// stamp but this build's maps (a build from before layout versions) is
-/// adopted, its rules carrying over.
+/// stamp but this build's maps is taken for the last unstamped layout (v1):
+/// adopted while that was this build's, replaced since layout 2.
 #[test]
 fn detach_and_adoption_recognise_other_builds() {
     if !privileged("lifecycle tier") {
@@ -360,16 +360,29 @@ fn detach_and_adoption_recognise_other_builds() {
         assert!(sb.rx_xdp().is_none(), "still attached after detach");
     }
 
-    // Unstamped, this build's maps: adopted (rules, buckets, counters).
+    // Unstamped, this build's maps: taken for the last unstamped layout
+    // (v1). While that was this build's, it was adopted; since layout 2 it
+    // is older and replaced, the rules coming from the config.
     let mut a = attach_env(&sb, &[&rx_if], &[], &[("POLICER_TEST_LAYOUT_VERSION", "none")]).unwrap();
     let id = prog_id(&sb);
     let state = kstate::read(id);
     assert_eq!(state.layout, None);
     a.stop_with(libc::SIGKILL);
     let mut b = Daemon::attach(&sb, &["--interval", "0", "--persist"]);
-    assert!(b.stdout().contains(&format!("adopting the policer already running (program {id})")), "{}", b.stdout());
     let id_b = prog_id(&sb);
-    assert_eq!(kstate::read(id_b).rules, state.rules, "rules did not carry over");
+    if policer_common::UNSTAMPED_LAYOUT_VERSION == LAYOUT_VERSION {
+        assert!(b.stdout().contains(&format!("adopting the policer already running (program {id})")), "{}", b.stdout());
+        assert_eq!(kstate::read(id_b).rules, state.rules, "rules did not carry over");
+    } else {
+        let said = format!(
+            "replacing policer program {id} of an older layout (v{})",
+            policer_common::UNSTAMPED_LAYOUT_VERSION
+        );
+        assert!(b.stdout().contains(&said), "{}", b.stdout());
+        assert_ne!(id_b, id);
+        assert_eq!(kstate::read(id_b).layout, Some(LAYOUT_VERSION));
+        assert_eq!(kstate::read(id_b).rules, state.rules, "the config's rules");
+    }
     assert!(b.stop_with(libc::SIGTERM));
     // Its own (stamped) program, left by --persist: detached as ever.
     let out = succeeds(&cli(&sb, &["detach", &rx_if]));
