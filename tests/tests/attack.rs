@@ -125,6 +125,23 @@ fn population_attack(fam: Family) {
     assert!(limited > 0 || created > POP_TABLE as u64, "table pressure not visible");
     assert!(g_in as f64 >= 0.99 * s_in as f64, "in-profile kept {g_in} of {s_in}");
     assert!(admitted as f64 <= 1.2 * budget, "attackers admitted {admitted}, budget {budget:.0}");
+    // What the recall did is visible: evictions remembered, attackers
+    // dropped on their recalled debt, entries live.
+    for (field, what) in [("recall_stored", "evictions remembered"), ("recall_debt_drops", "recalled debts")] {
+        assert!(total(&st, field) > total(&before, field), "no {what} counted");
+    }
+    assert!(st["table"]["recall_live"].as_u64().unwrap() > 0, "{}", st["table"]);
+    assert!(st["table"]["recall_capacity"].as_u64().unwrap() >= 4 * POP_TABLE as u64, "{}", st["table"]);
+    // An attacker without a bucket is shown as recalled by `inspect`,
+    // with the debt it would resume.
+    let shown = (0..POP_ATTACKERS)
+        .map(|i| {
+            let out = succeeds(&cli(&sb, &["inspect", &attacker(i).to_string(), "--json"]));
+            serde_json::from_str::<serde_json::Value>(&out).unwrap()
+        })
+        .find(|v| v["has_bucket"] == false)
+        .expect("every attacker has a bucket: the table was not outnumbered");
+    assert_eq!(shown["new_source"], "recalled", "{shown}");
 }
 
 #[test]
