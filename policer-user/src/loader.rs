@@ -29,10 +29,6 @@ use crate::error::{Error, Result};
 /// The XDP object, built by build.rs with the pinned toolchain.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/policer"));
 
-/// Reference programs for the benchmark (xdp_pass, xdp_drop, parse + one
-/// lookup), built from policer-ebpf/src/reference.rs.
-pub static REFERENCE_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reference"));
-
 /// How to attach: `auto` tries native (driver) XDP first, then generic.
 /// The same names on the command line and in the config file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -224,6 +220,11 @@ impl Policer {
             .override_global(policer_common::GLOBAL_BENCH_SOURCES, &opts.bench_sources, true);
         for (name, path) in &opts.reuse {
             loader.map_pin_path(name, path.as_path());
+        }
+        if EBPF_OBJECT.is_empty() {
+            return Err(Error::Invalid(
+                "this build has no XDP object (built with AYA_BUILD_SKIP=1, for host tests): build without it".into(),
+            ));
         }
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| match &e {
             aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. }) if is_eperm(io_error) => {
@@ -601,18 +602,39 @@ impl MapReader {
         })?;
         // IPv6 slots hold fingerprints: the keys sit beside them, written
         // after the slot is claimed. A key that does not hash to its slot
-        // (being rewritten) is skipped.
-        let keys: Vec<SetKeys> = read_array(&self.buckets_v6_keys, MAP_BUCKETS_V6_KEYS)?;
+        // (being rewritten) is skipped. The keys (40 bytes a source) are
+        // read whole only when many sets are in use, else set by set.
+        let mut used: Vec<(u32, usize, table::Slot, u64)> = Vec::new();
         self.for_each_slot(&self.buckets_v6, &self.buckets_v6_drops, MAP_BUCKETS_V6, |i, w, slot, n| {
-            if slot.key & table::KEY_VALID == 0 {
-                return;
+            if slot.key & table::KEY_VALID != 0 {
+                used.push((i, w, *slot, n));
             }
-            let Some(k) = keys.get(i as usize).map(|s| s.ways[w]) else { return };
+        })?;
+        if used.is_empty() {
+            return Ok(());
+        }
+        let mut keys: std::collections::HashMap<u32, SetKeys> = std::collections::HashMap::new();
+        if used.len() as u64 > self.geometry.sets / 8 {
+            let all: Vec<SetKeys> = read_array(&self.buckets_v6_keys, MAP_BUCKETS_V6_KEYS)?;
+            keys.extend(used.iter().filter_map(|&(i, ..)| all.get(i as usize).map(|k| (i, *k))));
+        } else {
+            for &(i, ..) in &used {
+                if !keys.contains_key(&i)
+                    && let Some(k) = crate::batch::lookup(self.buckets_v6_keys.as_raw_fd(), &i)
+                        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V6_KEYS}: {e}")))?
+                {
+                    keys.insert(i, k);
+                }
+            }
+        }
+        for (i, w, slot, n) in used {
+            let Some(k) = keys.get(&i).map(|s| s.ways[w]) else { continue };
             let (word, sets) = self.v6_word(&k);
             if word == slot.source() && sets.contains(&i) {
                 f(&k.into(), &slot.bucket(n));
             }
-        })
+        }
+        Ok(())
     }
 
     /// Calls `f(set, way, slot, drops)` for every slot of a table.

@@ -16,6 +16,11 @@ pub mod soak;
 pub mod spoof;
 pub mod traffic;
 
+/// The reference XDP programs (tests/ebpf: xdp_pass, xdp_drop, parse + one
+/// lookup, the live-frames generator), built by build.rs. Empty in a build
+/// with `AYA_BUILD_SKIP=1`.
+pub static REFERENCE_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reference"));
+
 /// True when the privileged tiers can run. When they cannot, says why;
 /// under CI (`CI=true`) or `POLICER_REQUIRE_PRIVILEGED=1` an unexpected
 /// skip is a failure.
@@ -24,14 +29,20 @@ pub fn privileged(tier: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    let reason = format!("{tier}: skipped: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN); run `cargo xtask test`");
+    skip(&format!("{tier}: skipped: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN); run `cargo xtask test`"));
+    false
+}
+
+/// A test that cannot run on this machine says why and returns; under CI
+/// (`CI=true`) or `POLICER_REQUIRE_PRIVILEGED=1` the skip is a failure:
+/// every test runs there or the run is red.
+pub fn skip(reason: &str) {
     let required = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
         || std::env::var("POLICER_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1");
     if required {
-        panic!("{reason} (CI requires every tier)");
+        panic!("{reason} (CI requires every test)");
     }
     eprintln!("{reason}");
-    false
 }
 
 /// A deterministic xorshift64 step: reproducible pseudo-random test input.

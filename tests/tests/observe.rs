@@ -374,3 +374,37 @@ fn inspect_agrees_with_the_rate_under_a_flood() {
     assert!(text.contains("rule        0.0.0.0/0 (police)") && text.contains("next admit"), "{text}");
     policer_tests::daemon::fails_with(&cli(&sb, &["inspect", "not-an-address"]), "invalid");
 }
+
+/// What `cargo xtask install` puts under its root: the man pages the binary
+/// generates, found and rendered by `man` itself (`man policer`, and a
+/// page per verb), and the completions for each shell.
+#[test]
+fn man_pages_render_with_man() {
+    let root = std::env::temp_dir().join(format!("policer-man-{}", std::process::id()));
+    let man = root.join("share/man/man8");
+    let bin = policer_tests::daemon::policer_bin();
+    let st = std::process::Command::new(&bin).arg("man").arg("--out").arg(&man).status().unwrap();
+    assert!(st.success());
+    if std::process::Command::new("man").arg("--version").output().is_err() {
+        policer_tests::skip("observe tier: man_pages_render_with_man skipped: no `man` (Debian's man-db)");
+        let _ = std::fs::remove_dir_all(&root);
+        return;
+    }
+    for page in ["policer", "policer-inspect", "policer-check", "policer-rule-set"] {
+        let out = std::process::Command::new("man")
+            .args(["-P", "cat", page])
+            .env("MANPATH", root.join("share/man"))
+            .env("MANWIDTH", "100")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "man {page}: {}", String::from_utf8_lossy(&out.stderr));
+        let verb = page.rsplit('-').next().unwrap();
+        assert!(text.contains("NAME") && text.contains(verb), "{text}");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let out = std::process::Command::new(&bin).args(["completions", shell]).output().unwrap();
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("inspect"), "{shell}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

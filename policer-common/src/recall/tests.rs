@@ -2,6 +2,8 @@ use super::*;
 use crate::Rule;
 use proptest::prelude::*;
 
+extern crate std;
+
 const S: u64 = NS_PER_SEC;
 
 fn set_with(entries: &[u64]) -> RecallSet {
@@ -107,4 +109,44 @@ proptest! {
         prop_assert!(held <= (r.limit >> r.shift) + 1);
         prop_assert!(held + 1 >= d.min(r.limit >> r.shift));
     }
+}
+
+/// Measured: a recall full of sources in debt, asked about a million
+/// sources it never saw. A false recall needs one of the set's 8 entries
+/// to carry the same 19-bit fingerprint (8 in 2^19: ~15 per million), and
+/// each one is at most one bucket of the asking rule's debt.
+#[test]
+fn false_recalls_are_rare_and_capped() {
+    let now = 3_600 * S;
+    let sets = 4096u64;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut recall_sets = std::vec![RecallSet::default(); sets as usize];
+    // Full: 8 entries a set, each a source owing up to 10 s.
+    for (i, s) in recall_sets.iter_mut().enumerate() {
+        for e in 0..RECALL_WAYS {
+            let (_, fp) = locate(7, sets, next() | crate::table::KEY_VALID, false);
+            s.entries[e] = entry(fp, now - (e as u64) * S, next() % (10 * S), (i % 2) as u64);
+        }
+    }
+    let r = Rule::packets(100, 5).unwrap();
+    let burst_ns = r.limit >> r.shift;
+    let (mut asked, mut false_hits) = (0u64, 0u64);
+    for _ in 0..1_000_000 {
+        let (i, fp) = locate(7, sets, (next() & crate::table::KEY_MASK) | crate::table::KEY_VALID, false);
+        asked += 1;
+        if let Some(debt) = recall(&recall_sets[i as usize], fp, now) {
+            false_hits += 1;
+            let held = r.debt_ns(r.resumed_tat(now, debt), now);
+            assert!(held <= burst_ns + 1, "a false recall holds {held} ns, the bucket {burst_ns}");
+        }
+    }
+    let expected = asked as f64 * RECALL_WAYS as f64 / (1u64 << FP_BITS) as f64;
+    std::eprintln!("false recalls: {false_hits} of {asked} unseen sources (expected about {expected:.0})");
+    assert!((false_hits as f64) < 3.0 * expected + 10.0, "{false_hits} false recalls, expected about {expected:.0}");
 }

@@ -22,12 +22,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::REFERENCE_OBJECT;
 use anyhow::{Context, Result};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp},
 };
-use policer_user::loader::REFERENCE_OBJECT;
 
 use super::sys::{DST, cpu_times_ns, pin_cpu};
 use crate::{

@@ -19,7 +19,9 @@ use policer_common::{
     rate::Rate,
     table::{self, Geometry},
 };
-use policer_user::loader::{EBPF_OBJECT, LoadOptions, Policer, REFERENCE_OBJECT};
+use policer_user::loader::{EBPF_OBJECT, LoadOptions, Policer};
+
+use crate::REFERENCE_OBJECT;
 use serde::Serialize;
 
 use super::{

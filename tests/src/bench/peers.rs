@@ -3,12 +3,12 @@
 //! iptables `hashlimit` on the legacy and nft back ends). Each lives in
 //! the receiving namespace of its own [`Net`] and goes away with it.
 
+use crate::REFERENCE_OBJECT;
 use anyhow::{Context, Result};
 use aya::{
     Ebpf,
     programs::{Xdp, XdpMode},
 };
-use policer_user::loader::REFERENCE_OBJECT;
 
 use super::sys::{Net, if_index, run_in, run_in_stdin};
 use crate::{daemon::Daemon, netns::enter};

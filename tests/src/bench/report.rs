@@ -528,7 +528,7 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(
             w,
             "64-byte UDP frames from {} sources (10.1.0.0 + 0..65 535, in turn), made by the XDP live-frames generator \
-             (`xdp_gen` in policer-ebpf/src/reference.rs, BPF_PROG_TEST_RUN with `BPF_F_TEST_XDP_LIVE_FRAMES`, \
+             (`xdp_gen` in tests/ebpf/src/main.rs, BPF_PROG_TEST_RUN with `BPF_F_TEST_XDP_LIVE_FRAMES`, \
              {}-frame calls) and redirected into a veth whose peer runs the system under test. Generator and receiver \
              share CPU {} (the receiving NAPI runs in softirq on the generating CPU). Each system has its own pair of \
              namespaces; {} repetitions of {:.1} s each, systems interleaved. **CPU ns / packet** = CPU time of the \

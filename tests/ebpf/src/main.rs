@@ -282,5 +282,5 @@ mod programs {
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {
-    eprintln!("reference XDP programs for the benchmark; built for bpfel-unknown-none by policer-user");
+    eprintln!("reference XDP programs for the benchmark; built for bpfel-unknown-none by the tests crate");
 }
