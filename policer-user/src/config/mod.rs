@@ -35,7 +35,7 @@ mod write;
 mod tests;
 
 pub use edit::Change;
-pub use file::{ConfigFile, Pending, Snapshot};
+pub use file::{ConfigFile, Pending, Snapshot, sha256_hex};
 pub use write::NEW_FILE_MODE;
 
 use std::{collections::BTreeMap, path::Path};

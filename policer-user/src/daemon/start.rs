@@ -340,6 +340,9 @@ impl Daemon {
             // before `d`, so while the lock is still held), not by leaving
             // as a stopped daemon would.
             finished: true,
+            reload_ok: true,
+            reload_at: super::unix_now(),
+            refused_sha: None,
         };
         let mut undo = Undo::new(new_prog, maps)?;
 
