@@ -313,6 +313,32 @@ fn rule_set_on_a_read_only_config_needs_runtime() {
     assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "the runtime deny let frames through");
 }
 
+/// `interfaces = ["@default-route"]` picks the default route's interface
+/// (netlink), keeps the token in the file, and says clearly when there is
+/// no default route.
+#[test]
+fn default_route_picks_the_interface() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("dfr");
+    let dir = Dir::new("dfr");
+    let config = dir.path.join("policer.toml");
+    std::fs::write(&config, CONFIG.replace("[daemon]\n", "[daemon]\ninterfaces = [\"@default-route\"]\n")).unwrap();
+    let c = config.to_str().unwrap();
+    let args = ["attach", "--config", c, "--interval", "0"];
+    let e = Daemon::try_start(&policer_tests::daemon::policer_bin(), &sb.rx_ns, &args, &[])
+        .err()
+        .expect("a start without a default route fails");
+    assert!(e.stderr.contains("@default-route: no default route"), "{}{}", e.stdout, e.stderr);
+    policer_tests::netns::ip(&["-n", &sb.rx_ns, "route", "add", "default", "dev", &sb.rx_if]);
+    let _d = Daemon::start(&sb.rx_ns, &args);
+    let status: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(status["interfaces"], serde_json::json!([sb.rx_if]), "{status}");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("interfaces = [\"@default-route\"]"), "the token stays in the file:\n{text}");
+}
+
 /// `policer check FILE` as an unprivileged user (nobody), no daemon.
 fn check_as_nobody(file: &Path, json: bool) -> std::process::Output {
     let mut c = if unsafe { libc::geteuid() } == 0 {
