@@ -207,6 +207,24 @@ fn a_read_only_config_refuses_changes_and_runtime_applies_them() {
     assert!(all.as_array().unwrap().iter().all(|r| r["persisted"] == true && r["in_force"] == true));
 }
 
+/// GET http://127.0.0.1:PORT/metrics from inside `ns`.
+fn scrape(ns: &str, port: u16) -> String {
+    use std::io::{Read, Write};
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        policer_tests::netns::enter(&ns).unwrap();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    })
+    .join()
+    .unwrap()
+}
+
 fn stats(sb: &Sandbox) -> serde_json::Value {
     serde_json::from_str(&succeeds(&cli(sb, &["stats", "--json"]))).unwrap()
 }
@@ -259,7 +277,11 @@ fn a_configmap_swap_is_followed_and_a_bad_one_keeps_the_rules() {
     }
     let sb = Sandbox::new("cmap");
     let mut cm = ConfigMap::new("cmap", CONFIG);
-    let _d = attach(&sb, &cm.config());
+    let c = cm.config();
+    let _d = Daemon::start(
+        &sb.rx_ns,
+        &["attach", &sb.rx_if, "--config", c.to_str().unwrap(), "--interval", "0", "--metrics", "9471"],
+    );
     let src = Flow { src: ip("198.18.0.7"), pps: 200.0, len: 64 };
     let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(500));
     assert_eq!(got.per_flow[0], sent.sent[0], "an in-profile source lost frames");
@@ -288,6 +310,12 @@ fn a_configmap_swap_is_followed_and_a_bad_one_keeps_the_rules() {
     let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(500));
     assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "a refused file lifted the deny");
     assert_eq!(stats(&sb)["config"]["sha256"], after["sha256"], "the hash in force is the applied file's");
+    let m = scrape(&sb.rx_ns, 9471);
+    let sha = after["sha256"].as_str().unwrap();
+    for line in ["policer_config_last_reload_success 0", &format!("policer_config_info{{sha256=\"{sha}\"}} 1")] {
+        assert!(m.lines().any(|l| l == line), "/metrics lacks {line:?}:\n{m}");
+    }
+    assert!(m.contains("policer_config_last_reload_timestamp_seconds "), "{m}");
     assert!(rule(&rules(&sb), "198.18.0.0/24").is_some());
 }
 
