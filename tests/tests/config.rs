@@ -152,6 +152,12 @@ fn the_config_keeps_its_mode_owner_and_comments() {
     }
     let text = std::fs::read_to_string(&real).unwrap();
     assert!(text.contains("burst = 120") && text.contains("192.0.2.0/24"), "{text}");
+
+    // An editor's save: a new file renamed over the old one, followed.
+    let tmp = dir.path.join(".edge.toml.swp");
+    std::fs::write(&tmp, text.replace("burst = 120", "burst = 130")).unwrap();
+    std::fs::rename(&tmp, &real).unwrap();
+    wait_for(|| rule(&rules(&sb), "0.0.0.0/0").unwrap()["burst"] == 130, "the renamed-over file followed");
 }
 
 #[test]
@@ -278,7 +284,7 @@ fn a_configmap_swap_is_followed_and_a_bad_one_keeps_the_rules() {
     let sb = Sandbox::new("cmap");
     let mut cm = ConfigMap::new("cmap", CONFIG);
     let c = cm.config();
-    let _d = Daemon::start(
+    let d = Daemon::start(
         &sb.rx_ns,
         &["attach", &sb.rx_if, "--config", c.to_str().unwrap(), "--interval", "0", "--metrics", "9471"],
     );
@@ -307,6 +313,8 @@ fn a_configmap_swap_is_followed_and_a_bad_one_keeps_the_rules() {
     // An invalid file: the deny stays, and the failure shows.
     cm.swap(&format!("{deny}\n[[rule]]\nprefix = \"198.19.0.0/24\"\nrate = \"1kpps\"\ncolour = \"red\"\n"));
     wait_for(|| stats(&sb)["config"]["last_reload_success"] == false, "the refused reload shows");
+    let said = d.stdout();
+    assert!(said.contains("not applied, the running rules stay") && said.contains("unknown field"), "{said}");
     let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(500));
     assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "a refused file lifted the deny");
     assert_eq!(stats(&sb)["config"]["sha256"], after["sha256"], "the hash in force is the applied file's");
