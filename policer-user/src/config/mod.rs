@@ -83,9 +83,9 @@ pub struct Config {
 
 pub(crate) const HEADER: &str = "\
 # policer configuration (see README, \"Config file\").
-# Written by the policer daemon after every change; edit by hand and run
-# `policer reload` (or send SIGHUP) to apply: nothing is applied unless the
-# whole file is valid.
+# Written by the policer daemon after every change. A running daemon
+# follows edits by hand (as `policer reload` or SIGHUP do): nothing is
+# applied unless the whole file is valid.
 ";
 
 impl Config {
