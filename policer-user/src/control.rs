@@ -249,6 +249,23 @@ pub struct StatsView {
     pub interfaces: Vec<IfaceStats>,
     pub rules: Vec<RuleStats>,
     pub table: TableStats,
+    /// The config file in force and how its last reload went.
+    #[serde(default)]
+    pub config: ConfigStatus,
+}
+
+/// The config file the daemon runs from (`policer_config_*` on /metrics).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConfigStatus {
+    /// sha256 of the file's bytes as last read or written.
+    pub sha256: String,
+    /// Whether the last reload (followed, `policer reload` or SIGHUP)
+    /// applied the file; true at start.
+    pub last_reload_success: bool,
+    /// When that reload was tried (or the daemon started), Unix seconds.
+    pub last_reload_timestamp_seconds: f64,
+    /// The daemon cannot write the file: rule changes need `--runtime`.
+    pub read_only: bool,
 }
 
 /// One source in `policer top`.

@@ -45,6 +45,11 @@ struct RuleVerdict {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConfigLabel {
+    sha256: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabel {
     rule: String,
 }
@@ -147,6 +152,21 @@ pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
     reg.register("bucket_table_capacity", "Capacity of the bucket table (--max-sources)", gauge(s.table.capacity));
     reg.register("bucket_table_live", "Buckets in the table now", gauge(live));
     reg.register("rules", "Rules installed", gauge(s.rules.len() as u64));
+    let info = Family::<ConfigLabel, Gauge>::default();
+    info.get_or_create(&ConfigLabel { sha256: s.config.sha256.clone() }).set(1);
+    reg.register("config_info", "The config file in force, by the sha256 of its bytes", info);
+    reg.register(
+        "config_last_reload_success",
+        "Whether the last reload of the config file applied it (1) or was refused (0)",
+        gauge(s.config.last_reload_success as u64),
+    );
+    let at: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+    at.set(s.config.last_reload_timestamp_seconds);
+    reg.register(
+        "config_last_reload_timestamp_seconds",
+        "When the config file was last reloaded or refused (or the daemon started), Unix time",
+        at,
+    );
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
@@ -185,6 +205,12 @@ mod tests {
             }],
             rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), counters: c, rates: None }],
             table: TableStats { capacity: 1024, created: 10, live: None, insert_failures: 0, ..Default::default() },
+            config: crate::control::ConfigStatus {
+                sha256: "ab12".into(),
+                last_reload_success: true,
+                last_reload_timestamp_seconds: 1_700_000_000.5,
+                read_only: false,
+            },
             ..Default::default()
         };
         let text = render(&s, 4, 6);
@@ -196,6 +222,9 @@ mod tests {
             "policer_bucket_evictions_total 6",
             "policer_bucket_table_capacity 1024",
             "policer_bucket_table_live 4",
+            "policer_config_info{sha256=\"ab12\"} 1",
+            "policer_config_last_reload_success 1",
+            "policer_config_last_reload_timestamp_seconds 1700000000.5",
             "# TYPE policer_packets counter",
             "# HELP policer_packets Frames judged",
             "# TYPE policer_bucket_table_live gauge",

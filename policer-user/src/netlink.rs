@@ -237,3 +237,127 @@ pub fn set(ifindex: u32, fd: RawFd, flags: u32, expected: Option<RawFd>) -> Resu
     let resp = send_recv(&s, &m).map_err(io_err)?;
     check_ack(&resp)
 }
+
+/// The token that stands for the interface of the default route, in the
+/// config (`interfaces = ["@default-route"]`) and on the command line.
+pub const DEFAULT_ROUTE: &str = "@default-route";
+
+const RTA_OIF: u16 = 4;
+const RTA_PRIORITY: u16 = 6;
+const RTA_MULTIPATH: u16 = 9;
+const RTA_TABLE: u16 = 15;
+const RT_TABLE_MAIN: u32 = 254;
+const RTN_UNICAST: u8 = 1;
+
+/// The interface of the main table's default route: IPv4 first, else IPv6
+/// (the lowest metric wins; a multipath route gives its first hop).
+/// `None`: there is no default route.
+pub fn default_route_ifindex() -> Result<Option<u32>, NlError> {
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        if let Some(i) = default_route(family as u8)? {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
+fn default_route(family: u8) -> Result<Option<u32>, NlError> {
+    let s = open().map_err(io_err)?;
+    // nlmsghdr + rtmsg (family, dst_len, src_len, tos, table, protocol,
+    // scope, type, flags).
+    let mut m = Vec::with_capacity(28);
+    m.extend_from_slice(&28u32.to_ne_bytes());
+    m.extend_from_slice(&libc::RTM_GETROUTE.to_ne_bytes());
+    m.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+    m.extend_from_slice(&1u32.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(&[family, 0, 0, 0, 0, 0, 0, 0]);
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    let mut resp = send_recv(&s, &m).map_err(io_err)?;
+    // (metric, ifindex) of the best default route so far.
+    let mut best: Option<(u32, u32)> = None;
+    loop {
+        let mut b = &resp[..];
+        while b.len() >= 16 {
+            let len = u32_at(b, 0) as usize;
+            let ty = u16_at(b, 4);
+            if len < 16 || len > b.len() {
+                return Err(NlError { errno: libc::EPROTO, msg: None });
+            }
+            if ty == libc::NLMSG_DONE as u16 {
+                return Ok(best.map(|b| b.1));
+            }
+            if ty == libc::NLMSG_ERROR as u16 {
+                check_ack(b)?;
+            }
+            if ty == libc::RTM_NEWROUTE && len >= 28 {
+                let r = &b[16..len];
+                let (dst_len, mut table, rtype) = (r[1], r[4] as u32, r[7]);
+                let (mut oif, mut metric) = (None, 0u32);
+                for (t, d) in attrs(&r[12..]) {
+                    match t {
+                        RTA_OIF if d.len() >= 4 => oif = Some(u32_at(d, 0)),
+                        RTA_PRIORITY if d.len() >= 4 => metric = u32_at(d, 0),
+                        RTA_TABLE if d.len() >= 4 => table = u32_at(d, 0),
+                        // rtnexthop: len u16, flags u8, hops u8, ifindex i32.
+                        RTA_MULTIPATH if d.len() >= 8 && oif.is_none() => oif = Some(u32_at(d, 4)),
+                        _ => {}
+                    }
+                }
+                if dst_len == 0
+                    && rtype == RTN_UNICAST
+                    && table == RT_TABLE_MAIN
+                    && let Some(i) = oif.filter(|&i| i != 0)
+                    && best.is_none_or(|(m, _)| metric < m)
+                {
+                    best = Some((metric, i));
+                }
+            }
+            b = &b[((len + 3) & !3).min(b.len())..];
+        }
+        resp = recv(&s).map_err(io_err)?;
+    }
+}
+
+fn recv(s: &Sock) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: the buffer and its length describe valid memory.
+    let n = unsafe { libc::recv(s.0, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// `names` with [`DEFAULT_ROUTE`] replaced by the default route's
+/// interface; a clear error when there is none.
+pub fn resolve_interfaces(names: &[String]) -> crate::error::Result<Vec<String>> {
+    names
+        .iter()
+        .map(|n| {
+            if n != DEFAULT_ROUTE {
+                return Ok(n.clone());
+            }
+            let idx = default_route_ifindex()
+                .map_err(|e| crate::Error::Invalid(format!("{DEFAULT_ROUTE}: cannot read the routes: {e}")))?
+                .ok_or_else(|| {
+                    crate::Error::Invalid(format!(
+                        "{DEFAULT_ROUTE}: no default route (IPv4 or IPv6) in this network namespace; \
+                         name the interface instead"
+                    ))
+                })?;
+            let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+            // SAFETY: buf holds IF_NAMESIZE bytes, as if_indextoname needs.
+            let p = unsafe { libc::if_indextoname(idx, buf.as_mut_ptr()) };
+            if p.is_null() {
+                return Err(crate::Error::Invalid(format!(
+                    "{DEFAULT_ROUTE}: the default route's interface (index {idx}) is gone: {}",
+                    io::Error::last_os_error()
+                )));
+            }
+            // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
+            Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+        })
+        .collect()
+}

@@ -3,14 +3,15 @@
 //! a symlinked config written through; a hand edit not yet reloaded is not
 //! overwritten; a file that cannot be written (a read-only mount) refuses
 //! the change cleanly, `--runtime` applies it to the kernel only, and
-//! traffic shows which rules are in force.
+//! traffic shows which rules are in force; a ConfigMap-style directory
+//! (the kubelet's `..data` swap) is followed, an invalid file refused.
 
 use std::{
     net::IpAddr,
     os::unix::fs::{MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
     process::Command,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use policer_tests::{
@@ -85,6 +86,15 @@ impl Drop for Dir {
     }
 }
 
+/// Waits up to 3 s for `ok`.
+fn wait_for(mut ok: impl FnMut() -> bool, what: &str) {
+    let until = Instant::now() + Duration::from_secs(3);
+    while !ok() {
+        assert!(Instant::now() < until, "not within 3 s: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn attach(sb: &Sandbox, config: &Path) -> Daemon {
     let c = config.to_str().unwrap();
     Daemon::start(&sb.rx_ns, &["attach", &sb.rx_if, "--config", c, "--interval", "0"])
@@ -128,16 +138,26 @@ fn the_config_keeps_its_mode_owner_and_comments() {
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 
-    // A hand edit not yet reloaded is not overwritten.
+    // A hand edit is followed (the daemon watches the directory) and is
+    // not overwritten: a change is refused until it is in force, never
+    // written over it.
     let edited = text.replace("burst = 100", "burst = 120");
     std::fs::write(&real, &edited).unwrap();
-    fails_with(&cli(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]), "policer reload");
-    assert_eq!(std::fs::read_to_string(&real).unwrap(), edited, "the hand edit is untouched");
-    assert!(rule(&rules(&sb), "192.0.2.0/24").is_none(), "a refused change is not in force either");
-    succeeds(&cli(&sb, &["reload"]));
-    succeeds(&cli(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]));
+    let out = cli(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]);
+    if !out.status.success() {
+        fails_with(&out, "policer reload");
+        assert!(rule(&rules(&sb), "192.0.2.0/24").is_none(), "a refused change is not in force either");
+        wait_for(|| rule(&rules(&sb), "0.0.0.0/0").unwrap()["burst"] == 120, "the hand edit followed");
+        succeeds(&cli(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]));
+    }
     let text = std::fs::read_to_string(&real).unwrap();
     assert!(text.contains("burst = 120") && text.contains("192.0.2.0/24"), "{text}");
+
+    // An editor's save: a new file renamed over the old one, followed.
+    let tmp = dir.path.join(".edge.toml.swp");
+    std::fs::write(&tmp, text.replace("burst = 120", "burst = 130")).unwrap();
+    std::fs::rename(&tmp, &real).unwrap();
+    wait_for(|| rule(&rules(&sb), "0.0.0.0/0").unwrap()["burst"] == 130, "the renamed-over file followed");
 }
 
 #[test]
@@ -191,6 +211,168 @@ fn a_read_only_config_refuses_changes_and_runtime_applies_them() {
     let all = rules(&sb);
     assert!(rule(&all, "198.18.0.0/24").is_none(), "reload drops runtime-only rules");
     assert!(all.as_array().unwrap().iter().all(|r| r["persisted"] == true && r["in_force"] == true));
+}
+
+/// GET http://127.0.0.1:PORT/metrics from inside `ns`.
+fn scrape(ns: &str, port: u16) -> String {
+    use std::io::{Read, Write};
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        policer_tests::netns::enter(&ns).unwrap();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    })
+    .join()
+    .unwrap()
+}
+
+fn stats(sb: &Sandbox) -> serde_json::Value {
+    serde_json::from_str(&succeeds(&cli(sb, &["stats", "--json"]))).unwrap()
+}
+
+/// A kubelet-style ConfigMap volume: `config.toml -> ..data/config.toml`,
+/// `..data -> ..TIMESTAMP`, read-only files.
+struct ConfigMap {
+    dir: Dir,
+    n: u32,
+}
+
+impl ConfigMap {
+    fn new(tag: &str, text: &str) -> ConfigMap {
+        let mut m = ConfigMap { dir: Dir::new(tag), n: 0 };
+        m.swap(text);
+        std::os::unix::fs::symlink("..data/config.toml", m.config()).unwrap();
+        m
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.path.join("config.toml")
+    }
+
+    /// What the kubelet does on an update: a new timestamped directory,
+    /// `..data_tmp` pointing at it, renamed over `..data`; the old one goes.
+    fn swap(&mut self, text: &str) {
+        let old = format!("..2026_11_23_20_00_{:02}.{}", self.n, self.n);
+        self.n += 1;
+        let name = format!("..2026_11_23_20_00_{:02}.{}", self.n, self.n);
+        let ts = self.dir.path.join(&name);
+        std::fs::create_dir(&ts).unwrap();
+        let file = ts.join("config.toml");
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
+        std::fs::set_permissions(&ts, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let tmp = self.dir.path.join("..data_tmp");
+        std::os::unix::fs::symlink(&name, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.path.join("..data")).unwrap();
+        let _ = std::fs::remove_dir_all(self.dir.path.join(old));
+    }
+}
+
+/// The daemon follows a ConfigMap volume: the kubelet's swap puts new rules
+/// in force on the wire within 3 s; an invalid file swapped in changes
+/// nothing and says so in `stats --json` (and /metrics).
+#[test]
+fn a_configmap_swap_is_followed_and_a_bad_one_keeps_the_rules() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cmap");
+    let mut cm = ConfigMap::new("cmap", CONFIG);
+    let c = cm.config();
+    let d = Daemon::start(
+        &sb.rx_ns,
+        &["attach", &sb.rx_if, "--config", c.to_str().unwrap(), "--interval", "0", "--metrics", "9471"],
+    );
+    let src = Flow { src: ip("198.18.0.7"), pps: 200.0, len: 64 };
+    let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(500));
+    assert_eq!(got.per_flow[0], sent.sent[0], "an in-profile source lost frames");
+    let first = stats(&sb)["config"].clone();
+    assert_eq!(first["last_reload_success"], true, "{first}");
+    assert_eq!(first["read_only"], true, "{first}");
+
+    // The swap: a deny for the source's prefix.
+    let deny = format!("{CONFIG}\n[[rule]]\nprefix = \"198.18.0.0/24\"\naction = \"deny\"\n");
+    let swapped = Instant::now();
+    cm.swap(&deny);
+    loop {
+        let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(300));
+        if sent.sent[0] > 0 && got.per_flow[0] == 0 {
+            break;
+        }
+        assert!(swapped.elapsed() < Duration::from_secs(3), "the swapped-in deny is not enforced within 3 s");
+    }
+    let after = stats(&sb)["config"].clone();
+    assert_eq!(after["last_reload_success"], true, "{after}");
+    assert_ne!(after["sha256"], first["sha256"], "{after}");
+
+    // An invalid file: the deny stays, and the failure shows.
+    cm.swap(&format!("{deny}\n[[rule]]\nprefix = \"198.19.0.0/24\"\nrate = \"1kpps\"\ncolour = \"red\"\n"));
+    wait_for(|| stats(&sb)["config"]["last_reload_success"] == false, "the refused reload shows");
+    let said = d.stdout();
+    assert!(said.contains("not applied, the running rules stay") && said.contains("unknown field"), "{said}");
+    let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(500));
+    assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "a refused file lifted the deny");
+    assert_eq!(stats(&sb)["config"]["sha256"], after["sha256"], "the hash in force is the applied file's");
+    let m = scrape(&sb.rx_ns, 9471);
+    let sha = after["sha256"].as_str().unwrap();
+    for line in ["policer_config_last_reload_success 0", &format!("policer_config_info{{sha256=\"{sha}\"}} 1")] {
+        assert!(m.lines().any(|l| l == line), "/metrics lacks {line:?}:\n{m}");
+    }
+    assert!(m.contains("policer_config_last_reload_timestamp_seconds "), "{m}");
+    assert!(rule(&rules(&sb), "198.18.0.0/24").is_some());
+}
+
+/// A read-only config (a ConfigMap): `rule set` refuses, naming the file;
+/// `--runtime` applies it.
+#[test]
+fn rule_set_on_a_read_only_config_needs_runtime() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cmro");
+    let cm = ConfigMap::new("cmro", CONFIG);
+    let _d = attach(&sb, &cm.config());
+    let out = cli(&sb, &["rule", "set", "198.18.0.0/24", "--action", "deny"]);
+    fails_with(&out, &format!("{} is read-only", cm.config().display()));
+    fails_with(&out, "--runtime");
+    assert!(rule(&rules(&sb), "198.18.0.0/24").is_none());
+    fails_with(&cli(&sb, &["rule", "rm", "203.0.113.0/24"]), "is read-only");
+    succeeds(&cli(&sb, &["rule", "set", "198.18.0.0/24", "--action", "deny", "--runtime"]));
+    assert_eq!(rule(&rules(&sb), "198.18.0.0/24").unwrap()["persisted"], false);
+    let (sent, got) =
+        traffic::run(&sb, &[Flow { src: ip("198.18.0.7"), pps: 200.0, len: 64 }], Duration::from_millis(500));
+    assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "the runtime deny let frames through");
+}
+
+/// `interfaces = ["@default-route"]` picks the default route's interface
+/// (netlink), keeps the token in the file, and says clearly when there is
+/// no default route.
+#[test]
+fn default_route_picks_the_interface() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("dfr");
+    let dir = Dir::new("dfr");
+    let config = dir.path.join("policer.toml");
+    std::fs::write(&config, CONFIG.replace("[daemon]\n", "[daemon]\ninterfaces = [\"@default-route\"]\n")).unwrap();
+    let c = config.to_str().unwrap();
+    let args = ["attach", "--config", c, "--interval", "0"];
+    let e = Daemon::try_start(&policer_tests::daemon::policer_bin(), &sb.rx_ns, &args, &[])
+        .err()
+        .expect("a start without a default route fails");
+    assert!(e.stderr.contains("@default-route: no default route"), "{}{}", e.stdout, e.stderr);
+    policer_tests::netns::ip(&["-n", &sb.rx_ns, "route", "add", "default", "dev", &sb.rx_if]);
+    let _d = Daemon::start(&sb.rx_ns, &args);
+    let status: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(status["interfaces"], serde_json::json!([sb.rx_if]), "{status}");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("interfaces = [\"@default-route\"]"), "the token stays in the file:\n{text}");
 }
 
 /// `policer check FILE` as an unprivileged user (nobody), no daemon.

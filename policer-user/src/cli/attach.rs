@@ -12,7 +12,8 @@ use crate::{
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Interfaces (default: `daemon.interfaces` from the config file).
+    /// Interfaces (default: `daemon.interfaces` from the config file);
+    /// `@default-route` is the interface of the default route.
     #[arg(value_name = "IFACE")]
     ifaces: Vec<String>,
     /// Default rate per source (rule for 0.0.0.0/0 and ::/0): 500pps,

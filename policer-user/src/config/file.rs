@@ -91,6 +91,29 @@ impl ConfigFile {
         read(&self.path)
     }
 
+    /// The sha256 (hex) of the file as last read or written; of no bytes
+    /// when there was no file.
+    pub fn sha256(&self) -> String {
+        match &self.seen {
+            Seen::Missing => sha256_hex(b""),
+            Seen::Text(t) => sha256_hex(t.as_bytes()),
+        }
+    }
+
+    /// The sha256 (hex) of the file on disk now; `None`: there is none (or
+    /// it cannot be read, which a reload reports).
+    pub fn sha256_on_disk(&self) -> Option<String> {
+        fs::read(&self.path).ok().map(|b| sha256_hex(&b))
+    }
+
+    /// Whether the daemon cannot write the file (a read-only mount such as
+    /// a ConfigMap volume, no write bit, or a directory it cannot write):
+    /// rule changes are then refused unless `--runtime`. A missing file is
+    /// writable if its directory is.
+    pub fn read_only(&self) -> bool {
+        read_only(&self.path)
+    }
+
     /// Takes `snap` as what the daemon runs from: later writes edit it.
     pub fn accept(&mut self, snap: Snapshot) {
         self.config = snap.config;
@@ -209,4 +232,33 @@ fn read(path: &Path) -> Result<Snapshot> {
         }
         Err(e) => Err(Error::Invalid(format!("{}: {e}", path.display()))),
     }
+}
+
+/// Lower-case hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn read_only(path: &Path) -> bool {
+    use std::{ffi::CString, os::unix::ffi::OsStrExt, os::unix::fs::PermissionsExt};
+    let writable = |p: &Path| {
+        let Ok(c) = CString::new(p.as_os_str().as_bytes()) else { return false };
+        // SAFETY: a valid NUL-terminated path.
+        unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+    };
+    let (file, exists) = match fs::canonicalize(path) {
+        Ok(p) => (p, true),
+        Err(_) => (path.to_path_buf(), false),
+    };
+    if exists {
+        // Root passes access(2) on a file without write bits: the mode says
+        // what the operator meant. A read-only mount fails access(2) anyway.
+        let no_bits = fs::metadata(&file).map(|m| m.permissions().mode() & 0o222 == 0).unwrap_or(false);
+        if no_bits || !writable(&file) {
+            return true;
+        }
+    }
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    dir.exists() && !writable(dir)
 }

@@ -35,7 +35,7 @@ mod write;
 mod tests;
 
 pub use edit::Change;
-pub use file::{ConfigFile, Pending, Snapshot};
+pub use file::{ConfigFile, Pending, Snapshot, sha256_hex};
 pub use write::NEW_FILE_MODE;
 
 use std::{collections::BTreeMap, path::Path};
@@ -83,9 +83,9 @@ pub struct Config {
 
 pub(crate) const HEADER: &str = "\
 # policer configuration (see README, \"Config file\").
-# Written by the policer daemon after every change; edit by hand and run
-# `policer reload` (or send SIGHUP) to apply: nothing is applied unless the
-# whole file is valid.
+# Written by the policer daemon after every change. A running daemon
+# follows edits by hand (as `policer reload` or SIGHUP do): nothing is
+# applied unless the whole file is valid.
 ";
 
 impl Config {

@@ -19,6 +19,7 @@
 //!   the program attached and policing, as with `--persist`.
 
 mod adopt;
+mod follow;
 mod owner;
 mod ruleset;
 mod start;
@@ -113,6 +114,13 @@ pub struct Daemon {
     _lock: crate::lockfile::LockFile,
     /// Set once [`Daemon::finish`] ran.
     finished: bool,
+    /// Whether the last reload applied the file (true at start), and when
+    /// it was tried (Unix seconds).
+    reload_ok: bool,
+    reload_at: f64,
+    /// The sha256 of a file a followed reload refused: not tried again
+    /// until the file changes.
+    refused_sha: Option<String>,
 }
 
 impl Daemon {
@@ -234,7 +242,9 @@ async fn serve(
         Ok(x) => x,
         Err(e) => return (Err(e), None),
     };
+    let config = PathBuf::from(&snap_rx.borrow().config);
     let views = Arc::new(Views::new(reader, snap_rx));
+    follow::start(owner.clone(), &config);
     let r = event_loop(owner.clone(), views, listener, metrics, interval).await;
     // Whatever ended the loop, the owner leaves as configured: ahead of
     // queued changes, and within the second SIGTERM is given.
@@ -319,6 +329,11 @@ async fn event_loop(
         println!("{}", format_line(started.elapsed(), &last, &prev, prev_at.elapsed().as_secs_f64()));
     }
     Ok(())
+}
+
+/// Now, in Unix seconds.
+pub(crate) fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
 /// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.

@@ -35,6 +35,9 @@ pub enum Command {
         runtime: bool,
     },
     Reload,
+    /// The config file's directory changed: reload if the file's bytes
+    /// differ from those in force (and from a file already refused).
+    Follow,
     Detach {
         iface: String,
     },
@@ -116,6 +119,12 @@ impl Daemon {
             config: self.file.path().display().to_string(),
             persist: self.persist,
             program_id: self.program_id,
+            config_status: crate::control::ConfigStatus {
+                sha256: self.file.sha256(),
+                last_reload_success: self.reload_ok,
+                last_reload_timestamp_seconds: self.reload_at,
+                read_only: self.file.read_only(),
+            },
         })
     }
 
@@ -140,6 +149,7 @@ impl Daemon {
             Command::RuleSet { rule, runtime } => done(self.rule_set(&rule, runtime)),
             Command::RuleRm { prefix, runtime } => done(self.rule_rm(&prefix, runtime)),
             Command::Reload => done(self.reload()),
+            Command::Follow => done(self.follow()),
             Command::Detach { iface } => match self.detach(&iface) {
                 Ok(true) => Outcome {
                     result: Ok(format!("detached from {iface}; no interface left, the daemon exits")),

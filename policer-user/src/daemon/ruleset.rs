@@ -220,6 +220,14 @@ impl Daemon {
     /// read-only file refuses the change before the kernel is touched),
     /// then the kernel changes, then the file is put in place.
     fn change(&mut self, runtime: bool, edit: impl Fn(&mut BTreeMap<IpNet, RuleSpec>)) -> Result<()> {
+        if !runtime && self.file.read_only() {
+            return Err(Error::Invalid(format!(
+                "{} is read-only (a ConfigMap or a read-only mount: change the file at its source, \
+                 the daemon follows it); nothing changed (`--runtime` applies the change to the kernel only, \
+                 not persisted)",
+                self.file.path().display()
+            )));
+        }
         let before = self.specs();
         let mut want = before.clone();
         edit(&mut want);
@@ -270,6 +278,42 @@ impl Daemon {
     /// Re-reads the config file; applies it only if all of it is valid.
     /// Rules set with `--runtime` give way to the file's.
     pub(super) fn reload(&mut self) -> Result<String> {
+        let r = self.reload_file();
+        self.reload_ok = r.is_ok();
+        self.reload_at = super::unix_now();
+        match &r {
+            Ok(_) => self.refused_sha = None,
+            Err(_) => self.refused_sha = self.file.sha256_on_disk(),
+        }
+        r
+    }
+
+    /// The config file's directory changed: reloads when the file's bytes
+    /// differ from those in force and from a file already refused. An
+    /// empty message: nothing to do (the daemon's own write, a touch, a
+    /// file next to it).
+    pub(super) fn follow(&mut self) -> Result<String> {
+        let Some(now) = self.file.sha256_on_disk() else {
+            // Gone (between two steps of a swap, or removed): keep running.
+            return Ok(String::new());
+        };
+        if now == self.file.sha256() {
+            if self.reload_ok {
+                return Ok(String::new());
+            }
+            // Back to the file in force after a refused one.
+            self.reload_ok = true;
+            self.reload_at = super::unix_now();
+            self.refused_sha = None;
+            return Ok(format!("{} is the file in force again", self.file.path().display()));
+        }
+        if self.refused_sha.as_deref() == Some(now.as_str()) {
+            return Ok(String::new());
+        }
+        self.reload()
+    }
+
+    fn reload_file(&mut self) -> Result<String> {
         let snap = self.file.read()?;
         let want = snap.rules.clone();
         if want.is_empty() {

@@ -132,6 +132,10 @@ impl Daemon {
         if names.is_empty() {
             return Err(Error::Invalid(format!("no interface given, and none in {}", args.config.display())));
         }
+        // As given (what the file keeps: `@default-route` stays a token),
+        // then as attached.
+        let given = names;
+        let names = netlink::resolve_interfaces(&given)?;
         let mut seen = std::collections::HashSet::new();
         let mut indexes = Vec::new();
         for n in &names {
@@ -309,7 +313,7 @@ impl Daemon {
         // Rewrite the file (after the start commits) only if this start
         // changed what it says (the default rules from --rate, or the
         // interfaces).
-        let changed = args.rate.is_some() || cfg.daemon.interfaces != names;
+        let changed = args.rate.is_some() || cfg.daemon.interfaces != given;
 
         // The last step that can fail before the kernel changes.
         let socket = control::socket_path()?;
@@ -340,6 +344,9 @@ impl Daemon {
             // before `d`, so while the lock is still held), not by leaving
             // as a stopped daemon would.
             finished: true,
+            reload_ok: true,
+            reload_at: super::unix_now(),
+            refused_sha: None,
         };
         let mut undo = Undo::new(new_prog, maps)?;
 
@@ -389,7 +396,7 @@ impl Daemon {
 
         // Before saying "policing", so whoever reads the file next sees it.
         if changed {
-            d.write_start_config(&names);
+            d.write_start_config(&given);
         }
         if let Some(m) = &d.metrics
             && let Ok(a) = m.local_addr()

@@ -61,6 +61,7 @@ pub struct Snapshot {
     pub config: String,
     pub persist: bool,
     pub program_id: u32,
+    pub config_status: crate::control::ConfigStatus,
 }
 
 /// The read side of the daemon, shared by every connection.
@@ -180,7 +181,14 @@ impl Views {
             recall_capacity: fill.capacity,
             recall_live: fill.live,
         };
-        Ok(StatsView { time_ns, totals: iface_stats("total", 0, &total), interfaces, rules, table })
+        Ok(StatsView {
+            time_ns,
+            totals: iface_stats("total", 0, &total),
+            interfaces,
+            rules,
+            table,
+            config: snap.config_status.clone(),
+        })
     }
 
     /// The `n` sources with the most debt and the most drops.
