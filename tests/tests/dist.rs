@@ -318,3 +318,77 @@ fn kubernetes_daemonset_shape() {
     let pm = fs::read_to_string(kubernetes().join("podmonitor.yaml")).unwrap();
     assert!(pm.contains("kind: PodMonitor") && pm.contains("- port: metrics"));
 }
+
+/// `cargo xtask image`: FROM scratch, the static binary and the default
+/// config, entrypoint policer, at most 10 MB. (Not run with podman here:
+/// the image's files are checked through `buildah mount`.)
+#[test]
+fn image_is_scratch_small_and_runs_policer() {
+    if !privileged("image") {
+        return;
+    }
+    let Some(_) = Command::new("buildah").arg("--version").output().ok().filter(|o| o.status.success()) else {
+        skip("image: skipped: no buildah (`cargo xtask test` installs it)");
+        return;
+    };
+    let name = format!("localhost/policer:{VERSION}");
+    let list = Command::new("buildah").args(["images", "--json", &name]).output().unwrap();
+    if !list.status.success() {
+        skip(&format!("image: skipped: no {name}: run `cargo xtask image`"));
+        return;
+    }
+    let images: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let img = &images[0];
+    let names: Vec<&str> = img["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(names.contains(&name.as_str()) && names.contains(&"localhost/policer:latest"), "{names:?}");
+    // "8.74 MB": buildah's decimal units.
+    let size = img["size"].as_str().unwrap();
+    let (n, unit) = size.split_once(' ').unwrap();
+    let bytes = n.parse::<f64>().unwrap()
+        * match unit {
+            "B" => 1.0,
+            "kB" => 1e3,
+            "MB" => 1e6,
+            other => panic!("image of {n} {other}"),
+        };
+    assert!(bytes <= 10e6, "image is {size}");
+    let entry = run(Command::new("buildah").args([
+        "inspect",
+        "--type",
+        "image",
+        "--format",
+        "{{.OCIv1.Config.Entrypoint}}",
+        &name,
+    ]));
+    assert_eq!(text(&entry).trim(), "[/usr/bin/policer]");
+
+    let ctr = text(&run(Command::new("buildah").args(["from", &name]))).trim().to_string();
+    let mnt = Command::new("buildah").args(["mount", &ctr]).output().unwrap();
+    let result = std::panic::catch_unwind(|| {
+        let root = PathBuf::from(text(&mnt).trim());
+        let mut files = Vec::new();
+        fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+            for e in fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(base, &p, out);
+                } else {
+                    out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+                }
+            }
+        }
+        walk(&root, &root, &mut files);
+        files.sort();
+        assert_eq!(files, ["etc/policer/policer.toml", "usr/bin/policer"], "FROM scratch: only these");
+        let v = run(Command::new(root.join("usr/bin/policer")).arg("--version"));
+        assert_eq!(text(&v).trim(), format!("policer {VERSION}"));
+        run(Command::new(root.join("usr/bin/policer"))
+            .args(["check", "--config"])
+            .arg(root.join("etc/policer/policer.toml")));
+    });
+    let _ = Command::new("buildah").args(["umount", &ctr]).output();
+    let _ = Command::new("buildah").args(["rm", &ctr]).output();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}

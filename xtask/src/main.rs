@@ -92,6 +92,9 @@ enum Cmd {
     /// systemd unit, the default config, man pages and completions, in
     /// `target/dist/`.
     Dist,
+    /// A FROM-scratch container image (buildah) with the static binary and
+    /// the default config: `localhost/policer:VERSION` and `:latest`.
+    Image,
 }
 
 fn main() -> ExitCode {
@@ -159,6 +162,7 @@ fn run(cli: Cli) -> Result<()> {
             install_docs(&bin, &root)
         }
         Cmd::Dist => dist().map(|_| ()),
+        Cmd::Image => image(),
         Cmd::Lint => {
             setup()?;
             sh(cargo().args(["fmt", "--all", "--check"]))?;
@@ -308,6 +312,7 @@ fn test(host_only: bool) -> Result<()> {
     // and the Kubernetes manifests (kubernetes-validate).
     dist()?;
     setup_fleet_tools()?;
+    image()?;
     say("tier 3: the policer binary on real veth traffic");
     for t in ["dist", "veth", "control", "config", "lifecycle", "observe", "attack", "serve", "soak"] {
         sh(cargo()
@@ -571,6 +576,9 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
 /// the Kubernetes schemas, so validation is offline) in a venv under the
 /// target directory.
 fn setup_fleet_tools() -> Result<()> {
+    if output("buildah", &["--version"]).is_none() && is_root() {
+        apt_install(&["buildah"])?;
+    }
     let venv = target_dir().join("tools/venv");
     let kv = venv.join("bin/kubernetes-validate");
     if kv.exists() {
@@ -587,4 +595,46 @@ fn setup_fleet_tools() -> Result<()> {
     // Debian's python3, not whatever `python3` a PATH finds first.
     sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
     sh(Command::new(venv.join("bin/pip")).args(["install", "-q", "kubernetes-validate"]))
+}
+
+/// `cargo xtask image`: FROM scratch, the static binary and the default
+/// config; no registry needed (buildah, Debian's package).
+fn image() -> Result<()> {
+    dist()?;
+    if output("buildah", &["--version"]).is_none() {
+        if !is_root() {
+            bail!("buildah missing: run as root, or `sudo apt-get install buildah`");
+        }
+        apt_install(&["buildah"])?;
+    }
+    let bin = target_dir().join("dist/policer");
+    let ws = workspace();
+    let ctr = output("buildah", &["from", "scratch"]).context("buildah from scratch")?.trim().to_string();
+    let built = (|| -> Result<()> {
+        sh(Command::new("buildah").args(["copy", &ctr]).arg(&bin).arg("/usr/bin/policer"))?;
+        sh(Command::new("buildah")
+            .args(["copy", &ctr])
+            .arg(ws.join("deploy/policer.toml"))
+            .arg("/etc/policer/policer.toml"))?;
+        sh(Command::new("buildah").args([
+            "config",
+            "--env",
+            "PATH=/usr/bin",
+            "--entrypoint",
+            r#"["/usr/bin/policer"]"#,
+            "--cmd",
+            r#"["attach", "--config", "/etc/policer/policer.toml", "--persist"]"#,
+            "--label",
+            &format!("org.opencontainers.image.version={VERSION}"),
+            "--label",
+            "org.opencontainers.image.title=policer",
+            &ctr,
+        ]))?;
+        sh(Command::new("buildah").args(["commit", "-q", &ctr, &format!("localhost/policer:{VERSION}")]))?;
+        sh(Command::new("buildah").args(["tag", &format!("localhost/policer:{VERSION}"), "localhost/policer:latest"]))
+    })();
+    let _ = Command::new("buildah").args(["rm", &ctr]).output();
+    built?;
+    say(&format!("image: localhost/policer:{VERSION} and localhost/policer:latest"));
+    Ok(())
 }
