@@ -392,3 +392,79 @@ fn image_is_scratch_small_and_runs_policer() {
         std::panic::resume_unwind(e);
     }
 }
+
+/// The image under podman as the DaemonSet runs it: not privileged, every
+/// capability dropped but BPF, NET_ADMIN and SYS_ADMIN, the default
+/// seccomp profile, the host's /run/policer. It attaches, the CLI outside
+/// the container reaches it through the socket, and a stop detaches
+/// (no --persist here). This VM's podman quirks: `--runtime runc` (crun
+/// rejects its hybrid cgroups) and ulimits no higher than the host's.
+#[test]
+fn image_runs_under_podman_with_three_capabilities() {
+    if !privileged("image") {
+        return;
+    }
+    if !Command::new("podman").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        skip("image: skipped: no podman (`cargo xtask test` installs it)");
+        return;
+    }
+    let name = format!("localhost/policer:{VERSION}");
+    if !Command::new("podman").args(["image", "exists", &name]).status().unwrap().success() {
+        skip(&format!("image: skipped: no {name}: run `cargo xtask image`"));
+        return;
+    }
+    let id = std::process::id();
+    let ns = format!("pol-pod-{id}");
+    let ctr = format!("policer-test-{id}");
+    let dir = std::env::temp_dir().join(format!("policer-pod-{id}"));
+    fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("policer.toml");
+    fs::write(
+        &cfg,
+        "[daemon]\ninterfaces = [\"pa\"]\n\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1000pps\"\nburst = 10\n",
+    )
+    .unwrap();
+    run(Command::new("ip").args(["netns", "add", &ns]));
+    let cleanup = || {
+        let _ = Command::new("podman").args(["rm", "-f", "-t", "0", &ctr]).output();
+        let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        let _ = fs::remove_dir_all(&dir);
+    };
+    let result = std::panic::catch_unwind(|| {
+        run(Command::new("ip").args(["-n", &ns, "link", "add", "pa", "type", "veth", "peer", "name", "pb"]));
+        run(Command::new("ip").args(["-n", &ns, "link", "set", "pa", "up"]));
+        run(Command::new("ip").args(["-n", &ns, "link", "set", "pb", "up"]));
+        fs::create_dir_all("/run/policer").unwrap();
+        run(Command::new("podman")
+            .args(["run", "-d", "--name", &ctr, "--runtime", "runc"])
+            .args(["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"])
+            .arg(format!("--network=ns:/run/netns/{ns}"))
+            .args(["--cap-drop", "ALL", "--cap-add", "BPF,NET_ADMIN,SYS_ADMIN", "--read-only"])
+            .arg("-v")
+            .arg(format!("{}:/etc/policer:ro", dir.display()))
+            .args(["-v", "/run/policer:/run/policer", &name])
+            .args(["attach", "--config", "/etc/policer/policer.toml", "--interval", "0"]));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let attached = || {
+            let o = Command::new("ip").args(["-n", &ns, "-d", "link", "show", "pa"]).output().unwrap();
+            String::from_utf8_lossy(&o.stdout).contains("prog/xdp")
+        };
+        while !attached() {
+            let logs = Command::new("podman").args(["logs", &ctr]).output().unwrap();
+            assert!(std::time::Instant::now() < deadline, "not attached in 20 s: {}", text(&logs));
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        // The CLI on the host, in the same network namespace, reaches the
+        // daemon in the container through the shared /run/policer.
+        let status = run(Command::new("ip").args(["netns", "exec", &ns]).arg(policer_bin()).arg("status"));
+        assert!(text(&status).contains("on pa"), "{}", text(&status));
+        run(Command::new("podman").args(["stop", "-t", "10", &ctr]));
+        let logs = run(Command::new("podman").args(["logs", &ctr]));
+        assert!(text(&logs).contains("detached from pa"), "{}", text(&logs));
+        assert!(!attached(), "still attached after the container stopped");
+    });
+    cleanup();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}

@@ -576,8 +576,11 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
 /// the Kubernetes schemas, so validation is offline) in a venv under the
 /// target directory.
 fn setup_fleet_tools() -> Result<()> {
-    if output("buildah", &["--version"]).is_none() && is_root() {
-        apt_install(&["buildah"])?;
+    // buildah builds the image; podman and runc run it (this VM's crun
+    // rejects podman's hybrid cgroups, so the test asks for runc).
+    let missing = missing_packages(&["buildah", "podman", "runc"]);
+    if !missing.is_empty() && is_root() {
+        apt_install(&missing)?;
     }
     let venv = target_dir().join("tools/venv");
     let kv = venv.join("bin/kubernetes-validate");
