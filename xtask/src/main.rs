@@ -308,11 +308,10 @@ fn test(host_only: bool) -> Result<()> {
         sh(cargo().args(["test", "-p", "policer-tests", "--test", t]).env("POLICER_BIN", &bin))?;
     }
     // Tier 3: real binary, real frames over veth. One test at a time: they
-    // measure rates on a 2-core machine. `dist` tests the package built here
-    // and the Kubernetes manifests (kubernetes-validate).
-    dist()?;
+    // measure rates on a 2-core machine. `dist` tests the package and the
+    // image built here, and the Kubernetes manifests (kubernetes-validate).
     setup_fleet_tools()?;
-    image()?;
+    image()?; // builds the package (dist) first
     say("tier 3: the policer binary on real veth traffic");
     for t in ["dist", "veth", "control", "config", "lifecycle", "observe", "attack", "serve", "soak"] {
         sh(cargo()
