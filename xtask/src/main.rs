@@ -88,6 +88,13 @@ enum Cmd {
     },
     /// cargo fmt --check and cargo clippy -D warnings.
     Lint,
+    /// A static (musl) `policer` and a Debian package holding it, the
+    /// systemd unit, the default config, man pages and completions, in
+    /// `target/dist/`.
+    Dist,
+    /// A FROM-scratch container image (buildah) with the static binary and
+    /// the default config: `localhost/policer:VERSION` and `:latest`.
+    Image,
 }
 
 fn main() -> ExitCode {
@@ -154,6 +161,8 @@ fn run(cli: Cli) -> Result<()> {
             say(&format!("installed {}", bin.display()));
             install_docs(&bin, &root)
         }
+        Cmd::Dist => dist().map(|_| ()),
+        Cmd::Image => image(),
         Cmd::Lint => {
             setup()?;
             sh(cargo().args(["fmt", "--all", "--check"]))?;
@@ -299,9 +308,12 @@ fn test(host_only: bool) -> Result<()> {
         sh(cargo().args(["test", "-p", "policer-tests", "--test", t]).env("POLICER_BIN", &bin))?;
     }
     // Tier 3: real binary, real frames over veth. One test at a time: they
-    // measure rates on a 2-core machine.
+    // measure rates on a 2-core machine. `dist` tests the package and the
+    // image built here, and the Kubernetes manifests (kubernetes-validate).
+    setup_fleet_tools()?;
+    image()?; // builds the package (dist) first
     say("tier 3: the policer binary on real veth traffic");
-    for t in ["veth", "control", "config", "lifecycle", "observe", "attack", "serve", "soak"] {
+    for t in ["dist", "veth", "control", "config", "lifecycle", "observe", "attack", "serve", "soak"] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
             .env("POLICER_BIN", &bin))?;
@@ -377,4 +389,254 @@ unsafe fn libc_ignore_sigint() {
     const SIG_IGN: usize = 1;
     // SAFETY: plain libc call.
     unsafe { signal(SIGINT, SIG_IGN) };
+}
+
+/// The cargo target directory (`CARGO_TARGET_DIR`, else `target/`).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace().join("target"), PathBuf::from)
+}
+
+const MUSL: &str = "x86_64-unknown-linux-musl";
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `cargo xtask dist`: the static binary and the Debian package, in
+/// `target/dist/`. Returns the package's path.
+fn dist() -> Result<PathBuf> {
+    setup()?;
+    // The musl target of the pinned toolchain; Debian's gcc links it (aya
+    // needs no C library), so no musl-tools.
+    let have = output("rustup", &["target", "list", "--installed", "--toolchain", TOOLCHAIN])
+        .is_some_and(|s| s.lines().any(|l| l.trim() == MUSL));
+    if !have {
+        say(&format!("adding the {MUSL} target to Rust {TOOLCHAIN}"));
+        sh(Command::new("rustup").args(["target", "add", MUSL, "--toolchain", TOOLCHAIN]))?;
+    }
+    sh(cargo().args(["build", "--release", "--locked", "-p", "policer-user", "--bin", "policer", "--target", MUSL]))?;
+    let target = target_dir();
+    let bin = target.join(MUSL).join("release/policer");
+    let ldd = Command::new("ldd").arg(&bin).output().context("ldd")?;
+    let ldd_says = format!("{}{}", String::from_utf8_lossy(&ldd.stdout), String::from_utf8_lossy(&ldd.stderr));
+    if !ldd_says.contains("not a dynamic executable") && !ldd_says.contains("statically linked") {
+        bail!("{} is not static: ldd says {ldd_says}", bin.display());
+    }
+    let out = target.join("dist");
+    std::fs::create_dir_all(&out)?;
+    std::fs::copy(&bin, out.join("policer")).context("copy the static binary")?;
+    let deb = build_deb(&bin, &out)?;
+    say(&format!("dist: {} and {}", out.join("policer").display(), deb.display()));
+    Ok(deb)
+}
+
+/// Maintainer scripts. Every one is a no-op for systemd when `DPKG_ROOT`
+/// is set (dpkg `--root` with `--force-script-chrootless`: an install into
+/// another root, where the host's systemd has no business) or when systemd
+/// is not running (a container, a chroot).
+const POSTINST: &str = r#"#!/bin/sh
+# policer postinst. The unit runs `policer attach --persist`: a restart
+# leaves the XDP program attached and the new daemon adopts it (rules,
+# buckets, counters), so an upgrade restarts a running policer instead of
+# stopping it first; nothing is ever unpoliced. A first install enables
+# the unit but starts nothing: review /etc/policer/policer.toml (its
+# interfaces), then `systemctl start policer`.
+set -e
+[ -z "$DPKG_ROOT" ] || exit 0
+[ -d /run/systemd/system ] || exit 0
+if [ "$1" = configure ]; then
+    systemctl daemon-reload || true
+    if [ -z "$2" ]; then
+        systemctl enable policer.service || true
+        echo "policer: enabled, not started: check /etc/policer/policer.toml, then systemctl start policer"
+    else
+        # Only if it runs; with --persist the restart keeps enforcement.
+        systemctl try-restart policer.service || true
+    fi
+fi
+exit 0
+"#;
+
+const PRERM: &str = r#"#!/bin/sh
+# policer prerm. On upgrade: nothing (postinst restarts the new binary,
+# which adopts the attached program). On remove: stop the daemon, then
+# detach what it left attached (--persist keeps the program on a stop).
+set -e
+[ -z "$DPKG_ROOT" ] || exit 0
+if [ "$1" = remove ]; then
+    if [ -d /run/systemd/system ]; then
+        systemctl stop policer.service || true
+    fi
+    for iface in $(ip -o link show 2>/dev/null | awk -F': ' '/prog\/xdp|xdp/ {print $2}' | cut -d@ -f1); do
+        # policer detach refuses a program that is not policer's.
+        /usr/bin/policer detach "$iface" >/dev/null 2>&1 || true
+    done
+fi
+exit 0
+"#;
+
+const POSTRM: &str = r#"#!/bin/sh
+# policer postrm: forget the unit on removal; purge leaves no
+# /etc/policer behind (dpkg removes the conffile itself).
+set -e
+if [ "$1" = purge ]; then
+    rmdir "$DPKG_ROOT/etc/policer" 2>/dev/null || true
+fi
+[ -z "$DPKG_ROOT" ] || exit 0
+if [ -d /run/systemd/system ]; then
+    if [ "$1" = remove ] || [ "$1" = purge ]; then
+        systemctl disable policer.service >/dev/null 2>&1 || true
+        systemctl daemon-reload || true
+    fi
+fi
+exit 0
+"#;
+
+/// The Debian package, staged in `out/deb` and built with `dpkg-deb`.
+fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
+    let stage = out.join("deb");
+    if stage.exists() {
+        std::fs::remove_dir_all(&stage)?;
+    }
+    let put = |rel: &str, data: &[u8], mode: u32| -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let p = stage.join(rel);
+        std::fs::create_dir_all(p.parent().expect("a directory"))?;
+        std::fs::write(&p, data).with_context(|| format!("write {}", p.display()))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
+        Ok(())
+    };
+    let ws = workspace();
+    put("usr/bin/policer", &std::fs::read(bin)?, 0o755)?;
+    // The repository's unit runs the `cargo xtask install` binary; the
+    // package's runs its own.
+    let unit = std::fs::read_to_string(ws.join("deploy/policer.service"))?;
+    if !unit.contains("/usr/local/bin/policer") {
+        bail!("deploy/policer.service no longer runs /usr/local/bin/policer: update xtask dist");
+    }
+    let unit = unit
+        .replace(
+            "Install the binary with `cargo xtask install`\n# (/usr/local/bin/policer), put",
+            "Installed by the policer Debian package. Put",
+        )
+        .replace("/usr/local/bin/policer", "/usr/bin/policer");
+    put("lib/systemd/system/policer.service", unit.as_bytes(), 0o644)?;
+    put("etc/policer/policer.toml", &std::fs::read(ws.join("deploy/policer.toml"))?, 0o644)?;
+    // Man pages (gzipped, as Debian ships them) and completions, generated
+    // by the binary itself.
+    let man = stage.join("usr/share/man/man8");
+    sh(Command::new(bin).arg("man").arg("--out").arg(&man))?;
+    for e in std::fs::read_dir(&man)? {
+        sh(Command::new("gzip").args(["-9n"]).arg(e?.path()))?;
+    }
+    for (shell, path) in [
+        ("bash", "usr/share/bash-completion/completions/policer"),
+        ("zsh", "usr/share/zsh/vendor-completions/_policer"),
+        ("fish", "usr/share/fish/vendor_completions.d/policer.fish"),
+    ] {
+        let o = Command::new(bin).args(["completions", shell]).output().context("policer completions")?;
+        if !o.status.success() {
+            bail!("policer completions {shell} failed");
+        }
+        put(path, &o.stdout, 0o644)?;
+    }
+    put(
+        "usr/share/doc/policer/copyright",
+        b"Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\
+          Upstream-Name: policer\n\nFiles: *\nLicense: MIT or Apache-2.0\n",
+        0o644,
+    )?;
+    let size_kib = output("du", &["-sk", stage.to_str().context("a UTF-8 path")?])
+        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
+        .unwrap_or(0);
+    let control = format!(
+        "Package: policer\n\
+         Version: {VERSION}\n\
+         Architecture: amd64\n\
+         Maintainer: policer developers <policer@localhost>\n\
+         Section: net\n\
+         Priority: optional\n\
+         Installed-Size: {size_kib}\n\
+         Depends: iproute2\n\
+         Description: per-source packet-rate policer in XDP\n \
+         policer attaches an XDP program that gives every source address its\n \
+         own token bucket (GCRA) and drops what exceeds its rule's rate.\n \
+         The binary is static (musl); the unit runs it with --persist, so a\n \
+         restart or an upgrade keeps the program attached and policing.\n"
+    );
+    put("DEBIAN/control", control.as_bytes(), 0o644)?;
+    put("DEBIAN/conffiles", b"/etc/policer/policer.toml\n", 0o644)?;
+    put("DEBIAN/postinst", POSTINST.as_bytes(), 0o755)?;
+    put("DEBIAN/prerm", PRERM.as_bytes(), 0o755)?;
+    put("DEBIAN/postrm", POSTRM.as_bytes(), 0o755)?;
+    let deb = out.join(format!("policer_{VERSION}_amd64.deb"));
+    sh(Command::new("dpkg-deb").args(["--root-owner-group", "--build"]).arg(&stage).arg(&deb))?;
+    Ok(deb)
+}
+
+/// What the fleet tests need: `kubernetes-validate` (PyPI; it bundles
+/// the Kubernetes schemas, so validation is offline) in a venv under the
+/// target directory.
+fn setup_fleet_tools() -> Result<()> {
+    // buildah builds the image; podman and runc run it (this VM's crun
+    // rejects podman's hybrid cgroups, so the test asks for runc).
+    let missing = missing_packages(&["buildah", "podman", "runc"]);
+    if !missing.is_empty() && is_root() {
+        apt_install(&missing)?;
+    }
+    let venv = target_dir().join("tools/venv");
+    let kv = venv.join("bin/kubernetes-validate");
+    if kv.exists() {
+        return Ok(());
+    }
+    let missing = missing_packages(&["python3-venv"]);
+    if !missing.is_empty() {
+        if !is_root() {
+            bail!("missing packages {missing:?}: run as root, or `sudo apt-get install {}`", missing.join(" "));
+        }
+        apt_install(&missing)?;
+    }
+    say("installing kubernetes-validate (PyPI) into a venv");
+    // Debian's python3, not whatever `python3` a PATH finds first.
+    sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
+    sh(Command::new(venv.join("bin/pip")).args(["install", "-q", "kubernetes-validate"]))
+}
+
+/// `cargo xtask image`: FROM scratch, the static binary and the default
+/// config; no registry needed (buildah, Debian's package).
+fn image() -> Result<()> {
+    dist()?;
+    if output("buildah", &["--version"]).is_none() {
+        if !is_root() {
+            bail!("buildah missing: run as root, or `sudo apt-get install buildah`");
+        }
+        apt_install(&["buildah"])?;
+    }
+    let bin = target_dir().join("dist/policer");
+    let ws = workspace();
+    let ctr = output("buildah", &["from", "scratch"]).context("buildah from scratch")?.trim().to_string();
+    let built = (|| -> Result<()> {
+        sh(Command::new("buildah").args(["copy", &ctr]).arg(&bin).arg("/usr/bin/policer"))?;
+        sh(Command::new("buildah")
+            .args(["copy", &ctr])
+            .arg(ws.join("deploy/policer.toml"))
+            .arg("/etc/policer/policer.toml"))?;
+        sh(Command::new("buildah").args([
+            "config",
+            "--env",
+            "PATH=/usr/bin",
+            "--entrypoint",
+            r#"["/usr/bin/policer"]"#,
+            "--cmd",
+            r#"["attach", "--config", "/etc/policer/policer.toml", "--persist"]"#,
+            "--label",
+            &format!("org.opencontainers.image.version={VERSION}"),
+            "--label",
+            "org.opencontainers.image.title=policer",
+            &ctr,
+        ]))?;
+        sh(Command::new("buildah").args(["commit", "-q", &ctr, &format!("localhost/policer:{VERSION}")]))?;
+        sh(Command::new("buildah").args(["tag", &format!("localhost/policer:{VERSION}"), "localhost/policer:latest"]))
+    })();
+    let _ = Command::new("buildah").args(["rm", &ctr]).output();
+    built?;
+    say(&format!("image: localhost/policer:{VERSION} and localhost/policer:latest"));
+    Ok(())
 }
