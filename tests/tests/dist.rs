@@ -468,3 +468,113 @@ fn image_runs_under_podman_with_three_capabilities() {
         std::panic::resume_unwind(e);
     }
 }
+
+/// The image polices real traffic, counted on the receiving side, and a
+/// second container adopts the first one's buckets: the first runs with
+/// `--persist` and is stopped, the program stays attached and policing,
+/// the second finds it and takes its maps over. One source at 20x a rule
+/// of 10 pps, burst 100 (a full bucket is 10 s of debt): through the first
+/// container it gets rate x T + burst; after the hand-over only what its
+/// bucket drained in between, where a fresh bucket would hand it another
+/// burst of 100.
+#[test]
+fn image_polices_traffic_and_a_second_container_adopts_the_buckets() {
+    use policer_tests::{netns::Sandbox, traffic};
+    if !privileged("image") {
+        return;
+    }
+    if !Command::new("podman").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        skip("image: skipped: no podman (`cargo xtask test` installs it)");
+        return;
+    }
+    let name = format!("localhost/policer:{VERSION}");
+    if !Command::new("podman").args(["image", "exists", &name]).status().unwrap().success() {
+        skip(&format!("image: skipped: no {name}: run `cargo xtask image`"));
+        return;
+    }
+    let sb = Sandbox::new("pod");
+    let id = std::process::id();
+    let (a, b) = (format!("policer-a-{id}"), format!("policer-b-{id}"));
+    let dir = std::env::temp_dir().join(format!("policer-adopt-{id}"));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("policer.toml"),
+        format!(
+            "[daemon]\ninterfaces = [\"{}\"]\n\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"10pps\"\nburst = 100\n",
+            sb.rx_if
+        ),
+    )
+    .unwrap();
+    fs::create_dir_all("/run/policer").unwrap();
+    let start = |ctr: &str, persist: bool| {
+        let mut c = Command::new("podman");
+        c.args(["run", "-d", "--name", ctr, "--runtime", "runc"])
+            .args(["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"])
+            .arg(format!("--network=ns:/run/netns/{}", sb.rx_ns))
+            .args(["--cap-drop", "ALL", "--cap-add", "BPF,NET_ADMIN,SYS_ADMIN", "--read-only"])
+            .arg("-v")
+            .arg(format!("{}:/etc/policer:ro", dir.display()))
+            .args(["-v", "/run/policer:/run/policer", &name])
+            .args(["attach", "--config", "/etc/policer/policer.toml", "--interval", "0"]);
+        if persist {
+            c.arg("--persist");
+        }
+        run(&mut c);
+        // Policing once the daemon answers on its socket.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let st = Command::new("ip").args(["netns", "exec", &sb.rx_ns]).arg(policer_bin()).arg("status").output();
+            if st.is_ok_and(|o| o.status.success() && text(&o).contains(&sb.rx_if)) {
+                break;
+            }
+            let logs = Command::new("podman").args(["logs", ctr]).output().unwrap();
+            assert!(std::time::Instant::now() < deadline, "{ctr} not policing in 20 s: {}", text(&logs));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let cleanup = || {
+        for c in [&a, &b] {
+            let _ = Command::new("podman").args(["rm", "-f", "-t", "0", c]).output();
+        }
+        let _ = fs::remove_dir_all(&dir);
+    };
+    let result = std::panic::catch_unwind(|| {
+        let src: std::net::IpAddr = "198.18.7.1".parse().unwrap();
+        let flows = [traffic::Flow { src, pps: 200.0, len: 64 }];
+        start(&a, true);
+        let (sent1, got1) = traffic::run(&sb, &flows, std::time::Duration::from_secs(2));
+        assert_eq!(got1.socket_drops, 0);
+        let budget1 = 10.0 * sent1.span_secs(0) + 100.0;
+        eprintln!("container A: sent {}, admitted {}, budget {budget1:.0}", sent1.sent[0], got1.per_flow[0]);
+        assert!((got1.per_flow[0] as f64 - budget1).abs() <= 3.0, "admitted {}, budget {budget1:.0}", got1.per_flow[0]);
+        // Hand over: A stops (the program stays: --persist), B adopts.
+        let t = std::time::Instant::now();
+        run(Command::new("podman").args(["stop", "-t", "10", &a]));
+        assert!(sb.rx_xdp().is_some(), "--persist: still attached after the container stopped");
+        start(&b, false);
+        let logs = run(Command::new("podman").args(["logs", &b]));
+        assert!(text(&logs).contains("adopting the policer already running"), "{}", text(&logs));
+        let (sent2, got2) = traffic::run(&sb, &flows, std::time::Duration::from_secs(2));
+        let gap = t.elapsed().as_secs_f64() - sent2.span_secs(0);
+        assert_eq!(got2.socket_drops, 0);
+        // The adopted bucket: full at the hand-over, drained 10 per second
+        // since; a fresh one would admit 100 more.
+        let adopted = 10.0 * (gap + sent2.span_secs(0));
+        eprintln!(
+            "container B (adopted): sent {}, admitted {}, at most {adopted:.0} with the adopted bucket, {:.0} with a fresh one \
+             (hand-over {gap:.1} s)",
+            sent2.sent[0],
+            got2.per_flow[0],
+            100.0 + 10.0 * sent2.span_secs(0)
+        );
+        assert!(gap < 8.0, "the hand-over took {gap:.1} s: the bucket drained too far to tell");
+        // (+5: the receiver's grace after phase 1 drains a little more.)
+        assert!(got2.per_flow[0] as f64 <= adopted + 5.0, "admitted {}: a fresh bucket, not adopted", got2.per_flow[0]);
+        run(Command::new("podman").args(["stop", "-t", "10", &b]));
+        assert!(sb.rx_xdp().is_none(), "the second container (no --persist) detached on stop");
+    });
+    cleanup();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
