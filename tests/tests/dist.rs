@@ -204,12 +204,51 @@ fn deb_maintainer_scripts_keep_policing_on_upgrade() {
         let body = fs::read_to_string(&p).unwrap();
         assert!(body.contains("[ -z \"$DPKG_ROOT\" ] || exit 0"), "{s} ignores DPKG_ROOT");
     }
-    let postinst = fs::read_to_string(root.0.join("DEBIAN/postinst")).unwrap();
-    assert!(postinst.contains("try-restart") && !postinst.contains("systemctl stop"), "{postinst}");
-    let prerm = fs::read_to_string(root.0.join("DEBIAN/prerm")).unwrap();
-    // prerm stops only on "remove", never on "upgrade".
-    assert!(prerm.contains("if [ \"$1\" = remove ]"), "{prerm}");
-    assert!(!prerm.contains("upgrade)") && !prerm.contains("= upgrade"), "{prerm}");
+    // Run as dpkg runs them on a systemd host, in a private mount namespace
+    // whose /run has /run/systemd/system, with `systemctl` and `ip` replaced
+    // by stubs that log their arguments: what an upgrade, a first install and
+    // a removal do. (The detach on removal calls /usr/bin/policer, not
+    // stubbed: it refuses programs that are not policer's.)
+    let stubs = root.0.join("stubs");
+    fs::create_dir_all(&stubs).unwrap();
+    let log = root.0.join("calls.log");
+    for (name, extra) in [
+        ("systemctl", ""),
+        // One interface with a policer program attached.
+        ("ip", "echo '2: eth9: <BROADCAST,UP> mtu 1500 xdp/id:42 qdisc noqueue'\n"),
+    ] {
+        let stub = stubs.join(name);
+        fs::write(&stub, format!("#!/bin/sh\necho \"{name} $*\" >> {}\n{extra}", log.display())).unwrap();
+        run(Command::new("chmod").arg("755").arg(&stub));
+    }
+    let scripts = root.0.join("DEBIAN");
+    let calls = |script: &str, args: &str| -> String {
+        let _ = fs::remove_file(&log);
+        let inner = format!(
+            "mount -t tmpfs none /run && mkdir -p /run/systemd/system && PATH={stubs}:/usr/bin:/bin DPKG_ROOT= sh {script} {args}",
+            stubs = stubs.display(),
+            script = scripts.join(script).display(),
+        );
+        // A new network namespace too: whatever the scripts run touches no host interface.
+        run(Command::new("unshare").args(["-m", "-n", "--propagation", "private", "sh", "-c", &inner]));
+        fs::read_to_string(&log).unwrap_or_default()
+    };
+    // An upgrade: postinst restarts a running daemon (which adopts the
+    // attached program), prerm does nothing; nothing is stopped.
+    let upgrade = calls("prerm", "upgrade 0.0.9") + &calls("postinst", "configure 0.0.9");
+    assert!(upgrade.contains("systemctl try-restart policer.service"), "{upgrade}");
+    assert!(
+        !upgrade.contains(" stop") && !upgrade.contains("policer detach"),
+        "an upgrade stopped policing: {upgrade}"
+    );
+    // A first install enables, starts nothing.
+    let first = calls("postinst", "configure");
+    assert!(first.contains("systemctl enable policer.service"), "{first}");
+    assert!(!first.contains("start") && !first.contains("restart"), "{first}");
+    // A removal stops the daemon, and looks for what --persist left.
+    let remove = calls("prerm", "remove");
+    assert!(remove.contains("systemctl stop policer.service"), "{remove}");
+    assert!(remove.contains("ip -o link show"), "{remove}");
 }
 
 fn kubernetes() -> PathBuf {
