@@ -3,7 +3,7 @@
 use aya_build::{Package, Toolchain};
 
 /// Must match xtask's TOOLCHAIN: bpf-linker is built against this
-/// toolchain's LLVM (see README, "Toolchain").
+/// toolchain's LLVM (see CONTRIBUTING.md, "Toolchain").
 const TOOLCHAIN: &str = "1.98.0";
 
 fn main() -> anyhow::Result<()> {
