@@ -477,17 +477,17 @@ impl MapReader {
     /// shows): its first set, then its second (see policer_common::table).
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
         let io = |name: &'static str| move |e: io::Error| Error::Invalid(format!("reading {name}: {e}"));
-        let (want, sets, (table, drops)) = if key.family == FAMILY_V4 {
+        let (want, sets, (table, drops), (table_name, drops_name)) = if key.family == FAMILY_V4 {
             let want = table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len);
-            (want, self.geometry.sets_of(want), (&self.buckets_v4, &self.buckets_v4_drops))
+            let maps = (&self.buckets_v4, &self.buckets_v4_drops);
+            (want, self.geometry.sets_of(want), maps, (MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS))
         } else {
             let (want, sets) = self.v6_word(&BucketKeyV6 { addr: key.addr, key_len: key.key_len });
-            (want, sets, (&self.buckets_v6, &self.buckets_v6_drops))
+            (want, sets, (&self.buckets_v6, &self.buckets_v6_drops), (MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS))
         };
         for i in sets {
-            let set: Option<Set> = crate::batch::lookup(table.as_raw_fd(), &i).map_err(io(MAP_BUCKETS_V4))?;
-            let drops: Option<SetDrops> =
-                crate::batch::lookup(drops.as_raw_fd(), &i).map_err(io(MAP_BUCKETS_V4_DROPS))?;
+            let set: Option<Set> = crate::batch::lookup(table.as_raw_fd(), &i).map_err(io(table_name))?;
+            let drops: Option<SetDrops> = crate::batch::lookup(drops.as_raw_fd(), &i).map_err(io(drops_name))?;
             let (Some(set), drops) = (set, drops.unwrap_or_default()) else { continue };
             if let Some(b) = set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n))
             {
