@@ -223,6 +223,19 @@ pub struct Rule {
     /// remember of it, so a change of size or unit can be detected and the
     /// fill carried over ([`Rule::rescale`]).
     pub stamp: u32,
+    /// A prefix's rule in the tries: non-zero when the prefix has rules
+    /// with a class, the group whose entries in `CLASS_INDEX` hold them
+    /// (see [`crate::class`]). This rule is then the fallback: what a frame
+    /// that matches none of the classes falls to ([`crate::ACTION_NONE`]:
+    /// to no rule).
+    pub classes: u32,
+    /// [`crate::class::RULE_CLASS`], [`crate::class::RULE_TOTAL`],
+    /// [`crate::class::RULE_NO_SOURCE`].
+    pub flags: u32,
+    /// With `classes`: bit `p % 64` set for every IP protocol `p` one of the
+    /// classes names (all bits when one names none): frames of other
+    /// protocols skip the class lookup.
+    pub class_protos: u64,
 }
 
 /// Why a rate or burst cannot make a rule.
@@ -334,6 +347,9 @@ impl Rule {
             rule_id: 0,
             counter_slot: 0,
             stamp: stamp(limit, shift),
+            classes: 0,
+            flags: 0,
+            class_protos: 0,
         }
     }
 

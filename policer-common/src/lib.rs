@@ -11,6 +11,7 @@
 extern crate std;
 
 pub mod bucket;
+pub mod class;
 pub mod clock;
 pub mod flat;
 pub mod maps;

@@ -30,6 +30,14 @@ pub const MAP_BUCKETS_V6_KEYS: &str = "BUCKETS_V6_KEYS";
 /// Array of [`crate::recall::RecallSet`]: what eviction forgot (see
 /// [`crate::recall`]); as many sets as the tables.
 pub const MAP_RECALL: &str = "RECALL";
+/// LPM trie: [`crate::class::index_key`] -> [`crate::class::ClassList`]:
+/// the classes of the prefixes that have some (see [`crate::class`]).
+pub const MAP_CLASS_INDEX: &str = "CLASS_INDEX";
+/// Array of [`crate::class::Total`], one per rule counter slot: the
+/// aggregate buckets of rules with `--total-rate`.
+pub const MAP_TOTALS: &str = "TOTALS";
+/// Entries of [`MAP_CLASS_INDEX`] (port blocks of every group).
+pub const MAX_CLASS_INDEX_ENTRIES: u32 = 65_536;
 /// Per-CPU array of [`Counters`], one slot per interface
 /// (`ifindex % MAX_IFACE_SLOTS`).
 pub const MAP_COUNTERS: &str = "COUNTERS";
@@ -66,7 +74,10 @@ pub const MAP_LAYOUT: &str = "LAYOUT";
 ///
 /// 2: IPv6 in a set-associative table, the recall, the returned bit of a
 /// slot, the geometry's capacity, the recall counters.
-pub const LAYOUT_VERSION: u32 = 2;
+/// 3: classes and totals: the rule's class fields (80 bytes), the class
+/// index and the totals, the class in the keyed table's keys, the total
+/// drop counters.
+pub const LAYOUT_VERSION: u32 = 3;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
 /// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
@@ -78,9 +89,9 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 13] = {
+pub const SHARED_MAPS: [&str; 15] = {
     // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 13];
+    let mut names = [""; 15];
     let mut i = 0;
     while i < names.len() {
         names[i] = SHARED_MAP_LAYOUT[i].0;
@@ -94,11 +105,12 @@ pub const SHARED_MAPS: [&str; 13] = {
 /// another build's: its state would be misread, so it is not adopted. (The
 /// LPM tries' keys are the kernel's `bpf_lpm_trie_key`: a `u32` prefix
 /// length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 13] = {
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 15] = {
     use core::mem::size_of;
 
     use crate::{
         Rule,
+        class::{ClassList, INDEX_KEY_BYTES, Total},
         recall::RecallSet,
         table::{Geometry, Set, SetDrops, SetKeys},
     };
@@ -116,6 +128,8 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 13] = {
         (MAP_RULE_COUNTERS, 4, size_of::<RuleCounters>()),
         (MAP_NEW_SOURCES, 4, size_of::<NewSources>()),
         (MAP_CLOCK, 4, size_of::<u64>()),
+        (MAP_CLASS_INDEX, 4 + INDEX_KEY_BYTES, size_of::<ClassList>()),
+        (MAP_TOTALS, 4, size_of::<Total>()),
     ]
 };
 /// Read-only global (`u32`): non-zero makes the program read its clock
@@ -171,10 +185,15 @@ pub struct BucketKeyV4 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct BucketKeyV6 {
-    /// Masked source, network order.
+    /// Masked source, network order (an IPv4 source of a class:
+    /// [`crate::class::mapped_v4`]).
     pub addr: [u8; 16],
-    /// Leading bits of `addr` that are significant.
+    /// Leading bits of `addr` that are significant, with
+    /// [`crate::class::KEY_LEN_V4_MAPPED`] for an IPv4 source.
     pub key_len: u32,
+    /// The class whose bucket this is (its rule's counter slot), 0 for a
+    /// class-less rule's.
+    pub class: u32,
 }
 
 /// A bucket's key from either table, as user space shows it.
@@ -186,19 +205,47 @@ pub struct BucketKey {
     pub family: u32,
     /// Leading bits of `addr` that are significant.
     pub key_len: u32,
+    /// The class (its rule's counter slot), 0 for a class-less rule.
+    pub class: u32,
+}
+
+impl BucketKey {
+    /// Where the bucket lives: the IPv4 table's key word for a class-less
+    /// IPv4 source, else the keyed table's key.
+    pub fn keyed(&self) -> Option<BucketKeyV6> {
+        match (self.family, self.class) {
+            (FAMILY_V4, 0) => None,
+            (FAMILY_V4, class) => Some(BucketKeyV6 {
+                addr: crate::class::mapped_v4([self.addr[0], self.addr[1], self.addr[2], self.addr[3]]),
+                key_len: self.key_len | crate::class::KEY_LEN_V4_MAPPED,
+                class,
+            }),
+            (_, class) => Some(BucketKeyV6 { addr: self.addr, key_len: self.key_len, class }),
+        }
+    }
 }
 
 impl From<BucketKeyV4> for BucketKey {
     fn from(k: BucketKeyV4) -> BucketKey {
         let mut addr = [0; 16];
         addr[..4].copy_from_slice(&k.addr);
-        BucketKey { addr, family: FAMILY_V4, key_len: k.key_len }
+        BucketKey { addr, family: FAMILY_V4, key_len: k.key_len, class: 0 }
     }
 }
 
 impl From<BucketKeyV6> for BucketKey {
     fn from(k: BucketKeyV6) -> BucketKey {
-        BucketKey { addr: k.addr, family: FAMILY_V6, key_len: k.key_len }
+        if k.key_len & crate::class::KEY_LEN_V4_MAPPED != 0 {
+            let mut addr = [0; 16];
+            addr[..4].copy_from_slice(&k.addr[12..]);
+            return BucketKey {
+                addr,
+                family: FAMILY_V4,
+                key_len: k.key_len & !crate::class::KEY_LEN_V4_MAPPED,
+                class: k.class,
+            };
+        }
+        BucketKey { addr: k.addr, family: FAMILY_V6, key_len: k.key_len, class: k.class }
     }
 }
 
@@ -246,6 +293,11 @@ pub struct Counters {
     pub recall_debt_drops: u64,
     /// Evicted buckets written to the recall.
     pub recall_stored: u64,
+    /// Frames a source's bucket admitted that their rule's aggregate
+    /// bucket (`--total-rate`) refused.
+    pub total_drops: u64,
+    /// Frames whose prefix has classes that one of them matched.
+    pub class_matched: u64,
 }
 
 impl Counters {
@@ -259,6 +311,7 @@ impl Counters {
             would_drop_pkts: self.would_drop_pkts,
             would_drop_bytes: self.would_drop_bytes,
             buckets_created: self.buckets_created,
+            total_dropped_pkts: self.total_drops,
         }
     }
 
@@ -267,7 +320,7 @@ impl Counters {
         add_fields!(self, o; passed_pkts, passed_bytes, dropped_pkts, dropped_bytes, would_drop_pkts,
             would_drop_bytes, unmatched_pkts, non_ip_pkts, malformed_pkts, fragment_pkts, buckets_created,
             bucket_insert_failed, cas_retries, cas_exhausted, new_sources_limited, recall_known, recall_debt_drops,
-            recall_stored);
+            recall_stored, total_drops, class_matched);
     }
 }
 
@@ -282,13 +335,16 @@ pub struct RuleCounters {
     pub would_drop_pkts: u64,
     pub would_drop_bytes: u64,
     pub buckets_created: u64,
+    /// Of the dropped (or would-drop) frames, those the rule's aggregate
+    /// bucket refused (`--total-rate`); the rest their source's bucket did.
+    pub total_dropped_pkts: u64,
 }
 
 impl RuleCounters {
     /// Adds another CPU's counters.
     pub fn add(&mut self, o: &RuleCounters) {
         add_fields!(self, o; passed_pkts, passed_bytes, dropped_pkts, dropped_bytes, would_drop_pkts,
-            would_drop_bytes, buckets_created);
+            would_drop_bytes, buckets_created, total_dropped_pkts);
     }
 }
 
@@ -338,6 +394,9 @@ impl NewSources {
             rule_id: 0,
             counter_slot: 0,
             stamp: 0,
+            classes: 0,
+            flags: 0,
+            class_protos: 0,
         }
     }
 
@@ -399,22 +458,27 @@ mod pod {
     unsafe impl aya::Pod for crate::table::SetKeys {}
     unsafe impl aya::Pod for crate::recall::RecallSet {}
     unsafe impl aya::Pod for crate::bucket::Rule {}
+    unsafe impl aya::Pod for crate::class::ClassList {}
+    unsafe impl aya::Pod for crate::class::Total {}
 }
 
 const _: () = {
     // No implicit padding: the sizes are the sums of the fields.
     assert!(core::mem::size_of::<BucketKeyV4>() == 8);
-    assert!(core::mem::size_of::<BucketKeyV6>() == 20);
+    assert!(core::mem::size_of::<BucketKeyV6>() == 24);
     assert!(core::mem::size_of::<Bucket>() == 16);
     assert!(core::mem::size_of::<crate::table::Slot>() == 16);
     // One cache line.
     assert!(core::mem::size_of::<crate::table::Set>() == 64);
     assert!(core::mem::size_of::<crate::table::SetDrops>() == 32);
     assert!(core::mem::size_of::<crate::table::Geometry>() == 24);
-    assert!(core::mem::size_of::<crate::table::SetKeys>() == 80);
+    assert!(core::mem::size_of::<crate::table::SetKeys>() == 96);
+    assert!(core::mem::size_of::<crate::class::ClassCand>() == 120);
+    assert!(core::mem::size_of::<crate::class::ClassList>() == 8 + 8 * 120);
+    assert!(core::mem::size_of::<crate::class::Total>() == 88);
     assert!(core::mem::size_of::<crate::recall::RecallSet>() == 64);
-    assert!(core::mem::size_of::<crate::bucket::Rule>() == 64);
-    assert!(core::mem::size_of::<Counters>() == 18 * 8);
+    assert!(core::mem::size_of::<crate::bucket::Rule>() == 80);
+    assert!(core::mem::size_of::<Counters>() == 20 * 8);
     assert!(core::mem::size_of::<NewSources>() == 32);
-    assert!(core::mem::size_of::<RuleCounters>() == 7 * 8);
+    assert!(core::mem::size_of::<RuleCounters>() == 8 * 8);
 };

@@ -233,14 +233,23 @@ impl Geometry {
         [(((h >> 32) * sets) >> 32) as u32, (((h & 0xffff_ffff) * sets) >> 32) as u32]
     }
 
-    /// An IPv6 source's hash: the masked address (network order, as two
-    /// words read with `from_ne_bytes`) and key length, mixed with the
-    /// seed. Its sets are [`Geometry::sets_of_hash`] of it, its key word
+    /// A keyed-table source's hash: the masked address (network order, as
+    /// two words read with `from_ne_bytes`), key length (up to 9 bits) and
+    /// class, mixed with the seed. Its sets are [`Geometry::sets_of_hash`] of it, its key word
     /// [`v6_key_word`] of it.
     #[inline(always)]
-    pub fn hash_v6(&self, hi: u64, lo: u64, key_len: u32) -> u64 {
+    pub fn hash_v6(&self, hi: u64, lo: u64, key_len: u32, class: u32) -> u64 {
         let h = fmix64(hi ^ self.seed ^ 0x6a09_e667_f3bc_c908);
-        fmix64(h ^ lo ^ ((key_len as u64) << 56 | key_len as u64))
+        fmix64(h ^ lo ^ ((key_len as u64) << 52 | key_len as u64 | (class as u64) << 16))
+    }
+
+    /// [`Geometry::hash_v6`] of a key of the keyed table.
+    #[inline(always)]
+    pub fn hash_key(&self, k: &BucketKeyV6) -> u64 {
+        let a = &k.addr;
+        let hi = u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]);
+        let lo = u64::from_ne_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]);
+        self.hash_v6(hi, lo, k.key_len, k.class)
     }
 
     /// The two sets a key word may live in: the key mixed with the seed

@@ -1,9 +1,11 @@
 //! The XDP program: glue around `policer_common`.
 //!
-//! parse -> rule lookup (LPM trie) -> bucket lookup (a set-associative
-//! array per family, see policer_common::table; on a miss the recall,
-//! policer_common::recall, then the new-source limiter) ->
-//! `Rule::admit` under compare-and-swap -> count.
+//! parse -> rule lookup (LPM trie) -> the prefix's classes, if it has
+//! any (policer_common::class: one LPM lookup by protocol and port) ->
+//! bucket lookup (a set-associative array per family, see
+//! policer_common::table; on a miss the recall, policer_common::recall,
+//! then the new-source limiter) -> `Rule::admit` under compare-and-swap ->
+//! the rule's aggregate bucket, if it has one -> count.
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd},
@@ -26,6 +28,10 @@ use policer_common::{
     ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
     bucket::{Action, STAMP_MASK},
+    class::{
+        self, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
+        RULE_NO_SOURCE, RULE_TOTAL, Total,
+    },
     recall::{self, RecallSet},
     table::{self, Geometry, KEY_MASK, SLOT_STAMP_SHIFT, Set, SetDrops, SetKeys, Slot, WAYS},
     wire::{
@@ -80,6 +86,13 @@ static DEFAULT_RULES: Array<Rule> = Array::with_max_entries(4, 0);
 /// The test clock: [ns, jiffies] (jiffies 0: no clock window).
 #[map]
 static CLOCK: Array<u64> = Array::with_max_entries(2, 0);
+/// The classes of the prefixes that have some (policer_common::class).
+#[map]
+static CLASS_INDEX: LpmTrie<[u8; class::INDEX_KEY_BYTES], ClassList> =
+    LpmTrie::with_max_entries(policer_common::MAX_CLASS_INDEX_ENTRIES, 0);
+/// The rules' aggregate buckets, at their counter slots.
+#[map]
+static TOTALS: Array<Total> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
 /// The layout version stamp (policer_common::MAP_LAYOUT): written and
 /// bound to the program by the loader, never read here.
 #[map]
@@ -233,11 +246,25 @@ enum Parsed {
     V4 {
         src: [u8; 4],
         fragment: bool,
+        l4: L4At,
+        dst: [u8; 4],
     },
     V6 {
         src: [u8; 16],
         fragment: bool,
+        l4: L4At,
+        dst: [u8; 16],
     },
+}
+
+/// Where the layer-4 header is, read only if the source's prefix has
+/// classes.
+#[derive(Clone, Copy)]
+struct L4At {
+    proto: u8,
+    /// Offset in the frame; 0: none to read (a non-first fragment, or an
+    /// IPv6 extension chain longer than the walk).
+    off: usize,
 }
 
 #[inline(always)]
@@ -282,8 +309,11 @@ fn parse(ctx: &XdpContext) -> Parsed {
                 return Parsed::Malformed;
             }
             // More-fragments flag or a fragment offset.
-            let fragment = u16::from_be_bytes(ip.frags) & 0x3fff != 0;
-            Parsed::V4 { src: ip.src_addr, fragment }
+            let frags = u16::from_be_bytes(ip.frags);
+            let fragment = frags & 0x3fff != 0;
+            // Only a first fragment (offset 0) carries the layer-4 header.
+            let l4 = L4At { proto: ip.proto as u8, off: if frags & 0x1fff == 0 { off + hlen } else { 0 } };
+            Parsed::V4 { src: ip.src_addr, fragment, l4, dst: ip.dst_addr }
         }
         ETH_P_IPV6 => {
             let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, off) else {
@@ -301,6 +331,10 @@ fn parse(ctx: &XdpContext) -> Parsed {
             let mut nh = ip.next_hdr;
             let mut p = off + IPV6_HLEN;
             let mut fragment = false;
+            // The header after the chain, once found (stays 0 for a chain
+            // the walk does not finish, and for a non-first fragment).
+            let mut l4_off = 0;
+            let mut later_fragment = false;
             for _ in 0..MAX_EXT_HEADERS {
                 let len = match nh {
                     IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH => {
@@ -321,10 +355,15 @@ fn parse(ctx: &XdpContext) -> Parsed {
                         };
                         fragment = true;
                         // SAFETY: bounds checked by ptr_at.
-                        nh = unsafe { (*h)[0] };
+                        let h = unsafe { *h };
+                        nh = h[0];
+                        later_fragment |= u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0;
                         8
                     }
-                    _ => break,
+                    _ => {
+                        l4_off = p;
+                        break;
+                    }
                 };
                 if p + len > frame_len {
                     return Parsed::Malformed;
@@ -335,7 +374,11 @@ fn parse(ctx: &XdpContext) -> Parsed {
                     break;
                 }
             }
-            Parsed::V6 { src: ip.src_addr, fragment }
+            // Laundered: the walk ends at one of several offsets, and the
+            // verifier would follow the rest of the program once for each.
+            let l4_off = launder(if later_fragment { 0 } else { l4_off } as u64) as usize;
+            let l4 = L4At { proto: nh, off: if l4_off > MAX_EXT_OFFSET + 8 { 0 } else { l4_off } };
+            Parsed::V6 { src: ip.src_addr, fragment, l4, dst: ip.dst_addr }
         }
         _ => Parsed::NonIp,
     }
@@ -349,9 +392,72 @@ fn lookup_rule<const V6: bool>(search: impl FnOnce() -> Option<&'static Rule>) -
     if fast != 0 {
         // Only default rules: no need to search the tries.
         let i = (fast - 1) * 2 + V6 as u32;
-        return DEFAULT_RULES.get(i).filter(|r| r.action != ACTION_NONE);
+        return DEFAULT_RULES.get(i).filter(|r| r.action != ACTION_NONE || r.classes != 0);
     }
     search()
+}
+
+/// The rule for a frame whose source's prefix rule is `rule`: one of the
+/// prefix's classes if one matches (policer_common::class), else `rule`
+/// itself, the fallback. Reads the layer-4 header only here.
+#[inline(always)]
+fn resolve_class(ctx: &XdpContext, rule: &'static Rule, l4: L4At, dst: [u8; 16], c: &mut Counters) -> &'static Rule {
+    if rule.classes == 0 || rule.class_protos & (1u64 << (l4.proto & 63)) == 0 {
+        return rule;
+    }
+    let mut f = FrameL4 { proto: l4.proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst };
+    if l4.off != 0 {
+        if l4.proto == IPPROTO_TCP {
+            if let Some(h) = ptr_at::<[u8; 14]>(ctx, l4.off) {
+                // SAFETY: bounds checked by ptr_at.
+                let h = unsafe { *h };
+                f.dport = u16::from_be_bytes([h[2], h[3]]);
+                f.tcp_flags = h[13];
+                f.has_l4 = true;
+            }
+        } else if l4.proto == IPPROTO_ICMP || l4.proto == IPPROTO_ICMPV6 {
+            if let Some(h) = ptr_at::<[u8; 2]>(ctx, l4.off) {
+                // SAFETY: bounds checked by ptr_at.
+                f.icmp_type = unsafe { (*h)[0] };
+                f.has_l4 = true;
+            }
+        } else if class::PROTOS_WITH_PORTS.contains(&l4.proto) {
+            if let Some(h) = ptr_at::<[u8; 4]>(ctx, l4.off) {
+                // SAFETY: bounds checked by ptr_at.
+                let h = unsafe { *h };
+                f.dport = u16::from_be_bytes([h[2], h[3]]);
+                f.has_l4 = true;
+            }
+        } else {
+            f.has_l4 = true;
+        }
+    }
+    let key = Key::new(INDEX_PORT_BITS, class::index_key(rule.classes, f.proto, f.dport));
+    let Some(list) = CLASS_INDEX.get(&key) else {
+        return rule;
+    };
+    // The index laundered, so the verifier follows one candidate, not each.
+    match list.first_match(&f).and_then(|i| list.cands.get(launder(i as u64) as usize % class::MAX_CANDIDATES)) {
+        Some(cand) => {
+            c.class_matched += 1;
+            &cand.rule
+        }
+        None => rule,
+    }
+}
+
+/// Charges one frame to the rule's aggregate bucket (`--total-rate`).
+#[inline(always)]
+fn total_admits(rule: &Rule, clock: &mut Clock, len: u32, c: &mut Counters) -> bool {
+    let Some(t) = TOTALS.get_ptr_mut(rule.counter_slot) else {
+        return true;
+    };
+    // SAFETY: a live array value; `tat` is only changed by compare-and-swap.
+    unsafe {
+        let limiter = &(*t).limiter;
+        // Every round lost to other CPUs: dropped, as for a source's bucket.
+        matches!(charge(&raw mut (*t).tat, limiter, clock, len, &mut c.cas_retries), Charge::Admitted)
+    }
 }
 
 /// Where a drop is counted for the source.
@@ -759,56 +865,95 @@ fn try_policer(ctx: &XdpContext) -> u32 {
     // SAFETY: per-CPU slot, only this CPU writes it while we run.
     let c = unsafe { &mut *c };
     let len = (ctx.data_end() - ctx.data()) as u32;
-    match parse(ctx) {
+    let (rule, target) = match parse(ctx) {
         Parsed::NonIp => {
             c.non_ip_pkts += 1;
-            xdp_action::XDP_PASS
+            return xdp_action::XDP_PASS;
         }
         Parsed::Malformed => {
             c.malformed_pkts += 1;
-            xdp_action::XDP_DROP
+            return xdp_action::XDP_DROP;
         }
-        Parsed::V4 { src, fragment } => {
+        Parsed::V4 { src, fragment, l4, dst } => {
             c.fragment_pkts += fragment as u64;
             // SAFETY: a read of a plain static the loader may rewrite before load.
             let bench = unsafe { core::ptr::read_volatile(&BENCH_SOURCES) };
             let src = if bench != 0 { bench_source(bench) } else { src };
-            let rule = lookup_rule::<false>(|| RULES_V4.get(&Key::new(32, src)));
-            verdict(rule, len, c, |rule, clock, c, rc| {
-                // The key: the masked source as one word (IPv4 keys are
-                // at most 32 bits).
-                let m = &rule.key_mask;
-                let mask = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
-                let key = table::slot_key_word(u32::from_ne_bytes(src) & mask, rule.key_len);
-                let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
-                    c.bucket_insert_failed += 1;
-                    return Judged::new_bucket(true);
-                };
-                let index = g.sets_of(key);
-                police_table::<false>(ctx, g, key, index, &BucketKeyV6::default(), rule, clock, len, c, rc)
-            })
-        }
-        Parsed::V6 { src, fragment } => {
-            c.fragment_pkts += fragment as u64;
-            let rule = lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src)));
-            verdict(rule, len, c, |rule, clock, c, rc| {
-                let mut key = BucketKeyV6 { addr: [0; 16], key_len: rule.key_len };
-                for i in 0..16 {
-                    key.addr[i] = src[i] & rule.key_mask[i];
+            let rule = lookup_rule::<false>(|| RULES_V4.get(&Key::new(32, src)))
+                .map(|r| resolve_class(ctx, r, l4, class::mapped_v4(dst), c));
+            match rule {
+                // A class's buckets are per (source, class): in the keyed
+                // table, the source as ::ffff:a.b.c.d.
+                Some(r) if r.flags & RULE_CLASS != 0 => {
+                    let m = &r.key_mask;
+                    let masked = [src[0] & m[0], src[1] & m[1], src[2] & m[2], src[3] & m[3]];
+                    (rule, Target::Keyed(class::mapped_v4(masked), class::KEY_LEN_V4_MAPPED))
                 }
-                let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
-                    c.bucket_insert_failed += 1;
-                    return Judged::new_bucket(true);
-                };
-                let a = &key.addr;
-                let hi = u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]);
-                let lo = u64::from_ne_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]);
-                let h = g.hash_v6(hi, lo, rule.key_len);
-                let index = g.sets_of_hash(h);
-                police_table::<true>(ctx, g, table::v6_key_word(h), index, &key, rule, clock, len, c, rc)
-            })
+                _ => (rule, Target::V4(src)),
+            }
         }
+        Parsed::V6 { src, fragment, l4, dst } => {
+            c.fragment_pkts += fragment as u64;
+            let rule =
+                lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src))).map(|r| resolve_class(ctx, r, l4, dst, c));
+            let mut addr = [0; 16];
+            if let Some(r) = rule {
+                for i in 0..16 {
+                    addr[i] = src[i] & r.key_mask[i];
+                }
+            }
+            (rule, Target::Keyed(addr, 0))
+        }
+    };
+    // One call site each, so each is inlined once.
+    match target {
+        Target::V4(src) => verdict(rule, len, c, |rule, clock, c, rc| {
+            // The key: the masked source as one word (IPv4 keys are at most
+            // 32 bits).
+            let m = &rule.key_mask;
+            let mask = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
+            let key = table::slot_key_word(u32::from_ne_bytes(src) & mask, rule.key_len);
+            let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
+                c.bucket_insert_failed += 1;
+                return Judged::new_bucket(true);
+            };
+            let index = g.sets_of(key);
+            police_table::<false>(ctx, g, key, index, &BucketKeyV6::default(), rule, clock, len, c, rc)
+        }),
+        Target::Keyed(addr, mapped) => keyed_verdict(ctx, rule, addr, mapped, len, c),
     }
+}
+
+/// Which table judges a frame.
+enum Target {
+    /// The IPv4 table: the source.
+    V4([u8; 4]),
+    /// The keyed table: the masked source, and the key length's family bit.
+    Keyed([u8; 16], u32),
+}
+
+/// [`verdict`] on the keyed table (IPv6 sources, and the buckets of every
+/// class): `addr` is the masked source, `mapped` the key length's family bit.
+#[inline(always)]
+fn keyed_verdict(
+    ctx: &XdpContext,
+    rule: Option<&'static Rule>,
+    addr: [u8; 16],
+    mapped: u32,
+    len: u32,
+    c: &mut Counters,
+) -> u32 {
+    verdict(rule, len, c, |rule, clock, c, rc| {
+        let class = if rule.flags & RULE_CLASS != 0 { rule.counter_slot } else { 0 };
+        let key = BucketKeyV6 { addr, key_len: rule.key_len | mapped, class };
+        let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
+            c.bucket_insert_failed += 1;
+            return Judged::new_bucket(true);
+        };
+        let h = g.hash_key(&key);
+        let index = g.sets_of_hash(h);
+        police_table::<true>(ctx, g, table::v6_key_word(h), index, &key, rule, clock, len, c, rc)
+    })
 }
 
 /// Applies `rule` (from [`lookup_rule`]) to a frame of `len` bytes:
@@ -821,7 +966,8 @@ fn verdict(
     c: &mut Counters,
     police: impl FnOnce(&Rule, &mut Clock, &mut Counters, &mut RuleCounters) -> Judged,
 ) -> u32 {
-    let Some(rule) = rule else {
+    // A prefix whose classes did not match and that has no rule to fall to.
+    let Some(rule) = rule.filter(|r| r.action != ACTION_NONE) else {
         c.unmatched_pkts += 1;
         return xdp_action::XDP_PASS;
     };
@@ -837,7 +983,17 @@ fn verdict(
         Some(Action::Deny) => false,
         _ => {
             let mut clock = Clock::new();
-            let j = police(rule, &mut clock, c, rc);
+            let mut j = if rule.flags & RULE_NO_SOURCE != 0 {
+                Judged::new_bucket(true)
+            } else {
+                police(rule, &mut clock, c, rc)
+            };
+            // The aggregate bucket, only for what the source's admitted.
+            if j.admit && rule.flags & RULE_TOTAL != 0 && !total_admits(rule, &mut clock, len, c) {
+                c.total_drops += 1;
+                rc.total_dropped_pkts += 1;
+                j = Judged::new_bucket(false);
+            }
             if j.admit {
                 true
             } else {

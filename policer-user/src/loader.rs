@@ -214,6 +214,7 @@ impl Policer {
             // Slot 0 is never given to a rule: max_rules + 1 entries.
             .map_max_entries(MAP_RULE_COUNTERS, opts.max_rules + 1)
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
+            .map_max_entries(policer_common::MAP_TOTALS, opts.max_rules + 1)
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
@@ -477,13 +478,16 @@ impl MapReader {
     /// shows): its first set, then its second (see policer_common::table).
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
         let io = |name: &'static str| move |e: io::Error| Error::Invalid(format!("reading {name}: {e}"));
-        let (want, sets, (table, drops), (table_name, drops_name)) = if key.family == FAMILY_V4 {
-            let want = table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len);
-            let maps = (&self.buckets_v4, &self.buckets_v4_drops);
-            (want, self.geometry.sets_of(want), maps, (MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS))
-        } else {
-            let (want, sets) = self.v6_word(&BucketKeyV6 { addr: key.addr, key_len: key.key_len });
-            (want, sets, (&self.buckets_v6, &self.buckets_v6_drops), (MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS))
+        let (want, sets, (table, drops), (table_name, drops_name)) = match key.keyed() {
+            None => {
+                let want = table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len);
+                let maps = (&self.buckets_v4, &self.buckets_v4_drops);
+                (want, self.geometry.sets_of(want), maps, (MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS))
+            }
+            Some(k) => {
+                let (want, sets) = self.v6_word(&k);
+                (want, sets, (&self.buckets_v6, &self.buckets_v6_drops), (MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS))
+            }
         };
         for i in sets {
             let set: Option<Set> = crate::batch::lookup(table.as_raw_fd(), &i).map_err(io(table_name))?;
@@ -497,24 +501,20 @@ impl MapReader {
         Ok(None)
     }
 
-    /// An IPv6 source's key word and sets, as the program hashes it.
+    /// A keyed-table source's key word and sets, as the program hashes it.
     fn v6_word(&self, k: &BucketKeyV6) -> (u64, [u32; 2]) {
-        let a = &k.addr;
-        let hi = u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]);
-        let lo = u64::from_ne_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]);
-        let h = self.geometry.hash_v6(hi, lo, k.key_len);
+        let h = self.geometry.hash_key(k);
         (table::v6_key_word(h), self.geometry.sets_of_hash(h))
     }
 
     /// Whether the recall would recall `key` now, and with what debt in ns
     /// (`None`: not recalled). See policer_common::recall.
     pub fn recalled(&self, key: &BucketKey, now_ns: u64) -> Result<Option<u64>> {
-        let word = if key.family == FAMILY_V4 {
-            table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len)
-        } else {
-            self.v6_word(&BucketKeyV6 { addr: key.addr, key_len: key.key_len }).0
+        let (word, keyed) = match key.keyed() {
+            None => (table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len), false),
+            Some(k) => (self.v6_word(&k).0, true),
         };
-        let (i, fp) = recall::locate(self.geometry.seed, self.geometry.sets, word, key.family != FAMILY_V4);
+        let (i, fp) = recall::locate(self.geometry.seed, self.geometry.sets, word, keyed);
         let set: Option<RecallSet> = crate::batch::lookup(self.recall.as_raw_fd(), &i)
             .map_err(|e| Error::Invalid(format!("reading {MAP_RECALL}: {e}")))?;
         Ok(set.and_then(|s| recall::recall(&s, fp, now_ns)))

@@ -47,10 +47,10 @@ fn key_of(v6: bool, src: &[u8; 16]) -> BucketKey {
     let mut addr = [0u8; 16];
     if v6 {
         addr[..8].copy_from_slice(&src[..8]);
-        BucketKey { addr, family: FAMILY_V6, key_len: 64 }
+        BucketKey { addr, family: FAMILY_V6, key_len: 64, class: 0 }
     } else {
         addr[..4].copy_from_slice(&src[..4]);
-        BucketKey { addr, family: FAMILY_V4, key_len: 32 }
+        BucketKey { addr, family: FAMILY_V4, key_len: 32, class: 0 }
     }
 }
 

@@ -277,7 +277,7 @@ fn v4_key(a: &str) -> BucketKey {
     let a: std::net::Ipv4Addr = a.parse().unwrap();
     let mut addr = [0; 16];
     addr[..4].copy_from_slice(&a.octets());
-    BucketKey { addr, family: FAMILY_V4, key_len: 32 }
+    BucketKey { addr, family: FAMILY_V4, key_len: 32, class: 0 }
 }
 
 /// The IPv4 table: a new source takes a free slot (never used, else
@@ -378,7 +378,7 @@ fn ipv4_drops_are_sampled() {
     let key = |a: [u8; 4]| {
         let mut addr = [0; 16];
         addr[..4].copy_from_slice(&a);
-        BucketKey { addr, family: FAMILY_V4, key_len: 32 }
+        BucketKey { addr, family: FAMILY_V4, key_len: 32, class: 0 }
     };
     p.set_clock(40 * SEC).unwrap();
     p.set_rule(net("0.0.0.0/0"), &rule("1pps", 1, 32, false).with_id(1)).unwrap();
@@ -751,9 +751,9 @@ fn sharing_sets(g: &table::Geometry, v6: bool, n: usize) -> Vec<(String, BucketK
             let mut addr = [0u8; 16];
             addr[..8].copy_from_slice(&a.octets()[..8]);
             let hi = u64::from_ne_bytes(addr[..8].try_into().unwrap());
-            let mut s = g.sets_of_hash(g.hash_v6(hi, 0, 64));
+            let mut s = g.sets_of_hash(g.hash_v6(hi, 0, 64, 0));
             s.sort();
-            (a.to_string(), BucketKey { addr, family: policer_common::FAMILY_V6, key_len: 64 }, s)
+            (a.to_string(), BucketKey { addr, family: policer_common::FAMILY_V6, key_len: 64, class: 0 }, s)
         } else {
             let a = std::net::Ipv4Addr::from(0x6440_0000 + i);
             let mut s = g.sets_of(table::slot_key(a.octets(), 32));

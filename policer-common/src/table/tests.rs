@@ -351,14 +351,14 @@ fn ipv6_key_words() {
     let mut words = std::collections::HashSet::new();
     for i in 0..50_000u64 {
         let hi = (0x2001_0db8_0000_0000u64 + i).to_be();
-        let h = g.hash_v6(hi, 0, 64);
+        let h = g.hash_v6(hi, 0, 64, 0);
         let w = v6_key_word(h);
         assert_eq!(w & !KEY_MASK, 0);
         assert!(w & KEY_VALID != 0);
         let [a, b] = g.sets_of_hash(h);
         assert!(a < 1 << 17 && b < 1 << 17);
         words.insert(w);
-        assert_ne!(h, g.hash_v6(hi, 0, 48));
+        assert_ne!(h, g.hash_v6(hi, 0, 48, 0));
     }
     assert_eq!(words.len(), 50_000);
 }

@@ -407,7 +407,7 @@ fn bucket_key(addr: IpAddr, key_len: u32) -> BucketKey {
     for (b, m) in bytes.iter_mut().zip(mask) {
         *b &= m;
     }
-    BucketKey { addr: bytes, family, key_len }
+    BucketKey { addr: bytes, family, key_len, class: 0 }
 }
 
 /// A bucket's key as text: the address, or a prefix when sources are grouped.

@@ -1,0 +1,217 @@
+//! Classes: rules for one kind of a source prefix's traffic (a protocol,
+//! a destination port or range, TCP flags, an ICMP type, a destination
+//! prefix), and aggregate caps on a whole rule.
+//!
+//! # How a frame finds its rule
+//!
+//! The source's longest prefix that has any rule is found as before (the
+//! LPM tries, or the default-rules fast path). Its [`crate::Rule`] there is
+//! the prefix's *fallback*: its class-less rule, or when it has none, what
+//! the next shorter prefixes resolve to (user space works that out), or
+//! [`crate::ACTION_NONE`]. When the prefix has classes, `Rule::classes`
+//! names its group, and one lookup in `CLASS_INDEX` (an LPM trie keyed by
+//! group, protocol and destination port, see [`index_key`]) returns the
+//! [`ClassList`] for that protocol and port: every class that can match
+//! there, the most specific first, each with its whole rule inline (so an
+//! update replaces a list atomically). The first whose remaining fields
+//! match ([`ClassCand::matches`]) is the rule; none: the fallback.
+//!
+//! Port ranges become LPM prefixes: user space cuts the port space of a
+//! group and protocol into the intervals where the set of classes does not
+//! change and writes each as aligned blocks, so the trie's longest match is
+//! the list for the frame's port. A class without a port is in its
+//! protocol's entry (`/40`), a class without a protocol in the group's
+//! (`/32`), and each list also holds the less specific classes behind the
+//! more specific ones. The per-frame work is one trie lookup and at most
+//! [`MAX_CANDIDATES`] short comparisons, whatever the number of rules; and
+//! none of it for a frame whose protocol no class names
+//! (`Rule::class_protos`).
+//!
+//! Frames without a layer-4 header to read (a non-first fragment, a header
+//! cut short, an IPv6 extension chain longer than the parser walks) are
+//! looked up with port 0 and match only classes that read nothing past the
+//! IP header: protocol and destination ([`NEEDS_L4`]).
+
+use crate::bucket::Rule;
+
+/// `Rule::flags`: the rule is a class's: its buckets are per (source key,
+/// class), in the keyed table (see [`crate::table::Geometry::hash_v6`]),
+/// the class named by its counter slot.
+pub const RULE_CLASS: u32 = 1;
+/// `Rule::flags`: the rule has an aggregate bucket (`--total-rate`), in
+/// `TOTALS` at its counter slot, charged after the source's bucket admits.
+pub const RULE_TOTAL: u32 = 2;
+/// `Rule::flags`: the rule has no per-source bucket (only a total).
+pub const RULE_NO_SOURCE: u32 = 4;
+
+/// Candidates a [`ClassList`] holds: the most classes of one prefix and
+/// the shorter prefixes it falls to that can match one frame.
+pub const MAX_CANDIDATES: usize = 8;
+
+/// [`ClassCand::needs`]: the class reads the layer-4 header (a port, TCP
+/// flags or an ICMP type), so a frame without one cannot match it.
+pub const NEEDS_L4: u8 = 1;
+/// [`ClassCand::needs`]: match `tcp_mask`/`tcp_flags`.
+pub const NEEDS_TCP_FLAGS: u8 = 2;
+/// [`ClassCand::needs`]: match `icmp_type`.
+pub const NEEDS_ICMP_TYPE: u8 = 4;
+/// [`ClassCand::needs`]: match `dst`/`dst_mask`.
+pub const NEEDS_DST: u8 = 8;
+
+/// IP protocols whose destination port a class can name.
+pub const PROTOS_WITH_PORTS: [u8; 4] = [6, 17, 132, 136];
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// TCP flag bits (byte 13 of the header).
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_PSH: u8 = 0x08;
+pub const TCP_ACK: u8 = 0x10;
+pub const TCP_URG: u8 = 0x20;
+pub const TCP_ECE: u8 = 0x40;
+pub const TCP_CWR: u8 = 0x80;
+
+/// Bytes of a `CLASS_INDEX` key after the prefix length: group (4, network
+/// order), protocol (1), port (2, network order), padding (1).
+pub const INDEX_KEY_BYTES: usize = 8;
+/// Prefix length of a group's entry (every protocol and port).
+pub const INDEX_GROUP_BITS: u32 = 32;
+/// Prefix length of a protocol's entry (every port).
+pub const INDEX_PROTO_BITS: u32 = 40;
+/// Prefix length of one port.
+pub const INDEX_PORT_BITS: u32 = 56;
+
+/// The `CLASS_INDEX` key data of a frame (or an entry) of `group`,
+/// `proto`, `port`.
+#[inline(always)]
+pub const fn index_key(group: u32, proto: u8, port: u16) -> [u8; INDEX_KEY_BYTES] {
+    let g = group.to_be_bytes();
+    let p = port.to_be_bytes();
+    [g[0], g[1], g[2], g[3], proto, p[0], p[1], 0]
+}
+
+/// What a frame offers to class matching (read only when its prefix has
+/// classes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameL4 {
+    /// IP protocol (IPv6: the header after the extension headers).
+    pub proto: u8,
+    /// Whether the layer-4 header was read (see the module doc).
+    pub has_l4: bool,
+    pub dport: u16,
+    pub tcp_flags: u8,
+    pub icmp_type: u8,
+    /// Destination address, network order (IPv4: the first 4 bytes).
+    pub dst: [u8; 16],
+}
+
+/// One class as the program matches it, with its rule.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassCand {
+    pub rule: Rule,
+    /// Destination prefix, masked (network order).
+    pub dst: [u8; 16],
+    pub dst_mask: [u8; 16],
+    /// [`NEEDS_L4`] and the other `NEEDS_` bits.
+    pub needs: u8,
+    /// TCP flags that must be set (`tcp_flags`) among those looked at
+    /// (`tcp_mask`): `syn,!ack` is mask SYN|ACK, flags SYN.
+    pub tcp_mask: u8,
+    pub tcp_flags: u8,
+    pub icmp_type: u8,
+    pub _pad: [u8; 4],
+}
+
+impl ClassCand {
+    /// Whether a frame that reached this candidate (its group, protocol and
+    /// port range already matched by the index) matches the rest.
+    #[inline(always)]
+    pub fn matches(&self, f: &FrameL4) -> bool {
+        let n = self.needs;
+        if n & NEEDS_L4 != 0 && !f.has_l4 {
+            return false;
+        }
+        if n & NEEDS_TCP_FLAGS != 0 && f.tcp_flags & self.tcp_mask != self.tcp_flags {
+            return false;
+        }
+        if n & NEEDS_ICMP_TYPE != 0 && f.icmp_type != self.icmp_type {
+            return false;
+        }
+        if n & NEEDS_DST != 0 {
+            let (d, a, m) = (words(&f.dst), words(&self.dst), words(&self.dst_mask));
+            if (d.0 & m.0) != a.0 || (d.1 & m.1) != a.1 {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+#[inline(always)]
+fn words(a: &[u8; 16]) -> (u64, u64) {
+    (
+        u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]),
+        u64::from_ne_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]),
+    )
+}
+
+/// The value of `CLASS_INDEX`: the classes that can match at one group,
+/// protocol and port block, most specific first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassList {
+    /// Candidates in use (at most [`MAX_CANDIDATES`]).
+    pub len: u32,
+    pub _pad: u32,
+    pub cands: [ClassCand; MAX_CANDIDATES],
+}
+
+impl ClassList {
+    /// The first candidate that matches `f`, as an index.
+    #[inline(always)]
+    pub fn first_match(&self, f: &FrameL4) -> Option<usize> {
+        let n = self.len as usize;
+        let mut i = 0;
+        while i < MAX_CANDIDATES {
+            if i >= n {
+                return None;
+            }
+            if self.cands[i].matches(f) {
+                return Some(i);
+            }
+            i += 1;
+        }
+        None
+    }
+}
+
+/// The value of `TOTALS`, one per rule counter slot: a rule's aggregate
+/// bucket (`--total-rate`, `--total-burst`), charged under
+/// compare-and-swap like a source's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Total {
+    pub tat: u64,
+    /// The arithmetic of the aggregate (rate, burst, unit).
+    pub limiter: Rule,
+}
+
+/// A key of the keyed table (IPv6 sources, and every class's buckets) for
+/// an IPv4 source: the address as `::ffff:a.b.c.d` and this bit in the
+/// key length, so it can never be an IPv6 source's.
+pub const KEY_LEN_V4_MAPPED: u32 = 0x100;
+
+/// The keyed table's key for an IPv4 class bucket: the masked address in
+/// the last 4 bytes after `::ffff:`.
+#[inline(always)]
+pub const fn mapped_v4(addr: [u8; 4]) -> [u8; 16] {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, addr[0], addr[1], addr[2], addr[3]]
+}
+
+#[cfg(test)]
+mod tests;

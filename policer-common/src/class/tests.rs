@@ -1,0 +1,76 @@
+use super::*;
+
+fn cand(needs: u8) -> ClassCand {
+    ClassCand {
+        rule: Rule::packets(10, 1).unwrap(),
+        dst: [0; 16],
+        dst_mask: [0; 16],
+        needs,
+        tcp_mask: 0,
+        tcp_flags: 0,
+        icmp_type: 0,
+        _pad: [0; 4],
+    }
+}
+
+fn frame(proto: u8) -> FrameL4 {
+    FrameL4 { proto, has_l4: true, ..FrameL4::default() }
+}
+
+#[test]
+fn index_keys_sort_as_the_trie_matches() {
+    assert_eq!(index_key(1, 17, 53), [0, 0, 0, 1, 17, 0, 53, 0]);
+    assert_eq!(index_key(0x0102_0304, 6, 0x1bb), [1, 2, 3, 4, 6, 1, 0xbb, 0]);
+    assert_eq!(INDEX_PORT_BITS, INDEX_PROTO_BITS + 16);
+}
+
+#[test]
+fn tcp_flags_match_under_their_mask() {
+    // syn,!ack: a bare SYN.
+    let mut c = cand(NEEDS_L4 | NEEDS_TCP_FLAGS);
+    (c.tcp_mask, c.tcp_flags) = (TCP_SYN | TCP_ACK, TCP_SYN);
+    let f = |flags| FrameL4 { tcp_flags: flags, ..frame(IPPROTO_TCP) };
+    assert!(c.matches(&f(TCP_SYN)));
+    assert!(c.matches(&f(TCP_SYN | TCP_ECE | TCP_CWR)));
+    assert!(!c.matches(&f(TCP_SYN | TCP_ACK)), "a SYN-ACK is not a bare SYN");
+    assert!(!c.matches(&f(TCP_ACK)));
+    // syn: SYN set, the rest unlooked at.
+    (c.tcp_mask, c.tcp_flags) = (TCP_SYN, TCP_SYN);
+    assert!(c.matches(&f(TCP_SYN | TCP_ACK)));
+    assert!(!c.matches(&f(TCP_RST)));
+}
+
+#[test]
+fn a_frame_without_layer_4_matches_only_classes_that_read_none() {
+    let no_l4 = FrameL4 { has_l4: false, ..frame(IPPROTO_UDP) };
+    assert!(cand(0).matches(&no_l4), "protocol (and destination) only");
+    assert!(!cand(NEEDS_L4).matches(&no_l4), "a port class");
+    assert!(!cand(NEEDS_L4 | NEEDS_ICMP_TYPE).matches(&no_l4));
+}
+
+#[test]
+fn icmp_types_and_destinations() {
+    let mut c = cand(NEEDS_L4 | NEEDS_ICMP_TYPE);
+    c.icmp_type = 8;
+    assert!(c.matches(&FrameL4 { icmp_type: 8, ..frame(IPPROTO_ICMP) }));
+    assert!(!c.matches(&FrameL4 { icmp_type: 0, ..frame(IPPROTO_ICMP) }));
+    let mut d = cand(NEEDS_DST);
+    d.dst = mapped_v4([192, 0, 2, 0]);
+    d.dst_mask = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0];
+    let to = |a| FrameL4 { dst: mapped_v4(a), ..frame(IPPROTO_UDP) };
+    assert!(d.matches(&to([192, 0, 2, 10])));
+    assert!(!d.matches(&to([192, 0, 3, 10])));
+}
+
+#[test]
+fn the_first_match_wins_and_the_length_bounds_the_scan() {
+    let mut l = ClassList { len: 2, _pad: 0, cands: [cand(NEEDS_L4); MAX_CANDIDATES] };
+    l.cands[0].needs = NEEDS_L4 | NEEDS_ICMP_TYPE;
+    l.cands[0].icmp_type = 3;
+    let f = FrameL4 { icmp_type: 8, ..frame(IPPROTO_ICMP) };
+    assert_eq!(l.first_match(&f), Some(1));
+    assert_eq!(l.first_match(&FrameL4 { icmp_type: 3, ..f }), Some(0));
+    assert_eq!(l.first_match(&FrameL4 { has_l4: false, ..f }), None);
+    l.len = 0;
+    assert_eq!(l.first_match(&f), None);
+}
