@@ -2,6 +2,7 @@
 //! are thin wrappers.
 
 pub mod batch;
+pub mod classes;
 pub mod cli;
 pub mod config;
 pub mod control;

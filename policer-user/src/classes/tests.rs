@@ -1,0 +1,215 @@
+use super::*;
+
+fn text(
+    proto: Option<&str>,
+    dport: Option<&str>,
+    flags: Option<&str>,
+    icmp: Option<&str>,
+    dst: Option<&str>,
+) -> ClassText {
+    ClassText {
+        proto: proto.map(Into::into),
+        dport: dport.map(Into::into),
+        tcp_flags: flags.map(Into::into),
+        icmp_type: icmp.map(Into::into),
+        dst: dst.map(Into::into),
+    }
+}
+
+fn class(s: &str) -> Class {
+    // "proto dport flags icmp dst", '_' for none.
+    let f: Vec<Option<&str>> = s.split(' ').map(|x| (x != "_").then_some(x)).collect();
+    Class::parse(&text(f[0], f[1], f[2], f[3], f[4]), f[4].is_some_and(|d| d.contains(':'))).unwrap()
+}
+
+#[test]
+fn classes_parse_and_print_back() {
+    let c = class("udp 53 _ _ _");
+    assert_eq!((c.proto, c.dport), (Some(17), Some((53, 53))));
+    assert_eq!(c.to_string(), "udp dport 53");
+    let c = class("tcp _ syn,!ack _ _");
+    assert_eq!(c.tcp_flags, Some((TCP_SYN | TCP_ACK, TCP_SYN)));
+    assert_eq!(c.to_string(), "tcp flags syn,!ack");
+    assert_eq!(class("tcp 8000-8999 _ _ _").text().dport.as_deref(), Some("8000-8999"));
+    assert_eq!(class("icmp _ _ 8 _").to_string(), "icmp type 8");
+    assert_eq!(class("47 _ _ _ _").to_string(), "47");
+    assert_eq!(class("udp 27015 _ _ 192.0.2.10").to_string(), "udp dport 27015 dst 192.0.2.10/32");
+    for c in ["udp 53 _ _ _", "tcp _ syn,!ack _ _", "icmp _ _ 8 _", "_ _ _ _ 192.0.2.0/24"] {
+        let c = class(c);
+        assert_eq!(Class::parse(&c.text(), false).unwrap(), c);
+    }
+}
+
+#[test]
+fn bad_classes_say_why() {
+    let bad = |t: ClassText, v6: bool, want: &str| {
+        let e = Class::parse(&t, v6).unwrap_err().to_string();
+        assert!(e.contains(want), "{e:?} lacks {want:?}");
+    };
+    bad(text(Some("tcpp"), None, None, None, None), false, "unknown protocol");
+    bad(text(Some("300"), None, None, None, None), false, "0..=255");
+    bad(text(Some("udp"), Some("70000"), None, None, None), false, "out of range");
+    bad(text(Some("udp"), Some("100-50"), None, None, None), false, "below LOW");
+    bad(text(Some("udp"), Some("x"), None, None, None), false, "not a port");
+    bad(text(None, Some("53"), None, None, None), false, "needs a protocol with ports");
+    bad(text(Some("icmp"), Some("53"), None, None, None), false, "needs a protocol with ports");
+    bad(text(Some("udp"), None, Some("syn"), None, None), false, "needs --proto tcp");
+    bad(text(Some("tcp"), None, Some("syn,bogus"), None, None), false, "unknown flag");
+    bad(text(Some("tcp"), None, Some("syn,!syn"), None, None), false, "twice");
+    bad(text(Some("tcp"), None, None, Some("8"), None), false, "--icmp-type needs --proto icmp");
+    bad(text(Some("icmp"), None, None, Some("300"), None), false, "0..=255");
+    bad(text(Some("icmp"), None, None, None, None), true, "use --proto icmpv6");
+    bad(text(Some("icmpv6"), None, None, None, None), false, "use --proto icmp");
+    bad(text(None, None, None, None, Some("2001:db8::/32")), false, "IPv6 destination");
+    bad(text(None, None, None, None, Some("192.0.2.1/24")), false, "host bits");
+}
+
+#[test]
+fn ties_are_refused_and_specific_classes_are_not() {
+    let n: IpNet = "10.0.0.0/8".parse().unwrap();
+    let ok = |a: &str, b: &str| check_ties([(&n, &class(a)), (&n, &class(b))]).is_ok();
+    assert!(ok("udp 53 _ _ _", "udp _ _ _ _"), "a port beats none");
+    assert!(ok("udp 53 _ _ _", "udp 50-60 _ _ _"), "a narrower range wins");
+    assert!(ok("udp 53 _ _ _", "tcp 53 _ _ _"), "disjoint");
+    assert!(ok("tcp _ syn,!ack _ _", "tcp _ ack _ _") || !ok("tcp _ syn,!ack _ _", "tcp _ ack _ _"));
+    assert!(!ok("udp 50-59 _ _ _", "udp 55-64 _ _ _"), "same width, overlapping");
+    assert!(ok("udp 53 _ _ _", "_ _ _ _ 192.0.2.0/24"), "two fields beat one");
+    assert!(ok("udp _ _ _ _", "_ _ _ _ 192.0.2.0/24"), "a --dst of /24 beats one of /0");
+    assert!(ok("udp 50-59 _ _ _", "udp 60-69 _ _ _"), "same width, apart");
+    assert!(!ok("tcp _ syn _ _", "tcp _ ack _ _"), "SYN-ACK matches both");
+    assert!(ok("tcp _ syn,!ack _ _", "tcp _ ack,!syn _ _"), "no frame matches both");
+    let e = check_ties([(&n, &class("udp 50-59 _ _ _")), (&n, &class("udp 55-64 _ _ _"))]).unwrap_err();
+    assert!(e.to_string().contains("tie"), "{e}");
+    let m: IpNet = "10.1.0.0/16".parse().unwrap();
+    assert!(check_ties([(&n, &class("udp 50-59 _ _ _")), (&m, &class("udp 55-64 _ _ _"))]).is_ok(), "other prefixes");
+}
+
+#[test]
+fn port_ranges_become_aligned_blocks() {
+    assert_eq!(blocks(0, 65535), vec![(0, 16)]);
+    assert_eq!(blocks(53, 53), vec![(53, 0)]);
+    assert_eq!(blocks(8000, 8999).iter().map(|(_, b)| 1u32 << b).sum::<u32>(), 1000);
+    for (lo, hi) in [(1, 65535), (100, 200), (1023, 1025), (65535, 65535)] {
+        let b = blocks(lo, hi);
+        assert_eq!(b.first().unwrap().0, lo);
+        let mut at = lo;
+        for (s, bits) in b {
+            assert_eq!(s, at);
+            assert_eq!(s % (1 << bits), 0, "aligned");
+            at += 1 << bits;
+        }
+        assert_eq!(at, hi + 1);
+    }
+}
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+}
+
+/// The compiled maps, looked up as the program does, give every frame the
+/// rule the rules themselves give it: random rule sets (prefixes nested
+/// and not, with and without class-less rules) and random frames.
+#[test]
+fn the_compiled_index_agrees_with_the_rules() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let nets = ["0.0.0.0/0", "10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24", "192.0.2.0/24"];
+    let protos = [None, Some("tcp"), Some("udp"), Some("icmp"), Some("47")];
+    let ports = [None, Some("53"), Some("50-59"), Some("0-1023"), Some("1024-65535"), Some("80"), Some("443")];
+    let dsts = [None, Some("198.51.100.0/24"), Some("198.51.100.7")];
+    let mut checked = 0;
+    for round in 0..300 {
+        let mut rules: Vec<KernelRule> = Vec::new();
+        let mut slot = 1;
+        for _ in 0..(rng.next() % 12 + 1) {
+            let net: IpNet = rng.pick(&nets).parse().unwrap();
+            let proto = rng.pick(&protos);
+            let has_ports = matches!(proto, Some("tcp") | Some("udp"));
+            let dport = if has_ports { rng.pick(&ports) } else { None };
+            let flags =
+                if proto == Some("tcp") { rng.pick(&[None, Some("syn"), Some("syn,!ack"), Some("rst")]) } else { None };
+            let icmp = if proto == Some("icmp") { rng.pick(&[None, Some("8"), Some("0")]) } else { None };
+            let dst = rng.pick(&dsts);
+            let class = if rng.next() % 4 == 0 {
+                Class::default()
+            } else {
+                Class::parse(&text(proto, dport, flags, icmp, dst), false).unwrap()
+            };
+            if rules.iter().any(|r| r.net == net && r.class == class) {
+                continue;
+            }
+            let mut candidate = rules.clone();
+            let rule = Rule::packets(100, 10).unwrap().with_counter_slot(slot);
+            candidate.push(KernelRule { net, class, rule });
+            if check_ties(candidate.iter().map(|r| (&r.net, &r.class))).is_err() {
+                continue;
+            }
+            rules = candidate;
+            slot += 1;
+        }
+        let mut groups = Groups::default();
+        let compiled = match compile(&rules, &mut groups) {
+            Ok(c) => c,
+            Err(e) => {
+                assert!(e.to_string().contains("at most"), "round {round}: {e}");
+                continue;
+            }
+        };
+        for _ in 0..200 {
+            let src: IpAddr =
+                rng.pick(&["10.1.2.3", "10.1.9.9", "10.9.9.9", "192.0.2.1", "203.0.113.1"]).parse().unwrap();
+            let dst = rng.pick(&[[198, 51, 100, 7], [198, 51, 100, 8], [203, 0, 113, 9]]);
+            let proto = rng.pick(&[6u8, 17, 1, 47, 50]);
+            let f = FrameL4 {
+                proto,
+                has_l4: rng.next() % 5 != 0,
+                dport: rng.pick(&[53u16, 55, 80, 443, 1023, 1024, 5000, 65535]),
+                tcp_flags: rng.pick(&[TCP_SYN, TCP_SYN | TCP_ACK, TCP_ACK, TCP_RST]),
+                icmp_type: rng.pick(&[8u8, 0, 3]),
+                dst: mapped_v4(dst),
+            };
+            let f = if f.has_l4 { f } else { FrameL4 { dport: 0, tcp_flags: 0, icmp_type: 0, ..f } };
+            let want = resolve(&rules, src, &f).map(|r| r.rule.counter_slot);
+            let got = lookup(&compiled, src, &f).map(|r| r.counter_slot);
+            let shown: Vec<String> =
+                rules.iter().map(|r| format!("{} [{}] #{}", r.net, r.class, r.rule.counter_slot)).collect();
+            assert_eq!(got, want, "round {round}: {src} {f:?}\nrules: {shown:#?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 20_000, "{checked}");
+}
+
+#[test]
+fn the_fallback_is_the_next_shorter_prefix_and_class_buckets_are_marked() {
+    let r = |net: &str, class: Class, slot| KernelRule {
+        net: net.parse().unwrap(),
+        class,
+        rule: Rule::packets(100, 10).unwrap().with_counter_slot(slot),
+    };
+    let rules = vec![r("0.0.0.0/0", Class::default(), 1), r("10.0.0.0/8", class("udp 53 _ _ _"), 2)];
+    let c = compile(&rules, &mut Groups::default()).unwrap();
+    let p = c.prefixes[&"10.0.0.0/8".parse::<IpNet>().unwrap()];
+    assert_eq!((p.counter_slot, p.flags & RULE_CLASS), (1, 0), "falls to 0.0.0.0/0's rule");
+    assert_ne!(p.classes, 0);
+    let dns = FrameL4 { proto: 17, has_l4: true, dport: 53, ..FrameL4::default() };
+    let hit = lookup(&c, "10.0.0.1".parse().unwrap(), &dns).unwrap();
+    assert_eq!((hit.counter_slot, hit.flags & RULE_CLASS), (2, RULE_CLASS));
+    // No fallback at all: no rule.
+    let c = compile(&rules[1..], &mut Groups::default()).unwrap();
+    assert!(lookup(&c, "10.0.0.1".parse().unwrap(), &FrameL4 { dport: 54, ..dns }).is_none());
+    // More than MAX_CANDIDATES classes for one frame: refused.
+    let many: Vec<KernelRule> =
+        (0..9).map(|i| r("10.0.0.0/8", class(&format!("udp {}-{} _ _ _", 50 - i, 60 + i)), i + 1)).collect();
+    let e = compile(&many, &mut Groups::default()).unwrap_err().to_string();
+    assert!(e.contains("at most 8"), "{e}");
+}
