@@ -320,8 +320,9 @@ mod tests {
     #[test]
     fn tcp_icmp_and_fragments_layout() {
         let (s4, d4): (IpAddr, IpAddr) = ("198.18.0.1".parse().unwrap(), "198.19.0.1".parse().unwrap());
+        // Headers and marker need 70 bytes: the frame grows past 64.
         let f = FrameSpec::tcp(s4, d4, 64, 1234, 80, 0x12).build(Some((1, 2, 3)));
-        assert_eq!(f.len(), 64);
+        assert_eq!(f.len(), 70);
         assert_eq!(f[23], 6);
         assert_eq!(checksum(&f[14..34]), 0);
         assert_eq!(&f[34..38], &[0x04, 0xd2, 0, 80]);
@@ -347,14 +348,14 @@ mod tests {
         let (s6, d6): (IpAddr, IpAddr) = ("2001:db8::1".parse().unwrap(), "2001:db8:ffff::1".parse().unwrap());
         let f = FrameSpec::echo(s6, d6, 90).build(None);
         assert_eq!((f[20], f[54]), (58, 128));
-        let mut s = FrameSpec::tcp(s6, d6, 120, 5, 443, 0x02);
+        let mut s = FrameSpec::tcp(s6, d6, 140, 5, 443, 0x02);
         s.ipv6_ext = vec![Ext::HopByHop, Ext::Routing, Ext::DestOpts, Ext::Ah, Ext::Fragment { offset: 0, more: true }];
         let f = s.build(Some((4, 5, 6)));
-        assert_eq!(f.len(), 120);
+        assert_eq!(f.len(), 140);
         assert_eq!(f[20], 0); // hop-by-hop first
         let chain: Vec<u8> = [54, 62, 70, 78, 94].iter().map(|&o| f[o]).collect();
         assert_eq!(chain, vec![43, 60, 51, 44, 6]);
-        assert_eq!(u16::from_be_bytes([f[18], f[19]]) as usize, 120 - 54);
+        assert_eq!(u16::from_be_bytes([f[18], f[19]]) as usize, 140 - 54);
         assert_eq!(&f[102..106], &[0, 5, 0x01, 0xbb]);
         assert_eq!(f[102 + 13], 0x02);
         assert_eq!(find_mark(&f), Some((4, 5, 6)));
