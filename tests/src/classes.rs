@@ -4,7 +4,10 @@
 //! object's maps (the tries, `CLASS_INDEX`, `TOTALS`), so a test can run
 //! frames through the real program with `BPF_PROG_TEST_RUN`.
 
-use aya::maps::{Array, MapData, lpm_trie::{Key, LpmTrie}};
+use aya::maps::{
+    Array, MapData,
+    lpm_trie::{Key, LpmTrie},
+};
 use ipnet::IpNet;
 use policer_common::{
     MAP_CLASS_INDEX, MAP_TOTALS, Rule,

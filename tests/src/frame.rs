@@ -33,11 +33,21 @@ pub struct FrameSpec {
 /// A layer-4 header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum L4 {
-    Udp { sport: u16, dport: u16 },
-    Tcp { sport: u16, dport: u16, flags: u8 },
+    Udp {
+        sport: u16,
+        dport: u16,
+    },
+    Tcp {
+        sport: u16,
+        dport: u16,
+        flags: u8,
+    },
     /// ICMP (IPv4) or ICMPv6 (IPv6), by the frame's family: type and code,
     /// then identifier and sequence (an echo's layout).
-    Icmp { typ: u8, code: u8 },
+    Icmp {
+        typ: u8,
+        code: u8,
+    },
     /// Another IP protocol: no header of its own, the payload follows the
     /// IP header.
     Other(u8),

@@ -13,8 +13,8 @@ use std::{
 
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
-use policer_common::{BucketKey, FAMILY_V4, FAMILY_V6, rate::Rate};
 use policer_common::class::{TCP_ACK, TCP_SYN};
+use policer_common::{BucketKey, FAMILY_V4, FAMILY_V6, rate::Rate};
 use policer_tests::{
     classes::{install, kernel_rule},
     frame::{Ext, FrameSpec, ipv4_header, ipv6_header},
@@ -288,11 +288,10 @@ fn class_templates() -> Vec<Vec<u8>> {
         vec![Ext::DestOpts; 7],
         vec![Ext::DestOpts; 8],
     ] {
-        for l4 in [policer_tests::frame::L4::Udp { sport: 1, dport: 53 }, policer_tests::frame::L4::Tcp {
-            sport: 1,
-            dport: 22,
-            flags: TCP_SYN,
-        }] {
+        for l4 in [
+            policer_tests::frame::L4::Udp { sport: 1, dport: 53 },
+            policer_tests::frame::L4::Tcp { sport: 1, dport: 22, flags: TCP_SYN },
+        ] {
             let mut f = FrameSpec::udp(s6, d6, 90).with_l4(l4);
             f.ipv6_ext = ext.clone();
             specs.push(f);
@@ -431,8 +430,12 @@ fn fuzz_classes_against_the_reference() {
     }
     eprintln!("class fuzz: {tally:?}, {class_hits} to a class, {} of {} rules reached", seen_slots.len(), rules.len());
     // Coverage: every rule got frames (else the table proves less than it says).
-    assert_eq!(seen_slots.len(), rules.len(), "rules never reached: {:?}",
-        (1..=rules.len() as u32).filter(|s| !seen_slots.contains(s)).collect::<Vec<_>>());
+    assert_eq!(
+        seen_slots.len(),
+        rules.len(),
+        "rules never reached: {:?}",
+        (1..=rules.len() as u32).filter(|s| !seen_slots.contains(s)).collect::<Vec<_>>()
+    );
 }
 
 fn pin_to_cpu(cpu: usize) {
