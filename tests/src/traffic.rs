@@ -416,6 +416,17 @@ pub fn exact_admitted(sent: &SendReport, rule: &policer_common::Rule, len: u32) 
     exact_model(rule, sent.frames.iter().filter(|f| f.1 == 0).map(|&(t, _)| (t, len))).0
 }
 
+/// [`exact_admitted`] for flow `flow` (frames of `len` bytes).
+pub fn exact_admitted_flow(sent: &SendReport, rule: &policer_common::Rule, flow: usize, len: u32) -> u64 {
+    exact_model(rule, sent.frames.iter().filter(|f| f.1 as usize == flow).map(|&(t, _)| (t, len))).0
+}
+
+/// Frames one bucket under `rule` admits of the frames of `flows` together
+/// (an aggregate over some flows), frames of 64 bytes.
+pub fn exact_model_of_flows(sent: &SendReport, rule: &policer_common::Rule, flows: &[usize]) -> u64 {
+    exact_model(rule, sent.frames.iter().filter(|f| flows.contains(&(f.1 as usize))).map(|&(t, _)| (t, 64))).0
+}
+
 /// Frames an exact policer admits when every flow shares one bucket (one
 /// source, or one prefix grouped by key length), frames of `len` bytes.
 pub fn exact_admitted_shared(sent: &SendReport, rule: &policer_common::Rule, len: u32) -> u64 {
