@@ -374,10 +374,7 @@ fn parse(ctx: &XdpContext) -> Parsed {
                     break;
                 }
             }
-            // Laundered: the walk ends at one of several offsets, and the
-            // verifier would follow the rest of the program once for each.
-            let l4_off = launder(if later_fragment { 0 } else { l4_off } as u64) as usize;
-            let l4 = L4At { proto: nh, off: if l4_off > MAX_EXT_OFFSET + 8 { 0 } else { l4_off } };
+            let l4 = L4At { proto: nh, off: if later_fragment { 0 } else { l4_off } };
             Parsed::V6 { src: ip.src_addr, fragment, l4, dst: ip.dst_addr }
         }
         _ => Parsed::NonIp,
@@ -406,6 +403,10 @@ fn resolve_class(ctx: &XdpContext, rule: &'static Rule, l4: L4At, dst: [u8; 16],
         return rule;
     }
     let mut f = FrameL4 { proto: l4.proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst };
+    // Laundered: the IPv6 walk ends at one of several offsets, and the
+    // verifier would follow what comes next once for each.
+    let off = launder(l4.off as u64) as usize;
+    let l4 = L4At { proto: l4.proto, off: if off > MAX_EXT_OFFSET + 8 { 0 } else { off } };
     if l4.off != 0 {
         if l4.proto == IPPROTO_TCP {
             if let Some(h) = ptr_at::<[u8; 14]>(ctx, l4.off) {

@@ -15,16 +15,20 @@ use aya::{
 };
 use ipnet::IpNet;
 use policer_common::{
-    Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, FAMILY_V4,
-    GLOBAL_DROP_SAMPLE_SHIFT, GLOBAL_TEST_CLOCK, LAYOUT_VERSION, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS,
-    MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_CLOCK, MAP_COUNTERS,
-    MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4,
-    MAP_RULES_V6, MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, GLOBAL_DROP_SAMPLE_SHIFT,
+    GLOBAL_TEST_CLOCK, LAYOUT_VERSION, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
+    MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES,
+    MAP_FAST_PATH, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS,
+    MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    class::{ClassList, INDEX_KEY_BYTES, Total},
     recall::{self, RecallSet},
     table::{self, Geometry, Set, SetDrops, SetKeys},
 };
 
-use crate::error::{Error, Result};
+use crate::{
+    classes::{Compiled, IndexKey},
+    error::{Error, Result},
+};
 
 /// The XDP object, built by build.rs with the pinned toolchain.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/policer"));
@@ -117,6 +121,9 @@ pub struct Policer {
     /// daemon's readers (stats, top, /metrics) so a long read of the table
     /// never waits for, or holds up, the one owner that writes.
     reader: Arc<MapReader>,
+    /// The rule tries and class index as this process last wrote them
+    /// (`None`: not known, read from the kernel at the next sync).
+    installed: Option<Compiled>,
 }
 
 /// Read-only access to what the program counts and remembers: its own
@@ -190,6 +197,11 @@ fn is_eperm(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
 }
 
+/// Whether a map operation failed for a key that is not there.
+fn is_enoent(e: &aya::maps::MapError) -> bool {
+    matches!(e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::ENOENT))
+}
+
 impl Policer {
     pub fn load(opts: &LoadOptions) -> Result<Policer> {
         if opts.max_sources == 0 {
@@ -214,7 +226,7 @@ impl Policer {
             // Slot 0 is never given to a rule: max_rules + 1 entries.
             .map_max_entries(MAP_RULE_COUNTERS, opts.max_rules + 1)
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
-            .map_max_entries(policer_common::MAP_TOTALS, opts.max_rules + 1)
+            .map_max_entries(MAP_TOTALS, opts.max_rules + 1)
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
@@ -243,7 +255,7 @@ impl Policer {
             stamp_layout(&mut ebpf, v)?;
         }
         let reader = Arc::new(MapReader::of(&ebpf)?);
-        let mut p = Policer { ebpf, reader };
+        let mut p = Policer { ebpf, reader, installed: None };
         // A table taken over keeps its hash; a new one gets a fresh secret
         // seed, so nobody can pick sources that share a set.
         if !opts.reuse.iter().any(|(n, _)| *n == MAP_BUCKETS_V4) {
@@ -274,6 +286,7 @@ impl Policer {
 
     /// Installs (or replaces, atomically for that prefix) the rule for `net`.
     pub fn set_rule(&mut self, net: IpNet, rule: &Rule) -> Result<()> {
+        self.installed = None;
         self.update_rule(net, Some(rule))
     }
 
@@ -802,7 +815,87 @@ impl Policer {
     }
 
     pub fn remove_rule(&mut self, net: IpNet) -> Result<()> {
+        self.installed = None;
         self.update_rule(net, None)
+    }
+
+    /// Makes the rule tries and the class index hold `want` (from
+    /// [`crate::classes::compile`]), changing only what differs from what
+    /// they hold, in an order that never shows a frame a prefix pointing at
+    /// class entries not yet written: new and changed class entries, new
+    /// and changed prefixes, removed prefixes, removed class entries. Each
+    /// entry is replaced atomically. On an error the kernel holds part of
+    /// the change; the caller puts back what was in force with another
+    /// sync.
+    pub fn sync_rules(&mut self, want: &Compiled) -> Result<()> {
+        let have = match self.installed.take() {
+            Some(h) => h,
+            None => self.kernel_compiled()?,
+        };
+        let r = self.sync_from(&have, want);
+        self.installed = r.is_ok().then(|| want.clone());
+        r
+    }
+
+    fn sync_from(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
+        let mut index = self.class_index()?;
+        for (k, v) in &want.index {
+            if have.index.get(k) != Some(v) {
+                index.insert(&Key::new(k.0, k.1), v, 0).map_err(Error::map(MAP_CLASS_INDEX))?;
+            }
+        }
+        let up: Vec<(IpNet, Rule)> =
+            want.prefixes.iter().filter(|(n, r)| have.prefixes.get(n) != Some(r)).map(|(n, r)| (*n, *r)).collect();
+        self.set_rules(&up)?;
+        for n in have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)) {
+            match self.update_rule(*n, None) {
+                Err(Error::Map { source, .. }) if is_enoent(&source) => {}
+                r => r?,
+            }
+        }
+        let mut index = self.class_index()?;
+        for k in have.index.keys().filter(|k| !want.index.contains_key(k)) {
+            match index.remove(&Key::new(k.0, k.1)) {
+                Err(e) if is_enoent(&e) => {}
+                r => r.map_err(Error::map(MAP_CLASS_INDEX))?,
+            }
+        }
+        Ok(())
+    }
+
+    fn class_index(&mut self) -> Result<LpmTrie<&mut MapData, [u8; INDEX_KEY_BYTES], ClassList>> {
+        LpmTrie::try_from(self.ebpf.map_mut(MAP_CLASS_INDEX).ok_or(Error::Missing(MAP_CLASS_INDEX))?)
+            .map_err(Error::map(MAP_CLASS_INDEX))
+    }
+
+    /// What the tries and the class index hold now.
+    pub fn kernel_compiled(&self) -> Result<Compiled> {
+        let mut c = Compiled { prefixes: self.kernel_rules()?.into_iter().collect(), ..Compiled::default() };
+        let m: LpmTrie<&MapData, [u8; INDEX_KEY_BYTES], ClassList> =
+            LpmTrie::try_from(self.ebpf.map(MAP_CLASS_INDEX).ok_or(Error::Missing(MAP_CLASS_INDEX))?)
+                .map_err(Error::map(MAP_CLASS_INDEX))?;
+        for item in m.iter() {
+            let (k, v) = item.map_err(Error::map(MAP_CLASS_INDEX))?;
+            let key: IndexKey = (k.prefix_len(), k.data());
+            c.index.insert(key, v);
+        }
+        Ok(c)
+    }
+
+    /// Sets (or with `None` clears) the aggregate bucket of a rule's
+    /// counter slot (`--total-rate`).
+    pub fn set_total(&mut self, slot: u32, t: Option<&Total>) -> Result<()> {
+        let mut m: Array<&mut MapData, Total> =
+            Array::try_from(self.ebpf.map_mut(MAP_TOTALS).ok_or(Error::Missing(MAP_TOTALS))?)
+                .map_err(Error::map(MAP_TOTALS))?;
+        let zero = Total { tat: 0, limiter: Rule::packets(1, 1).expect("valid") };
+        m.set(slot, t.unwrap_or(&zero), 0).map_err(Error::map(MAP_TOTALS))
+    }
+
+    /// The aggregate bucket of a rule's counter slot.
+    pub fn total(&self, slot: u32) -> Result<Option<Total>> {
+        crate::batch::lookup(self.map_fd(MAP_TOTALS)?, &slot)
+            .map_err(|e| Error::Invalid(format!("reading {MAP_TOTALS}: {e}")))
     }
 
     /// Every rule in the kernel's tries.
