@@ -1,17 +1,13 @@
 //! Class rules (issue 17) for the object tier: written as an operator
 //! writes them, compiled by the daemon's own compiler
-//! (`policer_user::classes::compile`) and installed straight into a loaded
-//! object's maps (the tries, `CLASS_INDEX`, `TOTALS`), so a test can run
+//! (`policer_user::classes::compile`) and installed into a loaded object
+//! by the daemon's loader (`sync_rules`, `set_total`), so a test can run
 //! frames through the real program with `BPF_PROG_TEST_RUN`.
 
-use aya::maps::{
-    Array, MapData,
-    lpm_trie::{Key, LpmTrie},
-};
 use ipnet::IpNet;
 use policer_common::{
-    MAP_CLASS_INDEX, MAP_TOTALS, Rule,
-    class::{ClassList, INDEX_KEY_BYTES, RULE_NO_SOURCE, RULE_TOTAL, Total},
+    Rule,
+    class::{RULE_NO_SOURCE, RULE_TOTAL, Total},
 };
 use policer_user::{
     Policer,
@@ -59,26 +55,15 @@ pub fn with_total(mut rule: Rule, per_source: bool) -> Rule {
     rule
 }
 
-/// Compiles `rules` and writes them into `p`: each prefix's rule in its
-/// trie, the class index, and `totals` (counter slot, limiter; empty at
-/// `now_ns`) into `TOTALS`. Returns what was compiled.
+/// Compiles `rules` and installs them into `p` as the daemon does
+/// (`Policer::sync_rules`: each prefix's rule in its trie, the class
+/// index), and `totals` (counter slot, limiter; empty at `now_ns`) with
+/// `Policer::set_total`. Returns what was compiled.
 pub fn install(p: &mut Policer, rules: &[KernelRule], totals: &[(u32, Rule)], now_ns: u64) -> Compiled {
     let compiled = compile(rules, &mut Groups::default()).expect("compile the class rules");
-    for (net, r) in &compiled.prefixes {
-        p.set_rule(*net, r).expect("set a prefix's rule");
-    }
-    {
-        let mut index: LpmTrie<&mut MapData, [u8; INDEX_KEY_BYTES], ClassList> =
-            LpmTrie::try_from(p.ebpf.map_mut(MAP_CLASS_INDEX).expect("CLASS_INDEX in the object"))
-                .expect("CLASS_INDEX is an LPM trie");
-        for ((bits, data), list) in &compiled.index {
-            index.insert(&Key::new(*bits, *data), list, 0).expect("insert a class index entry");
-        }
-    }
-    let mut t: Array<&mut MapData, Total> =
-        Array::try_from(p.ebpf.map_mut(MAP_TOTALS).expect("TOTALS in the object")).expect("TOTALS is an array");
+    p.sync_rules(&compiled).expect("install the compiled rules");
     for (slot, limiter) in totals {
-        t.set(*slot, &Total { tat: limiter.empty_tat(now_ns), limiter: *limiter }, 0).expect("set a total");
+        p.set_total(*slot, Some(&Total { tat: limiter.empty_tat(now_ns), limiter: *limiter })).expect("set a total");
     }
     compiled
 }
