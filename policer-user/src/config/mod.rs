@@ -135,6 +135,9 @@ impl Config {
                 Err(e) => problems.push(at(e.to_string())),
             }
         }
+        if let Some(p) = class_problem(&out) {
+            problems.push(Problem { line: None, message: p });
+        }
         let d = &self.daemon;
         if let Some(0) = d.max_sources {
             problems.push(Problem { line: None, message: "daemon.max_sources must be at least 1".into() });
@@ -181,6 +184,26 @@ impl Config {
         }
         if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
     }
+}
+
+/// What the daemon's compiler would refuse in `rules` (tying classes of
+/// one prefix, too many classes for one frame, too many prefixes with
+/// classes), so that `policer check` and a reload say it before anything
+/// changes. Only class-less rules: nothing to refuse, and nothing compiled
+/// (100 000 of them at attach stay fast).
+fn class_problem(rules: &BTreeMap<RuleKey, RuleSpec>) -> Option<String> {
+    if rules.keys().all(|k| k.class.is_none()) {
+        return None;
+    }
+    let kernel: Vec<crate::classes::KernelRule> = rules
+        .values()
+        .zip(0u32..)
+        .filter_map(|(s, i)| {
+            let rule = s.kernel(i).ok()?.with_counter_slot(i);
+            Some(crate::classes::KernelRule { net: s.net, class: s.class, rule })
+        })
+        .collect();
+    crate::classes::compile(&kernel, &mut crate::classes::Groups::default()).err().map(|e| e.to_string())
 }
 
 #[cfg(test)]
