@@ -135,9 +135,6 @@ impl Config {
                 Err(e) => problems.push(at(e.to_string())),
             }
         }
-        if let Some(p) = class_problem(&out) {
-            problems.push(Problem { line: None, message: p });
-        }
         let d = &self.daemon;
         if let Some(0) = d.max_sources {
             problems.push(Problem { line: None, message: "daemon.max_sources must be at least 1".into() });
@@ -172,6 +169,13 @@ impl Config {
             }
         };
         let (rules, mut problems) = cfg.problems(Some(text));
+        // The daemon refuses these when it compiles (a reload, a start);
+        // `check` has no daemon to ask.
+        if problems.is_empty()
+            && let Some(p) = class_problem(&rules)
+        {
+            problems.push(Problem { line: None, message: p });
+        }
         let limit = max_rules.or(cfg.daemon.max_rules).unwrap_or(policer_common::DEFAULT_MAX_RULES);
         if cfg.rules.len() > limit as usize {
             problems.push(Problem {
@@ -188,9 +192,8 @@ impl Config {
 
 /// What the daemon's compiler would refuse in `rules` (tying classes of
 /// one prefix, too many classes for one frame, too many prefixes with
-/// classes), so that `policer check` and a reload say it before anything
-/// changes. Only class-less rules: nothing to refuse, and nothing compiled
-/// (100 000 of them at attach stay fast).
+/// classes), so that `policer check` says it as a reload would. Only
+/// class-less rules: nothing to refuse, nothing compiled.
 fn class_problem(rules: &BTreeMap<RuleKey, RuleSpec>) -> Option<String> {
     if rules.keys().all(|k| k.class.is_none()) {
         return None;
