@@ -129,7 +129,12 @@ impl Config {
             match r.validate() {
                 Ok(spec) => {
                     if out.insert(spec.key(), spec.clone()).is_some() {
-                        problems.push(at(format!("the rule {} appears twice", spec.key())));
+                        let what = if spec.class.is_none() {
+                            format!("prefix {}", spec.net)
+                        } else {
+                            format!("the rule {}", spec.key())
+                        };
+                        problems.push(at(format!("{what} appears twice")));
                     }
                 }
                 Err(e) => problems.push(at(e.to_string())),
