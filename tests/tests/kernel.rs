@@ -16,13 +16,16 @@ use ipnet::IpNet;
 use policer_common::class::{TCP_ACK, TCP_SYN};
 use policer_common::{BucketKey, FAMILY_V4, FAMILY_V6, rate::Rate};
 use policer_tests::{
-    classes::{install, kernel_rule},
+    classes::{install_with, kernel_rule},
     frame::{Ext, FrameSpec, ipv4_header, ipv6_header},
     privileged,
     reference::{self, Expect},
     rng,
 };
-use policer_user::{LoadOptions, Policer, classes::KernelRule};
+use policer_user::{
+    LoadOptions, Policer,
+    classes::{Groups, KernelRule},
+};
 
 const PASS: u32 = 2;
 const DROP: u32 = 1;
@@ -411,11 +414,21 @@ fn fuzz_classes_against_the_reference() {
     eprintln!("class fuzz: {n} frames, seed {seed} (POLICER_CLASS_FUZZ_FRAMES, POLICER_FUZZ_SEED)");
     let mut p = Policer::load(&LoadOptions { max_sources: 1 << 18, test_clock: true, ..Default::default() }).unwrap();
     p.set_clock(1_000_000_000).unwrap();
-    let rules = class_rules();
-    install(&mut p, &rules, &[], 1_000_000_000);
+    let all_rules = class_rules();
+    // The rules in force change every 10 000 frames, through the loader's
+    // sync as the daemon changes them: all; without every other class;
+    // without the longer prefixes; all again.
+    let sets: Vec<Vec<KernelRule>> = vec![
+        all_rules.clone(),
+        all_rules.iter().enumerate().filter(|(i, r)| r.class.is_none() || i % 2 == 0).map(|(_, r)| r.clone()).collect(),
+        all_rules.iter().filter(|r| r.net.prefix_len() == 0).cloned().collect(),
+    ];
+    let mut groups = Groups::default();
+    let mut rules = sets[0].clone();
+    install_with(&mut p, &rules, &[], 1_000_000_000, &mut groups);
     let shared = p.shared_maps().unwrap();
     let slot_passed = |slot: u32| -> u64 { shared.rule_counters(slot).unwrap().iter().map(|c| c.passed_pkts).sum() };
-    let nslots = rules.len() + 1;
+    let nslots = all_rules.len() + 1;
     let mut want = vec![0u64; nslots];
     let mut tally = Tally::default();
     let mut class_hits = 0u64;
@@ -426,6 +439,10 @@ fn fuzz_classes_against_the_reference() {
         assert!(matches!(reference::parse(t), Expect::Ip { .. }), "class template {i} is not valid IP");
     }
     for i in 0..n {
+        if i % 10_000 == 0 && i > 0 {
+            rules = sets[(i / 10_000) as usize % sets.len()].clone();
+            install_with(&mut p, &rules, &[], 1_000_000_000, &mut groups);
+        }
         // Half the frames from the templates, half built at random: any
         // port (often one that shares port % 512 with a class's), flags,
         // ICMP type, source, destination, tags, chains and fragments.
@@ -490,13 +507,17 @@ fn fuzz_classes_against_the_reference() {
             assert_eq!(rc.passed_pkts, 0, "slot {slot} (no rule) counted frames");
         }
     }
-    eprintln!("class fuzz: {tally:?}, {class_hits} to a class, {} of {} rules reached", seen_slots.len(), rules.len());
+    eprintln!(
+        "class fuzz: {tally:?}, {class_hits} to a class, {} of {} rules reached",
+        seen_slots.len(),
+        all_rules.len()
+    );
     // Coverage: every rule got frames (else the table proves less than it says).
     assert_eq!(
         seen_slots.len(),
-        rules.len(),
+        all_rules.len(),
         "rules never reached: {:?}",
-        (1..=rules.len() as u32).filter(|s| !seen_slots.contains(s)).collect::<Vec<_>>()
+        (1..=all_rules.len() as u32).filter(|s| !seen_slots.contains(s)).collect::<Vec<_>>()
     );
 }
 
