@@ -120,6 +120,7 @@ fn assert_all_passed(sent: &SendReport, got: &traffic::Received, i: usize, what:
 fn class_flood_beside_other_traffic(
     tag: &str,
     class_args: &[&str],
+    shown: &str,
     flood: impl Fn(IpAddr) -> FrameSpec,
     other: impl Fn(IpAddr) -> FrameSpec,
 ) {
@@ -135,8 +136,27 @@ fn class_flood_beside_other_traffic(
     for attempt in 1..=3 {
         let src = ip(&format!("198.18.0.{attempt}"));
         let flows = [SpecFlow { spec: flood(src), pps: 10_000.0 }, SpecFlow { spec: other(src), pps: 1_000.0 }];
+        let before = stats(&sb);
         let (sent, got) = traffic::run_specs(&sb, &flows, Duration::from_secs(5), &RunOptions::default());
         assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+        // The class's own counters (stats --json, the rule shown with its
+        // class): what it passed arrived, what it dropped did not; the
+        // other traffic is the class-less rule's.
+        let after = stats(&sb);
+        let delta = |prefix: &str, class: &str, keys: &[&str]| {
+            let now = rule_entries(&after, prefix, class);
+            assert_eq!(now.len(), 1, "stats --json: one entry for {prefix} '{class}': {}", after["rules"]);
+            field(now[0], keys) - rule_entries(&before, prefix, class).first().map_or(0, |w| field(w, keys))
+        };
+        let passed = ["passed_packets", "passed_pkts"];
+        let dropped = ["dropped_packets", "dropped_pkts"];
+        assert_eq!(delta("198.18.0.0/24", shown, &passed), got.per_flow[0], "{tag}: the class's passed count");
+        assert_eq!(
+            delta("198.18.0.0/24", shown, &dropped),
+            sent.sent[0] - got.per_flow[0],
+            "{tag}: the class's dropped count"
+        );
+        assert_eq!(delta("198.18.0.0/24", "-", &passed), got.per_flow[1], "{tag}: the class-less rule's passed count");
         let o = outcome(&sent, &got, 0, &rule, 1000.0, 10.0);
         eprintln!(
             "{tag} try {attempt}: flood sent {}, admitted {}, exact {}, rate x T + burst {:.1}; other traffic {}/{}",
@@ -170,6 +190,7 @@ fn syn_flood_is_policed_and_acks_pass() {
     class_flood_beside_other_traffic(
         "syn",
         &["--proto", "tcp", "--tcp-flags", "syn,!ack"],
+        "tcp flags syn,!ack",
         |s| FrameSpec::tcp(s, d, 64, 40000, 80, TCP_SYN),
         |s| FrameSpec::tcp(s, d, 64, 40001, 80, TCP_ACK),
     );
@@ -187,9 +208,14 @@ fn dns_flood_is_policed_and_other_udp_passes() {
     class_flood_beside_other_traffic(
         "dns",
         &["--proto", "udp", "--dport", "53"],
+        "udp dport 53",
         |s| FrameSpec::udp_to(s, d, 64, 53),
         |s| FrameSpec::udp_to(s, d, 64, 123),
     );
+}
+
+fn stats(sb: &Sandbox) -> serde_json::Value {
+    serde_json::from_str(&succeeds(&cli(sb, &["stats", "--json"]))).expect("stats --json is JSON")
 }
 
 /// A number of a rule's entry in `stats --json` under the first of
@@ -200,14 +226,14 @@ fn field(r: &serde_json::Value, keys: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("none of {keys:?} in the rule's counters: {r}"))
 }
 
-/// The entries of `stats --json`'s rules for `prefix` whose class names
-/// `needle` (the class shows somewhere in the entry: a field or its text).
-fn rule_entries<'a>(s: &'a serde_json::Value, prefix: &str, needle: &str) -> Vec<&'a serde_json::Value> {
+/// The entries of `stats --json`'s rules for `prefix` and `class` (as
+/// shown: `udp dport 27015`).
+fn rule_entries<'a>(s: &'a serde_json::Value, prefix: &str, class: &str) -> Vec<&'a serde_json::Value> {
     s["rules"]
         .as_array()
         .expect("stats --json has rules")
         .iter()
-        .filter(|r| r["prefix"] == prefix && r.to_string().contains(needle))
+        .filter(|r| r["prefix"] == prefix && r["class"] == class)
         .collect()
 }
 
@@ -243,8 +269,8 @@ fn total_rate_holds_a_hundred_sources_to_the_total() {
     );
     let total = pps(2000, 20);
     let d = ip(DST4);
-    let before = serde_json::from_str::<serde_json::Value>(&succeeds(&cli(&sb, &["stats", "--json"]))).unwrap();
     for attempt in 1..=3u32 {
+        let before = stats(&sb);
         let flows: Vec<SpecFlow> = (0..100)
             .map(|i| SpecFlow {
                 spec: FrameSpec::udp_to(ip(&format!("198.18.{attempt}.{}", i + 1)), d, 64, 27015),
@@ -276,9 +302,9 @@ fn total_rate_holds_a_hundred_sources_to_the_total() {
             assert!((a - ideal).abs() <= ideal * 0.02, "admitted {admitted}, total x T + burst {ideal:.1} +-2 %");
             // stats --json: this rule passed what arrived and its drops
             // were the aggregate's.
-            let s = serde_json::from_str::<serde_json::Value>(&succeeds(&cli(&sb, &["stats", "--json"]))).unwrap();
-            let now = rule_entries(&s, "198.18.0.0/16", "27015");
-            let was = rule_entries(&before, "198.18.0.0/16", "27015");
+            let s = stats(&sb);
+            let now = rule_entries(&s, "198.18.0.0/16", "udp dport 27015");
+            let was = rule_entries(&before, "198.18.0.0/16", "udp dport 27015");
             assert_eq!(now.len(), 1, "stats --json: one entry for the class rule: {}", s["rules"]);
             let delta = |keys: &[&str]| field(now[0], keys) - was.first().map_or(0, |w| field(w, keys));
             let passed = delta(&["passed_packets", "passed_pkts"]);
