@@ -34,7 +34,49 @@ pub enum System {
     RefLookup6,
     /// nftables with an `ip6 saddr` dynamic set.
     Nft6,
+    /// The class rows (issue 17): the dropping policer with
+    /// [`CLASS_RULES`] installed beside its source-only rule, none of
+    /// which matches the flood (UDP to port 9): the A/B partner of
+    /// `PolicerDrop`.
+    PolicerClasses,
+    /// The class-matching flood (UDP to port 53): the policer with a
+    /// class-less rule that admits everything and
+    /// `0.0.0.0/0 --proto udp --dport 53` at the dropping limit.
+    PolicerDns,
+    /// nftables, `udp dport 53` before the dynamic set + limit.
+    NftDns,
+    /// iptables-legacy hashlimit with `-p udp --dport 53`.
+    IptLegacyDns,
 }
+
+/// The class rules of the `PolicerClasses` row, all on the flood's source
+/// prefix (0.0.0.0/0), as `policer rule set 0.0.0.0/0 …` takes them (each
+/// also gets the dropping limit). None matches the flood: UDP to port
+/// [`FLOOD_DPORT`](super::generator::FLOOD_DPORT), 9.
+pub const CLASS_RULES: [&[&str]; 16] = [
+    &["--proto", "tcp", "--tcp-flags", "syn,!ack"],
+    &["--proto", "tcp", "--dport", "22"],
+    &["--proto", "tcp", "--dport", "80"],
+    &["--proto", "tcp", "--dport", "443"],
+    &["--proto", "tcp", "--dport", "8000-8999"],
+    &["--proto", "udp", "--dport", "53"],
+    &["--proto", "udp", "--dport", "123"],
+    &["--proto", "udp", "--dport", "161-162"],
+    &["--proto", "udp", "--dport", "27015"],
+    &["--proto", "udp", "--dport", "500"],
+    &["--proto", "icmp", "--icmp-type", "8"],
+    &["--proto", "icmp"],
+    &["--proto", "47"],
+    &["--proto", "50"],
+    &["--dst", "192.0.2.10", "--proto", "udp", "--dport", "5060"],
+    &["--proto", "tcp", "--dport", "25"],
+];
+
+/// The class rule of the `PolicerDns` row (with the dropping limit).
+pub const DNS_RULE: &[&str] = &["--proto", "udp", "--dport", "53"];
+
+/// The source prefix of the class rules: every source of the floods.
+pub const CLASS_PREFIX: &str = "0.0.0.0/0";
 
 /// An address family of a flood.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -75,6 +117,10 @@ impl System {
             System::PolicerDrop6 => "policer_drop_v6",
             System::RefLookup6 => "parse_lookup_v6",
             System::Nft6 => "nft_dynset_v6",
+            System::PolicerClasses => "policer_drop_classes",
+            System::PolicerDns => "policer_dns",
+            System::NftDns => "nft_dynset_dns",
+            System::IptLegacyDns => "iptables_legacy_hashlimit_dns",
         }
     }
 
@@ -92,6 +138,10 @@ impl System {
             System::PolicerDrop6 => "IPv6: policer, dropping (1 pps per /64)",
             System::RefLookup6 => "IPv6: parse + one LRU lookup of the /64 (reference), dropping all",
             System::Nft6 => "IPv6: nftables netdev ingress, ip6 saddr dynamic set + limit",
+            System::PolicerClasses => "policer, dropping, + 16 class rules not matching the flood",
+            System::PolicerDns => "UDP/53 flood: policer, class rule `--proto udp --dport 53` (1 pps per source)",
+            System::NftDns => "UDP/53 flood: nftables netdev ingress, `udp dport 53` dynamic set + limit",
+            System::IptLegacyDns => "UDP/53 flood: iptables-legacy raw hashlimit, `-p udp --dport 53`",
         }
     }
 
@@ -110,6 +160,10 @@ impl System {
             System::PolicerDrop6 => "pd6",
             System::RefLookup6 => "rl6",
             System::Nft6 => "nf6",
+            System::PolicerClasses => "pc",
+            System::PolicerDns => "pq",
+            System::NftDns => "nq",
+            System::IptLegacyDns => "iq",
         }
     }
 
@@ -119,6 +173,19 @@ impl System {
             System::XdpDrop6 | System::PolicerDrop6 | System::RefLookup6 | System::Nft6 => Family::V6,
             _ => Family::V4,
         }
+    }
+
+    /// The UDP destination port of the flood the system is measured with.
+    pub fn dport(self) -> u16 {
+        match self {
+            System::PolicerDns | System::NftDns | System::IptLegacyDns => super::generator::DNS_DPORT,
+            _ => super::generator::FLOOD_DPORT,
+        }
+    }
+
+    /// One of the class rows (reported in their own table).
+    pub fn is_class_row(self) -> bool {
+        matches!(self, System::PolicerClasses | System::PolicerDns | System::NftDns | System::IptLegacyDns)
     }
 }
 
@@ -194,6 +261,13 @@ pub fn nft(net: &Net, limit: Limit) -> Result<()> {
 /// elements. A full set adds nothing: the rule does not match, and the
 /// chain's policy accepts the frame (nft_dynset in the kernel).
 pub fn nft_set(net: &Net, limit: Limit, family: Family, size: u32) -> Result<()> {
+    nft_matching(net, limit, family, size, "")
+}
+
+/// [`nft_set`] with `matching` (an nft expression such as `udp dport 53 `,
+/// with its trailing space) before the set: frames it does not match are
+/// accepted without touching the set.
+pub fn nft_matching(net: &Net, limit: Limit, family: Family, size: u32, matching: &str) -> Result<()> {
     let (ty, saddr) = match family {
         Family::V4 => ("ipv4_addr", "ip saddr"),
         Family::V6 => ("ipv6_addr", "ip6 saddr"),
@@ -201,7 +275,7 @@ pub fn nft_set(net: &Net, limit: Limit, family: Family, size: u32) -> Result<()>
     let ruleset = format!(
         "table netdev pb {{\n  set pbm {{ type {ty}; size {size}; flags dynamic; }}\n  \
          chain pbin {{ type filter hook ingress device \"{}\" priority 0; policy accept;\n    \
-         add @pbm {{ {saddr} limit rate over {}/second burst {} packets }} drop\n  }}\n}}\n",
+         {matching}add @pbm {{ {saddr} limit rate over {}/second burst {} packets }} drop\n  }}\n}}\n",
         net.sb.rx_if, limit.pps, limit.burst
     );
     run_in_stdin(&net.sb.rx_ns, "nft", &["-f", "-"], &ruleset).context("nft ruleset")?;
@@ -211,39 +285,37 @@ pub fn nft_set(net: &Net, limit: Limit, family: Family, size: u32) -> Result<()>
 /// iptables (`iptables-legacy` or `iptables-nft`): raw PREROUTING
 /// hashlimit per source address, dropping what is above the limit.
 pub fn hashlimit(net: &Net, binary: &str, limit: Limit) -> Result<()> {
+    hashlimit_matching(net, binary, limit, &[])
+}
+
+/// [`hashlimit`] with `matching` (iptables match options such as
+/// `-p udp --dport 53`) before the hashlimit match.
+pub fn hashlimit_matching(net: &Net, binary: &str, limit: Limit, matching: &[&str]) -> Result<()> {
     let above = format!("{}/sec", limit.pps);
     let burst = limit.burst.to_string();
     let name = format!("pb{}", net.sb.rx_if);
     let max = TABLE_CAPACITY.to_string();
-    run_in(
-        &net.sb.rx_ns,
-        binary,
-        &[
-            "-t",
-            "raw",
-            "-A",
-            "PREROUTING",
-            "-i",
-            &net.sb.rx_if,
-            "-m",
-            "hashlimit",
-            "--hashlimit-mode",
-            "srcip",
-            "--hashlimit-above",
-            &above,
-            "--hashlimit-burst",
-            &burst,
-            "--hashlimit-name",
-            &name,
-            "--hashlimit-htable-size",
-            "65536",
-            "--hashlimit-htable-max",
-            &max,
-            "-j",
-            "DROP",
-        ],
-    )
-    .with_context(|| format!("{binary} hashlimit"))?;
+    let mut args = vec!["-t", "raw", "-A", "PREROUTING", "-i", &net.sb.rx_if];
+    args.extend_from_slice(matching);
+    args.extend_from_slice(&[
+        "-m",
+        "hashlimit",
+        "--hashlimit-mode",
+        "srcip",
+        "--hashlimit-above",
+        &above,
+        "--hashlimit-burst",
+        &burst,
+        "--hashlimit-name",
+        &name,
+        "--hashlimit-htable-size",
+        "65536",
+        "--hashlimit-htable-max",
+        &max,
+        "-j",
+        "DROP",
+    ]);
+    run_in(&net.sb.rx_ns, binary, &args).with_context(|| format!("{binary} hashlimit"))?;
     Ok(())
 }
 
@@ -276,5 +348,48 @@ pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) ->
             hashlimit(net, "iptables-nft", drop_limit)?;
             Installed::Netfilter
         }
+        System::PolicerClasses => {
+            let d = policer(net, drop_limit, &["--max-sources", &capacity]);
+            class_rules(&crate::daemon::policer_bin(), net, &CLASS_RULES, drop_limit)?;
+            Installed::Daemon(Box::new(d))
+        }
+        System::PolicerDns => {
+            let d = policer(net, admit_limit, &["--max-sources", &capacity]);
+            class_rules(&crate::daemon::policer_bin(), net, &[DNS_RULE], drop_limit)?;
+            Installed::Daemon(Box::new(d))
+        }
+        System::NftDns => {
+            nft_matching(net, drop_limit, Family::V4, TABLE_CAPACITY, "udp dport 53 ")?;
+            Installed::Netfilter
+        }
+        System::IptLegacyDns => {
+            hashlimit_matching(net, "iptables-legacy", drop_limit, &["-p", "udp", "--dport", "53"])?;
+            Installed::Netfilter
+        }
     })
+}
+
+/// `policer rule set 0.0.0.0/0 CLASS --rate R --burst B` for every class of
+/// `classes`, with the `policer` binary at `bin`, in `net`'s receiving
+/// namespace (where its daemon runs), as a user adds rules to a running
+/// daemon.
+pub fn class_rules(bin: &std::path::Path, net: &Net, classes: &[&[&str]], limit: Limit) -> Result<()> {
+    let rate = format!("{}pps", limit.pps);
+    let burst = limit.burst.to_string();
+    for class in classes {
+        let mut args = vec!["rule", "set", CLASS_PREFIX];
+        args.extend_from_slice(class);
+        args.extend_from_slice(&["--rate", &rate, "--burst", &burst]);
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &net.sb.rx_ns])
+            .arg(bin)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("run {}", bin.display()))?;
+        if !out.status.success() {
+            anyhow::bail!("policer {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        }
+    }
+    Ok(())
 }
