@@ -1378,6 +1378,7 @@ mod tests {
             sized: None,
             ipv4: false,
             ipv6: true,
+            classes: None,
         };
         let mut r = Results {
             date: String::new(),
@@ -1404,5 +1405,70 @@ mod tests {
         let md = markdown(&r);
         assert!(md.contains("### IPv6"), "{md}");
         assert!(md.contains("| 1.05× (1.00–1.20) | **met** |"), "{md}");
+    }
+
+    #[test]
+    fn the_class_targets_are_ratios_repetition_by_repetition() {
+        use crate::bench::peers::System;
+        let f = [100.0, 100.0, 200.0];
+        let rows = vec![vrow(System::XdpDrop, &f, &f), vrow(System::PolicerDrop, &[200.0, 200.0, 400.0], &f)];
+        let class_rows = vec![
+            // 1.02, 1.10, 1.00: median 1.02.
+            vrow(System::PolicerClasses, &[204.0, 220.0, 400.0], &f),
+            vrow(System::PolicerDns, &[200.0, 300.0, 400.0], &f),
+            vrow(System::NftDns, &[1000.0, 1000.0, 1000.0], &f),
+            vrow(System::IptLegacyDns, &[500.0, 500.0, 1000.0], &f),
+        ];
+        let classes = crate::bench::veth::class_results(&rows, class_rows).unwrap();
+        assert_eq!((classes.flood_dport, classes.dns_dport), (9, 53));
+        assert_eq!(classes.rules.len(), 16);
+        assert!(classes.rules.iter().all(|r| !r.contains("--dport 9 ") && !r.ends_with("--dport 9")));
+        let veth = VethResults {
+            sources: 65_536,
+            frame_bytes: 64,
+            seconds_per_rep: 1.0,
+            reps: 3,
+            cpu: 1,
+            drop_limit_pps: 1,
+            rows,
+            by_sources: vec![],
+            sized: None,
+            ipv4: false,
+            ipv6: false,
+            classes: Some(classes),
+        };
+        let mut r = Results {
+            date: String::new(),
+            commit: String::new(),
+            machine: String::new(),
+            quick: true,
+            seconds: 0.0,
+            kernel: None,
+            veth: Some(veth),
+            pressure: None,
+            accuracy: None,
+            control: None,
+            targets: vec![],
+            errors: vec![],
+        };
+        r.targets = targets(&r);
+        let get = |k: &str| r.targets.iter().find(|t| t.key == k).unwrap();
+        let a = get("classes_no_match_vs_source_only");
+        let m = a.measured.unwrap();
+        assert!((m.median - 1.02).abs() < 1e-9 && (m.max - 1.1).abs() < 1e-9, "{m:?}");
+        assert_eq!(a.met, Some(true));
+        // 0.2, 0.3, 0.4 against nftables; 0.4, 0.6, 0.4 against hashlimit.
+        let n = get("dns_vs_nft");
+        assert!((n.measured.unwrap().median - 0.3).abs() < 1e-9);
+        assert_eq!(n.met, Some(true));
+        let h = get("dns_vs_iptables_legacy");
+        assert!((h.measured.unwrap().median - 0.4).abs() < 1e-9);
+        assert_eq!(h.met, Some(false));
+        assert!(h.note.contains("the shared fixed cost"), "{}", h.note);
+        let md = markdown(&r);
+        assert!(md.contains("### Class rules"), "{md}");
+        assert!(md.contains("1.020, 1.100, 1.000"), "{md}");
+        assert!(md.contains("`--proto tcp --tcp-flags syn,!ack`"), "{md}");
+        assert!(md.contains("UDP to port 9"), "{md}");
     }
 }

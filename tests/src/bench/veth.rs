@@ -377,7 +377,7 @@ pub fn run(quick: bool, reps: usize, groups: Groups) -> Result<VethResults> {
 
 /// The class rows' results from their rows and the other veth rows (the
 /// source-only dropping policer is the A of the A/B).
-fn class_results(rows: &[VethRow], class_rows: Vec<VethRow>) -> Result<ClassResults> {
+pub(crate) fn class_results(rows: &[VethRow], class_rows: Vec<VethRow>) -> Result<ClassResults> {
     let find = |rs: &[VethRow], s: System| {
         rs.iter().find(|r| r.system == s).cloned().ok_or_else(|| anyhow::anyhow!("no {} row", s.key()))
     };
