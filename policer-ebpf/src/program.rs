@@ -247,24 +247,44 @@ enum Parsed {
         src: [u8; 4],
         fragment: bool,
         l4: L4At,
-        dst: [u8; 4],
     },
     V6 {
         src: [u8; 16],
         fragment: bool,
         l4: L4At,
-        dst: [u8; 16],
     },
 }
 
 /// Where the layer-4 header is, read only if the source's prefix has
-/// classes.
+/// classes: packed in one word, so that it costs one register (or one
+/// spill) on the path of every frame.
 #[derive(Clone, Copy)]
-struct L4At {
-    proto: u8,
-    /// Offset in the frame; 0: none to read (a non-first fragment, or an
-    /// IPv6 extension chain longer than the walk).
-    off: usize,
+struct L4At(u64);
+
+impl L4At {
+    /// `ip`: offset of the IP header (its destination is read from there,
+    /// for classes only); `off`: offset of the layer-4 header, 0 for none
+    /// to read (a non-first fragment, or an IPv6 extension chain longer
+    /// than the walk).
+    #[inline(always)]
+    fn new(ip: usize, proto: u8, off: usize) -> L4At {
+        L4At((off as u64 & 0xffff) | (proto as u64) << 16 | (ip as u64 & 0xff) << 24)
+    }
+
+    #[inline(always)]
+    fn ip(self) -> usize {
+        ((self.0 >> 24) & 0xff) as usize
+    }
+
+    #[inline(always)]
+    fn proto(self) -> u8 {
+        (self.0 >> 16) as u8
+    }
+
+    #[inline(always)]
+    fn off(self) -> usize {
+        (self.0 & 0xffff) as usize
+    }
 }
 
 #[inline(always)]
@@ -312,8 +332,8 @@ fn parse(ctx: &XdpContext) -> Parsed {
             let frags = u16::from_be_bytes(ip.frags);
             let fragment = frags & 0x3fff != 0;
             // Only a first fragment (offset 0) carries the layer-4 header.
-            let l4 = L4At { proto: ip.proto as u8, off: if frags & 0x1fff == 0 { off + hlen } else { 0 } };
-            Parsed::V4 { src: ip.src_addr, fragment, l4, dst: ip.dst_addr }
+            let l4 = L4At::new(off, ip.proto as u8, if frags & 0x1fff == 0 { off + hlen } else { 0 });
+            Parsed::V4 { src: ip.src_addr, fragment, l4 }
         }
         ETH_P_IPV6 => {
             let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, off) else {
@@ -374,8 +394,8 @@ fn parse(ctx: &XdpContext) -> Parsed {
                     break;
                 }
             }
-            let l4 = L4At { proto: nh, off: if later_fragment { 0 } else { l4_off } };
-            Parsed::V6 { src: ip.src_addr, fragment, l4, dst: ip.dst_addr }
+            let l4 = L4At::new(off, nh, if later_fragment { 0 } else { l4_off });
+            Parsed::V6 { src: ip.src_addr, fragment, l4 }
         }
         _ => Parsed::NonIp,
     }
@@ -398,32 +418,47 @@ fn lookup_rule<const V6: bool>(search: impl FnOnce() -> Option<&'static Rule>) -
 /// prefix's classes if one matches (policer_common::class), else `rule`
 /// itself, the fallback. Reads the layer-4 header only here.
 #[inline(always)]
-fn resolve_class(ctx: &XdpContext, rule: &'static Rule, l4: L4At, dst: [u8; 16], c: &mut Counters) -> &'static Rule {
-    if rule.classes == 0 || rule.class_protos & (1u64 << (l4.proto & 63)) == 0 {
+fn resolve_class<const V6: bool>(ctx: &XdpContext, rule: &'static Rule, l4: L4At, c: &mut Counters) -> &'static Rule {
+    if rule.classes == 0 || rule.class_protos & (1u64 << (l4.proto() & 63)) == 0 {
         return rule;
     }
-    let mut f = FrameL4 { proto: l4.proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst };
+    // The destination, read again from the header parse checked.
+    let dst = if V6 {
+        match ptr_at::<[u8; 16]>(ctx, l4.ip() + 24) {
+            // SAFETY: bounds checked by ptr_at.
+            Some(d) => unsafe { *d },
+            None => return rule,
+        }
+    } else {
+        match ptr_at::<[u8; 4]>(ctx, l4.ip() + 16) {
+            // SAFETY: bounds checked by ptr_at.
+            Some(d) => class::mapped_v4(unsafe { *d }),
+            None => return rule,
+        }
+    };
+    let proto = l4.proto();
+    let mut f = FrameL4 { proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst };
     // Laundered: the IPv6 walk ends at one of several offsets, and the
     // verifier would follow what comes next once for each.
-    let off = launder(l4.off as u64) as usize;
-    let l4 = L4At { proto: l4.proto, off: if off > MAX_EXT_OFFSET + 8 { 0 } else { off } };
-    if l4.off != 0 {
-        if l4.proto == IPPROTO_TCP {
-            if let Some(h) = ptr_at::<[u8; 14]>(ctx, l4.off) {
+    let off = launder(l4.off() as u64) as usize;
+    let off = if off > MAX_EXT_OFFSET + 8 { 0 } else { off };
+    if off != 0 {
+        if proto == IPPROTO_TCP {
+            if let Some(h) = ptr_at::<[u8; 14]>(ctx, off) {
                 // SAFETY: bounds checked by ptr_at.
                 let h = unsafe { *h };
                 f.dport = u16::from_be_bytes([h[2], h[3]]);
                 f.tcp_flags = h[13];
                 f.has_l4 = true;
             }
-        } else if l4.proto == IPPROTO_ICMP || l4.proto == IPPROTO_ICMPV6 {
-            if let Some(h) = ptr_at::<[u8; 2]>(ctx, l4.off) {
+        } else if proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6 {
+            if let Some(h) = ptr_at::<[u8; 2]>(ctx, off) {
                 // SAFETY: bounds checked by ptr_at.
                 f.icmp_type = unsafe { (*h)[0] };
                 f.has_l4 = true;
             }
-        } else if class::PROTOS_WITH_PORTS.contains(&l4.proto) {
-            if let Some(h) = ptr_at::<[u8; 4]>(ctx, l4.off) {
+        } else if class::PROTOS_WITH_PORTS.contains(&proto) {
+            if let Some(h) = ptr_at::<[u8; 4]>(ctx, off) {
                 // SAFETY: bounds checked by ptr_at.
                 let h = unsafe { *h };
                 f.dport = u16::from_be_bytes([h[2], h[3]]);
@@ -875,13 +910,13 @@ fn try_policer(ctx: &XdpContext) -> u32 {
             c.malformed_pkts += 1;
             return xdp_action::XDP_DROP;
         }
-        Parsed::V4 { src, fragment, l4, dst } => {
+        Parsed::V4 { src, fragment, l4 } => {
             c.fragment_pkts += fragment as u64;
             // SAFETY: a read of a plain static the loader may rewrite before load.
             let bench = unsafe { core::ptr::read_volatile(&BENCH_SOURCES) };
             let src = if bench != 0 { bench_source(bench) } else { src };
             let rule = lookup_rule::<false>(|| RULES_V4.get(&Key::new(32, src)))
-                .map(|r| resolve_class(ctx, r, l4, class::mapped_v4(dst), c));
+                .map(|r| resolve_class::<false>(ctx, r, l4, c));
             match rule {
                 // A class's buckets are per (source, class): in the keyed
                 // table, the source as ::ffff:a.b.c.d.
@@ -893,17 +928,11 @@ fn try_policer(ctx: &XdpContext) -> u32 {
                 _ => (rule, Target::V4(src)),
             }
         }
-        Parsed::V6 { src, fragment, l4, dst } => {
+        Parsed::V6 { src, fragment, l4 } => {
             c.fragment_pkts += fragment as u64;
             let rule =
-                lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src))).map(|r| resolve_class(ctx, r, l4, dst, c));
-            let mut addr = [0; 16];
-            if let Some(r) = rule {
-                for i in 0..16 {
-                    addr[i] = src[i] & r.key_mask[i];
-                }
-            }
-            (rule, Target::Keyed(addr, 0))
+                lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src))).map(|r| resolve_class::<true>(ctx, r, l4, c));
+            (rule, Target::Keyed(src, 0))
         }
     };
     // One call site each, so each is inlined once.
@@ -929,12 +958,14 @@ fn try_policer(ctx: &XdpContext) -> u32 {
 enum Target {
     /// The IPv4 table: the source.
     V4([u8; 4]),
-    /// The keyed table: the masked source, and the key length's family bit.
+    /// The keyed table: the source, and the key length's family bit (an
+    /// IPv4 source, masked already).
     Keyed([u8; 16], u32),
 }
 
 /// [`verdict`] on the keyed table (IPv6 sources, and the buckets of every
-/// class): `addr` is the masked source, `mapped` the key length's family bit.
+/// class): `addr` is the source (masked already when `mapped`, the key
+/// length's family bit of an IPv4 source, is set).
 #[inline(always)]
 fn keyed_verdict(
     ctx: &XdpContext,
@@ -946,7 +977,12 @@ fn keyed_verdict(
 ) -> u32 {
     verdict(rule, len, c, |rule, clock, c, rc| {
         let class = if rule.flags & RULE_CLASS != 0 { rule.counter_slot } else { 0 };
-        let key = BucketKeyV6 { addr, key_len: rule.key_len | mapped, class };
+        let mut key = BucketKeyV6 { addr, key_len: rule.key_len | mapped, class };
+        if mapped == 0 {
+            for i in 0..16 {
+                key.addr[i] = addr[i] & rule.key_mask[i];
+            }
+        }
         let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
             c.bucket_insert_failed += 1;
             return Judged::new_bucket(true);

@@ -90,12 +90,43 @@ pub fn send(
     duration: Duration,
     stop: &AtomicBool,
 ) -> SendReport {
+    send_specs(sock, &spec_flows(flows), dst_mac, run, duration, stop)
+}
+
+/// A flow of frames built from a [`FrameSpec`] (any layer 4, tags,
+/// extension headers, fragments), sent at a fixed rate. The destination
+/// MAC is the receiver's; the marker goes in the payload.
+#[derive(Clone, Debug)]
+pub struct SpecFlow {
+    pub spec: FrameSpec,
+    pub pps: f64,
+}
+
+/// [`Flow`]s as UDP [`SpecFlow`]s to the default destinations.
+pub fn spec_flows(flows: &[Flow]) -> Vec<SpecFlow> {
+    flows
+        .iter()
+        .map(|f| {
+            let dst: IpAddr = if f.src.is_ipv4() { DST_V4.parse().unwrap() } else { DST_V6.parse().unwrap() };
+            SpecFlow { spec: FrameSpec::udp(f.src, dst, f.len), pps: f.pps }
+        })
+        .collect()
+}
+
+/// [`send`] for [`SpecFlow`]s.
+pub fn send_specs(
+    sock: &RawSocket,
+    flows: &[SpecFlow],
+    dst_mac: [u8; 6],
+    run: u32,
+    duration: Duration,
+    stop: &AtomicBool,
+) -> SendReport {
     let mut frames: Vec<(Vec<u8>, usize)> = flows
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let dst: IpAddr = if f.src.is_ipv4() { DST_V4.parse().unwrap() } else { DST_V6.parse().unwrap() };
-            let mut spec = FrameSpec::udp(f.src, dst, f.len);
+            let mut spec = f.spec.clone();
             spec.dst_mac = dst_mac;
             let b = spec.build(Some((run, i as u32, 0)));
             let seq_at = b.windows(4).position(|w| w == crate::frame::MARKER).expect("marker") + 12;
@@ -215,7 +246,7 @@ pub struct RunOptions {
 
 /// [`run`] with options.
 pub fn run_with(sb: &Sandbox, flows: &[Flow], duration: Duration, opts: &RunOptions) -> (SendReport, Received) {
-    run_opts(&sb.tx_ns, &sb.tx_if, &sb.rx_ns, &sb.rx_if, sb.rx_mac(), flows, duration, opts)
+    run_opts(&sb.tx_ns, &sb.tx_if, &sb.rx_ns, &sb.rx_if, sb.rx_mac(), &spec_flows(flows), duration, opts)
 }
 
 #[expect(clippy::too_many_arguments, reason = "plain plumbing of one experiment's parameters")]
@@ -230,7 +261,13 @@ pub fn run_in(
     stop: Option<Arc<AtomicBool>>,
 ) -> (SendReport, Received) {
     let opts = RunOptions { stop, ..Default::default() };
-    run_opts(tx_ns, tx_if, rx_ns, rx_if, dst_mac, flows, duration, &opts)
+    run_opts(tx_ns, tx_if, rx_ns, rx_if, dst_mac, &spec_flows(flows), duration, &opts)
+}
+
+/// [`run_with`] for [`SpecFlow`]s: any frame shape, counted per flow on
+/// the receiving side.
+pub fn run_specs(sb: &Sandbox, flows: &[SpecFlow], duration: Duration, opts: &RunOptions) -> (SendReport, Received) {
+    run_opts(&sb.tx_ns, &sb.tx_if, &sb.rx_ns, &sb.rx_if, sb.rx_mac(), flows, duration, opts)
 }
 
 #[expect(clippy::too_many_arguments, reason = "plain plumbing of one experiment's parameters")]
@@ -240,7 +277,7 @@ fn run_opts(
     rx_ns: &str,
     rx_if: &str,
     dst_mac: [u8; 6],
-    flows: &[Flow],
+    flows: &[SpecFlow],
     duration: Duration,
     opts: &RunOptions,
 ) -> (SendReport, Received) {
@@ -279,7 +316,7 @@ fn run_opts(
         }
         let sock = RawSocket::bind(&tif).expect("bind transmit socket");
         sock.big_buffers().expect("socket buffers");
-        send(&sock, &fl, dst_mac, run, duration, &stx)
+        send_specs(&sock, &fl, dst_mac, run, duration, &stx)
     });
     let sent = sender.join().expect("sender");
     stop_rx.store(true, Ordering::Relaxed);
@@ -377,6 +414,17 @@ pub fn run_bg(sb: &Sandbox, flows: &[Flow], duration: Duration) -> thread::JoinH
 /// keeps a stall from looking like a policer error.
 pub fn exact_admitted(sent: &SendReport, rule: &policer_common::Rule, len: u32) -> u64 {
     exact_model(rule, sent.frames.iter().filter(|f| f.1 == 0).map(|&(t, _)| (t, len))).0
+}
+
+/// [`exact_admitted`] for flow `flow` (frames of `len` bytes).
+pub fn exact_admitted_flow(sent: &SendReport, rule: &policer_common::Rule, flow: usize, len: u32) -> u64 {
+    exact_model(rule, sent.frames.iter().filter(|f| f.1 as usize == flow).map(|&(t, _)| (t, len))).0
+}
+
+/// Frames one bucket under `rule` admits of the frames of `flows` together
+/// (an aggregate over some flows), frames of 64 bytes.
+pub fn exact_model_of_flows(sent: &SendReport, rule: &policer_common::Rule, flows: &[usize]) -> u64 {
+    exact_model(rule, sent.frames.iter().filter(|f| flows.contains(&(f.1 as usize))).map(|&(t, _)| (t, 64))).0
 }
 
 /// Frames an exact policer admits when every flow shares one bucket (one

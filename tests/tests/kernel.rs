@@ -1,5 +1,7 @@
 //! Tier 2 (the real object under BPF_PROG_TEST_RUN), hostile input:
-//! fuzzing with a differential check against a host reference parser,
+//! fuzzing with a differential check against a host reference parser
+//! (also with class rules installed: the rule each frame gets follows the
+//! reference's layer 4 and the daemon's reference resolver),
 //! frames truncated at every offset, the parse cases of the README one by
 //! one, and the same source driven from two CPUs at once.
 
@@ -11,14 +13,16 @@ use std::{
 
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
+use policer_common::class::{TCP_ACK, TCP_SYN};
 use policer_common::{BucketKey, FAMILY_V4, FAMILY_V6, rate::Rate};
 use policer_tests::{
-    frame::{FrameSpec, ipv4_header, ipv6_header},
+    classes::{install, kernel_rule},
+    frame::{Ext, FrameSpec, ipv4_header, ipv6_header},
     privileged,
     reference::{self, Expect},
     rng,
 };
-use policer_user::{LoadOptions, Policer};
+use policer_user::{LoadOptions, Policer, classes::KernelRule};
 
 const PASS: u32 = 2;
 const DROP: u32 = 1;
@@ -228,6 +232,210 @@ fn fuzz_against_the_reference_parser() {
     tally.assert_matches(&p, &keys);
     eprintln!("fuzz: {tally:?}, {} keys, {:.1} s", keys.len(), t0.elapsed().as_secs_f64());
     assert!(tally.malformed > n / 20 && tally.passed > n / 4 && tally.non_ip > n / 50, "poor coverage: {tally:?}");
+}
+
+/// Valid frames of every layer-4 shape class matching reads: TCP with
+/// flags, UDP to several ports, ICMP and ICMPv6 echo, IPv6 extension
+/// chains (to the port, and longer than the walk), first and later
+/// fragments of both families, VLAN tags.
+fn class_templates() -> Vec<Vec<u8>> {
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+    let (s4, d4, d4b) = (ip("198.18.0.1"), ip("198.19.0.1"), ip("192.0.2.10"));
+    let (s6, d6, d6b) = (ip("2001:db8:1::1"), ip("2001:db8:ffff::1"), ip("2001:db8:eeee::1"));
+    // Sources outside the longer prefixes that have classes (198.18.0.0/16,
+    // 2001:db8::/32): only the default prefixes' classes apply to them.
+    let (o4, o6) = (ip("198.51.100.1"), ip("2001:db9::1"));
+    let mut t = templates();
+    let mut specs = vec![
+        FrameSpec::tcp(s4, d4, 64, 1000, 80, TCP_SYN),
+        FrameSpec::tcp(s4, d4, 64, 1000, 80, TCP_SYN | TCP_ACK),
+        FrameSpec::tcp(s4, d4b, 64, 1000, 443, TCP_ACK),
+        FrameSpec::udp_to(s4, d4, 64, 53),
+        FrameSpec::udp_to(s4, d4b, 64, 1023),
+        FrameSpec::udp_to(s4, d4, 64, 5353),
+        FrameSpec::echo(s4, d4, 64),
+        FrameSpec::udp(s4, d4, 64).with_l4(policer_tests::frame::L4::Other(47)),
+        FrameSpec::tcp(s6, d6, 90, 1000, 22, TCP_SYN),
+        FrameSpec::udp_to(s6, d6b, 90, 53),
+        FrameSpec::echo(s6, d6, 90),
+        FrameSpec::tcp(o4, d4, 64, 1000, 8080, TCP_SYN),
+        FrameSpec::tcp(o4, d4, 64, 1000, 80, TCP_ACK),
+        FrameSpec::udp_to(o4, d4, 64, 5353),
+        FrameSpec::udp_to(o4, d4b, 64, 5353),
+        FrameSpec::echo(o4, d4, 64),
+        FrameSpec::tcp(o6, d6, 90, 1000, 22, TCP_SYN),
+        FrameSpec::tcp(o6, d6, 90, 1000, 22, TCP_ACK),
+        FrameSpec::udp_to(o6, d6, 90, 53),
+        FrameSpec::udp_to(o6, d6, 90, 9),
+        FrameSpec::echo(o6, d6, 90),
+    ];
+    let mut v = FrameSpec::udp_to(s4, d4, 64, 53);
+    v.vlans = vec![(0x8100, 7)];
+    specs.push(v);
+    let mut v = FrameSpec::tcp(s6, d6, 100, 1000, 22, TCP_SYN);
+    v.vlans = vec![(0x88a8, 1), (0x8100, 2)];
+    specs.push(v);
+    for frag in [(0, true), (100, true), (200, false)] {
+        let mut f = FrameSpec::udp_to(s4, d4, 64, 53);
+        f.ipv4_frag = Some(frag);
+        specs.push(f);
+    }
+    for ext in [
+        vec![Ext::HopByHop, Ext::DestOpts],
+        vec![Ext::HopByHop, Ext::Routing, Ext::Fragment { offset: 0, more: true }],
+        vec![Ext::Fragment { offset: 40, more: false }],
+        vec![Ext::Ah, Ext::DestOpts],
+        vec![Ext::DestOpts; 7],
+        vec![Ext::DestOpts; 8],
+    ] {
+        for l4 in [
+            policer_tests::frame::L4::Udp { sport: 1, dport: 53 },
+            policer_tests::frame::L4::Tcp { sport: 1, dport: 22, flags: TCP_SYN },
+        ] {
+            let mut f = FrameSpec::udp(s6, d6, 90).with_l4(l4);
+            f.ipv6_ext = ext.clone();
+            specs.push(f);
+        }
+    }
+    t.extend(specs.iter().map(|s| s.build(None)));
+    t
+}
+
+/// Class rules over the templates' sources, every kind of class, all
+/// admitting everything (the verdict depends on parsing alone; the rule a
+/// frame got shows in its counter slot and its bucket's key).
+fn class_rules() -> Vec<KernelRule> {
+    let all = |v6: bool| {
+        let r = Rate::parse("100Mpps").unwrap().rule(1_000_000_000).unwrap();
+        r.with_key_len(if v6 { 64 } else { 32 }, v6).unwrap()
+    };
+    let rules: &[(&str, &str)] = &[
+        ("0.0.0.0/0", ""),
+        ("0.0.0.0/0", "proto=tcp tcp-flags=syn,!ack"),
+        ("0.0.0.0/0", "proto=tcp dport=80"),
+        ("0.0.0.0/0", "proto=udp dport=53"),
+        ("0.0.0.0/0", "proto=udp dport=0-1023"),
+        ("0.0.0.0/0", "proto=udp"),
+        ("0.0.0.0/0", "proto=icmp icmp-type=8"),
+        ("0.0.0.0/0", "dst=192.0.2.0/24"),
+        ("0.0.0.0/0", "proto=47"),
+        // A prefix with classes and no class-less rule: falls to 0/0.
+        ("198.18.0.0/16", "proto=udp dport=9"),
+        ("198.18.0.0/16", "proto=tcp dport=443 dst=192.0.2.10/32"),
+        ("::/0", ""),
+        ("::/0", "proto=udp dport=53"),
+        ("::/0", "proto=tcp"),
+        ("::/0", "proto=tcp tcp-flags=syn"),
+        ("::/0", "proto=icmpv6 icmp-type=128"),
+        ("::/0", "proto=udp"),
+        ("2001:db8::/32", "proto=udp dst=2001:db8:eeee::/48"),
+        ("2001:db8::/32", "dst=2001:db8:ffff::/48"),
+    ];
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, (net, words))| kernel_rule(net, words, all(net.contains(':')), i as u32 + 1))
+        .collect()
+}
+
+/// Random and mutated frames of every class shape through the real object
+/// with class rules installed: the verdict and the parse counters agree
+/// with the reference parser, and each IP frame is counted on the rule
+/// that the daemon's reference resolver picks for the reference's layer 4
+/// (its counter slot moves by exactly one), in a bucket keyed by that rule
+/// (class buckets per source and class). POLICER_CLASS_FUZZ_FRAMES sets
+/// the count (default 30 000).
+#[test]
+fn fuzz_classes_against_the_reference() {
+    if !privileged("object tier") {
+        return;
+    }
+    let n: u64 = std::env::var("POLICER_CLASS_FUZZ_FRAMES").ok().and_then(|v| v.parse().ok()).unwrap_or(30_000);
+    let seed: u64 =
+        std::env::var("POLICER_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x0c1a_55e5_5eed_0017);
+    eprintln!("class fuzz: {n} frames, seed {seed} (POLICER_CLASS_FUZZ_FRAMES, POLICER_FUZZ_SEED)");
+    let mut p = Policer::load(&LoadOptions { max_sources: 1 << 18, test_clock: true, ..Default::default() }).unwrap();
+    p.set_clock(1_000_000_000).unwrap();
+    let rules = class_rules();
+    install(&mut p, &rules, &[], 1_000_000_000);
+    let shared = p.shared_maps().unwrap();
+    let slot_passed = |slot: u32| -> u64 { shared.rule_counters(slot).unwrap().iter().map(|c| c.passed_pkts).sum() };
+    let nslots = rules.len() + 1;
+    let mut want = vec![0u64; nslots];
+    let mut tally = Tally::default();
+    let mut class_hits = 0u64;
+    let mut seen_slots = HashSet::new();
+    let mut s = seed;
+    let templates = class_templates();
+    for (i, t) in templates.iter().enumerate() {
+        assert!(matches!(reference::parse(t), Expect::Ip { .. }), "class template {i} is not valid IP");
+    }
+    for i in 0..n {
+        let mut f = templates[(rng(&mut s) % templates.len() as u64) as usize].clone();
+        // Mutations: a header byte (within the first 130: tags, IP,
+        // extension headers, layer 4), a cut, padding.
+        for _ in 0..(rng(&mut s) % 3) {
+            let at = (rng(&mut s) as usize) % f.len().min(130);
+            f[at] = rng(&mut s) as u8;
+        }
+        match rng(&mut s) % 5 {
+            0 => f.truncate(14.max((rng(&mut s) as usize) % (f.len() + 1))),
+            1 => f.extend((0..rng(&mut s) % 64).map(|_| 0u8)),
+            _ => {}
+        }
+        let want_e = reference::parse(&f);
+        let got = run(&mut p, &f);
+        assert_ne!(got, ABORTED, "frame {i}: XDP_ABORTED for {f:02x?}");
+        let verdict = if want_e == Expect::Malformed { DROP } else { PASS };
+        assert_eq!(got, verdict, "frame {i}: verdict for {f:02x?} (reference: {want_e:?})");
+        tally.add(want_e);
+        let Expect::Ip { v6, src, l4, .. } = want_e else {
+            continue;
+        };
+        let addr: std::net::IpAddr = if v6 {
+            std::net::Ipv6Addr::from(src).into()
+        } else {
+            std::net::Ipv4Addr::new(src[0], src[1], src[2], src[3]).into()
+        };
+        let r = policer_user::classes::resolve(&rules, addr, &l4).expect("every source has a rule");
+        let slot = r.rule.counter_slot;
+        want[slot as usize] += 1;
+        seen_slots.insert(slot);
+        class_hits += u64::from(!r.class.is_none());
+        let passed = slot_passed(slot);
+        assert_eq!(
+            passed, want[slot as usize],
+            "frame {i}: not counted on rule {} '{}' (slot {slot}) that the reference resolves for {addr} with {l4:?}:              {f:02x?}",
+            r.net, r.class
+        );
+        let mut k = key_of(v6, &src);
+        if !r.class.is_none() {
+            k.class = slot;
+        }
+        assert!(p.bucket(&k).unwrap().is_some(), "frame {i}: no bucket under {k:?} (rule {} '{}')", r.net, r.class);
+        if i % 10_000 == 9_999 {
+            let c = p.counters().unwrap();
+            assert_eq!(c.class_matched, class_hits, "class_matched counter vs frames resolved to a class");
+        }
+    }
+    let c = p.counters().unwrap();
+    assert_eq!((c.malformed_pkts, c.non_ip_pkts, c.passed_pkts), (tally.malformed, tally.non_ip, tally.passed));
+    assert_eq!(c.class_matched, class_hits, "class_matched counter vs frames resolved to a class");
+    for (slot, rc) in p.rule_counters().unwrap() {
+        if (slot as usize) < nslots {
+            assert_eq!(rc.passed_pkts, want[slot as usize], "slot {slot} passed");
+        } else {
+            assert_eq!(rc.passed_pkts, 0, "slot {slot} (no rule) counted frames");
+        }
+    }
+    eprintln!("class fuzz: {tally:?}, {class_hits} to a class, {} of {} rules reached", seen_slots.len(), rules.len());
+    // Coverage: every rule got frames (else the table proves less than it says).
+    assert_eq!(
+        seen_slots.len(),
+        rules.len(),
+        "rules never reached: {:?}",
+        (1..=rules.len() as u32).filter(|s| !seen_slots.contains(s)).collect::<Vec<_>>()
+    );
 }
 
 fn pin_to_cpu(cpu: usize) {
