@@ -236,7 +236,7 @@ const DENSITY: &str = "Measured apart from this run (commit da7ae15, same packet
 
 /// For the class rules' target: what the 16 class rules added to the drop
 /// path in this run, and where the program spends it.
-fn classes_note(v: Option<&VethResults>) -> String {
+fn classes_note(v: Option<&VethResults>, k: Option<&KernelResults>) -> String {
     let Some(v) = v else { return String::new() };
     let (Some(c), Some(a), Some(f)) = (v.classes.as_ref(), row(v, "policer_drop"), row(v, "xdp_drop")) else {
         return String::new();
@@ -250,7 +250,7 @@ fn classes_note(v: Option<&VethResults>) -> String {
          port up in the class index (an LPM trie: a helper call the verifier does not inline, which on this VM also \
          pays for the mitigations named at the top), finds no class for port {}, and falls to the class-less rule. A \
          frame whose protocol has no class on its prefix skips all of it (one bit test on the rule). Admitted: {} \
-         with the class rules, {} without.",
+         with the class rules, {} without.{}",
         b.cpu_ns.median,
         a.cpu_ns.median,
         b.cpu_ns.median - a.cpu_ns.median,
@@ -261,13 +261,47 @@ fn classes_note(v: Option<&VethResults>) -> String {
         c.prefix,
         c.flood_dport,
         pct(&b.admitted),
-        pct(&a.admitted)
+        pct(&a.admitted),
+        kernel_classes_sentence(k)
+    )
+}
+
+/// The class rules' A/B by PROG_TEST_RUN at 65 536 sources, if measured.
+fn kernel_classes_sentence(k: Option<&KernelResults>) -> String {
+    let Some(k) = k else { return String::new() };
+    let Some(a) = krow(k, "policer_drop", 65_536) else { return String::new() };
+    let mut parts = vec![];
+    for (key, how) in [
+        ("policer_drop_class1", "with one class rule (`--proto udp --dport 53`)"),
+        ("policer_drop_classes", "with the 16 class rules"),
+        (
+            "policer_drop_classes_tries",
+            "with the 16 and the rule found in the tries instead of the default-rules fast path",
+        ),
+    ] {
+        if let Some(b) = krow(k, key, 65_536) {
+            parts.push(format!(
+                "{how} {:.0} ns ({:+.0}, {} repetition by repetition)",
+                b.kernel_ns.median,
+                b.kernel_ns.median - a.kernel_ns.median,
+                fx(&kratio(b, a))
+            ));
+        }
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!(
+        " By PROG_TEST_RUN at 65 536 sources (kernel ns per packet, the same UDP frame to port 9), the dropping policer \
+         costs {:.0} ns with the source-only rule set; {}.",
+        a.kernel_ns.median,
+        parts.join("; ")
     )
 }
 
 /// The class rows (issue 17): the A/B of the class rules that do not match
 /// the flood, and the class-matching flood against nftables and hashlimit.
-fn classes(w: &mut String, v: &VethResults) {
+fn classes(w: &mut String, v: &VethResults, k: Option<&KernelResults>) {
     let Some(c) = &v.classes else { return };
     let _ = writeln!(
         w,
@@ -307,9 +341,10 @@ fn classes(w: &mut String, v: &VethResults) {
     let reps: Vec<String> = c.classes_vs_source_only_reps.iter().map(|x| format!("{x:.3}")).collect();
     let _ = writeln!(
         w,
-        "\nWith the class rules / source-only, repetition by repetition (in run order): {}; median {}.\n",
+        "\nWith the class rules / source-only, repetition by repetition (in run order): {}; median {}.{}\n",
         reps.join(", "),
-        fx(&c.classes_vs_source_only)
+        fx(&c.classes_vs_source_only),
+        kernel_classes_sentence(k)
     );
     let _ = writeln!(
         w,
@@ -520,7 +555,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
         "ratio",
         1.05,
         cls.map(|c| c.classes_vs_source_only),
-        || classes_note(v),
+        || classes_note(v, k),
     ));
     let dns = crow("policer_dns");
     for (key, peer, what) in [
@@ -763,7 +798,7 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(w, "![CPU ns per received packet](bench/veth-cost.png)\n");
         by_sources(w, v);
         ipv6(w, v);
-        classes(w, v);
+        classes(w, v, r.kernel.as_ref());
     }
 
     if let Some(p) = &r.pressure {
