@@ -190,6 +190,93 @@ impl ClassList {
     }
 }
 
+/// Groups (prefixes with classes) a program holds: the entries of
+/// `CLASS_FILTER`. Group ids are `1..MAX_CLASS_GROUPS`.
+pub const MAX_CLASS_GROUPS: u32 = 4096;
+/// Ports one bit of a [`ClassFilter`] lane stands for: bit `port % 512`.
+pub const FILTER_PORT_BITS: u32 = 512;
+
+/// The value of `CLASS_FILTER`, one per group: whether the class lookup
+/// can find anything for a frame, read before it (an inlined array read,
+/// against the trie lookup's helper call), so that frames of a protocol
+/// and port no class names skip the lookup: the drop path of a flood that
+/// no class matches costs what it did without classes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassFilter {
+    /// Bit `p` (of 256): a class of protocol `p` names no port (or a class
+    /// names no protocol, or `p` has ports but no lane): look up every
+    /// frame of `p`.
+    pub any: [u64; 4],
+    /// TCP, then UDP: bit `port % 512` set for every port a class of that
+    /// protocol names.
+    pub ports: [[u64; 8]; 2],
+}
+
+impl ClassFilter {
+    /// The lane of a protocol with ports, if it has one.
+    #[inline(always)]
+    pub const fn lane(proto: u8) -> Option<usize> {
+        match proto {
+            IPPROTO_TCP => Some(0),
+            IPPROTO_UDP => Some(1),
+            _ => None,
+        }
+    }
+
+    /// Whether a frame of `proto` to `port` (`has_l4`: its layer-4 header
+    /// was read) may match a class.
+    #[inline(always)]
+    pub fn may_match(&self, proto: u8, has_l4: bool, port: u16) -> bool {
+        if self.any[(proto >> 6) as usize & 3] & (1u64 << (proto & 63)) != 0 {
+            return true;
+        }
+        let Some(lane) = ClassFilter::lane(proto) else {
+            return false;
+        };
+        let bit = port as u32 % FILTER_PORT_BITS;
+        has_l4 && self.ports[lane & 1][(bit >> 6) as usize & 7] & (1u64 << (bit & 63)) != 0
+    }
+
+    /// Marks protocol `proto` as looked up for every frame.
+    pub fn set_any(&mut self, proto: u8) {
+        self.any[proto as usize >> 6] |= 1u64 << (proto & 63);
+    }
+
+    /// Marks the ports `lo..=hi` of `proto` (a protocol without a lane is
+    /// looked up for every frame).
+    pub fn set_ports(&mut self, proto: u8, lo: u16, hi: u16) {
+        let Some(lane) = ClassFilter::lane(proto) else {
+            self.set_any(proto);
+            return;
+        };
+        if (hi - lo) as u32 + 1 >= FILTER_PORT_BITS {
+            self.ports[lane] = [u64::MAX; 8];
+            return;
+        }
+        let mut p = lo as u32;
+        while p <= hi as u32 {
+            let bit = p % FILTER_PORT_BITS;
+            self.ports[lane][(bit >> 6) as usize] |= 1u64 << (bit & 63);
+            p += 1;
+        }
+    }
+
+    /// Every bit of both.
+    pub fn union(&self, o: &ClassFilter) -> ClassFilter {
+        let mut u = *self;
+        for i in 0..4 {
+            u.any[i] |= o.any[i];
+        }
+        for l in 0..2 {
+            for i in 0..8 {
+                u.ports[l][i] |= o.ports[l][i];
+            }
+        }
+        u
+    }
+}
+
 /// The value of `TOTALS`, one per rule counter slot: a rule's aggregate
 /// bucket (`--total-rate`, `--total-burst`), charged under
 /// compare-and-swap like a source's.

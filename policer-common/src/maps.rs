@@ -33,6 +33,10 @@ pub const MAP_RECALL: &str = "RECALL";
 /// LPM trie: [`crate::class::index_key`] -> [`crate::class::ClassList`]:
 /// the classes of the prefixes that have some (see [`crate::class`]).
 pub const MAP_CLASS_INDEX: &str = "CLASS_INDEX";
+/// Array of [`crate::class::ClassFilter`], one per class group
+/// ([`crate::class::MAX_CLASS_GROUPS`]): which frames the class lookup can
+/// match.
+pub const MAP_CLASS_FILTER: &str = "CLASS_FILTER";
 /// Array of [`crate::class::Total`], one per rule counter slot: the
 /// aggregate buckets of rules with `--total-rate`.
 pub const MAP_TOTALS: &str = "TOTALS";
@@ -89,9 +93,9 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 15] = {
+pub const SHARED_MAPS: [&str; 16] = {
     // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 15];
+    let mut names = [""; 16];
     let mut i = 0;
     while i < names.len() {
         names[i] = SHARED_MAP_LAYOUT[i].0;
@@ -105,12 +109,12 @@ pub const SHARED_MAPS: [&str; 15] = {
 /// another build's: its state would be misread, so it is not adopted. (The
 /// LPM tries' keys are the kernel's `bpf_lpm_trie_key`: a `u32` prefix
 /// length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 15] = {
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 16] = {
     use core::mem::size_of;
 
     use crate::{
         Rule,
-        class::{ClassList, INDEX_KEY_BYTES, Total},
+        class::{ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
         recall::RecallSet,
         table::{Geometry, Set, SetDrops, SetKeys},
     };
@@ -130,6 +134,7 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 15] = {
         (MAP_CLOCK, 4, size_of::<u64>()),
         (MAP_CLASS_INDEX, 4 + INDEX_KEY_BYTES, size_of::<ClassList>()),
         (MAP_TOTALS, 4, size_of::<Total>()),
+        (MAP_CLASS_FILTER, 4, size_of::<ClassFilter>()),
     ]
 };
 /// Read-only global (`u32`): non-zero makes the program read its clock
@@ -460,6 +465,7 @@ mod pod {
     unsafe impl aya::Pod for crate::bucket::Rule {}
     unsafe impl aya::Pod for crate::class::ClassList {}
     unsafe impl aya::Pod for crate::class::Total {}
+    unsafe impl aya::Pod for crate::class::ClassFilter {}
 }
 
 const _: () = {
@@ -476,6 +482,7 @@ const _: () = {
     assert!(core::mem::size_of::<crate::class::ClassCand>() == 120);
     assert!(core::mem::size_of::<crate::class::ClassList>() == 8 + 8 * 120);
     assert!(core::mem::size_of::<crate::class::Total>() == 88);
+    assert!(core::mem::size_of::<crate::class::ClassFilter>() == 160);
     assert!(core::mem::size_of::<crate::recall::RecallSet>() == 64);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 80);
     assert!(core::mem::size_of::<Counters>() == 20 * 8);

@@ -29,7 +29,7 @@ use policer_common::{
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
     bucket::{Action, STAMP_MASK},
     class::{
-        self, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
+        self, ClassFilter, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
         RULE_NO_SOURCE, RULE_TOTAL, Total,
     },
     recall::{self, RecallSet},
@@ -90,6 +90,9 @@ static CLOCK: Array<u64> = Array::with_max_entries(2, 0);
 #[map]
 static CLASS_INDEX: LpmTrie<[u8; class::INDEX_KEY_BYTES], ClassList> =
     LpmTrie::with_max_entries(policer_common::MAX_CLASS_INDEX_ENTRIES, 0);
+/// Which frames each group's classes can match (read before the lookup).
+#[map]
+static CLASS_FILTER: Array<ClassFilter> = Array::with_max_entries(class::MAX_CLASS_GROUPS, 0);
 /// The rules' aggregate buckets, at their counter slots.
 #[map]
 static TOTALS: Array<Total> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
@@ -419,25 +422,11 @@ fn lookup_rule<const V6: bool>(search: impl FnOnce() -> Option<&'static Rule>) -
 /// itself, the fallback. Reads the layer-4 header only here.
 #[inline(always)]
 fn resolve_class<const V6: bool>(ctx: &XdpContext, rule: &'static Rule, l4: L4At, c: &mut Counters) -> &'static Rule {
-    if rule.classes == 0 || rule.class_protos & (1u64 << (l4.proto() & 63)) == 0 {
+    let proto = l4.proto();
+    if rule.classes == 0 || rule.class_protos & (1u64 << (proto & 63)) == 0 {
         return rule;
     }
-    // The destination, read again from the header parse checked.
-    let dst = if V6 {
-        match ptr_at::<[u8; 16]>(ctx, l4.ip() + 24) {
-            // SAFETY: bounds checked by ptr_at.
-            Some(d) => unsafe { *d },
-            None => return rule,
-        }
-    } else {
-        match ptr_at::<[u8; 4]>(ctx, l4.ip() + 16) {
-            // SAFETY: bounds checked by ptr_at.
-            Some(d) => class::mapped_v4(unsafe { *d }),
-            None => return rule,
-        }
-    };
-    let proto = l4.proto();
-    let mut f = FrameL4 { proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst };
+    let mut f = FrameL4 { proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst: [0; 16] };
     // Laundered: the IPv6 walk ends at one of several offsets, and the
     // verifier would follow what comes next once for each.
     let off = launder(l4.off() as u64) as usize;
@@ -468,7 +457,26 @@ fn resolve_class<const V6: bool>(ctx: &XdpContext, rule: &'static Rule, l4: L4At
             f.has_l4 = true;
         }
     }
-    let key = Key::new(INDEX_PORT_BITS, class::index_key(rule.classes, f.proto, f.dport));
+    // Only when one of the classes can match: an inlined array read first.
+    match CLASS_FILTER.get(rule.classes) {
+        Some(filter) if filter.may_match(proto, f.has_l4, f.dport) => {}
+        _ => return rule,
+    }
+    // The destination, read again from the header parse checked.
+    f.dst = if V6 {
+        match ptr_at::<[u8; 16]>(ctx, l4.ip() + 24) {
+            // SAFETY: bounds checked by ptr_at.
+            Some(d) => unsafe { *d },
+            None => return rule,
+        }
+    } else {
+        match ptr_at::<[u8; 4]>(ctx, l4.ip() + 16) {
+            // SAFETY: bounds checked by ptr_at.
+            Some(d) => class::mapped_v4(unsafe { *d }),
+            None => return rule,
+        }
+    };
+    let key = Key::new(INDEX_PORT_BITS, class::index_key(rule.classes, proto, f.dport));
     let Some(list) = CLASS_INDEX.get(&key) else {
         return rule;
     };

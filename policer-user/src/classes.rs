@@ -27,9 +27,10 @@ use ipnet::IpNet;
 use policer_common::{
     ACTION_NONE, Rule,
     class::{
-        ClassCand, ClassList, FrameL4, INDEX_GROUP_BITS, INDEX_PROTO_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP,
-        MAX_CANDIDATES, NEEDS_DST, NEEDS_ICMP_TYPE, NEEDS_L4, NEEDS_TCP_FLAGS, PROTOS_WITH_PORTS, RULE_CLASS, TCP_ACK,
-        TCP_CWR, TCP_ECE, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, TCP_URG, index_key, mapped_v4,
+        ClassCand, ClassFilter, ClassList, FrameL4, INDEX_GROUP_BITS, INDEX_PROTO_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6,
+        IPPROTO_TCP, MAX_CANDIDATES, MAX_CLASS_GROUPS, NEEDS_DST, NEEDS_ICMP_TYPE, NEEDS_L4, NEEDS_TCP_FLAGS,
+        PROTOS_WITH_PORTS, RULE_CLASS, TCP_ACK, TCP_CWR, TCP_ECE, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, TCP_URG,
+        index_key, mapped_v4,
     },
 };
 
@@ -423,16 +424,19 @@ pub struct Compiled {
     pub prefixes: BTreeMap<IpNet, Rule>,
     /// The class index.
     pub index: BTreeMap<IndexKey, ClassList>,
+    /// Each group's filter (`CLASS_FILTER`): which frames can match.
+    pub filters: BTreeMap<u32, ClassFilter>,
 }
 
-/// Group ids for prefixes with classes: stable while a prefix has classes,
-/// and never handed to another prefix in the same change (a new group's
-/// entries go in before the prefix points at it, an old one's come out
-/// after).
+/// Group ids (`1..MAX_CLASS_GROUPS`) for prefixes with classes: stable
+/// while a prefix has classes, and not handed to another prefix in the
+/// change that frees them (a new group's entries go in before the prefix
+/// points at it, an old one's come out after), nor in the next.
 #[derive(Clone, Debug, Default)]
 pub struct Groups {
     of: BTreeMap<IpNet, u32>,
-    next: u32,
+    /// Freed by the last compile.
+    resting: BTreeSet<u32>,
 }
 
 impl Groups {
@@ -441,23 +445,22 @@ impl Groups {
         for (n, g) in prefixes {
             if g != 0 {
                 self.of.insert(n, g);
-                self.next = self.next.max(g);
             }
         }
     }
 
-    fn take(&mut self, net: IpNet, used: &BTreeSet<u32>) -> u32 {
+    fn take(&mut self, net: IpNet, used: &BTreeSet<u32>) -> Result<u32> {
         if let Some(g) = self.of.get(&net) {
-            return *g;
+            return Ok(*g);
         }
-        loop {
-            self.next = self.next.wrapping_add(1);
-            if self.next != 0 && !used.contains(&self.next) {
-                break;
-            }
-        }
-        self.of.insert(net, self.next);
-        self.next
+        let g = (1..MAX_CLASS_GROUPS).find(|g| !used.contains(g) && !self.resting.contains(g)).ok_or_else(|| {
+            Error::Invalid(format!(
+                "{net}: at most {} source prefixes can have classes; nothing changed",
+                MAX_CLASS_GROUPS - 1
+            ))
+        })?;
+        self.of.insert(net, g);
+        Ok(g)
     }
 }
 
@@ -496,9 +499,13 @@ pub fn compile(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
             classes.entry(r.net).or_default().push((r.class, rule));
         }
     }
-    // Forget the groups of prefixes that no longer have classes.
+    // Forget the groups of prefixes that no longer have classes; they rest
+    // for a change before another prefix may have them.
+    let before = groups.of.clone();
     groups.of.retain(|n, _| classes.contains_key(n));
-    let used: BTreeSet<u32> = groups.of.values().copied().collect();
+    let freed: BTreeSet<u32> = before.values().filter(|g| !groups.of.values().any(|h| h == *g)).copied().collect();
+    let mut used: BTreeSet<u32> = groups.of.values().copied().collect();
+    used.extend(&groups.resting);
     let all: BTreeSet<IpNet> = classless.keys().chain(classes.keys()).copied().collect();
     let mut out = Compiled::default();
     // Class-less prefixes without classes: as before. (Only prefixes with
@@ -525,7 +532,8 @@ pub fn compile(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
             }
             at = parent(p, &all);
         }
-        let group = groups.take(*net, &used);
+        let group = groups.take(*net, &used)?;
+        used.insert(group);
         let mut value = fallback.unwrap_or_else(|| {
             let mut r = Rule::packets(1, 1).expect("valid");
             r.action = ACTION_NONE;
@@ -535,8 +543,29 @@ pub fn compile(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
         value.class_protos = chain.iter().fold(0, |m, (c, _)| m | c.proto.map_or(u64::MAX, proto_bit));
         out.prefixes.insert(*net, value);
         index_group(group, net, &chain, &mut out.index)?;
+        out.filters.insert(group, filter(&chain));
     }
+    groups.resting = freed;
     Ok(out)
+}
+
+/// Which frames a chain of classes can match: a protocol with a class that
+/// names no port (or a class that names no protocol) is looked up for
+/// every frame; otherwise the ports its classes name.
+fn filter(chain: &[(Class, Rule)]) -> ClassFilter {
+    let mut f = ClassFilter::default();
+    for (c, _) in chain {
+        match (c.proto, c.dport) {
+            (None, _) => {
+                for p in 0..=255 {
+                    f.set_any(p);
+                }
+            }
+            (Some(p), None) => f.set_any(p),
+            (Some(p), Some((lo, hi))) => f.set_ports(p, lo, hi),
+        }
+    }
+    f
 }
 
 /// The index entries of one group: for each protocol the classes name,
@@ -645,7 +674,8 @@ pub fn resolve<'a>(rules: &'a [KernelRule], src: IpAddr, f: &FrameL4) -> Option<
 pub fn lookup(c: &Compiled, src: IpAddr, f: &FrameL4) -> Option<Rule> {
     let best = c.prefixes.iter().filter(|(n, _)| n.contains(&src)).max_by_key(|(n, _)| n.prefix_len())?.1;
     let mut rule = *best;
-    if best.classes != 0 && best.class_protos & proto_bit(f.proto) != 0 {
+    let may = |g: u32| c.filters.get(&g).is_some_and(|x| x.may_match(f.proto, f.has_l4, f.dport));
+    if best.classes != 0 && best.class_protos & proto_bit(f.proto) != 0 && may(best.classes) {
         let port = if f.has_l4 { f.dport } else { 0 };
         let want = index_key(best.classes, f.proto, port);
         let hit = c

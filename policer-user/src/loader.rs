@@ -17,10 +17,10 @@ use ipnet::IpNet;
 use policer_common::{
     Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, GLOBAL_DROP_SAMPLE_SHIFT,
     GLOBAL_TEST_CLOCK, LAYOUT_VERSION, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
-    MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES,
-    MAP_FAST_PATH, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS,
-    MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
-    class::{ClassList, INDEX_KEY_BYTES, Total},
+    MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS,
+    MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4,
+    MAP_RULES_V6, MAP_TOTALS, MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    class::{ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
     recall::{self, RecallSet},
     table::{self, Geometry, Set, SetDrops, SetKeys},
 };
@@ -838,6 +838,14 @@ impl Policer {
     }
 
     fn sync_from(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
+        // Filters first as the union of before and after (a frame never
+        // skips a lookup that could match), exact at the end.
+        for (g, f) in &want.filters {
+            let u = have.filters.get(g).map_or(*f, |h| h.union(f));
+            if have.filters.get(g) != Some(&u) {
+                self.set_filter(*g, &u)?;
+            }
+        }
         let mut index = self.class_index()?;
         for (k, v) in &want.index {
             if have.index.get(k) != Some(v) {
@@ -860,7 +868,22 @@ impl Policer {
                 r => r.map_err(Error::map(MAP_CLASS_INDEX))?,
             }
         }
+        for (g, f) in &want.filters {
+            if have.filters.get(g).is_none_or(|h| h.union(f) != *f) {
+                self.set_filter(*g, f)?;
+            }
+        }
+        for g in have.filters.keys().filter(|g| !want.filters.contains_key(g)) {
+            self.set_filter(*g, &ClassFilter::default())?;
+        }
         Ok(())
+    }
+
+    fn set_filter(&mut self, group: u32, f: &ClassFilter) -> Result<()> {
+        let mut m: Array<&mut MapData, ClassFilter> =
+            Array::try_from(self.ebpf.map_mut(MAP_CLASS_FILTER).ok_or(Error::Missing(MAP_CLASS_FILTER))?)
+                .map_err(Error::map(MAP_CLASS_FILTER))?;
+        m.set(group, f, 0).map_err(Error::map(MAP_CLASS_FILTER))
     }
 
     fn class_index(&mut self) -> Result<LpmTrie<&mut MapData, [u8; INDEX_KEY_BYTES], ClassList>> {
@@ -878,6 +901,13 @@ impl Policer {
             let (k, v) = item.map_err(Error::map(MAP_CLASS_INDEX))?;
             let key: IndexKey = (k.prefix_len(), k.data());
             c.index.insert(key, v);
+        }
+        let groups: std::collections::BTreeSet<u32> =
+            c.prefixes.values().map(|r| r.classes).filter(|g| *g != 0).collect();
+        for g in groups {
+            let f: Option<ClassFilter> = crate::batch::lookup(self.map_fd(MAP_CLASS_FILTER)?, &g)
+                .map_err(|e| Error::Invalid(format!("reading {MAP_CLASS_FILTER}: {e}")))?;
+            c.filters.insert(g, f.unwrap_or_default());
         }
         Ok(c)
     }

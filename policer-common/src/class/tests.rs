@@ -74,3 +74,25 @@ fn the_first_match_wins_and_the_length_bounds_the_scan() {
     l.len = 0;
     assert_eq!(l.first_match(&f), None);
 }
+
+#[test]
+fn the_filter_passes_what_a_class_can_match() {
+    let mut f = ClassFilter::default();
+    f.set_ports(IPPROTO_UDP, 53, 53);
+    f.set_ports(IPPROTO_TCP, 8000, 8999);
+    f.set_any(IPPROTO_ICMP);
+    assert!(f.may_match(IPPROTO_UDP, true, 53));
+    assert!(!f.may_match(IPPROTO_UDP, true, 9), "another port");
+    assert!(f.may_match(IPPROTO_UDP, true, 53 + 512), "a port sharing the bit: looked up, the index decides");
+    assert!(!f.may_match(IPPROTO_UDP, false, 53), "no layer 4: port classes cannot match");
+    assert!(f.may_match(IPPROTO_TCP, true, 8500));
+    assert!(f.may_match(IPPROTO_ICMP, false, 0));
+    assert!(!f.may_match(47, true, 0), "a protocol no class names");
+    let mut g = ClassFilter::default();
+    g.set_ports(IPPROTO_UDP, 1000, 2000);
+    assert!((0..512).all(|p| g.may_match(IPPROTO_UDP, true, p)), "a range of 512 ports or more: every bit");
+    g.set_ports(132, 5000, 5000);
+    assert!(g.may_match(132, false, 0), "a protocol without a lane: every frame");
+    let u = f.union(&g);
+    assert!(u.may_match(132, true, 1) && u.may_match(IPPROTO_ICMP, true, 0) && u.may_match(IPPROTO_UDP, true, 9));
+}

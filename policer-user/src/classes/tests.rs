@@ -139,7 +139,7 @@ fn the_compiled_index_agrees_with_the_rules() {
                 if proto == Some("tcp") { rng.pick(&[None, Some("syn"), Some("syn,!ack"), Some("rst")]) } else { None };
             let icmp = if proto == Some("icmp") { rng.pick(&[None, Some("8"), Some("0")]) } else { None };
             let dst = rng.pick(&dsts);
-            let class = if rng.next() % 4 == 0 {
+            let class = if rng.next().is_multiple_of(4) {
                 Class::default()
             } else {
                 Class::parse(&text(proto, dport, flags, icmp, dst), false).unwrap()
@@ -171,7 +171,7 @@ fn the_compiled_index_agrees_with_the_rules() {
             let proto = rng.pick(&[6u8, 17, 1, 47, 50]);
             let f = FrameL4 {
                 proto,
-                has_l4: rng.next() % 5 != 0,
+                has_l4: !rng.next().is_multiple_of(5),
                 dport: rng.pick(&[53u16, 55, 80, 443, 1023, 1024, 5000, 65535]),
                 tcp_flags: rng.pick(&[TCP_SYN, TCP_SYN | TCP_ACK, TCP_ACK, TCP_RST]),
                 icmp_type: rng.pick(&[8u8, 0, 3]),
