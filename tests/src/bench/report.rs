@@ -245,12 +245,11 @@ fn classes_note(v: Option<&VethResults>, k: Option<&KernelResults>) -> String {
     format!(
         "With the 16 class rules the dropping policer costs {:.0} ns per packet against {:.0} ns with the source-only \
          rule set ({:+.0} ns); over the xdp_drop floor ({:.0} ns) that is {:.0} against {:.0} ns. The flood is UDP \
-         (to port {}) from sources whose prefix ({}) now has UDP classes, so every frame takes the class path: the \
-         program reads the destination and the UDP header and looks the prefix's class group, the protocol and the \
-         port up in the class index (an LPM trie: a helper call the verifier does not inline, which on this VM also \
-         pays for the mitigations named at the top), finds no class for port {}, and falls to the class-less rule. A \
-         frame whose protocol has no class on its prefix skips all of it (one bit test on the rule). Admitted: {} \
-         with the class rules, {} without.{}",
+         (to port {}) from sources whose prefix ({}) has UDP classes, so every frame takes the first steps of the \
+         class path (docs/design.md, Classes): the program reads the UDP header and the prefix's class filter (an \
+         inlined array read); port {} is none of the classes' ports, so the frame skips the class index (an \
+         LPM-trie lookup, a helper call) and fall to the class-less rule. A frame whose protocol has no class on \
+         its prefix skips all of it (one bit test on the rule). Admitted: {} with the class rules, {} without.{}",
         b.cpu_ns.median,
         a.cpu_ns.median,
         b.cpu_ns.median - a.cpu_ns.median,
