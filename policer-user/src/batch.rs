@@ -119,3 +119,34 @@ pub fn lookup<K: aya::Pod, V: aya::Pod>(fd: RawFd, key: &K) -> io::Result<Option
     // SAFETY: the kernel wrote a whole V; V is plain data (any bytes valid).
     Ok(Some(unsafe { value.assume_init() }))
 }
+
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+
+/// BPF_MAP_UPDATE_ELEM (BPF_ANY) of a plain-data key and value.
+pub fn update_elem<K: aya::Pod, V: aya::Pod>(fd: RawFd, key: &K, value: &V) -> io::Result<()> {
+    let mut attr = ElemAttr {
+        map_fd: fd as u32,
+        key: key as *const K as u64,
+        value: value as *const V as u64,
+        ..Default::default()
+    };
+    // SAFETY: key and value point to a K and a V of the map's sizes.
+    let r =
+        unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_ELEM, &mut attr as *mut ElemAttr, size_of::<ElemAttr>()) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// BPF_MAP_DELETE_ELEM of a plain-data key; a key that is not there is
+/// fine.
+pub fn delete_elem<K: aya::Pod>(fd: RawFd, key: &K) -> io::Result<()> {
+    let mut attr = ElemAttr { map_fd: fd as u32, key: key as *const K as u64, ..Default::default() };
+    // SAFETY: key points to a K of the map's key size.
+    let r =
+        unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_DELETE_ELEM, &mut attr as *mut ElemAttr, size_of::<ElemAttr>()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOENT) { Ok(()) } else { Err(e) };
+    }
+    Ok(())
+}

@@ -37,7 +37,8 @@ pub fn lock_path() -> Result<PathBuf> {
 
 /// Version of the request/reply format. A CLI and a daemon of different
 /// versions refuse each other plainly instead of misreading fields.
-pub const PROTOCOL: u32 = 2;
+/// 3: rules have classes (rule rm names one, views show them).
+pub const PROTOCOL: u32 = 3;
 
 /// The largest request the daemon reads (a rule is a few hundred bytes).
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
@@ -53,7 +54,9 @@ pub enum Request {
         runtime: bool,
     },
     RuleRm {
-        prefix: String,
+        /// The prefix and the class fields of the rule to remove (the rest
+        /// is ignored).
+        rule: RuleConfig,
         #[serde(default)]
         runtime: bool,
     },
@@ -133,6 +136,10 @@ pub struct CountersView {
     pub would_drop_packets: u64,
     pub would_drop_bytes: u64,
     pub buckets_created: u64,
+    /// Of the dropped (or would-drop) frames, those the rule's aggregate
+    /// bucket refused (`--total-rate`); the rest their source's bucket did.
+    #[serde(default)]
+    pub total_dropped_packets: u64,
 }
 
 impl From<&policer_common::RuleCounters> for CountersView {
@@ -145,6 +152,7 @@ impl From<&policer_common::RuleCounters> for CountersView {
             would_drop_packets: c.would_drop_pkts,
             would_drop_bytes: c.would_drop_bytes,
             buckets_created: c.buckets_created,
+            total_dropped_packets: c.total_dropped_pkts,
         }
     }
 }
@@ -179,6 +187,9 @@ pub struct IfaceStats {
     /// came back).
     #[serde(default)]
     pub recall_stored: u64,
+    /// Frames whose prefix has classes that one of them matched.
+    #[serde(default)]
+    pub class_matched: u64,
     /// Per-second rates since the previous sample (`--watch` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rates: Option<RateView>,
@@ -211,6 +222,9 @@ impl RateView {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RuleStats {
     pub prefix: String,
+    /// The class (`udp dport 53`; `-` for the prefix's class-less rule).
+    #[serde(default)]
+    pub class: String,
     pub action: String,
     #[serde(flatten)]
     pub counters: CountersView,
@@ -340,6 +354,25 @@ pub struct InspectView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleView {
     pub prefix: String,
+    /// The class as one text (`udp dport 53`, `tcp flags syn,!ack`; `-`
+    /// for none), then its fields as written.
+    #[serde(default)]
+    pub class: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_flags: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<String>,
+    /// The aggregate bucket of the whole rule (`--total-rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_burst: Option<u64>,
     pub action: String,
     /// None for allow/deny rules without a rate.
     pub rate: Option<String>,

@@ -197,9 +197,123 @@ fn is_eperm(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
 }
 
-/// Whether a map operation failed for a key that is not there.
-fn is_enoent(e: &aya::maps::MapError) -> bool {
-    matches!(e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::ENOENT))
+/// The kernel's key of an LPM trie entry: prefix length, then the data.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LpmKey<const N: usize> {
+    len: u32,
+    data: [u8; N],
+}
+
+// SAFETY: a u32 then bytes, N a multiple of 4 where used: no padding.
+unsafe impl<const N: usize> aya::Pod for LpmKey<N> {}
+
+/// The descriptors of the maps a rule set lives in.
+pub struct RuleFds {
+    v4: RawFd,
+    v6: RawFd,
+    index: RawFd,
+    filter: RawFd,
+}
+
+impl RuleFds {
+    pub fn of(ebpf: &Ebpf) -> Result<RuleFds> {
+        Ok(RuleFds {
+            v4: map_fd(ebpf, MAP_RULES_V4)?,
+            v6: map_fd(ebpf, MAP_RULES_V6)?,
+            index: map_fd(ebpf, MAP_CLASS_INDEX)?,
+            filter: map_fd(ebpf, MAP_CLASS_FILTER)?,
+        })
+    }
+}
+
+fn set_prefix(f: &RuleFds, net: IpNet, rule: Option<&Rule>) -> Result<()> {
+    let r = match (net.trunc(), rule) {
+        (IpNet::V4(n), Some(r)) => {
+            crate::batch::update_elem(f.v4, &LpmKey { len: n.prefix_len().into(), data: n.network().octets() }, r)
+        }
+        (IpNet::V4(n), None) => {
+            crate::batch::delete_elem(f.v4, &LpmKey { len: n.prefix_len().into(), data: n.network().octets() })
+        }
+        (IpNet::V6(n), Some(r)) => {
+            crate::batch::update_elem(f.v6, &LpmKey { len: n.prefix_len().into(), data: n.network().octets() }, r)
+        }
+        (IpNet::V6(n), None) => {
+            crate::batch::delete_elem(f.v6, &LpmKey { len: n.prefix_len().into(), data: n.network().octets() })
+        }
+    };
+    r.map_err(|e| Error::Invalid(format!("the rule for {net}: {e}")))
+}
+
+/// Makes the rule maps behind `f` go from `have` to `want` (see
+/// [`Policer::sync_rules`] for the order). Prefixes go in batches where
+/// the kernel has batch updates for tries (100 000 rules at a start).
+pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
+    let bad = |what: &'static str| move |e: io::Error| Error::Invalid(format!("{what}: {e}"));
+    // Filters first as the union of before and after (a frame never skips
+    // a lookup that could match), exact at the end.
+    for (g, w) in &want.filters {
+        let u = have.filters.get(g).map_or(*w, |h| h.union(w));
+        if have.filters.get(g) != Some(&u) {
+            crate::batch::update_elem(f.filter, g, &u).map_err(bad(MAP_CLASS_FILTER))?;
+        }
+    }
+    for (k, v) in &want.index {
+        if have.index.get(k) != Some(v) {
+            crate::batch::update_elem(f.index, &LpmKey { len: k.0, data: k.1 }, v).map_err(bad(MAP_CLASS_INDEX))?;
+        }
+    }
+    // Prefixes, new and changed: batched per family.
+    let mut batches = [(f.v4, Vec::new(), Vec::new(), Vec::new()), (f.v6, Vec::new(), Vec::new(), Vec::new())];
+    for (net, rule) in want.prefixes.iter().filter(|(n, r)| have.prefixes.get(n) != Some(r)) {
+        let b = match net.trunc() {
+            IpNet::V4(n) => {
+                batches[0].1.extend_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
+                batches[0].1.extend_from_slice(&n.network().octets());
+                &mut batches[0]
+            }
+            IpNet::V6(n) => {
+                batches[1].1.extend_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
+                batches[1].1.extend_from_slice(&n.network().octets());
+                &mut batches[1]
+            }
+        };
+        // SAFETY: Rule is plain data (repr(C), no padding).
+        let bytes = unsafe { std::slice::from_raw_parts(rule as *const Rule as *const u8, size_of::<Rule>()) };
+        b.2.extend_from_slice(bytes);
+        b.3.push((*net, *rule));
+    }
+    for (fd, keys, values, list) in &batches {
+        if list.is_empty() {
+            continue;
+        }
+        let (done, err) = crate::batch::update(*fd, keys, values, list.len());
+        match err {
+            None => {}
+            // No batch update for tries here: one by one.
+            Some(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524)) => {
+                for (net, rule) in &list[done..] {
+                    set_prefix(f, *net, Some(rule))?;
+                }
+            }
+            Some(e) => return Err(Error::Invalid(format!("rule tries: batch update: {e}"))),
+        }
+    }
+    for net in have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)) {
+        set_prefix(f, *net, None)?;
+    }
+    for k in have.index.keys().filter(|k| !want.index.contains_key(k)) {
+        crate::batch::delete_elem(f.index, &LpmKey { len: k.0, data: k.1 }).map_err(bad(MAP_CLASS_INDEX))?;
+    }
+    for (g, w) in &want.filters {
+        if have.filters.get(g).is_none_or(|h| h.union(w) != *w) {
+            crate::batch::update_elem(f.filter, g, w).map_err(bad(MAP_CLASS_FILTER))?;
+        }
+    }
+    for g in have.filters.keys().filter(|g| !want.filters.contains_key(g)) {
+        crate::batch::update_elem(f.filter, g, &ClassFilter::default()).map_err(bad(MAP_CLASS_FILTER))?;
+    }
+    Ok(())
 }
 
 impl Policer {
@@ -365,58 +479,54 @@ impl Policer {
 /// is about to overwrite and put it back on failure without borrowing the
 /// [`Policer`] (see `daemon::start`).
 pub struct SharedMaps {
-    rules_v4: LpmTrie<MapData, [u8; 4], Rule>,
-    rules_v6: LpmTrie<MapData, [u8; 16], Rule>,
+    /// Duplicated descriptors of the rule tries, the class index and
+    /// filter, and the totals.
+    rule_maps: [OwnedFd; 5],
     new_sources: Array<MapData, NewSources>,
     rule_counters: PerCpuArray<MapData, RuleCounters>,
 }
 
 impl SharedMaps {
     fn of(ebpf: &Ebpf) -> Result<SharedMaps> {
-        let data = |name: &'static str| -> Result<MapData> {
+        let dup = |name: &'static str| -> Result<OwnedFd> {
             // SAFETY: the descriptor is open for as long as `ebpf` lives;
             // the duplicate is ours.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(map_fd(ebpf, name)?) }.try_clone_to_owned()?;
-            MapData::from_fd(fd).map_err(Error::map(name))
+            Ok(unsafe { std::os::fd::BorrowedFd::borrow_raw(map_fd(ebpf, name)?) }.try_clone_to_owned()?)
         };
+        let data = |name: &'static str| -> Result<MapData> { MapData::from_fd(dup(name)?).map_err(Error::map(name)) };
         use aya::maps::Map;
         Ok(SharedMaps {
-            rules_v4: LpmTrie::try_from(Map::LpmTrie(data(MAP_RULES_V4)?)).map_err(Error::map(MAP_RULES_V4))?,
-            rules_v6: LpmTrie::try_from(Map::LpmTrie(data(MAP_RULES_V6)?)).map_err(Error::map(MAP_RULES_V6))?,
+            rule_maps: [
+                dup(MAP_RULES_V4)?,
+                dup(MAP_RULES_V6)?,
+                dup(MAP_CLASS_INDEX)?,
+                dup(MAP_CLASS_FILTER)?,
+                dup(MAP_TOTALS)?,
+            ],
             new_sources: Array::try_from(Map::Array(data(MAP_NEW_SOURCES)?)).map_err(Error::map(MAP_NEW_SOURCES))?,
             rule_counters: PerCpuArray::try_from(Map::PerCpuArray(data(MAP_RULE_COUNTERS)?))
                 .map_err(Error::map(MAP_RULE_COUNTERS))?,
         })
     }
 
-    /// Puts `rule` in force for exactly `net`, or with `None` removes
-    /// `net`'s rule (none there is fine). Atomic for that prefix.
-    pub fn set_rule(&mut self, net: IpNet, rule: Option<&Rule>) -> Result<()> {
-        fn apply<K: aya::Pod>(
-            m: &mut LpmTrie<MapData, K, Rule>,
-            name: &'static str,
-            key: Key<K>,
-            rule: Option<&Rule>,
-        ) -> Result<()> {
-            match rule {
-                Some(r) => m.insert(&key, r, 0),
-                None => match m.remove(&key) {
-                    Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                        Ok(())
-                    }
-                    r => r,
-                },
-            }
-            .map_err(Error::map(name))
-        }
-        match net.trunc() {
-            IpNet::V4(n) => {
-                apply(&mut self.rules_v4, MAP_RULES_V4, Key::new(n.prefix_len().into(), n.network().octets()), rule)
-            }
-            IpNet::V6(n) => {
-                apply(&mut self.rules_v6, MAP_RULES_V6, Key::new(n.prefix_len().into(), n.network().octets()), rule)
-            }
-        }
+    /// Makes the rule maps go from `have` to `want` ([`sync_maps`]).
+    pub fn sync_rules(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
+        let m = &self.rule_maps;
+        let fds =
+            RuleFds { v4: m[0].as_raw_fd(), v6: m[1].as_raw_fd(), index: m[2].as_raw_fd(), filter: m[3].as_raw_fd() };
+        sync_maps(&fds, have, want)
+    }
+
+    /// The aggregate bucket of a counter slot.
+    pub fn total(&self, slot: u32) -> Result<Total> {
+        let t: Option<Total> = crate::batch::lookup(self.rule_maps[4].as_raw_fd(), &slot)
+            .map_err(|e| Error::Invalid(format!("reading {MAP_TOTALS}: {e}")))?;
+        Ok(t.unwrap_or(Total { tat: 0, limiter: Rule::packets(1, 1).expect("valid") }))
+    }
+
+    pub fn set_total(&mut self, slot: u32, t: &Total) -> Result<()> {
+        crate::batch::update_elem(self.rule_maps[4].as_raw_fd(), &slot, t)
+            .map_err(|e| Error::Invalid(format!("{MAP_TOTALS}: {e}")))
     }
 
     /// The new-source limiter of a rule slot.
@@ -837,58 +947,17 @@ impl Policer {
         r
     }
 
+    /// [`Policer::sync_rules`] from a known state of the maps.
+    pub fn sync_rules_from(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
+        self.installed = None;
+        let r = self.sync_from(have, want);
+        self.installed = r.is_ok().then(|| want.clone());
+        r
+    }
+
     fn sync_from(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
-        // Filters first as the union of before and after (a frame never
-        // skips a lookup that could match), exact at the end.
-        for (g, f) in &want.filters {
-            let u = have.filters.get(g).map_or(*f, |h| h.union(f));
-            if have.filters.get(g) != Some(&u) {
-                self.set_filter(*g, &u)?;
-            }
-        }
-        let mut index = self.class_index()?;
-        for (k, v) in &want.index {
-            if have.index.get(k) != Some(v) {
-                index.insert(&Key::new(k.0, k.1), v, 0).map_err(Error::map(MAP_CLASS_INDEX))?;
-            }
-        }
-        let up: Vec<(IpNet, Rule)> =
-            want.prefixes.iter().filter(|(n, r)| have.prefixes.get(n) != Some(r)).map(|(n, r)| (*n, *r)).collect();
-        self.set_rules(&up)?;
-        for n in have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)) {
-            match self.update_rule(*n, None) {
-                Err(Error::Map { source, .. }) if is_enoent(&source) => {}
-                r => r?,
-            }
-        }
-        let mut index = self.class_index()?;
-        for k in have.index.keys().filter(|k| !want.index.contains_key(k)) {
-            match index.remove(&Key::new(k.0, k.1)) {
-                Err(e) if is_enoent(&e) => {}
-                r => r.map_err(Error::map(MAP_CLASS_INDEX))?,
-            }
-        }
-        for (g, f) in &want.filters {
-            if have.filters.get(g).is_none_or(|h| h.union(f) != *f) {
-                self.set_filter(*g, f)?;
-            }
-        }
-        for g in have.filters.keys().filter(|g| !want.filters.contains_key(g)) {
-            self.set_filter(*g, &ClassFilter::default())?;
-        }
-        Ok(())
-    }
-
-    fn set_filter(&mut self, group: u32, f: &ClassFilter) -> Result<()> {
-        let mut m: Array<&mut MapData, ClassFilter> =
-            Array::try_from(self.ebpf.map_mut(MAP_CLASS_FILTER).ok_or(Error::Missing(MAP_CLASS_FILTER))?)
-                .map_err(Error::map(MAP_CLASS_FILTER))?;
-        m.set(group, f, 0).map_err(Error::map(MAP_CLASS_FILTER))
-    }
-
-    fn class_index(&mut self) -> Result<LpmTrie<&mut MapData, [u8; INDEX_KEY_BYTES], ClassList>> {
-        LpmTrie::try_from(self.ebpf.map_mut(MAP_CLASS_INDEX).ok_or(Error::Missing(MAP_CLASS_INDEX))?)
-            .map_err(Error::map(MAP_CLASS_INDEX))
+        let fds = RuleFds::of(&self.ebpf)?;
+        sync_maps(&fds, have, want)
     }
 
     /// What the tries and the class index hold now.

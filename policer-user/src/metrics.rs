@@ -40,6 +40,9 @@ struct Outcome {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleVerdict {
     rule: String,
+    /// The rule's class (`udp dport 53`; `-` for none): one value per rule,
+    /// never per packet.
+    class: String,
     action: String,
     verdict: String,
 }
@@ -52,6 +55,7 @@ struct ConfigLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabel {
     rule: String,
+    class: String,
 }
 
 fn verdicts(c: &CountersView) -> [(&'static str, u64, u64); 3] {
@@ -96,14 +100,28 @@ pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
     let rpkts = Family::<RuleVerdict, Counter>::default();
     let rbytes = Family::<RuleVerdict, Counter>::default();
     let rsources = Family::<RuleLabel, Counter>::default();
+    let rtotal = Family::<RuleLabel, Counter>::default();
     for r in &s.rules {
+        let class = if r.class.is_empty() { "-".to_string() } else { r.class.clone() };
         for (v, p, b) in verdicts(&r.counters) {
-            let l = RuleVerdict { rule: r.prefix.clone(), action: r.action.clone(), verdict: v.into() };
+            let l = RuleVerdict {
+                rule: r.prefix.clone(),
+                class: class.clone(),
+                action: r.action.clone(),
+                verdict: v.into(),
+            };
             rpkts.get_or_create(&l).inc_by(p);
             rbytes.get_or_create(&l).inc_by(b);
         }
-        rsources.get_or_create(&RuleLabel { rule: r.prefix.clone() }).inc_by(r.counters.buckets_created);
+        let l = RuleLabel { rule: r.prefix.clone(), class };
+        rsources.get_or_create(&l).inc_by(r.counters.buckets_created);
+        rtotal.get_or_create(&l).inc_by(r.counters.total_dropped_packets);
     }
+    reg.register(
+        "rule_total_dropped_packets",
+        "Frames of each rule its aggregate bucket (--total-rate) dropped, after their source's bucket admitted them",
+        rtotal,
+    );
     reg.register("rule_packets", "Frames judged by each rule, by verdict", rpkts);
     reg.register("rule_bytes", "Bytes judged by each rule, by verdict", rbytes);
     reg.register("rule_buckets_created", "Buckets (sources) created under each rule", rsources);
@@ -142,6 +160,16 @@ pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
         counter(s.totals.recall_debt_drops),
     );
     reg.register("recall_stored", "Evicted buckets written to the recall", counter(s.totals.recall_stored));
+    reg.register(
+        "total_drops",
+        "Frames the aggregate buckets (--total-rate) dropped, all rules",
+        counter(s.totals.counters.total_dropped_packets),
+    );
+    reg.register(
+        "class_matched",
+        "Frames whose source prefix has classes that one of them matched",
+        counter(s.totals.class_matched),
+    );
     reg.register("recall_capacity", "Entries the recall holds", gauge(s.table.recall_capacity));
     reg.register("recall_live", "Entries of the recall that would recall a source now", gauge(s.table.recall_live));
     reg.register(
@@ -203,7 +231,13 @@ mod tests {
                 malformed_packets: 2,
                 ..Default::default()
             }],
-            rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), counters: c, rates: None }],
+            rules: vec![RuleStats {
+                prefix: "0.0.0.0/0".into(),
+                class: "udp dport 53".into(),
+                action: "police".into(),
+                counters: c,
+                rates: None,
+            }],
             table: TableStats { capacity: 1024, created: 10, live: None, insert_failures: 0, ..Default::default() },
             config: crate::control::ConfigStatus {
                 sha256: "ab12".into(),
@@ -218,7 +252,7 @@ mod tests {
             "policer_packets_total{iface=\"eth0\",verdict=\"dropped\"} 7",
             "policer_bytes_total{iface=\"eth0\",verdict=\"dropped\"} 448",
             "policer_parse_packets_total{iface=\"eth0\",outcome=\"malformed\"} 2",
-            "policer_rule_packets_total{rule=\"0.0.0.0/0\",action=\"police\",verdict=\"passed\"} 5",
+            "policer_rule_packets_total{rule=\"0.0.0.0/0\",class=\"udp dport 53\",action=\"police\",verdict=\"passed\"} 5",
             "policer_bucket_evictions_total 6",
             "policer_bucket_table_capacity 1024",
             "policer_bucket_table_live 4",

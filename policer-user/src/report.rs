@@ -52,16 +52,19 @@ pub fn stats_text(s: &StatsView) -> String {
     }
     iface_row(&mut t, &s.totals);
     let _ = writeln!(out, "{t}\n");
-    let mut t = table(&["RULE", "ACTION", "PASSED", "", "DROPPED", "", "WOULD-DROP", "SOURCES"], 2);
+    let mut t =
+        table(&["RULE", "CLASS", "ACTION", "PASSED", "", "DROPPED", "", "BY-TOTAL", "WOULD-DROP", "SOURCES"], 3);
     for r in &s.rules {
         let c: &CountersView = &r.counters;
         t.add_row(vec![
             r.prefix.clone(),
+            if r.class.is_empty() { "-".into() } else { r.class.clone() },
             r.action.clone(),
             c.passed_packets.to_string(),
             rate(&r.rates, |r| r.passed_pps),
             c.dropped_packets.to_string(),
             rate(&r.rates, |r| r.dropped_pps),
+            c.total_dropped_packets.to_string(),
             c.would_drop_packets.to_string(),
             c.buckets_created.to_string(),
         ]);

@@ -12,7 +12,10 @@ use policer_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::{
+    classes::{Class, ClassText},
+    error::{Error, Result},
+};
 
 /// A burst as written in TOML: a number of packets, or a size string.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,7 +27,7 @@ pub enum BurstValue {
 
 /// A rule as written: in the config file (`[[rule]]`) and on the wire
 /// between CLI and daemon.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub prefix: String,
@@ -36,18 +39,75 @@ pub struct RuleConfig {
     pub action: Option<Action>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_len: Option<u32>,
+    /// The class (see [`crate::classes`]): `tcp`, `udp`, `icmp`, `icmpv6`,
+    /// `sctp`, `udplite` or a number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    /// Destination port or `LOW-HIGH` (a number or a string in TOML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<PortValue>,
+    /// `syn`, `syn,!ack`, `rst`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_flags: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp_type: Option<u32>,
+    /// Destination prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<String>,
+    /// Aggregate rate of the whole rule (all its sources together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_burst: Option<BurstValue>,
+}
+
+/// A port as written in TOML: `53` or `"8000-8999"`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PortValue {
+    Number(u32),
+    Text(String),
+}
+
+impl PortValue {
+    fn text(&self) -> String {
+        match self {
+            PortValue::Number(n) => n.to_string(),
+            PortValue::Text(t) => t.clone(),
+        }
+    }
+}
+
+/// What identifies a rule: its source prefix and its class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RuleKey {
+    pub net: IpNet,
+    pub class: Class,
+}
+
+impl std::fmt::Display for RuleKey {
+    /// `10.0.0.0/8`, or `10.0.0.0/8 [udp dport 53]`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.class.is_none() { write!(f, "{}", self.net) } else { write!(f, "{} [{}]", self.net, self.class) }
+    }
 }
 
 /// A validated rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleSpec {
     pub net: IpNet,
-    /// None for allow/deny rules written without a rate.
+    /// None for allow/deny rules written without a rate, and for rules
+    /// with only a total.
     pub rate: Option<Rate>,
     /// Packets, or bytes for a bit rate.
     pub burst: u64,
     pub action: Action,
     pub key_len: u32,
+    /// Which of the prefix's traffic (none: all of it).
+    pub class: Class,
+    /// The aggregate bucket of the whole rule: rate and burst (packets, or
+    /// bytes for a bit rate).
+    pub total: Option<(Rate, u64)>,
 }
 
 /// Parses a prefix. A bare address means one host (/32 or /128); host bits
@@ -77,14 +137,80 @@ pub fn parse_prefix(s: &str) -> Result<IpNet> {
     Ok(net)
 }
 
+fn burst_of(r: &Rate, b: &Option<BurstValue>, what: &str) -> Result<u64> {
+    match b {
+        Some(BurstValue::Count(n)) => {
+            r.parse_burst(&n.to_string()).map_err(|e| Error::Invalid(format!("{what} '{n}': {e}")))
+        }
+        Some(BurstValue::Text(t)) => r.parse_burst(t).map_err(|e| Error::Invalid(format!("{what} '{t}': {e}"))),
+        None => Ok(r.default_burst()),
+    }
+}
+
 impl RuleConfig {
+    /// The class fields as written.
+    pub fn class_text(&self) -> ClassText {
+        ClassText {
+            proto: self.proto.clone(),
+            dport: self.dport.as_ref().map(PortValue::text),
+            tcp_flags: self.tcp_flags.clone(),
+            icmp_type: self.icmp_type.map(|t| t.to_string()),
+            dst: self.dst.clone(),
+        }
+    }
+
+    /// Sets the class fields from their written form.
+    pub fn with_class_text(mut self, t: ClassText) -> RuleConfig {
+        self.proto = t.proto;
+        self.dport = t.dport.map(PortValue::Text);
+        self.tcp_flags = t.tcp_flags;
+        self.icmp_type = None;
+        self.dst = t.dst;
+        if let Some(i) = t.icmp_type {
+            match i.parse::<u32>() {
+                Ok(n) => self.icmp_type = Some(n),
+                // Kept as written for validate() to refuse: as a number
+                // no ICMP type has.
+                Err(_) => self.icmp_type = Some(u32::MAX),
+            }
+        }
+        self
+    }
+
+    /// The rule's identity, validated.
+    pub fn key(&self) -> Result<RuleKey> {
+        let net = parse_prefix(&self.prefix)?;
+        Ok(RuleKey { net, class: Class::parse(&self.class_text(), net.addr().is_ipv6())? })
+    }
+
     pub fn validate(&self) -> Result<RuleSpec> {
         let net = parse_prefix(&self.prefix)?;
+        let v6 = net.addr().is_ipv6();
+        let class = Class::parse(&self.class_text(), v6)?;
         let action = self.action.unwrap_or(Action::Police);
+        let total = match (&self.total_rate, &self.total_burst) {
+            (Some(t), b) => {
+                let r = Rate::parse(t).map_err(|e| Error::Invalid(format!("total rate '{t}': {e}")))?;
+                Some((r, burst_of(&r, b, "total burst")?))
+            }
+            (None, Some(_)) => {
+                return Err(Error::Invalid(format!("{}: --total-burst needs --total-rate", self.prefix)));
+            }
+            (None, None) => None,
+        };
+        if total.is_some() && !action.polices() {
+            return Err(Error::Invalid(format!(
+                "{}: --total-rate needs a police or monitor rule, not {action}",
+                self.prefix
+            )));
+        }
         let rate = match &self.rate {
             Some(r) => Some(Rate::parse(r).map_err(|e| Error::Invalid(format!("rate '{r}': {e}")))?),
-            None if action.polices() => {
-                return Err(Error::Invalid(format!("{}: a {action} rule needs a rate (--rate)", self.prefix)));
+            None if action.polices() && total.is_none() => {
+                return Err(Error::Invalid(format!(
+                    "{}: a {action} rule needs a rate (--rate), a total (--total-rate), or both",
+                    self.prefix
+                )));
             }
             None => None,
         };
@@ -101,7 +227,6 @@ impl RuleConfig {
             }
             (None, None) => 1,
         };
-        let v6 = net.addr().is_ipv6();
         let key_len = self.key_len.unwrap_or(if v6 { DEFAULT_KEY_LEN_V6 } else { DEFAULT_KEY_LEN_V4 });
         let max = if v6 { 128 } else { 32 };
         if key_len == 0 || key_len > max {
@@ -115,7 +240,7 @@ impl RuleConfig {
                 net.prefix_len()
             )));
         }
-        let spec = RuleSpec { net, rate, burst, action, key_len };
+        let spec = RuleSpec { net, rate, burst, action, key_len, class, total };
         spec.kernel(0)?;
         Ok(spec)
     }
@@ -126,15 +251,33 @@ impl RuleSpec {
     pub fn kernel(&self, rule_id: u32) -> Result<Rule> {
         let base = match self.rate {
             Some(r) => r.rule(self.burst).map_err(|e| Error::Invalid(e.to_string()))?,
-            // allow/deny without a rate: the bucket fields are never used.
+            // allow/deny without a rate, or a total only: the bucket
+            // fields are never used.
             None => Rule::packets(1, 1).expect("valid"),
         };
         let v6 = self.net.addr().is_ipv6();
-        Ok(base
+        let mut rule = base
             .with_key_len(self.key_len, v6)
             .map_err(|e| Error::Invalid(e.to_string()))?
             .with_action(self.action)
-            .with_id(rule_id))
+            .with_id(rule_id);
+        if self.total.is_some() {
+            rule.flags |= policer_common::class::RULE_TOTAL;
+            if self.rate.is_none() {
+                rule.flags |= policer_common::class::RULE_NO_SOURCE;
+            }
+        }
+        Ok(rule)
+    }
+
+    /// The rule's identity.
+    pub fn key(&self) -> RuleKey {
+        RuleKey { net: self.net, class: self.class }
+    }
+
+    /// The arithmetic of the rule's aggregate bucket, if it has one.
+    pub fn total_limiter(&self) -> Result<Option<Rule>> {
+        self.total.map(|(r, b)| r.rule(b).map_err(|e| Error::Invalid(format!("total: {e}")))).transpose()
     }
 
     /// Back to the written form (canonical: what the daemon writes).
@@ -149,7 +292,30 @@ impl RuleSpec {
             }),
             action: (self.action != Action::Police).then_some(self.action),
             key_len: (self.key_len != default_key).then_some(self.key_len),
+            proto: None,
+            dport: None,
+            tcp_flags: None,
+            icmp_type: None,
+            dst: None,
+            total_rate: self.total.map(|(r, _)| r.to_string()),
+            total_burst: self
+                .total
+                .map(|(r, b)| if r.is_bytes() { BurstValue::Text(format!("{b}b")) } else { BurstValue::Count(b) }),
         }
+        .with_class_text(self.class.text())
+        .with_dport_number()
+    }
+}
+
+impl RuleConfig {
+    /// A single port as a TOML number (`dport = 53`), a range as text.
+    fn with_dport_number(mut self) -> RuleConfig {
+        if let Some(PortValue::Text(t)) = &self.dport
+            && let Ok(n) = t.parse::<u32>()
+        {
+            self.dport = Some(PortValue::Number(n));
+        }
+        self
     }
 }
 
@@ -158,7 +324,7 @@ mod tests {
     use super::*;
 
     fn rc(prefix: &str, rate: Option<&str>, burst: Option<BurstValue>) -> RuleConfig {
-        RuleConfig { prefix: prefix.into(), rate: rate.map(Into::into), burst, action: None, key_len: None }
+        RuleConfig { prefix: prefix.into(), rate: rate.map(Into::into), burst, ..RuleConfig::default() }
     }
 
     #[test]

@@ -174,7 +174,10 @@ fn counters_are_exact_and_metrics_agree() {
         assert_eq!(m[&format!("policer_packets_total{{iface=\"{ifc}\",verdict=\"{verdict}\"}}")], n(i, key) as f64);
     }
     assert_eq!(m[&format!("policer_parse_packets_total{{iface=\"{ifc}\",outcome=\"malformed\"}}")], 30.0);
-    assert_eq!(m["policer_rule_packets_total{rule=\"192.0.2.0/24\",action=\"monitor\",verdict=\"would_drop\"}"], 20.0);
+    assert_eq!(
+        m["policer_rule_packets_total{rule=\"192.0.2.0/24\",class=\"-\",action=\"monitor\",verdict=\"would_drop\"}"],
+        20.0
+    );
     assert_eq!(m["policer_buckets_created_total"], 22.0);
     assert_eq!(m["policer_bucket_table_live"], 22.0);
     assert_eq!(m["policer_bucket_evictions_total"], 0.0);

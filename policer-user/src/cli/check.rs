@@ -42,7 +42,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     match Config::check(&text, a.max_rules) {
         Ok((cfg, rules)) => {
-            let v4 = rules.keys().filter(|n| matches!(n, ipnet::IpNet::V4(_))).count();
+            let v4 = rules.keys().filter(|k| matches!(k.net, ipnet::IpNet::V4(_))).count();
             finish(a.json, &file, Some((cfg, rules.len(), v4)), &[])
         }
         Err(problems) => finish(a.json, &file, None, &problems),

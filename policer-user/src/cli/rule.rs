@@ -1,21 +1,66 @@
 //! `policer rule set|rm|ls`.
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 
 use super::{call, done};
 use policer_common::bucket::Action;
 
 use crate::{
+    classes::{Class, ClassText},
     control::{Reply, Request, RuleView},
     rules::{BurstValue, RuleConfig},
 };
 
+/// Which of a prefix's traffic a rule is for (none: all of it). A rule is
+/// identified by its prefix and its class.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ClassArgs {
+    /// Protocol: tcp, udp, icmp, icmpv6, sctp, udplite, or a number.
+    #[arg(long)]
+    proto: Option<String>,
+    /// Destination port or range LOW-HIGH (tcp, udp, sctp, udplite).
+    #[arg(long, allow_hyphen_values = true)]
+    dport: Option<String>,
+    /// TCP flags, comma-separated, `!` negates: syn, syn,!ack (a bare SYN), rst.
+    #[arg(long, allow_hyphen_values = true)]
+    tcp_flags: Option<String>,
+    /// ICMP (or ICMPv6) type: 8 is an echo request (128 for ICMPv6).
+    #[arg(long, allow_hyphen_values = true)]
+    icmp_type: Option<String>,
+    /// Destination prefix or address.
+    #[arg(long)]
+    dst: Option<String>,
+}
+
+impl ClassArgs {
+    fn text(&self) -> ClassText {
+        ClassText {
+            proto: self.proto.clone(),
+            dport: self.dport.clone(),
+            tcp_flags: self.tcp_flags.clone(),
+            icmp_type: self.icmp_type.clone(),
+            dst: self.dst.clone(),
+        }
+    }
+
+    /// Validated here too, so bad input fails with no daemon, naming the
+    /// value as written.
+    fn rule(&self, cidr: &str) -> anyhow::Result<RuleConfig> {
+        let net = crate::rules::parse_prefix(cidr)?;
+        Class::parse(&self.text(), net.addr().is_ipv6())?;
+        Ok(RuleConfig { prefix: cidr.to_string(), ..RuleConfig::default() }.with_class_text(self.text()))
+    }
+}
+
 #[derive(Subcommand)]
 pub enum Cmd {
-    /// Add or replace the rule for a prefix (longest prefix wins).
+    /// Add or replace the rule for a prefix and class (longest prefix wins,
+    /// then its most specific class that matches).
     Set {
         /// 203.0.113.0/24, 2001:db8::/48, or one address.
         cidr: String,
+        #[command(flatten)]
+        class: ClassArgs,
         /// Rate per source (or per --key-len group): 500pps, 10kpps, 64kbit, 10gbit.
         #[arg(long, allow_hyphen_values = true)]
         rate: Option<String>,
@@ -27,6 +72,13 @@ pub enum Cmd {
         /// Leading source bits that form one bucket (default 32 IPv4, 64 IPv6).
         #[arg(long, allow_hyphen_values = true)]
         key_len: Option<String>,
+        /// Rate of the whole rule, all its sources together (an aggregate
+        /// bucket, charged after the source's own admits the frame).
+        #[arg(long, allow_hyphen_values = true)]
+        total_rate: Option<String>,
+        /// Burst of the aggregate bucket: packets, or bytes for a bit rate.
+        #[arg(long, allow_hyphen_values = true)]
+        total_burst: Option<String>,
         /// Apply to the kernel only, without writing the config file (for
         /// when it cannot be written: a full disk, a read-only /etc). Shown
         /// as not persisted in `rule ls` and `status`; gone at the next
@@ -34,9 +86,11 @@ pub enum Cmd {
         #[arg(long)]
         runtime: bool,
     },
-    /// Remove the rule for a prefix.
+    /// Remove the rule for a prefix and class.
     Rm {
         cidr: String,
+        #[command(flatten)]
+        class: ClassArgs,
         /// Remove from the kernel only; the config file keeps the rule.
         #[arg(long)]
         runtime: bool,
@@ -50,22 +104,29 @@ pub enum Cmd {
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Set { cidr, rate, burst, action, key_len, runtime } => {
+        Cmd::Set { cidr, class, rate, burst, action, key_len, total_rate, total_burst, runtime } => {
             let key_len = match key_len {
                 Some(k) => Some(
                     k.parse::<u32>().map_err(|_| anyhow::anyhow!("invalid --key-len '{k}': not a number of bits"))?,
                 ),
                 None => None,
             };
-            let rule =
-                RuleConfig { prefix: cidr, rate, burst: burst.map(BurstValue::Text), action: Some(action), key_len };
+            let rule = RuleConfig {
+                rate,
+                burst: burst.map(BurstValue::Text),
+                action: Some(action),
+                key_len,
+                total_rate,
+                total_burst: total_burst.map(BurstValue::Text),
+                ..class.rule(&cidr)?
+            };
             // Validate here too, so bad input fails even with no daemon.
             rule.validate()?;
             println!("policer: {}", done(call(Request::RuleSet { rule, runtime })?));
         }
-        Cmd::Rm { cidr, runtime } => {
-            crate::rules::parse_prefix(&cidr)?;
-            println!("policer: {}", done(call(Request::RuleRm { prefix: cidr, runtime })?));
+        Cmd::Rm { cidr, class, runtime } => {
+            let rule = class.rule(&cidr)?;
+            println!("policer: {}", done(call(Request::RuleRm { rule, runtime })?));
         }
         Cmd::Ls { json } => {
             let Reply::Rules { rules } = call(Request::RuleLs)? else { unreachable!("checked by control::call") };
@@ -80,14 +141,17 @@ fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(rules)?);
         return Ok(());
     }
-    let mut t = crate::report::table(&["PREFIX", "ACTION", "RATE", "BURST", "KEY-LEN", "SAVED"], 2);
+    let mut t = crate::report::table(&["PREFIX", "CLASS", "ACTION", "RATE", "BURST", "TOTAL", "KEY-LEN", "SAVED"], 2);
     for r in rules {
         let burst = r.burst.map(|b| format!("{b} {}", if r.unit == "bytes" { "B" } else { "pkt" }));
+        let total = r.total_rate.as_ref().map(|t| format!("{t}, burst {}", r.total_burst.unwrap_or(0)));
         t.add_row(vec![
             r.prefix.clone(),
+            if r.class.is_empty() { "-".into() } else { r.class.clone() },
             r.action.clone(),
             r.rate.clone().unwrap_or_else(|| "-".into()),
             burst.unwrap_or_else(|| "-".into()),
+            total.unwrap_or_else(|| "-".into()),
             r.key_len.to_string(),
             match (r.in_force, r.persisted) {
                 (false, _) => "not in force (removed with --runtime)",

@@ -21,20 +21,19 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use ipnet::IpNet;
 use toml_edit::{Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table, TableLike, Value};
 
 use super::{Config, HEADER};
 use crate::{
     error::{Error, Result},
-    rules::{BurstValue, RuleConfig, RuleSpec},
+    rules::{BurstValue, RuleConfig, RuleKey, RuleSpec},
 };
 
 /// What the daemon changes; `None` leaves that part of the file alone.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Change<'a> {
     /// The whole rule set, as it should be in force.
-    pub rules: Option<&'a BTreeMap<IpNet, RuleSpec>>,
+    pub rules: Option<&'a BTreeMap<RuleKey, RuleSpec>>,
     /// `daemon.interfaces`.
     pub interfaces: Option<&'a [String]>,
 }
@@ -250,7 +249,12 @@ fn update(t: &mut dyn TableLike, old: &RuleSpec, new: &RuleSpec) {
     }
 }
 
-fn set_rules(doc: &mut DocumentMut, have: &[RuleSpec], want: &BTreeMap<IpNet, RuleSpec>, origin: &Path) -> Result<()> {
+fn set_rules(
+    doc: &mut DocumentMut,
+    have: &[RuleSpec],
+    want: &BTreeMap<RuleKey, RuleSpec>,
+    origin: &Path,
+) -> Result<()> {
     // Changed rules, in place; a rule whose keys could not be kept as
     // written (the verification below says so) is rewritten whole.
     if let Some(mut rules) = rules_mut(doc, origin)? {
@@ -258,7 +262,7 @@ fn set_rules(doc: &mut DocumentMut, have: &[RuleSpec], want: &BTreeMap<IpNet, Ru
             return Err(invalid(origin, "internal error: rules and document disagree"));
         }
         for (i, old) in have.iter().enumerate() {
-            let Some(new) = want.get(&old.net).filter(|new| *new != old) else { continue };
+            let Some(new) = want.get(&old.key()).filter(|new| *new != old) else { continue };
             let t = rules.get_mut(i).ok_or_else(|| invalid(origin, "a rule is not a table"))?;
             update(t, old, new);
             if rules.spec(i, origin).ok().as_ref() != Some(new) {
@@ -270,15 +274,15 @@ fn set_rules(doc: &mut DocumentMut, have: &[RuleSpec], want: &BTreeMap<IpNet, Ru
 
     // Removed rules, last first so the indices hold.
     for (i, old) in have.iter().enumerate().rev() {
-        if !want.contains_key(&old.net) {
+        if !want.contains_key(&old.key()) {
             remove_rule(doc, i, origin)?;
         }
     }
 
     // New rules, at the end.
     // A set: files of 100 000 rules are edited too.
-    let known: std::collections::HashSet<IpNet> = have.iter().map(|s| s.net).collect();
-    let new: Vec<&RuleSpec> = want.values().filter(|s| !known.contains(&s.net)).collect();
+    let known: std::collections::HashSet<RuleKey> = have.iter().map(|s| s.key()).collect();
+    let new: Vec<&RuleSpec> = want.values().filter(|s| !known.contains(&s.key())).collect();
     if !new.is_empty() && doc.get("rule").is_none() {
         doc.insert("rule", Item::ArrayOfTables(ArrayOfTables::new()));
     }

@@ -18,8 +18,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use ipnet::IpNet;
-
 use super::{
     Config,
     edit::{self, Change},
@@ -27,7 +25,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    rules::RuleSpec,
+    rules::{RuleKey, RuleSpec},
 };
 
 /// The file's content as the daemon last saw it.
@@ -43,7 +41,7 @@ enum Seen {
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub config: Config,
-    pub rules: BTreeMap<IpNet, RuleSpec>,
+    pub rules: BTreeMap<RuleKey, RuleSpec>,
     seen: Seen,
 }
 
@@ -67,7 +65,7 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Reads and validates `path` (a missing file is an empty config) and
     /// takes it as what the daemon runs from.
-    pub fn open(path: &Path) -> Result<(ConfigFile, BTreeMap<IpNet, RuleSpec>)> {
+    pub fn open(path: &Path) -> Result<(ConfigFile, BTreeMap<RuleKey, RuleSpec>)> {
         let snap = read(path)?;
         let rules = snap.rules.clone();
         let mut file = ConfigFile { path: path.to_path_buf(), config: Config::default(), seen: Seen::Missing };
@@ -128,7 +126,7 @@ impl ConfigFile {
 
     /// Writes `rules` as the file's rule set (`config/edit.rs` says what is
     /// kept of what the operator wrote).
-    pub fn apply_rules(&mut self, rules: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+    pub fn apply_rules(&mut self, rules: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
         self.update(Change { rules: Some(rules), interfaces: None })
     }
 

@@ -40,13 +40,12 @@ pub use write::NEW_FILE_MODE;
 
 use std::{collections::BTreeMap, path::Path};
 
-use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::{
     error::{Error, Result},
     loader::Mode,
-    rules::{RuleConfig, RuleSpec},
+    rules::{RuleConfig, RuleKey, RuleSpec},
 };
 
 pub const DEFAULT_PATH: &str = "/etc/policer/policer.toml";
@@ -90,7 +89,7 @@ pub(crate) const HEADER: &str = "\
 
 impl Config {
     /// Parses and validates the whole text; on any error nothing is used.
-    pub fn parse(text: &str, origin: &Path) -> Result<(Config, BTreeMap<IpNet, RuleSpec>)> {
+    pub fn parse(text: &str, origin: &Path) -> Result<(Config, BTreeMap<RuleKey, RuleSpec>)> {
         let cfg: Config = toml::from_str(text)
             .map_err(|e| Error::Invalid(format!("{}: {}", origin.display(), e.to_string().trim())))?;
         let rules = cfg.validate().map_err(|e| Error::Invalid(format!("{}: {e}", origin.display())))?;
@@ -99,7 +98,7 @@ impl Config {
 
     /// Validates every rule; prefixes must be unique. The first problem
     /// is the error (see [`Config::problems`] for all of them).
-    pub fn validate(&self) -> Result<BTreeMap<IpNet, RuleSpec>> {
+    pub fn validate(&self) -> Result<BTreeMap<RuleKey, RuleSpec>> {
         let (rules, problems) = self.problems(None);
         match problems.into_iter().next() {
             Some(p) => Err(Error::Invalid(p.message)),
@@ -110,7 +109,7 @@ impl Config {
     /// Every problem of the config, each with the line of its `[[rule]]`
     /// table when `text` (the file it came from) is given; and the rules
     /// that are valid.
-    pub fn problems(&self, text: Option<&str>) -> (BTreeMap<IpNet, RuleSpec>, Vec<Problem>) {
+    pub fn problems(&self, text: Option<&str>) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         // Lines of the `[[rule]]` headers, in order (1-based); when the
         // count does not match (rules written as an inline array), none.
         let heads: Vec<usize> = text
@@ -129,8 +128,8 @@ impl Config {
             let at = |m: String| Problem { line: line_of(i), message: format!("rule #{} ({}): {m}", i + 1, r.prefix) };
             match r.validate() {
                 Ok(spec) => {
-                    if out.insert(spec.net, spec.clone()).is_some() {
-                        problems.push(at(format!("prefix {} appears twice", spec.net)));
+                    if out.insert(spec.key(), spec.clone()).is_some() {
+                        problems.push(at(format!("the rule {} appears twice", spec.key())));
                     }
                 }
                 Err(e) => problems.push(at(e.to_string())),
@@ -160,7 +159,7 @@ impl Config {
     pub fn check(
         text: &str,
         max_rules: Option<u32>,
-    ) -> std::result::Result<(Config, BTreeMap<IpNet, RuleSpec>), Vec<Problem>> {
+    ) -> std::result::Result<(Config, BTreeMap<RuleKey, RuleSpec>), Vec<Problem>> {
         let cfg: Config = match toml::from_str(text) {
             Ok(c) => c,
             Err(e) => {
@@ -211,7 +210,7 @@ action = "deny"
 
     /// The config with `rules` as its rule list, as text: what the
     /// constructors of a rule read back as.
-    fn text_of(cfg: &Config, rules: &BTreeMap<IpNet, RuleSpec>) -> String {
+    fn text_of(cfg: &Config, rules: &BTreeMap<RuleKey, RuleSpec>) -> String {
         let c = Config { daemon: cfg.daemon.clone(), rules: rules.values().map(RuleSpec::config).collect() };
         toml::to_string_pretty(&c).expect("config serializes")
     }

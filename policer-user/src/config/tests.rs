@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     error::Error,
-    rules::{BurstValue, RuleConfig, RuleSpec},
+    rules::{BurstValue, RuleConfig, RuleKey, RuleSpec},
 };
 
 const EXAMPLE: &str = include_str!("../../../deploy/policer.toml");
@@ -35,19 +35,20 @@ fn rule(
         rate: rate.map(Into::into),
         burst: burst.map(BurstValue::Count),
         action,
-        key_len: None,
+        ..RuleConfig::default()
     }
     .validate()
     .unwrap()
 }
 
-fn with(mut rules: BTreeMap<IpNet, RuleSpec>, r: RuleSpec) -> BTreeMap<IpNet, RuleSpec> {
-    rules.insert(r.net, r);
+fn with(mut rules: BTreeMap<RuleKey, RuleSpec>, r: RuleSpec) -> BTreeMap<RuleKey, RuleSpec> {
+    rules.insert(r.key(), r);
     rules
 }
 
-fn without(mut rules: BTreeMap<IpNet, RuleSpec>, prefix: &str) -> BTreeMap<IpNet, RuleSpec> {
-    rules.remove(&prefix.parse::<IpNet>().unwrap()).expect("rule exists");
+fn without(mut rules: BTreeMap<RuleKey, RuleSpec>, prefix: &str) -> BTreeMap<RuleKey, RuleSpec> {
+    let key = RuleKey { net: prefix.parse::<IpNet>().unwrap(), class: Default::default() };
+    rules.remove(&key).expect("rule exists");
     rules
 }
 
@@ -138,7 +139,7 @@ key_len = 32            # explicit default
     fs::write(&p, text).unwrap();
     let (mut f, _) = ConfigFile::open(&p).unwrap();
     let mut r = rule("10.0.0.0/8", Some("2kpps"), Some(100), Some(policer_common::bucket::Action::Monitor));
-    f.apply_rules(&[(r.net, r.clone())].into()).unwrap();
+    f.apply_rules(&[(r.key(), r.clone())].into()).unwrap();
     assert_eq!(
         fs::read_to_string(&p).unwrap(),
         "\
@@ -155,7 +156,7 @@ action = \"monitor\"
     // action goes, as a new rule would not have it; the explicit default
     // key length, unchanged, stays.
     r = rule("10.0.0.0/8", Some("8mbit"), None, None);
-    f.apply_rules(&[(r.net, r.clone())].into()).unwrap();
+    f.apply_rules(&[(r.key(), r.clone())].into()).unwrap();
     let now = fs::read_to_string(&p).unwrap();
     assert!(
         now.contains("prefix = '10.0.0.0/8'   # quoted my way\nrate = \"8mbit\"          # the rate\nburst = \""),
@@ -163,7 +164,7 @@ action = \"monitor\"
     );
     assert!(now.contains("key_len = 32            # explicit default\n") && !now.contains("action"), "{now}");
     let (_, back) = ConfigFile::open(&p).unwrap();
-    assert_eq!(back[&r.net], r);
+    assert_eq!(back[&r.key()], r);
 }
 
 #[test]

@@ -34,7 +34,6 @@ use std::{
 };
 
 pub use adopt::detach_orphan;
-use ipnet::IpNet;
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
 use tokio::{
@@ -49,7 +48,7 @@ use crate::{
     loader::{Mode, Policer},
     netlink,
     report::format_line,
-    rules::RuleSpec,
+    rules::{RuleKey, RuleSpec},
 };
 
 #[derive(Clone, Debug)]
@@ -95,10 +94,14 @@ pub struct Daemon {
     program_id: u32,
     ifaces: Vec<Iface>,
     /// The rules in force, with their kernel id and counter slot.
-    rules: BTreeMap<IpNet, Installed>,
+    rules: BTreeMap<RuleKey, Installed>,
     /// The rules the config file holds (as last read or written).
-    file_rules: BTreeMap<IpNet, RuleSpec>,
+    file_rules: BTreeMap<RuleKey, RuleSpec>,
     slots: ruleset::Slots,
+    /// The group ids of prefixes with classes.
+    groups: crate::classes::Groups,
+    /// What the kernel's rule maps hold (the tries' values for the fast path).
+    compiled: crate::classes::Compiled,
     /// Default-rules fast path: 0 off, else the pair of DEFAULT_RULES in use.
     fast: u32,
     last_flip: Option<Instant>,

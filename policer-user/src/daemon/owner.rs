@@ -31,7 +31,7 @@ pub enum Command {
         runtime: bool,
     },
     RuleRm {
-        prefix: String,
+        rule: RuleConfig,
         runtime: bool,
     },
     Reload,
@@ -147,7 +147,7 @@ impl Daemon {
         let done = |result| Outcome { result, exit: false };
         match cmd {
             Command::RuleSet { rule, runtime } => done(self.rule_set(&rule, runtime)),
-            Command::RuleRm { prefix, runtime } => done(self.rule_rm(&prefix, runtime)),
+            Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
             Command::Reload => done(self.reload()),
             Command::Follow => done(self.follow()),
             Command::Detach { iface } => match self.detach(&iface) {

@@ -16,7 +16,7 @@ use crate::{
     error::{Error, Result},
     loader::Policer,
     netlink,
-    rules::{RuleConfig, RuleSpec},
+    rules::{RuleConfig, RuleKey, RuleSpec},
 };
 
 /// Allocates rule counter slots; slot 0 is shared by rules past the last.
@@ -35,10 +35,6 @@ impl Slots {
     /// The lowest free slot; an error at the rule limit.
     pub fn capacity(&self) -> u32 {
         self.capacity
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.free.is_empty()
     }
 
     pub fn take(&mut self) -> Result<u32> {
@@ -67,7 +63,7 @@ impl Slots {
 impl Daemon {
     /// Whether every rule is for 0.0.0.0/0 or ::/0.
     fn only_defaults(&self) -> bool {
-        self.rules.keys().all(|n| n.prefix_len() == 0)
+        self.rules.keys().all(|k| k.net.prefix_len() == 0)
     }
 
     /// Turns the default-rules fast path on (with the current default rules)
@@ -84,11 +80,12 @@ impl Daemon {
             }
             return Ok(());
         }
-        let rule = |d: &Daemon, net: &str| -> Result<Option<Rule>> {
+        // The compiled values: with the group of the prefix's classes.
+        let rule = |d: &Daemon, net: &str| -> Option<Rule> {
             let net: IpNet = net.parse().expect("literal");
-            d.rules.get(&net).map(|i| Ok(i.spec.kernel(i.id)?.with_counter_slot(i.slot))).transpose()
+            d.compiled.prefixes.get(&net).copied()
         };
-        let (v4, v6) = (rule(self, "0.0.0.0/0")?, rule(self, "::/0")?);
+        let (v4, v6) = (rule(self, "0.0.0.0/0"), rule(self, "::/0"));
         let next = if self.fast == 1 { 2 } else { 1 };
         if let Some(t) = self.last_flip {
             let since = t.elapsed();
@@ -104,7 +101,7 @@ impl Daemon {
     }
 
     /// The rules in force in the kernel.
-    pub(super) fn specs(&self) -> BTreeMap<IpNet, RuleSpec> {
+    pub(super) fn specs(&self) -> BTreeMap<RuleKey, RuleSpec> {
         self.rules.iter().map(|(n, i)| (*n, i.spec.clone())).collect()
     }
 
@@ -117,10 +114,10 @@ impl Daemon {
 
     /// Applies `want` (already validated) to the kernel: changed and new
     /// prefixes first, removed ones last, each one atomic for its prefix.
-    pub(super) fn apply(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+    pub(super) fn apply(&mut self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
         // A more specific prefix is about to exist: back to the tries first,
         // so no packet is judged by a default rule it no longer falls under.
-        if self.fast != 0 && want.keys().any(|n| n.prefix_len() != 0) {
+        if self.fast != 0 && want.keys().any(|k| k.net.prefix_len() != 0) {
             self.policer.set_fast_path(0)?;
             self.fast = 0;
         }
@@ -130,7 +127,7 @@ impl Daemon {
         r
     }
 
-    fn apply_rules(&mut self, want: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+    fn apply_rules(&mut self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
         if want.len() > self.slots.capacity() as usize {
             return Err(Error::Invalid(format!(
                 "rule limit reached: {} rules, more than this policer's limit of {} (`--max-rules`, or max_rules in [daemon]; \
@@ -139,49 +136,106 @@ impl Daemon {
                 self.slots.capacity()
             )));
         }
-        // Prefixes this change removes. They go last (no frame falls to a
-        // shorter prefix before its new rule is in), except when the limit
-        // is reached: then one goes first to make room for a new one.
-        let mut gone: Vec<IpNet> = self.rules.keys().filter(|n| !want.contains_key(n)).copied().collect();
-        for (net, spec) in want {
-            let slot = match self.rules.get(net) {
-                Some(i) if &i.spec == spec => continue,
-                Some(i) => i.slot,
-                None => {
-                    if self.slots.is_empty()
-                        && let Some(g) = gone.pop()
-                    {
-                        self.remove_one(g)?;
+        // The rules as they will be: kept ones as they are, changed ones
+        // with a new id in their slot, new ones in a free slot (at the
+        // limit, one a removed rule frees).
+        let mut gone: Vec<u32> =
+            self.rules.iter().filter(|(k, _)| !want.contains_key(k)).map(|(_, i)| i.slot).collect();
+        let mut taken: Vec<u32> = Vec::new();
+        let mut reused: Vec<u32> = Vec::new();
+        let mut next: BTreeMap<RuleKey, Installed> = BTreeMap::new();
+        let mut id = self.next_id;
+        let r = (|| -> Result<()> {
+            for (key, spec) in want {
+                let inst = match self.rules.get(key) {
+                    Some(i) if &i.spec == spec => i.clone(),
+                    Some(i) => {
+                        id += 1;
+                        Installed { spec: spec.clone(), id, slot: i.slot, persisted: false }
                     }
-                    let slot = self.slots.take()?;
-                    if let Err(e) = self.policer.reset_rule_counters(slot) {
-                        self.slots.free(slot);
-                        return Err(e);
+                    None => {
+                        let slot = match self.slots.take() {
+                            Ok(s) => {
+                                taken.push(s);
+                                s
+                            }
+                            Err(e) => {
+                                let s = gone.pop().ok_or(e)?;
+                                reused.push(s);
+                                s
+                            }
+                        };
+                        id += 1;
+                        Installed { spec: spec.clone(), id, slot, persisted: false }
                     }
-                    slot
-                }
-            };
-            let id = self.next_id;
-            if let Err(e) = install(&mut self.policer, *net, spec, id, slot) {
-                if !self.rules.contains_key(net) {
-                    self.slots.free(slot);
-                }
+                };
+                next.insert(*key, inst);
+            }
+            Ok(())
+        })();
+        let undo_slots = |d: &mut Daemon, taken: &[u32]| {
+            for s in taken {
+                d.slots.free(*s);
+            }
+        };
+        if let Err(e) = r {
+            undo_slots(self, &taken);
+            return Err(e);
+        }
+        // Everything the kernel will hold, worked out before anything is
+        // written: a tie or too many classes changes nothing.
+        let mut groups = self.groups.clone();
+        let compiled = next
+            .iter()
+            .map(|(k, i)| {
+                Ok(crate::classes::KernelRule {
+                    net: k.net,
+                    class: k.class,
+                    rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .and_then(|rules| crate::classes::compile(&rules, &mut groups));
+        let compiled = match compiled {
+            Ok(c) => c,
+            Err(e) => {
+                undo_slots(self, &taken);
                 return Err(e);
             }
-            self.next_id += 1;
-            self.rules.insert(*net, Installed { spec: spec.clone(), id, slot, persisted: false });
+        };
+        // Counters, new-source limiters and totals of new and changed rules.
+        let r = (|| -> Result<()> {
+            for (key, i) in &next {
+                let old = self.rules.get(key);
+                if old.is_some_and(|o| o.id == i.id) {
+                    continue;
+                }
+                if old.is_none() {
+                    self.policer.reset_rule_counters(i.slot)?;
+                }
+                prepare(&mut self.policer, &i.spec, i.slot)?;
+                if old.is_none_or(|o| o.spec.total != i.spec.total) {
+                    let total = i.spec.total_limiter()?.map(|limiter| policer_common::class::Total {
+                        tat: limiter.empty_tat(monotonic_ns()),
+                        limiter,
+                    });
+                    self.policer.set_total(i.slot, total.as_ref())?;
+                }
+            }
+            self.policer.sync_rules(&compiled)
+        })();
+        if let Err(e) = r {
+            undo_slots(self, &taken);
+            return Err(e);
         }
-        for net in gone {
-            self.remove_one(net)?;
+        for s in gone {
+            self.slots.free(s);
         }
-        Ok(())
-    }
-
-    fn remove_one(&mut self, net: IpNet) -> Result<()> {
-        self.policer.remove_rule(net)?;
-        if let Some(i) = self.rules.remove(&net) {
-            self.slots.free(i.slot);
-        }
+        let _ = reused;
+        self.next_id = id + 1;
+        self.rules = next;
+        self.groups = groups;
+        self.compiled = compiled;
         Ok(())
     }
 
@@ -190,28 +244,28 @@ impl Daemon {
     /// undone.
     pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool) -> Result<String> {
         let spec = rc.validate()?;
-        let net = spec.net;
+        let key = spec.key();
         self.change(runtime, |want| {
-            want.insert(net, spec.clone());
+            want.insert(key, spec.clone());
         })?;
         let existed_note = if runtime { " (runtime only: not written to the config file)" } else { "" };
-        Ok(format!("set the rule for {net}{existed_note}"))
+        Ok(format!("set the rule for {key}{existed_note}"))
     }
 
     /// `policer rule rm`. Without `runtime` it also takes a prefix the
     /// file has but the kernel no longer does (removed earlier with
     /// `--runtime`), so that removal can be made to stick.
-    pub(super) fn rule_rm(&mut self, prefix: &str, runtime: bool) -> Result<String> {
-        let net = crate::rules::parse_prefix(prefix)?;
-        let in_file = !runtime && self.file_rules.contains_key(&net);
-        if !self.rules.contains_key(&net) && !in_file {
-            return Err(Error::Invalid(format!("no rule for {net} (see `policer rule ls`)")));
+    pub(super) fn rule_rm(&mut self, rule: &RuleConfig, runtime: bool) -> Result<String> {
+        let key = rule.key()?;
+        let in_file = !runtime && self.file_rules.contains_key(&key);
+        if !self.rules.contains_key(&key) && !in_file {
+            return Err(Error::Invalid(format!("no rule for {key} (see `policer rule ls`)")));
         }
         self.change(runtime, |want| {
-            want.remove(&net);
+            want.remove(&key);
         })?;
         let note = if runtime { " (runtime only: the config file still has it)" } else { "" };
-        Ok(format!("removed the rule for {net}{note}"))
+        Ok(format!("removed the rule for {key}{note}"))
     }
 
     /// One change of the rules: `edit` applied to the kernel's rules and,
@@ -219,7 +273,7 @@ impl Daemon {
     /// keeps it so: the new file is staged (a hand edit, a full disk or a
     /// read-only file refuses the change before the kernel is touched),
     /// then the kernel changes, then the file is put in place.
-    fn change(&mut self, runtime: bool, edit: impl Fn(&mut BTreeMap<IpNet, RuleSpec>)) -> Result<()> {
+    fn change(&mut self, runtime: bool, edit: impl Fn(&mut BTreeMap<RuleKey, RuleSpec>)) -> Result<()> {
         if !runtime && self.file.read_only() {
             return Err(Error::Invalid(format!(
                 "{} is read-only (a ConfigMap or a read-only mount: change the file at its source, \
@@ -264,7 +318,7 @@ impl Daemon {
 
     /// Puts the rules in force back to `before` after `e`; the error to
     /// report (saying so if putting them back failed too).
-    fn undo(&mut self, before: &BTreeMap<IpNet, RuleSpec>, e: Error) -> Error {
+    fn undo(&mut self, before: &BTreeMap<RuleKey, RuleSpec>, e: Error) -> Error {
         let r = self.apply(before);
         self.mark_persisted();
         match r {
@@ -356,16 +410,8 @@ impl Daemon {
     }
 }
 
-/// Installs a rule (one atomic update of its prefix), after setting the
-/// new-source limiter of its counter slot.
-fn install(p: &mut Policer, net: IpNet, spec: &RuleSpec, id: u32, slot: u32) -> Result<()> {
-    let rule = prepare(p, spec, id, slot)?;
-    p.set_rule(net, &rule)
-}
-
-/// Sets the new-source limiter of the rule's counter slot; returns the
-/// kernel value of the rule, ready to install.
-pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, id: u32, slot: u32) -> Result<Rule> {
+/// Sets the new-source limiter of the rule's counter slot.
+pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, slot: u32) -> Result<()> {
     // Rate and burst in the same unit: packets, or bytes in byte mode.
     let rate = match (spec.action.polices(), spec.rate) {
         (true, Some(Rate::Pps(r))) => Some(r),
@@ -376,8 +422,7 @@ pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, id: u32, slot: u32) -> R
         Some(r) => NewSources::for_rule(r, spec.burst, p.max_sources()?, monotonic_ns()),
         None => NewSources::default(),
     };
-    p.set_new_sources(slot, &ns)?;
-    Ok(spec.kernel(id)?.with_counter_slot(slot))
+    p.set_new_sources(slot, &ns)
 }
 
 #[cfg(test)]

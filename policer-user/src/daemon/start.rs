@@ -31,7 +31,6 @@ use aya::{
     maps::{MapData, PerCpuValues},
     programs::ProgramFd,
 };
-use ipnet::IpNet;
 use policer_common::{
     DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V4_GEOMETRY, MAP_RULE_COUNTERS, NewSources, Rule, RuleCounters,
     SHARED_MAPS, rate::Rate,
@@ -49,7 +48,7 @@ use crate::{
     loader::{LoadOptions, Mode, Policer, SharedMaps, if_index, is_root},
     lockfile::LockFile,
     netlink,
-    rules::{BurstValue, RuleConfig, RuleSpec},
+    rules::{BurstValue, RuleConfig, RuleKey, RuleSpec},
 };
 
 /// Tests only: the version a started program is stamped with (a number,
@@ -90,8 +89,7 @@ pub(super) fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<Ru
                 prefix: p.to_string(),
                 rate: Some(rate.to_string()),
                 burst: burst.clone(),
-                action: None,
-                key_len: None,
+                ..RuleConfig::default()
             }
             .validate()
             .map_err(|e| match (&e, burst.as_ref()) {
@@ -104,8 +102,18 @@ pub(super) fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<Ru
         .collect()
 }
 
+/// Whether two kernel rules police alike (ids, slots and what the class
+/// compiler adds aside).
 pub(super) fn same_params(a: &Rule, b: &Rule) -> bool {
-    Rule { rule_id: 0, counter_slot: 0, ..*a } == Rule { rule_id: 0, counter_slot: 0, ..*b }
+    let plain = |r: &Rule| Rule {
+        rule_id: 0,
+        counter_slot: 0,
+        classes: 0,
+        class_protos: 0,
+        flags: r.flags & !policer_common::class::RULE_CLASS,
+        ..*r
+    };
+    plain(a) == plain(b)
 }
 
 impl Daemon {
@@ -117,7 +125,7 @@ impl Daemon {
         let cfg = file.config().clone();
         if let Some(rate) = args.rate {
             for s in default_rules(rate, &args.burst)? {
-                specs.insert(s.net, s);
+                specs.insert(s.key(), s);
             }
         } else if args.burst.is_some() {
             return Err(Error::Invalid("--burst needs --rate".into()));
@@ -267,31 +275,41 @@ impl Daemon {
         }
 
         // Bring the kernel's rules to the config's, keeping the id (and so
-        // the buckets' state) of every rule that did not change. Planned
-        // here, written in the transaction below.
-        let kernel: BTreeMap<IpNet, Rule> = policer.kernel_rules()?.into_iter().collect();
+        // the buckets' state) of every class-less rule that did not change.
+        // Planned here, written in the transaction below.
+        let have = policer.kernel_compiled()?;
+        let kernel = &have.prefixes;
         let mut next_id = kernel.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
         let mut slots = Slots::new(policer.max_rules()?);
-        // Rules that stay keep their counter slot (an older build's shared
-        // slot 0, or one past the limit, is not a slot: such a rule gets one).
-        let mut kept: BTreeMap<IpNet, u32> = BTreeMap::new();
-        for (net, k) in &kernel {
-            if specs.contains_key(net) && slots.mark_used(k.counter_slot) {
-                kept.insert(*net, k.counter_slot);
+        // Class-less rules that stay keep their counter slot (an older
+        // build's shared slot 0, or one past the limit, is not a slot: such
+        // a rule gets one). Shorter prefixes first: a prefix with classes
+        // holds a copy of the rule it falls to, slot and all, which is not
+        // its own. Rules with classes get fresh slots (their buckets and
+        // counters start anew at a restart).
+        let mut order: Vec<(&RuleKey, &RuleSpec)> = specs.iter().collect();
+        order.sort_by_key(|(k, _)| (k.net.prefix_len(), **k));
+        let mut kept: BTreeMap<RuleKey, u32> = BTreeMap::new();
+        for (key, _) in &order {
+            if key.class.is_none()
+                && let Some(k) = kernel.get(&key.net)
+                && slots.mark_used(k.counter_slot)
+            {
+                kept.insert(**key, k.counter_slot);
             }
         }
         let mut rules = BTreeMap::new();
         let mut writes: Vec<RuleWrite> = Vec::new();
-        for (net, spec) in &specs {
+        for (key, spec) in order {
             let fresh = spec.kernel(0)?;
-            let inst = match (kernel.get(net), kept.get(net)) {
+            let inst = match (kernel.get(&key.net), kept.get(key)) {
                 (Some(k), Some(&slot)) if same_params(k, &fresh) => {
                     Installed { spec: spec.clone(), id: k.rule_id, slot, persisted: true }
                 }
                 (Some(_), Some(&slot)) => {
                     let inst = Installed { spec: spec.clone(), id: next_id, slot, persisted: true };
                     next_id += 1;
-                    writes.push(RuleWrite { net: *net, id: inst.id, slot: inst.slot, reset_counters: false });
+                    writes.push(RuleWrite { key: *key, slot: inst.slot, reset_counters: false });
                     inst
                 }
                 _ => {
@@ -301,14 +319,28 @@ impl Daemon {
                     // A fresh program's counters are zero; an adopted one's
                     // slot may hold a removed rule's counts.
                     let reset_counters = adopt_from.is_some();
-                    writes.push(RuleWrite { net: *net, id: inst.id, slot, reset_counters });
+                    writes.push(RuleWrite { key: *key, slot, reset_counters });
                     inst
                 }
             };
-            rules.insert(*net, inst);
+            rules.insert(*key, inst);
         }
-        let removals: Vec<IpNet> = kernel.keys().filter(|n| !specs.contains_key(n)).copied().collect();
-        let plan = Plan { kernel, writes, removals };
+        // What the kernel will hold, before anything is written.
+        let mut groups = crate::classes::Groups::default();
+        let compiled = {
+            let list = rules
+                .iter()
+                .map(|(k, i): (&RuleKey, &Installed)| {
+                    Ok(crate::classes::KernelRule {
+                        net: k.net,
+                        class: k.class,
+                        rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            crate::classes::compile(&list, &mut groups)?
+        };
+        let plan = Plan { have: have.clone(), want: compiled.clone(), writes };
 
         // Rewrite the file (after the start commits) only if this start
         // changed what it says (the default rules from --rate, or the
@@ -330,6 +362,8 @@ impl Daemon {
             file_rules: specs.clone(),
             rules,
             slots,
+            groups,
+            compiled,
             fast: 0,
             last_flip: None,
             file,
@@ -418,8 +452,7 @@ impl Daemon {
 
 /// A new or changed rule the start writes.
 struct RuleWrite {
-    net: IpNet,
-    id: u32,
+    key: RuleKey,
     slot: u32,
     /// Zero the counter slot first (an adopted slot a removed rule used).
     reset_counters: bool,
@@ -427,19 +460,19 @@ struct RuleWrite {
 
 /// What the start does to the rule maps.
 struct Plan {
-    /// The rules in the maps before the start.
-    kernel: BTreeMap<IpNet, Rule>,
+    /// The rule maps before the start.
+    have: crate::classes::Compiled,
+    /// And after.
+    want: crate::classes::Compiled,
     writes: Vec<RuleWrite>,
-    /// Prefixes the config no longer has.
-    removals: Vec<IpNet>,
 }
 
-/// Writes the planned rules: each new or changed rule's limiter and
-/// counter slot, then those rules in one batch, removed prefixes last (so
-/// no frame falls into a gap between a rule and its replacement). With
-/// adopted maps, each entry is saved in `undo` before it is overwritten.
-fn install(p: &mut Policer, undo: &mut Undo, plan: &Plan, specs: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
-    let mut pending = Vec::with_capacity(plan.writes.len());
+/// Writes the planned rules: each new or changed rule's limiter, total and
+/// counter slot, then the rule maps (see `Policer::sync_rules`: new
+/// entries first, removed ones last, so no frame falls into a gap between
+/// a rule and its replacement). With adopted maps, what is overwritten is
+/// saved in `undo` first.
+fn install(p: &mut Policer, undo: &mut Undo, plan: &Plan, specs: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
     for w in &plan.writes {
         if w.reset_counters {
             let old = undo.save_rule_counters(w.slot)?;
@@ -451,17 +484,16 @@ fn install(p: &mut Policer, undo: &mut Undo, plan: &Plan, specs: &BTreeMap<IpNet
             }
         }
         undo.new_sources(w.slot)?;
-        pending.push((w.net, prepare(p, &specs[&w.net], w.id, w.slot)?));
+        let spec = &specs[&w.key];
+        prepare(p, spec, w.slot)?;
+        undo.total(w.slot)?;
+        let total = spec
+            .total_limiter()?
+            .map(|limiter| policer_common::class::Total { tat: limiter.empty_tat(super::monotonic_ns()), limiter });
+        p.set_total(w.slot, total.as_ref())?;
     }
-    for (net, _) in &pending {
-        undo.rule(*net, plan.kernel.get(net).copied())?;
-    }
-    p.set_rules(&pending)?;
-    for net in &plan.removals {
-        undo.rule(*net, plan.kernel.get(net).copied())?;
-        p.remove_rule(*net)?;
-    }
-    Ok(())
+    undo.rules(&plan.have, &plan.want)?;
+    p.sync_rules_from(&plan.have, &plan.want)
 }
 
 /// One kernel change of a start, with what it replaced.
@@ -469,8 +501,11 @@ enum Step {
     /// The new program was attached to an interface, replacing `old`
     /// (program id and a descriptor of it) or nothing.
     Attached { iface: String, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)> },
-    /// An adopted rule trie entry (`None`: the prefix had no rule).
-    Rule { net: IpNet, old: Option<Rule> },
+    /// The adopted rule maps (tries, class index and filter), from `old`
+    /// to `new`.
+    Rules { old: Box<crate::classes::Compiled>, new: Box<crate::classes::Compiled> },
+    /// An adopted total (aggregate bucket) slot.
+    Total { slot: u32, old: policer_common::class::Total },
     /// An adopted new-source limiter slot.
     NewSources { slot: u32, old: NewSources },
     /// An adopted rule counter slot, per CPU, before it was zeroed.
@@ -491,6 +526,7 @@ struct Undo {
     /// Slots already saved: the first value seen is the one to restore.
     saved_limiters: BTreeSet<u32>,
     saved_counters: BTreeSet<u32>,
+    saved_totals: BTreeSet<u32>,
     committed: bool,
     /// Restores the signal mask when the log goes (see [`Signals`]); a
     /// field, so it is dropped after the rollback.
@@ -571,6 +607,7 @@ impl Undo {
             steps: Vec::new(),
             saved_limiters: BTreeSet::new(),
             saved_counters: BTreeSet::new(),
+            saved_totals: BTreeSet::new(),
             committed: false,
             _signals: Signals::block(),
             fail_at,
@@ -596,11 +633,22 @@ impl Undo {
         self.push(Step::Attached { iface: iface.into(), index, mode_flags, old })
     }
 
-    fn rule(&mut self, net: IpNet, old: Option<Rule>) -> Result<()> {
+    fn rules(&mut self, old: &crate::classes::Compiled, new: &crate::classes::Compiled) -> Result<()> {
         if self.maps.is_none() {
             return Ok(());
         }
-        self.push(Step::Rule { net, old })
+        self.push(Step::Rules { old: Box::new(old.clone()), new: Box::new(new.clone()) })
+    }
+
+    fn total(&mut self, slot: u32) -> Result<()> {
+        let Some(m) = &self.maps else {
+            return Ok(());
+        };
+        if !self.saved_totals.insert(slot) {
+            return Ok(());
+        }
+        let old = m.total(slot)?;
+        self.push(Step::Total { slot, old })
     }
 
     fn new_sources(&mut self, slot: u32) -> Result<()> {
@@ -661,10 +709,15 @@ impl Undo {
                     }
                     r.map_err(|e| (what, e))
                 }
-                Step::Rule { net, old } => {
-                    rules += 1;
+                Step::Rules { old, new } => {
+                    rules += old.prefixes.len();
                     let m = self.maps.as_mut().expect("recorded only with maps");
-                    m.set_rule(net, old.as_ref()).map_err(|e| (format!("the rule for {net}"), e))
+                    m.sync_rules(&new, &old).map_err(|e| ("the rules".to_string(), e))
+                }
+                Step::Total { slot, old } => {
+                    limiters += 1;
+                    let m = self.maps.as_mut().expect("recorded only with maps");
+                    m.set_total(slot, &old).map_err(|e| (format!("the total of slot {slot}"), e))
                 }
                 Step::NewSources { slot, old } => {
                     limiters += 1;

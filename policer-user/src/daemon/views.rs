@@ -14,7 +14,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipnet::IpNet;
 use policer_common::{BucketKey, Counters, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, RuleCounters, bucket::Action};
 use serde::Serialize;
 use tokio::sync::watch;
@@ -28,7 +27,7 @@ use crate::{
     error::Result,
     loader::MapReader,
     netlink,
-    rules::RuleSpec,
+    rules::{RuleKey, RuleSpec},
 };
 
 /// How old the live-bucket count on /metrics may be: counting reads the
@@ -54,7 +53,7 @@ pub struct RuleRow {
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub ifaces: Vec<IfaceRef>,
-    pub rules: BTreeMap<IpNet, RuleRow>,
+    pub rules: BTreeMap<RuleKey, RuleRow>,
     /// Rules the config file holds that are not in force (removed with
     /// `rule rm --runtime`).
     pub removed_at_runtime: Vec<RuleSpec>,
@@ -116,15 +115,26 @@ impl Views {
 
     pub fn rules(&self) -> Vec<RuleView> {
         let snap = self.snap();
-        let view = |s: &RuleSpec, persisted: bool, in_force: bool| RuleView {
-            prefix: s.net.to_string(),
-            action: s.action.to_string(),
-            rate: s.rate.map(|r| r.to_string()),
-            burst: s.rate.map(|_| s.burst),
-            unit: if s.rate.is_some_and(|r| r.is_bytes()) { "bytes" } else { "packets" }.into(),
-            key_len: s.key_len,
-            persisted,
-            in_force,
+        let view = |s: &RuleSpec, persisted: bool, in_force: bool| {
+            let t = s.class.text();
+            RuleView {
+                prefix: s.net.to_string(),
+                class: s.class.to_string(),
+                proto: t.proto,
+                dport: t.dport,
+                tcp_flags: t.tcp_flags,
+                icmp_type: t.icmp_type,
+                dst: t.dst,
+                total_rate: s.total.map(|(r, _)| r.to_string()),
+                total_burst: s.total.map(|(_, b)| b),
+                action: s.action.to_string(),
+                rate: s.rate.map(|r| r.to_string()),
+                burst: s.rate.map(|_| s.burst),
+                unit: if s.rate.is_some_and(|r| r.is_bytes()) { "bytes" } else { "packets" }.into(),
+                key_len: s.key_len,
+                persisted,
+                in_force,
+            }
         };
         let mut out: Vec<RuleView> = snap.rules.values().map(|r| view(&r.spec, r.persisted, true)).collect();
         out.extend(snap.removed_at_runtime.iter().map(|s| view(s, true, false)));
@@ -165,8 +175,9 @@ impl Views {
         let rules = snap
             .rules
             .iter()
-            .map(|(net, r)| RuleStats {
-                prefix: net.to_string(),
+            .map(|(key, r)| RuleStats {
+                prefix: key.net.to_string(),
+                class: key.class.to_string(),
                 action: r.spec.action.to_string(),
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
                 rates: None,
@@ -235,7 +246,14 @@ impl Views {
         let snap = self.snap();
         let now = monotonic_ns();
         let mut v = InspectView { time_ns: now, address: addr.to_string(), now: "pass".into(), ..Default::default() };
-        let Some((net, row)) = snap.rules.iter().filter(|(n, _)| n.contains(&addr)).max_by_key(|(n, _)| n.prefix_len())
+        // The class-less rules: a source's bucket of its prefix's class-less
+        // rule (class buckets are shown by `top`).
+        let Some((net, row)) = snap
+            .rules
+            .iter()
+            .filter(|(k, _)| k.class.is_none() && k.net.contains(&addr))
+            .map(|(k, r)| (k.net, r))
+            .max_by_key(|(n, _)| n.prefix_len())
         else {
             return Ok(v);
         };
@@ -357,10 +375,18 @@ impl Views {
     }
 }
 
-/// The rule (longest prefix) a bucket's source falls under now.
-fn rule_for(snap: &Snapshot, k: &BucketKey) -> Option<IpNet> {
+/// The rule that charges a bucket now: a class's (by its counter slot),
+/// or the longest class-less prefix its source falls under.
+fn rule_for(snap: &Snapshot, k: &BucketKey) -> Option<RuleKey> {
+    if k.class != 0 {
+        return snap.rules.iter().find(|(key, r)| !key.class.is_none() && r.slot == k.class).map(|(key, _)| *key);
+    }
     let addr = key_addr(k);
-    snap.rules.keys().filter(|n| n.contains(&addr)).max_by_key(|n| n.prefix_len()).copied()
+    snap.rules
+        .keys()
+        .filter(|key| key.class.is_none() && key.net.contains(&addr))
+        .max_by_key(|key| key.net.prefix_len())
+        .copied()
 }
 
 fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
@@ -379,6 +405,7 @@ fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
         recall_known: c.recall_known,
         recall_debt_drops: c.recall_debt_drops,
         recall_stored: c.recall_stored,
+        class_matched: c.class_matched,
         rates: None,
     }
 }

@@ -110,7 +110,7 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
     let views = ctx.views.clone();
     match env.request {
         Request::RuleSet { rule, runtime } => change(Command::RuleSet { rule, runtime }).await,
-        Request::RuleRm { prefix, runtime } => change(Command::RuleRm { prefix, runtime }).await,
+        Request::RuleRm { rule, runtime } => change(Command::RuleRm { rule, runtime }).await,
         Request::Reload => change(Command::Reload).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
         Request::RuleLs => (Reply::Rules { rules: views.rules() }, false),
