@@ -99,8 +99,7 @@ fn rule_set(i: u32, rate: &str) -> Request {
             prefix: prefix(i),
             rate: Some(rate.into()),
             burst: Some(BurstValue::Count(50)),
-            action: None,
-            key_len: None,
+            ..Default::default()
         },
         runtime: false,
     }
