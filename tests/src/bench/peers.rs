@@ -50,8 +50,9 @@ pub enum System {
 }
 
 /// The class rules of the `PolicerClasses` row, all on the flood's source
-/// prefix (0.0.0.0/0), as `policer rule set 0.0.0.0/0 …` takes them (each
-/// also gets the dropping limit). None matches the flood: UDP to port
+/// prefix (0.0.0.0/0), written as `policer rule set 0.0.0.0/0 …` takes
+/// them (each also gets the dropping limit; the benchmark writes them
+/// into the daemon's config file, see [`class_config`]). None matches the flood: UDP to port
 /// [`FLOOD_DPORT`](super::generator::FLOOD_DPORT), 9.
 pub const CLASS_RULES: [&[&str]; 16] = [
     &["--proto", "tcp", "--tcp-flags", "syn,!ack"],
@@ -349,14 +350,12 @@ pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) ->
             Installed::Netfilter
         }
         System::PolicerClasses => {
-            let d = policer(net, drop_limit, &["--max-sources", &capacity]);
-            class_rules(&crate::daemon::policer_bin(), net, &CLASS_RULES, drop_limit)?;
-            Installed::Daemon(Box::new(d))
+            class_config(net, &CLASS_RULES, drop_limit)?;
+            Installed::Daemon(Box::new(policer(net, drop_limit, &["--max-sources", &capacity])))
         }
         System::PolicerDns => {
-            let d = policer(net, admit_limit, &["--max-sources", &capacity]);
-            class_rules(&crate::daemon::policer_bin(), net, &[DNS_RULE], drop_limit)?;
-            Installed::Daemon(Box::new(d))
+            class_config(net, &[DNS_RULE], drop_limit)?;
+            Installed::Daemon(Box::new(policer(net, admit_limit, &["--max-sources", &capacity])))
         }
         System::NftDns => {
             nft_matching(net, drop_limit, Family::V4, TABLE_CAPACITY, "udp dport 53 ")?;
@@ -369,27 +368,61 @@ pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) ->
     })
 }
 
-/// `policer rule set 0.0.0.0/0 CLASS --rate R --burst B` for every class of
-/// `classes`, with the `policer` binary at `bin`, in `net`'s receiving
-/// namespace (where its daemon runs), as a user adds rules to a running
-/// daemon.
-pub fn class_rules(bin: &std::path::Path, net: &Net, classes: &[&[&str]], limit: Limit) -> Result<()> {
-    let rate = format!("{}pps", limit.pps);
-    let burst = limit.burst.to_string();
+/// Writes `net`'s config file with a `[[rule]]` for 0.0.0.0/0 and every
+/// class of `classes` (written as `policer rule set 0.0.0.0/0 …` options,
+/// see [`CLASS_RULES`]), each with `limit`, for the daemon to start with;
+/// its command line's `--rate`/`--burst` add the class-less rules for
+/// 0.0.0.0/0 and ::/0. (A config file, not `policer rule set` calls: at
+/// the time of writing the daemon's config-file editor wrote a class
+/// rule without its class, and the file it edited then had 0.0.0.0/0
+/// twice and `rule set` failed.)
+pub fn class_config(net: &Net, classes: &[&[&str]], limit: Limit) -> Result<()> {
+    std::fs::write(&net.sb.config, class_toml(classes, limit)?).with_context(|| format!("write {}", net.sb.config))
+}
+
+/// The `[[rule]]` tables of [`class_config`].
+pub fn class_toml(classes: &[&[&str]], limit: Limit) -> Result<String> {
+    let mut out = String::new();
     for class in classes {
-        let mut args = vec!["rule", "set", CLASS_PREFIX];
-        args.extend_from_slice(class);
-        args.extend_from_slice(&["--rate", &rate, "--burst", &burst]);
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &net.sb.rx_ns])
-            .arg(bin)
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .with_context(|| format!("run {}", bin.display()))?;
-        if !out.status.success() {
-            anyhow::bail!("policer {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        out.push_str(&format!("[[rule]]\nprefix = \"{CLASS_PREFIX}\"\n"));
+        for kv in class.chunks(2) {
+            let [k, v] = kv else { anyhow::bail!("class option without a value: {class:?}") };
+            let line = match *k {
+                "--proto" => format!("proto = \"{v}\""),
+                "--dport" if v.bytes().all(|b| b.is_ascii_digit()) => format!("dport = {v}"),
+                "--dport" => format!("dport = \"{v}\""),
+                "--tcp-flags" => format!("tcp_flags = \"{v}\""),
+                "--icmp-type" => format!("icmp_type = {v}"),
+                "--dst" => format!("dst = \"{v}\""),
+                _ => anyhow::bail!("class option {k} has no config-file field here"),
+            };
+            out.push_str(&line);
+            out.push('\n');
         }
+        out.push_str(&format!("rate = \"{}pps\"\nburst = {}\n\n", limit.pps, limit.burst));
     }
-    Ok(())
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_class_rules_make_a_config_file_the_daemon_takes() {
+        let toml = class_toml(&CLASS_RULES, Limit { pps: 1, burst: 1 }).unwrap();
+        let (_, rules) = policer_user::config::Config::parse(&toml, std::path::Path::new("bench.toml"))
+            .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        assert_eq!(rules.len(), 16, "{toml}");
+        assert!(toml.contains("dport = \"8000-8999\"") && toml.contains("tcp_flags = \"syn,!ack\""), "{toml}");
+        let (_, one) = policer_user::config::Config::parse(
+            &class_toml(&[DNS_RULE], Limit { pps: 1, burst: 1 }).unwrap(),
+            std::path::Path::new("bench.toml"),
+        )
+        .unwrap();
+        assert_eq!(one.len(), 1);
+        // The floods' port is none of the classes' ports.
+        let port = super::super::generator::FLOOD_DPORT.to_string();
+        assert!(CLASS_RULES.iter().all(|c| c.windows(2).all(|kv| kv != ["--dport", port.as_str()])));
+    }
 }

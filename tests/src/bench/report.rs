@@ -312,8 +312,9 @@ fn classes(w: &mut String, v: &VethResults, k: Option<&KernelResults>) {
         w,
         "Measured in the same repetitions as the rows above, with the same generator, CPU, table capacity and limit. \
          **Class rules that do not match the flood**: the dropping policer (its source-only rule set: the class-less \
-         default rule, {} pps, burst 1) against the same binary with 16 class rules added on the flood's prefix by \
-         `policer rule set {} … --rate {}pps --burst 1` once the daemon runs: {}. The flood is the one above, UDP to \
+         default rule, {} pps, burst 1) against the same binary started with 16 class rules on the flood's prefix as \
+         well, from its config file (`[[rule]]` tables with the class fields; here as the options of `policer rule \
+         set {} … --rate {}pps --burst 1`): {}. The flood is the one above, UDP to \
          port {} (discard), which none of them matches: every frame still gets the class-less rule. The two rows run \
          interleaved and the ratio is taken repetition by repetition.\n",
         v.drop_limit_pps,

@@ -554,8 +554,8 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, classe
         if classes {
             say(&format!("veth: setting up the dropping policer of {bin} with 16 class rules"));
             let net = Net::new(&format!("abc{i}"))?;
+            super::peers::class_config(&net, &super::peers::CLASS_RULES, DROP_LIMIT)?;
             let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
-            super::peers::class_rules(&bin.path, &net, &super::peers::CLASS_RULES, DROP_LIMIT)?;
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
             setups.push((format!("{bin} + 16 class rules"), net, Installed::Daemon(Box::new(d)), g));
         }
