@@ -140,6 +140,20 @@ impl Config {
                 Err(e) => problems.push(at(e.to_string())),
             }
         }
+        // Classes that tie, or too many for one frame: what the daemon's
+        // compiler would refuse.
+        let kernel: Option<Vec<crate::classes::KernelRule>> = out
+            .iter()
+            .map(|(k, spec)| {
+                spec.kernel(0).ok().map(|rule| crate::classes::KernelRule { net: k.net, class: k.class, rule })
+            })
+            .collect();
+        if out.keys().any(|k| !k.class.is_none())
+            && let Some(kernel) = kernel
+            && let Err(e) = crate::classes::compile(&kernel, &mut crate::classes::Groups::default())
+        {
+            problems.push(Problem { line: None, message: e.to_string() });
+        }
         let d = &self.daemon;
         if let Some(0) = d.max_sources {
             problems.push(Problem { line: None, message: "daemon.max_sources must be at least 1".into() });
