@@ -142,16 +142,7 @@ impl Config {
         }
         // Classes that tie, or too many for one frame: what the daemon's
         // compiler would refuse.
-        let kernel: Option<Vec<crate::classes::KernelRule>> = out
-            .iter()
-            .map(|(k, spec)| {
-                spec.kernel(0).ok().map(|rule| crate::classes::KernelRule { net: k.net, class: k.class, rule })
-            })
-            .collect();
-        if out.keys().any(|k| !k.class.is_none())
-            && let Some(kernel) = kernel
-            && let Err(e) = crate::classes::compile(&kernel, &mut crate::classes::Groups::default())
-        {
+        if let Err(e) = crate::classes::check_rules(out.values()) {
             problems.push(Problem { line: None, message: e.to_string() });
         }
         let d = &self.daemon;
