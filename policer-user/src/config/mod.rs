@@ -129,11 +129,21 @@ impl Config {
             match r.validate() {
                 Ok(spec) => {
                     if out.insert(spec.key(), spec.clone()).is_some() {
-                        problems.push(at(format!("the rule {} appears twice", spec.key())));
+                        let what = if spec.class.is_none() {
+                            format!("prefix {}", spec.net)
+                        } else {
+                            format!("the rule {}", spec.key())
+                        };
+                        problems.push(at(format!("{what} appears twice")));
                     }
                 }
                 Err(e) => problems.push(at(e.to_string())),
             }
+        }
+        // Classes that tie, or too many for one frame: what the daemon's
+        // compiler would refuse.
+        if let Err(e) = crate::classes::check_rules(out.values()) {
+            problems.push(Problem { line: None, message: e.to_string() });
         }
         let d = &self.daemon;
         if let Some(0) = d.max_sources {
@@ -169,13 +179,6 @@ impl Config {
             }
         };
         let (rules, mut problems) = cfg.problems(Some(text));
-        // The daemon refuses these when it compiles (a reload, a start);
-        // `check` has no daemon to ask.
-        if problems.is_empty()
-            && let Some(p) = class_problem(&rules)
-        {
-            problems.push(Problem { line: None, message: p });
-        }
         let limit = max_rules.or(cfg.daemon.max_rules).unwrap_or(policer_common::DEFAULT_MAX_RULES);
         if cfg.rules.len() > limit as usize {
             problems.push(Problem {
@@ -188,25 +191,6 @@ impl Config {
         }
         if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
     }
-}
-
-/// What the daemon's compiler would refuse in `rules` (tying classes of
-/// one prefix, too many classes for one frame, too many prefixes with
-/// classes), so that `policer check` says it as a reload would. Only
-/// class-less rules: nothing to refuse, nothing compiled.
-fn class_problem(rules: &BTreeMap<RuleKey, RuleSpec>) -> Option<String> {
-    if rules.keys().all(|k| k.class.is_none()) {
-        return None;
-    }
-    let kernel: Vec<crate::classes::KernelRule> = rules
-        .values()
-        .zip(0u32..)
-        .filter_map(|(s, i)| {
-            let rule = s.kernel(i).ok()?.with_counter_slot(i);
-            Some(crate::classes::KernelRule { net: s.net, class: s.class, rule })
-        })
-        .collect();
-    crate::classes::compile(&kernel, &mut crate::classes::Groups::default()).err().map(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -43,6 +43,11 @@ pub const BATCH: u32 = 64;
 pub const DST_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
 /// Length of the generated frames (the smallest Ethernet frame).
 pub const FRAME_LEN: usize = 64;
+/// UDP destination port of the benchmark's floods (discard), as built by
+/// `FrameSpec::udp`: no class rule of the benchmark's matches it.
+pub const FLOOD_DPORT: u16 = 9;
+/// UDP destination port of the class-matching flood (DNS).
+pub const DNS_DPORT: u16 = 53;
 
 pub struct Generator {
     ebpf: Ebpf,
@@ -124,6 +129,21 @@ impl Generator {
         Ok(Generator { ebpf, frame })
     }
 
+    /// The same generator with UDP destination port `port` in every frame
+    /// (`xdp_gen` rewrites only the source address and the IP header
+    /// checksum; the UDP checksum is zero, "none", in the IPv4 frames).
+    pub fn with_dport(mut self, port: u16) -> Result<Generator> {
+        let at = udp_offset(&self.frame).context("not a UDP frame the generator builds")?;
+        self.frame[at + 2..at + 4].copy_from_slice(&port.to_be_bytes());
+        Ok(self)
+    }
+
+    /// The UDP destination port of the generated frames.
+    pub fn dport(&self) -> Option<u16> {
+        let at = udp_offset(&self.frame)?;
+        Some(u16::from_be_bytes([self.frame[at + 2], self.frame[at + 3]]))
+    }
+
     fn prog(&self) -> Result<&Xdp> {
         Ok(self.ebpf.program("xdp_gen").context("xdp_gen")?.try_into()?)
     }
@@ -173,6 +193,17 @@ impl Generator {
 
 /// Offset of the IP header in a generated frame (no VLAN tags).
 const L3: usize = 14;
+
+/// Offset of the UDP header in a generated frame (untagged Ethernet, IPv4
+/// with any header length or IPv6 without extension headers).
+fn udp_offset(f: &[u8]) -> Option<usize> {
+    let at = match u16::from_be_bytes([*f.get(12)?, *f.get(13)?]) {
+        0x0800 if *f.get(L3 + 9)? == 17 => L3 + usize::from(f[L3] & 0xf) * 4,
+        0x86dd if *f.get(L3 + 6)? == 17 => L3 + 40,
+        _ => return None,
+    };
+    (at + 8 <= f.len()).then_some(at)
+}
 
 /// The IPv6 frame `xdp_gen` rewrites (see the module doc).
 fn v6_frame(dst_mac: [u8; 6], base: Ipv6Addr) -> Vec<u8> {
@@ -224,5 +255,20 @@ mod tests {
         assert_eq!(&f[12..14], &[0x86, 0xdd]);
         assert_eq!(f[L3 + 6], 17);
         assert_eq!(f[L3 + 8..L3 + 24], base.octets());
+        assert_eq!(udp_offset(&f), Some(L3 + 40));
+    }
+
+    #[test]
+    fn flood_port_and_the_dns_port() {
+        let mut spec = FrameSpec::udp(Ipv4Addr::new(10, 1, 0, 0).into(), Ipv4Addr::from(DST).into(), FRAME_LEN);
+        spec.dst_mac = [2, 0, 0, 0, 0, 1];
+        let mut f = spec.build(None);
+        let at = udp_offset(&f).unwrap();
+        assert_eq!(at, L3 + 20);
+        assert_eq!(u16::from_be_bytes([f[at + 2], f[at + 3]]), FLOOD_DPORT);
+        f[at + 2..at + 4].copy_from_slice(&DNS_DPORT.to_be_bytes());
+        assert_eq!(&f[at + 2..at + 4], &[0, 53]);
+        // The UDP checksum stays "none", so the port needs no fix-up.
+        assert_eq!(&f[at + 6..at + 8], &[0, 0]);
     }
 }

@@ -89,7 +89,10 @@ struct Row {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelRow {
-    /// Stable key: `policer_drop`, `policer_admit`, `parse_lookup`, `xdp_pass`, `xdp_drop`.
+    /// Stable key: `policer_drop`, `policer_admit`, `parse_lookup`, `xdp_pass`, `xdp_drop`,
+    /// `breakdown`, `policer_drop_class1` (+ 1 class rule, fast path),
+    /// `policer_drop_classes` (+ 16 class rules, fast path),
+    /// `policer_drop_classes_tries` (the same, rule from the tries).
     pub key: String,
     pub label: String,
     pub sources: u32,
@@ -303,6 +306,36 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
     Ok(Subject::RawPolicer(Box::new(raw_policer(EBPF_OBJECT, sources, table, &rule)?)))
 }
 
+/// The policer's bench variant dropping (1 pps per source, the class-less
+/// rule for 0.0.0.0/0) with the veth rows' 16 class rules
+/// ([`CLASS_RULES`](super::peers::CLASS_RULES)) on the same prefix, none
+/// of which matches the frame (UDP to port 9): compiled by the daemon's
+/// compiler and installed by its loader (`sync_rules`). `fast`: the
+/// default-rules fast path carries the prefix's compiled rule (all rules
+/// are for 0.0.0.0/0); else the tries are searched.
+///
+/// `classes`: the class rules (CLASS_RULES, or one for a row that shows
+/// whether the cost grows with their number).
+fn policer_classes(sources: u32, table: u32, fast: bool, classes: &[&[&str]]) -> Result<Subject> {
+    let base = rule("1pps", 1)?;
+    let mut p = Policer::load(&LoadOptions { max_sources: table, bench_sources: sources, ..Default::default() })?;
+    let prefix = super::peers::CLASS_PREFIX;
+    let mut rules = vec![crate::classes::kernel_rule(prefix, "", base, 1)];
+    for (i, c) in classes.iter().enumerate() {
+        let words: Vec<String> =
+            c.chunks(2).map(|kv| format!("{}={}", kv[0].trim_start_matches("--"), kv.get(1).unwrap_or(&""))).collect();
+        rules.push(crate::classes::kernel_rule(prefix, &words.join(" "), base, i as u32 + 2));
+    }
+    let compiled = crate::classes::install(&mut p, &rules, &[], 0);
+    if fast {
+        let net: IpNet = prefix.parse()?;
+        let def = *compiled.prefixes.get(&net).context("the prefix's compiled rule")?;
+        p.set_default_rules(0, Some(def), None)?;
+        p.set_fast_path(1)?;
+    }
+    Ok(Subject::Policer(Box::new(p)))
+}
+
 /// A policer object loaded by the benchmark itself, set up as the daemon
 /// sets it up with only a default rule: `rule` for 0.0.0.0/0, the fast
 /// path on, the kernel's tick, BENCH_SOURCES = `sources`.
@@ -417,6 +450,30 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
             table,
             policer(n, table, "1pps", 1, through_loader)?,
         );
+        // The class rows' A/B in the kernel: the same with 16 class rules
+        // that do not match the frame (needs the loader: `sync_rules`).
+        if n == 65_536 && through_loader {
+            let one: [&[&str]; 1] = [super::peers::DNS_RULE];
+            for (key, fast, classes, how) in [
+                ("policer_drop_class1", true, &one[..], "1 class rule (udp dport 53)"),
+                ("policer_drop_classes", true, &super::peers::CLASS_RULES[..], "16 class rules"),
+                (
+                    "policer_drop_classes_tries",
+                    false,
+                    &super::peers::CLASS_RULES[..],
+                    "16 class rules, rule from the tries",
+                ),
+            ] {
+                let how = if fast { format!("{how}, default-rules fast path") } else { how.to_string() };
+                add(
+                    key,
+                    format!("policer, dropping, + {how}, none matching the frame, {tag}"),
+                    n,
+                    table,
+                    policer_classes(n, table, fast, classes)?,
+                );
+            }
+        }
         if table >= n {
             add(
                 "policer_admit",

@@ -76,8 +76,8 @@ pub struct Options {
     pub report: PathBuf,
     pub results: PathBuf,
     pub plots: PathBuf,
-    /// Only these experiments (kernel, veth, ipv6, pressure, accuracy,
-    /// control); all if empty.
+    /// Only these experiments (kernel, veth, ipv6, classes, pressure,
+    /// accuracy, control); all if empty.
     pub only: Vec<String>,
 }
 
@@ -122,10 +122,10 @@ pub fn run(o: &Options) -> Result<Results> {
     // repetitions (about 5 minutes), so a burst of someone else's load
     // cannot move a median.
     let veth_reps = if o.quick { reps } else { 15 };
-    // The IPv4 and IPv6 rows in one run of repetitions, so that their
-    // ratio is within a run.
-    let groups = veth::Groups { ipv4: want("veth"), ipv6: want("ipv6") };
-    let veth = if groups.ipv4 || groups.ipv6 {
+    // The IPv4, IPv6 and class rows in one run of repetitions, so that
+    // their ratios are within a run.
+    let groups = veth::Groups { ipv4: want("veth"), ipv6: want("ipv6"), classes: want("classes") };
+    let veth = if groups.ipv4 || groups.ipv6 || groups.classes {
         guarded("veth cost", &mut errors, || veth::run(o.quick, veth_reps, groups))
     } else {
         None

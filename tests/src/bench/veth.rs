@@ -57,6 +57,18 @@ pub const SYSTEMS_V6: [System; 4] = [System::XdpDrop6, System::PolicerDrop6, Sys
 /// runs without the IPv4 one.
 const SYSTEMS_V4_FOR_V6: [System; 4] = [System::XdpDrop, System::PolicerDrop, System::RefLookup, System::Nft];
 
+/// The class rows (`--only classes`, issue 17): the dropping policer with
+/// 16 class rules that do not match the flood (A/B against the dropping
+/// policer row, the source-only rule set), and the class-matching flood
+/// (UDP to port 53) against the policer's class rule, nftables and
+/// iptables-legacy hashlimit matching the same.
+pub const SYSTEMS_CLASSES: [System; 4] =
+    [System::PolicerClasses, System::PolicerDns, System::NftDns, System::IptLegacyDns];
+
+/// The rows the class rows are compared with, when the class group runs
+/// without the IPv4 one: the floor and the source-only dropping policer.
+const SYSTEMS_FOR_CLASSES: [System; 2] = [System::XdpDrop, System::PolicerDrop];
+
 /// First source of the IPv6 floods: source i is 3fff:XXXX:0100:0000+i::1
 /// (see [`Generator::new_v6`]), its own /64, so the policer's default key
 /// length (/64) gives every source its own bucket, as in the IPv4 flood.
@@ -69,6 +81,8 @@ pub struct Groups {
     pub ipv4: bool,
     /// The IPv6 rows.
     pub ipv6: bool,
+    /// The class rows (issue 17).
+    pub classes: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -123,6 +137,42 @@ pub struct VethResults {
     pub ipv4: bool,
     /// Whether the IPv6 group was measured.
     pub ipv6: bool,
+    /// The class rows (with the class group).
+    pub classes: Option<ClassResults>,
+}
+
+/// The class rows (issue 17, point 8), measured in the same repetitions as
+/// the other veth rows.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassResults {
+    /// UDP destination port of the flood the source-only and the class
+    /// rule sets are compared under (matched by none of the classes).
+    pub flood_dport: u16,
+    /// UDP destination port of the class-matching flood.
+    pub dns_dport: u16,
+    /// The source prefix of the class rules.
+    pub prefix: String,
+    /// The 16 class rules of `policer_drop_classes`, as given to `policer
+    /// rule set PREFIX …` (each with the dropping limit).
+    pub rules: Vec<String>,
+    /// The class rule of `policer_dns` (the class-less rule admits all).
+    pub dns_rule: String,
+    /// The class rows (`policer_drop_classes`, `policer_dns`,
+    /// `nft_dynset_dns`, `iptables_legacy_hashlimit_dns`); × floor is
+    /// against the xdp_drop row.
+    pub rows: Vec<VethRow>,
+    /// `policer_drop_classes` / `policer_drop` (the source-only rule set),
+    /// repetition by repetition: the A/B.
+    pub classes_vs_source_only: Stat,
+    pub classes_vs_source_only_reps: Vec<f64>,
+    /// The class-matching flood: the policer against each peer,
+    /// repetition by repetition.
+    pub dns_vs_nft: Stat,
+    pub dns_vs_iptables_legacy: Stat,
+    /// Generated frames of the class rows that the receiving veth did not
+    /// count.
+    pub lost: u64,
+    pub received: u64,
 }
 
 /// The dropping policer with the full flood in a table sized to it: what
@@ -177,16 +227,30 @@ pub fn run(quick: bool, reps: usize, groups: Groups) -> Result<VethResults> {
     // ≈ 99 % dropped: every source offers ~100 pps at these rates.
     let drop_limit = DROP_LIMIT;
     let admit_limit = Limit { pps: 100_000_000, burst: 1_000_000 };
-    let mut systems: Vec<System> = if groups.ipv4 { SYSTEMS.to_vec() } else { SYSTEMS_V4_FOR_V6.to_vec() };
+    let mut systems: Vec<System> = if groups.ipv4 {
+        SYSTEMS.to_vec()
+    } else if groups.ipv6 {
+        SYSTEMS_V4_FOR_V6.to_vec()
+    } else {
+        SYSTEMS_FOR_CLASSES.to_vec()
+    };
     if groups.ipv6 {
         systems.extend(SYSTEMS_V6);
+    }
+    if groups.classes {
+        // The class rules' row runs right after its A, the source-only
+        // dropping policer, in every repetition (the order rotates as a
+        // whole), so that the pair is as close in time as two rows can be.
+        let at = systems.iter().position(|s| *s == System::PolicerDrop).map_or(systems.len(), |i| i + 1);
+        systems.insert(at, System::PolicerClasses);
+        systems.extend(SYSTEMS_CLASSES.iter().filter(|s| **s != System::PolicerClasses));
     }
     let mut setups = Vec::new();
     for sys in systems {
         say(&format!("veth: setting up {}", sys.label()));
         let net = Net::new(sys.tag())?;
         let inst = install(sys, &net, drop_limit, admit_limit)?;
-        let g = flood(&net, SOURCES, sys.family(), false)?;
+        let g = flood(&net, SOURCES, sys.family(), false)?.with_dport(sys.dport())?;
         setups.push((sys, net, inst, g));
     }
     let mut sweep = Vec::new();
@@ -264,6 +328,7 @@ pub fn run(quick: bool, reps: usize, groups: Groups) -> Result<VethResults> {
         }
     }
     let mut rows = Vec::new();
+    let mut class_rows = Vec::new();
     for ((sys, _, inst, _), ss) in setups.iter().zip(&samples) {
         if let Installed::Daemon(d) = inst
             && !d.stderr().is_empty()
@@ -280,7 +345,8 @@ pub fn run(quick: bool, reps: usize, groups: Groups) -> Result<VethResults> {
                 admitted: v(|s| s.admitted),
             });
         }
-        rows.push(VethRow {
+        let into = if sys.is_class_row() { &mut class_rows } else { &mut rows };
+        into.push(VethRow {
             system: *sys,
             key: sys.key().into(),
             label: sys.label().into(),
@@ -297,6 +363,7 @@ pub fn run(quick: bool, reps: usize, groups: Groups) -> Result<VethResults> {
             received: ss.iter().map(|s| s.received).sum(),
         });
     }
+    let classes = if groups.classes { Some(class_results(&rows, class_rows)?) } else { None };
     Ok(VethResults {
         sources: SOURCES,
         frame_bytes: 64,
@@ -309,6 +376,34 @@ pub fn run(quick: bool, reps: usize, groups: Groups) -> Result<VethResults> {
         sized,
         ipv4: groups.ipv4,
         ipv6: groups.ipv6,
+        classes,
+    })
+}
+
+/// The class rows' results from their rows and the other veth rows (the
+/// source-only dropping policer is the A of the A/B).
+pub(crate) fn class_results(rows: &[VethRow], class_rows: Vec<VethRow>) -> Result<ClassResults> {
+    let find = |rs: &[VethRow], s: System| {
+        rs.iter().find(|r| r.system == s).cloned().ok_or_else(|| anyhow::anyhow!("no {} row", s.key()))
+    };
+    let (a, b) = (find(rows, System::PolicerDrop)?, find(&class_rows, System::PolicerClasses)?);
+    let dns = find(&class_rows, System::PolicerDns)?;
+    let (nft, ipt) = (find(&class_rows, System::NftDns)?, find(&class_rows, System::IptLegacyDns)?);
+    let reps: Vec<f64> = b.cpu_reps.iter().zip(&a.cpu_reps).map(|(x, y)| x / y).collect();
+    let text = |c: &[&str]| c.join(" ");
+    Ok(ClassResults {
+        flood_dport: System::PolicerClasses.dport(),
+        dns_dport: System::PolicerDns.dport(),
+        prefix: super::peers::CLASS_PREFIX.into(),
+        rules: super::peers::CLASS_RULES.iter().map(|c| text(c)).collect(),
+        dns_rule: text(super::peers::DNS_RULE),
+        classes_vs_source_only: Stat::of(&reps),
+        classes_vs_source_only_reps: reps,
+        dns_vs_nft: ratio(&dns, &nft),
+        dns_vs_iptables_legacy: ratio(&dns, &ipt),
+        lost: class_rows.iter().map(|r| r.lost).sum(),
+        received: class_rows.iter().map(|r| r.received).sum(),
+        rows: class_rows,
     })
 }
 
@@ -438,7 +533,11 @@ pub struct AbFlood {
 /// CPU), repetitions interleaved: how two builds compare on the live drop
 /// path, paired repetition by repetition, which is what a change of a few
 /// ns needs on a noisy host. The floor gets the same flood.
-pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood) -> Result<Vec<AbVethRow>> {
+///
+/// With `classes`, each binary is measured a second time with the
+/// benchmark's 16 class rules installed ([`CLASS_RULES`](super::peers::CLASS_RULES),
+/// none matching the flood), right after its source-only row.
+pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, classes: bool) -> Result<Vec<AbVethRow>> {
     let cpu = bench_cpu();
     let mut setups = Vec::new();
     let floor = Net::new("abf")?;
@@ -452,6 +551,14 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood) -> Res
         let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
         let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
         setups.push((bin.to_string(), net, Installed::Daemon(Box::new(d)), g));
+        if classes {
+            say(&format!("veth: setting up the dropping policer of {bin} with 16 class rules"));
+            let net = Net::new(&format!("abc{i}"))?;
+            super::peers::class_config(&net, &super::peers::CLASS_RULES, DROP_LIMIT)?;
+            let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
+            let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
+            setups.push((format!("{bin} + 16 class rules"), net, Installed::Daemon(Box::new(d)), g));
+        }
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();
     let samples = measure(&runs, cpu, dur, Duration::from_millis(500), reps)?;

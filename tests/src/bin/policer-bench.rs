@@ -23,9 +23,13 @@ struct Args {
     plots: PathBuf,
     /// Only these experiments (comma-separated): kernel, veth (the IPv4
     /// rows on veth), ipv6 (the IPv6 rows on veth, beside the IPv4 floor,
-    /// policer, reference and nftables), pressure (population and spoofed
-    /// floods), accuracy, control.
-    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "pressure", "accuracy", "control"])]
+    /// policer, reference and nftables), classes (the class rows: the
+    /// dropping policer with 16 class rules that do not match the flood
+    /// beside the source-only one, and a UDP/53 flood against a class
+    /// rule, nftables and iptables-legacy hashlimit; beside the IPv4 floor
+    /// and dropping policer), pressure (population and spoofed floods),
+    /// accuracy, control.
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "classes", "pressure", "accuracy", "control"])]
     only: Vec<String>,
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the
@@ -67,6 +71,12 @@ struct Args {
     /// the table, as in the benchmark's spoofed rows).
     #[arg(long, requires = "ab_veth")]
     ab_veth_random: bool,
+    /// Each binary also with the benchmark's 16 class rules installed (on
+    /// 0.0.0.0/0, none matching the flood: UDP to port 9), beside its
+    /// source-only row: the class rows' A/B.
+    /// (IPv4 floods only.)
+    #[arg(long, requires = "ab_veth")]
+    ab_veth_classes: bool,
 }
 
 /// `--ab-veth`.
@@ -78,17 +88,27 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
     }
     use policer_tests::bench::{peers::Family, veth::AbFlood};
     let family = if a.ab_veth_family == "6" { Family::V6 } else { Family::V4 };
+    if a.ab_veth_classes && family == Family::V6 {
+        anyhow::bail!("--ab-veth-classes: the class rules are on 0.0.0.0/0, for an IPv4 flood (--ab-veth-family 4)");
+    }
     let flood = AbFlood { sources: a.ab_veth_sources, family, random: a.ab_veth_random };
     // A binary that is not a policer fails to start: an error, not a panic
     // (the namespaces are removed either way).
     let rows = policer_tests::bench::unpanic(|| {
-        policer_tests::bench::veth::ab(&a.ab_veth, a.ab_veth_reps as usize, std::time::Duration::from_secs(1), flood)
+        policer_tests::bench::veth::ab(
+            &a.ab_veth,
+            a.ab_veth_reps as usize,
+            std::time::Duration::from_secs(1),
+            flood,
+            a.ab_veth_classes,
+        )
     })?;
     println!(
-        "CPU ns per received packet on veth ({} {} sources{}, 1 pps each), {} repetitions",
+        "CPU ns per received packet on veth ({} {} sources{}, 1 pps each, UDP to port {}), {} repetitions",
         a.ab_veth_sources,
         family.name(),
         if a.ab_veth_random { " at random" } else { " in turn" },
+        policer_tests::bench::generator::FLOOD_DPORT,
         a.ab_veth_reps
     );
     let w = rows.iter().map(|r| r.label.chars().count()).max().unwrap_or(0);
