@@ -294,9 +294,9 @@ fn total_rate_holds_a_hundred_sources_to_the_total() {
         assert!(offered as f64 >= 3.8 * ideal, "offered {offered}: not 4x the total {ideal:.0}");
         let a = admitted as f64;
         assert!((a - exact).abs() <= exact * 0.01 + 2.0, "admitted {admitted}, exact aggregate {exact}");
-        // Sanity of the measure: one source alone is never above its own
-        // per-source budget, and the total is shared (most sources got some).
-        assert!(starved < 10, "{starved} of 100 sources got nothing: the total is not shared");
+        // (How the total is shared among the sources is not asserted: an
+        // aggregate promises no fairness, and perfectly paced senders can
+        // phase-lock with its refill.)
         let smooth = (exact - ideal).abs() <= 0.005 * ideal;
         if smooth {
             assert!((a - ideal).abs() <= ideal * 0.02, "admitted {admitted}, total x T + burst {ideal:.1} +-2 %");
@@ -384,7 +384,6 @@ fn dst_rule_applies_only_to_its_destination() {
         (both - shared).abs() <= shared * 0.01 + 2.0,
         "total-only rule: admitted {both}, an exact aggregate over both sources {shared}"
     );
-    assert!(got.per_flow[2] > 0 && got.per_flow[3] > 0, "one source took the whole total");
 }
 
 /// Sends `flows` for 3 s; for each flow either its class's budget (an
