@@ -620,6 +620,7 @@ fn bad_class_input_changes_nothing() {
         let out = cli(&sb, &v);
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         let what = v.join(" ");
+        eprintln!("`{what}`: exit {:?}: {}", out.status.code(), err.trim());
         if out.status.success() {
             fails.push(format!("`{what}` succeeded: {}", String::from_utf8_lossy(&out.stdout)));
         } else if err.contains("panicked") {
@@ -632,4 +633,51 @@ fn bad_class_input_changes_nothing() {
         }
     }
     assert!(fails.is_empty(), "{} of {} bad inputs:\n{}", fails.len(), cases.len(), fails.join("\n"));
+}
+
+/// `rule rm CIDR` with a class removes that rule only, on real traffic:
+/// its class stops policing at once, the prefix's other class and its
+/// class-less rule stay, and `rule ls --json` shows it gone.
+#[test]
+fn removing_a_class_stops_only_that_class() {
+    if !privileged("classes tier") {
+        return;
+    }
+    let sb = Sandbox::new("crm");
+    let _d = daemon(&sb);
+    rule_set(&sb, &["198.18.0.0/24", "--rate", "20kpps", "--burst", "200"]);
+    rule_set(
+        &sb,
+        &["198.18.0.0/24", "--proto", "tcp", "--tcp-flags", "syn,!ack", "--rate", "1000pps", "--burst", "10"],
+    );
+    rule_set(&sb, &["198.18.0.0/24", "--proto", "udp", "--dport", "53", "--rate", "1000pps", "--burst", "10"]);
+    let d = ip(DST4);
+    let round = |n: u32, syn_policed: bool| {
+        let s = ip(&format!("198.18.0.{n}"));
+        let f = |spec, pps| SpecFlow { spec, pps };
+        shapes(
+            "rm",
+            &sb,
+            &[
+                ("bare SYN", f(FrameSpec::tcp(s, d, 64, 1, 80, TCP_SYN), 3000.0), syn_policed),
+                ("UDP 53", f(FrameSpec::udp_to(s, d, 64, 53), 3000.0), true),
+                ("ACK", f(FrameSpec::tcp(s, d, 64, 1, 80, TCP_ACK), 3000.0), false),
+            ],
+        );
+    };
+    round(1, true);
+    let out = cli(&sb, &["rule", "rm", "198.18.0.0/24", "--proto", "tcp", "--tcp-flags", "syn,!ack"]);
+    succeeds(&out);
+    let ls = succeeds(&cli(&sb, &["rule", "ls", "--json"]));
+    let rules: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let classes: Vec<&str> = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["prefix"] == "198.18.0.0/24")
+        .map(|r| r["class"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(classes.len(), 2, "198.18.0.0/24 after rm: {classes:?}");
+    assert!(classes.contains(&"udp dport 53") && !classes.iter().any(|c| c.contains("syn")), "{classes:?}");
+    round(2, false);
 }
