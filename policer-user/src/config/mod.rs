@@ -140,6 +140,11 @@ impl Config {
                 Err(e) => problems.push(at(e.to_string())),
             }
         }
+        // Classes that tie, or too many for one frame: what the daemon's
+        // compiler would refuse.
+        if let Err(e) = crate::classes::check_rules(out.values()) {
+            problems.push(Problem { line: None, message: e.to_string() });
+        }
         let d = &self.daemon;
         if let Some(0) = d.max_sources {
             problems.push(Problem { line: None, message: "daemon.max_sources must be at least 1".into() });
