@@ -681,3 +681,117 @@ fn removing_a_class_stops_only_that_class() {
     assert!(classes.contains(&"udp dport 53") && !classes.iter().any(|c| c.contains("syn")), "{classes:?}");
     round(2, false);
 }
+
+/// A DNS flood at 10x a `udp --dport 53` class (1000 pps, burst 10) from
+/// `src`, beside the same source's other UDP (port 123, 1000 pps), for
+/// `secs`: the flood gets what an exact policer admits (0.5 % + 2), and
+/// rate x T + burst +-1 % when the sender kept its pace; the other UDP
+/// all. Returns whether the sender kept its pace (a try to repeat if not).
+fn dns_round(sb: &Sandbox, what: &str, src: IpAddr, secs: u64) -> bool {
+    let d = ip(DST4);
+    let flows = [
+        SpecFlow { spec: FrameSpec::udp_to(src, d, 64, 53), pps: 10_000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(src, d, 64, 123), pps: 1_000.0 },
+    ];
+    let (sent, got) = traffic::run_specs(sb, &flows, Duration::from_secs(secs), &RunOptions::default());
+    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+    let o = outcome(&sent, &got, 0, &pps(1000, 10), 1000.0, 10.0);
+    eprintln!(
+        "{what}: DNS sent {}, admitted {}, exact {}, rate x T + burst {:.1}; other UDP {}/{}",
+        sent.sent[0], o.admitted, o.exact, o.ideal, got.per_flow[1], sent.sent[1]
+    );
+    assert_exact(&o, &format!("{what}: the DNS flood"));
+    assert_all_passed(&sent, &got, 1, &format!("{what}: the same source's other UDP"));
+    if o.smooth {
+        assert!(sent.sent[0] as f64 >= 9_800.0 * secs as f64, "generator fell short: {}", sent.sent[0]);
+        assert!(
+            (o.admitted - o.ideal).abs() <= o.ideal * 0.01,
+            "{what}: admitted {}, expected {:.1} +-1 %",
+            o.admitted,
+            o.ideal
+        );
+    }
+    o.smooth
+}
+
+/// The classes of `prefix` in `rule ls --json`.
+fn classes_of(sb: &Sandbox, prefix: &str) -> Vec<String> {
+    let ls = succeeds(&cli(sb, &["rule", "ls", "--json"]));
+    let rules: serde_json::Value = serde_json::from_str(&ls).expect("rule ls --json is JSON");
+    rules
+        .as_array()
+        .expect("rule ls --json is an array")
+        .iter()
+        .filter(|r| r["prefix"] == prefix)
+        .map(|r| r["class"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+/// Issue 17 with the Lifecycle section: a daemon with a DNS class and a
+/// class-less rule, started with `--persist`, is killed with -9. While no
+/// daemon runs, the kernel still holds a DNS flood to the class's budget
+/// and lets the source's other UDP through; a second daemon on the same
+/// config adopts the program, `rule ls --json` shows the class rule, and
+/// the class is still in force (+-1 %) with the other UDP passing in full.
+#[test]
+fn adoption_keeps_classes_in_force() {
+    if !privileged("classes tier") {
+        return;
+    }
+    let sb = Sandbox::new("cadopt");
+    let args = ["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536", "--persist"];
+    let mut a = Daemon::attach(&sb, &args);
+    rule_set(&sb, &["198.18.0.0/24", "--rate", "20kpps", "--burst", "200"]);
+    rule_set(&sb, &["198.18.0.0/24", "--proto", "udp", "--dport", "53", "--rate", "1000pps", "--burst", "10"]);
+    let id_a: u32 = sb.rx_xdp().expect("no XDP program attached").parse().unwrap();
+    // Under the first daemon (a source of its own), so buckets and
+    // counters hold something when it dies.
+    dns_round(&sb, "daemon A", ip("198.18.0.1"), 1);
+    a.stop_with(libc::SIGKILL);
+    assert_eq!(sb.rx_xdp().map(|s| s.parse::<u32>().unwrap()), Some(id_a), "program gone after kill -9");
+    let out = cli(&sb, &["rule", "ls"]);
+    assert!(!out.status.success(), "rule ls answered with no daemon: {}", String::from_utf8_lossy(&out.stdout));
+
+    // No daemon: the kernel enforces the class alone.
+    let mut smooth = false;
+    for n in 2..=4 {
+        smooth = dns_round(&sb, "no daemon", ip(&format!("198.18.0.{n}")), 3);
+        if smooth {
+            break;
+        }
+    }
+    assert!(smooth, "the generator could not send smoothly in three tries: machine overloaded");
+    assert_eq!(sb.rx_xdp().map(|s| s.parse::<u32>().unwrap()), Some(id_a), "the orphaned program changed");
+
+    // A second daemon on the same config adopts it.
+    let mut b = Daemon::attach(&sb, &args);
+    eprintln!("daemon B said:\n{}", b.stdout());
+    assert!(
+        b.stdout().contains(&format!("adopting the policer already running (program {id_a})")),
+        "did not adopt program {id_a}:\n{}",
+        b.stdout()
+    );
+    let mut classes = classes_of(&sb, "198.18.0.0/24");
+    classes.sort();
+    assert_eq!(classes, ["-", "udp dport 53"], "rule ls --json after the adoption");
+    let ls: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["rule", "ls", "--json"]))).unwrap();
+    let dns = ls.as_array().unwrap().iter().find(|r| r["class"] == "udp dport 53").unwrap();
+    assert_eq!(dns["burst"], 10, "the class rule's burst after the adoption: {dns}");
+    assert!(dns["rate"].to_string().contains("1000") || dns["rate"].to_string().contains("1k"), "{dns}");
+    let mut smooth = false;
+    for n in 5..=7 {
+        smooth = dns_round(&sb, "daemon B", ip(&format!("198.18.0.{n}")), 5);
+        if smooth {
+            break;
+        }
+    }
+    assert!(smooth, "the generator could not send smoothly in three tries: machine overloaded");
+    // The adopted daemon's own counters see the class.
+    let s = stats(&sb);
+    let e = rule_entries(&s, "198.18.0.0/24", "udp dport 53");
+    assert_eq!(e.len(), 1, "stats --json after the adoption: {}", s["rules"]);
+    assert!(field(e[0], &["dropped_packets", "dropped_pkts"]) > 0, "no drops counted for the class: {}", e[0]);
+    assert!(b.stop_with(libc::SIGTERM));
+    // --persist leaves it attached; detach to leave the sandbox clean.
+    succeeds(&cli(&sb, &["detach", &sb.rx_if]));
+}
