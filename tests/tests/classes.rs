@@ -891,3 +891,114 @@ fn top_shows_class_buckets_with_their_class_rule() {
     }
     assert!(fails.is_empty(), "top --json:\n{}", fails.join("\n"));
 }
+
+/// GET http://127.0.0.1:PORT/metrics from inside `ns`.
+fn scrape(ns: &str, port: u16) -> String {
+    use std::io::{Read, Write};
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        policer_tests::netns::enter(&ns).unwrap();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    })
+    .join()
+    .unwrap()
+}
+
+/// The value of the sample `name` (no labels) in a `/metrics` text.
+fn sample(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+        .trim()
+        .parse::<f64>()
+        .unwrap() as u64
+}
+
+/// Issue 17's limits: at most 8 classes (of a prefix and the shorter
+/// prefixes it falls to) can compete for one frame. Eight nested UDP port
+/// ranges on a /24 are taken; a ninth, or one class on a /25 without a
+/// class-less rule (it falls to the /24's eight), is refused saying "at
+/// most 8", and `rule ls --json` and the config file are unchanged; once
+/// the /25 has a class-less rule its class no longer competes with the
+/// /24's and is taken. Then on real traffic: frames a class matched are
+/// counted in `policer_class_matched_total` and `stats --json`'s
+/// `class_matched`, one for one, and frames no class matched are not.
+#[test]
+fn class_limits_refuse_and_class_matched_counts() {
+    if !privileged("classes tier") {
+        return;
+    }
+    let sb = Sandbox::new("clim");
+    let _d = Daemon::attach(
+        &sb,
+        &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536", "--metrics", "9464"],
+    );
+    let p = "198.18.0.0/24";
+    // 50-60 (the narrowest, so the one a port-55 frame gets) .. 43-67.
+    for i in 0..8u16 {
+        let ports = format!("{}-{}", 50 - i, 60 + i);
+        rule_set(&sb, &[p, "--proto", "udp", "--dport", &ports, "--rate", "1000pps", "--burst", "10"]);
+    }
+    assert_eq!(classes_of(&sb, p).len(), 8, "eight classes installed");
+    let refused = |args: &[&str]| {
+        let before = state(&sb);
+        let mut v = vec!["rule", "set"];
+        v.extend_from_slice(args);
+        v.extend_from_slice(&["--rate", "1000pps", "--burst", "10"]);
+        let out = cli(&sb, &v);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        eprintln!("`{}`: exit {:?}: {}", v.join(" "), out.status.code(), err.trim());
+        assert!(!out.status.success(), "`{}` succeeded", v.join(" "));
+        assert!(err.contains("at most 8") && !err.contains("panicked"), "`{}`: {err}", v.join(" "));
+        assert!(state(&sb) == before, "`{}` changed rule ls --json or the config file", v.join(" "));
+    };
+    // A ninth nested range on the same prefix.
+    refused(&[p, "--proto", "udp", "--dport", "42-68"]);
+    // A ninth that matches every UDP frame (no port).
+    refused(&[p, "--proto", "udp"]);
+    // A class on a longer prefix with no class-less rule of its own falls
+    // to the /24's classes: nine compete.
+    refused(&["198.18.0.0/25", "--proto", "udp", "--dport", "55"]);
+    // With a class-less rule the /25's frames never reach the /24's
+    // classes: its class is taken.
+    rule_set(&sb, &["198.18.0.0/25", "--rate", "20kpps", "--burst", "200"]);
+    rule_set(&sb, &["198.18.0.0/25", "--proto", "udp", "--dport", "55", "--rate", "1000pps", "--burst", "10"]);
+    assert_eq!(classes_of(&sb, "198.18.0.0/25").len(), 2, "the /25's rules");
+
+    // class_matched on real traffic: port 55 from the /24 (a class
+    // matches: the narrowest, 1000 pps), port 123 from it (none does: the
+    // default rule), port 55 from the /25 (its own class), port 123 from
+    // the /25 (its class-less rule).
+    let d = ip(DST4);
+    let (s24, s25) = (ip("198.18.0.200"), ip("198.18.0.7"));
+    let flows = [
+        SpecFlow { spec: FrameSpec::udp_to(s24, d, 64, 55), pps: 3000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s24, d, 64, 123), pps: 1000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s25, d, 64, 55), pps: 2000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s25, d, 64, 123), pps: 1000.0 },
+    ];
+    let m0 = sample(&scrape(&sb.rx_ns, 9464), "policer_class_matched_total");
+    let s0 = field(&stats(&sb)["totals"], &["class_matched"]);
+    let (sent, got) = traffic::run_specs(&sb, &flows, Duration::from_secs(3), &RunOptions::default());
+    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+    let m1 = sample(&scrape(&sb.rx_ns, 9464), "policer_class_matched_total");
+    let s1 = field(&stats(&sb)["totals"], &["class_matched"]);
+    eprintln!(
+        "sent {:?}, arrived {:?}; class_matched: /metrics {m0} -> {m1}, stats {s0} -> {s1}",
+        sent.sent, got.per_flow
+    );
+    let matched = sent.sent[0] + sent.sent[2];
+    assert_eq!(m1 - m0, matched, "policer_class_matched_total: frames a class matched ({matched})");
+    assert_eq!(s1 - s0, matched, "stats --json totals.class_matched: frames a class matched ({matched})");
+    // And the classes policed what they matched; the rest passed.
+    assert_exact(&outcome(&sent, &got, 0, &pps(1000, 10), 1000.0, 10.0), "port 55 from the /24");
+    assert_exact(&outcome(&sent, &got, 2, &pps(1000, 10), 1000.0, 10.0), "port 55 from the /25");
+    assert_all_passed(&sent, &got, 1, "port 123 from the /24");
+    assert_all_passed(&sent, &got, 3, "port 123 from the /25");
+}
