@@ -841,8 +841,8 @@ fn top_shows_class_buckets_with_their_class_rule() {
     let (during, (sent, got)) = std::thread::scope(|sc| {
         let h = sc.spawn(|| traffic::run_specs(&sb, &flows, Duration::from_secs(3), &RunOptions::default()));
         std::thread::sleep(Duration::from_millis(1500));
-        let top: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["top", "-n", "50", "--json"])))
-            .expect("top --json is JSON");
+        let top: serde_json::Value =
+            serde_json::from_str(&succeeds(&cli(&sb, &["top", "-n", "50", "--json"]))).expect("top --json is JSON");
         (top, h.join().unwrap())
     });
     assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
