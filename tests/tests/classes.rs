@@ -681,3 +681,324 @@ fn removing_a_class_stops_only_that_class() {
     assert!(classes.contains(&"udp dport 53") && !classes.iter().any(|c| c.contains("syn")), "{classes:?}");
     round(2, false);
 }
+
+/// A DNS flood at 10x a `udp --dport 53` class (1000 pps, burst 10) from
+/// `src`, beside the same source's other UDP (port 123, 1000 pps), for
+/// `secs`: the flood gets what an exact policer admits (0.5 % + 2), and
+/// rate x T + burst +-1 % when the sender kept its pace; the other UDP
+/// all. Returns whether the sender kept its pace (a try to repeat if not).
+fn dns_round(sb: &Sandbox, what: &str, src: IpAddr, secs: u64) -> bool {
+    let d = ip(DST4);
+    let flows = [
+        SpecFlow { spec: FrameSpec::udp_to(src, d, 64, 53), pps: 10_000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(src, d, 64, 123), pps: 1_000.0 },
+    ];
+    let (sent, got) = traffic::run_specs(sb, &flows, Duration::from_secs(secs), &RunOptions::default());
+    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+    let o = outcome(&sent, &got, 0, &pps(1000, 10), 1000.0, 10.0);
+    eprintln!(
+        "{what}: DNS sent {}, admitted {}, exact {}, rate x T + burst {:.1}; other UDP {}/{}",
+        sent.sent[0], o.admitted, o.exact, o.ideal, got.per_flow[1], sent.sent[1]
+    );
+    assert_exact(&o, &format!("{what}: the DNS flood"));
+    assert_all_passed(&sent, &got, 1, &format!("{what}: the same source's other UDP"));
+    if o.smooth {
+        assert!(sent.sent[0] as f64 >= 9_800.0 * secs as f64, "generator fell short: {}", sent.sent[0]);
+        assert!(
+            (o.admitted - o.ideal).abs() <= o.ideal * 0.01,
+            "{what}: admitted {}, expected {:.1} +-1 %",
+            o.admitted,
+            o.ideal
+        );
+    }
+    o.smooth
+}
+
+/// The classes of `prefix` in `rule ls --json`.
+fn classes_of(sb: &Sandbox, prefix: &str) -> Vec<String> {
+    let ls = succeeds(&cli(sb, &["rule", "ls", "--json"]));
+    let rules: serde_json::Value = serde_json::from_str(&ls).expect("rule ls --json is JSON");
+    rules
+        .as_array()
+        .expect("rule ls --json is an array")
+        .iter()
+        .filter(|r| r["prefix"] == prefix)
+        .map(|r| r["class"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+/// Issue 17 with the Lifecycle section: a daemon with a DNS class and a
+/// class-less rule, started with `--persist`, is killed with -9. While no
+/// daemon runs, the kernel still holds a DNS flood to the class's budget
+/// and lets the source's other UDP through; a second daemon on the same
+/// config adopts the program, `rule ls --json` shows the class rule, and
+/// the class is still in force (+-1 %) with the other UDP passing in full.
+#[test]
+fn adoption_keeps_classes_in_force() {
+    if !privileged("classes tier") {
+        return;
+    }
+    let sb = Sandbox::new("cadopt");
+    let args = ["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536", "--persist"];
+    let mut a = Daemon::attach(&sb, &args);
+    rule_set(&sb, &["198.18.0.0/24", "--rate", "20kpps", "--burst", "200"]);
+    rule_set(&sb, &["198.18.0.0/24", "--proto", "udp", "--dport", "53", "--rate", "1000pps", "--burst", "10"]);
+    let id_a: u32 = sb.rx_xdp().expect("no XDP program attached").parse().unwrap();
+    // Under the first daemon (a source of its own), so buckets and
+    // counters hold something when it dies.
+    dns_round(&sb, "daemon A", ip("198.18.0.1"), 1);
+    a.stop_with(libc::SIGKILL);
+    assert_eq!(sb.rx_xdp().map(|s| s.parse::<u32>().unwrap()), Some(id_a), "program gone after kill -9");
+    let out = cli(&sb, &["rule", "ls"]);
+    assert!(!out.status.success(), "rule ls answered with no daemon: {}", String::from_utf8_lossy(&out.stdout));
+
+    // No daemon: the kernel enforces the class alone.
+    let mut smooth = false;
+    for n in 2..=4 {
+        smooth = dns_round(&sb, "no daemon", ip(&format!("198.18.0.{n}")), 3);
+        if smooth {
+            break;
+        }
+    }
+    assert!(smooth, "the generator could not send smoothly in three tries: machine overloaded");
+    assert_eq!(sb.rx_xdp().map(|s| s.parse::<u32>().unwrap()), Some(id_a), "the orphaned program changed");
+
+    // A second daemon on the same config adopts it.
+    let mut b = Daemon::attach(&sb, &args);
+    eprintln!("daemon B said:\n{}", b.stdout());
+    assert!(
+        b.stdout().contains(&format!("adopting the policer already running (program {id_a})")),
+        "did not adopt program {id_a}:\n{}",
+        b.stdout()
+    );
+    let mut classes = classes_of(&sb, "198.18.0.0/24");
+    classes.sort();
+    assert_eq!(classes, ["-", "udp dport 53"], "rule ls --json after the adoption");
+    let ls: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["rule", "ls", "--json"]))).unwrap();
+    let dns = ls.as_array().unwrap().iter().find(|r| r["class"] == "udp dport 53").unwrap();
+    assert_eq!(dns["burst"], 10, "the class rule's burst after the adoption: {dns}");
+    assert!(dns["rate"].to_string().contains("1000") || dns["rate"].to_string().contains("1k"), "{dns}");
+    let mut smooth = false;
+    for n in 5..=7 {
+        smooth = dns_round(&sb, "daemon B", ip(&format!("198.18.0.{n}")), 5);
+        if smooth {
+            break;
+        }
+    }
+    assert!(smooth, "the generator could not send smoothly in three tries: machine overloaded");
+    // The adopted daemon's own counters see the class.
+    let s = stats(&sb);
+    let e = rule_entries(&s, "198.18.0.0/24", "udp dport 53");
+    assert_eq!(e.len(), 1, "stats --json after the adoption: {}", s["rules"]);
+    assert!(field(e[0], &["dropped_packets", "dropped_pkts"]) > 0, "no drops counted for the class: {}", e[0]);
+    assert!(b.stop_with(libc::SIGTERM));
+    // --persist leaves it attached; detach to leave the sandbox clean.
+    succeeds(&cli(&sb, &["detach", &sb.rx_if]));
+}
+
+/// The entries of `top --json`'s `list` (`by_debt`, `by_drops`) whose
+/// source starts with `src`: (rule, fill, drops).
+fn top_entries(top: &serde_json::Value, list: &str, src: &str) -> Vec<(String, f64, u64)> {
+    top[list]
+        .as_array()
+        .unwrap_or_else(|| panic!("top --json has no {list}: {top}"))
+        .iter()
+        .filter(|e| e["source"].as_str().is_some_and(|s| s.starts_with(src)))
+        .map(|e| {
+            (
+                e["rule"].as_str().unwrap_or("?").to_string(),
+                e["fill"].as_f64().unwrap_or(-1.0),
+                e["drops"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Issue 17 point 5: `policer top --json` shows a class bucket with its
+/// class rule (`198.18.0.0/24 [udp dport 53]`), apart from the same
+/// source's class-less bucket (`198.18.0.0/24`), for IPv4 and IPv6
+/// sources: during a DNS flood the class bucket is the one at 100 % fill,
+/// and after it the one with the drops.
+#[test]
+fn top_shows_class_buckets_with_their_class_rule() {
+    if !privileged("classes tier") {
+        return;
+    }
+    let sb = Sandbox::new("ctop");
+    let _d = daemon(&sb);
+    for p in ["198.18.0.0/24", "2001:db8:1::/48"] {
+        rule_set(&sb, &[p, "--rate", "20kpps", "--burst", "200"]);
+        rule_set(&sb, &[p, "--proto", "udp", "--dport", "53", "--rate", "1000pps", "--burst", "10"]);
+    }
+    let (s4, s6) = (ip("198.18.0.5"), ip("2001:db8:1:5::1"));
+    let (d4, d6) = (ip(DST4), ip(DST6));
+    let flows = [
+        SpecFlow { spec: FrameSpec::udp_to(s4, d4, 64, 53), pps: 5000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s4, d4, 64, 123), pps: 500.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s6, d6, 100, 53), pps: 5000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s6, d6, 100, 123), pps: 500.0 },
+    ];
+    let (during, (sent, got)) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| traffic::run_specs(&sb, &flows, Duration::from_secs(3), &RunOptions::default()));
+        std::thread::sleep(Duration::from_millis(1500));
+        let top: serde_json::Value =
+            serde_json::from_str(&succeeds(&cli(&sb, &["top", "-n", "50", "--json"]))).expect("top --json is JSON");
+        (top, h.join().unwrap())
+    });
+    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+    eprintln!("sent {:?}, arrived {:?}", sent.sent, got.per_flow);
+    // The floods were policed, the other UDP was not (so the buckets are
+    // what the test says they are).
+    for i in [0, 2] {
+        assert!(got.per_flow[i] < sent.sent[i] / 3, "flow {i}: the DNS flood was not policed");
+    }
+    assert_all_passed(&sent, &got, 1, "IPv4 other UDP");
+    assert_all_passed(&sent, &got, 3, "IPv6 other UDP");
+    let after: serde_json::Value =
+        serde_json::from_str(&succeeds(&cli(&sb, &["top", "-n", "50", "--json"]))).expect("top --json is JSON");
+    eprintln!("top during the flood: {during}\ntop after it: {after}");
+    let mut fails = Vec::new();
+    for (src, prefix) in [("198.18.0.5", "198.18.0.0/24"), ("2001:db8:1:5:", "2001:db8:1::/48")] {
+        let class_rule = format!("{prefix} [udp dport 53]");
+        // During the flood: the class bucket is full; the class-less one
+        // (500 pps against 20 kpps) is listed under its own rule without
+        // drops. (Its fill is not asserted: `top` takes its clock before
+        // reading the table, so a bucket charged during the read shows up
+        // to read_ms of extra debt, a full 10 ms bucket at 20 kpps.)
+        let now = top_entries(&during, "by_debt", src);
+        match now.iter().find(|e| e.0 == class_rule) {
+            Some(e) if e.1 >= 0.9 => {}
+            Some(e) => fails.push(format!("{src}: the class bucket at {} fill during the flood", e.1)),
+            None => fails.push(format!("{src}: no by_debt entry with rule '{class_rule}' during the flood: {now:?}")),
+        }
+        match now.iter().find(|e| e.0 == prefix) {
+            Some(e) if e.2 == 0 => {}
+            Some(e) => fails.push(format!("{src}: the class-less bucket with {} drops", e.2)),
+            None => fails.push(format!("{src}: no by_debt entry with rule '{prefix}' during the flood: {now:?}")),
+        }
+        if now.iter().any(|e| e.0 != class_rule && e.0 != prefix) {
+            fails.push(format!("{src}: entries with another rule: {now:?}"));
+        }
+        // After it: the drops are the class bucket's.
+        let then = top_entries(&after, "by_drops", src);
+        match then.iter().find(|e| e.0 == class_rule) {
+            Some(e) if e.2 > 0 => {}
+            other => fails.push(format!("{src}: by_drops has no class bucket with drops: {other:?} of {then:?}")),
+        }
+        if then.iter().any(|e| e.0 == prefix && e.2 > 0) {
+            fails.push(format!("{src}: drops on the class-less bucket: {then:?}"));
+        }
+    }
+    assert!(fails.is_empty(), "top --json:\n{}", fails.join("\n"));
+}
+
+/// GET http://127.0.0.1:PORT/metrics from inside `ns`.
+fn scrape(ns: &str, port: u16) -> String {
+    use std::io::{Read, Write};
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        policer_tests::netns::enter(&ns).unwrap();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    })
+    .join()
+    .unwrap()
+}
+
+/// The value of the sample `name` (no labels) in a `/metrics` text.
+fn sample(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+        .trim()
+        .parse::<f64>()
+        .unwrap() as u64
+}
+
+/// Issue 17's limits: at most 8 classes (of a prefix and the shorter
+/// prefixes it falls to) can compete for one frame. Eight nested UDP port
+/// ranges on a /24 are taken; a ninth, or one class on a /25 without a
+/// class-less rule (it falls to the /24's eight), is refused saying "at
+/// most 8", and `rule ls --json` and the config file are unchanged; once
+/// the /25 has a class-less rule its class no longer competes with the
+/// /24's and is taken. Then on real traffic: frames a class matched are
+/// counted in `policer_class_matched_total` and `stats --json`'s
+/// `class_matched`, one for one, and frames no class matched are not.
+#[test]
+fn class_limits_refuse_and_class_matched_counts() {
+    if !privileged("classes tier") {
+        return;
+    }
+    let sb = Sandbox::new("clim");
+    let _d = Daemon::attach(
+        &sb,
+        &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536", "--metrics", "9464"],
+    );
+    let p = "198.18.0.0/24";
+    // 50-60 (the narrowest, so the one a port-55 frame gets) .. 43-67.
+    for i in 0..8u16 {
+        let ports = format!("{}-{}", 50 - i, 60 + i);
+        rule_set(&sb, &[p, "--proto", "udp", "--dport", &ports, "--rate", "1000pps", "--burst", "10"]);
+    }
+    assert_eq!(classes_of(&sb, p).len(), 8, "eight classes installed");
+    let refused = |args: &[&str]| {
+        let before = state(&sb);
+        let mut v = vec!["rule", "set"];
+        v.extend_from_slice(args);
+        v.extend_from_slice(&["--rate", "1000pps", "--burst", "10"]);
+        let out = cli(&sb, &v);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        eprintln!("`{}`: exit {:?}: {}", v.join(" "), out.status.code(), err.trim());
+        assert!(!out.status.success(), "`{}` succeeded", v.join(" "));
+        assert!(err.contains("at most 8") && !err.contains("panicked"), "`{}`: {err}", v.join(" "));
+        assert!(state(&sb) == before, "`{}` changed rule ls --json or the config file", v.join(" "));
+    };
+    // A ninth nested range on the same prefix.
+    refused(&[p, "--proto", "udp", "--dport", "42-68"]);
+    // A ninth that matches every UDP frame (no port).
+    refused(&[p, "--proto", "udp"]);
+    // A class on a longer prefix with no class-less rule of its own falls
+    // to the /24's classes: nine compete.
+    refused(&["198.18.0.0/25", "--proto", "udp", "--dport", "55"]);
+    // With a class-less rule the /25's frames never reach the /24's
+    // classes: its class is taken.
+    rule_set(&sb, &["198.18.0.0/25", "--rate", "20kpps", "--burst", "200"]);
+    rule_set(&sb, &["198.18.0.0/25", "--proto", "udp", "--dport", "55", "--rate", "1000pps", "--burst", "10"]);
+    assert_eq!(classes_of(&sb, "198.18.0.0/25").len(), 2, "the /25's rules");
+
+    // class_matched on real traffic: port 55 from the /24 (a class
+    // matches: the narrowest, 1000 pps), port 123 from it (none does: the
+    // default rule), port 55 from the /25 (its own class), port 123 from
+    // the /25 (its class-less rule).
+    let d = ip(DST4);
+    let (s24, s25) = (ip("198.18.0.200"), ip("198.18.0.7"));
+    let flows = [
+        SpecFlow { spec: FrameSpec::udp_to(s24, d, 64, 55), pps: 3000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s24, d, 64, 123), pps: 1000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s25, d, 64, 55), pps: 2000.0 },
+        SpecFlow { spec: FrameSpec::udp_to(s25, d, 64, 123), pps: 1000.0 },
+    ];
+    let m0 = sample(&scrape(&sb.rx_ns, 9464), "policer_class_matched_total");
+    let s0 = field(&stats(&sb)["totals"], &["class_matched"]);
+    let (sent, got) = traffic::run_specs(&sb, &flows, Duration::from_secs(3), &RunOptions::default());
+    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+    let m1 = sample(&scrape(&sb.rx_ns, 9464), "policer_class_matched_total");
+    let s1 = field(&stats(&sb)["totals"], &["class_matched"]);
+    eprintln!(
+        "sent {:?}, arrived {:?}; class_matched: /metrics {m0} -> {m1}, stats {s0} -> {s1}",
+        sent.sent, got.per_flow
+    );
+    let matched = sent.sent[0] + sent.sent[2];
+    assert_eq!(m1 - m0, matched, "policer_class_matched_total: frames a class matched ({matched})");
+    assert_eq!(s1 - s0, matched, "stats --json totals.class_matched: frames a class matched ({matched})");
+    // And the classes policed what they matched; the rest passed.
+    assert_exact(&outcome(&sent, &got, 0, &pps(1000, 10), 1000.0, 10.0), "port 55 from the /24");
+    assert_exact(&outcome(&sent, &got, 2, &pps(1000, 10), 1000.0, 10.0), "port 55 from the /25");
+    assert_all_passed(&sent, &got, 1, "port 123 from the /24");
+    assert_all_passed(&sent, &got, 3, "port 123 from the /25");
+}
