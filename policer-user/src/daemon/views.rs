@@ -214,8 +214,15 @@ impl Views {
             drops: u64,
         }
         let mut rows = Vec::new();
+        // The clock as the table is read (every 64 buckets): a bucket read
+        // late in a long read, charged meanwhile, would otherwise show the
+        // time the read took as debt.
+        let mut at = now;
         self.reader.for_each_bucket(|k, b| {
-            rows.push(Row { key: *k, fill: b.fill_q16(now), debt_ns: b.debt_ns(now), drops: b.drops() })
+            if rows.len() % 64 == 63 {
+                at = monotonic_ns();
+            }
+            rows.push(Row { key: *k, fill: b.fill_q16(at), debt_ns: b.debt_ns(at), drops: b.drops() })
         })?;
         let live = rows.len() as u64;
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
