@@ -257,7 +257,7 @@ impl Daemon {
             }
             let _ = writeln!(
                 out,
-                "policer: adopting the policer already running (program {id}): its rules, buckets and counters carry over"
+                "policer: adopting the policer already running (program {id}): its rules, buckets and counters carry over (a class rule's start anew)"
             );
             old_fds.insert(id, found.prog_fd);
             _bpffs = Some(fs_);
