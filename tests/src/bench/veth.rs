@@ -556,6 +556,7 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, classe
             let net = Net::new(&format!("abc{i}"))?;
             super::peers::class_config(&net, &super::peers::CLASS_RULES, DROP_LIMIT)?;
             let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
+            super::peers::check_rules(&d, super::peers::CLASS_RULES.len() + 2)?;
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
             setups.push((format!("{bin} + 16 class rules"), net, Installed::Daemon(Box::new(d)), g));
         }
