@@ -404,6 +404,21 @@ pub fn check_ties<'a>(rules: impl IntoIterator<Item = (&'a IpNet, &'a Class)>) -
     Ok(())
 }
 
+/// Whether a set of rules compiles (no classes that tie, none crowding a
+/// frame): what `rule set`, `reload` and `check` refuse before anything is
+/// written. Rules without classes always do, and are not compiled here.
+pub fn check_rules<'a>(rules: impl IntoIterator<Item = &'a crate::rules::RuleSpec>) -> Result<()> {
+    let rules: Vec<&crate::rules::RuleSpec> = rules.into_iter().collect();
+    if rules.iter().all(|s| s.class.is_none()) {
+        return Ok(());
+    }
+    let kernel = rules
+        .iter()
+        .map(|s| Ok(KernelRule { net: s.net, class: s.class, rule: s.kernel(0)? }))
+        .collect::<Result<Vec<_>>>()?;
+    compile(&kernel, &mut Groups::default()).map(|_| ())
+}
+
 /// A rule in force, as [`compile`] takes it: its prefix, class, and kernel
 /// value (counter slot, id and flags already set).
 #[derive(Clone, Debug)]

@@ -283,6 +283,10 @@ pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
         b.2.extend_from_slice(bytes);
         b.3.push((*net, *rule));
     }
+    // Prefixes that go, last; but at the tries' limit one goes first for
+    // each new one that finds no room.
+    let mut gone: Vec<IpNet> = have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)).copied().collect();
+    let full = |e: &Error| matches!(e, Error::Invalid(m) if m.ends_with(&format!("(os error {})", libc::ENOSPC)));
     for (fd, keys, values, list) in &batches {
         if list.is_empty() {
             continue;
@@ -290,17 +294,31 @@ pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
         let (done, err) = crate::batch::update(*fd, keys, values, list.len());
         match err {
             None => {}
-            // No batch update for tries here: one by one.
-            Some(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524)) => {
+            // No batch update for tries here, or no room: one by one.
+            Some(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524) | Some(libc::ENOSPC)
+                ) =>
+            {
                 for (net, rule) in &list[done..] {
-                    set_prefix(f, *net, Some(rule))?;
+                    loop {
+                        match set_prefix(f, *net, Some(rule)) {
+                            Err(e) if full(&e) => {
+                                let same_family = gone.iter().rposition(|g| g.addr().is_ipv6() == net.addr().is_ipv6());
+                                let Some(i) = same_family else { return Err(e) };
+                                set_prefix(f, gone.remove(i), None)?;
+                            }
+                            r => break r?,
+                        }
+                    }
                 }
             }
             Some(e) => return Err(Error::Invalid(format!("rule tries: batch update: {e}"))),
         }
     }
-    for net in have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)) {
-        set_prefix(f, *net, None)?;
+    for net in gone {
+        set_prefix(f, net, None)?;
     }
     for k in have.index.keys().filter(|k| !want.index.contains_key(k)) {
         crate::batch::delete_elem(f.index, &LpmKey { len: k.0, data: k.1 }).map_err(bad(MAP_CLASS_INDEX))?;

@@ -60,7 +60,19 @@ pub fn with_total(mut rule: Rule, per_source: bool) -> Rule {
 /// index), and `totals` (counter slot, limiter; empty at `now_ns`) with
 /// `Policer::set_total`. Returns what was compiled.
 pub fn install(p: &mut Policer, rules: &[KernelRule], totals: &[(u32, Rule)], now_ns: u64) -> Compiled {
-    let compiled = compile(rules, &mut Groups::default()).expect("compile the class rules");
+    install_with(p, rules, totals, now_ns, &mut Groups::default())
+}
+
+/// [`install`] with the daemon's group ids kept from one rule set to the
+/// next (a change to the rules in force, as `rule set`/`rule rm` make).
+pub fn install_with(
+    p: &mut Policer,
+    rules: &[KernelRule],
+    totals: &[(u32, Rule)],
+    now_ns: u64,
+    groups: &mut Groups,
+) -> Compiled {
+    let compiled = compile(rules, groups).expect("compile the class rules");
     p.sync_rules(&compiled).expect("install the compiled rules");
     for (slot, limiter) in totals {
         p.set_total(*slot, Some(&Total { tat: limiter.empty_tat(now_ns), limiter: *limiter })).expect("set a total");

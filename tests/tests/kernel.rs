@@ -16,13 +16,16 @@ use ipnet::IpNet;
 use policer_common::class::{TCP_ACK, TCP_SYN};
 use policer_common::{BucketKey, FAMILY_V4, FAMILY_V6, rate::Rate};
 use policer_tests::{
-    classes::{install, kernel_rule},
+    classes::{install_with, kernel_rule},
     frame::{Ext, FrameSpec, ipv4_header, ipv6_header},
     privileged,
     reference::{self, Expect},
     rng,
 };
-use policer_user::{LoadOptions, Policer, classes::KernelRule};
+use policer_user::{
+    LoadOptions, Policer,
+    classes::{Groups, KernelRule},
+};
 
 const PASS: u32 = 2;
 const DROP: u32 = 1;
@@ -301,6 +304,61 @@ fn class_templates() -> Vec<Vec<u8>> {
     t
 }
 
+/// A frame of a random class shape: the ports the rules name and their
+/// neighbours, ports that share `port % 512` with them, any port; any TCP
+/// flags; ICMP types; the rules' sources and destinations and others;
+/// 0-2 VLAN tags; IPv6 chains of 0-8 headers; first and later fragments.
+fn random_spec(s: &mut u64) -> FrameSpec {
+    use policer_tests::frame::L4;
+    let pick = |s: &mut u64, n: usize| (rng(s) % n as u64) as usize;
+    let v6 = rng(s).is_multiple_of(2);
+    let src: std::net::IpAddr = if v6 {
+        ["2001:db8:1::1", "2001:db9::1", "2001:db8:2:3::4", "fe80::1"][pick(s, 4)].parse().unwrap()
+    } else {
+        ["198.18.0.1", "198.18.200.7", "198.51.100.1", "10.0.0.1"][pick(s, 4)].parse().unwrap()
+    };
+    let dst: std::net::IpAddr = if v6 {
+        ["2001:db8:ffff::1", "2001:db8:eeee::1", "2001:db8:eeee:ffff::9", "2001:db8:fffe::1"][pick(s, 4)]
+            .parse()
+            .unwrap()
+    } else {
+        ["198.19.0.1", "192.0.2.10", "192.0.2.11", "192.0.3.10"][pick(s, 4)].parse().unwrap()
+    };
+    let named = [9u16, 22, 53, 80, 443, 1023, 1024, 5353, 8080, 0, 65535];
+    let port = match pick(s, 4) {
+        0 => named[pick(s, named.len())],
+        1 => named[pick(s, named.len())].wrapping_add(512 * (1 + pick(s, 100) as u16)),
+        2 => named[pick(s, named.len())].wrapping_add(1).wrapping_sub(pick(s, 3) as u16),
+        _ => rng(s) as u16,
+    };
+    let l4 = match pick(s, 6) {
+        0 | 1 => L4::Udp { sport: rng(s) as u16, dport: port },
+        2 | 3 => L4::Tcp { sport: rng(s) as u16, dport: port, flags: rng(s) as u8 },
+        4 => L4::Icmp { typ: [0u8, 8, 128, 129, 3, rng(s) as u8][pick(s, 6)], code: 0 },
+        _ => L4::Other([47u8, 132, 136, 50, 0][pick(s, 5)]),
+    };
+    let mut f = FrameSpec::udp(src, dst, 64 + pick(s, 64)).with_l4(l4);
+    f.vlans = match pick(s, 4) {
+        0 => vec![(0x8100, 1)],
+        1 => vec![(0x88a8, 2), (0x8100, 3)],
+        _ => vec![],
+    };
+    let frag = |s: &mut u64| (if rng(s).is_multiple_of(2) { 0 } else { 1 + pick(s, 8000) as u16 }, rng(s) & 1 == 1);
+    if v6 {
+        let kinds = [Ext::HopByHop, Ext::DestOpts, Ext::Routing, Ext::Ah];
+        let n = [0, 0, 1, 2, 3, 7, 8][pick(s, 7)];
+        f.ipv6_ext = (0..n).map(|_| kinds[pick(s, kinds.len())]).collect();
+        if rng(s).is_multiple_of(3) {
+            let (offset, more) = frag(s);
+            let at = pick(s, f.ipv6_ext.len() + 1);
+            f.ipv6_ext.insert(at, Ext::Fragment { offset, more });
+        }
+    } else if rng(s).is_multiple_of(3) {
+        f.ipv4_frag = Some(frag(s));
+    }
+    f
+}
+
 /// Class rules over the templates' sources, every kind of class, all
 /// admitting everything (the verdict depends on parsing alone; the rule a
 /// frame got shows in its counter slot and its bucket's key).
@@ -356,11 +414,21 @@ fn fuzz_classes_against_the_reference() {
     eprintln!("class fuzz: {n} frames, seed {seed} (POLICER_CLASS_FUZZ_FRAMES, POLICER_FUZZ_SEED)");
     let mut p = Policer::load(&LoadOptions { max_sources: 1 << 18, test_clock: true, ..Default::default() }).unwrap();
     p.set_clock(1_000_000_000).unwrap();
-    let rules = class_rules();
-    install(&mut p, &rules, &[], 1_000_000_000);
+    let all_rules = class_rules();
+    // The rules in force change every 10 000 frames, through the loader's
+    // sync as the daemon changes them: all; without every other class;
+    // without the longer prefixes; all again.
+    let sets: Vec<Vec<KernelRule>> = vec![
+        all_rules.clone(),
+        all_rules.iter().enumerate().filter(|(i, r)| r.class.is_none() || i % 2 == 0).map(|(_, r)| r.clone()).collect(),
+        all_rules.iter().filter(|r| r.net.prefix_len() == 0).cloned().collect(),
+    ];
+    let mut groups = Groups::default();
+    let mut rules = sets[0].clone();
+    install_with(&mut p, &rules, &[], 1_000_000_000, &mut groups);
     let shared = p.shared_maps().unwrap();
     let slot_passed = |slot: u32| -> u64 { shared.rule_counters(slot).unwrap().iter().map(|c| c.passed_pkts).sum() };
-    let nslots = rules.len() + 1;
+    let nslots = all_rules.len() + 1;
     let mut want = vec![0u64; nslots];
     let mut tally = Tally::default();
     let mut class_hits = 0u64;
@@ -371,7 +439,18 @@ fn fuzz_classes_against_the_reference() {
         assert!(matches!(reference::parse(t), Expect::Ip { .. }), "class template {i} is not valid IP");
     }
     for i in 0..n {
-        let mut f = templates[(rng(&mut s) % templates.len() as u64) as usize].clone();
+        if i % 10_000 == 0 && i > 0 {
+            rules = sets[(i / 10_000) as usize % sets.len()].clone();
+            install_with(&mut p, &rules, &[], 1_000_000_000, &mut groups);
+        }
+        // Half the frames from the templates, half built at random: any
+        // port (often one that shares port % 512 with a class's), flags,
+        // ICMP type, source, destination, tags, chains and fragments.
+        let mut f = if rng(&mut s).is_multiple_of(2) {
+            templates[(rng(&mut s) % templates.len() as u64) as usize].clone()
+        } else {
+            random_spec(&mut s).build(None)
+        };
         // Mutations: a header byte (within the first 130: tags, IP,
         // extension headers, layer 4), a cut, padding.
         for _ in 0..(rng(&mut s) % 3) {
@@ -428,13 +507,17 @@ fn fuzz_classes_against_the_reference() {
             assert_eq!(rc.passed_pkts, 0, "slot {slot} (no rule) counted frames");
         }
     }
-    eprintln!("class fuzz: {tally:?}, {class_hits} to a class, {} of {} rules reached", seen_slots.len(), rules.len());
+    eprintln!(
+        "class fuzz: {tally:?}, {class_hits} to a class, {} of {} rules reached",
+        seen_slots.len(),
+        all_rules.len()
+    );
     // Coverage: every rule got frames (else the table proves less than it says).
     assert_eq!(
         seen_slots.len(),
-        rules.len(),
+        all_rules.len(),
         "rules never reached: {:?}",
-        (1..=rules.len() as u32).filter(|s| !seen_slots.contains(s)).collect::<Vec<_>>()
+        (1..=all_rules.len() as u32).filter(|s| !seen_slots.contains(s)).collect::<Vec<_>>()
     );
 }
 

@@ -16,7 +16,7 @@ use crate::{
 #[derive(Args, Clone, Debug, Default)]
 pub struct ClassArgs {
     /// Protocol: tcp, udp, icmp, icmpv6, sctp, udplite, or a number.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     proto: Option<String>,
     /// Destination port or range LOW-HIGH (tcp, udp, sctp, udplite).
     #[arg(long, allow_hyphen_values = true)]
@@ -28,7 +28,7 @@ pub struct ClassArgs {
     #[arg(long, allow_hyphen_values = true)]
     icmp_type: Option<String>,
     /// Destination prefix or address.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     dst: Option<String>,
 }
 

@@ -26,7 +26,7 @@ use toml_edit::{Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table, Tab
 use super::{Config, HEADER};
 use crate::{
     error::{Error, Result},
-    rules::{BurstValue, RuleConfig, RuleKey, RuleSpec},
+    rules::{BurstValue, PortValue, RuleConfig, RuleKey, RuleSpec},
 };
 
 /// What the daemon changes; `None` leaves that part of the file alone.
@@ -210,10 +210,33 @@ fn fill(t: &mut dyn TableLike, spec: &RuleSpec) {
 
 /// Sets every key but the prefix to `c`'s canonical form.
 fn write_params(t: &mut dyn TableLike, c: &RuleConfig) {
+    write_class(t, c);
     set(t, "rate", c.rate.clone().map(Value::from));
     set(t, "burst", c.burst.as_ref().map(burst_value));
     set(t, "action", c.action.map(|a| Value::from(a.to_string())));
     set(t, "key_len", c.key_len.map(|k| Value::from(i64::from(k))));
+    write_total(t, c);
+}
+
+/// The class fields (what identifies the rule with its prefix).
+fn write_class(t: &mut dyn TableLike, c: &RuleConfig) {
+    set(t, "proto", c.proto.clone().map(Value::from));
+    set(
+        t,
+        "dport",
+        c.dport.as_ref().map(|p| match p {
+            PortValue::Number(n) => Value::from(i64::from(*n)),
+            PortValue::Text(s) => Value::from(s.as_str()),
+        }),
+    );
+    set(t, "tcp_flags", c.tcp_flags.clone().map(Value::from));
+    set(t, "icmp_type", c.icmp_type.map(|n| Value::from(i64::from(n))));
+    set(t, "dst", c.dst.clone().map(Value::from));
+}
+
+fn write_total(t: &mut dyn TableLike, c: &RuleConfig) {
+    set(t, "total_rate", c.total_rate.clone().map(Value::from));
+    set(t, "total_burst", c.total_burst.as_ref().map(burst_value));
 }
 
 fn burst_value(b: &BurstValue) -> Value {
@@ -246,6 +269,9 @@ fn update(t: &mut dyn TableLike, old: &RuleSpec, new: &RuleSpec) {
             // The default again: say nothing, as a new rule would.
             set(t, "key_len", None);
         }
+    }
+    if old.total != new.total {
+        write_total(t, &c);
     }
 }
 

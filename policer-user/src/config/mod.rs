@@ -129,11 +129,21 @@ impl Config {
             match r.validate() {
                 Ok(spec) => {
                     if out.insert(spec.key(), spec.clone()).is_some() {
-                        problems.push(at(format!("the rule {} appears twice", spec.key())));
+                        let what = if spec.class.is_none() {
+                            format!("prefix {}", spec.net)
+                        } else {
+                            format!("the rule {}", spec.key())
+                        };
+                        problems.push(at(format!("{what} appears twice")));
                     }
                 }
                 Err(e) => problems.push(at(e.to_string())),
             }
+        }
+        // Classes that tie, or too many for one frame: what the daemon's
+        // compiler would refuse.
+        if let Err(e) = crate::classes::check_rules(out.values()) {
+            problems.push(Problem { line: None, message: e.to_string() });
         }
         let d = &self.daemon;
         if let Some(0) = d.max_sources {

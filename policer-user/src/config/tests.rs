@@ -465,3 +465,54 @@ burst = {burst}
         "daemon.interfaces = [\"eth1\"] # dotted\ndaemon.mode = \"skb\"\n\n# para\n\n# about the rest\n"
     );
 }
+
+/// Class rules in a file: read back as written, identified by prefix and
+/// class; rules that tie are a problem of the file, as `rule set` says.
+#[test]
+fn class_rules_read_write_and_ties() {
+    let text = r#"
+[[rule]]
+prefix = "0.0.0.0/0"
+rate = "1kpps"
+
+[[rule]]
+prefix = "0.0.0.0/0"
+proto = "udp"
+dport = 53
+rate = "10pps"
+burst = 20
+
+[[rule]]
+prefix = "0.0.0.0/0"
+proto = "tcp"
+tcp_flags = "syn,!ack"
+rate = "5pps"
+
+[[rule]]
+prefix = "192.0.2.0/24"
+dst = "198.51.100.10"
+proto = "udp"
+dport = "27015"
+total_rate = "50kpps"
+"#;
+    let (_, rules) = super::Config::parse(text, Path::new("t.toml")).unwrap();
+    assert_eq!(rules.len(), 4);
+    let dns = rules.values().find(|s| s.class.dport == Some((53, 53))).unwrap();
+    assert_eq!((dns.class.proto, dns.burst), (Some(17), 20));
+    let game = rules.values().find(|s| s.total.is_some()).unwrap();
+    assert_eq!((game.rate, game.class.to_string()), (None, "udp dport 27015 dst 198.51.100.10/32".to_string()));
+    // Back to text and read again: the same rules.
+    for s in rules.values() {
+        let back = s.config().validate().unwrap();
+        assert_eq!(&back, s, "{}", s.key());
+    }
+    let tie = format!(
+        "{text}\n[[rule]]\nprefix = \"0.0.0.0/0\"\nproto = \"udp\"\ndport = \"50-59\"\nrate = \"1pps\"\n\n\
+         [[rule]]\nprefix = \"0.0.0.0/0\"\nproto = \"udp\"\ndport = \"55-64\"\nrate = \"1pps\"\n"
+    );
+    let e = super::Config::parse(&tie, Path::new("t.toml")).unwrap_err().to_string();
+    assert!(e.contains("tie"), "{e}");
+    let bad = format!("{text}\n[[rule]]\nprefix = \"10.0.0.0/8\"\ntotal_burst = 5\nrate = \"1pps\"\n");
+    let e = super::Config::parse(&bad, Path::new("t.toml")).unwrap_err().to_string();
+    assert!(e.contains("--total-burst needs --total-rate"), "{e}");
+}

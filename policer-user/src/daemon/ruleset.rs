@@ -285,6 +285,9 @@ impl Daemon {
         let before = self.specs();
         let mut want = before.clone();
         edit(&mut want);
+        // Classes that tie or crowd a frame: refused before anything is
+        // staged or written.
+        crate::classes::check_rules(want.values())?;
         let staged = if runtime {
             None
         } else {

@@ -99,7 +99,7 @@ fn rule_set(i: u32, rate: &str) -> Request {
             prefix: prefix(i),
             rate: Some(rate.into()),
             burst: Some(BurstValue::Count(50)),
-            ..Default::default()
+            ..RuleConfig::default()
         },
         runtime: false,
     }
