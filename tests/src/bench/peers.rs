@@ -376,10 +376,10 @@ pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) ->
 /// class of `classes` (written as `policer rule set 0.0.0.0/0 …` options,
 /// see [`CLASS_RULES`]), each with `limit`, for the daemon to start with;
 /// its command line's `--rate`/`--burst` add the class-less rules for
-/// 0.0.0.0/0 and ::/0. (A config file, not `policer rule set` calls: at
-/// the time of writing the daemon's config-file editor wrote a class
-/// rule without its class, and the file it edited then had 0.0.0.0/0
-/// twice and `rule set` failed.)
+/// 0.0.0.0/0 and ::/0. (The same rules as `policer rule set 0.0.0.0/0 …`
+/// calls once it runs would make, in force before the first frame; a first
+/// version used those calls and met a since-fixed bug of the config-file
+/// editor.)
 pub fn class_config(net: &Net, classes: &[&[&str]], limit: Limit) -> Result<()> {
     std::fs::write(&net.sb.config, class_toml(classes, limit)?).with_context(|| format!("write {}", net.sb.config))
 }
