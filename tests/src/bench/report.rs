@@ -1414,6 +1414,7 @@ mod tests {
             ipv4: false,
             ipv6: true,
             classes: None,
+            class_error: None,
         };
         let mut r = Results {
             date: String::new(),
@@ -1471,6 +1472,7 @@ mod tests {
             ipv4: false,
             ipv6: false,
             classes: Some(classes),
+            class_error: None,
         };
         let mut r = Results {
             date: String::new(),
