@@ -492,8 +492,8 @@ fn resolve_class<const V6: bool>(ctx: &XdpContext, rule: &'static Rule, l4: L4At
 
 /// Charges one frame to the rule's aggregate bucket (`--total-rate`).
 #[inline(always)]
-fn total_admits(rule: &Rule, clock: &mut Clock, len: u32, c: &mut Counters) -> bool {
-    let Some(t) = TOTALS.get_ptr_mut(rule.counter_slot) else {
+fn total_admits(slot: u32, clock: &mut Clock, len: u32, c: &mut Counters) -> bool {
+    let Some(t) = TOTALS.get_ptr_mut(slot) else {
         return true;
     };
     // SAFETY: a live array value; `tat` is only changed by compare-and-swap.
@@ -1023,27 +1023,38 @@ fn verdict(
     };
     // SAFETY: per-CPU slot, only this CPU writes it while we run.
     let rc = unsafe { &mut *rc };
-    let admitted = match Action::from_u32(rule.action) {
+    // What is needed of the rule after its bucket's verdict, as numbers:
+    // past that point the verifier then follows one path, not one per kind
+    // of map the rule came from (trie, default rules, class list).
+    let (action, flags, slot) = (rule.action, rule.flags, rule.counter_slot);
+    let admitted = match Action::from_u32(action) {
         Some(Action::Allow) => true,
         Some(Action::Deny) => false,
         _ => {
             let mut clock = Clock::new();
-            let mut j = if rule.flags & RULE_NO_SOURCE != 0 {
-                Judged::new_bucket(true)
-            } else {
-                police(rule, &mut clock, c, rc)
-            };
-            // The aggregate bucket, only for what the source's admitted.
-            if j.admit && rule.flags & RULE_TOTAL != 0 && !total_admits(rule, &mut clock, len, c) {
-                c.total_drops += 1;
-                rc.total_dropped_pkts += 1;
-                j = Judged::new_bucket(false);
-            }
-            if j.admit {
+            let admit = if flags & RULE_NO_SOURCE != 0 {
                 true
             } else {
-                count_drop(&j.drop_at, &mut clock);
-                if rule.action == Action::Monitor as u32 {
+                let j = police(rule, &mut clock, c, rc);
+                if !j.admit {
+                    count_drop(&j.drop_at, &mut clock);
+                }
+                j.admit
+            };
+            // The aggregate bucket, only for what the source's admitted.
+            let admit = admit
+                && (flags & RULE_TOTAL == 0 || {
+                    let ok = total_admits(slot, &mut clock, len, c);
+                    if !ok {
+                        c.total_drops += 1;
+                        rc.total_dropped_pkts += 1;
+                    }
+                    ok
+                });
+            if admit {
+                true
+            } else {
+                if action == Action::Monitor as u32 {
                     c.would_drop_pkts += 1;
                     c.would_drop_bytes += len as u64;
                     rc.would_drop_pkts += 1;

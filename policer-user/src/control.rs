@@ -287,8 +287,12 @@ pub struct ConfigStatus {
 pub struct TopEntry {
     /// The bucket's key: an address, or a prefix when --key-len groups sources.
     pub source: String,
-    /// The rule that charges it.
+    /// The rule that charges it: `10.0.0.0/8`, or `10.0.0.0/8 [udp dport 53]`
+    /// for a bucket of one source's frames of a class.
     pub rule: String,
+    /// The class of that rule (`udp dport 53`; `-` for a class-less rule).
+    #[serde(default)]
+    pub class: String,
     /// Debt now, in ns of drain time.
     pub debt_ns: u64,
     /// Debt as a fraction of the bucket size (1.0 = full: dropping).

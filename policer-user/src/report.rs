@@ -126,7 +126,9 @@ pub fn add_rates(now: &mut StatsView, prev: &StatsView) {
         }
     }
     for r in &mut now.rules {
-        if let Some(p) = prev.rules.iter().find(|p| p.prefix == r.prefix) {
+        // A rule is its prefix and its class: a prefix's rules each have
+        // their own counters.
+        if let Some(p) = prev.rules.iter().find(|p| p.prefix == r.prefix && p.class == r.class) {
             r.rates = Some(RateView::between(&r.counters, &p.counters, secs));
         }
     }

@@ -368,4 +368,246 @@ mod tests {
         k.key_len = Some(24);
         assert_eq!(k.validate().unwrap().kernel(7).unwrap().rule_id, 7);
     }
+
+    fn class_rule(prefix: &str, set: impl FnOnce(&mut RuleConfig)) -> RuleConfig {
+        let mut r = rc(prefix, Some("10pps"), None);
+        set(&mut r);
+        r
+    }
+
+    /// The error of `r`, which must be refused.
+    fn refused(r: &RuleConfig) -> String {
+        match r.validate() {
+            Ok(s) => panic!("{r:?} accepted as {s:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn class_rules_validate() {
+        let s = class_rule("0.0.0.0/0", |r| {
+            r.proto = Some("udp".into());
+            r.dport = Some(PortValue::Number(53));
+        })
+        .validate()
+        .unwrap();
+        assert_eq!(s.class.to_string(), "udp dport 53");
+        assert_eq!(s.key().to_string(), "0.0.0.0/0 [udp dport 53]");
+        let k = s.kernel(3).unwrap();
+        assert_eq!(k.flags & (policer_common::class::RULE_TOTAL | policer_common::class::RULE_NO_SOURCE), 0);
+
+        let syn = class_rule("10.0.0.0/8", |r| {
+            r.proto = Some("tcp".into());
+            r.tcp_flags = Some("syn,!ack".into());
+        })
+        .validate()
+        .unwrap();
+        assert_eq!(syn.class.to_string(), "tcp flags syn,!ack");
+        let echo = class_rule("2001:db8::/32", |r| {
+            r.proto = Some("icmpv6".into());
+            r.icmp_type = Some(128);
+        })
+        .validate()
+        .unwrap();
+        assert!(!echo.class.is_none());
+
+        // Bad input, each with a message that names what is wrong.
+        let cases: Vec<(RuleConfig, &str)> = vec![
+            (class_rule("0.0.0.0/0", |r| r.proto = Some("tpc".into())), "tpc"),
+            (
+                class_rule("0.0.0.0/0", |r| {
+                    r.proto = Some("udp".into());
+                    r.dport = Some(PortValue::Number(70000));
+                }),
+                "out of range",
+            ),
+            (
+                class_rule("0.0.0.0/0", |r| {
+                    r.proto = Some("udp".into());
+                    r.dport = Some(PortValue::Text("90-80".into()));
+                }),
+                "below LOW",
+            ),
+            (class_rule("0.0.0.0/0", |r| r.dport = Some(PortValue::Number(53))), "--dport"),
+            (
+                class_rule("0.0.0.0/0", |r| {
+                    r.proto = Some("icmp".into());
+                    r.dport = Some(PortValue::Number(53));
+                }),
+                "--dport",
+            ),
+            (
+                class_rule("0.0.0.0/0", |r| {
+                    r.proto = Some("udp".into());
+                    r.tcp_flags = Some("syn".into());
+                }),
+                "--tcp-flags needs --proto tcp",
+            ),
+            (
+                class_rule("0.0.0.0/0", |r| {
+                    r.proto = Some("tcp".into());
+                    r.tcp_flags = Some("syn,bogus".into());
+                }),
+                "bogus",
+            ),
+            (
+                class_rule("0.0.0.0/0", |r| {
+                    r.proto = Some("udp".into());
+                    r.icmp_type = Some(8);
+                }),
+                "--icmp-type needs --proto icmp",
+            ),
+            (
+                class_rule("::/0", |r| {
+                    r.proto = Some("icmp".into());
+                    r.icmp_type = Some(8);
+                }),
+                "",
+            ),
+            (
+                class_rule("0.0.0.0/0", |r| {
+                    r.proto = Some("icmp".into());
+                    r.icmp_type = Some(300);
+                }),
+                "--icmp-type",
+            ),
+            (class_rule("0.0.0.0/0", |r| r.dst = Some("2001:db8::/32".into())), "--dst"),
+            (class_rule("0.0.0.0/0", |r| r.dst = Some("192.0.2.5/24".into())), "--dst"),
+            (
+                class_rule("0.0.0.0/0", |r| r.total_burst = Some(BurstValue::Count(100))),
+                "--total-burst needs --total-rate",
+            ),
+            (class_rule("0.0.0.0/0", |r| r.total_rate = Some("fast".into())), "total rate"),
+        ];
+        for (r, want) in cases {
+            let e = refused(&r);
+            assert!(e.contains(want), "{r:?}: '{e}' does not say '{want}'");
+        }
+    }
+
+    #[test]
+    fn totals_set_the_kernel_flags() {
+        use policer_common::class::{RULE_NO_SOURCE, RULE_TOTAL};
+        // A total only: no per-source bucket.
+        let mut only = class_rule("0.0.0.0/0", |r| {
+            r.rate = None;
+            r.dst = Some("192.0.2.10/32".into());
+            r.proto = Some("udp".into());
+            r.dport = Some(PortValue::Number(27015));
+            r.total_rate = Some("50kpps".into());
+        });
+        let s = only.validate().unwrap();
+        assert_eq!(s.rate, None);
+        assert_eq!(s.total.map(|(r, _)| r.to_string()), Some("50kpps".into()));
+        let k = s.kernel(1).unwrap();
+        assert_eq!(k.flags & (RULE_TOTAL | RULE_NO_SOURCE), RULE_TOTAL | RULE_NO_SOURCE);
+        assert!(s.total_limiter().unwrap().is_some());
+        // Both: a per-source bucket and the total.
+        only.rate = Some("100pps".into());
+        only.total_burst = Some(BurstValue::Count(500));
+        let s = only.validate().unwrap();
+        assert_eq!(s.total.map(|(_, b)| b), Some(500));
+        assert_eq!(s.kernel(1).unwrap().flags & (RULE_TOTAL | RULE_NO_SOURCE), RULE_TOTAL);
+        // Neither: a police (or monitor) rule still needs one of them.
+        only.rate = None;
+        only.total_rate = None;
+        only.total_burst = None;
+        assert!(refused(&only).contains("needs a rate"), "{}", refused(&only));
+        only.action = Some(Action::Monitor);
+        assert!(only.validate().is_err());
+        // A total on allow/deny means nothing: refused, not ignored.
+        let mut deny = rc("0.0.0.0/0", None, None);
+        deny.action = Some(Action::Deny);
+        deny.total_rate = Some("1kpps".into());
+        assert!(refused(&deny).contains("--total-rate"));
+    }
+
+    /// What the daemon writes reads back as the same rule (the class and
+    /// the total included), through TOML.
+    #[test]
+    fn class_rules_round_trip() {
+        let rules = [
+            class_rule("0.0.0.0/0", |r| {
+                r.proto = Some("udp".into());
+                r.dport = Some(PortValue::Text("8000-8999".into()));
+                r.total_rate = Some("1mbit".into());
+                r.total_burst = Some(BurstValue::Text("64kb".into()));
+            }),
+            class_rule("10.0.0.0/8", |r| {
+                r.proto = Some("tcp".into());
+                r.tcp_flags = Some("syn,!ack".into());
+                r.dst = Some("192.0.2.0/24".into());
+            }),
+            class_rule("2001:db8::/32", |r| {
+                r.proto = Some("icmpv6".into());
+                r.icmp_type = Some(128);
+                r.key_len = Some(48);
+            }),
+            class_rule("0.0.0.0/0", |r| {
+                r.rate = None;
+                r.proto = Some("17".into());
+                r.dport = Some(PortValue::Number(27015));
+                r.total_rate = Some("50kpps".into());
+            }),
+        ];
+        for r in rules {
+            let s = r.validate().unwrap();
+            let c = s.config();
+            let text = toml::to_string(&c).unwrap();
+            let back: RuleConfig = toml::from_str(&text).unwrap();
+            assert_eq!(back, c, "{text}");
+            assert_eq!(back.validate().unwrap(), s, "{text}");
+            assert_eq!(back.key().unwrap(), s.key());
+        }
+        // icmp_type is a number in TOML; a port a number or a range text.
+        let r: RuleConfig =
+            toml::from_str("prefix = \"0.0.0.0/0\"\nrate = \"5pps\"\nproto = \"icmp\"\nicmp_type = 8\n").unwrap();
+        assert_eq!(r.validate().unwrap().class.to_string(), "icmp type 8");
+        let r: RuleConfig =
+            toml::from_str("prefix = \"0.0.0.0/0\"\nrate = \"5pps\"\nproto = \"udp\"\ndport = 53\n").unwrap();
+        assert_eq!(r.validate().unwrap().class.to_string(), "udp dport 53");
+    }
+
+    /// One prefix, several rules: each (prefix, class) its own.
+    #[test]
+    fn rule_identity_is_prefix_and_class() {
+        let plain = rc("10.0.0.0/8", Some("1kpps"), None).validate().unwrap();
+        let dns = class_rule("10.0.0.0/8", |r| {
+            r.proto = Some("udp".into());
+            r.dport = Some(PortValue::Number(53));
+        })
+        .validate()
+        .unwrap();
+        let syn = class_rule("10.0.0.0/8", |r| {
+            r.proto = Some("tcp".into());
+            r.tcp_flags = Some("syn".into());
+        })
+        .validate()
+        .unwrap();
+        let mut set = std::collections::BTreeMap::new();
+        for s in [&plain, &dns, &syn] {
+            assert!(set.insert(s.key(), s.clone()).is_none(), "{} collided", s.key());
+        }
+        // rm names the prefix and the class: only that rule goes.
+        let rm = RuleConfig { prefix: "10.0.0.0/8".into(), ..RuleConfig::default() }.with_class_text(ClassText {
+            proto: Some("udp".into()),
+            dport: Some("53".into()),
+            ..ClassText::default()
+        });
+        assert_eq!(set.remove(&rm.key().unwrap()).map(|s| s.key()), Some(dns.key()));
+        assert_eq!(set.keys().copied().collect::<Vec<_>>(), {
+            let mut v = vec![plain.key(), syn.key()];
+            v.sort();
+            v
+        });
+        // Without class options rm names the class-less rule.
+        let rm = RuleConfig { prefix: "10.0.0.0/8".into(), ..RuleConfig::default() };
+        assert_eq!(rm.key().unwrap(), plain.key());
+        // The same class written differently is the same rule.
+        let again = class_rule("10.0.0.0/8", |r| {
+            r.proto = Some("6".into());
+            r.tcp_flags = Some("syn".into());
+        });
+        assert_eq!(again.key().unwrap(), syn.key());
+    }
 }

@@ -294,9 +294,9 @@ fn total_rate_holds_a_hundred_sources_to_the_total() {
         assert!(offered as f64 >= 3.8 * ideal, "offered {offered}: not 4x the total {ideal:.0}");
         let a = admitted as f64;
         assert!((a - exact).abs() <= exact * 0.01 + 2.0, "admitted {admitted}, exact aggregate {exact}");
-        // Sanity of the measure: one source alone is never above its own
-        // per-source budget, and the total is shared (most sources got some).
-        assert!(starved < 10, "{starved} of 100 sources got nothing: the total is not shared");
+        // (How the total is shared among the sources is not asserted: an
+        // aggregate promises no fairness, and perfectly paced senders can
+        // phase-lock with its refill.)
         let smooth = (exact - ideal).abs() <= 0.005 * ideal;
         if smooth {
             assert!((a - ideal).abs() <= ideal * 0.02, "admitted {admitted}, total x T + burst {ideal:.1} +-2 %");
@@ -384,7 +384,6 @@ fn dst_rule_applies_only_to_its_destination() {
         (both - shared).abs() <= shared * 0.01 + 2.0,
         "total-only rule: admitted {both}, an exact aggregate over both sources {shared}"
     );
-    assert!(got.per_flow[2] > 0 && got.per_flow[3] > 0, "one source took the whole total");
 }
 
 /// Sends `flows` for 3 s; for each flow either its class's budget (an
@@ -621,6 +620,7 @@ fn bad_class_input_changes_nothing() {
         let out = cli(&sb, &v);
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         let what = v.join(" ");
+        eprintln!("`{what}`: exit {:?}: {}", out.status.code(), err.trim());
         if out.status.success() {
             fails.push(format!("`{what}` succeeded: {}", String::from_utf8_lossy(&out.stdout)));
         } else if err.contains("panicked") {
@@ -633,4 +633,51 @@ fn bad_class_input_changes_nothing() {
         }
     }
     assert!(fails.is_empty(), "{} of {} bad inputs:\n{}", fails.len(), cases.len(), fails.join("\n"));
+}
+
+/// `rule rm CIDR` with a class removes that rule only, on real traffic:
+/// its class stops policing at once, the prefix's other class and its
+/// class-less rule stay, and `rule ls --json` shows it gone.
+#[test]
+fn removing_a_class_stops_only_that_class() {
+    if !privileged("classes tier") {
+        return;
+    }
+    let sb = Sandbox::new("crm");
+    let _d = daemon(&sb);
+    rule_set(&sb, &["198.18.0.0/24", "--rate", "20kpps", "--burst", "200"]);
+    rule_set(
+        &sb,
+        &["198.18.0.0/24", "--proto", "tcp", "--tcp-flags", "syn,!ack", "--rate", "1000pps", "--burst", "10"],
+    );
+    rule_set(&sb, &["198.18.0.0/24", "--proto", "udp", "--dport", "53", "--rate", "1000pps", "--burst", "10"]);
+    let d = ip(DST4);
+    let round = |n: u32, syn_policed: bool| {
+        let s = ip(&format!("198.18.0.{n}"));
+        let f = |spec, pps| SpecFlow { spec, pps };
+        shapes(
+            "rm",
+            &sb,
+            &[
+                ("bare SYN", f(FrameSpec::tcp(s, d, 64, 1, 80, TCP_SYN), 3000.0), syn_policed),
+                ("UDP 53", f(FrameSpec::udp_to(s, d, 64, 53), 3000.0), true),
+                ("ACK", f(FrameSpec::tcp(s, d, 64, 1, 80, TCP_ACK), 3000.0), false),
+            ],
+        );
+    };
+    round(1, true);
+    let out = cli(&sb, &["rule", "rm", "198.18.0.0/24", "--proto", "tcp", "--tcp-flags", "syn,!ack"]);
+    succeeds(&out);
+    let ls = succeeds(&cli(&sb, &["rule", "ls", "--json"]));
+    let rules: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let classes: Vec<&str> = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["prefix"] == "198.18.0.0/24")
+        .map(|r| r["class"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(classes.len(), 2, "198.18.0.0/24 after rm: {classes:?}");
+    assert!(classes.contains(&"udp dport 53") && !classes.iter().any(|c| c.contains("syn")), "{classes:?}");
+    round(2, false);
 }

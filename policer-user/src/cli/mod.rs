@@ -81,6 +81,14 @@ impl Cli {
             anyhow::bail!("--timeout {}: must be 0.1 ..= 3600 seconds", self.timeout);
         }
         TIMEOUT.set(Duration::from_secs_f64(self.timeout)).ok();
+        if !matches!(self.cmd, Cmd::Attach(_)) {
+            // A reader that goes away (`policer stats --watch 1 | head`)
+            // ends the command quietly, as it does any Unix filter, instead
+            // of a panic on the write. Not the daemon: it writes to sockets
+            // whose peers may vanish.
+            // SAFETY: setting a signal's disposition to its default.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        }
         match self.cmd {
             Cmd::Attach(a) => attach::run(a),
             Cmd::Detach(a) => detach::run(a),

@@ -466,6 +466,115 @@ burst = {burst}
     );
 }
 
+fn class_spec(prefix: &str, set: impl FnOnce(&mut RuleConfig)) -> RuleSpec {
+    let mut r = RuleConfig { prefix: prefix.into(), rate: Some("10pps".into()), ..RuleConfig::default() };
+    set(&mut r);
+    r.validate().unwrap()
+}
+
+/// Class rules are written with their class and total, read back as the
+/// same rules; two classes of one prefix are two rules, and removing one
+/// leaves the other and the prefix's class-less rule as written.
+#[test]
+fn class_rules_written_and_read_back() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let dns = class_spec("203.0.113.0/24", |r| {
+        r.proto = Some("udp".into());
+        r.dport = Some(crate::rules::PortValue::Number(53));
+    });
+    let syn = class_spec("203.0.113.0/24", |r| {
+        r.proto = Some("tcp".into());
+        r.tcp_flags = Some("syn,!ack".into());
+        r.total_rate = Some("5kpps".into());
+        r.total_burst = Some(BurstValue::Count(100));
+    });
+    let game = class_spec("0.0.0.0/0", |r| {
+        r.rate = None;
+        r.dst = Some("192.0.2.10/32".into());
+        r.proto = Some("udp".into());
+        r.dport = Some(crate::rules::PortValue::Text("27015-27020".into()));
+        r.total_rate = Some("50kpps".into());
+    });
+    let echo = class_spec("2001:db8::/32", |r| {
+        r.proto = Some("icmpv6".into());
+        r.icmp_type = Some(128);
+    });
+    let all = with(with(with(with(rules.clone(), dns.clone()), syn.clone()), game.clone()), echo.clone());
+    assert_eq!(all.len(), rules.len() + 4, "two classes of one prefix are two rules");
+    f.apply_rules(&all).unwrap();
+    let text = fs::read_to_string(&p).unwrap();
+    for want in [
+        "proto = \"udp\"\ndport = 53\n",
+        "proto = \"tcp\"\ntcp_flags = \"syn,!ack\"\n",
+        "total_rate = \"5kpps\"\ntotal_burst = 100\n",
+        "dport = \"27015-27020\"",
+        "dst = \"192.0.2.10/32\"",
+        "icmp_type = 128",
+    ] {
+        assert!(text.contains(want), "no '{want}' in:\n{text}");
+    }
+    let (_, read) = ConfigFile::open(&p).unwrap();
+    assert_eq!(read, all, "read back differs:\n{text}");
+
+    // Remove the DNS class: the SYN class and the class-less rule of the
+    // same prefix stay.
+    let mut fewer = all.clone();
+    fewer.remove(&dns.key()).unwrap();
+    f.apply_rules(&fewer).unwrap();
+    let after = fs::read_to_string(&p).unwrap();
+    assert!(!after.contains("dport = 53"), "{after}");
+    assert!(after.contains("tcp_flags = \"syn,!ack\""), "{after}");
+    assert!(after.contains("prefix = \"203.0.113.0/24\"\nrate = \"500pps\""), "{after}");
+    let (_, read) = ConfigFile::open(&p).unwrap();
+    assert_eq!(read, fewer);
+
+    // A changed total is written in place.
+    let mut syn2 = syn.clone();
+    syn2.total = Some((policer_common::rate::Rate::parse("6kpps").unwrap(), 100));
+    f.apply_rules(&with(fewer, syn2)).unwrap();
+    let changed = fs::read_to_string(&p).unwrap();
+    assert_eq!(diff(&after, &changed), (vec!["total_rate = \"6kpps\"".into()], vec!["total_rate = \"5kpps\"".into()]));
+}
+
+/// `policer check` (and a reload) refuse what `rule set` refuses: bad class
+/// fields, tying classes, a rule twice.
+#[test]
+fn class_problems_in_a_file() {
+    let bad = [
+        ("proto = \"tpc\"", "tpc"),
+        ("proto = \"udp\"\ndport = \"90-80\"", "below LOW"),
+        ("dport = 53", "--dport"),
+        ("proto = \"udp\"\ntcp_flags = \"syn\"", "--tcp-flags needs --proto tcp"),
+        ("proto = \"udp\"\nicmp_type = 8", "--icmp-type"),
+        ("total_burst = 10", "--total-burst needs --total-rate"),
+    ];
+    for (fields, want) in bad {
+        let text = format!("[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n{fields}\n");
+        let problems = super::Config::check(&text, None).err().unwrap_or_else(|| panic!("accepted:\n{text}"));
+        assert!(problems.iter().any(|p| p.message.contains(want)), "{text}: {problems:?}");
+        assert_eq!(problems[0].line, Some(1), "{problems:?}");
+    }
+    // Two classes that tie: neither more specific, one frame matches both.
+    let tie = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nproto = \"udp\"\ndport = \"50-60\"\n\n\
+               [[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nproto = \"udp\"\ndport = \"55-65\"\n";
+    let problems = super::Config::check(tie, None).unwrap_err();
+    assert!(problems.iter().any(|p| p.message.contains("tie")), "{problems:?}");
+    // The same rule twice.
+    let twice = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nproto = \"udp\"\ndport = 53\n\n\
+                 [[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"2kpps\"\nproto = \"udp\"\ndport = \"53\"\n";
+    let problems = super::Config::check(twice, None).unwrap_err();
+    assert!(problems.iter().any(|p| p.message.contains("twice")), "{problems:?}");
+    // Nested ranges do not tie (the narrower wins), nor do classes of two
+    // prefixes.
+    let fine = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nproto = \"udp\"\ndport = \"50-60\"\n\n\
+                [[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nproto = \"udp\"\ndport = 53\n\n\
+                [[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nproto = \"udp\"\ndport = \"55-65\"\n";
+    let (_, rules) = super::Config::check(fine, None).unwrap();
+    assert_eq!(rules.len(), 3);
+}
+
 /// Class rules in a file: read back as written, identified by prefix and
 /// class; rules that tie are a problem of the file, as `rule set` says.
 #[test]

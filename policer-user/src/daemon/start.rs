@@ -326,7 +326,10 @@ impl Daemon {
             rules.insert(*key, inst);
         }
         // What the kernel will hold, before anything is written.
+        // Prefixes keep the group ids the maps give them, and ids that go
+        // rest a change, as for any change of the rules.
         let mut groups = crate::classes::Groups::default();
+        groups.adopt(have.prefixes.iter().map(|(n, r)| (*n, r.classes)));
         let compiled = {
             let list = rules
                 .iter()

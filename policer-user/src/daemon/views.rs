@@ -219,12 +219,16 @@ impl Views {
         })?;
         let live = rows.len() as u64;
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let entry = |r: &Row| TopEntry {
-            source: bucket_source(&r.key),
-            rule: rule_for(&snap, &r.key).map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
-            debt_ns: r.debt_ns,
-            fill: r.fill as f64 / 65536.0,
-            drops: r.drops,
+        let entry = |r: &Row| {
+            let rule = rule_for(&snap, &r.key);
+            TopEntry {
+                source: bucket_source(&r.key),
+                rule: rule.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                class: rule.map(|n| n.class.to_string()).unwrap_or_else(|| "-".into()),
+                debt_ns: r.debt_ns,
+                fill: r.fill as f64 / 65536.0,
+                drops: r.drops,
+            }
         };
         let mut pick = |key: &dyn Fn(&Row) -> (u64, u64)| -> Vec<TopEntry> {
             let k = n.min(rows.len());
