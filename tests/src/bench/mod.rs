@@ -130,6 +130,9 @@ pub fn run(o: &Options) -> Result<Results> {
     } else {
         None
     };
+    if let Some(e) = veth.as_ref().and_then(|v| v.class_error.as_ref()) {
+        errors.push(format!("veth cost, class rows: {e}"));
+    }
     // Floods that outnumber the table: their own floors, fewer repetitions
     // (their comparisons are by factors, not percent).
     let pressure = if want("pressure") {

@@ -351,11 +351,15 @@ pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) ->
         }
         System::PolicerClasses => {
             class_config(net, &CLASS_RULES, drop_limit)?;
-            Installed::Daemon(Box::new(policer(net, drop_limit, &["--max-sources", &capacity])))
+            let d = policer(net, drop_limit, &["--max-sources", &capacity]);
+            check_rules(&d, CLASS_RULES.len() + 2)?;
+            Installed::Daemon(Box::new(d))
         }
         System::PolicerDns => {
             class_config(net, &[DNS_RULE], drop_limit)?;
-            Installed::Daemon(Box::new(policer(net, admit_limit, &["--max-sources", &capacity])))
+            let d = policer(net, admit_limit, &["--max-sources", &capacity]);
+            check_rules(&d, 3)?;
+            Installed::Daemon(Box::new(d))
         }
         System::NftDns => {
             nft_matching(net, drop_limit, Family::V4, TABLE_CAPACITY, "udp dport 53 ")?;
@@ -372,12 +376,30 @@ pub fn install(sys: System, net: &Net, drop_limit: Limit, admit_limit: Limit) ->
 /// class of `classes` (written as `policer rule set 0.0.0.0/0 …` options,
 /// see [`CLASS_RULES`]), each with `limit`, for the daemon to start with;
 /// its command line's `--rate`/`--burst` add the class-less rules for
-/// 0.0.0.0/0 and ::/0. (A config file, not `policer rule set` calls: at
-/// the time of writing the daemon's config-file editor wrote a class
-/// rule without its class, and the file it edited then had 0.0.0.0/0
-/// twice and `rule set` failed.)
+/// 0.0.0.0/0 and ::/0. (The same rules as `policer rule set 0.0.0.0/0 …`
+/// calls once it runs would make, in force before the first frame; a first
+/// version used those calls and met a since-fixed bug of the config-file
+/// editor.)
 pub fn class_config(net: &Net, classes: &[&[&str]], limit: Limit) -> Result<()> {
     std::fs::write(&net.sb.config, class_toml(classes, limit)?).with_context(|| format!("write {}", net.sb.config))
+}
+
+/// Fails when the daemon says it polices with other than `n` rules (the
+/// class rules, and the class-less ones for 0.0.0.0/0 and ::/0 its command
+/// line adds): class rules it did not take would make the class rows
+/// measure something else. Says nothing when its start message has no
+/// count.
+pub fn check_rules(d: &Daemon, n: usize) -> Result<()> {
+    let out = d.stdout();
+    let count = out.lines().find_map(|l| {
+        let (_, rest) = l.split_once("policing on ")?;
+        let (_, rest) = rest.split_once(" with ")?;
+        rest.split_whitespace().next()?.parse::<usize>().ok()
+    });
+    match count {
+        Some(c) if c != n => anyhow::bail!("the daemon polices with {c} rules, not the {n} of its config file:\n{out}"),
+        _ => Ok(()),
+    }
 }
 
 /// The `[[rule]]` tables of [`class_config`].
