@@ -121,9 +121,6 @@ pub struct Policer {
     /// daemon's readers (stats, top, /metrics) so a long read of the table
     /// never waits for, or holds up, the one owner that writes.
     reader: Arc<MapReader>,
-    /// The rule tries and class index as this process last wrote them
-    /// (`None`: not known, read from the kernel at the next sync).
-    installed: Option<Compiled>,
 }
 
 /// Read-only access to what the program counts and remembers: its own
@@ -387,7 +384,7 @@ impl Policer {
             stamp_layout(&mut ebpf, v)?;
         }
         let reader = Arc::new(MapReader::of(&ebpf)?);
-        let mut p = Policer { ebpf, reader, installed: None };
+        let mut p = Policer { ebpf, reader };
         // A table taken over keeps its hash; a new one gets a fresh secret
         // seed, so nobody can pick sources that share a set.
         if !opts.reuse.iter().any(|(n, _)| *n == MAP_BUCKETS_V4) {
@@ -418,7 +415,6 @@ impl Policer {
 
     /// Installs (or replaces, atomically for that prefix) the rule for `net`.
     pub fn set_rule(&mut self, net: IpNet, rule: &Rule) -> Result<()> {
-        self.installed = None;
         self.update_rule(net, Some(rule))
     }
 
@@ -943,7 +939,6 @@ impl Policer {
     }
 
     pub fn remove_rule(&mut self, net: IpNet) -> Result<()> {
-        self.installed = None;
         self.update_rule(net, None)
     }
 
@@ -954,28 +949,17 @@ impl Policer {
     /// and changed prefixes, removed prefixes, removed class entries. Each
     /// entry is replaced atomically. On an error the kernel holds part of
     /// the change; the caller puts back what was in force with another
-    /// sync.
+    /// sync. Reads the maps first; [`Policer::sync_rules_from`] when the
+    /// caller knows what they hold.
     pub fn sync_rules(&mut self, want: &Compiled) -> Result<()> {
-        let have = match self.installed.take() {
-            Some(h) => h,
-            None => self.kernel_compiled()?,
-        };
-        let r = self.sync_from(&have, want);
-        self.installed = r.is_ok().then(|| want.clone());
-        r
+        let have = self.kernel_compiled()?;
+        self.sync_rules_from(&have, want)
     }
 
-    /// [`Policer::sync_rules`] from a known state of the maps.
+    /// [`Policer::sync_rules`] from a known state of the maps (the daemon
+    /// keeps the one copy of it).
     pub fn sync_rules_from(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
-        self.installed = None;
-        let r = self.sync_from(have, want);
-        self.installed = r.is_ok().then(|| want.clone());
-        r
-    }
-
-    fn sync_from(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
-        let fds = RuleFds::of(&self.ebpf)?;
-        sync_maps(&fds, have, want)
+        sync_maps(&RuleFds::of(&self.ebpf)?, have, want)
     }
 
     /// What the tries and the class index hold now.

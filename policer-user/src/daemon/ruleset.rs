@@ -222,10 +222,16 @@ impl Daemon {
                     self.policer.set_total(i.slot, total.as_ref())?;
                 }
             }
-            self.policer.sync_rules(&compiled)
+            self.policer.sync_rules_from(&self.compiled, &compiled)
         })();
         if let Err(e) = r {
             undo_slots(self, &taken);
+            // The maps may hold part of the change: what they hold is read
+            // back, so that putting the rules back diffs against it.
+            match self.policer.kernel_compiled() {
+                Ok(now) => self.compiled = now,
+                Err(k) => log::warn!("reading the rule maps back after a failed change: {k}"),
+            }
             return Err(e);
         }
         for s in gone {
