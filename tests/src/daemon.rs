@@ -183,3 +183,30 @@ pub fn succeeds(out: &Output) -> String {
     assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// GET http://127.0.0.1:PORT/metrics from inside `ns` (a daemon started
+/// with `--metrics PORT`); the body, after checking the status is 200.
+pub fn scrape(ns: &str, port: u16) -> String {
+    use std::io::{Read, Write};
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        crate::netns::enter(&ns).unwrap();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    })
+    .join()
+    .unwrap()
+}
+
+/// `name{labels} value` lines of an exposition, keyed by `name{labels}`.
+pub fn samples(text: &str) -> std::collections::HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' ').map(|(k, v)| (k.to_string(), v.parse().unwrap())))
+        .collect()
+}

@@ -32,7 +32,7 @@ use policer_common::{
     rate::Rate,
 };
 use policer_tests::{
-    daemon::{Daemon, cli, succeeds},
+    daemon::{Daemon, cli, scrape, succeeds},
     frame::{Ext, FrameSpec},
     netns::{Sandbox, ip as ip_cmd},
     privileged,
@@ -890,24 +890,6 @@ fn top_shows_class_buckets_with_their_class_rule() {
         }
     }
     assert!(fails.is_empty(), "top --json:\n{}", fails.join("\n"));
-}
-
-/// GET http://127.0.0.1:PORT/metrics from inside `ns`.
-fn scrape(ns: &str, port: u16) -> String {
-    use std::io::{Read, Write};
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        policer_tests::netns::enter(&ns).unwrap();
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        body.to_string()
-    })
-    .join()
-    .unwrap()
 }
 
 /// The value of the sample `name` (no labels) in a `/metrics` text.

@@ -15,7 +15,7 @@ use std::{
 };
 
 use policer_tests::{
-    daemon::{Daemon, cli, fails_with, succeeds},
+    daemon::{Daemon, cli, fails_with, scrape, succeeds},
     netns::Sandbox,
     privileged,
     traffic::{self, Flow},
@@ -211,24 +211,6 @@ fn a_read_only_config_refuses_changes_and_runtime_applies_them() {
     let all = rules(&sb);
     assert!(rule(&all, "198.18.0.0/24").is_none(), "reload drops runtime-only rules");
     assert!(all.as_array().unwrap().iter().all(|r| r["persisted"] == true && r["in_force"] == true));
-}
-
-/// GET http://127.0.0.1:PORT/metrics from inside `ns`.
-fn scrape(ns: &str, port: u16) -> String {
-    use std::io::{Read, Write};
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        policer_tests::netns::enter(&ns).unwrap();
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        body.to_string()
-    })
-    .join()
-    .unwrap()
 }
 
 fn stats(sb: &Sandbox) -> serde_json::Value {

@@ -3,18 +3,12 @@
 //! exactly; `/metrics` parses (the OpenMetrics reference parser) and agrees; `top` ranks the heavy
 //! hitter first.
 
-use std::{
-    collections::HashMap,
-    io::{Read, Write},
-    net::{IpAddr, TcpStream},
-    process::Command,
-    time::Duration,
-};
+use std::{io::Write, net::IpAddr, process::Command, time::Duration};
 
 use policer_tests::{
-    daemon::{Daemon, cli, succeeds},
+    daemon::{Daemon, cli, samples, scrape, succeeds},
     frame::FrameSpec,
-    netns::{Sandbox, enter},
+    netns::Sandbox,
     privileged,
     traffic::{self, Flow},
 };
@@ -25,31 +19,6 @@ fn ip(s: &str) -> IpAddr {
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).expect("valid JSON")
-}
-
-/// GET http://127.0.0.1:PORT/metrics from inside `ns`.
-fn scrape(ns: &str, port: u16) -> String {
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        enter(&ns).unwrap();
-        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        let (head, body) = body.split_once("\r\n\r\n").expect("HTTP response");
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        body.to_string()
-    })
-    .join()
-    .unwrap()
-}
-
-/// `name{labels} value` lines of an exposition, keyed by `name{labels}`.
-fn samples(text: &str) -> HashMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| l.rsplit_once(' ').map(|(k, v)| (k.to_string(), v.parse().unwrap())))
-        .collect()
 }
 
 #[test]
