@@ -891,57 +891,6 @@ impl Policer {
         Ok(fd.as_fd().as_raw_fd())
     }
 
-    /// Removes the rule for `net`.
-    /// Installs many rules with one BPF_MAP_UPDATE_BATCH per family (one
-    /// system call instead of one per rule), falling back to one update per
-    /// rule where the kernel has no batch update for LPM tries.
-    pub fn set_rules(&mut self, rules: &[(IpNet, Rule)]) -> Result<()> {
-        // Per family: packed keys (prefix length + address, as the trie
-        // wants them), packed values, and the rules themselves.
-        let mut v4 = (Vec::new(), Vec::new(), Vec::new());
-        let mut v6 = (Vec::new(), Vec::new(), Vec::new());
-        for (net, rule) in rules {
-            let batch = match net.trunc() {
-                IpNet::V4(n) => {
-                    v4.0.extend_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
-                    v4.0.extend_from_slice(&n.network().octets());
-                    &mut v4
-                }
-                IpNet::V6(n) => {
-                    v6.0.extend_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
-                    v6.0.extend_from_slice(&n.network().octets());
-                    &mut v6
-                }
-            };
-            // SAFETY: Rule is plain data (repr(C), no padding).
-            let bytes = unsafe { std::slice::from_raw_parts(rule as *const Rule as *const u8, size_of::<Rule>()) };
-            batch.1.extend_from_slice(bytes);
-            batch.2.push((*net, *rule));
-        }
-        for (name, (keys, values, list)) in [(MAP_RULES_V4, v4), (MAP_RULES_V6, v6)] {
-            if list.is_empty() {
-                continue;
-            }
-            let fd = self.map_fd(name)?;
-            let (done, err) = crate::batch::update(fd, &keys, &values, list.len());
-            match err {
-                None => {}
-                // No batch update for this map type here: one by one.
-                Some(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524)) => {
-                    for (net, rule) in &list[done..] {
-                        self.set_rule(*net, rule)?;
-                    }
-                }
-                Some(e) => return Err(Error::Invalid(format!("{name}: batch update: {e}"))),
-            }
-        }
-        Ok(())
-    }
-
-    pub fn remove_rule(&mut self, net: IpNet) -> Result<()> {
-        self.update_rule(net, None)
-    }
-
     /// Makes the rule tries and the class index hold `want` (from
     /// [`crate::classes::compile`]), changing only what differs from what
     /// they hold, in an order that never shows a frame a prefix pointing at
