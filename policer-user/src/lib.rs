@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod duration;
 pub mod error;
 pub mod loader;
 pub mod lockfile;
