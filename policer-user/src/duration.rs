@@ -43,6 +43,8 @@ pub fn parse(s: &str) -> Result<Duration> {
             "m" => 60_000_000_000,
             "h" => 3_600_000_000_000,
             "d" => 86_400_000_000_000,
+            "" if rest.starts_with('.') => return Err(bad("whole numbers only")),
+            "" if !rest.is_empty() => return Err(bad(&format!("unexpected '{}'", &rest[..1]))),
             "" => return Err(bad("missing unit")),
             _ => return Err(bad(&format!("unknown unit '{unit}'"))),
         };
@@ -100,8 +102,8 @@ mod tests {
             ("10", "missing unit"),
             ("", "empty"),
             ("s", "expected a number"),
-            ("1.5s", "expected a number"),
-            ("1 s", "expected a number"),
+            ("1.5s", "whole numbers only"),
+            ("1 s", "unexpected ' '"),
             ("99999999999999999999999999999999999999999d", "number too large"),
             ("4000d", "10 years"),
         ] {
