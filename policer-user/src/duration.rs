@@ -44,7 +44,7 @@ pub fn parse(s: &str) -> Result<Duration> {
             "h" => 3_600_000_000_000,
             "d" => 86_400_000_000_000,
             "" if rest.starts_with('.') => return Err(bad("whole numbers only")),
-            "" if !rest.is_empty() => return Err(bad(&format!("unexpected '{}'", &rest[..1]))),
+            "" if !rest.is_empty() => return Err(bad(&format!("unexpected '{}'", rest.chars().next().unwrap_or(' ')))),
             "" => return Err(bad("missing unit")),
             _ => return Err(bad(&format!("unknown unit '{unit}'"))),
         };
@@ -104,6 +104,7 @@ mod tests {
             ("s", "expected a number"),
             ("1.5s", "whole numbers only"),
             ("1 s", "unexpected ' '"),
+            ("1é", "unexpected 'é'"),
             ("99999999999999999999999999999999999999999d", "number too large"),
             ("4000d", "10 years"),
         ] {
