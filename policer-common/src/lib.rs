@@ -10,6 +10,7 @@
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod ban;
 pub mod bucket;
 pub mod class;
 pub mod clock;

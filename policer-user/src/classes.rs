@@ -414,7 +414,7 @@ pub fn check_rules<'a>(rules: impl IntoIterator<Item = &'a crate::rules::RuleSpe
     }
     let kernel = rules
         .iter()
-        .map(|s| Ok(KernelRule { net: s.net, class: s.class, rule: s.kernel(0)? }))
+        .map(|s| Ok(KernelRule { net: s.net, class: s.class, rule: s.kernel(0)?, ban: s.ban.is_some() }))
         .collect::<Result<Vec<_>>>()?;
     compile(&kernel, &mut Groups::default()).map(|_| ())
 }
@@ -426,6 +426,9 @@ pub struct KernelRule {
     pub net: IpNet,
     pub class: Class,
     pub rule: Rule,
+    /// A manual ban: its deny value replaces the rules of every prefix it
+    /// covers (theirs come back when it ends).
+    pub ban: bool,
 }
 
 /// A `CLASS_INDEX` key: prefix length and data ([`index_key`]).
@@ -501,6 +504,57 @@ fn parent<'a>(net: &IpNet, prefixes: &'a BTreeSet<IpNet>) -> Option<&'a IpNet> {
 /// The kernel's rule maps for `rules` ([module doc](self)). Fails when a
 /// frame could have more than [`MAX_CANDIDATES`] classes to choose from.
 pub fn compile(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
+    let bans = Bans::new(rules.iter().filter(|r| r.ban).map(|r| (r.net, r.rule)));
+    if bans.is_empty() {
+        return compile_rules(rules, groups);
+    }
+    // Rules under a ban are not compiled (their classes need no group
+    // while they cannot match); the prefixes they leave take the ban's
+    // value, and each ban its own.
+    let kept: Vec<KernelRule> = rules.iter().filter(|r| !r.ban && bans.covering(&r.net).is_none()).cloned().collect();
+    let mut out = compile_rules(&kept, groups)?;
+    for r in rules.iter().filter(|r| !r.ban) {
+        if let Some(b) = bans.covering(&r.net) {
+            out.prefixes.insert(r.net, b);
+        }
+    }
+    for (net, _) in bans.by_net.iter() {
+        out.prefixes.insert(*net, bans.covering(net).expect("a ban covers itself"));
+    }
+    Ok(out)
+}
+
+/// Manual bans by prefix, and the prefix lengths they have (few), so that
+/// finding the ban over a prefix costs a lookup per length, not per ban.
+struct Bans {
+    by_net: std::collections::HashMap<IpNet, Rule>,
+    lens: BTreeSet<(bool, u8)>,
+}
+
+impl Bans {
+    fn new(bans: impl Iterator<Item = (IpNet, Rule)>) -> Bans {
+        let by_net: std::collections::HashMap<IpNet, Rule> = bans.collect();
+        let lens = by_net.keys().map(|n| (n.addr().is_ipv6(), n.prefix_len())).collect();
+        Bans { by_net, lens }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_net.is_empty()
+    }
+
+    /// The value of the most specific ban whose prefix holds `net`.
+    fn covering(&self, net: &IpNet) -> Option<Rule> {
+        let v6 = net.addr().is_ipv6();
+        self.lens
+            .iter()
+            .rev()
+            .filter(|(f, len)| *f == v6 && *len <= net.prefix_len())
+            .find_map(|(_, len)| IpNet::new(net.addr(), *len).ok().and_then(|n| self.by_net.get(&n.trunc())).copied())
+    }
+}
+
+/// [`compile`] without bans.
+fn compile_rules(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
     check_ties(rules.iter().map(|r| (&r.net, &r.class)))?;
     let mut classless: BTreeMap<IpNet, Rule> = BTreeMap::new();
     let mut classes: BTreeMap<IpNet, Vec<(Class, Rule)>> = BTreeMap::new();

@@ -59,6 +59,32 @@ pub struct RuleConfig {
     pub total_rate: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_burst: Option<BurstValue>,
+    /// Automatic bans: a source whose bucket refuses `ban_after` frames
+    /// (default 1) since it was last admitted is banned this long
+    /// ([`crate::duration`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_for: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_after: Option<u32>,
+    /// The longest a repeated ban grows to (doubling); none: no growth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_max: Option<String>,
+    /// A manual ban (`policer ban`): every frame from the prefix is
+    /// dropped, whatever rule a more specific prefix has, until `expires`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban: Option<bool>,
+    /// Why (a manual ban), as the operator wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the entry ends and is removed (RFC 3339 UTC, as written by
+    /// [`crate::duration::rfc3339`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+    /// On the wire only (`--ttl`, `ban --for`): the daemon turns it into
+    /// `expires` when the request arrives. Refused in the config file,
+    /// where every reload would restart it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
 }
 
 /// A port as written in TOML: `53` or `"8000-8999"`.
@@ -78,19 +104,39 @@ impl PortValue {
     }
 }
 
-/// What identifies a rule: its source prefix and its class.
+/// What identifies a rule: its source prefix and its class; a manual
+/// ban of a prefix is an entry of its own beside the prefix's rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RuleKey {
     pub net: IpNet,
     pub class: Class,
+    pub ban: bool,
 }
 
 impl std::fmt::Display for RuleKey {
-    /// `10.0.0.0/8`, or `10.0.0.0/8 [udp dport 53]`.
+    /// `10.0.0.0/8`, `10.0.0.0/8 [udp dport 53]`, or `ban 10.0.0.0/8`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.class.is_none() { write!(f, "{}", self.net) } else { write!(f, "{} [{}]", self.net, self.class) }
+        if self.ban {
+            write!(f, "ban {}", self.net)
+        } else if self.class.is_none() {
+            write!(f, "{}", self.net)
+        } else {
+            write!(f, "{} [{}]", self.net, self.class)
+        }
     }
 }
+
+/// A rule's automatic bans (`--ban-for`, `--ban-after`, `--ban-max`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BanPolicy {
+    pub ban_for: std::time::Duration,
+    pub ban_after: u32,
+    /// The longest a repeated ban grows to; None: no growth.
+    pub ban_max: Option<std::time::Duration>,
+}
+
+/// The longest reason a manual ban keeps.
+pub const MAX_REASON: usize = 200;
 
 /// A validated rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,6 +154,13 @@ pub struct RuleSpec {
     /// The aggregate bucket of the whole rule: rate and burst (packets, or
     /// bytes for a bit rate).
     pub total: Option<(Rate, u64)>,
+    /// Automatic bans of the rule's sources.
+    pub auto_ban: Option<BanPolicy>,
+    /// A manual ban (a deny entry that overrides the rules of every prefix
+    /// under it), with its reason.
+    pub ban: Option<Option<String>>,
+    /// When the entry is removed (Unix ms); None: never.
+    pub expires: Option<u64>,
 }
 
 /// Parses a prefix. A bare address means one host (/32 or /128); host bits
@@ -180,11 +233,122 @@ impl RuleConfig {
     /// The rule's identity, validated.
     pub fn key(&self) -> Result<RuleKey> {
         let net = parse_prefix(&self.prefix)?;
-        Ok(RuleKey { net, class: Class::parse(&self.class_text(), net.addr().is_ipv6())? })
+        Ok(RuleKey { net, class: Class::parse(&self.class_text(), net.addr().is_ipv6())?, ban: self.ban == Some(true) })
+    }
+
+    /// The expiry as Unix ms: `expires` as written, or `ttl` from now.
+    fn expiry(&self) -> Result<Option<u64>> {
+        match (&self.ttl, &self.expires) {
+            (Some(_), Some(_)) => Err(Error::Invalid(format!("{}: give a ttl or an expiry, not both", self.prefix))),
+            (Some(t), None) => {
+                let d = crate::duration::parse(t)?;
+                Ok(Some(crate::duration::unix_ms().saturating_add(d.as_millis() as u64)))
+            }
+            (None, Some(e)) => Ok(Some(crate::duration::parse_rfc3339(e)?)),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// `--ban-for`, `--ban-after`, `--ban-max`, checked together.
+    fn ban_policy(&self, action: Action) -> Result<Option<BanPolicy>> {
+        let Some(f) = &self.ban_for else {
+            if self.ban_after.is_some() || self.ban_max.is_some() {
+                return Err(Error::Invalid(format!("{}: --ban-after and --ban-max need --ban-for", self.prefix)));
+            }
+            return Ok(None);
+        };
+        if action != Action::Police {
+            return Err(Error::Invalid(format!(
+                "{}: --ban-for needs a police rule (a {action} rule has no bucket that refuses)",
+                self.prefix
+            )));
+        }
+        if self.rate.is_none() {
+            return Err(Error::Invalid(format!(
+                "{}: --ban-for needs a per-source rate (--rate): a source is banned when its bucket refuses",
+                self.prefix
+            )));
+        }
+        let ban_for = crate::duration::parse(f)?;
+        let ban_after = self.ban_after.unwrap_or(1);
+        if ban_after == 0 {
+            return Err(Error::Invalid(format!(
+                "{}: --ban-after must be at least 1 (refused frames before a ban)",
+                self.prefix
+            )));
+        }
+        if ban_after > policer_common::ban::MAX_BAN_AFTER {
+            return Err(Error::Invalid(format!(
+                "{}: --ban-after must be at most {}",
+                self.prefix,
+                policer_common::ban::MAX_BAN_AFTER
+            )));
+        }
+        let ban_max = self.ban_max.as_deref().map(crate::duration::parse).transpose()?;
+        if let Some(m) = ban_max
+            && m < ban_for
+        {
+            return Err(Error::Invalid(format!(
+                "{}: --ban-max ({}) is shorter than --ban-for ({})",
+                self.prefix,
+                crate::duration::format(m),
+                crate::duration::format(ban_for)
+            )));
+        }
+        Ok(Some(BanPolicy { ban_for, ban_after, ban_max }))
+    }
+
+    /// A manual ban: a deny entry, with an expiry and perhaps a reason.
+    fn validate_ban(&self, net: IpNet, expires: Option<u64>) -> Result<RuleSpec> {
+        let extra = self.rate.is_some()
+            || self.burst.is_some()
+            || self.key_len.is_some()
+            || self.class_text() != ClassText::default()
+            || self.total_rate.is_some()
+            || self.total_burst.is_some()
+            || self.ban_for.is_some()
+            || self.ban_after.is_some()
+            || self.ban_max.is_some();
+        if extra || self.action.is_some_and(|a| a != Action::Deny) {
+            return Err(Error::Invalid(format!(
+                "ban {net}: a ban drops all of the prefix's traffic; it takes a duration and a reason, nothing else"
+            )));
+        }
+        let Some(expires) = expires else {
+            return Err(Error::Invalid(format!("ban {net}: a ban needs a duration (--for)")));
+        };
+        if let Some(r) = &self.reason
+            && (r.chars().count() > MAX_REASON || r.chars().any(char::is_control))
+        {
+            return Err(Error::Invalid(format!(
+                "ban {net}: the reason must be one line of at most {MAX_REASON} characters"
+            )));
+        }
+        let v6 = net.addr().is_ipv6();
+        Ok(RuleSpec {
+            net,
+            rate: None,
+            burst: 1,
+            action: Action::Deny,
+            key_len: if v6 { DEFAULT_KEY_LEN_V6 } else { DEFAULT_KEY_LEN_V4 },
+            class: Class::default(),
+            total: None,
+            auto_ban: None,
+            ban: Some(self.reason.clone().filter(|r| !r.is_empty())),
+            expires: Some(expires),
+        })
     }
 
     pub fn validate(&self) -> Result<RuleSpec> {
         let net = parse_prefix(&self.prefix)?;
+        let expires = self.expiry()?;
+        match self.ban {
+            Some(true) => return self.validate_ban(net, expires),
+            _ if self.reason.is_some() => {
+                return Err(Error::Invalid(format!("{net}: a reason belongs to a ban (`policer ban`)")));
+            }
+            _ => {}
+        }
         let v6 = net.addr().is_ipv6();
         let class = Class::parse(&self.class_text(), v6)?;
         let action = self.action.unwrap_or(Action::Police);
@@ -240,7 +404,8 @@ impl RuleConfig {
                 net.prefix_len()
             )));
         }
-        let spec = RuleSpec { net, rate, burst, action, key_len, class, total };
+        let auto_ban = self.ban_policy(action)?;
+        let spec = RuleSpec { net, rate, burst, action, key_len, class, total, auto_ban, ban: None, expires };
         spec.kernel(0)?;
         Ok(spec)
     }
@@ -267,12 +432,25 @@ impl RuleSpec {
                 rule.flags |= policer_common::class::RULE_NO_SOURCE;
             }
         }
+        if self.auto_ban.is_some() {
+            rule.flags |= policer_common::ban::RULE_BAN;
+        }
         Ok(rule)
     }
 
     /// The rule's identity.
     pub fn key(&self) -> RuleKey {
-        RuleKey { net: self.net, class: self.class }
+        RuleKey { net: self.net, class: self.class, ban: self.ban.is_some() }
+    }
+
+    /// The kernel's parameters of this rule's automatic bans.
+    pub fn ban_params(&self) -> Option<policer_common::ban::BanParams> {
+        self.auto_ban.map(|b| policer_common::ban::BanParams {
+            ban_for_ns: b.ban_for.as_nanos() as u64,
+            ban_max_ns: b.ban_max.map_or(0, |m| m.as_nanos() as u64),
+            ban_after: b.ban_after,
+            ..Default::default()
+        })
     }
 
     /// The arithmetic of the rule's aggregate bucket, if it has one.
@@ -301,6 +479,13 @@ impl RuleSpec {
             total_burst: self
                 .total
                 .map(|(r, b)| if r.is_bytes() { BurstValue::Text(format!("{b}b")) } else { BurstValue::Count(b) }),
+            ban_for: self.auto_ban.map(|b| crate::duration::format(b.ban_for)),
+            ban_after: self.auto_ban.map(|b| b.ban_after).filter(|n| *n != 1),
+            ban_max: self.auto_ban.and_then(|b| b.ban_max).map(crate::duration::format),
+            ban: self.ban.is_some().then_some(true),
+            reason: self.ban.clone().flatten(),
+            expires: self.expires.map(crate::duration::rfc3339),
+            ttl: None,
         }
         .with_class_text(self.class.text())
         .with_dport_number()

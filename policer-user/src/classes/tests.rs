@@ -149,7 +149,7 @@ fn the_compiled_index_agrees_with_the_rules() {
             }
             let mut candidate = rules.clone();
             let rule = Rule::packets(100, 10).unwrap().with_counter_slot(slot);
-            candidate.push(KernelRule { net, class, rule });
+            candidate.push(KernelRule { net, class, rule, ban: false });
             if check_ties(candidate.iter().map(|r| (&r.net, &r.class))).is_err() {
                 continue;
             }
@@ -195,6 +195,7 @@ fn the_fallback_is_the_next_shorter_prefix_and_class_buckets_are_marked() {
         net: net.parse().unwrap(),
         class,
         rule: Rule::packets(100, 10).unwrap().with_counter_slot(slot),
+        ban: false,
     };
     let rules = vec![r("0.0.0.0/0", Class::default(), 1), r("10.0.0.0/8", class("udp 53 _ _ _"), 2)];
     let c = compile(&rules, &mut Groups::default()).unwrap();
@@ -212,4 +213,51 @@ fn the_fallback_is_the_next_shorter_prefix_and_class_buckets_are_marked() {
         (0..9).map(|i| r("10.0.0.0/8", class(&format!("udp {}-{} _ _ _", 50 - i, 60 + i)), i + 1)).collect();
     let e = compile(&many, &mut Groups::default()).unwrap_err().to_string();
     assert!(e.contains("at most 8"), "{e}");
+}
+
+#[test]
+fn a_manual_ban_overrides_every_rule_under_it_and_gives_them_back() {
+    let rule = |net: &str, class: Class, slot: u32, ban: bool| KernelRule {
+        net: net.parse().unwrap(),
+        class,
+        rule: if ban {
+            Rule::packets(1, 1).unwrap().with_action(policer_common::bucket::Action::Deny).with_counter_slot(slot)
+        } else {
+            Rule::packets(100, 10).unwrap().with_counter_slot(slot)
+        },
+        ban,
+    };
+    let rules = vec![
+        rule("0.0.0.0/0", Class::default(), 1, false),
+        rule("10.0.0.0/8", Class::default(), 2, false),
+        rule("10.1.0.0/16", class("udp 53 _ _ _"), 3, false),
+        rule("10.1.2.0/24", Class::default(), 4, false),
+        rule("2001:db8::/32", Class::default(), 5, false),
+    ];
+    let before = compile(&rules, &mut Groups::default()).unwrap();
+    let mut banned = rules.clone();
+    banned.push(rule("10.1.0.0/16", Class::default(), 6, true));
+    banned.push(rule("10.1.2.3/32", Class::default(), 7, true));
+    let mut groups = Groups::default();
+    let c = compile(&banned, &mut groups).unwrap();
+    let slot = |n: &str| c.prefixes[&n.parse::<IpNet>().unwrap()].counter_slot;
+    // Outside the ban: as before. Under it: the ban's deny, classes gone.
+    assert_eq!(slot("0.0.0.0/0"), 1);
+    assert_eq!(slot("10.0.0.0/8"), 2);
+    assert_eq!(slot("2001:db8::/32"), 5);
+    assert_eq!(slot("10.1.0.0/16"), 6);
+    assert_eq!(slot("10.1.2.0/24"), 6, "a more specific rule under the ban takes the ban's value");
+    assert_eq!(slot("10.1.2.3/32"), 7, "a ban inside a ban is its own");
+    for n in ["10.1.0.0/16", "10.1.2.0/24", "10.1.2.3/32"] {
+        let v = c.prefixes[&n.parse::<IpNet>().unwrap()];
+        assert_eq!((v.action, v.classes), (policer_common::bucket::Action::Deny as u32, 0), "{n}");
+    }
+    assert!(c.index.is_empty() && c.filters.is_empty(), "the covered prefix's classes are not compiled");
+    // The ban ends: everything as it was.
+    let after = compile(&rules, &mut groups).unwrap();
+    assert_eq!(after.prefixes.len(), before.prefixes.len());
+    for (n, v) in &before.prefixes {
+        assert_eq!(after.prefixes[n].counter_slot, v.counter_slot, "{n}");
+    }
+    assert_eq!(after.index.len(), before.index.len());
 }

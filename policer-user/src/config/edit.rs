@@ -216,6 +216,17 @@ fn write_params(t: &mut dyn TableLike, c: &RuleConfig) {
     set(t, "action", c.action.map(|a| Value::from(a.to_string())));
     set(t, "key_len", c.key_len.map(|k| Value::from(i64::from(k))));
     write_total(t, c);
+    write_bans(t, c);
+}
+
+/// Automatic bans, the manual ban mark, its reason, and the expiry.
+fn write_bans(t: &mut dyn TableLike, c: &RuleConfig) {
+    set(t, "ban_for", c.ban_for.clone().map(Value::from));
+    set(t, "ban_after", c.ban_after.map(|n| Value::from(i64::from(n))));
+    set(t, "ban_max", c.ban_max.clone().map(Value::from));
+    set(t, "ban", c.ban.map(Value::from));
+    set(t, "reason", c.reason.clone().map(Value::from));
+    set(t, "expires", c.expires.clone().map(Value::from));
 }
 
 /// The class fields (what identifies the rule with its prefix).
@@ -272,6 +283,9 @@ fn update(t: &mut dyn TableLike, old: &RuleSpec, new: &RuleSpec) {
     }
     if old.total != new.total {
         write_total(t, &c);
+    }
+    if old.auto_ban != new.auto_ban || old.ban != new.ban || old.expires != new.expires {
+        write_bans(t, &c);
     }
 }
 

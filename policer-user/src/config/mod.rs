@@ -126,6 +126,12 @@ impl Config {
         let mut problems = Vec::new();
         for (i, r) in self.rules.iter().enumerate() {
             let at = |m: String| Problem { line: line_of(i), message: format!("rule #{} ({}): {m}", i + 1, r.prefix) };
+            if r.ttl.is_some() {
+                problems.push(at("`ttl` is for the command line (every reload would restart it); write \
+                     expires = \"2026-11-25T01:02:03Z\" (UTC) instead"
+                    .into()));
+                continue;
+            }
             match r.validate() {
                 Ok(spec) => {
                     if out.insert(spec.key(), spec.clone()).is_some() {

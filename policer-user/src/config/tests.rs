@@ -47,7 +47,7 @@ fn with(mut rules: BTreeMap<RuleKey, RuleSpec>, r: RuleSpec) -> BTreeMap<RuleKey
 }
 
 fn without(mut rules: BTreeMap<RuleKey, RuleSpec>, prefix: &str) -> BTreeMap<RuleKey, RuleSpec> {
-    let key = RuleKey { net: prefix.parse::<IpNet>().unwrap(), class: Default::default() };
+    let key = RuleKey { net: prefix.parse::<IpNet>().unwrap(), class: Default::default(), ban: false };
     rules.remove(&key).expect("rule exists");
     rules
 }

@@ -192,6 +192,7 @@ impl Daemon {
                     net: k.net,
                     class: k.class,
                     rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
+                    ban: k.ban,
                 })
             })
             .collect::<Result<Vec<_>>>()

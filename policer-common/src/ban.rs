@@ -1,0 +1,11 @@
+//! STUB (lead's placeholder until the kernel-bans branch lands).
+pub const RULE_BAN: u32 = 1 << 8;
+pub const MAX_BAN_AFTER: u32 = 1 << 18;
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BanParams {
+    pub ban_for_ns: u64,
+    pub ban_max_ns: u64,
+    pub ban_after: u32,
+    pub _pad: u32,
+}
