@@ -9,3 +9,13 @@ pub struct BanParams {
     pub ban_after: u32,
     pub _pad: u32,
 }
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ban {
+    pub end_ns: u64,
+    pub len_ns: u64,
+    pub start_ns: u64,
+    pub drops: u64,
+    pub rule_slot: u32,
+    pub count: u32,
+}

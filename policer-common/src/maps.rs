@@ -303,6 +303,10 @@ pub struct Counters {
     pub total_drops: u64,
     /// Frames whose prefix has classes that one of them matched.
     pub class_matched: u64,
+    /// Automatic bans started (STUB until the kernel side lands).
+    pub bans_started: u64,
+    pub ban_drops: u64,
+    pub bans_refused_full: u64,
 }
 
 impl Counters {
@@ -325,7 +329,7 @@ impl Counters {
         add_fields!(self, o; passed_pkts, passed_bytes, dropped_pkts, dropped_bytes, would_drop_pkts,
             would_drop_bytes, unmatched_pkts, non_ip_pkts, malformed_pkts, fragment_pkts, buckets_created,
             bucket_insert_failed, cas_retries, cas_exhausted, new_sources_limited, recall_known, recall_debt_drops,
-            recall_stored, total_drops, class_matched);
+            recall_stored, total_drops, class_matched, bans_started, ban_drops, bans_refused_full);
     }
 }
 
@@ -485,7 +489,7 @@ const _: () = {
     assert!(core::mem::size_of::<crate::class::ClassFilter>() == 160);
     assert!(core::mem::size_of::<crate::recall::RecallSet>() == 64);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 80);
-    assert!(core::mem::size_of::<Counters>() == 20 * 8);
+    assert!(core::mem::size_of::<Counters>() == 23 * 8);
     assert!(core::mem::size_of::<NewSources>() == 32);
     assert!(core::mem::size_of::<RuleCounters>() == 8 * 8);
 };

@@ -38,7 +38,8 @@ pub fn lock_path() -> Result<PathBuf> {
 /// Version of the request/reply format. A CLI and a daemon of different
 /// versions refuse each other plainly instead of misreading fields.
 /// 3: rules have classes (rule rm names one, views show them).
-pub const PROTOCOL: u32 = 3;
+/// 4: bans (ban, unban, ban ls), rules with ban options and expiries.
+pub const PROTOCOL: u32 = 4;
 
 /// The largest request the daemon reads (a rule is a few hundred bytes).
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
@@ -73,13 +74,33 @@ pub enum Request {
     Inspect {
         addr: std::net::IpAddr,
     },
+    /// `policer ban`: the prefix, `ttl` (the duration) and the reason.
+    Ban {
+        rule: RuleConfig,
+        #[serde(default)]
+        runtime: bool,
+    },
+    Unban {
+        prefix: String,
+        #[serde(default)]
+        runtime: bool,
+    },
+    BanLs,
 }
 
 impl Request {
     /// Whether the request changes state (a timeout then leaves it unknown
     /// whether the change was applied).
     pub fn changes(&self) -> bool {
-        matches!(self, Request::RuleSet { .. } | Request::RuleRm { .. } | Request::Detach { .. } | Request::Reload)
+        matches!(
+            self,
+            Request::RuleSet { .. }
+                | Request::RuleRm { .. }
+                | Request::Detach { .. }
+                | Request::Reload
+                | Request::Ban { .. }
+                | Request::Unban { .. }
+        )
     }
 }
 
@@ -106,6 +127,9 @@ pub enum Reply {
     Stats(Box<StatsView>),
     Top(TopView),
     Inspect(Box<InspectView>),
+    Bans {
+        bans: Vec<BanView>,
+    },
     /// Refused: nothing changed.
     Refused {
         error: String,
@@ -121,9 +145,36 @@ impl Reply {
             Reply::Stats(_) => "stats",
             Reply::Top(_) => "top",
             Reply::Inspect(_) => "inspect",
+            Reply::Bans { .. } => "bans",
             Reply::Refused { .. } => "refused",
         }
     }
+}
+
+/// A ban in force, as `policer ban ls` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BanView {
+    /// The banned prefix (a manual ban) or source key (an automatic one).
+    pub prefix: String,
+    /// `manual` or `auto`.
+    pub origin: String,
+    /// The rule whose bucket the source exceeded (automatic bans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the ban ends (RFC 3339 UTC) and the seconds left.
+    pub expires: String,
+    pub left_seconds: f64,
+    /// Frames dropped while banned: exact for a manual ban; for an
+    /// automatic ban an estimate from sampled counts.
+    pub dropped_pkts: u64,
+    /// How many times this source was banned in a row (escalation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    /// The length of this ban, seconds (automatic bans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_seconds: Option<f64>,
 }
 
 /// Packet counters as `stats --json` shows them (stable field names).
@@ -266,6 +317,26 @@ pub struct StatsView {
     /// The config file in force and how its last reload went.
     #[serde(default)]
     pub config: ConfigStatus,
+    #[serde(default)]
+    pub bans: BanStats,
+}
+
+/// Bans now and since the program was loaded (`policer_ban*` on /metrics).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BanStats {
+    /// Manual bans in force, and the frames they dropped.
+    pub manual_active: u64,
+    pub manual_dropped_packets: u64,
+    /// Automatic bans in force, started, the frames they dropped (exact),
+    /// and bans not made because the store was full.
+    pub auto_active: u64,
+    pub auto_started: u64,
+    pub auto_dropped_packets: u64,
+    pub auto_refused_full: u64,
+    /// Entries the automatic-ban store holds at most (live bans and those
+    /// in their escalation window).
+    pub auto_capacity: u64,
+    pub auto_stored: u64,
 }
 
 /// The config file the daemon runs from (`policer_config_*` on /metrics).
@@ -391,6 +462,21 @@ pub struct RuleView {
     /// removed with `rule rm --runtime`; back at the next start or reload).
     #[serde(default = "yes")]
     pub in_force: bool,
+    /// A manual ban (`policer ban`), not a rule.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ban: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Automatic bans (`--ban-for`, `--ban-after`, `--ban-max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_for: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_after: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_max: Option<String>,
+    /// When the entry is removed (RFC 3339 UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -462,7 +548,13 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
         Reply::Refused { error } => Err(Error::Refused(error)),
         r => {
             let want = match req {
-                Request::RuleSet { .. } | Request::RuleRm { .. } | Request::Detach { .. } | Request::Reload => "done",
+                Request::RuleSet { .. }
+                | Request::RuleRm { .. }
+                | Request::Detach { .. }
+                | Request::Reload
+                | Request::Ban { .. }
+                | Request::Unban { .. } => "done",
+                Request::BanLs => "bans",
                 Request::RuleLs => "rules",
                 Request::Status => "status",
                 Request::Stats => "stats",

@@ -1027,3 +1027,30 @@ mod tests {
         assert_eq!(parse_hz("CONFIG_HZ_PERIODIC=y\n"), None);
     }
 }
+
+// STUB (lead's placeholder until the kernel-bans branch lands).
+impl Policer {
+    pub fn set_ban_params(&mut self, _slot: u32, _params: Option<&policer_common::ban::BanParams>) -> Result<()> {
+        Ok(())
+    }
+    pub fn lift_ban(&mut self, _key: &policer_common::BucketKeyV6) -> Result<bool> {
+        Ok(false)
+    }
+    pub fn expire_bans(
+        &mut self,
+        _now_ns: u64,
+    ) -> Result<Vec<(policer_common::BucketKeyV6, policer_common::ban::Ban)>> {
+        Ok(Vec::new())
+    }
+    pub fn ban_capacity(&self) -> u32 {
+        0
+    }
+}
+impl MapReader {
+    pub fn ban_capacity(&self) -> u32 {
+        0
+    }
+    pub fn bans(&self) -> Result<Vec<(policer_common::BucketKeyV6, policer_common::ban::Ban)>> {
+        Ok(Vec::new())
+    }
+}

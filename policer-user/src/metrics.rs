@@ -38,6 +38,11 @@ struct Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BanOrigin {
+    origin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleVerdict {
     rule: String,
     /// The rule's class (`udp dport 53`; `-` for none): one value per rule,
@@ -180,6 +185,34 @@ pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
     reg.register("bucket_table_capacity", "Capacity of the bucket table (--max-sources)", gauge(s.table.capacity));
     reg.register("bucket_table_live", "Buckets in the table now", gauge(live));
     reg.register("rules", "Rules installed", gauge(s.rules.len() as u64));
+    let b = &s.bans;
+    let by_origin = |manual: u64, auto: u64| {
+        let f = Family::<BanOrigin, Gauge>::default();
+        f.get_or_create(&BanOrigin { origin: "manual".into() }).set(manual as i64);
+        f.get_or_create(&BanOrigin { origin: "auto".into() }).set(auto as i64);
+        f
+    };
+    reg.register(
+        "bans_active",
+        "Bans in force, by origin (manual: `policer ban`; auto: --ban-for)",
+        by_origin(b.manual_active, b.auto_active),
+    );
+    let dropped = Family::<BanOrigin, Counter>::default();
+    dropped.get_or_create(&BanOrigin { origin: "manual".into() }).inc_by(b.manual_dropped_packets);
+    dropped.get_or_create(&BanOrigin { origin: "auto".into() }).inc_by(b.auto_dropped_packets);
+    reg.register("ban_dropped_packets", "Frames dropped by bans, by origin", dropped);
+    reg.register("bans_started", "Automatic bans started", counter(b.auto_started));
+    reg.register(
+        "bans_refused_full",
+        "Automatic bans not made because the ban store was full (the source stays policed)",
+        counter(b.auto_refused_full),
+    );
+    reg.register("ban_store_capacity", "Entries the automatic-ban store holds at most", gauge(b.auto_capacity));
+    reg.register(
+        "ban_store_entries",
+        "Entries in the automatic-ban store (bans in force and those in their escalation window)",
+        gauge(b.auto_stored),
+    );
     let info = Family::<ConfigLabel, Gauge>::default();
     info.get_or_create(&ConfigLabel { sha256: s.config.sha256.clone() }).set(1);
     reg.register("config_info", "The config file in force, by the sha256 of its bytes", info);

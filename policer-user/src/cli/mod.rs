@@ -2,6 +2,7 @@
 //! only parses and runs [`Cli`].
 
 mod attach;
+mod ban;
 mod check;
 mod detach;
 mod docs;
@@ -40,6 +41,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: rule::Cmd,
     },
+    /// Ban a prefix for a while (`ban PREFIX --for 1h`), or list the bans
+    /// in force (`ban ls`).
+    Ban(ban::Args),
+    /// Lift a ban: a manual one, and the automatic bans of sources in the prefix.
+    Unban(ban::UnbanArgs),
     /// Re-read the config file; applied only if all of it is valid.
     Reload,
     /// Validate a config file (no root, no daemon): what it would install, or every problem.
@@ -72,6 +78,7 @@ impl Cli {
             Cmd::Inspect(a) => a.json,
             Cmd::Check(a) => a.json,
             Cmd::Rule { cmd: rule::Cmd::Ls { json } } => *json,
+            Cmd::Ban(a) => a.json(),
             _ => false,
         }
     }
@@ -93,6 +100,8 @@ impl Cli {
             Cmd::Attach(a) => attach::run(a),
             Cmd::Detach(a) => detach::run(a),
             Cmd::Rule { cmd } => rule::run(cmd),
+            Cmd::Ban(a) => ban::run(a),
+            Cmd::Unban(a) => ban::unban(a),
             Cmd::Reload => reload::run(),
             Cmd::Check(a) => check::run(a),
             Cmd::Status(a) => status::run(a),

@@ -79,6 +79,23 @@ pub enum Cmd {
         /// Burst of the aggregate bucket: packets, or bytes for a bit rate.
         #[arg(long, allow_hyphen_values = true)]
         total_burst: Option<String>,
+        /// Ban a source whose bucket refuses --ban-after frames since it
+        /// was last admitted, for this long (500ms, 30s, 10m, 1h, 7d): its
+        /// frames are dropped without touching its bucket until the ban
+        /// ends; then it has its full burst again.
+        #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
+        ban_for: Option<String>,
+        /// Refused frames that start a ban (default 1: the first).
+        #[arg(long, allow_hyphen_values = true, value_name = "N")]
+        ban_after: Option<String>,
+        /// A source banned again within twice its last ban's length is
+        /// banned twice as long, up to this (default: no growth).
+        #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
+        ban_max: Option<String>,
+        /// Remove the rule this long from now (its sources fall to the next
+        /// rule); kept across restarts as an absolute time.
+        #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
+        ttl: Option<String>,
         /// Apply to the kernel only, without writing the config file (for
         /// when it cannot be written: a full disk, a read-only /etc). Shown
         /// as not persisted in `rule ls` and `status`; gone at the next
@@ -104,11 +121,31 @@ pub enum Cmd {
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Set { cidr, class, rate, burst, action, key_len, total_rate, total_burst, runtime } => {
+        Cmd::Set {
+            cidr,
+            class,
+            rate,
+            burst,
+            action,
+            key_len,
+            total_rate,
+            total_burst,
+            ban_for,
+            ban_after,
+            ban_max,
+            ttl,
+            runtime,
+        } => {
             let key_len = match key_len {
                 Some(k) => Some(
                     k.parse::<u32>().map_err(|_| anyhow::anyhow!("invalid --key-len '{k}': not a number of bits"))?,
                 ),
+                None => None,
+            };
+            let ban_after = match ban_after {
+                Some(n) => Some(n.parse::<u32>().map_err(|_| {
+                    anyhow::anyhow!("invalid --ban-after '{n}': not a count of refused frames (1, 2, ...)")
+                })?),
                 None => None,
             };
             let rule = RuleConfig {
@@ -118,6 +155,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 key_len,
                 total_rate,
                 total_burst: total_burst.map(BurstValue::Text),
+                ban_for,
+                ban_after,
+                ban_max,
+                ttl,
                 ..class.rule(&cidr)?
             };
             // Validate here too, so bad input fails even with no daemon.
@@ -136,12 +177,35 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The BANS column: a manual ban and its reason, or a rule's automatic bans.
+fn bans_text(r: &RuleView) -> String {
+    if r.ban {
+        return match &r.reason {
+            Some(why) => format!("manual ban: {why}"),
+            None => "manual ban".into(),
+        };
+    }
+    match &r.ban_for {
+        Some(f) => {
+            let mut s = format!("{f} after {}", r.ban_after.unwrap_or(1));
+            if let Some(m) = &r.ban_max {
+                s.push_str(&format!(", up to {m}"));
+            }
+            s
+        }
+        None => "-".into(),
+    }
+}
+
 fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(rules)?);
         return Ok(());
     }
-    let mut t = crate::report::table(&["PREFIX", "CLASS", "ACTION", "RATE", "BURST", "TOTAL", "KEY-LEN", "SAVED"], 2);
+    let mut t = crate::report::table(
+        &["PREFIX", "CLASS", "ACTION", "RATE", "BURST", "TOTAL", "KEY-LEN", "BANS", "EXPIRES", "SAVED"],
+        2,
+    );
     for r in rules {
         let burst = r.burst.map(|b| format!("{b} {}", if r.unit == "bytes" { "B" } else { "pkt" }));
         let total = r.total_rate.as_ref().map(|t| format!("{t}, burst {}", r.total_burst.unwrap_or(0)));
@@ -153,6 +217,8 @@ fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
             burst.unwrap_or_else(|| "-".into()),
             total.unwrap_or_else(|| "-".into()),
             r.key_len.to_string(),
+            bans_text(r),
+            r.expires.clone().unwrap_or_else(|| "-".into()),
             match (r.in_force, r.persisted) {
                 (false, _) => "not in force (removed with --runtime)",
                 (true, true) => "yes",

@@ -19,6 +19,7 @@
 //!   the program attached and policing, as with `--persist`.
 
 mod adopt;
+mod bans;
 mod follow;
 mod owner;
 mod ruleset;
@@ -124,6 +125,9 @@ pub struct Daemon {
     /// The sha256 of a file a followed reload refused: not tried again
     /// until the file changes.
     refused_sha: Option<String>,
+    /// Whether a tick changed the rules (the snapshot is then published).
+    changed: bool,
+    ban_log: bans::BanLog,
 }
 
 impl Daemon {
@@ -299,8 +303,13 @@ async fn event_loop(
     let mut prev = counters(&views).unwrap_or_default();
     let mut prev_at = Instant::now();
     let mut owner_alive = views.subscribe();
+    // Expiries and automatic bans: a tick 10 times a second, dropped
+    // while the owner is busy (it comes back when it is not).
+    let mut expiry = tokio::time::interval(Duration::from_millis(100));
+    expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = expiry.tick() => owner.tick(),
             r = owner_alive.changed() => if r.is_err() {
                 // The owner thread ended without being asked (a panic): its
                 // state went with it, and `Daemon`'s drop detached (or left

@@ -41,6 +41,18 @@ pub enum Command {
     Detach {
         iface: String,
     },
+    /// `policer ban`: a manual ban (the rule config of one).
+    Ban {
+        rule: RuleConfig,
+        runtime: bool,
+    },
+    Unban {
+        prefix: String,
+        runtime: bool,
+    },
+    /// Periodic: removes what expired, and follows automatic bans (logs
+    /// their starts and ends, forgets those past their escalation window).
+    Tick,
     /// Leave: detach (unless --persist) and end the thread.
     Shutdown,
 }
@@ -65,6 +77,8 @@ pub struct Owner {
     /// Set when the daemon is leaving: queued changes are refused, not
     /// applied, so the shutdown does not wait behind them.
     stopping: Arc<AtomicBool>,
+    /// A tick is queued and not yet handled.
+    tick_pending: Arc<AtomicBool>,
 }
 
 /// Commands waiting for the owner at most; past that a request is refused
@@ -83,6 +97,18 @@ impl Owner {
             return Outcome { result: Err(Error::Invalid(why.into())), exit: false };
         }
         rx.await.unwrap_or(Outcome { result: Err(Error::Invalid("the daemon is shutting down".into())), exit: false })
+    }
+
+    /// Queues a [`Command::Tick`] unless the owner is busy (a tick then
+    /// comes later; ticks never pile up behind a long change).
+    pub fn tick(&self) {
+        if self.tick_pending.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (reply, _) = oneshot::channel();
+        if self.tx.try_send(Job { cmd: Command::Tick, reply }).is_err() {
+            self.tick_pending.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Asks the owner to leave, ahead of any queued change, and waits at
@@ -146,6 +172,9 @@ impl Daemon {
     fn handle(&mut self, cmd: Command) -> Outcome {
         let done = |result| Outcome { result, exit: false };
         match cmd {
+            Command::Ban { rule, runtime } => done(self.ban(&rule, runtime)),
+            Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
+            Command::Tick => done(self.tick().map(|_| String::new())),
             Command::RuleSet { rule, runtime } => done(self.rule_set(&rule, runtime)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
             Command::Reload => done(self.reload()),
@@ -170,6 +199,8 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
     let (tx, mut rx) = mpsc::channel::<Job>(QUEUE);
     let stopping = Arc::new(AtomicBool::new(false));
     let stop = stopping.clone();
+    let tick_pending = Arc::new(AtomicBool::new(false));
+    let pending = tick_pending.clone();
     let handle = thread::Builder::new().name("policer-owner".into()).spawn(move || {
         while let Some(Job { cmd, reply }) = rx.blocking_recv() {
             let last = matches!(cmd, Command::Shutdown);
@@ -180,8 +211,16 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                 });
                 continue;
             }
+            let tick = matches!(cmd, Command::Tick);
+            if tick {
+                pending.store(false, Ordering::SeqCst);
+            }
             let outcome = daemon.handle(cmd);
-            snapshot.send_replace(daemon.snapshot());
+            // A tick that changed nothing publishes nothing (a snapshot
+            // copies every rule).
+            if !tick || daemon.take_changed() {
+                snapshot.send_replace(daemon.snapshot());
+            }
             let _ = reply.send(outcome);
             if last {
                 return;
@@ -192,5 +231,5 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
             eprintln!("policer: {e}");
         }
     })?;
-    Ok((Owner { tx, stopping }, handle))
+    Ok((Owner { tx, stopping, tick_pending }, handle))
 }

@@ -280,7 +280,7 @@ impl Daemon {
     /// keeps it so: the new file is staged (a hand edit, a full disk or a
     /// read-only file refuses the change before the kernel is touched),
     /// then the kernel changes, then the file is put in place.
-    fn change(&mut self, runtime: bool, edit: impl Fn(&mut BTreeMap<RuleKey, RuleSpec>)) -> Result<()> {
+    pub(super) fn change(&mut self, runtime: bool, edit: impl Fn(&mut BTreeMap<RuleKey, RuleSpec>)) -> Result<()> {
         if !runtime && self.file.read_only() {
             return Err(Error::Invalid(format!(
                 "{} is read-only (a ConfigMap or a read-only mount: change the file at its source, \
@@ -379,7 +379,8 @@ impl Daemon {
 
     fn reload_file(&mut self) -> Result<String> {
         let snap = self.file.read()?;
-        let want = snap.rules.clone();
+        let mut want = snap.rules.clone();
+        super::bans::drop_expired(&mut want);
         if want.is_empty() {
             return Err(Error::Invalid(format!("{}: no rules; nothing changed", self.file.path().display())));
         }
@@ -432,7 +433,8 @@ pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, slot: u32) -> Result<()>
         Some(r) => NewSources::for_rule(r, spec.burst, p.max_sources()?, monotonic_ns()),
         None => NewSources::default(),
     };
-    p.set_new_sources(slot, &ns)
+    p.set_new_sources(slot, &ns)?;
+    p.set_ban_params(slot, spec.ban_params().as_ref())
 }
 
 #[cfg(test)]

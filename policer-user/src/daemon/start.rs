@@ -122,6 +122,9 @@ impl Daemon {
     /// limiters or counters, not the file (see the module's comment).
     pub fn start(args: &DaemonArgs) -> Result<Daemon> {
         let (file, mut specs) = ConfigFile::open(&args.config)?;
+        // Rules and bans that expired while no daemon ran stay expired (the
+        // next write of the file drops them).
+        super::bans::drop_expired(&mut specs);
         let cfg = file.config().clone();
         if let Some(rate) = args.rate {
             for s in default_rules(rate, &args.burst)? {
@@ -385,6 +388,8 @@ impl Daemon {
             reload_ok: true,
             reload_at: super::unix_now(),
             refused_sha: None,
+            changed: false,
+            ban_log: Default::default(),
         };
         let mut undo = Undo::new(new_prog, maps)?;
 

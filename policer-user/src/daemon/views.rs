@@ -21,8 +21,8 @@ use tokio::sync::watch;
 use super::monotonic_ns;
 use crate::{
     control::{
-        CountersView, IfaceStats, InspectView, RuleStats, RuleView, StatsView, StatusView, TableStats, TopEntry,
-        TopView,
+        BanView, CountersView, IfaceStats, InspectView, RuleStats, RuleView, StatsView, StatusView, TableStats,
+        TopEntry, TopView,
     },
     error::Result,
     loader::MapReader,
@@ -134,6 +134,12 @@ impl Views {
                 key_len: s.key_len,
                 persisted,
                 in_force,
+                ban: s.ban.is_some(),
+                reason: s.ban.clone().flatten(),
+                ban_for: s.auto_ban.map(|b| crate::duration::format(b.ban_for)),
+                ban_after: s.auto_ban.map(|b| b.ban_after),
+                ban_max: s.auto_ban.and_then(|b| b.ban_max).map(crate::duration::format),
+                expires: s.expires.map(crate::duration::rfc3339),
             }
         };
         let mut out: Vec<RuleView> = snap.rules.values().map(|r| view(&r.spec, r.persisted, true)).collect();
@@ -177,7 +183,8 @@ impl Views {
             .iter()
             .map(|(key, r)| RuleStats {
                 prefix: key.net.to_string(),
-                class: key.class.to_string(),
+                // A manual ban beside the prefix's rule: its own label.
+                class: if key.ban { "ban".into() } else { key.class.to_string() },
                 action: r.spec.action.to_string(),
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
                 rates: None,
@@ -192,6 +199,7 @@ impl Views {
             recall_capacity: fill.capacity,
             recall_live: fill.live,
         };
+        let bans = self.ban_stats(&snap, &rc, &total, time_ns)?;
         Ok(StatsView {
             time_ns,
             totals: iface_stats("total", 0, &total),
@@ -199,7 +207,72 @@ impl Views {
             rules,
             table,
             config: snap.config_status.clone(),
+            bans,
         })
+    }
+
+    fn ban_stats(
+        &self,
+        snap: &Snapshot,
+        rc: &BTreeMap<u32, RuleCounters>,
+        total: &Counters,
+        now_ns: u64,
+    ) -> Result<crate::control::BanStats> {
+        let manual: Vec<&RuleRow> = snap.rules.iter().filter(|(k, _)| k.ban).map(|(_, r)| r).collect();
+        let stored = self.reader.bans()?;
+        Ok(crate::control::BanStats {
+            manual_active: manual.len() as u64,
+            manual_dropped_packets: manual.iter().map(|r| rc.get(&r.slot).map_or(0, |c| c.dropped_pkts)).sum(),
+            auto_active: stored.iter().filter(|(_, b)| b.end_ns > now_ns).count() as u64,
+            auto_started: total.bans_started,
+            auto_dropped_packets: total.ban_drops,
+            auto_refused_full: total.bans_refused_full,
+            auto_capacity: self.reader.ban_capacity() as u64,
+            auto_stored: stored.len() as u64,
+        })
+    }
+
+    /// `policer ban ls`: manual bans (from the rules in force) and the
+    /// automatic bans in force (from the program's store), soonest end
+    /// first.
+    pub fn bans(&self) -> Result<Vec<BanView>> {
+        let snap = self.snap();
+        let (now_ms, now_ns) = (crate::duration::unix_ms(), monotonic_ns());
+        let rc: BTreeMap<u32, RuleCounters> = self.reader.rule_counters()?.into_iter().collect();
+        let mut out = Vec::new();
+        for (k, r) in snap.rules.iter().filter(|(k, _)| k.ban) {
+            let expires = r.spec.expires.unwrap_or(now_ms);
+            out.push(BanView {
+                prefix: k.net.to_string(),
+                origin: "manual".into(),
+                rule: None,
+                reason: r.spec.ban.clone().flatten(),
+                expires: crate::duration::rfc3339(expires),
+                left_seconds: expires.saturating_sub(now_ms) as f64 / 1000.0,
+                dropped_pkts: rc.get(&r.slot).map_or(0, |c| c.dropped_pkts),
+                count: None,
+                length_seconds: None,
+            });
+        }
+        for (k, b) in self.reader.bans()? {
+            if b.end_ns <= now_ns {
+                continue;
+            }
+            let left_ns = b.end_ns - now_ns;
+            out.push(BanView {
+                prefix: super::bans::key_text(&k),
+                origin: "auto".into(),
+                rule: snap.rules.iter().find(|(_, r)| r.slot == b.rule_slot).map(|(k, _)| k.to_string()),
+                reason: None,
+                expires: crate::duration::rfc3339(now_ms + left_ns / 1_000_000),
+                left_seconds: left_ns as f64 / 1e9,
+                dropped_pkts: b.drops,
+                count: Some(b.count),
+                length_seconds: Some(b.len_ns as f64 / 1e9),
+            });
+        }
+        out.sort_by(|a, b| a.left_seconds.total_cmp(&b.left_seconds).then_with(|| a.prefix.cmp(&b.prefix)));
+        Ok(out)
     }
 
     /// The `n` sources with the most debt and the most drops.
@@ -395,7 +468,7 @@ fn rule_for(snap: &Snapshot, k: &BucketKey) -> Option<RuleKey> {
     let addr = key_addr(k);
     snap.rules
         .keys()
-        .filter(|key| key.class.is_none() && key.net.contains(&addr))
+        .filter(|key| key.class.is_none() && !key.ban && key.net.contains(&addr))
         .max_by_key(|key| key.net.prefix_len())
         .copied()
 }

@@ -122,5 +122,10 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
         Request::Inspect { addr } => {
             (blocking(move || views.inspect(addr)).await.map_or_else(refused, |v| Reply::Inspect(Box::new(v))), false)
         }
+        Request::Ban { rule, runtime } => change(Command::Ban { rule, runtime }).await,
+        Request::Unban { prefix, runtime } => change(Command::Unban { prefix, runtime }).await,
+        Request::BanLs => {
+            (blocking(move || views.bans()).await.map_or_else(refused, |bans| Reply::Bans { bans }), false)
+        }
     }
 }

@@ -1,0 +1,107 @@
+//! `policer ban PREFIX --for DURATION`, `policer ban ls`, `policer unban PREFIX`.
+
+use clap::{Args as ClapArgs, Subcommand};
+
+use super::{call, done};
+use crate::{
+    control::{BanView, Reply, Request},
+    rules::RuleConfig,
+};
+
+#[derive(ClapArgs)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct Args {
+    /// The prefix or address to ban: every frame from it is dropped, whatever
+    /// rule it (or a more specific prefix) has, until the ban ends.
+    #[arg(required = true)]
+    cidr: Option<String>,
+    /// How long: 500ms, 30s, 10m, 1h, 7d (kept across restarts as an
+    /// absolute time).
+    #[arg(long = "for", value_name = "DURATION", allow_hyphen_values = true, required = true)]
+    duration: Option<String>,
+    /// Why, for `ban ls` and the config file (one line).
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
+    reason: Option<String>,
+    /// Apply to the kernel only, without writing the config file (gone at
+    /// the next start or reload).
+    #[arg(long)]
+    runtime: bool,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// List the bans in force: manual ones and automatic ones (--ban-for).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(ClapArgs)]
+pub struct UnbanArgs {
+    /// A manual ban's prefix; automatic bans of sources in it are lifted too.
+    cidr: String,
+    /// Lift in the kernel only; the config file keeps a manual ban.
+    #[arg(long)]
+    runtime: bool,
+}
+
+impl Args {
+    pub fn json(&self) -> bool {
+        matches!(self.cmd, Some(Cmd::Ls { json: true }))
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if let Some(Cmd::Ls { json }) = a.cmd {
+        let Reply::Bans { bans } = call(Request::BanLs)? else { unreachable!("checked by control::call") };
+        return print_bans(&bans, json);
+    }
+    let (Some(cidr), Some(ttl)) = (a.cidr, a.duration) else {
+        anyhow::bail!("usage: policer ban PREFIX --for DURATION [--reason TEXT]");
+    };
+    let rule = RuleConfig { prefix: cidr, ban: Some(true), ttl: Some(ttl), reason: a.reason, ..RuleConfig::default() };
+    // Bad input fails here too, with no daemon.
+    rule.validate()?;
+    println!("policer: {}", done(call(Request::Ban { rule, runtime: a.runtime })?));
+    Ok(())
+}
+
+pub fn unban(a: UnbanArgs) -> anyhow::Result<()> {
+    crate::rules::parse_prefix(&a.cidr)?;
+    println!("policer: {}", done(call(Request::Unban { prefix: a.cidr, runtime: a.runtime })?));
+    Ok(())
+}
+
+fn print_bans(bans: &[BanView], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(bans)?);
+        return Ok(());
+    }
+    if bans.is_empty() {
+        println!("no bans in force");
+        return Ok(());
+    }
+    let mut t = crate::report::table(&["PREFIX", "ORIGIN", "REASON", "EXPIRES", "LEFT", "DROPPED"], 5);
+    for b in bans {
+        let origin = match (&b.origin[..], &b.rule, b.count) {
+            ("auto", Some(r), Some(n)) if n > 1 => format!("auto ({r}; ban #{n})"),
+            ("auto", Some(r), _) => format!("auto ({r})"),
+            (o, _, _) => o.to_string(),
+        };
+        let left = crate::duration::format(std::time::Duration::from_millis((b.left_seconds * 1000.0) as u64));
+        let dropped = if b.origin == "auto" { format!("~{}", b.dropped_pkts) } else { b.dropped_pkts.to_string() };
+        t.add_row(vec![
+            b.prefix.clone(),
+            origin,
+            b.reason.clone().unwrap_or_else(|| "-".into()),
+            b.expires.clone(),
+            left,
+            dropped,
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}

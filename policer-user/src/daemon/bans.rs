@@ -1,0 +1,242 @@
+//! Bans and expiries on the owner thread: `policer ban` and `unban`, the
+//! periodic tick that removes expired rules and bans, and the log of
+//! automatic bans (which the program starts itself, in the `BANS` store).
+//!
+//! A manual ban is an entry of the rule set ([`RuleKey::ban`]): it takes a
+//! counter slot, is written to the config file with its absolute expiry,
+//! and is compiled into the tries as a deny that overrides every rule under
+//! its prefix (see [`crate::classes::compile`]). It is in force when the
+//! change returns, like any rule change.
+
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use ipnet::IpNet;
+use policer_common::{BucketKey, BucketKeyV6, ban::Ban};
+
+use super::{Daemon, monotonic_ns};
+use crate::{
+    duration,
+    error::{Error, Result},
+    rules::{RuleConfig, RuleKey, parse_prefix},
+};
+
+/// How often the automatic bans are read (to log their starts and ends,
+/// and forget those whose escalation window is over).
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// Log lines about automatic bans per scan at most; the rest are counted
+/// in one line (a flood of bans must not flood the log).
+const LOG_LINES_PER_SCAN: usize = 10;
+
+/// What the daemon remembers of automatic bans between scans.
+#[derive(Default)]
+pub(super) struct BanLog {
+    /// Bans seen in force: their start and end (program clock, ns).
+    seen: HashMap<BucketKeyV6, (u64, u64)>,
+    last_scan: Option<Instant>,
+    /// When an expiry last failed (logged once a minute at most).
+    expiry_failed: Option<Instant>,
+}
+
+/// The source (or source prefix) of a ban's key, as an address and length.
+pub(crate) fn key_net(k: &BucketKeyV6) -> Option<IpNet> {
+    let b = BucketKey::from(*k);
+    let addr: IpAddr = if b.family == policer_common::FAMILY_V4 {
+        std::net::Ipv4Addr::new(b.addr[0], b.addr[1], b.addr[2], b.addr[3]).into()
+    } else {
+        std::net::Ipv6Addr::from(b.addr).into()
+    };
+    IpNet::new(addr, b.key_len as u8).ok()
+}
+
+/// A ban key as text: the source, or its prefix when the rule groups sources.
+pub(crate) fn key_text(k: &BucketKeyV6) -> String {
+    match key_net(k) {
+        Some(n) if n.prefix_len() == n.max_prefix_len() => n.addr().to_string(),
+        Some(n) => n.to_string(),
+        None => "?".into(),
+    }
+}
+
+/// Leaves out the rules and bans whose expiry has passed.
+pub(super) fn drop_expired(specs: &mut std::collections::BTreeMap<RuleKey, crate::rules::RuleSpec>) {
+    let now = duration::unix_ms();
+    specs.retain(|_, s| s.expires.is_none_or(|e| e > now));
+}
+
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+impl Daemon {
+    /// `policer ban PREFIX --for DURATION [--reason TEXT]`.
+    pub(super) fn ban(&mut self, rc: &RuleConfig, runtime: bool) -> Result<String> {
+        if rc.ttl.is_none() {
+            return Err(Error::Invalid(format!("ban {}: a ban needs a duration (--for)", rc.prefix)));
+        }
+        let mut rc = rc.clone();
+        rc.ban = Some(true);
+        let spec = rc.validate()?;
+        let key = spec.key();
+        let replaced = self.rules.contains_key(&key);
+        self.change(runtime, |want| {
+            want.insert(key, spec.clone());
+        })?;
+        self.changed = true;
+        let until = spec.expires.map(duration::rfc3339).unwrap_or_default();
+        let what = if replaced { "ban replaced" } else { "banned" };
+        let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
+        Ok(format!("{what}: {} until {until} ({} from now){note}", key.net, rc.ttl.as_deref().unwrap_or("")))
+    }
+
+    /// `policer unban PREFIX`: the manual ban of exactly that prefix, and
+    /// every automatic ban of a source in it (or of a source prefix that
+    /// holds it). Nothing to lift is an error.
+    pub(super) fn unban(&mut self, prefix: &str, runtime: bool) -> Result<String> {
+        let net = parse_prefix(prefix)?;
+        let key = RuleKey { net, class: Default::default(), ban: true };
+        let manual = self.rules.contains_key(&key) || (!runtime && self.file_rules.contains_key(&key));
+        let now = monotonic_ns();
+        let autos: Vec<BucketKeyV6> = self
+            .policer
+            .reader()
+            .bans()?
+            .into_iter()
+            .filter(|(k, b)| b.end_ns > now && key_net(k).is_some_and(|n| overlaps(&n, &net)))
+            .map(|(k, _)| k)
+            .collect();
+        if !manual && autos.is_empty() {
+            return Err(Error::Invalid(format!("no ban for {net} (see `policer ban ls`)")));
+        }
+        let mut parts = Vec::new();
+        if manual {
+            self.change(runtime, |want| {
+                want.remove(&key);
+            })?;
+            parts.push(format!("lifted the ban of {net}"));
+        }
+        let mut lifted = 0;
+        for k in &autos {
+            if self.policer.lift_ban(k)? {
+                lifted += 1;
+                self.ban_log.seen.remove(k);
+            }
+        }
+        if lifted > 0 {
+            parts.push(format!("lifted {lifted} automatic ban{}", if lifted == 1 { "" } else { "s" }));
+        }
+        self.changed = true;
+        Ok(parts.join("; "))
+    }
+
+    /// Whether the last tick changed what the views show (then cleared).
+    pub(super) fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// The periodic work: expiries, then (once a second) automatic bans.
+    pub(super) fn tick(&mut self) -> Result<()> {
+        self.expire();
+        if self.ban_log.last_scan.is_none_or(|t| t.elapsed() >= SCAN_EVERY) {
+            self.ban_log.last_scan = Some(Instant::now());
+            if let Err(e) = self.scan_bans() {
+                log::warn!("reading the automatic bans: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes rules and manual bans whose expiry has come, in one change
+    /// (kernel and file; the kernel only when the file is read-only).
+    fn expire(&mut self) {
+        let now = duration::unix_ms();
+        let due: Vec<RuleKey> =
+            self.rules.iter().filter(|(_, i)| i.spec.expires.is_some_and(|e| e <= now)).map(|(k, _)| *k).collect();
+        if due.is_empty() {
+            return;
+        }
+        let runtime = self.file.read_only();
+        match self.change(runtime, |want| {
+            for k in &due {
+                want.remove(k);
+            }
+        }) {
+            Ok(()) => {
+                self.changed = true;
+                for k in &due {
+                    if k.ban {
+                        println!("policer: the ban of {} ended (expired)", k.net);
+                    } else {
+                        println!("policer: the rule for {k} expired and was removed");
+                    }
+                }
+            }
+            Err(e) => {
+                if self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    self.ban_log.expiry_failed = Some(Instant::now());
+                    eprintln!("policer: removing expired entries failed (tried again): {e}");
+                }
+            }
+        }
+    }
+
+    /// The rule a counter slot belongs to, as text.
+    fn rule_of_slot(&self, slot: u32) -> String {
+        self.rules.iter().find(|(_, i)| i.slot == slot).map_or_else(|| format!("slot {slot}"), |(k, _)| k.to_string())
+    }
+
+    /// Logs automatic bans that started or ended since the last scan
+    /// (bounded), and forgets those past their escalation window.
+    fn scan_bans(&mut self) -> Result<()> {
+        let any_rule = self.rules.values().any(|i| i.spec.auto_ban.is_some());
+        if !any_rule && self.ban_log.seen.is_empty() {
+            return Ok(());
+        }
+        let now = monotonic_ns();
+        let bans: Vec<(BucketKeyV6, Ban)> = self.policer.reader().bans()?;
+        let (mut started, mut ended) = (Vec::new(), Vec::new());
+        for (k, b) in &bans {
+            if b.end_ns > now && self.ban_log.seen.get(k).map(|s| s.0) != Some(b.start_ns) {
+                self.ban_log.seen.insert(*k, (b.start_ns, b.end_ns));
+                started.push((*k, *b));
+            }
+        }
+        let live: HashMap<BucketKeyV6, u64> = bans.iter().map(|(k, b)| (*k, b.end_ns)).collect();
+        self.ban_log.seen.retain(|k, (_, end)| {
+            // A ban made longer by another start is seen again above.
+            let end = live.get(k).copied().unwrap_or(*end);
+            if end <= now {
+                ended.push(*k);
+                false
+            } else {
+                true
+            }
+        });
+        for (i, (k, b)) in started.iter().enumerate() {
+            if i == LOG_LINES_PER_SCAN {
+                println!("policer: ... and {} more automatic bans started", started.len() - i);
+                break;
+            }
+            println!(
+                "policer: banned {} for {} (rule {}; ban #{} of this source)",
+                key_text(k),
+                duration::format(Duration::from_nanos(b.len_ns)),
+                self.rule_of_slot(b.rule_slot),
+                b.count
+            );
+        }
+        for (i, k) in ended.iter().enumerate() {
+            if i == LOG_LINES_PER_SCAN {
+                println!("policer: ... and {} more automatic bans ended", ended.len() - i);
+                break;
+            }
+            println!("policer: the automatic ban of {} ended", key_text(k));
+        }
+        self.policer.expire_bans(now)?;
+        Ok(())
+    }
+}
