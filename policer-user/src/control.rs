@@ -381,6 +381,12 @@ pub struct TopView {
     pub read_ms: f64,
     pub by_debt: Vec<TopEntry>,
     pub by_drops: Vec<TopEntry>,
+    /// Bans in force, soonest end first (at most as many as asked for),
+    /// and how many there are in all.
+    #[serde(default)]
+    pub bans: Vec<BanView>,
+    #[serde(default)]
+    pub bans_total: usize,
 }
 
 fn yes() -> bool {

@@ -16,7 +16,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use policer_tests::{
-    daemon::{Daemon, cli, fails_with, succeeds},
+    daemon::{Daemon, cli, fails_with, samples, scrape, succeeds},
     netns::Sandbox,
     privileged,
     traffic::{self, Flow, RunOptions, SendReport},
@@ -140,13 +140,22 @@ fn unban_lifts_when_it_returns_and_a_ban_survives_a_restart() {
     // A restart keeps the ban (its absolute expiry from the file).
     assert!(d.stop_with(libc::SIGTERM), "the daemon did not stop");
     drop(d);
-    let _d = Daemon::attach(&sb, &["--interval", "0"]);
+    let _d = Daemon::attach(&sb, &["--interval", "0", "--metrics", "9471"]);
     let ls = policer(&sb, &["ban", "ls", "--json"]);
     assert!(ls.contains("10.63.0.9/32") && ls.contains("abuse"), "the ban did not survive the restart: {ls}");
+    let top = policer(&sb, &["top"]);
+    assert!(top.contains("banned now (1 in all") && top.contains("10.63.0.9/32"), "{top}");
     let flows = [Flow { src: ip("10.63.0.9"), pps: 1000.0, len: 64 }];
     let (sent, got, lifted) = std::thread::scope(|s| {
         let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(3), &keep_marks()));
         std::thread::sleep(Duration::from_millis(1200));
+        // Visible while it drops: stats and /metrics.
+        let stats: serde_json::Value = serde_json::from_str(&policer(&sb, &["stats", "--json"])).unwrap();
+        assert_eq!(stats["bans"]["manual_active"], 1, "{stats}");
+        assert!(stats["bans"]["manual_dropped_packets"].as_u64().unwrap() > 500, "{stats}");
+        let m = samples(&scrape(&sb.rx_ns, 9471));
+        assert_eq!(m.get("policer_bans_active{origin=\"manual\"}"), Some(&1.0), "{m:?}");
+        assert!(m["policer_ban_dropped_packets_total{origin=\"manual\"}"] > 500.0, "{m:?}");
         let out = policer(&sb, &["unban", "10.63.0.9"]);
         let lifted = traffic::epoch_ns();
         assert!(out.contains("lifted the ban of 10.63.0.9/32"), "{out}");

@@ -322,7 +322,10 @@ impl Views {
         };
         let by_debt = pick(&|r| (r.fill, r.debt_ns));
         let by_drops = pick(&|r| (r.drops, r.fill));
-        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops })
+        let mut bans = self.bans()?;
+        let bans_total = bans.len();
+        bans.truncate(n);
+        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops, bans, bans_total })
     }
 
     /// `policer inspect ADDR`.
