@@ -429,6 +429,10 @@ pub struct InspectView {
     /// it one now ("accepted") or refuse it under table pressure
     /// ("limited"); null with a bucket or for allow/deny rules.
     pub new_source: Option<String>,
+    /// The ban the source is under, if any: a manual ban of a prefix that
+    /// holds it, or an automatic ban of its bucket key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban: Option<BanView>,
 }
 
 /// A rule with every default filled in, as `rule ls` shows it.

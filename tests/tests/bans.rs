@@ -143,6 +143,8 @@ fn unban_lifts_when_it_returns_and_a_ban_survives_a_restart() {
     let _d = Daemon::attach(&sb, &["--interval", "0", "--metrics", "9471"]);
     let ls = policer(&sb, &["ban", "ls", "--json"]);
     assert!(ls.contains("10.63.0.9/32") && ls.contains("abuse"), "the ban did not survive the restart: {ls}");
+    let i = policer(&sb, &["inspect", "10.63.0.9"]);
+    assert!(i.contains("banned      manual ban of 10.63.0.9/32 (abuse)") && i.contains("now         drop"), "{i}");
     let top = policer(&sb, &["top"]);
     assert!(top.contains("banned now (1 in all") && top.contains("10.63.0.9/32"), "{top}");
     let flows = [Flow { src: ip("10.63.0.9"), pps: 1000.0, len: 64 }];
