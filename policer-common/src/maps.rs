@@ -473,6 +473,8 @@ mod pod {
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::NewSources {}
+    unsafe impl aya::Pod for crate::ban::Ban {}
+    unsafe impl aya::Pod for crate::ban::BanParams {}
     unsafe impl aya::Pod for crate::bucket::Bucket {}
     unsafe impl aya::Pod for crate::table::Set {}
     unsafe impl aya::Pod for crate::table::SetDrops {}

@@ -16,9 +16,11 @@
 use std::{net::IpAddr, time::Duration};
 
 use policer_tests::{
+    bench::sys::bench_cpu,
     daemon::{Daemon, cli, fails_with, samples, scrape, succeeds},
     netns::Sandbox,
     privileged,
+    spoof::{Flood, Spoof},
     traffic::{self, Flow, RunOptions, SendReport},
 };
 
@@ -238,4 +240,138 @@ fn bad_ban_input_is_refused_and_changes_nothing() {
     fails_with(&cli(&sb, &["reload"]), "write expires =");
     assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused reload changed the rules");
     succeeds(&cli(&sb, &["status"]));
+}
+
+/// Send times (ns since the run's start) of the frames of flow `i` that
+/// arrived, in order.
+fn arrival_send_times(sent: &SendReport, got: &traffic::Received, i: usize) -> Vec<u64> {
+    let mut times = Vec::new();
+    for &(t, f) in &sent.frames {
+        if f as usize == i {
+            times.push(t);
+        }
+    }
+    let mut out: Vec<u64> = got
+        .marks
+        .iter()
+        .filter(|(f, _)| *f as usize == i)
+        .filter_map(|(_, seq)| times.get(*seq as usize).copied())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Groups of arrivals separated by more than `gap_ns`: (first, last, count).
+fn bursts(times: &[u64], gap_ns: u64) -> Vec<(u64, u64, usize)> {
+    let mut out: Vec<(u64, u64, usize)> = Vec::new();
+    for &t in times {
+        match out.last_mut() {
+            Some(b) if t - b.1 <= gap_ns => {
+                b.1 = t;
+                b.2 += 1;
+            }
+            _ => out.push((t, t, 1)),
+        }
+    }
+    out
+}
+
+#[test]
+fn a_heavy_hitter_is_admitted_its_burst_then_nothing_for_the_ban_then_its_burst_again() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-auto");
+    let _d = daemon(&sb);
+    policer(&sb, &["rule", "set", "10.70.0.0/16", "--rate", "100pps", "--burst", "20", "--ban-for", "3s"]);
+    let flows =
+        [Flow { src: ip("10.70.0.1"), pps: 1000.0, len: 64 }, Flow { src: ip("10.71.0.1"), pps: 1000.0, len: 64 }];
+    let (sent, got, ls) = std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_millis(7500), &keep_marks()));
+        std::thread::sleep(Duration::from_millis(1500));
+        let ls = policer(&sb, &["ban", "ls", "--json"]);
+        let (sent, got) = run.join().unwrap();
+        (sent, got, ls)
+    });
+    let times = arrival_send_times(&sent, &got, 0);
+    let b = bursts(&times, 500_000_000);
+    let tl = timeline(&sent, &got, 0);
+    assert!(b.len() >= 3, "expected a burst, a ban, a burst, a ban, a burst: {b:?}; timeline {tl}");
+    for (k, &(first, last, n)) in b.iter().take(3).enumerate() {
+        // Its burst (20) and what the bucket drains while the burst is
+        // sent at 1000 pps (about 2 more), within one frame or two.
+        assert!((20..=25).contains(&n), "burst {k}: {n} frames admitted ({first}..{last}); {b:?}; timeline {tl}");
+        assert!(last - first < 100_000_000, "burst {k} lasted {} ms; {b:?}", (last - first) / 1_000_000);
+    }
+    for k in 0..2 {
+        // Nothing for 3 s from the first refused frame (just after the
+        // burst's last admitted one), then the burst again.
+        let gap = b[k + 1].0 - b[k].1;
+        assert!(
+            (2_950_000_000..=3_200_000_000).contains(&gap),
+            "ban {k}: {} ms between the bursts (want 3 s); {b:?}; timeline {tl}",
+            gap / 1_000_000
+        );
+    }
+    // The other source, under the generous default rule, lost nothing.
+    assert_eq!(got.per_flow[1], sent.sent[1], "an unbanned source lost frames");
+    let bans: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let auto = bans.as_array().unwrap().iter().find(|b| b["origin"] == "auto").unwrap_or_else(|| panic!("{ls}"));
+    assert_eq!(auto["prefix"], "10.70.0.1", "{ls}");
+    assert_eq!(auto["rule"], "10.70.0.0/16", "{ls}");
+    let stats: serde_json::Value = serde_json::from_str(&policer(&sb, &["stats", "--json"])).unwrap();
+    assert!(stats["bans"]["auto_started"].as_u64().unwrap() >= 2, "{stats}");
+    assert!(stats["bans"]["auto_dropped_packets"].as_u64().unwrap() > 4000, "{stats}");
+}
+
+#[test]
+fn a_spoofed_flood_lifts_no_ban() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-flood");
+    let _d = Daemon::attach(&sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "1024"]);
+    // The flood's sources (random in 10.0.0.0/9) and the heavy hitter are
+    // under the same rule with bans: every flood frame is a table miss
+    // under a ban rule, the path that must look at the ban store.
+    policer(&sb, &["rule", "set", "10.0.0.0/8", "--rate", "10pps", "--burst", "5", "--ban-for", "20s"]);
+    policer(&sb, &["ban", "10.201.0.0/24", "--for", "20s"]);
+    let flows = [
+        Flow { src: ip("10.200.0.1"), pps: 200.0, len: 64 },
+        Flow { src: ip("10.201.0.9"), pps: 200.0, len: 64 },
+        Flow { src: ip("10.202.0.1"), pps: 5.0, len: 64 },
+    ];
+    let opts = RunOptions {
+        marked_only: true,
+        keep_marks: true,
+        sender_cpu: (bench_cpu() != 0).then_some(0),
+        ..Default::default()
+    };
+    let (sent, got, from, to) = std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(6), &opts));
+        // The heavy hitter is banned within its first 6 frames.
+        std::thread::sleep(Duration::from_millis(1000));
+        let mut flood =
+            Flood::start(&sb, Spoof::v4("10.0.0.0".parse().unwrap(), 9), bench_cpu()).expect("start the flood");
+        let from = traffic::epoch_ns();
+        std::thread::sleep(Duration::from_secs(4));
+        let to = traffic::epoch_ns();
+        let report = flood.stop().expect("the flood");
+        eprintln!("flood: {} frames in {:.2} s", report.frames, report.wall_ns as f64 / 1e9);
+        let (sent, got) = run.join().unwrap();
+        (sent, got, from, to)
+    });
+    let stats: serde_json::Value = serde_json::from_str(&policer(&sb, &["stats", "--json"])).unwrap();
+    let tl = timeline(&sent, &got, 0);
+    assert!(got.per_flow[0] <= 6, "the heavy hitter got {} frames through: timeline {tl}", got.per_flow[0]);
+    let (s, a) = window(&sent, &got, 0, from, to);
+    assert!(s > 500 && a == 0, "under the flood the banned source got {a} of {s} through; timeline {tl}");
+    let (s, a) = window(&sent, &got, 1, from, to);
+    assert!(s > 500 && a == 0, "under the flood the manually banned prefix got {a} of {s} through");
+    assert!(
+        stats["totals"]["buckets_created"].as_u64().unwrap() > 10_000,
+        "the flood did not churn the table: {stats}"
+    );
+    let ls = policer(&sb, &["ban", "ls", "--json"]);
+    assert!(ls.contains("10.200.0.1") && ls.contains("10.201.0.0/24"), "a ban is gone after the flood: {ls}");
 }
