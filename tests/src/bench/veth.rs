@@ -588,10 +588,16 @@ pub fn ab(
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
             setups.push((format!("{bin} + 16 class rules"), net, Installed::Daemon(Box::new(d)), g));
         }
-        if bans > 0 && i > 0 {
-            say(&format!("veth: setting up the dropping policer of {bin} with {bans} manual bans"));
+        if bans > 0 {
+            // The same single addresses in the rule trie: for the build
+            // before, as deny rules (what it can express); for the others,
+            // as manual bans. Like is compared with like: a trie that
+            // holds entries costs one lookup per frame either way.
+            let what = if i == 0 { "deny rules" } else { "bans" };
+            say(&format!("veth: setting up the dropping policer of {bin} with {bans} {what}"));
             let net = Net::new(&format!("abb{i}"))?;
-            std::fs::write(&net.sb.config, ban_toml(bans)).with_context(|| format!("write {}", net.sb.config))?;
+            std::fs::write(&net.sb.config, ban_toml(bans, i > 0))
+                .with_context(|| format!("write {}", net.sb.config))?;
             let max_rules = (bans + 16).to_string();
             let d = super::peers::policer_bin(
                 &bin.path,
@@ -601,7 +607,7 @@ pub fn ab(
             );
             super::peers::check_rules(&d, bans as usize + 2)?;
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
-            setups.push((format!("{bin} + {bans} bans"), net, Installed::Daemon(Box::new(d)), g));
+            setups.push((format!("{bin} + {bans} {what}"), net, Installed::Daemon(Box::new(d)), g));
         }
         if banned && i > 0 {
             say(&format!("veth: setting up the dropping policer of {bin} banning every source"));
@@ -627,21 +633,34 @@ pub fn ab(
     let samples = measure(&runs, cpu, dur, Duration::from_millis(500), reps)?;
     let cpu_of = |i: usize| samples[i].iter().map(|s| s.cpu).collect::<Vec<_>>();
     let ratio = |a: &[f64], b: &[f64]| Stat::of(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>());
-    let (floor, first) = (cpu_of(0), cpu_of(1.min(setups.len() - 1)));
+    let floor = cpu_of(0);
+    // Each row against the first binary's row of the same kind (its
+    // label's suffix: plain, with class rules, with bans or deny rules),
+    // else its plain row.
+    let first_label = bins.first().map(|b| b.to_string()).unwrap_or_default();
+    let kind =
+        |label: &str, bin: &str| label.strip_prefix(bin).unwrap_or("").replace(" deny rules", " bans").to_string();
+    let reference = |i: usize| -> usize {
+        let bin = bins.iter().map(|b| b.to_string()).find(|b| setups[i].0.starts_with(b.as_str())).unwrap_or_default();
+        let k = kind(&setups[i].0, &bin);
+        (1..setups.len())
+            .find(|&j| setups[j].0.starts_with(&first_label) && kind(&setups[j].0, &first_label) == k)
+            .unwrap_or(1.min(setups.len() - 1))
+    };
     Ok((0..setups.len())
         .map(|i| AbVethRow {
             label: setups[i].0.clone(),
             cpu_ns: Stat::of(&cpu_of(i)),
             vs_floor: ratio(&cpu_of(i), &floor),
-            vs_first: ratio(&cpu_of(i), &first),
+            vs_first: ratio(&cpu_of(i), &cpu_of(reference(i))),
         })
         .collect())
 }
 
-/// `n` manual bans of single IPv4 addresses spread over the whole address
-/// space (a threat feed's shape: the rule trie grows deep everywhere),
-/// none of them in the flood's 10.0.0.0/8, ending in 2099.
-pub fn ban_toml(n: u32) -> String {
+/// `n` single IPv4 addresses spread over the whole address space (a threat
+/// feed's shape), none of them in the flood's 10.0.0.0/8: as manual bans
+/// ending in 2099 (`bans`), else as deny rules.
+pub fn ban_toml(n: u32, bans: bool) -> String {
     let mut out = String::with_capacity(n as usize * 96);
     let mut x: u32 = 0x9e37_79b9;
     let mut seen = std::collections::HashSet::new();
@@ -653,9 +672,8 @@ pub fn ban_toml(n: u32) -> String {
         if a.octets()[0] == 10 || a.is_unspecified() || !seen.insert(x) {
             continue;
         }
-        out.push_str(&format!(
-            "[[rule]]\nprefix = \"{a}/32\"\naction = \"deny\"\nban = true\nexpires = \"2099-01-01T00:00:00Z\"\n\n"
-        ));
+        let ban = if bans { "ban = true\nexpires = \"2099-01-01T00:00:00Z\"\n" } else { "" };
+        out.push_str(&format!("[[rule]]\nprefix = \"{a}/32\"\naction = \"deny\"\n{ban}\n"));
     }
     out
 }

@@ -77,9 +77,10 @@ struct Args {
     /// (IPv4 floods only.)
     #[arg(long, requires = "ab_veth")]
     ab_veth_classes: bool,
-    /// Each binary but the first (the build before, which has no bans)
-    /// also with N manual bans installed: single addresses spread over the
-    /// IPv4 space, none in the flood's 10.0.0.0/8. (IPv4 floods only.)
+    /// Each binary also with N single addresses spread over the IPv4 space
+    /// (none in the flood's 10.0.0.0/8) in its rule trie: manual bans, and
+    /// for the first binary (the build before, which has no bans) deny
+    /// rules, its row the reference of the bans rows. (IPv4 floods only.)
     #[arg(long, value_name = "N", default_value_t = 0, requires = "ab_veth")]
     ab_veth_bans: u32,
     /// Each binary but the first also with its dropping rule banning
