@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod report;
 pub mod rules;
+pub mod sets;
 pub mod serve;
 
 pub use error::{Error, Result};
