@@ -150,3 +150,18 @@ pub fn delete_elem<K: aya::Pod>(fd: RawFd, key: &K) -> io::Result<()> {
     }
     Ok(())
 }
+
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// BPF_MAP_DELETE_BATCH of `count` packed keys. Returns how many the kernel
+/// deleted before an error (all of them on success; ENOENT for a key not
+/// there stops it).
+pub fn delete(fd: RawFd, keys: &[u8], count: usize) -> (usize, Option<io::Error>) {
+    let mut attr = BatchAttr { keys: keys.as_ptr() as u64, count: count as u32, map_fd: fd as u32, ..Default::default() };
+    // SAFETY: keys holds `count` packed keys of the map's key size.
+    let r = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_DELETE_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
+    };
+    let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
+    (attr.count as usize, err)
+}

@@ -350,8 +350,11 @@ impl Policer {
             .map_max_entries(MAP_BUCKETS_V6_DROPS, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V6_KEYS, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_RECALL, table::sets_for(opts.max_sources))
-            .map_max_entries(MAP_RULES_V4, opts.max_rules)
-            .map_max_entries(MAP_RULES_V6, opts.max_rules)
+            // Tries hold sets' prefixes too (`rule import`): sized for
+            // millions; an LPM trie is never preallocated, so the size
+            // costs nothing until entries are written.
+            .map_max_entries(MAP_RULES_V4, TRIE_PREFIXES.max(opts.max_rules))
+            .map_max_entries(MAP_RULES_V6, TRIE_PREFIXES.max(opts.max_rules))
             // Slot 0 is never given to a rule: max_rules + 1 entries.
             .map_max_entries(MAP_RULE_COUNTERS, opts.max_rules + 1)
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
@@ -484,6 +487,30 @@ impl Policer {
             }
             _ => Err(Error::Missing(MAP_RULE_COUNTERS)),
         }
+    }
+}
+
+/// Prefixes each rule trie (IPv4, IPv6) holds: rules and the entries of
+/// sets (`policer rule import`). A program loaded by an older build keeps
+/// its smaller tries when adopted; an import past them is refused with the
+/// limit named ([`Policer::rule_trie_capacity`]).
+pub const TRIE_PREFIXES: u32 = 1 << 22;
+
+impl Policer {
+    /// The rule tries' descriptors (IPv4, IPv6), for the set writes.
+    pub fn rule_trie_fds(&self) -> Result<(RawFd, RawFd)> {
+        Ok((self.map_fd(MAP_RULES_V4)?, self.map_fd(MAP_RULES_V6)?))
+    }
+
+    /// Prefixes the rule tries hold at most (IPv4, IPv6).
+    pub fn rule_trie_capacity(&self) -> Result<(u32, u32)> {
+        let cap = |name: &'static str| -> Result<u32> {
+            match self.ebpf.map(name).ok_or(Error::Missing(name))? {
+                aya::maps::Map::LpmTrie(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(name)),
+                _ => Err(Error::Missing(name)),
+            }
+        };
+        Ok((cap(MAP_RULES_V4)?, cap(MAP_RULES_V6)?))
     }
 }
 

@@ -61,6 +61,8 @@ pub struct Snapshot {
     pub persist: bool,
     pub program_id: u32,
     pub config_status: crate::control::ConfigStatus,
+    /// Named sets (`rule import`), each as one rule, with its counter slot.
+    pub sets: Vec<(RuleView, u32)>,
 }
 
 /// The read side of the daemon, shared by every connection.
@@ -140,10 +142,13 @@ impl Views {
                 ban_after: s.auto_ban.map(|b| b.ban_after),
                 ban_max: s.auto_ban.and_then(|b| b.ban_max).map(crate::duration::format),
                 expires: s.expires.map(crate::duration::rfc3339),
+                set: None,
+                entries: None,
             }
         };
         let mut out: Vec<RuleView> = snap.rules.values().map(|r| view(&r.spec, r.persisted, true)).collect();
         out.extend(snap.removed_at_runtime.iter().map(|s| view(s, true, false)));
+        out.extend(snap.sets.iter().map(|(v, _)| v.clone()));
         out
     }
 
@@ -189,6 +194,13 @@ impl Views {
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
                 rates: None,
             })
+            .chain(snap.sets.iter().map(|(v, slot)| RuleStats {
+                prefix: v.prefix.clone(),
+                class: String::new(),
+                action: v.action.clone(),
+                counters: CountersView::from(&rc.get(slot).copied().unwrap_or_default()),
+                rates: None,
+            }))
             .collect();
         let fill = self.reader.recall_fill(time_ns)?;
         let table = TableStats {
