@@ -184,8 +184,31 @@ fn delete_family(fd: RawFd, nets: &[IpNet]) -> Result<()> {
 /// Writes sorted `nets` with the value of their family.
 fn write(fds: (RawFd, RawFd), nets: &[IpNet], values: (Rule, Rule)) -> Result<()> {
     let (v4, v6) = split(nets);
-    write_family(fds.0, v4, &values.0)?;
-    write_family(fds.1, v6, &values.1)
+    write_parallel(fds.0, v4, &values.0)?;
+    write_parallel(fds.1, v6, &values.1)
+}
+
+/// Threads that write one family at once: on 6.18 two writers of a
+/// million /32s take 0.5 s where one takes 1.2 s (the copies and node
+/// allocations around the trie's lock overlap); more than the CPUs gain
+/// nothing. `POLICER_IMPORT_WRITERS` overrides it (measurements).
+fn writers() -> usize {
+    std::env::var("POLICER_IMPORT_WRITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
+}
+
+fn write_parallel(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
+    let n = writers();
+    if n <= 1 || nets.len() < 2 * CHUNK {
+        return write_family(fd, nets, value);
+    }
+    let per = nets.len().div_ceil(n);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = nets.chunks(per).map(|part| s.spawn(move || write_family(fd, part, value))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("a writer panicked".into())))).collect()
+    })
 }
 
 fn delete(fds: (RawFd, RawFd), nets: &[IpNet]) -> Result<()> {
@@ -238,7 +261,9 @@ impl Daemon {
         self.check_set_conflicts(&name, &entries)?;
         self.check_capacity(&name, &entries)?;
         let header = Header { name: name.clone(), rule, expires_ms };
+        let t_checked = t0.elapsed();
         let staged = sets::stage(&self.sets_dir, &header, &entries)?;
+        let t_staged = t0.elapsed();
 
         let fds = self.policer.rule_trie_fds()?;
         let old = self.sets.get(&name).cloned();
@@ -277,7 +302,12 @@ impl Daemon {
             }
             delete(fds, &d.remove)
         })();
+        let t_written = t0.elapsed();
         let r = r.and_then(|()| staged.commit());
+        log::debug!(
+            "import of set '{name}': checked {t_checked:?}, staged {t_staged:?}, written {t_written:?}, committed {:?}",
+            t0.elapsed()
+        );
         if let Err(e) = r {
             // Back to what was: the added entries out, the kept ones'
             // values and the removed ones back.
