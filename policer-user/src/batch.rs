@@ -157,7 +157,8 @@ const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 /// deleted before an error (all of them on success; ENOENT for a key not
 /// there stops it).
 pub fn delete(fd: RawFd, keys: &[u8], count: usize) -> (usize, Option<io::Error>) {
-    let mut attr = BatchAttr { keys: keys.as_ptr() as u64, count: count as u32, map_fd: fd as u32, ..Default::default() };
+    let mut attr =
+        BatchAttr { keys: keys.as_ptr() as u64, count: count as u32, map_fd: fd as u32, ..Default::default() };
     // SAFETY: keys holds `count` packed keys of the map's key size.
     let r = unsafe {
         libc::syscall(libc::SYS_bpf, BPF_MAP_DELETE_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())

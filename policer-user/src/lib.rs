@@ -15,8 +15,8 @@ pub mod metrics;
 pub mod netlink;
 pub mod report;
 pub mod rules;
-pub mod sets;
 pub mod serve;
+pub mod sets;
 
 pub use error::{Error, Result};
 pub use loader::{EBPF_OBJECT, LoadOptions, Mode, Policer};

@@ -219,22 +219,42 @@ impl Drop for Staged {
     }
 }
 
+/// What a state file holds after its header.
+pub enum Body<'a> {
+    /// The list file as imported (a set that is the file): written as is,
+    /// no formatting of a million prefixes.
+    Text(&'a [u8]),
+    Entries(&'a [IpNet]),
+}
+
 /// Writes a set's state file to a temporary name and syncs it.
-pub fn stage(dir: &Path, h: &Header, entries: &[IpNet]) -> Result<Staged> {
+pub fn stage(dir: &Path, h: &Header, body: Body<'_>) -> Result<Staged> {
     let path = state_path(dir, &h.name);
     let tmp = dir.join(format!(".{}.set.tmp", h.name));
     let err = |e: std::io::Error| Error::Invalid(format!("cannot write the set's state {}: {e}", path.display()));
     fs::create_dir_all(dir).map_err(err)?;
-    let mut buf = Vec::with_capacity(entries.len() * 16 + 256);
+    let mut buf = Vec::with_capacity(256);
     buf.extend_from_slice(MAGIC.as_bytes());
     serde_json::to_writer(&mut buf, h).map_err(|e| Error::Invalid(e.to_string()))?;
     buf.push(b'\n');
-    for e in entries {
-        let _ = writeln!(buf, "{e}");
-    }
     let staged = Staged { tmp: tmp.clone(), path: path.clone() };
     let mut f = fs::File::create(&tmp).map_err(err)?;
     f.write_all(&buf).map_err(err)?;
+    match body {
+        Body::Text(t) => {
+            f.write_all(t).map_err(err)?;
+            if !t.ends_with(b"\n") {
+                f.write_all(b"\n").map_err(err)?;
+            }
+        }
+        Body::Entries(entries) => {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
+            for e in entries {
+                writeln!(w, "{e}").map_err(err)?;
+            }
+            w.flush().map_err(err)?;
+        }
+    }
     f.sync_all().map_err(err)?;
     Ok(staged)
 }

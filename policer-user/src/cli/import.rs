@@ -43,7 +43,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let key_len = match &a.key_len {
-        Some(k) => Some(k.parse::<u32>().map_err(|_| anyhow::anyhow!("invalid --key-len '{k}': not a number of bits"))?),
+        Some(k) => {
+            Some(k.parse::<u32>().map_err(|_| anyhow::anyhow!("invalid --key-len '{k}': not a number of bits"))?)
+        }
         None => None,
     };
     if let Some(t) = &a.ttl {
@@ -67,12 +69,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Err(e) = std::fs::metadata(&path) {
         anyhow::bail!("{}: {e}; nothing imported", a.file);
     }
-    let msg = done(call(Request::Import {
-        path: path.to_string_lossy().into_owned(),
-        shown: a.file,
-        set: a.set,
-        rule,
-    })?);
+    let msg =
+        done(call(Request::Import { path: path.to_string_lossy().into_owned(), shown: a.file, set: a.set, rule })?);
     if a.json {
         println!("{}", serde_json::json!({ "message": msg }));
     } else {

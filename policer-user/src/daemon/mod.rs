@@ -36,9 +36,9 @@ use std::{
 };
 
 pub use adopt::detach_orphan;
-pub use sets::{Import, read_import};
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
+pub use sets::{Import, read_import};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,

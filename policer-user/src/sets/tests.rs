@@ -93,13 +93,18 @@ fn names_and_state_files() {
         expires_ms: Some(1_700_000_000_000),
     };
     let entries = nets(&["10.0.0.1/32", "2001:db8::/32"]);
-    stage(&dir, &h, &entries).unwrap().commit().unwrap();
+    stage(&dir, &h, Body::Entries(&entries)).unwrap().commit().unwrap();
     // A staged file that is dropped leaves nothing behind.
-    drop(stage(&dir, &Header { name: "gone".into(), ..h.clone() }, &entries).unwrap());
+    drop(stage(&dir, &Header { name: "gone".into(), ..h.clone() }, Body::Entries(&entries)).unwrap());
+    // The list as imported, comments and all, without a final newline.
+    let raw = Header { name: "raw".into(), ..h.clone() };
+    stage(&dir, &raw, Body::Text(b"# feed\n2001:db8::/32\n10.0.0.1")).unwrap().commit().unwrap();
     let all = read_all(&dir).unwrap();
-    assert_eq!(all.len(), 1);
+    assert_eq!(all.len(), 2);
     assert_eq!(all[0].0, h);
     assert_eq!(all[0].1.entries, entries);
+    assert_eq!((&all[1].0, &all[1].1.entries), (&raw, &entries));
+    remove(&dir, "raw").unwrap();
     remove(&dir, "feed").unwrap();
     remove(&dir, "feed").unwrap();
     assert!(read_all(&dir).unwrap().is_empty());
