@@ -106,7 +106,7 @@ pub enum Cmd {
     /// Make a named set of prefixes from a file, one prefix per line (or
     /// add to the implicit set of the action and rate): one rule for all of
     /// them.
-    Import(super::import::Args),
+    Import(Box<super::import::Args>),
     /// Remove the rule for a prefix and class, or a set (`--set NAME`).
     Rm {
         #[arg(required_unless_present = "set")]
@@ -176,7 +176,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             rule.validate()?;
             println!("policer: {}", done(call(Request::RuleSet { rule, runtime })?));
         }
-        Cmd::Import(a) => super::import::run(a)?,
+        Cmd::Import(a) => super::import::run(*a)?,
         Cmd::Rm { set: Some(name), .. } => super::import::rm(name)?,
         Cmd::Ls { json, set: Some(name) } => super::import::ls(name, json)?,
         Cmd::Rm { cidr, class, runtime, set: None } => {

@@ -210,8 +210,7 @@ fn write_parallel(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
         let handles: Vec<_> = nets.chunks(per).map(|part| s.spawn(move || write_family(fd, part, value))).collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("a writer panicked".into()))))
-            .collect()
+            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("a writer panicked".into()))))
     })
 }
 

@@ -362,9 +362,9 @@ fn slab_kib() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// 6. Bulk import (issue 18): `policer rule import` of 1 000 000 /32 into
-/// a set, then the set replaced by a file 10 % different (100 000 out,
-/// 100 000 in), each timed as the CLI command, end to end.
+/// Section 6, bulk import (issue 18): `policer rule import` of 1 000 000
+/// /32 into a set, then the set replaced by a file 10 % different
+/// (100 000 out, 100 000 in), each timed as the CLI command, end to end.
 fn import_rows(net: &Net, reps: usize) -> Result<Vec<Measure>> {
     say("control: import of 1 000 000 /32, and a 10 % different replace");
     let dir = std::env::temp_dir();
