@@ -518,7 +518,7 @@ pub fn compile(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
             out.prefixes.insert(r.net, b);
         }
     }
-    for (net, _) in bans.by_net.iter() {
+    for net in bans.by_net.keys() {
         out.prefixes.insert(*net, bans.covering(net).expect("a ban covers itself"));
     }
     Ok(out)
