@@ -76,8 +76,10 @@ impl Drop for SetsDir {
     }
 }
 
-fn daemon(sb: &Sandbox) -> Daemon {
-    Daemon::attach(sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536"])
+fn daemon(sb: &Sandbox, more: &[&str]) -> Daemon {
+    let mut v = vec!["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536"];
+    v.extend_from_slice(more);
+    Daemon::attach(sb, &v)
 }
 
 /// Frames that arrived from each source, sending 200 pps for 0.5 s each.
@@ -124,7 +126,9 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     }
     let sb = Sandbox::new("imp");
     let _sets = SetsDir::of(&sb);
-    let mut d = daemon(&sb);
+    // --persist: the program stays when the daemon stops, and the next
+    // daemon adopts it (the usual restart).
+    let mut d = daemon(&sb, &["--persist"]);
     // Listed: 10.0.0.5 and 10.0.100.0 (index 25600); unlisted: 198.18.0.7.
     let big = ListFile::hosts("big", 1_000_000, &[], "");
     let (msg, secs) = timed(&sb, &["rule", "import", big.path(), "--action", "deny", "--set", "feed"]);
@@ -172,12 +176,20 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     fails_with(&cli(&sb, &["rule", "import", cross.path(), "--set", "other"]), "already in set 'feed'");
     expect(&sb, &[("10.0.100.0", true), ("198.18.0.7", false)], "after the refusals");
 
-    // A restart keeps the set (its state file).
+    // A restart keeps the set (its state file): adopting the program left
+    // by --persist, then loading a fresh one.
     assert!(d.stop_with(libc::SIGTERM));
     drop(d);
-    let d = daemon(&sb);
-    assert_eq!(set_row(&sb, "feed").expect("the set after a restart")["entries"], 900_000);
-    expect(&sb, &[("10.0.100.0", true), ("10.0.0.5", false)], "after a restart");
+    expect(&sb, &[("10.0.100.0", true), ("10.0.0.5", false)], "with no daemon (persisted program)");
+    let mut d = daemon(&sb, &[]);
+    assert!(d.stdout().contains("adopting"), "{}", d.stdout());
+    assert_eq!(set_row(&sb, "feed").expect("the set after an adopting restart")["entries"], 900_000);
+    expect(&sb, &[("10.0.100.0", true), ("10.0.0.5", false)], "after an adopting restart");
+    assert!(d.stop_with(libc::SIGTERM));
+    drop(d);
+    let d = daemon(&sb, &[]);
+    assert_eq!(set_row(&sb, "feed").expect("the set after a fresh start")["entries"], 900_000);
+    expect(&sb, &[("10.0.100.0", true), ("10.0.0.5", false)], "after a fresh start");
 
     // rm --set: gone.
     succeeds(&cli(&sb, &["rule", "rm", "--set", "feed"]));
