@@ -191,6 +191,28 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     assert_eq!(set_row(&sb, "feed").expect("the set after a fresh start")["entries"], 900_000);
     expect(&sb, &[("10.0.100.0", true), ("10.0.0.5", false)], "after a fresh start");
 
+    // inspect names the set's entry, not the default rule around it.
+    let v: serde_json::Value =
+        serde_json::from_str(&succeeds(&cli(&sb, &["inspect", "10.0.100.0", "--json"]))).unwrap();
+    assert_eq!((v["rule"].as_str(), v["now"].as_str()), (Some("set:feed (10.0.100.0/32)"), Some("drop")), "{v}");
+
+    // A manual ban drops an allow set's entries under it, and one at an
+    // entry's own prefix; lifted, the entries are back.
+    let vip = ListFile::hosts("vip", 0, &[], "203.0.113.7\n203.0.113.200\n");
+    succeeds(&cli(&sb, &["rule", "import", vip.path(), "--action", "allow", "--set", "vip"]));
+    succeeds(&cli(&sb, &["ban", "203.0.113.0/25", "--for", "1h"]));
+    expect(&sb, &[("203.0.113.7", true), ("203.0.113.200", false)], "a ban over an allow set's entry");
+    succeeds(&cli(&sb, &["unban", "203.0.113.0/25"]));
+    succeeds(&cli(&sb, &["ban", "203.0.113.200", "--for", "1h"]));
+    expect(&sb, &[("203.0.113.7", false), ("203.0.113.200", true)], "a ban at an allow set's entry");
+    succeeds(&cli(&sb, &["unban", "203.0.113.200"]));
+    expect(&sb, &[("203.0.113.7", false), ("203.0.113.200", false)], "after the unbans");
+    assert_eq!(set_row(&sb, "vip").unwrap()["entries"], 2);
+    let v: serde_json::Value =
+        serde_json::from_str(&succeeds(&cli(&sb, &["inspect", "203.0.113.200", "--json"]))).unwrap();
+    assert_eq!(v["action"], "allow", "{v}");
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "vip"]));
+
     // rm --set: gone.
     succeeds(&cli(&sb, &["rule", "rm", "--set", "feed"]));
     assert!(set_row(&sb, "feed").is_none());

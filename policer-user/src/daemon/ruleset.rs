@@ -121,7 +121,8 @@ impl Daemon {
             self.policer.set_fast_path(0)?;
             self.fast = 0;
         }
-        let r = self.apply_rules(want);
+        let bans = self.ban_values();
+        let r = self.apply_rules(want).and_then(|()| self.follow_bans(&bans));
         // Whatever happened, the fast path follows the rules now in force.
         self.sync_fast_path()?;
         r

@@ -5,7 +5,7 @@
 //! a rule change never touches them, and a set change touches only them.
 //! See docs/import.md and docs/design.md ("Sets").
 
-use std::{collections::BTreeMap, os::fd::RawFd, time::Instant};
+use std::{collections::BTreeMap, os::fd::RawFd, sync::Arc, time::Instant};
 
 use ipnet::IpNet;
 use policer_common::Rule;
@@ -29,8 +29,9 @@ pub(crate) struct SetState {
     pub spec6: RuleSpec,
     pub id: u32,
     pub slot: u32,
-    /// Sorted, each once; IPv4 first.
-    pub entries: Vec<IpNet>,
+    /// Sorted, each once; IPv4 first. Shared with the snapshot
+    /// (`inspect`), never changed in place.
+    pub entries: Arc<Vec<IpNet>>,
 }
 
 impl SetState {
@@ -214,6 +215,51 @@ fn write_parallel(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
     })
 }
 
+/// The entries of sorted `list` under a manual ban, each with the value of
+/// the longest ban over it: a ban drops all of a prefix's traffic, set
+/// entries under it included (as `classes::compile` does for rules).
+fn banned(list: &[IpNet], bans: &[(IpNet, Rule)]) -> Vec<(IpNet, Rule)> {
+    let mut out: BTreeMap<IpNet, (u8, Rule)> = BTreeMap::new();
+    for (p, value) in bans {
+        let (v4, v6) = split(list);
+        let fam = if p.addr().is_ipv4() { v4 } else { v6 };
+        let lo = fam.partition_point(|e| e.network() < p.network());
+        let hi = fam.partition_point(|e| e.network() <= p.broadcast());
+        for e in fam[lo..hi].iter().filter(|e| p.contains(*e)) {
+            let longer = out.get(e).is_none_or(|(len, _)| *len < p.prefix_len());
+            if longer {
+                out.insert(*e, (p.prefix_len(), *value));
+            }
+        }
+    }
+    out.into_iter().map(|(e, (_, v))| (e, v)).collect()
+}
+
+/// Writes sorted `nets` with their set's values, and those under a ban
+/// with the ban's.
+fn write_set(
+    fds: (RawFd, RawFd),
+    nets: &[IpNet],
+    values: (Rule, Rule),
+    all: &[IpNet],
+    bans: &[(IpNet, Rule)],
+) -> Result<()> {
+    write(fds, nets, values)?;
+    write_pairs(fds, &banned(all, bans))
+}
+
+/// A few entries, each with its own value.
+fn write_pairs(fds: (RawFd, RawFd), pairs: &[(IpNet, Rule)]) -> Result<()> {
+    for (n, v) in pairs {
+        let r = match n {
+            IpNet::V4(n) => crate::batch::update_elem(fds.0, &sets::key_v4(n), v),
+            IpNet::V6(n) => crate::batch::update_elem(fds.1, &sets::key_v6(n), v),
+        };
+        r.map_err(|e| io_err(&format!("writing {n}"), e))?;
+    }
+    Ok(())
+}
+
 fn delete(fds: (RawFd, RawFd), nets: &[IpNet]) -> Result<()> {
     let (v4, v6) = split(nets);
     delete_family(fds.0, v4)?;
@@ -270,6 +316,7 @@ impl Daemon {
         let t_checked = t0.elapsed();
 
         let fds = self.policer.rule_trie_fds()?;
+        let bans = self.ban_values();
         let old = self.sets.get(&name).cloned();
         let (slot, new_slot) = match &old {
             Some(o) => (o.slot, false),
@@ -283,7 +330,7 @@ impl Daemon {
                 self.next_id
             }
         };
-        let next = SetState { header, spec4, spec6, id, slot, entries };
+        let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries) };
         let old_entries = old.as_ref().map_or(&[][..], |o| &o.entries[..]);
         let d = sets::diff(old_entries, &next.entries);
         // The state file first (a full disk refuses the import before the
@@ -307,11 +354,11 @@ impl Daemon {
             }
             let values = next.values()?;
             if same_rule {
-                write(fds, &d.add, values)?;
+                write_set(fds, &d.add, values, &next.entries, &bans)?;
             } else {
-                write(fds, &next.entries, values)?;
+                write_set(fds, &next.entries, values, &next.entries, &bans)?;
             }
-            delete(fds, &d.remove)
+            delete(fds, &self.not_rules(&d.remove))
         })();
         let t_written = t0.elapsed();
         let r = r.and_then(|()| staged.commit());
@@ -325,7 +372,7 @@ impl Daemon {
             let undo = (|| -> Result<()> {
                 delete(fds, &d.add)?;
                 if let Some(o) = &old {
-                    write(fds, &o.entries, o.values()?)?;
+                    write_set(fds, &o.entries, o.values()?, &o.entries, &bans)?;
                 }
                 Ok(())
             })();
@@ -399,7 +446,8 @@ impl Daemon {
     /// An entry belongs to one set and is no rule's prefix: refused before
     /// anything is written, naming both.
     fn check_set_conflicts(&self, name: &str, entries: &[IpNet]) -> Result<()> {
-        for key in self.rules.keys() {
+        // A manual ban may share an entry's prefix: it wins while it lasts.
+        for key in self.rules.keys().filter(|k| !k.ban) {
             if entries.binary_search(&key.net).is_ok() {
                 return Err(Error::Invalid(format!(
                     "{} is in the list and is the prefix of the rule {key}: a prefix has a rule or is an entry of a \
@@ -454,8 +502,8 @@ impl Daemon {
 
     fn remove_set(&mut self, s: &SetState) -> Result<()> {
         let fds = self.policer.rule_trie_fds()?;
-        if let Err(e) = delete(fds, &s.entries) {
-            let undo = write(fds, &s.entries, s.values()?);
+        if let Err(e) = delete(fds, &self.not_rules(&s.entries)) {
+            let undo = write_set(fds, &s.entries, s.values()?, &s.entries, &self.ban_values());
             return Err(match undo {
                 Ok(()) => Error::Invalid(format!("{e}; nothing changed")),
                 Err(u) => Error::Invalid(format!("{e}; and putting it back failed too: {u}")),
@@ -503,7 +551,7 @@ impl Daemon {
 
     /// Refuses rules at a prefix a set holds (`rule set`, reload).
     pub(super) fn refuse_set_prefixes(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
-        for key in want.keys() {
+        for key in want.keys().filter(|k| !k.ban) {
             for (name, s) in &self.sets {
                 if s.entries.binary_search(&key.net).is_ok() {
                     return Err(Error::Invalid(format!(
@@ -524,19 +572,69 @@ impl Daemon {
         c
     }
 
+    /// The manual bans in force: each prefix and the value the tries hold
+    /// there.
+    pub(super) fn ban_values(&self) -> Vec<(IpNet, Rule)> {
+        self.rules
+            .keys()
+            .filter(|k| k.ban)
+            .filter_map(|k| self.compiled.prefixes.get(&k.net).map(|r| (k.net, *r)))
+            .collect()
+    }
+
+    /// After a change of the rules: set entries under a ban that came,
+    /// went or changed get the value they now have (the ban's, or their
+    /// set's). Cheap when the bans did not change (the usual case).
+    pub(super) fn follow_bans(&mut self, before: &[(IpNet, Rule)]) -> Result<()> {
+        let after = self.ban_values();
+        if after == before || self.sets.is_empty() {
+            return Ok(());
+        }
+        let fds = self.policer.rule_trie_fds()?;
+        for s in self.sets.values() {
+            let (v4, v6) = s.values()?;
+            let mut pairs: BTreeMap<IpNet, Rule> = banned(&s.entries, before)
+                .into_iter()
+                .map(|(n, _)| (n, if n.addr().is_ipv4() { v4 } else { v6 }))
+                .collect();
+            pairs.extend(banned(&s.entries, &after));
+            write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())?;
+        }
+        Ok(())
+    }
+
+    /// `nets` but those the rules hold too (a manual ban at an entry's
+    /// prefix): removing the entry leaves the ban's trie entry alone.
+    fn not_rules<'a>(&self, nets: &'a [IpNet]) -> std::borrow::Cow<'a, [IpNet]> {
+        let bans: Vec<IpNet> = self.rules.keys().filter(|k| k.ban).map(|k| k.net).collect();
+        if bans.iter().all(|b| nets.binary_search(b).is_err()) {
+            return std::borrow::Cow::Borrowed(nets);
+        }
+        std::borrow::Cow::Owned(nets.iter().filter(|n| !bans.contains(n)).copied().collect())
+    }
+
     pub(super) fn has_set_entries(&self) -> bool {
         self.sets.values().any(|s| !s.entries.is_empty())
     }
 
-    /// The sets' rows for `rule ls`, `stats` and the snapshot.
-    pub(super) fn set_rows(&self) -> Vec<(RuleView, u32)> {
-        self.sets.values().map(|s| (s.view(), s.slot)).collect()
+    /// The sets' rows for `rule ls`, `stats`, `inspect` (the snapshot).
+    pub(super) fn set_rows(&self) -> Vec<super::views::SetRow> {
+        self.sets
+            .values()
+            .map(|s| super::views::SetRow {
+                view: s.view(),
+                slot: s.slot,
+                spec4: s.spec4.clone(),
+                spec6: s.spec6.clone(),
+                entries: s.entries.clone(),
+            })
+            .collect()
     }
 }
 
 fn strip(c: &mut Compiled, sets: &BTreeMap<String, SetState>) {
     for s in sets.values() {
-        for n in &s.entries {
+        for n in s.entries.iter() {
             c.prefixes.remove(n);
         }
     }
@@ -601,7 +699,7 @@ impl Daemon {
                 }
             };
             self.next_id += 1;
-            let mut s = SetState { header: h, spec4, spec6, id: self.next_id, slot, entries: l.entries };
+            let mut s = SetState { header: h, spec4, spec6, id: self.next_id, slot, entries: Arc::new(l.entries) };
             // The same rule as the kernel's keeps its id (its buckets go on).
             if let Some(r) = k {
                 let v4 = s.spec4.kernel(r.rule_id)?.with_counter_slot(slot);
@@ -611,7 +709,7 @@ impl Daemon {
                 }
             }
             prepare(&mut self.policer, &s.spec4, slot)?;
-            write(self.policer.rule_trie_fds()?, &s.entries, s.values()?)?;
+            write_set(self.policer.rule_trie_fds()?, &s.entries, s.values()?, &s.entries, &self.ban_values())?;
             self.sets.insert(s.header.name.clone(), s);
         }
         Ok(())

@@ -61,8 +61,29 @@ pub struct Snapshot {
     pub persist: bool,
     pub program_id: u32,
     pub config_status: crate::control::ConfigStatus,
-    /// Named sets (`rule import`), each as one rule, with its counter slot.
-    pub sets: Vec<(RuleView, u32)>,
+    /// Named sets (`rule import`), each as one rule.
+    pub sets: Vec<SetRow>,
+}
+
+/// A named set: its `rule ls` row, counter slot, rule and entries.
+#[derive(Clone, Debug)]
+pub struct SetRow {
+    pub view: RuleView,
+    pub slot: u32,
+    pub spec4: RuleSpec,
+    pub spec6: RuleSpec,
+    pub entries: Arc<Vec<ipnet::IpNet>>,
+}
+
+impl SetRow {
+    /// The longest entry that holds `addr`: a lookup per prefix length.
+    pub fn entry_for(&self, addr: IpAddr) -> Option<ipnet::IpNet> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (0..=max).rev().find_map(|len| {
+            let n = ipnet::IpNet::new(addr, len).ok()?.trunc();
+            self.entries.binary_search(&n).is_ok().then_some(n)
+        })
+    }
 }
 
 /// The read side of the daemon, shared by every connection.
@@ -148,7 +169,7 @@ impl Views {
         };
         let mut out: Vec<RuleView> = snap.rules.values().map(|r| view(&r.spec, r.persisted, true)).collect();
         out.extend(snap.removed_at_runtime.iter().map(|s| view(s, true, false)));
-        out.extend(snap.sets.iter().map(|(v, _)| v.clone()));
+        out.extend(snap.sets.iter().map(|s| s.view.clone()));
         out
     }
 
@@ -194,11 +215,11 @@ impl Views {
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
                 rates: None,
             })
-            .chain(snap.sets.iter().map(|(v, slot)| RuleStats {
-                prefix: v.prefix.clone(),
+            .chain(snap.sets.iter().map(|s| RuleStats {
+                prefix: s.view.prefix.clone(),
                 class: String::new(),
-                action: v.action.clone(),
-                counters: CountersView::from(&rc.get(slot).copied().unwrap_or_default()),
+                action: s.view.action.clone(),
+                counters: CountersView::from(&rc.get(&s.slot).copied().unwrap_or_default()),
                 rates: None,
             }))
             .collect();
@@ -353,8 +374,24 @@ impl Views {
         else {
             return Ok(v);
         };
-        let spec = &row.spec;
-        v.rule = Some(net.to_string());
+        // A set's entry longer than the rule's prefix is what the trie
+        // gives the address.
+        let set = snap
+            .sets
+            .iter()
+            .filter_map(|s| s.entry_for(addr).map(|n| (n, s)))
+            .max_by_key(|(n, _)| n.prefix_len())
+            .filter(|(n, _)| n.prefix_len() > net.prefix_len());
+        let (spec, slot) = match set {
+            Some((n, s)) => {
+                v.rule = Some(format!("{} ({n})", s.view.prefix));
+                (if addr.is_ipv4() { &s.spec4 } else { &s.spec6 }, s.slot)
+            }
+            None => {
+                v.rule = Some(net.to_string());
+                (&row.spec, row.slot)
+            }
+        };
         v.action = Some(spec.action.to_string());
         let key = bucket_key(addr, spec.key_len);
         v.key = Some(bucket_source(&key));
@@ -394,7 +431,7 @@ impl Views {
                     resumed = Some(rule.bucket(rule.resumed_tat(now, debt)));
                 }
                 None => {
-                    let ns = self.reader.new_sources(row.slot)?.unwrap_or_default();
+                    let ns = self.reader.new_sources(slot)?.unwrap_or_default();
                     let open = ns.enabled == 0 || ns.limiter().admit(ns.tat, now, 0).is_some();
                     v.new_source = Some(if open { "accepted" } else { "limited" }.into());
                 }
