@@ -737,3 +737,60 @@ pub fn read_import(path: &str, shown: &str, set: Option<String>, rule: RuleConfi
     let list = sets::parse(&text, &file)?;
     Ok(Import { file, text, list, set, rule })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(v: &[&str]) -> Vec<IpNet> {
+        let mut v: Vec<IpNet> = v.iter().map(|s| s.parse().unwrap()).collect();
+        v.sort();
+        v
+    }
+
+    fn rule(id: u32) -> Rule {
+        Rule::packets(1, 1).unwrap().with_id(id)
+    }
+
+    /// Entries under bans get the longest ban's value; an entry that holds
+    /// a ban (shorter) or sits beside it does not.
+    #[test]
+    fn entries_under_bans() {
+        let list = nets(&[
+            "10.0.0.0/8",
+            "10.1.0.0/16",
+            "10.1.2.3/32",
+            "10.1.255.255/32",
+            "10.2.0.1/32",
+            "2001:db8::1/128",
+            "2001:db8:1::/48",
+        ]);
+        let bans = [
+            ("10.1.0.0/16".parse().unwrap(), rule(1)),
+            ("10.1.2.0/24".parse().unwrap(), rule(2)),
+            ("2001:db8::/64".parse().unwrap(), rule(3)),
+        ];
+        let got: Vec<(String, u32)> =
+            banned(&list, &bans).into_iter().map(|(n, r)| (n.to_string(), r.rule_id)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("10.1.0.0/16".to_string(), 1),
+                ("10.1.2.3/32".to_string(), 2),
+                ("10.1.255.255/32".to_string(), 1),
+                ("2001:db8::1/128".to_string(), 3),
+            ]
+        );
+        assert!(banned(&list, &[]).is_empty());
+    }
+
+    #[test]
+    fn union_and_split() {
+        let a = nets(&["10.0.0.1/32", "2001:db8::/32"]);
+        let b = nets(&["10.0.0.1/32", "10.0.0.2/32"]);
+        assert_eq!(union(&a, &b), nets(&["10.0.0.1/32", "10.0.0.2/32", "2001:db8::/32"]));
+        let u = union(&a, &b);
+        let (v4, v6) = split(&u);
+        assert_eq!((v4.len(), v6.len()), (2, 1));
+    }
+}

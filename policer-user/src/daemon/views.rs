@@ -334,9 +334,21 @@ impl Views {
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
         let entry = |r: &Row| {
             let rule = rule_for(&snap, &r.key);
+            // A set's entry more specific than that rule charges the
+            // bucket (police and monitor sets have buckets).
+            let set = (r.key.class == 0 && !snap.sets.is_empty())
+                .then(|| {
+                    let addr = key_addr(&r.key);
+                    snap.sets.iter().find_map(|s| s.entry_for(addr).map(|n| (n, s)))
+                })
+                .flatten()
+                .filter(|(n, _)| rule.is_none_or(|k| n.prefix_len() > k.net.prefix_len()));
             TopEntry {
                 source: bucket_source(&r.key),
-                rule: rule.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                rule: match set {
+                    Some((n, s)) => format!("{} ({n})", s.view.prefix),
+                    None => rule.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                },
                 class: rule.map(|n| n.class.to_string()).unwrap_or_else(|| "-".into()),
                 debt_ns: r.debt_ns,
                 fill: r.fill as f64 / 65536.0,
