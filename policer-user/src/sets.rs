@@ -159,7 +159,11 @@ pub fn first_common(a: &[IpNet], b: &[IpNet]) -> Option<IpNet> {
 pub fn implicit_name(rule: &RuleConfig) -> String {
     let action = rule.action.unwrap_or(policer_common::bucket::Action::Police).to_string();
     match &rule.rate {
-        Some(r) => format!("{action}-{r}"),
+        // Canonical (`10 kpps` and `10000pps` are one set).
+        Some(r) => match policer_common::rate::Rate::parse(r) {
+            Ok(r) => format!("{action}-{r}"),
+            Err(_) => format!("{action}-{}", r.replace(|c: char| !c.is_ascii_alphanumeric(), "")),
+        },
         None => action,
     }
 }

@@ -213,6 +213,16 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     assert_eq!(v["action"], "allow", "{v}");
     succeeds(&cli(&sb, &["rule", "rm", "--set", "vip"]));
 
+    // Without --set: added to the implicit set of the action, which grows.
+    let add1 = ListFile::hosts("add1", 0, &[], "192.0.2.50\n");
+    let add2 = ListFile::hosts("add2", 0, &[], "192.0.2.51\n");
+    succeeds(&cli(&sb, &["rule", "import", add1.path()]));
+    succeeds(&cli(&sb, &["rule", "import", add2.path(), "--action", "deny"]));
+    assert_eq!(set_row(&sb, "deny").expect("the implicit set")["entries"], 2);
+    expect(&sb, &[("192.0.2.50", true), ("192.0.2.51", true)], "the implicit set");
+    fails_with(&cli(&sb, &["rule", "import", add1.path(), "--ttl", "1h"]), "--ttl needs --set");
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "deny"]));
+
     // rm --set: gone.
     succeeds(&cli(&sb, &["rule", "rm", "--set", "feed"]));
     assert!(set_row(&sb, "feed").is_none());

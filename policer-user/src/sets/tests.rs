@@ -111,3 +111,19 @@ fn names_and_state_files() {
     assert_eq!(state_dir(Path::new("/etc/policer/policer.toml")), Path::new("/etc/policer/policer.sets"));
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn implicit_names() {
+    use policer_common::bucket::Action;
+    let rc = |action, rate: Option<&str>| RuleConfig {
+        action: Some(action),
+        rate: rate.map(Into::into),
+        ..RuleConfig::default()
+    };
+    assert_eq!(implicit_name(&rc(Action::Deny, None)), "deny");
+    assert_eq!(implicit_name(&rc(Action::Police, Some("100pps"))), "police-100pps");
+    assert_eq!(implicit_name(&rc(Action::Police, Some("10 kpps"))), implicit_name(&rc(Action::Police, Some("10kpps"))));
+    for a in [Action::Allow, Action::Monitor] {
+        check_name(&implicit_name(&rc(a, Some("64kbit")))).unwrap();
+    }
+}
