@@ -43,6 +43,11 @@ pub struct CpuScratch {
     /// A word the program writes and reads back so the verifier sees a
     /// value it cannot know (see `launder` in the program).
     pub opaque: u64,
+    /// The key and value of a ban being looked up or started (see
+    /// [`crate::ban`]): here rather than on the program's stack, which is
+    /// nearly full.
+    pub ban_key: crate::BucketKeyV6,
+    pub ban: crate::ban::Ban,
 }
 
 /// An interval the clock is known to lie in, in ns.

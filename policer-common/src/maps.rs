@@ -40,6 +40,12 @@ pub const MAP_CLASS_FILTER: &str = "CLASS_FILTER";
 /// Array of [`crate::class::Total`], one per rule counter slot: the
 /// aggregate buckets of rules with `--total-rate`.
 pub const MAP_TOTALS: &str = "TOTALS";
+/// Hash (preallocated, never LRU) of [`BucketKeyV6`] -> [`crate::ban::Ban`]:
+/// the automatic bans (see [`crate::ban`]).
+pub const MAP_BANS: &str = "BANS";
+/// Array of [`crate::ban::BanParams`], one per rule counter slot: the
+/// automatic bans of rules with `--ban-for`.
+pub const MAP_BAN_PARAMS: &str = "BAN_PARAMS";
 /// Entries of [`MAP_CLASS_INDEX`] (port blocks of every group).
 pub const MAX_CLASS_INDEX_ENTRIES: u32 = 65_536;
 /// Per-CPU array of [`Counters`], one slot per interface
@@ -81,7 +87,9 @@ pub const MAP_LAYOUT: &str = "LAYOUT";
 /// 3: classes and totals: the rule's class fields (80 bytes), the class
 /// index and the totals, the class in the keyed table's keys, the total
 /// drop counters.
-pub const LAYOUT_VERSION: u32 = 3;
+/// 4: automatic bans: the ban store and the rules' ban parameters, the
+/// banned and counting stamps of a slot, the ban counters.
+pub const LAYOUT_VERSION: u32 = 4;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
 /// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
@@ -93,9 +101,9 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 16] = {
+pub const SHARED_MAPS: [&str; 18] = {
     // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 16];
+    let mut names = [""; 18];
     let mut i = 0;
     while i < names.len() {
         names[i] = SHARED_MAP_LAYOUT[i].0;
@@ -109,7 +117,7 @@ pub const SHARED_MAPS: [&str; 16] = {
 /// another build's: its state would be misread, so it is not adopted. (The
 /// LPM tries' keys are the kernel's `bpf_lpm_trie_key`: a `u32` prefix
 /// length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 16] = {
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 18] = {
     use core::mem::size_of;
 
     use crate::{
@@ -135,6 +143,8 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 16] = {
         (MAP_CLASS_INDEX, 4 + INDEX_KEY_BYTES, size_of::<ClassList>()),
         (MAP_TOTALS, 4, size_of::<Total>()),
         (MAP_CLASS_FILTER, 4, size_of::<ClassFilter>()),
+        (MAP_BANS, size_of::<BucketKeyV6>(), size_of::<crate::ban::Ban>()),
+        (MAP_BAN_PARAMS, 4, size_of::<crate::ban::BanParams>()),
     ]
 };
 /// Read-only global (`u32`): non-zero makes the program read its clock
@@ -303,9 +313,12 @@ pub struct Counters {
     pub total_drops: u64,
     /// Frames whose prefix has classes that one of them matched.
     pub class_matched: u64,
-    /// Automatic bans started (STUB until the kernel side lands).
+    /// Automatic bans started (see [`crate::ban`]).
     pub bans_started: u64,
+    /// Frames of banned sources dropped (exact).
     pub ban_drops: u64,
+    /// Bans not started because the store was full (the source stays
+    /// policed by its bucket).
     pub bans_refused_full: u64,
 }
 
@@ -460,6 +473,8 @@ mod pod {
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::NewSources {}
+    unsafe impl aya::Pod for crate::ban::Ban {}
+    unsafe impl aya::Pod for crate::ban::BanParams {}
     unsafe impl aya::Pod for crate::bucket::Bucket {}
     unsafe impl aya::Pod for crate::table::Set {}
     unsafe impl aya::Pod for crate::table::SetDrops {}

@@ -16,7 +16,7 @@ use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, xdp_action},
     helpers::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::{map, xdp},
-    maps::{Array, LpmTrie, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use aya_log_ebpf::warn;
@@ -27,6 +27,7 @@ use network_types::{
 use policer_common::{
     ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
+    ban::{self, Ban, BanParams, RULE_BAN, SlotBan},
     bucket::{Action, STAMP_MASK},
     class::{
         self, ClassFilter, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
@@ -96,6 +97,13 @@ static CLASS_FILTER: Array<ClassFilter> = Array::with_max_entries(class::MAX_CLA
 /// The rules' aggregate buckets, at their counter slots.
 #[map]
 static TOTALS: Array<Total> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+/// Automatic bans by bucket key (policer_common::ban): preallocated, never
+/// evicted.
+#[map]
+static BANS: HashMap<BucketKeyV6, Ban> = HashMap::with_max_entries(ban::DEFAULT_MAX_BANS, 0);
+/// The automatic bans of each rule, at its counter slot.
+#[map]
+static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
 /// The layout version stamp (policer_common::MAP_LAYOUT): written and
 /// bound to the program by the loader, never read here.
 #[map]
@@ -559,9 +567,6 @@ fn police_table<const V6: bool>(
     // this program run; slots are read with volatile loads because other
     // CPUs write them.
     unsafe {
-        if let Some(j) = find::<V6>(ctx, first, index[0], key, rule, clock, len, c) {
-            return j;
-        }
         // The second set only when the first does not hold the source: a
         // new source, or one whose first set was full when it came (rare).
         // Under a flood of new sources this is a second read, which the
@@ -570,10 +575,24 @@ fn police_table<const V6: bool>(
             Some(s) if index[1] != index[0] => (s, index[1]),
             _ => (first, index[0]),
         };
-        if index1 != index[0]
-            && let Some(j) = find::<V6>(ctx, second, index1, key, rule, clock, len, c)
-        {
-            return j;
+        let found = match find(first, key) {
+            Some((w, word)) => Some((first, index[0], w, word)),
+            None if index1 != index[0] => find(second, key).map(|(w, word)| (second, index1, w, word)),
+            None => None,
+        };
+        if let Some((set, at, w, word)) = found {
+            // One place that judges a found slot, whichever set and way
+            // (laundered: the verifier walks it once, not per way).
+            let w = launder(w as u64) as usize % WAYS;
+            let slot = (&raw mut (*set).ways as *mut Slot).add(w);
+            let admit = slot_admit::<V6>(ctx, slot, word, v6_key, rule, clock, len, c);
+            return Judged { admit, drop_at: DropAt::Slot(V6, at, w) };
+        }
+        // Not in the table but banned (its slot went to a flood of new
+        // sources, or it was banned while it had none): dropped, no slot.
+        // Only rules with bans look.
+        if rule.flags & RULE_BAN != 0 && banned::<V6>(key, v6_key, clock, c) {
+            return Judged::new_bucket(false);
         }
         // Not in the table: what does the recall say of it? Read with the
         // time's upper bound when the jiffies give one (a window of ticks
@@ -642,7 +661,7 @@ fn police_table<const V6: bool>(
         }
         if seen & KEY_MASK == key {
             // Another CPU made this source's bucket meanwhile: judge by it.
-            let admit = slot_admit(ctx, slot, seen, rule, clock, len, c);
+            let admit = slot_admit::<V6>(ctx, slot, seen, v6_key, rule, clock, len, c);
             return Judged { admit, drop_at: DropAt::Slot(V6, index, v) };
         }
     }
@@ -675,32 +694,20 @@ fn remember<const V6: bool>(g: &Geometry, old: &Slot, now: u64, c: &mut Counters
     c.recall_stored += 1;
 }
 
-/// Judges the frame by the source's slot in the set at `set` (array index
-/// `index`), if the set holds the source.
+/// The way of the set at `set` that holds the source `key`, and its key
+/// word as read.
 ///
 /// # Safety
 /// `set` must point into a live map value.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn find<const V6: bool>(
-    ctx: &XdpContext,
-    set: *mut Set,
-    index: u32,
-    key: u64,
-    rule: &Rule,
-    clock: &mut Clock,
-    len: u32,
-    c: &mut Counters,
-) -> Option<Judged> {
+unsafe fn find(set: *mut Set, key: u64) -> Option<(usize, u64)> {
     // SAFETY: the caller's contract.
     unsafe {
         let ways = &raw mut (*set).ways as *mut Slot;
         for w in 0..WAYS {
-            let slot = ways.add(w);
-            let word = core::ptr::read_volatile(&(*slot).key);
+            let word = core::ptr::read_volatile(&(*ways.add(w)).key);
             if word & KEY_MASK == key {
-                let admit = slot_admit(ctx, slot, word, rule, clock, len, c);
-                return Some(Judged { admit, drop_at: DropAt::Slot(V6, index, w) });
+                return Some((w, word));
             }
         }
     }
@@ -709,15 +716,19 @@ unsafe fn find<const V6: bool>(
 
 /// Charges a frame to a slot whose key word was read as `word`, carrying
 /// the bucket over first if its rule changed size or unit, and marking the
-/// source as come back (once per slot).
+/// source as come back (once per slot). A slot that caches a ban or counts
+/// refusals (policer_common::ban) is handled here too, off the path of a
+/// slot whose word is already what the rule wants.
 ///
 /// # Safety
 /// `slot` must point into a live map value.
 #[inline(always)]
-unsafe fn slot_admit(
+#[allow(clippy::too_many_arguments)]
+unsafe fn slot_admit<const V6: bool>(
     ctx: &XdpContext,
     slot: *mut Slot,
     word: u64,
+    v6_key: &BucketKeyV6,
     rule: &Rule,
     clock: &mut Clock,
     len: u32,
@@ -727,16 +738,179 @@ unsafe fn slot_admit(
     unsafe {
         let want = table::stamped(word, rule.stamp) | table::KEY_RETURNED;
         if word != want {
-            // Rare (the source's second frame, or the first after a rule
-            // change): carry the bucket over if the stamp changed, then
-            // swap in the new word, unless the slot changed hands.
-            if word >> SLOT_STAMP_SHIFT != rule.stamp as u64 & STAMP_MASK {
-                let old = Slot { key: word, tat: core::ptr::read_volatile(&(*slot).tat) };
-                carry_over(&raw mut (*slot).tat, &old.bucket(0), rule, clock);
+            // Rare (the source's second frame, the first after a rule
+            // change, a banned source, a count of refusals).
+            match ban::slot_ban((word >> SLOT_STAMP_SHIFT) as u32) {
+                SlotBan::Banned => {
+                    let end = core::ptr::read_volatile(&(*slot).tat);
+                    if clock.approx() < end || clock.now() < end {
+                        c.ban_drops += 1;
+                        count_slot_ban_drop::<V6>(word, v6_key, clock);
+                        return false;
+                    }
+                    // The ban is over: a fresh bucket, its full burst.
+                    if cas(&raw mut (*slot).key, word, want) == word {
+                        core::ptr::write_volatile(&raw mut (*slot).tat, rule.empty_tat(clock.now()));
+                    }
+                }
+                SlotBan::Counting(n) => {
+                    // Judged by the bucket as it stands (no carry-over:
+                    // the count took the stamp's place).
+                    if judge(ctx, &raw mut (*slot).tat, rule, clock, len, c) {
+                        cas(&raw mut (*slot).key, word, want);
+                        return true;
+                    }
+                    refused::<V6>(slot, word, n + 1, v6_key, rule, clock, c);
+                    return false;
+                }
+                SlotBan::None => {
+                    if word >> SLOT_STAMP_SHIFT != rule.stamp as u64 & STAMP_MASK {
+                        let old = Slot { key: word, tat: core::ptr::read_volatile(&(*slot).tat) };
+                        carry_over(&raw mut (*slot).tat, &old.bucket(0), rule, clock);
+                    }
+                    cas(&raw mut (*slot).key, word, want);
+                }
             }
-            cas(&raw mut (*slot).key, word, want);
         }
-        judge(ctx, &raw mut (*slot).tat, rule, clock, len, c)
+        let admit = judge(ctx, &raw mut (*slot).tat, rule, clock, len, c);
+        if !admit && rule.flags & RULE_BAN != 0 {
+            refused::<V6>(slot, want, 1, v6_key, rule, clock, c);
+        }
+        admit
+    }
+}
+
+/// A rule with bans refused the source's `n`-th frame since it was last
+/// admitted: the slot (whose word is `word`) counts it, or at the rule's
+/// `--ban-after` the ban starts (policer_common::ban).
+///
+/// # Safety
+/// `slot` must point into a live map value.
+#[inline(always)]
+unsafe fn refused<const V6: bool>(
+    slot: *mut Slot,
+    word: u64,
+    n: u32,
+    v6_key: &BucketKeyV6,
+    rule: &Rule,
+    clock: &mut Clock,
+    c: &mut Counters,
+) {
+    let Some(p) = BAN_PARAMS.get_ptr(rule.counter_slot) else {
+        return;
+    };
+    // SAFETY: the caller's contract; `p` is a live array value.
+    unsafe {
+        if core::ptr::read_volatile(&(*p).ban_for_ns) == 0 {
+            return;
+        }
+        if n < core::ptr::read_volatile(&(*p).ban_after) {
+            cas(&raw mut (*slot).key, word, table::stamped(word, ban::counting_stamp(n)));
+            return;
+        }
+        let Some(key) = ban_key::<V6>(clock, word, v6_key) else {
+            return;
+        };
+        let now = clock.now();
+        let end = match BANS.get_ptr_mut(&*key) {
+            // Banned already (another CPU started it, or the slot was made
+            // after the ban began): the slot caches it.
+            Some(b) if core::ptr::read_volatile(&(*b).end_ns) > now => core::ptr::read_volatile(&(*b).end_ns),
+            prev => {
+                let ban = &raw mut (*clock.scratch).ban;
+                *ban = ban::start(prev.map(|b| &*b), now, &*p, rule.counter_slot);
+                if BANS.insert(&*key, &*ban, 0).is_err() {
+                    c.bans_refused_full += 1;
+                    return;
+                }
+                c.bans_started += 1;
+                (*ban).end_ns
+            }
+        };
+        // The word first, then the end: a CPU between the two sees a ban
+        // until the bucket's old `tat` (units far past any ns): a drop.
+        if cas(&raw mut (*slot).key, word, table::stamped(word, ban::STAMP_BANNED)) == word {
+            core::ptr::write_volatile(&raw mut (*slot).tat, end);
+        }
+    }
+}
+
+/// The store's key of the source (the keyed table's key, or for the IPv4
+/// table the mapped form of its key word `word`), written into the CPU's
+/// scratch: a pointer to it, for map lookups. None without a scratch.
+#[inline(always)]
+fn ban_key<const V6: bool>(clock: &Clock, word: u64, v6_key: &BucketKeyV6) -> Option<*mut BucketKeyV6> {
+    if clock.scratch.is_null() {
+        return None;
+    }
+    // SAFETY: the scratch is this CPU's live array value.
+    unsafe {
+        let k = &raw mut (*clock.scratch).ban_key;
+        if V6 {
+            *k = *v6_key;
+        } else {
+            // ::ffff:a.b.c.d (policer_common::ban::key_v4), field by field.
+            let a = &raw mut (*k).addr as *mut u32;
+            a.write(0);
+            a.add(1).write(0);
+            a.add(2).write(u32::from_ne_bytes([0, 0, 0xff, 0xff]));
+            a.add(3).write(word as u32);
+            (*k).key_len = ((word >> 32) & 0x3f) as u32 | class::KEY_LEN_V4_MAPPED;
+            (*k).class = 0;
+        }
+        Some(k)
+    }
+}
+
+/// Whether the source of a table miss is banned (the store's entry for its
+/// key has not ended): counted as a ban drop.
+#[inline(always)]
+fn banned<const V6: bool>(key: u64, v6_key: &BucketKeyV6, clock: &mut Clock, c: &mut Counters) -> bool {
+    let Some(k) = ban_key::<V6>(clock, key, v6_key) else {
+        return false;
+    };
+    // SAFETY: `k` is the scratch's key.
+    let Some(b) = BANS.get_ptr_mut(unsafe { &*k }) else {
+        return false;
+    };
+    // SAFETY: a live map value; its words change whole.
+    let end = unsafe { core::ptr::read_volatile(&(*b).end_ns) };
+    if clock.approx() < end || clock.now() < end {
+        c.ban_drops += 1;
+        count_ban_drop(b, clock);
+        return true;
+    }
+    false
+}
+
+/// Counts a banned source's drop in its ban's entry `b`, sampled as
+/// [`count_drop`] samples.
+#[inline(always)]
+fn count_ban_drop(b: *mut Ban, clock: &mut Clock) {
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    let shift = unsafe { core::ptr::read_volatile(&DROP_SAMPLE_SHIFT) } & 15;
+    if clock.sample(shift) {
+        // SAFETY: a live map value; other CPUs add to it atomically too.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).drops, 1u64 << shift) };
+    }
+}
+
+/// [`count_ban_drop`] for a banned slot's drop: its entry looked up only
+/// when the drop is sampled.
+#[inline(always)]
+fn count_slot_ban_drop<const V6: bool>(word: u64, v6_key: &BucketKeyV6, clock: &mut Clock) {
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    let shift = unsafe { core::ptr::read_volatile(&DROP_SAMPLE_SHIFT) } & 15;
+    if !clock.sample(shift) {
+        return;
+    }
+    let Some(k) = ban_key::<V6>(clock, word, v6_key) else {
+        return;
+    };
+    // SAFETY: `k` is the scratch's key.
+    if let Some(b) = BANS.get_ptr_mut(unsafe { &*k }) {
+        // SAFETY: a live map value; other CPUs add to it atomically too.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).drops, 1u64 << shift) };
     }
 }
 
@@ -945,19 +1119,25 @@ fn try_policer(ctx: &XdpContext) -> u32 {
     };
     // One call site each, so each is inlined once.
     match target {
-        Target::V4(src) => verdict(rule, len, c, |rule, clock, c, rc| {
-            // The key: the masked source as one word (IPv4 keys are at most
-            // 32 bits).
-            let m = &rule.key_mask;
-            let mask = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
-            let key = table::slot_key_word(u32::from_ne_bytes(src) & mask, rule.key_len);
-            let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
-                c.bucket_insert_failed += 1;
-                return Judged::new_bucket(true);
-            };
-            let index = g.sets_of(key);
-            police_table::<false>(ctx, g, key, index, &BucketKeyV6::default(), rule, clock, len, c, rc)
-        }),
+        Target::V4(src) => verdict(
+            rule,
+            len,
+            c,
+            #[inline(always)]
+            |rule, clock, c, rc| {
+                // The key: the masked source as one word (IPv4 keys are at most
+                // 32 bits).
+                let m = &rule.key_mask;
+                let mask = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
+                let key = table::slot_key_word(u32::from_ne_bytes(src) & mask, rule.key_len);
+                let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
+                    c.bucket_insert_failed += 1;
+                    return Judged::new_bucket(true);
+                };
+                let index = g.sets_of(key);
+                police_table::<false>(ctx, g, key, index, &BucketKeyV6::default(), rule, clock, len, c, rc)
+            },
+        ),
         Target::Keyed(addr, mapped) => keyed_verdict(ctx, rule, addr, mapped, len, c),
     }
 }
@@ -983,22 +1163,28 @@ fn keyed_verdict(
     len: u32,
     c: &mut Counters,
 ) -> u32 {
-    verdict(rule, len, c, |rule, clock, c, rc| {
-        let class = if rule.flags & RULE_CLASS != 0 { rule.counter_slot } else { 0 };
-        let mut key = BucketKeyV6 { addr, key_len: rule.key_len | mapped, class };
-        if mapped == 0 {
-            for i in 0..16 {
-                key.addr[i] = addr[i] & rule.key_mask[i];
+    verdict(
+        rule,
+        len,
+        c,
+        #[inline(always)]
+        |rule, clock, c, rc| {
+            let class = if rule.flags & RULE_CLASS != 0 { rule.counter_slot } else { 0 };
+            let mut key = BucketKeyV6 { addr, key_len: rule.key_len | mapped, class };
+            if mapped == 0 {
+                for i in 0..16 {
+                    key.addr[i] = addr[i] & rule.key_mask[i];
+                }
             }
-        }
-        let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
-            c.bucket_insert_failed += 1;
-            return Judged::new_bucket(true);
-        };
-        let h = g.hash_key(&key);
-        let index = g.sets_of_hash(h);
-        police_table::<true>(ctx, g, table::v6_key_word(h), index, &key, rule, clock, len, c, rc)
-    })
+            let Some(g) = BUCKETS_V4_GEOM.get(0).filter(|g| g.sets != 0) else {
+                c.bucket_insert_failed += 1;
+                return Judged::new_bucket(true);
+            };
+            let h = g.hash_key(&key);
+            let index = g.sets_of_hash(h);
+            police_table::<true>(ctx, g, table::v6_key_word(h), index, &key, rule, clock, len, c, rc)
+        },
+    )
 }
 
 /// Applies `rule` (from [`lookup_rule`]) to a frame of `len` bytes:

@@ -406,6 +406,12 @@ pub struct TopView {
     pub read_ms: f64,
     pub by_debt: Vec<TopEntry>,
     pub by_drops: Vec<TopEntry>,
+    /// Bans in force, soonest end first (at most as many as asked for),
+    /// and how many there are in all.
+    #[serde(default)]
+    pub bans: Vec<BanView>,
+    #[serde(default)]
+    pub bans_total: usize,
 }
 
 fn yes() -> bool {
@@ -448,6 +454,10 @@ pub struct InspectView {
     /// it one now ("accepted") or refuse it under table pressure
     /// ("limited"); null with a bucket or for allow/deny rules.
     pub new_source: Option<String>,
+    /// The ban the source is under, if any: a manual ban of a prefix that
+    /// holds it, or an automatic ban of its bucket key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban: Option<BanView>,
 }
 
 /// A rule with every default filled in, as `rule ls` shows it.

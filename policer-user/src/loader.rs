@@ -20,6 +20,7 @@ use policer_common::{
     MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS,
     MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4,
     MAP_RULES_V6, MAP_TOTALS, MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    ban::{Ban, BanParams},
     class::{ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
     recall::{self, RecallSet},
     table::{self, Geometry, Set, SetDrops, SetKeys},
@@ -72,6 +73,8 @@ pub struct LoadOptions {
     pub max_sources: u32,
     /// Rules the program holds (each with its own counters and limiter).
     pub max_rules: u32,
+    /// Entries of the automatic-ban store (policer_common::ban).
+    pub max_bans: u32,
     /// Read the clock from the CLOCK map (tests only).
     pub test_clock: bool,
     /// Police synthetic sources 0..N instead of the real one (benchmarks
@@ -102,6 +105,7 @@ impl Default for LoadOptions {
         LoadOptions {
             max_sources: DEFAULT_MAX_SOURCES,
             max_rules: DEFAULT_MAX_RULES,
+            max_bans: policer_common::ban::DEFAULT_MAX_BANS,
             test_clock: false,
             bench_sources: 0,
             tick_ns: None,
@@ -137,6 +141,9 @@ pub struct MapReader {
     buckets_v6_keys: OwnedFd,
     recall: OwnedFd,
     new_sources: OwnedFd,
+    bans: OwnedFd,
+    /// Entries the ban store holds.
+    ban_capacity: u32,
     /// The tables' hash and size; fixed for the tables' life.
     geometry: Geometry,
 }
@@ -359,6 +366,8 @@ impl Policer {
             .map_max_entries(MAP_RULE_COUNTERS, opts.max_rules + 1)
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
             .map_max_entries(MAP_TOTALS, opts.max_rules + 1)
+            .map_max_entries(policer_common::MAP_BAN_PARAMS, opts.max_rules + 1)
+            .map_max_entries(policer_common::MAP_BANS, opts.max_bans.max(1))
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
@@ -452,6 +461,60 @@ impl Policer {
         self.reader.clone()
     }
 
+    /// Sets (or with None clears) the automatic bans of the rule at `slot`.
+    pub fn set_ban_params(&mut self, slot: u32, params: Option<&BanParams>) -> Result<()> {
+        let p = params.copied().unwrap_or_default();
+        crate::batch::update_elem(self.map_fd(policer_common::MAP_BAN_PARAMS)?, &slot, &p)
+            .map_err(|e| Error::Invalid(format!("{}: {e}", policer_common::MAP_BAN_PARAMS)))
+    }
+
+    /// Lifts the automatic ban of `key`: its entry goes (false: it had
+    /// none), and a slot that caches the ban or counts refusals is freed,
+    /// so the source's next frame is judged as a new source's. The set is
+    /// rewritten whole: a charge another CPU made to another slot of the
+    /// same set in the microseconds between the read and the write can be
+    /// lost (a frame or two of budget, once).
+    pub fn lift_ban(&mut self, key: &BucketKeyV6) -> Result<bool> {
+        let fd = self.map_fd(policer_common::MAP_BANS)?;
+        let had = crate::batch::lookup::<BucketKeyV6, Ban>(fd, key)
+            .map_err(|e| Error::Invalid(format!("reading {}: {e}", policer_common::MAP_BANS)))?
+            .is_some();
+        if had {
+            crate::batch::delete_elem(fd, key)
+                .map_err(|e| Error::Invalid(format!("{}: {e}", policer_common::MAP_BANS)))?;
+        }
+        if let Some((table, name, i, mut set, w)) = self.reader.slot_of(key)? {
+            let stamp = set.ways[w].stamp();
+            if !matches!(policer_common::ban::slot_ban(stamp), policer_common::ban::SlotBan::None) {
+                set.ways[w] = policer_common::table::Slot::default();
+                crate::batch::update_elem(table.as_raw_fd(), &i, &set)
+                    .map_err(|e| Error::Invalid(format!("{name}: {e}")))?;
+            }
+        }
+        Ok(had)
+    }
+
+    /// Removes the store's entries whose escalation window is over at
+    /// `now_ns` (policer_common::ban::forgettable); returns them.
+    pub fn expire_bans(&mut self, now_ns: u64) -> Result<Vec<(BucketKeyV6, Ban)>> {
+        let fd = self.map_fd(policer_common::MAP_BANS)?;
+        let gone: Vec<(BucketKeyV6, Ban)> =
+            self.reader.bans()?.into_iter().filter(|(_, b)| policer_common::ban::forgettable(b, now_ns)).collect();
+        for (k, _) in &gone {
+            match crate::batch::delete_elem(fd, k) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(Error::Invalid(format!("{}: {e}", policer_common::MAP_BANS))),
+            }
+        }
+        Ok(gone)
+    }
+
+    /// Entries the automatic-ban store holds.
+    pub fn ban_capacity(&self) -> u32 {
+        self.reader.ban_capacity()
+    }
+
     /// Counters of every interface slot (summed over CPUs).
     pub fn iface_counters(&self) -> Result<Vec<(u32, Counters)>> {
         self.reader.iface_counters()
@@ -525,6 +588,7 @@ pub struct SharedMaps {
     rule_maps: [OwnedFd; 5],
     new_sources: Array<MapData, NewSources>,
     rule_counters: PerCpuArray<MapData, RuleCounters>,
+    ban_params: OwnedFd,
 }
 
 impl SharedMaps {
@@ -545,6 +609,7 @@ impl SharedMaps {
                 dup(MAP_TOTALS)?,
             ],
             new_sources: Array::try_from(Map::Array(data(MAP_NEW_SOURCES)?)).map_err(Error::map(MAP_NEW_SOURCES))?,
+            ban_params: dup(policer_common::MAP_BAN_PARAMS)?,
             rule_counters: PerCpuArray::try_from(Map::PerCpuArray(data(MAP_RULE_COUNTERS)?))
                 .map_err(Error::map(MAP_RULE_COUNTERS))?,
         })
@@ -579,6 +644,18 @@ impl SharedMaps {
         self.new_sources.set(slot, ns, 0).map_err(Error::map(MAP_NEW_SOURCES))
     }
 
+    /// The automatic bans of the rule at `slot` (all zero: none).
+    pub fn ban_params(&self, slot: u32) -> Result<BanParams> {
+        crate::batch::lookup(self.ban_params.as_raw_fd(), &slot)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| Error::Invalid(format!("reading {}: {e}", policer_common::MAP_BAN_PARAMS)))
+    }
+
+    pub fn set_ban_params(&mut self, slot: u32, p: &BanParams) -> Result<()> {
+        crate::batch::update_elem(self.ban_params.as_raw_fd(), &slot, p)
+            .map_err(|e| Error::Invalid(format!("{}: {e}", policer_common::MAP_BAN_PARAMS)))
+    }
+
     /// A rule slot's counters, one per CPU.
     pub fn rule_counters(&self, slot: u32) -> Result<aya::maps::PerCpuValues<RuleCounters>> {
         self.rule_counters.get(&slot, 0).map_err(Error::map(MAP_RULE_COUNTERS))
@@ -608,6 +685,7 @@ fn map_fd(ebpf: &Ebpf, name: &'static str) -> Result<RawFd> {
     let data: &MapData = match m {
         aya::maps::Map::PerCpuArray(d)
         | aya::maps::Map::LruHashMap(d)
+        | aya::maps::Map::HashMap(d)
         | aya::maps::Map::Array(d)
         | aya::maps::Map::LpmTrie(d) => d,
         _ => return Err(Error::Missing(name)),
@@ -633,9 +711,65 @@ impl MapReader {
             buckets_v6_keys: dup(MAP_BUCKETS_V6_KEYS)?,
             recall: dup(MAP_RECALL)?,
             new_sources: dup(MAP_NEW_SOURCES)?,
+            bans: dup(policer_common::MAP_BANS)?,
+            ban_capacity: match ebpf.map(policer_common::MAP_BANS) {
+                Some(aya::maps::Map::HashMap(d)) => {
+                    d.info().map(|i| i.max_entries()).map_err(Error::map(policer_common::MAP_BANS))?
+                }
+                _ => return Err(Error::Missing(policer_common::MAP_BANS)),
+            },
             // Filled in by the loader once the table's seed is known.
             geometry: Geometry::default(),
         })
+    }
+
+    /// Every entry of the automatic-ban store: bans in force and those
+    /// kept for escalation (see policer_common::ban). One batched read.
+    pub fn bans(&self) -> Result<Vec<(BucketKeyV6, Ban)>> {
+        let mut out = Vec::new();
+        crate::batch::for_each(self.bans.as_raw_fd(), size_of::<BucketKeyV6>(), size_of::<Ban>(), |k, v| {
+            // SAFETY: the kernel copied whole keys and values of these
+            // plain types; read unaligned from the byte buffers.
+            let (k, v) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr() as *const BucketKeyV6),
+                    std::ptr::read_unaligned(v.as_ptr() as *const Ban),
+                )
+            };
+            out.push((k, v));
+        })
+        .map_err(|e| Error::Invalid(format!("reading {}: {e}", policer_common::MAP_BANS)))?;
+        Ok(out)
+    }
+
+    /// Entries the automatic-ban store holds.
+    pub fn ban_capacity(&self) -> u32 {
+        self.ban_capacity
+    }
+
+    /// The table's set and slot that hold `key` as the program keys it (a
+    /// plain IPv4 source in the IPv4 table, anything else in the keyed
+    /// one), with the set as read.
+    fn slot_of(&self, key: &BucketKeyV6) -> Result<Option<(&OwnedFd, &'static str, u32, Set, usize)>> {
+        let plain_v4 = key.class == 0 && key.key_len & policer_common::class::KEY_LEN_V4_MAPPED != 0;
+        let (want, sets, fd, name) = if plain_v4 {
+            let a = [key.addr[12], key.addr[13], key.addr[14], key.addr[15]];
+            let want = table::slot_key(a, key.key_len & !policer_common::class::KEY_LEN_V4_MAPPED);
+            (want, self.geometry.sets_of(want), &self.buckets_v4, MAP_BUCKETS_V4)
+        } else {
+            let (want, sets) = self.v6_word(key);
+            (want, sets, &self.buckets_v6, MAP_BUCKETS_V6)
+        };
+        for i in sets {
+            let set: Option<Set> =
+                crate::batch::lookup(fd.as_raw_fd(), &i).map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+            if let Some(set) = set
+                && let Some(w) = set.ways.iter().position(|s| s.source() == want)
+            {
+                return Ok(Some((fd, name, i, set, w)));
+            }
+        }
+        Ok(None)
     }
 
     /// The bucket of one source, if it has one (what `policer inspect`
@@ -1052,32 +1186,5 @@ mod tests {
         assert_eq!(parse_hz("CONFIG_HZ=\n"), None);
         assert_eq!(parse_hz("CONFIG_HZ=0\n"), None);
         assert_eq!(parse_hz("CONFIG_HZ_PERIODIC=y\n"), None);
-    }
-}
-
-// STUB (lead's placeholder until the kernel-bans branch lands).
-impl Policer {
-    pub fn set_ban_params(&mut self, _slot: u32, _params: Option<&policer_common::ban::BanParams>) -> Result<()> {
-        Ok(())
-    }
-    pub fn lift_ban(&mut self, _key: &policer_common::BucketKeyV6) -> Result<bool> {
-        Ok(false)
-    }
-    pub fn expire_bans(
-        &mut self,
-        _now_ns: u64,
-    ) -> Result<Vec<(policer_common::BucketKeyV6, policer_common::ban::Ban)>> {
-        Ok(Vec::new())
-    }
-    pub fn ban_capacity(&self) -> u32 {
-        0
-    }
-}
-impl MapReader {
-    pub fn ban_capacity(&self) -> u32 {
-        0
-    }
-    pub fn bans(&self) -> Result<Vec<(policer_common::BucketKeyV6, policer_common::ban::Ban)>> {
-        Ok(Vec::new())
     }
 }

@@ -86,6 +86,20 @@ pub fn stats_text(s: &StatsView) -> String {
         s.totals.recall_known,
         s.totals.recall_debt_drops
     );
+    let b = &s.bans;
+    let _ = writeln!(
+        out,
+        "bans: {} manual in force ({} frames dropped); {} automatic in force, {} started, {} frames dropped, \
+         store {} of {} entries ({} bans not made: store full)",
+        b.manual_active,
+        b.manual_dropped_packets,
+        b.auto_active,
+        b.auto_started,
+        b.auto_dropped_packets,
+        b.auto_stored,
+        b.auto_capacity,
+        b.auto_refused_full
+    );
     out
 }
 
@@ -113,6 +127,21 @@ pub fn top_text(t: &TopView) -> String {
     top_rows(&mut out, "most debt now (fill of the bucket; 100% = dropping):", &t.by_debt);
     let _ = writeln!(out);
     top_rows(&mut out, "most drops (since each bucket was created):", &t.by_drops);
+    let _ = writeln!(out);
+    let _ = writeln!(out, "banned now ({} in all; soonest end first):", t.bans_total);
+    if t.bans.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    } else {
+        let mut bt = table(&["SOURCE", "ORIGIN", "LEFT", "DROPPED"], 2);
+        for b in &t.bans {
+            let origin = match &b.rule {
+                Some(r) => format!("{} ({r})", b.origin),
+                None => b.origin.clone(),
+            };
+            bt.add_row(vec![b.prefix.clone(), origin, format!("{:.1}s", b.left_seconds), b.dropped_pkts.to_string()]);
+        }
+        let _ = writeln!(out, "{bt}");
+    }
     let _ = writeln!(out, "\n{} live sources read in {:.1} ms", t.live, t.read_ms);
     out
 }

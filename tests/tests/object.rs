@@ -78,7 +78,9 @@ fn object_has_every_shared_name() {
     for (name, key, value) in SHARED_MAP_LAYOUT {
         use aya::maps::Map;
         let info = match p.ebpf.map(name).unwrap() {
-            Map::Array(d) | Map::PerCpuArray(d) | Map::LpmTrie(d) | Map::LruHashMap(d) => d.info().unwrap(),
+            Map::Array(d) | Map::PerCpuArray(d) | Map::LpmTrie(d) | Map::LruHashMap(d) | Map::HashMap(d) => {
+                d.info().unwrap()
+            }
             other => panic!("{name}: unexpected map type {other:?}"),
         };
         assert_eq!((info.key_size() as usize, info.value_size() as usize), (key, value), "{name}");

@@ -304,7 +304,7 @@ fn test(host_only: bool) -> Result<()> {
     let bin = workspace().join("target/debug/policer");
     // Tier 2: the real object under PROG_TEST_RUN.
     say("tier 2: PROG_TEST_RUN of the real XDP object");
-    for t in ["object", "kernel", "class_object"] {
+    for t in ["object", "kernel", "class_object", "ban_object"] {
         sh(cargo().args(["test", "-p", "policer-tests", "--test", t]).env("POLICER_BIN", &bin))?;
     }
     // Tier 3: real binary, real frames over veth. One test at a time: they
@@ -313,9 +313,20 @@ fn test(host_only: bool) -> Result<()> {
     setup_fleet_tools()?;
     image()?; // builds the package (dist) first
     say("tier 3: the policer binary on real veth traffic");
-    for t in
-        ["dist", "veth", "control", "config", "lifecycle", "observe", "attack", "serve", "soak", "classes", "import"]
-    {
+    for t in [
+        "dist",
+        "veth",
+        "control",
+        "config",
+        "lifecycle",
+        "observe",
+        "attack",
+        "serve",
+        "soak",
+        "classes",
+        "bans",
+        "import",
+    ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
             .env("POLICER_BIN", &bin))?;

@@ -41,6 +41,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(k) = &v.key {
         println!("bucket key  {k}");
     }
+    if let Some(b) = &v.ban {
+        let by = match (&b.origin[..], &b.rule, &b.reason) {
+            ("auto", Some(r), _) => format!("automatic ban (rule {r})"),
+            (_, _, Some(why)) => format!("manual ban of {} ({why})", b.prefix),
+            _ => format!("manual ban of {}", b.prefix),
+        };
+        println!("banned      {by} until {}, {:.1} s left", b.expires, b.left_seconds);
+        println!("now         {}", v.now);
+        return Ok(());
+    }
     if matches!(action, "allow" | "deny") {
         println!("now         {} (an {action} rule has no bucket)", v.now);
         return Ok(());

@@ -529,8 +529,8 @@ enum Step {
     Rules { old: Box<crate::classes::Compiled>, new: Box<crate::classes::Compiled> },
     /// An adopted total (aggregate bucket) slot.
     Total { slot: u32, old: policer_common::class::Total },
-    /// An adopted new-source limiter slot.
-    NewSources { slot: u32, old: NewSources },
+    /// An adopted new-source limiter slot, and the slot's ban parameters.
+    NewSources { slot: u32, old: NewSources, old_bans: policer_common::ban::BanParams },
     /// An adopted rule counter slot, per CPU, before it was zeroed.
     RuleCounters { slot: u32, old: PerCpuValues<RuleCounters> },
 }
@@ -682,7 +682,8 @@ impl Undo {
             return Ok(());
         }
         let old = m.new_sources(slot)?;
-        self.push(Step::NewSources { slot, old })
+        let old_bans = m.ban_params(slot)?;
+        self.push(Step::NewSources { slot, old, old_bans })
     }
 
     /// A counter slot's values before it is zeroed (None: nothing to save,
@@ -742,10 +743,12 @@ impl Undo {
                     let m = self.maps.as_mut().expect("recorded only with maps");
                     m.set_total(slot, &old).map_err(|e| (format!("the total of slot {slot}"), e))
                 }
-                Step::NewSources { slot, old } => {
+                Step::NewSources { slot, old, old_bans } => {
                     limiters += 1;
                     let m = self.maps.as_mut().expect("recorded only with maps");
-                    m.set_new_sources(slot, &old).map_err(|e| (format!("the new-source limiter of slot {slot}"), e))
+                    m.set_new_sources(slot, &old)
+                        .and_then(|()| m.set_ban_params(slot, &old_bans))
+                        .map_err(|e| (format!("the new-source limiter and bans of slot {slot}"), e))
                 }
                 Step::RuleCounters { slot, old } => {
                     counters += 1;

@@ -367,7 +367,10 @@ impl Views {
         };
         let by_debt = pick(&|r| (r.fill, r.debt_ns));
         let by_drops = pick(&|r| (r.drops, r.fill));
-        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops })
+        let mut bans = self.bans()?;
+        let bans_total = bans.len();
+        bans.truncate(n);
+        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops, bans, bans_total })
     }
 
     /// `policer inspect ADDR`.
@@ -375,12 +378,23 @@ impl Views {
         let snap = self.snap();
         let now = monotonic_ns();
         let mut v = InspectView { time_ns: now, address: addr.to_string(), now: "pass".into(), ..Default::default() };
+        // A manual ban over it overrides every rule under the ban's prefix.
+        if let Some((k, _)) =
+            snap.rules.iter().filter(|(k, _)| k.ban && k.net.contains(&addr)).max_by_key(|(k, _)| k.net.prefix_len())
+        {
+            let net = k.net.to_string();
+            v.ban = self.bans()?.into_iter().find(|b| b.origin == "manual" && b.prefix == net);
+            v.rule = Some(k.to_string());
+            v.action = Some("deny".into());
+            v.now = "drop".into();
+            return Ok(v);
+        }
         // The class-less rules: a source's bucket of its prefix's class-less
         // rule (class buckets are shown by `top`).
         let Some((net, row)) = snap
             .rules
             .iter()
-            .filter(|(k, _)| k.class.is_none() && k.net.contains(&addr))
+            .filter(|(k, _)| k.class.is_none() && !k.ban && k.net.contains(&addr))
             .map(|(k, r)| (k.net, r))
             .max_by_key(|(n, _)| n.prefix_len())
         else {
@@ -417,6 +431,16 @@ impl Views {
                 return Ok(v);
             }
             Action::Police | Action::Monitor => {}
+        }
+        // An automatic ban of its bucket key: dropped until it ends.
+        if spec.auto_ban.is_some() {
+            let text = bucket_source(&key);
+            if let Some(b) = self.bans()?.into_iter().find(|b| b.origin == "auto" && b.prefix == text) {
+                v.next_admit_ns = Some((b.left_seconds * 1e9) as u64);
+                v.ban = Some(b);
+                v.now = if spec.action == Action::Police { "drop" } else { "pass" }.into();
+                return Ok(v);
+            }
         }
         let rule = spec.kernel(0)?;
         v.frame_bytes = if rule.byte_cost != 0 { 64 } else { 0 };

@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use policer_common::table;
 use serde::Serialize;
 
@@ -557,7 +557,14 @@ pub struct AbFlood {
 /// With `classes`, each binary is measured a second time with the
 /// benchmark's 16 class rules installed ([`CLASS_RULES`](super::peers::CLASS_RULES),
 /// none matching the flood), right after its source-only row.
-pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, classes: bool) -> Result<Vec<AbVethRow>> {
+pub fn ab(
+    bins: &[AbBinary],
+    reps: usize,
+    dur: Duration,
+    flood_: AbFlood,
+    classes: bool,
+    bans: u32,
+) -> Result<Vec<AbVethRow>> {
     let cpu = bench_cpu();
     let mut setups = Vec::new();
     let floor = Net::new("abf")?;
@@ -580,6 +587,21 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, classe
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
             setups.push((format!("{bin} + 16 class rules"), net, Installed::Daemon(Box::new(d)), g));
         }
+        if bans > 0 && i > 0 {
+            say(&format!("veth: setting up the dropping policer of {bin} with {bans} manual bans"));
+            let net = Net::new(&format!("abb{i}"))?;
+            std::fs::write(&net.sb.config, ban_toml(bans)).with_context(|| format!("write {}", net.sb.config))?;
+            let max_rules = (bans + 16).to_string();
+            let d = super::peers::policer_bin(
+                &bin.path,
+                &net,
+                DROP_LIMIT,
+                &["--max-sources", &capacity, "--max-rules", &max_rules],
+            );
+            super::peers::check_rules(&d, bans as usize + 2)?;
+            let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
+            setups.push((format!("{bin} + {bans} bans"), net, Installed::Daemon(Box::new(d)), g));
+        }
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();
     let samples = measure(&runs, cpu, dur, Duration::from_millis(500), reps)?;
@@ -594,6 +616,28 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, classe
             vs_first: ratio(&cpu_of(i), &first),
         })
         .collect())
+}
+
+/// `n` manual bans of single IPv4 addresses spread over the whole address
+/// space (a threat feed's shape: the rule trie grows deep everywhere),
+/// none of them in the flood's 10.0.0.0/8, ending in 2099.
+pub fn ban_toml(n: u32) -> String {
+    let mut out = String::with_capacity(n as usize * 96);
+    let mut x: u32 = 0x9e37_79b9;
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < n as usize {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let a = std::net::Ipv4Addr::from(x);
+        if a.octets()[0] == 10 || a.is_unspecified() || !seen.insert(x) {
+            continue;
+        }
+        out.push_str(&format!(
+            "[[rule]]\nprefix = \"{a}/32\"\naction = \"deny\"\nban = true\nexpires = \"2099-01-01T00:00:00Z\"\n\n"
+        ));
+    }
+    out
 }
 
 /// Ratio of two rows' CPU ns per frame, repetition by repetition.

@@ -77,6 +77,11 @@ struct Args {
     /// (IPv4 floods only.)
     #[arg(long, requires = "ab_veth")]
     ab_veth_classes: bool,
+    /// Each binary but the first (the build before, which has no bans)
+    /// also with N manual bans installed: single addresses spread over the
+    /// IPv4 space, none in the flood's 10.0.0.0/8. (IPv4 floods only.)
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "ab_veth")]
+    ab_veth_bans: u32,
 }
 
 /// `--ab-veth`.
@@ -91,6 +96,9 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
     if a.ab_veth_classes && family == Family::V6 {
         anyhow::bail!("--ab-veth-classes: the class rules are on 0.0.0.0/0, for an IPv4 flood (--ab-veth-family 4)");
     }
+    if a.ab_veth_bans > 0 && family == Family::V6 {
+        anyhow::bail!("--ab-veth-bans: the bans are IPv4 addresses, for an IPv4 flood (--ab-veth-family 4)");
+    }
     let flood = AbFlood { sources: a.ab_veth_sources, family, random: a.ab_veth_random };
     // A binary that is not a policer fails to start: an error, not a panic
     // (the namespaces are removed either way).
@@ -101,6 +109,7 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
             std::time::Duration::from_secs(1),
             flood,
             a.ab_veth_classes,
+            a.ab_veth_bans,
         )
     })?;
     println!(

@@ -1,0 +1,377 @@
+//! Tier 3, bans and expiring entries (issue 18) on real traffic: the real
+//! `policer` daemon and CLI as separate processes, exactly the CLI of the
+//! issue, real frames over a veth pair from another namespace, and what
+//! arrives counted on the receiving side by send time.
+//!
+//! - a heavy hitter on a rule with `--ban-for 3s` is admitted its burst,
+//!   then nothing for 3 s, then its burst again;
+//! - a manual ban drops a prefix's traffic from the moment `policer ban`
+//!   returns (over a more specific allow rule), not after it expires, and
+//!   not after `unban` returns; it survives a daemon restart;
+//! - a `--ttl 2s` deny rule stops dropping after 2 s;
+//! - a spoofed flood that churns the whole table lifts no ban;
+//! - bad durations, `--ban-after 0`, an unban with no ban: exit != 0 with
+//!   the reason, nothing changed.
+
+use std::{net::IpAddr, time::Duration};
+
+use policer_tests::{
+    bench::sys::bench_cpu,
+    daemon::{Daemon, cli, fails_with, samples, scrape, succeeds},
+    netns::Sandbox,
+    privileged,
+    spoof::{Flood, Spoof},
+    traffic::{self, Flow, RunOptions, SendReport},
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A daemon with a generous default rule (far above what a test sends
+/// from one source), no counter lines.
+fn daemon(sb: &Sandbox) -> Daemon {
+    Daemon::attach(sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0"])
+}
+
+fn policer(sb: &Sandbox, args: &[&str]) -> String {
+    let out = cli(sb, args);
+    assert!(
+        out.status.success(),
+        "policer {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Frames of flow `i` sent in `[from, to)` (ns of [`traffic::epoch_ns`]),
+/// and how many of them arrived.
+fn window(sent: &SendReport, got: &traffic::Received, i: usize, from: u64, to: u64) -> (u64, u64) {
+    let (s0, a0) = traffic::since(sent, got, from);
+    let (s1, a1) = traffic::since(sent, got, to);
+    (s0[i] - s1[i], a0[i] - a1[i])
+}
+
+fn keep_marks() -> RunOptions {
+    RunOptions { keep_marks: true, ..Default::default() }
+}
+
+/// The seconds a flow's frames took to arrive, in 100 ms bins from the
+/// first frame: for failure messages.
+fn timeline(sent: &SendReport, got: &traffic::Received, i: usize) -> String {
+    let start = sent.start_epoch_ns;
+    let end = start + sent.last_ns[i] + 1;
+    let mut out = Vec::new();
+    let mut t = start;
+    while t < end {
+        let (_, a) = window(sent, got, i, t, t + 100_000_000);
+        out.push(a.to_string());
+        t += 100_000_000;
+    }
+    out.join(" ")
+}
+
+#[test]
+fn a_manual_ban_drops_from_when_the_command_returns_until_it_ends_over_more_specific_rules() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-manual");
+    let _d = daemon(&sb);
+    // A more specific rule that allows everything of the host: the ban of
+    // its /24 must still drop it.
+    policer(&sb, &["rule", "set", "10.61.0.7/32", "--action", "allow"]);
+    let flows =
+        [Flow { src: ip("10.61.0.7"), pps: 1000.0, len: 64 }, Flow { src: ip("10.62.0.7"), pps: 1000.0, len: 64 }];
+    let (sent, got, asked, returned, lifted) = std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(5), &keep_marks()));
+        std::thread::sleep(Duration::from_millis(800));
+        let asked = traffic::epoch_ns();
+        let out = policer(&sb, &["ban", "10.61.0.0/24", "--for", "2s", "--reason", "incident 42"]);
+        let returned = traffic::epoch_ns();
+        assert!(out.contains("banned: 10.61.0.0/24"), "{out}");
+        let ls = policer(&sb, &["ban", "ls", "--json"]);
+        let bans: serde_json::Value = serde_json::from_str(&ls).unwrap();
+        let b = &bans.as_array().unwrap()[0];
+        assert_eq!(b["prefix"], "10.61.0.0/24", "{ls}");
+        assert_eq!(b["origin"], "manual", "{ls}");
+        assert_eq!(b["reason"], "incident 42", "{ls}");
+        let left = b["left_seconds"].as_f64().unwrap();
+        assert!(left > 1.0 && left <= 2.0, "{ls}");
+        let (sent, got) = run.join().unwrap();
+        (sent, got, asked, returned, asked + 2_000_000_000)
+    });
+    let tl = timeline(&sent, &got, 0);
+    // Before the ban: the allow rule passes everything.
+    let (s, a) = window(&sent, &got, 0, sent.start_epoch_ns, asked);
+    assert!(s > 500 && a == s, "before the ban: {a} of {s} arrived; timeline {tl}");
+    // From the moment `ban` returned until the ban's end: nothing.
+    let (s, a) = window(&sent, &got, 0, returned, lifted);
+    assert!(s > 1000, "sent {s} while banned");
+    assert_eq!(a, 0, "{a} of {s} frames sent while banned arrived; timeline {tl}");
+    // After it ended (and a tick of 100 ms removed it): everything again.
+    let (s, a) = window(&sent, &got, 0, returned + 2_300_000_000, u64::MAX);
+    assert!(s > 1000 && a == s, "after the ban: {a} of {s} arrived; timeline {tl}");
+    // The other prefix was never touched.
+    assert_eq!(got.per_flow[1], sent.sent[1], "an unbanned source lost frames");
+    let ls = policer(&sb, &["ban", "ls"]);
+    assert!(ls.contains("no bans in force"), "{ls}");
+    let rules = policer(&sb, &["rule", "ls", "--json"]);
+    assert!(!rules.contains("\"ban\": true"), "the expired ban is still a rule: {rules}");
+    assert!(
+        !std::fs::read_to_string(&sb.config).unwrap().contains("ban = true"),
+        "the expired ban is still in the file"
+    );
+}
+
+#[test]
+fn unban_lifts_when_it_returns_and_a_ban_survives_a_restart() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-unban");
+    let mut d = daemon(&sb);
+    policer(&sb, &["ban", "10.63.0.9", "--for", "1h", "--reason", "abuse"]);
+    let conf = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(
+        conf.contains("ban = true") && conf.contains("reason = \"abuse\"") && conf.contains("expires = "),
+        "{conf}"
+    );
+    // A restart keeps the ban (its absolute expiry from the file).
+    assert!(d.stop_with(libc::SIGTERM), "the daemon did not stop");
+    drop(d);
+    let _d = Daemon::attach(&sb, &["--interval", "0", "--metrics", "9471"]);
+    let ls = policer(&sb, &["ban", "ls", "--json"]);
+    assert!(ls.contains("10.63.0.9/32") && ls.contains("abuse"), "the ban did not survive the restart: {ls}");
+    let i = policer(&sb, &["inspect", "10.63.0.9"]);
+    assert!(i.contains("banned      manual ban of 10.63.0.9/32 (abuse)") && i.contains("now         drop"), "{i}");
+    let top = policer(&sb, &["top"]);
+    assert!(top.contains("banned now (1 in all") && top.contains("10.63.0.9/32"), "{top}");
+    let flows = [Flow { src: ip("10.63.0.9"), pps: 1000.0, len: 64 }];
+    let (sent, got, lifted) = std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(3), &keep_marks()));
+        std::thread::sleep(Duration::from_millis(1200));
+        // Visible while it drops: stats and /metrics.
+        let stats: serde_json::Value = serde_json::from_str(&policer(&sb, &["stats", "--json"])).unwrap();
+        assert_eq!(stats["bans"]["manual_active"], 1, "{stats}");
+        assert!(stats["bans"]["manual_dropped_packets"].as_u64().unwrap() > 500, "{stats}");
+        let m = samples(&scrape(&sb.rx_ns, 9471));
+        assert_eq!(m.get("policer_bans_active{origin=\"manual\"}"), Some(&1.0), "{m:?}");
+        assert!(m["policer_ban_dropped_packets_total{origin=\"manual\"}"] > 500.0, "{m:?}");
+        let out = policer(&sb, &["unban", "10.63.0.9"]);
+        let lifted = traffic::epoch_ns();
+        assert!(out.contains("lifted the ban of 10.63.0.9/32"), "{out}");
+        let (sent, got) = run.join().unwrap();
+        (sent, got, lifted)
+    });
+    let tl = timeline(&sent, &got, 0);
+    let (s, a) = window(&sent, &got, 0, sent.start_epoch_ns, lifted - 200_000_000);
+    assert!(s > 800 && a == 0, "while banned {a} of {s} arrived; timeline {tl}");
+    let (s, a) = window(&sent, &got, 0, lifted, u64::MAX);
+    assert!(s > 1000 && a == s, "after unban {a} of {s} arrived; timeline {tl}");
+    // Nothing left to lift: an error, nothing changed.
+    fails_with(&cli(&sb, &["unban", "10.63.0.9"]), "no ban for 10.63.0.9/32");
+}
+
+#[test]
+fn a_ttl_rule_stops_dropping_after_its_ttl() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-ttl");
+    let _d = daemon(&sb);
+    let flows = [Flow { src: ip("10.64.0.5"), pps: 1000.0, len: 64 }];
+    let (sent, got, set) = std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(4), &keep_marks()));
+        std::thread::sleep(Duration::from_millis(500));
+        policer(&sb, &["rule", "set", "10.64.0.0/16", "--action", "deny", "--ttl", "2s"]);
+        let set = traffic::epoch_ns();
+        let ls = policer(&sb, &["rule", "ls", "--json"]);
+        assert!(ls.contains("\"expires\""), "{ls}");
+        assert!(std::fs::read_to_string(&sb.config).unwrap().contains("expires = "), "the expiry is not persisted");
+        let (sent, got) = run.join().unwrap();
+        (sent, got, set)
+    });
+    let tl = timeline(&sent, &got, 0);
+    let (s, a) = window(&sent, &got, 0, set, set + 1_800_000_000);
+    assert!(s > 1000 && a == 0, "while the rule lived {a} of {s} arrived; timeline {tl}");
+    let (s, a) = window(&sent, &got, 0, set + 2_300_000_000, u64::MAX);
+    assert!(s > 1000 && a == s, "after the ttl {a} of {s} arrived; timeline {tl}");
+    let ls = policer(&sb, &["rule", "ls", "--json"]);
+    assert!(!ls.contains("10.64.0.0/16"), "the expired rule is still listed: {ls}");
+}
+
+#[test]
+fn bad_ban_input_is_refused_and_changes_nothing() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-bad");
+    let _d = daemon(&sb);
+    policer(&sb, &["rule", "set", "10.65.0.0/16", "--rate", "100pps", "--ban-for", "10s"]);
+    let rules = policer(&sb, &["rule", "ls", "--json"]);
+    let file = std::fs::read_to_string(&sb.config).unwrap();
+    for d in ["0s", "-1m", "10x", "1.5s", "10"] {
+        fails_with(&cli(&sb, &["ban", "10.66.0.0/16", "--for", d]), &format!("bad duration '{d}'"));
+        fails_with(&cli(&sb, &["rule", "set", "10.67.0.0/16", "--rate", "10pps", "--ban-for", d]), "bad duration");
+        fails_with(&cli(&sb, &["rule", "set", "10.67.0.0/16", "--action", "deny", "--ttl", d]), "bad duration");
+    }
+    fails_with(
+        &cli(&sb, &["rule", "set", "10.67.0.0/16", "--rate", "10pps", "--ban-for", "1s", "--ban-after", "0"]),
+        "--ban-after must be at least 1",
+    );
+    fails_with(&cli(&sb, &["rule", "set", "10.67.0.0/16", "--rate", "10pps", "--ban-after", "3"]), "need --ban-for");
+    fails_with(
+        &cli(&sb, &["rule", "set", "10.67.0.0/16", "--rate", "10pps", "--ban-for", "1m", "--ban-max", "10s"]),
+        "shorter than --ban-for",
+    );
+    fails_with(&cli(&sb, &["rule", "set", "10.67.0.0/16", "--action", "deny", "--ban-for", "1m"]), "police rule");
+    fails_with(&cli(&sb, &["unban", "10.68.0.0/16"]), "no ban for 10.68.0.0/16");
+    fails_with(&cli(&sb, &["ban", "10.68.0.5/16", "--for", "1m"]), "host bits set");
+    assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused change changed the rules");
+    assert_eq!(std::fs::read_to_string(&sb.config).unwrap(), file, "a refused change changed the file");
+    // A ttl written into the file by hand is refused (every reload would
+    // restart it), naming the fix.
+    let mut hand = file.clone();
+    hand.push_str("\n[[rule]]\nprefix = \"10.69.0.0/16\"\naction = \"deny\"\nttl = \"1h\"\n");
+    std::fs::write(&sb.config, &hand).unwrap();
+    fails_with(&cli(&sb, &["reload"]), "write expires =");
+    assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused reload changed the rules");
+    succeeds(&cli(&sb, &["status"]));
+}
+
+/// Send times (ns since the run's start) of the frames of flow `i` that
+/// arrived, in order.
+fn arrival_send_times(sent: &SendReport, got: &traffic::Received, i: usize) -> Vec<u64> {
+    let mut times = Vec::new();
+    for &(t, f) in &sent.frames {
+        if f as usize == i {
+            times.push(t);
+        }
+    }
+    let mut out: Vec<u64> = got
+        .marks
+        .iter()
+        .filter(|(f, _)| *f as usize == i)
+        .filter_map(|(_, seq)| times.get(*seq as usize).copied())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Groups of arrivals separated by more than `gap_ns`: (first, last, count).
+fn bursts(times: &[u64], gap_ns: u64) -> Vec<(u64, u64, usize)> {
+    let mut out: Vec<(u64, u64, usize)> = Vec::new();
+    for &t in times {
+        match out.last_mut() {
+            Some(b) if t - b.1 <= gap_ns => {
+                b.1 = t;
+                b.2 += 1;
+            }
+            _ => out.push((t, t, 1)),
+        }
+    }
+    out
+}
+
+#[test]
+fn a_heavy_hitter_is_admitted_its_burst_then_nothing_for_the_ban_then_its_burst_again() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-auto");
+    let _d = daemon(&sb);
+    policer(&sb, &["rule", "set", "10.70.0.0/16", "--rate", "100pps", "--burst", "20", "--ban-for", "3s"]);
+    let flows =
+        [Flow { src: ip("10.70.0.1"), pps: 1000.0, len: 64 }, Flow { src: ip("10.71.0.1"), pps: 1000.0, len: 64 }];
+    let (sent, got, ls) = std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_millis(7500), &keep_marks()));
+        std::thread::sleep(Duration::from_millis(1500));
+        let ls = policer(&sb, &["ban", "ls", "--json"]);
+        let (sent, got) = run.join().unwrap();
+        (sent, got, ls)
+    });
+    let times = arrival_send_times(&sent, &got, 0);
+    let b = bursts(&times, 500_000_000);
+    let tl = timeline(&sent, &got, 0);
+    assert!(b.len() >= 3, "expected a burst, a ban, a burst, a ban, a burst: {b:?}; timeline {tl}");
+    for (k, &(first, last, n)) in b.iter().take(3).enumerate() {
+        // Its burst (20) and what the bucket drains while the burst is
+        // sent at 1000 pps (about 2 more), within one frame or two.
+        assert!((20..=25).contains(&n), "burst {k}: {n} frames admitted ({first}..{last}); {b:?}; timeline {tl}");
+        assert!(last - first < 100_000_000, "burst {k} lasted {} ms; {b:?}", (last - first) / 1_000_000);
+    }
+    for k in 0..2 {
+        // Nothing for 3 s from the first refused frame (just after the
+        // burst's last admitted one), then the burst again.
+        let gap = b[k + 1].0 - b[k].1;
+        assert!(
+            (2_950_000_000..=3_200_000_000).contains(&gap),
+            "ban {k}: {} ms between the bursts (want 3 s); {b:?}; timeline {tl}",
+            gap / 1_000_000
+        );
+    }
+    // The other source, under the generous default rule, lost nothing.
+    assert_eq!(got.per_flow[1], sent.sent[1], "an unbanned source lost frames");
+    let bans: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let auto = bans.as_array().unwrap().iter().find(|b| b["origin"] == "auto").unwrap_or_else(|| panic!("{ls}"));
+    assert_eq!(auto["prefix"], "10.70.0.1", "{ls}");
+    assert_eq!(auto["rule"], "10.70.0.0/16", "{ls}");
+    let stats: serde_json::Value = serde_json::from_str(&policer(&sb, &["stats", "--json"])).unwrap();
+    assert!(stats["bans"]["auto_started"].as_u64().unwrap() >= 2, "{stats}");
+    assert!(stats["bans"]["auto_dropped_packets"].as_u64().unwrap() > 4000, "{stats}");
+}
+
+#[test]
+fn a_spoofed_flood_lifts_no_ban() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-flood");
+    let _d = Daemon::attach(&sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "1024"]);
+    // The flood's sources (random in 10.0.0.0/9) and the heavy hitter are
+    // under the same rule with bans: every flood frame is a table miss
+    // under a ban rule, the path that must look at the ban store.
+    policer(&sb, &["rule", "set", "10.0.0.0/8", "--rate", "10pps", "--burst", "5", "--ban-for", "20s"]);
+    policer(&sb, &["ban", "10.201.0.0/24", "--for", "20s"]);
+    let flows = [
+        Flow { src: ip("10.200.0.1"), pps: 200.0, len: 64 },
+        Flow { src: ip("10.201.0.9"), pps: 200.0, len: 64 },
+        Flow { src: ip("10.202.0.1"), pps: 5.0, len: 64 },
+    ];
+    let opts = RunOptions {
+        marked_only: true,
+        keep_marks: true,
+        sender_cpu: (bench_cpu() != 0).then_some(0),
+        ..Default::default()
+    };
+    let (sent, got, from, to) = std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(6), &opts));
+        // The heavy hitter is banned within its first 6 frames.
+        std::thread::sleep(Duration::from_millis(1000));
+        let mut flood =
+            Flood::start(&sb, Spoof::v4("10.0.0.0".parse().unwrap(), 9), bench_cpu()).expect("start the flood");
+        let from = traffic::epoch_ns();
+        std::thread::sleep(Duration::from_secs(4));
+        let to = traffic::epoch_ns();
+        let report = flood.stop().expect("the flood");
+        eprintln!("flood: {} frames in {:.2} s", report.frames, report.wall_ns as f64 / 1e9);
+        let (sent, got) = run.join().unwrap();
+        (sent, got, from, to)
+    });
+    let stats: serde_json::Value = serde_json::from_str(&policer(&sb, &["stats", "--json"])).unwrap();
+    let tl = timeline(&sent, &got, 0);
+    assert!(got.per_flow[0] <= 6, "the heavy hitter got {} frames through: timeline {tl}", got.per_flow[0]);
+    let (s, a) = window(&sent, &got, 0, from, to);
+    assert!(s > 500 && a == 0, "under the flood the banned source got {a} of {s} through; timeline {tl}");
+    let (s, a) = window(&sent, &got, 1, from, to);
+    assert!(s > 500 && a == 0, "under the flood the manually banned prefix got {a} of {s} through");
+    assert!(
+        stats["totals"]["buckets_created"].as_u64().unwrap() > 10_000,
+        "the flood did not churn the table: {stats}"
+    );
+    let ls = policer(&sb, &["ban", "ls", "--json"]);
+    assert!(ls.contains("10.200.0.1") && ls.contains("10.201.0.0/24"), "a ban is gone after the flood: {ls}");
+}
