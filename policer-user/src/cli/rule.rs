@@ -53,7 +53,6 @@ impl ClassArgs {
 }
 
 #[derive(Subcommand)]
-#[expect(clippy::large_enum_variant, reason = "parsed once per command")]
 pub enum Cmd {
     /// Add or replace the rule for a prefix and class (longest prefix wins,
     /// then its most specific class that matches).
