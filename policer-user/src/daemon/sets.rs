@@ -338,7 +338,15 @@ impl Daemon {
         // Not written beside the kernel writes: on two CPUs it slows them
         // more than it saves.
         let body = if explicit { sets::Body::Text(&imp.text) } else { sets::Body::Entries(&next.entries) };
-        let staged = sets::stage(&self.sets_dir, &next.header, body)?;
+        let staged = match sets::stage(&self.sets_dir, &next.header, body) {
+            Ok(s) => s,
+            Err(e) => {
+                if new_slot {
+                    self.slots.free(slot);
+                }
+                return Err(e);
+            }
+        };
         let t_staged = t0.elapsed();
         let r = (|| -> Result<()> {
             if new_slot {
@@ -370,9 +378,12 @@ impl Daemon {
             // Back to what was: the added entries out, the kept ones'
             // values and the removed ones back.
             let undo = (|| -> Result<()> {
-                delete(fds, &d.add)?;
+                delete(fds, &self.not_rules(&d.add))?;
                 if let Some(o) = &old {
                     write_set(fds, &o.entries, o.values()?, &o.entries, &bans)?;
+                    if !same_rule {
+                        prepare(&mut self.policer, &o.spec4, slot)?;
+                    }
                 }
                 Ok(())
             })();
