@@ -266,6 +266,19 @@ impl Daemon {
             _bpffs = Some(fs_);
         }
         let mut policer = Policer::load(&opts)?;
+        // Tries of a program loaded by an older build keep their size when
+        // adopted: imports past it are refused; say so once, here.
+        if adopt_from.is_some()
+            && let Ok((v4, v6)) = policer.rule_trie_capacity()
+            && v4.min(v6) < crate::loader::TRIE_PREFIXES
+        {
+            let _ = writeln!(
+                out,
+                "policer: the adopted program's rule tries hold {} prefixes per family (this build: {});                  `policer detach`, then start again, for imports of more",
+                v4.min(v6),
+                crate::loader::TRIE_PREFIXES
+            );
+        }
         drop(_bpffs);
         for (e, n) in existing.iter().zip(&names) {
             let (Existing::Ours { prog_id, .. } | Existing::OtherLayout { prog_id, .. }) = e else {
