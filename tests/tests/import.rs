@@ -164,6 +164,12 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     let hostbits = ListFile::hosts("hb", 0, &[], "10.9.0.1/16\n");
     fails_with(&cli(&sb, &["rule", "import", hostbits.path(), "--set", "x"]), "did you mean 10.9.0.0/16");
     fails_with(&cli(&sb, &["rule", "import", "/nonexistent/list.txt", "--set", "x"]), "/nonexistent/list.txt");
+    // A relative path is the user's (the CLI's directory), named as given.
+    let rel = format!("policer-import-rel-{}.txt", std::process::id());
+    std::fs::write(&rel, "# relative\n10.20.30.40/33\n").unwrap();
+    let out = cli(&sb, &["rule", "import", &rel, "--set", "x"]);
+    let _ = std::fs::remove_file(&rel);
+    fails_with(&out, &format!("{rel}:2: prefix length '/33' must be 0..=32"));
     // Unknown sets, named with the known ones.
     fails_with(&cli(&sb, &["rule", "ls", "--set", "nope"]), "no set 'nope'; the sets are: feed");
     fails_with(&cli(&sb, &["rule", "rm", "--set", "nope"]), "no set 'nope'; the sets are: feed");
