@@ -164,6 +164,25 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     let hostbits = ListFile::hosts("hb", 0, &[], "10.9.0.1/16\n");
     fails_with(&cli(&sb, &["rule", "import", hostbits.path(), "--set", "x"]), "did you mean 10.9.0.0/16");
     fails_with(&cli(&sb, &["rule", "import", "/nonexistent/list.txt", "--set", "x"]), "/nonexistent/list.txt");
+    // One key length for both families cannot be: said, not half applied.
+    let mixed = ListFile::hosts("mixed", 0, &[], "198.51.100.77\n2001:db8:77::/48\n");
+    fails_with(
+        &cli(
+            &sb,
+            &["rule", "import", mixed.path(), "--action", "police", "--rate", "10pps", "--key-len", "64", "--set", "m"],
+        ),
+        "--key-len 64 is an IPv6 key length",
+    );
+    succeeds(&cli(&sb, &["rule", "import", mixed.path(), "--action", "police", "--rate", "10pps", "--set", "m"]));
+    fails_with(
+        &cli(
+            &sb,
+            &["rule", "import", mixed.path(), "--action", "police", "--rate", "10pps", "--key-len", "24", "--set", "m"],
+        ),
+        "198.51.100.77/32 is longer than the key length 24",
+    );
+    assert_eq!(set_row(&sb, "m").unwrap()["entries"], 2);
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "m"]));
     // A relative path is the user's (the CLI's directory), named as given.
     let rel = format!("policer-import-rel-{}.txt", std::process::id());
     std::fs::write(&rel, "# relative\n10.20.30.40/33\n").unwrap();

@@ -433,6 +433,16 @@ impl Daemon {
                 r => r,
             }
         };
+        if let Some(k) = rule.key_len
+            && k > 32
+            && !v4.is_empty()
+        {
+            return Err(Error::Invalid(format!(
+                "--key-len {k} is an IPv6 key length, and the list has IPv4 prefixes too ({}): a set has one key \
+                 length; import IPv4 and IPv6 into separate sets, or leave --key-len out (32 and 64); nothing imported",
+                v4[0]
+            )));
+        }
         let (s4, s6) = (spec(false, !v4.is_empty())?, spec(true, !v6.is_empty())?);
         if s4.total.is_some() || s4.auto_ban.is_some() {
             return Err(Error::Invalid("a set takes --action, --rate, --burst and --key-len".into()));
