@@ -4,7 +4,7 @@
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 // `atomic_cxchg` is the only way to get a BPF cmpxchg: the bpfel target
 // reports no atomic CAS, so `AtomicU64::compare_exchange` does not exist.
-#![cfg_attr(target_arch = "bpf", feature(core_intrinsics, stmt_expr_attributes), allow(internal_features))]
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics), allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
 mod program;

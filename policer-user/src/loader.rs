@@ -148,6 +148,15 @@ pub struct MapReader {
     geometry: Geometry,
 }
 
+/// Where a source's slot is: the table, its set (as read) and the way.
+struct SlotAt<'a> {
+    table: &'a OwnedFd,
+    name: &'static str,
+    index: u32,
+    set: Set,
+    way: usize,
+}
+
 /// The recall's fill (see policer_common::recall).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecallFill {
@@ -483,7 +492,7 @@ impl Policer {
             crate::batch::delete_elem(fd, key)
                 .map_err(|e| Error::Invalid(format!("{}: {e}", policer_common::MAP_BANS)))?;
         }
-        if let Some((table, name, i, mut set, w)) = self.reader.slot_of(key)? {
+        if let Some(SlotAt { table, name, index: i, mut set, way: w }) = self.reader.slot_of(key)? {
             let stamp = set.ways[w].stamp();
             if !matches!(policer_common::ban::slot_ban(stamp), policer_common::ban::SlotBan::None) {
                 set.ways[w] = policer_common::table::Slot::default();
@@ -750,7 +759,7 @@ impl MapReader {
     /// The table's set and slot that hold `key` as the program keys it (a
     /// plain IPv4 source in the IPv4 table, anything else in the keyed
     /// one), with the set as read.
-    fn slot_of(&self, key: &BucketKeyV6) -> Result<Option<(&OwnedFd, &'static str, u32, Set, usize)>> {
+    fn slot_of(&self, key: &BucketKeyV6) -> Result<Option<SlotAt<'_>>> {
         let plain_v4 = key.class == 0 && key.key_len & policer_common::class::KEY_LEN_V4_MAPPED != 0;
         let (want, sets, fd, name) = if plain_v4 {
             let a = [key.addr[12], key.addr[13], key.addr[14], key.addr[15]];
@@ -766,7 +775,7 @@ impl MapReader {
             if let Some(set) = set
                 && let Some(w) = set.ways.iter().position(|s| s.source() == want)
             {
-                return Ok(Some((fd, name, i, set, w)));
+                return Ok(Some(SlotAt { table: fd, name, index: i, set, way: w }));
             }
         }
         Ok(None)

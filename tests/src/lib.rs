@@ -53,3 +53,14 @@ pub fn rng(state: &mut u64) -> u64 {
     *state ^= *state << 17;
     *state
 }
+
+/// One frame through the loaded program (BPF_PROG_TEST_RUN): its verdict
+/// (`XDP_DROP` 1, `XDP_PASS` 2).
+pub fn test_run(p: &mut policer_user::Policer, frame: &[u8]) -> u32 {
+    use aya::programs::{TestRun, TestRunOptions};
+    let mut out = vec![0u8; frame.len() + 512];
+    p.program()
+        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
+        .expect("test run")
+        .return_value
+}

@@ -16,7 +16,6 @@
 
 use std::net::IpAddr;
 
-use aya::programs::{TestRun, TestRunOptions};
 use policer_common::{
     Rule,
     ban::{BanParams, RULE_BAN},
@@ -49,11 +48,7 @@ fn load(max_sources: u32, max_bans: u32) -> Policer {
 }
 
 fn run(p: &mut Policer, frame: &[u8]) -> u32 {
-    let mut out = vec![0u8; frame.len() + 512];
-    p.program()
-        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
-        .expect("test run")
-        .return_value
+    policer_tests::test_run(p, frame)
 }
 
 fn ip(s: &str) -> IpAddr {

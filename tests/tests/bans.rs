@@ -375,3 +375,36 @@ fn a_spoofed_flood_lifts_no_ban() {
     let ls = policer(&sb, &["ban", "ls", "--json"]);
     assert!(ls.contains("10.200.0.1") && ls.contains("10.201.0.0/24"), "a ban is gone after the flood: {ls}");
 }
+
+#[test]
+fn an_automatic_ban_is_logged_and_survives_an_adopting_restart() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-adopt");
+    let mut d = Daemon::attach(&sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--persist"]);
+    policer(&sb, &["rule", "set", "10.72.0.0/16", "--rate", "100pps", "--burst", "10", "--ban-for", "1m"]);
+    let flows = [Flow { src: ip("10.72.0.1"), pps: 1000.0, len: 64 }];
+    let (_, got) = traffic::run(&sb, &flows, Duration::from_millis(1500));
+    assert!((10..=14).contains(&got.per_flow[0]), "{} frames through before the ban", got.per_flow[0]);
+    // The daemon reads the store once a second and logs the start.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while !d.stdout().contains("banned 10.72.0.1 for 1m (rule 10.72.0.0/16; ban #1 of this source)") {
+        assert!(std::time::Instant::now() < deadline, "no log line of the ban: {}", d.stdout());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(d.stop_with(libc::SIGTERM), "the daemon did not stop");
+    drop(d);
+    // The next daemon adopts the program, its buckets and its bans.
+    let d = Daemon::attach(&sb, &["--interval", "0"]);
+    assert!(d.stdout().contains("adopting"), "{}", d.stdout());
+    let ls = policer(&sb, &["ban", "ls", "--json"]);
+    assert!(ls.contains("\"prefix\": \"10.72.0.1\"") && ls.contains("\"origin\": \"auto\""), "{ls}");
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(1));
+    assert!(
+        sent.sent[0] > 800 && got.per_flow[0] == 0,
+        "after the restart {} of {} got through",
+        got.per_flow[0],
+        sent.sent[0]
+    );
+}

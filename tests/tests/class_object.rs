@@ -12,7 +12,6 @@
 
 use std::net::IpAddr;
 
-use aya::programs::{TestRun, TestRunOptions};
 use policer_common::{
     BucketKey, FAMILY_V4, Rule,
     bucket::Action,
@@ -40,11 +39,7 @@ fn load() -> Policer {
 }
 
 fn run(p: &mut Policer, frame: &[u8]) -> u32 {
-    let mut out = vec![0u8; frame.len() + 512];
-    p.program()
-        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
-        .expect("test run")
-        .return_value
+    policer_tests::test_run(p, frame)
 }
 
 fn ip(s: &str) -> IpAddr {

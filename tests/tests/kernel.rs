@@ -11,7 +11,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::programs::{TestRun, TestRunOptions};
 use ipnet::IpNet;
 use policer_common::class::{TCP_ACK, TCP_SYN};
 use policer_common::{BucketKey, FAMILY_V4, FAMILY_V6, rate::Rate};
@@ -43,11 +42,7 @@ fn permissive(test_clock: bool) -> Policer {
 }
 
 fn run(p: &mut Policer, frame: &[u8]) -> u32 {
-    let mut out = vec![0u8; frame.len() + 512];
-    p.program()
-        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
-        .expect("test run")
-        .return_value
+    policer_tests::test_run(p, frame)
 }
 
 fn key_of(v6: bool, src: &[u8; 16]) -> BucketKey {

@@ -564,6 +564,7 @@ pub fn ab(
     flood_: AbFlood,
     classes: bool,
     bans: u32,
+    banned: bool,
 ) -> Result<Vec<AbVethRow>> {
     let cpu = bench_cpu();
     let mut setups = Vec::new();
@@ -601,6 +602,25 @@ pub fn ab(
             super::peers::check_rules(&d, bans as usize + 2)?;
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
             setups.push((format!("{bin} + {bans} bans"), net, Installed::Daemon(Box::new(d)), g));
+        }
+        if banned && i > 0 {
+            say(&format!("veth: setting up the dropping policer of {bin} banning every source"));
+            let net = Net::new(&format!("abn{i}"))?;
+            let rule = |p: &str| {
+                format!(
+                    "[[rule]]\nprefix = \"{p}\"\nrate = \"{}pps\"\nburst = {}\nban_for = \"1d\"\n\n",
+                    DROP_LIMIT.pps, DROP_LIMIT.burst
+                )
+            };
+            std::fs::write(&net.sb.config, rule("0.0.0.0/0") + &rule("::/0"))
+                .with_context(|| format!("write {}", net.sb.config))?;
+            let d = crate::daemon::Daemon::attach_bin(
+                &bin.path,
+                &net.sb,
+                &["--mode", "native", "--interval", "0", "--max-sources", &capacity],
+            );
+            let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
+            setups.push((format!("{bin} banning (--ban-for 1d)"), net, Installed::Daemon(Box::new(d)), g));
         }
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();

@@ -82,6 +82,11 @@ struct Args {
     /// IPv4 space, none in the flood's 10.0.0.0/8. (IPv4 floods only.)
     #[arg(long, value_name = "N", default_value_t = 0, requires = "ab_veth")]
     ab_veth_bans: u32,
+    /// Each binary but the first also with its dropping rule banning
+    /// (`--ban-for 1d`): after its first refusal every source of the flood
+    /// is banned, so the row measures a banned source's drop.
+    #[arg(long, requires = "ab_veth")]
+    ab_veth_banned: bool,
 }
 
 /// `--ab-veth`.
@@ -110,6 +115,7 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
             flood,
             a.ab_veth_classes,
             a.ab_veth_bans,
+            a.ab_veth_banned,
         )
     })?;
     println!(
