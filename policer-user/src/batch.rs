@@ -27,9 +27,11 @@ pub fn for_each(fd: RawFd, key_size: usize, value_size: usize, mut f: impl FnMut
     const CHUNK: usize = 8192;
     let mut keys = vec![0u8; key_size * CHUNK];
     let mut values = vec![0u8; value_size * CHUNK];
-    // The batch token is opaque; 8 bytes covers every map type's.
-    let mut token_in = [0u8; 8];
-    let mut token_out = [0u8; 8];
+    // The batch token is opaque: 8 bytes for hashes and arrays, but the
+    // generic batch (LPM tries) writes a whole key there (20 bytes for an
+    // IPv6 rule key); 64 covers every key this program has.
+    let mut token_in = [0u8; 64];
+    let mut token_out = [0u8; 64];
     let mut first = true;
     loop {
         let mut attr = BatchAttr {

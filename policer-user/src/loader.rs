@@ -1120,6 +1120,11 @@ impl Policer {
 
     /// Every rule in the kernel's tries.
     pub fn kernel_rules(&self) -> Result<Vec<(IpNet, Rule)>> {
+        // Batched (a set of a million prefixes: one call per 8192, not two
+        // per entry); one at a time where the kernel has no batch for tries.
+        if let Ok(out) = self.kernel_rules_batched() {
+            return Ok(out);
+        }
         let mut out = Vec::new();
         let m: LpmTrie<&MapData, [u8; 4], Rule> =
             LpmTrie::try_from(self.ebpf.map(MAP_RULES_V4).ok_or(Error::Missing(MAP_RULES_V4))?)
@@ -1138,6 +1143,34 @@ impl Policer {
             let net = IpNet::new(std::net::Ipv6Addr::from(k.data()).into(), k.prefix_len() as u8)
                 .map_err(|e| Error::Invalid(e.to_string()))?;
             out.push((net, v));
+        }
+        Ok(out)
+    }
+}
+
+impl Policer {
+    fn kernel_rules_batched(&self) -> Result<Vec<(IpNet, Rule)>> {
+        let mut out = Vec::new();
+        for (name, key_size) in [(MAP_RULES_V4, 8usize), (MAP_RULES_V6, 20)] {
+            let mut bad = None;
+            crate::batch::for_each(self.map_fd(name)?, key_size, size_of::<Rule>(), |k, v| {
+                let len = u32::from_ne_bytes(k[..4].try_into().expect("4 bytes")) as u8;
+                let addr: std::net::IpAddr = if key_size == 8 {
+                    std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&k[4..8]).expect("4 bytes")).into()
+                } else {
+                    std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&k[4..20]).expect("16 bytes")).into()
+                };
+                // SAFETY: v holds a whole Rule (plain data, any bytes valid).
+                let rule = unsafe { std::ptr::read_unaligned(v.as_ptr() as *const Rule) };
+                match IpNet::new(addr, len) {
+                    Ok(n) => out.push((n, rule)),
+                    Err(e) => bad = Some(e.to_string()),
+                }
+            })
+            .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+            if let Some(e) = bad {
+                return Err(Error::Invalid(format!("reading {name}: {e}")));
+            }
         }
         Ok(out)
     }
