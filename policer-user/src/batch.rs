@@ -27,9 +27,11 @@ pub fn for_each(fd: RawFd, key_size: usize, value_size: usize, mut f: impl FnMut
     const CHUNK: usize = 8192;
     let mut keys = vec![0u8; key_size * CHUNK];
     let mut values = vec![0u8; value_size * CHUNK];
-    // The batch token is opaque; 8 bytes covers every map type's.
-    let mut token_in = [0u8; 8];
-    let mut token_out = [0u8; 8];
+    // The batch token is opaque: 8 bytes for hashes and arrays, but the
+    // generic batch (LPM tries) writes a whole key there (20 bytes for an
+    // IPv6 rule key); 64 covers every key this program has.
+    let mut token_in = [0u8; 64];
+    let mut token_out = [0u8; 64];
     let mut first = true;
     loop {
         let mut attr = BatchAttr {
@@ -149,4 +151,20 @@ pub fn delete_elem<K: aya::Pod>(fd: RawFd, key: &K) -> io::Result<()> {
         return if e.raw_os_error() == Some(libc::ENOENT) { Ok(()) } else { Err(e) };
     }
     Ok(())
+}
+
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// BPF_MAP_DELETE_BATCH of `count` packed keys. Returns how many the kernel
+/// deleted before an error (all of them on success; ENOENT for a key not
+/// there stops it).
+pub fn delete(fd: RawFd, keys: &[u8], count: usize) -> (usize, Option<io::Error>) {
+    let mut attr =
+        BatchAttr { keys: keys.as_ptr() as u64, count: count as u32, map_fd: fd as u32, ..Default::default() };
+    // SAFETY: keys holds `count` packed keys of the map's key size.
+    let r = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_DELETE_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
+    };
+    let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
+    (attr.count as usize, err)
 }

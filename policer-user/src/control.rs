@@ -86,6 +86,27 @@ pub enum Request {
         runtime: bool,
     },
     BanLs,
+    /// `policer rule import FILE`: the daemon reads the file (`path`,
+    /// absolute: the CLI resolves it against its own directory), so a
+    /// million lines never cross the socket as JSON.
+    Import {
+        path: String,
+        /// The file as the user named it, for messages.
+        #[serde(default)]
+        shown: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        set: Option<String>,
+        /// action, rate, burst, key_len, ttl (the prefix is unused).
+        rule: RuleConfig,
+    },
+    /// `policer rule ls --set NAME`.
+    SetLs {
+        name: String,
+    },
+    /// `policer rule rm --set NAME`.
+    SetRm {
+        name: String,
+    },
 }
 
 impl Request {
@@ -100,6 +121,8 @@ impl Request {
                 | Request::Reload
                 | Request::Ban { .. }
                 | Request::Unban { .. }
+                | Request::Import { .. }
+                | Request::SetRm { .. }
         )
     }
 }
@@ -130,6 +153,7 @@ pub enum Reply {
     Bans {
         bans: Vec<BanView>,
     },
+    Set(Box<SetView>),
     /// Refused: nothing changed.
     Refused {
         error: String,
@@ -146,6 +170,7 @@ impl Reply {
             Reply::Top(_) => "top",
             Reply::Inspect(_) => "inspect",
             Reply::Bans { .. } => "bans",
+            Reply::Set(_) => "set",
             Reply::Refused { .. } => "refused",
         }
     }
@@ -487,6 +512,19 @@ pub struct RuleView {
     /// When the entry is removed (RFC 3339 UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,
+    /// A named set (`policer rule import`): its name, and its entries'
+    /// count; the prefix is then `set:NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<u64>,
+}
+
+/// `policer rule ls --set NAME`: the set's rule and its entries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetView {
+    pub rule: RuleView,
+    pub entries: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -563,7 +601,10 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
                 | Request::Detach { .. }
                 | Request::Reload
                 | Request::Ban { .. }
-                | Request::Unban { .. } => "done",
+                | Request::Unban { .. }
+                | Request::Import { .. }
+                | Request::SetRm { .. } => "done",
+                Request::SetLs { .. } => "set",
                 Request::BanLs => "bans",
                 Request::RuleLs => "rules",
                 Request::Status => "status",

@@ -16,6 +16,7 @@ pub mod netlink;
 pub mod report;
 pub mod rules;
 pub mod serve;
+pub mod sets;
 
 pub use error::{Error, Result};
 pub use loader::{EBPF_OBJECT, LoadOptions, Mode, Policer};

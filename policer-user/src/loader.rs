@@ -366,8 +366,11 @@ impl Policer {
             .map_max_entries(MAP_BUCKETS_V6_DROPS, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V6_KEYS, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_RECALL, table::sets_for(opts.max_sources))
-            .map_max_entries(MAP_RULES_V4, opts.max_rules)
-            .map_max_entries(MAP_RULES_V6, opts.max_rules)
+            // Tries hold sets' prefixes too (`rule import`): sized for
+            // millions; an LPM trie is never preallocated, so the size
+            // costs nothing until entries are written.
+            .map_max_entries(MAP_RULES_V4, TRIE_PREFIXES.max(opts.max_rules))
+            .map_max_entries(MAP_RULES_V6, TRIE_PREFIXES.max(opts.max_rules))
             // Slot 0 is never given to a rule: max_rules + 1 entries.
             .map_max_entries(MAP_RULE_COUNTERS, opts.max_rules + 1)
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
@@ -556,6 +559,30 @@ impl Policer {
             }
             _ => Err(Error::Missing(MAP_RULE_COUNTERS)),
         }
+    }
+}
+
+/// Prefixes each rule trie (IPv4, IPv6) holds: rules and the entries of
+/// sets (`policer rule import`). A program loaded by an older build keeps
+/// its smaller tries when adopted; an import past them is refused with the
+/// limit named ([`Policer::rule_trie_capacity`]).
+pub const TRIE_PREFIXES: u32 = 1 << 22;
+
+impl Policer {
+    /// The rule tries' descriptors (IPv4, IPv6), for the set writes.
+    pub fn rule_trie_fds(&self) -> Result<(RawFd, RawFd)> {
+        Ok((self.map_fd(MAP_RULES_V4)?, self.map_fd(MAP_RULES_V6)?))
+    }
+
+    /// Prefixes the rule tries hold at most (IPv4, IPv6).
+    pub fn rule_trie_capacity(&self) -> Result<(u32, u32)> {
+        let cap = |name: &'static str| -> Result<u32> {
+            match self.ebpf.map(name).ok_or(Error::Missing(name))? {
+                aya::maps::Map::LpmTrie(d) => d.info().map(|i| i.max_entries()).map_err(Error::map(name)),
+                _ => Err(Error::Missing(name)),
+            }
+        };
+        Ok((cap(MAP_RULES_V4)?, cap(MAP_RULES_V6)?))
     }
 }
 
@@ -1093,6 +1120,11 @@ impl Policer {
 
     /// Every rule in the kernel's tries.
     pub fn kernel_rules(&self) -> Result<Vec<(IpNet, Rule)>> {
+        // Batched (a set of a million prefixes: one call per 8192, not two
+        // per entry); one at a time where the kernel has no batch for tries.
+        if let Ok(out) = self.kernel_rules_batched() {
+            return Ok(out);
+        }
         let mut out = Vec::new();
         let m: LpmTrie<&MapData, [u8; 4], Rule> =
             LpmTrie::try_from(self.ebpf.map(MAP_RULES_V4).ok_or(Error::Missing(MAP_RULES_V4))?)
@@ -1111,6 +1143,34 @@ impl Policer {
             let net = IpNet::new(std::net::Ipv6Addr::from(k.data()).into(), k.prefix_len() as u8)
                 .map_err(|e| Error::Invalid(e.to_string()))?;
             out.push((net, v));
+        }
+        Ok(out)
+    }
+}
+
+impl Policer {
+    fn kernel_rules_batched(&self) -> Result<Vec<(IpNet, Rule)>> {
+        let mut out = Vec::new();
+        for (name, key_size) in [(MAP_RULES_V4, 8usize), (MAP_RULES_V6, 20)] {
+            let mut bad = None;
+            crate::batch::for_each(self.map_fd(name)?, key_size, size_of::<Rule>(), |k, v| {
+                let len = u32::from_ne_bytes(k[..4].try_into().expect("4 bytes")) as u8;
+                let addr: std::net::IpAddr = if key_size == 8 {
+                    std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&k[4..8]).expect("4 bytes")).into()
+                } else {
+                    std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&k[4..20]).expect("16 bytes")).into()
+                };
+                // SAFETY: v holds a whole Rule (plain data, any bytes valid).
+                let rule = unsafe { std::ptr::read_unaligned(v.as_ptr() as *const Rule) };
+                match IpNet::new(addr, len) {
+                    Ok(n) => out.push((n, rule)),
+                    Err(e) => bad = Some(e.to_string()),
+                }
+            })
+            .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+            if let Some(e) = bad {
+                return Err(Error::Invalid(format!("reading {name}: {e}")));
+            }
         }
         Ok(out)
     }

@@ -313,8 +313,20 @@ fn test(host_only: bool) -> Result<()> {
     setup_fleet_tools()?;
     image()?; // builds the package (dist) first
     say("tier 3: the policer binary on real veth traffic");
-    for t in ["dist", "veth", "control", "config", "lifecycle", "observe", "attack", "serve", "soak", "classes", "bans"]
-    {
+    for t in [
+        "dist",
+        "veth",
+        "control",
+        "config",
+        "lifecycle",
+        "observe",
+        "attack",
+        "serve",
+        "soak",
+        "classes",
+        "bans",
+        "import",
+    ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
             .env("POLICER_BIN", &bin))?;

@@ -6,6 +6,7 @@ mod ban;
 mod check;
 mod detach;
 mod docs;
+mod import;
 mod inspect;
 mod reload;
 mod rule;
@@ -78,7 +79,8 @@ impl Cli {
             Cmd::Status(a) => a.json,
             Cmd::Inspect(a) => a.json,
             Cmd::Check(a) => a.json,
-            Cmd::Rule { cmd: rule::Cmd::Ls { json } } => *json,
+            Cmd::Rule { cmd: rule::Cmd::Ls { json, .. } } => *json,
+            Cmd::Rule { cmd: rule::Cmd::Import(a) } => a.json,
             Cmd::Ban(a) => a.json(),
             _ => false,
         }

@@ -53,7 +53,6 @@ impl ClassArgs {
 }
 
 #[derive(Subcommand)]
-#[expect(clippy::large_enum_variant, reason = "parsed once per command")]
 pub enum Cmd {
     /// Add or replace the rule for a prefix and class (longest prefix wins,
     /// then its most specific class that matches).
@@ -104,19 +103,30 @@ pub enum Cmd {
         #[arg(long)]
         runtime: bool,
     },
-    /// Remove the rule for a prefix and class.
+    /// Make a named set of prefixes from a file, one prefix per line (or
+    /// add to the implicit set of the action and rate): one rule for all of
+    /// them.
+    Import(Box<super::import::Args>),
+    /// Remove the rule for a prefix and class, or a set (`--set NAME`).
     Rm {
-        cidr: String,
+        #[arg(required_unless_present = "set")]
+        cidr: Option<String>,
+        /// Remove this set (`policer rule import --set NAME`) and all of its prefixes.
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["cidr", "runtime"])]
+        set: Option<String>,
         #[command(flatten)]
         class: ClassArgs,
         /// Remove from the kernel only; the config file keeps the rule.
         #[arg(long)]
         runtime: bool,
     },
-    /// List the rules.
+    /// List the rules (a set as one line), or a set's prefixes (`--set NAME`).
     Ls {
         #[arg(long)]
         json: bool,
+        /// List this set's rule and prefixes.
+        #[arg(long, value_name = "NAME")]
+        set: Option<String>,
     },
 }
 
@@ -166,11 +176,15 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             rule.validate()?;
             println!("policer: {}", done(call(Request::RuleSet { rule, runtime })?));
         }
-        Cmd::Rm { cidr, class, runtime } => {
+        Cmd::Import(a) => super::import::run(*a)?,
+        Cmd::Rm { set: Some(name), .. } => super::import::rm(name)?,
+        Cmd::Ls { json, set: Some(name) } => super::import::ls(name, json)?,
+        Cmd::Rm { cidr, class, runtime, set: None } => {
+            let cidr = cidr.expect("required without --set");
             let rule = class.rule(&cidr)?;
             println!("policer: {}", done(call(Request::RuleRm { rule, runtime })?));
         }
-        Cmd::Ls { json } => {
+        Cmd::Ls { json, set: None } => {
             let Reply::Rules { rules } = call(Request::RuleLs)? else { unreachable!("checked by control::call") };
             print_rules(&rules, json)?;
         }
@@ -198,13 +212,13 @@ fn bans_text(r: &RuleView) -> String {
     }
 }
 
-fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
+pub(super) fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(rules)?);
         return Ok(());
     }
     let mut t = crate::report::table(
-        &["PREFIX", "CLASS", "ACTION", "RATE", "BURST", "TOTAL", "KEY-LEN", "BANS", "EXPIRES", "SAVED"],
+        &["PREFIX", "CLASS", "ACTION", "RATE", "BURST", "TOTAL", "KEY-LEN", "BANS", "EXPIRES", "SAVED", "ENTRIES"],
         2,
     );
     for r in rules {
@@ -226,6 +240,7 @@ fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
                 (true, false) => "no (runtime)",
             }
             .to_string(),
+            r.entries.map_or_else(|| "-".into(), |n| n.to_string()),
         ]);
     }
     println!("{t}");

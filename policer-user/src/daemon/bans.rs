@@ -141,6 +141,9 @@ impl Daemon {
     /// The periodic work: expiries, then (once a second) automatic bans.
     pub(super) fn tick(&mut self) -> Result<()> {
         self.expire();
+        for m in self.expire_sets(super::unix_now()) {
+            println!("policer: {m}");
+        }
         if self.ban_log.last_scan.is_none_or(|t| t.elapsed() >= SCAN_EVERY) {
             self.ban_log.last_scan = Some(Instant::now());
             if let Err(e) = self.scan_bans() {

@@ -23,6 +23,7 @@ mod bans;
 mod follow;
 mod owner;
 mod ruleset;
+mod sets;
 mod start;
 mod views;
 
@@ -37,6 +38,7 @@ use std::{
 pub use adopt::detach_orphan;
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
+pub use sets::{Import, read_import};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
@@ -128,6 +130,11 @@ pub struct Daemon {
     /// Whether a tick changed the rules (the snapshot is then published).
     changed: bool,
     ban_log: bans::BanLog,
+    /// Named sets (`rule import`), by name; their entries are in the
+    /// tries but not in `compiled`.
+    sets: BTreeMap<String, sets::SetState>,
+    /// Where the sets' state files are (beside the config file).
+    sets_dir: PathBuf,
 }
 
 impl Daemon {

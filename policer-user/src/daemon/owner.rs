@@ -53,6 +53,17 @@ pub enum Command {
     /// Periodic: removes what expired, and follows automatic bans (logs
     /// their starts and ends, forgets those past their escalation window).
     Tick,
+    /// `policer rule import` (the file already read and parsed).
+    Import(Box<super::sets::Import>),
+    /// `policer rule ls --set NAME` (answered by the owner: the entries
+    /// are its alone).
+    SetLs {
+        name: String,
+        reply: oneshot::Sender<Result<crate::control::SetView>>,
+    },
+    SetRm {
+        name: String,
+    },
     /// Leave: detach (unless --persist) and end the thread.
     Shutdown,
 }
@@ -151,6 +162,7 @@ impl Daemon {
                 last_reload_timestamp_seconds: self.reload_at,
                 read_only: self.file.read_only(),
             },
+            sets: self.set_rows(),
         })
     }
 
@@ -187,6 +199,12 @@ impl Daemon {
                 Ok(false) => done(Ok(format!("detached from {iface}"))),
                 Err(e) => done(Err(e)),
             },
+            Command::Import(imp) => done(self.import(*imp)),
+            Command::SetRm { name } => done(self.set_rm(&name)),
+            Command::SetLs { name, reply } => {
+                let _ = reply.send(self.set_view(&name));
+                done(Ok(String::new()))
+            }
             Command::Shutdown => done(self.finish().map(|m| m.to_string())),
         }
     }

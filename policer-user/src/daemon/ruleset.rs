@@ -63,7 +63,7 @@ impl Slots {
 impl Daemon {
     /// Whether every rule is for 0.0.0.0/0 or ::/0.
     fn only_defaults(&self) -> bool {
-        self.rules.keys().all(|k| k.net.prefix_len() == 0)
+        self.rules.keys().all(|k| k.net.prefix_len() == 0) && !self.has_set_entries()
     }
 
     /// Turns the default-rules fast path on (with the current default rules)
@@ -121,7 +121,8 @@ impl Daemon {
             self.policer.set_fast_path(0)?;
             self.fast = 0;
         }
-        let r = self.apply_rules(want);
+        let bans = self.ban_values();
+        let r = self.apply_rules(want).and_then(|()| self.follow_bans(&bans));
         // Whatever happened, the fast path follows the rules now in force.
         self.sync_fast_path()?;
         r
@@ -230,7 +231,7 @@ impl Daemon {
             // The maps may hold part of the change: what they hold is read
             // back, so that putting the rules back diffs against it.
             match self.policer.kernel_compiled() {
-                Ok(now) => self.compiled = now,
+                Ok(now) => self.compiled = self.without_set_entries(now),
                 Err(k) => log::warn!("reading the rule maps back after a failed change: {k}"),
             }
             return Err(e);
@@ -292,6 +293,7 @@ impl Daemon {
         let before = self.specs();
         let mut want = before.clone();
         edit(&mut want);
+        self.refuse_set_prefixes(&want)?;
         // Classes that tie or crowd a frame: refused before anything is
         // staged or written.
         crate::classes::check_rules(want.values())?;
@@ -381,6 +383,7 @@ impl Daemon {
         let snap = self.file.read()?;
         let mut want = snap.rules.clone();
         super::bans::drop_expired(&mut want);
+        self.refuse_set_prefixes(&want)?;
         if want.is_empty() {
             return Err(Error::Invalid(format!("{}: no rules; nothing changed", self.file.path().display())));
         }

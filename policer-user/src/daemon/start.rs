@@ -266,6 +266,19 @@ impl Daemon {
             _bpffs = Some(fs_);
         }
         let mut policer = Policer::load(&opts)?;
+        // Tries of a program loaded by an older build keep their size when
+        // adopted: imports past it are refused; say so once, here.
+        if adopt_from.is_some()
+            && let Ok((v4, v6)) = policer.rule_trie_capacity()
+            && v4.min(v6) < crate::loader::TRIE_PREFIXES
+        {
+            let _ = writeln!(
+                out,
+                "policer: the adopted program's rule tries hold {} prefixes per family (this build: {});                  `policer detach`, then start again, for imports of more",
+                v4.min(v6),
+                crate::loader::TRIE_PREFIXES
+            );
+        }
         drop(_bpffs);
         for (e, n) in existing.iter().zip(&names) {
             let (Existing::Ours { prog_id, .. } | Existing::OtherLayout { prog_id, .. }) = e else {
@@ -280,7 +293,13 @@ impl Daemon {
         // Bring the kernel's rules to the config's, keeping the id (and so
         // the buckets' state) of every class-less rule that did not change.
         // Planned here, written in the transaction below.
-        let have = policer.kernel_compiled()?;
+        let mut have = policer.kernel_compiled()?;
+        // Named sets: their entries stay in the tries through the sync of
+        // the rules below, and are rewritten after it.
+        let sets_dir = crate::sets::state_dir(&args.config);
+        let mut loaded = super::sets::Loaded::read(&sets_dir)?;
+        loaded.strip(&mut have);
+        let mut loaded = Some(loaded);
         let kernel = &have.prefixes;
         let mut next_id = kernel.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
         let mut slots = Slots::new(policer.max_rules()?);
@@ -390,12 +409,17 @@ impl Daemon {
             refused_sha: None,
             changed: false,
             ban_log: Default::default(),
+            sets: BTreeMap::new(),
+            sets_dir,
         };
         let mut undo = Undo::new(new_prog, maps)?;
 
         // The transaction: from here on every `?` puts everything back.
         if !shared {
             install(&mut d.policer, &mut undo, &plan, &specs)?;
+            if let Some(l) = loaded.take() {
+                d.install_sets(l)?;
+            }
         }
         for ((name, &index), e) in names.iter().zip(&indexes).zip(&existing) {
             match e {
@@ -432,6 +456,9 @@ impl Daemon {
         }
         if shared {
             install(&mut d.policer, &mut undo, &plan, &specs)?;
+            if let Some(l) = loaded.take() {
+                d.install_sets(l)?;
+            }
         }
         d.sync_fast_path()?;
         undo.commit()?;

@@ -61,6 +61,29 @@ pub struct Snapshot {
     pub persist: bool,
     pub program_id: u32,
     pub config_status: crate::control::ConfigStatus,
+    /// Named sets (`rule import`), each as one rule.
+    pub sets: Vec<SetRow>,
+}
+
+/// A named set: its `rule ls` row, counter slot, rule and entries.
+#[derive(Clone, Debug)]
+pub struct SetRow {
+    pub view: RuleView,
+    pub slot: u32,
+    pub spec4: RuleSpec,
+    pub spec6: RuleSpec,
+    pub entries: Arc<Vec<ipnet::IpNet>>,
+}
+
+impl SetRow {
+    /// The longest entry that holds `addr`: a lookup per prefix length.
+    pub fn entry_for(&self, addr: IpAddr) -> Option<ipnet::IpNet> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (0..=max).rev().find_map(|len| {
+            let n = ipnet::IpNet::new(addr, len).ok()?.trunc();
+            self.entries.binary_search(&n).is_ok().then_some(n)
+        })
+    }
 }
 
 /// The read side of the daemon, shared by every connection.
@@ -140,10 +163,13 @@ impl Views {
                 ban_after: s.auto_ban.map(|b| b.ban_after),
                 ban_max: s.auto_ban.and_then(|b| b.ban_max).map(crate::duration::format),
                 expires: s.expires.map(crate::duration::rfc3339),
+                set: None,
+                entries: None,
             }
         };
         let mut out: Vec<RuleView> = snap.rules.values().map(|r| view(&r.spec, r.persisted, true)).collect();
         out.extend(snap.removed_at_runtime.iter().map(|s| view(s, true, false)));
+        out.extend(snap.sets.iter().map(|s| s.view.clone()));
         out
     }
 
@@ -189,6 +215,13 @@ impl Views {
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
                 rates: None,
             })
+            .chain(snap.sets.iter().map(|s| RuleStats {
+                prefix: s.view.prefix.clone(),
+                class: String::new(),
+                action: s.view.action.clone(),
+                counters: CountersView::from(&rc.get(&s.slot).copied().unwrap_or_default()),
+                rates: None,
+            }))
             .collect();
         let fill = self.reader.recall_fill(time_ns)?;
         let table = TableStats {
@@ -301,9 +334,21 @@ impl Views {
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
         let entry = |r: &Row| {
             let rule = rule_for(&snap, &r.key);
+            // A set's entry more specific than that rule charges the
+            // bucket (police and monitor sets have buckets).
+            let set = (r.key.class == 0 && !snap.sets.is_empty())
+                .then(|| {
+                    let addr = key_addr(&r.key);
+                    snap.sets.iter().find_map(|s| s.entry_for(addr).map(|n| (n, s)))
+                })
+                .flatten()
+                .filter(|(n, _)| rule.is_none_or(|k| n.prefix_len() > k.net.prefix_len()));
             TopEntry {
                 source: bucket_source(&r.key),
-                rule: rule.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                rule: match set {
+                    Some((n, s)) => format!("{} ({n})", s.view.prefix),
+                    None => rule.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                },
                 class: rule.map(|n| n.class.to_string()).unwrap_or_else(|| "-".into()),
                 debt_ns: r.debt_ns,
                 fill: r.fill as f64 / 65536.0,
@@ -355,8 +400,24 @@ impl Views {
         else {
             return Ok(v);
         };
-        let spec = &row.spec;
-        v.rule = Some(net.to_string());
+        // A set's entry longer than the rule's prefix is what the trie
+        // gives the address.
+        let set = snap
+            .sets
+            .iter()
+            .filter_map(|s| s.entry_for(addr).map(|n| (n, s)))
+            .max_by_key(|(n, _)| n.prefix_len())
+            .filter(|(n, _)| n.prefix_len() > net.prefix_len());
+        let (spec, slot) = match set {
+            Some((n, s)) => {
+                v.rule = Some(format!("{} ({n})", s.view.prefix));
+                (if addr.is_ipv4() { &s.spec4 } else { &s.spec6 }, s.slot)
+            }
+            None => {
+                v.rule = Some(net.to_string());
+                (&row.spec, row.slot)
+            }
+        };
         v.action = Some(spec.action.to_string());
         let key = bucket_key(addr, spec.key_len);
         v.key = Some(bucket_source(&key));
@@ -406,7 +467,7 @@ impl Views {
                     resumed = Some(rule.bucket(rule.resumed_tat(now, debt)));
                 }
                 None => {
-                    let ns = self.reader.new_sources(row.slot)?.unwrap_or_default();
+                    let ns = self.reader.new_sources(slot)?.unwrap_or_default();
                     let open = ns.enabled == 0 || ns.limiter().admit(ns.tat, now, 0).is_some();
                     v.new_source = Some(if open { "accepted" } else { "limited" }.into());
                 }

@@ -127,5 +127,24 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
         Request::BanLs => {
             (blocking(move || views.bans()).await.map_or_else(refused, |bans| Reply::Bans { bans }), false)
         }
+        // Read and parsed here, off the owner: the owner only diffs and
+        // writes.
+        Request::Import { path, shown, set, rule } => {
+            match blocking(move || crate::daemon::read_import(&path, &shown, set, rule)).await {
+                Ok(imp) => change(Command::Import(Box::new(imp))).await,
+                Err(e) => (refused(e), false),
+            }
+        }
+        Request::SetRm { name } => change(Command::SetRm { name }).await,
+        Request::SetLs { name } => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let out = ctx.owner.ask(Command::SetLs { name, reply: tx }).await;
+            match (out.result, rx.await) {
+                (Err(e), _) => (refused(e), false),
+                (Ok(_), Ok(Ok(v))) => (Reply::Set(Box::new(v)), false),
+                (Ok(_), Ok(Err(e))) => (refused(e), false),
+                (Ok(_), Err(_)) => (refused(crate::Error::Invalid("the daemon is shutting down".into())), false),
+            }
+        }
     }
 }

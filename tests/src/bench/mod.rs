@@ -147,6 +147,9 @@ pub fn run(o: &Options) -> Result<Results> {
     };
     let control = if want("control") {
         guarded("control plane", &mut errors, || control::run(o.quick, if o.quick { 2 } else { 3 }))
+    } else if o.only.iter().any(|w| w == "import") {
+        // The import rows alone (they are part of `control`).
+        guarded("control plane: import", &mut errors, || control::run_import(if o.quick { 2 } else { 3 }))
     } else {
         None
     };

@@ -1,0 +1,100 @@
+//! `policer rule import FILE`, `rule ls --set NAME`, `rule rm --set NAME`:
+//! named sets of prefixes (see `crate::sets`).
+
+use clap::Args as ClapArgs;
+use policer_common::bucket::Action;
+
+use super::{call, done};
+use crate::{
+    control::{Reply, Request},
+    rules::{BurstValue, RuleConfig},
+};
+
+#[derive(ClapArgs)]
+pub struct Args {
+    /// One prefix or address per line; `#` comments and blank lines are
+    /// fine. All or nothing: one bad line and nothing is imported (the line
+    /// number is named).
+    file: String,
+    #[arg(long, value_enum, default_value_t = Action::Deny)]
+    action: Action,
+    /// Rate per source (police and monitor sets): 500pps, 10kpps, 64kbit.
+    #[arg(long, allow_hyphen_values = true)]
+    rate: Option<String>,
+    /// Burst: packets, or bytes for a bit rate.
+    #[arg(long, allow_hyphen_values = true)]
+    burst: Option<String>,
+    /// Leading source bits that form one bucket (default 32 IPv4, 64 IPv6).
+    #[arg(long, allow_hyphen_values = true)]
+    key_len: Option<String>,
+    /// Remove the set this long from now (500ms, 30s, 10m, 1h, 7d); needs
+    /// --set. Kept across restarts as an absolute time.
+    #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
+    ttl: Option<String>,
+    /// The file becomes the whole of this set: prefixes not in it leave,
+    /// new ones come, in one change. Without it the prefixes are added to
+    /// the set named after the action and rate (`deny`, `police-100pps`).
+    #[arg(long, value_name = "NAME")]
+    set: Option<String>,
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let key_len = match &a.key_len {
+        Some(k) => {
+            Some(k.parse::<u32>().map_err(|_| anyhow::anyhow!("invalid --key-len '{k}': not a number of bits"))?)
+        }
+        None => None,
+    };
+    if let Some(t) = &a.ttl {
+        crate::duration::parse(t)?;
+    }
+    if let Some(n) = &a.set {
+        crate::sets::check_name(n)?;
+    }
+    let rule = RuleConfig {
+        action: Some(a.action),
+        rate: a.rate,
+        burst: a.burst.map(BurstValue::Text),
+        key_len,
+        ttl: a.ttl,
+        ..RuleConfig::default()
+    };
+    // The daemon reads the file itself (a million lines are not sent over
+    // the socket): a relative path is resolved here, against where the
+    // user is.
+    let path = std::path::absolute(&a.file).map_err(|e| anyhow::anyhow!("{}: {e}", a.file))?;
+    if let Err(e) = std::fs::metadata(&path) {
+        anyhow::bail!("{}: {e}; nothing imported", a.file);
+    }
+    let msg =
+        done(call(Request::Import { path: path.to_string_lossy().into_owned(), shown: a.file, set: a.set, rule })?);
+    if a.json {
+        println!("{}", serde_json::json!({ "message": msg }));
+    } else {
+        println!("policer: {msg}");
+    }
+    Ok(())
+}
+
+pub fn rm(name: String) -> anyhow::Result<()> {
+    println!("policer: {}", done(call(Request::SetRm { name })?));
+    Ok(())
+}
+
+pub fn ls(name: String, json: bool) -> anyhow::Result<()> {
+    let Reply::Set(v) = call(Request::SetLs { name })? else { unreachable!("checked by control::call") };
+    if json {
+        println!("{}", serde_json::to_string(&*v)?);
+        return Ok(());
+    }
+    super::rule::print_rules(std::slice::from_ref(&v.rule), false)?;
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for e in &v.entries {
+        writeln!(out, "{e}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,817 @@
+//! Named sets (`policer rule import`): many prefixes under one rule. The
+//! set's entries go straight into the rule tries, each with the set's
+//! compiled rule as its value; they are not in [`Daemon::compiled`] (a
+//! million entries there would make every `rule set` diff a million), so
+//! a rule change never touches them, and a set change touches only them.
+//! See docs/import.md and docs/design.md ("Sets").
+
+use std::{collections::BTreeMap, os::fd::RawFd, sync::Arc, time::Instant};
+
+use ipnet::IpNet;
+use policer_common::Rule;
+
+use super::{Daemon, ruleset::prepare};
+use crate::{
+    classes::Compiled,
+    control::{RuleView, SetView},
+    error::{Error, Result},
+    rules::{RuleConfig, RuleKey, RuleSpec},
+    sets::{self, Header, List},
+};
+
+/// A set in force.
+#[derive(Clone, Debug)]
+pub(crate) struct SetState {
+    pub header: Header,
+    /// The rule of the set's IPv4 and IPv6 entries (prefix /0: a set has
+    /// no prefix of its own; the key length differs by family).
+    pub spec4: RuleSpec,
+    pub spec6: RuleSpec,
+    pub id: u32,
+    pub slot: u32,
+    /// Sorted, each once; IPv4 first. Shared with the snapshot
+    /// (`inspect`), never changed in place.
+    pub entries: Arc<Vec<IpNet>>,
+}
+
+impl SetState {
+    /// The trie values of the set's entries (IPv4, IPv6).
+    fn values(&self) -> Result<(Rule, Rule)> {
+        Ok((
+            self.spec4.kernel(self.id)?.with_counter_slot(self.slot),
+            self.spec6.kernel(self.id)?.with_counter_slot(self.slot),
+        ))
+    }
+
+    /// A row of `rule ls`: the set as one rule.
+    pub fn view(&self) -> RuleView {
+        let s = &self.spec4;
+        RuleView {
+            prefix: format!("set:{}", self.header.name),
+            class: String::new(),
+            proto: None,
+            dport: None,
+            tcp_flags: None,
+            icmp_type: None,
+            dst: None,
+            total_rate: None,
+            total_burst: None,
+            action: s.action.to_string(),
+            rate: s.rate.map(|r| r.to_string()),
+            burst: s.rate.map(|_| s.burst),
+            unit: if s.rate.is_some_and(|r| r.is_bytes()) { "bytes" } else { "packets" }.into(),
+            key_len: s.key_len,
+            persisted: true,
+            in_force: true,
+            ban: false,
+            reason: None,
+            ban_for: None,
+            ban_after: None,
+            ban_max: None,
+            expires: self.header.expires_ms.map(crate::duration::rfc3339),
+            set: Some(self.header.name.clone()),
+            entries: Some(self.entries.len() as u64),
+        }
+    }
+}
+
+/// What `policer rule import` asks for.
+#[derive(Clone, Debug)]
+pub struct Import {
+    /// The file as given (for messages), its bytes and its parsed list.
+    pub file: String,
+    pub text: Vec<u8>,
+    pub list: List,
+    /// `--set NAME`; none: the implicit set of the action and rate, which
+    /// only grows.
+    pub set: Option<String>,
+    /// action, rate, burst, key_len, ttl.
+    pub rule: RuleConfig,
+}
+
+/// The set's rule for one family: the rule options over a /0.
+fn family_spec(rule: &RuleConfig, v6: bool) -> Result<RuleSpec> {
+    let rc = RuleConfig { prefix: sets::family_any(v6).to_string(), ttl: None, expires: None, ..rule.clone() };
+    rc.validate()
+}
+
+/// Entries per call of a batch write: bounds the buffers (a value per
+/// entry, 80 B each: 5 MB).
+const CHUNK: usize = 65_536;
+
+fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
+    nets.split_at(nets.partition_point(|n| n.addr().is_ipv4()))
+}
+
+fn rule_bytes(r: &Rule) -> &[u8] {
+    // SAFETY: Rule is plain data (repr(C), no padding).
+    unsafe { std::slice::from_raw_parts(r as *const Rule as *const u8, size_of::<Rule>()) }
+}
+
+fn keys(nets: &[IpNet]) -> (Vec<u8>, usize) {
+    let mut out = Vec::with_capacity(nets.len() * 20);
+    let mut size = 8;
+    for n in nets {
+        match n {
+            IpNet::V4(n) => out.extend_from_slice(&sets::key_v4(n)),
+            IpNet::V6(n) => {
+                out.extend_from_slice(&sets::key_v6(n));
+                size = 20;
+            }
+        }
+    }
+    (out, size)
+}
+
+fn io_err(what: &str, e: std::io::Error) -> Error {
+    Error::Invalid(format!("rule tries: {what}: {e}"))
+}
+
+/// Writes `nets` (one family) with `value`: BPF_MAP_UPDATE_BATCH where the
+/// kernel has it for LPM tries (5.13+), else one entry at a time.
+fn write_family(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
+    let values: Vec<u8> = rule_bytes(value).repeat(CHUNK.min(nets.len()));
+    for chunk in nets.chunks(CHUNK) {
+        let (k, ksize) = keys(chunk);
+        let (done, err) = crate::batch::update(fd, &k, &values, chunk.len());
+        match err {
+            None => {}
+            Some(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524)) => {
+                for i in done..chunk.len() {
+                    let key = &k[i * ksize..(i + 1) * ksize];
+                    let r = if ksize == 8 {
+                        crate::batch::update_elem(fd, &<[u8; 8]>::try_from(key).expect("8"), value)
+                    } else {
+                        crate::batch::update_elem(fd, &<[u8; 20]>::try_from(key).expect("20"), value)
+                    };
+                    r.map_err(|e| io_err(&format!("writing {}", chunk[i]), e))?;
+                }
+            }
+            Some(e) => return Err(io_err(&format!("writing {} prefixes", nets.len()), e)),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes `nets` (one family); an entry not there is fine.
+fn delete_family(fd: RawFd, nets: &[IpNet]) -> Result<()> {
+    for chunk in nets.chunks(CHUNK) {
+        let (k, ksize) = keys(chunk);
+        let mut at = 0;
+        while at < chunk.len() {
+            let (done, err) = crate::batch::delete(fd, &k[at * ksize..], chunk.len() - at);
+            match err {
+                None => break,
+                // The entry at `done` is not there: skip it.
+                Some(e) if e.raw_os_error() == Some(libc::ENOENT) => at += done + 1,
+                Some(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524)) => {
+                    for i in at + done..chunk.len() {
+                        let key = &k[i * ksize..(i + 1) * ksize];
+                        let r = if ksize == 8 {
+                            crate::batch::delete_elem(fd, &<[u8; 8]>::try_from(key).expect("8"))
+                        } else {
+                            crate::batch::delete_elem(fd, &<[u8; 20]>::try_from(key).expect("20"))
+                        };
+                        r.map_err(|e| io_err(&format!("removing {}", chunk[i]), e))?;
+                    }
+                    break;
+                }
+                Some(e) => return Err(io_err(&format!("removing {} prefixes", nets.len()), e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes sorted `nets` with the value of their family.
+fn write(fds: (RawFd, RawFd), nets: &[IpNet], values: (Rule, Rule)) -> Result<()> {
+    let (v4, v6) = split(nets);
+    write_parallel(fds.0, v4, &values.0)?;
+    write_parallel(fds.1, v6, &values.1)
+}
+
+/// Threads that write one family at once: on 6.18 two writers of a
+/// million /32s take 0.5 s where one takes 1.2 s (the copies and node
+/// allocations around the trie's lock overlap); more than the CPUs gain
+/// nothing. `POLICER_IMPORT_WRITERS` overrides it (measurements).
+fn writers() -> usize {
+    std::env::var("POLICER_IMPORT_WRITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
+}
+
+fn write_parallel(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
+    let n = writers();
+    if n <= 1 || nets.len() < 2 * CHUNK {
+        return write_family(fd, nets, value);
+    }
+    let per = nets.len().div_ceil(n);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = nets.chunks(per).map(|part| s.spawn(move || write_family(fd, part, value))).collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("a writer panicked".into()))))
+    })
+}
+
+/// The entries of sorted `list` under a manual ban, each with the value of
+/// the longest ban over it: a ban drops all of a prefix's traffic, set
+/// entries under it included (as `classes::compile` does for rules).
+fn banned(list: &[IpNet], bans: &[(IpNet, Rule)]) -> Vec<(IpNet, Rule)> {
+    let mut out: BTreeMap<IpNet, (u8, Rule)> = BTreeMap::new();
+    for (p, value) in bans {
+        let (v4, v6) = split(list);
+        let fam = if p.addr().is_ipv4() { v4 } else { v6 };
+        let lo = fam.partition_point(|e| e.network() < p.network());
+        let hi = fam.partition_point(|e| e.network() <= p.broadcast());
+        for e in fam[lo..hi].iter().filter(|e| p.contains(*e)) {
+            let longer = out.get(e).is_none_or(|(len, _)| *len < p.prefix_len());
+            if longer {
+                out.insert(*e, (p.prefix_len(), *value));
+            }
+        }
+    }
+    out.into_iter().map(|(e, (_, v))| (e, v)).collect()
+}
+
+/// Writes sorted `nets` with their set's values, and those under a ban
+/// with the ban's.
+fn write_set(
+    fds: (RawFd, RawFd),
+    nets: &[IpNet],
+    values: (Rule, Rule),
+    all: &[IpNet],
+    bans: &[(IpNet, Rule)],
+) -> Result<()> {
+    write(fds, nets, values)?;
+    write_pairs(fds, &banned(all, bans))
+}
+
+/// A few entries, each with its own value.
+fn write_pairs(fds: (RawFd, RawFd), pairs: &[(IpNet, Rule)]) -> Result<()> {
+    for (n, v) in pairs {
+        let r = match n {
+            IpNet::V4(n) => crate::batch::update_elem(fds.0, &sets::key_v4(n), v),
+            IpNet::V6(n) => crate::batch::update_elem(fds.1, &sets::key_v6(n), v),
+        };
+        r.map_err(|e| io_err(&format!("writing {n}"), e))?;
+    }
+    Ok(())
+}
+
+fn delete(fds: (RawFd, RawFd), nets: &[IpNet]) -> Result<()> {
+    let (v4, v6) = split(nets);
+    delete_family(fds.0, v4)?;
+    delete_family(fds.1, v6)
+}
+
+/// Sorted union of two sorted lists.
+fn union(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    out.extend_from_slice(a);
+    out.extend_from_slice(b);
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+impl Daemon {
+    /// `policer rule import`: the set becomes the file (`--set`), or the
+    /// implicit set grows by it; in one change, all or nothing.
+    pub(super) fn import(&mut self, mut imp: Import) -> Result<String> {
+        let t0 = Instant::now();
+        let explicit = imp.set.is_some();
+        let name = imp.set.clone().unwrap_or_else(|| sets::implicit_name(&imp.rule));
+        sets::check_name(&name)?;
+        if !explicit && imp.rule.ttl.is_some() {
+            return Err(Error::Invalid(
+                "--ttl needs --set NAME: the whole set expires (an import without --set adds to the implicit \
+                 set of its action and rate, which never expires); nothing imported"
+                    .into(),
+            ));
+        }
+        let expires_ms = match &imp.rule.ttl {
+            Some(t) => Some(crate::duration::unix_ms().saturating_add(crate::duration::parse(t)?.as_millis() as u64)),
+            None => None,
+        };
+        let rule = RuleConfig {
+            prefix: String::new(),
+            action: imp.rule.action,
+            rate: imp.rule.rate.clone(),
+            burst: imp.rule.burst.clone(),
+            key_len: imp.rule.key_len,
+            ..RuleConfig::default()
+        };
+        let old = self.sets.get(&name);
+        let entries = if explicit {
+            std::mem::take(&mut imp.list.entries)
+        } else {
+            union(old.map_or(&[][..], |s| &s.entries), &imp.list.entries)
+        };
+        let (spec4, spec6) = self.set_specs(&rule, &entries)?;
+        self.check_set_conflicts(&name, &entries)?;
+        self.check_capacity(&name, &entries)?;
+        let header = Header { name: name.clone(), rule, expires_ms };
+        let t_checked = t0.elapsed();
+
+        let fds = self.policer.rule_trie_fds()?;
+        let bans = self.ban_values();
+        let old = self.sets.get(&name).cloned();
+        let (slot, new_slot) = match &old {
+            Some(o) => (o.slot, false),
+            None => (self.slots.take()?, true),
+        };
+        let same_rule = old.as_ref().is_some_and(|o| o.spec4 == spec4 && o.spec6 == spec6);
+        let id = match &old {
+            Some(o) if same_rule => o.id,
+            _ => {
+                self.next_id += 1;
+                self.next_id
+            }
+        };
+        let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries) };
+        let old_entries = old.as_ref().map_or(&[][..], |o| &o.entries[..]);
+        let d = sets::diff(old_entries, &next.entries);
+        // The state file first (a full disk refuses the import before the
+        // kernel is touched), put in place once the kernel took the change.
+        // Not written beside the kernel writes: on two CPUs it slows them
+        // more than it saves.
+        let body = if explicit { sets::Body::Text(&imp.text) } else { sets::Body::Entries(&next.entries) };
+        let staged = match sets::stage(&self.sets_dir, &next.header, body) {
+            Ok(s) => s,
+            Err(e) => {
+                if new_slot {
+                    self.slots.free(slot);
+                }
+                return Err(e);
+            }
+        };
+        let t_staged = t0.elapsed();
+        let r = (|| -> Result<()> {
+            if new_slot {
+                self.policer.reset_rule_counters(slot)?;
+            }
+            if !same_rule {
+                prepare(&mut self.policer, &next.spec4, slot)?;
+            }
+            // A set's prefixes are not default rules: the tries decide.
+            if self.fast != 0 && !next.entries.is_empty() {
+                self.policer.set_fast_path(0)?;
+                self.fast = 0;
+            }
+            let values = next.values()?;
+            if same_rule {
+                write_set(fds, &d.add, values, &next.entries, &bans)?;
+            } else {
+                write_set(fds, &next.entries, values, &next.entries, &bans)?;
+            }
+            delete(fds, &self.not_rules(&d.remove))
+        })();
+        let t_written = t0.elapsed();
+        let r = r.and_then(|()| staged.commit());
+        log::debug!(
+            "import of set '{name}': checked {t_checked:?}, staged {t_staged:?}, written {t_written:?}, committed {:?}",
+            t0.elapsed()
+        );
+        if let Err(e) = r {
+            // Back to what was: the added entries out, the kept ones'
+            // values and the removed ones back.
+            let undo = (|| -> Result<()> {
+                delete(fds, &self.not_rules(&d.add))?;
+                if let Some(o) = &old {
+                    write_set(fds, &o.entries, o.values()?, &o.entries, &bans)?;
+                    if !same_rule {
+                        prepare(&mut self.policer, &o.spec4, slot)?;
+                    }
+                }
+                Ok(())
+            })();
+            if new_slot {
+                self.slots.free(slot);
+            }
+            let _ = self.sync_fast_path();
+            return Err(match undo {
+                Ok(()) => Error::Invalid(format!("{e}; nothing imported")),
+                Err(u) => Error::Invalid(format!(
+                    "{e}; and putting set '{name}' back failed too: {u} (see `policer rule ls --set {name}`)"
+                )),
+            });
+        }
+        let changed = if same_rule { 0 } else { d.keep.len() };
+        let msg = format!(
+            "set '{name}' ({}): {} prefixes from {}: {} added, {} changed, {} removed{}{} in {:.2} s",
+            describe(&next.spec4),
+            next.entries.len(),
+            imp.file,
+            d.add.len(),
+            changed,
+            d.remove.len(),
+            if imp.list.duplicates > 0 {
+                format!(" ({} repeated lines kept once)", imp.list.duplicates)
+            } else {
+                String::new()
+            },
+            next.header.expires_ms.map(|e| format!("; expires {}", crate::duration::rfc3339(e))).unwrap_or_default(),
+            t0.elapsed().as_secs_f64()
+        );
+        self.sets.insert(name, next);
+        self.changed = true;
+        Ok(msg)
+    }
+
+    /// The set's rule per family, validated against its entries.
+    fn set_specs(&self, rule: &RuleConfig, entries: &[IpNet]) -> Result<(RuleSpec, RuleSpec)> {
+        let (v4, v6) = split(entries);
+        // A key length given for one family must not fail the other when
+        // the set has none of it.
+        let spec = |v6: bool, any: bool| -> Result<RuleSpec> {
+            match family_spec(rule, v6) {
+                Err(_) if !any && rule.key_len.is_some() => {
+                    family_spec(&RuleConfig { key_len: None, ..rule.clone() }, v6)
+                }
+                r => r,
+            }
+        };
+        if let Some(k) = rule.key_len
+            && k > 32
+            && !v4.is_empty()
+        {
+            return Err(Error::Invalid(format!(
+                "--key-len {k} is an IPv6 key length, and the list has IPv4 prefixes too ({}): a set has one key \
+                 length; import IPv4 and IPv6 into separate sets, or leave --key-len out (32 and 64); nothing imported",
+                v4[0]
+            )));
+        }
+        let (s4, s6) = (spec(false, !v4.is_empty())?, spec(true, !v6.is_empty())?);
+        if s4.total.is_some() || s4.auto_ban.is_some() {
+            return Err(Error::Invalid("a set takes --action, --rate, --burst and --key-len".into()));
+        }
+        // Buckets are keyed by the source masked to the key length: a key
+        // shorter than an entry would share buckets across rules.
+        if s4.action.polices() {
+            for (list, s) in [(v4, &s4), (v6, &s6)] {
+                if let Some(n) = list.iter().find(|n| u32::from(n.prefix_len()) > s.key_len) {
+                    return Err(Error::Invalid(format!(
+                        "{n} is longer than the key length {} of a {} set: give --key-len {} (or more); nothing imported",
+                        s.key_len,
+                        s.action,
+                        n.prefix_len()
+                    )));
+                }
+            }
+        }
+        Ok((s4, s6))
+    }
+
+    /// An entry belongs to one set and is no rule's prefix: refused before
+    /// anything is written, naming both.
+    fn check_set_conflicts(&self, name: &str, entries: &[IpNet]) -> Result<()> {
+        // A manual ban may share an entry's prefix: it wins while it lasts.
+        for key in self.rules.keys().filter(|k| !k.ban) {
+            if entries.binary_search(&key.net).is_ok() {
+                return Err(Error::Invalid(format!(
+                    "{} is in the list and is the prefix of the rule {key}: a prefix has a rule or is an entry of a \
+                     set, not both (remove one); nothing imported",
+                    key.net
+                )));
+            }
+        }
+        for (other, s) in self.sets.iter().filter(|(n, _)| n.as_str() != name) {
+            if let Some(n) = sets::first_common(entries, &s.entries) {
+                return Err(Error::Invalid(format!(
+                    "{n} is in the list and already in set '{other}': an entry belongs to one set; nothing imported"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tries' room: what they hold after the change, per family.
+    fn check_capacity(&self, name: &str, entries: &[IpNet]) -> Result<()> {
+        let (c4, c6) = self.policer.rule_trie_capacity()?;
+        let count = |v6: bool| {
+            let rules = self.compiled.prefixes.keys().filter(|n| n.addr().is_ipv6() == v6).count();
+            let sets: usize = self
+                .sets
+                .iter()
+                .filter(|(n, _)| n.as_str() != name)
+                .map(|(_, s)| s.entries.iter().filter(|n| n.addr().is_ipv6() == v6).count())
+                .sum();
+            rules + sets + entries.iter().filter(|n| n.addr().is_ipv6() == v6).count()
+        };
+        for (v6, cap) in [(false, c4), (true, c6)] {
+            let n = count(v6);
+            if n > cap as usize {
+                return Err(Error::Invalid(format!(
+                    "the {} rule trie holds {cap} prefixes; this import needs {n} (a program loaded by an older \
+                     policer keeps its size: `policer detach`, then start again, for {}); nothing imported",
+                    if v6 { "IPv6" } else { "IPv4" },
+                    crate::loader::TRIE_PREFIXES
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `policer rule rm --set NAME`.
+    pub(super) fn set_rm(&mut self, name: &str) -> Result<String> {
+        let s = self.sets.get(name).cloned().ok_or_else(|| self.unknown_set(name))?;
+        self.remove_set(&s)?;
+        Ok(format!("removed set '{name}' ({} prefixes)", s.entries.len()))
+    }
+
+    fn remove_set(&mut self, s: &SetState) -> Result<()> {
+        let fds = self.policer.rule_trie_fds()?;
+        if let Err(e) = delete(fds, &self.not_rules(&s.entries)) {
+            let undo = write_set(fds, &s.entries, s.values()?, &s.entries, &self.ban_values());
+            return Err(match undo {
+                Ok(()) => Error::Invalid(format!("{e}; nothing changed")),
+                Err(u) => Error::Invalid(format!("{e}; and putting it back failed too: {u}")),
+            });
+        }
+        self.sets.remove(&s.header.name);
+        self.slots.free(s.slot);
+        self.changed = true;
+        if let Err(e) = sets::remove(&self.sets_dir, &s.header.name) {
+            log::warn!("set '{}' removed, but not its state file: {e}", s.header.name);
+        }
+        self.sync_fast_path()
+    }
+
+    pub(super) fn unknown_set(&self, name: &str) -> Error {
+        let known: Vec<&str> = self.sets.keys().map(String::as_str).collect();
+        Error::Invalid(if known.is_empty() {
+            format!("no set '{name}': there are no sets (`policer rule import FILE --set {name}` makes one)")
+        } else {
+            format!("no set '{name}'; the sets are: {}", known.join(", "))
+        })
+    }
+
+    /// `policer rule ls --set NAME`: the set's rule and entries.
+    pub(super) fn set_view(&self, name: &str) -> Result<SetView> {
+        let s = self.sets.get(name).ok_or_else(|| self.unknown_set(name))?;
+        Ok(SetView { rule: s.view(), entries: s.entries.iter().map(|n| n.to_string()).collect() })
+    }
+
+    /// Removes the sets whose expiry has come (each in one change); the
+    /// messages for the log. Called by the tick.
+    pub fn expire_sets(&mut self, now_unix: f64) -> Vec<String> {
+        let now_ms = (now_unix * 1000.0) as u64;
+        let due: Vec<SetState> =
+            self.sets.values().filter(|s| s.header.expires_ms.is_some_and(|e| e <= now_ms)).cloned().collect();
+        let mut out = Vec::new();
+        for s in due {
+            out.push(match self.remove_set(&s) {
+                Ok(()) => format!("set '{}' expired: {} prefixes removed", s.header.name, s.entries.len()),
+                Err(e) => format!("set '{}' expired, but removing it failed (tried again): {e}", s.header.name),
+            });
+        }
+        out
+    }
+
+    /// Refuses rules at a prefix a set holds (`rule set`, reload).
+    pub(super) fn refuse_set_prefixes(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
+        for key in want.keys().filter(|k| !k.ban) {
+            for (name, s) in &self.sets {
+                if s.entries.binary_search(&key.net).is_ok() {
+                    return Err(Error::Invalid(format!(
+                        "{} is an entry of set '{name}': a prefix has a rule or is an entry of a set, not both \
+                         (`policer rule ls --set {name}`); nothing changed",
+                        key.net
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves out of `c` (read back from the kernel) the sets' entries,
+    /// which [`Daemon::compiled`] does not hold.
+    pub(super) fn without_set_entries(&self, mut c: Compiled) -> Compiled {
+        strip(&mut c, &self.sets);
+        c
+    }
+
+    /// The manual bans in force: each prefix and the value the tries hold
+    /// there.
+    pub(super) fn ban_values(&self) -> Vec<(IpNet, Rule)> {
+        self.rules
+            .keys()
+            .filter(|k| k.ban)
+            .filter_map(|k| self.compiled.prefixes.get(&k.net).map(|r| (k.net, *r)))
+            .collect()
+    }
+
+    /// After a change of the rules: set entries under a ban that came,
+    /// went or changed get the value they now have (the ban's, or their
+    /// set's). Cheap when the bans did not change (the usual case).
+    pub(super) fn follow_bans(&mut self, before: &[(IpNet, Rule)]) -> Result<()> {
+        let after = self.ban_values();
+        if after == before || self.sets.is_empty() {
+            return Ok(());
+        }
+        let fds = self.policer.rule_trie_fds()?;
+        for s in self.sets.values() {
+            let (v4, v6) = s.values()?;
+            let mut pairs: BTreeMap<IpNet, Rule> = banned(&s.entries, before)
+                .into_iter()
+                .map(|(n, _)| (n, if n.addr().is_ipv4() { v4 } else { v6 }))
+                .collect();
+            pairs.extend(banned(&s.entries, &after));
+            write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())?;
+        }
+        Ok(())
+    }
+
+    /// `nets` but those the rules hold too (a manual ban at an entry's
+    /// prefix): removing the entry leaves the ban's trie entry alone.
+    fn not_rules<'a>(&self, nets: &'a [IpNet]) -> std::borrow::Cow<'a, [IpNet]> {
+        let bans: Vec<IpNet> = self.rules.keys().filter(|k| k.ban).map(|k| k.net).collect();
+        if bans.iter().all(|b| nets.binary_search(b).is_err()) {
+            return std::borrow::Cow::Borrowed(nets);
+        }
+        std::borrow::Cow::Owned(nets.iter().filter(|n| !bans.contains(n)).copied().collect())
+    }
+
+    pub(super) fn has_set_entries(&self) -> bool {
+        self.sets.values().any(|s| !s.entries.is_empty())
+    }
+
+    /// The sets' rows for `rule ls`, `stats`, `inspect` (the snapshot).
+    pub(super) fn set_rows(&self) -> Vec<super::views::SetRow> {
+        self.sets
+            .values()
+            .map(|s| super::views::SetRow {
+                view: s.view(),
+                slot: s.slot,
+                spec4: s.spec4.clone(),
+                spec6: s.spec6.clone(),
+                entries: s.entries.clone(),
+            })
+            .collect()
+    }
+}
+
+fn strip(c: &mut Compiled, sets: &BTreeMap<String, SetState>) {
+    for s in sets.values() {
+        for n in s.entries.iter() {
+            c.prefixes.remove(n);
+        }
+    }
+}
+
+/// `deny`, `police 100pps`.
+fn describe(s: &RuleSpec) -> String {
+    match s.rate {
+        Some(r) => format!("{} {r}", s.action),
+        None => s.action.to_string(),
+    }
+}
+
+/// The sets read at start, to be installed once the rules are.
+pub(super) struct Loaded {
+    pub sets: Vec<(Header, List)>,
+    /// The kernel's value at each set's first entry (an adopted program).
+    kernel: Vec<Option<Rule>>,
+}
+
+impl Loaded {
+    /// Reads the state directory; a set file that does not read is an
+    /// error (the start fails rather than policing without a feed).
+    pub fn read(dir: &std::path::Path) -> Result<Loaded> {
+        Ok(Loaded { sets: sets::read_all(dir)?, kernel: Vec::new() })
+    }
+
+    /// Leaves the sets' entries out of what the kernel holds, so the
+    /// start's sync of the rules keeps them (they are rewritten after).
+    pub fn strip(&mut self, c: &mut Compiled) {
+        self.kernel =
+            self.sets.iter().map(|(_, l)| l.entries.first().and_then(|n| c.prefixes.get(n)).copied()).collect();
+        for (_, l) in &self.sets {
+            for n in &l.entries {
+                c.prefixes.remove(n);
+            }
+        }
+    }
+}
+
+impl Daemon {
+    /// Installs the sets read at start: each keeps the counter slot its
+    /// entries have in the kernel (an adopted program), or takes one.
+    pub(super) fn install_sets(&mut self, loaded: Loaded) -> Result<()> {
+        let now = crate::duration::unix_ms();
+        let kernel = loaded.kernel.into_iter().chain(std::iter::repeat(None));
+        for ((h, l), k) in loaded.sets.into_iter().zip(kernel) {
+            if h.expires_ms.is_some_and(|e| e <= now) {
+                // Expired while the daemon was down: gone, not revived.
+                let _ = sets::remove(&self.sets_dir, &h.name);
+                println!("policer: set '{}' expired while the daemon was stopped; removed", h.name);
+                continue;
+            }
+            let (spec4, spec6) = self.set_specs(&h.rule, &l.entries)?;
+            self.check_set_conflicts(&h.name, &l.entries)?;
+            let slot = match k {
+                Some(r) if self.slots.mark_used(r.counter_slot) => r.counter_slot,
+                _ => {
+                    let s = self.slots.take()?;
+                    self.policer.reset_rule_counters(s)?;
+                    s
+                }
+            };
+            self.next_id += 1;
+            let mut s = SetState { header: h, spec4, spec6, id: self.next_id, slot, entries: Arc::new(l.entries) };
+            // The same rule as the kernel's keeps its id (its buckets go on).
+            if let Some(r) = k {
+                let v4 = s.spec4.kernel(r.rule_id)?.with_counter_slot(slot);
+                let v6 = s.spec6.kernel(r.rule_id)?.with_counter_slot(slot);
+                if v4 == r || v6 == r {
+                    s.id = r.rule_id;
+                }
+            }
+            prepare(&mut self.policer, &s.spec4, slot)?;
+            write_set(self.policer.rule_trie_fds()?, &s.entries, s.values()?, &s.entries, &self.ban_values())?;
+            self.sets.insert(s.header.name.clone(), s);
+        }
+        Ok(())
+    }
+}
+
+/// The largest list file read (a million IPv6 prefixes is ~45 MB).
+const MAX_FILE_BYTES: u64 = 1 << 30;
+
+/// Reads and parses an import's file (on a blocking thread, not the
+/// owner). Errors name the file as the user gave it.
+pub fn read_import(path: &str, shown: &str, set: Option<String>, rule: RuleConfig) -> Result<Import> {
+    let file = if shown.is_empty() { path.to_string() } else { shown.to_string() };
+    if let Some(n) = &set {
+        sets::check_name(n)?;
+    }
+    let meta = std::fs::metadata(path).map_err(|e| Error::Invalid(format!("{file}: {e}; nothing imported")))?;
+    if !meta.is_file() {
+        return Err(Error::Invalid(format!("{file}: not a regular file; nothing imported")));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(Error::Invalid(format!("{file}: larger than {MAX_FILE_BYTES} bytes; nothing imported")));
+    }
+    let text = std::fs::read(path).map_err(|e| Error::Invalid(format!("{file}: {e}; nothing imported")))?;
+    let list = sets::parse(&text, &file)?;
+    Ok(Import { file, text, list, set, rule })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(v: &[&str]) -> Vec<IpNet> {
+        let mut v: Vec<IpNet> = v.iter().map(|s| s.parse().unwrap()).collect();
+        v.sort();
+        v
+    }
+
+    fn rule(id: u32) -> Rule {
+        Rule::packets(1, 1).unwrap().with_id(id)
+    }
+
+    /// Entries under bans get the longest ban's value; an entry that holds
+    /// a ban (shorter) or sits beside it does not.
+    #[test]
+    fn entries_under_bans() {
+        let list = nets(&[
+            "10.0.0.0/8",
+            "10.1.0.0/16",
+            "10.1.2.3/32",
+            "10.1.255.255/32",
+            "10.2.0.1/32",
+            "2001:db8::1/128",
+            "2001:db8:1::/48",
+        ]);
+        let bans = [
+            ("10.1.0.0/16".parse().unwrap(), rule(1)),
+            ("10.1.2.0/24".parse().unwrap(), rule(2)),
+            ("2001:db8::/64".parse().unwrap(), rule(3)),
+        ];
+        let got: Vec<(String, u32)> =
+            banned(&list, &bans).into_iter().map(|(n, r)| (n.to_string(), r.rule_id)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("10.1.0.0/16".to_string(), 1),
+                ("10.1.2.3/32".to_string(), 2),
+                ("10.1.255.255/32".to_string(), 1),
+                ("2001:db8::1/128".to_string(), 3),
+            ]
+        );
+        assert!(banned(&list, &[]).is_empty());
+    }
+
+    #[test]
+    fn union_and_split() {
+        let a = nets(&["10.0.0.1/32", "2001:db8::/32"]);
+        let b = nets(&["10.0.0.1/32", "10.0.0.2/32"]);
+        assert_eq!(union(&a, &b), nets(&["10.0.0.1/32", "10.0.0.2/32", "2001:db8::/32"]));
+        let u = union(&a, &b);
+        let (v4, v6) = split(&u);
+        assert_eq!((v4.len(), v6.len()), (2, 1));
+    }
+}

@@ -1,0 +1,333 @@
+//! Named sets of prefixes (`policer rule import`): the list file format,
+//! the diff that makes a set equal a file, and the state files that keep
+//! sets across restarts. Pure functions; the daemon applies them
+//! (`daemon/sets.rs`).
+//!
+//! A set is one rule (one action, rate, counter slot) over many prefixes:
+//! feeds of a million addresses are a list, not a million rules.
+
+use std::{
+    fs,
+    io::Write,
+    net::{IpAddr, Ipv4Addr},
+    path::{Path, PathBuf},
+};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    error::{Error, Result},
+    rules::RuleConfig,
+};
+
+/// The longest set name.
+pub const MAX_NAME: usize = 64;
+
+/// Refuses names that would not make a plain file name (state files are
+/// `NAME.set`) or that read badly in a table.
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && !name.starts_with(['.', '-'])
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "set name '{name}': 1 to {MAX_NAME} letters, digits, '.', '_', '-' or ':', not starting with '.' or '-'"
+        )))
+    }
+}
+
+/// A parsed list: its prefixes sorted, each once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct List {
+    pub entries: Vec<IpNet>,
+    /// Lines that repeated an earlier prefix (kept once; not an error:
+    /// feeds often repeat).
+    pub duplicates: usize,
+}
+
+/// One line's prefix: an address (a host) or `ADDR/LEN` with no host bits
+/// set, the same rules as [`crate::rules::parse_prefix`] but without its
+/// allocations on the fast path (a million lines).
+fn parse_entry(s: &str) -> std::result::Result<IpNet, String> {
+    let (addr, len) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let a: IpAddr = addr.parse().map_err(|_| format!("'{addr}' is not an IP address"))?;
+    let max = if a.is_ipv4() { 32 } else { 128 };
+    let len = match len {
+        None => max,
+        Some(l) => l
+            .parse::<u8>()
+            .ok()
+            .filter(|l| *l <= max)
+            .ok_or_else(|| format!("prefix length '/{l}' must be 0..={max}"))?,
+    };
+    let net = match a {
+        IpAddr::V4(v4) => IpNet::V4(Ipv4Net::new(v4, len).map_err(|e| e.to_string())?),
+        IpAddr::V6(v6) => IpNet::V6(Ipv6Net::new(v6, len).map_err(|e| e.to_string())?),
+    };
+    if net.trunc() != net {
+        return Err(format!("'{s}' has host bits set; did you mean {}?", net.trunc()));
+    }
+    Ok(net)
+}
+
+/// Parses a list file: one prefix per line; `#` starts a comment (a whole
+/// line or after the prefix); blank lines, surrounding spaces and CRLF line
+/// ends are fine. All or nothing: the first bad line is an error naming
+/// `file` and the line number (1-based).
+pub fn parse(text: &[u8], file: &str) -> Result<List> {
+    let mut entries = Vec::with_capacity(text.len() / 12);
+    for (i, raw) in text.split(|b| *b == b'\n').enumerate() {
+        let line = match raw.iter().position(|b| *b == b'#') {
+            Some(p) => &raw[..p],
+            None => raw,
+        };
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |why: String| Error::Invalid(format!("{file}:{}: {why}; nothing imported", i + 1));
+        let s = std::str::from_utf8(line).map_err(|_| bad("not UTF-8 text".into()))?;
+        if s.contains(char::is_whitespace) {
+            return Err(bad(format!("'{s}': one prefix per line")));
+        }
+        entries.push(parse_entry(s).map_err(bad)?);
+    }
+    entries.sort_unstable();
+    let before = entries.len();
+    entries.dedup();
+    Ok(List { duplicates: before - entries.len(), entries })
+}
+
+/// What makes a set go from `old` to `new` (both sorted, each entry once).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub add: Vec<IpNet>,
+    pub keep: Vec<IpNet>,
+    pub remove: Vec<IpNet>,
+}
+
+pub fn diff(old: &[IpNet], new: &[IpNet]) -> Diff {
+    let mut d = Diff::default();
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(o), Some(n)) if o == n => {
+                d.keep.push(*o);
+                i += 1;
+                j += 1;
+            }
+            (Some(o), Some(n)) if o < n => {
+                d.remove.push(*o);
+                i += 1;
+            }
+            (Some(_), Some(n)) | (None, Some(n)) => {
+                d.add.push(*n);
+                j += 1;
+            }
+            (Some(o), None) => {
+                d.remove.push(*o);
+                i += 1;
+            }
+            (None, None) => unreachable!("loop condition"),
+        }
+    }
+    d
+}
+
+/// The first entry both sorted lists hold.
+pub fn first_common(a: &[IpNet], b: &[IpNet]) -> Option<IpNet> {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Equal => return Some(a[i]),
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+        }
+    }
+    None
+}
+
+/// The implicit set of an import without `--set`: one per action and rate,
+/// only growing (`deny`, `allow`, `police-100pps`).
+pub fn implicit_name(rule: &RuleConfig) -> String {
+    let action = rule.action.unwrap_or(policer_common::bucket::Action::Police).to_string();
+    match &rule.rate {
+        // Canonical (`10 kpps` and `10000pps` are one set).
+        Some(r) => match policer_common::rate::Rate::parse(r) {
+            Ok(r) => format!("{action}-{r}"),
+            Err(_) => format!("{action}-{}", r.replace(|c: char| !c.is_ascii_alphanumeric(), "")),
+        },
+        None => action,
+    }
+}
+
+/// What a state file says of its set besides the entries (its first line,
+/// JSON after `#policer-set `).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub name: String,
+    /// action, rate, burst, key_len as given (prefix unused).
+    pub rule: RuleConfig,
+    /// When the set is removed, Unix ms (absolute, so a restart neither
+    /// revives nor forgets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+}
+
+const MAGIC: &str = "#policer-set ";
+
+/// The state directory of a config file: `policer.toml` →
+/// `policer.sets/` beside it.
+pub fn state_dir(config: &Path) -> PathBuf {
+    let stem = config.file_stem().map_or_else(|| "policer".into(), |s| s.to_string_lossy().into_owned());
+    config.with_file_name(format!("{stem}.sets"))
+}
+
+fn state_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.set"))
+}
+
+/// A state file written beside its final name, not yet in place.
+pub struct Staged {
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl Staged {
+    /// Puts the file in place (atomic rename) and syncs the directory.
+    pub fn commit(self) -> Result<()> {
+        let r = fs::rename(&self.tmp, &self.path);
+        if let Err(e) = r {
+            let _ = fs::remove_file(&self.tmp);
+            return Err(Error::Invalid(format!("{}: {e}", self.path.display())));
+        }
+        if let Some(d) = self.path.parent()
+            && let Ok(f) = fs::File::open(d)
+        {
+            let _ = f.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
+
+/// What a state file holds after its header.
+pub enum Body<'a> {
+    /// The list file as imported (a set that is the file): written as is,
+    /// no formatting of a million prefixes.
+    Text(&'a [u8]),
+    Entries(&'a [IpNet]),
+}
+
+/// Writes a set's state file to a temporary name and syncs it.
+pub fn stage(dir: &Path, h: &Header, body: Body<'_>) -> Result<Staged> {
+    let path = state_path(dir, &h.name);
+    let tmp = dir.join(format!(".{}.set.tmp", h.name));
+    let err = |e: std::io::Error| Error::Invalid(format!("cannot write the set's state {}: {e}", path.display()));
+    fs::create_dir_all(dir).map_err(err)?;
+    let mut buf = Vec::with_capacity(256);
+    buf.extend_from_slice(MAGIC.as_bytes());
+    serde_json::to_writer(&mut buf, h).map_err(|e| Error::Invalid(e.to_string()))?;
+    buf.push(b'\n');
+    let staged = Staged { tmp: tmp.clone(), path: path.clone() };
+    let mut f = fs::File::create(&tmp).map_err(err)?;
+    f.write_all(&buf).map_err(err)?;
+    match body {
+        Body::Text(t) => {
+            f.write_all(t).map_err(err)?;
+            if !t.ends_with(b"\n") {
+                f.write_all(b"\n").map_err(err)?;
+            }
+        }
+        Body::Entries(entries) => {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
+            for e in entries {
+                writeln!(w, "{e}").map_err(err)?;
+            }
+            w.flush().map_err(err)?;
+        }
+    }
+    f.sync_all().map_err(err)?;
+    Ok(staged)
+}
+
+/// Removes a set's state file.
+pub fn remove(dir: &Path, name: &str) -> Result<()> {
+    match fs::remove_file(state_path(dir, name)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::Invalid(format!("{}: {e}", state_path(dir, name).display())))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Reads every set's state file in `dir` (none when it does not exist).
+pub fn read_all(dir: &Path) -> Result<Vec<(Header, List)>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::Invalid(format!("{}: {e}", dir.display()))),
+    };
+    let mut out = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
+        let p = ent.path();
+        let name = ent.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !name.ends_with(".set") {
+            continue;
+        }
+        let text = fs::read(&p).map_err(|e| Error::Invalid(format!("{}: {e}", p.display())))?;
+        let first = text.split(|b| *b == b'\n').next().unwrap_or_default();
+        let h: Header = std::str::from_utf8(first)
+            .ok()
+            .and_then(|l| l.strip_prefix(MAGIC))
+            .and_then(|j| serde_json::from_str(j).ok())
+            .ok_or_else(|| Error::Invalid(format!("{}:1: not a policer set file", p.display())))?;
+        let list = parse(&text, &p.display().to_string())?;
+        out.push((h, list));
+    }
+    out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    Ok(out)
+}
+
+/// A v4 entry's LPM key bytes: prefix length (native endian), address.
+pub fn key_v4(n: &Ipv4Net) -> [u8; 8] {
+    let mut k = [0u8; 8];
+    k[..4].copy_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
+    k[4..].copy_from_slice(&n.network().octets());
+    k
+}
+
+pub fn key_v6(n: &Ipv6Net) -> [u8; 20] {
+    let mut k = [0u8; 20];
+    k[..4].copy_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
+    k[4..].copy_from_slice(&n.network().octets());
+    k
+}
+
+/// A test helper and the benchmark's: `n` distinct /32s from 10.0.0.0 on
+/// (skipping nothing; n ≤ 2^24).
+pub fn hosts(n: u32) -> impl Iterator<Item = Ipv4Addr> {
+    (0..n).map(|i| Ipv4Addr::from(0x0a00_0000u32 + i))
+}
+
+/// The unspecified address of a family, as a /0 (the prefix of a set's
+/// rule spec: sets have no prefix of their own).
+pub fn family_any(v6: bool) -> IpNet {
+    if v6 { "::/0".parse().expect("literal") } else { "0.0.0.0/0".parse().expect("literal") }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,270 @@
+//! Tier 3, bulk import and named sets (issue 18 point 4) on real traffic:
+//! the real daemon and CLI as separate processes, exactly the CLI of the
+//! issue (`policer rule import FILE --set NAME`, `rule ls --set`, `rule rm
+//! --set`), frames over a veth pair counted on the receiving side.
+//!
+//! - an import of 1 000 000 /32 denies drops a listed source and passes an
+//!   unlisted one; the set is one rule in `rule ls` with its entry count;
+//! - the set replaced by a smaller file stops dropping the removed entries
+//!   and still drops the kept ones;
+//! - a file with a bad line is refused (exit ≠ 0, the line named), nothing
+//!   changes; unknown sets are refused naming the known ones; a rule at a
+//!   set's prefix is refused;
+//! - a daemon restart keeps the set; `--ttl 2s` ends a set after ~2 s.
+
+use std::{
+    io::Write,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use policer_tests::{
+    daemon::{Daemon, cli, fails_with, succeeds},
+    netns::Sandbox,
+    privileged,
+    traffic::{self, Flow},
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A list file of the test's, removed on drop.
+struct ListFile(PathBuf);
+
+impl ListFile {
+    /// `n` /32s from 10.0.0.0 on, except those in `skip`, then `extra`.
+    fn hosts(tag: &str, n: u32, skip: &[u32], extra: &str) -> ListFile {
+        let p = std::env::temp_dir().join(format!("policer-import-{tag}-{}.txt", std::process::id()));
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&p).unwrap());
+        writeln!(w, "# a feed of {n} hosts").unwrap();
+        for i in (0..n).filter(|i| !skip.contains(i)) {
+            let a = std::net::Ipv4Addr::from(0x0a00_0000u32 + i);
+            writeln!(w, "{a}").unwrap();
+        }
+        w.write_all(extra.as_bytes()).unwrap();
+        w.flush().unwrap();
+        ListFile(p)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for ListFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The sets' state directory of a sandbox's config, removed on drop.
+struct SetsDir(PathBuf);
+
+impl SetsDir {
+    fn of(sb: &Sandbox) -> SetsDir {
+        let d = Path::new(&sb.config).with_extension("sets");
+        let _ = std::fs::remove_dir_all(&d);
+        SetsDir(d)
+    }
+}
+
+impl Drop for SetsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn daemon(sb: &Sandbox, more: &[&str]) -> Daemon {
+    let mut v = vec!["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536"];
+    v.extend_from_slice(more);
+    Daemon::attach(sb, &v)
+}
+
+/// Frames that arrived from each source, sending 200 pps for 0.5 s each.
+fn arrived(sb: &Sandbox, srcs: &[&str]) -> Vec<(u64, u64)> {
+    let flows: Vec<Flow> = srcs.iter().map(|s| Flow { src: ip(s), pps: 200.0, len: 64 }).collect();
+    let (sent, got) = traffic::run(sb, &flows, Duration::from_millis(500));
+    assert_eq!(got.socket_drops, 0);
+    (0..srcs.len()).map(|i| (got.per_flow[i], sent.sent[i])).collect()
+}
+
+/// Asserts which of `srcs` are dropped (all frames) and which pass (all).
+fn expect(sb: &Sandbox, srcs: &[(&str, bool)], when: &str) {
+    let names: Vec<&str> = srcs.iter().map(|(s, _)| *s).collect();
+    for ((src, dropped), (got, sent)) in srcs.iter().zip(arrived(sb, &names)) {
+        assert!(sent > 50, "{when}: {src} sent only {sent}");
+        if *dropped {
+            assert_eq!(got, 0, "{when}: {src} is listed, yet {got} of {sent} frames arrived");
+        } else {
+            assert_eq!(got, sent, "{when}: {src} is not listed, yet only {got} of {sent} frames arrived");
+        }
+    }
+}
+
+fn rules(sb: &Sandbox) -> serde_json::Value {
+    serde_json::from_str(&succeeds(&cli(sb, &["rule", "ls", "--json"]))).unwrap()
+}
+
+fn set_row(sb: &Sandbox, name: &str) -> Option<serde_json::Value> {
+    rules(sb).as_array().unwrap().iter().find(|r| r["set"] == name).cloned()
+}
+
+/// Runs `policer ARGS` and says how long it took end to end.
+fn timed(sb: &Sandbox, args: &[&str]) -> (String, f64) {
+    let t = Instant::now();
+    let out = cli(sb, args);
+    let secs = t.elapsed().as_secs_f64();
+    (succeeds(&out), secs)
+}
+
+#[test]
+fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
+    if !privileged("import tier") {
+        return;
+    }
+    let sb = Sandbox::new("imp");
+    let _sets = SetsDir::of(&sb);
+    // --persist: the program stays when the daemon stops, and the next
+    // daemon adopts it (the usual restart).
+    let mut d = daemon(&sb, &["--persist"]);
+    // Listed: 10.0.0.5 and 10.0.100.0 (index 25600); unlisted: 198.18.0.7.
+    let big = ListFile::hosts("big", 1_000_000, &[], "");
+    let (msg, secs) = timed(&sb, &["rule", "import", big.path(), "--action", "deny", "--set", "feed"]);
+    eprintln!("import of 1 000 000 /32: {secs:.2} s end to end: {msg}");
+    assert!(msg.contains("1000000 added"), "{msg}");
+    let row = set_row(&sb, "feed").expect("the set is one row of rule ls");
+    assert_eq!((row["entries"].as_u64(), row["action"].as_str()), (Some(1_000_000), Some("deny")), "{row}");
+    assert_eq!(row["prefix"], "set:feed");
+    expect(&sb, &[("10.0.0.5", true), ("10.0.100.0", true), ("198.18.0.7", false)], "after the import");
+    let ls = succeeds(&cli(&sb, &["rule", "ls", "--set", "feed", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    assert_eq!(v["entries"].as_array().unwrap().len(), 1_000_000);
+
+    // Replaced by a smaller file: 10.0.0.5 leaves, 10.0.100.0 stays, a
+    // new one (192.0.2.9) comes.
+    let small = ListFile::hosts("small", 900_000, &[5], "192.0.2.9\n");
+    let (msg, secs) = timed(&sb, &["rule", "import", small.path(), "--action", "deny", "--set", "feed"]);
+    eprintln!("replace of the 1 000 000 set by 900 000: {secs:.2} s end to end: {msg}");
+    assert!(msg.contains("1 added") && msg.contains("100001 removed"), "{msg}");
+    assert_eq!(set_row(&sb, "feed").unwrap()["entries"], 900_000);
+    expect(
+        &sb,
+        &[("10.0.0.5", false), ("10.0.100.0", true), ("192.0.2.9", true), ("198.18.0.7", false)],
+        "after the replace",
+    );
+
+    // A bad line: refused, named, nothing changed.
+    let bad = ListFile::hosts("bad", 10, &[], "192.0.2.300\n");
+    let out = cli(&sb, &["rule", "import", bad.path(), "--set", "feed"]);
+    fails_with(&out, &format!("{}:12: '192.0.2.300' is not an IP address", bad.path()));
+    fails_with(&out, "nothing imported");
+    assert_eq!(set_row(&sb, "feed").unwrap()["entries"], 900_000);
+    let hostbits = ListFile::hosts("hb", 0, &[], "10.9.0.1/16\n");
+    fails_with(&cli(&sb, &["rule", "import", hostbits.path(), "--set", "x"]), "did you mean 10.9.0.0/16");
+    fails_with(&cli(&sb, &["rule", "import", "/nonexistent/list.txt", "--set", "x"]), "/nonexistent/list.txt");
+    // One key length for both families cannot be: said, not half applied.
+    let mixed = ListFile::hosts("mixed", 0, &[], "198.51.100.77\n2001:db8:77::/48\n");
+    fails_with(
+        &cli(
+            &sb,
+            &["rule", "import", mixed.path(), "--action", "police", "--rate", "10pps", "--key-len", "64", "--set", "m"],
+        ),
+        "--key-len 64 is an IPv6 key length",
+    );
+    succeeds(&cli(&sb, &["rule", "import", mixed.path(), "--action", "police", "--rate", "10pps", "--set", "m"]));
+    fails_with(
+        &cli(
+            &sb,
+            &["rule", "import", mixed.path(), "--action", "police", "--rate", "10pps", "--key-len", "24", "--set", "m"],
+        ),
+        "198.51.100.77/32 is longer than the key length 24",
+    );
+    assert_eq!(set_row(&sb, "m").unwrap()["entries"], 2);
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "m"]));
+    // A relative path is the user's (the CLI's directory), named as given.
+    let rel = format!("policer-import-rel-{}.txt", std::process::id());
+    std::fs::write(&rel, "# relative\n10.20.30.40/33\n").unwrap();
+    let out = cli(&sb, &["rule", "import", &rel, "--set", "x"]);
+    let _ = std::fs::remove_file(&rel);
+    fails_with(&out, &format!("{rel}:2: prefix length '/33' must be 0..=32"));
+    // Unknown sets, named with the known ones.
+    fails_with(&cli(&sb, &["rule", "ls", "--set", "nope"]), "no set 'nope'; the sets are: feed");
+    fails_with(&cli(&sb, &["rule", "rm", "--set", "nope"]), "no set 'nope'; the sets are: feed");
+    // A rule at a set's prefix, and a set entry at a rule's prefix.
+    fails_with(&cli(&sb, &["rule", "set", "10.0.100.0/32", "--rate", "10pps"]), "an entry of set 'feed'");
+    succeeds(&cli(&sb, &["rule", "set", "198.51.100.0/24", "--rate", "10pps"]));
+    let clash = ListFile::hosts("clash", 0, &[], "198.51.100.0/24\n");
+    fails_with(&cli(&sb, &["rule", "import", clash.path(), "--set", "other"]), "is the prefix of the rule");
+    let cross = ListFile::hosts("cross", 3, &[], "");
+    fails_with(&cli(&sb, &["rule", "import", cross.path(), "--set", "other"]), "already in set 'feed'");
+    expect(&sb, &[("10.0.100.0", true), ("198.18.0.7", false)], "after the refusals");
+
+    // A restart keeps the set (its state file): adopting the program left
+    // by --persist, then loading a fresh one.
+    assert!(d.stop_with(libc::SIGTERM));
+    drop(d);
+    expect(&sb, &[("10.0.100.0", true), ("10.0.0.5", false)], "with no daemon (persisted program)");
+    let mut d = daemon(&sb, &[]);
+    assert!(d.stdout().contains("adopting"), "{}", d.stdout());
+    assert_eq!(set_row(&sb, "feed").expect("the set after an adopting restart")["entries"], 900_000);
+    expect(&sb, &[("10.0.100.0", true), ("10.0.0.5", false)], "after an adopting restart");
+    assert!(d.stop_with(libc::SIGTERM));
+    drop(d);
+    let d = daemon(&sb, &[]);
+    assert_eq!(set_row(&sb, "feed").expect("the set after a fresh start")["entries"], 900_000);
+    expect(&sb, &[("10.0.100.0", true), ("10.0.0.5", false)], "after a fresh start");
+
+    // inspect names the set's entry, not the default rule around it.
+    let v: serde_json::Value =
+        serde_json::from_str(&succeeds(&cli(&sb, &["inspect", "10.0.100.0", "--json"]))).unwrap();
+    assert_eq!((v["rule"].as_str(), v["now"].as_str()), (Some("set:feed (10.0.100.0/32)"), Some("drop")), "{v}");
+
+    // A manual ban drops an allow set's entries under it, and one at an
+    // entry's own prefix; lifted, the entries are back.
+    let vip = ListFile::hosts("vip", 0, &[], "203.0.113.7\n203.0.113.200\n");
+    succeeds(&cli(&sb, &["rule", "import", vip.path(), "--action", "allow", "--set", "vip"]));
+    succeeds(&cli(&sb, &["ban", "203.0.113.0/25", "--for", "1h"]));
+    expect(&sb, &[("203.0.113.7", true), ("203.0.113.200", false)], "a ban over an allow set's entry");
+    succeeds(&cli(&sb, &["unban", "203.0.113.0/25"]));
+    succeeds(&cli(&sb, &["ban", "203.0.113.200", "--for", "1h"]));
+    expect(&sb, &[("203.0.113.7", false), ("203.0.113.200", true)], "a ban at an allow set's entry");
+    succeeds(&cli(&sb, &["unban", "203.0.113.200"]));
+    expect(&sb, &[("203.0.113.7", false), ("203.0.113.200", false)], "after the unbans");
+    assert_eq!(set_row(&sb, "vip").unwrap()["entries"], 2);
+    let v: serde_json::Value =
+        serde_json::from_str(&succeeds(&cli(&sb, &["inspect", "203.0.113.200", "--json"]))).unwrap();
+    assert_eq!(v["action"], "allow", "{v}");
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "vip"]));
+
+    // Without --set: added to the implicit set of the action, which grows.
+    let add1 = ListFile::hosts("add1", 0, &[], "192.0.2.50\n");
+    let add2 = ListFile::hosts("add2", 0, &[], "192.0.2.51\n");
+    succeeds(&cli(&sb, &["rule", "import", add1.path()]));
+    succeeds(&cli(&sb, &["rule", "import", add2.path(), "--action", "deny"]));
+    assert_eq!(set_row(&sb, "deny").expect("the implicit set")["entries"], 2);
+    expect(&sb, &[("192.0.2.50", true), ("192.0.2.51", true)], "the implicit set");
+    fails_with(&cli(&sb, &["rule", "import", add1.path(), "--ttl", "1h"]), "--ttl needs --set");
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "deny"]));
+
+    // rm --set: gone.
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "feed"]));
+    assert!(set_row(&sb, "feed").is_none());
+    expect(&sb, &[("10.0.100.0", false)], "after rm --set");
+
+    // --ttl 2s: drops, then after ~2 s no more.
+    let few = ListFile::hosts("ttl", 0, &[], "203.0.113.9\n");
+    succeeds(&cli(&sb, &["rule", "import", few.path(), "--set", "brief", "--ttl", "2s"]));
+    let t0 = Instant::now();
+    expect(&sb, &[("203.0.113.9", true)], "within the ttl");
+    let row = set_row(&sb, "brief").unwrap();
+    assert!(row["expires"].is_string(), "{row}");
+    while set_row(&sb, "brief").is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(6), "the set outlived its ttl");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(1500), "the set ended early: {:?}", t0.elapsed());
+    expect(&sb, &[("203.0.113.9", false)], "after the ttl");
+    drop(d);
+}
