@@ -3,7 +3,7 @@
 //! compiled rule as its value; they are not in [`Daemon::compiled`] (a
 //! million entries there would make every `rule set` diff a million), so
 //! a rule change never touches them, and a set change touches only them.
-//! See docs/import.md and docs/design.md ("Sets").
+//! See the README (`policer rule import`) and docs/design.md ("Sets").
 
 use std::{collections::BTreeMap, os::fd::RawFd, sync::Arc, time::Instant};
 
