@@ -90,6 +90,8 @@ impl Daemon {
         let until = spec.expires.map(duration::rfc3339).unwrap_or_default();
         let what = if replaced { "ban replaced" } else { "banned" };
         let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
+        let why = spec.ban.clone().flatten().map(|r| format!(": {r}")).unwrap_or_default();
+        println!("policer: manual ban of {} until {until}{why}", key.net);
         Ok(format!("{what}: {} until {until} ({} from now){note}", key.net, rc.ttl.as_deref().unwrap_or("")))
     }
 
@@ -118,6 +120,7 @@ impl Daemon {
                 want.remove(&key);
             })?;
             parts.push(format!("lifted the ban of {net}"));
+            println!("policer: the manual ban of {net} was lifted");
         }
         let mut lifted = 0;
         for k in &autos {
