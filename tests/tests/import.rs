@@ -245,7 +245,22 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     succeeds(&cli(&sb, &["rule", "import", add2.path(), "--action", "deny"]));
     assert_eq!(set_row(&sb, "deny").expect("the implicit set")["entries"], 2);
     expect(&sb, &[("192.0.2.50", true), ("192.0.2.51", true)], "the implicit set");
-    fails_with(&cli(&sb, &["rule", "import", add1.path(), "--ttl", "1h"]), "--ttl needs --set");
+    // Without --set but with a ttl: a set of its own that ends with it
+    // (the implicit set keeps its entries).
+    let add3 = ListFile::hosts("add3", 0, &[], "192.0.2.52\n");
+    succeeds(&cli(&sb, &["rule", "import", add3.path(), "--ttl", "2s"]));
+    let t0 = Instant::now();
+    let until = |sb: &Sandbox| {
+        rules(sb).as_array().unwrap().iter().find(|r| r["set"].as_str().is_some_and(|n| n.starts_with("deny-until-"))).cloned()
+    };
+    assert_eq!(until(&sb).expect("the ttl's set")["entries"], 1);
+    expect(&sb, &[("192.0.2.50", true), ("192.0.2.52", true)], "within the ttl of an import without --set");
+    while until(&sb).is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(6), "the set outlived its ttl");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    expect(&sb, &[("192.0.2.50", true), ("192.0.2.52", false)], "after the ttl of an import without --set");
+    assert_eq!(set_row(&sb, "deny").expect("the implicit set")["entries"], 2);
     succeeds(&cli(&sb, &["rule", "rm", "--set", "deny"]));
 
     // rm --set: gone.

@@ -27,8 +27,9 @@ pub struct Args {
     /// Leading source bits that form one bucket (default 32 IPv4, 64 IPv6).
     #[arg(long, allow_hyphen_values = true)]
     key_len: Option<String>,
-    /// Remove the set this long from now (500ms, 30s, 10m, 1h, 7d); needs
-    /// --set. Kept across restarts as an absolute time.
+    /// Remove the set this long from now (500ms, 30s, 10m, 1h, 7d); without
+    /// --set the prefixes go to a set of their own that ends then. Kept
+    /// across restarts as an absolute time.
     #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
     ttl: Option<String>,
     /// The file becomes the whole of this set: prefixes not in it leave,

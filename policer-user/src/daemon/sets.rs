@@ -282,19 +282,21 @@ impl Daemon {
     pub(super) fn import(&mut self, mut imp: Import) -> Result<String> {
         let t0 = Instant::now();
         let explicit = imp.set.is_some();
-        let name = imp.set.clone().unwrap_or_else(|| sets::implicit_name(&imp.rule));
-        sets::check_name(&name)?;
-        if !explicit && imp.rule.ttl.is_some() {
-            return Err(Error::Invalid(
-                "--ttl needs --set NAME: the whole set expires (an import without --set adds to the implicit \
-                 set of its action and rate, which never expires); nothing imported"
-                    .into(),
-            ));
-        }
         let expires_ms = match &imp.rule.ttl {
             Some(t) => Some(crate::duration::unix_ms().saturating_add(crate::duration::parse(t)?.as_millis() as u64)),
             None => None,
         };
+        // Without --set: the implicit set of the action and rate, which
+        // only grows; with a ttl, one of its own per end (to the second),
+        // so entries given a ttl go when it ends and no others do.
+        let name = imp.set.clone().unwrap_or_else(|| match expires_ms {
+            Some(e) => {
+                let end: String = crate::duration::rfc3339(e / 1000 * 1000).chars().filter(|c| *c != '-' && *c != ':').collect();
+                format!("{}-until-{end}", sets::implicit_name(&imp.rule))
+            }
+            None => sets::implicit_name(&imp.rule),
+        });
+        sets::check_name(&name)?;
         let rule = RuleConfig {
             prefix: String::new(),
             action: imp.rule.action,
