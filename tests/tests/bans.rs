@@ -408,3 +408,28 @@ fn an_automatic_ban_is_logged_and_survives_an_adopting_restart() {
         sent.sent[0]
     );
 }
+
+#[test]
+fn a_restart_neither_revives_nor_forgets_an_expiry() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-ttl-restart");
+    let mut d = daemon(&sb);
+    policer(&sb, &["rule", "set", "10.73.0.0/16", "--action", "deny", "--ttl", "4s"]);
+    policer(&sb, &["rule", "set", "10.74.0.0/16", "--action", "deny", "--ttl", "1h"]);
+    let expires = |sb: &Sandbox, net: &str| -> Option<String> {
+        let v: serde_json::Value = serde_json::from_str(&policer(sb, &["rule", "ls", "--json"])).unwrap();
+        v.as_array().unwrap().iter().find(|r| r["prefix"] == net).map(|r| r["expires"].as_str().unwrap().to_string())
+    };
+    let (short, long) = (expires(&sb, "10.73.0.0/16").unwrap(), expires(&sb, "10.74.0.0/16").unwrap());
+    assert!(d.stop_with(libc::SIGTERM), "the daemon did not stop");
+    drop(d);
+    // Down while the short one ends: it is not applied at the next start;
+    // the long one keeps its end (not restarted from now).
+    std::thread::sleep(Duration::from_secs(5));
+    let _d = Daemon::attach(&sb, &["--interval", "0"]);
+    assert_eq!(expires(&sb, "10.73.0.0/16"), None, "an expired rule came back at the start");
+    assert_eq!(expires(&sb, "10.74.0.0/16"), Some(long), "a restart moved the end");
+    let _ = short;
+}

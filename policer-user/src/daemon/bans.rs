@@ -38,6 +38,9 @@ pub(super) struct BanLog {
     /// Bans seen in force: their start and end (program clock, ns).
     seen: HashMap<BucketKeyV6, (u64, u64)>,
     last_scan: Option<Instant>,
+    /// Entries the store held at the last scan (kept forgetting them after
+    /// the last rule with bans is gone).
+    stored: usize,
     /// When an expiry last failed (logged once a minute at most).
     expiry_failed: Option<Instant>,
 }
@@ -199,7 +202,7 @@ impl Daemon {
     /// (bounded), and forgets those past their escalation window.
     fn scan_bans(&mut self) -> Result<()> {
         let any_rule = self.rules.values().any(|i| i.spec.auto_ban.is_some());
-        if !any_rule && self.ban_log.seen.is_empty() {
+        if !any_rule && self.ban_log.seen.is_empty() && self.ban_log.stored == 0 {
             return Ok(());
         }
         let now = monotonic_ns();
@@ -242,7 +245,8 @@ impl Daemon {
             }
             println!("policer: the automatic ban of {} ended", key_text(k));
         }
-        self.policer.expire_bans(now)?;
+        let forgotten = self.policer.expire_bans(now)?.len();
+        self.ban_log.stored = bans.len().saturating_sub(forgotten);
         Ok(())
     }
 }
