@@ -38,9 +38,10 @@ pub(super) struct BanLog {
     /// Bans seen in force: their start and end (program clock, ns).
     seen: HashMap<BucketKeyV6, (u64, u64)>,
     last_scan: Option<Instant>,
-    /// Entries the store held at the last scan (kept forgetting them after
-    /// the last rule with bans is gone).
-    stored: usize,
+    /// Entries the store held at the last scan (None: not read yet, as at
+    /// a start that adopted a store): read while it holds any, so they are
+    /// forgotten after their window even with no rule banning.
+    stored: Option<usize>,
     /// When an expiry last failed (logged once a minute at most).
     expiry_failed: Option<Instant>,
 }
@@ -202,7 +203,7 @@ impl Daemon {
     /// (bounded), and forgets those past their escalation window.
     fn scan_bans(&mut self) -> Result<()> {
         let any_rule = self.rules.values().any(|i| i.spec.auto_ban.is_some());
-        if !any_rule && self.ban_log.seen.is_empty() && self.ban_log.stored == 0 {
+        if !any_rule && self.ban_log.seen.is_empty() && self.ban_log.stored == Some(0) {
             return Ok(());
         }
         let now = monotonic_ns();
@@ -246,7 +247,7 @@ impl Daemon {
             println!("policer: the automatic ban of {} ended", key_text(k));
         }
         let forgotten = self.policer.expire_bans(now)?.len();
-        self.ban_log.stored = bans.len().saturating_sub(forgotten);
+        self.ban_log.stored = Some(bans.len().saturating_sub(forgotten));
         Ok(())
     }
 }
