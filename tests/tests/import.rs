@@ -251,7 +251,12 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     succeeds(&cli(&sb, &["rule", "import", add3.path(), "--ttl", "2s"]));
     let t0 = Instant::now();
     let until = |sb: &Sandbox| {
-        rules(sb).as_array().unwrap().iter().find(|r| r["set"].as_str().is_some_and(|n| n.starts_with("deny-until-"))).cloned()
+        rules(sb)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["set"].as_str().is_some_and(|n| n.starts_with("deny-until-")))
+            .cloned()
     };
     assert_eq!(until(&sb).expect("the ttl's set")["entries"], 1);
     expect(&sb, &[("192.0.2.50", true), ("192.0.2.52", true)], "within the ttl of an import without --set");

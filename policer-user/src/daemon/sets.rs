@@ -291,7 +291,8 @@ impl Daemon {
         // so entries given a ttl go when it ends and no others do.
         let name = imp.set.clone().unwrap_or_else(|| match expires_ms {
             Some(e) => {
-                let end: String = crate::duration::rfc3339(e / 1000 * 1000).chars().filter(|c| *c != '-' && *c != ':').collect();
+                let end: String =
+                    crate::duration::rfc3339(e / 1000 * 1000).chars().filter(|c| *c != '-' && *c != ':').collect();
                 format!("{}-until-{end}", sets::implicit_name(&imp.rule))
             }
             None => sets::implicit_name(&imp.rule),
