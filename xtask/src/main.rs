@@ -434,8 +434,13 @@ fn dist() -> Result<PathBuf> {
     }
     let out = target.join("dist");
     std::fs::create_dir_all(&out)?;
-    std::fs::copy(&bin, out.join("policer")).context("copy the static binary")?;
-    let deb = build_deb(&bin, &out)?;
+    let dist_bin = out.join("policer");
+    std::fs::copy(&bin, &dist_bin).context("copy the static binary")?;
+    // Shipped without its symbol table (as Debian ships binaries): a
+    // quarter smaller, so the image stays under 10 MB. The XDP object it
+    // carries is data, not symbols: untouched.
+    sh(Command::new("strip").arg("--strip-all").arg(&dist_bin))?;
+    let deb = build_deb(&dist_bin, &out)?;
     say(&format!("dist: {} and {}", out.join("policer").display(), deb.display()));
     Ok(deb)
 }
