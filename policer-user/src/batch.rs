@@ -23,10 +23,23 @@ struct BatchAttr {
 /// Calls `f(key, value)` for every entry of the map behind `fd`.
 /// `value_size` is the size the kernel copies per entry (for per-CPU maps:
 /// the value rounded up to 8 bytes, times the possible CPUs).
-pub fn for_each(fd: RawFd, key_size: usize, value_size: usize, mut f: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
-    const CHUNK: usize = 8192;
-    let mut keys = vec![0u8; key_size * CHUNK];
-    let mut values = vec![0u8; value_size * CHUNK];
+pub fn for_each(fd: RawFd, key_size: usize, value_size: usize, f: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
+    for_each_chunk(fd, key_size, value_size, 8192, f)
+}
+
+/// [`for_each`], `chunk` entries a call: a map read on every scrape and
+/// usually empty (the ban store) takes small buffers, so reading it leaves
+/// no large freed blocks in the allocator's arenas.
+pub fn for_each_chunk(
+    fd: RawFd,
+    key_size: usize,
+    value_size: usize,
+    chunk: usize,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
+    let chunk = chunk.max(1);
+    let mut keys = vec![0u8; key_size * chunk];
+    let mut values = vec![0u8; value_size * chunk];
     // The batch token is opaque: 8 bytes for hashes and arrays, but the
     // generic batch (LPM tries) writes a whole key there (20 bytes for an
     // IPv6 rule key); 64 covers every key this program has.
@@ -39,7 +52,7 @@ pub fn for_each(fd: RawFd, key_size: usize, value_size: usize, mut f: impl FnMut
             out_batch: token_out.as_mut_ptr() as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
+            count: chunk as u32,
             map_fd: fd as u32,
             ..Default::default()
         };

@@ -736,7 +736,7 @@ impl MapReader {
     /// kept for escalation (see policer_common::ban). One batched read.
     pub fn bans(&self) -> Result<Vec<(BucketKeyV6, Ban)>> {
         let mut out = Vec::new();
-        crate::batch::for_each(self.bans.as_raw_fd(), size_of::<BucketKeyV6>(), size_of::<Ban>(), |k, v| {
+        crate::batch::for_each_chunk(self.bans.as_raw_fd(), size_of::<BucketKeyV6>(), size_of::<Ban>(), 256, |k, v| {
             // SAFETY: the kernel copied whole keys and values of these
             // plain types; read unaligned from the byte buffers.
             let (k, v) = unsafe {
