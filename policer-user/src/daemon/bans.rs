@@ -169,12 +169,22 @@ impl Daemon {
         if due.is_empty() {
             return;
         }
-        let runtime = self.file.read_only();
-        match self.change(runtime, |want| {
+        let edit = |want: &mut std::collections::BTreeMap<RuleKey, crate::rules::RuleSpec>| {
             for k in &due {
                 want.remove(k);
             }
-        }) {
+        };
+        // An end is kept even when the file cannot be written (a full disk):
+        // then in the kernel only, and the next write of the file (or the
+        // next start, which skips what ended) catches up.
+        let r = match self.change(self.file.read_only(), edit) {
+            Err(e) if !self.file.read_only() => {
+                eprintln!("policer: writing the config file after an expiry failed ({e}); removed in the kernel only");
+                self.change(true, edit)
+            }
+            r => r,
+        };
+        match r {
             Ok(()) => {
                 self.changed = true;
                 for k in &due {
