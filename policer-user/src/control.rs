@@ -374,6 +374,10 @@ pub struct ConfigStatus {
     pub last_reload_success: bool,
     /// When that reload was tried (or the daemon started), Unix seconds.
     pub last_reload_timestamp_seconds: f64,
+    /// Why that reload was not applied (the file could not be read, or was
+    /// refused); none when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reload_error: Option<String>,
     /// The daemon cannot write the file: rule changes need `--runtime`.
     pub read_only: bool,
 }
@@ -539,6 +543,9 @@ pub struct StatusView {
     pub persist: bool,
     /// The policer program's id (`bpftool prog show id N`).
     pub program_id: u32,
+    /// The config file in force and how its last reload went.
+    #[serde(default)]
+    pub config_status: ConfigStatus,
 }
 
 /// How long the CLI waits for an answer.

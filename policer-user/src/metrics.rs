@@ -276,6 +276,7 @@ mod tests {
                 sha256: "ab12".into(),
                 last_reload_success: true,
                 last_reload_timestamp_seconds: 1_700_000_000.5,
+                last_reload_error: None,
                 read_only: false,
             },
             ..Default::default()

@@ -419,3 +419,238 @@ fn check_validates_a_file_without_root_or_daemon() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read it"));
 }
+
+/// Eight rules, one of them a deny for the test's source.
+fn eight_rules() -> String {
+    let mut t = format!("{CONFIG}\n[[rule]]\nprefix = \"198.18.0.0/24\"\naction = \"deny\"\n");
+    for i in 1..=5 {
+        t.push_str(&format!("\n[[rule]]\nprefix = \"198.19.{i}.0/24\"\nrate = \"{i}kpps\"\nburst = 100\n"));
+    }
+    t
+}
+
+fn ban_count(sb: &Sandbox) -> usize {
+    let v: serde_json::Value = serde_json::from_str(&succeeds(&cli(sb, &["ban", "ls", "--json"]))).unwrap();
+    v.as_array().unwrap().len()
+}
+
+/// The denied source's frames that arrive in half a second (0: the deny
+/// is in force).
+fn denied_through(sb: &Sandbox) -> u64 {
+    let src = Flow { src: ip("198.18.0.7"), pps: 160.0, len: 64 };
+    let (sent, got) = traffic::run(sb, std::slice::from_ref(&src), Duration::from_millis(500));
+    assert!(sent.sent[0] > 0, "nothing sent");
+    got.per_flow[0]
+}
+
+/// Issue 26, point 1: a file is applied only once it is whole. A writer
+/// that pauses mid-file (a slow editor, an scp over a bad link) has
+/// nothing applied until it closes the file; a file cut short (`burst =
+/// 100` cut to `burst = 1`, valid TOML that drops 7 of 8 rules and every
+/// ban) is refused, the running rules and bans stay, and `status` and
+/// /metrics say why; the whole file written back is the file in force.
+#[test]
+fn a_slow_writer_and_a_cut_file_are_not_applied() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfgcut");
+    let dir = Dir::new("cut");
+    let config = dir.path.join("policer.toml");
+    std::fs::write(&config, eight_rules()).unwrap();
+    let c = config.to_str().unwrap();
+    let d = Daemon::start(&sb.rx_ns, &["attach", &sb.rx_if, "--config", c, "--interval", "0", "--metrics", "9472"]);
+    succeeds(&cli(&sb, &["ban", "203.0.113.77/32", "--for", "3650d", "--reason", "ten years"]));
+    let whole = std::fs::read_to_string(&config).unwrap();
+    assert!(whole.contains("ten years"), "the ban is in the file:\n{whole}");
+    let (n_rules, n_bans) = (rules(&sb).as_array().unwrap().len(), ban_count(&sb));
+    assert_eq!(n_bans, 1);
+    assert_eq!(denied_through(&sb), 0);
+
+    // A slow writer, in place: the first part, a pause far past the
+    // follower's debounce, then the rest. Nothing changes until it closes.
+    let edited = whole.replace("burst = 50", "burst = 40");
+    assert_ne!(edited, whole);
+    let cut_at = edited.find("burst = 100").unwrap() + "burst = 1".len();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(&config).unwrap();
+        f.write_all(&edited.as_bytes()[..cut_at]).unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        assert_eq!(rules(&sb).as_array().unwrap().len(), n_rules, "a half-written file was applied");
+        assert_eq!(ban_count(&sb), n_bans, "a half-written file lifted a ban");
+        assert_eq!(denied_through(&sb), 0, "a half-written file opened the deny");
+        f.write_all(&edited.as_bytes()[cut_at..]).unwrap();
+    }
+    wait_for(|| rule(&rules(&sb), "203.0.113.0/24").is_some_and(|r| r["burst"] == 40), "the whole file applied");
+    assert_eq!((rules(&sb).as_array().unwrap().len(), ban_count(&sb)), (n_rules, n_bans));
+
+    // A writer killed mid-file: the cut file is closed, so it is read; it
+    // would remove most rules and the ban, and it does not end with a
+    // newline: refused, said, shown.
+    std::fs::write(&config, &edited.as_bytes()[..cut_at]).unwrap();
+    let status = || -> serde_json::Value { serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap() };
+    wait_for(|| status()["config_status"]["last_reload_success"] == false, "the refused cut file shows");
+    let why = status()["config_status"]["last_reload_error"].as_str().unwrap().to_string();
+    assert!(why.contains("remove 7 of 8 rules and lift every ban (1)") && why.contains("newline"), "{why}");
+    assert!(succeeds(&cli(&sb, &["status"])).contains("not applied"), "`status` says it");
+    assert!(d.stdout().contains("not applied, the running rules stay"), "{}", d.stdout());
+    assert!(scrape(&sb.rx_ns, 9472).lines().any(|l| l == "policer_config_last_reload_success 0"));
+    assert_eq!((rules(&sb).as_array().unwrap().len(), ban_count(&sb)), (n_rules, n_bans), "the cut file took rules");
+    assert_eq!(denied_through(&sb), 0, "the cut file opened the deny");
+    // `policer reload` applies the same rule.
+    fails_with(&cli(&sb, &["reload"]), "does not end with a newline");
+
+    // The whole file back: in force again, and said so.
+    std::fs::write(&config, &edited).unwrap();
+    wait_for(|| status()["config_status"]["last_reload_success"] == true, "the whole file is in force again");
+    assert!(status()["config_status"].get("last_reload_error").is_none());
+    assert!(d.stdout().contains("is the file in force again"), "{}", d.stdout());
+
+    // A deliberate drastic change (a whole file) is applied, and logged
+    // loudly with what it removed.
+    let two = format!("{CONFIG}\n[[rule]]\nprefix = \"198.18.0.0/24\"\naction = \"deny\"\n");
+    std::fs::write(&config, &two).unwrap();
+    wait_for(|| rules(&sb).as_array().unwrap().len() == 3, "a whole drastic file applied");
+    assert_eq!(ban_count(&sb), 0);
+    let said = d.stdout();
+    assert!(
+        said.contains("policer: warning: the config reload from")
+            && said.contains("remove 5 of 8 rules and lift every ban (1)")
+            && said.contains("ban 203.0.113.77/32")
+            && said.contains("198.19.5.0/24"),
+        "{said}"
+    );
+    assert!(said.contains("(0 added, 1 changed, 6 removed)"), "{said}");
+}
+
+/// A config reached through symlinks (linked into a release directory,
+/// whose `current` link is swapped) is followed through edits in place of
+/// the file, a swap of `current`, and edits of the new target; an edit of
+/// the old release's file is no longer the config's.
+#[test]
+fn a_symlinked_config_is_followed_through_edits_and_swaps() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfglink");
+    let dir = Dir::new("link");
+    let (etc, rel) = (dir.path.join("etc"), dir.path.join("releases"));
+    for d in [&etc, &rel.join("v1"), &rel.join("v2")] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(rel.join("v1/policer.toml"), CONFIG).unwrap();
+    std::os::unix::fs::symlink(rel.join("v1"), rel.join("current")).unwrap();
+    let config = etc.join("policer.toml");
+    std::os::unix::fs::symlink("../releases/current/policer.toml", &config).unwrap();
+    let _d = attach(&sb, &config);
+    assert!(denied_through(&sb) > 0);
+
+    // Edit the file in place through its real path.
+    let v1 = std::fs::read_to_string(rel.join("v1/policer.toml")).unwrap();
+    std::fs::write(
+        rel.join("v1/policer.toml"),
+        format!("{v1}\n[[rule]]\nprefix = \"198.18.0.0/24\"\naction = \"deny\"\n"),
+    )
+    .unwrap();
+    wait_for(|| rule(&rules(&sb), "198.18.0.0/24").is_some(), "an edit in place of the linked file");
+    assert_eq!(denied_through(&sb), 0);
+
+    // Swap the release: `current` now points at v2 (an atomic rename).
+    std::fs::write(
+        rel.join("v2/policer.toml"),
+        format!("{CONFIG}\n[[rule]]\nprefix = \"198.19.0.0/24\"\nrate = \"2kpps\"\n"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(rel.join("v2"), rel.join("current.tmp")).unwrap();
+    std::fs::rename(rel.join("current.tmp"), rel.join("current")).unwrap();
+    wait_for(
+        || {
+            let r = rules(&sb);
+            rule(&r, "198.19.0.0/24").is_some() && rule(&r, "198.18.0.0/24").is_none()
+        },
+        "the swapped-in release",
+    );
+    assert!(denied_through(&sb) > 0);
+
+    // The new release's file is followed (the watches moved with the swap);
+    // the old one's is not the config any more.
+    std::fs::write(
+        rel.join("v1/policer.toml"),
+        format!("{v1}\n[[rule]]\nprefix = \"198.21.0.0/24\"\naction = \"deny\"\n"),
+    )
+    .unwrap();
+    let v2 = std::fs::read_to_string(rel.join("v2/policer.toml")).unwrap();
+    std::fs::write(
+        rel.join("v2/policer.toml"),
+        format!("{v2}\n[[rule]]\nprefix = \"198.20.0.0/24\"\naction = \"deny\"\n"),
+    )
+    .unwrap();
+    wait_for(|| rule(&rules(&sb), "198.20.0.0/24").is_some(), "an edit of the new release's file");
+    assert!(rule(&rules(&sb), "198.21.0.0/24").is_none(), "the old release's file was applied");
+}
+
+/// A followed reload whose read fails is not dropped: it is logged and
+/// tried again until it works. The daemon at its fd limit (EMFILE, which
+/// 512 HTTP and 512 control connections reach under systemd's default of
+/// 1 024) cannot read the new file; once fds are free again it is applied.
+/// A config name that cannot be read as a file (a directory) shows in
+/// `status` and /metrics with the reason.
+#[test]
+fn a_failed_read_is_retried_logged_and_shown() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfgfd");
+    let dir = Dir::new("emfile");
+    let config = dir.path.join("policer.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let c = config.to_str().unwrap();
+    let d = Daemon::start(&sb.rx_ns, &["attach", &sb.rx_if, "--config", c, "--interval", "0", "--metrics", "9473"]);
+    let text = std::fs::read_to_string(&config).unwrap();
+
+    // Hold the daemon past its fd limit: its soft RLIMIT_NOFILE lowered.
+    let pid = d.pid();
+    let set_soft = |soft: u64| -> u64 {
+        let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: plain syscalls on valid pointers; root may change another
+        // process's limits.
+        assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut cur) }, 0);
+        let new = libc::rlimit { rlim_cur: soft, rlim_max: cur.rlim_max };
+        assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) }, 0);
+        cur.rlim_cur
+    };
+    // Below what it holds: every new fd fails with EMFILE, whatever closes.
+    let before = set_soft(8);
+    std::fs::write(&config, format!("{text}\n[[rule]]\nprefix = \"198.18.0.0/24\"\naction = \"deny\"\n")).unwrap();
+    let until = Instant::now() + Duration::from_secs(6);
+    while d.stdout().matches("Too many open files").count() < 2 {
+        assert!(Instant::now() < until, "the failed read is not logged and retried:\n{}", d.stdout());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(d.stdout().contains("looking again in"), "{}", d.stdout());
+    set_soft(before);
+    // Applied at the next try (at most 4 s after the second).
+    let until = Instant::now() + Duration::from_secs(6);
+    while rule(&rules(&sb), "198.18.0.0/24").is_none() {
+        assert!(Instant::now() < until, "not applied once fds were free:\n{}", d.stdout());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(denied_through(&sb), 0);
+    let st: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(st["config_status"]["last_reload_success"], true, "{st}");
+
+    // Not a file: shown with the reason until a file is back.
+    std::fs::remove_file(&config).unwrap();
+    std::fs::create_dir(&config).unwrap();
+    let status = || -> serde_json::Value { serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap() };
+    wait_for(|| status()["config_status"]["last_reload_success"] == false, "an unreadable config shows");
+    let why = status()["config_status"]["last_reload_error"].as_str().unwrap().to_string();
+    assert!(why.contains("cannot read") && why.contains(c), "{why}");
+    assert!(scrape(&sb.rx_ns, 9473).lines().any(|l| l == "policer_config_last_reload_success 0"));
+    assert_eq!(denied_through(&sb), 0, "the rules in force stay");
+    std::fs::remove_dir(&config).unwrap();
+    std::fs::write(&config, &text).unwrap();
+    wait_for(|| status()["config_status"]["last_reload_success"] == true, "a file back is applied");
+    assert!(rule(&rules(&sb), "198.18.0.0/24").is_none());
+}

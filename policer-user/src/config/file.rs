@@ -45,6 +45,15 @@ pub struct Snapshot {
     seen: Seen,
 }
 
+impl Snapshot {
+    /// Whether the file ends with a newline, as every editor and tool
+    /// writes it and a write cut short almost never leaves it: the rule a
+    /// reload that removes most rules or every ban must pass.
+    pub fn ends_with_newline(&self) -> bool {
+        matches!(&self.seen, Seen::Text(t) if t.ends_with('\n'))
+    }
+}
+
 /// A new version of the file, written under a temporary name and not yet
 /// in place ([`ConfigFile::stage`]); dropping it removes the temporary.
 #[derive(Debug)]
@@ -98,10 +107,14 @@ impl ConfigFile {
         }
     }
 
-    /// The sha256 (hex) of the file on disk now; `None`: there is none (or
-    /// it cannot be read, which a reload reports).
-    pub fn sha256_on_disk(&self) -> Option<String> {
-        fs::read(&self.path).ok().map(|b| sha256_hex(&b))
+    /// The sha256 (hex) of the file on disk now; `None`: there is none. An
+    /// error: it exists but cannot be read now (no fd left, EIO, ...).
+    pub fn sha256_on_disk(&self) -> io::Result<Option<String>> {
+        match fs::read(&self.path) {
+            Ok(b) => Ok(Some(sha256_hex(&b))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether the daemon cannot write the file (a read-only mount such as

@@ -124,6 +124,8 @@ pub struct Daemon {
     /// it was tried (Unix seconds).
     reload_ok: bool,
     reload_at: f64,
+    /// Why the last reload was not applied (`status` shows it).
+    reload_error: Option<String>,
     /// The sha256 of a file a followed reload refused: not tried again
     /// until the file changes.
     refused_sha: Option<String>,

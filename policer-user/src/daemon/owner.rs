@@ -160,6 +160,7 @@ impl Daemon {
                 sha256: self.file.sha256(),
                 last_reload_success: self.reload_ok,
                 last_reload_timestamp_seconds: self.reload_at,
+                last_reload_error: self.reload_error.clone(),
                 read_only: self.file.read_only(),
             },
             sets: self.set_rows(),

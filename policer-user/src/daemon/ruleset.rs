@@ -347,21 +347,33 @@ impl Daemon {
         let r = self.reload_file();
         self.reload_ok = r.is_ok();
         self.reload_at = super::unix_now();
+        self.reload_error = r.as_ref().err().map(|e| e.to_string());
         match &r {
             Ok(_) => self.refused_sha = None,
-            Err(_) => self.refused_sha = self.file.sha256_on_disk(),
+            // Unreadable: no sha, so a followed retry reads it again.
+            Err(_) => self.refused_sha = self.file.sha256_on_disk().ok().flatten(),
         }
         r
     }
 
-    /// The config file's directory changed: reloads when the file's bytes
-    /// differ from those in force and from a file already refused. An
-    /// empty message: nothing to do (the daemon's own write, a touch, a
-    /// file next to it).
+    /// A name on the config's path was finished (closed after writing,
+    /// renamed, linked, removed): reloads when the file's bytes differ from
+    /// those in force and from a file already refused. An empty message:
+    /// nothing to do (the daemon's own write, a file put back as it was).
+    /// An error that is not about the file's content (it cannot be read)
+    /// is retried by the follower.
     pub(super) fn follow(&mut self) -> Result<String> {
-        let Some(now) = self.file.sha256_on_disk() else {
+        let now = match self.file.sha256_on_disk() {
+            Ok(Some(now)) => now,
             // Gone (between two steps of a swap, or removed): keep running.
-            return Ok(String::new());
+            Ok(None) => return Ok(String::new()),
+            Err(e) => {
+                let e = Error::Invalid(format!("cannot read {}: {e}", self.file.path().display()));
+                self.reload_ok = false;
+                self.reload_at = super::unix_now();
+                self.reload_error = Some(e.to_string());
+                return Err(e);
+            }
         };
         if now == self.file.sha256() {
             if self.reload_ok {
@@ -370,6 +382,7 @@ impl Daemon {
             // Back to the file in force after a refused one.
             self.reload_ok = true;
             self.reload_at = super::unix_now();
+            self.reload_error = None;
             self.refused_sha = None;
             return Ok(format!("{} is the file in force again", self.file.path().display()));
         }
@@ -384,13 +397,28 @@ impl Daemon {
         let mut want = snap.rules.clone();
         super::bans::drop_expired(&mut want);
         self.refuse_set_prefixes(&want)?;
+        let path = self.file.path().display().to_string();
         if want.is_empty() {
-            return Err(Error::Invalid(format!("{}: no rules; nothing changed", self.file.path().display())));
+            return Err(Error::Invalid(format!("{path}: no rules; nothing changed")));
         }
         let before = self.specs();
+        let diff = Diff::of(&before, &want);
+        let drastic = diff.drastic(&before, &want);
+        if let Some(what) = &drastic
+            && !snap.ends_with_newline()
+        {
+            return Err(Error::Invalid(format!(
+                "{path}: not applied: it would {what}, and it does not end with a newline, as a file cut \
+                 short by an interrupted write would not (an editor's save always ends with one); if the \
+                 file is whole, end it with a newline"
+            )));
+        }
         if let Err(e) = self.apply(&want) {
             let _ = self.apply(&before);
             return Err(e);
+        }
+        if let Some(what) = &drastic {
+            println!("policer: warning: the config reload from {path} did {what}: removed {}", diff.removed_list());
         }
         let note = if snap.config.daemon != self.file.config().daemon {
             " ([daemon] settings apply at the next start)"
@@ -401,7 +429,7 @@ impl Daemon {
         self.file.accept(snap);
         self.file_rules = want.clone();
         self.mark_persisted();
-        Ok(format!("reloaded {}: {} rules{note}", self.file.path().display(), want.len()))
+        Ok(format!("reloaded {path}: {} rules ({}){note}", want.len(), diff.counts()))
     }
 
     /// Detaches `name`; true when no interface is left.
@@ -421,6 +449,59 @@ impl Daemon {
             log::warn!("{name} detached, but the config file still lists it: {e}");
         }
         Ok(self.ifaces.is_empty())
+    }
+}
+
+/// What a reload changes in the rules in force.
+pub(super) struct Diff {
+    pub added: usize,
+    pub changed: usize,
+    pub removed: Vec<RuleKey>,
+}
+
+impl Diff {
+    pub fn of(before: &BTreeMap<RuleKey, RuleSpec>, want: &BTreeMap<RuleKey, RuleSpec>) -> Diff {
+        Diff {
+            added: want.keys().filter(|k| !before.contains_key(k)).count(),
+            changed: want.iter().filter(|(k, s)| before.get(k).is_some_and(|b| b != *s)).count(),
+            removed: before.keys().filter(|k| !want.contains_key(k)).copied().collect(),
+        }
+    }
+
+    /// What makes a reload drastic, said as "remove 442 of 443 rules and
+    /// every ban (3)": more than half of the rules in force go, or every
+    /// ban in force does. `None`: an ordinary change.
+    pub fn drastic(&self, before: &BTreeMap<RuleKey, RuleSpec>, want: &BTreeMap<RuleKey, RuleSpec>) -> Option<String> {
+        let bans = |m: &BTreeMap<RuleKey, RuleSpec>| m.keys().filter(|k| k.ban).count();
+        let (bans_before, bans_after) = (bans(before), bans(want));
+        let rules_before = before.len() - bans_before;
+        let rules_removed = self.removed.iter().filter(|k| !k.ban).count();
+        let most = rules_removed * 2 > rules_before && rules_removed > 0;
+        let every_ban = bans_before > 0 && bans_after == 0;
+        let what = match (most, every_ban) {
+            (false, false) => return None,
+            (true, false) => format!("remove {rules_removed} of {rules_before} rules"),
+            (false, true) => format!("lift every ban ({bans_before})"),
+            (true, true) => {
+                format!("remove {rules_removed} of {rules_before} rules and lift every ban ({bans_before})")
+            }
+        };
+        Some(what)
+    }
+
+    /// "2 added, 1 changed, 3 removed".
+    pub fn counts(&self) -> String {
+        format!("{} added, {} changed, {} removed", self.added, self.changed, self.removed.len())
+    }
+
+    /// The removed rules, the first 20 by name.
+    pub fn removed_list(&self) -> String {
+        const SHOWN: usize = 20;
+        let mut s: Vec<String> = self.removed.iter().take(SHOWN).map(|k| k.to_string()).collect();
+        if self.removed.len() > SHOWN {
+            s.push(format!("and {} more", self.removed.len() - SHOWN));
+        }
+        s.join(", ")
     }
 }
 

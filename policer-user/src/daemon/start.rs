@@ -406,6 +406,7 @@ impl Daemon {
             finished: true,
             reload_ok: true,
             reload_at: super::unix_now(),
+            reload_error: None,
             refused_sha: None,
             changed: false,
             ban_log: Default::default(),
