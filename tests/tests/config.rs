@@ -620,7 +620,10 @@ fn a_failed_read_is_retried_logged_and_shown() {
         assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) }, 0);
         cur.rlim_cur
     };
-    // Below what it holds: every new fd fails with EMFILE, whatever closes.
+    // Serving (its runtime and the follower are up; they were started
+    // after "policing" was said), then below the fds it holds: every new
+    // fd fails with EMFILE, whatever closes.
+    succeeds(&cli(&sb, &["status"]));
     let before = set_soft(8);
     std::fs::write(&config, format!("{text}\n[[rule]]\nprefix = \"198.18.0.0/24\"\naction = \"deny\"\n")).unwrap();
     let until = Instant::now() + Duration::from_secs(6);

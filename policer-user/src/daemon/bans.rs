@@ -86,7 +86,7 @@ impl Daemon {
         rc.ban = Some(true);
         let spec = rc.validate()?;
         let key = spec.key();
-        let replaced = self.rules.contains_key(&key);
+        let replaced = self.rs.rules().contains_key(&key);
         self.change(runtime, |want| {
             want.insert(key, spec.clone());
         })?;
@@ -105,7 +105,7 @@ impl Daemon {
     pub(super) fn unban(&mut self, prefix: &str, runtime: bool) -> Result<String> {
         let net = parse_prefix(prefix)?;
         let key = RuleKey { net, class: Default::default(), ban: true };
-        let manual = self.rules.contains_key(&key) || (!runtime && self.file_rules.contains_key(&key));
+        let manual = self.rs.rules().contains_key(&key) || (!runtime && self.rs.file_rules().contains_key(&key));
         let now = monotonic_ns();
         let autos: Vec<BucketKeyV6> = self
             .policer
@@ -165,7 +165,7 @@ impl Daemon {
     fn expire(&mut self) {
         let now = duration::unix_ms();
         let due: Vec<RuleKey> =
-            self.rules.iter().filter(|(_, i)| i.spec.expires.is_some_and(|e| e <= now)).map(|(k, _)| *k).collect();
+            self.rs.rules().iter().filter(|(_, i)| i.spec.expires.is_some_and(|e| e <= now)).map(|(k, _)| *k).collect();
         if due.is_empty() {
             return;
         }
@@ -206,13 +206,17 @@ impl Daemon {
 
     /// The rule a counter slot belongs to, as text.
     fn rule_of_slot(&self, slot: u32) -> String {
-        self.rules.iter().find(|(_, i)| i.slot == slot).map_or_else(|| format!("slot {slot}"), |(k, _)| k.to_string())
+        self.rs
+            .rules()
+            .iter()
+            .find(|(_, i)| i.slot == slot)
+            .map_or_else(|| format!("slot {slot}"), |(k, _)| k.to_string())
     }
 
     /// Logs automatic bans that started or ended since the last scan
     /// (bounded), and forgets those past their escalation window.
     fn scan_bans(&mut self) -> Result<()> {
-        let any_rule = self.rules.values().any(|i| i.spec.auto_ban.is_some());
+        let any_rule = self.rs.rules().values().any(|i| i.spec.auto_ban.is_some());
         if !any_rule && self.ban_log.seen.is_empty() && self.ban_log.stored == Some(0) {
             return Ok(());
         }

@@ -22,6 +22,7 @@ mod adopt;
 mod bans;
 mod follow;
 mod owner;
+mod plan;
 mod ruleset;
 mod sets;
 mod start;
@@ -51,7 +52,7 @@ use crate::{
     loader::{Mode, Policer},
     netlink,
     report::format_line,
-    rules::{RuleKey, RuleSpec},
+    rules::RuleSpec,
 };
 
 #[derive(Clone, Debug)]
@@ -96,21 +97,10 @@ pub struct Daemon {
     policer: Policer,
     program_id: u32,
     ifaces: Vec<Iface>,
-    /// The rules in force, with their kernel id and counter slot.
-    rules: BTreeMap<RuleKey, Installed>,
-    /// The rules the config file holds (as last read or written).
-    file_rules: BTreeMap<RuleKey, RuleSpec>,
-    slots: ruleset::Slots,
-    /// The group ids of prefixes with classes.
-    groups: crate::classes::Groups,
-    /// What the kernel's rule maps hold (the tries' values for the fast path).
-    compiled: crate::classes::Compiled,
-    /// Default-rules fast path: 0 off, else the pair of DEFAULT_RULES in use.
-    fast: u32,
-    last_flip: Option<Instant>,
+    /// The rules: the one record of what is in force (`ruleset.rs`).
+    rs: ruleset::RuleSet,
     /// The config file, as last read or written.
     file: ConfigFile,
-    next_id: u32,
     persist: bool,
     interval: f64,
     socket: PathBuf,

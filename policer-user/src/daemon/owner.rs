@@ -143,14 +143,16 @@ impl Daemon {
         Arc::new(Snapshot {
             ifaces: self.ifaces.iter().map(|i| IfaceRef { name: i.name.clone(), index: i.index }).collect(),
             rules: self
-                .rules
+                .rs
+                .rules()
                 .iter()
                 .map(|(n, i)| (*n, RuleRow { spec: i.spec.clone(), slot: i.slot, persisted: i.persisted }))
                 .collect(),
             removed_at_runtime: self
-                .file_rules
+                .rs
+                .file_rules()
                 .iter()
-                .filter(|(n, _)| !self.rules.contains_key(n))
+                .filter(|(n, _)| !self.rs.rules().contains_key(n))
                 .map(|(_, s)| s.clone())
                 .collect(),
             config: self.file.path().display().to_string(),
@@ -172,14 +174,13 @@ impl Daemon {
     /// command line, the file keeps what it says, and `rule ls` shows the
     /// difference.
     pub(super) fn write_start_config(&mut self, names: &[String]) {
-        let rules = self.specs();
+        let rules = self.rs.specs();
         if let Err(e) = self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names) }) {
             println!("policer: warning: {e}");
-            self.file_rules = self.file.read().map(|s| s.rules).unwrap_or_default();
+            self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());
         } else {
-            self.file_rules = rules;
+            self.rs.set_file_rules(rules);
         }
-        self.mark_persisted();
     }
 
     fn handle(&mut self, cmd: Command) -> Outcome {

@@ -1,17 +1,27 @@
-//! The rule set: reconciling rules into the kernel's maps (counter slots,
-//! new-source limiters, the default-rules fast path) and into the config
+//! The rule set: the owner's one record of the rules in force, and
+//! reconciling rules into the kernel's maps (counter slots, new-source
+//! limiters, totals, the default-rules fast path) and into the config
 //! file. Only the owner thread calls these.
+//!
+//! Every change is "want → plan → write → commit": [`RuleSet::plan`] (pure,
+//! `plan.rs`) works out the change, [`Daemon::apply_plan`] writes it to the
+//! kernel, and [`RuleSet::commit`] takes it as the state in force. Nothing
+//! else writes the rule state.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant},
 };
 
 use ipnet::IpNet;
 use policer_common::{NewSources, Rule, rate::Rate};
 
-use super::{Daemon, Installed, monotonic_ns};
+use super::{
+    Daemon, Installed, monotonic_ns,
+    plan::{Held, Plan},
+};
 use crate::{
+    classes::{Compiled, Groups},
     config::Change,
     error::{Error, Result},
     loader::Policer,
@@ -22,7 +32,7 @@ use crate::{
 /// Allocates rule counter slots; slot 0 is shared by rules past the last.
 pub(super) struct Slots {
     /// Slots 1..=capacity not in use, lowest first.
-    free: std::collections::BTreeSet<u32>,
+    free: BTreeSet<u32>,
     capacity: u32,
 }
 
@@ -32,11 +42,12 @@ impl Slots {
         Slots { free: (1..=capacity).collect(), capacity }
     }
 
-    /// The lowest free slot; an error at the rule limit.
+    /// The rule limit.
     pub fn capacity(&self) -> u32 {
         self.capacity
     }
 
+    /// The lowest free slot; an error at the rule limit.
     pub fn take(&mut self) -> Result<u32> {
         self.free.pop_first().ok_or_else(|| {
             Error::Invalid(format!(
@@ -48,24 +59,146 @@ impl Slots {
     }
 
     /// Marks a slot an adopted rule already uses; false when the slot is
-    /// not one of ours (0, or past the limit): the rule needs a new one.
+    /// not one of ours (0, or past the limit) or already used: the rule
+    /// needs a new one.
     pub fn mark_used(&mut self, s: u32) -> bool {
         self.free.remove(&s)
     }
 
     pub fn free(&mut self, s: u32) {
-        if s != 0 {
+        if s != 0 && s <= self.capacity {
             self.free.insert(s);
         }
+    }
+
+    /// The free slots, lowest first.
+    pub fn free_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.free.iter().copied()
+    }
+}
+
+/// The owner's rule state: the rules in force with their kernel ids and
+/// counter slots, the rules the config file holds, the slots, the class
+/// groups, what the rule maps hold, and the default-rules fast path.
+/// Changed only through its methods.
+pub(super) struct RuleSet {
+    rules: BTreeMap<RuleKey, Installed>,
+    /// The rules the config file holds (as last read or written).
+    file_rules: BTreeMap<RuleKey, RuleSpec>,
+    slots: Slots,
+    /// The group ids of prefixes with classes.
+    groups: Groups,
+    /// What the kernel's rule maps hold for the rules (set entries aside).
+    compiled: Compiled,
+    /// The next rule id not yet used.
+    next_id: u32,
+    /// Default-rules fast path: 0 off, else the pair of DEFAULT_RULES in use.
+    fast: u32,
+    last_flip: Option<Instant>,
+}
+
+impl RuleSet {
+    /// No rule in force yet; the kernel's rule maps hold `compiled` (an
+    /// adopted program's), `slots` has what they hold marked used.
+    pub fn new(slots: Slots, groups: Groups, compiled: Compiled, next_id: u32) -> RuleSet {
+        RuleSet {
+            rules: BTreeMap::new(),
+            file_rules: BTreeMap::new(),
+            slots,
+            groups,
+            compiled,
+            next_id,
+            fast: 0,
+            last_flip: None,
+        }
+    }
+
+    /// Plans bringing the rules in force to `want` (see `plan.rs`).
+    pub fn plan(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<Plan> {
+        let held: BTreeMap<RuleKey, Held> = self.rules.iter().map(|(k, i)| (*k, Held::from(i))).collect();
+        super::plan::plan(&held, want, self.slots.free_slots(), self.slots.capacity(), &self.groups, self.next_id)
+    }
+
+    /// Takes `plan` as the state in force, once the kernel holds it.
+    pub fn commit(&mut self, plan: Plan) {
+        for s in &plan.taken {
+            self.slots.mark_used(*s);
+        }
+        for s in &plan.freed {
+            self.slots.free(*s);
+        }
+        self.rules = plan.rules;
+        self.groups = plan.groups;
+        self.compiled = plan.compiled;
+        self.next_id = plan.next_id;
+        self.mark_persisted();
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> &BTreeMap<RuleKey, Installed> {
+        &self.rules
+    }
+
+    /// The rules in force, as specs.
+    pub fn specs(&self) -> BTreeMap<RuleKey, RuleSpec> {
+        self.rules.iter().map(|(n, i)| (*n, i.spec.clone())).collect()
+    }
+
+    /// The rules the config file holds.
+    pub fn file_rules(&self) -> &BTreeMap<RuleKey, RuleSpec> {
+        &self.file_rules
+    }
+
+    /// The config file now holds `rules`.
+    pub fn set_file_rules(&mut self, rules: BTreeMap<RuleKey, RuleSpec>) {
+        self.file_rules = rules;
+        self.mark_persisted();
+    }
+
+    /// A rule is persisted when the config file holds it as it is in force.
+    fn mark_persisted(&mut self) {
+        for (net, i) in self.rules.iter_mut() {
+            i.persisted = self.file_rules.get(net) == Some(&i.spec);
+        }
+    }
+
+    /// What the rule maps hold for the rules.
+    pub fn compiled(&self) -> &Compiled {
+        &self.compiled
+    }
+
+    /// What the rule maps were read back to hold after a failed write.
+    pub fn read_back(&mut self, compiled: Compiled) {
+        self.compiled = compiled;
+    }
+
+    /// A counter slot for a set; an error at the rule limit.
+    pub fn take_slot(&mut self) -> Result<u32> {
+        self.slots.take()
+    }
+
+    /// Marks a slot an adopted set already uses (see [`Slots::mark_used`]).
+    pub fn mark_slot_used(&mut self, s: u32) -> bool {
+        self.slots.mark_used(s)
+    }
+
+    pub fn free_slot(&mut self, s: u32) {
+        self.slots.free(s);
+    }
+
+    /// A rule id never used before (a set's).
+    pub fn new_id(&mut self) -> u32 {
+        self.next_id += 1;
+        self.next_id - 1
+    }
+
+    /// Whether every rule is for 0.0.0.0/0 or ::/0.
+    fn only_defaults(&self) -> bool {
+        self.rules.keys().all(|k| k.net.prefix_len() == 0)
     }
 }
 
 impl Daemon {
-    /// Whether every rule is for 0.0.0.0/0 or ::/0.
-    fn only_defaults(&self) -> bool {
-        self.rules.keys().all(|k| k.net.prefix_len() == 0) && !self.has_set_entries()
-    }
-
     /// Turns the default-rules fast path on (with the current default rules)
     /// when only default rules exist, off otherwise. The rules go into the
     /// pair not in use, then one u32 write switches readers over, so no
@@ -73,21 +206,17 @@ impl Daemon {
     /// a reader of the pair before last (a program run lasts microseconds)
     /// is long gone before that pair is rewritten.
     pub(super) fn sync_fast_path(&mut self) -> Result<()> {
-        if !self.only_defaults() {
-            if self.fast != 0 {
-                self.policer.set_fast_path(0)?;
-                self.fast = 0;
-            }
-            return Ok(());
+        if !self.rs.only_defaults() || self.has_set_entries() {
+            return self.fast_path_off();
         }
         // The compiled values: with the group of the prefix's classes.
-        let rule = |d: &Daemon, net: &str| -> Option<Rule> {
+        let rule = |rs: &RuleSet, net: &str| -> Option<Rule> {
             let net: IpNet = net.parse().expect("literal");
-            d.compiled.prefixes.get(&net).copied()
+            rs.compiled.prefixes.get(&net).copied()
         };
-        let (v4, v6) = (rule(self, "0.0.0.0/0"), rule(self, "::/0"));
-        let next = if self.fast == 1 { 2 } else { 1 };
-        if let Some(t) = self.last_flip {
+        let (v4, v6) = (rule(&self.rs, "0.0.0.0/0"), rule(&self.rs, "::/0"));
+        let next = if self.rs.fast == 1 { 2 } else { 1 };
+        if let Some(t) = self.rs.last_flip {
             let since = t.elapsed();
             if since < Duration::from_millis(1) {
                 std::thread::sleep(Duration::from_millis(1) - since);
@@ -95,155 +224,70 @@ impl Daemon {
         }
         self.policer.set_default_rules(next - 1, v4, v6)?;
         self.policer.set_fast_path(next)?;
-        self.fast = next;
-        self.last_flip = Some(Instant::now());
+        self.rs.fast = next;
+        self.rs.last_flip = Some(Instant::now());
         Ok(())
     }
 
-    /// The rules in force in the kernel.
-    pub(super) fn specs(&self) -> BTreeMap<RuleKey, RuleSpec> {
-        self.rules.iter().map(|(n, i)| (*n, i.spec.clone())).collect()
-    }
-
-    /// A rule is persisted when the config file holds it as it is in force.
-    pub(super) fn mark_persisted(&mut self) {
-        for (net, i) in self.rules.iter_mut() {
-            i.persisted = self.file_rules.get(net) == Some(&i.spec);
-        }
-    }
-
-    /// Applies `want` (already validated) to the kernel: changed and new
-    /// prefixes first, removed ones last, each one atomic for its prefix.
-    pub(super) fn apply(&mut self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
-        // A more specific prefix is about to exist: back to the tries first,
-        // so no packet is judged by a default rule it no longer falls under.
-        if self.fast != 0 && want.keys().any(|k| k.net.prefix_len() != 0) {
+    /// Back to the tries (before a prefix that is not a default rule goes
+    /// in, so no frame is judged by a default rule it no longer falls under).
+    pub(super) fn fast_path_off(&mut self) -> Result<()> {
+        if self.rs.fast != 0 {
             self.policer.set_fast_path(0)?;
-            self.fast = 0;
+            self.rs.fast = 0;
+        }
+        Ok(())
+    }
+
+    /// Applies `want` (already validated) to the kernel: plans it, then
+    /// writes the plan.
+    pub(super) fn apply(&mut self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
+        let plan = self.rs.plan(want)?;
+        self.apply_plan(plan)
+    }
+
+    /// Writes `plan` to the kernel (changed and new prefixes first, removed
+    /// ones last, each one atomic for its prefix) and takes it as the rules
+    /// in force; set entries under bans that came or went follow.
+    pub(super) fn apply_plan(&mut self, plan: Plan) -> Result<()> {
+        if plan.rules.keys().any(|k| k.net.prefix_len() != 0) {
+            self.fast_path_off()?;
         }
         let bans = self.ban_values();
-        let r = self.apply_rules(want).and_then(|()| self.follow_bans(&bans));
+        let r = self.write_plan(plan).and_then(|()| self.follow_bans(&bans));
         // Whatever happened, the fast path follows the rules now in force.
         self.sync_fast_path()?;
         r
     }
 
-    fn apply_rules(&mut self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
-        if want.len() > self.slots.capacity() as usize {
-            return Err(Error::Invalid(format!(
-                "rule limit reached: {} rules, more than this policer's limit of {} (`--max-rules`, or max_rules in [daemon]; \
-                 a larger limit replaces the program at the next start, its buckets starting empty)",
-                want.len(),
-                self.slots.capacity()
-            )));
-        }
-        // The rules as they will be: kept ones as they are, changed ones
-        // with a new id in their slot, new ones in a free slot (at the
-        // limit, one a removed rule frees).
-        let mut gone: Vec<u32> =
-            self.rules.iter().filter(|(k, _)| !want.contains_key(k)).map(|(_, i)| i.slot).collect();
-        let mut taken: Vec<u32> = Vec::new();
-        let mut reused: Vec<u32> = Vec::new();
-        let mut next: BTreeMap<RuleKey, Installed> = BTreeMap::new();
-        let mut id = self.next_id;
+    /// The one writer of a plan after the start: counters of new slots,
+    /// limiters, totals, then the rule maps. On failure the maps are read
+    /// back, so that putting the rules back diffs against what they hold.
+    fn write_plan(&mut self, plan: Plan) -> Result<()> {
         let r = (|| -> Result<()> {
-            for (key, spec) in want {
-                let inst = match self.rules.get(key) {
-                    Some(i) if &i.spec == spec => i.clone(),
-                    Some(i) => {
-                        id += 1;
-                        Installed { spec: spec.clone(), id, slot: i.slot, persisted: false }
-                    }
-                    None => {
-                        let slot = match self.slots.take() {
-                            Ok(s) => {
-                                taken.push(s);
-                                s
-                            }
-                            Err(e) => {
-                                let s = gone.pop().ok_or(e)?;
-                                reused.push(s);
-                                s
-                            }
-                        };
-                        id += 1;
-                        Installed { spec: spec.clone(), id, slot, persisted: false }
-                    }
-                };
-                next.insert(*key, inst);
-            }
-            Ok(())
-        })();
-        let undo_slots = |d: &mut Daemon, taken: &[u32]| {
-            for s in taken {
-                d.slots.free(*s);
-            }
-        };
-        if let Err(e) = r {
-            undo_slots(self, &taken);
-            return Err(e);
-        }
-        // Everything the kernel will hold, worked out before anything is
-        // written: a tie or too many classes changes nothing.
-        let mut groups = self.groups.clone();
-        let compiled = next
-            .iter()
-            .map(|(k, i)| {
-                Ok(crate::classes::KernelRule {
-                    net: k.net,
-                    class: k.class,
-                    rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
-                    ban: k.ban,
-                })
-            })
-            .collect::<Result<Vec<_>>>()
-            .and_then(|rules| crate::classes::compile(&rules, &mut groups));
-        let compiled = match compiled {
-            Ok(c) => c,
-            Err(e) => {
-                undo_slots(self, &taken);
-                return Err(e);
-            }
-        };
-        // Counters, new-source limiters and totals of new and changed rules.
-        let r = (|| -> Result<()> {
-            for (key, i) in &next {
-                let old = self.rules.get(key);
-                if old.is_some_and(|o| o.id == i.id) {
-                    continue;
+            for w in &plan.writes {
+                let spec = &plan.rules[&w.key].spec;
+                if w.fresh {
+                    self.policer.reset_rule_counters(w.slot)?;
                 }
-                if old.is_none() {
-                    self.policer.reset_rule_counters(i.slot)?;
-                }
-                prepare(&mut self.policer, &i.spec, i.slot)?;
-                if old.is_none_or(|o| o.spec.total != i.spec.total) {
-                    let total = i.spec.total_limiter()?.map(|limiter| policer_common::class::Total {
-                        tat: limiter.empty_tat(monotonic_ns()),
-                        limiter,
-                    });
-                    self.policer.set_total(i.slot, total.as_ref())?;
+                prepare(&mut self.policer, spec, w.slot)?;
+                if w.total {
+                    self.policer.set_total(w.slot, total(spec)?.as_ref())?;
                 }
             }
-            self.policer.sync_rules_from(&self.compiled, &compiled)
+            self.policer.sync_rules_from(self.rs.compiled(), &plan.compiled)
         })();
         if let Err(e) = r {
-            undo_slots(self, &taken);
-            // The maps may hold part of the change: what they hold is read
-            // back, so that putting the rules back diffs against it.
             match self.policer.kernel_compiled() {
-                Ok(now) => self.compiled = self.without_set_entries(now),
+                Ok(now) => {
+                    let now = self.without_set_entries(now);
+                    self.rs.read_back(now);
+                }
                 Err(k) => log::warn!("reading the rule maps back after a failed change: {k}"),
             }
             return Err(e);
         }
-        for s in gone {
-            self.slots.free(s);
-        }
-        let _ = reused;
-        self.next_id = id + 1;
-        self.rules = next;
-        self.groups = groups;
-        self.compiled = compiled;
+        self.rs.commit(plan);
         Ok(())
     }
 
@@ -265,8 +309,8 @@ impl Daemon {
     /// `--runtime`), so that removal can be made to stick.
     pub(super) fn rule_rm(&mut self, rule: &RuleConfig, runtime: bool) -> Result<String> {
         let key = rule.key()?;
-        let in_file = !runtime && self.file_rules.contains_key(&key);
-        if !self.rules.contains_key(&key) && !in_file {
+        let in_file = !runtime && self.rs.file_rules().contains_key(&key);
+        if !self.rs.rules().contains_key(&key) && !in_file {
             return Err(Error::Invalid(format!("no rule for {key} (see `policer rule ls`)")));
         }
         self.change(runtime, |want| {
@@ -290,17 +334,18 @@ impl Daemon {
                 self.file.path().display()
             )));
         }
-        let before = self.specs();
+        let before = self.rs.specs();
         let mut want = before.clone();
         edit(&mut want);
         self.refuse_set_prefixes(&want)?;
-        // Classes that tie or crowd a frame: refused before anything is
-        // staged or written.
-        crate::classes::check_rules(want.values())?;
+        // Planned (and compiled) once, before anything is staged or
+        // written: the rule limit, or classes that tie or crowd a frame,
+        // refuse the change here.
+        let plan = self.rs.plan(&want)?;
         let staged = if runtime {
             None
         } else {
-            let mut file = self.file_rules.clone();
+            let mut file = self.rs.file_rules().clone();
             edit(&mut file);
             let pending = self.file.stage(Change { rules: Some(&file), interfaces: None }).map_err(|e| {
                 if e.is_config_not_written() {
@@ -313,8 +358,8 @@ impl Daemon {
             })?;
             Some((pending, file))
         };
-        if let Err(e) = self.apply(&want) {
-            // Back to what was in force (apply_rules stops at the first
+        if let Err(e) = self.apply_plan(plan) {
+            // Back to what was in force (the write stops at the first
             // failure); the staged file is dropped, and so removed.
             return Err(self.undo(&before, e));
         }
@@ -322,18 +367,15 @@ impl Daemon {
             if let Err(e) = self.file.commit(pending) {
                 return Err(self.undo(&before, e));
             }
-            self.file_rules = file;
+            self.rs.set_file_rules(file);
         }
-        self.mark_persisted();
         Ok(())
     }
 
     /// Puts the rules in force back to `before` after `e`; the error to
     /// report (saying so if putting them back failed too).
     fn undo(&mut self, before: &BTreeMap<RuleKey, RuleSpec>, e: Error) -> Error {
-        let r = self.apply(before);
-        self.mark_persisted();
-        match r {
+        match self.apply(before) {
             Ok(()) => e,
             Err(u) => {
                 Error::Invalid(format!("{e}; and putting the rules back failed too: {u} (see `policer rule ls`)"))
@@ -401,7 +443,7 @@ impl Daemon {
         if want.is_empty() {
             return Err(Error::Invalid(format!("{path}: no rules; nothing changed")));
         }
-        let before = self.specs();
+        let before = self.rs.specs();
         let diff = Diff::of(&before, &want);
         let drastic = diff.drastic(&before, &want);
         if let Some(what) = &drastic
@@ -427,9 +469,9 @@ impl Daemon {
         };
         // Only now that its rules are in force is the file what we run from.
         self.file.accept(snap);
-        self.file_rules = want.clone();
-        self.mark_persisted();
-        Ok(format!("reloaded {path}: {} rules ({}){note}", want.len(), diff.counts()))
+        let n = want.len();
+        self.rs.set_file_rules(want);
+        Ok(format!("reloaded {path}: {n} rules ({}){note}", diff.counts()))
     }
 
     /// Detaches `name`; true when no interface is left.
@@ -503,6 +545,13 @@ impl Diff {
         }
         s.join(", ")
     }
+}
+
+/// The aggregate bucket of a rule (`--total-rate`), starting full.
+pub(super) fn total(spec: &RuleSpec) -> Result<Option<policer_common::class::Total>> {
+    Ok(spec
+        .total_limiter()?
+        .map(|limiter| policer_common::class::Total { tat: limiter.empty_tat(monotonic_ns()), limiter }))
 }
 
 /// Sets the new-source limiter of the rule's counter slot.

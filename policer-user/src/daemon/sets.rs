@@ -323,15 +323,12 @@ impl Daemon {
         let old = self.sets.get(&name).cloned();
         let (slot, new_slot) = match &old {
             Some(o) => (o.slot, false),
-            None => (self.slots.take()?, true),
+            None => (self.rs.take_slot()?, true),
         };
         let same_rule = old.as_ref().is_some_and(|o| o.spec4 == spec4 && o.spec6 == spec6);
         let id = match &old {
             Some(o) if same_rule => o.id,
-            _ => {
-                self.next_id += 1;
-                self.next_id
-            }
+            _ => self.rs.new_id(),
         };
         let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries) };
         let old_entries = old.as_ref().map_or(&[][..], |o| &o.entries[..]);
@@ -345,7 +342,7 @@ impl Daemon {
             Ok(s) => s,
             Err(e) => {
                 if new_slot {
-                    self.slots.free(slot);
+                    self.rs.free_slot(slot);
                 }
                 return Err(e);
             }
@@ -359,9 +356,8 @@ impl Daemon {
                 prepare(&mut self.policer, &next.spec4, slot)?;
             }
             // A set's prefixes are not default rules: the tries decide.
-            if self.fast != 0 && !next.entries.is_empty() {
-                self.policer.set_fast_path(0)?;
-                self.fast = 0;
+            if !next.entries.is_empty() {
+                self.fast_path_off()?;
             }
             let values = next.values()?;
             if same_rule {
@@ -391,7 +387,7 @@ impl Daemon {
                 Ok(())
             })();
             if new_slot {
-                self.slots.free(slot);
+                self.rs.free_slot(slot);
             }
             let _ = self.sync_fast_path();
             return Err(match undo {
@@ -471,7 +467,7 @@ impl Daemon {
     /// anything is written, naming both.
     fn check_set_conflicts(&self, name: &str, entries: &[IpNet]) -> Result<()> {
         // A manual ban may share an entry's prefix: it wins while it lasts.
-        for key in self.rules.keys().filter(|k| !k.ban) {
+        for key in self.rs.rules().keys().filter(|k| !k.ban) {
             if entries.binary_search(&key.net).is_ok() {
                 return Err(Error::Invalid(format!(
                     "{} is in the list and is the prefix of the rule {key}: a prefix has a rule or is an entry of a \
@@ -494,7 +490,7 @@ impl Daemon {
     fn check_capacity(&self, name: &str, entries: &[IpNet]) -> Result<()> {
         let (c4, c6) = self.policer.rule_trie_capacity()?;
         let count = |v6: bool| {
-            let rules = self.compiled.prefixes.keys().filter(|n| n.addr().is_ipv6() == v6).count();
+            let rules = self.rs.compiled().prefixes.keys().filter(|n| n.addr().is_ipv6() == v6).count();
             let sets: usize = self
                 .sets
                 .iter()
@@ -534,7 +530,7 @@ impl Daemon {
             });
         }
         self.sets.remove(&s.header.name);
-        self.slots.free(s.slot);
+        self.rs.free_slot(s.slot);
         self.changed = true;
         if let Err(e) = sets::remove(&self.sets_dir, &s.header.name) {
             log::warn!("set '{}' removed, but not its state file: {e}", s.header.name);
@@ -599,10 +595,11 @@ impl Daemon {
     /// The manual bans in force: each prefix and the value the tries hold
     /// there.
     pub(super) fn ban_values(&self) -> Vec<(IpNet, Rule)> {
-        self.rules
+        self.rs
+            .rules()
             .keys()
             .filter(|k| k.ban)
-            .filter_map(|k| self.compiled.prefixes.get(&k.net).map(|r| (k.net, *r)))
+            .filter_map(|k| self.rs.compiled().prefixes.get(&k.net).map(|r| (k.net, *r)))
             .collect()
     }
 
@@ -630,7 +627,7 @@ impl Daemon {
     /// `nets` but those the rules hold too (a manual ban at an entry's
     /// prefix): removing the entry leaves the ban's trie entry alone.
     fn not_rules<'a>(&self, nets: &'a [IpNet]) -> std::borrow::Cow<'a, [IpNet]> {
-        let bans: Vec<IpNet> = self.rules.keys().filter(|k| k.ban).map(|k| k.net).collect();
+        let bans: Vec<IpNet> = self.rs.rules().keys().filter(|k| k.ban).map(|k| k.net).collect();
         if bans.iter().all(|b| nets.binary_search(b).is_err()) {
             return std::borrow::Cow::Borrowed(nets);
         }
@@ -715,15 +712,15 @@ impl Daemon {
             let (spec4, spec6) = self.set_specs(&h.rule, &l.entries)?;
             self.check_set_conflicts(&h.name, &l.entries)?;
             let slot = match k {
-                Some(r) if self.slots.mark_used(r.counter_slot) => r.counter_slot,
+                Some(r) if self.rs.mark_slot_used(r.counter_slot) => r.counter_slot,
                 _ => {
-                    let s = self.slots.take()?;
+                    let s = self.rs.take_slot()?;
                     self.policer.reset_rule_counters(s)?;
                     s
                 }
             };
-            self.next_id += 1;
-            let mut s = SetState { header: h, spec4, spec6, id: self.next_id, slot, entries: Arc::new(l.entries) };
+            let id = self.rs.new_id();
+            let mut s = SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries) };
             // The same rule as the kernel's keeps its id (its buckets go on).
             if let Some(r) = k {
                 let v4 = s.spec4.kernel(r.rule_id)?.with_counter_slot(slot);

@@ -32,14 +32,15 @@ use aya::{
     programs::ProgramFd,
 };
 use policer_common::{
-    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V4_GEOMETRY, MAP_RULE_COUNTERS, NewSources, Rule, RuleCounters,
+    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_BUCKETS_V4_GEOMETRY, MAP_RULE_COUNTERS, NewSources, RuleCounters,
     SHARED_MAPS, rate::Rate,
 };
 
 use super::{
-    Daemon, DaemonArgs, Iface, Installed,
+    Daemon, DaemonArgs, Iface,
     adopt::{Existing, Layout, PrivateBpffs, attach_fresh, find, inspect},
-    ruleset::{Slots, prepare},
+    plan::{Form, Held, Plan},
+    ruleset::{RuleSet, Slots, prepare},
 };
 use crate::{
     config::ConfigFile,
@@ -102,18 +103,55 @@ pub(super) fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<Ru
         .collect()
 }
 
-/// Whether two kernel rules police alike (ids, slots and what the class
-/// compiler adds aside).
-pub(super) fn same_params(a: &Rule, b: &Rule) -> bool {
-    let plain = |r: &Rule| Rule {
-        rule_id: 0,
-        counter_slot: 0,
-        classes: 0,
-        class_protos: 0,
-        flags: r.flags & !policer_common::class::RULE_CLASS,
-        ..*r
-    };
-    plain(a) == plain(b)
+/// What the start is asked to do, resolved from the command line and the
+/// config file; nothing is changed yet.
+struct Settings {
+    file: ConfigFile,
+    cfg: crate::config::Config,
+    /// The rules to police with.
+    specs: BTreeMap<RuleKey, RuleSpec>,
+    /// The interfaces as given (what the file keeps: `@default-route` stays
+    /// a token), then as attached, with their indexes.
+    given: Vec<String>,
+    names: Vec<String>,
+    indexes: Vec<u32>,
+    mode: Mode,
+    max_sources: u32,
+    max_rules: u32,
+    /// Whether `--max-sources` / `--max-rules` (or the file) asked for a size.
+    sized_sources: bool,
+    sized_rules: bool,
+    metrics_addr: Option<std::net::SocketAddr>,
+    layout_version: Option<u32>,
+}
+
+/// What holds this daemon's place: the lock, and the metrics port.
+struct Claim {
+    lock: LockFile,
+    metrics: Option<std::net::TcpListener>,
+}
+
+/// What is on the interfaces now, and the policer program to adopt.
+struct Survey {
+    existing: Vec<Existing>,
+    adopt_from: Option<u32>,
+}
+
+/// The program loaded (reusing an adopted program's maps), and a
+/// descriptor of every program it replaces.
+struct Loaded {
+    policer: Policer,
+    old_fds: BTreeMap<u32, ProgramFd>,
+}
+
+/// The rules planned against what the loaded maps hold.
+struct Planned {
+    rs: RuleSet,
+    plan: Plan,
+    /// What the rule maps hold before the start.
+    have: crate::classes::Compiled,
+    sets: Option<super::sets::Loaded>,
+    sets_dir: std::path::PathBuf,
 }
 
 impl Daemon {
@@ -121,285 +159,54 @@ impl Daemon {
     /// On error nothing stays changed: not the interfaces, not the rules,
     /// limiters or counters, not the file (see the module's comment).
     pub fn start(args: &DaemonArgs) -> Result<Daemon> {
-        let (file, mut specs) = ConfigFile::open(&args.config)?;
-        // Rules and bans that expired while no daemon ran stay expired (the
-        // next write of the file drops them).
-        super::bans::drop_expired(&mut specs);
-        let cfg = file.config().clone();
-        if let Some(rate) = args.rate {
-            for s in default_rules(rate, &args.burst)? {
-                specs.insert(s.key(), s);
-            }
-        } else if args.burst.is_some() {
-            return Err(Error::Invalid("--burst needs --rate".into()));
-        }
-        if specs.is_empty() {
-            return Err(Error::Invalid(format!(
-                "nothing to police: give --rate (and --burst), or rules in {}",
-                args.config.display()
-            )));
-        }
-        let names = if args.ifaces.is_empty() { cfg.daemon.interfaces.clone() } else { args.ifaces.clone() };
-        if names.is_empty() {
-            return Err(Error::Invalid(format!("no interface given, and none in {}", args.config.display())));
-        }
-        // As given (what the file keeps: `@default-route` stays a token),
-        // then as attached.
-        let given = names;
-        let names = netlink::resolve_interfaces(&given)?;
-        let mut seen = std::collections::HashSet::new();
-        let mut indexes = Vec::new();
-        for n in &names {
-            if !seen.insert(n) {
-                return Err(Error::DuplicateInterface(n.clone()));
-            }
-            indexes.push(if_index(n)?);
-        }
-        let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
-        let max_sources = args.max_sources.or(cfg.daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
-        let max_rules = args.max_rules.or(cfg.daemon.max_rules).unwrap_or(DEFAULT_MAX_RULES);
-        if specs.len() > max_rules as usize {
-            return Err(Error::Invalid(format!(
-                "{} rules, more than the limit of {max_rules}: raise --max-rules (or max_rules in [daemon])",
-                specs.len()
-            )));
-        }
-        if max_sources == 0 {
-            return Err(Error::Invalid("--max-sources must be at least 1".into()));
-        }
-        if !(args.interval == 0.0 || (0.05..=3600.0).contains(&args.interval)) {
-            return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
-        }
-        let metrics_addr = args.metrics.as_deref().map(crate::metrics::parse_addr).transpose()?;
-        let layout_version = match std::env::var(ENV_TEST_LAYOUT_VERSION) {
-            Err(_) => Some(policer_common::LAYOUT_VERSION),
-            Ok(v) if v == "none" => None,
-            Ok(v) => Some(v.parse().map_err(|_| Error::Invalid(format!("{ENV_TEST_LAYOUT_VERSION}: '{v}'")))?),
-        };
-        if !is_root() {
-            return Err(Error::NotRoot("attaching XDP"));
-        }
-        fs::create_dir_all(control::RUN_DIR)?;
-        if let Err(e) = crate::lockfile::remove_stale(Path::new(control::RUN_DIR)) {
-            log::warn!("cannot clear stale lock files in {}: {e}", control::RUN_DIR);
-        }
-        let lock = LockFile::acquire(&control::lock_path()?)?;
-        // Bind before attaching: a taken port must fail with nothing changed.
-        let metrics = match metrics_addr {
-            Some(a) => Some(
-                std::net::TcpListener::bind(a)
-                    .map_err(|e| Error::Invalid(format!("--metrics {a}: cannot listen: {e}")))?,
-            ),
-            None => None,
-        };
-
-        // What is on the interfaces now.
-        let mut existing = Vec::new();
-        for (n, &i) in names.iter().zip(&indexes) {
-            existing.push(inspect(n, i)?);
-        }
-        // A program of this layout with too few rule slots for this start
-        // is replaced rather than adopted (its buckets start empty).
-        let needs =
-            if args.max_rules.is_some() || cfg.daemon.max_rules.is_some() { max_rules } else { specs.len() as u32 };
-        for e in existing.iter_mut() {
-            if let Existing::Ours { prog_id, mode_flags } = *e
-                && let Some(f) = find(prog_id)
-                && let Some(&(_, entries)) = f.maps.get(MAP_RULE_COUNTERS)
-                && entries.saturating_sub(1) < needs
-            {
-                let layout = Layout::RuleLimit { has: entries.saturating_sub(1), needs };
-                *e = Existing::OtherLayout { prog_id, mode_flags, layout };
-            }
-        }
-        let adopt_from = existing.iter().find_map(|e| match e {
-            Existing::Ours { prog_id, .. } => Some(*prog_id),
-            Existing::OtherLayout { .. } | Existing::None => None,
-        });
+        let s = settings(args)?;
+        let claim = claim(&s)?;
+        let survey = survey(&s)?;
         let mut out = std::io::stdout().lock();
+        let loaded = load(&s, &survey, &mut out)?;
+        let planned = plan_rules(&loaded.policer, &s, survey.adopt_from.is_some(), &args.config)?;
+        let d = Daemon::transaction(args, s, claim, survey, loaded, planned, &mut out)?;
+        let _ = out.flush();
+        Ok(d)
+    }
 
-        // Load, reusing an adopted program's maps.
-        let mut opts = LoadOptions { max_sources, max_rules, layout_version, ..Default::default() };
-        let mut _bpffs = None;
-        let mut old_fds: BTreeMap<u32, ProgramFd> = BTreeMap::new();
-        if let Some(id) = adopt_from {
-            let found = find(id).ok_or(Error::Invalid(format!("policer program {id} went away while adopting")))?;
-            let fs_ = PrivateBpffs::mount()?;
-            for name in SHARED_MAPS {
-                let (map_id, max) = found.maps[name];
-                let path = fs_.dir.join(name);
-                MapData::from_id(map_id)
-                    .map_err(Error::map(name))?
-                    .pin(&path)
-                    .map_err(|e| Error::Invalid(format!("cannot pin adopted map {name}: {e}")))?;
-                // The tables' capacity is in their geometry.
-                let max = if name == MAP_BUCKETS_V4_GEOMETRY { adopted_capacity(&path)? } else { max };
-                if name == MAP_BUCKETS_V4_GEOMETRY && max != max_sources {
-                    if args.max_sources.is_some() || cfg.daemon.max_sources.is_some() {
-                        let _ = writeln!(
-                            out,
-                            "policer: keeping the running table of {max} sources (not {max_sources}): \
-                             resizing needs `policer detach` first"
-                        );
-                    }
-                    opts.max_sources = max;
-                }
-                // Counter slots 1..=max_rules: the adopted size stays.
-                if name == MAP_RULE_COUNTERS && max.saturating_sub(1) != max_rules {
-                    if args.max_rules.is_some() || cfg.daemon.max_rules.is_some() {
-                        let _ = writeln!(
-                            out,
-                            "policer: keeping the running program's limit of {} rules (not {max_rules}): \
-                             resizing needs `policer detach` first",
-                            max.saturating_sub(1)
-                        );
-                    }
-                    opts.max_rules = max.saturating_sub(1).max(1);
-                }
-                opts.reuse.push((name, path));
-            }
-            let _ = writeln!(
-                out,
-                "policer: adopting the policer already running (program {id}): its rules, buckets and counters carry over (a class rule's start anew)"
-            );
-            old_fds.insert(id, found.prog_fd);
-            _bpffs = Some(fs_);
-        }
-        let mut policer = Policer::load(&opts)?;
-        // Tries of a program loaded by an older build keep their size when
-        // adopted: imports past it are refused; say so once, here.
-        if adopt_from.is_some()
-            && let Ok((v4, v6)) = policer.rule_trie_capacity()
-            && v4.min(v6) < crate::loader::TRIE_PREFIXES
-        {
-            let _ = writeln!(
-                out,
-                "policer: the adopted program's rule tries hold {} prefixes per family (this build: {});                  `policer detach`, then start again, for imports of more",
-                v4.min(v6),
-                crate::loader::TRIE_PREFIXES
-            );
-        }
-        drop(_bpffs);
-        for (e, n) in existing.iter().zip(&names) {
-            let (Existing::Ours { prog_id, .. } | Existing::OtherLayout { prog_id, .. }) = e else {
-                continue;
-            };
-            if !old_fds.contains_key(prog_id) {
-                let f = find(*prog_id).ok_or(Error::AlreadyAttached { iface: n.clone() })?;
-                old_fds.insert(*prog_id, f.prog_fd);
-            }
-        }
-
-        // Bring the kernel's rules to the config's, keeping the id (and so
-        // the buckets' state) of every class-less rule that did not change.
-        // Planned here, written in the transaction below.
-        let mut have = policer.kernel_compiled()?;
-        // Named sets: their entries stay in the tries through the sync of
-        // the rules below, and are rewritten after it.
-        let sets_dir = crate::sets::state_dir(&args.config);
-        let mut loaded = super::sets::Loaded::read(&sets_dir)?;
-        loaded.strip(&mut have);
-        let mut loaded = Some(loaded);
-        let kernel = &have.prefixes;
-        let mut next_id = kernel.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
-        let mut slots = Slots::new(policer.max_rules()?);
-        // Class-less rules that stay keep their counter slot (an older
-        // build's shared slot 0, or one past the limit, is not a slot: such
-        // a rule gets one). Shorter prefixes first: a prefix with classes
-        // holds a copy of the rule it falls to, slot and all, which is not
-        // its own. Rules with classes get fresh slots (their buckets and
-        // counters start anew at a restart).
-        let mut order: Vec<(&RuleKey, &RuleSpec)> = specs.iter().collect();
-        order.sort_by_key(|(k, _)| (k.net.prefix_len(), **k));
-        let mut kept: BTreeMap<RuleKey, u32> = BTreeMap::new();
-        for (key, _) in &order {
-            if key.class.is_none()
-                && let Some(k) = kernel.get(&key.net)
-                && slots.mark_used(k.counter_slot)
-            {
-                kept.insert(**key, k.counter_slot);
-            }
-        }
-        let mut rules = BTreeMap::new();
-        let mut writes: Vec<RuleWrite> = Vec::new();
-        for (key, spec) in order {
-            let fresh = spec.kernel(0)?;
-            let inst = match (kernel.get(&key.net), kept.get(key)) {
-                (Some(k), Some(&slot)) if same_params(k, &fresh) => {
-                    Installed { spec: spec.clone(), id: k.rule_id, slot, persisted: true }
-                }
-                (Some(_), Some(&slot)) => {
-                    let inst = Installed { spec: spec.clone(), id: next_id, slot, persisted: true };
-                    next_id += 1;
-                    writes.push(RuleWrite { key: *key, slot: inst.slot, reset_counters: false });
-                    inst
-                }
-                _ => {
-                    let slot = slots.take()?;
-                    let inst = Installed { spec: spec.clone(), id: next_id, slot, persisted: true };
-                    next_id += 1;
-                    // A fresh program's counters are zero; an adopted one's
-                    // slot may hold a removed rule's counts.
-                    let reset_counters = adopt_from.is_some();
-                    writes.push(RuleWrite { key: *key, slot, reset_counters });
-                    inst
-                }
-            };
-            rules.insert(*key, inst);
-        }
-        // What the kernel will hold, before anything is written.
-        // Prefixes keep the group ids the maps give them, and ids that go
-        // rest a change, as for any change of the rules.
-        let mut groups = crate::classes::Groups::default();
-        groups.adopt(have.prefixes.iter().map(|(n, r)| (*n, r.classes)));
-        let compiled = {
-            let list = rules
-                .iter()
-                .map(|(k, i): (&RuleKey, &Installed)| {
-                    Ok(crate::classes::KernelRule {
-                        net: k.net,
-                        class: k.class,
-                        rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
-                        ban: k.ban,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            crate::classes::compile(&list, &mut groups)?
-        };
-        let plan = Plan { have: have.clone(), want: compiled.clone(), writes };
-
+    /// The transaction: from its first kernel change on, every `?` puts
+    /// everything back (see the module's comment for the order).
+    fn transaction(
+        args: &DaemonArgs,
+        s: Settings,
+        claim: Claim,
+        survey: Survey,
+        loaded: Loaded,
+        planned: Planned,
+        out: &mut impl Write,
+    ) -> Result<Daemon> {
+        let Loaded { mut policer, old_fds } = loaded;
+        let Planned { rs, plan, have, sets, sets_dir } = planned;
         // Rewrite the file (after the start commits) only if this start
         // changed what it says (the default rules from --rate, or the
         // interfaces).
-        let changed = args.rate.is_some() || cfg.daemon.interfaces != given;
-
+        let changed = args.rate.is_some() || s.cfg.daemon.interfaces != s.given;
         // The last step that can fail before the kernel changes.
         let socket = control::socket_path()?;
         let listener = bind_private(&socket)?;
         let program_id = policer.program_id()?;
         let new_fd = policer.prog_fd()?;
-        let shared = adopt_from.is_some();
+        let shared = survey.adopt_from.is_some();
         let new_prog = policer.prog_fd_owned()?;
         let maps = if shared { Some(policer.shared_maps()?) } else { None };
         let mut d = Daemon {
             program_id,
             policer,
             ifaces: Vec::new(),
-            file_rules: specs.clone(),
-            rules,
-            slots,
-            groups,
-            compiled,
-            fast: 0,
-            last_flip: None,
-            file,
-            next_id,
+            rs,
+            file: s.file,
             persist: args.persist,
             interval: args.interval,
             socket,
             listener: Some(listener),
-            metrics,
-            _lock: lock,
+            metrics: claim.metrics,
+            _lock: claim.lock,
             // Until the start commits, a failure is undone by `undo` (dropped
             // before `d`, so while the lock is still held), not by leaving
             // as a stopped daemon would.
@@ -414,15 +221,58 @@ impl Daemon {
             sets_dir,
         };
         let mut undo = Undo::new(new_prog, maps)?;
-
-        // The transaction: from here on every `?` puts everything back.
+        let mut plan = Some(plan);
+        let mut sets = sets;
+        // Fresh maps, which no running program reads: the rules first.
         if !shared {
-            install(&mut d.policer, &mut undo, &plan, &specs)?;
-            if let Some(l) = loaded.take() {
-                d.install_sets(l)?;
-            }
+            d.install(&mut undo, plan.take().expect("once"), &have, sets.take())?;
         }
-        for ((name, &index), e) in names.iter().zip(&indexes).zip(&existing) {
+        d.attach_all(&s.names, &s.indexes, &survey.existing, &old_fds, new_fd, s.mode, &mut undo, &args.config, out)?;
+        // Adopted maps: the rules once every interface runs the new program.
+        if let Some(plan) = plan.take() {
+            d.install(&mut undo, plan, &have, sets.take())?;
+        }
+        d.sync_fast_path()?;
+        undo.commit()?;
+        d.finished = false;
+        d.rs.set_file_rules(s.specs);
+
+        // Before saying "policing", so whoever reads the file next sees it.
+        if changed {
+            d.write_start_config(&s.given);
+        }
+        if let Some(m) = &d.metrics
+            && let Ok(a) = m.local_addr()
+        {
+            let _ = writeln!(out, "policer: serving Prometheus metrics on http://{a}/metrics");
+        }
+        let _ = writeln!(
+            out,
+            "policer: policing on {} with {} rules from {}; {}",
+            s.names.join(", "),
+            d.rs.rules().len(),
+            args.config.display(),
+            if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
+        );
+        Ok(d)
+    }
+
+    /// Attaches the new program to every interface: replacing a policer
+    /// program atomically (ours or of another layout), or fresh.
+    #[expect(clippy::too_many_arguments, reason = "one step of the start, reading the start's state")]
+    fn attach_all(
+        &mut self,
+        names: &[String],
+        indexes: &[u32],
+        existing: &[Existing],
+        old_fds: &BTreeMap<u32, ProgramFd>,
+        new_fd: i32,
+        mode: Mode,
+        undo: &mut Undo,
+        config: &Path,
+        out: &mut impl Write,
+    ) -> Result<()> {
+        for ((name, &index), e) in names.iter().zip(indexes).zip(existing) {
             match e {
                 Existing::Ours { prog_id, mode_flags } | Existing::OtherLayout { prog_id, mode_flags, .. } => {
                     if let Existing::OtherLayout { layout, .. } = e {
@@ -431,7 +281,7 @@ impl Daemon {
                             "policer: replacing policer program {prog_id} of {} on {name}: buckets start empty \
                              and counters at zero, the rules come from {}",
                             layout.describe(),
-                            args.config.display()
+                            config.display()
                         );
                     }
                     // The undo log's own descriptor of the old program, taken
@@ -444,93 +294,306 @@ impl Daemon {
                         "policer: replaced program {prog_id} on {name} ({} mode)",
                         Mode::flag_name(*mode_flags)
                     );
-                    d.ifaces.push(Iface { name: name.clone(), index, mode_flags: *mode_flags });
+                    self.ifaces.push(Iface { name: name.clone(), index, mode_flags: *mode_flags });
                     undo.attached(name, index, *mode_flags, Some((*prog_id, old)))?;
                 }
                 Existing::None => {
                     let flags = attach_fresh(name, index, new_fd, mode)?;
                     let _ = writeln!(out, "policer: attached to {name} ({} mode)", Mode::flag_name(flags));
-                    d.ifaces.push(Iface { name: name.clone(), index, mode_flags: flags });
+                    self.ifaces.push(Iface { name: name.clone(), index, mode_flags: flags });
                     undo.attached(name, index, flags, None)?;
                 }
             }
         }
-        if shared {
-            install(&mut d.policer, &mut undo, &plan, &specs)?;
-            if let Some(l) = loaded.take() {
-                d.install_sets(l)?;
-            }
-        }
-        d.sync_fast_path()?;
-        undo.commit()?;
-        d.finished = false;
+        Ok(())
+    }
 
-        // Before saying "policing", so whoever reads the file next sees it.
-        if changed {
-            d.write_start_config(&given);
+    /// Writes the planned rules (each new or changed rule's limiter, total
+    /// and counter slot, then the rule maps: see `Policer::sync_rules`, new
+    /// entries first, removed ones last, so no frame falls into a gap
+    /// between a rule and its replacement), takes them as the rules in
+    /// force, then installs the named sets. With adopted maps, what is
+    /// overwritten is saved in `undo` first.
+    fn install(
+        &mut self,
+        undo: &mut Undo,
+        plan: Plan,
+        have: &crate::classes::Compiled,
+        sets: Option<super::sets::Loaded>,
+    ) -> Result<()> {
+        let p = &mut self.policer;
+        for w in &plan.writes {
+            // A fresh program's counters are zero; an adopted one's slot may
+            // hold a removed rule's counts.
+            if w.fresh && undo.maps.is_some() {
+                let old = undo.save_rule_counters(w.slot)?;
+                p.reset_rule_counters(w.slot)?;
+                // Recorded once zeroed: putting it back adds what was counted
+                // since (see `rollback`), which must not count `old` twice.
+                if let Some(old) = old {
+                    undo.zeroed_rule_counters(w.slot, old)?;
+                }
+            }
+            undo.new_sources(w.slot)?;
+            let spec = &plan.rules[&w.key].spec;
+            prepare(p, spec, w.slot)?;
+            undo.total(w.slot)?;
+            p.set_total(w.slot, super::ruleset::total(spec)?.as_ref())?;
         }
-        if let Some(m) = &d.metrics
-            && let Ok(a) = m.local_addr()
+        undo.rules(have, &plan.compiled)?;
+        p.sync_rules_from(have, &plan.compiled)?;
+        self.rs.commit(plan);
+        if let Some(l) = sets {
+            self.install_sets(l)?;
+        }
+        Ok(())
+    }
+}
+
+/// Resolves the settings: the config file and its rules, `--rate`, the
+/// interfaces, sizes and limits. Reads files and interface names only.
+fn settings(args: &DaemonArgs) -> Result<Settings> {
+    let (file, mut specs) = ConfigFile::open(&args.config)?;
+    // Rules and bans that expired while no daemon ran stay expired (the
+    // next write of the file drops them).
+    super::bans::drop_expired(&mut specs);
+    let cfg = file.config().clone();
+    if let Some(rate) = args.rate {
+        for s in default_rules(rate, &args.burst)? {
+            specs.insert(s.key(), s);
+        }
+    } else if args.burst.is_some() {
+        return Err(Error::Invalid("--burst needs --rate".into()));
+    }
+    if specs.is_empty() {
+        return Err(Error::Invalid(format!(
+            "nothing to police: give --rate (and --burst), or rules in {}",
+            args.config.display()
+        )));
+    }
+    let given = if args.ifaces.is_empty() { cfg.daemon.interfaces.clone() } else { args.ifaces.clone() };
+    if given.is_empty() {
+        return Err(Error::Invalid(format!("no interface given, and none in {}", args.config.display())));
+    }
+    let names = netlink::resolve_interfaces(&given)?;
+    let mut seen = std::collections::HashSet::new();
+    let mut indexes = Vec::new();
+    for n in &names {
+        if !seen.insert(n) {
+            return Err(Error::DuplicateInterface(n.clone()));
+        }
+        indexes.push(if_index(n)?);
+    }
+    let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
+    let max_sources = args.max_sources.or(cfg.daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
+    let max_rules = args.max_rules.or(cfg.daemon.max_rules).unwrap_or(DEFAULT_MAX_RULES);
+    if specs.len() > max_rules as usize {
+        return Err(Error::Invalid(format!(
+            "{} rules, more than the limit of {max_rules}: raise --max-rules (or max_rules in [daemon])",
+            specs.len()
+        )));
+    }
+    if max_sources == 0 {
+        return Err(Error::Invalid("--max-sources must be at least 1".into()));
+    }
+    if !(args.interval == 0.0 || (0.05..=3600.0).contains(&args.interval)) {
+        return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
+    }
+    let metrics_addr = args.metrics.as_deref().map(crate::metrics::parse_addr).transpose()?;
+    let layout_version = match std::env::var(ENV_TEST_LAYOUT_VERSION) {
+        Err(_) => Some(policer_common::LAYOUT_VERSION),
+        Ok(v) if v == "none" => None,
+        Ok(v) => Some(v.parse().map_err(|_| Error::Invalid(format!("{ENV_TEST_LAYOUT_VERSION}: '{v}'")))?),
+    };
+    let sized_sources = args.max_sources.is_some() || cfg.daemon.max_sources.is_some();
+    let sized_rules = args.max_rules.is_some() || cfg.daemon.max_rules.is_some();
+    Ok(Settings {
+        file,
+        cfg,
+        specs,
+        given,
+        names,
+        indexes,
+        mode,
+        max_sources,
+        max_rules,
+        sized_sources,
+        sized_rules,
+        metrics_addr,
+        layout_version,
+    })
+}
+
+/// Takes this namespace's lock and the metrics port: a second daemon, or a
+/// taken port, fails here with nothing changed.
+fn claim(s: &Settings) -> Result<Claim> {
+    if !is_root() {
+        return Err(Error::NotRoot("attaching XDP"));
+    }
+    fs::create_dir_all(control::RUN_DIR)?;
+    if let Err(e) = crate::lockfile::remove_stale(Path::new(control::RUN_DIR)) {
+        log::warn!("cannot clear stale lock files in {}: {e}", control::RUN_DIR);
+    }
+    let lock = LockFile::acquire(&control::lock_path()?)?;
+    let metrics = match s.metrics_addr {
+        Some(a) => Some(
+            std::net::TcpListener::bind(a).map_err(|e| Error::Invalid(format!("--metrics {a}: cannot listen: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok(Claim { lock, metrics })
+}
+
+/// What is on the interfaces now; the policer program of this layout to
+/// adopt, if any. One with too few rule slots for this start is replaced
+/// rather than adopted (its buckets start empty).
+fn survey(s: &Settings) -> Result<Survey> {
+    let mut existing = Vec::new();
+    for (n, &i) in s.names.iter().zip(&s.indexes) {
+        existing.push(inspect(n, i)?);
+    }
+    let needs = if s.sized_rules { s.max_rules } else { s.specs.len() as u32 };
+    for e in existing.iter_mut() {
+        if let Existing::Ours { prog_id, mode_flags } = *e
+            && let Some(f) = find(prog_id)
+            && let Some(&(_, entries)) = f.maps.get(MAP_RULE_COUNTERS)
+            && entries.saturating_sub(1) < needs
         {
-            let _ = writeln!(out, "policer: serving Prometheus metrics on http://{a}/metrics");
+            let layout = Layout::RuleLimit { has: entries.saturating_sub(1), needs };
+            *e = Existing::OtherLayout { prog_id, mode_flags, layout };
+        }
+    }
+    let adopt_from = existing.iter().find_map(|e| match e {
+        Existing::Ours { prog_id, .. } => Some(*prog_id),
+        Existing::OtherLayout { .. } | Existing::None => None,
+    });
+    Ok(Survey { existing, adopt_from })
+}
+
+/// Loads the program, reusing the adopted program's shared maps (pinned
+/// for a moment in a private bpffs), and takes a descriptor of every
+/// program it will replace.
+fn load(s: &Settings, survey: &Survey, out: &mut impl Write) -> Result<Loaded> {
+    let mut opts = LoadOptions {
+        max_sources: s.max_sources,
+        max_rules: s.max_rules,
+        layout_version: s.layout_version,
+        ..Default::default()
+    };
+    let mut bpffs = None;
+    let mut old_fds: BTreeMap<u32, ProgramFd> = BTreeMap::new();
+    if let Some(id) = survey.adopt_from {
+        let found = find(id).ok_or(Error::Invalid(format!("policer program {id} went away while adopting")))?;
+        let fs_ = PrivateBpffs::mount()?;
+        for name in SHARED_MAPS {
+            let (map_id, max) = found.maps[name];
+            let path = fs_.dir.join(name);
+            MapData::from_id(map_id)
+                .map_err(Error::map(name))?
+                .pin(&path)
+                .map_err(|e| Error::Invalid(format!("cannot pin adopted map {name}: {e}")))?;
+            // The tables' capacity is in their geometry.
+            let max = if name == MAP_BUCKETS_V4_GEOMETRY { adopted_capacity(&path)? } else { max };
+            if name == MAP_BUCKETS_V4_GEOMETRY && max != s.max_sources {
+                if s.sized_sources {
+                    let _ = writeln!(
+                        out,
+                        "policer: keeping the running table of {max} sources (not {}): resizing needs \
+                         `policer detach` first",
+                        s.max_sources
+                    );
+                }
+                opts.max_sources = max;
+            }
+            // Counter slots 1..=max_rules: the adopted size stays.
+            if name == MAP_RULE_COUNTERS && max.saturating_sub(1) != s.max_rules {
+                if s.sized_rules {
+                    let _ = writeln!(
+                        out,
+                        "policer: keeping the running program's limit of {} rules (not {}): resizing needs \
+                         `policer detach` first",
+                        max.saturating_sub(1),
+                        s.max_rules
+                    );
+                }
+                opts.max_rules = max.saturating_sub(1).max(1);
+            }
+            opts.reuse.push((name, path));
         }
         let _ = writeln!(
             out,
-            "policer: policing on {} with {} rules from {}; {}",
-            names.join(", "),
-            d.rules.len(),
-            args.config.display(),
-            if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
+            "policer: adopting the policer already running (program {id}): its rules, buckets and counters \
+             carry over (a class rule's start anew)"
         );
-        let _ = out.flush();
-        Ok(d)
+        old_fds.insert(id, found.prog_fd);
+        bpffs = Some(fs_);
     }
+    let policer = Policer::load(&opts)?;
+    // Tries of a program loaded by an older build keep their size when
+    // adopted: imports past it are refused; say so once, here.
+    if survey.adopt_from.is_some()
+        && let Ok((v4, v6)) = policer.rule_trie_capacity()
+        && v4.min(v6) < crate::loader::TRIE_PREFIXES
+    {
+        let _ = writeln!(
+            out,
+            "policer: the adopted program's rule tries hold {} prefixes per family (this build: {}); \
+             `policer detach`, then start again, for imports of more",
+            v4.min(v6),
+            crate::loader::TRIE_PREFIXES
+        );
+    }
+    drop(bpffs);
+    for (e, n) in survey.existing.iter().zip(&s.names) {
+        let (Existing::Ours { prog_id, .. } | Existing::OtherLayout { prog_id, .. }) = e else {
+            continue;
+        };
+        if !old_fds.contains_key(prog_id) {
+            let f = find(*prog_id).ok_or(Error::AlreadyAttached { iface: n.clone() })?;
+            old_fds.insert(*prog_id, f.prog_fd);
+        }
+    }
+    Ok(Loaded { policer, old_fds })
 }
 
-/// A new or changed rule the start writes.
-struct RuleWrite {
-    key: RuleKey,
-    slot: u32,
-    /// Zero the counter slot first (an adopted slot a removed rule used).
-    reset_counters: bool,
-}
-
-/// What the start does to the rule maps.
-struct Plan {
-    /// The rule maps before the start.
-    have: crate::classes::Compiled,
-    /// And after.
-    want: crate::classes::Compiled,
-    writes: Vec<RuleWrite>,
-}
-
-/// Writes the planned rules: each new or changed rule's limiter, total and
-/// counter slot, then the rule maps (see `Policer::sync_rules`: new
-/// entries first, removed ones last, so no frame falls into a gap between
-/// a rule and its replacement). With adopted maps, what is overwritten is
-/// saved in `undo` first.
-fn install(p: &mut Policer, undo: &mut Undo, plan: &Plan, specs: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
-    for w in &plan.writes {
-        if w.reset_counters {
-            let old = undo.save_rule_counters(w.slot)?;
-            p.reset_rule_counters(w.slot)?;
-            // Recorded once zeroed: putting it back adds what was counted
-            // since (see `rollback`), which must not count `old` twice.
-            if let Some(old) = old {
-                undo.zeroed_rule_counters(w.slot, old)?;
+/// Plans the config's rules against what the loaded maps hold, keeping the
+/// id (and so the buckets' state) and counter slot of every class-less rule
+/// that did not change. Written in the transaction.
+fn plan_rules(policer: &Policer, s: &Settings, adopting: bool, config: &Path) -> Result<Planned> {
+    let mut have = policer.kernel_compiled()?;
+    // Ids of set entries too: a new rule must not take an id a set keeps.
+    let next_id = have.prefixes.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
+    // Named sets: their entries stay in the tries through the sync of the
+    // rules, and are rewritten after it.
+    let sets_dir = crate::sets::state_dir(config);
+    let mut loaded = super::sets::Loaded::read(&sets_dir)?;
+    loaded.strip(&mut have);
+    let mut slots = Slots::new(policer.max_rules()?);
+    // What an adopted program holds of the wanted class-less rules, with
+    // the counter slot it keeps (an older build's shared slot 0, or one
+    // past the limit, is not a slot: such a rule gets one). Shorter
+    // prefixes first: a prefix with classes holds a copy of the rule it
+    // falls to, slot and all, which is not its own. Rules with classes get
+    // fresh slots (their buckets and counters start anew at a restart).
+    let mut held: BTreeMap<RuleKey, Held> = BTreeMap::new();
+    if adopting {
+        let mut order: Vec<&RuleKey> = s.specs.keys().filter(|k| k.class.is_none()).collect();
+        order.sort_by_key(|k| (k.net.prefix_len(), **k));
+        for key in order {
+            if let Some(k) = have.prefixes.get(&key.net)
+                && slots.mark_used(k.counter_slot)
+            {
+                held.insert(*key, Held { id: k.rule_id, slot: k.counter_slot, form: Form::Kernel(*k) });
             }
         }
-        undo.new_sources(w.slot)?;
-        let spec = &specs[&w.key];
-        prepare(p, spec, w.slot)?;
-        undo.total(w.slot)?;
-        let total = spec
-            .total_limiter()?
-            .map(|limiter| policer_common::class::Total { tat: limiter.empty_tat(super::monotonic_ns()), limiter });
-        p.set_total(w.slot, total.as_ref())?;
     }
-    undo.rules(&plan.have, &plan.want)?;
-    p.sync_rules_from(&plan.have, &plan.want)
+    // Prefixes keep the group ids the maps give them, and ids that go rest
+    // a change, as for any change of the rules.
+    let mut groups = crate::classes::Groups::default();
+    groups.adopt(have.prefixes.iter().map(|(n, r)| (*n, r.classes)));
+    let plan = super::plan::plan(&held, &s.specs, slots.free_slots(), slots.capacity(), &groups, next_id)?;
+    let rs = RuleSet::new(slots, groups, have.clone(), next_id);
+    Ok(Planned { rs, plan, have, sets: Some(loaded), sets_dir })
 }
 
 /// One kernel change of a start, with what it replaced.

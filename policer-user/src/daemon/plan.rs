@@ -1,0 +1,306 @@
+//! Planning a change of the rules, without touching the kernel.
+//!
+//! From the rules held now (in force, or at a start those an adopted
+//! program's maps hold) and the rules wanted, [`plan`] works out which
+//! rules keep their id and counter slot, which get a new id (their buckets
+//! rescale) or a new slot, which slots are taken and freed, and what the
+//! rule maps will hold (the compiled tries, class index and filters). It
+//! is a pure function: a plan that fails (the rule limit, classes that tie)
+//! changes nothing, and it is tested on the host.
+//!
+//! The start and every change (`rule set`/`rm`, `ban`, a reload, an
+//! expiry) plan here; the plan is then written to the kernel in one place
+//! (`Daemon::write_plan`, or the start's transaction with its undo log) and
+//! taken as the rule set in force by `RuleSet::commit`.
+
+use std::collections::BTreeMap;
+
+use policer_common::Rule;
+
+use super::Installed;
+use crate::{
+    classes::{Compiled, Groups, KernelRule, compile},
+    error::{Error, Result},
+    rules::{RuleKey, RuleSpec},
+};
+
+/// What is known of a rule held now.
+#[derive(Clone, Debug)]
+pub(super) enum Form {
+    /// A rule in force: its spec.
+    Spec(RuleSpec),
+    /// A rule an adopted program holds: only its kernel form.
+    Kernel(Rule),
+}
+
+/// A rule held now, with its id and counter slot.
+#[derive(Clone, Debug)]
+pub(super) struct Held {
+    pub id: u32,
+    pub slot: u32,
+    pub form: Form,
+}
+
+impl Held {
+    /// Whether `want` polices exactly as this rule does (it then keeps its
+    /// id, and so its buckets).
+    fn same(&self, want: &RuleSpec) -> Result<bool> {
+        Ok(match &self.form {
+            Form::Spec(s) => s == want,
+            Form::Kernel(k) => same_params(k, &want.kernel(0)?),
+        })
+    }
+
+    /// Whether `want` has the same aggregate bucket (`--total-rate`) as
+    /// this rule; unknown for an adopted rule, so no.
+    fn same_total(&self, want: &RuleSpec) -> bool {
+        matches!(&self.form, Form::Spec(s) if s.total == want.total)
+    }
+}
+
+impl From<&Installed> for Held {
+    fn from(i: &Installed) -> Held {
+        Held { id: i.id, slot: i.slot, form: Form::Spec(i.spec.clone()) }
+    }
+}
+
+/// Whether two kernel rules police alike (ids, slots and what the class
+/// compiler adds aside).
+pub(super) fn same_params(a: &Rule, b: &Rule) -> bool {
+    let plain = |r: &Rule| Rule {
+        rule_id: 0,
+        counter_slot: 0,
+        classes: 0,
+        class_protos: 0,
+        flags: r.flags & !policer_common::class::RULE_CLASS,
+        ..*r
+    };
+    plain(a) == plain(b)
+}
+
+/// A new or changed rule: its counter slot's new-source limiter, ban
+/// parameters and (if `total`) aggregate bucket are written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Write {
+    pub key: RuleKey,
+    pub slot: u32,
+    /// The slot is new to this rule: its counters start at zero.
+    pub fresh: bool,
+    /// The aggregate bucket changed (or is not known to be the same).
+    pub total: bool,
+}
+
+/// What a change does to the rules.
+#[derive(Debug)]
+pub(super) struct Plan {
+    /// The rules in force after it.
+    pub rules: BTreeMap<RuleKey, Installed>,
+    /// The slots to write, in key order.
+    pub writes: Vec<Write>,
+    /// Slots taken from the free ones, and slots given back.
+    pub taken: Vec<u32>,
+    pub freed: Vec<u32>,
+    /// What the rule maps hold after it, and the class groups.
+    pub compiled: Compiled,
+    pub groups: Groups,
+    /// The next rule id not yet used.
+    pub next_id: u32,
+}
+
+/// Plans bringing the rules `held` to `want` (already validated).
+///
+/// A rule that polices as it did keeps its id and slot; a changed one keeps
+/// its slot with a new id; a new one takes the lowest free slot or, at the
+/// rule limit, one a removed rule gives up in the same change. `free` lists
+/// the slots not held; `capacity` is the rule limit.
+pub(super) fn plan(
+    held: &BTreeMap<RuleKey, Held>,
+    want: &BTreeMap<RuleKey, RuleSpec>,
+    free: impl IntoIterator<Item = u32>,
+    capacity: u32,
+    groups: &Groups,
+    next_id: u32,
+) -> Result<Plan> {
+    if want.len() > capacity as usize {
+        return Err(limit(format!("{} rules, more than this policer's limit of {capacity}", want.len())));
+    }
+    let mut free = free.into_iter();
+    let mut gone: Vec<u32> = held.iter().filter(|(k, _)| !want.contains_key(k)).map(|(_, h)| h.slot).collect();
+    let (mut rules, mut writes, mut taken) = (BTreeMap::new(), Vec::new(), Vec::new());
+    let mut id = next_id;
+    let mut new_id = || {
+        id += 1;
+        id - 1
+    };
+    for (key, spec) in want {
+        let (inst, write) = match held.get(key) {
+            Some(h) if h.same(spec)? => {
+                (Installed { spec: spec.clone(), id: h.id, slot: h.slot, persisted: false }, None)
+            }
+            Some(h) => {
+                let w = Write { key: *key, slot: h.slot, fresh: false, total: !h.same_total(spec) };
+                (Installed { spec: spec.clone(), id: new_id(), slot: h.slot, persisted: false }, Some(w))
+            }
+            None => {
+                let slot = match free.next() {
+                    Some(s) => {
+                        taken.push(s);
+                        s
+                    }
+                    None => gone.pop().ok_or_else(|| limit(format!("this policer holds {capacity} rules")))?,
+                };
+                let w = Write { key: *key, slot, fresh: true, total: true };
+                (Installed { spec: spec.clone(), id: new_id(), slot, persisted: false }, Some(w))
+            }
+        };
+        writes.extend(write);
+        rules.insert(*key, inst);
+    }
+    let next_id = id;
+    let mut groups = groups.clone();
+    let list = rules
+        .iter()
+        .map(|(k, i): (&RuleKey, &Installed)| {
+            Ok(KernelRule {
+                net: k.net,
+                class: k.class,
+                rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
+                ban: k.ban,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let compiled = compile(&list, &mut groups)?;
+    Ok(Plan { rules, writes, taken, freed: gone, compiled, groups, next_id })
+}
+
+fn limit(what: String) -> Error {
+    Error::Invalid(format!(
+        "rule limit reached: {what} (`--max-rules`, or `max_rules` in [daemon]; a larger limit replaces the \
+         program at the next start, its buckets starting empty)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::RuleConfig;
+
+    fn spec(prefix: &str, rate: &str) -> RuleSpec {
+        RuleConfig { prefix: prefix.into(), rate: Some(rate.into()), ..Default::default() }.validate().unwrap()
+    }
+
+    fn ban(prefix: &str) -> RuleSpec {
+        RuleConfig { prefix: prefix.into(), ban: Some(true), ttl: Some("1h".into()), ..Default::default() }
+            .validate()
+            .unwrap()
+    }
+
+    fn want(specs: &[RuleSpec]) -> BTreeMap<RuleKey, RuleSpec> {
+        specs.iter().map(|s| (s.key(), s.clone())).collect()
+    }
+
+    fn held(p: &Plan) -> BTreeMap<RuleKey, Held> {
+        p.rules.iter().map(|(k, i)| (*k, Held::from(i))).collect()
+    }
+
+    /// Plans `w` after `before` with slots 1..=cap of which `before` holds some.
+    fn after(before: &Plan, w: &BTreeMap<RuleKey, RuleSpec>, cap: u32) -> Result<Plan> {
+        let used: Vec<u32> = before.rules.values().map(|i| i.slot).collect();
+        let free = (1..=cap).filter(|s| !used.contains(s));
+        plan(&held(before), w, free, cap, &before.groups, before.next_id)
+    }
+
+    fn first(w: &BTreeMap<RuleKey, RuleSpec>, cap: u32) -> Plan {
+        plan(&BTreeMap::new(), w, 1..=cap, cap, &Groups::default(), 1).unwrap()
+    }
+
+    #[test]
+    fn unchanged_rules_keep_id_and_slot_changed_ones_their_slot() {
+        let (a, b) = (spec("10.0.0.0/8", "1kpps"), spec("192.0.2.0/24", "100pps"));
+        let p = first(&want(&[a.clone(), b.clone()]), 8);
+        assert_eq!(p.taken, vec![1, 2]);
+        assert_eq!(p.writes.iter().map(|w| (w.slot, w.fresh)).collect::<Vec<_>>(), vec![(1, true), (2, true)]);
+        let b2 = spec("192.0.2.0/24", "200pps");
+        let q = after(&p, &want(&[a.clone(), b2]), 8).unwrap();
+        let (pa, qa) = (&p.rules[&a.key()], &q.rules[&a.key()]);
+        assert_eq!((qa.id, qa.slot), (pa.id, pa.slot), "unchanged: same id and slot");
+        let (pb, qb) = (&p.rules[&b.key()], &q.rules[&b.key()]);
+        assert_eq!(qb.slot, pb.slot, "changed: same slot");
+        assert_ne!(qb.id, pb.id, "changed: new id (its buckets rescale)");
+        assert!(qb.id >= p.next_id, "ids are never reused");
+        assert_eq!(q.writes, vec![Write { key: b.key(), slot: pb.slot, fresh: false, total: false }]);
+        assert!(q.taken.is_empty() && q.freed.is_empty());
+        // The compiled values carry id and slot.
+        let r = q.compiled.prefixes[&b.key().net];
+        assert_eq!((r.rule_id, r.counter_slot), (qb.id, qb.slot));
+    }
+
+    #[test]
+    fn removed_rules_free_their_slot_and_the_limit_reuses_it() {
+        let (a, b, c) = (spec("10.0.0.0/8", "1kpps"), spec("10.1.0.0/16", "1kpps"), spec("10.2.0.0/16", "1kpps"));
+        let p = first(&want(&[a.clone(), b.clone()]), 2);
+        // At the limit of 2: a third rule is refused...
+        let e = after(&p, &want(&[a.clone(), b.clone(), c.clone()]), 2).unwrap_err().to_string();
+        assert!(e.contains("rule limit reached") && e.contains("limit of 2"), "{e}");
+        // ...but one replacing a removed rule in the same change takes its slot.
+        let q = after(&p, &want(&[a.clone(), c.clone()]), 2).unwrap();
+        assert_eq!(q.rules[&c.key()].slot, p.rules[&b.key()].slot);
+        assert!(q.writes.iter().any(|w| w.key == c.key() && w.fresh), "a reused slot starts at zero");
+        assert!(q.freed.is_empty() && q.taken.is_empty());
+        // Removing without replacing frees it.
+        let r = after(&p, &want(std::slice::from_ref(&a)), 2).unwrap();
+        assert_eq!(r.freed, vec![p.rules[&b.key()].slot]);
+        assert!(!r.compiled.prefixes.contains_key(&b.key().net));
+    }
+
+    #[test]
+    fn an_adopted_rule_keeps_its_id_when_it_polices_alike() {
+        let a = spec("10.0.0.0/8", "1kpps");
+        let k = a.kernel(41).unwrap().with_counter_slot(3);
+        let h: BTreeMap<_, _> = [(a.key(), Held { id: 41, slot: 3, form: Form::Kernel(k) })].into();
+        let p = plan(&h, &want(std::slice::from_ref(&a)), [1, 2, 4], 4, &Groups::default(), 42).unwrap();
+        assert_eq!((p.rules[&a.key()].id, p.rules[&a.key()].slot), (41, 3));
+        assert!(p.writes.is_empty() && p.taken.is_empty());
+        // Another rate: same slot, a new id, its limiter and total written.
+        let a2 = spec("10.0.0.0/8", "2kpps");
+        let p = plan(&h, &want(std::slice::from_ref(&a2)), [1, 2, 4], 4, &Groups::default(), 42).unwrap();
+        assert_eq!((p.rules[&a2.key()].id, p.rules[&a2.key()].slot), (42, 3));
+        assert_eq!(p.writes, vec![Write { key: a2.key(), slot: 3, fresh: false, total: true }]);
+        assert_eq!(p.next_id, 43);
+    }
+
+    #[test]
+    fn a_ban_overrides_the_rules_under_it_and_takes_a_slot_of_its_own() {
+        let (a, b) = (spec("10.0.0.0/8", "1kpps"), spec("10.1.0.0/16", "1kpps"));
+        let p = first(&want(&[a.clone(), b.clone(), ban("10.0.0.0/12")]), 8);
+        let banned = p.compiled.prefixes[&"10.0.0.0/12".parse().unwrap()];
+        let under = p.compiled.prefixes[&b.key().net];
+        assert_eq!(under, banned, "a rule under the ban takes the ban's value");
+        assert_ne!(p.compiled.prefixes[&a.key().net], banned, "the rule above it stays");
+        let slots: std::collections::BTreeSet<u32> = p.rules.values().map(|i| i.slot).collect();
+        assert_eq!(slots.len(), 3, "each rule and the ban its own slot");
+    }
+
+    #[test]
+    fn classes_that_tie_refuse_the_plan_and_same_rules_plan_no_writes() {
+        let udp = |p: &str, ports: &str| {
+            RuleConfig {
+                prefix: p.into(),
+                rate: Some("1kpps".into()),
+                proto: Some("udp".into()),
+                dport: Some(crate::rules::PortValue::Text(ports.into())),
+                ..Default::default()
+            }
+            .validate()
+            .unwrap()
+        };
+        let base = first(&want(&[udp("10.0.0.0/8", "50-59")]), 8);
+        assert!(!base.compiled.filters.is_empty(), "classes are compiled");
+        let e = after(&base, &want(&[udp("10.0.0.0/8", "50-59"), udp("10.0.0.0/8", "55-64")]), 8).unwrap_err();
+        assert!(e.to_string().contains("tie"), "{e}");
+        // The same rules again: nothing to write, the same maps.
+        let again = after(&base, &want(&[udp("10.0.0.0/8", "50-59")]), 8).unwrap();
+        assert_eq!(again.compiled.prefixes, base.compiled.prefixes);
+        assert!(again.writes.is_empty() && again.taken.is_empty());
+    }
+}
