@@ -3,7 +3,7 @@
 //! per network namespace, mode 0600 so only root may change rules. One
 //! JSON request per connection ([`Envelope`]: the protocol version and a
 //! [`Request`]), one typed [`Reply`]. This module is the protocol and the
-//! client; the daemon's side is `serve::control`.
+//! client; the daemon's side is `daemon::serve::control`.
 
 use std::{
     io::{BufRead, BufReader, Write},

@@ -53,7 +53,7 @@ pub enum Error {
     Netlink {
         iface: String,
         #[source]
-        source: crate::netlink::NlError,
+        source: NlError,
     },
     /// The config file could not be written; the file is as it was (and
     /// no temporary file is left). Apart from a bad rule ([`Error::Invalid`]),
@@ -90,5 +90,24 @@ impl Error {
         move |source| Error::Map { map, source: Box::new(source) }
     }
 }
+
+/// An rtnetlink error: errno and the kernel's extended-ack message.
+#[derive(Debug)]
+pub struct NlError {
+    pub errno: i32,
+    pub msg: Option<String>,
+}
+
+impl std::fmt::Display for NlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", io::Error::from_raw_os_error(self.errno))?;
+        if let Some(m) = &self.msg {
+            write!(f, " ({m})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for NlError {}
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

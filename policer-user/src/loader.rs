@@ -27,7 +27,7 @@ use policer_common::{
 };
 
 use crate::{
-    classes::{Compiled, IndexKey},
+    compile::{Compiled, IndexKey},
     error::{Error, Result},
 };
 
@@ -1062,7 +1062,7 @@ impl Policer {
     }
 
     /// Makes the rule tries and the class index hold `want` (from
-    /// [`crate::classes::compile`]), changing only what differs from what
+    /// [`crate::compile::compile`]), changing only what differs from what
     /// they hold, in an order that never shows a frame a prefix pointing at
     /// class entries not yet written: new and changed class entries, new
     /// and changed prefixes, removed prefixes, removed class entries. Each

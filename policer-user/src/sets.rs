@@ -50,7 +50,7 @@ pub struct List {
 }
 
 /// One line's prefix: an address (a host) or `ADDR/LEN` with no host bits
-/// set, the same rules as [`crate::rules::parse_prefix`] but without its
+/// set, the same rules as [`crate::prefix::parse_prefix`] but without its
 /// allocations on the fast path (a million lines).
 fn parse_entry(s: &str) -> std::result::Result<IpNet, String> {
     let (addr, len) = match s.split_once('/') {

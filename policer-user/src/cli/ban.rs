@@ -70,7 +70,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 pub fn unban(a: UnbanArgs) -> anyhow::Result<()> {
-    crate::rules::parse_prefix(&a.cidr)?;
+    crate::prefix::parse_prefix(&a.cidr)?;
     println!("policer: {}", done(call(Request::Unban { prefix: a.cidr, runtime: a.runtime })?));
     Ok(())
 }

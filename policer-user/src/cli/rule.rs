@@ -46,7 +46,7 @@ impl ClassArgs {
     /// Validated here too, so bad input fails with no daemon, naming the
     /// value as written.
     fn rule(&self, cidr: &str) -> anyhow::Result<RuleConfig> {
-        let net = crate::rules::parse_prefix(cidr)?;
+        let net = crate::prefix::parse_prefix(cidr)?;
         Class::parse(&self.text(), net.addr().is_ipv6())?;
         Ok(RuleConfig { prefix: cidr.to_string(), ..RuleConfig::default() }.with_class_text(self.text()))
     }

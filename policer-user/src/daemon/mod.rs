@@ -23,6 +23,7 @@ mod bans;
 mod follow;
 mod owner;
 mod ruleset;
+mod serve;
 mod sets;
 mod start;
 mod views;
@@ -102,9 +103,9 @@ pub struct Daemon {
     file_rules: BTreeMap<RuleKey, RuleSpec>,
     slots: ruleset::Slots,
     /// The group ids of prefixes with classes.
-    groups: crate::classes::Groups,
+    groups: crate::compile::Groups,
     /// What the kernel's rule maps hold (the tries' values for the fast path).
-    compiled: crate::classes::Compiled,
+    compiled: crate::compile::Compiled,
     /// Default-rules fast path: 0 off, else the pair of DEFAULT_RULES in use.
     fast: u32,
     last_flip: Option<Instant>,
@@ -285,12 +286,12 @@ async fn event_loop(
     interval: f64,
 ) -> Result<()> {
     let (stop_tx, mut stop_rx) = watch::channel(false);
-    let ctx = Arc::new(crate::serve::Ctx { owner: owner.clone(), views: views.clone(), stop: stop_tx });
+    let ctx = Arc::new(serve::Ctx { owner: owner.clone(), views: views.clone(), stop: stop_tx });
     listener.set_nonblocking(true)?;
-    tokio::spawn(crate::serve::control::run(tokio::net::UnixListener::from_std(listener)?, ctx.clone()));
+    tokio::spawn(serve::control::run(tokio::net::UnixListener::from_std(listener)?, ctx.clone()));
     if let Some(m) = metrics {
         m.set_nonblocking(true)?;
-        tokio::spawn(crate::serve::http::run(tokio::net::TcpListener::from_std(m)?, ctx.clone()));
+        tokio::spawn(serve::http::run(tokio::net::TcpListener::from_std(m)?, ctx.clone()));
     }
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;

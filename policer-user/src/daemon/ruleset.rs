@@ -189,7 +189,7 @@ impl Daemon {
         let compiled = next
             .iter()
             .map(|(k, i)| {
-                Ok(crate::classes::KernelRule {
+                Ok(crate::compile::KernelRule {
                     net: k.net,
                     class: k.class,
                     rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
@@ -197,7 +197,7 @@ impl Daemon {
                 })
             })
             .collect::<Result<Vec<_>>>()
-            .and_then(|rules| crate::classes::compile(&rules, &mut groups));
+            .and_then(|rules| crate::compile::compile(&rules, &mut groups));
         let compiled = match compiled {
             Ok(c) => c,
             Err(e) => {
@@ -296,7 +296,7 @@ impl Daemon {
         self.refuse_set_prefixes(&want)?;
         // Classes that tie or crowd a frame: refused before anything is
         // staged or written.
-        crate::classes::check_rules(want.values())?;
+        crate::compile::check_rules(want.values())?;
         let staged = if runtime {
             None
         } else {

@@ -12,7 +12,7 @@ use policer_common::Rule;
 
 use super::{Daemon, ruleset::prepare};
 use crate::{
-    classes::Compiled,
+    compile::Compiled,
     control::{RuleView, SetView},
     error::{Error, Result},
     rules::{RuleConfig, RuleKey, RuleSpec},
@@ -217,7 +217,7 @@ fn write_parallel(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
 
 /// The entries of sorted `list` under a manual ban, each with the value of
 /// the longest ban over it: a ban drops all of a prefix's traffic, set
-/// entries under it included (as `classes::compile` does for rules).
+/// entries under it included (as `compile::compile` does for rules).
 fn banned(list: &[IpNet], bans: &[(IpNet, Rule)]) -> Vec<(IpNet, Rule)> {
     let mut out: BTreeMap<IpNet, (u8, Rule)> = BTreeMap::new();
     for (p, value) in bans {

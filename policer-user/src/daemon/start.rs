@@ -350,13 +350,13 @@ impl Daemon {
         // What the kernel will hold, before anything is written.
         // Prefixes keep the group ids the maps give them, and ids that go
         // rest a change, as for any change of the rules.
-        let mut groups = crate::classes::Groups::default();
+        let mut groups = crate::compile::Groups::default();
         groups.adopt(have.prefixes.iter().map(|(n, r)| (*n, r.classes)));
         let compiled = {
             let list = rules
                 .iter()
                 .map(|(k, i): (&RuleKey, &Installed)| {
-                    Ok(crate::classes::KernelRule {
+                    Ok(crate::compile::KernelRule {
                         net: k.net,
                         class: k.class,
                         rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
@@ -364,7 +364,7 @@ impl Daemon {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            crate::classes::compile(&list, &mut groups)?
+            crate::compile::compile(&list, &mut groups)?
         };
         let plan = Plan { have: have.clone(), want: compiled.clone(), writes };
 
@@ -497,9 +497,9 @@ struct RuleWrite {
 /// What the start does to the rule maps.
 struct Plan {
     /// The rule maps before the start.
-    have: crate::classes::Compiled,
+    have: crate::compile::Compiled,
     /// And after.
-    want: crate::classes::Compiled,
+    want: crate::compile::Compiled,
     writes: Vec<RuleWrite>,
 }
 
@@ -539,7 +539,7 @@ enum Step {
     Attached { iface: String, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)> },
     /// The adopted rule maps (tries, class index and filter), from `old`
     /// to `new`.
-    Rules { old: Box<crate::classes::Compiled>, new: Box<crate::classes::Compiled> },
+    Rules { old: Box<crate::compile::Compiled>, new: Box<crate::compile::Compiled> },
     /// An adopted total (aggregate bucket) slot.
     Total { slot: u32, old: policer_common::class::Total },
     /// An adopted new-source limiter slot, and the slot's ban parameters.
@@ -669,7 +669,7 @@ impl Undo {
         self.push(Step::Attached { iface: iface.into(), index, mode_flags, old })
     }
 
-    fn rules(&mut self, old: &crate::classes::Compiled, new: &crate::classes::Compiled) -> Result<()> {
+    fn rules(&mut self, old: &crate::compile::Compiled, new: &crate::compile::Compiled) -> Result<()> {
         if self.maps.is_none() {
             return Ok(());
         }
