@@ -29,6 +29,15 @@ pub enum Error {
         #[source]
         source: Box<MapError>,
     },
+    /// A system call on a map or a program failed: what was being done,
+    /// and the kernel's error, whose errno callers match on
+    /// ([`Error::errno`]), never its text.
+    #[error("{what}: {source}")]
+    Kernel {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("the XDP object has no {0}")]
     Missing(&'static str),
     #[error("{0}")]
@@ -84,6 +93,21 @@ impl Error {
     /// or a kernel error: what `--runtime` would fall back on.
     pub fn is_config_not_written(&self) -> bool {
         matches!(self, Error::ConfigWrite { .. } | Error::ConfigChanged { .. })
+    }
+
+    /// The kernel's errno behind this error, if a system call failed.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Kernel { source, .. } | Error::Io(source) => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// A failed system call, for `map_err`: `what` says what was being
+    /// done ("the rule for 10.0.0.0/8", "reading POLICER_CLASS_FILTER").
+    pub(crate) fn kernel(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Kernel { what, source }
     }
 
     pub(crate) fn map(map: &'static str) -> impl FnOnce(MapError) -> Error {

@@ -20,6 +20,7 @@ pub mod prefix;
 pub mod report;
 pub mod rules;
 pub mod sets;
+pub mod trie;
 
 pub use error::{Error, Result};
 pub use loader::{EBPF_OBJECT, LoadOptions, Mode, Policer};

@@ -302,21 +302,6 @@ pub fn read_all(dir: &Path) -> Result<Vec<(Header, List)>> {
     Ok(out)
 }
 
-/// A v4 entry's LPM key bytes: prefix length (native endian), address.
-pub fn key_v4(n: &Ipv4Net) -> [u8; 8] {
-    let mut k = [0u8; 8];
-    k[..4].copy_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
-    k[4..].copy_from_slice(&n.network().octets());
-    k
-}
-
-pub fn key_v6(n: &Ipv6Net) -> [u8; 20] {
-    let mut k = [0u8; 20];
-    k[..4].copy_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
-    k[4..].copy_from_slice(&n.network().octets());
-    k
-}
-
 /// A test helper and the benchmark's: `n` distinct /32s from 10.0.0.0 on
 /// (skipping nothing; n ≤ 2^24).
 pub fn hosts(n: u32) -> impl Iterator<Item = Ipv4Addr> {
