@@ -53,6 +53,10 @@ pub enum Error {
     DaemonRunning(String),
     #[error("{0}")]
     Refused(String),
+    /// The daemon answered a request with a reply of another kind: a
+    /// daemon of another build speaking the same protocol version.
+    #[error("the daemon answered '{got}' to a request for '{want}': is it another version of policer?")]
+    UnexpectedReply { want: &'static str, got: &'static str },
     #[error(
         "the daemon did not answer within {secs:.1} s{}",
         if *may_apply { "; the change may still be applied: check with `policer rule ls` / `policer status`" } else { "" }
