@@ -24,7 +24,7 @@ use policer_tests::{
     privileged,
     reference::{self, Expect},
 };
-use policer_user::{LoadOptions, Policer, classes::KernelRule};
+use policer_user::{LoadOptions, Policer, compile::KernelRule};
 
 const PASS: u32 = 2;
 const DROP: u32 = 1;

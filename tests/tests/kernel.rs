@@ -23,7 +23,7 @@ use policer_tests::{
 };
 use policer_user::{
     LoadOptions, Policer,
-    classes::{Groups, KernelRule},
+    compile::{Groups, KernelRule},
 };
 
 const PASS: u32 = 2;
