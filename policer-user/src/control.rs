@@ -3,7 +3,7 @@
 //! per network namespace, mode 0600 so only root may change rules. One
 //! JSON request per connection ([`Envelope`]: the protocol version and a
 //! [`Request`]), one typed [`Reply`]. This module is the protocol and the
-//! client; the daemon's side is `serve::control`.
+//! client; the daemon's side is `daemon::serve::control`.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -572,7 +572,7 @@ fn connect(path: &Path, timeout: Duration) -> Result<UnixStream> {
 }
 
 /// Sends one request to the daemon listening on `path`; a refusal is
-/// [`Error::Refused`], a reply of the wrong kind an error too.
+/// [`Error::Refused`]. [`Client`] takes the reply apart by request.
 pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
     let stream = connect(path, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
@@ -601,31 +601,154 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
     })?;
     match reply {
         Reply::Refused { error } => Err(Error::Refused(error)),
-        r => {
-            let want = match req {
-                Request::RuleSet { .. }
-                | Request::RuleRm { .. }
-                | Request::Detach { .. }
-                | Request::Reload
-                | Request::Ban { .. }
-                | Request::Unban { .. }
-                | Request::Import { .. }
-                | Request::SetRm { .. } => "done",
-                Request::SetLs { .. } => "set",
-                Request::BanLs => "bans",
-                Request::RuleLs => "rules",
-                Request::Status => "status",
-                Request::Stats => "stats",
-                Request::Top { .. } => "top",
-                Request::Inspect { .. } => "inspect",
-            };
-            if r.kind() != want {
-                return Err(Error::Invalid(format!(
-                    "the daemon answered '{}' to a request for '{want}': is it another version of policer?",
-                    r.kind()
-                )));
-            }
-            Ok(r)
+        r => Ok(r),
+    }
+}
+
+/// The daemon as the CLI talks to it: a method per request, each returning
+/// that request's reply, so no caller matches on [`Reply`]. A reply of
+/// another kind (a daemon of another build) is [`Error::UnexpectedReply`].
+#[derive(Clone, Debug)]
+pub struct Client {
+    path: PathBuf,
+    timeout: Duration,
+}
+
+/// One arm per request kind: the reply it takes, or the reply back.
+macro_rules! take {
+    ($reply:expr, $pat:pat => $out:expr) => {
+        match $reply {
+            $pat => Ok($out),
+            other => Err(other),
         }
+    };
+}
+
+impl Client {
+    /// The daemon of this network namespace ([`socket_path`]).
+    pub fn new(timeout: Duration) -> Result<Client> {
+        Ok(Client::at(socket_path()?, timeout))
+    }
+
+    /// The daemon listening on `path`.
+    pub fn at(path: PathBuf, timeout: Duration) -> Client {
+        Client { path, timeout }
+    }
+
+    fn ask<T>(&self, req: Request, want: &'static str, take: impl FnOnce(Reply) -> Result<T, Reply>) -> Result<T> {
+        take(call_at(&self.path, &req, self.timeout)?).map_err(|got| Error::UnexpectedReply { want, got: got.kind() })
+    }
+
+    /// A change: the daemon's message of what it did.
+    fn change(&self, req: Request) -> Result<String> {
+        self.ask(req, "done", |r| take!(r, Reply::Done { message } => message))
+    }
+
+    pub fn rule_set(&self, rule: RuleConfig, runtime: bool) -> Result<String> {
+        self.change(Request::RuleSet { rule, runtime })
+    }
+
+    pub fn rule_rm(&self, rule: RuleConfig, runtime: bool) -> Result<String> {
+        self.change(Request::RuleRm { rule, runtime })
+    }
+
+    pub fn detach(&self, iface: String) -> Result<String> {
+        self.change(Request::Detach { iface })
+    }
+
+    pub fn reload(&self) -> Result<String> {
+        self.change(Request::Reload)
+    }
+
+    pub fn ban(&self, rule: RuleConfig, runtime: bool) -> Result<String> {
+        self.change(Request::Ban { rule, runtime })
+    }
+
+    pub fn unban(&self, prefix: String, runtime: bool) -> Result<String> {
+        self.change(Request::Unban { prefix, runtime })
+    }
+
+    pub fn import(&self, path: String, shown: String, set: Option<String>, rule: RuleConfig) -> Result<String> {
+        self.change(Request::Import { path, shown, set, rule })
+    }
+
+    pub fn set_rm(&self, name: String) -> Result<String> {
+        self.change(Request::SetRm { name })
+    }
+
+    pub fn set_ls(&self, name: String) -> Result<SetView> {
+        self.ask(Request::SetLs { name }, "set", |r| take!(r, Reply::Set(v) => *v))
+    }
+
+    pub fn rule_ls(&self) -> Result<Vec<RuleView>> {
+        self.ask(Request::RuleLs, "rules", |r| take!(r, Reply::Rules { rules } => rules))
+    }
+
+    pub fn ban_ls(&self) -> Result<Vec<BanView>> {
+        self.ask(Request::BanLs, "bans", |r| take!(r, Reply::Bans { bans } => bans))
+    }
+
+    pub fn status(&self) -> Result<StatusView> {
+        self.ask(Request::Status, "status", |r| take!(r, Reply::Status(v) => v))
+    }
+
+    pub fn stats(&self) -> Result<StatsView> {
+        self.ask(Request::Stats, "stats", |r| take!(r, Reply::Stats(v) => *v))
+    }
+
+    pub fn top(&self, n: usize) -> Result<TopView> {
+        self.ask(Request::Top { n }, "top", |r| take!(r, Reply::Top(v) => v))
+    }
+
+    pub fn inspect(&self, addr: std::net::IpAddr) -> Result<InspectView> {
+        self.ask(Request::Inspect { addr }, "inspect", |r| take!(r, Reply::Inspect(v) => *v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{io::Read, os::unix::net::UnixListener};
+
+    use super::*;
+
+    /// A daemon that answers one connection with `reply`, and hands back
+    /// the request line it read.
+    fn one_answer(reply: &'static str) -> (Client, std::thread::JoinHandle<String>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sock");
+        let l = UnixListener::bind(&path).expect("bind");
+        let h = std::thread::spawn(move || {
+            let (s, _) = l.accept().expect("accept");
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).expect("request");
+            (&s).write_all(reply.as_bytes()).expect("reply");
+            let _ = (&s).read(&mut [0u8; 1]);
+            line
+        });
+        (Client::at(path, Duration::from_secs(5)), h, dir)
+    }
+
+    #[test]
+    fn each_request_gets_its_own_reply_type() {
+        let (c, h, _d) = one_answer("{\"reply\":\"done\",\"message\":\"rule set\"}\n");
+        assert_eq!(c.reload().unwrap(), "rule set");
+        let sent: serde_json::Value = serde_json::from_str(&h.join().unwrap()).unwrap();
+        assert_eq!(sent["op"], "reload", "the wire format is as before: {sent}");
+        assert_eq!(sent["protocol"], PROTOCOL);
+        let (c, h, _d) = one_answer("{\"reply\":\"rules\",\"rules\":[]}\n");
+        assert!(c.rule_ls().unwrap().is_empty());
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn a_reply_of_another_kind_is_a_typed_error() {
+        let (c, h, _d) = one_answer("{\"reply\":\"rules\",\"rules\":[]}\n");
+        let e = c.status().unwrap_err();
+        assert!(matches!(e, Error::UnexpectedReply { want: "status", got: "rules" }), "{e:?}");
+        assert!(e.to_string().contains("another version of policer"), "{e}");
+        h.join().unwrap();
+        let (c, h, _d) = one_answer("{\"reply\":\"refused\",\"error\":\"no such rule\"}\n");
+        assert!(matches!(c.rule_rm(RuleConfig::default(), false), Err(Error::Refused(m)) if m == "no such rule"));
+        h.join().unwrap();
     }
 }

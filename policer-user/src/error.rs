@@ -29,6 +29,15 @@ pub enum Error {
         #[source]
         source: Box<MapError>,
     },
+    /// A system call on a map or a program failed: what was being done,
+    /// and the kernel's error, whose errno callers match on
+    /// ([`Error::errno`]), never its text.
+    #[error("{what}: {source}")]
+    Kernel {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("the XDP object has no {0}")]
     Missing(&'static str),
     #[error("{0}")]
@@ -44,6 +53,10 @@ pub enum Error {
     DaemonRunning(String),
     #[error("{0}")]
     Refused(String),
+    /// The daemon answered a request with a reply of another kind: a
+    /// daemon of another build speaking the same protocol version.
+    #[error("the daemon answered '{got}' to a request for '{want}': is it another version of policer?")]
+    UnexpectedReply { want: &'static str, got: &'static str },
     #[error(
         "the daemon did not answer within {secs:.1} s{}",
         if *may_apply { "; the change may still be applied: check with `policer rule ls` / `policer status`" } else { "" }
@@ -53,7 +66,7 @@ pub enum Error {
     Netlink {
         iface: String,
         #[source]
-        source: crate::netlink::NlError,
+        source: NlError,
     },
     /// The config file could not be written; the file is as it was (and
     /// no temporary file is left). Apart from a bad rule ([`Error::Invalid`]),
@@ -86,9 +99,43 @@ impl Error {
         matches!(self, Error::ConfigWrite { .. } | Error::ConfigChanged { .. })
     }
 
+    /// The kernel's errno behind this error, if a system call failed.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Kernel { source, .. } | Error::Io(source) => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// A failed system call, for `map_err`: `what` says what was being
+    /// done ("the rule for 10.0.0.0/8", "reading POLICER_CLASS_FILTER").
+    pub(crate) fn kernel(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Kernel { what, source }
+    }
+
     pub(crate) fn map(map: &'static str) -> impl FnOnce(MapError) -> Error {
         move |source| Error::Map { map, source: Box::new(source) }
     }
 }
+
+/// An rtnetlink error: errno and the kernel's extended-ack message.
+#[derive(Debug)]
+pub struct NlError {
+    pub errno: i32,
+    pub msg: Option<String>,
+}
+
+impl std::fmt::Display for NlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", io::Error::from_raw_os_error(self.errno))?;
+        if let Some(m) = &self.msg {
+            write!(f, " ({m})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for NlError {}
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -4,19 +4,23 @@
 pub mod batch;
 pub mod classes;
 pub mod cli;
+pub mod compile;
 pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod duration;
 pub mod error;
+#[cfg(test)]
+mod layering;
 pub mod loader;
 pub mod lockfile;
 pub mod metrics;
 pub mod netlink;
+pub mod prefix;
 pub mod report;
 pub mod rules;
-pub mod serve;
 pub mod sets;
+pub mod trie;
 
 pub use error::{Error, Result};
 pub use loader::{EBPF_OBJECT, LoadOptions, Mode, Policer};

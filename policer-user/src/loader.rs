@@ -10,7 +10,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
+    maps::{Array, LpmTrie, MapData, PerCpuArray},
     programs::Xdp,
 };
 use ipnet::IpNet;
@@ -27,8 +27,9 @@ use policer_common::{
 };
 
 use crate::{
-    classes::{Compiled, IndexKey},
+    compile::{Compiled, IndexKey},
     error::{Error, Result},
+    trie::{LpmKey, TrieWriter},
 };
 
 /// The XDP object, built by build.rs with the pinned toolchain.
@@ -210,21 +211,9 @@ fn is_eperm(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
 }
 
-/// The kernel's key of an LPM trie entry: prefix length, then the data.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct LpmKey<const N: usize> {
-    len: u32,
-    data: [u8; N],
-}
-
-// SAFETY: a u32 then bytes, N a multiple of 4 where used: no padding.
-unsafe impl<const N: usize> aya::Pod for LpmKey<N> {}
-
 /// The descriptors of the maps a rule set lives in.
 pub struct RuleFds {
-    v4: RawFd,
-    v6: RawFd,
+    tries: TrieWriter,
     index: RawFd,
     filter: RawFd,
 }
@@ -232,117 +221,54 @@ pub struct RuleFds {
 impl RuleFds {
     pub fn of(ebpf: &Ebpf) -> Result<RuleFds> {
         Ok(RuleFds {
-            v4: map_fd(ebpf, MAP_RULES_V4)?,
-            v6: map_fd(ebpf, MAP_RULES_V6)?,
+            tries: TrieWriter::new(map_fd(ebpf, MAP_RULES_V4)?, map_fd(ebpf, MAP_RULES_V6)?),
             index: map_fd(ebpf, MAP_CLASS_INDEX)?,
             filter: map_fd(ebpf, MAP_CLASS_FILTER)?,
         })
     }
 }
 
-fn set_prefix(f: &RuleFds, net: IpNet, rule: Option<&Rule>) -> Result<()> {
-    let r = match (net.trunc(), rule) {
-        (IpNet::V4(n), Some(r)) => {
-            crate::batch::update_elem(f.v4, &LpmKey { len: n.prefix_len().into(), data: n.network().octets() }, r)
-        }
-        (IpNet::V4(n), None) => {
-            crate::batch::delete_elem(f.v4, &LpmKey { len: n.prefix_len().into(), data: n.network().octets() })
-        }
-        (IpNet::V6(n), Some(r)) => {
-            crate::batch::update_elem(f.v6, &LpmKey { len: n.prefix_len().into(), data: n.network().octets() }, r)
-        }
-        (IpNet::V6(n), None) => {
-            crate::batch::delete_elem(f.v6, &LpmKey { len: n.prefix_len().into(), data: n.network().octets() })
-        }
-    };
-    r.map_err(|e| Error::Invalid(format!("the rule for {net}: {e}")))
-}
-
 /// Makes the rule maps behind `f` go from `have` to `want` (see
 /// [`Policer::sync_rules`] for the order). Prefixes go in batches where
 /// the kernel has batch updates for tries (100 000 rules at a start).
 pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
-    let bad = |what: &'static str| move |e: io::Error| Error::Invalid(format!("{what}: {e}"));
     // Filters first as the union of before and after (a frame never skips
     // a lookup that could match), exact at the end.
     for (g, w) in &want.filters {
         let u = have.filters.get(g).map_or(*w, |h| h.union(w));
         if have.filters.get(g) != Some(&u) {
-            crate::batch::update_elem(f.filter, g, &u).map_err(bad(MAP_CLASS_FILTER))?;
+            crate::batch::update_elem(f.filter, g, &u).map_err(Error::kernel(MAP_CLASS_FILTER))?;
         }
     }
     for (k, v) in &want.index {
         if have.index.get(k) != Some(v) {
-            crate::batch::update_elem(f.index, &LpmKey { len: k.0, data: k.1 }, v).map_err(bad(MAP_CLASS_INDEX))?;
+            crate::batch::update_elem(f.index, &LpmKey { len: k.0, data: k.1 }, v)
+                .map_err(Error::kernel(MAP_CLASS_INDEX))?;
         }
     }
-    // Prefixes, new and changed: batched per family.
-    let mut batches = [(f.v4, Vec::new(), Vec::new(), Vec::new()), (f.v6, Vec::new(), Vec::new(), Vec::new())];
-    for (net, rule) in want.prefixes.iter().filter(|(n, r)| have.prefixes.get(n) != Some(r)) {
-        let b = match net.trunc() {
-            IpNet::V4(n) => {
-                batches[0].1.extend_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
-                batches[0].1.extend_from_slice(&n.network().octets());
-                &mut batches[0]
-            }
-            IpNet::V6(n) => {
-                batches[1].1.extend_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
-                batches[1].1.extend_from_slice(&n.network().octets());
-                &mut batches[1]
-            }
-        };
-        // SAFETY: Rule is plain data (repr(C), no padding).
-        let bytes = unsafe { std::slice::from_raw_parts(rule as *const Rule as *const u8, size_of::<Rule>()) };
-        b.2.extend_from_slice(bytes);
-        b.3.push((*net, *rule));
-    }
-    // Prefixes that go, last; but at the tries' limit one goes first for
-    // each new one that finds no room.
+    // Prefixes, new and changed; those that go, last. But at the tries'
+    // limit one goes first for each new one that finds no room.
+    let changed: Vec<(IpNet, Rule)> =
+        want.prefixes.iter().filter(|(n, r)| have.prefixes.get(n) != Some(r)).map(|(n, r)| (*n, *r)).collect();
     let mut gone: Vec<IpNet> = have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)).copied().collect();
-    let full = |e: &Error| matches!(e, Error::Invalid(m) if m.ends_with(&format!("(os error {})", libc::ENOSPC)));
-    for (fd, keys, values, list) in &batches {
-        if list.is_empty() {
-            continue;
-        }
-        let (done, err) = crate::batch::update(*fd, keys, values, list.len());
-        match err {
-            None => {}
-            // No batch update for tries here, or no room: one by one.
-            Some(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524) | Some(libc::ENOSPC)
-                ) =>
-            {
-                for (net, rule) in &list[done..] {
-                    loop {
-                        match set_prefix(f, *net, Some(rule)) {
-                            Err(e) if full(&e) => {
-                                let same_family = gone.iter().rposition(|g| g.addr().is_ipv6() == net.addr().is_ipv6());
-                                let Some(i) = same_family else { return Err(e) };
-                                set_prefix(f, gone.remove(i), None)?;
-                            }
-                            r => break r?,
-                        }
-                    }
-                }
-            }
-            Some(e) => return Err(Error::Invalid(format!("rule tries: batch update: {e}"))),
-        }
-    }
+    f.tries.write_each(&changed, |net| {
+        let Some(i) = gone.iter().rposition(|g| g.addr().is_ipv6() == net.addr().is_ipv6()) else { return Ok(false) };
+        f.tries.set(gone.remove(i), None)?;
+        Ok(true)
+    })?;
     for net in gone {
-        set_prefix(f, net, None)?;
+        f.tries.set(net, None)?;
     }
     for k in have.index.keys().filter(|k| !want.index.contains_key(k)) {
-        crate::batch::delete_elem(f.index, &LpmKey { len: k.0, data: k.1 }).map_err(bad(MAP_CLASS_INDEX))?;
+        crate::batch::delete_elem(f.index, &LpmKey { len: k.0, data: k.1 }).map_err(Error::kernel(MAP_CLASS_INDEX))?;
     }
     for (g, w) in &want.filters {
         if have.filters.get(g).is_none_or(|h| h.union(w) != *w) {
-            crate::batch::update_elem(f.filter, g, w).map_err(bad(MAP_CLASS_FILTER))?;
+            crate::batch::update_elem(f.filter, g, w).map_err(Error::kernel(MAP_CLASS_FILTER))?;
         }
     }
     for g in have.filters.keys().filter(|g| !want.filters.contains_key(g)) {
-        crate::batch::update_elem(f.filter, g, &ClassFilter::default()).map_err(bad(MAP_CLASS_FILTER))?;
+        crate::batch::update_elem(f.filter, g, &ClassFilter::default()).map_err(Error::kernel(MAP_CLASS_FILTER))?;
     }
     Ok(())
 }
@@ -422,7 +348,7 @@ impl Policer {
         }
         // The reader hashes as the table does (fresh or taken over).
         let g: Option<Geometry> = crate::batch::lookup(map_fd(&p.ebpf, MAP_BUCKETS_V4_GEOMETRY)?, &0u32)
-            .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V4_GEOMETRY}: {e}")))?;
+            .map_err(Error::kernel(format!("reading {MAP_BUCKETS_V4_GEOMETRY}")))?;
         if let Some(reader) = Arc::get_mut(&mut p.reader) {
             reader.geometry = g.unwrap_or_default();
         }
@@ -436,29 +362,7 @@ impl Policer {
 
     /// Installs (or replaces, atomically for that prefix) the rule for `net`.
     pub fn set_rule(&mut self, net: IpNet, rule: &Rule) -> Result<()> {
-        self.update_rule(net, Some(rule))
-    }
-
-    /// One update of the rule tries: insert (or replace) `rule` for `net`,
-    /// or remove it with `None`. Atomic for that prefix.
-    fn update_rule(&mut self, net: IpNet, rule: Option<&Rule>) -> Result<()> {
-        fn apply<K: aya::Pod>(ebpf: &mut Ebpf, name: &'static str, key: Key<K>, rule: Option<&Rule>) -> Result<()> {
-            let mut m: LpmTrie<&mut MapData, K, Rule> =
-                LpmTrie::try_from(ebpf.map_mut(name).ok_or(Error::Missing(name))?).map_err(Error::map(name))?;
-            match rule {
-                Some(r) => m.insert(&key, r, 0),
-                None => m.remove(&key),
-            }
-            .map_err(Error::map(name))
-        }
-        match net.trunc() {
-            IpNet::V4(n) => {
-                apply(&mut self.ebpf, MAP_RULES_V4, Key::new(n.prefix_len().into(), n.network().octets()), rule)
-            }
-            IpNet::V6(n) => {
-                apply(&mut self.ebpf, MAP_RULES_V6, Key::new(n.prefix_len().into(), n.network().octets()), rule)
-            }
-        }
+        self.trie_writer()?.set(net, Some(rule))
     }
 
     fn map_fd(&self, name: &'static str) -> Result<RawFd> {
@@ -474,7 +378,7 @@ impl Policer {
     pub fn set_ban_params(&mut self, slot: u32, params: Option<&BanParams>) -> Result<()> {
         let p = params.copied().unwrap_or_default();
         crate::batch::update_elem(self.map_fd(policer_common::MAP_BAN_PARAMS)?, &slot, &p)
-            .map_err(|e| Error::Invalid(format!("{}: {e}", policer_common::MAP_BAN_PARAMS)))
+            .map_err(Error::kernel(policer_common::MAP_BAN_PARAMS))
     }
 
     /// Lifts the automatic ban of `key`: its entry goes (false: it had
@@ -486,18 +390,16 @@ impl Policer {
     pub fn lift_ban(&mut self, key: &BucketKeyV6) -> Result<bool> {
         let fd = self.map_fd(policer_common::MAP_BANS)?;
         let had = crate::batch::lookup::<BucketKeyV6, Ban>(fd, key)
-            .map_err(|e| Error::Invalid(format!("reading {}: {e}", policer_common::MAP_BANS)))?
+            .map_err(Error::kernel(format!("reading {}", policer_common::MAP_BANS)))?
             .is_some();
         if had {
-            crate::batch::delete_elem(fd, key)
-                .map_err(|e| Error::Invalid(format!("{}: {e}", policer_common::MAP_BANS)))?;
+            crate::batch::delete_elem(fd, key).map_err(Error::kernel(policer_common::MAP_BANS))?;
         }
         if let Some(SlotAt { table, name, index: i, mut set, way: w }) = self.reader.slot_of(key)? {
             let stamp = set.ways[w].stamp();
             if !matches!(policer_common::ban::slot_ban(stamp), policer_common::ban::SlotBan::None) {
                 set.ways[w] = policer_common::table::Slot::default();
-                crate::batch::update_elem(table.as_raw_fd(), &i, &set)
-                    .map_err(|e| Error::Invalid(format!("{name}: {e}")))?;
+                crate::batch::update_elem(table.as_raw_fd(), &i, &set).map_err(Error::kernel(name))?;
             }
         }
         Ok(had)
@@ -513,7 +415,7 @@ impl Policer {
             match crate::batch::delete_elem(fd, k) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(Error::Invalid(format!("{}: {e}", policer_common::MAP_BANS))),
+                Err(e) => return Err(Error::kernel(policer_common::MAP_BANS)(e)),
             }
         }
         Ok(gone)
@@ -569,9 +471,9 @@ impl Policer {
 pub const TRIE_PREFIXES: u32 = 1 << 22;
 
 impl Policer {
-    /// The rule tries' descriptors (IPv4, IPv6), for the set writes.
-    pub fn rule_trie_fds(&self) -> Result<(RawFd, RawFd)> {
-        Ok((self.map_fd(MAP_RULES_V4)?, self.map_fd(MAP_RULES_V6)?))
+    /// The writer of the rule tries, for the set writes.
+    pub fn trie_writer(&self) -> Result<TrieWriter> {
+        Ok(TrieWriter::new(self.map_fd(MAP_RULES_V4)?, self.map_fd(MAP_RULES_V6)?))
     }
 
     /// Prefixes the rule tries hold at most (IPv4, IPv6).
@@ -627,21 +529,23 @@ impl SharedMaps {
     /// Makes the rule maps go from `have` to `want` ([`sync_maps`]).
     pub fn sync_rules(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
         let m = &self.rule_maps;
-        let fds =
-            RuleFds { v4: m[0].as_raw_fd(), v6: m[1].as_raw_fd(), index: m[2].as_raw_fd(), filter: m[3].as_raw_fd() };
+        let fds = RuleFds {
+            tries: TrieWriter::new(m[0].as_raw_fd(), m[1].as_raw_fd()),
+            index: m[2].as_raw_fd(),
+            filter: m[3].as_raw_fd(),
+        };
         sync_maps(&fds, have, want)
     }
 
     /// The aggregate bucket of a counter slot.
     pub fn total(&self, slot: u32) -> Result<Total> {
         let t: Option<Total> = crate::batch::lookup(self.rule_maps[4].as_raw_fd(), &slot)
-            .map_err(|e| Error::Invalid(format!("reading {MAP_TOTALS}: {e}")))?;
+            .map_err(Error::kernel(format!("reading {MAP_TOTALS}")))?;
         Ok(t.unwrap_or(Total { tat: 0, limiter: Rule::packets(1, 1).expect("valid") }))
     }
 
     pub fn set_total(&mut self, slot: u32, t: &Total) -> Result<()> {
-        crate::batch::update_elem(self.rule_maps[4].as_raw_fd(), &slot, t)
-            .map_err(|e| Error::Invalid(format!("{MAP_TOTALS}: {e}")))
+        crate::batch::update_elem(self.rule_maps[4].as_raw_fd(), &slot, t).map_err(Error::kernel(MAP_TOTALS))
     }
 
     /// The new-source limiter of a rule slot.
@@ -657,12 +561,12 @@ impl SharedMaps {
     pub fn ban_params(&self, slot: u32) -> Result<BanParams> {
         crate::batch::lookup(self.ban_params.as_raw_fd(), &slot)
             .map(Option::unwrap_or_default)
-            .map_err(|e| Error::Invalid(format!("reading {}: {e}", policer_common::MAP_BAN_PARAMS)))
+            .map_err(Error::kernel(format!("reading {}", policer_common::MAP_BAN_PARAMS)))
     }
 
     pub fn set_ban_params(&mut self, slot: u32, p: &BanParams) -> Result<()> {
         crate::batch::update_elem(self.ban_params.as_raw_fd(), &slot, p)
-            .map_err(|e| Error::Invalid(format!("{}: {e}", policer_common::MAP_BAN_PARAMS)))
+            .map_err(Error::kernel(policer_common::MAP_BAN_PARAMS))
     }
 
     /// A rule slot's counters, one per CPU.
@@ -747,7 +651,7 @@ impl MapReader {
             };
             out.push((k, v));
         })
-        .map_err(|e| Error::Invalid(format!("reading {}: {e}", policer_common::MAP_BANS)))?;
+        .map_err(Error::kernel(format!("reading {}", policer_common::MAP_BANS)))?;
         Ok(out)
     }
 
@@ -771,7 +675,7 @@ impl MapReader {
         };
         for i in sets {
             let set: Option<Set> =
-                crate::batch::lookup(fd.as_raw_fd(), &i).map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+                crate::batch::lookup(fd.as_raw_fd(), &i).map_err(Error::kernel(format!("reading {name}")))?;
             if let Some(set) = set
                 && let Some(w) = set.ways.iter().position(|s| s.source() == want)
             {
@@ -784,7 +688,7 @@ impl MapReader {
     /// The bucket of one source, if it has one (what `policer inspect`
     /// shows): its first set, then its second (see policer_common::table).
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
-        let io = |name: &'static str| move |e: io::Error| Error::Invalid(format!("reading {name}: {e}"));
+        let io = |name: &'static str| Error::kernel(format!("reading {name}"));
         let (want, sets, (table, drops), (table_name, drops_name)) = match key.keyed() {
             None => {
                 let want = table::slot_key([key.addr[0], key.addr[1], key.addr[2], key.addr[3]], key.key_len);
@@ -823,7 +727,7 @@ impl MapReader {
         };
         let (i, fp) = recall::locate(self.geometry.seed, self.geometry.sets, word, keyed);
         let set: Option<RecallSet> = crate::batch::lookup(self.recall.as_raw_fd(), &i)
-            .map_err(|e| Error::Invalid(format!("reading {MAP_RECALL}: {e}")))?;
+            .map_err(Error::kernel(format!("reading {MAP_RECALL}")))?;
         Ok(set.and_then(|s| recall::recall(&s, fp, now_ns)))
     }
 
@@ -839,7 +743,7 @@ impl MapReader {
         for j in 0..n {
             let i = (j * sets / n) as u32;
             let set: Option<RecallSet> = crate::batch::lookup(self.recall.as_raw_fd(), &i)
-                .map_err(|e| Error::Invalid(format!("reading {MAP_RECALL}: {e}")))?;
+                .map_err(Error::kernel(format!("reading {MAP_RECALL}")))?;
             live += set.map_or(0, |s| recall::live(&s, now_ns) as u64);
         }
         Ok(RecallFill { capacity, live: live * sets / n })
@@ -848,7 +752,7 @@ impl MapReader {
     /// The new-source limiter of a rule's slot.
     pub fn new_sources(&self, slot: u32) -> Result<Option<NewSources>> {
         crate::batch::lookup(self.new_sources.as_raw_fd(), &slot)
-            .map_err(|e| Error::Invalid(format!("reading {MAP_NEW_SOURCES}: {e}")))
+            .map_err(Error::kernel(format!("reading {MAP_NEW_SOURCES}")))
     }
 
     /// Capacity of the bucket tables (`--max-sources`).
@@ -877,7 +781,7 @@ impl MapReader {
             }
             out.push((slot, sum));
         })
-        .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+        .map_err(Error::kernel(format!("reading {name}")))?;
         Ok(out)
     }
 
@@ -928,7 +832,7 @@ impl MapReader {
             for &(i, ..) in &used {
                 if !keys.contains_key(&i)
                     && let Some(k) = crate::batch::lookup(self.buckets_v6_keys.as_raw_fd(), &i)
-                        .map_err(|e| Error::Invalid(format!("reading {MAP_BUCKETS_V6_KEYS}: {e}")))?
+                        .map_err(Error::kernel(format!("reading {MAP_BUCKETS_V6_KEYS}")))?
                 {
                     keys.insert(i, k);
                 }
@@ -964,7 +868,7 @@ impl MapReader {
                 f(i, w, slot, n);
             }
         })
-        .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))
+        .map_err(Error::kernel(format!("reading {name}")))
     }
 }
 
@@ -982,7 +886,7 @@ fn read_array<T: aya::Pod + Default + Clone>(fd: &OwnedFd, name: &'static str) -
         }
         out[i] = t;
     })
-    .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+    .map_err(Error::kernel(format!("reading {name}")))?;
     Ok(out)
 }
 
@@ -1062,7 +966,7 @@ impl Policer {
     }
 
     /// Makes the rule tries and the class index hold `want` (from
-    /// [`crate::classes::compile`]), changing only what differs from what
+    /// [`crate::compile::compile`]), changing only what differs from what
     /// they hold, in an order that never shows a frame a prefix pointing at
     /// class entries not yet written: new and changed class entries, new
     /// and changed prefixes, removed prefixes, removed class entries. Each
@@ -1096,7 +1000,7 @@ impl Policer {
             c.prefixes.values().map(|r| r.classes).filter(|g| *g != 0).collect();
         for g in groups {
             let f: Option<ClassFilter> = crate::batch::lookup(self.map_fd(MAP_CLASS_FILTER)?, &g)
-                .map_err(|e| Error::Invalid(format!("reading {MAP_CLASS_FILTER}: {e}")))?;
+                .map_err(Error::kernel(format!("reading {MAP_CLASS_FILTER}")))?;
             c.filters.insert(g, f.unwrap_or_default());
         }
         Ok(c)
@@ -1114,8 +1018,7 @@ impl Policer {
 
     /// The aggregate bucket of a rule's counter slot.
     pub fn total(&self, slot: u32) -> Result<Option<Total>> {
-        crate::batch::lookup(self.map_fd(MAP_TOTALS)?, &slot)
-            .map_err(|e| Error::Invalid(format!("reading {MAP_TOTALS}: {e}")))
+        crate::batch::lookup(self.map_fd(MAP_TOTALS)?, &slot).map_err(Error::kernel(format!("reading {MAP_TOTALS}")))
     }
 
     /// Every rule in the kernel's tries.
@@ -1167,7 +1070,7 @@ impl Policer {
                     Err(e) => bad = Some(e.to_string()),
                 }
             })
-            .map_err(|e| Error::Invalid(format!("reading {name}: {e}")))?;
+            .map_err(Error::kernel(format!("reading {name}")))?;
             if let Some(e) = bad {
                 return Err(Error::Invalid(format!("reading {name}: {e}")));
             }
@@ -1198,7 +1101,7 @@ fn stamp_layout(ebpf: &mut Ebpf, version: u32) -> Result<()> {
         // (map_fd; or prog_fd, map_fd, flags) and outlives the call.
         let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), size_of_val(attr)) };
         if r < 0 {
-            return Err(Error::Invalid(format!("{what} {MAP_LAYOUT}: {}", io::Error::last_os_error())));
+            return Err(Error::Kernel { what: format!("{what} {MAP_LAYOUT}"), source: io::Error::last_os_error() });
         }
         Ok(())
     };
@@ -1212,7 +1115,7 @@ fn random_u64() -> Result<u64> {
     // SAFETY: writes at most 8 bytes into `b`.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
     if n != b.len() as isize {
-        return Err(Error::Invalid(format!("getrandom: {}", io::Error::last_os_error())));
+        return Err(Error::Kernel { what: "getrandom".into(), source: io::Error::last_os_error() });
     }
     Ok(u64::from_ne_bytes(b))
 }

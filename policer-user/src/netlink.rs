@@ -10,6 +10,8 @@
 
 use std::{io, mem, os::fd::RawFd};
 
+use crate::error::NlError;
+
 const IFLA_XDP: u16 = 43;
 const IFLA_XDP_FD: u16 = 1;
 const IFLA_XDP_ATTACHED: u16 = 2;
@@ -32,25 +34,6 @@ pub struct XdpState {
     /// XDP_FLAGS_DRV_MODE or XDP_FLAGS_SKB_MODE (0 if none or other).
     pub mode_flags: u32,
 }
-
-/// An rtnetlink error: errno and the kernel's extended-ack message.
-#[derive(Debug)]
-pub struct NlError {
-    pub errno: i32,
-    pub msg: Option<String>,
-}
-
-impl std::fmt::Display for NlError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", io::Error::from_raw_os_error(self.errno))?;
-        if let Some(m) = &self.msg {
-            write!(f, " ({m})")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for NlError {}
 
 struct Sock(RawFd);
 

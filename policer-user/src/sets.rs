@@ -50,7 +50,7 @@ pub struct List {
 }
 
 /// One line's prefix: an address (a host) or `ADDR/LEN` with no host bits
-/// set, the same rules as [`crate::rules::parse_prefix`] but without its
+/// set, the same rules as [`crate::prefix::parse_prefix`] but without its
 /// allocations on the fast path (a million lines).
 fn parse_entry(s: &str) -> std::result::Result<IpNet, String> {
     let (addr, len) = match s.split_once('/') {
@@ -300,21 +300,6 @@ pub fn read_all(dir: &Path) -> Result<Vec<(Header, List)>> {
     }
     out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     Ok(out)
-}
-
-/// A v4 entry's LPM key bytes: prefix length (native endian), address.
-pub fn key_v4(n: &Ipv4Net) -> [u8; 8] {
-    let mut k = [0u8; 8];
-    k[..4].copy_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
-    k[4..].copy_from_slice(&n.network().octets());
-    k
-}
-
-pub fn key_v6(n: &Ipv6Net) -> [u8; 20] {
-    let mut k = [0u8; 20];
-    k[..4].copy_from_slice(&u32::from(n.prefix_len()).to_ne_bytes());
-    k[4..].copy_from_slice(&n.network().octets());
-    k
 }
 
 /// A test helper and the benchmark's: `n` distinct /32s from 10.0.0.0 on

@@ -1,6 +1,6 @@
 //! Class rules (issue 17) for the object tier: written as an operator
 //! writes them, compiled by the daemon's own compiler
-//! (`policer_user::classes::compile`) and installed into a loaded object
+//! (`policer_user::compile::compile`) and installed into a loaded object
 //! by the daemon's loader (`sync_rules`, `set_total`), so a test can run
 //! frames through the real program with `BPF_PROG_TEST_RUN`.
 
@@ -11,7 +11,8 @@ use policer_common::{
 };
 use policer_user::{
     Policer,
-    classes::{Class, ClassText, Compiled, Groups, KernelRule, compile},
+    classes::{Class, ClassText},
+    compile::{Compiled, Groups, KernelRule, compile},
 };
 
 /// A class from `key=value` words, as the CLI's options (without the

@@ -1,6 +1,6 @@
 //! Tier 2, classes (issue 17): the real compiled XDP object under
 //! BPF_PROG_TEST_RUN with class rules compiled by the daemon's own
-//! compiler (`policer_user::classes::compile`) and written into its maps.
+//! compiler (`policer_user::compile::compile`) and written into its maps.
 //!
 //! - a table of frames x class rules: for each frame the verdict, the rule
 //!   it is counted on (its counter slot moves by exactly one), and that
@@ -24,7 +24,7 @@ use policer_tests::{
     privileged,
     reference::{self, Expect},
 };
-use policer_user::{LoadOptions, Policer, classes::KernelRule};
+use policer_user::{LoadOptions, Policer, compile::KernelRule};
 
 const PASS: u32 = 2;
 const DROP: u32 = 1;
@@ -223,7 +223,7 @@ fn class_frame_table() {
         let f = spec.build(None);
         // The reference resolver agrees with the table (else the row is wrong).
         let Expect::Ip { l4, .. } = reference::parse(&f) else { panic!("{what}: not IP") };
-        let r = policer_user::classes::resolve(&rules, spec.src, &l4).expect("a rule");
+        let r = policer_user::compile::resolve(&rules, spec.src, &l4).expect("a rule");
         assert_eq!(r.rule.counter_slot, *slot, "{what}: the reference resolver picks {} '{}'", r.net, r.class);
         class_hits += u64::from(!r.class.is_none());
         let before = slot_passed_dropped(&p, *slot);

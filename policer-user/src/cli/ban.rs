@@ -2,11 +2,8 @@
 
 use clap::{Args as ClapArgs, Subcommand};
 
-use super::{call, done};
-use crate::{
-    control::{BanView, Reply, Request},
-    rules::RuleConfig,
-};
+use super::daemon;
+use crate::{control::BanView, rules::RuleConfig};
 
 #[derive(ClapArgs)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -56,7 +53,7 @@ impl Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(Cmd::Ls { json }) = a.cmd {
-        let Reply::Bans { bans } = call(Request::BanLs)? else { unreachable!("checked by control::call") };
+        let bans = daemon()?.ban_ls()?;
         return print_bans(&bans, json);
     }
     let (Some(cidr), Some(ttl)) = (a.cidr, a.duration) else {
@@ -65,13 +62,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rule = RuleConfig { prefix: cidr, ban: Some(true), ttl: Some(ttl), reason: a.reason, ..RuleConfig::default() };
     // Bad input fails here too, with no daemon.
     rule.validate()?;
-    println!("policer: {}", done(call(Request::Ban { rule, runtime: a.runtime })?));
+    println!("policer: {}", daemon()?.ban(rule, a.runtime)?);
     Ok(())
 }
 
 pub fn unban(a: UnbanArgs) -> anyhow::Result<()> {
-    crate::rules::parse_prefix(&a.cidr)?;
-    println!("policer: {}", done(call(Request::Unban { prefix: a.cidr, runtime: a.runtime })?));
+    crate::prefix::parse_prefix(&a.cidr)?;
+    println!("policer: {}", daemon()?.unban(a.cidr, a.runtime)?);
     Ok(())
 }
 

@@ -1,7 +1,6 @@
 //! `policer detach IFACE`: through the daemon, or directly when none runs.
 
-use super::{done, request};
-use crate::{control::Request, daemon};
+use crate::daemon::detach_orphan;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -9,9 +8,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    match request(&Request::Detach { iface: a.iface.clone() }) {
-        Ok(r) => println!("policer: {}", done(r)),
-        Err(crate::Error::NoDaemon) => println!("policer: {}", daemon::detach_orphan(&a.iface)?),
+    match super::daemon().and_then(|d| d.detach(a.iface.clone())) {
+        Ok(m) => println!("policer: {m}"),
+        Err(crate::Error::NoDaemon) => println!("policer: {}", detach_orphan(&a.iface)?),
         Err(e) => return Err(e.into()),
     }
     Ok(())

@@ -4,11 +4,8 @@
 use clap::Args as ClapArgs;
 use policer_common::bucket::Action;
 
-use super::{call, done};
-use crate::{
-    control::{Reply, Request},
-    rules::{BurstValue, RuleConfig},
-};
+use super::daemon;
+use crate::rules::{BurstValue, RuleConfig};
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -70,8 +67,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Err(e) = std::fs::metadata(&path) {
         anyhow::bail!("{}: {e}; nothing imported", a.file);
     }
-    let msg =
-        done(call(Request::Import { path: path.to_string_lossy().into_owned(), shown: a.file, set: a.set, rule })?);
+    let msg = daemon()?.import(path.to_string_lossy().into_owned(), a.file, a.set, rule)?;
     if a.json {
         println!("{}", serde_json::json!({ "message": msg }));
     } else {
@@ -81,14 +77,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 pub fn rm(name: String) -> anyhow::Result<()> {
-    println!("policer: {}", done(call(Request::SetRm { name })?));
+    println!("policer: {}", daemon()?.set_rm(name)?);
     Ok(())
 }
 
 pub fn ls(name: String, json: bool) -> anyhow::Result<()> {
-    let Reply::Set(v) = call(Request::SetLs { name })? else { unreachable!("checked by control::call") };
+    let v = daemon()?.set_ls(name)?;
     if json {
-        println!("{}", serde_json::to_string(&*v)?);
+        println!("{}", serde_json::to_string(&v)?);
         return Ok(());
     }
     super::rule::print_rules(std::slice::from_ref(&v.rule), false)?;

@@ -2,8 +2,7 @@
 
 use std::net::IpAddr;
 
-use super::call;
-use crate::control::{Reply, Request};
+use super::daemon;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,7 +25,7 @@ fn human(ns: u64) -> String {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let Reply::Inspect(v) = call(Request::Inspect { addr: a.addr })? else { unreachable!("checked by control::call") };
+    let v = daemon()?.inspect(a.addr)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());

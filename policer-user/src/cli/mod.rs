@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::control::{self, Reply, Request};
+use crate::control;
 
 #[derive(Parser)]
 #[command(name = "policer", version, about = "Per-source packet-rate policer in XDP")]
@@ -133,22 +133,10 @@ impl std::error::Error for Quiet {}
 /// `--timeout`, set once before any verb runs.
 static TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 
-/// Sends a request; a refusal is an error (non-zero exit).
-fn call(req: Request) -> anyhow::Result<Reply> {
-    Ok(request(&req)?)
-}
-
-/// Sends a request with the `--timeout` in force.
-fn request(req: &Request) -> crate::Result<Reply> {
-    control::call_at(&control::socket_path()?, req, *TIMEOUT.get().unwrap_or(&control::CALL_TIMEOUT))
-}
-
-/// A `Done` reply's message.
-fn done(r: Reply) -> String {
-    match r {
-        Reply::Done { message } => message,
-        _ => String::new(),
-    }
+/// The daemon of this network namespace, with the `--timeout` in force; a
+/// refusal is an error (non-zero exit).
+fn daemon() -> crate::Result<control::Client> {
+    control::Client::new(*TIMEOUT.get().unwrap_or(&control::CALL_TIMEOUT))
 }
 
 /// Prints one sample of a read verb: pretty JSON, or one JSON object per

@@ -1,9 +1,8 @@
 //! `policer reload`: re-read the config file.
 
-use super::{call, done};
-use crate::control::Request;
+use super::daemon;
 
 pub fn run() -> anyhow::Result<()> {
-    println!("policer: {}", done(call(Request::Reload)?));
+    println!("policer: {}", daemon()?.reload()?);
     Ok(())
 }

@@ -2,12 +2,12 @@
 
 use clap::{Args, Subcommand};
 
-use super::{call, done};
+use super::daemon;
 use policer_common::bucket::Action;
 
 use crate::{
     classes::{Class, ClassText},
-    control::{Reply, Request, RuleView},
+    control::RuleView,
     rules::{BurstValue, RuleConfig},
 };
 
@@ -46,7 +46,7 @@ impl ClassArgs {
     /// Validated here too, so bad input fails with no daemon, naming the
     /// value as written.
     fn rule(&self, cidr: &str) -> anyhow::Result<RuleConfig> {
-        let net = crate::rules::parse_prefix(cidr)?;
+        let net = crate::prefix::parse_prefix(cidr)?;
         Class::parse(&self.text(), net.addr().is_ipv6())?;
         Ok(RuleConfig { prefix: cidr.to_string(), ..RuleConfig::default() }.with_class_text(self.text()))
     }
@@ -174,7 +174,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             };
             // Validate here too, so bad input fails even with no daemon.
             rule.validate()?;
-            println!("policer: {}", done(call(Request::RuleSet { rule, runtime })?));
+            println!("policer: {}", daemon()?.rule_set(rule, runtime)?);
         }
         Cmd::Import(a) => super::import::run(*a)?,
         Cmd::Rm { set: Some(name), .. } => super::import::rm(name)?,
@@ -182,10 +182,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Rm { cidr, class, runtime, set: None } => {
             let cidr = cidr.expect("required without --set");
             let rule = class.rule(&cidr)?;
-            println!("policer: {}", done(call(Request::RuleRm { rule, runtime })?));
+            println!("policer: {}", daemon()?.rule_rm(rule, runtime)?);
         }
         Cmd::Ls { json, set: None } => {
-            let Reply::Rules { rules } = call(Request::RuleLs)? else { unreachable!("checked by control::call") };
+            let rules = daemon()?.rule_ls()?;
             print_rules(&rules, json)?;
         }
     }

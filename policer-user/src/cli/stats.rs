@@ -1,10 +1,7 @@
 //! `policer stats [--json] [--watch SECS]`.
 
-use super::{call, show, watch_period};
-use crate::{
-    control::{Reply, Request, StatsView},
-    report,
-};
+use super::{daemon, show, watch_period};
+use crate::{control::StatsView, report};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,8 +17,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let period = watch_period(a.watch)?;
     let mut prev: Option<StatsView> = None;
     loop {
-        let Reply::Stats(s) = call(Request::Stats)? else { unreachable!("checked by control::call") };
-        let mut s = *s;
+        let mut s = daemon()?.stats()?;
         if let Some(p) = &prev {
             report::add_rates(&mut s, p);
         }

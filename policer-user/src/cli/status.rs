@@ -1,7 +1,6 @@
 //! `policer status`.
 
-use super::call;
-use crate::control::{Reply, Request};
+use super::daemon;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -10,7 +9,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let Reply::Status(s) = call(Request::Status)? else { unreachable!("checked by control::call") };
+    let s = daemon()?.status()?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());

@@ -1,10 +1,7 @@
 //! `policer top [-n N] [--json] [--watch SECS]`.
 
-use super::{call, show, watch_period};
-use crate::{
-    control::{Reply, Request},
-    report,
-};
+use super::{daemon, show, watch_period};
+use crate::report;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,7 +21,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let period = watch_period(a.watch)?;
     loop {
-        let Reply::Top(t) = call(Request::Top { n: a.n })? else { unreachable!("checked by control::call") };
+        let t = daemon()?.top(a.n)?;
         show(&t, a.json, period.is_some(), report::top_text)?;
         let Some(p) = period else { break };
         std::thread::sleep(p);

@@ -148,7 +148,7 @@ impl Config {
         }
         // Classes that tie, or too many for one frame: what the daemon's
         // compiler would refuse.
-        if let Err(e) = crate::classes::check_rules(out.values()) {
+        if let Err(e) = crate::compile::check_rules(out.values()) {
             problems.push(Problem { line: None, message: e.to_string() });
         }
         let d = &self.daemon;

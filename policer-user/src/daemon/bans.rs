@@ -5,7 +5,7 @@
 //! A manual ban is an entry of the rule set ([`RuleKey::ban`]): it takes a
 //! counter slot, is written to the config file with its absolute expiry,
 //! and is compiled into the tries as a deny that overrides every rule under
-//! its prefix (see [`crate::classes::compile`]). It is in force when the
+//! its prefix (see [`crate::compile::compile`]). It is in force when the
 //! change returns, like any rule change.
 
 use std::{
@@ -21,7 +21,8 @@ use super::{Daemon, monotonic_ns};
 use crate::{
     duration,
     error::{Error, Result},
-    rules::{RuleConfig, RuleKey, parse_prefix},
+    prefix::parse_prefix,
+    rules::{RuleConfig, RuleKey},
 };
 
 /// How often the automatic bans are read (to log their starts and ends,

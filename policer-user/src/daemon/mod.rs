@@ -24,6 +24,7 @@ mod follow;
 mod owner;
 mod plan;
 mod ruleset;
+mod serve;
 mod sets;
 mod start;
 mod views;
@@ -277,12 +278,12 @@ async fn event_loop(
     interval: f64,
 ) -> Result<()> {
     let (stop_tx, mut stop_rx) = watch::channel(false);
-    let ctx = Arc::new(crate::serve::Ctx { owner: owner.clone(), views: views.clone(), stop: stop_tx });
+    let ctx = Arc::new(serve::Ctx { owner: owner.clone(), views: views.clone(), stop: stop_tx });
     listener.set_nonblocking(true)?;
-    tokio::spawn(crate::serve::control::run(tokio::net::UnixListener::from_std(listener)?, ctx.clone()));
+    tokio::spawn(serve::control::run(tokio::net::UnixListener::from_std(listener)?, ctx.clone()));
     if let Some(m) = metrics {
         m.set_nonblocking(true)?;
-        tokio::spawn(crate::serve::http::run(tokio::net::TcpListener::from_std(m)?, ctx.clone()));
+        tokio::spawn(serve::http::run(tokio::net::TcpListener::from_std(m)?, ctx.clone()));
     }
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;

@@ -19,7 +19,7 @@ use policer_common::Rule;
 
 use super::Installed;
 use crate::{
-    classes::{Compiled, Groups, KernelRule, compile},
+    compile::{Compiled, Groups, KernelRule, compile},
     error::{Error, Result},
     rules::{RuleKey, RuleSpec},
 };

@@ -21,7 +21,7 @@ use super::{
     plan::{Held, Plan},
 };
 use crate::{
-    classes::{Compiled, Groups},
+    compile::{Compiled, Groups},
     config::Change,
     error::{Error, Result},
     loader::Policer,

@@ -5,18 +5,19 @@
 //! a rule change never touches them, and a set change touches only them.
 //! See the README (`policer rule import`) and docs/design.md ("Sets").
 
-use std::{collections::BTreeMap, os::fd::RawFd, sync::Arc, time::Instant};
+use std::{collections::BTreeMap, sync::Arc, time::Instant};
 
 use ipnet::IpNet;
 use policer_common::Rule;
 
 use super::{Daemon, ruleset::prepare};
 use crate::{
-    classes::Compiled,
+    compile::Compiled,
     control::{RuleView, SetView},
     error::{Error, Result},
     rules::{RuleConfig, RuleKey, RuleSpec},
     sets::{self, Header, List},
+    trie::{CHUNK, TrieWriter},
 };
 
 /// A set in force.
@@ -95,99 +96,15 @@ fn family_spec(rule: &RuleConfig, v6: bool) -> Result<RuleSpec> {
     rc.validate()
 }
 
-/// Entries per call of a batch write: bounds the buffers (a value per
-/// entry, 80 B each: 5 MB).
-const CHUNK: usize = 65_536;
-
 fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
     nets.split_at(nets.partition_point(|n| n.addr().is_ipv4()))
 }
 
-fn rule_bytes(r: &Rule) -> &[u8] {
-    // SAFETY: Rule is plain data (repr(C), no padding).
-    unsafe { std::slice::from_raw_parts(r as *const Rule as *const u8, size_of::<Rule>()) }
-}
-
-fn keys(nets: &[IpNet]) -> (Vec<u8>, usize) {
-    let mut out = Vec::with_capacity(nets.len() * 20);
-    let mut size = 8;
-    for n in nets {
-        match n {
-            IpNet::V4(n) => out.extend_from_slice(&sets::key_v4(n)),
-            IpNet::V6(n) => {
-                out.extend_from_slice(&sets::key_v6(n));
-                size = 20;
-            }
-        }
-    }
-    (out, size)
-}
-
-fn io_err(what: &str, e: std::io::Error) -> Error {
-    Error::Invalid(format!("rule tries: {what}: {e}"))
-}
-
-/// Writes `nets` (one family) with `value`: BPF_MAP_UPDATE_BATCH where the
-/// kernel has it for LPM tries (5.13+), else one entry at a time.
-fn write_family(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
-    let values: Vec<u8> = rule_bytes(value).repeat(CHUNK.min(nets.len()));
-    for chunk in nets.chunks(CHUNK) {
-        let (k, ksize) = keys(chunk);
-        let (done, err) = crate::batch::update(fd, &k, &values, chunk.len());
-        match err {
-            None => {}
-            Some(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524)) => {
-                for i in done..chunk.len() {
-                    let key = &k[i * ksize..(i + 1) * ksize];
-                    let r = if ksize == 8 {
-                        crate::batch::update_elem(fd, &<[u8; 8]>::try_from(key).expect("8"), value)
-                    } else {
-                        crate::batch::update_elem(fd, &<[u8; 20]>::try_from(key).expect("20"), value)
-                    };
-                    r.map_err(|e| io_err(&format!("writing {}", chunk[i]), e))?;
-                }
-            }
-            Some(e) => return Err(io_err(&format!("writing {} prefixes", nets.len()), e)),
-        }
-    }
-    Ok(())
-}
-
-/// Deletes `nets` (one family); an entry not there is fine.
-fn delete_family(fd: RawFd, nets: &[IpNet]) -> Result<()> {
-    for chunk in nets.chunks(CHUNK) {
-        let (k, ksize) = keys(chunk);
-        let mut at = 0;
-        while at < chunk.len() {
-            let (done, err) = crate::batch::delete(fd, &k[at * ksize..], chunk.len() - at);
-            match err {
-                None => break,
-                // The entry at `done` is not there: skip it.
-                Some(e) if e.raw_os_error() == Some(libc::ENOENT) => at += done + 1,
-                Some(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524)) => {
-                    for i in at + done..chunk.len() {
-                        let key = &k[i * ksize..(i + 1) * ksize];
-                        let r = if ksize == 8 {
-                            crate::batch::delete_elem(fd, &<[u8; 8]>::try_from(key).expect("8"))
-                        } else {
-                            crate::batch::delete_elem(fd, &<[u8; 20]>::try_from(key).expect("20"))
-                        };
-                        r.map_err(|e| io_err(&format!("removing {}", chunk[i]), e))?;
-                    }
-                    break;
-                }
-                Some(e) => return Err(io_err(&format!("removing {} prefixes", nets.len()), e)),
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Writes sorted `nets` with the value of their family.
-fn write(fds: (RawFd, RawFd), nets: &[IpNet], values: (Rule, Rule)) -> Result<()> {
+fn write(fds: TrieWriter, nets: &[IpNet], values: (Rule, Rule)) -> Result<()> {
     let (v4, v6) = split(nets);
-    write_parallel(fds.0, v4, &values.0)?;
-    write_parallel(fds.1, v6, &values.1)
+    write_parallel(fds, false, v4, &values.0)?;
+    write_parallel(fds, true, v6, &values.1)
 }
 
 /// Threads that write one family at once: on 6.18 two writers of a
@@ -201,14 +118,14 @@ fn writers() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
 }
 
-fn write_parallel(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
+fn write_parallel(fds: TrieWriter, v6: bool, nets: &[IpNet], value: &Rule) -> Result<()> {
     let n = writers();
     if n <= 1 || nets.len() < 2 * CHUNK {
-        return write_family(fd, nets, value);
+        return fds.write_all(v6, nets, value);
     }
     let per = nets.len().div_ceil(n);
     std::thread::scope(|s| {
-        let handles: Vec<_> = nets.chunks(per).map(|part| s.spawn(move || write_family(fd, part, value))).collect();
+        let handles: Vec<_> = nets.chunks(per).map(|part| s.spawn(move || fds.write_all(v6, part, value))).collect();
         handles
             .into_iter()
             .try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("a writer panicked".into()))))
@@ -217,7 +134,7 @@ fn write_parallel(fd: RawFd, nets: &[IpNet], value: &Rule) -> Result<()> {
 
 /// The entries of sorted `list` under a manual ban, each with the value of
 /// the longest ban over it: a ban drops all of a prefix's traffic, set
-/// entries under it included (as `classes::compile` does for rules).
+/// entries under it included (as `compile::compile` does for rules).
 fn banned(list: &[IpNet], bans: &[(IpNet, Rule)]) -> Vec<(IpNet, Rule)> {
     let mut out: BTreeMap<IpNet, (u8, Rule)> = BTreeMap::new();
     for (p, value) in bans {
@@ -238,7 +155,7 @@ fn banned(list: &[IpNet], bans: &[(IpNet, Rule)]) -> Vec<(IpNet, Rule)> {
 /// Writes sorted `nets` with their set's values, and those under a ban
 /// with the ban's.
 fn write_set(
-    fds: (RawFd, RawFd),
+    fds: TrieWriter,
     nets: &[IpNet],
     values: (Rule, Rule),
     all: &[IpNet],
@@ -249,21 +166,17 @@ fn write_set(
 }
 
 /// A few entries, each with its own value.
-fn write_pairs(fds: (RawFd, RawFd), pairs: &[(IpNet, Rule)]) -> Result<()> {
+fn write_pairs(fds: TrieWriter, pairs: &[(IpNet, Rule)]) -> Result<()> {
     for (n, v) in pairs {
-        let r = match n {
-            IpNet::V4(n) => crate::batch::update_elem(fds.0, &sets::key_v4(n), v),
-            IpNet::V6(n) => crate::batch::update_elem(fds.1, &sets::key_v6(n), v),
-        };
-        r.map_err(|e| io_err(&format!("writing {n}"), e))?;
+        fds.set(*n, Some(v))?;
     }
     Ok(())
 }
 
-fn delete(fds: (RawFd, RawFd), nets: &[IpNet]) -> Result<()> {
+fn delete(fds: TrieWriter, nets: &[IpNet]) -> Result<()> {
     let (v4, v6) = split(nets);
-    delete_family(fds.0, v4)?;
-    delete_family(fds.1, v6)
+    fds.delete_all(false, v4)?;
+    fds.delete_all(true, v6)
 }
 
 /// Sorted union of two sorted lists.
@@ -318,7 +231,7 @@ impl Daemon {
         let header = Header { name: name.clone(), rule, expires_ms };
         let t_checked = t0.elapsed();
 
-        let fds = self.policer.rule_trie_fds()?;
+        let fds = self.policer.trie_writer()?;
         let bans = self.ban_values();
         let old = self.sets.get(&name).cloned();
         let (slot, new_slot) = match &old {
@@ -521,7 +434,7 @@ impl Daemon {
     }
 
     fn remove_set(&mut self, s: &SetState) -> Result<()> {
-        let fds = self.policer.rule_trie_fds()?;
+        let fds = self.policer.trie_writer()?;
         if let Err(e) = delete(fds, &self.not_rules(&s.entries)) {
             let undo = write_set(fds, &s.entries, s.values()?, &s.entries, &self.ban_values());
             return Err(match undo {
@@ -611,7 +524,7 @@ impl Daemon {
         if after == before || self.sets.is_empty() {
             return Ok(());
         }
-        let fds = self.policer.rule_trie_fds()?;
+        let fds = self.policer.trie_writer()?;
         for s in self.sets.values() {
             let (v4, v6) = s.values()?;
             let mut pairs: BTreeMap<IpNet, Rule> = banned(&s.entries, before)
@@ -730,7 +643,7 @@ impl Daemon {
                 }
             }
             prepare(&mut self.policer, &s.spec4, slot)?;
-            write_set(self.policer.rule_trie_fds()?, &s.entries, s.values()?, &s.entries, &self.ban_values())?;
+            write_set(self.policer.trie_writer()?, &s.entries, s.values()?, &s.entries, &self.ban_values())?;
             self.sets.insert(s.header.name.clone(), s);
         }
         Ok(())

@@ -149,7 +149,7 @@ struct Planned {
     rs: RuleSet,
     plan: Plan,
     /// What the rule maps hold before the start.
-    have: crate::classes::Compiled,
+    have: crate::compile::Compiled,
     sets: Option<super::sets::Loaded>,
     sets_dir: std::path::PathBuf,
 }
@@ -318,7 +318,7 @@ impl Daemon {
         &mut self,
         undo: &mut Undo,
         plan: Plan,
-        have: &crate::classes::Compiled,
+        have: &crate::compile::Compiled,
         sets: Option<super::sets::Loaded>,
     ) -> Result<()> {
         let p = &mut self.policer;
@@ -589,7 +589,7 @@ fn plan_rules(policer: &Policer, s: &Settings, adopting: bool, config: &Path) ->
     }
     // Prefixes keep the group ids the maps give them, and ids that go rest
     // a change, as for any change of the rules.
-    let mut groups = crate::classes::Groups::default();
+    let mut groups = crate::compile::Groups::default();
     groups.adopt(have.prefixes.iter().map(|(n, r)| (*n, r.classes)));
     let plan = super::plan::plan(&held, &s.specs, slots.free_slots(), slots.capacity(), &groups, next_id)?;
     let rs = RuleSet::new(slots, groups, have.clone(), next_id);
@@ -603,7 +603,7 @@ enum Step {
     Attached { iface: String, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)> },
     /// The adopted rule maps (tries, class index and filter), from `old`
     /// to `new`.
-    Rules { old: Box<crate::classes::Compiled>, new: Box<crate::classes::Compiled> },
+    Rules { old: Box<crate::compile::Compiled>, new: Box<crate::compile::Compiled> },
     /// An adopted total (aggregate bucket) slot.
     Total { slot: u32, old: policer_common::class::Total },
     /// An adopted new-source limiter slot, and the slot's ban parameters.
@@ -733,7 +733,7 @@ impl Undo {
         self.push(Step::Attached { iface: iface.into(), index, mode_flags, old })
     }
 
-    fn rules(&mut self, old: &crate::classes::Compiled, new: &crate::classes::Compiled) -> Result<()> {
+    fn rules(&mut self, old: &crate::compile::Compiled, new: &crate::compile::Compiled) -> Result<()> {
         if self.maps.is_none() {
             return Ok(());
         }
