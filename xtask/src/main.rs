@@ -297,12 +297,12 @@ fn test(host_only: bool) -> Result<()> {
     if host_only {
         // No bpf-linker needed: the daemon library and the test crate's
         // own units build without the XDP objects (AYA_BUILD_SKIP).
-        for p in ["policer-user", "policer-tests"] {
+        for p in ["policer-user", "policer-tests", "policer-bench"] {
             sh(cargo().args(["test", "-p", p, "--lib", "--bins"]).env("AYA_BUILD_SKIP", "1"))?;
         }
         return Ok(());
     }
-    sh(cargo().args(["test", "-p", "policer-tests", "--lib", "--bins"]))?;
+    sh(cargo().args(["test", "-p", "policer-tests", "-p", "policer-bench", "--lib", "--bins"]))?;
     sh(cargo().args(["test", "-p", "policer-user"]))?;
     // The binary the tiers run carries the test hooks (lifecycle steers
     // starts with them); built after `cargo test -p policer-user`, which
@@ -358,7 +358,7 @@ fn bench(quick: bool) -> Result<()> {
         say(&format!("installing the benchmark's peers: {}", missing.join(" ")));
         apt_install(&missing)?;
     }
-    sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-tests", "--bins"]))?;
+    sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-bench", "--bins"]))?;
     let root = workspace();
     let mut c = Command::new(root.join("target/release/policer-bench"));
     c.args(["--report", "BENCHMARKS.md", "--results", "bench/results.json", "--plots", "bench"])

@@ -1,0 +1,228 @@
+//! The benchmark (`cargo xtask bench`, the `policer-bench` binary): kernel
+//! cost by PROG_TEST_RUN, per-packet cost on veth against XDP floors and
+//! the kernel's own per-source limiters, accuracy under paced traffic, the
+//! control plane; a Markdown report, JSON results and PNG plots.
+//!
+//! Everything runs inside network namespaces named `pb-*` that are removed
+//! when each experiment ends. Nothing asserts a timing: it only reports.
+//!
+//! A crate of its own so that the tests crate does not carry the plotting
+//! and the report; it runs on the tests crate's support code (namespaces,
+//! frames, daemons, the paced sender and the live-frames generator).
+
+pub mod accuracy;
+pub mod control;
+pub mod kernel;
+pub mod peers;
+pub mod plot;
+pub mod pressure;
+pub mod report;
+pub mod veth;
+
+// The tests crate's support code, named at the root so that the modules
+// above reach it as they did while they lived in that crate
+// (`crate::netns`, `super::generator`). The generator and `sys` are shared
+// with the attack and soak tiers, hence in `policer_tests::bench`.
+use policer_tests::{
+    REFERENCE_OBJECT,
+    bench::{generator, sys},
+    classes, daemon, frame, netns, packet, traffic,
+};
+
+use std::{
+    panic::{AssertUnwindSafe, catch_unwind},
+    path::PathBuf,
+    time::Instant,
+};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+/// Median with min–max over repetitions.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Stat {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Stat {
+    pub fn of(v: &[f64]) -> Stat {
+        let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        if s.is_empty() {
+            return Stat { median: f64::NAN, min: f64::NAN, max: f64::NAN, n: 0 };
+        }
+        s.sort_by(|a, b| a.total_cmp(b));
+        let n = s.len();
+        let median = if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 };
+        Stat { median, min: s[0], max: s[n - 1], n }
+    }
+}
+
+/// Progress on stderr.
+pub fn say(msg: &str) {
+    eprintln!("policer-bench: {msg}");
+}
+
+/// Everything one run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Results {
+    pub date: String,
+    pub commit: String,
+    pub machine: String,
+    pub quick: bool,
+    pub seconds: f64,
+    pub kernel: Option<kernel::KernelResults>,
+    pub veth: Option<veth::VethResults>,
+    pub pressure: Option<pressure::PressureResults>,
+    pub accuracy: Option<accuracy::AccuracyResults>,
+    pub control: Option<control::ControlResults>,
+    pub targets: Vec<report::Target>,
+    /// Experiments that failed, and why.
+    pub errors: Vec<String>,
+}
+
+pub struct Options {
+    pub quick: bool,
+    pub report: PathBuf,
+    pub results: PathBuf,
+    pub plots: PathBuf,
+    /// Only these experiments (kernel, veth, ipv6, classes, pressure,
+    /// accuracy, control); all if empty.
+    pub only: Vec<String>,
+}
+
+/// `f`, with a panic (the test-support helpers panic when a daemon does
+/// not start) turned into an error carrying the first lines of its message.
+pub fn unpanic<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(anyhow::anyhow!("panicked: {}", msg.lines().take(3).collect::<Vec<_>>().join(" ")))
+        }
+    }
+}
+
+/// Runs one experiment; a failure (error or panic) is recorded, not fatal.
+fn guarded<T>(name: &str, errors: &mut Vec<String>, f: impl FnOnce() -> Result<T>) -> Option<T> {
+    say(&format!("{name}: start"));
+    let t0 = Instant::now();
+    let r = match unpanic(f) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(format!("{name}: {e:#}"));
+            None
+        }
+    };
+    say(&format!("{name}: done in {:.1} s", t0.elapsed().as_secs_f64()));
+    r
+}
+
+pub fn run(o: &Options) -> Result<Results> {
+    let t0 = Instant::now();
+    let want = |x: &str| o.only.is_empty() || o.only.iter().any(|w| w == x);
+    let reps = if o.quick { 2 } else { 5 };
+    let mut errors = vec![];
+    let kernel = if want("kernel") { guarded("kernel cost", &mut errors, || kernel::run(o.quick, reps)) } else { None };
+    // The veth rows are the noisiest (a 2-vCPU VM shares its host): fifteen
+    // repetitions (about 5 minutes), so a burst of someone else's load
+    // cannot move a median.
+    let veth_reps = if o.quick { reps } else { 15 };
+    // The IPv4, IPv6 and class rows in one run of repetitions, so that
+    // their ratios are within a run.
+    let groups = veth::Groups { ipv4: want("veth"), ipv6: want("ipv6"), classes: want("classes") };
+    let veth = if groups.ipv4 || groups.ipv6 || groups.classes {
+        guarded("veth cost", &mut errors, || veth::run(o.quick, veth_reps, groups))
+    } else {
+        None
+    };
+    if let Some(e) = veth.as_ref().and_then(|v| v.class_error.as_ref()) {
+        errors.push(format!("veth cost, class rows: {e}"));
+    }
+    // Floods that outnumber the table: their own floors, fewer repetitions
+    // (their comparisons are by factors, not percent).
+    let pressure = if want("pressure") {
+        guarded("table pressure", &mut errors, || pressure::run(o.quick, if o.quick { reps } else { 7 }))
+    } else {
+        None
+    };
+    let accuracy = if want("accuracy") {
+        guarded("accuracy", &mut errors, || accuracy::run(o.quick, if o.quick { 1 } else { 2 }))
+    } else {
+        None
+    };
+    let control = if want("control") {
+        guarded("control plane", &mut errors, || control::run(o.quick, if o.quick { 2 } else { 3 }))
+    } else if o.only.iter().any(|w| w == "import") {
+        // The import rows alone (they are part of `control`).
+        guarded("control plane: import", &mut errors, || control::run_import(if o.quick { 2 } else { 3 }))
+    } else {
+        None
+    };
+    let date = sys::run("date", &["-u", "+%Y-%m-%d %H:%M"]).unwrap_or_default().trim().to_string();
+    let mut commit = sys::run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_default().trim().to_string();
+    if sys::run("git", &["status", "--porcelain", "--untracked-files=no"]).is_ok_and(|s| !s.trim().is_empty()) {
+        commit.push_str(" + uncommitted changes");
+    }
+    let mut r = Results {
+        date,
+        commit,
+        machine: sys::machine(),
+        quick: o.quick,
+        seconds: 0.0,
+        kernel,
+        veth,
+        pressure,
+        accuracy,
+        control,
+        targets: vec![],
+        errors,
+    };
+    r.targets = report::targets(&r);
+    std::fs::create_dir_all(&o.plots).with_context(|| format!("{}", o.plots.display()))?;
+    let mut plot_errors = vec![];
+    if let Some(v) = &r.veth
+        && let Err(e) = plot::veth_cost(v, &o.plots.join("veth-cost.png"))
+    {
+        plot_errors.push(format!("plot veth-cost.png: {e:#}"));
+    }
+    if let Some(k) = &r.kernel
+        && let Err(e) = plot::kernel_cost(k, &o.plots.join("kernel-cost.png"))
+    {
+        plot_errors.push(format!("plot kernel-cost.png: {e:#}"));
+    }
+    if let Some(a) = &r.accuracy
+        && let Err(e) = plot::accuracy(a, &o.plots.join("accuracy.png"))
+    {
+        plot_errors.push(format!("plot accuracy.png: {e:#}"));
+    }
+    r.errors.extend(plot_errors);
+    r.seconds = t0.elapsed().as_secs_f64();
+    if let Some(dir) = o.results.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&o.results, serde_json::to_string_pretty(&r)? + "\n")?;
+    // The soak's section (`cargo xtask soak`) is not this run's: keep it.
+    let mut md = report::markdown(&r);
+    if let Some(soak) = std::fs::read_to_string(&o.report).ok().as_deref().and_then(policer_tests::soak::soak_section) {
+        md = policer_tests::soak::with_soak_section(&md, soak);
+    }
+    std::fs::write(&o.report, md)?;
+    say(&format!(
+        "wrote {}, {} and plots in {} ({:.1} min)",
+        o.report.display(),
+        o.results.display(),
+        o.plots.display(),
+        r.seconds / 60.0
+    ));
+    for e in &r.errors {
+        say(&format!("not measured: {e}"));
+    }
+    Ok(r)
+}
