@@ -46,6 +46,14 @@ pub fn skip(reason: &str) {
     eprintln!("{reason}");
 }
 
+/// Whether the file at `path` holds the bytes `needle` anywhere: what
+/// `strings FILE | grep NEEDLE` finds in a binary, without binutils.
+pub fn file_contains(path: &std::path::Path, needle: &[u8]) -> bool {
+    assert!(!needle.is_empty(), "an empty needle is in every file");
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    bytes.windows(needle.len()).any(|w| w == needle)
+}
+
 /// A deterministic xorshift64 step: reproducible pseudo-random test input.
 pub fn rng(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -63,4 +71,20 @@ pub fn test_run(p: &mut policer_user::Policer, frame: &[u8]) -> u32 {
         .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
         .expect("test run")
         .return_value
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn file_contains_finds_bytes_anywhere_and_only_those() {
+        let path = std::env::temp_dir().join(format!("policer-file-contains-{}", std::process::id()));
+        std::fs::write(&path, b"\0\x7fELF..POLICER_TEST_FAIL_AT\0tail").unwrap();
+        let found = |n: &[u8]| super::file_contains(&path, n);
+        assert!(found(b"POLICER_TEST_"));
+        assert!(found(b"tail"), "at the very end");
+        assert!(found(b"\0\x7fELF"), "at the very start");
+        assert!(!found(b"BENCH_SOURCES"));
+        assert!(!found(b"tail\0"), "past the end");
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -108,8 +108,45 @@ const BASELINE_CYCLES: usize = 10;
 pub const MAX_WAIT_MS: f64 = 100.0;
 pub const MAX_RSS_GROWTH_BYTES: i64 = 1_000_000;
 
-/// Markers of the soak's section in BENCHMARKS.md (the benchmark keeps it).
-pub use crate::bench::report::{SOAK_BEGIN, SOAK_END};
+/// The soak's section of BENCHMARKS.md lies between these markers: `cargo
+/// xtask soak` writes only that section, and the benchmark (policer-bench),
+/// which rewrites the rest of the file, carries it over.
+pub const SOAK_BEGIN: &str = "<!-- soak:begin -->";
+pub const SOAK_END: &str = "<!-- soak:end -->";
+
+/// The soak's section of `doc`, markers included (with its line end).
+pub fn soak_section(doc: &str) -> Option<&str> {
+    let start = doc.find(SOAK_BEGIN)?;
+    let end = start + doc[start..].find(SOAK_END)? + SOAK_END.len();
+    let end = if doc[end..].starts_with('\n') { end + 1 } else { end };
+    Some(&doc[start..end])
+}
+
+/// `doc` with its soak section replaced by `section` (markers included),
+/// or with `section` appended when it has none. Nothing else changes.
+pub fn with_soak_section(doc: &str, section: &str) -> String {
+    let mut section = section.to_string();
+    if !section.ends_with('\n') {
+        section.push('\n');
+    }
+    match soak_section(doc) {
+        Some(old) => {
+            let start = doc.find(SOAK_BEGIN).unwrap_or(0);
+            format!("{}{section}{}", &doc[..start], &doc[start + old.len()..])
+        }
+        None if doc.is_empty() => section,
+        None => {
+            let sep = if doc.ends_with("\n\n") {
+                ""
+            } else if doc.ends_with('\n') {
+                "\n"
+            } else {
+                "\n\n"
+            };
+            format!("{doc}{sep}{section}")
+        }
+    }
+}
 
 /// Latencies of one kind of call, ms.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -700,6 +737,20 @@ pub fn run(o: &Options, say: &dyn Fn(&str)) -> Result<SoakReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_soak_section_is_replaced_appended_and_carried_over() {
+        let a = format!("{SOAK_BEGIN}\n## Soak\nold\n{SOAK_END}\n");
+        let b = format!("{SOAK_BEGIN}\n## Soak\nnew\n{SOAK_END}\n");
+        let doc = format!("# Benchmarks\n\ntext\n\n{a}\nafter\n");
+        assert_eq!(soak_section(&doc), Some(a.as_str()));
+        // Replaced in place; what surrounds it is untouched.
+        assert_eq!(with_soak_section(&doc, &b), format!("# Benchmarks\n\ntext\n\n{b}\nafter\n"));
+        // Appended to a report without one (as the benchmark writes it).
+        assert_eq!(with_soak_section("# Benchmarks\n", &b), format!("# Benchmarks\n\n{b}"));
+        assert_eq!(with_soak_section("", &b), b);
+        assert_eq!(soak_section("# Benchmarks\n"), None);
+    }
 
     #[test]
     fn removes_only_that_rule() {

@@ -48,6 +48,19 @@ fn attach_env(sb: &Sandbox, ifaces: &[&str], extra: &[&str], envs: &[(&str, &str
     Daemon::try_start(&policer_bin(), &sb.rx_ns, &args, envs)
 }
 
+/// The `POLICER_TEST_*` variables these tests steer a start with are read
+/// only by a binary built with policer-user's `test-hooks` feature; another
+/// binary would ignore them and fail the tests in ways that point nowhere.
+fn needs_test_hooks() {
+    let bin = policer_bin();
+    assert!(
+        policer_tests::file_contains(&bin, b"POLICER_TEST_FAIL_AT"),
+        "{} has no test hooks: build it with `cargo build -p policer-user --bin policer --features test-hooks` \
+         (`cargo xtask test` does)",
+        bin.display()
+    );
+}
+
 /// The rules a daemon is killed with: a default rule, a prefix that the
 /// next config changes, and one it removes.
 const OLD_RULES: &str = r#"
@@ -175,6 +188,7 @@ fn a_start_failing_after_any_kernel_change_undoes_it() {
     if !privileged("lifecycle tier") {
         return;
     }
+    needs_test_hooks();
     let sb = Sandbox::new("undo");
     let id = orphan_with_old_rules(&sb);
     let before = kstate::read(id);
@@ -219,6 +233,7 @@ fn a_start_interrupted_by_sigterm_changes_nothing() {
     if !privileged("lifecycle tier") {
         return;
     }
+    needs_test_hooks();
     let sb = Sandbox::new("sig");
     let id = orphan_with_old_rules(&sb);
     let before = kstate::read(id);
@@ -280,6 +295,7 @@ fn an_upgrade_across_a_layout_change_replaces_the_program_without_a_gap() {
     if !privileged("lifecycle tier") {
         return;
     }
+    needs_test_hooks();
     let sb = Sandbox::new("lay");
     std::fs::write(&sb.config, RULES_WITH_DENY).unwrap();
     let older = (LAYOUT_VERSION - 1).to_string();
@@ -337,6 +353,7 @@ fn detach_and_adoption_recognise_other_builds() {
     if !privileged("lifecycle tier") {
         return;
     }
+    needs_test_hooks();
     let sb = Sandbox::new("orph");
     std::fs::write(&sb.config, RULES_WITH_DENY).unwrap();
     let rx_if = sb.rx_if.clone();

@@ -166,7 +166,11 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Lint => {
             setup()?;
             sh(cargo().args(["fmt", "--all", "--check"]))?;
-            sh(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+            sh(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+            // The test hooks are compiled only with their feature.
+            sh(cargo()
+                .args(["clippy", "-p", "policer-user", "--all-targets", "--features", "test-hooks", "--"])
+                .args(["-D", "warnings"]))
         }
     }
 }
@@ -293,14 +297,17 @@ fn test(host_only: bool) -> Result<()> {
     if host_only {
         // No bpf-linker needed: the daemon library and the test crate's
         // own units build without the XDP objects (AYA_BUILD_SKIP).
-        for p in ["policer-user", "policer-tests"] {
+        for p in ["policer-user", "policer-tests", "policer-bench"] {
             sh(cargo().args(["test", "-p", p, "--lib", "--bins"]).env("AYA_BUILD_SKIP", "1"))?;
         }
         return Ok(());
     }
-    sh(cargo().args(["test", "-p", "policer-tests", "--lib", "--bins"]))?;
+    sh(cargo().args(["test", "-p", "policer-tests", "-p", "policer-bench", "--lib", "--bins"]))?;
     sh(cargo().args(["test", "-p", "policer-user"]))?;
-    sh(cargo().args(["build", "-p", "policer-user", "--bin", "policer"]))?;
+    // The binary the tiers run carries the test hooks (lifecycle steers
+    // starts with them); built after `cargo test -p policer-user`, which
+    // leaves one without them at the same path.
+    sh(cargo().args(["build", "-p", "policer-user", "--bin", "policer", "--features", "test-hooks"]))?;
     let bin = workspace().join("target/debug/policer");
     // Tier 2: the real object under PROG_TEST_RUN.
     say("tier 2: PROG_TEST_RUN of the real XDP object");
@@ -312,6 +319,8 @@ fn test(host_only: bool) -> Result<()> {
     // image built here, and the Kubernetes manifests (kubernetes-validate).
     setup_fleet_tools()?;
     image()?; // builds the package (dist) first
+    // `dist` also checks that a release build carries no test hooks.
+    sh(cargo().args(["build", "--release", "-p", "policer-user", "--bin", "policer"]))?;
     say("tier 3: the policer binary on real veth traffic");
     for t in [
         "dist",
@@ -349,7 +358,7 @@ fn bench(quick: bool) -> Result<()> {
         say(&format!("installing the benchmark's peers: {}", missing.join(" ")));
         apt_install(&missing)?;
     }
-    sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-tests", "--bins"]))?;
+    sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-bench", "--bins"]))?;
     let root = workspace();
     let mut c = Command::new(root.join("target/release/policer-bench"));
     c.args(["--report", "BENCHMARKS.md", "--results", "bench/results.json", "--plots", "bench"])

@@ -52,16 +52,7 @@ use crate::{
     rules::{BurstValue, RuleConfig, RuleKey, RuleSpec},
 };
 
-/// Tests only: the version a started program is stamped with (a number,
-/// or `none` for no stamp, like a build from before layout versions), so
-/// one binary can play an older build.
-const ENV_TEST_LAYOUT_VERSION: &str = "POLICER_TEST_LAYOUT_VERSION";
-/// Tests only: fail the start right after its Nth kernel change, to check
-/// that each one is undone.
-const ENV_TEST_FAIL_AT: &str = "POLICER_TEST_FAIL_AT";
-/// Tests only: pause the start for a second after its Nth kernel change,
-/// to signal it mid-way.
-const ENV_TEST_PAUSE_AT: &str = "POLICER_TEST_PAUSE_AT";
+mod hooks;
 
 /// Binds the control socket with mode 0600 from the moment it exists (a
 /// umask around bind(2); start runs before any other thread, so no one
@@ -400,11 +391,7 @@ fn settings(args: &DaemonArgs) -> Result<Settings> {
         return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
     }
     let metrics_addr = args.metrics.as_deref().map(crate::metrics::parse_addr).transpose()?;
-    let layout_version = match std::env::var(ENV_TEST_LAYOUT_VERSION) {
-        Err(_) => Some(policer_common::LAYOUT_VERSION),
-        Ok(v) if v == "none" => None,
-        Ok(v) => Some(v.parse().map_err(|_| Error::Invalid(format!("{ENV_TEST_LAYOUT_VERSION}: '{v}'")))?),
-    };
+    let layout_version = hooks::layout_version()?;
     let sized_sources = args.max_sources.is_some() || cfg.daemon.max_sources.is_some();
     let sized_rules = args.max_rules.is_some() || cfg.daemon.max_rules.is_some();
     Ok(Settings {
@@ -631,9 +618,8 @@ struct Undo {
     /// Restores the signal mask when the log goes (see [`Signals`]); a
     /// field, so it is dropped after the rollback.
     _signals: Signals,
-    /// Tests only ([`ENV_TEST_FAIL_AT`], [`ENV_TEST_PAUSE_AT`]).
-    fail_at: Option<usize>,
-    pause_at: Option<usize>,
+    /// Tests only: where to fail or pause (nothing without `test-hooks`).
+    hooks: hooks::Steps,
 }
 
 /// SIGINT, SIGTERM and SIGHUP are held back for the length of the
@@ -694,13 +680,7 @@ impl Drop for Signals {
 
 impl Undo {
     fn new(new_prog: OwnedFd, maps: Option<SharedMaps>) -> Result<Undo> {
-        let step = |name: &str| -> Result<Option<usize>> {
-            match std::env::var(name) {
-                Err(_) => Ok(None),
-                Ok(v) => Ok(Some(v.parse().map_err(|_| Error::Invalid(format!("{name}: '{v}'")))?)),
-            }
-        };
-        let (fail_at, pause_at) = (step(ENV_TEST_FAIL_AT)?, step(ENV_TEST_PAUSE_AT)?);
+        let hooks = hooks::Steps::from_env()?;
         Ok(Undo {
             new_prog,
             maps,
@@ -710,23 +690,13 @@ impl Undo {
             saved_totals: BTreeSet::new(),
             committed: false,
             _signals: Signals::block(),
-            fail_at,
-            pause_at,
+            hooks,
         })
     }
 
     fn push(&mut self, step: Step) -> Result<()> {
         self.steps.push(step);
-        if self.pause_at == Some(self.steps.len()) {
-            std::thread::sleep(std::time::Duration::from_secs(1));
-        }
-        if self.fail_at == Some(self.steps.len()) {
-            return Err(Error::Invalid(format!(
-                "failing on purpose after kernel change {} ({ENV_TEST_FAIL_AT}, for tests)",
-                self.steps.len()
-            )));
-        }
-        Ok(())
+        self.hooks.after_change(self.steps.len())
     }
 
     fn attached(&mut self, iface: &str, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)>) -> Result<()> {

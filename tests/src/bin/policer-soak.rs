@@ -6,7 +6,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context;
 use clap::Parser;
-use policer_tests::{bench::report::with_soak_section, soak};
+use policer_tests::soak::{self, with_soak_section};
 
 #[derive(Parser)]
 #[command(name = "policer-soak", about = "Soak the policer under a flood while rules change")]

@@ -1,21 +1,33 @@
-//! Benchmark support (`cargo xtask bench`): kernel cost by PROG_TEST_RUN,
-//! per-packet cost on veth against XDP floors and the kernel's own
-//! per-source limiters, accuracy under paced traffic, the control plane;
-//! a Markdown report, JSON results and PNG plots.
+//! The benchmark (`cargo xtask bench`, the `policer-bench` binary): kernel
+//! cost by PROG_TEST_RUN, per-packet cost on veth against XDP floors and
+//! the kernel's own per-source limiters, accuracy under paced traffic, the
+//! control plane; a Markdown report, JSON results and PNG plots.
 //!
 //! Everything runs inside network namespaces named `pb-*` that are removed
 //! when each experiment ends. Nothing asserts a timing: it only reports.
+//!
+//! A crate of its own so that the tests crate does not carry the plotting
+//! and the report; it runs on the tests crate's support code (namespaces,
+//! frames, daemons, the paced sender and the live-frames generator).
 
 pub mod accuracy;
 pub mod control;
-pub mod generator;
 pub mod kernel;
 pub mod peers;
 pub mod plot;
 pub mod pressure;
 pub mod report;
-pub mod sys;
 pub mod veth;
+
+// The tests crate's support code, named at the root so that the modules
+// above reach it as they did while they lived in that crate
+// (`crate::netns`, `super::generator`). The generator and `sys` are shared
+// with the attack and soak tiers, hence in `policer_tests::bench`.
+use policer_tests::{
+    REFERENCE_OBJECT,
+    bench::{generator, sys},
+    classes, daemon, frame, netns, packet, traffic,
+};
 
 use std::{
     panic::{AssertUnwindSafe, catch_unwind},
@@ -198,8 +210,8 @@ pub fn run(o: &Options) -> Result<Results> {
     std::fs::write(&o.results, serde_json::to_string_pretty(&r)? + "\n")?;
     // The soak's section (`cargo xtask soak`) is not this run's: keep it.
     let mut md = report::markdown(&r);
-    if let Some(soak) = std::fs::read_to_string(&o.report).ok().as_deref().and_then(report::soak_section) {
-        md = report::with_soak_section(&md, soak);
+    if let Some(soak) = std::fs::read_to_string(&o.report).ok().as_deref().and_then(policer_tests::soak::soak_section) {
+        md = policer_tests::soak::with_soak_section(&md, soak);
     }
     std::fs::write(&o.report, md)?;
     say(&format!(

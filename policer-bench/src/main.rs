@@ -1,10 +1,10 @@
 //! `cargo xtask bench`: measures policer against XDP floors, nftables and
 //! iptables hashlimit on this machine and writes BENCHMARKS.md,
-//! bench/results.json and bench/*.png. See tests/src/bench/.
+//! bench/results.json and bench/*.png. See the library (policer-bench/src/lib.rs).
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser;
-use policer_tests::bench::{Options, run, say};
+use policer_bench::{Options, run, say};
 
 #[derive(Parser)]
 #[command(name = "policer-bench", about = "Benchmark policer against XDP floors and the kernel's per-source limiters")]
@@ -55,12 +55,12 @@ struct Args {
     /// `PATH:N` runs that binary with `--max-sources N` (default: the
     /// benchmark's table capacity).
     #[arg(long, value_delimiter = ',', value_name = "BINARIES", conflicts_with_all = ["quick", "only", "save_object", "ab"])]
-    ab_veth: Vec<policer_tests::bench::veth::AbBinary>,
+    ab_veth: Vec<policer_bench::veth::AbBinary>,
     /// Repetitions (of one second each) of an `--ab-veth` run.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000), requires = "ab_veth")]
     ab_veth_reps: u32,
     /// Sources in the flood of an `--ab-veth` run (each at 1 pps).
-    #[arg(long, default_value_t = policer_tests::bench::veth::SOURCES, value_parser = clap::value_parser!(u32).range(1..=16_777_216), requires = "ab_veth")]
+    #[arg(long, default_value_t = policer_bench::veth::SOURCES, value_parser = clap::value_parser!(u32).range(1..=16_777_216), requires = "ab_veth")]
     ab_veth_sources: u32,
     /// Address family of an `--ab-veth` run's flood: 4, or 6 (each source
     /// its own /64, as in the benchmark's IPv6 rows).
@@ -97,7 +97,7 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
             anyhow::bail!("{}: no such policer binary", b.path.display());
         }
     }
-    use policer_tests::bench::{peers::Family, veth::AbFlood};
+    use policer_bench::{peers::Family, veth::AbFlood};
     let family = if a.ab_veth_family == "6" { Family::V6 } else { Family::V4 };
     if a.ab_veth_classes && family == Family::V6 {
         anyhow::bail!("--ab-veth-classes: the class rules are on 0.0.0.0/0, for an IPv4 flood (--ab-veth-family 4)");
@@ -108,8 +108,8 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
     let flood = AbFlood { sources: a.ab_veth_sources, family, random: a.ab_veth_random };
     // A binary that is not a policer fails to start: an error, not a panic
     // (the namespaces are removed either way).
-    let rows = policer_tests::bench::unpanic(|| {
-        policer_tests::bench::veth::ab(
+    let rows = policer_bench::unpanic(|| {
+        policer_bench::veth::ab(
             &a.ab_veth,
             a.ab_veth_reps as usize,
             std::time::Duration::from_secs(1),
@@ -130,8 +130,7 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
     let w = rows.iter().map(|r| r.label.chars().count()).max().unwrap_or(0);
     println!("{:w$} {:>22} {:>22} {:>22}", "", "ns median (min-max)", "x floor", "x first binary");
     for r in rows {
-        let f =
-            |s: &policer_tests::bench::Stat, d: usize| format!("{:.d$} ({:.d$}-{:.d$})", s.median, s.min, s.max, d = d);
+        let f = |s: &policer_bench::Stat, d: usize| format!("{:.d$} ({:.d$}-{:.d$})", s.median, s.min, s.max, d = d);
         println!("{:w$} {:>22} {:>22} {:>22}", r.label, f(&r.cpu_ns, 0), f(&r.vs_floor, 2), f(&r.vs_first, 3));
     }
     Ok(())
@@ -154,7 +153,7 @@ fn objects(a: &Args) -> anyhow::Result<()> {
         };
         objects.push((name.clone(), bytes));
     }
-    let rows = policer_tests::bench::kernel::ab(&objects, a.ab_reps as usize, a.ab_repeat)?;
+    let rows = policer_bench::kernel::ab(&objects, a.ab_reps as usize, a.ab_repeat)?;
     println!("wall ns per packet over {} repetitions of {} frames", a.ab_reps, a.ab_repeat);
     println!("{:56} {:>8} {:>8} {:>8}", "", "min", "q25", "median");
     for r in rows {

@@ -12,46 +12,6 @@ use super::{
     veth::{VethResults, VethRow, ratio},
 };
 
-/// The soak's section of BENCHMARKS.md lies between these markers: `cargo
-/// xtask soak` writes only that section, and the benchmark, which rewrites
-/// the rest of the file, carries it over.
-pub const SOAK_BEGIN: &str = "<!-- soak:begin -->";
-pub const SOAK_END: &str = "<!-- soak:end -->";
-
-/// The soak's section of `doc`, markers included (with its line end).
-pub fn soak_section(doc: &str) -> Option<&str> {
-    let start = doc.find(SOAK_BEGIN)?;
-    let end = start + doc[start..].find(SOAK_END)? + SOAK_END.len();
-    let end = if doc[end..].starts_with('\n') { end + 1 } else { end };
-    Some(&doc[start..end])
-}
-
-/// `doc` with its soak section replaced by `section` (markers included),
-/// or with `section` appended when it has none. Nothing else changes.
-pub fn with_soak_section(doc: &str, section: &str) -> String {
-    let mut section = section.to_string();
-    if !section.ends_with('\n') {
-        section.push('\n');
-    }
-    match soak_section(doc) {
-        Some(old) => {
-            let start = doc.find(SOAK_BEGIN).unwrap_or(0);
-            format!("{}{section}{}", &doc[..start], &doc[start + old.len()..])
-        }
-        None if doc.is_empty() => section,
-        None => {
-            let sep = if doc.ends_with("\n\n") {
-                ""
-            } else if doc.ends_with('\n') {
-                "\n"
-            } else {
-                "\n\n"
-            };
-            format!("{doc}{sep}{section}")
-        }
-    }
-}
-
 /// A target, measured in this run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Target {
@@ -879,7 +839,7 @@ pub fn markdown(r: &Results) -> String {
              {} pps, burst {}. Counted by a UDP socket on the receiving side (after every system's verdict). **Exact** \
              = what a perfect token bucket of the same rate and burst admits from the frames as the generator \
              actually sent them, at their send times (taken just before each frame's send call; \
-             `exact_admitted` in tests/src/bench/accuracy.rs, apart from the policer's own arithmetic): on a busy host the sending thread is sometimes paused and then catches \
+             `exact_admitted` in policer-bench/src/accuracy.rs, apart from the policer's own arithmetic): on a busy host the sending thread is sometimes paused and then catches \
              up in a burst, which any exact policer must partly drop. The error per source is against it. **Budget** \
              = rate · T + burst, T = time between the source's first and last frame sent: what perfectly smooth \
              sending would get. {} repetition(s), a fresh system each time.\n",
@@ -1368,23 +1328,9 @@ fn breakdown(w: &mut String, k: &KernelResults) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_soak_section_is_replaced_appended_and_carried_over() {
-        let a = format!("{SOAK_BEGIN}\n## Soak\nold\n{SOAK_END}\n");
-        let b = format!("{SOAK_BEGIN}\n## Soak\nnew\n{SOAK_END}\n");
-        let doc = format!("# Benchmarks\n\ntext\n\n{a}\nafter\n");
-        assert_eq!(soak_section(&doc), Some(a.as_str()));
-        // Replaced in place; what surrounds it is untouched.
-        assert_eq!(with_soak_section(&doc, &b), format!("# Benchmarks\n\ntext\n\n{b}\nafter\n"));
-        // Appended to a report without one (as the benchmark writes it).
-        assert_eq!(with_soak_section("# Benchmarks\n", &b), format!("# Benchmarks\n\n{b}"));
-        assert_eq!(with_soak_section("", &b), b);
-        assert_eq!(soak_section("# Benchmarks\n"), None);
-    }
-
     /// A veth row of `system` with these CPU ns per repetition against
     /// these floor ns.
-    fn vrow(system: crate::bench::peers::System, cpu: &[f64], floor: &[f64]) -> VethRow {
+    fn vrow(system: crate::peers::System, cpu: &[f64], floor: &[f64]) -> VethRow {
         let vs: Vec<f64> = cpu.iter().zip(floor).map(|(a, b)| a / b).collect();
         VethRow {
             system,
@@ -1406,7 +1352,7 @@ mod tests {
 
     #[test]
     fn the_ipv6_target_is_the_ratio_of_floor_multiples_repetition_by_repetition() {
-        use crate::bench::peers::System;
+        use crate::peers::System;
         let (f4, f6) = ([100.0, 200.0, 100.0], [110.0, 200.0, 100.0]);
         let rows = vec![
             vrow(System::XdpDrop, &f4, &f4),
@@ -1460,7 +1406,7 @@ mod tests {
 
     #[test]
     fn the_class_targets_are_ratios_repetition_by_repetition() {
-        use crate::bench::peers::System;
+        use crate::peers::System;
         let f = [100.0, 100.0, 200.0];
         let rows = vec![vrow(System::XdpDrop, &f, &f), vrow(System::PolicerDrop, &[200.0, 200.0, 400.0], &f)];
         let class_rows = vec![
@@ -1470,7 +1416,7 @@ mod tests {
             vrow(System::NftDns, &[1000.0, 1000.0, 1000.0], &f),
             vrow(System::IptLegacyDns, &[500.0, 500.0, 1000.0], &f),
         ];
-        let classes = crate::bench::veth::class_results(&rows, class_rows).unwrap();
+        let classes = crate::veth::class_results(&rows, class_rows).unwrap();
         assert_eq!((classes.flood_dport, classes.dns_dport), (9, 53));
         assert_eq!(classes.rules.len(), 16);
         assert!(classes.rules.iter().all(|r| !r.contains("--dport 9 ") && !r.ends_with("--dport 9")));
