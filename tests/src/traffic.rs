@@ -1,6 +1,6 @@
 //! A smoothly paced traffic generator and a receiver that counts what
 //! arrives, per flow. Burst-sending generators under-admit in accuracy
-//! tests (PLATFORM-NOTES), so each flow sends at exact, evenly spaced
+//! tests (docs/platform.md), so each flow sends at exact, evenly spaced
 //! times from one schedule.
 
 use std::{

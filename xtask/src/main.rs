@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
 /// (`RUSTUP_AUTO_INSTALL=0`) the first `cargo xtask` fails. So xtask builds
 /// with whatever toolchain is the default, installs the pinned one, and
 /// runs every cargo of its own with it ([`cargo`]).
-const TOOLCHAIN: &str = "1.98.0";
+const TOOLCHAIN: &str = env!("POLICER_TOOLCHAIN");
 /// The LLVM major of that toolchain; bpf-linker must link the same one.
 const LLVM_MAJOR: u32 = 22;
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -110,12 +110,9 @@ fn write(fds: TrieWriter, nets: &[IpNet], values: (Rule, Rule)) -> Result<()> {
 /// Threads that write one family at once: on 6.18 two writers of a
 /// million /32s take 0.5 s where one takes 1.2 s (the copies and node
 /// allocations around the trie's lock overlap); more than the CPUs gain
-/// nothing. `POLICER_IMPORT_WRITERS` overrides it (measurements).
+/// nothing.
 fn writers() -> usize {
-    std::env::var("POLICER_IMPORT_WRITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
 }
 
 fn write_parallel(fds: TrieWriter, v6: bool, nets: &[IpNet], value: &Rule) -> Result<()> {

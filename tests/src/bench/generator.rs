@@ -15,7 +15,7 @@
 //! (8..16) stay as built: every i is its own /64, all inside the /16 of
 //! the base address. [`v6_source`] computes the address of index i. The receiving veth's NAPI runs in softirq
 //! on the CPU that runs the test, so generator and receiver share one CPU
-//! (PLATFORM-NOTES: split across CPUs, page-pool recycling dominates).
+//! (docs/platform.md: split across CPUs, page-pool recycling dominates).
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
