@@ -73,6 +73,9 @@ fn a_ban_in_force_in_the_store_is_cached_not_restarted() {
     assert_eq!(ban_to_start(Some(&running), T0 + S, &p, 3), None);
     let after = ban_to_start(Some(&running), running.end_ns, &p, 3).expect("over: a new one");
     assert_eq!(after.start_ns, running.end_ns);
+    // A ban ends at its end, not a nanosecond later.
+    assert!(in_force(running.end_ns, running.end_ns - 1));
+    assert!(!in_force(running.end_ns, running.end_ns));
 }
 
 /// A miss's lookups, scripted: which were asked, in order.
