@@ -20,6 +20,8 @@ fn main() -> anyhow::Result<()> {
         let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
         std::fs::write(out.join("policer"), [])?;
     }
+    // Without features: the eBPF crate's `bench` feature (a benchmark's
+    // hook) is built only by the tests crate, into its own object.
     aya_build::build_ebpf(
         [Package { name: "policer-ebpf", root_dir: root, ..Default::default() }],
         Toolchain::Custom(TOOLCHAIN),

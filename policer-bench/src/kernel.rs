@@ -19,9 +19,9 @@ use policer_common::{
     rate::Rate,
     table::{self, Geometry},
 };
-use policer_user::loader::{EBPF_OBJECT, LoadOptions, Policer};
+use policer_user::loader::{LoadOptions, Policer, Variant};
 
-use crate::REFERENCE_OBJECT;
+use crate::{BENCH_OBJECT, REFERENCE_OBJECT};
 use serde::Serialize;
 
 use super::{
@@ -34,7 +34,7 @@ use crate::frame::FrameSpec;
 enum Subject {
     Policer(Box<Policer>),
     /// The policer object loaded by the benchmark itself, with the
-    /// BENCH_SOURCES global set (when `LoadOptions::bench_sources` is not
+    /// BENCH_SOURCES global set (when `LoadOptions::variant` is not
     /// honoured by the loader).
     RawPolicer(Box<Ebpf>),
     Reference(Box<Ebpf>, &'static str),
@@ -114,7 +114,7 @@ pub struct KernelRow {
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelResults {
     pub rows: Vec<KernelRow>,
-    /// True when `LoadOptions::bench_sources` did not take effect and the
+    /// True when `LoadOptions::variant` did not take effect and the
     /// benchmark set the BENCH_SOURCES global itself.
     pub bench_sources_override: bool,
     /// What one random read costs on the benchmark CPU, by the size of the
@@ -283,10 +283,17 @@ fn rule(rate: &str, burst: u64) -> Result<policer_common::Rule> {
     Rate::parse(rate)?.rule(burst)?.with_key_len(32, false).map_err(|e| anyhow::anyhow!("rule: {e:?}"))
 }
 
-/// Does `Policer::load` set BENCH_SOURCES from `LoadOptions::bench_sources`?
+/// The benchmark's build of the program, policing `sources` synthetic
+/// sources.
+fn bench_variant(sources: u32) -> Variant {
+    Variant { object: BENCH_OBJECT, globals: vec![(GLOBAL_BENCH_SOURCES, sources)] }
+}
+
+/// Does `Policer::load` set BENCH_SOURCES from `LoadOptions::variant`?
 /// One pass of 64 frames with 64 synthetic sources must create 64 buckets.
 fn loader_honours_bench_sources() -> Result<bool> {
-    let mut p = Policer::load(&LoadOptions { max_sources: 1024, bench_sources: 64, ..Default::default() })?;
+    let mut p =
+        Policer::load(&LoadOptions { max_sources: 1024, variant: Some(bench_variant(64)), ..Default::default() })?;
     p.set_rule("0.0.0.0/0".parse::<IpNet>()?, &rule("100Mpps", 1_000_000)?)?;
     run_once(p.program(), &frame(), 64)?;
     Ok(p.counters()?.buckets_created >= 64)
@@ -296,14 +303,18 @@ fn loader_honours_bench_sources() -> Result<bool> {
 fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: bool) -> Result<Subject> {
     let rule = rule(rate, burst)?;
     if through_loader {
-        let mut p = Policer::load(&LoadOptions { max_sources: table, bench_sources: sources, ..Default::default() })?;
+        let mut p = Policer::load(&LoadOptions {
+            max_sources: table,
+            variant: Some(bench_variant(sources)),
+            ..Default::default()
+        })?;
         p.set_rule("0.0.0.0/0".parse::<IpNet>()?, &rule)?;
         // As the daemon does when only default rules exist: the fast path.
         p.set_default_rules(0, Some(rule), None)?;
         p.set_fast_path(1)?;
         return Ok(Subject::Policer(Box::new(p)));
     }
-    Ok(Subject::RawPolicer(Box::new(raw_policer(EBPF_OBJECT, sources, table, &rule)?)))
+    Ok(Subject::RawPolicer(Box::new(raw_policer(BENCH_OBJECT, sources, table, &rule)?)))
 }
 
 /// The policer's bench variant dropping (1 pps per source, the class-less
@@ -318,7 +329,11 @@ fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: boo
 /// whether the cost grows with their number).
 fn policer_classes(sources: u32, table: u32, fast: bool, classes: &[&[&str]]) -> Result<Subject> {
     let base = rule("1pps", 1)?;
-    let mut p = Policer::load(&LoadOptions { max_sources: table, bench_sources: sources, ..Default::default() })?;
+    let mut p = Policer::load(&LoadOptions {
+        max_sources: table,
+        variant: Some(bench_variant(sources)),
+        ..Default::default()
+    })?;
     let prefix = super::peers::CLASS_PREFIX;
     let mut rules = vec![crate::classes::kernel_rule(prefix, "", base, 1)];
     for (i, c) in classes.iter().enumerate() {

@@ -24,7 +24,7 @@ pub mod veth;
 // (`crate::netns`, `super::generator`). The generator and `sys` are shared
 // with the attack and soak tiers, hence in `policer_tests::bench`.
 use policer_tests::{
-    REFERENCE_OBJECT,
+    BENCH_OBJECT, REFERENCE_OBJECT,
     bench::{generator, sys},
     classes, daemon, frame, netns, packet, traffic,
 };

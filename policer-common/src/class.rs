@@ -190,6 +190,52 @@ impl ClassList {
     }
 }
 
+/// What [`select`] reads of a frame and of the class maps, each only when
+/// the answers before it leave the choice open: the program reads the
+/// frame and its maps, the host its compiled rules.
+pub trait ClassLookups<'a> {
+    /// The frame's layer-4 fields for protocol `proto` (its header read
+    /// here, `dst` left for [`ClassLookups::dst`]).
+    fn l4(&mut self, proto: u8) -> FrameL4;
+    /// The [`ClassFilter`] of a group.
+    fn filter(&mut self, group: u32) -> Option<&'a ClassFilter>;
+    /// The frame's destination as [`FrameL4::dst`] holds it (`None`:
+    /// unreadable, no class).
+    fn dst(&mut self) -> Option<[u8; 16]>;
+    /// The `CLASS_INDEX` entry of the longest prefix of `key`
+    /// ([`index_key`]) at [`INDEX_PORT_BITS`].
+    fn index(&mut self, key: [u8; INDEX_KEY_BYTES]) -> Option<&'a ClassList>;
+    /// The candidate's index as the program should see it: the program
+    /// hides it from the verifier (so it walks one candidate, not each);
+    /// the host keeps it.
+    fn opaque(&mut self, i: usize) -> usize {
+        i
+    }
+}
+
+/// The class rule a frame gets when its source's prefix rule is `rule`
+/// and its protocol is `proto`: `None` when none of the prefix's classes
+/// matches (the frame falls to `rule`). The one class choice: the program
+/// and the host's lookup both make it here.
+///
+/// Cheapest first: the rule's protocol bits (no read), the layer-4 header,
+/// the group's filter (an inlined array read in the program), the
+/// destination, then the index (a trie lookup) and its candidates.
+#[inline(always)]
+pub fn select<'a>(rule: &Rule, proto: u8, l: &mut impl ClassLookups<'a>) -> Option<&'a Rule> {
+    if rule.classes == 0 || rule.class_protos & (1u64 << (proto & 63)) == 0 {
+        return None;
+    }
+    let mut f = l.l4(proto);
+    if !l.filter(rule.classes)?.may_match(proto, f.has_l4, f.dport) {
+        return None;
+    }
+    f.dst = l.dst()?;
+    let list = l.index(index_key(rule.classes, proto, f.dport))?;
+    let i = list.first_match(&f)?;
+    list.cands.get(l.opaque(i) % MAX_CANDIDATES).map(|c| &c.rule)
+}
+
 /// Groups (prefixes with classes) a program holds: the entries of
 /// `CLASS_FILTER`. Group ids are `1..MAX_CLASS_GROUPS`.
 pub const MAX_CLASS_GROUPS: u32 = 4096;

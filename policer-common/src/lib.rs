@@ -19,7 +19,9 @@ pub mod maps;
 #[cfg(feature = "std")]
 pub mod rate;
 pub mod recall;
+pub mod slot;
 pub mod table;
+pub mod verdict;
 
 pub use bucket::{Bucket, Rule};
 pub use clock::{ClockWindow, CpuScratch};

@@ -159,8 +159,9 @@ pub const GLOBAL_DROP_SAMPLE_SHIFT: &str = "DROP_SAMPLE_SHIFT";
 pub const GLOBAL_TICK_NS: &str = "TICK_NS";
 /// Read-only global (`u32`): non-zero makes the program ignore the real
 /// source and police synthetic sources 0..N in turn (benchmarks only, to
-/// touch N buckets with one test frame). Zero in production: the verifier
-/// removes the branch.
+/// touch N buckets with one test frame). Only in the benchmark's build of
+/// the program (policer-ebpf's `bench` feature): the product has no such
+/// global.
 pub const GLOBAL_BENCH_SOURCES: &str = "BENCH_SOURCES";
 /// Slots in [`MAP_COUNTERS`]: interfaces are counted at `ifindex % 1024`.
 pub const MAX_IFACE_SLOTS: u32 = 1024;

@@ -27,14 +27,16 @@ use network_types::{
 use policer_common::{
     ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
-    ban::{self, Ban, BanParams, RULE_BAN, SlotBan},
-    bucket::{Action, STAMP_MASK},
+    ban::{self, Ban, BanParams, RULE_BAN},
+    bucket::Action,
     class::{
         self, ClassFilter, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
         RULE_NO_SOURCE, RULE_TOTAL, Total,
     },
     recall::{self, RecallSet},
-    table::{self, Geometry, KEY_MASK, SLOT_STAMP_SHIFT, Set, SetDrops, SetKeys, Slot, WAYS},
+    slot::{self, Found, Miss, Refusal},
+    table::{self, Geometry, KEY_MASK, Set, SetDrops, SetKeys, Slot, WAYS},
+    verdict::{self, Verdict},
     wire::{
         ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_AH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
         IPPROTO_HOPOPTS, IPPROTO_ROUTING, IPV4_MIN_HLEN, IPV6_HLEN, MAX_EXT_HEADERS, MAX_EXT_OFFSET, MAX_VLAN_TAGS,
@@ -127,9 +129,11 @@ static TICK_NS: u64 = 0;
 #[unsafe(no_mangle)]
 static DROP_SAMPLE_SHIFT: u32 = table::DROP_SAMPLE_SHIFT;
 
-/// Set by the benchmark loader only: non-zero replaces the source with
+/// Set by the benchmark's loader: non-zero replaces the source with
 /// synthetic IPv4 sources 0..BENCH_SOURCES in turn, so one test frame
-/// touches many buckets. Zero (pruned by the verifier) in production.
+/// touches many buckets. Only in the benchmark's build of this program
+/// (the `bench` feature, see Cargo.toml): the product carries no hook.
+#[cfg(feature = "bench")]
 #[unsafe(no_mangle)]
 static BENCH_SOURCES: u32 = 0;
 
@@ -426,75 +430,88 @@ fn lookup_rule<const V6: bool>(search: impl FnOnce() -> Option<&'static Rule>) -
 }
 
 /// The rule for a frame whose source's prefix rule is `rule`: one of the
-/// prefix's classes if one matches (policer_common::class), else `rule`
-/// itself, the fallback. Reads the layer-4 header only here.
+/// prefix's classes if one matches (policer_common::class::select), else
+/// `rule` itself, the fallback. Reads the layer-4 header only here.
 #[inline(always)]
 fn resolve_class<const V6: bool>(ctx: &XdpContext, rule: &'static Rule, l4: L4At, c: &mut Counters) -> &'static Rule {
-    let proto = l4.proto();
-    if rule.classes == 0 || rule.class_protos & (1u64 << (proto & 63)) == 0 {
-        return rule;
-    }
-    let mut f = FrameL4 { proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst: [0; 16] };
-    // Laundered: the IPv6 walk ends at one of several offsets, and the
-    // verifier would follow what comes next once for each.
-    let off = launder(l4.off() as u64) as usize;
-    let off = if off > MAX_EXT_OFFSET + 8 { 0 } else { off };
-    if off != 0 {
-        if proto == IPPROTO_TCP {
-            if let Some(h) = ptr_at::<[u8; 14]>(ctx, off) {
-                // SAFETY: bounds checked by ptr_at.
-                let h = unsafe { *h };
-                f.dport = u16::from_be_bytes([h[2], h[3]]);
-                f.tcp_flags = h[13];
-                f.has_l4 = true;
-            }
-        } else if proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6 {
-            if let Some(h) = ptr_at::<[u8; 2]>(ctx, off) {
-                // SAFETY: bounds checked by ptr_at.
-                f.icmp_type = unsafe { (*h)[0] };
-                f.has_l4 = true;
-            }
-        } else if class::PROTOS_WITH_PORTS.contains(&proto) {
-            if let Some(h) = ptr_at::<[u8; 4]>(ctx, off) {
-                // SAFETY: bounds checked by ptr_at.
-                let h = unsafe { *h };
-                f.dport = u16::from_be_bytes([h[2], h[3]]);
-                f.has_l4 = true;
-            }
-        } else {
-            f.has_l4 = true;
-        }
-    }
-    // Only when one of the classes can match: an inlined array read first.
-    match CLASS_FILTER.get(rule.classes) {
-        Some(filter) if filter.may_match(proto, f.has_l4, f.dport) => {}
-        _ => return rule,
-    }
-    // The destination, read again from the header parse checked.
-    f.dst = if V6 {
-        match ptr_at::<[u8; 16]>(ctx, l4.ip() + 24) {
-            // SAFETY: bounds checked by ptr_at.
-            Some(d) => unsafe { *d },
-            None => return rule,
-        }
-    } else {
-        match ptr_at::<[u8; 4]>(ctx, l4.ip() + 16) {
-            // SAFETY: bounds checked by ptr_at.
-            Some(d) => class::mapped_v4(unsafe { *d }),
-            None => return rule,
-        }
-    };
-    let key = Key::new(INDEX_PORT_BITS, class::index_key(rule.classes, proto, f.dport));
-    let Some(list) = CLASS_INDEX.get(&key) else {
-        return rule;
-    };
-    // The index laundered, so the verifier follows one candidate, not each.
-    match list.first_match(&f).and_then(|i| list.cands.get(launder(i as u64) as usize % class::MAX_CANDIDATES)) {
-        Some(cand) => {
+    match class::select(rule, l4.proto(), &mut FrameClasses::<V6> { ctx, l4 }) {
+        Some(r) => {
             c.class_matched += 1;
-            &cand.rule
+            r
         }
         None => rule,
+    }
+}
+
+/// What class selection reads: this frame's headers and the class maps.
+struct FrameClasses<'c, const V6: bool> {
+    ctx: &'c XdpContext,
+    l4: L4At,
+}
+
+impl<const V6: bool> class::ClassLookups<'static> for FrameClasses<'_, V6> {
+    #[inline(always)]
+    fn l4(&mut self, proto: u8) -> FrameL4 {
+        let ctx = self.ctx;
+        let mut f = FrameL4 { proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst: [0; 16] };
+        // Laundered: the IPv6 walk ends at one of several offsets, and the
+        // verifier would follow what comes next once for each.
+        let off = launder(self.l4.off() as u64) as usize;
+        let off = if off > MAX_EXT_OFFSET + 8 { 0 } else { off };
+        if off != 0 {
+            if proto == IPPROTO_TCP {
+                if let Some(h) = ptr_at::<[u8; 14]>(ctx, off) {
+                    // SAFETY: bounds checked by ptr_at.
+                    let h = unsafe { *h };
+                    f.dport = u16::from_be_bytes([h[2], h[3]]);
+                    f.tcp_flags = h[13];
+                    f.has_l4 = true;
+                }
+            } else if proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6 {
+                if let Some(h) = ptr_at::<[u8; 2]>(ctx, off) {
+                    // SAFETY: bounds checked by ptr_at.
+                    f.icmp_type = unsafe { (*h)[0] };
+                    f.has_l4 = true;
+                }
+            } else if class::PROTOS_WITH_PORTS.contains(&proto) {
+                if let Some(h) = ptr_at::<[u8; 4]>(ctx, off) {
+                    // SAFETY: bounds checked by ptr_at.
+                    let h = unsafe { *h };
+                    f.dport = u16::from_be_bytes([h[2], h[3]]);
+                    f.has_l4 = true;
+                }
+            } else {
+                f.has_l4 = true;
+            }
+        }
+        f
+    }
+
+    #[inline(always)]
+    fn filter(&mut self, group: u32) -> Option<&'static ClassFilter> {
+        CLASS_FILTER.get(group)
+    }
+
+    /// Read again from the header parse checked.
+    #[inline(always)]
+    fn dst(&mut self) -> Option<[u8; 16]> {
+        if V6 {
+            // SAFETY: bounds checked by ptr_at.
+            ptr_at::<[u8; 16]>(self.ctx, self.l4.ip() + 24).map(|d| unsafe { *d })
+        } else {
+            // SAFETY: bounds checked by ptr_at.
+            ptr_at::<[u8; 4]>(self.ctx, self.l4.ip() + 16).map(|d| class::mapped_v4(unsafe { *d }))
+        }
+    }
+
+    #[inline(always)]
+    fn index(&mut self, key: [u8; class::INDEX_KEY_BYTES]) -> Option<&'static ClassList> {
+        CLASS_INDEX.get(&Key::new(INDEX_PORT_BITS, key))
+    }
+
+    #[inline(always)]
+    fn opaque(&mut self, i: usize) -> usize {
+        launder(i as u64) as usize
     }
 }
 
@@ -588,47 +605,24 @@ fn police_table<const V6: bool>(
             let admit = slot_admit::<V6>(ctx, slot, word, v6_key, rule, clock, len, c);
             return Judged { admit, drop_at: DropAt::Slot(V6, at, w) };
         }
-        // Not in the table but banned (its slot went to a flood of new
-        // sources, or it was banned while it had none): dropped, no slot.
-        // Only rules with bans look.
-        if rule.flags & RULE_BAN != 0 && banned::<V6>(key, v6_key, clock, c) {
-            return Judged::new_bucket(false);
+        // Not in the table: the miss policy (policer_common::slot::miss)
+        // decides whether it gets a slot.
+        let (tat, now, returned) = match slot::miss(rule, len, &mut TableMiss::<V6> { g, key, v6_key, rule, clock, c })
+        {
+            Miss::Take { tat, now_ns, returned } => (tat, now_ns, returned),
+            Miss::Banned | Miss::Refused => return Judged::new_bucket(false),
+            Miss::DebtDrop => {
+                c.recall_debt_drops += 1;
+                return Judged::new_bucket(false);
+            }
+            Miss::Limited => {
+                c.new_sources_limited += 1;
+                return Judged::new_bucket(false);
+            }
+        };
+        if returned {
+            c.recall_known += 1;
         }
-        // Not in the table: what does the recall say of it? Read with the
-        // time's upper bound when the jiffies give one (a window of ticks
-        // is nothing against the recall's window), so a refused new source
-        // still costs no clock read.
-        let (rset, fp) = recall::locate(g.seed, g.sets, key, V6);
-        let recalled = match RECALL.get(rset) {
-            Some(s) => recall::recall(s, fp, clock.approx()),
-            None => None,
-        };
-        let (tat, now) = match recalled {
-            Some(debt) => {
-                // Known: no limiter. In debt, it resumes the debt; a frame
-                // the debt refuses is dropped and takes no slot.
-                let now = clock.now();
-                let Some(tat) = rule.admit(rule.resumed_tat(now, debt), now, len) else {
-                    c.recall_debt_drops += 1;
-                    return Judged::new_bucket(false);
-                };
-                c.recall_known += 1;
-                (tat, now)
-            }
-            None => {
-                // A new source (or one the recall forgot): a fresh bucket
-                // only while the rule's limiter allows.
-                if !new_source_allowed(rule, clock) {
-                    c.new_sources_limited += 1;
-                    return Judged::new_bucket(false);
-                }
-                let now = clock.now();
-                let Some(tat) = rule.admit(rule.empty_tat(now), now, len) else {
-                    return Judged::new_bucket(false);
-                };
-                (tat, now)
-            }
-        };
         let (w0, w1) = (&raw mut (*first).ways as *mut Slot, &raw mut (*second).ways as *mut Slot);
         let mut slots = [[Slot::default(); WAYS]; 2];
         for w in 0..WAYS {
@@ -642,7 +636,7 @@ fn police_table<const V6: bool>(
         let (ways, index) = if i == 0 { (w0, index[0]) } else { (w1, index1) };
         let slot = ways.add(v);
         let old = core::ptr::read_volatile(slot);
-        let returned = if recalled.is_some() { table::KEY_RETURNED } else { 0 };
+        let returned = if returned { table::KEY_RETURNED } else { 0 };
         let seen = cas(&raw mut (*slot).key, old.key, table::stamped(key | returned, rule.stamp));
         if seen == old.key {
             // Ours: the new bucket replaces whatever the slot held, and
@@ -668,6 +662,46 @@ fn police_table<const V6: bool>(
     // Lost the slot to another new source: rare; admitted, and counted.
     c.bucket_insert_failed += 1;
     Judged::new_bucket(true)
+}
+
+/// What the miss policy reads for a source the table does not hold: the
+/// ban store (a banned source whose slot went to a flood of new sources,
+/// or that was banned while it had none), the recall, the rule's
+/// new-source limiter, the clock.
+struct TableMiss<'a, const V6: bool> {
+    g: &'a Geometry,
+    /// The source's key word (no stamp).
+    key: u64,
+    v6_key: &'a BucketKeyV6,
+    rule: &'a Rule,
+    clock: &'a mut Clock,
+    c: &'a mut Counters,
+}
+
+impl<const V6: bool> slot::MissLookups for TableMiss<'_, V6> {
+    #[inline(always)]
+    fn banned(&mut self) -> bool {
+        banned::<V6>(self.key, self.v6_key, self.clock, self.c)
+    }
+
+    /// Read with the time's upper bound when the jiffies give one (a window
+    /// of ticks is nothing against the recall's window), so a refused new
+    /// source still costs no clock read.
+    #[inline(always)]
+    fn recalled(&mut self) -> Option<u64> {
+        let (rset, fp) = recall::locate(self.g.seed, self.g.sets, self.key, V6);
+        RECALL.get(rset).and_then(|s| recall::recall(s, fp, self.clock.approx()))
+    }
+
+    #[inline(always)]
+    fn new_source_allowed(&mut self) -> bool {
+        new_source_allowed(self.rule, self.clock)
+    }
+
+    #[inline(always)]
+    fn now(&mut self) -> u64 {
+        self.clock.now()
+    }
 }
 
 /// Writes an evicted slot into the recall (policer_common::recall), marked
@@ -736,40 +770,38 @@ unsafe fn slot_admit<const V6: bool>(
 ) -> bool {
     // SAFETY: the caller's contract.
     unsafe {
-        let want = table::stamped(word, rule.stamp) | table::KEY_RETURNED;
-        if word != want {
-            // Rare (the source's second frame, the first after a rule
-            // change, a banned source, a count of refusals).
-            match ban::slot_ban((word >> SLOT_STAMP_SHIFT) as u32) {
-                SlotBan::Banned => {
-                    let end = core::ptr::read_volatile(&(*slot).tat);
-                    if clock.approx() < end || clock.now() < end {
-                        c.ban_drops += 1;
-                        count_slot_ban_drop::<V6>(word, v6_key, clock);
-                        return false;
-                    }
-                    // The ban is over: a fresh bucket, its full burst.
-                    if cas(&raw mut (*slot).key, word, want) == word {
-                        core::ptr::write_volatile(&raw mut (*slot).tat, rule.empty_tat(clock.now()));
-                    }
-                }
-                SlotBan::Counting(n) => {
-                    // Judged by the bucket as it stands (no carry-over:
-                    // the count took the stamp's place).
-                    if judge(ctx, &raw mut (*slot).tat, rule, clock, len, c) {
-                        cas(&raw mut (*slot).key, word, want);
-                        return true;
-                    }
-                    refused::<V6>(slot, word, n + 1, v6_key, rule, clock, c);
+        let want = slot::wanted(word, rule);
+        // All but Ready are rare (the source's second frame, the first
+        // after a rule change, a banned source, a count of refusals).
+        match slot::found(word, rule) {
+            Found::Ready => {}
+            Found::Banned => {
+                let end = core::ptr::read_volatile(&(*slot).tat);
+                if slot::in_force(end, clock.approx()) || slot::in_force(end, clock.now()) {
+                    c.ban_drops += 1;
+                    count_slot_ban_drop::<V6>(word, v6_key, clock);
                     return false;
                 }
-                SlotBan::None => {
-                    if word >> SLOT_STAMP_SHIFT != rule.stamp as u64 & STAMP_MASK {
-                        let old = Slot { key: word, tat: core::ptr::read_volatile(&(*slot).tat) };
-                        carry_over(&raw mut (*slot).tat, &old.bucket(0), rule, clock);
-                    }
-                    cas(&raw mut (*slot).key, word, want);
+                // The ban is over: a fresh bucket, its full burst.
+                let fresh = slot::unbanned(word, rule, clock.now());
+                if cas(&raw mut (*slot).key, word, fresh.key) == word {
+                    core::ptr::write_volatile(&raw mut (*slot).tat, fresh.tat);
                 }
+            }
+            Found::Counting(n) => {
+                if judge(ctx, &raw mut (*slot).tat, rule, clock, len, c) {
+                    cas(&raw mut (*slot).key, word, want);
+                    return true;
+                }
+                refused::<V6>(slot, word, n + 1, v6_key, rule, clock, c);
+                return false;
+            }
+            Found::Restamp { carry } => {
+                if carry {
+                    let old = Slot { key: word, tat: core::ptr::read_volatile(&(*slot).tat) };
+                    carry_over(&raw mut (*slot).tat, &old.bucket(0), rule, clock);
+                }
+                cas(&raw mut (*slot).key, word, want);
             }
         }
         let admit = judge(ctx, &raw mut (*slot).tat, rule, clock, len, c);
@@ -801,24 +833,26 @@ unsafe fn refused<const V6: bool>(
     };
     // SAFETY: the caller's contract; `p` is a live array value.
     unsafe {
-        if core::ptr::read_volatile(&(*p).ban_for_ns) == 0 {
-            return;
-        }
-        if n < core::ptr::read_volatile(&(*p).ban_after) {
-            cas(&raw mut (*slot).key, word, table::stamped(word, ban::counting_stamp(n)));
-            return;
-        }
+        let banned = match slot::refusal(word, n, &*p) {
+            Refusal::Ignore => return,
+            Refusal::Count(counted) => {
+                cas(&raw mut (*slot).key, word, counted);
+                return;
+            }
+            Refusal::Ban(banned) => banned,
+        };
         let Some(key) = ban_key::<V6>(clock, word, v6_key) else {
             return;
         };
         let now = clock.now();
-        let end = match BANS.get_ptr_mut(&*key) {
+        let prev = BANS.get_ptr_mut(&*key);
+        let end = match slot::ban_to_start(prev.map(|b| &*b), now, &*p, rule.counter_slot) {
             // Banned already (another CPU started it, or the slot was made
             // after the ban began): the slot caches it.
-            Some(b) if core::ptr::read_volatile(&(*b).end_ns) > now => core::ptr::read_volatile(&(*b).end_ns),
-            prev => {
+            None => prev.map_or(now, |b| core::ptr::read_volatile(&(*b).end_ns)),
+            Some(start) => {
                 let ban = &raw mut (*clock.scratch).ban;
-                *ban = ban::start(prev.map(|b| &*b), now, &*p, rule.counter_slot);
+                *ban = start;
                 if BANS.insert(&*key, &*ban, 0).is_err() {
                     c.bans_refused_full += 1;
                     return;
@@ -829,7 +863,7 @@ unsafe fn refused<const V6: bool>(
         };
         // The word first, then the end: a CPU between the two sees a ban
         // until the bucket's old `tat` (units far past any ns): a drop.
-        if cas(&raw mut (*slot).key, word, table::stamped(word, ban::STAMP_BANNED)) == word {
+        if cas(&raw mut (*slot).key, word, banned) == word {
             core::ptr::write_volatile(&raw mut (*slot).tat, end);
         }
     }
@@ -875,7 +909,7 @@ fn banned<const V6: bool>(key: u64, v6_key: &BucketKeyV6, clock: &mut Clock, c: 
     };
     // SAFETY: a live map value; its words change whole.
     let end = unsafe { core::ptr::read_volatile(&(*b).end_ns) };
-    if clock.approx() < end || clock.now() < end {
+    if slot::in_force(end, clock.approx()) || slot::in_force(end, clock.now()) {
         c.ban_drops += 1;
         count_ban_drop(b, clock);
         return true;
@@ -1055,6 +1089,7 @@ fn count_drop(at: &DropAt, clock: &mut Clock) {
 }
 
 /// Synthetic IPv4 source for the benchmark variant.
+#[cfg(feature = "bench")]
 #[inline(always)]
 fn bench_source(n: u32) -> [u8; 4] {
     let mut addr = [0u8; 4];
@@ -1094,9 +1129,12 @@ fn try_policer(ctx: &XdpContext) -> u32 {
         }
         Parsed::V4 { src, fragment, l4 } => {
             c.fragment_pkts += fragment as u64;
+            #[cfg(feature = "bench")]
             // SAFETY: a read of a plain static the loader may rewrite before load.
-            let bench = unsafe { core::ptr::read_volatile(&BENCH_SOURCES) };
-            let src = if bench != 0 { bench_source(bench) } else { src };
+            let src = match unsafe { core::ptr::read_volatile(&BENCH_SOURCES) } {
+                0 => src,
+                n => bench_source(n),
+            };
             let rule = lookup_rule::<false>(|| RULES_V4.get(&Key::new(32, src)))
                 .map(|r| resolve_class::<false>(ctx, r, l4, c));
             match rule {
@@ -1213,9 +1251,9 @@ fn verdict(
     // past that point the verifier then follows one path, not one per kind
     // of map the rule came from (trie, default rules, class list).
     let (action, flags, slot) = (rule.action, rule.flags, rule.counter_slot);
-    let admitted = match Action::from_u32(action) {
-        Some(Action::Allow) => true,
-        Some(Action::Deny) => false,
+    let v = match Action::from_u32(action) {
+        Some(Action::Allow) => Verdict::Pass,
+        Some(Action::Deny) => Verdict::Drop,
         _ => {
             let mut clock = Clock::new();
             let admit = if flags & RULE_NO_SOURCE != 0 {
@@ -1237,34 +1275,11 @@ fn verdict(
                     }
                     ok
                 });
-            if admit {
-                true
-            } else {
-                if action == Action::Monitor as u32 {
-                    c.would_drop_pkts += 1;
-                    c.would_drop_bytes += len as u64;
-                    rc.would_drop_pkts += 1;
-                    rc.would_drop_bytes += len as u64;
-                    true
-                } else {
-                    false
-                }
-            }
+            Verdict::policed(action, admit)
         }
     };
-    if admitted {
-        c.passed_pkts += 1;
-        c.passed_bytes += len as u64;
-        rc.passed_pkts += 1;
-        rc.passed_bytes += len as u64;
-        xdp_action::XDP_PASS
-    } else {
-        c.dropped_pkts += 1;
-        c.dropped_bytes += len as u64;
-        rc.dropped_pkts += 1;
-        rc.dropped_bytes += len as u64;
-        xdp_action::XDP_DROP
-    }
+    verdict::count(c, rc, v, len);
+    if v.passes() { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
 }
 
 #[panic_handler]

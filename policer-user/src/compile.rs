@@ -359,28 +359,43 @@ pub fn resolve<'a>(rules: &'a [KernelRule], src: IpAddr, f: &FrameL4) -> Option<
 }
 
 /// The rule the compiled maps give a frame from `src`, looked up as the
-/// program does (the trie's longest match, then the index's): its counter
-/// slot, or `None` for no rule.
+/// program does: the trie's longest match, then the program's own class
+/// choice (policer_common::class::select) on the compiled index. `None`
+/// for no rule.
 pub fn lookup(c: &Compiled, src: IpAddr, f: &FrameL4) -> Option<Rule> {
     let best = c.prefixes.iter().filter(|(n, _)| n.contains(&src)).max_by_key(|(n, _)| n.prefix_len())?.1;
-    let mut rule = *best;
-    let may = |g: u32| c.filters.get(&g).is_some_and(|x| x.may_match(f.proto, f.has_l4, f.dport));
-    if best.classes != 0 && best.class_protos & proto_bit(f.proto) != 0 && may(best.classes) {
-        let port = if f.has_l4 { f.dport } else { 0 };
-        let want = index_key(best.classes, f.proto, port);
-        let hit = c
-            .index
-            .iter()
-            .filter(|((bits, k), _)| prefix_eq(k, &want, *bits))
-            .max_by_key(|((bits, _), _)| *bits)
-            .map(|(_, l)| l);
-        if let Some(l) = hit
-            && let Some(i) = l.first_match(f)
-        {
-            rule = l.cands[i].rule;
-        }
-    }
+    let rule = *policer_common::class::select(best, f.proto, &mut CompiledLookups { c, frame: f }).unwrap_or(best);
     (rule.action != ACTION_NONE).then_some(rule)
+}
+
+/// The compiled maps and one frame, read as the program reads its maps and
+/// the frame's headers.
+struct CompiledLookups<'a> {
+    c: &'a Compiled,
+    frame: &'a FrameL4,
+}
+
+impl<'a> policer_common::class::ClassLookups<'a> for CompiledLookups<'a> {
+    fn l4(&mut self, proto: u8) -> FrameL4 {
+        // The program reads nothing past the IP header of a frame without
+        // a layer-4 header.
+        let f = self.frame;
+        if f.has_l4 { FrameL4 { proto, dst: [0; 16], ..*f } } else { FrameL4 { proto, ..FrameL4::default() } }
+    }
+
+    fn filter(&mut self, group: u32) -> Option<&'a ClassFilter> {
+        self.c.filters.get(&group)
+    }
+
+    fn dst(&mut self) -> Option<[u8; 16]> {
+        Some(self.frame.dst)
+    }
+
+    /// The trie's longest match.
+    fn index(&mut self, key: [u8; policer_common::class::INDEX_KEY_BYTES]) -> Option<&'a ClassList> {
+        let hits = self.c.index.iter().filter(|((bits, k), _)| prefix_eq(k, &key, *bits));
+        hits.max_by_key(|((bits, _), _)| *bits).map(|(_, l)| l)
+    }
 }
 
 fn prefix_eq(a: &[u8], b: &[u8], bits: u32) -> bool {

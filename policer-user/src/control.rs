@@ -146,7 +146,7 @@ pub enum Reply {
     Rules {
         rules: Vec<RuleView>,
     },
-    Status(StatusView),
+    Status(Box<StatusView>),
     Stats(Box<StatsView>),
     Top(TopView),
     Inspect(Box<InspectView>),
@@ -689,7 +689,7 @@ impl Client {
     }
 
     pub fn status(&self) -> Result<StatusView> {
-        self.ask(Request::Status, "status", |r| take!(r, Reply::Status(v) => v))
+        self.ask(Request::Status, "status", |r| take!(r, Reply::Status(v) => *v))
     }
 
     pub fn stats(&self) -> Result<StatsView> {

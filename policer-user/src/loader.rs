@@ -78,9 +78,11 @@ pub struct LoadOptions {
     pub max_bans: u32,
     /// Read the clock from the CLOCK map (tests only).
     pub test_clock: bool,
-    /// Police synthetic sources 0..N instead of the real one (benchmarks
-    /// only; 0 = off).
-    pub bench_sources: u32,
+    /// Another build of the XDP program to load instead of
+    /// [`EBPF_OBJECT`]: the benchmark's (with its hooks), which the
+    /// product does not carry. `None`: the product's.
+    #[doc(hidden)]
+    pub variant: Option<Variant>,
     /// The kernel's tick in ns; `None` reads CONFIG_HZ from the kernel's
     /// config (0: unknown, the program reads the clock for every frame).
     pub tick_ns: Option<u64>,
@@ -101,6 +103,21 @@ pub struct LoadOptions {
     pub layout_version: Option<u32>,
 }
 
+/// A build of the XDP program other than the product's, and the `u32`
+/// globals to set in it (each must exist in it, or loading fails).
+#[derive(Clone)]
+pub struct Variant {
+    pub object: &'static [u8],
+    pub globals: Vec<(&'static str, u32)>,
+}
+
+impl std::fmt::Debug for Variant {
+    /// The object's size, not its bytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Variant").field("object_bytes", &self.object.len()).field("globals", &self.globals).finish()
+    }
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
@@ -108,7 +125,7 @@ impl Default for LoadOptions {
             max_rules: DEFAULT_MAX_RULES,
             max_bans: policer_common::ban::DEFAULT_MAX_BANS,
             test_clock: false,
-            bench_sources: 0,
+            variant: None,
             tick_ns: None,
             reuse: vec![],
             table_seed: None,
@@ -305,17 +322,25 @@ impl Policer {
             .map_max_entries(policer_common::MAP_BANS, opts.max_bans.max(1))
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
-            .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
-            .override_global(policer_common::GLOBAL_BENCH_SOURCES, &opts.bench_sources, true);
+            .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true);
         for (name, path) in &opts.reuse {
             loader.map_pin_path(name, path.as_path());
         }
-        if EBPF_OBJECT.is_empty() {
+        let object = match &opts.variant {
+            Some(v) => {
+                for (name, value) in &v.globals {
+                    loader.override_global(name, value, true);
+                }
+                v.object
+            }
+            None => EBPF_OBJECT,
+        };
+        if object.is_empty() {
             return Err(Error::Invalid(
                 "this build has no XDP object (built with AYA_BUILD_SKIP=1, for host tests): build without it".into(),
             ));
         }
-        let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| match &e {
+        let mut ebpf = loader.load(object).map_err(|e| match &e {
             aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. }) if is_eperm(io_error) => {
                 Error::NotRoot("loading the XDP program")
             }

@@ -96,3 +96,72 @@ fn the_filter_passes_what_a_class_can_match() {
     let u = f.union(&g);
     assert!(u.may_match(132, true, 1) && u.may_match(IPPROTO_ICMP, true, 0) && u.may_match(IPPROTO_UDP, true, 9));
 }
+
+/// One group's maps, as [`select`] reads them, recording what it read.
+struct Maps<'m> {
+    filter: &'m ClassFilter,
+    list: &'m ClassList,
+    frame: FrameL4,
+    read: u32,
+}
+
+impl<'m> ClassLookups<'m> for Maps<'m> {
+    fn l4(&mut self, proto: u8) -> FrameL4 {
+        self.read |= 1;
+        FrameL4 { proto, dst: [0; 16], ..self.frame }
+    }
+    fn filter(&mut self, group: u32) -> Option<&'m ClassFilter> {
+        self.read |= 2;
+        assert_eq!(group, 7);
+        Some(self.filter)
+    }
+    fn dst(&mut self) -> Option<[u8; 16]> {
+        self.read |= 4;
+        Some(self.frame.dst)
+    }
+    fn index(&mut self, key: [u8; INDEX_KEY_BYTES]) -> Option<&'m ClassList> {
+        self.read |= 8;
+        assert_eq!(key, index_key(7, self.frame.proto, self.frame.dport));
+        Some(self.list)
+    }
+}
+
+#[test]
+fn select_reads_only_what_the_choice_needs_and_picks_the_first_match() {
+    let mut prefix = Rule::packets(10, 1).unwrap();
+    prefix.classes = 7;
+    prefix.class_protos = 1 << IPPROTO_UDP;
+    let mut filter = ClassFilter::default();
+    filter.set_ports(IPPROTO_UDP, 53, 53);
+    let (mut a, mut b) = (cand(NEEDS_L4 | NEEDS_DST), cand(NEEDS_L4));
+    (a.dst[15], a.dst_mask[15], a.rule.counter_slot) = (9, 0xff, 2);
+    b.rule.counter_slot = 3;
+    let mut list = ClassList { len: 2, _pad: 0, cands: [cand(0); MAX_CANDIDATES] };
+    (list.cands[0], list.cands[1]) = (a, b);
+    let mut maps = Maps { filter: &filter, list: &list, frame: FrameL4 { dport: 53, ..frame(IPPROTO_UDP) }, read: 0 };
+    let slot = |m: &mut Maps, prefix: &Rule, proto| {
+        m.read = 0;
+        m.frame.proto = proto;
+        select(prefix, proto, m).map(|r| r.counter_slot)
+    };
+    // Another destination: the second candidate.
+    assert_eq!(slot(&mut maps, &prefix, IPPROTO_UDP), Some(3));
+    assert_eq!(maps.read, 15);
+    maps.frame.dst[15] = 9;
+    assert_eq!(slot(&mut maps, &prefix, IPPROTO_UDP), Some(2));
+    // A protocol no class names: nothing read.
+    assert_eq!(slot(&mut maps, &prefix, IPPROTO_TCP), None);
+    assert_eq!(maps.read, 0);
+    // A port the filter rules out: no destination, no index.
+    maps.frame.dport = 54;
+    assert_eq!(slot(&mut maps, &prefix, IPPROTO_UDP), None);
+    assert_eq!(maps.read, 3);
+    // No layer 4: the filter's ports cannot match either.
+    (maps.frame.dport, maps.frame.has_l4) = (53, false);
+    assert_eq!(slot(&mut maps, &prefix, IPPROTO_UDP), None);
+    // A prefix without classes never looks.
+    prefix.classes = 0;
+    maps.frame.has_l4 = true;
+    assert_eq!(slot(&mut maps, &prefix, IPPROTO_UDP), None);
+    assert_eq!(maps.read, 0);
+}

@@ -114,7 +114,7 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
         Request::Reload => change(Command::Reload).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
         Request::RuleLs => (Reply::Rules { rules: views.rules() }, false),
-        Request::Status => (Reply::Status(views.status()), false),
+        Request::Status => (Reply::Status(Box::new(views.status())), false),
         Request::Stats => {
             (blocking(move || views.stats()).await.map_or_else(refused, |s| Reply::Stats(Box::new(s))), false)
         }

@@ -1,0 +1,102 @@
+//! A rule's verdict on a frame and how it is counted: one definition for
+//! the program, which counts per interface ([`Counters`]) and per rule
+//! ([`RuleCounters`]) in one call, and for the host tests.
+
+use crate::{Counters, RuleCounters, bucket::Action};
+
+/// What becomes of a frame under its rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    /// Passed by a monitor rule whose buckets refused it: counted as passed
+    /// and as would-drop.
+    WouldDrop,
+    Drop,
+}
+
+impl Verdict {
+    /// The verdict of a rule whose `action` ([`Action`] as a number) polices
+    /// or monitors, on a frame its buckets `admitted` (or not).
+    #[inline(always)]
+    pub const fn policed(action: u32, admitted: bool) -> Verdict {
+        if admitted {
+            Verdict::Pass
+        } else if action == Action::Monitor as u32 {
+            Verdict::WouldDrop
+        } else {
+            Verdict::Drop
+        }
+    }
+
+    /// Whether the frame goes on to the stack.
+    #[inline(always)]
+    pub const fn passes(self) -> bool {
+        !matches!(self, Verdict::Drop)
+    }
+}
+
+/// Counts a frame of `len` bytes with verdict `v` on the interface's
+/// counters `c` and its rule's `rc`.
+#[inline(always)]
+pub fn count(c: &mut Counters, rc: &mut RuleCounters, v: Verdict, len: u32) {
+    let len = len as u64;
+    if let Verdict::WouldDrop = v {
+        add(&mut c.would_drop_pkts, &mut c.would_drop_bytes, len);
+        add(&mut rc.would_drop_pkts, &mut rc.would_drop_bytes, len);
+    }
+    if v.passes() {
+        add(&mut c.passed_pkts, &mut c.passed_bytes, len);
+        add(&mut rc.passed_pkts, &mut rc.passed_bytes, len);
+    } else {
+        add(&mut c.dropped_pkts, &mut c.dropped_bytes, len);
+        add(&mut rc.dropped_pkts, &mut rc.dropped_bytes, len);
+    }
+}
+
+#[inline(always)]
+fn add(pkts: &mut u64, bytes: &mut u64, len: u64) {
+    *pkts += 1;
+    *bytes += len;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_monitor_passes_what_its_buckets_refuse_and_a_police_rule_drops_it() {
+        for a in [Action::Police, Action::Monitor] {
+            assert_eq!(Verdict::policed(a as u32, true), Verdict::Pass);
+        }
+        assert_eq!(Verdict::policed(Action::Monitor as u32, false), Verdict::WouldDrop);
+        assert_eq!(Verdict::policed(Action::Police as u32, false), Verdict::Drop);
+        assert!(Verdict::WouldDrop.passes() && Verdict::Pass.passes() && !Verdict::Drop.passes());
+    }
+
+    #[test]
+    fn each_verdict_counts_on_the_interface_and_the_rule_alike() {
+        let (mut c, mut rc) = (Counters::default(), RuleCounters::default());
+        count(&mut c, &mut rc, Verdict::Pass, 100);
+        count(&mut c, &mut rc, Verdict::WouldDrop, 60);
+        count(&mut c, &mut rc, Verdict::Drop, 40);
+        count(&mut c, &mut rc, Verdict::Drop, 1);
+        let got = |p: u64, b: u64, wp: u64, wb: u64, dp: u64, db: u64| (p, b, wp, wb, dp, db);
+        let want = got(2, 160, 1, 60, 2, 41);
+        assert_eq!(
+            got(c.passed_pkts, c.passed_bytes, c.would_drop_pkts, c.would_drop_bytes, c.dropped_pkts, c.dropped_bytes),
+            want
+        );
+        assert_eq!(
+            got(
+                rc.passed_pkts,
+                rc.passed_bytes,
+                rc.would_drop_pkts,
+                rc.would_drop_bytes,
+                rc.dropped_pkts,
+                rc.dropped_bytes
+            ),
+            want
+        );
+        assert_eq!((c.unmatched_pkts, rc.buckets_created, rc.total_dropped_pkts), (0, 0, 0));
+    }
+}
