@@ -151,7 +151,9 @@ fn unban_lifts_when_it_returns_and_a_ban_survives_a_restart() {
     assert!(top.contains("banned now (1 in all") && top.contains("10.63.0.9/32"), "{top}");
     let flows = [Flow { src: ip("10.63.0.9"), pps: 1000.0, len: 64 }];
     let (sent, got, lifted) = std::thread::scope(|s| {
-        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(3), &keep_marks()));
+        // 4 s: the stats, the scrape and the unban before the lift take up
+        // to a second of a loaded machine, and a full second must follow it.
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(4), &keep_marks()));
         std::thread::sleep(Duration::from_millis(1200));
         // Visible while it drops: stats and /metrics.
         let stats: serde_json::Value = serde_json::from_str(&policer(&sb, &["stats", "--json"])).unwrap();
