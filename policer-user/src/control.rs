@@ -543,9 +543,10 @@ pub struct StatusView {
     pub persist: bool,
     /// The policer program's id (`bpftool prog show id N`).
     pub program_id: u32,
-    /// The config file in force and how its last reload went.
-    #[serde(default)]
-    pub config_status: ConfigStatus,
+    /// The config file in force and how its last reload went (none from a
+    /// daemon older than this field: nothing is known then, not a failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_status: Option<ConfigStatus>,
 }
 
 /// How long the CLI waits for an answer.

@@ -87,6 +87,10 @@ pub enum Error {
         path.display()
     )]
     ConfigChanged { path: PathBuf },
+    /// The config file is there but cannot be read now (no fd left, EIO):
+    /// a followed reload tries again.
+    #[error("cannot read {}: {source}", path.display())]
+    ConfigRead { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -102,7 +106,9 @@ impl Error {
     /// The kernel's errno behind this error, if a system call failed.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Kernel { source, .. } | Error::Io(source) => source.raw_os_error(),
+            Error::Kernel { source, .. } | Error::ConfigRead { source, .. } | Error::Io(source) => {
+                source.raw_os_error()
+            }
             _ => None,
         }
     }

@@ -657,3 +657,63 @@ fn a_failed_read_is_retried_logged_and_shown() {
     wait_for(|| status()["config_status"]["last_reload_success"] == true, "a file back is applied");
     assert!(rule(&rules(&sb), "198.18.0.0/24").is_none());
 }
+
+/// A config removed (or renamed away) and then written anew by a slow
+/// writer is read only once the new file is closed; a config directory
+/// replaced under the same path (`mv etc etc.old; mv etc.new etc`) is
+/// followed into the new directory, and edits there after it.
+#[test]
+fn a_removed_config_rewritten_slowly_and_a_replaced_directory_are_followed() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfgrm");
+    let dir = Dir::new("rm");
+    let etc = dir.path.join("etc");
+    std::fs::create_dir(&etc).unwrap();
+    let config = etc.join("policer.toml");
+    std::fs::write(&config, eight_rules()).unwrap();
+    let _d = attach(&sb, &config);
+    let n_rules = rules(&sb).as_array().unwrap().len();
+    assert_eq!(denied_through(&sb), 0);
+
+    // Removed, then a new file written slowly: its first part (valid TOML,
+    // a line boundary, most rules gone) is never applied.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let edited = text.replace("burst = 50", "burst = 40");
+    let cut_at = edited.find("[[rule]]\nprefix = \"198.18.0.0/24\"").unwrap();
+    std::fs::remove_file(&config).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&config).unwrap();
+        f.write_all(&edited.as_bytes()[..cut_at]).unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        assert_eq!(rules(&sb).as_array().unwrap().len(), n_rules, "a half-written new file was applied");
+        assert_eq!(denied_through(&sb), 0, "a half-written new file opened the deny");
+        f.write_all(&edited.as_bytes()[cut_at..]).unwrap();
+    }
+    wait_for(|| rule(&rules(&sb), "203.0.113.0/24").is_some_and(|r| r["burst"] == 40), "the whole new file applied");
+    assert_eq!(rules(&sb).as_array().unwrap().len(), n_rules);
+
+    // The directory replaced under the same path.
+    let new = dir.path.join("etc.new");
+    std::fs::create_dir(&new).unwrap();
+    std::fs::write(new.join("policer.toml"), format!("{CONFIG}\n[[rule]]\nprefix = \"198.19.0.0/24\"\nrate = \"2kpps\"\n"))
+        .unwrap();
+    std::fs::rename(&etc, dir.path.join("etc.old")).unwrap();
+    std::fs::rename(&new, &etc).unwrap();
+    wait_for(
+        || {
+            let r = rules(&sb);
+            rule(&r, "198.19.0.0/24").is_some() && rule(&r, "198.18.0.0/24").is_none()
+        },
+        "the replaced directory's config",
+    );
+    assert!(denied_through(&sb) > 0);
+    // Edits in the new directory are followed; the old one's are not.
+    std::fs::write(dir.path.join("etc.old/policer.toml"), eight_rules()).unwrap();
+    let now = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{now}\n[[rule]]\nprefix = \"198.20.0.0/24\"\naction = \"deny\"\n")).unwrap();
+    wait_for(|| rule(&rules(&sb), "198.20.0.0/24").is_some(), "an edit in the new directory");
+    assert!(rule(&rules(&sb), "198.18.0.0/24").is_none(), "the old directory's file was applied");
+}

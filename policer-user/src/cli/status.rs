@@ -28,8 +28,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         s.program_id,
         if s.persist { "persists on exit" } else { "detaches on exit" }
     );
-    let c = &s.config_status;
-    if !c.last_reload_success {
+    if let Some(c) = &s.config_status
+        && !c.last_reload_success
+    {
         println!(
             "config: the last reload was not applied, the rules in force stay: {}",
             c.last_reload_error.as_deref().unwrap_or("(no reason recorded)")

@@ -98,6 +98,18 @@ impl ConfigFile {
         read(&self.path)
     }
 
+    /// The file's bytes now; `None`: there is none. [`Error::ConfigRead`]:
+    /// it is there but cannot be read now (no fd left, EIO, ...).
+    pub fn bytes_on_disk(&self) -> Result<Option<Vec<u8>>> {
+        bytes(&self.path)
+    }
+
+    /// Validates `bytes` (from [`bytes_on_disk`](Self::bytes_on_disk)) as
+    /// the file's content; changes nothing.
+    pub fn snapshot(&self, bytes: Option<Vec<u8>>) -> Result<Snapshot> {
+        snapshot(&self.path, bytes)
+    }
+
     /// The sha256 (hex) of the file as last read or written; of no bytes
     /// when there was no file.
     pub fn sha256(&self) -> String {
@@ -107,14 +119,10 @@ impl ConfigFile {
         }
     }
 
-    /// The sha256 (hex) of the file on disk now; `None`: there is none. An
-    /// error: it exists but cannot be read now (no fd left, EIO, ...).
-    pub fn sha256_on_disk(&self) -> io::Result<Option<String>> {
-        match fs::read(&self.path) {
-            Ok(b) => Ok(Some(sha256_hex(&b))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+    /// The sha256 (hex) of the file on disk now; `None`: there is none.
+    /// [`Error::ConfigRead`]: it cannot be read now.
+    pub fn sha256_on_disk(&self) -> Result<Option<String>> {
+        Ok(self.bytes_on_disk()?.map(|b| sha256_hex(&b)))
     }
 
     /// Whether the daemon cannot write the file (a read-only mount such as
@@ -233,16 +241,26 @@ impl ConfigFile {
 }
 
 fn read(path: &Path) -> Result<Snapshot> {
-    match fs::read_to_string(path) {
-        Ok(text) => {
-            let (config, rules) = Config::parse(&text, path)?;
-            Ok(Snapshot { config, rules, seen: Seen::Text(text) })
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            Ok(Snapshot { config: Config::default(), rules: BTreeMap::new(), seen: Seen::Missing })
-        }
-        Err(e) => Err(Error::Invalid(format!("{}: {e}", path.display()))),
+    snapshot(path, bytes(path)?)
+}
+
+fn bytes(path: &Path) -> Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(Error::ConfigRead { path: path.to_path_buf(), source }),
     }
+}
+
+fn snapshot(path: &Path, bytes: Option<Vec<u8>>) -> Result<Snapshot> {
+    let Some(bytes) = bytes else {
+        return Ok(Snapshot { config: Config::default(), rules: BTreeMap::new(), seen: Seen::Missing });
+    };
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Error::Invalid(format!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))
+    })?;
+    let (config, rules) = Config::parse(&text, path)?;
+    Ok(Snapshot { config, rules, seen: Seen::Text(text) })
 }
 
 /// Lower-case hex sha256 of `bytes`.

@@ -24,19 +24,24 @@
 //! `policer_config_last_reload_success 0` with the reason in `status`.
 
 use std::{
-    collections::{BTreeSet, HashSet, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashSet, VecDeque},
     ffi::OsString,
     path::{Component, Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
 use notify::{
     EventKind, Watcher,
-    event::{AccessKind, AccessMode, ModifyKind},
+    event::{AccessKind, AccessMode, ModifyKind, RenameMode},
 };
 use tokio::{sync::mpsc, time::Instant};
 
 use super::{Command, Owner};
+use crate::error::Error;
 
 /// Quiet time after the last event before the file is looked at: an
 /// editor's or the kubelet's steps land together.
@@ -56,7 +61,7 @@ const MAX_LINKS: usize = 40;
 /// symlink on the way and the file itself, as (directory, name) with the
 /// directory resolved. A name that does not exist (yet) ends the walk: its
 /// directory is watched for its creation.
-pub(crate) fn chain(config: &Path) -> Vec<(PathBuf, OsString)> {
+fn chain(config: &Path) -> Vec<(PathBuf, OsString)> {
     let abs = if config.is_absolute() {
         config.to_path_buf()
     } else {
@@ -117,9 +122,8 @@ fn push_front(todo: &mut VecDeque<OsString>, path: &Path) {
     }
 }
 
-/// Whether an event's kind can mean the file's name now holds a finished
-/// file (see the module's doc). Bare writes, opens, reads and attribute
-/// changes never do.
+/// Whether an event's kind can change what the config's path reads. Bare
+/// writes, opens, reads and attribute changes never do.
 fn finishing(kind: &EventKind) -> bool {
     matches!(
         kind,
@@ -127,7 +131,6 @@ fn finishing(kind: &EventKind) -> bool {
             | EventKind::Modify(ModifyKind::Name(_))
             | EventKind::Create(_)
             | EventKind::Remove(_)
-            | EventKind::Other
     )
 }
 
@@ -138,34 +141,63 @@ enum Seen {
     Rescan,
 }
 
+/// What an event asks of the follower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Want {
+    /// Nothing: not the config's.
+    Nothing,
+    /// The chain may have changed (a name on it went, or a file was created
+    /// and is still being written): move the watches, read nothing.
+    Rearm,
+    /// A name on the chain now holds something whole: read the file.
+    Look,
+}
+
 /// The watched names and directories, kept in step with the chain.
 struct Watches {
     config: PathBuf,
     names: HashSet<(PathBuf, OsString)>,
-    dirs: BTreeSet<PathBuf>,
+    /// Each watched directory with its (device, inode): a directory
+    /// replaced under the same path is watched again.
+    dirs: BTreeMap<PathBuf, (u64, u64)>,
+}
+
+/// A directory's (device, inode).
+fn identity(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl Watches {
-    /// Re-resolves the chain and moves the watches to its directories;
-    /// says (once per directory) what cannot be watched.
+    /// Re-resolves the chain and moves the watches to its directories (and
+    /// to a directory now standing where a watched one stood); says what
+    /// cannot be watched.
     fn rearm(&mut self, w: &mut impl Watcher) {
         let names: HashSet<_> = chain(&self.config).into_iter().collect();
-        let dirs: BTreeSet<PathBuf> = names.iter().map(|(d, _)| d.clone()).collect();
-        for gone in self.dirs.difference(&dirs) {
-            // Already gone with its directory, often: nothing to say.
-            let _ = w.unwatch(gone);
+        let wanted: BTreeSet<PathBuf> = names.iter().map(|(d, _)| d.clone()).collect();
+        let mut kept = BTreeMap::new();
+        for (d, id) in std::mem::take(&mut self.dirs) {
+            if wanted.contains(&d) && identity(&d) == Some(id) {
+                kept.insert(d, id);
+            } else {
+                // Gone, moved away, or replaced: its watch (on the old
+                // inode) goes; often it went with its directory already.
+                let _ = w.unwatch(&d);
+            }
         }
-        let mut kept = BTreeSet::new();
-        for d in &dirs {
-            if self.dirs.contains(d) {
-                kept.insert(d.clone());
+        for d in wanted {
+            if kept.contains_key(&d) {
                 continue;
             }
-            match w.watch(d, notify::RecursiveMode::NonRecursive) {
-                Ok(()) => {
-                    kept.insert(d.clone());
+            let id = identity(&d);
+            match (w.watch(&d, notify::RecursiveMode::NonRecursive), id) {
+                (Ok(()), Some(id)) => {
+                    kept.insert(d, id);
                 }
-                Err(e) => println!(
+                (Ok(()), None) => {
+                    let _ = w.unwatch(&d);
+                }
+                (Err(e), _) => println!(
                     "policer: warning: cannot watch {} ({e}); changes of {} there need `policer reload` or SIGHUP",
                     d.display(),
                     self.config.display()
@@ -176,23 +208,37 @@ impl Watches {
         self.dirs = kept;
     }
 
-    /// Whether `seen` concerns the config: an event on one of its names, a
-    /// watched directory itself going, or a rescan.
-    fn concerns(&self, seen: &Seen) -> bool {
-        let Seen::Paths(kind, paths) = seen else { return true };
-        paths.iter().any(|p| {
-            if self.dirs.contains(p) {
-                return true;
+    fn on_chain(&self, p: &Path) -> bool {
+        let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else { return false };
+        self.names.contains(&(dir.to_path_buf(), name.to_os_string()))
+    }
+
+    /// What `seen` asks for: a name of the chain finished (closed after
+    /// writing, renamed into place, linked, a directory made), a watched
+    /// directory itself moved or gone (one may stand in its place), or a
+    /// rescan: look. A name of the chain removed or renamed away, or a
+    /// regular file just created under it (its close says when it is
+    /// whole): move the watches only, for what comes next is a new file
+    /// being written.
+    fn wants(&self, seen: &Seen) -> Want {
+        let Seen::Paths(kind, paths) = seen else { return Want::Look };
+        if paths.iter().any(|p| self.dirs.contains_key(p)) {
+            return Want::Look;
+        }
+        let on = |p: Option<&PathBuf>| p.is_some_and(|p| self.on_chain(p));
+        match kind {
+            EventKind::Access(_) if on(paths.first()) => Want::Look,
+            // A rename's event names its source first and its target last.
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)) if on(paths.first()) => Want::Rearm,
+            EventKind::Modify(ModifyKind::Name(_)) if on(paths.last()) => Want::Look,
+            EventKind::Modify(ModifyKind::Name(_)) if on(paths.first()) => Want::Rearm,
+            EventKind::Create(_) if on(paths.first()) => {
+                let whole = paths.first().and_then(|p| std::fs::symlink_metadata(p).ok());
+                if whole.is_some_and(|m| m.file_type().is_symlink() || m.is_dir()) { Want::Look } else { Want::Rearm }
             }
-            let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else { return false };
-            if !self.names.contains(&(dir.to_path_buf(), name.to_os_string())) {
-                return false;
-            }
-            // A regular file created under the name is still being written:
-            // its close says when it is done. A link or a directory is whole.
-            !matches!(kind, EventKind::Create(_))
-                || std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink() || m.is_dir())
-        })
+            EventKind::Remove(_) if on(paths.first()) => Want::Rearm,
+            _ => Want::Nothing,
+        }
     }
 }
 
@@ -201,6 +247,10 @@ impl Watches {
 /// SIGHUP still work.
 pub(super) fn start(owner: Owner, config: &Path) {
     let (tx, mut rx) = mpsc::channel::<Seen>(1024);
+    // Set when an event found the queue full: the follower is behind, and
+    // what it missed may have been the config's; it looks once it catches up.
+    let missed = Arc::new(AtomicBool::new(false));
+    let missed_w = missed.clone();
     let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         let seen = match ev {
             Ok(e) if e.need_rescan() => Seen::Rescan,
@@ -208,9 +258,8 @@ pub(super) fn start(owner: Owner, config: &Path) {
             Ok(_) => return,
             Err(_) => Seen::Rescan,
         };
-        // A full queue: the follower is behind; a rescan says "look".
         if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(seen) {
-            let _ = tx.try_send(Seen::Rescan);
+            missed_w.store(true, Ordering::SeqCst);
         }
     });
     let mut watcher = match watcher {
@@ -223,51 +272,64 @@ pub(super) fn start(owner: Owner, config: &Path) {
             return;
         }
     };
-    let mut watches = Watches { config: config.to_path_buf(), names: HashSet::new(), dirs: BTreeSet::new() };
+    let mut watches = Watches { config: config.to_path_buf(), names: HashSet::new(), dirs: BTreeMap::new() };
     watches.rearm(&mut watcher);
     tokio::spawn(async move {
-        let mut retry: Option<Duration> = None;
+        // A read that failed is tried again at `retry_at`, after `backoff`.
+        let mut backoff = Duration::ZERO;
+        let mut retry_at: Option<Instant> = None;
         loop {
-            // Wait for a finishing event on the config's names, or for the
-            // time to try a failed reload again.
-            let woke = match retry {
-                Some(after) => tokio::select! {
-                    s = rx.recv() => s.map(Some),
-                    () = tokio::time::sleep(after) => Some(None),
+            // Wait for an event, or for the time to try a failed read again.
+            let want = match retry_at {
+                Some(at) => tokio::select! {
+                    s = rx.recv() => match s { Some(s) => watches.wants(&s), None => return },
+                    () = tokio::time::sleep_until(at) => Want::Look,
                 },
-                None => rx.recv().await.map(Some),
+                None => match rx.recv().await {
+                    Some(s) => watches.wants(&s),
+                    None => return,
+                },
             };
-            let Some(seen) = woke else { return };
-            if let Some(seen) = seen {
-                if !watches.concerns(&seen) {
+            let want = if missed.swap(false, Ordering::SeqCst) { Want::Look } else { want };
+            match want {
+                Want::Nothing => continue,
+                Want::Rearm => {
+                    watches.rearm(&mut watcher);
                     continue;
                 }
-                // Debounce: until quiet for a while (or for long enough).
-                let until = Instant::now() + DEBOUNCE_MAX;
-                loop {
-                    let quiet = (Instant::now() + DEBOUNCE).min(until);
-                    match tokio::time::timeout_at(quiet, rx.recv()).await {
-                        Ok(Some(_)) if Instant::now() < until => {}
-                        Ok(None) => return,
-                        _ => break,
-                    }
+                Want::Look => {}
+            }
+            // Debounce: until quiet for a while (or for long enough).
+            let until = Instant::now() + DEBOUNCE_MAX;
+            loop {
+                let quiet = (Instant::now() + DEBOUNCE).min(until);
+                match tokio::time::timeout_at(quiet, rx.recv()).await {
+                    Ok(Some(_)) if Instant::now() < until => {}
+                    Ok(None) => return,
+                    _ => break,
                 }
             }
             watches.rearm(&mut watcher);
             match owner.ask(Command::Follow).await.result {
                 Ok(m) => {
-                    retry = None;
+                    (backoff, retry_at) = (Duration::ZERO, None);
                     if !m.is_empty() {
                         println!("policer: config file changed: {m}");
                     }
                 }
-                Err(e) => {
-                    let after = retry.map_or(RETRY_MIN, |r| (r * 2).min(RETRY_MAX));
+                // The file could not be read: tried again until it can.
+                Err(e @ Error::ConfigRead { .. }) => {
+                    backoff = if backoff.is_zero() { RETRY_MIN } else { (backoff * 2).min(RETRY_MAX) };
+                    retry_at = Some(Instant::now() + backoff);
                     println!(
                         "policer: config file changed: not applied, the running rules stay: {e} (looking again in {} s)",
-                        after.as_secs()
+                        backoff.as_secs()
                     );
-                    retry = Some(after);
+                }
+                // Refused for what it says: looked at again when it changes.
+                Err(e) => {
+                    (backoff, retry_at) = (Duration::ZERO, None);
+                    println!("policer: config file changed: not applied, the running rules stay: {e}");
                 }
             }
         }
@@ -337,21 +399,36 @@ mod tests {
     }
 
     #[test]
-    fn only_finished_names_of_the_chain_concern_the_config() {
+    fn only_finished_names_of_the_chain_are_read() {
         let d = tmp("concerns");
         std::fs::write(d.join("config.toml"), "").unwrap();
         std::fs::write(d.join("other.toml"), "").unwrap();
         let names: HashSet<_> = chain(&d.join("config.toml")).into_iter().collect();
-        let w = Watches { config: d.join("config.toml"), dirs: [d.clone()].into(), names };
-        let ev = |kind, p: &str| Seen::Paths(kind, vec![d.join(p)]);
+        let dirs = [(d.clone(), identity(&d).unwrap())].into();
+        let w = Watches { config: d.join("config.toml"), dirs, names };
+        let ev = |kind, p: &[&str]| Seen::Paths(kind, p.iter().map(|p| d.join(p)).collect());
         let close = EventKind::Access(AccessKind::Close(AccessMode::Write));
-        assert!(w.concerns(&ev(close, "config.toml")));
-        assert!(!w.concerns(&ev(close, "other.toml")), "a file next to it");
+        let rename = |m| EventKind::Modify(ModifyKind::Name(m));
+        assert_eq!(w.wants(&ev(close, &["config.toml"])), Want::Look);
+        assert_eq!(w.wants(&ev(close, &["other.toml"])), Want::Nothing, "a file next to it");
         assert!(!finishing(&EventKind::Modify(ModifyKind::Data(notify::event::DataChange::Any))), "a bare write");
         let created = EventKind::Create(notify::event::CreateKind::File);
-        assert!(!w.concerns(&ev(created, "config.toml")), "a regular file just created is still being written");
-        assert!(w.concerns(&ev(EventKind::Modify(ModifyKind::Name(notify::event::RenameMode::To)), "config.toml")));
-        assert!(w.concerns(&Seen::Rescan));
+        assert_eq!(
+            w.wants(&ev(created, &["config.toml"])),
+            Want::Rearm,
+            "a regular file just created is being written"
+        );
+        assert_eq!(w.wants(&ev(rename(RenameMode::To), &["config.toml"])), Want::Look, "renamed into place");
+        assert_eq!(w.wants(&ev(rename(RenameMode::Both), &["x.tmp", "config.toml"])), Want::Look);
+        // Renamed or removed away: what comes next is a new file being
+        // written, read only once it is closed or renamed in.
+        assert_eq!(w.wants(&ev(rename(RenameMode::From), &["config.toml"])), Want::Rearm);
+        assert_eq!(w.wants(&ev(rename(RenameMode::Both), &["config.toml", "config.bak"])), Want::Rearm);
+        let removed = EventKind::Remove(notify::event::RemoveKind::File);
+        assert_eq!(w.wants(&ev(removed, &["config.toml"])), Want::Rearm);
+        // The watched directory itself moved or gone: another may stand there.
+        assert_eq!(w.wants(&Seen::Paths(rename(RenameMode::From), vec![d.clone()])), Want::Look);
+        assert_eq!(w.wants(&Seen::Rescan), Want::Look);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

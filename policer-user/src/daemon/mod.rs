@@ -111,15 +111,8 @@ pub struct Daemon {
     _lock: crate::lockfile::LockFile,
     /// Set once [`Daemon::finish`] ran.
     finished: bool,
-    /// Whether the last reload applied the file (true at start), and when
-    /// it was tried (Unix seconds).
-    reload_ok: bool,
-    reload_at: f64,
-    /// Why the last reload was not applied (`status` shows it).
-    reload_error: Option<String>,
-    /// The sha256 of a file a followed reload refused: not tried again
-    /// until the file changes.
-    refused_sha: Option<String>,
+    /// How the last reload went.
+    reload: ruleset::ReloadState,
     /// Whether a tick changed the rules (the snapshot is then published).
     changed: bool,
     ban_log: bans::BanLog,

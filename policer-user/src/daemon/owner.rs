@@ -158,13 +158,7 @@ impl Daemon {
             config: self.file.path().display().to_string(),
             persist: self.persist,
             program_id: self.program_id,
-            config_status: crate::control::ConfigStatus {
-                sha256: self.file.sha256(),
-                last_reload_success: self.reload_ok,
-                last_reload_timestamp_seconds: self.reload_at,
-                last_reload_error: self.reload_error.clone(),
-                read_only: self.file.read_only(),
-            },
+            config_status: self.reload.status(self.file.sha256(), self.file.read_only()),
             sets: self.set_rows(),
         })
     }

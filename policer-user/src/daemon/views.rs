@@ -183,7 +183,7 @@ impl Views {
             runtime_rules: s.rules.values().filter(|r| !r.persisted).count() + s.removed_at_runtime.len(),
             persist: s.persist,
             program_id: s.program_id,
-            config_status: s.config_status.clone(),
+            config_status: Some(s.config_status.clone()),
         }
     }
 
