@@ -66,7 +66,7 @@ impl From<&Installed> for Held {
 
 /// Whether two kernel rules police alike (ids, slots and what the class
 /// compiler adds aside).
-pub(super) fn same_params(a: &Rule, b: &Rule) -> bool {
+fn same_params(a: &Rule, b: &Rule) -> bool {
     let plain = |r: &Rule| Rule {
         rule_id: 0,
         counter_slot: 0,
@@ -173,7 +173,8 @@ pub(super) fn plan(
     Ok(Plan { rules, writes, taken, freed: gone, compiled, groups, next_id })
 }
 
-fn limit(what: String) -> Error {
+/// The rule limit's error: `what` says by how much.
+pub(super) fn limit(what: String) -> Error {
     Error::Invalid(format!(
         "rule limit reached: {what} (`--max-rules`, or `max_rules` in [daemon]; a larger limit replaces the \
          program at the next start, its buckets starting empty)"

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     compile::{Compiled, Groups},
-    config::Change,
+    config::{Change, sha256_hex},
     error::{Error, Result},
     loader::Policer,
     netlink,
@@ -49,13 +49,7 @@ impl Slots {
 
     /// The lowest free slot; an error at the rule limit.
     pub fn take(&mut self) -> Result<u32> {
-        self.free.pop_first().ok_or_else(|| {
-            Error::Invalid(format!(
-                "rule limit reached: this policer holds {} rules (`--max-rules`, or `max_rules` in \
-                 [daemon]; a larger limit replaces the program at the next start, its buckets starting empty)",
-                self.capacity
-            ))
-        })
+        self.free.pop_first().ok_or_else(|| super::plan::limit(format!("this policer holds {} rules", self.capacity)))
     }
 
     /// Marks a slot an adopted rule already uses; false when the slot is
@@ -192,6 +186,27 @@ impl RuleSet {
         self.next_id - 1
     }
 
+    /// The DEFAULT_RULES pair to write the default rules into (the one not
+    /// in use), once the pair before last is surely not read any more:
+    /// switches are at least 1 ms apart, and a program run lasts microseconds.
+    fn next_fast_pair(&self) -> u32 {
+        if let Some(t) = self.last_flip {
+            let since = t.elapsed();
+            if since < Duration::from_millis(1) {
+                std::thread::sleep(Duration::from_millis(1) - since);
+            }
+        }
+        if self.fast == 1 { 2 } else { 1 }
+    }
+
+    /// The program now reads the fast path's pair `pair` (0: off).
+    fn fast_path_is(&mut self, pair: u32) {
+        if pair != 0 {
+            self.last_flip = Some(Instant::now());
+        }
+        self.fast = pair;
+    }
+
     /// Whether every rule is for 0.0.0.0/0 or ::/0.
     fn only_defaults(&self) -> bool {
         self.rules.keys().all(|k| k.net.prefix_len() == 0)
@@ -215,17 +230,10 @@ impl Daemon {
             rs.compiled.prefixes.get(&net).copied()
         };
         let (v4, v6) = (rule(&self.rs, "0.0.0.0/0"), rule(&self.rs, "::/0"));
-        let next = if self.rs.fast == 1 { 2 } else { 1 };
-        if let Some(t) = self.rs.last_flip {
-            let since = t.elapsed();
-            if since < Duration::from_millis(1) {
-                std::thread::sleep(Duration::from_millis(1) - since);
-            }
-        }
+        let next = self.rs.next_fast_pair();
         self.policer.set_default_rules(next - 1, v4, v6)?;
         self.policer.set_fast_path(next)?;
-        self.rs.fast = next;
-        self.rs.last_flip = Some(Instant::now());
+        self.rs.fast_path_is(next);
         Ok(())
     }
 
@@ -234,7 +242,7 @@ impl Daemon {
     pub(super) fn fast_path_off(&mut self) -> Result<()> {
         if self.rs.fast != 0 {
             self.policer.set_fast_path(0)?;
-            self.rs.fast = 0;
+            self.rs.fast_path_is(0);
         }
         Ok(())
     }
@@ -384,58 +392,49 @@ impl Daemon {
     }
 
     /// Re-reads the config file; applies it only if all of it is valid.
-    /// Rules set with `--runtime` give way to the file's.
+    /// Rules set with `--runtime` give way to the file's. The file is read
+    /// once: what is judged is what a refusal remembers.
     pub(super) fn reload(&mut self) -> Result<String> {
-        let r = self.reload_file();
-        self.reload_ok = r.is_ok();
-        self.reload_at = super::unix_now();
-        self.reload_error = r.as_ref().err().map(|e| e.to_string());
-        match &r {
-            Ok(_) => self.refused_sha = None,
-            // Unreadable: no sha, so a followed retry reads it again.
-            Err(_) => self.refused_sha = self.file.sha256_on_disk().ok().flatten(),
-        }
+        let bytes = self.file.bytes_on_disk();
+        let judged = bytes.as_ref().ok().map(|b| sha256_hex(b.as_deref().unwrap_or_default()));
+        let r = bytes.and_then(|b| self.reload_file(b));
+        self.reload.record(&r, judged);
         r
     }
 
     /// A name on the config's path was finished (closed after writing,
-    /// renamed, linked, removed): reloads when the file's bytes differ from
-    /// those in force and from a file already refused. An empty message:
-    /// nothing to do (the daemon's own write, a file put back as it was).
-    /// An error that is not about the file's content (it cannot be read)
-    /// is retried by the follower.
+    /// renamed into place, linked): reloads when the file's bytes differ
+    /// from those in force and from a file already refused. An empty
+    /// message: nothing to do (the daemon's own write, a file put back as
+    /// it was, no file). [`Error::ConfigRead`]: the file could not be read,
+    /// and the follower tries again.
     pub(super) fn follow(&mut self) -> Result<String> {
         let now = match self.file.sha256_on_disk() {
             Ok(Some(now)) => now,
             // Gone (between two steps of a swap, or removed): keep running.
             Ok(None) => return Ok(String::new()),
             Err(e) => {
-                let e = Error::Invalid(format!("cannot read {}: {e}", self.file.path().display()));
-                self.reload_ok = false;
-                self.reload_at = super::unix_now();
-                self.reload_error = Some(e.to_string());
-                return Err(e);
+                let r = Err(e);
+                self.reload.record(&r, None);
+                return r;
             }
         };
         if now == self.file.sha256() {
-            if self.reload_ok {
+            if self.reload.ok {
                 return Ok(String::new());
             }
             // Back to the file in force after a refused one.
-            self.reload_ok = true;
-            self.reload_at = super::unix_now();
-            self.reload_error = None;
-            self.refused_sha = None;
+            self.reload.record(&Ok(String::new()), None);
             return Ok(format!("{} is the file in force again", self.file.path().display()));
         }
-        if self.refused_sha.as_deref() == Some(now.as_str()) {
+        if self.reload.refused_sha.as_deref() == Some(now.as_str()) {
             return Ok(String::new());
         }
         self.reload()
     }
 
-    fn reload_file(&mut self) -> Result<String> {
-        let snap = self.file.read()?;
+    fn reload_file(&mut self, bytes: Option<Vec<u8>>) -> Result<String> {
+        let snap = self.file.snapshot(bytes)?;
         let mut want = snap.rules.clone();
         super::bans::drop_expired(&mut want);
         self.refuse_set_prefixes(&want)?;
@@ -445,7 +444,11 @@ impl Daemon {
         }
         let before = self.rs.specs();
         let diff = Diff::of(&before, &want);
-        let drastic = diff.drastic(&before, &want);
+        // What is in force and not yet expired (a ban past its end waits
+        // for the next tick): an ended ban is not one the file lifts.
+        let mut live = before.clone();
+        super::bans::drop_expired(&mut live);
+        let drastic = diff.drastic(&live, &want);
         if let Some(what) = &drastic
             && !snap.ends_with_newline()
         {
@@ -491,6 +494,51 @@ impl Daemon {
             log::warn!("{name} detached, but the config file still lists it: {e}");
         }
         Ok(self.ifaces.is_empty())
+    }
+}
+
+/// How the last reload went: what `status` and /metrics show, and the file
+/// a followed reload already refused.
+pub(super) struct ReloadState {
+    /// Whether the last reload applied the file (true at start), and when
+    /// it was tried (Unix seconds).
+    ok: bool,
+    at: f64,
+    /// Why it was not applied.
+    error: Option<String>,
+    /// The sha256 of the bytes a reload refused for what they say: not
+    /// tried again until the file changes. Never set when the file could
+    /// not be read (then it is tried again).
+    refused_sha: Option<String>,
+}
+
+impl ReloadState {
+    /// At start: the file just read is in force.
+    pub fn new() -> ReloadState {
+        ReloadState { ok: true, at: super::unix_now(), error: None, refused_sha: None }
+    }
+
+    /// Records a reload's outcome; `judged` is the sha256 of the bytes it
+    /// judged (none if it could not read them).
+    fn record(&mut self, r: &Result<String>, judged: Option<String>) {
+        self.ok = r.is_ok();
+        self.at = super::unix_now();
+        self.error = r.as_ref().err().map(|e| e.to_string());
+        self.refused_sha = match r {
+            Err(Error::ConfigRead { .. }) | Ok(_) => None,
+            Err(_) => judged,
+        };
+    }
+
+    /// For `status` and /metrics.
+    pub fn status(&self, sha256: String, read_only: bool) -> crate::control::ConfigStatus {
+        crate::control::ConfigStatus {
+            sha256,
+            last_reload_success: self.ok,
+            last_reload_timestamp_seconds: self.at,
+            last_reload_error: self.error.clone(),
+            read_only,
+        }
     }
 }
 

@@ -587,6 +587,13 @@ pub(super) struct Loaded {
 }
 
 impl Loaded {
+    /// The counter slots the adopted program's sets count into.
+    pub(super) fn kernel_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.kernel.iter().flatten().map(|r| r.counter_slot).filter(|s| *s != 0)
+    }
+}
+
+impl Loaded {
     /// Reads the state directory; a set file that does not read is an
     /// error (the start fails rather than policing without a feed).
     pub fn read(dir: &std::path::Path) -> Result<Loaded> {

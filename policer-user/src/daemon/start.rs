@@ -98,15 +98,12 @@ pub(super) fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<Ru
 /// config file; nothing is changed yet.
 struct Settings {
     file: ConfigFile,
-    cfg: crate::config::Config,
+    /// Whether the start changes what the file says (the default rules from
+    /// `--rate`, or the interfaces): it is rewritten once the start commits.
+    changes_file: bool,
     /// The rules to police with.
     specs: BTreeMap<RuleKey, RuleSpec>,
-    /// The interfaces as given (what the file keeps: `@default-route` stays
-    /// a token), then as attached, with their indexes.
-    given: Vec<String>,
-    names: Vec<String>,
-    indexes: Vec<u32>,
-    mode: Mode,
+    ifaces: Interfaces,
     max_sources: u32,
     max_rules: u32,
     /// Whether `--max-sources` / `--max-rules` (or the file) asked for a size.
@@ -114,6 +111,16 @@ struct Settings {
     sized_rules: bool,
     metrics_addr: Option<std::net::SocketAddr>,
     layout_version: Option<u32>,
+}
+
+/// The interfaces to police.
+struct Interfaces {
+    /// As given (what the file keeps: `@default-route` stays a token), then
+    /// as attached, with their indexes.
+    given: Vec<String>,
+    names: Vec<String>,
+    indexes: Vec<u32>,
+    mode: Mode,
 }
 
 /// What holds this daemon's place: the lock, and the metrics port.
@@ -137,11 +144,10 @@ struct Loaded {
 
 /// The rules planned against what the loaded maps hold.
 struct Planned {
+    /// What the loaded maps hold (`rs.compiled()`), and the plan from it.
     rs: RuleSet,
     plan: Plan,
-    /// What the rule maps hold before the start.
-    have: crate::compile::Compiled,
-    sets: Option<super::sets::Loaded>,
+    sets: super::sets::Loaded,
     sets_dir: std::path::PathBuf,
 }
 
@@ -173,11 +179,7 @@ impl Daemon {
         out: &mut impl Write,
     ) -> Result<Daemon> {
         let Loaded { mut policer, old_fds } = loaded;
-        let Planned { rs, plan, have, sets, sets_dir } = planned;
-        // Rewrite the file (after the start commits) only if this start
-        // changed what it says (the default rules from --rate, or the
-        // interfaces).
-        let changed = args.rate.is_some() || s.cfg.daemon.interfaces != s.given;
+        let Planned { rs, plan, sets, sets_dir } = planned;
         // The last step that can fail before the kernel changes.
         let socket = control::socket_path()?;
         let listener = bind_private(&socket)?;
@@ -202,26 +204,22 @@ impl Daemon {
             // before `d`, so while the lock is still held), not by leaving
             // as a stopped daemon would.
             finished: true,
-            reload_ok: true,
-            reload_at: super::unix_now(),
-            reload_error: None,
-            refused_sha: None,
+            reload: super::ruleset::ReloadState::new(),
             changed: false,
             ban_log: Default::default(),
             sets: BTreeMap::new(),
             sets_dir,
         };
         let mut undo = Undo::new(new_prog, maps)?;
-        let mut plan = Some(plan);
-        let mut sets = sets;
+        let mut rules = Some((plan, sets));
         // Fresh maps, which no running program reads: the rules first.
-        if !shared {
-            d.install(&mut undo, plan.take().expect("once"), &have, sets.take())?;
+        if !shared && let Some((plan, sets)) = rules.take() {
+            d.install(&mut undo, plan, sets)?;
         }
-        d.attach_all(&s.names, &s.indexes, &survey.existing, &old_fds, new_fd, s.mode, &mut undo, &args.config, out)?;
+        d.attach_all(&s.ifaces, &survey, &old_fds, new_fd, &mut undo, out)?;
         // Adopted maps: the rules once every interface runs the new program.
-        if let Some(plan) = plan.take() {
-            d.install(&mut undo, plan, &have, sets.take())?;
+        if let Some((plan, sets)) = rules.take() {
+            d.install(&mut undo, plan, sets)?;
         }
         d.sync_fast_path()?;
         undo.commit()?;
@@ -229,8 +227,8 @@ impl Daemon {
         d.rs.set_file_rules(s.specs);
 
         // Before saying "policing", so whoever reads the file next sees it.
-        if changed {
-            d.write_start_config(&s.given);
+        if s.changes_file {
+            d.write_start_config(&s.ifaces.given);
         }
         if let Some(m) = &d.metrics
             && let Ok(a) = m.local_addr()
@@ -240,7 +238,7 @@ impl Daemon {
         let _ = writeln!(
             out,
             "policer: policing on {} with {} rules from {}; {}",
-            s.names.join(", "),
+            s.ifaces.names.join(", "),
             d.rs.rules().len(),
             args.config.display(),
             if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
@@ -250,20 +248,17 @@ impl Daemon {
 
     /// Attaches the new program to every interface: replacing a policer
     /// program atomically (ours or of another layout), or fresh.
-    #[expect(clippy::too_many_arguments, reason = "one step of the start, reading the start's state")]
     fn attach_all(
         &mut self,
-        names: &[String],
-        indexes: &[u32],
-        existing: &[Existing],
+        ifaces: &Interfaces,
+        survey: &Survey,
         old_fds: &BTreeMap<u32, ProgramFd>,
         new_fd: i32,
-        mode: Mode,
         undo: &mut Undo,
-        config: &Path,
         out: &mut impl Write,
     ) -> Result<()> {
-        for ((name, &index), e) in names.iter().zip(indexes).zip(existing) {
+        let config = self.file.path().to_path_buf();
+        for ((name, &index), e) in ifaces.names.iter().zip(&ifaces.indexes).zip(&survey.existing) {
             match e {
                 Existing::Ours { prog_id, mode_flags } | Existing::OtherLayout { prog_id, mode_flags, .. } => {
                     if let Existing::OtherLayout { layout, .. } = e {
@@ -289,7 +284,7 @@ impl Daemon {
                     undo.attached(name, index, *mode_flags, Some((*prog_id, old)))?;
                 }
                 Existing::None => {
-                    let flags = attach_fresh(name, index, new_fd, mode)?;
+                    let flags = attach_fresh(name, index, new_fd, ifaces.mode)?;
                     let _ = writeln!(out, "policer: attached to {name} ({} mode)", Mode::flag_name(flags));
                     self.ifaces.push(Iface { name: name.clone(), index, mode_flags: flags });
                     undo.attached(name, index, flags, None)?;
@@ -305,14 +300,9 @@ impl Daemon {
     /// between a rule and its replacement), takes them as the rules in
     /// force, then installs the named sets. With adopted maps, what is
     /// overwritten is saved in `undo` first.
-    fn install(
-        &mut self,
-        undo: &mut Undo,
-        plan: Plan,
-        have: &crate::compile::Compiled,
-        sets: Option<super::sets::Loaded>,
-    ) -> Result<()> {
-        let p = &mut self.policer;
+    fn install(&mut self, undo: &mut Undo, plan: Plan, sets: super::sets::Loaded) -> Result<()> {
+        // What the maps hold now: the loaded program's (its sets' entries aside).
+        let (p, have) = (&mut self.policer, self.rs.compiled());
         for w in &plan.writes {
             // A fresh program's counters are zero; an adopted one's slot may
             // hold a removed rule's counts.
@@ -334,10 +324,7 @@ impl Daemon {
         undo.rules(have, &plan.compiled)?;
         p.sync_rules_from(have, &plan.compiled)?;
         self.rs.commit(plan);
-        if let Some(l) = sets {
-            self.install_sets(l)?;
-        }
-        Ok(())
+        self.install_sets(sets)
     }
 }
 
@@ -348,7 +335,7 @@ fn settings(args: &DaemonArgs) -> Result<Settings> {
     // Rules and bans that expired while no daemon ran stay expired (the
     // next write of the file drops them).
     super::bans::drop_expired(&mut specs);
-    let cfg = file.config().clone();
+    let cfg = file.config();
     if let Some(rate) = args.rate {
         for s in default_rules(rate, &args.burst)? {
             specs.insert(s.key(), s);
@@ -394,14 +381,12 @@ fn settings(args: &DaemonArgs) -> Result<Settings> {
     let layout_version = hooks::layout_version()?;
     let sized_sources = args.max_sources.is_some() || cfg.daemon.max_sources.is_some();
     let sized_rules = args.max_rules.is_some() || cfg.daemon.max_rules.is_some();
+    let changes_file = args.rate.is_some() || cfg.daemon.interfaces != given;
     Ok(Settings {
         file,
-        cfg,
+        changes_file,
         specs,
-        given,
-        names,
-        indexes,
-        mode,
+        ifaces: Interfaces { given, names, indexes, mode },
         max_sources,
         max_rules,
         sized_sources,
@@ -436,7 +421,7 @@ fn claim(s: &Settings) -> Result<Claim> {
 /// rather than adopted (its buckets start empty).
 fn survey(s: &Settings) -> Result<Survey> {
     let mut existing = Vec::new();
-    for (n, &i) in s.names.iter().zip(&s.indexes) {
+    for (n, &i) in s.ifaces.names.iter().zip(&s.ifaces.indexes) {
         existing.push(inspect(n, i)?);
     }
     let needs = if s.sized_rules { s.max_rules } else { s.specs.len() as u32 };
@@ -531,7 +516,7 @@ fn load(s: &Settings, survey: &Survey, out: &mut impl Write) -> Result<Loaded> {
         );
     }
     drop(bpffs);
-    for (e, n) in survey.existing.iter().zip(&s.names) {
+    for (e, n) in survey.existing.iter().zip(&s.ifaces.names) {
         let (Existing::Ours { prog_id, .. } | Existing::OtherLayout { prog_id, .. }) = e else {
             continue;
         };
@@ -578,9 +563,13 @@ fn plan_rules(policer: &Policer, s: &Settings, adopting: bool, config: &Path) ->
     // a change, as for any change of the rules.
     let mut groups = crate::compile::Groups::default();
     groups.adopt(have.prefixes.iter().map(|(n, r)| (*n, r.classes)));
-    let plan = super::plan::plan(&held, &s.specs, slots.free_slots(), slots.capacity(), &groups, next_id)?;
-    let rs = RuleSet::new(slots, groups, have.clone(), next_id);
-    Ok(Planned { rs, plan, have, sets: Some(loaded), sets_dir })
+    // The slots the adopted sets' entries count into stay theirs: a new
+    // rule in one would rewrite its limiter under the set's entries.
+    let reserved: BTreeSet<u32> = loaded.kernel_slots().collect();
+    let free = slots.free_slots().filter(|s| !reserved.contains(s));
+    let plan = super::plan::plan(&held, &s.specs, free, slots.capacity(), &groups, next_id)?;
+    let rs = RuleSet::new(slots, groups, have, next_id);
+    Ok(Planned { rs, plan, sets: loaded, sets_dir })
 }
 
 /// One kernel change of a start, with what it replaced.
