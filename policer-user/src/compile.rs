@@ -25,8 +25,9 @@ use crate::{
 };
 
 /// Whether a set of rules compiles (no classes that tie, none crowding a
-/// frame): what `rule set`, `reload` and `check` refuse before anything is
-/// written. Rules without classes always do, and are not compiled here.
+/// frame): what `policer check` refuses without a daemon. (The daemon
+/// compiles a change once, in its plan.) Rules without classes always do,
+/// and are not compiled here.
 pub fn check_rules<'a>(rules: impl IntoIterator<Item = &'a RuleSpec>) -> Result<()> {
     let rules: Vec<&RuleSpec> = rules.into_iter().collect();
     if rules.iter().all(|s| s.class.is_none()) {
@@ -359,10 +360,11 @@ pub fn resolve<'a>(rules: &'a [KernelRule], src: IpAddr, f: &FrameL4) -> Option<
 }
 
 /// The rule the compiled maps give a frame from `src`, looked up as the
-/// program does: the trie's longest match, then the program's own class
+/// program does (the tests' model of it): the trie's longest match, then the program's own class
 /// choice (policer_common::class::select) on the compiled index. `None`
 /// for no rule.
-pub fn lookup(c: &Compiled, src: IpAddr, f: &FrameL4) -> Option<Rule> {
+#[cfg(test)]
+pub fn lookup(c: &Compiled, src: std::net::IpAddr, f: &FrameL4) -> Option<Rule> {
     let best = c.prefixes.iter().filter(|(n, _)| n.contains(&src)).max_by_key(|(n, _)| n.prefix_len())?.1;
     let rule = *policer_common::class::select(best, f.proto, &mut CompiledLookups { c, frame: f }).unwrap_or(best);
     (rule.action != ACTION_NONE).then_some(rule)
@@ -370,11 +372,13 @@ pub fn lookup(c: &Compiled, src: IpAddr, f: &FrameL4) -> Option<Rule> {
 
 /// The compiled maps and one frame, read as the program reads its maps and
 /// the frame's headers.
+#[cfg(test)]
 struct CompiledLookups<'a> {
     c: &'a Compiled,
     frame: &'a FrameL4,
 }
 
+#[cfg(test)]
 impl<'a> policer_common::class::ClassLookups<'a> for CompiledLookups<'a> {
     fn l4(&mut self, proto: u8) -> FrameL4 {
         // The program reads nothing past the IP header of a frame without
@@ -398,6 +402,7 @@ impl<'a> policer_common::class::ClassLookups<'a> for CompiledLookups<'a> {
     }
 }
 
+#[cfg(test)]
 fn prefix_eq(a: &[u8], b: &[u8], bits: u32) -> bool {
     let full = (bits / 8) as usize;
     if a[..full] != b[..full] {

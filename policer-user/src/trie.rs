@@ -53,6 +53,18 @@ pub fn pack(net: &IpNet, out: &mut Vec<u8>) {
     }
 }
 
+/// The prefix of a key as [`pack`] lays it out (and the kernel returns it
+/// from a batch read): its size says the family. `None`: not a key.
+pub fn unpack(key: &[u8]) -> Option<IpNet> {
+    let len = u8::try_from(u32::from_ne_bytes(key.get(..4)?.try_into().ok()?)).ok()?;
+    let addr: std::net::IpAddr = match key.len() {
+        KEY_V4 => std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&key[4..8]).ok()?).into(),
+        KEY_V6 => std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&key[4..20]).ok()?).into(),
+        _ => return None,
+    };
+    IpNet::new(addr, len).ok()
+}
+
 fn rule_bytes(r: &Rule) -> &[u8] {
     // SAFETY: Rule is plain data (repr(C), no padding: see its Pod impl).
     unsafe { std::slice::from_raw_parts(r as *const Rule as *const u8, size_of::<Rule>()) }
@@ -235,27 +247,30 @@ mod tests {
         assert!(packed[8..].iter().all(|b| *b == 0));
     }
 
+    /// The bytes of a value as it sits in memory (what update_elem hands
+    /// the kernel), padding and all.
+    fn memory<T>(v: &T) -> Vec<u8> {
+        // SAFETY: reads size_of::<T>() bytes of a live value.
+        unsafe { std::slice::from_raw_parts(v as *const T as *const u8, size_of::<T>()) }.to_vec()
+    }
+
     #[test]
     fn a_packed_key_is_the_key_the_kernel_reads_one_at_a_time() {
-        // The bytes of LpmKey (update_elem) and of pack (batches) agree.
-        for s in ["10.0.0.0/8", "203.0.113.7/32", "0.0.0.0/0"] {
-            let n: Ipv4Net = s.parse().unwrap();
-            let k = LpmKey::v4(&n);
+        // The bytes of LpmKey in memory (update_elem) and of pack (batches)
+        // agree, and unpack gives the prefix back.
+        for s in ["10.0.0.0/8", "203.0.113.7/32", "0.0.0.0/0", "2001:db8:1::/48", "::/0", "2001:db8::1/128"] {
+            let n: IpNet = s.parse().unwrap();
+            let one = match n {
+                IpNet::V4(n) => memory(&LpmKey::v4(&n)),
+                IpNet::V6(n) => memory(&LpmKey::v6(&n)),
+            };
             let mut packed = Vec::new();
-            pack(&IpNet::V4(n), &mut packed);
-            let mut want = k.len.to_ne_bytes().to_vec();
-            want.extend_from_slice(&k.data);
-            assert_eq!(packed, want, "{s}");
+            pack(&n, &mut packed);
+            assert_eq!(packed, one, "{s}");
+            assert_eq!(unpack(&packed), Some(n), "{s}");
         }
-        for s in ["2001:db8:1::/48", "::/0", "2001:db8::1/128"] {
-            let n: Ipv6Net = s.parse().unwrap();
-            let k = LpmKey::v6(&n);
-            let mut packed = Vec::new();
-            pack(&IpNet::V6(n), &mut packed);
-            let mut want = k.len.to_ne_bytes().to_vec();
-            want.extend_from_slice(&k.data);
-            assert_eq!(packed, want, "{s}");
-        }
+        assert_eq!(unpack(&[0; 7]), None, "not a key's size");
+        assert_eq!(unpack(&[33, 0, 0, 0, 10, 0, 0, 0]), None, "a length past the family's");
     }
 
     #[test]
