@@ -2,11 +2,10 @@
 //! hands the object to `include_bytes_aligned!` through OUT_DIR.
 use aya_build::{Package, Toolchain};
 
-/// Must match xtask's TOOLCHAIN: bpf-linker is built against this
-/// toolchain's LLVM (see CONTRIBUTING.md, "Toolchain").
-const TOOLCHAIN: &str = "1.98.0";
-
 fn main() -> anyhow::Result<()> {
+    // The pinned toolchain: the workspace's rust-version (bpf-linker is
+    // built against its LLVM; see CONTRIBUTING.md, "Toolchain").
+    let toolchain = std::env::var("CARGO_PKG_RUST_VERSION")?;
     // The inner eBPF build needs `-Z build-std=core` and `core_intrinsics`
     // on a stable toolchain; aya-build passes them when this is set.
     // SAFETY: build scripts are single-threaded at this point.
@@ -21,9 +20,9 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(out.join("policer"), [])?;
     }
     // Without features: the eBPF crate's `bench` feature (a benchmark's
-    // hook) is built only by the tests crate, into its own object.
+    // hook) is built only by policer-bench, into its own object.
     aya_build::build_ebpf(
         [Package { name: "policer-ebpf", root_dir: root, ..Default::default() }],
-        Toolchain::Custom(TOOLCHAIN),
+        Toolchain::Custom(&toolchain),
     )
 }

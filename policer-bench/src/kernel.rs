@@ -114,9 +114,6 @@ pub struct KernelRow {
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelResults {
     pub rows: Vec<KernelRow>,
-    /// True when `LoadOptions::variant` did not take effect and the
-    /// benchmark set the BENCH_SOURCES global itself.
-    pub bench_sources_override: bool,
     /// What one random read costs on the benchmark CPU, by the size of the
     /// region read from (see [`memory_latency`]).
     pub memory: Vec<MemoryLatency>,
@@ -289,32 +286,20 @@ fn bench_variant(sources: u32) -> Variant {
     Variant { object: BENCH_OBJECT, globals: vec![(GLOBAL_BENCH_SOURCES, sources)] }
 }
 
-/// Does `Policer::load` set BENCH_SOURCES from `LoadOptions::variant`?
-/// One pass of 64 frames with 64 synthetic sources must create 64 buckets.
-fn loader_honours_bench_sources() -> Result<bool> {
-    let mut p =
-        Policer::load(&LoadOptions { max_sources: 1024, variant: Some(bench_variant(64)), ..Default::default() })?;
-    p.set_rule("0.0.0.0/0".parse::<IpNet>()?, &rule("100Mpps", 1_000_000)?)?;
-    run_once(p.program(), &frame(), 64)?;
-    Ok(p.counters()?.buckets_created >= 64)
-}
-
 /// The policer's bench variant with `rate` for 0.0.0.0/0.
-fn policer(sources: u32, table: u32, rate: &str, burst: u64, through_loader: bool) -> Result<Subject> {
+/// (The loader sets the variant's globals or fails to load.)
+fn policer(sources: u32, table: u32, rate: &str, burst: u64) -> Result<Subject> {
     let rule = rule(rate, burst)?;
-    if through_loader {
-        let mut p = Policer::load(&LoadOptions {
-            max_sources: table,
-            variant: Some(bench_variant(sources)),
-            ..Default::default()
-        })?;
-        p.set_rule("0.0.0.0/0".parse::<IpNet>()?, &rule)?;
-        // As the daemon does when only default rules exist: the fast path.
-        p.set_default_rules(0, Some(rule), None)?;
-        p.set_fast_path(1)?;
-        return Ok(Subject::Policer(Box::new(p)));
-    }
-    Ok(Subject::RawPolicer(Box::new(raw_policer(BENCH_OBJECT, sources, table, &rule)?)))
+    let mut p = Policer::load(&LoadOptions {
+        max_sources: table,
+        variant: Some(bench_variant(sources)),
+        ..Default::default()
+    })?;
+    p.set_rule("0.0.0.0/0".parse::<IpNet>()?, &rule)?;
+    // As the daemon does when only default rules exist: the fast path.
+    p.set_default_rules(0, Some(rule), None)?;
+    p.set_fast_path(1)?;
+    Ok(Subject::Policer(Box::new(p)))
 }
 
 /// The policer's bench variant dropping (1 pps per source, the class-less
@@ -414,7 +399,6 @@ pub fn run(quick: bool, reps: usize) -> Result<KernelResults> {
 
 fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
     pin_cpu(bench_cpu())?;
-    let through_loader = loader_honours_bench_sources()?;
     let sizes: &[(u32, u32)] = &[(1, M), (65_536, M), (M, 2 * M)];
     let (short, long) = if quick { (2_000_000, 2_000_000) } else { (10_000_000, 4_000_000) };
     let mut rows = Vec::new();
@@ -463,11 +447,11 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
             format!("policer, dropping (1 pps per source), {tag}"),
             n,
             table,
-            policer(n, table, "1pps", 1, through_loader)?,
+            policer(n, table, "1pps", 1)?,
         );
         // The class rows' A/B in the kernel: the same with 16 class rules
         // that do not match the frame (needs the loader: `sync_rules`).
-        if n == 65_536 && through_loader {
+        if n == 65_536 {
             let one: [&[&str]; 1] = [super::peers::DNS_RULE];
             for (key, fast, classes, how) in [
                 ("policer_drop_class1", true, &one[..], "1 class rule (udp dport 53)"),
@@ -495,7 +479,7 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
                 format!("policer, all admitted (100 Mpps), {tag}"),
                 n,
                 table,
-                policer(n, table, "100Mpps", 1_000_000, through_loader)?,
+                policer(n, table, "100Mpps", 1_000_000)?,
             );
         }
     }
@@ -532,7 +516,7 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
     }
     // On the same pinned CPU, after the programs.
     let memory = memory_latency(if quick { 2_000_000 } else { 10_000_000 });
-    Ok(KernelResults { rows: out, bench_sources_override: !through_loader, memory })
+    Ok(KernelResults { rows: out, memory })
 }
 
 /// One row of an A/B comparison ([`ab`]): wall ns per packet over the

@@ -19,12 +19,17 @@ pub mod pressure;
 pub mod report;
 pub mod veth;
 
+/// The policer's program built with its `bench` feature (the BENCH_SOURCES
+/// global: synthetic sources), by build.rs: what the benchmark's kernel
+/// rows and `--ab` load. The `policer` binary carries no such build.
+pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/policer"));
+
 // The tests crate's support code, named at the root so that the modules
 // above reach it as they did while they lived in that crate
 // (`crate::netns`, `super::generator`). The generator and `sys` are shared
 // with the attack and soak tiers, hence in `policer_tests::bench`.
 use policer_tests::{
-    BENCH_OBJECT, REFERENCE_OBJECT,
+    REFERENCE_OBJECT,
     bench::{generator, sys},
     classes, daemon, frame, netns, packet, traffic,
 };

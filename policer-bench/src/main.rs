@@ -140,14 +140,14 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
 fn objects(a: &Args) -> anyhow::Result<()> {
     use anyhow::Context;
     if let Some(p) = &a.save_object {
-        std::fs::write(p, policer_tests::BENCH_OBJECT).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, policer_bench::BENCH_OBJECT).with_context(|| format!("writing {}", p.display()))?;
         say(&format!("wrote the built object to {}", p.display()));
         return Ok(());
     }
     let mut objects = Vec::new();
     for name in &a.ab {
         let bytes = if name == "built" {
-            policer_tests::BENCH_OBJECT.to_vec()
+            policer_bench::BENCH_OBJECT.to_vec()
         } else {
             std::fs::read(name).with_context(|| format!("reading {name}"))?
         };

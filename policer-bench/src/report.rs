@@ -791,14 +791,8 @@ pub fn markdown(r: &Results) -> String {
              (inserting on a miss) and a read of the 16-byte value. A warm-up pass creates every entry before \
              measuring. **kernel ns** is what the kernel reports (integer ns per run; time spent rescheduled is not \
              counted); **wall ns** is the syscall's wall time / repeat. The test loop itself costs a few ns (see \
-             xdp_pass).{}\n",
+             xdp_pass).\n",
             k.rows.first().map(|r| r.kernel_ns.n).unwrap_or(0),
-            if k.bench_sources_override {
-                " `LoadOptions::bench_sources` did not reach the object in this build (the loader does not set the \
-                 BENCH_SOURCES global), so the benchmark loaded EBPF_OBJECT itself with that global overridden."
-            } else {
-                ""
-            }
         );
         let _ = writeln!(
             w,

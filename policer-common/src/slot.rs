@@ -177,7 +177,7 @@ pub fn miss(rule: &Rule, len: u32, l: &mut impl MissLookups) -> Miss {
 
 /// What one frame did to a found slot ([`step`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Outcome {
     /// The bucket admitted it.
     Admitted,
     /// The bucket refused it (counted towards a ban, or starting one).
@@ -189,7 +189,7 @@ pub enum Verdict {
 /// One frame's effect on a found slot ([`step`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Step {
-    pub verdict: Verdict,
+    pub outcome: Outcome,
     /// The slot after the frame.
     pub slot: Slot,
     /// The ban this frame started, to write into the store.
@@ -210,13 +210,13 @@ pub fn step(slot: Slot, store: Option<&Ban>, rule: &Rule, p: &BanParams, now_ns:
         Found::Ready => {}
         Found::Banned => {
             if in_force(s.tat, now_ns) {
-                return Step { verdict: Verdict::BanDrop, slot: s, started: None };
+                return Step { outcome: Outcome::BanDrop, slot: s, started: None };
             }
             s = unbanned(s.key, rule, now_ns);
         }
         Found::Counting(n) => {
             return match rule.admit(s.tat, now_ns, len) {
-                Some(tat) => Step { verdict: Verdict::Admitted, slot: Slot { key: want, tat }, started: None },
+                Some(tat) => Step { outcome: Outcome::Admitted, slot: Slot { key: want, tat }, started: None },
                 None => refuse(s, s.key, n.saturating_add(1), store, rule, p, now_ns),
             };
         }
@@ -228,15 +228,15 @@ pub fn step(slot: Slot, store: Option<&Ban>, rule: &Rule, p: &BanParams, now_ns:
         }
     }
     match rule.admit(s.tat, now_ns, len) {
-        Some(tat) => Step { verdict: Verdict::Admitted, slot: Slot { key: s.key, tat }, started: None },
+        Some(tat) => Step { outcome: Outcome::Admitted, slot: Slot { key: s.key, tat }, started: None },
         None if rule.flags & RULE_BAN != 0 => refuse(s, want, 1, store, rule, p, now_ns),
-        None => Step { verdict: Verdict::Refused, slot: s, started: None },
+        None => Step { outcome: Outcome::Refused, slot: s, started: None },
     }
 }
 
 /// [`step`] for the `n`-th refusal of a slot whose word is `word`.
 fn refuse(s: Slot, word: u64, n: u32, store: Option<&Ban>, rule: &Rule, p: &BanParams, now_ns: u64) -> Step {
-    let refused = |slot, started| Step { verdict: Verdict::Refused, slot, started };
+    let refused = |slot, started| Step { outcome: Outcome::Refused, slot, started };
     match refusal(word, n, p) {
         Refusal::Ignore => refused(s, None),
         Refusal::Count(key) => refused(Slot { key, tat: s.tat }, None),

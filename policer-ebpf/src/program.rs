@@ -561,7 +561,10 @@ fn table_of<const V6: bool>() -> (&'static Array<Set>, &'static Array<SetDrops>)
 /// without a stamp, `index` its two sets, `v6_key` the IPv6 source (written
 /// beside the slot it claims).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "inlined glue: the frame's parsed fields, passed as the verifier tracks them"
+)]
 fn police_table<const V6: bool>(
     ctx: &XdpContext,
     g: &Geometry,
@@ -757,7 +760,10 @@ unsafe fn find(set: *mut Set, key: u64) -> Option<(usize, u64)> {
 /// # Safety
 /// `slot` must point into a live map value.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "inlined glue: the found slot and the frame, passed as the verifier tracks them"
+)]
 unsafe fn slot_admit<const V6: bool>(
     ctx: &XdpContext,
     slot: *mut Slot,
@@ -950,7 +956,7 @@ fn count_slot_ban_drop<const V6: bool>(word: u64, v6_key: &BucketKeyV6, clock: &
 
 /// Compare-and-swap of a word other CPUs also change; returns the word
 /// found, which equals `old` when the swap happened. (Compare that value,
-/// not the intrinsic's flag: see PLATFORM-NOTES.)
+/// not the intrinsic's flag: see docs/platform.md.)
 ///
 /// # Safety
 /// `ptr` must point into a live map value.

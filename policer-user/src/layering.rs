@@ -373,12 +373,13 @@ fn the_check_finds_a_cycle_through_braces_super_and_reexports() {
     assert_eq!(c[1], "a -> c (a.rs:2), c -> a (c.rs:2)");
 }
 
-/// policer-common has cycles of its own (bucket, clock, ban, class, maps,
-/// table, recall reach each other): they are the packet-path part of
-/// issue 27, which moves that crate's policy around; this branch leaves
-/// that crate alone.
+/// policer-common still has cycles of its own (bucket, clock, ban, class,
+/// maps, table, recall reach each other, most through the root's
+/// re-exports of `Rule` and the key types): breaking them needs a layer of
+/// plain types below the policy modules, which changes every import of the
+/// XDP program (issue 27, left open for it). `--include-ignored` lists them.
 #[test]
-#[ignore = "policer-common's cycles belong to the packet-path part of issue 27"]
+#[ignore = "policer-common's module cycles are not broken yet (issue 27 stays open for them)"]
 fn no_top_level_module_of_policer_common_uses_one_that_uses_it() {
     let c = cycles(&crate_src("policer-common"));
     assert!(c.is_empty(), "top-level module cycles in policer-common:\n{}", c.join("\n"));

@@ -21,10 +21,6 @@ pub mod traffic;
 /// lookup, the live-frames generator), built by build.rs. Empty in a build
 /// with `AYA_BUILD_SKIP=1`.
 pub static REFERENCE_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reference"));
-/// The policer's program built with its `bench` feature (the BENCH_SOURCES
-/// global: synthetic sources), by build.rs: what the benchmark's kernel
-/// rows and `--ab` load. The `policer` binary carries no such build.
-pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/policer"));
 
 /// True when the privileged tiers can run. When they cannot, says why;
 /// under CI (`CI=true`) or `POLICER_REQUIRE_PRIVILEGED=1` an unexpected

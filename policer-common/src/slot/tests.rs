@@ -29,7 +29,7 @@ fn fresh(rule: &Rule, now: u64) -> Slot {
 
 /// Runs `n` frames at `now` through [`step`], keeping the store as the
 /// program does; the verdicts.
-fn frames(slot: &mut Slot, store: &mut Option<Ban>, r: &Rule, p: &BanParams, now: u64, n: u64) -> Vec<Verdict> {
+fn frames(slot: &mut Slot, store: &mut Option<Ban>, r: &Rule, p: &BanParams, now: u64, n: u64) -> Vec<Outcome> {
     (0..n)
         .map(|_| {
             let s = step(*slot, store.as_ref(), r, p, now, 64);
@@ -37,7 +37,7 @@ fn frames(slot: &mut Slot, store: &mut Option<Ban>, r: &Rule, p: &BanParams, now
             if let Some(b) = s.started {
                 *store = Some(b);
             }
-            s.verdict
+            s.outcome
         })
         .collect()
 }
@@ -142,7 +142,7 @@ fn a_fresh_bucket_has_the_full_burst() {
     let Miss::Take { tat, .. } = miss(&r, 64, &mut l) else { panic!("a new source is taken") };
     let mut slot = Slot { key: table::stamped(slot_key([192, 0, 2, 1], 32) | table::KEY_VALID, r.stamp), tat };
     let v = frames(&mut slot, &mut None, &r, &BanParams::default(), T0, 4);
-    assert_eq!(v, [Verdict::Admitted, Verdict::Admitted, Verdict::Admitted, Verdict::Refused]);
+    assert_eq!(v, [Outcome::Admitted, Outcome::Admitted, Outcome::Admitted, Outcome::Refused]);
 }
 
 proptest! {
@@ -164,13 +164,13 @@ proptest! {
         let mut store = None;
         // Refuse until banned: the burst is spent by then.
         let v = frames(&mut slot, &mut store, &r, &p, T0, burst + ban_after as u64 + 1);
-        prop_assert_eq!(v.last(), Some(&Verdict::BanDrop));
+        prop_assert_eq!(v.last(), Some(&Outcome::BanDrop));
         let ban = store.expect("a ban started");
         let now = T0 + into % (ban_for * S);
         prop_assert!(now < ban.end_ns);
         for rule in [r, banning(other_rate, burst, ban_for, ban_after).0] {
             let s = step(slot, Some(&ban), &rule, &p, now, len);
-            prop_assert_eq!(s.verdict, Verdict::BanDrop);
+            prop_assert_eq!(s.outcome, Outcome::BanDrop);
             prop_assert_eq!(s.slot, slot);
             prop_assert_eq!(s.started, None);
         }
@@ -191,16 +191,16 @@ proptest! {
         let mut store = None;
         // The rest of the burst (the miss admitted the first frame).
         let admitted = frames(&mut slot, &mut store, &r, &p, T0, burst - 1);
-        prop_assert!(admitted.iter().all(|v| *v == Verdict::Admitted));
+        prop_assert!(admitted.iter().all(|v| *v == Outcome::Admitted));
         for n in 1..ban_after {
             let s = step(slot, store.as_ref(), &r, &p, T0, 64);
-            prop_assert_eq!(s.verdict, Verdict::Refused);
+            prop_assert_eq!(s.outcome, Outcome::Refused);
             prop_assert_eq!(s.started, None);
             prop_assert_eq!(found(s.slot.key, &r), Found::Counting(n));
             slot = s.slot;
         }
         let s = step(slot, store.as_ref(), &r, &p, T0, 64);
-        prop_assert_eq!(s.verdict, Verdict::Refused);
+        prop_assert_eq!(s.outcome, Outcome::Refused);
         let ban = s.started.expect("the ban-after-th refusal bans");
         prop_assert_eq!((ban.start_ns, ban.end_ns, ban.rule_slot), (T0, T0 + ban_for * S, r.counter_slot));
         prop_assert_eq!(found(s.slot.key, &r), Found::Banned);
@@ -225,7 +225,7 @@ proptest! {
         // Long enough later, the bucket has room again.
         let later = T0 + 10 * S * burst;
         let s = step(slot, None, &r, &p, later, 64);
-        prop_assert_eq!(s.verdict, Verdict::Admitted);
+        prop_assert_eq!(s.outcome, Outcome::Admitted);
         prop_assert_eq!(found(s.slot.key, &r), Found::Ready);
     }
 
@@ -246,8 +246,8 @@ proptest! {
         let ban = store.expect("banned");
         let end = ban.end_ns + after;
         let v = frames(&mut slot, &mut store, &r, &p, end, burst + 1);
-        prop_assert!(v[..burst as usize].iter().all(|v| *v == Verdict::Admitted), "{v:?}");
-        prop_assert_eq!(v[burst as usize], Verdict::Refused);
+        prop_assert!(v[..burst as usize].iter().all(|v| *v == Outcome::Admitted), "{v:?}");
+        prop_assert_eq!(v[burst as usize], Outcome::Refused);
     }
 
     /// Without bans, a refusal leaves the bucket as it was: the drop path
@@ -258,7 +258,7 @@ proptest! {
         let mut slot = fresh(&r, T0);
         frames(&mut slot, &mut None, &r, &p, T0, burst - 1);
         let s = step(slot, None, &r, &p, T0, len);
-        prop_assert_eq!(s.verdict, Verdict::Refused);
+        prop_assert_eq!(s.outcome, Outcome::Refused);
         prop_assert_eq!(s.slot.tat, slot.tat);
         // The word the rule wants (a source's second frame swaps it in,
         // admitted or not): from then on, nothing changes.
