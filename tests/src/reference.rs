@@ -1,10 +1,11 @@
 //! A host-side reference parser for the differential tests: what the XDP
-//! program must decide for a frame, written independently from the README's
-//! description of the parser (not from the eBPF code).
+//! program must decide for a frame, written independently from the
+//! description of the parser in docs/packet-path.md (not from the eBPF code).
 //!
 //! It also reads what a frame offers to class matching (issue 17), as the
-//! README and `policer_common::class` describe it: the protocol (IPv6: the
-//! header after the extension headers), and from the layer-4 header the
+//! README ("Classes"), docs/design.md ("Classes") and `policer_common::class`
+//! describe it: the protocol (IPv6: the header after the extension headers),
+//! and from the layer-4 header the
 //! destination port (TCP, UDP, SCTP, UDP-Lite), the TCP flags, the ICMP
 //! type. A non-first fragment, a header cut short, or an IPv6 chain the
 //! walk does not finish (it looks at 8 headers: 8 extension headers leave

@@ -2,7 +2,7 @@
 //! fuzzing with a differential check against a host reference parser
 //! (also with class rules installed: the rule each frame gets follows the
 //! reference's layer 4 and the daemon's reference resolver),
-//! frames truncated at every offset, the parse cases of the README one by
+//! frames truncated at every offset, the parse cases of docs/packet-path.md one by
 //! one, and the same source driven from two CPUs at once.
 
 use std::{

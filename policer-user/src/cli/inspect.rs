@@ -8,7 +8,7 @@ use super::daemon;
 pub struct Args {
     /// The source address (IPv4 or IPv6).
     addr: IpAddr,
-    /// One JSON object; see README for the fields.
+    /// One JSON object; see docs/json.md for the fields.
     #[arg(long)]
     pub(super) json: bool,
 }

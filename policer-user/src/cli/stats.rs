@@ -5,7 +5,7 @@ use crate::{control::StatsView, report};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// One JSON object (per sample with --watch); see README for the schema.
+    /// One JSON object (per sample with --watch); see docs/json.md for the schema.
     #[arg(long)]
     pub(super) json: bool,
     /// Repeat every SECS seconds, with rates between samples.
