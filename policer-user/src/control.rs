@@ -449,8 +449,8 @@ pub struct InspectView {
     /// What a frame would get now: "pass" or "drop" ("pass" under
     /// monitor, which counts a would-drop instead).
     pub now: String,
-    /// Frames dropped from it since its bucket was made (sampled for
-    /// IPv4: see README, top).
+    /// Frames dropped from it since its bucket was made (sampled: see
+    /// README, top).
     pub drops: u64,
     /// Without a bucket: "recalled" if the recall remembers it (evicted
     /// recently or in debt: it skips the limiter, and `debt_ns` is the debt
