@@ -26,27 +26,27 @@ use crate::{
 
 /// What is known of a rule held now.
 #[derive(Clone, Debug)]
-pub(super) enum Form {
+pub(super) enum Form<'a> {
     /// A rule in force: its spec.
-    Spec(RuleSpec),
+    Spec(&'a RuleSpec),
     /// A rule an adopted program holds: only its kernel form.
     Kernel(Rule),
 }
 
 /// A rule held now, with its id and counter slot.
 #[derive(Clone, Debug)]
-pub(super) struct Held {
+pub(super) struct Held<'a> {
     pub id: u32,
     pub slot: u32,
-    pub form: Form,
+    pub form: Form<'a>,
 }
 
-impl Held {
+impl Held<'_> {
     /// Whether `want` polices exactly as this rule does (it then keeps its
     /// id, and so its buckets).
     fn same(&self, want: &RuleSpec) -> Result<bool> {
         Ok(match &self.form {
-            Form::Spec(s) => s == want,
+            Form::Spec(s) => *s == want,
             Form::Kernel(k) => same_params(k, &want.kernel(0)?),
         })
     }
@@ -58,9 +58,9 @@ impl Held {
     }
 }
 
-impl From<&Installed> for Held {
-    fn from(i: &Installed) -> Held {
-        Held { id: i.id, slot: i.slot, form: Form::Spec(i.spec.clone()) }
+impl<'a> From<&'a Installed> for Held<'a> {
+    fn from(i: &'a Installed) -> Held<'a> {
+        Held { id: i.id, slot: i.slot, form: Form::Spec(&i.spec) }
     }
 }
 
@@ -114,7 +114,7 @@ pub(super) struct Plan {
 /// rule limit, one a removed rule gives up in the same change. `free` lists
 /// the slots not held; `capacity` is the rule limit.
 pub(super) fn plan(
-    held: &BTreeMap<RuleKey, Held>,
+    held: &BTreeMap<RuleKey, Held<'_>>,
     want: &BTreeMap<RuleKey, RuleSpec>,
     free: impl IntoIterator<Item = u32>,
     capacity: u32,
@@ -200,7 +200,7 @@ mod tests {
         specs.iter().map(|s| (s.key(), s.clone())).collect()
     }
 
-    fn held(p: &Plan) -> BTreeMap<RuleKey, Held> {
+    fn held(p: &Plan) -> BTreeMap<RuleKey, Held<'_>> {
         p.rules.iter().map(|(k, i)| (*k, Held::from(i))).collect()
     }
 

@@ -109,7 +109,7 @@ impl RuleSet {
 
     /// Plans bringing the rules in force to `want` (see `plan.rs`).
     pub fn plan(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<Plan> {
-        let held: BTreeMap<RuleKey, Held> = self.rules.iter().map(|(k, i)| (*k, Held::from(i))).collect();
+        let held: BTreeMap<RuleKey, Held<'_>> = self.rules.iter().map(|(k, i)| (*k, Held::from(i))).collect();
         super::plan::plan(&held, want, self.slots.free_slots(), self.slots.capacity(), &self.groups, self.next_id)
     }
 
