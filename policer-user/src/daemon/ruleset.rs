@@ -453,9 +453,9 @@ impl Daemon {
             && !snap.ends_with_newline()
         {
             return Err(Error::Invalid(format!(
-                "{path}: not applied: it would {what}, and it does not end with a newline, as a file cut \
-                 short by an interrupted write would not (an editor's save always ends with one); if the \
-                 file is whole, end it with a newline"
+                "{path} would {what}, and it does not end with a newline, as a file cut short by an interrupted \
+                 write would not (an editor's save always ends with one); nothing changed: if the file is whole, \
+                 end it with a newline"
             )));
         }
         if let Err(e) = self.apply(&want) {
