@@ -698,8 +698,11 @@ fn a_removed_config_rewritten_slowly_and_a_replaced_directory_are_followed() {
     // The directory replaced under the same path.
     let new = dir.path.join("etc.new");
     std::fs::create_dir(&new).unwrap();
-    std::fs::write(new.join("policer.toml"), format!("{CONFIG}\n[[rule]]\nprefix = \"198.19.0.0/24\"\nrate = \"2kpps\"\n"))
-        .unwrap();
+    std::fs::write(
+        new.join("policer.toml"),
+        format!("{CONFIG}\n[[rule]]\nprefix = \"198.19.0.0/24\"\nrate = \"2kpps\"\n"),
+    )
+    .unwrap();
     std::fs::rename(&etc, dir.path.join("etc.old")).unwrap();
     std::fs::rename(&new, &etc).unwrap();
     wait_for(
