@@ -65,7 +65,12 @@ pub enum Request {
     Detach {
         iface: String,
     },
-    Reload,
+    Reload {
+        /// Drop what was changed with `--runtime` instead of keeping it
+        /// over the file (sent only when set: older daemons drop it anyway).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        discard_runtime: bool,
+    },
     Status,
     Stats,
     Top {
@@ -118,7 +123,7 @@ impl Request {
             Request::RuleSet { .. }
                 | Request::RuleRm { .. }
                 | Request::Detach { .. }
-                | Request::Reload
+                | Request::Reload { .. }
                 | Request::Ban { .. }
                 | Request::Unban { .. }
                 | Request::Import { .. }
@@ -657,8 +662,8 @@ impl Client {
         self.change(Request::Detach { iface })
     }
 
-    pub fn reload(&self) -> Result<String> {
-        self.change(Request::Reload)
+    pub fn reload(&self, discard_runtime: bool) -> Result<String> {
+        self.change(Request::Reload { discard_runtime })
     }
 
     pub fn ban(&self, rule: RuleConfig, runtime: bool) -> Result<String> {
@@ -732,7 +737,7 @@ mod tests {
     #[test]
     fn each_request_gets_its_own_reply_type() {
         let (c, h, _d) = one_answer("{\"reply\":\"done\",\"message\":\"rule set\"}\n");
-        assert_eq!(c.reload().unwrap(), "rule set");
+        assert_eq!(c.reload(false).unwrap(), "rule set");
         let sent: serde_json::Value = serde_json::from_str(&h.join().unwrap()).unwrap();
         assert_eq!(sent["op"], "reload", "the wire format is as before: {sent}");
         assert_eq!(sent["protocol"], PROTOCOL);

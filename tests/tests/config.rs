@@ -206,10 +206,14 @@ fn a_read_only_config_refuses_changes_and_runtime_applies_them() {
     succeeds(&cli(&sb, &["rule", "rm", "203.0.113.0/24"]));
     assert!(!std::fs::read_to_string(&config).unwrap().contains("203.0.113.0/24"));
     assert!(rule(&rules(&sb), "203.0.113.0/24").is_none());
-    // Reload goes back to the file: the runtime deny goes.
-    succeeds(&cli(&sb, &["reload"]));
+    // A reload keeps the runtime deny over the file, and says so...
+    let said = succeeds(&cli(&sb, &["reload"]));
+    assert!(said.contains("kept 1 runtime change over the file's (rule for 198.18.0.0/24;"), "{said}");
+    assert_eq!(rule(&rules(&sb), "198.18.0.0/24").unwrap()["persisted"], false);
+    // ...and `--discard-runtime` goes back to the file: the runtime deny goes.
+    succeeds(&cli(&sb, &["reload", "--discard-runtime"]));
     let all = rules(&sb);
-    assert!(rule(&all, "198.18.0.0/24").is_none(), "reload drops runtime-only rules");
+    assert!(rule(&all, "198.18.0.0/24").is_none(), "reload --discard-runtime drops runtime-only rules");
     assert!(all.as_array().unwrap().iter().all(|r| r["persisted"] == true && r["in_force"] == true));
 }
 
@@ -329,6 +333,61 @@ fn rule_set_on_a_read_only_config_needs_runtime() {
     let (sent, got) =
         traffic::run(&sb, &[Flow { src: ip("198.18.0.7"), pps: 200.0, len: 64 }], Duration::from_millis(500));
     assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "the runtime deny let frames through");
+}
+
+/// On a read-only ConfigMap `--runtime` is the only way to ban: an
+/// unrelated swap of the file (a comment added) keeps the runtime ban and a
+/// runtime removal in force, on the wire, and the log says so; a file that
+/// comes to say the same is the file's from then on; `reload
+/// --discard-runtime` goes back to the file.
+#[test]
+fn runtime_bans_survive_a_followed_reload() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cmrt");
+    let mut cm = ConfigMap::new("cmrt", CONFIG);
+    let d = attach(&sb, &cm.config());
+    succeeds(&cli(&sb, &["ban", "198.18.0.0/24", "--for", "3650d", "--reason", "abuse", "--runtime"]));
+    succeeds(&cli(&sb, &["rule", "rm", "203.0.113.0/24", "--runtime"]));
+    let banned = Flow { src: ip("198.18.0.7"), pps: 200.0, len: 64 };
+    // Over the removed rule's 500pps, under the default rule's 1kpps.
+    let freed = Flow { src: ip("203.0.113.9"), pps: 700.0, len: 64 };
+    let check = |why: &str| {
+        let (sent, got) = traffic::run(&sb, &[banned.clone(), freed.clone()], Duration::from_millis(500));
+        assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "{why}: the runtime ban let frames through");
+        assert_eq!(got.per_flow[1], sent.sent[1], "{why}: the rule removed at runtime policed again");
+    };
+    check("before");
+
+    let sha = stats(&sb)["config"]["sha256"].clone();
+    cm.swap(&format!("{CONFIG}# an unrelated comment\n"));
+    wait_for(|| stats(&sb)["config"]["sha256"] != sha, "the swapped file is reloaded");
+    assert_eq!(stats(&sb)["config"]["last_reload_success"], true);
+    let said = d.stdout();
+    assert!(
+        said.contains("reloaded") && said.contains("0 added, 0 changed, 0 removed); kept 2 runtime changes"),
+        "{said}"
+    );
+    assert!(said.contains("ban of 198.18.0.0/24") && said.contains("203.0.113.0/24 removed"), "{said}");
+    check("after a followed reload");
+    let all: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["ban", "ls", "--json"]))).unwrap();
+    assert!(all.to_string().contains("198.18.0.0/24"), "ban ls lost the runtime ban: {all}");
+
+    // The file drops the rule too: the removal is the file's from now on.
+    let without = CONFIG.replace("[[rule]]\nprefix = \"203.0.113.0/24\"", "[[rule]]\nprefix = \"203.0.114.0/24\"");
+    assert_ne!(without, CONFIG, "the test's config has the 203.0.113.0/24 rule");
+    let sha = stats(&sb)["config"]["sha256"].clone();
+    cm.swap(&without);
+    wait_for(|| stats(&sb)["config"]["sha256"] != sha, "the second swap is reloaded");
+    let said = d.stdout();
+    assert!(said.contains("kept 1 runtime change over the file's (ban of 198.18.0.0/24;"), "{said}");
+    check("after the file agreed");
+
+    // Back to the file: the ban is lifted.
+    succeeds(&cli(&sb, &["reload", "--discard-runtime"]));
+    let (sent, got) = traffic::run(&sb, std::slice::from_ref(&banned), Duration::from_millis(500));
+    assert!(sent.sent[0] > 0 && got.per_flow[0] > 0, "reload --discard-runtime kept the runtime ban");
 }
 
 /// `interfaces = ["@default-route"]` picks the default route's interface

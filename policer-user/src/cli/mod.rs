@@ -48,8 +48,8 @@ enum Cmd {
     Ban(ban::Args),
     /// Lift a ban: a manual one, and the automatic bans of sources in the prefix.
     Unban(ban::UnbanArgs),
-    /// Re-read the config file; applied only if all of it is valid.
-    Reload,
+    /// Re-read the config file; applied only if all of it is valid. What was changed with `--runtime` is kept.
+    Reload(reload::Args),
     /// Validate a config file (no root, no daemon): what it would install, or every problem.
     Check(check::Args),
     /// The running daemon: interfaces, config, rules.
@@ -105,7 +105,7 @@ impl Cli {
             Cmd::Rule { cmd } => rule::run(cmd),
             Cmd::Ban(a) => ban::run(a),
             Cmd::Unban(a) => ban::unban(a),
-            Cmd::Reload => reload::run(),
+            Cmd::Reload(a) => reload::run(a),
             Cmd::Check(a) => check::run(a),
             Cmd::Status(a) => status::run(a),
             Cmd::Stats(a) => stats::run(a),

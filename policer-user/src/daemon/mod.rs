@@ -315,7 +315,7 @@ async fn event_loop(
             _ = sighup.recv() => {
                 let o = owner.clone();
                 tokio::spawn(async move {
-                    match o.ask(Command::Reload).await.result {
+                    match o.ask(Command::Reload { discard_runtime: false }).await.result {
                         Ok(m) => println!("policer: SIGHUP: {m}"),
                         Err(e) => println!("policer: SIGHUP: reload refused, nothing changed: {e}"),
                     }

@@ -34,7 +34,11 @@ pub enum Command {
         rule: RuleConfig,
         runtime: bool,
     },
-    Reload,
+    /// `policer reload` (and SIGHUP): `discard_runtime` drops what was
+    /// changed with `--runtime` instead of keeping it over the file.
+    Reload {
+        discard_runtime: bool,
+    },
     /// The config file's directory changed: reload if the file's bytes
     /// differ from those in force (and from a file already refused).
     Follow,
@@ -185,7 +189,7 @@ impl Daemon {
             Command::Tick => done(self.tick().map(|_| String::new())),
             Command::RuleSet { rule, runtime } => done(self.rule_set(&rule, runtime)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
-            Command::Reload => done(self.reload()),
+            Command::Reload { discard_runtime } => done(self.reload(discard_runtime)),
             Command::Follow => done(self.follow()),
             Command::Detach { iface } => match self.detach(&iface) {
                 Ok(true) => Outcome {

@@ -392,12 +392,16 @@ impl Daemon {
     }
 
     /// Re-reads the config file; applies it only if all of it is valid.
-    /// Rules set with `--runtime` give way to the file's. The file is read
-    /// once: what is judged is what a refusal remembers.
-    pub(super) fn reload(&mut self) -> Result<String> {
+    /// What was changed with `--runtime` (rules and bans set, file rules
+    /// removed) stays in force over the new file, unless `discard_runtime`
+    /// (`policer reload --discard-runtime`): on a read-only ConfigMap a
+    /// runtime ban is the only ban there is, and an unrelated edit of the
+    /// file must not lift it. The file is read once: what is judged is what
+    /// a refusal remembers.
+    pub(super) fn reload(&mut self, discard_runtime: bool) -> Result<String> {
         let bytes = self.file.bytes_on_disk();
         let judged = bytes.as_ref().ok().map(|b| sha256_hex(b.as_deref().unwrap_or_default()));
-        let r = bytes.and_then(|b| self.reload_file(b));
+        let r = bytes.and_then(|b| self.reload_file(b, discard_runtime));
         self.reload.record(&r, judged);
         r
     }
@@ -430,19 +434,21 @@ impl Daemon {
         if self.reload.refused_sha.as_deref() == Some(now.as_str()) {
             return Ok(String::new());
         }
-        self.reload()
+        self.reload(false)
     }
 
-    fn reload_file(&mut self, bytes: Option<Vec<u8>>) -> Result<String> {
+    fn reload_file(&mut self, bytes: Option<Vec<u8>>, discard_runtime: bool) -> Result<String> {
         let snap = self.file.snapshot(bytes)?;
-        let mut want = snap.rules.clone();
-        super::bans::drop_expired(&mut want);
-        self.refuse_set_prefixes(&want)?;
+        let mut file = snap.rules.clone();
+        super::bans::drop_expired(&mut file);
         let path = self.file.path().display().to_string();
-        if want.is_empty() {
+        if file.is_empty() {
             return Err(Error::Invalid(format!("{path}: no rules; nothing changed")));
         }
         let before = self.rs.specs();
+        let overlay = if discard_runtime { Overlay::new() } else { overlay(&before, self.rs.file_rules()) };
+        let want = with_overlay(file.clone(), &overlay);
+        self.refuse_set_prefixes(&want)?;
         let diff = Diff::of(&before, &want);
         // What is in force and not yet expired (a ban past its end waits
         // for the next tick): an ended ban is not one the file lifts.
@@ -473,8 +479,19 @@ impl Daemon {
         // Only now that its rules are in force is the file what we run from.
         self.file.accept(snap);
         let n = want.len();
-        self.rs.set_file_rules(want);
-        Ok(format!("reloaded {path}: {n} rules ({}){note}", diff.counts()))
+        let kept = kept_over(&overlay, &file);
+        self.rs.set_file_rules(file);
+        let kept = if kept.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; kept {} runtime change{} over the file's ({}; `policer reload --discard-runtime` drops them)",
+                kept.len(),
+                if kept.len() == 1 { "" } else { "s" },
+                list(&kept)
+            )
+        };
+        Ok(format!("reloaded {path}: {n} rules ({}){kept}{note}", diff.counts()))
     }
 
     /// Detaches `name`; true when no interface is left.
@@ -542,6 +559,60 @@ impl ReloadState {
     }
 }
 
+/// What was changed at runtime (`--runtime`), as what differs between
+/// the rules in force and the file's: a key set (or set otherwise) at
+/// runtime holds its spec, a file rule removed at runtime holds `None`.
+/// Derived, not kept: every change keeps the rules in force equal to the
+/// file's with this laid over, so there is nothing to keep in step.
+pub(super) type Overlay = BTreeMap<RuleKey, Option<RuleSpec>>;
+
+/// The runtime changes of `in_force` over `file` (what ended aside: an
+/// ended ban is not a change to keep).
+pub(super) fn overlay(in_force: &BTreeMap<RuleKey, RuleSpec>, file: &BTreeMap<RuleKey, RuleSpec>) -> Overlay {
+    let (mut in_force, mut file) = (in_force.clone(), file.clone());
+    super::bans::drop_expired(&mut in_force);
+    super::bans::drop_expired(&mut file);
+    let mut o: Overlay =
+        in_force.iter().filter(|(k, s)| file.get(k) != Some(*s)).map(|(k, s)| (*k, Some(s.clone()))).collect();
+    o.extend(file.keys().filter(|k| !in_force.contains_key(k)).map(|k| (*k, None)));
+    o
+}
+
+/// `file` with the runtime changes laid over it.
+pub(super) fn with_overlay(mut file: BTreeMap<RuleKey, RuleSpec>, overlay: &Overlay) -> BTreeMap<RuleKey, RuleSpec> {
+    for (k, v) in overlay {
+        match v {
+            Some(s) => file.insert(*k, s.clone()),
+            None => file.remove(k),
+        };
+    }
+    file
+}
+
+/// The runtime changes that still differ from the new `file` (one the
+/// file now says too is the file's from now on).
+fn kept_over(overlay: &Overlay, file: &BTreeMap<RuleKey, RuleSpec>) -> Vec<String> {
+    overlay
+        .iter()
+        .filter(|(k, v)| file.get(k) != v.as_ref())
+        .map(|(k, v)| match v {
+            Some(_) if k.ban => format!("ban of {}", k.net),
+            Some(_) => format!("rule for {k}"),
+            None => format!("{k} removed"),
+        })
+        .collect()
+}
+
+/// The first 20 of `items`, then how many more.
+fn list(items: &[String]) -> String {
+    const SHOWN: usize = 20;
+    let mut s: Vec<String> = items.iter().take(SHOWN).cloned().collect();
+    if items.len() > SHOWN {
+        s.push(format!("and {} more", items.len() - SHOWN));
+    }
+    s.join(", ")
+}
+
 /// What a reload changes in the rules in force.
 pub(super) struct Diff {
     pub added: usize,
@@ -586,12 +657,7 @@ impl Diff {
 
     /// The removed rules, the first 20 by name.
     pub fn removed_list(&self) -> String {
-        const SHOWN: usize = 20;
-        let mut s: Vec<String> = self.removed.iter().take(SHOWN).map(|k| k.to_string()).collect();
-        if self.removed.len() > SHOWN {
-            s.push(format!("and {} more", self.removed.len() - SHOWN));
-        }
-        s.join(", ")
+        list(&self.removed.iter().map(|k| k.to_string()).collect::<Vec<_>>())
     }
 }
 
@@ -621,6 +687,60 @@ pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, slot: u32) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec(prefix: &str, rate: &str) -> RuleSpec {
+        crate::rules::RuleConfig { prefix: prefix.into(), rate: Some(rate.into()), ..Default::default() }
+            .validate()
+            .unwrap()
+    }
+
+    fn ban(prefix: &str, ttl: &str) -> RuleSpec {
+        crate::rules::RuleConfig { prefix: prefix.into(), ban: Some(true), ttl: Some(ttl.into()), ..Default::default() }
+            .validate()
+            .unwrap()
+    }
+
+    fn map(specs: &[&RuleSpec]) -> BTreeMap<RuleKey, RuleSpec> {
+        specs.iter().map(|s| (s.key(), (*s).clone())).collect()
+    }
+
+    /// What `--runtime` changed is what differs from the file; laid over a
+    /// new file it keeps those changes and takes the file's for the rest.
+    #[test]
+    fn runtime_changes_are_laid_over_a_new_file() {
+        let (all, lab, lab2, other) =
+            (spec("0.0.0.0/0", "1kpps"), spec("10.0.0.0/8", "5pps"), spec("10.0.0.0/8", "9pps"), spec("::/0", "1kpps"));
+        let b = ban("198.18.0.0/24", "1h");
+        // Runtime: a ban added, the lab's rule changed, `::/0` removed.
+        let file = map(&[&all, &lab, &other]);
+        let in_force = map(&[&all, &lab2, &b]);
+        let o = overlay(&in_force, &file);
+        assert_eq!(o.len(), 3);
+        assert_eq!(o[&b.key()], Some(b.clone()));
+        assert_eq!(o[&lab.key()], Some(lab2.clone()));
+        assert_eq!(o[&other.key()], None);
+        // Nothing runtime: nothing to lay over.
+        assert!(overlay(&file, &file).is_empty());
+
+        // A new file changes the default rule and, itself, drops `::/0`.
+        let all2 = spec("0.0.0.0/0", "2kpps");
+        let new = map(&[&all2, &lab]);
+        let want = with_overlay(new.clone(), &o);
+        assert_eq!(want, map(&[&all2, &lab2, &b]));
+        // `::/0` is gone from the file too: no longer a runtime change.
+        let kept = kept_over(&o, &new);
+        assert_eq!(kept, ["rule for 10.0.0.0/8", "ban of 198.18.0.0/24"], "{kept:?}");
+    }
+
+    /// An ended ban is not a runtime change to keep, in force or in the file.
+    #[test]
+    fn ended_bans_are_not_runtime_changes() {
+        let all = spec("0.0.0.0/0", "1kpps");
+        let mut ended = ban("198.18.0.0/24", "1h");
+        ended.expires = Some(1);
+        assert!(overlay(&map(&[&all, &ended]), &map(&[&all])).is_empty());
+        assert!(overlay(&map(&[&all]), &map(&[&all, &ended])).is_empty());
+    }
 
     #[test]
     fn slots_are_reused_lowest_first_and_end_at_the_limit() {

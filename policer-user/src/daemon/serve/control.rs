@@ -111,7 +111,7 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
     match env.request {
         Request::RuleSet { rule, runtime } => change(Command::RuleSet { rule, runtime }).await,
         Request::RuleRm { rule, runtime } => change(Command::RuleRm { rule, runtime }).await,
-        Request::Reload => change(Command::Reload).await,
+        Request::Reload { discard_runtime } => change(Command::Reload { discard_runtime }).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
         Request::RuleLs => (Reply::Rules { rules: views.rules() }, false),
         Request::Status => (Reply::Status(Box::new(views.status())), false),
