@@ -564,6 +564,19 @@ impl SharedMaps {
         sync_maps(&fds, have, want)
     }
 
+    /// Puts the tries back at `written` (sorted): what `old` holds is
+    /// written again, the rest removed.
+    pub fn restore_entries(&mut self, written: &[IpNet], old: &std::collections::BTreeMap<IpNet, Rule>) -> Result<()> {
+        let m = &self.rule_maps;
+        let tries = TrieWriter::new(m[0].as_raw_fd(), m[1].as_raw_fd());
+        let back: Vec<(IpNet, Rule)> = old.iter().map(|(n, r)| (*n, *r)).collect();
+        tries.write_each(&back, |_| Ok(false))?;
+        let (v4, v6): (Vec<IpNet>, Vec<IpNet>) =
+            written.iter().filter(|n| !old.contains_key(n)).partition(|n| n.addr().is_ipv4());
+        tries.delete_all(false, &v4)?;
+        tries.delete_all(true, &v6)
+    }
+
     /// The aggregate bucket of a counter slot.
     pub fn total(&self, slot: u32) -> Result<Total> {
         let t: Option<Total> = crate::batch::lookup(self.rule_maps[4].as_raw_fd(), &slot)

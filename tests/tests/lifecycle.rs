@@ -225,6 +225,97 @@ fn a_start_failing_after_any_kernel_change_undoes_it() {
     }
 }
 
+/// Named sets of an adopted program: the start rewrites their entries
+/// (a set whose rule changed and which grew while the daemon was down, a
+/// set the kernel did not have) and removes those of a set that expired
+/// meanwhile. Failed after each of those changes in turn, it puts the
+/// tries, limiters and counters back exactly; the start that succeeds has
+/// the new sets in force and the expired one gone.
+#[test]
+fn a_failed_start_puts_back_the_sets_of_an_adopted_program() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    needs_test_hooks();
+    let sb = Sandbox::new("usets");
+    let sets = std::path::Path::new(&sb.config).with_extension("sets");
+    let _ = std::fs::remove_dir_all(&sets);
+    std::fs::write(&sb.config, OLD_RULES).unwrap();
+    let list = |name: &str, lines: &str| {
+        let p = std::env::temp_dir().join(format!("policer-usets-{name}-{}.txt", std::process::id()));
+        std::fs::write(&p, lines).unwrap();
+        p
+    };
+    let feed = list("feed", "198.18.5.1\n198.18.5.2\n2001:db8:5::/48\n");
+    let brief = list("brief", "198.18.7.0/24\n");
+    let mut d = Daemon::attach(&sb, &["--interval", "0"]);
+    let id = prog_id(&sb);
+    succeeds(&cli(&sb, &["rule", "import", feed.to_str().unwrap(), "--set", "feed", "--action", "deny"]));
+    succeeds(&cli(
+        &sb,
+        &["rule", "import", brief.to_str().unwrap(), "--set", "brief", "--action", "deny", "--ttl", "3s"],
+    ));
+    let (_, got) =
+        traffic::run(&sb, &[flow("198.18.1.1", 2000.0), flow("198.18.5.9", 300.0)], Duration::from_millis(500));
+    assert!(got.per_flow.iter().all(|&n| n > 0), "{:?}", got.per_flow);
+    d.stop_with(libc::SIGKILL);
+    let before = kstate::read(id);
+    for k in ["198.18.5.1/32", "2001:db8:5::/48", "198.18.7.0/24"] {
+        assert!(before.rules.contains_key(k), "{k} not in the tries: {:?}", before.rules.keys());
+    }
+
+    // While the daemon is down: the feed's rule changes and it grows, a
+    // set the kernel never had appears, and `brief` expires.
+    let state = |name: &str| sets.join(format!("{name}.set"));
+    let text = std::fs::read_to_string(state("feed")).unwrap();
+    let (head, body) = text.split_once('\n').unwrap();
+    let mut h: serde_json::Value = serde_json::from_str(head.strip_prefix("#policer-set ").unwrap()).unwrap();
+    h["rule"]["action"] = "police".into();
+    h["rule"]["rate"] = "50pps".into();
+    std::fs::write(state("feed"), format!("#policer-set {h}\n{body}198.18.5.3/32\n")).unwrap();
+    h["name"] = "extra".into();
+    std::fs::write(state("extra"), format!("#policer-set {h}\n198.18.6.0/24\n")).unwrap();
+    std::fs::write(&sb.config, NEW_RULES).unwrap();
+    thread::sleep(Duration::from_secs(3));
+
+    let rx_if = sb.rx_if.clone();
+    for k in 1.. {
+        assert!(k < 60, "the start never ran out of kernel changes");
+        match attach_env(&sb, &[&rx_if], &[], &[("POLICER_TEST_FAIL_AT", &k.to_string())]) {
+            Err(e) => {
+                assert!(e.stderr.contains(&format!("failing on purpose after kernel change {k} ")), "{}", e.stderr);
+                assert!(!e.stderr.contains("failed too"), "{}", e.stderr);
+                assert_eq!(prog_id(&sb), id, "failing after change {k}: the old program is not back");
+                assert_eq!(
+                    before.diff(&kstate::read(id)),
+                    None,
+                    "failing after change {k}: the kernel's state changed:\n{}",
+                    e.stderr
+                );
+            }
+            Ok(mut d) => {
+                // The rules' 7 changes (see above), then the sets': the
+                // expired set's removal, each set's limiter and entries,
+                // and the new set's counter slot.
+                assert!(k - 1 > 7 + 4, "only {} kernel changes:\n{}", k - 1, d.stdout());
+                assert!(d.stdout().contains("set 'brief' expired while the daemon was stopped"), "{}", d.stdout());
+                let now = kstate::read(prog_id(&sb));
+                assert!(!now.rules.contains_key("198.18.7.0/24"), "the expired set's entry is still in the tries");
+                for k in ["198.18.5.3/32", "198.18.6.0/24", "2001:db8:5::/48"] {
+                    assert!(now.rules.contains_key(k), "{k} not in the tries");
+                }
+                let (sent, got) = traffic::run(&sb, &[flow("198.18.7.1", 200.0)], Duration::from_millis(500));
+                assert!(sent.sent[0] > 0 && got.per_flow[0] > 0, "the expired set still denies");
+                assert!(d.stop_with(libc::SIGTERM));
+                break;
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&sets);
+    let _ = std::fs::remove_file(feed);
+    let _ = std::fs::remove_file(brief);
+}
+
 /// SIGTERM (as `systemctl stop` sends, or Ctrl-C's SIGINT) in the middle
 /// of a start: held back until the commit, where it abandons the start,
 /// which is undone like any failure; the daemon then exits saying so.

@@ -584,6 +584,22 @@ pub(super) struct Loaded {
     pub sets: Vec<(Header, List)>,
     /// The kernel's value at each set's first entry (an adopted program).
     kernel: Vec<Option<Rule>>,
+    /// What an adopted program's tries hold at each set's entries, per set:
+    /// what a failed start puts back.
+    old: Vec<BTreeMap<IpNet, Rule>>,
+}
+
+/// What a start records before it changes an adopted program's maps for
+/// a set, so that a failed start can put them back (`daemon::start`'s
+/// undo log). Each call may fail the start (a test hook).
+pub(super) trait SetUndo {
+    /// Before the counters of `slot` are zeroed.
+    fn zeroing_counters(&mut self, p: &mut crate::loader::Policer, slot: u32) -> Result<()>;
+    /// Before the new-source limiter and ban parameters of `slot` are set.
+    fn limiter(&mut self, slot: u32) -> Result<()>;
+    /// Before `written` (sorted) are written or removed; `old` is what the
+    /// tries held at them (an entry not in it was not there).
+    fn entries(&mut self, written: Arc<Vec<IpNet>>, old: BTreeMap<IpNet, Rule>) -> Result<()>;
 }
 
 impl Loaded {
@@ -597,33 +613,46 @@ impl Loaded {
     /// Reads the state directory; a set file that does not read is an
     /// error (the start fails rather than policing without a feed).
     pub fn read(dir: &std::path::Path) -> Result<Loaded> {
-        Ok(Loaded { sets: sets::read_all(dir)?, kernel: Vec::new() })
+        Ok(Loaded { sets: sets::read_all(dir)?, kernel: Vec::new(), old: Vec::new() })
     }
 
     /// Leaves the sets' entries out of what the kernel holds, so the
-    /// start's sync of the rules keeps them (they are rewritten after).
+    /// start's sync of the rules keeps them (they are rewritten after), and
+    /// keeps what the kernel held there.
     pub fn strip(&mut self, c: &mut Compiled) {
         self.kernel =
             self.sets.iter().map(|(_, l)| l.entries.first().and_then(|n| c.prefixes.get(n)).copied()).collect();
-        for (_, l) in &self.sets {
-            for n in &l.entries {
-                c.prefixes.remove(n);
-            }
-        }
+        self.old = self
+            .sets
+            .iter()
+            .map(|(_, l)| l.entries.iter().filter_map(|n| c.prefixes.remove(n).map(|r| (*n, r))).collect())
+            .collect();
     }
 }
 
 impl Daemon {
     /// Installs the sets read at start: each keeps the counter slot its
-    /// entries have in the kernel (an adopted program), or takes one.
-    pub(super) fn install_sets(&mut self, loaded: Loaded) -> Result<()> {
+    /// entries have in the kernel (an adopted program), or takes one. What
+    /// it changes in an adopted program is recorded in `undo` first. The
+    /// sets that expired while the daemon was down are left out (and their
+    /// entries removed); their names are returned, for the start to remove
+    /// their files once it commits (a failed start leaves them).
+    pub(super) fn install_sets(&mut self, loaded: Loaded, undo: &mut impl SetUndo) -> Result<Vec<String>> {
+        let mut expired = Vec::new();
         let now = crate::duration::unix_ms();
         let kernel = loaded.kernel.into_iter().chain(std::iter::repeat(None));
-        for ((h, l), k) in loaded.sets.into_iter().zip(kernel) {
+        let old = loaded.old.into_iter().chain(std::iter::repeat_with(BTreeMap::new));
+        for (((h, l), k), old) in loaded.sets.into_iter().zip(kernel).zip(old) {
             if h.expires_ms.is_some_and(|e| e <= now) {
-                // Expired while the daemon was down: gone, not revived.
-                let _ = sets::remove(&self.sets_dir, &h.name);
-                println!("policer: set '{}' expired while the daemon was stopped; removed", h.name);
+                // Expired while the daemon was down: gone, not revived; its
+                // entries leave an adopted program's tries too (they were
+                // kept out of the rules' sync).
+                if !old.is_empty() {
+                    let gone: Vec<IpNet> = old.keys().copied().collect();
+                    undo.entries(Arc::new(gone.clone()), old)?;
+                    delete(self.policer.trie_writer()?, &gone)?;
+                }
+                expired.push(h.name);
                 continue;
             }
             let (spec4, spec6) = self.set_specs(&h.rule, &l.entries)?;
@@ -632,7 +661,7 @@ impl Daemon {
                 Some(r) if self.rs.mark_slot_used(r.counter_slot) => r.counter_slot,
                 _ => {
                     let s = self.rs.take_slot()?;
-                    self.policer.reset_rule_counters(s)?;
+                    undo.zeroing_counters(&mut self.policer, s)?;
                     s
                 }
             };
@@ -646,11 +675,28 @@ impl Daemon {
                     s.id = r.rule_id;
                 }
             }
+            undo.limiter(slot)?;
             prepare(&mut self.policer, &s.spec4, slot)?;
+            undo.entries(s.entries.clone(), old)?;
             write_set(self.policer.trie_writer()?, &s.entries, s.values()?, &s.entries, &self.ban_values())?;
             self.sets.insert(s.header.name.clone(), s);
         }
-        Ok(())
+        Ok(expired)
+    }
+
+    /// Removes the state files of sets that expired while the daemon was
+    /// down (see [`Daemon::install_sets`]).
+    pub(super) fn remove_expired(&self, names: &[String], out: &mut impl std::io::Write) {
+        for n in names {
+            match sets::remove(&self.sets_dir, n) {
+                Ok(()) => {
+                    let _ = writeln!(out, "policer: set '{n}' expired while the daemon was stopped; removed");
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "policer: warning: set '{n}' expired while the daemon was stopped: {e}");
+                }
+            }
+        }
     }
 }
 

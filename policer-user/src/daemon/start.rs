@@ -212,18 +212,20 @@ impl Daemon {
         };
         let mut undo = Undo::new(new_prog, maps)?;
         let mut rules = Some((plan, sets));
+        let mut expired = Vec::new();
         // Fresh maps, which no running program reads: the rules first.
         if !shared && let Some((plan, sets)) = rules.take() {
-            d.install(&mut undo, plan, sets)?;
+            expired = d.install(&mut undo, plan, sets)?;
         }
         d.attach_all(&s.ifaces, &survey, &old_fds, new_fd, &mut undo, out)?;
         // Adopted maps: the rules once every interface runs the new program.
         if let Some((plan, sets)) = rules.take() {
-            d.install(&mut undo, plan, sets)?;
+            expired = d.install(&mut undo, plan, sets)?;
         }
         d.sync_fast_path()?;
         undo.commit()?;
         d.finished = false;
+        d.remove_expired(&expired, out);
         d.rs.set_file_rules(s.specs);
 
         // Before saying "policing", so whoever reads the file next sees it.
@@ -298,9 +300,10 @@ impl Daemon {
     /// and counter slot, then the rule maps: see `Policer::sync_rules`, new
     /// entries first, removed ones last, so no frame falls into a gap
     /// between a rule and its replacement), takes them as the rules in
-    /// force, then installs the named sets. With adopted maps, what is
-    /// overwritten is saved in `undo` first.
-    fn install(&mut self, undo: &mut Undo, plan: Plan, sets: super::sets::Loaded) -> Result<()> {
+    /// force, then installs the named sets (returning those that expired
+    /// while the daemon was down). With adopted maps, what is overwritten
+    /// is saved in `undo` first.
+    fn install(&mut self, undo: &mut Undo, plan: Plan, sets: super::sets::Loaded) -> Result<Vec<String>> {
         // What the maps hold now: the loaded program's (its sets' entries aside).
         let (p, have) = (&mut self.policer, self.rs.compiled());
         for w in &plan.writes {
@@ -324,7 +327,7 @@ impl Daemon {
         undo.rules(have, &plan.compiled)?;
         p.sync_rules_from(have, &plan.compiled)?;
         self.rs.commit(plan);
-        self.install_sets(sets)
+        self.install_sets(sets, undo)
     }
 }
 
@@ -586,6 +589,35 @@ enum Step {
     NewSources { slot: u32, old: NewSources, old_bans: policer_common::ban::BanParams },
     /// An adopted rule counter slot, per CPU, before it was zeroed.
     RuleCounters { slot: u32, old: PerCpuValues<RuleCounters> },
+    /// A set's entries written into (or removed from) adopted tries, and
+    /// what the tries held there before.
+    SetEntries { written: std::sync::Arc<Vec<ipnet::IpNet>>, old: BTreeMap<ipnet::IpNet, policer_common::Rule> },
+}
+
+impl super::sets::SetUndo for Undo {
+    fn zeroing_counters(&mut self, p: &mut Policer, slot: u32) -> Result<()> {
+        let old = self.save_rule_counters(slot)?;
+        p.reset_rule_counters(slot)?;
+        match old {
+            Some(old) => self.zeroed_rule_counters(slot, old),
+            None => Ok(()),
+        }
+    }
+
+    fn limiter(&mut self, slot: u32) -> Result<()> {
+        self.new_sources(slot)
+    }
+
+    fn entries(
+        &mut self,
+        written: std::sync::Arc<Vec<ipnet::IpNet>>,
+        old: BTreeMap<ipnet::IpNet, policer_common::Rule>,
+    ) -> Result<()> {
+        if self.maps.is_none() {
+            return Ok(());
+        }
+        self.push(Step::SetEntries { written, old })
+    }
 }
 
 /// The undo log of a start. Each change is recorded before it is made (or,
@@ -753,7 +785,7 @@ impl Undo {
     /// and anything it could not put back.
     fn rollback(&mut self) {
         let mut done = Vec::new();
-        let (mut rules, mut limiters, mut counters) = (0usize, 0usize, 0usize);
+        let (mut rules, mut limiters, mut counters, mut sets) = (0usize, 0usize, 0usize, 0usize);
         let new = self.new_prog.as_raw_fd();
         while let Some(step) = self.steps.pop() {
             let r = match step {
@@ -786,6 +818,11 @@ impl Undo {
                         .and_then(|()| m.set_ban_params(slot, &old_bans))
                         .map_err(|e| (format!("the new-source limiter and bans of slot {slot}"), e))
                 }
+                Step::SetEntries { written, old } => {
+                    sets += 1;
+                    let m = self.maps.as_mut().expect("recorded only with maps");
+                    m.restore_entries(&written, &old).map_err(|e| ("a set's entries".to_string(), e))
+                }
                 Step::RuleCounters { slot, old } => {
                     counters += 1;
                     let m = self.maps.as_mut().expect("recorded only with maps");
@@ -817,6 +854,7 @@ impl Undo {
             (rules, "rule entry", "rule entries"),
             (limiters, "new-source limiter", "new-source limiters"),
             (counters, "counter slot", "counter slots"),
+            (sets, "set", "sets"),
         ]
         .into_iter()
         .filter(|&(k, ..)| k > 0)
