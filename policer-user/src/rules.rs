@@ -296,13 +296,12 @@ impl RuleConfig {
                 "ban {net}: the reason must be one line of at most {MAX_REASON} characters"
             )));
         }
-        let v6 = net.addr().is_ipv6();
         Ok(RuleSpec {
             net,
             rate: None,
             burst: 1,
             action: Action::Deny,
-            key_len: if v6 { DEFAULT_KEY_LEN_V6 } else { DEFAULT_KEY_LEN_V4 },
+            key_len: default_key_len(&net),
             class: Class::default(),
             total: None,
             auto_ban: None,
@@ -363,7 +362,7 @@ impl RuleConfig {
             }
             (None, None) => 1,
         };
-        let key_len = self.key_len.unwrap_or(if v6 { DEFAULT_KEY_LEN_V6 } else { DEFAULT_KEY_LEN_V4 });
+        let key_len = self.key_len.unwrap_or(default_key_len(&net));
         let max = if v6 { 128 } else { 32 };
         if key_len == 0 || key_len > max {
             return Err(Error::Invalid(format!("key length {key_len} out of range 1..={max}")));
@@ -381,6 +380,15 @@ impl RuleConfig {
         spec.kernel(0)?;
         Ok(spec)
     }
+}
+
+/// The key length of a rule that names none: a bucket per host for IPv4,
+/// per /64 for IPv6 (a host rotates its interface id inside its /64), and
+/// the prefix's own length when it is longer (a rule for `2001:db8::1` is
+/// one host's, with one bucket).
+pub fn default_key_len(net: &IpNet) -> u32 {
+    let d = if net.addr().is_ipv6() { DEFAULT_KEY_LEN_V6 } else { DEFAULT_KEY_LEN_V4 };
+    d.max(u32::from(net.prefix_len()))
 }
 
 impl RuleSpec {
@@ -432,8 +440,7 @@ impl RuleSpec {
 
     /// Back to the written form (canonical: what the daemon writes).
     pub fn config(&self) -> RuleConfig {
-        let v6 = self.net.addr().is_ipv6();
-        let default_key = if v6 { DEFAULT_KEY_LEN_V6 } else { DEFAULT_KEY_LEN_V4 };
+        let default_key = default_key_len(&self.net);
         RuleConfig {
             prefix: self.net.to_string(),
             rate: self.rate.map(|r| r.to_string()),
@@ -502,6 +509,25 @@ mod tests {
         assert!(k.validate().is_err());
         k.key_len = Some(24);
         assert_eq!(k.validate().unwrap().kernel(7).unwrap().rule_id, 7);
+    }
+
+    /// A rule longer than /64 keys by its own length unless told; a deny
+    /// of one IPv6 host needs no `--key-len`; the written form round-trips.
+    #[test]
+    fn ipv6_rules_longer_than_64_key_by_their_prefix() {
+        let mut host = rc("2001:db8:5::1", None, None);
+        host.action = Some(Action::Deny);
+        let s = host.validate().unwrap();
+        assert_eq!((s.net.prefix_len(), s.key_len), (128, 128));
+        assert_eq!(s.config().key_len, None, "the default is not written");
+        assert_eq!(s.config().validate().unwrap(), s);
+        let s = rc("2001:db8:5::/96", Some("10pps"), None).validate().unwrap();
+        assert_eq!(s.key_len, 96);
+        assert_eq!(rc("2001:db8::/32", Some("10pps"), None).validate().unwrap().key_len, 64);
+        let mut short = rc("2001:db8:5::/96", Some("10pps"), None);
+        short.key_len = Some(64);
+        let e = short.validate().unwrap_err().to_string();
+        assert!(e.contains("shorter than the prefix"), "{e}");
     }
 
     fn class_rule(prefix: &str, set: impl FnOnce(&mut RuleConfig)) -> RuleConfig {

@@ -280,3 +280,24 @@ fn bad_rule_input_changes_nothing() {
     let text = std::fs::read_to_string(&sb.config).unwrap();
     assert!(text.contains("64kbit") && text.contains("monitor") && !text.contains("10.3.0.0/16"), "{text}");
 }
+
+/// An IPv6 host rule needs no `--key-len` (its key is its own /128): a
+/// deny of one host drops that host only, on the wire.
+#[test]
+fn an_ipv6_host_deny_needs_no_key_len() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("v6h");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    succeeds(&cli(&sb, &["rule", "set", "2001:db8:5::1", "--action", "deny"]));
+    let all: serde_json::Value = serde_json::from_str(&rules_json(&sb)).unwrap();
+    let host = all.as_array().unwrap().iter().find(|r| r["prefix"] == "2001:db8:5::1/128").expect("the host rule");
+    assert_eq!(host["action"], "deny", "{host}");
+    let host = Flow { src: ip("2001:db8:5::1"), pps: 200.0, len: 80 };
+    let neighbour = Flow { src: ip("2001:db8:5::2"), pps: 200.0, len: 80 };
+    let (sent, got) = traffic::run(&sb, &[host, neighbour], Duration::from_millis(700));
+    assert!(sent.sent[0] > 0 && sent.sent[1] > 0, "{:?}", sent.sent);
+    assert_eq!(got.per_flow[0], 0, "the denied host got through");
+    assert_eq!(got.per_flow[1], sent.sent[1], "its neighbour in the same /64 lost frames");
+}
