@@ -53,6 +53,9 @@ pub enum Request {
         /// Apply to the kernel only, without writing the config file.
         #[serde(default)]
         runtime: bool,
+        /// The given fields alone, not laid over the rule in force.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        replace: bool,
     },
     RuleRm {
         /// The prefix and the class fields of the rule to remove (the rest
@@ -650,8 +653,9 @@ impl Client {
         self.ask(req, "done", |r| take!(r, Reply::Done { message } => message))
     }
 
-    pub fn rule_set(&self, rule: RuleConfig, runtime: bool) -> Result<String> {
-        self.change(Request::RuleSet { rule, runtime })
+    /// `replace`: the given fields alone, not laid over the rule in force.
+    pub fn rule_set(&self, rule: RuleConfig, runtime: bool, replace: bool) -> Result<String> {
+        self.change(Request::RuleSet { rule, runtime, replace })
     }
 
     pub fn rule_rm(&self, rule: RuleConfig, runtime: bool) -> Result<String> {

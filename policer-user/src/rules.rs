@@ -310,6 +310,36 @@ impl RuleConfig {
         })
     }
 
+    /// The fields that can be checked without the rule they change (`rule
+    /// set` of some fields of a rule in force): the prefix and class, the
+    /// key length, the total rate, the durations. The merged rule is
+    /// validated in full by the daemon.
+    pub fn check_fields(&self) -> Result<()> {
+        let net = parse_prefix(&self.prefix)?;
+        self.expiry()?;
+        Class::parse(&self.class_text(), net.addr().is_ipv6())?;
+        if let Some(k) = self.key_len {
+            let max = if net.addr().is_ipv6() { 128 } else { 32 };
+            if k == 0 || k > max {
+                return Err(Error::Invalid(format!("key length {k} out of range 1..={max}")));
+            }
+            if k < u32::from(net.prefix_len()) {
+                return Err(Error::Invalid(format!("key length {k} is shorter than the prefix {net}")));
+            }
+        }
+        if let Some(t) = &self.total_rate {
+            let r = Rate::parse(t).map_err(|e| Error::Invalid(format!("total rate '{t}': {e}")))?;
+            burst_of(&r, &self.total_burst, "total burst")?;
+        }
+        for d in [&self.ban_for, &self.ban_max].into_iter().flatten() {
+            crate::duration::parse(d)?;
+        }
+        if self.ban_after == Some(0) {
+            return Err(Error::Invalid(format!("{}: --ban-after must be at least 1", self.prefix)));
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<RuleSpec> {
         let net = parse_prefix(&self.prefix)?;
         let expires = self.expiry()?;
@@ -380,6 +410,93 @@ impl RuleConfig {
         spec.kernel(0)?;
         Ok(spec)
     }
+}
+
+/// The fields `policer rule set` gave, laid over the rule already in
+/// force for the same prefix and class (`old`): what was not given keeps
+/// its value (`--replace` takes the given fields alone). A new rate of the
+/// other unit (packets/bytes) without a burst takes that rate's default
+/// burst; an allow or deny keeps no rate, burst or automatic bans unless
+/// given (and then `validate` says why they do not fit).
+pub fn merge(old: &RuleSpec, given: &RuleConfig) -> RuleConfig {
+    let mut m = old.config();
+    let unit = |r: &Option<String>| r.as_deref().and_then(|r| Rate::parse(r).ok()).map(|r| r.is_bytes());
+    if let Some(a) = given.action {
+        m.action = Some(a);
+    }
+    let keeps_bucket = m.action.unwrap_or(Action::Police).polices();
+    if given.rate.is_some() {
+        if given.burst.is_none() && unit(&given.rate) != unit(&m.rate) {
+            m.burst = None;
+        }
+        m.rate = given.rate.clone();
+    } else if !keeps_bucket {
+        (m.rate, m.burst) = (None, None);
+    }
+    if given.burst.is_some() {
+        m.burst = given.burst.clone();
+    }
+    if given.key_len.is_some() {
+        m.key_len = given.key_len;
+    }
+    if given.total_rate.is_some() {
+        if given.total_burst.is_none() && unit(&given.total_rate) != unit(&m.total_rate) {
+            m.total_burst = None;
+        }
+        m.total_rate = given.total_rate.clone();
+    }
+    if given.total_burst.is_some() {
+        m.total_burst = given.total_burst.clone();
+    }
+    if given.ban_for.is_some() || given.ban_after.is_some() || given.ban_max.is_some() {
+        m.ban_for = given.ban_for.clone().or(m.ban_for);
+        m.ban_after = given.ban_after.or(m.ban_after);
+        m.ban_max = given.ban_max.clone().or(m.ban_max);
+    } else if m.action.unwrap_or(Action::Police) != Action::Police {
+        (m.ban_for, m.ban_after, m.ban_max) = (None, None, None);
+    }
+    if given.ttl.is_some() {
+        (m.ttl, m.expires) = (given.ttl.clone(), None);
+    }
+    m
+}
+
+/// A rule's fields as `rule set` names them, defaults included (so that
+/// `burst 50 → 20` says what a bucket had even where the file would not).
+fn shown(s: &RuleSpec) -> std::collections::BTreeMap<String, String> {
+    let mut c = s.config();
+    c.key_len = Some(s.key_len);
+    c.action = Some(s.action);
+    if s.rate.is_some_and(|r| !r.is_bytes()) {
+        c.burst = Some(BurstValue::Count(s.burst));
+    }
+    match serde_json::to_value(&c) {
+        Ok(serde_json::Value::Object(o)) => o
+            .into_iter()
+            .filter(|(k, _)| k != "prefix")
+            .map(|(k, v)| (k.replace('_', "-"), v.as_str().map_or_else(|| v.to_string(), str::to_string)))
+            .collect(),
+        _ => Default::default(),
+    }
+}
+
+/// A rule in a line: `action police, burst 50, key-len 32, rate 1kpps`.
+pub fn summary(s: &RuleSpec) -> String {
+    shown(s).into_iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+}
+
+/// What a change did to a rule, field by field, as `rate 1kpps → 2kpps`
+/// (in the written form: what the config file says).
+pub fn changes(old: &RuleSpec, new: &RuleSpec) -> Vec<String> {
+    let (a, b) = (shown(old), shown(new));
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| {
+            let v = |m: &std::collections::BTreeMap<String, String>| m.get(k).cloned().unwrap_or_else(|| "none".into());
+            format!("{k} {} → {}", v(&a), v(&b))
+        })
+        .collect()
 }
 
 /// The key length of a rule that names none: a bucket per host for IPv4,
@@ -509,6 +626,45 @@ mod tests {
         assert!(k.validate().is_err());
         k.key_len = Some(24);
         assert_eq!(k.validate().unwrap().kernel(7).unwrap().rule_id, 7);
+    }
+
+    fn spec_of(f: impl FnOnce(&mut RuleConfig)) -> RuleSpec {
+        let mut r = rc("10.0.0.0/8", Some("1kpps"), Some(BurstValue::Count(50)));
+        f(&mut r);
+        r.validate().unwrap()
+    }
+
+    /// `rule set` keeps what was not given: the README's sequence (a burst
+    /// of 50 and automatic bans, then a new rate) keeps both, and says only
+    /// what changed.
+    #[test]
+    fn rule_set_merges_into_the_rule_in_force() {
+        let old = spec_of(|r| r.ban_for = Some("1m".into()));
+        let given = RuleConfig { prefix: "10.0.0.0/8".into(), rate: Some("2kpps".into()), ..Default::default() };
+        let new = merge(&old, &given).validate().unwrap();
+        assert_eq!((new.burst, new.auto_ban.is_some()), (50, true));
+        assert_eq!(changes(&old, &new), ["rate 1kpps → 2kpps"]);
+        // The other unit: that rate's default burst, not 50 bytes.
+        let given = RuleConfig { prefix: "10.0.0.0/8".into(), rate: Some("10mbit".into()), ..Default::default() };
+        let new = merge(&old, &given).validate().unwrap();
+        assert!(new.burst > 1500, "{}", new.burst);
+        // A deny drops the bucket and the bans; the change says so.
+        let given = RuleConfig { prefix: "10.0.0.0/8".into(), action: Some(Action::Deny), ..Default::default() };
+        let new = merge(&old, &given).validate().unwrap();
+        assert_eq!((new.action, new.rate, new.auto_ban), (Action::Deny, None, None));
+        let c = changes(&old, &new);
+        assert!(
+            c.contains(&"action police → deny".to_string()) && c.iter().any(|c| c.starts_with("rate 1kpps → none")),
+            "{c:?}"
+        );
+        // Nothing given: nothing changes.
+        let given = RuleConfig { prefix: "10.0.0.0/8".into(), ..Default::default() };
+        assert!(changes(&old, &merge(&old, &given).validate().unwrap()).is_empty());
+        // An expiry stays unless --ttl is given.
+        let mut exp = old.clone();
+        exp.expires = Some(4_000_000_000_000);
+        let new = merge(&exp, &RuleConfig { burst: Some(BurstValue::Count(9)), ..given }).validate().unwrap();
+        assert_eq!((new.expires, new.burst), (exp.expires, 9));
     }
 
     /// A rule longer than /64 keys by its own length unless told; a deny

@@ -243,7 +243,9 @@ fn bad_rule_input_changes_nothing() {
         (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--key-len", "4"], "shorter than the prefix"),
         (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--key-len", "abc"], "not a number of bits"),
         (&["rule", "set", "10.0.0.0/8", "--rate", "1kpps", "--action", "explode"], "invalid value 'explode'"),
-        (&["rule", "set", "10.0.0.0/8"], "needs a rate"),
+        (&["rule", "set", "10.9.0.0/16"], "needs a rate"),
+        (&["rule", "set", "10.0.0.0/8", "--key-len", "4"], "shorter than the prefix"),
+        (&["rule", "set", "10.0.0.0/8", "--ban-for", "forever"], "forever"),
         (&["rule", "set", "10.0.0.0/8", "--action", "deny", "--burst", "5"], "a burst needs a rate"),
         (&["rule", "rm", "10.9.0.0/16"], "no rule for 10.9.0.0/16"),
         (&["rule", "rm", "10.0.0.1/8"], "host bits set"),
@@ -300,4 +302,41 @@ fn an_ipv6_host_deny_needs_no_key_len() {
     assert!(sent.sent[0] > 0 && sent.sent[1] > 0, "{:?}", sent.sent);
     assert_eq!(got.per_flow[0], 0, "the denied host got through");
     assert_eq!(got.per_flow[1], sent.sent[1], "its neighbour in the same /64 lost frames");
+}
+
+/// `rule set` on a rule in force changes the fields given and keeps the
+/// rest, saying old → new; `--replace` takes the fields given alone; a
+/// rate on a deny and a byte burst below one full frame are warned about.
+#[test]
+fn rule_set_merges_and_says_what_changed() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("mrg");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let said =
+        succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8", "--rate", "5kpps", "--burst", "50", "--ban-for", "1m"]));
+    assert!(said.contains("added the rule for 10.0.0.0/8: ") && said.contains("burst 50"), "{said}");
+    let said = succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8", "--rate", "10kpps"]));
+    assert!(said.contains("changed the rule for 10.0.0.0/8: rate 5kpps → 10kpps"), "{said}");
+    assert!(!said.contains("burst") && !said.contains("ban"), "only the rate changed: {said}");
+    let row = |sb: &Sandbox| -> serde_json::Value {
+        let all: serde_json::Value = serde_json::from_str(&rules_json(sb)).unwrap();
+        all.as_array().unwrap().iter().find(|r| r["prefix"] == "10.0.0.0/8").cloned().unwrap()
+    };
+    let r = row(&sb);
+    assert_eq!((r["burst"].clone(), r["rate"].clone()), (50.into(), "10kpps".into()), "{r}");
+    assert!(std::fs::read_to_string(&sb.config).unwrap().contains("ban_for = \"1m\""), "the file lost the bans");
+    let said = succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8"]));
+    assert!(said.contains("the rule for 10.0.0.0/8 is unchanged"), "{said}");
+    // --replace: the fields given alone.
+    let said = succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8", "--rate", "10kpps", "--replace"]));
+    assert!(said.contains("burst 50 → ") && said.contains("ban-for 1m → none"), "{said}");
+    // A deny takes no rate: warned, and not listed as `deny 5pps`.
+    let said = succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8", "--action", "deny", "--rate", "5pps"]));
+    assert!(said.contains("action police → deny") && said.contains("warning: --rate (and --burst) ignored"), "{said}");
+    assert!(row(&sb)["rate"].is_null(), "{}", row(&sb));
+    // A byte burst below one full-size frame.
+    let said = succeeds(&cli(&sb, &["rule", "set", "10.1.0.0/16", "--rate", "64kbit", "--burst", "1000b"]));
+    assert!(said.contains("warning: a burst of 1000 bytes is less than one 1500-byte frame"), "{said}");
 }

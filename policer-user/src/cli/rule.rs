@@ -54,8 +54,11 @@ impl ClassArgs {
 
 #[derive(Subcommand)]
 pub enum Cmd {
-    /// Add or replace the rule for a prefix and class (longest prefix wins,
-    /// then its most specific class that matches).
+    /// Add the rule for a prefix and class, or change the one there: the
+    /// options given change those fields, the rest keep their values
+    /// (`--replace`: the options given alone). Says every field it changed,
+    /// old → new. Longest prefix wins, then its most specific class that
+    /// matches.
     Set {
         /// 203.0.113.0/24, 2001:db8::/48, or one address.
         cidr: String,
@@ -67,9 +70,11 @@ pub enum Cmd {
         /// Burst: packets, or bytes for a bit rate (1500b, 64kb).
         #[arg(long, allow_hyphen_values = true)]
         burst: Option<String>,
-        #[arg(long, value_enum, default_value_t = Action::Police)]
-        action: Action,
-        /// Leading source bits that form one bucket (default 32 IPv4, 64 IPv6).
+        /// What the rule does (a new rule: police).
+        #[arg(long, value_enum)]
+        action: Option<Action>,
+        /// Leading source bits that form one bucket (default 32 IPv4, 64
+        /// IPv6, or the prefix's length when longer).
         #[arg(long, allow_hyphen_values = true)]
         key_len: Option<String>,
         /// Rate of the whole rule, all its sources together (an aggregate
@@ -98,10 +103,14 @@ pub enum Cmd {
         ttl: Option<String>,
         /// Apply to the kernel only, without writing the config file (for
         /// when it cannot be written: a full disk, a read-only /etc). Shown
-        /// as not persisted in `rule ls` and `status`; gone at the next
-        /// start or reload.
+        /// as not persisted in `rule ls` and `status`; kept across reloads,
+        /// gone at the next start or `reload --discard-runtime`.
         #[arg(long)]
         runtime: bool,
+        /// Replace the rule in force with the options given alone (fields
+        /// not given take their defaults) instead of changing those fields.
+        #[arg(long)]
+        replace: bool,
     },
     /// Make a named set of prefixes from a file, one prefix per line (or
     /// add to the implicit set of the action and rate): one rule for all of
@@ -146,6 +155,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             ban_max,
             ttl,
             runtime,
+            replace,
         } => {
             let key_len = match key_len {
                 Some(k) => Some(
@@ -162,7 +172,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             let rule = RuleConfig {
                 rate,
                 burst: burst.map(BurstValue::Text),
-                action: Some(action),
+                action,
                 key_len,
                 total_rate,
                 total_burst: total_burst.map(BurstValue::Text),
@@ -172,9 +182,15 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 ttl,
                 ..class.rule(&cidr)?
             };
-            // Validate here too, so bad input fails even with no daemon.
-            rule.validate()?;
-            println!("policer: {}", daemon()?.rule_set(rule, runtime)?);
+            // Validate here too, so bad input fails even with no daemon: in
+            // full when the rule is whole by itself (or replaces), else the
+            // fields that stand alone (the daemon checks the merged rule).
+            if replace || rule.rate.is_some() || action.is_some_and(|a| !a.polices()) {
+                rule.validate()?;
+            } else {
+                rule.check_fields()?;
+            }
+            println!("policer: {}", daemon()?.rule_set(rule, runtime, replace)?);
         }
         Cmd::Import(a) => super::import::run(*a)?,
         Cmd::Rm { set: Some(name), .. } => super::import::rm(name)?,

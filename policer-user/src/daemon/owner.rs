@@ -29,6 +29,7 @@ pub enum Command {
     RuleSet {
         rule: RuleConfig,
         runtime: bool,
+        replace: bool,
     },
     RuleRm {
         rule: RuleConfig,
@@ -187,7 +188,7 @@ impl Daemon {
             Command::Ban { rule, runtime } => done(self.ban(&rule, runtime)),
             Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
             Command::Tick => done(self.tick().map(|_| String::new())),
-            Command::RuleSet { rule, runtime } => done(self.rule_set(&rule, runtime)),
+            Command::RuleSet { rule, runtime, replace } => done(self.rule_set(&rule, runtime, replace)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
             Command::Reload { discard_runtime } => done(self.reload(discard_runtime)),
             Command::Follow => done(self.follow()),

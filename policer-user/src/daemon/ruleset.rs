@@ -301,15 +301,45 @@ impl Daemon {
 
     /// `policer rule set`: in the kernel, then in the file (unless
     /// `runtime`); if the file cannot be written the kernel change is
-    /// undone.
-    pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool) -> Result<String> {
-        let spec = rc.validate()?;
-        let key = spec.key();
+    /// undone. The given fields are laid over the rule in force for the
+    /// prefix and class, if any (`replace`: the given fields alone); the
+    /// reply names every field that changed, old → new.
+    pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool) -> Result<String> {
+        let mut rc = rc.clone();
+        let mut warnings = Vec::new();
+        let action = rc.action.unwrap_or(policer_common::bucket::Action::Police);
+        if !action.polices() && rc.rate.is_some() {
+            warnings.push(format!(
+                "--rate (and --burst) ignored: a {action} rule has no bucket (it {} every frame)",
+                if action == policer_common::bucket::Action::Deny { "drops" } else { "passes" }
+            ));
+            (rc.rate, rc.burst) = (None, None);
+        }
+        let key = rc.key()?;
+        let old = self.rs.rules().get(&key).map(|i| i.spec.clone());
+        let spec = match &old {
+            Some(old) if !replace => crate::rules::merge(old, &rc).validate()?,
+            _ => rc.validate()?,
+        };
+        if spec.rate.is_some_and(|r| r.is_bytes()) && spec.burst < 1500 {
+            warnings.push(format!(
+                "a burst of {} bytes is less than one 1500-byte frame: full-size frames are never admitted",
+                spec.burst
+            ));
+        }
         self.change(runtime, |want| {
             want.insert(key, spec.clone());
         })?;
-        let existed_note = if runtime { " (runtime only: not written to the config file)" } else { "" };
-        Ok(format!("set the rule for {key}{existed_note}"))
+        let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
+        let what = match &old {
+            None => format!("added the rule for {key}: {}", crate::rules::summary(&spec)),
+            Some(old) => match crate::rules::changes(old, &spec) {
+                c if c.is_empty() => format!("the rule for {key} is unchanged"),
+                c => format!("changed the rule for {key}: {}", c.join(", ")),
+            },
+        };
+        let warn: String = warnings.iter().map(|w| format!("; warning: {w}")).collect();
+        Ok(format!("{what}{note}{warn}"))
     }
 
     /// `policer rule rm`. Without `runtime` it also takes a prefix the

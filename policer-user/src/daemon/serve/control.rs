@@ -109,7 +109,7 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
     };
     let views = ctx.views.clone();
     match env.request {
-        Request::RuleSet { rule, runtime } => change(Command::RuleSet { rule, runtime }).await,
+        Request::RuleSet { rule, runtime, replace } => change(Command::RuleSet { rule, runtime, replace }).await,
         Request::RuleRm { rule, runtime } => change(Command::RuleRm { rule, runtime }).await,
         Request::Reload { discard_runtime } => change(Command::Reload { discard_runtime }).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
