@@ -56,6 +56,9 @@ pub enum Request {
         /// The given fields alone, not laid over the rule in force.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         replace: bool,
+        /// A deny of a whole family (`0.0.0.0/0`, `::/0`) is meant.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     RuleRm {
         /// The prefix and the class fields of the rule to remove (the rest
@@ -87,6 +90,9 @@ pub enum Request {
         rule: RuleConfig,
         #[serde(default)]
         runtime: bool,
+        /// A ban of a whole family (`0.0.0.0/0`, `::/0`) is meant.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     Unban {
         prefix: String,
@@ -654,8 +660,8 @@ impl Client {
     }
 
     /// `replace`: the given fields alone, not laid over the rule in force.
-    pub fn rule_set(&self, rule: RuleConfig, runtime: bool, replace: bool) -> Result<String> {
-        self.change(Request::RuleSet { rule, runtime, replace })
+    pub fn rule_set(&self, rule: RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
+        self.change(Request::RuleSet { rule, runtime, replace, force })
     }
 
     pub fn rule_rm(&self, rule: RuleConfig, runtime: bool) -> Result<String> {
@@ -670,8 +676,8 @@ impl Client {
         self.change(Request::Reload { discard_runtime })
     }
 
-    pub fn ban(&self, rule: RuleConfig, runtime: bool) -> Result<String> {
-        self.change(Request::Ban { rule, runtime })
+    pub fn ban(&self, rule: RuleConfig, runtime: bool, force: bool) -> Result<String> {
+        self.change(Request::Ban { rule, runtime, force })
     }
 
     pub fn unban(&self, prefix: String, runtime: bool) -> Result<String> {

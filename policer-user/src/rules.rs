@@ -499,6 +499,20 @@ pub fn changes(old: &RuleSpec, new: &RuleSpec) -> Vec<String> {
         .collect()
 }
 
+/// Refuses `what` (`a deny of`, `a ban of`) a whole address family
+/// unless forced: it drops every source, the operator's own SSH and BGP
+/// sessions included.
+pub fn refuse_everyone(net: &IpNet, what: &str) -> Result<()> {
+    if net.prefix_len() != 0 {
+        return Ok(());
+    }
+    let family = if net.addr().is_ipv6() { "IPv6" } else { "IPv4" };
+    Err(Error::Invalid(format!(
+        "{what} {net} drops every {family} source, your own sessions (SSH, BGP) included; nothing changed \
+         (--force if that is what you mean)"
+    )))
+}
+
 /// The key length of a rule that names none: a bucket per host for IPv4,
 /// per /64 for IPv6 (a host rotates its interface id inside its /64), and
 /// the prefix's own length when it is longer (a rule for `2001:db8::1` is

@@ -232,6 +232,16 @@ fn bad_ban_input_is_refused_and_changes_nothing() {
     fails_with(&cli(&sb, &["rule", "set", "10.67.0.0/16", "--action", "deny", "--ban-for", "1m"]), "police rule");
     fails_with(&cli(&sb, &["unban", "10.68.0.0/16"]), "no ban for 10.68.0.0/16");
     fails_with(&cli(&sb, &["ban", "10.68.0.5/16", "--for", "1m"]), "host bits set");
+    // One keystroke must not lock the operator out: a whole family needs --force.
+    for args in [
+        &["ban", "0.0.0.0/0", "--for", "1d"][..],
+        &["ban", "::/0", "--for", "1d"],
+        &["rule", "set", "0.0.0.0/0", "--action", "deny"],
+        &["rule", "set", "::/0", "--action", "deny", "--runtime"],
+    ] {
+        let out = cli(&sb, args);
+        fails_with(&out, "your own sessions (SSH, BGP) included; nothing changed (--force");
+    }
     assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused change changed the rules");
     assert_eq!(std::fs::read_to_string(&sb.config).unwrap(), file, "a refused change changed the file");
     // A ttl written into the file by hand is refused (every reload would
@@ -242,6 +252,16 @@ fn bad_ban_input_is_refused_and_changes_nothing() {
     fails_with(&cli(&sb, &["reload"]), "write expires =");
     assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused reload changed the rules");
     succeeds(&cli(&sb, &["status"]));
+    // With --force it is done, on the wire, and lifted by unban.
+    std::fs::write(&sb.config, &file).unwrap();
+    succeeds(&cli(&sb, &["reload"]));
+    succeeds(&cli(&sb, &["ban", "0.0.0.0/0", "--for", "1m", "--force"]));
+    let src = Flow { src: ip("198.18.3.3"), pps: 200.0, len: 64 };
+    let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(500));
+    assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "the forced ban of 0.0.0.0/0 let frames through");
+    succeeds(&cli(&sb, &["unban", "0.0.0.0/0"]));
+    let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(500));
+    assert_eq!(got.per_flow[0], sent.sent[0], "unban of 0.0.0.0/0 left frames dropped");
 }
 
 /// Send times (ns since the run's start) of the frames of flow `i` that

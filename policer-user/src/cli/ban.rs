@@ -19,10 +19,14 @@ pub struct Args {
     /// Why, for `ban ls` and the config file (one line).
     #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
     reason: Option<String>,
-    /// Apply to the kernel only, without writing the config file (gone at
-    /// the next start or reload).
+    /// Apply to the kernel only, without writing the config file (kept
+    /// across reloads; gone at the next start or `reload --discard-runtime`).
     #[arg(long)]
     runtime: bool,
+    /// Allow a ban of a whole family (`0.0.0.0/0`, `::/0`), which drops
+    /// every source, the operator's own sessions included.
+    #[arg(long)]
+    force: bool,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -62,7 +66,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rule = RuleConfig { prefix: cidr, ban: Some(true), ttl: Some(ttl), reason: a.reason, ..RuleConfig::default() };
     // Bad input fails here too, with no daemon.
     rule.validate()?;
-    println!("policer: {}", daemon()?.ban(rule, a.runtime)?);
+    println!("policer: {}", daemon()?.ban(rule, a.runtime, a.force)?);
     Ok(())
 }
 

@@ -111,6 +111,10 @@ pub enum Cmd {
         /// not given take their defaults) instead of changing those fields.
         #[arg(long)]
         replace: bool,
+        /// Allow a deny of a whole family (`0.0.0.0/0`, `::/0`), which
+        /// drops every source, the operator's own sessions included.
+        #[arg(long)]
+        force: bool,
     },
     /// Make a named set of prefixes from a file, one prefix per line (or
     /// add to the implicit set of the action and rate): one rule for all of
@@ -156,6 +160,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             ttl,
             runtime,
             replace,
+            force,
         } => {
             let key_len = match key_len {
                 Some(k) => Some(
@@ -190,7 +195,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             } else {
                 rule.check_fields()?;
             }
-            println!("policer: {}", daemon()?.rule_set(rule, runtime, replace)?);
+            println!("policer: {}", daemon()?.rule_set(rule, runtime, replace, force)?);
         }
         Cmd::Import(a) => super::import::run(*a)?,
         Cmd::Rm { set: Some(name), .. } => super::import::rm(name)?,

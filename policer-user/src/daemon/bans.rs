@@ -79,13 +79,16 @@ fn overlaps(a: &IpNet, b: &IpNet) -> bool {
 
 impl Daemon {
     /// `policer ban PREFIX --for DURATION [--reason TEXT]`.
-    pub(super) fn ban(&mut self, rc: &RuleConfig, runtime: bool) -> Result<String> {
+    pub(super) fn ban(&mut self, rc: &RuleConfig, runtime: bool, force: bool) -> Result<String> {
         if rc.ttl.is_none() {
             return Err(Error::Invalid(format!("ban {}: a ban needs a duration (--for)", rc.prefix)));
         }
         let mut rc = rc.clone();
         rc.ban = Some(true);
         let spec = rc.validate()?;
+        if !force {
+            crate::rules::refuse_everyone(&spec.net, "a ban of")?;
+        }
         let key = spec.key();
         let replaced = self.rs.rules().contains_key(&key);
         self.change(runtime, |want| {

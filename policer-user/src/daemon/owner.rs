@@ -30,6 +30,7 @@ pub enum Command {
         rule: RuleConfig,
         runtime: bool,
         replace: bool,
+        force: bool,
     },
     RuleRm {
         rule: RuleConfig,
@@ -50,6 +51,7 @@ pub enum Command {
     Ban {
         rule: RuleConfig,
         runtime: bool,
+        force: bool,
     },
     Unban {
         prefix: String,
@@ -185,10 +187,10 @@ impl Daemon {
     fn handle(&mut self, cmd: Command) -> Outcome {
         let done = |result| Outcome { result, exit: false };
         match cmd {
-            Command::Ban { rule, runtime } => done(self.ban(&rule, runtime)),
+            Command::Ban { rule, runtime, force } => done(self.ban(&rule, runtime, force)),
             Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
             Command::Tick => done(self.tick().map(|_| String::new())),
-            Command::RuleSet { rule, runtime, replace } => done(self.rule_set(&rule, runtime, replace)),
+            Command::RuleSet { rule, runtime, replace, force } => done(self.rule_set(&rule, runtime, replace, force)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
             Command::Reload { discard_runtime } => done(self.reload(discard_runtime)),
             Command::Follow => done(self.follow()),

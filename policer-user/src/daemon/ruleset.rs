@@ -304,7 +304,7 @@ impl Daemon {
     /// undone. The given fields are laid over the rule in force for the
     /// prefix and class, if any (`replace`: the given fields alone); the
     /// reply names every field that changed, old → new.
-    pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool) -> Result<String> {
+    pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
         let mut rc = rc.clone();
         let mut warnings = Vec::new();
         let action = rc.action.unwrap_or(policer_common::bucket::Action::Police);
@@ -321,6 +321,9 @@ impl Daemon {
             Some(old) if !replace => crate::rules::merge(old, &rc).validate()?,
             _ => rc.validate()?,
         };
+        if spec.action == policer_common::bucket::Action::Deny && spec.class.is_none() && !force {
+            crate::rules::refuse_everyone(&spec.net, "a deny of")?;
+        }
         if spec.rate.is_some_and(|r| r.is_bytes()) && spec.burst < 1500 {
             warnings.push(format!(
                 "a burst of {} bytes is less than one 1500-byte frame: full-size frames are never admitted",

@@ -109,7 +109,9 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
     };
     let views = ctx.views.clone();
     match env.request {
-        Request::RuleSet { rule, runtime, replace } => change(Command::RuleSet { rule, runtime, replace }).await,
+        Request::RuleSet { rule, runtime, replace, force } => {
+            change(Command::RuleSet { rule, runtime, replace, force }).await
+        }
         Request::RuleRm { rule, runtime } => change(Command::RuleRm { rule, runtime }).await,
         Request::Reload { discard_runtime } => change(Command::Reload { discard_runtime }).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
@@ -122,7 +124,7 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
         Request::Inspect { addr } => {
             (blocking(move || views.inspect(addr)).await.map_or_else(refused, |v| Reply::Inspect(Box::new(v))), false)
         }
-        Request::Ban { rule, runtime } => change(Command::Ban { rule, runtime }).await,
+        Request::Ban { rule, runtime, force } => change(Command::Ban { rule, runtime, force }).await,
         Request::Unban { prefix, runtime } => change(Command::Unban { prefix, runtime }).await,
         Request::BanLs => {
             (blocking(move || views.bans()).await.map_or_else(refused, |bans| Reply::Bans { bans }), false)
