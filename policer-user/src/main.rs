@@ -7,20 +7,32 @@ use clap::Parser;
 use policer_user::cli::Cli;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        // Help and version are printed as asked; a usage error too, unless
+        // the command line asked for JSON: then it is JSON on stdout.
+        Err(e) if e.use_stderr() && std::env::args().any(|a| a == "--json") => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default().trim_start_matches("error: ");
+            println!("{}", serde_json::json!({ "error": first, "exit": Cli::EXIT_USAGE }));
+            return ExitCode::from(Cli::EXIT_USAGE);
+        }
+        Err(e) => e.exit(),
+    };
     // Warnings (including sampled kernel events) to stderr; RUST_LOG overrides.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let json = cli.json();
     match cli.run() {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.is::<policer_user::cli::Quiet>() => ExitCode::FAILURE,
-        Err(e) if json => {
-            println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
-            ExitCode::FAILURE
-        }
         Err(e) => {
-            eprintln!("policer: error: {e:#}");
-            ExitCode::FAILURE
+            let status = Cli::exit_status(&e);
+            if e.is::<policer_user::cli::Quiet>() {
+            } else if json {
+                println!("{}", serde_json::json!({ "error": format!("{e:#}"), "exit": status }));
+            } else {
+                eprintln!("policer: error: {e:#}");
+            }
+            ExitCode::from(status)
         }
     }
 }

@@ -93,15 +93,27 @@ fn kill_9_during_a_flood_keeps_enforcing() {
     for i in 1..flows.len() {
         assert_eq!(got.per_flow[i], sent.sent[i], "in-profile source lost frames");
     }
-    // No daemon now: the CLI says so; asked for JSON, in JSON on stdout
-    // with the same exit code.
-    fails_with(&cli(&sb, &["rule", "ls"]), "no policer daemon is running");
+    // No daemon now: the CLI says so, with exit status 3 (as LSB `status`
+    // does); asked for JSON, in JSON on stdout with the same exit status.
+    let out = cli(&sb, &["rule", "ls"]);
+    assert_eq!(out.status.code(), Some(3));
+    fails_with(&out, "no policer daemon is running");
     for verb in [&["rule", "ls", "--json"][..], &["stats", "--json"], &["inspect", "198.18.0.1", "--json"]] {
         let out = cli(&sb, verb);
-        assert_eq!(out.status.code(), Some(1), "{verb:?}");
+        assert_eq!(out.status.code(), Some(3), "{verb:?}");
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON error");
         assert!(v["error"].as_str().unwrap().contains("no policer daemon is running"), "{verb:?}: {v}");
     }
+    // A usage error: exit status 2 for every verb, and JSON when asked for.
+    for verb in [&["stats", "--json", "--bogus"][..], &["ban", "10.0.0.0/8", "--json"], &["rule", "ls", "--json", "x"]]
+    {
+        let out = cli(&sb, verb);
+        assert_eq!(out.status.code(), Some(2), "{verb:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON usage error");
+        assert!(!v["error"].as_str().unwrap().is_empty(), "{verb:?}: {v}");
+    }
+    // Refused (bad input): 1.
+    assert_eq!(cli(&sb, &["rule", "set", "10.0.0.1/8", "--rate", "1kpps"]).status.code(), Some(1));
     // A new daemon adopts the program (no --rate: the rules come from the file).
     let mut d2 = Daemon::attach(&sb, &["--interval", "0"]);
     assert!(d2.stdout().contains("adopting the policer already running"), "{}", d2.stdout());

@@ -61,7 +61,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return print_bans(&bans, json);
     }
     let (Some(cidr), Some(ttl)) = (a.cidr, a.duration) else {
-        anyhow::bail!("usage: policer ban PREFIX --for DURATION [--reason TEXT]");
+        return Err(super::Usage(
+            "usage: policer ban PREFIX --for DURATION [--reason TEXT] [--runtime] [--force]".into(),
+        )
+        .into());
     };
     let rule = RuleConfig { prefix: cidr, ban: Some(true), ttl: Some(ttl), reason: a.reason, ..RuleConfig::default() };
     // Bad input fails here too, with no daemon.

@@ -21,7 +21,13 @@ use clap::{Parser, Subcommand};
 use crate::control;
 
 #[derive(Parser)]
-#[command(name = "policer", version, about = "Per-source packet-rate policer in XDP")]
+#[command(
+    name = "policer",
+    version,
+    about = "Per-source packet-rate policer in XDP",
+    after_long_help = "Exit status: 0 done; 1 refused or invalid (nothing changed); 2 usage (a wrong \
+                       option or argument); 3 no daemon is running in this network namespace."
+)]
 pub struct Cli {
     /// Seconds to wait for the daemon's answer. A change that times out
     /// may still be applied: the CLI says so.
@@ -72,6 +78,22 @@ impl Cli {
     /// Whether the verb was asked for JSON: its errors are JSON too
     /// (`{"error": "…"}` on stdout, bpftool's convention), with the same
     /// exit code.
+    /// Exit status 2: the command line itself is wrong.
+    pub const EXIT_USAGE: u8 = 2;
+    /// Exit status 3: no daemon runs in this network namespace.
+    pub const EXIT_NO_DAEMON: u8 = 3;
+
+    /// The exit status of a failed command (see the `after_long_help`).
+    pub fn exit_status(e: &anyhow::Error) -> u8 {
+        if e.chain().any(|c| matches!(c.downcast_ref::<crate::Error>(), Some(crate::Error::NoDaemon))) {
+            Self::EXIT_NO_DAEMON
+        } else if e.is::<Usage>() {
+            Self::EXIT_USAGE
+        } else {
+            1
+        }
+    }
+
     pub fn json(&self) -> bool {
         match &self.cmd {
             Cmd::Stats(a) => a.json,
@@ -116,6 +138,19 @@ impl Cli {
         }
     }
 }
+
+/// A command line wrong in a way clap does not see (a usage line is
+/// printed): exit status 2, as clap's own usage errors.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
 
 /// An error whose message was already printed: `main` only sets the exit
 /// code.
