@@ -348,6 +348,11 @@ fn runtime_bans_survive_a_followed_reload() {
     let sb = Sandbox::new("cmrt");
     let mut cm = ConfigMap::new("cmrt", CONFIG);
     let d = attach(&sb, &cm.config());
+    assert!(
+        d.stdout().contains("with 2 rules from") && d.stdout().contains("(beyond the defaults: rules 1 police)"),
+        "{}",
+        d.stdout()
+    );
     succeeds(&cli(&sb, &["ban", "198.18.0.0/24", "--for", "3650d", "--reason", "abuse", "--runtime"]));
     succeeds(&cli(&sb, &["rule", "rm", "203.0.113.0/24", "--runtime"]));
     let banned = Flow { src: ip("198.18.0.7"), pps: 200.0, len: 64 };

@@ -142,7 +142,12 @@ fn deb_installs_into_a_scratch_root_and_purges_cleanly() {
     want.sort();
     assert_eq!(files, want);
 
-    // The default config is a conffile and valid as shipped.
+    // The default config is a conffile and valid as shipped, and polices
+    // every source and nothing else: the two default rules, the examples
+    // commented out.
+    let shipped = fs::read_to_string(root.0.join("etc/policer/policer.toml")).unwrap();
+    let rules: Vec<&str> = shipped.lines().filter(|l| l.trim_start().starts_with("prefix =")).collect();
+    assert_eq!(rules, ["prefix = \"0.0.0.0/0\"", "prefix = \"::/0\""], "{shipped}");
     let conffiles = fs::read_to_string(root.0.join("var/lib/dpkg/info/policer.conffiles")).unwrap();
     assert_eq!(conffiles.trim(), "/etc/policer/policer.toml");
     run(Command::new(root.0.join("usr/bin/policer"))
@@ -356,6 +361,9 @@ fn kubernetes_configmap_config_passes_check() {
     let o = Command::new(policer_bin()).args(["check", "--config"]).arg(&cfg).output().unwrap();
     let _ = fs::remove_dir_all(&dir);
     assert!(o.status.success(), "policer check refused the ConfigMap's config: {}", text(&o));
+    let config = configmap_config();
+    let rules: Vec<&str> = config.lines().filter(|l| l.trim_start().starts_with("prefix =")).collect();
+    assert_eq!(rules, ["prefix = \"0.0.0.0/0\"", "prefix = \"::/0\""], "the ConfigMap polices, nothing else");
 }
 
 /// What the DaemonSet promises: not privileged, the needed capabilities

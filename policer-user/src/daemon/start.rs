@@ -239,10 +239,11 @@ impl Daemon {
         }
         let _ = writeln!(
             out,
-            "policer: policing on {} with {} rules from {}; {}",
+            "policer: policing on {} with {} rules from {}{}; {}",
             s.ifaces.names.join(", "),
             d.rs.rules().len(),
             args.config.display(),
+            d.beyond_defaults(),
             if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
         );
         Ok(d)
@@ -328,6 +329,35 @@ impl Daemon {
         p.sync_rules_from(have, &plan.compiled)?;
         self.rs.commit(plan);
         self.install_sets(sets, undo)
+    }
+}
+
+impl Daemon {
+    /// What is in force besides the default rules (`0.0.0.0/0`, `::/0`),
+    /// for the start line: ` (beyond the defaults: rules 2 police, 1 allow;
+    /// 3 bans; sets feed, drop)`; empty when nothing is.
+    fn beyond_defaults(&self) -> String {
+        let mut per_action: BTreeMap<String, usize> = BTreeMap::new();
+        let mut bans = 0;
+        for (k, i) in self.rs.rules() {
+            if k.ban {
+                bans += 1;
+            } else if k.net.prefix_len() != 0 || !k.class.is_none() {
+                *per_action.entry(i.spec.action.to_string()).or_default() += 1;
+            }
+        }
+        let mut parts = Vec::new();
+        if !per_action.is_empty() {
+            let a: Vec<String> = per_action.iter().map(|(a, n)| format!("{n} {a}")).collect();
+            parts.push(format!("rules {}", a.join(", ")));
+        }
+        if bans > 0 {
+            parts.push(format!("{bans} ban{}", if bans == 1 { "" } else { "s" }));
+        }
+        if !self.sets.is_empty() {
+            parts.push(format!("sets {}", self.sets.keys().cloned().collect::<Vec<_>>().join(", ")));
+        }
+        if parts.is_empty() { String::new() } else { format!(" (beyond the defaults: {})", parts.join("; ")) }
     }
 }
 
