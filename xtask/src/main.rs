@@ -308,7 +308,7 @@ fn test(host_only: bool) -> Result<()> {
     // starts with them); built after `cargo test -p policer-user`, which
     // leaves one without them at the same path.
     sh(cargo().args(["build", "-p", "policer-user", "--bin", "policer", "--features", "test-hooks"]))?;
-    let bin = workspace().join("target/debug/policer");
+    let bin = target_dir().join("debug/policer");
     // Tier 2: the real object under PROG_TEST_RUN.
     say("tier 2: PROG_TEST_RUN of the real XDP object");
     for t in ["object", "kernel", "class_object", "ban_object"] {
@@ -359,10 +359,9 @@ fn bench(quick: bool) -> Result<()> {
         apt_install(&missing)?;
     }
     sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-bench", "--bins"]))?;
-    let root = workspace();
-    let mut c = Command::new(root.join("target/release/policer-bench"));
+    let mut c = Command::new(target_dir().join("release/policer-bench"));
     c.args(["--report", "BENCHMARKS.md", "--results", "bench/results.json", "--plots", "bench"])
-        .env("POLICER_BIN", root.join("target/release/policer"));
+        .env("POLICER_BIN", target_dir().join("release/policer"));
     if quick {
         c.arg("--quick");
     }
@@ -379,10 +378,9 @@ fn soak(minutes: u32) -> Result<()> {
     }
     // Release binaries, as the benchmark measures them.
     sh(cargo().args(["build", "--release", "-p", "policer-user", "-p", "policer-tests", "--bins"]))?;
-    let root = workspace();
-    sh(Command::new(root.join("target/release/policer-soak"))
+    sh(Command::new(target_dir().join("release/policer-soak"))
         .args(["--minutes", &minutes.to_string(), "--report", "BENCHMARKS.md"])
-        .env("POLICER_BIN", root.join("target/release/policer")))
+        .env("POLICER_BIN", target_dir().join("release/policer")))
 }
 
 fn demo(seconds: u32) -> Result<()> {
@@ -395,10 +393,9 @@ fn demo(seconds: u32) -> Result<()> {
     // sandbox); xtask only waits for it.
     // SAFETY: setting a signal disposition for this process.
     unsafe { libc_ignore_sigint() };
-    let root = workspace();
-    sh(Command::new(root.join("target/debug/policer-demo"))
+    sh(Command::new(target_dir().join("debug/policer-demo"))
         .args(["--seconds", &seconds.to_string()])
-        .env("POLICER_BIN", root.join("target/debug/policer")))
+        .env("POLICER_BIN", target_dir().join("debug/policer")))
 }
 
 /// SIG_IGN for SIGINT in this process only; the demo re-installs its own
