@@ -102,6 +102,8 @@ fn rule_set(i: u32, rate: &str) -> Request {
             ..RuleConfig::default()
         },
         runtime: false,
+        replace: false,
+        force: false,
     }
 }
 
