@@ -7,7 +7,8 @@
 //! sees are exactly the bytes user space wrote.
 #![no_std]
 
-#[cfg(feature = "std")]
+// The host tests use std (proptest needs it) with or without the feature.
+#[cfg(any(test, feature = "std"))]
 extern crate std;
 
 pub mod ban;
