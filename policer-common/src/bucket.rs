@@ -73,8 +73,8 @@
 //! years for shift 0; at 100 Mpps one window of ~limit + 20 s in every
 //! 26 days; byte rules above 256 Gbit/s one in every 78 h.
 
-/// Nanoseconds per second.
-pub const NS_PER_SEC: u64 = 1_000_000_000;
+pub use crate::clock::NS_PER_SEC;
+
 /// Finest time unit: 2^-16 ns. The constructors pick the coarsest unit that
 /// keeps [`COST_PRECISION_BITS`] (see the module doc), and coarser still
 /// when a bucket is so large that it would not fit in [`MAX_LIMIT`].
