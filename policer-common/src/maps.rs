@@ -202,14 +202,26 @@ pub struct BucketKeyV4 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct BucketKeyV6 {
     /// Masked source, network order (an IPv4 source of a class:
-    /// [`crate::class::mapped_v4`]).
+    /// [`mapped_v4`]).
     pub addr: [u8; 16],
     /// Leading bits of `addr` that are significant, with
-    /// [`crate::class::KEY_LEN_V4_MAPPED`] for an IPv4 source.
+    /// [`KEY_LEN_V4_MAPPED`] for an IPv4 source.
     pub key_len: u32,
     /// The class whose bucket this is (its rule's counter slot), 0 for a
     /// class-less rule's.
     pub class: u32,
+}
+
+/// A key of the keyed table (IPv6 sources, and every class's buckets) for
+/// an IPv4 source: the address as `::ffff:a.b.c.d` and this bit in the
+/// key length, so it can never be an IPv6 source's.
+pub const KEY_LEN_V4_MAPPED: u32 = 0x100;
+
+/// The keyed table's key for an IPv4 class bucket: the masked address in
+/// the last 4 bytes after `::ffff:`.
+#[inline(always)]
+pub const fn mapped_v4(addr: [u8; 4]) -> [u8; 16] {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, addr[0], addr[1], addr[2], addr[3]]
 }
 
 /// A bucket's key from either table, as user space shows it.
@@ -232,8 +244,8 @@ impl BucketKey {
         match (self.family, self.class) {
             (FAMILY_V4, 0) => None,
             (FAMILY_V4, class) => Some(BucketKeyV6 {
-                addr: crate::class::mapped_v4([self.addr[0], self.addr[1], self.addr[2], self.addr[3]]),
-                key_len: self.key_len | crate::class::KEY_LEN_V4_MAPPED,
+                addr: mapped_v4([self.addr[0], self.addr[1], self.addr[2], self.addr[3]]),
+                key_len: self.key_len | KEY_LEN_V4_MAPPED,
                 class,
             }),
             (_, class) => Some(BucketKeyV6 { addr: self.addr, key_len: self.key_len, class }),
@@ -251,15 +263,10 @@ impl From<BucketKeyV4> for BucketKey {
 
 impl From<BucketKeyV6> for BucketKey {
     fn from(k: BucketKeyV6) -> BucketKey {
-        if k.key_len & crate::class::KEY_LEN_V4_MAPPED != 0 {
+        if k.key_len & KEY_LEN_V4_MAPPED != 0 {
             let mut addr = [0; 16];
             addr[..4].copy_from_slice(&k.addr[12..]);
-            return BucketKey {
-                addr,
-                family: FAMILY_V4,
-                key_len: k.key_len & !crate::class::KEY_LEN_V4_MAPPED,
-                class: k.class,
-            };
+            return BucketKey { addr, family: FAMILY_V4, key_len: k.key_len & !KEY_LEN_V4_MAPPED, class: k.class };
         }
         BucketKey { addr: k.addr, family: FAMILY_V6, key_len: k.key_len, class: k.class }
     }
