@@ -34,6 +34,10 @@
 
 use crate::{BucketKeyV6, KEY_LEN_V4_MAPPED, mapped_v4};
 
+// The store's values and the rules' parameters are map values, defined
+// with the other keys and values in `maps`; they keep their paths here.
+pub use crate::{Ban, BanParams};
+
 /// Rule flag ([`crate::Rule::flags`]): the rule bans sources (its
 /// [`BanParams`] are in `BAN_PARAMS` at its counter slot).
 pub const RULE_BAN: u32 = 8;
@@ -48,38 +52,6 @@ pub const STAMP_COUNTING: u32 = 30;
 const COUNT_BITS: u32 = 19;
 /// The largest `--ban-after`.
 pub const MAX_BAN_AFTER: u32 = (1 << COUNT_BITS) - 1;
-
-/// A rule's automatic bans, in `BAN_PARAMS` at its counter slot.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BanParams {
-    /// How long a ban lasts, ns (0: the rule makes none).
-    pub ban_for_ns: u64,
-    /// The longest a repeated ban grows to, ns (0: no growth).
-    pub ban_max_ns: u64,
-    /// Refused frames since the last admission that start a ban (>= 1).
-    pub ban_after: u32,
-    pub _pad: u32,
-}
-
-/// One entry of the store: a ban in force, or one that ended and is kept
-/// for escalation.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Ban {
-    /// When the ban ends, ns of the program's clock (CLOCK_MONOTONIC).
-    pub end_ns: u64,
-    /// Its length, ns (what the next one doubles).
-    pub len_ns: u64,
-    /// When it started, ns.
-    pub start_ns: u64,
-    /// Frames dropped while banned (sampled: an estimate).
-    pub drops: u64,
-    /// The counter slot of the rule whose bucket the source exceeded.
-    pub rule_slot: u32,
-    /// Bans of this key in a row (1: the first; escalation adds one).
-    pub count: u32,
-}
 
 /// What a slot's stamp says of bans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

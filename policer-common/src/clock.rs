@@ -49,7 +49,7 @@ pub struct CpuScratch {
     /// [`crate::ban`]): here rather than on the program's stack, which is
     /// nearly full.
     pub ban_key: crate::BucketKeyV6,
-    pub ban: crate::ban::Ban,
+    pub ban: crate::Ban,
 }
 
 /// An interval the clock is known to lie in, in ns.

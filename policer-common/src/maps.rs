@@ -40,11 +40,11 @@ pub const MAP_CLASS_FILTER: &str = "CLASS_FILTER";
 /// Array of [`crate::class::Total`], one per rule counter slot: the
 /// aggregate buckets of rules with `--total-rate`.
 pub const MAP_TOTALS: &str = "TOTALS";
-/// Hash (preallocated, never LRU) of [`BucketKeyV6`] -> [`crate::ban::Ban`]:
+/// Hash (preallocated, never LRU) of [`BucketKeyV6`] -> [`Ban`]:
 /// the automatic bans (see [`crate::ban`]).
 pub const MAP_BANS: &str = "BANS";
-/// Array of [`crate::ban::BanParams`], one per rule counter slot: the
-/// automatic bans of rules with `--ban-for`.
+/// Array of [`BanParams`], one per rule counter slot: the automatic bans of
+/// rules with `--ban-for`.
 pub const MAP_BAN_PARAMS: &str = "BAN_PARAMS";
 /// Entries of [`MAP_CLASS_INDEX`] (port blocks of every group).
 pub const MAX_CLASS_INDEX_ENTRIES: u32 = 65_536;
@@ -143,8 +143,8 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 18] = {
         (MAP_CLASS_INDEX, 4 + INDEX_KEY_BYTES, size_of::<ClassList>()),
         (MAP_TOTALS, 4, size_of::<Total>()),
         (MAP_CLASS_FILTER, 4, size_of::<ClassFilter>()),
-        (MAP_BANS, size_of::<BucketKeyV6>(), size_of::<crate::ban::Ban>()),
-        (MAP_BAN_PARAMS, 4, size_of::<crate::ban::BanParams>()),
+        (MAP_BANS, size_of::<BucketKeyV6>(), size_of::<Ban>()),
+        (MAP_BAN_PARAMS, 4, size_of::<BanParams>()),
     ]
 };
 /// Read-only global (`u32`): non-zero makes the program read its clock
@@ -378,6 +378,39 @@ impl RuleCounters {
     }
 }
 
+/// A rule's automatic bans (see [`crate::ban`]), in [`MAP_BAN_PARAMS`] at
+/// its counter slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BanParams {
+    /// How long a ban lasts, ns (0: the rule makes none).
+    pub ban_for_ns: u64,
+    /// The longest a repeated ban grows to, ns (0: no growth).
+    pub ban_max_ns: u64,
+    /// Refused frames since the last admission that start a ban (>= 1).
+    pub ban_after: u32,
+    pub _pad: u32,
+}
+
+/// One entry of the ban store ([`MAP_BANS`], see [`crate::ban`]): a ban in
+/// force, or one that ended and is kept for escalation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ban {
+    /// When the ban ends, ns of the program's clock (CLOCK_MONOTONIC).
+    pub end_ns: u64,
+    /// Its length, ns (what the next one doubles).
+    pub len_ns: u64,
+    /// When it started, ns.
+    pub start_ns: u64,
+    /// Frames dropped while banned (sampled: an estimate).
+    pub drops: u64,
+    /// The counter slot of the rule whose bucket the source exceeded.
+    pub rule_slot: u32,
+    /// Bans of this key in a row (1: the first; escalation adds one).
+    pub count: u32,
+}
+
 /// The new-source limiter of one rule: an aggregate bucket, scaled to the
 /// table, charged by sources that cannot get or keep a bucket of their own.
 ///
@@ -481,8 +514,8 @@ mod pod {
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::NewSources {}
-    unsafe impl aya::Pod for crate::ban::Ban {}
-    unsafe impl aya::Pod for crate::ban::BanParams {}
+    unsafe impl aya::Pod for super::Ban {}
+    unsafe impl aya::Pod for super::BanParams {}
     unsafe impl aya::Pod for crate::bucket::Bucket {}
     unsafe impl aya::Pod for crate::table::Set {}
     unsafe impl aya::Pod for crate::table::SetDrops {}
