@@ -24,6 +24,6 @@ pub mod slot;
 pub mod table;
 pub mod verdict;
 
-pub use bucket::{Bucket, Rule};
+pub use bucket::{Bucket, NewSources, Rule};
 pub use clock::{ClockWindow, CpuScratch};
 pub use maps::*;

@@ -56,8 +56,9 @@ pub const MAP_RULE_COUNTERS: &str = "RULE_COUNTERS";
 /// Per-CPU array of one [`crate::CpuScratch`]: the program's last clock
 /// reading on this CPU, and the sequence of the bench-only key variation.
 pub const MAP_CPU_SCRATCH: &str = "CPU_SCRATCH";
-/// Array of [`NewSources`], one per rule counter slot: the limiter on how
-/// fast a rule may admit sources that have no bucket (table pressure).
+/// Array of [`crate::NewSources`], one per rule counter slot: the limiter
+/// on how fast a rule may admit sources that have no bucket (table
+/// pressure).
 pub const MAP_NEW_SOURCES: &str = "NEW_SOURCES";
 /// Array of one `u32`: the default-rules fast path. 0: look every source up
 /// in the LPM tries. 1 or 2: the rule set is only `0.0.0.0/0` and/or `::/0`,
@@ -138,7 +139,7 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 18] = {
         (MAP_RECALL, 4, size_of::<RecallSet>()),
         (MAP_COUNTERS, 4, size_of::<Counters>()),
         (MAP_RULE_COUNTERS, 4, size_of::<RuleCounters>()),
-        (MAP_NEW_SOURCES, 4, size_of::<NewSources>()),
+        (MAP_NEW_SOURCES, 4, size_of::<crate::NewSources>()),
         (MAP_CLOCK, 4, size_of::<u64>()),
         (MAP_CLASS_INDEX, 4 + INDEX_KEY_BYTES, size_of::<ClassList>()),
         (MAP_TOTALS, 4, size_of::<Total>()),
@@ -411,74 +412,6 @@ pub struct Ban {
     pub count: u32,
 }
 
-/// The new-source limiter of one rule: an aggregate bucket, scaled to the
-/// table, charged by sources that cannot get or keep a bucket of their own.
-///
-/// A source with no bucket (new, or evicted from a full table) gets a
-/// fresh, empty one only while its rule's limiter has budget; each fresh
-/// bucket costs one `burst`'s worth of the rule's budget. The limiter
-/// refills at `capacity x rate / burst` fresh buckets per second, in
-/// bursts of `capacity`: as much fresh budget as a full table of sources
-/// at the rule's rate could use. Legitimate churn stays far below that.
-/// A population of sources larger than the table, each losing its bucket
-/// before it returns, reaches it; from then on such sources are dropped
-/// (no bucket is created, so they cause no further evictions) until the
-/// limiter refills. Sources holding a bucket, and other rules' sources,
-/// are unaffected.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct NewSources {
-    /// Limiter state, as a bucket's (compare-and-swap).
-    pub tat: u64,
-    /// Cost of one new source, in 2^-shift ns.
-    pub cost: u64,
-    /// Limiter size, in 2^-shift ns.
-    pub limit: u64,
-    pub shift: u32,
-    /// Zero: no limit (allow/deny rules, or a limit too high to matter).
-    pub enabled: u32,
-}
-
-impl NewSources {
-    /// The limiter as a packet-mode rule (one "packet" per new source): its
-    /// state is read like any bucket's, so a limiter idle for longer than
-    /// its period reads as drained, not as a clock that stepped back (see
-    /// [`crate::bucket`]).
-    #[inline(always)]
-    pub fn limiter(&self) -> crate::Rule {
-        crate::Rule {
-            pkt_cost: self.cost,
-            byte_cost: 0,
-            limit: self.limit,
-            key_mask: [0; 16],
-            shift: self.shift,
-            action: 0,
-            key_len: 0,
-            rule_id: 0,
-            counter_slot: 0,
-            stamp: 0,
-            classes: 0,
-            flags: 0,
-            class_protos: 0,
-        }
-    }
-
-    /// The limiter for a rule of `rate` units per second and `burst` units
-    /// (packets, or bytes in byte mode) in a table of `capacity` buckets,
-    /// starting empty at `now_ns`. Its unit is chosen as for any packet
-    /// rule ([`crate::Rule::packets`]).
-    pub fn for_rule(rate: u64, burst: u64, capacity: u32, now_ns: u64) -> NewSources {
-        let rate = (rate as u128 * capacity as u128 / burst.max(1) as u128).clamp(1, u64::MAX as u128) as u64;
-        let burst = (capacity as u64).clamp(1, crate::bucket::MAX_BURST);
-        match crate::Rule::packets(rate, burst) {
-            Ok(r) => {
-                NewSources { tat: r.empty_tat(now_ns), cost: r.pkt_cost, limit: r.limit, shift: r.shift, enabled: 1 }
-            }
-            Err(_) => NewSources::default(),
-        }
-    }
-}
-
 /// Layer-2/3 constants the parser uses.
 pub mod wire {
     pub const ETH_HLEN: usize = 14;
@@ -513,7 +446,7 @@ mod pod {
     unsafe impl aya::Pod for super::BucketKeyV6 {}
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::RuleCounters {}
-    unsafe impl aya::Pod for super::NewSources {}
+    unsafe impl aya::Pod for crate::bucket::NewSources {}
     unsafe impl aya::Pod for super::Ban {}
     unsafe impl aya::Pod for super::BanParams {}
     unsafe impl aya::Pod for crate::bucket::Bucket {}
@@ -546,6 +479,6 @@ const _: () = {
     assert!(core::mem::size_of::<crate::recall::RecallSet>() == 64);
     assert!(core::mem::size_of::<crate::bucket::Rule>() == 80);
     assert!(core::mem::size_of::<Counters>() == 23 * 8);
-    assert!(core::mem::size_of::<NewSources>() == 32);
+    assert!(core::mem::size_of::<crate::bucket::NewSources>() == 32);
     assert!(core::mem::size_of::<RuleCounters>() == 8 * 8);
 };
