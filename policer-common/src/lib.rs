@@ -16,6 +16,7 @@ pub mod bucket;
 pub mod class;
 pub mod clock;
 pub mod flat;
+pub mod layout;
 pub mod maps;
 #[cfg(feature = "std")]
 pub mod rate;
@@ -26,4 +27,5 @@ pub mod verdict;
 
 pub use bucket::{Bucket, NewSources, Rule};
 pub use clock::{ClockWindow, CpuScratch};
+pub use layout::{LAYOUT_VERSION, MAPS_OF_EVERY_BUILD, SHARED_MAP_LAYOUT, SHARED_MAPS, UNSTAMPED_LAYOUT_VERSION};
 pub use maps::*;

@@ -1,9 +1,12 @@
 //! Map names, keys and values the XDP program and user space share.
 //!
 //! The eBPF statics carry exactly these names (a test loads the object and
-//! checks each one exists).
-
-use crate::bucket::Bucket;
+//! checks each one exists). The keys and values here are the ones several
+//! layers name (the bucket keys, the counters, a ban and a rule's ban
+//! parameters); the others live with the code that gives them meaning (a
+//! `Rule` with the bucket math, a `Set` with the table). This is the
+//! crate's bottom layer: it uses no other module (see the crate doc). What
+//! the shared maps hold, size by size, is in [`crate::layout`].
 
 /// LPM trie: IPv4 prefix -> [`crate::Rule`].
 pub const MAP_RULES_V4: &str = "RULES_V4";
@@ -72,82 +75,12 @@ pub const ACTION_NONE: u32 = u32::MAX;
 /// Array of two `u64`: the clock in ns and the jiffies, when the test clock
 /// is on (jiffies 0: the program reads the clock for every frame).
 pub const MAP_CLOCK: &str = "CLOCK";
-/// Array of one `u32`: the layout version ([`LAYOUT_VERSION`]) of the
-/// build that loaded the program. The program never reads it: the loader
-/// writes it, freezes it and binds it to the program (BPF_PROG_BIND_MAP),
-/// so any later build can read it through the program's map ids.
+/// Array of one `u32`: the layout version ([`crate::LAYOUT_VERSION`]) of
+/// the build that loaded the program. The program never reads it: the
+/// loader writes it, freezes it and binds it to the program
+/// (BPF_PROG_BIND_MAP), so any later build can read it through the
+/// program's map ids.
 pub const MAP_LAYOUT: &str = "LAYOUT";
-/// The layout of the state a running program shares with the next build
-/// ([`SHARED_MAPS`]: keys, values and what they mean, e.g. a bucket's time
-/// unit). Bump it with any change a newer build would misread: a program
-/// stamped with another version is not adopted but replaced by a fresh
-/// one (buckets start empty, rules come from the config).
-///
-/// 2: IPv6 in a set-associative table, the recall, the returned bit of a
-/// slot, the geometry's capacity, the recall counters.
-/// 3: classes and totals: the rule's class fields (80 bytes), the class
-/// index and the totals, the class in the keyed table's keys, the total
-/// drop counters.
-/// 4: automatic bans: the ban store and the rules' ban parameters, the
-/// banned and counting stamps of a slot, the ban counters.
-pub const LAYOUT_VERSION: u32 = 4;
-/// Builds from before layout versions carry no stamp. Their last layout
-/// is version 1: an unstamped program whose shared maps have
-/// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
-/// maps is older still.
-pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
-/// Maps every policer build since the first has had, by these names: with
-/// the program name, what tells an unstamped (older) policer program from
-/// someone else's.
-pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
-/// The maps a newly loaded program takes over from a running one it
-/// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 18] = {
-    // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 18];
-    let mut i = 0;
-    while i < names.len() {
-        names[i] = SHARED_MAP_LAYOUT[i].0;
-        i += 1;
-    }
-    names
-};
-/// The one list of the maps a program shares with the daemon and with the
-/// builds that adopt it, with their key and value sizes as this build lays
-/// them out ([`SHARED_MAPS`] is its names). A running program whose maps differ in either is
-/// another build's: its state would be misread, so it is not adopted. (The
-/// LPM tries' keys are the kernel's `bpf_lpm_trie_key`: a `u32` prefix
-/// length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 18] = {
-    use core::mem::size_of;
-
-    use crate::{
-        Rule,
-        class::{ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
-        recall::RecallSet,
-        table::{Geometry, Set, SetDrops, SetKeys},
-    };
-    [
-        (MAP_RULES_V4, 4 + 4, size_of::<Rule>()),
-        (MAP_RULES_V6, 4 + 16, size_of::<Rule>()),
-        (MAP_BUCKETS_V4, 4, size_of::<Set>()),
-        (MAP_BUCKETS_V4_DROPS, 4, size_of::<SetDrops>()),
-        (MAP_BUCKETS_V4_GEOMETRY, 4, size_of::<Geometry>()),
-        (MAP_BUCKETS_V6, 4, size_of::<Set>()),
-        (MAP_BUCKETS_V6_DROPS, 4, size_of::<SetDrops>()),
-        (MAP_BUCKETS_V6_KEYS, 4, size_of::<SetKeys>()),
-        (MAP_RECALL, 4, size_of::<RecallSet>()),
-        (MAP_COUNTERS, 4, size_of::<Counters>()),
-        (MAP_RULE_COUNTERS, 4, size_of::<RuleCounters>()),
-        (MAP_NEW_SOURCES, 4, size_of::<crate::NewSources>()),
-        (MAP_CLOCK, 4, size_of::<u64>()),
-        (MAP_CLASS_INDEX, 4 + INDEX_KEY_BYTES, size_of::<ClassList>()),
-        (MAP_TOTALS, 4, size_of::<Total>()),
-        (MAP_CLASS_FILTER, 4, size_of::<ClassFilter>()),
-        (MAP_BANS, size_of::<BucketKeyV6>(), size_of::<Ban>()),
-        (MAP_BAN_PARAMS, 4, size_of::<BanParams>()),
-    ]
-};
 /// Read-only global (`u32`): non-zero makes the program read its clock
 /// from [`MAP_CLOCK`] instead of `bpf_ktime_get_ns`. Set at load time, so
 /// the verifier removes the branch in production.
@@ -437,48 +370,3 @@ pub mod wire {
     pub const DEFAULT_KEY_LEN_V4: u32 = 32;
     pub const DEFAULT_KEY_LEN_V6: u32 = 64;
 }
-
-#[cfg(feature = "user")]
-mod pod {
-    // SAFETY: plain `#[repr(C)]` integers and byte arrays with no padding
-    // (fields are ordered largest first), so every bit pattern is valid.
-    unsafe impl aya::Pod for super::BucketKeyV4 {}
-    unsafe impl aya::Pod for super::BucketKeyV6 {}
-    unsafe impl aya::Pod for super::Counters {}
-    unsafe impl aya::Pod for super::RuleCounters {}
-    unsafe impl aya::Pod for crate::bucket::NewSources {}
-    unsafe impl aya::Pod for super::Ban {}
-    unsafe impl aya::Pod for super::BanParams {}
-    unsafe impl aya::Pod for crate::bucket::Bucket {}
-    unsafe impl aya::Pod for crate::table::Set {}
-    unsafe impl aya::Pod for crate::table::SetDrops {}
-    unsafe impl aya::Pod for crate::table::Geometry {}
-    unsafe impl aya::Pod for crate::table::SetKeys {}
-    unsafe impl aya::Pod for crate::recall::RecallSet {}
-    unsafe impl aya::Pod for crate::bucket::Rule {}
-    unsafe impl aya::Pod for crate::class::ClassList {}
-    unsafe impl aya::Pod for crate::class::Total {}
-    unsafe impl aya::Pod for crate::class::ClassFilter {}
-}
-
-const _: () = {
-    // No implicit padding: the sizes are the sums of the fields.
-    assert!(core::mem::size_of::<BucketKeyV4>() == 8);
-    assert!(core::mem::size_of::<BucketKeyV6>() == 24);
-    assert!(core::mem::size_of::<Bucket>() == 16);
-    assert!(core::mem::size_of::<crate::table::Slot>() == 16);
-    // One cache line.
-    assert!(core::mem::size_of::<crate::table::Set>() == 64);
-    assert!(core::mem::size_of::<crate::table::SetDrops>() == 32);
-    assert!(core::mem::size_of::<crate::table::Geometry>() == 24);
-    assert!(core::mem::size_of::<crate::table::SetKeys>() == 96);
-    assert!(core::mem::size_of::<crate::class::ClassCand>() == 120);
-    assert!(core::mem::size_of::<crate::class::ClassList>() == 8 + 8 * 120);
-    assert!(core::mem::size_of::<crate::class::Total>() == 88);
-    assert!(core::mem::size_of::<crate::class::ClassFilter>() == 160);
-    assert!(core::mem::size_of::<crate::recall::RecallSet>() == 64);
-    assert!(core::mem::size_of::<crate::bucket::Rule>() == 80);
-    assert!(core::mem::size_of::<Counters>() == 23 * 8);
-    assert!(core::mem::size_of::<crate::bucket::NewSources>() == 32);
-    assert!(core::mem::size_of::<RuleCounters>() == 8 * 8);
-};
