@@ -779,7 +779,7 @@ proptest! {
         k in 0..4u64,
         frac in any::<u64>(),
     ) {
-            let ns = NewSources::for_rule(rate, burst, capacity, t0);
+        let ns = NewSources::for_rule(rate, burst, capacity, t0);
         prop_assume!(ns.enabled == 1);
         let l = ns.limiter();
         let mut tat = ns.tat;
