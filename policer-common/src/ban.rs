@@ -5,7 +5,7 @@
 //! **The store** (`BANS`, [`crate::MAP_BANS`]) is a preallocated hash (not
 //! LRU) keyed by the bucket key as [`BucketKeyV6`]: an IPv6 source or a
 //! class bucket as the keyed table knows it, a plain IPv4 source as
-//! `::ffff:a.b.c.d` with [`crate::class::KEY_LEN_V4_MAPPED`] ([`key_v4`]).
+//! `::ffff:a.b.c.d` with [`crate::KEY_LEN_V4_MAPPED`] ([`key_v4`]).
 //! A flood of new sources cannot push a ban out: the kernel never evicts
 //! from it. When it is full the program makes no new ban (the source stays
 //! policed by its bucket) and counts it (`bans_refused_full`); entries are
@@ -32,7 +32,11 @@
 //! change in that window is not carried over (the bucket is judged by the
 //! new rule as it stands: at most one burst of difference, once).
 
-use crate::{BucketKeyV6, class};
+use crate::{BucketKeyV6, KEY_LEN_V4_MAPPED, mapped_v4};
+
+// The store's values and the rules' parameters are map values, defined
+// with the other keys and values in `maps`; they keep their paths here.
+pub use crate::{Ban, BanParams};
 
 /// Rule flag ([`crate::Rule::flags`]): the rule bans sources (its
 /// [`BanParams`] are in `BAN_PARAMS` at its counter slot).
@@ -48,38 +52,6 @@ pub const STAMP_COUNTING: u32 = 30;
 const COUNT_BITS: u32 = 19;
 /// The largest `--ban-after`.
 pub const MAX_BAN_AFTER: u32 = (1 << COUNT_BITS) - 1;
-
-/// A rule's automatic bans, in `BAN_PARAMS` at its counter slot.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BanParams {
-    /// How long a ban lasts, ns (0: the rule makes none).
-    pub ban_for_ns: u64,
-    /// The longest a repeated ban grows to, ns (0: no growth).
-    pub ban_max_ns: u64,
-    /// Refused frames since the last admission that start a ban (>= 1).
-    pub ban_after: u32,
-    pub _pad: u32,
-}
-
-/// One entry of the store: a ban in force, or one that ended and is kept
-/// for escalation.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Ban {
-    /// When the ban ends, ns of the program's clock (CLOCK_MONOTONIC).
-    pub end_ns: u64,
-    /// Its length, ns (what the next one doubles).
-    pub len_ns: u64,
-    /// When it started, ns.
-    pub start_ns: u64,
-    /// Frames dropped while banned (sampled: an estimate).
-    pub drops: u64,
-    /// The counter slot of the rule whose bucket the source exceeded.
-    pub rule_slot: u32,
-    /// Bans of this key in a row (1: the first; escalation adds one).
-    pub count: u32,
-}
 
 /// What a slot's stamp says of bans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +124,7 @@ pub const fn forgettable(b: &Ban, now_ns: u64) -> bool {
 /// The store's key of a plain IPv4 source (masked to `key_len` bits).
 #[inline(always)]
 pub const fn key_v4(addr: [u8; 4], key_len: u32) -> BucketKeyV6 {
-    BucketKeyV6 { addr: class::mapped_v4(addr), key_len: key_len | class::KEY_LEN_V4_MAPPED, class: 0 }
+    BucketKeyV6 { addr: mapped_v4(addr), key_len: key_len | KEY_LEN_V4_MAPPED, class: 0 }
 }
 
 /// The store's key of an IPv4 table slot's key word
@@ -221,7 +193,7 @@ mod tests {
     #[test]
     fn ipv4_keys_are_the_mapped_form_the_keyed_table_uses() {
         let k = key_v4([192, 0, 2, 7], 32);
-        assert_eq!(k.key_len, 32 | class::KEY_LEN_V4_MAPPED);
+        assert_eq!(k.key_len, 32 | KEY_LEN_V4_MAPPED);
         assert_eq!(&k.addr[10..], &[0xff, 0xff, 192, 0, 2, 7]);
         let word = crate::table::slot_key_word(u32::from_ne_bytes([192, 0, 2, 7]), 32);
         assert_eq!(key_of_v4_word(word), k);

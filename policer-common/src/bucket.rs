@@ -53,7 +53,7 @@
 //! That one comparison, `d <= bound`, is all a reader needs: the debt of
 //! [`Rule::admit`], [`Rule::refuses_within`], [`Rule::rescale`],
 //! [`Bucket::debt`] (eviction and `policer top`) and the new-source limiter
-//! ([`crate::NewSources`]) are all read through it. `bound` depends only on
+//! ([`NewSources`]) are all read through it. `bound` depends only on
 //! the rule, so the program works it out while the bucket is being read.
 //!
 //! **The alias windows, the weakness that remains.** The state keeps the
@@ -73,8 +73,8 @@
 //! years for shift 0; at 100 Mpps one window of ~limit + 20 s in every
 //! 26 days; byte rules above 256 Gbit/s one in every 78 h.
 
-/// Nanoseconds per second.
-pub const NS_PER_SEC: u64 = 1_000_000_000;
+pub use crate::clock::NS_PER_SEC;
+
 /// Finest time unit: 2^-16 ns. The constructors pick the coarsest unit that
 /// keeps [`COST_PRECISION_BITS`] (see the module doc), and coarser still
 /// when a bucket is so large that it would not fit in [`MAX_LIMIT`].
@@ -705,6 +705,74 @@ impl Bucket {
             ((debt << 16) / limit).min(1 << 16)
         } else {
             (debt / (limit >> 16).max(1)).min(1 << 16)
+        }
+    }
+}
+
+/// The new-source limiter of one rule: an aggregate bucket, scaled to the
+/// table, charged by sources that cannot get or keep a bucket of their own.
+///
+/// A source with no bucket (new, or evicted from a full table) gets a
+/// fresh, empty one only while its rule's limiter has budget; each fresh
+/// bucket costs one `burst`'s worth of the rule's budget. The limiter
+/// refills at `capacity x rate / burst` fresh buckets per second, in
+/// bursts of `capacity`: as much fresh budget as a full table of sources
+/// at the rule's rate could use. Legitimate churn stays far below that.
+/// A population of sources larger than the table, each losing its bucket
+/// before it returns, reaches it; from then on such sources are dropped
+/// (no bucket is created, so they cause no further evictions) until the
+/// limiter refills. Sources holding a bucket, and other rules' sources,
+/// are unaffected.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NewSources {
+    /// Limiter state, as a bucket's (compare-and-swap).
+    pub tat: u64,
+    /// Cost of one new source, in 2^-shift ns.
+    pub cost: u64,
+    /// Limiter size, in 2^-shift ns.
+    pub limit: u64,
+    pub shift: u32,
+    /// Zero: no limit (allow/deny rules, or a limit too high to matter).
+    pub enabled: u32,
+}
+
+impl NewSources {
+    /// The limiter as a packet-mode rule (one "packet" per new source): its
+    /// state is read like any bucket's, so a limiter idle for longer than
+    /// its period reads as drained, not as a clock that stepped back (see
+    /// the module doc).
+    #[inline(always)]
+    pub fn limiter(&self) -> Rule {
+        Rule {
+            pkt_cost: self.cost,
+            byte_cost: 0,
+            limit: self.limit,
+            key_mask: [0; 16],
+            shift: self.shift,
+            action: 0,
+            key_len: 0,
+            rule_id: 0,
+            counter_slot: 0,
+            stamp: 0,
+            classes: 0,
+            flags: 0,
+            class_protos: 0,
+        }
+    }
+
+    /// The limiter for a rule of `rate` units per second and `burst` units
+    /// (packets, or bytes in byte mode) in a table of `capacity` buckets,
+    /// starting empty at `now_ns`. Its unit is chosen as for any packet
+    /// rule ([`Rule::packets`]).
+    pub fn for_rule(rate: u64, burst: u64, capacity: u32, now_ns: u64) -> NewSources {
+        let rate = (rate as u128 * capacity as u128 / burst.max(1) as u128).clamp(1, u64::MAX as u128) as u64;
+        let burst = (capacity as u64).clamp(1, MAX_BURST);
+        match Rule::packets(rate, burst) {
+            Ok(r) => {
+                NewSources { tat: r.empty_tat(now_ns), cost: r.pkt_cost, limit: r.limit, shift: r.shift, enabled: 1 }
+            }
+            Err(_) => NewSources::default(),
         }
     }
 }

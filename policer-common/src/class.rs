@@ -34,6 +34,10 @@
 
 use crate::bucket::Rule;
 
+// The IPv4 form of the keyed table's keys (an IPv4 source's class
+// buckets) is defined with the keys, in `maps`; it keeps its path here.
+pub use crate::{KEY_LEN_V4_MAPPED, mapped_v4};
+
 /// `Rule::flags`: the rule is a class's: its buckets are per (source key,
 /// class), in the keyed table (see [`crate::table::Geometry::hash_v6`]),
 /// the class named by its counter slot.
@@ -332,18 +336,6 @@ pub struct Total {
     pub tat: u64,
     /// The arithmetic of the aggregate (rate, burst, unit).
     pub limiter: Rule,
-}
-
-/// A key of the keyed table (IPv6 sources, and every class's buckets) for
-/// an IPv4 source: the address as `::ffff:a.b.c.d` and this bit in the
-/// key length, so it can never be an IPv6 source's.
-pub const KEY_LEN_V4_MAPPED: u32 = 0x100;
-
-/// The keyed table's key for an IPv4 class bucket: the masked address in
-/// the last 4 bytes after `::ffff:`.
-#[inline(always)]
-pub const fn mapped_v4(addr: [u8; 4]) -> [u8; 16] {
-    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, addr[0], addr[1], addr[2], addr[3]]
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@
 //! is not charged, so its budget goes to the next frame. It never admits
 //! more.
 
+/// Nanoseconds per second.
+pub const NS_PER_SEC: u64 = 1_000_000_000;
 /// Ticks of lag allowed between jiffies and the clock.
 pub const LAG_TICKS: u64 = 2;
 /// Widest window used; longer since the last reading, the clock is read.
@@ -47,7 +49,7 @@ pub struct CpuScratch {
     /// [`crate::ban`]): here rather than on the program's stack, which is
     /// nearly full.
     pub ban_key: crate::BucketKeyV6,
-    pub ban: crate::ban::Ban,
+    pub ban: crate::Ban,
 }
 
 /// An interval the clock is known to lie in, in ns.
@@ -103,7 +105,7 @@ impl CpuScratch {
 
 /// The length of a tick for a kernel built with `CONFIG_HZ=hz`.
 pub const fn tick_ns(hz: u64) -> u64 {
-    if hz == 0 { 0 } else { crate::bucket::NS_PER_SEC.div_ceil(hz) }
+    if hz == 0 { 0 } else { NS_PER_SEC.div_ceil(hz) }
 }
 
 #[cfg(test)]

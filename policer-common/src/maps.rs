@@ -1,9 +1,12 @@
 //! Map names, keys and values the XDP program and user space share.
 //!
 //! The eBPF statics carry exactly these names (a test loads the object and
-//! checks each one exists).
-
-use crate::bucket::Bucket;
+//! checks each one exists). The keys and values here are the ones several
+//! layers name (the bucket keys, the counters, a ban and a rule's ban
+//! parameters); the others live with the code that gives them meaning (a
+//! `Rule` with the bucket math, a `Set` with the table). This is the
+//! crate's bottom layer: it uses no other module (see the crate doc). What
+//! the shared maps hold, size by size, is in [`crate::layout`].
 
 /// LPM trie: IPv4 prefix -> [`crate::Rule`].
 pub const MAP_RULES_V4: &str = "RULES_V4";
@@ -40,11 +43,11 @@ pub const MAP_CLASS_FILTER: &str = "CLASS_FILTER";
 /// Array of [`crate::class::Total`], one per rule counter slot: the
 /// aggregate buckets of rules with `--total-rate`.
 pub const MAP_TOTALS: &str = "TOTALS";
-/// Hash (preallocated, never LRU) of [`BucketKeyV6`] -> [`crate::ban::Ban`]:
+/// Hash (preallocated, never LRU) of [`BucketKeyV6`] -> [`Ban`]:
 /// the automatic bans (see [`crate::ban`]).
 pub const MAP_BANS: &str = "BANS";
-/// Array of [`crate::ban::BanParams`], one per rule counter slot: the
-/// automatic bans of rules with `--ban-for`.
+/// Array of [`BanParams`], one per rule counter slot: the automatic bans of
+/// rules with `--ban-for`.
 pub const MAP_BAN_PARAMS: &str = "BAN_PARAMS";
 /// Entries of [`MAP_CLASS_INDEX`] (port blocks of every group).
 pub const MAX_CLASS_INDEX_ENTRIES: u32 = 65_536;
@@ -56,8 +59,9 @@ pub const MAP_RULE_COUNTERS: &str = "RULE_COUNTERS";
 /// Per-CPU array of one [`crate::CpuScratch`]: the program's last clock
 /// reading on this CPU, and the sequence of the bench-only key variation.
 pub const MAP_CPU_SCRATCH: &str = "CPU_SCRATCH";
-/// Array of [`NewSources`], one per rule counter slot: the limiter on how
-/// fast a rule may admit sources that have no bucket (table pressure).
+/// Array of [`crate::NewSources`], one per rule counter slot: the limiter
+/// on how fast a rule may admit sources that have no bucket (table
+/// pressure).
 pub const MAP_NEW_SOURCES: &str = "NEW_SOURCES";
 /// Array of one `u32`: the default-rules fast path. 0: look every source up
 /// in the LPM tries. 1 or 2: the rule set is only `0.0.0.0/0` and/or `::/0`,
@@ -71,82 +75,12 @@ pub const ACTION_NONE: u32 = u32::MAX;
 /// Array of two `u64`: the clock in ns and the jiffies, when the test clock
 /// is on (jiffies 0: the program reads the clock for every frame).
 pub const MAP_CLOCK: &str = "CLOCK";
-/// Array of one `u32`: the layout version ([`LAYOUT_VERSION`]) of the
-/// build that loaded the program. The program never reads it: the loader
-/// writes it, freezes it and binds it to the program (BPF_PROG_BIND_MAP),
-/// so any later build can read it through the program's map ids.
+/// Array of one `u32`: the layout version ([`crate::LAYOUT_VERSION`]) of
+/// the build that loaded the program. The program never reads it: the
+/// loader writes it, freezes it and binds it to the program
+/// (BPF_PROG_BIND_MAP), so any later build can read it through the
+/// program's map ids.
 pub const MAP_LAYOUT: &str = "LAYOUT";
-/// The layout of the state a running program shares with the next build
-/// ([`SHARED_MAPS`]: keys, values and what they mean, e.g. a bucket's time
-/// unit). Bump it with any change a newer build would misread: a program
-/// stamped with another version is not adopted but replaced by a fresh
-/// one (buckets start empty, rules come from the config).
-///
-/// 2: IPv6 in a set-associative table, the recall, the returned bit of a
-/// slot, the geometry's capacity, the recall counters.
-/// 3: classes and totals: the rule's class fields (80 bytes), the class
-/// index and the totals, the class in the keyed table's keys, the total
-/// drop counters.
-/// 4: automatic bans: the ban store and the rules' ban parameters, the
-/// banned and counting stamps of a slot, the ban counters.
-pub const LAYOUT_VERSION: u32 = 4;
-/// Builds from before layout versions carry no stamp. Their last layout
-/// is version 1: an unstamped program whose shared maps have
-/// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
-/// maps is older still.
-pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
-/// Maps every policer build since the first has had, by these names: with
-/// the program name, what tells an unstamped (older) policer program from
-/// someone else's.
-pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
-/// The maps a newly loaded program takes over from a running one it
-/// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 18] = {
-    // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 18];
-    let mut i = 0;
-    while i < names.len() {
-        names[i] = SHARED_MAP_LAYOUT[i].0;
-        i += 1;
-    }
-    names
-};
-/// The one list of the maps a program shares with the daemon and with the
-/// builds that adopt it, with their key and value sizes as this build lays
-/// them out ([`SHARED_MAPS`] is its names). A running program whose maps differ in either is
-/// another build's: its state would be misread, so it is not adopted. (The
-/// LPM tries' keys are the kernel's `bpf_lpm_trie_key`: a `u32` prefix
-/// length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 18] = {
-    use core::mem::size_of;
-
-    use crate::{
-        Rule,
-        class::{ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
-        recall::RecallSet,
-        table::{Geometry, Set, SetDrops, SetKeys},
-    };
-    [
-        (MAP_RULES_V4, 4 + 4, size_of::<Rule>()),
-        (MAP_RULES_V6, 4 + 16, size_of::<Rule>()),
-        (MAP_BUCKETS_V4, 4, size_of::<Set>()),
-        (MAP_BUCKETS_V4_DROPS, 4, size_of::<SetDrops>()),
-        (MAP_BUCKETS_V4_GEOMETRY, 4, size_of::<Geometry>()),
-        (MAP_BUCKETS_V6, 4, size_of::<Set>()),
-        (MAP_BUCKETS_V6_DROPS, 4, size_of::<SetDrops>()),
-        (MAP_BUCKETS_V6_KEYS, 4, size_of::<SetKeys>()),
-        (MAP_RECALL, 4, size_of::<RecallSet>()),
-        (MAP_COUNTERS, 4, size_of::<Counters>()),
-        (MAP_RULE_COUNTERS, 4, size_of::<RuleCounters>()),
-        (MAP_NEW_SOURCES, 4, size_of::<NewSources>()),
-        (MAP_CLOCK, 4, size_of::<u64>()),
-        (MAP_CLASS_INDEX, 4 + INDEX_KEY_BYTES, size_of::<ClassList>()),
-        (MAP_TOTALS, 4, size_of::<Total>()),
-        (MAP_CLASS_FILTER, 4, size_of::<ClassFilter>()),
-        (MAP_BANS, size_of::<BucketKeyV6>(), size_of::<crate::ban::Ban>()),
-        (MAP_BAN_PARAMS, 4, size_of::<crate::ban::BanParams>()),
-    ]
-};
 /// Read-only global (`u32`): non-zero makes the program read its clock
 /// from [`MAP_CLOCK`] instead of `bpf_ktime_get_ns`. Set at load time, so
 /// the verifier removes the branch in production.
@@ -202,14 +136,26 @@ pub struct BucketKeyV4 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct BucketKeyV6 {
     /// Masked source, network order (an IPv4 source of a class:
-    /// [`crate::class::mapped_v4`]).
+    /// [`mapped_v4`]).
     pub addr: [u8; 16],
     /// Leading bits of `addr` that are significant, with
-    /// [`crate::class::KEY_LEN_V4_MAPPED`] for an IPv4 source.
+    /// [`KEY_LEN_V4_MAPPED`] for an IPv4 source.
     pub key_len: u32,
     /// The class whose bucket this is (its rule's counter slot), 0 for a
     /// class-less rule's.
     pub class: u32,
+}
+
+/// A key of the keyed table (IPv6 sources, and every class's buckets) for
+/// an IPv4 source: the address as `::ffff:a.b.c.d` and this bit in the
+/// key length, so it can never be an IPv6 source's.
+pub const KEY_LEN_V4_MAPPED: u32 = 0x100;
+
+/// The keyed table's key for an IPv4 class bucket: the masked address in
+/// the last 4 bytes after `::ffff:`.
+#[inline(always)]
+pub const fn mapped_v4(addr: [u8; 4]) -> [u8; 16] {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, addr[0], addr[1], addr[2], addr[3]]
 }
 
 /// A bucket's key from either table, as user space shows it.
@@ -232,8 +178,8 @@ impl BucketKey {
         match (self.family, self.class) {
             (FAMILY_V4, 0) => None,
             (FAMILY_V4, class) => Some(BucketKeyV6 {
-                addr: crate::class::mapped_v4([self.addr[0], self.addr[1], self.addr[2], self.addr[3]]),
-                key_len: self.key_len | crate::class::KEY_LEN_V4_MAPPED,
+                addr: mapped_v4([self.addr[0], self.addr[1], self.addr[2], self.addr[3]]),
+                key_len: self.key_len | KEY_LEN_V4_MAPPED,
                 class,
             }),
             (_, class) => Some(BucketKeyV6 { addr: self.addr, key_len: self.key_len, class }),
@@ -251,15 +197,10 @@ impl From<BucketKeyV4> for BucketKey {
 
 impl From<BucketKeyV6> for BucketKey {
     fn from(k: BucketKeyV6) -> BucketKey {
-        if k.key_len & crate::class::KEY_LEN_V4_MAPPED != 0 {
+        if k.key_len & KEY_LEN_V4_MAPPED != 0 {
             let mut addr = [0; 16];
             addr[..4].copy_from_slice(&k.addr[12..]);
-            return BucketKey {
-                addr,
-                family: FAMILY_V4,
-                key_len: k.key_len & !crate::class::KEY_LEN_V4_MAPPED,
-                class: k.class,
-            };
+            return BucketKey { addr, family: FAMILY_V4, key_len: k.key_len & !KEY_LEN_V4_MAPPED, class: k.class };
         }
         BucketKey { addr: k.addr, family: FAMILY_V6, key_len: k.key_len, class: k.class }
     }
@@ -371,72 +312,37 @@ impl RuleCounters {
     }
 }
 
-/// The new-source limiter of one rule: an aggregate bucket, scaled to the
-/// table, charged by sources that cannot get or keep a bucket of their own.
-///
-/// A source with no bucket (new, or evicted from a full table) gets a
-/// fresh, empty one only while its rule's limiter has budget; each fresh
-/// bucket costs one `burst`'s worth of the rule's budget. The limiter
-/// refills at `capacity x rate / burst` fresh buckets per second, in
-/// bursts of `capacity`: as much fresh budget as a full table of sources
-/// at the rule's rate could use. Legitimate churn stays far below that.
-/// A population of sources larger than the table, each losing its bucket
-/// before it returns, reaches it; from then on such sources are dropped
-/// (no bucket is created, so they cause no further evictions) until the
-/// limiter refills. Sources holding a bucket, and other rules' sources,
-/// are unaffected.
+/// A rule's automatic bans (see [`crate::ban`]), in [`MAP_BAN_PARAMS`] at
+/// its counter slot.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct NewSources {
-    /// Limiter state, as a bucket's (compare-and-swap).
-    pub tat: u64,
-    /// Cost of one new source, in 2^-shift ns.
-    pub cost: u64,
-    /// Limiter size, in 2^-shift ns.
-    pub limit: u64,
-    pub shift: u32,
-    /// Zero: no limit (allow/deny rules, or a limit too high to matter).
-    pub enabled: u32,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BanParams {
+    /// How long a ban lasts, ns (0: the rule makes none).
+    pub ban_for_ns: u64,
+    /// The longest a repeated ban grows to, ns (0: no growth).
+    pub ban_max_ns: u64,
+    /// Refused frames since the last admission that start a ban (>= 1).
+    pub ban_after: u32,
+    pub _pad: u32,
 }
 
-impl NewSources {
-    /// The limiter as a packet-mode rule (one "packet" per new source): its
-    /// state is read like any bucket's, so a limiter idle for longer than
-    /// its period reads as drained, not as a clock that stepped back (see
-    /// [`crate::bucket`]).
-    #[inline(always)]
-    pub fn limiter(&self) -> crate::Rule {
-        crate::Rule {
-            pkt_cost: self.cost,
-            byte_cost: 0,
-            limit: self.limit,
-            key_mask: [0; 16],
-            shift: self.shift,
-            action: 0,
-            key_len: 0,
-            rule_id: 0,
-            counter_slot: 0,
-            stamp: 0,
-            classes: 0,
-            flags: 0,
-            class_protos: 0,
-        }
-    }
-
-    /// The limiter for a rule of `rate` units per second and `burst` units
-    /// (packets, or bytes in byte mode) in a table of `capacity` buckets,
-    /// starting empty at `now_ns`. Its unit is chosen as for any packet
-    /// rule ([`crate::Rule::packets`]).
-    pub fn for_rule(rate: u64, burst: u64, capacity: u32, now_ns: u64) -> NewSources {
-        let rate = (rate as u128 * capacity as u128 / burst.max(1) as u128).clamp(1, u64::MAX as u128) as u64;
-        let burst = (capacity as u64).clamp(1, crate::bucket::MAX_BURST);
-        match crate::Rule::packets(rate, burst) {
-            Ok(r) => {
-                NewSources { tat: r.empty_tat(now_ns), cost: r.pkt_cost, limit: r.limit, shift: r.shift, enabled: 1 }
-            }
-            Err(_) => NewSources::default(),
-        }
-    }
+/// One entry of the ban store ([`MAP_BANS`], see [`crate::ban`]): a ban in
+/// force, or one that ended and is kept for escalation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ban {
+    /// When the ban ends, ns of the program's clock (CLOCK_MONOTONIC).
+    pub end_ns: u64,
+    /// Its length, ns (what the next one doubles).
+    pub len_ns: u64,
+    /// When it started, ns.
+    pub start_ns: u64,
+    /// Frames dropped while banned (sampled: an estimate).
+    pub drops: u64,
+    /// The counter slot of the rule whose bucket the source exceeded.
+    pub rule_slot: u32,
+    /// Bans of this key in a row (1: the first; escalation adds one).
+    pub count: u32,
 }
 
 /// Layer-2/3 constants the parser uses.
@@ -464,48 +370,3 @@ pub mod wire {
     pub const DEFAULT_KEY_LEN_V4: u32 = 32;
     pub const DEFAULT_KEY_LEN_V6: u32 = 64;
 }
-
-#[cfg(feature = "user")]
-mod pod {
-    // SAFETY: plain `#[repr(C)]` integers and byte arrays with no padding
-    // (fields are ordered largest first), so every bit pattern is valid.
-    unsafe impl aya::Pod for super::BucketKeyV4 {}
-    unsafe impl aya::Pod for super::BucketKeyV6 {}
-    unsafe impl aya::Pod for super::Counters {}
-    unsafe impl aya::Pod for super::RuleCounters {}
-    unsafe impl aya::Pod for super::NewSources {}
-    unsafe impl aya::Pod for crate::ban::Ban {}
-    unsafe impl aya::Pod for crate::ban::BanParams {}
-    unsafe impl aya::Pod for crate::bucket::Bucket {}
-    unsafe impl aya::Pod for crate::table::Set {}
-    unsafe impl aya::Pod for crate::table::SetDrops {}
-    unsafe impl aya::Pod for crate::table::Geometry {}
-    unsafe impl aya::Pod for crate::table::SetKeys {}
-    unsafe impl aya::Pod for crate::recall::RecallSet {}
-    unsafe impl aya::Pod for crate::bucket::Rule {}
-    unsafe impl aya::Pod for crate::class::ClassList {}
-    unsafe impl aya::Pod for crate::class::Total {}
-    unsafe impl aya::Pod for crate::class::ClassFilter {}
-}
-
-const _: () = {
-    // No implicit padding: the sizes are the sums of the fields.
-    assert!(core::mem::size_of::<BucketKeyV4>() == 8);
-    assert!(core::mem::size_of::<BucketKeyV6>() == 24);
-    assert!(core::mem::size_of::<Bucket>() == 16);
-    assert!(core::mem::size_of::<crate::table::Slot>() == 16);
-    // One cache line.
-    assert!(core::mem::size_of::<crate::table::Set>() == 64);
-    assert!(core::mem::size_of::<crate::table::SetDrops>() == 32);
-    assert!(core::mem::size_of::<crate::table::Geometry>() == 24);
-    assert!(core::mem::size_of::<crate::table::SetKeys>() == 96);
-    assert!(core::mem::size_of::<crate::class::ClassCand>() == 120);
-    assert!(core::mem::size_of::<crate::class::ClassList>() == 8 + 8 * 120);
-    assert!(core::mem::size_of::<crate::class::Total>() == 88);
-    assert!(core::mem::size_of::<crate::class::ClassFilter>() == 160);
-    assert!(core::mem::size_of::<crate::recall::RecallSet>() == 64);
-    assert!(core::mem::size_of::<crate::bucket::Rule>() == 80);
-    assert!(core::mem::size_of::<Counters>() == 23 * 8);
-    assert!(core::mem::size_of::<NewSources>() == 32);
-    assert!(core::mem::size_of::<RuleCounters>() == 8 * 8);
-};

@@ -373,13 +373,9 @@ fn the_check_finds_a_cycle_through_braces_super_and_reexports() {
     assert_eq!(c[1], "a -> c (a.rs:2), c -> a (c.rs:2)");
 }
 
-/// policer-common still has cycles of its own (bucket, clock, ban, class,
-/// maps, table, recall reach each other, most through the root's
-/// re-exports of `Rule` and the key types): breaking them needs a layer of
-/// plain types below the policy modules, which changes every import of the
-/// XDP program (issue 27, left open for it). `--include-ignored` lists them.
+/// policer-common's modules form layers (its crate doc lists them): none
+/// uses one that uses it either.
 #[test]
-#[ignore = "policer-common's module cycles are not broken yet (issue 27 stays open for them)"]
 fn no_top_level_module_of_policer_common_uses_one_that_uses_it() {
     let c = cycles(&crate_src("policer-common"));
     assert!(c.is_empty(), "top-level module cycles in policer-common:\n{}", c.join("\n"));

@@ -367,7 +367,6 @@ fn bucket_debt_and_fill() {
 
 #[test]
 fn new_source_limiter() {
-    use crate::maps::NewSources;
     let t = 9_000_000_000;
     // 1000 pps, burst 10, table of 256: 25 600 fresh buckets/s, bursts of 256.
     let ns = NewSources::for_rule(1000, 10, 256, t);
@@ -780,7 +779,6 @@ proptest! {
         k in 0..4u64,
         frac in any::<u64>(),
     ) {
-        use crate::maps::NewSources;
         let ns = NewSources::for_rule(rate, burst, capacity, t0);
         prop_assume!(ns.enabled == 1);
         let l = ns.limiter();
