@@ -104,6 +104,11 @@ fn kill_9_during_a_flood_keeps_enforcing() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON error");
         assert!(v["error"].as_str().unwrap().contains("no policer daemon is running"), "{verb:?}: {v}");
     }
+    // `status` says the program left attached is policing with no daemon.
+    let out = cli(&sb, &["status"]);
+    assert_eq!(out.status.code(), Some(3));
+    fails_with(&out, "policer is attached and policing with the rules it had (program ");
+    fails_with(&out, &format!(" on {}; kept by --persist)", sb.rx_if));
     // A usage error: exit status 2 for every verb, and JSON when asked for.
     for verb in [&["stats", "--json", "--bogus"][..], &["ban", "10.0.0.0/8", "--json"], &["rule", "ls", "--json", "x"]]
     {

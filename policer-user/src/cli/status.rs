@@ -9,7 +9,25 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let s = daemon()?.status()?;
+    let s = match daemon().and_then(|d| d.status()) {
+        Ok(s) => s,
+        // No daemon, but a program kept by --persist may be policing: say so
+        // (still exit status 3: no daemon).
+        Err(crate::Error::NoDaemon) => {
+            let kept = crate::daemon::attached_programs();
+            if kept.is_empty() {
+                return Err(crate::Error::NoDaemon.into());
+            }
+            let on: Vec<String> = kept.iter().map(|(i, p)| format!("program {p} on {i}")).collect();
+            let first = &kept[0].0;
+            return Err(anyhow::Error::new(crate::Error::NoDaemon).context(format!(
+                "no daemon, but policer is attached and policing with the rules it had ({}; kept by --persist): \
+                 `policer attach {first}` adopts it, `policer detach {first}` removes it",
+                on.join(", ")
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());

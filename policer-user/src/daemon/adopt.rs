@@ -224,6 +224,26 @@ pub(super) fn attach_fresh(name: &str, index: u32, fd: RawFd, mode: Mode) -> Res
     Err(last.expect("at least one mode"))
 }
 
+/// The policer programs attached in this network namespace (interface,
+/// program id): with no daemon running, programs a `--persist` daemon left
+/// policing. Interfaces that cannot be read are skipped.
+pub fn attached_programs() -> Vec<(String, u32)> {
+    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, u32)> = dir
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let index = if_index(&name).ok()?;
+            let st = netlink::query(index).ok()??;
+            find(st.prog_id).map(|f| (name, f.prog_id))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// `policer detach IFACE` with no daemon running: remove the policer
 /// program left attached (never another program).
 pub fn detach_orphan(name: &str) -> Result<String> {

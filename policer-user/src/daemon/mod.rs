@@ -37,7 +37,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use adopt::detach_orphan;
+pub use adopt::{attached_programs, detach_orphan};
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
 pub use sets::{Import, read_import};
