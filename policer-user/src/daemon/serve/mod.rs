@@ -143,7 +143,8 @@ impl Ctx {
     /// Starts the shared renders (on the current runtime).
     pub fn new(owner: Owner, views: Arc<Views>, stop: watch::Sender<bool>, caps: Caps) -> Ctx {
         let v = views.clone();
-        let metrics = render::Shared::new(move || v.metrics());
+        // Paced: a scrape storm takes at most half a core of renders.
+        let metrics = render::Shared::paced(move || v.metrics());
         let v = views.clone();
         let stats = render::Shared::new(move || v.stats().map(Arc::new));
         let v = views.clone();

@@ -7,6 +7,9 @@
 //! never older than the request, and any number of requests at once cost
 //! at most two renders (the one running when they came, and the next).
 //! A scrape storm therefore holds one blocking thread, not all of them.
+//! A paced render ([`Shared::paced`], `/metrics`) also rests as long as it
+//! took before the next begins: however many scrapers, renders take at
+//! most half of one core.
 
 use std::{sync::Arc, time::Instant};
 
@@ -28,6 +31,15 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
     /// Starts the render task on the current runtime; it ends when this is
     /// dropped.
     pub fn new(render: impl Fn() -> Result<T> + Send + Sync + 'static) -> Shared<T> {
+        Shared::start(render, false)
+    }
+
+    /// [`Shared::new`], resting after each render as long as it took.
+    pub fn paced(render: impl Fn() -> Result<T> + Send + Sync + 'static) -> Shared<T> {
+        Shared::start(render, true)
+    }
+
+    fn start(render: impl Fn() -> Result<T> + Send + Sync + 'static, paced: bool) -> Shared<T> {
         let (asked, mut want) = watch::channel(None::<Instant>);
         let (publish, done) = watch::channel(None);
         let render = Arc::new(render);
@@ -49,6 +61,9 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
                 };
                 last = Some(began);
                 publish.send_replace(Some((began, out)));
+                if paced {
+                    tokio::time::sleep(began.elapsed()).await;
+                }
             }
         });
         Shared { asked, done }
@@ -112,6 +127,23 @@ mod tests {
         // A later request gets a new render.
         let (k, _) = shared.get().await.unwrap();
         assert_eq!(k, count + 1);
+    }
+
+    /// Requests back to back on a paced render: it rests as long as it
+    /// took between renders.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paced_render_rests_as_long_as_it_took() {
+        let shared = Shared::paced(|| {
+            std::thread::sleep(Duration::from_millis(40));
+            Ok(())
+        });
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            shared.get().await.unwrap();
+        }
+        // 5 renders of 40 ms and 4 rests between them.
+        let ms = t0.elapsed().as_millis();
+        assert!(ms >= 5 * 40 + 4 * 40, "{ms} ms");
     }
 
     #[tokio::test]
