@@ -4,7 +4,11 @@
 //! malformed requests — while `policer rule set` and `policer stats` run as
 //! separate processes and must take at most 100 ms longer than without
 //! them, counter lines keep their period, and SIGTERM ends the daemon
-//! within a second.
+//! within a second. And serving isolation: a storm of `/metrics` scrapers
+//! holds up no other view, `/healthz` is answered with every HTTP slot
+//! held, `rule ls --set` of a million entries holds up no change and costs
+//! little memory for clients that do not read it, the connection caps fit
+//! the fd limit, and past the control cap the CLI says "daemon busy".
 
 use std::{
     fmt::Write as _,
@@ -552,7 +556,7 @@ fn a_scrape_storm_holds_up_no_other_view() {
     let _sets = SetsDir::of(&sb);
     // Enough rules that a render takes a while (tens of ms), few enough
     // that 200 scrapers' copies of the answer do not take the host's CPU.
-    config_of(&sb.config, 2_000);
+    config_of(&sb.config, 500);
     let d = Daemon::attach(
         &sb,
         &["--mode", "native", "--interval", "0", "--metrics", &STORM_PORT.to_string(), "--max-rules", "4096"],
@@ -572,52 +576,11 @@ fn a_scrape_storm_holds_up_no_other_view() {
     };
     run(1);
     let mut base = run(5);
-    let rawt = |n: usize| -> Vec<f64> {
-        (0..n)
-            .map(|_| {
-                let t = Instant::now();
-                let r = raw(
-                    &socket_of(&sb),
-                    format!("{{\"protocol\":{},\"op\":\"stats\"}}\n", policer_user::control::PROTOCOL).as_bytes(),
-                );
-                assert!(r.len() > 1000);
-                t.elapsed().as_secs_f64() * 1e3
-            })
-            .collect()
-    };
-    eprintln!("TMP raw stats base {:.0?}", rawt(7));
 
     let storm = Storm::start(&sb.rx_ns, STORM_PORT, 200, 20);
     thread::sleep(Duration::from_secs(2));
     let before = storm.scrapes.load(Ordering::Relaxed);
-    let cpu = |pid: i32| -> f64 {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
-        (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
-    };
-    let (c0, m0, w0) = (cpu(d.pid()), cpu(std::process::id() as i32), Instant::now());
-    let rawt = |n: usize| -> Vec<f64> {
-        (0..n)
-            .map(|_| {
-                let t = Instant::now();
-                let r = raw(
-                    &socket_of(&sb),
-                    format!("{{\"protocol\":{},\"op\":\"stats\"}}\n", policer_user::control::PROTOCOL).as_bytes(),
-                );
-                assert!(r.len() > 1000);
-                t.elapsed().as_secs_f64() * 1e3
-            })
-            .collect()
-    };
-    eprintln!("TMP raw stats under storm {:.0?}", rawt(7));
     let load = run(7);
-    eprintln!("TMP raw stats under storm {:.0?}", rawt(7));
-    eprintln!(
-        "TMP daemon cpu {:.2} s, test cpu {:.2} s over {:.2} s",
-        cpu(d.pid()) - c0,
-        cpu(std::process::id() as i32) - m0,
-        w0.elapsed().as_secs_f64()
-    );
     let during = storm.scrapes.load(Ordering::Relaxed) - before;
     let total = storm.stop();
     thread::sleep(Duration::from_secs(1));
@@ -674,6 +637,7 @@ fn healthz_is_answered_with_every_slot_held() {
         thread::sleep(Duration::from_millis(100));
     }
     let held = fds() - fds0;
+    eprintln!("the daemon's own fds: {fds0}");
     let ns = sb.rx_ns.clone();
     let probes = thread::spawn(move || {
         enter(&ns).unwrap();
@@ -886,6 +850,7 @@ fn the_caps_fit_the_fd_limit_and_past_them_the_cli_says_busy() {
     // A small limit: the control cap is small enough to fill here.
     let d = attach_limited(&sb, 200, 200, &["--rate", "1kpps", "--interval", "0"]);
     let line = wait_log(&d);
+    eprintln!("{line}");
     let cap = cap_of(&line, "capped at ");
     assert!((8..100).contains(&cap), "{line}");
     let sock = socket_of(&sb);

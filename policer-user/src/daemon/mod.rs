@@ -40,6 +40,7 @@ use std::{
 pub use adopt::detach_orphan;
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
+pub use serve::{Caps, fit as fit_connection_caps};
 pub use sets::{Import, read_import};
 use tokio::{
     signal::unix::{SignalKind, signal},
