@@ -171,7 +171,31 @@ pub enum Reply {
     /// Refused: nothing changed.
     Refused {
         error: String,
+        /// Set when the daemon shed the connection at its cap, before
+        /// reading the request (`error` says the same in words, for a CLI
+        /// that does not know this field).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        busy: Option<Busy>,
     },
+}
+
+/// The control socket was full: `in_use` of `cap` connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Busy {
+    pub in_use: usize,
+    pub cap: usize,
+}
+
+impl Reply {
+    /// A refusal of a request: nothing changed.
+    pub fn refused(error: impl Into<String>) -> Reply {
+        Reply::Refused { error: error.into(), busy: None }
+    }
+
+    /// The answer to a connection shed at the cap.
+    pub fn busy(in_use: usize, cap: usize) -> Reply {
+        Reply::Refused { error: Error::Busy { in_use, cap }.to_string(), busy: Some(Busy { in_use, cap }) }
+    }
 }
 
 impl Reply {
@@ -579,6 +603,10 @@ fn connect(path: &Path, timeout: Duration) -> Result<UnixStream> {
         Ok(Err(e)) => Err(match e.raw_os_error() {
             Some(libc::ENOENT) | Some(libc::ECONNREFUSED) => Error::NoDaemon,
             Some(libc::EACCES) | Some(libc::EPERM) => Error::NotRoot("talking to the policer daemon"),
+            // The listen queue is full, or the daemon is closing it.
+            Some(libc::EAGAIN) | Some(libc::ECONNRESET) => {
+                Error::Invalid(format!("daemon busy: its control socket takes no connection now ({e}); try again"))
+            }
             _ => Error::Io(e),
         }),
         // Not connected, so not sent: nothing can have been applied.
@@ -602,11 +630,34 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
         }
         _ => Error::Io(e),
     };
-    w.write_all(line.as_bytes()).map_err(timed_out)?;
+    // A daemon at its cap answers "busy" and closes without reading: the
+    // write may then fail (EPIPE, ECONNRESET), but its answer is there to
+    // read, ahead of the reset.
+    let sent = w.write_all(line.as_bytes());
+    if let Err(e) = &sent
+        && !closed(e)
+    {
+        return Err(timed_out(sent.unwrap_err()));
+    }
     let mut resp = String::new();
-    BufReader::with_capacity(1 << 20, &stream).read_line(&mut resp).map_err(timed_out)?;
-    if resp.is_empty() {
-        return Err(Error::Invalid("the daemon closed the connection without answering".into()));
+    let read = BufReader::with_capacity(1 << 20, &stream).read_line(&mut resp);
+    let gone = |e: &std::io::Error| {
+        Error::Invalid(format!(
+            "the daemon closed the connection without answering ({e}): it may be busy or exiting; try again"
+        ))
+    };
+    match read {
+        // A whole line came before the reset.
+        _ if resp.ends_with('\n') => {}
+        Err(e) if closed(&e) => return Err(gone(&e)),
+        Err(e) => return Err(timed_out(e)),
+        Ok(_) => match sent {
+            Err(e) => return Err(gone(&e)),
+            Ok(()) if resp.is_empty() => {
+                return Err(Error::Invalid("the daemon closed the connection without answering".into()));
+            }
+            Ok(()) => {}
+        },
     }
     let reply: Reply = serde_json::from_str(&resp).map_err(|e| {
         Error::Invalid(format!(
@@ -615,9 +666,15 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
         ))
     })?;
     match reply {
-        Reply::Refused { error } => Err(Error::Refused(error)),
+        Reply::Refused { busy: Some(Busy { in_use, cap }), .. } => Err(Error::Busy { in_use, cap }),
+        Reply::Refused { error, .. } => Err(Error::Refused(error)),
         r => Ok(r),
     }
+}
+
+/// The daemon closed the connection (after a "busy", or exiting).
+fn closed(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPIPE) | Some(libc::ECONNRESET))
 }
 
 /// The daemon as the CLI talks to it: a method per request, each returning
@@ -754,6 +811,38 @@ mod tests {
         let (c, h, _d) = one_answer("{\"reply\":\"rules\",\"rules\":[]}\n");
         assert!(c.rule_ls().unwrap().is_empty());
         h.join().unwrap();
+    }
+
+    /// A daemon at its cap answers "busy" and closes without reading the
+    /// request (the client then sees a reset, or a broken pipe when it
+    /// writes late): the CLI says busy, with the cap, not the errno.
+    #[test]
+    fn a_shed_connection_says_busy() {
+        for late in [false, true] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("s.sock");
+            let l = UnixListener::bind(&path).expect("bind");
+            let h = std::thread::spawn(move || {
+                let (s, _) = l.accept().expect("accept");
+                // Late, the request is in: closing with it unread resets
+                // the connection. Early, the CLI's write may come after
+                // the close (a broken pipe).
+                if late {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let mut line = serde_json::to_vec(&Reply::busy(512, 512)).unwrap();
+                line.push(b'\n');
+                (&s).write_all(&line).expect("busy");
+            });
+            let e = Client::at(path, Duration::from_secs(5)).stats().unwrap_err();
+            assert!(matches!(e, Error::Busy { in_use: 512, cap: 512 }), "{e:?}");
+            assert_eq!(e.to_string(), "daemon busy: 512 of 512 control connections in use; try again");
+            h.join().unwrap();
+        }
+        // An older CLI reads a plain refusal with the same words.
+        let v: serde_json::Value = serde_json::to_value(Reply::busy(7, 8)).unwrap();
+        assert_eq!(v["reply"], "refused");
+        assert_eq!(v["error"], "daemon busy: 7 of 8 control connections in use; try again");
     }
 
     #[test]

@@ -53,6 +53,10 @@ pub enum Error {
     DaemonRunning(String),
     #[error("{0}")]
     Refused(String),
+    /// The daemon shed the connection at its cap, before reading the
+    /// request: nothing changed.
+    #[error("daemon busy: {in_use} of {cap} control connections in use; try again")]
+    Busy { in_use: usize, cap: usize },
     /// The daemon answered a request with a reply of another kind: a
     /// daemon of another build speaking the same protocol version.
     #[error("the daemon answered '{got}' to a request for '{want}': is it another version of policer?")]

@@ -396,6 +396,18 @@ fn kubernetes_daemonset_shape() {
     assert!(pm.contains("kind: PodMonitor") && pm.contains("- port: metrics"));
 }
 
+/// The unit's LimitNOFILE holds both full connection caps beside the
+/// daemon's own fds (about 50 at start; 200 allowed here), so the daemon
+/// lowers no cap under systemd.
+#[test]
+fn the_units_fd_limit_holds_the_connection_caps() {
+    let unit = fs::read_to_string(workspace().join("deploy/policer.service")).unwrap();
+    let n: u64 = unit.lines().find_map(|l| l.strip_prefix("LimitNOFILE=")).expect("LimitNOFILE").parse().unwrap();
+    let (caps, why) = policer_user::daemon::fit_connection_caps(n, 200, true);
+    assert!(why.is_none(), "LimitNOFILE={n}: {why:?}");
+    assert_eq!(caps, policer_user::daemon::Caps { control: 512, http: 512 });
+}
+
 /// `cargo xtask image`: FROM scratch, the static binary and the default
 /// config, entrypoint policer, at most 10 MB. (Not run with podman here:
 /// the image's files are checked through `buildah mount`.)

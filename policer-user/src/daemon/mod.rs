@@ -40,6 +40,7 @@ use std::{
 pub use adopt::{attached_programs, detach_orphan};
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
+pub use serve::{Caps, fit as fit_connection_caps};
 pub use sets::{Import, read_import};
 use tokio::{
     signal::unix::{SignalKind, signal},
@@ -129,8 +130,9 @@ impl Daemon {
     pub fn run(mut self) -> Result<()> {
         // Blocking threads (map reads for stats, top, /metrics) are kept for
         // the daemon's life once made, and bounded: a pool that grows and
-        // shrinks with the load would make new threads for ever. A few
-        // dozen, so a slow render for one client never queues another's.
+        // shrinks with the load would make new threads for ever. The views
+        // take them through shared renders and lanes of a few permits each
+        // (`serve`), so no storm of one kind holds them all.
         // One malloc arena per thread would grow the daemon's memory as
         // threads come and go; two are plenty for its allocations.
         #[cfg(target_env = "gnu")]
@@ -140,7 +142,7 @@ impl Daemon {
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .max_blocking_threads(32)
+            .max_blocking_threads(serve::BLOCKING_THREADS)
             .thread_keep_alive(Duration::from_secs(365 * 24 * 3600))
             .thread_name("policer-io")
             .enable_all()
@@ -271,7 +273,10 @@ async fn event_loop(
     interval: f64,
 ) -> Result<()> {
     let (stop_tx, mut stop_rx) = watch::channel(false);
-    let ctx = Arc::new(serve::Ctx { owner: owner.clone(), views: views.clone(), stop: stop_tx });
+    // The fds open now are the daemon's own (maps, programs, listeners,
+    // the config's watch): the connection caps fit beside them.
+    let caps = serve::caps(metrics.is_some());
+    let ctx = Arc::new(serve::Ctx::new(owner.clone(), views.clone(), stop_tx, caps));
     listener.set_nonblocking(true)?;
     tokio::spawn(serve::control::run(tokio::net::UnixListener::from_std(listener)?, ctx.clone()));
     if let Some(m) = metrics {

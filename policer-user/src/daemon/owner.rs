@@ -62,12 +62,6 @@ pub enum Command {
     Tick,
     /// `policer rule import` (the file already read and parsed).
     Import(Box<super::sets::Import>),
-    /// `policer rule ls --set NAME` (answered by the owner: the entries
-    /// are its alone).
-    SetLs {
-        name: String,
-        reply: oneshot::Sender<Result<crate::control::SetView>>,
-    },
     SetRm {
         name: String,
     },
@@ -204,10 +198,6 @@ impl Daemon {
             },
             Command::Import(imp) => done(self.import(*imp)),
             Command::SetRm { name } => done(self.set_rm(&name)),
-            Command::SetLs { name, reply } => {
-                let _ = reply.send(self.set_view(&name));
-                done(Ok(String::new()))
-            }
             Command::Shutdown => done(self.finish().map(|m| m.to_string())),
         }
     }

@@ -13,7 +13,7 @@ use policer_common::Rule;
 use super::{Daemon, ruleset::prepare};
 use crate::{
     compile::Compiled,
-    control::{RuleView, SetView},
+    control::RuleView,
     error::{Error, Result},
     rules::{RuleConfig, RuleKey, RuleSpec},
     sets::{self, Header, List},
@@ -449,18 +449,7 @@ impl Daemon {
     }
 
     pub(super) fn unknown_set(&self, name: &str) -> Error {
-        let known: Vec<&str> = self.sets.keys().map(String::as_str).collect();
-        Error::Invalid(if known.is_empty() {
-            format!("no set '{name}': there are no sets (`policer rule import FILE --set {name}` makes one)")
-        } else {
-            format!("no set '{name}'; the sets are: {}", known.join(", "))
-        })
-    }
-
-    /// `policer rule ls --set NAME`: the set's rule and entries.
-    pub(super) fn set_view(&self, name: &str) -> Result<SetView> {
-        let s = self.sets.get(name).ok_or_else(|| self.unknown_set(name))?;
-        Ok(SetView { rule: s.view(), entries: s.entries.iter().map(|n| n.to_string()).collect() })
+        unknown_set(name, self.sets.keys().map(String::as_str))
     }
 
     /// Removes the sets whose expiry has come (each in one change); the
@@ -561,6 +550,17 @@ impl Daemon {
             })
             .collect()
     }
+}
+
+/// "no set NAME", naming the sets there are (`rule ls --set` answers it
+/// from the snapshot, off the owner).
+pub(super) fn unknown_set<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Error {
+    let known: Vec<&str> = known.collect();
+    Error::Invalid(if known.is_empty() {
+        format!("no set '{name}': there are no sets (`policer rule import FILE --set {name}` makes one)")
+    } else {
+        format!("no set '{name}'; the sets are: {}", known.join(", "))
+    })
 }
 
 fn strip(c: &mut Compiled, sets: &BTreeMap<String, SetState>) {

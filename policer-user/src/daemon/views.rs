@@ -92,10 +92,6 @@ pub struct Views {
     snapshot: watch::Receiver<Arc<Snapshot>>,
     /// The last count of the bucket table: when, live buckets, evicted.
     live_count: Mutex<Option<(Instant, u64, u64)>>,
-    /// The last `/metrics` answer and when its counters were read: a scrape
-    /// that arrived while it was being rendered shares it (many clients at
-    /// once cost one render), a later one gets a fresh one.
-    metrics: Mutex<Option<(Instant, bytes::Bytes)>>,
 }
 
 /// `/healthz`: whether the program is attached to every interface the
@@ -118,7 +114,7 @@ pub struct IfaceHealth {
 
 impl Views {
     pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>) -> Views {
-        Views { reader, snapshot, live_count: Mutex::new(None), metrics: Mutex::new(None) }
+        Views { reader, snapshot, live_count: Mutex::new(None) }
     }
 
     /// A receiver of the owner's snapshots: its `changed()` fails once the
@@ -171,6 +167,16 @@ impl Views {
         out.extend(snap.removed_at_runtime.iter().map(|s| view(s, true, false)));
         out.extend(snap.sets.iter().map(|s| s.view.clone()));
         out
+    }
+
+    /// `policer rule ls --set NAME`: the set as the owner last published
+    /// it (its entries shared, not copied), for the connection to stream.
+    pub fn set(&self, name: &str) -> Result<SetRow> {
+        let snap = self.snap();
+        if let Some(s) = snap.sets.iter().find(|s| s.view.set.as_deref() == Some(name)) {
+            return Ok(s.clone());
+        }
+        Err(super::sets::unknown_set(name, snap.sets.iter().filter_map(|s| s.view.set.as_deref())))
     }
 
     pub fn status(&self) -> StatusView {
@@ -501,22 +507,12 @@ impl Views {
         (live, evicted)
     }
 
-    /// The `/metrics` exposition, its counters read after the request
-    /// arrived: requests that wait for a render in progress share it.
+    /// The `/metrics` exposition. Scrapes share renders through
+    /// `serve::render::Shared`: this is one render.
     pub fn metrics(&self) -> Result<bytes::Bytes> {
-        let asked = Instant::now();
-        let mut cached = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((read_at, body)) = &*cached
-            && *read_at >= asked
-        {
-            return Ok(body.clone());
-        }
-        let started = Instant::now();
         let s = self.stats()?;
         let (live, evicted) = self.live_buckets(s.table.created);
-        let body = bytes::Bytes::from(crate::metrics::render(&s, live, evicted));
-        *cached = Some((started, body.clone()));
-        Ok(body)
+        Ok(bytes::Bytes::from(crate::metrics::render(&s, live, evicted)))
     }
 
     /// `/healthz`: our program attached to every interface we police.

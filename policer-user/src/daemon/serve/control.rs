@@ -1,31 +1,38 @@
 //! The daemon's side of the control socket: one task per connection, one
 //! request and one reply (see [`crate::control`] for the protocol).
 
-use std::sync::Arc;
+use std::{fmt::Write as _, sync::Arc, time::Duration};
 
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
+    sync::Semaphore,
     time::{Instant, timeout, timeout_at},
 };
 
-use super::{Ctx, REQUEST_DEADLINE, WRITE_TIMEOUT, blocking, limiter};
+use super::{Ctx, REQUEST_DEADLINE, WRITE_TIMEOUT};
 use crate::{
     control::{Envelope, MAX_REQUEST_BYTES, PROTOCOL, Reply, Request},
-    daemon::Command,
+    daemon::{Command, views::SetRow},
 };
 
 /// Accepts until the runtime ends.
 pub async fn run(listener: UnixListener, ctx: Arc<Ctx>) {
-    let permits = limiter();
+    let cap = ctx.caps.control;
+    let permits = Arc::new(Semaphore::new(cap));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             // EMFILE and the like: give the system a moment.
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
-        // Over the cap: close at once rather than queue.
+        // Over the cap: answer "busy" and close, rather than queue. The
+        // answer is a hundred bytes into an empty socket buffer: the write
+        // does not block. The request is left unread, so the client may
+        // see a reset after the answer; the CLI reads the answer first.
         let Ok(permit) = permits.clone().try_acquire_owned() else {
+            let in_use = cap - permits.available_permits();
+            let _ = stream.try_write(&line(&Reply::busy(in_use, cap)));
             drop(stream);
             continue;
         };
@@ -53,28 +60,83 @@ async fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, String> {
     }
 }
 
-async fn serve(mut stream: UnixStream, ctx: &Ctx) {
-    let (reply, exit) = match read_request(&mut stream).await {
-        Ok(line) => answer(&line, ctx).await,
-        Err(e) => (Reply::Refused { error: e }, false),
-    };
+/// A reply as its JSON line.
+fn line(reply: &Reply) -> Vec<u8> {
     let mut text =
-        serde_json::to_vec(&reply).unwrap_or_else(|_| b"{\"reply\":\"refused\",\"error\":\"internal\"}".to_vec());
+        serde_json::to_vec(reply).unwrap_or_else(|_| b"{\"reply\":\"refused\",\"error\":\"internal\"}".to_vec());
     text.push(b'\n');
-    let _ = timeout(WRITE_TIMEOUT, async {
-        stream.write_all(&text).await?;
-        stream.shutdown().await
-    })
-    .await;
-    // The last interface was detached: the daemon exits, now that the
-    // client has its answer.
-    if exit {
-        ctx.stop.send_replace(true);
+    text
+}
+
+/// What a request gets: a reply, or a set's entries to stream.
+enum Answer {
+    /// The reply, and whether the daemon should now exit.
+    Reply(Reply, bool),
+    Set(Box<SetRow>),
+}
+
+async fn serve(mut stream: UnixStream, ctx: &Ctx) {
+    let answer = match read_request(&mut stream).await {
+        Ok(line) => answer(&line, ctx).await,
+        Err(e) => Answer::Reply(Reply::refused(e), false),
+    };
+    match answer {
+        Answer::Reply(reply, exit) => {
+            let text = line(&reply);
+            let _ = timeout(WRITE_TIMEOUT, async {
+                stream.write_all(&text).await?;
+                stream.shutdown().await
+            })
+            .await;
+            // The last interface was detached: the daemon exits, now that
+            // the client has its answer.
+            if exit {
+                ctx.stop.send_replace(true);
+            }
+        }
+        Answer::Set(row) => {
+            let _ = timeout(SET_DEADLINE, stream_set(&mut stream, &row, WRITE_TIMEOUT)).await;
+        }
     }
 }
 
-/// The reply, and whether the daemon should now exit.
-async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
+/// A chunk of a streamed set: what one client costs the daemon while it
+/// takes the answer (the entries themselves are shared with the snapshot).
+const SET_CHUNK_BYTES: usize = 32 << 10;
+/// The longest a set's answer may take as a whole: a client that reads,
+/// but slower than this allows, is dropped too (a million entries are
+/// ~20 MB: a second or two for one that reads).
+const SET_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Writes the set's reply (the same JSON line as `Reply::Set`) in chunks
+/// formatted as the client takes them: memory stays one chunk per client
+/// however large the set, and a client that leaves a chunk untaken for
+/// `stall` is dropped. Each chunk lets other tasks run, so streaming a
+/// million entries delays no other connection by more than one chunk's
+/// formatting.
+async fn stream_set<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, row: &SetRow, stall: Duration) -> std::io::Result<()> {
+    let mut buf = String::with_capacity(SET_CHUNK_BYTES + 64);
+    let rule = serde_json::to_string(&row.view).map_err(std::io::Error::other)?;
+    let _ = write!(buf, "{{\"reply\":\"set\",\"rule\":{rule},\"entries\":[");
+    for (i, n) in row.entries.iter().enumerate() {
+        let _ = write!(buf, "{}\"{n}\"", if i == 0 { "" } else { "," });
+        if buf.len() >= SET_CHUNK_BYTES {
+            timeout(stall, w.write_all(buf.as_bytes())).await.map_err(|_| std::io::ErrorKind::TimedOut)??;
+            buf.clear();
+            tokio::task::yield_now().await;
+        }
+    }
+    buf.push_str("]}\n");
+    timeout(stall, async {
+        w.write_all(buf.as_bytes()).await?;
+        w.shutdown().await
+    })
+    .await
+    .map_err(|_| std::io::ErrorKind::TimedOut)?
+}
+
+/// The answer, and whether the daemon should now exit.
+async fn answer(line: &[u8], ctx: &Ctx) -> Answer {
     let env: Envelope = match serde_json::from_slice(line) {
         Ok(e) => e,
         Err(e) => {
@@ -88,7 +150,7 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
             } else {
                 format!("bad request: {e}")
             };
-            return (Reply::Refused { error }, false);
+            return Answer::Reply(Reply::refused(error), false);
         }
     };
     if env.protocol != PROTOCOL {
@@ -96,17 +158,18 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
             "the CLI speaks protocol {} and the daemon {PROTOCOL}: use the same build of policer for both",
             env.protocol
         );
-        return (Reply::Refused { error }, false);
+        return Answer::Reply(Reply::refused(error), false);
     }
-    let refused = |e: crate::Error| Reply::Refused { error: e.to_string() };
+    let refused = |e: crate::Error| Reply::refused(e.to_string());
     let change = |cmd| async {
         let out = ctx.owner.ask(cmd).await;
         let reply = match out.result {
             Ok(message) => Reply::Done { message },
             Err(e) => refused(e),
         };
-        (reply, out.exit)
+        Answer::Reply(reply, out.exit)
     };
+    let read = |reply| Answer::Reply(reply, false);
     let views = ctx.views.clone();
     match env.request {
         Request::RuleSet { rule, runtime, replace, force } => {
@@ -115,38 +178,94 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
         Request::RuleRm { rule, runtime } => change(Command::RuleRm { rule, runtime }).await,
         Request::Reload { discard_runtime } => change(Command::Reload { discard_runtime }).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
-        Request::RuleLs => (Reply::Rules { rules: views.rules() }, false),
-        Request::Status => (Reply::Status(Box::new(views.status())), false),
-        Request::Stats => {
-            (blocking(move || views.stats()).await.map_or_else(refused, |s| Reply::Stats(Box::new(s))), false)
-        }
-        Request::Top { n } => (blocking(move || views.top(n)).await.map_or_else(refused, Reply::Top), false),
-        Request::Inspect { addr } => {
-            (blocking(move || views.inspect(addr)).await.map_or_else(refused, |v| Reply::Inspect(Box::new(v))), false)
-        }
+        Request::RuleLs => read(Reply::Rules { rules: views.rules() }),
+        Request::Status => read(Reply::Status(Box::new(views.status()))),
+        Request::Stats => read(ctx.stats.get().await.map_or_else(refused, |s| Reply::Stats(Box::new((*s).clone())))),
+        Request::Top { n } => read(ctx.top.run(move || views.top(n)).await.map_or_else(refused, Reply::Top)),
+        Request::Inspect { addr } => read(
+            ctx.inspect.run(move || views.inspect(addr)).await.map_or_else(refused, |v| Reply::Inspect(Box::new(v))),
+        ),
         Request::Ban { rule, runtime, force } => change(Command::Ban { rule, runtime, force }).await,
         Request::Unban { prefix, runtime } => change(Command::Unban { prefix, runtime }).await,
-        Request::BanLs => {
-            (blocking(move || views.bans()).await.map_or_else(refused, |bans| Reply::Bans { bans }), false)
-        }
+        Request::BanLs => read(ctx.bans.get().await.map_or_else(refused, |b| Reply::Bans { bans: (*b).clone() })),
         // Read and parsed here, off the owner: the owner only diffs and
         // writes.
         Request::Import { path, shown, set, rule } => {
-            match blocking(move || crate::daemon::read_import(&path, &shown, set, rule)).await {
+            match ctx.import.run(move || crate::daemon::read_import(&path, &shown, set, rule)).await {
                 Ok(imp) => change(Command::Import(Box::new(imp))).await,
-                Err(e) => (refused(e), false),
+                Err(e) => read(refused(e)),
             }
         }
         Request::SetRm { name } => change(Command::SetRm { name }).await,
-        Request::SetLs { name } => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let out = ctx.owner.ask(Command::SetLs { name, reply: tx }).await;
-            match (out.result, rx.await) {
-                (Err(e), _) => (refused(e), false),
-                (Ok(_), Ok(Ok(v))) => (Reply::Set(Box::new(v)), false),
-                (Ok(_), Ok(Err(e))) => (refused(e), false),
-                (Ok(_), Err(_)) => (refused(crate::Error::Invalid("the daemon is shutting down".into())), false),
+        // From the snapshot, off the owner: a million entries are streamed
+        // by this connection, and no change waits for them.
+        Request::SetLs { name } => match views.set(&name) {
+            Ok(row) => Answer::Set(Box::new(row)),
+            Err(e) => read(refused(e)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::{RuleView, SetView};
+
+    fn row(entries: &[&str]) -> SetRow {
+        let spec = crate::rules::RuleConfig {
+            prefix: "0.0.0.0/0".into(),
+            action: Some(policer_common::bucket::Action::Deny),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        let view: RuleView = serde_json::from_value(serde_json::json!({
+            "prefix": "set:feed", "action": "deny", "rate": null, "burst": null, "unit": "packets",
+            "key_len": 32, "persisted": true, "set": "feed", "entries": entries.len(),
+        }))
+        .unwrap();
+        SetRow {
+            view,
+            slot: 3,
+            spec4: spec.clone(),
+            spec6: spec,
+            entries: Arc::new(entries.iter().map(|e| e.parse().unwrap()).collect()),
+        }
+    }
+
+    /// The streamed answer is the JSON line `Reply::Set` would be, in
+    /// chunks, for an empty set, a small one and one of many chunks.
+    #[tokio::test]
+    async fn a_streamed_set_is_the_set_reply() {
+        let many: Vec<String> = (0..20_000u32).map(|i| format!("{}/32", std::net::Ipv4Addr::from(i))).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        for entries in [&[][..], &["10.0.0.0/8", "2001:db8::/32"][..], &many[..]] {
+            let r = row(entries);
+            let mut out = Vec::new();
+            stream_set(&mut out, &r, Duration::from_secs(1)).await.unwrap();
+            assert_eq!(out.last(), Some(&b'\n'));
+            assert_eq!(out.iter().filter(|b| **b == b'\n').count(), 1, "one line");
+            let got: Reply = serde_json::from_slice(&out).unwrap();
+            let want = SetView { rule: r.view.clone(), entries: entries.iter().map(|e| e.to_string()).collect() };
+            match got {
+                Reply::Set(v) => assert_eq!(*v, want),
+                other => panic!("{other:?}"),
             }
         }
+    }
+
+    /// A client that takes nothing is dropped after the stall timeout; the
+    /// daemon holds one chunk for it, not the answer.
+    #[tokio::test]
+    async fn a_client_that_does_not_read_is_dropped() {
+        let many: Vec<String> = (0..100_000u32).map(|i| format!("{}/32", std::net::Ipv4Addr::from(i))).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let r = row(&many);
+        let (mut ours, theirs) = tokio::io::duplex(64 << 10);
+        let t0 = std::time::Instant::now();
+        let e = stream_set(&mut ours, &r, Duration::from_millis(200)).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        drop(theirs);
     }
 }
