@@ -330,7 +330,7 @@ fn rule_set_merges_and_says_what_changed() {
         return;
     }
     let sb = Sandbox::new("mrg");
-    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
     let said =
         succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8", "--rate", "5kpps", "--burst", "50", "--ban-for", "1m"]));
     assert!(said.contains("added the rule for 10.0.0.0/8: ") && said.contains("burst 50"), "{said}");
@@ -356,4 +356,11 @@ fn rule_set_merges_and_says_what_changed() {
     // A byte burst below one full-size frame.
     let said = succeeds(&cli(&sb, &["rule", "set", "10.1.0.0/16", "--rate", "64kbit", "--burst", "1000b"]));
     assert!(said.contains("warning: a burst of 1000 bytes is less than one 1500-byte frame"), "{said}");
+    // The audit trail: each change in the daemon's log, with who made it.
+    let log = d.stdout();
+    assert!(
+        log.lines().any(|l| l.starts_with("policer: change by uid 0 pid ")
+            && l.contains("changed the rule for 10.0.0.0/8: rate 5kpps → 10kpps")),
+        "{log}"
+    );
 }

@@ -76,8 +76,17 @@ enum Answer {
 }
 
 async fn serve(mut stream: UnixStream, ctx: &Ctx) {
+    // Who asks (the socket is root's only, but root is many people): for
+    // the audit line of each change.
+    let who = match stream.peer_cred() {
+        Ok(c) => match c.pid() {
+            Some(pid) => format!("uid {} pid {pid}", c.uid()),
+            None => format!("uid {}", c.uid()),
+        },
+        Err(_) => "an unknown peer".to_string(),
+    };
     let answer = match read_request(&mut stream).await {
-        Ok(line) => answer(&line, ctx).await,
+        Ok(line) => answer(&line, ctx, &who).await,
         Err(e) => Answer::Reply(Reply::refused(e), false),
     };
     match answer {
@@ -136,7 +145,7 @@ async fn stream_set<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, row: &SetRow, s
 }
 
 /// The answer, and whether the daemon should now exit.
-async fn answer(line: &[u8], ctx: &Ctx) -> Answer {
+async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
     let env: Envelope = match serde_json::from_slice(line) {
         Ok(e) => e,
         Err(e) => {
@@ -164,7 +173,12 @@ async fn answer(line: &[u8], ctx: &Ctx) -> Answer {
     let change = |cmd| async {
         let out = ctx.owner.ask(cmd).await;
         let reply = match out.result {
-            Ok(message) => Reply::Done { message },
+            Ok(message) => {
+                // The audit trail: every change made through the socket, by
+                // whom, with what it changed (old → new where it has one).
+                println!("policer: change by {who}: {message}");
+                Reply::Done { message }
+            }
             Err(e) => refused(e),
         };
         Answer::Reply(reply, out.exit)
