@@ -10,6 +10,7 @@ pub mod control;
 pub mod daemon;
 pub mod duration;
 pub mod error;
+pub mod files;
 #[cfg(test)]
 mod layering;
 pub mod loader;
