@@ -21,6 +21,7 @@ pub mod prefix;
 pub mod report;
 pub mod rules;
 pub mod sets;
+pub mod text;
 pub mod trie;
 
 pub use error::{Error, Result};

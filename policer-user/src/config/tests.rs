@@ -674,3 +674,19 @@ fn leftovers_of_killed_writes_are_removed() {
     left.sort();
     assert_eq!(left, [".other.toml.0123456789abcdef.tmp", ".policer.toml.tmp"]);
 }
+
+/// An IPv4-mapped prefix in the file is the IPv4 rule, and a change of
+/// another rule keeps it as written.
+#[test]
+fn an_ipv4_mapped_prefix_is_the_ipv4_rule() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    let text = "[[rule]]\nprefix = \"::ffff:10.0.0.0/104\"\nrate = \"1kpps\"\n\n[[rule]]\nprefix = \"192.0.2.0/24\"\naction = \"deny\"\n";
+    fs::write(&p, text).unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let keys: Vec<String> = rules.keys().map(|k| k.net.to_string()).collect();
+    assert_eq!(keys, ["10.0.0.0/8", "192.0.2.0/24"]);
+    f.apply_rules(&without(rules, "192.0.2.0/24")).unwrap();
+    let now = fs::read_to_string(&p).unwrap();
+    assert!(now.contains("::ffff:10.0.0.0/104") && !now.contains("192.0.2.0/24"), "{now}");
+}
