@@ -129,8 +129,8 @@ async fn answer(line: &[u8], ctx: &Ctx) -> (Reply, bool) {
         }
         // Read and parsed here, off the owner: the owner only diffs and
         // writes.
-        Request::Import { path, shown, set, rule } => {
-            match blocking(move || crate::daemon::read_import(&path, &shown, set, rule)).await {
+        Request::Import { path, shown, set, rule, max_remove, force } => {
+            match blocking(move || crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)).await {
                 Ok(imp) => change(Command::Import(Box::new(imp))).await,
                 Err(e) => (refused(e), false),
             }
