@@ -337,6 +337,9 @@ impl Daemon {
             next.header.expires_ms.map(|e| format!("; expires {}", crate::duration::rfc3339(e))).unwrap_or_default(),
             t0.elapsed().as_secs_f64()
         );
+        // A state file of this name now is the new set's, not an ended
+        // one's still to remove.
+        self.ban_log.set_files_behind.retain(|n| *n != name);
         self.sets.insert(name, next);
         self.changed = true;
         Ok(msg)
@@ -456,7 +459,8 @@ impl Daemon {
         self.rs.free_slot(s.slot);
         self.changed = true;
         if let Err(e) = sets::remove(&self.sets_dir, &s.header.name) {
-            log::warn!("set '{}' removed, but not its state file: {e}", s.header.name);
+            eprintln!("policer: set '{}' removed, but not its state file (tried again): {e}", s.header.name);
+            self.ban_log.set_files_behind.push(s.header.name.clone());
         }
         self.sync_fast_path()
     }
