@@ -690,3 +690,17 @@ fn an_ipv4_mapped_prefix_is_the_ipv4_rule() {
     let now = fs::read_to_string(&p).unwrap();
     assert!(now.contains("::ffff:10.0.0.0/104") && !now.contains("192.0.2.0/24"), "{now}");
 }
+
+/// A config saved with a UTF-8 byte order mark reads, and a change
+/// writes it (without the mark: TOML is UTF-8 by definition).
+#[test]
+fn a_byte_order_mark_is_fine() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    fs::write(&p, format!("\u{feff}{EXAMPLE}")).unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    f.apply_rules(&without(rules.clone(), "10.0.0.0/8")).unwrap();
+    let (_, now) = ConfigFile::open(&p).unwrap();
+    assert_eq!(now, without(rules, "10.0.0.0/8"));
+    assert!(!fs::read_to_string(&p).unwrap().contains('\u{feff}'));
+}
