@@ -38,7 +38,8 @@ pub fn check_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "set name '{name}': 1 to {MAX_NAME} letters, digits, '.', '_', '-' or ':', not starting with '.' or '-'"
+            "set name '{}': 1 to {MAX_NAME} letters, digits, '.', '_', '-' or ':', not starting with '.' or '-'",
+            excerpt(name)
         )))
     }
 }
