@@ -112,6 +112,13 @@ pub enum Request {
         set: Option<String>,
         /// action, rate, burst, key_len, ttl (the prefix is unused).
         rule: RuleConfig,
+        /// With `set`: the most entries the replacement may remove
+        /// (`--max-remove`); none: the default, half the set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_remove: Option<crate::sets::MaxRemove>,
+        /// `--force`: the replacement may remove any number of entries.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     /// `policer rule ls --set NAME`.
     SetLs {
@@ -741,8 +748,17 @@ impl Client {
         self.change(Request::Unban { prefix, runtime })
     }
 
-    pub fn import(&self, path: String, shown: String, set: Option<String>, rule: RuleConfig) -> Result<String> {
-        self.change(Request::Import { path, shown, set, rule })
+    /// `policer rule import`; `max_remove` and `force` only with `set`.
+    pub fn import(
+        &self,
+        path: String,
+        shown: String,
+        set: Option<String>,
+        rule: RuleConfig,
+        max_remove: Option<crate::sets::MaxRemove>,
+        force: bool,
+    ) -> Result<String> {
+        self.change(Request::Import { path, shown, set, rule, max_remove, force })
     }
 
     pub fn set_rm(&self, name: String) -> Result<String> {

@@ -10,6 +10,7 @@ pub mod control;
 pub mod daemon;
 pub mod duration;
 pub mod error;
+pub mod files;
 #[cfg(test)]
 mod layering;
 pub mod loader;
@@ -20,6 +21,7 @@ pub mod prefix;
 pub mod report;
 pub mod rules;
 pub mod sets;
+pub mod text;
 pub mod trie;
 
 pub use error::{Error, Result};

@@ -5,29 +5,59 @@ use std::{net::IpAddr, str::FromStr};
 
 use ipnet::IpNet;
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    text::excerpt,
+};
+
+/// An IPv4-mapped IPv6 prefix (`::ffff:a.b.c.d`, of length 96 or more) as
+/// the IPv4 prefix it means (length − 96); `None` for any other address.
+/// The program sees an IPv4 frame's source as IPv4, so an IPv6 entry
+/// `::ffff:10.0.0.1` would never match: taken as `10.0.0.1`, which is what
+/// an operator pasting it from a dual-stack socket's log means.
+pub fn unmap(addr: IpAddr, len: u8) -> Option<(std::net::Ipv4Addr, u8)> {
+    match addr {
+        IpAddr::V6(a) if len >= 96 => a.to_ipv4_mapped().map(|v4| (v4, len - 96)),
+        _ => None,
+    }
+}
+
+/// The note that `text` (as typed) was an IPv4-mapped prefix, taken as
+/// `net`: for the CLI to print.
+pub fn mapped_note(text: &str, net: &IpNet) -> Option<String> {
+    (net.addr().is_ipv4() && text.contains(':'))
+        .then(|| format!("{} is an IPv4-mapped IPv6 address: taken as the IPv4 {net}", text.trim()))
+}
 
 /// Parses a prefix. A bare address means one host (/32 or /128); host bits
 /// set after the prefix length are refused rather than silently cleared,
-/// since `203.0.113.5/24` is more often a typo than a wish.
+/// since `203.0.113.5/24` is more often a typo than a wish. An IPv4-mapped
+/// prefix is the IPv4 one ([`unmap`]).
 pub fn parse_prefix(s: &str) -> Result<IpNet> {
     let s = s.trim();
     if s.is_empty() {
         return Err(Error::Invalid("empty prefix".into()));
     }
     if !s.contains('/') {
-        let a = IpAddr::from_str(s).map_err(|_| Error::Invalid(format!("'{s}' is not an IP address or prefix")))?;
-        return Ok(IpNet::from(a));
+        let a = IpAddr::from_str(s)
+            .map_err(|_| Error::Invalid(format!("'{}' is not an IP address or prefix", excerpt(s))))?;
+        return Ok(match unmap(a, 128) {
+            Some((v4, _)) => IpNet::from(IpAddr::V4(v4)),
+            None => IpNet::from(a),
+        });
     }
     let (addr, len) = s.split_once('/').expect("has /");
-    let a = IpAddr::from_str(addr).map_err(|_| Error::Invalid(format!("'{addr}' in '{s}' is not an IP address")))?;
+    let a = IpAddr::from_str(addr)
+        .map_err(|_| Error::Invalid(format!("'{}' in '{}' is not an IP address", excerpt(addr), excerpt(s))))?;
     let max = if a.is_ipv4() { 32 } else { 128 };
-    let len: u8 = len
-        .parse()
-        .ok()
-        .filter(|l| *l <= max)
-        .ok_or_else(|| Error::Invalid(format!("prefix length '/{len}' in '{s}' must be 0..={max}")))?;
-    let net = IpNet::new(a, len).map_err(|e| Error::Invalid(format!("'{s}': {e}")))?;
+    let len: u8 = len.parse().ok().filter(|l| *l <= max).ok_or_else(|| {
+        Error::Invalid(format!("prefix length '/{}' in '{}' must be 0..={max}", excerpt(len), excerpt(s)))
+    })?;
+    let net = match unmap(a, len) {
+        Some((v4, len)) => IpNet::new(IpAddr::V4(v4), len),
+        None => IpNet::new(a, len),
+    }
+    .map_err(|e| Error::Invalid(format!("'{s}': {e}")))?;
     if net.trunc() != net {
         return Err(Error::Invalid(format!("'{s}' has host bits set; did you mean {}?", net.trunc())));
     }
@@ -58,5 +88,34 @@ mod tests {
         }
         let e = parse_prefix("203.0.113.5/24").unwrap_err().to_string();
         assert!(e.contains("did you mean 203.0.113.0/24"), "{e}");
+    }
+
+    #[test]
+    fn ipv4_mapped_prefixes_are_ipv4() {
+        for (typed, want) in [
+            ("::ffff:10.0.0.1", "10.0.0.1/32"),
+            ("::ffff:10.0.0.1/128", "10.0.0.1/32"),
+            ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+            ("::FFFF:0a00:0000/104", "10.0.0.0/8"),
+            ("::ffff:0.0.0.0/96", "0.0.0.0/0"),
+        ] {
+            let net = parse_prefix(typed).unwrap();
+            assert_eq!(net.to_string(), want, "{typed}");
+            assert_eq!(
+                mapped_note(typed, &net).unwrap(),
+                format!("{typed} is an IPv4-mapped IPv6 address: taken as the IPv4 {want}")
+            );
+        }
+        // Shorter than /96, or not mapped: IPv6 as written.
+        for v6 in ["::fffe:0:0/95", "::/0", "2001:db8::/32", "::1", "64:ff9b::10.0.0.1"] {
+            let net = parse_prefix(v6).unwrap();
+            assert!(net.addr().is_ipv6(), "{v6}");
+            assert_eq!(mapped_note(v6, &net), None);
+        }
+        assert_eq!(mapped_note("10.0.0.0/8", &parse_prefix("10.0.0.0/8").unwrap()), None);
+        let e = parse_prefix("::ffff:10.0.0.1/104").unwrap_err().to_string();
+        assert!(e.contains("did you mean 10.0.0.0/8"), "{e}");
+        let e = parse_prefix(&"9".repeat(1000)).unwrap_err().to_string();
+        assert!(e.len() < 200 && e.contains("…(1000 bytes)"), "{e}");
     }
 }

@@ -289,12 +289,14 @@ impl RuleConfig {
         let Some(expires) = expires else {
             return Err(Error::Invalid(format!("ban {net}: a ban needs a duration (--for)")));
         };
-        if let Some(r) = &self.reason
-            && (r.chars().count() > MAX_REASON || r.chars().any(char::is_control))
-        {
-            return Err(Error::Invalid(format!(
-                "ban {net}: the reason must be one line of at most {MAX_REASON} characters"
-            )));
+        if let Some(r) = &self.reason {
+            if r.chars().count() > MAX_REASON {
+                return Err(Error::Invalid(format!(
+                    "ban {net}: the reason must be one line of at most {MAX_REASON} characters"
+                )));
+            }
+            // Shown back by `ban ls`, the log and `/metrics`: as it reads.
+            crate::text::check_plain("the reason", r).map_err(|e| Error::Invalid(format!("ban {net}: {e}")))?;
         }
         Ok(RuleSpec {
             net,
@@ -698,6 +700,33 @@ mod tests {
         short.key_len = Some(64);
         let e = short.validate().unwrap_err().to_string();
         assert!(e.contains("shorter than the prefix"), "{e}");
+    }
+
+    /// A ban's reason is shown back as it reads: no control characters,
+    /// bidi overrides or isolates, or line and paragraph separators.
+    #[test]
+    fn ban_reasons_are_plain_text() {
+        let ban = |reason: &str| RuleConfig {
+            prefix: "203.0.113.0/24".into(),
+            ban: Some(true),
+            ttl: Some("1h".into()),
+            reason: Some(reason.into()),
+            ..RuleConfig::default()
+        };
+        let s = ban("scanner, ticket #42 — 日本語").validate().unwrap();
+        assert_eq!(s.ban, Some(Some("scanner, ticket #42 — 日本語".into())));
+        for (reason, want) in [
+            ("abuse\u{202E}gnp.exe", "U+202E (a bidi override) at character 6"),
+            ("a\u{2028}b", "U+2028 (a line separator)"),
+            ("a\u{2029}b", "U+2029 (a paragraph separator)"),
+            ("\u{2067}x", "U+2067 (a bidi isolate)"),
+            ("two\nlines", "U+000A (a control character)"),
+        ] {
+            let e = ban(reason).validate().unwrap_err().to_string();
+            assert!(e.starts_with("ban 203.0.113.0/24: the reason has ") && e.contains(want), "{reason:?}: {e}");
+        }
+        let e = ban(&"x".repeat(201)).validate().unwrap_err().to_string();
+        assert!(e.contains("at most 200 characters"), "{e}");
     }
 
     fn class_rule(prefix: &str, set: impl FnOnce(&mut RuleConfig)) -> RuleConfig {

@@ -10,6 +10,7 @@ use std::{
     fs,
     io::Write,
     net::{IpAddr, Ipv4Addr},
+    os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
 };
 
@@ -18,7 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     error::{Error, Result},
+    files,
     rules::RuleConfig,
+    text::excerpt,
 };
 
 /// The longest set name.
@@ -35,7 +38,8 @@ pub fn check_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "set name '{name}': 1 to {MAX_NAME} letters, digits, '.', '_', '-' or ':', not starting with '.' or '-'"
+            "set name '{}': 1 to {MAX_NAME} letters, digits, '.', '_', '-' or ':', not starting with '.' or '-'",
+            excerpt(name)
         )))
     }
 }
@@ -47,17 +51,24 @@ pub struct List {
     /// Lines that repeated an earlier prefix (kept once; not an error:
     /// feeds often repeat).
     pub duplicates: usize,
+    /// Lines written as IPv4-mapped IPv6 (`::ffff:a.b.c.d`), taken as the
+    /// IPv4 prefix they mean ([`crate::prefix::unmap`]).
+    pub mapped: usize,
 }
+
+/// The UTF-8 byte order mark some editors put at the start of a file.
+pub const BOM: &[u8] = b"\xef\xbb\xbf";
 
 /// One line's prefix: an address (a host) or `ADDR/LEN` with no host bits
 /// set, the same rules as [`crate::prefix::parse_prefix`] but without its
-/// allocations on the fast path (a million lines).
-fn parse_entry(s: &str) -> std::result::Result<IpNet, String> {
+/// allocations on the fast path (a million lines). The bool: it was
+/// written IPv4-mapped.
+fn parse_entry(s: &str) -> std::result::Result<(IpNet, bool), String> {
     let (addr, len) = match s.split_once('/') {
         Some((a, l)) => (a, Some(l)),
         None => (s, None),
     };
-    let a: IpAddr = addr.parse().map_err(|_| format!("'{addr}' is not an IP address"))?;
+    let a: IpAddr = addr.parse().map_err(|_| format!("'{}' is not an IP address", excerpt(addr)))?;
     let max = if a.is_ipv4() { 32 } else { 128 };
     let len = match len {
         None => max,
@@ -65,24 +76,28 @@ fn parse_entry(s: &str) -> std::result::Result<IpNet, String> {
             .parse::<u8>()
             .ok()
             .filter(|l| *l <= max)
-            .ok_or_else(|| format!("prefix length '/{l}' must be 0..={max}"))?,
+            .ok_or_else(|| format!("prefix length '/{}' must be 0..={max}", excerpt(l)))?,
     };
-    let net = match a {
-        IpAddr::V4(v4) => IpNet::V4(Ipv4Net::new(v4, len).map_err(|e| e.to_string())?),
-        IpAddr::V6(v6) => IpNet::V6(Ipv6Net::new(v6, len).map_err(|e| e.to_string())?),
+    let (net, mapped) = match (a, crate::prefix::unmap(a, len)) {
+        (_, Some((v4, len))) => (IpNet::V4(Ipv4Net::new(v4, len).map_err(|e| e.to_string())?), true),
+        (IpAddr::V4(v4), None) => (IpNet::V4(Ipv4Net::new(v4, len).map_err(|e| e.to_string())?), false),
+        (IpAddr::V6(v6), None) => (IpNet::V6(Ipv6Net::new(v6, len).map_err(|e| e.to_string())?), false),
     };
     if net.trunc() != net {
         return Err(format!("'{s}' has host bits set; did you mean {}?", net.trunc()));
     }
-    Ok(net)
+    Ok((net, mapped))
 }
 
 /// Parses a list file: one prefix per line; `#` starts a comment (a whole
 /// line or after the prefix); blank lines, surrounding spaces and CRLF line
-/// ends are fine. All or nothing: the first bad line is an error naming
-/// `file` and the line number (1-based).
+/// ends are fine, and so is a UTF-8 byte order mark at the start. All or
+/// nothing: the first bad line is an error naming `file` and the line
+/// number (1-based), quoting at most 80 characters of it.
 pub fn parse(text: &[u8], file: &str) -> Result<List> {
+    let text = text.strip_prefix(BOM).unwrap_or(text);
     let mut entries = Vec::with_capacity(text.len() / 12);
+    let mut mapped = 0;
     for (i, raw) in text.split(|b| *b == b'\n').enumerate() {
         let line = match raw.iter().position(|b| *b == b'#') {
             Some(p) => &raw[..p],
@@ -95,14 +110,103 @@ pub fn parse(text: &[u8], file: &str) -> Result<List> {
         let bad = |why: String| Error::Invalid(format!("{file}:{}: {why}; nothing imported", i + 1));
         let s = std::str::from_utf8(line).map_err(|_| bad("not UTF-8 text".into()))?;
         if s.contains(char::is_whitespace) {
-            return Err(bad(format!("'{s}': one prefix per line")));
+            return Err(bad(format!("'{}': one prefix per line", excerpt(s))));
         }
-        entries.push(parse_entry(s).map_err(bad)?);
+        let (net, m) = parse_entry(s).map_err(bad)?;
+        entries.push(net);
+        mapped += usize::from(m);
     }
     entries.sort_unstable();
     let before = entries.len();
     entries.dedup();
-    Ok(List { duplicates: before - entries.len(), entries })
+    Ok(List { duplicates: before - entries.len(), entries, mapped })
+}
+
+/// The most entries a replacement (`rule import FILE --set NAME`) may
+/// remove from a set: a share of its entries or a count
+/// (`--max-remove 50%`, `--max-remove 1000`). A feed cut short or a failed
+/// download would otherwise empty a blocklist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum MaxRemove {
+    /// Hundredths of a percent of the set's entries (5000: 50 %).
+    Share(u32),
+    Count(u64),
+}
+
+impl Default for MaxRemove {
+    fn default() -> Self {
+        MaxRemove::Share(5000)
+    }
+}
+
+impl std::str::FromStr for MaxRemove {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let bad = || {
+            format!(
+                "--max-remove '{}': a share of the set's entries (50%, 12.5%: 0 to 100) or a count of entries (1000)",
+                excerpt(s)
+            )
+        };
+        let t = s.trim();
+        match t.strip_suffix('%') {
+            Some(p) => {
+                let p = p.trim();
+                let (whole, frac) = p.split_once('.').unwrap_or((p, ""));
+                let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+                if whole.is_empty() || whole.len() > 3 || frac.len() > 2 || !digits(whole) || !digits(frac) {
+                    return Err(bad());
+                }
+                let hundredths = whole.parse::<u32>().map_err(|_| bad())? * 100
+                    + format!("{frac:0<2}").parse::<u32>().map_err(|_| bad())?;
+                if hundredths > 10_000 {
+                    return Err(bad());
+                }
+                Ok(MaxRemove::Share(hundredths))
+            }
+            None if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => {
+                t.parse().map(MaxRemove::Count).map_err(|_| bad())
+            }
+            None => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for MaxRemove {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MaxRemove::Share(h) if h % 100 == 0 => write!(f, "{}%", h / 100),
+            MaxRemove::Share(h) => write!(f, "{}.{:02}%", h / 100, h % 100),
+            MaxRemove::Count(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl TryFrom<String> for MaxRemove {
+    type Error = String;
+
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<MaxRemove> for String {
+    fn from(m: MaxRemove) -> String {
+        m.to_string()
+    }
+}
+
+impl MaxRemove {
+    /// Whether removing `removed` of a set's `old` entries is within the
+    /// bound.
+    pub fn allows(self, removed: usize, old: usize) -> bool {
+        match self {
+            MaxRemove::Count(n) => removed as u64 <= n,
+            MaxRemove::Share(h) => removed as u128 * 10_000 <= u128::from(h) * old as u128,
+        }
+    }
 }
 
 /// What makes a set go from `old` to `new` (both sorted, each entry once).
@@ -194,20 +298,35 @@ fn state_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.set"))
 }
 
+/// The mode of a set's state file: the config file's (`path`, its
+/// symlinks followed) without execute bits, so a 0600 config keeps its
+/// sets as private as its rules; 0600 when there is no config file yet.
+pub fn file_mode(config: &Path) -> u32 {
+    fs::metadata(config).map_or(crate::config::NEW_FILE_MODE, |m| m.mode() & 0o666)
+}
+
+/// The state directory's mode for files of `mode`: search where read
+/// (0600 → 0700, 0644 → 0755).
+fn dir_mode(mode: u32) -> u32 {
+    mode | (mode & 0o444) >> 2
+}
+
 /// A state file written beside its final name, not yet in place.
 pub struct Staged {
     tmp: PathBuf,
     path: PathBuf,
+    /// Open (and so locked) until renamed or removed: a starting daemon's
+    /// cleanup of leftovers leaves it alone (`files.rs`).
+    file: fs::File,
+    done: bool,
 }
 
 impl Staged {
     /// Puts the file in place (atomic rename) and syncs the directory.
-    pub fn commit(self) -> Result<()> {
-        let r = fs::rename(&self.tmp, &self.path);
-        if let Err(e) = r {
-            let _ = fs::remove_file(&self.tmp);
-            return Err(Error::Invalid(format!("{}: {e}", self.path.display())));
-        }
+    pub fn commit(mut self) -> Result<()> {
+        fs::rename(&self.tmp, &self.path)
+            .map_err(|e| Error::Invalid(format!("cannot put the set's state {} in place: {e}", self.path.display())))?;
+        self.done = true;
         if let Some(d) = self.path.parent()
             && let Ok(f) = fs::File::open(d)
         {
@@ -219,7 +338,9 @@ impl Staged {
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        let _ = fs::remove_file(&self.tmp);
+        if !self.done {
+            let _ = fs::remove_file(&self.tmp);
+        }
     }
 }
 
@@ -231,18 +352,22 @@ pub enum Body<'a> {
     Entries(&'a [IpNet]),
 }
 
-/// Writes a set's state file to a temporary name and syncs it.
-pub fn stage(dir: &Path, h: &Header, body: Body<'_>) -> Result<Staged> {
+/// Writes a set's state file to a temporary name (new, random, never
+/// through a link: [`files::create_temp`]) of mode `mode`
+/// ([`file_mode`]), and syncs it.
+pub fn stage(dir: &Path, mode: u32, h: &Header, body: Body<'_>) -> Result<Staged> {
     let path = state_path(dir, &h.name);
-    let tmp = dir.join(format!(".{}.set.tmp", h.name));
     let err = |e: std::io::Error| Error::Invalid(format!("cannot write the set's state {}: {e}", path.display()));
-    fs::create_dir_all(dir).map_err(err)?;
+    fs::DirBuilder::new().recursive(true).mode(dir_mode(mode)).create(dir).map_err(err)?;
     let mut buf = Vec::with_capacity(256);
     buf.extend_from_slice(MAGIC.as_bytes());
     serde_json::to_writer(&mut buf, h).map_err(|e| Error::Invalid(e.to_string()))?;
     buf.push(b'\n');
-    let staged = Staged { tmp: tmp.clone(), path: path.clone() };
-    let mut f = fs::File::create(&tmp).map_err(err)?;
+    let (tmp, f) = files::create_temp(dir, &format!("{}.set", h.name), mode).map_err(err)?;
+    let mut staged = Staged { tmp, path: path.clone(), file: f, done: false };
+    let f = &mut staged.file;
+    // Exactly `mode`, whatever the umask took from the create's.
+    f.set_permissions(fs::Permissions::from_mode(mode)).map_err(err)?;
     f.write_all(&buf).map_err(err)?;
     match body {
         Body::Text(t) => {
@@ -252,7 +377,7 @@ pub fn stage(dir: &Path, h: &Header, body: Body<'_>) -> Result<Staged> {
             }
         }
         Body::Entries(entries) => {
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut *f);
             for e in entries {
                 writeln!(w, "{e}").map_err(err)?;
             }
@@ -273,7 +398,21 @@ pub fn remove(dir: &Path, name: &str) -> Result<()> {
     }
 }
 
+/// Removes the temporary state files of writes killed midway that no
+/// writer holds (`.NAME.set.<16 hex>.tmp`, and an older policer's
+/// `.NAME.set.tmp`): what was removed, and what could not be.
+pub fn remove_leftovers(dir: &Path) -> (Vec<PathBuf>, Vec<(PathBuf, std::io::Error)>) {
+    let ours = |n: &str| {
+        let fixed = n.strip_prefix('.').and_then(|n| n.strip_suffix(".set.tmp"));
+        let random = files::temp_stem(n).and_then(|s| s.strip_suffix(".set"));
+        fixed.or(random).is_some_and(|name| check_name(name).is_ok())
+    };
+    files::remove_leftovers(dir, ours)
+}
+
 /// Reads every set's state file in `dir` (none when it does not exist).
+/// Each must be a regular file of at most [`files::SET_STATE`]'s bound: a
+/// FIFO, a device or a directory named `*.set` fails the start, named.
 pub fn read_all(dir: &Path) -> Result<Vec<(Header, List)>> {
     let rd = match fs::read_dir(dir) {
         Ok(r) => r,
@@ -288,14 +427,20 @@ pub fn read_all(dir: &Path) -> Result<Vec<(Header, List)>> {
         if name.starts_with('.') || !name.ends_with(".set") {
             continue;
         }
-        let text = fs::read(&p).map_err(|e| Error::Invalid(format!("{}: {e}", p.display())))?;
+        let text = files::read_regular(&p, files::SET_STATE).map_err(|e| {
+            Error::Invalid(match e {
+                files::ReadError::Io(e) => format!("set state file {}: {e}", p.display()),
+                e => format!("set state file {} {e}", p.display()),
+            })
+        })?;
+        let text = text.strip_prefix(BOM).unwrap_or(&text);
         let first = text.split(|b| *b == b'\n').next().unwrap_or_default();
         let h: Header = std::str::from_utf8(first)
             .ok()
             .and_then(|l| l.strip_prefix(MAGIC))
             .and_then(|j| serde_json::from_str(j).ok())
             .ok_or_else(|| Error::Invalid(format!("{}:1: not a policer set file", p.display())))?;
-        let list = parse(&text, &p.display().to_string())?;
+        let list = parse(text, &p.display().to_string())?;
         out.push((h, list));
     }
     out.sort_by(|a, b| a.0.name.cmp(&b.0.name));

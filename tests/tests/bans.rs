@@ -10,8 +10,9 @@
 //!   not after `unban` returns; it survives a daemon restart;
 //! - a `--ttl 2s` deny rule stops dropping after 2 s;
 //! - a spoofed flood that churns the whole table lifts no ban;
-//! - bad durations, `--ban-after 0`, an unban with no ban: exit != 0 with
-//!   the reason, nothing changed.
+//! - bad durations, `--ban-after 0`, an unban with no ban, a reason with a
+//!   bidi override or a line separator: exit != 0 with the reason,
+//!   nothing changed.
 
 use std::{net::IpAddr, time::Duration};
 
@@ -242,6 +243,16 @@ fn bad_ban_input_is_refused_and_changes_nothing() {
         let out = cli(&sb, args);
         fails_with(&out, "your own sessions (SSH, BGP) included; nothing changed (--force");
     }
+    // A reason is shown back (`ban ls`, the log) as it reads: a bidi
+    // override, an isolate or a line separator is refused, named.
+    for (reason, what) in [
+        ("scanner \u{202E}gnp.exe", "U+202E (a bidi override)"),
+        ("a\u{2066}b\u{2069}", "U+2066 (a bidi isolate)"),
+        ("one\u{2028}two", "U+2028 (a line separator)"),
+        ("one\u{2029}two", "U+2029 (a paragraph separator)"),
+    ] {
+        fails_with(&cli(&sb, &["ban", "10.68.0.0/16", "--for", "1m", "--reason", reason]), what);
+    }
     assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused change changed the rules");
     assert_eq!(std::fs::read_to_string(&sb.config).unwrap(), file, "a refused change changed the file");
     // A ttl written into the file by hand is refused (every reload would
@@ -250,6 +261,14 @@ fn bad_ban_input_is_refused_and_changes_nothing() {
     hand.push_str("\n[[rule]]\nprefix = \"10.69.0.0/16\"\naction = \"deny\"\nttl = \"1h\"\n");
     std::fs::write(&sb.config, &hand).unwrap();
     fails_with(&cli(&sb, &["reload"]), "write expires =");
+    assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused reload changed the rules");
+    // So is one written into the file by hand: the daemon refuses it too.
+    let mut hand = file.clone();
+    hand.push_str(
+        "\n[[rule]]\nprefix = \"10.69.0.0/16\"\nban = true\nreason = \"ok \u{202E}txt.exe\"\nexpires = \"2099-01-01T00:00:00Z\"\n",
+    );
+    std::fs::write(&sb.config, &hand).unwrap();
+    fails_with(&cli(&sb, &["reload"]), "U+202E (a bidi override)");
     assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused reload changed the rules");
     succeeds(&cli(&sb, &["status"]));
     // With --force it is done, on the wire, and lifted by unban.

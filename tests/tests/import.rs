@@ -10,7 +10,14 @@
 //! - a file with a bad line is refused (exit ≠ 0, the line named), nothing
 //!   changes; unknown sets are refused naming the known ones; a rule at a
 //!   set's prefix is refused;
-//! - a daemon restart keeps the set; `--ttl 2s` ends a set after ~2 s.
+//! - a daemon restart keeps the set; `--ttl 2s` ends a set after ~2 s;
+//! - feeds cannot open a blocklist (issue 26): an empty list, and a
+//!   replacement that would remove more than `--max-remove` (default 50 %),
+//!   are refused with the set unchanged in the kernel, unless `--force`;
+//!   IPv4-mapped entries are the IPv4 addresses; a byte order mark is
+//!   fine; a 10 MB bad line is quoted by its start; a FIFO is refused at
+//!   once; state files are as private as the config and never written
+//!   through a planted link; what killed writes left is removed at start.
 
 use std::{
     io::Write,
@@ -286,5 +293,139 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     }
     assert!(t0.elapsed() >= Duration::from_millis(1500), "the set ended early: {:?}", t0.elapsed());
     expect(&sb, &[("203.0.113.9", false)], "after the ttl");
+    drop(d);
+}
+
+/// A list file of `text`, removed on drop.
+fn list(tag: &str, text: &[u8]) -> ListFile {
+    let p = std::env::temp_dir().join(format!("policer-import-{tag}-{}.txt", std::process::id()));
+    std::fs::write(&p, text).unwrap();
+    ListFile(p)
+}
+
+/// The entries of set `name` as `rule ls --set NAME --json` gives them.
+fn entries(sb: &Sandbox, name: &str) -> Vec<String> {
+    let v: serde_json::Value =
+        serde_json::from_str(&succeeds(&cli(sb, &["rule", "ls", "--set", name, "--json"]))).unwrap();
+    v["entries"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn feeds_cannot_open_a_blocklist() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !privileged("import tier") {
+        return;
+    }
+    let sb = Sandbox::new("impg");
+    let sets = SetsDir::of(&sb);
+    let mut d = daemon(&sb, &[]);
+    // The daemon made the config: 0600.
+    assert_eq!(std::fs::metadata(&sb.config).unwrap().mode() & 0o777, 0o600);
+    // The state directory the daemon makes is as private as the config.
+    let first = list("first", b"192.0.2.77\n");
+    succeeds(&cli(&sb, &["rule", "import", first.path(), "--set", "first"]));
+    assert_eq!(std::fs::metadata(&sets.0).unwrap().mode() & 0o777, 0o700);
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "first"]));
+    // The fixed temporary name an older policer wrote state files through,
+    // planted as a link to a file root must not overwrite.
+    let victim = list("victim", b"precious\n");
+    std::os::unix::fs::symlink(&victim.0, sets.0.join(".feed.set.tmp")).unwrap();
+    // 1 000 hosts from 10.0.0.0: 10.0.0.5 listed, 10.0.3.200 (#968) too.
+    let feed = ListFile::hosts("feed", 1000, &[], "");
+    succeeds(&cli(&sb, &["rule", "import", feed.path(), "--set", "feed"]));
+    assert_eq!(std::fs::read_to_string(&victim.0).unwrap(), "precious\n", "written through the planted link");
+    let m = std::fs::metadata(sets.0.join("feed.set")).unwrap();
+    assert_eq!(m.mode() & 0o777, 0o600, "the state file is not as private as the config");
+    let full = entries(&sb, "feed");
+    assert_eq!(full.len(), 1000);
+    expect(&sb, &[("10.0.0.5", true), ("10.0.3.200", true)], "after the import");
+
+    // An empty feed, and one of only comments: refused, nothing changed.
+    for (tag, text) in [("empty", &b""[..]), ("comments", b"# a feed\n\n# updated never\n")] {
+        let f = list(tag, text);
+        let out = cli(&sb, &["rule", "import", f.path(), "--set", "feed"]);
+        fails_with(&out, &format!("{} has no entries", f.path()));
+        fails_with(&out, "nothing changed");
+        fails_with(&out, "`policer rule rm --set feed` removes the set");
+        fails_with(&cli(&sb, &["rule", "import", f.path()]), "has no entries");
+    }
+    // A feed cut short (its first 400 lines, 600 removed): refused.
+    let cut = ListFile::hosts("cut", 400, &[], "");
+    let out = cli(&sb, &["rule", "import", cut.path(), "--set", "feed"]);
+    fails_with(&out, "would remove 600 of the 1000 entries of set 'feed' (60.0 %), more than --max-remove 50% allows");
+    fails_with(&out, "nothing changed");
+    fails_with(&cli(&sb, &["rule", "import", cut.path(), "--set", "feed", "--max-remove", "599"]), "--max-remove 599");
+    fails_with(&cli(&sb, &["rule", "import", cut.path(), "--set", "feed", "--max-remove", "59.9%"]), "59.90%");
+    assert_eq!(entries(&sb, "feed"), full, "a refused import changed the set");
+    expect(&sb, &[("10.0.0.5", true), ("10.0.3.200", true)], "after the refusals");
+    // Bad guard options: refused by the CLI.
+    fails_with(
+        &cli(&sb, &["rule", "import", cut.path(), "--set", "feed", "--max-remove", "half"]),
+        "--max-remove 'half'",
+    );
+    fails_with(&cli(&sb, &["rule", "import", cut.path(), "--set", "feed", "--max-remove", "101%"]), "0 to 100");
+    fails_with(&cli(&sb, &["rule", "import", cut.path(), "--force"]), "--set");
+    // Within the bound given: applied.
+    let msg = succeeds(&cli(&sb, &["rule", "import", cut.path(), "--set", "feed", "--max-remove", "60%"]));
+    assert!(msg.contains("600 removed"), "{msg}");
+    expect(&sb, &[("10.0.0.5", true), ("10.0.3.200", false)], "after a replace within --max-remove");
+    let small = ListFile::hosts("small", 100, &[], "");
+    fails_with(&cli(&sb, &["rule", "import", small.path(), "--set", "feed"]), "would remove 300 of the 400");
+    let msg = succeeds(&cli(&sb, &["rule", "import", small.path(), "--set", "feed", "--force"]));
+    assert!(msg.contains("300 removed"), "{msg}");
+    assert_eq!(entries(&sb, "feed").len(), 100);
+
+    // IPv4-mapped entries are the IPv4 addresses, and the outcome says so;
+    // a byte order mark at the start is no part of the first line.
+    let mapped = list("mapped", b"\xef\xbb\xbf::ffff:198.51.100.7\n::ffff:198.51.100.128/121\n192.0.2.1\n");
+    let msg = succeeds(&cli(&sb, &["rule", "import", mapped.path(), "--set", "mapped"]));
+    assert!(msg.contains("2 IPv4-mapped IPv6 entries"), "{msg}");
+    assert_eq!(entries(&sb, "mapped"), ["192.0.2.1/32", "198.51.100.7/32", "198.51.100.128/25"]);
+    expect(&sb, &[("198.51.100.7", true), ("198.51.100.200", true), ("198.51.100.9", false)], "mapped entries");
+
+    // A 10 MB bad line is quoted by its first 80 characters and its size.
+    let mut huge = b"10.0.0.1\n".to_vec();
+    huge.extend(std::iter::repeat_n(b'7', 10 << 20));
+    let huge = list("huge", &huge);
+    let out = cli(&sb, &["rule", "import", huge.path(), "--set", "x"]);
+    fails_with(&out, &format!("{}:2: '{}…(10485760 bytes)' is not an IP address", huge.path(), "7".repeat(80)));
+    assert!(out.stderr.len() < 1000, "{} bytes of error", out.stderr.len());
+
+    // A FIFO: refused at once (no writer ever comes).
+    let fifo = std::env::temp_dir().join(format!("policer-import-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = ListFile(fifo);
+    let t = Instant::now();
+    fails_with(
+        &cli(&sb, &["--timeout", "5", "rule", "import", fifo.path(), "--set", "x"]),
+        "is a FIFO, not a regular file",
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+
+    // A config of mode 0640: the next state file is 0640 too.
+    std::fs::set_permissions(&sb.config, std::fs::Permissions::from_mode(0o640)).unwrap();
+    succeeds(&cli(&sb, &["rule", "import", mapped.path(), "--set", "mapped"]));
+    assert_eq!(std::fs::metadata(sets.0.join("mapped.set")).unwrap().mode() & 0o777, 0o640);
+
+    // What writes killed midway left (the config's and the state files')
+    // is removed at the next start, and named; a planted link is left.
+    assert!(d.stop_with(libc::SIGTERM));
+    let cfg = Path::new(&sb.config);
+    let cfg_tmp = cfg.with_file_name(format!(".{}.0123456789abcdef.tmp", cfg.file_name().unwrap().to_str().unwrap()));
+    let set_tmp = sets.0.join(".feed.set.fedcba9876543210.tmp");
+    std::fs::write(&cfg_tmp, "[daemon]\n").unwrap();
+    std::fs::write(&set_tmp, "#policer-set {}\n").unwrap();
+    let d = daemon(&sb, &[]);
+    assert!(!cfg_tmp.exists() && !set_tmp.exists(), "leftovers stayed");
+    for p in [&cfg_tmp, &set_tmp] {
+        assert!(d.stdout().contains(&format!("removed {}", p.display())), "{}", d.stdout());
+    }
+    assert!(std::fs::symlink_metadata(sets.0.join(".feed.set.tmp")).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read_to_string(&victim.0).unwrap(), "precious\n");
+    assert_eq!(entries(&sb, "feed").len(), 100);
+    expect(&sb, &[("10.0.0.5", true), ("198.51.100.7", true)], "after the restart");
     drop(d);
 }

@@ -16,7 +16,10 @@ pub struct Args {
     /// absolute time).
     #[arg(long = "for", value_name = "DURATION", allow_hyphen_values = true, required = true)]
     duration: Option<String>,
-    /// Why, for `ban ls` and the config file (one line).
+    /// Why, for `ban ls` and the config file: one line of at most 200
+    /// characters, plain text (no control characters, bidi overrides or
+    /// isolates, or line and paragraph separators, which would make it, or
+    /// what is shown after it, read otherwise than it was written).
     #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
     reason: Option<String>,
     /// Apply to the kernel only, without writing the config file (kept
@@ -68,13 +71,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let rule = RuleConfig { prefix: cidr, ban: Some(true), ttl: Some(ttl), reason: a.reason, ..RuleConfig::default() };
     // Bad input fails here too, with no daemon.
-    rule.validate()?;
+    let spec = rule.validate()?;
+    if let Some(note) = crate::prefix::mapped_note(&rule.prefix, &spec.net) {
+        eprintln!("policer: note: {note}");
+    }
     println!("policer: {}", daemon()?.ban(rule, a.runtime, a.force)?);
     Ok(())
 }
 
 pub fn unban(a: UnbanArgs) -> anyhow::Result<()> {
-    crate::prefix::parse_prefix(&a.cidr)?;
+    let net = crate::prefix::parse_prefix(&a.cidr)?;
+    if let Some(note) = crate::prefix::mapped_note(&a.cidr, &net) {
+        eprintln!("policer: note: {note}");
+    }
     println!("policer: {}", daemon()?.unban(a.cidr, a.runtime)?);
     Ok(())
 }

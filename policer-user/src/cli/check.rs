@@ -33,11 +33,22 @@ struct Report<'a> {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let file = a.config.display().to_string();
-    let text = match std::fs::read_to_string(&a.config) {
-        Ok(t) => t,
-        Err(e) => {
-            let p = [Problem { line: None, message: format!("cannot read it: {e}") }];
+    // As the daemon reads it: a regular file of bounded size, without
+    // blocking on a FIFO (`files.rs`).
+    let read = crate::files::read_regular(&a.config, crate::files::CONFIG);
+    let text = match read.map(String::from_utf8) {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            let p =
+                [Problem { line: None, message: format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()) }];
             return finish(a.json, &file, None, &p);
+        }
+        Err(e) => {
+            let message = match e {
+                crate::files::ReadError::Io(e) => format!("cannot read it: {e}"),
+                e => format!("it {e}"),
+            };
+            return finish(a.json, &file, None, &[Problem { line: None, message }]);
         }
     };
     match Config::check(&text, a.max_rules) {

@@ -10,8 +10,12 @@ use crate::rules::{BurstValue, RuleConfig};
 #[derive(ClapArgs)]
 pub struct Args {
     /// One prefix or address per line; `#` comments and blank lines are
-    /// fine. All or nothing: one bad line and nothing is imported (the line
-    /// number is named).
+    /// fine, and so is a UTF-8 byte order mark at the start. All or
+    /// nothing: one bad line and nothing is imported (the line number is
+    /// named). IPv4-mapped IPv6 entries (::ffff:a.b.c.d[/96+N]) are taken
+    /// as the IPv4 prefixes they are (/N), and the outcome says how many.
+    /// A regular file of at most 1 GiB; a file with no entries is refused
+    /// (an empty feed is a failed download more often than a wish).
     file: String,
     #[arg(long, value_enum, default_value_t = Action::Deny)]
     action: Action,
@@ -34,6 +38,15 @@ pub struct Args {
     /// the set named after the action and rate (`deny`, `police-100pps`).
     #[arg(long, value_name = "NAME")]
     set: Option<String>,
+    /// With --set: the most entries the new file may remove from the set,
+    /// a share of its entries (50%, 12.5%) or a count (1000). More is
+    /// refused with nothing changed: a feed cut short or a failed download
+    /// would otherwise open a blocklist. Default 50%.
+    #[arg(long, value_name = "N|P%", requires = "set")]
+    max_remove: Option<String>,
+    /// With --set: replace the set however many entries that removes.
+    #[arg(long, requires = "set", conflicts_with = "max_remove")]
+    force: bool,
     /// Print the outcome as JSON.
     #[arg(long)]
     pub json: bool,
@@ -52,6 +65,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(n) = &a.set {
         crate::sets::check_name(n)?;
     }
+    let max_remove = match &a.max_remove {
+        Some(m) => Some(m.parse::<crate::sets::MaxRemove>().map_err(|e| anyhow::anyhow!(e))?),
+        None => None,
+    };
     let rule = RuleConfig {
         action: Some(a.action),
         rate: a.rate,
@@ -67,7 +84,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Err(e) = std::fs::metadata(&path) {
         anyhow::bail!("{}: {e}; nothing imported", a.file);
     }
-    let msg = daemon()?.import(path.to_string_lossy().into_owned(), a.file, a.set, rule)?;
+    let msg = daemon()?.import(path.to_string_lossy().into_owned(), a.file, a.set, rule, max_remove, a.force)?;
     if a.json {
         println!("{}", serde_json::json!({ "message": msg }));
     } else {

@@ -47,6 +47,9 @@ impl ClassArgs {
     /// value as written.
     fn rule(&self, cidr: &str) -> anyhow::Result<RuleConfig> {
         let net = crate::prefix::parse_prefix(cidr)?;
+        if let Some(note) = crate::prefix::mapped_note(cidr, &net) {
+            eprintln!("policer: note: {note}");
+        }
         Class::parse(&self.text(), net.addr().is_ipv6())?;
         Ok(RuleConfig { prefix: cidr.to_string(), ..RuleConfig::default() }.with_class_text(self.text()))
     }

@@ -25,6 +25,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
+    files::{self, ReadError},
     rules::{RuleKey, RuleSpec},
 };
 
@@ -216,13 +217,16 @@ impl ConfigFile {
 
     /// The file's bytes now; `None`: there is none.
     fn current(&self) -> Result<Option<Vec<u8>>> {
-        match fs::read(&self.path) {
+        match files::read_regular(&self.path, files::CONFIG) {
             Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::ConfigWrite {
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(Error::ConfigWrite {
                 path: self.path.clone(),
                 what: "reading it to check for edits made by hand".into(),
-                source,
+                source: match e {
+                    ReadError::Io(source) => source,
+                    other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+                },
             }),
         }
     }
@@ -244,11 +248,16 @@ fn read(path: &Path) -> Result<Snapshot> {
     snapshot(path, bytes(path)?)
 }
 
+/// The file's bytes (a regular file of at most [`files::CONFIG`]'s bound,
+/// read without blocking: see `files.rs`); `None`: there is none.
 fn bytes(path: &Path) -> Result<Option<Vec<u8>>> {
-    match fs::read(path) {
+    match files::read_regular(path, files::CONFIG) {
         Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(Error::ConfigRead { path: path.to_path_buf(), source }),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(ReadError::Io(source)) => Err(Error::ConfigRead { path: path.to_path_buf(), source }),
+        // What the file is, not a failure to read it: not tried again
+        // until it changes.
+        Err(e) => Err(Error::Invalid(format!("{} {e}", path.display()))),
     }
 }
 

@@ -25,7 +25,8 @@
 //!   operator wrote (`edit.rs`: comments and layout kept) and refuses to
 //!   overwrite a hand edit not yet reloaded.
 //! - `write.rs`: the atomic replacement of the file that keeps its owner,
-//!   mode and symlinks, and leaves no temporary file behind.
+//!   mode and symlinks, and leaves no temporary file behind (a write
+//!   killed midway does; the next start removes it).
 
 mod edit;
 mod file;
@@ -37,6 +38,7 @@ mod tests;
 pub use edit::Change;
 pub use file::{ConfigFile, Pending, Snapshot, sha256_hex};
 pub use write::NEW_FILE_MODE;
+pub(crate) use write::remove_leftovers;
 
 use std::{collections::BTreeMap, path::Path};
 

@@ -15,8 +15,9 @@ use ipnet::IpNet;
 
 use super::{
     ConfigFile, NEW_FILE_MODE,
-    write::{FAULT, NEXT_NAME, Step},
+    write::{FAULT, Step},
 };
+use crate::files::NEXT_NAME;
 use crate::{
     error::Error,
     rules::{BurstValue, RuleConfig, RuleKey, RuleSpec},
@@ -624,4 +625,82 @@ total_rate = "50kpps"
     let bad = format!("{text}\n[[rule]]\nprefix = \"10.0.0.0/8\"\ntotal_burst = 5\nrate = \"1pps\"\n");
     let e = super::Config::parse(&bad, Path::new("t.toml")).unwrap_err().to_string();
     assert!(e.contains("--total-burst needs --total-rate"), "{e}");
+}
+
+/// A config that is not a regular file is refused at once, named, without
+/// blocking (a FIFO) or reading without end (a link to /dev/zero); a hand
+/// edit check before a write says the same.
+#[test]
+fn a_config_that_is_not_a_regular_file_is_refused_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let t = std::time::Instant::now();
+    let e = ConfigFile::open(&p).unwrap_err();
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    assert_eq!(e.to_string(), format!("{} is a FIFO, not a regular file", p.display()));
+    fs::remove_file(&p).unwrap();
+    symlink("/dev/zero", &p).unwrap();
+    let e = ConfigFile::open(&p).unwrap_err().to_string();
+    assert_eq!(e, format!("{} is a character device, not a regular file", p.display()));
+
+    // A file in force, then replaced by a FIFO: a write is refused at once.
+    fs::remove_file(&p).unwrap();
+    let p = example_in(d.path());
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    fs::remove_file(&p).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = f.apply_rules(&without(rules, "10.0.0.0/8")).unwrap_err();
+    assert!(e.is_config_not_written() && e.to_string().contains("is a FIFO, not a regular file"), "{e}");
+    assert!(f.read().unwrap_err().to_string().contains("is a FIFO"));
+}
+
+/// The temporaries of a config write killed midway go at the next start;
+/// other files beside it stay.
+#[test]
+fn leftovers_of_killed_writes_are_removed() {
+    let d = tempfile::tempdir().unwrap();
+    let p = example_in(d.path());
+    for n in [".policer.toml.0123456789abcdef.tmp", ".other.toml.0123456789abcdef.tmp", ".policer.toml.tmp"] {
+        fs::write(d.path().join(n), "cut short").unwrap();
+    }
+    let (removed, failed) = super::remove_leftovers(&p);
+    assert!(failed.is_empty());
+    assert_eq!(removed, vec![d.path().join(".policer.toml.0123456789abcdef.tmp")]);
+    let mut left = leftovers(d.path(), &["policer.toml"]);
+    left.sort();
+    assert_eq!(left, [".other.toml.0123456789abcdef.tmp", ".policer.toml.tmp"]);
+}
+
+/// An IPv4-mapped prefix in the file is the IPv4 rule, and a change of
+/// another rule keeps it as written.
+#[test]
+fn an_ipv4_mapped_prefix_is_the_ipv4_rule() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    let text = "[[rule]]\nprefix = \"::ffff:10.0.0.0/104\"\nrate = \"1kpps\"\n\n[[rule]]\nprefix = \"192.0.2.0/24\"\naction = \"deny\"\n";
+    fs::write(&p, text).unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let keys: Vec<String> = rules.keys().map(|k| k.net.to_string()).collect();
+    assert_eq!(keys, ["10.0.0.0/8", "192.0.2.0/24"]);
+    f.apply_rules(&without(rules, "192.0.2.0/24")).unwrap();
+    let now = fs::read_to_string(&p).unwrap();
+    assert!(now.contains("::ffff:10.0.0.0/104") && !now.contains("192.0.2.0/24"), "{now}");
+}
+
+/// A config saved with a UTF-8 byte order mark reads, and a change
+/// writes it (without the mark: TOML is UTF-8 by definition).
+#[test]
+fn a_byte_order_mark_is_fine() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    fs::write(&p, format!("\u{feff}{EXAMPLE}")).unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    f.apply_rules(&without(rules.clone(), "10.0.0.0/8")).unwrap();
+    let (_, now) = ConfigFile::open(&p).unwrap();
+    assert_eq!(now, without(rules, "10.0.0.0/8"));
+    assert!(!fs::read_to_string(&p).unwrap().contains('\u{feff}'));
 }

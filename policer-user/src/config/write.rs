@@ -1,10 +1,10 @@
 //! Replacing the config file safely.
 //!
 //! The new text goes to a temporary file in the directory of the file it
-//! replaces (`rename(2)` is atomic only within one filesystem), under a
-//! random name, created with `O_CREAT|O_EXCL|O_NOFOLLOW`: a name planted in
-//! advance, symlink or not, makes the create fail instead of redirecting
-//! the write. The temporary file gets the old file's owner and mode (a new
+//! replaces (`rename(2)` is atomic only within one filesystem), made by
+//! [`files::create_temp`] (a random name, `O_CREAT|O_EXCL|O_NOFOLLOW`: a
+//! name planted in advance, symlink or not, makes the create fail instead
+//! of redirecting the write). The temporary file gets the old file's owner and mode (a new
 //! file: 0600, owned by the daemon's user), is written and fsynced, renamed
 //! over the target, and the directory is fsynced so the rename survives a
 //! crash. A symlinked config is written through to the file the link
@@ -14,13 +14,16 @@
 //! [`Staged`]'s `Drop`) and the target is untouched.
 
 use std::{
-    fs::{self, File, OpenOptions},
+    fs::{self, File},
     io::{self, Write},
-    os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
+    os::unix::fs::{MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
 };
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    files,
+};
 
 /// The mode of a config file the daemon creates: rules name the operator's
 /// networks, which are nobody else's business.
@@ -28,10 +31,6 @@ pub const NEW_FILE_MODE: u32 = 0o600;
 
 /// Symlinks followed at most, as the kernel's MAXSYMLINKS.
 const MAX_LINKS: usize = 40;
-
-/// Names tried when a random name is taken (only a planted file can make
-/// that happen: 64 random bits).
-const NAME_TRIES: usize = 8;
 
 /// The steps of a write, for fault injection in tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,12 +46,6 @@ pub(crate) enum Step {
 thread_local! {
     /// A step that fails, with an errno, in this thread's next writes.
     pub(crate) static FAULT: std::cell::Cell<Option<(Step, i32)>> = const { std::cell::Cell::new(None) };
-}
-
-#[cfg(test)]
-thread_local! {
-    /// The random part of this thread's next temporary name, to plant a file at it.
-    pub(crate) static NEXT_NAME: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
 #[cfg(test)]
@@ -80,6 +73,9 @@ pub(crate) struct Staged {
     dir: PathBuf,
     /// The temporary file, until it is renamed.
     tmp: Option<PathBuf>,
+    /// Open (and so locked: [`files::create_temp`]) until then, so a
+    /// starting daemon's cleanup does not take it for a leftover.
+    file: File,
 }
 
 impl Drop for Staged {
@@ -103,9 +99,10 @@ pub(crate) fn stage(path: &Path, data: &[u8]) -> Result<Staged> {
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "policer.toml".into());
     let old = match fs::metadata(&target) {
         Ok(m) if !m.is_file() => {
-            return Err(fail(format!("{} is not a regular file", target.display()))(io::Error::from_raw_os_error(
-                libc::EINVAL,
-            )));
+            let what = files::kind_of(&m.file_type());
+            return Err(fail(format!("{} is {what}, not a regular file", target.display()))(
+                io::Error::from_raw_os_error(libc::EINVAL),
+            ));
         }
         Ok(m) => Some(m),
         Err(e) if missing(&e) => {
@@ -117,27 +114,11 @@ pub(crate) fn stage(path: &Path, data: &[u8]) -> Result<Staged> {
     let mode = old.as_ref().map_or(NEW_FILE_MODE, |m| m.mode() & 0o7777);
 
     let creating = format!("creating a temporary file in {}", dir.display());
-    let mut tries = 0;
-    let (tmp, mut file) = loop {
-        let tmp = dir.join(format!(".{name}.{:016x}.tmp", random_u64().map_err(fail(creating.clone()))?));
-        let opened = fault(Step::Create).and_then(|()| {
-            OpenOptions::new()
-                .write(true)
-                // O_CREAT|O_EXCL: never an existing file, and never through a
-                // symlink (open(2): "O_EXCL ... symbolic links are not followed").
-                .create_new(true)
-                .mode(mode & 0o777)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)
-        });
-        match opened {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < NAME_TRIES => tries += 1,
-            Err(e) => return Err(fail(creating)(e)),
-        }
-    };
+    let (tmp, file) =
+        fault(Step::Create).and_then(|()| files::create_temp(&dir, &name, mode)).map_err(fail(creating))?;
     // From here on, dropping `staged` removes the temporary file.
-    let staged = Staged { shown: path.to_path_buf(), target, dir, tmp: Some(tmp) };
+    let mut staged = Staged { shown: path.to_path_buf(), target, dir, tmp: Some(tmp), file };
+    let file = &mut staged.file;
 
     // Owner first: chown(2) clears set-id bits, the mode restores them.
     if let Some(m) = &old {
@@ -152,7 +133,6 @@ pub(crate) fn stage(path: &Path, data: &[u8]) -> Result<Staged> {
         .map_err(fail(format!("giving the new file the mode {mode:04o}")))?;
     fault(Step::Write).and_then(|()| file.write_all(data)).map_err(fail("writing the temporary file".into()))?;
     fault(Step::Sync).and_then(|()| file.sync_all()).map_err(fail("syncing the temporary file to disk".into()))?;
-    drop(file);
     Ok(staged)
 }
 
@@ -175,6 +155,17 @@ impl Staged {
         }
         Ok(())
     }
+}
+
+/// Removes the temporary files of writes of `path` killed midway
+/// (`.NAME.<16 hex digits>.tmp` beside the file it resolves to) that no
+/// writer holds: what was removed, and what could not be.
+pub(crate) fn remove_leftovers(path: &Path) -> (Vec<PathBuf>, Vec<(PathBuf, io::Error)>) {
+    let Ok(target) = resolve(path) else { return (Vec::new(), Vec::new()) };
+    let (Some(dir), Some(name)) = (target.parent(), target.file_name()) else { return (Vec::new(), Vec::new()) };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let name = name.to_string_lossy();
+    files::remove_leftovers(dir, |n| files::temp_stem(n) == Some(&name))
 }
 
 /// The file `path` finally names: its symlinks followed (relative ones from
@@ -203,18 +194,4 @@ pub(crate) fn resolve(path: &Path) -> io::Result<PathBuf> {
 /// creating the directory says what is wrong).
 fn missing(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR)
-}
-
-fn random_u64() -> io::Result<u64> {
-    #[cfg(test)]
-    if let Some(n) = NEXT_NAME.with(|c| c.take()) {
-        return Ok(n);
-    }
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom(2) writes at most b.len() bytes into b, which we own.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        return Err(if n < 0 { io::Error::last_os_error() } else { io::Error::from_raw_os_error(libc::EIO) });
-    }
-    Ok(u64::from_ne_bytes(b))
 }

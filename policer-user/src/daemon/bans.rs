@@ -33,7 +33,12 @@ const SCAN_EVERY: Duration = Duration::from_secs(1);
 /// in one line (a flood of bans must not flood the log).
 const LOG_LINES_PER_SCAN: usize = 10;
 
-/// What the daemon remembers of automatic bans between scans.
+/// Writes of expiries that failed (a full disk) are tried again this often
+/// at most: a format-preserving write of a large config is not free.
+const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
+
+/// What the daemon remembers of automatic bans between scans, and of
+/// expiries its files do not show yet.
 #[derive(Default)]
 pub(super) struct BanLog {
     /// Bans seen in force: their start and end (program clock, ns).
@@ -45,6 +50,13 @@ pub(super) struct BanLog {
     stored: Option<usize>,
     /// When an expiry last failed (logged once a minute at most).
     expiry_failed: Option<Instant>,
+    /// The config file still holds rules or bans that ended while it could
+    /// not be written (a full disk): written again until it lands.
+    file_behind: bool,
+    /// Sets that ended whose state file could not be removed: removed
+    /// again until it goes.
+    pub(super) set_files_behind: Vec<String>,
+    last_catch_up: Option<Instant>,
 }
 
 /// The source (or source prefix) of a ban's key, as an address and length.
@@ -155,6 +167,7 @@ impl Daemon {
         for m in self.expire_sets(super::unix_now()) {
             println!("policer: {m}");
         }
+        self.catch_up();
         if self.ban_log.last_scan.is_none_or(|t| t.elapsed() >= SCAN_EVERY) {
             self.ban_log.last_scan = Some(Instant::now());
             if let Err(e) = self.scan_bans() {
@@ -183,8 +196,13 @@ impl Daemon {
         // next start, which skips what ended) catches up.
         let r = match self.change(self.file.read_only(), edit) {
             Err(e) if !self.file.read_only() => {
-                eprintln!("policer: writing the config file after an expiry failed ({e}); removed in the kernel only");
-                self.change(true, edit)
+                eprintln!(
+                    "policer: writing the config file after an expiry failed ({e}); removed in the kernel only, \
+                     the file is written again until it lands"
+                );
+                let r = self.change(true, edit);
+                self.ban_log.file_behind |= r.is_ok();
+                r
             }
             r => r,
         };
@@ -203,6 +221,62 @@ impl Daemon {
                 if self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
                     self.ban_log.expiry_failed = Some(Instant::now());
                     eprintln!("policer: removing expired entries failed (tried again): {e}");
+                }
+            }
+        }
+    }
+
+    /// Writes what ended but its files still show: the config file without
+    /// the rules and bans that ended while it could not be written, and
+    /// the removal of ended sets' state files. Once a second at most,
+    /// until each lands (a restart would skip what ended anyway, but the
+    /// file is what an operator reads).
+    fn catch_up(&mut self) {
+        if !self.ban_log.file_behind && self.ban_log.set_files_behind.is_empty() {
+            return;
+        }
+        if self.ban_log.last_catch_up.is_some_and(|t| t.elapsed() < CATCH_UP_EVERY) {
+            return;
+        }
+        self.ban_log.last_catch_up = Some(Instant::now());
+        let dir = self.sets_dir.clone();
+        self.ban_log.set_files_behind.retain(|name| match crate::sets::remove(&dir, name) {
+            Ok(()) => {
+                println!("policer: the state file of the ended set '{name}' is removed now");
+                false
+            }
+            Err(_) => true,
+        });
+        if !self.ban_log.file_behind {
+            return;
+        }
+        let now = duration::unix_ms();
+        let mut file = self.rs.file_rules().clone();
+        let before = file.len();
+        // What the kernel still holds is the ordinary expiry's (this tick's
+        // or the next); what it does not and has ended, the file's only.
+        file.retain(|k, s| self.rs.rules().contains_key(k) || s.expires.is_none_or(|e| e > now));
+        let ended = before - file.len();
+        // Nothing left to write (a reload or a later write took it), or
+        // nothing the daemon may write.
+        if ended == 0 || self.file.read_only() {
+            self.ban_log.file_behind = false;
+            return;
+        }
+        match self.file.apply_rules(&file) {
+            Ok(()) => {
+                self.rs.set_file_rules(file);
+                self.ban_log.file_behind = false;
+                self.changed = true;
+                println!(
+                    "policer: {} caught up: {ended} expired rules and bans that it still held are removed from it",
+                    self.file.path().display()
+                );
+            }
+            Err(e) => {
+                if self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    self.ban_log.expiry_failed = Some(Instant::now());
+                    eprintln!("policer: writing the config file after an expiry failed again (tried again): {e}");
                 }
             }
         }

@@ -141,6 +141,7 @@ impl Owner {
 impl Daemon {
     /// What the read-only views need to know of the daemon now.
     pub(super) fn snapshot(&self) -> Arc<Snapshot> {
+        let now_ms = crate::duration::unix_ms();
         Arc::new(Snapshot {
             ifaces: self.ifaces.iter().map(|i| IfaceRef { name: i.name.clone(), index: i.index }).collect(),
             rules: self
@@ -149,11 +150,13 @@ impl Daemon {
                 .iter()
                 .map(|(n, i)| (*n, RuleRow { spec: i.spec.clone(), slot: i.slot, persisted: i.persisted }))
                 .collect(),
+            // Not what ended while the file could not be written (a full
+            // disk): that is gone, and the file catches up (`bans.rs`).
             removed_at_runtime: self
                 .rs
                 .file_rules()
                 .iter()
-                .filter(|(n, _)| !self.rs.rules().contains_key(n))
+                .filter(|(n, s)| !self.rs.rules().contains_key(n) && s.expires.is_none_or(|e| e > now_ms))
                 .map(|(_, s)| s.clone())
                 .collect(),
             config: self.file.path().display().to_string(),

@@ -16,7 +16,7 @@ use crate::{
     control::RuleView,
     error::{Error, Result},
     rules::{RuleConfig, RuleKey, RuleSpec},
-    sets::{self, Header, List},
+    sets::{self, Header, List, MaxRemove},
     trie::{CHUNK, TrieWriter},
 };
 
@@ -88,6 +88,10 @@ pub struct Import {
     pub set: Option<String>,
     /// action, rate, burst, key_len, ttl.
     pub rule: RuleConfig,
+    /// The most a replacement (`set`) may remove (`--max-remove`), unless
+    /// `force`.
+    pub max_remove: MaxRemove,
+    pub force: bool,
 }
 
 /// The set's rule for one family: the rule options over a /0.
@@ -222,6 +226,21 @@ impl Daemon {
         } else {
             union(old.map_or(&[][..], |s| &s.entries), &imp.list.entries)
         };
+        let old_entries = old.map_or(&[][..], |o| &o.entries[..]);
+        let d = sets::diff(old_entries, &entries);
+        // A feed cut short or a failed download must not open a blocklist.
+        if !imp.force && !imp.max_remove.allows(d.remove.len(), old_entries.len()) {
+            return Err(Error::Invalid(format!(
+                "{} would remove {} of the {} entries of set '{name}' ({:.1} %), more than --max-remove {} allows \
+                 (a feed cut short or a failed download?); nothing changed: check the file, or give --force \
+                 (or a larger --max-remove) if the set is to shrink that much",
+                imp.file,
+                d.remove.len(),
+                old_entries.len(),
+                d.remove.len() as f64 * 100.0 / old_entries.len().max(1) as f64,
+                imp.max_remove
+            )));
+        }
         let (spec4, spec6) = self.set_specs(&rule, &entries)?;
         self.check_set_conflicts(&name, &entries)?;
         self.check_capacity(&name, &entries)?;
@@ -241,14 +260,12 @@ impl Daemon {
             _ => self.rs.new_id(),
         };
         let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries) };
-        let old_entries = old.as_ref().map_or(&[][..], |o| &o.entries[..]);
-        let d = sets::diff(old_entries, &next.entries);
         // The state file first (a full disk refuses the import before the
         // kernel is touched), put in place once the kernel took the change.
         // Not written beside the kernel writes: on two CPUs it slows them
         // more than it saves.
         let body = if explicit { sets::Body::Text(&imp.text) } else { sets::Body::Entries(&next.entries) };
-        let staged = match sets::stage(&self.sets_dir, &next.header, body) {
+        let staged = match sets::stage(&self.sets_dir, sets::file_mode(self.file.path()), &next.header, body) {
             Ok(s) => s,
             Err(e) => {
                 if new_slot {
@@ -316,14 +333,13 @@ impl Daemon {
             d.add.len(),
             changed,
             d.remove.len(),
-            if imp.list.duplicates > 0 {
-                format!(" ({} repeated lines kept once)", imp.list.duplicates)
-            } else {
-                String::new()
-            },
+            notes(&imp.list),
             next.header.expires_ms.map(|e| format!("; expires {}", crate::duration::rfc3339(e))).unwrap_or_default(),
             t0.elapsed().as_secs_f64()
         );
+        // A state file of this name now is the new set's, not an ended
+        // one's still to remove.
+        self.ban_log.set_files_behind.retain(|n| *n != name);
         self.sets.insert(name, next);
         self.changed = true;
         Ok(msg)
@@ -443,7 +459,8 @@ impl Daemon {
         self.rs.free_slot(s.slot);
         self.changed = true;
         if let Err(e) = sets::remove(&self.sets_dir, &s.header.name) {
-            log::warn!("set '{}' removed, but not its state file: {e}", s.header.name);
+            eprintln!("policer: set '{}' removed, but not its state file (tried again): {e}", s.header.name);
+            self.ban_log.set_files_behind.push(s.header.name.clone());
         }
         self.sync_fast_path()
     }
@@ -569,6 +586,22 @@ fn strip(c: &mut Compiled, sets: &BTreeMap<String, SetState>) {
             c.prefixes.remove(n);
         }
     }
+}
+
+/// What an import's message adds about the lines: repeats, and entries
+/// written IPv4-mapped.
+fn notes(list: &List) -> String {
+    let mut out = String::new();
+    if list.duplicates > 0 {
+        out.push_str(&format!(" ({} repeated lines kept once)", list.duplicates));
+    }
+    if list.mapped > 0 {
+        out.push_str(&format!(
+            " ({} IPv4-mapped IPv6 entries, ::ffff:a.b.c.d, taken as the IPv4 addresses they are)",
+            list.mapped
+        ));
+    }
+    out
 }
 
 /// `deny`, `police 100pps`.
@@ -700,26 +733,66 @@ impl Daemon {
     }
 }
 
-/// The largest list file read (a million IPv6 prefixes is ~45 MB).
-const MAX_FILE_BYTES: u64 = 1 << 30;
+/// Removes the temporary files of writes killed midway (`files.rs`): the
+/// config file's and the sets' state files', each named in the log. Run
+/// at start, once this namespace's lock is held.
+pub(super) fn remove_leftovers(config: &std::path::Path) {
+    let (mut removed, mut failed) = crate::config::remove_leftovers(config);
+    let (r, f) = sets::remove_leftovers(&sets::state_dir(config));
+    removed.extend(r);
+    failed.extend(f);
+    for p in removed {
+        println!("policer: removed {}, the temporary file of a write that did not finish", p.display());
+    }
+    for (p, e) in failed {
+        println!(
+            "policer: warning: cannot remove {}, a temporary file left by a write that did not finish: {e}",
+            p.display()
+        );
+    }
+}
 
 /// Reads and parses an import's file (on a blocking thread, not the
-/// owner). Errors name the file as the user gave it.
-pub fn read_import(path: &str, shown: &str, set: Option<String>, rule: RuleConfig) -> Result<Import> {
+/// owner): a regular file of at most [`crate::files::IMPORT`]'s bound, read
+/// without blocking (`files.rs`); a UTF-8 byte order mark at its start is
+/// dropped. A list with no entries is refused: an empty feed is a failed
+/// download far more often than a wish (`rule rm --set` removes a set).
+/// Errors name the file as the user gave it.
+pub fn read_import(
+    path: &str,
+    shown: &str,
+    set: Option<String>,
+    rule: RuleConfig,
+    max_remove: Option<MaxRemove>,
+    force: bool,
+) -> Result<Import> {
     let file = if shown.is_empty() { path.to_string() } else { shown.to_string() };
     if let Some(n) = &set {
         sets::check_name(n)?;
     }
-    let meta = std::fs::metadata(path).map_err(|e| Error::Invalid(format!("{file}: {e}; nothing imported")))?;
-    if !meta.is_file() {
-        return Err(Error::Invalid(format!("{file}: not a regular file; nothing imported")));
+    let mut text = crate::files::read_regular(std::path::Path::new(path), crate::files::IMPORT).map_err(|e| {
+        Error::Invalid(match e {
+            crate::files::ReadError::Io(e) => format!("{file}: {e}; nothing imported"),
+            e => format!("{file} {e}; nothing imported"),
+        })
+    })?;
+    if text.starts_with(sets::BOM) {
+        // Not kept in the state file either (it holds the list as read).
+        text.drain(..sets::BOM.len());
     }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(Error::Invalid(format!("{file}: larger than {MAX_FILE_BYTES} bytes; nothing imported")));
-    }
-    let text = std::fs::read(path).map_err(|e| Error::Invalid(format!("{file}: {e}; nothing imported")))?;
     let list = sets::parse(&text, &file)?;
-    Ok(Import { file, text, list, set, rule })
+    if list.entries.is_empty() {
+        let rm = match &set {
+            Some(n) => format!(" (`policer rule rm --set {n}` removes the set)"),
+            None => String::new(),
+        };
+        return Err(Error::Invalid(format!(
+            "{file} has no entries ({} bytes: empty, or only comments and blank lines; a failed download?); \
+             nothing changed{rm}",
+            text.len()
+        )));
+    }
+    Ok(Import { file, text, list, set, rule, max_remove: max_remove.unwrap_or_default(), force })
 }
 
 #[cfg(test)]

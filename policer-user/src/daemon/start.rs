@@ -158,6 +158,7 @@ impl Daemon {
     pub fn start(args: &DaemonArgs) -> Result<Daemon> {
         let s = settings(args)?;
         let claim = claim(&s)?;
+        super::sets::remove_leftovers(&args.config);
         let survey = survey(&s)?;
         let mut out = std::io::stdout().lock();
         let loaded = load(&s, &survey, &mut out)?;

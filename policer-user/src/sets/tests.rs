@@ -93,12 +93,12 @@ fn names_and_state_files() {
         expires_ms: Some(1_700_000_000_000),
     };
     let entries = nets(&["10.0.0.1/32", "2001:db8::/32"]);
-    stage(&dir, &h, Body::Entries(&entries)).unwrap().commit().unwrap();
+    stage(&dir, 0o600, &h, Body::Entries(&entries)).unwrap().commit().unwrap();
     // A staged file that is dropped leaves nothing behind.
-    drop(stage(&dir, &Header { name: "gone".into(), ..h.clone() }, Body::Entries(&entries)).unwrap());
+    drop(stage(&dir, 0o600, &Header { name: "gone".into(), ..h.clone() }, Body::Entries(&entries)).unwrap());
     // The list as imported, comments and all, without a final newline.
     let raw = Header { name: "raw".into(), ..h.clone() };
-    stage(&dir, &raw, Body::Text(b"# feed\n2001:db8::/32\n10.0.0.1")).unwrap().commit().unwrap();
+    stage(&dir, 0o600, &raw, Body::Text(b"# feed\n2001:db8::/32\n10.0.0.1")).unwrap().commit().unwrap();
     let all = read_all(&dir).unwrap();
     assert_eq!(all.len(), 2);
     assert_eq!(all[0].0, h);
@@ -126,4 +126,133 @@ fn implicit_names() {
     for a in [Action::Allow, Action::Monitor] {
         check_name(&implicit_name(&rc(a, Some("64kbit")))).unwrap();
     }
+}
+
+#[test]
+fn a_bom_mapped_entries_and_long_lines() {
+    // A byte order mark at the start is no part of the first line.
+    let l = parse(b"\xef\xbb\xbf10.0.0.1\n10.0.0.2\n", "f").unwrap();
+    assert_eq!(l.entries, nets(&["10.0.0.1/32", "10.0.0.2/32"]));
+    // Elsewhere it is a character of the line, shown, not invisible.
+    let e = parse(b"10.0.0.1\n\xef\xbb\xbf10.0.0.2\n", "f").unwrap_err().to_string();
+    assert!(e.starts_with("f:2: '\\u{feff}10.0.0.2' is not an IP address"), "{e}");
+    // IPv4-mapped entries are the IPv4 prefixes they mean, counted.
+    let l = parse(b"::ffff:10.0.0.1\n::ffff:192.0.2.0/120\n10.0.0.1\n::fffe:0:0/95\n", "f").unwrap();
+    assert_eq!(l.entries, nets(&["10.0.0.1/32", "192.0.2.0/24", "::fffe:0:0/95"]));
+    assert_eq!((l.mapped, l.duplicates), (2, 1));
+    let e = parse(b"::ffff:10.0.0.1/120\n", "f").unwrap_err().to_string();
+    assert!(e.contains("did you mean 10.0.0.0/24"), "{e}");
+    // A 10 MB line is quoted by its first 80 characters and its size.
+    let mut big = b"10.0.0.1\n".to_vec();
+    big.extend(std::iter::repeat_n(b'9', 10 << 20));
+    let e = parse(&big, "f").unwrap_err().to_string();
+    assert!(e.len() < 200, "{} bytes of error", e.len());
+    assert!(e.starts_with(&format!("f:2: '{}…(10485760 bytes)' is not an IP address", "9".repeat(80))), "{e}");
+    let e = parse(format!("10.0.0.1 {}\n", "x".repeat(1000)).as_bytes(), "f").unwrap_err().to_string();
+    assert!(e.contains("…(1009 bytes)': one prefix per line"), "{e}");
+    let e = parse(format!("10.0.0.0/{}\n", "1".repeat(1000)).as_bytes(), "f").unwrap_err().to_string();
+    assert!(e.len() < 200 && e.contains("…(1000 bytes)"), "{e}");
+}
+
+#[test]
+fn max_remove_parses_and_bounds() {
+    for (s, want) in [
+        ("50%", MaxRemove::Share(5000)),
+        ("12.5%", MaxRemove::Share(1250)),
+        ("0.01%", MaxRemove::Share(1)),
+        ("100%", MaxRemove::Share(10_000)),
+        (" 0% ", MaxRemove::Share(0)),
+        ("1000", MaxRemove::Count(1000)),
+        ("0", MaxRemove::Count(0)),
+    ] {
+        assert_eq!(s.parse::<MaxRemove>().unwrap(), want, "{s}");
+        // Through the wire and back.
+        let json = serde_json::to_string(&want).unwrap();
+        assert_eq!(serde_json::from_str::<MaxRemove>(&json).unwrap(), want);
+    }
+    assert_eq!(MaxRemove::default().to_string(), "50%");
+    assert_eq!(MaxRemove::Share(1250).to_string(), "12.50%");
+    for bad in ["", "%", "101%", "50.123%", "-1", "-5%", "1e3", "half", "5 0%", "1.5", "99999999999999999999999"] {
+        let e = bad.parse::<MaxRemove>().unwrap_err();
+        assert!(e.starts_with("--max-remove '"), "{bad}: {e}");
+    }
+    assert!(serde_json::from_str::<MaxRemove>("\"200%\"").is_err());
+
+    let half = MaxRemove::default();
+    assert!(half.allows(500_000, 1_000_000) && !half.allows(500_001, 1_000_000));
+    // A file cut at 1 MB of a million-entry feed.
+    assert!(!half.allows(916_580, 1_000_000));
+    assert!(half.allows(0, 0) && half.allows(1, 2) && !half.allows(2, 3));
+    assert!(MaxRemove::Count(10).allows(10, 11) && !MaxRemove::Count(10).allows(11, 1_000_000));
+    assert!(MaxRemove::Share(10_000).allows(7, 7) && !MaxRemove::Share(0).allows(1, 1_000_000));
+}
+
+#[test]
+fn state_files_are_private_as_the_config_and_not_through_links() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+    let d = tempfile::tempdir().unwrap();
+    let config = d.path().join("policer.toml");
+    assert_eq!(file_mode(&config), 0o600, "no config yet");
+    fs::write(&config, "").unwrap();
+    fs::set_permissions(&config, fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(file_mode(&config), 0o640);
+    fs::set_permissions(&config, fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(file_mode(&config), 0o644, "no execute bits");
+    fs::set_permissions(&config, fs::Permissions::from_mode(0o600)).unwrap();
+
+    let dir = state_dir(&config);
+    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None };
+    // The fixed name an older policer used, planted as a link to a file
+    // root must not overwrite: not followed (not even used).
+    fs::create_dir_all(&dir).unwrap();
+    let victim = d.path().join("victim");
+    fs::write(&victim, "precious\n").unwrap();
+    symlink(&victim, dir.join(".feed.set.tmp")).unwrap();
+    stage(&dir, file_mode(&config), &h, Body::Text(b"10.0.0.1\n")).unwrap().commit().unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    let m = fs::metadata(dir.join("feed.set")).unwrap();
+    assert_eq!(m.mode() & 0o777, 0o600);
+    // A new directory takes the mode too (searchable where readable).
+    let dir2 = d.path().join("new.sets");
+    stage(&dir2, 0o640, &h, Body::Text(b"10.0.0.1\n")).unwrap().commit().unwrap();
+    assert_eq!(fs::metadata(&dir2).unwrap().mode() & 0o777, 0o750);
+    assert_eq!(fs::metadata(dir2.join("feed.set")).unwrap().mode() & 0o777, 0o640);
+
+    // Leftovers of killed writes (this version's and an older one's) go;
+    // a staged write in progress, a state file and the link's target stay.
+    let pending = stage(&dir, 0o600, &Header { name: "busy".into(), ..h.clone() }, Body::Text(b"10.0.0.2\n")).unwrap();
+    fs::write(dir.join(".gone.set.00000000deadbeef.tmp"), "cut").unwrap();
+    fs::write(dir.join(".old.set.tmp"), "cut").unwrap();
+    let (removed, failed) = remove_leftovers(&dir);
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(removed, vec![dir.join(".gone.set.00000000deadbeef.tmp"), dir.join(".old.set.tmp")]);
+    pending.commit().unwrap();
+    let names: Vec<String> = read_all(&dir).unwrap().into_iter().map(|(h, _)| h.name).collect();
+    assert_eq!(names, ["busy", "feed"]);
+    assert!(victim.exists());
+}
+
+#[test]
+fn state_files_that_are_not_files_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("feed.set");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let t = std::time::Instant::now();
+    let e = read_all(d.path()).unwrap_err().to_string();
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    assert_eq!(e, format!("set state file {} is a FIFO, not a regular file", fifo.display()));
+    fs::remove_file(&fifo).unwrap();
+    fs::create_dir(&fifo).unwrap();
+    let e = read_all(d.path()).unwrap_err().to_string();
+    assert!(e.ends_with("is a directory, not a regular file"), "{e}");
+    fs::remove_dir(&fifo).unwrap();
+    // A state file with a byte order mark (edited by hand) still reads.
+    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None };
+    let mut text = b"\xef\xbb\xbf#policer-set ".to_vec();
+    text.extend(serde_json::to_vec(&h).unwrap());
+    text.extend(b"\n10.0.0.1\n");
+    fs::write(&fifo, text).unwrap();
+    assert_eq!(read_all(d.path()).unwrap()[0].0, h);
 }

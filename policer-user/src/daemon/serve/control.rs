@@ -204,8 +204,9 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         Request::BanLs => read(ctx.bans.get().await.map_or_else(refused, |b| Reply::Bans { bans: (*b).clone() })),
         // Read and parsed here, off the owner: the owner only diffs and
         // writes.
-        Request::Import { path, shown, set, rule } => {
-            match ctx.import.run(move || crate::daemon::read_import(&path, &shown, set, rule)).await {
+        Request::Import { path, shown, set, rule, max_remove, force } => {
+            match ctx.import.run(move || crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)).await
+            {
                 Ok(imp) => change(Command::Import(Box::new(imp))).await,
                 Err(e) => read(refused(e)),
             }
