@@ -23,7 +23,22 @@ use crate::{
     rules::{BurstValue, RuleConfig, RuleKey, RuleSpec},
 };
 
-const EXAMPLE: &str = include_str!("../../../deploy/policer.toml");
+/// The shipped config with its example rules in force (it ships them
+/// commented out): a file with comments, paragraphs and every kind of rule.
+static EXAMPLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let shipped = include_str!("../../../deploy/policer.toml");
+    let (defaults, examples) = shipped
+        .split_once("# Examples (uncomment and adapt; `policer check --config FILE` validates).\n#\n")
+        .expect("the shipped config has examples");
+    let uncommented: Vec<&str> = examples
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(t) if t.starts_with("[[rule]]") || t.contains(" = ") => t,
+            _ => l,
+        })
+        .collect();
+    format!("{defaults}{}\n", uncommented.join("\n"))
+});
 
 fn rule(
     prefix: &str,
@@ -64,7 +79,7 @@ fn leftovers(dir: &Path, keep: &[&str]) -> Vec<String> {
 
 fn example_in(dir: &Path) -> PathBuf {
     let p = dir.join("policer.toml");
-    fs::write(&p, EXAMPLE).unwrap();
+    fs::write(&p, &*EXAMPLE).unwrap();
     p
 }
 
@@ -85,7 +100,7 @@ fn unchanged_rules_write_nothing() {
     let before = fs::metadata(&p).unwrap().ino();
     f.apply_rules(&rules).unwrap();
     f.set_interfaces(&["eth0".into()]).unwrap();
-    assert_eq!(fs::read_to_string(&p).unwrap(), EXAMPLE);
+    assert_eq!(fs::read_to_string(&p).unwrap(), *EXAMPLE);
     assert_eq!(fs::metadata(&p).unwrap().ino(), before, "rewritten although nothing changed");
 }
 
@@ -99,7 +114,7 @@ fn set_keeps_comments_and_layout() {
     let rules = with(rules, rule("203.0.113.0/24", Some("750pps"), Some(50), None));
     f.apply_rules(&rules).unwrap();
     let text = fs::read_to_string(&p).unwrap();
-    assert_eq!(diff(EXAMPLE, &text), (vec![r#"rate = "750pps""#.into()], vec![r#"rate = "500pps""#.into()]));
+    assert_eq!(diff(&EXAMPLE, &text), (vec![r#"rate = "750pps""#.into()], vec![r#"rate = "500pps""#.into()]));
     assert!(
         text.contains("# A tighter limit for one network.\n[[rule]]\nprefix = \"203.0.113.0/24\"\nrate = \"750pps\"")
     );
@@ -176,14 +191,14 @@ fn removing_a_rule_keeps_the_paragraph_above_it() {
     // The first rule carries the file's "One [[rule]] per prefix" paragraph.
     f.apply_rules(&without(rules, "0.0.0.0/0")).unwrap();
     let text = fs::read_to_string(&p).unwrap();
-    let (new, gone) = diff(EXAMPLE, &text);
+    let (new, gone) = diff(&EXAMPLE, &text);
     assert!(new.is_empty(), "{new:?}");
     assert_eq!(
         gone,
         ["# The default rule: every IPv4 source at 10 000 packets/s, bursts of 200.", "prefix = \"0.0.0.0/0\"",]
     );
     assert!(text.contains(
-        "# (each --key-len group) gets its own bucket of `burst` at `rate`.\n\n# Every IPv6 /64 (the default key length for IPv6) likewise.\n[[rule]]\nprefix = \"::/0\""
+        "# and nothing else; the examples below are comments.\n\n# Every IPv6 /64 (the default key length for IPv6) likewise.\n[[rule]]\nprefix = \"::/0\""
     ), "{text}");
 }
 
@@ -216,7 +231,7 @@ fn interfaces_keep_their_comment() {
     f.set_interfaces(&["eth1".into(), "eth2".into()]).unwrap();
     let text = fs::read_to_string(&p).unwrap();
     assert_eq!(
-        diff(EXAMPLE, &text),
+        diff(&EXAMPLE, &text),
         (vec![r#"interfaces = ["eth1", "eth2"]"#.into()], vec![r#"interfaces = ["eth0"]"#.into()])
     );
     assert_eq!(f.config().daemon.interfaces, ["eth1", "eth2"]);
@@ -337,7 +352,7 @@ fn failed_write_leaves_file_and_no_temporary() {
         let msg = e.to_string();
         assert!(msg.contains(needle) && msg.contains("the file was left as it was"), "{step:?}: {msg}");
         assert!(msg.contains(&std::io::Error::from_raw_os_error(errno).to_string()), "{msg}");
-        assert_eq!(fs::read_to_string(&p).unwrap(), EXAMPLE, "{step:?}: the file changed");
+        assert_eq!(fs::read_to_string(&p).unwrap(), *EXAMPLE, "{step:?}: the file changed");
         assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o600);
         assert!(leftovers(d.path(), &["policer.toml"]).is_empty(), "{step:?}: temporary file left behind");
     }
@@ -697,7 +712,7 @@ fn an_ipv4_mapped_prefix_is_the_ipv4_rule() {
 fn a_byte_order_mark_is_fine() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("policer.toml");
-    fs::write(&p, format!("\u{feff}{EXAMPLE}")).unwrap();
+    fs::write(&p, format!("\u{feff}{}", *EXAMPLE)).unwrap();
     let (mut f, rules) = ConfigFile::open(&p).unwrap();
     f.apply_rules(&without(rules.clone(), "10.0.0.0/8")).unwrap();
     let (_, now) = ConfigFile::open(&p).unwrap();
