@@ -663,7 +663,15 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
             Ok(()) if resp.is_empty() => {
                 return Err(Error::Invalid("the daemon closed the connection without answering".into()));
             }
-            Ok(()) => {}
+            // Part of a line, then the end: an answer cut short (a streamed
+            // set the daemon gave up on), not another version's.
+            Ok(()) => {
+                return Err(Error::Invalid(format!(
+                    "the daemon's answer was cut short after {} bytes (a client that reads too slowly is dropped); \
+                     try again",
+                    resp.len()
+                )));
+            }
         },
     }
     let reply: Reply = serde_json::from_str(&resp).map_err(|e| {

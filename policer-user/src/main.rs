@@ -11,7 +11,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         // Help and version are printed as asked; a usage error too, unless
         // the command line asked for JSON: then it is JSON on stdout.
-        Err(e) if e.use_stderr() && std::env::args().any(|a| a == "--json") => {
+        Err(e) if e.use_stderr() && std::env::args_os().any(|a| a == "--json") => {
             let text = e.to_string();
             let first = text.lines().next().unwrap_or_default().trim_start_matches("error: ");
             println!("{}", serde_json::json!({ "error": first, "exit": Cli::EXIT_USAGE }));

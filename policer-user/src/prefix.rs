@@ -15,10 +15,24 @@ use crate::{
 /// The program sees an IPv4 frame's source as IPv4, so an IPv6 entry
 /// `::ffff:10.0.0.1` would never match: taken as `10.0.0.1`, which is what
 /// an operator pasting it from a dual-stack socket's log means.
-pub fn unmap(addr: IpAddr, len: u8) -> Option<(std::net::Ipv4Addr, u8)> {
+///
+/// A mapped prefix that would be an IPv4 prefix shorter than /8 is an
+/// error: `::ffff:0:0/96`, in lists of special-purpose IPv6 space, means
+/// "every IPv4-mapped address", and taken as `0.0.0.0/0` it would deny all
+/// of IPv4.
+pub fn unmap(addr: IpAddr, len: u8) -> std::result::Result<Option<(std::net::Ipv4Addr, u8)>, String> {
     match addr {
-        IpAddr::V6(a) if len >= 96 => a.to_ipv4_mapped().map(|v4| (v4, len - 96)),
-        _ => None,
+        IpAddr::V6(a) if len >= 96 => match a.to_ipv4_mapped() {
+            Some(v4) if len < 96 + 8 => Err(format!(
+                "{a}/{len} is the IPv4-mapped space of {}/{}, a block shorter than /8; \
+                 write the IPv4 prefix if that is what you mean",
+                std::net::Ipv4Addr::from(u32::from(v4) & (u32::MAX.checked_shl(32 - u32::from(len - 96)).unwrap_or(0))),
+                len - 96
+            )),
+            Some(v4) => Ok(Some((v4, len - 96))),
+            None => Ok(None),
+        },
+        _ => Ok(None),
     }
 }
 
@@ -41,7 +55,7 @@ pub fn parse_prefix(s: &str) -> Result<IpNet> {
     if !s.contains('/') {
         let a = IpAddr::from_str(s)
             .map_err(|_| Error::Invalid(format!("'{}' is not an IP address or prefix", excerpt(s))))?;
-        return Ok(match unmap(a, 128) {
+        return Ok(match unmap(a, 128).map_err(Error::Invalid)? {
             Some((v4, _)) => IpNet::from(IpAddr::V4(v4)),
             None => IpNet::from(a),
         });
@@ -53,7 +67,7 @@ pub fn parse_prefix(s: &str) -> Result<IpNet> {
     let len: u8 = len.parse().ok().filter(|l| *l <= max).ok_or_else(|| {
         Error::Invalid(format!("prefix length '/{}' in '{}' must be 0..={max}", excerpt(len), excerpt(s)))
     })?;
-    let net = match unmap(a, len) {
+    let net = match unmap(a, len).map_err(Error::Invalid)? {
         Some((v4, len)) => IpNet::new(IpAddr::V4(v4), len),
         None => IpNet::new(a, len),
     }
@@ -67,6 +81,17 @@ pub fn parse_prefix(s: &str) -> Result<IpNet> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_mapped_prefix_is_refused_not_all_of_ipv4() {
+        assert_eq!(parse_prefix("::ffff:10.0.0.0/104").unwrap().to_string(), "10.0.0.0/8");
+        for short in ["::ffff:0:0/96", "::ffff:0.0.0.0/97", "::ffff:128.0.0.0/103"] {
+            let e = parse_prefix(short).unwrap_err().to_string();
+            assert!(e.contains("a block shorter than /8"), "{short}: {e}");
+        }
+        let e = parse_prefix("::ffff:0:0/96").unwrap_err().to_string();
+        assert!(e.contains("IPv4-mapped space of 0.0.0.0/0"), "{e}");
+    }
 
     #[test]
     fn prefixes() {
@@ -97,7 +122,6 @@ mod tests {
             ("::ffff:10.0.0.1/128", "10.0.0.1/32"),
             ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
             ("::FFFF:0a00:0000/104", "10.0.0.0/8"),
-            ("::ffff:0.0.0.0/96", "0.0.0.0/0"),
         ] {
             let net = parse_prefix(typed).unwrap();
             assert_eq!(net.to_string(), want, "{typed}");

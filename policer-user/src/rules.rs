@@ -295,8 +295,6 @@ impl RuleConfig {
                     "ban {net}: the reason must be one line of at most {MAX_REASON} characters"
                 )));
             }
-            // Shown back by `ban ls`, the log and `/metrics`: as it reads.
-            crate::text::check_plain("the reason", r).map_err(|e| Error::Invalid(format!("ban {net}: {e}")))?;
         }
         Ok(RuleSpec {
             net,
@@ -312,6 +310,18 @@ impl RuleConfig {
         })
     }
 
+    /// A ban's reason as typed (`policer ban --reason`): plain text that
+    /// reads as it will be shown (`ban ls`, the log). Checked on input
+    /// only: a file an older build wrote is still read, and its reason is
+    /// shown escaped ([`crate::text::escaped`]).
+    pub fn check_reason(&self) -> Result<()> {
+        match &self.reason {
+            Some(r) => crate::text::check_plain("the reason", r)
+                .map_err(|e| Error::Invalid(format!("ban {}: {e}", self.prefix))),
+            None => Ok(()),
+        }
+    }
+
     /// The fields that can be checked without the rule they change (`rule
     /// set` of some fields of a rule in force): the prefix and class, the
     /// key length, the total rate, the durations. The merged rule is
@@ -321,13 +331,7 @@ impl RuleConfig {
         self.expiry()?;
         Class::parse(&self.class_text(), net.addr().is_ipv6())?;
         if let Some(k) = self.key_len {
-            let max = if net.addr().is_ipv6() { 128 } else { 32 };
-            if k == 0 || k > max {
-                return Err(Error::Invalid(format!("key length {k} out of range 1..={max}")));
-            }
-            if k < u32::from(net.prefix_len()) {
-                return Err(Error::Invalid(format!("key length {k} is shorter than the prefix {net}")));
-            }
+            check_key_len(k, &net)?;
         }
         if let Some(t) = &self.total_rate {
             let r = Rate::parse(t).map_err(|e| Error::Invalid(format!("total rate '{t}': {e}")))?;
@@ -395,18 +399,7 @@ impl RuleConfig {
             (None, None) => 1,
         };
         let key_len = self.key_len.unwrap_or(default_key_len(&net));
-        let max = if v6 { 128 } else { 32 };
-        if key_len == 0 || key_len > max {
-            return Err(Error::Invalid(format!("key length {key_len} out of range 1..={max}")));
-        }
-        // Buckets are keyed by (masked source, key length): a key shorter
-        // than the prefix could share a bucket with a shorter rule's.
-        if key_len < u32::from(net.prefix_len()) {
-            return Err(Error::Invalid(format!(
-                "key length {key_len} is shorter than the prefix {net}; use {} for one bucket for the whole prefix",
-                net.prefix_len()
-            )));
-        }
+        check_key_len(key_len, &net)?;
         let auto_ban = self.ban_policy(action)?;
         let spec = RuleSpec { net, rate, burst, action, key_len, class, total, auto_ban, ban: None, expires };
         spec.kernel(0)?;
@@ -440,6 +433,9 @@ pub fn merge(old: &RuleSpec, given: &RuleConfig) -> RuleConfig {
     }
     if given.key_len.is_some() {
         m.key_len = given.key_len;
+    }
+    if !keeps_bucket && given.total_rate.is_none() {
+        (m.total_rate, m.total_burst) = (None, None);
     }
     if given.total_rate.is_some() {
         if given.total_burst.is_none() && unit(&given.total_rate) != unit(&m.total_rate) {
@@ -513,6 +509,23 @@ pub fn refuse_everyone(net: &IpNet, what: &str) -> Result<()> {
         "{what} {net} drops every {family} source, your own sessions (SSH, BGP) included; nothing changed \
          (--force if that is what you mean)"
     )))
+}
+
+/// A key length `net`'s rule may have: 1 up to the family's bits, and not
+/// shorter than the prefix (buckets are keyed by masked source and key
+/// length: a shorter key could share a bucket with a shorter rule's).
+fn check_key_len(k: u32, net: &IpNet) -> Result<()> {
+    let max = if net.addr().is_ipv6() { 128 } else { 32 };
+    if k == 0 || k > max {
+        return Err(Error::Invalid(format!("key length {k} out of range 1..={max}")));
+    }
+    if k < u32::from(net.prefix_len()) {
+        return Err(Error::Invalid(format!(
+            "key length {k} is shorter than the prefix {net}; use {} for one bucket for the whole prefix",
+            net.prefix_len()
+        )));
+    }
+    Ok(())
 }
 
 /// The key length of a rule that names none: a bucket per host for IPv4,
@@ -673,6 +686,10 @@ mod tests {
             c.contains(&"action police → deny".to_string()) && c.iter().any(|c| c.starts_with("rate 1kpps → none")),
             "{c:?}"
         );
+        // A deny of a rule with a total drops the total too.
+        let totals = spec_of(|r| r.total_rate = Some("50kpps".into()));
+        let given = RuleConfig { prefix: "10.0.0.0/8".into(), action: Some(Action::Deny), ..Default::default() };
+        assert_eq!(merge(&totals, &given).validate().unwrap().total, None);
         // Nothing given: nothing changes.
         let given = RuleConfig { prefix: "10.0.0.0/8".into(), ..Default::default() };
         assert!(changes(&old, &merge(&old, &given).validate().unwrap()).is_empty());
@@ -722,7 +739,8 @@ mod tests {
             ("\u{2067}x", "U+2067 (a bidi isolate)"),
             ("two\nlines", "U+000A (a control character)"),
         ] {
-            let e = ban(reason).validate().unwrap_err().to_string();
+            let e = ban(reason).check_reason().unwrap_err().to_string();
+            assert!(ban(reason).validate().is_ok(), "a file holding {reason:?} still reads");
             assert!(e.starts_with("ban 203.0.113.0/24: the reason has ") && e.contains(want), "{reason:?}: {e}");
         }
         let e = ban(&"x".repeat(201)).validate().unwrap_err().to_string();

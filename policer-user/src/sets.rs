@@ -78,7 +78,7 @@ fn parse_entry(s: &str) -> std::result::Result<(IpNet, bool), String> {
             .filter(|l| *l <= max)
             .ok_or_else(|| format!("prefix length '/{}' must be 0..={max}", excerpt(l)))?,
     };
-    let (net, mapped) = match (a, crate::prefix::unmap(a, len)) {
+    let (net, mapped) = match (a, crate::prefix::unmap(a, len)?) {
         (_, Some((v4, len))) => (IpNet::V4(Ipv4Net::new(v4, len).map_err(|e| e.to_string())?), true),
         (IpAddr::V4(v4), None) => (IpNet::V4(Ipv4Net::new(v4, len).map_err(|e| e.to_string())?), false),
         (IpAddr::V6(v6), None) => (IpNet::V6(Ipv6Net::new(v6, len).map_err(|e| e.to_string())?), false),

@@ -57,13 +57,25 @@ pub fn excerpt(s: &str) -> String {
             out.push_str(&format!("…({} bytes)", s.len()));
             break;
         }
-        if c.is_control() || invisible(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
+        escape_into(&mut out, c);
     }
     out
+}
+
+/// `s` with control and [`invisible`] characters escaped, whole: one log
+/// line that reads as it is (no text can start a line of its own).
+pub fn escaped(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    s.chars().for_each(|c| escape_into(&mut out, c));
+    out
+}
+
+fn escape_into(out: &mut String, c: char) {
+    if c.is_control() || invisible(c) {
+        out.extend(c.escape_unicode());
+    } else {
+        out.push(c);
+    }
 }
 
 #[cfg(test)]

@@ -108,7 +108,7 @@ fn kill_9_during_a_flood_keeps_enforcing() {
     let out = cli(&sb, &["status"]);
     assert_eq!(out.status.code(), Some(3));
     fails_with(&out, "policer is attached and policing with the rules it had (program ");
-    fails_with(&out, &format!(" on {}; kept by --persist)", sb.rx_if));
+    fails_with(&out, &format!(" on {}; left by a --persist exit or a daemon that died)", sb.rx_if));
     // A usage error: exit status 2 for every verb, and JSON when asked for.
     for verb in [&["stats", "--json", "--bogus"][..], &["ban", "10.0.0.0/8", "--json"], &["rule", "ls", "--json", "x"]]
     {
@@ -352,6 +352,10 @@ fn rule_set_merges_and_says_what_changed() {
     // A deny takes no rate: warned, and not listed as `deny 5pps`.
     let said = succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8", "--action", "deny", "--rate", "5pps"]));
     assert!(said.contains("action police → deny") && said.contains("warning: --rate (and --burst) ignored"), "{said}");
+    assert!(row(&sb)["rate"].is_null(), "{}", row(&sb));
+    // A rate given to the deny in force: still a deny, warned, no rate kept.
+    let said = succeeds(&cli(&sb, &["rule", "set", "10.0.0.0/8", "--rate", "2kpps"]));
+    assert!(said.contains("the rule for 10.0.0.0/8 is unchanged") && said.contains("warning: --rate"), "{said}");
     assert!(row(&sb)["rate"].is_null(), "{}", row(&sb));
     // A byte burst below one full-size frame.
     let said = succeeds(&cli(&sb, &["rule", "set", "10.1.0.0/16", "--rate", "64kbit", "--burst", "1000b"]));

@@ -72,6 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rule = RuleConfig { prefix: cidr, ban: Some(true), ttl: Some(ttl), reason: a.reason, ..RuleConfig::default() };
     // Bad input fails here too, with no daemon.
     let spec = rule.validate()?;
+    rule.check_reason()?;
     if let Some(note) = crate::prefix::mapped_note(&rule.prefix, &spec.net) {
         eprintln!("policer: note: {note}");
     }
@@ -109,7 +110,7 @@ fn print_bans(bans: &[BanView], json: bool) -> anyhow::Result<()> {
         t.add_row(vec![
             b.prefix.clone(),
             origin,
-            b.reason.clone().unwrap_or_else(|| "-".into()),
+            b.reason.as_deref().map_or_else(|| "-".into(), crate::text::escaped),
             b.expires.clone(),
             left,
             dropped,

@@ -220,7 +220,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
 fn bans_text(r: &RuleView) -> String {
     if r.ban {
         return match &r.reason {
-            Some(why) => format!("manual ban: {why}"),
+            Some(why) => format!("manual ban: {}", crate::text::escaped(why)),
             None => "manual ban".into(),
         };
     }

@@ -21,7 +21,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let on: Vec<String> = kept.iter().map(|(i, p)| format!("program {p} on {i}")).collect();
             let first = &kept[0].0;
             return Err(anyhow::Error::new(crate::Error::NoDaemon).context(format!(
-                "no daemon, but policer is attached and policing with the rules it had ({}; kept by --persist): \
+                "no daemon, but policer is attached and policing with the rules it had ({}; left by a --persist \
+                 exit or a daemon that died): \
                  `policer attach {first}` adopts it, `policer detach {first}` removes it",
                 on.join(", ")
             )));

@@ -225,17 +225,30 @@ pub(super) fn attach_fresh(name: &str, index: u32, fd: RawFd, mode: Mode) -> Res
 }
 
 /// The policer programs attached in this network namespace (interface,
-/// program id): with no daemon running, programs a `--persist` daemon left
-/// policing. Interfaces that cannot be read are skipped.
+/// program id): with no daemon running, programs a `--persist` daemon (or
+/// one that died) left policing. The interfaces are the caller's network
+/// namespace's (`if_nameindex`, not sysfs, which shows the namespace of
+/// whoever mounted it); those that cannot be read are skipped.
 pub fn attached_programs() -> Vec<(String, u32)> {
-    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
-        return Vec::new();
-    };
-    let mut out: Vec<(String, u32)> = dir
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let index = if_index(&name).ok()?;
+    let mut links = Vec::new();
+    // SAFETY: if_nameindex returns an array ended by a zero entry, or null;
+    // it is read up to that entry and freed once.
+    unsafe {
+        let list = libc::if_nameindex();
+        if list.is_null() {
+            return Vec::new();
+        }
+        let mut p = list;
+        while (*p).if_index != 0 && !(*p).if_name.is_null() {
+            let name = std::ffi::CStr::from_ptr((*p).if_name).to_string_lossy().into_owned();
+            links.push((name, (*p).if_index));
+            p = p.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    let mut out: Vec<(String, u32)> = links
+        .into_iter()
+        .filter_map(|(name, index)| {
             let st = netlink::query(index).ok()??;
             find(st.prog_id).map(|f| (name, f.prog_id))
         })

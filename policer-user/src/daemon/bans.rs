@@ -33,9 +33,12 @@ const SCAN_EVERY: Duration = Duration::from_secs(1);
 /// in one line (a flood of bans must not flood the log).
 const LOG_LINES_PER_SCAN: usize = 10;
 
-/// Writes of expiries that failed (a full disk) are tried again this often
-/// at most: a format-preserving write of a large config is not free.
+/// Writes of expiries that failed (a full disk) are tried again after this,
+/// twice as long after each failure up to [`CATCH_UP_MAX`]: a
+/// format-preserving write of a large config is not free, and a disk stays
+/// full for hours.
 const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
+const CATCH_UP_MAX: Duration = Duration::from_secs(60);
 
 /// What the daemon remembers of automatic bans between scans, and of
 /// expiries its files do not show yet.
@@ -57,6 +60,8 @@ pub(super) struct BanLog {
     /// again until it goes.
     pub(super) set_files_behind: Vec<String>,
     last_catch_up: Option<Instant>,
+    /// How long after the last catch-up the next is tried (0: at once).
+    catch_up_wait: Duration,
 }
 
 /// The source (or source prefix) of a ban's key, as an address and length.
@@ -95,6 +100,7 @@ impl Daemon {
         if rc.ttl.is_none() {
             return Err(Error::Invalid(format!("ban {}: a ban needs a duration (--for)", rc.prefix)));
         }
+        rc.check_reason()?;
         let mut rc = rc.clone();
         rc.ban = Some(true);
         let spec = rc.validate()?;
@@ -235,19 +241,35 @@ impl Daemon {
         if !self.ban_log.file_behind && self.ban_log.set_files_behind.is_empty() {
             return;
         }
-        if self.ban_log.last_catch_up.is_some_and(|t| t.elapsed() < CATCH_UP_EVERY) {
+        let wait = self.ban_log.catch_up_wait;
+        if self.ban_log.last_catch_up.is_some_and(|t| t.elapsed() < wait) {
             return;
         }
         self.ban_log.last_catch_up = Some(Instant::now());
+        // Until what is tried here lands: twice the wait, up to a minute.
+        self.ban_log.catch_up_wait = (wait * 2).clamp(CATCH_UP_EVERY, CATCH_UP_MAX);
         let dir = self.sets_dir.clone();
+        let mut failed = None;
         self.ban_log.set_files_behind.retain(|name| match crate::sets::remove(&dir, name) {
             Ok(()) => {
                 println!("policer: the state file of the ended set '{name}' is removed now");
                 false
             }
-            Err(_) => true,
+            Err(e) => {
+                failed = Some(e);
+                true
+            }
         });
+        if let Some(e) = failed
+            && self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+        {
+            self.ban_log.expiry_failed = Some(Instant::now());
+            eprintln!("policer: removing an ended set's state file failed again (tried again): {e}");
+        }
         if !self.ban_log.file_behind {
+            if self.ban_log.set_files_behind.is_empty() {
+                self.ban_log.catch_up_wait = Duration::ZERO;
+            }
             return;
         }
         let now = duration::unix_ms();
@@ -261,12 +283,14 @@ impl Daemon {
         // nothing the daemon may write.
         if ended == 0 || self.file.read_only() {
             self.ban_log.file_behind = false;
+            self.ban_log.catch_up_wait = Duration::ZERO;
             return;
         }
         match self.file.apply_rules(&file) {
             Ok(()) => {
                 self.rs.set_file_rules(file);
                 self.ban_log.file_behind = false;
+                self.ban_log.catch_up_wait = Duration::ZERO;
                 self.changed = true;
                 println!(
                     "policer: {} caught up: {ended} expired rules and bans that it still held are removed from it",

@@ -305,7 +305,14 @@ impl Daemon {
     /// prefix and class, if any (`replace`: the given fields alone); the
     /// reply names every field that changed, old → new.
     pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
-        let mut rc = rc.clone();
+        let key = rc.key()?;
+        let old = self.rs.rules().get(&key).map(|i| i.spec.clone());
+        let mut rc = match &old {
+            Some(old) if !replace => crate::rules::merge(old, rc),
+            _ => rc.clone(),
+        };
+        // Judged on the rule as it will be (an existing deny given a rate
+        // is still a deny).
         let mut warnings = Vec::new();
         let action = rc.action.unwrap_or(policer_common::bucket::Action::Police);
         if !action.polices() && rc.rate.is_some() {
@@ -315,12 +322,7 @@ impl Daemon {
             ));
             (rc.rate, rc.burst) = (None, None);
         }
-        let key = rc.key()?;
-        let old = self.rs.rules().get(&key).map(|i| i.spec.clone());
-        let spec = match &old {
-            Some(old) if !replace => crate::rules::merge(old, &rc).validate()?,
-            _ => rc.validate()?,
-        };
+        let spec = rc.validate()?;
         if spec.action == policer_common::bucket::Action::Deny && spec.class.is_none() && !force {
             crate::rules::refuse_everyone(&spec.net, "a deny of")?;
         }

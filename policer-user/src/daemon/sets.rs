@@ -680,6 +680,10 @@ impl Daemon {
                 // Expired while the daemon was down: gone, not revived; its
                 // entries leave an adopted program's tries too (they were
                 // kept out of the rules' sync).
+                // Not a prefix the rules now hold (a manual ban or a rule
+                // at an entry's prefix: the rules' sync wrote it again).
+                let held = &self.rs.compiled().prefixes;
+                let old: BTreeMap<IpNet, Rule> = old.into_iter().filter(|(n, _)| !held.contains_key(n)).collect();
                 if !old.is_empty() {
                     let gone: Vec<IpNet> = old.keys().copied().collect();
                     undo.entries(Arc::new(gone.clone()), old)?;

@@ -202,14 +202,20 @@ fn state_files_are_private_as_the_config_and_not_through_links() {
 
     let dir = state_dir(&config);
     let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None };
-    // The fixed name an older policer used, planted as a link to a file
-    // root must not overwrite: not followed (not even used).
+    // A link to a file root must not overwrite, planted at the very name
+    // the next write tries first, and at the fixed name an older policer
+    // used: neither is followed.
     fs::create_dir_all(&dir).unwrap();
     let victim = d.path().join("victim");
     fs::write(&victim, "precious\n").unwrap();
     symlink(&victim, dir.join(".feed.set.tmp")).unwrap();
+    let planted = dir.join(format!(".feed.set.{:016x}.tmp", 0x5eed_u64));
+    symlink(&victim, &planted).unwrap();
+    crate::files::NEXT_NAME.with(|c| c.set(Some(0x5eed)));
     stage(&dir, file_mode(&config), &h, Body::Text(b"10.0.0.1\n")).unwrap().commit().unwrap();
     assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(fs::symlink_metadata(&planted).unwrap().file_type().is_symlink(), "the planted link was replaced");
+    fs::remove_file(&planted).unwrap();
     let m = fs::metadata(dir.join("feed.set")).unwrap();
     assert_eq!(m.mode() & 0o777, 0o600);
     // A new directory takes the mode too (searchable where readable).

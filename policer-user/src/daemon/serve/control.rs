@@ -145,6 +145,17 @@ async fn stream_set<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, row: &SetRow, s
 }
 
 /// The answer, and whether the daemon should now exit.
+/// The longest a read (`stats`, `top`, `inspect`, `ban ls`) waits for its
+/// render: a wedged one must not keep its control permit for ever (every
+/// later request would find the daemon busy). The CLI gives up at 30 s.
+const READ_DEADLINE: Duration = Duration::from_secs(30);
+
+async fn bounded<T>(f: impl std::future::Future<Output = crate::Result<T>>) -> crate::Result<T> {
+    timeout(READ_DEADLINE, f).await.unwrap_or_else(|_| {
+        Err(crate::Error::Invalid(format!("the daemon's read did not finish within {} s", READ_DEADLINE.as_secs())))
+    })
+}
+
 async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
     let env: Envelope = match serde_json::from_slice(line) {
         Ok(e) => e,
@@ -176,7 +187,7 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
             Ok(message) => {
                 // The audit trail: every change made through the socket, by
                 // whom, with what it changed (old → new where it has one).
-                println!("policer: change by {who}: {message}");
+                println!("policer: change by {who}: {}", crate::text::escaped(&message));
                 Reply::Done { message }
             }
             Err(e) => refused(e),
@@ -194,23 +205,36 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         Request::Detach { iface } => change(Command::Detach { iface }).await,
         Request::RuleLs => read(Reply::Rules { rules: views.rules() }),
         Request::Status => read(Reply::Status(Box::new(views.status()))),
-        Request::Stats => read(ctx.stats.get().await.map_or_else(refused, |s| Reply::Stats(Box::new((*s).clone())))),
-        Request::Top { n } => read(ctx.top.run(move || views.top(n)).await.map_or_else(refused, Reply::Top)),
+        Request::Stats => {
+            read(bounded(ctx.stats.get()).await.map_or_else(refused, |s| Reply::Stats(Box::new((*s).clone()))))
+        }
+        Request::Top { n } => read(bounded(ctx.top.run(move || views.top(n))).await.map_or_else(refused, Reply::Top)),
         Request::Inspect { addr } => read(
-            ctx.inspect.run(move || views.inspect(addr)).await.map_or_else(refused, |v| Reply::Inspect(Box::new(v))),
+            bounded(ctx.inspect.run(move || views.inspect(addr)))
+                .await
+                .map_or_else(refused, |v| Reply::Inspect(Box::new(v))),
         ),
         Request::Ban { rule, runtime, force } => change(Command::Ban { rule, runtime, force }).await,
         Request::Unban { prefix, runtime } => change(Command::Unban { prefix, runtime }).await,
-        Request::BanLs => read(ctx.bans.get().await.map_or_else(refused, |b| Reply::Bans { bans: (*b).clone() })),
+        Request::BanLs => {
+            read(bounded(ctx.bans.get()).await.map_or_else(refused, |b| Reply::Bans { bans: (*b).clone() }))
+        }
         // Read and parsed here, off the owner: the owner only diffs and
         // writes.
-        Request::Import { path, shown, set, rule, max_remove, force } => {
-            match ctx.import.run(move || crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)).await
-            {
-                Ok(imp) => change(Command::Import(Box::new(imp))).await,
-                Err(e) => read(refused(e)),
+        // The lane's permit is held until the owner has applied the import:
+        // it bounds the parsed files held in memory (a list can be 1 GiB),
+        // not only the parsing.
+        Request::Import { path, shown, set, rule, max_remove, force } => match ctx.import.hold().await {
+            Err(e) => read(refused(e)),
+            Ok(_permit) => {
+                let imp =
+                    super::blocking(move || crate::daemon::read_import(&path, &shown, set, rule, max_remove, force));
+                match imp.await {
+                    Ok(imp) => change(Command::Import(Box::new(imp))).await,
+                    Err(e) => read(refused(e)),
+                }
             }
-        }
+        },
         Request::SetRm { name } => change(Command::SetRm { name }).await,
         // From the snapshot, off the owner: a million entries are streamed
         // by this connection, and no change waits for them.

@@ -96,18 +96,20 @@ impl Inner {
 }
 
 impl Slots {
-    /// A place for a new connection from `peer`, shedding another when a
-    /// cap is reached; `None` when the peer holds its cap of connections
-    /// all being answered.
+    /// A place for a new connection from `peer`, shedding an idle one when
+    /// a cap is reached; `None` when every connection under that cap is
+    /// being answered.
     fn take(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if g.per_peer.get(&peer).is_some_and(|n| *n >= MAX_PER_PEER) {
             let victim = g.oldest_idle(Some(peer))?;
             g.remove(victim);
         }
-        if g.conns.len() >= self.cap
-            && let Some(victim) = g.oldest_idle(None).or_else(|| g.conns.keys().next().copied())
-        {
+        // Only a connection that has not sent its request is shed: one
+        // being answered (a scrape waiting for its render) finishes; with
+        // every one being answered the newcomer is refused.
+        if g.conns.len() >= self.cap {
+            let victim = g.oldest_idle(None)?;
             g.remove(victim);
         }
         let id = g.next;
@@ -204,7 +206,7 @@ mod tests {
     }
 
     /// At the cap the oldest connection without a request goes, never one
-    /// being answered while an idle one is left; the newcomer stays.
+    /// being answered; with every one answered the newcomer is refused.
     #[test]
     fn at_the_cap_the_oldest_idle_connection_is_shed() {
         let slots = Arc::new(Slots { cap: 3, inner: Mutex::default() });
@@ -216,12 +218,14 @@ mod tests {
         assert!(!shed(&mut a) && shed(&mut b) && !shed(&mut c) && !shed(&mut d));
         drop(b);
         assert_eq!(slots.inner.lock().unwrap().conns.len(), 3);
-        // Every one answering: the oldest goes.
+        // Every one answering: none is cut off mid-answer, the newcomer is
+        // refused, and gets a place once one is done.
         c.answering.store(true, Ordering::Relaxed);
         d.answering.store(true, Ordering::Relaxed);
-        let mut e = slots.take(ip(5)).unwrap();
-        assert!(shed(&mut a) && !shed(&mut c) && !shed(&mut d) && !shed(&mut e));
+        assert!(slots.take(ip(5)).is_none());
+        assert!(!shed(&mut a) && !shed(&mut c) && !shed(&mut d));
         drop(a);
+        let e = slots.take(ip(5)).unwrap();
         // Dropped slots give their places back.
         drop((c, d, e));
         let g = slots.inner.lock().unwrap();

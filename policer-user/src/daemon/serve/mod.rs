@@ -181,10 +181,14 @@ impl Lane {
         &self,
         f: impl FnOnce() -> crate::Result<T> + Send + 'static,
     ) -> crate::Result<T> {
-        let Ok(_permit) = self.0.acquire().await else {
-            return Err(crate::Error::Invalid("the daemon is shutting down".into()));
-        };
+        let _permit = self.hold().await?;
         blocking(f).await
+    }
+
+    /// A permit, held for as long as the caller keeps it (an import keeps
+    /// it until the owner has applied the file it parsed).
+    pub async fn hold(&self) -> crate::Result<tokio::sync::SemaphorePermit<'_>> {
+        self.0.acquire().await.map_err(|_| crate::Error::Invalid("the daemon is shutting down".into()))
     }
 }
 

@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 /// every waiter gets a copy).
 type Rendered<T> = Option<(Instant, std::result::Result<T, String>)>;
 
+/// The longest a paced render rests after rendering.
+const MAX_REST: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct Shared<T> {
     /// The latest time a request arrived; the render task follows it.
     asked: watch::Sender<Option<Instant>>,
@@ -54,15 +57,14 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
                 }
                 let began = Instant::now();
                 let r = render.clone();
-                let out = match tokio::task::spawn_blocking(move || r()).await {
-                    Ok(Ok(v)) => Ok(v),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(e) => Err(format!("internal error: {e}")),
-                };
+                let out = super::blocking(move || r()).await.map_err(|e| e.to_string());
                 last = Some(began);
                 publish.send_replace(Some((began, out)));
                 if paced {
-                    tokio::time::sleep(began.elapsed()).await;
+                    // At most a second: a scrape that just missed a render
+                    // waits the rest, then a whole render, within its
+                    // timeout even when a render takes seconds.
+                    tokio::time::sleep(began.elapsed().min(MAX_REST)).await;
                 }
             }
         });
@@ -106,8 +108,11 @@ mod tests {
         let renders = Arc::new(AtomicUsize::new(0));
         let n = renders.clone();
         let shared = Arc::new(Shared::new(move || {
+            // When the render began: an answer begun before its request
+            // would be older than it.
+            let began = Instant::now();
             std::thread::sleep(Duration::from_millis(50));
-            Ok((n.fetch_add(1, Ordering::SeqCst) + 1, Instant::now()))
+            Ok((n.fetch_add(1, Ordering::SeqCst) + 1, began))
         }));
         let mut tasks = Vec::new();
         for _ in 0..200 {
