@@ -289,12 +289,12 @@ impl RuleConfig {
         let Some(expires) = expires else {
             return Err(Error::Invalid(format!("ban {net}: a ban needs a duration (--for)")));
         };
-        if let Some(r) = &self.reason {
-            if r.chars().count() > MAX_REASON {
-                return Err(Error::Invalid(format!(
-                    "ban {net}: the reason must be one line of at most {MAX_REASON} characters"
-                )));
-            }
+        if let Some(r) = &self.reason
+            && r.chars().count() > MAX_REASON
+        {
+            return Err(Error::Invalid(format!(
+                "ban {net}: the reason must be one line of at most {MAX_REASON} characters"
+            )));
         }
         Ok(RuleSpec {
             net,
