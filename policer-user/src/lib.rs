@@ -18,6 +18,7 @@ pub mod lockfile;
 pub mod metrics;
 pub mod netlink;
 pub mod prefix;
+pub mod protect;
 pub mod report;
 pub mod rules;
 pub mod sets;

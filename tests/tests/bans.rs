@@ -288,6 +288,60 @@ fn bad_ban_input_is_refused_and_changes_nothing() {
     assert_eq!(got.per_flow[0], sent.sent[0], "unban of 0.0.0.0/0 left frames dropped");
 }
 
+/// `protect` in [daemon] (issue 28): a prefix no rule, ban or reload can
+/// drop. Refused inside it at `rule set`, `ban` and reload (naming the
+/// protected prefix), and on the wire it passes under a forced ban and a
+/// forced deny of 0.0.0.0/0 while everything else is dropped; taken out of
+/// the file, the same bans drop it too.
+#[test]
+fn a_protected_prefix_passes_under_a_forced_ban_of_everyone() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-protect");
+    std::fs::write(&sb.config, "[daemon]\nprotect = [\"198.18.7.0/24\"]\n").unwrap();
+    let d = daemon(&sb);
+    assert!(d.stdout().contains("protected 198.18.7.0/24"), "the start line: {}", d.stdout());
+    let file = std::fs::read_to_string(&sb.config).unwrap();
+    let rules = policer(&sb, &["rule", "ls", "--json"]);
+    for args in [
+        &["rule", "set", "198.18.7.5", "--action", "deny"][..],
+        &["rule", "set", "198.18.7.0/24", "--rate", "10pps"],
+        &["rule", "set", "198.18.7.0/25", "--action", "deny", "--force", "--runtime"],
+        &["ban", "198.18.7.0/28", "--for", "1h"],
+    ] {
+        fails_with(&cli(&sb, args), "inside the protected prefix 198.18.7.0/24");
+    }
+    // A hand edit with a deny inside is refused by reload and by check, at its line.
+    let mut hand = file.clone();
+    hand.push_str("\n[[rule]]\nprefix = \"198.18.7.64/26\"\naction = \"deny\"\n");
+    std::fs::write(&sb.config, &hand).unwrap();
+    fails_with(&cli(&sb, &["reload"]), "inside the protected prefix 198.18.7.0/24");
+    let line = hand.lines().collect::<Vec<_>>().iter().rposition(|l| *l == "[[rule]]").unwrap() + 1;
+    fails_with(&cli(&sb, &["check", "--config", &sb.config]), &format!("{}:{line}: rule #", sb.config));
+    std::fs::write(&sb.config, &file).unwrap();
+    succeeds(&cli(&sb, &["reload"]));
+    assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused change changed the rules");
+    // Everyone banned and denied, on purpose: the protected source passes.
+    succeeds(&cli(&sb, &["ban", "0.0.0.0/0", "--for", "10m", "--force"]));
+    succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--action", "deny", "--force"]));
+    let flows =
+        [Flow { src: ip("198.18.7.7"), pps: 200.0, len: 64 }, Flow { src: ip("198.18.3.3"), pps: 200.0, len: 64 }];
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_millis(500));
+    assert!(sent.sent[0] > 0 && sent.sent[1] > 0, "{:?}", sent.sent);
+    assert_eq!(got.per_flow[0], sent.sent[0], "the protected source lost frames");
+    assert_eq!(got.per_flow[1], 0, "the ban of everyone let an unprotected source through");
+    // Without the protection (the file's list emptied and reloaded), the
+    // ban in force drops it too: the protection is what passed it.
+    let now = std::fs::read_to_string(&sb.config).unwrap();
+    let unprotected = now.replace("protect = [\"198.18.7.0/24\"]\n", "");
+    assert_ne!(unprotected, now, "the file keeps the protect line: {now}");
+    std::fs::write(&sb.config, &unprotected).unwrap();
+    succeeds(&cli(&sb, &["reload"]));
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_millis(500));
+    assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "unprotected, the ban of everyone passed it");
+}
+
 /// Send times (ns since the run's start) of the frames of flow `i` that
 /// arrived, in order.
 fn arrival_send_times(sent: &SendReport, got: &traffic::Received, i: usize) -> Vec<u64> {

@@ -71,6 +71,18 @@ pub struct DaemonConfig {
     pub max_sources: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rules: Option<u32>,
+    /// Prefixes no rule, ban, set or feed may drop ([`crate::protect`]).
+    /// Unlike the other keys, a reload applies it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protect: Vec<String>,
+}
+
+impl DaemonConfig {
+    /// Whether the settings that apply only at a start differ.
+    pub fn differs_at_start(&self, other: &DaemonConfig) -> bool {
+        let start_only = |d: &DaemonConfig| DaemonConfig { protect: Vec::new(), ..d.clone() };
+        start_only(self) != start_only(other)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +138,10 @@ impl Config {
         let line_of = |i: usize| (heads.len() == self.rules.len()).then(|| heads[i]);
         let mut out = BTreeMap::new();
         let mut problems = Vec::new();
+        let protect = crate::protect::Protect::parse(&self.daemon.protect).unwrap_or_else(|e| {
+            problems.push(Problem { line: None, message: e.to_string() });
+            Default::default()
+        });
         for (i, r) in self.rules.iter().enumerate() {
             let at = |m: String| Problem { line: line_of(i), message: format!("rule #{} ({}): {m}", i + 1, r.prefix) };
             if r.ttl.is_some() {
@@ -136,6 +152,10 @@ impl Config {
             }
             match r.validate() {
                 Ok(spec) => {
+                    if let Err(e) = protect.refuse_rule(&spec) {
+                        problems.push(at(e.to_string().replace("; nothing changed", "")));
+                        continue;
+                    }
                     if out.insert(spec.key(), spec.clone()).is_some() {
                         let what = if spec.class.is_none() {
                             format!("prefix {}", spec.net)

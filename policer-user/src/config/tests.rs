@@ -719,3 +719,24 @@ fn a_byte_order_mark_is_fine() {
     assert_eq!(now, without(rules, "10.0.0.0/8"));
     assert!(!fs::read_to_string(&p).unwrap().contains('\u{feff}'));
 }
+
+/// `protect` in [daemon]: a rule that could drop inside a protected prefix
+/// is a problem of its `[[rule]]` (at its line), a bad entry one of its own;
+/// a deny covering it is fine.
+#[test]
+fn protected_prefixes_in_a_file() {
+    let text = "[daemon]\nprotect = [\"192.0.2.0/24\", \"2001:db8::/32\"]\n\n\
+                [[rule]]\nprefix = \"0.0.0.0/0\"\naction = \"deny\"\n\n\
+                [[rule]]\nprefix = \"192.0.2.10\"\naction = \"deny\"\n\n\
+                [[rule]]\nprefix = \"192.0.2.0/25\"\naction = \"allow\"\n";
+    let problems = super::Config::check(text, None).unwrap_err();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].line, Some(8), "{problems:?}");
+    assert!(problems[0].message.contains("192.0.2.10/32 is inside the protected prefix 192.0.2.0/24"), "{problems:?}");
+    let bad = "[daemon]\nprotect = [\"192.0.2.300/24\"]\n\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n";
+    let problems = super::Config::check(bad, None).unwrap_err();
+    assert!(problems[0].message.starts_with("daemon.protect[0]: "), "{problems:?}");
+    let fine = text.replace("[[rule]]\nprefix = \"192.0.2.10\"\naction = \"deny\"\n\n", "");
+    let (cfg, rules) = super::Config::check(&fine, None).unwrap();
+    assert_eq!((cfg.daemon.protect.len(), rules.len()), (2, 2));
+}

@@ -21,6 +21,7 @@ use super::Installed;
 use crate::{
     compile::{Compiled, Groups, KernelRule, compile},
     error::{Error, Result},
+    protect::Protect,
     rules::{RuleKey, RuleSpec},
 };
 
@@ -112,15 +113,22 @@ pub(super) struct Plan {
 /// A rule that polices as it did keeps its id and slot; a changed one keeps
 /// its slot with a new id; a new one takes the lowest free slot or, at the
 /// rule limit, one a removed rule gives up in the same change. `free` lists
-/// the slots not held; `capacity` is the rule limit.
+/// the slots not held; `capacity` is the rule limit. A rule that would do
+/// anything but allow inside a `protect`ed prefix fails the plan, and the
+/// protected prefixes allow in the tries over any ban ([`Protect`]).
 pub(super) fn plan(
     held: &BTreeMap<RuleKey, Held<'_>>,
     want: &BTreeMap<RuleKey, RuleSpec>,
+    protect: &Protect,
     free: impl IntoIterator<Item = u32>,
     capacity: u32,
     groups: &Groups,
     next_id: u32,
 ) -> Result<Plan> {
+    // Nothing but allow inside a protected prefix, whatever asks for it.
+    for spec in want.values() {
+        protect.refuse_rule(spec)?;
+    }
     if want.len() > capacity as usize {
         return Err(limit(format!("{} rules, more than this policer's limit of {capacity}", want.len())));
     }
@@ -169,7 +177,9 @@ pub(super) fn plan(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let compiled = compile(&list, &mut groups)?;
+    let mut compiled = compile(&list, &mut groups)?;
+    // Protected prefixes allow, over any ban covering them.
+    protect.apply(&mut compiled.prefixes);
     Ok(Plan { rules, writes, taken, freed: gone, compiled, groups, next_id })
 }
 
@@ -208,11 +218,11 @@ mod tests {
     fn after(before: &Plan, w: &BTreeMap<RuleKey, RuleSpec>, cap: u32) -> Result<Plan> {
         let used: Vec<u32> = before.rules.values().map(|i| i.slot).collect();
         let free = (1..=cap).filter(|s| !used.contains(s));
-        plan(&held(before), w, free, cap, &before.groups, before.next_id)
+        plan(&held(before), w, &Protect::default(), free, cap, &before.groups, before.next_id)
     }
 
     fn first(w: &BTreeMap<RuleKey, RuleSpec>, cap: u32) -> Plan {
-        plan(&BTreeMap::new(), w, 1..=cap, cap, &Groups::default(), 1).unwrap()
+        plan(&BTreeMap::new(), w, &Protect::default(), 1..=cap, cap, &Groups::default(), 1).unwrap()
     }
 
     #[test]
@@ -259,12 +269,14 @@ mod tests {
         let a = spec("10.0.0.0/8", "1kpps");
         let k = a.kernel(41).unwrap().with_counter_slot(3);
         let h: BTreeMap<_, _> = [(a.key(), Held { id: 41, slot: 3, form: Form::Kernel(k) })].into();
-        let p = plan(&h, &want(std::slice::from_ref(&a)), [1, 2, 4], 4, &Groups::default(), 42).unwrap();
+        let p = plan(&h, &want(std::slice::from_ref(&a)), &Protect::default(), [1, 2, 4], 4, &Groups::default(), 42)
+            .unwrap();
         assert_eq!((p.rules[&a.key()].id, p.rules[&a.key()].slot), (41, 3));
         assert!(p.writes.is_empty() && p.taken.is_empty());
         // Another rate: same slot, a new id, its limiter and total written.
         let a2 = spec("10.0.0.0/8", "2kpps");
-        let p = plan(&h, &want(std::slice::from_ref(&a2)), [1, 2, 4], 4, &Groups::default(), 42).unwrap();
+        let p = plan(&h, &want(std::slice::from_ref(&a2)), &Protect::default(), [1, 2, 4], 4, &Groups::default(), 42)
+            .unwrap();
         assert_eq!((p.rules[&a2.key()].id, p.rules[&a2.key()].slot), (42, 3));
         assert_eq!(p.writes, vec![Write { key: a2.key(), slot: 3, fresh: false, total: true }]);
         assert_eq!(p.next_id, 43);
@@ -303,5 +315,18 @@ mod tests {
         let again = after(&base, &want(&[udp("10.0.0.0/8", "50-59")]), 8).unwrap();
         assert_eq!(again.compiled.prefixes, base.compiled.prefixes);
         assert!(again.writes.is_empty() && again.taken.is_empty());
+    }
+
+    #[test]
+    fn a_protected_prefix_passes_under_a_forced_ban_of_everyone_and_refuses_a_deny_inside() {
+        let protect = Protect::parse(&["192.0.2.0/24".into()]).unwrap();
+        let (all, inside) = (ban("0.0.0.0/0"), ban("192.0.2.5"));
+        let p = plan(&BTreeMap::new(), &want(std::slice::from_ref(&all)), &protect, 1..=8, 8, &Groups::default(), 1)
+            .unwrap();
+        let net = |s: &str| s.parse::<ipnet::IpNet>().unwrap();
+        assert_eq!(p.compiled.prefixes[&net("192.0.2.0/24")], crate::protect::protected_rule());
+        assert_eq!(p.compiled.prefixes[&net("0.0.0.0/0")].action, policer_common::bucket::Action::Deny as u32);
+        let e = plan(&BTreeMap::new(), &want(&[all, inside]), &protect, 1..=8, 8, &Groups::default(), 1).unwrap_err();
+        assert!(e.to_string().contains("inside the protected prefix 192.0.2.0/24"), "{e}");
     }
 }

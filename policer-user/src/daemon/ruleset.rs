@@ -26,6 +26,7 @@ use crate::{
     error::{Error, Result},
     loader::Policer,
     netlink,
+    protect::Protect,
     rules::{RuleConfig, RuleKey, RuleSpec},
 };
 
@@ -89,6 +90,8 @@ pub(super) struct RuleSet {
     /// Default-rules fast path: 0 off, else the pair of DEFAULT_RULES in use.
     fast: u32,
     last_flip: Option<Instant>,
+    /// Prefixes no rule may drop (`protect` in [daemon]).
+    protect: Protect,
 }
 
 impl RuleSet {
@@ -104,13 +107,32 @@ impl RuleSet {
             next_id,
             fast: 0,
             last_flip: None,
+            protect: Protect::default(),
         }
     }
 
     /// Plans bringing the rules in force to `want` (see `plan.rs`).
     pub fn plan(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<Plan> {
         let held: BTreeMap<RuleKey, Held<'_>> = self.rules.iter().map(|(k, i)| (*k, Held::from(i))).collect();
-        super::plan::plan(&held, want, self.slots.free_slots(), self.slots.capacity(), &self.groups, self.next_id)
+        super::plan::plan(
+            &held,
+            want,
+            &self.protect,
+            self.slots.free_slots(),
+            self.slots.capacity(),
+            &self.groups,
+            self.next_id,
+        )
+    }
+
+    /// The protected prefixes plans keep.
+    pub fn protect(&self) -> &Protect {
+        &self.protect
+    }
+
+    /// Sets the protected prefixes of the next plans (a reload's new list).
+    pub fn set_protect(&mut self, p: Protect) {
+        self.protect = p;
     }
 
     /// Takes `plan` as the state in force, once the kernel holds it.
@@ -207,9 +229,10 @@ impl RuleSet {
         self.fast = pair;
     }
 
-    /// Whether every rule is for 0.0.0.0/0 or ::/0.
+    /// Whether the tries hold /0 prefixes only (no rule of a longer one,
+    /// no protected prefix): the default rules' fast path may judge.
     fn only_defaults(&self) -> bool {
-        self.rules.keys().all(|k| k.net.prefix_len() == 0)
+        self.compiled.prefixes.keys().all(|n| n.prefix_len() == 0)
     }
 }
 
@@ -258,7 +281,7 @@ impl Daemon {
     /// ones last, each one atomic for its prefix) and takes it as the rules
     /// in force; set entries under bans that came or went follow.
     pub(super) fn apply_plan(&mut self, plan: Plan) -> Result<()> {
-        if plan.rules.keys().any(|k| k.net.prefix_len() != 0) {
+        if plan.compiled.prefixes.keys().any(|n| n.prefix_len() != 0) {
             self.fast_path_off()?;
         }
         let bans = self.ban_values();
@@ -499,14 +522,19 @@ impl Daemon {
                  end it with a newline"
             )));
         }
-        if let Err(e) = self.apply(&want) {
+        // The new file's protected prefixes apply with its rules.
+        let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
+        let old_protect = self.rs.protect().clone();
+        self.rs.set_protect(protect);
+        if let Err(e) = self.refuse_protected_entries().and_then(|()| self.apply(&want)) {
+            self.rs.set_protect(old_protect);
             let _ = self.apply(&before);
             return Err(e);
         }
         if let Some(what) = &drastic {
             println!("policer: warning: the config reload from {path} did {what}: removed {}", diff.removed_list());
         }
-        let note = if snap.config.daemon != self.file.config().daemon {
+        let note = if snap.config.daemon.differs_at_start(&self.file.config().daemon) {
             " ([daemon] settings apply at the next start)"
         } else {
             ""

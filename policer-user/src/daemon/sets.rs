@@ -501,6 +501,21 @@ impl Daemon {
         Ok(())
     }
 
+    /// Refuses when a set holds an entry inside a protected prefix that it
+    /// would not allow (the tries' longest match would give the entry).
+    pub(super) fn refuse_protected_entries(&self) -> Result<()> {
+        let protect = self.rs.protect();
+        if protect.is_empty() {
+            return Ok(());
+        }
+        for (name, s) in &self.sets {
+            for net in s.entries.iter() {
+                protect.refuse_entry(net, s.spec4.action).map_err(|e| Error::Invalid(format!("set '{name}': {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Leaves out of `c` (read back from the kernel) the sets' entries,
     /// which [`Daemon::compiled`] does not hold.
     pub(super) fn without_set_entries(&self, mut c: Compiled) -> Compiled {

@@ -111,6 +111,8 @@ struct Settings {
     sized_rules: bool,
     metrics_addr: Option<std::net::SocketAddr>,
     layout_version: Option<u32>,
+    /// `protect` in [daemon].
+    protect: crate::protect::Protect,
 }
 
 /// The interfaces to police.
@@ -358,6 +360,11 @@ impl Daemon {
         if !self.sets.is_empty() {
             parts.push(format!("sets {}", self.sets.keys().cloned().collect::<Vec<_>>().join(", ")));
         }
+        let protect = self.rs.protect().nets();
+        if !protect.is_empty() {
+            let p: Vec<String> = protect.iter().map(|n| n.to_string()).collect();
+            parts.push(format!("protected {}", p.join(", ")));
+        }
         if parts.is_empty() { String::new() } else { format!(" (beyond the defaults: {})", parts.join("; ")) }
     }
 }
@@ -416,6 +423,7 @@ fn settings(args: &DaemonArgs) -> Result<Settings> {
     let sized_sources = args.max_sources.is_some() || cfg.daemon.max_sources.is_some();
     let sized_rules = args.max_rules.is_some() || cfg.daemon.max_rules.is_some();
     let changes_file = args.rate.is_some() || cfg.daemon.interfaces != given;
+    let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
     Ok(Settings {
         file,
         changes_file,
@@ -427,6 +435,7 @@ fn settings(args: &DaemonArgs) -> Result<Settings> {
         sized_rules,
         metrics_addr,
         layout_version,
+        protect,
     })
 }
 
@@ -601,8 +610,9 @@ fn plan_rules(policer: &Policer, s: &Settings, adopting: bool, config: &Path) ->
     // rule in one would rewrite its limiter under the set's entries.
     let reserved: BTreeSet<u32> = loaded.kernel_slots().collect();
     let free = slots.free_slots().filter(|s| !reserved.contains(s));
-    let plan = super::plan::plan(&held, &s.specs, free, slots.capacity(), &groups, next_id)?;
-    let rs = RuleSet::new(slots, groups, have, next_id);
+    let plan = super::plan::plan(&held, &s.specs, &s.protect, free, slots.capacity(), &groups, next_id)?;
+    let mut rs = RuleSet::new(slots, groups, have, next_id);
+    rs.set_protect(s.protect.clone());
     Ok(Planned { rs, plan, sets: loaded, sets_dir })
 }
 
