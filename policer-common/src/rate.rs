@@ -121,6 +121,14 @@ fn split(s: &str) -> Result<(&str, String), ParseError> {
     Ok((num, unit.trim().to_ascii_lowercase()))
 }
 
+/// The least default burst in packets: a TCP client's SYN, its ACK and
+/// its first request go out within one round trip, faster than any low
+/// rate refills; with a burst of 1 the ACK and the request are dropped and
+/// the connection waits for retransmissions (measured: tests/tests/veth.rs,
+/// `a_tcp_connection_opens_untouched_under_a_low_default_rate`). iptables'
+/// hashlimit and nftables' limit default to 5 as well.
+pub const MIN_DEFAULT_BURST_PACKETS: u64 = 5;
+
 impl Rate {
     /// Parses `500pps`, `10kpps`, `1.5Mpps`, `64kbit`, `10gbit`.
     pub fn parse(s: &str) -> Result<Rate, ParseError> {
@@ -176,10 +184,11 @@ impl Rate {
         .map_err(ParseError::Range)
     }
 
-    /// A default burst: 1/50 s of traffic, at least 1 packet / 1500 bytes.
+    /// A default burst: 1/50 s of traffic, at least
+    /// [`MIN_DEFAULT_BURST_PACKETS`] packets / 1500 bytes.
     pub fn default_burst(&self) -> u64 {
         match *self {
-            Rate::Pps(r) => (r / 50).max(1),
+            Rate::Pps(r) => (r / 50).max(MIN_DEFAULT_BURST_PACKETS),
             Rate::Bps(r) => (r / 8 / 50).max(1500),
         }
     }
@@ -188,6 +197,16 @@ impl Rate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_bursts_take_a_handshake_at_low_rates() {
+        assert_eq!(Rate::Pps(10).default_burst(), 5);
+        assert_eq!(Rate::Pps(250).default_burst(), 5);
+        assert_eq!(Rate::Pps(300).default_burst(), 6);
+        assert_eq!(Rate::Pps(10_000).default_burst(), 200);
+        assert_eq!(Rate::Bps(1_000_000).default_burst(), 2500);
+        assert_eq!(Rate::Bps(8_000).default_burst(), 1500);
+    }
 
     #[test]
     fn good_rates() {

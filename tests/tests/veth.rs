@@ -189,3 +189,80 @@ fn second_daemon_is_refused() {
     assert!(first.stop_with(libc::SIGTERM));
     assert!(sb.rx_xdp().is_none());
 }
+
+/// Real TCP through the policer (issue 28, the default burst): a client in
+/// one namespace opens a connection to a server in the other, sends a
+/// request, reads the reply and closes. Under `--rate 10pps` with the
+/// default burst, not one of the client's frames (SYN, ACK, request, FIN,
+/// ACKs) is dropped; with `--burst 1` (the old default at this rate) the
+/// policer drops some of them, and the connection waits for the kernel to
+/// retransmit: what the default avoids.
+#[test]
+fn a_tcp_connection_opens_untouched_under_a_low_default_rate() {
+    if !privileged("veth tier") {
+        return;
+    }
+    let sb = Sandbox::new("tcp");
+    let (server, client) = ("10.203.0.1", "10.203.0.2");
+    for (ns, ifc, a) in [(&sb.rx_ns, &sb.rx_if, server), (&sb.tx_ns, &sb.tx_if, client)] {
+        let st = std::process::Command::new("ip")
+            .args(["-n", ns, "addr", "add", &format!("{a}/24"), "dev", ifc])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let _d = Daemon::attach(&sb, &["--rate", "10pps", "--interval", "0"]);
+    let shown = String::from_utf8_lossy(&cli(&sb, &["rule", "ls"]).stdout).into_owned();
+    assert!(shown.contains("10pps  5 pkt"), "the default burst at 10 pps: {shown}");
+    let dropped = |sb: &Sandbox| -> u64 {
+        let out = cli(sb, &["stats", "--json"]);
+        let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        st["totals"]["dropped_packets"].as_u64().unwrap_or(0)
+    };
+    // One exchange: connect, a request, the reply, close; the client's
+    // frames cross the policer. The time it took (ms), printed.
+    let exchange = |sb: &Sandbox, port: u16| -> f64 {
+        let rx = sb.rx_ns.clone();
+        let listening = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let l2 = listening.clone();
+        let srv = std::thread::spawn(move || {
+            enter(&rx).unwrap();
+            let l = std::net::TcpListener::bind((server, port)).unwrap();
+            l2.wait();
+            let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut req = [0u8; 64];
+            let n = std::io::Read::read(&mut c, &mut req).unwrap();
+            std::io::Write::write_all(&mut c, &req[..n]).unwrap();
+        });
+        listening.wait();
+        let tx = sb.tx_ns.clone();
+        let cl = std::thread::spawn(move || {
+            enter(&tx).unwrap();
+            let t0 = std::time::Instant::now();
+            let to = std::net::SocketAddr::new(server.parse().unwrap(), port);
+            let mut c = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(10)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            std::io::Write::write_all(&mut c, b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            let mut back = Vec::new();
+            std::io::Read::read_to_end(&mut c, &mut back).unwrap();
+            assert_eq!(back, b"GET / HTTP/1.0\r\n\r\n");
+            t0.elapsed().as_secs_f64() * 1e3
+        });
+        srv.join().unwrap();
+        cl.join().unwrap()
+    };
+    let before = dropped(&sb);
+    let ms = exchange(&sb, 8081);
+    let with_default = dropped(&sb) - before;
+    eprintln!("default burst (5): {with_default} of the client's frames dropped, the exchange took {ms:.1} ms");
+    assert_eq!(with_default, 0, "the default burst dropped frames of one TCP exchange");
+    // The old default: a burst of 1 at 10 pps. After the bucket refilled.
+    assert!(cli(&sb, &["rule", "set", "0.0.0.0/0", "--burst", "1"]).status.success());
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = dropped(&sb);
+    let ms = exchange(&sb, 8082);
+    let with_one = dropped(&sb) - before;
+    eprintln!("burst 1: {with_one} of the client's frames dropped, the exchange took {ms:.1} ms");
+    assert!(with_one > 0, "a burst of 1 at 10 pps dropped none of a TCP exchange: the test shows nothing");
+}

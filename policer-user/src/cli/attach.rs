@@ -21,7 +21,8 @@ pub struct Args {
     #[arg(long, value_parser = parse_rate, allow_hyphen_values = true)]
     rate: Option<Rate>,
     /// Default burst per source: packets (200), or bytes for a bit rate
-    /// (1500b, 64kb). Default: 1/50 s worth of the rate.
+    /// (1500b, 64kb). Default: 1/50 s worth of the rate, at least 5 packets (a TCP
+    /// handshake and its request) or 1500 bytes.
     #[arg(long, allow_hyphen_values = true)]
     burst: Option<String>,
     /// XDP mode: auto tries native, then skb.
