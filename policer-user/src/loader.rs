@@ -846,19 +846,31 @@ impl MapReader {
 
     /// Calls `f` for every live bucket, IPv4 then IPv6.
     pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
-        self.for_each_slot(&self.buckets_v4, &self.buckets_v4_drops, MAP_BUCKETS_V4, |_, _, slot, n| {
+        self.for_each_bucket_read(|k, b, _| f(k, b))
+    }
+
+    /// [`MapReader::for_each_bucket`], each bucket with the monotonic clock
+    /// read just after the kernel copied the batch that held it: the time
+    /// to judge its debt at. A clock read before the copy counts the charges
+    /// made in between as debt (a walk of a large table takes a quarter of a
+    /// second, which a source at half its rate would show as a full bucket);
+    /// one read after it can only show a hair less debt than there was.
+    /// Read per batch of slots scanned, not per bucket kept, so a sparse
+    /// table is judged as closely as a full one.
+    pub fn for_each_bucket_read(&self, mut f: impl FnMut(&BucketKey, &Bucket, u64)) -> Result<()> {
+        self.for_each_slot(&self.buckets_v4, &self.buckets_v4_drops, MAP_BUCKETS_V4, |_, _, slot, n, read_ns| {
             if let Some(k) = table::key_of(slot.key) {
-                f(&k.into(), &slot.bucket(n));
+                f(&k.into(), &slot.bucket(n), read_ns);
             }
         })?;
         // IPv6 slots hold fingerprints: the keys sit beside them, written
         // after the slot is claimed. A key that does not hash to its slot
         // (being rewritten) is skipped. The keys (40 bytes a source) are
         // read whole only when many sets are in use, else set by set.
-        let mut used: Vec<(u32, usize, table::Slot, u64)> = Vec::new();
-        self.for_each_slot(&self.buckets_v6, &self.buckets_v6_drops, MAP_BUCKETS_V6, |i, w, slot, n| {
+        let mut used: Vec<(u32, usize, table::Slot, u64, u64)> = Vec::new();
+        self.for_each_slot(&self.buckets_v6, &self.buckets_v6_drops, MAP_BUCKETS_V6, |i, w, slot, n, read_ns| {
             if slot.key & table::KEY_VALID != 0 {
-                used.push((i, w, *slot, n));
+                used.push((i, w, *slot, n, read_ns));
             }
         })?;
         if used.is_empty() {
@@ -878,34 +890,41 @@ impl MapReader {
                 }
             }
         }
-        for (i, w, slot, n) in used {
+        for (i, w, slot, n, read_ns) in used {
             let Some(k) = keys.get(&i).map(|s| s.ways[w]) else { continue };
             let (word, sets) = self.v6_word(&k);
             if word == slot.source() && sets.contains(&i) {
-                f(&k.into(), &slot.bucket(n));
+                f(&k.into(), &slot.bucket(n), read_ns);
             }
         }
         Ok(())
     }
 
-    /// Calls `f(set, way, slot, drops)` for every slot of a table.
+    /// Calls `f(set, way, slot, drops, read_ns)` for every slot of a table,
+    /// `read_ns` being the monotonic clock just after its batch was copied.
     fn for_each_slot(
         &self,
         table: &OwnedFd,
         drops: &OwnedFd,
         name: &'static str,
-        mut f: impl FnMut(u32, usize, &table::Slot, u64),
+        mut f: impl FnMut(u32, usize, &table::Slot, u64, u64),
     ) -> Result<()> {
         // The drop counts first (a set's index is its key), then the sets.
         let drops: Vec<SetDrops> = read_array(drops, name)?;
-        crate::batch::for_each(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), |k, v| {
-            // SAFETY: the kernel wrote a key and a value of these Pod types.
-            let (i, set) = unsafe {
-                (std::ptr::read_unaligned(k.as_ptr() as *const u32), std::ptr::read_unaligned(v.as_ptr() as *const Set))
-            };
-            let d = drops.get(i as usize).copied().unwrap_or_default();
-            for (w, (slot, n)) in set.ways.iter().zip(d.ways).enumerate() {
-                f(i, w, slot, n);
+        crate::batch::for_each_batch(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), 8192, |entries| {
+            let read_ns = crate::daemon::monotonic_ns();
+            for (k, v) in entries {
+                // SAFETY: the kernel wrote a key and a value of these Pod types.
+                let (i, set) = unsafe {
+                    (
+                        std::ptr::read_unaligned(k.as_ptr() as *const u32),
+                        std::ptr::read_unaligned(v.as_ptr() as *const Set),
+                    )
+                };
+                let d = drops.get(i as usize).copied().unwrap_or_default();
+                for (w, (slot, n)) in set.ways.iter().zip(d.ways).enumerate() {
+                    f(i, w, slot, n, read_ns);
+                }
             }
         })
         .map_err(Error::kernel(format!("reading {name}")))

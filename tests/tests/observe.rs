@@ -180,6 +180,70 @@ fn counters_are_exact_and_metrics_agree() {
     assert!(text.contains("192.0.2.0/24") && text.contains("bucket table: capacity"), "{text}");
 }
 
+/// `top` on a large, sparse table: a source at half its rate never shows
+/// near a full bucket. Each bucket is judged at the clock of the batch of
+/// slots it was copied in; a walk of a 1M-slot table takes a good part of
+/// a second here, which a clock refreshed per bucket kept (a few hundred
+/// kept in a million slots) counted as debt. And no debt above the bucket.
+#[test]
+fn top_shows_a_half_rate_source_as_such_in_a_sparse_table() {
+    if !privileged("observability tier") {
+        return;
+    }
+    let sb = Sandbox::new("spr");
+    // 100 pps, burst 10: a 100 ms bucket, each frame 10 ms of it.
+    let _d = Daemon::attach(&sb, &["--rate", "100pps", "--burst", "10", "--interval", "0", "--max-sources", "1048576"]);
+    // A sparse table: 300 spoofed sources of 10.1.0.0, a frame each,
+    // spread over the million slots.
+    let spoofed = 300;
+    policer_tests::spoof::send_once(
+        &sb,
+        policer_tests::spoof::Spoof { base: ip("10.1.0.0"), sources: spoofed, random: false },
+        spoofed,
+    )
+    .unwrap();
+    let source = "198.18.0.50";
+    // Half its rate: a frame every 20 ms leaves at most 10 ms of debt (10 %).
+    let flow = traffic::run_bg(&sb, &[Flow { src: ip(source), pps: 50.0, len: 64 }], Duration::from_secs(14));
+    std::thread::sleep(Duration::from_millis(800));
+    let mut worst = 0.0f64;
+    let mut shown = 0;
+    for _ in 0..6 {
+        let t = json(&succeeds(&cli(&sb, &["top", "-n", "1000", "--json"])));
+        assert!(
+            n_u64(&t, "live") >= u64::from(spoofed) / 2,
+            "the spoofed sources did not fill the table: {}",
+            t["live"]
+        );
+        for list in ["by_debt", "by_drops"] {
+            for e in t[list].as_array().unwrap() {
+                let fill = e["fill"].as_f64().unwrap();
+                let debt = e["debt_ns"].as_u64().unwrap();
+                // Never above the bucket (its size known to 1/4096).
+                assert!(fill <= 1.0 && debt <= 100_000_000 + 100_000_000 / 4096, "{list}: {e}");
+                if e["source"] == source {
+                    worst = worst.max(fill);
+                    shown += 1;
+                }
+            }
+        }
+        eprintln!(
+            "top read the table in {:.0} ms; {source} at {:.1} % at worst",
+            t["read_ms"].as_f64().unwrap_or(0.0),
+            worst * 100.0
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (sent, got) = flow.join().unwrap();
+    assert_eq!(got.per_flow[0], sent.sent[0], "the half-rate source lost frames");
+    assert!(worst <= 0.2, "a source at half its rate shown at {:.1} % fill", worst * 100.0);
+    eprintln!("{source} listed {shown} times");
+}
+
+fn n_u64(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {v}"))
+}
+
 /// `stats --watch` prints samples with rates until stopped.
 #[test]
 fn stats_watch_reports_rates() {

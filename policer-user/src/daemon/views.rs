@@ -327,15 +327,12 @@ impl Views {
             drops: u64,
         }
         let mut rows = Vec::new();
-        // The clock as the table is read (every 64 buckets): a bucket read
-        // late in a long read, charged meanwhile, would otherwise show the
-        // time the read took as debt.
-        let mut at = now;
-        self.reader.for_each_bucket(|k, b| {
-            if rows.len() % 64 == 63 {
-                at = monotonic_ns();
-            }
-            rows.push(Row { key: *k, fill: b.fill_q16(at), debt_ns: b.debt_ns(at), drops: b.drops() })
+        // Each bucket judged at the clock read just after its batch of
+        // slots was copied (see `MapReader::for_each_bucket_read`): a
+        // clock older than the copy would count the walk (a quarter of a
+        // second over a 1M-slot table) as debt.
+        self.reader.for_each_bucket_read(|k, b, read_ns| {
+            rows.push(Row { key: *k, fill: b.fill_q16(read_ns), debt_ns: b.shown_debt_ns(read_ns), drops: b.drops() })
         })?;
         let live = rows.len() as u64;
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -452,9 +449,12 @@ impl Views {
         let rule = spec.kernel(0)?;
         v.frame_bytes = if rule.byte_cost != 0 { 64 } else { 0 };
         let bucket = self.reader.bucket(&key)?;
+        // The clock after the copy (see `top`).
+        let now = monotonic_ns();
+        v.time_ns = now;
         v.has_bucket = bucket.is_some();
         if let Some(b) = &bucket {
-            v.debt_ns = b.debt_ns(now);
+            v.debt_ns = b.shown_debt_ns(now);
             v.fill = b.fill_q16(now) as f64 / 65536.0;
             v.drops = b.drops();
         }
