@@ -3,6 +3,7 @@
 use std::{
     ffi::CString,
     io,
+    net::IpAddr,
     os::fd::{AsFd, AsRawFd, OwnedFd, RawFd},
     path::PathBuf,
     sync::Arc,
@@ -160,6 +161,14 @@ pub struct MapReader {
     recall: OwnedFd,
     new_sources: OwnedFd,
     bans: OwnedFd,
+    /// What `policer inspect` resolves a frame's rule with, as the program
+    /// does: the rule tries, the default-rules fast path, the class maps.
+    rules_v4: OwnedFd,
+    rules_v6: OwnedFd,
+    fast_path: OwnedFd,
+    default_rules: OwnedFd,
+    class_index: OwnedFd,
+    class_filter: OwnedFd,
     /// Entries the ban store holds.
     ban_capacity: u32,
     /// The tables' hash and size; fixed for the tables' life.
@@ -665,6 +674,12 @@ impl MapReader {
             recall: dup(MAP_RECALL)?,
             new_sources: dup(MAP_NEW_SOURCES)?,
             bans: dup(policer_common::MAP_BANS)?,
+            rules_v4: dup(MAP_RULES_V4)?,
+            rules_v6: dup(MAP_RULES_V6)?,
+            fast_path: dup(MAP_FAST_PATH)?,
+            default_rules: dup(MAP_DEFAULT_RULES)?,
+            class_index: dup(MAP_CLASS_INDEX)?,
+            class_filter: dup(MAP_CLASS_FILTER)?,
             ban_capacity: match ebpf.map(policer_common::MAP_BANS) {
                 Some(aya::maps::Map::HashMap(d)) => {
                     d.info().map(|i| i.max_entries()).map_err(Error::map(policer_common::MAP_BANS))?
@@ -674,6 +689,44 @@ impl MapReader {
             // Filled in by the loader once the table's seed is known.
             geometry: Geometry::default(),
         })
+    }
+
+    /// The rule the program finds for a source before classes: with only
+    /// default rules (the fast path) the default rule of its family, else
+    /// the longest match in its family's trie (`lookup_rule` in the
+    /// program). `None`: no prefix holds a rule.
+    pub fn prefix_rule(&self, src: IpAddr) -> Result<Option<Rule>> {
+        let io = |name: &'static str| Error::kernel(format!("reading {name}"));
+        let fast: u32 =
+            crate::batch::lookup(self.fast_path.as_raw_fd(), &0u32).map_err(io(MAP_FAST_PATH))?.unwrap_or(0);
+        if fast != 0 {
+            let i = (fast - 1) * 2 + u32::from(src.is_ipv6());
+            let r: Option<Rule> =
+                crate::batch::lookup(self.default_rules.as_raw_fd(), &i).map_err(io(MAP_DEFAULT_RULES))?;
+            return Ok(r.filter(|r| r.action != policer_common::ACTION_NONE || r.classes != 0));
+        }
+        match src {
+            IpAddr::V4(a) => crate::batch::lookup(self.rules_v4.as_raw_fd(), &LpmKey { len: 32, data: a.octets() })
+                .map_err(io(MAP_RULES_V4)),
+            IpAddr::V6(a) => crate::batch::lookup(self.rules_v6.as_raw_fd(), &LpmKey { len: 128, data: a.octets() })
+                .map_err(io(MAP_RULES_V6)),
+        }
+    }
+
+    /// A group's class filter (`CLASS_FILTER`).
+    pub fn class_filter(&self, group: u32) -> Result<Option<ClassFilter>> {
+        crate::batch::lookup(self.class_filter.as_raw_fd(), &group)
+            .map_err(Error::kernel(format!("reading {MAP_CLASS_FILTER}")))
+    }
+
+    /// The class list of the longest prefix of `key` in `CLASS_INDEX`,
+    /// looked up at the port's length as the program does.
+    pub fn class_list(&self, key: [u8; INDEX_KEY_BYTES]) -> Result<Option<ClassList>> {
+        crate::batch::lookup(
+            self.class_index.as_raw_fd(),
+            &LpmKey { len: policer_common::class::INDEX_PORT_BITS, data: key },
+        )
+        .map_err(Error::kernel(format!("reading {MAP_CLASS_INDEX}")))
     }
 
     /// Every entry of the automatic-ban store: bans in force and those
