@@ -444,3 +444,83 @@ fn man_pages_render_with_man() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `inspect` with a frame resolves the class as the program does; without
+/// one it lists the source's buckets; a byte-mode flow of 1042-byte frames
+/// being dropped is not reported as passing; a monitor rule's refusals are
+/// would-drops.
+#[test]
+fn inspect_resolves_classes_bytes_and_monitor() {
+    if !privileged("observability tier") {
+        return;
+    }
+    use policer_tests::traffic::{RunOptions, SpecFlow};
+    let sb = Sandbox::new("inc");
+    let _d = Daemon::attach(&sb, &["--rate", "100pps", "--burst", "10", "--interval", "0"]);
+    for args in [
+        &["rule", "set", "198.18.0.0/24", "--rate", "10pps", "--burst", "1", "--proto", "udp", "--dport", "53"][..],
+        &["rule", "set", "198.18.1.0/24", "--rate", "64kbit", "--burst", "3000b"],
+        &["rule", "set", "198.18.2.0/24", "--rate", "10pps", "--burst", "1", "--action", "monitor"],
+    ] {
+        succeeds(&cli(&sb, args));
+    }
+    let d = ip("198.19.0.1");
+    let dns = FrameSpec::udp_to(ip("198.18.0.5"), d, 64, 53);
+    let big = FrameSpec::udp_to(ip("198.18.1.5"), d, 1042, 9);
+    let flows = [
+        SpecFlow { spec: dns, pps: 2_000.0 },
+        SpecFlow { spec: big, pps: 200.0 },
+        SpecFlow { spec: FrameSpec::udp_to(ip("198.18.2.5"), d, 64, 9), pps: 1_000.0 },
+    ];
+    let sbr = &sb;
+    std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_specs(sbr, &flows, Duration::from_secs(4), &RunOptions::default()));
+        std::thread::sleep(Duration::from_millis(1500));
+        let inspect = |args: &[&str]| {
+            let mut a = vec!["inspect"];
+            a.extend_from_slice(args);
+            a.push("--json");
+            json(&succeeds(&cli(&sb, &a)))
+        };
+        // The class: dropped by it, named.
+        let mut dropped = 0;
+        for _ in 0..5 {
+            let v = inspect(&["198.18.0.5", "--proto", "udp", "--dport", "53"]);
+            assert_eq!(v["rule"], "198.18.0.0/24 [udp dport 53]", "{v}");
+            assert_eq!(v["class"], "udp dport 53", "{v}");
+            assert_eq!(v["has_bucket"], true, "{v}");
+            dropped += u32::from(v["now"] == "drop");
+        }
+        assert!(dropped >= 3, "a source flooding its class at 200x shown as dropped {dropped} of 5 times");
+        // Other UDP from it: the prefix's default rule, no class.
+        let v = inspect(&["198.18.0.5", "--proto", "udp", "--dport", "123"]);
+        assert_eq!(v["rule"], "0.0.0.0/0", "{v}");
+        // No frame: the class bucket is listed.
+        let v = inspect(&["198.18.0.5"]);
+        let buckets = v["buckets"].as_array().unwrap_or_else(|| panic!("no buckets: {v}"));
+        assert!(buckets.iter().any(|b| b["class"] == "udp dport 53" && b["source"] == "198.18.0.5"), "{v}");
+        let text = succeeds(&cli(&sb, &["inspect", "198.18.0.5"]));
+        assert!(text.contains("198.18.0.0/24 [udp dport 53]"), "{text}");
+        // Byte mode: 1042-byte frames at 200/s against 8 kB/s: judged at a
+        // full-size frame, not passing.
+        let mut pass = 0;
+        for _ in 0..5 {
+            let v = inspect(&["198.18.1.5"]);
+            assert_eq!(v["frame_bytes"], 1500, "{v}");
+            pass += u32::from(v["now"] == "pass");
+        }
+        assert!(pass <= 1, "a byte-mode flow dropping nearly every frame shown as pass {pass} of 5 times");
+        // Monitor: would drop, never drop.
+        let v = inspect(&["198.18.2.5"]);
+        assert_eq!((v["verdict"].as_str(), v["now"].as_str()), (Some("would drop"), Some("pass")), "{v}");
+        let text = succeeds(&cli(&sb, &["inspect", "198.18.2.5"]));
+        assert!(text.contains("would drop") && !text.contains("now         drop"), "{text}");
+        let t = json(&succeeds(&cli(&sb, &["top", "-n", "10", "--json"])));
+        let mon = t["by_drops"].as_array().unwrap().iter().find(|e| e["source"] == "198.18.2.5").cloned();
+        assert_eq!(mon.map(|e| e["action"].clone()), Some(serde_json::json!("monitor")), "{t}");
+        let text = succeeds(&cli(&sb, &["top"]));
+        assert!(text.contains("(would drop)"), "{text}");
+        let (_, got) = run.join().unwrap();
+        assert!(got.per_flow[1] > 0);
+    });
+}

@@ -533,7 +533,12 @@ impl Views {
         let mut seen = std::collections::BTreeSet::new();
         for (label, class, spec, slot) in rows {
             let Ok(rule) = spec.kernel(slot) else { continue };
-            let key = rule_bucket_key(addr, &rule);
+            let mut key = rule_bucket_key(addr, &rule);
+            // A class's buckets are per source and class (its slot); the
+            // compiler sets the flag the program reads, not `kernel`.
+            if !spec.class.is_none() {
+                key.class = slot;
+            }
             if !seen.insert((key.addr, key.key_len, key.class)) {
                 continue;
             }
