@@ -695,6 +695,18 @@ impl Bucket {
         self.debt(now_ns) >> unstamp(self.stamp()).1
     }
 
+    /// Debt at `now_ns` as ns of drain time, never more than the bucket
+    /// holds: what `policer top` and `policer inspect` show. [`debt_bound`]
+    /// reads debt up to the skew allowance above the size (a clock read
+    /// on another CPU, a bucket read against a clock older than its last
+    /// charge); a bucket cannot really hold more than its size, so more is
+    /// never shown. [`Bucket::debt_ns`] stays uncapped: it is what the
+    /// program and eviction rank by.
+    pub fn shown_debt_ns(&self, now_ns: u64) -> u64 {
+        let (limit, shift) = unstamp(self.stamp());
+        min(self.debt(now_ns), limit) >> shift
+    }
+
     /// Debt as a fraction of the bucket size, in 1/65536 (65536 = full).
     pub fn fill_q16(&self, now_ns: u64) -> u64 {
         let (limit, _) = unstamp(self.stamp());

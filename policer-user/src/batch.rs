@@ -37,6 +37,24 @@ pub fn for_each_chunk(
     chunk: usize,
     mut f: impl FnMut(&[u8], &[u8]),
 ) -> io::Result<()> {
+    for_each_batch(fd, key_size, value_size, chunk, |entries| {
+        for (k, v) in entries {
+            f(k, v);
+        }
+    })
+}
+
+/// [`for_each_chunk`], one call of `f` per batch the kernel returned, with
+/// the batch's entries: a reader that judges entries against the clock
+/// (`policer top`) reads the clock once per batch, just after the kernel
+/// copied it, whatever share of the batch is in use.
+pub fn for_each_batch(
+    fd: RawFd,
+    key_size: usize,
+    value_size: usize,
+    chunk: usize,
+    mut f: impl FnMut(&mut dyn Iterator<Item = (&[u8], &[u8])>),
+) -> io::Result<()> {
     let chunk = chunk.max(1);
     let mut keys = vec![0u8; key_size * chunk];
     let mut values = vec![0u8; value_size * chunk];
@@ -62,8 +80,10 @@ pub fn for_each_chunk(
         };
         let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
         let n = attr.count as usize;
-        for i in 0..n {
-            f(&keys[i * key_size..(i + 1) * key_size], &values[i * value_size..(i + 1) * value_size]);
+        if n > 0 {
+            let mut entries = (0..n)
+                .map(|i| (&keys[i * key_size..(i + 1) * key_size], &values[i * value_size..(i + 1) * value_size]));
+            f(&mut entries);
         }
         match err {
             None => {}

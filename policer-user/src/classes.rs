@@ -86,7 +86,7 @@ pub fn proto_name(p: u8) -> String {
     PROTO_NAMES.iter().find(|(_, n)| *n == p).map_or_else(|| p.to_string(), |(s, _)| (*s).to_string())
 }
 
-fn parse_proto(s: &str) -> Result<u8> {
+pub(crate) fn parse_proto(s: &str) -> Result<u8> {
     let t = s.trim().to_ascii_lowercase();
     if let Some((_, p)) = PROTO_NAMES.iter().find(|(n, _)| *n == t) {
         return Ok(*p);
@@ -125,7 +125,7 @@ fn parse_ports(s: &str) -> Result<(u16, u16)> {
     }
 }
 
-fn parse_flags(s: &str) -> Result<(u8, u8)> {
+pub(crate) fn parse_flags(s: &str) -> Result<(u8, u8)> {
     let (mut mask, mut set) = (0u8, 0u8);
     for item in s.split(',') {
         let t = item.trim().to_ascii_lowercase();

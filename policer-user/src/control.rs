@@ -84,6 +84,9 @@ pub enum Request {
     },
     Inspect {
         addr: std::net::IpAddr,
+        /// The frame to judge (`policer inspect --proto … --dport …`).
+        #[serde(default, skip_serializing_if = "InspectFrame::is_empty")]
+        frame: InspectFrame,
     },
     /// `policer ban`: the prefix, `ttl` (the duration) and the reason.
     Ban {
@@ -444,6 +447,10 @@ pub struct TopEntry {
     pub fill: f64,
     /// Frames dropped (or would-drop) since the bucket was created.
     pub drops: u64,
+    /// The action of that rule (`police`, `monitor`): a monitor rule's
+    /// refusals are would-drops, its frames pass.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub action: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -465,6 +472,31 @@ pub struct TopView {
 
 fn yes() -> bool {
     true
+}
+
+/// The frame `policer inspect` judges: its layer-4 fields and size, as the
+/// operator wrote them (the daemon parses them, as it does a class).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InspectFrame {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_flags: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp_type: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<std::net::IpAddr>,
+    /// The frame's length in bytes (byte-mode rules); default 1500.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u32>,
+}
+
+impl InspectFrame {
+    pub fn is_empty(&self) -> bool {
+        *self == InspectFrame::default()
+    }
 }
 
 /// `policer inspect ADDR`: what the policer knows of one source now.
@@ -494,6 +526,19 @@ pub struct InspectView {
     /// What a frame would get now: "pass" or "drop" ("pass" under
     /// monitor, which counts a would-drop instead).
     pub now: String,
+    /// What a frame would be counted as now: "pass", "drop", or "would
+    /// drop" (a monitor rule's refusal: the frame passes).
+    #[serde(default)]
+    pub verdict: String,
+    /// The class of the rule that judges the frame (`udp dport 53`; `-`
+    /// for a class-less rule); null without a rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// Without frame options: every bucket the source has, one per rule
+    /// that charges it (its class-less rule and each class of the
+    /// prefixes over it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buckets: Vec<TopEntry>,
     /// Frames dropped from it since its bucket was made (sampled: see
     /// README, top).
     pub drops: u64,
@@ -797,8 +842,8 @@ impl Client {
         self.ask(Request::Top { n }, "top", |r| take!(r, Reply::Top(v) => v))
     }
 
-    pub fn inspect(&self, addr: std::net::IpAddr) -> Result<InspectView> {
-        self.ask(Request::Inspect { addr }, "inspect", |r| take!(r, Reply::Inspect(v) => *v))
+    pub fn inspect(&self, addr: std::net::IpAddr, frame: InspectFrame) -> Result<InspectView> {
+        self.ask(Request::Inspect { addr, frame }, "inspect", |r| take!(r, Reply::Inspect(v) => *v))
     }
 }
 

@@ -3,6 +3,7 @@
 use std::{
     ffi::CString,
     io,
+    net::IpAddr,
     os::fd::{AsFd, AsRawFd, OwnedFd, RawFd},
     path::PathBuf,
     sync::Arc,
@@ -160,6 +161,14 @@ pub struct MapReader {
     recall: OwnedFd,
     new_sources: OwnedFd,
     bans: OwnedFd,
+    /// What `policer inspect` resolves a frame's rule with, as the program
+    /// does: the rule tries, the default-rules fast path, the class maps.
+    rules_v4: OwnedFd,
+    rules_v6: OwnedFd,
+    fast_path: OwnedFd,
+    default_rules: OwnedFd,
+    class_index: OwnedFd,
+    class_filter: OwnedFd,
     /// Entries the ban store holds.
     ban_capacity: u32,
     /// The tables' hash and size; fixed for the tables' life.
@@ -665,6 +674,12 @@ impl MapReader {
             recall: dup(MAP_RECALL)?,
             new_sources: dup(MAP_NEW_SOURCES)?,
             bans: dup(policer_common::MAP_BANS)?,
+            rules_v4: dup(MAP_RULES_V4)?,
+            rules_v6: dup(MAP_RULES_V6)?,
+            fast_path: dup(MAP_FAST_PATH)?,
+            default_rules: dup(MAP_DEFAULT_RULES)?,
+            class_index: dup(MAP_CLASS_INDEX)?,
+            class_filter: dup(MAP_CLASS_FILTER)?,
             ban_capacity: match ebpf.map(policer_common::MAP_BANS) {
                 Some(aya::maps::Map::HashMap(d)) => {
                     d.info().map(|i| i.max_entries()).map_err(Error::map(policer_common::MAP_BANS))?
@@ -674,6 +689,44 @@ impl MapReader {
             // Filled in by the loader once the table's seed is known.
             geometry: Geometry::default(),
         })
+    }
+
+    /// The rule the program finds for a source before classes: with only
+    /// default rules (the fast path) the default rule of its family, else
+    /// the longest match in its family's trie (`lookup_rule` in the
+    /// program). `None`: no prefix holds a rule.
+    pub fn prefix_rule(&self, src: IpAddr) -> Result<Option<Rule>> {
+        let io = |name: &'static str| Error::kernel(format!("reading {name}"));
+        let fast: u32 =
+            crate::batch::lookup(self.fast_path.as_raw_fd(), &0u32).map_err(io(MAP_FAST_PATH))?.unwrap_or(0);
+        if fast != 0 {
+            let i = (fast - 1) * 2 + u32::from(src.is_ipv6());
+            let r: Option<Rule> =
+                crate::batch::lookup(self.default_rules.as_raw_fd(), &i).map_err(io(MAP_DEFAULT_RULES))?;
+            return Ok(r.filter(|r| r.action != policer_common::ACTION_NONE || r.classes != 0));
+        }
+        match src {
+            IpAddr::V4(a) => crate::batch::lookup(self.rules_v4.as_raw_fd(), &LpmKey { len: 32, data: a.octets() })
+                .map_err(io(MAP_RULES_V4)),
+            IpAddr::V6(a) => crate::batch::lookup(self.rules_v6.as_raw_fd(), &LpmKey { len: 128, data: a.octets() })
+                .map_err(io(MAP_RULES_V6)),
+        }
+    }
+
+    /// A group's class filter (`CLASS_FILTER`).
+    pub fn class_filter(&self, group: u32) -> Result<Option<ClassFilter>> {
+        crate::batch::lookup(self.class_filter.as_raw_fd(), &group)
+            .map_err(Error::kernel(format!("reading {MAP_CLASS_FILTER}")))
+    }
+
+    /// The class list of the longest prefix of `key` in `CLASS_INDEX`,
+    /// looked up at the port's length as the program does.
+    pub fn class_list(&self, key: [u8; INDEX_KEY_BYTES]) -> Result<Option<ClassList>> {
+        crate::batch::lookup(
+            self.class_index.as_raw_fd(),
+            &LpmKey { len: policer_common::class::INDEX_PORT_BITS, data: key },
+        )
+        .map_err(Error::kernel(format!("reading {MAP_CLASS_INDEX}")))
     }
 
     /// Every entry of the automatic-ban store: bans in force and those
@@ -846,19 +899,31 @@ impl MapReader {
 
     /// Calls `f` for every live bucket, IPv4 then IPv6.
     pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
-        self.for_each_slot(&self.buckets_v4, &self.buckets_v4_drops, MAP_BUCKETS_V4, |_, _, slot, n| {
+        self.for_each_bucket_read(|k, b, _| f(k, b))
+    }
+
+    /// [`MapReader::for_each_bucket`], each bucket with the monotonic clock
+    /// read just after the kernel copied the batch that held it: the time
+    /// to judge its debt at. A clock read before the copy counts the charges
+    /// made in between as debt (a walk of a large table takes a quarter of a
+    /// second, which a source at half its rate would show as a full bucket);
+    /// one read after it can only show a hair less debt than there was.
+    /// Read per batch of slots scanned, not per bucket kept, so a sparse
+    /// table is judged as closely as a full one.
+    pub fn for_each_bucket_read(&self, mut f: impl FnMut(&BucketKey, &Bucket, u64)) -> Result<()> {
+        self.for_each_slot(&self.buckets_v4, &self.buckets_v4_drops, MAP_BUCKETS_V4, |_, _, slot, n, read_ns| {
             if let Some(k) = table::key_of(slot.key) {
-                f(&k.into(), &slot.bucket(n));
+                f(&k.into(), &slot.bucket(n), read_ns);
             }
         })?;
         // IPv6 slots hold fingerprints: the keys sit beside them, written
         // after the slot is claimed. A key that does not hash to its slot
         // (being rewritten) is skipped. The keys (40 bytes a source) are
         // read whole only when many sets are in use, else set by set.
-        let mut used: Vec<(u32, usize, table::Slot, u64)> = Vec::new();
-        self.for_each_slot(&self.buckets_v6, &self.buckets_v6_drops, MAP_BUCKETS_V6, |i, w, slot, n| {
+        let mut used: Vec<(u32, usize, table::Slot, u64, u64)> = Vec::new();
+        self.for_each_slot(&self.buckets_v6, &self.buckets_v6_drops, MAP_BUCKETS_V6, |i, w, slot, n, read_ns| {
             if slot.key & table::KEY_VALID != 0 {
-                used.push((i, w, *slot, n));
+                used.push((i, w, *slot, n, read_ns));
             }
         })?;
         if used.is_empty() {
@@ -878,34 +943,41 @@ impl MapReader {
                 }
             }
         }
-        for (i, w, slot, n) in used {
+        for (i, w, slot, n, read_ns) in used {
             let Some(k) = keys.get(&i).map(|s| s.ways[w]) else { continue };
             let (word, sets) = self.v6_word(&k);
             if word == slot.source() && sets.contains(&i) {
-                f(&k.into(), &slot.bucket(n));
+                f(&k.into(), &slot.bucket(n), read_ns);
             }
         }
         Ok(())
     }
 
-    /// Calls `f(set, way, slot, drops)` for every slot of a table.
+    /// Calls `f(set, way, slot, drops, read_ns)` for every slot of a table,
+    /// `read_ns` being the monotonic clock just after its batch was copied.
     fn for_each_slot(
         &self,
         table: &OwnedFd,
         drops: &OwnedFd,
         name: &'static str,
-        mut f: impl FnMut(u32, usize, &table::Slot, u64),
+        mut f: impl FnMut(u32, usize, &table::Slot, u64, u64),
     ) -> Result<()> {
         // The drop counts first (a set's index is its key), then the sets.
         let drops: Vec<SetDrops> = read_array(drops, name)?;
-        crate::batch::for_each(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), |k, v| {
-            // SAFETY: the kernel wrote a key and a value of these Pod types.
-            let (i, set) = unsafe {
-                (std::ptr::read_unaligned(k.as_ptr() as *const u32), std::ptr::read_unaligned(v.as_ptr() as *const Set))
-            };
-            let d = drops.get(i as usize).copied().unwrap_or_default();
-            for (w, (slot, n)) in set.ways.iter().zip(d.ways).enumerate() {
-                f(i, w, slot, n);
+        crate::batch::for_each_batch(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), 8192, |entries| {
+            let read_ns = crate::daemon::monotonic_ns();
+            for (k, v) in entries {
+                // SAFETY: the kernel wrote a key and a value of these Pod types.
+                let (i, set) = unsafe {
+                    (
+                        std::ptr::read_unaligned(k.as_ptr() as *const u32),
+                        std::ptr::read_unaligned(v.as_ptr() as *const Set),
+                    )
+                };
+                let d = drops.get(i as usize).copied().unwrap_or_default();
+                for (w, (slot, n)) in set.ways.iter().zip(d.ways).enumerate() {
+                    f(i, w, slot, n, read_ns);
+                }
             }
         })
         .map_err(Error::kernel(format!("reading {name}")))

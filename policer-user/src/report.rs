@@ -103,7 +103,7 @@ pub fn stats_text(s: &StatsView) -> String {
     out
 }
 
-fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
+pub(crate) fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
     let _ = writeln!(out, "{title}");
     if rows.is_empty() {
         let _ = writeln!(out, "  (none)");
@@ -116,7 +116,8 @@ fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
             e.rule.clone(),
             format!("{:.1}%", e.fill * 100.0),
             format!("{:.3}ms", e.debt_ns as f64 / 1e6),
-            e.drops.to_string(),
+            // A monitor rule drops nothing: its refusals would-drop.
+            if e.action == "monitor" { format!("{} (would drop)", e.drops) } else { e.drops.to_string() },
         ]);
     }
     let _ = writeln!(out, "{t}");
@@ -124,7 +125,7 @@ fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
 
 pub fn top_text(t: &TopView) -> String {
     let mut out = String::new();
-    top_rows(&mut out, "most debt now (fill of the bucket; 100% = dropping):", &t.by_debt);
+    top_rows(&mut out, "most debt now (fill of the bucket; 100% = dropping, or would drop under monitor):", &t.by_debt);
     let _ = writeln!(out);
     top_rows(&mut out, "most drops (since each bucket was created):", &t.by_drops);
     let _ = writeln!(out);

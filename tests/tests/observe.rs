@@ -180,6 +180,70 @@ fn counters_are_exact_and_metrics_agree() {
     assert!(text.contains("192.0.2.0/24") && text.contains("bucket table: capacity"), "{text}");
 }
 
+/// `top` on a large, sparse table: a source at half its rate never shows
+/// near a full bucket. Each bucket is judged at the clock of the batch of
+/// slots it was copied in; a walk of a 1M-slot table takes a good part of
+/// a second here, which a clock refreshed per bucket kept (a few hundred
+/// kept in a million slots) counted as debt. And no debt above the bucket.
+#[test]
+fn top_shows_a_half_rate_source_as_such_in_a_sparse_table() {
+    if !privileged("observability tier") {
+        return;
+    }
+    let sb = Sandbox::new("spr");
+    // 100 pps, burst 10: a 100 ms bucket, each frame 10 ms of it.
+    let _d = Daemon::attach(&sb, &["--rate", "100pps", "--burst", "10", "--interval", "0", "--max-sources", "1048576"]);
+    // A sparse table: 300 spoofed sources of 10.1.0.0, a frame each,
+    // spread over the million slots.
+    let spoofed = 300;
+    policer_tests::spoof::send_once(
+        &sb,
+        policer_tests::spoof::Spoof { base: ip("10.1.0.0"), sources: spoofed, random: false },
+        spoofed,
+    )
+    .unwrap();
+    let source = "198.18.0.50";
+    // Half its rate: a frame every 20 ms leaves at most 10 ms of debt (10 %).
+    let flow = traffic::run_bg(&sb, &[Flow { src: ip(source), pps: 50.0, len: 64 }], Duration::from_secs(14));
+    std::thread::sleep(Duration::from_millis(800));
+    let mut worst = 0.0f64;
+    let mut shown = 0;
+    for _ in 0..6 {
+        let t = json(&succeeds(&cli(&sb, &["top", "-n", "1000", "--json"])));
+        assert!(
+            n_u64(&t, "live") >= u64::from(spoofed) / 2,
+            "the spoofed sources did not fill the table: {}",
+            t["live"]
+        );
+        for list in ["by_debt", "by_drops"] {
+            for e in t[list].as_array().unwrap() {
+                let fill = e["fill"].as_f64().unwrap();
+                let debt = e["debt_ns"].as_u64().unwrap();
+                // Never above the bucket (its size known to 1/4096).
+                assert!(fill <= 1.0 && debt <= 100_000_000 + 100_000_000 / 4096, "{list}: {e}");
+                if e["source"] == source {
+                    worst = worst.max(fill);
+                    shown += 1;
+                }
+            }
+        }
+        eprintln!(
+            "top read the table in {:.0} ms; {source} at {:.1} % at worst",
+            t["read_ms"].as_f64().unwrap_or(0.0),
+            worst * 100.0
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (sent, got) = flow.join().unwrap();
+    assert_eq!(got.per_flow[0], sent.sent[0], "the half-rate source lost frames");
+    assert!(worst <= 0.2, "a source at half its rate shown at {:.1} % fill", worst * 100.0);
+    eprintln!("{source} listed {shown} times");
+}
+
+fn n_u64(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {v}"))
+}
+
 /// `stats --watch` prints samples with rates until stopped.
 #[test]
 fn stats_watch_reports_rates() {
@@ -379,4 +443,84 @@ fn man_pages_render_with_man() {
         assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("inspect"), "{shell}");
     }
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `inspect` with a frame resolves the class as the program does; without
+/// one it lists the source's buckets; a byte-mode flow of 1042-byte frames
+/// being dropped is not reported as passing; a monitor rule's refusals are
+/// would-drops.
+#[test]
+fn inspect_resolves_classes_bytes_and_monitor() {
+    if !privileged("observability tier") {
+        return;
+    }
+    use policer_tests::traffic::{RunOptions, SpecFlow};
+    let sb = Sandbox::new("inc");
+    let _d = Daemon::attach(&sb, &["--rate", "100pps", "--burst", "10", "--interval", "0"]);
+    for args in [
+        &["rule", "set", "198.18.0.0/24", "--rate", "10pps", "--burst", "1", "--proto", "udp", "--dport", "53"][..],
+        &["rule", "set", "198.18.1.0/24", "--rate", "64kbit", "--burst", "3000b"],
+        &["rule", "set", "198.18.2.0/24", "--rate", "10pps", "--burst", "1", "--action", "monitor"],
+    ] {
+        succeeds(&cli(&sb, args));
+    }
+    let d = ip("198.19.0.1");
+    let dns = FrameSpec::udp_to(ip("198.18.0.5"), d, 64, 53);
+    let big = FrameSpec::udp_to(ip("198.18.1.5"), d, 1042, 9);
+    let flows = [
+        SpecFlow { spec: dns, pps: 2_000.0 },
+        SpecFlow { spec: big, pps: 200.0 },
+        SpecFlow { spec: FrameSpec::udp_to(ip("198.18.2.5"), d, 64, 9), pps: 1_000.0 },
+    ];
+    let sbr = &sb;
+    std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_specs(sbr, &flows, Duration::from_secs(4), &RunOptions::default()));
+        std::thread::sleep(Duration::from_millis(1500));
+        let inspect = |args: &[&str]| {
+            let mut a = vec!["inspect"];
+            a.extend_from_slice(args);
+            a.push("--json");
+            json(&succeeds(&cli(&sb, &a)))
+        };
+        // The class: dropped by it, named.
+        let mut dropped = 0;
+        for _ in 0..5 {
+            let v = inspect(&["198.18.0.5", "--proto", "udp", "--dport", "53"]);
+            assert_eq!(v["rule"], "198.18.0.0/24 [udp dport 53]", "{v}");
+            assert_eq!(v["class"], "udp dport 53", "{v}");
+            assert_eq!(v["has_bucket"], true, "{v}");
+            dropped += u32::from(v["now"] == "drop");
+        }
+        assert!(dropped >= 3, "a source flooding its class at 200x shown as dropped {dropped} of 5 times");
+        // Other UDP from it: the prefix's default rule, no class.
+        let v = inspect(&["198.18.0.5", "--proto", "udp", "--dport", "123"]);
+        assert_eq!(v["rule"], "0.0.0.0/0", "{v}");
+        // No frame: the class bucket is listed.
+        let v = inspect(&["198.18.0.5"]);
+        let buckets = v["buckets"].as_array().unwrap_or_else(|| panic!("no buckets: {v}"));
+        assert!(buckets.iter().any(|b| b["class"] == "udp dport 53" && b["source"] == "198.18.0.5"), "{v}");
+        let text = succeeds(&cli(&sb, &["inspect", "198.18.0.5"]));
+        assert!(text.contains("198.18.0.0/24 [udp dport 53]"), "{text}");
+        // Byte mode: 1042-byte frames at 200/s against 8 kB/s: judged at a
+        // full-size frame, not passing.
+        let mut pass = 0;
+        for _ in 0..5 {
+            let v = inspect(&["198.18.1.5"]);
+            assert_eq!(v["frame_bytes"], 1500, "{v}");
+            pass += u32::from(v["now"] == "pass");
+        }
+        assert!(pass <= 1, "a byte-mode flow dropping nearly every frame shown as pass {pass} of 5 times");
+        // Monitor: would drop, never drop.
+        let v = inspect(&["198.18.2.5"]);
+        assert_eq!((v["verdict"].as_str(), v["now"].as_str()), (Some("would drop"), Some("pass")), "{v}");
+        let text = succeeds(&cli(&sb, &["inspect", "198.18.2.5"]));
+        assert!(text.contains("would drop") && !text.contains("now         drop"), "{text}");
+        let t = json(&succeeds(&cli(&sb, &["top", "-n", "10", "--json"])));
+        let mon = t["by_drops"].as_array().unwrap().iter().find(|e| e["source"] == "198.18.2.5").cloned();
+        assert_eq!(mon.map(|e| e["action"].clone()), Some(serde_json::json!("monitor")), "{t}");
+        let text = succeeds(&cli(&sb, &["top"]));
+        assert!(text.contains("(would drop)"), "{text}");
+        let (_, got) = run.join().unwrap();
+        assert!(got.per_flow[1] > 0);
+    });
 }

@@ -365,6 +365,53 @@ fn bucket_debt_and_fill() {
     assert!(full.abs_diff(1 << 16) <= (1 << 16) >> 13, "{full}");
 }
 
+/// What `policer top` shows of a bucket: read against a clock older than
+/// its last charge (a table walk that read the clock before copying the
+/// bucket), the debt would exceed the bucket; it is shown as the bucket,
+/// and fill never passes 100 %. Read against the clock of the copy, a
+/// source at half its rate shows about half a bucket at most.
+#[test]
+fn shown_debt_never_exceeds_the_bucket() {
+    // 1000 pps, burst 100: a 100 ms bucket.
+    let r = Rule::packets(1000, 100).unwrap().with_id(1);
+    let depth_ns = r.limit >> r.shift;
+    assert_eq!(depth_ns, 100_000_000);
+    let t0 = 5_000_000_000;
+    // Half the rate for 10 s: a frame every 2 ms.
+    let mut tat = r.empty_tat(t0);
+    let mut t = t0;
+    while t < t0 + 10_000_000_000 {
+        tat = r.admit(tat, t, 64).unwrap();
+        t += 2_000_000;
+    }
+    let last = t - 2_000_000;
+    let b = r.bucket(tat);
+    // Read at the clock of the copy (or later): one frame's debt.
+    assert!(b.shown_debt_ns(last) <= 1_000_000, "{}", b.shown_debt_ns(last));
+    assert!(b.fill_q16(last) <= (1 << 16) / 50, "{}", b.fill_q16(last));
+    // Read against a clock 250 ms older than the copy: the walk counted as
+    // debt, capped at the bucket.
+    let stale = last - 250_000_000;
+    assert!(b.debt_ns(stale) > depth_ns, "uncapped: {}", b.debt_ns(stale));
+    // The bucket knows its size to 13 significant bits (see `stamp`).
+    assert!(b.shown_debt_ns(stale).abs_diff(depth_ns) <= depth_ns >> 12, "{}", b.shown_debt_ns(stale));
+    assert!(b.fill_q16(stale) <= 1 << 16);
+}
+
+proptest! {
+    /// Whatever the bucket and the clock, what is shown stays within the
+    /// bucket, and below the uncapped debt.
+    #[test]
+    fn shown_debt_bounded(rate in 1u64..1_000_000, burst in 1u64..10_000, tat in any::<u64>(), now in any::<u64>()) {
+        let r = Rule::packets(rate, burst).unwrap().with_id(1);
+        let b = r.bucket(tat);
+        let (limit, shift) = unstamp(b.stamp());
+        prop_assert!(b.shown_debt_ns(now) <= limit >> shift);
+        prop_assert!(b.shown_debt_ns(now) <= b.debt_ns(now));
+        prop_assert!(b.fill_q16(now) <= 1 << 16);
+    }
+}
+
 #[test]
 fn new_source_limiter() {
     let t = 9_000_000_000;

@@ -1,13 +1,43 @@
-//! `policer inspect ADDR [--json]`: one source, as the policer sees it now.
+//! `policer inspect ADDR [--proto … --dport … --tcp-flags … --icmp-type …
+//! --dst … --frame-bytes N] [--json]`: one source, as the policer sees it
+//! now.
 
 use std::net::IpAddr;
 
 use super::daemon;
+use crate::control::{InspectFrame, InspectView};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The source address (IPv4 or IPv6).
     addr: IpAddr,
+    /// The frame's IP protocol (tcp, udp, icmp, icmpv6, sctp, udplite, or
+    /// a number): judge a frame of this protocol, choosing among the
+    /// prefix's classes as the XDP program does. Without frame options,
+    /// the frame matches no class (the prefix's class-less rule), and every
+    /// bucket the source has is listed.
+    #[arg(long, value_name = "PROTO")]
+    proto: Option<String>,
+    /// The frame's destination port (with --proto tcp, udp, sctp or
+    /// udplite).
+    #[arg(long, value_name = "PORT", requires = "proto")]
+    dport: Option<u16>,
+    /// The TCP flags the frame has set, e.g. `syn` or `syn,ack` (with
+    /// --proto tcp).
+    #[arg(long, value_name = "FLAGS", requires = "proto")]
+    tcp_flags: Option<String>,
+    /// The frame's ICMP type, e.g. 8 for an echo request (with --proto
+    /// icmp or icmpv6).
+    #[arg(long, value_name = "TYPE", requires = "proto")]
+    icmp_type: Option<u8>,
+    /// The frame's destination address; without it, classes that name a
+    /// destination (--dst) do not match.
+    #[arg(long, value_name = "ADDR", requires = "proto")]
+    dst: Option<IpAddr>,
+    /// The frame's length in bytes, for a byte-mode rule (default 1500, a
+    /// full-size frame): whether a frame of this size is admitted now.
+    #[arg(long, value_name = "BYTES")]
+    frame_bytes: Option<u32>,
     /// One JSON object; see docs/json.md for the fields.
     #[arg(long)]
     pub(super) json: bool,
@@ -25,18 +55,28 @@ fn human(ns: u64) -> String {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let v = daemon()?.inspect(a.addr)?;
+    let frame = InspectFrame {
+        proto: a.proto,
+        dport: a.dport,
+        tcp_flags: a.tcp_flags,
+        icmp_type: a.icmp_type,
+        dst: a.dst,
+        bytes: a.frame_bytes,
+    };
+    let v = daemon()?.inspect(a.addr, frame)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let Some(rule) = &v.rule else {
         println!("{}: no rule matches; its frames pass unpoliced", v.address);
+        print_buckets(&v);
         return Ok(());
     };
     let action = v.action.as_deref().unwrap_or("-");
     println!("source      {}", v.address);
     println!("rule        {rule} ({action})");
+    print_buckets(&v);
     if let Some(k) = &v.key {
         println!("bucket key  {k}");
     }
@@ -47,7 +87,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             _ => format!("manual ban of {}", b.prefix),
         };
         println!("banned      {by} until {}, {:.1} s left", b.expires, b.left_seconds);
-        println!("now         {}", v.now);
+        println!("now         {}", verdict(&v));
         return Ok(());
     }
     if matches!(action, "allow" | "deny") {
@@ -79,6 +119,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(ns) => println!("next admit  in {} ({unit})", human(ns)),
         None => println!("next admit  never ({unit} costs more than the bucket holds)"),
     }
-    println!("now         {}", v.now);
+    println!("now         {}", verdict(&v));
     Ok(())
+}
+
+/// The verdict for people: a monitor rule's refusal is a would-drop.
+fn verdict(v: &InspectView) -> String {
+    match v.verdict.as_str() {
+        "would drop" => "would drop (monitor: the frame passes, counted as a would-drop)".into(),
+        "" => v.now.clone(),
+        s => s.into(),
+    }
+}
+
+/// Every bucket the source has (listed without frame options).
+fn print_buckets(v: &InspectView) {
+    if v.buckets.is_empty() {
+        return;
+    }
+    let mut out = String::new();
+    crate::report::top_rows(&mut out, "buckets     (each rule that charges this source)", &v.buckets);
+    print!("{out}");
 }

@@ -14,17 +14,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use policer_common::{BucketKey, Counters, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, RuleCounters, bucket::Action};
+use policer_common::{
+    BucketKey, Counters, FAMILY_V4, FAMILY_V6, MAX_IFACE_SLOTS, Rule, RuleCounters,
+    bucket::Action,
+    class::{ClassFilter, ClassList, ClassLookups, FrameL4},
+};
 use serde::Serialize;
 use tokio::sync::watch;
 
 use super::monotonic_ns;
 use crate::{
     control::{
-        BanView, CountersView, IfaceStats, InspectView, RuleStats, RuleView, StatsView, StatusView, TableStats,
-        TopEntry, TopView,
+        BanView, CountersView, IfaceStats, InspectFrame, InspectView, RuleStats, RuleView, StatsView, StatusView,
+        TableStats, TopEntry, TopView,
     },
-    error::Result,
+    error::{Error, Result},
     loader::MapReader,
     netlink,
     rules::{RuleKey, RuleSpec},
@@ -327,15 +331,12 @@ impl Views {
             drops: u64,
         }
         let mut rows = Vec::new();
-        // The clock as the table is read (every 64 buckets): a bucket read
-        // late in a long read, charged meanwhile, would otherwise show the
-        // time the read took as debt.
-        let mut at = now;
-        self.reader.for_each_bucket(|k, b| {
-            if rows.len() % 64 == 63 {
-                at = monotonic_ns();
-            }
-            rows.push(Row { key: *k, fill: b.fill_q16(at), debt_ns: b.debt_ns(at), drops: b.drops() })
+        // Each bucket judged at the clock read just after its batch of
+        // slots was copied (see `MapReader::for_each_bucket_read`): a
+        // clock older than the copy would count the walk (a quarter of a
+        // second over a 1M-slot table) as debt.
+        self.reader.for_each_bucket_read(|k, b, read_ns| {
+            rows.push(Row { key: *k, fill: b.fill_q16(read_ns), debt_ns: b.shown_debt_ns(read_ns), drops: b.drops() })
         })?;
         let live = rows.len() as u64;
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -360,6 +361,12 @@ impl Views {
                 debt_ns: r.debt_ns,
                 fill: r.fill as f64 / 65536.0,
                 drops: r.drops,
+                action: match set {
+                    Some((_, s)) => s.view.action.clone(),
+                    None => {
+                        rule.and_then(|k| snap.rules.get(&k)).map(|row| row.spec.action.to_string()).unwrap_or_default()
+                    }
+                },
             }
         };
         let mut pick = |key: &dyn Fn(&Row) -> (u64, u64)| -> Vec<TopEntry> {
@@ -380,11 +387,26 @@ impl Views {
         Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops, bans, bans_total })
     }
 
-    /// `policer inspect ADDR`.
-    pub fn inspect(&self, addr: IpAddr) -> Result<InspectView> {
+    /// `policer inspect ADDR [--proto … --dport … …]`: the rule the
+    /// program gives a frame from `addr` (read from its own maps: the
+    /// tries or the fast path, then the class choice of
+    /// `policer_common::class::select`), and that rule's bucket. Without
+    /// frame fields the frame matches no class (the prefix's fallback), and
+    /// every bucket the source has is listed beside.
+    pub fn inspect(&self, addr: IpAddr, frame: &InspectFrame) -> Result<InspectView> {
         let snap = self.snap();
         let now = monotonic_ns();
-        let mut v = InspectView { time_ns: now, address: addr.to_string(), now: "pass".into(), ..Default::default() };
+        let mut v = InspectView {
+            time_ns: now,
+            address: addr.to_string(),
+            now: "pass".into(),
+            verdict: "pass".into(),
+            ..Default::default()
+        };
+        let l4 = frame_l4(addr, frame)?;
+        if frame.is_empty() {
+            v.buckets = self.buckets_of(&snap, addr)?;
+        }
         // A manual ban over it overrides every rule under the ban's prefix.
         if let Some((k, _)) =
             snap.rules.iter().filter(|(k, _)| k.ban && k.net.contains(&addr)).max_by_key(|(k, _)| k.net.prefix_len())
@@ -394,67 +416,71 @@ impl Views {
             v.rule = Some(k.to_string());
             v.action = Some("deny".into());
             v.now = "drop".into();
+            v.verdict = "drop".into();
             return Ok(v);
         }
-        // The class-less rules: a source's bucket of its prefix's class-less
-        // rule (class buckets are shown by `top`).
-        let Some((net, row)) = snap
-            .rules
-            .iter()
-            .filter(|(k, _)| k.class.is_none() && !k.ban && k.net.contains(&addr))
-            .map(|(k, r)| (k.net, r))
-            .max_by_key(|(n, _)| n.prefix_len())
-        else {
+        // The program's own choice, from its maps.
+        let Some(prefix_rule) = self.reader.prefix_rule(addr)? else {
             return Ok(v);
         };
-        // A set's entry longer than the rule's prefix is what the trie
-        // gives the address.
-        let set = snap
-            .sets
-            .iter()
-            .filter_map(|s| s.entry_for(addr).map(|n| (n, s)))
-            .max_by_key(|(n, _)| n.prefix_len())
-            .filter(|(n, _)| n.prefix_len() > net.prefix_len());
-        let (spec, slot) = match set {
-            Some((n, s)) => {
-                v.rule = Some(format!("{} ({n})", s.view.prefix));
-                (if addr.is_ipv4() { &s.spec4 } else { &s.spec6 }, s.slot)
+        let rule = match l4 {
+            Some(f) => {
+                let filter = self.reader.class_filter(prefix_rule.classes)?;
+                let list = match prefix_rule.classes {
+                    0 => None,
+                    g => self.reader.class_list(policer_common::class::index_key(g, f.proto, f.dport))?,
+                };
+                let mut l = Fetched { frame: f, filter: filter.as_ref(), list: list.as_ref() };
+                policer_common::class::select(&prefix_rule, f.proto, &mut l).copied().unwrap_or(prefix_rule)
             }
-            None => {
-                v.rule = Some(net.to_string());
-                (&row.spec, row.slot)
-            }
+            None => prefix_rule,
         };
-        v.action = Some(spec.action.to_string());
-        let key = bucket_key(addr, spec.key_len);
+        if rule.action == policer_common::ACTION_NONE {
+            return Ok(v);
+        }
+        let Some(action) = Action::from_u32(rule.action) else {
+            return Ok(v);
+        };
+        let (label, class, spec) = rule_of_slot(&snap, addr, rule.counter_slot);
+        v.rule = Some(label);
+        v.class = Some(class);
+        v.action = Some(action.to_string());
+        let key = rule_bucket_key(addr, &rule);
         v.key = Some(bucket_source(&key));
-        match spec.action {
+        match action {
             Action::Allow => {
                 v.next_admit_ns = Some(0);
                 return Ok(v);
             }
             Action::Deny => {
                 v.now = "drop".into();
+                v.verdict = "drop".into();
                 return Ok(v);
             }
             Action::Police | Action::Monitor => {}
         }
+        let refusal = if action == Action::Police { "drop" } else { "would drop" };
         // An automatic ban of its bucket key: dropped until it ends.
-        if spec.auto_ban.is_some() {
+        if spec.is_none_or(|s| s.auto_ban.is_some()) {
             let text = bucket_source(&key);
             if let Some(b) = self.bans()?.into_iter().find(|b| b.origin == "auto" && b.prefix == text) {
                 v.next_admit_ns = Some((b.left_seconds * 1e9) as u64);
                 v.ban = Some(b);
-                v.now = if spec.action == Action::Police { "drop" } else { "pass" }.into();
+                v.now = if action == Action::Police { "drop" } else { "pass" }.into();
+                v.verdict = refusal.into();
                 return Ok(v);
             }
         }
-        let rule = spec.kernel(0)?;
-        v.frame_bytes = if rule.byte_cost != 0 { 64 } else { 0 };
+        // Byte mode: a full-size frame unless told (a 64-byte one is
+        // admitted long before the frames a flow really sends).
+        v.frame_bytes = if rule.byte_cost != 0 { frame.bytes.unwrap_or(FULL_FRAME_BYTES) } else { 0 };
         let bucket = self.reader.bucket(&key)?;
+        // The clock after the copy (see `top`).
+        let now = monotonic_ns();
+        v.time_ns = now;
         v.has_bucket = bucket.is_some();
         if let Some(b) = &bucket {
-            v.debt_ns = b.debt_ns(now);
+            v.debt_ns = b.shown_debt_ns(now);
             v.fill = b.fill_q16(now) as f64 / 65536.0;
             v.drops = b.drops();
         }
@@ -465,16 +491,13 @@ impl Views {
             match self.reader.recalled(&key, now)? {
                 Some(debt) => {
                     v.new_source = Some("recalled".into());
-                    v.debt_ns = debt.min(rule.limit >> rule.shift);
-                    v.fill = if rule.limit == 0 {
-                        0.0
-                    } else {
-                        (v.debt_ns as f64 / (rule.limit >> rule.shift) as f64).min(1.0)
-                    };
-                    resumed = Some(rule.bucket(rule.resumed_tat(now, debt)));
+                    let resumed_bucket = rule.bucket(rule.resumed_tat(now, debt));
+                    v.debt_ns = resumed_bucket.shown_debt_ns(now);
+                    v.fill = resumed_bucket.fill_q16(now) as f64 / 65536.0;
+                    resumed = Some(resumed_bucket);
                 }
                 None => {
-                    let ns = self.reader.new_sources(slot)?.unwrap_or_default();
+                    let ns = self.reader.new_sources(rule.counter_slot)?.unwrap_or_default();
                     let open = ns.enabled == 0 || ns.limiter().admit(ns.tat, now, 0).is_some();
                     v.new_source = Some(if open { "accepted" } else { "limited" }.into());
                 }
@@ -483,8 +506,56 @@ impl Views {
         let wait = rule.wait_ns(bucket.as_ref().or(resumed.as_ref()), now, v.frame_bytes.max(64));
         v.next_admit_ns = (wait != u64::MAX).then_some(wait);
         let refused = wait != 0 || v.new_source.as_deref() == Some("limited");
-        v.now = if refused && spec.action == Action::Police { "drop" } else { "pass" }.into();
+        v.now = if refused && action == Action::Police { "drop" } else { "pass" }.into();
+        v.verdict = if refused { refusal } else { "pass" }.into();
         Ok(v)
+    }
+
+    /// Every bucket `addr` has: its class-less bucket and one per class of
+    /// the prefixes over it (each class's buckets are per source and
+    /// class), read at the clock after each copy.
+    fn buckets_of(&self, snap: &Snapshot, addr: IpAddr) -> Result<Vec<TopEntry>> {
+        let mut out = Vec::new();
+        let mut rows: Vec<(String, String, &RuleSpec, u32)> = snap
+            .rules
+            .iter()
+            .filter(|(k, r)| !k.ban && k.net.contains(&addr) && r.spec.action.polices())
+            .map(|(k, r)| (k.to_string(), k.class.to_string(), &r.spec, r.slot))
+            .collect();
+        for s in &snap.sets {
+            if let Some(n) = s.entry_for(addr) {
+                let spec = if addr.is_ipv4() { &s.spec4 } else { &s.spec6 };
+                if spec.action.polices() {
+                    rows.push((format!("{} ({n})", s.view.prefix), "-".into(), spec, s.slot));
+                }
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (label, class, spec, slot) in rows {
+            let Ok(rule) = spec.kernel(slot) else { continue };
+            let mut key = rule_bucket_key(addr, &rule);
+            // A class's buckets are per source and class (its slot); the
+            // compiler sets the flag the program reads, not `kernel`.
+            if !spec.class.is_none() {
+                key.class = slot;
+            }
+            if !seen.insert((key.addr, key.key_len, key.class)) {
+                continue;
+            }
+            if let Some(b) = self.reader.bucket(&key)? {
+                let at = monotonic_ns();
+                out.push(TopEntry {
+                    source: bucket_source(&key),
+                    rule: label,
+                    class,
+                    debt_ns: b.shown_debt_ns(at),
+                    fill: b.fill_q16(at) as f64 / 65536.0,
+                    drops: b.drops(),
+                    action: spec.action.to_string(),
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// (live buckets, buckets evicted so far): a count at most
@@ -608,4 +679,121 @@ fn bucket_source(k: &BucketKey) -> String {
     let a = key_addr(k);
     let full = if a.is_ipv4() { 32 } else { 128 };
     if k.key_len >= full { a.to_string() } else { format!("{a}/{}", k.key_len) }
+}
+
+/// The frame size `policer inspect` judges a byte-mode rule with unless
+/// told: a full Ethernet payload, what bulk flows send.
+const FULL_FRAME_BYTES: u32 = 1500;
+
+/// The frame `inspect` judges, as the program reads it (`None`: no frame
+/// fields given, the frame matches no class).
+fn frame_l4(addr: IpAddr, f: &InspectFrame) -> Result<Option<FrameL4>> {
+    use policer_common::class::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, PROTOS_WITH_PORTS};
+    if let Some(b) = f.bytes
+        && !(64..=policer_common::bucket::MAX_FRAME_LEN).contains(&b)
+    {
+        return Err(Error::Invalid(format!("--frame-bytes {b}: a frame is 64 ..= 65535 bytes")));
+    }
+    let g = InspectFrame { bytes: None, ..f.clone() };
+    if g.is_empty() {
+        return Ok(None);
+    }
+    let Some(proto) = f.proto.as_deref() else {
+        return Err(Error::Invalid(
+            "--dport, --tcp-flags, --icmp-type and --dst need --proto (the frame's protocol)".into(),
+        ));
+    };
+    let proto = crate::classes::parse_proto(proto)?;
+    if f.dport.is_some() && !PROTOS_WITH_PORTS.contains(&proto) {
+        return Err(Error::Invalid("--dport needs a protocol with ports: --proto tcp, udp, sctp or udplite".into()));
+    }
+    let tcp_flags = match f.tcp_flags.as_deref() {
+        Some(t) if proto == IPPROTO_TCP => {
+            let (mask, set) = crate::classes::parse_flags(t)?;
+            if mask != set {
+                return Err(Error::Invalid(format!(
+                    "--tcp-flags '{t}': name the flags the frame has set ('!' is for rules)"
+                )));
+            }
+            set
+        }
+        Some(_) => return Err(Error::Invalid("--tcp-flags needs --proto tcp".into())),
+        None => 0,
+    };
+    if f.icmp_type.is_some() && !matches!(proto, IPPROTO_ICMP | IPPROTO_ICMPV6) {
+        return Err(Error::Invalid("--icmp-type needs --proto icmp or icmpv6".into()));
+    }
+    let dst = match f.dst {
+        Some(d) if d.is_ipv4() != addr.is_ipv4() => {
+            return Err(Error::Invalid(format!("--dst {d}: not of the source's family ({addr})")));
+        }
+        Some(IpAddr::V4(d)) => policer_common::class::mapped_v4(d.octets()),
+        Some(IpAddr::V6(d)) => d.octets(),
+        // The program reads a destination from every frame; unnamed, it
+        // is the unspecified address, which no --dst class holds.
+        None if addr.is_ipv4() => policer_common::class::mapped_v4([0; 4]),
+        None => [0; 16],
+    };
+    Ok(Some(FrameL4 {
+        proto,
+        has_l4: true,
+        dport: f.dport.unwrap_or(0),
+        tcp_flags,
+        icmp_type: f.icmp_type.unwrap_or(0),
+        dst,
+    }))
+}
+
+/// The class maps as the program read them for one frame (fetched before
+/// the choice: the filter of the prefix's group, the index entry of the
+/// frame's protocol and port).
+struct Fetched<'a> {
+    frame: FrameL4,
+    filter: Option<&'a ClassFilter>,
+    list: Option<&'a ClassList>,
+}
+
+impl<'a> ClassLookups<'a> for Fetched<'a> {
+    fn l4(&mut self, proto: u8) -> FrameL4 {
+        FrameL4 { proto, dst: [0; 16], ..self.frame }
+    }
+
+    fn filter(&mut self, _group: u32) -> Option<&'a ClassFilter> {
+        self.filter
+    }
+
+    fn dst(&mut self) -> Option<[u8; 16]> {
+        Some(self.frame.dst)
+    }
+
+    fn index(&mut self, _key: [u8; policer_common::class::INDEX_KEY_BYTES]) -> Option<&'a ClassList> {
+        self.list
+    }
+}
+
+/// The rule (or set) a counter slot belongs to: its label, its class and
+/// its spec.
+fn rule_of_slot(snap: &Snapshot, addr: IpAddr, slot: u32) -> (String, String, Option<&RuleSpec>) {
+    if let Some((k, r)) = snap.rules.iter().find(|(_, r)| r.slot == slot) {
+        return (k.to_string(), k.class.to_string(), Some(&r.spec));
+    }
+    if let Some(s) = snap.sets.iter().find(|s| s.slot == slot) {
+        let label = match s.entry_for(addr) {
+            Some(n) => format!("{} ({n})", s.view.prefix),
+            None => s.view.prefix.clone(),
+        };
+        return (label, "-".into(), Some(if addr.is_ipv4() { &s.spec4 } else { &s.spec6 }));
+    }
+    // A default rule the program holds by itself.
+    (format!("rule slot {slot}"), "-".into(), None)
+}
+
+/// The bucket a frame from `addr` charges under `rule`: its source masked
+/// to the rule's key, and for a class's rule, the class (its slot).
+fn rule_bucket_key(addr: IpAddr, rule: &Rule) -> BucketKey {
+    let mut k = bucket_key(addr, rule.key_len);
+    if rule.flags & policer_common::class::RULE_CLASS != 0 {
+        k.class = rule.counter_slot;
+    }
+    k
 }

@@ -209,8 +209,8 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
             read(bounded(ctx.stats.get()).await.map_or_else(refused, |s| Reply::Stats(Box::new((*s).clone()))))
         }
         Request::Top { n } => read(bounded(ctx.top.run(move || views.top(n))).await.map_or_else(refused, Reply::Top)),
-        Request::Inspect { addr } => read(
-            bounded(ctx.inspect.run(move || views.inspect(addr)))
+        Request::Inspect { addr, frame } => read(
+            bounded(ctx.inspect.run(move || views.inspect(addr, &frame)))
                 .await
                 .map_or_else(refused, |v| Reply::Inspect(Box::new(v))),
         ),
