@@ -197,10 +197,10 @@ fn reload_applies_a_hand_edited_file() {
     for (bad, needle) in [
         (
             format!("{orig}\n[[rule]]\nprefix = \"198.18.7.0/24\"\nrate = \"1kpps\"\nburst = 5\ncolour = \"red\"\n"),
-            "unknown field",
+            "unknown key `colour`",
         ),
         (format!("{orig}\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"5pps\"\n"), "appears twice"),
-        (format!("{orig}\n[[rule]]\nprefix = \"198.18.7.0/24\"\nrate = 500\n"), "invalid type"),
+        (format!("{orig}\n[[rule]]\nprefix = \"198.18.7.0/24\"\nrate = 500\n"), "rate: 500 is not a rate"),
         ("[daemon]\n".to_string(), "no rules"),
     ] {
         std::fs::write(&sb.config, &bad).unwrap();
