@@ -389,6 +389,24 @@ pub struct StatsView {
     pub config: ConfigStatus,
     #[serde(default)]
     pub bans: BanStats,
+    /// The last changes to what the daemon enforces, oldest first (at
+    /// most 20; each is also a line of the daemon's log). Empty from a
+    /// daemon older than this field.
+    #[serde(default)]
+    pub recent_changes: Vec<ChangeRecord>,
+}
+
+/// One change in the audit trail (`stats --json`'s `recent_changes`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeRecord {
+    /// When, RFC 3339 UTC, and the same in Unix milliseconds.
+    pub time: String,
+    pub unix_ms: u64,
+    /// Who: `uid 0 pid 4242` (the control socket's peer), `SIGHUP`, `the
+    /// config file (followed)`, `expiry`, `the program (automatic ban)`.
+    pub who: String,
+    /// What the change did, old → new where there was an old value.
+    pub what: String,
 }
 
 /// Bans now and since the program was loaded (`policer_ban*` on /metrics).

@@ -368,3 +368,76 @@ fn rule_set_merges_and_says_what_changed() {
         "{log}"
     );
 }
+
+/// The audit trail: a rule set through the socket, a reload of a hand
+/// edit (rule by rule, old → new) and an expiry each leave one line in
+/// the daemon's log saying who and what, and `stats --json` lists them.
+#[test]
+fn every_change_is_a_line_of_the_log_and_in_stats() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("aud");
+    let d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let wait_line = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let t = std::time::Instant::now();
+        loop {
+            let log = d.stdout();
+            if let Some(l) = log.lines().find(|l| ok(l)) {
+                return l.to_string();
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "no line for {what} in the daemon's log:\n{log}");
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // A change through the socket, timed: who (uid and pid) and what.
+    succeeds(&cli(&sb, &["rule", "set", "10.9.0.0/16", "--rate", "2kpps", "--ttl", "3s"]));
+    let set = wait_line("rule set", &|l| {
+        l.starts_with("policer: change by uid 0 pid ") && l.contains("added the rule for 10.9.0.0/16")
+    });
+    // A hand edit: one rule changed, one added, reloaded (the follower or
+    // `policer reload`, whichever comes first) rule by rule.
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(text.contains("prefix = \"0.0.0.0/0\"\nrate = \"1kpps\""), "{text}");
+    let edited =
+        text.replacen("prefix = \"0.0.0.0/0\"\nrate = \"1kpps\"", "prefix = \"0.0.0.0/0\"\nrate = \"2kpps\"", 1)
+            + "\n[[rule]]\nprefix = \"198.51.100.0/24\"\naction = \"deny\"\n";
+    std::fs::write(&sb.config, &edited).unwrap();
+    let _ = cli(&sb, &["reload"]);
+    let reload = wait_line("reload", &|l| {
+        (l.starts_with("policer: change by uid 0 pid ")
+            || l.starts_with("policer: change by the config file (followed): "))
+            && l.contains("reloaded ")
+            && l.contains("+198.51.100.0/24 (action deny")
+    });
+    assert!(
+        reload.contains("0.0.0.0/0: rate 1kpps → 2kpps") && reload.contains("1 added, 1 changed, 0 removed"),
+        "{reload}"
+    );
+    // An explicit reload of the same file: a line too (nothing changed).
+    succeeds(&cli(&sb, &["reload"]));
+    let again = wait_line("explicit reload", &|l| {
+        l.starts_with("policer: change by uid 0 pid ")
+            && l.contains("reloaded ")
+            && l.contains("0 added, 0 changed, 0 removed")
+    });
+    // The timed rule ends by itself.
+    let expiry =
+        wait_line("expiry", &|l| l == "policer: change by expiry: the rule for 10.9.0.0/16 expired and was removed");
+    // Each once, and `stats --json` lists them, oldest first, with a time.
+    let log = d.stdout();
+    for l in [&set, &reload, &again, &expiry] {
+        assert_eq!(log.lines().filter(|x| x == l).count(), 1, "{l:?} not once in:\n{log}");
+    }
+    let stats: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["stats", "--json"]))).unwrap();
+    let recent = stats["recent_changes"].as_array().unwrap_or_else(|| panic!("{stats}"));
+    let line_of = |r: &serde_json::Value| {
+        format!("policer: change by {}: {}", r["who"].as_str().unwrap(), r["what"].as_str().unwrap())
+    };
+    let lines: Vec<String> = recent.iter().map(line_of).collect();
+    let pos = |l: &String| lines.iter().position(|x| x == l).unwrap_or_else(|| panic!("{l:?} not in {lines:#?}"));
+    assert!(pos(&set) < pos(&reload) && pos(&reload) < pos(&again) && pos(&again) < pos(&expiry), "{lines:#?}");
+    for r in recent {
+        assert!(r["time"].as_str().is_some_and(|t| t.ends_with('Z')) && r["unix_ms"].as_u64() > Some(0), "{r}");
+    }
+}

@@ -144,6 +144,15 @@ enum Place<'a> {
 }
 
 impl Place<'_> {
+    /// `rule 3 (prefix 10.0.0.0/8)`, `rule 3`, `daemon`.
+    fn head(&self) -> String {
+        match self {
+            Place::Daemon => "daemon".into(),
+            Place::Rule(n, Some(p)) => format!("rule {n} (prefix {p})"),
+            Place::Rule(n, None) => format!("rule {n}"),
+        }
+    }
+
     fn key(&self, key: &str) -> String {
         match self {
             Place::Daemon => format!("daemon.{key}"),
@@ -551,10 +560,11 @@ impl Reader<'_> {
                     self.push(
                         Some(at),
                         format!(
-                            "{}: unknown key; a rule's keys are prefix, rate, burst, action, key_len, proto, dport, \
-                             tcp_flags, icmp_type, dst, total_rate, total_burst, ban_for, ban_after, ban_max, \
-                             ban, reason, expires",
-                            place.key(&format!("`{}`", crate::text::escaped(other)))
+                            "{}: unknown key `{}`; a rule's keys are prefix, rate, burst, action, key_len, proto, \
+                             dport, tcp_flags, icmp_type, dst, total_rate, total_burst, ban_for, ban_after, \
+                             ban_max, ban, reason, expires",
+                            place.head(),
+                            crate::text::escaped(other)
                         ),
                     );
                     false

@@ -764,7 +764,7 @@ fn bad_values_name_the_key_and_an_example() {
         (
             rule("colour = \"red\""),
             4,
-            "rule 1 (prefix 10.0.0.0/8): `colour`: unknown key; a rule's keys are prefix, rate",
+            "rule 1 (prefix 10.0.0.0/8): unknown key `colour`; a rule's keys are prefix, rate",
         ),
         (
             "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1000\n".into(),

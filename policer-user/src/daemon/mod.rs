@@ -19,6 +19,7 @@
 //!   the program attached and policing, as with `--persist`.
 
 mod adopt;
+mod audit;
 mod bans;
 mod follow;
 mod owner;
@@ -122,6 +123,8 @@ pub struct Daemon {
     sets: BTreeMap<String, sets::SetState>,
     /// Where the sets' state files are (beside the config file).
     sets_dir: PathBuf,
+    /// The audit trail, shared with the views and the connections.
+    audit: audit::Audit,
 }
 
 impl Daemon {
@@ -239,13 +242,14 @@ async fn serve(
     start_kernel_log(&mut d.policer);
     let interval = d.interval;
     let reader = d.policer.reader();
+    let audit = d.audit.clone();
     let (snap_tx, snap_rx) = watch::channel(d.snapshot());
     let (owner, handle) = match owner::spawn(d, snap_tx) {
         Ok(x) => x,
         Err(e) => return (Err(e), None),
     };
     let config = PathBuf::from(&snap_rx.borrow().config);
-    let views = Arc::new(Views::new(reader, snap_rx));
+    let views = Arc::new(Views::new(reader, snap_rx, audit));
     follow::start(owner.clone(), &config);
     let r = event_loop(owner.clone(), views, listener, metrics, interval).await;
     // Whatever ended the loop, the owner leaves as configured: ahead of
@@ -319,9 +323,10 @@ async fn event_loop(
             _ = stop_rx.changed() => break,
             _ = sighup.recv() => {
                 let o = owner.clone();
+                let audit = views.audit().clone();
                 tokio::spawn(async move {
                     match o.ask(Command::Reload { discard_runtime: false }).await.result {
-                        Ok(m) => println!("policer: SIGHUP: {m}"),
+                        Ok(m) => audit.record("SIGHUP", &m),
                         Err(e) => println!("policer: SIGHUP: reload refused, nothing changed: {e}"),
                     }
                 });

@@ -190,7 +190,16 @@ impl Daemon {
             Command::RuleSet { rule, runtime, replace, force } => done(self.rule_set(&rule, runtime, replace, force)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
             Command::Reload { discard_runtime } => done(self.reload(discard_runtime)),
-            Command::Follow => done(self.follow()),
+            Command::Follow => {
+                let r = self.follow();
+                // An empty message: nothing was done.
+                if let Ok(m) = &r
+                    && !m.is_empty()
+                {
+                    self.audit.record("the config file (followed)", m);
+                }
+                done(r)
+            }
             Command::Detach { iface } => match self.detach(&iface) {
                 Ok(true) => Outcome {
                     result: Ok(format!("detached from {iface}; no interface left, the daemon exits")),

@@ -208,6 +208,7 @@ impl Daemon {
             reload: super::ruleset::ReloadState::new(),
             changed: false,
             ban_log: Default::default(),
+            audit: Default::default(),
             sets: BTreeMap::new(),
             sets_dir,
         };

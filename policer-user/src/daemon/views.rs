@@ -92,6 +92,8 @@ pub struct Views {
     snapshot: watch::Receiver<Arc<Snapshot>>,
     /// The last count of the bucket table: when, live buckets, evicted.
     live_count: Mutex<Option<(Instant, u64, u64)>>,
+    /// The audit trail (the last changes are in `stats`).
+    audit: super::audit::Audit,
 }
 
 /// `/healthz`: whether the program is attached to every interface the
@@ -113,8 +115,13 @@ pub struct IfaceHealth {
 }
 
 impl Views {
-    pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>) -> Views {
-        Views { reader, snapshot, live_count: Mutex::new(None) }
+    pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>, audit: super::audit::Audit) -> Views {
+        Views { reader, snapshot, live_count: Mutex::new(None), audit }
+    }
+
+    /// The audit trail, to record a change in.
+    pub fn audit(&self) -> &super::audit::Audit {
+        &self.audit
     }
 
     /// A receiver of the owner's snapshots: its `changed()` fails once the
@@ -248,6 +255,7 @@ impl Views {
             table,
             config: snap.config_status.clone(),
             bans,
+            recent_changes: self.audit.recent(),
         })
     }
 

@@ -187,7 +187,7 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
             Ok(message) => {
                 // The audit trail: every change made through the socket, by
                 // whom, with what it changed (old → new where it has one).
-                println!("policer: change by {who}: {}", crate::text::escaped(&message));
+                ctx.views.audit().record(who, &message);
                 Reply::Done { message }
             }
             Err(e) => refused(e),
