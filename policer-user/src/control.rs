@@ -610,6 +610,49 @@ pub struct StatusView {
     /// daemon older than this field: nothing is known then, not a failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_status: Option<ConfigStatus>,
+    // What follows is absent from a daemon older than these fields (an
+    // empty or none value: not known, not "none").
+    /// The daemon's version (the `policer` build it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Seconds since the daemon started serving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uptime_seconds: Option<f64>,
+    /// Each interface and its XDP mode (`native`, `skb`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interface_modes: Vec<IfaceMode>,
+    /// The named sets (`policer rule import`), each with its action and
+    /// entries' count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sets: Option<Vec<SetStatus>>,
+    /// Bans in force now: manual (`policer ban`) and automatic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bans: Option<BanCounts>,
+    /// Where `/metrics` is served (none: not served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
+}
+
+/// An interface and its XDP mode, in `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IfaceMode {
+    pub name: String,
+    pub mode: String,
+}
+
+/// A named set in `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetStatus {
+    pub name: String,
+    pub action: String,
+    pub entries: u64,
+}
+
+/// The bans in force, in `status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BanCounts {
+    pub manual: u64,
+    pub auto: u64,
 }
 
 /// How long the CLI waits for an answer.

@@ -109,6 +109,15 @@ fn kill_9_during_a_flood_keeps_enforcing() {
     assert_eq!(out.status.code(), Some(3));
     fails_with(&out, "policer is attached and policing with the rules it had (program ");
     fails_with(&out, &format!(" on {}; left by a --persist exit or a daemon that died)", sb.rx_if));
+    // The same in JSON: the kept program by id and interface, exit 3.
+    let out = cli(&sb, &["status", "--json"]);
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON status");
+    assert_eq!(v["daemon"], false, "{v}");
+    assert_eq!(v["exit"], 3, "{v}");
+    assert_eq!(v["policing"][0]["interface"], sb.rx_if.as_str(), "{v}");
+    assert_eq!(v["policing"][0]["program_id"].to_string(), id, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("no policer daemon is running"), "{v}");
     // A usage error: exit status 2 for every verb, and JSON when asked for.
     for verb in [&["stats", "--json", "--bogus"][..], &["ban", "10.0.0.0/8", "--json"], &["rule", "ls", "--json", "x"]]
     {
@@ -440,4 +449,47 @@ fn every_change_is_a_line_of_the_log_and_in_stats() {
     for r in recent {
         assert!(r["time"].as_str().is_some_and(|t| t.ends_with('Z')) && r["unix_ms"].as_u64() > Some(0), "{r}");
     }
+}
+
+/// `policer status` says what runs: version, uptime, each interface's
+/// mode, the config and whether it can be written, rules, sets, bans and
+/// where /metrics is served; `--json` the same, field by field.
+#[test]
+fn status_says_what_runs() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("sts");
+    let sets_dir = std::path::Path::new(&sb.config).with_extension("sets");
+    let _ = std::fs::remove_dir_all(&sets_dir);
+    let list = std::env::temp_dir().join(format!("plc-sts-{}.txt", std::process::id()));
+    std::fs::write(&list, "192.0.2.0/24\n198.51.100.7\n").unwrap();
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--interval", "0", "--mode", "skb", "--metrics", "9477"]);
+    succeeds(&cli(&sb, &["rule", "import", list.to_str().unwrap(), "--set", "feed", "--action", "deny"]));
+    succeeds(&cli(&sb, &["ban", "203.0.113.0/24", "--for", "1h"]));
+    thread::sleep(Duration::from_millis(1100));
+    let text = succeeds(&cli(&sb, &["status"]));
+    let version = env!("CARGO_PKG_VERSION");
+    for want in [
+        format!("policer {version} daemon pid "),
+        ", up ".to_string(),
+        format!("interfaces: {} (skb)", sb.rx_if),
+        format!("config: {}; writable; 3 rules", sb.config),
+        "sets: feed (deny, 2 entries)".to_string(),
+        "bans: 1 manual, 0 automatic".to_string(),
+        "metrics: http://127.0.0.1:9477/metrics".to_string(),
+    ] {
+        assert!(text.contains(&want), "no {want:?} in:\n{text}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(v["version"], version, "{v}");
+    assert!(v["uptime_seconds"].as_f64().is_some_and(|u| u >= 1.0), "{v}");
+    assert_eq!(v["interface_modes"], serde_json::json!([{ "name": sb.rx_if, "mode": "skb" }]), "{v}");
+    assert_eq!(v["sets"], serde_json::json!([{ "name": "feed", "action": "deny", "entries": 2 }]), "{v}");
+    assert_eq!(v["bans"], serde_json::json!({ "manual": 1, "auto": 0 }), "{v}");
+    assert_eq!(v["metrics"], "127.0.0.1:9477", "{v}");
+    assert_eq!(v["config_status"]["read_only"], false, "{v}");
+    assert_eq!(v["rules"], 3, "{v}");
+    let _ = std::fs::remove_file(&list);
+    let _ = std::fs::remove_dir_all(&sets_dir);
 }

@@ -125,6 +125,8 @@ pub struct Daemon {
     sets_dir: PathBuf,
     /// The audit trail, shared with the views and the connections.
     audit: audit::Audit,
+    /// Where `/metrics` is served (the listener itself goes to the server).
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Daemon {

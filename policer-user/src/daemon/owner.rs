@@ -143,7 +143,15 @@ impl Daemon {
     pub(super) fn snapshot(&self) -> Arc<Snapshot> {
         let now_ms = crate::duration::unix_ms();
         Arc::new(Snapshot {
-            ifaces: self.ifaces.iter().map(|i| IfaceRef { name: i.name.clone(), index: i.index }).collect(),
+            ifaces: self
+                .ifaces
+                .iter()
+                .map(|i| IfaceRef {
+                    name: i.name.clone(),
+                    index: i.index,
+                    mode: crate::loader::Mode::flag_name(i.mode_flags),
+                })
+                .collect(),
             rules: self
                 .rs
                 .rules()
@@ -164,6 +172,7 @@ impl Daemon {
             program_id: self.program_id,
             config_status: self.reload.status(self.file.sha256(), self.file.read_only()),
             sets: self.set_rows(),
+            metrics: self.metrics_addr,
         })
     }
 

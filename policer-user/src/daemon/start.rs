@@ -189,6 +189,7 @@ impl Daemon {
         let shared = survey.adopt_from.is_some();
         let new_prog = policer.prog_fd_owned()?;
         let maps = if shared { Some(policer.shared_maps()?) } else { None };
+        let metrics_addr = claim.metrics.as_ref().and_then(|m| m.local_addr().ok());
         let mut d = Daemon {
             program_id,
             policer,
@@ -209,6 +210,7 @@ impl Daemon {
             changed: false,
             ban_log: Default::default(),
             audit: Default::default(),
+            metrics_addr,
             sets: BTreeMap::new(),
             sets_dir,
         };
