@@ -304,10 +304,7 @@ impl Reader<'_> {
     /// One `[[rule]]`: the rule when every key has a valid value; each
     /// problem otherwise.
     fn rule(&mut self, origin: Origin, item: &Spanned<DeValue<'_>>) -> Option<RuleConfig> {
-        let Some(t) = self.table(&format!("rule {}", origin.number), item, "[[rule]] with prefix = \"10.0.0.0/8\"")
-        else {
-            return None;
-        };
+        let t = self.table(&format!("rule {}", origin.number), item, "[[rule]] with prefix = \"10.0.0.0/8\"")?;
         // The prefix first: every other message names it.
         let prefix = t.iter().find(|(k, _)| &**k.get_ref() == "prefix").map(|(_, v)| v);
         let prefix_text = match prefix.map(|p| p.get_ref()) {
