@@ -392,6 +392,24 @@ pub struct StatsView {
     pub config: ConfigStatus,
     #[serde(default)]
     pub bans: BanStats,
+    /// The last changes to what the daemon enforces, oldest first (at
+    /// most 20; each is also a line of the daemon's log). Empty from a
+    /// daemon older than this field.
+    #[serde(default)]
+    pub recent_changes: Vec<ChangeRecord>,
+}
+
+/// One change in the audit trail (`stats --json`'s `recent_changes`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeRecord {
+    /// When, RFC 3339 UTC, and the same in Unix milliseconds.
+    pub time: String,
+    pub unix_ms: u64,
+    /// Who: `uid 0 pid 4242` (the control socket's peer), `SIGHUP`, `the
+    /// config file (followed)`, `expiry`, `the program (automatic ban)`.
+    pub who: String,
+    /// What the change did, old → new where there was an old value.
+    pub what: String,
 }
 
 /// Bans now and since the program was loaded (`policer_ban*` on /metrics).
@@ -637,6 +655,49 @@ pub struct StatusView {
     /// daemon older than this field: nothing is known then, not a failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_status: Option<ConfigStatus>,
+    // What follows is absent from a daemon older than these fields (an
+    // empty or none value: not known, not "none").
+    /// The daemon's version (the `policer` build it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Seconds since the daemon started serving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uptime_seconds: Option<f64>,
+    /// Each interface and its XDP mode (`native`, `skb`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interface_modes: Vec<IfaceMode>,
+    /// The named sets (`policer rule import`), each with its action and
+    /// entries' count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sets: Option<Vec<SetStatus>>,
+    /// Bans in force now: manual (`policer ban`) and automatic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bans: Option<BanCounts>,
+    /// Where `/metrics` is served (none: not served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
+}
+
+/// An interface and its XDP mode, in `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IfaceMode {
+    pub name: String,
+    pub mode: String,
+}
+
+/// A named set in `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetStatus {
+    pub name: String,
+    pub action: String,
+    pub entries: u64,
+}
+
+/// The bans in force, in `status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BanCounts {
+    pub manual: u64,
+    pub auto: u64,
 }
 
 /// How long the CLI waits for an answer.

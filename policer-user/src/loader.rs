@@ -965,7 +965,7 @@ impl MapReader {
         // The drop counts first (a set's index is its key), then the sets.
         let drops: Vec<SetDrops> = read_array(drops, name)?;
         crate::batch::for_each_batch(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), 8192, |entries| {
-            let read_ns = crate::daemon::monotonic_ns();
+            let read_ns = crate::duration::monotonic_ns();
             for (k, v) in entries {
                 // SAFETY: the kernel wrote a key and a value of these Pod types.
                 let (i, set) = unsafe {

@@ -310,7 +310,7 @@ fn a_configmap_swap_is_followed_and_a_bad_one_keeps_the_rules() {
     cm.swap(&format!("{deny}\n[[rule]]\nprefix = \"198.19.0.0/24\"\nrate = \"1kpps\"\ncolour = \"red\"\n"));
     wait_for(|| stats(&sb)["config"]["last_reload_success"] == false, "the refused reload shows");
     let said = d.stdout();
-    assert!(said.contains("not applied, the running rules stay") && said.contains("unknown field"), "{said}");
+    assert!(said.contains("not applied, the running rules stay") && said.contains("unknown key `colour`"), "{said}");
     let (sent, got) = traffic::run(&sb, std::slice::from_ref(&src), Duration::from_millis(500));
     assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "a refused file lifted the deny");
     assert_eq!(stats(&sb)["config"]["sha256"], after["sha256"], "the hash in force is the applied file's");
@@ -466,20 +466,28 @@ fn check_validates_a_file_without_root_or_daemon() {
         "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n\n\
          [[rule]]\nprefix = \"10.0.0.1/8\"\nrate = \"1kpps\"\n\n\
          [[rule]]\nprefix = \"192.0.2.0/24\"\nrate = \"fast\"\n\n\
-         [[rule]]\nprefix = \"0.0.0.0/0\"\naction = \"deny\"\n",
+         [[rule]]\nprefix = \"0.0.0.0/0\"\naction = \"deny\"\n\n\
+         [[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1kpps\n\
+         [[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nburst = \"abc\"\n",
     )
     .unwrap();
     let out = check_as_nobody(&bad, false);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
+    // `policer check FILE` is the same.
+    let positional = Command::new(policer_tests::daemon::policer_bin()).arg("check").arg(&bad).output().unwrap();
+    assert_eq!((positional.status.code(), String::from_utf8_lossy(&positional.stderr)), (Some(1), err.clone()));
     let b = bad.display();
     for want in [
-        format!("{b}:5: rule #2 (10.0.0.1/8)"),
-        format!("{b}:9: rule #3 (192.0.2.0/24): rate 'fast'"),
-        format!("{b}:13: rule #4 (0.0.0.0/0): prefix 0.0.0.0/0 appears twice"),
+        format!("{b}:6: rule 2 (prefix 10.0.0.1/8): prefix: '10.0.0.1/8' has host bits set"),
+        format!("{b}:11: rule 3 (prefix 192.0.2.0/24): rate: \"fast\" is not a rate; write rate = \"10kpps\""),
+        format!("{b}:13: rule 4 (prefix 0.0.0.0/0): prefix 0.0.0.0/0 appears twice"),
+        format!("{b}:19: not valid TOML"),
+        format!("{b}:23: rule 6 (prefix 10.0.0.0/8): burst: \"abc\" is not a burst; write a count like burst = 50"),
     ] {
         assert!(err.contains(&want), "missing {want:?} in:\n{err}");
     }
+    assert_eq!(err.lines().count(), 5, "one line a problem, no noise from the rule cut short:\n{err}");
     assert!(!err.contains("panicked"));
     // A syntax error names its line; JSON says the same.
     std::fs::write(&bad, "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = 1kpps\n").unwrap();

@@ -109,6 +109,15 @@ fn kill_9_during_a_flood_keeps_enforcing() {
     assert_eq!(out.status.code(), Some(3));
     fails_with(&out, "policer is attached and policing with the rules it had (program ");
     fails_with(&out, &format!(" on {}; left by a --persist exit or a daemon that died)", sb.rx_if));
+    // The same in JSON: the kept program by id and interface, exit 3.
+    let out = cli(&sb, &["status", "--json"]);
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON status");
+    assert_eq!(v["daemon"], false, "{v}");
+    assert_eq!(v["exit"], 3, "{v}");
+    assert_eq!(v["policing"][0]["interface"], sb.rx_if.as_str(), "{v}");
+    assert_eq!(v["policing"][0]["program_id"].to_string(), id, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("no policer daemon is running"), "{v}");
     // A usage error: exit status 2 for every verb, and JSON when asked for.
     for verb in [&["stats", "--json", "--bogus"][..], &["ban", "10.0.0.0/8", "--json"], &["rule", "ls", "--json", "x"]]
     {
@@ -197,10 +206,10 @@ fn reload_applies_a_hand_edited_file() {
     for (bad, needle) in [
         (
             format!("{orig}\n[[rule]]\nprefix = \"198.18.7.0/24\"\nrate = \"1kpps\"\nburst = 5\ncolour = \"red\"\n"),
-            "unknown field",
+            "unknown key `colour`",
         ),
         (format!("{orig}\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"5pps\"\n"), "appears twice"),
-        (format!("{orig}\n[[rule]]\nprefix = \"198.18.7.0/24\"\nrate = 500\n"), "invalid type"),
+        (format!("{orig}\n[[rule]]\nprefix = \"198.18.7.0/24\"\nrate = 500\n"), "rate: 500 is not a rate"),
         ("[daemon]\n".to_string(), "no rules"),
     ] {
         std::fs::write(&sb.config, &bad).unwrap();
@@ -367,4 +376,120 @@ fn rule_set_merges_and_says_what_changed() {
             && l.contains("changed the rule for 10.0.0.0/8: rate 5kpps → 10kpps")),
         "{log}"
     );
+}
+
+/// The audit trail: a rule set through the socket, a reload of a hand
+/// edit (rule by rule, old → new) and an expiry each leave one line in
+/// the daemon's log saying who and what, and `stats --json` lists them.
+#[test]
+fn every_change_is_a_line_of_the_log_and_in_stats() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("aud");
+    let d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let wait_line = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let t = std::time::Instant::now();
+        loop {
+            let log = d.stdout();
+            if let Some(l) = log.lines().find(|l| ok(l)) {
+                return l.to_string();
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "no line for {what} in the daemon's log:\n{log}");
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // A change through the socket, timed: who (uid and pid) and what.
+    succeeds(&cli(&sb, &["rule", "set", "10.9.0.0/16", "--rate", "2kpps", "--ttl", "3s"]));
+    let set = wait_line("rule set", &|l| {
+        l.starts_with("policer: change by uid 0 pid ") && l.contains("added the rule for 10.9.0.0/16")
+    });
+    // A hand edit: one rule changed, one added, reloaded (the follower or
+    // `policer reload`, whichever comes first) rule by rule.
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(text.contains("prefix = \"0.0.0.0/0\"\nrate = \"1kpps\""), "{text}");
+    let edited =
+        text.replacen("prefix = \"0.0.0.0/0\"\nrate = \"1kpps\"", "prefix = \"0.0.0.0/0\"\nrate = \"2kpps\"", 1)
+            + "\n[[rule]]\nprefix = \"198.51.100.0/24\"\naction = \"deny\"\n";
+    std::fs::write(&sb.config, &edited).unwrap();
+    let _ = cli(&sb, &["reload"]);
+    let reload = wait_line("reload", &|l| {
+        (l.starts_with("policer: change by uid 0 pid ")
+            || l.starts_with("policer: change by the config file (followed): "))
+            && l.contains("reloaded ")
+            && l.contains("+198.51.100.0/24 (action deny")
+    });
+    assert!(
+        reload.contains("0.0.0.0/0: rate 1kpps → 2kpps") && reload.contains("1 added, 1 changed, 0 removed"),
+        "{reload}"
+    );
+    // An explicit reload of the same file: a line too (nothing changed).
+    succeeds(&cli(&sb, &["reload"]));
+    let again = wait_line("explicit reload", &|l| {
+        l.starts_with("policer: change by uid 0 pid ")
+            && l.contains("reloaded ")
+            && l.contains("0 added, 0 changed, 0 removed")
+    });
+    // The timed rule ends by itself.
+    let expiry =
+        wait_line("expiry", &|l| l == "policer: change by expiry: the rule for 10.9.0.0/16 expired and was removed");
+    // Each once, and `stats --json` lists them, oldest first, with a time.
+    let log = d.stdout();
+    for l in [&set, &reload, &again, &expiry] {
+        assert_eq!(log.lines().filter(|x| x == l).count(), 1, "{l:?} not once in:\n{log}");
+    }
+    let stats: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["stats", "--json"]))).unwrap();
+    let recent = stats["recent_changes"].as_array().unwrap_or_else(|| panic!("{stats}"));
+    let line_of = |r: &serde_json::Value| {
+        format!("policer: change by {}: {}", r["who"].as_str().unwrap(), r["what"].as_str().unwrap())
+    };
+    let lines: Vec<String> = recent.iter().map(line_of).collect();
+    let pos = |l: &String| lines.iter().position(|x| x == l).unwrap_or_else(|| panic!("{l:?} not in {lines:#?}"));
+    assert!(pos(&set) < pos(&reload) && pos(&reload) < pos(&again) && pos(&again) < pos(&expiry), "{lines:#?}");
+    for r in recent {
+        assert!(r["time"].as_str().is_some_and(|t| t.ends_with('Z')) && r["unix_ms"].as_u64() > Some(0), "{r}");
+    }
+}
+
+/// `policer status` says what runs: version, uptime, each interface's
+/// mode, the config and whether it can be written, rules, sets, bans and
+/// where /metrics is served; `--json` the same, field by field.
+#[test]
+fn status_says_what_runs() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("sts");
+    let sets_dir = std::path::Path::new(&sb.config).with_extension("sets");
+    let _ = std::fs::remove_dir_all(&sets_dir);
+    let list = std::env::temp_dir().join(format!("plc-sts-{}.txt", std::process::id()));
+    std::fs::write(&list, "192.0.2.0/24\n198.51.100.7\n").unwrap();
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--interval", "0", "--mode", "skb", "--metrics", "9477"]);
+    succeeds(&cli(&sb, &["rule", "import", list.to_str().unwrap(), "--set", "feed", "--action", "deny"]));
+    succeeds(&cli(&sb, &["ban", "203.0.113.0/24", "--for", "1h"]));
+    thread::sleep(Duration::from_millis(1100));
+    let text = succeeds(&cli(&sb, &["status"]));
+    let version = env!("CARGO_PKG_VERSION");
+    for want in [
+        format!("policer {version} daemon pid "),
+        ", up ".to_string(),
+        format!("interfaces: {} (skb)", sb.rx_if),
+        format!("config: {}; writable; 3 rules", sb.config),
+        "sets: feed (deny, 2 entries)".to_string(),
+        "bans: 1 manual, 0 automatic".to_string(),
+        "metrics: http://127.0.0.1:9477/metrics".to_string(),
+    ] {
+        assert!(text.contains(&want), "no {want:?} in:\n{text}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(v["version"], version, "{v}");
+    assert!(v["uptime_seconds"].as_f64().is_some_and(|u| u >= 1.0), "{v}");
+    assert_eq!(v["interface_modes"], serde_json::json!([{ "name": sb.rx_if, "mode": "skb" }]), "{v}");
+    assert_eq!(v["sets"], serde_json::json!([{ "name": "feed", "action": "deny", "entries": 2 }]), "{v}");
+    assert_eq!(v["bans"], serde_json::json!({ "manual": 1, "auto": 0 }), "{v}");
+    assert_eq!(v["metrics"], "127.0.0.1:9477", "{v}");
+    assert_eq!(v["config_status"]["read_only"], false, "{v}");
+    assert_eq!(v["rules"], 3, "{v}");
+    let _ = std::fs::remove_file(&list);
+    let _ = std::fs::remove_dir_all(&sets_dir);
 }

@@ -1,5 +1,6 @@
-//! `policer check [--config FILE] [--json]`: validate a config file the
-//! way `attach` and `reload` do, without root and without a daemon.
+//! `policer check [FILE | --config FILE] [--json]`: validate a config file
+//! the way `attach` and `reload` do, without root and without a daemon;
+//! every problem of the file in one run, each with its line.
 
 use std::path::PathBuf;
 
@@ -9,9 +10,12 @@ use crate::config::{Config, DEFAULT_PATH, Problem};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The file to check.
-    #[arg(long, default_value = DEFAULT_PATH)]
+    /// The file to check (or give it as FILE).
+    #[arg(long, default_value = DEFAULT_PATH, conflicts_with = "file")]
     config: PathBuf,
+    /// The file to check, as `policer check FILE`.
+    #[arg(value_name = "FILE")]
+    file: Option<PathBuf>,
     /// One JSON object: {"ok", "file", "rules", "ipv4_rules", "ipv6_rules", "interfaces", "problems"}.
     #[arg(long)]
     pub(super) json: bool,
@@ -31,7 +35,10 @@ struct Report<'a> {
     problems: &'a [Problem],
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    if let Some(f) = a.file.take() {
+        a.config = f;
+    }
     let file = a.config.display().to_string();
     // As the daemon reads it: a regular file of bounded size, without
     // blocking on a FIFO (`files.rs`).

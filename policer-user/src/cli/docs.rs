@@ -44,7 +44,11 @@ fn write_pages(cmd: &clap::Command, name: &str, dir: &Path, out: &mut Vec<PathBu
     let path = dir.join(format!("{name}.8"));
     let mut buf = Vec::new();
     page.render(&mut buf)?;
-    std::fs::write(&path, buf)?;
+    // clap_mangen puts the top command's after-help (the exit codes) under
+    // EXTRA; man-pages(7) names that section EXIT STATUS.
+    let text = String::from_utf8(buf)?;
+    let text = if name == "policer" { text.replacen(".SH EXTRA", ".SH \"EXIT STATUS\"", 1) } else { text };
+    std::fs::write(&path, text)?;
     out.push(path);
     for sub in cmd.get_subcommands() {
         write_pages(sub, &format!("{name}-{}", sub.get_name()), dir, out)?;
@@ -76,6 +80,11 @@ mod tests {
         assert!(!names.iter().any(|n| n.contains("completions") || n.contains("-man")), "hidden verbs: {names:?}");
         let main = std::fs::read_to_string(dir.path().join("policer.8")).unwrap();
         assert!(main.contains(".TH policer 8") && main.contains("inspect"), "{main}");
+        // The exit codes, each on its line, under EXIT STATUS.
+        let exit = main.split_once(".SH \"EXIT STATUS\"").map(|(_, t)| t).unwrap_or_else(|| panic!("{main}"));
+        for code in ["0  done", "1  refused or invalid", "2  usage", "3  no daemon runs"] {
+            assert!(exit.contains(code), "no {code:?} in the EXIT STATUS of:\n{main}");
+        }
         for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "policer", &mut out);

@@ -20,13 +20,26 @@ use clap::{Parser, Subcommand};
 
 use crate::control;
 
+/// The exit status of every verb, as `policer --help` and the man page's
+/// EXIT STATUS section say it (the codes of LSB `status`: 3 is "not
+/// running").
+pub(crate) const EXIT_STATUS: &str = "\
+Exit status:
+  0  done (for `check`: the file is valid)
+  1  refused or invalid: a bad value, a rule the daemon refuses, a config
+     file with problems, a kernel or file error; nothing was changed
+  2  usage: an unknown verb or option, a missing or malformed argument
+  3  no daemon runs in this network namespace (LSB `status`: not running)
+
+With --json, an error is {\"error\": \"...\"} on stdout, with the same status.";
+
 #[derive(Parser)]
 #[command(
     name = "policer",
     version,
     about = "Per-source packet-rate policer in XDP",
-    after_long_help = "Exit status: 0 done; 1 refused or invalid (nothing changed); 2 usage (a wrong \
-                       option or argument); 3 no daemon is running in this network namespace."
+    after_help = "Exit status: 0 done, 1 refused or invalid, 2 usage, 3 no daemon (--help says more).",
+    after_long_help = EXIT_STATUS
 )]
 pub struct Cli {
     /// Seconds to wait for the daemon's answer. A change that times out

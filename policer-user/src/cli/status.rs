@@ -1,9 +1,13 @@
-//! `policer status`.
+//! `policer status`: the running daemon (version, uptime, interfaces and
+//! their modes, config and whether it is read-only, rules, sets, bans,
+//! metrics); with no daemon, whether a kept program is policing anyway.
 
 use super::daemon;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// One JSON object: the daemon's status; with no daemon, an error
+    /// object that names any program still policing (exit status 3).
     #[arg(long)]
     pub(super) json: bool,
 }
@@ -13,40 +17,41 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Ok(s) => s,
         // No daemon, but a program kept by --persist may be policing: say so
         // (still exit status 3: no daemon).
-        Err(crate::Error::NoDaemon) => {
-            let kept = crate::daemon::attached_programs();
-            if kept.is_empty() {
-                return Err(crate::Error::NoDaemon.into());
-            }
-            let on: Vec<String> = kept.iter().map(|(i, p)| format!("program {p} on {i}")).collect();
-            let first = &kept[0].0;
-            return Err(anyhow::Error::new(crate::Error::NoDaemon).context(format!(
-                "no daemon, but policer is attached and policing with the rules it had ({}; left by a --persist \
-                 exit or a daemon that died): \
-                 `policer attach {first}` adopts it, `policer detach {first}` removes it",
-                on.join(", ")
-            )));
-        }
+        Err(crate::Error::NoDaemon) => return no_daemon(a.json),
         Err(e) => return Err(e.into()),
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
+    let version = s.version.as_deref().map_or_else(|| "policer daemon".to_string(), |v| format!("policer {v} daemon"));
+    let up = s
+        .uptime_seconds
+        .map(|u| format!(", up {}", crate::duration::format(std::time::Duration::from_secs(u as u64))))
+        .unwrap_or_default();
+    println!(
+        "{version} pid {}{up}; program {}; {}",
+        s.pid,
+        s.program_id,
+        if s.persist { "keeps policing on exit (--persist)" } else { "detaches on exit" }
+    );
+    let ifaces = if s.interface_modes.is_empty() {
+        s.interfaces.join(", ")
+    } else {
+        s.interface_modes.iter().map(|i| format!("{} ({})", i.name, i.mode)).collect::<Vec<_>>().join(", ")
+    };
+    println!("interfaces: {ifaces}");
     let runtime = if s.runtime_rules > 0 {
         format!(" ({} not persisted: set with --runtime; `policer rule ls` shows which)", s.runtime_rules)
     } else {
         String::new()
     };
-    println!(
-        "policer daemon pid {} on {}; {} rules{runtime} from {}; program {}; {}",
-        s.pid,
-        s.interfaces.join(", "),
-        s.rules,
-        s.config,
-        s.program_id,
-        if s.persist { "persists on exit" } else { "detaches on exit" }
-    );
+    let writable = match &s.config_status {
+        Some(c) if c.read_only => "; read-only: rule changes need --runtime",
+        Some(_) => "; writable",
+        None => "",
+    };
+    println!("config: {}{writable}; {} rules{runtime}", s.config, s.rules);
     if let Some(c) = &s.config_status
         && !c.last_reload_success
     {
@@ -55,5 +60,56 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             c.last_reload_error.as_deref().unwrap_or("(no reason recorded)")
         );
     }
+    if let Some(sets) = &s.sets {
+        let text = if sets.is_empty() {
+            "none".to_string()
+        } else {
+            sets.iter()
+                .map(|x| format!("{} ({}, {} entries)", x.name, x.action, x.entries))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!("sets: {text}");
+    }
+    if let Some(b) = s.bans {
+        println!("bans: {} manual, {} automatic (`policer ban ls` lists them)", b.manual, b.auto);
+    }
+    if s.version.is_some() {
+        match &s.metrics {
+            Some(m) => println!("metrics: http://{m}/metrics"),
+            None => println!("metrics: not served (attach --metrics ADDR serves them)"),
+        }
+    }
     Ok(())
+}
+
+/// No daemon: exit status 3, and any policer program left attached named
+/// with its id (a `--persist` exit, or a daemon that died): it polices
+/// with the rules it had.
+fn no_daemon(json: bool) -> anyhow::Result<()> {
+    let kept = crate::daemon::attached_programs();
+    if kept.is_empty() {
+        return Err(crate::Error::NoDaemon.into());
+    }
+    let on: Vec<String> = kept.iter().map(|(i, p)| format!("program {p} on {i}")).collect();
+    let first = &kept[0].0;
+    let message = format!(
+        "no daemon, but policer is attached and policing with the rules it had ({}; left by a --persist \
+         exit or a daemon that died): `policer attach {first}` adopts it, `policer detach {first}` removes it",
+        on.join(", ")
+    );
+    if json {
+        let programs: Vec<serde_json::Value> =
+            kept.iter().map(|(i, p)| serde_json::json!({ "interface": i, "program_id": p })).collect();
+        let v = serde_json::json!({
+            "error": format!("{message}: {}", crate::Error::NoDaemon),
+            "exit": super::Cli::EXIT_NO_DAEMON,
+            "daemon": false,
+            "policing": programs,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        // Printed; the exit status is still "no daemon".
+        return Err(anyhow::Error::new(crate::Error::NoDaemon).context(super::Quiet));
+    }
+    Err(anyhow::Error::new(crate::Error::NoDaemon).context(message))
 }

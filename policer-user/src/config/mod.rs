@@ -30,6 +30,7 @@
 
 mod edit;
 mod file;
+mod read;
 mod write;
 
 #[cfg(test)]
@@ -103,47 +104,69 @@ pub(crate) const HEADER: &str = "\
 
 impl Config {
     /// Parses and validates the whole text; on any error nothing is used.
+    /// The error is the first problem, with its line; `policer check`
+    /// lists them all.
     pub fn parse(text: &str, origin: &Path) -> Result<(Config, BTreeMap<RuleKey, RuleSpec>)> {
-        let cfg: Config = toml::from_str(text)
-            .map_err(|e| Error::Invalid(format!("{}: {}", origin.display(), e.to_string().trim())))?;
-        let rules = cfg.validate().map_err(|e| Error::Invalid(format!("{}: {e}", origin.display())))?;
-        Ok((cfg, rules))
+        let (cfg, rules, problems) = Config::check_all(text);
+        if problems.is_empty() {
+            return Ok((cfg, rules));
+        }
+        Err({
+            let more = problems.len().saturating_sub(1);
+            let first = problems.into_iter().next().map_or_else(String::new, |p| match p.line {
+                Some(l) => format!("line {l}: {}", p.message),
+                None => p.message,
+            });
+            let more = match more {
+                0 => String::new(),
+                1 => " (and 1 more problem: `policer check --config FILE` lists them all)".into(),
+                n => format!(" (and {n} more problems: `policer check --config FILE` lists them all)"),
+            };
+            Error::Invalid(format!("{}: {first}{more}", origin.display()))
+        })
+    }
+
+    /// Every problem of `text` (syntax, keys and values, rules), each with
+    /// its line where it has one; or the config and its rules.
+    fn check_all(text: &str) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
+        let read = read::read(text);
+        let (rules, semantic) = read.config.problems_at(&read.origins);
+        let mut problems = read.problems;
+        // The rules' own checks speak of the command line's options; in
+        // a file, the keys are what the operator wrote.
+        problems.extend(semantic.into_iter().map(|p| Problem { message: as_keys(&p.message), ..p }));
+        // In the order of the file; the file-wide ones last.
+        problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
+        (read.config, rules, problems)
     }
 
     /// Validates every rule; prefixes must be unique. The first problem
-    /// is the error (see [`Config::problems`] for all of them).
+    /// is the error (see [`Config::check`] for all of them).
     pub fn validate(&self) -> Result<BTreeMap<RuleKey, RuleSpec>> {
-        let (rules, problems) = self.problems(None);
+        let origins: Vec<read::Origin> =
+            (0..self.rules.len()).map(|i| read::Origin { number: i + 1, line: None }).collect();
+        let (rules, problems) = self.problems_at(&origins);
         match problems.into_iter().next() {
             Some(p) => Err(Error::Invalid(p.message)),
             None => Ok(rules),
         }
     }
 
-    /// Every problem of the config, each with the line of its `[[rule]]`
-    /// table when `text` (the file it came from) is given; and the rules
-    /// that are valid.
-    pub fn problems(&self, text: Option<&str>) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
-        // Lines of the `[[rule]]` headers, in order (1-based); when the
-        // count does not match (rules written as an inline array), none.
-        let heads: Vec<usize> = text
-            .map(|t| {
-                t.lines()
-                    .enumerate()
-                    .filter(|(_, l)| l.trim_start().starts_with("[[rule]]"))
-                    .map(|(n, _)| n + 1)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let line_of = |i: usize| (heads.len() == self.rules.len()).then(|| heads[i]);
+    /// Every problem of the rules and the daemon table that needs more
+    /// than one key to see, each rule's at its line (`origins[i]` is where
+    /// `self.rules[i]` came from); and the rules that are valid.
+    fn problems_at(&self, origins: &[read::Origin]) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         let mut out = BTreeMap::new();
         let mut problems = Vec::new();
         let protect = crate::protect::Protect::parse(&self.daemon.protect).unwrap_or_else(|e| {
             problems.push(Problem { line: None, message: e.to_string() });
             Default::default()
         });
-        for (i, r) in self.rules.iter().enumerate() {
-            let at = |m: String| Problem { line: line_of(i), message: format!("rule #{} ({}): {m}", i + 1, r.prefix) };
+        for (r, o) in self.rules.iter().zip(origins) {
+            let at = |m: String| Problem {
+                line: o.line,
+                message: format!("rule {} (prefix {}): {m}", o.number, crate::text::escaped(&r.prefix)),
+            };
             if r.ttl.is_some() {
                 problems.push(at("`ttl` is for the command line (every reload would restart it); write \
                      expires = \"2026-11-25T01:02:03Z\" (UTC) instead"
@@ -165,7 +188,12 @@ impl Config {
                         problems.push(at(format!("{what} appears twice")));
                     }
                 }
-                Err(e) => problems.push(at(e.to_string())),
+                Err(e) => {
+                    // The message names the rule already.
+                    let e = e.to_string();
+                    let e = e.strip_prefix(&format!("{}: ", r.prefix)).map_or(e.clone(), str::to_string);
+                    problems.push(at(e))
+                }
             }
         }
         // Classes that tie, or too many for one frame: what the daemon's
@@ -198,15 +226,7 @@ impl Config {
         text: &str,
         max_rules: Option<u32>,
     ) -> std::result::Result<(Config, BTreeMap<RuleKey, RuleSpec>), Vec<Problem>> {
-        let cfg: Config = match toml::from_str(text) {
-            Ok(c) => c,
-            Err(e) => {
-                // toml says where: the line of the span's start.
-                let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-                return Err(vec![Problem { line, message: e.message().trim().to_string() }]);
-            }
-        };
-        let (rules, mut problems) = cfg.problems(Some(text));
+        let (cfg, rules, mut problems) = Config::check_all(text);
         let limit = max_rules.or(cfg.daemon.max_rules).unwrap_or(policer_common::DEFAULT_MAX_RULES);
         if cfg.rules.len() > limit as usize {
             problems.push(Problem {
@@ -219,6 +239,32 @@ impl Config {
         }
         if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
     }
+}
+
+/// `message` with the command line's options (`--total-rate`) named as
+/// the config file's keys (`total_rate`).
+fn as_keys(message: &str) -> String {
+    // Longest first: `--total-rate` before `--rate`.
+    const OPTIONS: [(&str, &str); 13] = [
+        ("--total-burst", "total_burst"),
+        ("--total-rate", "total_rate"),
+        ("--tcp-flags", "tcp_flags"),
+        ("--icmp-type", "icmp_type"),
+        ("--ban-after", "ban_after"),
+        ("--ban-for", "ban_for"),
+        ("--ban-max", "ban_max"),
+        ("--key-len", "key_len"),
+        ("--action", "action"),
+        ("--proto", "proto"),
+        ("--dport", "dport"),
+        ("--burst", "burst"),
+        ("--rate", "rate"),
+    ];
+    let mut m = message.to_string();
+    for (option, key) in OPTIONS {
+        m = m.replace(option, key);
+    }
+    m
 }
 
 #[cfg(test)]
@@ -266,19 +312,25 @@ action = "deny"
     #[test]
     fn refuses_bad_files() {
         for (bad, needle) in [
-            ("[daemon]\ncolour = 1\n", "unknown field"),
-            ("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nburst = 5\nfoo = 1\n", "unknown field"),
-            ("[[rule]]\nprefix = 10\n", "invalid type"),
-            ("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1000\n", "invalid type"),
+            ("[daemon]\ncolour = 1\n", "line 2: daemon: unknown key `colour`"),
+            ("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nburst = 5\nfoo = 1\n", "unknown key"),
+            ("[[rule]]\nprefix = 10\n", "rule 1: prefix: 10 is not a prefix; write prefix = \"10.0.0.0/8\""),
+            (
+                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1000\n",
+                "line 3: rule 1 (prefix 10.0.0.0/8): rate: 1000 is not a rate",
+            ),
             (
                 "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\n[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"2kpps\"\n",
                 "appears twice",
             ),
             ("[[rule]]\nprefix = \"10.0.0.1/8\"\nrate = \"1kpps\"\n", "host bits"),
-            ("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kbps\"\n", "unknown unit"),
+            (
+                "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kbps\"\n",
+                "rate: \"1kbps\" is not a rate; write rate = \"10kpps\"",
+            ),
             ("[[rule]]\nprefix = \"10.0.0.0/8\"\n", "needs a rate"),
             ("[daemon]\nmax_sources = 0\n", "max_sources"),
-            ("[daemon]\nmode = \"turbo\"\n", "unknown variant"),
+            ("[daemon]\nmode = \"turbo\"\n", "daemon.mode: \"turbo\" is not a mode; write mode = \"auto\""),
             ("this is not toml", "t.toml"),
         ] {
             let e = Config::parse(bad, Path::new("t.toml")).unwrap_err().to_string();

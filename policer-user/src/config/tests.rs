@@ -561,10 +561,10 @@ fn class_problems_in_a_file() {
     let bad = [
         ("proto = \"tpc\"", "tpc"),
         ("proto = \"udp\"\ndport = \"90-80\"", "below LOW"),
-        ("dport = 53", "--dport"),
-        ("proto = \"udp\"\ntcp_flags = \"syn\"", "--tcp-flags needs --proto tcp"),
-        ("proto = \"udp\"\nicmp_type = 8", "--icmp-type"),
-        ("total_burst = 10", "--total-burst needs --total-rate"),
+        ("dport = 53", "dport"),
+        ("proto = \"udp\"\ntcp_flags = \"syn\"", "tcp_flags needs proto tcp"),
+        ("proto = \"udp\"\nicmp_type = 8", "icmp_type"),
+        ("total_burst = 10", "total_burst needs total_rate"),
     ];
     for (fields, want) in bad {
         let text = format!("[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n{fields}\n");
@@ -639,7 +639,7 @@ total_rate = "50kpps"
     assert!(e.contains("tie"), "{e}");
     let bad = format!("{text}\n[[rule]]\nprefix = \"10.0.0.0/8\"\ntotal_burst = 5\nrate = \"1pps\"\n");
     let e = super::Config::parse(&bad, Path::new("t.toml")).unwrap_err().to_string();
-    assert!(e.contains("--total-burst needs --total-rate"), "{e}");
+    assert!(e.contains("rule 5 (prefix 10.0.0.0/8): total_burst needs total_rate"), "{e}");
 }
 
 /// A config that is not a regular file is refused at once, named, without
@@ -735,8 +735,165 @@ fn protected_prefixes_in_a_file() {
     assert!(problems[0].message.contains("192.0.2.10/32 is inside the protected prefix 192.0.2.0/24"), "{problems:?}");
     let bad = "[daemon]\nprotect = [\"192.0.2.300/24\"]\n\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n";
     let problems = super::Config::check(bad, None).unwrap_err();
-    assert!(problems[0].message.starts_with("daemon.protect[0]: "), "{problems:?}");
+    assert!(problems[0].message.starts_with("daemon: protect: "), "{problems:?}");
+    assert!(problems[0].message.contains("\"192.0.2.300/24\" is not one"), "{problems:?}");
+    assert_eq!(problems[0].line, Some(2), "{problems:?}");
     let fine = text.replace("[[rule]]\nprefix = \"192.0.2.10\"\naction = \"deny\"\n\n", "");
     let (cfg, rules) = super::Config::check(&fine, None).unwrap();
     assert_eq!((cfg.daemon.protect.len(), rules.len()), (2, 2));
+}
+
+/// Every kind of key, given a value of the wrong kind or an invalid one:
+/// the problem names the rule, its prefix and the key, shows the value as
+/// written, gives a valid example, sits on the key's line, and names no
+/// Rust type.
+#[test]
+fn bad_values_name_the_key_and_an_example() {
+    let rule = |body: &str| format!("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\n{body}\n");
+    let cases: Vec<(String, usize, &str)> = vec![
+        (
+            rule("burst = \"abc\""),
+            4,
+            r#"rule 1 (prefix 10.0.0.0/8): burst: "abc" is not a burst; write a count like burst = 50"#,
+        ),
+        (rule("burst = -3"), 4, "burst: -3 is not a burst; write a count like burst = 50"),
+        (rule("burst = 1.5"), 4, "burst: 1.5 is not a burst"),
+        (rule("key_len = \"24\""), 4, r#"key_len: "24" is not a key length; write key_len = 32"#),
+        (rule("key_len = -1"), 4, "key_len: -1 is not a key length"),
+        (rule("action = \"drop\""), 4, r#"action: "drop" is not an action; write action = "police""#),
+        (rule("icmp_type = 300"), 4, "icmp_type: 300 is not an ICMP type; write icmp_type = 8"),
+        (rule("proto = 17"), 4, r#"proto: 17 is not a protocol; write proto = "udp""#),
+        (rule("dport = 70000"), 4, "dport: 70000 is not a port; write dport = 53"),
+        (rule("dport = true"), 4, "dport: true is not a port"),
+        (rule("tcp_flags = [\"syn\"]"), 4, "tcp_flags: a list is not a set of TCP flags"),
+        (rule("dst = 1"), 4, "dst: 1 is not a destination prefix"),
+        (rule("total_rate = \"lots\""), 4, r#"total_rate: "lots" is not a rate; write total_rate = "10kpps""#),
+        (rule("total_rate = \"1kpps\"\ntotal_burst = {}"), 5, "total_burst: a table is not a burst"),
+        (rule("ban_for = 10"), 4, r#"ban_for: 10 is not a duration; write ban_for = "10m""#),
+        (rule("ban_for = \"1m\"\nban_max = \"forever\""), 5, r#"ban_max: "forever" is not a duration"#),
+        (
+            rule("ban_for = \"1m\"\nban_after = 0"),
+            5,
+            "ban_after: 0 is not a number of refused frames; write ban_after = 10",
+        ),
+        (
+            rule("expires = 2026-11-25T01:02:03Z"),
+            4,
+            r#"expires: 2026-11-25T01:02:03Z is not a time; write expires = "2026-11-25T01:02:03Z" (UTC, quoted)"#,
+        ),
+        (rule("expires = \"tomorrow\""), 4, r#"expires: "tomorrow" is not a time"#),
+        (rule("ban = \"yes\""), 4, r#"ban: "yes" is not true or false"#),
+        (rule("reason = 5"), 4, "reason: 5 is not a reason"),
+        (
+            rule("colour = \"red\""),
+            4,
+            "rule 1 (prefix 10.0.0.0/8): unknown key `colour`; a rule's keys are prefix, rate",
+        ),
+        (
+            "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1000\n".into(),
+            3,
+            "rate: 1000 is not a rate; write rate = \"10kpps\"",
+        ),
+        (
+            "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"8mbit\"\nburst = \"12 apples\"\n".into(),
+            4,
+            r#"burst: "12 apples" is not a burst; write a size like burst = "64kb""#,
+        ),
+        (
+            "[[rule]]\nprefix = [\"10.0.0.0/8\"]\n".into(),
+            2,
+            "rule 1: prefix: a list is not a prefix; write prefix = \"10.0.0.0/8\"",
+        ),
+        (
+            "[[rule]]\nprefix = \"10.0.0.300/8\"\n".into(),
+            2,
+            "rule 1 (prefix 10.0.0.300/8): prefix: '10.0.0.300' in '10.0.0.300/8' is not an IP address; write prefix",
+        ),
+        (
+            "[[rule]]\nrate = \"1kpps\"\n".into(),
+            1,
+            "rule 1: prefix: a rule needs a prefix; write prefix = \"10.0.0.0/8\"",
+        ),
+        (
+            "[daemon]\ninterfaces = \"eth0\"\n".into(),
+            2,
+            r#"daemon.interfaces: "eth0" is not a list of interface names; write interfaces = ["eth0", "eth1"]"#,
+        ),
+        ("[daemon]\nmode = \"fast\"\n".into(), 2, r#"daemon.mode: "fast" is not a mode; write mode = "auto""#),
+        (
+            "[daemon]\nmax_sources = \"1M\"\n".into(),
+            2,
+            r#"daemon.max_sources: "1M" is not a number of sources; write max_sources = 1048576"#,
+        ),
+        ("[daemon]\nmax_rules = -5\n".into(), 2, "daemon.max_rules: -5 is not a number of rules; write max_rules = "),
+        ("[daemon]\nspeed = 1\n".into(), 2, "daemon: unknown key `speed`"),
+        ("daemon = 3\n".into(), 1, "daemon: 3 is not a table"),
+        ("rules = []\n".into(), 1, "unknown key `rules`: the file holds a [daemon] table and [[rule]] tables"),
+    ];
+    for (text, line, want) in &cases {
+        let problems = super::Config::check(text, None).err().unwrap_or_else(|| panic!("accepted:\n{text}"));
+        let p = problems
+            .iter()
+            .find(|p| p.message.contains(want))
+            .unwrap_or_else(|| panic!("{text}\nwant {want:?} in {problems:?}"));
+        assert_eq!(p.line, Some(*line), "{text}: {p:?}");
+        for p in &problems {
+            for rust in ["u32", "u64", "enum", "BurstValue", "PortValue", "invalid type", "variant", "expected"] {
+                assert!(!p.message.contains(rust), "{text}: a Rust type in {p:?}");
+            }
+        }
+        // The daemon's reload says the first problem, with its line.
+        let e = super::Config::parse(text, Path::new("t.toml")).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("t.toml: line {}: ", problems[0].line.unwrap())), "{e}");
+    }
+}
+
+/// `policer check` reports every problem of a file in one run: syntax
+/// errors, values of the wrong kind and rules that do not hold together,
+/// each on its line, in the file's order.
+#[test]
+fn every_problem_in_one_run() {
+    let text = "\
+[daemon]
+mode = \"turbo\"
+
+[[rule]]
+prefix = \"0.0.0.0/0\"
+rate = 1kpps
+
+[[rule]]
+prefix = \"10.0.0.0/8\"
+burst = \"abc\"
+rate = \"1kpps\"
+
+[[rule]]
+prefix = \"10.0.0.1/8\"
+rate = \"1kpps\"
+
+[[rule]]
+prefix = \"192.0.2.0/24\"
+rate = \"1kpps\"
+key_len = \"24\"
+action = \"drop\"
+
+[[rule]]
+prefix = \"198.51.100.0/24\"
+total_burst = 5
+action = \"deny\"
+";
+    let problems = super::Config::check(text, None).unwrap_err();
+    let got: Vec<(Option<usize>, &str)> = problems.iter().map(|p| (p.line, p.message.as_str())).collect();
+    let want: [(usize, &str); 7] = [
+        (2, "daemon.mode: \"turbo\""),
+        (6, "not valid TOML"),
+        (10, "rule 2 (prefix 10.0.0.0/8): burst: \"abc\" is not a burst"),
+        (14, "rule 3 (prefix 10.0.0.1/8): prefix: '10.0.0.1/8' has host bits set; did you mean 10.0.0.0/8?"),
+        (20, "rule 4 (prefix 192.0.2.0/24): key_len: \"24\""),
+        (21, "rule 4 (prefix 192.0.2.0/24): action: \"drop\""),
+        (23, "rule 5 (prefix 198.51.100.0/24): total_burst needs total_rate"),
+    ];
+    for (line, msg) in want {
+        assert!(got.iter().any(|(l, m)| *l == Some(line) && m.contains(msg)), "want {line}: {msg:?} in {got:#?}");
+    }
+    assert!(got.windows(2).all(|w| w[0].0 <= w[1].0), "not in the file's order: {got:#?}");
 }

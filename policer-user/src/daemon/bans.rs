@@ -94,6 +94,10 @@ fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 
+/// Who makes an automatic ban, in the audit trail: the program bans (the
+/// daemon learns of it within a second, when it scans the bans store).
+const AUTO: &str = "the program (automatic ban)";
+
 impl Daemon {
     /// `policer ban PREFIX --for DURATION [--reason TEXT]`.
     pub(super) fn ban(&mut self, rc: &RuleConfig, runtime: bool, force: bool) -> Result<String> {
@@ -171,7 +175,7 @@ impl Daemon {
     pub(super) fn tick(&mut self) -> Result<()> {
         self.expire();
         for m in self.expire_sets(super::unix_now()) {
-            println!("policer: {m}");
+            self.audit.record("expiry", &m);
         }
         self.catch_up();
         if self.ban_log.last_scan.is_none_or(|t| t.elapsed() >= SCAN_EVERY) {
@@ -217,9 +221,9 @@ impl Daemon {
                 self.changed = true;
                 for k in &due {
                     if k.ban {
-                        println!("policer: the ban of {} ended (expired)", k.net);
+                        self.audit.record("expiry", &format!("the ban of {} ended (expired)", k.net));
                     } else {
-                        println!("policer: the rule for {k} expired and was removed");
+                        self.audit.record("expiry", &format!("the rule for {k} expired and was removed"));
                     }
                 }
             }
@@ -344,23 +348,26 @@ impl Daemon {
         });
         for (i, (k, b)) in started.iter().enumerate() {
             if i == LOG_LINES_PER_SCAN {
-                println!("policer: ... and {} more automatic bans started", started.len() - i);
+                self.audit.record(AUTO, &format!("... and {} more automatic bans started", started.len() - i));
                 break;
             }
-            println!(
-                "policer: banned {} for {} (rule {}; ban #{} of this source)",
-                key_text(k),
-                duration::format(Duration::from_nanos(b.len_ns)),
-                self.rule_of_slot(b.rule_slot),
-                b.count
+            self.audit.record(
+                AUTO,
+                &format!(
+                    "banned {} for {} (rule {}; ban #{} of this source)",
+                    key_text(k),
+                    duration::format(Duration::from_nanos(b.len_ns)),
+                    self.rule_of_slot(b.rule_slot),
+                    b.count
+                ),
             );
         }
         for (i, k) in ended.iter().enumerate() {
             if i == LOG_LINES_PER_SCAN {
-                println!("policer: ... and {} more automatic bans ended", ended.len() - i);
+                self.audit.record(AUTO, &format!("... and {} more automatic bans ended", ended.len() - i));
                 break;
             }
-            println!("policer: the automatic ban of {} ended", key_text(k));
+            self.audit.record(AUTO, &format!("the automatic ban of {} ended", key_text(k)));
         }
         let forgotten = self.policer.expire_bans(now)?.len();
         self.ban_log.stored = Some(bans.len().saturating_sub(forgotten));

@@ -311,12 +311,8 @@ pub(super) fn start(owner: Owner, config: &Path) {
             }
             watches.rearm(&mut watcher);
             match owner.ask(Command::Follow).await.result {
-                Ok(m) => {
-                    (backoff, retry_at) = (Duration::ZERO, None);
-                    if !m.is_empty() {
-                        println!("policer: config file changed: {m}");
-                    }
-                }
+                // Logged by the owner, as a change (`audit.rs`).
+                Ok(_) => (backoff, retry_at) = (Duration::ZERO, None),
                 // The file could not be read: tried again until it can.
                 Err(e @ Error::ConfigRead { .. }) => {
                     backoff = if backoff.is_zero() { RETRY_MIN } else { (backoff * 2).min(RETRY_MAX) };

@@ -19,6 +19,7 @@
 //!   the program attached and policing, as with `--persist`.
 
 mod adopt;
+mod audit;
 mod bans;
 mod follow;
 mod owner;
@@ -122,6 +123,10 @@ pub struct Daemon {
     sets: BTreeMap<String, sets::SetState>,
     /// Where the sets' state files are (beside the config file).
     sets_dir: PathBuf,
+    /// The audit trail, shared with the views and the connections.
+    audit: audit::Audit,
+    /// Where `/metrics` is served (the listener itself goes to the server).
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Daemon {
@@ -239,13 +244,14 @@ async fn serve(
     start_kernel_log(&mut d.policer);
     let interval = d.interval;
     let reader = d.policer.reader();
+    let audit = d.audit.clone();
     let (snap_tx, snap_rx) = watch::channel(d.snapshot());
     let (owner, handle) = match owner::spawn(d, snap_tx) {
         Ok(x) => x,
         Err(e) => return (Err(e), None),
     };
     let config = PathBuf::from(&snap_rx.borrow().config);
-    let views = Arc::new(Views::new(reader, snap_rx));
+    let views = Arc::new(Views::new(reader, snap_rx, audit));
     follow::start(owner.clone(), &config);
     let r = event_loop(owner.clone(), views, listener, metrics, interval).await;
     // Whatever ended the loop, the owner leaves as configured: ahead of
@@ -319,9 +325,10 @@ async fn event_loop(
             _ = stop_rx.changed() => break,
             _ = sighup.recv() => {
                 let o = owner.clone();
+                let audit = views.audit().clone();
                 tokio::spawn(async move {
                     match o.ask(Command::Reload { discard_runtime: false }).await.result {
-                        Ok(m) => println!("policer: SIGHUP: {m}"),
+                        Ok(m) => audit.record("SIGHUP", &m),
                         Err(e) => println!("policer: SIGHUP: reload refused, nothing changed: {e}"),
                     }
                 });
@@ -346,10 +353,4 @@ pub(crate) fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
-/// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use crate::duration::monotonic_ns;

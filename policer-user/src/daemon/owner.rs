@@ -143,7 +143,15 @@ impl Daemon {
     pub(super) fn snapshot(&self) -> Arc<Snapshot> {
         let now_ms = crate::duration::unix_ms();
         Arc::new(Snapshot {
-            ifaces: self.ifaces.iter().map(|i| IfaceRef { name: i.name.clone(), index: i.index }).collect(),
+            ifaces: self
+                .ifaces
+                .iter()
+                .map(|i| IfaceRef {
+                    name: i.name.clone(),
+                    index: i.index,
+                    mode: crate::loader::Mode::flag_name(i.mode_flags),
+                })
+                .collect(),
             rules: self
                 .rs
                 .rules()
@@ -164,6 +172,7 @@ impl Daemon {
             program_id: self.program_id,
             config_status: self.reload.status(self.file.sha256(), self.file.read_only()),
             sets: self.set_rows(),
+            metrics: self.metrics_addr,
         })
     }
 
@@ -190,7 +199,16 @@ impl Daemon {
             Command::RuleSet { rule, runtime, replace, force } => done(self.rule_set(&rule, runtime, replace, force)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
             Command::Reload { discard_runtime } => done(self.reload(discard_runtime)),
-            Command::Follow => done(self.follow()),
+            Command::Follow => {
+                let r = self.follow();
+                // An empty message: nothing was done.
+                if let Ok(m) = &r
+                    && !m.is_empty()
+                {
+                    self.audit.record("the config file (followed)", m);
+                }
+                done(r)
+            }
             Command::Detach { iface } => match self.detach(&iface) {
                 Ok(true) => Outcome {
                     result: Ok(format!("detached from {iface}; no interface left, the daemon exits")),

@@ -554,7 +554,13 @@ impl Daemon {
                 list(&kept)
             )
         };
-        Ok(format!("reloaded {path}: {n} rules ({}){kept}{note}", diff.counts()))
+        let changes = changes(&before, &want);
+        let changes = match changes.len() {
+            0 => String::new(),
+            n if n > 20 => format!(": {}; and {} more", changes[..20].join("; "), n - 20),
+            _ => format!(": {}", changes.join("; ")),
+        };
+        Ok(format!("reloaded {path}: {n} rules ({}){changes}{kept}{note}", diff.counts()))
     }
 
     /// Detaches `name`; true when no interface is left.
@@ -664,6 +670,22 @@ fn kept_over(overlay: &Overlay, file: &BTreeMap<RuleKey, RuleSpec>) -> Vec<Strin
             None => format!("{k} removed"),
         })
         .collect()
+}
+
+/// What a reload did, rule by rule: `+10.0.0.0/8 (action police, rate
+/// 1kpps, …)`, `203.0.113.0/24: rate 500pps → 750pps`, `-198.51.100.0/24`
+/// (the audit trail's old → new).
+fn changes(before: &BTreeMap<RuleKey, RuleSpec>, want: &BTreeMap<RuleKey, RuleSpec>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, new) in want {
+        match before.get(k) {
+            None => out.push(format!("+{k} ({})", crate::rules::summary(new))),
+            Some(old) if old != new => out.push(format!("{k}: {}", crate::rules::changes(old, new).join(", "))),
+            Some(_) => {}
+        }
+    }
+    out.extend(before.keys().filter(|k| !want.contains_key(k)).map(|k| format!("-{k}")));
+    out
 }
 
 /// The first 20 of `items`, then how many more.

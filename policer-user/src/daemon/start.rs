@@ -191,6 +191,7 @@ impl Daemon {
         let shared = survey.adopt_from.is_some();
         let new_prog = policer.prog_fd_owned()?;
         let maps = if shared { Some(policer.shared_maps()?) } else { None };
+        let metrics_addr = claim.metrics.as_ref().and_then(|m| m.local_addr().ok());
         let mut d = Daemon {
             program_id,
             policer,
@@ -210,6 +211,8 @@ impl Daemon {
             reload: super::ruleset::ReloadState::new(),
             changed: false,
             ban_log: Default::default(),
+            audit: Default::default(),
+            metrics_addr,
             sets: BTreeMap::new(),
             sets_dir,
         };

@@ -43,6 +43,8 @@ const LIVE_COUNT_MAX_AGE: Duration = Duration::from_secs(5);
 pub struct IfaceRef {
     pub name: String,
     pub index: u32,
+    /// `native` or `skb`.
+    pub mode: &'static str,
 }
 
 /// A rule in force.
@@ -67,6 +69,8 @@ pub struct Snapshot {
     pub config_status: crate::control::ConfigStatus,
     /// Named sets (`rule import`), each as one rule.
     pub sets: Vec<SetRow>,
+    /// Where `/metrics` is served.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// A named set: its `rule ls` row, counter slot, rule and entries.
@@ -96,6 +100,10 @@ pub struct Views {
     snapshot: watch::Receiver<Arc<Snapshot>>,
     /// The last count of the bucket table: when, live buckets, evicted.
     live_count: Mutex<Option<(Instant, u64, u64)>>,
+    /// The audit trail (the last changes are in `stats`).
+    audit: super::audit::Audit,
+    /// When the daemon began serving (`status`'s uptime).
+    started: Instant,
 }
 
 /// `/healthz`: whether the program is attached to every interface the
@@ -117,8 +125,13 @@ pub struct IfaceHealth {
 }
 
 impl Views {
-    pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>) -> Views {
-        Views { reader, snapshot, live_count: Mutex::new(None) }
+    pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>, audit: super::audit::Audit) -> Views {
+        Views { reader, snapshot, live_count: Mutex::new(None), audit, started: Instant::now() }
+    }
+
+    /// The audit trail, to record a change in.
+    pub fn audit(&self) -> &super::audit::Audit {
+        &self.audit
     }
 
     /// A receiver of the owner's snapshots: its `changed()` fails once the
@@ -183,9 +196,33 @@ impl Views {
         Err(super::sets::unknown_set(name, snap.sets.iter().filter_map(|s| s.view.set.as_deref())))
     }
 
-    pub fn status(&self) -> StatusView {
+    /// The daemon now; `bans` from the bans' render (`ban ls`), if it
+    /// could be had.
+    pub fn status(&self, bans: Option<&[crate::control::BanView]>) -> StatusView {
         let s = self.snap();
         StatusView {
+            version: Some(env!("CARGO_PKG_VERSION").to_string()),
+            uptime_seconds: Some(self.started.elapsed().as_secs_f64()),
+            interface_modes: s
+                .ifaces
+                .iter()
+                .map(|i| crate::control::IfaceMode { name: i.name.clone(), mode: i.mode.to_string() })
+                .collect(),
+            sets: Some(
+                s.sets
+                    .iter()
+                    .map(|r| crate::control::SetStatus {
+                        name: r.view.set.clone().unwrap_or_else(|| r.view.prefix.clone()),
+                        action: r.view.action.clone(),
+                        entries: r.entries.len() as u64,
+                    })
+                    .collect(),
+            ),
+            bans: bans.map(|b| crate::control::BanCounts {
+                manual: b.iter().filter(|b| b.origin == "manual").count() as u64,
+                auto: b.iter().filter(|b| b.origin != "manual").count() as u64,
+            }),
+            metrics: s.metrics.map(|a| a.to_string()),
             pid: std::process::id(),
             interfaces: s.ifaces.iter().map(|i| i.name.clone()).collect(),
             config: s.config.clone(),
@@ -252,6 +289,7 @@ impl Views {
             table,
             config: snap.config_status.clone(),
             bans,
+            recent_changes: self.audit.recent(),
         })
     }
 

@@ -187,7 +187,7 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
             Ok(message) => {
                 // The audit trail: every change made through the socket, by
                 // whom, with what it changed (old → new where it has one).
-                println!("policer: change by {who}: {}", crate::text::escaped(&message));
+                ctx.views.audit().record(who, &message);
                 Reply::Done { message }
             }
             Err(e) => refused(e),
@@ -204,7 +204,12 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         Request::Reload { discard_runtime } => change(Command::Reload { discard_runtime }).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
         Request::RuleLs => read(Reply::Rules { rules: views.rules() }),
-        Request::Status => read(Reply::Status(Box::new(views.status()))),
+        Request::Status => {
+            // The bans from their shared render (off this task); without
+            // them if it fails: the rest of the status still answers.
+            let bans = bounded(ctx.bans.get()).await.ok();
+            read(Reply::Status(Box::new(views.status(bans.as_deref().map(|b| b.as_slice())))))
+        }
         Request::Stats => {
             read(bounded(ctx.stats.get()).await.map_or_else(refused, |s| Reply::Stats(Box::new((*s).clone()))))
         }

@@ -1,0 +1,620 @@
+//! Reading the config's text into a [`Config`], key by key, so that every
+//! problem of the file is found in one pass and each says which key is
+//! wrong, on which line, and what a valid value looks like.
+//!
+//! serde's derive stops at the first error and speaks in Rust types
+//! (`data did not match any variant of untagged enum BurstValue`,
+//! `expected u32`); the operator wrote TOML. So the text is parsed into
+//! toml's spanned tree (with its recovery from syntax errors: all of them
+//! are reported), and each key is checked here against what it may hold.
+//! The derive stays for the wire and for writing the file.
+
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::{Config, DaemonConfig, Problem};
+use crate::rules::{BurstValue, PortValue, RuleConfig};
+
+/// A rule read from the file: its number in the file (1-based) and the
+/// line it starts on.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Origin {
+    pub number: usize,
+    pub line: Option<usize>,
+}
+
+/// What the text holds: the config with every rule whose keys all have
+/// valid values (`origins[i]` says where `config.rules[i]` came from), and
+/// every problem found: syntax, unknown keys, values of the wrong kind.
+pub(super) struct Read {
+    pub config: Config,
+    pub origins: Vec<Origin>,
+    pub problems: Vec<Problem>,
+}
+
+/// The 1-based line of byte `at` of `text`.
+pub(super) fn line_at(text: &str, at: usize) -> usize {
+    let at = at.min(text.len());
+    // A span inside a multi-byte character still counts its line.
+    text.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+pub(super) fn read(text: &str) -> Read {
+    let (root, errors) = DeTable::parse_recoverable(text);
+    let mut r = Reader { text, problems: Vec::new() };
+    let mut syntax = Vec::new();
+    for e in &errors {
+        let line = e.span().map(|s| line_at(text, s.start));
+        syntax.extend(line);
+        r.problems.push(Problem { line, message: format!("not valid TOML: {}", e.message().trim()) });
+    }
+    let mut config = Config::default();
+    let mut origins = Vec::new();
+    for (key, value) in root.get_ref().iter() {
+        match &**key.get_ref() {
+            "daemon" => {
+                if let Some(d) = r.daemon(value) {
+                    config.daemon = d;
+                }
+            }
+            "rule" => {
+                let at = r.line(value.span());
+                let items: Vec<&Spanned<DeValue<'_>>> = match value.get_ref() {
+                    DeValue::Array(a) => a.iter().collect(),
+                    _ => {
+                        r.push(
+                            Some(at),
+                            format!(
+                                "rule: {} is not a list of rules; write each as [[rule]] with prefix = \"10.0.0.0/8\" \
+                                 and its keys below",
+                                shown(value.get_ref())
+                            ),
+                        );
+                        continue;
+                    }
+                };
+                let starts: Vec<usize> = items.iter().map(|i| r.table_line(i)).collect();
+                for (i, item) in items.into_iter().enumerate() {
+                    let origin = Origin { number: i + 1, line: Some(starts[i]) };
+                    // A rule with a syntax error in it was read in part:
+                    // what its checks would say of the rest is noise.
+                    let end = starts.get(i + 1).copied().unwrap_or(usize::MAX);
+                    let broken = syntax.iter().any(|l| (starts[i]..end).contains(l));
+                    if let Some(rule) = r.rule(origin, item)
+                        && !broken
+                    {
+                        config.rules.push(rule);
+                        origins.push(origin);
+                    }
+                }
+            }
+            other => {
+                let at = r.line(key.span());
+                r.push(
+                    Some(at),
+                    format!(
+                        "unknown key `{}`: the file holds a [daemon] table and [[rule]] tables",
+                        crate::text::escaped(other)
+                    ),
+                );
+            }
+        }
+    }
+    Read { config, origins, problems: r.problems }
+}
+
+/// `shown` of a value as the operator wrote it, for messages: `"abc"`,
+/// `-1`, `true`, `a table`, ...
+fn shown(v: &DeValue<'_>) -> String {
+    const MAX: usize = 60;
+    match v {
+        DeValue::String(s) => {
+            let s = crate::text::escaped(s);
+            if s.chars().count() > MAX {
+                format!("\"{}…\"", s.chars().take(MAX).collect::<String>())
+            } else {
+                format!("\"{s}\"")
+            }
+        }
+        DeValue::Integer(i) => match i.radix() {
+            16 => format!("0x{}", i.as_str()),
+            8 => format!("0o{}", i.as_str()),
+            2 => format!("0b{}", i.as_str()),
+            _ => i.as_str().to_string(),
+        },
+        DeValue::Float(f) => f.as_str().to_string(),
+        DeValue::Boolean(b) => b.to_string(),
+        DeValue::Datetime(d) => d.to_string(),
+        DeValue::Array(_) => "a list".into(),
+        DeValue::Table(_) => "a table".into(),
+    }
+}
+
+struct Reader<'t> {
+    text: &'t str,
+    problems: Vec<Problem>,
+}
+
+/// Where a key is, for its message: `rule 3 (prefix 10.0.0.0/8): ` or
+/// `daemon.`.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    Daemon,
+    Rule(usize, Option<&'a str>),
+}
+
+impl Place<'_> {
+    /// `rule 3 (prefix 10.0.0.0/8)`, `rule 3`, `daemon`.
+    fn head(&self) -> String {
+        match self {
+            Place::Daemon => "daemon".into(),
+            Place::Rule(n, Some(p)) => format!("rule {n} (prefix {p})"),
+            Place::Rule(n, None) => format!("rule {n}"),
+        }
+    }
+
+    fn key(&self, key: &str) -> String {
+        match self {
+            Place::Daemon => format!("daemon.{key}"),
+            Place::Rule(n, Some(p)) => format!("rule {n} (prefix {p}): {key}"),
+            Place::Rule(n, None) => format!("rule {n}: {key}"),
+        }
+    }
+}
+
+/// An unsigned integer of at most `max`: the value, or the problem's text.
+fn unsigned(v: &DeValue<'_>, max: u64) -> Option<u64> {
+    let DeValue::Integer(i) = v else { return None };
+    u64::from_str_radix(i.as_str(), i.radix()).ok().filter(|n| *n <= max)
+}
+
+impl Reader<'_> {
+    fn line(&self, span: std::ops::Range<usize>) -> usize {
+        line_at(self.text, span.start)
+    }
+
+    /// The line a rule starts on: its `[[rule]]` header (or its inline
+    /// table), else its first key.
+    fn table_line(&self, item: &Spanned<DeValue<'_>>) -> usize {
+        let own = item.span();
+        let first_key = match item.get_ref() {
+            DeValue::Table(t) => t.iter().map(|(k, _)| k.span().start).min(),
+            _ => None,
+        };
+        match (own.is_empty(), first_key) {
+            (true, Some(k)) => line_at(self.text, k),
+            (_, Some(k)) if k < own.start => line_at(self.text, k),
+            _ => line_at(self.text, own.start),
+        }
+    }
+
+    fn push(&mut self, line: Option<usize>, message: String) {
+        self.problems.push(Problem { line, message });
+    }
+
+    /// A problem with `key`'s value: what it is not, and an example.
+    fn bad(&mut self, place: Place<'_>, key: &str, v: &Spanned<DeValue<'_>>, is_not: &str, write: &str) {
+        let at = self.line(v.span());
+        self.push(Some(at), format!("{}: {} is not {is_not}; write {write}", place.key(key), shown(v.get_ref())));
+    }
+
+    fn string(
+        &mut self,
+        place: Place<'_>,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+        is_not: &str,
+        write: &str,
+    ) -> Option<String> {
+        match v.get_ref() {
+            DeValue::String(s) => Some(s.to_string()),
+            _ => {
+                self.bad(place, key, v, is_not, write);
+                None
+            }
+        }
+    }
+
+    /// A table's entries, or a problem when `v` is something else.
+    fn table<'v, 'i>(&mut self, what: &str, v: &'v Spanned<DeValue<'i>>, write: &str) -> Option<&'v DeTable<'i>> {
+        match v.get_ref() {
+            DeValue::Table(t) => Some(t),
+            other => {
+                let at = self.line(v.span());
+                self.push(Some(at), format!("{what}: {} is not a table; write {write}", shown(other)));
+                None
+            }
+        }
+    }
+
+    fn daemon(&mut self, v: &Spanned<DeValue<'_>>) -> Option<DaemonConfig> {
+        let t = self.table("daemon", v, "[daemon] on a line of its own, its keys below")?;
+        let mut d = DaemonConfig::default();
+        let mut ok = true;
+        let place = Place::Daemon;
+        for (k, v) in t.iter() {
+            let key = &**k.get_ref();
+            let good = match key {
+                "interfaces" => match v.get_ref() {
+                    DeValue::Array(a) if a.iter().all(|i| matches!(i.get_ref(), DeValue::String(_))) => {
+                        d.interfaces = a
+                            .iter()
+                            .filter_map(|i| match i.get_ref() {
+                                DeValue::String(s) => Some(s.to_string()),
+                                _ => None,
+                            })
+                            .collect();
+                        true
+                    }
+                    _ => {
+                        self.bad(place, key, v, "a list of interface names", "interfaces = [\"eth0\", \"eth1\"]");
+                        false
+                    }
+                },
+                "mode" => {
+                    let m = match v.get_ref() {
+                        DeValue::String(s) => <crate::loader::Mode as clap::ValueEnum>::from_str(s, false).ok(),
+                        _ => None,
+                    };
+                    if m.is_none() {
+                        self.bad(place, key, v, "a mode", "mode = \"auto\" (or \"native\", \"skb\")");
+                    }
+                    d.mode = m;
+                    m.is_some()
+                }
+                "max_sources" => {
+                    let n = unsigned(v.get_ref(), u32::MAX.into());
+                    if n.is_none() {
+                        self.bad(place, key, v, "a number of sources", "max_sources = 1048576 (at most 4294967295)");
+                    }
+                    d.max_sources = n.map(|n| n as u32);
+                    n.is_some()
+                }
+                "max_rules" => {
+                    let n = unsigned(v.get_ref(), u32::MAX.into());
+                    if n.is_none() {
+                        self.bad(
+                            place,
+                            key,
+                            v,
+                            "a number of rules",
+                            &format!("max_rules = {}", policer_common::DEFAULT_MAX_RULES),
+                        );
+                    }
+                    d.max_rules = n.map(|n| n as u32);
+                    n.is_some()
+                }
+                "protect" => match v.get_ref() {
+                    DeValue::Array(a) if a.iter().all(|i| matches!(i.get_ref(), DeValue::String(_))) => {
+                        let list: Vec<String> = a
+                            .iter()
+                            .filter_map(|i| match i.get_ref() {
+                                DeValue::String(s) => Some(s.to_string()),
+                                _ => None,
+                            })
+                            .collect();
+                        let bad = list.iter().find_map(|p| crate::prefix::parse_prefix(p).err().map(|e| (p, e)));
+                        if let Some((p, e)) = bad {
+                            let at = self.line(v.span());
+                            self.push(Some(at), format!("daemon: protect: {e}; write prefixes like protect = [\"192.0.2.0/24\", \"2001:db8::/48\"] ({p:?} is not one)"));
+                            false
+                        } else {
+                            d.protect = list;
+                            true
+                        }
+                    }
+                    _ => {
+                        self.bad(
+                            place,
+                            key,
+                            v,
+                            "a list of prefixes",
+                            "protect = [\"192.0.2.0/24\", \"2001:db8::/48\"]",
+                        );
+                        false
+                    }
+                },
+                other => {
+                    let at = self.line(k.span());
+                    self.push(
+                        Some(at),
+                        format!(
+                            "daemon: unknown key `{}`; the keys are interfaces, mode, max_sources, max_rules, protect",
+                            crate::text::escaped(other)
+                        ),
+                    );
+                    false
+                }
+            };
+            ok &= good;
+        }
+        ok.then_some(d)
+    }
+
+    /// One `[[rule]]`: the rule when every key has a valid value; each
+    /// problem otherwise.
+    fn rule(&mut self, origin: Origin, item: &Spanned<DeValue<'_>>) -> Option<RuleConfig> {
+        let t = self.table(&format!("rule {}", origin.number), item, "[[rule]] with prefix = \"10.0.0.0/8\"")?;
+        // The prefix first: every other message names it.
+        let prefix = t.iter().find(|(k, _)| &**k.get_ref() == "prefix").map(|(_, v)| v);
+        let prefix_text = match prefix.map(|p| p.get_ref()) {
+            Some(DeValue::String(s)) => Some(s.to_string()),
+            _ => None,
+        };
+        let shown_prefix = prefix_text.as_deref().map(crate::text::escaped);
+        let place = Place::Rule(origin.number, shown_prefix.as_deref());
+        let mut r = RuleConfig::default();
+        let mut ok = true;
+        match (prefix, &prefix_text) {
+            (None, _) => {
+                self.push(
+                    origin.line,
+                    format!("{}: a rule needs a prefix; write prefix = \"10.0.0.0/8\"", place.key("prefix")),
+                );
+                ok = false;
+            }
+            (Some(v), None) => {
+                self.bad(
+                    place,
+                    "prefix",
+                    v,
+                    "a prefix",
+                    "prefix = \"10.0.0.0/8\" (or \"2001:db8::/32\", \"192.0.2.1\")",
+                );
+                ok = false;
+            }
+            (Some(v), Some(p)) => match crate::prefix::parse_prefix(p) {
+                Ok(_) => r.prefix = p.clone(),
+                Err(e) => {
+                    let at = self.line(v.span());
+                    // Its own words say how to mend it when they can
+                    // ("did you mean 10.0.0.0/8?").
+                    let e = e.to_string();
+                    let example = if e.ends_with('?') {
+                        String::new()
+                    } else {
+                        "; write prefix = \"10.0.0.0/8\" (or \"2001:db8::/32\", \"192.0.2.1\")".into()
+                    };
+                    self.push(Some(at), format!("{}: {e}{example}", place.key("prefix")));
+                    ok = false;
+                }
+            },
+        }
+        // The rate's unit says what a burst counts.
+        let mut rate = None;
+        let mut total = None;
+        for (k, v) in t.iter() {
+            let key = &**k.get_ref();
+            let good = match key {
+                "prefix" => true,
+                "rate" | "total_rate" => {
+                    let write = format!(
+                        "{key} = \"10kpps\" (packets/s: pps, kpps, mpps) or \"100mbit\" (bits/s: kbit, mbit, gbit)"
+                    );
+                    match self.string(place, key, v, "a rate", &write) {
+                        Some(s) => match policer_common::rate::Rate::parse(&s) {
+                            Ok(parsed) => {
+                                if key == "rate" {
+                                    (r.rate, rate) = (Some(s), Some(parsed));
+                                } else {
+                                    (r.total_rate, total) = (Some(s), Some(parsed));
+                                }
+                                true
+                            }
+                            Err(_) => {
+                                self.bad(place, key, v, "a rate", &write);
+                                false
+                            }
+                        },
+                        None => false,
+                    }
+                }
+                "burst" | "total_burst" => {
+                    let write = format!("a count like {key} = 50 or a size like {key} = \"64kb\" (with a bit rate)");
+                    match v.get_ref() {
+                        DeValue::Integer(_) => match unsigned(v.get_ref(), u64::MAX) {
+                            Some(n) if n > 0 => {
+                                let b = Some(BurstValue::Count(n));
+                                if key == "burst" {
+                                    r.burst = b
+                                } else {
+                                    r.total_burst = b
+                                }
+                                true
+                            }
+                            _ => {
+                                self.bad(place, key, v, "a burst", &write);
+                                false
+                            }
+                        },
+                        DeValue::String(s) => {
+                            let b = Some(BurstValue::Text(s.to_string()));
+                            if key == "burst" {
+                                r.burst = b
+                            } else {
+                                r.total_burst = b
+                            }
+                            true
+                        }
+                        _ => {
+                            self.bad(place, key, v, "a burst", &write);
+                            false
+                        }
+                    }
+                }
+                "action" => {
+                    let a = match v.get_ref() {
+                        DeValue::String(s) => {
+                            <policer_common::bucket::Action as clap::ValueEnum>::from_str(s, false).ok()
+                        }
+                        _ => None,
+                    };
+                    if a.is_none() {
+                        self.bad(
+                            place,
+                            key,
+                            v,
+                            "an action",
+                            "action = \"police\" (or \"monitor\", \"allow\", \"deny\")",
+                        );
+                    }
+                    r.action = a;
+                    a.is_some()
+                }
+                "key_len" => {
+                    let n = unsigned(v.get_ref(), 128);
+                    if n.is_none() {
+                        self.bad(
+                            place,
+                            key,
+                            v,
+                            "a key length",
+                            "key_len = 32 (the leading bits of a source: 0 to 32 for IPv4, 0 to 128 for IPv6)",
+                        );
+                    }
+                    r.key_len = n.map(|n| n as u32);
+                    n.is_some()
+                }
+                "icmp_type" => {
+                    let n = unsigned(v.get_ref(), 255);
+                    if n.is_none() {
+                        self.bad(place, key, v, "an ICMP type", "icmp_type = 8 (0 to 255)");
+                    }
+                    r.icmp_type = n.map(|n| n as u32);
+                    n.is_some()
+                }
+                "ban_after" => {
+                    let n = unsigned(v.get_ref(), u32::MAX.into()).filter(|n| *n > 0);
+                    if n.is_none() {
+                        self.bad(place, key, v, "a number of refused frames", "ban_after = 10 (at least 1)");
+                    }
+                    r.ban_after = n.map(|n| n as u32);
+                    n.is_some()
+                }
+                "dport" => match v.get_ref() {
+                    DeValue::Integer(_) => match unsigned(v.get_ref(), 65535) {
+                        Some(n) => {
+                            r.dport = Some(PortValue::Number(n as u32));
+                            true
+                        }
+                        None => {
+                            self.bad(place, key, v, "a port", "dport = 53 or a range like dport = \"8000-8999\"");
+                            false
+                        }
+                    },
+                    DeValue::String(s) => {
+                        r.dport = Some(PortValue::Text(s.to_string()));
+                        true
+                    }
+                    _ => {
+                        self.bad(place, key, v, "a port", "dport = 53 or a range like dport = \"8000-8999\"");
+                        false
+                    }
+                },
+                "proto" => {
+                    r.proto = self.string(
+                        place,
+                        key,
+                        v,
+                        "a protocol",
+                        "proto = \"udp\" (or \"tcp\", \"icmp\", \"icmpv6\", \"sctp\", \"udplite\", a number as \"47\")",
+                    );
+                    r.proto.is_some()
+                }
+                "tcp_flags" => {
+                    r.tcp_flags = self.string(place, key, v, "a set of TCP flags", "tcp_flags = \"syn,!ack\"");
+                    r.tcp_flags.is_some()
+                }
+                "dst" => {
+                    r.dst = self.string(place, key, v, "a destination prefix", "dst = \"192.0.2.0/24\"");
+                    r.dst.is_some()
+                }
+                "ban_for" | "ban_max" | "ttl" => {
+                    let write =
+                        format!("{key} = \"10m\" (a whole number and a unit: 500ms, 30s, 10m, 1h, 7d; or 1h30m)");
+                    match self.string(place, key, v, "a duration", &write) {
+                        Some(s) if crate::duration::parse(&s).is_ok() => {
+                            match key {
+                                "ban_for" => r.ban_for = Some(s),
+                                "ban_max" => r.ban_max = Some(s),
+                                _ => r.ttl = Some(s),
+                            }
+                            true
+                        }
+                        Some(_) => {
+                            self.bad(place, key, v, "a duration", &write);
+                            false
+                        }
+                        None => false,
+                    }
+                }
+                "expires" => {
+                    let write = "expires = \"2026-11-25T01:02:03Z\" (UTC, quoted)";
+                    match self.string(place, key, v, "a time", write) {
+                        Some(s) if crate::duration::parse_rfc3339(&s).is_ok() => {
+                            r.expires = Some(s);
+                            true
+                        }
+                        Some(_) => {
+                            self.bad(place, key, v, "a time", write);
+                            false
+                        }
+                        None => false,
+                    }
+                }
+                "ban" => match v.get_ref() {
+                    DeValue::Boolean(b) => {
+                        r.ban = Some(*b);
+                        true
+                    }
+                    _ => {
+                        self.bad(
+                            place,
+                            key,
+                            v,
+                            "true or false",
+                            "ban = true (a manual ban, as `policer ban` writes it)",
+                        );
+                        false
+                    }
+                },
+                "reason" => {
+                    r.reason = self.string(place, key, v, "a reason", "reason = \"scanner\"");
+                    r.reason.is_some()
+                }
+                other => {
+                    let at = self.line(k.span());
+                    self.push(
+                        Some(at),
+                        format!(
+                            "{}: unknown key `{}`; a rule's keys are prefix, rate, burst, action, key_len, proto, \
+                             dport, tcp_flags, icmp_type, dst, total_rate, total_burst, ban_for, ban_after, \
+                             ban_max, ban, reason, expires",
+                            place.head(),
+                            crate::text::escaped(other)
+                        ),
+                    );
+                    false
+                }
+            };
+            ok &= good;
+        }
+        // A burst's text against its rate's unit, where both are known
+        // (a burst without a rate is `validate`'s to refuse).
+        for (key, b, rate) in [("burst", &r.burst, rate), ("total_burst", &r.total_burst, total)] {
+            if let (Some(BurstValue::Text(s)), Some(rate)) = (b, rate)
+                && rate.parse_burst(s).is_err()
+                && let Some((_, v)) = t.iter().find(|(k, _)| &**k.get_ref() == key)
+            {
+                let write = if rate.is_bytes() {
+                    format!("a size like {key} = \"64kb\" (b, kb, mb, gb) or a count of bytes like {key} = 65536")
+                } else {
+                    format!("a count like {key} = 50 (packets; \"2k\" is 2000)")
+                };
+                self.bad(place, key, v, "a burst", &write);
+                ok = false;
+            }
+        }
+        ok.then_some(r)
+    }
+}
