@@ -169,7 +169,7 @@ pub enum Reply {
         /// An import's counts (absent for other changes, and from older
         /// daemons).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        counts: Option<ImportCounts>,
+        counts: Option<Box<ImportCounts>>,
     },
     Rules {
         rules: Vec<RuleView>,
@@ -791,6 +791,7 @@ impl Client {
     }
 
     /// `policer rule import`; `max_remove` and `force` only with `set`.
+    #[expect(clippy::too_many_arguments, reason = "the fields of Request::Import, one per flag of the verb")]
     pub fn import(
         &self,
         path: String,
@@ -800,7 +801,7 @@ impl Client {
         max_remove: Option<crate::sets::MaxRemove>,
         force: bool,
         runtime: bool,
-    ) -> Result<(String, Option<ImportCounts>)> {
+    ) -> Result<(String, Option<Box<ImportCounts>>)> {
         let req = Request::Import { path, shown, set, rule, max_remove, force, runtime };
         self.ask(req, "done", |r| take!(r, Reply::Done { message, counts } => (message, counts)))
     }

@@ -46,13 +46,13 @@ pub fn sets_dir_of(config: &str) -> std::path::PathBuf {
 /// `attach ... --config C` without `--state-dir` gets `--state-dir` of C.
 fn with_state_dir(args: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    if args.first() == Some(&"attach") && !args.iter().any(|a| a.starts_with("--state-dir")) {
-        if let Some(i) = args.iter().position(|a| *a == "--config")
-            && let Some(c) = args.get(i + 1)
-        {
-            v.push("--state-dir".into());
-            v.push(state_dir_of(c).display().to_string());
-        }
+    if args.first() == Some(&"attach")
+        && !args.iter().any(|a| a.starts_with("--state-dir"))
+        && let Some(i) = args.iter().position(|a| *a == "--config")
+        && let Some(c) = args.get(i + 1)
+    {
+        v.push("--state-dir".into());
+        v.push(state_dir_of(c).display().to_string());
     }
     v
 }

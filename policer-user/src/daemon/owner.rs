@@ -76,7 +76,7 @@ pub struct Outcome {
     pub result: Result<String>,
     pub exit: bool,
     /// An import's counts (`rule import --json`).
-    pub counts: Option<crate::control::ImportCounts>,
+    pub counts: Option<Box<crate::control::ImportCounts>>,
 }
 
 struct Job {
@@ -207,7 +207,7 @@ impl Daemon {
                 Err(e) => done(Err(e)),
             },
             Command::Import(imp) => match self.import(*imp) {
-                Ok((m, c)) => Outcome { result: Ok(m), exit: false, counts: Some(c) },
+                Ok((m, c)) => Outcome { result: Ok(m), exit: false, counts: Some(Box::new(c)) },
                 Err(e) => done(Err(e)),
             },
             Command::SetRm { name } => done(self.set_rm(&name)),
