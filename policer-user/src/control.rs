@@ -122,6 +122,9 @@ pub enum Request {
         /// `--force`: the replacement may remove any number of entries.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         force: bool,
+        /// `--runtime`: in force until the daemon stops, no state file.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        runtime: bool,
     },
     /// `policer rule ls --set NAME`.
     SetLs {
@@ -166,6 +169,10 @@ pub enum Reply {
     /// A change was made (rule set/rm, reload, detach).
     Done {
         message: String,
+        /// An import's counts (absent for other changes, and from older
+        /// daemons).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        counts: Option<Box<ImportCounts>>,
     },
     Rules {
         rules: Vec<RuleView>,
@@ -187,6 +194,33 @@ pub enum Reply {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         busy: Option<Busy>,
     },
+}
+
+/// What `policer rule import` did to its set (`rule import --json`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportCounts {
+    pub set: String,
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// The set's entries after the import.
+    pub entries: u64,
+    pub added: u64,
+    /// Kept entries whose value changed (a new action or rate).
+    pub changed: u64,
+    pub removed: u64,
+    pub unchanged: u64,
+    /// Lines that repeated an earlier prefix (kept once).
+    pub duplicates: u64,
+    /// Lines written IPv4-mapped (`::ffff:a.b.c.d`), taken as IPv4.
+    pub mapped: u64,
+    /// Entries another set of higher precedence holds too: its value is
+    /// in force there.
+    pub shadowed: u64,
+    /// Whether the set has a state file (false: `--runtime`).
+    pub saved: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
 }
 
 /// The control socket was full: `in_use` of `cap` connections.
@@ -834,7 +868,7 @@ impl Client {
 
     /// A change: the daemon's message of what it did.
     fn change(&self, req: Request) -> Result<String> {
-        self.ask(req, "done", |r| take!(r, Reply::Done { message } => message))
+        self.ask(req, "done", |r| take!(r, Reply::Done { message, .. } => message))
     }
 
     /// `replace`: the given fields alone, not laid over the rule in force.
@@ -863,6 +897,7 @@ impl Client {
     }
 
     /// `policer rule import`; `max_remove` and `force` only with `set`.
+    #[expect(clippy::too_many_arguments, reason = "the fields of Request::Import, one per flag of the verb")]
     pub fn import(
         &self,
         path: String,
@@ -871,8 +906,10 @@ impl Client {
         rule: RuleConfig,
         max_remove: Option<crate::sets::MaxRemove>,
         force: bool,
-    ) -> Result<String> {
-        self.change(Request::Import { path, shown, set, rule, max_remove, force })
+        runtime: bool,
+    ) -> Result<(String, Option<Box<ImportCounts>>)> {
+        let req = Request::Import { path, shown, set, rule, max_remove, force, runtime };
+        self.ask(req, "done", |r| take!(r, Reply::Done { message, counts } => (message, counts)))
     }
 
     pub fn set_rm(&self, name: String) -> Result<String> {

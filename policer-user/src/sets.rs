@@ -89,21 +89,28 @@ fn parse_entry(s: &str) -> std::result::Result<(IpNet, bool), String> {
     Ok((net, mapped))
 }
 
-/// Parses a list file: one prefix per line; `#` starts a comment (a whole
-/// line or after the prefix); blank lines, surrounding spaces and CRLF line
-/// ends are fine, and so is a UTF-8 byte order mark at the start. All or
-/// nothing: the first bad line is an error naming `file` and the line
-/// number (1-based), quoting at most 80 characters of it.
+/// A line without its comment: `#` or `;` starts one, a whole line or
+/// after the prefix (Spamhaus DROP lists are `1.2.3.0/24 ; SBL123` under
+/// `;` header lines).
+fn uncommented(raw: &[u8]) -> &[u8] {
+    let line = match raw.iter().position(|b| *b == b'#' || *b == b';') {
+        Some(p) => &raw[..p],
+        None => raw,
+    };
+    line.trim_ascii()
+}
+
+/// Parses a list file: one prefix per line; `#` and `;` start a comment (a
+/// whole line or after the prefix); blank lines, surrounding spaces and
+/// CRLF line ends are fine, and so is a UTF-8 byte order mark at the start.
+/// All or nothing: the first bad line is an error naming `file` and the
+/// line number (1-based), quoting at most 80 characters of it.
 pub fn parse(text: &[u8], file: &str) -> Result<List> {
     let text = text.strip_prefix(BOM).unwrap_or(text);
     let mut entries = Vec::with_capacity(text.len() / 12);
     let mut mapped = 0;
     for (i, raw) in text.split(|b| *b == b'\n').enumerate() {
-        let line = match raw.iter().position(|b| *b == b'#') {
-            Some(p) => &raw[..p],
-            None => raw,
-        };
-        let line = line.trim_ascii();
+        let line = uncommented(raw);
         if line.is_empty() {
             continue;
         }
@@ -120,6 +127,17 @@ pub fn parse(text: &[u8], file: &str) -> Result<List> {
     let before = entries.len();
     entries.dedup();
     Ok(List { duplicates: before - entries.len(), entries, mapped })
+}
+
+/// The line (1-based) of `text` that holds `net`, for an error that names
+/// where a conflicting entry is (only ever on an error path: a rescan).
+pub fn line_of(text: &[u8], net: IpNet) -> Option<usize> {
+    let text = text.strip_prefix(BOM).unwrap_or(text);
+    text.split(|b| *b == b'\n')
+        .position(|raw| {
+            std::str::from_utf8(uncommented(raw)).ok().and_then(|s| parse_entry(s).ok()).is_some_and(|(n, _)| n == net)
+        })
+        .map(|i| i + 1)
 }
 
 /// The most entries a replacement (`rule import FILE --set NAME`) may
@@ -287,15 +305,109 @@ pub struct Header {
 
 const MAGIC: &str = "#policer-set ";
 
-/// The state directory of a config file: `policer.toml` →
-/// `policer.sets/` beside it.
-pub fn state_dir(config: &Path) -> PathBuf {
+/// The default state directory (`policer attach --state-dir`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/policer";
+
+/// Where the sets' state files are in a state directory.
+pub fn sets_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("sets")
+}
+
+/// Where releases before `--state-dir` kept the sets: beside the config
+/// file, `policer.toml` → `policer.sets/`. Read once, by [`migrate`].
+pub fn legacy_dir(config: &Path) -> PathBuf {
     let stem = config.file_stem().map_or_else(|| "policer".into(), |s| s.to_string_lossy().into_owned());
     config.with_file_name(format!("{stem}.sets"))
 }
 
+/// What [`migrate`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum Migrated {
+    /// Nothing to do: no old directory, or the new one exists already.
+    #[default]
+    Nothing,
+    /// These sets were copied from the old directory into the new.
+    Copied(Vec<String>),
+}
+
+/// The upgrade from sets kept beside the config: when `dir` (the sets'
+/// directory in the state directory) does not exist yet and `legacy` holds
+/// state files, they are copied into `dir` (each staged and synced, then
+/// renamed: a start killed midway leaves no half file, and copies again).
+/// Only ever once: once `dir` exists the old directory is not read, so a
+/// set removed later does not come back from it. The old directory is left
+/// for the caller to remove once the start commits ([`remove_legacy`]); on
+/// a read-only config it stays, unread.
+pub fn migrate(legacy: &Path, dir: &Path, mode: u32) -> Result<Migrated> {
+    if dir.exists() {
+        return Ok(Migrated::Nothing);
+    }
+    let old = read_all(legacy)?;
+    if old.is_empty() {
+        return Ok(Migrated::Nothing);
+    }
+    let err = |e: std::io::Error| {
+        Error::Invalid(format!(
+            "cannot copy the sets of {} to the state directory {}: {e} (give `--state-dir` a writable directory)",
+            legacy.display(),
+            dir.display()
+        ))
+    };
+    // Into a temporary directory first, renamed into place whole: a start
+    // that fails midway leaves `dir` absent, so the next one copies again.
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    fs::DirBuilder::new().recursive(true).mode(dir_mode(mode)).create(parent).map_err(err)?;
+    let tmp = parent.join(format!(".sets.migrating.{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    fs::DirBuilder::new().mode(dir_mode(mode)).create(&tmp).map_err(err)?;
+    let mut names = Vec::new();
+    let r = (|| -> std::io::Result<()> {
+        for (h, _) in &old {
+            let from = state_path(legacy, &h.name);
+            let to = state_path(&tmp, &h.name);
+            fs::copy(&from, &to)?;
+            fs::set_permissions(&to, fs::Permissions::from_mode(mode))?;
+            fs::File::open(&to)?.sync_all()?;
+            names.push(h.name.clone());
+        }
+        fs::File::open(&tmp)?.sync_all()?;
+        fs::rename(&tmp, dir)?;
+        if let Ok(f) = fs::File::open(parent) {
+            let _ = f.sync_all();
+        }
+        Ok(())
+    })();
+    if let Err(e) = r {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(err(e));
+    }
+    Ok(Migrated::Copied(names))
+}
+
+/// Removes the old sets directory beside the config after [`migrate`]
+/// copied it (its state files, then the directory if it is empty then).
+pub fn remove_legacy(legacy: &Path, names: &[String]) -> std::io::Result<()> {
+    for n in names {
+        match fs::remove_file(state_path(legacy, n)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    match fs::remove_dir(legacy) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound && e.kind() != std::io::ErrorKind::DirectoryNotEmpty => {
+            Err(e)
+        }
+        _ => Ok(()),
+    }
+}
+
 fn state_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.set"))
+}
+
+/// The state file of set `name` in the sets' directory `dir`.
+pub fn sets_dir_file(dir: &Path, name: &str) -> PathBuf {
+    state_path(dir, name)
 }
 
 /// The mode of a set's state file: the config file's (`path`, its

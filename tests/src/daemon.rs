@@ -26,10 +26,35 @@ pub fn policer_in(ns: &str, args: &[&str]) -> Output {
     Command::new("ip")
         .args(["netns", "exec", ns])
         .arg(policer_bin())
-        .args(args)
+        .args(with_state_dir(args))
         .stdin(Stdio::null())
         .output()
         .expect("run policer")
+}
+
+/// The state directory tests give a daemon of config `config`: beside it,
+/// `X.toml` → `X.state` (never the shared default, /var/lib/policer).
+pub fn state_dir_of(config: &str) -> std::path::PathBuf {
+    std::path::Path::new(config).with_extension("state")
+}
+
+/// Where that daemon keeps its sets' state files.
+pub fn sets_dir_of(config: &str) -> std::path::PathBuf {
+    state_dir_of(config).join("sets")
+}
+
+/// `attach ... --config C` without `--state-dir` gets `--state-dir` of C.
+fn with_state_dir(args: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    if args.first() == Some(&"attach")
+        && !args.iter().any(|a| a.starts_with("--state-dir"))
+        && let Some(i) = args.iter().position(|a| *a == "--config")
+        && let Some(c) = args.get(i + 1)
+    {
+        v.push("--state-dir".into());
+        v.push(state_dir_of(c).display().to_string());
+    }
+    v
 }
 
 /// How a `policer attach` that never started policing ended.
@@ -74,10 +99,13 @@ impl Daemon {
     /// the daemon once it reports that it is policing, or how it exited
     /// before (a start expected to fail).
     pub fn try_start(bin: &std::path::Path, ns: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<Daemon, Exited> {
+        // An older build (an upgrade test) knows no --state-dir.
+        let args =
+            if bin == policer_bin() { with_state_dir(args) } else { args.iter().map(|a| a.to_string()).collect() };
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns])
             .arg(bin)
-            .args(args)
+            .args(&args)
             .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

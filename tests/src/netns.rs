@@ -95,6 +95,7 @@ impl Drop for Sandbox {
         let _ = ip_out(&["netns", "del", &self.rx_ns]);
         let _ = ip_out(&["netns", "del", &self.tx_ns]);
         let _ = std::fs::remove_file(&self.config);
+        let _ = std::fs::remove_dir_all(crate::daemon::state_dir_of(&self.config));
     }
 }
 

@@ -322,6 +322,17 @@ fn a_protected_prefix_passes_under_a_forced_ban_of_everyone() {
     std::fs::write(&sb.config, &file).unwrap();
     succeeds(&cli(&sb, &["reload"]));
     assert_eq!(policer(&sb, &["rule", "ls", "--json"]), rules, "a refused change changed the rules");
+    // A feed with an entry inside is refused, naming its line; an allow
+    // list inside is fine.
+    let list = format!("{}.list", sb.config);
+    std::fs::write(&list, "198.18.9.0/24\n198.18.7.32/27 ; inside\n").unwrap();
+    fails_with(
+        &cli(&sb, &["rule", "import", &list, "--action", "deny", "--set", "feed"]),
+        &format!("{list}:2: 198.18.7.32/27 is inside the protected prefix 198.18.7.0/24"),
+    );
+    succeeds(&cli(&sb, &["rule", "import", &list, "--action", "allow", "--set", "ok", "--runtime"]));
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "ok"]));
+    let _ = std::fs::remove_file(&list);
     // Everyone banned and denied, on purpose: the protected source passes.
     succeeds(&cli(&sb, &["ban", "0.0.0.0/0", "--for", "10m", "--force"]));
     succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--action", "deny", "--force"]));

@@ -71,7 +71,7 @@ struct SetsDir(PathBuf);
 
 impl SetsDir {
     fn of(sb: &Sandbox) -> SetsDir {
-        let d = Path::new(&sb.config).with_extension("sets");
+        let d = policer_tests::daemon::sets_dir_of(&sb.config);
         let _ = std::fs::remove_dir_all(&d);
         SetsDir(d)
     }
@@ -203,9 +203,10 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     fails_with(&cli(&sb, &["rule", "set", "10.0.100.0/32", "--rate", "10pps"]), "an entry of set 'feed'");
     succeeds(&cli(&sb, &["rule", "set", "198.51.100.0/24", "--rate", "10pps"]));
     let clash = ListFile::hosts("clash", 0, &[], "198.51.100.0/24\n");
-    fails_with(&cli(&sb, &["rule", "import", clash.path(), "--set", "other"]), "is the prefix of the rule");
-    let cross = ListFile::hosts("cross", 3, &[], "");
-    fails_with(&cli(&sb, &["rule", "import", cross.path(), "--set", "other"]), "already in set 'feed'");
+    fails_with(
+        &cli(&sb, &["rule", "import", clash.path(), "--set", "other"]),
+        &format!("{}:2: 198.51.100.0/24 is the prefix of the rule", clash.path()),
+    );
     expect(&sb, &[("10.0.100.0", true), ("198.18.0.7", false)], "after the refusals");
 
     // A restart keeps the set (its state file): adopting the program left
@@ -428,4 +429,174 @@ fn feeds_cannot_open_a_blocklist() {
     assert_eq!(entries(&sb, "feed").len(), 100);
     expect(&sb, &[("10.0.0.5", true), ("198.51.100.7", true)], "after the restart");
     drop(d);
+}
+
+/// A directory bind-mounted read-only over itself (a ConfigMap's mount),
+/// unmounted on drop. The daemon's `ip netns exec` copies the mount.
+struct ReadOnly(PathBuf);
+
+impl ReadOnly {
+    fn mount(dir: &Path) -> ReadOnly {
+        let run = |args: &[&str]| {
+            let st = std::process::Command::new("mount").args(args).arg(dir).arg(dir).status().unwrap();
+            assert!(st.success(), "mount {args:?}");
+        };
+        run(&["--bind"]);
+        let ro = ReadOnly(dir.to_path_buf());
+        run(&["-o", "remount,bind,ro"]);
+        ro
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Frames of `src` that arrived of those sent (200 pps for 0.5 s).
+fn one(sb: &Sandbox, src: &str) -> (u64, u64) {
+    arrived(sb, &[src])[0]
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_str(&succeeds(out)).unwrap()
+}
+
+/// Issue 28 point 5, as an operator of the shipped Kubernetes setup meets
+/// it: the config on a read-only mount, sets kept in `--state-dir`; an
+/// upgrade's sets beside the config copied there; a Spamhaus DROP file;
+/// one prefix in a deny, an allow and a police set, the winner enforced
+/// on real frames (and the next one once the winner goes); `--runtime`;
+/// `--json` counts; errors that name the set and the line; a restart.
+#[test]
+fn sets_under_a_read_only_config_and_a_prefix_in_several_sets() {
+    if !privileged("import tier") {
+        return;
+    }
+    let sb = Sandbox::new("impro");
+    let base = std::env::temp_dir().join(format!("policer-ro-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let dir = base.join("etc");
+    let state = base.join("state");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("policer.toml");
+    // Unlisted sources: 20 pps, burst 5 (of 100 sent, about 15 arrive).
+    std::fs::write(&config, "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"20pps\"\nburst = 5\n").unwrap();
+    // A set an older release kept beside the config.
+    let legacy = dir.join("policer.sets");
+    std::fs::create_dir(&legacy).unwrap();
+    std::fs::write(
+        legacy.join("old.set"),
+        "#policer-set {\"name\":\"old\",\"rule\":{\"prefix\":\"\",\"action\":\"deny\"}}\n198.18.8.0/24\n",
+    )
+    .unwrap();
+    let ro = ReadOnly::mount(&dir);
+    assert!(std::fs::write(dir.join("probe"), "").is_err(), "the config's directory is writable");
+    let (c, st) = (config.to_str().unwrap(), state.to_str().unwrap());
+    let start = || {
+        let args = ["attach", &sb.rx_if, "--config", c, "--state-dir", st, "--interval", "0", "--max-sources", "65536"];
+        Daemon::start_bin(&policer_tests::daemon::policer_bin(), &sb.rx_ns, &args)
+    };
+    let mut d = start();
+    let out = d.stdout();
+    assert!(out.contains(&format!("copied 1 set(s) from {}", legacy.display())), "{out}");
+    assert!(out.contains("is no longer read"), "the read-only old place is said to stay: {out}");
+    assert!(state.join("sets/old.set").is_file());
+    assert_eq!(one(&sb, "198.18.8.5").0, 0, "the upgraded set does not drop");
+
+    // A Spamhaus DROP file, imported under the read-only config.
+    let drop_list = list(
+        "drop",
+        b"; Spamhaus DROP List 2025/01/01\n; Last-Modified: Wed, 01 Jan 2025\n\
+          198.18.1.0/24 ; SBL100\n198.18.2.0/24 ; SBL200\n",
+    );
+    let v = json(&cli(&sb, &["rule", "import", drop_list.path(), "--set", "drop", "--json"]));
+    assert_eq!(
+        (&v["added"], &v["changed"], &v["removed"], &v["unchanged"], &v["entries"], &v["saved"]),
+        (&2.into(), &0.into(), &0.into(), &0.into(), &2.into(), &true.into()),
+        "{v}"
+    );
+    assert!(v["message"].as_str().unwrap().contains("2 added"), "{v}");
+    assert!(state.join("sets/drop.set").is_file(), "no state file in --state-dir");
+    // The same file again: all unchanged.
+    let v = json(&cli(&sb, &["rule", "import", drop_list.path(), "--set", "drop", "--json"]));
+    assert_eq!((&v["added"], &v["unchanged"]), (&0.into(), &2.into()), "{v}");
+
+    // 198.18.2.0/24 in an allow set too, 198.18.4.0/24 in it and in a
+    // police set: deny > police > allow.
+    let ok = list("ok", b"198.18.2.0/24\n198.18.4.0/24\n");
+    let v = json(&cli(&sb, &["rule", "import", ok.path(), "--action", "allow", "--set", "ok", "--json"]));
+    assert_eq!(v["shadowed"], 1, "{v}");
+    let slow = list("slow", b"198.18.4.0/24\n198.18.5.0/24\n");
+    // A police set without a rate is named as the set.
+    fails_with(
+        &cli(&sb, &["rule", "import", slow.path(), "--action", "police", "--set", "slow"]),
+        "set 'slow': a police set needs a rate per source",
+    );
+    let v = json(&cli(
+        &sb,
+        &[
+            "rule",
+            "import",
+            slow.path(),
+            "--action",
+            "police",
+            "--rate",
+            "10pps",
+            "--burst",
+            "3",
+            "--set",
+            "slow",
+            "--json",
+        ],
+    ));
+    assert_eq!((&v["shadowed"], &v["rate"]), (&0.into(), &"10pps".into()), "{v}");
+    let (got, sent) = one(&sb, "198.18.2.5");
+    assert_eq!(got, 0, "deny and allow at one prefix: {got} of {sent} passed");
+    let (got, sent) = one(&sb, "198.18.4.5");
+    assert!(got > 0 && got <= 12, "police and allow at one prefix: {got} of {sent} passed (10 pps, burst 3)");
+    let (got, sent) = one(&sb, "198.18.7.5");
+    assert!(got > 5 && got <= 25, "an unlisted source: {got} of {sent} (20 pps, burst 5)");
+    // The winners go: the allow set's value comes back, not the default.
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "drop"]));
+    succeeds(&cli(&sb, &["rule", "rm", "--set", "slow"]));
+    for src in ["198.18.2.5", "198.18.4.5"] {
+        let (got, sent) = one(&sb, src);
+        assert_eq!(got, sent, "{src}: the allow set's entry is back");
+    }
+    let (got, sent) = one(&sb, "198.18.1.5");
+    assert!(got > 0 && got < sent, "only in the removed deny set: the default polices it, {got}/{sent}");
+
+    // A conflict names the file and its line.
+    succeeds(&cli(&sb, &["rule", "set", "198.18.9.0/24", "--rate", "50pps", "--runtime"]));
+    let clash = list("clash", b"# feed\n198.18.10.0/24\n198.18.9.0/24 ; listed\n");
+    fails_with(
+        &cli(&sb, &["rule", "import", clash.path(), "--set", "clash"]),
+        &format!("{}:3: 198.18.9.0/24 is the prefix of the rule", clash.path()),
+    );
+
+    // --runtime: in force, no state file, SAVED no.
+    let rt = list("rt", b"198.18.6.0/24\n");
+    let v = json(&cli(&sb, &["rule", "import", rt.path(), "--set", "rt", "--runtime", "--json"]));
+    assert_eq!(v["saved"], false, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("gone at a restart"), "{v}");
+    assert!(!state.join("sets/rt.set").exists());
+    assert_eq!(set_row(&sb, "rt").unwrap()["persisted"], false);
+    assert_eq!(one(&sb, "198.18.6.5").0, 0, "the runtime set does not drop");
+
+    // A restart: the saved sets back, the runtime one gone.
+    assert!(d.stop_with(libc::SIGTERM));
+    drop(d);
+    let d = start();
+    assert!(set_row(&sb, "ok").is_some() && set_row(&sb, "old").is_some(), "{}", d.stdout());
+    assert!(set_row(&sb, "rt").is_none() && set_row(&sb, "drop").is_none());
+    assert_eq!(one(&sb, "198.18.8.5").0, 0, "the upgraded set after a restart");
+    let (got, sent) = one(&sb, "198.18.6.5");
+    assert!(got > 0 && got < sent, "the runtime set's source is policed by the default after a restart: {got}/{sent}");
+    let (got, sent) = one(&sb, "198.18.2.5");
+    assert_eq!(got, sent, "the allow set after a restart");
+    drop(d);
+    drop(ro);
+    let _ = std::fs::remove_dir_all(&base);
 }

@@ -238,7 +238,7 @@ fn a_failed_start_puts_back_the_sets_of_an_adopted_program() {
     }
     needs_test_hooks();
     let sb = Sandbox::new("usets");
-    let sets = std::path::Path::new(&sb.config).with_extension("sets");
+    let sets = policer_tests::daemon::sets_dir_of(&sb.config);
     let _ = std::fs::remove_dir_all(&sets);
     std::fs::write(&sb.config, OLD_RULES).unwrap();
     let list = |name: &str, lines: &str| {

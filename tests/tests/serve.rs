@@ -665,7 +665,7 @@ struct SetsDir(PathBuf);
 
 impl SetsDir {
     fn of(sb: &Sandbox) -> SetsDir {
-        let d = std::path::Path::new(&sb.config).with_extension("sets");
+        let d = policer_tests::daemon::sets_dir_of(&sb.config);
         let _ = std::fs::remove_dir_all(&d);
         SetsDir(d)
     }

@@ -38,9 +38,17 @@ pub struct Args {
     /// Seconds between counter lines (0: off).
     #[arg(long, default_value_t = 1.0)]
     interval: f64,
-    /// Config file (rules; written after every change).
+    /// Config file (rules; written after every change). It may be
+    /// read-only (a Kubernetes ConfigMap): changes then last until the
+    /// daemon stops, and sets keep their state in --state-dir.
     #[arg(long, default_value = DEFAULT_PATH)]
     config: PathBuf,
+    /// Writable directory for the daemon's state: the imported sets
+    /// (DIR/sets/NAME.set, read at start). Sets kept beside the config by
+    /// older releases (policer.sets/) are copied here at the first start.
+    /// Two daemons (in two network namespaces) need two directories.
+    #[arg(long, value_name = "DIR", default_value = crate::sets::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
     /// On exit leave the program attached and policing; a later
     /// `policer attach` adopts it, `policer detach` removes it.
     #[arg(long)]
@@ -55,8 +63,9 @@ fn parse_rate(s: &str) -> Result<Rate, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let Args { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, persist, metrics } = a;
-    let args = DaemonArgs { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, persist, metrics };
+    let Args { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, state_dir, persist, metrics } = a;
+    let args =
+        DaemonArgs { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, state_dir, persist, metrics };
     // Start before any thread exists: adopting a running program uses a
     // private mount namespace for this process.
     Daemon::start(&args)?.run()?;

@@ -9,17 +9,22 @@ use crate::rules::{BurstValue, RuleConfig};
 
 #[derive(ClapArgs)]
 pub struct Args {
-    /// One prefix or address per line; `#` comments and blank lines are
-    /// fine, and so is a UTF-8 byte order mark at the start. All or
-    /// nothing: one bad line and nothing is imported (the line number is
-    /// named). IPv4-mapped IPv6 entries (::ffff:a.b.c.d[/96+N]) are taken
+    /// One prefix or address per line; `#` and `;` start comments (a whole
+    /// line or after the prefix, as in Spamhaus DROP: `1.2.3.0/24 ;
+    /// SBL123`), blank lines are fine, and so is a UTF-8 byte order mark at
+    /// the start. All or nothing: one bad line and nothing is imported (the
+    /// file and line are named). IPv4-mapped IPv6 entries (::ffff:a.b.c.d[/96+N]) are taken
     /// as the IPv4 prefixes they are (/N), and the outcome says how many.
     /// A regular file of at most 1 GiB; a file with no entries is refused
     /// (an empty feed is a failed download more often than a wish).
     file: String,
+    /// What the set does to its sources. A prefix in several sets takes
+    /// the value of one: deny over police over monitor over allow, and
+    /// between sets of one action the name that sorts first.
     #[arg(long, value_enum, default_value_t = Action::Deny)]
     action: Action,
-    /// Rate per source (police and monitor sets): 500pps, 10kpps, 64kbit.
+    /// Rate per source, needed by police and monitor sets: 500pps, 10kpps,
+    /// 64kbit.
     #[arg(long, allow_hyphen_values = true)]
     rate: Option<String>,
     /// Burst: packets, or bytes for a bit rate.
@@ -47,7 +52,15 @@ pub struct Args {
     /// With --set: replace the set however many entries that removes.
     #[arg(long, requires = "set", conflicts_with = "max_remove")]
     force: bool,
-    /// Print the outcome as JSON.
+    /// Load the set into the running daemon only: no state file is
+    /// written (for a state directory that cannot be written), and the set
+    /// is gone when the daemon stops. A saved set of the same name is left
+    /// as saved and comes back at the next start.
+    #[arg(long)]
+    runtime: bool,
+    /// Print the outcome as JSON: {"message", "set", "action", "rate",
+    /// "entries", "added", "changed", "removed", "unchanged", "duplicates",
+    /// "mapped", "shadowed", "saved", "expires"}.
     #[arg(long)]
     pub json: bool,
 }
@@ -84,9 +97,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Err(e) = std::fs::metadata(&path) {
         anyhow::bail!("{}: {e}; nothing imported", a.file);
     }
-    let msg = daemon()?.import(path.to_string_lossy().into_owned(), a.file, a.set, rule, max_remove, a.force)?;
+    let (msg, counts) =
+        daemon()?.import(path.to_string_lossy().into_owned(), a.file, a.set, rule, max_remove, a.force, a.runtime)?;
     if a.json {
-        println!("{}", serde_json::json!({ "message": msg }));
+        let mut v = serde_json::to_value(counts.unwrap_or_default())?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("message".into(), msg.into());
+        }
+        println!("{v}");
     } else {
         println!("policer: {msg}");
     }

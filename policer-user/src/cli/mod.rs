@@ -51,7 +51,6 @@ pub struct Cli {
 }
 
 #[derive(Subcommand)]
-#[expect(clippy::large_enum_variant, reason = "parsed once per command")]
 enum Cmd {
     /// Run the daemon: attach to the interfaces and police every source.
     Attach(attach::Args),

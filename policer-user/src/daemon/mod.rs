@@ -71,6 +71,9 @@ pub struct DaemonArgs {
     pub max_rules: Option<u32>,
     pub interval: f64,
     pub config: PathBuf,
+    /// Where the sets' state files live (`DIR/sets/`): writable, unlike a
+    /// config that may be read-only (a Kubernetes ConfigMap).
+    pub state_dir: PathBuf,
     pub persist: bool,
     /// Serve Prometheus /metrics here (`9100` = 127.0.0.1:9100).
     pub metrics: Option<String>,
@@ -121,7 +124,7 @@ pub struct Daemon {
     /// Named sets (`rule import`), by name; their entries are in the
     /// tries but not in `compiled`.
     sets: BTreeMap<String, sets::SetState>,
-    /// Where the sets' state files are (beside the config file).
+    /// Where the sets' state files are (`STATE_DIR/sets/`).
     sets_dir: PathBuf,
     /// The audit trail, shared with the views and the connections.
     audit: audit::Audit,

@@ -75,6 +75,8 @@ pub enum Command {
 pub struct Outcome {
     pub result: Result<String>,
     pub exit: bool,
+    /// An import's counts (`rule import --json`).
+    pub counts: Option<Box<crate::control::ImportCounts>>,
 }
 
 struct Job {
@@ -106,9 +108,13 @@ impl Owner {
                 mpsc::error::TrySendError::Full(_) => "the daemon is busy (too many changes queued); try again",
                 mpsc::error::TrySendError::Closed(_) => "the daemon is shutting down",
             };
-            return Outcome { result: Err(Error::Invalid(why.into())), exit: false };
+            return Outcome { result: Err(Error::Invalid(why.into())), exit: false, counts: None };
         }
-        rx.await.unwrap_or(Outcome { result: Err(Error::Invalid("the daemon is shutting down".into())), exit: false })
+        rx.await.unwrap_or(Outcome {
+            result: Err(Error::Invalid("the daemon is shutting down".into())),
+            exit: false,
+            counts: None,
+        })
     }
 
     /// Queues a [`Command::Tick`] unless the owner is busy (a tick then
@@ -191,7 +197,7 @@ impl Daemon {
     }
 
     fn handle(&mut self, cmd: Command) -> Outcome {
-        let done = |result| Outcome { result, exit: false };
+        let done = |result| Outcome { result, exit: false, counts: None };
         match cmd {
             Command::Ban { rule, runtime, force } => done(self.ban(&rule, runtime, force)),
             Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
@@ -213,11 +219,15 @@ impl Daemon {
                 Ok(true) => Outcome {
                     result: Ok(format!("detached from {iface}; no interface left, the daemon exits")),
                     exit: true,
+                    counts: None,
                 },
                 Ok(false) => done(Ok(format!("detached from {iface}"))),
                 Err(e) => done(Err(e)),
             },
-            Command::Import(imp) => done(self.import(*imp)),
+            Command::Import(imp) => match self.import(*imp) {
+                Ok((m, c)) => Outcome { result: Ok(m), exit: false, counts: Some(Box::new(c)) },
+                Err(e) => done(Err(e)),
+            },
             Command::SetRm { name } => done(self.set_rm(&name)),
             Command::Shutdown => done(self.finish().map(|m| m.to_string())),
         }
@@ -240,6 +250,7 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                 let _ = reply.send(Outcome {
                     result: Err(Error::Invalid("the daemon is shutting down; nothing changed".into())),
                     exit: false,
+                    counts: None,
                 });
                 continue;
             }

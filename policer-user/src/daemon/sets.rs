@@ -33,6 +33,115 @@ pub(crate) struct SetState {
     /// Sorted, each once; IPv4 first. Shared with the snapshot
     /// (`inspect`), never changed in place.
     pub entries: Arc<Vec<IpNet>>,
+    /// Where the set comes from, and so what a restart keeps of it.
+    pub origin: Origin,
+}
+
+/// Where a set comes from: what a restart and a reload do with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// `rule import`: its state file in the state directory; a restart
+    /// reads it back.
+    Saved,
+    /// `rule import --runtime`: in force until the daemon stops; a state
+    /// file of the same name (an earlier saved import) is left as it was,
+    /// and a restart brings that back.
+    Runtime,
+    /// A `[[set]]` table of the config: read from its file at start and
+    /// at every reload; no state file.
+    Config,
+}
+
+/// Which set's value a prefix in several sets holds: the higher of
+/// (action, name) — deny over police over monitor over allow, and between
+/// sets of one action the name that sorts first. The blocklist wins over
+/// the allowlist; two police sets do not depend on the order of imports.
+fn rank(s: &SetState) -> (u8, std::cmp::Reverse<&str>) {
+    use policer_common::bucket::Action;
+    let a = match s.spec4.action {
+        Action::Deny => 3,
+        Action::Police => 2,
+        Action::Monitor => 1,
+        Action::Allow => 0,
+    };
+    (a, std::cmp::Reverse(s.header.name.as_str()))
+}
+
+/// For each of sorted `nets` that a set of `others` holds too, the one of
+/// them of highest [`rank`]. A merge per other set: linear in the lists.
+fn held_by<'a>(nets: &[IpNet], others: &[&'a SetState]) -> BTreeMap<IpNet, &'a SetState> {
+    let mut out: BTreeMap<IpNet, &SetState> = BTreeMap::new();
+    for o in others {
+        let (mut i, mut j) = (0, 0);
+        let b = &o.entries[..];
+        while i < nets.len() && j < b.len() {
+            match nets[i].cmp(&b[j]) {
+                std::cmp::Ordering::Equal => {
+                    let e = out.entry(nets[i]).or_insert(o);
+                    if rank(o) > rank(e) {
+                        *e = o;
+                    }
+                    i += 1;
+                    j += 1;
+                }
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+            }
+        }
+    }
+    out
+}
+
+/// What the tries must do for one set going from `old` to `new` (either
+/// absent) beside `others`: a pure function, tested without a kernel.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Writes {
+    /// Entries that take `new`'s value (written as one batch per family).
+    pub bulk: Vec<IpNet>,
+    /// Entries that take another set's value (it outranks `new` there, or
+    /// `new` no longer holds them).
+    pub pairs: Vec<(IpNet, Rule)>,
+    /// Entries no set holds any more.
+    pub delete: Vec<IpNet>,
+    /// Entries of `new` another set outranks.
+    pub shadowed: usize,
+}
+
+pub(crate) fn plan_writes(others: &[&SetState], old: Option<&SetState>, new: Option<&SetState>) -> Result<Writes> {
+    let none: &[IpNet] = &[];
+    let old_e = old.map_or(none, |o| &o.entries[..]);
+    let new_e = new.map_or(none, |n| &n.entries[..]);
+    let d = sets::diff(old_e, new_e);
+    let same = match (old, new) {
+        (Some(o), Some(n)) => o.values()? == n.values()?,
+        _ => false,
+    };
+    let mut w = Writes::default();
+    if let Some(n) = new {
+        let held = held_by(new_e, others);
+        let wins = |e: &IpNet| held.get(e).is_none_or(|o| rank(n) > rank(o));
+        // Kept entries hold `new`'s value already when the rule is the same.
+        let touched: &[IpNet] = if same { &d.add } else { new_e };
+        w.bulk = if held.is_empty() { touched.to_vec() } else { touched.iter().filter(|e| wins(e)).copied().collect() };
+        for (e, o) in &held {
+            if !wins(e) {
+                w.shadowed += 1;
+                // Where `old` won, the other's value goes back.
+                let old_won = old.is_some_and(|old| old_e.binary_search(e).is_ok() && rank(old) > rank(o));
+                if old_won {
+                    w.pairs.push((*e, o.value_for(e)?));
+                }
+            }
+        }
+    }
+    let held = held_by(&d.remove, others);
+    for e in &d.remove {
+        match held.get(e) {
+            Some(o) => w.pairs.push((*e, o.value_for(e)?)),
+            None => w.delete.push(*e),
+        }
+    }
+    Ok(w)
 }
 
 impl SetState {
@@ -42,6 +151,12 @@ impl SetState {
             self.spec4.kernel(self.id)?.with_counter_slot(self.slot),
             self.spec6.kernel(self.id)?.with_counter_slot(self.slot),
         ))
+    }
+
+    /// The trie value of one of its entries.
+    fn value_for(&self, e: &IpNet) -> Result<Rule> {
+        let (v4, v6) = self.values()?;
+        Ok(if e.addr().is_ipv4() { v4 } else { v6 })
     }
 
     /// A row of `rule ls`: the set as one rule.
@@ -62,7 +177,7 @@ impl SetState {
             burst: s.rate.map(|_| s.burst),
             unit: if s.rate.is_some_and(|r| r.is_bytes()) { "bytes" } else { "packets" }.into(),
             key_len: s.key_len,
-            persisted: true,
+            persisted: self.origin != Origin::Runtime,
             in_force: true,
             ban: false,
             reason: None,
@@ -92,12 +207,22 @@ pub struct Import {
     /// `force`.
     pub max_remove: MaxRemove,
     pub force: bool,
+    /// `--runtime`: in force until the daemon stops, no state file.
+    pub runtime: bool,
 }
 
-/// The set's rule for one family: the rule options over a /0.
-fn family_spec(rule: &RuleConfig, v6: bool) -> Result<RuleSpec> {
-    let rc = RuleConfig { prefix: sets::family_any(v6).to_string(), ttl: None, expires: None, ..rule.clone() };
-    rc.validate()
+/// The set's rule for one family: the rule options over a /0. Errors name
+/// the set, not the /0 it is validated over.
+fn family_spec(name: &str, rule: &RuleConfig, v6: bool) -> Result<RuleSpec> {
+    let any = sets::family_any(v6).to_string();
+    let rc = RuleConfig { prefix: any.clone(), ttl: None, expires: None, ..rule.clone() };
+    rc.validate().map_err(|e| match e {
+        Error::Invalid(m) => match m.strip_prefix(&format!("{any}: ")) {
+            Some(rest) => Error::Invalid(format!("set '{name}': {rest}")),
+            None => Error::Invalid(format!("set '{name}': {m}")),
+        },
+        e => e,
+    })
 }
 
 fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
@@ -153,19 +278,6 @@ fn banned(list: &[IpNet], bans: &[(IpNet, Rule)]) -> Vec<(IpNet, Rule)> {
     out.into_iter().map(|(e, (_, v))| (e, v)).collect()
 }
 
-/// Writes sorted `nets` with their set's values, and those under a ban
-/// with the ban's.
-fn write_set(
-    fds: TrieWriter,
-    nets: &[IpNet],
-    values: (Rule, Rule),
-    all: &[IpNet],
-    bans: &[(IpNet, Rule)],
-) -> Result<()> {
-    write(fds, nets, values)?;
-    write_pairs(fds, &banned(all, bans))
-}
-
 /// A few entries, each with its own value.
 fn write_pairs(fds: TrieWriter, pairs: &[(IpNet, Rule)]) -> Result<()> {
     for (n, v) in pairs {
@@ -193,7 +305,7 @@ fn union(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
 impl Daemon {
     /// `policer rule import`: the set becomes the file (`--set`), or the
     /// implicit set grows by it; in one change, all or nothing.
-    pub(super) fn import(&mut self, mut imp: Import) -> Result<String> {
+    pub(super) fn import(&mut self, mut imp: Import) -> Result<(String, crate::control::ImportCounts)> {
         let t0 = Instant::now();
         let explicit = imp.set.is_some();
         let expires_ms = match &imp.rule.ttl {
@@ -241,14 +353,22 @@ impl Daemon {
                 imp.max_remove
             )));
         }
-        let (spec4, spec6) = self.set_specs(&rule, &entries)?;
-        self.check_set_conflicts(&name, &entries)?;
+        if let Some(o) = self.sets.get(&name)
+            && o.origin == Origin::Config
+        {
+            return Err(Error::Invalid(format!(
+                "set '{name}' is declared in the config ([[set]] in {}): change its file or its table, then \
+                 `policer reload`; nothing imported",
+                self.file.path().display()
+            )));
+        }
+        let (spec4, spec6) = self.set_specs(&name, &rule, &entries)?;
+        self.check_set_conflicts(&entries, spec4.action, |n| where_in(&imp.file, &imp.text, n))?;
         self.check_capacity(&name, &entries)?;
         let header = Header { name: name.clone(), rule, expires_ms };
         let t_checked = t0.elapsed();
 
         let fds = self.policer.trie_writer()?;
-        let bans = self.ban_values();
         let old = self.sets.get(&name).cloned();
         let (slot, new_slot) = match &old {
             Some(o) => (o.slot, false),
@@ -259,23 +379,31 @@ impl Daemon {
             Some(o) if same_rule => o.id,
             _ => self.rs.new_id(),
         };
-        let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries) };
+        let origin = if imp.runtime { Origin::Runtime } else { Origin::Saved };
+        let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries), origin };
         // The state file first (a full disk refuses the import before the
         // kernel is touched), put in place once the kernel took the change.
         // Not written beside the kernel writes: on two CPUs it slows them
         // more than it saves.
         let body = if explicit { sets::Body::Text(&imp.text) } else { sets::Body::Entries(&next.entries) };
-        let staged = match sets::stage(&self.sets_dir, sets::file_mode(self.file.path()), &next.header, body) {
-            Ok(s) => s,
-            Err(e) => {
-                if new_slot {
-                    self.rs.free_slot(slot);
+        let staged = if imp.runtime {
+            None
+        } else {
+            match sets::stage(&self.sets_dir, sets::file_mode(self.file.path()), &next.header, body) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    if new_slot {
+                        self.rs.free_slot(slot);
+                    }
+                    return Err(Error::Invalid(format!(
+                        "{e}; nothing imported (the state directory is `policer attach --state-dir`; \
+                         `rule import --runtime` imports without saving)"
+                    )));
                 }
-                return Err(e);
             }
         };
         let t_staged = t0.elapsed();
-        let r = (|| -> Result<()> {
+        let r = (|| -> Result<usize> {
             if new_slot {
                 self.policer.reset_rule_counters(slot)?;
             }
@@ -286,47 +414,29 @@ impl Daemon {
             if !next.entries.is_empty() {
                 self.fast_path_off()?;
             }
-            let values = next.values()?;
-            if same_rule {
-                write_set(fds, &d.add, values, &next.entries, &bans)?;
-            } else {
-                write_set(fds, &next.entries, values, &next.entries, &bans)?;
-            }
-            delete(fds, &self.not_rules(&d.remove))
+            self.transition(fds, old.as_ref(), Some(&next))
         })();
         let t_written = t0.elapsed();
-        let r = r.and_then(|()| staged.commit());
+        let r = r.and_then(|shadowed| staged.map_or(Ok(()), sets::Staged::commit).map(|()| shadowed));
         log::debug!(
             "import of set '{name}': checked {t_checked:?}, staged {t_staged:?}, written {t_written:?}, committed {:?}",
             t0.elapsed()
         );
-        if let Err(e) = r {
-            // Back to what was: the added entries out, the kept ones'
-            // values and the removed ones back.
-            let undo = (|| -> Result<()> {
-                delete(fds, &self.not_rules(&d.add))?;
-                if let Some(o) = &old {
-                    write_set(fds, &o.entries, o.values()?, &o.entries, &bans)?;
-                    if !same_rule {
-                        prepare(&mut self.policer, &o.spec4, slot)?;
-                    }
-                }
-                Ok(())
-            })();
-            if new_slot {
-                self.rs.free_slot(slot);
-            }
-            let _ = self.sync_fast_path();
-            return Err(match undo {
-                Ok(()) => Error::Invalid(format!("{e}; nothing imported")),
-                Err(u) => Error::Invalid(format!(
-                    "{e}; and putting set '{name}' back failed too: {u} (see `policer rule ls --set {name}`)"
-                )),
-            });
-        }
+        let shadowed = match r {
+            Ok(n) => n,
+            Err(e) => return Err(self.undo_import(fds, e, old.as_ref(), &next, same_rule, new_slot)),
+        };
         let changed = if same_rule { 0 } else { d.keep.len() };
+        let expires = next.header.expires_ms.map(crate::duration::rfc3339);
+        let saved = match (&next.origin, old.as_ref().map(|o| &o.origin)) {
+            (Origin::Runtime, Some(Origin::Saved)) => {
+                "; runtime only: the saved set of this name returns at a restart".to_string()
+            }
+            (Origin::Runtime, _) => "; runtime only: gone at a restart".to_string(),
+            _ => String::new(),
+        };
         let msg = format!(
-            "set '{name}' ({}): {} prefixes from {}: {} added, {} changed, {} removed{}{} in {:.2} s",
+            "set '{name}' ({}): {} prefixes from {}: {} added, {} changed, {} removed{}{}{}{saved} in {:.2} s",
             describe(&next.spec4),
             next.entries.len(),
             imp.file,
@@ -334,26 +444,112 @@ impl Daemon {
             changed,
             d.remove.len(),
             notes(&imp.list),
-            next.header.expires_ms.map(|e| format!("; expires {}", crate::duration::rfc3339(e))).unwrap_or_default(),
+            if shadowed > 0 {
+                format!("; {shadowed} also in a set that takes precedence there (deny > police > monitor > allow)")
+            } else {
+                String::new()
+            },
+            expires.as_ref().map(|e| format!("; expires {e}")).unwrap_or_default(),
             t0.elapsed().as_secs_f64()
         );
+        let counts = crate::control::ImportCounts {
+            set: name.clone(),
+            action: next.spec4.action.to_string(),
+            rate: next.spec4.rate.map(|r| r.to_string()),
+            entries: next.entries.len() as u64,
+            added: d.add.len() as u64,
+            changed: changed as u64,
+            removed: d.remove.len() as u64,
+            unchanged: (d.keep.len() - changed) as u64,
+            duplicates: imp.list.duplicates as u64,
+            mapped: imp.list.mapped as u64,
+            shadowed: shadowed as u64,
+            saved: next.origin == Origin::Saved,
+            expires,
+        };
         // A state file of this name now is the new set's, not an ended
         // one's still to remove.
-        self.ban_log.set_files_behind.retain(|n| *n != name);
+        if next.origin == Origin::Saved {
+            self.ban_log.set_files_behind.retain(|n| *n != name);
+        }
         self.sets.insert(name, next);
         self.changed = true;
-        Ok(msg)
+        Ok((msg, counts))
+    }
+
+    /// Puts a failed import back: the set as it was in the tries, its
+    /// limiter, its slot.
+    fn undo_import(
+        &mut self,
+        fds: TrieWriter,
+        e: Error,
+        old: Option<&SetState>,
+        next: &SetState,
+        same_rule: bool,
+        new_slot: bool,
+    ) -> Error {
+        let name = next.header.name.clone();
+        let undo = (|| -> Result<()> {
+            self.transition(fds, Some(next), old)?;
+            if let Some(o) = old
+                && !same_rule
+            {
+                prepare(&mut self.policer, &o.spec4, o.slot)?;
+            }
+            Ok(())
+        })();
+        if new_slot {
+            self.rs.free_slot(next.slot);
+        }
+        let _ = self.sync_fast_path();
+        match undo {
+            Ok(()) => Error::Invalid(format!("{e}; nothing imported")),
+            Err(u) => Error::Invalid(format!(
+                "{e}; and putting set '{name}' back failed too: {u} (see `policer rule ls --set {name}`)"
+            )),
+        }
+    }
+
+    /// Writes a set's change from `old` to `new` (either absent) into the
+    /// tries: each entry holds the value of the set of highest [`rank`]
+    /// holding it, or of the longest manual ban over it; entries no set
+    /// holds any more leave (unless a rule holds the prefix). Adds and
+    /// rewrites first, removes last. Returns how many of `new`'s entries
+    /// another set outranks.
+    fn transition(&self, fds: TrieWriter, old: Option<&SetState>, new: Option<&SetState>) -> Result<usize> {
+        let name = new.or(old).map_or("", |s| s.header.name.as_str());
+        let others: Vec<&SetState> = self.sets.values().filter(|s| s.header.name != name).collect();
+        let w = plan_writes(&others, old, new)?;
+        if let Some(n) = new {
+            write(fds, &w.bulk, n.values()?)?;
+        }
+        write_pairs(fds, &w.pairs)?;
+        let bans = self.ban_values();
+        if !bans.is_empty() {
+            let mut touched: Vec<IpNet> = w.bulk.iter().copied().chain(w.pairs.iter().map(|p| p.0)).collect();
+            touched.sort_unstable();
+            write_pairs(fds, &banned(&touched, &bans))?;
+        }
+        delete(fds, &self.not_rules(&w.delete))?;
+        Ok(w.shadowed)
     }
 
     /// The set's rule per family, validated against its entries.
-    fn set_specs(&self, rule: &RuleConfig, entries: &[IpNet]) -> Result<(RuleSpec, RuleSpec)> {
+    fn set_specs(&self, name: &str, rule: &RuleConfig, entries: &[IpNet]) -> Result<(RuleSpec, RuleSpec)> {
         let (v4, v6) = split(entries);
+        let action = rule.action.unwrap_or(policer_common::bucket::Action::Police);
+        if action.polices() && rule.rate.is_none() {
+            return Err(Error::Invalid(format!(
+                "set '{name}': a {action} set needs a rate per source (--rate 500pps, 10kpps, 64kbit; `rate` in a \
+                 [[set]] table); nothing imported"
+            )));
+        }
         // A key length given for one family must not fail the other when
         // the set has none of it.
         let spec = |v6: bool, any: bool| -> Result<RuleSpec> {
-            match family_spec(rule, v6) {
+            match family_spec(name, rule, v6) {
                 Err(_) if !any && rule.key_len.is_some() => {
-                    family_spec(&RuleConfig { key_len: None, ..rule.clone() }, v6)
+                    family_spec(name, &RuleConfig { key_len: None, ..rule.clone() }, v6)
                 }
                 r => r,
             }
@@ -389,23 +585,31 @@ impl Daemon {
         Ok((s4, s6))
     }
 
-    /// An entry belongs to one set and is no rule's prefix: refused before
-    /// anything is written, naming both.
-    fn check_set_conflicts(&self, name: &str, entries: &[IpNet]) -> Result<()> {
+    /// No entry is a rule's prefix (a set entry and a rule would fight for
+    /// one trie key): refused before anything is written, naming where
+    /// the entry is (`locate`: `FILE:LINE`) and the rule. An entry may be
+    /// in several sets ([`rank`] decides). No entry of a set that does not
+    /// allow lies inside a protected prefix (`protect` in [daemon]).
+    fn check_set_conflicts(
+        &self,
+        entries: &[IpNet],
+        action: policer_common::bucket::Action,
+        locate: impl Fn(IpNet) -> String,
+    ) -> Result<()> {
+        let protect = self.rs.protect();
+        if !protect.is_empty()
+            && let Some((n, e)) = entries.iter().find_map(|n| protect.refuse_entry(n, action).err().map(|e| (*n, e)))
+        {
+            return Err(Error::Invalid(format!("{}: {e}", locate(n))));
+        }
         // A manual ban may share an entry's prefix: it wins while it lasts.
         for key in self.rs.rules().keys().filter(|k| !k.ban) {
             if entries.binary_search(&key.net).is_ok() {
                 return Err(Error::Invalid(format!(
-                    "{} is in the list and is the prefix of the rule {key}: a prefix has a rule or is an entry of a \
-                     set, not both (remove one); nothing imported",
+                    "{}: {} is the prefix of the rule {key}: a prefix has a rule or is an entry of a set, not both \
+                     (remove one); nothing imported",
+                    locate(key.net),
                     key.net
-                )));
-            }
-        }
-        for (other, s) in self.sets.iter().filter(|(n, _)| n.as_str() != name) {
-            if let Some(n) = sets::first_common(entries, &s.entries) {
-                return Err(Error::Invalid(format!(
-                    "{n} is in the list and already in set '{other}': an entry belongs to one set; nothing imported"
                 )));
             }
         }
@@ -442,16 +646,23 @@ impl Daemon {
     /// `policer rule rm --set NAME`.
     pub(super) fn set_rm(&mut self, name: &str) -> Result<String> {
         let s = self.sets.get(name).cloned().ok_or_else(|| self.unknown_set(name))?;
+        if s.origin == Origin::Config {
+            return Err(Error::Invalid(format!(
+                "set '{name}' is declared in the config ([[set]] in {}): remove its table, then `policer reload`; \
+                 nothing changed",
+                self.file.path().display()
+            )));
+        }
         self.remove_set(&s)?;
         Ok(format!("removed set '{name}' ({} prefixes)", s.entries.len()))
     }
 
     fn remove_set(&mut self, s: &SetState) -> Result<()> {
         let fds = self.policer.trie_writer()?;
-        if let Err(e) = delete(fds, &self.not_rules(&s.entries)) {
-            let undo = write_set(fds, &s.entries, s.values()?, &s.entries, &self.ban_values());
+        if let Err(e) = self.transition(fds, Some(s), None) {
+            let undo = self.transition(fds, None, Some(s));
             return Err(match undo {
-                Ok(()) => Error::Invalid(format!("{e}; nothing changed")),
+                Ok(_) => Error::Invalid(format!("{e}; nothing changed")),
                 Err(u) => Error::Invalid(format!("{e}; and putting it back failed too: {u}")),
             });
         }
@@ -543,16 +754,24 @@ impl Daemon {
             return Ok(());
         }
         let fds = self.policer.trie_writer()?;
-        for s in self.sets.values() {
-            let (v4, v6) = s.values()?;
-            let mut pairs: BTreeMap<IpNet, Rule> = banned(&s.entries, before)
-                .into_iter()
-                .map(|(n, _)| (n, if n.addr().is_ipv4() { v4 } else { v6 }))
-                .collect();
-            pairs.extend(banned(&s.entries, &after));
-            write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())?;
+        let all: Vec<&SetState> = self.sets.values().collect();
+        // What was under the old bans gets its winning set's value back,
+        // then what is under the new ones the ban's.
+        let mut pairs: BTreeMap<IpNet, Rule> = BTreeMap::new();
+        for s in &all {
+            for (n, _) in banned(&s.entries, before) {
+                if let std::collections::btree_map::Entry::Vacant(v) = pairs.entry(n) {
+                    let w = all.iter().filter(|o| o.entries.binary_search(&n).is_ok()).max_by_key(|o| rank(o));
+                    if let Some(w) = w {
+                        v.insert(w.value_for(&n)?);
+                    }
+                }
+            }
         }
-        Ok(())
+        for s in &all {
+            pairs.extend(banned(&s.entries, &after));
+        }
+        write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())
     }
 
     /// `nets` but those the rules hold too (a manual ban at an entry's
@@ -600,6 +819,14 @@ fn strip(c: &mut Compiled, sets: &BTreeMap<String, SetState>) {
         for n in s.entries.iter() {
             c.prefixes.remove(n);
         }
+    }
+}
+
+/// `FILE:LINE` of `net` in a list's text, or `FILE` when not found.
+fn where_in(file: &str, text: &[u8], net: IpNet) -> String {
+    match sets::line_of(text, net) {
+        Some(l) => format!("{file}:{l}"),
+        None => file.to_string(),
     }
 }
 
@@ -668,13 +895,24 @@ impl Loaded {
     /// start's sync of the rules keeps them (they are rewritten after), and
     /// keeps what the kernel held there.
     pub fn strip(&mut self, c: &mut Compiled) {
-        self.kernel =
-            self.sets.iter().map(|(_, l)| l.entries.first().and_then(|n| c.prefixes.get(n)).copied()).collect();
-        self.old = self
-            .sets
+        // A set's rule in the kernel is read at an entry no other set
+        // holds (at a shared one, another set's value may be in force).
+        let lists: Vec<&[IpNet]> = self.sets.iter().map(|(_, l)| &l.entries[..]).collect();
+        self.kernel = lists
             .iter()
-            .map(|(_, l)| l.entries.iter().filter_map(|n| c.prefixes.remove(n).map(|r| (*n, r))).collect())
+            .enumerate()
+            .map(|(i, l)| {
+                let own = |n: &&IpNet| lists.iter().enumerate().all(|(j, o)| j == i || o.binary_search(n).is_err());
+                l.iter().find(own).and_then(|n| c.prefixes.get(n)).copied()
+            })
             .collect();
+        self.old =
+            lists.iter().map(|l| l.iter().filter_map(|n| c.prefixes.get(n).map(|r| (*n, *r))).collect()).collect();
+        for l in &lists {
+            for n in l.iter() {
+                c.prefixes.remove(n);
+            }
+        }
     }
 }
 
@@ -690,7 +928,15 @@ impl Daemon {
         let now = crate::duration::unix_ms();
         let kernel = loaded.kernel.into_iter().chain(std::iter::repeat(None));
         let old = loaded.old.into_iter().chain(std::iter::repeat_with(BTreeMap::new));
-        for (((h, l), k), old) in loaded.sets.into_iter().zip(kernel).zip(old) {
+        // The expired first: what they remove, a live set holding the same
+        // prefix writes back after.
+        let (dead, live): (Vec<_>, Vec<_>) = loaded
+            .sets
+            .into_iter()
+            .zip(kernel)
+            .zip(old)
+            .partition(|(((h, _), _), _)| h.expires_ms.is_some_and(|e| e <= now));
+        for (((h, l), k), old) in dead.into_iter().chain(live) {
             if h.expires_ms.is_some_and(|e| e <= now) {
                 // Expired while the daemon was down: gone, not revived; its
                 // entries leave an adopted program's tries too (they were
@@ -707,8 +953,12 @@ impl Daemon {
                 expired.push(h.name);
                 continue;
             }
-            let (spec4, spec6) = self.set_specs(&h.rule, &l.entries)?;
-            self.check_set_conflicts(&h.name, &l.entries)?;
+            let (spec4, spec6) = self.set_specs(&h.name, &h.rule, &l.entries)?;
+            let file = sets::sets_dir_file(&self.sets_dir, &h.name);
+            self.check_set_conflicts(&l.entries, spec4.action, |n| {
+                let text = std::fs::read(&file).unwrap_or_default();
+                where_in(&file.display().to_string(), &text, n)
+            })?;
             let slot = match k {
                 Some(r) if self.rs.mark_slot_used(r.counter_slot) => r.counter_slot,
                 _ => {
@@ -718,7 +968,8 @@ impl Daemon {
                 }
             };
             let id = self.rs.new_id();
-            let mut s = SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries) };
+            let mut s =
+                SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries), origin: Origin::Saved };
             // The same rule as the kernel's keeps its id (its buckets go on).
             if let Some(r) = k {
                 let v4 = s.spec4.kernel(r.rule_id)?.with_counter_slot(slot);
@@ -730,7 +981,7 @@ impl Daemon {
             undo.limiter(slot)?;
             prepare(&mut self.policer, &s.spec4, slot)?;
             undo.entries(s.entries.clone(), old)?;
-            write_set(self.policer.trie_writer()?, &s.entries, s.values()?, &s.entries, &self.ban_values())?;
+            self.transition(self.policer.trie_writer()?, None, Some(&s))?;
             self.sets.insert(s.header.name.clone(), s);
         }
         Ok(expired)
@@ -755,9 +1006,9 @@ impl Daemon {
 /// Removes the temporary files of writes killed midway (`files.rs`): the
 /// config file's and the sets' state files', each named in the log. Run
 /// at start, once this namespace's lock is held.
-pub(super) fn remove_leftovers(config: &std::path::Path) {
+pub(super) fn remove_leftovers(config: &std::path::Path, sets_dir: &std::path::Path) {
     let (mut removed, mut failed) = crate::config::remove_leftovers(config);
-    let (r, f) = sets::remove_leftovers(&sets::state_dir(config));
+    let (r, f) = sets::remove_leftovers(sets_dir);
     removed.extend(r);
     failed.extend(f);
     for p in removed {
@@ -811,7 +1062,7 @@ pub fn read_import(
             text.len()
         )));
     }
-    Ok(Import { file, text, list, set, rule, max_remove: max_remove.unwrap_or_default(), force })
+    Ok(Import { file, text, list, set, rule, max_remove: max_remove.unwrap_or_default(), force, runtime: false })
 }
 
 #[cfg(test)]
@@ -858,6 +1109,71 @@ mod tests {
             ]
         );
         assert!(banned(&list, &[]).is_empty());
+    }
+
+    fn set(name: &str, action: &str, rate: Option<&str>, id: u32, list: &[&str]) -> SetState {
+        let rule = RuleConfig {
+            action: Some(<policer_common::bucket::Action as clap::ValueEnum>::from_str(action, false).unwrap()),
+            rate: rate.map(str::to_string),
+            ..RuleConfig::default()
+        };
+        SetState {
+            header: Header { name: name.into(), rule: rule.clone(), expires_ms: None },
+            spec4: family_spec(name, &rule, false).unwrap(),
+            spec6: family_spec(name, &rule, true).unwrap(),
+            id,
+            slot: id,
+            entries: Arc::new(nets(list)),
+            origin: Origin::Saved,
+        }
+    }
+
+    /// deny > police > monitor > allow; one action: the name sorting first.
+    #[test]
+    fn precedence_of_sets() {
+        let deny = set("z-drop", "deny", None, 1, &[]);
+        let police = set("a-slow", "police", Some("10pps"), 2, &[]);
+        let monitor = set("a-watch", "monitor", Some("10pps"), 3, &[]);
+        let allow = set("a-ok", "allow", None, 4, &[]);
+        let police_b = set("b-slow", "police", Some("1pps"), 5, &[]);
+        assert!(rank(&deny) > rank(&police) && rank(&police) > rank(&monitor) && rank(&monitor) > rank(&allow));
+        assert!(rank(&police) > rank(&police_b), "a-slow sorts before b-slow");
+    }
+
+    /// What an import, a replacement and a removal write where sets
+    /// overlap: the winner's value everywhere, nothing deleted that
+    /// another set holds.
+    #[test]
+    fn writes_where_sets_overlap() {
+        let v = |s: &SetState, n: &str| s.value_for(&n.parse().unwrap()).unwrap();
+        let feed = set("feed", "deny", None, 1, &["10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32"]);
+        let ok = set("a-ok", "allow", None, 2, &["10.0.0.2/32", "10.0.0.9/32"]);
+        // The allowlist imported beside the blocklist: 10.0.0.2 stays denied.
+        let w = plan_writes(&[&feed], None, Some(&ok)).unwrap();
+        assert_eq!((w.bulk, w.pairs.len(), w.delete.len(), w.shadowed), (nets(&["10.0.0.9/32"]), 0, 0, 1));
+        // The blocklist imported beside the allowlist: all of it written.
+        let w = plan_writes(&[&ok], None, Some(&feed)).unwrap();
+        assert_eq!((w.bulk, w.shadowed), (feed.entries.to_vec(), 0));
+        // The blocklist drops 10.0.0.2: the allowlist's value goes back
+        // there, not a delete; 10.0.0.3 goes.
+        let smaller = set("feed", "deny", None, 1, &["10.0.0.1/32"]);
+        let w = plan_writes(&[&ok], Some(&feed), Some(&smaller)).unwrap();
+        assert!(w.bulk.is_empty(), "same rule, nothing added");
+        assert_eq!(w.pairs, vec![("10.0.0.2/32".parse().unwrap(), v(&ok, "10.0.0.2/32"))]);
+        assert_eq!(w.delete, nets(&["10.0.0.3/32"]));
+        // The blocklist removed: the same.
+        let w = plan_writes(&[&ok], Some(&feed), None).unwrap();
+        assert_eq!((w.pairs.len(), w.delete.clone()), (1, nets(&["10.0.0.1/32", "10.0.0.3/32"])));
+        // The blocklist turned into an allow set: "a-ok" sorts first, so
+        // it wins at 10.0.0.2 now, and its value goes back there.
+        let relaxed = set("feed", "allow", None, 3, &["10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32"]);
+        let w = plan_writes(&[&ok], Some(&feed), Some(&relaxed)).unwrap();
+        assert_eq!(w.bulk, nets(&["10.0.0.1/32", "10.0.0.3/32"]));
+        assert_eq!((w.pairs, w.shadowed), (vec![("10.0.0.2/32".parse().unwrap(), v(&ok, "10.0.0.2/32"))], 1));
+        // Three sets: the best of the others is the one that goes back.
+        let police = set("slow", "police", Some("5pps"), 4, &["10.0.0.2/32"]);
+        let w = plan_writes(&[&ok, &police], Some(&feed), None).unwrap();
+        assert!(w.pairs.contains(&("10.0.0.2/32".parse().unwrap(), v(&police, "10.0.0.2/32"))));
     }
 
     #[test]

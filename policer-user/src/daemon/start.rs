@@ -151,6 +151,9 @@ struct Planned {
     plan: Plan,
     sets: super::sets::Loaded,
     sets_dir: std::path::PathBuf,
+    /// The sets copied from beside the config (an upgrade), whose old
+    /// files go once the start commits.
+    migrated: Vec<String>,
 }
 
 impl Daemon {
@@ -160,11 +163,11 @@ impl Daemon {
     pub fn start(args: &DaemonArgs) -> Result<Daemon> {
         let s = settings(args)?;
         let claim = claim(&s)?;
-        super::sets::remove_leftovers(&args.config);
+        super::sets::remove_leftovers(&args.config, &crate::sets::sets_dir(&args.state_dir));
         let survey = survey(&s)?;
         let mut out = std::io::stdout().lock();
         let loaded = load(&s, &survey, &mut out)?;
-        let planned = plan_rules(&loaded.policer, &s, survey.adopt_from.is_some(), &args.config)?;
+        let planned = plan_rules(&loaded.policer, &s, survey.adopt_from.is_some(), args, &mut out)?;
         let d = Daemon::transaction(args, s, claim, survey, loaded, planned, &mut out)?;
         let _ = out.flush();
         Ok(d)
@@ -182,7 +185,7 @@ impl Daemon {
         out: &mut impl Write,
     ) -> Result<Daemon> {
         let Loaded { mut policer, old_fds } = loaded;
-        let Planned { rs, plan, sets, sets_dir } = planned;
+        let Planned { rs, plan, sets, sets_dir, migrated } = planned;
         // The last step that can fail before the kernel changes.
         let socket = control::socket_path()?;
         let listener = bind_private(&socket)?;
@@ -233,6 +236,18 @@ impl Daemon {
         d.finished = false;
         d.remove_expired(&expired, out);
         d.rs.set_file_rules(s.specs);
+        if !migrated.is_empty() {
+            let legacy = crate::sets::legacy_dir(&args.config);
+            let _ = match crate::sets::remove_legacy(&legacy, &migrated) {
+                Ok(()) => writeln!(out, "policer: removed {}, the sets' old place", legacy.display()),
+                Err(e) => writeln!(
+                    out,
+                    "policer: {} is no longer read (its sets are in {} now) and could not be removed: {e}",
+                    legacy.display(),
+                    d.sets_dir.display()
+                ),
+            };
+        }
 
         // Before saying "policing", so whoever reads the file next sees it.
         if s.changes_file {
@@ -577,13 +592,33 @@ fn load(s: &Settings, survey: &Survey, out: &mut impl Write) -> Result<Loaded> {
 /// Plans the config's rules against what the loaded maps hold, keeping the
 /// id (and so the buckets' state) and counter slot of every class-less rule
 /// that did not change. Written in the transaction.
-fn plan_rules(policer: &Policer, s: &Settings, adopting: bool, config: &Path) -> Result<Planned> {
+fn plan_rules(
+    policer: &Policer,
+    s: &Settings,
+    adopting: bool,
+    args: &DaemonArgs,
+    out: &mut impl Write,
+) -> Result<Planned> {
     let mut have = policer.kernel_compiled()?;
     // Ids of set entries too: a new rule must not take an id a set keeps.
     let next_id = have.prefixes.values().map(|r| r.rule_id).max().unwrap_or(0) + 1;
     // Named sets: their entries stay in the tries through the sync of the
     // rules, and are rewritten after it.
-    let sets_dir = crate::sets::state_dir(config);
+    let sets_dir = crate::sets::sets_dir(&args.state_dir);
+    let legacy = crate::sets::legacy_dir(&args.config);
+    let migrated = match crate::sets::migrate(&legacy, &sets_dir, crate::sets::file_mode(&args.config))? {
+        crate::sets::Migrated::Copied(names) => {
+            let _ = writeln!(
+                out,
+                "policer: copied {} set(s) from {} to the state directory {}",
+                names.len(),
+                legacy.display(),
+                sets_dir.display()
+            );
+            names
+        }
+        crate::sets::Migrated::Nothing => Vec::new(),
+    };
     let mut loaded = super::sets::Loaded::read(&sets_dir)?;
     loaded.strip(&mut have);
     let mut slots = Slots::new(policer.max_rules()?);
@@ -616,7 +651,7 @@ fn plan_rules(policer: &Policer, s: &Settings, adopting: bool, config: &Path) ->
     let plan = super::plan::plan(&held, &s.specs, &s.protect, free, slots.capacity(), &groups, next_id)?;
     let mut rs = RuleSet::new(slots, groups, have, next_id);
     rs.set_protect(s.protect.clone());
-    Ok(Planned { rs, plan, sets: loaded, sets_dir })
+    Ok(Planned { rs, plan, sets: loaded, sets_dir, migrated })
 }
 
 /// One kernel change of a start, with what it replaced.

@@ -108,7 +108,7 @@ fn names_and_state_files() {
     remove(&dir, "feed").unwrap();
     remove(&dir, "feed").unwrap();
     assert!(read_all(&dir).unwrap().is_empty());
-    assert_eq!(state_dir(Path::new("/etc/policer/policer.toml")), Path::new("/etc/policer/policer.sets"));
+    assert_eq!(legacy_dir(Path::new("/etc/policer/policer.toml")), Path::new("/etc/policer/policer.sets"));
     let _ = fs::remove_dir_all(&dir);
 }
 
@@ -200,7 +200,7 @@ fn state_files_are_private_as_the_config_and_not_through_links() {
     assert_eq!(file_mode(&config), 0o644, "no execute bits");
     fs::set_permissions(&config, fs::Permissions::from_mode(0o600)).unwrap();
 
-    let dir = state_dir(&config);
+    let dir = legacy_dir(&config);
     let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None };
     // A link to a file root must not overwrite, planted at the very name
     // the next write tries first, and at the fixed name an older policer
@@ -261,4 +261,49 @@ fn state_files_that_are_not_files_are_named() {
     text.extend(b"\n10.0.0.1\n");
     fs::write(&fifo, text).unwrap();
     assert_eq!(read_all(d.path()).unwrap()[0].0, h);
+}
+
+/// Spamhaus DROP lists: `;` header lines and `; SBL…` after each prefix.
+#[test]
+fn semicolon_comments_as_in_spamhaus_drop() {
+    let text = b"; Spamhaus DROP List 2024/01/01 - (c) 2024 The Spamhaus Project\n; Last-Modified: x\n\
+                 1.10.16.0/20 ; SBL256894\n1.19.0.0/16 ; SBL434604\n\n203.0.113.7;no space\n";
+    let l = parse(text, "drop.txt").unwrap();
+    assert_eq!(l.entries, nets(&["1.10.16.0/20", "1.19.0.0/16", "203.0.113.7/32"]));
+    assert_eq!(line_of(text, "1.19.0.0/16".parse().unwrap()), Some(4));
+    assert_eq!(line_of(text, "203.0.113.7/32".parse().unwrap()), Some(6));
+    assert_eq!(line_of(text, "10.0.0.1/32".parse().unwrap()), None);
+    let e = parse(b"; header\n1.2.3.0/24 ; SBL1\n1.2.3.4/24 ; SBL2\n", "drop.txt").unwrap_err().to_string();
+    assert!(e.starts_with("drop.txt:3: '1.2.3.4/24' has host bits set"), "{e}");
+}
+
+/// Sets kept beside the config by older releases are copied into the
+/// state directory once; after that the old place is not read.
+#[test]
+fn legacy_sets_are_copied_once() {
+    let d = tempfile::tempdir().unwrap();
+    let config = d.path().join("policer.toml");
+    let legacy = legacy_dir(&config);
+    let new = sets_dir(&d.path().join("state"));
+    assert_eq!(migrate(&legacy, &new, 0o600).unwrap(), Migrated::Nothing, "no old directory");
+    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None };
+    stage(&legacy, 0o640, &h, Body::Text(b"10.0.0.1\n; x\n")).unwrap().commit().unwrap();
+    assert_eq!(migrate(&legacy, &new, 0o640).unwrap(), Migrated::Copied(vec!["feed".into()]));
+    let all = read_all(&new).unwrap();
+    assert_eq!((all.len(), &all[0].0, &all[0].1.entries), (1, &h, &nets(&["10.0.0.1/32"])));
+    assert_eq!(fs::metadata(new.join("feed.set")).unwrap().mode() & 0o777, 0o640);
+    // The new directory exists: the old one is not read again (a set
+    // removed since does not come back).
+    remove(&new, "feed").unwrap();
+    assert_eq!(migrate(&legacy, &new, 0o640).unwrap(), Migrated::Nothing);
+    remove_legacy(&legacy, &["feed".into()]).unwrap();
+    assert!(!legacy.exists());
+    // A legacy directory that does not read fails, naming it; nothing is
+    // made.
+    let bad = d.path().join("bad.sets");
+    fs::create_dir(&bad).unwrap();
+    fs::write(bad.join("x.set"), "not a set file\n").unwrap();
+    let other = sets_dir(&d.path().join("state2"));
+    assert!(migrate(&bad, &other, 0o600).unwrap_err().to_string().contains("x.set:1: not a policer set file"));
+    assert!(!other.exists());
 }

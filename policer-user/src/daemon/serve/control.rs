@@ -188,7 +188,7 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
                 // The audit trail: every change made through the socket, by
                 // whom, with what it changed (old → new where it has one).
                 ctx.views.audit().record(who, &message);
-                Reply::Done { message }
+                Reply::Done { message, counts: out.counts }
             }
             Err(e) => refused(e),
         };
@@ -229,11 +229,13 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         // The lane's permit is held until the owner has applied the import:
         // it bounds the parsed files held in memory (a list can be 1 GiB),
         // not only the parsing.
-        Request::Import { path, shown, set, rule, max_remove, force } => match ctx.import.hold().await {
+        Request::Import { path, shown, set, rule, max_remove, force, runtime } => match ctx.import.hold().await {
             Err(e) => read(refused(e)),
             Ok(_permit) => {
-                let imp =
-                    super::blocking(move || crate::daemon::read_import(&path, &shown, set, rule, max_remove, force));
+                let imp = super::blocking(move || {
+                    crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
+                        .map(|imp| crate::daemon::Import { runtime, ..imp })
+                });
                 match imp.await {
                     Ok(imp) => change(Command::Import(Box::new(imp))).await,
                     Err(e) => read(refused(e)),
