@@ -37,23 +37,48 @@ pub fn for_each_chunk(
     chunk: usize,
     mut f: impl FnMut(&[u8], &[u8]),
 ) -> io::Result<()> {
-    for_each_batch(fd, key_size, value_size, chunk, |entries| {
+    for_each_batch(fd, key_size, value_size, chunk, |_, entries| {
         for (k, v) in entries {
             f(k, v);
         }
     })
 }
 
+/// When a batch was copied: the kernel copies its entries in order during
+/// one system call, between `before` and `after` (CLOCK_MONOTONIC ns, the
+/// clock of `bpf_ktime_get_ns`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copied {
+    pub before: u64,
+    pub after: u64,
+    /// Entries in the batch.
+    pub n: u64,
+}
+
+impl Copied {
+    /// When entry `i` of the batch was copied, as the call's time shared
+    /// out evenly over its entries (the copy is a loop over them): off by
+    /// the call's unevenness, not by its length.
+    pub fn at(&self, i: usize) -> u64 {
+        let span = self.after.saturating_sub(self.before);
+        match self.n {
+            0 | 1 => self.before + span / 2,
+            n => self.before + (span as u128 * (i as u128).min(n as u128 - 1) / (n as u128 - 1)) as u64,
+        }
+    }
+}
+
 /// [`for_each_chunk`], one call of `f` per batch the kernel returned, with
-/// the batch's entries: a reader that judges entries against the clock
-/// (`policer top`) reads the clock once per batch, just after the kernel
-/// copied it, whatever share of the batch is in use.
+/// when it was copied ([`Copied`]) and the batch's entries: a reader that
+/// judges entries against the clock (`policer top`) takes each entry's
+/// time from it, whatever share of the batch is in use and however long
+/// the walk.
 pub fn for_each_batch(
     fd: RawFd,
     key_size: usize,
     value_size: usize,
     chunk: usize,
-    mut f: impl FnMut(&mut dyn Iterator<Item = (&[u8], &[u8])>),
+    mut f: impl FnMut(Copied, &mut dyn Iterator<Item = (&[u8], &[u8])>),
 ) -> io::Result<()> {
     let chunk = chunk.max(1);
     let mut keys = vec![0u8; key_size * chunk];
@@ -74,16 +99,18 @@ pub fn for_each_batch(
             map_fd: fd as u32,
             ..Default::default()
         };
+        let before = crate::duration::monotonic_ns();
         // SAFETY: attr points to buffers large enough for `count` entries.
         let r = unsafe {
             libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
         };
+        let copied = Copied { before, after: crate::duration::monotonic_ns(), n: attr.count as u64 };
         let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
         let n = attr.count as usize;
         if n > 0 {
             let mut entries = (0..n)
                 .map(|i| (&keys[i * key_size..(i + 1) * key_size], &values[i * value_size..(i + 1) * value_size]));
-            f(&mut entries);
+            f(copied, &mut entries);
         }
         match err {
             None => {}
@@ -200,4 +227,19 @@ pub fn delete(fd: RawFd, keys: &[u8], count: usize) -> (usize, Option<io::Error>
     };
     let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
     (attr.count as usize, err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Copied;
+
+    #[test]
+    fn entries_are_timed_across_the_copy() {
+        let c = Copied { before: 1_000, after: 2_000, n: 5 };
+        assert_eq!((0..5).map(|i| c.at(i)).collect::<Vec<_>>(), vec![1_000, 1_250, 1_500, 1_750, 2_000]);
+        assert_eq!(c.at(9), 2_000, "never past the end");
+        assert_eq!(Copied { before: 1_000, after: 2_000, n: 1 }.at(0), 1_500);
+        // A clock read that went nowhere (a coarse clock): no span, no wrap.
+        assert_eq!(Copied { before: 7, after: 7, n: 3 }.at(2), 7);
+    }
 }

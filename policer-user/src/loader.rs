@@ -954,7 +954,7 @@ impl MapReader {
     }
 
     /// Calls `f(set, way, slot, drops, read_ns)` for every slot of a table,
-    /// `read_ns` being the monotonic clock just after its batch was copied.
+    /// `read_ns` being when the kernel copied it (`batch::Copied::at`).
     fn for_each_slot(
         &self,
         table: &OwnedFd,
@@ -964,9 +964,9 @@ impl MapReader {
     ) -> Result<()> {
         // The drop counts first (a set's index is its key), then the sets.
         let drops: Vec<SetDrops> = read_array(drops, name)?;
-        crate::batch::for_each_batch(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), 8192, |entries| {
-            let read_ns = crate::duration::monotonic_ns();
-            for (k, v) in entries {
+        crate::batch::for_each_batch(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), 8192, |copied, entries| {
+            for (j, (k, v)) in entries.enumerate() {
+                let read_ns = copied.at(j);
                 // SAFETY: the kernel wrote a key and a value of these Pod types.
                 let (i, set) = unsafe {
                     (

