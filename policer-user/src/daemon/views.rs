@@ -1194,3 +1194,131 @@ fn rule_bucket_key(addr: IpAddr, rule: &Rule) -> BucketKey {
     }
     k
 }
+
+#[cfg(test)]
+mod tests {
+    use policer_common::class::{IPPROTO_ICMP, IPPROTO_TCP, TCP_ACK, TCP_SYN, mapped_v4};
+
+    use super::*;
+
+    fn frame(f: impl FnOnce(&mut InspectFrame)) -> InspectFrame {
+        let mut x = InspectFrame::default();
+        f(&mut x);
+        x
+    }
+
+    fn err(addr: &str, f: impl FnOnce(&mut InspectFrame)) -> String {
+        frame_l4(addr.parse().unwrap(), &frame(f)).unwrap_err().to_string()
+    }
+
+    /// `inspect`'s frame options become the frame the program would read.
+    #[test]
+    fn frame_options_become_the_programs_frame() {
+        let v4: IpAddr = "198.18.0.5".parse().unwrap();
+        // None: no class matches; a length alone is no frame either.
+        assert_eq!(frame_l4(v4, &InspectFrame::default()).unwrap(), None);
+        assert_eq!(frame_l4(v4, &frame(|f| f.bytes = Some(1042))).unwrap(), None);
+        let f = frame_l4(
+            v4,
+            &frame(|f| {
+                f.proto = Some("udp".into());
+                f.dport = Some(53);
+            }),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((f.proto, f.dport, f.tcp_flags, f.has_l4), (17, 53, 0, true));
+        // Unnamed, the destination is the unspecified address (no --dst
+        // class holds it), mapped for IPv4 as the program reads it.
+        assert_eq!(f.dst, mapped_v4([0; 4]));
+        let f = frame_l4(
+            v4,
+            &frame(|f| {
+                f.proto = Some("tcp".into());
+                f.tcp_flags = Some("syn,ack".into());
+                f.dst = Some("198.19.0.1".parse().unwrap());
+            }),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((f.proto, f.tcp_flags, f.dst), (IPPROTO_TCP, TCP_SYN | TCP_ACK, mapped_v4([198, 19, 0, 1])));
+        let f = frame_l4(
+            v4,
+            &frame(|f| {
+                f.proto = Some("1".into());
+                f.icmp_type = Some(8);
+            }),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((f.proto, f.icmp_type), (IPPROTO_ICMP, 8));
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let f = frame_l4(
+            v6,
+            &frame(|f| {
+                f.proto = Some("icmpv6".into());
+                f.dst = Some("2001:db8::2".parse().unwrap());
+            }),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(f.dst, "2001:db8::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(frame_l4(v6, &frame(|f| f.proto = Some("udp".into()))).unwrap().unwrap().dst, [0; 16]);
+    }
+
+    /// Each bad combination is refused with what to give instead.
+    #[test]
+    fn bad_frame_options_are_refused_with_the_reason() {
+        let a = "198.18.0.5";
+        for (e, want) in [
+            (err(a, |f| f.dport = Some(53)), "need --proto"),
+            (err(a, |f| f.bytes = Some(63)), "--frame-bytes 63: a frame is 64 ..= 65535 bytes"),
+            (err(a, |f| f.bytes = Some(65_536)), "--frame-bytes 65536"),
+            (err(a, |f| f.proto = Some("nope".into())), "nope"),
+            (
+                err(a, |f| {
+                    f.proto = Some("icmp".into());
+                    f.dport = Some(53);
+                }),
+                "--dport needs a protocol with ports",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("udp".into());
+                    f.tcp_flags = Some("syn".into());
+                }),
+                "--tcp-flags needs --proto tcp",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("tcp".into());
+                    f.tcp_flags = Some("syn,!ack".into());
+                }),
+                "name the flags the frame has set",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("tcp".into());
+                    f.tcp_flags = Some("syn,bogus".into());
+                }),
+                "bogus",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("udp".into());
+                    f.icmp_type = Some(8);
+                }),
+                "--icmp-type needs --proto icmp or icmpv6",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("udp".into());
+                    f.dst = Some("2001:db8::1".parse().unwrap());
+                }),
+                "--dst 2001:db8::1: not of the source's family (198.18.0.5)",
+            ),
+        ] {
+            assert!(e.contains(want), "{e:?} does not say {want:?}");
+        }
+    }
+}
