@@ -795,7 +795,9 @@ impl Views {
     /// prefix, then the set of highest precedence.
     fn buckets_of(&self, snap: &Snapshot, addr: IpAddr) -> Result<Vec<TopEntry>> {
         let mut out = Vec::new();
-        let mut rows: Vec<(String, String, &RuleSpec, u32, (u8, u8, std::cmp::Reverse<&str>))> = snap
+        // (label, class, spec, slot, which names a shared bucket first).
+        type Row<'a> = (String, String, &'a RuleSpec, u32, (u8, u8, std::cmp::Reverse<&'a str>));
+        let mut rows: Vec<Row> = snap
             .rules
             .iter()
             .filter(|(k, r)| !k.ban && k.net.contains(&addr) && r.spec.action.polices())
