@@ -604,6 +604,41 @@ pub struct InspectView {
     /// holds it, or an automatic ban of its bucket key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ban: Option<BanView>,
+    /// Everything that holds a prefix over the source or bans one of its
+    /// buckets (protected prefixes, manual and automatic bans, set
+    /// entries, rules and their classes), most specific first: which one
+    /// the program applies, and why each other one does not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covering: Vec<InspectCover>,
+}
+
+/// One entry of `inspect`'s `covering`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct InspectCover {
+    /// `protect`, `ban` (manual), `auto ban`, `set` or `rule`.
+    pub kind: String,
+    /// The prefix it holds (an automatic ban: its bucket key).
+    pub prefix: String,
+    /// As `rule` names it: `10.0.0.0/8`, `10.0.0.0/8 [udp dport 53]`,
+    /// `set:feed (10.0.100.0/24)`, `ban 10.63.0.9/32`, `protect
+    /// 192.0.2.0/24`; an automatic ban: the rule whose bucket it bans.
+    pub rule: String,
+    /// A rule's class (`-` for none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    pub action: String,
+    /// Whether the program applies it to the frame judged (without frame
+    /// options: a frame of no class).
+    pub applies: bool,
+    /// Why it applies, or why it does not.
+    pub why: String,
+    /// A police or monitor rule's or set's: whether the source has a
+    /// bucket of it now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub has_bucket: Option<bool>,
+    /// A ban's details (as in `ban ls`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban: Option<BanView>,
 }
 
 /// A rule with every default filled in, as `rule ls` shows it.

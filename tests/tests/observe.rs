@@ -541,3 +541,138 @@ fn inspect_resolves_classes_bytes_and_monitor() {
         assert!(got.per_flow[1] > 0);
     });
 }
+
+/// `inspect` lists everything over a source and says which one the program
+/// applies: two sets holding one prefix (the deny set wins, and frames
+/// from it are dropped on the wire), a manual ban over both, an automatic
+/// ban of a flooding source's bucket, a class rule with no bucket yet,
+/// and a protected prefix under a forced ban of everyone.
+#[test]
+fn inspect_lists_bans_sets_and_protect_over_a_source() {
+    if !privileged("observability tier") {
+        return;
+    }
+    let sb = Sandbox::new("inl");
+    std::fs::write(&sb.config, "[daemon]\nprotect = [\"198.18.9.0/24\"]\n").unwrap();
+    let _d = Daemon::attach(&sb, &["--rate", "100pps", "--burst", "10", "--interval", "0"]);
+    let inspect = |args: &[&str]| {
+        let mut a = vec!["inspect"];
+        a.extend_from_slice(args);
+        a.push("--json");
+        json(&succeeds(&cli(&sb, &a)))
+    };
+    // The covering entry labelled `rule` (and of `kind`).
+    let cover = |v: &serde_json::Value, kind: &str, rule: &str| -> serde_json::Value {
+        v["covering"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no covering: {v}"))
+            .iter()
+            .find(|c| c["kind"] == kind && c["rule"] == rule)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} {rule} in covering: {v}"))
+    };
+    let applied = |v: &serde_json::Value| -> Vec<String> {
+        v["covering"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["applies"] == true)
+            .map(|c| c["rule"].to_string())
+            .collect()
+    };
+    let list = |name: &str, text: &str| {
+        let p = format!("{}.{name}", sb.config);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    // "block" (deny) and "slow" (police) share 198.18.4.0/24; "slow" also
+    // holds 198.18.0.0/16 around it.
+    let block = list("block", "198.18.4.0/24\n");
+    let slow = list("slow", "198.18.4.0/24\n198.18.0.0/16\n");
+    succeeds(&cli(&sb, &["rule", "import", &slow, "--set", "slow", "--rate", "10pps"]));
+    succeeds(&cli(&sb, &["rule", "import", &block, "--set", "block", "--action", "deny"]));
+    for args in [
+        &["rule", "set", "198.18.1.0/24", "--rate", "10pps", "--burst", "5", "--ban-for", "1m"][..],
+        &["rule", "set", "198.18.2.0/24", "--rate", "10pps", "--proto", "udp", "--dport", "53"],
+    ] {
+        succeeds(&cli(&sb, args));
+    }
+    let (sent, got) = traffic::run(
+        &sb,
+        &[Flow { src: ip("198.18.4.7"), pps: 500.0, len: 64 }, Flow { src: ip("198.18.1.5"), pps: 1_000.0, len: 64 }],
+        Duration::from_secs(2),
+    );
+    assert!(sent.sent[0] > 500 && got.per_flow[0] == 0, "the deny set does not win on the wire: {got:?}");
+
+    // The shared prefix: the deny set wins, and says so; the police set's
+    // entries do not apply (one loses by precedence, one is less specific).
+    let v = inspect(&["198.18.4.7"]);
+    assert_eq!((v["rule"].as_str(), v["now"].as_str()), (Some("set:block (198.18.4.0/24)"), Some("drop")), "{v}");
+    let w = cover(&v, "set", "set:block (198.18.4.0/24)");
+    assert_eq!(w["applies"], true, "{v}");
+    assert!(w["why"].as_str().unwrap().contains("set:block wins"), "{w}");
+    let l = cover(&v, "set", "set:slow (198.18.4.0/24)");
+    assert_eq!(l["applies"], false, "{v}");
+    assert!(l["why"].as_str().unwrap().contains("set:block wins (deny > police"), "{l}");
+    let l = cover(&v, "set", "set:slow (198.18.0.0/16)");
+    assert!(l["why"].as_str().unwrap().contains("198.18.4.0/24 is more specific"), "{l}");
+    assert_eq!(cover(&v, "rule", "0.0.0.0/0")["applies"], false);
+    assert_eq!(applied(&v), ["\"set:block (198.18.4.0/24)\""], "{v}");
+
+    // A manual ban over both sets: the ban applies, the sets are listed
+    // under it.
+    succeeds(&cli(&sb, &["ban", "198.18.4.7", "--for", "1h", "--reason", "abuse"]));
+    let v = inspect(&["198.18.4.7"]);
+    assert_eq!(v["rule"], "ban 198.18.4.7/32", "{v}");
+    let b = cover(&v, "ban", "ban 198.18.4.7/32");
+    assert_eq!((b["applies"].as_bool(), b["ban"]["reason"].as_str()), (Some(true), Some("abuse")), "{b}");
+    for set in ["set:block (198.18.4.0/24)", "set:slow (198.18.4.0/24)", "set:slow (198.18.0.0/16)"] {
+        let s = cover(&v, "set", set);
+        assert_eq!(s["applies"], false, "{s}");
+        // The ban is the longer prefix here (a ban over a set's entry says
+        // "the manual ban of … drops every source in it").
+        assert!(s["why"].as_str().unwrap().contains("198.18.4.7/32 is more specific"), "{s}");
+    }
+    assert_eq!(applied(&v), ["\"ban 198.18.4.7/32\""], "{v}");
+    let text = succeeds(&cli(&sb, &["inspect", "198.18.4.7"]));
+    for line in
+        ["* ban 198.18.4.7/32", "set:block (198.18.4.0/24)", "set:slow (198.18.4.0/24)", "set:slow (198.18.0.0/16)"]
+    {
+        assert!(text.contains(line), "no {line}: {text}");
+    }
+
+    // The flooding source's bucket was banned automatically: listed, and
+    // applying.
+    let v = inspect(&["198.18.1.5"]);
+    assert_eq!(v["ban"]["origin"], "auto", "{v}");
+    let a = cover(&v, "auto ban", "198.18.1.0/24");
+    assert_eq!((a["applies"].as_bool(), a["prefix"].as_str()), (Some(true), Some("198.18.1.5")), "{a}");
+    assert_eq!(cover(&v, "rule", "198.18.1.0/24")["applies"], true, "{v}");
+    let text = succeeds(&cli(&sb, &["inspect", "198.18.1.5"]));
+    assert!(text.contains("auto ban of 198.18.1.5 (198.18.1.0/24)"), "{text}");
+
+    // A class rule the source has no bucket of yet: listed as one that
+    // could apply to frames of its class.
+    let v = inspect(&["198.18.2.9"]);
+    let c = cover(&v, "rule", "198.18.2.0/24 [udp dport 53]");
+    assert_eq!((c["applies"].as_bool(), c["has_bucket"].as_bool()), (Some(false), Some(false)), "{c}");
+    assert!(c["why"].as_str().unwrap().contains("only frames of its class (udp dport 53)"), "{c}");
+    let text = succeeds(&cli(&sb, &["inspect", "198.18.2.9"]));
+    assert!(text.contains("198.18.2.0/24 [udp dport 53] (no bucket yet)"), "{text}");
+    let v = inspect(&["198.18.2.9", "--proto", "udp", "--dport", "53"]);
+    assert_eq!(cover(&v, "rule", "198.18.2.0/24 [udp dport 53]")["applies"], true, "{v}");
+
+    // Everyone banned on purpose: the protected source passes, and says why.
+    succeeds(&cli(&sb, &["ban", "0.0.0.0/0", "--for", "10m", "--force"]));
+    let v = inspect(&["198.18.9.9"]);
+    assert_eq!((v["rule"].as_str(), v["now"].as_str()), (Some("protect 198.18.9.0/24"), Some("pass")), "{v}");
+    let b = cover(&v, "ban", "ban 0.0.0.0/0");
+    assert!(b["why"].as_str().unwrap().contains("the protected prefix 198.18.9.0/24"), "{b}");
+    assert_eq!(applied(&v), ["\"protect 198.18.9.0/24\""], "{v}");
+    let v = inspect(&["198.18.4.7"]);
+    assert_eq!(v["rule"], "ban 198.18.4.7/32", "the more specific ban: {v}");
+    assert!(cover(&v, "ban", "ban 0.0.0.0/0")["why"].as_str().unwrap().contains("198.18.4.7/32 is more specific"));
+    for p in [block, slow] {
+        let _ = std::fs::remove_file(p);
+    }
+}

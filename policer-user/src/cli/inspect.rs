@@ -71,12 +71,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let Some(rule) = &v.rule else {
         println!("{}: no rule matches; its frames pass unpoliced", v.address);
         print_buckets(&v);
+        print_covering(&v);
         return Ok(());
     };
     let action = v.action.as_deref().unwrap_or("-");
     println!("source      {}", v.address);
     println!("rule        {rule} ({action})");
     print_buckets(&v);
+    print_covering(&v);
     if let Some(k) = &v.key {
         println!("bucket key  {k}");
     }
@@ -140,4 +142,28 @@ fn print_buckets(v: &InspectView) {
     let mut out = String::new();
     crate::report::top_rows(&mut out, "buckets     (each rule that charges this source)", &v.buckets);
     print!("{out}");
+}
+
+/// Everything over the source, most specific first: `*` marks what the
+/// program applies; each line says why it does or does not.
+fn print_covering(v: &InspectView) {
+    if v.covering.is_empty() {
+        return;
+    }
+    println!("covering    (most specific first; * applies)");
+    let label = |c: &crate::control::InspectCover| {
+        let mut l = match c.kind.as_str() {
+            "auto ban" => format!("auto ban of {} ({})", c.prefix, c.rule),
+            _ => c.rule.clone(),
+        };
+        if c.has_bucket == Some(false) {
+            l.push_str(" (no bucket yet)");
+        }
+        l
+    };
+    let width = v.covering.iter().map(|c| label(c).chars().count()).max().unwrap_or(0);
+    for c in &v.covering {
+        let mark = if c.applies { '*' } else { ' ' };
+        println!("  {mark} {:<width$}  {:<7}  {}", label(c), c.action, c.why);
+    }
 }

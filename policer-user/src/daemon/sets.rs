@@ -57,14 +57,20 @@ pub(crate) enum Origin {
 /// sets of one action the name that sorts first. The blocklist wins over
 /// the allowlist; two police sets do not depend on the order of imports.
 fn rank(s: &SetState) -> (u8, std::cmp::Reverse<&str>) {
+    precedence(s.spec4.action, &s.header.name)
+}
+
+/// [`rank`] of a set of `action` named `name` (`inspect` names the winner
+/// with it).
+pub(super) fn precedence(action: policer_common::bucket::Action, name: &str) -> (u8, std::cmp::Reverse<&str>) {
     use policer_common::bucket::Action;
-    let a = match s.spec4.action {
+    let a = match action {
         Action::Deny => 3,
         Action::Police => 2,
         Action::Monitor => 1,
         Action::Allow => 0,
     };
-    (a, std::cmp::Reverse(s.header.name.as_str()))
+    (a, std::cmp::Reverse(name))
 }
 
 /// For each of sorted `nets` that a set of `others` holds too, the one of

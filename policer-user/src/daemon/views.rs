@@ -25,8 +25,8 @@ use tokio::sync::watch;
 use super::monotonic_ns;
 use crate::{
     control::{
-        BanView, CountersView, IfaceStats, InspectFrame, InspectView, RuleStats, RuleView, StatsView, StatusView,
-        TableStats, TopEntry, TopView,
+        BanView, CountersView, IfaceStats, InspectCover, InspectFrame, InspectView, RuleStats, RuleView, StatsView,
+        StatusView, TableStats, TopEntry, TopView,
     },
     error::{Error, Result},
     loader::MapReader,
@@ -71,6 +71,8 @@ pub struct Snapshot {
     pub sets: Vec<SetRow>,
     /// Where `/metrics` is served.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The protected prefixes (`protect` in [daemon]).
+    pub protect: Vec<ipnet::IpNet>,
 }
 
 /// A named set: its `rule ls` row, counter slot, rule and entries.
@@ -86,8 +88,13 @@ pub struct SetRow {
 impl SetRow {
     /// The longest entry that holds `addr`: a lookup per prefix length.
     pub fn entry_for(&self, addr: IpAddr) -> Option<ipnet::IpNet> {
+        self.entries_over(addr).next()
+    }
+
+    /// Every entry that holds `addr`, longest first.
+    pub fn entries_over(&self, addr: IpAddr) -> impl Iterator<Item = ipnet::IpNet> + '_ {
         let max = if addr.is_ipv4() { 32 } else { 128 };
-        (0..=max).rev().find_map(|len| {
+        (0..=max).rev().filter_map(move |len| {
             let n = ipnet::IpNet::new(addr, len).ok()?.trunc();
             self.entries.binary_search(&n).is_ok().then_some(n)
         })
@@ -336,24 +343,34 @@ impl Views {
                 length_seconds: None,
             });
         }
+        out.extend(self.auto_bans(&snap, now_ms, now_ns)?.into_iter().map(|(_, b)| b));
+        out.sort_by(|a, b| a.left_seconds.total_cmp(&b.left_seconds).then_with(|| a.prefix.cmp(&b.prefix)));
+        Ok(out)
+    }
+
+    /// The automatic bans in force, each with its bucket key.
+    fn auto_bans(&self, snap: &Snapshot, now_ms: u64, now_ns: u64) -> Result<Vec<(BucketKey, BanView)>> {
+        let mut out = Vec::new();
         for (k, b) in self.reader.bans()? {
             if b.end_ns <= now_ns {
                 continue;
             }
             let left_ns = b.end_ns - now_ns;
-            out.push(BanView {
-                prefix: super::bans::key_text(&k),
-                origin: "auto".into(),
-                rule: snap.rules.iter().find(|(_, r)| r.slot == b.rule_slot).map(|(k, _)| k.to_string()),
-                reason: None,
-                expires: crate::duration::rfc3339(now_ms + left_ns / 1_000_000),
-                left_seconds: left_ns as f64 / 1e9,
-                dropped_pkts: b.drops,
-                count: Some(b.count),
-                length_seconds: Some(b.len_ns as f64 / 1e9),
-            });
+            out.push((
+                BucketKey::from(k),
+                BanView {
+                    prefix: super::bans::key_text(&k),
+                    origin: "auto".into(),
+                    rule: snap.rules.iter().find(|(_, r)| r.slot == b.rule_slot).map(|(k, _)| k.to_string()),
+                    reason: None,
+                    expires: crate::duration::rfc3339(now_ms + left_ns / 1_000_000),
+                    left_seconds: left_ns as f64 / 1e9,
+                    dropped_pkts: b.drops,
+                    count: Some(b.count),
+                    length_seconds: Some(b.len_ns as f64 / 1e9),
+                },
+            ));
         }
-        out.sort_by(|a, b| a.left_seconds.total_cmp(&b.left_seconds).then_with(|| a.prefix.cmp(&b.prefix)));
         Ok(out)
     }
 
@@ -383,10 +400,7 @@ impl Views {
             // A set's entry more specific than that rule charges the
             // bucket (police and monitor sets have buckets).
             let set = (r.key.class == 0 && !snap.sets.is_empty())
-                .then(|| {
-                    let addr = key_addr(&r.key);
-                    snap.sets.iter().find_map(|s| s.entry_for(addr).map(|n| (n, s)))
-                })
+                .then(|| set_over(&snap, key_addr(&r.key)))
                 .flatten()
                 .filter(|(n, _)| rule.is_none_or(|k| n.prefix_len() > k.net.prefix_len()));
             TopEntry {
@@ -430,9 +444,29 @@ impl Views {
     /// tries or the fast path, then the class choice of
     /// `policer_common::class::select`), and that rule's bucket. Without
     /// frame fields the frame matches no class (the prefix's fallback), and
-    /// every bucket the source has is listed beside.
+    /// every bucket the source has is listed beside. `covering` lists
+    /// everything over the source, which of it applies and why.
     pub fn inspect(&self, addr: IpAddr, frame: &InspectFrame) -> Result<InspectView> {
         let snap = self.snap();
+        let auto: Vec<(BucketKey, BanView)> = self
+            .auto_bans(&snap, crate::duration::unix_ms(), monotonic_ns())?
+            .into_iter()
+            .filter(|(k, _)| key_covers(k, addr))
+            .collect();
+        let (mut v, applied) = self.judge(&snap, addr, frame, &auto)?;
+        v.covering = self.covering(&snap, addr, !frame.is_empty(), &applied, auto)?;
+        Ok(v)
+    }
+
+    /// [`Views::inspect`] but `covering`: the view, and what the program
+    /// applies.
+    fn judge(
+        &self,
+        snap: &Snapshot,
+        addr: IpAddr,
+        frame: &InspectFrame,
+        auto: &[(BucketKey, BanView)],
+    ) -> Result<(InspectView, Applied)> {
         let now = monotonic_ns();
         let mut v = InspectView {
             time_ns: now,
@@ -443,11 +477,19 @@ impl Views {
         };
         let l4 = frame_l4(addr, frame)?;
         if frame.is_empty() {
-            v.buckets = self.buckets_of(&snap, addr)?;
+            v.buckets = self.buckets_of(snap, addr)?;
         }
-        // A manual ban over it overrides every rule under the ban's prefix.
-        if let Some((k, _)) =
-            snap.rules.iter().filter(|(k, _)| k.ban && k.net.contains(&addr)).max_by_key(|(k, _)| k.net.prefix_len())
+        // A protected prefix passes its sources over any ban (the tries
+        // hold its allow over the ban's deny: `Protect::apply`).
+        let protected = longest_over(snap.protect.iter(), addr);
+        // A manual ban over it overrides every rule and set entry under
+        // the ban's prefix.
+        if protected.is_none()
+            && let Some((k, _)) = snap
+                .rules
+                .iter()
+                .filter(|(k, _)| k.ban && k.net.contains(&addr))
+                .max_by_key(|(k, _)| k.net.prefix_len())
         {
             let net = k.net.to_string();
             v.ban = self.bans()?.into_iter().find(|b| b.origin == "manual" && b.prefix == net);
@@ -455,11 +497,11 @@ impl Views {
             v.action = Some("deny".into());
             v.now = "drop".into();
             v.verdict = "drop".into();
-            return Ok(v);
+            return Ok((v, Applied::Ban(k.net)));
         }
         // The program's own choice, from its maps.
         let Some(prefix_rule) = self.reader.prefix_rule(addr)? else {
-            return Ok(v);
+            return Ok((v, Applied::Rule { slot: None, banned: None }));
         };
         let rule = match l4 {
             Some(f) => {
@@ -474,40 +516,52 @@ impl Views {
             None => prefix_rule,
         };
         if rule.action == policer_common::ACTION_NONE {
-            return Ok(v);
+            return Ok((v, Applied::Rule { slot: None, banned: None }));
         }
         let Some(action) = Action::from_u32(rule.action) else {
-            return Ok(v);
+            return Ok((v, Applied::Rule { slot: None, banned: None }));
         };
-        let (label, class, spec) = rule_of_slot(&snap, addr, rule.counter_slot);
+        // The protected prefix's own value (`protect::protected_rule`:
+        // counter slot 0, which no rule owns).
+        if let Some(p) = protected
+            && rule.counter_slot == 0
+        {
+            v.rule = Some(format!("protect {p}"));
+            v.class = Some("-".into());
+            v.action = Some(action.to_string());
+            v.next_admit_ns = Some(0);
+            return Ok((v, Applied::Protect(p)));
+        }
+        let (label, class, spec) = rule_of_slot(snap, addr, rule.counter_slot);
         v.rule = Some(label);
         v.class = Some(class);
         v.action = Some(action.to_string());
         let key = rule_bucket_key(addr, &rule);
+        let mut applied = Applied::Rule { slot: Some(rule.counter_slot), banned: None };
         v.key = Some(bucket_source(&key));
         match action {
             Action::Allow => {
                 v.next_admit_ns = Some(0);
-                return Ok(v);
+                return Ok((v, applied));
             }
             Action::Deny => {
                 v.now = "drop".into();
                 v.verdict = "drop".into();
-                return Ok(v);
+                return Ok((v, applied));
             }
             Action::Police | Action::Monitor => {}
         }
         let refusal = if action == Action::Police { "drop" } else { "would drop" };
         // An automatic ban of its bucket key: dropped until it ends.
-        if spec.is_none_or(|s| s.auto_ban.is_some()) {
-            let text = bucket_source(&key);
-            if let Some(b) = self.bans()?.into_iter().find(|b| b.origin == "auto" && b.prefix == text) {
-                v.next_admit_ns = Some((b.left_seconds * 1e9) as u64);
-                v.ban = Some(b);
-                v.now = if action == Action::Police { "drop" } else { "pass" }.into();
-                v.verdict = refusal.into();
-                return Ok(v);
-            }
+        if spec.is_none_or(|s| s.auto_ban.is_some())
+            && let Some((_, b)) = auto.iter().find(|(k, _)| *k == key)
+        {
+            v.next_admit_ns = Some((b.left_seconds * 1e9) as u64);
+            v.ban = Some(b.clone());
+            v.now = if action == Action::Police { "drop" } else { "pass" }.into();
+            v.verdict = refusal.into();
+            applied = Applied::Rule { slot: Some(rule.counter_slot), banned: Some(key) };
+            return Ok((v, applied));
         }
         // Byte mode: a full-size frame unless told (a 64-byte one is
         // admitted long before the frames a flow really sends).
@@ -546,30 +600,229 @@ impl Views {
         let refused = wait != 0 || v.new_source.as_deref() == Some("limited");
         v.now = if refused && action == Action::Police { "drop" } else { "pass" }.into();
         v.verdict = if refused { refusal } else { "pass" }.into();
-        Ok(v)
+        Ok((v, applied))
+    }
+
+    /// Everything over `addr`, most specific first, each saying whether
+    /// the program applies it (`applied`, read from its maps) and why, or
+    /// why not: a protected prefix over everything, then a manual ban over
+    /// the rules and sets under it, then the longest prefix, a shared set
+    /// entry's value being its set of highest precedence, then among the
+    /// prefix's classes the frame's. `framed`: frame options were given.
+    fn covering(
+        &self,
+        snap: &Snapshot,
+        addr: IpAddr,
+        framed: bool,
+        applied: &Applied,
+        auto: Vec<(BucketKey, BanView)>,
+    ) -> Result<Vec<InspectCover>> {
+        let mut cands: Vec<Cand> = Vec::new();
+        for p in snap.protect.iter().filter(|p| p.contains(&addr)) {
+            cands.push(Cand::new(Kind::Protect, *p, format!("protect {p}"), "allow".into()));
+        }
+        let manual = if snap.rules.keys().any(|k| k.ban && k.net.contains(&addr)) { self.bans()? } else { vec![] };
+        for (k, r) in snap.rules.iter().filter(|(k, _)| k.net.contains(&addr)) {
+            let kind = if k.ban { Kind::Ban } else { Kind::Rule };
+            let mut c = Cand::new(kind, k.net, k.to_string(), r.spec.action.to_string());
+            c.slot = Some(r.slot);
+            if k.ban {
+                let net = k.net.to_string();
+                c.cover.action = "deny".into();
+                c.cover.ban = manual.iter().find(|b| b.origin == "manual" && b.prefix == net).cloned();
+            } else {
+                c.cover.class = Some(k.class.to_string());
+                c.class_rule = !k.class.is_none();
+                c.bucket = self.has_bucket(addr, &r.spec, r.slot)?;
+            }
+            cands.push(c);
+        }
+        for s in &snap.sets {
+            let spec = if addr.is_ipv4() { &s.spec4 } else { &s.spec6 };
+            for n in s.entries_over(addr) {
+                let mut c = Cand::new(Kind::Set, n, format!("{} ({n})", s.view.prefix), s.view.action.clone());
+                c.slot = Some(s.slot);
+                c.bucket = self.has_bucket(addr, spec, s.slot)?;
+                cands.push(c);
+            }
+        }
+        for (k, b) in auto {
+            let net = ipnet::IpNet::new(key_addr(&k), k.key_len as u8).unwrap_or_else(|_| ipnet::IpNet::from(addr));
+            let mut c = Cand::new(Kind::AutoBan, net, b.rule.clone().unwrap_or_else(|| "-".into()), "deny".into());
+            c.cover.prefix = b.prefix.clone();
+            c.cover.ban = Some(b);
+            c.key = Some(k);
+            cands.push(c);
+        }
+        // Most specific first; at one prefix, in the order the program
+        // weighs them.
+        cands.sort_by_key(|c| (std::cmp::Reverse(c.net.prefix_len()), c.kind));
+        // The longest prefix the tries hold over `addr`, and the longest
+        // rule's (where classes are looked for).
+        let longest = cands.iter().filter(|c| c.kind != Kind::AutoBan).map(|c| c.net).next();
+        let longest_rule = cands.iter().filter(|c| c.kind == Kind::Rule).map(|c| c.net).next();
+        let applied_net: Option<ipnet::IpNet> = match applied {
+            Applied::Protect(p) | Applied::Ban(p) => Some(*p),
+            Applied::Rule { slot: Some(slot), .. } => {
+                cands.iter().find(|c| matches!(c.kind, Kind::Rule | Kind::Set) && c.slot == Some(*slot)).map(|c| c.net)
+            }
+            Applied::Rule { slot: None, .. } => None,
+        };
+        let applied_label = cands
+            .iter()
+            .find(|c| {
+                Some(c.net) == applied_net && matches!(c.kind, Kind::Rule | Kind::Set) && c.applies(applied, None)
+            })
+            .map(|c| c.cover.rule.clone());
+        const RANK: &str = "deny > police > monitor > allow, then the name that sorts first";
+        let mut out = Vec::with_capacity(cands.len());
+        for c in &cands {
+            let mut cover = c.cover.clone();
+            cover.has_bucket = c.bucket;
+            cover.applies = c.applies(applied, applied_net);
+            let more_specific = |a: ipnet::IpNet| format!("{a} is more specific (the longest prefix wins)");
+            // The set of highest precedence among those holding `c.net`.
+            let winner = || {
+                snap.sets
+                    .iter()
+                    .filter(|s| s.entries.binary_search(&c.net).is_ok())
+                    .max_by(|a, b| set_precedence(a).cmp(&set_precedence(b)))
+            };
+            cover.why = match (c.kind, applied) {
+                (Kind::Protect, _) if cover.applies => {
+                    "a protected prefix (protect in [daemon]): its sources pass whatever rule, set or ban covers them"
+                        .into()
+                }
+                (_, Applied::Protect(p)) => {
+                    format!(
+                        "the protected prefix {p} (protect in [daemon]) passes every source in it, over any rule, set or ban"
+                    )
+                }
+                (Kind::Ban, _) if cover.applies => {
+                    "a manual ban: drops every source in it, over the rules and set entries under it".into()
+                }
+                (Kind::AutoBan, Applied::Ban(b)) => {
+                    format!("the manual ban of {b} drops the source before any bucket is charged")
+                }
+                (_, Applied::Ban(b)) if b.contains(&c.net) => {
+                    format!("the manual ban of {b} drops every source in it, over the rules and set entries under it")
+                }
+                (_, Applied::Ban(b)) => more_specific(*b),
+                (Kind::AutoBan, _) if cover.applies => {
+                    "bans the bucket this frame charges: refused until it ends".into()
+                }
+                (Kind::AutoBan, Applied::Rule { .. }) => {
+                    let of = c.cover.ban.as_ref().and_then(|b| b.rule.clone()).unwrap_or_else(|| "another rule".into());
+                    match (c.key.map_or(0, |k| k.class), &applied_label) {
+                        (1.., _) if !framed => format!(
+                            "bans the source's bucket of {of}, a class: only frames of that class (give --proto … to \
+                             judge one)"
+                        ),
+                        (_, Some(a)) => format!("bans the source's bucket of {of}; this frame charges {a}'s"),
+                        (_, None) => format!("bans the source's bucket of {of}; this frame charges no bucket"),
+                    }
+                }
+                (Kind::Set, _) if cover.applies => match winner() {
+                    Some(w) if snap.sets.iter().filter(|s| s.entries.binary_search(&c.net).is_ok()).count() > 1 => {
+                        format!(
+                            "the longest prefix over the source; {} is in several sets and {} wins ({RANK})",
+                            c.net, w.view.prefix
+                        )
+                    }
+                    _ => "the longest prefix over the source".into(),
+                },
+                (_, _) if cover.applies && c.class_rule => "the frame is of its class".into(),
+                (_, _) if cover.applies => match longest_rule {
+                    Some(l) if l != c.net && longest == Some(l) => {
+                        format!("the frame matches no class of {l}, so it falls to this class-less rule")
+                    }
+                    _ => "the longest prefix over the source".into(),
+                },
+                (Kind::Set, Applied::Rule { .. }) if applied_net == Some(c.net) => match winner() {
+                    Some(w) => format!("{} is in several sets: {} wins ({RANK})", c.net, w.view.prefix),
+                    None => "another set holds this prefix".into(),
+                },
+                (Kind::Rule, Applied::Rule { .. }) if c.class_rule => {
+                    // The classes of the longest rule prefix, then of each
+                    // shorter one until a class-less rule stops the chain.
+                    let stop = cands
+                        .iter()
+                        .filter(|o| o.kind == Kind::Rule && !o.class_rule && o.net.prefix_len() > c.net.prefix_len())
+                        .map(|o| o.net)
+                        .next_back();
+                    match (longest, stop) {
+                        (Some(l), _) if longest_rule != Some(l) && l.prefix_len() > c.net.prefix_len() => {
+                            more_specific(l)
+                        }
+                        (_, Some(s)) => {
+                            format!("{s} has a class-less rule: a shorter prefix's classes do not reach past it")
+                        }
+                        _ if framed => "the frame is not of its class, or a more specific class takes it".into(),
+                        _ => {
+                            let class = c.cover.class.clone().unwrap_or_default();
+                            format!("only frames of its class ({class}): give --proto … to judge one")
+                        }
+                    }
+                }
+                (_, Applied::Rule { .. }) => match applied_net.or(longest) {
+                    Some(a) if a.prefix_len() > c.net.prefix_len() => more_specific(a),
+                    _ => "not in force for this source".into(),
+                },
+            };
+            out.push(cover);
+        }
+        Ok(out)
+    }
+
+    /// For a police or monitor rule (or set): whether `addr` has a bucket
+    /// of it.
+    fn has_bucket(&self, addr: IpAddr, spec: &RuleSpec, slot: u32) -> Result<Option<bool>> {
+        if !spec.action.polices() {
+            return Ok(None);
+        }
+        let Ok(rule) = spec.kernel(slot) else { return Ok(None) };
+        let mut key = rule_bucket_key(addr, &rule);
+        if !spec.class.is_none() {
+            key.class = slot;
+        }
+        Ok(Some(self.reader.bucket(&key)?.is_some()))
     }
 
     /// Every bucket `addr` has: its class-less bucket and one per class of
     /// the prefixes over it (each class's buckets are per source and
-    /// class), read at the clock after each copy.
+    /// class), read at the clock after each copy. A bucket two rules or
+    /// sets could charge is named by the one that does: the longest
+    /// prefix, then the set of highest precedence.
     fn buckets_of(&self, snap: &Snapshot, addr: IpAddr) -> Result<Vec<TopEntry>> {
         let mut out = Vec::new();
-        let mut rows: Vec<(String, String, &RuleSpec, u32)> = snap
+        // (label, class, spec, slot, which names a shared bucket first).
+        type Row<'a> = (String, String, &'a RuleSpec, u32, (u8, u8, std::cmp::Reverse<&'a str>));
+        let mut rows: Vec<Row> = snap
             .rules
             .iter()
             .filter(|(k, r)| !k.ban && k.net.contains(&addr) && r.spec.action.polices())
-            .map(|(k, r)| (k.to_string(), k.class.to_string(), &r.spec, r.slot))
+            .map(|(k, r)| {
+                (k.to_string(), k.class.to_string(), &r.spec, r.slot, (k.net.prefix_len(), 0, std::cmp::Reverse("")))
+            })
             .collect();
         for s in &snap.sets {
             if let Some(n) = s.entry_for(addr) {
                 let spec = if addr.is_ipv4() { &s.spec4 } else { &s.spec6 };
                 if spec.action.polices() {
-                    rows.push((format!("{} ({n})", s.view.prefix), "-".into(), spec, s.slot));
+                    let (rank, name) = set_precedence(s);
+                    rows.push((
+                        format!("{} ({n})", s.view.prefix),
+                        "-".into(),
+                        spec,
+                        s.slot,
+                        (n.prefix_len(), rank, name),
+                    ));
                 }
             }
         }
+        rows.sort_by(|a, b| b.4.cmp(&a.4));
         let mut seen = std::collections::BTreeSet::new();
-        for (label, class, spec, slot) in rows {
+        for (label, class, spec, slot, _) in rows {
             let Ok(rule) = spec.kernel(slot) else { continue };
             let mut key = rule_bucket_key(addr, &rule);
             // A class's buckets are per source and class (its slot); the
@@ -648,6 +901,114 @@ impl Views {
         let healthy = !interfaces.is_empty() && interfaces.iter().all(|i| i.attached);
         Health { healthy, program_id: snap.program_id, interfaces }
     }
+}
+
+/// What the program applies to the frame `inspect` judges.
+#[derive(Clone, Copy, Debug)]
+enum Applied {
+    /// A protected prefix's own allow.
+    Protect(ipnet::IpNet),
+    /// A manual ban of this prefix.
+    Ban(ipnet::IpNet),
+    /// The rule or set of this counter slot (none: no rule), and the
+    /// automatic ban of its bucket when one refuses the frame.
+    Rule { slot: Option<u32>, banned: Option<BucketKey> },
+}
+
+/// The kinds of things over a source, in the order the program weighs
+/// them at one prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Protect,
+    Ban,
+    AutoBan,
+    Set,
+    Rule,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Protect => "protect",
+            Kind::Ban => "ban",
+            Kind::AutoBan => "auto ban",
+            Kind::Set => "set",
+            Kind::Rule => "rule",
+        }
+    }
+}
+
+/// One thing over the source, as `covering` weighs it.
+struct Cand {
+    kind: Kind,
+    net: ipnet::IpNet,
+    slot: Option<u32>,
+    /// An automatic ban's bucket key.
+    key: Option<BucketKey>,
+    class_rule: bool,
+    bucket: Option<bool>,
+    cover: InspectCover,
+}
+
+impl Cand {
+    fn new(kind: Kind, net: ipnet::IpNet, rule: String, action: String) -> Cand {
+        Cand {
+            kind,
+            net,
+            slot: None,
+            key: None,
+            class_rule: false,
+            bucket: None,
+            cover: InspectCover {
+                kind: kind.name().into(),
+                prefix: net.to_string(),
+                rule,
+                action,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Whether the program applies it: `applied_net` is the prefix of the
+    /// rule or set entry that applies (a set's shorter entries do not).
+    fn applies(&self, applied: &Applied, applied_net: Option<ipnet::IpNet>) -> bool {
+        match (self.kind, applied) {
+            (Kind::Protect, Applied::Protect(p)) | (Kind::Ban, Applied::Ban(p)) => *p == self.net,
+            (Kind::Rule | Kind::Set, Applied::Rule { slot: Some(s), .. }) => {
+                self.slot == Some(*s) && applied_net.is_none_or(|n| n == self.net)
+            }
+            (Kind::AutoBan, Applied::Rule { banned: Some(k), .. }) => self.key == Some(*k),
+            _ => false,
+        }
+    }
+}
+
+/// The longest of `nets` that holds `addr`.
+fn longest_over<'a>(nets: impl Iterator<Item = &'a ipnet::IpNet>, addr: IpAddr) -> Option<ipnet::IpNet> {
+    nets.filter(|n| n.contains(&addr)).max_by_key(|n| n.prefix_len()).copied()
+}
+
+/// Whether the bucket key `k` is `addr`'s (its family, and `addr` masked
+/// to its length).
+fn key_covers(k: &BucketKey, addr: IpAddr) -> bool {
+    let mut masked = bucket_key(addr, k.key_len);
+    masked.class = k.class;
+    masked == *k
+}
+
+/// A set's precedence where several hold one prefix (`sets::precedence`).
+fn set_precedence(s: &SetRow) -> (u8, std::cmp::Reverse<&str>) {
+    super::sets::precedence(s.spec4.action, s.view.set.as_deref().unwrap_or(&s.view.prefix))
+}
+
+/// The set entry the tries hold over `addr` among the sets: the longest,
+/// and of the sets holding it the one of highest precedence (its value is
+/// the tries').
+fn set_over(snap: &Snapshot, addr: IpAddr) -> Option<(ipnet::IpNet, &SetRow)> {
+    snap.sets
+        .iter()
+        .filter_map(|s| s.entry_for(addr).map(|n| (n, s)))
+        .max_by(|(n, a), (m, b)| (n.prefix_len(), set_precedence(a)).cmp(&(m.prefix_len(), set_precedence(b))))
 }
 
 /// The rule that charges a bucket now: a class's (by its counter slot),
@@ -834,4 +1195,132 @@ fn rule_bucket_key(addr: IpAddr, rule: &Rule) -> BucketKey {
         k.class = rule.counter_slot;
     }
     k
+}
+
+#[cfg(test)]
+mod tests {
+    use policer_common::class::{IPPROTO_ICMP, IPPROTO_TCP, TCP_ACK, TCP_SYN, mapped_v4};
+
+    use super::*;
+
+    fn frame(f: impl FnOnce(&mut InspectFrame)) -> InspectFrame {
+        let mut x = InspectFrame::default();
+        f(&mut x);
+        x
+    }
+
+    fn err(addr: &str, f: impl FnOnce(&mut InspectFrame)) -> String {
+        frame_l4(addr.parse().unwrap(), &frame(f)).unwrap_err().to_string()
+    }
+
+    /// `inspect`'s frame options become the frame the program would read.
+    #[test]
+    fn frame_options_become_the_programs_frame() {
+        let v4: IpAddr = "198.18.0.5".parse().unwrap();
+        // None: no class matches; a length alone is no frame either.
+        assert_eq!(frame_l4(v4, &InspectFrame::default()).unwrap(), None);
+        assert_eq!(frame_l4(v4, &frame(|f| f.bytes = Some(1042))).unwrap(), None);
+        let f = frame_l4(
+            v4,
+            &frame(|f| {
+                f.proto = Some("udp".into());
+                f.dport = Some(53);
+            }),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((f.proto, f.dport, f.tcp_flags, f.has_l4), (17, 53, 0, true));
+        // Unnamed, the destination is the unspecified address (no --dst
+        // class holds it), mapped for IPv4 as the program reads it.
+        assert_eq!(f.dst, mapped_v4([0; 4]));
+        let f = frame_l4(
+            v4,
+            &frame(|f| {
+                f.proto = Some("tcp".into());
+                f.tcp_flags = Some("syn,ack".into());
+                f.dst = Some("198.19.0.1".parse().unwrap());
+            }),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((f.proto, f.tcp_flags, f.dst), (IPPROTO_TCP, TCP_SYN | TCP_ACK, mapped_v4([198, 19, 0, 1])));
+        let f = frame_l4(
+            v4,
+            &frame(|f| {
+                f.proto = Some("1".into());
+                f.icmp_type = Some(8);
+            }),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((f.proto, f.icmp_type), (IPPROTO_ICMP, 8));
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let f = frame_l4(
+            v6,
+            &frame(|f| {
+                f.proto = Some("icmpv6".into());
+                f.dst = Some("2001:db8::2".parse().unwrap());
+            }),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(f.dst, "2001:db8::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(frame_l4(v6, &frame(|f| f.proto = Some("udp".into()))).unwrap().unwrap().dst, [0; 16]);
+    }
+
+    /// Each bad combination is refused with what to give instead.
+    #[test]
+    fn bad_frame_options_are_refused_with_the_reason() {
+        let a = "198.18.0.5";
+        for (e, want) in [
+            (err(a, |f| f.dport = Some(53)), "need --proto"),
+            (err(a, |f| f.bytes = Some(63)), "--frame-bytes 63: a frame is 64 ..= 65535 bytes"),
+            (err(a, |f| f.bytes = Some(65_536)), "--frame-bytes 65536"),
+            (err(a, |f| f.proto = Some("nope".into())), "nope"),
+            (
+                err(a, |f| {
+                    f.proto = Some("icmp".into());
+                    f.dport = Some(53);
+                }),
+                "--dport needs a protocol with ports",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("udp".into());
+                    f.tcp_flags = Some("syn".into());
+                }),
+                "--tcp-flags needs --proto tcp",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("tcp".into());
+                    f.tcp_flags = Some("syn,!ack".into());
+                }),
+                "name the flags the frame has set",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("tcp".into());
+                    f.tcp_flags = Some("syn,bogus".into());
+                }),
+                "bogus",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("udp".into());
+                    f.icmp_type = Some(8);
+                }),
+                "--icmp-type needs --proto icmp or icmpv6",
+            ),
+            (
+                err(a, |f| {
+                    f.proto = Some("udp".into());
+                    f.dst = Some("2001:db8::1".parse().unwrap());
+                }),
+                "--dst 2001:db8::1: not of the source's family (198.18.0.5)",
+            ),
+        ] {
+            assert!(e.contains(want), "{e:?} does not say {want:?}");
+        }
+    }
 }
