@@ -211,20 +211,6 @@ pub struct Import {
     pub runtime: bool,
 }
 
-/// The set's rule for one family: the rule options over a /0. Errors name
-/// the set, not the /0 it is validated over.
-fn family_spec(name: &str, rule: &RuleConfig, v6: bool) -> Result<RuleSpec> {
-    let any = sets::family_any(v6).to_string();
-    let rc = RuleConfig { prefix: any.clone(), ttl: None, expires: None, ..rule.clone() };
-    rc.validate().map_err(|e| match e {
-        Error::Invalid(m) => match m.strip_prefix(&format!("{any}: ")) {
-            Some(rest) => Error::Invalid(format!("set '{name}': {rest}")),
-            None => Error::Invalid(format!("set '{name}': {m}")),
-        },
-        e => e,
-    })
-}
-
 fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
     nets.split_at(nets.partition_point(|n| n.addr().is_ipv4()))
 }
@@ -534,55 +520,10 @@ impl Daemon {
         Ok(w.shadowed)
     }
 
-    /// The set's rule per family, validated against its entries.
+    /// The set's rule per family, validated against its entries
+    /// ([`sets::specs`]).
     fn set_specs(&self, name: &str, rule: &RuleConfig, entries: &[IpNet]) -> Result<(RuleSpec, RuleSpec)> {
-        let (v4, v6) = split(entries);
-        let action = rule.action.unwrap_or(policer_common::bucket::Action::Police);
-        if action.polices() && rule.rate.is_none() {
-            return Err(Error::Invalid(format!(
-                "set '{name}': a {action} set needs a rate per source (--rate 500pps, 10kpps, 64kbit; `rate` in a \
-                 [[set]] table); nothing imported"
-            )));
-        }
-        // A key length given for one family must not fail the other when
-        // the set has none of it.
-        let spec = |v6: bool, any: bool| -> Result<RuleSpec> {
-            match family_spec(name, rule, v6) {
-                Err(_) if !any && rule.key_len.is_some() => {
-                    family_spec(name, &RuleConfig { key_len: None, ..rule.clone() }, v6)
-                }
-                r => r,
-            }
-        };
-        if let Some(k) = rule.key_len
-            && k > 32
-            && !v4.is_empty()
-        {
-            return Err(Error::Invalid(format!(
-                "--key-len {k} is an IPv6 key length, and the list has IPv4 prefixes too ({}): a set has one key \
-                 length; import IPv4 and IPv6 into separate sets, or leave --key-len out (32 and 64); nothing imported",
-                v4[0]
-            )));
-        }
-        let (s4, s6) = (spec(false, !v4.is_empty())?, spec(true, !v6.is_empty())?);
-        if s4.total.is_some() || s4.auto_ban.is_some() {
-            return Err(Error::Invalid("a set takes --action, --rate, --burst and --key-len".into()));
-        }
-        // Buckets are keyed by the source masked to the key length: a key
-        // shorter than an entry would share buckets across rules.
-        if s4.action.polices() {
-            for (list, s) in [(v4, &s4), (v6, &s6)] {
-                if let Some(n) = list.iter().find(|n| u32::from(n.prefix_len()) > s.key_len) {
-                    return Err(Error::Invalid(format!(
-                        "{n} is longer than the key length {} of a {} set: give --key-len {} (or more); nothing imported",
-                        s.key_len,
-                        s.action,
-                        n.prefix_len()
-                    )));
-                }
-            }
-        }
-        Ok((s4, s6))
+        sets::specs(name, rule, entries)
     }
 
     /// No entry is a rule's prefix (a set entry and a rule would fight for
@@ -596,24 +537,8 @@ impl Daemon {
         action: policer_common::bucket::Action,
         locate: impl Fn(IpNet) -> String,
     ) -> Result<()> {
-        let protect = self.rs.protect();
-        if !protect.is_empty()
-            && let Some((n, e)) = entries.iter().find_map(|n| protect.refuse_entry(n, action).err().map(|e| (*n, e)))
-        {
-            return Err(Error::Invalid(format!("{}: {e}", locate(n))));
-        }
-        // A manual ban may share an entry's prefix: it wins while it lasts.
-        for key in self.rs.rules().keys().filter(|k| !k.ban) {
-            if entries.binary_search(&key.net).is_ok() {
-                return Err(Error::Invalid(format!(
-                    "{}: {} is the prefix of the rule {key}: a prefix has a rule or is an entry of a set, not both \
-                     (remove one); nothing imported",
-                    locate(key.net),
-                    key.net
-                )));
-            }
-        }
-        Ok(())
+        let rules = self.rs.rules().keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
+        sets::check_conflicts(entries, action, rules, self.rs.protect(), locate)
     }
 
     /// The tries' room: what they hold after the change, per family.
@@ -1068,6 +993,7 @@ pub fn read_import(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sets::family_spec;
 
     fn nets(v: &[&str]) -> Vec<IpNet> {
         let mut v: Vec<IpNet> = v.iter().map(|s| s.parse().unwrap()).collect();
