@@ -699,6 +699,10 @@ pub struct RuleView {
     pub set: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entries: Option<u64>,
+    /// A set's origin: "saved" (`rule import`), "runtime" (`rule import
+    /// --runtime`) or "config" (a `[[set]]` of the config file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// `policer rule ls --set NAME`: the set's rule and its entries.
@@ -760,6 +764,9 @@ pub struct SetStatus {
     pub name: String,
     pub action: String,
     pub entries: u64,
+    /// "saved", "runtime" or "config" (none from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// The bans in force, in `status`.

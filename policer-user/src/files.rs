@@ -37,6 +37,11 @@ pub struct Limit {
     pub max_bytes: u64,
 }
 
+/// The mode of a config file the daemon creates (and of a set's state
+/// file when there is no config file): rules name the operator's
+/// networks, which are nobody else's business.
+pub const NEW_FILE_MODE: u32 = 0o600;
+
 /// A config file: 256 MiB, room for the most rules a program holds
 /// (1 048 576, ~100 bytes each) with their comments.
 pub const CONFIG: Limit = Limit { what: "a config file", max_bytes: 256 << 20 };

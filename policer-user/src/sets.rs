@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     error::{Error, Result},
     files,
-    rules::RuleConfig,
+    rules::{RuleConfig, RuleSpec},
     text::excerpt,
 };
 
@@ -414,7 +414,7 @@ pub fn sets_dir_file(dir: &Path, name: &str) -> PathBuf {
 /// symlinks followed) without execute bits, so a 0600 config keeps its
 /// sets as private as its rules; 0600 when there is no config file yet.
 pub fn file_mode(config: &Path) -> u32 {
-    fs::metadata(config).map_or(crate::config::NEW_FILE_MODE, |m| m.mode() & 0o666)
+    fs::metadata(config).map_or(files::NEW_FILE_MODE, |m| m.mode() & 0o666)
 }
 
 /// The state directory's mode for files of `mode`: search where read
@@ -569,6 +569,194 @@ pub fn hosts(n: u32) -> impl Iterator<Item = Ipv4Addr> {
 /// rule spec: sets have no prefix of their own).
 pub fn family_any(v6: bool) -> IpNet {
     if v6 { "::/0".parse().expect("literal") } else { "0.0.0.0/0".parse().expect("literal") }
+}
+
+/// The set's rule for one family: the rule options over a /0. Errors name
+/// the set, not the /0 it is validated over.
+pub fn family_spec(name: &str, rule: &RuleConfig, v6: bool) -> Result<RuleSpec> {
+    let any = family_any(v6).to_string();
+    let rc = RuleConfig { prefix: any.clone(), ttl: None, expires: None, ..rule.clone() };
+    rc.validate().map_err(|e| match e {
+        Error::Invalid(m) => match m.strip_prefix(&format!("{any}: ")) {
+            Some(rest) => Error::Invalid(format!("set '{name}': {rest}")),
+            None => Error::Invalid(format!("set '{name}': {m}")),
+        },
+        e => e,
+    })
+}
+
+/// The set's rule per family (action, rate, burst, key_len of `rule`),
+/// validated against its entries (`entries` sorted, IPv4 first): a police
+/// set needs a rate, a key length fits the family, a key is no shorter
+/// than an entry. Errors name the set.
+pub fn specs(name: &str, rule: &RuleConfig, entries: &[IpNet]) -> Result<(RuleSpec, RuleSpec)> {
+    let (v4, v6) = entries.split_at(entries.partition_point(|n| n.addr().is_ipv4()));
+    let action = rule.action.unwrap_or(policer_common::bucket::Action::Police);
+    if action.polices() && rule.rate.is_none() {
+        return Err(Error::Invalid(format!(
+            "set '{name}': a {action} set needs a rate per source (--rate 500pps, 10kpps, 64kbit; `rate` in a \
+             [[set]] table); nothing imported"
+        )));
+    }
+    // A key length given for one family must not fail the other when
+    // the set has none of it.
+    let spec = |v6: bool, any: bool| -> Result<RuleSpec> {
+        match family_spec(name, rule, v6) {
+            Err(_) if !any && rule.key_len.is_some() => {
+                family_spec(name, &RuleConfig { key_len: None, ..rule.clone() }, v6)
+            }
+            r => r,
+        }
+    };
+    if let Some(k) = rule.key_len
+        && k > 32
+        && !v4.is_empty()
+    {
+        return Err(Error::Invalid(format!(
+            "--key-len {k} is an IPv6 key length, and the list has IPv4 prefixes too ({}): a set has one key \
+             length; import IPv4 and IPv6 into separate sets, or leave --key-len out (32 and 64); nothing imported",
+            v4[0]
+        )));
+    }
+    let (s4, s6) = (spec(false, !v4.is_empty())?, spec(true, !v6.is_empty())?);
+    if s4.total.is_some() || s4.auto_ban.is_some() {
+        return Err(Error::Invalid("a set takes --action, --rate, --burst and --key-len".into()));
+    }
+    // Buckets are keyed by the source masked to the key length: a key
+    // shorter than an entry would share buckets across rules.
+    if s4.action.polices() {
+        for (list, s) in [(v4, &s4), (v6, &s6)] {
+            if let Some(n) = list.iter().find(|n| u32::from(n.prefix_len()) > s.key_len) {
+                return Err(Error::Invalid(format!(
+                    "{n} is longer than the key length {} of a {} set: give --key-len {} (or more); nothing imported",
+                    s.key_len,
+                    s.action,
+                    n.prefix_len()
+                )));
+            }
+        }
+    }
+    Ok((s4, s6))
+}
+
+/// No entry is a rule's prefix (`rules`: each non-ban rule's prefix and
+/// how to name it; a set entry and a rule would fight for one trie key),
+/// and no entry of a set that does not allow lies inside a protected
+/// prefix (`protect` in [daemon]). The error names where the entry is
+/// (`locate`: `FILE:LINE`). An entry may be in several sets (precedence
+/// decides, `daemon/sets.rs`).
+pub fn check_conflicts(
+    entries: &[IpNet],
+    action: policer_common::bucket::Action,
+    rules: impl Iterator<Item = (IpNet, String)>,
+    protect: &crate::protect::Protect,
+    locate: impl Fn(IpNet) -> String,
+) -> Result<()> {
+    if !protect.is_empty()
+        && let Some((n, e)) = entries.iter().find_map(|n| protect.refuse_entry(n, action).err().map(|e| (*n, e)))
+    {
+        return Err(Error::Invalid(format!("{}: {e}", locate(n))));
+    }
+    // A manual ban may share an entry's prefix: it wins while it lasts.
+    for (net, key) in rules {
+        if entries.binary_search(&net).is_ok() {
+            return Err(Error::Invalid(format!(
+                "{}: {net} is the prefix of the rule {key}: a prefix has a rule or is an entry of a set, not both \
+                 (remove one); nothing imported",
+                locate(net)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A `[[set]]` table: a named set (as `policer rule import FILE --set
+/// NAME` makes one) declared in the config. Its entries are the lines of
+/// `file`, read at start and at every `policer reload`; its rule is the
+/// keys an import takes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetConfig {
+    pub name: String,
+    /// The list file; a relative path is relative to the config file's
+    /// directory.
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<policer_common::bucket::Action>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<crate::rules::BurstValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_len: Option<u32>,
+}
+
+impl SetConfig {
+    /// The set's rule (action, rate, burst, key_len; no prefix), as an
+    /// import's.
+    pub fn rule(&self) -> RuleConfig {
+        RuleConfig {
+            action: self.action,
+            rate: self.rate.clone(),
+            burst: self.burst.clone(),
+            key_len: self.key_len,
+            ..RuleConfig::default()
+        }
+    }
+
+    /// Where the list file is: `file` as written when absolute, else in
+    /// the config file's directory.
+    pub fn path(&self, config: &Path) -> PathBuf {
+        let f = Path::new(&self.file);
+        if f.is_absolute() {
+            return f.to_path_buf();
+        }
+        match config.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.join(f),
+            _ => f.to_path_buf(),
+        }
+    }
+}
+
+/// A `[[set]]`'s list file as read and parsed: where it is, its bytes, its
+/// list.
+#[derive(Clone, Debug)]
+pub struct ConfigList {
+    pub path: PathBuf,
+    pub text: Vec<u8>,
+    pub list: List,
+}
+
+/// Reads and parses the list file of `set` (a `[[set]]` of the config
+/// `config`): a regular file of at most [`files::IMPORT`]'s bound, read
+/// without blocking (`files.rs`). A list with no entries is refused, as an
+/// import's is: an empty feed is a failed download far more often than a
+/// wish. Errors name the file (and the line).
+pub fn read_config_list(config: &Path, set: &SetConfig) -> Result<ConfigList> {
+    let path = set.path(config);
+    let file = path.display().to_string();
+    let mut text = files::read_regular(&path, files::IMPORT).map_err(|e| {
+        Error::Invalid(match e {
+            files::ReadError::Io(e) => format!("set '{}': its file {file}: {e}", set.name),
+            e => format!("set '{}': its file {file} {e}", set.name),
+        })
+    })?;
+    if text.starts_with(BOM) {
+        text.drain(..BOM.len());
+    }
+    let list = parse(&text, &file).map_err(|e| match e {
+        Error::Invalid(m) => Error::Invalid(m.replace("; nothing imported", "")),
+        e => e,
+    })?;
+    if list.entries.is_empty() {
+        return Err(Error::Invalid(format!(
+            "set '{}': {file} has no entries ({} bytes: empty, or only comments and blank lines; a failed \
+             download?); remove the [[set]] table to remove the set",
+            set.name,
+            text.len()
+        )));
+    }
+    Ok(ConfigList { path, text, list })
 }
 
 #[cfg(test)]

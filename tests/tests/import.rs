@@ -600,3 +600,63 @@ fn sets_under_a_read_only_config_and_a_prefix_in_several_sets() {
     drop(ro);
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// Sets declared in the config (`[[set]]`, issue 28 point 5): a deny list
+/// drops its entries on real frames from the start; editing its file and
+/// `policer reload` adds and removes entries; a bad line in the file
+/// refuses the reload naming FILE:LINE and leaves dropping as it was;
+/// removing the table and reloading lifts the set.
+#[test]
+fn sets_declared_in_the_config() {
+    if !privileged("import tier") {
+        return;
+    }
+    let sb = Sandbox::new("impcfg");
+    let _sets = SetsDir::of(&sb);
+    let name = format!("policer-cfgset-{}.txt", std::process::id());
+    let list = ListFile(Path::new(&sb.config).parent().unwrap().join(&name));
+    std::fs::write(&list.0, "# the deny list\n10.0.0.1\n10.0.0.2 ; a comment\n").unwrap();
+    let rules = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"100kpps\"\nburst = 1000\n\n\
+                 [[rule]]\nprefix = \"::/0\"\nrate = \"100kpps\"\nburst = 1000\n";
+    let with_set = format!("{rules}\n[[set]]\nname = \"deny\"\nfile = \"{name}\"\naction = \"deny\"\n");
+    std::fs::write(&sb.config, &with_set).unwrap();
+    succeeds(&cli(&sb, &["check", &sb.config]));
+    let d = daemon(&sb, &[]);
+    assert!(d.stdout().contains("deny (config)"), "the start line names the config set: {}", d.stdout());
+    expect(&sb, &[("10.0.0.1", true), ("10.0.0.2", true), ("10.0.0.3", false)], "from the start");
+    let row = set_row(&sb, "deny").expect("the config set is a row of rule ls");
+    assert_eq!((row["origin"].as_str(), row["entries"].as_u64()), (Some("config"), Some(2)), "{row}");
+    let status = succeeds(&cli(&sb, &["status"]));
+    assert!(status.contains("deny (deny, 2 entries, config)"), "{status}");
+    // Not the CLI's to change.
+    fails_with(
+        &cli(&sb, &["rule", "import", list.path(), "--set", "deny", "--action", "deny"]),
+        "declared in the config",
+    );
+    fails_with(&cli(&sb, &["rule", "rm", "--set", "deny"]), "declared in the config");
+
+    // The file edited, then `policer reload`: 10.0.0.2 leaves, 10.0.0.3 comes.
+    std::fs::write(&list.0, "10.0.0.1\n10.0.0.3\n").unwrap();
+    let msg = succeeds(&cli(&sb, &["reload"]));
+    assert!(msg.contains("config sets: changed deny (2 entries)"), "{msg}");
+    expect(&sb, &[("10.0.0.1", true), ("10.0.0.2", false), ("10.0.0.3", true)], "after the file's edit");
+
+    // A bad line: the reload is refused naming FILE:LINE; nothing changes.
+    std::fs::write(&list.0, "10.0.0.1\n10.0.0.4\n10.0.0.300\n").unwrap();
+    fails_with(&cli(&sb, &["reload"]), &format!("{}:3: ", list.0.display()));
+    expect(&sb, &[("10.0.0.1", true), ("10.0.0.3", true), ("10.0.0.4", false)], "after a refused reload");
+    // A conflict with a rule of the same reload: refused, nothing changes.
+    std::fs::write(&list.0, "10.0.0.1\n10.0.0.3\n").unwrap();
+    let clash = format!("{with_set}\n[[rule]]\nprefix = \"10.0.0.3/32\"\naction = \"allow\"\n");
+    std::fs::write(&sb.config, &clash).unwrap();
+    fails_with(&cli(&sb, &["reload"]), &format!("{}:2: 10.0.0.3/32 is the prefix of the rule", list.0.display()));
+    expect(&sb, &[("10.0.0.1", true), ("10.0.0.3", true)], "after a refused conflict");
+
+    // The table removed: the set is lifted.
+    std::fs::write(&sb.config, rules).unwrap();
+    let msg = succeeds(&cli(&sb, &["reload"]));
+    assert!(msg.contains("config sets: removed deny"), "{msg}");
+    assert!(set_row(&sb, "deny").is_none());
+    expect(&sb, &[("10.0.0.1", false), ("10.0.0.3", false)], "after the table's removal");
+    drop(d);
+}

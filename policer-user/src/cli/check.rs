@@ -58,7 +58,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
             return finish(a.json, &file, None, &[Problem { line: None, message }]);
         }
     };
-    match Config::check(&text, a.max_rules) {
+    match Config::check_at(&text, a.max_rules, Some(&a.config)) {
         Ok((cfg, rules)) => {
             let v4 = rules.keys().filter(|k| matches!(k.net, ipnet::IpNet::V4(_))).count();
             finish(a.json, &file, Some((cfg, rules.len(), v4)), &[])
@@ -85,7 +85,13 @@ fn finish(json: bool, file: &str, good: Option<(Config, usize, usize)>, problems
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else if problems.is_empty() {
         let ifs = if interfaces.is_empty() { "none named (give them to attach)".into() } else { interfaces.join(", ") };
-        println!("{file}: ok: {rules} rules ({v4} IPv4, {} IPv6); interfaces: {ifs}", rules - v4);
+        let sets = match good.as_ref().map(|g| &g.0.sets) {
+            Some(s) if !s.is_empty() => {
+                format!("; sets: {}", s.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "))
+            }
+            _ => String::new(),
+        };
+        println!("{file}: ok: {rules} rules ({v4} IPv4, {} IPv6){sets}; interfaces: {ifs}", rules - v4);
     } else {
         for p in problems {
             match p.line {

@@ -258,10 +258,11 @@ pub(super) fn print_rules(rules: &[RuleView], json: bool) -> anyhow::Result<()> 
             r.key_len.to_string(),
             bans_text(r),
             r.expires.clone().unwrap_or_else(|| "-".into()),
-            match (r.in_force, r.persisted) {
-                (false, _) => "not in force (removed with --runtime)",
-                (true, true) => "yes",
-                (true, false) => "no (runtime)",
+            match (r.in_force, r.persisted, r.origin.as_deref()) {
+                (false, _, _) => "not in force (removed with --runtime)",
+                (true, _, Some("config")) => "config ([[set]])",
+                (true, true, _) => "yes",
+                (true, false, _) => "no (runtime)",
             }
             .to_string(),
             r.entries.map_or_else(|| "-".into(), |n| n.to_string()),

@@ -65,7 +65,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "none".to_string()
         } else {
             sets.iter()
-                .map(|x| format!("{} ({}, {} entries)", x.name, x.action, x.entries))
+                .map(|x| match x.origin.as_deref() {
+                    Some(o) if o != "saved" => format!("{} ({}, {} entries, {o})", x.name, x.action, x.entries),
+                    _ => format!("{} ({}, {} entries)", x.name, x.action, x.entries),
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         };

@@ -36,6 +36,7 @@ mod write;
 #[cfg(test)]
 mod tests;
 
+pub use crate::sets::SetConfig;
 pub use edit::Change;
 pub use file::{ConfigFile, Pending, Snapshot, sha256_hex};
 pub use write::NEW_FILE_MODE;
@@ -93,6 +94,10 @@ pub struct Config {
     pub daemon: DaemonConfig,
     #[serde(default, rename = "rule", skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleConfig>,
+    /// `[[set]]` tables: named sets whose entries are a file's lines,
+    /// loaded at start and at every reload.
+    #[serde(default, rename = "set", skip_serializing_if = "Vec::is_empty")]
+    pub sets: Vec<SetConfig>,
 }
 
 pub(crate) const HEADER: &str = "\
@@ -107,7 +112,7 @@ impl Config {
     /// The error is the first problem, with its line; `policer check`
     /// lists them all.
     pub fn parse(text: &str, origin: &Path) -> Result<(Config, BTreeMap<RuleKey, RuleSpec>)> {
-        let (cfg, rules, problems) = Config::check_all(text);
+        let (cfg, rules, problems) = Config::check_all(text, None);
         if problems.is_empty() {
             return Ok((cfg, rules));
         }
@@ -126,18 +131,72 @@ impl Config {
         })
     }
 
-    /// Every problem of `text` (syntax, keys and values, rules), each with
-    /// its line where it has one; or the config and its rules.
-    fn check_all(text: &str) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
+    /// Every problem of `text` (syntax, keys and values, rules, sets' keys),
+    /// each with its line where it has one; or the config and its rules.
+    /// With `sets_from` (the config file's path), each `[[set]]`'s list file
+    /// is read and checked too (its lines, its rule against its entries,
+    /// conflicts with the rules and the protected prefixes).
+    fn check_all(text: &str, sets_from: Option<&Path>) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         let read = read::read(text);
         let (rules, semantic) = read.config.problems_at(&read.origins);
         let mut problems = read.problems;
         // The rules' own checks speak of the command line's options; in
         // a file, the keys are what the operator wrote.
         problems.extend(semantic.into_iter().map(|p| Problem { message: as_keys(&p.message), ..p }));
+        problems.extend(read.config.set_problems(&read.set_origins, &rules, sets_from));
         // In the order of the file; the file-wide ones last.
         problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
         (read.config, rules, problems)
+    }
+
+    /// The problems of the `[[set]]` tables beyond a key's own value (see
+    /// [`Config::check_all`]), each at its table's line.
+    fn set_problems(
+        &self,
+        origins: &[read::Origin],
+        rules: &BTreeMap<RuleKey, RuleSpec>,
+        sets_from: Option<&Path>,
+    ) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let protect = crate::protect::Protect::parse(&self.daemon.protect).unwrap_or_default();
+        for (s, o) in self.sets.iter().zip(origins) {
+            let at = |m: String| {
+                let m = m.replace("; nothing imported", "");
+                let m = m.strip_prefix(&format!("set '{}': ", s.name)).map_or(m.clone(), str::to_string);
+                Problem { line: o.line, message: format!("set {} (name {}): {}", o.number, s.name, as_keys(&m)) }
+            };
+            let Some(config) = sets_from else {
+                if let Err(e) = crate::sets::specs(&s.name, &s.rule(), &[]) {
+                    problems.push(at(e.to_string()));
+                }
+                continue;
+            };
+            let l = match crate::sets::read_config_list(config, s) {
+                Ok(l) => l,
+                Err(e) => {
+                    problems.push(at(e.to_string()));
+                    continue;
+                }
+            };
+            let (spec4, _) = match crate::sets::specs(&s.name, &s.rule(), &l.list.entries) {
+                Ok(x) => x,
+                Err(e) => {
+                    problems.push(at(e.to_string()));
+                    continue;
+                }
+            };
+            let file = l.path.display().to_string();
+            let keys = rules.keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
+            if let Err(e) = crate::sets::check_conflicts(&l.list.entries, spec4.action, keys, &protect, |n| {
+                match crate::sets::line_of(&l.text, n) {
+                    Some(line) => format!("{file}:{line}"),
+                    None => file.clone(),
+                }
+            }) {
+                problems.push(at(e.to_string()));
+            }
+        }
+        problems
     }
 
     /// Validates every rule; prefixes must be unique. The first problem
@@ -226,7 +285,19 @@ impl Config {
         text: &str,
         max_rules: Option<u32>,
     ) -> std::result::Result<(Config, BTreeMap<RuleKey, RuleSpec>), Vec<Problem>> {
-        let (cfg, rules, mut problems) = Config::check_all(text);
+        Config::check_at(text, max_rules, None)
+    }
+
+    /// [`Config::check`], and each `[[set]]`'s list file read and checked
+    /// too (`path`: the config file, whose directory relative `file`s are
+    /// in): `FILE:LINE` of a bad line, or of an entry that is a rule's
+    /// prefix or inside a protected prefix.
+    pub fn check_at(
+        text: &str,
+        max_rules: Option<u32>,
+        path: Option<&Path>,
+    ) -> std::result::Result<(Config, BTreeMap<RuleKey, RuleSpec>), Vec<Problem>> {
+        let (cfg, rules, mut problems) = Config::check_all(text, path);
         let limit = max_rules.or(cfg.daemon.max_rules).unwrap_or(policer_common::DEFAULT_MAX_RULES);
         if cfg.rules.len() > limit as usize {
             problems.push(Problem {
@@ -295,7 +366,11 @@ action = "deny"
     /// The config with `rules` as its rule list, as text: what the
     /// constructors of a rule read back as.
     fn text_of(cfg: &Config, rules: &BTreeMap<RuleKey, RuleSpec>) -> String {
-        let c = Config { daemon: cfg.daemon.clone(), rules: rules.values().map(RuleSpec::config).collect() };
+        let c = Config {
+            daemon: cfg.daemon.clone(),
+            rules: rules.values().map(RuleSpec::config).collect(),
+            sets: cfg.sets.clone(),
+        };
         toml::to_string_pretty(&c).expect("config serializes")
     }
 

@@ -12,7 +12,7 @@
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::{Config, DaemonConfig, Problem};
+use super::{Config, DaemonConfig, Problem, SetConfig};
 use crate::rules::{BurstValue, PortValue, RuleConfig};
 
 /// A rule read from the file: its number in the file (1-based) and the
@@ -29,6 +29,8 @@ pub(super) struct Origin {
 pub(super) struct Read {
     pub config: Config,
     pub origins: Vec<Origin>,
+    /// Where `config.sets[i]` came from.
+    pub set_origins: Vec<Origin>,
     pub problems: Vec<Problem>,
 }
 
@@ -50,6 +52,7 @@ pub(super) fn read(text: &str) -> Read {
     }
     let mut config = Config::default();
     let mut origins = Vec::new();
+    let mut set_origins = Vec::new();
     for (key, value) in root.get_ref().iter() {
         match &**key.get_ref() {
             "daemon" => {
@@ -88,19 +91,60 @@ pub(super) fn read(text: &str) -> Read {
                     }
                 }
             }
+            "set" => {
+                let at = r.line(value.span());
+                let items: Vec<&Spanned<DeValue<'_>>> = match value.get_ref() {
+                    DeValue::Array(a) => a.iter().collect(),
+                    _ => {
+                        r.push(
+                            Some(at),
+                            format!(
+                                "set: {} is not a list of sets; write each as [[set]] with name = \"blocklist\" \
+                                 and file = \"blocklist.txt\" below",
+                                shown(value.get_ref())
+                            ),
+                        );
+                        continue;
+                    }
+                };
+                let starts: Vec<usize> = items.iter().map(|i| r.table_line(i)).collect();
+                for (i, item) in items.into_iter().enumerate() {
+                    let origin = Origin { number: i + 1, line: Some(starts[i]) };
+                    let end = starts.get(i + 1).copied().unwrap_or(usize::MAX);
+                    let broken = syntax.iter().any(|l| (starts[i]..end).contains(l));
+                    if let Some(set) = r.set(origin, item)
+                        && !broken
+                    {
+                        if let Some(first) = config.sets.iter().position(|s: &SetConfig| s.name == set.name) {
+                            r.push(
+                                origin.line,
+                                format!(
+                                    "set {} (name {}): the name of set {} too; a set is declared once",
+                                    origin.number,
+                                    set.name,
+                                    set_origins.get(first).map_or(0, |o: &Origin| o.number)
+                                ),
+                            );
+                            continue;
+                        }
+                        config.sets.push(set);
+                        set_origins.push(origin);
+                    }
+                }
+            }
             other => {
                 let at = r.line(key.span());
                 r.push(
                     Some(at),
                     format!(
-                        "unknown key `{}`: the file holds a [daemon] table and [[rule]] tables",
+                        "unknown key `{}`: the file holds a [daemon] table, [[rule]] and [[set]] tables",
                         crate::text::escaped(other)
                     ),
                 );
             }
         }
     }
-    Read { config, origins, problems: r.problems }
+    Read { config, origins, set_origins, problems: r.problems }
 }
 
 /// `shown` of a value as the operator wrote it, for messages: `"abc"`,
@@ -141,6 +185,7 @@ struct Reader<'t> {
 enum Place<'a> {
     Daemon,
     Rule(usize, Option<&'a str>),
+    Set(usize, Option<&'a str>),
 }
 
 impl Place<'_> {
@@ -150,6 +195,8 @@ impl Place<'_> {
             Place::Daemon => "daemon".into(),
             Place::Rule(n, Some(p)) => format!("rule {n} (prefix {p})"),
             Place::Rule(n, None) => format!("rule {n}"),
+            Place::Set(n, Some(name)) => format!("set {n} (name {name})"),
+            Place::Set(n, None) => format!("set {n}"),
         }
     }
 
@@ -158,6 +205,7 @@ impl Place<'_> {
             Place::Daemon => format!("daemon.{key}"),
             Place::Rule(n, Some(p)) => format!("rule {n} (prefix {p}): {key}"),
             Place::Rule(n, None) => format!("rule {n}: {key}"),
+            Place::Set(..) => format!("{}: {key}", self.head()),
         }
     }
 }
@@ -387,93 +435,8 @@ impl Reader<'_> {
             let key = &**k.get_ref();
             let good = match key {
                 "prefix" => true,
-                "rate" | "total_rate" => {
-                    let write = format!(
-                        "{key} = \"10kpps\" (packets/s: pps, kpps, mpps) or \"100mbit\" (bits/s: kbit, mbit, gbit)"
-                    );
-                    match self.string(place, key, v, "a rate", &write) {
-                        Some(s) => match policer_common::rate::Rate::parse(&s) {
-                            Ok(parsed) => {
-                                if key == "rate" {
-                                    (r.rate, rate) = (Some(s), Some(parsed));
-                                } else {
-                                    (r.total_rate, total) = (Some(s), Some(parsed));
-                                }
-                                true
-                            }
-                            Err(_) => {
-                                self.bad(place, key, v, "a rate", &write);
-                                false
-                            }
-                        },
-                        None => false,
-                    }
-                }
-                "burst" | "total_burst" => {
-                    let write = format!("a count like {key} = 50 or a size like {key} = \"64kb\" (with a bit rate)");
-                    match v.get_ref() {
-                        DeValue::Integer(_) => match unsigned(v.get_ref(), u64::MAX) {
-                            Some(n) if n > 0 => {
-                                let b = Some(BurstValue::Count(n));
-                                if key == "burst" {
-                                    r.burst = b
-                                } else {
-                                    r.total_burst = b
-                                }
-                                true
-                            }
-                            _ => {
-                                self.bad(place, key, v, "a burst", &write);
-                                false
-                            }
-                        },
-                        DeValue::String(s) => {
-                            let b = Some(BurstValue::Text(s.to_string()));
-                            if key == "burst" {
-                                r.burst = b
-                            } else {
-                                r.total_burst = b
-                            }
-                            true
-                        }
-                        _ => {
-                            self.bad(place, key, v, "a burst", &write);
-                            false
-                        }
-                    }
-                }
-                "action" => {
-                    let a = match v.get_ref() {
-                        DeValue::String(s) => {
-                            <policer_common::bucket::Action as clap::ValueEnum>::from_str(s, false).ok()
-                        }
-                        _ => None,
-                    };
-                    if a.is_none() {
-                        self.bad(
-                            place,
-                            key,
-                            v,
-                            "an action",
-                            "action = \"police\" (or \"monitor\", \"allow\", \"deny\")",
-                        );
-                    }
-                    r.action = a;
-                    a.is_some()
-                }
-                "key_len" => {
-                    let n = unsigned(v.get_ref(), 128);
-                    if n.is_none() {
-                        self.bad(
-                            place,
-                            key,
-                            v,
-                            "a key length",
-                            "key_len = 32 (the leading bits of a source: 0 to 32 for IPv4, 0 to 128 for IPv6)",
-                        );
-                    }
-                    r.key_len = n.map(|n| n as u32);
-                    n.is_some()
+                "rate" | "total_rate" | "burst" | "total_burst" | "action" | "key_len" => {
+                    self.param(place, key, v, &mut r, &mut rate, &mut total)
                 }
                 "icmp_type" => {
                     let n = unsigned(v.get_ref(), 255);
@@ -599,8 +562,206 @@ impl Reader<'_> {
             };
             ok &= good;
         }
-        // A burst's text against its rate's unit, where both are known
-        // (a burst without a rate is `validate`'s to refuse).
+        ok &= self.burst_units(place, t, &r, rate, total);
+        ok.then_some(r)
+    }
+
+    /// One `[[set]]`: the set when every key has a valid value; each
+    /// problem otherwise.
+    fn set(&mut self, origin: Origin, item: &Spanned<DeValue<'_>>) -> Option<SetConfig> {
+        const WRITE: &str = "[[set]] with name = \"blocklist\" and file = \"blocklist.txt\"";
+        let t = self.table(&format!("set {}", origin.number), item, WRITE)?;
+        // The name first: every other message names it.
+        let name = t.iter().find(|(k, _)| &**k.get_ref() == "name").map(|(_, v)| v);
+        let name_text = match name.map(|p| p.get_ref()) {
+            Some(DeValue::String(s)) => Some(s.to_string()),
+            _ => None,
+        };
+        let shown_name = name_text.as_deref().map(crate::text::escaped);
+        let place = Place::Set(origin.number, shown_name.as_deref());
+        let mut s = SetConfig::default();
+        let mut r = crate::rules::RuleConfig::default();
+        let mut ok = true;
+        match (name, &name_text) {
+            (None, _) => {
+                self.push(
+                    origin.line,
+                    format!("{}: a set needs a name; write name = \"blocklist\"", place.key("name")),
+                );
+                ok = false;
+            }
+            (Some(v), None) => {
+                self.bad(place, "name", v, "a name", "name = \"blocklist\"");
+                ok = false;
+            }
+            (Some(v), Some(n)) => match crate::sets::check_name(n) {
+                Ok(()) => s.name = n.clone(),
+                Err(e) => {
+                    let at = self.line(v.span());
+                    self.push(Some(at), format!("{}: {e}; write name = \"blocklist\"", place.key("name")));
+                    ok = false;
+                }
+            },
+        }
+        if !t.iter().any(|(k, _)| &**k.get_ref() == "file") {
+            self.push(
+                origin.line,
+                format!(
+                    "{}: a set needs a list file; write file = \"blocklist.txt\" (relative to the config's directory)",
+                    place.key("file")
+                ),
+            );
+            ok = false;
+        }
+        let (mut rate, mut total) = (None, None);
+        for (k, v) in t.iter() {
+            let key = &**k.get_ref();
+            let good = match key {
+                "name" => true,
+                "file" => match v.get_ref() {
+                    DeValue::String(f) if !f.is_empty() && !f.contains('\0') => {
+                        s.file = f.to_string();
+                        true
+                    }
+                    _ => {
+                        self.bad(
+                            place,
+                            key,
+                            v,
+                            "a file",
+                            "file = \"blocklist.txt\" (one prefix per line; relative to the config's directory)",
+                        );
+                        false
+                    }
+                },
+                "rate" | "burst" | "action" | "key_len" => self.param(place, key, v, &mut r, &mut rate, &mut total),
+                other => {
+                    let at = self.line(k.span());
+                    self.push(
+                        Some(at),
+                        format!(
+                            "{}: unknown key `{}`; a set's keys are name, file, action, rate, burst, key_len",
+                            place.head(),
+                            crate::text::escaped(other)
+                        ),
+                    );
+                    false
+                }
+            };
+            ok &= good;
+        }
+        ok &= self.burst_units(place, t, &r, rate, total);
+        (s.action, s.rate, s.burst, s.key_len) = (r.action, r.rate, r.burst, r.key_len);
+        ok.then_some(s)
+    }
+
+    /// One of the keys a rule and a set share (rate, burst, their totals,
+    /// action, key_len): whether its value is valid, kept in `r`.
+    fn param(
+        &mut self,
+        place: Place<'_>,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+        r: &mut RuleConfig,
+        rate: &mut Option<policer_common::rate::Rate>,
+        total: &mut Option<policer_common::rate::Rate>,
+    ) -> bool {
+        match key {
+            "rate" | "total_rate" => {
+                let write = format!(
+                    "{key} = \"10kpps\" (packets/s: pps, kpps, mpps) or \"100mbit\" (bits/s: kbit, mbit, gbit)"
+                );
+                match self.string(place, key, v, "a rate", &write) {
+                    Some(s) => match policer_common::rate::Rate::parse(&s) {
+                        Ok(parsed) => {
+                            if key == "rate" {
+                                (r.rate, *rate) = (Some(s), Some(parsed));
+                            } else {
+                                (r.total_rate, *total) = (Some(s), Some(parsed));
+                            }
+                            true
+                        }
+                        Err(_) => {
+                            self.bad(place, key, v, "a rate", &write);
+                            false
+                        }
+                    },
+                    None => false,
+                }
+            }
+            "burst" | "total_burst" => {
+                let write = format!("a count like {key} = 50 or a size like {key} = \"64kb\" (with a bit rate)");
+                match v.get_ref() {
+                    DeValue::Integer(_) => match unsigned(v.get_ref(), u64::MAX) {
+                        Some(n) if n > 0 => {
+                            let b = Some(BurstValue::Count(n));
+                            if key == "burst" {
+                                r.burst = b
+                            } else {
+                                r.total_burst = b
+                            }
+                            true
+                        }
+                        _ => {
+                            self.bad(place, key, v, "a burst", &write);
+                            false
+                        }
+                    },
+                    DeValue::String(s) => {
+                        let b = Some(BurstValue::Text(s.to_string()));
+                        if key == "burst" {
+                            r.burst = b
+                        } else {
+                            r.total_burst = b
+                        }
+                        true
+                    }
+                    _ => {
+                        self.bad(place, key, v, "a burst", &write);
+                        false
+                    }
+                }
+            }
+            "action" => {
+                let a = match v.get_ref() {
+                    DeValue::String(s) => <policer_common::bucket::Action as clap::ValueEnum>::from_str(s, false).ok(),
+                    _ => None,
+                };
+                if a.is_none() {
+                    self.bad(place, key, v, "an action", "action = \"police\" (or \"monitor\", \"allow\", \"deny\")");
+                }
+                r.action = a;
+                a.is_some()
+            }
+            "key_len" => {
+                let n = unsigned(v.get_ref(), 128);
+                if n.is_none() {
+                    self.bad(
+                        place,
+                        key,
+                        v,
+                        "a key length",
+                        "key_len = 32 (the leading bits of a source: 0 to 32 for IPv4, 0 to 128 for IPv6)",
+                    );
+                }
+                r.key_len = n.map(|n| n as u32);
+                n.is_some()
+            }
+            _ => false,
+        }
+    }
+
+    /// A burst's text against its rate's unit, where both are known (a
+    /// burst without a rate is `validate`'s to refuse).
+    fn burst_units(
+        &mut self,
+        place: Place<'_>,
+        t: &DeTable<'_>,
+        r: &RuleConfig,
+        rate: Option<policer_common::rate::Rate>,
+        total: Option<policer_common::rate::Rate>,
+    ) -> bool {
+        let mut ok = true;
         for (key, b, rate) in [("burst", &r.burst, rate), ("total_burst", &r.total_burst, total)] {
             if let (Some(BurstValue::Text(s)), Some(rate)) = (b, rate)
                 && rate.parse_burst(s).is_err()
@@ -615,6 +776,6 @@ impl Reader<'_> {
                 ok = false;
             }
         }
-        ok.then_some(r)
+        ok
     }
 }

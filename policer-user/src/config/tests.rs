@@ -33,7 +33,7 @@ static EXAMPLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let uncommented: Vec<&str> = examples
         .lines()
         .map(|l| match l.strip_prefix("# ") {
-            Some(t) if t.starts_with("[[rule]]") || t.contains(" = ") => t,
+            Some(t) if t.starts_with("[[rule]]") || t.starts_with("[[set]]") || t.contains(" = ") => t,
             _ => l,
         })
         .collect();
@@ -119,12 +119,14 @@ fn set_keeps_comments_and_layout() {
         text.contains("# A tighter limit for one network.\n[[rule]]\nprefix = \"203.0.113.0/24\"\nrate = \"750pps\"")
     );
 
-    // Add: appended after the last rule; everything before is as it was.
+    // Add: inserted after the last rule (before the [[set]] that follows
+    // the rules); everything else is as it was.
     let rules = with(rules, rule("192.0.2.128/25", None, None, Some(policer_common::bucket::Action::Deny)));
     f.apply_rules(&rules).unwrap();
     let added = fs::read_to_string(&p).unwrap();
-    assert!(added.starts_with(&text), "text before the new rule changed:\n{added}");
-    assert_eq!(&added[text.len()..], "\n[[rule]]\nprefix = \"192.0.2.128/25\"\naction = \"deny\"\n");
+    let at = text.find("\n# A named set").expect("the example's [[set]]");
+    let new = "\n[[rule]]\nprefix = \"192.0.2.128/25\"\naction = \"deny\"\n";
+    assert_eq!(added, format!("{}{new}{}", &text[..at], &text[at..]), "text around the new rule changed");
 
     // Remove: the table and the comment above it go, nothing else.
     let rules = without(rules, "203.0.113.0/24");
@@ -828,7 +830,7 @@ fn bad_values_name_the_key_and_an_example() {
         ("[daemon]\nmax_rules = -5\n".into(), 2, "daemon.max_rules: -5 is not a number of rules; write max_rules = "),
         ("[daemon]\nspeed = 1\n".into(), 2, "daemon: unknown key `speed`"),
         ("daemon = 3\n".into(), 1, "daemon: 3 is not a table"),
-        ("rules = []\n".into(), 1, "unknown key `rules`: the file holds a [daemon] table and [[rule]] tables"),
+        ("rules = []\n".into(), 1, "unknown key `rules`: the file holds a [daemon] table, [[rule]] and [[set]] tables"),
     ];
     for (text, line, want) in &cases {
         let problems = super::Config::check(text, None).err().unwrap_or_else(|| panic!("accepted:\n{text}"));
@@ -896,4 +898,109 @@ action = \"deny\"
         assert!(got.iter().any(|(l, m)| *l == Some(line) && m.contains(msg)), "want {line}: {msg:?} in {got:#?}");
     }
     assert!(got.windows(2).all(|w| w[0].0 <= w[1].0), "not in the file's order: {got:#?}");
+}
+
+/// `[[set]]` tables are read key by key: each problem names the set, the
+/// key, an example, and the line; a good one reads as what it says.
+#[test]
+fn set_tables_read_key_by_key() {
+    let good = "[[set]]\nname = \"feed\"\nfile = \"feed.txt\"\naction = \"police\"\nrate = \"10kpps\"\nburst = 50\nkey_len = 24\n";
+    let (cfg, _) = super::Config::check(good, None).unwrap();
+    let s = &cfg.sets[0];
+    assert_eq!(
+        (s.name.as_str(), s.file.as_str(), s.rate.as_deref(), s.key_len),
+        ("feed", "feed.txt", Some("10kpps"), Some(24))
+    );
+    assert_eq!(s.path(Path::new("/etc/policer/policer.toml")), Path::new("/etc/policer/feed.txt"));
+    assert_eq!(s.path(Path::new("policer.toml")), Path::new("feed.txt"));
+    let text = "\
+[[set]]
+name = \"feed\"
+file = \"feed.txt\"
+action = \"drop\"
+
+[[set]]
+name = \".bad\"
+file = \"x.txt\"
+
+[[set]]
+file = 7
+rate = \"fast\"
+colour = 1
+
+[[set]]
+name = \"slow\"
+file = \"slow.txt\"
+action = \"police\"
+
+[[set]]
+name = \"slow\"
+file = \"again.txt\"
+action = \"deny\"
+
+[[set]]
+name = \"nofile\"
+";
+    let problems = super::Config::check(text, None).unwrap_err();
+    let got: Vec<(Option<usize>, &str)> = problems.iter().map(|p| (p.line, p.message.as_str())).collect();
+    let want: [(usize, &str); 8] = [
+        (4, "set 1 (name feed): action: \"drop\" is not an action; write action = \"police\""),
+        (7, "set 2 (name .bad): name: set name '.bad'"),
+        (10, "set 3: name: a set needs a name; write name = \"blocklist\""),
+        (11, "set 3: file: 7 is not a file; write file = \"blocklist.txt\""),
+        (12, "set 3: rate: \"fast\" is not a rate; write rate = \"10kpps\""),
+        (13, "set 3: unknown key `colour`; a set's keys are name, file, action, rate, burst, key_len"),
+        (15, "set 4 (name slow): a police set needs a rate per source"),
+        (25, "set 6 (name nofile): file: a set needs a list file; write file = \"blocklist.txt\""),
+    ];
+    for (line, msg) in want {
+        assert!(got.iter().any(|(l, m)| *l == Some(line) && m.contains(msg)), "want {line}: {msg:?} in {got:#?}");
+    }
+    assert!(
+        got.iter().any(|(l, m)| *l == Some(20) && m.contains("set 5 (name slow): the name of set 4 too")),
+        "{got:#?}"
+    );
+    // The start and a reload refuse it, naming the first problem.
+    let e = super::Config::parse(text, Path::new("t.toml")).unwrap_err().to_string();
+    assert!(e.contains("t.toml: line 4: set 1 (name feed): action"), "{e}");
+}
+
+/// `policer check` reads each set's file: a bad line is FILE:LINE, and so
+/// is an entry that is a rule's prefix or inside a protected prefix; an
+/// empty list and a missing file are named.
+#[test]
+fn check_reads_set_files() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = d.path().join("policer.toml");
+    let list = d.path().join("feed.txt");
+    let head = "[daemon]\nprotect = [\"192.0.2.0/24\"]\n\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n\n\
+                [[rule]]\nprefix = \"203.0.113.0/24\"\nrate = \"5kpps\"\n\n";
+    let text = format!("{head}[[set]]\nname = \"feed\"\nfile = \"feed.txt\"\naction = \"deny\"\n");
+    let check = |body: &str| {
+        fs::write(&list, body).unwrap();
+        super::Config::check_at(&text, None, Some(&cfg))
+    };
+    let (c, _) = check("198.51.100.1\n# comment\n198.51.100.0/30 ; SBL1\n").unwrap();
+    assert_eq!(c.sets.len(), 1);
+    let one = |body: &str| {
+        let p = check(body).unwrap_err();
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert_eq!(p[0].line, Some(12), "{p:#?}");
+        p[0].message.clone()
+    };
+    let f = list.display().to_string();
+    let m = one("198.51.100.1\n198.51.100.300\n");
+    assert!(m.starts_with("set 1 (name feed): ") && m.contains(&format!("{f}:2: ")), "{m}");
+    let m = one("198.51.100.1\n\n203.0.113.0/24\n");
+    assert!(m.contains(&format!("{f}:3: 203.0.113.0/24 is the prefix of the rule")), "{m}");
+    let m = one("192.0.2.7\n");
+    assert!(m.contains(&format!("{f}:1: ")) && m.contains("protect"), "{m}");
+    let m = one("# nothing\n");
+    assert!(m.contains("has no entries") && m.contains("remove the [[set]] table"), "{m}");
+    fs::remove_file(&list).unwrap();
+    let p = super::Config::check_at(&text, None, Some(&cfg)).unwrap_err();
+    assert!(p[0].message.contains(&format!("its file {f}: ")), "{p:#?}");
+    // Without a path (parse, as the start and reload do first), the files
+    // are not read.
+    assert!(super::Config::check(&text, None).is_ok());
 }

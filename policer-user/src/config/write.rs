@@ -25,9 +25,7 @@ use crate::{
     files,
 };
 
-/// The mode of a config file the daemon creates: rules name the operator's
-/// networks, which are nobody else's business.
-pub const NEW_FILE_MODE: u32 = 0o600;
+pub use crate::files::NEW_FILE_MODE;
 
 /// Symlinks followed at most, as the kernel's MAXSYMLINKS.
 const MAX_LINKS: usize = 40;

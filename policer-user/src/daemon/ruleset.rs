@@ -506,7 +506,15 @@ impl Daemon {
         let before = self.rs.specs();
         let overlay = if discard_runtime { Overlay::new() } else { overlay(&before, self.rs.file_rules()) };
         let want = with_overlay(file.clone(), &overlay);
-        self.refuse_set_prefixes(&want)?;
+        // The new file's protected prefixes apply with its rules and sets.
+        let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
+        // The config's sets: every list file read and checked against the
+        // new rules before the kernel is touched (a bad line or a conflict
+        // refuses the whole reload). Not followed: `policer reload` rereads
+        // them.
+        let config_sets = self.plan_config_sets(&snap.config.sets, &want, &protect)?;
+        let changing = config_sets.names();
+        self.refuse_set_prefixes_but(&want, &changing)?;
         let diff = Diff::of(&before, &want);
         // What is in force and not yet expired (a ban past its end waits
         // for the next tick): an ended ban is not one the file lifts.
@@ -522,13 +530,15 @@ impl Daemon {
                  end it with a newline"
             )));
         }
-        // The new file's protected prefixes apply with its rules.
-        let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
         let old_protect = self.rs.protect().clone();
         self.rs.set_protect(protect);
-        if let Err(e) = self.refuse_protected_entries().and_then(|()| self.apply(&want)) {
+        if let Err(e) = self.refuse_protected_entries(&changing) {
             self.rs.set_protect(old_protect);
-            let _ = self.apply(&before);
+            return Err(e);
+        }
+        let sets_summary = config_sets.summary();
+        if let Err(e) = self.apply_with_config_sets(config_sets, &want, &before) {
+            self.rs.set_protect(old_protect);
             return Err(e);
         }
         if let Some(what) = &drastic {
@@ -560,7 +570,7 @@ impl Daemon {
             n if n > 20 => format!(": {}; and {} more", changes[..20].join("; "), n - 20),
             _ => format!(": {}", changes.join("; ")),
         };
-        Ok(format!("reloaded {path}: {n} rules ({}){changes}{kept}{note}", diff.counts()))
+        Ok(format!("reloaded {path}: {n} rules ({}){changes}{sets_summary}{kept}{note}", diff.counts()))
     }
 
     /// Detaches `name`; true when no interface is left.

@@ -193,6 +193,14 @@ impl SetState {
             expires: self.header.expires_ms.map(crate::duration::rfc3339),
             set: Some(self.header.name.clone()),
             entries: Some(self.entries.len() as u64),
+            origin: Some(
+                match self.origin {
+                    Origin::Saved => "saved",
+                    Origin::Runtime => "runtime",
+                    Origin::Config => "config",
+                }
+                .into(),
+            ),
         }
     }
 }
@@ -215,20 +223,6 @@ pub struct Import {
     pub force: bool,
     /// `--runtime`: in force until the daemon stops, no state file.
     pub runtime: bool,
-}
-
-/// The set's rule for one family: the rule options over a /0. Errors name
-/// the set, not the /0 it is validated over.
-fn family_spec(name: &str, rule: &RuleConfig, v6: bool) -> Result<RuleSpec> {
-    let any = sets::family_any(v6).to_string();
-    let rc = RuleConfig { prefix: any.clone(), ttl: None, expires: None, ..rule.clone() };
-    rc.validate().map_err(|e| match e {
-        Error::Invalid(m) => match m.strip_prefix(&format!("{any}: ")) {
-            Some(rest) => Error::Invalid(format!("set '{name}': {rest}")),
-            None => Error::Invalid(format!("set '{name}': {m}")),
-        },
-        e => e,
-    })
 }
 
 fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
@@ -540,55 +534,10 @@ impl Daemon {
         Ok(w.shadowed)
     }
 
-    /// The set's rule per family, validated against its entries.
+    /// The set's rule per family, validated against its entries
+    /// ([`sets::specs`]).
     fn set_specs(&self, name: &str, rule: &RuleConfig, entries: &[IpNet]) -> Result<(RuleSpec, RuleSpec)> {
-        let (v4, v6) = split(entries);
-        let action = rule.action.unwrap_or(policer_common::bucket::Action::Police);
-        if action.polices() && rule.rate.is_none() {
-            return Err(Error::Invalid(format!(
-                "set '{name}': a {action} set needs a rate per source (--rate 500pps, 10kpps, 64kbit; `rate` in a \
-                 [[set]] table); nothing imported"
-            )));
-        }
-        // A key length given for one family must not fail the other when
-        // the set has none of it.
-        let spec = |v6: bool, any: bool| -> Result<RuleSpec> {
-            match family_spec(name, rule, v6) {
-                Err(_) if !any && rule.key_len.is_some() => {
-                    family_spec(name, &RuleConfig { key_len: None, ..rule.clone() }, v6)
-                }
-                r => r,
-            }
-        };
-        if let Some(k) = rule.key_len
-            && k > 32
-            && !v4.is_empty()
-        {
-            return Err(Error::Invalid(format!(
-                "--key-len {k} is an IPv6 key length, and the list has IPv4 prefixes too ({}): a set has one key \
-                 length; import IPv4 and IPv6 into separate sets, or leave --key-len out (32 and 64); nothing imported",
-                v4[0]
-            )));
-        }
-        let (s4, s6) = (spec(false, !v4.is_empty())?, spec(true, !v6.is_empty())?);
-        if s4.total.is_some() || s4.auto_ban.is_some() {
-            return Err(Error::Invalid("a set takes --action, --rate, --burst and --key-len".into()));
-        }
-        // Buckets are keyed by the source masked to the key length: a key
-        // shorter than an entry would share buckets across rules.
-        if s4.action.polices() {
-            for (list, s) in [(v4, &s4), (v6, &s6)] {
-                if let Some(n) = list.iter().find(|n| u32::from(n.prefix_len()) > s.key_len) {
-                    return Err(Error::Invalid(format!(
-                        "{n} is longer than the key length {} of a {} set: give --key-len {} (or more); nothing imported",
-                        s.key_len,
-                        s.action,
-                        n.prefix_len()
-                    )));
-                }
-            }
-        }
-        Ok((s4, s6))
+        sets::specs(name, rule, entries)
     }
 
     /// No entry is a rule's prefix (a set entry and a rule would fight for
@@ -602,24 +551,8 @@ impl Daemon {
         action: policer_common::bucket::Action,
         locate: impl Fn(IpNet) -> String,
     ) -> Result<()> {
-        let protect = self.rs.protect();
-        if !protect.is_empty()
-            && let Some((n, e)) = entries.iter().find_map(|n| protect.refuse_entry(n, action).err().map(|e| (*n, e)))
-        {
-            return Err(Error::Invalid(format!("{}: {e}", locate(n))));
-        }
-        // A manual ban may share an entry's prefix: it wins while it lasts.
-        for key in self.rs.rules().keys().filter(|k| !k.ban) {
-            if entries.binary_search(&key.net).is_ok() {
-                return Err(Error::Invalid(format!(
-                    "{}: {} is the prefix of the rule {key}: a prefix has a rule or is an entry of a set, not both \
-                     (remove one); nothing imported",
-                    locate(key.net),
-                    key.net
-                )));
-            }
-        }
-        Ok(())
+        let rules = self.rs.rules().keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
+        sets::check_conflicts(entries, action, rules, self.rs.protect(), locate)
     }
 
     /// The tries' room: what they hold after the change, per family.
@@ -704,8 +637,14 @@ impl Daemon {
 
     /// Refuses rules at a prefix a set holds (`rule set`, reload).
     pub(super) fn refuse_set_prefixes(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
+        self.refuse_set_prefixes_but(want, &[])
+    }
+
+    /// [`Daemon::refuse_set_prefixes`] but for the sets named in `skip`
+    /// (a reload's changed config sets, checked against their new lists).
+    pub(super) fn refuse_set_prefixes_but(&self, want: &BTreeMap<RuleKey, RuleSpec>, skip: &[String]) -> Result<()> {
         for key in want.keys().filter(|k| !k.ban) {
-            for (name, s) in &self.sets {
+            for (name, s) in self.sets.iter().filter(|(n, _)| !skip.contains(n)) {
                 if s.entries.binary_search(&key.net).is_ok() {
                     return Err(Error::Invalid(format!(
                         "{} is an entry of set '{name}': a prefix has a rule or is an entry of a set, not both \
@@ -720,12 +659,12 @@ impl Daemon {
 
     /// Refuses when a set holds an entry inside a protected prefix that it
     /// would not allow (the tries' longest match would give the entry).
-    pub(super) fn refuse_protected_entries(&self) -> Result<()> {
+    pub(super) fn refuse_protected_entries(&self, skip: &[String]) -> Result<()> {
         let protect = self.rs.protect();
         if protect.is_empty() {
             return Ok(());
         }
-        for (name, s) in &self.sets {
+        for (name, s) in self.sets.iter().filter(|(n, _)| !skip.contains(n)) {
             for net in s.entries.iter() {
                 protect.refuse_entry(net, s.spec4.action).map_err(|e| Error::Invalid(format!("set '{name}': {e}")))?;
             }
@@ -809,6 +748,262 @@ impl Daemon {
     }
 }
 
+/// A reload's change of the config's `[[set]]`s: each set that is added,
+/// changed or removed, read and checked, nothing written yet.
+#[derive(Default)]
+pub(super) struct ConfigSets {
+    /// (in force, wanted): `None` in force: added; `None` wanted: removed.
+    /// The wanted set's id and slot are given when it is applied.
+    changes: Vec<(Option<SetState>, Option<SetState>)>,
+}
+
+impl ConfigSets {
+    /// The names of the sets that change (their old lists are not checked
+    /// against the new rules: the new ones are).
+    pub fn names(&self) -> Vec<String> {
+        self.changes.iter().filter_map(|(o, n)| o.as_ref().or(n.as_ref())).map(|s| s.header.name.clone()).collect()
+    }
+
+    /// "; sets: added a; changed b; removed c", or nothing.
+    pub fn summary(&self) -> String {
+        let pick = |f: fn(&(Option<SetState>, Option<SetState>)) -> bool| {
+            self.changes
+                .iter()
+                .filter(|c| f(c))
+                .filter_map(|(o, n)| o.as_ref().or(n.as_ref()))
+                .map(|s| format!("{} ({} entries)", s.header.name, n_entries(s)))
+                .collect::<Vec<_>>()
+        };
+        let mut parts = Vec::new();
+        for (what, names) in [
+            ("added", pick(|c| c.0.is_none())),
+            ("changed", pick(|c| c.0.is_some() && c.1.is_some())),
+            ("removed", pick(|c| c.1.is_none())),
+        ] {
+            if !names.is_empty() {
+                parts.push(format!("{what} {}", names.join(", ")));
+            }
+        }
+        if parts.is_empty() { String::new() } else { format!("; config sets: {}", parts.join("; ")) }
+    }
+}
+
+fn n_entries(s: &SetState) -> usize {
+    s.entries.len()
+}
+
+/// One step of a reload's set change, for its undo: the set from `before`
+/// to `after`, and whether `after` took a new slot.
+struct Step {
+    before: Option<SetState>,
+    after: Option<SetState>,
+    new_slot: bool,
+    /// Written after the rules (an addition).
+    late: bool,
+}
+
+/// Sorted entries both sorted lists hold.
+fn common(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
+    sets::diff(a, b).keep
+}
+
+impl Daemon {
+    /// Reads and checks the config's `[[set]]`s for a reload, against the
+    /// rules and protected prefixes it will put in force: every list file
+    /// read and parsed, each set's rule against its entries, no entry a
+    /// rule's prefix or inside a protected prefix (named `FILE:LINE`). The
+    /// kernel is not touched.
+    pub(super) fn plan_config_sets(
+        &self,
+        declared: &[sets::SetConfig],
+        want: &BTreeMap<RuleKey, RuleSpec>,
+        protect: &crate::protect::Protect,
+    ) -> Result<ConfigSets> {
+        let mut plan = ConfigSets::default();
+        for sc in declared {
+            let l = sets::read_config_list(self.file.path(), sc)?;
+            let rule = sc.rule();
+            let (spec4, spec6) = sets::specs(&sc.name, &rule, &l.list.entries)?;
+            let file = l.path.display().to_string();
+            let keys = want.keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
+            sets::check_conflicts(&l.list.entries, spec4.action, keys, protect, |n| where_in(&file, &l.text, n))
+                .map_err(|e| {
+                    Error::Invalid(format!("set '{}': {}", sc.name, e.to_string().replace("; nothing imported", "")))
+                })?;
+            let old = self.sets.get(&sc.name);
+            if let Some(o) = old
+                && o.origin == Origin::Config
+                && o.header.rule == rule
+                && o.entries[..] == l.list.entries[..]
+            {
+                continue;
+            }
+            let header = Header { name: sc.name.clone(), rule, expires_ms: None };
+            let new = SetState {
+                header,
+                spec4,
+                spec6,
+                id: 0,
+                slot: 0,
+                entries: Arc::new(l.list.entries),
+                origin: Origin::Config,
+            };
+            plan.changes.push((old.cloned(), Some(new)));
+        }
+        for s in self.sets.values().filter(|s| s.origin == Origin::Config) {
+            if !declared.iter().any(|d| d.name == s.header.name) {
+                plan.changes.push((Some(s.clone()), None));
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Writes a reload: the sets' removals (entries that go, values that
+    /// change), then the rules (`want`), then the sets' additions; all or
+    /// nothing (a failure puts sets and rules back). In that order a prefix
+    /// that passes from a set to a rule, or back, is never deleted after
+    /// it was written.
+    pub(super) fn apply_with_config_sets(
+        &mut self,
+        plan: ConfigSets,
+        want: &BTreeMap<RuleKey, RuleSpec>,
+        before: &BTreeMap<RuleKey, RuleSpec>,
+    ) -> Result<()> {
+        let mut steps: Vec<Step> = Vec::new();
+        let mut finals: Vec<(Option<SetState>, SetState)> = Vec::new();
+        let r = (|| -> Result<()> {
+            // Removals first: what goes, and kept entries' new values.
+            for (old, new) in &plan.changes {
+                let Some(o) = old else { continue };
+                let mut same = true;
+                let mid = match new {
+                    Some(n) => {
+                        same = o.spec4 == n.spec4 && o.spec6 == n.spec6;
+                        let id = if same { o.id } else { self.rs.new_id() };
+                        let full = SetState { id, slot: o.slot, ..n.clone() };
+                        let mid = SetState { entries: Arc::new(common(&o.entries, &n.entries)), ..full.clone() };
+                        finals.push((Some(mid.clone()), full));
+                        Some(mid)
+                    }
+                    None => None,
+                };
+                steps.push(Step { before: Some(o.clone()), after: mid.clone(), new_slot: false, late: false });
+                if let Some(m) = &mid
+                    && !same
+                {
+                    prepare(&mut self.policer, &m.spec4, o.slot)?;
+                }
+                let fds = self.policer.trie_writer()?;
+                self.transition(fds, Some(o), mid.as_ref())?;
+                match mid {
+                    Some(m) => self.sets.insert(m.header.name.clone(), m),
+                    None => self.sets.remove(&o.header.name),
+                };
+            }
+            self.apply(want)?;
+            for (old, new) in &plan.changes {
+                if old.is_none()
+                    && let Some(n) = new
+                {
+                    let slot = self.rs.take_slot()?;
+                    let full = SetState { id: self.rs.new_id(), slot, ..n.clone() };
+                    steps.push(Step { before: None, after: Some(full.clone()), new_slot: true, late: true });
+                    self.policer.reset_rule_counters(slot)?;
+                    prepare(&mut self.policer, &full.spec4, slot)?;
+                    finals.push((None, full));
+                }
+            }
+            if finals.iter().any(|(_, f)| !f.entries.is_empty()) {
+                self.fast_path_off()?;
+            }
+            // The additions.
+            let fds = self.policer.trie_writer()?;
+            for (mid, full) in &finals {
+                if mid.is_some() {
+                    steps.push(Step { before: mid.clone(), after: Some(full.clone()), new_slot: false, late: true });
+                }
+                self.transition(fds, mid.as_ref(), Some(full))?;
+                self.sets.insert(full.header.name.clone(), full.clone());
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            return Err(self.undo_config_sets(steps, before, e));
+        }
+        // Removed sets' slots are free now; a replaced saved set's state
+        // file would bring it back at a restart.
+        for (old, new) in &plan.changes {
+            if let Some(o) = old {
+                if new.is_none() {
+                    self.rs.free_slot(o.slot);
+                }
+                if o.origin == Origin::Saved
+                    && let Err(e) = sets::remove(&self.sets_dir, &o.header.name)
+                {
+                    eprintln!("policer: set '{}' replaced, but not its state file: {e}", o.header.name);
+                }
+            }
+        }
+        self.changed = true;
+        self.sync_fast_path()
+    }
+
+    /// Puts a failed reload's sets and rules back, last step first (the
+    /// rules between the removals and the additions, as they were written).
+    fn undo_config_sets(&mut self, steps: Vec<Step>, before: &BTreeMap<RuleKey, RuleSpec>, e: Error) -> Error {
+        let mut failed = Vec::new();
+        let mut rules_back = false;
+        for st in steps.into_iter().rev() {
+            // The removals came before the rules: the rules go back first.
+            if !st.late && !rules_back {
+                rules_back = true;
+                if let Err(u) = self.apply(before) {
+                    failed.push(u.to_string());
+                }
+            }
+            let r = (|| -> Result<()> {
+                let fds = self.policer.trie_writer()?;
+                self.transition(fds, st.after.as_ref(), st.before.as_ref())?;
+                if let Some(b) = &st.before
+                    && st.after.as_ref().is_some_and(|a| a.spec4 != b.spec4)
+                {
+                    prepare(&mut self.policer, &b.spec4, b.slot)?;
+                }
+                Ok(())
+            })();
+            if let Err(u) = r {
+                failed.push(u.to_string());
+            }
+            let name = st.after.as_ref().or(st.before.as_ref()).map(|s| s.header.name.clone()).unwrap_or_default();
+            match st.before {
+                Some(b) => {
+                    self.sets.insert(name, b);
+                }
+                None => {
+                    self.sets.remove(&name);
+                }
+            }
+            if st.new_slot
+                && let Some(a) = &st.after
+            {
+                self.rs.free_slot(a.slot);
+            }
+        }
+        if !rules_back && let Err(u) = self.apply(before) {
+            failed.push(u.to_string());
+        }
+        let _ = self.sync_fast_path();
+        if failed.is_empty() {
+            Error::Invalid(format!("{e}; nothing changed"))
+        } else {
+            Error::Invalid(format!(
+                "{e}; and putting the rules and sets back failed too: {} (see `policer rule ls`)",
+                failed.join("; ")
+            ))
+        }
+    }
+}
+
 /// "no set NAME", naming the sets there are (`rule ls --set` answers it
 /// from the snapshot, off the owner).
 pub(super) fn unknown_set<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Error {
@@ -868,6 +1063,12 @@ pub(super) struct Loaded {
     /// What an adopted program's tries hold at each set's entries, per set:
     /// what a failed start puts back.
     old: Vec<BTreeMap<IpNet, Rule>>,
+    /// The sets declared in the config (`[[set]]`), by name: their list
+    /// files.
+    config: BTreeMap<String, std::path::PathBuf>,
+    /// Saved sets a config set of the same name replaces: their state
+    /// files go once the start commits.
+    pub replaced: Vec<String>,
 }
 
 /// What a start records before it changes an adopted program's maps for
@@ -894,7 +1095,31 @@ impl Loaded {
     /// Reads the state directory; a set file that does not read is an
     /// error (the start fails rather than policing without a feed).
     pub fn read(dir: &std::path::Path) -> Result<Loaded> {
-        Ok(Loaded { sets: sets::read_all(dir)?, kernel: Vec::new(), old: Vec::new() })
+        Ok(Loaded {
+            sets: sets::read_all(dir)?,
+            kernel: Vec::new(),
+            old: Vec::new(),
+            config: BTreeMap::new(),
+            replaced: Vec::new(),
+        })
+    }
+
+    /// Adds the config's `[[set]]`s (`config`: the config file's path),
+    /// each read from its list file now; a saved set of the same name is
+    /// replaced. A file that does not read or parse fails the start.
+    pub fn add_config(&mut self, config: &std::path::Path, declared: &[sets::SetConfig]) -> Result<()> {
+        for sc in declared {
+            let l = sets::read_config_list(config, sc)?;
+            if let Some(i) = self.sets.iter().position(|(h, _)| h.name == sc.name) {
+                self.sets.remove(i);
+                self.replaced.push(sc.name.clone());
+            }
+            let header = Header { name: sc.name.clone(), rule: sc.rule(), expires_ms: None };
+            self.sets.push((header, l.list));
+            self.config.insert(sc.name.clone(), l.path);
+        }
+        self.sets.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        Ok(())
     }
 
     /// Leaves the sets' entries out of what the kernel holds, so the
@@ -932,6 +1157,7 @@ impl Daemon {
     pub(super) fn install_sets(&mut self, loaded: Loaded, undo: &mut impl SetUndo) -> Result<Vec<String>> {
         let mut expired = Vec::new();
         let now = crate::duration::unix_ms();
+        let config = loaded.config;
         let kernel = loaded.kernel.into_iter().chain(std::iter::repeat(None));
         let old = loaded.old.into_iter().chain(std::iter::repeat_with(BTreeMap::new));
         // The expired first: what they remove, a live set holding the same
@@ -960,7 +1186,8 @@ impl Daemon {
                 continue;
             }
             let (spec4, spec6) = self.set_specs(&h.name, &h.rule, &l.entries)?;
-            let file = sets::sets_dir_file(&self.sets_dir, &h.name);
+            let from_config = config.get(&h.name);
+            let file = from_config.cloned().unwrap_or_else(|| sets::sets_dir_file(&self.sets_dir, &h.name));
             self.check_set_conflicts(&l.entries, spec4.action, |n| {
                 let text = std::fs::read(&file).unwrap_or_default();
                 where_in(&file.display().to_string(), &text, n)
@@ -974,8 +1201,8 @@ impl Daemon {
                 }
             };
             let id = self.rs.new_id();
-            let mut s =
-                SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries), origin: Origin::Saved };
+            let origin = if from_config.is_some() { Origin::Config } else { Origin::Saved };
+            let mut s = SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries), origin };
             // The same rule as the kernel's keeps its id (its buckets go on).
             if let Some(r) = k {
                 let v4 = s.spec4.kernel(r.rule_id)?.with_counter_slot(slot);
@@ -1074,6 +1301,7 @@ pub fn read_import(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sets::family_spec;
 
     fn nets(v: &[&str]) -> Vec<IpNet> {
         let mut v: Vec<IpNet> = v.iter().map(|s| s.parse().unwrap()).collect();

@@ -220,6 +220,7 @@ impl Daemon {
             sets_dir,
         };
         let mut undo = Undo::new(new_prog, maps)?;
+        let replaced = sets.replaced.clone();
         let mut rules = Some((plan, sets));
         let mut expired = Vec::new();
         // Fresh maps, which no running program reads: the rules first.
@@ -235,6 +236,13 @@ impl Daemon {
         undo.commit()?;
         d.finished = false;
         d.remove_expired(&expired, out);
+        // A config set replaced the saved set of its name: its state file
+        // would bring it back at a restart without the [[set]] table.
+        for n in &replaced {
+            if let Err(e) = crate::sets::remove(&d.sets_dir, n) {
+                let _ = writeln!(out, "policer: warning: the saved set '{n}' is replaced, but not its state file: {e}");
+            }
+        }
         d.rs.set_file_rules(s.specs);
         if !migrated.is_empty() {
             let legacy = crate::sets::legacy_dir(&args.config);
@@ -260,11 +268,15 @@ impl Daemon {
         }
         let _ = writeln!(
             out,
-            "policer: policing on {} with {} rules from {}{}; {}",
+            "policer: policing on {} with {} rules from {}{}{}; {}",
             s.ifaces.names.join(", "),
             d.rs.rules().len(),
             args.config.display(),
             d.beyond_defaults(),
+            replaced
+                .iter()
+                .map(|n| format!("; the config's set '{n}' replaces the saved set of that name"))
+                .collect::<String>(),
             if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
         );
         Ok(d)
@@ -376,7 +388,12 @@ impl Daemon {
             parts.push(format!("{bans} ban{}", if bans == 1 { "" } else { "s" }));
         }
         if !self.sets.is_empty() {
-            parts.push(format!("sets {}", self.sets.keys().cloned().collect::<Vec<_>>().join(", ")));
+            let names: Vec<String> = self
+                .sets
+                .iter()
+                .map(|(n, s)| if s.origin == super::sets::Origin::Config { format!("{n} (config)") } else { n.clone() })
+                .collect();
+            parts.push(format!("sets {}", names.join(", ")));
         }
         let protect = self.rs.protect().nets();
         if !protect.is_empty() {
@@ -620,6 +637,9 @@ fn plan_rules(
         crate::sets::Migrated::Nothing => Vec::new(),
     };
     let mut loaded = super::sets::Loaded::read(&sets_dir)?;
+    // The config's [[set]]s, from their files now (a saved set of the same
+    // name gives way).
+    loaded.add_config(&args.config, &s.file.config().sets)?;
     loaded.strip(&mut have);
     let mut slots = Slots::new(policer.max_rules()?);
     // What an adopted program holds of the wanted class-less rules, with

@@ -185,6 +185,7 @@ impl Views {
                 expires: s.expires.map(crate::duration::rfc3339),
                 set: None,
                 entries: None,
+                origin: None,
             }
         };
         let mut out: Vec<RuleView> = snap.rules.values().map(|r| view(&r.spec, r.persisted, true)).collect();
@@ -222,6 +223,7 @@ impl Views {
                         name: r.view.set.clone().unwrap_or_else(|| r.view.prefix.clone()),
                         action: r.view.action.clone(),
                         entries: r.entries.len() as u64,
+                        origin: r.view.origin.clone(),
                     })
                     .collect(),
             ),
