@@ -1004,3 +1004,14 @@ fn check_reads_set_files() {
     // are not read.
     assert!(super::Config::check(&text, None).is_ok());
 }
+
+/// Lines by binary search: the same answers as counting newlines.
+#[test]
+fn lines_are_found_as_counted() {
+    let text = "a\nbb\n\nccc\u{e9}\nd";
+    let lines = super::read::Lines::of(text);
+    for at in 0..=text.len() + 2 {
+        let counted = text.as_bytes()[..at.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1;
+        assert_eq!(lines.at(at), counted, "byte {at}");
+    }
+}
