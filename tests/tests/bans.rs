@@ -330,18 +330,24 @@ fn a_protected_prefix_passes_under_a_forced_ban_of_everyone() {
         &cli(&sb, &["rule", "import", &list, "--action", "deny", "--set", "feed"]),
         &format!("{list}:2: 198.18.7.32/27 is inside the protected prefix 198.18.7.0/24"),
     );
+    // An allow set's entry inside the protected prefix stays (and passes)
+    // under the bans below.
+    std::fs::write(&list, "198.18.7.32/27\n").unwrap();
     succeeds(&cli(&sb, &["rule", "import", &list, "--action", "allow", "--set", "ok", "--runtime"]));
-    succeeds(&cli(&sb, &["rule", "rm", "--set", "ok"]));
     let _ = std::fs::remove_file(&list);
     // Everyone banned and denied, on purpose: the protected source passes.
     succeeds(&cli(&sb, &["ban", "0.0.0.0/0", "--for", "10m", "--force"]));
     succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--action", "deny", "--force"]));
-    let flows =
-        [Flow { src: ip("198.18.7.7"), pps: 200.0, len: 64 }, Flow { src: ip("198.18.3.3"), pps: 200.0, len: 64 }];
+    let flows = [
+        Flow { src: ip("198.18.7.7"), pps: 200.0, len: 64 },
+        Flow { src: ip("198.18.3.3"), pps: 200.0, len: 64 },
+        Flow { src: ip("198.18.7.40"), pps: 200.0, len: 64 },
+    ];
     let (sent, got) = traffic::run(&sb, &flows, Duration::from_millis(500));
-    assert!(sent.sent[0] > 0 && sent.sent[1] > 0, "{:?}", sent.sent);
+    assert!(sent.sent.iter().all(|n| *n > 0), "{:?}", sent.sent);
     assert_eq!(got.per_flow[0], sent.sent[0], "the protected source lost frames");
     assert_eq!(got.per_flow[1], 0, "the ban of everyone let an unprotected source through");
+    assert_eq!(got.per_flow[2], sent.sent[2], "a protected source in an allow set lost frames");
     // Without the protection (the file's list emptied and reloaded), the
     // ban in force drops it too: the protection is what passed it.
     let now = std::fs::read_to_string(&sb.config).unwrap();
@@ -351,6 +357,7 @@ fn a_protected_prefix_passes_under_a_forced_ban_of_everyone() {
     succeeds(&cli(&sb, &["reload"]));
     let (sent, got) = traffic::run(&sb, &flows, Duration::from_millis(500));
     assert_eq!((got.per_flow[0], sent.sent[0] > 0), (0, true), "unprotected, the ban of everyone passed it");
+    assert_eq!((got.per_flow[2], sent.sent[2] > 0), (0, true), "unprotected, the ban passed an allow set's entry");
 }
 
 /// Send times (ns since the run's start) of the frames of flow `i` that

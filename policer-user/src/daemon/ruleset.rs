@@ -92,6 +92,9 @@ pub(super) struct RuleSet {
     last_flip: Option<Instant>,
     /// Prefixes no rule may drop (`protect` in [daemon]).
     protect: Protect,
+    /// The protected prefixes the set entries under manual bans were last
+    /// written for (a reload that changes `protect` rewrites them).
+    entries_protect: Protect,
 }
 
 impl RuleSet {
@@ -108,6 +111,7 @@ impl RuleSet {
             fast: 0,
             last_flip: None,
             protect: Protect::default(),
+            entries_protect: Protect::default(),
         }
     }
 
@@ -133,6 +137,15 @@ impl RuleSet {
     /// Sets the protected prefixes of the next plans (a reload's new list).
     pub fn set_protect(&mut self, p: Protect) {
         self.protect = p;
+    }
+
+    /// The protected prefixes the set entries under bans were written for.
+    pub fn entries_protect(&self) -> &Protect {
+        &self.entries_protect
+    }
+
+    pub fn set_entries_protect(&mut self, p: Protect) {
+        self.entries_protect = p;
     }
 
     /// Takes `plan` as the state in force, once the kernel holds it.

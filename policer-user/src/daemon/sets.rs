@@ -15,6 +15,7 @@ use crate::{
     compile::Compiled,
     control::RuleView,
     error::{Error, Result},
+    protect::Protect,
     rules::{RuleConfig, RuleKey, RuleSpec},
     sets::{self, Header, List, MaxRemove},
     trie::{CHUNK, TrieWriter},
@@ -261,14 +262,16 @@ fn write_parallel(fds: TrieWriter, v6: bool, nets: &[IpNet], value: &Rule) -> Re
 /// The entries of sorted `list` under a manual ban, each with the value of
 /// the longest ban over it: a ban drops all of a prefix's traffic, set
 /// entries under it included (as `compile::compile` does for rules).
-fn banned(list: &[IpNet], bans: &[(IpNet, Rule)]) -> Vec<(IpNet, Rule)> {
+fn banned(list: &[IpNet], bans: &[(IpNet, Rule)], protect: &Protect) -> Vec<(IpNet, Rule)> {
     let mut out: BTreeMap<IpNet, (u8, Rule)> = BTreeMap::new();
     for (p, value) in bans {
         let (v4, v6) = split(list);
         let fam = if p.addr().is_ipv4() { v4 } else { v6 };
         let lo = fam.partition_point(|e| e.network() < p.network());
         let hi = fam.partition_point(|e| e.network() <= p.broadcast());
-        for e in fam[lo..hi].iter().filter(|e| p.contains(*e)) {
+        // An entry inside a protected prefix (an allow set's) keeps its
+        // value under any ban: the tries' longest match gives it.
+        for e in fam[lo..hi].iter().filter(|e| p.contains(*e) && protect.holding(e).is_none()) {
             let longer = out.get(e).is_none_or(|(len, _)| *len < p.prefix_len());
             if longer {
                 out.insert(*e, (p.prefix_len(), *value));
@@ -528,7 +531,7 @@ impl Daemon {
         if !bans.is_empty() {
             let mut touched: Vec<IpNet> = w.bulk.iter().copied().chain(w.pairs.iter().map(|p| p.0)).collect();
             touched.sort_unstable();
-            write_pairs(fds, &banned(&touched, &bans))?;
+            write_pairs(fds, &banned(&touched, &bans, self.rs.protect()))?;
         }
         delete(fds, &self.not_rules(&w.delete))?;
         Ok(w.shadowed)
@@ -695,7 +698,9 @@ impl Daemon {
     /// set's). Cheap when the bans did not change (the usual case).
     pub(super) fn follow_bans(&mut self, before: &[(IpNet, Rule)]) -> Result<()> {
         let after = self.ban_values();
-        if after == before || self.sets.is_empty() {
+        let protect = self.rs.protect().clone();
+        if self.sets.is_empty() || (after == before && *self.rs.entries_protect() == protect) {
+            self.rs.set_entries_protect(protect);
             return Ok(());
         }
         let fds = self.policer.trie_writer()?;
@@ -704,7 +709,7 @@ impl Daemon {
         // then what is under the new ones the ban's.
         let mut pairs: BTreeMap<IpNet, Rule> = BTreeMap::new();
         for s in &all {
-            for (n, _) in banned(&s.entries, before) {
+            for (n, _) in banned(&s.entries, before, &Protect::default()) {
                 if let std::collections::btree_map::Entry::Vacant(v) = pairs.entry(n) {
                     let w = all.iter().filter(|o| o.entries.binary_search(&n).is_ok()).max_by_key(|o| rank(o));
                     if let Some(w) = w {
@@ -714,9 +719,11 @@ impl Daemon {
             }
         }
         for s in &all {
-            pairs.extend(banned(&s.entries, &after));
+            pairs.extend(banned(&s.entries, &after, &protect));
         }
-        write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())
+        write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())?;
+        self.rs.set_entries_protect(protect);
+        Ok(())
     }
 
     /// `nets` but those the rules hold too (a manual ban at an entry's
@@ -1332,7 +1339,7 @@ mod tests {
             ("2001:db8::/64".parse().unwrap(), rule(3)),
         ];
         let got: Vec<(String, u32)> =
-            banned(&list, &bans).into_iter().map(|(n, r)| (n.to_string(), r.rule_id)).collect();
+            banned(&list, &bans, &Protect::default()).into_iter().map(|(n, r)| (n.to_string(), r.rule_id)).collect();
         assert_eq!(
             got,
             vec![
@@ -1342,7 +1349,7 @@ mod tests {
                 ("2001:db8::1/128".to_string(), 3),
             ]
         );
-        assert!(banned(&list, &[]).is_empty());
+        assert!(banned(&list, &[], &Protect::default()).is_empty());
     }
 
     fn set(name: &str, action: &str, rate: Option<&str>, id: u32, list: &[&str]) -> SetState {

@@ -671,6 +671,7 @@ fn plan_rules(
     let plan = super::plan::plan(&held, &s.specs, &s.protect, free, slots.capacity(), &groups, next_id)?;
     let mut rs = RuleSet::new(slots, groups, have, next_id);
     rs.set_protect(s.protect.clone());
+    rs.set_entries_protect(s.protect.clone());
     Ok(Planned { rs, plan, sets: loaded, sets_dir, migrated })
 }
 
