@@ -34,11 +34,6 @@ pub(super) struct Read {
     pub problems: Vec<Problem>,
 }
 
-/// The 1-based line of byte `at` of `text`.
-pub(super) fn line_at(text: &str, at: usize) -> usize {
-    Lines::of(text).at(at)
-}
-
 /// Where each line of a text starts, so that a line is found by a binary
 /// search: the reader asks for a line per key, and a count of newlines
 /// each time made a 100 000-rule file quadratic (minutes).
