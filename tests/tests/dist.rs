@@ -546,7 +546,7 @@ fn image_runs_under_podman_with_three_capabilities() {
         // The CLI on the host, in the same network namespace, reaches the
         // daemon in the container through the shared /run/policer.
         let status = run(Command::new("ip").args(["netns", "exec", &ns]).arg(policer_bin()).arg("status"));
-        assert!(text(&status).contains("on pa"), "{}", text(&status));
+        assert!(text(&status).contains("interfaces: pa (native)"), "{}", text(&status));
         run(Command::new("podman").args(["stop", "-t", "10", &ctr]));
         let logs = run(Command::new("podman").args(["logs", &ctr]));
         assert!(text(&logs).contains("detached from pa"), "{}", text(&logs));
