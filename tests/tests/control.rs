@@ -485,7 +485,11 @@ fn status_says_what_runs() {
     assert_eq!(v["version"], version, "{v}");
     assert!(v["uptime_seconds"].as_f64().is_some_and(|u| u >= 1.0), "{v}");
     assert_eq!(v["interface_modes"], serde_json::json!([{ "name": sb.rx_if, "mode": "skb" }]), "{v}");
-    assert_eq!(v["sets"], serde_json::json!([{ "name": "feed", "action": "deny", "entries": 2 }]), "{v}");
+    assert_eq!(
+        v["sets"],
+        serde_json::json!([{ "name": "feed", "action": "deny", "entries": 2, "origin": "saved" }]),
+        "{v}"
+    );
     assert_eq!(v["bans"], serde_json::json!({ "manual": 1, "auto": 0 }), "{v}");
     assert_eq!(v["metrics"], "127.0.0.1:9477", "{v}");
     assert_eq!(v["config_status"]["read_only"], false, "{v}");
