@@ -12,11 +12,14 @@ pub enum Error {
     DuplicateInterface(String),
     #[error("permission denied: {0} needs root (CAP_BPF and CAP_NET_ADMIN); try `sudo policer ...`")]
     NotRoot(&'static str),
+    /// `what`: the program there, as [`crate::daemon::describe_program`]
+    /// names it.
     #[error(
-        "{iface}: another XDP program is already attached; policer will not replace it \
-         (inspect with `ip link show dev {iface}`, remove with `ip link set dev {iface} xdp off`)"
+        "{iface}: another XDP program is already attached: {what}. policer neither replaces nor removes a program \
+         it did not load, and an interface takes one XDP program (policer cannot join a libxdp dispatcher yet): \
+         police another interface, or have that program's owner move it (`bpftool prog show id ID` says more)"
     )]
-    AlreadyAttached { iface: String },
+    AlreadyAttached { iface: String, what: String },
     #[error("{iface}: the driver does not support {mode} XDP (try --mode skb)")]
     ModeUnsupported { iface: String, mode: &'static str },
     #[error("cannot load the XDP program: {0}")]

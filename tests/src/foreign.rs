@@ -10,6 +10,9 @@ use std::{
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 
+/// The program's name, as the kernel keeps it.
+pub const NAME: &str = "foreign";
+
 pub fn load_xdp_pass() -> io::Result<OwnedFd> {
     // mov64 r0, 2 (XDP_PASS); exit
     let insns: [u64; 2] =

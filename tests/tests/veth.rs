@@ -162,12 +162,21 @@ fn foreign_xdp_program_is_left_alone() {
     .join()
     .unwrap();
     let id = sb.rx_xdp().expect("foreign program attached");
+    // Named: its name, id and mode; never a hint to remove it.
     for mode in ["auto", "native", "skb"] {
         let out = cli(&sb, &["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1kpps", "--mode", mode]);
-        fails_with(&out, "another XDP program is already attached");
+        fails_with(
+            &out,
+            &format!("another XDP program is already attached: '{}' (id {id}, native mode)", foreign::NAME),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("xdp off"), "a hint to remove somebody else's program: {err}");
         assert_eq!(sb.rx_xdp().as_deref(), Some(id.as_str()), "the foreign program was replaced");
     }
-    fails_with(&cli(&sb, &["detach", &sb.rx_if]), "not policer's");
+    fails_with(
+        &cli(&sb, &["detach", &sb.rx_if]),
+        &format!("'{}' (id {id}, native mode), is not policer's", foreign::NAME),
+    );
     assert_eq!(sb.rx_xdp().as_deref(), Some(id.as_str()), "the foreign program was removed");
 }
 

@@ -104,7 +104,27 @@ pub(super) fn inspect(iface: &str, index: u32) -> Result<Existing> {
     match find(st.prog_id) {
         Some(f) if f.layout == Layout::Same => Ok(Existing::Ours { prog_id: st.prog_id, mode_flags: st.mode_flags }),
         Some(f) => Ok(Existing::OtherLayout { prog_id: st.prog_id, mode_flags: st.mode_flags, layout: f.layout }),
-        None => Err(Error::AlreadyAttached { iface: iface.into() }),
+        None => Err(Error::AlreadyAttached { iface: iface.into(), what: describe_program(st.prog_id, st.mode_flags) }),
+    }
+}
+
+/// A program on an interface, for an operator: `'xdp_dispatcher' (id 42,
+/// native mode; a libxdp dispatcher)`. From what the kernel says of it;
+/// a program gone meanwhile is named by its id.
+pub fn describe_program(prog_id: u32, mode_flags: u32) -> String {
+    let mode = match mode_flags {
+        0 => String::new(),
+        m => format!(", {} mode", Mode::flag_name(m)),
+    };
+    let info = loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == prog_id);
+    let name = info.as_ref().and_then(|i| i.name_as_str().map(str::to_string)).filter(|n| !n.is_empty());
+    let kind = match name.as_deref() {
+        Some(n) if n.starts_with("xdp_dispatcher") => "; a libxdp dispatcher (xdp-loader, xdp-filter)",
+        _ => "",
+    };
+    match name {
+        Some(n) => format!("'{}' (id {prog_id}{mode}{kind})", crate::text::escaped(&n)),
+        None => format!("program id {prog_id}{mode}"),
     }
 }
 
@@ -209,7 +229,11 @@ pub(super) fn attach_fresh(name: &str, index: u32, fd: RawFd, mode: Mode) -> Res
             Ok(()) => return Ok(m),
             Err(e) => match e.errno {
                 libc::EBUSY | libc::EEXIST => {
-                    return Err(Error::AlreadyAttached { iface: name.into() });
+                    let what = match netlink::query(index) {
+                        Ok(Some(st)) => describe_program(st.prog_id, st.mode_flags),
+                        _ => "one policer cannot name (it went as policer looked)".into(),
+                    };
+                    return Err(Error::AlreadyAttached { iface: name.into(), what });
                 }
                 libc::EPERM | libc::EACCES => return Err(Error::NotRoot("attaching XDP")),
                 libc::EOPNOTSUPP | libc::EINVAL => {
@@ -268,8 +292,12 @@ pub fn detach_orphan(name: &str) -> Result<String> {
     let Some(st) = st else {
         return Err(Error::Invalid(format!("no XDP program is attached to {name}")));
     };
-    let found = find(st.prog_id)
-        .ok_or_else(|| Error::Invalid(format!("the XDP program on {name} is not policer's; leaving it alone")))?;
+    let found = find(st.prog_id).ok_or_else(|| {
+        Error::Invalid(format!(
+            "the XDP program on {name}, {}, is not policer's; leaving it alone (its own tool removes it)",
+            describe_program(st.prog_id, st.mode_flags)
+        ))
+    })?;
     let fd: OwnedFd = found.prog_fd.as_fd().try_clone_to_owned()?;
     netlink::set(index, -1, st.mode_flags, Some(fd.as_raw_fd()))
         .map_err(|source| Error::Netlink { iface: name.into(), source })?;

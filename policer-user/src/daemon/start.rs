@@ -599,7 +599,10 @@ fn load(s: &Settings, survey: &Survey, out: &mut impl Write) -> Result<Loaded> {
             continue;
         };
         if !old_fds.contains_key(prog_id) {
-            let f = find(*prog_id).ok_or(Error::AlreadyAttached { iface: n.clone() })?;
+            let f = find(*prog_id).ok_or_else(|| Error::AlreadyAttached {
+                iface: n.clone(),
+                what: super::adopt::describe_program(*prog_id, 0),
+            })?;
             old_fds.insert(*prog_id, f.prog_fd);
         }
     }
