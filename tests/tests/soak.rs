@@ -35,7 +35,7 @@ fn soak_short() {
     assert_eq!(r.metrics_passed, Some(r.passed), "/metrics disagrees with stats --json");
     assert!(
         r.rss_ok(),
-        "daemon RSS grew {} bytes after the warm-up (median {} KiB -> {} KiB), limit {MAX_RSS_GROWTH_BYTES}",
+        "daemon RSS grew {} bytes after the warm-up (first third median {} KiB, last third least {} KiB), limit {MAX_RSS_GROWTH_BYTES}",
         r.rss_growth_bytes(),
         r.rss_warm_kib,
         r.rss_end_kib
