@@ -77,28 +77,8 @@ pub(super) fn read(text: &str) -> Read {
                 }
             }
             "rule" => {
-                let at = r.line(value.span());
-                let items: Vec<&Spanned<DeValue<'_>>> = match value.get_ref() {
-                    DeValue::Array(a) => a.iter().collect(),
-                    _ => {
-                        r.push(
-                            Some(at),
-                            format!(
-                                "rule: {} is not a list of rules; write each as [[rule]] with prefix = \"10.0.0.0/8\" \
-                                 and its keys below",
-                                shown(value.get_ref())
-                            ),
-                        );
-                        continue;
-                    }
-                };
-                let starts: Vec<usize> = items.iter().map(|i| r.table_line(i)).collect();
-                for (i, item) in items.into_iter().enumerate() {
-                    let origin = Origin { number: i + 1, line: Some(starts[i]) };
-                    // A rule with a syntax error in it was read in part:
-                    // what its checks would say of the rest is noise.
-                    let end = starts.get(i + 1).copied().unwrap_or(usize::MAX);
-                    let broken = syntax.iter().any(|l| (starts[i]..end).contains(l));
+                let example = "[[rule]] with prefix = \"10.0.0.0/8\" and its keys below";
+                for (origin, item, broken) in r.tables("rule", value, example, &syntax) {
                     if let Some(rule) = r.rule(origin, item)
                         && !broken
                     {
@@ -108,44 +88,23 @@ pub(super) fn read(text: &str) -> Read {
                 }
             }
             "set" => {
-                let at = r.line(value.span());
-                let items: Vec<&Spanned<DeValue<'_>>> = match value.get_ref() {
-                    DeValue::Array(a) => a.iter().collect(),
-                    _ => {
+                let example = "[[set]] with name = \"blocklist\" and file = \"blocklist.txt\" below";
+                for (origin, item, broken) in r.tables("set", value, example, &syntax) {
+                    let Some(set) = r.set(origin, item).filter(|_| !broken) else { continue };
+                    if let Some(first) = config.sets.iter().position(|s: &SetConfig| s.name == set.name) {
                         r.push(
-                            Some(at),
+                            origin.line,
                             format!(
-                                "set: {} is not a list of sets; write each as [[set]] with name = \"blocklist\" \
-                                 and file = \"blocklist.txt\" below",
-                                shown(value.get_ref())
+                                "set {} (name {}): the name of set {} too; a set is declared once",
+                                origin.number,
+                                set.name,
+                                set_origins.get(first).map_or(0, |o: &Origin| o.number)
                             ),
                         );
                         continue;
                     }
-                };
-                let starts: Vec<usize> = items.iter().map(|i| r.table_line(i)).collect();
-                for (i, item) in items.into_iter().enumerate() {
-                    let origin = Origin { number: i + 1, line: Some(starts[i]) };
-                    let end = starts.get(i + 1).copied().unwrap_or(usize::MAX);
-                    let broken = syntax.iter().any(|l| (starts[i]..end).contains(l));
-                    if let Some(set) = r.set(origin, item)
-                        && !broken
-                    {
-                        if let Some(first) = config.sets.iter().position(|s: &SetConfig| s.name == set.name) {
-                            r.push(
-                                origin.line,
-                                format!(
-                                    "set {} (name {}): the name of set {} too; a set is declared once",
-                                    origin.number,
-                                    set.name,
-                                    set_origins.get(first).map_or(0, |o: &Origin| o.number)
-                                ),
-                            );
-                            continue;
-                        }
-                        config.sets.push(set);
-                        set_origins.push(origin);
-                    }
+                    config.sets.push(set);
+                    set_origins.push(origin);
                 }
             }
             other => {
@@ -235,6 +194,35 @@ fn unsigned(v: &DeValue<'_>, max: u64) -> Option<u64> {
 impl Reader {
     fn line(&self, span: std::ops::Range<usize>) -> usize {
         self.lines.at(span.start)
+    }
+
+    /// The tables of an array of tables (`[[rule]]`, `[[set]]`), each with
+    /// where it starts and whether a syntax error lies in it (it was read
+    /// in part: checked, but not taken). Not an array: a problem, none.
+    fn tables<'v, 'd>(
+        &mut self,
+        what: &str,
+        value: &'v Spanned<DeValue<'d>>,
+        example: &str,
+        syntax: &[usize],
+    ) -> Vec<(Origin, &'v Spanned<DeValue<'d>>, bool)> {
+        let DeValue::Array(a) = value.get_ref() else {
+            let at = self.line(value.span());
+            self.push(
+                Some(at),
+                format!("{what}: {} is not a list of {what}s; write each as {example}", shown(value.get_ref())),
+            );
+            return Vec::new();
+        };
+        let starts: Vec<usize> = a.iter().map(|i| self.table_line(i)).collect();
+        a.iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let end = starts.get(i + 1).copied().unwrap_or(usize::MAX);
+                let broken = syntax.iter().any(|l| (starts[i]..end).contains(l));
+                (Origin { number: i + 1, line: Some(starts[i]) }, item, broken)
+            })
+            .collect()
     }
 
     /// The line a rule starts on: its `[[rule]]` header (or its inline
