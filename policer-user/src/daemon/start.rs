@@ -161,6 +161,7 @@ impl Daemon {
     /// On error nothing stays changed: not the interfaces, not the rules,
     /// limiters or counters, not the file (see the module's comment).
     pub fn start(args: &DaemonArgs) -> Result<Daemon> {
+        super::serve::raise_nofile();
         let s = settings(args)?;
         let claim = claim(&s)?;
         super::sets::remove_leftovers(&args.config, &crate::sets::sets_dir(&args.state_dir));

@@ -93,27 +93,34 @@ pub fn fit(limit: u64, open: u64, http: bool) -> (Caps, Option<String>) {
     (caps, Some(why))
 }
 
-/// The connection caps for this process: raises the soft RLIMIT_NOFILE to
-/// the hard one (systemd's default soft limit is 1 024, below 512 HTTP and
-/// 512 control connections and the daemon's own files), counts the fds
-/// open now (maps, programs, listeners, the config's watch), and lowers
-/// the caps when they would not fit, saying so on stdout.
-pub fn caps(http: bool) -> Caps {
+/// Raises the soft RLIMIT_NOFILE to the hard one (systemd's default soft
+/// limit is 1 024, below 512 HTTP and 512 control connections and the
+/// daemon's own files). Done first thing at start, so the limit is settled
+/// before the daemon says it is policing.
+pub fn raise_nofile() {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit with a valid out-pointer.
-    let limit = unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            // Unknown: assume the usual default soft limit.
-            1024
-        } else {
-            if lim.rlim_cur < lim.rlim_max {
-                let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                    lim.rlim_cur = lim.rlim_max;
-                }
-            }
-            lim.rlim_cur
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raised);
         }
+    }
+}
+
+/// The connection caps for this process: counts the fds open now (maps,
+/// programs, listeners, the config's watch) against RLIMIT_NOFILE (raised
+/// at start, [`raise_nofile`]), and lowers the caps when they would not
+/// fit, saying so on stdout.
+pub fn caps(http: bool) -> Caps {
+    raise_nofile();
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit with a valid out-pointer.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        // Unknown: assume the usual default soft limit.
+        1024
+    } else {
+        lim.rlim_cur
     };
     let open = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(RESERVED_FDS);
     let (caps, why) = fit(limit, open, http);
