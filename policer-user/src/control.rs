@@ -6,6 +6,7 @@
 //! client; the daemon's side is `daemon::serve::control`.
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader, Write},
     os::{linux::fs::MetadataExt, unix::net::UnixStream},
     path::{Path, PathBuf},
@@ -219,8 +220,18 @@ pub struct ImportCounts {
     pub shadowed: u64,
     /// Whether the set has a state file (false: `--runtime`).
     pub saved: bool,
+    /// Entries left out (a feed's set only): inside a protected prefix or
+    /// the prefix of a rule.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused_protected: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused_rule_prefix: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The control socket was full: `in_use` of `cap` connections.
@@ -431,6 +442,59 @@ pub struct StatsView {
     /// daemon older than this field.
     #[serde(default)]
     pub recent_changes: Vec<ChangeRecord>,
+    /// The decision feeds the daemon pulls (`[crowdsec]`): empty when none
+    /// is configured (or from a daemon older than this field).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub feeds: Vec<FeedStatus>,
+}
+
+/// A decision feed (CrowdSec's Local API) as the daemon last saw it:
+/// `stats --json`'s `feeds`, `status`, and `policer_crowdsec_*` on /metrics.
+/// Never holds the API key or the machine password.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FeedStatus {
+    /// `crowdsec`.
+    pub kind: String,
+    /// The Local API's base URL.
+    pub url: String,
+    /// The set its decisions are in (`policer rule ls --set NAME`).
+    pub set: String,
+    /// Whether the last pull succeeded (and its decisions were applied).
+    pub last_sync_success: bool,
+    /// When the last pull was tried, and when one last succeeded, Unix
+    /// seconds (0: never).
+    pub last_sync_timestamp_seconds: f64,
+    pub last_success_timestamp_seconds: f64,
+    /// Why the last pull failed (none after a success).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Decisions in force (each until its own end), by origin, and the
+    /// distinct prefixes they make (the set's entries before any refused).
+    pub decisions: u64,
+    pub decisions_by_origin: BTreeMap<String, u64>,
+    pub prefixes: u64,
+    /// Decisions received since the start, and those that ended by a
+    /// deletion from the feed or by their own duration.
+    pub received: u64,
+    pub deleted: u64,
+    pub expired: u64,
+    /// Decisions received but not applied, by reason (`type:captcha`,
+    /// `scope:country`, `invalid_value`, `too_wide`, `over`, `origin`,
+    /// `scenario`).
+    pub skipped: BTreeMap<String, u64>,
+    /// Prefixes in force but left out of the set now: inside a protected
+    /// prefix, or the prefix of a rule.
+    pub left_out_protected: u64,
+    pub left_out_rule_prefix: u64,
+    /// Failed pulls and pushes by kind (`connect`, `timeout`, `http_403`,
+    /// `parse`, `apply`, `login`, `publish`).
+    pub errors: BTreeMap<String, u64>,
+    /// Automatic bans posted to the Local API (`publish = true`), and
+    /// those waiting to be posted.
+    pub published: u64,
+    pub publish_pending: u64,
+    /// Whether this daemon publishes its automatic bans.
+    pub publish: bool,
 }
 
 /// One change in the audit trail (`stats --json`'s `recent_changes`).
@@ -749,6 +813,9 @@ pub struct StatusView {
     /// Where `/metrics` is served (none: not served).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// The decision feeds (`[crowdsec]`), as in `stats --json`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub feeds: Vec<FeedStatus>,
 }
 
 /// An interface and its XDP mode, in `status`.

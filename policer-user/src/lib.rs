@@ -7,6 +7,7 @@ pub mod cli;
 pub mod compile;
 pub mod config;
 pub mod control;
+pub mod crowdsec;
 pub mod daemon;
 pub mod duration;
 pub mod error;

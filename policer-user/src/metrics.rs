@@ -228,9 +228,78 @@ pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
         "When the config file was last reloaded or refused (or the daemon started), Unix time",
         at,
     );
+    if let Some(f) = s.feeds.iter().find(|f| f.kind == "crowdsec") {
+        feed_metrics(&mut reg, f);
+    }
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Label {
+    origin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: String,
+}
+
+/// `policer_crowdsec_*`: the feed from CrowdSec's Local API.
+fn feed_metrics(reg: &mut Registry, f: &crate::control::FeedStatus) {
+    let gauge = |v: u64| {
+        let g: Gauge = Gauge::default();
+        g.set(v as i64);
+        g
+    };
+    let counter = |v: u64| {
+        let c: Counter = Counter::default();
+        c.inc_by(v);
+        c
+    };
+    let cs = reg.sub_registry_with_prefix("crowdsec");
+    cs.register(
+        "last_sync_success",
+        "Whether the last pull of the Local API's decisions succeeded (1) or failed (0)",
+        gauge(f.last_sync_success as u64),
+    );
+    let at: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+    at.set(f.last_sync_timestamp_seconds);
+    cs.register("last_sync_timestamp_seconds", "When the last pull was tried, Unix time", at);
+    let ok: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+    ok.set(f.last_success_timestamp_seconds);
+    cs.register("last_success_timestamp_seconds", "When a pull last succeeded, Unix time (0: never)", ok);
+    let by = Family::<Label, Gauge>::default();
+    for (o, n) in &f.decisions_by_origin {
+        by.get_or_create(&Label { origin: o.clone() }).set(*n as i64);
+    }
+    cs.register("decisions", "Decisions in force, by origin", by);
+    cs.register("prefixes", "Distinct prefixes the decisions in force make", gauge(f.prefixes));
+    cs.register("decisions_received", "Decisions received from the Local API", counter(f.received));
+    cs.register("decisions_deleted", "Decisions the Local API deleted", counter(f.deleted));
+    cs.register("decisions_expired", "Decisions that ended at their own end", counter(f.expired));
+    let skipped = Family::<Reason, Counter>::default();
+    for (r, n) in &f.skipped {
+        skipped.get_or_create(&Reason { reason: r.clone() }).inc_by(*n);
+    }
+    cs.register("decisions_skipped", "Decisions received and not applied, by reason", skipped);
+    let left = Family::<Reason, Gauge>::default();
+    left.get_or_create(&Reason { reason: "protected".into() }).set(f.left_out_protected as i64);
+    left.get_or_create(&Reason { reason: "rule_prefix".into() }).set(f.left_out_rule_prefix as i64);
+    cs.register("left_out", "Prefixes in force left out of the set now (protected, or a rule's prefix)", left);
+    let errors = Family::<Kind, Counter>::default();
+    for (k, n) in &f.errors {
+        errors.get_or_create(&Kind { kind: k.clone() }).inc_by(*n);
+    }
+    cs.register("errors", "Failed requests to the Local API and failed applies, by kind", errors);
+    cs.register("published_bans", "Automatic bans posted to the Local API (publish = true)", counter(f.published));
+    cs.register("publish_pending", "Automatic bans waiting to be posted", gauge(f.publish_pending));
 }
 
 /// The content type of what [`render`] returns: OpenMetrics text, as

@@ -77,6 +77,31 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(b) = s.bans {
         println!("bans: {} manual, {} automatic (`policer ban ls` lists them)", b.manual, b.auto);
     }
+    for f in &s.feeds {
+        let when = |t: f64| {
+            if t <= 0.0 { "never".to_string() } else { crate::duration::rfc3339((t * 1000.0) as u64) }
+        };
+        let state = if f.last_sync_success {
+            format!("last pull ok at {}", when(f.last_sync_timestamp_seconds))
+        } else {
+            format!(
+                "last pull FAILED at {} ({}); last success {}",
+                when(f.last_sync_timestamp_seconds),
+                f.last_error.as_deref().unwrap_or("no reason recorded"),
+                when(f.last_success_timestamp_seconds)
+            )
+        };
+        let skipped: u64 = f.skipped.values().sum();
+        println!(
+            "feed: {} {} into set '{}': {} decisions in force ({} prefixes), {skipped} not applied; {state}{}",
+            f.kind,
+            f.url,
+            f.set,
+            f.decisions,
+            f.prefixes,
+            if f.publish { format!("; publishes automatic bans ({} posted)", f.published) } else { String::new() }
+        );
+    }
     if s.version.is_some() {
         match &s.metrics {
             Some(m) => println!("metrics: http://{m}/metrics"),

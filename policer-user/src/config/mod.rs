@@ -98,6 +98,10 @@ pub struct Config {
     /// loaded at start and at every reload.
     #[serde(default, rename = "set", skip_serializing_if = "Vec::is_empty")]
     pub sets: Vec<SetConfig>,
+    /// `[crowdsec]`: decisions pulled from CrowdSec's Local API into a set
+    /// (and automatic bans published to it); read at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crowdsec: Option<crate::crowdsec::CrowdsecConfig>,
 }
 
 pub(crate) const HEADER: &str = "\
@@ -144,6 +148,26 @@ impl Config {
         // a file, the keys are what the operator wrote.
         problems.extend(semantic.into_iter().map(|p| Problem { message: as_keys(&p.message), ..p }));
         problems.extend(read.config.set_problems(&read.set_origins, &rules, sets_from));
+        // The feed's values (and, given the file's path, its secrets' files).
+        if let Some(c) = &read.config.crowdsec {
+            let base = sets_from.and_then(Path::parent).unwrap_or(Path::new("/nonexistent"));
+            let checked = match sets_from {
+                Some(_) => c.settings(base).map(|_| ()),
+                // Without the file's place, a secret's file cannot be read.
+                None => crate::crowdsec::CrowdsecConfig {
+                    api_key_file: None,
+                    password_file: None,
+                    api_key: Some("x".into()),
+                    password: c.publish.then(|| "x".into()),
+                    ..c.clone()
+                }
+                .settings(base)
+                .map(|_| ()),
+            };
+            if let Err(e) = checked {
+                problems.push(Problem { line: read.crowdsec_line, message: e.to_string() });
+            }
+        }
         // In the order of the file; the file-wide ones last.
         problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
         (read.config, rules, problems)
@@ -370,6 +394,7 @@ action = "deny"
             daemon: cfg.daemon.clone(),
             rules: rules.values().map(RuleSpec::config).collect(),
             sets: cfg.sets.clone(),
+            crowdsec: cfg.crowdsec.clone(),
         };
         toml::to_string_pretty(&c).expect("config serializes")
     }

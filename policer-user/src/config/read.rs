@@ -31,6 +31,8 @@ pub(super) struct Read {
     pub origins: Vec<Origin>,
     /// Where `config.sets[i]` came from.
     pub set_origins: Vec<Origin>,
+    /// The line of `[crowdsec]`.
+    pub crowdsec_line: Option<usize>,
     pub problems: Vec<Problem>,
 }
 
@@ -69,6 +71,7 @@ pub(super) fn read(text: &str) -> Read {
     let mut config = Config::default();
     let mut origins = Vec::new();
     let mut set_origins = Vec::new();
+    let mut crowdsec_line = None;
     for (key, value) in root.get_ref().iter() {
         match &**key.get_ref() {
             "daemon" => {
@@ -107,19 +110,26 @@ pub(super) fn read(text: &str) -> Read {
                     set_origins.push(origin);
                 }
             }
+            "crowdsec" => {
+                if let Some(c) = r.crowdsec(value) {
+                    config.crowdsec = Some(c);
+                    crowdsec_line = Some(r.table_line(value));
+                }
+            }
             other => {
                 let at = r.line(key.span());
                 r.push(
                     Some(at),
                     format!(
-                        "unknown key `{}`: the file holds a [daemon] table, [[rule]] and [[set]] tables",
+                        "unknown key `{}`: the file holds a [daemon] table, [[rule]] and [[set]] tables and a \
+                         [crowdsec] table",
                         crate::text::escaped(other)
                     ),
                 );
             }
         }
     }
-    Read { config, origins, set_origins, problems: r.problems }
+    Read { config, origins, set_origins, crowdsec_line, problems: r.problems }
 }
 
 /// `shown` of a value as the operator wrote it, for messages: `"abc"`,
@@ -381,6 +391,121 @@ impl Reader {
             ok &= good;
         }
         ok.then_some(d)
+    }
+
+    /// `[crowdsec]`: each key of the kind it must be (the values' meaning
+    /// is checked by [`crate::crowdsec::CrowdsecConfig::settings`]).
+    fn crowdsec(&mut self, v: &Spanned<DeValue<'_>>) -> Option<crate::crowdsec::CrowdsecConfig> {
+        let t = self.table("crowdsec", v, "[crowdsec] on a line of its own, lapi_url and api_key_file below")?;
+        let mut c = crate::crowdsec::CrowdsecConfig::default();
+        let mut ok = true;
+        let mut url = false;
+        for (k, v) in t.iter() {
+            let key = &**k.get_ref();
+            let bad = |r: &mut Reader, is_not: &str, write: &str| {
+                let at = r.line(v.span());
+                r.push(Some(at), format!("crowdsec.{key}: {} is not {is_not}; write {write}", shown(v.get_ref())));
+                false
+            };
+            let text = match v.get_ref() {
+                DeValue::String(s) => Some(s.to_string()),
+                _ => None,
+            };
+            let list = match v.get_ref() {
+                DeValue::Array(a) if a.iter().all(|i| matches!(i.get_ref(), DeValue::String(_))) => Some(
+                    a.iter()
+                        .filter_map(|i| match i.get_ref() {
+                            DeValue::String(s) => Some(s.to_string()),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>(),
+                ),
+                _ => None,
+            };
+            let good = match key {
+                "lapi_url" | "api_key" | "api_key_file" | "update_frequency" | "action" | "set" | "machine_id"
+                | "password" | "password_file" => match text {
+                    Some(s) if key == "lapi_url" => {
+                        url = true;
+                        c.lapi_url = s;
+                        true
+                    }
+                    Some(s) => {
+                        *match key {
+                            "api_key" => &mut c.api_key,
+                            "api_key_file" => &mut c.api_key_file,
+                            "update_frequency" => &mut c.update_frequency,
+                            "action" => &mut c.action,
+                            "set" => &mut c.set,
+                            "machine_id" => &mut c.machine_id,
+                            "password" => &mut c.password,
+                            _ => &mut c.password_file,
+                        } = Some(s);
+                        true
+                    }
+                    // A secret's value is never quoted back.
+                    None if key == "api_key" || key == "password" => {
+                        let at = self.line(v.span());
+                        self.push(Some(at), format!("crowdsec.{key}: not a string; write {key} = \"...\""));
+                        false
+                    }
+                    None => bad(self, "a string", &format!("{key} = \"...\"")),
+                },
+                "origins" | "scopes" | "scenarios_containing" | "scenarios_not_containing" | "types" => match list {
+                    Some(l) => {
+                        *match key {
+                            "origins" => &mut c.origins,
+                            "scopes" => &mut c.scopes,
+                            "scenarios_containing" => &mut c.scenarios_containing,
+                            "scenarios_not_containing" => &mut c.scenarios_not_containing,
+                            _ => &mut c.types,
+                        } = l;
+                        true
+                    }
+                    None => bad(self, "a list of strings", &format!("{key} = [\"...\"]")),
+                },
+                "publish" => match v.get_ref() {
+                    DeValue::Boolean(b) => {
+                        c.publish = *b;
+                        true
+                    }
+                    _ => bad(self, "true or false", "publish = true"),
+                },
+                "min_prefix_len_v4" | "min_prefix_len_v6" => {
+                    let max = if key.ends_with("v4") { 32 } else { 128 };
+                    match unsigned(v.get_ref(), max) {
+                        Some(n) => {
+                            if key.ends_with("v4") {
+                                c.min_prefix_len_v4 = Some(n as u8);
+                            } else {
+                                c.min_prefix_len_v6 = Some(n as u8);
+                            }
+                            true
+                        }
+                        None => bad(self, &format!("a prefix length of at most {max}"), &format!("{key} = 8")),
+                    }
+                }
+                other => {
+                    let at = self.line(k.span());
+                    self.push(
+                        Some(at),
+                        format!(
+                            "crowdsec: unknown key `{}`; the keys are {}",
+                            crate::text::escaped(other),
+                            crate::crowdsec::KEYS
+                        ),
+                    );
+                    false
+                }
+            };
+            ok &= good;
+        }
+        if !url {
+            let at = self.line(v.span());
+            self.push(Some(at), "crowdsec: lapi_url is needed; write lapi_url = \"http://127.0.0.1:8080/\"".into());
+            ok = false;
+        }
+        ok.then_some(c)
     }
 
     /// One `[[rule]]`: the rule when every key has a valid value; each

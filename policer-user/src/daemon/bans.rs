@@ -346,6 +346,20 @@ impl Daemon {
                 true
             }
         });
+        if let Some(tx) = &self.publish {
+            for (k, b) in &started {
+                let Some(net) = key_net(k) else { continue };
+                let ban = super::crowdsec::AutoBan {
+                    net,
+                    secs: Duration::from_nanos(b.len_ns).as_secs().max(1),
+                    rule: self.rule_of_slot(b.rule_slot),
+                    count: b.count,
+                };
+                if tx.try_send(ban).is_err() {
+                    log::warn!("crowdsec: the queue of automatic bans to publish is full; one not published");
+                }
+            }
+        }
         for (i, (k, b)) in started.iter().enumerate() {
             if i == LOG_LINES_PER_SCAN {
                 self.audit.record(AUTO, &format!("... and {} more automatic bans started", started.len() - i));

@@ -21,6 +21,7 @@
 mod adopt;
 mod audit;
 mod bans;
+mod crowdsec;
 mod follow;
 mod owner;
 mod plan;
@@ -130,6 +131,10 @@ pub struct Daemon {
     audit: audit::Audit,
     /// Where `/metrics` is served (the listener itself goes to the server).
     metrics_addr: Option<std::net::SocketAddr>,
+    /// `[crowdsec]` as checked at start (its task starts with the server).
+    feed: Option<crate::crowdsec::Settings>,
+    /// Where automatic bans go to be published (`[crowdsec] publish`).
+    publish: Option<tokio::sync::mpsc::Sender<crowdsec::AutoBan>>,
 }
 
 impl Daemon {
@@ -249,12 +254,31 @@ async fn serve(
     let reader = d.policer.reader();
     let audit = d.audit.clone();
     let (snap_tx, snap_rx) = watch::channel(d.snapshot());
+    let feed = d.feed.take();
+    let publish_rx = match feed.as_ref().and_then(|f| f.publish.as_ref()) {
+        Some(_) => {
+            let (tx, rx) = tokio::sync::mpsc::channel(crowdsec::PUBLISH_QUEUE);
+            d.publish = Some(tx);
+            Some(rx)
+        }
+        None => None,
+    };
+    let feeds_dir = d.sets_dir.parent().map_or_else(|| PathBuf::from("feeds"), |p| p.join("feeds"));
     let (owner, handle) = match owner::spawn(d, snap_tx) {
         Ok(x) => x,
         Err(e) => return (Err(e), None),
     };
     let config = PathBuf::from(&snap_rx.borrow().config);
     let views = Arc::new(Views::new(reader, snap_rx, audit));
+    if let Some(settings) = feed {
+        crowdsec::spawn(crowdsec::Feed {
+            settings,
+            owner: owner.clone(),
+            views: views.clone(),
+            dir: feeds_dir,
+            publish: publish_rx,
+        });
+    }
     follow::start(owner.clone(), &config);
     let r = event_loop(owner.clone(), views, listener, metrics, interval).await;
     // Whatever ended the loop, the owner leaves as configured: ahead of

@@ -557,10 +557,13 @@ impl Daemon {
         if let Some(what) = &drastic {
             println!("policer: warning: the config reload from {path} did {what}: removed {}", diff.removed_list());
         }
-        let note = if snap.config.daemon.differs_at_start(&self.file.config().daemon) {
-            " ([daemon] settings apply at the next start)"
-        } else {
-            ""
+        let daemon_differs = snap.config.daemon.differs_at_start(&self.file.config().daemon);
+        let feed_differs = snap.config.crowdsec != self.file.config().crowdsec;
+        let note = match (daemon_differs, feed_differs) {
+            (true, true) => " ([daemon] settings and [crowdsec] apply at the next start)",
+            (true, false) => " ([daemon] settings apply at the next start)",
+            (false, true) => " ([crowdsec] applies at the next start)",
+            (false, false) => "",
         };
         // Only now that its rules are in force is the file what we run from.
         self.file.accept(snap);

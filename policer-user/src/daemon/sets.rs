@@ -224,6 +224,10 @@ pub struct Import {
     pub force: bool,
     /// `--runtime`: in force until the daemon stops, no state file.
     pub runtime: bool,
+    /// A feed's set (`[crowdsec]`): entries inside a protected prefix or
+    /// that are a rule's prefix are left out and counted, not a refusal of
+    /// the whole list (a feed cannot be told to fix one line).
+    pub feed: bool,
 }
 
 fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
@@ -341,6 +345,12 @@ impl Daemon {
         } else {
             union(old.map_or(&[][..], |s| &s.entries), &imp.list.entries)
         };
+        // A feed's list, less what it may not drop.
+        let (entries, refused) = if imp.feed {
+            self.feed_entries(entries, rule.action.unwrap_or(policer_common::bucket::Action::Police))
+        } else {
+            (entries, (0, 0))
+        };
         let old_entries = old.map_or(&[][..], |o| &o.entries[..]);
         let d = sets::diff(old_entries, &entries);
         // A feed cut short or a failed download must not open a blocklist.
@@ -455,6 +465,13 @@ impl Daemon {
             expires.as_ref().map(|e| format!("; expires {e}")).unwrap_or_default(),
             t0.elapsed().as_secs_f64()
         );
+        let msg = match refused {
+            (0, 0) => msg,
+            (p, r) => format!(
+                "{msg}; left out: {p} inside a protected prefix, {r} the prefix of a rule (`policer inspect ADDR` \
+                 says which)"
+            ),
+        };
         let counts = crate::control::ImportCounts {
             set: name.clone(),
             action: next.spec4.action.to_string(),
@@ -469,6 +486,8 @@ impl Daemon {
             shadowed: shadowed as u64,
             saved: next.origin == Origin::Saved,
             expires,
+            refused_protected: refused.0 as u64,
+            refused_rule_prefix: refused.1 as u64,
         };
         // A state file of this name now is the new set's, not an ended
         // one's still to remove.
@@ -556,6 +575,35 @@ impl Daemon {
     ) -> Result<()> {
         let rules = self.rs.rules().keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
         sets::check_conflicts(entries, action, rules, self.rs.protect(), locate)
+    }
+
+    /// A feed's `entries` without those it may not hold: inside a
+    /// protected prefix (unless it allows), or a rule's prefix. With how
+    /// many of each were left out.
+    fn feed_entries(
+        &self,
+        entries: Vec<IpNet>,
+        action: policer_common::bucket::Action,
+    ) -> (Vec<IpNet>, (usize, usize)) {
+        let protect = self.rs.protect();
+        let rules: std::collections::BTreeSet<IpNet> =
+            self.rs.rules().keys().filter(|k| !k.ban).map(|k| k.net).collect();
+        let (mut protected, mut rule) = (0, 0);
+        let kept = entries
+            .into_iter()
+            .filter(|n| {
+                if !protect.is_empty() && protect.refuse_entry(n, action).is_err() {
+                    protected += 1;
+                    false
+                } else if rules.contains(n) {
+                    rule += 1;
+                    false
+                } else {
+                    true
+                }
+            })
+            .collect();
+        (kept, (protected, rule))
     }
 
     /// The tries' room: what they hold after the change, per family.
@@ -1302,7 +1350,17 @@ pub fn read_import(
             text.len()
         )));
     }
-    Ok(Import { file, text, list, set, rule, max_remove: max_remove.unwrap_or_default(), force, runtime: false })
+    Ok(Import {
+        file,
+        text,
+        list,
+        set,
+        rule,
+        max_remove: max_remove.unwrap_or_default(),
+        force,
+        runtime: false,
+        feed: false,
+    })
 }
 
 #[cfg(test)]

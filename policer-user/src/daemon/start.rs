@@ -113,6 +113,8 @@ struct Settings {
     layout_version: Option<u32>,
     /// `protect` in [daemon].
     protect: crate::protect::Protect,
+    /// `[crowdsec]`, checked (and its key tried against the Local API).
+    crowdsec: Option<crate::crowdsec::Settings>,
 }
 
 /// The interfaces to police.
@@ -219,6 +221,8 @@ impl Daemon {
             metrics_addr,
             sets: BTreeMap::new(),
             sets_dir,
+            feed: s.crowdsec.clone(),
+            publish: None,
         };
         let mut undo = Undo::new(new_prog, maps)?;
         let replaced = sets.replaced.clone();
@@ -460,6 +464,17 @@ fn settings(args: &DaemonArgs) -> Result<Settings> {
     let sized_rules = args.max_rules.is_some() || cfg.daemon.max_rules.is_some();
     let changes_file = args.rate.is_some() || cfg.daemon.interfaces != given;
     let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
+    let crowdsec = match &cfg.crowdsec {
+        Some(c) => {
+            let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
+            let s = c.settings(base)?;
+            if let Some(warning) = super::crowdsec::check_at_start(&s)? {
+                println!("policer: {warning}");
+            }
+            Some(s)
+        }
+        None => None,
+    };
     Ok(Settings {
         file,
         changes_file,
@@ -472,6 +487,7 @@ fn settings(args: &DaemonArgs) -> Result<Settings> {
         metrics_addr,
         layout_version,
         protect,
+        crowdsec,
     })
 }
 

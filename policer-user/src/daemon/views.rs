@@ -111,6 +111,8 @@ pub struct Views {
     audit: super::audit::Audit,
     /// When the daemon began serving (`status`'s uptime).
     started: Instant,
+    /// The decision feeds' statuses (`[crowdsec]`).
+    feeds: Mutex<Vec<Arc<Mutex<crate::control::FeedStatus>>>>,
 }
 
 /// `/healthz`: whether the program is attached to every interface the
@@ -133,7 +135,14 @@ pub struct IfaceHealth {
 
 impl Views {
     pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>, audit: super::audit::Audit) -> Views {
-        Views { reader, snapshot, live_count: Mutex::new(None), audit, started: Instant::now() }
+        Views {
+            reader,
+            snapshot,
+            live_count: Mutex::new(None),
+            audit,
+            started: Instant::now(),
+            feeds: Mutex::new(Vec::new()),
+        }
     }
 
     /// The audit trail, to record a change in.
@@ -240,6 +249,22 @@ impl Views {
             persist: s.persist,
             program_id: s.program_id,
             config_status: Some(s.config_status.clone()),
+            feeds: self.feeds(),
+        }
+    }
+
+    /// The decision feeds as their tasks last reported.
+    pub fn feeds(&self) -> Vec<crate::control::FeedStatus> {
+        self.feeds
+            .lock()
+            .map(|f| f.iter().map(|f| f.lock().map(|s| s.clone()).unwrap_or_default()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Registers a feed's status (its task updates it in place).
+    pub fn add_feed(&self, status: Arc<Mutex<crate::control::FeedStatus>>) {
+        if let Ok(mut f) = self.feeds.lock() {
+            f.push(status);
         }
     }
 
@@ -299,6 +324,7 @@ impl Views {
             config: snap.config_status.clone(),
             bans,
             recent_changes: self.audit.recent(),
+            feeds: self.feeds(),
         })
     }
 

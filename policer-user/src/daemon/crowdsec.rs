@@ -1,0 +1,593 @@
+//! The CrowdSec bouncer and watcher (`[crowdsec]`): a task on the daemon's
+//! runtime that pulls the Local API's decision stream into a set through
+//! the owner (one atomic replacement per change, diff-written), ends each
+//! decision at its own end, keeps what is in force when the Local API is
+//! down, and with `publish = true` posts the daemon's automatic bans as
+//! alerts, so every bouncer of a fleet enforces them.
+//!
+//! What is in force is also written to `STATE_DIR/feeds/SET.json`, so a
+//! restart while the Local API is down starts with it (each decision still
+//! ends at its own end). The key and the password are never logged.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use ipnet::IpNet;
+use tokio::sync::mpsc;
+
+use super::{Command, Owner, Views};
+use crate::{
+    control::FeedStatus,
+    crowdsec::{Settings, Store, StreamReply, Url},
+    error::{Error, Result},
+    rules::RuleConfig,
+};
+
+/// One request's whole time (connect, send, the reply's last byte).
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// The start's check of the key waits this long at most.
+const START_CHECK: Duration = Duration::from_secs(5);
+/// A reply larger than this is refused (a million decisions are ~150 MB).
+const MAX_BODY: usize = 512 << 20;
+/// Failed pulls are tried again after `update_frequency`, twice as long
+/// after each failure, up to this.
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Automatic bans waiting to be posted at most; past it they are counted
+/// and dropped (the ban itself is in force here regardless).
+pub const PUBLISH_QUEUE: usize = 10_000;
+/// Alerts per POST.
+const PUBLISH_BATCH: usize = 500;
+/// Skipped decisions logged per pull at most (the rest are counted).
+const LOG_SKIPPED: usize = 5;
+
+/// An automatic ban for the fleet: its prefix, length and why.
+#[derive(Clone, Debug)]
+pub struct AutoBan {
+    pub net: IpNet,
+    pub secs: u64,
+    pub rule: String,
+    pub count: u32,
+}
+
+/// A failed request, by kind (the `errors` label).
+#[derive(Debug)]
+pub(crate) enum HttpError {
+    Connect(String),
+    Timeout,
+    Status(u16, String),
+    Body(String),
+}
+
+impl HttpError {
+    pub(crate) fn kind(&self) -> String {
+        match self {
+            HttpError::Connect(_) => "connect".into(),
+            HttpError::Timeout => "timeout".into(),
+            HttpError::Status(c, _) => format!("http_{c}"),
+            HttpError::Body(_) => "body".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HttpError::Connect(e) => write!(f, "cannot connect: {e}"),
+            HttpError::Timeout => write!(f, "no whole answer within {} s", TIMEOUT.as_secs()),
+            HttpError::Status(403, _) | HttpError::Status(401, _) => {
+                write!(f, "the Local API refused the credentials (HTTP 403/401): check api_key / the machine login")
+            }
+            HttpError::Status(c, body) => write!(f, "HTTP {c}: {body}"),
+            HttpError::Body(e) => write!(f, "reading the answer: {e}"),
+        }
+    }
+}
+
+/// One HTTP/1.1 request on a connection of its own (hyper's client
+/// connection; no pool: a pull every few seconds needs none).
+pub(crate) async fn request(
+    url: &Url,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Vec<u8>>,
+    timeout: Duration,
+) -> std::result::Result<Bytes, HttpError> {
+    let go = async {
+        let stream =
+            tokio::net::TcpStream::connect(url.authority()).await.map_err(|e| HttpError::Connect(e.to_string()))?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(|e| HttpError::Connect(e.to_string()))?;
+        // The connection's driver ends with the exchange, or with the
+        // timeout (a peer that never closes is not waited on for ever).
+        tokio::spawn(tokio::time::timeout(timeout, conn));
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", url.authority())
+            .header("user-agent", concat!("policer/", env!("CARGO_PKG_VERSION")));
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req =
+            req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| HttpError::Body(e.to_string()))?;
+        let resp = send.send_request(req).await.map_err(|e| HttpError::Connect(e.to_string()))?;
+        let status = resp.status();
+        let bytes = Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| HttpError::Body(e.to_string()))?
+            .to_bytes();
+        if !status.is_success() {
+            let text: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
+            return Err(HttpError::Status(status.as_u16(), crate::text::escaped(text.trim())));
+        }
+        Ok(bytes)
+    };
+    tokio::time::timeout(timeout, go).await.unwrap_or(Err(HttpError::Timeout))
+}
+
+/// At start: whether the Local API takes the key (a cheap query that
+/// changes nothing). A refused key fails the start; a Local API that does
+/// not answer does not (the feed retries, and says so).
+pub fn check_at_start(s: &Settings) -> Result<Option<String>> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let path = format!("{}v1/decisions?ip=192.0.2.255", s.url.base);
+    match rt.block_on(request(&s.url, "GET", &path, &[("X-Api-Key", &s.api_key)], None, START_CHECK)) {
+        Ok(_) => Ok(None),
+        Err(e @ HttpError::Status(401 | 403, _)) => Err(Error::Invalid(format!(
+            "crowdsec: the Local API at {}: {e}; nothing started (`cscli bouncers add NAME -o raw` prints a key)",
+            s.url_text
+        ))),
+        Err(e) => Ok(Some(format!(
+            "crowdsec: the Local API at {} does not answer yet ({e}); policing starts without its decisions \
+             and pulls them once it does",
+            s.url_text
+        ))),
+    }
+}
+
+/// What the feed task needs.
+pub struct Feed {
+    pub settings: Settings,
+    pub owner: Owner,
+    pub views: Arc<Views>,
+    /// `STATE_DIR/feeds/`.
+    pub dir: PathBuf,
+    pub publish: Option<mpsc::Receiver<AutoBan>>,
+}
+
+/// The feed's own file of what is in force.
+fn state_file(dir: &Path, set: &str) -> PathBuf {
+    dir.join(format!("{set}.json"))
+}
+
+fn unix_s() -> f64 {
+    crate::duration::unix_ms() as f64 / 1000.0
+}
+
+struct Run {
+    s: Settings,
+    owner: Owner,
+    views: Arc<Views>,
+    status: Arc<Mutex<FeedStatus>>,
+    store: Store,
+    file: PathBuf,
+    /// The store changed since the set was last written (an import is
+    /// due; tried again after a failure).
+    dirty: bool,
+    /// The store changed since the state file was last written.
+    unsaved: bool,
+    token: Option<(String, Instant)>,
+    pending: Vec<AutoBan>,
+}
+
+impl Run {
+    fn status(&self, f: impl FnOnce(&mut FeedStatus)) {
+        if let Ok(mut s) = self.status.lock() {
+            f(&mut s);
+        }
+    }
+
+    fn error(&self, kind: &str, why: &str) {
+        self.status(|s| *s.errors.entry(kind.to_string()).or_insert(0) += 1);
+        log::debug!("crowdsec: {kind}: {why}");
+    }
+
+    fn levels(&self) {
+        let (n, by, p) = (self.store.held.len() as u64, self.store.by_origin(), self.store.prefixes().len() as u64);
+        self.status(|s| {
+            s.decisions = n;
+            s.decisions_by_origin = by;
+            s.prefixes = p;
+        });
+    }
+
+    /// Reads the file of a previous run: what has not ended yet.
+    fn restore(&mut self) {
+        let text = match std::fs::read(&self.file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                eprintln!("policer: crowdsec: cannot read {}: {e}; starting empty", self.file.display());
+                return;
+            }
+        };
+        match serde_json::from_slice::<Store>(&text) {
+            Ok(mut st) => {
+                let ended = st.expire(crate::duration::unix_ms());
+                println!(
+                    "policer: crowdsec: {} decisions in force from {} ({ended} ended while stopped), until the \
+                     first pull",
+                    st.held.len(),
+                    self.file.display()
+                );
+                self.store = st;
+                self.dirty = true;
+            }
+            Err(e) => eprintln!("policer: crowdsec: {} is unreadable ({e}); starting empty", self.file.display()),
+        }
+    }
+
+    fn save(&mut self) {
+        if !self.unsaved {
+            return;
+        }
+        let r = (|| -> std::io::Result<()> {
+            std::fs::create_dir_all(self.file.parent().unwrap_or(Path::new("/")))?;
+            let tmp = self.file.with_extension("json.tmp");
+            {
+                use std::io::Write;
+                let mut f =
+                    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode_0600().open(&tmp)?;
+                f.write_all(&serde_json::to_vec(&self.store).map_err(std::io::Error::other)?)?;
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, &self.file)
+        })();
+        match r {
+            Ok(()) => self.unsaved = false,
+            Err(e) => self.error("save", &format!("{}: {e}", self.file.display())),
+        }
+    }
+
+    /// The set becomes the store's prefixes (one change through the owner).
+    async fn write_set(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        let entries = self.store.prefixes();
+        let imp = super::Import {
+            file: format!("the CrowdSec Local API ({} decisions)", self.store.held.len()),
+            text: Vec::new(),
+            list: crate::sets::List { entries, duplicates: 0, mapped: 0 },
+            set: Some(self.s.set.clone()),
+            rule: RuleConfig { action: Some(self.s.action), ..RuleConfig::default() },
+            max_remove: Default::default(),
+            // The Local API is the truth: a startup pull that shrinks the
+            // set is what it says (a failed or cut pull never gets here).
+            force: true,
+            runtime: true,
+            feed: true,
+        };
+        let out = self.owner.ask(Command::Import(Box::new(imp))).await;
+        match out.result {
+            Ok(msg) => {
+                self.dirty = false;
+                self.views.audit().record(&format!("crowdsec ({})", self.s.url_text), &msg);
+                if let Some(c) = out.counts {
+                    self.status(|s| {
+                        s.left_out_protected = c.refused_protected;
+                        s.left_out_rule_prefix = c.refused_rule_prefix;
+                    });
+                }
+            }
+            Err(e) => {
+                self.error("apply", &e.to_string());
+                eprintln!("policer: crowdsec: the set '{}' could not be written (tried again): {e}", self.s.set);
+            }
+        }
+    }
+
+    async fn pull(&mut self, startup: bool) -> std::result::Result<(), String> {
+        let t0 = Instant::now();
+        let path = self.s.stream_path(startup);
+        let key = self.s.api_key.clone();
+        let body = match request(&self.s.url, "GET", &path, &[("X-Api-Key", &key)], None, TIMEOUT).await {
+            Ok(b) => b,
+            Err(e) => {
+                self.error(&e.kind(), &e.to_string());
+                return Err(e.to_string());
+            }
+        };
+        let reply: StreamReply = match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                self.error("parse", &e.to_string());
+                return Err(format!("the stream's answer is not the JSON expected: {e}"));
+            }
+        };
+        let now = crate::duration::unix_ms();
+        let a = self.store.apply(&self.s, &reply, startup, now);
+        for (i, (why, v)) in a.skipped.iter().enumerate() {
+            if i < LOG_SKIPPED && matches!(why, crate::crowdsec::Skip::InvalidValue | crate::crowdsec::Skip::TooWide) {
+                eprintln!(
+                    "policer: crowdsec: a decision not applied ({why}): {}",
+                    crate::text::escaped(v.as_deref().unwrap_or("(none)"))
+                );
+            }
+        }
+        let received = (reply.new.len()) as u64;
+        self.status(|s| {
+            s.received += received;
+            s.deleted += a.deleted as u64;
+            for (why, _) in &a.skipped {
+                *s.skipped.entry(why.to_string()).or_insert(0) += 1;
+            }
+        });
+        if a.changed || startup {
+            self.dirty = true;
+            self.unsaved = true;
+        }
+        if a.added > 0 || a.deleted > 0 || !a.skipped.is_empty() {
+            println!(
+                "policer: crowdsec: {} pull: {} new, {} deleted, {} not applied; {} decisions in force ({:.2} s)",
+                if startup { "startup" } else { "delta" },
+                a.added,
+                a.deleted,
+                a.skipped.len(),
+                self.store.held.len(),
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
+    /// A watcher's token (logged in again when near its end or refused).
+    async fn token(&mut self) -> std::result::Result<String, String> {
+        if let Some((t, at)) = &self.token
+            && at.elapsed() < Duration::from_secs(30 * 60)
+        {
+            return Ok(t.clone());
+        }
+        let Some((id, password)) = self.s.publish.clone() else { return Err("publish is off".into()) };
+        let body = serde_json::json!({ "machine_id": id, "password": password, "scenarios": ["policer/auto-ban"] });
+        let path = format!("{}v1/watchers/login", self.s.url.base);
+        let r = request(&self.s.url, "POST", &path, &[], Some(body.to_string().into_bytes()), TIMEOUT).await;
+        let bytes = r.map_err(|e| {
+            self.error("login", &e.to_string());
+            format!("login as machine '{id}': {e}")
+        })?;
+        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| format!("login answer: {e}"))?;
+        let t = v.get("token").and_then(|t| t.as_str()).ok_or("login answer without a token")?.to_string();
+        self.token = Some((t.clone(), Instant::now()));
+        Ok(t)
+    }
+
+    /// Posts what is pending, in batches; keeps what failed for the next
+    /// round.
+    async fn publish(&mut self) {
+        while !self.pending.is_empty() {
+            let token = match self.token().await {
+                Ok(t) => t,
+                Err(e) => {
+                    self.status(|s| s.last_error = Some(e.clone()));
+                    break;
+                }
+            };
+            let n = self.pending.len().min(PUBLISH_BATCH);
+            let alerts: Vec<serde_json::Value> = self.pending[..n].iter().map(alert).collect();
+            let path = format!("{}v1/alerts", self.s.url.base);
+            let auth = format!("Bearer {token}");
+            let body = serde_json::to_vec(&alerts).unwrap_or_default();
+            match request(&self.s.url, "POST", &path, &[("Authorization", &auth)], Some(body), TIMEOUT).await {
+                Ok(_) => {
+                    self.pending.drain(..n);
+                    self.status(|s| s.published += n as u64);
+                }
+                Err(e) => {
+                    if matches!(e, HttpError::Status(401 | 403, _)) {
+                        self.token = None;
+                    }
+                    self.error("publish", &e.to_string());
+                    self.status(|s| s.last_error = Some(format!("publishing automatic bans: {e}")));
+                    break;
+                }
+            }
+        }
+        let left = self.pending.len() as u64;
+        self.status(|s| s.publish_pending = left);
+    }
+}
+
+/// An automatic ban as a CrowdSec alert with one decision of origin
+/// `policer`.
+fn alert(b: &AutoBan) -> serde_json::Value {
+    let host = b.net.prefix_len() == b.net.max_prefix_len();
+    let (scope, value) = if host { ("Ip", b.net.addr().to_string()) } else { ("Range", b.net.to_string()) };
+    let now = crate::duration::unix_ms();
+    let at = crate::duration::rfc3339(now);
+    let scenario = "policer/auto-ban";
+    let message = format!(
+        "policer: automatic ban of {value} for {} s (rule {}; ban #{} of this source)",
+        b.secs, b.rule, b.count
+    );
+    let mut source = serde_json::json!({ "scope": scope, "value": value });
+    if host {
+        source["ip"] = serde_json::json!(value);
+    } else {
+        source["range"] = serde_json::json!(value);
+    }
+    serde_json::json!({
+        "scenario": scenario,
+        "scenario_hash": "",
+        "scenario_version": "",
+        "message": message,
+        "events_count": 1,
+        "events": [{ "timestamp": at, "meta": [{ "key": "rule", "value": b.rule }] }],
+        "start_at": at,
+        "stop_at": at,
+        "capacity": 0,
+        "leakspeed": "0",
+        "simulated": false,
+        "source": source,
+        "decisions": [{
+            "origin": "policer",
+            "type": "ban",
+            "scope": scope,
+            "value": value,
+            "duration": format!("{}s", b.secs.max(1)),
+            "scenario": scenario,
+        }],
+    })
+}
+
+/// Starts the feed's task on the current runtime.
+pub fn spawn(feed: Feed) {
+    let status = Arc::new(Mutex::new(FeedStatus {
+        kind: "crowdsec".into(),
+        url: feed.settings.url_text.clone(),
+        set: feed.settings.set.clone(),
+        publish: feed.settings.publish.is_some(),
+        ..FeedStatus::default()
+    }));
+    feed.views.add_feed(status.clone());
+    let file = state_file(&feed.dir, &feed.settings.set);
+    let run = Run {
+        s: feed.settings,
+        owner: feed.owner,
+        views: feed.views,
+        status,
+        store: Store::default(),
+        file,
+        dirty: false,
+        unsaved: false,
+        token: None,
+        pending: Vec::new(),
+    };
+    tokio::spawn(run_feed(run, feed.publish));
+}
+
+async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
+    r.restore();
+    r.write_set().await;
+    r.levels();
+    let mut startup = true;
+    let mut wait = r.s.every;
+    let mut next_pull = tokio::time::Instant::now();
+    loop {
+        // The next pull, the next end of a decision, or a ban to publish.
+        let next_end = r.store.next_end().map(|ms| {
+            let left = ms.saturating_sub(crate::duration::unix_ms());
+            tokio::time::Instant::now() + Duration::from_millis(left)
+        });
+        let until = next_end.map_or(next_pull, |e| e.min(next_pull));
+        let dirty_retry = r.dirty.then(|| tokio::time::Instant::now() + Duration::from_secs(1));
+        let until = dirty_retry.map_or(until, |d| d.min(until));
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => {}
+            b = async { match publish.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                match b {
+                    Some(b) => r.pending.push(b),
+                    None => publish = None,
+                }
+                // Gather what else is queued, then post at once.
+                if let Some(rx) = publish.as_mut() {
+                    while let Ok(b) = rx.try_recv() {
+                        r.pending.push(b);
+                    }
+                }
+                r.publish().await;
+                continue;
+            }
+        }
+        let ended = r.store.expire(crate::duration::unix_ms());
+        if ended > 0 {
+            r.status(|s| s.expired += ended as u64);
+            r.dirty = true;
+            r.unsaved = true;
+        }
+        if tokio::time::Instant::now() >= next_pull {
+            let t = unix_s();
+            match r.pull(startup).await {
+                Ok(()) => {
+                    startup = false;
+                    wait = r.s.every;
+                    r.status(|s| {
+                        s.last_sync_success = true;
+                        s.last_sync_timestamp_seconds = t;
+                        s.last_success_timestamp_seconds = t;
+                        s.last_error = None;
+                    });
+                }
+                Err(e) => {
+                    // A pull may have reached the Local API and its answer
+                    // been lost: the next is a whole one, so no change is
+                    // missed.
+                    if !startup || r.status.lock().map(|s| s.last_sync_success).unwrap_or(true) {
+                        eprintln!(
+                            "policer: crowdsec: pulling decisions from {} failed: {e}; the {} decisions in force \
+                             stay (each until its end); trying again in {} s",
+                            r.s.url_text,
+                            r.store.held.len(),
+                            wait.as_secs()
+                        );
+                    }
+                    startup = true;
+                    r.status(|s| {
+                        s.last_sync_success = false;
+                        s.last_sync_timestamp_seconds = t;
+                        s.last_error = Some(e);
+                    });
+                    wait = (wait * 2).min(BACKOFF_MAX);
+                }
+            }
+            next_pull = tokio::time::Instant::now() + if startup { wait } else { r.s.every };
+            if !r.pending.is_empty() {
+                r.publish().await;
+            }
+        }
+        r.write_set().await;
+        r.levels();
+        r.save();
+    }
+}
+
+/// `OpenOptions::mode(0o600)` under a shorter name.
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+
+impl Mode0600 for std::fs::OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.mode(0o600)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_alert_carries_one_policer_decision() {
+        let a = alert(&AutoBan { net: "192.0.2.7/32".parse().unwrap(), secs: 60, rule: "0.0.0.0/0".into(), count: 2 });
+        assert_eq!(a["source"]["ip"], "192.0.2.7");
+        assert_eq!(a["decisions"][0]["origin"], "policer");
+        assert_eq!(a["decisions"][0]["scope"], "Ip");
+        assert_eq!(a["decisions"][0]["duration"], "60s");
+        let a = alert(&AutoBan { net: "2001:db8::/64".parse().unwrap(), secs: 5, rule: "::/0".into(), count: 1 });
+        assert_eq!(a["decisions"][0]["scope"], "Range");
+        assert_eq!(a["source"]["range"], "2001:db8::/64");
+    }
+}
