@@ -277,7 +277,9 @@ impl Run {
             // The Local API is the truth: a startup pull that shrinks the
             // set is what it says (a failed or cut pull never gets here).
             force: true,
-            runtime: true,
+            // Saved as any imported set: a restart polices with it from
+            // its first frame, before the feed's task runs.
+            runtime: false,
             feed: true,
         };
         let out = self.owner.ask(Command::Import(Box::new(imp))).await;

@@ -398,7 +398,7 @@ impl Daemon {
         // kernel is touched), put in place once the kernel took the change.
         // Not written beside the kernel writes: on two CPUs it slows them
         // more than it saves.
-        let body = if explicit { sets::Body::Text(&imp.text) } else { sets::Body::Entries(&next.entries) };
+        let body = if explicit && !imp.feed { sets::Body::Text(&imp.text) } else { sets::Body::Entries(&next.entries) };
         let staged = if imp.runtime {
             None
         } else {
