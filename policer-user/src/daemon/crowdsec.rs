@@ -341,6 +341,18 @@ impl Run {
             self.dirty = true;
             self.unsaved = true;
         }
+        // A big answer (a startup pull of 100 000 decisions is ~20 MB of
+        // JSON and more parsed) is gone now: give its pages back rather
+        // than keep them as the daemon's resident size for good.
+        if body.len() > 1 << 20 {
+            drop(reply);
+            drop(body);
+            #[cfg(target_env = "gnu")]
+            // SAFETY: malloc_trim only returns free heap pages to the kernel.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
         if a.added > 0 || a.deleted > 0 || !a.skipped.is_empty() {
             println!(
                 "policer: crowdsec: {} pull: {} new, {} deleted, {} not applied; {} decisions in force ({:.2} s)",
