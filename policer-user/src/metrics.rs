@@ -379,6 +379,13 @@ mod tests {
         let s = StatsView {
             interfaces: vec![IfaceStats { name: "eth0".into(), ..Default::default() }],
             rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), ..Default::default() }],
+            feeds: vec![crate::control::FeedStatus {
+                kind: "crowdsec".into(),
+                decisions_by_origin: [("cscli".to_string(), 1)].into(),
+                skipped: [("type:captcha".to_string(), 1)].into(),
+                errors: [("connect".to_string(), 1)].into(),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let text = render(&s, 0, 0);
