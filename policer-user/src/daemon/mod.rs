@@ -135,6 +135,8 @@ pub struct Daemon {
     feed: Option<crate::crowdsec::Settings>,
     /// Where automatic bans go to be published (`[crowdsec] publish`).
     publish: Option<tokio::sync::mpsc::Sender<crowdsec::AutoBan>>,
+    /// The set the feed writes (`[crowdsec] set`): no one else does.
+    feed_set: Option<String>,
 }
 
 impl Daemon {

@@ -331,6 +331,9 @@ impl Daemon {
             None => sets::implicit_name(&imp.rule),
         });
         sets::check_name(&name)?;
+        if !imp.feed && self.feed_set.as_deref() == Some(name.as_str()) {
+            return Err(self.feed_owns(&name));
+        }
         let rule = RuleConfig {
             prefix: String::new(),
             action: imp.rule.action,
@@ -636,6 +639,9 @@ impl Daemon {
     /// `policer rule rm --set NAME`.
     pub(super) fn set_rm(&mut self, name: &str) -> Result<String> {
         let s = self.sets.get(name).cloned().ok_or_else(|| self.unknown_set(name))?;
+        if self.feed_set.as_deref() == Some(name) {
+            return Err(self.feed_owns(name));
+        }
         if s.origin == Origin::Config {
             return Err(Error::Invalid(format!(
                 "set '{name}' is declared in the config ([[set]] in {}): remove its table, then `policer reload`; \
@@ -664,6 +670,15 @@ impl Daemon {
             self.ban_log.set_files_behind.push(s.header.name.clone());
         }
         self.sync_fast_path()
+    }
+
+    /// The refusal of a change by hand to the feed's set.
+    fn feed_owns(&self, name: &str) -> Error {
+        Error::Invalid(format!(
+            "set '{name}' is the CrowdSec feed's ([crowdsec] in {}): it follows the Local API (`cscli decisions \
+             add/delete` change it); nothing changed",
+            self.file.path().display()
+        ))
     }
 
     pub(super) fn unknown_set(&self, name: &str) -> Error {

@@ -221,6 +221,7 @@ impl Daemon {
             metrics_addr,
             sets: BTreeMap::new(),
             sets_dir,
+            feed_set: s.crowdsec.as_ref().map(|c| c.set.clone()),
             feed: s.crowdsec.clone(),
             publish: None,
         };
