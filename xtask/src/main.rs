@@ -140,7 +140,7 @@ fn cargo() -> Command {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Setup => setup(),
+        Cmd::Setup => setup().and_then(|()| setup_feed_tools()),
         Cmd::Build { release } => {
             setup()?;
             let mut c = cargo();
@@ -318,6 +318,7 @@ fn test(host_only: bool) -> Result<()> {
     // measure rates on a 2-core machine. `dist` tests the package and the
     // image built here, and the Kubernetes manifests (kubernetes-validate).
     setup_fleet_tools()?;
+    setup_feed_tools()?;
     image()?; // builds the package (dist) first
     // `dist` also checks that a release build carries no test hooks.
     sh(cargo().args(["build", "--release", "-p", "policer-user", "--bin", "policer"]))?;
@@ -335,6 +336,7 @@ fn test(host_only: bool) -> Result<()> {
         "classes",
         "bans",
         "import",
+        "feeds",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
@@ -621,6 +623,97 @@ fn setup_fleet_tools() -> Result<()> {
     // Debian's python3, not whatever `python3` a PATH finds first.
     sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
     sh(Command::new(venv.join("bin/pip")).args(["install", "-q", "kubernetes-validate"]))
+}
+
+/// What the feeds tests run (tests/tests/feeds.rs): fail2ban, the Debian
+/// package (the tests start their own `fail2ban-server` with their own
+/// config, socket and pid file), and CrowdSec's binaries, `crowdsec` and
+/// `cscli`, taken from the Debian package without installing it (its
+/// post-install registers with CrowdSec's online API, fails offline and
+/// leaves dpkg half-configured): `apt-get download` and `dpkg-deb -x` into
+/// `target/tools/crowdsec/`. Idempotent.
+fn setup_feed_tools() -> Result<()> {
+    let missing = missing_packages(&["fail2ban"]);
+    if !missing.is_empty() {
+        if !is_root() {
+            bail!("missing packages {missing:?}: run as root, or `sudo apt-get install {}`", missing.join(" "));
+        }
+        say("installing fail2ban (the feeds tests run their own fail2ban-server)");
+        apt_install(&missing)?;
+        quiet_system_fail2ban()?;
+    }
+    let tools = target_dir().join("tools");
+    let dir = tools.join("crowdsec");
+    if dir.join("usr/bin/crowdsec").exists() && dir.join("usr/bin/cscli").exists() {
+        return Ok(());
+    }
+    say("unpacking CrowdSec's binaries from its Debian package into target/tools/crowdsec (not installed)");
+    std::fs::create_dir_all(&tools)?;
+    let debs = |tools: &Path| -> Result<Vec<PathBuf>> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(tools)? {
+            let p = e?.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with("crowdsec_") && name.ends_with(".deb") {
+                v.push(p);
+            }
+        }
+        Ok(v)
+    };
+    for old in debs(&tools)? {
+        std::fs::remove_file(old)?;
+    }
+    let download =
+        |tools: &Path| Command::new("apt-get").args(["download", "-q", "crowdsec"]).current_dir(tools).status();
+    if !download(&tools).is_ok_and(|s| s.success()) {
+        // A fresh machine may have no package lists yet.
+        if is_root() {
+            sh(Command::new("apt-get").args(["update", "-q"]))?;
+        }
+        if !download(&tools).is_ok_and(|s| s.success()) {
+            bail!("`apt-get download crowdsec` failed (Debian 12 ships crowdsec 1.4.6; is `apt-get update` needed?)");
+        }
+    }
+    let deb = match &debs(&tools)?[..] {
+        [deb] => deb.clone(),
+        other => bail!("expected one crowdsec_*.deb in {} after the download, found {other:?}", tools.display()),
+    };
+    // Unpacked beside, then renamed: an interrupted run leaves no
+    // half-unpacked tree that the check above would take for done.
+    let part = tools.join("crowdsec.part");
+    if part.exists() {
+        std::fs::remove_dir_all(&part)?;
+    }
+    sh(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&part))?;
+    if !part.join("usr/bin/crowdsec").exists() || !part.join("usr/bin/cscli").exists() {
+        bail!("{} holds no usr/bin/crowdsec and usr/bin/cscli", deb.display());
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::rename(&part, &dir)?;
+    std::fs::remove_file(&deb)?;
+    say(&format!("CrowdSec binaries in {}", dir.join("usr/bin").display()));
+    Ok(())
+}
+
+/// Installing fail2ban starts its system service where systemd runs (or
+/// where its init script may run: no `policy-rc.d` forbids it), with the
+/// sshd jail of Debian's defaults banning in the host's firewall. The tests
+/// never use that service: a machine that had no fail2ban before `setup`
+/// gets none running after it. An operator's own fail2ban (installed
+/// before) is never touched.
+fn quiet_system_fail2ban() -> Result<()> {
+    if Path::new("/run/systemd/system").exists() {
+        say("stopping and disabling the fail2ban service the package started (the tests run their own)");
+        return sh(Command::new("systemctl").args(["disable", "--now", "fail2ban.service"]));
+    }
+    if Path::new("/run/fail2ban/fail2ban.sock").exists() {
+        say("stopping the fail2ban server the package's init script started (the tests run their own)");
+        sh(Command::new("fail2ban-client").arg("stop"))?;
+        let _ = Command::new("update-rc.d").args(["fail2ban", "disable"]).output();
+    }
+    Ok(())
 }
 
 /// `cargo xtask image`: FROM scratch, the static binary and the default
