@@ -500,10 +500,13 @@ exit 0
 
 const POSTRM: &str = r#"#!/bin/sh
 # policer postrm: forget the unit on removal; purge leaves no
-# /etc/policer behind (dpkg removes the conffile itself).
+# /etc/policer behind (dpkg removes the conffile itself), nor an
+# /etc/fail2ban made only for policer's action (fail2ban's own, with its
+# files, is not empty and stays).
 set -e
 if [ "$1" = purge ]; then
     rmdir "$DPKG_ROOT/etc/policer" 2>/dev/null || true
+    rmdir "$DPKG_ROOT/etc/fail2ban/action.d" "$DPKG_ROOT/etc/fail2ban" 2>/dev/null || true
 fi
 [ -z "$DPKG_ROOT" ] || exit 0
 if [ -d /run/systemd/system ]; then
@@ -514,6 +517,9 @@ if [ -d /run/systemd/system ]; then
 fi
 exit 0
 "#;
+
+/// Where the package puts fail2ban's policer action.
+const FAIL2BAN_ACTION: &str = "etc/fail2ban/action.d/policer.conf";
 
 /// The Debian package, staged in `out/deb` and built with `dpkg-deb`.
 fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
@@ -545,6 +551,10 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
         .replace("/usr/local/bin/policer", "/usr/bin/policer");
     put("lib/systemd/system/policer.service", unit.as_bytes(), 0o644)?;
     put("etc/policer/policer.toml", &std::fs::read(ws.join("deploy/policer.toml"))?, 0o644)?;
+    // fail2ban's action, where fail2ban looks for actions: a jail's
+    // `action = policer` works as installed (a conffile, so an operator's
+    // edits survive upgrades). Harmless without fail2ban.
+    put(FAIL2BAN_ACTION, &std::fs::read(ws.join("deploy/fail2ban/action.d/policer.conf"))?, 0o644)?;
     // Man pages (gzipped, as Debian ships them) and completions, generated
     // by the binary itself.
     let man = stage.join("usr/share/man/man8");
@@ -581,6 +591,7 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
          Priority: optional\n\
          Installed-Size: {size_kib}\n\
          Depends: iproute2\n\
+         Suggests: fail2ban\n\
          Description: per-source packet-rate policer in XDP\n \
          policer attaches an XDP program that gives every source address its\n \
          own token bucket (GCRA) and drops what exceeds its rule's rate.\n \
@@ -588,7 +599,7 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
          restart or an upgrade keeps the program attached and policing.\n"
     );
     put("DEBIAN/control", control.as_bytes(), 0o644)?;
-    put("DEBIAN/conffiles", b"/etc/policer/policer.toml\n", 0o644)?;
+    put("DEBIAN/conffiles", format!("/etc/policer/policer.toml\n/{FAIL2BAN_ACTION}\n").as_bytes(), 0o644)?;
     put("DEBIAN/postinst", POSTINST.as_bytes(), 0o755)?;
     put("DEBIAN/prerm", PRERM.as_bytes(), 0o755)?;
     put("DEBIAN/postrm", POSTRM.as_bytes(), 0o755)?;
