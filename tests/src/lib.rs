@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod foreign;
 pub mod frame;
 pub mod kstate;
+pub mod lapi;
 pub mod netns;
 pub mod packet;
 pub mod reference;

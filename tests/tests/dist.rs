@@ -124,6 +124,7 @@ fn deb_installs_into_a_scratch_root_and_purges_cleanly() {
 
     let files: Vec<String> = root.files().into_iter().filter(|f| !Path::new(&root.0.join(f)).is_dir()).collect();
     let mut want: Vec<String> = [
+        "etc/fail2ban/action.d/policer.conf",
         "etc/policer/policer.toml",
         "lib/systemd/system/policer.service",
         "usr/bin/policer",
@@ -149,7 +150,12 @@ fn deb_installs_into_a_scratch_root_and_purges_cleanly() {
     let rules: Vec<&str> = shipped.lines().filter(|l| l.trim_start().starts_with("prefix =")).collect();
     assert_eq!(rules, ["prefix = \"0.0.0.0/0\"", "prefix = \"::/0\""], "{shipped}");
     let conffiles = fs::read_to_string(root.0.join("var/lib/dpkg/info/policer.conffiles")).unwrap();
-    assert_eq!(conffiles.trim(), "/etc/policer/policer.toml");
+    assert_eq!(conffiles.trim(), "/etc/policer/policer.toml\n/etc/fail2ban/action.d/policer.conf");
+    // fail2ban's action as the repository has it (tested in feeds).
+    assert_eq!(
+        fs::read(root.0.join("etc/fail2ban/action.d/policer.conf")).unwrap(),
+        fs::read(workspace().join("deploy/fail2ban/action.d/policer.conf")).unwrap()
+    );
     run(Command::new(root.0.join("usr/bin/policer"))
         .args(["check", "--config"])
         .arg(root.0.join("etc/policer/policer.toml")));

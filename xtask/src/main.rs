@@ -140,7 +140,7 @@ fn cargo() -> Command {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Setup => setup(),
+        Cmd::Setup => setup().and_then(|()| setup_feed_tools()),
         Cmd::Build { release } => {
             setup()?;
             let mut c = cargo();
@@ -318,6 +318,7 @@ fn test(host_only: bool) -> Result<()> {
     // measure rates on a 2-core machine. `dist` tests the package and the
     // image built here, and the Kubernetes manifests (kubernetes-validate).
     setup_fleet_tools()?;
+    setup_feed_tools()?;
     image()?; // builds the package (dist) first
     // `dist` also checks that a release build carries no test hooks.
     sh(cargo().args(["build", "--release", "-p", "policer-user", "--bin", "policer"]))?;
@@ -335,6 +336,7 @@ fn test(host_only: bool) -> Result<()> {
         "classes",
         "bans",
         "import",
+        "feeds",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
@@ -498,10 +500,13 @@ exit 0
 
 const POSTRM: &str = r#"#!/bin/sh
 # policer postrm: forget the unit on removal; purge leaves no
-# /etc/policer behind (dpkg removes the conffile itself).
+# /etc/policer behind (dpkg removes the conffile itself), nor an
+# /etc/fail2ban made only for policer's action (fail2ban's own, with its
+# files, is not empty and stays).
 set -e
 if [ "$1" = purge ]; then
     rmdir "$DPKG_ROOT/etc/policer" 2>/dev/null || true
+    rmdir "$DPKG_ROOT/etc/fail2ban/action.d" "$DPKG_ROOT/etc/fail2ban" 2>/dev/null || true
 fi
 [ -z "$DPKG_ROOT" ] || exit 0
 if [ -d /run/systemd/system ]; then
@@ -512,6 +517,9 @@ if [ -d /run/systemd/system ]; then
 fi
 exit 0
 "#;
+
+/// Where the package puts fail2ban's policer action.
+const FAIL2BAN_ACTION: &str = "etc/fail2ban/action.d/policer.conf";
 
 /// The Debian package, staged in `out/deb` and built with `dpkg-deb`.
 fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
@@ -543,6 +551,10 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
         .replace("/usr/local/bin/policer", "/usr/bin/policer");
     put("lib/systemd/system/policer.service", unit.as_bytes(), 0o644)?;
     put("etc/policer/policer.toml", &std::fs::read(ws.join("deploy/policer.toml"))?, 0o644)?;
+    // fail2ban's action, where fail2ban looks for actions: a jail's
+    // `action = policer` works as installed (a conffile, so an operator's
+    // edits survive upgrades). Harmless without fail2ban.
+    put(FAIL2BAN_ACTION, &std::fs::read(ws.join("deploy/fail2ban/action.d/policer.conf"))?, 0o644)?;
     // Man pages (gzipped, as Debian ships them) and completions, generated
     // by the binary itself.
     let man = stage.join("usr/share/man/man8");
@@ -579,6 +591,7 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
          Priority: optional\n\
          Installed-Size: {size_kib}\n\
          Depends: iproute2\n\
+         Suggests: fail2ban\n\
          Description: per-source packet-rate policer in XDP\n \
          policer attaches an XDP program that gives every source address its\n \
          own token bucket (GCRA) and drops what exceeds its rule's rate.\n \
@@ -586,7 +599,7 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
          restart or an upgrade keeps the program attached and policing.\n"
     );
     put("DEBIAN/control", control.as_bytes(), 0o644)?;
-    put("DEBIAN/conffiles", b"/etc/policer/policer.toml\n", 0o644)?;
+    put("DEBIAN/conffiles", format!("/etc/policer/policer.toml\n/{FAIL2BAN_ACTION}\n").as_bytes(), 0o644)?;
     put("DEBIAN/postinst", POSTINST.as_bytes(), 0o755)?;
     put("DEBIAN/prerm", PRERM.as_bytes(), 0o755)?;
     put("DEBIAN/postrm", POSTRM.as_bytes(), 0o755)?;
@@ -621,6 +634,97 @@ fn setup_fleet_tools() -> Result<()> {
     // Debian's python3, not whatever `python3` a PATH finds first.
     sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
     sh(Command::new(venv.join("bin/pip")).args(["install", "-q", "kubernetes-validate"]))
+}
+
+/// What the feeds tests run (tests/tests/feeds.rs): fail2ban, the Debian
+/// package (the tests start their own `fail2ban-server` with their own
+/// config, socket and pid file), and CrowdSec's binaries, `crowdsec` and
+/// `cscli`, taken from the Debian package without installing it (its
+/// post-install registers with CrowdSec's online API, fails offline and
+/// leaves dpkg half-configured): `apt-get download` and `dpkg-deb -x` into
+/// `target/tools/crowdsec/`. Idempotent.
+fn setup_feed_tools() -> Result<()> {
+    let missing = missing_packages(&["fail2ban"]);
+    if !missing.is_empty() {
+        if !is_root() {
+            bail!("missing packages {missing:?}: run as root, or `sudo apt-get install {}`", missing.join(" "));
+        }
+        say("installing fail2ban (the feeds tests run their own fail2ban-server)");
+        apt_install(&missing)?;
+        quiet_system_fail2ban()?;
+    }
+    let tools = target_dir().join("tools");
+    let dir = tools.join("crowdsec");
+    if dir.join("usr/bin/crowdsec").exists() && dir.join("usr/bin/cscli").exists() {
+        return Ok(());
+    }
+    say("unpacking CrowdSec's binaries from its Debian package into target/tools/crowdsec (not installed)");
+    std::fs::create_dir_all(&tools)?;
+    let debs = |tools: &Path| -> Result<Vec<PathBuf>> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(tools)? {
+            let p = e?.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with("crowdsec_") && name.ends_with(".deb") {
+                v.push(p);
+            }
+        }
+        Ok(v)
+    };
+    for old in debs(&tools)? {
+        std::fs::remove_file(old)?;
+    }
+    let download =
+        |tools: &Path| Command::new("apt-get").args(["download", "-q", "crowdsec"]).current_dir(tools).status();
+    if !download(&tools).is_ok_and(|s| s.success()) {
+        // A fresh machine may have no package lists yet.
+        if is_root() {
+            sh(Command::new("apt-get").args(["update", "-q"]))?;
+        }
+        if !download(&tools).is_ok_and(|s| s.success()) {
+            bail!("`apt-get download crowdsec` failed (Debian 12 ships crowdsec 1.4.6; is `apt-get update` needed?)");
+        }
+    }
+    let deb = match &debs(&tools)?[..] {
+        [deb] => deb.clone(),
+        other => bail!("expected one crowdsec_*.deb in {} after the download, found {other:?}", tools.display()),
+    };
+    // Unpacked beside, then renamed: an interrupted run leaves no
+    // half-unpacked tree that the check above would take for done.
+    let part = tools.join("crowdsec.part");
+    if part.exists() {
+        std::fs::remove_dir_all(&part)?;
+    }
+    sh(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&part))?;
+    if !part.join("usr/bin/crowdsec").exists() || !part.join("usr/bin/cscli").exists() {
+        bail!("{} holds no usr/bin/crowdsec and usr/bin/cscli", deb.display());
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::rename(&part, &dir)?;
+    std::fs::remove_file(&deb)?;
+    say(&format!("CrowdSec binaries in {}", dir.join("usr/bin").display()));
+    Ok(())
+}
+
+/// Installing fail2ban starts its system service where systemd runs (or
+/// where its init script may run: no `policy-rc.d` forbids it), with the
+/// sshd jail of Debian's defaults banning in the host's firewall. The tests
+/// never use that service: a machine that had no fail2ban before `setup`
+/// gets none running after it. An operator's own fail2ban (installed
+/// before) is never touched.
+fn quiet_system_fail2ban() -> Result<()> {
+    if Path::new("/run/systemd/system").exists() {
+        say("stopping and disabling the fail2ban service the package started (the tests run their own)");
+        return sh(Command::new("systemctl").args(["disable", "--now", "fail2ban.service"]));
+    }
+    if Path::new("/run/fail2ban/fail2ban.sock").exists() {
+        say("stopping the fail2ban server the package's init script started (the tests run their own)");
+        sh(Command::new("fail2ban-client").arg("stop"))?;
+        let _ = Command::new("update-rc.d").args(["fail2ban", "disable"]).output();
+    }
+    Ok(())
 }
 
 /// `cargo xtask image`: FROM scratch, the static binary and the default
