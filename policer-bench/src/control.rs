@@ -336,7 +336,128 @@ pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
     }
     drop(d);
     rows.extend(import_rows(&net, reps)?);
+    rows.extend(feed_rows(&net, reps)?);
     Ok(ControlResults { rules: RULES, rows })
+}
+
+/// Only the CrowdSec feed rows (`policer-bench --only crowdsec`).
+pub fn run_feed(reps: usize) -> Result<ControlResults> {
+    let net = Net::new("cf")?;
+    Ok(ControlResults { rules: RULES, rows: feed_rows(&net, reps)? })
+}
+
+/// Decisions the feed rows start with, and the delta added to them.
+const FEED_DECISIONS: u32 = 100_000;
+const FEED_DELTA: u32 = 10_000;
+
+/// A CSV for `cscli decisions import` of `n` /32s from 10.16.0.0 + `first`.
+fn decisions_csv(first: u32, n: u32) -> String {
+    let mut s = String::with_capacity(n as usize * 24 + 32);
+    s.push_str("value,duration,reason\n");
+    for i in first..first + n {
+        let _ = writeln!(s, "{},4h,bench", Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 16, 0, 0)) + i));
+    }
+    s
+}
+
+/// Waits until the daemon's log says the feed's set holds `n` prefixes;
+/// the time it took, ms, and the line.
+fn wait_feed_line(d: &Daemon, n: u32, limit: Duration) -> Option<(f64, String)> {
+    let needle = format!(": {n} prefixes from the CrowdSec Local API");
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Some(l) = d.stdout().lines().find(|l| l.contains(&needle)) {
+            return Some((t0.elapsed().as_secs_f64() * 1e3, l.to_string()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+/// The seconds a log line ends with (`... in 0.12 s`).
+fn secs_at_end(line: &str) -> Option<f64> {
+    line.trim_end().strip_suffix(" s")?.rsplit(' ').next()?.parse().ok()
+}
+
+/// Section 7, the CrowdSec feed (issue 30), against a real Local API
+/// (Debian's crowdsec, started here) holding 100 000 decisions: a daemon
+/// started against it, from its "policing" line until the set holds all
+/// of them (the startup pull, its parse and the set's import); then 10 000
+/// more added with `cscli decisions import`, from cscli's return until the
+/// set holds them (up to one poll of `update_frequency = "1s"` of that is
+/// waiting), and the daemon's own part of it (the set's import, from its
+/// log); the daemon's RSS growth.
+fn feed_rows(net: &Net, reps: usize) -> Result<Vec<Measure>> {
+    let labels = [
+        (
+            "crowdsec_startup_100k",
+            "CrowdSec feed: 100 000 decisions in force after a start (start to set written)",
+            "ms",
+        ),
+        (
+            "crowdsec_delta_10k",
+            "CrowdSec feed: 10 000 new decisions in force after `cscli decisions import` returns",
+            "ms",
+        ),
+        ("crowdsec_apply_10k", "CrowdSec feed: the set's change for those 10 000 (the daemon's import)", "ms"),
+        ("crowdsec_rss_100k", "daemon RSS growth with 100 000 CrowdSec decisions in force", "MiB"),
+    ];
+    if !crate::lapi::available("bench: the CrowdSec feed") {
+        return Ok(labels
+            .iter()
+            .map(|(k, l, u)| {
+                not_measured(k, l, u, "not measured: the CrowdSec binaries are missing (`cargo xtask setup`)")
+            })
+            .collect());
+    }
+    say("control: the CrowdSec feed, 100 000 decisions and a delta of 10 000");
+    let lapi = crate::lapi::Lapi::start(&net.sb.rx_ns, 18_499);
+    let key = lapi.bouncer_key("policer-bench");
+    let t = Instant::now();
+    let n = lapi.import_csv(&decisions_csv(0, FEED_DECISIONS), &[]);
+    if n != FEED_DECISIONS as usize {
+        bail!("cscli imported {n} decisions, not {FEED_DECISIONS}");
+    }
+    say(&format!("control: cscli imported {n} decisions in {:.1} s", t.elapsed().as_secs_f64()));
+    let state = crate::daemon::state_dir_of(&net.sb.config);
+    let (mut startup, mut delta, mut apply, mut rss) = (vec![], vec![], vec![], vec![]);
+    let mut held = FEED_DECISIONS;
+    for _ in 0..reps {
+        // A cold start: no saved set, no feed state.
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::write(
+            &net.sb.config,
+            format!(
+                "[crowdsec]\nlapi_url = \"{}\"\napi_key = \"{key}\"\nupdate_frequency = \"1s\"\n\n{}",
+                lapi.url(),
+                config(0, "500pps")
+            ),
+        )?;
+        let (mut d, _) = start(net, &[]);
+        let rss0 = rss_mib(&d);
+        let Some((ms, _)) = wait_feed_line(&d, held, Duration::from_secs(60)) else {
+            bail!("the feed did not put {held} decisions in force in 60 s:\n{}", d.stdout());
+        };
+        startup.push(ms);
+        rss.push(rss_mib(&d) - rss0);
+        let first = 1_000_000 + held;
+        let n = lapi.import_csv(&decisions_csv(first, FEED_DELTA), &[]);
+        held += n as u32;
+        let Some((ms, line)) = wait_feed_line(&d, held, Duration::from_secs(30)) else {
+            bail!("the feed did not put {held} decisions in force in 30 s:\n{}", d.stdout());
+        };
+        delta.push(ms);
+        apply.push(secs_at_end(&line).map_or(f64::NAN, |s| s * 1e3));
+        d.stop_with(libc::SIGTERM);
+    }
+    let _ = std::fs::remove_dir_all(&state);
+    let [a, b, c, e] = labels;
+    Ok(vec![
+        m(a.0, a.1, a.2, &startup, "target ≤ 2 000 ms; includes the Local API answering 100 000 decisions"),
+        m(b.0, b.1, b.2, &delta, "includes waiting up to 1 s for the next poll (update_frequency = \"1s\")"),
+        m(c.0, c.1, c.2, &apply, "target ≤ 1 000 ms; from the daemon's log"),
+        m(e.0, e.1, e.2, &rss, "the decisions (with their ends), the set and its state file's buffers"),
+    ])
 }
 
 /// Only the import rows (`policer-bench --only import`).
@@ -373,7 +494,7 @@ fn import_rows(net: &Net, reps: usize) -> Result<Vec<Measure>> {
     let (a, b) = (dir.join("policer-bench-import-a.txt"), dir.join("policer-bench-import-b.txt"));
     list_file(&a, 0, 1_000_000)?;
     list_file(&b, 100_000, 1_000_000)?;
-    let sets = std::path::Path::new(&net.sb.config).with_extension("sets");
+    let sets = crate::daemon::state_dir_of(&net.sb.config);
     let (mut import, mut replace, mut rss, mut slab) = (vec![], vec![], vec![], vec![]);
     for _ in 0..reps {
         let _ = std::fs::remove_dir_all(&sets);

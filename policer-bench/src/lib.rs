@@ -31,7 +31,7 @@ pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_D
 use policer_tests::{
     REFERENCE_OBJECT,
     bench::{generator, sys},
-    classes, daemon, frame, netns, packet, traffic,
+    classes, daemon, frame, lapi, netns, packet, traffic,
 };
 
 use std::{
@@ -167,6 +167,9 @@ pub fn run(o: &Options) -> Result<Results> {
     } else if o.only.iter().any(|w| w == "import") {
         // The import rows alone (they are part of `control`).
         guarded("control plane: import", &mut errors, || control::run_import(if o.quick { 2 } else { 3 }))
+    } else if o.only.iter().any(|w| w == "crowdsec") {
+        // The CrowdSec feed rows alone (part of `control`).
+        guarded("control plane: crowdsec", &mut errors, || control::run_feed(if o.quick { 1 } else { 3 }))
     } else {
         None
     };

@@ -28,8 +28,9 @@ struct Args {
     /// beside the source-only one, and a UDP/53 flood against a class
     /// rule, nftables and iptables-legacy hashlimit; beside the IPv4 floor
     /// and dropping policer), pressure (population and spoofed floods),
-    /// accuracy, control, import (the import rows of control alone).
-    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "classes", "pressure", "accuracy", "control", "import"])]
+    /// accuracy, control, import (the import rows of control alone),
+    /// crowdsec (the CrowdSec feed rows of control alone).
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "classes", "pressure", "accuracy", "control", "import", "crowdsec"])]
     only: Vec<String>,
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the

@@ -617,6 +617,8 @@ pub fn targets(r: &Results) -> Vec<Target> {
         ("change_to_deny", "rule change visibly enforced ≤ 50 ms after `policer rule set` returns", 50.0),
         ("stats_1m", "`policer stats` with 1 000 000 live buckets ≤ 1 s", 1000.0),
         ("top_1m", "`policer top` with 1 000 000 live buckets ≤ 1 s", 1000.0),
+        ("crowdsec_startup_100k", "100 000 CrowdSec decisions in force ≤ 2 s after a start", 2000.0),
+        ("crowdsec_apply_10k", "a delta of 10 000 CrowdSec decisions applied ≤ 1 s", 1000.0),
     ] {
         let mut tg = target(key, what, "ms", limit, cm(key), || "see the control-plane table".into());
         if tg.met.is_none()

@@ -337,6 +337,7 @@ fn test(host_only: bool) -> Result<()> {
         "bans",
         "import",
         "feeds",
+        "crowdsec",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

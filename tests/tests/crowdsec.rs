@@ -1,0 +1,312 @@
+//! Tier 3, the CrowdSec feed (issue 30) against a real Local API (Debian's
+//! crowdsec 1.4.6, started by the tests: `policer_tests::lapi`), the real
+//! `policer` daemon and CLI, and real frames over veth counted on the
+//! receiving side.
+//!
+//! - every decision of the Local API is in force after the startup pull
+//!   (by count and per prefix in `rule ls --set crowdsec`, and on traffic
+//!   for a sample: banned sources dropped, a captcha decision and others
+//!   untouched); a delete lifts and an add drops within one poll; a
+//!   decision ends at its own end;
+//! - the Local API killed: what is in force stays in force and the failure
+//!   shows in `status`, `stats --json` and /metrics; restarted, the feed
+//!   catches up; a daemon restarted while the Local API is down starts with
+//!   what was in force;
+//! - a refused key fails the start with a clear error, and a key revoked at
+//!   run time shows as a failure while the decisions stay;
+//! - two daemons in two namespaces sharing one Local API: an automatic ban
+//!   on one (`publish = true`) drops the source on the other.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use policer_tests::{
+    daemon::{Daemon, cli, samples, scrape, succeeds},
+    lapi::{self, Lapi},
+    netns::Sandbox,
+    traffic::{self, Flow, RunOptions},
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A port per test (the LAPI listens in the test's namespace).
+fn port(n: u16) -> u16 {
+    18_400 + n
+}
+
+/// Writes the sandbox's config with a `[crowdsec]` table (`extra` keys
+/// added), before the daemon starts.
+fn write_config(sb: &Sandbox, url: &str, key: &str, extra: &str) {
+    std::fs::write(
+        &sb.config,
+        format!(
+            "[crowdsec]\nlapi_url = \"{url}\"\napi_key = \"{key}\"\nupdate_frequency = \"1s\"\n{extra}\n\n\
+             [[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"100kpps\"\nburst = 1000\n\n\
+             [[rule]]\nprefix = \"::/0\"\nrate = \"100kpps\"\nburst = 1000\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn daemon(sb: &Sandbox, metrics: u16) -> Daemon {
+    let m = metrics.to_string();
+    Daemon::attach(sb, &["--interval", "0", "--metrics", &m])
+}
+
+fn feed(sb: &Sandbox) -> serde_json::Value {
+    let s: serde_json::Value = serde_json::from_str(&succeeds(&cli(sb, &["stats", "--json"]))).unwrap();
+    s["feeds"][0].clone()
+}
+
+/// Waits until `cond` holds of the feed's status (at most `secs`).
+fn wait_feed(sb: &Sandbox, secs: u64, what: &str, cond: impl Fn(&serde_json::Value) -> bool) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let f = feed(sb);
+        if cond(&f) {
+            return t0.elapsed();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(secs), "{what}: not within {secs} s; the feed: {f:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The set's prefixes as `rule ls --set NAME` lists them.
+fn set_entries(sb: &Sandbox, set: &str) -> Vec<String> {
+    let out = cli(sb, &["rule", "ls", "--set", set]);
+    if !out.status.success() {
+        return Vec::new();
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.parse::<ipnet::IpNet>().is_ok())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Until `cond` holds of the set's prefixes (at most `secs`): how long.
+fn wait_set(sb: &Sandbox, secs: f64, what: &str, cond: impl Fn(&[String]) -> bool) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let e = set_entries(sb, "crowdsec");
+        if cond(&e) {
+            return t0.elapsed();
+        }
+        assert!(t0.elapsed().as_secs_f64() < secs, "{what}: not within {secs} s; the set holds {e:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends 1 s of each flow; how many of each arrived, and were sent.
+fn send(sb: &Sandbox, srcs: &[&str]) -> (Vec<u64>, Vec<u64>) {
+    let flows: Vec<Flow> = srcs.iter().map(|s| Flow { src: ip(s), pps: 300.0, len: 64 }).collect();
+    let (sent, got) = traffic::run_with(sb, &flows, Duration::from_secs(1), &RunOptions::default());
+    (got.per_flow.clone(), sent.sent.clone())
+}
+
+#[test]
+fn every_decision_is_in_force_after_the_sync_and_deletes_adds_and_ends_follow() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-sync");
+    let lapi = Lapi::start(&sb.rx_ns, port(1));
+    let key = lapi.bouncer_key("policer-sync");
+    lapi.add_ip("10.71.0.1", "1h");
+    lapi.add_ip("fd00:71::1", "1h");
+    lapi.add_range("10.72.0.0/24", "1h");
+    lapi.add_range("fd00:72::/64", "1h");
+    lapi.add_decision(&["--ip", "10.73.0.1", "--type", "captcha", "--duration", "1h"]);
+    lapi.add_ip("10.74.0.1", "4s");
+    // A feed's worth in one import (Ip scope, some of them CIDRs).
+    let mut csv = String::from("value,duration,reason\n");
+    for i in 0..1000u32 {
+        csv.push_str(&format!("10.80.{}.{},1h,bulk\n", i / 250, i % 250 + 1));
+    }
+    csv.push_str("10.81.0.0/24,1h,bulk range\n");
+    assert_eq!(lapi.import_csv(&csv, &[]), 1001);
+    write_config(&sb, &lapi.url(), &key, "");
+    let _d = daemon(&sb, 9481);
+    let expect = 4 + 1 + 1001;
+    wait_feed(&sb, 5, "the startup sync", |f| f["decisions"] == expect);
+    // Every prefix, by name.
+    let e = set_entries(&sb, "crowdsec");
+    assert_eq!(e.len(), expect, "{e:?}");
+    for p in ["10.71.0.1/32", "fd00:71::1/128", "10.72.0.0/24", "fd00:72::/64", "10.74.0.1/32", "10.81.0.0/24"] {
+        assert!(e.iter().any(|x| x == p), "{p} is not in the set: {e:?}");
+    }
+    assert!(!e.iter().any(|x| x.starts_with("10.73.0.1")), "a captcha decision was applied as a ban");
+    let f = feed(&sb);
+    assert_eq!(f["skipped"]["type:captcha"], 1, "{f:#}");
+    assert_eq!(f["last_sync_success"], true, "{f:#}");
+    assert_eq!(f["decisions_by_origin"]["cscli"], 5, "{f:#}");
+    // On traffic: the banned drop, the others pass.
+    let (got, sent) = send(&sb, &["10.71.0.1", "10.72.0.9", "fd00:72::9", "10.80.1.7", "10.73.0.1", "10.75.0.1"]);
+    assert_eq!(&got[..4], &[0, 0, 0, 0], "banned sources got through: {got:?} of {sent:?}");
+    assert_eq!(got[4..], sent[4..], "unbanned sources lost frames: {got:?} of {sent:?}");
+    // A delete lifts, an add drops, within one poll (1 s) and a second.
+    lapi.delete_ip("10.71.0.1");
+    lapi.add_ip("10.76.0.1", "1h");
+    let took = wait_set(&sb, 2.0, "a delete and an add", |e| {
+        !e.iter().any(|x| x == "10.71.0.1/32") && e.iter().any(|x| x == "10.76.0.1/32")
+    });
+    eprintln!("a delta in force {:.2} s after cscli returned", took.as_secs_f64());
+    let (got, sent) = send(&sb, &["10.71.0.1", "10.76.0.1"]);
+    assert_eq!((got[0], got[1]), (sent[0], 0), "after the delta: {got:?} of {sent:?}");
+    // The 4 s decision ended at its end (±1 s), with no word from the feed.
+    wait_set(&sb, 6.0, "the end of a 4 s decision", |e| !e.iter().any(|x| x == "10.74.0.1/32"));
+    let f = feed(&sb);
+    assert!(f["expired"].as_u64().unwrap() >= 1, "{f:#}");
+    // /metrics and status say it.
+    let m = samples(&scrape(&sb.rx_ns, 9481));
+    assert_eq!(m.get("policer_crowdsec_last_sync_success"), Some(&1.0), "{m:?}");
+    assert!(m.contains_key("policer_crowdsec_decisions{origin=\"cscli\"}"), "{m:?}");
+    assert_eq!(m.get("policer_crowdsec_decisions_skipped_total{reason=\"type:captcha\"}"), Some(&1.0), "{m:?}");
+    let st = succeeds(&cli(&sb, &["status"]));
+    assert!(st.contains("feed: crowdsec http://127.0.0.1:") && st.contains("into set 'crowdsec'"), "{st}");
+    // The set is the feed's: no hand changes it.
+    let before = set_entries(&sb, "crowdsec");
+    let list = std::env::temp_dir().join(format!("{}-list.txt", sb.rx_ns));
+    std::fs::write(&list, "10.77.0.1\n").unwrap();
+    let imp = cli(&sb, &["rule", "import", list.to_str().unwrap(), "--action", "deny", "--set", "crowdsec"]);
+    policer_tests::daemon::fails_with(&imp, "is the CrowdSec feed's");
+    policer_tests::daemon::fails_with(&cli(&sb, &["rule", "rm", "--set", "crowdsec"]), "is the CrowdSec feed's");
+    let _ = std::fs::remove_file(&list);
+    assert_eq!(set_entries(&sb, "crowdsec"), before, "a refused change changed the set");
+    // The key is nowhere to be read.
+    let all = format!(
+        "{st}{}{}{}",
+        succeeds(&cli(&sb, &["status", "--json"])),
+        succeeds(&cli(&sb, &["stats", "--json"])),
+        scrape(&sb.rx_ns, 9481)
+    );
+    assert!(!all.contains(&key), "the API key leaked into a view");
+}
+
+#[test]
+fn the_lapi_down_keeps_what_is_in_force_and_the_feed_catches_up() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-down");
+    let mut lapi = Lapi::start(&sb.rx_ns, port(2));
+    let key = lapi.bouncer_key("policer-down");
+    lapi.add_ip("10.71.0.2", "1h");
+    lapi.add_ip("10.71.0.3", "3s");
+    write_config(&sb, &lapi.url(), &key, "");
+    let mut d = daemon(&sb, 9482);
+    wait_feed(&sb, 5, "the startup sync", |f| f["decisions"] == 2);
+    lapi.kill();
+    wait_feed(&sb, 5, "a failed pull", |f| f["last_sync_success"] == false);
+    let f = feed(&sb);
+    assert!(f["errors"]["connect"].as_u64().unwrap_or(0) >= 1, "{f:#}");
+    assert!(f["last_error"].as_str().unwrap().contains("cannot connect"), "{f:#}");
+    let m = samples(&scrape(&sb.rx_ns, 9482));
+    assert_eq!(m.get("policer_crowdsec_last_sync_success"), Some(&0.0), "{m:?}");
+    let st = succeeds(&cli(&sb, &["status"]));
+    assert!(st.contains("last pull FAILED"), "{st}");
+    // Down: the ban stays; the 3 s one still ends at its end.
+    let (got, sent) = send(&sb, &["10.71.0.2", "10.75.0.2"]);
+    assert_eq!((got[0], got[1]), (0, sent[1]), "with the LAPI down: {got:?} of {sent:?}");
+    wait_set(&sb, 5.0, "the end of a 3 s decision with the LAPI down", |e| {
+        !e.iter().any(|x| x == "10.71.0.3/32") && e.iter().any(|x| x == "10.71.0.2/32")
+    });
+    // Back: what changed meanwhile arrives.
+    lapi.restart();
+    lapi.add_ip("10.71.0.4", "1h");
+    lapi.delete_ip("10.71.0.2");
+    // The retry waits at most its backoff (2, 4, ... s since the failure).
+    wait_set(&sb, 20.0, "catching up after the LAPI came back", |e| {
+        e.iter().any(|x| x == "10.71.0.4/32") && !e.iter().any(|x| x == "10.71.0.2/32")
+    });
+    wait_feed(&sb, 5, "a good pull again", |f| f["last_sync_success"] == true);
+    // A daemon restarted while the Local API is down starts with what was
+    // in force (its state file), not with an open door.
+    assert!(d.stop_with(libc::SIGTERM));
+    drop(d);
+    lapi.kill();
+    let d = daemon(&sb, 9482);
+    assert!(d.stdout().contains("does not answer yet"), "{}", d.stdout());
+    // In force from the start (the set is saved), not from the feed's
+    // first pull or its state file a moment later.
+    let e = set_entries(&sb, "crowdsec");
+    assert!(e.iter().any(|x| x == "10.71.0.4/32"), "after a restart with the LAPI down the set holds {e:?}");
+    let (got, sent) = send(&sb, &["10.71.0.4", "10.75.0.2"]);
+    assert_eq!((got[0], got[1]), (0, sent[1]), "after the restart: {got:?} of {sent:?}");
+}
+
+#[test]
+fn a_refused_key_fails_the_start_and_a_revoked_one_shows_at_run_time() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-key");
+    let lapi = Lapi::start(&sb.rx_ns, port(3));
+    write_config(&sb, &lapi.url(), "not-a-key", "");
+    let bin = policer_tests::daemon::policer_bin();
+    let args = ["attach", sb.rx_if.as_str(), "--config", sb.config.as_str(), "--interval", "0"];
+    let e = match Daemon::try_start(&bin, &sb.rx_ns, &args, &[]) {
+        Ok(_) => panic!("a daemon started with a refused key"),
+        Err(e) => e,
+    };
+    assert!(e.stderr.contains("refused the credentials"), "{}", e.stderr);
+    assert!(!e.stderr.contains("not-a-key"), "the key is quoted: {}", e.stderr);
+    let key = lapi.bouncer_key("policer-key");
+    lapi.add_ip("10.71.0.5", "1h");
+    write_config(&sb, &lapi.url(), &key, "");
+    let _d = daemon(&sb, 9483);
+    wait_feed(&sb, 5, "the startup sync", |f| f["decisions"] == 1);
+    lapi.cscli(&["bouncers", "delete", "policer-key"]);
+    wait_feed(&sb, 5, "a refused pull", |f| f["last_sync_success"] == false);
+    let f = feed(&sb);
+    assert!(f["errors"]["http_403"].as_u64().unwrap_or(0) >= 1, "{f:#}");
+    assert!(f["last_error"].as_str().unwrap().contains("refused the credentials"), "{f:#}");
+    assert_eq!(f["decisions"], 1, "{f:#}");
+    let (got, _) = send(&sb, &["10.71.0.5"]);
+    assert_eq!(got[0], 0, "a revoked key opened the blocklist");
+}
+
+#[test]
+fn an_automatic_ban_on_one_node_drops_the_source_on_the_other() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let a = Sandbox::new("cs-fleet-a");
+    let b = Sandbox::new("cs-fleet-b");
+    let lapi = Lapi::start(&a.rx_ns, port(4));
+    let (addr_a, _) = lapi::link_namespaces(&a.rx_ns, &b.rx_ns);
+    let (login, password) = lapi.machine();
+    let key_a = lapi.bouncer_key("policer-a");
+    let key_b = lapi.bouncer_key("policer-b");
+    let publish = format!("publish = true\nmachine_id = \"{login}\"\npassword = \"{password}\"\n");
+    write_config(&a, &lapi.url(), &key_a, &publish);
+    write_config(&b, &lapi.url_at(addr_a), &key_b, &publish);
+    let _da = daemon(&a, 9484);
+    let _db = daemon(&b, 9485);
+    wait_feed(&a, 5, "node A's first pull", |f| f["last_sync_success"] == true);
+    wait_feed(&b, 5, "node B's first pull", |f| f["last_sync_success"] == true);
+    // Node A bans a heavy source of 10.90.0.0/16 for a minute.
+    succeeds(&cli(&a, &["rule", "set", "10.90.0.0/16", "--rate", "100pps", "--burst", "10", "--ban-for", "60s"]));
+    let flows = [Flow { src: ip("10.90.0.5"), pps: 2000.0, len: 64 }];
+    traffic::run_with(&a, &flows, Duration::from_millis(500), &RunOptions::default());
+    let banned = Instant::now();
+    wait_feed(&a, 5, "node A's publication", |f| f["published"].as_u64().unwrap_or(0) >= 1);
+    // Node B, which never saw the source, drops it within a poll and a
+    // second of the publication.
+    let took = wait_set(&b, 4.0, "the ban reaching node B", |e| e.iter().any(|x| x == "10.90.0.5/32"));
+    eprintln!("node B enforced node A's ban {:.2} s after it started", banned.elapsed().as_secs_f64());
+    assert!(took < Duration::from_secs(3));
+    let f = feed(&b);
+    assert_eq!(f["decisions_by_origin"]["policer"], 1, "{f:#}");
+    let (got, sent) = send(&b, &["10.90.0.5", "10.90.0.6"]);
+    assert_eq!((got[0], got[1]), (0, sent[1]), "on node B: {got:?} of {sent:?}");
+    // No loop: node B publishes nothing (it banned nothing itself).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(feed(&b)["published"], 0);
+    assert_eq!(feed(&a)["published"], 1);
+}
