@@ -147,6 +147,13 @@ impl Daemon {
     }
 
     /// Sends `sig` and waits for the exit; returns whether it exited 0.
+    /// Its exit status once it has exited (after its last lines are read).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        let st = self.child.try_wait().ok().flatten()?;
+        thread::sleep(Duration::from_millis(100));
+        Some(st)
+    }
+
     pub fn stop_with(&mut self, sig: i32) -> bool {
         // SAFETY: plain kill(2) on our child.
         unsafe { libc::kill(self.pid(), sig) };

@@ -361,6 +361,34 @@ fn a_start_interrupted_by_sigterm_changes_nothing() {
     assert_eq!(std::fs::read(&sb.config).unwrap(), file, "an interrupted start rewrote the file");
 }
 
+/// A SIGTERM the moment the daemon says it polices (before its event loop
+/// listens for signals) still ends it cleanly: held back since the start
+/// committed, then taken by the loop: detached, exit 0. It used to end the
+/// process by the signal's default action, leaving the program attached.
+#[test]
+fn a_sigterm_right_after_policing_detaches_cleanly() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("sigearly");
+    std::fs::write(&sb.config, RULES_WITH_DENY).unwrap();
+    for round in 0..5 {
+        let mut d = attach_env(&sb, &[&sb.rx_if], &[], &[]).unwrap_or_else(|e| panic!("{e:?}"));
+        // SAFETY: signalling our child (`ip netns exec` execs policer).
+        unsafe { libc::kill(d.pid(), libc::SIGTERM) };
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(st) = d.try_wait() {
+                break st;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "round {round}: SIGTERM did not end the daemon");
+            thread::sleep(Duration::from_millis(10));
+        };
+        assert!(status.success(), "round {round}: {status:?}\n{}\n{}", d.stdout(), d.stderr());
+        assert!(!has_xdp(&sb, &sb.rx_if), "round {round}: the program stayed attached after a SIGTERM");
+    }
+}
+
 /// The rules of the layout tests: a default rate and a denied prefix.
 const RULES_WITH_DENY: &str = r#"
 [[rule]]

@@ -321,6 +321,8 @@ async fn event_loop(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
+    // Held back since the start committed (this is the main thread).
+    start::unblock_signals();
     let started = Instant::now();
     let period = if interval > 0.0 { interval } else { 3600.0 };
     let mut tick = tokio::time::interval(Duration::from_secs_f64(period));

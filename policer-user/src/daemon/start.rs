@@ -758,8 +758,10 @@ struct Undo {
     saved_totals: BTreeSet<u32>,
     committed: bool,
     /// Restores the signal mask when the log goes (see [`Signals`]); a
-    /// field, so it is dropped after the rollback.
-    _signals: Signals,
+    /// field, so it is dropped after the rollback. Taken at the commit:
+    /// the signals then stay held back until the event loop listens for
+    /// them ([`unblock_signals`]).
+    signals: Option<Signals>,
     /// Tests only: where to fail or pause (nothing without `test-hooks`).
     hooks: hooks::Steps,
 }
@@ -813,6 +815,17 @@ impl Signals {
     }
 }
 
+/// Lets SIGINT, SIGTERM and SIGHUP through again, on the calling thread:
+/// the event loop, once its handlers are in place (a signal held back
+/// since the start's commit is delivered to them now). Threads started
+/// meanwhile keep them blocked, so they reach this one.
+pub(super) fn unblock_signals() {
+    // SAFETY: a valid set; only this thread's mask changes.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &Signals::set(), std::ptr::null_mut());
+    }
+}
+
 impl Drop for Signals {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved in `block`.
@@ -831,7 +844,7 @@ impl Undo {
             saved_counters: BTreeSet::new(),
             saved_totals: BTreeSet::new(),
             committed: false,
-            _signals: Signals::block(),
+            signals: Some(Signals::block()),
             hooks,
         })
     }
@@ -899,6 +912,12 @@ impl Undo {
             return Err(Error::Invalid("interrupted by a signal while starting; nothing changed".into()));
         }
         self.committed = true;
+        // Still held back: a SIGTERM between "policing" and the event
+        // loop's handlers would otherwise end the process by default,
+        // leaving the program attached without a word. The loop takes it.
+        if let Some(s) = self.signals.take() {
+            std::mem::forget(s);
+        }
         Ok(())
     }
 
