@@ -57,6 +57,10 @@ pub struct CrowdsecConfig {
     /// skipped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
+    /// Decisions whose scenario contains one of these (`scenarios` is the
+    /// same list under a shorter name; both may be given).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scenarios: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scenarios_containing: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -105,7 +109,7 @@ impl std::fmt::Debug for CrowdsecConfig {
 }
 
 /// The keys of `[crowdsec]`, for messages.
-pub const KEYS: &str = "lapi_url, api_key, api_key_file, update_frequency, origins, scopes, scenarios_containing, \
+pub const KEYS: &str = "lapi_url, api_key, api_key_file, update_frequency, origins, scopes, scenarios, scenarios_containing, \
                         scenarios_not_containing, types, action, set, min_prefix_len_v4, min_prefix_len_v6, \
                         publish, machine_id, password, password_file";
 
@@ -287,7 +291,7 @@ impl CrowdsecConfig {
             every,
             origins: self.origins.clone(),
             scopes,
-            scenarios_containing: self.scenarios_containing.clone(),
+            scenarios_containing: self.scenarios.iter().chain(&self.scenarios_containing).cloned().collect(),
             scenarios_not_containing: self.scenarios_not_containing.clone(),
             types,
             action,

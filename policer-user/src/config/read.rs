@@ -451,19 +451,22 @@ impl Reader {
                     }
                     None => bad(self, "a string", &format!("{key} = \"...\"")),
                 },
-                "origins" | "scopes" | "scenarios_containing" | "scenarios_not_containing" | "types" => match list {
-                    Some(l) => {
-                        *match key {
-                            "origins" => &mut c.origins,
-                            "scopes" => &mut c.scopes,
-                            "scenarios_containing" => &mut c.scenarios_containing,
-                            "scenarios_not_containing" => &mut c.scenarios_not_containing,
-                            _ => &mut c.types,
-                        } = l;
-                        true
+                "origins" | "scopes" | "scenarios" | "scenarios_containing" | "scenarios_not_containing" | "types" => {
+                    match list {
+                        Some(l) => {
+                            *match key {
+                                "origins" => &mut c.origins,
+                                "scopes" => &mut c.scopes,
+                                "scenarios" => &mut c.scenarios,
+                                "scenarios_containing" => &mut c.scenarios_containing,
+                                "scenarios_not_containing" => &mut c.scenarios_not_containing,
+                                _ => &mut c.types,
+                            } = l;
+                            true
+                        }
+                        None => bad(self, "a list of strings", &format!("{key} = [\"...\"]")),
                     }
-                    None => bad(self, "a list of strings", &format!("{key} = [\"...\"]")),
-                },
+                }
                 "publish" => match v.get_ref() {
                     DeValue::Boolean(b) => {
                         c.publish = *b;

@@ -28,6 +28,8 @@ use crate::{
 /// How often the automatic bans are read (to log their starts and ends,
 /// and forget those whose escalation window is over).
 const SCAN_EVERY: Duration = Duration::from_secs(1);
+/// The same with `[crowdsec] publish = true`.
+const SCAN_EVERY_PUBLISHING: Duration = Duration::from_millis(250);
 
 /// Log lines about automatic bans per scan at most; the rest are counted
 /// in one line (a flood of bans must not flood the log).
@@ -178,7 +180,10 @@ impl Daemon {
             self.audit.record("expiry", &m);
         }
         self.catch_up();
-        if self.ban_log.last_scan.is_none_or(|t| t.elapsed() >= SCAN_EVERY) {
+        // Publishing to a fleet: bans travel sooner (they reach the other
+        // nodes within the scan and one poll of theirs).
+        let every = if self.publish.is_some() { SCAN_EVERY_PUBLISHING } else { SCAN_EVERY };
+        if self.ban_log.last_scan.is_none_or(|t| t.elapsed() >= every) {
             self.ban_log.last_scan = Some(Instant::now());
             if let Err(e) = self.scan_bans() {
                 log::warn!("reading the automatic bans: {e}");
