@@ -36,8 +36,14 @@ const START_CHECK: Duration = Duration::from_secs(5);
 /// A reply larger than this is refused (a million decisions are ~150 MB).
 const MAX_BODY: usize = 512 << 20;
 /// Failed pulls are tried again after `update_frequency`, twice as long
-/// after each failure, up to this.
-const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// after each failure, up to this: a Local API back from an outage is
+/// pulled within a minute.
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Ends of decisions are taken at most this often (decisions end within
+/// a second of their end: thousands of ends a minute make one change a
+/// second, not one each).
+const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+
 /// Automatic bans waiting to be posted at most; past it they are counted
 /// and dropped (the ban itself is in force here regardless).
 pub const PUBLISH_QUEUE: usize = 10_000;
@@ -286,6 +292,9 @@ impl Run {
         match out.result {
             Ok(msg) => {
                 self.dirty = false;
+                // The feed's file follows the set: a restart restores the
+                // decisions of the set it starts with, not older ones.
+                self.unsaved = true;
                 self.views.audit().record(&format!("crowdsec ({})", self.s.url_text), &msg);
                 if let Some(c) = out.counts {
                     self.status(|s| {
@@ -339,7 +348,6 @@ impl Run {
         });
         if a.changed || startup {
             self.dirty = true;
-            self.unsaved = true;
         }
         // A big answer (a startup pull of 100 000 decisions is ~20 MB of
         // JSON and more parsed) is gone now: give its pages back rather
@@ -499,11 +507,14 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
     let mut startup = true;
     let mut wait = r.s.every;
     let mut next_pull = tokio::time::Instant::now();
+    let mut last_expiry = tokio::time::Instant::now();
     loop {
-        // The next pull, the next end of a decision, or a ban to publish.
+        // The next pull, the next end of a decision (a second after the
+        // last at the soonest), a retry of the set or the file, or a ban
+        // to publish.
         let next_end = r.store.next_end().map(|ms| {
             let left = ms.saturating_sub(crate::duration::unix_ms());
-            tokio::time::Instant::now() + Duration::from_millis(left)
+            (tokio::time::Instant::now() + Duration::from_millis(left)).max(last_expiry + EXPIRE_EVERY)
         });
         let until = next_end.map_or(next_pull, |e| e.min(next_pull));
         let dirty_retry = r.dirty.then(|| tokio::time::Instant::now() + Duration::from_secs(1));
@@ -525,11 +536,13 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
                 continue;
             }
         }
-        let ended = r.store.expire(crate::duration::unix_ms());
-        if ended > 0 {
-            r.status(|s| s.expired += ended as u64);
-            r.dirty = true;
-            r.unsaved = true;
+        if tokio::time::Instant::now() >= last_expiry + EXPIRE_EVERY {
+            last_expiry = tokio::time::Instant::now();
+            let ended = r.store.expire(crate::duration::unix_ms());
+            if ended > 0 {
+                r.status(|s| s.expired += ended as u64);
+                r.dirty = true;
+            }
         }
         if tokio::time::Instant::now() >= next_pull {
             let t = unix_s();
