@@ -257,6 +257,20 @@ fn a_refused_key_fails_the_start_and_a_revoked_one_shows_at_run_time() {
     assert!(e.stderr.contains("refused the credentials"), "{}", e.stderr);
     assert!(!e.stderr.contains("not-a-key"), "the key is quoted: {}", e.stderr);
     let key = lapi.bouncer_key("policer-key");
+    // Publishing with a wrong machine password: refused at start too.
+    let (login, _) = lapi.machine();
+    write_config(
+        &sb,
+        &lapi.url(),
+        &key,
+        &format!("publish = true\nmachine_id = \"{login}\"\npassword = \"wrong-pw\"\n"),
+    );
+    let e = match Daemon::try_start(&bin, &sb.rx_ns, &args, &[]) {
+        Ok(_) => panic!("a daemon started with a refused machine login"),
+        Err(e) => e,
+    };
+    assert!(e.stderr.contains(&format!("refused the login of machine '{login}'")), "{}", e.stderr);
+    assert!(!e.stderr.contains("wrong-pw"), "the password is quoted: {}", e.stderr);
     lapi.add_ip("10.71.0.5", "1h");
     write_config(&sb, &lapi.url(), &key, "");
     let _d = daemon(&sb, 9483);

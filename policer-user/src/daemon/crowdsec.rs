@@ -49,6 +49,8 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 pub const PUBLISH_QUEUE: usize = 10_000;
 /// Alerts per POST.
 const PUBLISH_BATCH: usize = 500;
+/// The scenario of the alerts of automatic bans.
+const SCENARIO: &str = "policer/auto-ban";
 /// Skipped decisions logged per pull at most (the rest are counted).
 const LOG_SKIPPED: usize = 5;
 
@@ -150,10 +152,34 @@ pub fn check_at_start(s: &Settings) -> Result<Option<String>> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let path = format!("{}v1/decisions?ip=192.0.2.255", s.url.base);
     match rt.block_on(request(&s.url, "GET", &path, &[("X-Api-Key", &s.api_key)], None, START_CHECK)) {
+        Ok(_) => {}
+        Err(e @ HttpError::Status(401 | 403, _)) => {
+            return Err(Error::Invalid(format!(
+                "crowdsec: the Local API at {}: {e}; nothing started (`cscli bouncers add NAME -o raw` prints a key)",
+                s.url_text
+            )));
+        }
+        Err(e) => {
+            return Ok(Some(format!(
+                "crowdsec: the Local API at {} does not answer yet ({e}); policing starts without its decisions \
+                 and pulls them once it does",
+                s.url_text
+            )));
+        }
+    }
+    // Publishing: the machine's login too, so a wrong password is said now
+    // rather than found at the first automatic ban.
+    let Some((id, password)) = &s.publish else { return Ok(None) };
+    let body = serde_json::json!({ "machine_id": id, "password": password, "scenarios": [SCENARIO] });
+    let path = format!("{}v1/watchers/login", s.url.base);
+    match rt.block_on(request(&s.url, "POST", &path, &[], Some(body.to_string().into_bytes()), START_CHECK)) {
         Ok(_) => Ok(None),
-        Err(e @ HttpError::Status(401 | 403, _)) => Err(Error::Invalid(format!(
-            "crowdsec: the Local API at {}: {e}; nothing started (`cscli bouncers add NAME -o raw` prints a key)",
-            s.url_text
+        Err(HttpError::Status(401 | 403, _)) => Err(Error::Invalid(format!(
+            "crowdsec: the Local API at {} refused the login of machine '{}' (publish = true): check machine_id \
+             and password (`cscli machines add NAME --password …`, or `cscli machines validate NAME`); nothing \
+             started",
+            s.url_text,
+            crate::text::escaped(id)
         ))),
         Err(e) => Ok(Some(format!(
             "crowdsec: the Local API at {} does not answer yet ({e}); policing starts without its decisions \
@@ -383,7 +409,7 @@ impl Run {
             return Ok(t.clone());
         }
         let Some((id, password)) = self.s.publish.clone() else { return Err("publish is off".into()) };
-        let body = serde_json::json!({ "machine_id": id, "password": password, "scenarios": ["policer/auto-ban"] });
+        let body = serde_json::json!({ "machine_id": id, "password": password, "scenarios": [SCENARIO] });
         let path = format!("{}v1/watchers/login", self.s.url.base);
         let r = request(&self.s.url, "POST", &path, &[], Some(body.to_string().into_bytes()), TIMEOUT).await;
         let bytes = r.map_err(|e| {
@@ -394,6 +420,18 @@ impl Run {
         let t = v.get("token").and_then(|t| t.as_str()).ok_or("login answer without a token")?.to_string();
         self.token = Some((t.clone(), Instant::now()));
         Ok(t)
+    }
+
+    /// Keeps at most [`PUBLISH_QUEUE`] bans waiting (the newest: an
+    /// outage of the Local API with a ban storm must not grow the daemon
+    /// without bound); those dropped are counted.
+    fn cap_pending(&mut self) {
+        if self.pending.len() > PUBLISH_QUEUE {
+            let n = self.pending.len() - PUBLISH_QUEUE;
+            self.pending.drain(..n);
+            self.status(|s| *s.errors.entry("publish_dropped".into()).or_insert(0) += n as u64);
+            log::warn!("crowdsec: {n} automatic bans not published (the queue was full)");
+        }
     }
 
     /// Posts what is pending, in batches; keeps what failed for the next
@@ -439,7 +477,7 @@ fn alert(b: &AutoBan) -> serde_json::Value {
     let (scope, value) = if host { ("Ip", b.net.addr().to_string()) } else { ("Range", b.net.to_string()) };
     let now = crate::duration::unix_ms();
     let at = crate::duration::rfc3339(now);
-    let scenario = "policer/auto-ban";
+    let scenario = SCENARIO;
     let message = format!(
         "policer: automatic ban of {value} for {} s (rule {}; ban #{} of this source)",
         b.secs, b.rule, b.count
@@ -532,6 +570,7 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
                         r.pending.push(b);
                     }
                 }
+                r.cap_pending();
                 r.publish().await;
                 continue;
             }
