@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod prefix;
 pub mod protect;
+pub mod replay;
 pub mod report;
 pub mod rules;
 pub mod sets;

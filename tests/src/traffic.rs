@@ -439,6 +439,12 @@ pub fn exact_admitted_bytes(sent: &SendReport, flows: &[Flow], rule: &policer_co
     exact_model(rule, sent.frames.iter().map(|&(t, i)| (t, flows[i as usize].len as u32))).1
 }
 
+/// (frames, bytes) one bucket under `rule` admits of (time in ns, length):
+/// the exact token bucket on those times (`policer replay`'s model).
+pub fn exact_admitted_at(rule: &policer_common::Rule, frames: impl Iterator<Item = (u64, u32)>) -> (u64, u64) {
+    exact_model(rule, frames)
+}
+
 /// (frames, bytes) one bucket under `rule` admits of (send time, length).
 fn exact_model(rule: &policer_common::Rule, frames: impl Iterator<Item = (u64, u32)>) -> (u64, u64) {
     let mut tat = rule.empty_tat(1_000_000_000);

@@ -9,6 +9,7 @@ mod docs;
 mod import;
 mod inspect;
 mod reload;
+mod replay;
 mod rule;
 mod stats;
 mod status;
@@ -78,6 +79,9 @@ enum Cmd {
     Top(top::Args),
     /// One source now: its rule, bucket, debt, and when it would be admitted.
     Inspect(inspect::Args),
+    /// What the rules would have done to a capture: every frame through the
+    /// real program, on the capture's own clock (no daemon, nothing attached).
+    Replay(replay::Args),
     /// Write the man pages (policer.8 and one per verb) into a directory.
     #[command(hide = true)]
     Man(docs::ManArgs),
@@ -113,6 +117,7 @@ impl Cli {
             Cmd::Status(a) => a.json,
             Cmd::Inspect(a) => a.json,
             Cmd::Check(a) => a.json,
+            Cmd::Replay(a) => a.json,
             Cmd::Rule { cmd: rule::Cmd::Ls { json, .. } } => *json,
             Cmd::Rule { cmd: rule::Cmd::Import(a) } => a.json,
             Cmd::Ban(a) => a.json(),
@@ -145,6 +150,7 @@ impl Cli {
             Cmd::Stats(a) => stats::run(a),
             Cmd::Top(a) => top::run(a),
             Cmd::Inspect(a) => inspect::run(a),
+            Cmd::Replay(a) => replay::run(a),
             Cmd::Man(a) => docs::man(a),
             Cmd::Completions(a) => docs::completions(a),
         }

@@ -772,15 +772,66 @@ impl Diff {
     }
 }
 
+/// A rule as [`install_offline`] wrote it.
+#[derive(Clone, Debug)]
+pub struct OfflineRule {
+    pub key: RuleKey,
+    pub spec: RuleSpec,
+    /// Its counter slot (`Rule::counter_slot` of what the tries hold).
+    pub slot: u32,
+}
+
+/// Writes `specs` into a freshly loaded program that no interface runs
+/// (`policer replay`) as a start writes them into fresh maps: planned by
+/// the daemon's [`super::plan::plan`], each rule's new-source limiter, ban
+/// parameters and aggregate bucket at its slot on the program's clock at
+/// `now_ns`, then the rule maps, then the default rules' fast path when
+/// only default rules exist (as `Daemon::sync_fast_path` does). Named sets
+/// are not installed here.
+pub fn install_offline(
+    p: &mut Policer,
+    specs: &BTreeMap<RuleKey, RuleSpec>,
+    protect: &Protect,
+    now_ns: u64,
+) -> Result<Vec<OfflineRule>> {
+    // A fresh program's maps hold nothing: the first rule id is 1, as
+    // `plan_rules` finds at a start with nothing adopted.
+    let mut rs = RuleSet::new(Slots::new(p.max_rules()?), Groups::default(), Compiled::default(), 1);
+    rs.set_protect(protect.clone());
+    let plan = rs.plan(specs)?;
+    for w in &plan.writes {
+        let spec = &plan.rules[&w.key].spec;
+        prepare_at(p, spec, w.slot, now_ns)?;
+        p.set_total(w.slot, total_at(spec, now_ns)?.as_ref())?;
+    }
+    p.sync_rules_from(&Compiled::default(), &plan.compiled)?;
+    let out = plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: i.spec.clone(), slot: i.slot }).collect();
+    rs.commit(plan);
+    if rs.only_defaults() {
+        let rule = |net: &str| -> Option<Rule> { rs.compiled.prefixes.get(&net.parse::<IpNet>().ok()?).copied() };
+        p.set_default_rules(0, rule("0.0.0.0/0"), rule("::/0"))?;
+        p.set_fast_path(1)?;
+    }
+    Ok(out)
+}
+
 /// The aggregate bucket of a rule (`--total-rate`), starting full.
 pub(super) fn total(spec: &RuleSpec) -> Result<Option<policer_common::class::Total>> {
-    Ok(spec
-        .total_limiter()?
-        .map(|limiter| policer_common::class::Total { tat: limiter.empty_tat(monotonic_ns()), limiter }))
+    total_at(spec, monotonic_ns())
+}
+
+/// [`total`] on the program's clock at `now_ns` (a replay's is the capture's).
+fn total_at(spec: &RuleSpec, now_ns: u64) -> Result<Option<policer_common::class::Total>> {
+    Ok(spec.total_limiter()?.map(|limiter| policer_common::class::Total { tat: limiter.empty_tat(now_ns), limiter }))
 }
 
 /// Sets the new-source limiter of the rule's counter slot.
 pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, slot: u32) -> Result<()> {
+    prepare_at(p, spec, slot, monotonic_ns())
+}
+
+/// [`prepare`] on the program's clock at `now_ns`.
+fn prepare_at(p: &mut Policer, spec: &RuleSpec, slot: u32, now_ns: u64) -> Result<()> {
     // Rate and burst in the same unit: packets, or bytes in byte mode.
     let rate = match (spec.action.polices(), spec.rate) {
         (true, Some(Rate::Pps(r))) => Some(r),
@@ -788,7 +839,7 @@ pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, slot: u32) -> Result<()>
         _ => None,
     };
     let ns = match rate {
-        Some(r) => NewSources::for_rule(r, spec.burst, p.max_sources()?, monotonic_ns()),
+        Some(r) => NewSources::for_rule(r, spec.burst, p.max_sources()?, now_ns),
         None => NewSources::default(),
     };
     p.set_new_sources(slot, &ns)?;

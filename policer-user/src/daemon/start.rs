@@ -72,7 +72,7 @@ fn bind_private(path: &Path) -> Result<UnixListener> {
 }
 
 /// The default rules `--rate/--burst` stand for.
-pub(super) fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<RuleSpec>> {
+pub fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<RuleSpec>> {
     let burst = burst.as_ref().map(|b| BurstValue::Text(b.clone()));
     ["0.0.0.0/0", "::/0"]
         .iter()

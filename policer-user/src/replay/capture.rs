@@ -1,0 +1,198 @@
+//! Reading a capture frame by frame (pcap or pcapng, told apart by their
+//! first bytes), each frame as the Ethernet frame the XDP program sees.
+//!
+//! Streams: one frame is in memory at a time (the reader's buffer and the
+//! caller's), whatever the size of the file.
+
+use std::{
+    fs::File,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+};
+
+use pcap_file::{
+    DataLink,
+    pcap::PcapReader,
+    pcapng::{Block, PcapNgReader},
+};
+
+use crate::error::{Error, Result};
+
+/// The largest frame BPF_PROG_TEST_RUN takes for an XDP program without
+/// fragments: a page less XDP_PACKET_HEADROOM (256) and the tail room of
+/// `struct skb_shared_info` (320 on x86-64): `bpf_prog_test_run_xdp`.
+/// Longer frames are clipped to it (their headers are all the program
+/// reads; byte-mode rules then see the clipped length: counted apart).
+pub const MAX_FRAME: usize = 4096 - 256 - 320;
+
+/// The link layers replayed: Ethernet as it is, Linux cooked captures
+/// (`tcpdump -i any`) with their header rewritten as an Ethernet one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    Ethernet,
+    /// LINKTYPE_LINUX_SLL: a 16-byte header, the EtherType at 14.
+    Sll,
+    /// LINKTYPE_LINUX_SLL2: a 20-byte header, the EtherType at 0.
+    Sll2,
+}
+
+impl Link {
+    fn of(d: DataLink) -> Option<Link> {
+        match d {
+            DataLink::ETHERNET => Some(Link::Ethernet),
+            DataLink::LINUX_SLL => Some(Link::Sll),
+            DataLink::LINUX_SLL2 => Some(Link::Sll2),
+            _ => None,
+        }
+    }
+}
+
+/// A frame's place in time and its length on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// The capture's timestamp, ns since the Unix epoch.
+    pub ts_ns: u64,
+    /// The frame's length as the program is given it (the original
+    /// length, clipped to [`MAX_FRAME`]).
+    pub len: u32,
+    /// Whether the frame was longer than [`MAX_FRAME`].
+    pub clipped: bool,
+}
+
+enum Reader {
+    Pcap { r: PcapReader<BufReader<File>>, link: Link },
+    PcapNg(PcapNgReader<BufReader<File>>),
+}
+
+/// An open capture.
+pub struct Capture {
+    path: PathBuf,
+    reader: Reader,
+    /// Frames read so far (for errors: "frame N").
+    frames: u64,
+}
+
+/// The first four bytes of a pcapng file (a Section Header Block's type).
+const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
+
+fn unsupported(path: &Path, d: DataLink, where_: &str) -> Error {
+    Error::Invalid(format!(
+        "{}: {where_}link type {d:?} ({}): only Ethernet and Linux cooked captures (SLL, SLL2) can be replayed",
+        path.display(),
+        u32::from(d)
+    ))
+}
+
+impl Capture {
+    /// Opens `path`, reading its header; a file that is neither pcap nor
+    /// pcapng, or of another link type, is refused here.
+    pub fn open(path: &Path) -> Result<Capture> {
+        let bad = |what: String| Error::Invalid(format!("{}: {what}", path.display()));
+        let file = File::open(path).map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
+        let mut buf = BufReader::with_capacity(256 * 1024, file);
+        let head = buf.fill_buf().map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
+        let reader = if head.starts_with(&PCAPNG_MAGIC) {
+            Reader::PcapNg(PcapNgReader::new(buf).map_err(|e| bad(format!("not a valid pcapng file: {e}")))?)
+        } else {
+            let r = PcapReader::new(buf).map_err(|e| bad(format!("neither pcap nor pcapng: {e}")))?;
+            let d = r.header().datalink;
+            let link = Link::of(d).ok_or_else(|| unsupported(path, d, ""))?;
+            Reader::Pcap { r, link }
+        };
+        Ok(Capture { path: path.to_path_buf(), reader, frames: 0 })
+    }
+
+    /// The next frame, written into `out` as an Ethernet frame; `None` at
+    /// the end of the capture.
+    pub fn next(&mut self, out: &mut Vec<u8>) -> Result<Option<Frame>> {
+        let path = self.path.clone();
+        let n = self.frames + 1;
+        let bad = |what: String| Error::Invalid(format!("{}: frame {n}: {what}", path.display()));
+        let got = match &mut self.reader {
+            Reader::Pcap { r, link } => match r.next_packet() {
+                None => None,
+                Some(Err(e)) => return Err(bad(format!("{e}"))),
+                Some(Ok(p)) => {
+                    let ts = p.timestamp();
+                    Some((ts, p.orig_len(), ethernet(*link, p.data(), out).map_err(bad)?))
+                }
+            },
+            Reader::PcapNg(r) => loop {
+                match r.next_block() {
+                    None => break None,
+                    Some(Err(e)) => return Err(bad(format!("{e}"))),
+                    Some(Ok((Block::EnhancedPacket(p), state))) => {
+                        let d = state
+                            .interfaces()
+                            .get(p.interface_id as usize)
+                            .map(|i| i.linktype)
+                            .ok_or_else(|| bad(format!("interface {} is not described", p.interface_id)))?;
+                        let link = Link::of(d).ok_or_else(|| unsupported(&path, d, &format!("frame {n}: ")))?;
+                        break Some((p.timestamp, p.original_len, ethernet(link, &p.data, out).map_err(bad)?));
+                    }
+                    Some(Ok((Block::SimplePacket(_), _))) => {
+                        return Err(bad("a Simple Packet Block has no timestamp: it cannot be replayed".into()));
+                    }
+                    Some(Ok((Block::Packet(_), _))) => {
+                        return Err(bad("obsolete Packet Block: rewrite the capture (editcap -F pcapng)".into()));
+                    }
+                    // Section headers, interfaces (kept by the reader),
+                    // statistics, names, custom blocks: no frame.
+                    Some(Ok(_)) => {}
+                }
+            },
+        };
+        let Some((ts, orig_len, header_delta)) = got else { return Ok(None) };
+        self.frames = n;
+        let ts_ns = u64::try_from(ts.as_nanos()).map_err(|_| bad("timestamp past the year 2554".into()))?;
+        // The length on the wire: a snap length cuts what was captured,
+        // not what the policer saw (a byte-mode rule counts all of it).
+        let wire = (orig_len as i64 + header_delta).max(out.len() as i64) as usize;
+        let clipped = wire > MAX_FRAME;
+        out.resize(wire.min(MAX_FRAME), 0);
+        Ok(Some(Frame { ts_ns, len: out.len() as u32, clipped }))
+    }
+}
+
+/// Writes `data` of link layer `link` into `out` as an Ethernet frame;
+/// returns by how much the header's length changed (SLL → Ethernet).
+fn ethernet(link: Link, data: &[u8], out: &mut Vec<u8>) -> std::result::Result<i64, String> {
+    out.clear();
+    let (ethertype, payload, header) = match link {
+        Link::Ethernet => {
+            out.extend_from_slice(data);
+            return Ok(0);
+        }
+        Link::Sll if data.len() >= 16 => ([data[14], data[15]], &data[16..], 16),
+        Link::Sll2 if data.len() >= 20 => ([data[0], data[1]], &data[20..], 20),
+        Link::Sll | Link::Sll2 => return Err(format!("{} bytes: shorter than a Linux cooked header", data.len())),
+    };
+    // Addresses the program does not read: zero.
+    out.extend_from_slice(&[0; 12]);
+    out.extend_from_slice(&ethertype);
+    out.extend_from_slice(payload);
+    Ok(14 - header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cooked_headers_become_ethernet() {
+        let mut out = Vec::new();
+        let mut sll = vec![0u8; 16];
+        sll[14..16].copy_from_slice(&[0x86, 0xdd]);
+        sll.extend_from_slice(&[0x60, 1, 2]);
+        assert_eq!(ethernet(Link::Sll, &sll, &mut out), Ok(-2));
+        assert_eq!(out, [&[0u8; 12][..], &[0x86, 0xdd, 0x60, 1, 2]].concat());
+        let mut sll2 = vec![0x08, 0x00];
+        sll2.resize(20, 7);
+        sll2.push(0x45);
+        assert_eq!(ethernet(Link::Sll2, &sll2, &mut out), Ok(-6));
+        assert_eq!(out, [&[0u8; 12][..], &[0x08, 0x00, 0x45]].concat());
+        assert!(ethernet(Link::Sll, &[0; 15], &mut out).is_err());
+        assert_eq!(ethernet(Link::Ethernet, &[1, 2, 3], &mut out), Ok(0));
+        assert_eq!(out, [1, 2, 3]);
+    }
+}

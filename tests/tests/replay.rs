@@ -1,0 +1,278 @@
+//! `policer replay`: the real binary on captures this test writes (pcap and
+//! pcapng, jittered timestamps, IPv4 and IPv6), checked frame for frame
+//! against an exact token bucket computed on the same timestamps.
+
+use std::{collections::BTreeMap, net::IpAddr, path::Path, process::Command};
+
+use policer_common::rate::Rate;
+use policer_tests::{daemon::policer_bin, frame::FrameSpec, privileged, rng, traffic::exact_admitted_at};
+use serde_json::Value;
+
+const SEC: u64 = 1_000_000_000;
+/// The capture's first timestamp: a date, as a real capture has.
+const EPOCH_NS: u64 = 1_750_000_000 * SEC;
+
+/// One frame of the capture.
+struct Captured {
+    ts_ns: u64,
+    frame: Vec<u8>,
+    src: Option<IpAddr>,
+}
+
+/// `n` frames of `src` spaced `gap_ns` apart, each moved by up to
+/// ±`jitter_ns`, from `start_ns` on.
+fn flow(src: &str, gap_ns: u64, jitter_ns: u64, n: u64, seed: u64) -> Vec<Captured> {
+    let src: IpAddr = src.parse().unwrap();
+    let dst: IpAddr = if src.is_ipv4() { "198.19.0.1".parse().unwrap() } else { "2001:db8:ffff::1".parse().unwrap() };
+    let mut state = seed;
+    (0..n)
+        .map(|i| {
+            let j = rng(&mut state) % (2 * jitter_ns + 1);
+            let ts_ns = EPOCH_NS + jitter_ns + i * gap_ns + j - jitter_ns;
+            let len = 64 + (rng(&mut state) % 200) as usize;
+            Captured { ts_ns, frame: FrameSpec::udp(src, dst, len).build(None), src: Some(src) }
+        })
+        .collect()
+}
+
+/// A heavy source at 10× the rate and an in-profile one at half of it, in
+/// each family, and a few ARP frames; in time order.
+fn traffic(rate_gap_ns: u64, secs: u64) -> Vec<Captured> {
+    let n = |gap: u64| secs * SEC / gap;
+    let (heavy, light) = (rate_gap_ns / 10, rate_gap_ns * 2);
+    let mut all = Vec::new();
+    all.extend(flow("192.0.2.10", heavy, heavy / 2, n(heavy), 1));
+    all.extend(flow("192.0.2.20", light, light / 4, n(light), 2));
+    all.extend(flow("2001:db8:1::10", heavy, heavy / 2, n(heavy), 3));
+    all.extend(flow("2001:db8:2::20", light, light / 4, n(light), 4));
+    let mut arp = vec![0xffu8; 6];
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    arp.resize(60, 0);
+    for i in 0..3 {
+        all.push(Captured { ts_ns: EPOCH_NS + i * SEC / 2 + 7, frame: arp.clone(), src: None });
+    }
+    all.sort_by_key(|c| c.ts_ns);
+    all
+}
+
+/// A pcap with nanosecond timestamps (magic a1b23c4d), Ethernet.
+fn write_pcap(path: &Path, frames: &[Captured]) {
+    let mut b = Vec::new();
+    b.extend_from_slice(&0xa1b2_3c4du32.to_le_bytes());
+    b.extend_from_slice(&2u16.to_le_bytes());
+    b.extend_from_slice(&4u16.to_le_bytes());
+    b.extend_from_slice(&[0; 8]);
+    b.extend_from_slice(&65535u32.to_le_bytes());
+    b.extend_from_slice(&1u32.to_le_bytes());
+    for c in frames {
+        b.extend_from_slice(&((c.ts_ns / SEC) as u32).to_le_bytes());
+        b.extend_from_slice(&((c.ts_ns % SEC) as u32).to_le_bytes());
+        b.extend_from_slice(&(c.frame.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(c.frame.len() as u32).to_le_bytes());
+        b.extend_from_slice(&c.frame);
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+/// A pcapng: a section, one Ethernet interface with nanosecond timestamps
+/// (if_tsresol 9), an Enhanced Packet Block per frame.
+fn write_pcapng(path: &Path, frames: &[Captured]) {
+    fn block(b: &mut Vec<u8>, kind: u32, body: &[u8]) {
+        let pad = (4 - body.len() % 4) % 4;
+        let len = (12 + body.len() + pad) as u32;
+        b.extend_from_slice(&kind.to_le_bytes());
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(body);
+        b.extend_from_slice(&vec![0; pad]);
+        b.extend_from_slice(&len.to_le_bytes());
+    }
+    let mut b = Vec::new();
+    let mut shb = 0x1a2b_3c4du32.to_le_bytes().to_vec();
+    shb.extend_from_slice(&1u16.to_le_bytes());
+    shb.extend_from_slice(&0u16.to_le_bytes());
+    shb.extend_from_slice(&(-1i64).to_le_bytes());
+    block(&mut b, 0x0a0d_0d0a, &shb);
+    let mut idb = 1u16.to_le_bytes().to_vec();
+    idb.extend_from_slice(&[0, 0]);
+    idb.extend_from_slice(&65535u32.to_le_bytes());
+    // if_tsresol (code 9, length 1) = 9: ns; then opt_endofopt.
+    idb.extend_from_slice(&[9, 0, 1, 0, 9, 0, 0, 0, 0, 0, 0, 0]);
+    block(&mut b, 1, &idb);
+    for c in frames {
+        let mut epb = 0u32.to_le_bytes().to_vec();
+        epb.extend_from_slice(&((c.ts_ns >> 32) as u32).to_le_bytes());
+        epb.extend_from_slice(&(c.ts_ns as u32).to_le_bytes());
+        epb.extend_from_slice(&(c.frame.len() as u32).to_le_bytes());
+        epb.extend_from_slice(&(c.frame.len() as u32).to_le_bytes());
+        epb.extend_from_slice(&c.frame);
+        epb.resize(20 + c.frame.len().div_ceil(4) * 4, 0);
+        block(&mut b, 6, &epb);
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+fn replay(args: &[&str]) -> std::process::Output {
+    Command::new(policer_bin()).arg("replay").args(args).output().expect("run policer replay")
+}
+
+fn replay_json(args: &[&str]) -> Value {
+    let out = replay(args);
+    assert!(out.status.success(), "policer replay {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("policer-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// (frames, admitted frames, admitted bytes) of the exact bucket for each source.
+fn model(frames: &[Captured], rule: &policer_common::Rule) -> BTreeMap<IpAddr, (u64, u64, u64)> {
+    let mut by_src: BTreeMap<IpAddr, Vec<(u64, u32)>> = BTreeMap::new();
+    for c in frames {
+        if let Some(s) = c.src {
+            by_src.entry(s).or_default().push((c.ts_ns - EPOCH_NS, c.frame.len() as u32));
+        }
+    }
+    by_src
+        .into_iter()
+        .map(|(s, f)| {
+            let (n, bytes) = exact_admitted_at(rule, f.iter().copied());
+            (s, (f.len() as u64, n, bytes))
+        })
+        .collect()
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {v}"))
+}
+
+/// Each source's admitted frames and bytes are the exact bucket's, frame
+/// for frame, from a pcap and from a pcapng of the same traffic.
+#[test]
+fn replay_admits_what_an_exact_bucket_admits() {
+    if !privileged("replay tier") {
+        return;
+    }
+    let frames = traffic(SEC / 1000, 2);
+    let rule = Rate::parse("1000pps").unwrap().rule(5).unwrap();
+    let want = model(&frames, &rule);
+    // The test's own check of its traffic: the heavy sources lose most,
+    // the in-profile ones nothing.
+    for (s, (n, admitted, _)) in &want {
+        if s.to_string().ends_with("10") {
+            assert!(*admitted < n / 5, "{s}: the model admits {admitted} of {n}");
+        } else {
+            assert_eq!(admitted, n, "{s}: in profile");
+        }
+    }
+    let (pcap, pcapng) = (tmp("t.pcap"), tmp("t.pcapng"));
+    write_pcap(&pcap, &frames);
+    write_pcapng(&pcapng, &frames);
+    for path in [&pcap, &pcapng] {
+        let r = replay_json(&[path.to_str().unwrap(), "--rate", "1000pps", "--burst", "5", "--json", "--top", "0"]);
+        assert_eq!(u(&r, "frames"), frames.len() as u64, "{}", path.display());
+        assert_eq!(u(&r, "not_ip_frames"), 3);
+        assert_eq!(u(&r, "sources"), 4);
+        let got: BTreeMap<IpAddr, (u64, u64, u64)> = r["top_dropped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["source"].as_str().unwrap().parse().unwrap(),
+                    (u(s, "frames"), u(s, "admitted_frames"), u(s, "admitted_bytes")),
+                )
+            })
+            .collect();
+        assert_eq!(got, want, "{}: per source (frames, admitted, admitted bytes)", path.display());
+        // The rules' lines add up their sources'; drops have their times.
+        for (rule_name, family_v4) in [("0.0.0.0/0", true), ("::/0", false)] {
+            let line = r["rules"].as_array().unwrap().iter().find(|l| l["rule"] == rule_name).expect("rule line");
+            let (n, a) =
+                want.iter().filter(|(s, _)| s.is_ipv4() == family_v4).fold((0, 0), |(n, a), (_, w)| (n + w.0, a + w.1));
+            assert_eq!(
+                (u(line, "frames"), u(line, "admitted_frames"), u(line, "dropped_frames")),
+                (n, a, n - a),
+                "{rule_name}"
+            );
+            assert!(u(line, "first_drop_ns") >= EPOCH_NS && u(line, "last_drop_ns") > u(line, "first_drop_ns"));
+        }
+        let total_admitted: u64 = want.values().map(|w| w.1).sum::<u64>() + 3;
+        assert_eq!(u(&r, "admitted_frames"), total_admitted);
+    }
+}
+
+/// A `monitor` rule of a config file admits everything and counts as
+/// would-drop exactly what the bucket refuses; text output names the rule.
+#[test]
+fn replay_with_a_config_counts_monitor_would_drops() {
+    if !privileged("replay tier") {
+        return;
+    }
+    let mut frames = flow("198.51.100.7", SEC / 5000, SEC / 20000, 5000, 9);
+    frames.extend(flow("192.0.2.30", SEC / 5000, SEC / 20000, 5000, 10));
+    frames.sort_by_key(|c| c.ts_ns);
+    let config = tmp("policer.toml");
+    std::fs::write(
+        &config,
+        "[[rule]]\nprefix = \"198.51.100.0/24\"\nrate = \"1000pps\"\nburst = 5\naction = \"monitor\"\n\n\
+         [[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"2000pps\"\nburst = 10\n",
+    )
+    .unwrap();
+    let pcap = tmp("m.pcap");
+    write_pcap(&pcap, &frames);
+    let r = replay_json(&[pcap.to_str().unwrap(), "--config", config.to_str().unwrap(), "--json"]);
+    let mon = model(&frames[..], &Rate::parse("1000pps").unwrap().rule(5).unwrap());
+    let pol = model(&frames[..], &Rate::parse("2000pps").unwrap().rule(10).unwrap());
+    let (n, a, _) = mon[&"198.51.100.7".parse::<IpAddr>().unwrap()];
+    let (n2, a2, _) = pol[&"192.0.2.30".parse::<IpAddr>().unwrap()];
+    let line =
+        |name: &str| r["rules"].as_array().unwrap().iter().find(|l| l["rule"] == name).expect("rule line").clone();
+    let m = line("198.51.100.0/24");
+    assert_eq!(m["action"], "monitor");
+    assert_eq!((u(&m, "frames"), u(&m, "admitted_frames"), u(&m, "dropped_frames")), (n, n, 0));
+    assert_eq!(u(&m, "would_drop_frames"), n - a);
+    let d = line("0.0.0.0/0");
+    assert_eq!((u(&d, "frames"), u(&d, "admitted_frames"), u(&d, "dropped_frames")), (n2, a2, n2 - a2));
+    // Top: the policed source (dropped) before the monitored one.
+    let top = r["top_dropped"].as_array().unwrap();
+    assert_eq!(top[0]["source"], "192.0.2.30");
+    assert_eq!(top[1]["source"], "198.51.100.7");
+    let text = replay(&[pcap.to_str().unwrap(), "--config", config.to_str().unwrap()]);
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("198.51.100.0/24") && text.contains("top dropped sources"), "{text}");
+}
+
+/// Bad input: a clear error, exit status 1 (no root needed: refused
+/// before the program is loaded).
+#[test]
+fn replay_refuses_bad_input_clearly() {
+    let not_capture = tmp("not-a-capture");
+    std::fs::write(&not_capture, "hello\n").unwrap();
+    let classes = tmp("classes.toml");
+    std::fs::write(&classes, "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nproto = \"udp\"\ndport = 53\n")
+        .unwrap();
+    let empty_pcap = tmp("sll3.pcap");
+    let mut b = 0xa1b2_c3d4u32.to_le_bytes().to_vec();
+    b.extend_from_slice(&[2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0]);
+    b.extend_from_slice(&105u32.to_le_bytes()); // IEEE 802.11
+    std::fs::write(&empty_pcap, b).unwrap();
+    let p = |x: &std::path::PathBuf| x.to_str().unwrap().to_string();
+    for (args, want) in [
+        (vec![p(&not_capture), "--rate".into(), "1kpps".into()], "neither pcap nor pcapng"),
+        (vec![p(&empty_pcap), "--rate".into(), "1kpps".into()], "only Ethernet and Linux cooked"),
+        (vec![p(&not_capture)], "give --config FILE with rules, or --rate"),
+        (vec![p(&not_capture), "--burst".into(), "5".into()], "--burst needs --rate"),
+        (vec![p(&not_capture), "--config".into(), p(&classes)], "does not replay these yet"),
+        (vec!["/nonexistent.pcap".into(), "--rate".into(), "1kpps".into()], "cannot read /nonexistent.pcap"),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = replay(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
