@@ -267,7 +267,15 @@ pub fn replay(o: &Options) -> Result<Report> {
         tick_ns: Some(0),
         ..Default::default()
     };
-    let mut p = Policer::load(&opts)?;
+    let mut p = Policer::load(&opts).map_err(|e| match e {
+        // Measured: the load needs these three, and no more (nothing is attached).
+        Error::NotRoot(_) => Error::Invalid(
+            "permission denied: replay loads the XDP program, which needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN \
+             (root, or e.g. `setpriv --inh-caps=+bpf,+perfmon,+net_admin --ambient-caps=+bpf,+perfmon,+net_admin`)"
+                .into(),
+        ),
+        e => e,
+    })?;
     p.set_jiffies(0)?;
     p.set_clock(CLOCK_START_NS)?;
     let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
