@@ -311,7 +311,7 @@ fn test(host_only: bool) -> Result<()> {
     let bin = target_dir().join("debug/policer");
     // Tier 2: the real object under PROG_TEST_RUN.
     say("tier 2: PROG_TEST_RUN of the real XDP object");
-    for t in ["object", "kernel", "class_object", "ban_object"] {
+    for t in ["object", "kernel", "class_object", "ban_object", "replay"] {
         sh(cargo().args(["test", "-p", "policer-tests", "--test", t]).env("POLICER_BIN", &bin))?;
     }
     // Tier 3: real binary, real frames over veth. One test at a time: they
