@@ -427,17 +427,9 @@ pub fn text(r: &Report) -> String {
         ["RULE", "ACTION", "FRAMES", "ADMITTED", "DROPPED", "WOULD_DROP", "DROPPED_BYTES", "FIRST_DROP", "LAST_DROP"];
     let mut tab = crate::report::table(&head, 2);
     for x in &r.rules {
-        tab.add_row(vec![
-            x.rule.clone(),
-            x.action.clone(),
-            x.tally.frames.to_string(),
-            x.tally.admitted_frames.to_string(),
-            x.tally.dropped_frames.to_string(),
-            x.tally.would_drop_frames.to_string(),
-            x.tally.dropped_bytes.to_string(),
-            since(r.first_ns, x.tally.first_drop_ns),
-            since(r.first_ns, x.tally.last_drop_ns),
-        ]);
+        let mut row = vec![x.rule.clone(), x.action.clone()];
+        row.extend(tally_cells(&x.tally, r.first_ns));
+        tab.add_row(row);
     }
     let _ = writeln!(out, "{tab}");
     if r.top_dropped.is_empty() {
@@ -449,20 +441,26 @@ pub fn text(r: &Report) -> String {
         ["SOURCE", "RULE", "FRAMES", "ADMITTED", "DROPPED", "WOULD_DROP", "DROPPED_BYTES", "FIRST_DROP", "LAST_DROP"];
     let mut tab = crate::report::table(&head, 2);
     for s in &r.top_dropped {
-        tab.add_row(vec![
-            s.source.to_string(),
-            s.rule.clone().unwrap_or_else(|| "-".into()),
-            s.tally.frames.to_string(),
-            s.tally.admitted_frames.to_string(),
-            s.tally.dropped_frames.to_string(),
-            s.tally.would_drop_frames.to_string(),
-            s.tally.dropped_bytes.to_string(),
-            since(r.first_ns, s.tally.first_drop_ns),
-            since(r.first_ns, s.tally.last_drop_ns),
-        ]);
+        let mut row = vec![s.source.to_string(), s.rule.clone().unwrap_or_else(|| "-".into())];
+        row.extend(tally_cells(&s.tally, r.first_ns));
+        tab.add_row(row);
     }
     let _ = writeln!(out, "{tab}");
     out
+}
+
+/// A tally's cells after the row's own: frames, admitted, dropped,
+/// would-drop, dropped bytes, first and last drop.
+fn tally_cells(t: &Tally, first_ns: Option<u64>) -> [String; 7] {
+    [
+        t.frames.to_string(),
+        t.admitted_frames.to_string(),
+        t.dropped_frames.to_string(),
+        t.would_drop_frames.to_string(),
+        t.dropped_bytes.to_string(),
+        since(first_ns, t.first_drop_ns),
+        since(first_ns, t.last_drop_ns),
+    ]
 }
 
 #[cfg(test)]
