@@ -210,8 +210,9 @@ fn secret(inline: &Option<String>, file: &Option<String>, what: &str, base: &std
         (Some(k), None) if !k.trim().is_empty() => Ok(k.trim().to_string()),
         (None, Some(f)) => {
             let p = base.join(f);
-            let text = std::fs::read_to_string(&p)
+            let bytes = crate::files::read_regular(&p, crate::files::SECRET)
                 .map_err(|e| Error::Invalid(format!("crowdsec.{what}_file: cannot read {}: {e}", p.display())))?;
+            let text = String::from_utf8_lossy(&bytes);
             let k = text.lines().next().unwrap_or("").trim().to_string();
             if k.is_empty() {
                 return Err(Error::Invalid(format!("crowdsec.{what}_file: {} is empty", p.display())));
@@ -662,6 +663,13 @@ mod tests {
         std::fs::write(dir.join("key"), "fromfile\n").unwrap();
         let f = CrowdsecConfig { api_key_file: Some("key".into()), ..base };
         assert_eq!(f.settings(&dir).unwrap().api_key, "fromfile");
+        // A FIFO where the key should be: refused at once, not waited on.
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) on a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = CrowdsecConfig { api_key_file: Some("fifo".into()), ..f.clone() }.settings(&dir).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -54,6 +54,12 @@ pub const IMPORT: Limit = Limit { what: "an import list", max_bytes: 1 << 30 };
 /// of at most 64 characters and the set's rule).
 pub const SET_STATE: Limit = Limit { what: "a set's state file", max_bytes: IMPORT.max_bytes + (64 << 10) };
 
+/// A secret (`api_key_file`, `password_file`): one line.
+pub const SECRET: Limit = Limit { what: "a secret's file", max_bytes: 64 << 10 };
+
+/// The CrowdSec feed's state file: 100 000 decisions are ~7 MB.
+pub const FEED_STATE: Limit = Limit { what: "a feed's state file", max_bytes: 1 << 30 };
+
 /// Why a file was not read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {

@@ -247,9 +247,9 @@ impl Run {
 
     /// Reads the file of a previous run: what has not ended yet.
     fn restore(&mut self) {
-        let text = match std::fs::read(&self.file) {
+        let text = match crate::files::read_regular(&self.file, crate::files::FEED_STATE) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) if e.is_not_found() => return,
             Err(e) => {
                 eprintln!("policer: crowdsec: cannot read {}: {e}; starting empty", self.file.display());
                 return;
@@ -276,16 +276,20 @@ impl Run {
             return;
         }
         let r = (|| -> std::io::Result<()> {
-            std::fs::create_dir_all(self.file.parent().unwrap_or(Path::new("/")))?;
-            let tmp = self.file.with_extension("json.tmp");
-            {
+            let dir = self.file.parent().unwrap_or(Path::new("/"));
+            std::fs::create_dir_all(dir)?;
+            let stem = self.file.file_name().and_then(|n| n.to_str()).unwrap_or("feed.json");
+            let (tmp, mut f) = crate::files::create_temp(dir, stem, crate::files::NEW_FILE_MODE)?;
+            let written = (|| {
                 use std::io::Write;
-                let mut f =
-                    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode_0600().open(&tmp)?;
                 f.write_all(&serde_json::to_vec(&self.store).map_err(std::io::Error::other)?)?;
                 f.sync_all()?;
+                std::fs::rename(&tmp, &self.file)
+            })();
+            if written.is_err() {
+                let _ = std::fs::remove_file(&tmp);
             }
-            std::fs::rename(&tmp, &self.file)
+            written
         })();
         match r {
             Ok(()) => self.unsaved = false,
@@ -626,18 +630,6 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
         r.write_set().await;
         r.levels();
         r.save();
-    }
-}
-
-/// `OpenOptions::mode(0o600)` under a shorter name.
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
-}
-
-impl Mode0600 for std::fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.mode(0o600)
     }
 }
 
