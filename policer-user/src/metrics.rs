@@ -32,6 +32,11 @@ struct Verdict {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Iface {
+    iface: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
     iface: String,
     outcome: String,
@@ -73,9 +78,20 @@ fn verdicts(c: &CountersView) -> [(&'static str, u64, u64); 3] {
 
 /// The exposition text for one sample; `live` is the number of buckets
 /// in the table and `evicted` the buckets evicted so far, both from the
-/// daemon's last count of the table.
-pub fn render(s: &StatsView, live: u64, evicted: u64) -> String {
+/// daemon's last count of the table; `attached`, for each interface
+/// policed, whether our program is the one attached to it now.
+pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)]) -> String {
     let mut reg = Registry::with_prefix("policer");
+    let on = Family::<Iface, Gauge>::default();
+    for (iface, yes) in attached {
+        on.get_or_create(&Iface { iface: iface.clone() }).set(i64::from(*yes));
+    }
+    reg.register(
+        "interface_attached",
+        "1 when our program is the one attached to the interface (as /healthz checks it), 0 when it was detached or \
+         replaced",
+        on,
+    );
     let pkts = Family::<Verdict, Counter>::default();
     let bytes = Family::<Verdict, Counter>::default();
     let parse = Family::<Outcome, Counter>::default();
@@ -350,13 +366,15 @@ mod tests {
             },
             ..Default::default()
         };
-        let text = render(&s, 4, 6);
+        let text = render(&s, 4, 6, &[("eth0".into(), true), ("eth1".into(), false)]);
         for line in [
             "policer_packets_total{iface=\"eth0\",verdict=\"dropped\"} 7",
             "policer_bytes_total{iface=\"eth0\",verdict=\"dropped\"} 448",
             "policer_parse_packets_total{iface=\"eth0\",outcome=\"malformed\"} 2",
             "policer_rule_packets_total{rule=\"0.0.0.0/0\",class=\"udp dport 53\",action=\"police\",verdict=\"passed\"} 5",
             "policer_bucket_evictions_total 6",
+            "policer_interface_attached{iface=\"eth0\"} 1",
+            "policer_interface_attached{iface=\"eth1\"} 0",
             "policer_bucket_table_capacity 1024",
             "policer_bucket_table_live 4",
             "policer_config_info{sha256=\"ab12\"} 1",
@@ -388,7 +406,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let text = render(&s, 0, 0);
+        let text = render(&s, 0, 0, &[("eth0".into(), true)]);
         // Sample names, as queries use them (`policer_packets_total`).
         let names: Vec<&str> =
             text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();

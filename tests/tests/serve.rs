@@ -389,11 +389,25 @@ fn healthz_says_whether_every_interface_is_policed() {
     let ok = get("/healthz");
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
     assert!(ok.contains("\"healthy\":true") && ok.contains(&format!("\"name\":\"{}\"", sb.rx_if)), "{ok}");
+    let m = get("/metrics");
+    assert!(m.contains(&format!("policer_interface_attached{{iface=\"{}\"}} 1", sb.rx_if)), "{m}");
     // Someone removes the program behind the daemon's back: 503.
     policer_tests::netns::ip(&["-n", &sb.rx_ns, "link", "set", &sb.rx_if, "xdp", "off"]);
     let bad = get("/healthz");
     assert!(bad.starts_with("HTTP/1.1 503"), "{bad}");
     assert!(bad.contains("\"healthy\":false") && bad.contains("no XDP program is attached"), "{bad}");
+    // And /metrics says so, for the alert rule on it (a render may be
+    // shared by scrapes a moment apart: asked until it is fresh).
+    let off = format!("policer_interface_attached{{iface=\"{}\"}} 0", sb.rx_if);
+    let t0 = Instant::now();
+    loop {
+        let m = get("/metrics");
+        if m.contains(&off) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{off} not in /metrics:\n{m}");
+        thread::sleep(Duration::from_millis(200));
+    }
     assert!(get("/nope").starts_with("HTTP/1.1 404"));
 }
 
