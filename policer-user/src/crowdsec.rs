@@ -406,6 +406,16 @@ pub fn go_duration(s: &str) -> Option<f64> {
     Some(if neg { -total } else { total })
 }
 
+/// The `reason`s of skipped decisions that do not depend on what a feed
+/// sends (`type:X` and `scope:X` do): `/metrics` shows each from the start,
+/// at 0, so a `rate()` of them has a series before the first skip.
+pub const SKIP_REASONS: &[&str] = &["origin", "scenario", "invalid_value", "too_wide", "over"];
+
+/// The `kind`s of errors that do not depend on the answer (`http_NNN`
+/// does), shown from the start at 0 for the same reason.
+pub const ERROR_KINDS: &[&str] =
+    &["connect", "timeout", "body", "parse", "apply", "save", "login", "publish", "publish_dropped"];
+
 /// Why a decision was not applied.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Skip {
@@ -591,6 +601,14 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_fixed_skip_reasons_are_those_skips_print() {
+        let fixed = [Skip::Origin, Skip::Scenario, Skip::InvalidValue, Skip::TooWide, Skip::Over];
+        let names: Vec<String> = fixed.iter().map(Skip::to_string).collect();
+        assert_eq!(names, SKIP_REASONS);
+    }
+
     use super::*;
 
     fn settings() -> Settings {

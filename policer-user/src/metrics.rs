@@ -301,6 +301,9 @@ fn feed_metrics(reg: &mut Registry, f: &crate::control::FeedStatus) {
     cs.register("decisions_deleted", "Decisions the Local API deleted", counter(f.deleted));
     cs.register("decisions_expired", "Decisions that ended at their own end", counter(f.expired));
     let skipped = Family::<Reason, Counter>::default();
+    for r in crate::crowdsec::SKIP_REASONS {
+        skipped.get_or_create(&Reason { reason: (*r).into() });
+    }
     for (r, n) in &f.skipped {
         skipped.get_or_create(&Reason { reason: r.clone() }).inc_by(*n);
     }
@@ -310,6 +313,9 @@ fn feed_metrics(reg: &mut Registry, f: &crate::control::FeedStatus) {
     left.get_or_create(&Reason { reason: "rule_prefix".into() }).set(f.left_out_rule_prefix as i64);
     cs.register("left_out", "Prefixes in force left out of the set now (protected, or a rule's prefix)", left);
     let errors = Family::<Kind, Counter>::default();
+    for k in crate::crowdsec::ERROR_KINDS {
+        errors.get_or_create(&Kind { kind: (*k).into() });
+    }
     for (k, n) in &f.errors {
         errors.get_or_create(&Kind { kind: k.clone() }).inc_by(*n);
     }

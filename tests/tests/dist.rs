@@ -130,6 +130,8 @@ fn deb_installs_into_a_scratch_root_and_purges_cleanly() {
         "usr/bin/policer",
         "usr/share/bash-completion/completions/policer",
         "usr/share/doc/policer/copyright",
+        "usr/share/doc/policer/examples/grafana-dashboard.json",
+        "usr/share/doc/policer/examples/prometheus-alerts.yaml",
         "usr/share/fish/vendor_completions.d/policer.fish",
         "usr/share/zsh/vendor-completions/_policer",
     ]

@@ -140,7 +140,7 @@ fn cargo() -> Command {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Setup => setup().and_then(|()| setup_feed_tools()),
+        Cmd::Setup => setup().and_then(|()| setup_feed_tools()).and_then(|()| setup_observe_tools()),
         Cmd::Build { release } => {
             setup()?;
             let mut c = cargo();
@@ -319,6 +319,7 @@ fn test(host_only: bool) -> Result<()> {
     // image built here, and the Kubernetes manifests (kubernetes-validate).
     setup_fleet_tools()?;
     setup_feed_tools()?;
+    setup_observe_tools()?;
     image()?; // builds the package (dist) first
     // `dist` also checks that a release build carries no test hooks.
     sh(cargo().args(["build", "--release", "-p", "policer-user", "--bin", "policer"]))?;
@@ -338,6 +339,7 @@ fn test(host_only: bool) -> Result<()> {
         "import",
         "feeds",
         "crowdsec",
+        "alerts",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
@@ -574,6 +576,14 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
         }
         put(path, &o.stdout, 0o644)?;
     }
+    // The alert rules and the dashboard, where Debian keeps examples: an
+    // operator loads them into their own Prometheus and Grafana.
+    for (from, to) in [
+        ("deploy/prometheus/alerts.yaml", "usr/share/doc/policer/examples/prometheus-alerts.yaml"),
+        ("deploy/grafana-dashboard.json", "usr/share/doc/policer/examples/grafana-dashboard.json"),
+    ] {
+        put(to, &std::fs::read(ws.join(from))?, 0o644)?;
+    }
     put(
         "usr/share/doc/policer/copyright",
         b"Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\
@@ -654,19 +664,36 @@ fn setup_feed_tools() -> Result<()> {
         apt_install(&missing)?;
         quiet_system_fail2ban()?;
     }
+    unpack_deb("crowdsec", &["usr/bin/crowdsec", "usr/bin/cscli"])
+}
+
+/// What the observability tests run (tests/tests/alerts.rs): `promtool`
+/// (checks and unit-tests deploy/prometheus/alerts.yaml) and `prometheus`
+/// (scrapes a daemon, evaluates the alert rules and every dashboard query),
+/// taken from Debian's `prometheus` package without installing it (its
+/// post-install starts a system Prometheus on :9090). Idempotent.
+fn setup_observe_tools() -> Result<()> {
+    unpack_deb("prometheus", &["usr/bin/prometheus", "usr/bin/promtool"])
+}
+
+/// The files `want` of the Debian package `pkg`, unpacked (not installed)
+/// into `target/tools/PKG/`: `apt-get download` and `dpkg-deb -x`.
+/// Idempotent; an interrupted run leaves nothing taken for done.
+fn unpack_deb(pkg: &str, want: &[&str]) -> Result<()> {
     let tools = target_dir().join("tools");
-    let dir = tools.join("crowdsec");
-    if dir.join("usr/bin/crowdsec").exists() && dir.join("usr/bin/cscli").exists() {
+    let dir = tools.join(pkg);
+    if want.iter().all(|f| dir.join(f).exists()) {
         return Ok(());
     }
-    say("unpacking CrowdSec's binaries from its Debian package into target/tools/crowdsec (not installed)");
+    say(&format!("unpacking {want:?} from Debian's {pkg} package into target/tools/{pkg} (not installed)"));
     std::fs::create_dir_all(&tools)?;
+    let prefix = format!("{pkg}_");
     let debs = |tools: &Path| -> Result<Vec<PathBuf>> {
         let mut v = Vec::new();
         for e in std::fs::read_dir(tools)? {
             let p = e?.path();
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with("crowdsec_") && name.ends_with(".deb") {
+            if name.starts_with(&prefix) && name.ends_with(".deb") {
                 v.push(p);
             }
         }
@@ -675,37 +702,36 @@ fn setup_feed_tools() -> Result<()> {
     for old in debs(&tools)? {
         std::fs::remove_file(old)?;
     }
-    let download =
-        |tools: &Path| Command::new("apt-get").args(["download", "-q", "crowdsec"]).current_dir(tools).status();
+    let download = |tools: &Path| Command::new("apt-get").args(["download", "-q", pkg]).current_dir(tools).status();
     if !download(&tools).is_ok_and(|s| s.success()) {
         // A fresh machine may have no package lists yet.
         if is_root() {
             sh(Command::new("apt-get").args(["update", "-q"]))?;
         }
         if !download(&tools).is_ok_and(|s| s.success()) {
-            bail!("`apt-get download crowdsec` failed (Debian 12 ships crowdsec 1.4.6; is `apt-get update` needed?)");
+            bail!("`apt-get download {pkg}` failed (is `apt-get update` needed?)");
         }
     }
     let deb = match &debs(&tools)?[..] {
         [deb] => deb.clone(),
-        other => bail!("expected one crowdsec_*.deb in {} after the download, found {other:?}", tools.display()),
+        other => bail!("expected one {pkg}_*.deb in {} after the download, found {other:?}", tools.display()),
     };
     // Unpacked beside, then renamed: an interrupted run leaves no
     // half-unpacked tree that the check above would take for done.
-    let part = tools.join("crowdsec.part");
+    let part = tools.join(format!("{pkg}.part"));
     if part.exists() {
         std::fs::remove_dir_all(&part)?;
     }
     sh(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&part))?;
-    if !part.join("usr/bin/crowdsec").exists() || !part.join("usr/bin/cscli").exists() {
-        bail!("{} holds no usr/bin/crowdsec and usr/bin/cscli", deb.display());
+    if let Some(f) = want.iter().find(|f| !part.join(f).exists()) {
+        bail!("{} holds no {f}", deb.display());
     }
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
     std::fs::rename(&part, &dir)?;
     std::fs::remove_file(&deb)?;
-    say(&format!("CrowdSec binaries in {}", dir.join("usr/bin").display()));
+    say(&format!("{pkg}'s binaries in {}", dir.join("usr/bin").display()));
     Ok(())
 }
 

@@ -902,7 +902,8 @@ impl Views {
     pub fn metrics(&self) -> Result<bytes::Bytes> {
         let s = self.stats()?;
         let (live, evicted) = self.live_buckets(s.table.created);
-        let attached: Vec<(String, bool)> = self.health().interfaces.into_iter().map(|i| (i.name, i.attached)).collect();
+        let attached: Vec<(String, bool)> =
+            self.health().interfaces.into_iter().map(|i| (i.name, i.attached)).collect();
         Ok(bytes::Bytes::from(crate::metrics::render(&s, live, evicted, &attached)))
     }
 
