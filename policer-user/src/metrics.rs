@@ -418,7 +418,11 @@ mod tests {
             text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();
         let mut checked = 0;
         for p in dash["panels"].as_array().unwrap() {
-            for t in p["targets"].as_array().unwrap() {
+            if p["type"] != "row" {
+                let d = p["description"].as_str().unwrap_or("");
+                assert!(d.len() > 20, "panel {} has no description", p["title"]);
+            }
+            for t in p["targets"].as_array().into_iter().flatten() {
                 let expr = t["expr"].as_str().unwrap();
                 for (i, _) in expr.match_indices("policer_") {
                     let name: String =
