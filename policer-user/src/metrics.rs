@@ -302,7 +302,7 @@ fn feed_metrics(reg: &mut Registry, f: &crate::control::FeedStatus) {
     cs.register("decisions_expired", "Decisions that ended at their own end", counter(f.expired));
     let skipped = Family::<Reason, Counter>::default();
     for r in crate::crowdsec::SKIP_REASONS {
-        skipped.get_or_create(&Reason { reason: (*r).into() });
+        let _ = skipped.get_or_create(&Reason { reason: (*r).into() });
     }
     for (r, n) in &f.skipped {
         skipped.get_or_create(&Reason { reason: r.clone() }).inc_by(*n);
@@ -314,7 +314,7 @@ fn feed_metrics(reg: &mut Registry, f: &crate::control::FeedStatus) {
     cs.register("left_out", "Prefixes in force left out of the set now (protected, or a rule's prefix)", left);
     let errors = Family::<Kind, Counter>::default();
     for k in crate::crowdsec::ERROR_KINDS {
-        errors.get_or_create(&Kind { kind: (*k).into() });
+        let _ = errors.get_or_create(&Kind { kind: (*k).into() });
     }
     for (k, n) in &f.errors {
         errors.get_or_create(&Kind { kind: k.clone() }).inc_by(*n);

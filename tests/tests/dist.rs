@@ -142,6 +142,7 @@ fn deb_installs_into_a_scratch_root_and_purges_cleanly() {
     assert!(pages.iter().any(|f| *f == "usr/share/man/man8/policer-attach.8.gz"), "no policer-attach(8): {files:?}");
     assert!(pages.iter().all(|f| f.ends_with(".8.gz")), "{pages:?}");
     want.extend(pages.iter().map(|s| s.to_string()));
+    want.push("usr/share/man/man5/policer.toml.5.gz".into());
     want.sort();
     assert_eq!(files, want);
 

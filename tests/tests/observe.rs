@@ -438,28 +438,69 @@ fn man_pages_render_with_man() {
     let bin = policer_tests::daemon::policer_bin();
     let st = std::process::Command::new(&bin).arg("man").arg("--out").arg(&man).status().unwrap();
     assert!(st.success());
+    // Section 5 (policer.toml) where man looks for it, as the package has it.
+    std::fs::create_dir_all(root.join("share/man/man5")).unwrap();
+    std::fs::rename(man.join("policer.toml.5"), root.join("share/man/man5/policer.toml.5")).unwrap();
     if std::process::Command::new("man").arg("--version").output().is_err() {
         policer_tests::skip("observe tier: man_pages_render_with_man skipped: no `man` (Debian's man-db)");
         let _ = std::fs::remove_dir_all(&root);
         return;
     }
-    for page in ["policer", "policer-inspect", "policer-check", "policer-rule-set"] {
+    let mut pages: Vec<(String, &str)> = std::fs::read_dir(&man)
+        .unwrap()
+        .map(|e| (e.unwrap().file_name().to_string_lossy().trim_end_matches(".8").to_string(), "8"))
+        .collect();
+    pages.push(("policer.toml".into(), "5"));
+    assert!(pages.len() >= 19, "{pages:?}");
+    for (page, section) in &pages {
+        // Rendered by man(1) as a reader gets it, groff's warnings on.
         let out = std::process::Command::new("man")
-            .args(["-P", "cat", page])
+            .args(["--warnings", "-P", "cat", section, page])
             .env("MANPATH", root.join("share/man"))
             .env("MANWIDTH", "100")
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "man {page}: {}", String::from_utf8_lossy(&out.stderr));
-        let verb = page.rsplit('-').next().unwrap();
-        assert!(text.contains("NAME") && text.contains(verb), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "man {page}: {err}");
+        assert!(err.trim().is_empty(), "man {section} {page} warns: {err}");
+        for s in ["NAME", "SYNOPSIS", "DESCRIPTION", "FILES", "SEE ALSO"] {
+            assert!(text.contains(&format!("\n{s}\n")), "man {page} has no {s}:\n{text}");
+        }
+        // Every page it refers to is one man finds here.
+        for r in refs(&text) {
+            let (name, sec) = r.split_once('(').unwrap();
+            let sec = sec.trim_end_matches(')');
+            let found = std::process::Command::new("man")
+                .args(["-w", sec, name])
+                .env("MANPATH", root.join("share/man"))
+                .output()
+                .unwrap();
+            assert!(found.status.success(), "man {page} refers to {r}, which man does not find");
+        }
     }
     for shell in ["bash", "zsh", "fish"] {
         let out = std::process::Command::new(&bin).args(["completions", shell]).output().unwrap();
         assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("inspect"), "{shell}");
     }
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `policer…(N)` references in a rendered page.
+fn refs(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("policer") {
+        let w: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || "-.()".contains(*c)).collect();
+        if let Some(open) = w.find('(') {
+            let sec: String = w[open + 1..].chars().take_while(char::is_ascii_digit).collect();
+            if !sec.is_empty() && w[open + 1 + sec.len()..].starts_with(')') {
+                out.push(format!("{}({sec})", &w[..open]));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// `inspect` with a frame resolves the class as the program does; without

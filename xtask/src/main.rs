@@ -180,6 +180,9 @@ fn run(cli: Cli) -> Result<()> {
 fn install_docs(bin: &Path, root: &Path) -> Result<()> {
     let man = root.join("share/man/man8");
     sh(Command::new(bin).arg("man").arg("--out").arg(&man))?;
+    let man5 = root.join("share/man/man5");
+    std::fs::create_dir_all(&man5)?;
+    std::fs::rename(man.join("policer.toml.5"), man5.join("policer.toml.5"))?;
     for (shell, path) in [
         ("bash", "share/bash-completion/completions/policer"),
         ("zsh", "share/zsh/site-functions/_policer"),
@@ -562,8 +565,14 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
     // by the binary itself.
     let man = stage.join("usr/share/man/man8");
     sh(Command::new(bin).arg("man").arg("--out").arg(&man))?;
-    for e in std::fs::read_dir(&man)? {
-        sh(Command::new("gzip").args(["-9n"]).arg(e?.path()))?;
+    // policer.toml(5) in section 5.
+    let man5 = stage.join("usr/share/man/man5");
+    std::fs::create_dir_all(&man5)?;
+    std::fs::rename(man.join("policer.toml.5"), man5.join("policer.toml.5"))?;
+    for dir in [&man, &man5] {
+        for e in std::fs::read_dir(dir)? {
+            sh(Command::new("gzip").args(["-9n"]).arg(e?.path()))?;
+        }
     }
     for (shell, path) in [
         ("bash", "usr/share/bash-completion/completions/policer"),

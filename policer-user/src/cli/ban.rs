@@ -38,6 +38,7 @@ pub struct Args {
 pub enum Cmd {
     /// List the bans in force: manual ones and automatic ones (--ban-for).
     Ls {
+        /// Print JSON (fields: docs/json.md, and the man page).
         #[arg(long)]
         json: bool,
     },

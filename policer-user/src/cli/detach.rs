@@ -4,6 +4,7 @@ use crate::daemon::detach_orphan;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The interface to stop policing.
     iface: String,
 }
 

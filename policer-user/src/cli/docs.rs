@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::CommandFactory;
 
-use super::Cli;
+use super::{Cli, manual};
 
 #[derive(clap::Args)]
 pub struct ManArgs {
@@ -21,39 +21,237 @@ pub struct CompletionsArgs {
     shell: clap_complete::Shell,
 }
 
-/// Writes `policer.8` and one page per verb (`policer-rule-set.8` …).
+/// Writes `policer.8`, one page per verb (`policer-rule-set.8` …) and
+/// `policer.toml.5`.
 pub fn man(a: ManArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out)?;
-    let cmd = Cli::command().name("policer");
-    let mut written = Vec::new();
-    write_pages(&cmd, "policer", &a.out, &mut written)?;
-    for w in written {
+    for w in write_all(&a.out)? {
         println!("{}", w.display());
     }
     Ok(())
+}
+
+/// Every page, into `dir`: the paths written.
+fn write_all(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut cmd = Cli::command().name("policer").bin_name("policer");
+    // Built, so the global options reach every verb and each verb knows
+    // its full name (`policer rule set`).
+    cmd.build();
+    let mut written = Vec::new();
+    write_pages(&cmd, "policer", dir, &mut written)?;
+    let path = dir.join("policer.toml.5");
+    std::fs::write(&path, config_page())?;
+    written.push(path);
+    Ok(written)
+}
+
+/// The manual's entry for page `name`.
+fn page_of(name: &str) -> anyhow::Result<&'static manual::Page> {
+    manual::PAGES
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| anyhow::anyhow!("no entry for the page {name} in cli/manual.rs"))
 }
 
 fn write_pages(cmd: &clap::Command, name: &str, dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     if cmd.is_hide_set() {
         return Ok(());
     }
-    // clap names take &'static str (without its `string` feature); this
-    // runs once, to write a handful of pages.
-    let static_name: &'static str = Box::leak(name.to_string().into_boxed_str());
-    let page = clap_mangen::Man::new(cmd.clone().name(static_name)).section("8");
     let path = dir.join(format!("{name}.8"));
-    let mut buf = Vec::new();
-    page.render(&mut buf)?;
-    // clap_mangen puts the top command's after-help (the exit codes) under
-    // EXTRA; man-pages(7) names that section EXIT STATUS.
-    let text = String::from_utf8(buf)?;
-    let text = if name == "policer" { text.replacen(".SH EXTRA", ".SH \"EXIT STATUS\"", 1) } else { text };
-    std::fs::write(&path, text)?;
+    std::fs::write(&path, verb_page(cmd, name)?)?;
     out.push(path);
-    for sub in cmd.get_subcommands() {
+    for sub in visible(cmd) {
         write_pages(sub, &format!("{name}-{}", sub.get_name()), dir, out)?;
     }
     Ok(())
+}
+
+/// A command's verbs as pages list them: not hidden, not clap's `help`.
+fn visible(cmd: &clap::Command) -> impl Iterator<Item = &clap::Command> {
+    cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help")
+}
+
+/// The page of one command: clap's SYNOPSIS and OPTIONS, the manual's
+/// sections around them.
+fn verb_page(cmd: &clap::Command, name: &str) -> anyhow::Result<String> {
+    let page = page_of(name)?;
+    let full = name.replace('-', " ");
+    // clap names take &'static str (without its `string` feature); this
+    // runs once per page.
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let mut c = cmd.clone().name(leak(name.to_string())).bin_name(leak(full.clone()));
+    if !page.asks_daemon {
+        // --timeout is the wait for a daemon's answer: not for this verb.
+        c = c.mut_arg("timeout", |a| a.hide(true));
+    }
+    let man = clap_mangen::Man::new(c).section("8").manual("policer manual");
+    let mut buf = Vec::new();
+    man.render_title(&mut buf)?;
+    let mut t = String::from_utf8(buf)?;
+    t.push_str(&format!(".SH NAME\n{} \\- {}\n", esc(name), esc(page.summary)));
+    let mut buf = Vec::new();
+    man.render_synopsis_section(&mut buf)?;
+    t.push_str(&String::from_utf8(buf)?);
+    t.push_str(".SH DESCRIPTION\n");
+    t.push_str(&paragraphs(page.description));
+    let mut buf = Vec::new();
+    man.render_options_section(&mut buf)?;
+    t.push_str(&String::from_utf8(buf)?);
+    let subs: Vec<&clap::Command> = visible(cmd).collect();
+    if !subs.is_empty() {
+        t.push_str(".SH COMMANDS\n");
+        for s in subs {
+            let sub = format!("{name}-{}", s.get_name());
+            t.push_str(&format!(".TP\n\\fB{}\\fR(8)\n{}\n", esc(&sub), esc(page_of(&sub)?.summary)));
+        }
+    }
+    if let Some(heading) = page.json {
+        t.push_str(".SH \"JSON OUTPUT\"\n");
+        t.push_str(&markdown(json_section(heading)?));
+        t.push_str(&paragraphs(
+            "Fields are only ever added, never renamed or removed. With --json an error is {\"error\": \"...\", \
+             \"exit\": N} on stdout, with the same exit status.",
+        ));
+    }
+    if !page.examples.is_empty() {
+        t.push_str(".SH EXAMPLES\n");
+        for (what, cmd) in page.examples {
+            t.push_str(&format!(".PP\n{}:\n.PP\n.RS 4\n.nf\n{}\n.fi\n.RE\n", esc(what), esc(cmd)));
+        }
+    }
+    t.push_str(".SH \"EXIT STATUS\"\n.nf\n");
+    let exit = super::EXIT_STATUS.trim_start_matches("Exit status:\n");
+    t.push_str(&esc(exit));
+    t.push_str("\n.fi\n");
+    t.push_str(&files_section());
+    if name == "policer" || name == "policer-attach" {
+        t.push_str(".SH ENVIRONMENT\n");
+        for (var, what) in manual::ENVIRONMENT {
+            t.push_str(&format!(".TP\n\\fB{}\\fR\n{}\n", esc(var), esc(what)));
+        }
+    }
+    let mut see: Vec<String> = Vec::new();
+    if name != "policer" {
+        see.push("policer(8)".into());
+    }
+    see.push("policer.toml(5)".into());
+    see.extend(page.see_also.iter().filter(|s| **s != name).map(|s| format!("{s}(8)")));
+    t.push_str(".SH \"SEE ALSO\"\n");
+    let refs: Vec<String> = see
+        .iter()
+        .map(|r| {
+            let (n, sec) = r.split_once('(').unwrap_or((r, ""));
+            format!("\\fB{}\\fR({sec}", esc(n))
+        })
+        .collect();
+    t.push_str(&refs.join(",\n"));
+    t.push('\n');
+    Ok(t)
+}
+
+fn files_section() -> String {
+    let mut t = String::from(".SH FILES\n");
+    for (f, what) in manual::FILES {
+        t.push_str(&format!(".TP\n\\fI{}\\fR\n{}\n", esc(f), esc(what)));
+    }
+    t
+}
+
+/// policer.toml(5): every key of every table.
+fn config_page() -> String {
+    let mut t = format!(
+        ".TH policer.toml 5 \"\" \"policer {}\" \"policer manual\"\n.SH NAME\npolicer.toml \\- the policer \
+         daemon's config file\n.SH SYNOPSIS\n/etc/policer/policer.toml\n.SH DESCRIPTION\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    t.push_str(&paragraphs(
+        "A TOML file: one [daemon] table, [[rule]] and [[set]] tables, and a [crowdsec] table. The daemon starts \
+         from it, writes every rule change into it (keeping its comments, order and spelling, atomically), and \
+         follows it: a finished write (a close after writing, a rename over it, a symlink swap) is applied within \
+         a second, as `policer reload` does. Nothing of a file is applied unless all of it is valid; `policer \
+         check FILE` lists every problem with its line. Unknown keys, wrong types, a prefix and class given twice \
+         and classes that could tie are errors.",
+    ));
+    for (table, head, when) in manual::CONFIG_TABLES {
+        t.push_str(&format!(".SH \"{}\"\n", esc(head)));
+        t.push_str(&paragraphs(when));
+        for key in manual::CONFIG_KEYS.iter().filter(|k| k.table == *table) {
+            t.push_str(&format!(
+                ".TP\n\\fB{}\\fR (\\fI{}\\fR; default: {})\n{}\n",
+                esc(key.key),
+                esc(key.kind),
+                esc(key.default),
+                inline(key.meaning)
+            ));
+        }
+    }
+    t.push_str(".SH EXAMPLES\n");
+    t.push_str(&paragraphs("The default rules, a DNS class, and a management network that is never dropped:"));
+    t.push_str(&format!(
+        ".PP\n.RS 4\n.nf\n{}\n.fi\n.RE\n",
+        esc("[daemon]\ninterfaces = [\"eth0\"]\nprotect = [\"192.0.2.0/24\"]\n\n[[rule]]\nprefix = \"0.0.0.0/0\"\n\
+             rate = \"10kpps\"\nburst = 200\n\n[[rule]]\nprefix = \"::/0\"\nrate = \"10kpps\"\nburst = 200\n\n\
+             [[rule]]\nprefix = \"0.0.0.0/0\"\nproto = \"udp\"\ndport = 53\nrate = \"50pps\"\nburst = 100\n\n\
+             [[set]]\nname = \"drop-feed\"\nfile = \"drop.txt\"\naction = \"deny\"")
+    ));
+    t.push_str(&files_section());
+    t.push_str(".SH \"SEE ALSO\"\n\\fBpolicer\\fR(8),\n\\fBpolicer\\-check\\fR(8),\n\\fBpolicer\\-reload\\fR(8)\n");
+    t
+}
+
+/// The section of docs/json.md under `heading`, up to the next one.
+fn json_section(heading: &str) -> anyhow::Result<&'static str> {
+    let doc = manual::JSON_DOC;
+    let at = doc
+        .find(&format!("\n{heading}\n"))
+        .ok_or_else(|| anyhow::anyhow!("docs/json.md has no section {heading:?}"))?;
+    let body = &doc[at + heading.len() + 2..];
+    Ok(body.find("\n## ").map_or(body, |end| &body[..end]))
+}
+
+/// Markdown's paragraphs and code blocks as roff (`code` in bold).
+fn markdown(md: &str) -> String {
+    let mut t = String::new();
+    for (i, part) in md.split("```").enumerate() {
+        if i % 2 == 1 {
+            let code = part.trim_start_matches(|c: char| c.is_alphanumeric()).trim_matches('\n');
+            t.push_str(&format!(".PP\n.RS 4\n.nf\n{}\n.fi\n.RE\n", esc(code)));
+        } else {
+            t.push_str(&paragraphs(part));
+        }
+    }
+    t
+}
+
+/// Paragraphs (blank-line separated; `- ` items) as roff, `code` in bold.
+fn paragraphs(text: &str) -> String {
+    let mut t = String::new();
+    for para in text.split("\n\n").map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some(item) = para.strip_prefix("- ") {
+            t.push_str(&format!(".IP \\(bu 2\n{}\n", inline(&item.replace('\n', " "))));
+        } else {
+            t.push_str(&format!(".PP\n{}\n", inline(&para.replace('\n', " "))));
+        }
+    }
+    t
+}
+
+/// Escaped text with `code` spans in bold.
+fn inline(s: &str) -> String {
+    s.split('`')
+        .enumerate()
+        .map(|(i, part)| if i % 2 == 1 { format!("\\fB{}\\fR", esc(part)) } else { esc(part) })
+        .collect()
+}
+
+/// Text escaped for roff: backslashes, hyphens as the minus a shell takes,
+/// a control character at a line's start.
+fn esc(s: &str) -> String {
+    let t = s.replace('\\', "\\e").replace('-', "\\-");
+    t.lines()
+        .map(|l| if l.starts_with('.') || l.starts_with('\'') { format!("\\&{l}") } else { l.to_string() })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Prints the completion script for a shell.
@@ -70,14 +268,26 @@ mod tests {
     #[test]
     fn a_page_per_verb_and_completions_for_three_shells() {
         let dir = tempfile::tempdir().unwrap();
-        let cmd = Cli::command().name("policer");
-        let mut pages = Vec::new();
-        write_pages(&cmd, "policer", dir.path(), &mut pages).unwrap();
+        let pages = write_all(dir.path()).unwrap();
         let names: Vec<String> = pages.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        for want in ["policer.8", "policer-attach.8", "policer-rule-set.8", "policer-inspect.8", "policer-check.8"] {
+        for want in [
+            "policer.8",
+            "policer-attach.8",
+            "policer-rule-set.8",
+            "policer-inspect.8",
+            "policer-check.8",
+            "policer.toml.5",
+        ] {
             assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
         }
-        assert!(!names.iter().any(|n| n.contains("completions") || n.contains("-man")), "hidden verbs: {names:?}");
+        assert!(
+            !names.iter().any(|n| n.contains("completions") || n.contains("-man") || n.contains("help")),
+            "hidden verbs: {names:?}"
+        );
+        // Every entry of the manual is a page (none left over).
+        for p in manual::PAGES {
+            assert!(names.contains(&format!("{}.8", p.name)), "cli/manual.rs has {} but no such verb", p.name);
+        }
         let main = std::fs::read_to_string(dir.path().join("policer.8")).unwrap();
         assert!(main.contains(".TH policer 8") && main.contains("inspect"), "{main}");
         // The exit codes, each on its line, under EXIT STATUS.
@@ -85,11 +295,101 @@ mod tests {
         for code in ["0  done", "1  refused or invalid", "2  usage", "3  no daemon runs"] {
             assert!(exit.contains(code), "no {code:?} in the EXIT STATUS of:\n{main}");
         }
+        // Every page: the sections, and references only to pages that exist.
+        for (name, path) in names.iter().zip(&pages) {
+            let text = std::fs::read_to_string(path).unwrap();
+            for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "FILES", "\"SEE ALSO\""] {
+                assert!(text.contains(&format!(".SH {section}\n")), "{name} has no {section}");
+            }
+            if name.ends_with(".8") {
+                for section in ["OPTIONS", "EXAMPLES", "\"EXIT STATUS\""] {
+                    assert!(text.contains(&format!(".SH {section}\n")), "{name} has no {section}");
+                }
+            }
+            for r in references(&text) {
+                assert!(names.contains(&r), "{name} refers to {r}, which is not a page");
+            }
+        }
+        // --timeout only where a daemon is asked.
+        let check = std::fs::read_to_string(dir.path().join("policer-check.8")).unwrap();
+        let set = std::fs::read_to_string(dir.path().join("policer-rule-set.8")).unwrap();
+        assert!(!check.contains("\\-\\-timeout") && set.contains("\\-\\-timeout"));
+        // The JSON schemas are docs/json.md's.
+        let stats = std::fs::read_to_string(dir.path().join("policer-stats.8")).unwrap();
+        assert!(stats.contains(".SH \"JSON OUTPUT\"") && stats.contains("recall_capacity"), "{stats}");
         for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "policer", &mut out);
             let text = String::from_utf8(out).unwrap();
             assert!(text.contains("inspect") && text.contains("max-rules"), "{shell:?}");
+        }
+    }
+
+    /// `\fBNAME\fR(N)` references in a page, as file names (`NAME.N`).
+    fn references(roff: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, _) in roff.match_indices("\\fB") {
+            let rest = &roff[i + 3..];
+            let Some(end) = rest.find("\\fR(") else { continue };
+            let name = rest[..end].replace("\\-", "-");
+            let sec: String = rest[end + 4..].chars().take_while(char::is_ascii_digit).collect();
+            if !sec.is_empty() && !name.contains(' ') {
+                out.push(format!("{name}.{sec}"));
+            }
+        }
+        out
+    }
+
+    /// Every option and argument of every verb has help: a page never
+    /// lists a bare flag.
+    #[test]
+    fn every_option_has_help() {
+        let mut cmd = Cli::command();
+        cmd.build();
+        fn walk(c: &clap::Command, path: &str, bad: &mut Vec<String>) {
+            for a in c.get_arguments().filter(|a| !a.is_hide_set()) {
+                let help = a.get_help().or(a.get_long_help()).map(|h| h.to_string()).unwrap_or_default();
+                if help.trim().len() < 4 {
+                    bad.push(format!("{path} {}", a.get_id()));
+                }
+            }
+            for s in visible(c) {
+                walk(s, &format!("{path} {}", s.get_name()), bad);
+            }
+        }
+        let mut bad = Vec::new();
+        walk(&cmd, "policer", &mut bad);
+        assert!(bad.is_empty(), "options without help: {bad:?}");
+    }
+
+    /// policer.toml(5) names every key the config reader takes, and no
+    /// other: the reader's own lists, from its errors for an unknown key.
+    #[test]
+    fn the_config_page_has_every_key() {
+        let listed = |toml: &str| -> Vec<String> {
+            let (_, _, problems) = crate::config::Config::check_all(toml, None);
+            let errs: String =
+                problems.into_iter().map(|p| p.message).find(|m| m.contains("keys are")).unwrap_or_default();
+            let keys = errs.split("keys are ").nth(1).unwrap_or_else(|| panic!("{errs}"));
+            keys.split(|c: char| c == ',' || c.is_whitespace())
+                .map(|k| k.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '_'))
+                .filter(|k| !k.is_empty())
+                .take_while(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit()))
+                .map(str::to_string)
+                .collect()
+        };
+        for (table, toml) in [
+            ("daemon", "[daemon]\nzzz = 1\n"),
+            ("rule", "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nzzz = 1\n"),
+            ("set", "[[set]]\nname = \"a\"\nfile = \"a.txt\"\nzzz = 1\n"),
+            ("crowdsec", "[crowdsec]\nzzz = 1\n"),
+        ] {
+            let mut reader = listed(toml);
+            let mut documented: Vec<String> =
+                manual::CONFIG_KEYS.iter().filter(|k| k.table == table).map(|k| k.key.to_string()).collect();
+            reader.sort();
+            documented.sort();
+            assert_eq!(documented, reader, "[{table}]: policer.toml(5) and the reader disagree");
         }
     }
 }

@@ -8,6 +8,7 @@ mod detach;
 mod docs;
 mod import;
 mod inspect;
+mod manual;
 mod reload;
 mod replay;
 mod rule;

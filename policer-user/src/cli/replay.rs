@@ -25,6 +25,7 @@ pub struct Args {
     /// How many dropped sources to list, most drops first (0: every source).
     #[arg(long, default_value_t = 10)]
     top: usize,
+    /// Print the report as JSON (per rule, per source, totals).
     #[arg(long)]
     pub(super) json: bool,
 }

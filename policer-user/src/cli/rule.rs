@@ -125,6 +125,7 @@ pub enum Cmd {
     Import(Box<super::import::Args>),
     /// Remove the rule for a prefix and class, or a set (`--set NAME`).
     Rm {
+        /// The rule's prefix (with its class fields, if it has a class).
         #[arg(required_unless_present = "set")]
         cidr: Option<String>,
         /// Remove this set (`policer rule import --set NAME`) and all of its prefixes.
@@ -138,6 +139,7 @@ pub enum Cmd {
     },
     /// List the rules (a set as one line), or a set's prefixes (`--set NAME`).
     Ls {
+        /// Print JSON (fields: docs/json.md, and the man page).
         #[arg(long)]
         json: bool,
         /// List this set's rule and prefixes.

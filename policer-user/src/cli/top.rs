@@ -8,6 +8,7 @@ pub struct Args {
     /// How many sources in each list.
     #[arg(short = 'n', long = "count", default_value_t = 10)]
     n: usize,
+    /// Print JSON (fields: docs/json.md, and the man page).
     #[arg(long)]
     pub(super) json: bool,
     /// Repeat every SECS seconds.

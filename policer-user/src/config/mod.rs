@@ -140,7 +140,10 @@ impl Config {
     /// With `sets_from` (the config file's path), each `[[set]]`'s list file
     /// is read and checked too (its lines, its rule against its entries,
     /// conflicts with the rules and the protected prefixes).
-    fn check_all(text: &str, sets_from: Option<&Path>) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
+    pub(crate) fn check_all(
+        text: &str,
+        sets_from: Option<&Path>,
+    ) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         let read = read::read(text);
         let (rules, semantic) = read.config.problems_at(&read.origins);
         let mut problems = read.problems;

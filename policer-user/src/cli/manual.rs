@@ -1,0 +1,634 @@
+//! The manual's own text: what clap's definition of the CLI cannot say.
+//!
+//! Each man page is clap's SYNOPSIS and OPTIONS (so they cannot drift from
+//! the binary) around the sections here: a one-line summary for NAME, the
+//! DESCRIPTION, EXAMPLES, the `--json` schema (taken from docs/json.md, so
+//! the page and the doc are one text), and the common EXIT STATUS, FILES,
+//! ENVIRONMENT and SEE ALSO. `policer.toml(5)` is [`CONFIG_KEYS`]. A page
+//! without an entry here, an option without help, or a reference to a page
+//! that is not generated fails the tests (`docs.rs`, and `man` itself in
+//! tests/tests/observe.rs).
+
+/// What one page says beyond clap's definition.
+pub struct Page {
+    /// The page's name: `policer`, `policer-rule-set`.
+    pub name: &'static str,
+    /// NAME: what it does, in one line.
+    pub summary: &'static str,
+    /// DESCRIPTION: paragraphs, separated by blank lines. A line starting
+    /// with `- ` is an item of a list.
+    pub description: &'static str,
+    /// EXAMPLES: (what it does, the command).
+    pub examples: &'static [(&'static str, &'static str)],
+    /// The heading of its section in docs/json.md, if it prints JSON.
+    pub json: Option<&'static str>,
+    /// Pages to see besides policer(8) and policer.toml(5).
+    pub see_also: &'static [&'static str],
+    /// Whether it talks to a running daemon (and so takes `--timeout`).
+    pub asks_daemon: bool,
+}
+
+/// docs/json.md, the schemas of every `--json`.
+pub const JSON_DOC: &str = include_str!("../../../docs/json.md");
+
+/// Every page.
+pub const PAGES: &[Page] = &[
+    Page {
+        name: "policer",
+        summary: "per-source packet-rate policer in XDP",
+        description: "\
+policer attaches an XDP program to network interfaces and gives every source address (or every group of \
+addresses, --key-len) its own token bucket: frames beyond a source's rate are dropped in the driver, before \
+the kernel's stack sees them. Rules are per prefix (the longest matching prefix wins) and optionally per class \
+of traffic (protocol, destination port, TCP flags, ICMP type, destination prefix); a rule polices, monitors \
+(counts what it would drop), allows or denies.
+
+`policer attach` runs the daemon, which owns the program and its rules. Every other verb talks to the daemon \
+of the caller's network namespace over a unix socket (run both under the same `ip netns exec NS`), except \
+`check` and `replay`, which need no daemon. Changes are written to the config file (policer.toml(5)) before \
+they are acknowledged, and applied in the kernel atomically.
+
+Every verb has its own page: policer-attach(8), policer-rule-set(8) and so on.",
+        examples: &[
+            (
+                "Police every source on eth0 at 10 000 packets/s, bursts of 200",
+                "policer attach eth0 --rate 10kpps --burst 200",
+            ),
+            (
+                "A tighter rule for one network, live when the command returns",
+                "policer rule set 203.0.113.0/24 --rate 500pps --burst 50",
+            ),
+            ("Ban a prefix for an hour", "policer ban 198.51.100.0/24 --for 1h --reason \"incident 42\""),
+            ("Why a source is dropped", "policer inspect 198.51.100.7"),
+        ],
+        json: None,
+        see_also: &["policer-attach", "policer-rule-set", "policer-ban", "policer-inspect", "policer-check"],
+        asks_daemon: false,
+    },
+    Page {
+        name: "policer-attach",
+        summary: "run the daemon: attach to interfaces and police every source",
+        description: "\
+Loads the XDP program, attaches it to each IFACE (or the config file's `daemon.interfaces`) and polices until \
+SIGINT or SIGTERM, which detach it (with --persist the program stays attached and policing; a later \
+`policer attach` adopts it with its buckets). SIGHUP re-reads the config file, as `policer reload` does.
+
+The rules come from the config file; --rate and --burst set the default rules (0.0.0.0/0 and ::/0) and write \
+them into the file. One daemon runs per network namespace: a second is refused, naming the first's pid.
+
+Errors leave nothing attached and the file untouched: a bad interface, rate, burst or config file, a missing \
+privilege (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON), or another XDP program on the interface, which is never \
+replaced: the error names it. When one of several interfaces fails, the ones done are put back.",
+        examples: &[
+            (
+                "Two interfaces, native XDP, 1.5 Mpps per source",
+                "policer attach eth0 eth1 --rate 1.5Mpps --burst 5k --mode native",
+            ),
+            ("Byte mode: 100 Mbit/s per source, 64 KiB bursts", "policer attach eth0 --rate 100mbit --burst 64kb"),
+            (
+                "As the systemd unit runs it: the config's interfaces, metrics on port 9100",
+                "policer attach --config /etc/policer/policer.toml --persist --metrics 9100",
+            ),
+        ],
+        json: None,
+        see_also: &["policer-detach", "policer-status", "policer-reload"],
+        asks_daemon: false,
+    },
+    Page {
+        name: "policer-detach",
+        summary: "detach the program from an interface",
+        description: "\
+Through the running daemon: detaches that interface (the daemon exits when none is left). With no daemon: \
+removes a policer program left attached (by --persist, or a daemon that was killed); any other XDP program is \
+refused, never removed.",
+        examples: &[("Stop policing eth1", "policer detach eth1")],
+        json: None,
+        see_also: &["policer-attach", "policer-status"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-rule",
+        summary: "change and list the running daemon's rules",
+        description: "\
+A rule is a prefix and, optionally, a class; it polices (a bucket per source at its rate), monitors, allows or \
+denies. The longest matching prefix wins, then its most specific class that matches. Each change is written to \
+the config file first, then applied atomically; --runtime changes the kernel only.",
+        examples: &[
+            ("List the rules", "policer rule ls"),
+            (
+                "Police DNS queries per source",
+                "policer rule set 0.0.0.0/0 --proto udp --dport 53 --rate 50pps --burst 100",
+            ),
+        ],
+        json: None,
+        see_also: &["policer-rule-set", "policer-rule-rm", "policer-rule-ls", "policer-rule-import"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-rule-set",
+        summary: "add the rule for a prefix and class, or change the one there",
+        description: "\
+The options given change those fields of the rule; the others keep their values (--replace: the options given \
+alone). The reply names every field it changed, old → new. --rate is required for police and monitor; allow \
+and deny take none. A bit rate (64kbit, 10gbit) puts the rule in byte mode: the burst is in bytes.
+
+The change is live when the command returns, and written to the config file first: if the file cannot be \
+written, nothing changes and the command says why. Buckets keep their fill across a change (at the same \
+fraction of their size), also when a source moves to another prefix's rule; changing --key-len regroups \
+sources into new, empty buckets.
+
+A class (--proto, --dport, --tcp-flags, --icmp-type, --dst) gives each source a bucket per class, apart from its \
+class-less bucket: a flood of one kind is cut without starving the same source's other traffic. Classes that \
+could tie are refused. --total-rate adds one bucket for the whole rule, all sources together, charged after the \
+source's own. --ban-for bans a source whose bucket refuses --ban-after frames. A class-less deny of a whole \
+family (0.0.0.0/0, ::/0) is refused without --force; a rule inside a protected prefix (policer.toml(5), \
+`protect`) that does anything but allow is refused.",
+        examples: &[
+            ("500 packets/s per source, bursts of 50", "policer rule set 203.0.113.0/24 --rate 500pps --burst 50"),
+            ("One bucket per /24", "policer rule set 198.18.0.0/15 --rate 1kpps --key-len 24"),
+            (
+                "Count what would be dropped, drop nothing",
+                "policer rule set 192.0.2.0/24 --rate 1kpps --action monitor",
+            ),
+            (
+                "Bare SYNs per source",
+                "policer rule set 0.0.0.0/0 --proto tcp --tcp-flags 'syn,!ack' --rate 20pps --burst 40",
+            ),
+            (
+                "SSH: ban a source for 10 minutes after 20 refused frames, doubling up to a day",
+                "policer rule set 0.0.0.0/0 --proto tcp --dport 22 --rate 5pps --burst 10 --ban-for 10m --ban-after 20 --ban-max 1d",
+            ),
+            ("A rule that removes itself in two hours", "policer rule set 198.51.100.0/24 --action deny --ttl 2h"),
+        ],
+        json: None,
+        see_also: &["policer-rule-rm", "policer-rule-ls", "policer-inspect"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-rule-rm",
+        summary: "remove the rule for a prefix and class, or a set",
+        description: "\
+Removes exactly that prefix and class; its sources fall to the next matching rule, atomically. Removing a rule \
+that does not exist is an error. --set NAME removes a set and all of its prefixes.",
+        examples: &[
+            ("Remove the DNS class of the default rule", "policer rule rm 0.0.0.0/0 --proto udp --dport 53"),
+            ("Remove a set", "policer rule rm --set scanners"),
+        ],
+        json: None,
+        see_also: &["policer-rule-set", "policer-rule-ls"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-rule-ls",
+        summary: "list the rules in force",
+        description: "\
+One line per rule: prefix, class, action, rate, burst, aggregate, key length, and whether it is saved in the \
+config file (a --runtime change is not). A set is one line (set:NAME); --set NAME lists its prefixes.",
+        examples: &[("The rules", "policer rule ls"), ("A set's prefixes", "policer rule ls --set drop-feed")],
+        json: Some("## `policer rule ls --json`"),
+        see_also: &["policer-rule-set", "policer-stats"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-rule-import",
+        summary: "load a blocklist file as a set: one rule over any number of prefixes",
+        description: "\
+The file has one prefix or address per line; `#` and `;` start comments (the format of Spamhaus DROP). All or \
+nothing: the first bad line is named and nothing is imported.
+
+With --set NAME the set is the file: a later import makes the set equal the file, in one change, so a timer can \
+import a feed. A file with no entries is refused, and so is a replacement that would remove more than \
+--max-remove of the set (default 50%) unless --force: a truncated download cannot open a blocklist. Without \
+--set, the prefixes are added to the implicit set of the action and rate.
+
+Sets are kept in the state directory (/var/lib/policer/sets/). Longest prefix wins between sets and rules; a \
+prefix in several sets: deny over police over monitor over allow.",
+        examples: &[
+            (
+                "Drop a feed's prefixes (deny is the default action)",
+                "policer rule import /var/lib/feeds/drop.txt --set drop-feed",
+            ),
+            (
+                "Police scanners at 10 packets/s for a day",
+                "policer rule import scanners.txt --action police --rate 10pps --set scanners --ttl 1d",
+            ),
+        ],
+        json: Some("## `policer rule import FILE --json`"),
+        see_also: &["policer-rule-ls", "policer-rule-rm"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-ban",
+        summary: "ban a prefix for a while, or list the bans in force",
+        description: "\
+A manual ban drops every frame from the prefix, whatever rule it or a more specific prefix has, until it ends; \
+it is an entry of the config file (ban = true, with expires and reason), so it survives restarts. A second ban \
+of a prefix replaces the first. A ban of a whole family (0.0.0.0/0, ::/0) is refused without --force, and a \
+ban inside a protected prefix is refused. `policer ban ls` lists manual bans and the automatic bans \
+(--ban-for) in force, soonest end first.",
+        examples: &[
+            ("Ban for an hour, with a reason", "policer ban 198.51.100.0/24 --for 1h --reason \"incident 42\""),
+            ("The bans in force", "policer ban ls"),
+        ],
+        json: None,
+        see_also: &["policer-unban", "policer-ban-ls", "policer-inspect"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-ban-ls",
+        summary: "list the manual and automatic bans in force",
+        description: "\
+Prefix, origin (manual, or auto with the rule that banned it), reason, end, time left and frames dropped \
+(estimated for automatic bans, marked ~), soonest end first.",
+        examples: &[("As JSON, for a script", "policer ban ls --json")],
+        json: Some("## `policer ban ls --json`"),
+        see_also: &["policer-ban", "policer-unban"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-unban",
+        summary: "lift a manual ban and the automatic bans of sources in a prefix",
+        description: "\
+Lifts the prefix's manual ban and every automatic ban of a source inside it. With nothing to lift it fails.",
+        examples: &[("Lift a ban", "policer unban 198.51.100.0/24")],
+        json: None,
+        see_also: &["policer-ban", "policer-ban-ls"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-reload",
+        summary: "re-read the config file and apply it if all of it is valid",
+        description: "\
+Applies the config file only if the whole file is valid; otherwise prints why, exits 1 and changes nothing. \
+SIGHUP does the same, and so does the daemon by itself when the file is rewritten. [daemon] settings take \
+effect at the next start. What was changed with --runtime is kept over the file (the reply says what); \
+--discard-runtime drops it, so the rules in force become exactly the file's.",
+        examples: &[
+            ("After editing the file by hand", "policer reload"),
+            ("Forget every --runtime change", "policer reload --discard-runtime"),
+        ],
+        json: None,
+        see_also: &["policer-check", "policer-status"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-check",
+        summary: "validate a config file, without root or a daemon",
+        description: "\
+Checks a config file as attach and reload would, and reports every problem in one run (syntax, keys and values, \
+rules that do not hold together), each with its line, the key and an example of a valid value. Exits 0 when \
+the file is valid, 1 otherwise: usable as a configuration manager's validate command.",
+        examples: &[
+            ("Check the file in place", "policer check /etc/policer/policer.toml"),
+            ("Ansible's template module", "validate: policer check %s"),
+        ],
+        json: Some("## `policer check --json`"),
+        see_also: &["policer-reload"],
+        asks_daemon: false,
+    },
+    Page {
+        name: "policer-status",
+        summary: "the running daemon: interfaces, config, rules, sets, bans, feeds",
+        description: "\
+The daemon's pid and uptime, its program and whether it detaches on exit, the interfaces and their XDP mode, \
+the config file (writable or not, rules not saved, the last refused reload and why), sets, bans, feeds and the \
+metrics address. With no daemon it exits 3 (LSB status: not running) and names any policer program still \
+attached and policing.",
+        examples: &[("Whether it runs", "policer status || echo \"not running ($?)\"")],
+        json: Some("## `policer status --json`"),
+        see_also: &["policer-stats", "policer-attach"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-stats",
+        summary: "exact counters per interface and per rule",
+        description: "\
+The kernel's per-CPU counters, summed: per interface, frames passed, dropped, would-drop (what a monitor rule \
+passed but would have dropped), unmatched, non-IP, malformed and fragments; per rule, the same with the \
+aggregate's drops (BY-TOTAL) and the sources seen; then the table's pressure. --watch SECS repeats it with \
+per-second rates.",
+        examples: &[
+            ("Once", "policer stats"),
+            ("Every second, one JSON object per line", "policer stats --json --watch 1"),
+        ],
+        json: Some("## `policer stats --json [--watch SECS]`"),
+        see_also: &["policer-top", "policer-status"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-top",
+        summary: "the sources with the most debt and the most drops now",
+        description: "\
+Reads the bucket table and lists the sources whose buckets are fullest (100% means it is dropping) and those \
+that dropped most, with their rule, and the bans in force. Drops per source are sampled (one in 64): an \
+estimate; the rules' counts in `policer stats` are exact.",
+        examples: &[("The top 20, every 2 seconds", "policer top -n 20 --watch 2")],
+        json: Some("## `policer top --json [-n N] [--watch SECS]`"),
+        see_also: &["policer-inspect", "policer-stats"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-inspect",
+        summary: "one source now: its rule, bucket, debt and when a frame would pass",
+        description: "\
+Resolves the address as the program does, from its maps, for a frame with the given fields (a class needs \
+them): the rule and its action, the bucket key, the debt, how long until a frame would be admitted, and the \
+verdict now (would drop for a monitor rule; byte mode judges a --frame-bytes frame). Then every bucket the \
+source has, and everything over it (protected prefix, bans, sets, rules) with which one applies and why the \
+others do not.",
+        examples: &[
+            ("Why a source is dropped", "policer inspect 198.18.0.1"),
+            ("Its DNS queries", "policer inspect 198.18.0.1 --proto udp --dport 53"),
+        ],
+        json: Some("## `policer inspect ADDR --json`"),
+        see_also: &["policer-top", "policer-rule-ls"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-replay",
+        summary: "what the rules would have done to a capture",
+        description: "\
+Runs every frame of a pcap or pcapng file (tcpdump -w) through the real XDP program (BPF_PROG_TEST_RUN), on the \
+capture's own timestamps as the program's clock, with the rules of --config or of --rate/--burst; nothing is \
+attached and no daemon is needed. Reports per rule and per source the frames and bytes admitted and dropped, \
+the first and last drop, and the top dropped sources. Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
+        examples: &[
+            ("What 2 kpps with bursts of 50 would have done", "policer replay tuesday.pcap --rate 2kpps --burst 50"),
+            ("A candidate config against a capture", "policer replay tuesday.pcapng --config new.toml --top 20"),
+        ],
+        json: None,
+        see_also: &["policer-check", "policer-inspect"],
+        asks_daemon: false,
+    },
+];
+
+/// One key of policer.toml(5).
+pub struct Key {
+    /// The table: `daemon`, `rule`, `set`, `crowdsec`.
+    pub table: &'static str,
+    pub key: &'static str,
+    /// Its type and default.
+    pub kind: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+const fn k(
+    table: &'static str,
+    key: &'static str,
+    kind: &'static str,
+    default: &'static str,
+    meaning: &'static str,
+) -> Key {
+    Key { table, key, kind, default, meaning }
+}
+
+/// When each table's keys take effect.
+pub const CONFIG_TABLES: &[(&str, &str, &str)] = &[
+    (
+        "daemon",
+        "[daemon]",
+        "Settings of the daemon. Read at start; a reload applies `protect` and leaves the rest for the next start.",
+    ),
+    (
+        "rule",
+        "[[rule]]",
+        "One table per rule (a prefix and an optional class). A reload applies every change; buckets keep their fill.",
+    ),
+    (
+        "set",
+        "[[set]]",
+        "A named set: many prefixes under one rule, listed in a file. The file is read at start and by a reload (it is \
+         not followed: reload after changing it).",
+    ),
+    (
+        "crowdsec",
+        "[crowdsec]",
+        "A CrowdSec Local API whose decisions are pulled into a set. Read at start (a reload keeps the feed as it \
+         started).",
+    ),
+];
+
+/// Every key of policer.toml(5); the config reader's lists of keys must
+/// be these (a test).
+pub const CONFIG_KEYS: &[Key] = &[
+    k(
+        "daemon",
+        "interfaces",
+        "array of strings",
+        "none",
+        "Interfaces `policer attach` uses when the command line names none; `@default-route` is the default route's interface at start.",
+    ),
+    k("daemon", "mode", "string", "\"auto\"", "XDP mode: auto (native, else generic), native, or skb."),
+    k(
+        "daemon",
+        "max_sources",
+        "integer",
+        "1048576",
+        "Sources tracked at once, per address family (about 168 bytes of kernel memory each, preallocated).",
+    ),
+    k(
+        "daemon",
+        "max_rules",
+        "integer",
+        "16384",
+        "Rules held at once (each with its own counters); past it a rule change is refused.",
+    ),
+    k(
+        "daemon",
+        "protect",
+        "array of prefixes",
+        "none",
+        "Prefixes no rule, ban, set or feed may drop: sources in them always pass. A rule, ban or set entry inside one that does anything but allow is refused.",
+    ),
+    k(
+        "rule",
+        "prefix",
+        "string (CIDR)",
+        "required",
+        "The source prefix: 203.0.113.0/24, 2001:db8::/32. The longest matching prefix wins.",
+    ),
+    k(
+        "rule",
+        "rate",
+        "string",
+        "required for police and monitor",
+        "Rate per source (per key_len group): 500pps, 10kpps (k = 1000); or a bit rate 64kbit, 100mbit (byte mode).",
+    ),
+    k(
+        "rule",
+        "burst",
+        "integer or string",
+        "1/50 s of the rate, at least 5 packets",
+        "Bucket size: packets (200, \"2k\"), or bytes in byte mode (\"1500b\", \"64kb\").",
+    ),
+    k(
+        "rule",
+        "action",
+        "string",
+        "\"police\"",
+        "police, monitor (count what would be dropped), allow (never police) or deny (drop everything).",
+    ),
+    k(
+        "rule",
+        "key_len",
+        "integer",
+        "32 (IPv4), 64 (IPv6)",
+        "Leading source bits that form one bucket; not shorter than the prefix.",
+    ),
+    k(
+        "rule",
+        "proto",
+        "string or integer",
+        "none",
+        "Class: tcp, udp, icmp, icmpv6, sctp, udplite or a protocol number.",
+    ),
+    k("rule", "dport", "integer or string", "none", "Class: a destination port, or a range \"8000-8999\"."),
+    k("rule", "tcp_flags", "string", "none", "Class: TCP flags, ! negates: \"syn,!ack\" is a bare SYN."),
+    k("rule", "icmp_type", "integer", "none", "Class: ICMP or ICMPv6 type (8 is an echo request, 128 for ICMPv6)."),
+    k("rule", "dst", "string (CIDR or address)", "none", "Class: a destination prefix."),
+    k(
+        "rule",
+        "total_rate",
+        "string",
+        "none",
+        "Rate of the whole rule, all sources together (an aggregate bucket charged after the source's).",
+    ),
+    k("rule", "total_burst", "integer or string", "from total_rate", "Burst of the aggregate bucket."),
+    k(
+        "rule",
+        "ban_for",
+        "string (duration)",
+        "none",
+        "Ban a source whose bucket refuses ban_after frames, for this long (500ms, 30s, 10m, 1h, 7d).",
+    ),
+    k("rule", "ban_after", "integer", "1", "Refused frames that start an automatic ban."),
+    k(
+        "rule",
+        "ban_max",
+        "string (duration)",
+        "ban_for",
+        "A source banned again within twice its last ban's length is banned twice as long, up to this.",
+    ),
+    k(
+        "rule",
+        "ban",
+        "boolean",
+        "false",
+        "A manual ban (written by `policer ban`): every frame of the prefix is dropped until expires.",
+    ),
+    k("rule", "reason", "string", "none", "Why the ban: one line of plain text, at most 200 characters."),
+    k(
+        "rule",
+        "expires",
+        "string (RFC 3339)",
+        "none",
+        "When the rule or ban ends (written by --ttl and --for as an absolute time).",
+    ),
+    k(
+        "set",
+        "name",
+        "string",
+        "required",
+        "The set's name (letters, digits, - and _): `rule ls` shows it as set:NAME.",
+    ),
+    k(
+        "set",
+        "file",
+        "string (path)",
+        "required",
+        "The file of prefixes, one per line (# and ; comments); relative to the config file's directory.",
+    ),
+    k("set", "action", "string", "\"deny\"", "As a rule's action."),
+    k("set", "rate", "string", "required for police and monitor", "As a rule's rate."),
+    k("set", "burst", "integer or string", "as a rule's", "As a rule's burst."),
+    k("set", "key_len", "integer", "as a rule's", "As a rule's key_len."),
+    k("crowdsec", "lapi_url", "string (URL)", "required", "The Local API, plain HTTP: \"http://127.0.0.1:8080/\"."),
+    k(
+        "crowdsec",
+        "api_key",
+        "string",
+        "one of api_key, api_key_file",
+        "The bouncer key (`cscli bouncers add NAME -o raw`).",
+    ),
+    k(
+        "crowdsec",
+        "api_key_file",
+        "string (path)",
+        "none",
+        "A file holding the key (relative to the config file's directory); mode 0600.",
+    ),
+    k(
+        "crowdsec",
+        "update_frequency",
+        "string (duration)",
+        "\"10s\"",
+        "How often the decision stream is pulled (1s to 1h).",
+    ),
+    k(
+        "crowdsec",
+        "origins",
+        "array of strings",
+        "all",
+        "Only decisions of these origins (crowdsec, cscli, lists, ...).",
+    ),
+    k(
+        "crowdsec",
+        "scopes",
+        "array of strings",
+        "[\"ip\", \"range\"]",
+        "Decision scopes pulled; only Ip and Range can be applied.",
+    ),
+    k("crowdsec", "scenarios", "array of strings", "all", "Only decisions of these scenarios."),
+    k("crowdsec", "scenarios_containing", "array of strings", "all", "Only scenarios containing one of these words."),
+    k(
+        "crowdsec",
+        "scenarios_not_containing",
+        "array of strings",
+        "none",
+        "Not scenarios containing one of these words.",
+    ),
+    k(
+        "crowdsec",
+        "types",
+        "array of strings",
+        "[\"ban\"]",
+        "Decision types applied (a captcha cannot be served by a packet filter).",
+    ),
+    k(
+        "crowdsec",
+        "action",
+        "string",
+        "\"deny\"",
+        "What the set does to the decisions' prefixes: deny, or monitor (count what it would drop, to try a feed first).",
+    ),
+    k("crowdsec", "set", "string", "\"crowdsec\"", "The name of the set the decisions go into."),
+    k("crowdsec", "min_prefix_len_v4", "integer", "8", "Wider IPv4 ranges are refused (counted, never applied)."),
+    k("crowdsec", "min_prefix_len_v6", "integer", "32", "Wider IPv6 ranges are refused."),
+    k(
+        "crowdsec",
+        "publish",
+        "boolean",
+        "false",
+        "Post this node's automatic bans to the Local API as alerts, so other nodes drop them too.",
+    ),
+    k("crowdsec", "machine_id", "string", "required with publish", "The machine login (`cscli machines add`)."),
+    k("crowdsec", "password", "string", "one of password, password_file", "The machine password."),
+    k("crowdsec", "password_file", "string (path)", "none", "A file holding it; mode 0600."),
+];
+
+/// The files every page names.
+pub const FILES: &[(&str, &str)] = &[
+    ("/etc/policer/policer.toml", "the config file (policer.toml(5)); --config for another"),
+    ("/var/lib/policer/", "the state directory (--state-dir): sets, feed state"),
+    (
+        "/run/policer/ns-INODE.sock",
+        "the daemon's control socket, one per network namespace (INODE of /proc/self/ns/net)",
+    ),
+];
+
+/// The environment the binary reads.
+pub const ENVIRONMENT: &[(&str, &str)] = &[(
+    "RUST_LOG",
+    "the daemon's log level (error, warn, info, debug); the kernel's sampled events are logged at warn",
+)];
