@@ -143,6 +143,14 @@ fn deb_installs_into_a_scratch_root_and_purges_cleanly() {
     assert!(pages.iter().all(|f| f.ends_with(".8.gz")), "{pages:?}");
     want.extend(pages.iter().map(|s| s.to_string()));
     want.push("usr/share/man/man5/policer.toml.5.gz".into());
+    // The README and every design note.
+    want.push("usr/share/doc/policer/README.md".into());
+    for e in fs::read_dir(workspace().join("docs")).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") {
+            want.push(format!("usr/share/doc/policer/docs/{name}"));
+        }
+    }
     want.sort();
     assert_eq!(files, want);
 

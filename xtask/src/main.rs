@@ -585,6 +585,15 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
         }
         put(path, &o.stdout, 0o644)?;
     }
+    // The operator's manual and the design notes.
+    put("usr/share/doc/policer/README.md", &std::fs::read(ws.join("README.md"))?, 0o644)?;
+    for e in std::fs::read_dir(ws.join("docs"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "md") {
+            let name = p.file_name().and_then(|n| n.to_str()).context("a UTF-8 file name")?;
+            put(&format!("usr/share/doc/policer/docs/{name}"), &std::fs::read(&p)?, 0o644)?;
+        }
+    }
     // The alert rules and the dashboard, where Debian keeps examples: an
     // operator loads them into their own Prometheus and Grafana.
     for (from, to) in [
