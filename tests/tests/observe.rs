@@ -486,6 +486,56 @@ fn man_pages_render_with_man() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Bash completion as a user gets it: the script from `policer
+/// completions bash`, sourced into bash, asked as bash asks it: interface
+/// names for `detach` (the sandbox's own veth among them), protocols for
+/// `--proto`, and the running daemon's sets for `--set`.
+#[test]
+fn bash_completes_interfaces_protocols_and_the_daemons_sets() {
+    if !privileged("observability tier") {
+        return;
+    }
+    if Command::new("bash").arg("--version").output().is_err() {
+        policer_tests::skip("observe tier: no bash");
+        return;
+    }
+    let sb = Sandbox::new("cmpl");
+    let _d = Daemon::attach(&sb, &["--rate", "1kpps", "--interval", "0"]);
+    let list = std::env::temp_dir().join(format!("policer-cmpl-{}.txt", std::process::id()));
+    std::fs::write(&list, "198.51.100.0/24\n").unwrap();
+    succeeds(&cli(&sb, &["rule", "import", list.to_str().unwrap(), "--set", "scanners-x"]));
+    let _ = std::fs::remove_file(&list);
+    let bin = policer_tests::daemon::policer_bin();
+    let dir = bin.parent().unwrap().to_str().unwrap().to_string();
+    let complete = |words: &[&str]| -> Vec<String> {
+        let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+        let script = format!(
+            "source <(policer completions bash); COMP_WORDS=({}); COMP_CWORD={}; _policer policer '{}' '{}'; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            quoted.join(" "),
+            words.len() - 1,
+            words[words.len() - 1],
+            words[words.len() - 2]
+        );
+        let out = Command::new("ip")
+            .args(["netns", "exec", &sb.rx_ns, "bash", "-c", &script])
+            .env("PATH", format!("{dir}:{}", std::env::var("PATH").unwrap_or_default()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    };
+    let ifaces = complete(&["policer", "detach", ""]);
+    assert!(ifaces.contains(&sb.rx_if) && ifaces.contains(&"lo".to_string()), "{ifaces:?}");
+    let protos = complete(&["policer", "rule", "set", "10.0.0.0/8", "--proto", "ic"]);
+    assert_eq!(protos, ["icmp", "icmpv6"]);
+    let sets = complete(&["policer", "rule", "ls", "--set", ""]);
+    assert_eq!(sets, ["scanners-x"]);
+    let verbs = complete(&["policer", ""]);
+    assert!(verbs.contains(&"inspect".to_string()), "{verbs:?}");
+    assert!(!verbs.iter().any(|v| v == "man" || v == "completions"), "hidden verbs offered: {verbs:?}");
+}
+
 /// `policer…(N)` references in a rendered page.
 fn refs(text: &str) -> Vec<String> {
     let mut out = Vec::new();

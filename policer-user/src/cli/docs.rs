@@ -18,7 +18,12 @@ pub struct ManArgs {
 #[derive(clap::Args)]
 pub struct CompletionsArgs {
     /// bash, zsh or fish.
-    shell: clap_complete::Shell,
+    #[arg(required_unless_present = "list")]
+    shell: Option<clap_complete::Shell>,
+    /// Print the names the scripts complete from the running daemon
+    /// (`sets`), one per line; nothing when no daemon answers.
+    #[arg(long, value_name = "WHAT", value_parser = ["sets"])]
+    list: Option<String>,
 }
 
 /// Writes `policer.8`, one page per verb (`policer-rule-set.8` …) and
@@ -254,10 +259,100 @@ fn esc(s: &str) -> String {
         .join("\n")
 }
 
-/// Prints the completion script for a shell.
+/// Stand-ins for what a script cannot know when it is written: each
+/// becomes the shell's own way to list it (interfaces) or a call of
+/// `policer completions --list` (sets).
+const IFACES: &str = "__policer_interfaces__";
+const SETS: &str = "__policer_sets__";
+
+/// The values each option is completed with, where its parser alone does
+/// not list them (a protocol may also be a number; flags combine).
+fn hints() -> [(&'static str, Vec<&'static str>); 4] {
+    [
+        ("proto", vec!["tcp", "udp", "icmp", "icmpv6", "sctp", "udplite"]),
+        ("tcp_flags", vec!["syn", "syn,!ack", "ack", "rst", "fin", "psh", "urg", "ece", "cwr"]),
+        ("set", vec![SETS]),
+        ("iface", vec![IFACES]),
+    ]
+}
+
+/// The command the scripts are written from: the visible verbs only, and
+/// the values of [`hints`] (and interfaces for `attach`) as possible
+/// values. Parsing is not changed: only the scripts see these.
+fn completion_command() -> clap::Command {
+    fn shape(mut c: clap::Command) -> clap::Command {
+        for (id, vals) in hints() {
+            if c.get_arguments().any(|a| a.get_id() == id) {
+                c = c.mut_arg(id, |a| a.value_parser(clap::builder::PossibleValuesParser::new(vals)));
+            }
+        }
+        if c.get_name() == "attach" {
+            c = c.mut_arg("ifaces", |a| a.value_parser(clap::builder::PossibleValuesParser::new([IFACES])));
+        }
+        let subs: Vec<clap::Command> = c.get_subcommands().filter(|s| !s.is_hide_set()).cloned().map(shape).collect();
+        // clap_complete lists hidden verbs too: the command is rebuilt
+        // without them (clap names are &'static str; this runs once).
+        let name: &'static str = Box::leak(c.get_name().to_string().into_boxed_str());
+        let mut out = clap::Command::new(name);
+        out = out.args(c.get_arguments().cloned());
+        if let Some(a) = c.get_about() {
+            out = out.about(a.clone());
+        }
+        out.subcommands(subs)
+    }
+    let mut cmd = shape(Cli::command()).name("policer").version(env!("CARGO_PKG_VERSION"));
+    cmd.build();
+    cmd
+}
+
+/// The script for `shell`, its stand-ins replaced by the shell's own
+/// listings.
+pub(crate) fn completion_script(shell: clap_complete::Shell) -> anyhow::Result<String> {
+    let mut cmd = completion_command();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "policer", &mut out);
+    let text = String::from_utf8(out)?;
+    let sets = "policer completions --list sets 2>/dev/null";
+    Ok(match shell {
+        clap_complete::Shell::Bash => {
+            text.replace(IFACES, "$(command ls /sys/class/net 2>/dev/null)").replace(SETS, &format!("$({sets})"))
+        }
+        clap_complete::Shell::Zsh => text
+            .replace(&format!("({IFACES})"), "_net_interfaces")
+            // `{…}` actions are evaluated when completing.
+            .replace(&format!("({SETS})"), &format!("{{compadd -- $({sets})}}")),
+        clap_complete::Shell::Fish => {
+            let mut t = text.replace(&format!("\"{SETS}\\t''\""), &format!("\"({sets})\""));
+            // fish's script completes no positional values: the interfaces
+            // of attach and detach are said here.
+            for verb in ["attach", "detach"] {
+                t.push_str(&format!(
+                    "complete -c policer -n \"__fish_policer_using_subcommand {verb}\" -f -a \"(__fish_print_interfaces)\"\n"
+                ));
+            }
+            t
+        }
+        _ => text,
+    })
+}
+
+/// Prints the completion script for a shell, or (`--list`) the names the
+/// scripts complete from the daemon.
 pub fn completions(a: CompletionsArgs) -> anyhow::Result<()> {
-    let mut cmd = Cli::command();
-    clap_complete::generate(a.shell, &mut cmd, "policer", &mut std::io::stdout());
+    if a.list.is_some() {
+        // Quietly nothing without a daemon (or without the right to ask it).
+        if let Ok(rules) = super::daemon().and_then(|d| d.rule_ls()) {
+            let mut names: Vec<String> = rules.into_iter().filter_map(|r| r.set).collect();
+            names.sort();
+            names.dedup();
+            for n in names {
+                println!("{n}");
+            }
+        }
+        return Ok(());
+    }
+    let shell = a.shell.ok_or_else(|| super::Usage("a shell: bash, zsh or fish".into()))?;
+    print!("{}", completion_script(shell)?);
     Ok(())
 }
 
@@ -318,10 +413,16 @@ mod tests {
         let stats = std::fs::read_to_string(dir.path().join("policer-stats.8")).unwrap();
         assert!(stats.contains(".SH \"JSON OUTPUT\"") && stats.contains("recall_capacity"), "{stats}");
         for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
-            let mut out = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "policer", &mut out);
-            let text = String::from_utf8(out).unwrap();
+            let text = completion_script(shell).unwrap();
             assert!(text.contains("inspect") && text.contains("max-rules"), "{shell:?}");
+            // The verbs a user types, not the packagers' hidden ones.
+            assert!(!text.contains("completions") || text.contains("completions --list"), "{shell:?}: {text}");
+            assert!(!text.contains("Write the man pages") && !text.contains("Print a shell completion"), "{shell:?}");
+            // Values: protocols, actions, modes, interfaces, sets.
+            for want in ["udplite", "monitor", "native", "syn,!ack"] {
+                assert!(text.contains(want), "{shell:?} does not complete {want}");
+            }
+            assert!(!text.contains("__policer_"), "{shell:?}: a stand-in left");
         }
     }
 
