@@ -313,6 +313,21 @@ pub fn sets_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("sets")
 }
 
+/// Where a state directory keeps the feeds' state (`[crowdsec]`: the
+/// decisions in force, `SET.json`), beside the sets' directory.
+pub fn feeds_dir_of(sets_dir: &Path) -> PathBuf {
+    sets_dir.parent().map_or_else(|| PathBuf::from("feeds"), |p| p.join("feeds"))
+}
+
+/// The temporary files of feed state writes killed midway
+/// (`.SET.json.<16 hex>.tmp`, [`files::create_temp`]).
+pub fn remove_feed_leftovers(dir: &Path) -> (Vec<PathBuf>, Vec<(PathBuf, std::io::Error)>) {
+    let ours = |n: &str| {
+        files::temp_stem(n).and_then(|s| s.strip_suffix(".json")).is_some_and(|name| check_name(name).is_ok())
+    };
+    files::remove_leftovers(dir, ours)
+}
+
 /// Where releases before `--state-dir` kept the sets: beside the config
 /// file, `policer.toml` → `policer.sets/`. Read once, by [`migrate`].
 pub fn legacy_dir(config: &Path) -> PathBuf {

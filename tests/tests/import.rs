@@ -417,11 +417,20 @@ fn feeds_cannot_open_a_blocklist() {
     let cfg = Path::new(&sb.config);
     let cfg_tmp = cfg.with_file_name(format!(".{}.0123456789abcdef.tmp", cfg.file_name().unwrap().to_str().unwrap()));
     let set_tmp = sets.0.join(".feed.set.fedcba9876543210.tmp");
+    // A feed's state (`[crowdsec]`), in the state directory's feeds/.
+    let feeds = sets.0.parent().unwrap().join("feeds");
+    std::fs::create_dir_all(&feeds).unwrap();
+    let feed_tmp = feeds.join(".crowdsec.json.00112233aabbccdd.tmp");
+    let feed_keep = feeds.join("notes.tmp");
     std::fs::write(&cfg_tmp, "[daemon]\n").unwrap();
     std::fs::write(&set_tmp, "#policer-set {}\n").unwrap();
+    std::fs::write(&feed_tmp, "{\"held\":").unwrap();
+    std::fs::write(&feed_keep, "not ours\n").unwrap();
     let d = daemon(&sb, &[]);
-    assert!(!cfg_tmp.exists() && !set_tmp.exists(), "leftovers stayed");
-    for p in [&cfg_tmp, &set_tmp] {
+    assert!(!cfg_tmp.exists() && !set_tmp.exists() && !feed_tmp.exists(), "leftovers stayed");
+    assert!(feed_keep.exists(), "a file not of our writes was removed");
+    let _ = std::fs::remove_dir_all(&feeds);
+    for p in [&cfg_tmp, &set_tmp, &feed_tmp] {
         assert!(d.stdout().contains(&format!("removed {}", p.display())), "{}", d.stdout());
     }
     assert!(std::fs::symlink_metadata(sets.0.join(".feed.set.tmp")).unwrap().file_type().is_symlink());

@@ -267,7 +267,7 @@ async fn serve(
         }
         None => None,
     };
-    let feeds_dir = d.sets_dir.parent().map_or_else(|| PathBuf::from("feeds"), |p| p.join("feeds"));
+    let feeds_dir = crate::sets::feeds_dir_of(&d.sets_dir);
     let (owner, handle) = match owner::spawn(d, snap_tx) {
         Ok(x) => x,
         Err(e) => return (Err(e), None),

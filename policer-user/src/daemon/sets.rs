@@ -1307,13 +1307,14 @@ impl Daemon {
 }
 
 /// Removes the temporary files of writes killed midway (`files.rs`): the
-/// config file's and the sets' state files', each named in the log. Run
-/// at start, once this namespace's lock is held.
+/// config file's, the sets' state files' and the feeds' state files',
+/// each named in the log. Run at start, once this namespace's lock is held.
 pub(super) fn remove_leftovers(config: &std::path::Path, sets_dir: &std::path::Path) {
     let (mut removed, mut failed) = crate::config::remove_leftovers(config);
-    let (r, f) = sets::remove_leftovers(sets_dir);
-    removed.extend(r);
-    failed.extend(f);
+    for (r, f) in [sets::remove_leftovers(sets_dir), sets::remove_feed_leftovers(&sets::feeds_dir_of(sets_dir))] {
+        removed.extend(r);
+        failed.extend(f);
+    }
     for p in removed {
         println!("policer: removed {}, the temporary file of a write that did not finish", p.display());
     }
