@@ -22,6 +22,7 @@ mod adopt;
 mod audit;
 mod bans;
 mod crowdsec;
+mod dryrun;
 mod follow;
 mod owner;
 mod plan;
@@ -50,6 +51,7 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
 };
+pub(crate) use dryrun::{Preview, WINDOW as DRY_RUN_WINDOW, judge_live};
 pub use views::{Health, Snapshot, Views};
 
 use crate::{
@@ -139,6 +141,9 @@ pub struct Daemon {
     publish: Option<tokio::sync::mpsc::Sender<crowdsec::AutoBan>>,
     /// The set the feed writes (`[crowdsec] set`): no one else does.
     feed_set: Option<String>,
+    /// Set while a `--dry-run` is handled: the change stops before its
+    /// first write and leaves what it planned here (`dryrun.rs`).
+    dry: Option<dryrun::Capture>,
 }
 
 impl Daemon {
