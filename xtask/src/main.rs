@@ -338,6 +338,7 @@ fn test(host_only: bool) -> Result<()> {
         "import",
         "feeds",
         "crowdsec",
+        "dryrun",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

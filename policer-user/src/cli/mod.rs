@@ -6,6 +6,7 @@ mod ban;
 mod check;
 mod detach;
 mod docs;
+mod dryrun;
 mod import;
 mod inspect;
 mod reload;
@@ -120,6 +121,8 @@ impl Cli {
             Cmd::Replay(a) => a.json,
             Cmd::Rule { cmd: rule::Cmd::Ls { json, .. } } => *json,
             Cmd::Rule { cmd: rule::Cmd::Import(a) } => a.json,
+            Cmd::Rule { cmd: rule::Cmd::Set { json, .. } | rule::Cmd::Rm { json, .. } } => *json,
+            Cmd::Reload(a) => a.json,
             Cmd::Ban(a) => a.json(),
             _ => false,
         }
