@@ -10,7 +10,7 @@
 //! What it can and cannot predict: docs/dry-run.md.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     net::IpAddr,
     sync::Arc,
     time::Duration,
@@ -299,24 +299,6 @@ fn capacity_fps(r: &Rule) -> f64 {
     1e9 * (1u64 << r.shift.min(policer_common::bucket::MAX_SHIFT)) as f64 / cost
 }
 
-/// The frames `r` admitted between two reads of a bucket: how far its
-/// `tat` moved past where it stood (or past the first read's clock when it
-/// had drained), in frames. A bucket restamped or banned in between has
-/// no measure (0).
-fn admitted(r: &Rule, b1: &Bucket, t1: u64, b2: &Bucket) -> f64 {
-    if b1.stamp() != b2.stamp() || !matches!(slot_ban(b2.stamp()), SlotBan::None | SlotBan::Counting(_)) {
-        return 0.0;
-    }
-    let shift = r.shift.min(policer_common::bucket::MAX_SHIFT);
-    let t1u = t1.wrapping_shl(shift);
-    let start = if (b1.tat.wrapping_sub(t1u) as i64) > 0 { b1.tat } else { t1u };
-    let moved = b2.tat.wrapping_sub(start) as i64;
-    if moved <= 0 {
-        return 0.0;
-    }
-    moved as f64 / r.cost(FRAME_BYTES).max(1) as f64
-}
-
 /// The verdict on the wire of a source sending `fps` under `rule`, whose
 /// bucket is `b`: pass or drop, and why.
 fn verdict(rule: Option<&Rule>, fps: f64, b: &Bucket, now_ns: u64, window_s: f64) -> (bool, String) {
@@ -355,31 +337,72 @@ fn source_of(k: &BucketKey) -> (IpAddr, String) {
     (addr, text)
 }
 
+/// Whether two rules judge a source alike (ids and counter slots aside).
+fn alike(a: Option<&Rule>, b: Option<&Rule>) -> bool {
+    let plain = |r: &Rule| (r.action, r.pkt_cost, r.byte_cost, r.limit, r.shift, r.key_len, r.classes != 0);
+    a.map(plain) == b.map(plain)
+}
+
+/// Sources whose rate is measured at most: each is read
+/// [`SAMPLES`] times over the window.
+pub const MAX_MEASURED: usize = 2048;
+/// Reads of each measured source's bucket over the window.
+const SAMPLES: u64 = 40;
+
+/// A source whose rule would change: what it is judged under.
+struct Cand {
+    key: BucketKey,
+    source: String,
+    class: String,
+    now: Judged,
+    after: Judged,
+    /// (bucket, clock) of the first and last read; reads with debt, reads.
+    first: Option<(Bucket, u64)>,
+    last: Option<(Bucket, u64)>,
+    busy: u64,
+    reads: u64,
+}
+
+/// The frames per second `c` sent while watched (admitted and dropped).
+/// Admitted work = the debt's change + the time the bucket held debt: a
+/// bucket drains at one second per second while it holds any, and the
+/// share of reads that found debt is the share of time it held some (a
+/// source in profile drains it between frames; a heavy one never does).
+fn rate(c: &Cand) -> f64 {
+    let (Some((b0, t0)), Some((b1, t1))) = (c.first, c.last) else { return 0.0 };
+    let secs = t1.saturating_sub(t0) as f64 / 1e9;
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    let drops = b1.drops().saturating_sub(b0.drops()) as f64;
+    let Some(r) = c.now.rule.as_ref().filter(|r| r.action == Action::Police as u32 || r.action == Action::Monitor as u32)
+    else {
+        return drops / secs;
+    };
+    let ok = |b: &Bucket| b.stamp() as u64 == r.stamp as u64 & policer_common::bucket::STAMP_MASK;
+    let work_ns = if ok(&b0) && ok(&b1) {
+        let busy = c.busy as f64 / c.reads.max(1) as f64;
+        (r.debt_ns(b1.tat, t1) as f64 - r.debt_ns(b0.tat, t0) as f64 + busy * secs * 1e9).max(0.0)
+    } else {
+        0.0
+    };
+    let frame_ns = (r.cost(FRAME_BYTES) >> r.shift.min(policer_common::bucket::MAX_SHIFT)).max(1) as f64;
+    (work_ns / frame_ns + drops) / secs
+}
+
 /// Which sources in the bucket table would change verdict from `before`
-/// to `after`: the table read twice, `window` apart (off the owner), each
-/// source's rate measured from its bucket and drop count, and judged
-/// under the rule each side gives it.
+/// to `after`: the table read once (off the owner) for the sources whose
+/// rule would change, the buckets of those (the first [`MAX_MEASURED`],
+/// most dropped first) read [`SAMPLES`] times over `window` to measure
+/// their rate, each judged under the rule each side gives it.
 pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration) -> DryLive {
     let mut live = DryLive { window_ms: window.as_millis() as u64, ..Default::default() };
-    let mut first: HashMap<BucketKey, (Bucket, u64)> = HashMap::new();
-    if let Err(e) = reader.for_each_bucket_read(|k, b, t| {
-        first.insert(*k, (*b, t));
-    }) {
-        live.error = Some(e.to_string());
-        return live;
-    }
-    std::thread::sleep(window);
-    let mut rows: Vec<(bool, DrySource)> = Vec::new();
-    let window_s = window.as_secs_f64().max(1e-3);
-    let r = reader.for_each_bucket_read(|k, b2, t2| {
+    let mut cands: Vec<(u64, Cand)> = Vec::new();
+    let r = reader.for_each_bucket_read(|k, b, _| {
         live.sources += 1;
-        let Some((b1, t1)) = first.get(k) else { return };
-        let secs = (t2.saturating_sub(*t1) as f64 / 1e9).max(1e-3);
         let (addr, source) = source_of(k);
-        // The rule charging the bucket now, and the one after.
         let (now, after, class) = if k.class == 0 {
-            let (n, a) = (preview.before.lookup(addr), preview.after.lookup(addr));
-            (n, a, "-".to_string())
+            (preview.before.lookup(addr), preview.after.lookup(addr), "-".to_string())
         } else {
             let Some((key, rule)) = preview.before.class_rule(k.class) else { return };
             let base = preview.after.lookup(addr);
@@ -392,37 +415,77 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
             };
             (Judged { rule: Some(rule), label: key.to_string() }, after, key.class.to_string())
         };
-        live.judged += 1;
-        let frames = now.rule.as_ref().map_or(0.0, |r| admitted(r, b1, *t1, b2));
-        let drops = b2.drops().saturating_sub(b1.drops()) as f64;
-        let fps = (frames + drops) / secs;
-        let (pass_now, why_now) = verdict(now.rule.as_ref(), fps, b2, t2, window_s);
-        let (pass_after, why_after) = verdict(after.rule.as_ref(), fps, b2, t2, window_s);
-        if pass_now == pass_after {
+        if alike(now.rule.as_ref(), after.rule.as_ref()) {
             return;
+        }
+        let c = Cand { key: *k, source, class, now, after, first: None, last: None, busy: 0, reads: 0 };
+        cands.push((b.drops(), c));
+    });
+    if let Err(e) = r {
+        live.error = Some(e.to_string());
+        return live;
+    }
+    cands.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.source.cmp(&b.1.source)));
+    let mut cands: Vec<Cand> = cands.into_iter().take(MAX_MEASURED).map(|(_, c)| c).collect();
+    live.judged = cands.len() as u64;
+    // Reads spread over the window, each pause jittered so that a source
+    // sending at a steady pace is not read in step with it.
+    let step = window / SAMPLES as u32;
+    let mut seed = super::monotonic_ns() | 1;
+    for _ in 0..SAMPLES {
+        for c in cands.iter_mut() {
+            let b = match reader.bucket(&c.key) {
+                Ok(Some(b)) => b,
+                Ok(None) => continue,
+                Err(e) => {
+                    live.error = Some(e.to_string());
+                    return live;
+                }
+            };
+            let t = super::monotonic_ns();
+            c.first.get_or_insert((b, t));
+            c.last = Some((b, t));
+            c.reads += 1;
+            if c.now.rule.is_some_and(|r| r.debt_ns(b.tat, t) > 0) {
+                c.busy += 1;
+            }
+        }
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let jitter = step.mul_f64(0.5 + (seed % 1000) as f64 / 1000.0);
+        std::thread::sleep(jitter);
+    }
+    let window_s = window.as_secs_f64().max(1e-3);
+    let mut rows: Vec<(bool, DrySource)> = Vec::new();
+    for c in cands {
+        let Some((b, t)) = c.last else { continue };
+        let fps = rate(&c);
+        let (pass_now, why_now) = verdict(c.now.rule.as_ref(), fps, &b, t, window_s);
+        let (pass_after, why_after) = verdict(c.after.rule.as_ref(), fps, &b, t, window_s);
+        if pass_now == pass_after {
+            continue;
         }
         let word = |p: bool| if p { "pass" } else { "drop" }.to_string();
         rows.push((
             pass_now,
             DrySource {
-                source,
-                class,
-                rule_now: now.label,
-                rule_after: after.label,
+                source: c.source,
+                class: c.class,
+                rule_now: c.now.label,
+                rule_after: c.after.label,
                 rate_pps: (fps * 10.0).round() / 10.0,
                 now: word(pass_now),
                 after: word(pass_after),
                 why: format!("now: {why_now}; after: {why_after}"),
             },
         ));
-    });
-    if let Err(e) = r {
-        live.error = Some(e.to_string());
     }
     let (mut p2d, mut d2p): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(pass_now, _)| *pass_now);
-    for (list, count, top) in
-        [(&mut p2d, &mut live.pass_to_drop, &mut live.pass_to_drop_top), (&mut d2p, &mut live.drop_to_pass, &mut live.drop_to_pass_top)]
-    {
+    for (list, count, top) in [
+        (&mut p2d, &mut live.pass_to_drop, &mut live.pass_to_drop_top),
+        (&mut d2p, &mut live.drop_to_pass, &mut live.drop_to_pass_top),
+    ] {
         *count = list.len() as u64;
         list.sort_by(|a, b| b.1.rate_pps.total_cmp(&a.1.rate_pps).then_with(|| a.1.source.cmp(&b.1.source)));
         *top = list.drain(..).take(DRY_SAMPLE).map(|(_, s)| s).collect();
@@ -491,14 +554,23 @@ mod tests {
         let r = spec("10.0.0.0/8", |_| {}).kernel(1).unwrap();
         let shift = r.shift;
         let now = 10_000_000_000u64;
-        // 50 frames admitted in one second, no drops: 50 pps.
-        let b1 = r.bucket(now.wrapping_shl(shift));
-        let b2 = r.bucket(now.wrapping_shl(shift).wrapping_add(50 * r.cost(FRAME_BYTES)));
-        let fps = admitted(&r, &b1, now, &b2);
-        assert!((fps - 50.0).abs() < 1e-6, "{fps}");
-        // A bucket that drained before the first read counts from that read.
-        let drained = r.bucket((now - 5_000_000_000).wrapping_shl(shift));
-        assert!((admitted(&r, &drained, now, &b2) - 50.0).abs() < 1e-6);
+        // A bucket read 40 times over a second, holding debt at 20 of
+        // the reads, its debt the same at both ends: half a second of
+        // work, 50 frames of 10 ms; and 7 dropped.
+        let b = |drops: u64| Bucket { tat: now.wrapping_shl(shift), meta: r.bucket(0).meta | (drops << 24) };
+        let c = Cand {
+            key: BucketKey::default(),
+            source: String::new(),
+            class: String::new(),
+            now: Judged { rule: Some(r), label: String::new() },
+            after: Judged { rule: None, label: String::new() },
+            first: Some((b(3), now)),
+            last: Some((b(10), now + 1_000_000_000)),
+            busy: 20,
+            reads: 40,
+        };
+        assert!((rate(&c) - 57.0).abs() < 0.01, "{}", rate(&c));
+        let b2 = b(10);
         // Within 100 pps: passes; a 30 pps rule drops it.
         assert!(verdict(Some(&r), 50.0, &b2, now, 1.0).0);
         let low = spec("10.0.0.0/8", |c| c.rate = Some("30pps".into())).kernel(2).unwrap();
