@@ -121,7 +121,11 @@ fn a_dry_run_of_each_verb_changes_nothing() {
     std::fs::write(&list, "192.0.2.0/24\n203.0.113.9\n203.0.113.10\n").unwrap();
     let v = json(&cli(&sb, &["rule", "import", &list, "--set", "blocked", "--dry-run", "--json"]));
     let s = &v["sets"][0];
-    assert_eq!((s["set"].as_str(), s["entries_in"].as_u64(), s["entries_out"].as_u64()), (Some("blocked"), Some(2), Some(1)), "{v}");
+    assert_eq!(
+        (s["set"].as_str(), s["entries_in"].as_u64(), s["entries_out"].as_u64()),
+        (Some("blocked"), Some(2), Some(1)),
+        "{v}"
+    );
     assert_eq!(s["sample_out"][0], "198.51.100.7/32", "{v}");
     // reload: the daemon follows the file, so a reload's preview is of
     // what it would do now: with --discard-runtime, the runtime change
@@ -131,7 +135,11 @@ fn a_dry_run_of_each_verb_changes_nothing() {
     let v = json(&cli(&sb, &["reload", "--discard-runtime", "--dry-run", "--json"]));
     let ch = &v["rules_changed"][0];
     assert_eq!((ch["rule"].as_str(), ch["changes"][0]["field"].as_str()), (Some("10.1.0.0/16"), Some("rate")), "{v}");
-    assert_eq!((ch["changes"][0]["old"].as_str(), ch["changes"][0]["new"].as_str()), (Some("80pps"), Some("100pps")), "{v}");
+    assert_eq!(
+        (ch["changes"][0]["old"].as_str(), ch["changes"][0]["new"].as_str()),
+        (Some("80pps"), Some("100pps")),
+        "{v}"
+    );
 
     let after = everything(&sb);
     assert_eq!(before.kernel.diff(&after.kernel), None, "a dry run changed the kernel's maps");

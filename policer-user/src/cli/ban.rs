@@ -74,7 +74,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let (Some(cidr), Some(ttl)) = (a.cidr, a.duration) else {
         return Err(super::Usage(
-            "usage: policer ban PREFIX --for DURATION [--reason TEXT] [--runtime] [--force] [--dry-run [--json]]".into(),
+            "usage: policer ban PREFIX --for DURATION [--reason TEXT] [--runtime] [--force] [--dry-run [--json]]"
+                .into(),
         )
         .into());
     };

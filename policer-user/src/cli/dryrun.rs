@@ -24,7 +24,8 @@ fn fields(f: &std::collections::BTreeMap<String, String>) -> String {
 
 fn source(s: &DrySource) -> String {
     let class = if s.class == "-" { String::new() } else { format!(" [{}]", s.class) };
-    let rule = if s.rule_now == s.rule_after { s.rule_now.clone() } else { format!("{} → {}", s.rule_now, s.rule_after) };
+    let rule =
+        if s.rule_now == s.rule_after { s.rule_now.clone() } else { format!("{} → {}", s.rule_now, s.rule_after) };
     format!("    {}{class}  {} pps  rule {rule}  ({})\n", s.source, s.rate_pps, s.why)
 }
 
@@ -51,7 +52,9 @@ pub fn text(v: &DryRunView) -> String {
         if !s.rule_changes.is_empty() {
             o.push_str(&format!("    rule: {}\n", s.rule_changes.iter().map(field).collect::<Vec<_>>().join(", ")));
         }
-        let more = |shown: usize, n: u64| if n > shown as u64 { format!(", and {} more", n - shown as u64) } else { String::new() };
+        let more = |shown: usize, n: u64| {
+            if n > shown as u64 { format!(", and {} more", n - shown as u64) } else { String::new() }
+        };
         if !s.sample_in.is_empty() {
             o.push_str(&format!("    in:  {}{}\n", s.sample_in.join(", "), more(s.sample_in.len(), s.entries_in)));
         }

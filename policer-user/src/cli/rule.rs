@@ -117,7 +117,8 @@ pub enum Cmd {
         /// Allow a deny of a whole family (`0.0.0.0/0`, `::/0`), which
         /// drops every source, the operator's own sessions included.
         #[arg(long)]
-        force: bool,        /// Show what the change would do, and change nothing: the rules
+        force: bool,
+        /// Show what the change would do, and change nothing: the rules
         /// added, changed (field by field) and removed, and which sources
         /// live in the bucket table now would go from pass to drop or back
         /// (their rate measured over one second). Refused exactly as the
@@ -144,7 +145,8 @@ pub enum Cmd {
         class: ClassArgs,
         /// Remove from the kernel only; the config file keeps the rule.
         #[arg(long)]
-        runtime: bool,        /// Show what the change would do, and change nothing: the rules
+        runtime: bool,
+        /// Show what the change would do, and change nothing: the rules
         /// added, changed (field by field) and removed, and which sources
         /// live in the bucket table now would go from pass to drop or back
         /// (their rate measured over one second). Refused exactly as the

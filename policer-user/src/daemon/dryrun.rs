@@ -9,12 +9,7 @@
 //! gives it before and after, with the bucket math of `policer_common`.
 //! What it can and cannot predict: docs/dry-run.md.
 
-use std::{
-    collections::BTreeMap,
-    net::IpAddr,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 
 use ipnet::IpNet;
 use policer_common::{
@@ -246,11 +241,8 @@ impl World {
             if let Some(r) = self.compiled.prefixes.get(&net) {
                 return Judged { rule: Some(*r), label: self.label_of(net, r) };
             }
-            let best = self
-                .sets
-                .iter()
-                .filter(|s| s.entries.binary_search(&net).is_ok())
-                .max_by(|a, b| a.rank.cmp(&b.rank));
+            let best =
+                self.sets.iter().filter(|s| s.entries.binary_search(&net).is_ok()).max_by(|a, b| a.rank.cmp(&b.rank));
             if let Some(s) = best {
                 let protected = self.protect.iter().any(|p| p.contains(&net));
                 let ban = self
@@ -375,7 +367,8 @@ fn rate(c: &Cand) -> f64 {
         return 0.0;
     }
     let drops = b1.drops().saturating_sub(b0.drops()) as f64;
-    let Some(r) = c.now.rule.as_ref().filter(|r| r.action == Action::Police as u32 || r.action == Action::Monitor as u32)
+    let Some(r) =
+        c.now.rule.as_ref().filter(|r| r.action == Action::Police as u32 || r.action == Action::Monitor as u32)
     else {
         return drops / secs;
     };
@@ -530,11 +523,8 @@ mod tests {
         assert_eq!(removed[0].rule, "192.0.2.0/24");
         assert_eq!(removed[0].fields.get("action").map(String::as_str), Some("monitor"));
         assert_eq!(changed.len(), 1);
-        let f: BTreeMap<&str, (Option<&str>, Option<&str>)> = changed[0]
-            .changes
-            .iter()
-            .map(|c| (c.field.as_str(), (c.old.as_deref(), c.new.as_deref())))
-            .collect();
+        let f: BTreeMap<&str, (Option<&str>, Option<&str>)> =
+            changed[0].changes.iter().map(|c| (c.field.as_str(), (c.old.as_deref(), c.new.as_deref()))).collect();
         assert_eq!(f.get("rate"), Some(&(Some("100pps"), Some("2kbit"))), "{f:?}");
         assert_eq!(f.get("burst").map(|b| b.1), Some(Some("3000b")), "{f:?}");
         assert!(f.get("expires").is_some_and(|e| e.0.is_none() && e.1.is_some()), "the ttl as an expiry: {f:?}");

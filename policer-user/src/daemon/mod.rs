@@ -41,6 +41,7 @@ use std::{
 };
 
 pub use adopt::{attached_programs, detach_orphan};
+pub(crate) use dryrun::{Preview, WINDOW as DRY_RUN_WINDOW, judge_live};
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
 pub use ruleset::{OfflineRule, install_offline};
@@ -51,7 +52,6 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
 };
-pub(crate) use dryrun::{Preview, WINDOW as DRY_RUN_WINDOW, judge_live};
 pub use views::{Health, Snapshot, Views};
 
 use crate::{

@@ -248,7 +248,9 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         // here, off the owner, in the lane of the table reads.
         Request::DryRun { change } => {
             let cmd = match *change {
-                Request::RuleSet { rule, runtime, replace, force } => Command::RuleSet { rule, runtime, replace, force },
+                Request::RuleSet { rule, runtime, replace, force } => {
+                    Command::RuleSet { rule, runtime, replace, force }
+                }
                 Request::RuleRm { rule, runtime } => Command::RuleRm { rule, runtime },
                 Request::Reload { discard_runtime } => Command::Reload { discard_runtime },
                 Request::Ban { rule, runtime, force } => Command::Ban { rule, runtime, force },
