@@ -454,7 +454,14 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
     for c in cands {
         let Some((b, t)) = c.last else { continue };
         let fps = rate(&c);
-        let (pass_now, why_now) = verdict(c.now.rule.as_ref(), fps, &b, t, window_s);
+        let (mut pass_now, mut why_now) = verdict(c.now.rule.as_ref(), fps, &b, t, window_s);
+        // Drops counted while watched are the verdict now, whatever the
+        // rate says (drops are counted one in 2^N, as 2^N: the rate of a
+        // dropped source is the less exact part).
+        let dropped = c.first.map_or(0, |(b0, _)| b.drops().saturating_sub(b0.drops()));
+        if pass_now && dropped > 0 && c.now.rule.is_some_and(|r| r.action == Action::Police as u32) {
+            (pass_now, why_now) = (false, format!("sends {fps:.0} pps and lost frames while watched"));
+        }
         let (pass_after, why_after) = verdict(c.after.rule.as_ref(), fps, &b, t, window_s);
         if pass_now == pass_after {
             continue;
