@@ -135,6 +135,13 @@ pub enum Request {
     SetRm {
         name: String,
     },
+    /// `--dry-run` of a change (`rule set`, `rule rm`, `rule import`,
+    /// `ban`, `reload`): judged and planned as that change would be,
+    /// nothing written; answered with [`Reply::DryRun`], or refused as the
+    /// change would be.
+    DryRun {
+        change: Box<Request>,
+    },
 }
 
 impl Request {
@@ -186,6 +193,8 @@ pub enum Reply {
         bans: Vec<BanView>,
     },
     Set(Box<SetView>),
+    /// What a change would do (`--dry-run`): nothing changed.
+    DryRun(Box<DryRunView>),
     /// Refused: nothing changed.
     Refused {
         error: String,
@@ -234,6 +243,107 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// What a change would do (`--dry-run`; docs/dry-run.md, docs/json.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DryRunView {
+    /// Always true: nothing was changed.
+    pub dry_run: bool,
+    /// The verb previewed: `rule set`, `rule rm`, `rule import`, `ban`, `reload`.
+    pub verb: String,
+    /// What the change would say it did.
+    pub message: String,
+    pub rules_added: Vec<DryRule>,
+    pub rules_changed: Vec<DryRuleChange>,
+    pub rules_removed: Vec<DryRule>,
+    /// Named sets whose entries or rule would change.
+    pub sets: Vec<DrySet>,
+    /// The sources live in the bucket table whose verdict would change.
+    pub live: DryLive,
+}
+
+/// A rule added or removed: its key (`10.0.0.0/8`, `10.0.0.0/8 udp
+/// dport 53`, `ban 192.0.2.0/24`) and its fields as the config writes them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DryRule {
+    pub rule: String,
+    pub fields: BTreeMap<String, String>,
+}
+
+/// A rule changed: each field that differs, old → new.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DryRuleChange {
+    pub rule: String,
+    pub changes: Vec<FieldChange>,
+}
+
+/// One field of a rule, before and after (absent: not set).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldChange {
+    pub field: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new: Option<String>,
+}
+
+/// A named set's change: entry counts, and the first entries in and out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrySet {
+    pub set: String,
+    /// `added`, `changed` or `removed` (the whole set).
+    pub change: String,
+    pub entries_before: u64,
+    pub entries_after: u64,
+    pub entries_in: u64,
+    pub entries_out: u64,
+    /// The set's rule changes (a new action or rate), field by field.
+    pub rule_changes: Vec<FieldChange>,
+    /// The first entries in and out, in order ([`DRY_SAMPLE`] at most).
+    pub sample_in: Vec<String>,
+    pub sample_out: Vec<String>,
+}
+
+/// How many entries of a set, and sources of each direction, are listed.
+pub const DRY_SAMPLE: usize = 20;
+
+/// The live sources whose verdict would change (see docs/dry-run.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DryLive {
+    /// How long the table was watched to measure each source's rate.
+    pub window_ms: u64,
+    /// Buckets in the table, and those judged (a class bucket whose
+    /// class goes is not: its frames fall to a rule only a frame tells).
+    pub sources: u64,
+    pub judged: u64,
+    pub pass_to_drop: u64,
+    pub drop_to_pass: u64,
+    /// The first of each by rate, highest first ([`DRY_SAMPLE`] at most).
+    pub pass_to_drop_top: Vec<DrySource>,
+    pub drop_to_pass_top: Vec<DrySource>,
+    /// Why the table could not be read (the diff still stands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One source (a bucket's key) whose verdict would change.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DrySource {
+    /// The address, or the prefix when its rule groups sources.
+    pub source: String,
+    /// Its class, `-` for none.
+    pub class: String,
+    /// The rule (or set entry) that judges it now, and after.
+    pub rule_now: String,
+    pub rule_after: String,
+    /// What it sent while watched: frames per second, admitted and
+    /// dropped together.
+    pub rate_pps: f64,
+    pub now: String,
+    pub after: String,
+    /// Why, in words (`sends 250 pps, over the rule's 100 pps`).
+    pub why: String,
+}
+
 /// The control socket was full: `in_use` of `cap` connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Busy {
@@ -264,6 +374,7 @@ impl Reply {
             Reply::Inspect(_) => "inspect",
             Reply::Bans { .. } => "bans",
             Reply::Set(_) => "set",
+            Reply::DryRun(_) => "dry_run",
             Reply::Refused { .. } => "refused",
         }
     }
@@ -1047,6 +1158,11 @@ impl Client {
 
     pub fn top(&self, n: usize) -> Result<TopView> {
         self.ask(Request::Top { n }, "top", |r| take!(r, Reply::Top(v) => v))
+    }
+
+    /// `--dry-run` of `change`: what it would do, or its refusal.
+    pub fn dry_run(&self, change: Request) -> Result<DryRunView> {
+        self.ask(Request::DryRun { change: Box::new(change) }, "dry_run", |r| take!(r, Reply::DryRun(v) => *v))
     }
 
     pub fn inspect(&self, addr: std::net::IpAddr, frame: InspectFrame) -> Result<InspectView> {

@@ -486,15 +486,26 @@ pub fn summary(s: &RuleSpec) -> String {
 /// What a change did to a rule, field by field, as `rate 1kpps → 2kpps`
 /// (in the written form: what the config file says).
 pub fn changes(old: &RuleSpec, new: &RuleSpec) -> Vec<String> {
+    field_changes(old, new)
+        .into_iter()
+        .map(|(k, a, b)| format!("{k} {} → {}", a.as_deref().unwrap_or("none"), b.as_deref().unwrap_or("none")))
+        .collect()
+}
+
+/// [`changes`] as data: each field that differs, with its old and new
+/// value as the config file writes them (`None`: not set), by field name.
+pub fn field_changes(old: &RuleSpec, new: &RuleSpec) -> Vec<(String, Option<String>, Option<String>)> {
     let (a, b) = (shown(old), shown(new));
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     keys.into_iter()
         .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| {
-            let v = |m: &std::collections::BTreeMap<String, String>| m.get(k).cloned().unwrap_or_else(|| "none".into());
-            format!("{k} {} → {}", v(&a), v(&b))
-        })
+        .map(|k| (k.clone(), a.get(k).cloned(), b.get(k).cloned()))
         .collect()
+}
+
+/// A rule's fields as the config file writes them, by name.
+pub fn fields(s: &RuleSpec) -> std::collections::BTreeMap<String, String> {
+    shown(s)
 }
 
 /// Refuses `what` (`a deny of`, `a ban of`) a whole address family

@@ -343,6 +343,7 @@ fn test(host_only: bool) -> Result<()> {
         "feeds",
         "crowdsec",
         "alerts",
+        "dryrun",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

@@ -30,6 +30,15 @@ pub struct Args {
     /// every source, the operator's own sessions included.
     #[arg(long)]
     force: bool,
+    /// Show what the ban would do, and change nothing: the ban added or
+    /// replaced (field by field), and which sources live in the bucket
+    /// table now would go from pass to drop. Refused exactly as the ban
+    /// would be. See docs/dry-run.md.
+    #[arg(long)]
+    dry_run: bool,
+    /// With --dry-run: print it as JSON (docs/json.md).
+    #[arg(long, requires = "dry_run")]
+    json: bool,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -55,7 +64,7 @@ pub struct UnbanArgs {
 
 impl Args {
     pub fn json(&self) -> bool {
-        matches!(self.cmd, Some(Cmd::Ls { json: true }))
+        self.json || matches!(self.cmd, Some(Cmd::Ls { json: true }))
     }
 }
 
@@ -66,7 +75,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let (Some(cidr), Some(ttl)) = (a.cidr, a.duration) else {
         return Err(super::Usage(
-            "usage: policer ban PREFIX --for DURATION [--reason TEXT] [--runtime] [--force]".into(),
+            "usage: policer ban PREFIX --for DURATION [--reason TEXT] [--runtime] [--force] [--dry-run [--json]]"
+                .into(),
         )
         .into());
     };
@@ -76,6 +86,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     rule.check_reason()?;
     if let Some(note) = crate::prefix::mapped_note(&rule.prefix, &spec.net) {
         eprintln!("policer: note: {note}");
+    }
+    if a.dry_run {
+        let req = crate::control::Request::Ban { rule, runtime: a.runtime, force: a.force };
+        return super::dryrun::print(&daemon()?.dry_run(req)?, a.json);
     }
     println!("policer: {}", daemon()?.ban(rule, a.runtime, a.force)?);
     Ok(())

@@ -63,6 +63,13 @@ pub struct Args {
     /// "mapped", "shadowed", "saved", "expires"}.
     #[arg(long)]
     pub json: bool,
+    /// Show what the import would do, and change nothing: the set's
+    /// entries in and out (counts and the first 20 of each), its rule's
+    /// changes, and which sources live in the bucket table now would go
+    /// from pass to drop or back. Refused exactly as the import would be
+    /// (a bad line, --max-remove, a conflict). See docs/dry-run.md.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -96,6 +103,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let path = std::path::absolute(&a.file).map_err(|e| anyhow::anyhow!("{}: {e}", a.file))?;
     if let Err(e) = std::fs::metadata(&path) {
         anyhow::bail!("{}: {e}; nothing imported", a.file);
+    }
+    if a.dry_run {
+        let req = crate::control::Request::Import {
+            path: path.to_string_lossy().into_owned(),
+            shown: a.file,
+            set: a.set,
+            rule,
+            max_remove,
+            force: a.force,
+            runtime: a.runtime,
+        };
+        return super::dryrun::print(&daemon()?.dry_run(req)?, a.json);
     }
     let (msg, counts) =
         daemon()?.import(path.to_string_lossy().into_owned(), a.file, a.set, rule, max_remove, a.force, a.runtime)?;

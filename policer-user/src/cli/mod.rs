@@ -6,6 +6,7 @@ mod ban;
 mod check;
 mod detach;
 mod docs;
+mod dryrun;
 mod import;
 mod inspect;
 mod manual;
@@ -61,7 +62,7 @@ enum Cmd {
     /// Change the running daemon's rules.
     Rule {
         #[command(subcommand)]
-        cmd: rule::Cmd,
+        cmd: Box<rule::Cmd>,
     },
     /// Ban a prefix for a while (`ban PREFIX --for 1h`), or list the bans
     /// in force (`ban ls`).
@@ -119,8 +120,11 @@ impl Cli {
             Cmd::Inspect(a) => a.json,
             Cmd::Check(a) => a.json,
             Cmd::Replay(a) => a.json,
-            Cmd::Rule { cmd: rule::Cmd::Ls { json, .. } } => *json,
-            Cmd::Rule { cmd: rule::Cmd::Import(a) } => a.json,
+            Cmd::Rule { cmd } => match &**cmd {
+                rule::Cmd::Ls { json, .. } | rule::Cmd::Set { json, .. } | rule::Cmd::Rm { json, .. } => *json,
+                rule::Cmd::Import(a) => a.json,
+            },
+            Cmd::Reload(a) => a.json,
             Cmd::Ban(a) => a.json(),
             _ => false,
         }
@@ -142,7 +146,7 @@ impl Cli {
         match self.cmd {
             Cmd::Attach(a) => attach::run(a),
             Cmd::Detach(a) => detach::run(a),
-            Cmd::Rule { cmd } => rule::run(cmd),
+            Cmd::Rule { cmd } => rule::run(*cmd),
             Cmd::Ban(a) => ban::run(a),
             Cmd::Unban(a) => ban::unban(a),
             Cmd::Reload(a) => reload::run(a),

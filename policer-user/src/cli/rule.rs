@@ -118,6 +118,17 @@ pub enum Cmd {
         /// drops every source, the operator's own sessions included.
         #[arg(long)]
         force: bool,
+        /// Show what the change would do, and change nothing: the rules
+        /// added, changed (field by field) and removed, and which sources
+        /// live in the bucket table now would go from pass to drop or back
+        /// (their rate measured over one second). Refused exactly as the
+        /// change would be (same message, same exit status). See
+        /// docs/dry-run.md.
+        #[arg(long)]
+        dry_run: bool,
+        /// With --dry-run: print it as JSON (docs/json.md).
+        #[arg(long, requires = "dry_run")]
+        json: bool,
     },
     /// Make a named set of prefixes from a file, one prefix per line (or
     /// add to the implicit set of the action and rate): one rule for all of
@@ -136,6 +147,17 @@ pub enum Cmd {
         /// Remove from the kernel only; the config file keeps the rule.
         #[arg(long)]
         runtime: bool,
+        /// Show what the change would do, and change nothing: the rules
+        /// added, changed (field by field) and removed, and which sources
+        /// live in the bucket table now would go from pass to drop or back
+        /// (their rate measured over one second). Refused exactly as the
+        /// change would be (same message, same exit status). See
+        /// docs/dry-run.md.
+        #[arg(long, conflicts_with = "set")]
+        dry_run: bool,
+        /// With --dry-run: print it as JSON (docs/json.md).
+        #[arg(long, requires = "dry_run")]
+        json: bool,
     },
     /// List the rules (a set as one line), or a set's prefixes (`--set NAME`).
     Ls {
@@ -166,6 +188,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             runtime,
             replace,
             force,
+            dry_run,
+            json,
         } => {
             let key_len = match key_len {
                 Some(k) => Some(
@@ -200,14 +224,22 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             } else {
                 rule.check_fields()?;
             }
+            if dry_run {
+                let req = crate::control::Request::RuleSet { rule, runtime, replace, force };
+                return super::dryrun::print(&daemon()?.dry_run(req)?, json);
+            }
             println!("policer: {}", daemon()?.rule_set(rule, runtime, replace, force)?);
         }
         Cmd::Import(a) => super::import::run(*a)?,
         Cmd::Rm { set: Some(name), .. } => super::import::rm(name)?,
         Cmd::Ls { json, set: Some(name) } => super::import::ls(name, json)?,
-        Cmd::Rm { cidr, class, runtime, set: None } => {
+        Cmd::Rm { cidr, class, runtime, set: None, dry_run, json } => {
             let cidr = cidr.expect("required without --set");
             let rule = class.rule(&cidr)?;
+            if dry_run {
+                let req = crate::control::Request::RuleRm { rule, runtime };
+                return super::dryrun::print(&daemon()?.dry_run(req)?, json);
+            }
             println!("policer: {}", daemon()?.rule_rm(rule, runtime)?);
         }
         Cmd::Ls { json, set: None } => {

@@ -200,6 +200,19 @@ impl ConfigFile {
         Ok(Pending { staged: Some(staged), text, config })
     }
 
+    /// What [`ConfigFile::stage`] checks (the file as last read, the
+    /// edit), with nothing written: a dry run's.
+    pub fn check_stage(&mut self, change: Change<'_>) -> Result<()> {
+        self.check_unchanged()?;
+        let old = match &self.seen {
+            Seen::Missing => None,
+            Seen::Text(t) => Some(t.as_str()),
+        };
+        let edited = edit::edit(old, &self.config, change, &self.path);
+        Self::release_memory();
+        edited.map(|_| ())
+    }
+
     /// Puts a staged version in place.
     pub fn commit(&mut self, pending: Pending) -> Result<()> {
         let Pending { staged, text, config } = pending;

@@ -123,7 +123,9 @@ impl Daemon {
         let what = if replaced { "ban replaced" } else { "banned" };
         let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
         let why = spec.ban.clone().flatten().map(|r| format!(": {r}")).unwrap_or_default();
-        println!("policer: manual ban of {} until {until}{why}", key.net);
+        if !self.dry() {
+            println!("policer: manual ban of {} until {until}{why}", key.net);
+        }
         Ok(format!("{what}: {} until {until} ({} from now){note}", key.net, rc.ttl.as_deref().unwrap_or("")))
     }
 

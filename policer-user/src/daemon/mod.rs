@@ -22,6 +22,7 @@ mod adopt;
 mod audit;
 mod bans;
 mod crowdsec;
+mod dryrun;
 mod follow;
 mod owner;
 mod plan;
@@ -40,6 +41,7 @@ use std::{
 };
 
 pub use adopt::{attached_programs, detach_orphan};
+pub(crate) use dryrun::{Preview, WINDOW as DRY_RUN_WINDOW, judge_live};
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
 pub use ruleset::{OfflineRule, install_offline};
@@ -139,6 +141,9 @@ pub struct Daemon {
     publish: Option<tokio::sync::mpsc::Sender<crowdsec::AutoBan>>,
     /// The set the feed writes (`[crowdsec] set`): no one else does.
     feed_set: Option<String>,
+    /// Set while a `--dry-run` is handled: the change stops before its
+    /// first write and leaves what it planned here (`dryrun.rs`).
+    dry: Option<dryrun::Capture>,
 }
 
 impl Daemon {

@@ -67,6 +67,9 @@ pub enum Command {
     },
     /// Leave: detach (unless --persist) and end the thread.
     Shutdown,
+    /// `--dry-run` of a change: judged and planned, nothing written; the
+    /// plan comes back in [`Outcome::preview`].
+    Preview(Box<Command>),
 }
 
 /// The owner's answer: a message or an error, and whether the daemon
@@ -77,6 +80,8 @@ pub struct Outcome {
     pub exit: bool,
     /// An import's counts (`rule import --json`).
     pub counts: Option<Box<crate::control::ImportCounts>>,
+    /// A dry run's plan (`Command::Preview`).
+    pub preview: Option<Box<super::Preview>>,
 }
 
 struct Job {
@@ -108,12 +113,13 @@ impl Owner {
                 mpsc::error::TrySendError::Full(_) => "the daemon is busy (too many changes queued); try again",
                 mpsc::error::TrySendError::Closed(_) => "the daemon is shutting down",
             };
-            return Outcome { result: Err(Error::Invalid(why.into())), exit: false, counts: None };
+            return Outcome { result: Err(Error::Invalid(why.into())), exit: false, counts: None, preview: None };
         }
         rx.await.unwrap_or(Outcome {
             result: Err(Error::Invalid("the daemon is shutting down".into())),
             exit: false,
             counts: None,
+            preview: None,
         })
     }
 
@@ -197,8 +203,8 @@ impl Daemon {
         }
     }
 
-    fn handle(&mut self, cmd: Command) -> Outcome {
-        let done = |result| Outcome { result, exit: false, counts: None };
+    pub(super) fn handle(&mut self, cmd: Command) -> Outcome {
+        let done = |result| Outcome { result, exit: false, counts: None, preview: None };
         match cmd {
             Command::Ban { rule, runtime, force } => done(self.ban(&rule, runtime, force)),
             Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
@@ -221,16 +227,18 @@ impl Daemon {
                     result: Ok(format!("detached from {iface}; no interface left, the daemon exits")),
                     exit: true,
                     counts: None,
+                    preview: None,
                 },
                 Ok(false) => done(Ok(format!("detached from {iface}"))),
                 Err(e) => done(Err(e)),
             },
             Command::Import(imp) => match self.import(*imp) {
-                Ok((m, c)) => Outcome { result: Ok(m), exit: false, counts: Some(Box::new(c)) },
+                Ok((m, c)) => Outcome { result: Ok(m), exit: false, counts: Some(Box::new(c)), preview: None },
                 Err(e) => done(Err(e)),
             },
             Command::SetRm { name } => done(self.set_rm(&name)),
             Command::Shutdown => done(self.finish().map(|m| m.to_string())),
+            Command::Preview(cmd) => self.preview(*cmd),
         }
     }
 }
@@ -252,6 +260,7 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                     result: Err(Error::Invalid("the daemon is shutting down; nothing changed".into())),
                     exit: false,
                     counts: None,
+                    preview: None,
                 });
                 continue;
             }
@@ -259,10 +268,12 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
             if tick {
                 pending.store(false, Ordering::SeqCst);
             }
+            // A dry run changes nothing: nothing to publish.
+            let quiet = tick || matches!(cmd, Command::Preview(_));
             let outcome = daemon.handle(cmd);
             // A tick that changed nothing publishes nothing (a snapshot
             // copies every rule).
-            if !tick || daemon.take_changed() {
+            if !quiet || daemon.take_changed() {
                 snapshot.send_replace(daemon.snapshot());
             }
             let _ = reply.send(outcome);

@@ -66,6 +66,11 @@ impl Slots {
         }
     }
 
+    /// How many slots are free.
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
     /// The free slots, lowest first.
     pub fn free_slots(&self) -> impl Iterator<Item = u32> + '_ {
         self.free.iter().copied()
@@ -127,6 +132,16 @@ impl RuleSet {
             &self.groups,
             self.next_id,
         )
+    }
+
+    /// How many counter slots are free (a dry run's check for a new set).
+    pub fn free_slot_count(&self) -> usize {
+        self.slots.free_count()
+    }
+
+    /// The rule limit.
+    pub fn capacity(&self) -> u32 {
+        self.slots.capacity()
     }
 
     /// The protected prefixes plans keep.
@@ -426,7 +441,14 @@ impl Daemon {
         } else {
             let mut file = self.rs.file_rules().clone();
             edit(&mut file);
-            let pending = self.file.stage(Change { rules: Some(&file), interfaces: None }).map_err(|e| {
+            let change = Change { rules: Some(&file), interfaces: None };
+            // A dry run checks what staging checks and writes nothing.
+            let pending = if self.dry() {
+                self.file.check_stage(change).map(|()| None)
+            } else {
+                self.file.stage(change).map(Some)
+            };
+            let pending = pending.map_err(|e| {
                 if e.is_config_not_written() {
                     Error::Invalid(format!(
                         "{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"
@@ -435,8 +457,12 @@ impl Daemon {
                     e
                 }
             })?;
-            Some((pending, file))
+            pending.map(|p| (p, file))
         };
+        if let Some(d) = self.dry.as_mut() {
+            d.rules = Some((plan.rules, plan.compiled));
+            return Ok(());
+        }
         if let Err(e) = self.apply_plan(plan) {
             // Back to what was in force (the write stops at the first
             // failure); the staged file is dropped, and so removed.
@@ -473,7 +499,10 @@ impl Daemon {
         let bytes = self.file.bytes_on_disk();
         let judged = bytes.as_ref().ok().map(|b| sha256_hex(b.as_deref().unwrap_or_default()));
         let r = bytes.and_then(|b| self.reload_file(b, discard_runtime));
-        self.reload.record(&r, judged);
+        // A dry run is no reload: `status` keeps the last real one's.
+        if !self.dry() {
+            self.reload.record(&r, judged);
+        }
         r
     }
 
@@ -550,6 +579,22 @@ impl Daemon {
             return Err(e);
         }
         let sets_summary = config_sets.summary();
+        if self.dry() {
+            let r = self.preview_config_sets(&config_sets, &want);
+            self.rs.set_protect(old_protect);
+            r?;
+            let changes = changes(&before, &want);
+            return Ok(format!(
+                "reloaded {path}: {} rules ({}){}{sets_summary}",
+                want.len(),
+                diff.counts(),
+                match changes.len() {
+                    0 => String::new(),
+                    n if n > 20 => format!(": {}; and {} more", changes[..20].join("; "), n - 20),
+                    _ => format!(": {}", changes.join("; ")),
+                }
+            ));
+        }
         if let Err(e) = self.apply_with_config_sets(config_sets, &want, &before) {
             self.rs.set_protect(old_protect);
             return Err(e);

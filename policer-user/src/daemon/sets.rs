@@ -153,7 +153,7 @@ pub(crate) fn plan_writes(others: &[&SetState], old: Option<&SetState>, new: Opt
 
 impl SetState {
     /// The trie values of the set's entries (IPv4, IPv6).
-    fn values(&self) -> Result<(Rule, Rule)> {
+    pub(super) fn values(&self) -> Result<(Rule, Rule)> {
         Ok((
             self.spec4.kernel(self.id)?.with_counter_slot(self.slot),
             self.spec6.kernel(self.id)?.with_counter_slot(self.slot),
@@ -383,6 +383,9 @@ impl Daemon {
         self.check_capacity(&name, &entries)?;
         let header = Header { name: name.clone(), rule, expires_ms };
         let t_checked = t0.elapsed();
+        if self.dry() {
+            return self.preview_import(&imp, header, spec4, spec6, entries, &d);
+        }
 
         let fds = self.policer.trie_writer()?;
         let old = self.sets.get(&name).cloned();
@@ -500,6 +503,46 @@ impl Daemon {
         self.sets.insert(name, next);
         self.changed = true;
         Ok((msg, counts))
+    }
+
+    /// A dry run's import, once checked as the real one is: a slot for a
+    /// new set, the sets after and the set's change; nothing written.
+    fn preview_import(
+        &mut self,
+        imp: &Import,
+        header: Header,
+        spec4: RuleSpec,
+        spec6: RuleSpec,
+        entries: Vec<IpNet>,
+        d: &sets::Diff,
+    ) -> Result<(String, crate::control::ImportCounts)> {
+        let name = header.name.clone();
+        let old = self.sets.get(&name).cloned();
+        if old.is_none() && self.rs.free_slot_count() == 0 {
+            return Err(super::plan::limit(format!("this policer holds {} rules", self.rs.capacity())));
+        }
+        let (id, slot) = old.as_ref().map_or((0, 0), |o| (o.id, o.slot));
+        let origin = if imp.runtime { Origin::Runtime } else { Origin::Saved };
+        let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries), origin };
+        let change = super::dryrun::set_change(old.as_ref(), Some(&next));
+        let same_rule = old.as_ref().is_some_and(|o| o.spec4 == next.spec4 && o.spec6 == next.spec6);
+        let changed = if same_rule { 0 } else { d.keep.len() };
+        let msg = format!(
+            "set '{name}' ({}): {} prefixes from {}: {} added, {changed} changed, {} removed{}",
+            describe(&next.spec4),
+            next.entries.len(),
+            imp.file,
+            d.add.len(),
+            d.remove.len(),
+            notes(&imp.list),
+        );
+        let mut sets = self.sets.clone();
+        sets.insert(name, next);
+        if let Some(c) = self.dry.as_mut() {
+            c.sets = Some(sets);
+            c.set_changes = vec![change];
+        }
+        Ok((msg, crate::control::ImportCounts::default()))
     }
 
     /// Puts a failed import back: the set as it was in the tries, its
@@ -926,6 +969,39 @@ impl Daemon {
             }
         }
         Ok(plan)
+    }
+
+    /// A dry run's reload: the rules planned (with the new protected
+    /// prefixes, already set), a slot for each added set as the real
+    /// reload takes one, and the sets after; nothing written.
+    pub(super) fn preview_config_sets(&mut self, plan: &ConfigSets, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
+        let rules = self.rs.plan(want)?;
+        let free = self.rs.free_slot_count() + rules.freed.len() - rules.taken.len();
+        let added = plan.changes.iter().filter(|(o, n)| o.is_none() && n.is_some()).count();
+        if added > free {
+            return Err(super::plan::limit(format!("this policer holds {} rules", self.rs.capacity())));
+        }
+        let mut sets = self.sets.clone();
+        let mut changes = Vec::new();
+        for (old, new) in &plan.changes {
+            changes.push(super::dryrun::set_change(old.as_ref(), new.as_ref()));
+            match (old, new) {
+                (Some(o), None) => {
+                    sets.remove(&o.header.name);
+                }
+                (o, Some(n)) => {
+                    let (id, slot) = o.as_ref().map_or((0, 0), |o| (o.id, o.slot));
+                    sets.insert(n.header.name.clone(), SetState { id, slot, ..n.clone() });
+                }
+                (None, None) => {}
+            }
+        }
+        if let Some(d) = self.dry.as_mut() {
+            d.rules = Some((rules.rules, rules.compiled));
+            d.sets = Some(sets);
+            d.set_changes = changes;
+        }
+        Ok(())
     }
 
     /// Writes a reload: the sets' removals (entries that go, values that

@@ -222,6 +222,7 @@ impl Daemon {
             sets: BTreeMap::new(),
             sets_dir,
             feed_set: s.crowdsec.as_ref().map(|c| c.set.clone()),
+            dry: None,
             feed: s.crowdsec.clone(),
             publish: None,
         };

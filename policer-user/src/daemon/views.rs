@@ -145,6 +145,11 @@ impl Views {
         }
     }
 
+    /// The map reader (a dry run's table reads).
+    pub fn reader(&self) -> Arc<MapReader> {
+        self.reader.clone()
+    }
+
     /// The audit trail, to record a change in.
     pub fn audit(&self) -> &super::audit::Audit {
         &self.audit

@@ -243,6 +243,57 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
             }
         },
         Request::SetRm { name } => change(Command::SetRm { name }).await,
+        // Judged and planned by the owner as the change would be, nothing
+        // written nor put in the audit trail; the live sources are judged
+        // here, off the owner, in the lane of the table reads.
+        Request::DryRun { change } => {
+            let cmd = match *change {
+                Request::RuleSet { rule, runtime, replace, force } => {
+                    Command::RuleSet { rule, runtime, replace, force }
+                }
+                Request::RuleRm { rule, runtime } => Command::RuleRm { rule, runtime },
+                Request::Reload { discard_runtime } => Command::Reload { discard_runtime },
+                Request::Ban { rule, runtime, force } => Command::Ban { rule, runtime, force },
+                Request::Import { path, shown, set, rule, max_remove, force, runtime } => {
+                    let imp = match ctx.import.hold().await {
+                        Err(e) => return read(refused(e)),
+                        Ok(_permit) => {
+                            super::blocking(move || {
+                                crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
+                                    .map(|imp| crate::daemon::Import { runtime, ..imp })
+                            })
+                            .await
+                        }
+                    };
+                    match imp {
+                        Ok(imp) => Command::Import(Box::new(imp)),
+                        Err(e) => return read(refused(e)),
+                    }
+                }
+                _ => {
+                    return read(Reply::refused(
+                        "--dry-run is for rule set, rule rm, rule import, ban and reload".to_string(),
+                    ));
+                }
+            };
+            let out = ctx.owner.ask(Command::Preview(Box::new(cmd))).await;
+            match (out.result, out.preview) {
+                (Err(e), _) => read(refused(e)),
+                (Ok(_), None) => read(Reply::refused("the dry run planned nothing".to_string())),
+                (Ok(_), Some(p)) => {
+                    let reader = views.reader();
+                    let judged = ctx
+                        .top
+                        .run(move || {
+                            let mut v = p.view();
+                            v.live = crate::daemon::judge_live(&reader, &p, crate::daemon::DRY_RUN_WINDOW);
+                            Ok(v)
+                        })
+                        .await;
+                    read(judged.map_or_else(refused, |v| Reply::DryRun(Box::new(v))))
+                }
+            }
+        }
         // From the snapshot, off the owner: a million entries are streamed
         // by this connection, and no change waits for them.
         Request::SetLs { name } => match views.set(&name) {

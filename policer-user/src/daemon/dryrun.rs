@@ -1,0 +1,582 @@
+//! `--dry-run` of a change (`rule set`, `rule rm`, `rule import`, `ban`,
+//! `reload`): the owner runs the change's own validation and planner in a
+//! mode that stops before anything is written ([`Daemon::preview`]), and
+//! hands back the rules, compiled maps and sets before and after
+//! ([`Preview`]). The connection's task then says what differs ([`diff`],
+//! host-tested) and, off the owner, which sources live in the bucket table
+//! would change verdict ([`judge_live`]): each source's rate measured over
+//! a window, judged under the rule the program's longest-prefix lookup
+//! gives it before and after, with the bucket math of `policer_common`.
+//! What it can and cannot predict: docs/dry-run.md.
+
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
+
+use ipnet::IpNet;
+use policer_common::{
+    Bucket, BucketKey, FAMILY_V4, Rule,
+    ban::{SlotBan, slot_ban},
+    bucket::Action,
+};
+
+use super::{Daemon, Installed, owner::Command, owner::Outcome, sets::SetState};
+use crate::{
+    compile::Compiled,
+    control::{DRY_SAMPLE, DryLive, DryRule, DryRuleChange, DryRunView, DrySet, DrySource, FieldChange},
+    loader::MapReader,
+    rules::{RuleKey, RuleSpec},
+};
+
+/// What a previewed change captured on its way, where the real change
+/// would have started writing.
+#[derive(Default)]
+pub(super) struct Capture {
+    /// The planned rules and rule maps (a change of the rules).
+    pub rules: Option<(BTreeMap<RuleKey, Installed>, Compiled)>,
+    /// The sets after (an import, a reload with `[[set]]`s).
+    pub sets: Option<BTreeMap<String, SetState>>,
+    /// How the sets' entries and rules change.
+    pub set_changes: Vec<DrySet>,
+}
+
+/// The rules, rule maps and sets as the program would see them: what a
+/// source is judged against.
+pub(crate) struct World {
+    rules: BTreeMap<RuleKey, Installed>,
+    compiled: Compiled,
+    sets: Vec<JudgeSet>,
+    protect: Vec<IpNet>,
+}
+
+/// A set as the tries hold it: its value per family, its precedence.
+struct JudgeSet {
+    name: String,
+    v4: Rule,
+    v6: Rule,
+    rank: (u8, std::cmp::Reverse<String>),
+    entries: Arc<Vec<IpNet>>,
+}
+
+/// What a dry run found on the owner.
+pub struct Preview {
+    pub(crate) verb: &'static str,
+    /// What the change would say it did.
+    pub(crate) message: String,
+    pub(crate) before: World,
+    pub(crate) after: World,
+    pub(crate) set_changes: Vec<DrySet>,
+}
+
+fn verb(cmd: &Command) -> Option<&'static str> {
+    Some(match cmd {
+        Command::RuleSet { .. } => "rule set",
+        Command::RuleRm { .. } => "rule rm",
+        Command::Import(_) => "rule import",
+        Command::Ban { .. } => "ban",
+        Command::Reload { .. } => "reload",
+        _ => return None,
+    })
+}
+
+impl Daemon {
+    /// Whether the change being handled is a dry run (nothing is written).
+    pub(super) fn dry(&self) -> bool {
+        self.dry.is_some()
+    }
+
+    /// Runs `cmd` as a dry run: the same checks and plan, nothing written
+    /// (kernel, config file, state files, audit trail, reload status).
+    pub(super) fn preview(&mut self, cmd: Command) -> Outcome {
+        let outcome = |result| Outcome { result, exit: false, counts: None, preview: None };
+        let Some(verb) = verb(&cmd) else {
+            return outcome(Err(crate::Error::Invalid(
+                "--dry-run is for rule set, rule rm, rule import, ban and reload".into(),
+            )));
+        };
+        let changed = self.changed;
+        self.dry = Some(Capture::default());
+        let r = match cmd {
+            Command::Import(imp) => self.import(*imp).map(|(m, _)| m),
+            cmd => self.handle(cmd).result,
+        };
+        let capture = self.dry.take().unwrap_or_default();
+        self.changed = changed;
+        let message = match r {
+            Ok(m) => m,
+            Err(e) => return outcome(Err(e)),
+        };
+        let before = self.world(self.rs.rules().clone(), self.rs.compiled().clone(), &self.sets, self.rs.protect());
+        let (rules, compiled) = capture.rules.unwrap_or_else(|| (self.rs.rules().clone(), self.rs.compiled().clone()));
+        let sets = capture.sets.as_ref().unwrap_or(&self.sets);
+        let after = self.world(rules, compiled, sets, self.rs.protect());
+        let preview = Preview { verb, message, before, after, set_changes: capture.set_changes };
+        Outcome { result: Ok(String::new()), exit: false, counts: None, preview: Some(Box::new(preview)) }
+    }
+
+    fn world(
+        &self,
+        rules: BTreeMap<RuleKey, Installed>,
+        mut compiled: Compiled,
+        sets: &BTreeMap<String, SetState>,
+        protect: &crate::protect::Protect,
+    ) -> World {
+        // The class maps are not judged against (a class bucket is judged
+        // under its own class rule): only the tries are kept.
+        compiled.index.clear();
+        compiled.filters.clear();
+        let sets = sets
+            .values()
+            .filter_map(|s| {
+                let (v4, v6) = s.values().ok()?;
+                let (rank, name) = super::sets::precedence(s.spec4.action, &s.header.name);
+                Some(JudgeSet {
+                    name: s.header.name.clone(),
+                    v4,
+                    v6,
+                    rank: (rank, std::cmp::Reverse(name.0.to_string())),
+                    entries: s.entries.clone(),
+                })
+            })
+            .collect();
+        World { rules, compiled, sets, protect: protect.nets().to_vec() }
+    }
+}
+
+/// A set's change for the diff: `old` → `new` (`None`: absent).
+pub(super) fn set_change(old: Option<&SetState>, new: Option<&SetState>) -> DrySet {
+    let empty: &[IpNet] = &[];
+    let (a, b) = (old.map_or(empty, |s| &s.entries[..]), new.map_or(empty, |s| &s.entries[..]));
+    let d = crate::sets::diff(a, b);
+    let sample = |v: &[IpNet]| v.iter().take(DRY_SAMPLE).map(|n| n.to_string()).collect();
+    let rule_changes = match (old, new) {
+        (Some(o), Some(n)) => field_changes(&o.spec4, &n.spec4),
+        _ => vec![],
+    };
+    DrySet {
+        set: old.or(new).map(|s| s.header.name.clone()).unwrap_or_default(),
+        change: match (old, new) {
+            (None, _) => "added",
+            (_, None) => "removed",
+            _ => "changed",
+        }
+        .into(),
+        entries_before: a.len() as u64,
+        entries_after: b.len() as u64,
+        entries_in: d.add.len() as u64,
+        entries_out: d.remove.len() as u64,
+        rule_changes,
+        sample_in: sample(&d.add),
+        sample_out: sample(&d.remove),
+    }
+}
+
+fn field_changes(old: &RuleSpec, new: &RuleSpec) -> Vec<FieldChange> {
+    crate::rules::field_changes(old, new).into_iter().map(|(field, old, new)| FieldChange { field, old, new }).collect()
+}
+
+/// The rules added, changed (field by field) and removed from `before`
+/// to `after`, in key order.
+pub fn diff(
+    before: &BTreeMap<RuleKey, RuleSpec>,
+    after: &BTreeMap<RuleKey, RuleSpec>,
+) -> (Vec<DryRule>, Vec<DryRuleChange>, Vec<DryRule>) {
+    let row = |k: &RuleKey, s: &RuleSpec| DryRule { rule: k.to_string(), fields: crate::rules::fields(s) };
+    let added = after.iter().filter(|(k, _)| !before.contains_key(k)).map(|(k, s)| row(k, s)).collect();
+    let removed = before.iter().filter(|(k, _)| !after.contains_key(k)).map(|(k, s)| row(k, s)).collect();
+    let changed = after
+        .iter()
+        .filter_map(|(k, new)| {
+            let old = before.get(k)?;
+            let changes = field_changes(old, new);
+            (!changes.is_empty()).then(|| DryRuleChange { rule: k.to_string(), changes })
+        })
+        .collect();
+    (added, changed, removed)
+}
+
+impl std::fmt::Debug for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Preview").field("verb", &self.verb).field("message", &self.message).finish_non_exhaustive()
+    }
+}
+
+impl Preview {
+    /// The view without the live sources (filled by [`judge_live`]).
+    pub fn view(&self) -> DryRunView {
+        let specs = |w: &World| w.rules.iter().map(|(k, i)| (*k, i.spec.clone())).collect::<BTreeMap<_, _>>();
+        let (rules_added, rules_changed, rules_removed) = diff(&specs(&self.before), &specs(&self.after));
+        DryRunView {
+            dry_run: true,
+            verb: self.verb.into(),
+            message: self.message.clone(),
+            rules_added,
+            rules_changed,
+            rules_removed,
+            sets: self.set_changes.clone(),
+            live: DryLive::default(),
+        }
+    }
+}
+
+/// How long the table is watched to measure each source's rate.
+pub const WINDOW: Duration = Duration::from_secs(1);
+
+/// The frame size a byte-mode rule is judged with (as `policer inspect`).
+const FRAME_BYTES: u32 = 1500;
+
+/// A rule a source falls to, and its name.
+struct Judged {
+    rule: Option<Rule>,
+    label: String,
+}
+
+impl World {
+    /// The rule the program gives a frame from `addr` before classes: the
+    /// longest prefix the tries hold over it, a set entry's value being its
+    /// set of highest precedence, or a manual ban's over it (a protected
+    /// prefix aside). As `policer inspect` finds it in the kernel's tries.
+    fn lookup(&self, addr: IpAddr) -> Judged {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        for len in (0..=max).rev() {
+            let Ok(net) = IpNet::new(addr, len).map(|n| n.trunc()) else { continue };
+            if let Some(r) = self.compiled.prefixes.get(&net) {
+                return Judged { rule: Some(*r), label: self.label_of(net, r) };
+            }
+            let best =
+                self.sets.iter().filter(|s| s.entries.binary_search(&net).is_ok()).max_by(|a, b| a.rank.cmp(&b.rank));
+            if let Some(s) = best {
+                let protected = self.protect.iter().any(|p| p.contains(&net));
+                let ban = self
+                    .rules
+                    .keys()
+                    .filter(|k| k.ban && k.net.contains(&net))
+                    .max_by_key(|k| k.net.prefix_len())
+                    .and_then(|k| self.compiled.prefixes.get(&k.net).map(|r| (k, r)));
+                if let (false, Some((k, r))) = (protected, ban) {
+                    return Judged { rule: Some(*r), label: k.to_string() };
+                }
+                let r = if addr.is_ipv4() { s.v4 } else { s.v6 };
+                return Judged { rule: Some(r), label: format!("set:{} ({net})", s.name) };
+            }
+        }
+        Judged { rule: None, label: "-".into() }
+    }
+
+    fn label_of(&self, net: IpNet, r: &Rule) -> String {
+        if r.counter_slot == 0 && self.protect.contains(&net) {
+            return format!("protect {net}");
+        }
+        match self.rules.iter().find(|(_, i)| i.slot == r.counter_slot) {
+            Some((k, _)) => k.to_string(),
+            None => net.to_string(),
+        }
+    }
+
+    /// The class rule of counter slot `slot`, and its key.
+    fn class_rule(&self, slot: u32) -> Option<(RuleKey, Rule)> {
+        let (k, i) = self.rules.iter().find(|(k, i)| !k.class.is_none() && i.slot == slot)?;
+        Some((*k, i.spec.kernel(i.id).ok()?.with_counter_slot(i.slot)))
+    }
+
+    /// The class rule with key `key`.
+    fn class_rule_of(&self, key: &RuleKey) -> Option<Rule> {
+        let i = self.rules.get(key)?;
+        i.spec.kernel(i.id).ok().map(|r| r.with_counter_slot(i.slot))
+    }
+}
+
+/// The frames per second a rule admits from one source (byte mode: of
+/// [`FRAME_BYTES`] frames).
+fn capacity_fps(r: &Rule) -> f64 {
+    let cost = r.cost(FRAME_BYTES).max(1) as f64;
+    1e9 * (1u64 << r.shift.min(policer_common::bucket::MAX_SHIFT)) as f64 / cost
+}
+
+/// The verdict on the wire of a source sending `fps` under `rule`, whose
+/// bucket is `b`: pass or drop, and why.
+fn verdict(rule: Option<&Rule>, fps: f64, b: &Bucket, now_ns: u64, window_s: f64) -> (bool, String) {
+    let Some(r) = rule.filter(|r| r.action != policer_common::ACTION_NONE) else {
+        return (true, "no rule".into());
+    };
+    match Action::from_u32(r.action) {
+        Some(Action::Allow) => (true, "allow".into()),
+        Some(Action::Deny) => (false, "deny".into()),
+        Some(Action::Monitor) => (true, "monitor (counts, passes)".into()),
+        None => (true, "no rule".into()),
+        Some(Action::Police) => {
+            if slot_ban(b.stamp()) == SlotBan::Banned && b.tat > now_ns {
+                return (false, "banned automatically".into());
+            }
+            let cap = capacity_fps(r);
+            if r.cost(FRAME_BYTES) > r.limit {
+                return (false, "a frame costs more than the burst".into());
+            }
+            // One frame over the window, or 1 %, is measurement noise.
+            let over = fps > cap * 1.01 + 1.0 / window_s;
+            let how = if over { "over" } else { "within" };
+            (!over, format!("sends {fps:.0} pps, {how} the rule's {cap:.0} pps"))
+        }
+    }
+}
+
+fn source_of(k: &BucketKey) -> (IpAddr, String) {
+    let addr: IpAddr = if k.family == FAMILY_V4 {
+        std::net::Ipv4Addr::new(k.addr[0], k.addr[1], k.addr[2], k.addr[3]).into()
+    } else {
+        std::net::Ipv6Addr::from(k.addr).into()
+    };
+    let full = if addr.is_ipv4() { 32 } else { 128 };
+    let text = if k.key_len >= full { addr.to_string() } else { format!("{addr}/{}", k.key_len) };
+    (addr, text)
+}
+
+/// Whether two rules judge a source alike (ids and counter slots aside).
+fn alike(a: Option<&Rule>, b: Option<&Rule>) -> bool {
+    let plain = |r: &Rule| (r.action, r.pkt_cost, r.byte_cost, r.limit, r.shift, r.key_len, r.classes != 0);
+    a.map(plain) == b.map(plain)
+}
+
+/// Sources whose rate is measured at most: each is read
+/// [`SAMPLES`] times over the window.
+pub const MAX_MEASURED: usize = 2048;
+/// Reads of each measured source's bucket over the window.
+const SAMPLES: u64 = 40;
+
+/// A source whose rule would change: what it is judged under.
+struct Cand {
+    key: BucketKey,
+    source: String,
+    class: String,
+    now: Judged,
+    after: Judged,
+    /// (bucket, clock) of the first and last read; reads with debt, reads.
+    first: Option<(Bucket, u64)>,
+    last: Option<(Bucket, u64)>,
+    busy: u64,
+    reads: u64,
+}
+
+/// The frames per second `c` sent while watched (admitted and dropped).
+/// Admitted work = the debt's change + the time the bucket held debt: a
+/// bucket drains at one second per second while it holds any, and the
+/// share of reads that found debt is the share of time it held some (a
+/// source in profile drains it between frames; a heavy one never does).
+fn rate(c: &Cand) -> f64 {
+    let (Some((b0, t0)), Some((b1, t1))) = (c.first, c.last) else { return 0.0 };
+    let secs = t1.saturating_sub(t0) as f64 / 1e9;
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    let drops = b1.drops().saturating_sub(b0.drops()) as f64;
+    let Some(r) =
+        c.now.rule.as_ref().filter(|r| r.action == Action::Police as u32 || r.action == Action::Monitor as u32)
+    else {
+        return drops / secs;
+    };
+    let ok = |b: &Bucket| b.stamp() as u64 == r.stamp as u64 & policer_common::bucket::STAMP_MASK;
+    let work_ns = if ok(&b0) && ok(&b1) {
+        let busy = c.busy as f64 / c.reads.max(1) as f64;
+        (r.debt_ns(b1.tat, t1) as f64 - r.debt_ns(b0.tat, t0) as f64 + busy * secs * 1e9).max(0.0)
+    } else {
+        0.0
+    };
+    let frame_ns = (r.cost(FRAME_BYTES) >> r.shift.min(policer_common::bucket::MAX_SHIFT)).max(1) as f64;
+    (work_ns / frame_ns + drops) / secs
+}
+
+/// Which sources in the bucket table would change verdict from `before`
+/// to `after`: the table read once (off the owner) for the sources whose
+/// rule would change, the buckets of those (the first [`MAX_MEASURED`],
+/// most dropped first) read [`SAMPLES`] times over `window` to measure
+/// their rate, each judged under the rule each side gives it.
+pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration) -> DryLive {
+    let mut live = DryLive { window_ms: window.as_millis() as u64, ..Default::default() };
+    let mut cands: Vec<(u64, Cand)> = Vec::new();
+    let r = reader.for_each_bucket_read(|k, b, _| {
+        live.sources += 1;
+        let (addr, source) = source_of(k);
+        let (now, after, class) = if k.class == 0 {
+            (preview.before.lookup(addr), preview.after.lookup(addr), "-".to_string())
+        } else {
+            let Some((key, rule)) = preview.before.class_rule(k.class) else { return };
+            let base = preview.after.lookup(addr);
+            let denied = base.rule.is_some_and(|r| r.classes == 0 && r.action == Action::Deny as u32);
+            let after = match (denied, preview.after.class_rule_of(&key)) {
+                (true, _) => base,
+                (false, Some(r)) => Judged { rule: Some(r), label: key.to_string() },
+                // Its frames fall to a rule only a frame tells.
+                (false, None) => return,
+            };
+            (Judged { rule: Some(rule), label: key.to_string() }, after, key.class.to_string())
+        };
+        if alike(now.rule.as_ref(), after.rule.as_ref()) {
+            return;
+        }
+        let c = Cand { key: *k, source, class, now, after, first: None, last: None, busy: 0, reads: 0 };
+        cands.push((b.drops(), c));
+    });
+    if let Err(e) = r {
+        live.error = Some(e.to_string());
+        return live;
+    }
+    cands.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.source.cmp(&b.1.source)));
+    let mut cands: Vec<Cand> = cands.into_iter().take(MAX_MEASURED).map(|(_, c)| c).collect();
+    live.judged = cands.len() as u64;
+    // Reads spread over the window, each pause jittered so that a source
+    // sending at a steady pace is not read in step with it.
+    let step = window / SAMPLES as u32;
+    let mut seed = super::monotonic_ns() | 1;
+    for _ in 0..SAMPLES {
+        for c in cands.iter_mut() {
+            let b = match reader.bucket(&c.key) {
+                Ok(Some(b)) => b,
+                Ok(None) => continue,
+                Err(e) => {
+                    live.error = Some(e.to_string());
+                    return live;
+                }
+            };
+            let t = super::monotonic_ns();
+            c.first.get_or_insert((b, t));
+            c.last = Some((b, t));
+            c.reads += 1;
+            if c.now.rule.is_some_and(|r| r.debt_ns(b.tat, t) > 0) {
+                c.busy += 1;
+            }
+        }
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let jitter = step.mul_f64(0.5 + (seed % 1000) as f64 / 1000.0);
+        std::thread::sleep(jitter);
+    }
+    let window_s = window.as_secs_f64().max(1e-3);
+    let mut rows: Vec<(bool, DrySource)> = Vec::new();
+    for c in cands {
+        let Some((b, t)) = c.last else { continue };
+        let fps = rate(&c);
+        let (mut pass_now, mut why_now) = verdict(c.now.rule.as_ref(), fps, &b, t, window_s);
+        // Drops counted while watched are the verdict now, whatever the
+        // rate says (drops are counted one in 2^N, as 2^N: the rate of a
+        // dropped source is the less exact part).
+        let dropped = c.first.map_or(0, |(b0, _)| b.drops().saturating_sub(b0.drops()));
+        if pass_now && dropped > 0 && c.now.rule.is_some_and(|r| r.action == Action::Police as u32) {
+            (pass_now, why_now) = (false, format!("sends {fps:.0} pps and lost frames while watched"));
+        }
+        let (pass_after, why_after) = verdict(c.after.rule.as_ref(), fps, &b, t, window_s);
+        if pass_now == pass_after {
+            continue;
+        }
+        let word = |p: bool| if p { "pass" } else { "drop" }.to_string();
+        rows.push((
+            pass_now,
+            DrySource {
+                source: c.source,
+                class: c.class,
+                rule_now: c.now.label,
+                rule_after: c.after.label,
+                rate_pps: (fps * 10.0).round() / 10.0,
+                now: word(pass_now),
+                after: word(pass_after),
+                why: format!("now: {why_now}; after: {why_after}"),
+            },
+        ));
+    }
+    let (mut p2d, mut d2p): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(pass_now, _)| *pass_now);
+    for (list, count, top) in [
+        (&mut p2d, &mut live.pass_to_drop, &mut live.pass_to_drop_top),
+        (&mut d2p, &mut live.drop_to_pass, &mut live.drop_to_pass_top),
+    ] {
+        *count = list.len() as u64;
+        list.sort_by(|a, b| b.1.rate_pps.total_cmp(&a.1.rate_pps).then_with(|| a.1.source.cmp(&b.1.source)));
+        *top = list.drain(..).take(DRY_SAMPLE).map(|(_, s)| s).collect();
+    }
+    live
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::RuleConfig;
+
+    fn spec(prefix: &str, f: impl FnOnce(&mut RuleConfig)) -> RuleSpec {
+        let mut c = RuleConfig { prefix: prefix.into(), rate: Some("100pps".into()), ..Default::default() };
+        f(&mut c);
+        c.validate().unwrap()
+    }
+
+    fn map(specs: &[RuleSpec]) -> BTreeMap<RuleKey, RuleSpec> {
+        specs.iter().map(|s| (s.key(), s.clone())).collect()
+    }
+
+    #[test]
+    fn the_diff_names_each_field_that_changes_old_to_new() {
+        let a = spec("10.0.0.0/8", |_| {});
+        let a2 = spec("10.0.0.0/8", |c| {
+            c.rate = Some("2kbit".into());
+            c.burst = Some(crate::rules::BurstValue::Text("3000b".into()));
+            c.ttl = Some("1h".into());
+            c.total_rate = Some("10kbit".into());
+        });
+        let b = spec("192.0.2.0/24", |c| c.action = Some(Action::Monitor));
+        let c = spec("198.51.100.0/24", |c| {
+            c.proto = Some("udp".into());
+            c.dport = Some(crate::rules::PortValue::Text("53".into()));
+        });
+        let (added, changed, removed) = diff(&map(&[a.clone(), b.clone()]), &map(&[a2, c.clone()]));
+        assert_eq!(added.len(), 1);
+        assert_eq!(added[0].rule, c.key().to_string());
+        assert_eq!(added[0].fields.get("proto").map(String::as_str), Some("udp"), "{:?}", added[0].fields);
+        assert_eq!(removed.len(), 1);
+        assert_eq!(removed[0].rule, "192.0.2.0/24");
+        assert_eq!(removed[0].fields.get("action").map(String::as_str), Some("monitor"));
+        assert_eq!(changed.len(), 1);
+        let f: BTreeMap<&str, (Option<&str>, Option<&str>)> =
+            changed[0].changes.iter().map(|c| (c.field.as_str(), (c.old.as_deref(), c.new.as_deref()))).collect();
+        assert_eq!(f.get("rate"), Some(&(Some("100pps"), Some("2kbit"))), "{f:?}");
+        assert_eq!(f.get("burst").map(|b| b.1), Some(Some("3000b")), "{f:?}");
+        assert!(f.get("expires").is_some_and(|e| e.0.is_none() && e.1.is_some()), "the ttl as an expiry: {f:?}");
+        assert_eq!(f.get("total-rate"), Some(&(None, Some("10kbit"))), "{f:?}");
+        assert!(!f.contains_key("action") && !f.contains_key("key-len"), "only what differs: {f:?}");
+    }
+
+    #[test]
+    fn the_same_rules_diff_to_nothing() {
+        let a = map(&[spec("10.0.0.0/8", |_| {}), spec("::/0", |c| c.action = Some(Action::Allow))]);
+        let (added, changed, removed) = diff(&a, &a);
+        assert!(added.is_empty() && changed.is_empty() && removed.is_empty());
+    }
+
+    #[test]
+    fn a_rate_measured_from_the_bucket_is_judged_against_the_rule() {
+        let r = spec("10.0.0.0/8", |_| {}).kernel(1).unwrap();
+        let shift = r.shift;
+        let now = 10_000_000_000u64;
+        // A bucket read 40 times over a second, holding debt at 20 of
+        // the reads, its debt the same at both ends: half a second of
+        // work, 50 frames of 10 ms; and 7 dropped.
+        let b = |drops: u64| Bucket { tat: now.wrapping_shl(shift), meta: r.bucket(0).meta | (drops << 24) };
+        let c = Cand {
+            key: BucketKey::default(),
+            source: String::new(),
+            class: String::new(),
+            now: Judged { rule: Some(r), label: String::new() },
+            after: Judged { rule: None, label: String::new() },
+            first: Some((b(3), now)),
+            last: Some((b(10), now + 1_000_000_000)),
+            busy: 20,
+            reads: 40,
+        };
+        assert!((rate(&c) - 57.0).abs() < 0.01, "{}", rate(&c));
+        let b2 = b(10);
+        // Within 100 pps: passes; a 30 pps rule drops it.
+        assert!(verdict(Some(&r), 50.0, &b2, now, 1.0).0);
+        let low = spec("10.0.0.0/8", |c| c.rate = Some("30pps".into())).kernel(2).unwrap();
+        let (pass, why) = verdict(Some(&low), 50.0, &b2, now, 1.0);
+        assert!(!pass && why.contains("over the rule's 30 pps"), "{why}");
+        assert!((capacity_fps(&low) - 30.0).abs() < 0.01);
+        // Deny drops, allow passes, whatever the rate.
+        let deny = r.with_action(Action::Deny);
+        assert!(!verdict(Some(&deny), 0.0, &b2, now, 1.0).0);
+        assert!(verdict(Some(&r.with_action(Action::Allow)), 1e6, &b2, now, 1.0).0);
+    }
+}

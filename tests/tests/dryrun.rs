@@ -1,0 +1,279 @@
+//! Tier 3, `--dry-run` (issue 31, point 2) on real traffic: the real
+//! `policer` daemon and CLI as separate processes, real frames over a veth
+//! pair from another namespace, counted on the receiving side.
+//!
+//! - `--dry-run` of each of `rule set`, `rule rm`, `rule import`, `ban` and
+//!   `reload` changes nothing: the program's rule tries, limiters and
+//!   counters (read from outside the daemon, by program id), the config
+//!   file's bytes, the sets' state files and the audit trail are the same
+//!   before and after;
+//! - with a heavy source and sources in profile sending, a dry run that
+//!   lowers the rate names exactly the sources that go pass → drop; the
+//!   real change then makes exactly those lose frames on the wire, and the
+//!   others not; a dry run that raises it names the sources that go drop →
+//!   pass, and after the real change they lose none;
+//! - a dry run the real change would refuse (a deny of 0.0.0.0/0 without
+//!   --force, a bad rate, a rule rm of no rule, a reload of a broken file)
+//!   fails with the same message and exit status, and changes nothing.
+
+use std::{
+    net::IpAddr,
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
+};
+
+use policer_tests::{
+    daemon::{Daemon, cli, succeeds},
+    kstate,
+    netns::Sandbox,
+    privileged,
+    traffic::{self, Flow, RunOptions},
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn prog_id(sb: &Sandbox) -> u32 {
+    sb.rx_xdp().expect("no XDP program attached").parse().unwrap()
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    let s = succeeds(out);
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+/// Everything a change could touch, read from outside the daemon.
+#[derive(Debug, PartialEq)]
+struct Everything {
+    kernel: kstate::State,
+    config: Vec<u8>,
+    sets: Vec<(String, Vec<u8>)>,
+    rules: String,
+    changes: String,
+}
+
+fn everything(sb: &Sandbox) -> Everything {
+    let sets_dir = policer_tests::daemon::sets_dir_of(&sb.config);
+    let mut sets: Vec<(String, Vec<u8>)> = std::fs::read_dir(&sets_dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    sets.sort();
+    let stats = json(&cli(sb, &["stats", "--json"]));
+    Everything {
+        kernel: kstate::read(prog_id(sb)),
+        config: std::fs::read(&sb.config).unwrap(),
+        sets,
+        rules: succeeds(&cli(sb, &["rule", "ls", "--json"])),
+        changes: stats["recent_changes"].to_string(),
+    }
+}
+
+fn daemon(sb: &Sandbox) -> Daemon {
+    Daemon::attach(sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0"])
+}
+
+#[test]
+fn a_dry_run_of_each_verb_changes_nothing() {
+    if !privileged("dryrun") {
+        return;
+    }
+    let sb = Sandbox::new("dry0");
+    let _d = daemon(&sb);
+    succeeds(&cli(&sb, &["rule", "set", "10.1.0.0/16", "--rate", "100pps", "--burst", "20"]));
+    succeeds(&cli(&sb, &["rule", "set", "10.2.0.0/16", "--action", "deny"]));
+    let list = format!("{}/dry-list.txt", std::env::temp_dir().display());
+    std::fs::write(&list, "192.0.2.0/24\n198.51.100.7\n").unwrap();
+    succeeds(&cli(&sb, &["rule", "import", &list, "--set", "blocked"]));
+    succeeds(&cli(&sb, &["rule", "set", "10.1.0.0/16", "--rate", "80pps", "--runtime"]));
+    let before = everything(&sb);
+
+    // rule set: a changed rule, field by field.
+    let v = json(&cli(&sb, &["rule", "set", "10.1.0.0/16", "--rate", "50pps", "--ttl", "1h", "--dry-run", "--json"]));
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["verb"], "rule set");
+    let ch = &v["rules_changed"][0];
+    assert_eq!(ch["rule"], "10.1.0.0/16", "{v}");
+    let fields: Vec<(String, String, String)> = ch["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["field"].as_str().unwrap().into(), c["old"].to_string(), c["new"].to_string()))
+        .collect();
+    assert!(fields.contains(&("rate".into(), "\"80pps\"".into(), "\"50pps\"".into())), "{fields:?}");
+    assert!(fields.iter().any(|f| f.0 == "expires" && f.1 == "null"), "{fields:?}");
+    // rule set of a new rule, as text.
+    let t = succeeds(&cli(&sb, &["rule", "set", "10.3.0.0/16", "--rate", "1kpps", "--dry-run"]));
+    assert!(t.starts_with("dry run: nothing changed"), "{t}");
+    assert!(t.contains("+ 10.3.0.0/16"), "{t}");
+    // rule rm.
+    let v = json(&cli(&sb, &["rule", "rm", "10.2.0.0/16", "--dry-run", "--json"]));
+    assert_eq!(v["rules_removed"][0]["rule"], "10.2.0.0/16", "{v}");
+    assert_eq!(v["rules_removed"][0]["fields"]["action"], "deny", "{v}");
+    // ban.
+    let v = json(&cli(&sb, &["ban", "203.0.113.0/24", "--for", "1h", "--reason", "test", "--dry-run", "--json"]));
+    assert_eq!(v["rules_added"][0]["rule"], "ban 203.0.113.0/24", "{v}");
+    // rule import: entries in and out.
+    std::fs::write(&list, "192.0.2.0/24\n203.0.113.9\n203.0.113.10\n").unwrap();
+    let v = json(&cli(&sb, &["rule", "import", &list, "--set", "blocked", "--dry-run", "--json"]));
+    let s = &v["sets"][0];
+    assert_eq!(
+        (s["set"].as_str(), s["entries_in"].as_u64(), s["entries_out"].as_u64()),
+        (Some("blocked"), Some(2), Some(1)),
+        "{v}"
+    );
+    assert_eq!(s["sample_out"][0], "198.51.100.7/32", "{v}");
+    // reload: the daemon follows the file, so a reload's preview is of
+    // what it would do now: with --discard-runtime, the runtime change
+    // (made before the first reading) goes back to the file's.
+    let v = json(&cli(&sb, &["reload", "--dry-run", "--json"]));
+    assert!(v["rules_changed"].as_array().unwrap().is_empty(), "a plain reload keeps the runtime change: {v}");
+    let v = json(&cli(&sb, &["reload", "--discard-runtime", "--dry-run", "--json"]));
+    let ch = &v["rules_changed"][0];
+    assert_eq!((ch["rule"].as_str(), ch["changes"][0]["field"].as_str()), (Some("10.1.0.0/16"), Some("rate")), "{v}");
+    assert_eq!(
+        (ch["changes"][0]["old"].as_str(), ch["changes"][0]["new"].as_str()),
+        (Some("80pps"), Some("100pps")),
+        "{v}"
+    );
+
+    let after = everything(&sb);
+    assert_eq!(before.kernel.diff(&after.kernel), None, "a dry run changed the kernel's maps");
+    assert_eq!(before.config, after.config, "a dry run changed the config file");
+    assert_eq!(before.sets, after.sets, "a dry run changed a set's state file");
+    assert_eq!(before.rules, after.rules, "a dry run changed the rules in force");
+    let _ = std::fs::remove_file(&list);
+}
+
+/// The sources a dry run names in one direction.
+fn named(v: &serde_json::Value, dir: &str) -> Vec<String> {
+    let mut s: Vec<String> =
+        v["live"][dir].as_array().unwrap().iter().map(|s| s["source"].as_str().unwrap().to_string()).collect();
+    s.sort();
+    s
+}
+
+/// Per flow, (sent, arrived) of the frames sent in `[from, to)` (ns since
+/// `traffic::epoch_ns`).
+fn window(sent: &traffic::SendReport, got: &traffic::Received, from: u64, to: u64) -> Vec<(u64, u64)> {
+    let (s1, a1) = traffic::since(sent, got, from);
+    let (s2, a2) = traffic::since(sent, got, to);
+    (0..s1.len()).map(|i| (s1[i] - s2[i], a1[i] - a2[i])).collect()
+}
+
+#[test]
+fn a_dry_run_predicts_which_live_sources_change_verdict_and_the_change_does_it() {
+    if !privileged("dryrun") {
+        return;
+    }
+    let sb = Sandbox::new("dry1");
+    let _d = daemon(&sb);
+    succeeds(&cli(&sb, &["rule", "set", "10.77.0.0/16", "--rate", "100pps", "--burst", "20"]));
+    // One heavy source, three in profile of the 100 pps rule; two of them
+    // are over 40 pps, one is not.
+    let srcs = ["10.77.0.1", "10.77.0.2", "10.77.0.3", "10.77.0.4"];
+    let rates = [400.0, 70.0, 15.0, 70.0];
+    let flows: Vec<Flow> = srcs.iter().zip(rates).map(|(s, pps)| Flow { src: ip(s), pps, len: 64 }).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = RunOptions { keep_marks: true, stop: Some(stop.clone()), ..Default::default() };
+    traffic::epoch_ns();
+    let (sent, got, [t0, t1, t2, t3, t4]) = std::thread::scope(|scope| {
+        let run = scope.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(30), &opts));
+        let marks = act(&sb);
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (sent, got) = run.join().unwrap();
+        (sent, got, marks)
+    });
+
+    // Before the change (dry runs included): the in-profile sources lost nothing.
+    let before = window(&sent, &got, 1_000_000_000, t0);
+    for i in 1..4 {
+        assert_eq!(before[i].0, before[i].1, "{} lost frames before the change: {before:?}", srcs[i]);
+    }
+    assert!(before[0].1 < before[0].0 / 2, "the heavy source is policed: {before:?}");
+    // From a second after the lower rate (the bursts spent): exactly the
+    // predicted sources lose frames.
+    let lowered = window(&sent, &got, t1 + 1_500_000_000, t2);
+    for (i, (s, a)) in lowered.iter().enumerate() {
+        let predicted = i == 1 || i == 3 || i == 0;
+        assert_eq!(a < s, predicted, "{}: sent {s}, arrived {a} under 40 pps ({lowered:?})", srcs[i]);
+    }
+    // After the raise: nobody loses a frame.
+    let raised = window(&sent, &got, t3 + 500_000_000, t4);
+    for (i, (s, a)) in raised.iter().enumerate() {
+        assert_eq!(a, s, "{} lost frames after the raise ({raised:?})", srcs[i]);
+    }
+}
+
+/// What the live test does while traffic flows: the dry runs and the real
+/// changes; when each change was made (ns since `traffic::epoch_ns`).
+fn act(sb: &Sandbox) -> [u64; 5] {
+    std::thread::sleep(Duration::from_secs(3));
+
+    // Lower the rate to 40 pps: the two 70 pps sources go pass → drop; the
+    // heavy one drops either way, the 15 pps one passes either way.
+    let v = json(&cli(sb, &["rule", "set", "10.77.0.0/16", "--rate", "40pps", "--dry-run", "--json"]));
+    assert_eq!(named(&v, "pass_to_drop_top"), ["10.77.0.2", "10.77.0.4"], "{v:#}");
+    assert_eq!(v["live"]["pass_to_drop"], 2, "{v:#}");
+    assert!(named(&v, "drop_to_pass_top").is_empty(), "{v:#}");
+    let text = succeeds(&cli(sb, &["rule", "set", "10.77.0.0/16", "--rate", "40pps", "--dry-run"]));
+    assert!(text.starts_with("dry run: nothing changed") && text.contains("pass → drop"), "{text}");
+    // Nothing was enforced: the 70 pps sources still lose nothing.
+    let t0 = traffic::epoch_ns();
+    succeeds(&cli(sb, &["rule", "set", "10.77.0.0/16", "--rate", "40pps"]));
+    let t1 = traffic::epoch_ns();
+    std::thread::sleep(Duration::from_secs(5));
+    let t2 = traffic::epoch_ns();
+
+    // Raise it far above: the heavy source (and the two) go drop → pass.
+    let v = json(&cli(sb, &["rule", "set", "10.77.0.0/16", "--rate", "1kpps", "--dry-run", "--json"]));
+    assert_eq!(named(&v, "drop_to_pass_top"), ["10.77.0.1", "10.77.0.2", "10.77.0.4"], "{v:#}");
+    assert!(named(&v, "pass_to_drop_top").is_empty(), "{v:#}");
+    let t3 = traffic::epoch_ns();
+    succeeds(&cli(sb, &["rule", "set", "10.77.0.0/16", "--rate", "1kpps"]));
+    std::thread::sleep(Duration::from_secs(4));
+    let t4 = traffic::epoch_ns();
+    [t0, t1, t2, t3, t4]
+}
+
+#[test]
+fn a_dry_run_is_refused_as_the_change_would_be() {
+    if !privileged("dryrun") {
+        return;
+    }
+    let sb = Sandbox::new("dry2");
+    let _d = daemon(&sb);
+    succeeds(&cli(&sb, &["rule", "set", "10.1.0.0/16", "--rate", "100pps"]));
+    let before = everything(&sb);
+    let cases: &[&[&str]] = &[
+        &["rule", "set", "0.0.0.0/0", "--action", "deny"],
+        &["rule", "set", "10.9.0.0/16", "--rate", "lots"],
+        &["rule", "set", "10.1.0.0/16", "--burst", "0"],
+        &["rule", "rm", "10.200.0.0/16"],
+        &["ban", "0.0.0.0/0", "--for", "1h"],
+        &["ban", "192.0.2.1", "--for", "soon"],
+        &["rule", "import", "/nonexistent/list.txt", "--set", "x"],
+    ];
+    for c in cases {
+        let real = cli(&sb, c);
+        let mut dry = c.to_vec();
+        dry.push("--dry-run");
+        let preview = cli(&sb, &dry);
+        assert!(!real.status.success(), "{c:?} was accepted");
+        assert_eq!(real.status.code(), preview.status.code(), "{c:?}: the dry run's exit status");
+        assert_eq!(
+            String::from_utf8_lossy(&real.stderr),
+            String::from_utf8_lossy(&preview.stderr),
+            "{c:?}: the dry run's refusal"
+        );
+    }
+    let after = everything(&sb);
+    assert_eq!(before.kernel.diff(&after.kernel), None);
+    assert_eq!(before.config, after.config);
+    assert_eq!(before.rules, after.rules);
+    assert_eq!(before.changes, after.changes, "a refused dry run is in the audit trail");
+}
