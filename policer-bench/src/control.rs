@@ -378,7 +378,13 @@ fn replay_rows(reps: usize) -> Result<Vec<Measure>> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(vec![
-        m("replay_fps", "`policer replay`, 1 000 000 frames, a new timestamp each", "frames/s", &fps, "target ≥ 1 000 000"),
+        m(
+            "replay_fps",
+            "`policer replay`, 1 000 000 frames, a new timestamp each",
+            "frames/s",
+            &fps,
+            "target ≥ 1 000 000",
+        ),
         m("replay_rss", "peak RSS of the largest child so far (the replays among them)", "MiB", &rss, ""),
     ])
 }

@@ -68,6 +68,9 @@ pub const TEST_META_LEN: usize = 16;
 pub const TEST_META_NOW: usize = 0;
 pub const TEST_META_SLOT: usize = 8;
 pub const TEST_META_VERDICT: usize = 12;
+// What `bpf_prog_test_run_xdp` takes as metadata: a multiple of 4, at most
+// 32 bytes (`xdp_metalen_invalid`); the three fields fit in it.
+const _: () = assert!(TEST_META_VERDICT + 4 <= TEST_META_LEN && TEST_META_LEN.is_multiple_of(4) && TEST_META_LEN <= 32);
 
 /// A verdict as the test metadata reports it.
 #[inline(always)]
@@ -111,7 +114,6 @@ mod tests {
             assert_eq!(from_test_meta_code(test_meta_code(v)), Some(v));
         }
         assert_eq!(from_test_meta_code(u32::MAX), None);
-        assert!(TEST_META_VERDICT + 4 <= TEST_META_LEN && TEST_META_LEN % 4 == 0 && TEST_META_LEN <= 32);
     }
 
     #[test]

@@ -300,7 +300,14 @@ fn gcra(rate_pps: u64, burst: u64, times: impl Iterator<Item = u64>) -> u64 {
 
 /// `n` frames from `src` spaced `gap_ns` (jittered ±`jitter_ns`), each made
 /// by `frame`.
-fn flow_of(src: &str, gap_ns: u64, jitter_ns: u64, n: u64, seed: u64, frame: impl Fn(IpAddr) -> Vec<u8>) -> Vec<Captured> {
+fn flow_of(
+    src: &str,
+    gap_ns: u64,
+    jitter_ns: u64,
+    n: u64,
+    seed: u64,
+    frame: impl Fn(IpAddr) -> Vec<u8>,
+) -> Vec<Captured> {
     let src: IpAddr = src.parse().unwrap();
     let mut state = seed;
     (0..n)
@@ -471,6 +478,7 @@ fn replay_with_a_ban_and_sets() {
 }
 
 /// Peak memory of a process (wait4's ru_maxrss), KiB; and its exit status.
+#[expect(clippy::zombie_processes, reason = "reaped by wait4, which gives its rusage too")]
 fn run_measured(args: &[&str]) -> (i32, u64, Vec<u8>) {
     use std::io::Read;
     let mut child = Command::new(policer_bin())

@@ -43,8 +43,8 @@ pub use adopt::{attached_programs, detach_orphan};
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
 pub use ruleset::{Offline, OfflineRule, install_offline};
-pub use sets::OfflineSet;
 pub use serve::{Caps, fit as fit_connection_caps};
+pub use sets::OfflineSet;
 pub use sets::{Import, read_import};
 pub use start::default_rules;
 use tokio::{

@@ -1217,7 +1217,11 @@ fn transition(
 
 /// The manual bans of `rs`: each prefix and the value the tries hold there.
 fn ban_values(rs: &super::ruleset::RuleSet) -> Vec<(IpNet, Rule)> {
-    rs.rules().keys().filter(|k| k.ban).filter_map(|k| rs.compiled().prefixes.get(&k.net).map(|r| (k.net, *r))).collect()
+    rs.rules()
+        .keys()
+        .filter(|k| k.ban)
+        .filter_map(|k| rs.compiled().prefixes.get(&k.net).map(|r| (k.net, *r)))
+        .collect()
 }
 
 /// `nets` but those the rules of `rs` hold too (a manual ban at an entry's

@@ -459,7 +459,7 @@ pub fn replay(o: &Options) -> Result<Report> {
         r.last_ns = Some(f.ts_ns);
         r.clipped_frames += u64::from(f.clipped);
         let (ret, judged) = run.run(&mut p, &frame, clock(first, f.ts_ns))?;
-        if r.total.frames % 16384 == 0 {
+        if r.total.frames.is_multiple_of(16384) {
             progress.set(cap.bytes_read(), r.total.frames);
         }
         let fate = match (ret, judged) {
@@ -528,12 +528,7 @@ pub fn replay(o: &Options) -> Result<Report> {
     }
     r.top_dropped = dropped
         .into_iter()
-        .map(|(source, s)| SourceReport {
-            source,
-            rule: s.slot.and_then(name),
-            exact: s.exact,
-            tally: s.tally,
-        })
+        .map(|(source, s)| SourceReport { source, rule: s.slot.and_then(name), exact: s.exact, tally: s.tally })
         .collect();
     Ok(r)
 }
@@ -649,7 +644,33 @@ mod tests {
         assert_eq!(clock(5_000, 5_000), CLOCK_START_NS);
         assert_eq!(clock(5_000, 6_500), CLOCK_START_NS + 1_500);
         assert_eq!(clock(5_000, 4_000), CLOCK_START_NS - 1_000);
-        assert_eq!(clock(u64::MAX, 0), 0);
+        // Never 0: the program takes 0 in the metadata as "no time given".
+        assert_eq!(clock(u64::MAX, 0), 1);
+    }
+
+    #[test]
+    fn the_source_table_is_bounded_and_keeps_the_heaviest_droppers() {
+        let mut t = Sources::new(10);
+        let addr = |i: u32| IpAddr::V4(Ipv4Addr::from(i));
+        // 100 heavy droppers first, then a flood of single-frame sources.
+        for i in 0..100 {
+            for _ in 0..(i + 1) {
+                t.get(addr(i)).tally.add(Fate::Dropped, 64, 1);
+            }
+        }
+        for i in 100..(4 * SOURCE_TABLE as u32) {
+            t.get(addr(i)).tally.add(Fate::Admitted, 64, 1);
+            assert!(t.map.len() <= SOURCE_TABLE);
+        }
+        assert!(t.evicted > 0);
+        for i in 0..100 {
+            let s = &t.map[&addr(i)];
+            assert_eq!(s.tally.dropped_frames, u64::from(i) + 1, "a dropper is never let go before a passer");
+            assert!(s.exact);
+        }
+        // A source first seen after the table let records go may have lost some.
+        assert!(!t.get(addr(u32::MAX)).exact);
+        assert_eq!(Sources::new(SOURCE_TABLE).capacity, 2 * SOURCE_TABLE);
     }
 
     #[test]
