@@ -337,7 +337,63 @@ pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
     drop(d);
     rows.extend(import_rows(&net, reps)?);
     rows.extend(feed_rows(&net, reps)?);
+    rows.extend(replay_rows(reps)?);
     Ok(ControlResults { rules: RULES, rows })
+}
+
+/// Frames in the replay row's capture.
+pub const REPLAY_FRAMES: u64 = 1_000_000;
+
+/// `policer replay` (issue 31): a capture of [`REPLAY_FRAMES`] 64-byte
+/// IPv4 frames from 1 000 sources, 1 µs apart (a new clock value every
+/// frame), against `--rate 1kpps`: the frames per second it reports (the
+/// loop of test runs, the capture read and the tallies; not the program's
+/// load), and the process's peak RSS.
+fn replay_rows(reps: usize) -> Result<Vec<Measure>> {
+    say("control: policer replay of a 1M-frame capture");
+    let dir = tempfile_dir()?;
+    let pcap = dir.join("replay.pcap");
+    let mut w = crate::capture::PcapWriter::create(&pcap)?;
+    let mut frame = crate::frame::FrameSpec::udp("10.0.0.1".parse()?, "198.19.0.1".parse()?, 64).build(None);
+    for i in 0..REPLAY_FRAMES {
+        let s = u32::from(Ipv4Addr::new(10, 0, 0, 0)) + (i % 1000) as u32;
+        frame[26..30].copy_from_slice(&s.to_be_bytes());
+        w.write(1_750_000_000_000_000_000 + i * 1_000, &frame)?;
+    }
+    w.finish()?;
+    let (mut fps, mut rss) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let out = std::process::Command::new(crate::daemon::policer_bin())
+            .args(["replay", &pcap.display().to_string(), "--rate", "1kpps", "--json"])
+            .output()?;
+        if !out.status.success() {
+            bail!("policer replay: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        fps.push(v["frames_per_sec"].as_f64().context("frames_per_sec")?);
+        // SAFETY: reads this process's children's usage; no preconditions.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+        rss.push(ru.ru_maxrss as f64 / 1024.0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(vec![
+        m(
+            "replay_fps",
+            "`policer replay`, 1 000 000 frames, a new timestamp each",
+            "frames/s",
+            &fps,
+            "target ≥ 1 000 000",
+        ),
+        m("replay_rss", "peak RSS of the largest child so far (the replays among them)", "MiB", &rss, ""),
+    ])
+}
+
+/// A fresh directory under the temporary directory.
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("policer-bench-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
 }
 
 /// Only the CrowdSec feed rows (`policer-bench --only crowdsec`).

@@ -31,7 +31,7 @@ pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_D
 use policer_tests::{
     REFERENCE_OBJECT,
     bench::{generator, sys},
-    classes, daemon, frame, lapi, netns, packet, traffic,
+    capture, classes, daemon, frame, lapi, netns, packet, traffic,
 };
 
 use std::{

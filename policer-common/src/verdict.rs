@@ -53,6 +53,45 @@ pub fn count(c: &mut Counters, rc: &mut RuleCounters, v: Verdict, len: u32) {
     }
 }
 
+/// The metadata a test-clock program (`TEST_CLOCK`, as `policer replay`
+/// and the object tier load it) reads and writes in front of a test run's
+/// frame (`BPF_PROG_TEST_RUN` with an `xdp_md` whose `data` is
+/// [`TEST_META_LEN`]: the first bytes of `data_in` become the frame's
+/// `data_meta`, and `data_out` returns them). In: the clock for this frame
+/// (u64 at [`TEST_META_NOW`], native order; 0: read `CLOCK` instead), so a
+/// replay sets the time in the same call that judges the frame. Out: the
+/// counter slot of the rule that judged it (u32 at [`TEST_META_SLOT`]) and
+/// [`test_meta_code`] of its verdict (u32 at [`TEST_META_VERDICT`]); both
+/// stay as written in when no rule judged the frame. The product's program
+/// (`TEST_CLOCK` 0) neither reads nor writes metadata: the verifier prunes it.
+pub const TEST_META_LEN: usize = 16;
+pub const TEST_META_NOW: usize = 0;
+pub const TEST_META_SLOT: usize = 8;
+pub const TEST_META_VERDICT: usize = 12;
+// What `bpf_prog_test_run_xdp` takes as metadata: a multiple of 4, at most
+// 32 bytes (`xdp_metalen_invalid`); the three fields fit in it.
+const _: () = assert!(TEST_META_VERDICT + 4 <= TEST_META_LEN && TEST_META_LEN.is_multiple_of(4) && TEST_META_LEN <= 32);
+
+/// A verdict as the test metadata reports it.
+#[inline(always)]
+pub const fn test_meta_code(v: Verdict) -> u32 {
+    match v {
+        Verdict::Pass => 0,
+        Verdict::WouldDrop => 1,
+        Verdict::Drop => 2,
+    }
+}
+
+/// The verdict of a [`test_meta_code`]; `None` for anything else (no rule).
+pub const fn from_test_meta_code(code: u32) -> Option<Verdict> {
+    match code {
+        0 => Some(Verdict::Pass),
+        1 => Some(Verdict::WouldDrop),
+        2 => Some(Verdict::Drop),
+        _ => None,
+    }
+}
+
 #[inline(always)]
 fn add(pkts: &mut u64, bytes: &mut u64, len: u64) {
     *pkts += 1;
@@ -71,6 +110,10 @@ mod tests {
         assert_eq!(Verdict::policed(Action::Monitor as u32, false), Verdict::WouldDrop);
         assert_eq!(Verdict::policed(Action::Police as u32, false), Verdict::Drop);
         assert!(Verdict::WouldDrop.passes() && Verdict::Pass.passes() && !Verdict::Drop.passes());
+        for v in [Verdict::Pass, Verdict::WouldDrop, Verdict::Drop] {
+            assert_eq!(from_test_meta_code(test_meta_code(v)), Some(v));
+        }
+        assert_eq!(from_test_meta_code(u32::MAX), None);
     }
 
     #[test]

@@ -157,11 +157,20 @@ struct Clock {
 
 impl Clock {
     #[inline(always)]
-    fn new() -> Clock {
+    fn new(ctx: &XdpContext) -> Clock {
         let scratch = CPU_SCRATCH.get_ptr_mut(0).unwrap_or(core::ptr::null_mut());
         // SAFETY: plain statics the loader may rewrite before load.
         let (test, tick) = unsafe { (core::ptr::read_volatile(&TEST_CLOCK) != 0, core::ptr::read_volatile(&TICK_NS)) };
         let jiffies = if test {
+            // A time in the frame's metadata (`policer replay`) is the
+            // clock from this frame on, as if written into `CLOCK`.
+            let meta_now = test_meta_now(ctx);
+            if meta_now != 0
+                && let Some(t) = CLOCK.get_ptr_mut(0)
+            {
+                // SAFETY: an array slot; tests run one frame at a time.
+                unsafe { *t = meta_now };
+            }
             CLOCK.get(1).copied().unwrap_or(0)
         } else {
             // SAFETY: BPF helper with no preconditions (inlined by the verifier).
@@ -225,6 +234,33 @@ impl Clock {
         }
         self.now = Some(now);
         now
+    }
+}
+
+/// Test clock only: the time a test run gives in the frame's metadata
+/// (policer_common::verdict::TEST_META_LEN), 0 when it gives none.
+#[inline(always)]
+fn test_meta_now(ctx: &XdpContext) -> u64 {
+    let meta = ctx.metadata();
+    if meta + verdict::TEST_META_NOW + 8 > ctx.data() {
+        return 0;
+    }
+    // SAFETY: bounds checked against `data` above (metadata lies before it).
+    unsafe { core::ptr::read_unaligned((meta + verdict::TEST_META_NOW) as *const u64) }
+}
+
+/// Test clock only: writes which rule slot judged the frame, and how, into
+/// its metadata when the test run gave room for it.
+#[inline(always)]
+fn test_meta_report(ctx: &XdpContext, slot: u32, v: Verdict) {
+    let meta = ctx.metadata();
+    if meta + verdict::TEST_META_LEN > ctx.data() {
+        return;
+    }
+    // SAFETY: bounds checked against `data` above; XDP may write metadata.
+    unsafe {
+        core::ptr::write_unaligned((meta + verdict::TEST_META_SLOT) as *mut u32, slot);
+        core::ptr::write_unaligned((meta + verdict::TEST_META_VERDICT) as *mut u32, verdict::test_meta_code(v));
     }
 }
 
@@ -1164,6 +1200,7 @@ fn try_policer(ctx: &XdpContext) -> u32 {
     // One call site each, so each is inlined once.
     match target {
         Target::V4(src) => verdict(
+            ctx,
             rule,
             len,
             c,
@@ -1208,6 +1245,7 @@ fn keyed_verdict(
     c: &mut Counters,
 ) -> u32 {
     verdict(
+        ctx,
         rule,
         len,
         c,
@@ -1236,6 +1274,7 @@ fn keyed_verdict(
 /// monitors. Counts the verdict per interface and per rule.
 #[inline(always)]
 fn verdict(
+    ctx: &XdpContext,
     rule: Option<&'static Rule>,
     len: u32,
     c: &mut Counters,
@@ -1261,7 +1300,7 @@ fn verdict(
         Some(Action::Allow) => Verdict::Pass,
         Some(Action::Deny) => Verdict::Drop,
         _ => {
-            let mut clock = Clock::new();
+            let mut clock = Clock::new(ctx);
             let admit = if flags & RULE_NO_SOURCE != 0 {
                 true
             } else {
@@ -1285,6 +1324,10 @@ fn verdict(
         }
     };
     verdict::count(c, rc, v, len);
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } != 0 {
+        test_meta_report(ctx, slot, v);
+    }
     if v.passes() { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
 }
 

@@ -5,6 +5,7 @@
 //! ever cross the veth pair between them.
 
 pub mod bench;
+pub mod capture;
 pub mod classes;
 pub mod daemon;
 pub mod foreign;

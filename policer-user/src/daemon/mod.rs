@@ -44,8 +44,9 @@ pub use adopt::{attached_programs, detach_orphan};
 pub(crate) use dryrun::{Preview, WINDOW as DRY_RUN_WINDOW, judge_live};
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
-pub use ruleset::{OfflineRule, install_offline};
+pub use ruleset::{Offline, OfflineRule, install_offline};
 pub use serve::{Caps, fit as fit_connection_caps};
+pub use sets::OfflineSet;
 pub use sets::{Import, read_import};
 pub use start::default_rules;
 use tokio::{

@@ -826,19 +826,29 @@ pub struct OfflineRule {
     pub slot: u32,
 }
 
+/// What [`install_offline`] wrote: the rules, and the named sets.
+#[derive(Clone, Debug)]
+pub struct Offline {
+    pub rules: Vec<OfflineRule>,
+    pub sets: Vec<super::sets::OfflineSet>,
+}
+
 /// Writes `specs` into a freshly loaded program that no interface runs
 /// (`policer replay`) as a start writes them into fresh maps: planned by
 /// the daemon's [`super::plan::plan`], each rule's new-source limiter, ban
 /// parameters and aggregate bucket at its slot on the program's clock at
-/// `now_ns`, then the rule maps, then the default rules' fast path when
-/// only default rules exist (as `Daemon::sync_fast_path` does). Named sets
-/// are not installed here.
+/// `now_ns`, then the rule maps, then the config's named sets (`declared`,
+/// their files relative to `config`: [`super::sets::install_offline`]),
+/// then the default rules' fast path when only default rules exist (as
+/// `Daemon::sync_fast_path` does).
 pub fn install_offline(
     p: &mut Policer,
     specs: &BTreeMap<RuleKey, RuleSpec>,
     protect: &Protect,
+    config: &std::path::Path,
+    declared: &[crate::sets::SetConfig],
     now_ns: u64,
-) -> Result<Vec<OfflineRule>> {
+) -> Result<Offline> {
     // A fresh program's maps hold nothing: the first rule id is 1, as
     // `plan_rules` finds at a start with nothing adopted.
     let mut rs = RuleSet::new(Slots::new(p.max_rules()?), Groups::default(), Compiled::default(), 1);
@@ -850,14 +860,16 @@ pub fn install_offline(
         p.set_total(w.slot, total_at(spec, now_ns)?.as_ref())?;
     }
     p.sync_rules_from(&Compiled::default(), &plan.compiled)?;
-    let out = plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: i.spec.clone(), slot: i.slot }).collect();
+    let rules = plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: i.spec.clone(), slot: i.slot }).collect();
     rs.commit(plan);
-    if rs.only_defaults() {
+    rs.set_entries_protect(protect.clone());
+    let sets = super::sets::install_offline(p, &mut rs, config, declared, now_ns)?;
+    if rs.only_defaults() && sets.is_empty() {
         let rule = |net: &str| -> Option<Rule> { rs.compiled.prefixes.get(&net.parse::<IpNet>().ok()?).copied() };
         p.set_default_rules(0, rule("0.0.0.0/0"), rule("::/0"))?;
         p.set_fast_path(1)?;
     }
-    Ok(out)
+    Ok(Offline { rules, sets })
 }
 
 /// The aggregate bucket of a rule (`--total-rate`), starting full.
@@ -876,7 +888,7 @@ pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, slot: u32) -> Result<()>
 }
 
 /// [`prepare`] on the program's clock at `now_ns`.
-fn prepare_at(p: &mut Policer, spec: &RuleSpec, slot: u32, now_ns: u64) -> Result<()> {
+pub(super) fn prepare_at(p: &mut Policer, spec: &RuleSpec, slot: u32, now_ns: u64) -> Result<()> {
     // Rate and burst in the same unit: packets, or bytes in byte mode.
     let rate = match (spec.action.polices(), spec.rate) {
         (true, Some(Rate::Pps(r))) => Some(r),

@@ -585,21 +585,7 @@ impl Daemon {
     /// rewrites first, removes last. Returns how many of `new`'s entries
     /// another set outranks.
     fn transition(&self, fds: TrieWriter, old: Option<&SetState>, new: Option<&SetState>) -> Result<usize> {
-        let name = new.or(old).map_or("", |s| s.header.name.as_str());
-        let others: Vec<&SetState> = self.sets.values().filter(|s| s.header.name != name).collect();
-        let w = plan_writes(&others, old, new)?;
-        if let Some(n) = new {
-            write(fds, &w.bulk, n.values()?)?;
-        }
-        write_pairs(fds, &w.pairs)?;
-        let bans = self.ban_values();
-        if !bans.is_empty() {
-            let mut touched: Vec<IpNet> = w.bulk.iter().copied().chain(w.pairs.iter().map(|p| p.0)).collect();
-            touched.sort_unstable();
-            write_pairs(fds, &banned(&touched, &bans, self.rs.protect()))?;
-        }
-        delete(fds, &self.not_rules(&w.delete))?;
-        Ok(w.shadowed)
+        transition(fds, &self.sets, &self.rs, old, new)
     }
 
     /// The set's rule per family, validated against its entries
@@ -791,12 +777,7 @@ impl Daemon {
     /// The manual bans in force: each prefix and the value the tries hold
     /// there.
     pub(super) fn ban_values(&self) -> Vec<(IpNet, Rule)> {
-        self.rs
-            .rules()
-            .keys()
-            .filter(|k| k.ban)
-            .filter_map(|k| self.rs.compiled().prefixes.get(&k.net).map(|r| (k.net, *r)))
-            .collect()
+        ban_values(&self.rs)
     }
 
     /// After a change of the rules: set entries under a ban that came,
@@ -830,16 +811,6 @@ impl Daemon {
         write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())?;
         self.rs.set_entries_protect(protect);
         Ok(())
-    }
-
-    /// `nets` but those the rules hold too (a manual ban at an entry's
-    /// prefix): removing the entry leaves the ban's trie entry alone.
-    fn not_rules<'a>(&self, nets: &'a [IpNet]) -> std::borrow::Cow<'a, [IpNet]> {
-        let bans: Vec<IpNet> = self.rs.rules().keys().filter(|k| k.ban).map(|k| k.net).collect();
-        if bans.iter().all(|b| nets.binary_search(b).is_err()) {
-            return std::borrow::Cow::Borrowed(nets);
-        }
-        std::borrow::Cow::Owned(nets.iter().filter(|n| !bans.contains(n)).copied().collect())
     }
 
     pub(super) fn has_set_entries(&self) -> bool {
@@ -1291,6 +1262,101 @@ impl Loaded {
             }
         }
     }
+}
+
+/// The tries' writes for one set going from `old` to `new` beside the
+/// other sets of `sets` (see [`Daemon::transition`]): one definition for
+/// the daemon and `policer replay` ([`install_offline`]).
+fn transition(
+    fds: TrieWriter,
+    sets: &BTreeMap<String, SetState>,
+    rs: &super::ruleset::RuleSet,
+    old: Option<&SetState>,
+    new: Option<&SetState>,
+) -> Result<usize> {
+    let name = new.or(old).map_or("", |s| s.header.name.as_str());
+    let others: Vec<&SetState> = sets.values().filter(|s| s.header.name != name).collect();
+    let w = plan_writes(&others, old, new)?;
+    if let Some(n) = new {
+        write(fds, &w.bulk, n.values()?)?;
+    }
+    write_pairs(fds, &w.pairs)?;
+    let bans = ban_values(rs);
+    if !bans.is_empty() {
+        let mut touched: Vec<IpNet> = w.bulk.iter().copied().chain(w.pairs.iter().map(|p| p.0)).collect();
+        touched.sort_unstable();
+        write_pairs(fds, &banned(&touched, &bans, rs.protect()))?;
+    }
+    delete(fds, &not_rules(rs, &w.delete))?;
+    Ok(w.shadowed)
+}
+
+/// The manual bans of `rs`: each prefix and the value the tries hold there.
+fn ban_values(rs: &super::ruleset::RuleSet) -> Vec<(IpNet, Rule)> {
+    rs.rules()
+        .keys()
+        .filter(|k| k.ban)
+        .filter_map(|k| rs.compiled().prefixes.get(&k.net).map(|r| (k.net, *r)))
+        .collect()
+}
+
+/// `nets` but those the rules of `rs` hold too (a manual ban at an entry's
+/// prefix): removing the entry leaves the ban's trie entry alone.
+fn not_rules<'a>(rs: &super::ruleset::RuleSet, nets: &'a [IpNet]) -> std::borrow::Cow<'a, [IpNet]> {
+    let bans: Vec<IpNet> = rs.rules().keys().filter(|k| k.ban).map(|k| k.net).collect();
+    if bans.iter().all(|b| nets.binary_search(b).is_err()) {
+        return std::borrow::Cow::Borrowed(nets);
+    }
+    std::borrow::Cow::Owned(nets.iter().filter(|n| !bans.contains(n)).copied().collect())
+}
+
+/// A named set as [`install_offline`] wrote it.
+#[derive(Clone, Debug)]
+pub struct OfflineSet {
+    pub name: String,
+    /// Its rule (the IPv4 one: both families share action, rate and burst).
+    pub spec: RuleSpec,
+    /// The counter slot its entries count into.
+    pub slot: u32,
+}
+
+/// Installs the config's `[[set]]`s (`config`: the config file's path,
+/// which their list files are relative to) into a fresh program that no
+/// interface runs (`policer replay`), after the rules of `rs`: each set
+/// read and checked as a start reads and checks it ([`Loaded::add_config`],
+/// [`sets::specs`], the conflicts with rules and `protect`), given a slot,
+/// its limiter set on the program's clock at `now_ns`, its entries written
+/// as a start writes them ([`transition`]). Saved sets (the state
+/// directory) are not read: a replay is of the config alone.
+pub(super) fn install_offline(
+    p: &mut crate::loader::Policer,
+    rs: &mut super::ruleset::RuleSet,
+    config: &std::path::Path,
+    declared: &[sets::SetConfig],
+    now_ns: u64,
+) -> Result<Vec<OfflineSet>> {
+    let mut loaded =
+        Loaded { sets: Vec::new(), kernel: Vec::new(), old: Vec::new(), config: BTreeMap::new(), replaced: Vec::new() };
+    loaded.add_config(config, declared)?;
+    let mut states: BTreeMap<String, SetState> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (h, l) in loaded.sets {
+        let (spec4, spec6) = sets::specs(&h.name, &h.rule, &l.entries)?;
+        let file = loaded.config.get(&h.name).cloned().unwrap_or_default();
+        let rules = rs.rules().keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
+        sets::check_conflicts(&l.entries, spec4.action, rules, rs.protect(), |n| {
+            let text = std::fs::read(&file).unwrap_or_default();
+            where_in(&file.display().to_string(), &text, n)
+        })?;
+        let slot = rs.take_slot()?;
+        let id = rs.new_id();
+        let s = SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries), origin: Origin::Config };
+        super::ruleset::prepare_at(p, &s.spec4, slot, now_ns)?;
+        transition(p.trie_writer()?, &states, rs, None, Some(&s))?;
+        out.push(OfflineSet { name: s.header.name.clone(), spec: s.spec4.clone(), slot });
+        states.insert(s.header.name.clone(), s);
+    }
+    Ok(out)
 }
 
 impl Daemon {

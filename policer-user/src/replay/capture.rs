@@ -60,8 +60,22 @@ pub struct Frame {
 }
 
 enum Reader {
-    Pcap { r: PcapReader<BufReader<File>>, link: Link },
-    PcapNg(PcapNgReader<BufReader<File>>),
+    Pcap { r: PcapReader<BufReader<Counted>>, link: Link },
+    PcapNg(PcapNgReader<BufReader<Counted>>),
+}
+
+/// The file, counting the bytes read from it (the progress bar's position).
+struct Counted {
+    file: File,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl std::io::Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
 }
 
 /// An open capture.
@@ -70,6 +84,9 @@ pub struct Capture {
     reader: Reader,
     /// Frames read so far (for errors: "frame N").
     frames: u64,
+    /// Bytes read from the file so far (ahead of the frames by at most the
+    /// reader's buffer).
+    read: std::rc::Rc<std::cell::Cell<u64>>,
 }
 
 /// The first four bytes of a pcapng file (a Section Header Block's type).
@@ -89,7 +106,8 @@ impl Capture {
     pub fn open(path: &Path) -> Result<Capture> {
         let bad = |what: String| Error::Invalid(format!("{}: {what}", path.display()));
         let file = File::open(path).map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
-        let mut buf = BufReader::with_capacity(256 * 1024, file);
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let mut buf = BufReader::with_capacity(256 * 1024, Counted { file, read: read.clone() });
         let head = buf.fill_buf().map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
         let reader = if head.starts_with(&PCAPNG_MAGIC) {
             Reader::PcapNg(PcapNgReader::new(buf).map_err(|e| bad(format!("not a valid pcapng file: {e}")))?)
@@ -99,7 +117,12 @@ impl Capture {
             let link = Link::of(d).ok_or_else(|| unsupported(path, d, ""))?;
             Reader::Pcap { r, link }
         };
-        Ok(Capture { path: path.to_path_buf(), reader, frames: 0 })
+        Ok(Capture { path: path.to_path_buf(), reader, frames: 0, read })
+    }
+
+    /// Bytes of the file read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.get()
     }
 
     /// The next frame, written into `out` as an Ethernet frame; `None` at

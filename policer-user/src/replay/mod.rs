@@ -1,12 +1,15 @@
 //! `policer replay`: a capture's frames through the real XDP program
 //! (BPF_PROG_TEST_RUN), the capture's own timestamps as the program's clock,
-//! with the rules of a config file (or `--rate/--burst`) installed as a
-//! start installs them ([`crate::daemon::install_offline`]).
+//! with the rules, classes, bans and sets of a config file (or
+//! `--rate/--burst`) installed as a start installs them
+//! ([`crate::daemon::install_offline`]).
 //!
-//! Each frame is one test run: the clock is set to the frame's time (when
-//! it moved), the program judges the frame, and its verdict is counted for
-//! the frame's source and for the rule the program found for it. Nothing is
-//! attached; the program and its maps go away at the end.
+//! Each frame is one test run, one system call: the frame's time goes in
+//! its metadata (the test clock reads it there, `policer_common::verdict`'s
+//! `TEST_META_*`), and the program writes back the counter slot of the rule
+//! that judged it and its verdict (pass, would-drop, drop). That is counted
+//! for the frame's source and for that rule (or set). Nothing is attached;
+//! the program and its maps go away at the end.
 
 pub mod capture;
 
@@ -17,16 +20,16 @@ use std::{
     time::Instant,
 };
 
-use aya::{
-    maps::{MapData, PerCpuArray},
-    programs::{TestRun, TestRunOptions},
+use aya::programs::{TestRun, TestRunOptions};
+use policer_common::{
+    DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
+    verdict::{TEST_META_LEN, TEST_META_SLOT, TEST_META_VERDICT, Verdict, from_test_meta_code},
 };
-use policer_common::{DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAP_RULE_COUNTERS, RuleCounters, bucket::Action};
 use serde::Serialize;
 
 use crate::{
     config::Config,
-    daemon::{OfflineRule, default_rules, install_offline},
+    daemon::{OfflineRule, OfflineSet, default_rules, install_offline},
     error::{Error, Result},
     loader::{LoadOptions, Policer},
     rules::{RuleKey, RuleSpec},
@@ -51,8 +54,10 @@ pub struct Options {
     pub config: Option<PathBuf>,
     pub rate: Option<policer_common::rate::Rate>,
     pub burst: Option<String>,
-    /// Dropped sources listed (0: every source).
+    /// Dropped sources listed (0: every source tracked).
     pub top: usize,
+    /// The report is JSON (no progress bar).
+    pub json: bool,
 }
 
 /// Frames and bytes, by what the program did with them.
@@ -123,8 +128,12 @@ pub struct RuleReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct SourceReport {
     pub source: IpAddr,
-    /// The rule the program found for it; `None`: no rule covers it.
+    /// The rule (or `set NAME`, `protect`) of its last frame, as the
+    /// program reported it; `None`: no rule covers it.
     pub rule: Option<String>,
+    /// Counted from its first frame. `false`: it was first counted after
+    /// the source table let records go, so frames of it may be missing.
+    pub exact: bool,
     #[serde(flatten)]
     pub tally: Tally,
 }
@@ -147,27 +156,99 @@ pub struct Report {
     /// The capture's first and last timestamps (ns since the Unix epoch).
     pub first_ns: Option<u64>,
     pub last_ns: Option<u64>,
-    /// Distinct sources seen.
-    pub sources: u64,
+    /// Distinct sources seen; `None` when the source table let records go
+    /// (more sources than it holds: see `sources_let_go`).
+    pub sources: Option<u64>,
+    /// Sources in the table at the end (at most [`SOURCE_TABLE`], or twice
+    /// `--top`).
+    pub sources_tracked: u64,
+    /// Source records let go to keep the table bounded (those with the
+    /// fewest drops). Their frames are in the totals and the rules' lines.
+    pub sources_let_go: u64,
     pub rules: Vec<RuleReport>,
-    /// The sources with the most drops (then would-drops), most first.
+    /// The sources with the most drops (then would-drops), most first,
+    /// among those tracked.
     pub top_dropped: Vec<SourceReport>,
     /// Wall time of the replay, and frames per second of it.
     pub elapsed_secs: f64,
     pub frames_per_sec: f64,
 }
 
-/// What is known of a source.
-struct Source {
-    /// Its rule's counter slot (0: no rule covers it).
-    slot: u32,
-    monitor: bool,
+/// The most sources the per-source table holds (or twice `--top`, if
+/// more): about 120 bytes each (address, tally, the hash table's slack),
+/// so some 8 MiB whatever the capture holds. When it is full, the half
+/// with the fewest drops is let go ([`Sources::evict`]): the heaviest
+/// droppers stay, and the report says how many records were let go.
+pub const SOURCE_TABLE: usize = 1 << 16;
+
+/// The per-source tally, bounded ([`SOURCE_TABLE`]).
+struct Sources {
+    map: HashMap<IpAddr, SourceTally>,
+    capacity: usize,
+    /// Records let go to stay within `capacity`.
+    evicted: u64,
+}
+
+/// A source's tally, and whether it has been counted since its first frame.
+#[derive(Clone, Copy)]
+struct SourceTally {
+    /// The counter slot of the rule of its last frame (`None`: no rule).
+    slot: Option<u32>,
+    /// Tracked from its first frame: nothing of it was let go before.
+    exact: bool,
     tally: Tally,
+}
+
+/// How a source ranks for the top list: drops, then would-drops.
+fn weight(t: &Tally) -> (u64, u64) {
+    (t.dropped_frames, t.would_drop_frames)
+}
+
+impl Sources {
+    fn new(top: usize) -> Sources {
+        let capacity = SOURCE_TABLE.max(top.saturating_mul(2));
+        Sources { map: HashMap::with_capacity(capacity.min(SOURCE_TABLE)), capacity, evicted: 0 }
+    }
+
+    /// The tally of `src` (a new record when it has none).
+    fn get(&mut self, src: IpAddr) -> &mut SourceTally {
+        if self.map.len() >= self.capacity && !self.map.contains_key(&src) {
+            self.evict();
+        }
+        // A source first seen after a record was let go may be one of them.
+        let exact = self.evicted == 0;
+        self.map.entry(src).or_insert(SourceTally { slot: None, exact, tally: Tally::default() })
+    }
+
+    /// Lets go of the half of the records with the fewest drops (then
+    /// would-drops, then frames): amortised, a record costs O(log n).
+    fn evict(&mut self) {
+        let mut w: Vec<(u64, u64, u64)> =
+            self.map.values().map(|s| (weight(&s.tally).0, weight(&s.tally).1, s.tally.frames)).collect();
+        let mid = w.len() / 2;
+        let (_, cut, _) = w.select_nth_unstable(mid);
+        let cut = *cut;
+        let before = self.map.len();
+        // Strictly below the median first; ties at it go until half is free.
+        self.map.retain(|_, s| (weight(&s.tally).0, weight(&s.tally).1, s.tally.frames) >= cut);
+        let mut excess = self.map.len().saturating_sub(self.capacity / 2);
+        if excess > 0 {
+            self.map.retain(|_, s| {
+                if excess > 0 && (weight(&s.tally).0, weight(&s.tally).1, s.tally.frames) == cut {
+                    excess -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.evicted += (before - self.map.len()) as u64;
+    }
 }
 
 /// The rules to install: the config's, and `--rate/--burst` over its
 /// default rules; refused here (before anything is loaded) what the replay
-/// does not do yet.
+/// does not do.
 fn rules(o: &Options) -> Result<(BTreeMap<RuleKey, RuleSpec>, Config)> {
     let Options { config, rate, burst, .. } = o;
     let (cfg, mut specs) = match config {
@@ -186,27 +267,17 @@ fn rules(o: &Options) -> Result<(BTreeMap<RuleKey, RuleSpec>, Config)> {
         None if burst.is_some() => return Err(Error::Invalid("--burst needs --rate".into())),
         None => {}
     }
-    if specs.is_empty() {
+    if specs.is_empty() && cfg.sets.is_empty() {
         return Err(Error::Invalid(
             "nothing to replay against: give --config FILE with rules, or --rate (and --burst)".into(),
         ));
     }
-    let not_yet = |what: &str| {
-        Error::Invalid(format!(
-            "{what}: `policer replay` does not replay these yet (plain prefix rules and manual bans only)"
-        ))
-    };
-    if let Some(k) = specs.keys().find(|k| !k.class.is_none()) {
-        return Err(not_yet(&format!("rule {k} has a traffic class")));
-    }
-    if let Some((k, _)) = specs.iter().find(|(_, s)| s.auto_ban.is_some()) {
-        return Err(not_yet(&format!("rule {k} bans automatically (ban_for)")));
-    }
-    if !cfg.sets.is_empty() {
-        return Err(not_yet("the config has named sets ([[set]])"));
-    }
     if cfg.crowdsec.is_some() {
-        return Err(not_yet("the config has a [crowdsec] feed"));
+        return Err(Error::Invalid(
+            "the config has a [crowdsec] feed: `policer replay` does not replay a feed's decisions (they are not \
+             in the file); remove the [crowdsec] table, or import the decisions as a set"
+                .into(),
+        ));
     }
     Ok((specs, cfg))
 }
@@ -215,7 +286,8 @@ fn rules(o: &Options) -> Result<(BTreeMap<RuleKey, RuleSpec>, Config)> {
 fn clock(first_ns: u64, ts_ns: u64) -> u64 {
     // A frame older than the first (a capture merged out of order) sets the
     // clock back, as a clock read on another CPU can: the program handles it.
-    (i128::from(CLOCK_START_NS) + i128::from(ts_ns) - i128::from(first_ns)).clamp(0, i128::from(u64::MAX)) as u64
+    // Never 0: the program reads 0 in the metadata as "no time given".
+    (i128::from(CLOCK_START_NS) + i128::from(ts_ns) - i128::from(first_ns)).clamp(1, i128::from(u64::MAX)) as u64
 }
 
 /// The source address of an Ethernet frame (after up to two VLAN tags), as
@@ -244,29 +316,108 @@ pub fn source_of(f: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// Would-drops a rule slot has counted (summed over CPUs).
-fn would_drops(p: &Policer, slot: u32) -> Result<u64> {
-    let m: PerCpuArray<&MapData, RuleCounters> =
-        PerCpuArray::try_from(p.ebpf.map(MAP_RULE_COUNTERS).ok_or(Error::Missing(MAP_RULE_COUNTERS))?)
-            .map_err(Error::map(MAP_RULE_COUNTERS))?;
-    let v = m.get(&slot, 0).map_err(Error::map(MAP_RULE_COUNTERS))?;
-    Ok(v.iter().map(|c| c.would_drop_pkts).sum())
+/// One test run's buffers: the frame behind [`TEST_META_LEN`] bytes of
+/// metadata (the frame's time in, the rule slot and verdict out), and the
+/// `xdp_md` that says where the frame starts.
+struct Run {
+    data: Vec<u8>,
+    out: Vec<u8>,
+    ctx: [u8; 24],
+}
+
+impl Run {
+    fn new() -> Run {
+        Run { data: Vec::with_capacity(TEST_META_LEN + capture::MAX_FRAME), out: Vec::new(), ctx: [0; 24] }
+    }
+
+    /// Runs `frame` at `now_ns`: the program's return value, and the rule
+    /// slot and verdict it reported (`None`: no rule judged the frame).
+    fn run(&mut self, p: &mut Policer, frame: &[u8], now_ns: u64) -> Result<(u32, Option<(u32, Verdict)>)> {
+        self.data.clear();
+        self.data.extend_from_slice(&now_ns.to_ne_bytes());
+        self.data.extend_from_slice(&u32::MAX.to_ne_bytes());
+        self.data.extend_from_slice(&u32::MAX.to_ne_bytes());
+        self.data.extend_from_slice(frame);
+        self.out.resize(self.data.len(), 0);
+        // struct xdp_md { data, data_end, data_meta, ingress_ifindex,
+        // rx_queue_index, egress_ifindex }: offsets into data_in; data_meta
+        // must be 0, the metadata is what lies before `data`.
+        self.ctx[0..4].copy_from_slice(&(TEST_META_LEN as u32).to_ne_bytes());
+        self.ctx[4..8].copy_from_slice(&(self.data.len() as u32).to_ne_bytes());
+        let r = p
+            .program()
+            .test_run(TestRunOptions {
+                data_in: Some(&self.data),
+                data_out: Some(&mut self.out),
+                ctx_in: Some(&self.ctx),
+                ..Default::default()
+            })
+            .map_err(|e| Error::Program(Box::new(e)))?;
+        let word = |at: usize| u32::from_ne_bytes([self.out[at], self.out[at + 1], self.out[at + 2], self.out[at + 3]]);
+        let judged = from_test_meta_code(word(TEST_META_VERDICT)).map(|v| (word(TEST_META_SLOT), v));
+        Ok((r.return_value, judged))
+    }
+}
+
+/// A progress bar on stderr while the capture is read (by bytes of the
+/// file), when both stdout and stderr are terminals and the report is
+/// not JSON; otherwise nothing.
+struct Progress(Option<indicatif::ProgressBar>);
+
+impl Progress {
+    fn new(show: bool, len: u64) -> Progress {
+        use std::io::IsTerminal;
+        if !show || !std::io::stderr().is_terminal() || !std::io::stdout().is_terminal() {
+            return Progress(None);
+        }
+        let bar = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{bytes}/{total_bytes} [{bar:40}] {percent}% {binary_bytes_per_sec}, {msg} (eta {eta})",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Progress(Some(bar))
+    }
+
+    fn set(&self, bytes: u64, frames: u64) {
+        if let Some(b) = &self.0 {
+            b.set_position(bytes);
+            b.set_message(format!("{frames} frames"));
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.0 {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// What a rule slot is, for the report: the rule, or the set, it is.
+fn slot_names(installed: &[OfflineRule], sets: &[OfflineSet]) -> HashMap<u32, String> {
+    let mut m: HashMap<u32, String> = installed.iter().map(|i| (i.slot, i.key.to_string())).collect();
+    for s in sets {
+        m.insert(s.slot, format!("set {}", s.name));
+    }
+    m
 }
 
 /// Replays the capture; see the module's comment.
 pub fn replay(o: &Options) -> Result<Report> {
     let (specs, cfg) = rules(o)?;
     let mut cap = Capture::open(&o.capture)?;
+    let size = std::fs::metadata(&o.capture).map(|m| m.len()).unwrap_or(0);
     let mut frame = Vec::with_capacity(capture::MAX_FRAME);
     let opts = LoadOptions {
         max_sources: cfg.daemon.max_sources.unwrap_or(DEFAULT_MAX_SOURCES),
-        max_rules: cfg.daemon.max_rules.unwrap_or(DEFAULT_MAX_RULES).max(specs.len() as u32),
+        max_rules: cfg.daemon.max_rules.unwrap_or(DEFAULT_MAX_RULES).max(specs.len() as u32 + cfg.sets.len() as u32),
         test_clock: true,
         // No clock window: the program reads the (test) clock for every
         // frame that needs it.
         tick_ns: Some(0),
         ..Default::default()
     };
+    let config_path = o.config.clone().unwrap_or_default();
     let mut p = Policer::load(&opts).map_err(|e| match e {
         // Measured: the load needs these three, and no more (nothing is attached).
         Error::NotRoot(_) => Error::Invalid(
@@ -279,12 +430,11 @@ pub fn replay(o: &Options) -> Result<Report> {
     p.set_jiffies(0)?;
     p.set_clock(CLOCK_START_NS)?;
     let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
-    let installed: Vec<OfflineRule> = install_offline(&mut p, &specs, &protect, CLOCK_START_NS)?;
-    let reader = p.reader();
-    let slots = installed.iter().map(|r| r.slot).max().unwrap_or(0) as usize + 1;
+    let installed = install_offline(&mut p, &specs, &protect, &config_path, &cfg.sets, CLOCK_START_NS)?;
+    let names = slot_names(&installed.rules, &installed.sets);
+    let slots = names.keys().copied().max().unwrap_or(0) as usize + 1;
     let mut per_rule = vec![Tally::default(); slots];
-    let mut monitor_seen = vec![0u64; slots];
-    let mut sources: HashMap<IpAddr, Source> = HashMap::new();
+    let mut sources = Sources::new(o.top);
     let mut r = Report {
         capture: o.capture.clone(),
         total: Tally::default(),
@@ -293,69 +443,64 @@ pub fn replay(o: &Options) -> Result<Report> {
         no_rule_frames: 0,
         first_ns: None,
         last_ns: None,
-        sources: 0,
+        sources: None,
+        sources_tracked: 0,
+        sources_let_go: 0,
         rules: Vec::new(),
         top_dropped: Vec::new(),
         elapsed_secs: 0.0,
         frames_per_sec: 0.0,
     };
+    let progress = Progress::new(!o.json, size);
+    let mut run = Run::new();
     let started = Instant::now();
-    let mut now = CLOCK_START_NS;
     while let Some(f) = cap.next(&mut frame)? {
         let first = *r.first_ns.get_or_insert(f.ts_ns);
         r.last_ns = Some(f.ts_ns);
         r.clipped_frames += u64::from(f.clipped);
-        let t = clock(first, f.ts_ns);
-        if t != now {
-            p.set_clock(t)?;
-            now = t;
+        let (ret, judged) = run.run(&mut p, &frame, clock(first, f.ts_ns))?;
+        if r.total.frames.is_multiple_of(16384) {
+            progress.set(cap.bytes_read(), r.total.frames);
         }
-        let verdict = p
-            .program()
-            .test_run(TestRunOptions { data_in: Some(&frame), ..Default::default() })
-            .map_err(|e| Error::Program(Box::new(e)))?
-            .return_value;
-        let Some(src) = source_of(&frame) else {
-            r.not_ip_frames += 1;
-            r.total.add(if verdict == XDP_DROP { Fate::Dropped } else { Fate::Admitted }, f.len, f.ts_ns);
-            continue;
-        };
-        let s = match sources.get_mut(&src) {
-            Some(s) => s,
-            None => {
-                let rule = reader.prefix_rule(src)?;
-                let slot = rule.map_or(0, |r| r.counter_slot);
-                let monitor = rule.is_some_and(|r| r.action == Action::Monitor as u32);
-                sources.entry(src).or_insert(Source { slot, monitor, tally: Tally::default() })
-            }
-        };
-        let fate = match verdict {
-            XDP_DROP => Fate::Dropped,
-            XDP_PASS if s.monitor => {
-                // Did the rule count this frame as one it would drop?
-                let n = would_drops(&p, s.slot)?;
-                let seen = &mut monitor_seen[s.slot as usize];
-                let fate = if n > *seen { Fate::WouldDrop } else { Fate::Admitted };
-                *seen = n;
-                fate
-            }
-            XDP_PASS => Fate::Admitted,
-            other => {
+        let fate = match (ret, judged) {
+            (XDP_DROP | XDP_PASS, Some((_, Verdict::Drop))) => Fate::Dropped,
+            (XDP_PASS, Some((_, Verdict::WouldDrop))) => Fate::WouldDrop,
+            (XDP_DROP, _) => Fate::Dropped,
+            (XDP_PASS, _) => Fate::Admitted,
+            (other, _) => {
                 return Err(Error::Invalid(format!("the program returned {other} for a frame (not pass or drop)")));
             }
         };
-        s.tally.add(fate, f.len, f.ts_ns);
         r.total.add(fate, f.len, f.ts_ns);
-        match per_rule.get_mut(s.slot as usize) {
-            Some(t) if s.slot != 0 => t.add(fate, f.len, f.ts_ns),
-            _ => r.no_rule_frames += 1,
-        }
+        let Some(src) = source_of(&frame) else {
+            r.not_ip_frames += 1;
+            continue;
+        };
+        let slot = match judged {
+            Some((slot, _)) => {
+                if let Some(t) = per_rule.get_mut(slot as usize).filter(|_| slot != 0) {
+                    t.add(fate, f.len, f.ts_ns);
+                }
+                Some(slot)
+            }
+            None => {
+                r.no_rule_frames += 1;
+                None
+            }
+        };
+        let s = sources.get(src);
+        s.slot = slot;
+        s.tally.add(fate, f.len, f.ts_ns);
     }
+    progress.finish();
     r.elapsed_secs = started.elapsed().as_secs_f64();
     r.frames_per_sec = if r.elapsed_secs > 0.0 { r.total.frames as f64 / r.elapsed_secs } else { 0.0 };
-    r.sources = sources.len() as u64;
-    let name = |slot: u32| installed.iter().find(|i| i.slot == slot).map(|i| i.key.to_string());
+    r.sources_tracked = sources.map.len() as u64;
+    r.sources_let_go = sources.evicted;
+    r.sources = (sources.evicted == 0).then_some(sources.map.len() as u64);
+    let name = |slot: u32| names.get(&slot).cloned().or_else(|| (slot == 0).then(|| "protect".to_string()));
     r.rules = installed
+        .rules
         .iter()
         .map(|i| RuleReport {
             rule: i.key.to_string(),
@@ -364,24 +509,26 @@ pub fn replay(o: &Options) -> Result<Report> {
             burst: i.spec.burst,
             tally: per_rule[i.slot as usize],
         })
+        .chain(installed.sets.iter().map(|s| RuleReport {
+            rule: format!("set {}", s.name),
+            action: s.spec.action.to_string(),
+            rate: s.spec.rate.map(|r| r.to_string()),
+            burst: s.spec.burst,
+            tally: per_rule[s.slot as usize],
+        }))
         .collect();
-    let mut dropped: Vec<(IpAddr, Source)> = sources
+    let mut dropped: Vec<(IpAddr, SourceTally)> = sources
+        .map
         .into_iter()
         .filter(|(_, s)| o.top == 0 || s.tally.dropped_frames + s.tally.would_drop_frames > 0)
         .collect();
-    dropped.sort_by(|a, b| {
-        (b.1.tally.dropped_frames, b.1.tally.would_drop_frames, a.0).cmp(&(
-            a.1.tally.dropped_frames,
-            a.1.tally.would_drop_frames,
-            b.0,
-        ))
-    });
+    dropped.sort_by(|a, b| (weight(&b.1.tally), a.0).cmp(&(weight(&a.1.tally), b.0)));
     if o.top != 0 {
         dropped.truncate(o.top);
     }
     r.top_dropped = dropped
         .into_iter()
-        .map(|(source, s)| SourceReport { source, rule: if s.slot == 0 { None } else { name(s.slot) }, tally: s.tally })
+        .map(|(source, s)| SourceReport { source, rule: s.slot.and_then(name), exact: s.exact, tally: s.tally })
         .collect();
     Ok(r)
 }
@@ -413,7 +560,10 @@ pub fn text(r: &Report) -> String {
         t.admitted_frames,
         t.dropped_frames,
         t.would_drop_frames,
-        r.sources,
+        match r.sources {
+            Some(n) => n.to_string(),
+            None => format!("over {} (the source table let {} go)", r.sources_tracked, r.sources_let_go),
+        },
         r.not_ip_frames,
         r.no_rule_frames,
         if r.clipped_frames > 0 {
@@ -436,12 +586,21 @@ pub fn text(r: &Report) -> String {
         let _ = writeln!(out, "\nno source was dropped");
         return out;
     }
-    let _ = writeln!(out, "\ntop dropped sources:");
+    let _ = writeln!(
+        out,
+        "\ntop dropped sources{}:",
+        if r.sources_let_go > 0 {
+            " (of the sources tracked; * counted only from when it was tracked, some of its frames are missing)"
+        } else {
+            ""
+        }
+    );
     let head =
         ["SOURCE", "RULE", "FRAMES", "ADMITTED", "DROPPED", "WOULD_DROP", "DROPPED_BYTES", "FIRST_DROP", "LAST_DROP"];
     let mut tab = crate::report::table(&head, 2);
     for s in &r.top_dropped {
-        let mut row = vec![s.source.to_string(), s.rule.clone().unwrap_or_else(|| "-".into())];
+        let mark = if s.exact { "" } else { "*" };
+        let mut row = vec![format!("{}{mark}", s.source), s.rule.clone().unwrap_or_else(|| "-".into())];
         row.extend(tally_cells(&s.tally, r.first_ns));
         tab.add_row(row);
     }
@@ -485,7 +644,33 @@ mod tests {
         assert_eq!(clock(5_000, 5_000), CLOCK_START_NS);
         assert_eq!(clock(5_000, 6_500), CLOCK_START_NS + 1_500);
         assert_eq!(clock(5_000, 4_000), CLOCK_START_NS - 1_000);
-        assert_eq!(clock(u64::MAX, 0), 0);
+        // Never 0: the program takes 0 in the metadata as "no time given".
+        assert_eq!(clock(u64::MAX, 0), 1);
+    }
+
+    #[test]
+    fn the_source_table_is_bounded_and_keeps_the_heaviest_droppers() {
+        let mut t = Sources::new(10);
+        let addr = |i: u32| IpAddr::V4(Ipv4Addr::from(i));
+        // 100 heavy droppers first, then a flood of single-frame sources.
+        for i in 0..100 {
+            for _ in 0..(i + 1) {
+                t.get(addr(i)).tally.add(Fate::Dropped, 64, 1);
+            }
+        }
+        for i in 100..(4 * SOURCE_TABLE as u32) {
+            t.get(addr(i)).tally.add(Fate::Admitted, 64, 1);
+            assert!(t.map.len() <= SOURCE_TABLE);
+        }
+        assert!(t.evicted > 0);
+        for i in 0..100 {
+            let s = &t.map[&addr(i)];
+            assert_eq!(s.tally.dropped_frames, u64::from(i) + 1, "a dropper is never let go before a passer");
+            assert!(s.exact);
+        }
+        // A source first seen after the table let records go may have lost some.
+        assert!(!t.get(addr(u32::MAX)).exact);
+        assert_eq!(Sources::new(SOURCE_TABLE).capacity, 2 * SOURCE_TABLE);
     }
 
     #[test]
