@@ -329,6 +329,14 @@ fn source_of(k: &BucketKey) -> (IpAddr, String) {
     (addr, text)
 }
 
+/// Whether the bucket `b`, under `r` at `now_ns`, refuses a frame (a
+/// police or monitor rule's bucket at its limit).
+fn limited(r: &Rule, b: &Bucket, now_ns: u64) -> bool {
+    let polices = r.action == Action::Police as u32 || r.action == Action::Monitor as u32;
+    let same = b.stamp() as u64 == r.stamp as u64 & policer_common::bucket::STAMP_MASK;
+    polices && same && r.admit(b.tat, now_ns, FRAME_BYTES).is_none()
+}
+
 /// Whether two rules judge a source alike (ids and counter slots aside).
 fn alike(a: Option<&Rule>, b: Option<&Rule>) -> bool {
     let plain = |r: &Rule| (r.action, r.pkt_cost, r.byte_cost, r.limit, r.shift, r.key_len, r.classes != 0);
@@ -352,6 +360,8 @@ struct Cand {
     first: Option<(Bucket, u64)>,
     last: Option<(Bucket, u64)>,
     busy: u64,
+    /// Reads that found the bucket refusing a frame (at its limit).
+    refusing: u64,
     reads: u64,
 }
 
@@ -411,7 +421,7 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
         if alike(now.rule.as_ref(), after.rule.as_ref()) {
             return;
         }
-        let c = Cand { key: *k, source, class, now, after, first: None, last: None, busy: 0, reads: 0 };
+        let c = Cand { key: *k, source, class, now, after, first: None, last: None, busy: 0, refusing: 0, reads: 0 };
         cands.push((b.drops(), c));
     });
     if let Err(e) = r {
@@ -442,6 +452,9 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
             if c.now.rule.is_some_and(|r| r.debt_ns(b.tat, t) > 0) {
                 c.busy += 1;
             }
+            if c.now.rule.is_some_and(|r| limited(&r, &b, t)) {
+                c.refusing += 1;
+            }
         }
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -459,10 +472,27 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
         // rate says (drops are counted one in 2^N, as 2^N: the rate of a
         // dropped source is the less exact part).
         let dropped = c.first.map_or(0, |(b0, _)| b.drops().saturating_sub(b0.drops()));
-        if pass_now && dropped > 0 && c.now.rule.is_some_and(|r| r.action == Action::Police as u32) {
-            (pass_now, why_now) = (false, format!("sends {fps:.0} pps and lost frames while watched"));
+        let polices = |r: Option<&Rule>| r.is_some_and(|r| r.action == Action::Police as u32);
+        // A bucket found refusing at most reads is at its limit: the source
+        // sends at least the rule's rate and loses the rest (the drops it
+        // lost are counted one in 2^N, so their absence says little).
+        let at_limit = c.refusing * 2 > c.reads;
+        if pass_now && polices(c.now.rule.as_ref()) && (dropped > 0 || at_limit) {
+            let how = if at_limit { "is at its limit" } else { "lost frames" };
+            (pass_now, why_now) = (false, format!("sends {fps:.0} pps or more and {how} while watched"));
         }
-        let (pass_after, why_after) = verdict(c.after.rule.as_ref(), fps, &b, t, window_s);
+        let (mut pass_after, mut why_after) = verdict(c.after.rule.as_ref(), fps, &b, t, window_s);
+        // At its limit now, it sends at least that rate: a rule after that
+        // admits no more than the rule now drops it too.
+        if at_limit
+            && pass_after
+            && let (Some(n), Some(a)) = (c.now.rule.as_ref(), c.after.rule.as_ref())
+            && polices(Some(a))
+            && capacity_fps(a) <= capacity_fps(n) * 1.01 + 1.0 / window_s
+        {
+            (pass_after, why_after) =
+                (false, format!("sends at least the {:.0} pps it is held to now, over the rule's", capacity_fps(a)));
+        }
         if pass_now == pass_after {
             continue;
         }
@@ -564,6 +594,7 @@ mod tests {
             first: Some((b(3), now)),
             last: Some((b(10), now + 1_000_000_000)),
             busy: 20,
+            refusing: 0,
             reads: 40,
         };
         assert!((rate(&c) - 57.0).abs() < 0.01, "{}", rate(&c));
@@ -578,5 +609,20 @@ mod tests {
         let deny = r.with_action(Action::Deny);
         assert!(!verdict(Some(&deny), 0.0, &b2, now, 1.0).0);
         assert!(verdict(Some(&r.with_action(Action::Allow)), 1e6, &b2, now, 1.0).0);
+    }
+
+    #[test]
+    fn a_bucket_at_its_limit_is_found_refusing() {
+        let r = spec("10.0.0.0/8", |_| {}).kernel(1).unwrap();
+        let now = 10_000_000_000u64;
+        let at = |debt_ns: u64| Bucket { tat: (now + debt_ns).wrapping_shl(r.shift), meta: r.bucket(0).meta };
+        // No debt, half the burst: a frame passes.
+        assert!(!limited(&r, &at(0), now));
+        assert!(!limited(&r, &at((r.limit / 2) >> r.shift), now));
+        // Full: refused.
+        let full = at(r.limit >> r.shift);
+        assert!(limited(&r, &full, now), "{:?}", r.admit(full.tat, now, FRAME_BYTES));
+        // A deny rule's or another rule's bucket is not "at its limit".
+        assert!(!limited(&r.with_action(Action::Deny), &full, now));
     }
 }
