@@ -159,6 +159,10 @@ family (0.0.0.0/0, ::/0) is refused without --force; a rule inside a protected p
                 "policer rule set 0.0.0.0/0 --proto tcp --dport 22 --rate 5pps --burst 10 --ban-for 10m --ban-after 20 --ban-max 1d",
             ),
             ("A rule that removes itself in two hours", "policer rule set 198.51.100.0/24 --action deny --ttl 2h"),
+            (
+                "What lowering a rate would do to the sources live now, changing nothing",
+                "policer rule set 10.77.0.0/16 --rate 40pps --dry-run",
+            ),
         ],
         json: None,
         see_also: &["policer-rule-rm", "policer-rule-ls", "policer-inspect"],
@@ -266,6 +270,7 @@ effect at the next start. What was changed with --runtime is kept over the file 
         examples: &[
             ("After editing the file by hand", "policer reload"),
             ("Forget every --runtime change", "policer reload --discard-runtime"),
+            ("What forgetting them would change, first", "policer reload --discard-runtime --dry-run"),
         ],
         json: None,
         see_also: &["policer-check", "policer-status"],
@@ -349,9 +354,12 @@ others do not.",
         summary: "what the rules would have done to a capture",
         description: "\
 Runs every frame of a pcap or pcapng file (tcpdump -w) through the real XDP program (BPF_PROG_TEST_RUN), on the \
-capture's own timestamps as the program's clock, with the rules of --config or of --rate/--burst; nothing is \
-attached and no daemon is needed. Reports per rule and per source the frames and bytes admitted and dropped, \
-the first and last drop, and the top dropped sources. Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
+capture's own timestamps as the program's clock, with the rules of --config (their classes, automatic bans, \
+manual bans, [[set]]s and protect) or of --rate/--burst; nothing is attached and no daemon is needed. Reports per \
+rule and per source the frames and bytes admitted and dropped, the first and last drop, and the top dropped \
+sources. The capture is streamed: memory stays bounded whatever its size (the source table holds 65 536 sources, \
+or twice --top; past that the sources with the fewest drops are let go, and the report says so). A progress bar \
+is shown on a terminal. Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
         examples: &[
             ("What 2 kpps with bursts of 50 would have done", "policer replay tuesday.pcap --rate 2kpps --burst 50"),
             ("A candidate config against a capture", "policer replay tuesday.pcapng --config new.toml --top 20"),
