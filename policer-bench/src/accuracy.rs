@@ -18,7 +18,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     Stat,
@@ -156,7 +156,7 @@ pub fn paced(
     Ok((sent, got))
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AccuracyRow {
     pub system: System,
     pub key: String,
@@ -180,7 +180,7 @@ pub struct AccuracyRow {
     pub timeline: Vec<(f64, f64)>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AccuracyResults {
     pub limit_pps: u64,
     pub burst: u64,

@@ -13,7 +13,7 @@ use policer_user::{
     control::{Reply, Request},
     rules::{BurstValue, RuleConfig},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     Stat,
@@ -30,7 +30,7 @@ use crate::{
 pub const RULES: u32 = 100_000;
 
 /// One measured quantity: a statistic, or why it was not measured.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Measure {
     pub key: String,
     pub label: String,
@@ -111,7 +111,7 @@ fn rss_mib(d: &Daemon) -> f64 {
     rss_kib(d.pid()).map(|k| k as f64 / 1024.0).unwrap_or(f64::NAN)
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ControlResults {
     pub rules: u32,
     pub rows: Vec<Measure>,

@@ -22,7 +22,7 @@ use policer_common::{
 use policer_user::loader::{LoadOptions, Policer, Variant};
 
 use crate::{BENCH_OBJECT, REFERENCE_OBJECT};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     Stat, say,
@@ -87,7 +87,7 @@ struct Row {
     kernel: Vec<f64>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct KernelRow {
     /// Stable key: `policer_drop`, `policer_admit`, `parse_lookup`, `xdp_pass`, `xdp_drop`,
     /// `breakdown`, `policer_drop_class1` (+ 1 class rule, fast path),
@@ -111,7 +111,7 @@ pub struct KernelRow {
     pub created_while_measuring: Option<u64>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct KernelResults {
     pub rows: Vec<KernelRow>,
     /// What one random read costs on the benchmark CPU, by the size of the
@@ -120,16 +120,18 @@ pub struct KernelResults {
 }
 
 /// One working-set size of [`memory_latency`].
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MemoryLatency {
     pub bytes: usize,
     /// ns per dependent read of a random cache line of the region.
     pub ns: f64,
     /// The same with the region in 2 MiB pages (transparent huge pages;
     /// on a VM the host's own translation stays). NaN below 2 MiB.
+    #[serde(deserialize_with = "crate::nan_if_null")]
     pub huge_ns: f64,
     /// Share of the region the kernel did back with huge pages (NaN: not
     /// measured).
+    #[serde(deserialize_with = "crate::nan_if_null")]
     pub huge_share: f64,
 }
 

@@ -41,10 +41,10 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Median with min–max over repetitions.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Stat {
     pub median: f64,
     pub min: f64,
@@ -71,7 +71,7 @@ pub fn say(msg: &str) {
 }
 
 /// Everything one run measured.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Results {
     pub date: String,
     pub commit: String,
@@ -91,6 +91,9 @@ pub struct Results {
 pub struct Options {
     pub quick: bool,
     pub report: PathBuf,
+    /// docs/performance.md: where the paragraphs the report shortens go in
+    /// full (its generated section).
+    pub analysis: PathBuf,
     pub results: PathBuf,
     pub plots: PathBuf,
     /// Only these experiments (kernel, veth, ipv6, classes, pressure,
@@ -174,10 +177,8 @@ pub fn run(o: &Options) -> Result<Results> {
         None
     };
     let date = sys::run("date", &["-u", "+%Y-%m-%d %H:%M"]).unwrap_or_default().trim().to_string();
-    let mut commit = sys::run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_default().trim().to_string();
-    if sys::run("git", &["status", "--porcelain", "--untracked-files=no"]).is_ok_and(|s| !s.trim().is_empty()) {
-        commit.push_str(" + uncommitted changes");
-    }
+    let commit = head_commit();
+
     let mut r = Results {
         date,
         commit,
@@ -216,12 +217,7 @@ pub fn run(o: &Options) -> Result<Results> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&o.results, serde_json::to_string_pretty(&r)? + "\n")?;
-    // The soak's section (`cargo xtask soak`) is not this run's: keep it.
-    let mut md = report::markdown(&r);
-    if let Some(soak) = std::fs::read_to_string(&o.report).ok().as_deref().and_then(policer_tests::soak::soak_section) {
-        md = policer_tests::soak::with_soak_section(&md, soak);
-    }
-    std::fs::write(&o.report, md)?;
+    publish(&r, o, None)?;
     say(&format!(
         "wrote {}, {} and plots in {} ({:.1} min)",
         o.report.display(),
@@ -233,4 +229,70 @@ pub fn run(o: &Options) -> Result<Results> {
         say(&format!("not measured: {e}"));
     }
     Ok(r)
+}
+
+/// Writes BENCHMARKS.md from `r`, readable in two minutes (long paragraphs
+/// cut, whole in the generated section of docs/performance.md: see
+/// `policer_tests::readable`), keeping the soak's section and its notes.
+/// `rendered`: the commit that renders again the results of an earlier run.
+pub fn publish(r: &Results, o: &Options, rendered: Option<&str>) -> Result<()> {
+    use policer_tests::{readable, soak};
+    let mut md = report::markdown(r);
+    if let Some(c) = rendered {
+        // After the paragraph that names the run.
+        let at = md.find("Written by").and_then(|w| md[w..].find("\n\n").map(|i| w + i + 2)).unwrap_or(md.len());
+        md.insert_str(
+            at,
+            &format!(
+                "Rendered again at commit `{c}` from the results of that run (`policer-bench --render`): the numbers \
+                 are the run's, the text is this commit's.\n\n"
+            ),
+        );
+    }
+    let (mut md, notes) = readable::split_long(&md);
+    // The soak's section (`cargo xtask soak`) is not this run's: keep it,
+    // and its notes.
+    let mut others = Vec::new();
+    let mut notes = notes;
+    if let Some(s) = std::fs::read_to_string(&o.report).ok().as_deref().and_then(soak::soak_section) {
+        // A soak section written before paragraphs were cut is cut now
+        // (its notes then replace the soak's old ones).
+        let (s, soak_notes) = readable::split_long(s);
+        if soak_notes.is_empty() {
+            others = readable::headings(&s);
+        }
+        notes.extend(soak_notes);
+        md = soak::with_soak_section(&md, &s);
+    }
+    let from = format!("the benchmark run of {} (commit {})", r.date, r.commit);
+    readable::publish(&o.report, &md, &o.analysis, notes, &others, &from)
+        .with_context(|| format!("writing {} and {}", o.report.display(), o.analysis.display()))
+}
+
+/// Renders the report again from `o.results` (an earlier run's), with the
+/// targets judged by this build: nothing is measured.
+pub fn render(o: &Options) -> Result<()> {
+    let text = std::fs::read_to_string(&o.results).with_context(|| format!("{}", o.results.display()))?;
+    let mut r: Results = serde_json::from_str(&text).with_context(|| format!("parsing {}", o.results.display()))?;
+    r.targets = report::targets(&r);
+    publish(&r, o, Some(&head_commit()))?;
+    say(&format!("rendered {} from {}", o.report.display(), o.results.display()));
+    Ok(())
+}
+
+/// `git rev-parse --short HEAD`, marked when the tree has changes.
+fn head_commit() -> String {
+    let mut commit = sys::run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_default().trim().to_string();
+    if sys::run("git", &["status", "--porcelain", "--untracked-files=no"]).is_ok_and(|s| !s.trim().is_empty()) {
+        commit.push_str(" + uncommitted changes");
+    }
+    commit
+}
+
+/// An f64 of bench/results.json: JSON has no NaN nor infinity, and
+/// serde_json writes them as `null`; read back, `null` is NaN (an
+/// unmeasured value, or a target with no bound: [`report::targets`] judges
+/// them again anyway).
+pub(crate) fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }

@@ -21,6 +21,15 @@ struct Args {
     /// Directory for the PNG plots.
     #[arg(long, default_value = "bench")]
     plots: PathBuf,
+    /// Where the paragraphs the report shortens go in full (a generated
+    /// section of this file).
+    #[arg(long, default_value = "docs/performance.md")]
+    analysis: PathBuf,
+    /// Instead of the benchmark: write the report again from --results
+    /// (an earlier run's), with this build's text and targets. Measures
+    /// nothing, needs no root.
+    #[arg(long, conflicts_with_all = ["quick", "only", "save_object", "ab", "ab_veth"])]
+    render: bool,
     /// Only these experiments (comma-separated): kernel, veth (the IPv4
     /// rows on veth), ipv6 (the IPv6 rows on veth, beside the IPv4 floor,
     /// policer, reference and nftables), classes (the class rows: the
@@ -165,6 +174,23 @@ fn objects(a: &Args) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let a = Args::parse();
+    if a.render {
+        let o = Options {
+            quick: false,
+            report: a.report,
+            analysis: a.analysis,
+            results: a.results,
+            plots: a.plots,
+            only: a.only,
+        };
+        return match policer_bench::render(&o) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                say(&format!("error: {e:#}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         say("needs root: it creates network namespaces and loads XDP programs (run `cargo xtask bench`)");
@@ -186,7 +212,14 @@ fn main() -> ExitCode {
             }
         };
     }
-    let o = Options { quick: a.quick, report: a.report, results: a.results, plots: a.plots, only: a.only };
+    let o = Options {
+        quick: a.quick,
+        report: a.report,
+        analysis: a.analysis,
+        results: a.results,
+        plots: a.plots,
+        only: a.only,
+    };
     match run(&o) {
         Ok(r) if r.errors.is_empty() => ExitCode::SUCCESS,
         Ok(_) => {

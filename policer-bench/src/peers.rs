@@ -13,7 +13,7 @@ use aya::{
 use super::sys::{Net, if_index, run_in, run_in_stdin};
 use crate::{daemon::Daemon, netns::enter};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum System {
     XdpDrop,
@@ -80,7 +80,7 @@ pub const DNS_RULE: &[&str] = &["--proto", "udp", "--dport", "53"];
 pub const CLASS_PREFIX: &str = "0.0.0.0/0";
 
 /// An address family of a flood.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
     V4,

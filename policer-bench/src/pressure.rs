@@ -21,7 +21,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     Stat,
@@ -50,14 +50,14 @@ const _: () = assert!(POPULATION_SOURCES > 2 * POPULATION_CAPACITY);
 const _: () = assert!(SPOOF_SOURCES >= 10 * SPOOF_CAPACITY);
 const _: () = assert!(SPOOF_SOURCES as u64 + (1 << 16) <= 1 << 24);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Flood {
     Population,
     Spoofed,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Who {
     /// xdp_drop fed the same flood.
@@ -151,7 +151,7 @@ fn specs() -> Vec<Spec> {
     v
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PressureRow {
     pub key: String,
     pub label: String,
@@ -188,7 +188,7 @@ pub struct PressureRow {
     pub counters: BTreeMap<String, i64>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PressureResults {
     pub reps: usize,
     pub seconds_per_rep: f64,

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use policer_common::table;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     Stat,
@@ -85,7 +85,7 @@ pub struct Groups {
     pub classes: bool,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct VethRow {
     pub system: System,
     pub key: String,
@@ -116,7 +116,7 @@ pub struct VethRow {
     pub received: u64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct VethResults {
     pub sources: u32,
     pub frame_bytes: u32,
@@ -145,7 +145,7 @@ pub struct VethResults {
 
 /// The class rows (issue 17, point 8), measured in the same repetitions as
 /// the other veth rows.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClassResults {
     /// UDP destination port of the flood the source-only and the class
     /// rule sets are compared under (matched by none of the classes).
@@ -180,7 +180,7 @@ pub struct ClassResults {
 /// The dropping policer with the full flood in a table sized to it: what
 /// a table whose footprint follows the live population, rather than its
 /// capacity, would bring with the same slots.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SizedRow {
     pub sources: u32,
     /// Its `--max-sources`.
@@ -199,7 +199,7 @@ pub struct SizedRow {
 }
 
 /// The dropping policer with `sources` active sources.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SweepRow {
     pub sources: u32,
     pub cpu_ns: Stat,

@@ -14,6 +14,7 @@ pub mod kstate;
 pub mod lapi;
 pub mod netns;
 pub mod packet;
+pub mod readable;
 pub mod reference;
 pub mod soak;
 pub mod spoof;

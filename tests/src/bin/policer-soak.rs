@@ -6,7 +6,10 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context;
 use clap::Parser;
-use policer_tests::soak::{self, with_soak_section};
+use policer_tests::{
+    readable,
+    soak::{self, with_soak_section},
+};
 
 #[derive(Parser)]
 #[command(name = "policer-soak", about = "Soak the policer under a flood while rules change")]
@@ -17,6 +20,10 @@ struct Args {
     /// The report whose soak section to replace (or append).
     #[arg(long, default_value = "BENCHMARKS.md")]
     report: PathBuf,
+    /// Where the paragraphs the report shortens go in full (a generated
+    /// section of this file).
+    #[arg(long, default_value = "docs/performance.md")]
+    analysis: PathBuf,
     /// Spoofed frames per second.
     #[arg(long, default_value_t = soak::FLOOD_PPS)]
     flood_pps: u32,
@@ -48,8 +55,14 @@ fn main() -> ExitCode {
     let section = r.markdown();
     print!("{section}");
     let old = std::fs::read_to_string(&a.report).unwrap_or_default();
-    if let Err(e) = std::fs::write(&a.report, with_soak_section(&old, &section))
-        .with_context(|| format!("writing {}", a.report.display()))
+    // Long paragraphs cut to their lead; whole in docs/performance.md,
+    // beside the benchmark's (kept: its headings are the rest of the report).
+    let (short, notes) = readable::split_long(&section);
+    let md = with_soak_section(&old, &short);
+    let others: Vec<String> =
+        readable::headings(&md).into_iter().filter(|h| !readable::headings(&short).contains(h)).collect();
+    if let Err(e) = readable::publish(&a.report, &md, &a.analysis, notes, &others, "the last soak")
+        .with_context(|| format!("writing {} and {}", a.report.display(), a.analysis.display()))
     {
         say(&format!("error: {e:#}"));
         return ExitCode::FAILURE;
