@@ -14,9 +14,9 @@ use core::{
 
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, xdp_action},
-    helpers::{bpf_jiffies64, bpf_ktime_get_ns},
+    helpers::{bpf_jiffies64, bpf_ktime_get_ns, generated::bpf_xdp_load_bytes},
     macros::{map, xdp},
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
     programs::XdpContext,
 };
 use aya_log_ebpf::warn;
@@ -29,6 +29,7 @@ use policer_common::{
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
     ban::{self, Ban, BanParams, RULE_BAN},
     bucket::Action,
+    capture::{self, CAPTURE_RING_BYTES, CaptureCounters, CaptureHeader, CaptureLane, CaptureRecord, MAX_CAPTURES, SNAP_BYTES},
     class::{
         self, ClassFilter, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
         RULE_NO_SOURCE, RULE_TOTAL, Total,
@@ -110,6 +111,22 @@ static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT_MAX_RULES 
 /// bound to the program by the loader, never read here.
 #[map]
 static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
+
+/// `policer capture` (policer_common::capture): the mask of the lanes in
+/// use, read once per judged frame; 0 while no capture runs.
+#[map]
+static CAPTURE_ON: Array<u32> = Array::with_max_entries(1, 0);
+/// Each capture's filter, sampling and rate bound.
+#[map]
+static CAPTURE_LANES: Array<CaptureLane> = Array::with_max_entries(MAX_CAPTURES as u32, 0);
+/// The lanes that capture each rule (at its counter slot).
+#[map]
+static CAPTURE_RULES: Array<u32> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[map]
+static CAPTURE_COUNTERS: PerCpuArray<CaptureCounters> = PerCpuArray::with_max_entries(MAX_CAPTURES as u32, 0);
+/// The captured frames, to the daemon.
+#[map]
+static CAPTURE_RING: RingBuf = RingBuf::with_byte_size(CAPTURE_RING_BYTES, 0);
 
 /// Set by the loader (read-only data): non-zero reads the clock from
 /// `CLOCK`, for tests that control time. Constant after load, so the
@@ -1164,6 +1181,7 @@ fn try_policer(ctx: &XdpContext) -> u32 {
     // One call site each, so each is inlined once.
     match target {
         Target::V4(src) => verdict(
+            ctx,
             rule,
             len,
             c,
@@ -1208,6 +1226,7 @@ fn keyed_verdict(
     c: &mut Counters,
 ) -> u32 {
     verdict(
+        ctx,
         rule,
         len,
         c,
@@ -1236,6 +1255,7 @@ fn keyed_verdict(
 /// monitors. Counts the verdict per interface and per rule.
 #[inline(always)]
 fn verdict(
+    ctx: &XdpContext,
     rule: Option<&'static Rule>,
     len: u32,
     c: &mut Counters,
@@ -1285,7 +1305,185 @@ fn verdict(
         }
     };
     verdict::count(c, rc, v, len);
+    // The whole cost of capture while none runs: one inlined array load
+    // and a branch not taken.
+    if let Some(on) = CAPTURE_ON.get_ptr(0) {
+        // SAFETY: a live map value; the daemon rewrites the word whole.
+        let on = unsafe { core::ptr::read_volatile(on) };
+        if on != 0 {
+            capture(ctx, on, capture::verdict_bit(v), slot, len);
+        }
+    }
     if v.passes() { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
+}
+
+/// The program's clock (the test clock under tests), for captured frames.
+#[inline(always)]
+fn capture_now() -> u64 {
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } != 0 {
+        CLOCK.get(0).copied().unwrap_or(0)
+    } else {
+        // SAFETY: BPF helper with no preconditions.
+        unsafe { bpf_ktime_get_ns() }
+    }
+}
+
+/// The frame's source, read again from the frame (only for a lane with a
+/// source filter): its family and address (IPv4 in the first 4 bytes).
+#[inline(always)]
+fn capture_source(ctx: &XdpContext) -> (u32, [u8; 16]) {
+    let mut addr = [0u8; 16];
+    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
+        return (0, addr);
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let mut proto = u16::from_be(unsafe { (*eth).ether_type });
+    let mut off = EthHdr::LEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if proto != ETH_P_8021Q && proto != ETH_P_8021AD {
+            break;
+        }
+        let Some(inner) = ptr_at::<[u8; 2]>(ctx, off + VLAN_HLEN - 2) else {
+            return (0, addr);
+        };
+        // SAFETY: bounds checked by ptr_at.
+        proto = u16::from_be_bytes(unsafe { *inner });
+        off += VLAN_HLEN;
+    }
+    if proto == ETH_P_IP {
+        if let Some(a) = ptr_at::<[u8; 4]>(ctx, off + 12) {
+            // SAFETY: bounds checked by ptr_at.
+            addr[..4].copy_from_slice(unsafe { &*a });
+            return (policer_common::FAMILY_V4, addr);
+        }
+    } else if proto == ETH_P_IPV6
+        && let Some(a) = ptr_at::<[u8; 16]>(ctx, off + 8)
+    {
+        // SAFETY: bounds checked by ptr_at.
+        addr = unsafe { *a };
+        return (policer_common::FAMILY_V6, addr);
+    }
+    (0, addr)
+}
+
+/// Hands a judged frame to the captures that take it (policer_common::
+/// capture: filter, sampling, the rate bound under compare-and-swap), as
+/// one ring record carrying the mask of those lanes. Out of line: only
+/// frames judged while a capture runs come here.
+#[inline(never)]
+fn capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32, len: u32) {
+    let rule_lanes = match CAPTURE_RULES.get_ptr(slot) {
+        // SAFETY: a live map value.
+        Some(r) => unsafe { core::ptr::read_volatile(r) },
+        None => 0,
+    };
+    let random = match CPU_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; only this CPU touches it while we run.
+        Some(s) => unsafe { (*s).next_random() },
+        None => 0,
+    };
+    let mut source: Option<(u32, [u8; 16])> = None;
+    let mut now = 0u64;
+    let mut took = 0u32;
+    for i in 0..MAX_CAPTURES as u32 {
+        if on & (1 << i) == 0 {
+            continue;
+        }
+        let Some(lane) = CAPTURE_LANES.get_ptr_mut(i) else {
+            continue;
+        };
+        // SAFETY: a live map value; only `tat_ns` changes while a lane is
+        // in use, and only by compare-and-swap.
+        let l = unsafe { &*lane };
+        if !capture::filter_takes(l, i, verdict, rule_lanes) {
+            continue;
+        }
+        if l.src_family != 0 {
+            let (family, addr) = *source.get_or_insert_with(|| capture_source(ctx));
+            if !capture::source_matches(l, family, &addr) {
+                continue;
+            }
+        }
+        if !capture::sampled(l.sample_every, random, i) {
+            continue;
+        }
+        let Some(cc) = CAPTURE_COUNTERS.get_ptr_mut(i) else {
+            continue;
+        };
+        // SAFETY: per-CPU slot, only this CPU writes it while we run.
+        let cc = unsafe { &mut *cc };
+        cc.matched += 1;
+        if now == 0 {
+            now = capture_now();
+        }
+        let tat_ptr = unsafe { &raw mut (*lane).tat_ns };
+        // SAFETY: a live map value, changed by other CPUs only by CAS.
+        let mut old = unsafe { core::ptr::read_volatile(tat_ptr) };
+        let mut admitted = false;
+        for _ in 0..CAS_ROUNDS {
+            let Some(new) = capture::admit(old, now, l.interval_ns, l.tolerance_ns) else {
+                break;
+            };
+            // SAFETY: as above.
+            let seen = unsafe { cas(tat_ptr, old, new) };
+            if seen == old {
+                admitted = true;
+                break;
+            }
+            old = seen;
+        }
+        if admitted {
+            took |= 1 << i;
+        } else {
+            // Over the bound, or every round lost to CPUs that took it.
+            cc.rate_bounded += 1;
+        }
+    }
+    if took == 0 {
+        return;
+    }
+    let Some(mut entry) = CAPTURE_RING.reserve::<CaptureRecord>(0) else {
+        count_lanes(took, |cc| cc.ring_full += 1);
+        return;
+    };
+    let caplen = if len as usize > SNAP_BYTES { SNAP_BYTES as u32 } else { len };
+    let rec = entry.as_mut_ptr();
+    // SAFETY: the reservation is ours until submitted; the frame's bytes go
+    // straight into it (the helper checks the offset and length against
+    // the frame, the verifier the length against the buffer).
+    let copied = unsafe {
+        (*rec).header = CaptureHeader {
+            time_ns: now,
+            len,
+            caplen,
+            ifindex: (*ctx.ctx).ingress_ifindex,
+            rule_slot: slot,
+            verdict,
+            lanes: took,
+        };
+        caplen != 0
+            && bpf_xdp_load_bytes(ctx.ctx, 0, (&raw mut (*rec).data) as *mut core::ffi::c_void, caplen) == 0
+    };
+    if !copied {
+        entry.discard(0);
+        return;
+    }
+    entry.submit(0);
+    count_lanes(took, |cc| cc.captured += 1);
+}
+
+/// Applies `f` to the counters of each lane in `lanes`.
+#[inline(always)]
+fn count_lanes(lanes: u32, f: impl Fn(&mut CaptureCounters)) {
+    for i in 0..MAX_CAPTURES as u32 {
+        if lanes & (1 << i) != 0
+            && let Some(cc) = CAPTURE_COUNTERS.get_ptr_mut(i)
+        {
+            // SAFETY: per-CPU slot, only this CPU writes it while we run.
+            f(unsafe { &mut *cc });
+        }
+    }
 }
 
 #[panic_handler]

@@ -330,6 +330,7 @@ impl Policer {
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
             .map_max_entries(MAP_TOTALS, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BAN_PARAMS, opts.max_rules + 1)
+            .map_max_entries(policer_common::capture::MAP_CAPTURE_RULES, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BANS, opts.max_bans.max(1))
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
@@ -389,6 +390,33 @@ impl Policer {
             reader.geometry = g.unwrap_or_default();
         }
         Ok(p)
+    }
+
+    /// Takes the capture maps out of the program (the daemon's capture
+    /// hub becomes their one writer). A program without them (loaded from
+    /// an object older than capture) is a clear error, not a crash.
+    pub fn take_capture(&mut self) -> Result<CaptureMaps> {
+        use policer_common::capture::{
+            MAP_CAPTURE_COUNTERS, MAP_CAPTURE_LANES, MAP_CAPTURE_ON, MAP_CAPTURE_RING, MAP_CAPTURE_RULES,
+        };
+        let missing = |name: &str| {
+            Error::Invalid(format!(
+                "capture needs the program reloaded: the loaded program has no {name} map (an object older than \
+                 capture); `policer detach` and start the daemon again"
+            ))
+        };
+        let names = [MAP_CAPTURE_ON, MAP_CAPTURE_LANES, MAP_CAPTURE_RULES, MAP_CAPTURE_COUNTERS, MAP_CAPTURE_RING];
+        if let Some(n) = names.iter().find(|n| self.ebpf.map(n).is_none()) {
+            return Err(missing(n));
+        }
+        let mut take = |name: &'static str| self.ebpf.take_map(name).ok_or_else(|| missing(name));
+        Ok(CaptureMaps {
+            on: Array::try_from(take(MAP_CAPTURE_ON)?).map_err(Error::map(MAP_CAPTURE_ON))?,
+            lanes: Array::try_from(take(MAP_CAPTURE_LANES)?).map_err(Error::map(MAP_CAPTURE_LANES))?,
+            rules: Array::try_from(take(MAP_CAPTURE_RULES)?).map_err(Error::map(MAP_CAPTURE_RULES))?,
+            counters: PerCpuArray::try_from(take(MAP_CAPTURE_COUNTERS)?).map_err(Error::map(MAP_CAPTURE_COUNTERS))?,
+            ring: aya::maps::RingBuf::try_from(take(MAP_CAPTURE_RING)?).map_err(Error::map(MAP_CAPTURE_RING))?,
+        })
     }
 
     pub fn program(&mut self) -> &mut Xdp {
@@ -522,6 +550,16 @@ impl Policer {
         };
         Ok((cap(MAP_RULES_V4)?, cap(MAP_RULES_V6)?))
     }
+}
+
+/// The maps of `policer capture` (policer_common::capture), owned by the
+/// daemon's capture hub.
+pub struct CaptureMaps {
+    pub on: Array<MapData, u32>,
+    pub lanes: Array<MapData, policer_common::capture::CaptureLane>,
+    pub rules: Array<MapData, u32>,
+    pub counters: PerCpuArray<MapData, policer_common::capture::CaptureCounters>,
+    pub ring: aya::maps::RingBuf<MapData>,
 }
 
 /// The maps a program adopting another's shares with it and a start
