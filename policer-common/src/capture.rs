@@ -106,6 +106,25 @@ impl CaptureCounters {
     }
 }
 
+/// What the program carries from one lane to the next while it looks at a
+/// frame, kept in a per-CPU map value (`CAPTURE_SCRATCH`) rather than in
+/// registers: the verifier then sees the same state at every lane and
+/// walks the loop once, not once per combination of lanes' outcomes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaptureScratch {
+    /// The clock, read once (0: not yet).
+    pub now_ns: u64,
+    /// The frame's source, read once (family 0: not yet, or not IP).
+    pub src: [u8; 16],
+    pub family: u32,
+    /// Whether `src` was read.
+    pub have_src: u32,
+    /// The lanes that took the frame.
+    pub took: u32,
+    pub _pad: u32,
+}
+
 /// The header of a ring record; [`SNAP_BYTES`] of the frame follow it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -29,7 +29,10 @@ use policer_common::{
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
     ban::{self, Ban, BanParams, RULE_BAN},
     bucket::Action,
-    capture::{self, CAPTURE_RING_BYTES, CaptureCounters, CaptureHeader, CaptureLane, CaptureRecord, MAX_CAPTURES, SNAP_BYTES},
+    capture::{
+        self, CAPTURE_RING_BYTES, CaptureCounters, CaptureHeader, CaptureLane, CaptureRecord, CaptureScratch, MAX_CAPTURES,
+        SNAP_BYTES,
+    },
     class::{
         self, ClassFilter, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
         RULE_NO_SOURCE, RULE_TOTAL, Total,
@@ -124,7 +127,12 @@ static CAPTURE_LANES: Array<CaptureLane> = Array::with_max_entries(MAX_CAPTURES 
 static CAPTURE_RULES: Array<u32> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
 #[map]
 static CAPTURE_COUNTERS: PerCpuArray<CaptureCounters> = PerCpuArray::with_max_entries(MAX_CAPTURES as u32, 0);
-/// The captured frames, to the daemon.
+/// What the capture loop carries between lanes (see CaptureScratch).
+#[map]
+static CAPTURE_SCRATCH: PerCpuArray<CaptureScratch> = PerCpuArray::with_max_entries(1, 0);
+/// The captured frames, to the daemon (only with the capture path: the
+/// daemon refuses captures when the program has no ring).
+#[cfg(feature = "capture")]
 #[map]
 static CAPTURE_RING: RingBuf = RingBuf::with_byte_size(CAPTURE_RING_BYTES, 0);
 
@@ -1306,7 +1314,9 @@ fn verdict(
     };
     verdict::count(c, rc, v, len);
     // The whole cost of capture while none runs: one inlined array load
-    // and a branch not taken.
+    // and a branch not taken. Off by default: the path does not fit the
+    // verifier's 512-byte stack for the chain yet (docs/capture.md).
+    #[cfg(feature = "capture")]
     if let Some(on) = CAPTURE_ON.get_ptr(0) {
         // SAFETY: a live map value; the daemon rewrites the word whole.
         let on = unsafe { core::ptr::read_volatile(on) };
@@ -1317,6 +1327,7 @@ fn verdict(
     if v.passes() { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
 }
 
+#[cfg(feature = "capture")]
 /// The program's clock (the test clock under tests), for captured frames.
 #[inline(always)]
 fn capture_now() -> u64 {
@@ -1329,13 +1340,14 @@ fn capture_now() -> u64 {
     }
 }
 
+#[cfg(feature = "capture")]
 /// The frame's source, read again from the frame (only for a lane with a
-/// source filter): its family and address (IPv4 in the first 4 bytes).
+/// source filter) into `addr` (IPv4 in the first 4 bytes): its family, 0
+/// when not IP.
 #[inline(always)]
-fn capture_source(ctx: &XdpContext) -> (u32, [u8; 16]) {
-    let mut addr = [0u8; 16];
+fn capture_source(ctx: &XdpContext, addr: *mut [u8; 16]) -> u32 {
     let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
-        return (0, addr);
+        return 0;
     };
     // SAFETY: bounds checked by ptr_at.
     let mut proto = u16::from_be(unsafe { (*eth).ether_type });
@@ -1345,34 +1357,56 @@ fn capture_source(ctx: &XdpContext) -> (u32, [u8; 16]) {
             break;
         }
         let Some(inner) = ptr_at::<[u8; 2]>(ctx, off + VLAN_HLEN - 2) else {
-            return (0, addr);
+            return 0;
         };
         // SAFETY: bounds checked by ptr_at.
         proto = u16::from_be_bytes(unsafe { *inner });
         off += VLAN_HLEN;
     }
+    // SAFETY (the copies): bounds checked by ptr_at; `addr` is the
+    // scratch's, 16 bytes.
     if proto == ETH_P_IP {
-        if let Some(a) = ptr_at::<[u8; 4]>(ctx, off + 12) {
-            // SAFETY: bounds checked by ptr_at.
-            addr[..4].copy_from_slice(unsafe { &*a });
-            return (policer_common::FAMILY_V4, addr);
+        if let Some(a) = ptr_at::<u32>(ctx, off + 12) {
+            unsafe {
+                let w = addr as *mut u32;
+                w.write_unaligned(core::ptr::read_unaligned(a));
+                w.add(1).write_unaligned(0);
+                w.add(2).write_unaligned(0);
+                w.add(3).write_unaligned(0);
+            }
+            return policer_common::FAMILY_V4;
         }
     } else if proto == ETH_P_IPV6
-        && let Some(a) = ptr_at::<[u8; 16]>(ctx, off + 8)
+        && let Some(a) = ptr_at::<[u32; 4]>(ctx, off + 8)
     {
-        // SAFETY: bounds checked by ptr_at.
-        addr = unsafe { *a };
-        return (policer_common::FAMILY_V6, addr);
+        unsafe {
+            let w = addr as *mut u32;
+            let a = a as *const u32;
+            for k in 0..4 {
+                w.add(k).write_unaligned(core::ptr::read_unaligned(a.add(k)));
+            }
+        }
+        return policer_common::FAMILY_V6;
     }
-    (0, addr)
+    0
 }
 
+#[cfg(feature = "capture")]
 /// Hands a judged frame to the captures that take it (policer_common::
 /// capture: filter, sampling, the rate bound under compare-and-swap), as
 /// one ring record carrying the mask of those lanes. Out of line: only
 /// frames judged while a capture runs come here.
 #[inline(never)]
 fn capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32, len: u32) {
+    let Some(sc) = CAPTURE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; only this CPU touches it while we run.
+    unsafe {
+        (*sc).now_ns = 0;
+        (*sc).have_src = 0;
+        (*sc).took = 0;
+    }
     let rule_lanes = match CAPTURE_RULES.get_ptr(slot) {
         // SAFETY: a live map value.
         Some(r) => unsafe { core::ptr::read_volatile(r) },
@@ -1383,63 +1417,13 @@ fn capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32, len: u32) {
         Some(s) => unsafe { (*s).next_random() },
         None => 0,
     };
-    let mut source: Option<(u32, [u8; 16])> = None;
-    let mut now = 0u64;
-    let mut took = 0u32;
     for i in 0..MAX_CAPTURES as u32 {
-        if on & (1 << i) == 0 {
-            continue;
-        }
-        let Some(lane) = CAPTURE_LANES.get_ptr_mut(i) else {
-            continue;
-        };
-        // SAFETY: a live map value; only `tat_ns` changes while a lane is
-        // in use, and only by compare-and-swap.
-        let l = unsafe { &*lane };
-        if !capture::filter_takes(l, i, verdict, rule_lanes) {
-            continue;
-        }
-        if l.src_family != 0 {
-            let (family, addr) = *source.get_or_insert_with(|| capture_source(ctx));
-            if !capture::source_matches(l, family, &addr) {
-                continue;
-            }
-        }
-        if !capture::sampled(l.sample_every, random, i) {
-            continue;
-        }
-        let Some(cc) = CAPTURE_COUNTERS.get_ptr_mut(i) else {
-            continue;
-        };
-        // SAFETY: per-CPU slot, only this CPU writes it while we run.
-        let cc = unsafe { &mut *cc };
-        cc.matched += 1;
-        if now == 0 {
-            now = capture_now();
-        }
-        let tat_ptr = unsafe { &raw mut (*lane).tat_ns };
-        // SAFETY: a live map value, changed by other CPUs only by CAS.
-        let mut old = unsafe { core::ptr::read_volatile(tat_ptr) };
-        let mut admitted = false;
-        for _ in 0..CAS_ROUNDS {
-            let Some(new) = capture::admit(old, now, l.interval_ns, l.tolerance_ns) else {
-                break;
-            };
-            // SAFETY: as above.
-            let seen = unsafe { cas(tat_ptr, old, new) };
-            if seen == old {
-                admitted = true;
-                break;
-            }
-            old = seen;
-        }
-        if admitted {
-            took |= 1 << i;
-        } else {
-            // Over the bound, or every round lost to CPUs that took it.
-            cc.rate_bounded += 1;
+        if on & (1 << i) != 0 {
+            capture_lane(ctx, sc, i, verdict, rule_lanes, random);
         }
     }
+    // SAFETY: as above.
+    let took = unsafe { core::ptr::read_volatile(&(*sc).took) };
     if took == 0 {
         return;
     }
@@ -1453,17 +1437,26 @@ fn capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32, len: u32) {
     // straight into it (the helper checks the offset and length against
     // the frame, the verifier the length against the buffer).
     let copied = unsafe {
-        (*rec).header = CaptureHeader {
-            time_ns: now,
-            len,
-            caplen,
-            ifindex: (*ctx.ctx).ingress_ifindex,
-            rule_slot: slot,
-            verdict,
-            lanes: took,
-        };
-        caplen != 0
-            && bpf_xdp_load_bytes(ctx.ctx, 0, (&raw mut (*rec).data) as *mut core::ffi::c_void, caplen) == 0
+        // Field by field, straight into the ring: the program's stack is
+        // nearly all taken by the caller (512 bytes for the whole chain).
+        let h = &raw mut (*rec).header;
+        (*h).time_ns = core::ptr::read_volatile(&(*sc).now_ns);
+        (*h).len = len;
+        (*h).caplen = caplen;
+        (*h).ifindex = (*ctx.ctx).ingress_ifindex;
+        (*h).rule_slot = slot;
+        (*h).verdict = verdict;
+        (*h).lanes = took;
+        // Read back and bounded as the verifier tracks it (an AND, then
+        // +1: 1 ..= SNAP_BYTES), whatever the compiler kept of the min.
+        let n = core::ptr::read_volatile(&raw const (*rec).header.caplen);
+        n != 0
+            && bpf_xdp_load_bytes(
+                ctx.ctx,
+                0,
+                (&raw mut (*rec).data) as *mut core::ffi::c_void,
+                ((n - 1) & (SNAP_BYTES as u32 - 1)) + 1,
+            ) == 0
     };
     if !copied {
         entry.discard(0);
@@ -1473,6 +1466,74 @@ fn capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32, len: u32) {
     count_lanes(took, |cc| cc.captured += 1);
 }
 
+#[cfg(feature = "capture")]
+/// Whether lane `i` takes the frame: its filter, its source prefix, its
+/// sampling, then its rate bound (compare-and-swap); a taken frame sets
+/// the lane's bit in the scratch's `took`.
+#[inline(always)]
+fn capture_lane(ctx: &XdpContext, sc: *mut CaptureScratch, i: u32, verdict: u32, rule_lanes: u32, random: u64) {
+    let Some(lane) = CAPTURE_LANES.get_ptr_mut(i) else {
+        return;
+    };
+    // SAFETY: a live map value; only `tat_ns` changes while a lane is in
+    // use, and only by compare-and-swap.
+    let l = unsafe { &*lane };
+    if !capture::filter_takes(l, i, verdict, rule_lanes) {
+        return;
+    }
+    // SAFETY (the scratch): this CPU's slot, as in `capture`.
+    if l.src_family != 0 {
+        unsafe {
+            if core::ptr::read_volatile(&(*sc).have_src) == 0 {
+                (*sc).family = capture_source(ctx, &raw mut (*sc).src);
+                (*sc).have_src = 1;
+            }
+            let family = core::ptr::read_volatile(&(*sc).family);
+            if !capture::source_matches(l, family, &(*sc).src) {
+                return;
+            }
+        }
+    }
+    if !capture::sampled(l.sample_every, random, i) {
+        return;
+    }
+    let Some(cc) = CAPTURE_COUNTERS.get_ptr_mut(i) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while we run.
+    let cc = unsafe { &mut *cc };
+    cc.matched += 1;
+    // SAFETY: the scratch, as above.
+    let now = unsafe {
+        let mut now = core::ptr::read_volatile(&(*sc).now_ns);
+        if now == 0 {
+            now = capture_now();
+            (*sc).now_ns = now;
+        }
+        now
+    };
+    // SAFETY: a live map value, changed by other CPUs only by CAS.
+    let tat_ptr = unsafe { &raw mut (*lane).tat_ns };
+    // SAFETY: as above.
+    let mut old = unsafe { core::ptr::read_volatile(tat_ptr) };
+    for _ in 0..CAS_ROUNDS {
+        let Some(new) = capture::admit(old, now, l.interval_ns, l.tolerance_ns) else {
+            break;
+        };
+        // SAFETY: as above.
+        let seen = unsafe { cas(tat_ptr, old, new) };
+        if seen == old {
+            // SAFETY: the scratch, as above.
+            unsafe { (*sc).took |= 1 << i };
+            return;
+        }
+        old = seen;
+    }
+    // Over the bound, or every round lost to CPUs that took it.
+    cc.rate_bounded += 1;
+}
+
+#[cfg(feature = "capture")]
 /// Applies `f` to the counters of each lane in `lanes`.
 #[inline(always)]
 fn count_lanes(lanes: u32, f: impl Fn(&mut CaptureCounters)) {

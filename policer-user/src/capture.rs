@@ -343,7 +343,7 @@ mod tests {
         let mut r = PcapNgReader::new(&bytes[..]).unwrap();
         let mut got = Vec::new();
         while let Some(b) = r.next_block() {
-            if let Block::EnhancedPacket(e) = b.unwrap() {
+            if let (Block::EnhancedPacket(e), _) = b.unwrap() {
                 let comment = e.options.iter().find_map(|o| match o {
                     EnhancedPacketOption::Common(CommonOption::Comment(c)) => Some(c.to_string()),
                     _ => None,

@@ -401,8 +401,8 @@ impl Policer {
         };
         let missing = |name: &str| {
             Error::Invalid(format!(
-                "capture needs the program reloaded: the loaded program has no {name} map (an object older than \
-                 capture); `policer detach` and start the daemon again"
+                "capture is not available: the loaded program has no {name} map (an object built without the \
+                 capture path, or older than capture; docs/capture.md)"
             ))
         };
         let names = [MAP_CAPTURE_ON, MAP_CAPTURE_LANES, MAP_CAPTURE_RULES, MAP_CAPTURE_COUNTERS, MAP_CAPTURE_RING];

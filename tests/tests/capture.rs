@@ -1,0 +1,268 @@
+//! Tier 3, `policer capture`: the real binary against a running daemon
+//! during a real flood; what it writes read back with the real `tcpdump`
+//! (Debian's) and parsed with pcap-file for the packets' comments (tcpdump
+//! does not print them). Several captures at once, a capture that ends by
+//! its count, by its duration, and by its client being killed (the kernel's
+//! flag is then cleared), and sampling.
+
+use std::{
+    net::IpAddr,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use pcap_file::pcapng::{
+    Block, PcapNgReader,
+    blocks::{enhanced_packet::EnhancedPacketOption, opt_common::CommonOption},
+};
+use policer_tests::{
+    daemon::{Daemon, cli, fails_with, policer_bin, samples, scrape, succeeds},
+    netns::Sandbox,
+    privileged,
+    traffic::{self, Flow},
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).expect("valid JSON")
+}
+
+/// `sh -c SCRIPT` in the daemon's namespace, in the background
+/// (`$POLICER` is the binary under test).
+fn spawn_sh(sb: &Sandbox, script: &str) -> Child {
+    Command::new("ip")
+        .args(["netns", "exec", &sb.rx_ns, "sh", "-c", script])
+        .env("POLICER", policer_bin())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+/// `policer capture ARGS` in the background (its pid is the CLI's:
+/// `ip netns exec` execs it).
+fn spawn_capture(sb: &Sandbox, args: &[&str]) -> Child {
+    Command::new("ip")
+        .args(["netns", "exec", &sb.rx_ns])
+        .arg(policer_bin())
+        .arg("capture")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn capture")
+}
+
+fn finish(c: Child) -> (String, String) {
+    let out = c.wait_with_output().expect("wait");
+    let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "capture failed: {e}");
+    assert!(!e.contains("panicked"), "{e}");
+    (o, e)
+}
+
+/// `tcpdump -r FILE -nn -tt`: (time in s, source address) per frame.
+fn tcpdump(file: &str) -> Vec<(f64, String)> {
+    let out = Command::new("tcpdump").args(["-r", file, "-nn", "-tt"]).output().expect("run tcpdump (Debian's)");
+    assert!(out.status.success(), "tcpdump -r {file}: {}", String::from_utf8_lossy(&out.stderr));
+    parse_tcpdump(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_tcpdump(text: &str) -> Vec<(f64, String)> {
+    text.lines()
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            let t: f64 = w.next().unwrap().parse().unwrap_or_else(|_| panic!("time in {l}"));
+            assert_eq!(w.next(), Some("IP"), "{l}");
+            // 198.18.0.1.40000 > …: the address without the port.
+            let src = w.next().unwrap();
+            let src = src.rsplit_once('.').map_or(src, |(a, _)| a).to_string();
+            (t, src)
+        })
+        .collect()
+}
+
+/// The comments of every packet of a pcapng file.
+fn comments(file: &str) -> Vec<String> {
+    let bytes = std::fs::read(file).unwrap();
+    let mut r = PcapNgReader::new(&bytes[..]).expect("a pcapng section");
+    let mut out = Vec::new();
+    while let Some(b) = r.next_block() {
+        if let (Block::EnhancedPacket(e), _) = b.expect("a valid block") {
+            out.push(
+                e.options
+                    .iter()
+                    .find_map(|o| match o {
+                        EnhancedPacketOption::Common(CommonOption::Comment(c)) => Some(c.to_string()),
+                        _ => None,
+                    })
+                    .expect("every packet has a comment"),
+            );
+        }
+    }
+    out
+}
+
+/// The most frames in any window of one second.
+fn max_per_second(times: &[f64]) -> usize {
+    let mut end = 0;
+    let mut most = 0;
+    for (i, &t0) in times.iter().enumerate() {
+        while end < times.len() && times[end] < t0 + 1.0 {
+            end += 1;
+        }
+        most = most.max(end - i);
+    }
+    most
+}
+
+fn capture_status(sb: &Sandbox) -> serde_json::Value {
+    json(&succeeds(&cli(sb, &["stats", "--json"])))["capture"].clone()
+}
+
+/// Waits until `stats` shows `active` captures (and a kernel mask that is
+/// zero exactly when none runs).
+fn wait_active(sb: &Sandbox, active: u64) {
+    let t0 = Instant::now();
+    loop {
+        let c = capture_status(sb);
+        let mask = c["kernel_mask"].as_u64().unwrap();
+        if c["active"].as_u64() == Some(active) && (mask == 0) == (active == 0) {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "captures never became {active}: {c}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn captures_of_a_flood_hold_the_dropped_source_within_their_bounds() {
+    if !privileged("capture tier") {
+        return;
+    }
+    let sb = Sandbox::new("cap");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0", "--metrics", "9471"]);
+    // One source at 5× its rate, ten in profile.
+    let mut flows = vec![Flow { src: ip("198.18.0.1"), pps: 5000.0, len: 64 }];
+    for i in 1..=10 {
+        flows.push(Flow { src: ip(&format!("198.18.1.{i}")), pps: 100.0, len: 64 });
+    }
+    let flood = traffic::run_bg(&sb, &flows, Duration::from_secs(6));
+    std::thread::sleep(Duration::from_millis(700));
+    let dir = tempfile_dir("cap");
+    let file = format!("{dir}/dropped.pcapng");
+    let before = json(&succeeds(&cli(&sb, &["stats", "--json"])));
+    // Three at once: bounded to 200/s for 3 s; the first 50 of one
+    // source through a pipe into tcpdump; every tenth dropped frame.
+    let a = spawn_capture(&sb, &["-w", &file, "--dropped", "--max-pps", "200", "--duration", "3s"]);
+    let b = spawn_sh(
+        &sb,
+        "\"$POLICER\" capture -w - --dropped --source 198.18.0.1 --count 50 --max-pps 100000 | tcpdump -r - -nn -tt",
+    );
+    let sampled = format!("{dir}/sampled.pcapng");
+    let c = spawn_capture(&sb, &["-w", &sampled, "--all", "--sample", "1/10", "--max-pps", "100000", "--duration", "2s"]);
+    let (_, err_a) = finish(a);
+    let (pipe, _) = finish(b);
+    let (_, err_c) = finish(c);
+    let after = json(&succeeds(&cli(&sb, &["stats", "--json"])));
+    let (sent, _) = flood.join().unwrap();
+    assert!(sent.sent[0] > 20_000, "the flood was not sent: {:?}", sent.sent);
+
+    // A: only the dropped source, at most P per second plus the burst.
+    let frames = tcpdump(&file);
+    assert!(frames.len() >= 300, "{} frames captured: {err_a}", frames.len());
+    assert!(frames.iter().all(|(_, s)| s == "198.18.0.1"), "another source captured: {frames:?}");
+    let times: Vec<f64> = frames.iter().map(|(t, _)| *t).collect();
+    let most = max_per_second(&times);
+    // 200/s and a burst of 20; tcpdump prints µs (1 µs of rounding).
+    assert!(most <= 220, "{most} frames in one second (bound 200/s + 20)");
+    assert!(times.last().unwrap() - times[0] <= 3.1, "longer than --duration 3s: {times:?}");
+    assert!(err_a.contains("frames written") && err_a.contains("ended: duration"), "{err_a}");
+    let written: usize = err_a.split("policer capture: ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert_eq!(written, frames.len(), "{err_a}");
+    // Over the bound (the flood drops ~4 000/s): counted, in the summary.
+    assert!(!err_a.contains(" 0 over the rate bound"), "{err_a}");
+    // The comments: verdict, rule (as `rule ls` names it), interface.
+    let notes = comments(&file);
+    assert_eq!(notes.len(), frames.len());
+    let want = format!("verdict=dropped rule=0.0.0.0/0 iface={}", sb.rx_if);
+    assert!(notes.iter().all(|n| *n == want), "{:?}", &notes[..3]);
+
+    // B: `-w - | tcpdump -r -`, ended by its count.
+    let piped = parse_tcpdump(&pipe);
+    assert_eq!(piped.len(), 50, "{pipe}");
+    assert!(piped.iter().all(|(_, s)| s == "198.18.0.1"));
+
+    // C: about one in ten of what was judged in its two seconds.
+    let judged = |s: &serde_json::Value| {
+        let t = &s["totals"];
+        ["passed_packets", "dropped_packets"].iter().map(|k| t[k].as_u64().unwrap()).sum::<u64>()
+    };
+    let judged = judged(&after) - judged(&before);
+    let got = comments(&sampled).len() as f64;
+    // The counters span the three captures (≈ 3 s), C only 2 s of it.
+    let want = judged as f64 / 10.0 * 2.0 / 3.0;
+    assert!(got > want * 0.6 && got < want * 1.4, "1/10 sampling: {got} frames, about {want} expected: {err_c}");
+
+    // All ended: the program is back to the branch not taken.
+    wait_active(&sb, 0);
+    let m = samples(&scrape(&sb.rx_ns, 9471));
+    assert!(m["policer_capture_frames_total"] >= (frames.len() + 50) as f64, "{m:?}");
+    assert!(m["policer_capture_rate_bounded_total"] > 0.0);
+    assert_eq!(m["policer_capture_active"], 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_capture_ends_with_its_client_and_bad_requests_start_none() {
+    if !privileged("capture tier") {
+        return;
+    }
+    let sb = Sandbox::new("capk");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let dir = tempfile_dir("capk");
+    let file = format!("{dir}/x.pcapng");
+    // Refused before anything starts: a rule not in force, bad values.
+    fails_with(&cli(&sb, &["capture", "-w", &file, "--rule", "10.9.0.0/16"]), "no rule of that prefix");
+    fails_with(&cli(&sb, &["capture", "-w", &file, "--sample", "1/0"]), "--sample");
+    fails_with(&cli(&sb, &["capture", "-w", &file, "--max-pps", "0"]), "--max-pps");
+    fails_with(&cli(&sb, &["capture", "-w", &file, "--source", "10.0.0.0/40"]), "--source");
+    fails_with(&cli(&sb, &["capture", "-w", &format!("{dir}/no/such/dir/x"), "--all"]), "cannot create");
+    wait_active(&sb, 0);
+
+    // Killed (-9): the daemon sees the connection close and clears the
+    // kernel's flag.
+    let k = spawn_capture(&sb, &["-w", &file, "--all"]);
+    wait_active(&sb, 1);
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(k.id() as i32, libc::SIGKILL) };
+    let _ = k.wait_with_output();
+    wait_active(&sb, 0);
+
+    // Interrupted (Ctrl-C): ends with the summary, a valid file.
+    let i = spawn_capture(&sb, &["-w", &file, "--all", "--rule", "0.0.0.0/0"]);
+    wait_active(&sb, 1);
+    let flood = traffic::run_bg(&sb, &[Flow { src: ip("198.18.0.9"), pps: 2000.0, len: 64 }], Duration::from_secs(1));
+    flood.join().unwrap();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(i.id() as i32, libc::SIGINT) };
+    let (_, err) = finish(i);
+    assert!(err.contains("ended: client"), "{err}");
+    let frames = tcpdump(&file);
+    assert!(frames.len() > 100, "{err}");
+    assert!(comments(&file).iter().any(|c| c.starts_with("verdict=passed rule=0.0.0.0/0")));
+    assert!(comments(&file).iter().any(|c| c.starts_with("verdict=dropped rule=0.0.0.0/0")));
+    wait_active(&sb, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempfile_dir(tag: &str) -> String {
+    let d = std::env::temp_dir().join(format!("policer-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.display().to_string()
+}
