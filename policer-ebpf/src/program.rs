@@ -14,12 +14,16 @@ use core::{
 
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, xdp_action},
-    helpers::{bpf_jiffies64, bpf_ktime_get_ns, generated::bpf_xdp_load_bytes},
+    helpers::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::{map, xdp},
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use aya_log_ebpf::warn;
+#[cfg(feature = "capture")]
+use aya_ebpf::{helpers::generated::bpf_xdp_load_bytes, maps::RingBuf};
+#[cfg(feature = "capture")]
+use policer_common::capture::{self, CAPTURE_RING_BYTES, CaptureRecord, SNAP_BYTES};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -29,10 +33,7 @@ use policer_common::{
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
     ban::{self, Ban, BanParams, RULE_BAN},
     bucket::Action,
-    capture::{
-        self, CAPTURE_RING_BYTES, CaptureCounters, CaptureHeader, CaptureLane, CaptureRecord, CaptureScratch, MAX_CAPTURES,
-        SNAP_BYTES,
-    },
+    capture::{CaptureCounters, CaptureLane, CaptureScratch, MAX_CAPTURES},
     class::{
         self, ClassFilter, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
         RULE_NO_SOURCE, RULE_TOTAL, Total,
@@ -1263,7 +1264,7 @@ fn keyed_verdict(
 /// monitors. Counts the verdict per interface and per rule.
 #[inline(always)]
 fn verdict(
-    ctx: &XdpContext,
+    #[cfg_attr(not(feature = "capture"), expect(unused_variables, reason = "the capture path is off"))] ctx: &XdpContext,
     rule: Option<&'static Rule>,
     len: u32,
     c: &mut Counters,
