@@ -19,15 +19,15 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
-use aya_log_ebpf::warn;
 #[cfg(feature = "capture")]
 use aya_ebpf::{helpers::generated::bpf_xdp_load_bytes, maps::RingBuf};
-#[cfg(feature = "capture")]
-use policer_common::capture::{self, CAPTURE_RING_BYTES, CaptureRecord, SNAP_BYTES};
+use aya_log_ebpf::warn;
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
+#[cfg(feature = "capture")]
+use policer_common::capture::{self, CAPTURE_RING_BYTES, CaptureRecord, SNAP_BYTES};
 use policer_common::{
     ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
@@ -1264,7 +1264,8 @@ fn keyed_verdict(
 /// monitors. Counts the verdict per interface and per rule.
 #[inline(always)]
 fn verdict(
-    #[cfg_attr(not(feature = "capture"), expect(unused_variables, reason = "the capture path is off"))] ctx: &XdpContext,
+    #[cfg_attr(not(feature = "capture"), expect(unused_variables, reason = "the capture path is off"))]
+    ctx: &XdpContext,
     rule: Option<&'static Rule>,
     len: u32,
     c: &mut Counters,

@@ -168,7 +168,9 @@ pub fn read_chunk(r: &mut impl Read) -> Result<Option<Chunk>> {
     }
     let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
     if len > MAX_CHUNK_BYTES {
-        return Err(Error::Invalid(format!("capture: a chunk of {len} bytes from the daemon (at most {MAX_CHUNK_BYTES})")));
+        return Err(Error::Invalid(format!(
+            "capture: a chunk of {len} bytes from the daemon (at most {MAX_CHUNK_BYTES})"
+        )));
     }
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf)?;
@@ -329,10 +331,22 @@ mod tests {
     fn the_pcapng_reads_back() {
         let mut p = PcapNg::new(BTreeMap::from([(7, "veth0".to_string())])).unwrap();
         let frames = [
-            Frame { unix_ns: 1_700_000_000_123_456_789, len: 1500, ifindex: 7, verdict: CAPTURE_DROPPED,
-                rule: "10.0.0.0/8".into(), data: vec![1; 256] },
-            Frame { unix_ns: 1_700_000_001_000_000_001, len: 60, ifindex: 9, verdict: CAPTURE_PASSED,
-                rule: "::/0".into(), data: vec![2; 60] },
+            Frame {
+                unix_ns: 1_700_000_000_123_456_789,
+                len: 1500,
+                ifindex: 7,
+                verdict: CAPTURE_DROPPED,
+                rule: "10.0.0.0/8".into(),
+                data: vec![1; 256],
+            },
+            Frame {
+                unix_ns: 1_700_000_001_000_000_001,
+                len: 60,
+                ifindex: 9,
+                verdict: CAPTURE_PASSED,
+                rule: "::/0".into(),
+                data: vec![2; 60],
+            },
         ];
         let mut bytes = Vec::new();
         for f in &frames {

@@ -141,6 +141,7 @@ fn wait_active(sb: &Sandbox, active: u64) {
 }
 
 #[test]
+#[ignore = "the kernel capture path is off until it fits the verifier's stack (docs/capture.md)"]
 fn captures_of_a_flood_hold_the_dropped_source_within_their_bounds() {
     if !privileged("capture tier") {
         return;
@@ -165,7 +166,8 @@ fn captures_of_a_flood_hold_the_dropped_source_within_their_bounds() {
         "\"$POLICER\" capture -w - --dropped --source 198.18.0.1 --count 50 --max-pps 100000 | tcpdump -r - -nn -tt",
     );
     let sampled = format!("{dir}/sampled.pcapng");
-    let c = spawn_capture(&sb, &["-w", &sampled, "--all", "--sample", "1/10", "--max-pps", "100000", "--duration", "2s"]);
+    let c =
+        spawn_capture(&sb, &["-w", &sampled, "--all", "--sample", "1/10", "--max-pps", "100000", "--duration", "2s"]);
     let (_, err_a) = finish(a);
     let (pipe, _) = finish(b);
     let (_, err_c) = finish(c);
@@ -219,6 +221,7 @@ fn captures_of_a_flood_hold_the_dropped_source_within_their_bounds() {
 }
 
 #[test]
+#[ignore = "the kernel capture path is off until it fits the verifier's stack (docs/capture.md)"]
 fn a_capture_ends_with_its_client_and_bad_requests_start_none() {
     if !privileged("capture tier") {
         return;
@@ -265,4 +268,24 @@ fn tempfile_dir(tag: &str) -> String {
     let d = std::env::temp_dir().join(format!("policer-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d.display().to_string()
+}
+
+/// While the program has no capture path, a capture is refused plainly and
+/// the daemon keeps policing.
+#[test]
+fn without_the_capture_path_a_capture_is_refused_plainly() {
+    if !privileged("capture tier") {
+        return;
+    }
+    let sb = Sandbox::new("capn");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let dir = tempfile_dir("capn");
+    fails_with(
+        &cli(&sb, &["capture", "-w", &format!("{dir}/x.pcapng"), "--duration", "1s"]),
+        "capture is not available",
+    );
+    fails_with(&cli(&sb, &["capture", "-w", &format!("{dir}/x.pcapng"), "--max-pps", "0"]), "--max-pps");
+    let s = json(&succeeds(&cli(&sb, &["stats", "--json"])));
+    assert!(s.get("capture").is_none(), "{s}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

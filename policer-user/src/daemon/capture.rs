@@ -334,12 +334,19 @@ pub struct Names {
 /// pcapng chunks until the capture ends (its count, its duration, the
 /// client going away, a client that stops reading, the daemon stopping),
 /// then the summary.
-pub async fn serve(mut stream: UnixStream, hub: &Hub, views: &Views, spec: CaptureSpec, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn serve(
+    mut stream: UnixStream,
+    hub: &Hub,
+    views: &Views,
+    spec: CaptureSpec,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let session = hub.open(&spec, views);
     let mut s = match session {
         Ok(s) => s,
         Err(e) => {
-            let _ = timeout(STALL, stream.write_all(&super::serve::control::line(&Reply::refused(e.to_string())))).await;
+            let _ =
+                timeout(STALL, stream.write_all(&super::serve::control::line(&Reply::refused(e.to_string())))).await;
             return;
         }
     };
