@@ -226,7 +226,7 @@ pub fn sampled(sample_every: u32, random: u64, lane_no: u32) -> bool {
     if sample_every <= 1 {
         return true;
     }
-    (random.rotate_right((lane_no & 7) * 8) as u32) % sample_every == 0
+    (random.rotate_right((lane_no & 7) * 8) as u32).is_multiple_of(sample_every)
 }
 
 /// The rate bound: the new theoretical arrival time if a frame at `now`
@@ -279,10 +279,10 @@ mod tests {
     fn lane_for(prefix: [u8; 4], len: u32) -> CaptureLane {
         let mut l = CaptureLane::bounded(1000, 1);
         l.src_family = FAMILY_V4;
-        for i in 0..4 {
+        for (i, p) in prefix.iter().enumerate() {
             let bits = len.saturating_sub(i as u32 * 8).min(8);
             l.src_mask[i] = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
-            l.src[i] = prefix[i] & l.src_mask[i];
+            l.src[i] = p & l.src_mask[i];
         }
         l
     }

@@ -106,7 +106,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // Ctrl-C (or SIGTERM) ends the capture as the daemon sees it: our side
     // of the connection is shut, the daemon sends what it has and the
     // summary.
-    let _guard = on_interrupt_shut(reader.get_ref())?;
+    on_interrupt_shut(reader.get_ref());
     loop {
         match read_chunk(&mut reader)? {
             Some(Chunk::Data(bytes)) => {
@@ -131,7 +131,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
 /// Shuts the write side of `stream` on SIGINT or SIGTERM (a thread waits
 /// for them, blocked everywhere else), so the daemon ends the capture.
-fn on_interrupt_shut(stream: &UnixStream) -> anyhow::Result<()> {
+fn on_interrupt_shut(stream: &UnixStream) {
     let fd = stream.as_raw_fd();
     // SAFETY: plain signal-set calls on a local set; blocking the two
     // signals in this thread before any other is spawned, so the waiter
@@ -153,5 +153,4 @@ fn on_interrupt_shut(stream: &UnixStream) -> anyhow::Result<()> {
             unsafe { libc::shutdown(fd, libc::SHUT_WR) };
         }
     });
-    Ok(())
 }

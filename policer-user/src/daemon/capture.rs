@@ -193,10 +193,10 @@ impl Hub {
                 ipnet::IpNet::V6(n) => (FAMILY_V6, n.addr().octets(), n.prefix_len() as usize),
             };
             lane.src_family = family;
-            for i in 0..16 {
+            for (i, a) in addr.iter().enumerate() {
                 let bits = len.saturating_sub(i * 8).min(8);
                 lane.src_mask[i] = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
-                lane.src[i] = addr[i] & lane.src_mask[i];
+                lane.src[i] = a & lane.src_mask[i];
             }
         }
         let mut k = self.kernel()?;
