@@ -19,9 +19,21 @@
 
 use crate::verdict::Verdict;
 
-/// The mask of the lanes in use: `Array<u32>`, one entry. 0: no capture
-/// runs (the one word the program reads per judged frame).
+/// The captures in use: `Array<u32>`, one entry ([`on_word`]: the mask of
+/// the lanes in use, and above it the verdicts some lane wants). 0: no
+/// capture runs (the one word the program reads per judged frame).
 pub const MAP_CAPTURE_ON: &str = "CAPTURE_ON";
+/// `ProgramArray`, one entry: the capture program ([`CAPTURE_PROGRAM`]),
+/// reached by a tail call from the policer's verdict.
+pub const MAP_CAPTURE_PROG: &str = "CAPTURE_PROG";
+/// The XDP program that runs the lanes, loaded beside the policer's and
+/// put in [`MAP_CAPTURE_PROG`]: a tail call gives it a stack of its own (the
+/// policer's frame leaves too little of the 512 bytes for the lanes).
+pub const CAPTURE_PROGRAM: &str = "policer_capture";
+/// Where the verdict bits start in the [`MAP_CAPTURE_ON`] word.
+pub const ON_VERDICT_SHIFT: u32 = 8;
+/// The lanes' bits of the [`MAP_CAPTURE_ON`] word.
+pub const ON_LANES: u32 = (1 << MAX_CAPTURES) - 1;
 /// `Array<CaptureLane>`, [`MAX_CAPTURES`] entries.
 pub const MAP_CAPTURE_LANES: &str = "CAPTURE_LANES";
 /// `Array<u32>` at the rules' counter slots (max_rules + 1 entries): the
@@ -106,6 +118,24 @@ impl CaptureCounters {
     }
 }
 
+/// The [`MAP_CAPTURE_ON`] word for the lanes in use, given as (lane number,
+/// its [`CaptureLane::verdicts`]): their bits, and the union of their
+/// verdicts above [`ON_VERDICT_SHIFT`], so a frame no capture wants by its
+/// verdict costs no tail call.
+pub fn on_word(lanes: impl IntoIterator<Item = (usize, u32)>) -> u32 {
+    lanes
+        .into_iter()
+        .filter(|(i, _)| *i < MAX_CAPTURES)
+        .fold(0, |w, (i, v)| w | (1 << i) | ((v & 7) << ON_VERDICT_SHIFT))
+}
+
+/// Whether the program hands a frame of verdict bit `verdict` to the
+/// capture program, given the [`MAP_CAPTURE_ON`] word `on` (non-zero).
+#[inline(always)]
+pub const fn wanted(on: u32, verdict: u32) -> bool {
+    on & (verdict << ON_VERDICT_SHIFT) != 0
+}
+
 /// What the program carries from one lane to the next while it looks at a
 /// frame, kept in a per-CPU map value (`CAPTURE_SCRATCH`) rather than in
 /// registers: the verifier then sees the same state at every lane and
@@ -122,6 +152,10 @@ pub struct CaptureScratch {
     pub have_src: u32,
     /// The lanes that took the frame.
     pub took: u32,
+    /// Handed from the policer's program to the capture program with the
+    /// tail call: the frame's verdict bit and its rule's counter slot.
+    pub verdict: u32,
+    pub slot: u32,
     pub _pad: u32,
 }
 
@@ -411,5 +445,19 @@ mod tests {
         assert_eq!(burst_for(100_000), 1000);
         let l = CaptureLane::bounded(0, 0);
         assert_eq!((l.interval_ns, l.sample_every), (1_000_000_000, 1));
+    }
+
+    #[test]
+    fn the_on_word_carries_the_lanes_and_the_verdicts_they_want() {
+        assert_eq!(on_word([]), 0);
+        let w = on_word([(0, CAPTURE_DROPPED), (3, CAPTURE_PASSED)]);
+        assert_eq!(w & ON_LANES, 0b1001);
+        assert!(wanted(w, CAPTURE_DROPPED) && wanted(w, CAPTURE_PASSED));
+        assert!(!wanted(w, CAPTURE_WOULD_DROP));
+        // A lane past the last one is ignored, not wrapped into another's bit.
+        assert_eq!(on_word([(MAX_CAPTURES, CAPTURE_PASSED)]), 0);
+        let all = on_word([(7, CAPTURE_PASSED | CAPTURE_DROPPED | CAPTURE_WOULD_DROP)]);
+        assert_eq!(all & ON_LANES, 0x80);
+        assert!(wanted(all, CAPTURE_WOULD_DROP));
     }
 }

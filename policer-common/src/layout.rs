@@ -133,6 +133,6 @@ const _: () = {
     assert!(size_of::<CaptureLane>() == 3 * 8 + 32 + 4 * 4);
     assert!(size_of::<CaptureCounters>() == 4 * 8);
     assert!(size_of::<CaptureHeader>() == 32);
-    assert!(size_of::<crate::capture::CaptureScratch>() == 8 + 16 + 4 * 4);
+    assert!(size_of::<crate::capture::CaptureScratch>() == 8 + 16 + 6 * 4);
     assert!(size_of::<CaptureRecord>() == 32 + SNAP_BYTES);
 };

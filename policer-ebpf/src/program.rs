@@ -19,14 +19,15 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
-#[cfg(feature = "capture")]
-use aya_ebpf::{helpers::generated::bpf_xdp_load_bytes, maps::RingBuf};
+use aya_ebpf::{
+    helpers::generated::bpf_xdp_load_bytes,
+    maps::{ProgramArray, RingBuf},
+};
 use aya_log_ebpf::warn;
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-#[cfg(feature = "capture")]
 use policer_common::capture::{self, CAPTURE_RING_BYTES, CaptureRecord, SNAP_BYTES};
 use policer_common::{
     ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
@@ -131,11 +132,17 @@ static CAPTURE_COUNTERS: PerCpuArray<CaptureCounters> = PerCpuArray::with_max_en
 /// What the capture loop carries between lanes (see CaptureScratch).
 #[map]
 static CAPTURE_SCRATCH: PerCpuArray<CaptureScratch> = PerCpuArray::with_max_entries(1, 0);
-/// The captured frames, to the daemon (only with the capture path: the
-/// daemon refuses captures when the program has no ring).
-#[cfg(feature = "capture")]
+/// The captured frames, to the daemon.
 #[map]
 static CAPTURE_RING: RingBuf = RingBuf::with_byte_size(CAPTURE_RING_BYTES, 0);
+/// The capture program (`policer_capture` below), put here by the loader:
+/// the verdict reaches it by a tail call, so the lanes run on a stack of
+/// their own (this program's frame leaves too little of the 512 bytes the
+/// verifier allows a call chain). Empty (a tail call that fails) until the
+/// loader fills it, and again once the last descriptor of this array is
+/// closed (the kernel clears a program array with its last user).
+#[map]
+static CAPTURE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Set by the loader (read-only data): non-zero reads the clock from
 /// `CLOCK`, for tests that control time. Constant after load, so the
@@ -1264,7 +1271,6 @@ fn keyed_verdict(
 /// monitors. Counts the verdict per interface and per rule.
 #[inline(always)]
 fn verdict(
-    #[cfg_attr(not(feature = "capture"), expect(unused_variables, reason = "the capture path is off"))]
     ctx: &XdpContext,
     rule: Option<&'static Rule>,
     len: u32,
@@ -1316,20 +1322,62 @@ fn verdict(
     };
     verdict::count(c, rc, v, len);
     // The whole cost of capture while none runs: one inlined array load
-    // and a branch not taken. Off by default: the path does not fit the
-    // verifier's 512-byte stack for the chain yet (docs/capture.md).
-    #[cfg(feature = "capture")]
+    // and a branch not taken.
     if let Some(on) = CAPTURE_ON.get_ptr(0) {
         // SAFETY: a live map value; the daemon rewrites the word whole.
         let on = unsafe { core::ptr::read_volatile(on) };
         if on != 0 {
-            capture(ctx, on, capture::verdict_bit(v), slot, len);
+            hand_to_capture(ctx, on, capture::verdict_bit(v), slot);
         }
     }
     if v.passes() { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
 }
 
-#[cfg(feature = "capture")]
+/// With a capture running: a frame whose verdict some capture wants goes
+/// to the capture program by a tail call, which does not come back (that
+/// program ends with this verdict's action). When the call fails (the
+/// array empty: the daemon that filled it is gone) this returns and the
+/// caller returns the verdict itself.
+#[inline(always)]
+fn hand_to_capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32) {
+    if !capture::wanted(on, verdict) {
+        return;
+    }
+    let Some(sc) = CAPTURE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot: an XDP program and the program it tail-calls
+    // run on one CPU without preemption, so nobody else touches it between.
+    unsafe {
+        (*sc).verdict = verdict;
+        (*sc).slot = slot;
+        CAPTURE_PROG.tail_call(ctx, 0);
+    }
+}
+
+/// The capture program: the lanes for the frame the policer's verdict
+/// handed over (verdict and slot in the CPU's scratch), then that
+/// verdict's action. Never attached: reached only by the tail call.
+#[xdp]
+pub fn policer_capture(ctx: XdpContext) -> u32 {
+    let Some(sc) = CAPTURE_SCRATCH.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: this CPU's slot, written by the policer's program just
+    // before the tail call (see `hand_to_capture`).
+    let (verdict, slot) = unsafe { (core::ptr::read_volatile(&(*sc).verdict), core::ptr::read_volatile(&(*sc).slot)) };
+    let on = match CAPTURE_ON.get_ptr(0) {
+        // SAFETY: a live map value.
+        Some(on) => (unsafe { core::ptr::read_volatile(on) }) & capture::ON_LANES,
+        None => 0,
+    };
+    if on != 0 {
+        let len = (ctx.data_end() - ctx.data()) as u32;
+        capture(&ctx, sc, on, verdict, slot, len);
+    }
+    if verdict == capture::CAPTURE_DROPPED { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS }
+}
+
 /// The program's clock (the test clock under tests), for captured frames.
 #[inline(always)]
 fn capture_now() -> u64 {
@@ -1342,7 +1390,6 @@ fn capture_now() -> u64 {
     }
 }
 
-#[cfg(feature = "capture")]
 /// The frame's source, read again from the frame (only for a lane with a
 /// source filter) into `addr` (IPv4 in the first 4 bytes): its family, 0
 /// when not IP.
@@ -1393,16 +1440,11 @@ fn capture_source(ctx: &XdpContext, addr: *mut [u8; 16]) -> u32 {
     0
 }
 
-#[cfg(feature = "capture")]
 /// Hands a judged frame to the captures that take it (policer_common::
 /// capture: filter, sampling, the rate bound under compare-and-swap), as
-/// one ring record carrying the mask of those lanes. Out of line: only
-/// frames judged while a capture runs come here.
-#[inline(never)]
-fn capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32, len: u32) {
-    let Some(sc) = CAPTURE_SCRATCH.get_ptr_mut(0) else {
-        return;
-    };
+/// one ring record carrying the mask of those lanes.
+#[inline(always)]
+fn capture(ctx: &XdpContext, sc: *mut CaptureScratch, on: u32, verdict: u32, slot: u32, len: u32) {
     // SAFETY: this CPU's slot; only this CPU touches it while we run.
     unsafe {
         (*sc).now_ns = 0;
@@ -1439,8 +1481,7 @@ fn capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32, len: u32) {
     // straight into it (the helper checks the offset and length against
     // the frame, the verifier the length against the buffer).
     let copied = unsafe {
-        // Field by field, straight into the ring: the program's stack is
-        // nearly all taken by the caller (512 bytes for the whole chain).
+        // Field by field, straight into the ring: no copy on the stack.
         let h = &raw mut (*rec).header;
         (*h).time_ns = core::ptr::read_volatile(&(*sc).now_ns);
         (*h).len = len;
@@ -1468,7 +1509,6 @@ fn capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32, len: u32) {
     count_lanes(took, |cc| cc.captured += 1);
 }
 
-#[cfg(feature = "capture")]
 /// Whether lane `i` takes the frame: its filter, its source prefix, its
 /// sampling, then its rate bound (compare-and-swap); a taken frame sets
 /// the lane's bit in the scratch's `took`.
@@ -1535,7 +1575,6 @@ fn capture_lane(ctx: &XdpContext, sc: *mut CaptureScratch, i: u32, verdict: u32,
     cc.rate_bounded += 1;
 }
 
-#[cfg(feature = "capture")]
 /// Applies `f` to the counters of each lane in `lanes`.
 #[inline(always)]
 fn count_lanes(lanes: u32, f: impl Fn(&mut CaptureCounters)) {

@@ -63,6 +63,8 @@ struct Lane {
     slow: Arc<AtomicU64>,
     /// The rule slots whose CAPTURE_RULES entry has this lane's bit.
     slots: Vec<u32>,
+    /// The verdicts it takes (its part of the CAPTURE_ON word).
+    verdicts: u32,
 }
 
 struct State {
@@ -223,14 +225,20 @@ impl Hub {
             }
             written.push(s);
         }
-        let on = k.on.get(&0, 0).unwrap_or(0);
-        k.on.set(0, &(on | bit), 0).map_err(io)?;
+        let on = on_word(&st.lanes) | policer_common::capture::on_word([(i, lane.verdicts)]);
+        if let Err(e) = k.on.set(0, &on, 0) {
+            for &w in &written {
+                let old = k.rules.get(&w, 0).unwrap_or(0);
+                let _ = k.rules.set(w, &(old & !bit), 0);
+            }
+            return Err(io(e));
+        }
         let before = Self::lane_counters(&k, i as u32);
         st.offset_ns = wall_minus_monotonic();
         st.rules = names.rules.clone();
         let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
         let slow = Arc::new(AtomicU64::new(0));
-        st.lanes[i] = Some(Lane { tx, slow: slow.clone(), slots });
+        st.lanes[i] = Some(Lane { tx, slow: slow.clone(), slots, verdicts: lane.verdicts });
         Ok(Session { lane: i as u32, rx, slow, before, ifaces: names.ifaces })
     }
 
@@ -239,12 +247,19 @@ impl Hub {
     /// counts since its start.
     fn close(&self, lane: u32) -> CaptureCounters {
         let bit = 1u32 << lane;
-        let slots = self.state.lock().ok().and_then(|mut st| st.lanes[lane as usize].take()).map(|l| l.slots);
         let Ok(mut k) = self.kernel() else {
             return CaptureCounters::default();
         };
-        let on = k.on.get(&0, 0).unwrap_or(0);
-        if let Err(e) = k.on.set(0, &(on & !bit), 0) {
+        // The lane leaves the state and the word under both locks (the
+        // order `open` takes them), so the word is always the lanes in use.
+        let (slots, on) = match self.state.lock() {
+            Ok(mut st) => {
+                let slots = st.lanes[lane as usize].take().map(|l| l.slots);
+                (slots, on_word(&st.lanes))
+            }
+            Err(_) => (None, k.on.get(&0, 0).unwrap_or(0) & !bit),
+        };
+        if let Err(e) = k.on.set(0, &on, 0) {
             log::warn!("capture: cannot clear lane {lane} in the program: {e}");
         }
         for s in slots.unwrap_or_default() {
@@ -447,4 +462,9 @@ async fn write_data(w: &mut (impl AsyncWriteExt + Unpin), bytes: Vec<u8>) -> std
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
     }
     Ok(())
+}
+
+/// The CAPTURE_ON word for the lanes in use.
+fn on_word(lanes: &[Option<Lane>; MAX_CAPTURES]) -> u32 {
+    policer_common::capture::on_word(lanes.iter().enumerate().filter_map(|(i, l)| l.as_ref().map(|l| (i, l.verdicts))))
 }
