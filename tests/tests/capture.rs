@@ -3,7 +3,9 @@
 //! (Debian's) and parsed with pcap-file for the packets' comments (tcpdump
 //! does not print them). Several captures at once, a capture that ends by
 //! its count, by its duration, and by its client being killed (the kernel's
-//! flag is then cleared), and sampling.
+//! flag is then cleared), and sampling. And the tail call itself on the
+//! real object (BPF_PROG_TEST_RUN): verdicts kept, frames handed over,
+//! the fallback when the program array is empty.
 
 use std::{
     net::IpAddr,
@@ -15,12 +17,24 @@ use pcap_file::pcapng::{
     Block, PcapNgReader,
     blocks::{enhanced_packet::EnhancedPacketOption, opt_common::CommonOption},
 };
+use aya::{
+    maps::ProgramArray,
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use policer_common::{
+    capture::{
+        CAPTURE_DROPPED, CAPTURE_PASSED, CAPTURE_PROGRAM, CAPTURE_WOULD_DROP, CaptureHeader, CaptureLane,
+        CaptureRecord, MAP_CAPTURE_PROG, on_word,
+    },
+    rate::Rate,
+};
 use policer_tests::{
     daemon::{Daemon, cli, fails_with, policer_bin, samples, scrape, succeeds},
     netns::Sandbox,
     privileged,
     traffic::{self, Flow},
 };
+use policer_user::{LoadOptions, Policer};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -141,7 +155,6 @@ fn wait_active(sb: &Sandbox, active: u64) {
 }
 
 #[test]
-#[ignore = "the kernel capture path is off until it fits the verifier's stack (docs/capture.md)"]
 fn captures_of_a_flood_hold_the_dropped_source_within_their_bounds() {
     if !privileged("capture tier") {
         return;
@@ -221,7 +234,6 @@ fn captures_of_a_flood_hold_the_dropped_source_within_their_bounds() {
 }
 
 #[test]
-#[ignore = "the kernel capture path is off until it fits the verifier's stack (docs/capture.md)"]
 fn a_capture_ends_with_its_client_and_bad_requests_start_none() {
     if !privileged("capture tier") {
         return;
@@ -270,22 +282,102 @@ fn tempfile_dir(tag: &str) -> String {
     d.display().to_string()
 }
 
-/// While the program has no capture path, a capture is refused plainly and
-/// the daemon keeps policing.
+const PASS: u32 = 2;
+const DROP: u32 = 1;
+const SEC: u64 = 1_000_000_000;
+
+fn udp(src: &str, len: usize) -> Vec<u8> {
+    policer_tests::frame::FrameSpec::udp(ip(src), ip("198.19.0.1"), len).build(None)
+}
+
+fn run(p: &mut Policer, frame: &[u8]) -> u32 {
+    let mut out = vec![0u8; frame.len() + 512];
+    p.program()
+        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
+        .expect("test run")
+        .return_value
+}
+
+/// The records waiting in the ring: (header, frame bytes).
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>) -> Vec<(CaptureHeader, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some(r) = ring.next() {
+        let (h, d) = CaptureRecord::parse(&r).expect("a whole record");
+        out.push((h, d.to_vec()));
+    }
+    out
+}
+
+/// Tier 2 (the real object, BPF_PROG_TEST_RUN): the verdict reaches the
+/// capture program by the tail call and comes back as the same action; a
+/// frame whose verdict no capture wants is not handed over; with the
+/// program array emptied (what the kernel does when the daemon that
+/// filled it is gone), the tail call fails and the policer returns the
+/// verdict itself.
 #[test]
-fn without_the_capture_path_a_capture_is_refused_plainly() {
-    if !privileged("capture tier") {
+fn the_tail_call_keeps_the_verdict_and_hands_over_the_frame() {
+    if !privileged("capture object tier") {
         return;
     }
-    let sb = Sandbox::new("capn");
-    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
-    let dir = tempfile_dir("capn");
-    fails_with(
-        &cli(&sb, &["capture", "-w", &format!("{dir}/x.pcapng"), "--duration", "1s"]),
-        "capture is not available",
-    );
-    fails_with(&cli(&sb, &["capture", "-w", &format!("{dir}/x.pcapng"), "--max-pps", "0"]), "--max-pps");
-    let s = json(&succeeds(&cli(&sb, &["stats", "--json"])));
-    assert!(s.get("capture").is_none(), "{s}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let mut p = Policer::load(&LoadOptions { max_sources: 4096, test_clock: true, ..Default::default() })
+        .expect("load object");
+    let n = |p: &Policer, name: &str| {
+        let prog: &Xdp = p.ebpf.program(name).expect("program").try_into().unwrap();
+        prog.info().expect("program info").verified_instruction_count().unwrap_or(0)
+    };
+    let (main, cap) = (n(&p, policer_common::PROGRAM_NAME), n(&p, CAPTURE_PROGRAM));
+    eprintln!("verifier processed {main} (policer) and {cap} (policer_capture) instructions (limit 1 000 000)");
+    assert!(cap > 0 && cap < 850_000, "the verifier processed {cap} instructions of the capture program");
+    let t = 50 * SEC;
+    p.set_clock(t).unwrap();
+    let rule = Rate::parse("1000pps").unwrap().rule(1).unwrap().with_key_len(32, false).unwrap();
+    p.set_rule("0.0.0.0/0".parse().unwrap(), &rule).unwrap();
+    let mut k = p.take_capture().expect("the capture maps");
+    let f = udp("100.64.0.1", 64);
+
+    // No capture: the verdicts alone.
+    assert_eq!(run(&mut p, &f), PASS);
+    assert_eq!(run(&mut p, &f), DROP);
+    assert!(drain(&mut k.ring).is_empty());
+
+    // Lane 0 takes every verdict: each frame is handed over once, and its
+    // action is the verdict's.
+    let mut lane = CaptureLane::bounded(100_000, 1);
+    lane.verdicts = CAPTURE_PASSED | CAPTURE_DROPPED | CAPTURE_WOULD_DROP;
+    lane.all_rules = 1;
+    k.lanes.set(0, &lane, 0).unwrap();
+    k.on.set(0, &on_word([(0, lane.verdicts)]), 0).unwrap();
+    p.set_clock(t + SEC).unwrap();
+    assert_eq!(run(&mut p, &f), PASS);
+    assert_eq!(run(&mut p, &f), DROP);
+    let got = drain(&mut k.ring);
+    assert_eq!(got.len(), 2, "{:?}", got.iter().map(|g| g.0).collect::<Vec<_>>());
+    assert_eq!(got[0].0.verdict, CAPTURE_PASSED);
+    assert_eq!(got[1].0.verdict, CAPTURE_DROPPED);
+    for (h, d) in &got {
+        assert_eq!((h.time_ns, h.len, h.caplen, h.lanes), (t + SEC, f.len() as u32, f.len() as u32, 1));
+        assert_eq!(d, &f, "the frame's bytes");
+    }
+
+    // Only drops wanted: a passed frame is not handed over (the pre-check
+    // in the policer's program), a dropped one is.
+    lane.verdicts = CAPTURE_DROPPED;
+    k.lanes.set(0, &lane, 0).unwrap();
+    k.on.set(0, &on_word([(0, lane.verdicts)]), 0).unwrap();
+    p.set_clock(t + 2 * SEC).unwrap();
+    assert_eq!(run(&mut p, &f), PASS);
+    assert_eq!(run(&mut p, &f), DROP);
+    let got = drain(&mut k.ring);
+    assert_eq!(got.iter().map(|g| g.0.verdict).collect::<Vec<_>>(), vec![CAPTURE_DROPPED]);
+
+    // The array emptied: the tail call fails, the verdict still stands.
+    let mut array = ProgramArray::try_from(p.ebpf.map_mut(MAP_CAPTURE_PROG).expect("the program array")).unwrap();
+    array.clear_index(&0).unwrap();
+    lane.verdicts = CAPTURE_PASSED | CAPTURE_DROPPED;
+    k.lanes.set(0, &lane, 0).unwrap();
+    k.on.set(0, &on_word([(0, lane.verdicts)]), 0).unwrap();
+    p.set_clock(t + 3 * SEC).unwrap();
+    assert_eq!(run(&mut p, &f), PASS);
+    assert_eq!(run(&mut p, &f), DROP);
+    assert!(drain(&mut k.ring).is_empty());
 }
