@@ -7,11 +7,13 @@
 //! filter (verdicts, rules, source prefix), its sampling (one frame in N)
 //! and its rate bound (P frames per second with a burst, a GCRA charged
 //! under compare-and-swap, so all CPUs together never exceed it). The
-//! program reads one word per judged frame ([`MAP_CAPTURE_ON`]: the mask
-//! of the lanes in use); 0, the branch not taken, is the whole cost of
-//! capture when none runs. A frame that some lane takes is written to the
-//! ring once, with the mask of the lanes that took it ([`CaptureRecord`]);
-//! the daemon hands it to each of those captures.
+//! policer's program reads one word per judged frame ([`MAP_CAPTURE_ON`]:
+//! the lanes in use and the verdicts they want); 0, the branch not taken,
+//! is the whole cost of capture when none runs. A frame some capture wants
+//! goes by a tail call to the capture program ([`CAPTURE_PROGRAM`]), which
+//! runs the lanes and returns the verdict's action. A frame that some lane
+//! takes is written to the ring once, with the mask of the lanes that took
+//! it ([`CaptureRecord`]); the daemon hands it to each of those captures.
 //!
 //! What "exact" means with several captures: each lane is bounded on its
 //! own, in the kernel, so each capture gets at most its own P per second
