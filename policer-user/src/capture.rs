@@ -131,7 +131,8 @@ impl CaptureSummary {
 pub struct CaptureStatus {
     /// Captures running now.
     pub active: u32,
-    /// The kernel's mask of lanes in use (0: the drop path does not look).
+    /// The kernel's CAPTURE_ON word: the lanes in use (bits 0-7) and the
+    /// verdicts they want (above); 0: the drop path does not look further.
     pub kernel_mask: u32,
     /// Since the program was loaded: frames written to the ring, refused
     /// by the rate bound, lost to a full ring.

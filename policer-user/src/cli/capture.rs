@@ -16,7 +16,9 @@ use crate::capture::{CaptureSpec, Chunk, DEFAULT_MAX_PPS, parse_sample, read_chu
 
 #[derive(clap::Args)]
 #[command(after_help = "Ends at --count, at --duration, or on Ctrl-C; a summary goes to stderr. \
-    `policer capture -w - --dropped | tcpdump -nn -r -` reads it live.")]
+    `policer capture -w - --dropped | tcpdump -nn -r -` reads it live. Only frames a rule judged are \
+    captured (not non-IP, malformed or unmatched ones). Up to 8 captures run at once, each bounded on \
+    its own; with none running the drop path reads one word more. docs/capture.md has the design.")]
 pub struct Args {
     /// Where to write the pcapng: a file (created, or truncated), or `-`
     /// for stdout.
