@@ -1261,9 +1261,8 @@ fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
         .map_err(|e| Error::Program(Box::new(e)))?
         .try_clone()
         .map_err(Error::kernel("duplicating the capture program's descriptor"))?;
-    let mut array =
-        ProgramArray::try_from(ebpf.map_mut(MAP_CAPTURE_PROG).ok_or(Error::Missing(MAP_CAPTURE_PROG))?)
-            .map_err(Error::map(MAP_CAPTURE_PROG))?;
+    let mut array = ProgramArray::try_from(ebpf.map_mut(MAP_CAPTURE_PROG).ok_or(Error::Missing(MAP_CAPTURE_PROG))?)
+        .map_err(Error::map(MAP_CAPTURE_PROG))?;
     array.set(0, &fd, 0).map_err(Error::map(MAP_CAPTURE_PROG))?;
     Ok(())
 }

@@ -13,13 +13,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use pcap_file::pcapng::{
-    Block, PcapNgReader,
-    blocks::{enhanced_packet::EnhancedPacketOption, opt_common::CommonOption},
-};
 use aya::{
     maps::ProgramArray,
     programs::{TestRun, TestRunOptions, Xdp},
+};
+use pcap_file::pcapng::{
+    Block, PcapNgReader,
+    blocks::{enhanced_packet::EnhancedPacketOption, opt_common::CommonOption},
 };
 use policer_common::{
     capture::{
@@ -276,6 +276,59 @@ fn a_capture_ends_with_its_client_and_bad_requests_start_none() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A daemon killed (SIGKILL) mid-capture with `--persist` leaves its
+/// program policing with the capture word still set: the program array
+/// closed with the daemon, so the tail call fails and each verdict stands
+/// (the heavy source still held to its rate, the light ones untouched).
+/// The next start adopts the maps and brings its own capture program:
+/// capturing works again.
+#[test]
+fn a_daemon_killed_mid_capture_leaves_the_verdicts_and_the_next_start_captures() {
+    if !privileged("capture tier") {
+        return;
+    }
+    let sb = Sandbox::new("capp");
+    let mut d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0", "--persist"]);
+    let dir = tempfile_dir("capp");
+    let file = format!("{dir}/x.pcapng");
+    let c = spawn_capture(&sb, &["-w", &file, "--all", "--max-pps", "100000"]);
+    wait_active(&sb, 1);
+    d.stop_with(libc::SIGKILL);
+    drop(d);
+    // The client sees its daemon go and ends.
+    let out = c.wait_with_output().expect("wait");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    assert!(sb.rx_xdp().is_some(), "--persist: the program stays on {}", sb.rx_if);
+
+    let rule = Rate::Pps(1000).rule(10).unwrap();
+    let mut flows = vec![Flow { src: ip("198.18.0.1"), pps: 5000.0, len: 64 }];
+    for i in 1..=5 {
+        flows.push(Flow { src: ip(&format!("198.18.1.{i}")), pps: 100.0, len: 64 });
+    }
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(2));
+    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+    let exact = traffic::exact_admitted(&sent, &rule, 64) as f64;
+    let admitted = got.per_flow[0] as f64;
+    // The veth tier's ±1 % (against the model over the real send times),
+    // and 2 frames of slack at the ends of the run.
+    assert!((admitted - exact).abs() <= exact * 0.01 + 2.0, "admitted {admitted}, exact {exact}");
+    assert_eq!(&got.per_flow[1..], &sent.sent[1..], "in-profile sources lost frames");
+
+    // The next start adopts and captures.
+    let d = Daemon::attach(&sb, &["--interval", "0"]);
+    assert!(d.stdout().contains("adopting"), "{}", d.stdout());
+    let flood = traffic::run_bg(&sb, &flows[..1], Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(300));
+    let c = spawn_capture(&sb, &["-w", &file, "--dropped", "--count", "20", "--max-pps", "100000"]);
+    let (_, err) = finish(c);
+    flood.join().unwrap();
+    let frames = tcpdump(&file);
+    assert_eq!(frames.len(), 20, "{err}");
+    assert!(frames.iter().all(|(_, s)| s == "198.18.0.1"), "{frames:?}");
+    wait_active(&sb, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn tempfile_dir(tag: &str) -> String {
     let d = std::env::temp_dir().join(format!("policer-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -319,8 +372,8 @@ fn the_tail_call_keeps_the_verdict_and_hands_over_the_frame() {
     if !privileged("capture object tier") {
         return;
     }
-    let mut p = Policer::load(&LoadOptions { max_sources: 4096, test_clock: true, ..Default::default() })
-        .expect("load object");
+    let mut p =
+        Policer::load(&LoadOptions { max_sources: 4096, test_clock: true, ..Default::default() }).expect("load object");
     let n = |p: &Policer, name: &str| {
         let prog: &Xdp = p.ebpf.program(name).expect("program").try_into().unwrap();
         prog.info().expect("program info").verified_instruction_count().unwrap_or(0)
