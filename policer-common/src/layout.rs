@@ -14,6 +14,7 @@ use crate::{
     MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS,
     MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS,
     MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS, NewSources, Rule, RuleCounters,
+    capture::{CaptureCounters, CaptureHeader, CaptureLane, CaptureRecord, SNAP_BYTES},
     class::{ClassCand, ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
     recall::RecallSet,
     table::{Geometry, Set, SetDrops, SetKeys, Slot},
@@ -104,6 +105,8 @@ mod pod {
     unsafe impl aya::Pod for ClassList {}
     unsafe impl aya::Pod for Total {}
     unsafe impl aya::Pod for ClassFilter {}
+    unsafe impl aya::Pod for CaptureLane {}
+    unsafe impl aya::Pod for CaptureCounters {}
 }
 
 const _: () = {
@@ -126,4 +129,10 @@ const _: () = {
     assert!(size_of::<Counters>() == 23 * 8);
     assert!(size_of::<NewSources>() == 32);
     assert!(size_of::<RuleCounters>() == 8 * 8);
+    // Capture (not shared: each program gets its own, see crate::capture).
+    assert!(size_of::<CaptureLane>() == 3 * 8 + 32 + 4 * 4);
+    assert!(size_of::<CaptureCounters>() == 4 * 8);
+    assert!(size_of::<CaptureHeader>() == 32);
+    assert!(size_of::<crate::capture::CaptureScratch>() == 8 + 16 + 6 * 4);
+    assert!(size_of::<CaptureRecord>() == 32 + SNAP_BYTES);
 };

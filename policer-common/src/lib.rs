@@ -18,7 +18,7 @@
 //! 2. **The math**: [`clock`], [`bucket`] (`Rule`, `Bucket`, `Action`, the
 //!    new-source limiter), `rate` (host only).
 //! 3. **The decisions**: [`table`], [`recall`], [`ban`], [`slot`],
-//!    [`class`], [`verdict`].
+//!    [`class`], [`verdict`], [`capture`].
 //! 4. **The layout**: [`layout`], which names every module's types: what a
 //!    build shares with the next, the sizes adoption compares, `aya::Pod`
 //!    and the padding checks.
@@ -35,6 +35,7 @@ extern crate std;
 
 pub mod ban;
 pub mod bucket;
+pub mod capture;
 pub mod class;
 pub mod clock;
 pub mod flat;

@@ -19,16 +19,22 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
+use aya_ebpf::{
+    helpers::generated::bpf_xdp_load_bytes,
+    maps::{ProgramArray, RingBuf},
+};
 use aya_log_ebpf::warn;
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
+use policer_common::capture::{self, CAPTURE_RING_BYTES, CaptureRecord, SNAP_BYTES};
 use policer_common::{
     ACTION_NONE, Bucket, BucketKeyV6, ClockWindow, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
     MAX_IFACE_SLOTS, NewSources, Rule, RuleCounters,
     ban::{self, Ban, BanParams, RULE_BAN},
     bucket::Action,
+    capture::{CaptureCounters, CaptureLane, CaptureScratch, MAX_CAPTURES},
     class::{
         self, ClassFilter, ClassList, FrameL4, INDEX_PORT_BITS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, RULE_CLASS,
         RULE_NO_SOURCE, RULE_TOTAL, Total,
@@ -110,6 +116,33 @@ static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT_MAX_RULES 
 /// bound to the program by the loader, never read here.
 #[map]
 static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
+
+/// `policer capture` (policer_common::capture): the mask of the lanes in
+/// use, read once per judged frame; 0 while no capture runs.
+#[map]
+static CAPTURE_ON: Array<u32> = Array::with_max_entries(1, 0);
+/// Each capture's filter, sampling and rate bound.
+#[map]
+static CAPTURE_LANES: Array<CaptureLane> = Array::with_max_entries(MAX_CAPTURES as u32, 0);
+/// The lanes that capture each rule (at its counter slot).
+#[map]
+static CAPTURE_RULES: Array<u32> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[map]
+static CAPTURE_COUNTERS: PerCpuArray<CaptureCounters> = PerCpuArray::with_max_entries(MAX_CAPTURES as u32, 0);
+/// What the capture loop carries between lanes (see CaptureScratch).
+#[map]
+static CAPTURE_SCRATCH: PerCpuArray<CaptureScratch> = PerCpuArray::with_max_entries(1, 0);
+/// The captured frames, to the daemon.
+#[map]
+static CAPTURE_RING: RingBuf = RingBuf::with_byte_size(CAPTURE_RING_BYTES, 0);
+/// The capture program (`policer_capture` below), put here by the loader:
+/// the verdict reaches it by a tail call, so the lanes run on a stack of
+/// their own (this program's frame leaves too little of the 512 bytes the
+/// verifier allows a call chain). Empty (a tail call that fails) until the
+/// loader fills it, and again once the last descriptor of this array is
+/// closed (the kernel clears a program array with its last user).
+#[map]
+static CAPTURE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Set by the loader (read-only data): non-zero reads the clock from
 /// `CLOCK`, for tests that control time. Constant after load, so the
@@ -1328,7 +1361,271 @@ fn verdict(
     if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } != 0 {
         test_meta_report(ctx, slot, v);
     }
+    // The whole cost of capture while none runs: one inlined array load
+    // and a branch not taken.
+    if let Some(on) = CAPTURE_ON.get_ptr(0) {
+        // SAFETY: a live map value; the daemon rewrites the word whole.
+        let on = unsafe { core::ptr::read_volatile(on) };
+        if on != 0 {
+            hand_to_capture(ctx, on, capture::verdict_bit(v), slot);
+        }
+    }
     if v.passes() { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
+}
+
+/// With a capture running: a frame whose verdict some capture wants goes
+/// to the capture program by a tail call, which does not come back (that
+/// program ends with this verdict's action). When the call fails (the
+/// array empty: the daemon that filled it is gone) this returns and the
+/// caller returns the verdict itself.
+#[inline(always)]
+fn hand_to_capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32) {
+    if !capture::wanted(on, verdict) {
+        return;
+    }
+    let Some(sc) = CAPTURE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot: an XDP program and the program it tail-calls
+    // run on one CPU without preemption, so nobody else touches it between.
+    unsafe {
+        (*sc).verdict = verdict;
+        (*sc).slot = slot;
+        CAPTURE_PROG.tail_call(ctx, 0);
+    }
+}
+
+/// The capture program: the lanes for the frame the policer's verdict
+/// handed over (verdict and slot in the CPU's scratch), then that
+/// verdict's action. Never attached: reached only by the tail call.
+#[xdp]
+pub fn policer_capture(ctx: XdpContext) -> u32 {
+    let Some(sc) = CAPTURE_SCRATCH.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: this CPU's slot, written by the policer's program just
+    // before the tail call (see `hand_to_capture`).
+    let (verdict, slot) = unsafe { (core::ptr::read_volatile(&(*sc).verdict), core::ptr::read_volatile(&(*sc).slot)) };
+    let on = match CAPTURE_ON.get_ptr(0) {
+        // SAFETY: a live map value.
+        Some(on) => (unsafe { core::ptr::read_volatile(on) }) & capture::ON_LANES,
+        None => 0,
+    };
+    if on != 0 {
+        let len = (ctx.data_end() - ctx.data()) as u32;
+        capture(&ctx, sc, on, verdict, slot, len);
+    }
+    if verdict == capture::CAPTURE_DROPPED { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS }
+}
+
+/// The program's clock (the test clock under tests), for captured frames.
+#[inline(always)]
+fn capture_now() -> u64 {
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } != 0 {
+        CLOCK.get(0).copied().unwrap_or(0)
+    } else {
+        // SAFETY: BPF helper with no preconditions.
+        unsafe { bpf_ktime_get_ns() }
+    }
+}
+
+/// The frame's source, read again from the frame (only for a lane with a
+/// source filter) into `addr` (IPv4 in the first 4 bytes): its family, 0
+/// when not IP.
+#[inline(always)]
+fn capture_source(ctx: &XdpContext, addr: *mut [u8; 16]) -> u32 {
+    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
+        return 0;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let mut proto = u16::from_be(unsafe { (*eth).ether_type });
+    let mut off = EthHdr::LEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if proto != ETH_P_8021Q && proto != ETH_P_8021AD {
+            break;
+        }
+        let Some(inner) = ptr_at::<[u8; 2]>(ctx, off + VLAN_HLEN - 2) else {
+            return 0;
+        };
+        // SAFETY: bounds checked by ptr_at.
+        proto = u16::from_be_bytes(unsafe { *inner });
+        off += VLAN_HLEN;
+    }
+    // SAFETY (the copies): bounds checked by ptr_at; `addr` is the
+    // scratch's, 16 bytes.
+    if proto == ETH_P_IP {
+        if let Some(a) = ptr_at::<u32>(ctx, off + 12) {
+            unsafe {
+                let w = addr as *mut u32;
+                w.write_unaligned(core::ptr::read_unaligned(a));
+                w.add(1).write_unaligned(0);
+                w.add(2).write_unaligned(0);
+                w.add(3).write_unaligned(0);
+            }
+            return policer_common::FAMILY_V4;
+        }
+    } else if proto == ETH_P_IPV6
+        && let Some(a) = ptr_at::<[u32; 4]>(ctx, off + 8)
+    {
+        unsafe {
+            let w = addr as *mut u32;
+            let a = a as *const u32;
+            for k in 0..4 {
+                w.add(k).write_unaligned(core::ptr::read_unaligned(a.add(k)));
+            }
+        }
+        return policer_common::FAMILY_V6;
+    }
+    0
+}
+
+/// Hands a judged frame to the captures that take it (policer_common::
+/// capture: filter, sampling, the rate bound under compare-and-swap), as
+/// one ring record carrying the mask of those lanes.
+#[inline(always)]
+fn capture(ctx: &XdpContext, sc: *mut CaptureScratch, on: u32, verdict: u32, slot: u32, len: u32) {
+    // SAFETY: this CPU's slot; only this CPU touches it while we run.
+    unsafe {
+        (*sc).now_ns = 0;
+        (*sc).have_src = 0;
+        (*sc).took = 0;
+    }
+    let rule_lanes = match CAPTURE_RULES.get_ptr(slot) {
+        // SAFETY: a live map value.
+        Some(r) => unsafe { core::ptr::read_volatile(r) },
+        None => 0,
+    };
+    let random = match CPU_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; only this CPU touches it while we run.
+        Some(s) => unsafe { (*s).next_random() },
+        None => 0,
+    };
+    for i in 0..MAX_CAPTURES as u32 {
+        if on & (1 << i) != 0 {
+            capture_lane(ctx, sc, i, verdict, rule_lanes, random);
+        }
+    }
+    // SAFETY: as above.
+    let took = unsafe { core::ptr::read_volatile(&(*sc).took) };
+    if took == 0 {
+        return;
+    }
+    let Some(mut entry) = CAPTURE_RING.reserve::<CaptureRecord>(0) else {
+        count_lanes(took, |cc| cc.ring_full += 1);
+        return;
+    };
+    let caplen = if len as usize > SNAP_BYTES { SNAP_BYTES as u32 } else { len };
+    let rec = entry.as_mut_ptr();
+    // SAFETY: the reservation is ours until submitted; the frame's bytes go
+    // straight into it (the helper checks the offset and length against
+    // the frame, the verifier the length against the buffer).
+    let copied = unsafe {
+        // Field by field, straight into the ring: no copy on the stack.
+        let h = &raw mut (*rec).header;
+        (*h).time_ns = core::ptr::read_volatile(&(*sc).now_ns);
+        (*h).len = len;
+        (*h).caplen = caplen;
+        (*h).ifindex = (*ctx.ctx).ingress_ifindex;
+        (*h).rule_slot = slot;
+        (*h).verdict = verdict;
+        (*h).lanes = took;
+        // Read back and bounded as the verifier tracks it (an AND, then
+        // +1: 1 ..= SNAP_BYTES), whatever the compiler kept of the min.
+        let n = core::ptr::read_volatile(&raw const (*rec).header.caplen);
+        n != 0
+            && bpf_xdp_load_bytes(
+                ctx.ctx,
+                0,
+                (&raw mut (*rec).data) as *mut core::ffi::c_void,
+                ((n - 1) & (SNAP_BYTES as u32 - 1)) + 1,
+            ) == 0
+    };
+    if !copied {
+        entry.discard(0);
+        return;
+    }
+    entry.submit(0);
+    count_lanes(took, |cc| cc.captured += 1);
+}
+
+/// Whether lane `i` takes the frame: its filter, its source prefix, its
+/// sampling, then its rate bound (compare-and-swap); a taken frame sets
+/// the lane's bit in the scratch's `took`.
+#[inline(always)]
+fn capture_lane(ctx: &XdpContext, sc: *mut CaptureScratch, i: u32, verdict: u32, rule_lanes: u32, random: u64) {
+    let Some(lane) = CAPTURE_LANES.get_ptr_mut(i) else {
+        return;
+    };
+    // SAFETY: a live map value; only `tat_ns` changes while a lane is in
+    // use, and only by compare-and-swap.
+    let l = unsafe { &*lane };
+    if !capture::filter_takes(l, i, verdict, rule_lanes) {
+        return;
+    }
+    // SAFETY (the scratch): this CPU's slot, as in `capture`.
+    if l.src_family != 0 {
+        unsafe {
+            if core::ptr::read_volatile(&(*sc).have_src) == 0 {
+                (*sc).family = capture_source(ctx, &raw mut (*sc).src);
+                (*sc).have_src = 1;
+            }
+            let family = core::ptr::read_volatile(&(*sc).family);
+            if !capture::source_matches(l, family, &(*sc).src) {
+                return;
+            }
+        }
+    }
+    if !capture::sampled(l.sample_every, random, i) {
+        return;
+    }
+    let Some(cc) = CAPTURE_COUNTERS.get_ptr_mut(i) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while we run.
+    let cc = unsafe { &mut *cc };
+    cc.matched += 1;
+    // SAFETY: the scratch, as above.
+    let now = unsafe {
+        let mut now = core::ptr::read_volatile(&(*sc).now_ns);
+        if now == 0 {
+            now = capture_now();
+            (*sc).now_ns = now;
+        }
+        now
+    };
+    // SAFETY: a live map value, changed by other CPUs only by CAS.
+    let tat_ptr = unsafe { &raw mut (*lane).tat_ns };
+    // SAFETY: as above.
+    let mut old = unsafe { core::ptr::read_volatile(tat_ptr) };
+    for _ in 0..CAS_ROUNDS {
+        let Some(new) = capture::admit(old, now, l.interval_ns, l.tolerance_ns) else {
+            break;
+        };
+        // SAFETY: as above.
+        let seen = unsafe { cas(tat_ptr, old, new) };
+        if seen == old {
+            // SAFETY: the scratch, as above.
+            unsafe { (*sc).took |= 1 << i };
+            return;
+        }
+        old = seen;
+    }
+    // Over the bound, or every round lost to CPUs that took it.
+    cc.rate_bounded += 1;
+}
+
+/// Applies `f` to the counters of each lane in `lanes`.
+#[inline(always)]
+fn count_lanes(lanes: u32, f: impl Fn(&mut CaptureCounters)) {
+    for i in 0..MAX_CAPTURES as u32 {
+        if lanes & (1 << i) != 0
+            && let Some(cc) = CAPTURE_COUNTERS.get_ptr_mut(i)
+        {
+            // SAFETY: per-CPU slot, only this CPU writes it while we run.
+            f(unsafe { &mut *cc });
+        }
+    }
 }
 
 #[panic_handler]

@@ -142,6 +142,11 @@ pub enum Request {
     DryRun {
         change: Box<Request>,
     },
+    /// `policer capture`: answered by a [`Reply::Capturing`] line, then
+    /// the capture's chunks (`crate::capture`) until it ends.
+    Capture {
+        spec: crate::capture::CaptureSpec,
+    },
 }
 
 impl Request {
@@ -195,6 +200,10 @@ pub enum Reply {
     Set(Box<SetView>),
     /// What a change would do (`--dry-run`): nothing changed.
     DryRun(Box<DryRunView>),
+    /// A capture started; its chunks follow on the connection.
+    Capturing {
+        message: String,
+    },
     /// Refused: nothing changed.
     Refused {
         error: String,
@@ -375,6 +384,7 @@ impl Reply {
             Reply::Bans { .. } => "bans",
             Reply::Set(_) => "set",
             Reply::DryRun(_) => "dry_run",
+            Reply::Capturing { .. } => "capturing",
             Reply::Refused { .. } => "refused",
         }
     }
@@ -557,6 +567,11 @@ pub struct StatsView {
     /// is configured (or from a daemon older than this field).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub feeds: Vec<FeedStatus>,
+    /// `policer capture`: captures running and the kernel's counts (none
+    /// from a daemon older than this field, or whose program has no
+    /// capture maps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<crate::capture::CaptureStatus>,
 }
 
 /// A decision feed (CrowdSec's Local API) as the daemon last saw it:
@@ -984,6 +999,13 @@ fn connect(path: &Path, timeout: Duration) -> Result<UnixStream> {
 /// Sends one request to the daemon listening on `path`; a refusal is
 /// [`Error::Refused`]. [`Client`] takes the reply apart by request.
 pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
+    call_reader(path, req, timeout).map(|(r, _)| r)
+}
+
+/// [`call_at`], and the connection after the reply's line, for an answer
+/// that goes on (`capture`): the reader holds what came after the line.
+/// Its read timeout stays `timeout`.
+pub fn call_reader(path: &Path, req: &Request, timeout: Duration) -> Result<(Reply, BufReader<UnixStream>)> {
     let stream = connect(path, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
@@ -1007,7 +1029,8 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
         return Err(timed_out(sent.unwrap_err()));
     }
     let mut resp = String::new();
-    let read = BufReader::with_capacity(1 << 20, &stream).read_line(&mut resp);
+    let mut reader = BufReader::with_capacity(1 << 20, stream);
+    let read = reader.read_line(&mut resp);
     let gone = |e: &std::io::Error| {
         Error::Invalid(format!(
             "the daemon closed the connection without answering ({e}): it may be busy or exiting; try again"
@@ -1043,7 +1066,7 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
     match reply {
         Reply::Refused { busy: Some(Busy { in_use, cap }), .. } => Err(Error::Busy { in_use, cap }),
         Reply::Refused { error, .. } => Err(Error::Refused(error)),
-        r => Ok(r),
+        r => Ok((r, reader)),
     }
 }
 
@@ -1092,6 +1115,20 @@ impl Client {
     }
 
     /// `replace`: the given fields alone, not laid over the rule in force.
+    /// Starts a capture: the daemon's message and the connection its
+    /// chunks come on (`crate::capture::read_chunk`), with no read timeout
+    /// (a capture may wait long for a frame).
+    pub fn capture(&self, spec: crate::capture::CaptureSpec) -> Result<(String, BufReader<UnixStream>)> {
+        let (reply, reader) = call_reader(&self.path, &Request::Capture { spec }, self.timeout)?;
+        match reply {
+            Reply::Capturing { message } => {
+                reader.get_ref().set_read_timeout(None)?;
+                Ok((message, reader))
+            }
+            got => Err(Error::UnexpectedReply { want: "capturing", got: got.kind() }),
+        }
+    }
+
     pub fn rule_set(&self, rule: RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
         self.change(Request::RuleSet { rule, runtime, replace, force })
     }

@@ -2,6 +2,7 @@
 //! are thin wrappers.
 
 pub mod batch;
+pub mod capture;
 pub mod classes;
 pub mod cli;
 pub mod compile;

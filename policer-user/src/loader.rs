@@ -11,7 +11,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, LpmTrie, MapData, PerCpuArray},
+    maps::{Array, LpmTrie, MapData, PerCpuArray, ProgramArray},
     programs::Xdp,
 };
 use ipnet::IpNet;
@@ -330,6 +330,7 @@ impl Policer {
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
             .map_max_entries(MAP_TOTALS, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BAN_PARAMS, opts.max_rules + 1)
+            .map_max_entries(policer_common::capture::MAP_CAPTURE_RULES, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BANS, opts.max_bans.max(1))
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
@@ -363,6 +364,7 @@ impl Policer {
             .try_into()
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
+        load_capture(&mut ebpf)?;
         if let Some(v) = opts.layout_version {
             stamp_layout(&mut ebpf, v)?;
         }
@@ -389,6 +391,44 @@ impl Policer {
             reader.geometry = g.unwrap_or_default();
         }
         Ok(p)
+    }
+
+    /// Takes the capture maps out of the program (the daemon's capture
+    /// hub becomes their one writer). A program without them (loaded from
+    /// an object older than capture) is a clear error, not a crash.
+    pub fn take_capture(&mut self) -> Result<CaptureMaps> {
+        use policer_common::capture::{
+            MAP_CAPTURE_COUNTERS, MAP_CAPTURE_LANES, MAP_CAPTURE_ON, MAP_CAPTURE_RING, MAP_CAPTURE_RULES,
+        };
+        let missing = |name: &str| {
+            Error::Invalid(format!(
+                "capture is not available: the loaded program has no {name} map (an object built without the \
+                 capture path, or older than capture; docs/capture.md)"
+            ))
+        };
+        let names = [MAP_CAPTURE_ON, MAP_CAPTURE_LANES, MAP_CAPTURE_RULES, MAP_CAPTURE_COUNTERS, MAP_CAPTURE_RING];
+        if let Some(n) = names.iter().find(|n| self.ebpf.map(n).is_none()) {
+            return Err(missing(n));
+        }
+        // The lanes run in the capture program: without it (an object of
+        // another build) the lanes would never be read.
+        if self.ebpf.program(policer_common::capture::CAPTURE_PROGRAM).is_none()
+            || self.ebpf.map(policer_common::capture::MAP_CAPTURE_PROG).is_none()
+        {
+            return Err(Error::Invalid(format!(
+                "capture is not available: the loaded object has no {} program (a build older than capture's \
+                 tail call; docs/capture.md)",
+                policer_common::capture::CAPTURE_PROGRAM
+            )));
+        }
+        let mut take = |name: &'static str| self.ebpf.take_map(name).ok_or_else(|| missing(name));
+        Ok(CaptureMaps {
+            on: Array::try_from(take(MAP_CAPTURE_ON)?).map_err(Error::map(MAP_CAPTURE_ON))?,
+            lanes: Array::try_from(take(MAP_CAPTURE_LANES)?).map_err(Error::map(MAP_CAPTURE_LANES))?,
+            rules: Array::try_from(take(MAP_CAPTURE_RULES)?).map_err(Error::map(MAP_CAPTURE_RULES))?,
+            counters: PerCpuArray::try_from(take(MAP_CAPTURE_COUNTERS)?).map_err(Error::map(MAP_CAPTURE_COUNTERS))?,
+            ring: aya::maps::RingBuf::try_from(take(MAP_CAPTURE_RING)?).map_err(Error::map(MAP_CAPTURE_RING))?,
+        })
     }
 
     pub fn program(&mut self) -> &mut Xdp {
@@ -522,6 +562,16 @@ impl Policer {
         };
         Ok((cap(MAP_RULES_V4)?, cap(MAP_RULES_V6)?))
     }
+}
+
+/// The maps of `policer capture` (policer_common::capture), owned by the
+/// daemon's capture hub.
+pub struct CaptureMaps {
+    pub on: Array<MapData, u32>,
+    pub lanes: Array<MapData, policer_common::capture::CaptureLane>,
+    pub rules: Array<MapData, u32>,
+    pub counters: PerCpuArray<MapData, policer_common::capture::CaptureCounters>,
+    pub ring: aya::maps::RingBuf<MapData>,
 }
 
 /// The maps a program adopting another's shares with it and a start
@@ -1191,6 +1241,32 @@ impl Policer {
 /// later write from user space) and binds it to the program: the program
 /// never reads it, and without the binding it would not be among the
 /// program's maps, where another build looks for it.
+/// Loads the capture program beside the policer's and puts it in the
+/// program array the policer's verdict tail-calls (docs/capture.md). Both
+/// live as long as this load: the array is this program's own, created
+/// fresh by every start (an adopted program's maps never include it), and
+/// the kernel empties it when its last descriptor closes, so a program
+/// left running (`--persist`) falls back to returning its verdicts. An
+/// object without the capture program (another build) loads without it:
+/// captures are then refused ([`Policer::take_capture`]).
+fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
+    use policer_common::capture::{CAPTURE_PROGRAM, MAP_CAPTURE_PROG};
+    let Some(prog) = ebpf.program_mut(CAPTURE_PROGRAM) else {
+        return Ok(());
+    };
+    let prog: &mut Xdp = prog.try_into().map_err(|e| Error::Program(Box::new(e)))?;
+    prog.load().map_err(|e| Error::Program(Box::new(e)))?;
+    let fd = prog
+        .fd()
+        .map_err(|e| Error::Program(Box::new(e)))?
+        .try_clone()
+        .map_err(Error::kernel("duplicating the capture program's descriptor"))?;
+    let mut array = ProgramArray::try_from(ebpf.map_mut(MAP_CAPTURE_PROG).ok_or(Error::Missing(MAP_CAPTURE_PROG))?)
+        .map_err(Error::map(MAP_CAPTURE_PROG))?;
+    array.set(0, &fd, 0).map_err(Error::map(MAP_CAPTURE_PROG))?;
+    Ok(())
+}
+
 fn stamp_layout(ebpf: &mut Ebpf, version: u32) -> Result<()> {
     let mut m: Array<&mut MapData, u32> =
         Array::try_from(ebpf.map_mut(MAP_LAYOUT).ok_or(Error::Missing(MAP_LAYOUT))?).map_err(Error::map(MAP_LAYOUT))?;

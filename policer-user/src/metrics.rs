@@ -247,6 +247,9 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
     if let Some(f) = s.feeds.iter().find(|f| f.kind == "crowdsec") {
         feed_metrics(&mut reg, f);
     }
+    if let Some(c) = &s.capture {
+        capture_metrics(&mut reg, c);
+    }
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
@@ -265,6 +268,31 @@ struct Kind {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Reason {
     reason: String,
+}
+
+/// `policer_capture_*`: `policer capture` (docs/capture.md).
+fn capture_metrics(reg: &mut Registry, c: &crate::capture::CaptureStatus) {
+    let cap = reg.sub_registry_with_prefix("capture");
+    let counter = |v: u64| {
+        let k: Counter = Counter::default();
+        k.inc_by(v);
+        k
+    };
+    let active: Gauge = Gauge::default();
+    active.set(c.active as i64);
+    cap.register("active", "Captures running now", active);
+    cap.register("frames", "Frames the program handed to captures through the ring buffer", counter(c.frames));
+    cap.register(
+        "rate_bounded",
+        "Frames a capture's filter took that its rate bound (--max-pps, in the kernel) refused",
+        counter(c.rate_bounded),
+    );
+    cap.register("ring_full", "Frames lost because the capture ring buffer was full", counter(c.ring_full));
+    cap.register(
+        "slow_reader",
+        "Frames the daemon dropped because a capture's client read too slowly",
+        counter(c.slow_reader),
+    );
 }
 
 /// `policer_crowdsec_*`: the feed from CrowdSec's Local API.

@@ -35,6 +35,8 @@ const APT_PACKAGES: &[&str] = &[
     "man-db",
     // The Prometheus project's OpenMetrics parser, to check /metrics in the tests.
     "python3-prometheus-client",
+    // `tcpdump -r`, to read back what `policer capture` writes (tests/tests/capture.rs).
+    "tcpdump",
 ];
 
 #[derive(Parser)]
@@ -344,6 +346,7 @@ fn test(host_only: bool) -> Result<()> {
         "crowdsec",
         "alerts",
         "dryrun",
+        "capture",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

@@ -3,6 +3,7 @@
 
 mod attach;
 mod ban;
+mod capture;
 mod check;
 mod detach;
 mod docs;
@@ -84,6 +85,10 @@ enum Cmd {
     /// What the rules would have done to a capture: every frame through the
     /// real program, on the capture's own clock (no daemon, nothing attached).
     Replay(replay::Args),
+    /// Write the frames the running daemon judges (dropped by default) to
+    /// a pcapng file or stdout: filtered, sampled and rate-bounded in the
+    /// kernel.
+    Capture(capture::Args),
     /// Write the man pages (policer.8 and one per verb) into a directory.
     #[command(hide = true)]
     Man(docs::ManArgs),
@@ -156,6 +161,7 @@ impl Cli {
             Cmd::Top(a) => top::run(a),
             Cmd::Inspect(a) => inspect::run(a),
             Cmd::Replay(a) => replay::run(a),
+            Cmd::Capture(a) => capture::run(a),
             Cmd::Man(a) => docs::man(a),
             Cmd::Completions(a) => docs::completions(a),
         }

@@ -21,6 +21,7 @@
 mod adopt;
 mod audit;
 mod bans;
+mod capture;
 mod crowdsec;
 mod dryrun;
 mod follow;
@@ -260,6 +261,8 @@ async fn serve(
     metrics: Option<std::net::TcpListener>,
 ) -> (Result<()>, Option<std::thread::JoinHandle<()>>) {
     start_kernel_log(&mut d.policer);
+    // The capture maps go to the capture hub, their one writer.
+    let capture_maps = d.policer.take_capture();
     let interval = d.interval;
     let reader = d.policer.reader();
     let audit = d.audit.clone();
@@ -280,6 +283,8 @@ async fn serve(
     };
     let config = PathBuf::from(&snap_rx.borrow().config);
     let views = Arc::new(Views::new(reader, snap_rx, audit));
+    let hub = capture::Hub::start(capture_maps);
+    views.set_capture(hub.clone());
     if let Some(settings) = feed {
         crowdsec::spawn(crowdsec::Feed {
             settings,
@@ -290,7 +295,7 @@ async fn serve(
         });
     }
     follow::start(owner.clone(), &config);
-    let r = event_loop(owner.clone(), views, listener, metrics, interval).await;
+    let r = event_loop(owner.clone(), views, hub, listener, metrics, interval).await;
     // Whatever ended the loop, the owner leaves as configured: ahead of
     // queued changes, and within the second SIGTERM is given.
     match owner.shutdown(SHUTDOWN_DEADLINE).await {
@@ -311,6 +316,7 @@ async fn serve(
 async fn event_loop(
     owner: Owner,
     views: Arc<Views>,
+    hub: Arc<capture::Hub>,
     listener: UnixListener,
     metrics: Option<std::net::TcpListener>,
     interval: f64,
@@ -319,7 +325,7 @@ async fn event_loop(
     // The fds open now are the daemon's own (maps, programs, listeners,
     // the config's watch): the connection caps fit beside them.
     let caps = serve::caps(metrics.is_some());
-    let ctx = Arc::new(serve::Ctx::new(owner.clone(), views.clone(), stop_tx, caps));
+    let ctx = Arc::new(serve::Ctx::new(owner.clone(), views.clone(), hub, stop_tx, caps));
     listener.set_nonblocking(true)?;
     tokio::spawn(serve::control::run(tokio::net::UnixListener::from_std(listener)?, ctx.clone()));
     if let Some(m) = metrics {

@@ -113,6 +113,8 @@ pub struct Views {
     started: Instant,
     /// The decision feeds' statuses (`[crowdsec]`).
     feeds: Mutex<Vec<Arc<Mutex<crate::control::FeedStatus>>>>,
+    /// `policer capture`'s hub (set once serving starts).
+    capture: std::sync::OnceLock<Arc<super::capture::Hub>>,
 }
 
 /// `/healthz`: whether the program is attached to every interface the
@@ -142,12 +144,36 @@ impl Views {
             audit,
             started: Instant::now(),
             feeds: Mutex::new(Vec::new()),
+            capture: std::sync::OnceLock::new(),
         }
     }
 
     /// The map reader (a dry run's table reads).
     pub fn reader(&self) -> Arc<MapReader> {
         self.reader.clone()
+    }
+
+    /// Registers the capture hub (its counts go to `stats` and `/metrics`).
+    pub fn set_capture(&self, hub: Arc<super::capture::Hub>) {
+        let _ = self.capture.set(hub);
+    }
+
+    /// The names a capture writes: each rule's prefix and `rule ls` name
+    /// (with its class) by counter slot, each interface's by index.
+    pub fn capture_names(&self) -> super::capture::Names {
+        let snap = self.snap();
+        let mut rules = BTreeMap::new();
+        for r in snap.rules.values() {
+            let prefix = r.spec.net.to_string();
+            let class = r.spec.class.to_string();
+            let name = if class == "-" || class.is_empty() { prefix.clone() } else { format!("{prefix} ({class})") };
+            rules.insert(r.slot, (prefix, name));
+        }
+        for set in &snap.sets {
+            rules.insert(set.slot, (set.view.prefix.clone(), set.view.prefix.clone()));
+        }
+        let ifaces = snap.ifaces.iter().map(|i| (i.index, i.name.clone())).collect();
+        super::capture::Names { rules, ifaces }
     }
 
     /// The audit trail, to record a change in.
@@ -330,6 +356,7 @@ impl Views {
             bans,
             recent_changes: self.audit.recent(),
             feeds: self.feeds(),
+            capture: self.capture.get().and_then(|h| h.status()),
         })
     }
 

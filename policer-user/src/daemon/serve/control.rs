@@ -61,7 +61,7 @@ async fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, String> {
 }
 
 /// A reply as its JSON line.
-fn line(reply: &Reply) -> Vec<u8> {
+pub(crate) fn line(reply: &Reply) -> Vec<u8> {
     let mut text =
         serde_json::to_vec(reply).unwrap_or_else(|_| b"{\"reply\":\"refused\",\"error\":\"internal\"}".to_vec());
     text.push(b'\n');
@@ -73,6 +73,8 @@ enum Answer {
     /// The reply, and whether the daemon should now exit.
     Reply(Reply, bool),
     Set(Box<SetRow>),
+    /// A capture: its answer streams until it ends (`daemon::capture`).
+    Capture(crate::capture::CaptureSpec),
 }
 
 async fn serve(mut stream: UnixStream, ctx: &Ctx) {
@@ -105,6 +107,9 @@ async fn serve(mut stream: UnixStream, ctx: &Ctx) {
         }
         Answer::Set(row) => {
             let _ = timeout(SET_DEADLINE, stream_set(&mut stream, &row, WRITE_TIMEOUT)).await;
+        }
+        Answer::Capture(spec) => {
+            crate::daemon::capture::serve(stream, &ctx.capture, &ctx.views, spec, ctx.stop.subscribe()).await;
         }
     }
 }
@@ -296,6 +301,7 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         }
         // From the snapshot, off the owner: a million entries are streamed
         // by this connection, and no change waits for them.
+        Request::Capture { spec } => Answer::Capture(spec),
         Request::SetLs { name } => match views.set(&name) {
             Ok(row) => Answer::Set(Box::new(row)),
             Err(e) => read(refused(e)),

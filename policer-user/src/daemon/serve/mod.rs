@@ -134,6 +134,8 @@ pub fn caps(http: bool) -> Caps {
 pub struct Ctx {
     pub owner: Owner,
     pub views: Arc<Views>,
+    /// `policer capture` (each capture also holds a control permit).
+    pub capture: Arc<crate::daemon::capture::Hub>,
     /// Set when the daemon should exit (its last interface was detached).
     pub stop: watch::Sender<bool>,
     pub caps: Caps,
@@ -148,7 +150,13 @@ pub struct Ctx {
 
 impl Ctx {
     /// Starts the shared renders (on the current runtime).
-    pub fn new(owner: Owner, views: Arc<Views>, stop: watch::Sender<bool>, caps: Caps) -> Ctx {
+    pub fn new(
+        owner: Owner,
+        views: Arc<Views>,
+        capture: Arc<crate::daemon::capture::Hub>,
+        stop: watch::Sender<bool>,
+        caps: Caps,
+    ) -> Ctx {
         let v = views.clone();
         // Paced: a scrape storm takes at most half a core of renders.
         let metrics = render::Shared::paced(move || v.metrics());
@@ -161,6 +169,7 @@ impl Ctx {
         Ctx {
             owner,
             views,
+            capture,
             stop,
             caps,
             metrics,

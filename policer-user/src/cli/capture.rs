@@ -1,0 +1,158 @@
+//! `policer capture -w FILE|- [--dropped|--passed|--would-drop|--all]
+//! [--rule CIDR…] [--source CIDR] [--sample 1/N] [--max-pps P]
+//! [--count N] [--duration T]`: frames the running daemon judged, as
+//! pcapng (docs/capture.md).
+
+use std::{
+    io::Write,
+    os::{fd::AsRawFd, unix::net::UnixStream},
+    path::PathBuf,
+};
+
+use policer_common::capture::{CAPTURE_DROPPED, CAPTURE_PASSED, CAPTURE_WOULD_DROP, MAX_CAPTURE_PPS};
+
+use super::daemon;
+use crate::capture::{CaptureSpec, Chunk, DEFAULT_MAX_PPS, parse_sample, read_chunk};
+
+#[derive(clap::Args)]
+#[command(after_help = "Ends at --count, at --duration, or on Ctrl-C; a summary goes to stderr. \
+    `policer capture -w - --dropped | tcpdump -nn -r -` reads it live. Only frames a rule judged are \
+    captured (not non-IP, malformed or unmatched ones). Up to 8 captures run at once, each bounded on \
+    its own; with none running the drop path reads one word more. docs/capture.md has the design.")]
+pub struct Args {
+    /// Where to write the pcapng: a file (created, or truncated), or `-`
+    /// for stdout.
+    #[arg(short = 'w', long = "write", value_name = "FILE")]
+    write: String,
+    /// Frames a rule dropped (the default when no verdict is named).
+    #[arg(long)]
+    dropped: bool,
+    /// Frames a rule passed (admitted, allowed, or passed by a monitor rule).
+    #[arg(long)]
+    passed: bool,
+    /// Frames a monitor rule passed that policing would have dropped.
+    #[arg(long)]
+    would_drop: bool,
+    /// Every judged frame, whatever its verdict.
+    #[arg(long, conflicts_with_all = ["dropped", "passed", "would_drop"])]
+    all: bool,
+    /// Only frames of these rules, by their prefix as `policer rule ls`
+    /// shows it (`set:NAME` for a named set); repeat or list them.
+    #[arg(long = "rule", value_name = "CIDR", num_args = 1.., value_delimiter = ',')]
+    rules: Vec<String>,
+    /// Only frames from sources in this prefix (an address alone: that
+    /// source).
+    #[arg(long, value_name = "CIDR")]
+    source: Option<String>,
+    /// Take one matching frame in N, at random (`1/1000`).
+    #[arg(long, value_name = "1/N", default_value = "1/1")]
+    sample: String,
+    /// At most P frames per second (plus a burst of a tenth of a second's
+    /// worth), bounded in the kernel: a flood cannot flood the daemon.
+    #[arg(long, value_name = "P", default_value_t = DEFAULT_MAX_PPS)]
+    max_pps: u64,
+    /// End after N frames.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+    /// End after this long (`30s`, `5m`).
+    #[arg(long, value_name = "T")]
+    duration: Option<String>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let mut verdicts = 0;
+    if a.all {
+        verdicts = CAPTURE_PASSED | CAPTURE_DROPPED | CAPTURE_WOULD_DROP;
+    }
+    if a.dropped {
+        verdicts |= CAPTURE_DROPPED;
+    }
+    if a.passed {
+        verdicts |= CAPTURE_PASSED;
+    }
+    if a.would_drop {
+        verdicts |= CAPTURE_WOULD_DROP;
+    }
+    if verdicts == 0 {
+        verdicts = CAPTURE_DROPPED;
+    }
+    if !(1..=MAX_CAPTURE_PPS).contains(&a.max_pps) {
+        anyhow::bail!("--max-pps {}: must be 1 ..= {MAX_CAPTURE_PPS}", a.max_pps);
+    }
+    let duration_ms = match &a.duration {
+        Some(d) => Some(crate::duration::parse(d)?.as_millis().min(u64::MAX as u128) as u64),
+        None => None,
+    };
+    let spec = CaptureSpec {
+        verdicts,
+        rules: a.rules.iter().map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
+        source: a.source.clone(),
+        sample: parse_sample(&a.sample)?,
+        max_pps: a.max_pps,
+        count: a.count,
+        duration_ms,
+    };
+    spec.check()?;
+    // The output first: a file that cannot be written starts no capture.
+    let mut out: Box<dyn Write> = if a.write == "-" {
+        Box::new(std::io::stdout().lock())
+    } else {
+        let path = PathBuf::from(&a.write);
+        Box::new(
+            std::fs::File::create(&path)
+                .map_err(|e| anyhow::anyhow!("-w {}: cannot create it: {e}", path.display()))?,
+        )
+    };
+    let (message, mut reader) = daemon()?.capture(spec)?;
+    eprintln!("policer: {message}");
+    // Ctrl-C (or SIGTERM) ends the capture as the daemon sees it: our side
+    // of the connection is shut, the daemon sends what it has and the
+    // summary.
+    on_interrupt_shut(reader.get_ref());
+    loop {
+        match read_chunk(&mut reader)? {
+            Some(Chunk::Data(bytes)) => {
+                if let Err(e) = out.write_all(&bytes).and_then(|_| out.flush()) {
+                    // A reader of stdout that went away (`| head`): the
+                    // capture ends; the daemon sees the connection close.
+                    if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        return Ok(());
+                    }
+                    anyhow::bail!("-w {}: {e}", a.write);
+                }
+            }
+            Some(Chunk::End(summary)) => {
+                out.flush()?;
+                eprintln!("{}", summary.line());
+                return Ok(());
+            }
+            None => anyhow::bail!("the daemon closed the capture without a summary (it stopped?)"),
+        }
+    }
+}
+
+/// Shuts the write side of `stream` on SIGINT or SIGTERM (a thread waits
+/// for them, blocked everywhere else), so the daemon ends the capture.
+fn on_interrupt_shut(stream: &UnixStream) {
+    let fd = stream.as_raw_fd();
+    // SAFETY: plain signal-set calls on a local set; blocking the two
+    // signals in this thread before any other is spawned, so the waiter
+    // alone takes them.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    std::thread::spawn(move || {
+        let mut sig = 0;
+        // SAFETY: waits on the set blocked above.
+        if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+            // SAFETY: shutting a socket this process holds open for as
+            // long as the capture runs (the main thread owns it).
+            unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+        }
+    });
+}
