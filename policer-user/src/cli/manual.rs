@@ -350,6 +350,41 @@ others do not.",
         asks_daemon: true,
     },
     Page {
+        name: "policer-capture",
+        summary: "write the frames the daemon drops (or passes) to pcapng",
+        description: "\
+Asks the running daemon for the frames its rules judge, as they are judged: the kernel hands a copy of each \
+chosen frame (its first 256 bytes, its length, the kernel's timestamp, the verdict, the rule and the interface) \
+to the daemon through a BPF ring buffer, and the daemon writes pcapng to FILE or to stdout (-w -), each packet \
+with a comment naming its verdict, rule and interface. tcpdump and Wireshark read it.
+
+The filters (--dropped, --passed, --would-drop, --all; --rule; --source), the sampling (--sample 1/N) and the \
+rate bound (--max-pps) are applied in the kernel: a flood cannot flood the daemon, and a full ring or a slow \
+reader loses frames (counted in the summary), never time. Up to 8 captures run at once, each with its own \
+filters and bound. A capture ends at --count, at --duration, on Ctrl-C or when its reader goes away; the \
+summary (frames written, bounded, lost) goes to stderr. With no capture running the drop path reads one word \
+more.
+
+Only frames a rule judged are captured: not non-IP, malformed or unmatched frames.",
+        examples: &[
+            (
+                "What is dropped now, live, at most 100 frames a second",
+                "policer capture -w - --dropped --max-pps 100 | tcpdump -nn -r -",
+            ),
+            (
+                "One frame in 1000 of a prefix's drops for five minutes, to a file",
+                "policer capture -w drops.pcapng --rule 203.0.113.0/24 --sample 1/1000 --duration 5m",
+            ),
+            (
+                "Prove a customer was not blocked: its passed frames",
+                "policer capture -w cust.pcapng --passed --source 198.51.100.7 --count 100",
+            ),
+        ],
+        json: None,
+        see_also: &["policer-replay", "policer-inspect", "policer-stats"],
+        asks_daemon: true,
+    },
+    Page {
         name: "policer-replay",
         summary: "what the rules would have done to a capture",
         description: "\
@@ -365,7 +400,7 @@ is shown on a terminal. Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
             ("A candidate config against a capture", "policer replay tuesday.pcapng --config new.toml --top 20"),
         ],
         json: None,
-        see_also: &["policer-check", "policer-inspect"],
+        see_also: &["policer-check", "policer-capture", "policer-inspect"],
         asks_daemon: false,
     },
 ];
