@@ -98,6 +98,11 @@ struct Args {
     /// is banned, so the row measures a banned source's drop.
     #[arg(long, requires = "ab_veth")]
     ab_veth_banned: bool,
+    /// Each binary but the first also with a `policer capture` of its
+    /// drops running, sampling one in N (`1/1000`): the drop path's cost
+    /// while a capture runs.
+    #[arg(long, value_name = "1/N", requires = "ab_veth")]
+    ab_veth_capture: Option<String>,
 }
 
 /// `--ab-veth`.
@@ -127,6 +132,7 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
             a.ab_veth_classes,
             a.ab_veth_bans,
             a.ab_veth_banned,
+            a.ab_veth_capture.as_deref(),
         )
     })?;
     println!(

@@ -565,9 +565,11 @@ pub fn ab(
     classes: bool,
     bans: u32,
     banned: bool,
+    capture: Option<&str>,
 ) -> Result<Vec<AbVethRow>> {
     let cpu = bench_cpu();
     let mut setups = Vec::new();
+    let mut captures = Captures(Vec::new());
     let floor = Net::new("abf")?;
     let floor_xdp = install(System::XdpDrop, &floor, DROP_LIMIT, DROP_LIMIT)?;
     let g = flood(&floor, flood_.sources, flood_.family, flood_.random)?;
@@ -628,6 +630,21 @@ pub fn ab(
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
             setups.push((format!("{bin} banning (--ban-for 1d)"), net, Installed::Daemon(Box::new(d)), g));
         }
+        if let Some(sample) = capture
+            && i > 0
+        {
+            say(&format!("veth: setting up the dropping policer of {bin} with a capture of its drops, {sample}"));
+            let net = Net::new(&format!("abk{i}"))?;
+            let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
+            captures.start(&bin.path, &net.sb.rx_ns, sample)?;
+            let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
+            setups.push((
+                format!("{bin} capturing (--dropped --sample {sample})"),
+                net,
+                Installed::Daemon(Box::new(d)),
+                g,
+            ));
+        }
     }
     let runs: Vec<(&str, &Net, &Generator)> = setups.iter().map(|(l, n, _, g)| (l.as_str(), n, g)).collect();
     let samples = measure(&runs, cpu, dur, Duration::from_millis(500), reps)?;
@@ -655,6 +672,53 @@ pub fn ab(
             vs_first: ratio(&cpu_of(i), &cpu_of(reference(i))),
         })
         .collect())
+}
+
+/// The `policer capture` clients of an [`ab`] run, ended when it ends.
+struct Captures(Vec<std::process::Child>);
+
+impl Captures {
+    /// `BIN capture -w /dev/null --dropped --sample SAMPLE` against the
+    /// daemon of namespace `ns` (its rate bound far above what the sample
+    /// takes, so the row measures the path, not the bound); returns once
+    /// the daemon says the capture runs.
+    fn start(&mut self, bin: &std::path::Path, ns: &str, sample: &str) -> Result<()> {
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(bin)
+            .args(["capture", "-w", "/dev/null", "--dropped", "--sample", sample, "--max-pps", "100000"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("start policer capture")?;
+        self.0.push(child);
+        let t0 = std::time::Instant::now();
+        loop {
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", ns])
+                .arg(bin)
+                .args(["stats", "--json"])
+                .output()?;
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            if v["capture"]["active"].as_u64().unwrap_or(0) > 0 {
+                return Ok(());
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                anyhow::bail!("the capture did not start within 10 s: {}", String::from_utf8_lossy(&out.stdout));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Captures {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// `n` single IPv4 addresses spread over the whole address space (a threat

@@ -21,9 +21,10 @@
 
 use crate::verdict::Verdict;
 
-/// The captures in use: `Array<u32>`, one entry ([`on_word`]: the mask of
-/// the lanes in use, and above it the verdicts some lane wants). 0: no
-/// capture runs (the one word the program reads per judged frame).
+/// The captures in use: `Array<u64>`, one entry ([`on_word`]: the mask of
+/// the lanes in use, above it the verdicts some lane wants, and in the high
+/// half the smallest `sample_every` of those lanes). 0: no capture runs
+/// (the one word the program reads per judged frame).
 pub const MAP_CAPTURE_ON: &str = "CAPTURE_ON";
 /// `ProgramArray`, one entry: the capture program ([`CAPTURE_PROGRAM`]),
 /// reached by a tail call from the policer's verdict.
@@ -120,22 +121,49 @@ impl CaptureCounters {
     }
 }
 
+/// Where the smallest sample of the lanes in use starts in the
+/// [`MAP_CAPTURE_ON`] word ([`presampled`]).
+pub const ON_SAMPLE_SHIFT: u32 = 32;
+
 /// The [`MAP_CAPTURE_ON`] word for the lanes in use, given as (lane number,
-/// its [`CaptureLane::verdicts`]): their bits, and the union of their
-/// verdicts above [`ON_VERDICT_SHIFT`], so a frame no capture wants by its
-/// verdict costs no tail call.
-pub fn on_word(lanes: impl IntoIterator<Item = (usize, u32)>) -> u32 {
-    lanes
-        .into_iter()
-        .filter(|(i, _)| *i < MAX_CAPTURES)
-        .fold(0, |w, (i, v)| w | (1 << i) | ((v & 7) << ON_VERDICT_SHIFT))
+/// its [`CaptureLane::verdicts`], its [`CaptureLane::sample_every`]): their
+/// bits, the union of their verdicts above [`ON_VERDICT_SHIFT`] (a frame no
+/// capture wants by its verdict costs no tail call), and the smallest of
+/// their samples above [`ON_SAMPLE_SHIFT`] (a frame no capture would sample
+/// costs no tail call either: [`presampled`]).
+pub fn on_word(lanes: impl IntoIterator<Item = (usize, u32, u32)>) -> u64 {
+    let mut w = 0u64;
+    let mut least = u32::MAX;
+    for (i, v, every) in lanes.into_iter().filter(|(i, _, _)| *i < MAX_CAPTURES) {
+        w |= (1 << i) | (u64::from(v & 7) << ON_VERDICT_SHIFT);
+        least = least.min(every.max(1));
+    }
+    if w == 0 { 0 } else { w | (u64::from(least) << ON_SAMPLE_SHIFT) }
 }
 
 /// Whether the program hands a frame of verdict bit `verdict` to the
 /// capture program, given the [`MAP_CAPTURE_ON`] word `on` (non-zero).
 #[inline(always)]
-pub const fn wanted(on: u32, verdict: u32) -> bool {
-    on & (verdict << ON_VERDICT_SHIFT) != 0
+pub const fn wanted(on: u64, verdict: u32) -> bool {
+    on & ((verdict as u64) << ON_VERDICT_SHIFT) != 0
+}
+
+/// The smallest `sample_every` of the lanes in use (1: some lane takes
+/// every frame).
+#[inline(always)]
+pub const fn least_sample(on: u64) -> u32 {
+    (on >> ON_SAMPLE_SHIFT) as u32
+}
+
+/// The first of two sampling steps, in the policer's program: with
+/// `random` uniform over u32, true with probability 1/n (n the smallest
+/// sample of the lanes in use), so that a capture of one frame in 1 000
+/// costs the other 999 one random number, not a tail call. Each lane then
+/// takes the frame with probability n/N ([`sampled`]): 1/N in all.
+#[inline(always)]
+pub const fn presampled(on: u64, random: u32) -> bool {
+    let n = least_sample(on) as u64;
+    n <= 1 || (random as u64 * n) >> 32 == 0
 }
 
 /// What the program carries from one lane to the next while it looks at a
@@ -254,15 +282,20 @@ pub fn filter_takes(lane: &CaptureLane, lane_no: u32, verdict: u32, rule_lanes: 
     lane.verdicts & verdict != 0 && (lane.all_rules != 0 || rule_lanes & (1 << (lane_no & 31)) != 0)
 }
 
-/// Whether the sampling takes the frame: `random` is this frame's random
-/// number, looked at differently for each lane so that two lanes sample
-/// independently enough.
+/// Whether the sampling takes a frame the policer's program handed over
+/// ([`presampled`] with `least`, the smallest sample of the lanes in use):
+/// with probability `least / sample_every`, so 1 / `sample_every` in all.
+/// `random` is this frame's random number (independent of the one
+/// [`presampled`] drew), looked at differently for each lane so that two
+/// lanes sample independently enough.
 #[inline(always)]
-pub fn sampled(sample_every: u32, random: u64, lane_no: u32) -> bool {
-    if sample_every <= 1 {
+pub fn sampled(sample_every: u32, least: u32, random: u64, lane_no: u32) -> bool {
+    let least = if least == 0 { 1 } else { least };
+    if sample_every <= least {
         return true;
     }
-    (random.rotate_right((lane_no & 7) * 8) as u32).is_multiple_of(sample_every)
+    let r = random.rotate_right((lane_no & 7) * 8) as u32;
+    u64::from(r) * u64::from(sample_every) < u64::from(least) << 32
 }
 
 /// The rate bound: the new theoretical arrival time if a frame at `now`
@@ -359,17 +392,30 @@ mod tests {
     }
 
     #[test]
-    fn sampling_takes_about_one_in_n() {
+    fn sampling_in_two_steps_takes_about_one_in_n() {
         let mut scratch = crate::CpuScratch::default();
-        for n in [1u32, 2, 10, 1000] {
+        let mut other = crate::CpuScratch::default();
+        // Another stream for the first step (the kernel's prandom).
+        other.next_random();
+        other.next_random();
+        for (n, least) in [(1u32, 1u32), (2, 2), (10, 1), (1000, 1000), (1000, 10), (7, 3)] {
+            let on = on_word([(0, CAPTURE_DROPPED, least)]);
+            assert_eq!(least_sample(on), least);
             for lane in [0u32, 5] {
-                let draws = 200_000;
-                let got = (0..draws).filter(|_| sampled(n, scratch.next_random(), lane)).count() as f64;
+                let draws = 400_000;
+                let got = (0..draws)
+                    .filter(|_| presampled(on, other.next_random() as u32))
+                    .filter(|_| sampled(n, least, scratch.next_random(), lane))
+                    .count() as f64;
                 let want = draws as f64 / n as f64;
                 // Four standard deviations of a binomial count.
-                assert!((got - want).abs() <= 4.0 * want.sqrt() + 1.0, "1/{n} lane {lane}: {got} of {draws}");
+                assert!((got - want).abs() <= 4.0 * want.sqrt() + 1.0, "1/{n} (least {least}) lane {lane}: {got}");
             }
         }
+        // The first step alone: exactly the share of u32s, 1/n.
+        let on = on_word([(0, CAPTURE_DROPPED, 4)]);
+        assert!(presampled(on, 0) && presampled(on, (1 << 30) - 1) && !presampled(on, 1 << 30));
+        assert!(presampled(on_word([(0, CAPTURE_DROPPED, 1)]), u32::MAX));
     }
 
     /// The bound over a flood: in every window of a second at most P plus
@@ -452,14 +498,16 @@ mod tests {
     #[test]
     fn the_on_word_carries_the_lanes_and_the_verdicts_they_want() {
         assert_eq!(on_word([]), 0);
-        let w = on_word([(0, CAPTURE_DROPPED), (3, CAPTURE_PASSED)]);
-        assert_eq!(w & ON_LANES, 0b1001);
+        let w = on_word([(0, CAPTURE_DROPPED, 1000), (3, CAPTURE_PASSED, 10)]);
+        assert_eq!(least_sample(w), 10);
+        assert_eq!(w & ON_LANES as u64, 0b1001);
         assert!(wanted(w, CAPTURE_DROPPED) && wanted(w, CAPTURE_PASSED));
         assert!(!wanted(w, CAPTURE_WOULD_DROP));
         // A lane past the last one is ignored, not wrapped into another's bit.
-        assert_eq!(on_word([(MAX_CAPTURES, CAPTURE_PASSED)]), 0);
-        let all = on_word([(7, CAPTURE_PASSED | CAPTURE_DROPPED | CAPTURE_WOULD_DROP)]);
-        assert_eq!(all & ON_LANES, 0x80);
+        assert_eq!(on_word([(MAX_CAPTURES, CAPTURE_PASSED, 1)]), 0);
+        let all = on_word([(7, CAPTURE_PASSED | CAPTURE_DROPPED | CAPTURE_WOULD_DROP, 1)]);
+        assert_eq!(all & ON_LANES as u64, 0x80);
+        assert_eq!(least_sample(all), 1);
         assert!(wanted(all, CAPTURE_WOULD_DROP));
     }
 }

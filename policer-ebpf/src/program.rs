@@ -14,7 +14,7 @@ use core::{
 
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, xdp_action},
-    helpers::{bpf_jiffies64, bpf_ktime_get_ns},
+    helpers::{bpf_get_prandom_u32, bpf_jiffies64, bpf_ktime_get_ns},
     macros::{map, xdp},
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
@@ -120,7 +120,7 @@ static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
 /// `policer capture` (policer_common::capture): the mask of the lanes in
 /// use, read once per judged frame; 0 while no capture runs.
 #[map]
-static CAPTURE_ON: Array<u32> = Array::with_max_entries(1, 0);
+static CAPTURE_ON: Array<u64> = Array::with_max_entries(1, 0);
 /// Each capture's filter, sampling and rate bound.
 #[map]
 static CAPTURE_LANES: Array<CaptureLane> = Array::with_max_entries(MAX_CAPTURES as u32, 0);
@@ -1379,9 +1379,22 @@ fn verdict(
 /// array empty: the daemon that filled it is gone) this returns and the
 /// caller returns the verdict itself.
 #[inline(always)]
-fn hand_to_capture(ctx: &XdpContext, on: u32, verdict: u32, slot: u32) {
+fn hand_to_capture(ctx: &XdpContext, on: u64, verdict: u32, slot: u32) {
     if !capture::wanted(on, verdict) {
         return;
+    }
+    // The first sampling step: a frame no lane could sample costs one
+    // random number (this CPU's xorshift: no helper call), not the tail
+    // call.
+    if capture::least_sample(on) > 1 {
+        let random = match CPU_SCRATCH.get_ptr_mut(0) {
+            // SAFETY: this CPU's slot; only this CPU touches it while we run.
+            Some(s) => unsafe { (*s).next_random() },
+            None => 0,
+        };
+        if !capture::presampled(on, (random >> 32) as u32) {
+            return;
+        }
     }
     let Some(sc) = CAPTURE_SCRATCH.get_ptr_mut(0) else {
         return;
@@ -1408,12 +1421,13 @@ pub fn policer_capture(ctx: XdpContext) -> u32 {
     let (verdict, slot) = unsafe { (core::ptr::read_volatile(&(*sc).verdict), core::ptr::read_volatile(&(*sc).slot)) };
     let on = match CAPTURE_ON.get_ptr(0) {
         // SAFETY: a live map value.
-        Some(on) => (unsafe { core::ptr::read_volatile(on) }) & capture::ON_LANES,
+        Some(on) => unsafe { core::ptr::read_volatile(on) },
         None => 0,
     };
-    if on != 0 {
+    let lanes = on as u32 & capture::ON_LANES;
+    if lanes != 0 {
         let len = (ctx.data_end() - ctx.data()) as u32;
-        capture(&ctx, sc, on, verdict, slot, len);
+        capture(&ctx, sc, lanes, capture::least_sample(on), verdict, slot, len);
     }
     if verdict == capture::CAPTURE_DROPPED { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS }
 }
@@ -1484,7 +1498,7 @@ fn capture_source(ctx: &XdpContext, addr: *mut [u8; 16]) -> u32 {
 /// capture: filter, sampling, the rate bound under compare-and-swap), as
 /// one ring record carrying the mask of those lanes.
 #[inline(always)]
-fn capture(ctx: &XdpContext, sc: *mut CaptureScratch, on: u32, verdict: u32, slot: u32, len: u32) {
+fn capture(ctx: &XdpContext, sc: *mut CaptureScratch, on: u32, least: u32, verdict: u32, slot: u32, len: u32) {
     // SAFETY: this CPU's slot; only this CPU touches it while we run.
     unsafe {
         (*sc).now_ns = 0;
@@ -1496,14 +1510,13 @@ fn capture(ctx: &XdpContext, sc: *mut CaptureScratch, on: u32, verdict: u32, slo
         Some(r) => unsafe { core::ptr::read_volatile(r) },
         None => 0,
     };
-    let random = match CPU_SCRATCH.get_ptr_mut(0) {
-        // SAFETY: this CPU's slot; only this CPU touches it while we run.
-        Some(s) => unsafe { (*s).next_random() },
-        None => 0,
-    };
+    // The lanes' random number: the kernel's, a stream apart from the
+    // xorshift the first sampling step drew from.
+    // SAFETY: BPF helper with no preconditions.
+    let random = unsafe { (u64::from(bpf_get_prandom_u32()) << 32) | u64::from(bpf_get_prandom_u32()) };
     for i in 0..MAX_CAPTURES as u32 {
         if on & (1 << i) != 0 {
-            capture_lane(ctx, sc, i, verdict, rule_lanes, random);
+            capture_lane(ctx, sc, i, least, verdict, rule_lanes, random);
         }
     }
     // SAFETY: as above.
@@ -1553,7 +1566,15 @@ fn capture(ctx: &XdpContext, sc: *mut CaptureScratch, on: u32, verdict: u32, slo
 /// sampling, then its rate bound (compare-and-swap); a taken frame sets
 /// the lane's bit in the scratch's `took`.
 #[inline(always)]
-fn capture_lane(ctx: &XdpContext, sc: *mut CaptureScratch, i: u32, verdict: u32, rule_lanes: u32, random: u64) {
+fn capture_lane(
+    ctx: &XdpContext,
+    sc: *mut CaptureScratch,
+    i: u32,
+    least: u32,
+    verdict: u32,
+    rule_lanes: u32,
+    random: u64,
+) {
     let Some(lane) = CAPTURE_LANES.get_ptr_mut(i) else {
         return;
     };
@@ -1576,7 +1597,7 @@ fn capture_lane(ctx: &XdpContext, sc: *mut CaptureScratch, i: u32, verdict: u32,
             }
         }
     }
-    if !capture::sampled(l.sample_every, random, i) {
+    if !capture::sampled(l.sample_every, least, random, i) {
         return;
     }
     let Some(cc) = CAPTURE_COUNTERS.get_ptr_mut(i) else {

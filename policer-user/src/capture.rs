@@ -131,9 +131,10 @@ impl CaptureSummary {
 pub struct CaptureStatus {
     /// Captures running now.
     pub active: u32,
-    /// The kernel's CAPTURE_ON word: the lanes in use (bits 0-7) and the
-    /// verdicts they want (above); 0: the drop path does not look further.
-    pub kernel_mask: u32,
+    /// The kernel's CAPTURE_ON word: the lanes in use (bits 0-7), the
+    /// verdicts they want (bits 8-10) and their smallest sample (bits
+    /// 32-63); 0: the drop path does not look further.
+    pub kernel_mask: u64,
     /// Since the program was loaded: frames written to the ring, refused
     /// by the rate bound, lost to a full ring.
     pub frames: u64,

@@ -567,7 +567,7 @@ impl Policer {
 /// The maps of `policer capture` (policer_common::capture), owned by the
 /// daemon's capture hub.
 pub struct CaptureMaps {
-    pub on: Array<MapData, u32>,
+    pub on: Array<MapData, u64>,
     pub lanes: Array<MapData, policer_common::capture::CaptureLane>,
     pub rules: Array<MapData, u32>,
     pub counters: PerCpuArray<MapData, policer_common::capture::CaptureCounters>,

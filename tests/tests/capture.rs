@@ -399,7 +399,7 @@ fn the_tail_call_keeps_the_verdict_and_hands_over_the_frame() {
     lane.verdicts = CAPTURE_PASSED | CAPTURE_DROPPED | CAPTURE_WOULD_DROP;
     lane.all_rules = 1;
     k.lanes.set(0, &lane, 0).unwrap();
-    k.on.set(0, &on_word([(0, lane.verdicts)]), 0).unwrap();
+    k.on.set(0, &on_word([(0, lane.verdicts, lane.sample_every)]), 0).unwrap();
     p.set_clock(t + SEC).unwrap();
     assert_eq!(run(&mut p, &f), PASS);
     assert_eq!(run(&mut p, &f), DROP);
@@ -416,7 +416,7 @@ fn the_tail_call_keeps_the_verdict_and_hands_over_the_frame() {
     // in the policer's program), a dropped one is.
     lane.verdicts = CAPTURE_DROPPED;
     k.lanes.set(0, &lane, 0).unwrap();
-    k.on.set(0, &on_word([(0, lane.verdicts)]), 0).unwrap();
+    k.on.set(0, &on_word([(0, lane.verdicts, lane.sample_every)]), 0).unwrap();
     p.set_clock(t + 2 * SEC).unwrap();
     assert_eq!(run(&mut p, &f), PASS);
     assert_eq!(run(&mut p, &f), DROP);
@@ -428,7 +428,7 @@ fn the_tail_call_keeps_the_verdict_and_hands_over_the_frame() {
     array.clear_index(&0).unwrap();
     lane.verdicts = CAPTURE_PASSED | CAPTURE_DROPPED;
     k.lanes.set(0, &lane, 0).unwrap();
-    k.on.set(0, &on_word([(0, lane.verdicts)]), 0).unwrap();
+    k.on.set(0, &on_word([(0, lane.verdicts, lane.sample_every)]), 0).unwrap();
     p.set_clock(t + 3 * SEC).unwrap();
     assert_eq!(run(&mut p, &f), PASS);
     assert_eq!(run(&mut p, &f), DROP);

@@ -23,7 +23,7 @@ use std::{
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use policer_common::{
     FAMILY_V4, FAMILY_V6,
-    capture::{CaptureCounters, CaptureLane, CaptureRecord, MAX_CAPTURES},
+    capture::{CaptureCounters, CaptureLane, CaptureRecord, MAX_CAPTURES, on_word},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -51,7 +51,7 @@ const STALL: Duration = Duration::from_secs(10);
 
 /// The kernel's side of the hub: the maps it writes.
 struct Kernel {
-    on: Array<MapData, u32>,
+    on: Array<MapData, u64>,
     lanes: Array<MapData, CaptureLane>,
     rules: Array<MapData, u32>,
     counters: PerCpuArray<MapData, CaptureCounters>,
@@ -63,8 +63,10 @@ struct Lane {
     slow: Arc<AtomicU64>,
     /// The rule slots whose CAPTURE_RULES entry has this lane's bit.
     slots: Vec<u32>,
-    /// The verdicts it takes (its part of the CAPTURE_ON word).
+    /// The verdicts it takes and its sample (its part of the CAPTURE_ON
+    /// word).
     verdicts: u32,
+    sample_every: u32,
 }
 
 struct State {
@@ -225,7 +227,13 @@ impl Hub {
             }
             written.push(s);
         }
-        let on = on_word(&st.lanes) | policer_common::capture::on_word([(i, lane.verdicts)]);
+        let on = on_word(
+            st.lanes
+                .iter()
+                .enumerate()
+                .filter_map(|(j, l)| l.as_ref().map(|l| (j, l.verdicts, l.sample_every)))
+                .chain([(i, lane.verdicts, lane.sample_every)]),
+        );
         if let Err(e) = k.on.set(0, &on, 0) {
             for &w in &written {
                 let old = k.rules.get(&w, 0).unwrap_or(0);
@@ -238,7 +246,8 @@ impl Hub {
         st.rules = names.rules.clone();
         let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
         let slow = Arc::new(AtomicU64::new(0));
-        st.lanes[i] = Some(Lane { tx, slow: slow.clone(), slots, verdicts: lane.verdicts });
+        st.lanes[i] =
+            Some(Lane { tx, slow: slow.clone(), slots, verdicts: lane.verdicts, sample_every: lane.sample_every });
         Ok(Session { lane: i as u32, rx, slow, before, ifaces: names.ifaces })
     }
 
@@ -255,9 +264,9 @@ impl Hub {
         let (slots, on) = match self.state.lock() {
             Ok(mut st) => {
                 let slots = st.lanes[lane as usize].take().map(|l| l.slots);
-                (slots, on_word(&st.lanes))
+                (slots, lanes_word(&st.lanes))
             }
-            Err(_) => (None, k.on.get(&0, 0).unwrap_or(0) & !bit),
+            Err(_) => (None, k.on.get(&0, 0).unwrap_or(0) & !u64::from(bit)),
         };
         if let Err(e) = k.on.set(0, &on, 0) {
             log::warn!("capture: cannot clear lane {lane} in the program: {e}");
@@ -465,6 +474,6 @@ async fn write_data(w: &mut (impl AsyncWriteExt + Unpin), bytes: Vec<u8>) -> std
 }
 
 /// The CAPTURE_ON word for the lanes in use.
-fn on_word(lanes: &[Option<Lane>; MAX_CAPTURES]) -> u32 {
-    policer_common::capture::on_word(lanes.iter().enumerate().filter_map(|(i, l)| l.as_ref().map(|l| (i, l.verdicts))))
+fn lanes_word(lanes: &[Option<Lane>; MAX_CAPTURES]) -> u64 {
+    on_word(lanes.iter().enumerate().filter_map(|(i, l)| l.as_ref().map(|l| (i, l.verdicts, l.sample_every))))
 }
