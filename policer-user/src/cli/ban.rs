@@ -8,6 +8,8 @@ use crate::{control::BanView, rules::RuleConfig};
 #[derive(ClapArgs)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// The prefix or address to ban: every frame from it is dropped, whatever
     /// rule it (or a more specific prefix) has, until the ban ends.
     #[arg(required = true)]
@@ -50,11 +52,15 @@ pub enum Cmd {
         /// Print JSON (fields: docs/json.md, and the man page).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        wait: super::Wait,
     },
 }
 
 #[derive(ClapArgs)]
 pub struct UnbanArgs {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// A manual ban's prefix; automatic bans of sources in it are lifted too.
     cidr: String,
     /// Lift in the kernel only; the config file keeps a manual ban.
@@ -63,13 +69,21 @@ pub struct UnbanArgs {
 }
 
 impl Args {
+    /// The --timeout given (`ban ls --timeout`, or the ban's).
+    pub(super) fn wait(&self) -> super::Wait {
+        match &self.cmd {
+            Some(Cmd::Ls { wait, .. }) => *wait,
+            None => self.wait,
+        }
+    }
+
     pub fn json(&self) -> bool {
-        self.json || matches!(self.cmd, Some(Cmd::Ls { json: true }))
+        self.json || matches!(self.cmd, Some(Cmd::Ls { json: true, .. }))
     }
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if let Some(Cmd::Ls { json }) = a.cmd {
+    if let Some(Cmd::Ls { json, .. }) = a.cmd {
         let bans = daemon()?.ban_ls()?;
         return print_bans(&bans, json);
     }

@@ -20,6 +20,8 @@ use crate::capture::{CaptureSpec, Chunk, DEFAULT_MAX_PPS, parse_sample, read_chu
     captured (not non-IP, malformed or unmatched ones). Up to 8 captures run at once, each bounded on \
     its own; with none running the drop path reads one word more. docs/capture.md has the design.")]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// Where to write the pcapng: a file (created, or truncated), or `-`
     /// for stdout.
     #[arg(short = 'w', long = "write", value_name = "FILE")]

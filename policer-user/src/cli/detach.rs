@@ -4,6 +4,8 @@ use crate::daemon::detach_orphan;
 
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// The interface to stop policing.
     iface: String,
 }

@@ -85,8 +85,8 @@ fn verb_page(cmd: &clap::Command, name: &str) -> anyhow::Result<String> {
     // runs once per page.
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     let mut c = cmd.clone().name(leak(name.to_string())).bin_name(leak(full.clone()));
-    if !page.asks_daemon {
-        // --timeout is the wait for a daemon's answer: not for this verb.
+    if !page.asks_daemon && c.get_arguments().any(|a| a.get_id() == "timeout") {
+        // --timeout is the wait for a daemon's answer: not for this page.
         c = c.mut_arg("timeout", |a| a.hide(true));
     }
     let man = clap_mangen::Man::new(c).section("8").manual("policer manual");

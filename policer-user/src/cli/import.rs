@@ -9,6 +9,8 @@ use crate::rules::{BurstValue, RuleConfig};
 
 #[derive(ClapArgs)]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// One prefix or address per line; `#` and `;` start comments (a whole
     /// line or after the prefix, as in Spamhaus DROP: `1.2.3.0/24 ;
     /// SBL123`), blank lines are fine, and so is a UTF-8 byte order mark at

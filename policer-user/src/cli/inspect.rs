@@ -9,6 +9,8 @@ use crate::control::{InspectFrame, InspectView};
 
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// The source address (IPv4 or IPv6).
     addr: IpAddr,
     /// The frame's IP protocol (tcp, udp, icmp, icmpv6, sctp, udplite, or

@@ -63,7 +63,7 @@ Every verb has its own page: policer-attach(8), policer-rule-set(8) and so on.",
         ],
         json: None,
         see_also: &["policer-attach", "policer-rule-set", "policer-ban", "policer-inspect", "policer-check"],
-        asks_daemon: false,
+        asks_daemon: true,
     },
     Page {
         name: "policer-attach",

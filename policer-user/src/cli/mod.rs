@@ -46,10 +46,10 @@ With --json, an error is {\"error\": \"...\"} on stdout, with the same status.";
     after_long_help = EXIT_STATUS
 )]
 pub struct Cli {
-    /// Seconds to wait for the daemon's answer. A change that times out
-    /// may still be applied: the CLI says so.
-    #[arg(long, global = true, value_name = "SECS", default_value_t = 30.0)]
-    timeout: f64,
+    /// Seconds to wait for the daemon's answer (default 30), for every
+    /// verb that asks one; also an option of each such verb.
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -135,11 +135,34 @@ impl Cli {
         }
     }
 
+    /// The `--timeout` of the verb that asks a daemon (its own, else the
+    /// one before the verb), if any was given.
+    fn wait(&self) -> Option<f64> {
+        let verb = match &self.cmd {
+            Cmd::Detach(a) => a.wait,
+            Cmd::Rule { cmd } => match &**cmd {
+                rule::Cmd::Set { wait, .. } | rule::Cmd::Rm { wait, .. } | rule::Cmd::Ls { wait, .. } => *wait,
+                rule::Cmd::Import(a) => a.wait,
+            },
+            Cmd::Ban(a) => a.wait(),
+            Cmd::Unban(a) => a.wait,
+            Cmd::Reload(a) => a.wait,
+            Cmd::Status(a) => a.wait,
+            Cmd::Stats(a) => a.wait,
+            Cmd::Top(a) => a.wait,
+            Cmd::Inspect(a) => a.wait,
+            Cmd::Capture(a) => a.wait,
+            _ => Wait::default(),
+        };
+        verb.timeout.or(self.timeout)
+    }
+
     pub fn run(self) -> anyhow::Result<()> {
-        if !(0.1..=3600.0).contains(&self.timeout) {
-            anyhow::bail!("--timeout {}: must be 0.1 ..= 3600 seconds", self.timeout);
+        let timeout = self.wait().unwrap_or(control::CALL_TIMEOUT.as_secs_f64());
+        if !(0.1..=3600.0).contains(&timeout) {
+            anyhow::bail!("--timeout {timeout}: must be 0.1 ..= 3600 seconds");
         }
-        TIMEOUT.set(Duration::from_secs_f64(self.timeout)).ok();
+        TIMEOUT.set(Duration::from_secs_f64(timeout)).ok();
         if !matches!(self.cmd, Cmd::Attach(_)) {
             // A reader that goes away (`policer stats --watch 1 | head`)
             // ends the command quietly, as it does any Unix filter, instead
@@ -193,6 +216,16 @@ impl std::fmt::Display for Quiet {
 }
 
 impl std::error::Error for Quiet {}
+
+/// `--timeout` of the verbs that ask a daemon (not of `attach`, `check`,
+/// `replay`: no daemon to wait for).
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub(crate) struct Wait {
+    /// Seconds to wait for the daemon's answer (default 30). A change that
+    /// times out may still be applied: the CLI says so.
+    #[arg(long, value_name = "SECS")]
+    pub(crate) timeout: Option<f64>,
+}
 
 /// `--timeout`, set once before any verb runs.
 static TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();

@@ -4,6 +4,8 @@ use super::daemon;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// Also drop the rules and bans set with `--runtime` (and bring back file rules removed with `--runtime`):
     /// the rules in force become exactly the file's. Without it they are kept over the file.
     #[arg(long)]

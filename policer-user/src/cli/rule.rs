@@ -63,6 +63,8 @@ pub enum Cmd {
     /// old → new. Longest prefix wins, then its most specific class that
     /// matches.
     Set {
+        #[command(flatten)]
+        wait: super::Wait,
         /// 203.0.113.0/24, 2001:db8::/48, or one address.
         cidr: String,
         #[command(flatten)]
@@ -136,6 +138,8 @@ pub enum Cmd {
     Import(Box<super::import::Args>),
     /// Remove the rule for a prefix and class, or a set (`--set NAME`).
     Rm {
+        #[command(flatten)]
+        wait: super::Wait,
         /// The rule's prefix (with its class fields, if it has a class).
         #[arg(required_unless_present = "set")]
         cidr: Option<String>,
@@ -161,6 +165,8 @@ pub enum Cmd {
     },
     /// List the rules (a set as one line), or a set's prefixes (`--set NAME`).
     Ls {
+        #[command(flatten)]
+        wait: super::Wait,
         /// Print JSON (fields: docs/json.md, and the man page).
         #[arg(long)]
         json: bool,
@@ -190,6 +196,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             force,
             dry_run,
             json,
+            ..
         } => {
             let key_len = match key_len {
                 Some(k) => Some(
@@ -232,8 +239,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Import(a) => super::import::run(*a)?,
         Cmd::Rm { set: Some(name), .. } => super::import::rm(name)?,
-        Cmd::Ls { json, set: Some(name) } => super::import::ls(name, json)?,
-        Cmd::Rm { cidr, class, runtime, set: None, dry_run, json } => {
+        Cmd::Ls { json, set: Some(name), .. } => super::import::ls(name, json)?,
+        Cmd::Rm { cidr, class, runtime, set: None, dry_run, json, .. } => {
             let cidr = cidr.expect("required without --set");
             let rule = class.rule(&cidr)?;
             if dry_run {
@@ -242,7 +249,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             println!("policer: {}", daemon()?.rule_rm(rule, runtime)?);
         }
-        Cmd::Ls { json, set: None } => {
+        Cmd::Ls { json, set: None, .. } => {
             let rules = daemon()?.rule_ls()?;
             print_rules(&rules, json)?;
         }

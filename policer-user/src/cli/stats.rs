@@ -5,6 +5,8 @@ use crate::{control::StatsView, report};
 
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// One JSON object (per sample with --watch); see docs/json.md for the schema.
     #[arg(long)]
     pub(super) json: bool,

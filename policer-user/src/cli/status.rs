@@ -6,6 +6,8 @@ use super::daemon;
 
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// One JSON object: the daemon's status; with no daemon, an error
     /// object that names any program still policing (exit status 3).
     #[arg(long)]

@@ -5,6 +5,8 @@ use crate::report;
 
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    pub(super) wait: super::Wait,
     /// How many sources in each list.
     #[arg(short = 'n', long = "count", default_value_t = 10)]
     n: usize,
