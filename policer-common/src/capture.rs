@@ -25,7 +25,12 @@ use crate::verdict::Verdict;
 /// the lanes in use, above it the verdicts some lane wants, and in the high
 /// half the smallest `sample_every` of those lanes). 0: no capture runs
 /// (the one word the program reads per judged frame).
-pub const MAP_CAPTURE_ON: &str = "CAPTURE_ON";
+///
+/// It is the program's `.bss` section (the program's one zero-initialised
+/// global, `CAPTURE_ON`), which the loader makes an `Array<u64>` of one
+/// entry: a map by that name, so the daemon writes it as any other, while
+/// the program reads it with one load (no lookup).
+pub const MAP_CAPTURE_ON: &str = ".bss";
 /// `ProgramArray`, one entry: the capture program ([`CAPTURE_PROGRAM`]),
 /// reached by a tail call from the policer's verdict.
 pub const MAP_CAPTURE_PROG: &str = "CAPTURE_PROG";

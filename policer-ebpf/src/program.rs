@@ -118,9 +118,13 @@ static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT_MAX_RULES 
 static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
 
 /// `policer capture` (policer_common::capture): the mask of the lanes in
-/// use, read once per judged frame; 0 while no capture runs.
-#[map]
-static CAPTURE_ON: Array<u64> = Array::with_max_entries(1, 0);
+/// use, read once per judged frame; 0 while no capture runs. A global of
+/// the program's `.bss` (policer_common::capture::MAP_CAPTURE_ON), not a
+/// map of its own: the read is one load from an address the verifier
+/// knows, with no lookup and no null check, the whole of capture's cost on
+/// the drop path while none runs. Written by the daemon only.
+#[unsafe(no_mangle)]
+static mut CAPTURE_ON: u64 = 0;
 /// Each capture's filter, sampling and rate bound.
 #[map]
 static CAPTURE_LANES: Array<CaptureLane> = Array::with_max_entries(MAX_CAPTURES as u32, 0);
@@ -1363,12 +1367,10 @@ fn verdict(
     }
     // The whole cost of capture while none runs: one inlined array load
     // and a branch not taken.
-    if let Some(on) = CAPTURE_ON.get_ptr(0) {
-        // SAFETY: a live map value; the daemon rewrites the word whole.
-        let on = unsafe { core::ptr::read_volatile(on) };
-        if on != 0 {
-            hand_to_capture(ctx, on, capture::verdict_bit(v), slot);
-        }
+    // SAFETY: a global the daemon rewrites whole (8 aligned bytes).
+    let on = unsafe { core::ptr::read_volatile(&raw const CAPTURE_ON) };
+    if on != 0 {
+        hand_to_capture(ctx, on, capture::verdict_bit(v), slot);
     }
     if v.passes() { xdp_action::XDP_PASS } else { xdp_action::XDP_DROP }
 }
@@ -1419,11 +1421,8 @@ pub fn policer_capture(ctx: XdpContext) -> u32 {
     // SAFETY: this CPU's slot, written by the policer's program just
     // before the tail call (see `hand_to_capture`).
     let (verdict, slot) = unsafe { (core::ptr::read_volatile(&(*sc).verdict), core::ptr::read_volatile(&(*sc).slot)) };
-    let on = match CAPTURE_ON.get_ptr(0) {
-        // SAFETY: a live map value.
-        Some(on) => unsafe { core::ptr::read_volatile(on) },
-        None => 0,
-    };
+    // SAFETY: as in `verdict`.
+    let on = unsafe { core::ptr::read_volatile(&raw const CAPTURE_ON) };
     let lanes = on as u32 & capture::ON_LANES;
     if lanes != 0 {
         let len = (ctx.data_end() - ctx.data()) as u32;
