@@ -129,10 +129,12 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
             a.ab_veth_reps as usize,
             std::time::Duration::from_secs(1),
             flood,
-            a.ab_veth_classes,
-            a.ab_veth_bans,
-            a.ab_veth_banned,
-            a.ab_veth_capture.as_deref(),
+            &policer_bench::veth::AbVariants {
+                classes: a.ab_veth_classes,
+                bans: a.ab_veth_bans,
+                banned: a.ab_veth_banned,
+                capture: a.ab_veth_capture.as_deref(),
+            },
         )
     })?;
     println!(

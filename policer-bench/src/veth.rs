@@ -537,6 +537,21 @@ pub struct AbVethRow {
     pub vs_first: Stat,
 }
 
+/// The rows an [`ab`] run measures besides each binary's plain one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AbVariants<'a> {
+    /// With the benchmark's 16 class rules (none matching the flood).
+    pub classes: bool,
+    /// With this many single addresses in the rule trie (bans; deny rules
+    /// for the first binary).
+    pub bans: u32,
+    /// Each binary but the first with its dropping rule banning.
+    pub banned: bool,
+    /// Each binary but the first with a capture of its drops running,
+    /// sampling `1/N`.
+    pub capture: Option<&'a str>,
+}
+
 /// The flood of an [`ab`] run.
 #[derive(Clone, Copy, Debug)]
 pub struct AbFlood {
@@ -557,16 +572,8 @@ pub struct AbFlood {
 /// With `classes`, each binary is measured a second time with the
 /// benchmark's 16 class rules installed ([`CLASS_RULES`](super::peers::CLASS_RULES),
 /// none matching the flood), right after its source-only row.
-pub fn ab(
-    bins: &[AbBinary],
-    reps: usize,
-    dur: Duration,
-    flood_: AbFlood,
-    classes: bool,
-    bans: u32,
-    banned: bool,
-    capture: Option<&str>,
-) -> Result<Vec<AbVethRow>> {
+pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, v: &AbVariants) -> Result<Vec<AbVethRow>> {
+    let AbVariants { classes, bans, banned, capture } = *v;
     let cpu = bench_cpu();
     let mut setups = Vec::new();
     let mut captures = Captures(Vec::new());
