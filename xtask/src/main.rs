@@ -442,9 +442,21 @@ fn dist() -> Result<PathBuf> {
         say(&format!("adding the {MUSL} target to Rust {TOOLCHAIN}"));
         sh(Command::new("rustup").args(["target", "add", MUSL, "--toolchain", TOOLCHAIN]))?;
     }
-    sh(cargo().args(["build", "--release", "--locked", "-p", "policer-user", "--bin", "policer", "--target", MUSL]))?;
+    // The dist profile (Cargo.toml): release, LTO, one codegen unit.
+    sh(cargo().args([
+        "build",
+        "--profile",
+        "dist",
+        "--locked",
+        "-p",
+        "policer-user",
+        "--bin",
+        "policer",
+        "--target",
+        MUSL,
+    ]))?;
     let target = target_dir();
-    let bin = target.join(MUSL).join("release/policer");
+    let bin = target.join(MUSL).join("dist/policer");
     let ldd = Command::new("ldd").arg(&bin).output().context("ldd")?;
     let ldd_says = format!("{}{}", String::from_utf8_lossy(&ldd.stdout), String::from_utf8_lossy(&ldd.stderr));
     if !ldd_says.contains("not a dynamic executable") && !ldd_says.contains("statically linked") {
