@@ -329,3 +329,41 @@ fn an_automatic_ban_on_one_node_drops_the_source_on_the_other() {
     assert_eq!(feed(&b)["published"], 0);
     assert_eq!(feed(&a)["published"], 1);
 }
+
+/// An operator who finds its own network among the feed's decisions can
+/// protect it: the reload that adds `protect` is taken (not refused for
+/// the feed's entries inside it), those entries leave the set at once and
+/// pass on the wire, the rest stay dropped, and later syncs keep them out.
+#[test]
+fn protecting_a_prefix_the_feed_lists_is_taken_and_leaves_it_out() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-prot");
+    let lapi = Lapi::start(&sb.rx_ns, port(6));
+    let key = lapi.bouncer_key("policer-prot");
+    lapi.add_ip("10.75.0.5", "1h");
+    lapi.add_ip("10.76.0.5", "1h");
+    write_config(&sb, &lapi.url(), &key, "");
+    let _d = daemon(&sb, 9486);
+    wait_set(&sb, 5.0, "the startup sync", |e| e.len() == 2);
+    let (got, sent) = send(&sb, &["10.75.0.5", "10.76.0.5"]);
+    assert!(sent[0] > 100 && got == [0, 0], "{got:?} of {sent:?}");
+    // The operator's own network, 10.75.0.0/24, was listed by the feed.
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    let with = if text.contains("[daemon]\n") {
+        text.replacen("[daemon]\n", "[daemon]\nprotect = [\"10.75.0.0/24\"]\n", 1)
+    } else {
+        format!("[daemon]\nprotect = [\"10.75.0.0/24\"]\n\n{text}")
+    };
+    std::fs::write(&sb.config, with).unwrap();
+    let out = cli(&sb, &["reload"]);
+    assert!(out.status.success(), "the reload was refused: {}", String::from_utf8_lossy(&out.stderr));
+    wait_set(&sb, 5.0, "the protected entry left out", |e| e == ["10.76.0.5/32"]);
+    let (got, sent) = send(&sb, &["10.75.0.5", "10.76.0.5"]);
+    assert_eq!((got[0], got[1]), (sent[0], 0), "the protected source must pass, the other stay dropped");
+    // A later sync (a new decision) keeps it out, and says so.
+    lapi.add_ip("10.77.0.5", "1h");
+    wait_set(&sb, 5.0, "the next sync", |e| e == ["10.76.0.5/32", "10.77.0.5/32"]);
+    wait_feed(&sb, 5, "the left-out count", |f| f["left_out_protected"] == 1);
+}

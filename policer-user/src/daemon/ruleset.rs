@@ -602,6 +602,19 @@ impl Daemon {
         if let Some(what) = &drastic {
             println!("policer: warning: the config reload from {path} did {what}: removed {}", diff.removed_list());
         }
+        // A protected prefix the feed's set lists: those entries leave it.
+        let refilter = if self.dry() { None } else { self.refilter_feed_set() };
+        let feed_note = match refilter {
+            None => String::new(),
+            Some(Ok(msg)) => {
+                println!("policer: {msg}");
+                format!("; {msg}")
+            }
+            Some(Err(e)) => {
+                eprintln!("policer: the feed's set could not leave out the newly protected prefixes: {e}");
+                format!("; warning: the feed's set still holds entries inside the protected prefixes: {e}")
+            }
+        };
         let daemon_differs = snap.config.daemon.differs_at_start(&self.file.config().daemon);
         let feed_differs = snap.config.crowdsec != self.file.config().crowdsec;
         let note = match (daemon_differs, feed_differs) {
@@ -631,7 +644,7 @@ impl Daemon {
             n if n > 20 => format!(": {}; and {} more", changes[..20].join("; "), n - 20),
             _ => format!(": {}", changes.join("; ")),
         };
-        Ok(format!("reloaded {path}: {n} rules ({}){changes}{sets_summary}{kept}{note}", diff.counts()))
+        Ok(format!("reloaded {path}: {n} rules ({}){changes}{sets_summary}{kept}{note}{feed_note}", diff.counts()))
     }
 
     /// Detaches `name`; true when no interface is left.

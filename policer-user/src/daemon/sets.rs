@@ -753,18 +753,49 @@ impl Daemon {
     }
 
     /// Refuses when a set holds an entry inside a protected prefix that it
-    /// would not allow (the tries' longest match would give the entry).
+    /// would not allow (the tries' longest match would give the entry). A
+    /// feed's set is not refused: its entries inside are left out
+    /// ([`Daemon::refilter_feed_set`]), as its syncs leave them out.
     pub(super) fn refuse_protected_entries(&self, skip: &[String]) -> Result<()> {
         let protect = self.rs.protect();
         if protect.is_empty() {
             return Ok(());
         }
-        for (name, s) in self.sets.iter().filter(|(n, _)| !skip.contains(n)) {
+        let feed = self.feed_set.as_deref();
+        for (name, s) in self.sets.iter().filter(|(n, _)| !skip.contains(n) && Some(n.as_str()) != feed) {
             for net in s.entries.iter() {
                 protect.refuse_entry(net, s.spec4.action).map_err(|e| Error::Invalid(format!("set '{name}': {e}")))?;
             }
         }
         Ok(())
+    }
+
+    /// After `protect` changed: the feed's set without the entries now
+    /// inside a protected prefix (or a rule's prefix), in one change, as a
+    /// sync of the feed would leave them out. A feed cannot be told to fix
+    /// a decision, and an operator protecting its own network must not be
+    /// refused because a feed listed it. `None`: nothing to leave out.
+    pub(super) fn refilter_feed_set(&mut self) -> Option<Result<String>> {
+        let name = self.feed_set.clone()?;
+        let s = self.sets.get(&name)?;
+        let action = s.spec4.action;
+        let entries = s.entries.to_vec();
+        let (kept, (protected, _)) = self.feed_entries(entries.clone(), action);
+        if kept.len() == entries.len() {
+            return None;
+        }
+        let imp = Import {
+            file: format!("the feed's set '{name}' ({protected} entries now inside a protected prefix left out)"),
+            text: Vec::new(),
+            list: crate::sets::List { entries, duplicates: 0, mapped: 0 },
+            set: Some(name),
+            rule: RuleConfig { action: Some(action), ..RuleConfig::default() },
+            max_remove: Default::default(),
+            force: true,
+            runtime: false,
+            feed: true,
+        };
+        Some(self.import(imp).map(|(msg, _)| msg))
     }
 
     /// Leaves out of `c` (read back from the kernel) the sets' entries,
