@@ -184,14 +184,8 @@ impl ConfigFile {
     /// the temporary file. So a caller can stage the file, make its change
     /// elsewhere (the kernel), and only then put the file in place.
     pub fn stage(&mut self, change: Change<'_>) -> Result<Pending> {
-        self.check_unchanged()?;
-        let old = match &self.seen {
-            Seen::Missing => None,
-            Seen::Text(t) => Some(t.as_str()),
-        };
-        let edited = edit::edit(old, &self.config, change, &self.path);
-        Self::release_memory();
-        let (text, config) = edited?;
+        let (text, config) = self.edited(change)?;
+        let old = self.seen_text();
         // Nothing to say that the file (or its absence) does not say already.
         if old == Some(text.as_str()) || (old.is_none() && config == Config::default()) {
             return Ok(Pending { staged: None, text, config });
@@ -203,14 +197,24 @@ impl ConfigFile {
     /// What [`ConfigFile::stage`] checks (the file as last read, the
     /// edit), with nothing written: a dry run's.
     pub fn check_stage(&mut self, change: Change<'_>) -> Result<()> {
+        self.edited(change).map(|_| ())
+    }
+
+    /// The file as last read with `change` made, after the check for a
+    /// hand edit: what [`ConfigFile::stage`] writes and a dry run checks.
+    fn edited(&mut self, change: Change<'_>) -> Result<(String, Config)> {
         self.check_unchanged()?;
-        let old = match &self.seen {
+        let edited = edit::edit(self.seen_text(), &self.config, change, &self.path);
+        Self::release_memory();
+        edited
+    }
+
+    /// The file's text as last read; `None`: there was none.
+    fn seen_text(&self) -> Option<&str> {
+        match &self.seen {
             Seen::Missing => None,
             Seen::Text(t) => Some(t.as_str()),
-        };
-        let edited = edit::edit(old, &self.config, change, &self.path);
-        Self::release_memory();
-        edited.map(|_| ())
+        }
     }
 
     /// Puts a staged version in place.
