@@ -201,7 +201,8 @@ fn hooks_in(bin: &Path) -> Vec<&'static str> {
 }
 
 /// The packaged binary is static (musl), runs, and carries no test or
-/// bench hooks; nor does the static build it was stripped from.
+/// bench hooks; nor does the static build (the dist profile) it was
+/// stripped from.
 #[test]
 fn deb_binary_is_static_runs_and_carries_no_hooks() {
     if !privileged("dist") {
@@ -222,7 +223,7 @@ fn deb_binary_is_static_runs_and_carries_no_hooks() {
     assert!(says.contains("not a dynamic executable") || says.contains("statically linked"), "ldd says: {says}");
     assert!(!says.contains("=>"), "ldd lists libraries: {says}");
     assert_eq!(hooks_in(&bin), Vec::<&str>::new(), "the packaged {} carries hooks", bin.display());
-    let unstripped = target_dir().join("x86_64-unknown-linux-musl/release/policer");
+    let unstripped = target_dir().join("x86_64-unknown-linux-musl/dist/policer");
     assert!(unstripped.exists(), "{} missing, though `cargo xtask dist` built the package", unstripped.display());
     assert_eq!(hooks_in(&unstripped), Vec::<&str>::new(), "{} carries hooks", unstripped.display());
 }
