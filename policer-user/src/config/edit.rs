@@ -202,14 +202,14 @@ fn rules_mut<'a>(doc: &'a mut DocumentMut, origin: &Path) -> Result<Option<Rules
 }
 
 /// Writes `spec` in canonical form into an empty table.
-fn fill(t: &mut dyn TableLike, spec: &RuleSpec) {
+pub(super) fn fill(t: &mut dyn TableLike, spec: &RuleSpec) {
     let c = spec.config();
     t.insert("prefix", Item::Value(c.prefix.as_str().into()));
     write_params(t, &c);
 }
 
 /// Sets every key but the prefix to `c`'s canonical form.
-fn write_params(t: &mut dyn TableLike, c: &RuleConfig) {
+pub(super) fn write_params(t: &mut dyn TableLike, c: &RuleConfig) {
     write_class(t, c);
     set(t, "rate", c.rate.clone().map(Value::from));
     set(t, "burst", c.burst.as_ref().map(burst_value));
@@ -259,7 +259,7 @@ fn burst_value(b: &BurstValue) -> Value {
 }
 
 /// Rewrites only the keys whose meaning changed from `old` to `new`.
-fn update(t: &mut dyn TableLike, old: &RuleSpec, new: &RuleSpec) {
+pub(super) fn update(t: &mut dyn TableLike, old: &RuleSpec, new: &RuleSpec) {
     let c = new.config();
     let rate_changed = old.rate != new.rate;
     if rate_changed {

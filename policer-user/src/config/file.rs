@@ -21,6 +21,7 @@ use std::{
 use super::{
     Config,
     edit::{self, Change},
+    splice::{self, Layout},
     write,
 };
 use crate::{
@@ -61,7 +62,16 @@ impl Snapshot {
 pub struct Pending {
     staged: Option<write::Staged>,
     text: String,
-    config: Config,
+    after: After,
+}
+
+/// What the file says after a staged change.
+#[derive(Debug)]
+enum After {
+    /// Read from the whole document (`edit.rs`).
+    Whole(Config),
+    /// What it said before with these rules' edits (`splice.rs`).
+    Edits(Vec<splice::Op>),
 }
 
 /// The daemon's config file.
@@ -70,6 +80,9 @@ pub struct ConfigFile {
     path: PathBuf,
     config: Config,
     seen: Seen,
+    /// Where the rules of `seen` are, once a change of a few rules asked
+    /// (`None` inside: the text is not laid out for `splice.rs`).
+    layout: Option<Option<Layout>>,
 }
 
 impl ConfigFile {
@@ -78,7 +91,8 @@ impl ConfigFile {
     pub fn open(path: &Path) -> Result<(ConfigFile, BTreeMap<RuleKey, RuleSpec>)> {
         let snap = read(path)?;
         let rules = snap.rules.clone();
-        let mut file = ConfigFile { path: path.to_path_buf(), config: Config::default(), seen: Seen::Missing };
+        let mut file =
+            ConfigFile { path: path.to_path_buf(), config: Config::default(), seen: Seen::Missing, layout: None };
         file.accept(snap);
         Ok((file, rules))
     }
@@ -138,6 +152,7 @@ impl ConfigFile {
     pub fn accept(&mut self, snap: Snapshot) {
         self.config = snap.config;
         self.seen = snap.seen;
+        self.layout = None;
     }
 
     /// Whether the file on disk differs from what the daemon last read or
@@ -149,6 +164,20 @@ impl ConfigFile {
     /// Writes `rules` as the file's rule set (`config/edit.rs` says what is
     /// kept of what the operator wrote).
     pub fn apply_rules(&mut self, rules: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
+        // The tests' edits go the way of a change of a few rules where they
+        // can, which checks that way against this one (`spliced`).
+        #[cfg(test)]
+        if let Seen::Text(t) = &self.seen
+            && let Ok((_, before)) = Config::parse(t, &self.path)
+        {
+            let mut edits: Vec<(RuleKey, Option<RuleSpec>)> =
+                before.keys().filter(|k| !rules.contains_key(k)).map(|k| (*k, None)).collect();
+            edits.extend(rules.iter().filter(|(k, v)| before.get(k) != Some(v)).map(|(k, v)| (*k, Some(v.clone()))));
+            if !edits.is_empty() {
+                let pending = self.stage_rules(&before, &edits)?;
+                return self.commit(pending);
+            }
+        }
         self.update(Change { rules: Some(rules), interfaces: None })
     }
 
@@ -188,10 +217,73 @@ impl ConfigFile {
         let old = self.seen_text();
         // Nothing to say that the file (or its absence) does not say already.
         if old == Some(text.as_str()) || (old.is_none() && config == Config::default()) {
-            return Ok(Pending { staged: None, text, config });
+            return Ok(Pending { staged: None, text, after: After::Whole(config) });
         }
         let staged = write::stage(&self.path, text.as_bytes())?;
-        Ok(Pending { staged: Some(staged), text, config })
+        Ok(Pending { staged: Some(staged), text, after: After::Whole(config) })
+    }
+
+    /// [`stage`](Self::stage) for a change of a few rules: `edits` (each
+    /// key once; `None` removes the rule) made to `before`, the rules the
+    /// file holds. Only those rules' text is parsed and rewritten
+    /// (`splice.rs`), so the cost does not grow with the file; a layout it
+    /// does not handle is edited whole, as [`stage`](Self::stage) does.
+    pub fn stage_rules(
+        &mut self,
+        before: &BTreeMap<RuleKey, RuleSpec>,
+        edits: &[(RuleKey, Option<RuleSpec>)],
+    ) -> Result<Pending> {
+        self.check_unchanged()?;
+        match self.spliced(before, edits) {
+            Some((text, ops)) => {
+                let staged = match self.seen_text() == Some(text.as_str()) {
+                    true => None,
+                    false => Some(write::stage(&self.path, text.as_bytes())?),
+                };
+                Ok(Pending { staged, text, after: After::Edits(ops) })
+            }
+            None => self.stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None }),
+        }
+    }
+
+    /// What [`stage_rules`](Self::stage_rules) checks, with nothing
+    /// written: a dry run's.
+    pub fn check_stage_rules(
+        &mut self,
+        before: &BTreeMap<RuleKey, RuleSpec>,
+        edits: &[(RuleKey, Option<RuleSpec>)],
+    ) -> Result<()> {
+        self.check_unchanged()?;
+        match self.spliced(before, edits) {
+            Some(_) => Ok(()),
+            None => self.check_stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None }),
+        }
+    }
+
+    /// The file's text with `edits` made by `splice.rs`; `None` when they
+    /// are not for it.
+    fn spliced(
+        &mut self,
+        before: &BTreeMap<RuleKey, RuleSpec>,
+        edits: &[(RuleKey, Option<RuleSpec>)],
+    ) -> Option<(String, Vec<splice::Op>)> {
+        let Seen::Text(text) = &self.seen else { return None };
+        let layout = self.layout.get_or_insert_with(|| Layout::of(text, &self.config.rules)).as_ref()?;
+        let (out, ops) = splice::splice(text, layout, before, edits)?;
+        // The tests make every such edit the whole-document way too: the
+        // same bytes, or this path is wrong.
+        #[cfg(test)]
+        {
+            let whole = edit::edit(
+                Some(text),
+                &self.config,
+                Change { rules: Some(&with_edits(before, edits)), interfaces: None },
+                &self.path,
+            );
+            assert_eq!(whole.map(|(t, _)| t).ok().as_deref(), Some(out.as_str()), "splice.rs and edit.rs disagree");
+            SPLICED.with(|n| n.set(n.get() + 1));
+        }
+        Some((out, ops))
     }
 
     /// What [`ConfigFile::stage`] checks (the file as last read, the
@@ -219,7 +311,7 @@ impl ConfigFile {
 
     /// Puts a staged version in place.
     pub fn commit(&mut self, pending: Pending) -> Result<()> {
-        let Pending { staged, text, config } = pending;
+        let Pending { staged, text, after } = pending;
         let Some(staged) = staged else {
             return Ok(());
         };
@@ -227,7 +319,20 @@ impl ConfigFile {
         // worked must not be overwritten either. Dropping `staged` removes it.
         self.check_unchanged()?;
         staged.commit()?;
-        self.config = config;
+        match after {
+            After::Whole(config) => {
+                self.config = config;
+                self.layout = None;
+            }
+            After::Edits(ops) => {
+                for op in &ops {
+                    op.apply_to(&mut self.config);
+                    if let Some(Some(l)) = &mut self.layout {
+                        l.apply(op);
+                    }
+                }
+            }
+        }
         self.seen = Seen::Text(text);
         Ok(())
     }
@@ -259,6 +364,27 @@ impl ConfigFile {
     fn check_unchanged(&self) -> Result<()> {
         if self.unchanged()? { Ok(()) } else { Err(Error::ConfigChanged { path: self.path.clone() }) }
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Changes this thread made by `splice.rs`.
+    pub(super) static SPLICED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// `before` with `edits` made.
+fn with_edits(
+    before: &BTreeMap<RuleKey, RuleSpec>,
+    edits: &[(RuleKey, Option<RuleSpec>)],
+) -> BTreeMap<RuleKey, RuleSpec> {
+    let mut want = before.clone();
+    for (k, v) in edits {
+        match v {
+            Some(s) => want.insert(*k, s.clone()),
+            None => want.remove(k),
+        };
+    }
+    want
 }
 
 fn read(path: &Path) -> Result<Snapshot> {

@@ -31,6 +31,7 @@
 mod edit;
 mod file;
 mod read;
+mod splice;
 mod write;
 
 #[cfg(test)]
@@ -38,6 +39,8 @@ mod tests;
 
 pub use crate::sets::SetConfig;
 pub use edit::Change;
+#[cfg(test)]
+use file::SPLICED;
 pub use file::{ConfigFile, Pending, Snapshot, sha256_hex};
 pub use write::NEW_FILE_MODE;
 pub(crate) use write::remove_leftovers;

@@ -1015,3 +1015,150 @@ fn lines_are_found_as_counted() {
         assert_eq!(lines.at(at), counted, "byte {at}");
     }
 }
+
+/// A file laid out as operators lay them out (a preamble, `[daemon]`
+/// between rules, comment paragraphs, comments above and beside keys,
+/// classes, bans, byte mode, a `[[set]]` between rules), changed a few
+/// rules at a time hundreds of times: each change is made only where its
+/// rules are (`splice.rs`), gives the bytes the whole-document edit
+/// gives (checked inside, `file.rs`), and the file says what is wanted.
+#[test]
+fn changes_of_a_few_rules_edit_only_their_text_and_match_the_whole_document_edit() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    let text = "\
+# preamble
+# of the file
+
+[[rule]]
+prefix = \"0.0.0.0/0\"   # everyone
+rate = \"10kpps\"
+burst = 200
+
+# About the next one.
+
+# Its own comment.
+[[rule]]
+prefix = \"203.0.113.0/24\"
+rate = \"500pps\"  # tight
+# between keys
+burst = 50
+# trailing, after its last key
+
+[daemon]
+interfaces = [\"eth0\"]
+
+[[rule]]
+prefix = \"198.18.0.0/15\"
+rate = \"100mbit\"
+burst = \"64kb\"
+key_len = 24
+
+[[set]]
+name = \"blocklist\"
+file = \"blocklist.txt\"
+action = \"deny\"
+
+# A paragraph.
+
+[[rule]]
+prefix = \"192.0.2.0/24\"
+proto = \"udp\"
+dport = 53
+rate = \"1kpps\"
+[[rule]]
+prefix = \"2001:db8::/32\"
+action = \"deny\"
+[[rule]]
+prefix = \"198.51.100.7\"
+ban = true
+reason = \"scanner\"
+expires = \"2099-01-01T00:00:00Z\"
+# the end
+";
+    fs::write(&p, text).unwrap();
+    let (mut f, mut want) = ConfigFile::open(&p).unwrap();
+    let (spliced0, mut changes) = (super::SPLICED.with(|n| n.get()), 0);
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: usize| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 33) as usize) % n.max(1)
+    };
+    let mut added = 0u32;
+    for _ in 0..300 {
+        let before = want.clone();
+        let keys: Vec<RuleKey> = want.keys().copied().collect();
+        let mut edits: Vec<(RuleKey, Option<RuleSpec>)> = Vec::new();
+        for _ in 0..1 + next(3) {
+            let e = match next(4) {
+                // A new rule (a few kinds).
+                0 | 1 if want.len() < 40 => {
+                    added += 1;
+                    let a = format!("10.{}.{}.0/24", added / 250, added % 250);
+                    let s = match next(3) {
+                        0 => rule(&a, Some("700pps"), Some(30), None),
+                        1 => rule(&a, None, None, Some(policer_common::bucket::Action::Deny)),
+                        _ => RuleConfig { prefix: a, rate: Some("1mbit".into()), ..Default::default() }
+                            .validate()
+                            .unwrap(),
+                    };
+                    (s.key(), Some(s))
+                }
+                // A rule removed.
+                2 if keys.len() > 2 => {
+                    let k = keys[1 + next(keys.len() - 1)];
+                    (k, None)
+                }
+                // A rule changed: its rate, or its action.
+                _ => {
+                    let k = keys[next(keys.len())];
+                    let old = &want[&k];
+                    if old.ban.is_some() {
+                        continue;
+                    }
+                    let mut c = old.config();
+                    match next(2) {
+                        0 if old.rate.is_some_and(|r| !r.is_bytes()) => {
+                            c.rate = Some(format!("{}pps", 100 + next(900)));
+                        }
+                        _ => {
+                            c.action = Some(if old.action == policer_common::bucket::Action::Monitor {
+                                policer_common::bucket::Action::Police
+                            } else {
+                                policer_common::bucket::Action::Monitor
+                            });
+                            if c.rate.is_none() {
+                                c.rate = Some("2kpps".into());
+                            }
+                        }
+                    }
+                    (k, Some(c.validate().unwrap()))
+                }
+            };
+            if edits.iter().all(|(k, _)| *k != e.0) {
+                edits.push(e);
+            }
+        }
+        for (k, v) in &edits {
+            match v {
+                Some(s) => want.insert(*k, s.clone()),
+                None => want.remove(k),
+            };
+        }
+        let pending = f.stage_rules(&before, &edits).unwrap();
+        f.commit(pending).unwrap();
+        changes += 1;
+        let on_disk = fs::read_to_string(&p).unwrap();
+        let (_, read) = super::Config::parse(&on_disk, &p).unwrap();
+        assert_eq!(read, want, "after {changes} changes the file says otherwise:\n{on_disk}");
+    }
+    let spliced = super::SPLICED.with(|n| n.get()) - spliced0;
+    // The first table and a change next to another go the whole way.
+    assert!(spliced * 10 >= changes * 9, "only {spliced} of {changes} changes were made in place");
+    let last = fs::read_to_string(&p).unwrap();
+    assert!(last.starts_with("# preamble\n# of the file\n"), "{last}");
+    assert!(
+        last.contains("[daemon]\ninterfaces = [\"eth0\"]") && last.contains("[[set]]\nname = \"blocklist\""),
+        "{last}"
+    );
+}

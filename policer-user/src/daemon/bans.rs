@@ -115,9 +115,7 @@ impl Daemon {
         }
         let key = spec.key();
         let replaced = self.rs.rules().contains_key(&key);
-        self.change(runtime, |want| {
-            want.insert(key, spec.clone());
-        })?;
+        self.change(runtime, &[(key, Some(spec.clone()))])?;
         self.changed = true;
         let until = spec.expires.map(duration::rfc3339).unwrap_or_default();
         let what = if replaced { "ban replaced" } else { "banned" };
@@ -150,9 +148,7 @@ impl Daemon {
         }
         let mut parts = Vec::new();
         if manual {
-            self.change(runtime, |want| {
-                want.remove(&key);
-            })?;
+            self.change(runtime, &[(key, None)])?;
             parts.push(format!("lifted the ban of {net}"));
             println!("policer: the manual ban of {net} was lifted");
         }
@@ -203,21 +199,17 @@ impl Daemon {
         if due.is_empty() {
             return;
         }
-        let edit = |want: &mut std::collections::BTreeMap<RuleKey, crate::rules::RuleSpec>| {
-            for k in &due {
-                want.remove(k);
-            }
-        };
+        let edit: Vec<(RuleKey, Option<crate::rules::RuleSpec>)> = due.iter().map(|k| (*k, None)).collect();
         // An end is kept even when the file cannot be written (a full disk):
         // then in the kernel only, and the next write of the file (or the
         // next start, which skips what ended) catches up.
-        let r = match self.change(self.file.read_only(), edit) {
+        let r = match self.change(self.file.read_only(), &edit) {
             Err(e) if !self.file.read_only() => {
                 eprintln!(
                     "policer: writing the config file after an expiry failed ({e}); removed in the kernel only, \
                      the file is written again until it lands"
                 );
-                let r = self.change(true, edit);
+                let r = self.change(true, &edit);
                 self.ban_log.file_behind |= r.is_ok();
                 r
             }

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     compile::{Compiled, Groups},
-    config::{Change, sha256_hex},
+    config::sha256_hex,
     error::{Error, Result},
     loader::Policer,
     netlink,
@@ -199,6 +199,16 @@ impl RuleSet {
         self.mark_persisted();
     }
 
+    /// The config file now holds its rules with `edits` made.
+    pub fn edit_file_rules(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) {
+        edit_rules(&mut self.file_rules, edits);
+        for (k, _) in edits {
+            if let Some(i) = self.rules.get_mut(k) {
+                i.persisted = self.file_rules.get(k) == Some(&i.spec);
+            }
+        }
+    }
+
     /// A rule is persisted when the config file holds it as it is in force.
     fn mark_persisted(&mut self) {
         for (net, i) in self.rules.iter_mut() {
@@ -261,6 +271,16 @@ impl RuleSet {
     /// no protected prefix): the default rules' fast path may judge.
     fn only_defaults(&self) -> bool {
         self.compiled.prefixes.keys().all(|n| n.prefix_len() == 0)
+    }
+}
+
+/// Makes `edits` in `rules`: `Some` sets a rule, `None` removes it.
+pub(super) fn edit_rules(rules: &mut BTreeMap<RuleKey, RuleSpec>, edits: &[(RuleKey, Option<RuleSpec>)]) {
+    for (k, v) in edits {
+        match v {
+            Some(s) => rules.insert(*k, s.clone()),
+            None => rules.remove(k),
+        };
     }
 }
 
@@ -383,9 +403,7 @@ impl Daemon {
                 spec.burst
             ));
         }
-        self.change(runtime, |want| {
-            want.insert(key, spec.clone());
-        })?;
+        self.change(runtime, &[(key, Some(spec.clone()))])?;
         let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
         let what = match &old {
             None => format!("added the rule for {key}: {}", crate::rules::summary(&spec)),
@@ -407,19 +425,19 @@ impl Daemon {
         if !self.rs.rules().contains_key(&key) && !in_file {
             return Err(Error::Invalid(format!("no rule for {key} (see `policer rule ls`)")));
         }
-        self.change(runtime, |want| {
-            want.remove(&key);
-        })?;
+        self.change(runtime, &[(key, None)])?;
         let note = if runtime { " (runtime only: the config file still has it)" } else { "" };
         Ok(format!("removed the rule for {key}{note}"))
     }
 
-    /// One change of the rules: `edit` applied to the kernel's rules and,
-    /// unless `runtime`, to the file's. All or nothing, in an order that
-    /// keeps it so: the new file is staged (a hand edit, a full disk or a
-    /// read-only file refuses the change before the kernel is touched),
-    /// then the kernel changes, then the file is put in place.
-    pub(super) fn change(&mut self, runtime: bool, edit: impl Fn(&mut BTreeMap<RuleKey, RuleSpec>)) -> Result<()> {
+    /// One change of the rules: `edits` (each key once: `Some` sets the
+    /// rule, `None` removes it) made to the kernel's rules and, unless
+    /// `runtime`, to the file's. All or nothing, in an order that keeps it
+    /// so: the new file is staged (a hand edit, a full disk or a read-only
+    /// file refuses the change before the kernel is touched), then the
+    /// kernel changes, then the file is put in place. The file's text is
+    /// edited only where those rules are (`config/splice.rs`).
+    pub(super) fn change(&mut self, runtime: bool, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<()> {
         if !runtime && self.file.read_only() {
             return Err(Error::Invalid(format!(
                 "{} is read-only (a ConfigMap or a read-only mount: change the file at its source, \
@@ -428,9 +446,10 @@ impl Daemon {
                 self.file.path().display()
             )));
         }
-        let before = self.rs.specs();
-        let mut want = before.clone();
-        edit(&mut want);
+        let mut want = self.rs.specs();
+        // What to put back if the change fails.
+        let undo: Vec<(RuleKey, Option<RuleSpec>)> = edits.iter().map(|(k, _)| (*k, want.get(k).cloned())).collect();
+        edit_rules(&mut want, edits);
         self.refuse_set_prefixes(&want)?;
         // Planned (and compiled) once, before anything is staged or
         // written: the rule limit, or classes that tie or crowd a frame,
@@ -439,14 +458,17 @@ impl Daemon {
         let staged = if runtime {
             None
         } else {
-            let mut file = self.rs.file_rules().clone();
-            edit(&mut file);
-            let change = Change { rules: Some(&file), interfaces: None };
+            let before = self.rs.file_rules();
+            // The file's rules change only where they differ from the edit.
+            let file_edits: Vec<(RuleKey, Option<RuleSpec>)> =
+                edits.iter().filter(|(k, v)| before.get(k) != v.as_ref()).cloned().collect();
             // A dry run checks what staging checks and writes nothing.
-            let pending = if self.dry() {
-                self.file.check_stage(change).map(|()| None)
+            let pending = if file_edits.is_empty() {
+                Ok(None)
+            } else if self.dry() {
+                self.file.check_stage_rules(before, &file_edits).map(|()| None)
             } else {
-                self.file.stage(change).map(Some)
+                self.file.stage_rules(before, &file_edits).map(Some)
             };
             let pending = pending.map_err(|e| {
                 if e.is_config_not_written() {
@@ -457,7 +479,7 @@ impl Daemon {
                     e
                 }
             })?;
-            pending.map(|p| (p, file))
+            pending.map(|p| (p, file_edits))
         };
         if let Some(d) = self.dry.as_mut() {
             d.rules = Some((plan.rules, plan.compiled));
@@ -466,13 +488,15 @@ impl Daemon {
         if let Err(e) = self.apply_plan(plan) {
             // Back to what was in force (the write stops at the first
             // failure); the staged file is dropped, and so removed.
-            return Err(self.undo(&before, e));
+            edit_rules(&mut want, &undo);
+            return Err(self.undo(&want, e));
         }
-        if let Some((pending, file)) = staged {
+        if let Some((pending, file_edits)) = staged {
             if let Err(e) = self.file.commit(pending) {
-                return Err(self.undo(&before, e));
+                edit_rules(&mut want, &undo);
+                return Err(self.undo(&want, e));
             }
-            self.rs.set_file_rules(file);
+            self.rs.edit_file_rules(&file_edits);
         }
         Ok(())
     }

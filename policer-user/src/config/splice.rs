@@ -1,0 +1,421 @@
+//! Changing a few rules of a big file without parsing the whole of it.
+//!
+//! `edit.rs` parses the whole document, edits it and parses the result
+//! back: right for any layout, but a 100 000-rule file costs about a
+//! second per `policer rule set`. Here a change of a few rules touches
+//! only their text: the file's `[[rule]]` headers are found once by a scan
+//! of its lines ([`Layout`], checked against the rules the file was read
+//! to hold), kept up to date as rules are changed, removed and added, and
+//! each change parses and writes only the rule it is about. Whatever is
+//! not laid out as this expects (rules in an inline array, a rule's text
+//! that does not parse alone, edits next to each other, the first table
+//! of the file) is left to `edit.rs`.
+//!
+//! The result is what `edit.rs` would write, byte for byte (the tests
+//! make every edit both ways and compare): a changed rule keeps its
+//! comments and the keys whose meaning did not change; a removed rule goes
+//! with the comment lines directly above it, and a comment paragraph set
+//! off from it by a blank line stays; a new rule is appended after the
+//! last one in canonical form.
+
+use std::collections::{BTreeMap, HashMap};
+
+use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
+
+use super::{Config, edit};
+use crate::rules::{RuleConfig, RuleKey, RuleSpec};
+
+/// Edits in one change past which the whole document is edited instead
+/// (each edit here moves the text after it).
+pub(super) const MAX_EDITS: usize = 64;
+
+/// Where the `[[rule]]` tables of a text start.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Layout {
+    /// The byte offset of each rule's header line, in file order.
+    headers: Vec<usize>,
+    /// The rule each header starts.
+    keys: Vec<RuleKey>,
+    /// Each rule's place in `headers`.
+    index: HashMap<RuleKey, usize>,
+}
+
+/// One line of a text: `[start, end)`, `end` past its newline.
+#[derive(Clone, Copy, Debug)]
+struct Line {
+    start: usize,
+    end: usize,
+}
+
+/// Whether `line` is blank (whitespace only).
+fn blank(line: &str) -> bool {
+    line.trim().is_empty()
+}
+
+/// Whether `line` holds a comment only.
+fn comment(line: &str) -> bool {
+    line.trim_start().starts_with('#')
+}
+
+/// Whether `line` starts a table (or is the line of a value spread over
+/// lines that starts with `[`: a boundary either way, and a rule cut there
+/// does not parse alone, so `edit.rs` takes it).
+fn boundary(line: &str) -> bool {
+    line.trim_start().starts_with('[')
+}
+
+/// Whether `line` is a `[[rule]]` header (spaces and quotes allowed, a
+/// comment after it).
+fn rule_header(line: &str) -> bool {
+    let Some(rest) = line.trim_start().strip_prefix("[[") else { return false };
+    let Some((name, after)) = rest.split_once("]]") else { return false };
+    let after = after.trim();
+    (after.is_empty() || after.starts_with('#')) && matches!(name.trim(), "rule" | "\"rule\"" | "'rule'")
+}
+
+impl Layout {
+    /// The layout of `text`, whose rules are `rules` in file order; `None`
+    /// when its `[[rule]]` headers are not exactly one per rule (rules in
+    /// an inline array, a header-like line inside a string).
+    pub(super) fn of(text: &str, rules: &[RuleConfig]) -> Option<Layout> {
+        let mut headers = Vec::with_capacity(rules.len());
+        let mut at = 0;
+        for line in text.split_inclusive('\n') {
+            if line.trim_start().starts_with("[[") && rule_header(line) {
+                headers.push(at);
+            }
+            at += line.len();
+        }
+        if headers.len() != rules.len() {
+            return None;
+        }
+        let keys = rules.iter().map(RuleConfig::key).collect::<crate::error::Result<Vec<_>>>().ok()?;
+        let index: HashMap<RuleKey, usize> = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
+        if index.len() != keys.len() {
+            return None;
+        }
+        Some(Layout { headers, keys, index })
+    }
+
+    /// Takes `op`, made to the text this layout was of.
+    pub(super) fn apply(&mut self, op: &Op) {
+        let shift = |h: &mut usize| *h = (*h + op.new_len).wrapping_sub(op.to - op.from);
+        match &op.kind {
+            Kind::Replace { i, .. } => {
+                self.headers[i + 1..].iter_mut().for_each(shift);
+            }
+            Kind::Remove { i } => {
+                let key = self.keys.remove(*i);
+                self.headers.remove(*i);
+                self.index.remove(&key);
+                for v in self.index.values_mut() {
+                    if *v > *i {
+                        *v -= 1;
+                    }
+                }
+                self.headers[*i..].iter_mut().for_each(shift);
+            }
+            Kind::Push { key, header, .. } => {
+                self.index.insert(*key, self.keys.len());
+                self.keys.push(*key);
+                self.headers.push(*header);
+            }
+        }
+    }
+}
+
+/// What an edit did to the rules, for [`Layout::apply`] and the config's
+/// rule list.
+#[derive(Clone, Debug)]
+pub(super) enum Kind {
+    /// Rule `i` now reads `rule`.
+    Replace {
+        i: usize,
+        rule: RuleConfig,
+    },
+    Remove {
+        i: usize,
+    },
+    /// A new last rule, its header at `header`.
+    Push {
+        key: RuleKey,
+        header: usize,
+        rule: RuleConfig,
+    },
+}
+
+/// One edit of the text: `[from, to)` replaced by `new_len` bytes.
+#[derive(Clone, Debug)]
+pub(super) struct Op {
+    pub kind: Kind,
+    from: usize,
+    to: usize,
+    new_len: usize,
+}
+
+impl Op {
+    /// Takes this edit into `cfg`'s rules (file order, as the layout).
+    pub(super) fn apply_to(&self, cfg: &mut Config) {
+        match &self.kind {
+            Kind::Replace { i, rule } => cfg.rules[*i] = rule.clone(),
+            Kind::Remove { i } => {
+                cfg.rules.remove(*i);
+            }
+            Kind::Push { rule, .. } => cfg.rules.push(rule.clone()),
+        }
+    }
+}
+
+/// The lines of `text` from `at` on, up to (not including) the next
+/// boundary line.
+fn lines_from(text: &str, at: usize) -> impl Iterator<Item = Line> + '_ {
+    let mut pos = at;
+    text[at..].split_inclusive('\n').map(move |l| {
+        let line = Line { start: pos, end: pos + l.len() };
+        pos += l.len();
+        line
+    })
+}
+
+/// The end of the table whose header line starts at `h`: past its last
+/// line that is neither blank nor a comment (what follows belongs to the
+/// next table or the end of the file); and where the next boundary is.
+fn table_end(text: &str, h: usize) -> (usize, Option<usize>) {
+    let mut lines = lines_from(text, h);
+    let first = lines.next().map_or(text.len(), |l| l.end);
+    let mut end = first;
+    for l in lines {
+        let s = &text[l.start..l.end];
+        if boundary(s) {
+            return (end, Some(l.start));
+        }
+        if !blank(s) && !comment(s) {
+            end = l.end;
+        }
+    }
+    (end, None)
+}
+
+/// Where the run of blank and comment lines directly above `h` starts;
+/// `None` when it reaches the start of the text.
+fn decor_start(text: &str, h: usize) -> Option<usize> {
+    let mut start = h;
+    for l in text[..h].split_inclusive('\n').rev() {
+        if !(blank(l) || comment(l)) {
+            return Some(start);
+        }
+        start -= l.len();
+    }
+    None
+}
+
+/// Parses `chunk` (one `[[rule]]` table) alone: its rule as written and
+/// as meant.
+fn one_rule(chunk: &str) -> Option<(RuleConfig, RuleSpec)> {
+    let (cfg, rules) = Config::parse(chunk, std::path::Path::new("-")).ok()?;
+    if cfg.rules.len() != 1 || rules.len() != 1 || cfg.sets.len() + usize::from(cfg.crowdsec.is_some()) != 0 {
+        return None;
+    }
+    let (_, spec) = rules.into_iter().next()?;
+    Some((cfg.rules.into_iter().next()?, spec))
+}
+
+/// The one table of a one-rule document.
+fn table(doc: &mut DocumentMut) -> Option<&mut Table> {
+    match doc.get_mut("rule")? {
+        Item::ArrayOfTables(a) if a.len() == 1 => a.get_mut(0),
+        _ => None,
+    }
+}
+
+/// `text` with `edits` made (each key once: `Some` sets the rule, `None`
+/// removes it), where `before` are the rules `text` holds and `layout`
+/// where they are; `None` when the edits are not for this path (then
+/// `edit.rs` makes them).
+pub(super) fn splice(
+    text: &str,
+    layout: &Layout,
+    before: &BTreeMap<RuleKey, RuleSpec>,
+    edits: &[(RuleKey, Option<RuleSpec>)],
+) -> Option<(String, Vec<Op>)> {
+    // A byte order mark is dropped by a write (`edit.rs`).
+    if edits.is_empty()
+        || edits.len() > MAX_EDITS
+        || !text.ends_with('\n')
+        || text.starts_with('\u{feff}')
+        || layout.headers.is_empty()
+    {
+        return None;
+    }
+    // Changes and removals of rules the file has, by place; additions.
+    let mut at: Vec<(usize, &RuleKey, Option<&RuleSpec>)> = Vec::new();
+    let mut new: Vec<&RuleSpec> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (k, want) in edits {
+        if !seen.insert(*k) {
+            return None;
+        }
+        match (layout.index.get(k), before.get(k), want) {
+            (Some(_), Some(old), Some(w)) if old == w => {}
+            (Some(&i), Some(_), w) => at.push((i, k, w.as_ref())),
+            (None, None, Some(w)) => new.push(w),
+            (None, None, None) => {}
+            // The layout and the rules disagree: not for this path.
+            _ => return None,
+        }
+    }
+    at.sort_by_key(|(i, ..)| *i);
+    let last = layout.headers.len() - 1;
+    // An addition goes after the last rule: not with an edit of it.
+    if !new.is_empty() && at.last().is_some_and(|(i, ..)| *i == last) {
+        return None;
+    }
+
+    // Each edit's region, checked apart from its neighbours', then made
+    // from the last to the first so the places before each stay valid.
+    let mut ops: Vec<(Op, String)> = Vec::new();
+    let mut floor = 0;
+    for (i, key, want) in at {
+        let h = layout.headers[i];
+        let (end, next) = table_end(text, h);
+        let (_, old) = one_rule(&text[h..end])?;
+        if old.key() != *key || Some(&old) != before.get(key) {
+            return None;
+        }
+        let (op, with) = match want {
+            Some(new) => {
+                let mut doc: DocumentMut = text[h..end].parse().ok()?;
+                edit::update(table(&mut doc)?, &old, new);
+                let mut out = doc.to_string();
+                let mut got = one_rule(&out);
+                if got.as_ref().map(|(_, s)| s) != Some(new) {
+                    edit::write_params(table(&mut doc)?, &new.config());
+                    out = doc.to_string();
+                    got = one_rule(&out);
+                }
+                let (rule, spec) = got?;
+                if spec != *new {
+                    return None;
+                }
+                (Op { kind: Kind::Replace { i, rule }, from: h, to: end, new_len: out.len() }, out)
+            }
+            None => {
+                // The comment block above: its paragraphs set off by a
+                // blank line stay (with the next table, blank lines at
+                // its top trimmed), its last one goes with the rule.
+                let p = decor_start(text, h)?;
+                let prefix = &text[p..h];
+                let d = p + split_detached(prefix);
+                if !text[p..d].contains('#') {
+                    (Op { kind: Kind::Remove { i }, from: p, to: end, new_len: 0 }, String::new())
+                } else if let Some(next) = next {
+                    let after = &text[end..next];
+                    let trimmed = after.len() - trim_blank_lines(after).len();
+                    (Op { kind: Kind::Remove { i }, from: d, to: end + trimmed, new_len: 0 }, String::new())
+                } else {
+                    let kept = format!("{}\n", text[p..d].trim_end_matches('\n'));
+                    (Op { kind: Kind::Remove { i }, from: p, to: end, new_len: kept.len() }, kept)
+                }
+            }
+        };
+        if op.from < floor {
+            return None;
+        }
+        floor = op.to.max(next.unwrap_or(op.to));
+        ops.push((op, with));
+    }
+    // Additions: after the last rule, each as `edit.rs` appends one.
+    let mut insert: Option<(usize, String)> = None;
+    let mut pushes = Vec::new();
+    if !new.is_empty() {
+        let (end, _) = table_end(text, layout.headers[last]);
+        if end < floor {
+            return None;
+        }
+        let mut added = String::new();
+        for s in new {
+            let mut t = Table::new();
+            t.decor_mut().set_prefix("\n");
+            edit::fill(&mut t, s);
+            let mut one = ArrayOfTables::new();
+            one.push(t);
+            let mut d = DocumentMut::new();
+            d.insert("rule", Item::ArrayOfTables(one));
+            let out = d.to_string();
+            let (rule, spec) = one_rule(&out)?;
+            if spec != *s {
+                return None;
+            }
+            // Its header's place in the text the edits before it leave.
+            let header = end + added.len() + out.find("[[")?;
+            pushes.push(Op { kind: Kind::Push { key: s.key(), header, rule }, from: end, to: end, new_len: 0 });
+            added.push_str(&out);
+        }
+        insert = Some((end, added));
+    }
+
+    let grow: usize = ops.iter().map(|(_, w)| w.len()).sum::<usize>() + insert.as_ref().map_or(0, |(_, a)| a.len());
+    let mut out = String::with_capacity(text.len() + grow);
+    let mut pos = 0;
+    for (op, with) in &ops {
+        out.push_str(&text[pos..op.from]);
+        out.push_str(with);
+        pos = op.to;
+    }
+    if let Some((at, added)) = &insert {
+        out.push_str(&text[pos..*at]);
+        out.push_str(added);
+        pos = *at;
+    }
+    out.push_str(&text[pos..]);
+
+    // For the layout, in file order: each edit's place and rule index in
+    // the text the edits before it left.
+    let mut done = Vec::with_capacity(ops.len() + pushes.len());
+    let (mut moved, mut removed) = (0isize, 0usize);
+    for (mut op, _) in ops {
+        op.from = op.from.wrapping_add_signed(moved);
+        op.to = op.to.wrapping_add_signed(moved);
+        moved += op.new_len as isize - (op.to - op.from) as isize;
+        match &mut op.kind {
+            Kind::Replace { i, .. } => *i -= removed,
+            Kind::Remove { i } => {
+                *i -= removed;
+                removed += 1;
+            }
+            Kind::Push { .. } => {}
+        }
+        done.push(op);
+    }
+    for mut op in pushes {
+        if let Kind::Push { header, .. } = &mut op.kind {
+            *header = header.wrapping_add_signed(moved);
+        }
+        done.push(op);
+    }
+    Some((out, done))
+}
+
+/// How many bytes of a decor prefix come before its last blank line (the
+/// paragraphs set off from the table).
+fn split_detached(prefix: &str) -> usize {
+    let (mut split, mut off) = (0, 0);
+    for line in prefix.split_inclusive('\n') {
+        off += line.len();
+        if line.ends_with('\n') && line.trim().is_empty() {
+            split = off;
+        }
+    }
+    split
+}
+
+fn trim_blank_lines(s: &str) -> &str {
+    let mut rest = s;
+    while let Some((line, tail)) = rest.split_once('\n') {
+        if !line.trim().is_empty() {
+            break;
+        }
+        rest = tail;
+    }
+    rest
+}
