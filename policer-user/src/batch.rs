@@ -81,7 +81,7 @@ pub fn for_each_batch(
     mut f: impl FnMut(Copied, &mut dyn Iterator<Item = (&[u8], &[u8])>),
 ) -> io::Result<()> {
     let mut b = Batches::new(fd, key_size, value_size, chunk);
-    while let Some(copied) = b.next()? {
+    while let Some(copied) = b.read_next()? {
         f(copied, &mut b.entries());
     }
     Ok(())
@@ -129,7 +129,7 @@ impl Batches {
 
     /// Reads the next batch (at most `chunk` entries, see
     /// [`Batches::entries`]); `None` once the map is read to its end.
-    pub fn next(&mut self) -> io::Result<Option<Copied>> {
+    pub fn read_next(&mut self) -> io::Result<Option<Copied>> {
         loop {
             if self.done {
                 return Ok(None);
@@ -169,7 +169,7 @@ impl Batches {
         }
     }
 
-    /// The entries of the batch [`Batches::next`] read, as (key, value) bytes.
+    /// The entries of the batch [`Batches::read_next`] read, as (key, value) bytes.
     pub fn entries(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         let (k, v) = (self.key_size, self.value_size);
         (0..self.n).map(move |i| (&self.keys[i * k..(i + 1) * k], &self.values[i * v..(i + 1) * v]))

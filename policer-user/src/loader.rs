@@ -551,7 +551,7 @@ impl BanBatches<'_> {
     /// The next batch of entries; empty once the store is read.
     pub fn next_batch(&mut self, out: &mut Vec<(BucketKeyV6, Ban)>) -> Result<()> {
         out.clear();
-        if self.b.next().map_err(Error::kernel(format!("reading {}", policer_common::MAP_BANS)))?.is_some() {
+        if self.b.read_next().map_err(Error::kernel(format!("reading {}", policer_common::MAP_BANS)))?.is_some() {
             for (k, v) in self.b.entries() {
                 // SAFETY: the kernel copied whole keys and values of these
                 // plain types; read unaligned from the byte buffers.

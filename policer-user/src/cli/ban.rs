@@ -255,7 +255,7 @@ mod tests {
             prefix: format!("10.0.{}.{}/32", i / 256, i % 256),
             origin: origin.into(),
             rule: (origin == "auto").then(|| "0.0.0.0/0".to_string()),
-            reason: (i % 3 == 0).then(|| format!("reason {i}")),
+            reason: i.is_multiple_of(3).then(|| format!("reason {i}")),
             expires: "2026-01-01T00:00:00.000Z".into(),
             left_seconds: f64::from(i) * 7.5,
             dropped_pkts: u64::from(i) * 1000,
@@ -278,7 +278,8 @@ mod tests {
     #[test]
     fn streamed_json_is_the_pretty_list() {
         for n in [0, 1, 3, 50] {
-            let bans: Vec<BanView> = (0..n).map(|i| ban(i, if i % 2 == 0 { "manual" } else { "auto" })).collect();
+            let bans: Vec<BanView> =
+                (0..n).map(|i| ban(i, if i.is_multiple_of(2) { "manual" } else { "auto" })).collect();
             let want = format!("{}\n", serde_json::to_string_pretty(&bans).unwrap());
             assert_eq!(printed(true, &bans), want, "{n} bans");
         }
@@ -289,7 +290,8 @@ mod tests {
     #[test]
     fn streamed_table_is_the_table() {
         for n in [1, 2, 17] {
-            let bans: Vec<BanView> = (0..n).map(|i| ban(i * 37, if i % 2 == 0 { "manual" } else { "auto" })).collect();
+            let bans: Vec<BanView> =
+                (0..n).map(|i| ban(i * 37, if i.is_multiple_of(2) { "manual" } else { "auto" })).collect();
             let mut t = crate::report::table(&HEADERS, NUMERIC_FROM);
             for b in &bans {
                 t.add_row(cells(b).to_vec());
