@@ -62,6 +62,26 @@ fn config(n: u32, rate: &str) -> String {
     s
 }
 
+/// A config file with the default rule and `n` manual bans (host routes,
+/// as [`prefix`]), ending far in the future: the bulk way to make them
+/// (`policer ban` writes the file once per ban).
+fn config_bans(n: u32) -> String {
+    let mut s = String::with_capacity(n as usize * 72);
+    s.push_str("[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1Mpps\"\nburst = 1000\n\n");
+    for i in 0..n {
+        let _ = write!(s, "[[rule]]\nprefix = \"{}\"\nban = true\nexpires = \"2099-01-01T00:00:00Z\"\n\n", prefix(i));
+    }
+    s
+}
+
+/// One `/metrics` scrape from the daemon's namespace, ms (NaN if it failed).
+fn timed_scrape(net: &Net, port: u16) -> f64 {
+    let t0 = Instant::now();
+    let ns = net.sb.rx_ns.clone();
+    let ok = std::panic::catch_unwind(|| crate::daemon::scrape(&ns, port)).is_ok_and(|text| text.ends_with("# EOF\n"));
+    if ok { t0.elapsed().as_secs_f64() * 1e3 } else { f64::NAN }
+}
+
 fn start(net: &Net, args: &[&str]) -> (Daemon, f64) {
     // Room for the big rule set and the rules the runs add.
     let max_rules = (RULES + 1_000).to_string();
@@ -200,6 +220,44 @@ pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
         "ms",
         &stats_big,
         "per-rule counters for every rule",
+    ));
+    drop(d);
+
+    // 2b. With 100 000 manual bans (issue 32: reads that do not grow with
+    // the bans): a scrape and `stats` read kept counts, `ban ls` streams.
+    say("control: 100 000 manual bans: /metrics, stats, ban ls");
+    std::fs::write(&net.sb.config, config_bans(RULES))?;
+    let port = "9479";
+    let (d, _) = start(&net, &["--metrics", port]);
+    let (mut scrape_ms, mut stats_bans, mut ban_ls) = (vec![], vec![], vec![]);
+    for _ in 0..reps {
+        // /metrics renders are paced (a render rests as long as it took
+        // before the next): a scrape a second apart pays its own render.
+        std::thread::sleep(Duration::from_secs(1));
+        scrape_ms.push(timed_scrape(&net, port.parse()?));
+        stats_bans.push(timed_cli(&net, &["stats", "--json"]).map(|x| x.0).unwrap_or(f64::NAN));
+        ban_ls.push(timed_cli(&net, &["ban", "ls", "--json"]).map(|x| x.0).unwrap_or(f64::NAN));
+    }
+    rows.push(m(
+        "metrics_100k_bans",
+        "`/metrics` with 100 000 bans",
+        "ms",
+        &scrape_ms,
+        "ms per scrape (connect to the last byte); target ≤ 50 ms; manual bans from the config file",
+    ));
+    rows.push(m(
+        "stats_100k_bans",
+        "`policer stats --json` with 100 000 bans",
+        "ms",
+        &stats_bans,
+        "CLI process, start to exit; the ban counts are kept, not read",
+    ));
+    rows.push(m(
+        "ban_ls_100k",
+        "`policer ban ls --json`, 100 000 bans",
+        "ms",
+        &ban_ls,
+        "CLI process, start to exit; streamed: rows print as the daemon reads them",
     ));
     drop(d);
 

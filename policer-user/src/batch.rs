@@ -80,46 +80,99 @@ pub fn for_each_batch(
     chunk: usize,
     mut f: impl FnMut(Copied, &mut dyn Iterator<Item = (&[u8], &[u8])>),
 ) -> io::Result<()> {
-    let chunk = chunk.max(1);
-    let mut keys = vec![0u8; key_size * chunk];
-    let mut values = vec![0u8; value_size * chunk];
+    let mut b = Batches::new(fd, key_size, value_size, chunk);
+    while let Some(copied) = b.read_next()? {
+        f(copied, &mut b.entries());
+    }
+    Ok(())
+}
+
+/// A walk of a map one batch at a time, each taken when asked: a reader
+/// that hands entries on as it reads them (`ban ls` writing to a client)
+/// waits between batches without holding a thread. A map that changes
+/// during the walk gives each entry at most once, as [`for_each_batch`].
+pub struct Batches {
+    fd: RawFd,
+    key_size: usize,
+    value_size: usize,
+    chunk: usize,
+    keys: Vec<u8>,
+    values: Vec<u8>,
     // The batch token is opaque: 8 bytes for hashes and arrays, but the
     // generic batch (LPM tries) writes a whole key there (20 bytes for an
     // IPv6 rule key); 64 covers every key this program has.
-    let mut token_in = [0u8; 64];
-    let mut token_out = [0u8; 64];
-    let mut first = true;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { token_in.as_mut_ptr() as u64 },
-            out_batch: token_out.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: chunk as u32,
-            map_fd: fd as u32,
-            ..Default::default()
-        };
-        let before = crate::duration::monotonic_ns();
-        // SAFETY: attr points to buffers large enough for `count` entries.
-        let r = unsafe {
-            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
-        };
-        let copied = Copied { before, after: crate::duration::monotonic_ns(), n: attr.count as u64 };
-        let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
-        let n = attr.count as usize;
-        if n > 0 {
-            let mut entries = (0..n)
-                .map(|i| (&keys[i * key_size..(i + 1) * key_size], &values[i * value_size..(i + 1) * value_size]));
-            f(copied, &mut entries);
+    token_in: [u8; 64],
+    token_out: [u8; 64],
+    first: bool,
+    done: bool,
+    /// Entries of the last batch.
+    n: usize,
+}
+
+impl Batches {
+    pub fn new(fd: RawFd, key_size: usize, value_size: usize, chunk: usize) -> Batches {
+        let chunk = chunk.max(1);
+        Batches {
+            fd,
+            key_size,
+            value_size,
+            chunk,
+            keys: vec![0u8; key_size * chunk],
+            values: vec![0u8; value_size * chunk],
+            token_in: [0; 64],
+            token_out: [0; 64],
+            first: true,
+            done: false,
+            n: 0,
         }
-        match err {
-            None => {}
-            // ENOENT: that was the last chunk.
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-            Some(e) => return Err(e),
+    }
+
+    /// Reads the next batch (at most `chunk` entries, see
+    /// [`Batches::entries`]); `None` once the map is read to its end.
+    pub fn read_next(&mut self) -> io::Result<Option<Copied>> {
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            let mut attr = BatchAttr {
+                in_batch: if self.first { 0 } else { self.token_in.as_mut_ptr() as u64 },
+                out_batch: self.token_out.as_mut_ptr() as u64,
+                keys: self.keys.as_mut_ptr() as u64,
+                values: self.values.as_mut_ptr() as u64,
+                count: self.chunk as u32,
+                map_fd: self.fd as u32,
+                ..Default::default()
+            };
+            let before = crate::duration::monotonic_ns();
+            // SAFETY: attr points to buffers large enough for `count` entries.
+            let r = unsafe {
+                libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
+            };
+            let copied = Copied { before, after: crate::duration::monotonic_ns(), n: attr.count as u64 };
+            let err = if r < 0 { Some(io::Error::last_os_error()) } else { None };
+            self.n = attr.count as usize;
+            match err {
+                None => {}
+                // ENOENT: that was the last chunk.
+                Some(e) if e.raw_os_error() == Some(libc::ENOENT) => self.done = true,
+                Some(e) => {
+                    self.done = true;
+                    self.n = 0;
+                    return Err(e);
+                }
+            }
+            self.token_in = self.token_out;
+            self.first = false;
+            if self.n > 0 {
+                return Ok(Some(copied));
+            }
         }
-        token_in = token_out;
-        first = false;
+    }
+
+    /// The entries of the batch [`Batches::read_next`] read, as (key, value) bytes.
+    pub fn entries(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let (k, v) = (self.key_size, self.value_size);
+        (0..self.n).map(move |i| (&self.keys[i * k..(i + 1) * k], &self.values[i * v..(i + 1) * v]))
     }
 }
 

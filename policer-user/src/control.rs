@@ -1002,10 +1002,11 @@ pub fn call_at(path: &Path, req: &Request, timeout: Duration) -> Result<Reply> {
     call_reader(path, req, timeout).map(|(r, _)| r)
 }
 
-/// [`call_at`], and the connection after the reply's line, for an answer
-/// that goes on (`capture`): the reader holds what came after the line.
-/// Its read timeout stays `timeout`.
-pub fn call_reader(path: &Path, req: &Request, timeout: Duration) -> Result<(Reply, BufReader<UnixStream>)> {
+/// Connects and writes the request. A daemon at its cap answers "busy"
+/// and closes without reading: the write may then fail (EPIPE,
+/// ECONNRESET), but its answer is there to read, ahead of the reset; that
+/// failure comes back beside the stream.
+fn send(path: &Path, req: &Request, timeout: Duration) -> Result<(UnixStream, std::io::Result<()>)> {
     let stream = connect(path, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
@@ -1013,21 +1014,32 @@ pub fn call_reader(path: &Path, req: &Request, timeout: Duration) -> Result<(Rep
     let env = Envelope { protocol: PROTOCOL, request: req.clone() };
     let mut line = serde_json::to_string(&env).map_err(|e| Error::Invalid(e.to_string()))?;
     line.push('\n');
+    let sent = w.write_all(line.as_bytes());
+    if let Err(e) = sent {
+        if !closed(&e) {
+            return Err(match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    Error::Timeout { secs: timeout.as_secs_f64(), may_apply: req.changes() }
+                }
+                _ => Error::Io(e),
+            });
+        }
+        return Ok((stream, Err(e)));
+    }
+    Ok((stream, Ok(())))
+}
+
+/// [`call_at`], and the connection after the reply's line, for an answer
+/// that goes on (`capture`): the reader holds what came after the line.
+/// Its read timeout stays `timeout`.
+pub fn call_reader(path: &Path, req: &Request, timeout: Duration) -> Result<(Reply, BufReader<UnixStream>)> {
+    let (stream, sent) = send(path, req, timeout)?;
     let timed_out = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
             Error::Timeout { secs: timeout.as_secs_f64(), may_apply: req.changes() }
         }
         _ => Error::Io(e),
     };
-    // A daemon at its cap answers "busy" and closes without reading: the
-    // write may then fail (EPIPE, ECONNRESET), but its answer is there to
-    // read, ahead of the reset.
-    let sent = w.write_all(line.as_bytes());
-    if let Err(e) = &sent
-        && !closed(e)
-    {
-        return Err(timed_out(sent.unwrap_err()));
-    }
     let mut resp = String::new();
     let mut reader = BufReader::with_capacity(1 << 20, stream);
     let read = reader.read_line(&mut resp);
@@ -1073,6 +1085,177 @@ pub fn call_reader(path: &Path, req: &Request, timeout: Duration) -> Result<(Rep
 /// The daemon closed the connection (after a "busy", or exiting).
 fn closed(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EPIPE) | Some(libc::ECONNRESET))
+}
+
+/// `ban ls` on the daemon listening on `path`: each row goes to `each` as
+/// it is read off the connection, not once the whole reply is in (the
+/// daemon streams it: 100 000 bans are never one list, on either side).
+/// The reply is `Reply::Bans`'s JSON line, read by a deserializer that
+/// hands its array's elements on one by one; any other reply (a refusal)
+/// is taken whole. Returns the rows' count.
+pub fn call_bans(path: &Path, timeout: Duration, each: &mut dyn FnMut(BanView) -> std::io::Result<()>) -> Result<u64> {
+    let req = Request::BanLs;
+    let (stream, sent) = send(path, &req, timeout)?;
+    let mut read = Counted { r: BufReader::with_capacity(1 << 16, stream), n: 0 };
+    let mut failed = None;
+    let got = {
+        let mut de = serde_json::Deserializer::from_reader(&mut read);
+        serde::de::DeserializeSeed::deserialize(bans_stream::Reply { each, failed: &mut failed }, &mut de)
+    };
+    if let Some(e) = failed {
+        return Err(Error::Io(e));
+    }
+    let got = got.map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Io => match e.io_error_kind() {
+                Some(std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    Error::Timeout { secs: timeout.as_secs_f64(), may_apply: false }
+                }
+                _ if read.n == 0 => Error::Invalid(format!(
+                    "the daemon closed the connection without answering ({e}): it may be busy or exiting; try again"
+                )),
+                _ => Error::Invalid(format!("reading the daemon's answer: {e}")),
+            },
+            Category::Eof if read.n == 0 => match &sent {
+                Err(e) => Error::Invalid(format!(
+                    "the daemon closed the connection without answering ({e}): it may be busy or exiting; try again"
+                )),
+                Ok(()) => Error::Invalid("the daemon closed the connection without answering".into()),
+            },
+            Category::Eof => Error::Invalid(format!(
+                "the daemon's answer was cut short after {} bytes (a client that reads too slowly is dropped, and \
+                 a read of the ban store that fails midway ends it); try again",
+                read.n
+            )),
+            _ => Error::Invalid(format!(
+                "the daemon's reply is not understood ({e}): is it another version of policer? restart it with this one"
+            )),
+        }
+    })?;
+    match got {
+        bans_stream::Got::Rows(n) => Ok(n),
+        bans_stream::Got::Other(Reply::Refused { busy: Some(Busy { in_use, cap }), .. }) => {
+            Err(Error::Busy { in_use, cap })
+        }
+        bans_stream::Got::Other(Reply::Refused { error, .. }) => Err(Error::Refused(error)),
+        bans_stream::Got::Other(r) => Err(Error::UnexpectedReply { want: "bans", got: r.kind() }),
+    }
+}
+
+/// A reader that counts what it gave (to tell "no answer" from "cut short").
+struct Counted<R> {
+    r: R,
+    n: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.r.read(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+}
+
+/// The deserializer of a streamed `Reply::Bans` ([`call_bans`]).
+mod bans_stream {
+    use std::fmt;
+
+    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    use super::BanView;
+
+    pub enum Got {
+        /// A bans reply: how many rows it had.
+        Rows(u64),
+        /// Another reply, whole.
+        Other(super::Reply),
+    }
+
+    /// The reply: `{"reply": KIND, ...}`, KIND first (the daemon writes
+    /// it so, as serde writes every tagged reply).
+    pub struct Reply<'a> {
+        pub each: &'a mut dyn FnMut(BanView) -> std::io::Result<()>,
+        /// Where a failure of `each` (stdout closed) is left.
+        pub failed: &'a mut Option<std::io::Error>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Reply<'_> {
+        type Value = Got;
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Got, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    /// The rest of a reply that is not `bans`, as the reply it is.
+    fn whole<'de, A: MapAccess<'de>>(
+        mut rest: serde_json::Map<String, serde_json::Value>,
+        mut map: A,
+    ) -> Result<Got, A::Error> {
+        while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
+            rest.insert(k, v);
+        }
+        serde::Deserialize::deserialize(serde_json::Value::Object(rest)).map(Got::Other).map_err(de::Error::custom)
+    }
+
+    impl<'de> Visitor<'de> for Reply<'_> {
+        type Value = Got;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a reply object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Got, A::Error> {
+            let mut rest = serde_json::Map::new();
+            let Some(k) = map.next_key::<String>()? else { return Err(de::Error::missing_field("reply")) };
+            let v: serde_json::Value = map.next_value()?;
+            let bans = k == "reply" && v == "bans";
+            rest.insert(k, v);
+            if !bans {
+                return whole(rest, map);
+            }
+            let mut n = 0;
+            while let Some(k) = map.next_key::<String>()? {
+                if k == "bans" {
+                    n = map.next_value_seed(Rows { each: &mut *self.each, failed: &mut *self.failed })?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(Got::Rows(n))
+        }
+    }
+
+    /// The `bans` array, each element handed on as it is parsed.
+    struct Rows<'a> {
+        each: &'a mut dyn FnMut(BanView) -> std::io::Result<()>,
+        failed: &'a mut Option<std::io::Error>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Rows<'_> {
+        type Value = u64;
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Rows<'_> {
+        type Value = u64;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of bans")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
+            let mut n = 0;
+            while let Some(b) = seq.next_element::<BanView>()? {
+                if let Err(e) = (self.each)(b) {
+                    *self.failed = Some(e);
+                    return Err(de::Error::custom("stopped"));
+                }
+                n += 1;
+            }
+            Ok(n)
+        }
+    }
 }
 
 /// The daemon as the CLI talks to it: a method per request, each returning
@@ -1182,7 +1365,17 @@ impl Client {
     }
 
     pub fn ban_ls(&self) -> Result<Vec<BanView>> {
-        self.ask(Request::BanLs, "bans", |r| take!(r, Reply::Bans { bans } => bans))
+        let mut out = Vec::new();
+        self.ban_ls_each(&mut |b| {
+            out.push(b);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// `ban ls`, each row to `each` as it arrives ([`call_bans`]); how many.
+    pub fn ban_ls_each(&self, each: &mut dyn FnMut(BanView) -> std::io::Result<()>) -> Result<u64> {
+        call_bans(&self.path, self.timeout, each)
     }
 
     pub fn status(&self) -> Result<StatusView> {
@@ -1272,6 +1465,72 @@ mod tests {
         let v: serde_json::Value = serde_json::to_value(Reply::busy(7, 8)).unwrap();
         assert_eq!(v["reply"], "refused");
         assert_eq!(v["error"], "daemon busy: 7 of 8 control connections in use; try again");
+    }
+
+    /// `ban ls` hands each row on as it is parsed, from the `Reply::Bans`
+    /// line the daemon streams; a refusal, a busy daemon, a reply of
+    /// another kind and an answer cut short are the errors they are.
+    #[test]
+    fn ban_ls_rows_come_one_at_a_time() {
+        let bans: Vec<BanView> = (0..3)
+            .map(|i| BanView {
+                prefix: format!("10.0.0.{i}/32"),
+                origin: if i == 0 { "manual" } else { "auto" }.into(),
+                rule: (i > 0).then(|| "0.0.0.0/0".into()),
+                reason: None,
+                expires: "2026-01-01T00:00:00.000Z".into(),
+                left_seconds: 1.5,
+                dropped_pkts: i,
+                count: (i > 0).then_some(1),
+                length_seconds: (i > 0).then_some(60.0),
+            })
+            .collect();
+        let mut line = serde_json::to_string(&Reply::Bans { bans: bans.clone() }).unwrap();
+        line.push('\n');
+        let (c, h, _d) = one_answer(Box::leak(line.into_boxed_str()));
+        let mut got = Vec::new();
+        let n = c
+            .ban_ls_each(&mut |b| {
+                got.push(b);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!((n, got), (3, bans.clone()));
+        let sent: serde_json::Value = serde_json::from_str(&h.join().unwrap()).unwrap();
+        assert_eq!(sent["op"], "ban_ls", "{sent}");
+        let (c, h, _d) = one_answer("{\"reply\":\"bans\",\"bans\":[]}\n");
+        assert!(c.ban_ls().unwrap().is_empty());
+        h.join().unwrap();
+        let (c, h, _d) = one_answer("{\"reply\":\"refused\",\"error\":\"no map\"}\n");
+        assert!(matches!(c.ban_ls(), Err(Error::Refused(m)) if m == "no map"));
+        h.join().unwrap();
+        let (c, h, _d) =
+            one_answer("{\"reply\":\"refused\",\"error\":\"daemon busy\",\"busy\":{\"in_use\":4,\"cap\":4}}\n");
+        assert!(matches!(c.ban_ls(), Err(Error::Busy { in_use: 4, cap: 4 })));
+        h.join().unwrap();
+        let (c, h, _d) = one_answer("{\"reply\":\"rules\",\"rules\":[]}\n");
+        assert!(matches!(c.ban_ls(), Err(Error::UnexpectedReply { want: "bans", got: "rules" })));
+        h.join().unwrap();
+        // The rows that came are handed on; then the error says it was cut.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sock");
+        let l = UnixListener::bind(&path).expect("bind");
+        let part = format!("{{\"reply\":\"bans\",\"bans\":[{},", serde_json::to_string(&bans[0]).unwrap());
+        let h = std::thread::spawn(move || {
+            let (s, _) = l.accept().expect("accept");
+            BufReader::new(&s).read_line(&mut String::new()).expect("request");
+            (&s).write_all(part.as_bytes()).expect("reply");
+        });
+        let mut got = 0;
+        let e = Client::at(path, Duration::from_secs(5))
+            .ban_ls_each(&mut |_| {
+                got += 1;
+                Ok(())
+            })
+            .unwrap_err();
+        assert_eq!(got, 1);
+        assert!(e.to_string().contains("cut short"), "{e}");
+        h.join().unwrap();
     }
 
     #[test]

@@ -540,6 +540,33 @@ impl Policer {
     }
 }
 
+/// A walk of the ban store ([`MapReader::ban_batches`]).
+pub struct BanBatches<'a> {
+    b: crate::batch::Batches,
+    /// The walk reads the reader's descriptor: it must not outlive it.
+    _reader: std::marker::PhantomData<&'a MapReader>,
+}
+
+impl BanBatches<'_> {
+    /// The next batch of entries; empty once the store is read.
+    pub fn next_batch(&mut self, out: &mut Vec<(BucketKeyV6, Ban)>) -> Result<()> {
+        out.clear();
+        if self.b.read_next().map_err(Error::kernel(format!("reading {}", policer_common::MAP_BANS)))?.is_some() {
+            for (k, v) in self.b.entries() {
+                // SAFETY: the kernel copied whole keys and values of these
+                // plain types; read unaligned from the byte buffers.
+                out.push(unsafe {
+                    (
+                        std::ptr::read_unaligned(k.as_ptr() as *const BucketKeyV6),
+                        std::ptr::read_unaligned(v.as_ptr() as *const Ban),
+                    )
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Prefixes each rule trie (IPv4, IPv6) holds: rules and the entries of
 /// sets (`policer rule import`). A program loaded by an older build keeps
 /// its smaller tries when adopted; an import past them is refused with the
@@ -796,6 +823,16 @@ impl MapReader {
         })
         .map_err(Error::kernel(format!("reading {}", policer_common::MAP_BANS)))?;
         Ok(out)
+    }
+
+    /// The ban store, a batch of at most `chunk` entries at a time
+    /// ([`BanBatches::next`]): for a reader that passes each batch on
+    /// before it reads the next (`ban ls`).
+    pub fn ban_batches(&self, chunk: usize) -> BanBatches<'_> {
+        BanBatches {
+            b: crate::batch::Batches::new(self.bans.as_raw_fd(), size_of::<BucketKeyV6>(), size_of::<Ban>(), chunk),
+            _reader: std::marker::PhantomData,
+        }
     }
 
     /// Entries the automatic-ban store holds.

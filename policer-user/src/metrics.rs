@@ -200,7 +200,11 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
     );
     reg.register("bucket_table_capacity", "Capacity of the bucket table (--max-sources)", gauge(s.table.capacity));
     reg.register("bucket_table_live", "Buckets in the table now", gauge(live));
-    reg.register("rules", "Rules installed", gauge(s.rules.len() as u64));
+    reg.register(
+        "rules",
+        "Rules and sets installed (manual bans are in policer_bans_active)",
+        gauge(s.rules.len() as u64),
+    );
     let b = &s.bans;
     let by_origin = |manual: u64, auto: u64| {
         let f = Family::<BanOrigin, Gauge>::default();
@@ -210,7 +214,8 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
     };
     reg.register(
         "bans_active",
-        "Bans in force, by origin (manual: `policer ban`; auto: --ban-for)",
+        "Bans in force, by origin (manual: `policer ban`, exact; auto: --ban-for, as the daemon's last scan of the \
+         ban store found them, at most a scan (1 s) stale)",
         by_origin(b.manual_active, b.auto_active),
     );
     let dropped = Family::<BanOrigin, Counter>::default();
@@ -226,7 +231,8 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
     reg.register("ban_store_capacity", "Entries the automatic-ban store holds at most", gauge(b.auto_capacity));
     reg.register(
         "ban_store_entries",
-        "Entries in the automatic-ban store (bans in force and those in their escalation window)",
+        "Entries in the automatic-ban store (bans in force and those in their escalation window) at the daemon's \
+         last scan of it (at most 1 s stale)",
         gauge(b.auto_stored),
     );
     let info = Family::<ConfigLabel, Gauge>::default();

@@ -551,3 +551,100 @@ fn a_restart_neither_revives_nor_forgets_an_expiry() {
     assert_eq!(expires(&sb, "10.74.0.0/16"), Some(long), "a restart moved the end");
     let _ = short;
 }
+
+/// The bans' counts as `ban ls`, `stats --json` and `/metrics` give them:
+/// (manual, automatic) from each, and the store's entries from the last
+/// two. `ban ls --json` is parsed whole: it must stay one JSON array.
+#[derive(Debug, PartialEq)]
+struct Counts {
+    ls: (u64, u64),
+    stats: (u64, u64),
+    metrics: (u64, u64),
+    stored: (u64, u64),
+}
+
+fn counts(sb: &Sandbox, port: u16) -> Counts {
+    let ls: serde_json::Value = serde_json::from_str(&policer(sb, &["ban", "ls", "--json"])).unwrap();
+    let ls = ls.as_array().unwrap();
+    let manual = ls.iter().filter(|b| b["origin"] == "manual").count() as u64;
+    let stats: serde_json::Value = serde_json::from_str(&policer(sb, &["stats", "--json"])).unwrap();
+    // A manual ban is not a per-rule row (100 000 of them would be as many
+    // rows and series): its counts are in `bans`.
+    let rules = stats["rules"].as_array().unwrap();
+    assert!(rules.iter().all(|r| r["class"] != "ban"), "a manual ban as a rule row: {rules:?}");
+    let text = scrape(&sb.rx_ns, port);
+    assert!(!text.contains("class=\"ban\""), "a manual ban as a rule series");
+    let m = samples(&text);
+    let b = &stats["bans"];
+    let g = |k: &str| m.get(k).copied().unwrap_or(f64::NAN) as u64;
+    Counts {
+        ls: (manual, ls.len() as u64 - manual),
+        stats: (b["manual_active"].as_u64().unwrap(), b["auto_active"].as_u64().unwrap()),
+        metrics: (g("policer_bans_active{origin=\"manual\"}"), g("policer_bans_active{origin=\"auto\"}")),
+        stored: (b["auto_stored"].as_u64().unwrap(), g("policer_ban_store_entries")),
+    }
+}
+
+/// Asserts that every view agrees on (manual, automatic) bans in force.
+fn agree(sb: &Sandbox, port: u16, manual: u64, auto: u64, when: &str) -> Counts {
+    let c = counts(sb, port);
+    assert_eq!((c.ls, c.stats, c.metrics), ((manual, auto), (manual, auto), (manual, auto)), "{when}: {c:?}");
+    assert_eq!(c.stored.0, c.stored.1, "{when}: the store's entries: {c:?}");
+    c
+}
+
+/// Issue 32: `stats`, `status` and `/metrics` count bans from counts the
+/// daemon keeps (the manual bans exactly, the automatic ones as its last
+/// scan of the store found them, at most a second stale), not by reading
+/// the store; `ban ls` streams. Every view must still agree with `ban ls`
+/// as bans are made, lifted, and end, manual and automatic.
+#[test]
+fn ban_counts_agree_with_ban_ls_as_bans_start_are_lifted_and_end() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-counts");
+    let port = 9473;
+    let _d = Daemon::attach(&sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--metrics", "9473"]);
+    agree(&sb, port, 0, 0, "no bans");
+    // Manual bans: 40 of an hour, then 10 of them lifted.
+    for i in 0..40 {
+        policer(&sb, &["ban", &format!("10.73.0.{i}"), "--for", "1h", "--runtime"]);
+    }
+    agree(&sb, port, 40, 0, "40 manual bans");
+    for i in 0..10 {
+        policer(&sb, &["unban", &format!("10.73.0.{i}"), "--runtime"]);
+    }
+    agree(&sb, port, 30, 0, "10 of them lifted");
+    let status: serde_json::Value = serde_json::from_str(&policer(&sb, &["status", "--json"])).unwrap();
+    assert_eq!(status["bans"], serde_json::json!({"manual": 30, "auto": 0}), "{status}");
+    // Five short ones end by themselves.
+    for i in 0..5 {
+        policer(&sb, &["ban", &format!("10.74.0.{i}"), "--for", "2s", "--runtime"]);
+    }
+    agree(&sb, port, 35, 0, "5 short bans");
+    std::thread::sleep(Duration::from_millis(2500));
+    agree(&sb, port, 30, 0, "the short bans ended");
+    // Automatic bans: 8 sources over their rule, each banned for 6 s.
+    policer(&sb, &["rule", "set", "10.72.0.0/16", "--rate", "50pps", "--burst", "5", "--ban-for", "6s"]);
+    let flows: Vec<Flow> = (1..=8).map(|i| Flow { src: ip(&format!("10.72.0.{i}")), pps: 400.0, len: 64 }).collect();
+    traffic::run_with(&sb, &flows, Duration::from_millis(1500), &RunOptions::default());
+    // Banned within their first frames; a scan of the store a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let c = agree(&sb, port, 30, 8, "8 automatic bans");
+    assert!(c.stored.0 >= 8, "{c:?}");
+    // An unban lifts them, and the counts say so when it returns (not at
+    // the next scan).
+    let out = policer(&sb, &["unban", "10.72.0.0/16"]);
+    assert!(out.contains("lifted 8 automatic bans"), "{out}");
+    let c = agree(&sb, port, 30, 0, "the automatic bans lifted");
+    assert_eq!(c.stored.0, 0, "lifted bans leave the store: {c:?}");
+    // Banned again, and this time they end by themselves.
+    traffic::run_with(&sb, &flows, Duration::from_millis(1000), &RunOptions::default());
+    std::thread::sleep(Duration::from_millis(1500));
+    agree(&sb, port, 30, 8, "banned again");
+    std::thread::sleep(Duration::from_millis(6000));
+    let c = agree(&sb, port, 30, 0, "the automatic bans ended");
+    // Ended, but kept for their escalation window.
+    assert!(c.stored.0 >= 8, "{c:?}");
+}

@@ -228,8 +228,8 @@ prefix in several sets: deny over police over monitor over allow.",
 A manual ban drops every frame from the prefix, whatever rule it or a more specific prefix has, until it ends; \
 it is an entry of the config file (ban = true, with expires and reason), so it survives restarts. A second ban \
 of a prefix replaces the first. A ban of a whole family (0.0.0.0/0, ::/0) is refused without --force, and a \
-ban inside a protected prefix is refused. `policer ban ls` lists manual bans and the automatic bans \
-(--ban-for) in force, soonest end first.",
+ban inside a protected prefix is refused. `policer ban ls` lists manual bans (by prefix), then the automatic \
+bans (--ban-for) in force.",
         examples: &[
             ("Ban for an hour, with a reason", "policer ban 198.51.100.0/24 --for 1h --reason \"incident 42\""),
             ("The bans in force", "policer ban ls"),
@@ -243,7 +243,9 @@ ban inside a protected prefix is refused. `policer ban ls` lists manual bans and
         summary: "list the manual and automatic bans in force",
         description: "\
 Prefix, origin (manual, or auto with the rule that banned it), reason, end, time left and frames dropped \
-(estimated for automatic bans, marked ~), soonest end first.",
+(estimated for automatic bans, marked ~): manual bans by prefix, then automatic bans in the order of the \
+ban store. The daemon streams them as it reads them and each is printed as it comes, so 100 000 bans start \
+printing at once (`policer top` shows the soonest to end).",
         examples: &[("As JSON, for a script", "policer ban ls --json")],
         json: Some("## `policer ban ls --json`"),
         see_also: &["policer-ban", "policer-unban"],

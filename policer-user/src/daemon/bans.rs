@@ -11,11 +11,15 @@
 use std::{
     collections::HashMap,
     net::IpAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use ipnet::IpNet;
-use policer_common::{BucketKey, BucketKeyV6, ban::Ban};
+use policer_common::{BucketKey, BucketKeyV6, RuleCounters, ban::Ban};
 
 use super::{Daemon, monotonic_ns};
 use crate::{
@@ -64,6 +68,84 @@ pub(super) struct BanLog {
     last_catch_up: Option<Instant>,
     /// How long after the last catch-up the next is tried (0: at once).
     catch_up_wait: Duration,
+    /// The automatic bans' counts, as the last scan found them (shared
+    /// with the views).
+    pub(super) tally: Arc<BanTally>,
+}
+
+/// The automatic bans' counts the views read (`stats`, `status`,
+/// `/metrics`), kept by the owner: each scan of the store (once a second,
+/// [`SCAN_EVERY`]) sets them, an `unban` takes off what it lifted. A read
+/// then costs the same at 100 000 bans as at none, and is at most one
+/// scan stale (a ban the program started or ended since is counted at the
+/// next). The manual bans' count is exact: the owner publishes their
+/// counter slots with each snapshot ([`manual_ban_slots`]).
+#[derive(Debug, Default)]
+pub struct BanTally {
+    /// Automatic bans in force.
+    active: AtomicU64,
+    /// Entries of the store: bans in force and those in their escalation
+    /// window.
+    stored: AtomicU64,
+}
+
+impl BanTally {
+    /// (automatic bans in force, entries of the store).
+    pub fn get(&self) -> (u64, u64) {
+        (self.active.load(Ordering::Relaxed), self.stored.load(Ordering::Relaxed))
+    }
+
+    /// What a scan of the store found.
+    fn scanned(&self, active: u64, stored: u64) {
+        self.active.store(active, Ordering::Relaxed);
+        self.stored.store(stored, Ordering::Relaxed);
+    }
+
+    /// `n` automatic bans in force were lifted (their entries deleted). A
+    /// ban the last scan did not see yet cannot take the counts below zero.
+    fn lifted(&self, n: u64) {
+        for c in [&self.active, &self.stored] {
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(n)));
+        }
+    }
+}
+
+/// What a scan counts of the store at `now_ns`: (bans in force, entries
+/// left once the `forgotten` ones are deleted).
+fn tally_of(bans: &[(BucketKeyV6, Ban)], forgotten: usize, now_ns: u64) -> (u64, u64) {
+    let active = bans.iter().filter(|(_, b)| b.end_ns > now_ns).count();
+    (active as u64, bans.len().saturating_sub(forgotten) as u64)
+}
+
+/// The counter slots of the manual bans among `rules`, sorted: the owner
+/// publishes them with each snapshot (once per change, not per read).
+pub(super) fn manual_ban_slots<'a, V: 'a>(
+    rules: impl Iterator<Item = (&'a RuleKey, &'a V)>,
+    slot: impl Fn(&V) -> u32,
+) -> Arc<Vec<u32>> {
+    let mut slots: Vec<u32> = rules.filter(|(k, _)| k.ban).map(|(_, v)| slot(v)).collect();
+    slots.sort_unstable();
+    Arc::new(slots)
+}
+
+/// The frames the manual bans dropped: their slots' counters, found in one
+/// walk of both sorted lists (the rule counters come in slot order from
+/// the array): what `stats` reads of the counters anyway, not a lookup
+/// per ban.
+pub(super) fn manual_dropped(counters: &[(u32, RuleCounters)], slots: &[u32]) -> u64 {
+    let (mut sum, mut i) = (0, 0);
+    for (slot, c) in counters {
+        while i < slots.len() && slots[i] < *slot {
+            i += 1;
+        }
+        if i == slots.len() {
+            break;
+        }
+        if slots[i] == *slot {
+            sum += c.dropped_pkts;
+        }
+    }
+    sum
 }
 
 /// The source (or source prefix) of a ban's key, as an address and length.
@@ -159,6 +241,7 @@ impl Daemon {
                 self.ban_log.seen.remove(k);
             }
         }
+        self.ban_log.tally.lifted(lifted);
         if lifted > 0 {
             parts.push(format!("lifted {lifted} automatic ban{}", if lifted == 1 { "" } else { "s" }));
         }
@@ -384,6 +467,79 @@ impl Daemon {
         }
         let forgotten = self.policer.expire_bans(now)?.len();
         self.ban_log.stored = Some(bans.len().saturating_sub(forgotten));
+        let (active, stored) = tally_of(&bans, forgotten, now);
+        self.ban_log.tally.scanned(active, stored);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u8) -> BucketKeyV6 {
+        let mut addr = [0; 16];
+        addr[..4].copy_from_slice(&[10, 0, 0, i]);
+        BucketKeyV6 { addr, key_len: 128, class: 0 }
+    }
+
+    fn ban(end_ns: u64) -> Ban {
+        Ban { end_ns, ..Default::default() }
+    }
+
+    /// A scan counts the bans in force now, and the entries the store
+    /// keeps once the forgotten ones are gone.
+    #[test]
+    fn a_scan_counts_bans_in_force_and_entries_kept() {
+        let bans = [(key(1), ban(100)), (key(2), ban(200)), (key(3), ban(50)), (key(4), ban(10))];
+        assert_eq!(tally_of(&bans, 0, 99), (2, 4));
+        // Ending exactly now is over (the program's `end_ns > now`).
+        assert_eq!(tally_of(&bans, 1, 100), (1, 3));
+        assert_eq!(tally_of(&bans, 2, 300), (0, 2));
+        assert_eq!(tally_of(&[], 0, 300), (0, 0));
+    }
+
+    /// Lifting takes off what was lifted, never below zero (a ban started
+    /// since the last scan), and the next scan sets the counts again.
+    #[test]
+    fn the_tally_follows_scans_and_unbans() {
+        let t = BanTally::default();
+        assert_eq!(t.get(), (0, 0));
+        t.scanned(5, 8);
+        assert_eq!(t.get(), (5, 8));
+        t.lifted(2);
+        assert_eq!(t.get(), (3, 6));
+        t.lifted(4);
+        assert_eq!(t.get(), (0, 2));
+        t.lifted(9);
+        assert_eq!(t.get(), (0, 0));
+        t.scanned(1, 1);
+        assert_eq!(t.get(), (1, 1));
+    }
+
+    /// The manual bans' slots, sorted, and their drops summed in one walk
+    /// of the slot-ordered counters (slots without counters, counters of
+    /// other rules, a ban's slot past the last counter).
+    #[test]
+    fn manual_bans_are_counted_from_their_slots() {
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let rules: std::collections::BTreeMap<RuleKey, u32> = [
+            (RuleKey { net: net("10.0.0.0/8"), class: Default::default(), ban: false }, 1),
+            (RuleKey { net: net("10.0.0.0/8"), class: Default::default(), ban: true }, 9),
+            (RuleKey { net: net("192.0.2.0/24"), class: Default::default(), ban: true }, 4),
+            (RuleKey { net: net("2001:db8::/32"), class: Default::default(), ban: true }, 40),
+            (RuleKey { net: net("198.51.100.0/24"), class: Default::default(), ban: false }, 5),
+        ]
+        .into();
+        let slots = manual_ban_slots(rules.iter(), |s| *s);
+        assert_eq!(*slots, vec![4, 9, 40]);
+        let c = |d: u64| RuleCounters { dropped_pkts: d, passed_pkts: 1000, ..Default::default() };
+        let counters: Vec<(u32, RuleCounters)> = (0..=20).map(|s| (s, c(u64::from(s) * 10))).collect();
+        // Slots 4 and 9; 40 has no counters here.
+        assert_eq!(manual_dropped(&counters, &slots), 40 + 90);
+        assert_eq!(manual_dropped(&counters, &[]), 0);
+        assert_eq!(manual_dropped(&[], &slots), 0);
+        let all: Vec<u32> = (0..=20).collect();
+        assert_eq!(manual_dropped(&counters, &all), (0..=20).map(|s| s * 10).sum::<u64>());
     }
 }

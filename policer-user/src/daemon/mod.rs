@@ -266,6 +266,7 @@ async fn serve(
     let interval = d.interval;
     let reader = d.policer.reader();
     let audit = d.audit.clone();
+    let tally = d.ban_log.tally.clone();
     let (snap_tx, snap_rx) = watch::channel(d.snapshot());
     let feed = d.feed.take();
     let publish_rx = match feed.as_ref().and_then(|f| f.publish.as_ref()) {
@@ -282,7 +283,7 @@ async fn serve(
         Err(e) => return (Err(e), None),
     };
     let config = PathBuf::from(&snap_rx.borrow().config);
-    let views = Arc::new(Views::new(reader, snap_rx, audit));
+    let views = Arc::new(Views::new(reader, snap_rx, audit, tally));
     let hub = capture::Hub::start(capture_maps);
     views.set_capture(hub.clone());
     if let Some(settings) = feed {

@@ -184,6 +184,7 @@ impl Daemon {
             program_id: self.program_id,
             config_status: self.reload.status(self.file.sha256(), self.file.read_only()),
             sets: self.set_rows(),
+            manual_ban_slots: super::bans::manual_ban_slots(self.rs.rules().iter(), |i| i.slot),
             protect: self.rs.protect().nets().to_vec(),
             metrics: self.metrics_addr,
         })

@@ -73,6 +73,9 @@ pub struct Snapshot {
     pub metrics: Option<std::net::SocketAddr>,
     /// The protected prefixes (`protect` in [daemon]).
     pub protect: Vec<ipnet::IpNet>,
+    /// The manual bans' counter slots, sorted: their count and drops for
+    /// `stats` and `/metrics` without a walk of the rules.
+    pub manual_ban_slots: Arc<Vec<u32>>,
 }
 
 /// A named set: its `rule ls` row, counter slot, rule and entries.
@@ -115,6 +118,8 @@ pub struct Views {
     feeds: Mutex<Vec<Arc<Mutex<crate::control::FeedStatus>>>>,
     /// `policer capture`'s hub (set once serving starts).
     capture: std::sync::OnceLock<Arc<super::capture::Hub>>,
+    /// The automatic bans' counts the owner keeps.
+    tally: Arc<super::bans::BanTally>,
 }
 
 /// `/healthz`: whether the program is attached to every interface the
@@ -136,8 +141,14 @@ pub struct IfaceHealth {
 }
 
 impl Views {
-    pub fn new(reader: Arc<MapReader>, snapshot: watch::Receiver<Arc<Snapshot>>, audit: super::audit::Audit) -> Views {
+    pub fn new(
+        reader: Arc<MapReader>,
+        snapshot: watch::Receiver<Arc<Snapshot>>,
+        audit: super::audit::Audit,
+        tally: Arc<super::bans::BanTally>,
+    ) -> Views {
         Views {
+            tally,
             reader,
             snapshot,
             live_count: Mutex::new(None),
@@ -244,9 +255,8 @@ impl Views {
         Err(super::sets::unknown_set(name, snap.sets.iter().filter_map(|s| s.view.set.as_deref())))
     }
 
-    /// The daemon now; `bans` from the bans' render (`ban ls`), if it
-    /// could be had.
-    pub fn status(&self, bans: Option<&[crate::control::BanView]>) -> StatusView {
+    /// The daemon now.
+    pub fn status(&self) -> StatusView {
         let s = self.snap();
         StatusView {
             version: Some(env!("CARGO_PKG_VERSION").to_string()),
@@ -267,10 +277,8 @@ impl Views {
                     })
                     .collect(),
             ),
-            bans: bans.map(|b| crate::control::BanCounts {
-                manual: b.iter().filter(|b| b.origin == "manual").count() as u64,
-                auto: b.iter().filter(|b| b.origin != "manual").count() as u64,
-            }),
+            // Kept counts, not a read of the bans (`bans.rs`, BanTally).
+            bans: Some(crate::control::BanCounts { manual: s.manual_ban_slots.len() as u64, auto: self.tally.get().0 }),
             metrics: s.metrics.map(|a| a.to_string()),
             pid: std::process::id(),
             interfaces: s.ifaces.iter().map(|i| i.name.clone()).collect(),
@@ -316,14 +324,19 @@ impl Views {
                 iface_stats(&i.name, i.index, &c)
             })
             .collect();
-        let rc: BTreeMap<u32, RuleCounters> = self.reader.rule_counters()?.into_iter().collect();
+        let counters = self.reader.rule_counters()?;
+        let bans = self.ban_stats(&snap, &counters, &total);
+        let rc: BTreeMap<u32, RuleCounters> = counters.into_iter().collect();
+        // Manual bans are not rows here: their count and drops are in
+        // `bans`, each one's in `ban ls` (100 000 bans would be 100 000
+        // rows, and as many series on /metrics).
         let rules = snap
             .rules
             .iter()
+            .filter(|(key, _)| !key.ban)
             .map(|(key, r)| RuleStats {
                 prefix: key.net.to_string(),
-                // A manual ban beside the prefix's rule: its own label.
-                class: if key.ban { "ban".into() } else { key.class.to_string() },
+                class: key.class.to_string(),
                 action: r.spec.action.to_string(),
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
                 rates: None,
@@ -345,7 +358,6 @@ impl Views {
             recall_capacity: fill.capacity,
             recall_live: fill.live,
         };
-        let bans = self.ban_stats(&snap, &rc, &total, time_ns)?;
         Ok(StatsView {
             time_ns,
             totals: iface_stats("total", 0, &total),
@@ -360,78 +372,71 @@ impl Views {
         })
     }
 
+    /// The bans' counts: kept by the owner (the manual bans' slots in the
+    /// snapshot, the automatic bans' [`super::bans::BanTally`]), so this
+    /// reads neither the ban store nor a row per ban.
     fn ban_stats(
         &self,
         snap: &Snapshot,
-        rc: &BTreeMap<u32, RuleCounters>,
+        counters: &[(u32, RuleCounters)],
         total: &Counters,
-        now_ns: u64,
-    ) -> Result<crate::control::BanStats> {
-        let manual: Vec<&RuleRow> = snap.rules.iter().filter(|(k, _)| k.ban).map(|(_, r)| r).collect();
-        let stored = self.reader.bans()?;
-        Ok(crate::control::BanStats {
-            manual_active: manual.len() as u64,
-            manual_dropped_packets: manual.iter().map(|r| rc.get(&r.slot).map_or(0, |c| c.dropped_pkts)).sum(),
-            auto_active: stored.iter().filter(|(_, b)| b.end_ns > now_ns).count() as u64,
+    ) -> crate::control::BanStats {
+        let (auto_active, auto_stored) = self.tally.get();
+        crate::control::BanStats {
+            manual_active: snap.manual_ban_slots.len() as u64,
+            manual_dropped_packets: super::bans::manual_dropped(counters, &snap.manual_ban_slots),
+            auto_active,
             auto_started: total.bans_started,
             auto_dropped_packets: total.ban_drops,
             auto_refused_full: total.bans_refused_full,
             auto_capacity: self.reader.ban_capacity() as u64,
-            auto_stored: stored.len() as u64,
-        })
+            auto_stored,
+        }
     }
 
     /// `policer ban ls`: manual bans (from the rules in force) and the
     /// automatic bans in force (from the program's store), soonest end
-    /// first.
+    /// first; for `top` and `inspect` (the control socket streams `ban ls`
+    /// through [`Views::ban_ls`] instead, unsorted).
     pub fn bans(&self) -> Result<Vec<BanView>> {
-        let snap = self.snap();
-        let (now_ms, now_ns) = (crate::duration::unix_ms(), monotonic_ns());
-        let rc: BTreeMap<u32, RuleCounters> = self.reader.rule_counters()?.into_iter().collect();
-        let mut out = Vec::new();
-        for (k, r) in snap.rules.iter().filter(|(k, _)| k.ban) {
-            let expires = r.spec.expires.unwrap_or(now_ms);
-            out.push(BanView {
-                prefix: k.net.to_string(),
-                origin: "manual".into(),
-                rule: None,
-                reason: r.spec.ban.clone().flatten(),
-                expires: crate::duration::rfc3339(expires),
-                left_seconds: expires.saturating_sub(now_ms) as f64 / 1000.0,
-                dropped_pkts: rc.get(&r.slot).map_or(0, |c| c.dropped_pkts),
-                count: None,
-                length_seconds: None,
-            });
-        }
-        out.extend(self.auto_bans(&snap, now_ms, now_ns)?.into_iter().map(|(_, b)| b));
+        let ls = self.ban_ls()?;
+        let mut out: Vec<BanView> = ls.manual().collect();
+        out.extend(self.auto_bans(&ls)?.into_iter().map(|(_, b)| b));
         out.sort_by(|a, b| a.left_seconds.total_cmp(&b.left_seconds).then_with(|| a.prefix.cmp(&b.prefix)));
         Ok(out)
     }
 
-    /// The automatic bans in force, each with its bucket key.
-    fn auto_bans(&self, snap: &Snapshot, now_ms: u64, now_ns: u64) -> Result<Vec<(BucketKey, BanView)>> {
-        let mut out = Vec::new();
-        for (k, b) in self.reader.bans()? {
-            if b.end_ns <= now_ns {
-                continue;
+    /// What `ban ls` rows are made from: the snapshot's manual bans and
+    /// every rule slot's drops (one read of the rule counters). Blocking.
+    pub fn ban_ls(&self) -> Result<BanLs> {
+        let snap = self.snap();
+        let mut dropped = Vec::new();
+        for (slot, c) in self.reader.rule_counters()? {
+            let i = slot as usize;
+            if dropped.len() <= i {
+                dropped.resize(i + 1, 0);
             }
-            let left_ns = b.end_ns - now_ns;
-            out.push((
-                BucketKey::from(k),
-                BanView {
-                    prefix: super::bans::key_text(&k),
-                    origin: "auto".into(),
-                    rule: snap.rules.iter().find(|(_, r)| r.slot == b.rule_slot).map(|(k, _)| k.to_string()),
-                    reason: None,
-                    expires: crate::duration::rfc3339(now_ms + left_ns / 1_000_000),
-                    left_seconds: left_ns as f64 / 1e9,
-                    dropped_pkts: b.drops,
-                    count: Some(b.count),
-                    length_seconds: Some(b.len_ns as f64 / 1e9),
-                },
-            ));
+            dropped[i] = c.dropped_pkts;
         }
-        Ok(out)
+        // The rules automatic bans name, by slot (a manual ban makes none).
+        let rules = snap.rules.iter().filter(|(k, _)| !k.ban).map(|(k, r)| (r.slot, k.to_string())).collect();
+        Ok(BanLs { snap, dropped, rules })
+    }
+
+    /// The map reader (`ban ls` walks the ban store through it).
+    pub fn map_reader(&self) -> &Arc<MapReader> {
+        &self.reader
+    }
+
+    /// The automatic bans in force, each with its bucket key.
+    fn auto_bans(&self, ls: &BanLs) -> Result<Vec<(BucketKey, BanView)>> {
+        let (now_ms, now_ns) = (crate::duration::unix_ms(), monotonic_ns());
+        Ok(self
+            .reader
+            .bans()?
+            .iter()
+            .filter_map(|(k, b)| ls.auto(k, b, now_ms, now_ns).map(|v| (BucketKey::from(*k), v)))
+            .collect())
     }
 
     /// The `n` sources with the most debt and the most drops.
@@ -508,11 +513,8 @@ impl Views {
     /// everything over the source, which of it applies and why.
     pub fn inspect(&self, addr: IpAddr, frame: &InspectFrame) -> Result<InspectView> {
         let snap = self.snap();
-        let auto: Vec<(BucketKey, BanView)> = self
-            .auto_bans(&snap, crate::duration::unix_ms(), monotonic_ns())?
-            .into_iter()
-            .filter(|(k, _)| key_covers(k, addr))
-            .collect();
+        let auto: Vec<(BucketKey, BanView)> =
+            self.auto_bans(&self.ban_ls()?)?.into_iter().filter(|(k, _)| key_covers(k, addr)).collect();
         let (mut v, applied) = self.judge(&snap, addr, frame, &auto)?;
         v.covering = self.covering(&snap, addr, !frame.is_empty(), &applied, auto)?;
         Ok(v)
@@ -962,6 +964,63 @@ impl Views {
             .collect();
         let healthy = !interfaces.is_empty() && interfaces.iter().all(|i| i.attached);
         Health { healthy, program_id: snap.program_id, interfaces }
+    }
+}
+
+/// The rows of `ban ls` ([`Views::ban_ls`]): made one at a time, so the
+/// connection writes each as it comes and holds no list of them.
+pub struct BanLs {
+    snap: Arc<Snapshot>,
+    /// Frames each rule slot dropped.
+    dropped: Vec<u64>,
+    /// The rules by slot (an automatic ban's rule).
+    rules: std::collections::HashMap<u32, String>,
+}
+
+impl BanLs {
+    /// The manual bans, by prefix.
+    pub fn manual(&self) -> impl Iterator<Item = BanView> + '_ {
+        let now_ms = crate::duration::unix_ms();
+        self.snap.rules.iter().filter(|(k, _)| k.ban).map(move |(k, r)| {
+            let expires = r.spec.expires.unwrap_or(now_ms);
+            BanView {
+                prefix: k.net.to_string(),
+                origin: "manual".into(),
+                rule: None,
+                reason: r.spec.ban.clone().flatten(),
+                expires: crate::duration::rfc3339(expires),
+                left_seconds: expires.saturating_sub(now_ms) as f64 / 1000.0,
+                dropped_pkts: self.dropped.get(r.slot as usize).copied().unwrap_or(0),
+                count: None,
+                length_seconds: None,
+            }
+        })
+    }
+
+    /// An entry of the ban store as a row, if the ban is in force at
+    /// `now_ns` (`now_ms` the same instant, Unix ms).
+    pub fn auto(
+        &self,
+        k: &policer_common::BucketKeyV6,
+        b: &policer_common::ban::Ban,
+        now_ms: u64,
+        now_ns: u64,
+    ) -> Option<BanView> {
+        if b.end_ns <= now_ns {
+            return None;
+        }
+        let left_ns = b.end_ns - now_ns;
+        Some(BanView {
+            prefix: super::bans::key_text(k),
+            origin: "auto".into(),
+            rule: self.rules.get(&b.rule_slot).cloned(),
+            reason: None,
+            expires: crate::duration::rfc3339(now_ms + left_ns / 1_000_000),
+            left_seconds: left_ns as f64 / 1e9,
+            dropped_pkts: b.drops,
+            count: Some(b.count),
+            length_seconds: Some(b.len_ns as f64 / 1e9),
+        })
     }
 }
 

@@ -13,7 +13,11 @@ use tokio::{
 use super::{Ctx, REQUEST_DEADLINE, WRITE_TIMEOUT};
 use crate::{
     control::{Envelope, MAX_REQUEST_BYTES, PROTOCOL, Reply, Request},
-    daemon::{Command, views::SetRow},
+    daemon::{
+        Command,
+        views::{BanLs, SetRow},
+    },
+    loader::MapReader,
 };
 
 /// Accepts until the runtime ends.
@@ -73,6 +77,8 @@ enum Answer {
     /// The reply, and whether the daemon should now exit.
     Reply(Reply, bool),
     Set(Box<SetRow>),
+    /// `ban ls`: its rows stream as they are read.
+    Bans(Box<BanLs>),
     /// A capture: its answer streams until it ends (`daemon::capture`).
     Capture(crate::capture::CaptureSpec),
 }
@@ -106,7 +112,11 @@ async fn serve(mut stream: UnixStream, ctx: &Ctx) {
             }
         }
         Answer::Set(row) => {
-            let _ = timeout(SET_DEADLINE, stream_set(&mut stream, &row, WRITE_TIMEOUT)).await;
+            let _ = timeout(STREAM_DEADLINE, stream_set(&mut stream, &row, WRITE_TIMEOUT)).await;
+        }
+        Answer::Bans(ls) => {
+            let reader = ctx.views.map_reader().clone();
+            let _ = timeout(STREAM_DEADLINE, stream_bans(&mut stream, &ls, &reader, WRITE_TIMEOUT)).await;
         }
         Answer::Capture(spec) => {
             crate::daemon::capture::serve(stream, &ctx.capture, &ctx.views, spec, ctx.stop.subscribe()).await;
@@ -114,39 +124,115 @@ async fn serve(mut stream: UnixStream, ctx: &Ctx) {
     }
 }
 
-/// A chunk of a streamed set: what one client costs the daemon while it
-/// takes the answer (the entries themselves are shared with the snapshot).
-const SET_CHUNK_BYTES: usize = 32 << 10;
-/// The longest a set's answer may take as a whole: a client that reads,
+/// A chunk of a streamed answer (a set's entries, `ban ls`): what one
+/// client costs the daemon while it takes the answer.
+const STREAM_CHUNK_BYTES: usize = 32 << 10;
+/// The longest a streamed answer may take as a whole: a client that reads,
 /// but slower than this allows, is dropped too (a million entries are
 /// ~20 MB: a second or two for one that reads).
-const SET_DEADLINE: Duration = Duration::from_secs(120);
+const STREAM_DEADLINE: Duration = Duration::from_secs(120);
 
-/// Writes the set's reply (the same JSON line as `Reply::Set`) in chunks
-/// formatted as the client takes them: memory stays one chunk per client
-/// however large the set, and a client that leaves a chunk untaken for
-/// `stall` is dropped. Each chunk lets other tasks run, so streaming a
-/// million entries delays no other connection by more than one chunk's
-/// formatting.
-async fn stream_set<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, row: &SetRow, stall: Duration) -> std::io::Result<()> {
-    let mut buf = String::with_capacity(SET_CHUNK_BYTES + 64);
-    let rule = serde_json::to_string(&row.view).map_err(std::io::Error::other)?;
-    let _ = write!(buf, "{{\"reply\":\"set\",\"rule\":{rule},\"entries\":[");
-    for (i, n) in row.entries.iter().enumerate() {
-        let _ = write!(buf, "{}\"{n}\"", if i == 0 { "" } else { "," });
-        if buf.len() >= SET_CHUNK_BYTES {
-            timeout(stall, w.write_all(buf.as_bytes())).await.map_err(|_| std::io::ErrorKind::TimedOut)??;
-            buf.clear();
+/// One JSON reply line written in chunks as it is formatted: memory stays
+/// one chunk per client however long the answer, and a client that leaves
+/// a chunk untaken for `stall` is dropped. Each chunk lets other tasks
+/// run, so streaming a million entries delays no other connection by more
+/// than one chunk's formatting.
+struct Chunked<'a, W> {
+    w: &'a mut W,
+    buf: String,
+    stall: Duration,
+}
+
+impl<'a, W: tokio::io::AsyncWrite + Unpin> Chunked<'a, W> {
+    fn new(w: &'a mut W, stall: Duration) -> Self {
+        Chunked { w, buf: String::with_capacity(STREAM_CHUNK_BYTES + 1024), stall }
+    }
+
+    /// Writes what is formatted once it is a chunk.
+    async fn flush_full(&mut self) -> std::io::Result<()> {
+        if self.buf.len() >= STREAM_CHUNK_BYTES {
+            timeout(self.stall, self.w.write_all(self.buf.as_bytes()))
+                .await
+                .map_err(|_| std::io::ErrorKind::TimedOut)??;
+            self.buf.clear();
             tokio::task::yield_now().await;
         }
+        Ok(())
     }
-    buf.push_str("]}\n");
-    timeout(stall, async {
-        w.write_all(buf.as_bytes()).await?;
-        w.shutdown().await
-    })
-    .await
-    .map_err(|_| std::io::ErrorKind::TimedOut)?
+
+    /// Writes the rest and closes the writing side.
+    async fn finish(self) -> std::io::Result<()> {
+        timeout(self.stall, async {
+            self.w.write_all(self.buf.as_bytes()).await?;
+            self.w.shutdown().await
+        })
+        .await
+        .map_err(|_| std::io::ErrorKind::TimedOut)?
+    }
+}
+
+/// Writes the set's reply (the same JSON line as `Reply::Set`) in chunks
+/// ([`Chunked`]); the entries themselves are shared with the snapshot.
+async fn stream_set<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, row: &SetRow, stall: Duration) -> std::io::Result<()> {
+    let mut out = Chunked::new(w, stall);
+    let rule = serde_json::to_string(&row.view).map_err(std::io::Error::other)?;
+    let _ = write!(out.buf, "{{\"reply\":\"set\",\"rule\":{rule},\"entries\":[");
+    for (i, n) in row.entries.iter().enumerate() {
+        let _ = write!(out.buf, "{}\"{n}\"", if i == 0 { "" } else { "," });
+        out.flush_full().await?;
+    }
+    out.buf.push_str("]}\n");
+    out.finish().await
+}
+
+/// Entries of the ban store read per system call while streaming: a batch
+/// is read between two writes on the connection's task (tens of µs).
+const BAN_BATCH: usize = 256;
+
+/// Writes `ban ls`'s reply (the same JSON line as `Reply::Bans`) in chunks
+/// ([`Chunked`]) as its rows are made: the manual bans from the snapshot,
+/// then the ban store a batch at a time. Nothing holds the list: 100 000
+/// bans cost the daemon one chunk and one batch per client. The rows are
+/// not sorted (that needs them all): manual bans by prefix, then automatic
+/// ones in the store's order. A store read that fails midway cuts the
+/// answer short (the client says so); it cannot be a refusal any more.
+async fn stream_bans<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    ls: &BanLs,
+    reader: &MapReader,
+    stall: Duration,
+) -> std::io::Result<()> {
+    let mut out = Chunked::new(w, stall);
+    out.buf.push_str("{\"reply\":\"bans\",\"bans\":[");
+    let mut first = true;
+    let mut row = |buf: &mut String, v: &crate::control::BanView| -> std::io::Result<()> {
+        if !std::mem::take(&mut first) {
+            buf.push(',');
+        }
+        buf.push_str(&serde_json::to_string(v).map_err(std::io::Error::other)?);
+        Ok(())
+    };
+    for v in ls.manual() {
+        row(&mut out.buf, &v)?;
+        out.flush_full().await?;
+    }
+    let mut store = reader.ban_batches(BAN_BATCH);
+    let mut batch = Vec::with_capacity(BAN_BATCH);
+    loop {
+        store.next_batch(&mut batch).map_err(std::io::Error::other)?;
+        if batch.is_empty() {
+            break;
+        }
+        let (now_ms, now_ns) = (crate::duration::unix_ms(), crate::duration::monotonic_ns());
+        for (k, b) in &batch {
+            if let Some(v) = ls.auto(k, b, now_ms, now_ns) {
+                row(&mut out.buf, &v)?;
+            }
+        }
+        out.flush_full().await?;
+    }
+    out.buf.push_str("]}\n");
+    out.finish().await
 }
 
 /// The answer, and whether the daemon should now exit.
@@ -209,12 +295,7 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         Request::Reload { discard_runtime } => change(Command::Reload { discard_runtime }).await,
         Request::Detach { iface } => change(Command::Detach { iface }).await,
         Request::RuleLs => read(Reply::Rules { rules: views.rules() }),
-        Request::Status => {
-            // The bans from their shared render (off this task); without
-            // them if it fails: the rest of the status still answers.
-            let bans = bounded(ctx.bans.get()).await.ok();
-            read(Reply::Status(Box::new(views.status(bans.as_deref().map(|b| b.as_slice())))))
-        }
+        Request::Status => read(Reply::Status(Box::new(views.status()))),
         Request::Stats => {
             read(bounded(ctx.stats.get()).await.map_or_else(refused, |s| Reply::Stats(Box::new((*s).clone()))))
         }
@@ -226,9 +307,12 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         ),
         Request::Ban { rule, runtime, force } => change(Command::Ban { rule, runtime, force }).await,
         Request::Unban { prefix, runtime } => change(Command::Unban { prefix, runtime }).await,
-        Request::BanLs => {
-            read(bounded(ctx.bans.get()).await.map_or_else(refused, |b| Reply::Bans { bans: (*b).clone() }))
-        }
+        // Streamed by this connection as the store is read; the rule
+        // counters (each manual ban's drops) are read first, in their lane.
+        Request::BanLs => match bounded(ctx.ban_ls.run(move || views.ban_ls())).await {
+            Ok(ls) => Answer::Bans(Box::new(ls)),
+            Err(e) => read(refused(e)),
+        },
         // Read and parsed here, off the owner: the owner only diffs and
         // writes.
         // The lane's permit is held until the owner has applied the import:

@@ -15,9 +15,9 @@
 //! under any connection load (see [`http`] for why).
 //!
 //! Views never wait for a thread: a render shared by every request that
-//! waits for it ([`render::Shared`]: `/metrics`, `stats`, `ban ls`,
-//! `/healthz`), or a small pool of their own per kind ([`Lane`]: `top`,
-//! `inspect`, an import's read), whose permit is awaited before a blocking
+//! waits for it ([`render::Shared`]: `/metrics`, `stats`, `/healthz`), or
+//! a small pool of their own per kind ([`Lane`]: `top`, `inspect`, an
+//! import's read, `ban ls`'s read of the rule counters before it streams), whose permit is awaited before a blocking
 //! thread is taken. So a storm of one kind never holds the threads another
 //! needs.
 
@@ -55,9 +55,10 @@ pub const BLOCKING_THREADS: usize = 32;
 const TOP_PERMITS: usize = 2;
 const INSPECT_PERMITS: usize = 4;
 const IMPORT_PERMITS: usize = 2;
-/// Shared renders: `/metrics`, `stats`, `ban ls`, `/healthz`.
-const SHARED_RENDERS: usize = 4;
-const BLOCKING_USED: usize = TOP_PERMITS + INSPECT_PERMITS + IMPORT_PERMITS + SHARED_RENDERS;
+const BAN_LS_PERMITS: usize = 2;
+/// Shared renders: `/metrics`, `stats`, `/healthz`.
+const SHARED_RENDERS: usize = 3;
+const BLOCKING_USED: usize = TOP_PERMITS + INSPECT_PERMITS + IMPORT_PERMITS + BAN_LS_PERMITS + SHARED_RENDERS;
 const _: () = assert!(BLOCKING_USED <= BLOCKING_THREADS / 2, "the views' threads must leave headroom");
 
 /// Connections each endpoint serves at once.
@@ -141,11 +142,11 @@ pub struct Ctx {
     pub caps: Caps,
     pub metrics: render::Shared<bytes::Bytes>,
     pub stats: render::Shared<Arc<crate::control::StatsView>>,
-    pub bans: render::Shared<Arc<Vec<crate::control::BanView>>>,
     pub health: render::Shared<Arc<Health>>,
     pub top: Lane,
     pub inspect: Lane,
     pub import: Lane,
+    pub ban_ls: Lane,
 }
 
 impl Ctx {
@@ -163,8 +164,6 @@ impl Ctx {
         let v = views.clone();
         let stats = render::Shared::new(move || v.stats().map(Arc::new));
         let v = views.clone();
-        let bans = render::Shared::new(move || v.bans().map(Arc::new));
-        let v = views.clone();
         let health = render::Shared::new(move || Ok(Arc::new(v.health())));
         Ctx {
             owner,
@@ -174,11 +173,11 @@ impl Ctx {
             caps,
             metrics,
             stats,
-            bans,
             health,
             top: Lane::new(TOP_PERMITS),
             inspect: Lane::new(INSPECT_PERMITS),
             import: Lane::new(IMPORT_PERMITS),
+            ban_ls: Lane::new(BAN_LS_PERMITS),
         }
     }
 }
