@@ -178,12 +178,14 @@ impl Bans {
 /// [`compile`] without bans.
 fn compile_rules(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
     check_ties(rules.iter().map(|r| (&r.net, &r.class)))?;
-    let mut classless: BTreeMap<IpNet, Rule> = BTreeMap::new();
+    // Collected, not inserted one by one: a map built in one go has full
+    // nodes, one built by inserts in key order half-empty ones (twice the
+    // memory: about 90 bytes a rule, at 100 000 rules 9 MB).
+    let classless: BTreeMap<IpNet, Rule> =
+        rules.iter().filter(|r| r.class.is_none()).map(|r| (r.net, r.rule)).collect();
     let mut classes: BTreeMap<IpNet, Vec<(Class, Rule)>> = BTreeMap::new();
     for r in rules {
-        if r.class.is_none() {
-            classless.insert(r.net, r.rule);
-        } else {
+        if !r.class.is_none() {
             let mut rule = r.rule;
             rule.flags |= RULE_CLASS;
             rule.classes = 0;
@@ -198,14 +200,14 @@ fn compile_rules(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> 
     let mut used: BTreeSet<u32> = groups.of.values().copied().collect();
     used.extend(&groups.resting);
     let all: BTreeSet<IpNet> = classless.keys().chain(classes.keys()).copied().collect();
-    let mut out = Compiled::default();
     // Class-less prefixes without classes: as before. (Only prefixes with
     // classes need their ancestors; keep this linear for 100 000 rules.)
-    for (n, r) in &classless {
-        if !classes.contains_key(n) {
-            out.prefixes.insert(*n, *r);
-        }
-    }
+    // Collected in one go, for full nodes: the map is kept as long as the
+    // rules are in force.
+    let mut out = Compiled {
+        prefixes: classless.iter().filter(|(n, _)| !classes.contains_key(n)).map(|(n, r)| (*n, *r)).collect(),
+        ..Compiled::default()
+    };
     for net in classes.keys() {
         // The chain: this prefix's classes, then (while no class-less rule
         // stops it) each shorter prefix's.
