@@ -670,6 +670,12 @@ pub struct ConfigStatus {
     pub last_reload_error: Option<String>,
     /// The daemon cannot write the file: rule changes need `--runtime`.
     pub read_only: bool,
+    /// Writes of the file by rule and ban changes since the start, and the
+    /// changes they wrote: changes that arrive together share one write.
+    #[serde(default)]
+    pub writes: u64,
+    #[serde(default)]
+    pub changes_written: u64,
 }
 
 /// One source in `policer top`.

@@ -243,6 +243,16 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
         "Whether the last reload of the config file applied it (1) or was refused (0)",
         gauge(s.config.last_reload_success as u64),
     );
+    reg.register(
+        "config_writes",
+        "Writes of the config file by rule and ban changes (changes that arrive together share one write)",
+        counter(s.config.writes),
+    );
+    reg.register(
+        "config_changes_written",
+        "Rule and ban changes written to the config file; divided by policer_config_writes_total: changes per write",
+        counter(s.config.changes_written),
+    );
     let at: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
     at.set(s.config.last_reload_timestamp_seconds);
     reg.register(
@@ -403,6 +413,8 @@ mod tests {
                 last_reload_timestamp_seconds: 1_700_000_000.5,
                 last_reload_error: None,
                 read_only: false,
+                writes: 3,
+                changes_written: 7,
             },
             ..Default::default()
         };
@@ -419,6 +431,8 @@ mod tests {
             "policer_bucket_table_live 4",
             "policer_config_info{sha256=\"ab12\"} 1",
             "policer_config_last_reload_success 1",
+            "policer_config_writes_total 3",
+            "policer_config_changes_written_total 7",
             "policer_config_last_reload_timestamp_seconds 1700000000.5",
             "# TYPE policer_packets counter",
             "# HELP policer_packets Frames judged",

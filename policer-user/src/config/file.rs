@@ -69,7 +69,7 @@ pub struct Pending {
 #[derive(Debug)]
 enum After {
     /// Read from the whole document (`edit.rs`).
-    Whole(Config),
+    Whole(Box<Config>),
     /// What it said before with these rules' edits (`splice.rs`).
     Edits(Vec<splice::Op>),
 }
@@ -217,10 +217,10 @@ impl ConfigFile {
         let old = self.seen_text();
         // Nothing to say that the file (or its absence) does not say already.
         if old == Some(text.as_str()) || (old.is_none() && config == Config::default()) {
-            return Ok(Pending { staged: None, text, after: After::Whole(config) });
+            return Ok(Pending { staged: None, text, after: After::Whole(Box::new(config)) });
         }
         let staged = write::stage(&self.path, text.as_bytes())?;
-        Ok(Pending { staged: Some(staged), text, after: After::Whole(config) })
+        Ok(Pending { staged: Some(staged), text, after: After::Whole(Box::new(config)) })
     }
 
     /// [`stage`](Self::stage) for a change of a few rules: `edits` (each
@@ -321,7 +321,7 @@ impl ConfigFile {
         staged.commit()?;
         match after {
             After::Whole(config) => {
-                self.config = config;
+                self.config = *config;
                 self.layout = None;
             }
             After::Edits(ops) => {

@@ -146,6 +146,9 @@ pub struct Daemon {
     /// Set while a `--dry-run` is handled: the change stops before its
     /// first write and leaves what it planned here (`dryrun.rs`).
     dry: Option<dryrun::Capture>,
+    /// Set while the owner handles a group of changes whose file writes
+    /// are made as one (`ruleset.rs`, [`Group`](ruleset::Group)).
+    group: Option<ruleset::Group>,
 }
 
 impl Daemon {

@@ -104,6 +104,23 @@ pub struct Owner {
 /// at once ("busy") rather than queued without bound.
 const QUEUE: usize = 256;
 
+/// Changes written to the config file in one write at most.
+const GROUP: usize = 64;
+
+impl Command {
+    /// A change of rules or manual bans written to the config file: such
+    /// changes queued together are written as one (group commit).
+    fn writes_rules_to_file(&self) -> bool {
+        matches!(
+            self,
+            Command::RuleSet { runtime: false, .. }
+                | Command::RuleRm { runtime: false, .. }
+                | Command::Ban { runtime: false, .. }
+                | Command::Unban { runtime: false, .. }
+        )
+    }
+}
+
 impl Owner {
     /// Asks the owner and waits for its answer.
     pub async fn ask(&self, cmd: Command) -> Outcome {
@@ -254,10 +271,11 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
     let tick_pending = Arc::new(AtomicBool::new(false));
     let pending = tick_pending.clone();
     let handle = thread::Builder::new().name("policer-owner".into()).spawn(move || {
-        while let Some(Job { cmd, reply }) = rx.blocking_recv() {
-            let last = matches!(cmd, Command::Shutdown);
-            if !last && stop.load(Ordering::SeqCst) {
-                let _ = reply.send(Outcome {
+        let mut next: Option<Job> = None;
+        loop {
+            let Some(job) = next.take().or_else(|| rx.blocking_recv()) else { break };
+            if !matches!(job.cmd, Command::Shutdown) && stop.load(Ordering::SeqCst) {
+                let _ = job.reply.send(Outcome {
                     result: Err(Error::Invalid("the daemon is shutting down; nothing changed".into())),
                     exit: false,
                     counts: None,
@@ -265,6 +283,40 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                 });
                 continue;
             }
+            if job.cmd.writes_rules_to_file() {
+                // Group commit: this change and those queued behind it are
+                // made in the kernel one by one and written to the file
+                // once; each is answered when that write is done.
+                let mut group = vec![job];
+                while group.len() < GROUP {
+                    match rx.try_recv() {
+                        Ok(j) if j.cmd.writes_rules_to_file() && !stop.load(Ordering::SeqCst) => group.push(j),
+                        Ok(j) => {
+                            next = Some(j);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                daemon.begin_group();
+                let mut answers = Vec::with_capacity(group.len());
+                for Job { cmd, reply } in group {
+                    let outcome = daemon.handle(cmd);
+                    answers.push((outcome, daemon.take_group_wrote(), reply));
+                }
+                let written = daemon.end_group();
+                snapshot.send_replace(daemon.snapshot());
+                for (mut outcome, waited, reply) in answers {
+                    if waited && let Err(e) = &written {
+                        outcome.result = Err(Error::Invalid(e.to_string()));
+                    }
+                    let _ = reply.send(outcome);
+                }
+                crate::config::ConfigFile::release_memory();
+                continue;
+            }
+            let Job { cmd, reply } = job;
+            let last = matches!(cmd, Command::Shutdown);
             let tick = matches!(cmd, Command::Tick);
             if tick {
                 pending.store(false, Ordering::SeqCst);
@@ -276,6 +328,7 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
             // copies every rule).
             if !quiet || daemon.take_changed() {
                 snapshot.send_replace(daemon.snapshot());
+                crate::config::ConfigFile::release_memory();
             }
             let _ = reply.send(outcome);
             if last {

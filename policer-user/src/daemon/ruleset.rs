@@ -274,6 +274,21 @@ impl RuleSet {
     }
 }
 
+/// Changes handled together whose file writes are one write (group
+/// commit): what arrives while a write is in flight waits for the next
+/// one write, not one each.
+#[derive(Debug, Default)]
+pub(super) struct Group {
+    /// The file's edits, in order (a rule may come twice).
+    edits: Vec<(RuleKey, Option<RuleSpec>)>,
+    /// Each change's undo in the kernel, in order.
+    undo: Vec<Vec<(RuleKey, Option<RuleSpec>)>>,
+    /// The change handled last waits for the write.
+    wrote: bool,
+    /// The file was checked for a hand edit.
+    checked: bool,
+}
+
 /// Makes `edits` in `rules`: `Some` sets a rule, `None` removes it.
 pub(super) fn edit_rules(rules: &mut BTreeMap<RuleKey, RuleSpec>, edits: &[(RuleKey, Option<RuleSpec>)]) {
     for (k, v) in edits {
@@ -465,6 +480,10 @@ impl Daemon {
             // A dry run checks what staging checks and writes nothing.
             let pending = if file_edits.is_empty() {
                 Ok(None)
+            } else if self.group.is_some() && !self.dry() {
+                // Written with the rest of the group (`end_group`).
+                self.group_check()?;
+                Ok(None)
             } else if self.dry() {
                 self.file.check_stage_rules(before, &file_edits).map(|()| None)
             } else {
@@ -485,6 +504,9 @@ impl Daemon {
             d.rules = Some((plan.rules, plan.compiled));
             return Ok(());
         }
+        if !runtime && self.group.is_some() {
+            return self.change_in_group(plan, want, edits, undo);
+        }
         if let Err(e) = self.apply_plan(plan) {
             // Back to what was in force (the write stops at the first
             // failure); the staged file is dropped, and so removed.
@@ -499,6 +521,104 @@ impl Daemon {
             self.rs.edit_file_rules(&file_edits);
         }
         Ok(())
+    }
+
+    /// A change of a group: in the kernel now, in the file with the rest
+    /// of the group ([`Daemon::end_group`]), which undoes it in the kernel
+    /// if that write fails.
+    fn change_in_group(
+        &mut self,
+        plan: Plan,
+        mut want: BTreeMap<RuleKey, RuleSpec>,
+        edits: &[(RuleKey, Option<RuleSpec>)],
+        undo: Vec<(RuleKey, Option<RuleSpec>)>,
+    ) -> Result<()> {
+        if let Err(e) = self.apply_plan(plan) {
+            edit_rules(&mut want, &undo);
+            return Err(self.undo(&want, e));
+        }
+        let g = self.group.as_mut().expect("in a group");
+        g.edits.extend(edits.iter().cloned());
+        g.undo.push(undo);
+        g.wrote = true;
+        Ok(())
+    }
+
+    /// Checks, once per group, what staging the file checks first: the
+    /// file as the daemon last wrote it (not edited by hand since).
+    fn group_check(&mut self) -> Result<()> {
+        if self.group.as_ref().is_some_and(|g| g.checked) {
+            return Ok(());
+        }
+        if self.file.changed_on_disk()? {
+            return Err(Error::ConfigChanged { path: self.file.path().to_path_buf() });
+        }
+        if let Some(g) = self.group.as_mut() {
+            g.checked = true;
+        }
+        Ok(())
+    }
+
+    /// Starts a group of changes (`owner.rs`): until [`end_group`], a
+    /// change is made in the kernel at once and in the file once for all.
+    ///
+    /// [`end_group`]: Self::end_group
+    pub(super) fn begin_group(&mut self) {
+        self.group = Some(Group::default());
+    }
+
+    /// Whether the change just handled waits for the group's write (then
+    /// cleared for the next).
+    pub(super) fn take_group_wrote(&mut self) -> bool {
+        self.group.as_mut().is_some_and(|g| std::mem::take(&mut g.wrote))
+    }
+
+    /// Writes the group's changes into the file in one atomic write. If
+    /// that fails they are undone in the kernel, and the error is every
+    /// one of them's.
+    pub(super) fn end_group(&mut self) -> Result<()> {
+        let Some(g) = self.group.take() else { return Ok(()) };
+        if g.undo.is_empty() {
+            return Ok(());
+        }
+        // Each rule once, as the last change of the group left it.
+        let mut last: BTreeMap<RuleKey, Option<RuleSpec>> = BTreeMap::new();
+        for (k, v) in g.edits {
+            last.insert(k, v);
+        }
+        let before = self.rs.file_rules();
+        let edits: Vec<(RuleKey, Option<RuleSpec>)> =
+            last.into_iter().filter(|(k, v)| before.get(k) != v.as_ref()).collect();
+        let written = if edits.is_empty() {
+            Ok(())
+        } else {
+            self.file.stage_rules(before, &edits).and_then(|p| self.file.commit(p))
+        };
+        match written {
+            Ok(()) => {
+                self.rs.edit_file_rules(&edits);
+                if !edits.is_empty() {
+                    self.reload.writes += 1;
+                    self.reload.changes_written += g.undo.len() as u64;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let e = if e.is_config_not_written() {
+                    Error::Invalid(format!(
+                        "{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"
+                    ))
+                } else {
+                    e
+                };
+                // Back to the rules before the group, last change first.
+                let mut want = self.rs.specs();
+                for undo in g.undo.iter().rev() {
+                    edit_rules(&mut want, undo);
+                }
+                Err(self.undo(&want, e))
+            }
+        }
     }
 
     /// Puts the rules in force back to `before` after `e`; the error to
@@ -704,12 +824,16 @@ pub(super) struct ReloadState {
     /// tried again until the file changes. Never set when the file could
     /// not be read (then it is tried again).
     refused_sha: Option<String>,
+    /// Group writes of the file by changes (`end_group`), and the changes
+    /// they wrote: their ratio is how many changes share a write.
+    pub writes: u64,
+    pub changes_written: u64,
 }
 
 impl ReloadState {
     /// At start: the file just read is in force.
     pub fn new() -> ReloadState {
-        ReloadState { ok: true, at: super::unix_now(), error: None, refused_sha: None }
+        ReloadState { ok: true, at: super::unix_now(), error: None, refused_sha: None, writes: 0, changes_written: 0 }
     }
 
     /// Records a reload's outcome; `judged` is the sha256 of the bytes it
@@ -732,6 +856,8 @@ impl ReloadState {
             last_reload_timestamp_seconds: self.at,
             last_reload_error: self.error.clone(),
             read_only,
+            writes: self.writes,
+            changes_written: self.changes_written,
         }
     }
 }

@@ -223,6 +223,7 @@ impl Daemon {
             sets_dir,
             feed_set: s.crowdsec.as_ref().map(|c| c.set.clone()),
             dry: None,
+            group: None,
             feed: s.crowdsec.clone(),
             publish: None,
         };
