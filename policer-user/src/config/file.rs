@@ -80,9 +80,11 @@ pub struct ConfigFile {
     path: PathBuf,
     config: Config,
     seen: Seen,
-    /// Where the rules of `seen` are, once a change of a few rules asked
-    /// (`None` inside: the text is not laid out for `splice.rs`).
-    layout: Option<Option<Layout>>,
+    /// Where the rules of `seen` are (`None`: the text is not laid out for
+    /// `splice.rs`). `config.rules` is then not kept: the layout and the
+    /// owner's rules say all a change needs (a whole-document edit reads
+    /// the text again).
+    layout: Option<Layout>,
 }
 
 impl ConfigFile {
@@ -150,9 +152,30 @@ impl ConfigFile {
 
     /// Takes `snap` as what the daemon runs from: later writes edit it.
     pub fn accept(&mut self, snap: Snapshot) {
-        self.config = snap.config;
         self.seen = snap.seen;
-        self.layout = None;
+        self.take_config(snap.config);
+    }
+
+    /// Takes `config`, what the text now says: its layout found, its rules
+    /// let go (100 000 rules as written are 50 MB the daemon has in
+    /// another form).
+    fn take_config(&mut self, mut config: Config) {
+        self.layout = match &self.seen {
+            Seen::Text(t) => Layout::of(t, &config.rules),
+            Seen::Missing => None,
+        };
+        if self.layout.is_some() {
+            config.rules = Vec::new();
+        }
+        self.config = config;
+    }
+
+    /// The config with its rules as written (read again if let go).
+    fn whole_config(&self) -> Result<std::borrow::Cow<'_, Config>> {
+        match (&self.seen, &self.layout) {
+            (Seen::Text(t), Some(_)) => Ok(std::borrow::Cow::Owned(Config::parse(t, &self.path)?.0)),
+            _ => Ok(std::borrow::Cow::Borrowed(&self.config)),
+        }
     }
 
     /// Whether the file on disk differs from what the daemon last read or
@@ -267,8 +290,7 @@ impl ConfigFile {
         before: &BTreeMap<RuleKey, RuleSpec>,
         edits: &[(RuleKey, Option<RuleSpec>)],
     ) -> Option<(String, Vec<splice::Op>)> {
-        let Seen::Text(text) = &self.seen else { return None };
-        let layout = self.layout.get_or_insert_with(|| Layout::of(text, &self.config.rules)).as_ref()?;
+        let (Seen::Text(text), Some(layout)) = (&self.seen, &self.layout) else { return None };
         let (out, ops) = splice::splice(text, layout, before, edits)?;
         // The tests make every such edit the whole-document way too: the
         // same bytes, or this path is wrong.
@@ -276,7 +298,7 @@ impl ConfigFile {
         {
             let whole = edit::edit(
                 Some(text),
-                &self.config,
+                &*self.whole_config().ok()?,
                 Change { rules: Some(&with_edits(before, edits)), interfaces: None },
                 &self.path,
             );
@@ -296,7 +318,8 @@ impl ConfigFile {
     /// hand edit: what [`ConfigFile::stage`] writes and a dry run checks.
     fn edited(&mut self, change: Change<'_>) -> Result<(String, Config)> {
         self.check_unchanged()?;
-        let edited = edit::edit(self.seen_text(), &self.config, change, &self.path);
+        let whole = self.whole_config()?;
+        let edited = edit::edit(self.seen_text(), &whole, change, &self.path);
         Self::release_memory();
         edited
     }
@@ -319,21 +342,15 @@ impl ConfigFile {
         // worked must not be overwritten either. Dropping `staged` removes it.
         self.check_unchanged()?;
         staged.commit()?;
+        self.seen = Seen::Text(text);
         match after {
-            After::Whole(config) => {
-                self.config = *config;
-                self.layout = None;
-            }
+            After::Whole(config) => self.take_config(*config),
             After::Edits(ops) => {
-                for op in &ops {
-                    op.apply_to(&mut self.config);
-                    if let Some(Some(l)) = &mut self.layout {
-                        l.apply(op);
-                    }
+                if let Some(l) = &mut self.layout {
+                    ops.iter().for_each(|op| l.apply(op));
                 }
             }
         }
-        self.seen = Seen::Text(text);
         Ok(())
     }
 

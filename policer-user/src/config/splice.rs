@@ -34,8 +34,6 @@ pub(super) const MAX_EDITS: usize = 64;
 pub(super) struct Layout {
     /// The byte offset of each rule's header line, in file order.
     headers: Vec<usize>,
-    /// The rule each header starts.
-    keys: Vec<RuleKey>,
     /// Each rule's place in `headers`.
     index: HashMap<RuleKey, usize>,
 }
@@ -89,25 +87,25 @@ impl Layout {
         if headers.len() != rules.len() {
             return None;
         }
-        let keys = rules.iter().map(RuleConfig::key).collect::<crate::error::Result<Vec<_>>>().ok()?;
-        let index: HashMap<RuleKey, usize> = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
-        if index.len() != keys.len() {
-            return None;
+        let mut index = HashMap::with_capacity(rules.len());
+        for (i, r) in rules.iter().enumerate() {
+            if index.insert(r.key().ok()?, i).is_some() {
+                return None;
+            }
         }
-        Some(Layout { headers, keys, index })
+        Some(Layout { headers, index })
     }
 
     /// Takes `op`, made to the text this layout was of.
     pub(super) fn apply(&mut self, op: &Op) {
         let shift = |h: &mut usize| *h = (*h + op.new_len).wrapping_sub(op.to - op.from);
         match &op.kind {
-            Kind::Replace { i, .. } => {
+            Kind::Replace { i } => {
                 self.headers[i + 1..].iter_mut().for_each(shift);
             }
-            Kind::Remove { i } => {
-                let key = self.keys.remove(*i);
+            Kind::Remove { i, key } => {
                 self.headers.remove(*i);
-                self.index.remove(&key);
+                self.index.remove(key);
                 for v in self.index.values_mut() {
                     if *v > *i {
                         *v -= 1;
@@ -115,9 +113,8 @@ impl Layout {
                 }
                 self.headers[*i..].iter_mut().for_each(shift);
             }
-            Kind::Push { key, header, .. } => {
-                self.index.insert(*key, self.keys.len());
-                self.keys.push(*key);
+            Kind::Push { key, header } => {
+                self.index.insert(*key, self.headers.len());
                 self.headers.push(*header);
             }
         }
@@ -128,19 +125,18 @@ impl Layout {
 /// rule list.
 #[derive(Clone, Debug)]
 pub(super) enum Kind {
-    /// Rule `i` now reads `rule`.
+    /// Rule `i` was rewritten.
     Replace {
         i: usize,
-        rule: RuleConfig,
     },
     Remove {
         i: usize,
+        key: RuleKey,
     },
     /// A new last rule, its header at `header`.
     Push {
         key: RuleKey,
         header: usize,
-        rule: RuleConfig,
     },
 }
 
@@ -151,19 +147,6 @@ pub(super) struct Op {
     from: usize,
     to: usize,
     new_len: usize,
-}
-
-impl Op {
-    /// Takes this edit into `cfg`'s rules (file order, as the layout).
-    pub(super) fn apply_to(&self, cfg: &mut Config) {
-        match &self.kind {
-            Kind::Replace { i, rule } => cfg.rules[*i] = rule.clone(),
-            Kind::Remove { i } => {
-                cfg.rules.remove(*i);
-            }
-            Kind::Push { rule, .. } => cfg.rules.push(rule.clone()),
-        }
-    }
 }
 
 /// The lines of `text` from `at` on, up to (not including) the next
@@ -209,15 +192,13 @@ fn decor_start(text: &str, h: usize) -> Option<usize> {
     None
 }
 
-/// Parses `chunk` (one `[[rule]]` table) alone: its rule as written and
-/// as meant.
-fn one_rule(chunk: &str) -> Option<(RuleConfig, RuleSpec)> {
+/// Parses `chunk` (one `[[rule]]` table) alone: the rule it says.
+fn one_rule(chunk: &str) -> Option<RuleSpec> {
     let (cfg, rules) = Config::parse(chunk, std::path::Path::new("-")).ok()?;
     if cfg.rules.len() != 1 || rules.len() != 1 || cfg.sets.len() + usize::from(cfg.crowdsec.is_some()) != 0 {
         return None;
     }
-    let (_, spec) = rules.into_iter().next()?;
-    Some((cfg.rules.into_iter().next()?, spec))
+    rules.into_values().next()
 }
 
 /// The one table of a one-rule document.
@@ -278,7 +259,7 @@ pub(super) fn splice(
     for (i, key, want) in at {
         let h = layout.headers[i];
         let (end, next) = table_end(text, h);
-        let (_, old) = one_rule(&text[h..end])?;
+        let old = one_rule(&text[h..end])?;
         if old.key() != *key || Some(&old) != before.get(key) {
             return None;
         }
@@ -287,17 +268,14 @@ pub(super) fn splice(
                 let mut doc: DocumentMut = text[h..end].parse().ok()?;
                 edit::update(table(&mut doc)?, &old, new);
                 let mut out = doc.to_string();
-                let mut got = one_rule(&out);
-                if got.as_ref().map(|(_, s)| s) != Some(new) {
+                if one_rule(&out).as_ref() != Some(new) {
                     edit::write_params(table(&mut doc)?, &new.config());
                     out = doc.to_string();
-                    got = one_rule(&out);
+                    if one_rule(&out).as_ref() != Some(new) {
+                        return None;
+                    }
                 }
-                let (rule, spec) = got?;
-                if spec != *new {
-                    return None;
-                }
-                (Op { kind: Kind::Replace { i, rule }, from: h, to: end, new_len: out.len() }, out)
+                (Op { kind: Kind::Replace { i }, from: h, to: end, new_len: out.len() }, out)
             }
             None => {
                 // The comment block above: its paragraphs set off by a
@@ -307,14 +285,14 @@ pub(super) fn splice(
                 let prefix = &text[p..h];
                 let d = p + split_detached(prefix);
                 if !text[p..d].contains('#') {
-                    (Op { kind: Kind::Remove { i }, from: p, to: end, new_len: 0 }, String::new())
+                    (Op { kind: Kind::Remove { i, key: *key }, from: p, to: end, new_len: 0 }, String::new())
                 } else if let Some(next) = next {
                     let after = &text[end..next];
                     let trimmed = after.len() - trim_blank_lines(after).len();
-                    (Op { kind: Kind::Remove { i }, from: d, to: end + trimmed, new_len: 0 }, String::new())
+                    (Op { kind: Kind::Remove { i, key: *key }, from: d, to: end + trimmed, new_len: 0 }, String::new())
                 } else {
                     let kept = format!("{}\n", text[p..d].trim_end_matches('\n'));
-                    (Op { kind: Kind::Remove { i }, from: p, to: end, new_len: kept.len() }, kept)
+                    (Op { kind: Kind::Remove { i, key: *key }, from: p, to: end, new_len: kept.len() }, kept)
                 }
             }
         };
@@ -342,13 +320,12 @@ pub(super) fn splice(
             let mut d = DocumentMut::new();
             d.insert("rule", Item::ArrayOfTables(one));
             let out = d.to_string();
-            let (rule, spec) = one_rule(&out)?;
-            if spec != *s {
+            if one_rule(&out).as_ref() != Some(s) {
                 return None;
             }
             // Its header's place in the text the edits before it leave.
             let header = end + added.len() + out.find("[[")?;
-            pushes.push(Op { kind: Kind::Push { key: s.key(), header, rule }, from: end, to: end, new_len: 0 });
+            pushes.push(Op { kind: Kind::Push { key: s.key(), header }, from: end, to: end, new_len: 0 });
             added.push_str(&out);
         }
         insert = Some((end, added));
@@ -378,8 +355,8 @@ pub(super) fn splice(
         op.to = op.to.wrapping_add_signed(moved);
         moved += op.new_len as isize - (op.to - op.from) as isize;
         match &mut op.kind {
-            Kind::Replace { i, .. } => *i -= removed,
-            Kind::Remove { i } => {
+            Kind::Replace { i } => *i -= removed,
+            Kind::Remove { i, .. } => {
                 *i -= removed;
                 removed += 1;
             }

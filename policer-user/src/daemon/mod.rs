@@ -88,14 +88,14 @@ pub struct DaemonArgs {
 
 /// A rule as installed in the kernel.
 #[derive(Clone, Debug)]
-struct Installed {
-    spec: RuleSpec,
+pub struct Installed {
+    pub spec: RuleSpec,
     /// Changes with every change of the rule (buckets rescale on it).
-    id: u32,
+    pub id: u32,
     /// Counter slot; kept while the prefix has a rule.
-    slot: u32,
+    pub slot: u32,
     /// Whether the config file holds the rule as it is in force.
-    persisted: bool,
+    pub persisted: bool,
 }
 
 struct Iface {

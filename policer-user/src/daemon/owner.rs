@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
     Daemon,
-    views::{IfaceRef, RuleRow, Snapshot},
+    views::{IfaceRef, Snapshot},
 };
 use crate::{
     error::{Error, Result},
@@ -181,12 +181,7 @@ impl Daemon {
                     mode: crate::loader::Mode::flag_name(i.mode_flags),
                 })
                 .collect(),
-            rules: self
-                .rs
-                .rules()
-                .iter()
-                .map(|(n, i)| (*n, RuleRow { spec: i.spec.clone(), slot: i.slot, persisted: i.persisted }))
-                .collect(),
+            rules: self.rs.shared_rules(),
             // Not what ended while the file could not be written (a full
             // disk): that is gone, and the file catches up (`bans.rs`).
             removed_at_runtime: self

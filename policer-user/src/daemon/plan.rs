@@ -134,7 +134,7 @@ pub(super) fn plan(
     }
     let mut free = free.into_iter();
     let mut gone: Vec<u32> = held.iter().filter(|(k, _)| !want.contains_key(k)).map(|(_, h)| h.slot).collect();
-    let (mut rules, mut writes, mut taken) = (BTreeMap::new(), Vec::new(), Vec::new());
+    let (mut rules, mut writes, mut taken) = (Vec::with_capacity(want.len()), Vec::new(), Vec::new());
     let mut id = next_id;
     let mut new_id = || {
         id += 1;
@@ -162,8 +162,11 @@ pub(super) fn plan(
             }
         };
         writes.extend(write);
-        rules.insert(*key, inst);
+        rules.push((*key, inst));
     }
+    // Built in one go from keys in order: full B-tree nodes (half empty
+    // when inserted one by one).
+    let rules: BTreeMap<RuleKey, Installed> = rules.into_iter().collect();
     let next_id = id;
     let mut groups = groups.clone();
     let list = rules

@@ -82,7 +82,9 @@ impl Slots {
 /// groups, what the rule maps hold, and the default-rules fast path.
 /// Changed only through its methods.
 pub(super) struct RuleSet {
-    rules: BTreeMap<RuleKey, Installed>,
+    /// Shared with the views' snapshot (published without a copy); a
+    /// change plans a new map and takes it whole.
+    rules: std::sync::Arc<BTreeMap<RuleKey, Installed>>,
     /// The rules the config file holds (as last read or written).
     file_rules: BTreeMap<RuleKey, RuleSpec>,
     slots: Slots,
@@ -107,7 +109,7 @@ impl RuleSet {
     /// adopted program's), `slots` has what they hold marked used.
     pub fn new(slots: Slots, groups: Groups, compiled: Compiled, next_id: u32) -> RuleSet {
         RuleSet {
-            rules: BTreeMap::new(),
+            rules: Default::default(),
             file_rules: BTreeMap::new(),
             slots,
             groups,
@@ -171,11 +173,17 @@ impl RuleSet {
         for s in &plan.freed {
             self.slots.free(*s);
         }
-        self.rules = plan.rules;
+        let mut rules = plan.rules;
+        mark_persisted(&mut rules, &self.file_rules);
+        self.rules = std::sync::Arc::new(rules);
         self.groups = plan.groups;
         self.compiled = plan.compiled;
         self.next_id = plan.next_id;
-        self.mark_persisted();
+    }
+
+    /// The rules in force, to share with the views.
+    pub fn shared_rules(&self) -> std::sync::Arc<BTreeMap<RuleKey, Installed>> {
+        self.rules.clone()
     }
 
     /// The rules in force.
@@ -202,8 +210,10 @@ impl RuleSet {
     /// The config file now holds its rules with `edits` made.
     pub fn edit_file_rules(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) {
         edit_rules(&mut self.file_rules, edits);
+        // Not yet shared when a change just planned it (no copy then).
+        let rules = std::sync::Arc::make_mut(&mut self.rules);
         for (k, _) in edits {
-            if let Some(i) = self.rules.get_mut(k) {
+            if let Some(i) = rules.get_mut(k) {
                 i.persisted = self.file_rules.get(k) == Some(&i.spec);
             }
         }
@@ -211,9 +221,7 @@ impl RuleSet {
 
     /// A rule is persisted when the config file holds it as it is in force.
     fn mark_persisted(&mut self) {
-        for (net, i) in self.rules.iter_mut() {
-            i.persisted = self.file_rules.get(net) == Some(&i.spec);
-        }
+        mark_persisted(std::sync::Arc::make_mut(&mut self.rules), &self.file_rules);
     }
 
     /// What the rule maps hold for the rules.
@@ -287,6 +295,13 @@ pub(super) struct Group {
     wrote: bool,
     /// The file was checked for a hand edit.
     checked: bool,
+}
+
+/// Marks the rules the config file holds as they are in force.
+fn mark_persisted(rules: &mut BTreeMap<RuleKey, Installed>, file: &BTreeMap<RuleKey, RuleSpec>) {
+    for (net, i) in rules.iter_mut() {
+        i.persisted = file.get(net) == Some(&i.spec);
+    }
 }
 
 /// Makes `edits` in `rules`: `Some` sets a rule, `None` removes it.

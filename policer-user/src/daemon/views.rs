@@ -48,18 +48,14 @@ pub struct IfaceRef {
 }
 
 /// A rule in force.
-#[derive(Clone, Debug)]
-pub struct RuleRow {
-    pub spec: RuleSpec,
-    pub slot: u32,
-    pub persisted: bool,
-}
+pub type RuleRow = super::Installed;
 
 /// What the owner thread publishes after every change.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub ifaces: Vec<IfaceRef>,
-    pub rules: BTreeMap<RuleKey, RuleRow>,
+    /// Shared with the owner's rule set: published without a copy.
+    pub rules: std::sync::Arc<BTreeMap<RuleKey, RuleRow>>,
     /// Rules the config file holds that are not in force (removed with
     /// `rule rm --runtime`).
     pub removed_at_runtime: Vec<RuleSpec>,
