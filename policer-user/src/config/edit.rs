@@ -106,7 +106,7 @@ fn set_interfaces(doc: &mut DocumentMut, names: &[String], new_file: bool, origi
 
 /// Sets `key` to `v` (or removes it), keeping the old value's surrounding
 /// whitespace and end-of-line comment.
-fn set(t: &mut dyn TableLike, key: &str, v: Option<Value>) {
+pub(super) fn set(t: &mut dyn TableLike, key: &str, v: Option<Value>) {
     match v {
         None => {
             t.remove(key);

@@ -72,6 +72,9 @@ enum After {
     Whole(Box<Config>),
     /// What it said before with these rules' edits (`splice.rs`).
     Edits(Vec<splice::Op>),
+    /// What it said before with these interfaces; the `[daemon]` table's
+    /// text `[from, to)` is now `len` bytes.
+    Interfaces { names: Vec<String>, from: usize, to: usize, len: usize },
 }
 
 /// The daemon's config file.
@@ -236,6 +239,16 @@ impl ConfigFile {
     /// the temporary file. So a caller can stage the file, make its change
     /// elsewhere (the kernel), and only then put the file in place.
     pub fn stage(&mut self, change: Change<'_>) -> Result<Pending> {
+        if let (None, Some(names)) = (change.rules, change.interfaces)
+            && let Some((text, from, to, len)) = self.spliced_interfaces(names)?
+        {
+            let after = After::Interfaces { names: names.to_vec(), from, to, len };
+            let staged = match self.seen_text() == Some(text.as_str()) {
+                true => None,
+                false => Some(write::stage(&self.path, text.as_bytes())?),
+            };
+            return Ok(Pending { staged, text, after });
+        }
         let (text, config) = self.edited(change)?;
         let old = self.seen_text();
         // Nothing to say that the file (or its absence) does not say already.
@@ -281,6 +294,29 @@ impl ConfigFile {
             Some(_) => Ok(()),
             None => self.check_stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None }),
         }
+    }
+
+    /// The file's text with `daemon.interfaces` set by `splice.rs` (after
+    /// the check for a hand edit); `None` when it is not for it.
+    fn spliced_interfaces(&self, names: &[String]) -> Result<Option<(String, usize, usize, usize)>> {
+        let Seen::Text(text) = &self.seen else { return Ok(None) };
+        if self.layout.is_none() {
+            return Ok(None);
+        }
+        self.check_unchanged()?;
+        let Some(out) = splice::splice_interfaces(text, &self.config.daemon, names) else { return Ok(None) };
+        #[cfg(test)]
+        {
+            let whole = edit::edit(
+                Some(text),
+                &*self.whole_config()?,
+                Change { rules: None, interfaces: Some(names) },
+                &self.path,
+            );
+            assert_eq!(whole.map(|(t, _)| t).ok().as_deref(), Some(out.0.as_str()), "splice.rs and edit.rs disagree");
+            SPLICED.with(|n| n.set(n.get() + 1));
+        }
+        Ok(Some(out))
     }
 
     /// The file's text with `edits` made by `splice.rs`; `None` when they
@@ -348,6 +384,12 @@ impl ConfigFile {
             After::Edits(ops) => {
                 if let Some(l) = &mut self.layout {
                     ops.iter().for_each(|op| l.apply(op));
+                }
+            }
+            After::Interfaces { names, from, to, len } => {
+                self.config.daemon.interfaces = names;
+                if let Some(l) = &mut self.layout {
+                    l.shift(from, to, len);
                 }
             }
         }

@@ -96,6 +96,14 @@ impl Layout {
         Some(Layout { headers, index })
     }
 
+    /// Takes an edit of `[from, to)` into `new_len` bytes that holds no
+    /// rule (the `[daemon]` table's).
+    pub(super) fn shift(&mut self, from: usize, to: usize, new_len: usize) {
+        for h in self.headers.iter_mut().filter(|h| **h >= to) {
+            *h = (*h + new_len).wrapping_sub(to - from);
+        }
+    }
+
     /// Takes `op`, made to the text this layout was of.
     pub(super) fn apply(&mut self, op: &Op) {
         let shift = |h: &mut usize| *h = (*h + op.new_len).wrapping_sub(op.to - op.from);
@@ -371,6 +379,56 @@ pub(super) fn splice(
         done.push(op);
     }
     Some((out, done))
+}
+
+/// Whether `line` is the `[daemon]` header.
+fn daemon_header(line: &str) -> bool {
+    let Some(rest) = line.trim_start().strip_prefix('[') else { return false };
+    let Some((name, after)) = rest.split_once(']') else { return false };
+    let after = after.trim();
+    (after.is_empty() || after.starts_with('#')) && matches!(name.trim(), "daemon" | "\"daemon\"" | "'daemon'")
+}
+
+/// `text` with `daemon.interfaces` set to `names`, where `daemon` is what
+/// its `[daemon]` table says: only that table is parsed and rewritten (as
+/// `edit.rs` would). The text and the span `[from, to)` it replaced
+/// with how many bytes; `None` when the text has no one `[daemon]` table
+/// laid out as this expects.
+pub(super) fn splice_interfaces(
+    text: &str,
+    daemon: &super::DaemonConfig,
+    names: &[String],
+) -> Option<(String, usize, usize, usize)> {
+    if !text.ends_with('\n') || text.starts_with('\u{feff}') {
+        return None;
+    }
+    let (mut at, mut found) = (0, None);
+    for line in text.split_inclusive('\n') {
+        if daemon_header(line) {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(at);
+        }
+        at += line.len();
+    }
+    let h = found?;
+    let (end, _) = table_end(text, h);
+    let read = |chunk: &str| Config::parse(chunk, std::path::Path::new("-")).ok().filter(|(_, r)| r.is_empty());
+    let (old, _) = read(&text[h..end])?;
+    if old.daemon != *daemon {
+        return None;
+    }
+    let mut doc: DocumentMut = text[h..end].parse().ok()?;
+    let t = doc.get_mut("daemon")?.as_table_like_mut()?;
+    edit::set(t, "interfaces", Some(toml_edit::Value::Array(names.iter().collect())));
+    let out = doc.to_string();
+    let (new, _) = read(&out)?;
+    if new.daemon != (super::DaemonConfig { interfaces: names.to_vec(), ..daemon.clone() }) {
+        return None;
+    }
+    let len = out.len();
+    Some((format!("{}{out}{}", &text[..h], &text[end..]), h, end, len))
 }
 
 /// How many bytes of a decor prefix come before its last blank line (the

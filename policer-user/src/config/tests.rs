@@ -229,14 +229,25 @@ fn inline_rules_are_edited_too() {
 fn interfaces_keep_their_comment() {
     let d = tempfile::tempdir().unwrap();
     let p = example_in(d.path());
-    let (mut f, _) = ConfigFile::open(&p).unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let spliced = super::SPLICED.with(|n| n.get());
     f.set_interfaces(&["eth1".into(), "eth2".into()]).unwrap();
+    // Only the [daemon] table was parsed and rewritten (`splice.rs`), as
+    // the whole-document edit would have written it (checked inside).
+    assert_eq!(super::SPLICED.with(|n| n.get()), spliced + 1);
     let text = fs::read_to_string(&p).unwrap();
     assert_eq!(
         diff(&EXAMPLE, &text),
         (vec![r#"interfaces = ["eth1", "eth2"]"#.into()], vec![r#"interfaces = ["eth0"]"#.into()])
     );
     assert_eq!(f.config().daemon.interfaces, ["eth1", "eth2"]);
+    // The rules' places moved with it: a rule change after it is in place.
+    let mut want = rules.clone();
+    let last = *want.keys().last().unwrap();
+    want.remove(&last);
+    f.apply_rules(&want).unwrap();
+    assert_eq!(super::SPLICED.with(|n| n.get()), spliced + 2);
+    assert_eq!(ConfigFile::open(&p).unwrap().1, want);
 }
 
 #[test]

@@ -208,7 +208,10 @@ impl Daemon {
     /// difference.
     pub(super) fn write_start_config(&mut self, names: &[String]) {
         let rules = self.rs.specs();
-        if let Err(e) = self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names) }) {
+        // Rules the file already holds are not written again: only the
+        // interfaces then (the [daemon] table alone, `config/splice.rs`).
+        let changed = (&rules != self.rs.file_rules()).then_some(&rules);
+        if let Err(e) = self.file.update(crate::config::Change { rules: changed, interfaces: Some(names) }) {
             println!("policer: warning: {e}");
             self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());
         } else {
