@@ -92,6 +92,17 @@ fn set_interfaces(doc: &mut DocumentMut, names: &[String], new_file: bool, origi
             // A file of its own: [daemon] first, as in the example config.
             t.set_position(Some(0));
         } else {
+            // After the last table (before the comments that end the file).
+            let last = doc
+                .iter()
+                .flat_map(|(_, item)| match item {
+                    Item::Table(t) => vec![t.position()],
+                    Item::ArrayOfTables(a) => a.iter().map(Table::position).collect(),
+                    _ => vec![],
+                })
+                .flatten()
+                .max();
+            t.set_position(last.map(|p| p + 1));
             t.decor_mut().set_prefix("\n");
         }
         doc.insert("daemon", Item::Table(t));

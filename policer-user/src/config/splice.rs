@@ -412,7 +412,7 @@ pub(super) fn splice_interfaces(
         }
         at += line.len();
     }
-    let h = found?;
+    let Some(h) = found else { return add_daemon(text, daemon, names) };
     let (end, _) = table_end(text, h);
     let read = |chunk: &str| Config::parse(chunk, std::path::Path::new("-")).ok().filter(|(_, r)| r.is_empty());
     let (old, _) = read(&text[h..end])?;
@@ -429,6 +429,41 @@ pub(super) fn splice_interfaces(
     }
     let len = out.len();
     Some((format!("{}{out}{}", &text[..h], &text[end..]), h, end, len))
+}
+
+/// `text`, which has no `[daemon]` table, with one holding `interfaces`
+/// after its last table (as `edit.rs` adds it); `None` when the text
+/// might say something of `daemon` elsewhere (a dotted key, a subtable),
+/// has no table, or its daemon settings are not the defaults.
+fn add_daemon(text: &str, daemon: &super::DaemonConfig, names: &[String]) -> Option<(String, usize, usize, usize)> {
+    if *daemon != super::DaemonConfig::default() {
+        return None;
+    }
+    let mut last = None;
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start().trim_start_matches(['[', '"', '\'']);
+        if t.starts_with("daemon") {
+            return None;
+        }
+        if boundary(line) {
+            last = Some(at);
+        }
+        at += line.len();
+    }
+    let (end, _) = table_end(text, last?);
+    let mut t = Table::new();
+    t.decor_mut().set_prefix("\n");
+    t.insert("interfaces", Item::Value(toml_edit::Value::Array(names.iter().collect())));
+    let mut doc = DocumentMut::new();
+    doc.insert("daemon", Item::Table(t));
+    let out = doc.to_string();
+    let (new, rules) = Config::parse(&out, std::path::Path::new("-")).ok()?;
+    if !rules.is_empty() || new.daemon != (super::DaemonConfig { interfaces: names.to_vec(), ..Default::default() }) {
+        return None;
+    }
+    let len = out.len();
+    Some((format!("{}{out}{}", &text[..end], &text[end..]), end, end, len))
 }
 
 /// How many bytes of a decor prefix come before its last blank line (the

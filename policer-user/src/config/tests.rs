@@ -1173,3 +1173,26 @@ expires = \"2099-01-01T00:00:00Z\"
         "{last}"
     );
 }
+
+/// A file without `[daemon]` (as a config of rules alone is written) gets
+/// one after its last table when the start names interfaces: only that
+/// table is written (`splice.rs`), where the whole-document edit puts it
+/// (checked inside), before the comments that end the file.
+#[test]
+fn interfaces_go_into_a_new_daemon_table_after_the_last_one() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    fs::write(&p, "# mine\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n\n[[rule]]\nprefix = \"10.0.0.0/8\"\naction = \"deny\"\n\n# the end\n").unwrap();
+    let (mut f, rules) = ConfigFile::open(&p).unwrap();
+    let spliced = super::SPLICED.with(|n| n.get());
+    f.set_interfaces(&["eth0".into()]).unwrap();
+    assert_eq!(super::SPLICED.with(|n| n.get()), spliced + 1);
+    let text = fs::read_to_string(&p).unwrap();
+    assert!(text.ends_with("action = \"deny\"\n\n[daemon]\ninterfaces = [\"eth0\"]\n\n# the end\n"), "{text}");
+    let (again, read) = ConfigFile::open(&p).unwrap();
+    assert_eq!((again.config().daemon.interfaces.clone(), read), (vec!["eth0".to_string()], rules.clone()));
+    // A rule change after it still finds its rules.
+    f.apply_rules(&without(rules.clone(), "10.0.0.0/8")).unwrap();
+    assert_eq!(super::SPLICED.with(|n| n.get()), spliced + 2);
+    assert_eq!(ConfigFile::open(&p).unwrap().1, without(rules, "10.0.0.0/8"));
+}
