@@ -206,11 +206,12 @@ impl Daemon {
     /// into the config file. A failure is a warning: policing runs from the
     /// command line, the file keeps what it says, and `rule ls` shows the
     /// difference.
-    pub(super) fn write_start_config(&mut self, names: &[String]) {
+    pub(super) fn write_start_config(&mut self, names: &[String], rules_changed: bool) {
         let rules = self.rs.specs();
-        // Rules the file already holds are not written again: only the
-        // interfaces then (the [daemon] table alone, `config/splice.rs`).
-        let changed = (&rules != self.rs.file_rules()).then_some(&rules);
+        // Rules the file already holds (no `--rate`) are not written
+        // again: only the interfaces then (the [daemon] table alone,
+        // `config/splice.rs`).
+        let changed = rules_changed.then_some(&rules);
         if let Err(e) = self.file.update(crate::config::Change { rules: changed, interfaces: Some(names) }) {
             println!("policer: warning: {e}");
             self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());

@@ -101,6 +101,8 @@ struct Settings {
     /// Whether the start changes what the file says (the default rules from
     /// `--rate`, or the interfaces): it is rewritten once the start commits.
     changes_file: bool,
+    /// Whether the rules it writes differ from the file's (`--rate`).
+    changes_rules: bool,
     /// The rules to police with.
     specs: BTreeMap<RuleKey, RuleSpec>,
     ifaces: Interfaces,
@@ -267,7 +269,7 @@ impl Daemon {
 
         // Before saying "policing", so whoever reads the file next sees it.
         if s.changes_file {
-            d.write_start_config(&s.ifaces.given);
+            d.write_start_config(&s.ifaces.given, s.changes_rules);
         }
         if let Some(m) = &d.metrics
             && let Ok(a) = m.local_addr()
@@ -481,6 +483,7 @@ fn settings(args: &DaemonArgs) -> Result<Settings> {
     Ok(Settings {
         file,
         changes_file,
+        changes_rules: args.rate.is_some(),
         specs,
         ifaces: Interfaces { given, names, indexes, mode },
         max_sources,
