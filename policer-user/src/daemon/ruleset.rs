@@ -497,8 +497,7 @@ impl Daemon {
                 Ok(None)
             } else if self.group.is_some() && !self.dry() {
                 // Written with the rest of the group (`end_group`).
-                self.group_check()?;
-                Ok(None)
+                self.group_check().map(|()| None)
             } else if self.dry() {
                 self.file.check_stage_rules(before, &file_edits).map(|()| None)
             } else {
