@@ -402,7 +402,7 @@ fn keep_first_line(from: &str, to: &str) -> String {
 
 /// Splits the comment block above a table header at its last blank line:
 /// what comes before is set off from the table, what comes after is its own.
-fn split_detached(prefix: &str) -> (&str, &str) {
+pub(super) fn split_detached(prefix: &str) -> (&str, &str) {
     let mut split = 0;
     let mut off = 0;
     for line in prefix.split_inclusive('\n') {
@@ -414,7 +414,7 @@ fn split_detached(prefix: &str) -> (&str, &str) {
     prefix.split_at(split)
 }
 
-fn trim_blank_lines(s: &str) -> &str {
+pub(super) fn trim_blank_lines(s: &str) -> &str {
     let mut rest = s;
     while let Some((line, tail)) = rest.split_once('\n') {
         if !line.trim().is_empty() {

@@ -291,12 +291,12 @@ pub(super) fn splice(
                 // its top trimmed), its last one goes with the rule.
                 let p = decor_start(text, h)?;
                 let prefix = &text[p..h];
-                let d = p + split_detached(prefix);
+                let d = p + edit::split_detached(prefix).0.len();
                 if !text[p..d].contains('#') {
                     (Op { kind: Kind::Remove { i, key: *key }, from: p, to: end, new_len: 0 }, String::new())
                 } else if let Some(next) = next {
                     let after = &text[end..next];
-                    let trimmed = after.len() - trim_blank_lines(after).len();
+                    let trimmed = after.len() - edit::trim_blank_lines(after).len();
                     (Op { kind: Kind::Remove { i, key: *key }, from: d, to: end + trimmed, new_len: 0 }, String::new())
                 } else {
                     let kept = format!("{}\n", text[p..d].trim_end_matches('\n'));
@@ -464,28 +464,4 @@ fn add_daemon(text: &str, daemon: &super::DaemonConfig, names: &[String]) -> Opt
     }
     let len = out.len();
     Some((format!("{}{out}{}", &text[..end], &text[end..]), end, end, len))
-}
-
-/// How many bytes of a decor prefix come before its last blank line (the
-/// paragraphs set off from the table).
-fn split_detached(prefix: &str) -> usize {
-    let (mut split, mut off) = (0, 0);
-    for line in prefix.split_inclusive('\n') {
-        off += line.len();
-        if line.ends_with('\n') && line.trim().is_empty() {
-            split = off;
-        }
-    }
-    split
-}
-
-fn trim_blank_lines(s: &str) -> &str {
-    let mut rest = s;
-    while let Some((line, tail)) = rest.split_once('\n') {
-        if !line.trim().is_empty() {
-            break;
-        }
-        rest = tail;
-    }
-    rest
 }
