@@ -701,7 +701,7 @@ pub fn markdown(r: &Results) -> String {
             Some(x) if x.n > 0 && t.unit == "ratio" => fx(x),
             Some(x) if x.n > 0 && t.unit == "report" => format!("{}: {}", fx(x), t.note),
             Some(x) if x.n > 0 && t.unit == "frames/s" => format!("{} frames/s", fnum(x, 0)),
-            Some(x) if x.n > 0 => format!("{} ms", fnum(x, 1)),
+            Some(x) if x.n > 0 => format!("{} {}", fnum(x, 1), t.unit),
             _ => t.note.clone(),
         };
         let verdict = if t.unit == "report" && t.met == Some(true) { "reported" } else { met(t.met) };
