@@ -625,6 +625,13 @@ impl Daemon {
                 } else {
                     e
                 };
+                // Said in the log too: the changes said what they did as
+                // they were made in the kernel.
+                eprintln!(
+                    "policer: writing {} change(s) to {} failed ({e}); they are undone in the kernel",
+                    g.undo.len(),
+                    self.file.path().display()
+                );
                 // Back to the rules before the group, last change first.
                 let mut want = self.rs.specs();
                 for undo in g.undo.iter().rev() {
