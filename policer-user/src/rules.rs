@@ -640,6 +640,18 @@ impl RuleConfig {
     }
 }
 
+/// Makes `edits` in `rules` (each key once: `Some` sets the rule, `None`
+/// removes it): one change of a rule set, as the owner and the config
+/// file's writer both take it.
+pub fn edit_rules(rules: &mut std::collections::BTreeMap<RuleKey, RuleSpec>, edits: &[(RuleKey, Option<RuleSpec>)]) {
+    for (k, v) in edits {
+        match v {
+            Some(s) => rules.insert(*k, s.clone()),
+            None => rules.remove(k),
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

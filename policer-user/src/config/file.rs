@@ -437,12 +437,7 @@ fn with_edits(
     edits: &[(RuleKey, Option<RuleSpec>)],
 ) -> BTreeMap<RuleKey, RuleSpec> {
     let mut want = before.clone();
-    for (k, v) in edits {
-        match v {
-            Some(s) => want.insert(*k, s.clone()),
-            None => want.remove(k),
-        };
-    }
+    crate::rules::edit_rules(&mut want, edits);
     want
 }
 

@@ -304,15 +304,7 @@ fn mark_persisted(rules: &mut BTreeMap<RuleKey, Installed>, file: &BTreeMap<Rule
     }
 }
 
-/// Makes `edits` in `rules`: `Some` sets a rule, `None` removes it.
-pub(super) fn edit_rules(rules: &mut BTreeMap<RuleKey, RuleSpec>, edits: &[(RuleKey, Option<RuleSpec>)]) {
-    for (k, v) in edits {
-        match v {
-            Some(s) => rules.insert(*k, s.clone()),
-            None => rules.remove(k),
-        };
-    }
-}
+use crate::rules::edit_rules;
 
 impl Daemon {
     /// Turns the default-rules fast path on (with the current default rules)
