@@ -71,7 +71,7 @@ pub struct Compiled {
 /// while a prefix has classes, and not handed to another prefix in the
 /// change that frees them (a new group's entries go in before the prefix
 /// points at it, an old one's come out after), nor in the next.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Groups {
     of: BTreeMap<IpNet, u32>,
     /// Freed by the last compile.
@@ -86,6 +86,11 @@ impl Groups {
                 self.of.insert(n, g);
             }
         }
+    }
+
+    /// As a compile that frees no group leaves them: none resting.
+    pub fn settle(&mut self) {
+        self.resting.clear();
     }
 
     fn take(&mut self, net: IpNet, used: &BTreeSet<u32>) -> Result<u32> {

@@ -257,6 +257,22 @@ impl RuleFds {
 /// Makes the rule maps behind `f` go from `have` to `want` (see
 /// [`Policer::sync_rules`] for the order). Prefixes go in batches where
 /// the kernel has batch updates for tries (100 000 rules at a start).
+/// Writes the tries' `changed` prefixes, then removes the `gone` ones; at
+/// the tries' limit one goes first for each new one that finds no room.
+fn write_prefixes(f: &RuleFds, changed: &[(IpNet, Rule)], mut gone: Vec<IpNet>) -> Result<()> {
+    f.tries.write_each(changed, |net| {
+        let Some(i) = gone.iter().rposition(|g| g.addr().is_ipv6() == net.addr().is_ipv6()) else { return Ok(false) };
+        f.tries.set(gone.remove(i), None)?;
+        Ok(true)
+    })?;
+    // The rest at once (a reload that drops 100 000 rules: a few batch
+    // calls, not a syscall each).
+    let (v4, v6): (Vec<IpNet>, Vec<IpNet>) = gone.into_iter().partition(|n| n.addr().is_ipv4());
+    f.tries.delete_all(false, &v4)?;
+    f.tries.delete_all(true, &v6)?;
+    Ok(())
+}
+
 pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
     // Filters first as the union of before and after (a frame never skips
     // a lookup that could match), exact at the end.
@@ -276,17 +292,8 @@ pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
     // limit one goes first for each new one that finds no room.
     let changed: Vec<(IpNet, Rule)> =
         want.prefixes.iter().filter(|(n, r)| have.prefixes.get(n) != Some(r)).map(|(n, r)| (*n, *r)).collect();
-    let mut gone: Vec<IpNet> = have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)).copied().collect();
-    f.tries.write_each(&changed, |net| {
-        let Some(i) = gone.iter().rposition(|g| g.addr().is_ipv6() == net.addr().is_ipv6()) else { return Ok(false) };
-        f.tries.set(gone.remove(i), None)?;
-        Ok(true)
-    })?;
-    // The rest at once (a reload that drops 100 000 rules: a few batch
-    // calls, not a syscall each).
-    let (v4, v6): (Vec<IpNet>, Vec<IpNet>) = gone.into_iter().partition(|n| n.addr().is_ipv4());
-    f.tries.delete_all(false, &v4)?;
-    f.tries.delete_all(true, &v6)?;
+    let gone: Vec<IpNet> = have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)).copied().collect();
+    write_prefixes(f, &changed, gone)?;
     for k in have.index.keys().filter(|k| !want.index.contains_key(k)) {
         crate::batch::delete_elem(f.index, &LpmKey { len: k.0, data: k.1 }).map_err(Error::kernel(MAP_CLASS_INDEX))?;
     }
@@ -1182,6 +1189,15 @@ impl Policer {
     /// keeps the one copy of it).
     pub fn sync_rules_from(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
         sync_maps(&RuleFds::of(&self.ebpf)?, have, want)
+    }
+
+    /// Writes a change of the tries' prefixes (`None`: removed), the
+    /// class maps unchanged: new and changed prefixes first, removed ones
+    /// last, as [`sync_maps`].
+    pub fn write_rule_prefixes(&mut self, prefixes: &[(IpNet, Option<Rule>)]) -> Result<()> {
+        let changed: Vec<(IpNet, Rule)> = prefixes.iter().filter_map(|(n, r)| r.map(|r| (*n, r))).collect();
+        let gone: Vec<IpNet> = prefixes.iter().filter(|(_, r)| r.is_none()).map(|(n, _)| *n).collect();
+        write_prefixes(&RuleFds::of(&self.ebpf)?, &changed, gone)
     }
 
     /// What the tries and the class index hold now.

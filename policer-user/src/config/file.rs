@@ -88,6 +88,9 @@ pub struct ConfigFile {
     /// owner's rules say all a change needs (a whole-document edit reads
     /// the text again).
     layout: Option<Layout>,
+    /// The sha256 of `seen`, once asked for (every snapshot of the daemon
+    /// asks: hashing 6 MB each time would cost more than a change).
+    sha: std::sync::OnceLock<String>,
 }
 
 impl ConfigFile {
@@ -96,8 +99,13 @@ impl ConfigFile {
     pub fn open(path: &Path) -> Result<(ConfigFile, BTreeMap<RuleKey, RuleSpec>)> {
         let snap = read(path)?;
         let rules = snap.rules.clone();
-        let mut file =
-            ConfigFile { path: path.to_path_buf(), config: Config::default(), seen: Seen::Missing, layout: None };
+        let mut file = ConfigFile {
+            path: path.to_path_buf(),
+            config: Config::default(),
+            seen: Seen::Missing,
+            layout: None,
+            sha: std::sync::OnceLock::new(),
+        };
         file.accept(snap);
         Ok((file, rules))
     }
@@ -133,10 +141,18 @@ impl ConfigFile {
     /// The sha256 (hex) of the file as last read or written; of no bytes
     /// when there was no file.
     pub fn sha256(&self) -> String {
-        match &self.seen {
-            Seen::Missing => sha256_hex(b""),
-            Seen::Text(t) => sha256_hex(t.as_bytes()),
-        }
+        self.sha
+            .get_or_init(|| match &self.seen {
+                Seen::Missing => sha256_hex(b""),
+                Seen::Text(t) => sha256_hex(t.as_bytes()),
+            })
+            .clone()
+    }
+
+    /// Takes `seen` as the file's text (and forgets the hash of the last).
+    fn set_seen(&mut self, seen: Seen) {
+        self.seen = seen;
+        self.sha = std::sync::OnceLock::new();
     }
 
     /// The sha256 (hex) of the file on disk now; `None`: there is none.
@@ -155,7 +171,7 @@ impl ConfigFile {
 
     /// Takes `snap` as what the daemon runs from: later writes edit it.
     pub fn accept(&mut self, snap: Snapshot) {
-        self.seen = snap.seen;
+        self.set_seen(snap.seen);
         self.take_config(snap.config);
     }
 
@@ -378,7 +394,7 @@ impl ConfigFile {
         // worked must not be overwritten either. Dropping `staged` removes it.
         self.check_unchanged()?;
         staged.commit()?;
-        self.seen = Seen::Text(text);
+        self.set_seen(Seen::Text(text));
         match after {
             After::Whole(config) => self.take_config(*config),
             After::Edits(ops) => {

@@ -277,8 +277,7 @@ impl Daemon {
     /// (kernel and file; the kernel only when the file is read-only).
     fn expire(&mut self) {
         let now = duration::unix_ms();
-        let due: Vec<RuleKey> =
-            self.rs.rules().iter().filter(|(_, i)| i.spec.expires.is_some_and(|e| e <= now)).map(|(k, _)| *k).collect();
+        let due: Vec<RuleKey> = self.rs.ended(now);
         if due.is_empty() {
             return;
         }

@@ -18,7 +18,7 @@ use policer_common::{
     bucket::Action,
 };
 
-use super::{Daemon, Installed, owner::Command, owner::Outcome, sets::SetState};
+use super::{Daemon, owner::Command, owner::Outcome, sets::SetState};
 use crate::{
     compile::Compiled,
     control::{DRY_SAMPLE, DryLive, DryRule, DryRuleChange, DryRunView, DrySet, DrySource, FieldChange},
@@ -31,7 +31,7 @@ use crate::{
 #[derive(Default)]
 pub(super) struct Capture {
     /// The planned rules and rule maps (a change of the rules).
-    pub rules: Option<(BTreeMap<RuleKey, Installed>, Compiled)>,
+    pub rules: Option<(super::Rules, Compiled)>,
     /// The sets after (an import, a reload with `[[set]]`s).
     pub sets: Option<BTreeMap<String, SetState>>,
     /// How the sets' entries and rules change.
@@ -41,7 +41,7 @@ pub(super) struct Capture {
 /// The rules, rule maps and sets as the program would see them: what a
 /// source is judged against.
 pub(crate) struct World {
-    rules: BTreeMap<RuleKey, Installed>,
+    rules: super::Rules,
     compiled: Compiled,
     sets: Vec<JudgeSet>,
     protect: Vec<IpNet>,
@@ -114,7 +114,7 @@ impl Daemon {
 
     fn world(
         &self,
-        rules: BTreeMap<RuleKey, Installed>,
+        rules: super::Rules,
         mut compiled: Compiled,
         sets: &BTreeMap<String, SetState>,
         protect: &crate::protect::Protect,

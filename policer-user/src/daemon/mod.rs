@@ -87,7 +87,7 @@ pub struct DaemonArgs {
 }
 
 /// A rule as installed in the kernel.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Installed {
     pub spec: RuleSpec,
     /// Changes with every change of the rule (buckets rescale on it).
@@ -97,6 +97,12 @@ pub struct Installed {
     /// Whether the config file holds the rule as it is in force.
     pub persisted: bool,
 }
+
+/// The rules in force, by key: a persistent map (`imbl`), so that a change
+/// of a few rules makes a new map sharing all the rest with the one before
+/// (which the views' snapshot may still hold), at a cost that does not
+/// grow with the rule count.
+pub type Rules = imbl::OrdMap<crate::rules::RuleKey, Installed>;
 
 struct Iface {
     name: String,

@@ -186,17 +186,16 @@ impl Daemon {
             // disk): that is gone, and the file catches up (`bans.rs`).
             removed_at_runtime: self
                 .rs
-                .file_rules()
-                .iter()
-                .filter(|(n, s)| !self.rs.rules().contains_key(n) && s.expires.is_none_or(|e| e > now_ms))
-                .map(|(_, s)| s.clone())
+                .removed_at_runtime()
+                .filter(|s| s.expires.is_none_or(|e| e > now_ms))
+                .cloned()
                 .collect(),
             config: self.file.path().display().to_string(),
             persist: self.persist,
             program_id: self.program_id,
             config_status: self.reload.status(self.file.sha256(), self.file.read_only()),
             sets: self.set_rows(),
-            manual_ban_slots: super::bans::manual_ban_slots(self.rs.rules().iter(), |i| i.slot),
+            manual_ban_slots: self.rs.ban_slots(),
             protect: self.rs.protect().nets().to_vec(),
             metrics: self.metrics_addr,
         })

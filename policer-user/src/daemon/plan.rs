@@ -13,12 +13,14 @@
 //! (`Daemon::write_plan`, or the start's transaction with its undo log) and
 //! taken as the rule set in force by `RuleSet::commit`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use policer_common::Rule;
+use ipnet::IpNet;
+use policer_common::{Rule, bucket::Action};
 
-use super::Installed;
+use super::{Installed, Rules};
 use crate::{
+    classes::Class,
     compile::{Compiled, Groups, KernelRule, compile},
     error::{Error, Result},
     protect::Protect,
@@ -95,17 +97,56 @@ pub(super) struct Write {
 #[derive(Debug)]
 pub(super) struct Plan {
     /// The rules in force after it.
-    pub rules: BTreeMap<RuleKey, Installed>,
+    pub rules: super::Rules,
     /// The slots to write, in key order.
     pub writes: Vec<Write>,
     /// Slots taken from the free ones, and slots given back.
     pub taken: Vec<u32>,
     pub freed: Vec<u32>,
-    /// What the rule maps hold after it, and the class groups.
+    /// What the rule maps hold after it, and the class groups. Empty when
+    /// `delta` is given: the maps are then the ones in force with it made.
     pub compiled: Compiled,
+    /// A plan of a few edits ([`plan_edits`]): the edited keys, and the
+    /// prefixes of the tries whose value changes (`None`: removed).
+    pub delta: Option<Delta>,
     pub groups: Groups,
     /// The next rule id not yet used.
     pub next_id: u32,
+}
+
+/// What a plan of a few edits changes of the rule maps, and which rules.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Delta {
+    /// The edited rules' keys, in order.
+    pub keys: Vec<RuleKey>,
+    /// The tries' prefixes whose value changes, in order (`None`: removed).
+    pub prefixes: Vec<(IpNet, Option<Rule>)>,
+}
+
+impl Plan {
+    /// What the rule maps hold after the plan, the maps in force holding
+    /// `now`.
+    pub fn compiled_after(&self, now: &Compiled) -> Compiled {
+        let Some(d) = &self.delta else { return self.compiled.clone() };
+        let mut c = now.clone();
+        for (net, v) in &d.prefixes {
+            match v {
+                Some(r) => c.prefixes.insert(*net, *r),
+                None => c.prefixes.remove(net),
+            };
+        }
+        c
+    }
+
+    /// Whether the tries hold a prefix longer than /0 after the plan (the
+    /// default rules' fast path must be off before it is written). For a
+    /// delta, only what it adds: the maps in force are the rest.
+    pub fn adds_longer_prefix(&self) -> bool {
+        match &self.delta {
+            Some(d) => d.prefixes.iter().any(|(n, v)| v.is_some() && n.prefix_len() != 0),
+            None => self.compiled.prefixes.keys().any(|n| n.prefix_len() != 0),
+        }
+    }
 }
 
 /// Plans bringing the rules `held` to `want` (already validated).
@@ -166,7 +207,7 @@ pub(super) fn plan(
     }
     // Built in one go from keys in order: full B-tree nodes (half empty
     // when inserted one by one).
-    let rules: BTreeMap<RuleKey, Installed> = rules.into_iter().collect();
+    let rules: super::Rules = rules.into_iter().collect();
     let next_id = id;
     let mut groups = groups.clone();
     let list = rules
@@ -183,7 +224,166 @@ pub(super) fn plan(
     let mut compiled = compile(&list, &mut groups)?;
     // Protected prefixes allow, over any ban covering them.
     protect.apply(&mut compiled.prefixes);
-    Ok(Plan { rules, writes, taken, freed: gone, compiled, groups, next_id })
+    Ok(Plan { rules, writes, taken, freed: gone, compiled, delta: None, groups, next_id })
+}
+
+/// What [`plan_edits`] starts from: the rules in force and what the rule
+/// maps hold for them.
+pub(super) struct InForce<'a> {
+    pub rules: &'a Rules,
+    pub compiled: &'a Compiled,
+    /// How many class rules each prefix has.
+    pub class_nets: &'a BTreeMap<IpNet, u32>,
+    pub groups: &'a Groups,
+    pub protect: &'a Protect,
+    pub capacity: u32,
+    pub next_id: u32,
+}
+
+/// The most class prefixes [`plan_edits`] looks through for one under an
+/// edited prefix; more, and the whole plan is made.
+const MAX_CLASS_NETS_SCANNED: usize = 4096;
+
+/// Plans `edits` (each key once, in key order; `None` removes the rule)
+/// made to the rules in force: the plan [`plan`] makes of the whole rule
+/// set with the edits made — the same rules, ids, slots and writes, and
+/// the same rule maps after it — at a cost that grows with the edits, not
+/// with the rules. `None` when the edits are not of that kind: a rule with
+/// a class, or a prefix with a class rule at or under an edited one (the
+/// class chains and groups are compiled as a whole), or a ban of a /0;
+/// the whole plan is made then. Tests check every such plan against the
+/// whole one (`RuleSet::plan_edits`).
+pub(super) fn plan_edits(
+    now: &InForce<'_>,
+    edits: &BTreeMap<RuleKey, Option<RuleSpec>>,
+    free: impl IntoIterator<Item = u32>,
+) -> Result<Option<Plan>> {
+    for (key, spec) in edits {
+        if !key.class.is_none() || (key.ban && key.net.prefix_len() == 0) {
+            return Ok(None);
+        }
+        if let Some(spec) = spec {
+            now.protect.refuse_rule(spec)?;
+        }
+    }
+    if !now.class_nets.is_empty() {
+        if now.class_nets.len() > MAX_CLASS_NETS_SCANNED {
+            return Ok(None);
+        }
+        if edits.keys().any(|k| now.class_nets.keys().any(|c| k.net.contains(c))) {
+            return Ok(None);
+        }
+    }
+    let added = edits.iter().filter(|(k, v)| v.is_some() && !now.rules.contains_key(*k)).count();
+    let removed = edits.iter().filter(|(k, v)| v.is_none() && now.rules.contains_key(*k)).count();
+    let len = now.rules.len() + added - removed;
+    if len > now.capacity as usize {
+        return Err(limit(format!("{len} rules, more than this policer's limit of {}", now.capacity)));
+    }
+    // Slots and ids as the whole plan gives them: in key order, new rules
+    // the lowest free slots, then (at the limit) the removed rules' slots.
+    let mut free = free.into_iter();
+    let mut gone: Vec<u32> =
+        edits.iter().filter(|(_, v)| v.is_none()).filter_map(|(k, _)| now.rules.get(k).map(|h| h.slot)).collect();
+    let (mut writes, mut taken) = (Vec::new(), Vec::new());
+    let mut rules = now.rules.clone();
+    let mut id = now.next_id;
+    let mut new_id = || {
+        id += 1;
+        id - 1
+    };
+    for (key, spec) in edits {
+        let Some(spec) = spec else {
+            rules.remove(key);
+            continue;
+        };
+        let inst = match now.rules.get(key) {
+            Some(h) if h.spec == *spec => continue,
+            Some(h) => {
+                writes.push(Write { key: *key, slot: h.slot, fresh: false, total: h.spec.total != spec.total });
+                Installed { spec: spec.clone(), id: new_id(), slot: h.slot, persisted: false }
+            }
+            None => {
+                let slot = match free.next() {
+                    Some(s) => {
+                        taken.push(s);
+                        s
+                    }
+                    None => gone.pop().ok_or_else(|| limit(format!("this policer holds {} rules", now.capacity)))?,
+                };
+                writes.push(Write { key: *key, slot, fresh: true, total: true });
+                Installed { spec: spec.clone(), id: new_id(), slot, persisted: false }
+            }
+        };
+        rules.insert(*key, inst);
+    }
+    let next_id = id;
+    // The prefixes whose value may change: each edited one, and under an
+    // edited ban every prefix with a rule.
+    let mut nets: BTreeSet<IpNet> = edits.keys().map(|k| k.net).collect();
+    for key in edits.keys().filter(|k| k.ban) {
+        let from = RuleKey { net: key.net, class: Class::default(), ban: false };
+        for (k, _) in rules.range(from..) {
+            if k.net.addr() > key.net.broadcast() || k.net.addr().is_ipv6() != key.net.addr().is_ipv6() {
+                break;
+            }
+            if key.net.contains(&k.net) {
+                nets.insert(k.net);
+            }
+        }
+    }
+    let mut prefixes = Vec::new();
+    for net in nets {
+        let value = value_at(&rules, net, now.protect)?;
+        if now.compiled.prefixes.get(&net) != value.as_ref() {
+            prefixes.push((net, value));
+        }
+    }
+    let mut groups = now.groups.clone();
+    groups.settle();
+    Ok(Some(Plan {
+        rules,
+        writes,
+        taken,
+        freed: gone,
+        compiled: Compiled::default(),
+        delta: Some(Delta { keys: edits.keys().copied().collect(), prefixes }),
+        groups,
+        next_id,
+    }))
+}
+
+/// The tries' value at `net` under `rules`, as [`compile`] and
+/// [`Protect::apply`] make it, for a prefix with no class rule at or
+/// under it: the most specific ban over it, or its class-less rule;
+/// protected, allow.
+fn value_at(rules: &Rules, net: IpNet, protect: &Protect) -> Result<Option<Rule>> {
+    let at = |net: IpNet, ban: bool| rules.get(&RuleKey { net, class: Class::default(), ban });
+    let kernel = |i: &Installed| -> Result<Rule> { Ok(i.spec.kernel(i.id)?.with_counter_slot(i.slot)) };
+    let own = at(net, false);
+    let value = if own.is_some() || at(net, true).is_some() {
+        let mut ban = None;
+        for len in (0..=net.prefix_len()).rev() {
+            let over = IpNet::new(net.addr(), len).map_err(|e| Error::Invalid(e.to_string()))?.trunc();
+            if let Some(b) = at(over, true) {
+                ban = Some(b);
+                break;
+            }
+        }
+        match ban.or(own) {
+            Some(i) => Some(kernel(i)?),
+            None => None,
+        }
+    } else {
+        None
+    };
+    Ok(match value {
+        Some(r) if (r.action != Action::Allow as u32 || r.classes != 0) && protect.holding(&net).is_some() => {
+            Some(crate::protect::protected_rule())
+        }
+        None if protect.nets().contains(&net) => Some(crate::protect::protected_rule()),
+        v => v,
+    })
 }
 
 /// The rule limit's error: `what` says by how much.

@@ -17,7 +17,7 @@ use ipnet::IpNet;
 use policer_common::{NewSources, Rule, rate::Rate};
 
 use super::{
-    Daemon, Installed, monotonic_ns,
+    Daemon, monotonic_ns,
     plan::{Held, Plan},
 };
 use crate::{
@@ -82,11 +82,21 @@ impl Slots {
 /// groups, what the rule maps hold, and the default-rules fast path.
 /// Changed only through its methods.
 pub(super) struct RuleSet {
-    /// Shared with the views' snapshot (published without a copy); a
-    /// change plans a new map and takes it whole.
-    rules: std::sync::Arc<BTreeMap<RuleKey, Installed>>,
+    /// Shared with the views' snapshot (a persistent map: published
+    /// without a copy); a change plans a new map and takes it whole.
+    rules: super::Rules,
     /// The rules the config file holds (as last read or written).
     file_rules: BTreeMap<RuleKey, RuleSpec>,
+    /// How many class rules each prefix has (`plan_edits` plans around
+    /// them).
+    class_nets: BTreeMap<IpNet, u32>,
+    /// Kept as the rules change, so that no change or view walks them all:
+    /// the file's rules not in force (removed with `--runtime`), the
+    /// manual bans' counter slots (sorted), and the rules that end, by
+    /// when.
+    removed_at_runtime: BTreeMap<RuleKey, RuleSpec>,
+    ban_slots: std::sync::Arc<Vec<u32>>,
+    expiring: std::collections::BTreeSet<(u64, RuleKey)>,
     slots: Slots,
     /// The group ids of prefixes with classes.
     groups: Groups,
@@ -111,6 +121,10 @@ impl RuleSet {
         RuleSet {
             rules: Default::default(),
             file_rules: BTreeMap::new(),
+            class_nets: BTreeMap::new(),
+            removed_at_runtime: BTreeMap::new(),
+            ban_slots: Default::default(),
+            expiring: Default::default(),
             slots,
             groups,
             compiled,
@@ -134,6 +148,80 @@ impl RuleSet {
             &self.groups,
             self.next_id,
         )
+    }
+
+    /// Plans `edits` (`Some` sets the rule, `None` removes it; a key may
+    /// come more than once, the last counts) made to the rules in force:
+    /// at a cost that grows with the edits ([`super::plan::plan_edits`])
+    /// where it can, else by the whole plan of the rules with the edits.
+    pub fn plan_edits(&self, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<Plan> {
+        let last: BTreeMap<RuleKey, Option<RuleSpec>> = edits.iter().cloned().collect();
+        let now = super::plan::InForce {
+            rules: &self.rules,
+            compiled: &self.compiled,
+            class_nets: &self.class_nets,
+            groups: &self.groups,
+            protect: &self.protect,
+            capacity: self.slots.capacity(),
+            next_id: self.next_id,
+        };
+        let planned = super::plan::plan_edits(&now, &last, self.slots.free_slots());
+        #[cfg(test)]
+        self.check_plan_edits(edits, &planned);
+        match planned? {
+            Some(plan) => Ok(plan),
+            None => {
+                let mut want = self.specs();
+                edit_rules(&mut want, edits);
+                self.plan(&want)
+            }
+        }
+    }
+
+    /// Tests: a plan of edits is the whole plan of the rules with the edits
+    /// made — the same rules, ids, slots, writes and groups, and the rule
+    /// maps in force with its delta made are the whole plan's (or both
+    /// fail alike).
+    #[cfg(test)]
+    fn check_plan_edits(&self, edits: &[(RuleKey, Option<RuleSpec>)], planned: &Result<Option<Plan>>) {
+        let mut want = self.specs();
+        edit_rules(&mut want, edits);
+        let whole = self.plan(&want);
+        let plan = match (planned, whole) {
+            (Ok(None), _) => return,
+            (Err(a), Err(b)) => {
+                assert_eq!(a.to_string(), b.to_string(), "a plan of edits fails as the whole plan does");
+                return;
+            }
+            (Ok(Some(p)), Ok(w)) => {
+                PLANNED_EDITS.with(|n| n.set(n.get() + 1));
+                let rows = |r: &super::Rules| -> Vec<(RuleKey, RuleSpec, u32, u32)> {
+                    r.iter().map(|(k, i)| (*k, i.spec.clone(), i.id, i.slot)).collect()
+                };
+                assert_eq!(rows(&p.rules), rows(&w.rules), "the rules");
+                assert_eq!((&p.writes, &p.taken, &p.freed, p.next_id), (&w.writes, &w.taken, &w.freed, w.next_id));
+                assert_eq!(p.groups, w.groups, "the class groups");
+                (p, w)
+            }
+            (a, b) => panic!("a plan of edits {:?} where the whole plan {:?}", a.as_ref().map(|_| ()), b.map(|_| ())),
+        };
+        let (p, w) = plan;
+        assert!(p.delta.is_some(), "a plan of edits has a delta");
+        assert_eq!(p.compiled_after(&self.compiled), w.compiled, "the rule maps after the delta");
+    }
+
+    /// Tests: what is kept as the rules change is what a walk of them all
+    /// finds.
+    #[cfg(test)]
+    fn check_kept(&self) {
+        let expiring: std::collections::BTreeSet<(u64, RuleKey)> =
+            self.rules.iter().filter_map(|(k, i)| i.spec.expires.map(|e| (e, *k))).collect();
+        assert_eq!(self.expiring, expiring, "the rules that end");
+        assert_eq!(self.ban_slots, super::bans::manual_ban_slots(self.rules.iter(), |i| i.slot), "the ban slots");
+        assert_eq!(self.removed_at_runtime, removed_at_runtime(&self.file_rules, &self.rules), "removed at runtime");
+        for (k, i) in &self.rules {
+            assert_eq!(i.persisted, self.file_rules.get(k) == Some(&i.spec), "{k} persisted");
+        }
     }
 
     /// How many counter slots are free (a dry run's check for a new set).
@@ -174,20 +262,63 @@ impl RuleSet {
             self.slots.free(*s);
         }
         let mut rules = plan.rules;
-        mark_persisted(&mut rules, &self.file_rules);
-        self.rules = std::sync::Arc::new(rules);
+        match plan.delta {
+            Some(delta) => {
+                // Only the edited rules are new: the rest keep what they had.
+                for k in &delta.keys {
+                    if let Some(i) = rules.get_mut(k) {
+                        i.persisted = self.file_rules.get(k) == Some(&i.spec);
+                    }
+                    let (old, new) = (self.rules.get(k), rules.get(k));
+                    if let Some(e) = old.and_then(|i| i.spec.expires) {
+                        self.expiring.remove(&(e, *k));
+                    }
+                    if let Some(e) = new.and_then(|i| i.spec.expires) {
+                        self.expiring.insert((e, *k));
+                    }
+                    if k.ban && old.map(|i| i.slot) != new.map(|i| i.slot) {
+                        let slots = std::sync::Arc::make_mut(&mut self.ban_slots);
+                        if let Some(at) = old.and_then(|i| slots.binary_search(&i.slot).ok()) {
+                            slots.remove(at);
+                        }
+                        if let Some(i) = new {
+                            let at = slots.binary_search(&i.slot).unwrap_or_else(|at| at);
+                            slots.insert(at, i.slot);
+                        }
+                    }
+                    runtime_removal(&mut self.removed_at_runtime, &self.file_rules, &rules, k);
+                }
+                for (net, v) in delta.prefixes {
+                    match v {
+                        Some(r) => self.compiled.prefixes.insert(net, r),
+                        None => self.compiled.prefixes.remove(&net),
+                    };
+                }
+            }
+            None => {
+                mark_persisted(&mut rules, &self.file_rules);
+                self.compiled = plan.compiled;
+                self.class_nets = BTreeMap::new();
+                for k in rules.keys().filter(|k| !k.class.is_none()) {
+                    *self.class_nets.entry(k.net).or_default() += 1;
+                }
+                self.expiring = rules.iter().filter_map(|(k, i)| i.spec.expires.map(|e| (e, *k))).collect();
+                self.ban_slots = super::bans::manual_ban_slots(rules.iter(), |i| i.slot);
+                self.removed_at_runtime = removed_at_runtime(&self.file_rules, &rules);
+            }
+        }
+        self.rules = rules;
         self.groups = plan.groups;
-        self.compiled = plan.compiled;
         self.next_id = plan.next_id;
     }
 
     /// The rules in force, to share with the views.
-    pub fn shared_rules(&self) -> std::sync::Arc<BTreeMap<RuleKey, Installed>> {
+    pub fn shared_rules(&self) -> super::Rules {
         self.rules.clone()
     }
 
     /// The rules in force.
-    pub fn rules(&self) -> &BTreeMap<RuleKey, Installed> {
+    pub fn rules(&self) -> &super::Rules {
         &self.rules
     }
 
@@ -205,23 +336,38 @@ impl RuleSet {
     pub fn set_file_rules(&mut self, rules: BTreeMap<RuleKey, RuleSpec>) {
         self.file_rules = rules;
         self.mark_persisted();
+        self.removed_at_runtime = removed_at_runtime(&self.file_rules, &self.rules);
+    }
+
+    /// The file's rules not in force (removed with `--runtime`).
+    pub fn removed_at_runtime(&self) -> impl Iterator<Item = &RuleSpec> {
+        self.removed_at_runtime.values()
+    }
+
+    /// The manual bans' counter slots, sorted.
+    pub fn ban_slots(&self) -> std::sync::Arc<Vec<u32>> {
+        self.ban_slots.clone()
+    }
+
+    /// The rules and bans whose end has come by `now_ms`.
+    pub fn ended(&self, now_ms: u64) -> Vec<RuleKey> {
+        self.expiring.iter().take_while(|(e, _)| *e <= now_ms).map(|(_, k)| *k).collect()
     }
 
     /// The config file now holds its rules with `edits` made.
     pub fn edit_file_rules(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) {
         edit_rules(&mut self.file_rules, edits);
-        // Not yet shared when a change just planned it (no copy then).
-        let rules = std::sync::Arc::make_mut(&mut self.rules);
         for (k, _) in edits {
-            if let Some(i) = rules.get_mut(k) {
+            if let Some(i) = self.rules.get_mut(k) {
                 i.persisted = self.file_rules.get(k) == Some(&i.spec);
             }
+            runtime_removal(&mut self.removed_at_runtime, &self.file_rules, &self.rules, k);
         }
     }
 
     /// A rule is persisted when the config file holds it as it is in force.
     fn mark_persisted(&mut self) {
-        mark_persisted(std::sync::Arc::make_mut(&mut self.rules), &self.file_rules);
+        mark_persisted(&mut self.rules, &self.file_rules);
     }
 
     /// What the rule maps hold for the rules.
@@ -282,6 +428,12 @@ impl RuleSet {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Plans of edits checked against the whole plan (tests).
+    pub(super) static PLANNED_EDITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Changes handled together whose file writes are one write (group
 /// commit): what arrives while a write is in flight waits for the next
 /// one write, not one each.
@@ -297,11 +449,33 @@ pub(super) struct Group {
     checked: bool,
 }
 
+/// The file's rules not in force.
+fn removed_at_runtime(file: &BTreeMap<RuleKey, RuleSpec>, rules: &super::Rules) -> BTreeMap<RuleKey, RuleSpec> {
+    file.iter().filter(|(k, _)| !rules.contains_key(*k)).map(|(k, s)| (*k, s.clone())).collect()
+}
+
+/// Keeps `removed` the file's rules not in force, for the key `k`.
+fn runtime_removal(
+    removed: &mut BTreeMap<RuleKey, RuleSpec>,
+    file: &BTreeMap<RuleKey, RuleSpec>,
+    rules: &super::Rules,
+    k: &RuleKey,
+) {
+    match file.get(k) {
+        Some(s) if !rules.contains_key(k) => removed.insert(*k, s.clone()),
+        _ => removed.remove(k),
+    };
+}
+
 /// Marks the rules the config file holds as they are in force.
-fn mark_persisted(rules: &mut BTreeMap<RuleKey, Installed>, file: &BTreeMap<RuleKey, RuleSpec>) {
-    for (net, i) in rules.iter_mut() {
-        i.persisted = file.get(net) == Some(&i.spec);
-    }
+fn mark_persisted(rules: &mut super::Rules, file: &BTreeMap<RuleKey, RuleSpec>) {
+    *rules = std::mem::take(rules)
+        .into_iter()
+        .map(|(k, mut i)| {
+            i.persisted = file.get(&k) == Some(&i.spec);
+            (k, i)
+        })
+        .collect();
 }
 
 use crate::rules::edit_rules;
@@ -351,11 +525,14 @@ impl Daemon {
     /// ones last, each one atomic for its prefix) and takes it as the rules
     /// in force; set entries under bans that came or went follow.
     pub(super) fn apply_plan(&mut self, plan: Plan) -> Result<()> {
-        if plan.compiled.prefixes.keys().any(|n| n.prefix_len() != 0) {
+        if plan.adds_longer_prefix() {
             self.fast_path_off()?;
         }
-        let bans = self.ban_values();
-        let r = self.write_plan(plan).and_then(|()| self.follow_bans(&bans));
+        // Set entries follow the bans: only when there are sets, and a ban
+        // may have changed.
+        let bans_may_change = plan.delta.as_ref().is_none_or(|d| d.keys.iter().any(|k| k.ban));
+        let bans = if self.sets.is_empty() || !bans_may_change { None } else { Some(self.ban_values()) };
+        let r = self.write_plan(plan).and_then(|()| bans.map_or(Ok(()), |b| self.follow_bans(&b)));
         // Whatever happened, the fast path follows the rules now in force.
         self.sync_fast_path()?;
         r
@@ -376,7 +553,10 @@ impl Daemon {
                     self.policer.set_total(w.slot, total(spec)?.as_ref())?;
                 }
             }
-            self.policer.sync_rules_from(self.rs.compiled(), &plan.compiled)
+            match &plan.delta {
+                Some(d) => self.policer.write_rule_prefixes(&d.prefixes),
+                None => self.policer.sync_rules_from(self.rs.compiled(), &plan.compiled),
+            }
         })();
         if let Err(e) = r {
             match self.policer.kernel_compiled() {
@@ -468,15 +648,15 @@ impl Daemon {
                 self.file.path().display()
             )));
         }
-        let mut want = self.rs.specs();
-        // What to put back if the change fails.
-        let undo: Vec<(RuleKey, Option<RuleSpec>)> = edits.iter().map(|(k, _)| (*k, want.get(k).cloned())).collect();
-        edit_rules(&mut want, edits);
-        self.refuse_set_prefixes(&want)?;
+        // What to put back if the change fails (last edit of a key first).
+        let undo: Vec<(RuleKey, Option<RuleSpec>)> =
+            edits.iter().rev().map(|(k, _)| (*k, self.rs.rules().get(k).map(|i| i.spec.clone()))).collect();
+        self.refuse_set_prefixes_of(edits.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| k))?;
         // Planned (and compiled) once, before anything is staged or
         // written: the rule limit, or classes that tie or crowd a frame,
-        // refuse the change here.
-        let plan = self.rs.plan(&want)?;
+        // refuse the change here. At a cost that grows with the edits, not
+        // the rules, where it can (`plan_edits`).
+        let plan = self.rs.plan_edits(edits)?;
         let staged = if runtime {
             None
         } else {
@@ -506,27 +686,39 @@ impl Daemon {
             })?;
             pending.map(|p| (p, file_edits))
         };
-        if let Some(d) = self.dry.as_mut() {
-            d.rules = Some((plan.rules, plan.compiled));
+        if self.dry.is_some() {
+            let compiled = plan.compiled_after(self.rs.compiled());
+            if let Some(d) = self.dry.as_mut() {
+                d.rules = Some((plan.rules, compiled));
+            }
             return Ok(());
         }
         if !runtime && self.group.is_some() {
-            return self.change_in_group(plan, want, edits, undo);
+            return self.change_in_group(plan, edits, undo);
         }
         if let Err(e) = self.apply_plan(plan) {
             // Back to what was in force (the write stops at the first
             // failure); the staged file is dropped, and so removed.
-            edit_rules(&mut want, &undo);
-            return Err(self.undo(&want, e));
+            return Err(self.undo_edits(&undo, e));
         }
         if let Some((pending, file_edits)) = staged {
             if let Err(e) = self.file.commit(pending) {
-                edit_rules(&mut want, &undo);
-                return Err(self.undo(&want, e));
+                return Err(self.undo_edits(&undo, e));
             }
             self.rs.edit_file_rules(&file_edits);
         }
         Ok(())
+    }
+
+    /// Puts the rules a change edited back (`undo`: each edited key as it
+    /// was) after `e`; the error to report.
+    fn undo_edits(&mut self, undo: &[(RuleKey, Option<RuleSpec>)], e: Error) -> Error {
+        match self.rs.plan_edits(undo).and_then(|p| self.apply_plan(p)) {
+            Ok(()) => e,
+            Err(u) => {
+                Error::Invalid(format!("{e}; and putting the rules back failed too: {u} (see `policer rule ls`)"))
+            }
+        }
     }
 
     /// A change of a group: in the kernel now, in the file with the rest
@@ -535,13 +727,11 @@ impl Daemon {
     fn change_in_group(
         &mut self,
         plan: Plan,
-        mut want: BTreeMap<RuleKey, RuleSpec>,
         edits: &[(RuleKey, Option<RuleSpec>)],
         undo: Vec<(RuleKey, Option<RuleSpec>)>,
     ) -> Result<()> {
         if let Err(e) = self.apply_plan(plan) {
-            edit_rules(&mut want, &undo);
-            return Err(self.undo(&want, e));
+            return Err(self.undo_edits(&undo, e));
         }
         let g = self.group.as_mut().expect("in a group");
         g.edits.extend(edits.iter().cloned());
@@ -625,22 +815,8 @@ impl Daemon {
                     self.file.path().display()
                 );
                 // Back to the rules before the group, last change first.
-                let mut want = self.rs.specs();
-                for undo in g.undo.iter().rev() {
-                    edit_rules(&mut want, undo);
-                }
-                Err(self.undo(&want, e))
-            }
-        }
-    }
-
-    /// Puts the rules in force back to `before` after `e`; the error to
-    /// report (saying so if putting them back failed too).
-    fn undo(&mut self, before: &BTreeMap<RuleKey, RuleSpec>, e: Error) -> Error {
-        match self.apply(before) {
-            Ok(()) => e,
-            Err(u) => {
-                Error::Invalid(format!("{e}; and putting the rules back failed too: {u} (see `policer rule ls`)"))
+                let undo: Vec<(RuleKey, Option<RuleSpec>)> = g.undo.into_iter().rev().flatten().collect();
+                Err(self.undo_edits(&undo, e))
             }
         }
     }
@@ -1097,6 +1273,83 @@ mod tests {
 
     fn map(specs: &[&RuleSpec]) -> BTreeMap<RuleKey, RuleSpec> {
         specs.iter().map(|s| (s.key(), (*s).clone())).collect()
+    }
+
+    /// Random changes of a rule set with rules of every length of both
+    /// families, bans over and under them, class rules and protected
+    /// prefixes: every change planned by its edits is checked against the
+    /// whole plan (`RuleSet::check_plan_edits`: the same rules, ids, slots,
+    /// writes, groups and rule maps), and most are planned so.
+    #[test]
+    fn plans_of_edits_are_the_whole_plans() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut rs = RuleSet::new(Slots::new(400), Groups::default(), Compiled::default(), 1);
+        rs.set_protect(crate::protect::Protect::parse(&["10.9.0.0/16".into(), "2001:db8:9::/48".into()]).unwrap());
+        let first = map(&[&spec("0.0.0.0/0", "1kpps"), &spec("::/0", "1kpps"), &spec("10.1.0.0/16", "5pps")]);
+        let plan = rs.plan(&first).unwrap();
+        rs.commit(plan);
+        let before = PLANNED_EDITS.with(|n| n.get());
+        let mut refused = 0;
+        for round in 0..1500 {
+            let mut edits = Vec::new();
+            for _ in 0..1 + rnd(3) {
+                // A prefix among few, so that changes meet: 10.x.y.z/len or 2001:db8:x::/len.
+                let (a, b) = (rnd(12), rnd(4));
+                let net = if rnd(4) == 0 {
+                    let len = [32, 48, 56, 64, 128][rnd(5) as usize];
+                    format!("2001:db8:{a:x}:{b:x}::/{len}")
+                } else {
+                    let len = [8, 16, 24, 28, 32][rnd(5) as usize];
+                    format!("10.{a}.{b}.{}/{len}", rnd(3) * 16)
+                };
+                let mut rc = crate::rules::RuleConfig { prefix: net, ..Default::default() };
+                match rnd(10) {
+                    0..=4 => rc.rate = Some(format!("{}pps", 1 + rnd(5))),
+                    5 => {
+                        rc.ban = Some(true);
+                        rc.ttl = Some("1h".into());
+                    }
+                    6 if round % 5 == 0 => {
+                        rc.rate = Some("3pps".into());
+                        rc.proto = Some(["udp", "tcp"][rnd(2) as usize].into());
+                    }
+                    7 => rc.action = Some(policer_common::bucket::Action::Allow),
+                    _ => {
+                        // A removal of whatever is there, rule or ban.
+                        let Ok(s) = crate::rules::RuleConfig { rate: Some("1pps".into()), ..rc.clone() }.validate()
+                        else {
+                            continue;
+                        };
+                        let key = if rnd(3) == 0 { RuleKey { ban: true, ..s.key() } } else { s.key() };
+                        edits.push((key, None));
+                        continue;
+                    }
+                }
+                let Ok(s) = rc.validate() else { continue };
+                edits.push((s.key(), Some(s)));
+            }
+            match rs.plan_edits(&edits) {
+                Ok(p) => {
+                    rs.commit(p);
+                    // Most changes are written to the file too; some are
+                    // `--runtime`.
+                    if rnd(4) != 0 {
+                        rs.edit_file_rules(&edits);
+                    }
+                }
+                Err(_) => refused += 1,
+            }
+            rs.check_kept();
+        }
+        let planned = PLANNED_EDITS.with(|n| n.get()) - before;
+        assert!(planned > 900, "{planned} of 1500 changes planned by their edits ({refused} refused)");
+        assert!(rs.rules().len() > 50, "{} rules at the end", rs.rules().len());
     }
 
     /// What `--runtime` changed is what differs from the file; laid over a

@@ -730,15 +730,25 @@ impl Daemon {
         out
     }
 
-    /// Refuses rules at a prefix a set holds (`rule set`, reload).
-    pub(super) fn refuse_set_prefixes(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
-        self.refuse_set_prefixes_but(want, &[])
+    /// Refuses rules at a prefix a set holds (a reload), but for the sets
+    /// named in `skip` (a reload's changed config sets, checked against
+    /// their new lists).
+    pub(super) fn refuse_set_prefixes_but(&self, want: &BTreeMap<RuleKey, RuleSpec>, skip: &[String]) -> Result<()> {
+        self.refuse_set_prefixes_in(want.keys(), skip)
     }
 
-    /// [`Daemon::refuse_set_prefixes`] but for the sets named in `skip`
-    /// (a reload's changed config sets, checked against their new lists).
-    pub(super) fn refuse_set_prefixes_but(&self, want: &BTreeMap<RuleKey, RuleSpec>, skip: &[String]) -> Result<()> {
-        for key in want.keys().filter(|k| !k.ban) {
+    /// Refuses rules at a prefix a set holds, for the rules of `keys` only
+    /// (a change's new and changed rules: the others were checked when
+    /// they came).
+    pub(super) fn refuse_set_prefixes_of<'a>(&self, keys: impl Iterator<Item = &'a RuleKey>) -> Result<()> {
+        if self.sets.is_empty() {
+            return Ok(());
+        }
+        self.refuse_set_prefixes_in(keys, &[])
+    }
+
+    fn refuse_set_prefixes_in<'a>(&self, keys: impl Iterator<Item = &'a RuleKey>, skip: &[String]) -> Result<()> {
+        for key in keys.filter(|k| !k.ban) {
             for (name, s) in self.sets.iter().filter(|(n, _)| !skip.contains(n)) {
                 if s.entries.binary_search(&key.net).is_ok() {
                     return Err(Error::Invalid(format!(

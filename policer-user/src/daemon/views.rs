@@ -47,15 +47,12 @@ pub struct IfaceRef {
     pub mode: &'static str,
 }
 
-/// A rule in force.
-pub type RuleRow = super::Installed;
-
 /// What the owner thread publishes after every change.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub ifaces: Vec<IfaceRef>,
     /// Shared with the owner's rule set: published without a copy.
-    pub rules: std::sync::Arc<BTreeMap<RuleKey, RuleRow>>,
+    pub rules: super::Rules,
     /// Rules the config file holds that are not in force (removed with
     /// `rule rm --runtime`).
     pub removed_at_runtime: Vec<RuleSpec>,
