@@ -63,6 +63,8 @@ pub struct Pending {
     staged: Option<write::Staged>,
     text: String,
     after: After,
+    /// The text's sha256, if worked out already.
+    sha: Option<String>,
 }
 
 /// What the file says after a staged change.
@@ -263,16 +265,16 @@ impl ConfigFile {
                 true => None,
                 false => Some(write::stage(&self.path, text.as_bytes())?),
             };
-            return Ok(Pending { staged, text, after });
+            return Ok(Pending { staged, text, after, sha: None });
         }
         let (text, config) = self.edited(change)?;
         let old = self.seen_text();
         // Nothing to say that the file (or its absence) does not say already.
         if old == Some(text.as_str()) || (old.is_none() && config == Config::default()) {
-            return Ok(Pending { staged: None, text, after: After::Whole(Box::new(config)) });
+            return Ok(Pending { staged: None, text, after: After::Whole(Box::new(config)), sha: None });
         }
         let staged = write::stage(&self.path, text.as_bytes())?;
-        Ok(Pending { staged: Some(staged), text, after: After::Whole(Box::new(config)) })
+        Ok(Pending { staged: Some(staged), text, after: After::Whole(Box::new(config)), sha: None })
     }
 
     /// [`stage`](Self::stage) for a change of a few rules: `edits` (each
@@ -288,11 +290,16 @@ impl ConfigFile {
         self.check_unchanged()?;
         match self.spliced(before, edits) {
             Some((text, ops)) => {
-                let staged = match self.seen_text() == Some(text.as_str()) {
-                    true => None,
-                    false => Some(write::stage(&self.path, text.as_bytes())?),
-                };
-                Ok(Pending { staged, text, after: After::Edits(ops) })
+                if self.seen_text() == Some(text.as_str()) {
+                    return Ok(Pending { staged: None, text, after: After::Edits(ops), sha: None });
+                }
+                // The new text's sha256 (`status`, the follower) is worked
+                // out on another CPU while the write waits for the disk.
+                let (staged, sha) = std::thread::scope(|s| {
+                    let sha = s.spawn(|| sha256_hex(text.as_bytes()));
+                    (write::stage(&self.path, text.as_bytes()), sha.join().ok())
+                });
+                Ok(Pending { staged: Some(staged?), text, after: After::Edits(ops), sha })
             }
             None => self.stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None }),
         }
@@ -386,7 +393,7 @@ impl ConfigFile {
 
     /// Puts a staged version in place.
     pub fn commit(&mut self, pending: Pending) -> Result<()> {
-        let Pending { staged, text, after } = pending;
+        let Pending { staged, text, after, sha } = pending;
         let Some(staged) = staged else {
             return Ok(());
         };
@@ -395,6 +402,9 @@ impl ConfigFile {
         self.check_unchanged()?;
         staged.commit()?;
         self.set_seen(Seen::Text(text));
+        if let Some(sha) = sha {
+            let _ = self.sha.set(sha);
+        }
         match after {
             After::Whole(config) => self.take_config(*config),
             After::Edits(ops) => {
