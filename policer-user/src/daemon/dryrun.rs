@@ -202,7 +202,7 @@ impl std::fmt::Debug for Preview {
 impl Preview {
     /// The view without the live sources (filled by [`judge_live`]).
     pub fn view(&self) -> DryRunView {
-        let specs = |w: &World| w.rules.iter().map(|(k, i)| (*k, i.spec.clone())).collect::<BTreeMap<_, _>>();
+        let specs = |w: &World| w.rules.iter().map(|(k, i)| (*k, (*i.spec).clone())).collect::<BTreeMap<_, _>>();
         let (rules_added, rules_changed, rules_removed) = diff(&specs(&self.before), &specs(&self.after));
         DryRunView {
             dry_run: true,

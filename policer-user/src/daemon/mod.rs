@@ -89,7 +89,9 @@ pub struct DaemonArgs {
 /// A rule as installed in the kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Installed {
-    pub spec: RuleSpec,
+    /// Shared with the config file's rules when the file holds it as it
+    /// is in force (one copy of a rule, not two).
+    pub spec: std::sync::Arc<RuleSpec>,
     /// Changes with every change of the rule (buckets rescale on it).
     pub id: u32,
     /// Counter slot; kept while the prefix has a rule.

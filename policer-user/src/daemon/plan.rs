@@ -184,11 +184,11 @@ pub(super) fn plan(
     for (key, spec) in want {
         let (inst, write) = match held.get(key) {
             Some(h) if h.same(spec)? => {
-                (Installed { spec: spec.clone(), id: h.id, slot: h.slot, persisted: false }, None)
+                (Installed { spec: std::sync::Arc::new(spec.clone()), id: h.id, slot: h.slot, persisted: false }, None)
             }
             Some(h) => {
                 let w = Write { key: *key, slot: h.slot, fresh: false, total: !h.same_total(spec) };
-                (Installed { spec: spec.clone(), id: new_id(), slot: h.slot, persisted: false }, Some(w))
+                (Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot: h.slot, persisted: false }, Some(w))
             }
             None => {
                 let slot = match free.next() {
@@ -199,7 +199,7 @@ pub(super) fn plan(
                     None => gone.pop().ok_or_else(|| limit(format!("this policer holds {capacity} rules")))?,
                 };
                 let w = Write { key: *key, slot, fresh: true, total: true };
-                (Installed { spec: spec.clone(), id: new_id(), slot, persisted: false }, Some(w))
+                (Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot, persisted: false }, Some(w))
             }
         };
         writes.extend(write);
@@ -298,10 +298,10 @@ pub(super) fn plan_edits(
             continue;
         };
         let inst = match now.rules.get(key) {
-            Some(h) if h.spec == *spec => continue,
+            Some(h) if *h.spec == *spec => continue,
             Some(h) => {
                 writes.push(Write { key: *key, slot: h.slot, fresh: false, total: h.spec.total != spec.total });
-                Installed { spec: spec.clone(), id: new_id(), slot: h.slot, persisted: false }
+                Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot: h.slot, persisted: false }
             }
             None => {
                 let slot = match free.next() {
@@ -312,7 +312,7 @@ pub(super) fn plan_edits(
                     None => gone.pop().ok_or_else(|| limit(format!("this policer holds {} rules", now.capacity)))?,
                 };
                 writes.push(Write { key: *key, slot, fresh: true, total: true });
-                Installed { spec: spec.clone(), id: new_id(), slot, persisted: false }
+                Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot, persisted: false }
             }
         };
         rules.insert(*key, inst);

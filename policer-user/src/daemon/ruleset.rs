@@ -196,7 +196,7 @@ impl RuleSet {
             (Ok(Some(p)), Ok(w)) => {
                 PLANNED_EDITS.with(|n| n.set(n.get() + 1));
                 let rows = |r: &super::Rules| -> Vec<(RuleKey, RuleSpec, u32, u32)> {
-                    r.iter().map(|(k, i)| (*k, i.spec.clone(), i.id, i.slot)).collect()
+                    r.iter().map(|(k, i)| (*k, (*i.spec).clone(), i.id, i.slot)).collect()
                 };
                 assert_eq!(rows(&p.rules), rows(&w.rules), "the rules");
                 assert_eq!((&p.writes, &p.taken, &p.freed, p.next_id), (&w.writes, &w.taken, &w.freed, w.next_id));
@@ -324,7 +324,7 @@ impl RuleSet {
 
     /// The rules in force, as specs.
     pub fn specs(&self) -> BTreeMap<RuleKey, RuleSpec> {
-        self.rules.iter().map(|(n, i)| (*n, i.spec.clone())).collect()
+        self.rules.iter().map(|(n, i)| (*n, (*i.spec).clone())).collect()
     }
 
     /// The rules the config file holds.
@@ -650,7 +650,7 @@ impl Daemon {
         }
         // What to put back if the change fails (last edit of a key first).
         let undo: Vec<(RuleKey, Option<RuleSpec>)> =
-            edits.iter().rev().map(|(k, _)| (*k, self.rs.rules().get(k).map(|i| i.spec.clone()))).collect();
+            edits.iter().rev().map(|(k, _)| (*k, self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
         self.refuse_set_prefixes_of(edits.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| k))?;
         // Planned (and compiled) once, before anything is staged or
         // written: the rule limit, or classes that tie or crowd a frame,
@@ -1212,7 +1212,7 @@ pub fn install_offline(
         p.set_total(w.slot, total_at(spec, now_ns)?.as_ref())?;
     }
     p.sync_rules_from(&Compiled::default(), &plan.compiled)?;
-    let rules = plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: i.spec.clone(), slot: i.slot }).collect();
+    let rules = plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: (*i.spec).clone(), slot: i.slot }).collect();
     rs.commit(plan);
     rs.set_entries_protect(protect.clone());
     let sets = super::sets::install_offline(p, &mut rs, config, declared, now_ns)?;

@@ -857,7 +857,7 @@ impl Views {
             .iter()
             .filter(|(k, r)| !k.ban && k.net.contains(&addr) && r.spec.action.polices())
             .map(|(k, r)| {
-                (k.to_string(), k.class.to_string(), &r.spec, r.slot, (k.net.prefix_len(), 0, std::cmp::Reverse("")))
+                (k.to_string(), k.class.to_string(), &*r.spec, r.slot, (k.net.prefix_len(), 0, std::cmp::Reverse("")))
             })
             .collect();
         for s in &snap.sets {
