@@ -93,6 +93,63 @@ pub struct ConfigFile {
     /// The sha256 of `seen`, once asked for (every snapshot of the daemon
     /// asks: hashing 6 MB each time would cost more than a change).
     sha: std::sync::OnceLock<String>,
+    /// The file on disk as last found to hold `seen`, when that alone
+    /// tells an edit since ([`Stamp`]): the hand-edit check then needs no
+    /// read of the whole file.
+    stamp: std::cell::Cell<Option<Stamp>>,
+}
+
+/// What `stat` says of a file: an edit since changes some of it, as long
+/// as its timestamps had moved on from the last change when it was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// How far a file system's timestamps may lag the clock: they are taken
+/// from a clock read once per scheduler tick (every 10 ms at the lowest
+/// tick rate), so two changes within one tick may share a timestamp.
+const STAMP_GRAIN: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl Stamp {
+    /// The file's stamp now (`None`: no file, or not a regular file).
+    fn of(path: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+        Some(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// Whether an edit made after `taken` (when the stamp was taken) would
+    /// change the stamp: the file's last change is a tick older than that,
+    /// and its file system keeps timestamps to the tick (not FAT's two
+    /// seconds, nor a server's clock).
+    fn tells_edits_after(&self, taken: std::time::SystemTime, path: &Path) -> bool {
+        let ctime = std::time::UNIX_EPOCH + std::time::Duration::new(self.ctime.0.max(0) as u64, self.ctime.1 as u32);
+        taken.duration_since(ctime).is_ok_and(|d| d >= STAMP_GRAIN) && local_timestamps(path)
+    }
+}
+
+/// Whether the file system of `path` stamps changes with this machine's
+/// clock to the scheduler tick: ext4, XFS, Btrfs, tmpfs and overlayfs over
+/// them (a container's root).
+fn local_timestamps(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    const KNOWN: [i64; 5] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994, 0x794C_7630];
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: statfs writes into the zeroed struct it is given; the path is
+    // a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0) && KNOWN.contains(&(st.f_type as i64))
 }
 
 impl ConfigFile {
@@ -107,6 +164,7 @@ impl ConfigFile {
             seen: Seen::Missing,
             layout: None,
             sha: std::sync::OnceLock::new(),
+            stamp: std::cell::Cell::new(None),
         };
         file.accept(snap);
         Ok((file, rules))
@@ -155,6 +213,7 @@ impl ConfigFile {
     fn set_seen(&mut self, seen: Seen) {
         self.seen = seen;
         self.sha = std::sync::OnceLock::new();
+        self.stamp.set(None);
     }
 
     /// The sha256 (hex) of the file on disk now; `None`: there is none.
@@ -438,12 +497,34 @@ impl ConfigFile {
         }
     }
 
+    /// Tests: whether the next hand-edit check goes by the stamp alone.
+    #[cfg(test)]
+    pub(super) fn stamped(&self) -> bool {
+        self.stamp.get().is_some()
+    }
+
+    /// Whether the file on disk holds what the daemon last read or wrote:
+    /// its stamp as when it last did (and that stamp would have shown an
+    /// edit since), or else its bytes, read and compared (then its stamp
+    /// is kept for the next check).
     fn unchanged(&self) -> Result<bool> {
+        let known = self.stamp.get();
+        let taken = std::time::SystemTime::now();
+        let stamp = Stamp::of(&self.path);
+        if known.is_some() && stamp == known {
+            return Ok(true);
+        }
         let now = self.current()?;
-        Ok(match &self.seen {
+        let same = match &self.seen {
             Seen::Missing => now.is_none(),
             Seen::Text(t) => now.as_deref() == Some(t.as_bytes()),
-        })
+        };
+        // Taken before the read: an edit after it changes the stamp (or
+        // the bytes just read).
+        if same && let Some(s) = stamp.filter(|s| s.tells_edits_after(taken, &self.path)) {
+            self.stamp.set(Some(s));
+        }
+        Ok(same)
     }
 
     fn check_unchanged(&self) -> Result<()> {

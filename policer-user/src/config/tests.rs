@@ -1196,3 +1196,45 @@ fn interfaces_go_into_a_new_daemon_table_after_the_last_one() {
     assert_eq!(super::SPLICED.with(|n| n.get()), spliced + 2);
     assert_eq!(ConfigFile::open(&p).unwrap().1, without(rules, "10.0.0.0/8"));
 }
+
+/// The hand-edit check trusts the file's stamp only once it was found to
+/// hold what the daemon last read or wrote, with its timestamps a tick old
+/// by then; any edit after that is seen, be it the same size, in place,
+/// right after a check, or only a rename over it.
+#[test]
+fn edits_are_seen_whatever_the_stamp_says() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    let text = "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"100pps\"\n";
+    std::fs::write(&p, text).unwrap();
+    let (f, _) = ConfigFile::open(&p).unwrap();
+    // A check right away (read), then one a tick later (read, stamp kept),
+    // then one by the stamp alone.
+    assert!(!f.changed_on_disk().unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(!f.changed_on_disk().unwrap());
+    assert!(f.stamped(), "the stamp is kept once it tells edits");
+    assert!(!f.changed_on_disk().unwrap());
+    // The same size, in place, at once.
+    let same_size = text.replace("100pps", "200pps");
+    assert_eq!(same_size.len(), text.len());
+    {
+        use std::io::Write;
+        let mut w = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        w.write_all(same_size.as_bytes()).unwrap();
+    }
+    assert!(f.changed_on_disk().unwrap(), "an edit in place of the same size");
+    // Put back as it was: the bytes are what counts.
+    std::fs::write(&p, text).unwrap();
+    assert!(!f.changed_on_disk().unwrap(), "the same bytes again");
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(!f.changed_on_disk().unwrap());
+    assert!(f.stamped());
+    // Another file renamed over it, same bytes but one.
+    let other = d.path().join("new.toml");
+    std::fs::write(&other, same_size.as_bytes()).unwrap();
+    std::fs::rename(&other, &p).unwrap();
+    assert!(f.changed_on_disk().unwrap(), "a rename over it");
+    std::fs::remove_file(&p).unwrap();
+    assert!(f.changed_on_disk().unwrap(), "removed");
+}

@@ -270,6 +270,10 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
     let pending = tick_pending.clone();
     let handle = thread::Builder::new().name("policer-owner".into()).spawn(move || {
         let mut next: Option<Job> = None;
+        // Memory a group of changes freed goes back to the system at the
+        // next tick (within 100 ms), not after each group: a burst of
+        // changes does not wait behind it.
+        let mut trim = false;
         loop {
             let Some(job) = next.take().or_else(|| rx.blocking_recv()) else { break };
             if !matches!(job.cmd, Command::Shutdown) && stop.load(Ordering::SeqCst) {
@@ -310,7 +314,7 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                     }
                     let _ = reply.send(outcome);
                 }
-                crate::config::ConfigFile::release_memory();
+                trim = true;
                 continue;
             }
             let Job { cmd, reply } = job;
@@ -322,11 +326,16 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
             // A dry run changes nothing: nothing to publish.
             let quiet = tick || matches!(cmd, Command::Preview(_));
             let outcome = daemon.handle(cmd);
-            // A tick that changed nothing publishes nothing (a snapshot
-            // copies every rule).
+            // A tick that changed nothing publishes nothing.
             if !quiet || daemon.take_changed() {
                 snapshot.send_replace(daemon.snapshot());
+                trim = true;
+            }
+            // A change on its own (a reload, an import) gives its memory
+            // back at once; a tick, what the groups since left.
+            if trim && (tick || !quiet) {
                 crate::config::ConfigFile::release_memory();
+                trim = false;
             }
             let _ = reply.send(outcome);
             if last {

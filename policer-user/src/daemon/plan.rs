@@ -188,7 +188,10 @@ pub(super) fn plan(
             }
             Some(h) => {
                 let w = Write { key: *key, slot: h.slot, fresh: false, total: !h.same_total(spec) };
-                (Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot: h.slot, persisted: false }, Some(w))
+                (
+                    Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot: h.slot, persisted: false },
+                    Some(w),
+                )
             }
             None => {
                 let slot = match free.next() {

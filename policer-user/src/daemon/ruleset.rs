@@ -1212,7 +1212,8 @@ pub fn install_offline(
         p.set_total(w.slot, total_at(spec, now_ns)?.as_ref())?;
     }
     p.sync_rules_from(&Compiled::default(), &plan.compiled)?;
-    let rules = plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: (*i.spec).clone(), slot: i.slot }).collect();
+    let rules =
+        plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: (*i.spec).clone(), slot: i.slot }).collect();
     rs.commit(plan);
     rs.set_entries_protect(protect.clone());
     let sets = super::sets::install_offline(p, &mut rs, config, declared, now_ns)?;
