@@ -726,6 +726,42 @@ impl Policer {
     }
 }
 
+/// The aggregate bucket of a slot without one (`--total-rate` not given).
+pub fn no_total() -> Total {
+    Total { tat: 0, limiter: Rule::packets(1, 1).expect("valid") }
+}
+
+/// Writes `entries` (index, value) into the array map `fd` ([`Policer::set_slots`]).
+fn write_array<V: aya::Pod>(fd: RawFd, name: &'static str, entries: &[(u32, V)]) -> Result<()> {
+    const CHUNK: usize = 8192;
+    for chunk in entries.chunks(CHUNK) {
+        let keys: Vec<u32> = chunk.iter().map(|e| e.0).collect();
+        let values: Vec<V> = chunk.iter().map(|e| e.1).collect();
+        // SAFETY: u32 and a Pod value are plain bytes; the slices cover
+        // exactly the vectors' elements.
+        let (k, v) = unsafe {
+            (
+                std::slice::from_raw_parts(keys.as_ptr().cast::<u8>(), std::mem::size_of_val(keys.as_slice())),
+                std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values.as_slice())),
+            )
+        };
+        match crate::batch::update(fd, k, v, chunk.len()) {
+            (n, None) if n == chunk.len() => {}
+            (0, Some(e)) if crate::trie::no_batch(&e) => {
+                for (i, value) in chunk {
+                    crate::batch::update_elem(fd, i, value).map_err(Error::kernel(name))?;
+                }
+            }
+            (_, e) => {
+                return Err(Error::kernel(name)(
+                    e.unwrap_or_else(|| io::Error::other("the kernel took part of a batch without an error")),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn map_fd(ebpf: &Ebpf, name: &'static str) -> Result<RawFd> {
     let m = ebpf.map(name).ok_or(Error::Missing(name))?;
     let data: &MapData = match m {
@@ -1125,6 +1161,22 @@ impl Policer {
         m.set(slot, ns, 0).map_err(Error::map(MAP_NEW_SOURCES))
     }
 
+    /// Writes rule slots' new-source limiters, automatic-ban parameters
+    /// and aggregate buckets (each `(slot, value)`), a batch call per map
+    /// and 8 192 slots where the kernel has batches for arrays, one call
+    /// per slot where not: a start with 100 000 rules makes a few calls,
+    /// not 300 000.
+    pub fn set_slots(
+        &mut self,
+        new_sources: &[(u32, NewSources)],
+        bans: &[(u32, policer_common::ban::BanParams)],
+        totals: &[(u32, Total)],
+    ) -> Result<()> {
+        write_array(self.map_fd(MAP_NEW_SOURCES)?, MAP_NEW_SOURCES, new_sources)?;
+        write_array(self.map_fd(policer_common::MAP_BAN_PARAMS)?, policer_common::MAP_BAN_PARAMS, bans)?;
+        write_array(self.map_fd(MAP_TOTALS)?, MAP_TOTALS, totals)
+    }
+
     /// Zeroes a rule slot before it is given to a new prefix.
     pub fn reset_rule_counters(&mut self, slot: u32) -> Result<()> {
         let cpus = crate::batch::possible_cpus()?;
@@ -1227,8 +1279,7 @@ impl Policer {
         let mut m: Array<&mut MapData, Total> =
             Array::try_from(self.ebpf.map_mut(MAP_TOTALS).ok_or(Error::Missing(MAP_TOTALS))?)
                 .map_err(Error::map(MAP_TOTALS))?;
-        let zero = Total { tat: 0, limiter: Rule::packets(1, 1).expect("valid") };
-        m.set(slot, t.unwrap_or(&zero), 0).map_err(Error::map(MAP_TOTALS))
+        m.set(slot, t.unwrap_or(&no_total()), 0).map_err(Error::map(MAP_TOTALS))
     }
 
     /// The aggregate bucket of a rule's counter slot.

@@ -206,12 +206,17 @@ impl Daemon {
     /// command line, the file keeps what it says, and `rule ls` shows the
     /// difference.
     pub(super) fn write_start_config(&mut self, names: &[String], rules_changed: bool) {
-        let rules = self.rs.specs();
         // Rules the file already holds (no `--rate`) are not written
         // again: only the interfaces then (the [daemon] table alone,
-        // `config/splice.rs`).
-        let changed = rules_changed.then_some(&rules);
-        if let Err(e) = self.file.update(crate::config::Change { rules: changed, interfaces: Some(names) }) {
+        // `config/splice.rs`); the file's rules stay what they are.
+        if !rules_changed {
+            if let Err(e) = self.file.update(crate::config::Change { rules: None, interfaces: Some(names) }) {
+                println!("policer: warning: {e}");
+            }
+            return;
+        }
+        let rules = self.rs.specs();
+        if let Err(e) = self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names) }) {
             println!("policer: warning: {e}");
             self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());
         } else {

@@ -469,13 +469,15 @@ fn runtime_removal(
 
 /// Marks the rules the config file holds as they are in force.
 fn mark_persisted(rules: &mut super::Rules, file: &BTreeMap<RuleKey, RuleSpec>) {
-    *rules = std::mem::take(rules)
-        .into_iter()
-        .map(|(k, mut i)| {
-            i.persisted = file.get(&k) == Some(&i.spec);
-            (k, i)
-        })
-        .collect();
+    // In place (nodes no one else holds are not copied), and only where
+    // the mark changes.
+    let flip: Vec<RuleKey> =
+        rules.iter().filter(|(k, i)| i.persisted != (file.get(*k) == Some(&*i.spec))).map(|(k, _)| *k).collect();
+    for k in flip {
+        if let Some(i) = rules.get_mut(&k) {
+            i.persisted = !i.persisted;
+        }
+    }
 }
 
 use crate::rules::edit_rules;
@@ -543,16 +545,11 @@ impl Daemon {
     /// back, so that putting the rules back diffs against what they hold.
     fn write_plan(&mut self, plan: Plan) -> Result<()> {
         let r = (|| -> Result<()> {
-            for w in &plan.writes {
-                let spec = &plan.rules[&w.key].spec;
-                if w.fresh {
-                    self.policer.reset_rule_counters(w.slot)?;
-                }
-                prepare(&mut self.policer, spec, w.slot)?;
-                if w.total {
-                    self.policer.set_total(w.slot, total(spec)?.as_ref())?;
-                }
+            for w in plan.writes.iter().filter(|w| w.fresh) {
+                self.policer.reset_rule_counters(w.slot)?;
             }
+            let slots = plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, w.total));
+            prepare_slots(&mut self.policer, slots, monotonic_ns())?;
             match &plan.delta {
                 Some(d) => self.policer.write_rule_prefixes(&d.prefixes),
                 None => self.policer.sync_rules_from(self.rs.compiled(), &plan.compiled),
@@ -1206,11 +1203,7 @@ pub fn install_offline(
     let mut rs = RuleSet::new(Slots::new(p.max_rules()?), Groups::default(), Compiled::default(), 1);
     rs.set_protect(protect.clone());
     let plan = rs.plan(specs)?;
-    for w in &plan.writes {
-        let spec = &plan.rules[&w.key].spec;
-        prepare_at(p, spec, w.slot, now_ns)?;
-        p.set_total(w.slot, total_at(spec, now_ns)?.as_ref())?;
-    }
+    prepare_slots(p, plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, true)), now_ns)?;
     p.sync_rules_from(&Compiled::default(), &plan.compiled)?;
     let rules =
         plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: (*i.spec).clone(), slot: i.slot }).collect();
@@ -1225,12 +1218,8 @@ pub fn install_offline(
     Ok(Offline { rules, sets })
 }
 
-/// The aggregate bucket of a rule (`--total-rate`), starting full.
-pub(super) fn total(spec: &RuleSpec) -> Result<Option<policer_common::class::Total>> {
-    total_at(spec, monotonic_ns())
-}
-
-/// [`total`] on the program's clock at `now_ns` (a replay's is the capture's).
+/// The aggregate bucket of a rule (`--total-rate`), starting full, on the
+/// program's clock at `now_ns` (a replay's is the capture's).
 fn total_at(spec: &RuleSpec, now_ns: u64) -> Result<Option<policer_common::class::Total>> {
     Ok(spec.total_limiter()?.map(|limiter| policer_common::class::Total { tat: limiter.empty_tat(now_ns), limiter }))
 }
@@ -1242,18 +1231,43 @@ pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, slot: u32) -> Result<()>
 
 /// [`prepare`] on the program's clock at `now_ns`.
 pub(super) fn prepare_at(p: &mut Policer, spec: &RuleSpec, slot: u32, now_ns: u64) -> Result<()> {
+    let ns = new_sources(spec, p.max_sources()?, now_ns);
+    p.set_new_sources(slot, &ns)?;
+    p.set_ban_params(slot, spec.ban_params().as_ref())
+}
+
+/// The new-source limiter of a rule, for a table of `max_sources`.
+fn new_sources(spec: &RuleSpec, max_sources: u32, now_ns: u64) -> NewSources {
     // Rate and burst in the same unit: packets, or bytes in byte mode.
     let rate = match (spec.action.polices(), spec.rate) {
         (true, Some(Rate::Pps(r))) => Some(r),
         (true, Some(Rate::Bps(b))) => Some(b / 8),
         _ => None,
     };
-    let ns = match rate {
-        Some(r) => NewSources::for_rule(r, spec.burst, p.max_sources()?, now_ns),
+    match rate {
+        Some(r) => NewSources::for_rule(r, spec.burst, max_sources, now_ns),
         None => NewSources::default(),
-    };
-    p.set_new_sources(slot, &ns)?;
-    p.set_ban_params(slot, spec.ban_params().as_ref())
+    }
+}
+
+/// [`prepare_at`] of many slots at once (a start, a reload: a few batch
+/// calls, not three system calls a rule), and with `total` each slot's
+/// aggregate bucket, starting full (none: cleared).
+pub(super) fn prepare_slots<'a>(
+    p: &mut Policer,
+    slots: impl IntoIterator<Item = (u32, &'a RuleSpec, bool)>,
+    now_ns: u64,
+) -> Result<()> {
+    let max_sources = p.max_sources()?;
+    let (mut limiters, mut bans, mut totals) = (Vec::new(), Vec::new(), Vec::new());
+    for (slot, spec, total) in slots {
+        limiters.push((slot, new_sources(spec, max_sources, now_ns)));
+        bans.push((slot, spec.ban_params().unwrap_or_default()));
+        if total {
+            totals.push((slot, total_at(spec, now_ns)?.unwrap_or_else(crate::loader::no_total)));
+        }
+    }
+    p.set_slots(&limiters, &bans, &totals)
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ use super::{
     Daemon, DaemonArgs, Iface,
     adopt::{Existing, Layout, PrivateBpffs, attach_fresh, find, inspect},
     plan::{Form, Held, Plan},
-    ruleset::{RuleSet, Slots, prepare},
+    ruleset::{RuleSet, Slots},
 };
 use crate::{
     config::ConfigFile,
@@ -363,11 +363,12 @@ impl Daemon {
                 }
             }
             undo.new_sources(w.slot)?;
-            let spec = &plan.rules[&w.key].spec;
-            prepare(p, spec, w.slot)?;
             undo.total(w.slot)?;
-            p.set_total(w.slot, super::ruleset::total(spec)?.as_ref())?;
         }
+        // Every slot's limiter, ban parameters and aggregate bucket, in a
+        // few batch calls (what they held is in `undo`).
+        let slots = plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, true));
+        super::ruleset::prepare_slots(p, slots, super::monotonic_ns())?;
         undo.rules(have, &plan.compiled)?;
         p.sync_rules_from(have, &plan.compiled)?;
         self.rs.commit(plan);
