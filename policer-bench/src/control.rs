@@ -487,7 +487,15 @@ fn replay_rows(reps: usize) -> Result<Vec<Measure>> {
         rss.push(ru.ru_maxrss as f64 / 1024.0);
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let floor: Vec<f64> = (0..reps).map(|_| test_run_floor(&frame)).collect::<Result<_>>()?;
     Ok(vec![
+        m(
+            "replay_floor_fps",
+            "BPF_PROG_TEST_RUN, one call a frame as `policer replay` makes them, of the xdp_pass floor",
+            "calls/s",
+            &floor,
+            "the most frames a second one thread can replay here, whatever the program",
+        ),
         m(
             "replay_fps",
             "`policer replay`, 1 000 000 frames, a new timestamp each",
@@ -497,6 +505,35 @@ fn replay_rows(reps: usize) -> Result<Vec<Measure>> {
         ),
         m("replay_rss", "peak RSS of the largest child so far (the replays among them)", "MiB", &rss, ""),
     ])
+}
+
+/// Calls per second of BPF_PROG_TEST_RUN on the xdp_pass floor with
+/// `frame` behind 16 bytes of metadata, an `xdp_md` and the frame copied
+/// back, one call after another on one thread: what each of `policer
+/// replay`'s frames costs before the policer's program runs at all.
+fn test_run_floor(frame: &[u8]) -> Result<f64> {
+    use aya::programs::{TestRun, TestRunOptions, Xdp};
+    const CALLS: u32 = 200_000;
+    let mut e = crate::kernel::reference("xdp_pass", 0, 1, 0)?;
+    let x: &mut Xdp = e.program_mut("xdp_pass").context("xdp_pass")?.try_into()?;
+    let mut data = vec![0u8; 16];
+    data.extend_from_slice(frame);
+    let mut out = vec![0u8; data.len()];
+    // struct xdp_md: data, data_end (offsets into data_in), then zeros.
+    let mut ctx = [0u8; 24];
+    ctx[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    ctx[4..8].copy_from_slice(&(data.len() as u32).to_ne_bytes());
+    let t = Instant::now();
+    for _ in 0..CALLS {
+        x.test_run(TestRunOptions {
+            data_in: Some(&data),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..Default::default()
+        })
+        .context("test run")?;
+    }
+    Ok(f64::from(CALLS) / t.elapsed().as_secs_f64())
 }
 
 /// A fresh directory under the temporary directory.

@@ -368,7 +368,7 @@ fn raw_policer(object: &[u8], sources: u32, table: u32, rule: &Rule) -> Result<E
     Ok(ebpf)
 }
 
-fn reference(name: &'static str, sources: u32, table: u32, steps: u32) -> Result<Ebpf> {
+pub(crate) fn reference(name: &'static str, sources: u32, table: u32, steps: u32) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     loader.map_max_entries("REF_TABLE", table.max(1)).override_global("REF_SOURCES", &sources, true).override_global(
         "REF_STEPS",
