@@ -643,6 +643,34 @@ impl RuleConfig {
 /// Makes `edits` in `rules` (each key once: `Some` sets the rule, `None`
 /// removes it): one change of a rule set, as the owner and the config
 /// file's writer both take it.
+/// Rules by key, as a config file holds them: looked up one by one (a
+/// change's few), or copied whole (a whole-document edit). The daemon's
+/// keeps its specs shared with the rules in force.
+pub trait SpecMap {
+    fn spec(&self, k: &RuleKey) -> Option<&RuleSpec>;
+    fn specs(&self) -> std::collections::BTreeMap<RuleKey, RuleSpec>;
+}
+
+impl SpecMap for std::collections::BTreeMap<RuleKey, RuleSpec> {
+    fn spec(&self, k: &RuleKey) -> Option<&RuleSpec> {
+        self.get(k)
+    }
+
+    fn specs(&self) -> std::collections::BTreeMap<RuleKey, RuleSpec> {
+        self.clone()
+    }
+}
+
+impl SpecMap for std::collections::BTreeMap<RuleKey, std::sync::Arc<RuleSpec>> {
+    fn spec(&self, k: &RuleKey) -> Option<&RuleSpec> {
+        self.get(k).map(|s| &**s)
+    }
+
+    fn specs(&self) -> std::collections::BTreeMap<RuleKey, RuleSpec> {
+        self.iter().map(|(k, s)| (*k, (**s).clone())).collect()
+    }
+}
+
 pub fn edit_rules(rules: &mut std::collections::BTreeMap<RuleKey, RuleSpec>, edits: &[(RuleKey, Option<RuleSpec>)]) {
     for (k, v) in edits {
         match v {

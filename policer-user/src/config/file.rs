@@ -27,7 +27,7 @@ use super::{
 use crate::{
     error::{Error, Result},
     files::{self, ReadError},
-    rules::{RuleKey, RuleSpec},
+    rules::{RuleKey, RuleSpec, SpecMap},
 };
 
 /// The file's content as the daemon last saw it.
@@ -373,11 +373,7 @@ impl ConfigFile {
     /// file holds. Only those rules' text is parsed and rewritten
     /// (`splice.rs`), so the cost does not grow with the file; a layout it
     /// does not handle is edited whole, as [`stage`](Self::stage) does.
-    pub fn stage_rules(
-        &mut self,
-        before: &BTreeMap<RuleKey, RuleSpec>,
-        edits: &[(RuleKey, Option<RuleSpec>)],
-    ) -> Result<Pending> {
+    pub fn stage_rules(&mut self, before: &dyn SpecMap, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<Pending> {
         self.check_unchanged()?;
         match self.spliced(before, edits) {
             Some((text, ops)) => {
@@ -398,11 +394,7 @@ impl ConfigFile {
 
     /// What [`stage_rules`](Self::stage_rules) checks, with nothing
     /// written: a dry run's.
-    pub fn check_stage_rules(
-        &mut self,
-        before: &BTreeMap<RuleKey, RuleSpec>,
-        edits: &[(RuleKey, Option<RuleSpec>)],
-    ) -> Result<()> {
+    pub fn check_stage_rules(&mut self, before: &dyn SpecMap, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<()> {
         self.check_unchanged()?;
         match self.spliced(before, edits) {
             Some(_) => Ok(()),
@@ -437,7 +429,7 @@ impl ConfigFile {
     /// are not for it.
     fn spliced(
         &mut self,
-        before: &BTreeMap<RuleKey, RuleSpec>,
+        before: &dyn SpecMap,
         edits: &[(RuleKey, Option<RuleSpec>)],
     ) -> Option<(String, Vec<splice::Op>)> {
         let (Seen::Text(text), Some(layout)) = (&self.seen, &self.layout) else { return None };
@@ -576,11 +568,8 @@ thread_local! {
 }
 
 /// `before` with `edits` made.
-fn with_edits(
-    before: &BTreeMap<RuleKey, RuleSpec>,
-    edits: &[(RuleKey, Option<RuleSpec>)],
-) -> BTreeMap<RuleKey, RuleSpec> {
-    let mut want = before.clone();
+fn with_edits(before: &dyn SpecMap, edits: &[(RuleKey, Option<RuleSpec>)]) -> BTreeMap<RuleKey, RuleSpec> {
+    let mut want = before.specs();
     crate::rules::edit_rules(&mut want, edits);
     want
 }

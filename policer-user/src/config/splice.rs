@@ -18,12 +18,12 @@
 //! off from it by a blank line stays; a new rule is appended after the
 //! last one in canonical form.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
 use super::{Config, edit};
-use crate::rules::{RuleConfig, RuleKey, RuleSpec};
+use crate::rules::{RuleConfig, RuleKey, RuleSpec, SpecMap};
 
 /// Edits in one change past which the whole document is edited instead
 /// (each edit here moves the text after it).
@@ -224,7 +224,7 @@ fn table(doc: &mut DocumentMut) -> Option<&mut Table> {
 pub(super) fn splice(
     text: &str,
     layout: &Layout,
-    before: &BTreeMap<RuleKey, RuleSpec>,
+    before: &dyn SpecMap,
     edits: &[(RuleKey, Option<RuleSpec>)],
 ) -> Option<(String, Vec<Op>)> {
     // A byte order mark is dropped by a write (`edit.rs`).
@@ -244,7 +244,7 @@ pub(super) fn splice(
         if !seen.insert(*k) {
             return None;
         }
-        match (layout.index.get(k), before.get(k), want) {
+        match (layout.index.get(k), before.spec(k), want) {
             (Some(_), Some(old), Some(w)) if old == w => {}
             (Some(&i), Some(_), w) => at.push((i, k, w.as_ref())),
             (None, None, Some(w)) => new.push(w),
@@ -268,7 +268,7 @@ pub(super) fn splice(
         let h = layout.headers[i];
         let (end, next) = table_end(text, h);
         let old = one_rule(&text[h..end])?;
-        if old.key() != *key || Some(&old) != before.get(key) {
+        if old.key() != *key || Some(&old) != before.spec(key) {
             return None;
         }
         let (op, with) = match want {

@@ -358,7 +358,7 @@ impl Daemon {
             return;
         }
         let now = duration::unix_ms();
-        let mut file = self.rs.file_rules().clone();
+        let mut file = self.rs.file_specs();
         let before = file.len();
         // What the kernel still holds is the ordinary expiry's (this tick's
         // or the next); what it does not and has ended, the file's only.

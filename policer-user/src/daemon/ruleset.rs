@@ -85,8 +85,10 @@ pub(super) struct RuleSet {
     /// Shared with the views' snapshot (a persistent map: published
     /// without a copy); a change plans a new map and takes it whole.
     rules: super::Rules,
-    /// The rules the config file holds (as last read or written).
-    file_rules: BTreeMap<RuleKey, RuleSpec>,
+    /// The rules the config file holds (as last read or written), each
+    /// spec shared with the rule in force where the file holds it as it
+    /// is in force (one copy, not two).
+    file_rules: FileRules,
     /// How many class rules each prefix has (`plan_edits` plans around
     /// them).
     class_nets: BTreeMap<IpNet, u32>,
@@ -120,7 +122,7 @@ impl RuleSet {
     pub fn new(slots: Slots, groups: Groups, compiled: Compiled, next_id: u32) -> RuleSet {
         RuleSet {
             rules: Default::default(),
-            file_rules: BTreeMap::new(),
+            file_rules: FileRules::new(),
             class_nets: BTreeMap::new(),
             removed_at_runtime: BTreeMap::new(),
             ban_slots: Default::default(),
@@ -221,6 +223,10 @@ impl RuleSet {
         assert_eq!(self.removed_at_runtime, removed_at_runtime(&self.file_rules, &self.rules), "removed at runtime");
         for (k, i) in &self.rules {
             assert_eq!(i.persisted, self.file_rules.get(k) == Some(&i.spec), "{k} persisted");
+            // One copy of a rule the file holds as it is in force.
+            if let Some(f) = self.file_rules.get(k).filter(|f| **f == i.spec) {
+                assert!(std::sync::Arc::ptr_eq(f, &i.spec), "{k}: the file's spec is the rule's own");
+            }
         }
     }
 
@@ -267,7 +273,7 @@ impl RuleSet {
                 // Only the edited rules are new: the rest keep what they had.
                 for k in &delta.keys {
                     if let Some(i) = rules.get_mut(k) {
-                        i.persisted = self.file_rules.get(k) == Some(&i.spec);
+                        mark(i, self.file_rules.get(k));
                     }
                     let (old, new) = (self.rules.get(k), rules.get(k));
                     if let Some(e) = old.and_then(|i| i.spec.expires) {
@@ -328,13 +334,28 @@ impl RuleSet {
     }
 
     /// The rules the config file holds.
-    pub fn file_rules(&self) -> &BTreeMap<RuleKey, RuleSpec> {
+    pub fn file_rules(&self) -> &FileRules {
         &self.file_rules
+    }
+
+    /// The rules the config file holds, as specs of their own (a reload's
+    /// comparison, a catch-up write).
+    pub fn file_specs(&self) -> BTreeMap<RuleKey, RuleSpec> {
+        crate::rules::SpecMap::specs(&self.file_rules)
+    }
+
+    /// `spec` for the file's rule `k`: the rule in force's own when it is
+    /// the same.
+    fn shared(&self, k: &RuleKey, spec: RuleSpec) -> std::sync::Arc<RuleSpec> {
+        match self.rules.get(k) {
+            Some(i) if *i.spec == spec => i.spec.clone(),
+            _ => std::sync::Arc::new(spec),
+        }
     }
 
     /// The config file now holds `rules`.
     pub fn set_file_rules(&mut self, rules: BTreeMap<RuleKey, RuleSpec>) {
-        self.file_rules = rules;
+        self.file_rules = rules.into_iter().map(|(k, s)| (k, self.shared(&k, s))).collect();
         self.mark_persisted();
         self.removed_at_runtime = removed_at_runtime(&self.file_rules, &self.rules);
     }
@@ -356,10 +377,18 @@ impl RuleSet {
 
     /// The config file now holds its rules with `edits` made.
     pub fn edit_file_rules(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) {
-        edit_rules(&mut self.file_rules, edits);
+        for (k, v) in edits {
+            match v {
+                Some(s) => {
+                    let s = self.shared(k, s.clone());
+                    self.file_rules.insert(*k, s)
+                }
+                None => self.file_rules.remove(k),
+            };
+        }
         for (k, _) in edits {
             if let Some(i) = self.rules.get_mut(k) {
-                i.persisted = self.file_rules.get(k) == Some(&i.spec);
+                mark(i, self.file_rules.get(k));
             }
             runtime_removal(&mut self.removed_at_runtime, &self.file_rules, &self.rules, k);
         }
@@ -450,33 +479,47 @@ pub(super) struct Group {
 }
 
 /// The file's rules not in force.
-fn removed_at_runtime(file: &BTreeMap<RuleKey, RuleSpec>, rules: &super::Rules) -> BTreeMap<RuleKey, RuleSpec> {
-    file.iter().filter(|(k, _)| !rules.contains_key(*k)).map(|(k, s)| (*k, s.clone())).collect()
+fn removed_at_runtime(file: &FileRules, rules: &super::Rules) -> BTreeMap<RuleKey, RuleSpec> {
+    file.iter().filter(|(k, _)| !rules.contains_key(*k)).map(|(k, s)| (*k, (**s).clone())).collect()
 }
 
+/// The rules a config file holds, their specs shared with the rules in
+/// force where the same.
+pub(super) type FileRules = BTreeMap<RuleKey, std::sync::Arc<RuleSpec>>;
+
 /// Keeps `removed` the file's rules not in force, for the key `k`.
-fn runtime_removal(
-    removed: &mut BTreeMap<RuleKey, RuleSpec>,
-    file: &BTreeMap<RuleKey, RuleSpec>,
-    rules: &super::Rules,
-    k: &RuleKey,
-) {
+fn runtime_removal(removed: &mut BTreeMap<RuleKey, RuleSpec>, file: &FileRules, rules: &super::Rules, k: &RuleKey) {
     match file.get(k) {
-        Some(s) if !rules.contains_key(k) => removed.insert(*k, s.clone()),
+        Some(s) if !rules.contains_key(k) => removed.insert(*k, (**s).clone()),
         _ => removed.remove(k),
     };
 }
 
 /// Marks the rules the config file holds as they are in force.
-fn mark_persisted(rules: &mut super::Rules, file: &BTreeMap<RuleKey, RuleSpec>) {
+fn mark_persisted(rules: &mut super::Rules, file: &FileRules) {
     // In place (nodes no one else holds are not copied), and only where
-    // the mark changes.
-    let flip: Vec<RuleKey> =
-        rules.iter().filter(|(k, i)| i.persisted != (file.get(*k) == Some(&*i.spec))).map(|(k, _)| *k).collect();
-    for k in flip {
+    // the mark or the sharing changes.
+    let stale = |k: &RuleKey, i: &super::Installed| match file.get(k) {
+        Some(f) if *f == i.spec => !i.persisted || !std::sync::Arc::ptr_eq(f, &i.spec),
+        _ => i.persisted,
+    };
+    let keys: Vec<RuleKey> = rules.iter().filter(|(k, i)| stale(k, i)).map(|(k, _)| *k).collect();
+    for k in keys {
         if let Some(i) = rules.get_mut(&k) {
-            i.persisted = !i.persisted;
+            mark(i, file.get(&k));
         }
+    }
+}
+
+/// Marks a rule in force persisted when the file holds it as it is, and
+/// then shares the file's spec (one copy of the rule, not two).
+fn mark(i: &mut super::Installed, file: Option<&std::sync::Arc<RuleSpec>>) {
+    match file {
+        Some(f) if *f == i.spec => {
+            i.spec = f.clone();
+            i.persisted = true;
+        }
+        _ => i.persisted = false,
     }
 }
 
@@ -660,7 +703,7 @@ impl Daemon {
             let before = self.rs.file_rules();
             // The file's rules change only where they differ from the edit.
             let file_edits: Vec<(RuleKey, Option<RuleSpec>)> =
-                edits.iter().filter(|(k, v)| before.get(k) != v.as_ref()).cloned().collect();
+                edits.iter().filter(|(k, v)| before.get(k).map(|s| &**s) != v.as_ref()).cloned().collect();
             // A dry run checks what staging checks and writes nothing.
             let pending = if file_edits.is_empty() {
                 Ok(None)
@@ -781,7 +824,7 @@ impl Daemon {
         }
         let before = self.rs.file_rules();
         let edits: Vec<(RuleKey, Option<RuleSpec>)> =
-            last.into_iter().filter(|(k, v)| before.get(k) != v.as_ref()).collect();
+            last.into_iter().filter(|(k, v)| before.get(k).map(|s| &**s) != v.as_ref()).collect();
         let written = if edits.is_empty() {
             Ok(())
         } else {
@@ -876,7 +919,7 @@ impl Daemon {
             return Err(Error::Invalid(format!("{path}: no rules; nothing changed")));
         }
         let before = self.rs.specs();
-        let overlay = if discard_runtime { Overlay::new() } else { overlay(&before, self.rs.file_rules()) };
+        let overlay = if discard_runtime { Overlay::new() } else { overlay(&before, &self.rs.file_specs()) };
         let want = with_overlay(file.clone(), &overlay);
         // The new file's protected prefixes apply with its rules and sets.
         let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;

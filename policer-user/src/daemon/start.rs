@@ -271,6 +271,9 @@ impl Daemon {
         if s.changes_file {
             d.write_start_config(&s.ifaces.given, s.changes_rules);
         }
+        // What reading and planning the rules held for a moment (the
+        // file's parse tree, the plan) goes back to the system.
+        crate::config::ConfigFile::release_memory();
         if let Some(m) = &d.metrics
             && let Ok(a) = m.local_addr()
         {
