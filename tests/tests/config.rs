@@ -970,6 +970,7 @@ fn an_expiry_on_a_full_disk_lands_in_the_file_once_there_is_room() {
     std::fs::remove_file(dir.path.join("filler")).unwrap();
     wait_within(10, || !std::fs::read_to_string(&config).unwrap().contains("198.18.0.0/24"), "the file caught up");
     assert!(std::fs::read_to_string(&config).unwrap().contains("203.0.113.0/24"), "the other rules stay");
-    assert!(d.stdout().contains("caught up"), "{}", d.stdout());
+    // Said once the file is in place: a moment after it lands.
+    wait_within(5, || d.stdout().contains("caught up"), "the log says the file caught up");
     assert!(rule(&rules(&sb), "198.18.0.0/24").is_none());
 }
