@@ -44,7 +44,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     println!("interfaces: {ifaces}");
     let runtime = if s.runtime_rules > 0 {
-        format!(" ({} not persisted: set with --runtime; `policer rule ls` shows which)", s.runtime_rules)
+        format!(" ({} not persisted: set or removed with --runtime; `policer rule ls` shows which)", s.runtime_rules)
     } else {
         String::new()
     };

@@ -99,7 +99,9 @@ pub struct ConfigFile {
     stamp: std::cell::Cell<Option<Stamp>>,
     /// The file system gives each change after a `stat` a timestamp of its
     /// own ([`fine_timestamps`]): a stamp tells edits from when it is taken.
-    fine: bool,
+    /// Measured when first needed (a daemon that never checks for a hand
+    /// edit writes no probe).
+    fine: std::sync::OnceLock<bool>,
 }
 
 /// What `stat` says of a file: an edit since changes some of it, as long
@@ -151,6 +153,8 @@ impl Stamp {
 fn fine_timestamps(dir: &Path) -> bool {
     use std::{io::Write, os::unix::fs::MetadataExt};
     let probe = dir.join(format!(".policer-stamp-probe-{}", std::process::id()));
+    // One a daemon of this pid left behind (killed in the moment between).
+    let _ = std::fs::remove_file(&probe);
     let fine = (|| -> io::Result<bool> {
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&probe)?;
         let ns = |m: &std::fs::Metadata| i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
@@ -196,7 +200,7 @@ impl ConfigFile {
             layout: None,
             sha: std::sync::OnceLock::new(),
             stamp: std::cell::Cell::new(None),
-            fine: fine_timestamps(path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))),
+            fine: std::sync::OnceLock::new(),
         };
         file.accept(snap);
         Ok((file, rules))
@@ -487,7 +491,7 @@ impl ConfigFile {
         self.set_seen(Seen::Text(text));
         // What was just put in place, stamped now: with fine timestamps an
         // edit from here on changes the stamp.
-        if self.fine {
+        if self.fine() {
             self.stamp.set(Stamp::of(&self.path));
         }
         if let Some(sha) = sha {
@@ -526,6 +530,14 @@ impl ConfigFile {
         }
     }
 
+    /// Whether the config's file system timestamps each change on its own
+    /// ([`fine_timestamps`], measured once in its directory).
+    fn fine(&self) -> bool {
+        *self.fine.get_or_init(|| {
+            fine_timestamps(self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+        })
+    }
+
     /// Tests: whether the next hand-edit check goes by the stamp alone.
     #[cfg(test)]
     pub(super) fn stamped(&self) -> bool {
@@ -550,7 +562,7 @@ impl ConfigFile {
         };
         // Taken before the read: an edit after it changes the stamp (or
         // the bytes just read).
-        if same && let Some(s) = stamp.filter(|s| self.fine || s.tells_edits_after(taken, &self.path)) {
+        if same && let Some(s) = stamp.filter(|s| self.fine() || s.tells_edits_after(taken, &self.path)) {
             self.stamp.set(Some(s));
         }
         Ok(same)
