@@ -582,7 +582,10 @@ fn inspect_resolves_classes_bytes_and_monitor() {
     ];
     let sbr = &sb;
     std::thread::scope(|s| {
-        let run = s.spawn(|| traffic::run_specs(sbr, &flows, Duration::from_secs(4), &RunOptions::default()));
+        // Long enough to outlast the checks below (a dozen CLI calls: on a
+        // loaded machine more than the 2.5 s a 4 s run left, and a flow
+        // that has stopped has no debt to show).
+        let run = s.spawn(|| traffic::run_specs(sbr, &flows, Duration::from_secs(8), &RunOptions::default()));
         std::thread::sleep(Duration::from_millis(1500));
         let inspect = |args: &[&str]| {
             let mut a = vec!["inspect"];
