@@ -457,8 +457,9 @@ pub const REPLAY_FRAMES: u64 = 1_000_000;
 /// `policer replay` (issue 31): a capture of [`REPLAY_FRAMES`] 64-byte
 /// IPv4 frames from 1 000 sources, 1 µs apart (a new clock value every
 /// frame), against `--rate 1kpps`: the frames per second it reports (the
-/// loop of test runs, the capture read and the tallies; not the program's
-/// load), and the process's peak RSS.
+/// batches of test runs, the capture read and the tallies; not the
+/// program's load), and the process's peak RSS. Beside it, what one test
+/// run a frame would allow at most (replay's method before batches).
 fn replay_rows(reps: usize) -> Result<Vec<Measure>> {
     say("control: policer replay of a 1M-frame capture");
     let dir = tempfile_dir()?;
@@ -491,10 +492,10 @@ fn replay_rows(reps: usize) -> Result<Vec<Measure>> {
     Ok(vec![
         m(
             "replay_floor_fps",
-            "BPF_PROG_TEST_RUN, one call a frame as `policer replay` makes them, of the xdp_pass floor",
+            "BPF_PROG_TEST_RUN, one call a frame, of the xdp_pass floor",
             "calls/s",
             &floor,
-            "the most frames a second one thread can replay here, whatever the program",
+            "one test run a frame could replay no more; replay judges up to 34 frames a run",
         ),
         m(
             "replay_fps",

@@ -44,6 +44,7 @@ pub mod maps;
 #[cfg(feature = "std")]
 pub mod rate;
 pub mod recall;
+pub mod replay;
 pub mod slot;
 pub mod table;
 pub mod verdict;

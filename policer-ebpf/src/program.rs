@@ -13,14 +13,14 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::{BPF_F_MMAPABLE, xdp_action},
+    bindings::{BPF_F_MMAPABLE, xdp_action, xdp_md},
     helpers::{bpf_get_prandom_u32, bpf_jiffies64, bpf_ktime_get_ns},
     macros::{map, xdp},
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use aya_ebpf::{
-    helpers::generated::bpf_xdp_load_bytes,
+    helpers::generated::{bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes},
     maps::{ProgramArray, RingBuf},
 };
 use aya_log_ebpf::warn;
@@ -40,6 +40,7 @@ use policer_common::{
         RULE_NO_SOURCE, RULE_TOTAL, Total,
     },
     recall::{self, RecallSet},
+    replay::{REPLAY_HEAD, REPLAY_MIN_LEN, ReplayCtl, ReplayFrame},
     slot::{self, Found, Miss, Refusal},
     table::{self, Geometry, KEY_MASK, Set, SetDrops, SetKeys, Slot, WAYS},
     verdict::{self, Verdict},
@@ -148,6 +149,18 @@ static CAPTURE_RING: RingBuf = RingBuf::with_byte_size(CAPTURE_RING_BYTES, 0);
 #[map]
 static CAPTURE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
+/// `policer replay`'s batch of frames and its cursor
+/// (policer_common::replay): one entry each in the object; replay sizes the
+/// batch. Read only by `policer_replay`, which only replay loads.
+#[map]
+static REPLAY_FRAMES: Array<ReplayFrame> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+#[map]
+static REPLAY_CTL: Array<ReplayCtl> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// `policer_replay` itself, put here by replay's loader: each frame ends
+/// in a tail call to the next (policer_common::replay).
+#[map]
+static REPLAY_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
 /// Set by the loader (read-only data): non-zero reads the clock from
 /// `CLOCK`, for tests that control time. Constant after load, so the
 /// verifier prunes the branch that is not taken.
@@ -181,6 +194,119 @@ const CAS_ROUNDS: usize = 4;
 #[xdp]
 pub fn policer(ctx: XdpContext) -> u32 {
     try_policer(&ctx)
+}
+
+/// `policer replay`'s batch entry (policer_common::replay): run with a
+/// test run's `repeat`, each run makes the test frame the batch's next
+/// frame and judges it with the code above. Test clock only (the product
+/// never loads it; without the test clock it does nothing).
+#[xdp]
+pub fn policer_replay(ctx: XdpContext) -> u32 {
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } == 0 {
+        return xdp_action::XDP_ABORTED;
+    }
+    // Each step is a function of its own and this one keeps only
+    // registers, so that the policer's code has as much of the stack as in
+    // the attached program: the verifier allows 512 bytes for the deepest
+    // chain of calls.
+    let i = replay_prepare(ctx.ctx);
+    if i < 0 {
+        return xdp_action::XDP_ABORTED;
+    }
+    let ret = replay_judge(ctx.ctx);
+    replay_finish(ctx.ctx, i as u32, ret);
+    // The next frame, in the same test run: a tail call starts afresh
+    // (stack and all); after the kernel's limit (33 in a row) it fails
+    // and the run ends here.
+    // SAFETY: a tail call from this program's own context.
+    unsafe { REPLAY_PROG.tail_call(&ctx, 0) };
+    ret
+}
+
+/// The policer's code on the test run's frame, as the attached program
+/// runs it.
+#[inline(never)]
+fn replay_judge(md: *mut xdp_md) -> u32 {
+    try_policer(&XdpContext::new(md))
+}
+
+/// Makes the test run's frame the batch's next frame (its length, its
+/// head, its time in the metadata); the frame's index, -1 past the
+/// batch's end or when the frame cannot be made (a scalar: an `Option`
+/// would come back through the caller's stack).
+#[inline(never)]
+fn replay_prepare(md: *mut xdp_md) -> i64 {
+    replay_make(md).map_or(-1, i64::from)
+}
+
+#[inline(always)]
+fn replay_make(md: *mut xdp_md) -> Option<u32> {
+    let ctx = XdpContext::new(md);
+    let ctl = REPLAY_CTL.get_ptr_mut(0)?;
+    // SAFETY: the map's one entry; a test run runs on one CPU, and replay
+    // writes it only between runs.
+    let ctl = unsafe { &mut *ctl };
+    let i = ctl.next;
+    if i >= ctl.count {
+        return None;
+    }
+    ctl.next = i + 1;
+    let f = REPLAY_FRAMES.get_ptr_mut(i)?;
+    // SAFETY: an entry of the batch, written by replay before the run.
+    let f = unsafe { &mut *f };
+    let len = f.len;
+    if len < REPLAY_MIN_LEN {
+        return None;
+    }
+    // The head is copied whole (a constant size, as the verifier wants it):
+    // the frame is made at least that long for the copy, then cut to its
+    // length.
+    let copy_len = if (len as usize) < REPLAY_HEAD { REPLAY_HEAD as u32 } else { len };
+    let delta = copy_len as i64 - (ctx.data_end() - ctx.data()) as i64;
+    // SAFETY: helpers on this program's own context; packet pointers are
+    // read again from the context after them.
+    unsafe {
+        if delta != 0 && bpf_xdp_adjust_tail(md, delta as i32) != 0 {
+            return None;
+        }
+        if bpf_xdp_store_bytes(md, 0, f.head.as_mut_ptr().cast(), REPLAY_HEAD as u32) != 0 {
+            return None;
+        }
+        if copy_len != len && bpf_xdp_adjust_tail(md, len as i32 - copy_len as i32) != 0 {
+            return None;
+        }
+    }
+    let meta = ctx.metadata();
+    if meta + verdict::TEST_META_LEN > ctx.data() {
+        return None;
+    }
+    // SAFETY: bounds checked against `data` above; XDP may write metadata.
+    unsafe {
+        core::ptr::write_unaligned((meta + verdict::TEST_META_NOW) as *mut u64, f.now);
+        core::ptr::write_unaligned((meta + verdict::TEST_META_SLOT) as *mut u32, u32::MAX);
+        core::ptr::write_unaligned((meta + verdict::TEST_META_VERDICT) as *mut u32, u32::MAX);
+    }
+    Some(i)
+}
+
+/// Writes what the policer's code made of frame `i` back into its record.
+#[inline(never)]
+fn replay_finish(md: *mut xdp_md, i: u32, ret: u32) {
+    let ctx = XdpContext::new(md);
+    let Some(f) = REPLAY_FRAMES.get_ptr_mut(i) else {
+        return;
+    };
+    let meta = ctx.metadata();
+    if meta + verdict::TEST_META_LEN > ctx.data() {
+        return;
+    }
+    // SAFETY: bounds checked against `data` above; `f` an entry of the batch.
+    unsafe {
+        (*f).slot = core::ptr::read_unaligned((meta + verdict::TEST_META_SLOT) as *const u32);
+        (*f).verdict = core::ptr::read_unaligned((meta + verdict::TEST_META_VERDICT) as *const u32);
+        (*f).ret = ret;
+    }
 }
 
 /// The time, read at most once per frame and only when a verdict needs it.

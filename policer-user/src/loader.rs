@@ -102,6 +102,9 @@ pub struct LoadOptions {
     /// before layout versions.
     #[doc(hidden)]
     pub layout_version: Option<u32>,
+    /// Frames in a `policer replay` batch: non-zero sizes its map and
+    /// loads the batch entry beside the policer (policer_common::replay).
+    pub replay_batch: u32,
 }
 
 /// A build of the XDP program other than the product's, and the `u32`
@@ -132,6 +135,7 @@ impl Default for LoadOptions {
             table_seed: None,
             drop_sample_shift: table::DROP_SAMPLE_SHIFT,
             layout_version: Some(LAYOUT_VERSION),
+            replay_batch: 0,
         }
     }
 }
@@ -339,6 +343,7 @@ impl Policer {
             .map_max_entries(policer_common::MAP_BAN_PARAMS, opts.max_rules + 1)
             .map_max_entries(policer_common::capture::MAP_CAPTURE_RULES, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BANS, opts.max_bans.max(1))
+            .map_max_entries(policer_common::replay::MAP_REPLAY_FRAMES, opts.replay_batch.max(1))
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true);
@@ -372,6 +377,9 @@ impl Policer {
             .map_err(|e| Error::Program(Box::new(e)))?;
         prog.load().map_err(|e| Error::Program(Box::new(e)))?;
         load_capture(&mut ebpf)?;
+        if opts.replay_batch != 0 {
+            load_replay(&mut ebpf)?;
+        }
         if let Some(v) = opts.layout_version {
             stamp_layout(&mut ebpf, v)?;
         }
@@ -762,7 +770,7 @@ fn write_array<V: aya::Pod>(fd: RawFd, name: &'static str, entries: &[(u32, V)])
     Ok(())
 }
 
-fn map_fd(ebpf: &Ebpf, name: &'static str) -> Result<RawFd> {
+pub(crate) fn map_fd(ebpf: &Ebpf, name: &'static str) -> Result<RawFd> {
     let m = ebpf.map(name).ok_or(Error::Missing(name))?;
     let data: &MapData = match m {
         aya::maps::Map::PerCpuArray(d)
@@ -1368,6 +1376,29 @@ fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
     let mut array = ProgramArray::try_from(ebpf.map_mut(MAP_CAPTURE_PROG).ok_or(Error::Missing(MAP_CAPTURE_PROG))?)
         .map_err(Error::map(MAP_CAPTURE_PROG))?;
     array.set(0, &fd, 0).map_err(Error::map(MAP_CAPTURE_PROG))?;
+    Ok(())
+}
+
+/// Loads `policer replay`'s batch entry and puts it in its own program
+/// array, so that each frame ends in a tail call to the next
+/// (policer_common::replay). The array's entry goes with the load (the
+/// kernel empties it with its last descriptor).
+fn load_replay(ebpf: &mut Ebpf) -> Result<()> {
+    use policer_common::replay::{MAP_REPLAY_PROG, REPLAY_PROGRAM};
+    let prog: &mut Xdp = ebpf
+        .program_mut(REPLAY_PROGRAM)
+        .ok_or(Error::Missing("replay program"))?
+        .try_into()
+        .map_err(|e| Error::Program(Box::new(e)))?;
+    prog.load().map_err(|e| Error::Program(Box::new(e)))?;
+    let fd = prog
+        .fd()
+        .map_err(|e| Error::Program(Box::new(e)))?
+        .try_clone()
+        .map_err(Error::kernel("duplicating the replay program's descriptor"))?;
+    let mut array = ProgramArray::try_from(ebpf.map_mut(MAP_REPLAY_PROG).ok_or(Error::Missing(MAP_REPLAY_PROG))?)
+        .map_err(Error::map(MAP_REPLAY_PROG))?;
+    array.set(0, &fd, 0).map_err(Error::map(MAP_REPLAY_PROG))?;
     Ok(())
 }
 

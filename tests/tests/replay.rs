@@ -536,3 +536,102 @@ fn replay_of_a_gigabyte_capture_in_bounded_memory() {
     eprintln!("1 GiB replay: {n} frames, peak RSS {} MiB, {:.0} frames/s", maxrss_kib / 1024, r["frames_per_sec"]);
     assert!(maxrss_kib < 100 * 1024, "peak RSS {maxrss_kib} KiB");
 }
+
+/// An Ethernet + IPv6 frame from `src` whose UDP header (to port 53) sits
+/// `ext` bytes of extension headers (hop-by-hop, then destination
+/// options, Pad1-filled) after the IPv6 header, `len` bytes in all.
+fn deep_dns_v6(src: IpAddr, ext: [usize; 2], len: usize) -> Vec<u8> {
+    let IpAddr::V6(s) = src else { panic!("an IPv6 source") };
+    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x86, 0xdd];
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&((len - 14 - 40) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 64]); // next header: hop-by-hop options
+    f.extend_from_slice(&s.octets());
+    f.extend_from_slice(&"2001:db8:ffff::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    for (i, bytes) in ext.into_iter().enumerate() {
+        assert!(bytes % 8 == 0 && bytes >= 8);
+        let next = if i == 0 { 60 } else { 17 }; // destination options, then UDP
+        f.extend_from_slice(&[next, (bytes / 8 - 1) as u8]);
+        f.resize(f.len() + bytes - 2, 0);
+    }
+    f.extend_from_slice(&4000u16.to_be_bytes());
+    f.extend_from_slice(&53u16.to_be_bytes());
+    f.extend_from_slice(&((len - f.len()) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    assert!(f.len() <= len);
+    f.resize(len, 0xab);
+    f
+}
+
+/// Replay runs frames in batches (one test run judges many, each frame's
+/// first bytes copied into the run's frame, its length made by the
+/// program): lengths from runts to past what a test run takes, under a
+/// byte-rate rule, are admitted byte for byte as the test's bucket does;
+/// a DNS flood whose UDP header sits past 500 bytes of IPv6 extension
+/// headers (frames longer than the copied head) is judged by the class
+/// rule, exact against the test's `gcra`; runts (shorter than Ethernet)
+/// are counted as not IP, as the program passes them.
+#[test]
+fn replay_in_batches_keeps_lengths_and_deep_headers() {
+    if !privileged("replay tier") {
+        return;
+    }
+    // IPv4: 10 000 frames of 60 .. 3 700 bytes at 5 000 frames/s (about
+    // 75 Mbit/s) against 8 Mbit/s; some clipped to the 3 520 a run takes
+    // (replayed at that length, their IP length made to fit it).
+    let v4: IpAddr = "192.0.2.30".parse().unwrap();
+    let mut state = 7;
+    let mut frames: Vec<Captured> = (0..10_000u64)
+        .map(|i| {
+            let len = 60 + (rng(&mut state) % 3_641) as usize;
+            let j = rng(&mut state) % 100_000;
+            let f = FrameSpec::udp(v4, dst(v4), len).build(None);
+            Captured { ts_ns: EPOCH_NS + i * 200_000 + j, frame: f, src: Some(v4) }
+        })
+        .collect();
+    // IPv6: a DNS flood at 10× the class's 500 pps, the UDP header at 478
+    // and at 510 bytes (frames of 550 and 600 bytes).
+    let v6: IpAddr = "2001:db8:7::1".parse().unwrap();
+    frames.extend((0..5_000u64).map(|i| {
+        let f = if i % 2 == 0 { deep_dns_v6(v6, [216, 208], 550) } else { deep_dns_v6(v6, [216, 240], 600) };
+        Captured { ts_ns: EPOCH_NS + i * 200_000 + 50_000 + (i * 7_919) % 90_000, frame: f, src: Some(v6) }
+    }));
+    for i in 0..5u64 {
+        frames.push(Captured { ts_ns: EPOCH_NS + i * 100_000_000 + 3, frame: vec![0x11; 10], src: None });
+    }
+    frames.sort_by_key(|c| c.ts_ns);
+    let clipped = frames.iter().filter(|c| c.frame.len() > 3_520).count() as u64;
+    assert!(clipped > 0);
+    let path = tmp("batches.pcap");
+    write_pcap(&path, &frames);
+    let config = tmp("batches.toml");
+    std::fs::write(
+        &config,
+        "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"8mbit\"\nburst = 20000\n\n\
+         [[rule]]\nprefix = \"::/0\"\nrate = \"1000pps\"\nburst = 5\n\n\
+         [[rule]]\nprefix = \"::/0\"\nproto = \"udp\"\ndport = 53\nrate = \"500pps\"\nburst = 10\n",
+    )
+    .unwrap();
+    let r = replay_json(&[path.to_str().unwrap(), "--config", config.to_str().unwrap(), "--json", "--top", "0"]);
+    assert_eq!(u(&r, "frames"), frames.len() as u64);
+    assert_eq!(u(&r, "not_ip_frames"), 5, "{r}");
+    assert_eq!(u(&r, "clipped_frames"), clipped, "{r}");
+    // The byte bucket on the lengths the program saw (clipped at 3 520).
+    let rule = Rate::parse("8mbit").unwrap().rule(20_000).unwrap();
+    let (want_n, want_bytes) = exact_admitted_at(
+        &rule,
+        frames.iter().filter(|c| c.src == Some(v4)).map(|c| (c.ts_ns - EPOCH_NS, c.frame.len().min(3_520) as u32)),
+    );
+    let sources = by_source(&r);
+    let src4 = r["top_dropped"].as_array().unwrap().iter().find(|s| s["source"] == "192.0.2.30").expect("IPv4 source");
+    assert_eq!(u(src4, "frames"), 10_000);
+    assert_eq!((u(src4, "admitted_frames"), u(src4, "admitted_bytes")), (want_n, want_bytes), "{src4}");
+    assert!(want_n < 5_000, "the byte rule must drop ({want_n} admitted)");
+    let t6: Vec<u64> = frames.iter().filter(|c| c.src == Some(v6)).map(|c| c.ts_ns).collect();
+    let (n6, admitted6, rule6) = &sources[&v6];
+    assert_eq!(*n6, 5_000);
+    assert_eq!(rule6, "::/0 [udp dport 53]", "the class rule judges the deep DNS frames");
+    assert_eq!(*admitted6, gcra(500, 10, t6.into_iter()), "{r}");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&config);
+}

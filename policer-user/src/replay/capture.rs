@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 /// fragments: a page less XDP_PACKET_HEADROOM (256) and the tail room of
 /// `struct skb_shared_info` (320 on x86-64): `bpf_prog_test_run_xdp`.
 /// Longer frames are clipped to it (their headers are all the program
-/// reads; byte-mode rules then see the clipped length: counted apart).
+/// reads, their IP length made the clipped one: byte-mode rules then see
+/// the clipped length; counted apart).
 pub const MAX_FRAME: usize = 4096 - 256 - 320;
 
 /// The link layers replayed: Ethernet as it is, Linux cooked captures
@@ -173,7 +174,42 @@ impl Capture {
         let wire = (orig_len as i64 + header_delta).max(out.len() as i64) as usize;
         let clipped = wire > MAX_FRAME;
         out.resize(wire.min(MAX_FRAME), 0);
+        if clipped {
+            fit_ip_length(out);
+        }
         Ok(Some(Frame { ts_ns, len: out.len() as u32, clipped }))
+    }
+}
+
+/// A clipped frame's IP length made what is left of it, so that the
+/// program parses the clipped frame as the frame it was (an IPv4 total
+/// length, or an IPv6 payload length, past the frame's end is malformed
+/// to it) and a byte-mode rule charges the clipped length. The IPv4
+/// header checksum is not mended: the program does not read it.
+fn fit_ip_length(f: &mut [u8]) {
+    let mut off = 12;
+    for _ in 0..2 {
+        match f.get(off..off + 2) {
+            Some([0x81, 0x00] | [0x88, 0xa8]) => off += 4,
+            _ => break,
+        }
+    }
+    let ip = off + 2;
+    let Some(rest) = f.len().checked_sub(ip) else { return };
+    match f.get(off..off + 2) {
+        Some([0x08, 0x00]) if rest >= 20 => {
+            let n = u16::try_from(rest).unwrap_or(u16::MAX);
+            if usize::from(u16::from_be_bytes([f[ip + 2], f[ip + 3]])) > rest {
+                f[ip + 2..ip + 4].copy_from_slice(&n.to_be_bytes());
+            }
+        }
+        Some([0x86, 0xdd]) if rest >= 40 => {
+            let n = u16::try_from(rest - 40).unwrap_or(u16::MAX);
+            if usize::from(u16::from_be_bytes([f[ip + 4], f[ip + 5]])) > rest - 40 {
+                f[ip + 4..ip + 6].copy_from_slice(&n.to_be_bytes());
+            }
+        }
+        _ => {}
     }
 }
 
@@ -200,6 +236,41 @@ fn ethernet(link: Link, data: &[u8], out: &mut Vec<u8>) -> std::result::Result<i
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clipped_frame_has_the_ip_length_of_what_is_left() {
+        // IPv4 of 9 000 bytes on the wire, clipped.
+        let mut v4 = vec![0u8; MAX_FRAME];
+        v4[12..14].copy_from_slice(&[0x08, 0x00]);
+        v4[14] = 0x45;
+        v4[16..18].copy_from_slice(&(9_000u16 - 14).to_be_bytes());
+        fit_ip_length(&mut v4);
+        assert_eq!(u16::from_be_bytes([v4[16], v4[17]]) as usize, MAX_FRAME - 14);
+        // IPv6 behind two VLAN tags.
+        let mut v6 = vec![0u8; MAX_FRAME];
+        v6[12..14].copy_from_slice(&[0x88, 0xa8]);
+        v6[16..18].copy_from_slice(&[0x81, 0x00]);
+        v6[20..22].copy_from_slice(&[0x86, 0xdd]);
+        v6[22] = 0x60;
+        v6[26..28].copy_from_slice(&8_000u16.to_be_bytes());
+        fit_ip_length(&mut v6);
+        assert_eq!(u16::from_be_bytes([v6[26], v6[27]]) as usize, MAX_FRAME - 22 - 40);
+        // A length already inside the frame (Ethernet padding) is kept;
+        // not IP, or too short for a header: untouched.
+        let mut short = v4.clone();
+        short[16..18].copy_from_slice(&100u16.to_be_bytes());
+        let before = short.clone();
+        fit_ip_length(&mut short);
+        assert_eq!(short, before);
+        let mut arp = vec![0u8; 30];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        let before = arp.clone();
+        fit_ip_length(&mut arp);
+        assert_eq!(arp, before);
+        let mut cut = vec![0u8; 20];
+        cut[12..14].copy_from_slice(&[0x08, 0x00]);
+        fit_ip_length(&mut cut);
+    }
 
     #[test]
     fn cooked_headers_become_ethernet() {

@@ -23,7 +23,8 @@ use std::{
 use aya::programs::{TestRun, TestRunOptions};
 use policer_common::{
     DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES,
-    verdict::{TEST_META_LEN, TEST_META_SLOT, TEST_META_VERDICT, Verdict, from_test_meta_code},
+    replay::{REPLAY_HEAD, REPLAY_MIN_LEN, REPLAY_NOT_RUN, ReplayCtl, ReplayFrame},
+    verdict::{TEST_META_LEN, Verdict, from_test_meta_code},
 };
 use serde::Serialize;
 
@@ -316,46 +317,148 @@ pub fn source_of(f: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// One test run's buffers: the frame behind [`TEST_META_LEN`] bytes of
-/// metadata (the frame's time in, the rule slot and verdict out), and the
-/// `xdp_md` that says where the frame starts.
-struct Run {
+/// A batch of frames judged in one test run (policer_common::replay): the
+/// records in the mmapped frames map, filled here and read back after the
+/// run, and each frame's capture time beside them.
+struct Batch {
+    frames: Mapping<ReplayFrame>,
+    ctl: Mapping<ReplayCtl>,
+    ts: Vec<u64>,
+    /// The test run's frame at the start of a run (metadata, then a
+    /// minimal Ethernet frame; the program sizes it for each frame).
     data: Vec<u8>,
-    out: Vec<u8>,
     ctx: [u8; 24],
 }
 
-impl Run {
-    fn new() -> Run {
-        Run { data: Vec::with_capacity(TEST_META_LEN + capture::MAX_FRAME), out: Vec::new(), ctx: [0; 24] }
+/// A shared mapping of an mmapable array map's `len` entries, unmapped on
+/// drop. The kernel and this process both write it, never at once: the
+/// program runs only inside a test run.
+struct Mapping<T> {
+    base: *mut T,
+    len: usize,
+    bytes: usize,
+}
+
+impl<T> Mapping<T> {
+    fn new(p: &Policer, name: &'static str, len: usize) -> Result<Mapping<T>> {
+        let fd = crate::loader::map_fd(&p.ebpf, name)?;
+        let bytes = (len * size_of::<T>()).next_multiple_of(4096);
+        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array map of at least
+        // `len` entries of `T` (sized so at load), checked below.
+        let base = unsafe {
+            libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::kernel(format!("mapping {name}"))(std::io::Error::last_os_error()));
+        }
+        Ok(Mapping { base: base.cast(), len, bytes })
     }
 
-    /// Runs `frame` at `now_ns`: the program's return value, and the rule
-    /// slot and verdict it reported (`None`: no rule judged the frame).
-    fn run(&mut self, p: &mut Policer, frame: &[u8], now_ns: u64) -> Result<(u32, Option<(u32, Verdict)>)> {
-        self.data.clear();
-        self.data.extend_from_slice(&now_ns.to_ne_bytes());
-        self.data.extend_from_slice(&u32::MAX.to_ne_bytes());
-        self.data.extend_from_slice(&u32::MAX.to_ne_bytes());
-        self.data.extend_from_slice(frame);
-        self.out.resize(self.data.len(), 0);
+    fn get(&mut self) -> &mut [T] {
+        // SAFETY: `len` entries in the mapping, owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    }
+
+    /// Reads entry `i` as the kernel last wrote it.
+    fn read(&self, i: usize) -> T {
+        assert!(i < self.len);
+        // SAFETY: in the mapping.
+        unsafe { std::ptr::read_volatile(self.base.add(i)) }
+    }
+}
+
+impl<T> Drop for Mapping<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, not used after this.
+        unsafe { libc::munmap(self.base.cast(), self.bytes) };
+    }
+}
+
+impl Batch {
+    fn new(p: &Policer) -> Result<Batch> {
+        use policer_common::replay::{MAP_REPLAY_CTL, MAP_REPLAY_FRAMES, REPLAY_BATCH};
+        let frames = Mapping::new(p, MAP_REPLAY_FRAMES, REPLAY_BATCH as usize)?;
+        let ctl = Mapping::new(p, MAP_REPLAY_CTL, 1)?;
+        let mut data = vec![0u8; TEST_META_LEN + 60];
+        // An IPv4 EtherType (the program reads nothing of it before the
+        // first frame's bytes replace it).
+        data[TEST_META_LEN + 12] = 0x08;
+        let mut ctx = [0u8; 24];
         // struct xdp_md { data, data_end, data_meta, ingress_ifindex,
         // rx_queue_index, egress_ifindex }: offsets into data_in; data_meta
         // must be 0, the metadata is what lies before `data`.
-        self.ctx[0..4].copy_from_slice(&(TEST_META_LEN as u32).to_ne_bytes());
-        self.ctx[4..8].copy_from_slice(&(self.data.len() as u32).to_ne_bytes());
-        let r = p
-            .program()
-            .test_run(TestRunOptions {
+        ctx[0..4].copy_from_slice(&(TEST_META_LEN as u32).to_ne_bytes());
+        ctx[4..8].copy_from_slice(&(data.len() as u32).to_ne_bytes());
+        Ok(Batch { frames, ctl, ts: Vec::with_capacity(REPLAY_BATCH as usize), data, ctx })
+    }
+
+    fn full(&self) -> bool {
+        self.ts.len() == self.frames.len
+    }
+
+    /// Adds a frame (at least REPLAY_MIN_LEN long) at `now_ns` on the
+    /// program's clock.
+    fn push(&mut self, frame: &[u8], now_ns: u64, ts_ns: u64) {
+        let i = self.ts.len();
+        let r = &mut self.frames.get()[i];
+        let head = frame.len().min(REPLAY_HEAD);
+        r.now = now_ns;
+        r.len = frame.len() as u32;
+        r.head_len = head as u32;
+        r.ret = REPLAY_NOT_RUN;
+        r.slot = u32::MAX;
+        r.verdict = u32::MAX;
+        r.head[..head].copy_from_slice(&frame[..head]);
+        self.ts.push(ts_ns);
+    }
+
+    /// Runs the batch and counts each frame's verdict, in order.
+    fn flush(&mut self, p: &mut Policer, count: &mut Counting) -> Result<()> {
+        use policer_common::replay::REPLAY_PROGRAM;
+        let n = self.ts.len() as u32;
+        if n == 0 {
+            return Ok(());
+        }
+        self.ctl.get()[0] = ReplayCtl { next: 0, count: n };
+        let prog: &mut aya::programs::Xdp = p
+            .ebpf
+            .program_mut(REPLAY_PROGRAM)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(Error::Missing("replay program"))?;
+        // Each test run judges up to REPLAY_FRAMES_PER_RUN frames (one
+        // per tail call) from the cursor on; `repeat` stays 1 (a repeat
+        // swaps the program into the kernel's XDP dispatcher and out again,
+        // each a synchronize_rcu: milliseconds).
+        let mut done = 0;
+        while done < n {
+            let run = prog.test_run(TestRunOptions {
                 data_in: Some(&self.data),
-                data_out: Some(&mut self.out),
                 ctx_in: Some(&self.ctx),
                 ..Default::default()
-            })
-            .map_err(|e| Error::Program(Box::new(e)))?;
-        let word = |at: usize| u32::from_ne_bytes([self.out[at], self.out[at + 1], self.out[at + 2], self.out[at + 3]]);
-        let judged = from_test_meta_code(word(TEST_META_VERDICT)).map(|v| (word(TEST_META_SLOT), v));
-        Ok((r.return_value, judged))
+            });
+            let next = self.ctl.read(0).next;
+            if next <= done {
+                return Err(match run {
+                    Err(e) => Error::Program(Box::new(e)),
+                    Ok(_) => Error::Invalid(format!("the replay program stopped at frame {next} of a batch")),
+                });
+            }
+            done = next;
+        }
+        let ts = std::mem::take(&mut self.ts);
+        for (r, &ts_ns) in self.frames.get().iter().zip(&ts) {
+            if r.ret == REPLAY_NOT_RUN {
+                return Err(Error::Invalid(
+                    "the replay program could not make a frame of the batch (adjust_tail or store_bytes refused it)"
+                        .into(),
+                ));
+            }
+            let judged = from_test_meta_code(r.verdict).map(|v| (r.slot, v));
+            count.count(ts_ns, r.len, &r.head[..r.head_len as usize], r.ret, judged)?;
+        }
+        self.ts = ts;
+        self.ts.clear();
+        Ok(())
     }
 }
 
@@ -402,6 +505,51 @@ fn slot_names(installed: &[OfflineRule], sets: &[OfflineSet]) -> HashMap<u32, St
     m
 }
 
+/// The report as the frames' verdicts come back, in capture order.
+struct Counting {
+    r: Report,
+    per_rule: Vec<Tally>,
+    sources: Sources,
+}
+
+impl Counting {
+    /// Counts a frame (`head`: at least its first bytes, for its source)
+    /// that the program returned `ret` for, judged by `judged`'s rule slot.
+    fn count(&mut self, ts_ns: u64, len: u32, head: &[u8], ret: u32, judged: Option<(u32, Verdict)>) -> Result<()> {
+        let fate = match (ret, judged) {
+            (XDP_DROP | XDP_PASS, Some((_, Verdict::Drop))) => Fate::Dropped,
+            (XDP_PASS, Some((_, Verdict::WouldDrop))) => Fate::WouldDrop,
+            (XDP_DROP, _) => Fate::Dropped,
+            (XDP_PASS, _) => Fate::Admitted,
+            (other, _) => {
+                return Err(Error::Invalid(format!("the program returned {other} for a frame (not pass or drop)")));
+            }
+        };
+        let r = &mut self.r;
+        r.total.add(fate, len, ts_ns);
+        let Some(src) = source_of(head) else {
+            r.not_ip_frames += 1;
+            return Ok(());
+        };
+        let slot = match judged {
+            Some((slot, _)) => {
+                if let Some(t) = self.per_rule.get_mut(slot as usize).filter(|_| slot != 0) {
+                    t.add(fate, len, ts_ns);
+                }
+                Some(slot)
+            }
+            None => {
+                r.no_rule_frames += 1;
+                None
+            }
+        };
+        let s = self.sources.get(src);
+        s.slot = slot;
+        s.tally.add(fate, len, ts_ns);
+        Ok(())
+    }
+}
+
 /// Replays the capture; see the module's comment.
 pub fn replay(o: &Options) -> Result<Report> {
     let (specs, cfg) = rules(o)?;
@@ -415,6 +563,7 @@ pub fn replay(o: &Options) -> Result<Report> {
         // No clock window: the program reads the (test) clock for every
         // frame that needs it.
         tick_ns: Some(0),
+        replay_batch: policer_common::replay::REPLAY_BATCH,
         ..Default::default()
     };
     let config_path = o.config.clone().unwrap_or_default();
@@ -433,9 +582,9 @@ pub fn replay(o: &Options) -> Result<Report> {
     let installed = install_offline(&mut p, &specs, &protect, &config_path, &cfg.sets, CLOCK_START_NS)?;
     let names = slot_names(&installed.rules, &installed.sets);
     let slots = names.keys().copied().max().unwrap_or(0) as usize + 1;
-    let mut per_rule = vec![Tally::default(); slots];
-    let mut sources = Sources::new(o.top);
-    let mut r = Report {
+    let per_rule = vec![Tally::default(); slots];
+    let sources = Sources::new(o.top);
+    let r = Report {
         capture: o.capture.clone(),
         total: Tally::default(),
         not_ip_frames: 0,
@@ -452,46 +601,28 @@ pub fn replay(o: &Options) -> Result<Report> {
         frames_per_sec: 0.0,
     };
     let progress = Progress::new(!o.json, size);
-    let mut run = Run::new();
+    let mut batch = Batch::new(&p)?;
+    let mut count = Counting { r, per_rule, sources };
     let started = Instant::now();
     while let Some(f) = cap.next(&mut frame)? {
-        let first = *r.first_ns.get_or_insert(f.ts_ns);
-        r.last_ns = Some(f.ts_ns);
-        r.clipped_frames += u64::from(f.clipped);
-        let (ret, judged) = run.run(&mut p, &frame, clock(first, f.ts_ns))?;
-        if r.total.frames.is_multiple_of(16384) {
-            progress.set(cap.bytes_read(), r.total.frames);
-        }
-        let fate = match (ret, judged) {
-            (XDP_DROP | XDP_PASS, Some((_, Verdict::Drop))) => Fate::Dropped,
-            (XDP_PASS, Some((_, Verdict::WouldDrop))) => Fate::WouldDrop,
-            (XDP_DROP, _) => Fate::Dropped,
-            (XDP_PASS, _) => Fate::Admitted,
-            (other, _) => {
-                return Err(Error::Invalid(format!("the program returned {other} for a frame (not pass or drop)")));
-            }
-        };
-        r.total.add(fate, f.len, f.ts_ns);
-        let Some(src) = source_of(&frame) else {
-            r.not_ip_frames += 1;
+        let first = *count.r.first_ns.get_or_insert(f.ts_ns);
+        count.r.last_ns = Some(f.ts_ns);
+        count.r.clipped_frames += u64::from(f.clipped);
+        if f.len < REPLAY_MIN_LEN {
+            // Not an Ethernet frame: the program passes it unread (and a
+            // test run refuses it). Counted in its place.
+            batch.flush(&mut p, &mut count)?;
+            count.count(f.ts_ns, f.len, &frame, XDP_PASS, None)?;
             continue;
-        };
-        let slot = match judged {
-            Some((slot, _)) => {
-                if let Some(t) = per_rule.get_mut(slot as usize).filter(|_| slot != 0) {
-                    t.add(fate, f.len, f.ts_ns);
-                }
-                Some(slot)
-            }
-            None => {
-                r.no_rule_frames += 1;
-                None
-            }
-        };
-        let s = sources.get(src);
-        s.slot = slot;
-        s.tally.add(fate, f.len, f.ts_ns);
+        }
+        batch.push(&frame, clock(first, f.ts_ns), f.ts_ns);
+        if batch.full() {
+            batch.flush(&mut p, &mut count)?;
+            progress.set(cap.bytes_read(), count.r.total.frames);
+        }
     }
+    batch.flush(&mut p, &mut count)?;
+    let Counting { mut r, per_rule, sources } = count;
     progress.finish();
     r.elapsed_secs = started.elapsed().as_secs_f64();
     r.frames_per_sec = if r.elapsed_secs > 0.0 { r.total.frames as f64 / r.elapsed_secs } else { 0.0 };
