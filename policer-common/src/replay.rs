@@ -68,8 +68,9 @@ pub struct ReplayFrame {
     /// The frame's length (at least [`REPLAY_MIN_LEN`], at most what a test
     /// run's page holds).
     pub len: u32,
-    /// Bytes of `head` to copy: `len.min(REPLAY_HEAD)`, zero-padded past
-    /// what was captured.
+    /// Bytes of `head` that are the frame's: `len.min(REPLAY_HEAD)`
+    /// (zero-padded past what was captured). The program copies the whole
+    /// head (a constant size) and then cuts the frame to `len`.
     pub head_len: u32,
     /// The program's return value; [`REPLAY_NOT_RUN`] before.
     pub ret: u32,

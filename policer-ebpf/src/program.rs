@@ -193,7 +193,15 @@ const CAS_ROUNDS: usize = 4;
 
 #[xdp]
 pub fn policer(ctx: XdpContext) -> u32 {
-    try_policer(&ctx)
+    judge_frame(ctx.ctx)
+}
+
+/// The policer's code on a frame: the attached program's body, and what
+/// `policer_replay` runs for each frame of a batch (one copy in the
+/// object, called by both).
+#[inline(never)]
+fn judge_frame(md: *mut xdp_md) -> u32 {
+    try_policer(&XdpContext::new(md))
 }
 
 /// `policer replay`'s batch entry (policer_common::replay): run with a
@@ -208,13 +216,13 @@ pub fn policer_replay(ctx: XdpContext) -> u32 {
     }
     // Each step is a function of its own and this one keeps only
     // registers, so that the policer's code has as much of the stack as in
-    // the attached program: the verifier allows 512 bytes for the deepest
-    // chain of calls.
+    // the attached program (the verifier allows 512 bytes for the deepest
+    // chain of calls), and is the attached program's own function.
     let i = replay_prepare(ctx.ctx);
     if i < 0 {
         return xdp_action::XDP_ABORTED;
     }
-    let ret = replay_judge(ctx.ctx);
+    let ret = judge_frame(ctx.ctx);
     replay_finish(ctx.ctx, i as u32, ret);
     // The next frame, in the same test run: a tail call starts afresh
     // (stack and all); after the kernel's limit (33 in a row) it fails
@@ -222,13 +230,6 @@ pub fn policer_replay(ctx: XdpContext) -> u32 {
     // SAFETY: a tail call from this program's own context.
     unsafe { REPLAY_PROG.tail_call(&ctx, 0) };
     ret
-}
-
-/// The policer's code on the test run's frame, as the attached program
-/// runs it.
-#[inline(never)]
-fn replay_judge(md: *mut xdp_md) -> u32 {
-    try_policer(&XdpContext::new(md))
 }
 
 /// Makes the test run's frame the batch's next frame (its length, its

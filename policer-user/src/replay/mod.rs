@@ -4,10 +4,13 @@
 //! `--rate/--burst`) installed as a start installs them
 //! ([`crate::daemon::install_offline`]).
 //!
-//! Each frame is one test run, one system call: the frame's time goes in
-//! its metadata (the test clock reads it there, `policer_common::verdict`'s
-//! `TEST_META_*`), and the program writes back the counter slot of the rule
-//! that judged it and its verdict (pass, would-drop, drop). That is counted
+//! Frames go in batches (`policer_common::replay`): up to 2 048 records in
+//! an mmapped array, judged by the object's replay entry up to 34 to a test
+//! run (the policer's own function on each, then a tail call to the next):
+//! the frame's time goes in its metadata (the test clock reads it there,
+//! `policer_common::verdict`'s `TEST_META_*`), and the program writes back
+//! the counter slot of the rule that judged it and its verdict (pass,
+//! would-drop, drop). That is counted
 //! for the frame's source and for that rule (or set). Nothing is attached;
 //! the program and its maps go away at the end.
 
