@@ -3,17 +3,20 @@
 //!
 //! A test run judges one frame, and its fixed cost (the system call, the
 //! kernel's page for the frame, the copies in and out: ~1.4 µs on a small
-//! VM) is many times the program's. So replay loads a second entry of the
-//! same object, [`REPLAY_PROGRAM`], and runs it with `repeat` = the batch:
-//! each run takes the next [`ReplayFrame`] of [`MAP_REPLAY_FRAMES`] (the
-//! cursor in [`MAP_REPLAY_CTL`]), makes the test run's frame that frame
-//! (its length by `bpf_xdp_adjust_tail`, its first bytes by
-//! `bpf_xdp_store_bytes`, its time in the metadata as in
-//! [`crate::verdict::TEST_META_LEN`]), calls the policer's own code on it
-//! (the function the attached program runs, inlined), and writes the
-//! program's return value, rule slot and verdict back into the record.
-//! The frames are judged one after another in capture order on one CPU,
-//! as one test run a frame judges them.
+//! VM) is many times the program's; `repeat` reruns the same frame (and
+//! above 1 swaps the program into the kernel's XDP dispatcher and out, a
+//! `synchronize_rcu` each). So replay loads a second entry of the same
+//! object, [`REPLAY_PROGRAM`]: each time it runs it takes the next
+//! [`ReplayFrame`] of [`MAP_REPLAY_FRAMES`] (the cursor in
+//! [`MAP_REPLAY_CTL`]), makes the test run's frame that frame (its length
+//! by `bpf_xdp_adjust_tail`, its first bytes by `bpf_xdp_store_bytes`, its
+//! time in the metadata as in [`crate::verdict::TEST_META_LEN`]), calls
+//! the policer's own code on it (the function the attached program's entry
+//! calls: one copy in the object), writes the program's return value, rule
+//! slot and verdict back into the record, and tail-calls itself
+//! ([`MAP_REPLAY_PROG`]) for the next: up to [`REPLAY_FRAMES_PER_RUN`] a
+//! test run. The frames are judged one after another in capture order on
+//! one CPU, as one test run a frame judges them.
 //!
 //! Only the first [`REPLAY_HEAD`] bytes of a frame are copied: every byte
 //! the program reads lies in them (the parser's bounds, checked below);
@@ -34,7 +37,8 @@ pub const MAP_REPLAY_PROG: &str = "REPLAY_PROG";
 /// Frames one test run judges at most: the first, then one per tail call
 /// (the kernel's `MAX_TAIL_CALL_CNT`, 33).
 pub const REPLAY_FRAMES_PER_RUN: u32 = 34;
-/// Frames in a batch (one test run).
+/// Records in a batch (the map's entries), judged up to
+/// [`REPLAY_FRAMES_PER_RUN`] a test run.
 pub const REPLAY_BATCH: u32 = 2048;
 
 /// The furthest byte the parser reads, plus one: the IPv6 extension walk
