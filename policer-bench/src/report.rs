@@ -650,10 +650,10 @@ pub fn targets(r: &Results) -> Vec<Target> {
         fps.map(|s| Stat { median: 1e9 / s.median, min: 1e9 / s.max, max: 1e9 / s.min, n: s.n }),
         || match (fps, floor) {
             (Some(f), Some(x)) => format!(
-                "one BPF_PROG_TEST_RUN a frame: its floor here (the xdp_pass program, the same buffers) is {:.0} \
-                 calls/s, so {:.0} % of it is reached (`replay_floor_fps`)",
+                "up to 34 frames a BPF_PROG_TEST_RUN (docs/replay.md); one run a frame would allow at most {:.0} \
+                 here (`replay_floor_fps`, the xdp_pass program), and replay makes {:.1}× that",
                 x.median,
-                100.0 * f.median / x.median
+                f.median / x.median
             ),
             _ => "see the control-plane table (`replay_fps`)".into(),
         },
