@@ -103,7 +103,9 @@ pub struct LoadOptions {
     #[doc(hidden)]
     pub layout_version: Option<u32>,
     /// Frames in a `policer replay` batch: non-zero sizes its map and
-    /// loads the batch entry beside the policer (policer_common::replay).
+    /// loads the batch entry (policer_common::replay) *instead of* the
+    /// attached entry and the capture program: such a load is for
+    /// replay only (its `program()` is not loaded, and cannot be attached).
     pub replay_batch: u32,
 }
 
@@ -370,18 +372,24 @@ impl Policer {
             }
             _ => Error::Load(Box::new(e)),
         })?;
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROGRAM_NAME)
-            .ok_or(Error::Missing("XDP program"))?
-            .try_into()
-            .map_err(|e| Error::Program(Box::new(e)))?;
-        prog.load().map_err(|e| Error::Program(Box::new(e)))?;
-        load_capture(&mut ebpf)?;
-        if opts.replay_batch != 0 {
+        if opts.replay_batch == 0 {
+            let prog: &mut Xdp = ebpf
+                .program_mut(PROGRAM_NAME)
+                .ok_or(Error::Missing("XDP program"))?
+                .try_into()
+                .map_err(|e| Error::Program(Box::new(e)))?;
+            prog.load().map_err(|e| Error::Program(Box::new(e)))?;
+            load_capture(&mut ebpf)?;
+            if let Some(v) = opts.layout_version {
+                stamp_layout(&mut ebpf, v)?;
+            }
+        } else {
+            // A replay runs only its entry, which calls the policer's own
+            // function: the attached entry and the capture program are not
+            // loaded (each would be verified for nothing; the entry's
+            // verification is most of a replay's start). Nothing is
+            // attached, so no layout stamp either.
             load_replay(&mut ebpf)?;
-        }
-        if let Some(v) = opts.layout_version {
-            stamp_layout(&mut ebpf, v)?;
         }
         let reader = Arc::new(MapReader::of(&ebpf)?);
         let mut p = Policer { ebpf, reader };
