@@ -1357,10 +1357,6 @@ impl Policer {
     }
 }
 
-/// Writes the layout version into [`MAP_LAYOUT`], freezes the map (no
-/// later write from user space) and binds it to the program: the program
-/// never reads it, and without the binding it would not be among the
-/// program's maps, where another build looks for it.
 /// Loads the capture program beside the policer's and puts it in the
 /// program array the policer's verdict tail-calls (docs/capture.md). Both
 /// live as long as this load: the array is this program's own, created
@@ -1371,20 +1367,10 @@ impl Policer {
 /// captures are then refused ([`Policer::take_capture`]).
 fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
     use policer_common::capture::{CAPTURE_PROGRAM, MAP_CAPTURE_PROG};
-    let Some(prog) = ebpf.program_mut(CAPTURE_PROGRAM) else {
+    if ebpf.program(CAPTURE_PROGRAM).is_none() {
         return Ok(());
-    };
-    let prog: &mut Xdp = prog.try_into().map_err(|e| Error::Program(Box::new(e)))?;
-    prog.load().map_err(|e| Error::Program(Box::new(e)))?;
-    let fd = prog
-        .fd()
-        .map_err(|e| Error::Program(Box::new(e)))?
-        .try_clone()
-        .map_err(Error::kernel("duplicating the capture program's descriptor"))?;
-    let mut array = ProgramArray::try_from(ebpf.map_mut(MAP_CAPTURE_PROG).ok_or(Error::Missing(MAP_CAPTURE_PROG))?)
-        .map_err(Error::map(MAP_CAPTURE_PROG))?;
-    array.set(0, &fd, 0).map_err(Error::map(MAP_CAPTURE_PROG))?;
-    Ok(())
+    }
+    load_into_array(ebpf, CAPTURE_PROGRAM, MAP_CAPTURE_PROG)
 }
 
 /// Loads `policer replay`'s batch entry and puts it in its own program
@@ -1393,23 +1379,29 @@ fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
 /// kernel empties it with its last descriptor).
 fn load_replay(ebpf: &mut Ebpf) -> Result<()> {
     use policer_common::replay::{MAP_REPLAY_PROG, REPLAY_PROGRAM};
-    let prog: &mut Xdp = ebpf
-        .program_mut(REPLAY_PROGRAM)
-        .ok_or(Error::Missing("replay program"))?
-        .try_into()
-        .map_err(|e| Error::Program(Box::new(e)))?;
+    load_into_array(ebpf, REPLAY_PROGRAM, MAP_REPLAY_PROG)
+}
+
+/// Loads the object's XDP program `name` and puts it at index 0 of the
+/// program array `array`, for a tail call to reach it.
+fn load_into_array(ebpf: &mut Ebpf, name: &'static str, array: &'static str) -> Result<()> {
+    let prog: &mut Xdp =
+        ebpf.program_mut(name).ok_or(Error::Missing(name))?.try_into().map_err(|e| Error::Program(Box::new(e)))?;
     prog.load().map_err(|e| Error::Program(Box::new(e)))?;
     let fd = prog
         .fd()
         .map_err(|e| Error::Program(Box::new(e)))?
         .try_clone()
-        .map_err(Error::kernel("duplicating the replay program's descriptor"))?;
-    let mut array = ProgramArray::try_from(ebpf.map_mut(MAP_REPLAY_PROG).ok_or(Error::Missing(MAP_REPLAY_PROG))?)
-        .map_err(Error::map(MAP_REPLAY_PROG))?;
-    array.set(0, &fd, 0).map_err(Error::map(MAP_REPLAY_PROG))?;
+        .map_err(Error::kernel(format!("duplicating the descriptor of program {name}")))?;
+    let mut m = ProgramArray::try_from(ebpf.map_mut(array).ok_or(Error::Missing(array))?).map_err(Error::map(array))?;
+    m.set(0, &fd, 0).map_err(Error::map(array))?;
     Ok(())
 }
 
+/// Writes the layout version into [`MAP_LAYOUT`], freezes the map (no
+/// later write from user space) and binds it to the program: the program
+/// never reads it, and without the binding it would not be among the
+/// program's maps, where another build looks for it.
 fn stamp_layout(ebpf: &mut Ebpf, version: u32) -> Result<()> {
     let mut m: Array<&mut MapData, u32> =
         Array::try_from(ebpf.map_mut(MAP_LAYOUT).ok_or(Error::Missing(MAP_LAYOUT))?).map_err(Error::map(MAP_LAYOUT))?;
