@@ -581,11 +581,21 @@ fn inspect_resolves_classes_bytes_and_monitor() {
         SpecFlow { spec: FrameSpec::udp_to(ip("198.18.2.5"), d, 64, 9), pps: 1_000.0 },
     ];
     let sbr = &sb;
+    // The flows run until the checks below are done (a dozen CLI calls:
+    // 2.5 s, or more than 6 s on a loaded machine, and a flow that has
+    // stopped has no debt to show), at most a minute; stopped on the way
+    // out, a failed check's too.
+    struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opts = RunOptions { stop: Some(stop.clone()), ..RunOptions::default() };
     std::thread::scope(|s| {
-        // Long enough to outlast the checks below (a dozen CLI calls: on a
-        // loaded machine more than the 2.5 s a 4 s run left, and a flow
-        // that has stopped has no debt to show).
-        let run = s.spawn(|| traffic::run_specs(sbr, &flows, Duration::from_secs(8), &RunOptions::default()));
+        let run = s.spawn(|| traffic::run_specs(sbr, &flows, Duration::from_secs(60), &opts));
+        let stopper = StopOnDrop(stop.clone());
         std::thread::sleep(Duration::from_millis(1500));
         let inspect = |args: &[&str]| {
             let mut a = vec!["inspect"];
@@ -631,6 +641,7 @@ fn inspect_resolves_classes_bytes_and_monitor() {
         assert_eq!(mon.map(|e| e["action"].clone()), Some(serde_json::json!("monitor")), "{t}");
         let text = succeeds(&cli(&sb, &["top"]));
         assert!(text.contains("(would drop)"), "{text}");
+        drop(stopper);
         let (_, got) = run.join().unwrap();
         assert!(got.per_flow[1] > 0);
     });

@@ -208,9 +208,7 @@ pub(super) fn plan(
         writes.extend(write);
         rules.push((*key, inst));
     }
-    // Built in one go from keys in order: full B-tree nodes (half empty
-    // when inserted one by one).
-    let rules: super::Rules = rules.into_iter().collect();
+    let rules = packed(rules);
     let next_id = id;
     let mut groups = groups.clone();
     let list = rules
@@ -228,6 +226,28 @@ pub(super) fn plan(
     // Protected prefixes allow, over any ban covering them.
     protect.apply(&mut compiled.prefixes);
     Ok(Plan { rules, writes, taken, freed: gone, compiled, delta: None, groups, next_id })
+}
+
+/// The rules in force from `sorted` (in key order), with full leaves.
+/// `imbl` builds a map by inserts, and inserts in key order leave every
+/// leaf it splits half full (16 entries a leaf: 12 500 leaves of 1.3 KB
+/// for 100 000 rules, measured with heaptrack). Inserting every other key
+/// first, then the ones between, fills each of those half-full leaves with
+/// the keys that fall in it: about half the leaves, the same map.
+fn packed(sorted: Vec<(RuleKey, Installed)>) -> Rules {
+    let mut rules = Rules::new();
+    let mut between = Vec::with_capacity(sorted.len() / 2);
+    for (i, (k, v)) in sorted.into_iter().enumerate() {
+        if i % 2 == 1 {
+            rules.insert(k, v);
+        } else {
+            between.push((k, v));
+        }
+    }
+    for (k, v) in between {
+        rules.insert(k, v);
+    }
+    rules
 }
 
 /// What [`plan_edits`] starts from: the rules in force and what the rule
