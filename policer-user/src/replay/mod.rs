@@ -320,9 +320,10 @@ pub fn source_of(f: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// A batch of frames judged in one test run (policer_common::replay): the
-/// records in the mmapped frames map, filled here and read back after the
-/// run, and each frame's capture time beside them.
+/// A batch of frames (policer_common::replay): the records in the mmapped
+/// frames map, filled here, judged in test runs of up to
+/// `REPLAY_FRAMES_PER_RUN` frames and read back after the last, and each
+/// frame's capture time beside them.
 struct Batch {
     frames: Mapping<ReplayFrame>,
     ctl: Mapping<ReplayCtl>,
