@@ -395,8 +395,10 @@ capture's own timestamps as the program's clock, with the rules of --config (the
 manual bans, [[set]]s and protect) or of --rate/--burst; nothing is attached and no daemon is needed. Reports per \
 rule and per source the frames and bytes admitted and dropped, the first and last drop, and the top dropped \
 sources. The capture is streamed: memory stays bounded whatever its size (the source table holds 65 536 sources, \
-or twice --top; past that the sources with the fewest drops are let go, and the report says so). A progress bar \
-is shown on a terminal. Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
+or twice --top; past that the sources with the fewest drops are let go, and the report says so). Frames are \
+judged in order, up to 34 to a test run (millions a second); a frame longer than a test run takes (3 520 bytes) \
+is replayed clipped, its IP length made to fit, and counted in clipped_frames. A progress bar is shown on a \
+terminal. Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
         examples: &[
             ("What 2 kpps with bursts of 50 would have done", "policer replay tuesday.pcap --rate 2kpps --burst 50"),
             ("A candidate config against a capture", "policer replay tuesday.pcapng --config new.toml --top 20"),
