@@ -30,12 +30,12 @@ use crate::{
 /// and are not compiled here.
 pub fn check_rules<'a>(rules: impl IntoIterator<Item = &'a RuleSpec>) -> Result<()> {
     let rules: Vec<&RuleSpec> = rules.into_iter().collect();
-    if rules.iter().all(|s| s.class.is_none()) {
+    if rules.iter().all(|s| s.class().is_none()) {
         return Ok(());
     }
     let kernel = rules
         .iter()
-        .map(|s| Ok(KernelRule { net: s.net, class: s.class, rule: s.kernel(0)?, ban: s.ban.is_some() }))
+        .map(|s| Ok(KernelRule { net: s.net, class: s.class(), rule: s.kernel(0)?, ban: s.ban().is_some() }))
         .collect::<Result<Vec<_>>>()?;
     compile(&kernel, &mut Groups::default()).map(|_| ())
 }

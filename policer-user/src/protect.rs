@@ -74,14 +74,14 @@ impl Protect {
     /// a class (it narrows a prefix to police it), a manual ban.
     pub fn refuse_rule(&self, s: &RuleSpec) -> Result<()> {
         let Some(p) = self.holding(&s.net) else { return Ok(()) };
-        let what = if s.ban.is_some() {
+        let what = if s.ban().is_some() {
             "a ban".to_string()
-        } else if s.class.is_none() {
+        } else if s.class().is_none() {
             format!("a {} rule", s.action)
         } else {
             format!("a {} rule with a class", s.action)
         };
-        if s.ban.is_none() && s.class.is_none() && s.action == Action::Allow {
+        if s.ban().is_none() && s.class().is_none() && s.action == Action::Allow {
             return Ok(());
         }
         Err(Error::Invalid(format!(

@@ -634,7 +634,7 @@ pub fn specs(name: &str, rule: &RuleConfig, entries: &[IpNet]) -> Result<(RuleSp
         )));
     }
     let (s4, s6) = (spec(false, !v4.is_empty())?, spec(true, !v6.is_empty())?);
-    if s4.total.is_some() || s4.auto_ban.is_some() {
+    if s4.total().is_some() || s4.auto_ban().is_some() {
         return Err(Error::Invalid("a set takes --action, --rate, --burst and --key-len".into()));
     }
     // Buckets are keyed by the source masked to the key length: a key

@@ -292,10 +292,10 @@ pub(super) fn update(t: &mut dyn TableLike, old: &RuleSpec, new: &RuleSpec) {
             set(t, "key_len", None);
         }
     }
-    if old.total != new.total {
+    if old.total() != new.total() {
         write_total(t, &c);
     }
-    if old.auto_ban != new.auto_ban || old.ban != new.ban || old.expires != new.expires {
+    if old.auto_ban() != new.auto_ban() || old.ban() != new.ban() || old.expires != new.expires {
         write_bans(t, &c);
     }
 }

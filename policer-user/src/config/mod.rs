@@ -269,7 +269,7 @@ impl Config {
                         continue;
                     }
                     if out.insert(spec.key(), spec.clone()).is_some() {
-                        let what = if spec.class.is_none() {
+                        let what = if spec.class().is_none() {
                             format!("prefix {}", spec.net)
                         } else {
                             format!("the rule {}", spec.key())

@@ -561,7 +561,7 @@ fn class_rules_written_and_read_back() {
 
     // A changed total is written in place.
     let mut syn2 = syn.clone();
-    syn2.total = Some((policer_common::rate::Rate::parse("6kpps").unwrap(), 100));
+    syn2.set_total(Some((policer_common::rate::Rate::parse("6kpps").unwrap(), 100)));
     f.apply_rules(&with(fewer, syn2)).unwrap();
     let changed = fs::read_to_string(&p).unwrap();
     assert_eq!(diff(&after, &changed), (vec!["total_rate = \"6kpps\"".into()], vec!["total_rate = \"5kpps\"".into()]));
@@ -635,10 +635,10 @@ total_rate = "50kpps"
 "#;
     let (_, rules) = super::Config::parse(text, Path::new("t.toml")).unwrap();
     assert_eq!(rules.len(), 4);
-    let dns = rules.values().find(|s| s.class.dport == Some((53, 53))).unwrap();
-    assert_eq!((dns.class.proto, dns.burst), (Some(17), 20));
-    let game = rules.values().find(|s| s.total.is_some()).unwrap();
-    assert_eq!((game.rate, game.class.to_string()), (None, "udp dport 27015 dst 198.51.100.10/32".to_string()));
+    let dns = rules.values().find(|s| s.class().dport == Some((53, 53))).unwrap();
+    assert_eq!((dns.class().proto, dns.burst), (Some(17), 20));
+    let game = rules.values().find(|s| s.total().is_some()).unwrap();
+    assert_eq!((game.rate, game.class().to_string()), (None, "udp dport 27015 dst 198.51.100.10/32".to_string()));
     // Back to text and read again: the same rules.
     for s in rules.values() {
         let back = s.config().validate().unwrap();
@@ -1124,7 +1124,7 @@ expires = \"2099-01-01T00:00:00Z\"
                 _ => {
                     let k = keys[next(keys.len())];
                     let old = &want[&k];
-                    if old.ban.is_some() {
+                    if old.ban().is_some() {
                         continue;
                     }
                     let mut c = old.config();

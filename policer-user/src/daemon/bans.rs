@@ -202,7 +202,7 @@ impl Daemon {
         let until = spec.expires.map(duration::rfc3339).unwrap_or_default();
         let what = if replaced { "ban replaced" } else { "banned" };
         let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
-        let why = spec.ban.clone().flatten().map(|r| format!(": {r}")).unwrap_or_default();
+        let why = spec.ban().cloned().flatten().map(|r| format!(": {r}")).unwrap_or_default();
         if !self.dry() {
             println!("policer: manual ban of {} until {until}{why}", key.net);
         }
@@ -403,7 +403,7 @@ impl Daemon {
     /// Logs automatic bans that started or ended since the last scan
     /// (bounded), and forgets those past their escalation window.
     fn scan_bans(&mut self) -> Result<()> {
-        let any_rule = self.rs.rules().values().any(|i| i.spec.auto_ban.is_some());
+        let any_rule = self.rs.rules().values().any(|i| i.spec.auto_ban().is_some());
         if !any_rule && self.ban_log.seen.is_empty() && self.ban_log.stored == Some(0) {
             return Ok(());
         }

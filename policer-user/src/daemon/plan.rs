@@ -57,7 +57,7 @@ impl Held<'_> {
     /// Whether `want` has the same aggregate bucket (`--total-rate`) as
     /// this rule; unknown for an adopted rule, so no.
     fn same_total(&self, want: &RuleSpec) -> bool {
-        matches!(&self.form, Form::Spec(s) if s.total == want.total)
+        matches!(&self.form, Form::Spec(s) if s.total() == want.total())
     }
 }
 
@@ -323,7 +323,7 @@ pub(super) fn plan_edits(
         let inst = match now.rules.get(key) {
             Some(h) if *h.spec == *spec => continue,
             Some(h) => {
-                writes.push(Write { key: *key, slot: h.slot, fresh: false, total: h.spec.total != spec.total });
+                writes.push(Write { key: *key, slot: h.slot, fresh: false, total: h.spec.total() != spec.total() });
                 Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot: h.slot, persisted: false }
             }
             None => {

@@ -636,7 +636,7 @@ impl Daemon {
             (rc.rate, rc.burst) = (None, None);
         }
         let spec = rc.validate()?;
-        if spec.action == policer_common::bucket::Action::Deny && spec.class.is_none() && !force {
+        if spec.action == policer_common::bucket::Action::Deny && spec.class().is_none() && !force {
             crate::rules::refuse_everyone(&spec.net, "a deny of")?;
         }
         if spec.rate.is_some_and(|r| r.is_bytes()) && spec.burst < 1500 {

@@ -169,7 +169,7 @@ impl Views {
         let mut rules = BTreeMap::new();
         for r in snap.rules.values() {
             let prefix = r.spec.net.to_string();
-            let class = r.spec.class.to_string();
+            let class = r.spec.class().to_string();
             let name = if class == "-" || class.is_empty() { prefix.clone() } else { format!("{prefix} ({class})") };
             rules.insert(r.slot, (prefix, name));
         }
@@ -203,17 +203,17 @@ impl Views {
     pub fn rules(&self) -> Vec<RuleView> {
         let snap = self.snap();
         let view = |s: &RuleSpec, persisted: bool, in_force: bool| {
-            let t = s.class.text();
+            let t = s.class().text();
             RuleView {
                 prefix: s.net.to_string(),
-                class: s.class.to_string(),
+                class: s.class().to_string(),
                 proto: t.proto,
                 dport: t.dport,
                 tcp_flags: t.tcp_flags,
                 icmp_type: t.icmp_type,
                 dst: t.dst,
-                total_rate: s.total.map(|(r, _)| r.to_string()),
-                total_burst: s.total.map(|(_, b)| b),
+                total_rate: s.total().map(|(r, _)| r.to_string()),
+                total_burst: s.total().map(|(_, b)| b),
                 action: s.action.to_string(),
                 rate: s.rate.map(|r| r.to_string()),
                 burst: s.rate.map(|_| s.burst),
@@ -221,11 +221,11 @@ impl Views {
                 key_len: s.key_len,
                 persisted,
                 in_force,
-                ban: s.ban.is_some(),
-                reason: s.ban.clone().flatten(),
-                ban_for: s.auto_ban.map(|b| crate::duration::format(b.ban_for)),
-                ban_after: s.auto_ban.map(|b| b.ban_after),
-                ban_max: s.auto_ban.and_then(|b| b.ban_max).map(crate::duration::format),
+                ban: s.ban().is_some(),
+                reason: s.ban().cloned().flatten(),
+                ban_for: s.auto_ban().map(|b| crate::duration::format(b.ban_for)),
+                ban_after: s.auto_ban().map(|b| b.ban_after),
+                ban_max: s.auto_ban().and_then(|b| b.ban_max).map(crate::duration::format),
                 expires: s.expires.map(crate::duration::rfc3339),
                 set: None,
                 entries: None,
@@ -608,7 +608,7 @@ impl Views {
         }
         let refusal = if action == Action::Police { "drop" } else { "would drop" };
         // An automatic ban of its bucket key: dropped until it ends.
-        if spec.is_none_or(|s| s.auto_ban.is_some())
+        if spec.is_none_or(|s| s.auto_ban().is_some())
             && let Some((_, b)) = auto.iter().find(|(k, _)| *k == key)
         {
             v.next_admit_ns = Some((b.left_seconds * 1e9) as u64);
@@ -837,7 +837,7 @@ impl Views {
         }
         let Ok(rule) = spec.kernel(slot) else { return Ok(None) };
         let mut key = rule_bucket_key(addr, &rule);
-        if !spec.class.is_none() {
+        if !spec.class().is_none() {
             key.class = slot;
         }
         Ok(Some(self.reader.bucket(&key)?.is_some()))
@@ -882,7 +882,7 @@ impl Views {
             let mut key = rule_bucket_key(addr, &rule);
             // A class's buckets are per source and class (its slot); the
             // compiler sets the flag the program reads, not `kernel`.
-            if !spec.class.is_none() {
+            if !spec.class().is_none() {
                 key.class = slot;
             }
             if !seen.insert((key.addr, key.key_len, key.class)) {
@@ -980,7 +980,7 @@ impl BanLs {
                 prefix: k.net.to_string(),
                 origin: "manual".into(),
                 rule: None,
-                reason: r.spec.ban.clone().flatten(),
+                reason: r.spec.ban().cloned().flatten(),
                 expires: crate::duration::rfc3339(expires),
                 left_seconds: expires.saturating_sub(now_ms) as f64 / 1000.0,
                 dropped_pkts: self.dropped.get(r.slot as usize).copied().unwrap_or(0),
