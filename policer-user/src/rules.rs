@@ -105,11 +105,28 @@ impl PortValue {
 
 /// What identifies a rule: its source prefix and its class; a manual
 /// ban of a prefix is an entry of its own beside the prefix's rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// Ordered by prefix, class, ban: the class-less rule is a class's least
+/// value, so `None` before any class orders as the class itself would.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RuleKey {
     pub net: IpNet,
-    pub class: Class,
+    /// None: the prefix's class-less rule (`Class::default()`). Boxed: few
+    /// rules have a class, and a key is held two or three times for each
+    /// of 100 000 rules (32 bytes here against 52 inline).
+    class: Option<Box<Class>>,
     pub ban: bool,
+}
+
+impl RuleKey {
+    pub fn new(net: IpNet, class: Class, ban: bool) -> RuleKey {
+        RuleKey { net, class: (!class.is_none()).then(|| Box::new(class)), ban }
+    }
+
+    /// Which of the prefix's traffic (none: all of it).
+    pub fn class(&self) -> Class {
+        self.class.as_deref().copied().unwrap_or_default()
+    }
 }
 
 impl std::fmt::Display for RuleKey {
@@ -120,7 +137,7 @@ impl std::fmt::Display for RuleKey {
         } else if self.class.is_none() {
             write!(f, "{}", self.net)
         } else {
-            write!(f, "{} [{}]", self.net, self.class)
+            write!(f, "{} [{}]", self.net, self.class())
         }
     }
 }
@@ -267,7 +284,7 @@ impl RuleConfig {
     /// The rule's identity, validated.
     pub fn key(&self) -> Result<RuleKey> {
         let net = parse_prefix(&self.prefix)?;
-        Ok(RuleKey { net, class: Class::parse(&self.class_text(), net.addr().is_ipv6())?, ban: self.ban == Some(true) })
+        Ok(RuleKey::new(net, Class::parse(&self.class_text(), net.addr().is_ipv6())?, self.ban == Some(true)))
     }
 
     /// The expiry as Unix ms: `expires` as written, or `ttl` from now.
@@ -641,7 +658,7 @@ impl RuleSpec {
 
     /// The rule's identity.
     pub fn key(&self) -> RuleKey {
-        RuleKey { net: self.net, class: self.class(), ban: self.ban().is_some() }
+        RuleKey::new(self.net, self.class(), self.ban().is_some())
     }
 
     /// The kernel's parameters of this rule's automatic bans.
@@ -731,14 +748,14 @@ impl SpecMap for std::collections::BTreeMap<RuleKey, std::sync::Arc<RuleSpec>> {
     }
 
     fn specs(&self) -> std::collections::BTreeMap<RuleKey, RuleSpec> {
-        self.iter().map(|(k, s)| (*k, (**s).clone())).collect()
+        self.iter().map(|(k, s)| (k.clone(), (**s).clone())).collect()
     }
 }
 
 pub fn edit_rules(rules: &mut std::collections::BTreeMap<RuleKey, RuleSpec>, edits: &[(RuleKey, Option<RuleSpec>)]) {
     for (k, v) in edits {
         match v {
-            Some(s) => rules.insert(*k, s.clone()),
+            Some(s) => rules.insert(k.clone(), s.clone()),
             None => rules.remove(k),
         };
     }
@@ -1088,7 +1105,7 @@ mod tests {
             ..ClassText::default()
         });
         assert_eq!(set.remove(&rm.key().unwrap()).map(|s| s.key()), Some(dns.key()));
-        assert_eq!(set.keys().copied().collect::<Vec<_>>(), {
+        assert_eq!(set.keys().cloned().collect::<Vec<_>>(), {
             let mut v = vec![plain.key(), syn.key()];
             v.sort();
             v
@@ -1102,5 +1119,42 @@ mod tests {
             r.tcp_flags = Some("syn".into());
         });
         assert_eq!(again.key().unwrap(), syn.key());
+    }
+
+    /// A key orders as (prefix, class, ban) with the class inline did: the
+    /// rules in force, the file's and the plans walk keys in this order.
+    #[test]
+    fn keys_order_by_prefix_class_ban() {
+        let classes = ["", "udp", "udp dport 53", "tcp flags syn", "icmp type 8", "udp dport 53 dst 192.0.2.0/24"];
+        let mut keys = Vec::new();
+        for p in ["10.0.0.0/8", "10.0.0.0/16", "192.0.2.0/24", "0.0.0.0/0"] {
+            let net = parse_prefix(p).unwrap();
+            for c in classes {
+                let mut t = ClassText::default();
+                let mut w = c.split_whitespace();
+                while let Some(f) = w.next() {
+                    match f {
+                        "udp" | "tcp" | "icmp" => t.proto = Some(f.into()),
+                        "dport" => t.dport = w.next().map(Into::into),
+                        "flags" => t.tcp_flags = w.next().map(Into::into),
+                        "type" => t.icmp_type = w.next().map(Into::into),
+                        "dst" => t.dst = w.next().map(Into::into),
+                        _ => unreachable!(),
+                    }
+                }
+                let class = Class::parse(&t, false).unwrap();
+                assert_eq!(class.is_none(), c.is_empty());
+                for ban in [false, true] {
+                    keys.push(RuleKey::new(net, class, ban));
+                }
+            }
+        }
+        let mut inline: Vec<_> = keys.iter().map(|k| (k.net, k.class(), k.ban)).collect();
+        inline.sort();
+        keys.reverse();
+        keys.sort();
+        assert_eq!(keys.iter().map(|k| (k.net, k.class(), k.ban)).collect::<Vec<_>>(), inline);
+        assert_eq!(std::mem::size_of::<RuleKey>(), 32);
+        assert_eq!(std::mem::size_of::<RuleSpec>(), 80);
     }
 }

@@ -310,8 +310,10 @@ impl ConfigFile {
             && let Ok((_, before)) = Config::parse(t, &self.path)
         {
             let mut edits: Vec<(RuleKey, Option<RuleSpec>)> =
-                before.keys().filter(|k| !rules.contains_key(k)).map(|k| (*k, None)).collect();
-            edits.extend(rules.iter().filter(|(k, v)| before.get(k) != Some(v)).map(|(k, v)| (*k, Some(v.clone()))));
+                before.keys().filter(|k| !rules.contains_key(k)).map(|k| (k.clone(), None)).collect();
+            edits.extend(
+                rules.iter().filter(|(k, v)| before.get(k) != Some(v)).map(|(k, v)| (k.clone(), Some(v.clone()))),
+            );
             if !edits.is_empty() {
                 let pending = self.stage_rules(&before, &edits)?;
                 return self.commit(pending);

@@ -256,7 +256,7 @@ pub(super) fn splice(
     let mut new: Vec<&RuleSpec> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (k, want) in edits {
-        if !seen.insert(*k) {
+        if !seen.insert(k.clone()) {
             return None;
         }
         // A key found by hash is checked below against the rule there.
@@ -309,14 +309,17 @@ pub(super) fn splice(
                 let prefix = &text[p..h];
                 let d = p + edit::split_detached(prefix).0.len();
                 if !text[p..d].contains('#') {
-                    (Op { kind: Kind::Remove { i, key: *key }, from: p, to: end, new_len: 0 }, String::new())
+                    (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: 0 }, String::new())
                 } else if let Some(next) = next {
                     let after = &text[end..next];
                     let trimmed = after.len() - edit::trim_blank_lines(after).len();
-                    (Op { kind: Kind::Remove { i, key: *key }, from: d, to: end + trimmed, new_len: 0 }, String::new())
+                    (
+                        Op { kind: Kind::Remove { i, key: key.clone() }, from: d, to: end + trimmed, new_len: 0 },
+                        String::new(),
+                    )
                 } else {
                     let kept = format!("{}\n", text[p..d].trim_end_matches('\n'));
-                    (Op { kind: Kind::Remove { i, key: *key }, from: p, to: end, new_len: kept.len() }, kept)
+                    (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: kept.len() }, kept)
                 }
             }
         };

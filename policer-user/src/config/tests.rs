@@ -63,7 +63,7 @@ fn with(mut rules: BTreeMap<RuleKey, RuleSpec>, r: RuleSpec) -> BTreeMap<RuleKey
 }
 
 fn without(mut rules: BTreeMap<RuleKey, RuleSpec>, prefix: &str) -> BTreeMap<RuleKey, RuleSpec> {
-    let key = RuleKey { net: prefix.parse::<IpNet>().unwrap(), class: Default::default(), ban: false };
+    let key = RuleKey::new(prefix.parse::<IpNet>().unwrap(), Default::default(), false);
     rules.remove(&key).expect("rule exists");
     rules
 }
@@ -243,7 +243,7 @@ fn interfaces_keep_their_comment() {
     assert_eq!(f.config().daemon.interfaces, ["eth1", "eth2"]);
     // The rules' places moved with it: a rule change after it is in place.
     let mut want = rules.clone();
-    let last = *want.keys().last().unwrap();
+    let last = want.keys().last().unwrap().clone();
     want.remove(&last);
     f.apply_rules(&want).unwrap();
     assert_eq!(super::SPLICED.with(|n| n.get()), spliced + 2);
@@ -1098,7 +1098,7 @@ expires = \"2099-01-01T00:00:00Z\"
     let mut added = 0u32;
     for _ in 0..300 {
         let before = want.clone();
-        let keys: Vec<RuleKey> = want.keys().copied().collect();
+        let keys: Vec<RuleKey> = want.keys().cloned().collect();
         let mut edits: Vec<(RuleKey, Option<RuleSpec>)> = Vec::new();
         for _ in 0..1 + next(3) {
             let e = match next(4) {
@@ -1117,12 +1117,12 @@ expires = \"2099-01-01T00:00:00Z\"
                 }
                 // A rule removed.
                 2 if keys.len() > 2 => {
-                    let k = keys[1 + next(keys.len() - 1)];
+                    let k = keys[1 + next(keys.len() - 1)].clone();
                     (k, None)
                 }
                 // A rule changed: its rate, or its action.
                 _ => {
-                    let k = keys[next(keys.len())];
+                    let k = keys[next(keys.len())].clone();
                     let old = &want[&k];
                     if old.ban().is_some() {
                         continue;
@@ -1152,7 +1152,7 @@ expires = \"2099-01-01T00:00:00Z\"
         }
         for (k, v) in &edits {
             match v {
-                Some(s) => want.insert(*k, s.clone()),
+                Some(s) => want.insert(k.clone(), s.clone()),
                 None => want.remove(k),
             };
         }

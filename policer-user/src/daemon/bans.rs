@@ -197,7 +197,7 @@ impl Daemon {
         }
         let key = spec.key();
         let replaced = self.rs.rules().contains_key(&key);
-        self.change(runtime, &[(key, Some(spec.clone()))])?;
+        self.change(runtime, &[(key.clone(), Some(spec.clone()))])?;
         self.changed = true;
         let until = spec.expires.map(duration::rfc3339).unwrap_or_default();
         let what = if replaced { "ban replaced" } else { "banned" };
@@ -214,7 +214,7 @@ impl Daemon {
     /// holds it). Nothing to lift is an error.
     pub(super) fn unban(&mut self, prefix: &str, runtime: bool) -> Result<String> {
         let net = parse_prefix(prefix)?;
-        let key = RuleKey { net, class: Default::default(), ban: true };
+        let key = RuleKey::new(net, Default::default(), true);
         let manual = self.rs.rules().contains_key(&key) || (!runtime && self.rs.file_rules().contains_key(&key));
         let now = monotonic_ns();
         let autos: Vec<BucketKeyV6> = self
@@ -281,7 +281,7 @@ impl Daemon {
         if due.is_empty() {
             return;
         }
-        let edit: Vec<(RuleKey, Option<crate::rules::RuleSpec>)> = due.iter().map(|k| (*k, None)).collect();
+        let edit: Vec<(RuleKey, Option<crate::rules::RuleSpec>)> = due.iter().map(|k| (k.clone(), None)).collect();
         // An end is kept even when the file cannot be written (a full disk):
         // then in the kernel only, and the next write of the file (or the
         // next start, which skips what ended) catches up.
@@ -523,11 +523,11 @@ mod tests {
     fn manual_bans_are_counted_from_their_slots() {
         let net = |s: &str| s.parse::<IpNet>().unwrap();
         let rules: std::collections::BTreeMap<RuleKey, u32> = [
-            (RuleKey { net: net("10.0.0.0/8"), class: Default::default(), ban: false }, 1),
-            (RuleKey { net: net("10.0.0.0/8"), class: Default::default(), ban: true }, 9),
-            (RuleKey { net: net("192.0.2.0/24"), class: Default::default(), ban: true }, 4),
-            (RuleKey { net: net("2001:db8::/32"), class: Default::default(), ban: true }, 40),
-            (RuleKey { net: net("198.51.100.0/24"), class: Default::default(), ban: false }, 5),
+            (RuleKey::new(net("10.0.0.0/8"), Default::default(), false), 1),
+            (RuleKey::new(net("10.0.0.0/8"), Default::default(), true), 9),
+            (RuleKey::new(net("192.0.2.0/24"), Default::default(), true), 4),
+            (RuleKey::new(net("2001:db8::/32"), Default::default(), true), 40),
+            (RuleKey::new(net("198.51.100.0/24"), Default::default(), false), 5),
         ]
         .into();
         let slots = manual_ban_slots(rules.iter(), |s| *s);

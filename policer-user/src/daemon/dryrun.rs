@@ -202,7 +202,7 @@ impl std::fmt::Debug for Preview {
 impl Preview {
     /// The view without the live sources (filled by [`judge_live`]).
     pub fn view(&self) -> DryRunView {
-        let specs = |w: &World| w.rules.iter().map(|(k, i)| (*k, (*i.spec).clone())).collect::<BTreeMap<_, _>>();
+        let specs = |w: &World| w.rules.iter().map(|(k, i)| (k.clone(), (*i.spec).clone())).collect::<BTreeMap<_, _>>();
         let (rules_added, rules_changed, rules_removed) = diff(&specs(&self.before), &specs(&self.after));
         DryRunView {
             dry_run: true,
@@ -273,8 +273,8 @@ impl World {
 
     /// The class rule of counter slot `slot`, and its key.
     fn class_rule(&self, slot: u32) -> Option<(RuleKey, Rule)> {
-        let (k, i) = self.rules.iter().find(|(k, i)| !k.class.is_none() && i.slot == slot)?;
-        Some((*k, i.spec.kernel(i.id).ok()?.with_counter_slot(i.slot)))
+        let (k, i) = self.rules.iter().find(|(k, i)| !k.class().is_none() && i.slot == slot)?;
+        Some((k.clone(), i.spec.kernel(i.id).ok()?.with_counter_slot(i.slot)))
     }
 
     /// The class rule with key `key`.
@@ -416,7 +416,7 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
                 // Its frames fall to a rule only a frame tells.
                 (false, None) => return,
             };
-            (Judged { rule: Some(rule), label: key.to_string() }, after, key.class.to_string())
+            (Judged { rule: Some(rule), label: key.to_string() }, after, key.class().to_string())
         };
         if alike(now.rule.as_ref(), after.rule.as_ref()) {
             return;

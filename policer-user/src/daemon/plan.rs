@@ -187,7 +187,7 @@ pub(super) fn plan(
                 (Installed { spec: std::sync::Arc::new(spec.clone()), id: h.id, slot: h.slot, persisted: false }, None)
             }
             Some(h) => {
-                let w = Write { key: *key, slot: h.slot, fresh: false, total: !h.same_total(spec) };
+                let w = Write { key: key.clone(), slot: h.slot, fresh: false, total: !h.same_total(spec) };
                 (
                     Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot: h.slot, persisted: false },
                     Some(w),
@@ -201,12 +201,12 @@ pub(super) fn plan(
                     }
                     None => gone.pop().ok_or_else(|| limit(format!("this policer holds {capacity} rules")))?,
                 };
-                let w = Write { key: *key, slot, fresh: true, total: true };
+                let w = Write { key: key.clone(), slot, fresh: true, total: true };
                 (Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot, persisted: false }, Some(w))
             }
         };
         writes.extend(write);
-        rules.push((*key, inst));
+        rules.push((key.clone(), inst));
     }
     let rules = packed(rules);
     let next_id = id;
@@ -216,7 +216,7 @@ pub(super) fn plan(
         .map(|(k, i): (&RuleKey, &Installed)| {
             Ok(KernelRule {
                 net: k.net,
-                class: k.class,
+                class: k.class(),
                 rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
                 ban: k.ban,
             })
@@ -282,7 +282,7 @@ pub(super) fn plan_edits(
     free: impl IntoIterator<Item = u32>,
 ) -> Result<Option<Plan>> {
     for (key, spec) in edits {
-        if !key.class.is_none() || (key.ban && key.net.prefix_len() == 0) {
+        if !key.class().is_none() || (key.ban && key.net.prefix_len() == 0) {
             return Ok(None);
         }
         if let Some(spec) = spec {
@@ -323,7 +323,12 @@ pub(super) fn plan_edits(
         let inst = match now.rules.get(key) {
             Some(h) if *h.spec == *spec => continue,
             Some(h) => {
-                writes.push(Write { key: *key, slot: h.slot, fresh: false, total: h.spec.total() != spec.total() });
+                writes.push(Write {
+                    key: key.clone(),
+                    slot: h.slot,
+                    fresh: false,
+                    total: h.spec.total() != spec.total(),
+                });
                 Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot: h.slot, persisted: false }
             }
             None => {
@@ -334,18 +339,18 @@ pub(super) fn plan_edits(
                     }
                     None => gone.pop().ok_or_else(|| limit(format!("this policer holds {} rules", now.capacity)))?,
                 };
-                writes.push(Write { key: *key, slot, fresh: true, total: true });
+                writes.push(Write { key: key.clone(), slot, fresh: true, total: true });
                 Installed { spec: std::sync::Arc::new(spec.clone()), id: new_id(), slot, persisted: false }
             }
         };
-        rules.insert(*key, inst);
+        rules.insert(key.clone(), inst);
     }
     let next_id = id;
     // The prefixes whose value may change: each edited one, and under an
     // edited ban every prefix with a rule.
     let mut nets: BTreeSet<IpNet> = edits.keys().map(|k| k.net).collect();
     for key in edits.keys().filter(|k| k.ban) {
-        let from = RuleKey { net: key.net, class: Class::default(), ban: false };
+        let from = RuleKey::new(key.net, Class::default(), false);
         for (k, _) in rules.range(from..) {
             if k.net.addr() > key.net.broadcast() || k.net.addr().is_ipv6() != key.net.addr().is_ipv6() {
                 break;
@@ -370,7 +375,7 @@ pub(super) fn plan_edits(
         taken,
         freed: gone,
         compiled: Compiled::default(),
-        delta: Some(Delta { keys: edits.keys().copied().collect(), prefixes }),
+        delta: Some(Delta { keys: edits.keys().cloned().collect(), prefixes }),
         groups,
         next_id,
     }))
@@ -381,7 +386,7 @@ pub(super) fn plan_edits(
 /// under it: the most specific ban over it, or its class-less rule;
 /// protected, allow.
 fn value_at(rules: &Rules, net: IpNet, protect: &Protect) -> Result<Option<Rule>> {
-    let at = |net: IpNet, ban: bool| rules.get(&RuleKey { net, class: Class::default(), ban });
+    let at = |net: IpNet, ban: bool| rules.get(&RuleKey::new(net, Class::default(), ban));
     let kernel = |i: &Installed| -> Result<Rule> { Ok(i.spec.kernel(i.id)?.with_counter_slot(i.slot)) };
     let own = at(net, false);
     let value = if own.is_some() || at(net, true).is_some() {
@@ -437,7 +442,7 @@ mod tests {
     }
 
     fn held(p: &Plan) -> BTreeMap<RuleKey, Held<'_>> {
-        p.rules.iter().map(|(k, i)| (*k, Held::from(i))).collect()
+        p.rules.iter().map(|(k, i)| (k.clone(), Held::from(i))).collect()
     }
 
     /// Plans `w` after `before` with slots 1..=cap of which `before` holds some.

@@ -85,9 +85,8 @@ pub(super) struct RuleSet {
     /// Shared with the views' snapshot (a persistent map: published
     /// without a copy); a change plans a new map and takes it whole.
     rules: super::Rules,
-    /// The rules the config file holds (as last read or written), each
-    /// spec shared with the rule in force where the file holds it as it
-    /// is in force (one copy, not two).
+    /// The rules the config file holds (as last read or written): where
+    /// they differ from the rules in force.
     file_rules: FileRules,
     /// How many class rules each prefix has (`plan_edits` plans around
     /// them).
@@ -122,7 +121,7 @@ impl RuleSet {
     pub fn new(slots: Slots, groups: Groups, compiled: Compiled, next_id: u32) -> RuleSet {
         RuleSet {
             rules: Default::default(),
-            file_rules: FileRules::new(),
+            file_rules: FileRules::default(),
             class_nets: BTreeMap::new(),
             removed_at_runtime: BTreeMap::new(),
             ban_slots: Default::default(),
@@ -140,7 +139,7 @@ impl RuleSet {
 
     /// Plans bringing the rules in force to `want` (see `plan.rs`).
     pub fn plan(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<Plan> {
-        let held: BTreeMap<RuleKey, Held<'_>> = self.rules.iter().map(|(k, i)| (*k, Held::from(i))).collect();
+        let held: BTreeMap<RuleKey, Held<'_>> = self.rules.iter().map(|(k, i)| (k.clone(), Held::from(i))).collect();
         super::plan::plan(
             &held,
             want,
@@ -198,7 +197,7 @@ impl RuleSet {
             (Ok(Some(p)), Ok(w)) => {
                 PLANNED_EDITS.with(|n| n.set(n.get() + 1));
                 let rows = |r: &super::Rules| -> Vec<(RuleKey, RuleSpec, u32, u32)> {
-                    r.iter().map(|(k, i)| (*k, (*i.spec).clone(), i.id, i.slot)).collect()
+                    r.iter().map(|(k, i)| (k.clone(), (*i.spec).clone(), i.id, i.slot)).collect()
                 };
                 assert_eq!(rows(&p.rules), rows(&w.rules), "the rules");
                 assert_eq!((&p.writes, &p.taken, &p.freed, p.next_id), (&w.writes, &w.taken, &w.freed, w.next_id));
@@ -217,16 +216,18 @@ impl RuleSet {
     #[cfg(test)]
     fn check_kept(&self) {
         let expiring: std::collections::BTreeSet<(u64, RuleKey)> =
-            self.rules.iter().filter_map(|(k, i)| i.spec.expires.map(|e| (e, *k))).collect();
+            self.rules.iter().filter_map(|(k, i)| i.spec.expires.map(|e| (e, k.clone()))).collect();
         assert_eq!(self.expiring, expiring, "the rules that end");
         assert_eq!(self.ban_slots, super::bans::manual_ban_slots(self.rules.iter(), |i| i.slot), "the ban slots");
         assert_eq!(self.removed_at_runtime, removed_at_runtime(&self.file_rules, &self.rules), "removed at runtime");
         for (k, i) in &self.rules {
-            assert_eq!(i.persisted, self.file_rules.get(k) == Some(&i.spec), "{k} persisted");
-            // One copy of a rule the file holds as it is in force.
-            if let Some(f) = self.file_rules.get(k).filter(|f| **f == i.spec) {
-                assert!(std::sync::Arc::ptr_eq(f, &i.spec), "{k}: the file's spec is the rule's own");
-            }
+            assert_eq!(i.persisted, !self.file_rules.differs.contains_key(k), "{k} persisted");
+        }
+        // Only differences are kept: no file rule equal to the rule in
+        // force, no absence of a rule not in force.
+        for (k, f) in &self.file_rules.differs {
+            let now = self.rules.get(k).map(|i| &*i.spec);
+            assert_ne!(f.as_deref(), now, "{k}: kept as a difference, the same as in force");
         }
     }
 
@@ -272,15 +273,19 @@ impl RuleSet {
             Some(delta) => {
                 // Only the edited rules are new: the rest keep what they had.
                 for k in &delta.keys {
+                    // What the file holds for `k` does not change: kept
+                    // against the new rule in force.
+                    let file = self.file_rules.get(&self.rules, k).cloned();
+                    self.file_rules.set(&rules, k, file);
                     if let Some(i) = rules.get_mut(k) {
-                        mark(i, self.file_rules.get(k));
+                        i.persisted = !self.file_rules.differs.contains_key(k);
                     }
                     let (old, new) = (self.rules.get(k), rules.get(k));
                     if let Some(e) = old.and_then(|i| i.spec.expires) {
-                        self.expiring.remove(&(e, *k));
+                        self.expiring.remove(&(e, k.clone()));
                     }
                     if let Some(e) = new.and_then(|i| i.spec.expires) {
-                        self.expiring.insert((e, *k));
+                        self.expiring.insert((e, k.clone()));
                     }
                     if k.ban && old.map(|i| i.slot) != new.map(|i| i.slot) {
                         let slots = std::sync::Arc::make_mut(&mut self.ban_slots);
@@ -302,13 +307,14 @@ impl RuleSet {
                 }
             }
             None => {
+                self.file_rules.rebase(&self.rules, &rules);
                 mark_persisted(&mut rules, &self.file_rules);
                 self.compiled = plan.compiled;
                 self.class_nets = BTreeMap::new();
-                for k in rules.keys().filter(|k| !k.class.is_none()) {
+                for k in rules.keys().filter(|k| !k.class().is_none()) {
                     *self.class_nets.entry(k.net).or_default() += 1;
                 }
-                self.expiring = rules.iter().filter_map(|(k, i)| i.spec.expires.map(|e| (e, *k))).collect();
+                self.expiring = rules.iter().filter_map(|(k, i)| i.spec.expires.map(|e| (e, k.clone()))).collect();
                 self.ban_slots = super::bans::manual_ban_slots(rules.iter(), |i| i.slot);
                 self.removed_at_runtime = removed_at_runtime(&self.file_rules, &rules);
             }
@@ -330,32 +336,32 @@ impl RuleSet {
 
     /// The rules in force, as specs.
     pub fn specs(&self) -> BTreeMap<RuleKey, RuleSpec> {
-        self.rules.iter().map(|(n, i)| (*n, (*i.spec).clone())).collect()
+        self.rules.iter().map(|(n, i)| (n.clone(), (*i.spec).clone())).collect()
     }
 
     /// The rules the config file holds.
-    pub fn file_rules(&self) -> &FileRules {
-        &self.file_rules
+    pub fn file_rules(&self) -> FileView<'_> {
+        FileView { rules: &self.rules, file: &self.file_rules }
     }
 
     /// The rules the config file holds, as specs of their own (a reload's
     /// comparison, a catch-up write).
     pub fn file_specs(&self) -> BTreeMap<RuleKey, RuleSpec> {
-        crate::rules::SpecMap::specs(&self.file_rules)
-    }
-
-    /// `spec` for the file's rule `k`: the rule in force's own when it is
-    /// the same.
-    fn shared(&self, k: &RuleKey, spec: RuleSpec) -> std::sync::Arc<RuleSpec> {
-        match self.rules.get(k) {
-            Some(i) if *i.spec == spec => i.spec.clone(),
-            _ => std::sync::Arc::new(spec),
-        }
+        crate::rules::SpecMap::specs(&self.file_rules())
     }
 
     /// The config file now holds `rules`.
     pub fn set_file_rules(&mut self, rules: BTreeMap<RuleKey, RuleSpec>) {
-        self.file_rules = rules.into_iter().map(|(k, s)| (k, self.shared(&k, s))).collect();
+        let mut file = FileRules::default();
+        for k in self.rules.keys().filter(|k| !rules.contains_key(*k)) {
+            file.set(&self.rules, k, None);
+        }
+        for (k, s) in rules {
+            if self.rules.get(&k).is_none_or(|i| *i.spec != s) {
+                file.set(&self.rules, &k, Some(std::sync::Arc::new(s)));
+            }
+        }
+        self.file_rules = file;
         self.mark_persisted();
         self.removed_at_runtime = removed_at_runtime(&self.file_rules, &self.rules);
     }
@@ -372,23 +378,20 @@ impl RuleSet {
 
     /// The rules and bans whose end has come by `now_ms`.
     pub fn ended(&self, now_ms: u64) -> Vec<RuleKey> {
-        self.expiring.iter().take_while(|(e, _)| *e <= now_ms).map(|(_, k)| *k).collect()
+        self.expiring.iter().take_while(|(e, _)| *e <= now_ms).map(|(_, k)| k.clone()).collect()
     }
 
     /// The config file now holds its rules with `edits` made.
     pub fn edit_file_rules(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) {
         for (k, v) in edits {
-            match v {
-                Some(s) => {
-                    let s = self.shared(k, s.clone());
-                    self.file_rules.insert(*k, s)
-                }
-                None => self.file_rules.remove(k),
-            };
+            self.file_rules.set(&self.rules, k, v.clone().map(std::sync::Arc::new));
         }
         for (k, _) in edits {
-            if let Some(i) = self.rules.get_mut(k) {
-                mark(i, self.file_rules.get(k));
+            let persisted = !self.file_rules.differs.contains_key(k);
+            if let Some(i) = self.rules.get_mut(k)
+                && i.persisted != persisted
+            {
+                i.persisted = persisted;
             }
             runtime_removal(&mut self.removed_at_runtime, &self.file_rules, &self.rules, k);
         }
@@ -480,17 +483,109 @@ pub(super) struct Group {
 
 /// The file's rules not in force.
 fn removed_at_runtime(file: &FileRules, rules: &super::Rules) -> BTreeMap<RuleKey, RuleSpec> {
-    file.iter().filter(|(k, _)| !rules.contains_key(*k)).map(|(k, s)| (*k, (**s).clone())).collect()
+    let file = file.differs.iter().filter_map(|(k, f)| f.as_ref().map(|s| (k, s)));
+    file.filter(|(k, _)| !rules.contains_key(*k)).map(|(k, s)| (k.clone(), (**s).clone())).collect()
 }
 
-/// The rules a config file holds, their specs shared with the rules in
-/// force where the same.
-pub(super) type FileRules = BTreeMap<RuleKey, std::sync::Arc<RuleSpec>>;
+/// The rules a config file holds, kept as where they differ from the
+/// rules in force: a file mostly holds the rules in force as they are,
+/// and a map of its own would hold every key and spec pointer again (6 MB
+/// at 100 000 rules). A rule the file holds as it is in force is then one
+/// copy by construction.
+#[derive(Debug, Default)]
+pub(super) struct FileRules {
+    /// Where the file differs from the rules in force: `Some`, the file's
+    /// rule (the rule in force differs, or is not in force: removed at
+    /// runtime); `None`, the file has no rule for a key in force (added at
+    /// runtime). Never the rule in force itself, never `None` for a key
+    /// not in force.
+    differs: BTreeMap<RuleKey, Option<std::sync::Arc<RuleSpec>>>,
+}
+
+impl FileRules {
+    /// The file's rule for `k`, with `rules` in force.
+    fn get<'a>(&'a self, rules: &'a super::Rules, k: &RuleKey) -> Option<&'a std::sync::Arc<RuleSpec>> {
+        match self.differs.get(k) {
+            Some(f) => f.as_ref(),
+            None => rules.get(k).map(|i| &i.spec),
+        }
+    }
+
+    /// The file's rule for `k` is `f`, with `rules` in force.
+    fn set(&mut self, rules: &super::Rules, k: &RuleKey, f: Option<std::sync::Arc<RuleSpec>>) {
+        if rules.get(k).map(|i| &*i.spec) == f.as_deref() {
+            self.differs.remove(k);
+        } else {
+            self.differs.insert(k.clone(), f);
+        }
+    }
+
+    /// The same file, kept against `new` in force where it was kept
+    /// against `old` (a whole plan taken).
+    fn rebase(&mut self, old: &super::Rules, new: &super::Rules) {
+        let mut file = FileRules::default();
+        for (k, i) in new {
+            let f = match self.differs.get(k) {
+                Some(f) => f.clone(),
+                None => old.get(k).map(|o| o.spec.clone()),
+            };
+            if f.as_ref().is_none_or(|f| !std::sync::Arc::ptr_eq(f, &i.spec)) {
+                file.set(new, k, f);
+            }
+        }
+        // Keys not in force now that the file holds.
+        for (k, o) in old {
+            if !new.contains_key(k) && !self.differs.contains_key(k) {
+                file.set(new, k, Some(o.spec.clone()));
+            }
+        }
+        for (k, f) in &self.differs {
+            if !new.contains_key(k) && f.is_some() {
+                file.set(new, k, f.clone());
+            }
+        }
+        *self = file;
+    }
+}
+
+/// The rules the config file holds: the rules in force where the file
+/// holds them as they are, and the differences.
+pub(super) struct FileView<'a> {
+    rules: &'a super::Rules,
+    file: &'a FileRules,
+}
+
+impl<'a> FileView<'a> {
+    pub fn get(&self, k: &RuleKey) -> Option<&'a std::sync::Arc<RuleSpec>> {
+        self.file.get(self.rules, k)
+    }
+
+    pub fn contains_key(&self, k: &RuleKey) -> bool {
+        self.get(k).is_some()
+    }
+}
+
+impl crate::rules::SpecMap for FileView<'_> {
+    fn spec(&self, k: &RuleKey) -> Option<&RuleSpec> {
+        self.get(k).map(|s| &**s)
+    }
+
+    fn specs(&self) -> BTreeMap<RuleKey, RuleSpec> {
+        let mut m: BTreeMap<RuleKey, RuleSpec> = self
+            .rules
+            .iter()
+            .filter(|(k, _)| !self.file.differs.contains_key(*k))
+            .map(|(k, i)| (k.clone(), (*i.spec).clone()))
+            .collect();
+        m.extend(self.file.differs.iter().filter_map(|(k, f)| f.as_ref().map(|s| (k.clone(), (**s).clone()))));
+        m
+    }
+}
 
 /// Keeps `removed` the file's rules not in force, for the key `k`.
 fn runtime_removal(removed: &mut BTreeMap<RuleKey, RuleSpec>, file: &FileRules, rules: &super::Rules, k: &RuleKey) {
-    match file.get(k) {
-        Some(s) if !rules.contains_key(k) => removed.insert(*k, (**s).clone()),
+    match file.differs.get(k) {
+        Some(Some(s)) if !rules.contains_key(k) => removed.insert(k.clone(), (**s).clone()),
         _ => removed.remove(k),
     };
 }
@@ -498,28 +593,13 @@ fn runtime_removal(removed: &mut BTreeMap<RuleKey, RuleSpec>, file: &FileRules, 
 /// Marks the rules the config file holds as they are in force.
 fn mark_persisted(rules: &mut super::Rules, file: &FileRules) {
     // In place (nodes no one else holds are not copied), and only where
-    // the mark or the sharing changes.
-    let stale = |k: &RuleKey, i: &super::Installed| match file.get(k) {
-        Some(f) if *f == i.spec => !i.persisted || !std::sync::Arc::ptr_eq(f, &i.spec),
-        _ => i.persisted,
-    };
-    let keys: Vec<RuleKey> = rules.iter().filter(|(k, i)| stale(k, i)).map(|(k, _)| *k).collect();
+    // the mark changes.
+    let keys: Vec<RuleKey> =
+        rules.iter().filter(|(k, i)| i.persisted == file.differs.contains_key(*k)).map(|(k, _)| k.clone()).collect();
     for k in keys {
         if let Some(i) = rules.get_mut(&k) {
-            mark(i, file.get(&k));
+            i.persisted = !i.persisted;
         }
-    }
-}
-
-/// Marks a rule in force persisted when the file holds it as it is, and
-/// then shares the file's spec (one copy of the rule, not two).
-fn mark(i: &mut super::Installed, file: Option<&std::sync::Arc<RuleSpec>>) {
-    match file {
-        Some(f) if *f == i.spec => {
-            i.spec = f.clone();
-            i.persisted = true;
-        }
-        _ => i.persisted = false,
     }
 }
 
@@ -645,7 +725,7 @@ impl Daemon {
                 spec.burst
             ));
         }
-        self.change(runtime, &[(key, Some(spec.clone()))])?;
+        self.change(runtime, &[(key.clone(), Some(spec.clone()))])?;
         let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
         let what = match &old {
             None => format!("added the rule for {key}: {}", crate::rules::summary(&spec)),
@@ -667,7 +747,7 @@ impl Daemon {
         if !self.rs.rules().contains_key(&key) && !in_file {
             return Err(Error::Invalid(format!("no rule for {key} (see `policer rule ls`)")));
         }
-        self.change(runtime, &[(key, None)])?;
+        self.change(runtime, &[(key.clone(), None)])?;
         let note = if runtime { " (runtime only: the config file still has it)" } else { "" };
         Ok(format!("removed the rule for {key}{note}"))
     }
@@ -690,7 +770,7 @@ impl Daemon {
         }
         // What to put back if the change fails (last edit of a key first).
         let undo: Vec<(RuleKey, Option<RuleSpec>)> =
-            edits.iter().rev().map(|(k, _)| (*k, self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
+            edits.iter().rev().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
         self.refuse_set_prefixes_of(edits.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| k))?;
         // Planned (and compiled) once, before anything is staged or
         // written: the rule limit, or classes that tie or crowd a frame,
@@ -711,9 +791,9 @@ impl Daemon {
                 // Written with the rest of the group (`end_group`).
                 self.group_check().map(|()| None)
             } else if self.dry() {
-                self.file.check_stage_rules(before, &file_edits).map(|()| None)
+                self.file.check_stage_rules(&before, &file_edits).map(|()| None)
             } else {
-                self.file.stage_rules(before, &file_edits).map(Some)
+                self.file.stage_rules(&before, &file_edits).map(Some)
             };
             let pending = pending.map_err(|e| {
                 if e.is_config_not_written() {
@@ -828,7 +908,7 @@ impl Daemon {
         let written = if edits.is_empty() {
             Ok(())
         } else {
-            self.file.stage_rules(before, &edits).and_then(|p| self.file.commit(p))
+            self.file.stage_rules(&before, &edits).and_then(|p| self.file.commit(p))
         };
         match written {
             Ok(()) => {
@@ -1105,8 +1185,8 @@ pub(super) fn overlay(in_force: &BTreeMap<RuleKey, RuleSpec>, file: &BTreeMap<Ru
     super::bans::drop_expired(&mut in_force);
     super::bans::drop_expired(&mut file);
     let mut o: Overlay =
-        in_force.iter().filter(|(k, s)| file.get(k) != Some(*s)).map(|(k, s)| (*k, Some(s.clone()))).collect();
-    o.extend(file.keys().filter(|k| !in_force.contains_key(k)).map(|k| (*k, None)));
+        in_force.iter().filter(|(k, s)| file.get(k) != Some(*s)).map(|(k, s)| (k.clone(), Some(s.clone()))).collect();
+    o.extend(file.keys().filter(|k| !in_force.contains_key(k)).map(|k| (k.clone(), None)));
     o
 }
 
@@ -1114,7 +1194,7 @@ pub(super) fn overlay(in_force: &BTreeMap<RuleKey, RuleSpec>, file: &BTreeMap<Ru
 pub(super) fn with_overlay(mut file: BTreeMap<RuleKey, RuleSpec>, overlay: &Overlay) -> BTreeMap<RuleKey, RuleSpec> {
     for (k, v) in overlay {
         match v {
-            Some(s) => file.insert(*k, s.clone()),
+            Some(s) => file.insert(k.clone(), s.clone()),
             None => file.remove(k),
         };
     }
@@ -1173,7 +1253,7 @@ impl Diff {
         Diff {
             added: want.keys().filter(|k| !before.contains_key(k)).count(),
             changed: want.iter().filter(|(k, s)| before.get(k).is_some_and(|b| b != *s)).count(),
-            removed: before.keys().filter(|k| !want.contains_key(k)).copied().collect(),
+            removed: before.keys().filter(|k| !want.contains_key(k)).cloned().collect(),
         }
     }
 
@@ -1249,7 +1329,7 @@ pub fn install_offline(
     prepare_slots(p, plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, true)), now_ns)?;
     p.sync_rules_from(&Compiled::default(), &plan.compiled)?;
     let rules =
-        plan.rules.iter().map(|(k, i)| OfflineRule { key: *k, spec: (*i.spec).clone(), slot: i.slot }).collect();
+        plan.rules.iter().map(|(k, i)| OfflineRule { key: k.clone(), spec: (*i.spec).clone(), slot: i.slot }).collect();
     rs.commit(plan);
     rs.set_entries_protect(protect.clone());
     let sets = super::sets::install_offline(p, &mut rs, config, declared, now_ns)?;
@@ -1354,6 +1434,8 @@ mod tests {
         rs.commit(plan);
         let before = PLANNED_EDITS.with(|n| n.get());
         let mut refused = 0;
+        // What the config file holds, as its writer would have it.
+        let mut file: BTreeMap<RuleKey, RuleSpec> = BTreeMap::new();
         for round in 0..1500 {
             let mut edits = Vec::new();
             for _ in 0..1 + rnd(3) {
@@ -1384,7 +1466,7 @@ mod tests {
                         else {
                             continue;
                         };
-                        let key = if rnd(3) == 0 { RuleKey { ban: true, ..s.key() } } else { s.key() };
+                        let key = if rnd(3) == 0 { RuleKey::new(s.net, s.class(), true) } else { s.key() };
                         edits.push((key, None));
                         continue;
                     }
@@ -1399,11 +1481,22 @@ mod tests {
                     // `--runtime`.
                     if rnd(4) != 0 {
                         rs.edit_file_rules(&edits);
+                        edit_rules(&mut file, &edits);
                     }
                 }
                 Err(_) => refused += 1,
             }
+            if round % 97 == 0 {
+                // The file read again as it is.
+                rs.set_file_rules(file.clone());
+            }
+            if round % 131 == 0 {
+                // A whole plan of the rules in force (a reload that keeps them).
+                let p = rs.plan(&rs.specs()).unwrap();
+                rs.commit(p);
+            }
             rs.check_kept();
+            assert_eq!(rs.file_specs(), file, "the file's rules");
         }
         let planned = PLANNED_EDITS.with(|n| n.get()) - before;
         assert!(planned > 900, "{planned} of 1500 changes planned by their edits ({refused} refused)");

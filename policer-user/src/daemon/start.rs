@@ -389,7 +389,7 @@ impl Daemon {
         for (k, i) in self.rs.rules() {
             if k.ban {
                 bans += 1;
-            } else if k.net.prefix_len() != 0 || !k.class.is_none() {
+            } else if k.net.prefix_len() != 0 || !k.class().is_none() {
                 *per_action.entry(i.spec.action.to_string()).or_default() += 1;
             }
         }
@@ -680,13 +680,13 @@ fn plan_rules(
     // fresh slots (their buckets and counters start anew at a restart).
     let mut held: BTreeMap<RuleKey, Held> = BTreeMap::new();
     if adopting {
-        let mut order: Vec<&RuleKey> = s.specs.keys().filter(|k| k.class.is_none()).collect();
-        order.sort_by_key(|k| (k.net.prefix_len(), **k));
+        let mut order: Vec<&RuleKey> = s.specs.keys().filter(|k| k.class().is_none()).collect();
+        order.sort_by_key(|k| (k.net.prefix_len(), *k));
         for key in order {
             if let Some(k) = have.prefixes.get(&key.net)
                 && slots.mark_used(k.counter_slot)
             {
-                held.insert(*key, Held { id: k.rule_id, slot: k.counter_slot, form: Form::Kernel(*k) });
+                held.insert(key.clone(), Held { id: k.rule_id, slot: k.counter_slot, form: Form::Kernel(*k) });
             }
         }
     }

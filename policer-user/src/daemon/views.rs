@@ -329,7 +329,7 @@ impl Views {
             .filter(|(key, _)| !key.ban)
             .map(|(key, r)| RuleStats {
                 prefix: key.net.to_string(),
-                class: key.class.to_string(),
+                class: key.class().to_string(),
                 action: r.spec.action.to_string(),
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
                 rates: None,
@@ -460,14 +460,14 @@ impl Views {
             let set = (r.key.class == 0 && !snap.sets.is_empty())
                 .then(|| set_over(&snap, key_addr(&r.key)))
                 .flatten()
-                .filter(|(n, _)| rule.is_none_or(|k| n.prefix_len() > k.net.prefix_len()));
+                .filter(|(n, _)| rule.as_ref().is_none_or(|k| n.prefix_len() > k.net.prefix_len()));
             TopEntry {
                 source: bucket_source(&r.key),
                 rule: match set {
                     Some((n, s)) => format!("{} ({n})", s.view.prefix),
-                    None => rule.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                    None => rule.as_ref().map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
                 },
-                class: rule.map(|n| n.class.to_string()).unwrap_or_else(|| "-".into()),
+                class: rule.as_ref().map(|n| n.class().to_string()).unwrap_or_else(|| "-".into()),
                 debt_ns: r.debt_ns,
                 fill: r.fill as f64 / 65536.0,
                 drops: r.drops,
@@ -686,8 +686,8 @@ impl Views {
                 c.cover.action = "deny".into();
                 c.cover.ban = manual.iter().find(|b| b.origin == "manual" && b.prefix == net).cloned();
             } else {
-                c.cover.class = Some(k.class.to_string());
-                c.class_rule = !k.class.is_none();
+                c.cover.class = Some(k.class().to_string());
+                c.class_rule = !k.class().is_none();
                 c.bucket = self.has_bucket(addr, &r.spec, r.slot)?;
             }
             cands.push(c);
@@ -857,7 +857,7 @@ impl Views {
             .iter()
             .filter(|(k, r)| !k.ban && k.net.contains(&addr) && r.spec.action.polices())
             .map(|(k, r)| {
-                (k.to_string(), k.class.to_string(), &*r.spec, r.slot, (k.net.prefix_len(), 0, std::cmp::Reverse("")))
+                (k.to_string(), k.class().to_string(), &*r.spec, r.slot, (k.net.prefix_len(), 0, std::cmp::Reverse("")))
             })
             .collect();
         for s in &snap.sets {
@@ -1129,14 +1129,18 @@ fn set_over(snap: &Snapshot, addr: IpAddr) -> Option<(ipnet::IpNet, &SetRow)> {
 /// or the longest class-less prefix its source falls under.
 fn rule_for(snap: &Snapshot, k: &BucketKey) -> Option<RuleKey> {
     if k.class != 0 {
-        return snap.rules.iter().find(|(key, r)| !key.class.is_none() && r.slot == k.class).map(|(key, _)| *key);
+        return snap
+            .rules
+            .iter()
+            .find(|(key, r)| !key.class().is_none() && r.slot == k.class)
+            .map(|(key, _)| key.clone());
     }
     let addr = key_addr(k);
     snap.rules
         .keys()
-        .filter(|key| key.class.is_none() && !key.ban && key.net.contains(&addr))
+        .filter(|key| key.class().is_none() && !key.ban && key.net.contains(&addr))
         .max_by_key(|key| key.net.prefix_len())
-        .copied()
+        .cloned()
 }
 
 fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
@@ -1288,7 +1292,7 @@ impl<'a> ClassLookups<'a> for Fetched<'a> {
 /// its spec.
 fn rule_of_slot(snap: &Snapshot, addr: IpAddr, slot: u32) -> (String, String, Option<&RuleSpec>) {
     if let Some((k, r)) = snap.rules.iter().find(|(_, r)| r.slot == slot) {
-        return (k.to_string(), k.class.to_string(), Some(&r.spec));
+        return (k.to_string(), k.class().to_string(), Some(&r.spec));
     }
     if let Some(s) = snap.sets.iter().find(|s| s.slot == slot) {
         let label = match s.entry_for(addr) {
