@@ -352,16 +352,21 @@ impl RuleSet {
 
     /// The config file now holds `rules`.
     pub fn set_file_rules(&mut self, rules: BTreeMap<RuleKey, RuleSpec>) {
-        let mut file = FileRules::default();
-        for k in self.rules.keys().filter(|k| !rules.contains_key(*k)) {
-            file.set(&self.rules, k, None);
-        }
+        // Both in key order: one walk of each, no lookups (a start's
+        // 100 000 rules).
+        let mut differs = Vec::new();
+        let mut now = self.rules.iter().peekable();
         for (k, s) in rules {
-            if self.rules.get(&k).is_none_or(|i| *i.spec != s) {
-                file.set(&self.rules, &k, Some(std::sync::Arc::new(s)));
+            while let Some((n, _)) = now.next_if(|(n, _)| **n < k) {
+                differs.push((n.clone(), None));
+            }
+            match now.next_if(|(n, _)| **n == k) {
+                Some((_, i)) if *i.spec == s => {}
+                _ => differs.push((k, Some(std::sync::Arc::new(s)))),
             }
         }
-        self.file_rules = file;
+        differs.extend(now.map(|(n, _)| (n.clone(), None)));
+        self.file_rules = FileRules { differs: differs.into_iter().collect() };
         self.mark_persisted();
         self.removed_at_runtime = removed_at_runtime(&self.file_rules, &self.rules);
     }
@@ -523,28 +528,28 @@ impl FileRules {
     /// The same file, kept against `new` in force where it was kept
     /// against `old` (a whole plan taken).
     fn rebase(&mut self, old: &super::Rules, new: &super::Rules) {
-        let mut file = FileRules::default();
+        let mut differs = Vec::new();
         for (k, i) in new {
             let f = match self.differs.get(k) {
                 Some(f) => f.clone(),
                 None => old.get(k).map(|o| o.spec.clone()),
             };
-            if f.as_ref().is_none_or(|f| !std::sync::Arc::ptr_eq(f, &i.spec)) {
-                file.set(new, k, f);
+            if f.as_ref().is_none_or(|f| !std::sync::Arc::ptr_eq(f, &i.spec) && **f != *i.spec) {
+                differs.push((k.clone(), f));
             }
         }
         // Keys not in force now that the file holds.
         for (k, o) in old {
             if !new.contains_key(k) && !self.differs.contains_key(k) {
-                file.set(new, k, Some(o.spec.clone()));
+                differs.push((k.clone(), Some(o.spec.clone())));
             }
         }
         for (k, f) in &self.differs {
             if !new.contains_key(k) && f.is_some() {
-                file.set(new, k, f.clone());
+                differs.push((k.clone(), f.clone()));
             }
         }
-        *self = file;
+        self.differs = differs.into_iter().collect();
     }
 }
 
@@ -1501,6 +1506,33 @@ mod tests {
         let planned = PLANNED_EDITS.with(|n| n.get()) - before;
         assert!(planned > 900, "{planned} of 1500 changes planned by their edits ({refused} refused)");
         assert!(rs.rules().len() > 50, "{} rules at the end", rs.rules().len());
+    }
+
+    /// The file's rules are kept as where they differ from the rules in
+    /// force: whole plans that change, remove and add rules at runtime
+    /// (the file unwritten) leave the file's rules as they were.
+    #[test]
+    fn the_file_stays_what_it_was_through_runtime_changes() {
+        let (a, a2, b, c) = (
+            spec("10.0.0.0/8", "5pps"),
+            spec("10.0.0.0/8", "9pps"),
+            spec("::/0", "1kpps"),
+            spec("192.0.2.0/24", "1pps"),
+        );
+        let mut rs = RuleSet::new(Slots::new(16), Groups::default(), Compiled::default(), 1);
+        let file = map(&[&a, &b]);
+        for want in [map(&[&a, &b]), map(&[&a2, &b]), map(&[&b]), map(&[&b, &c]), map(&[&a2, &c]), map(&[&a, &b])] {
+            let p = rs.plan(&want).unwrap();
+            rs.commit(p);
+            if rs.file_specs().is_empty() {
+                rs.set_file_rules(file.clone());
+            }
+            rs.check_kept();
+            assert_eq!(rs.file_specs(), file);
+            let removed: Vec<RuleKey> = rs.removed_at_runtime().map(|s| s.key()).collect();
+            assert_eq!(removed, file.keys().filter(|k| !want.contains_key(k)).cloned().collect::<Vec<_>>());
+        }
+        assert!(rs.file_rules.differs.is_empty(), "the rules in force are the file's again");
     }
 
     /// What `--runtime` changed is what differs from the file; laid over a
