@@ -125,3 +125,9 @@ pub fn read(prog_id: u32) -> State {
     });
     State { rules, new_sources, rule_counters, counters, layout }
 }
+
+/// The capacity (`max_entries`) of the map `name` of program `prog_id`.
+pub fn max_entries(prog_id: u32, name: &str) -> u32 {
+    let id = *maps_of(prog_id).get(name).unwrap_or_else(|| panic!("no map {name}"));
+    MapInfo::from_id(id).unwrap().max_entries()
+}

@@ -529,3 +529,48 @@ fn detach_and_adoption_recognise_other_builds() {
     assert!(sb.rx_xdp().is_none());
     // (Someone else's program is still left alone: veth.rs.)
 }
+
+/// A start loads the program while it reads the config, with the sizes of
+/// the `[daemon]` table found before the rules: the sizes the program gets
+/// are the file's wherever its `[daemon]` table is (before the rules, or
+/// after them: loaded again), and the command line's over the file's.
+#[test]
+fn the_programs_sizes_are_the_files_wherever_its_daemon_table_is() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("size");
+    let rules = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n\n[[rule]]\nprefix = \"198.18.0.0/16\"\nrate = \"10pps\"\n";
+    let daemon = "[daemon]\nmax_rules = 300\nmax_sources = 8192\n";
+    let capacity = || -> u64 {
+        let out = succeeds(&cli(&sb, &["stats", "--json"]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["table"]["capacity"].as_u64().unwrap()
+    };
+    let mut seen = Vec::new();
+    for (text, extra, want_rules) in [
+        (format!("{daemon}\n{rules}"), vec![], 300),
+        (format!("{rules}\n{daemon}"), vec![], 300),
+        (format!("{daemon}\n{rules}"), vec!["--max-rules", "500"], 500),
+        (rules.to_string(), vec!["--max-sources", "8192"], policer_common::DEFAULT_MAX_RULES),
+    ] {
+        std::fs::write(&sb.config, &text).unwrap();
+        let mut d = Daemon::attach(&sb, &extra);
+        let id = prog_id(&sb);
+        assert_eq!(
+            kstate::max_entries(id, policer_common::MAP_RULE_COUNTERS),
+            want_rules + 1,
+            "rule limit with {extra:?} and\n{text}"
+        );
+        seen.push(capacity());
+        assert!(d.stop_with(libc::SIGTERM));
+        assert!(sb.rx_xdp().is_none());
+    }
+    // 8192 sources every time (the default is far larger).
+    std::fs::write(&sb.config, rules).unwrap();
+    let mut d = Daemon::attach(&sb, &[]);
+    let default = capacity();
+    assert!(d.stop_with(libc::SIGTERM));
+    eprintln!("table capacity: {seen:?}, default {default}");
+    assert!(seen.iter().all(|c| *c == seen[0]) && seen[0] < default, "{seen:?}, default {default}");
+}

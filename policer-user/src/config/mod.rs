@@ -114,6 +114,23 @@ pub(crate) const HEADER: &str = "\
 # applied unless the whole file is valid.
 ";
 
+/// The `[daemon]` table of `text` where it comes before the first
+/// `[[rule]]` table (as the daemon writes it), read from that part alone:
+/// a start loads the program with its sizes while the whole text is read
+/// and validated. A `[daemon]` table after a rule is not seen (the
+/// default's is given); `None` when that part has a problem.
+pub fn daemon_before_rules(text: &str) -> Option<DaemonConfig> {
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        if splice::rule_header(line) {
+            break;
+        }
+        at += line.len();
+    }
+    let r = read::read(&text[..at]);
+    r.problems.is_empty().then_some(r.config.daemon)
+}
+
 impl Config {
     /// Parses and validates the whole text; on any error nothing is used.
     /// The error is the first problem, with its line; `policer check`

@@ -77,7 +77,7 @@ fn boundary(line: &str) -> bool {
 
 /// Whether `line` is a `[[rule]]` header (spaces and quotes allowed, a
 /// comment after it).
-fn rule_header(line: &str) -> bool {
+pub(super) fn rule_header(line: &str) -> bool {
     let Some(rest) = line.trim_start().strip_prefix("[[") else { return false };
     let Some((name, after)) = rest.split_once("]]") else { return false };
     let after = after.trim();
