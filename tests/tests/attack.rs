@@ -173,6 +173,30 @@ const FLOOD_LEGIT: usize = 100;
 const FLOOD_BEFORE: Duration = Duration::from_secs(1);
 const FLOOD_UNDER: Duration = Duration::from_secs(5);
 
+/// The daemon of the spoofed-flood tests: the default rule, a small table.
+fn flood_daemon(sb: &Sandbox) -> Daemon {
+    let (rate, burst, table) = (format!("{FLOOD_RATE}pps"), FLOOD_BURST.to_string(), FLOOD_TABLE.to_string());
+    Daemon::attach(sb, &["--rate", &rate, "--burst", &burst, "--max-sources", &table, "--interval", "0"])
+}
+
+/// IPv4: random sources across 10.0.0.0/9. IPv6: random /64s, 2^24 of
+/// them in 3fff::/16 (see the generator).
+fn flood_of(fam: Family) -> Spoof {
+    match fam {
+        Family::V4 => Spoof::v4("10.0.0.0".parse().unwrap(), 9),
+        Family::V6 => Spoof::v6("3fff:0:100:0:a:b:c:d".parse().unwrap(), 1 << 24),
+    }
+}
+
+/// Beside the flood: the heavy hitter (`src(200)`) at 10x the rule, and
+/// the in-profile sources (`src(1..)`) at a tenth of it.
+fn flood_flows(src: &dyn Fn(u32) -> IpAddr) -> Vec<Flow> {
+    let rate = FLOOD_RATE as f64;
+    let mut flows = vec![Flow { src: src(200), pps: 10.0 * rate, len: 64 }];
+    flows.extend((0..FLOOD_LEGIT as u32).map(|k| Flow { src: src(k + 1), pps: 0.1 * rate, len: 64 }));
+    flows
+}
+
 /// A flood of random spoofed sources (>= 10x the table distinct ones seen
 /// by the policer) at full generator speed, and beside it, under the same
 /// default rule, a heavy hitter at 10x its rate and in-profile sources at
@@ -181,27 +205,10 @@ const FLOOD_UNDER: Duration = Duration::from_secs(5);
 /// they send under the flood.
 fn spoofed_flood(fam: Family) {
     let sb = Sandbox::new(if fam == Family::V4 { "spf4" } else { "spf6" });
-    let _d = Daemon::attach(
-        &sb,
-        &[
-            "--rate",
-            &format!("{FLOOD_RATE}pps"),
-            "--burst",
-            &FLOOD_BURST.to_string(),
-            "--max-sources",
-            &FLOOD_TABLE.to_string(),
-            "--interval",
-            "0",
-        ],
-    );
+    let _d = flood_daemon(&sb);
     let (rate, burst) = (FLOOD_RATE as f64, FLOOD_BURST as f64);
     let rule = Rate::Pps(FLOOD_RATE).rule(FLOOD_BURST).unwrap();
-    // IPv4: random sources across 10.0.0.0/9. IPv6: random /64s, 2^24
-    // of them in 3fff::/16 (see the generator).
-    let flood = match fam {
-        Family::V4 => Spoof::v4("10.0.0.0".parse().unwrap(), 9),
-        Family::V6 => Spoof::v6("3fff:0:100:0:a:b:c:d".parse().unwrap(), 1 << 24),
-    };
+    let flood = flood_of(fam);
     let gen_cpu = bench_cpu();
     let sender_cpu = (gen_cpu != 0).then_some(0);
     // Up to three tries, each with fresh paced sources: a try counts only
@@ -211,8 +218,7 @@ fn spoofed_flood(fam: Family) {
             Family::V4 => ip(&format!("198.18.{attempt}.{k}")),
             Family::V6 => ip(&format!("2001:db8:{attempt}:{k:x}::1")),
         };
-        let mut flows = vec![Flow { src: src(200), pps: 10.0 * rate, len: 64 }];
-        flows.extend((0..FLOOD_LEGIT as u32).map(|k| Flow { src: src(k + 1), pps: 0.1 * rate, len: 64 }));
+        let flows = flood_flows(&src);
         let opts = RunOptions { marked_only: true, sender_cpu, keep_marks: true, ..Default::default() };
         let before = stats(&sb);
         let (sent, got, fr, from_ns) = thread::scope(|s| {
@@ -480,30 +486,13 @@ fn generator_sends_the_sources_it_claims() {
 /// judges, for both families; the rest is reported.
 fn in_profile_frames_under_a_spoofed_flood(fam: Family) {
     let sb = Sandbox::new(if fam == Family::V4 { "ipf4" } else { "ipf6" });
-    let _d = Daemon::attach(
-        &sb,
-        &[
-            "--rate",
-            &format!("{FLOOD_RATE}pps"),
-            "--burst",
-            &FLOOD_BURST.to_string(),
-            "--max-sources",
-            &FLOOD_TABLE.to_string(),
-            "--interval",
-            "0",
-        ],
-    );
-    let flood = match fam {
-        Family::V4 => Spoof::v4("10.0.0.0".parse().unwrap(), 9),
-        Family::V6 => Spoof::v6("3fff:0:100:0:a:b:c:d".parse().unwrap(), 1 << 24),
-    };
+    let _d = flood_daemon(&sb);
+    let flood = flood_of(fam);
     let (src, prefix): (Box<dyn Fn(u32) -> IpAddr>, &str) = match fam {
         Family::V4 => (Box::new(|k| ip(&format!("198.18.1.{k}"))), "198.18.1.0/24"),
         Family::V6 => (Box::new(|k| ip(&format!("2001:db8:1:{k:x}::1"))), "2001:db8:1::/48"),
     };
-    let rate = FLOOD_RATE as f64;
-    let mut flows = vec![Flow { src: src(200), pps: 10.0 * rate, len: 64 }];
-    flows.extend((0..FLOOD_LEGIT as u32).map(|k| Flow { src: src(k + 1), pps: 0.1 * rate, len: 64 }));
+    let flows = flood_flows(&src);
     let file = std::env::temp_dir().join(format!("policer-{}-{}.pcapng", sb.rx_ns, std::process::id()));
     let file = file.to_str().unwrap();
     let span = FLOOD_BEFORE + FLOOD_UNDER;
