@@ -191,7 +191,20 @@ impl ConfigFile {
     /// Reads and validates `path` (a missing file is an empty config) and
     /// takes it as what the daemon runs from.
     pub fn open(path: &Path) -> Result<(ConfigFile, BTreeMap<RuleKey, RuleSpec>)> {
-        let snap = read(path)?;
+        ConfigFile::open_from(path, bytes(path)?)
+    }
+
+    /// The bytes of the file at `path` as [`open`](Self::open) reads them
+    /// (`None`: there is none), for [`open_from`](Self::open_from): a
+    /// start reads its config once.
+    pub fn read_bytes(path: &Path) -> Result<Option<Vec<u8>>> {
+        bytes(path)
+    }
+
+    /// [`open`](Self::open) of `bytes`, read from `path` by
+    /// [`read_bytes`](Self::read_bytes).
+    pub fn open_from(path: &Path, bytes: Option<Vec<u8>>) -> Result<(ConfigFile, BTreeMap<RuleKey, RuleSpec>)> {
+        let snap = snapshot(path, bytes)?;
         let rules = snap.rules.clone();
         let mut file = ConfigFile {
             path: path.to_path_buf(),

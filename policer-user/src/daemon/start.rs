@@ -166,8 +166,11 @@ impl Daemon {
     /// limiters or counters, not the file (see the module's comment).
     pub fn start(args: &DaemonArgs) -> Result<Daemon> {
         super::serve::raise_nofile();
-        let early = early_load(args);
-        let s = settings(args)?;
+        // The config is read once: its `[daemon]` table for the early load,
+        // the whole of it for the settings.
+        let bytes = ConfigFile::read_bytes(&args.config);
+        let early = early_load(args, bytes.as_ref().ok().map(Option::as_deref));
+        let s = settings(args, bytes?)?;
         let claim = claim(&s)?;
         super::sets::remove_leftovers(&args.config, &crate::sets::sets_dir(&args.state_dir));
         let survey = survey(&s)?;
@@ -421,8 +424,8 @@ impl Daemon {
 
 /// Resolves the settings: the config file and its rules, `--rate`, the
 /// interfaces, sizes and limits. Reads files and interface names only.
-fn settings(args: &DaemonArgs) -> Result<Settings> {
-    let (file, mut specs) = ConfigFile::open(&args.config)?;
+fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
+    let (file, mut specs) = ConfigFile::open_from(&args.config, bytes)?;
     // Rules and bans that expired while no daemon ran stay expired (the
     // next write of the file drops them).
     super::bans::drop_expired(&mut specs);
@@ -561,13 +564,12 @@ struct Early {
 /// runs while the whole file is read and validated (100 000 rules: 0.4 s).
 /// [`load`] takes it only where its own options are the same (a start
 /// that adopts a running program, or whose sizes the whole file changes,
-/// loads again). `None`: none begun (the file cannot be read as it is; its
-/// reading says why).
-fn early_load(args: &DaemonArgs) -> Option<Early> {
-    let daemon = match crate::files::read_regular(&args.config, crate::files::CONFIG) {
-        Ok(bytes) => crate::config::daemon_before_rules(std::str::from_utf8(&bytes).ok()?)?,
-        Err(e) if e.is_not_found() => Default::default(),
-        Err(_) => return None,
+/// loads again). `text`: the config's bytes (`Some(None)`: no file);
+/// `None` or a text that does not read: none begun (the settings say why).
+fn early_load(args: &DaemonArgs, text: Option<Option<&[u8]>>) -> Option<Early> {
+    let daemon = match text? {
+        Some(bytes) => crate::config::daemon_before_rules(std::str::from_utf8(bytes).ok()?)?,
+        None => Default::default(),
     };
     let opts = LoadOptions {
         max_sources: args.max_sources.or(daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES),
