@@ -30,7 +30,10 @@ fn main() -> ExitCode {
             } else if json {
                 println!("{}", serde_json::json!({ "error": format!("{e:#}"), "exit": status }));
             } else {
-                eprintln!("policer: error: {e:#}");
+                // Not eprintln!: a closed stderr (a closed terminal) must
+                // not turn the exit status into a panic's.
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "policer: error: {e:#}");
             }
             ExitCode::from(status)
         }

@@ -32,7 +32,7 @@ impl Audit {
     /// Control characters are shown escaped: a line is one line.
     pub fn record(&self, who: &str, what: &str) {
         let (who, what) = (crate::text::escaped(who), crate::text::escaped(what));
-        println!("policer: change by {who}: {what}");
+        say!("policer: change by {who}: {what}");
         let unix_ms = crate::duration::unix_ms();
         let r = ChangeRecord { time: crate::duration::rfc3339(unix_ms), unix_ms, who, what };
         // A panic elsewhere while holding the lock leaves the queue whole.

@@ -204,7 +204,7 @@ impl Daemon {
         let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
         let why = spec.ban().cloned().flatten().map(|r| format!(": {r}")).unwrap_or_default();
         if !self.dry() {
-            println!("policer: manual ban of {} until {until}{why}", key.net);
+            say!("policer: manual ban of {} until {until}{why}", key.net);
         }
         Ok(format!("{what}: {} until {until} ({} from now){note}", key.net, rc.ttl.as_deref().unwrap_or("")))
     }
@@ -232,7 +232,7 @@ impl Daemon {
         if manual {
             self.change(runtime, &[(key, None)])?;
             parts.push(format!("lifted the ban of {net}"));
-            println!("policer: the manual ban of {net} was lifted");
+            say!("policer: the manual ban of {net} was lifted");
         }
         let mut lifted = 0;
         for k in &autos {
@@ -287,7 +287,7 @@ impl Daemon {
         // next start, which skips what ended) catches up.
         let r = match self.change(self.file.read_only(), &edit) {
             Err(e) if !self.file.read_only() => {
-                eprintln!(
+                say_err!(
                     "policer: writing the config file after an expiry failed ({e}); removed in the kernel only, \
                      the file is written again until it lands"
                 );
@@ -311,7 +311,7 @@ impl Daemon {
             Err(e) => {
                 if self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
                     self.ban_log.expiry_failed = Some(Instant::now());
-                    eprintln!("policer: removing expired entries failed (tried again): {e}");
+                    say_err!("policer: removing expired entries failed (tried again): {e}");
                 }
             }
         }
@@ -337,7 +337,7 @@ impl Daemon {
         let mut failed = None;
         self.ban_log.set_files_behind.retain(|name| match crate::sets::remove(&dir, name) {
             Ok(()) => {
-                println!("policer: the state file of the ended set '{name}' is removed now");
+                say!("policer: the state file of the ended set '{name}' is removed now");
                 false
             }
             Err(e) => {
@@ -349,7 +349,7 @@ impl Daemon {
             && self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
         {
             self.ban_log.expiry_failed = Some(Instant::now());
-            eprintln!("policer: removing an ended set's state file failed again (tried again): {e}");
+            say_err!("policer: removing an ended set's state file failed again (tried again): {e}");
         }
         if !self.ban_log.file_behind {
             if self.ban_log.set_files_behind.is_empty() {
@@ -377,7 +377,7 @@ impl Daemon {
                 self.ban_log.file_behind = false;
                 self.ban_log.catch_up_wait = Duration::ZERO;
                 self.changed = true;
-                println!(
+                say!(
                     "policer: {} caught up: {ended} expired rules and bans that it still held are removed from it",
                     self.file.path().display()
                 );
@@ -385,7 +385,7 @@ impl Daemon {
             Err(e) => {
                 if self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
                     self.ban_log.expiry_failed = Some(Instant::now());
-                    eprintln!("policer: writing the config file after an expiry failed again (tried again): {e}");
+                    say_err!("policer: writing the config file after an expiry failed again (tried again): {e}");
                 }
             }
         }

@@ -251,14 +251,14 @@ impl Run {
             Ok(t) => t,
             Err(e) if e.is_not_found() => return,
             Err(e) => {
-                eprintln!("policer: crowdsec: cannot read {}: {e}; starting empty", self.file.display());
+                say_err!("policer: crowdsec: cannot read {}: {e}; starting empty", self.file.display());
                 return;
             }
         };
         match serde_json::from_slice::<Store>(&text) {
             Ok(mut st) => {
                 let ended = st.expire(crate::duration::unix_ms());
-                println!(
+                say!(
                     "policer: crowdsec: {} decisions in force from {} ({ended} ended while stopped), until the \
                      first pull",
                     st.held.len(),
@@ -267,7 +267,7 @@ impl Run {
                 self.store = st;
                 self.dirty = true;
             }
-            Err(e) => eprintln!("policer: crowdsec: {} is unreadable ({e}); starting empty", self.file.display()),
+            Err(e) => say_err!("policer: crowdsec: {} is unreadable ({e}); starting empty", self.file.display()),
         }
     }
 
@@ -335,7 +335,7 @@ impl Run {
             }
             Err(e) => {
                 self.error("apply", &e.to_string());
-                eprintln!("policer: crowdsec: the set '{}' could not be written (tried again): {e}", self.s.set);
+                say_err!("policer: crowdsec: the set '{}' could not be written (tried again): {e}", self.s.set);
             }
         }
     }
@@ -362,7 +362,7 @@ impl Run {
         let a = self.store.apply(&self.s, &reply, startup, now);
         for (i, (why, v)) in a.skipped.iter().enumerate() {
             if i < LOG_SKIPPED && matches!(why, crate::crowdsec::Skip::InvalidValue | crate::crowdsec::Skip::TooWide) {
-                eprintln!(
+                say_err!(
                     "policer: crowdsec: a decision not applied ({why}): {}",
                     crate::text::escaped(v.as_deref().unwrap_or("(none)"))
                 );
@@ -392,7 +392,7 @@ impl Run {
             }
         }
         if a.added > 0 || a.deleted > 0 || !a.skipped.is_empty() {
-            println!(
+            say!(
                 "policer: crowdsec: {} pull: {} new, {} deleted, {} not applied; {} decisions in force ({:.2} s)",
                 if startup { "startup" } else { "delta" },
                 a.added,
@@ -605,7 +605,7 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
                     // been lost: the next is a whole one, so no change is
                     // missed.
                     if !startup || r.status.lock().map(|s| s.last_sync_success).unwrap_or(true) {
-                        eprintln!(
+                        say_err!(
                             "policer: crowdsec: pulling decisions from {} failed: {e}; the {} decisions in force \
                              stay (each until its end); trying again in {} s",
                             r.s.url_text,

@@ -197,7 +197,7 @@ impl Watches {
                 (Ok(()), None) => {
                     let _ = w.unwatch(&d);
                 }
-                (Err(e), _) => println!(
+                (Err(e), _) => say!(
                     "policer: warning: cannot watch {} ({e}); changes of {} there need `policer reload` or SIGHUP",
                     d.display(),
                     self.config.display()
@@ -265,7 +265,7 @@ pub(super) fn start(owner: Owner, config: &Path) {
     let mut watcher = match watcher {
         Ok(w) => w,
         Err(e) => {
-            println!(
+            say!(
                 "policer: warning: cannot follow {} ({e}); config changes need `policer reload` or SIGHUP",
                 config.display()
             );
@@ -317,7 +317,7 @@ pub(super) fn start(owner: Owner, config: &Path) {
                 Err(e @ Error::ConfigRead { .. }) => {
                     backoff = if backoff.is_zero() { RETRY_MIN } else { (backoff * 2).min(RETRY_MAX) };
                     retry_at = Some(Instant::now() + backoff);
-                    println!(
+                    say!(
                         "policer: config file changed: not applied, the running rules stay: {e} (looking again in {} s)",
                         backoff.as_secs()
                     );
@@ -325,7 +325,7 @@ pub(super) fn start(owner: Owner, config: &Path) {
                 // Refused for what it says: looked at again when it changes.
                 Err(e) => {
                     (backoff, retry_at) = (Duration::ZERO, None);
-                    println!("policer: config file changed: not applied, the running rules stay: {e}");
+                    say!("policer: config file changed: not applied, the running rules stay: {e}");
                 }
             }
         }

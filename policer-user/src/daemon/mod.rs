@@ -17,7 +17,15 @@
 //!   kernel keeps policing with the last rules until a new daemon adopts
 //!   the program or `policer detach` removes it. A killed daemon leaves
 //!   the program attached and policing, as with `--persist`.
+//!
+//! Output: every line goes through [`output`] (`say!`, `say_err!`), which
+//! never panics: a closed stdout or terminal never ends the daemon.
 
+// The daemon's lines never go through the macros that panic on a failed write.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+#[macro_use]
+pub(crate) mod output;
 mod adopt;
 mod audit;
 mod bans;
@@ -233,7 +241,7 @@ impl Drop for Daemon {
         if !self.finished
             && let Err(e) = self.finish()
         {
-            eprintln!("policer: {e}");
+            say_err!("policer: {e}");
         }
         let _ = std::fs::remove_file(&self.socket);
     }
@@ -311,10 +319,10 @@ async fn serve(
     // Whatever ended the loop, the owner leaves as configured: ahead of
     // queued changes, and within the second SIGTERM is given.
     match owner.shutdown(SHUTDOWN_DEADLINE).await {
-        Some(Outcome { result: Ok(m), .. }) => println!("policer: {m}"),
-        Some(Outcome { result: Err(e), .. }) => eprintln!("policer: {e}"),
+        Some(Outcome { result: Ok(m), .. }) => say!("policer: {m}"),
+        Some(Outcome { result: Err(e), .. }) => say_err!("policer: {e}"),
         None => {
-            eprintln!(
+            say_err!(
                 "policer: the owner thread did not answer within {} ms; exiting without it \
                  (the program stays attached and policing, as with --persist)",
                 SHUTDOWN_DEADLINE.as_millis()
@@ -357,7 +365,7 @@ async fn event_loop(
     let counters = |v: &Views| match v.counters() {
         Ok(c) => Some(c),
         Err(e) => {
-            eprintln!("policer: cannot read the counters: {e}");
+            say_err!("policer: cannot read the counters: {e}");
             None
         }
     };
@@ -386,13 +394,13 @@ async fn event_loop(
                 tokio::spawn(async move {
                     match o.ask(Command::Reload { discard_runtime: false }).await.result {
                         Ok(m) => audit.record("SIGHUP", &m),
-                        Err(e) => println!("policer: SIGHUP: reload refused, nothing changed: {e}"),
+                        Err(e) => say!("policer: SIGHUP: reload refused, nothing changed: {e}"),
                     }
                 });
             }
             _ = tick.tick(), if interval > 0.0 => {
                 if let Some(now) = counters(&views) {
-                    println!("{}", format_line(started.elapsed(), &now, &prev, prev_at.elapsed().as_secs_f64()));
+                    say!("{}", format_line(started.elapsed(), &now, &prev, prev_at.elapsed().as_secs_f64()));
                     prev = now;
                     prev_at = Instant::now();
                 }
@@ -400,7 +408,7 @@ async fn event_loop(
         }
     }
     if let Some(last) = counters(&views) {
-        println!("{}", format_line(started.elapsed(), &last, &prev, prev_at.elapsed().as_secs_f64()));
+        say!("{}", format_line(started.elapsed(), &last, &prev, prev_at.elapsed().as_secs_f64()));
     }
     Ok(())
 }

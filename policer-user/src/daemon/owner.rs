@@ -211,13 +211,13 @@ impl Daemon {
         // `config/splice.rs`); the file's rules stay what they are.
         if !rules_changed {
             if let Err(e) = self.file.update(crate::config::Change { rules: None, interfaces: Some(names) }) {
-                println!("policer: warning: {e}");
+                say!("policer: warning: {e}");
             }
             return;
         }
         let rules = self.rs.specs();
         if let Err(e) = self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names) }) {
-            println!("policer: warning: {e}");
+            say!("policer: warning: {e}");
             self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());
         } else {
             self.rs.set_file_rules(rules);
@@ -349,7 +349,7 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
         }
         // Every sender gone without a shutdown: still leave cleanly.
         if let Err(e) = daemon.finish() {
-            eprintln!("policer: {e}");
+            say_err!("policer: {e}");
         }
     })?;
     Ok((Owner { tx, stopping, tick_pending }, handle))

@@ -934,7 +934,7 @@ impl Daemon {
                 };
                 // Said in the log too: the changes said what they did as
                 // they were made in the kernel.
-                eprintln!(
+                say_err!(
                     "policer: writing {} change(s) to {} failed ({e}); they are undone in the kernel",
                     g.undo.len(),
                     self.file.path().display()
@@ -1058,18 +1058,18 @@ impl Daemon {
             return Err(e);
         }
         if let Some(what) = &drastic {
-            println!("policer: warning: the config reload from {path} did {what}: removed {}", diff.removed_list());
+            say!("policer: warning: the config reload from {path} did {what}: removed {}", diff.removed_list());
         }
         // A protected prefix the feed's set lists: those entries leave it.
         let refilter = if self.dry() { None } else { self.refilter_feed_set() };
         let feed_note = match refilter {
             None => String::new(),
             Some(Ok(msg)) => {
-                println!("policer: {msg}");
+                say!("policer: {msg}");
                 format!("; {msg}")
             }
             Some(Err(e)) => {
-                eprintln!("policer: the feed's set could not leave out the newly protected prefixes: {e}");
+                say_err!("policer: the feed's set could not leave out the newly protected prefixes: {e}");
                 format!("; warning: the feed's set still holds entries inside the protected prefixes: {e}")
             }
         };

@@ -695,7 +695,7 @@ impl Daemon {
         self.rs.free_slot(s.slot);
         self.changed = true;
         if let Err(e) = sets::remove(&self.sets_dir, &s.header.name) {
-            eprintln!("policer: set '{}' removed, but not its state file (tried again): {e}", s.header.name);
+            say_err!("policer: set '{}' removed, but not its state file (tried again): {e}", s.header.name);
             self.ban_log.set_files_behind.push(s.header.name.clone());
         }
         self.sync_fast_path()
@@ -1098,7 +1098,7 @@ impl Daemon {
                 if o.origin == Origin::Saved
                     && let Err(e) = sets::remove(&self.sets_dir, &o.header.name)
                 {
-                    eprintln!("policer: set '{}' replaced, but not its state file: {e}", o.header.name);
+                    say_err!("policer: set '{}' replaced, but not its state file: {e}", o.header.name);
                 }
             }
         }
@@ -1499,10 +1499,10 @@ pub(super) fn remove_leftovers(config: &std::path::Path, sets_dir: &std::path::P
         failed.extend(f);
     }
     for p in removed {
-        println!("policer: removed {}, the temporary file of a write that did not finish", p.display());
+        say!("policer: removed {}, the temporary file of a write that did not finish", p.display());
     }
     for (p, e) in failed {
-        println!(
+        say!(
             "policer: warning: cannot remove {}, a temporary file left by a write that did not finish: {e}",
             p.display()
         );

@@ -482,7 +482,7 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
             let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
             let s = c.settings(base)?;
             if let Some(warning) = super::crowdsec::check_at_start(&s)? {
-                println!("policer: {warning}");
+                say!("policer: {warning}");
             }
             Some(s)
         }
@@ -1045,7 +1045,7 @@ impl Undo {
                 }
             };
             if let Err((what, e)) = r {
-                eprintln!("policer: start failed, and putting back {what} failed too: {e}");
+                say_err!("policer: start failed, and putting back {what} failed too: {e}");
             }
         }
         let restored: Vec<String> = [
@@ -1062,7 +1062,7 @@ impl Undo {
             done.push(format!("restored {}", restored.join(", ")));
         }
         if !done.is_empty() {
-            eprintln!("policer: start failed; undone: {}", done.join("; "));
+            say_err!("policer: start failed; undone: {}", done.join("; "));
         }
     }
 }
@@ -1074,7 +1074,7 @@ impl Drop for Undo {
             // The start fails with its own error; a signal held back
             // meanwhile would end the process before it is said.
             if Signals::take_pending() {
-                eprintln!("policer: interrupted by a signal while starting");
+                say_err!("policer: interrupted by a signal while starting");
             }
         }
     }

@@ -126,7 +126,7 @@ pub fn caps(http: bool) -> Caps {
     let open = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(RESERVED_FDS);
     let (caps, why) = fit(limit, open, http);
     if let Some(why) = why {
-        println!("policer: {why}");
+        say!("policer: {why}");
     }
     caps
 }
