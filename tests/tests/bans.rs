@@ -648,3 +648,142 @@ fn ban_counts_agree_with_ban_ls_as_bans_start_are_lifted_and_end() {
     // Ended, but kept for their escalation window.
     assert!(c.stored.0 >= 8, "{c:?}");
 }
+
+/// A directory on a tmpfs of 1 MiB of the test's own, unmounted and
+/// removed on drop.
+struct SmallDisk {
+    path: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn new(tag: &str) -> SmallDisk {
+        let path = std::env::temp_dir().join(format!("policer-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        let st = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&path).status();
+        assert!(st.unwrap().success(), "mount tmpfs");
+        SmallDisk { path }
+    }
+
+    /// Fills it to the last byte.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.path.join("filler")).unwrap();
+        let block = vec![0u8; 64 << 10];
+        while f.write_all(&block).is_ok() {}
+        while f.write_all(&block[..512]).is_ok() {}
+        while f.write_all(&block[..1]).is_ok() {}
+        let _ = f.sync_all();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Issue 41, point 4: changes queued together share one write of the
+/// config file (group commit). On a full disk that write fails and every
+/// change of the group is refused — and none of them may be in force, not
+/// even while the write is tried: the group used to be made in the kernel
+/// first and undone after, so refused denies dropped frames of their
+/// prefix, a refused `rule rm` of a deny let frames through, a refused
+/// `unban` lifted the automatic bans for good, and the log said "manual
+/// ban of … until" for bans that never were. Many CLI processes at once
+/// (so that they group) against a full disk, with traffic from each prefix
+/// counted on the receiving side.
+#[test]
+fn a_group_refused_on_a_full_disk_never_reaches_the_kernel_the_log_or_the_bans() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("grpfull");
+    let disk = SmallDisk::new("grpfull");
+    let config = disk.path.join("policer.toml");
+    std::fs::write(&config, "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"100kpps\"\nburst = 1000\n").unwrap();
+    let c = config.to_str().unwrap();
+    let d = Daemon::start(&sb.rx_ns, &["attach", &sb.rx_if, "--config", c, "--interval", "0"]);
+    // An automatic ban of 10.72.0.1, then a manual ban of its /24 and a
+    // deny of 192.0.2.0/24: what the refused changes must leave.
+    policer(&sb, &["rule", "set", "10.72.0.0/16", "--rate", "100pps", "--burst", "10", "--ban-for", "1h"]);
+    let (_, got) = traffic::run(&sb, &[Flow { src: ip("10.72.0.1"), pps: 1000.0, len: 64 }], Duration::from_millis(500));
+    assert!(got.per_flow[0] <= 14, "{} through before the ban", got.per_flow[0]);
+    policer(&sb, &["ban", "10.72.0.0/24", "--for", "1h"]);
+    policer(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]);
+    let ls = policer(&sb, &["ban", "ls", "--json"]);
+    assert!(ls.contains("\"prefix\": \"10.72.0.1\"") && ls.contains("\"origin\": \"auto\""), "{ls}");
+    let out_before = d.stdout();
+    disk.fill();
+
+    let flows = [
+        Flow { src: ip("198.18.0.1"), pps: 2000.0, len: 64 },
+        Flow { src: ip("10.72.0.1"), pps: 1000.0, len: 64 },
+        Flow { src: ip("192.0.2.1"), pps: 1000.0, len: 64 },
+    ];
+    let traffic = traffic::run_bg(&sb, &flows, Duration::from_secs(4));
+    std::thread::sleep(Duration::from_millis(300));
+    // Rounds of 48 changes at once: denies of 198.18.0.0/16's /24s (one of
+    // them holds the first flow's source), new bans, the removal of the
+    // deny, the unban.
+    let mut refused = 0;
+    let t0 = std::time::Instant::now();
+    let mut round = 0;
+    while t0.elapsed() < Duration::from_millis(3000) {
+        let handles: Vec<_> = (0..48)
+            .map(|i| {
+                let args: Vec<String> = match i % 6 {
+                    0 => vec!["rule".into(), "rm".into(), "192.0.2.0/24".into()],
+                    1 => vec!["unban".into(), "10.72.0.0/24".into()],
+                    2 => vec!["ban".into(), format!("198.19.{}.0/24", (round * 8 + i) % 256), "--for".into(), "1h".into()],
+                    _ => vec!["rule".into(), "set".into(), format!("198.18.{}.0/24", i % 4), "--action".into(), "deny".into()],
+                };
+                let (rx_ns, bin) = (sb.rx_ns.clone(), policer_tests::daemon::policer_bin());
+                std::thread::spawn(move || {
+                    std::process::Command::new("ip")
+                        .args(["netns", "exec", &rx_ns])
+                        .arg(bin)
+                        .args(&args)
+                        .stdin(std::process::Stdio::null())
+                        .output()
+                        .unwrap()
+                })
+            })
+            .collect();
+        for h in handles {
+            let out = h.join().unwrap();
+            assert!(!out.status.success(), "a change was made on a full disk: {}", String::from_utf8_lossy(&out.stdout));
+            refused += 1;
+        }
+        round += 1;
+    }
+    let (sent, got) = traffic.join().unwrap();
+    assert!(refused >= 96, "only {refused} changes tried");
+    assert_eq!(got.socket_drops, 0, "the receiving socket lost frames");
+    assert!(sent.sent[0] > 4000, "sent {}", sent.sent[0]);
+    assert_eq!(
+        got.per_flow[0], sent.sent[0],
+        "refused denies dropped {} of {} frames of their prefix",
+        sent.sent[0] - got.per_flow[0], sent.sent[0]
+    );
+    assert_eq!(got.per_flow[1], 0, "a refused unban let frames of the banned source through");
+    assert_eq!(got.per_flow[2], 0, "a refused rule rm let frames of the denied prefix through");
+    // What was in force is: the bans (the automatic one too), the deny.
+    let ls = policer(&sb, &["ban", "ls", "--json"]);
+    assert!(ls.contains("\"prefix\": \"10.72.0.1\"") && ls.contains("\"origin\": \"auto\""), "the automatic ban was lifted: {ls}");
+    assert!(ls.contains("\"prefix\": \"10.72.0.0/24\""), "{ls}");
+    assert!(!ls.contains("198.19."), "{ls}");
+    let rules = policer(&sb, &["rule", "ls", "--json"]);
+    assert!(rules.contains("192.0.2.0/24") && !rules.contains("198.18."), "{rules}");
+    // The log and the audit trail say nothing of what took no effect.
+    let out = d.stdout();
+    let new = &out[out_before.len()..];
+    for never in ["manual ban of", "was lifted", "change by", "198.18.", "198.19."] {
+        assert!(!new.contains(never), "the log says {never:?} of a refused change:\n{new}");
+    }
+    let stats: serde_json::Value = serde_json::from_str(&policer(&sb, &["stats", "--json"])).unwrap();
+    let recent = stats["recent_changes"].to_string();
+    assert!(!recent.contains("198.18.") && !recent.contains("198.19.") && !recent.contains("lifted"), "{recent}");
+    assert!(d.stderr().contains("none of them took effect"), "{}", d.stderr());
+}

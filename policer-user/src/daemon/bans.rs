@@ -178,6 +178,16 @@ fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 
+/// What a change does once it is written (in a group of changes, after
+/// the group's one write; never if that write fails).
+#[derive(Debug)]
+pub(super) enum After {
+    /// A line of the log.
+    Say(String),
+    /// Automatic bans an `unban` lifts with a manual ban.
+    Lift(Vec<BucketKeyV6>),
+}
+
 /// Who makes an automatic ban, in the audit trail: the program bans (the
 /// daemon learns of it within a second, when it scans the bans store).
 const AUTO: &str = "the program (automatic ban)";
@@ -196,7 +206,7 @@ impl Daemon {
             crate::rules::refuse_everyone(&spec.net, "a ban of")?;
         }
         let key = spec.key();
-        let replaced = self.rs.rules().contains_key(&key);
+        let replaced = self.rule_in_force(&key).is_some();
         self.change(runtime, &[(key.clone(), Some(spec.clone()))])?;
         self.changed = true;
         let until = spec.expires.map(duration::rfc3339).unwrap_or_default();
@@ -204,7 +214,8 @@ impl Daemon {
         let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
         let why = spec.ban().cloned().flatten().map(|r| format!(": {r}")).unwrap_or_default();
         if !self.dry() {
-            say!("policer: manual ban of {} until {until}{why}", key.net);
+            // Said once the ban is in force: in a group, after its write.
+            self.when_written(After::Say(format!("policer: manual ban of {} until {until}{why}", key.net)));
         }
         Ok(format!("{what}: {} until {until} ({} from now){note}", key.net, rc.ttl.as_deref().unwrap_or("")))
     }
@@ -215,7 +226,7 @@ impl Daemon {
     pub(super) fn unban(&mut self, prefix: &str, runtime: bool) -> Result<String> {
         let net = parse_prefix(prefix)?;
         let key = RuleKey::new(net, Default::default(), true);
-        let manual = self.rs.rules().contains_key(&key) || (!runtime && self.rs.file_rules().contains_key(&key));
+        let manual = self.rule_in_force(&key).is_some() || (!runtime && self.in_file(&key));
         let now = monotonic_ns();
         let autos: Vec<BucketKeyV6> = self
             .policer
@@ -224,6 +235,8 @@ impl Daemon {
             .into_iter()
             .filter(|(k, b)| b.end_ns > now && key_net(k).is_some_and(|n| overlaps(&n, &net)))
             .map(|(k, _)| k)
+            // Not those an unban before it in the same group lifts.
+            .filter(|k| !self.lift_pending(k))
             .collect();
         if !manual && autos.is_empty() {
             return Err(Error::Invalid(format!("no ban for {net} (see `policer ban ls`)")));
@@ -232,21 +245,48 @@ impl Daemon {
         if manual {
             self.change(runtime, &[(key, None)])?;
             parts.push(format!("lifted the ban of {net}"));
-            say!("policer: the manual ban of {net} was lifted");
+            self.when_written(After::Say(format!("policer: the manual ban of {net} was lifted")));
         }
+        // With a manual ban in a group, the automatic ones are lifted with
+        // it, after the group's write: a write that fails lifts neither.
+        let lifted = if self.write_pending() {
+            let n = autos.len() as u64;
+            self.when_written(After::Lift(autos));
+            n
+        } else {
+            self.lift_autos(&autos)?
+        };
+        if lifted > 0 {
+            parts.push(format!("lifted {lifted} automatic ban{}", if lifted == 1 { "" } else { "s" }));
+        }
+        self.changed = true;
+        Ok(parts.join("; "))
+    }
+
+    /// Lifts the automatic bans `autos`: how many were in force.
+    fn lift_autos(&mut self, autos: &[BucketKeyV6]) -> Result<u64> {
         let mut lifted = 0;
-        for k in &autos {
+        for k in autos {
             if self.policer.lift_ban(k)? {
                 lifted += 1;
                 self.ban_log.seen.remove(k);
             }
         }
         self.ban_log.tally.lifted(lifted);
-        if lifted > 0 {
-            parts.push(format!("lifted {lifted} automatic ban{}", if lifted == 1 { "" } else { "s" }));
+        Ok(lifted)
+    }
+
+    /// Does what a change left for after its write ([`After`]).
+    pub(super) fn done_after(&mut self, a: After) {
+        match a {
+            After::Say(line) => say!("{line}"),
+            After::Lift(autos) => {
+                if let Err(e) = self.lift_autos(&autos) {
+                    say_err!("policer: lifting {} automatic ban(s) failed: {e}", autos.len());
+                }
+                self.changed = true;
+            }
         }
-        self.changed = true;
-        Ok(parts.join("; "))
     }
 
     /// Whether the last tick changed what the views show (then cleared).

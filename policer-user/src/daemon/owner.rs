@@ -292,8 +292,10 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
             }
             if job.cmd.writes_rules_to_file() {
                 // Group commit: this change and those queued behind it are
-                // made in the kernel one by one and written to the file
-                // once; each is answered when that write is done.
+                // judged and planned one by one, written to the file once,
+                // then made in the kernel (never before the write: a full
+                // disk refuses them all and nothing took effect); each is
+                // answered when that is done.
                 let mut group = vec![job];
                 while group.len() < GROUP {
                     match rx.try_recv() {

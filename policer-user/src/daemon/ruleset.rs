@@ -473,17 +473,27 @@ thread_local! {
 
 /// Changes handled together whose file writes are one write (group
 /// commit): what arrives while a write is in flight waits for the next
-/// one write, not one each.
+/// one write, not one each. Nothing of a group reaches the kernel before
+/// its file is written ([`Daemon::end_group`]): each change is judged and
+/// planned on the rules as the group's changes before it leave them, and
+/// the group is staged in the file, then made in the kernel, then put in
+/// place — as a change on its own is.
 #[derive(Debug, Default)]
 pub(super) struct Group {
-    /// The file's edits, in order (a rule may come twice).
-    edits: Vec<(RuleKey, Option<RuleSpec>)>,
-    /// Each change's undo in the kernel, in order.
-    undo: Vec<Vec<(RuleKey, Option<RuleSpec>)>>,
+    /// What the group's changes do so far: each key as the last of them
+    /// left it (`None`: removed).
+    pending: BTreeMap<RuleKey, Option<RuleSpec>>,
+    /// The plan of all of `pending` made to the rules in force.
+    plan: Option<Plan>,
+    /// The changes that wait for the write.
+    changes: u64,
     /// The change handled last waits for the write.
     wrote: bool,
     /// The file was checked for a hand edit.
     checked: bool,
+    /// What the changes do once the write is done (log lines, automatic
+    /// bans an `unban` lifts): nothing of it if the write fails.
+    after: Vec<super::bans::After>,
 }
 
 /// The file's rules not in force.
@@ -610,6 +620,16 @@ fn mark_persisted(rules: &mut super::Rules, file: &FileRules) {
 
 use crate::rules::edit_rules;
 
+/// A change the config file could not take: nothing changed, and
+/// `--runtime` is the way to make it anyway.
+fn not_written(e: Error) -> Error {
+    if e.is_config_not_written() {
+        Error::Invalid(format!("{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"))
+    } else {
+        e
+    }
+}
+
 impl Daemon {
     /// Turns the default-rules fast path on (with the current default rules)
     /// when only default rules exist, off otherwise. The rules go into the
@@ -704,7 +724,7 @@ impl Daemon {
     /// reply names every field that changed, old → new.
     pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
         let key = rc.key()?;
-        let old = self.rs.rules().get(&key).map(|i| i.spec.clone());
+        let old = self.rule_in_force(&key);
         let mut rc = match &old {
             Some(old) if !replace => crate::rules::merge(old, rc),
             _ => rc.clone(),
@@ -748,8 +768,8 @@ impl Daemon {
     /// `--runtime`), so that removal can be made to stick.
     pub(super) fn rule_rm(&mut self, rule: &RuleConfig, runtime: bool) -> Result<String> {
         let key = rule.key()?;
-        let in_file = !runtime && self.rs.file_rules().contains_key(&key);
-        if !self.rs.rules().contains_key(&key) && !in_file {
+        let in_file = !runtime && self.in_file(&key);
+        if self.rule_in_force(&key).is_none() && !in_file {
             return Err(Error::Invalid(format!("no rule for {key} (see `policer rule ls`)")));
         }
         self.change(runtime, &[(key.clone(), None)])?;
@@ -777,6 +797,9 @@ impl Daemon {
         let undo: Vec<(RuleKey, Option<RuleSpec>)> =
             edits.iter().rev().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
         self.refuse_set_prefixes_of(edits.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| k))?;
+        if !runtime && self.group.is_some() && !self.dry() {
+            return self.change_in_group(edits);
+        }
         // Planned (and compiled) once, before anything is staged or
         // written: the rule limit, or classes that tie or crowd a frame,
         // refuse the change here. At a cost that grows with the edits, not
@@ -792,9 +815,6 @@ impl Daemon {
             // A dry run checks what staging checks and writes nothing.
             let pending = if file_edits.is_empty() {
                 Ok(None)
-            } else if self.group.is_some() && !self.dry() {
-                // Written with the rest of the group (`end_group`).
-                self.group_check().map(|()| None)
             } else if self.dry() {
                 self.file.check_stage_rules(&before, &file_edits).map(|()| None)
             } else {
@@ -817,9 +837,6 @@ impl Daemon {
                 d.rules = Some((plan.rules, compiled));
             }
             return Ok(());
-        }
-        if !runtime && self.group.is_some() {
-            return self.change_in_group(plan, edits, undo);
         }
         if let Err(e) = self.apply_plan(plan) {
             // Back to what was in force (the write stops at the first
@@ -846,23 +863,77 @@ impl Daemon {
         }
     }
 
-    /// A change of a group: in the kernel now, in the file with the rest
-    /// of the group ([`Daemon::end_group`]), which undoes it in the kernel
-    /// if that write fails.
-    fn change_in_group(
-        &mut self,
-        plan: Plan,
-        edits: &[(RuleKey, Option<RuleSpec>)],
-        undo: Vec<(RuleKey, Option<RuleSpec>)>,
-    ) -> Result<()> {
-        if let Err(e) = self.apply_plan(plan) {
-            return Err(self.undo_edits(&undo, e));
+    /// A change of a group: judged and planned now, on the rules in force
+    /// with the group's changes before it made; made in the file and then
+    /// in the kernel with the rest of the group ([`Daemon::end_group`]).
+    fn change_in_group(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<()> {
+        let g = self.group.as_ref().expect("in a group");
+        let before = self.rs.file_rules();
+        let file_changes = edits.iter().any(|(k, v)| {
+            let now = match g.pending.get(k) {
+                Some(p) => p.as_ref(),
+                None => before.get(k).map(|s| &**s),
+            };
+            now != v.as_ref()
+        });
+        if file_changes {
+            self.group_check().map_err(not_written)?;
         }
+        let g = self.group.as_ref().expect("in a group");
+        let all: Vec<(RuleKey, Option<RuleSpec>)> =
+            g.pending.iter().map(|(k, v)| (k.clone(), v.clone())).chain(edits.iter().cloned()).collect();
+        // The rule limit, or classes that tie or crowd a frame, refuse
+        // this change here, and the group's others stand.
+        let plan = self.rs.plan_edits(&all)?;
         let g = self.group.as_mut().expect("in a group");
-        g.edits.extend(edits.iter().cloned());
-        g.undo.push(undo);
+        for (k, v) in edits {
+            g.pending.insert(k.clone(), v.clone());
+        }
+        g.plan = Some(plan);
+        g.changes += 1;
         g.wrote = true;
         Ok(())
+    }
+
+    /// The rule in force for `key` as the changes of the group handled so
+    /// far leave it (they reach the kernel after their write).
+    pub(super) fn rule_in_force(&self, key: &RuleKey) -> Option<std::sync::Arc<RuleSpec>> {
+        match self.group.as_ref().and_then(|g| g.pending.get(key)) {
+            Some(p) => p.clone().map(std::sync::Arc::new),
+            None => self.rs.rules().get(key).map(|i| i.spec.clone()),
+        }
+    }
+
+    /// Whether the config file holds a rule for `key`, the group's changes
+    /// handled so far made.
+    pub(super) fn in_file(&self, key: &RuleKey) -> bool {
+        match self.group.as_ref().and_then(|g| g.pending.get(key)) {
+            Some(p) => p.is_some(),
+            None => self.rs.file_rules().contains_key(key),
+        }
+    }
+
+    /// Whether an `unban` of the group handled so far lifts the automatic
+    /// ban `k` once the group is written (to a later change, it is lifted).
+    pub(super) fn lift_pending(&self, k: &policer_common::BucketKeyV6) -> bool {
+        self.group
+            .as_ref()
+            .is_some_and(|g| g.after.iter().any(|a| matches!(a, super::bans::After::Lift(l) if l.contains(k))))
+    }
+
+    /// Whether the change just handled waits for a group's write.
+    pub(super) fn write_pending(&self) -> bool {
+        self.group.as_ref().is_some_and(|g| g.wrote)
+    }
+
+    /// Does `a` once the change just handled is written: at once outside
+    /// a group (or when the change wrote nothing), after the group's write
+    /// in a group, and never if that write fails.
+    pub(super) fn when_written(&mut self, a: super::bans::After) {
+        match self.group.as_mut() {
+            Some(g) if g.wrote => g.after.push(a),
+            _ => self.done_after(a),
+        }
     }
 
     /// Checks, once per group, what staging the file checks first: the
@@ -894,56 +965,60 @@ impl Daemon {
         self.group.as_mut().is_some_and(|g| std::mem::take(&mut g.wrote))
     }
 
-    /// Writes the group's changes into the file in one atomic write. If
-    /// that fails they are undone in the kernel, and the error is every
-    /// one of them's.
+    /// Writes the group's changes into the file in one atomic write, then
+    /// makes them in the kernel, then puts the file in place (the order of
+    /// [`Daemon::change`]): a write that fails (a full disk) leaves the
+    /// kernel as it was, and the error is every one of the changes'.
     pub(super) fn end_group(&mut self) -> Result<()> {
         let Some(g) = self.group.take() else { return Ok(()) };
-        if g.undo.is_empty() {
-            return Ok(());
-        }
-        // Each rule once, as the last change of the group left it.
-        let mut last: BTreeMap<RuleKey, Option<RuleSpec>> = BTreeMap::new();
-        for (k, v) in g.edits {
-            last.insert(k, v);
-        }
+        let Some(plan) = g.plan else { return Ok(()) };
+        let edits: Vec<(RuleKey, Option<RuleSpec>)> = g.pending.into_iter().collect();
         let before = self.rs.file_rules();
-        let edits: Vec<(RuleKey, Option<RuleSpec>)> =
-            last.into_iter().filter(|(k, v)| before.get(k).map(|s| &**s) != v.as_ref()).collect();
-        let written = if edits.is_empty() {
-            Ok(())
+        let file_edits: Vec<(RuleKey, Option<RuleSpec>)> =
+            edits.iter().filter(|(k, v)| before.get(k).map(|s| &**s) != v.as_ref()).cloned().collect();
+        // Staged first: nothing reaches the kernel before the file is written.
+        let staged = if file_edits.is_empty() {
+            None
         } else {
-            self.file.stage_rules(&before, &edits).and_then(|p| self.file.commit(p))
-        };
-        match written {
-            Ok(()) => {
-                self.rs.edit_file_rules(&edits);
-                if !edits.is_empty() {
-                    self.reload.writes += 1;
-                    self.reload.changes_written += g.undo.len() as u64;
+            match self.file.stage_rules(&before, &file_edits) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    let e = not_written(e);
+                    // Said in the log too: nothing of the group took effect.
+                    say_err!(
+                        "policer: writing {} change(s) to {} failed ({e}); none of them took effect",
+                        g.changes,
+                        self.file.path().display()
+                    );
+                    return Err(e);
                 }
-                Ok(())
             }
-            Err(e) => {
-                let e = if e.is_config_not_written() {
-                    Error::Invalid(format!(
-                        "{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"
-                    ))
-                } else {
-                    e
-                };
-                // Said in the log too: the changes said what they did as
-                // they were made in the kernel.
+        };
+        // What to put back if the kernel or the rename fails.
+        let undo: Vec<(RuleKey, Option<RuleSpec>)> =
+            edits.iter().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
+        // The staged file is dropped, and so removed, on a failure.
+        if let Err(e) = self.apply_plan(plan) {
+            return Err(self.undo_edits(&undo, e));
+        }
+        if let Some(p) = staged {
+            if let Err(e) = self.file.commit(p) {
+                let e = not_written(e);
                 say_err!(
                     "policer: writing {} change(s) to {} failed ({e}); they are undone in the kernel",
-                    g.undo.len(),
+                    g.changes,
                     self.file.path().display()
                 );
-                // Back to the rules before the group, last change first.
-                let undo: Vec<(RuleKey, Option<RuleSpec>)> = g.undo.into_iter().rev().flatten().collect();
-                Err(self.undo_edits(&undo, e))
+                return Err(self.undo_edits(&undo, e));
             }
+            self.rs.edit_file_rules(&file_edits);
+            self.reload.writes += 1;
+            self.reload.changes_written += g.changes;
         }
+        for a in g.after {
+            self.done_after(a);
+        }
+        Ok(())
     }
 
     /// Re-reads the config file; applies it only if all of it is valid.
