@@ -574,3 +574,81 @@ fn the_programs_sizes_are_the_files_wherever_its_daemon_table_is() {
     eprintln!("table capacity: {seen:?}, default {default}");
     assert!(seen.iter().all(|c| *c == seen[0]) && seen[0] < default, "{seen:?}, default {default}");
 }
+
+/// Issue 41, point 3: the daemon's stdout goes away (`policer attach … |
+/// head -3`: the reader reads three lines and leaves). Writes then fail
+/// with EPIPE; they used to panic the thread that printed (the event loop's
+/// counter line, or the owner's log line), leaving the program attached with
+/// no daemon, or detached. Now the daemon says once on stderr that stdout
+/// is gone and keeps policing and serving: `status` answers, a rule change
+/// (more lines for the gone stdout) is made, frames are dropped by it, and
+/// SIGTERM still leaves cleanly.
+#[test]
+fn the_daemon_outlives_its_stdout() {
+    use std::io::{BufRead, BufReader, Read};
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("stdout");
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &sb.rx_ns])
+        .arg(policer_bin())
+        .args(["attach", &sb.rx_if, "--config", &sb.config, "--interval", "0.1"])
+        .args(["--rate", "100kpps", "--burst", "1000", "--state-dir"])
+        .arg(policer_tests::daemon::state_dir_of(&sb.config))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn policer");
+    let mut err = child.stderr.take().unwrap();
+    let stderr = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    // `| head -3`, once it polices: three lines, then the reader is gone.
+    {
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        let t0 = Instant::now();
+        while !line.contains("policer: policing") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "stdout ended before policing");
+            assert!(t0.elapsed() < Duration::from_secs(30), "no start");
+        }
+        for _ in 0..3 {
+            line.clear();
+            out.read_line(&mut line).unwrap();
+        }
+    }
+    // Counter lines (10 a second) and the lines of changes now fail.
+    thread::sleep(Duration::from_millis(600));
+    succeeds(&cli(&sb, &["rule", "set", "198.18.0.0/24", "--action", "deny"]));
+    succeeds(&cli(&sb, &["ban", "198.19.0.0/24", "--for", "1h"]));
+    thread::sleep(Duration::from_millis(600));
+    assert!(child.try_wait().unwrap().is_none(), "the daemon died with its stdout");
+    succeeds(&cli(&sb, &["status"]));
+    let flows = [flow("198.18.0.7", 500.0), flow("10.1.0.1", 500.0), flow("198.19.0.9", 500.0)];
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_millis(800));
+    assert!(sent.sent[0] > 200 && got.per_flow[0] == 0, "the deny let {} of {} through", got.per_flow[0], sent.sent[0]);
+    assert_eq!(got.per_flow[1], sent.sent[1], "the policed source lost frames");
+    assert_eq!(got.per_flow[2], 0, "the ban let frames through");
+    assert!(child.try_wait().unwrap().is_none(), "the daemon died with its stdout");
+    // SIGTERM: it leaves as ever (detached, exit 0).
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no exit after SIGTERM");
+        thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = stderr.join().unwrap();
+    assert!(status.success(), "exit {status}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr.matches("stdout is gone").count(), 1, "said once: {stderr}");
+    assert_eq!(sb.rx_xdp(), None, "the program stayed attached");
+}
