@@ -315,7 +315,7 @@ impl Daemon {
 
     /// Removes rules and manual bans whose expiry has come, in one change
     /// (kernel and file; the kernel only when the file is read-only).
-    fn expire(&mut self) {
+    pub(super) fn expire(&mut self) {
         let now = duration::unix_ms();
         let due: Vec<RuleKey> = self.rs.ended(now);
         if due.is_empty() {

@@ -433,7 +433,7 @@ impl Daemon {
             if !next.entries.is_empty() {
                 self.fast_path_off()?;
             }
-            self.transition(fds, old.as_ref(), Some(&next))
+            self.import_transition(fds, old.as_ref(), &next)
         })();
         let t_written = t0.elapsed();
         let r = r.and_then(|shadowed| staged.map_or(Ok(()), sets::Staged::commit).map(|()| shadowed));
@@ -586,6 +586,58 @@ impl Daemon {
     /// another set outranks.
     fn transition(&self, fds: TrieWriter, old: Option<&SetState>, new: Option<&SetState>) -> Result<usize> {
         transition(fds, &self.sets, &self.rs, old, new)
+    }
+
+    /// [`transition`] to `new` for an import, its bulk written in steps
+    /// with the ends that came due honoured before each: a million entries
+    /// take the kernel seconds, and a ban ends on time meanwhile (the
+    /// owner's tick waits for the import; issue 41). Between two steps the
+    /// state is whole: the sets in force, and a prefix of the bulk written
+    /// with the new set's value.
+    fn import_transition(&mut self, fds: TrieWriter, old: Option<&SetState>, new: &SetState) -> Result<usize> {
+        let w = {
+            let name = new.header.name.as_str();
+            let others: Vec<&SetState> = self.sets.values().filter(|s| s.header.name != name).collect();
+            plan_writes(&others, old, Some(new))?
+        };
+        let values = new.values()?;
+        for (i, step) in w.bulk.chunks(IMPORT_STEP).enumerate() {
+            self.end_due_mid_import(fds, &w.bulk[..i * IMPORT_STEP], values)?;
+            write(fds, step, values)?;
+        }
+        self.end_due_mid_import(fds, &w.bulk, values)?;
+        write_pairs(fds, &w.pairs)?;
+        let bans = ban_values(&self.rs);
+        if !bans.is_empty() {
+            let mut touched: Vec<IpNet> = w.bulk.iter().copied().chain(w.pairs.iter().map(|p| p.0)).collect();
+            touched.sort_unstable();
+            write_pairs(fds, &banned(&touched, &bans, self.rs.protect()))?;
+        }
+        delete(fds, &not_rules(&self.rs, &w.delete))?;
+        Ok(w.shadowed)
+    }
+
+    /// Mid-import: removes the rules and bans whose end has come (as the
+    /// tick does). Entries of the import already written (`done`) under a
+    /// ban that ended were given back the value of the sets in force
+    /// before the import (`follow_bans`): they take the new set's value
+    /// (`values`), unless another ban still holds them.
+    fn end_due_mid_import(&mut self, fds: TrieWriter, done: &[IpNet], values: (Rule, Rule)) -> Result<()> {
+        if self.rs.ended(crate::duration::unix_ms()).is_empty() {
+            return Ok(());
+        }
+        let before = self.ban_values();
+        self.expire();
+        let after = self.ban_values();
+        let ended: Vec<(IpNet, Rule)> = before.into_iter().filter(|b| !after.contains(b)).collect();
+        if ended.is_empty() || done.is_empty() {
+            return Ok(());
+        }
+        let under: Vec<IpNet> = banned(done, &ended, &Protect::default()).into_iter().map(|(n, _)| n).collect();
+        let still: std::collections::BTreeSet<IpNet> =
+            banned(&under, &after, self.rs.protect()).into_iter().map(|(n, _)| n).collect();
+        let free: Vec<IpNet> = under.into_iter().filter(|n| !still.contains(n)).collect();
+        write(fds, &free, values)
     }
 
     /// The set's rule per family, validated against its entries
@@ -1331,6 +1383,11 @@ fn transition(
     delete(fds, &not_rules(rs, &w.delete))?;
     Ok(w.shadowed)
 }
+
+/// Entries an import writes between two looks at the ends that came due
+/// ([`Daemon::import_transition`]): two writers' batches, a quarter of a
+/// second or so.
+const IMPORT_STEP: usize = 2 * CHUNK;
 
 /// The manual bans of `rs`: each prefix and the value the tries hold there.
 fn ban_values(rs: &super::ruleset::RuleSet) -> Vec<(IpNet, Rule)> {
