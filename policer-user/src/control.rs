@@ -605,7 +605,7 @@ pub struct FeedStatus {
     pub deleted: u64,
     pub expired: u64,
     /// Decisions received but not applied, by reason (`type:captcha`,
-    /// `scope:country`, `invalid_value`, `too_wide`, `over`, `origin`,
+    /// `scope:country`, `invalid_value`, `host_bits`, `too_wide`, `over`, `origin`,
     /// `scenario`).
     pub skipped: BTreeMap<String, u64>,
     /// Prefixes in force but left out of the set now: inside a protected
@@ -613,7 +613,7 @@ pub struct FeedStatus {
     pub left_out_protected: u64,
     pub left_out_rule_prefix: u64,
     /// Failed pulls and pushes by kind (`connect`, `timeout`, `http_403`,
-    /// `parse`, `apply`, `login`, `publish`).
+    /// `parse`, `cover`, `apply`, `login`, `publish`).
     pub errors: BTreeMap<String, u64>,
     /// Automatic bans posted to the Local API (`publish = true`), and
     /// those waiting to be posted.

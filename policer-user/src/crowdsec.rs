@@ -13,8 +13,10 @@
 //! its decisions is in force.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
+    sync::Arc,
     time::Duration,
 };
 
@@ -31,6 +33,15 @@ pub const DEFAULT_UPDATE_FREQUENCY: Duration = Duration::from_secs(10);
 /// `0.0.0.0/0` must not drop the world. `min_prefix_len` changes them.
 pub const DEFAULT_MIN_PREFIX_V4: u8 = 8;
 pub const DEFAULT_MIN_PREFIX_V6: u8 = 32;
+/// What a feed may cover in all, per family, as a prefix length: at most
+/// as many addresses as one prefix of it (`max_cover_v4`/`_v6`). By
+/// default twice the widest range a decision may have (a /7's worth of
+/// IPv4, 0.8 % of it; a /31's worth of IPv6): a feed holding the widest
+/// decision allowed and as much again is taken, 256 `/8`s (all of IPv4)
+/// are not. A pull beyond it is refused whole.
+pub fn default_max_cover(min_prefix_len: u8) -> u8 {
+    min_prefix_len.saturating_sub(1)
+}
 
 /// `[crowdsec]`: the Local API to pull decisions from (and, with
 /// `publish`, to post automatic bans to).
@@ -81,6 +92,13 @@ pub struct CrowdsecConfig {
     pub min_prefix_len_v4: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_prefix_len_v6: Option<u8>,
+    /// What all the decisions may cover, per family, as a prefix length:
+    /// at most as many addresses as one such prefix (default: twice the
+    /// widest decision, /7 and /31). A pull beyond it is refused whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cover_v4: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cover_v6: Option<u8>,
     /// Post this daemon's automatic bans to the Local API as alerts, so
     /// every bouncer of the fleet enforces them; needs a machine's login.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -111,7 +129,7 @@ impl std::fmt::Debug for CrowdsecConfig {
 /// The keys of `[crowdsec]`, for messages.
 pub const KEYS: &str = "lapi_url, api_key, api_key_file, update_frequency, origins, scopes, scenarios, scenarios_containing, \
                         scenarios_not_containing, types, action, set, min_prefix_len_v4, min_prefix_len_v6, \
-                        publish, machine_id, password, password_file";
+                        max_cover_v4, max_cover_v6, publish, machine_id, password, password_file";
 
 /// A parsed `lapi_url`: host, port and the path prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,6 +207,10 @@ pub struct Settings {
     pub set: String,
     pub min_v4: u8,
     pub min_v6: u8,
+    /// What all the decisions may cover: as many addresses as one prefix
+    /// of this length, per family.
+    pub max_cover_v4: u8,
+    pub max_cover_v6: u8,
     /// machine id and password, with `publish`.
     pub publish: Option<(String, String)>,
 }
@@ -270,6 +292,15 @@ impl CrowdsecConfig {
         if min_v4 > 32 || min_v6 > 128 {
             return Err(Error::Invalid("crowdsec: min_prefix_len_v4 is at most 32, min_prefix_len_v6 128".into()));
         }
+        let max_cover_v4 = self.max_cover_v4.unwrap_or_else(|| default_max_cover(min_v4));
+        let max_cover_v6 = self.max_cover_v6.unwrap_or_else(|| default_max_cover(min_v6));
+        if max_cover_v4 > 32 || max_cover_v6 > 128 {
+            return Err(Error::Invalid(
+                "crowdsec: max_cover_v4 is a prefix length of at most 32, max_cover_v6 of at most 128; write \
+                 max_cover_v4 = 7"
+                    .into(),
+            ));
+        }
         let publish = if self.publish {
             let id = self
                 .machine_id
@@ -299,6 +330,8 @@ impl CrowdsecConfig {
             set,
             min_v4,
             min_v6,
+            max_cover_v4,
+            max_cover_v6,
             publish,
         })
     }
@@ -337,36 +370,251 @@ impl Settings {
 }
 
 /// One decision as the stream sends it. Every field may be missing or odd:
-/// a decision that cannot be read is counted, never applied.
+/// a decision that cannot be read is counted, never applied. Its strings
+/// are borrowed from the answer where they can be: the answer is read a
+/// decision at a time ([`parse_stream`]), never whole as a tree.
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct Decision {
+pub struct Decision<'a> {
     #[serde(default)]
     pub id: Option<i64>,
-    #[serde(default)]
-    pub origin: Option<String>,
-    #[serde(default, rename = "type")]
-    pub kind: Option<String>,
-    #[serde(default)]
-    pub scope: Option<String>,
-    #[serde(default)]
-    pub value: Option<String>,
-    #[serde(default)]
-    pub duration: Option<String>,
-    #[serde(default)]
-    pub scenario: Option<String>,
+    #[serde(default, borrow)]
+    pub origin: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "type")]
+    pub kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub scope: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub value: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub duration: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub scenario: Option<Cow<'a, str>>,
 }
 
-/// The stream's reply; `null` lists are empty.
-#[derive(Debug, Default, Deserialize)]
-pub struct StreamReply {
-    #[serde(default, deserialize_with = "null_is_empty")]
-    pub new: Vec<Decision>,
-    #[serde(default, deserialize_with = "null_is_empty")]
-    pub deleted: Vec<Decision>,
+/// A decision of `new` that is applied: its prefix, what is left of it and
+/// its origin (shared: a feed has a handful of origins, not one a
+/// decision).
+#[derive(Clone, Debug, PartialEq)]
+pub struct New {
+    pub id: Option<i64>,
+    pub net: IpNet,
+    pub ms_left: u64,
+    pub origin: Arc<str>,
 }
 
-fn null_is_empty<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<Decision>, D::Error> {
-    Ok(Option::<Vec<Decision>>::deserialize(d)?.unwrap_or_default())
+/// A decision of `deleted`: by its id, or by its value when it has none.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gone {
+    Id(i64),
+    Value(IpNet),
+}
+
+/// One answer of the stream, read: the decisions to apply (checked under
+/// the settings, each in a few bytes) and those not applied, counted by
+/// reason.
+#[derive(Debug, Default)]
+pub struct Pull {
+    pub new: Vec<New>,
+    pub deleted: Vec<Gone>,
+    /// Decisions in `new`, applied or not.
+    pub received: u64,
+    /// Not applied, by reason ([`Skip`]'s text).
+    pub skipped: BTreeMap<String, u64>,
+    /// The first few not applied for their value, to log.
+    pub examples: Vec<(Skip, String)>,
+}
+
+/// Examples of refused values kept per pull (the rest are counted).
+const EXAMPLES: usize = 5;
+
+/// Reads an answer of the stream from `r`, a decision at a time (the peak
+/// is the decisions to apply, a few bytes each, not the answer as a tree).
+/// The answer must be the stream's object with both `new` and `deleted`
+/// (the Local API sends both, `null` when empty): anything else — a
+/// `{"message": "maintenance"}` answered with a 200 — is an error, so the
+/// pull fails and changes nothing.
+pub fn parse_stream<R: std::io::Read>(s: &Settings, r: R) -> serde_json::Result<Pull> {
+    let mut de = serde_json::Deserializer::from_reader(r);
+    parse_with(s, &mut de)
+}
+
+/// [`parse_stream`] of an answer in memory (its strings borrowed).
+pub fn parse_stream_slice(s: &Settings, body: &[u8]) -> serde_json::Result<Pull> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    parse_with(s, &mut de)
+}
+
+fn parse_with<'de, R: serde_json::de::Read<'de>>(
+    s: &Settings,
+    de: &mut serde_json::Deserializer<R>,
+) -> serde_json::Result<Pull> {
+    use serde::de::DeserializeSeed;
+    let mut r = Reader { s, pull: Pull::default(), origins: BTreeMap::new() };
+    Top(&mut r).deserialize(&mut *de)?;
+    de.end()?;
+    Ok(r.pull)
+}
+
+struct Reader<'s> {
+    s: &'s Settings,
+    pull: Pull,
+    origins: BTreeMap<String, Arc<str>>,
+}
+
+impl Reader<'_> {
+    fn skip(&mut self, why: Skip, value: Option<&str>) {
+        if matches!(why, Skip::InvalidValue | Skip::TooWide | Skip::HostBits) && self.pull.examples.len() < EXAMPLES {
+            let v: String = value.unwrap_or("(none)").chars().take(64).collect();
+            self.pull.examples.push((why.clone(), crate::text::escaped(&v)));
+        }
+        *self.pull.skipped.entry(why.to_string()).or_insert(0) += 1;
+    }
+
+    fn new_decision(&mut self, d: Decision<'_>) {
+        self.pull.received += 1;
+        let secs = d.duration.as_deref().and_then(go_duration);
+        let (net, secs) = match (Store::admit(self.s, &d), secs) {
+            (Err(why), _) => return self.skip(why, d.value.as_deref()),
+            (Ok(_), None) => return self.skip(Skip::InvalidValue, d.duration.as_deref()),
+            (Ok(_), Some(t)) if t <= 0.0 => return self.skip(Skip::Over, None),
+            (Ok(n), Some(t)) => (n, t),
+        };
+        let w = word(d.origin.as_deref().unwrap_or(""));
+        let origin = match self.origins.get(&w) {
+            Some(o) => o.clone(),
+            None => {
+                let o: Arc<str> = Arc::from(w.as_str());
+                self.origins.insert(w, o.clone());
+                o
+            }
+        };
+        self.pull.new.push(New { id: d.id, net, ms_left: (secs * 1000.0) as u64, origin });
+    }
+
+    fn deleted_decision(&mut self, d: Decision<'_>) {
+        match d.id {
+            Some(id) => self.pull.deleted.push(Gone::Id(id)),
+            // Without an id, by its value (a value that names no prefix
+            // names nothing held).
+            None => {
+                if let Ok(net) = value_net(d.value.as_deref().unwrap_or("")) {
+                    self.pull.deleted.push(Gone::Value(net));
+                }
+            }
+        }
+    }
+}
+
+/// The answer's object: `new` and `deleted` read in place, any other key
+/// skipped, both required.
+struct Top<'r, 's>(&'r mut Reader<'s>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Top<'_, '_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Top<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("the decision stream, an object with \"new\" and \"deleted\"")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> std::result::Result<(), A::Error> {
+        use serde::de::Error as _;
+        let r = self.0;
+        let (mut new, mut deleted) = (false, false);
+        while let Some(k) = m.next_key::<String>()? {
+            match k.as_str() {
+                "new" | "deleted" if (k == "new" && new) || (k == "deleted" && deleted) => {
+                    return Err(A::Error::custom(format!("\"{k}\" given twice")));
+                }
+                "new" => {
+                    m.next_value_seed(List { r: &mut *r, deleted: false })?;
+                    new = true;
+                }
+                "deleted" => {
+                    m.next_value_seed(List { r: &mut *r, deleted: true })?;
+                    deleted = true;
+                }
+                _ => {
+                    m.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        if !(new && deleted) {
+            return Err(A::Error::custom(format!(
+                "not a decision stream: no \"{}\" (the Local API sends \"new\" and \"deleted\", null when empty)",
+                if new { "deleted" } else { "new" }
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `new` or `deleted`: `null`, or a list read a decision at a time.
+struct List<'r, 's> {
+    r: &'r mut Reader<'s>,
+    deleted: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for List<'_, '_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for List<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of decisions, or null")
+    }
+    fn visit_none<E>(self) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        while let Some(d) = seq.next_element::<Decision<'de>>()? {
+            if self.deleted {
+                self.r.deleted_decision(d);
+            } else {
+                self.r.new_decision(d);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A value as the prefix it names: an address (a host), or a prefix with
+/// no host bits (`cscli decisions import` stores a CIDR under the Ip
+/// scope, and a Range may be written as a host); `::ffff:a.b.c.d` is the
+/// IPv4 source it names. A prefix with host bits (`10.214.0.0/8`) is
+/// refused, as `rule import` refuses it: widening it silently would drop
+/// what the decision did not name.
+pub fn value_net(value: &str) -> std::result::Result<IpNet, Skip> {
+    let value = value.trim();
+    let net = match value.parse::<IpAddr>() {
+        Ok(a) => IpNet::from(a),
+        Err(_) => {
+            let n = value.parse::<IpNet>().map_err(|_| Skip::InvalidValue)?;
+            if n != n.trunc() {
+                return Err(Skip::HostBits);
+            }
+            n
+        }
+    };
+    match crate::prefix::unmap(net.addr(), net.prefix_len()) {
+        Ok(Some((v4, len))) => Ok(IpNet::V4(ipnet::Ipv4Net::new(v4, len).map_err(|_| Skip::InvalidValue)?)),
+        Ok(None) => Ok(net),
+        Err(_) => Err(Skip::InvalidValue),
+    }
 }
 
 /// Go's `time.Duration` text (`3h59m58.123s`, `-1.5s`, `250ms`, `0s`):
@@ -409,12 +657,12 @@ pub fn go_duration(s: &str) -> Option<f64> {
 /// The `reason`s of skipped decisions that do not depend on what a feed
 /// sends (`type:X` and `scope:X` do): `/metrics` shows each from the start,
 /// at 0, so a `rate()` of them has a series before the first skip.
-pub const SKIP_REASONS: &[&str] = &["origin", "scenario", "invalid_value", "too_wide", "over"];
+pub const SKIP_REASONS: &[&str] = &["origin", "scenario", "invalid_value", "host_bits", "too_wide", "over"];
 
 /// The `kind`s of errors that do not depend on the answer (`http_NNN`
 /// does), shown from the start at 0 for the same reason.
 pub const ERROR_KINDS: &[&str] =
-    &["connect", "timeout", "body", "parse", "apply", "save", "login", "publish", "publish_dropped"];
+    &["connect", "timeout", "body", "parse", "cover", "apply", "save", "login", "publish", "publish_dropped"];
 
 /// Why a decision was not applied.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -424,6 +672,8 @@ pub enum Skip {
     Origin,
     Scenario,
     InvalidValue,
+    /// A prefix with host bits (`10.214.0.0/8`): not widened.
+    HostBits,
     TooWide,
     /// Its duration was over (or unreadable) when it arrived.
     Over,
@@ -437,6 +687,7 @@ impl std::fmt::Display for Skip {
             Skip::Origin => f.write_str("origin"),
             Skip::Scenario => f.write_str("scenario"),
             Skip::InvalidValue => f.write_str("invalid_value"),
+            Skip::HostBits => f.write_str("host_bits"),
             Skip::TooWide => f.write_str("too_wide"),
             Skip::Over => f.write_str("over"),
         }
@@ -450,12 +701,12 @@ fn word(s: &str) -> String {
 }
 
 /// A decision in force.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Held {
     pub net: IpNet,
     /// Unix ms.
     pub until_ms: u64,
-    pub origin: String,
+    pub origin: Arc<str>,
 }
 
 /// What one pull changed.
@@ -463,23 +714,65 @@ pub struct Held {
 pub struct Applied {
     pub added: usize,
     pub deleted: usize,
-    pub skipped: Vec<(Skip, Option<String>)>,
     /// The set's prefixes changed (an import is due).
     pub changed: bool,
 }
 
 /// The decisions in force, by id (a decision without an id is keyed by a
-/// number of its own, below zero).
-#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+/// number of its own, below zero), indexed by value and by end, with the
+/// distinct values counted by prefix length as they change: a pull, a
+/// deletion by value and an end cost what they change, not what is held.
+#[derive(Debug, Clone)]
 pub struct Store {
-    pub held: HashMap<i64, Held>,
-    #[serde(skip)]
+    held: HashMap<i64, Held>,
+    by_value: BTreeSet<(IpNet, i64)>,
+    by_end: BTreeSet<(u64, i64)>,
+    by_origin: BTreeMap<Arc<str>, u64>,
+    /// Distinct values by prefix length: IPv4 0..=32, IPv6 0..=128.
+    lens4: [u64; 33],
+    lens6: [u64; 129],
+    values: usize,
+    /// A value came or went since this was last taken.
+    values_changed: bool,
     anon: i64,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            held: HashMap::new(),
+            by_value: BTreeSet::new(),
+            by_end: BTreeSet::new(),
+            by_origin: BTreeMap::new(),
+            lens4: [0; 33],
+            lens6: [0; 129],
+            values: 0,
+            values_changed: false,
+            anon: 0,
+        }
+    }
+}
+
+impl PartialEq for Store {
+    fn eq(&self, o: &Self) -> bool {
+        self.held == o.held
+    }
+}
+
+/// Addresses of `count` prefixes of `len` in a family of `bits`
+/// (saturating: the whole IPv6 space is `u128::MAX`).
+fn addresses(count: u64, len: usize, bits: usize) -> u128 {
+    1u128.checked_shl((bits - len) as u32).unwrap_or(u128::MAX).saturating_mul(count as u128)
+}
+
+/// `max_cover` as addresses.
+fn bound(len: u8, bits: usize) -> u128 {
+    addresses(1, usize::from(len).min(bits), bits)
 }
 
 impl Store {
     /// The value of `d` if it is applied under `s`, else why not.
-    pub fn admit(s: &Settings, d: &Decision) -> std::result::Result<IpNet, Skip> {
+    pub fn admit(s: &Settings, d: &Decision<'_>) -> std::result::Result<IpNet, Skip> {
         let kind = d.kind.as_deref().unwrap_or("").to_ascii_lowercase();
         if !s.types.contains(&kind) {
             return Err(Skip::Type(word(&kind)));
@@ -498,19 +791,7 @@ impl Store {
         {
             return Err(Skip::Scenario);
         }
-        let value = d.value.as_deref().unwrap_or("").trim();
-        // An address, or a prefix: `cscli decisions import` stores a
-        // CIDR under the Ip scope, and a Range may be written as a host.
-        let net = match value.parse::<IpAddr>() {
-            Ok(a) => IpNet::from(a),
-            Err(_) => value.parse::<IpNet>().map_err(|_| Skip::InvalidValue)?.trunc(),
-        };
-        // `::ffff:a.b.c.d` is the IPv4 source it names.
-        let net = match crate::prefix::unmap(net.addr(), net.prefix_len()) {
-            Ok(Some((v4, len))) => IpNet::V4(ipnet::Ipv4Net::new(v4, len).map_err(|_| Skip::InvalidValue)?),
-            Ok(None) => net,
-            Err(_) => return Err(Skip::InvalidValue),
-        };
+        let net = value_net(d.value.as_deref().unwrap_or(""))?;
         let min = if net.addr().is_ipv4() { s.min_v4 } else { s.min_v6 };
         if net.prefix_len() < min {
             return Err(Skip::TooWide);
@@ -518,98 +799,283 @@ impl Store {
         Ok(net)
     }
 
-    /// Applies a pull received at `now_ms`. A startup pull replaces what is
-    /// held; a later one removes its `deleted` (by id; by value when the
-    /// id is missing) and adds its `new`.
-    pub fn apply(&mut self, s: &Settings, reply: &StreamReply, startup: bool, now_ms: u64) -> Applied {
-        let before = self.prefixes();
-        let mut a = Applied::default();
-        if startup {
-            a.deleted = self.held.len();
-            self.held.clear();
+    /// Decisions in force.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Distinct values in force (the set's entries).
+    pub fn values(&self) -> usize {
+        self.values
+    }
+
+    pub fn held(&self) -> impl Iterator<Item = (&i64, &Held)> {
+        self.held.iter()
+    }
+
+    fn has_value(&self, net: IpNet) -> bool {
+        self.by_value.range((net, i64::MIN)..=(net, i64::MAX)).next().is_some()
+    }
+
+    fn count_value(&mut self, net: IpNet, came: bool) {
+        let n = match net {
+            IpNet::V4(_) => &mut self.lens4[usize::from(net.prefix_len())],
+            IpNet::V6(_) => &mut self.lens6[usize::from(net.prefix_len())],
+        };
+        if came {
+            *n += 1;
+            self.values += 1;
         } else {
-            for d in &reply.deleted {
-                match d.id {
-                    Some(id) => a.deleted += usize::from(self.held.remove(&id).is_some()),
-                    None => {
-                        let v = d.value.as_deref().unwrap_or("");
-                        let n = self.held.len();
-                        self.held.retain(|_, h| h.net.to_string() != v && h.net.addr().to_string() != v);
-                        a.deleted += n - self.held.len();
+            *n -= 1;
+            self.values -= 1;
+        }
+        self.values_changed = true;
+    }
+
+    /// Holds `h` under `id`; what it held there before.
+    fn insert(&mut self, id: i64, h: Held) -> Option<Held> {
+        let old = self.remove(id);
+        if !self.has_value(h.net) {
+            self.count_value(h.net, true);
+        }
+        self.by_value.insert((h.net, id));
+        self.by_end.insert((h.until_ms, id));
+        *self.by_origin.entry(h.origin.clone()).or_insert(0) += 1;
+        self.held.insert(id, h);
+        old
+    }
+
+    fn remove(&mut self, id: i64) -> Option<Held> {
+        let h = self.held.remove(&id)?;
+        self.by_value.remove(&(h.net, id));
+        if !self.has_value(h.net) {
+            self.count_value(h.net, false);
+        }
+        self.by_end.remove(&(h.until_ms, id));
+        if let Some(n) = self.by_origin.get_mut(&h.origin) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_origin.remove(&h.origin);
+            }
+        }
+        Some(h)
+    }
+
+    fn add(&mut self, n: &New, now_ms: u64) -> (i64, Option<Held>) {
+        let id = n.id.unwrap_or_else(|| {
+            self.anon -= 1;
+            self.anon
+        });
+        let h = Held { net: n.net, until_ms: now_ms.saturating_add(n.ms_left), origin: n.origin.clone() };
+        (id, self.insert(id, h))
+    }
+
+    /// Addresses covered, IPv4 and IPv6: the sum over the distinct values
+    /// (overlapping values count twice: never less than what is covered).
+    pub fn cover(&self) -> (u128, u128) {
+        let sum = |lens: &[u64], bits: usize| {
+            lens.iter().enumerate().fold(0u128, |acc, (len, &c)| acc.saturating_add(addresses(c, len, bits)))
+        };
+        (sum(&self.lens4, 32), sum(&self.lens6, 128))
+    }
+
+    /// Whether what is held fits `max_cover_v4`/`_v6`; why not.
+    pub fn check_cover(&self, s: &Settings) -> std::result::Result<(), String> {
+        let (c4, c6) = self.cover();
+        for (fam, c, len, bits, key) in
+            [("IPv4", c4, s.max_cover_v4, 32, "max_cover_v4"), ("IPv6", c6, s.max_cover_v6, 128, "max_cover_v6")]
+        {
+            if c > bound(len, bits) {
+                return Err(format!(
+                    "the decisions would cover {} {fam} addresses, more than {key} = {len} allows (a /{len}'s worth, \
+                     {}): the pull is refused whole and what was in force stays",
+                    if c == u128::MAX { "all".to_string() } else { c.to_string() },
+                    bound(len, bits)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a pull received at `now_ms`, all or nothing. A startup pull
+    /// replaces what is held; a later one removes its `deleted` (by id; by
+    /// value when the id is missing) and adds its `new`. A pull after
+    /// which the decisions would cover more than `max_cover_v4`/`_v6` is
+    /// refused whole (the error says why) and nothing changes.
+    pub fn apply(
+        &mut self,
+        s: &Settings,
+        pull: &Pull,
+        startup: bool,
+        now_ms: u64,
+    ) -> std::result::Result<Applied, String> {
+        if startup {
+            let mut fresh = Store { anon: self.anon, ..Store::default() };
+            for n in &pull.new {
+                fresh.add(n, now_ms);
+            }
+            fresh.check_cover(s)?;
+            let changed = !self.same_values(&fresh);
+            let a = Applied { added: pull.new.len(), deleted: self.held.len(), changed };
+            *self = fresh;
+            self.values_changed = false;
+            return Ok(a);
+        }
+        self.values_changed = false;
+        let mut undo: Vec<(i64, Option<Held>)> = Vec::new();
+        let mut a = Applied::default();
+        for g in &pull.deleted {
+            match *g {
+                Gone::Id(id) => {
+                    if let Some(h) = self.remove(id) {
+                        undo.push((id, Some(h)));
+                        a.deleted += 1;
+                    }
+                }
+                // Every decision of that value, found by the index: what
+                // it matches, not what is held.
+                Gone::Value(net) => {
+                    let ids: Vec<i64> =
+                        self.by_value.range((net, i64::MIN)..=(net, i64::MAX)).map(|(_, id)| *id).collect();
+                    for id in ids {
+                        if let Some(h) = self.remove(id) {
+                            undo.push((id, Some(h)));
+                            a.deleted += 1;
+                        }
                     }
                 }
             }
         }
-        for d in &reply.new {
-            let secs = d.duration.as_deref().and_then(go_duration);
-            let net = match (Store::admit(s, d), secs) {
-                (Err(why), _) => {
-                    a.skipped.push((why, d.value.clone()));
-                    continue;
-                }
-                (Ok(_), None) => {
-                    a.skipped.push((Skip::InvalidValue, d.duration.clone()));
-                    continue;
-                }
-                (Ok(_), Some(t)) if t <= 0.0 => {
-                    a.skipped.push((Skip::Over, None));
-                    continue;
-                }
-                (Ok(n), Some(_)) => n,
-            };
-            let until_ms = now_ms.saturating_add((secs.unwrap_or(0.0) * 1000.0) as u64);
-            let id = d.id.unwrap_or_else(|| {
-                self.anon -= 1;
-                self.anon
-            });
-            let origin = word(d.origin.as_deref().unwrap_or(""));
-            self.held.insert(id, Held { net, until_ms, origin });
+        for n in &pull.new {
+            undo.push(self.add(n, now_ms));
             a.added += 1;
         }
-        a.changed = self.prefixes() != before;
-        a
+        if let Err(e) = self.check_cover(s) {
+            for (id, prev) in undo.into_iter().rev() {
+                match prev {
+                    Some(h) => {
+                        self.insert(id, h);
+                    }
+                    None => {
+                        self.remove(id);
+                    }
+                }
+            }
+            self.values_changed = false;
+            return Err(e);
+        }
+        a.changed = std::mem::take(&mut self.values_changed);
+        Ok(a)
     }
 
-    /// Removes the decisions whose end has come; how many.
-    pub fn expire(&mut self, now_ms: u64) -> usize {
-        let n = self.held.len();
-        self.held.retain(|_, h| h.until_ms > now_ms);
-        n - self.held.len()
+    /// Whether both hold the same values.
+    fn same_values(&self, o: &Store) -> bool {
+        self.values == o.values && self.value_iter().eq(o.value_iter())
+    }
+
+    fn value_iter(&self) -> impl Iterator<Item = IpNet> + '_ {
+        let mut last = None;
+        self.by_value.iter().filter_map(move |(n, _)| (last.replace(*n) != Some(*n)).then_some(*n))
+    }
+
+    /// Removes the decisions whose end has come (the soonest first, by the
+    /// index): how many, and whether the set's values changed.
+    pub fn expire(&mut self, now_ms: u64) -> (usize, bool) {
+        self.values_changed = false;
+        let mut n = 0;
+        while let Some(&(until, id)) = self.by_end.first() {
+            if until > now_ms {
+                break;
+            }
+            self.remove(id);
+            n += 1;
+        }
+        (n, std::mem::take(&mut self.values_changed))
     }
 
     /// The next end of a decision, Unix ms.
     pub fn next_end(&self) -> Option<u64> {
-        self.held.values().map(|h| h.until_ms).min()
+        self.by_end.first().map(|(t, _)| *t)
     }
 
     /// The set's entries: each value in force once, sorted.
     pub fn prefixes(&self) -> Vec<IpNet> {
-        let mut v: Vec<IpNet> = self.held.values().map(|h| h.net).collect();
-        v.sort_unstable();
-        v.dedup();
+        let mut v = Vec::with_capacity(self.values);
+        v.extend(self.value_iter());
         v
     }
 
     pub fn by_origin(&self) -> BTreeMap<String, u64> {
-        let mut m = BTreeMap::new();
-        for h in self.held.values() {
-            *m.entry(h.origin.clone()).or_insert(0) += 1;
+        self.by_origin.iter().map(|(o, n)| (o.to_string(), *n)).collect()
+    }
+}
+
+/// The feed's state file: `{"held": {"ID": {"net", "until_ms", "origin"}}}`.
+impl Serialize for Store {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        #[derive(Serialize)]
+        struct Out<'a> {
+            net: IpNet,
+            until_ms: u64,
+            origin: &'a str,
         }
-        m
+        struct Map<'a>(&'a HashMap<i64, Held>);
+        impl Serialize for Map<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.collect_map(
+                    self.0.iter().map(|(id, h)| (id, Out { net: h.net, until_ms: h.until_ms, origin: &h.origin })),
+                )
+            }
+        }
+        let mut st = s.serialize_struct("Store", 1)?;
+        st.serialize_field("held", &Map(&self.held))?;
+        st.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Store {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Store, D::Error> {
+        #[derive(Deserialize)]
+        struct In {
+            net: IpNet,
+            until_ms: u64,
+            origin: String,
+        }
+        #[derive(Deserialize)]
+        struct File {
+            held: HashMap<i64, In>,
+        }
+        let f = File::deserialize(d)?;
+        let mut st = Store::default();
+        let mut origins: BTreeMap<String, Arc<str>> = BTreeMap::new();
+        for (id, h) in f.held {
+            let origin = origins.entry(h.origin).or_insert_with_key(|k| Arc::from(k.as_str())).clone();
+            st.insert(id, Held { net: h.net, until_ms: h.until_ms, origin });
+            // Ids of its own below those held: a restored store never
+            // gives a new decision the id of one it holds.
+            st.anon = st.anon.min(id);
+        }
+        st.values_changed = false;
+        Ok(st)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::{Value, json};
 
     #[test]
     fn the_fixed_skip_reasons_are_those_skips_print() {
-        let fixed = [Skip::Origin, Skip::Scenario, Skip::InvalidValue, Skip::TooWide, Skip::Over];
+        let fixed = [Skip::Origin, Skip::Scenario, Skip::InvalidValue, Skip::HostBits, Skip::TooWide, Skip::Over];
         let names: Vec<String> = fixed.iter().map(Skip::to_string).collect();
         assert_eq!(names, SKIP_REASONS);
     }
-
-    use super::*;
 
     fn settings() -> Settings {
         CrowdsecConfig { lapi_url: "http://127.0.0.1:8080/".into(), api_key: Some("k".into()), ..Default::default() }
@@ -617,18 +1083,31 @@ mod tests {
             .unwrap()
     }
 
-    fn d(id: i64, scope: &str, value: &str, kind: &str, duration: &str) -> Decision {
+    fn d(id: i64, scope: &str, value: &str, kind: &str, duration: &str) -> Decision<'static> {
         Decision {
             id: Some(id),
             origin: Some("cscli".into()),
-            kind: Some(kind.into()),
-            scope: Some(scope.into()),
-            value: Some(value.into()),
-            duration: Some(duration.into()),
+            kind: Some(kind.to_string().into()),
+            scope: Some(scope.to_string().into()),
+            value: Some(value.to_string().into()),
+            duration: Some(duration.to_string().into()),
             scenario: Some("manual".into()),
         }
     }
 
+    /// A decision as the stream sends it.
+    fn dj(id: i64, scope: &str, value: &str, kind: &str, duration: &str) -> Value {
+        json!({"id": id, "origin": "cscli", "type": kind, "scope": scope, "value": value, "duration": duration,
+               "scenario": "manual"})
+    }
+
+    fn pull(s: &Settings, new: Vec<Value>, deleted: Vec<Value>) -> Pull {
+        parse_stream_slice(s, json!({"new": new, "deleted": deleted}).to_string().as_bytes()).unwrap()
+    }
+
+    fn net(v: &str) -> IpNet {
+        v.parse().unwrap()
+    }
     #[test]
     fn go_durations() {
         assert_eq!(go_duration("3h59m58.5s"), Some(3.0 * 3600.0 + 59.0 * 60.0 + 58.5));
@@ -707,11 +1186,10 @@ mod tests {
     #[test]
     fn decisions_are_admitted_or_counted_never_dropped_silently() {
         let s = settings();
-        let net = |v: &str| v.parse::<IpNet>().unwrap();
         assert_eq!(Store::admit(&s, &d(1, "Ip", "192.0.2.7", "ban", "1h")), Ok(net("192.0.2.7/32")));
         assert_eq!(Store::admit(&s, &d(1, "Ip", "2001:db8::1", "ban", "1h")), Ok(net("2001:db8::1/128")));
         assert_eq!(Store::admit(&s, &d(1, "Range", "198.51.100.0/24", "ban", "1h")), Ok(net("198.51.100.0/24")));
-        assert_eq!(Store::admit(&s, &d(1, "Range", "198.51.100.9/24", "ban", "1h")), Ok(net("198.51.100.0/24")));
+        assert_eq!(Store::admit(&s, &d(1, "Range", "198.51.100.9/24", "ban", "1h")), Err(Skip::HostBits));
         assert_eq!(Store::admit(&s, &d(1, "Ip", "::ffff:192.0.2.8", "ban", "1h")), Ok(net("192.0.2.8/32")));
         assert_eq!(Store::admit(&s, &d(1, "Ip", "192.0.2.7", "captcha", "1h")), Err(Skip::Type("captcha".into())));
         assert_eq!(Store::admit(&s, &d(1, "Country", "FR", "ban", "1h")), Err(Skip::Scope("country".into())));
@@ -729,56 +1207,227 @@ mod tests {
     }
 
     #[test]
-    fn startup_replaces_deltas_add_and_delete_and_each_decision_ends_at_its_end() {
+    fn a_value_with_host_bits_is_refused_counted_and_logged_not_widened() {
         let s = settings();
+        let p = pull(
+            &s,
+            vec![dj(1, "Range", "10.214.0.0/8", "ban", "1h"), dj(2, "Range", "2001:db8::1/32", "ban", "1h")],
+            vec![],
+        );
+        assert!(p.new.is_empty(), "{p:?}");
+        assert_eq!((p.received, p.skipped.get("host_bits")), (2, Some(&2)));
+        assert_eq!(p.examples[0], (Skip::HostBits, "10.214.0.0/8".to_string()));
         let mut st = Store::default();
-        let r = StreamReply {
-            new: vec![
-                d(1, "Ip", "192.0.2.1", "ban", "10s"),
-                d(2, "Ip", "192.0.2.1", "ban", "20s"),
-                d(3, "Range", "198.51.100.0/24", "ban", "30s"),
-                d(4, "Ip", "192.0.2.9", "captcha", "30s"),
-                d(5, "Ip", "bogus", "ban", "30s"),
-                d(6, "Ip", "192.0.2.6", "ban", "-1s"),
-            ],
-            deleted: vec![],
-        };
-        let a = st.apply(&s, &r, true, 1_000_000);
-        assert_eq!((a.added, a.skipped.len(), a.changed), (3, 3, true));
-        assert_eq!(st.prefixes().len(), 2);
-        assert_eq!(st.next_end(), Some(1_010_000));
-        // Id 1 ends; the value stays while id 2 is in force.
-        assert_eq!(st.expire(1_010_000), 1);
-        assert_eq!(st.prefixes().len(), 2);
-        assert_eq!(st.expire(1_020_000), 1);
-        assert_eq!(st.prefixes(), vec!["198.51.100.0/24".parse::<IpNet>().unwrap()]);
-        // A delta: delete 3, add 7 (IPv6).
-        let r = StreamReply {
-            new: vec![d(7, "Ip", "2001:db8::7", "ban", "1h")],
-            deleted: vec![d(3, "Range", "198.51.100.0/24", "ban", "-5s")],
-        };
-        let a = st.apply(&s, &r, false, 1_021_000);
-        assert_eq!((a.added, a.deleted, a.changed), (1, 1, true));
-        assert_eq!(st.prefixes(), vec!["2001:db8::7/128".parse::<IpNet>().unwrap()]);
-        // Nothing new: no change, no import.
-        let a = st.apply(&s, &StreamReply::default(), false, 1_022_000);
-        assert!(!a.changed);
-        // A startup pull is the whole truth.
-        let a =
-            st.apply(&s, &StreamReply { new: vec![d(8, "Ip", "192.0.2.8", "ban", "1h")], deleted: vec![] }, true, 1);
-        assert!(a.changed);
-        assert_eq!(st.held.len(), 1);
-        assert_eq!(st.by_origin().get("cscli"), Some(&1));
+        st.apply(&s, &p, true, 0).unwrap();
+        assert!(st.prefixes().is_empty(), "a value with host bits was widened into the set");
     }
 
     #[test]
-    fn null_lists_are_empty() {
-        let r: StreamReply = serde_json::from_str(r#"{"new":null,"deleted":null}"#).unwrap();
-        assert!(r.new.is_empty() && r.deleted.is_empty());
-        let r: StreamReply = serde_json::from_str(
-            r#"{"new":[{"duration":"3h59m59s","id":1,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"1.2.3.4","extra":1}]}"#,
+    fn startup_replaces_deltas_add_and_delete_and_each_decision_ends_at_its_end() {
+        let s = settings();
+        let mut st = Store::default();
+        let p = pull(
+            &s,
+            vec![
+                dj(1, "Ip", "192.0.2.1", "ban", "10s"),
+                dj(2, "Ip", "192.0.2.1", "ban", "20s"),
+                dj(3, "Range", "198.51.100.0/24", "ban", "30s"),
+                dj(4, "Ip", "192.0.2.9", "captcha", "30s"),
+                dj(5, "Ip", "bogus", "ban", "30s"),
+                dj(6, "Ip", "192.0.2.6", "ban", "-1s"),
+            ],
+            vec![],
+        );
+        assert_eq!((p.received, p.skipped.values().sum::<u64>()), (6, 3));
+        let a = st.apply(&s, &p, true, 1_000_000).unwrap();
+        assert_eq!((a.added, a.changed), (3, true));
+        assert_eq!((st.prefixes().len(), st.values()), (2, 2));
+        assert_eq!(st.next_end(), Some(1_010_000));
+        // Id 1 ends; the value stays while id 2 is in force: no change.
+        assert_eq!(st.expire(1_010_000), (1, false));
+        assert_eq!(st.prefixes().len(), 2);
+        assert_eq!(st.expire(1_020_000), (1, true));
+        assert_eq!(st.prefixes(), vec![net("198.51.100.0/24")]);
+        // A delta: delete 3, add 7 (IPv6).
+        let p = pull(
+            &s,
+            vec![dj(7, "Ip", "2001:db8::7", "ban", "1h")],
+            vec![dj(3, "Range", "198.51.100.0/24", "ban", "-5s")],
+        );
+        let a = st.apply(&s, &p, false, 1_021_000).unwrap();
+        assert_eq!((a.added, a.deleted, a.changed), (1, 1, true));
+        assert_eq!(st.prefixes(), vec![net("2001:db8::7/128")]);
+        // Nothing new: no change, no import.
+        let a = st.apply(&s, &pull(&s, vec![], vec![]), false, 1_022_000).unwrap();
+        assert!(!a.changed);
+        // A decision renewed under a new id for a value held: no change.
+        let a =
+            st.apply(&s, &pull(&s, vec![dj(9, "Ip", "2001:db8::7", "ban", "2h")], vec![]), false, 1_023_000).unwrap();
+        assert_eq!((a.added, a.changed), (1, false));
+        // A startup pull is the whole truth.
+        let a = st.apply(&s, &pull(&s, vec![dj(8, "Ip", "192.0.2.8", "ban", "1h")], vec![]), true, 1).unwrap();
+        assert!(a.changed);
+        assert_eq!(a.deleted, 2);
+        assert_eq!(st.len(), 1);
+        assert_eq!(st.by_origin().get("cscli"), Some(&1));
+        // The same startup again: nothing to write.
+        let a = st.apply(&s, &pull(&s, vec![dj(8, "Ip", "192.0.2.8", "ban", "1h")], vec![]), true, 2).unwrap();
+        assert!(!a.changed);
+    }
+
+    #[test]
+    fn null_lists_are_empty_and_unknown_fields_ignored() {
+        let s = settings();
+        let p = parse_stream_slice(&s, br#"{"new":null,"deleted":null}"#).unwrap();
+        assert!(p.new.is_empty() && p.deleted.is_empty());
+        let text = r#"{"deleted":null,"new":[{"duration":"3h59m59s","id":1,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"1.2.3.4","extra":{"a":[1]}}],"more":1}"#;
+        for p in [parse_stream_slice(&s, text.as_bytes()).unwrap(), parse_stream(&s, text.as_bytes()).unwrap()] {
+            assert_eq!(p.new.len(), 1);
+            assert_eq!(p.new[0].net, net("1.2.3.4/32"));
+            assert_eq!(&*p.new[0].origin, "cscli");
+        }
+    }
+
+    #[test]
+    fn an_answer_that_is_not_the_stream_is_refused_and_changes_nothing() {
+        let s = settings();
+        for bad in [
+            r#"{"message":"maintenance"}"#,
+            r#"{"new":[]}"#,
+            r#"{"deleted":null}"#,
+            r#"{}"#,
+            r#"[]"#,
+            r#"null"#,
+            r#"{"new":{"a":1},"deleted":null}"#,
+            r#"{"new":null,"deleted":null,"new":null}"#,
+            r#"{"new":null,"deleted":null} x"#,
+            r#"{"new":[{"id":1,"type":"ban","scope":"Ip","value":"1.2.3.4","duration":"1h"}"#,
+        ] {
+            assert!(parse_stream_slice(&s, bad.as_bytes()).is_err(), "{bad} was taken as a stream");
+            assert!(parse_stream(&s, bad.as_bytes()).is_err(), "{bad} was taken as a stream (reader)");
+        }
+        let e = parse_stream_slice(&s, br#"{"message":"maintenance"}"#).unwrap_err().to_string();
+        assert!(e.contains("not a decision stream"), "{e}");
+    }
+
+    #[test]
+    fn id_less_deletions_remove_their_value_and_cost_what_they_match() {
+        let s = settings();
+        let mut st = Store::default();
+        let n = 200_000u32;
+        let new: Vec<New> = (0..n)
+            .map(|i| New {
+                id: Some(i64::from(i)),
+                net: IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i))),
+                ms_left: 3_600_000,
+                origin: Arc::from("cscli"),
+            })
+            .collect();
+        let mut p = Pull { new, ..Pull::default() };
+        // Two decisions of one value, and a range that starts at an
+        // address deleted by value (not deleted with it).
+        p.new.push(New { id: Some(-7), ..p.new[5].clone() });
+        p.new.push(New { id: Some(1_000_000), net: net("10.0.0.8/29"), ..p.new[5].clone() });
+        st.apply(&s, &p, true, 0).unwrap();
+        assert_eq!((st.len(), st.values()), (n as usize + 2, n as usize + 1));
+        let gone = |v: &str| json!({"type": "ban", "scope": "Ip", "value": v, "duration": "-1s"});
+        let a = st.apply(&s, &pull(&s, vec![], vec![gone("10.0.0.5"), gone("10.0.0.8")]), false, 1).unwrap();
+        assert_eq!((a.deleted, a.changed), (3, true));
+        assert!(st.prefixes().contains(&net("10.0.0.8/29")));
+        assert!(!st.prefixes().contains(&net("10.0.0.5/32")));
+        // 200 deletions by value over 200 000 held: each a lookup, not a
+        // scan formatting every value held (that took ~0.1 s each here).
+        let dels: Vec<Value> =
+            (1000..1200u32).map(|i| gone(&std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string())).collect();
+        let p = pull(&s, vec![], dels);
+        let t0 = std::time::Instant::now();
+        let a = st.apply(&s, &p, false, 2).unwrap();
+        let took = t0.elapsed();
+        assert_eq!(a.deleted, 200);
+        assert!(took < std::time::Duration::from_millis(500), "200 deletions by value took {took:?}");
+        // A delta with no change costs nothing of what is held.
+        let t0 = std::time::Instant::now();
+        let a = st.apply(&s, &pull(&s, vec![], vec![]), false, 3).unwrap();
+        assert!(!a.changed && t0.elapsed() < std::time::Duration::from_millis(5), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn a_pull_beyond_max_cover_is_refused_whole_and_what_was_in_force_stays() {
+        let s = settings();
+        assert_eq!((s.max_cover_v4, s.max_cover_v6), (7, 31));
+        let mut st = Store::default();
+        let first =
+            pull(&s, vec![dj(1, "Ip", "192.0.2.1", "ban", "1h"), dj(2, "Range", "10.0.0.0/8", "ban", "1h")], vec![]);
+        st.apply(&s, &first, true, 0).unwrap();
+        let before = st.clone();
+        // Two /8s and a host: more than a /7's worth.
+        let more = pull(&s, vec![dj(3, "Range", "11.0.0.0/8", "ban", "1h")], vec![]);
+        let e = st.apply(&s, &more, false, 1).unwrap_err();
+        assert!(e.contains("max_cover_v4 = 7") && e.contains("refused"), "{e}");
+        assert_eq!(st, before, "a refused delta changed what is held");
+        assert_eq!(st.prefixes(), before.prefixes());
+        assert_eq!(st.cover(), before.cover());
+        // 256 /8s: all of IPv4, refused as a startup pull; nothing changes.
+        let all: Vec<Value> = (0..256).map(|i| dj(10 + i, "Range", &format!("{i}.0.0.0/8"), "ban", "1h")).collect();
+        let e = st.apply(&s, &pull(&s, all, vec![]), true, 2).unwrap_err();
+        assert!(e.contains("4294967296 IPv4 addresses"), "{e}");
+        assert_eq!(st, before);
+        // Within the bound: taken (the /8 replaced by another and a host).
+        let ok =
+            pull(&s, vec![dj(3, "Range", "11.0.0.0/8", "ban", "1h")], vec![dj(2, "Range", "10.0.0.0/8", "ban", "-1s")]);
+        assert!(st.apply(&s, &ok, false, 3).unwrap().changed);
+        assert_eq!(st.cover().0, (1 << 24) + 1);
+        // IPv6: three /32s are more than a /31's worth.
+        let v6: Vec<Value> = (0..3).map(|i| dj(400 + i, "Range", &format!("2001:db{i}::/32"), "ban", "1h")).collect();
+        assert!(st.apply(&s, &pull(&s, v6, vec![]), false, 4).is_err());
+        // Configurable; a bound that is no prefix length is refused.
+        let base = CrowdsecConfig {
+            lapi_url: "http://127.0.0.1:8080/".into(),
+            api_key: Some("k".into()),
+            ..Default::default()
+        };
+        let wide =
+            CrowdsecConfig { max_cover_v4: Some(0), ..base.clone() }.settings(std::path::Path::new("/")).unwrap();
+        let all: Vec<Value> = (0..256).map(|i| dj(10 + i, "Range", &format!("{i}.0.0.0/8"), "ban", "1h")).collect();
+        assert!(st.apply(&wide, &pull(&wide, all, vec![]), true, 5).is_ok());
+        for bad in [
+            CrowdsecConfig { max_cover_v4: Some(33), ..base.clone() },
+            CrowdsecConfig { max_cover_v6: Some(129), ..base },
+        ] {
+            let e = bad.settings(std::path::Path::new("/")).unwrap_err().to_string();
+            assert!(e.contains("max_cover"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_state_file_round_trips_and_old_files_read() {
+        let s = settings();
+        let mut st = Store::default();
+        let p = parse_stream_slice(
+            &s,
+            br#"{"new":[{"type":"ban","scope":"Ip","value":"192.0.2.1","duration":"1h","origin":"cscli"},
+                        {"id":5,"type":"ban","scope":"Range","value":"2001:db8::/48","duration":"1h","origin":"lists"}],
+                 "deleted":null}"#,
         )
         .unwrap();
-        assert_eq!(r.new[0].value.as_deref(), Some("1.2.3.4"));
+        st.apply(&s, &p, true, 10).unwrap();
+        let text = serde_json::to_string(&st).unwrap();
+        let back: Store = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, st);
+        assert_eq!((back.values(), back.prefixes(), back.next_end()), (st.values(), st.prefixes(), st.next_end()));
+        assert_eq!(back.by_origin(), st.by_origin());
+        // A new decision without an id after a restore takes an id not held.
+        let mut back = back;
+        let p = parse_stream_slice(
+            &s,
+            br#"{"new":[{"type":"ban","scope":"Ip","value":"192.0.2.2","duration":"1h"}],"deleted":null}"#,
+        )
+        .unwrap();
+        back.apply(&s, &p, false, 11).unwrap();
+        assert_eq!(back.len(), 3);
+        // The file of the version before.
+        let old = r#"{"held":{"7":{"net":"198.51.100.0/24","until_ms":99,"origin":"cscli"}}}"#;
+        let st: Store = serde_json::from_str(old).unwrap();
+        assert_eq!((st.len(), st.prefixes(), st.next_end()), (1, vec![net("198.51.100.0/24")], Some(99)));
     }
 }

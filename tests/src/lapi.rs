@@ -448,6 +448,134 @@ fn parse_response(raw: &[u8]) -> Option<(u16, String)> {
     }
 }
 
+/// A peer that stands where the LAPI is and answers like a broken one: a
+/// small HTTP/1.1 server in the namespace that passes each request to the
+/// real LAPI ([`Proxy::pass`], as it starts) or answers with a status and
+/// a body of the test's choosing ([`Proxy::answer`]: a `{"message":
+/// "maintenance"}` with 200, as a LAPI behind a maintenance page does).
+/// Stopped on drop.
+pub struct Proxy {
+    ns: String,
+    port: u16,
+    canned: std::sync::Arc<std::sync::Mutex<Option<(u16, String)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+    /// Requests answered so far.
+    served: std::sync::Arc<AtomicU32>,
+}
+
+impl Proxy {
+    /// Listens on `127.0.0.1:port` of `ns`, passing requests to the LAPI
+    /// on `127.0.0.1:upstream` of the same namespace.
+    pub fn start(ns: &str, port: u16, upstream: u16) -> Proxy {
+        use std::sync::{Arc, Mutex, atomic::AtomicBool};
+        let canned: Arc<Mutex<Option<(u16, String)>>> = Arc::new(Mutex::new(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicU32::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (c, st, sv, nsn) = (canned.clone(), stop.clone(), served.clone(), ns.to_string());
+        let thread = thread::spawn(move || {
+            let listener = crate::netns::enter(&nsn)
+                .and_then(|()| std::net::TcpListener::bind(("127.0.0.1", port)))
+                .and_then(|l| l.set_nonblocking(true).map(|()| l));
+            let listener = match listener {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            while !st.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let reply = c.lock().map(|g| g.clone()).unwrap_or(None);
+                        Proxy::serve(conn, upstream, reply);
+                        sv.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        rx.recv().expect("the proxy's thread").unwrap_or_else(|e| panic!("the proxy cannot listen on {port}: {e}"));
+        Proxy { ns: ns.into(), port, canned, stop, thread: Some(thread), served }
+    }
+
+    fn serve(mut conn: TcpStream, upstream: u16, reply: Option<(u16, String)>) {
+        let _ = conn.set_nonblocking(false);
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+        // The request's head (the feed's requests are GETs: no body).
+        let mut head = Vec::new();
+        let mut b = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut b) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&b[..n]),
+            }
+        }
+        match reply {
+            Some((code, body)) => {
+                let _ = conn.write_all(
+                    format!(
+                        "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+            None => {
+                // Passed on with `Connection: close`, so the LAPI closes
+                // after its answer and the copy ends.
+                let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else { return };
+                let mut req = head[..end + 2].to_vec();
+                req.extend_from_slice(b"Connection: close\r\n\r\n");
+                req.extend_from_slice(&head[end + 4..]);
+                let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)) else { return };
+                let _ = up.set_read_timeout(Some(Duration::from_secs(30)));
+                if up.write_all(&req).is_ok() {
+                    let _ = std::io::copy(&mut up, &mut conn);
+                }
+            }
+        }
+    }
+
+    /// `http://127.0.0.1:PORT/`, for the daemon's `lapi_url`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+
+    /// From now on, answers every request with `code` and `body`.
+    pub fn answer(&self, code: u16, body: &str) {
+        *self.canned.lock().expect("the proxy's reply") = Some((code, body.to_string()));
+    }
+
+    /// From now on, passes every request to the LAPI.
+    pub fn pass(&self) {
+        *self.canned.lock().expect("the proxy's reply") = None;
+    }
+
+    /// Requests answered so far.
+    pub fn served(&self) -> u32 {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    pub fn ns(&self) -> &str {
+        &self.ns
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 static LINKS: AtomicU32 = AtomicU32::new(0);
 
 /// Joins namespaces `a_ns` and `b_ns` with a veth pair of their own and

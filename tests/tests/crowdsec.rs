@@ -367,3 +367,103 @@ fn protecting_a_prefix_the_feed_lists_is_taken_and_leaves_it_out() {
     wait_set(&sb, 5.0, "the next sync", |e| e == ["10.76.0.5/32", "10.77.0.5/32"]);
     wait_feed(&sb, 5, "the left-out count", |f| f["left_out_protected"] == 1);
 }
+
+/// Issue 41, point 6: after a failed pull, a 200 whose body is an object
+/// but not the stream (`{"message": "maintenance"}`, as a LAPI behind a
+/// maintenance page answers) is a failed pull that changes nothing — it
+/// emptied the set ("startup pull: 0 new, 258 deleted"). The decisions
+/// come from the real LAPI through a small proxy in its place
+/// ([`lapi::Proxy`]), which then answers like the broken peer.
+#[test]
+fn a_200_answer_that_is_not_the_stream_is_a_failed_pull_and_changes_nothing() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-maint");
+    let lapi = Lapi::start(&sb.rx_ns, port(7));
+    let key = lapi.bouncer_key("policer-maint");
+    lapi.add_ip("10.71.7.1", "1h");
+    lapi.add_range("10.72.7.0/24", "1h");
+    let proxy = lapi::Proxy::start(&sb.rx_ns, port(17), lapi.port());
+    write_config(&sb, &proxy.url(), &key, "");
+    let _d = daemon(&sb, 9487);
+    wait_feed(&sb, 10, "the startup sync through the proxy", |f| f["decisions"] == 2 && f["last_sync_success"] == true);
+    let before = set_entries(&sb, "crowdsec");
+    assert_eq!(before.len(), 2, "{before:?}");
+    // One failed pull (so the next is a startup pull), then the answer
+    // that is no stream.
+    proxy.answer(503, r#"{"message":"down"}"#);
+    wait_feed(&sb, 10, "a failed pull", |f| f["errors"]["http_503"].as_u64().unwrap_or(0) >= 1);
+    proxy.answer(200, r#"{"message":"maintenance"}"#);
+    wait_feed(&sb, 20, "the maintenance answer taken as a failed pull", |f| {
+        f["errors"]["parse"].as_u64().unwrap_or(0) >= 1
+    });
+    let f = feed(&sb);
+    assert_eq!(f["last_sync_success"], false, "{f:#}");
+    assert!(f["last_error"].as_str().unwrap_or("").contains("not a decision stream"), "{f:#}");
+    assert_eq!(f["decisions"], 2, "the maintenance answer changed the decisions: {f:#}");
+    assert_eq!(set_entries(&sb, "crowdsec"), before, "the maintenance answer changed the set");
+    let m = samples(&scrape(&sb.rx_ns, 9487));
+    assert!(m.get("policer_crowdsec_errors_total{kind=\"parse\"}").copied().unwrap_or(0.0) >= 1.0, "{m:?}");
+    assert_eq!(m.get("policer_crowdsec_last_sync_success"), Some(&0.0), "{m:?}");
+    let st = succeeds(&cli(&sb, &["status"]));
+    assert!(st.contains("last pull FAILED"), "{st}");
+    // Still in force on traffic.
+    let (got, sent) = send(&sb, &["10.71.7.1", "10.72.7.9", "10.75.7.1"]);
+    assert_eq!((got[0], got[1], got[2]), (0, 0, sent[2]), "after the maintenance answer: {got:?} of {sent:?}");
+    // The LAPI back: the feed catches up (a startup pull).
+    proxy.pass();
+    lapi.add_ip("10.76.7.1", "1h");
+    wait_set(&sb, 40.0, "catching up after the maintenance", |e| e.len() == 3);
+    wait_feed(&sb, 5, "a good pull again", |f| f["last_sync_success"] == true);
+    assert!(proxy.served() >= 4, "the proxy served {}", proxy.served());
+}
+
+/// Issue 41, point 7: `min_prefix_len` bounds each decision, not the feed:
+/// 256 `/8` decisions dropped all of IPv4. What all the decisions cover is
+/// bounded per family (`max_cover_v4`, by default a /7's worth); a pull
+/// beyond it is refused whole, what was in force stays, and sources
+/// outside the earlier bans pass. Decisions from the real LAPI.
+#[test]
+fn decisions_covering_more_than_max_cover_are_refused_whole_and_earlier_bans_stay() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-cover");
+    let lapi = Lapi::start(&sb.rx_ns, port(8));
+    let key = lapi.bouncer_key("policer-cover");
+    lapi.add_ip("10.71.8.1", "1h");
+    lapi.add_range("11.0.0.0/8", "1h");
+    write_config(&sb, &lapi.url(), &key, "");
+    let _d = daemon(&sb, 9488);
+    wait_feed(&sb, 10, "the startup sync", |f| f["decisions"] == 2 && f["last_sync_success"] == true);
+    // Two more /8s: three /8s and a host are more than a /7's worth.
+    lapi.add_range("12.0.0.0/8", "1h");
+    lapi.add_range("13.0.0.0/8", "1h");
+    wait_feed(&sb, 10, "the pull beyond the bound refused", |f| f["errors"]["cover"].as_u64().unwrap_or(0) >= 1);
+    let f = feed(&sb);
+    assert_eq!(f["last_sync_success"], false, "{f:#}");
+    let why = f["last_error"].as_str().unwrap_or("");
+    assert!(why.contains("max_cover_v4 = 7") && why.contains("refused"), "{f:#}");
+    assert_eq!(f["decisions"], 2, "{f:#}");
+    let mut e = set_entries(&sb, "crowdsec");
+    e.sort();
+    assert_eq!(e, ["10.71.8.1/32", "11.0.0.0/8"], "a refused pull changed the set");
+    let m = samples(&scrape(&sb.rx_ns, 9488));
+    assert!(m.get("policer_crowdsec_errors_total{kind=\"cover\"}").copied().unwrap_or(0.0) >= 1.0, "{m:?}");
+    // The earlier bans drop; sources outside them, inside the refused
+    // ranges, pass.
+    let (got, sent) = send(&sb, &["10.71.8.1", "11.1.2.3", "12.1.2.3", "13.1.2.3", "10.75.8.1"]);
+    assert_eq!(&got[..2], &[0, 0], "the earlier bans: {got:?} of {sent:?}");
+    assert_eq!(got[2..], sent[2..], "sources of the refused pull were dropped: {got:?} of {sent:?}");
+    // Back within the bound (a /8 and a host): taken at the next
+    // (startup) pull.
+    lapi.cscli(&["decisions", "delete", "--range", "13.0.0.0/8"]);
+    lapi.cscli(&["decisions", "delete", "--range", "11.0.0.0/8"]);
+    wait_set(&sb, 40.0, "the feed within its bound again", |e| {
+        e.iter().any(|x| x == "12.0.0.0/8") && !e.iter().any(|x| x == "11.0.0.0/8")
+    });
+    wait_feed(&sb, 5, "a good pull again", |f| f["last_sync_success"] == true);
+    let (got, sent) = send(&sb, &["12.1.2.3", "13.1.2.3", "11.1.2.3", "10.71.8.1"]);
+    assert_eq!(got, [0, sent[1], sent[2], 0], "within the bound: {got:?} of {sent:?}");
+}

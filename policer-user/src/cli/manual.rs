@@ -654,6 +654,15 @@ pub const CONFIG_KEYS: &[Key] = &[
     k("crowdsec", "min_prefix_len_v6", "integer", "32", "Wider IPv6 ranges are refused."),
     k(
         "crowdsec",
+        "max_cover_v4",
+        "integer",
+        "min_prefix_len_v4 - 1 (7)",
+        "What all the decisions may cover: as many IPv4 addresses as one prefix of this length. A pull beyond it \
+         is refused whole; what was in force stays.",
+    ),
+    k("crowdsec", "max_cover_v6", "integer", "min_prefix_len_v6 - 1 (31)", "The same for IPv6."),
+    k(
+        "crowdsec",
         "publish",
         "boolean",
         "false",

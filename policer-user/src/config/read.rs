@@ -488,6 +488,20 @@ impl Reader {
                         None => bad(self, &format!("a prefix length of at most {max}"), &format!("{key} = 8")),
                     }
                 }
+                "max_cover_v4" | "max_cover_v6" => {
+                    let max = if key.ends_with("v4") { 32 } else { 128 };
+                    match unsigned(v.get_ref(), max) {
+                        Some(n) => {
+                            if key.ends_with("v4") {
+                                c.max_cover_v4 = Some(n as u8);
+                            } else {
+                                c.max_cover_v6 = Some(n as u8);
+                            }
+                            true
+                        }
+                        None => bad(self, &format!("a prefix length of at most {max}"), &format!("{key} = 7")),
+                    }
+                }
                 other => {
                     let at = self.line(k.span());
                     self.push(

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use super::{Command, Owner, Views};
 use crate::{
     control::FeedStatus,
-    crowdsec::{Settings, Store, StreamReply, Url},
+    crowdsec::{Applied, Pull, Settings, Store, Url},
     error::{Error, Result},
     rules::RuleConfig,
 };
@@ -51,8 +51,6 @@ pub const PUBLISH_QUEUE: usize = 10_000;
 const PUBLISH_BATCH: usize = 500;
 /// The scenario of the alerts of automatic bans.
 const SCENARIO: &str = "policer/auto-ban";
-/// Skipped decisions logged per pull at most (the rest are counted).
-const LOG_SKIPPED: usize = 5;
 
 /// An automatic ban for the fleet: its prefix, length and why.
 #[derive(Clone, Debug)]
@@ -98,15 +96,16 @@ impl std::fmt::Display for HttpError {
 }
 
 /// One HTTP/1.1 request on a connection of its own (hyper's client
-/// connection; no pool: a pull every few seconds needs none).
-pub(crate) async fn request(
+/// connection; no pool: a pull every few seconds needs none): the answer's
+/// head, its body to read.
+pub(crate) async fn send(
     url: &Url,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: Option<Vec<u8>>,
     timeout: Duration,
-) -> std::result::Result<Bytes, HttpError> {
+) -> std::result::Result<hyper::Response<hyper::body::Incoming>, HttpError> {
     let go = async {
         let stream =
             tokio::net::TcpStream::connect(url.authority()).await.map_err(|e| HttpError::Connect(e.to_string()))?;
@@ -129,16 +128,37 @@ pub(crate) async fn request(
         }
         let req =
             req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| HttpError::Body(e.to_string()))?;
-        let resp = send.send_request(req).await.map_err(|e| HttpError::Connect(e.to_string()))?;
+        send.send_request(req).await.map_err(|e| HttpError::Connect(e.to_string()))
+    };
+    tokio::time::timeout(timeout, go).await.unwrap_or(Err(HttpError::Timeout))
+}
+
+/// A whole body, up to [`MAX_BODY`].
+async fn read_body(body: hyper::body::Incoming) -> std::result::Result<Bytes, HttpError> {
+    Ok(Limited::new(body, MAX_BODY).collect().await.map_err(|e| HttpError::Body(e.to_string()))?.to_bytes())
+}
+
+/// The error of a status other than 2xx, with the start of its body.
+fn status_error(status: hyper::StatusCode, body: &[u8]) -> HttpError {
+    let text: String = String::from_utf8_lossy(body).chars().take(200).collect();
+    HttpError::Status(status.as_u16(), crate::text::escaped(text.trim()))
+}
+
+/// One request and its whole answer (an error unless 2xx).
+pub(crate) async fn request(
+    url: &Url,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Vec<u8>>,
+    timeout: Duration,
+) -> std::result::Result<Bytes, HttpError> {
+    let go = async {
+        let resp = send(url, method, path, headers, body, timeout).await?;
         let status = resp.status();
-        let bytes = Limited::new(resp.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| HttpError::Body(e.to_string()))?
-            .to_bytes();
+        let bytes = read_body(resp.into_body()).await?;
         if !status.is_success() {
-            let text: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
-            return Err(HttpError::Status(status.as_u16(), crate::text::escaped(text.trim())));
+            return Err(status_error(status, &bytes));
         }
         Ok(bytes)
     };
@@ -209,11 +229,16 @@ fn unix_s() -> f64 {
 }
 
 struct Run {
-    s: Settings,
+    s: Arc<Settings>,
     owner: Owner,
     views: Arc<Views>,
     status: Arc<Mutex<FeedStatus>>,
-    store: Store,
+    /// The decisions in force. Parsing, applying, ending, listing and
+    /// saving them run on the blocking pool (a million decisions are
+    /// seconds of work), never on the runtime's two workers that serve
+    /// control requests; the task awaits each, so it is never contended
+    /// while the task itself looks at it.
+    store: Arc<Mutex<Store>>,
     file: PathBuf,
     /// The store changed since the set was last written (an import is
     /// due; tried again after a failure).
@@ -222,6 +247,49 @@ struct Run {
     unsaved: bool,
     token: Option<(String, Instant)>,
     pending: Vec<AutoBan>,
+}
+
+fn lock(m: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Why a pull failed: its `errors` kind and what to say.
+struct PullError {
+    kind: String,
+    why: String,
+}
+
+/// What a pull did, to count and log.
+struct Pulled {
+    applied: Applied,
+    received: u64,
+    skipped: std::collections::BTreeMap<String, u64>,
+    examples: Vec<(crate::crowdsec::Skip, String)>,
+    held: usize,
+}
+
+/// The answer's body as the parser's reader: chunks as they arrive, on the
+/// blocking pool (the runtime forwards them; the answer is never whole in
+/// memory).
+struct BodyReader {
+    rx: mpsc::Receiver<std::result::Result<Bytes, String>>,
+    cur: Bytes,
+}
+
+impl std::io::Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => return Err(std::io::Error::other(e)),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        bytes::Buf::advance(&mut self.cur, n);
+        Ok(n)
+    }
 }
 
 impl Run {
@@ -236,8 +304,18 @@ impl Run {
         log::debug!("crowdsec: {kind}: {why}");
     }
 
+    /// `f` on the store, on the blocking pool; `None` if it panicked.
+    async fn on_store<T: Send + 'static>(&self, f: impl FnOnce(&mut Store) -> T + Send + 'static) -> Option<T> {
+        let st = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&mut lock(&st))).await.ok()
+    }
+
+    /// Counts kept as the store changes: no walk of what is held.
     fn levels(&self) {
-        let (n, by, p) = (self.store.held.len() as u64, self.store.by_origin(), self.store.prefixes().len() as u64);
+        let (n, by, p) = {
+            let st = lock(&self.store);
+            (st.len() as u64, st.by_origin(), st.values() as u64)
+        };
         self.status(|s| {
             s.decisions = n;
             s.decisions_by_origin = by;
@@ -246,51 +324,62 @@ impl Run {
     }
 
     /// Reads the file of a previous run: what has not ended yet.
-    fn restore(&mut self) {
-        let text = match crate::files::read_regular(&self.file, crate::files::FEED_STATE) {
-            Ok(t) => t,
-            Err(e) if e.is_not_found() => return,
-            Err(e) => {
-                say_err!("policer: crowdsec: cannot read {}: {e}; starting empty", self.file.display());
-                return;
-            }
-        };
-        match serde_json::from_slice::<Store>(&text) {
-            Ok(mut st) => {
-                let ended = st.expire(crate::duration::unix_ms());
+    async fn restore(&mut self) {
+        let file = self.file.clone();
+        let r = self
+            .on_store(move |st| -> std::result::Result<Option<(usize, usize)>, String> {
+                let text = match crate::files::read_regular(&file, crate::files::FEED_STATE) {
+                    Ok(t) => t,
+                    Err(e) if e.is_not_found() => return Ok(None),
+                    Err(e) => return Err(format!("cannot read {}: {e}; starting empty", file.display())),
+                };
+                let mut read = serde_json::from_slice::<Store>(&text)
+                    .map_err(|e| format!("{} is unreadable ({e}); starting empty", file.display()))?;
+                let (ended, _) = read.expire(crate::duration::unix_ms());
+                *st = read;
+                Ok(Some((st.len(), ended)))
+            })
+            .await;
+        match r {
+            Some(Ok(None)) => {}
+            Some(Ok(Some((held, ended)))) => {
                 say!(
-                    "policer: crowdsec: {} decisions in force from {} ({ended} ended while stopped), until the \
+                    "policer: crowdsec: {held} decisions in force from {} ({ended} ended while stopped), until the \
                      first pull",
-                    st.held.len(),
                     self.file.display()
                 );
-                self.store = st;
                 self.dirty = true;
             }
-            Err(e) => say_err!("policer: crowdsec: {} is unreadable ({e}); starting empty", self.file.display()),
+            Some(Err(e)) => say_err!("policer: crowdsec: {e}"),
+            None => say_err!("policer: crowdsec: reading {} failed; starting empty", self.file.display()),
         }
     }
 
-    fn save(&mut self) {
+    async fn save(&mut self) {
         if !self.unsaved {
             return;
         }
-        let r = (|| -> std::io::Result<()> {
-            let dir = self.file.parent().unwrap_or(Path::new("/"));
-            std::fs::create_dir_all(dir)?;
-            let stem = self.file.file_name().and_then(|n| n.to_str()).unwrap_or("feed.json");
-            let (tmp, mut f) = crate::files::create_temp(dir, stem, crate::files::NEW_FILE_MODE)?;
-            let written = (|| {
-                use std::io::Write;
-                f.write_all(&serde_json::to_vec(&self.store).map_err(std::io::Error::other)?)?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, &self.file)
-            })();
-            if written.is_err() {
-                let _ = std::fs::remove_file(&tmp);
-            }
-            written
-        })();
+        let file = self.file.clone();
+        let r = self
+            .on_store(move |st| -> std::io::Result<()> {
+                let dir = file.parent().unwrap_or(Path::new("/"));
+                std::fs::create_dir_all(dir)?;
+                let stem = file.file_name().and_then(|n| n.to_str()).unwrap_or("feed.json");
+                let (tmp, f) = crate::files::create_temp(dir, stem, crate::files::NEW_FILE_MODE)?;
+                let written = (|| {
+                    let mut w = std::io::BufWriter::new(f);
+                    serde_json::to_writer(&mut w, &*st).map_err(std::io::Error::other)?;
+                    let f = w.into_inner().map_err(|e| e.into_error())?;
+                    f.sync_all()?;
+                    std::fs::rename(&tmp, &file)
+                })();
+                if written.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                written
+            })
+            .await
+            .unwrap_or_else(|| Err(std::io::Error::other("the writer failed")));
         match r {
             Ok(()) => self.unsaved = false,
             Err(e) => self.error("save", &format!("{}: {e}", self.file.display())),
@@ -302,9 +391,12 @@ impl Run {
         if !self.dirty {
             return;
         }
-        let entries = self.store.prefixes();
+        let Some((entries, held)) = self.on_store(|st| (st.prefixes(), st.len())).await else {
+            self.error("apply", "listing the decisions failed");
+            return;
+        };
         let imp = super::Import {
-            file: format!("the CrowdSec Local API ({} decisions)", self.store.held.len()),
+            file: format!("the CrowdSec Local API ({held} decisions)"),
             text: Vec::new(),
             list: crate::sets::List { entries, duplicates: 0, mapped: 0 },
             set: Some(self.s.set.clone()),
@@ -340,71 +432,122 @@ impl Run {
         }
     }
 
+    /// One pull: the answer is read as it arrives, a decision at a time,
+    /// and applied on the blocking pool, all or nothing. An answer that is
+    /// not the stream, cut, late or past the bound changes nothing.
     async fn pull(&mut self, startup: bool) -> std::result::Result<(), String> {
         let t0 = Instant::now();
-        let path = self.s.stream_path(startup);
-        let key = self.s.api_key.clone();
-        let body = match request(&self.s.url, "GET", &path, &[("X-Api-Key", &key)], None, TIMEOUT).await {
-            Ok(b) => b,
+        let r = self.pull_apply(startup).await;
+        let p = match r {
+            Ok(p) => p,
             Err(e) => {
-                self.error(&e.kind(), &e.to_string());
-                return Err(e.to_string());
+                self.error(&e.kind, &e.why);
+                return Err(e.why);
             }
         };
-        let reply: StreamReply = match serde_json::from_slice(&body) {
-            Ok(r) => r,
-            Err(e) => {
-                self.error("parse", &e.to_string());
-                return Err(format!("the stream's answer is not the JSON expected: {e}"));
-            }
-        };
-        let now = crate::duration::unix_ms();
-        let a = self.store.apply(&self.s, &reply, startup, now);
-        for (i, (why, v)) in a.skipped.iter().enumerate() {
-            if i < LOG_SKIPPED && matches!(why, crate::crowdsec::Skip::InvalidValue | crate::crowdsec::Skip::TooWide) {
-                say_err!(
-                    "policer: crowdsec: a decision not applied ({why}): {}",
-                    crate::text::escaped(v.as_deref().unwrap_or("(none)"))
-                );
-            }
+        for (why, v) in &p.examples {
+            say_err!("policer: crowdsec: a decision not applied ({why}): {v}");
         }
-        let received = (reply.new.len()) as u64;
+        let a = &p.applied;
+        let skipped: u64 = p.skipped.values().sum();
         self.status(|s| {
-            s.received += received;
+            s.received += p.received;
             s.deleted += a.deleted as u64;
-            for (why, _) in &a.skipped {
-                *s.skipped.entry(why.to_string()).or_insert(0) += 1;
+            for (why, n) in &p.skipped {
+                *s.skipped.entry(why.clone()).or_insert(0) += n;
             }
         });
         if a.changed || startup {
             self.dirty = true;
         }
-        // A big answer (a startup pull of 100 000 decisions is ~20 MB of
-        // JSON and more parsed) is gone now: give its pages back rather
-        // than keep them as the daemon's resident size for good.
-        if body.len() > 1 << 20 {
-            drop(reply);
-            drop(body);
-            #[cfg(target_env = "gnu")]
-            // SAFETY: malloc_trim only returns free heap pages to the kernel.
-            unsafe {
-                libc::malloc_trim(0);
-            }
-        }
-        if a.added > 0 || a.deleted > 0 || !a.skipped.is_empty() {
+        if a.added > 0 || a.deleted > 0 || skipped > 0 {
             say!(
                 "policer: crowdsec: {} pull: {} new, {} deleted, {} not applied; {} decisions in force ({:.2} s)",
                 if startup { "startup" } else { "delta" },
                 a.added,
                 a.deleted,
-                a.skipped.len(),
-                self.store.held.len(),
+                skipped,
+                p.held,
                 t0.elapsed().as_secs_f64()
             );
         }
         Ok(())
     }
 
+    async fn pull_apply(&self, startup: bool) -> std::result::Result<Pulled, PullError> {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        let path = self.s.stream_path(startup);
+        let key = self.s.api_key.clone();
+        let http = |e: HttpError| PullError { kind: e.kind(), why: e.to_string() };
+        let resp = send(&self.s.url, "GET", &path, &[("X-Api-Key", &key)], None, TIMEOUT).await.map_err(http)?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = tokio::time::timeout_at(deadline, read_body(resp.into_body())).await;
+            let text = body.map(|b| b.unwrap_or_default()).unwrap_or_default();
+            return Err(http(status_error(status, &text)));
+        }
+        let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, String>>(16);
+        let (s, store) = (self.s.clone(), self.store.clone());
+        let job = tokio::task::spawn_blocking(move || -> std::result::Result<Pulled, PullError> {
+            let reader = std::io::BufReader::with_capacity(64 << 10, BodyReader { rx, cur: Bytes::new() });
+            let pull = crate::crowdsec::parse_stream(&s, reader).map_err(|e| PullError {
+                kind: if e.is_io() { "body".into() } else { "parse".into() },
+                why: format!("the stream's answer is not the decision stream: {e}; nothing changed"),
+            })?;
+            let now = crate::duration::unix_ms();
+            let mut st = lock(&store);
+            let applied = st
+                .apply(&s, &pull, startup, now)
+                .map_err(|why| PullError { kind: "cover".into(), why: format!("max_cover: {why}") })?;
+            let held = st.len();
+            drop(st);
+            let big = pull.new.len() + pull.deleted.len() > 100_000;
+            let Pull { received, skipped, examples, .. } = pull;
+            // A big answer's decisions are gone now: give their pages back
+            // rather than keep them as the daemon's resident size.
+            if big {
+                #[cfg(target_env = "gnu")]
+                // SAFETY: malloc_trim only returns free heap pages to the kernel.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+            }
+            Ok(Pulled { applied, received, skipped, examples, held })
+        });
+        // The body, forwarded as it comes, within the request's time and
+        // the bound; a failure is passed on so the parse fails with it.
+        let forward = async {
+            let mut body = resp.into_body();
+            let mut total = 0usize;
+            loop {
+                match body.frame().await {
+                    None => return Ok(()),
+                    Some(Err(e)) => return Err(HttpError::Body(e.to_string())),
+                    Some(Ok(f)) => {
+                        let Ok(data) = f.into_data() else { continue };
+                        total += data.len();
+                        if total > MAX_BODY {
+                            return Err(HttpError::Body(format!("the answer is larger than {} MiB", MAX_BODY >> 20)));
+                        }
+                        if tx.send(Ok(data)).await.is_err() {
+                            // The parser stopped: its error says why.
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        };
+        let forwarded = tokio::time::timeout_at(deadline, forward).await.unwrap_or(Err(HttpError::Timeout));
+        if let Err(e) = &forwarded {
+            let _ = tx.send(Err(e.to_string())).await;
+        }
+        drop(tx);
+        let out = job.await.map_err(|e| PullError { kind: "parse".into(), why: format!("internal error: {e}") })?;
+        match (forwarded, out) {
+            (Err(e), _) => Err(http(e)),
+            (Ok(()), out) => out,
+        }
+    }
     /// A watcher's token (logged in again when near its end or refused).
     async fn token(&mut self) -> std::result::Result<String, String> {
         if let Some((t, at)) = &self.token
@@ -528,11 +671,11 @@ pub fn spawn(feed: Feed) {
     feed.views.add_feed(status.clone());
     let file = state_file(&feed.dir, &feed.settings.set);
     let run = Run {
-        s: feed.settings,
+        s: Arc::new(feed.settings),
         owner: feed.owner,
         views: feed.views,
         status,
-        store: Store::default(),
+        store: Arc::new(Mutex::new(Store::default())),
         file,
         dirty: false,
         unsaved: false,
@@ -543,7 +686,7 @@ pub fn spawn(feed: Feed) {
 }
 
 async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
-    r.restore();
+    r.restore().await;
     r.write_set().await;
     r.levels();
     let mut startup = true;
@@ -554,7 +697,7 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
         // The next pull, the next end of a decision (a second after the
         // last at the soonest), a retry of the set or the file, or a ban
         // to publish.
-        let next_end = r.store.next_end().map(|ms| {
+        let next_end = lock(&r.store).next_end().map(|ms| {
             let left = ms.saturating_sub(crate::duration::unix_ms());
             (tokio::time::Instant::now() + Duration::from_millis(left)).max(last_expiry + EXPIRE_EVERY)
         });
@@ -581,9 +724,14 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
         }
         if tokio::time::Instant::now() >= last_expiry + EXPIRE_EVERY {
             last_expiry = tokio::time::Instant::now();
-            let ended = r.store.expire(crate::duration::unix_ms());
+            let now = crate::duration::unix_ms();
+            // By the index of ends, on the blocking pool: what ends, not
+            // what is held.
+            let (ended, changed) = r.on_store(move |st| st.expire(now)).await.unwrap_or((0, false));
             if ended > 0 {
                 r.status(|s| s.expired += ended as u64);
+            }
+            if changed {
                 r.dirty = true;
             }
         }
@@ -609,7 +757,7 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
                             "policer: crowdsec: pulling decisions from {} failed: {e}; the {} decisions in force \
                              stay (each until its end); trying again in {} s",
                             r.s.url_text,
-                            r.store.held.len(),
+                            lock(&r.store).len(),
                             wait.as_secs()
                         );
                     }
@@ -629,7 +777,7 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
         }
         r.write_set().await;
         r.levels();
-        r.save();
+        r.save().await;
     }
 }
 
