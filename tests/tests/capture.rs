@@ -434,3 +434,63 @@ fn the_tail_call_keeps_the_verdict_and_hands_over_the_frame() {
     assert_eq!(run(&mut p, &f), DROP);
     assert!(drain(&mut k.ring).is_empty());
 }
+
+/// Issue 41, point 11: eight captures whose clients stall (stopped:
+/// they read nothing more) with nothing matching used to hold all 8 lanes
+/// for good. The daemon sends an empty chunk each second when it has
+/// nothing to send and drops a client that took nothing for 10 s: a 9th
+/// capture starts within that bound. And `-w FILE --max-size` stops at the
+/// size with a whole file tcpdump reads.
+#[test]
+fn stalled_captures_give_their_lanes_back_and_max_size_bounds_the_file() {
+    if !privileged("capture tier") {
+        return;
+    }
+    let sb = Sandbox::new("capstall");
+    let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
+    let dir = tempfile_dir("capstall");
+    let stalled: Vec<Child> =
+        (0..8).map(|i| spawn_capture(&sb, &["-w", &format!("{dir}/s{i}.pcapng"), "--all", "--source", "192.0.2.99"])).collect();
+    wait_active(&sb, 8);
+    fails_with(&cli(&sb, &["capture", "-w", &format!("{dir}/x.pcapng"), "--all", "--count", "1"]), "8");
+    for c in &stalled {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGSTOP) };
+    }
+    let t0 = Instant::now();
+    loop {
+        let active = capture_status(&sb)["active"].as_u64().unwrap();
+        if active == 0 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "{active} stalled captures still hold their lanes");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ok = cli(&sb, &["capture", "-w", &format!("{dir}/ninth.pcapng"), "--all", "--duration", "1s"]);
+    succeeds(&ok);
+    for c in stalled {
+        // SAFETY: signals to our own children.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGKILL);
+        }
+        let _ = c.wait_with_output();
+    }
+
+    // --max-size: a flood captured whole stops at 64 KiB, exit 0.
+    let file = format!("{dir}/bounded.pcapng");
+    let cap = spawn_capture(&sb, &["-w", &file, "--all", "--max-size", "64k", "--duration", "20s"]);
+    wait_active(&sb, 1);
+    let t0 = Instant::now();
+    let flood = traffic::run_bg(&sb, &[Flow { src: ip("198.18.0.9"), pps: 2000.0, len: 200 }], Duration::from_secs(3));
+    let (_, err) = finish(cap);
+    flood.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "it ran to its --duration: {err}");
+    assert!(err.contains("stopped at --max-size 65536"), "{err}");
+    let size = std::fs::metadata(&file).unwrap().len();
+    assert!(size <= 65536 && size > 32 << 10, "{size} bytes");
+    let frames = tcpdump(&file);
+    assert!(frames.len() > 50, "{} frames", frames.len());
+    wait_active(&sb, 0);
+    fails_with(&cli(&sb, &["capture", "-w", &file, "--max-size", "10"]), "at least 4096");
+    let _ = std::fs::remove_dir_all(&dir);
+}

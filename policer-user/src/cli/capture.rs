@@ -59,6 +59,27 @@ pub struct Args {
     /// End after this long (`30s`, `5m`).
     #[arg(long, value_name = "T")]
     duration: Option<String>,
+    /// End before the output passes this many bytes (suffixes k, M, G:
+    /// KiB, MiB, GiB; 0: no bound). The capture then stops cleanly with a
+    /// whole file (every frame whole) and says so on stderr; exit 0.
+    #[arg(long, value_name = "SIZE", default_value = "100M", value_parser = parse_size)]
+    max_size: u64,
+}
+
+/// Bytes, with k, M or G (binary: KiB, MiB, GiB).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 1u64 << 10),
+        Some((i, 'M')) => (&s[..i], 1 << 20),
+        Some((i, 'G')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (bytes, or with k, M or G: 64k, 100M)"))?;
+    let bytes = n.checked_mul(mult).ok_or_else(|| format!("{s} is too large"))?;
+    if bytes != 0 && bytes < 4096 {
+        return Err(format!("{s}: at least 4096 bytes (a file's header and a frame), or 0 for no bound"));
+    }
+    Ok(bytes)
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -111,9 +132,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // of the connection is shut, the daemon sends what it has and the
     // summary.
     on_interrupt_shut(reader.get_ref());
+    let mut written: u64 = 0;
     loop {
         match read_chunk(&mut reader)? {
             Some(Chunk::Data(bytes)) => {
+                // The daemon's chunks hold whole blocks: stopping before one
+                // leaves a whole file.
+                if a.max_size > 0 && written + bytes.len() as u64 > a.max_size {
+                    out.flush()?;
+                    eprintln!(
+                        "policer: capture stopped at --max-size {}: {written} bytes written, every frame whole",
+                        a.max_size
+                    );
+                    return Ok(());
+                }
+                written += bytes.len() as u64;
                 if let Err(e) = out.write_all(&bytes).and_then(|_| out.flush()) {
                     // A reader of stdout that went away (`| head`): the
                     // capture ends; the daemon sees the connection close.
@@ -157,4 +190,21 @@ fn on_interrupt_shut(stream: &UnixStream) {
             unsafe { libc::shutdown(fd, libc::SHUT_WR) };
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes_and_bad_ones_are_refused() {
+        assert_eq!(parse_size("100M"), Ok(100 << 20));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("8192"), Ok(8192));
+        assert_eq!(parse_size("0"), Ok(0));
+        for bad in ["", "M", "1.5M", "-1", "10", "12T", "99999999999999999999G"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
 }

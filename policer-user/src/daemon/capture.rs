@@ -48,6 +48,11 @@ const CHUNK_BYTES: usize = 32 << 10;
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
 /// A client that leaves a chunk untaken this long is dropped.
 const STALL: Duration = Duration::from_secs(10);
+/// With nothing to send, an empty chunk goes out this often: a client
+/// that takes nothing (stopped, or a connection that never reads) is then
+/// seen, and dropped after [`STALL`], even when no frame matches — it
+/// would otherwise hold its lane (one of 8) for good.
+const KEEPALIVE: Duration = Duration::from_secs(1);
 
 /// The kernel's side of the hub: the maps it writes.
 struct Kernel {
@@ -418,8 +423,11 @@ async fn run(
     let deadline = spec.duration_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
     let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
     let mut flush = tokio::time::interval(FLUSH_EVERY);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&*stream);
     let (mut rd, mut wr) = stream.split();
     let mut scratch = [0u8; 64];
+    let mut alive = tokio::time::interval(KEEPALIVE);
+    let mut taken = Taken::default();
     // The section header goes out at once: a reader sees a valid file.
     if write_data(&mut wr, pcap.take()).await.is_err() {
         return "client".into();
@@ -449,6 +457,18 @@ async fn run(
                 let _ = write_data(&mut wr, pcap.take()).await;
                 return "duration".into();
             }
+            _ = alive.tick() => {
+                // Nothing pending to send: an empty chunk, so that a client
+                // that takes nothing fills its queue.
+                if pcap.pending() == 0
+                    && timeout(STALL, wr.write_all(&frame_chunk(CHUNK_DATA, &[]))).await.map_or(true, |r| r.is_err())
+                {
+                    return "client".into();
+                }
+                if taken.stalled(unread(fd), std::time::Instant::now()) {
+                    return "client (it took nothing for 10 s)".into();
+                }
+            }
             // The client closed its side (or went away): end at once.
             r = rd.read(&mut scratch) => {
                 if matches!(r, Ok(0) | Err(_)) {
@@ -464,6 +484,37 @@ async fn run(
     }
 }
 
+/// Bytes written to `fd` (a connected Unix stream socket) that its peer
+/// has not read yet (`SIOCOUTQ`); 0 when it cannot be read.
+fn unread(fd: std::os::fd::RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int; `fd` is the open socket
+    // of the capture's connection.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    if r == 0 { n.max(0) as usize } else { 0 }
+}
+
+/// Whether a client takes what it is sent: the bytes it has not read,
+/// looked at once per [`KEEPALIVE`]. Stalled when they were there and
+/// never fell for [`STALL`].
+#[derive(Default)]
+struct Taken {
+    last: usize,
+    since: Option<std::time::Instant>,
+}
+
+impl Taken {
+    fn stalled(&mut self, unread: usize, now: std::time::Instant) -> bool {
+        let progress = unread == 0 || unread < self.last;
+        self.last = unread;
+        if progress {
+            self.since = None;
+            return false;
+        }
+        now.duration_since(*self.since.get_or_insert(now)) >= STALL
+    }
+}
+
 async fn write_data(w: &mut (impl AsyncWriteExt + Unpin), bytes: Vec<u8>) -> std::io::Result<()> {
     for part in bytes.chunks(crate::capture::MAX_CHUNK_BYTES) {
         timeout(STALL, w.write_all(&frame_chunk(CHUNK_DATA, part)))
@@ -476,4 +527,30 @@ async fn write_data(w: &mut (impl AsyncWriteExt + Unpin), bytes: Vec<u8>) -> std
 /// The CAPTURE_ON word for the lanes in use.
 fn lanes_word(lanes: &[Option<Lane>; MAX_CAPTURES]) -> u64 {
     on_word(lanes.iter().enumerate().filter_map(|(i, l)| l.as_ref().map(|l| (i, l.verdicts, l.sample_every))))
+}
+
+#[cfg(test)]
+mod stall_tests {
+    use super::*;
+
+    #[test]
+    fn a_client_that_takes_nothing_is_stalled_after_the_bound_and_one_that_reads_never() {
+        let t0 = std::time::Instant::now();
+        let mut t = Taken::default();
+        // Never read: what was sent stays, and grows with each empty chunk.
+        let mut stalled_at = None;
+        for i in 0..20u64 {
+            if t.stalled(5 * (i as usize + 1), t0 + Duration::from_secs(i)) {
+                stalled_at = Some(i);
+                break;
+            }
+        }
+        assert_eq!(stalled_at, Some(STALL.as_secs()));
+        // A reader: the queue empties (or falls) between looks.
+        let mut t = Taken::default();
+        for i in 0..100u64 {
+            let unread = if i % 3 == 0 { 0 } else { 1000 - i as usize };
+            assert!(!t.stalled(unread, t0 + Duration::from_secs(i)), "at {i}");
+        }
+    }
 }
