@@ -660,7 +660,8 @@ impl SmallDisk {
         let path = std::env::temp_dir().join(format!("policer-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).unwrap();
-        let st = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&path).status();
+        let st =
+            std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&path).status();
         assert!(st.unwrap().success(), "mount tmpfs");
         SmallDisk { path }
     }
@@ -708,7 +709,8 @@ fn a_group_refused_on_a_full_disk_never_reaches_the_kernel_the_log_or_the_bans()
     // An automatic ban of 10.72.0.1, then a manual ban of its /24 and a
     // deny of 192.0.2.0/24: what the refused changes must leave.
     policer(&sb, &["rule", "set", "10.72.0.0/16", "--rate", "100pps", "--burst", "10", "--ban-for", "1h"]);
-    let (_, got) = traffic::run(&sb, &[Flow { src: ip("10.72.0.1"), pps: 1000.0, len: 64 }], Duration::from_millis(500));
+    let (_, got) =
+        traffic::run(&sb, &[Flow { src: ip("10.72.0.1"), pps: 1000.0, len: 64 }], Duration::from_millis(500));
     assert!(got.per_flow[0] <= 14, "{} through before the ban", got.per_flow[0]);
     policer(&sb, &["ban", "10.72.0.0/24", "--for", "1h"]);
     policer(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]);
@@ -736,8 +738,19 @@ fn a_group_refused_on_a_full_disk_never_reaches_the_kernel_the_log_or_the_bans()
                 let args: Vec<String> = match i % 6 {
                     0 => vec!["rule".into(), "rm".into(), "192.0.2.0/24".into()],
                     1 => vec!["unban".into(), "10.72.0.0/24".into()],
-                    2 => vec!["ban".into(), format!("198.19.{}.0/24", (round * 8 + i) % 256), "--for".into(), "1h".into()],
-                    _ => vec!["rule".into(), "set".into(), format!("198.18.{}.0/24", i % 4), "--action".into(), "deny".into()],
+                    2 => vec![
+                        "ban".into(),
+                        format!("198.19.{}.0/24", (round * 8 + i) % 256),
+                        "--for".into(),
+                        "1h".into(),
+                    ],
+                    _ => vec![
+                        "rule".into(),
+                        "set".into(),
+                        format!("198.18.{}.0/24", i % 4),
+                        "--action".into(),
+                        "deny".into(),
+                    ],
                 };
                 let (rx_ns, bin) = (sb.rx_ns.clone(), policer_tests::daemon::policer_bin());
                 std::thread::spawn(move || {
@@ -753,7 +766,11 @@ fn a_group_refused_on_a_full_disk_never_reaches_the_kernel_the_log_or_the_bans()
             .collect();
         for h in handles {
             let out = h.join().unwrap();
-            assert!(!out.status.success(), "a change was made on a full disk: {}", String::from_utf8_lossy(&out.stdout));
+            assert!(
+                !out.status.success(),
+                "a change was made on a full disk: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
             refused += 1;
         }
         round += 1;
@@ -763,15 +780,20 @@ fn a_group_refused_on_a_full_disk_never_reaches_the_kernel_the_log_or_the_bans()
     assert_eq!(got.socket_drops, 0, "the receiving socket lost frames");
     assert!(sent.sent[0] > 4000, "sent {}", sent.sent[0]);
     assert_eq!(
-        got.per_flow[0], sent.sent[0],
+        got.per_flow[0],
+        sent.sent[0],
         "refused denies dropped {} of {} frames of their prefix",
-        sent.sent[0] - got.per_flow[0], sent.sent[0]
+        sent.sent[0] - got.per_flow[0],
+        sent.sent[0]
     );
     assert_eq!(got.per_flow[1], 0, "a refused unban let frames of the banned source through");
     assert_eq!(got.per_flow[2], 0, "a refused rule rm let frames of the denied prefix through");
     // What was in force is: the bans (the automatic one too), the deny.
     let ls = policer(&sb, &["ban", "ls", "--json"]);
-    assert!(ls.contains("\"prefix\": \"10.72.0.1\"") && ls.contains("\"origin\": \"auto\""), "the automatic ban was lifted: {ls}");
+    assert!(
+        ls.contains("\"prefix\": \"10.72.0.1\"") && ls.contains("\"origin\": \"auto\""),
+        "the automatic ban was lifted: {ls}"
+    );
     assert!(ls.contains("\"prefix\": \"10.72.0.0/24\""), "{ls}");
     assert!(!ls.contains("198.19."), "{ls}");
     let rules = policer(&sb, &["rule", "ls", "--json"]);
@@ -857,7 +879,8 @@ fn a_ban_ends_on_time_while_the_owner_imports_a_million_entries() {
     }
     assert!(sent.sent[0] > 4000, "sent {}", sent.sent[0]);
     let first = got.arrivals0.first().copied();
-    let first = first.unwrap_or_else(|| panic!("nothing arrived after the ban's end (imports took {took:?}): {}", d.stderr()));
+    let first =
+        first.unwrap_or_else(|| panic!("nothing arrived after the ban's end (imports took {took:?}): {}", d.stderr()));
     let late_ms = (first as f64 - end_ns as f64) / 1e6;
     assert!(late_ms > -50.0, "frames arrived {:.0} ms before the ban's end", -late_ms);
     assert!(late_ms < 500.0, "the ban ended {late_ms:.0} ms late (the imports took {took:?})");

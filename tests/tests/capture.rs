@@ -449,8 +449,9 @@ fn stalled_captures_give_their_lanes_back_and_max_size_bounds_the_file() {
     let sb = Sandbox::new("capstall");
     let _d = Daemon::attach(&sb, &["--rate", "1000pps", "--burst", "10", "--interval", "0"]);
     let dir = tempfile_dir("capstall");
-    let stalled: Vec<Child> =
-        (0..8).map(|i| spawn_capture(&sb, &["-w", &format!("{dir}/s{i}.pcapng"), "--all", "--source", "192.0.2.99"])).collect();
+    let stalled: Vec<Child> = (0..8)
+        .map(|i| spawn_capture(&sb, &["-w", &format!("{dir}/s{i}.pcapng"), "--all", "--source", "192.0.2.99"]))
+        .collect();
     wait_active(&sb, 8);
     fails_with(&cli(&sb, &["capture", "-w", &format!("{dir}/x.pcapng"), "--all", "--count", "1"]), "8");
     for c in &stalled {
