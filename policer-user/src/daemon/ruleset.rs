@@ -624,7 +624,9 @@ use crate::rules::edit_rules;
 /// `--runtime` is the way to make it anyway.
 fn not_written(e: Error) -> Error {
     if e.is_config_not_written() {
-        Error::Invalid(format!("{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"))
+        Error::Invalid(format!(
+            "{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"
+        ))
     } else {
         e
     }
