@@ -398,7 +398,10 @@ sources. The capture is streamed: memory stays bounded whatever its size (the so
 or twice --top; past that the sources with the fewest drops are let go, and the report says so). Frames are \
 judged in order, up to 34 to a test run (millions a second); a frame longer than a test run takes (3 520 bytes) \
 is replayed clipped, its IP length made to fit, and counted in clipped_frames. A progress bar is shown on a \
-terminal. Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
+terminal. FILE may be a FIFO (mkfifo; tcpdump -w FIFO): replay waits at most 30 s for a writer to open it, and \
+says so. A damaged capture is refused at the first bad record, named by frame number and byte offset (a record \
+whose captured length is past the file's snap length or 256 KiB is refused by its header, before anything is read \
+for it). Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
         examples: &[
             ("What 2 kpps with bursts of 50 would have done", "policer replay tuesday.pcap --rate 2kpps --burst 50"),
             ("A candidate config against a capture", "policer replay tuesday.pcapng --config new.toml --top 20"),
@@ -472,7 +475,7 @@ pub const CONFIG_KEYS: &[Key] = &[
         "max_sources",
         "integer",
         "1048576",
-        "Sources tracked at once, per address family (about 168 bytes of kernel memory each, preallocated).",
+        "Sources tracked at once, per address family (176 bytes of kernel memory each, both families with the recall, preallocated at start): 1 ..= 16777216 (2.75 GiB). `policer check` and a reload refuse a size past it.",
     ),
     k(
         "daemon",

@@ -6,14 +6,16 @@
 
 use std::{
     fs::File,
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Read},
+    os::{fd::AsRawFd, unix::fs::FileTypeExt},
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use pcap_file::{
-    DataLink,
-    pcap::PcapReader,
-    pcapng::{Block, PcapNgReader},
+    DataLink, Endianness,
+    pcap::PcapParser,
+    pcapng::{Block, PcapNgReadError, PcapNgReader},
 };
 
 use crate::error::{Error, Result};
@@ -60,8 +62,31 @@ pub struct Frame {
     pub clipped: bool,
 }
 
+/// The most a pcap record may hold: libpcap's largest snap length
+/// (`MAXIMUM_SNAPLEN`, 256 KiB), which no capture tool writes past. A
+/// record header that says more is damage (or not a capture), refused
+/// before anything is read for it: a length of 4 GiB is not read into
+/// memory to find out.
+pub const MAX_RECORD: u32 = 262_144;
+
+/// How long `replay` waits for a writer to open a FIFO it was given.
+pub const FIFO_WAIT: Duration = Duration::from_secs(30);
+
+/// The size of a classic pcap file's header, and of a record's.
+const PCAP_HEADER: u64 = 24;
+const RECORD_HEADER: usize = 16;
+
 enum Reader {
-    Pcap { r: PcapReader<BufReader<Counted>>, link: Link },
+    /// Classic pcap, read record by record here (so that a record's
+    /// header is judged before its body is read: [`MAX_RECORD`]), each
+    /// record parsed by pcap-file's parser.
+    Pcap {
+        r: BufReader<Counted>,
+        parser: PcapParser,
+        link: Link,
+        record: Vec<u8>,
+        offset: u64,
+    },
     PcapNg(PcapNgReader<BufReader<Counted>>),
 }
 
@@ -106,17 +131,19 @@ impl Capture {
     /// pcapng, or of another link type, is refused here.
     pub fn open(path: &Path) -> Result<Capture> {
         let bad = |what: String| Error::Invalid(format!("{}: {what}", path.display()));
-        let file = File::open(path).map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
+        let file = open_input(path, FIFO_WAIT)?;
         let read = std::rc::Rc::new(std::cell::Cell::new(0));
         let mut buf = BufReader::with_capacity(256 * 1024, Counted { file, read: read.clone() });
         let head = buf.fill_buf().map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
         let reader = if head.starts_with(&PCAPNG_MAGIC) {
             Reader::PcapNg(PcapNgReader::new(buf).map_err(|e| bad(format!("not a valid pcapng file: {e}")))?)
         } else {
-            let r = PcapReader::new(buf).map_err(|e| bad(format!("neither pcap nor pcapng: {e}")))?;
-            let d = r.header().datalink;
+            let mut head = [0u8; PCAP_HEADER as usize];
+            read_full(&mut buf, &mut head).map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
+            let (_, parser) = PcapParser::new(&head).map_err(|e| bad(format!("neither pcap nor pcapng: {e}")))?;
+            let d = parser.header().datalink;
             let link = Link::of(d).ok_or_else(|| unsupported(path, d, ""))?;
-            Reader::Pcap { r, link }
+            Reader::Pcap { r: buf, parser, link, record: Vec::new(), offset: PCAP_HEADER }
         };
         Ok(Capture { path: path.to_path_buf(), reader, frames: 0, read })
     }
@@ -133,17 +160,30 @@ impl Capture {
         let n = self.frames + 1;
         let bad = |what: String| Error::Invalid(format!("{}: frame {n}: {what}", path.display()));
         let got = match &mut self.reader {
-            Reader::Pcap { r, link } => match r.next_packet() {
-                None => None,
-                Some(Err(e)) => return Err(bad(format!("{e}"))),
-                Some(Ok(p)) => {
-                    let ts = p.timestamp();
-                    Some((ts, p.orig_len(), ethernet(*link, p.data(), out).map_err(bad)?))
+            Reader::Pcap { r, parser, link, record, offset } => {
+                let at = *offset;
+                match next_record(r, parser, record).map_err(|e| bad(format!("the record at byte {at}: {e}")))? {
+                    None => None,
+                    Some(()) => {
+                        *offset += record.len() as u64;
+                        let (_, p) =
+                            parser.next_packet(record).map_err(|e| bad(format!("the record at byte {at}: {e}")))?;
+                        let ts = p.timestamp();
+                        Some((ts, p.orig_len(), ethernet(*link, p.data(), out).map_err(bad)?))
+                    }
                 }
-            },
+            }
             Reader::PcapNg(r) => loop {
                 match r.next_block() {
                     None => break None,
+                    Some(Err(PcapNgReadError::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return Err(bad(format!(
+                            "the file ends inside a block, {} bytes in (cut short, or a block length past its end: \
+                             damaged)",
+                            self.read.get()
+                        )));
+                    }
+                    Some(Err(PcapNgReadError::Io(e))) => return Err(bad(format!("reading: {e}"))),
                     Some(Err(e)) => return Err(bad(format!("{e}"))),
                     Some(Ok((Block::EnhancedPacket(p), state))) => {
                         let d = state
@@ -178,6 +218,129 @@ impl Capture {
             fit_ip_length(out);
         }
         Ok(Some(Frame { ts_ns, len: out.len() as u32, clipped }))
+    }
+}
+
+/// Reads the next record of a classic pcap file into `record` (its
+/// header and body); `None` at the end of the file. A record header that
+/// says more than the file's snap length, or than [`MAX_RECORD`], is
+/// refused before its body is read, and a file that ends inside a record
+/// says where.
+fn next_record(
+    r: &mut impl BufRead,
+    parser: &PcapParser,
+    record: &mut Vec<u8>,
+) -> std::result::Result<Option<()>, String> {
+    let mut head = [0u8; RECORD_HEADER];
+    let got = read_full(r, &mut head).map_err(|e| format!("{e}"))?;
+    if got == 0 {
+        return Ok(None);
+    }
+    if got < RECORD_HEADER {
+        return Err(format!("the file ends {got} bytes into the record's 16-byte header (cut short)"));
+    }
+    let h = parser.header();
+    let field = |at: usize| {
+        let b = [head[at], head[at + 1], head[at + 2], head[at + 3]];
+        match h.endianness {
+            Endianness::Big => u32::from_be_bytes(b),
+            Endianness::Little => u32::from_le_bytes(b),
+        }
+    };
+    let caplen = field(8);
+    if caplen > h.snaplen {
+        return Err(format!(
+            "its captured length is {caplen} bytes, more than the file's snap length ({}): the file is damaged",
+            h.snaplen
+        ));
+    }
+    if caplen > MAX_RECORD {
+        return Err(format!(
+            "its captured length is {caplen} bytes, more than the {MAX_RECORD} bytes any capture tool writes \
+             (libpcap's largest snap length): the file is damaged"
+        ));
+    }
+    record.clear();
+    record.extend_from_slice(&head);
+    record.resize(RECORD_HEADER + caplen as usize, 0);
+    let body = read_full(r, &mut record[RECORD_HEADER..]).map_err(|e| format!("{e}"))?;
+    if body < caplen as usize {
+        return Err(format!("the file ends {body} bytes into the record's {caplen} captured bytes (cut short)"));
+    }
+    Ok(Some(()))
+}
+
+/// Reads until `buf` is full or the input ends; how much was read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Opens the capture. A FIFO is opened without waiting for a writer (a
+/// plain open would block until one comes, for ever if none does), then
+/// waited on for at most [`FIFO_WAIT`], saying so on stderr: a writer
+/// that opens it (and writes, or closes) ends the wait; none is an error
+/// that names the FIFO.
+fn open_input(path: &Path, wait: Duration) -> Result<File> {
+    let read_err = |source| Error::ConfigRead { path: path.to_path_buf(), source };
+    let fifo = std::fs::metadata(path).map(|m| m.file_type().is_fifo()).unwrap_or(false);
+    if !fifo {
+        return File::open(path).map_err(read_err);
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(read_err)?;
+    if !fifo_ready(&file, Duration::ZERO).map_err(read_err)? {
+        eprintln!(
+            "policer replay: {} is a FIFO with no writer yet; waiting up to {} s for one",
+            path.display(),
+            wait.as_secs()
+        );
+        if !fifo_ready(&file, wait).map_err(read_err)? {
+            return Err(Error::Invalid(format!(
+                "{}: a FIFO that no writer opened within {} s (start the writer, e.g. `tcpdump -w {}`, or replay a \
+                 file)",
+                path.display(),
+                wait.as_secs(),
+                path.display()
+            )));
+        }
+    }
+    // Reads block from here on (a writer that pauses is waited for).
+    // SAFETY: fcntl on a descriptor this function owns.
+    let fd = file.as_raw_fd();
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(read_err(std::io::Error::last_os_error()));
+    }
+    Ok(file)
+}
+
+/// Whether a writer has come to the FIFO `file` (data to read, or a
+/// writer that came and left) within `wait`. Linux reports neither for a
+/// FIFO no writer ever opened.
+fn fifo_ready(file: &File, wait: Duration) -> std::io::Result<bool> {
+    let mut p = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // SAFETY: one pollfd, valid for the call.
+        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(n > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0);
     }
 }
 
@@ -236,6 +399,93 @@ fn ethernet(link: Link, data: &[u8], out: &mut Vec<u8>) -> std::result::Result<i
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A little-endian microsecond pcap of Ethernet frames: (caplen, len, data).
+    fn pcap(records: &[(u32, u32, &[u8])]) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+        f.extend_from_slice(&2u16.to_le_bytes());
+        f.extend_from_slice(&4u16.to_le_bytes());
+        f.extend_from_slice(&[0; 8]);
+        f.extend_from_slice(&65_535u32.to_le_bytes());
+        f.extend_from_slice(&1u32.to_le_bytes());
+        for &(caplen, len, data) in records {
+            f.extend_from_slice(&1_700_000_000u32.to_le_bytes());
+            f.extend_from_slice(&0u32.to_le_bytes());
+            f.extend_from_slice(&caplen.to_le_bytes());
+            f.extend_from_slice(&len.to_le_bytes());
+            f.extend_from_slice(data);
+        }
+        f
+    }
+
+    fn read_all(bytes: &[u8]) -> (usize, Result<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.pcap");
+        std::fs::write(&path, bytes).unwrap();
+        let mut c = match Capture::open(&path) {
+            Ok(c) => c,
+            Err(e) => return (0, Err(e)),
+        };
+        let mut out = Vec::new();
+        let mut n = 0;
+        loop {
+            match c.next(&mut out) {
+                Ok(Some(_)) => n += 1,
+                Ok(None) => return (n, Ok(())),
+                Err(e) => return (n, Err(e)),
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_caplen_names_the_record_and_why_before_reading_it() {
+        let frame = [0u8; 60];
+        let good = pcap(&[(60, 60, &frame), (60, 60, &frame)]);
+        assert_eq!(read_all(&good).0, 2);
+        // The second record says 4 GiB: refused by its header, nothing read for it.
+        let mut bad = pcap(&[(60, 60, &frame)]);
+        bad.extend_from_slice(&pcap(&[(u32::MAX, u32::MAX, &frame)])[24..]);
+        let (n, r) = read_all(&bad);
+        let e = r.unwrap_err().to_string();
+        assert_eq!(n, 1, "{e}");
+        assert!(e.contains("frame 2") && e.contains("at byte 100") && e.contains("4294967295"), "{e}");
+        assert!(e.contains("snap length (65535)") && !e.contains("I/O error"), "{e}");
+        // Cut inside a record's body, and inside a record's header.
+        let cut = &good[..good.len() - 10];
+        let e = read_all(cut).1.unwrap_err().to_string();
+        assert!(e.contains("frame 2") && e.contains("50 bytes into the record's 60 captured bytes"), "{e}");
+        let cut = &good[..24 + 76 + 5];
+        let e = read_all(cut).1.unwrap_err().to_string();
+        assert!(e.contains("5 bytes into the record's 16-byte header"), "{e}");
+    }
+
+    #[test]
+    fn a_fifo_without_a_writer_is_an_error_after_the_wait_and_one_with_a_writer_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fifo");
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a path string valid for the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let t0 = std::time::Instant::now();
+        let e = open_input(&path, Duration::from_millis(300)).unwrap_err().to_string();
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert!(e.contains("no writer opened within"), "{e}");
+        // A writer that comes during the wait: its capture is read whole.
+        let bytes = pcap(&[(60, 60, &[0u8; 60])]);
+        let w = {
+            let (path, bytes) = (path.clone(), bytes.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                std::fs::write(&path, &bytes).unwrap();
+            })
+        };
+        let mut f = open_input(&path, Duration::from_secs(10)).unwrap();
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).unwrap();
+        w.join().unwrap();
+        assert_eq!(got, bytes);
+    }
 
     #[test]
     fn a_clipped_frame_has_the_ip_length_of_what_is_left() {
