@@ -1,0 +1,81 @@
+//! The object's three entries (see the crate doc): `policer`, the program
+//! the daemon attaches; `policer_replay`, `policer replay`'s batch entry;
+//! `policer_capture`, reached only by the policer's tail call while a
+//! capture runs. Each is a few lines around the code of its module.
+
+use aya_ebpf::{
+    bindings::{xdp_action, xdp_md},
+    macros::xdp,
+    programs::XdpContext,
+};
+use policer_common::capture::{CAPTURE_DROPPED, ON_LANES, least_sample};
+
+use crate::{
+    capture::capture,
+    frame::try_policer,
+    maps::{CAPTURE_ON, CAPTURE_SCRATCH, REPLAY_PROG, TEST_CLOCK},
+    replay::{replay_finish, replay_prepare},
+};
+
+/// The attached program: each frame the interface receives.
+#[xdp]
+pub fn policer(ctx: XdpContext) -> u32 {
+    judge_frame(ctx.ctx)
+}
+
+/// The policer's code on a frame: the attached program's body, and what
+/// `policer_replay` runs for each frame of a batch (one copy in the
+/// object, called by both).
+#[inline(never)]
+fn judge_frame(md: *mut xdp_md) -> u32 {
+    try_policer(&XdpContext::new(md))
+}
+
+/// `policer replay`'s batch entry (policer_common::replay): run with a
+/// test run's `repeat`, each run makes the test frame the batch's next
+/// frame and judges it with the code above. Test clock only (the product
+/// never loads it; without the test clock it does nothing).
+#[xdp]
+pub fn policer_replay(ctx: XdpContext) -> u32 {
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    if unsafe { core::ptr::read_volatile(&TEST_CLOCK) } == 0 {
+        return xdp_action::XDP_ABORTED;
+    }
+    // Each step is a function of its own and this one keeps only
+    // registers, so that the policer's code has as much of the stack as in
+    // the attached program (the verifier allows 512 bytes for the deepest
+    // chain of calls), and is the attached program's own function.
+    let i = replay_prepare(ctx.ctx);
+    if i < 0 {
+        return xdp_action::XDP_ABORTED;
+    }
+    let ret = judge_frame(ctx.ctx);
+    replay_finish(ctx.ctx, i as u32, ret);
+    // The next frame, in the same test run: a tail call starts afresh
+    // (stack and all); after the kernel's limit (33 in a row) it fails
+    // and the run ends here.
+    // SAFETY: a tail call from this program's own context.
+    unsafe { REPLAY_PROG.tail_call(&ctx, 0) };
+    ret
+}
+
+/// The capture program: the lanes for the frame the policer's verdict
+/// handed over (verdict and slot in the CPU's scratch), then that
+/// verdict's action. Never attached: reached only by the tail call.
+#[xdp]
+pub fn policer_capture(ctx: XdpContext) -> u32 {
+    let Some(sc) = CAPTURE_SCRATCH.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: this CPU's slot, written by the policer's program just
+    // before the tail call (see `capture::hand_to_capture`).
+    let (verdict, slot) = unsafe { (core::ptr::read_volatile(&(*sc).verdict), core::ptr::read_volatile(&(*sc).slot)) };
+    // SAFETY: as in `frame::verdict`.
+    let on = unsafe { core::ptr::read_volatile(&raw const CAPTURE_ON) };
+    let lanes = on as u32 & ON_LANES;
+    if lanes != 0 {
+        let len = (ctx.data_end() - ctx.data()) as u32;
+        capture(&ctx, sc, lanes, least_sample(on), verdict, slot, len);
+    }
+    if verdict == CAPTURE_DROPPED { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS }
+}
