@@ -82,6 +82,14 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 18] = [
     (MAP_BAN_PARAMS, 4, size_of::<BanParams>()),
 ];
 
+/// The kernel memory the source tables of a program loaded for
+/// `max_sources` take, preallocated at load: for each family the sets and
+/// their drop counts, the IPv6 sources' addresses, and the recall.
+pub const fn source_tables_bytes(max_sources: u32) -> u64 {
+    let per_set = 2 * size_of::<Set>() + 2 * size_of::<SetDrops>() + size_of::<SetKeys>() + size_of::<RecallSet>();
+    crate::table::sets_for(max_sources) as u64 * per_set as u64
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;

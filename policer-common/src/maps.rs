@@ -112,6 +112,12 @@ pub const PROGRAM_NAME: &str = "policer";
 pub const MAX_RULES: u32 = 1_048_576;
 /// Default capacity of the bucket table (sources tracked at once).
 pub const DEFAULT_MAX_SOURCES: u32 = 1_048_576;
+/// The largest `--max-sources` accepted: the tables of both families are
+/// preallocated at load, 176 bytes of kernel memory per source
+/// ([`crate::layout::source_tables_bytes`]): 2.75 GiB at this bound. A
+/// size the kernel cannot allocate fails the start (ENOMEM), so a config
+/// past it is refused by `policer check`, a reload and a start alike.
+pub const MAX_SOURCES: u32 = 16_777_216;
 
 pub const FAMILY_V4: u32 = 4;
 pub const FAMILY_V6: u32 = 6;

@@ -316,9 +316,7 @@ pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
 
 impl Policer {
     pub fn load(opts: &LoadOptions) -> Result<Policer> {
-        if opts.max_sources == 0 {
-            return Err(Error::Invalid("--max-sources must be at least 1".into()));
-        }
+        crate::config::check_max_sources(opts.max_sources, "--max-sources").map_err(Error::Invalid)?;
         if !(1..=MAX_RULES).contains(&opts.max_rules) {
             return Err(Error::Invalid(format!("--max-rules must be 1 ..= {MAX_RULES}")));
         }

@@ -30,6 +30,7 @@
 
 mod edit;
 mod file;
+mod lex;
 mod read;
 mod splice;
 mod write;
@@ -120,13 +121,7 @@ pub(crate) const HEADER: &str = "\
 /// and validated. A `[daemon]` table after a rule is not seen (the
 /// default's is given); `None` when that part has a problem.
 pub fn daemon_before_rules(text: &str) -> Option<DaemonConfig> {
-    let mut at = 0;
-    for line in text.split_inclusive('\n') {
-        if splice::rule_header(line) {
-            break;
-        }
-        at += line.len();
-    }
+    let at = splice::first_rule_header(text)?;
     let r = read::read(&text[..at]);
     r.problems.is_empty().then_some(r.config.daemon)
 }
@@ -308,8 +303,10 @@ impl Config {
             problems.push(Problem { line: None, message: e.to_string() });
         }
         let d = &self.daemon;
-        if let Some(0) = d.max_sources {
-            problems.push(Problem { line: None, message: "daemon.max_sources must be at least 1".into() });
+        if let Some(n) = d.max_sources
+            && let Err(e) = check_max_sources(n, "daemon.max_sources")
+        {
+            problems.push(Problem { line: None, message: e });
         }
         if let Some(m) = d.max_rules
             && !(1..=policer_common::MAX_RULES).contains(&m)
@@ -357,6 +354,27 @@ impl Config {
         }
         if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
     }
+}
+
+/// Whether a program can be loaded for `n` sources (`what`: the setting,
+/// as the message names it): at least 1, at most [`MAX_SOURCES`], whose
+/// tables take what the kernel must preallocate at a start (said in the
+/// message). A config past it would be applied by a reload and then fail
+/// the next start with ENOMEM: it is refused wherever it is read.
+///
+/// [`MAX_SOURCES`]: policer_common::MAX_SOURCES
+pub fn check_max_sources(n: u32, what: &str) -> std::result::Result<(), String> {
+    use policer_common::{MAX_SOURCES, layout::source_tables_bytes};
+    let mib = |n: u32| source_tables_bytes(n).div_ceil(1 << 20);
+    if (1..=MAX_SOURCES).contains(&n) {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} must be 1 ..= {MAX_SOURCES} (the source tables are preallocated in the kernel at a start: \
+         {} MiB at {MAX_SOURCES}; {n} would take {} MiB)",
+        mib(MAX_SOURCES),
+        mib(n)
+    ))
 }
 
 /// `message` with the command line's options (`--total-rate`) named as
@@ -459,6 +477,24 @@ action = "deny"
             let e = Config::parse(bad, Path::new("t.toml")).unwrap_err().to_string();
             assert!(e.contains(needle), "{bad:?}: {e}");
         }
+    }
+
+    /// Issue 41, point 10: a `max_sources` no start can load (its tables
+    /// preallocated: 4294967295 sources would take ~704 GiB) is refused
+    /// where the file is read, saying the bound and what it would take,
+    /// as the loader refuses it from the command line; the bound itself
+    /// passes.
+    #[test]
+    fn max_sources_is_bounded_by_what_a_start_can_load() {
+        let max = policer_common::MAX_SOURCES;
+        let e = Config::parse("[daemon]\nmax_sources = 4294967295\n", Path::new("t.toml")).unwrap_err().to_string();
+        assert!(e.contains(&format!("daemon.max_sources must be 1 ..= {max}")) && e.contains("MiB"), "{e}");
+        assert!(e.contains("4294967295 would take 720896 MiB"), "{e}");
+        let e = Config::check(&format!("[daemon]\nmax_sources = {}\n", max + 1), None).unwrap_err();
+        assert!(e[0].message.starts_with("daemon.max_sources must be 1 ..="), "{e:?}");
+        assert!(Config::parse(&format!("[daemon]\nmax_sources = {max}\n"), Path::new("t.toml")).is_ok());
+        assert_eq!(policer_common::layout::source_tables_bytes(max).div_ceil(1 << 20), 2816);
+        assert!(check_max_sources(0, "--max-sources").unwrap_err().starts_with("--max-sources must be 1 ..="));
     }
 
     #[test]

@@ -4,12 +4,46 @@
 //! back: right for any layout, but a 100 000-rule file costs about a
 //! second per `policer rule set`. Here a change of a few rules touches
 //! only their text: the file's `[[rule]]` headers are found once by a scan
-//! of its lines ([`Layout`], checked against the rules the file was read
-//! to hold), kept up to date as rules are changed, removed and added, and
-//! each change parses and writes only the rule it is about. Whatever is
-//! not laid out as this expects (rules in an inline array, a rule's text
-//! that does not parse alone, edits next to each other, the first table
-//! of the file) is left to `edit.rs`.
+//! of the whole text ([`Layout`], checked against the rules the file was
+//! read to hold), kept up to date as rules are changed, removed and added,
+//! and each change parses and writes only the rule it is about. Whatever
+//! is not laid out as this expects (rules in an inline array, a rule's
+//! text that does not parse alone, edits next to each other, the first
+//! table of the file, a header or top-level key written with escapes) is
+//! left to `edit.rs`.
+//!
+//! **Why the text written says what was wanted**, without parsing it
+//! whole (a 100 000-rule file costs a second to parse, a change here
+//! ~18 ms). Lines are read by `lex.rs`, which follows strings (multi-line
+//! basic and literal ones, escapes) and values spread over lines, so a
+//! line starting inside one is never taken for a header, a comment or a
+//! blank line. Call a place *at the top level* when it is the start of a
+//! line outside every string and value.
+//!
+//! 1. [`Layout::of`] reads the whole text once: every `[[rule]]` header it
+//!    keeps is at the top level, there is one per rule of the file, and no
+//!    header or top-level key might name `rule` otherwise (`[rule.x]`,
+//!    `[["ru\u006ce"]]` give no layout). So the k-th header starts the
+//!    k-th rule's table, which runs to the next header.
+//! 2. Each edit's region is read forward from a place known to be at the
+//!    top level (the rule's header; for the comments above it, the header
+//!    before, or the start of the text): so its ends, a header and the end
+//!    of a table's last value line, are at the top level too, and the
+//!    region is whole lines of one rule's table (and the comment and blank
+//!    lines above it, or after it up to the next header).
+//! 3. Each piece put in its place is read the same way on its own: it
+//!    starts and ends at the top level, ends with a newline, and holds one
+//!    header, a plain `[[rule]]`, with only comments and blank lines before
+//!    it (a removal's kept comments hold none); parsed alone it is exactly
+//!    the rule wanted.
+//!
+//! Cutting a text at top-level places and joining such pieces leaves every
+//! other line what it was (in or out of a string, and in the same table),
+//! so the new text's tables are the old ones with the edited rules'
+//! replaced by the pieces: it parses, and says the wanted rules and the
+//! rest as before. Anything this cannot show gives `None`, and `edit.rs`
+//! makes the change (parsing the result whole). The `[daemon]` table's
+//! edits ([`splice_interfaces`]) are shown the same way.
 //!
 //! The result is what `edit.rs` would write, byte for byte (the tests
 //! make every edit both ways and compare): a changed rule keeps its
@@ -23,7 +57,10 @@ use std::hash::{BuildHasher, RandomState};
 
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
-use super::{Config, edit};
+use super::{
+    Config, edit,
+    lex::{Header, Lexer, Line},
+};
 use crate::rules::{RuleConfig, RuleKey, RuleSpec, SpecMap};
 
 /// Edits in one change past which the whole document is edited instead
@@ -51,52 +88,87 @@ impl Layout {
     }
 }
 
-/// One line of a text: `[start, end)`, `end` past its newline.
-#[derive(Clone, Copy, Debug)]
-struct Line {
-    start: usize,
-    end: usize,
+/// Reads the lines of `text[from..to]`, `from` at the top level, with
+/// `f` (each line's start, the line, and what it is); `None`: a line this
+/// does not read, or `to` not at the top level.
+fn lines(text: &str, from: usize, to: usize, mut f: impl FnMut(usize, &str, &Line) -> Option<()>) -> Option<()> {
+    let mut lx = Lexer::default();
+    let mut at = from;
+    for l in text.get(from..to)?.split_inclusive('\n') {
+        f(at, l, &lx.line(l)?)?;
+        at += l.len();
+    }
+    lx.at_top().then_some(())
 }
 
-/// Whether `line` is blank (whitespace only).
-fn blank(line: &str) -> bool {
-    line.trim().is_empty()
+/// Whether `piece`, put between two places at the top level, leaves them
+/// so: it starts and ends at the top level, ends with a newline (or is
+/// empty), and holds no header but one for which `header` says yes, with
+/// only comments and blank lines before it (`None`: no header at all).
+fn whole_lines(piece: &str, header: Option<fn(&Header) -> bool>) -> bool {
+    let mut seen = false;
+    let ok = lines(piece, 0, piece.len(), |_, _, l| match l {
+        Line::Header(h) if !seen && header.is_some_and(|f| f(h)) => {
+            seen = true;
+            Some(())
+        }
+        Line::Header(_) => None,
+        Line::Blank | Line::Comment => Some(()),
+        Line::Key(_) | Line::Inside if seen => Some(()),
+        Line::Key(_) | Line::Inside => None,
+    });
+    ok.is_some() && seen == header.is_some() && (piece.is_empty() || piece.ends_with('\n'))
 }
 
-/// Whether `line` holds a comment only.
-fn comment(line: &str) -> bool {
-    line.trim_start().starts_with('#')
+/// A plain `[[rule]]` header.
+fn rule_table(h: &Header) -> bool {
+    h.is(true, "rule")
 }
 
-/// Whether `line` starts a table (or is the line of a value spread over
-/// lines that starts with `[`: a boundary either way, and a rule cut there
-/// does not parse alone, so `edit.rs` takes it).
-fn boundary(line: &str) -> bool {
-    line.trim_start().starts_with('[')
+/// A plain `[daemon]` header.
+fn daemon_table(h: &Header) -> bool {
+    h.is(false, "daemon")
 }
 
-/// Whether `line` is a `[[rule]]` header (spaces and quotes allowed, a
-/// comment after it).
-pub(super) fn rule_header(line: &str) -> bool {
-    let Some(rest) = line.trim_start().strip_prefix("[[") else { return false };
-    let Some((name, after)) = rest.split_once("]]") else { return false };
-    let after = after.trim();
-    (after.is_empty() || after.starts_with('#')) && matches!(name.trim(), "rule" | "\"rule\"" | "'rule'")
+/// Where the first table that may hold rules starts in `text` (its end:
+/// none); `None` when the text is not read (see `lex.rs`).
+pub(super) fn first_rule_header(text: &str) -> Option<usize> {
+    let mut first = None;
+    lines(text, 0, text.len(), |at, _, l| {
+        if let Line::Header(h) = l
+            && first.is_none()
+            && h.may_be("rule")
+        {
+            first = Some(at);
+        }
+        Some(())
+    })?;
+    Some(first.unwrap_or(text.len()))
 }
 
 impl Layout {
     /// The layout of `text`, whose rules are `rules` in file order; `None`
-    /// when its `[[rule]]` headers are not exactly one per rule (rules in
-    /// an inline array, a header-like line inside a string).
+    /// when its top-level `[[rule]]` headers are not exactly one per rule
+    /// (rules in an inline array), a header or a top-level key might name
+    /// `rule` otherwise, or `lex.rs` does not read a line.
     pub(super) fn of(text: &str, rules: &[RuleConfig]) -> Option<Layout> {
         let mut headers = Vec::with_capacity(rules.len());
-        let mut at = 0;
-        for line in text.split_inclusive('\n') {
-            if line.trim_start().starts_with("[[") && rule_header(line) {
-                headers.push(at);
+        // Before the first header, a key is the document's own.
+        let mut root = true;
+        lines(text, 0, text.len(), |at, line, l| {
+            match l {
+                // Spelled as `edit.rs` writes it (a quoted or spaced name
+                // is not kept by the whole-document edit).
+                Line::Header(h) if rule_table(h) && line.trim_start().starts_with("[[rule]]") => headers.push(at),
+                // `[rule.x]`, `[["ru\u006ce"]]`, `[[ "rule" ]]`: not laid
+                // out as this expects.
+                Line::Header(h) if h.may_be("rule") => return None,
+                Line::Key(k) if root && k.as_deref().is_none_or(|k| k == "rule") => return None,
+                _ => {}
             }
-            at += line.len();
-        }
+            root &= !matches!(l, Line::Header(_));
+            Some(())
+        })?;
         if headers.len() != rules.len() {
             return None;
         }
@@ -172,47 +244,42 @@ pub(super) struct Op {
     new_len: usize,
 }
 
-/// The lines of `text` from `at` on, up to (not including) the next
-/// boundary line.
-fn lines_from(text: &str, at: usize) -> impl Iterator<Item = Line> + '_ {
-    let mut pos = at;
-    text[at..].split_inclusive('\n').map(move |l| {
-        let line = Line { start: pos, end: pos + l.len() };
-        pos += l.len();
-        line
-    })
+/// The end of the table whose header line starts at `h` (at the top
+/// level): past its last line that is neither blank nor a comment (what
+/// follows belongs to the next table or the end of the file); and where
+/// the next header is. `None`: not read.
+fn table_end(text: &str, h: usize) -> Option<(usize, Option<usize>)> {
+    let mut lx = Lexer::default();
+    let mut at = h;
+    let mut end = None;
+    for l in text.get(h..)?.split_inclusive('\n') {
+        match (end, lx.line(l)?) {
+            (None, Line::Header(_)) => end = Some(at + l.len()),
+            (None, _) => return None,
+            (Some(end), Line::Header(_)) => return Some((end, Some(at))),
+            (Some(_), Line::Blank | Line::Comment) => {}
+            (Some(_), Line::Key(_) | Line::Inside) => end = Some(at + l.len()),
+        }
+        at += l.len();
+    }
+    lx.at_top().then_some((end?, None))
 }
 
-/// The end of the table whose header line starts at `h`: past its last
-/// line that is neither blank nor a comment (what follows belongs to the
-/// next table or the end of the file); and where the next boundary is.
-fn table_end(text: &str, h: usize) -> (usize, Option<usize>) {
-    let mut lines = lines_from(text, h);
-    let first = lines.next().map_or(text.len(), |l| l.end);
-    let mut end = first;
-    for l in lines {
-        let s = &text[l.start..l.end];
-        if boundary(s) {
-            return (end, Some(l.start));
+/// Where the run of blank and comment lines directly above `h` starts,
+/// read from `from` (at the top level, before `h`); `None` when it reaches
+/// the start of the text, or the lines are not read.
+fn decor_start(text: &str, from: usize, h: usize) -> Option<usize> {
+    let mut run = None;
+    lines(text, from, h, |at, _, l| {
+        match l {
+            Line::Blank | Line::Comment => {
+                run.get_or_insert(at);
+            }
+            _ => run = None,
         }
-        if !blank(s) && !comment(s) {
-            end = l.end;
-        }
-    }
-    (end, None)
-}
-
-/// Where the run of blank and comment lines directly above `h` starts;
-/// `None` when it reaches the start of the text.
-fn decor_start(text: &str, h: usize) -> Option<usize> {
-    let mut start = h;
-    for l in text[..h].split_inclusive('\n').rev() {
-        if !(blank(l) || comment(l)) {
-            return Some(start);
-        }
-        start -= l.len();
-    }
-    None
+        Some(())
+    })?;
+    Some(run.unwrap_or(h)).filter(|p| *p != 0)
 }
 
 /// Parses `chunk` (one `[[rule]]` table) alone: the rule it says.
@@ -270,6 +337,8 @@ pub(super) fn splice(
         }
     }
     at.sort_by_key(|(i, ..)| *i);
+    // Appended in the order of their keys, as `edit.rs` appends them.
+    new.sort_by_cached_key(|s| s.key());
     let last = layout.headers.len() - 1;
     // An addition goes after the last rule: not with an edit of it.
     if !new.is_empty() && at.last().is_some_and(|(i, ..)| *i == last) {
@@ -282,7 +351,7 @@ pub(super) fn splice(
     let mut floor = 0;
     for (i, key, want) in at {
         let h = layout.headers[i];
-        let (end, next) = table_end(text, h);
+        let (end, next) = table_end(text, h)?;
         let old = one_rule(&text[h..end])?;
         if old.key() != *key || Some(&old) != before.spec(key) {
             return None;
@@ -299,13 +368,16 @@ pub(super) fn splice(
                         return None;
                     }
                 }
+                if !whole_lines(&out, Some(rule_table)) {
+                    return None;
+                }
                 (Op { kind: Kind::Replace { i }, from: h, to: end, new_len: out.len() }, out)
             }
             None => {
                 // The comment block above: its paragraphs set off by a
                 // blank line stay (with the next table, blank lines at
                 // its top trimmed), its last one goes with the rule.
-                let p = decor_start(text, h)?;
+                let p = decor_start(text, if i == 0 { 0 } else { layout.headers[i - 1] }, h)?;
                 let prefix = &text[p..h];
                 let d = p + edit::split_detached(prefix).0.len();
                 if !text[p..d].contains('#') {
@@ -319,6 +391,9 @@ pub(super) fn splice(
                     )
                 } else {
                     let kept = format!("{}\n", text[p..d].trim_end_matches('\n'));
+                    if !whole_lines(&kept, None) {
+                        return None;
+                    }
                     (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: kept.len() }, kept)
                 }
             }
@@ -333,7 +408,7 @@ pub(super) fn splice(
     let mut insert: Option<(usize, String)> = None;
     let mut pushes = Vec::new();
     if !new.is_empty() {
-        let (end, _) = table_end(text, layout.headers[last]);
+        let (end, _) = table_end(text, layout.headers[last])?;
         if end < floor {
             return None;
         }
@@ -347,7 +422,7 @@ pub(super) fn splice(
             let mut d = DocumentMut::new();
             d.insert("rule", Item::ArrayOfTables(one));
             let out = d.to_string();
-            if one_rule(&out).as_ref() != Some(s) {
+            if one_rule(&out).as_ref() != Some(s) || !whole_lines(&out, Some(rule_table)) {
                 return None;
             }
             // Its header's place in the text the edits before it leave.
@@ -400,19 +475,13 @@ pub(super) fn splice(
     Some((out, done))
 }
 
-/// Whether `line` is the `[daemon]` header.
-fn daemon_header(line: &str) -> bool {
-    let Some(rest) = line.trim_start().strip_prefix('[') else { return false };
-    let Some((name, after)) = rest.split_once(']') else { return false };
-    let after = after.trim();
-    (after.is_empty() || after.starts_with('#')) && matches!(name.trim(), "daemon" | "\"daemon\"" | "'daemon'")
-}
-
 /// `text` with `daemon.interfaces` set to `names`, where `daemon` is what
 /// its `[daemon]` table says: only that table is parsed and rewritten (as
 /// `edit.rs` would). The text and the span `[from, to)` it replaced
 /// with how many bytes; `None` when the text has no one `[daemon]` table
-/// laid out as this expects.
+/// laid out as this expects (a header or a top-level key that might name
+/// `daemon` otherwise: `[daemon.x]`, `daemon.mode = ...`,
+/// `"d\u0061emon" = {}`), or a line `lex.rs` does not read.
 pub(super) fn splice_interfaces(
     text: &str,
     daemon: &super::DaemonConfig,
@@ -421,18 +490,26 @@ pub(super) fn splice_interfaces(
     if !text.ends_with('\n') || text.starts_with('\u{feff}') {
         return None;
     }
-    let (mut at, mut found) = (0, None);
-    for line in text.split_inclusive('\n') {
-        if daemon_header(line) {
-            if found.is_some() {
-                return None;
+    let (mut found, mut last, mut root) = (None, None, true);
+    lines(text, 0, text.len(), |at, line, l| {
+        match l {
+            Line::Header(h) if daemon_table(h) && line.trim_start().starts_with("[daemon]") => {
+                if found.replace(at).is_some() {
+                    return None;
+                }
             }
-            found = Some(at);
+            Line::Header(h) if h.may_be("daemon") => return None,
+            Line::Key(k) if root && k.as_deref().is_none_or(|k| k == "daemon") => return None,
+            _ => {}
         }
-        at += line.len();
-    }
-    let Some(h) = found else { return add_daemon(text, daemon, names) };
-    let (end, _) = table_end(text, h);
+        if let Line::Header(_) = l {
+            root = false;
+            last = Some(at);
+        }
+        Some(())
+    })?;
+    let Some(h) = found else { return add_daemon(text, daemon, names, last?) };
+    let (end, _) = table_end(text, h)?;
     let read = |chunk: &str| Config::parse(chunk, std::path::Path::new("-")).ok().filter(|(_, r)| r.is_empty());
     let (old, _) = read(&text[h..end])?;
     if old.daemon != *daemon {
@@ -443,34 +520,29 @@ pub(super) fn splice_interfaces(
     edit::set(t, "interfaces", Some(toml_edit::Value::Array(names.iter().collect())));
     let out = doc.to_string();
     let (new, _) = read(&out)?;
-    if new.daemon != (super::DaemonConfig { interfaces: names.to_vec(), ..daemon.clone() }) {
+    if new.daemon != (super::DaemonConfig { interfaces: names.to_vec(), ..daemon.clone() })
+        || !whole_lines(&out, Some(daemon_table))
+    {
         return None;
     }
     let len = out.len();
     Some((format!("{}{out}{}", &text[..h], &text[end..]), h, end, len))
 }
 
-/// `text`, which has no `[daemon]` table, with one holding `interfaces`
-/// after its last table (as `edit.rs` adds it); `None` when the text
-/// might say something of `daemon` elsewhere (a dotted key, a subtable),
-/// has no table, or its daemon settings are not the defaults.
-fn add_daemon(text: &str, daemon: &super::DaemonConfig, names: &[String]) -> Option<(String, usize, usize, usize)> {
+/// `text`, which has no `[daemon]` table nor any key that might name one
+/// (`splice_interfaces` read it), with one holding `interfaces` after its
+/// last table, whose header is at `last` (as `edit.rs` adds it); `None`
+/// when its daemon settings are not the defaults.
+fn add_daemon(
+    text: &str,
+    daemon: &super::DaemonConfig,
+    names: &[String],
+    last: usize,
+) -> Option<(String, usize, usize, usize)> {
     if *daemon != super::DaemonConfig::default() {
         return None;
     }
-    let mut last = None;
-    let mut at = 0;
-    for line in text.split_inclusive('\n') {
-        let t = line.trim_start().trim_start_matches(['[', '"', '\'']);
-        if t.starts_with("daemon") {
-            return None;
-        }
-        if boundary(line) {
-            last = Some(at);
-        }
-        at += line.len();
-    }
-    let (end, _) = table_end(text, last?);
+    let (end, _) = table_end(text, last)?;
     let mut t = Table::new();
     t.decor_mut().set_prefix("\n");
     t.insert("interfaces", Item::Value(toml_edit::Value::Array(names.iter().collect())));
@@ -478,7 +550,10 @@ fn add_daemon(text: &str, daemon: &super::DaemonConfig, names: &[String]) -> Opt
     doc.insert("daemon", Item::Table(t));
     let out = doc.to_string();
     let (new, rules) = Config::parse(&out, std::path::Path::new("-")).ok()?;
-    if !rules.is_empty() || new.daemon != (super::DaemonConfig { interfaces: names.to_vec(), ..Default::default() }) {
+    if !rules.is_empty()
+        || new.daemon != (super::DaemonConfig { interfaces: names.to_vec(), ..Default::default() })
+        || !whole_lines(&out, Some(daemon_table))
+    {
         return None;
     }
     let len = out.len();
