@@ -447,6 +447,7 @@ pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
     drop(d);
     rows.extend(import_rows(&net, reps)?);
     rows.extend(feed_rows(&net, reps)?);
+    rows.extend(feed_million_rows(&net, 1)?);
     rows.extend(replay_rows(reps)?);
     Ok(ControlResults { rules: RULES, rows })
 }
@@ -547,7 +548,9 @@ fn tempfile_dir() -> Result<std::path::PathBuf> {
 /// Only the CrowdSec feed rows (`policer-bench --only crowdsec`).
 pub fn run_feed(reps: usize) -> Result<ControlResults> {
     let net = Net::new("cf")?;
-    Ok(ControlResults { rules: RULES, rows: feed_rows(&net, reps)? })
+    let mut rows = feed_rows(&net, reps)?;
+    rows.extend(feed_million_rows(&net, 1)?);
+    Ok(ControlResults { rules: RULES, rows })
 }
 
 /// Decisions the feed rows start with, and the delta added to them.
@@ -661,6 +664,303 @@ fn feed_rows(net: &Net, reps: usize) -> Result<Vec<Measure>> {
         m(b.0, b.1, b.2, &delta, "includes waiting up to 1 s for the next poll (update_frequency = \"1s\")"),
         m(c.0, c.1, c.2, &apply, "target ≤ 1 000 ms; from the daemon's log"),
         m(e.0, e.1, e.2, &rss, "the decisions (with their ends), the set and its state file's buffers"),
+    ])
+}
+
+/// Decisions of the million rows.
+const MILLION: u32 = 1_000_000;
+
+/// A bench-only stand-in for the Local API's decision stream: a small
+/// HTTP/1.1 server in the daemon's namespace answering
+/// `GET /v1/decisions/stream` with the answers queued ([`StreamServer::queue`],
+/// then `{"new":null,"deleted":null}`), and any other request (the start's
+/// check of the key) with `null`. The real LAPI (Debian's 1.4.6, sqlite)
+/// takes many minutes to hold and serve a million decisions; the rows
+/// measure the daemon, so this one serves the same protocol at once.
+struct StreamServer {
+    port: u16,
+    queue: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<std::sync::Arc<Vec<u8>>>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StreamServer {
+    fn start(ns: &str, port: u16) -> Result<StreamServer> {
+        use std::{
+            io::{Read, Write},
+            sync::{Arc, Mutex, atomic::AtomicBool},
+        };
+        let queue: Arc<Mutex<std::collections::VecDeque<Arc<Vec<u8>>>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (q, st, ns) = (queue.clone(), stop.clone(), ns.to_string());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let l = crate::netns::enter(&ns)
+                .and_then(|()| std::net::TcpListener::bind(("127.0.0.1", port)))
+                .and_then(|l| l.set_nonblocking(true).map(|()| l));
+            let l = match l {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((mut c, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = c.set_nonblocking(false);
+                let mut head = Vec::new();
+                let mut b = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut b) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&b[..n]),
+                    }
+                }
+                let stream = head.starts_with(b"GET /v1/decisions/stream");
+                let body = if stream {
+                    q.lock()
+                        .ok()
+                        .and_then(|mut q| q.pop_front())
+                        .unwrap_or_else(|| Arc::new(br#"{"new":null,"deleted":null}"#.to_vec()))
+                } else {
+                    Arc::new(b"null".to_vec())
+                };
+                let h = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = c.write_all(h.as_bytes()).and_then(|()| c.write_all(&body));
+            }
+        });
+        rx.recv()?.map_err(|e| anyhow::anyhow!("the stream server cannot listen on {port}: {e}"))?;
+        Ok(StreamServer { port, queue, stop, thread: Some(thread) })
+    }
+
+    fn queue(&self, body: Vec<u8>) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.push_back(std::sync::Arc::new(body));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for StreamServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The i-th decision of the million rows: a /32 from 10.32.0.0.
+fn million_addr(i: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 32, 0, 0)) + i)
+}
+
+/// The stream's answer: `new` the decisions `ids` (each `duration`),
+/// `deleted` those of `gone` by id and of `gone_by_value` by value alone.
+fn stream_answer(
+    ids: std::ops::Range<u32>,
+    duration: &str,
+    gone: std::ops::Range<u32>,
+    gone_by_value: std::ops::Range<u32>,
+) -> Vec<u8> {
+    let mut s = String::with_capacity(ids.len() * 140 + 64);
+    s.push_str("{\"new\":[");
+    for (k, i) in ids.enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        let _ = write!(
+            s,
+            "{{\"duration\":\"{duration}\",\"id\":{i},\"origin\":\"lists\",\"scenario\":\"bench/list\",\"scope\":\"Ip\",\
+             \"type\":\"ban\",\"value\":\"{}\"}}",
+            million_addr(i)
+        );
+    }
+    s.push_str("],\"deleted\":[");
+    let mut first = true;
+    for i in gone.clone() {
+        if !std::mem::take(&mut first) {
+            s.push(',');
+        }
+        let _ = write!(
+            s,
+            "{{\"duration\":\"-1s\",\"id\":{i},\"scope\":\"Ip\",\"type\":\"ban\",\"value\":\"{}\"}}",
+            million_addr(i)
+        );
+    }
+    for i in gone_by_value {
+        if !std::mem::take(&mut first) {
+            s.push(',');
+        }
+        let _ =
+            write!(s, "{{\"duration\":\"-1s\",\"scope\":\"Ip\",\"type\":\"ban\",\"value\":\"{}\"}}", million_addr(i));
+    }
+    s.push_str("]}");
+    s.into_bytes()
+}
+
+/// `rule ls` on the control socket every 20 ms until `stop`: each
+/// request's latency, ms.
+fn probe(net: &Net, stop: &std::sync::atomic::AtomicBool) -> Vec<f64> {
+    let mut v = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let t0 = Instant::now();
+        let ok = request(net, &Request::RuleLs).is_ok();
+        v.push(if ok { t0.elapsed().as_secs_f64() * 1e3 } else { f64::NAN });
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    v
+}
+
+/// The 99th percentile of `v` (NaN if empty; a failed request counts as
+/// the slowest).
+fn p99(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().map(|x| if x.is_finite() { *x } else { f64::INFINITY }).collect();
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[((s.len() as f64 * 0.99).ceil() as usize).clamp(1, s.len()) - 1]
+}
+
+/// Runs `f` while [`probe`] measures the control socket: what `f` gave,
+/// and the probe's p99 and max.
+fn probed<T>(net: &Net, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (r, lat) = std::thread::scope(|s| {
+        let h = s.spawn(|| probe(net, &stop));
+        let r = f();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (r, h.join().unwrap_or_default())
+    });
+    let max = lat.iter().map(|x| if x.is_finite() { *x } else { f64::INFINITY }).fold(0.0, f64::max);
+    Ok((r?, p99(&lat), max))
+}
+
+/// Issue 41, points 2 and 8: a feed of a million decisions. A daemon
+/// started against [`StreamServer`] with a startup answer of 1 000 000
+/// decisions (~140 MB): start to the set holding them; then a delta
+/// deleting 100 000 by id and 1 000 by value alone; then the million's
+/// own ends (all at once, 60 s after the pull). Throughout, `rule ls` on
+/// the control socket every 20 ms: its p99 (and max) while each runs.
+fn feed_million_rows(net: &Net, reps: usize) -> Result<Vec<Measure>> {
+    const BY_ID: u32 = 100_000;
+    const BY_VALUE: u32 = 1_000;
+    let note = "a bench-only server of the stream protocol (the real LAPI cannot hold a million decisions in a bench's \
+                time); rule ls every 20 ms meanwhile";
+    say("control: the CrowdSec feed, 1 000 000 decisions (pull, delete, expire) and control requests meanwhile");
+    let server = StreamServer::start(&net.sb.rx_ns, 18_498)?;
+    let state = crate::daemon::state_dir_of(&net.sb.config);
+    let (mut pull, mut pull_p99, mut del, mut del_p99, mut exp, mut exp_p99) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut worst: f64 = 0.0;
+    for _ in 0..reps {
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::write(
+            &net.sb.config,
+            format!(
+                "[crowdsec]\nlapi_url = \"{}\"\napi_key = \"bench\"\nupdate_frequency = \"1s\"\n\n{}",
+                server.url(),
+                config(0, "500pps")
+            ),
+        )?;
+        server.queue(stream_answer(0..MILLION, "60s", 0..0, 0..0));
+        let t_pull = Instant::now();
+        // Probed from the daemon's start (its control socket up) until the
+        // set holds the million: the pull runs from the start on.
+        let (mut d, _) = start(net, &[]);
+        let (ms, p, mx) = probed(net, || {
+            if wait_feed_line(&d, MILLION, Duration::from_secs(300)).is_none() {
+                bail!("the feed did not put {MILLION} decisions in force in 300 s:\n{}", d.stdout());
+            }
+            Ok(t_pull.elapsed().as_secs_f64() * 1e3)
+        })?;
+        pull.push(ms);
+        pull_p99.push(p);
+        worst = worst.max(mx);
+        let left = MILLION - BY_ID - BY_VALUE;
+        server.queue(stream_answer(0..0, "60s", 0..BY_ID, BY_ID..BY_ID + BY_VALUE));
+        let (ms, p, mx) = probed(net, || {
+            let t0 = Instant::now();
+            let Some(_) = wait_feed_line(&d, left, Duration::from_secs(120)) else {
+                bail!("the feed did not delete {} decisions in 120 s:\n{}", BY_ID + BY_VALUE, d.stdout());
+            };
+            Ok(t0.elapsed().as_secs_f64() * 1e3)
+        })?;
+        del.push(ms);
+        del_p99.push(p);
+        worst = worst.max(mx);
+        // The ends: 60 s after the pull (± the pull's own time).
+        let end = t_pull + Duration::from_secs(60);
+        std::thread::sleep(end.saturating_duration_since(Instant::now()).saturating_sub(Duration::from_secs(2)));
+        let (ms, p, mx) = probed(net, || {
+            let Some(_) = wait_feed_line(&d, 0, Duration::from_secs(180)) else {
+                bail!("the million's ends did not empty the set in 180 s:\n{}", d.stdout());
+            };
+            Ok(Instant::now().saturating_duration_since(end).as_secs_f64() * 1e3)
+        })?;
+        exp.push(ms);
+        exp_p99.push(p);
+        worst = worst.max(mx);
+        d.stop_with(libc::SIGTERM);
+    }
+    let _ = std::fs::remove_dir_all(&state);
+    drop(server);
+    Ok(vec![
+        m(
+            "crowdsec_pull_1m",
+            "CrowdSec feed: 1 000 000 decisions in force after a start (start to set written)",
+            "ms",
+            &pull,
+            note,
+        ),
+        m(
+            "crowdsec_pull_1m_control_p99",
+            "control request (rule ls) p99 while 1 000 000 decisions are pulled",
+            "ms",
+            &pull_p99,
+            format!("target ≤ 100 ms; the slowest of all runs {worst:.1} ms"),
+        ),
+        m(
+            "crowdsec_delete_1m",
+            "CrowdSec feed: 100 000 deletions by id and 1 000 by value over 1 000 000, in force",
+            "ms",
+            &del,
+            "includes waiting up to 1 s for the next poll",
+        ),
+        m(
+            "crowdsec_delete_1m_control_p99",
+            "control request (rule ls) p99 while they are applied",
+            "ms",
+            &del_p99,
+            "target ≤ 100 ms",
+        ),
+        m(
+            "crowdsec_expire_1m",
+            "CrowdSec feed: 1 000 000 decisions ending at once, from their end to the set emptied",
+            "ms",
+            &exp,
+            "decisions end within a second of their end (checked once a second)",
+        ),
+        m(
+            "crowdsec_expire_1m_control_p99",
+            "control request (rule ls) p99 while they end",
+            "ms",
+            &exp_p99,
+            "target ≤ 100 ms",
+        ),
     ])
 }
 

@@ -629,6 +629,24 @@ pub fn targets(r: &Results) -> Vec<Target> {
         ("top_1m", "`policer top` with 1 000 000 live buckets ≤ 1 s", "ms", 1000.0),
         ("crowdsec_startup_100k", "100 000 CrowdSec decisions in force ≤ 2 s after a start", "ms", 2000.0),
         ("crowdsec_apply_10k", "a delta of 10 000 CrowdSec decisions applied ≤ 1 s", "ms", 1000.0),
+        (
+            "crowdsec_pull_1m_control_p99",
+            "control requests wait ≤ 100 ms (p99) while 1 000 000 CrowdSec decisions are pulled",
+            "ms",
+            100.0,
+        ),
+        (
+            "crowdsec_delete_1m_control_p99",
+            "control requests wait ≤ 100 ms (p99) while 101 000 of 1 000 000 CrowdSec decisions are deleted",
+            "ms",
+            100.0,
+        ),
+        (
+            "crowdsec_expire_1m_control_p99",
+            "control requests wait ≤ 100 ms (p99) while 1 000 000 CrowdSec decisions end",
+            "ms",
+            100.0,
+        ),
     ] {
         let mut tg = target(key, what, unit, limit, cm(key), || "see the control-plane table".into());
         if tg.met.is_none()
