@@ -973,3 +973,125 @@ fn an_expiry_on_a_full_disk_lands_in_the_file_once_there_is_room() {
     wait_within(5, || d.stdout().contains("caught up"), "the log says the file caught up");
     assert!(rule(&rules(&sb), "198.18.0.0/24").is_none());
 }
+
+/// Issue 41, point 1: a hand-written last rule whose reason is a multi-line
+/// string holding a line that starts with `[`. `rule set … --action deny`
+/// and a ban answered, and were written inside the string: gone after a
+/// restart. Now they land after it: still in force after a restart, and
+/// `policer check` counts them.
+#[test]
+fn a_change_after_a_multi_line_reason_survives_a_restart() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfgmlstr");
+    let dir = Dir::new("mlstr");
+    let config = dir.path.join("policer.toml");
+    let text = format!(
+        "{CONFIG}\n[[rule]]\nprefix = \"198.51.100.7\"\nban = true\nexpires = \"2099-01-01T00:00:00Z\"\n\
+         reason = \"\"\"\n[INC-4711] scanner\n\"\"\"\n"
+    );
+    std::fs::write(&config, &text).unwrap();
+    let mut d = attach(&sb, &config);
+    succeeds(&cli(&sb, &["rule", "set", "10.77.0.0/16", "--action", "deny"]));
+    succeeds(&cli(&sb, &["ban", "192.0.2.0/24", "--for", "1h"]));
+    let written = std::fs::read_to_string(&config).unwrap();
+    assert!(written.contains("[INC-4711] scanner\n\"\"\"\n"), "the string stays as it was:\n{written}");
+    let check =
+        || succeeds(&policer_tests::daemon::policer_in(&sb.rx_ns, &["check", "--config", config.to_str().unwrap()]));
+    assert!(check().contains("ok: 5 rules"), "{}\n{written}", check());
+    assert!(d.stop_with(libc::SIGTERM), "{}", d.stdout());
+
+    let _d = attach(&sb, &config);
+    let all = rules(&sb);
+    assert_eq!(rule(&all, "10.77.0.0/16").map(|r| r["action"].clone()), Some("deny".into()), "{all}");
+    assert_eq!(ban_count(&sb), 2, "{all}");
+    assert!(check().contains("ok: 5 rules"), "{}", check());
+}
+
+/// Issue 41, point 5: a writer killed mid-file. A cut that lifts three
+/// denies (valid TOML, an ordinary change: 4 of 12 rules go) and one that
+/// leaves `burst = 1` of `burst = 100`, each closed without its final
+/// newline: neither is followed, the kernel keeps the rules in force (the
+/// deny still drops real frames), each is logged once, and the whole file
+/// written back is applied. An explicit `policer reload` of such an
+/// ordinary change applies it (the operator says the file is finished).
+#[test]
+fn a_followed_cut_file_without_its_newline_changes_nothing() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfgcut2");
+    let dir = Dir::new("cut2");
+    let config = dir.path.join("policer.toml");
+    let mut whole = CONFIG.to_string();
+    for i in 1..=5 {
+        whole.push_str(&format!("\n[[rule]]\nprefix = \"198.19.{i}.0/24\"\nrate = \"{i}kpps\"\nburst = 100\n"));
+    }
+    for i in [3, 2, 1, 0] {
+        whole.push_str(&format!("\n[[rule]]\nprefix = \"198.18.{i}.0/24\"\naction = \"deny\"\n"));
+    }
+    whole.push_str("\n[[rule]]\nprefix = \"198.20.0.0/24\"\nrate = \"1kpps\"\nburst = 100\n");
+    std::fs::write(&config, &whole).unwrap();
+    let d = attach(&sb, &config);
+    let n = rules(&sb).as_array().unwrap().len();
+    assert_eq!(n, 12);
+    assert_eq!(denied_through(&sb), 0);
+    let refused = |why: &str| wait_for(|| d.stdout().contains(why), why);
+
+    // Cut after the first deny: the three after it (198.18.0.0/24 with
+    // them) would be lifted.
+    let lifts = whole.find("action = \"deny\"").unwrap() + "action = \"deny\"".len();
+    std::fs::write(&config, &whole[..lifts]).unwrap();
+    refused("does not end with a newline");
+    assert_eq!(rules(&sb).as_array().unwrap().len(), n, "the cut lifted denies");
+    assert_eq!(denied_through(&sb), 0, "the cut opened a deny");
+
+    // Cut inside the last value: `burst = 1`.
+    let one = whole.len() - "00\n".len();
+    assert!(whole[..one].ends_with("burst = 1"));
+    std::fs::write(&config, &whole[..one]).unwrap();
+    wait_for(|| d.stdout().matches("does not end with a newline").count() == 2, "the second cut refused");
+    assert_eq!(rule(&rules(&sb), "198.20.0.0/24").unwrap()["burst"], 100, "the cut's burst was applied");
+    // The same cut closed again: not looked at again, not logged again.
+    std::fs::write(&config, &whole[..one]).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(d.stdout().matches("does not end with a newline").count(), 2, "{}", d.stdout());
+
+    // The whole file back, with a change: applied.
+    let edited = whole.replace(
+        "prefix = \"198.20.0.0/24\"\nrate = \"1kpps\"\nburst = 100",
+        "prefix = \"198.20.0.0/24\"\nrate = \"1kpps\"\nburst = 90",
+    );
+    std::fs::write(&config, &edited).unwrap();
+    wait_for(|| rule(&rules(&sb), "198.20.0.0/24").is_some_and(|r| r["burst"] == 90), "the whole file applied");
+    assert_eq!(rules(&sb).as_array().unwrap().len(), n);
+    assert_eq!(denied_through(&sb), 0);
+
+    // An explicit reload of an ordinary change without the newline: applied.
+    std::fs::write(&config, edited.trim_end_matches('\n').replace("burst = 90", "burst = 80")).unwrap();
+    wait_for(|| d.stdout().matches("does not end with a newline").count() == 3, "followed: refused");
+    succeeds(&cli(&sb, &["reload"]));
+    assert_eq!(rule(&rules(&sb), "198.20.0.0/24").unwrap()["burst"], 80);
+}
+
+/// Issue 41, point 10: `max_sources = 4294967295` passed `policer check`
+/// and a reload, and the next start failed with ENOMEM. `check` refuses it
+/// with the bound and what it would take; a size at the bound passes.
+#[test]
+fn check_refuses_a_max_sources_no_start_can_load() {
+    let dir = Dir::new("maxsrc");
+    std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.path.join("big.toml");
+    std::fs::write(&file, CONFIG.replace("[daemon]\n", "[daemon]\nmax_sources = 4294967295\n")).unwrap();
+    let out = check_as_nobody(&file, false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("daemon.max_sources must be 1 ..= 16777216") && err.contains("4294967295 would take 720896 MiB"),
+        "{err}"
+    );
+    std::fs::write(&file, CONFIG.replace("[daemon]\n", "[daemon]\nmax_sources = 16777216\n")).unwrap();
+    let out = check_as_nobody(&file, false);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

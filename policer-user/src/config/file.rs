@@ -49,10 +49,45 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Whether the file ends with a newline, as every editor and tool
-    /// writes it and a write cut short almost never leaves it: the rule a
-    /// reload that removes most rules or every ban must pass.
+    /// writes it and a write cut short almost never leaves it.
     pub fn ends_with_newline(&self) -> bool {
         matches!(&self.seen, Seen::Text(t) if t.ends_with('\n'))
+    }
+
+    /// Refuses a reload of this file that a writer killed mid-file could
+    /// have left (the file at `path`, read whole and valid). A *followed*
+    /// reload (the file was closed after writing or renamed into place,
+    /// which a killed writer's file is too) needs the file to end as a
+    /// whole file does: with a newline, so a cut inside a line (`burst =
+    /// 1` of `burst = 100`, half a rule) is never applied. Any reload that
+    /// is `drastic` (what it would do: remove most rules, lift every ban)
+    /// needs it too. An explicit `policer reload` or SIGHUP of an ordinary
+    /// change does not: the operator says the file is finished (a killed
+    /// writer sends no reload).
+    ///
+    /// A cut exactly at a line's end leaves a shorter file that ends as a
+    /// whole one does; it is applied only if valid as a whole (a rule cut
+    /// before its `rate` is not), and one that removes most rules or every
+    /// ban is logged loudly. Nothing in the bytes tells it from a file
+    /// written that way.
+    pub fn check_whole(&self, path: &Path, followed: bool, drastic: Option<&str>) -> Result<()> {
+        if self.ends_with_newline() || matches!(self.seen, Seen::Missing) {
+            return Ok(());
+        }
+        let path = path.display();
+        match (drastic, followed) {
+            (Some(what), _) => Err(Error::Invalid(format!(
+                "{path} would {what}, and it does not end with a newline, as a file cut short by an interrupted \
+                 write would not (an editor's save always ends with one); nothing changed: if the file is whole, \
+                 end it with a newline"
+            ))),
+            (None, true) => Err(Error::Invalid(format!(
+                "{path} does not end with a newline, as a file cut short by an interrupted write would not (an \
+                 editor's save always ends with one); nothing changed: if the file is whole, end it with a newline \
+                 (or apply it as it is with `policer reload`)"
+            ))),
+            (None, false) => Ok(()),
+        }
     }
 }
 

@@ -1545,3 +1545,52 @@ mod splice_props {
         }
     }
 }
+
+/// Issue 41, point 5: a writer killed mid-file leaves a file cut at any
+/// byte, closed as if finished. The shipped config (its examples in force)
+/// cut at every byte: no cut that ends inside a line is taken by a
+/// followed reload, though many of them are valid TOML and valid rules
+/// (`burst = 1` of `burst = 100`, a rule's last key gone: what the rule
+/// before this one, for drastic reloads only, let through); a cut at a
+/// line's end is taken exactly when it is a valid whole file, the
+/// documented rule (nothing in its bytes tells it from a file written
+/// that way). An explicit reload of an ordinary change still takes a valid
+/// file without the newline; a drastic one never does.
+#[test]
+fn a_cut_file_is_followed_only_if_it_ends_as_a_whole_file_does() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("policer.toml");
+    let whole = EXAMPLE.as_bytes();
+    fs::write(&p, whole).unwrap();
+    let (f, _) = ConfigFile::open(&p).unwrap();
+    let (mut taken, mut valid_mid_line) = (0, 0);
+    for cut in 0..=whole.len() {
+        let bytes = &whole[..cut];
+        let followed = f.snapshot(Some(bytes.to_vec())).and_then(|s| s.check_whole(&p, true, None));
+        let at_line_end = bytes.ends_with(b"\n");
+        let valid = std::str::from_utf8(bytes).is_ok_and(|t| super::Config::parse(t, &p).is_ok());
+        if at_line_end {
+            assert_eq!(followed.is_ok(), valid, "the cut at byte {cut}, at a line's end");
+            taken += usize::from(valid);
+        } else {
+            assert!(
+                followed.is_err(),
+                "the cut at byte {cut}, inside a line, was followed:\n{}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        if !at_line_end && valid {
+            valid_mid_line += 1;
+            let snap = f.snapshot(Some(bytes.to_vec())).unwrap();
+            let e = snap.check_whole(&p, true, None).unwrap_err().to_string();
+            assert!(e.contains("does not end with a newline") && e.contains("nothing changed"), "{e}");
+            assert!(snap.check_whole(&p, false, None).is_ok(), "an explicit reload of an ordinary change");
+            assert!(snap.check_whole(&p, false, Some("lift every ban (1)")).is_err(), "a drastic one");
+        }
+    }
+    assert!(valid_mid_line > 50, "only {valid_mid_line} valid cuts inside a line: the test tests little");
+    assert!(taken > 5, "{taken}");
+    // The whole file is followed, and so is one without a file (nothing to read).
+    assert!(f.snapshot(Some(whole.to_vec())).and_then(|s| s.check_whole(&p, true, None)).is_ok());
+    assert!(f.snapshot(None).and_then(|s| s.check_whole(&p, true, None)).is_ok());
+}

@@ -7,9 +7,11 @@
 //! the file's name being *finished*: closed after writing
 //! (`IN_CLOSE_WRITE`), renamed into place (an editor's or `install`'s
 //! rename, the kubelet's `..data` swap), created as a symlink, or removed.
-//! A writer killed midway also closes the file, so the owner's reload adds
-//! a second guard: a reload that would remove most rules or every ban
-//! needs the file to end with a newline (see `ruleset.rs`).
+//! A writer killed midway also closes the file, so a followed reload adds
+//! a second guard: the file must end as a whole file does, with a newline
+//! (`Snapshot::check_whole` in `config/file.rs`, which says what a cut at
+//! a line's end leaves). A file refused is logged once and looked at again
+//! when it changes.
 //!
 //! **Which names.** Every symlink on the way from the config's path to the
 //! file is resolved, and the directory holding each link and the file is

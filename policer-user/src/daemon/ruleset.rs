@@ -1031,9 +1031,15 @@ impl Daemon {
     /// file must not lift it. The file is read once: what is judged is what
     /// a refusal remembers.
     pub(super) fn reload(&mut self, discard_runtime: bool) -> Result<String> {
+        self.reload_as(discard_runtime, false)
+    }
+
+    /// [`reload`](Self::reload); `followed`: the follower asks, so the file
+    /// must end as a whole file does (`Snapshot::check_whole`).
+    fn reload_as(&mut self, discard_runtime: bool, followed: bool) -> Result<String> {
         let bytes = self.file.bytes_on_disk();
         let judged = bytes.as_ref().ok().map(|b| sha256_hex(b.as_deref().unwrap_or_default()));
-        let r = bytes.and_then(|b| self.reload_file(b, discard_runtime));
+        let r = bytes.and_then(|b| self.reload_file(b, discard_runtime, followed));
         // A dry run is no reload: `status` keeps the last real one's.
         if !self.dry() {
             self.reload.record(&r, judged);
@@ -1069,10 +1075,10 @@ impl Daemon {
         if self.reload.refused_sha.as_deref() == Some(now.as_str()) {
             return Ok(String::new());
         }
-        self.reload(false)
+        self.reload_as(false, true)
     }
 
-    fn reload_file(&mut self, bytes: Option<Vec<u8>>, discard_runtime: bool) -> Result<String> {
+    fn reload_file(&mut self, bytes: Option<Vec<u8>>, discard_runtime: bool, followed: bool) -> Result<String> {
         let snap = self.file.snapshot(bytes)?;
         let mut file = snap.rules.clone();
         super::bans::drop_expired(&mut file);
@@ -1098,15 +1104,8 @@ impl Daemon {
         let mut live = before.clone();
         super::bans::drop_expired(&mut live);
         let drastic = diff.drastic(&live, &want);
-        if let Some(what) = &drastic
-            && !snap.ends_with_newline()
-        {
-            return Err(Error::Invalid(format!(
-                "{path} would {what}, and it does not end with a newline, as a file cut short by an interrupted \
-                 write would not (an editor's save always ends with one); nothing changed: if the file is whole, \
-                 end it with a newline"
-            )));
-        }
+        // A file a killed writer cut short: never applied when followed.
+        snap.check_whole(self.file.path(), followed, drastic.as_deref())?;
         let old_protect = self.rs.protect().clone();
         self.rs.set_protect(protect);
         if let Err(e) = self.refuse_protected_entries(&changing) {
