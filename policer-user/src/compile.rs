@@ -4,10 +4,7 @@
 //! manual bans over the rules under them. Which rule a frame gets is told
 //! in [`crate::classes`]; writing the result is [`crate::loader`]'s.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::IpNet;
 use policer_common::{
@@ -232,11 +229,7 @@ fn compile_rules(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> 
         }
         let group = groups.take(*net, &used)?;
         used.insert(group);
-        let mut value = fallback.unwrap_or_else(|| {
-            let mut r = Rule::packets(1, 1).expect("valid");
-            r.action = ACTION_NONE;
-            r
-        });
+        let mut value = fallback.unwrap_or_else(no_rule);
         value.classes = group;
         value.class_protos = chain.iter().fold(0, |m, (c, _)| m | c.proto.map_or(u64::MAX, proto_bit));
         out.prefixes.insert(*net, value);
@@ -245,6 +238,14 @@ fn compile_rules(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> 
     }
     groups.resting = freed;
     Ok(out)
+}
+
+/// The tries' value of a prefix with classes and no class-less rule to
+/// fall back to: a frame of none of its classes gets no rule.
+pub(crate) fn no_rule() -> Rule {
+    let mut r = Rule::packets(1, 1).expect("valid");
+    r.action = ACTION_NONE;
+    r
 }
 
 /// Which frames a chain of classes can match: a protocol with a class that
@@ -343,27 +344,6 @@ fn blocks(mut lo: u32, hi: u32) -> Vec<(u32, u32)> {
         lo += 1 << bits;
     }
     out
-}
-
-/// The rule a frame from `src` gets, by the rules themselves (the
-/// reference the compiled maps are tested against): `None` when no rule
-/// applies.
-pub fn resolve<'a>(rules: &'a [KernelRule], src: IpAddr, f: &FrameL4) -> Option<&'a KernelRule> {
-    let v6 = src.is_ipv6();
-    let mut prefixes: Vec<&IpNet> = rules.iter().map(|r| &r.net).filter(|n| n.contains(&src)).collect();
-    prefixes.sort_by_key(|n| std::cmp::Reverse(n.prefix_len()));
-    prefixes.dedup();
-    for p in prefixes {
-        let mut own: Vec<&KernelRule> = rules.iter().filter(|r| &r.net == p && !r.class.is_none()).collect();
-        own.sort_by(|a, b| b.class.order().cmp(&a.class.order()).then(a.class.cmp(&b.class)));
-        if let Some(r) = own.into_iter().find(|r| r.class.matches(f, v6)) {
-            return Some(r);
-        }
-        if let Some(r) = rules.iter().find(|r| &r.net == p && r.class.is_none()) {
-            return Some(r);
-        }
-    }
-    None
 }
 
 /// The rule the compiled maps give a frame from `src`, looked up as the

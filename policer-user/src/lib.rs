@@ -23,6 +23,7 @@ pub mod prefix;
 pub mod protect;
 pub mod replay;
 pub mod report;
+pub mod resolve;
 pub mod rules;
 pub mod sets;
 pub mod text;

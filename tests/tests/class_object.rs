@@ -24,7 +24,7 @@ use policer_tests::{
     privileged,
     reference::{self, Expect},
 };
-use policer_user::{LoadOptions, Policer, compile::KernelRule};
+use policer_user::{LoadOptions, Policer, compile::KernelRule, resolve::Resolver};
 
 const PASS: u32 = 2;
 const DROP: u32 = 1;
@@ -223,7 +223,7 @@ fn class_frame_table() {
         let f = spec.build(None);
         // The reference resolver agrees with the table (else the row is wrong).
         let Expect::Ip { l4, .. } = reference::parse(&f) else { panic!("{what}: not IP") };
-        let r = policer_user::compile::resolve(&rules, spec.src, &l4).expect("a rule");
+        let r = *Resolver::new(&rules[..], &[], &[]).resolve(spec.src, Some(&l4)).entry().expect("a rule").key;
         assert_eq!(r.rule.counter_slot, *slot, "{what}: the reference resolver picks {} '{}'", r.net, r.class);
         class_hits += u64::from(!r.class.is_none());
         let before = slot_passed_dropped(&p, *slot);

@@ -24,6 +24,7 @@ use policer_tests::{
 use policer_user::{
     LoadOptions, Policer,
     compile::{Groups, KernelRule},
+    resolve::Resolver,
 };
 
 const PASS: u32 = 2;
@@ -471,7 +472,8 @@ fn fuzz_classes_against_the_reference() {
         } else {
             std::net::Ipv4Addr::new(src[0], src[1], src[2], src[3]).into()
         };
-        let r = policer_user::compile::resolve(&rules, addr, &l4).expect("every source has a rule");
+        let r =
+            *Resolver::new(&rules[..], &[], &[]).resolve(addr, Some(&l4)).entry().expect("every source has a rule").key;
         let slot = r.rule.counter_slot;
         want[slot as usize] += 1;
         seen_slots.insert(slot);
