@@ -126,11 +126,6 @@ impl std::fmt::Debug for CrowdsecConfig {
     }
 }
 
-/// The keys of `[crowdsec]`, for messages.
-pub const KEYS: &str = "lapi_url, api_key, api_key_file, update_frequency, origins, scopes, scenarios, scenarios_containing, \
-                        scenarios_not_containing, types, action, set, min_prefix_len_v4, min_prefix_len_v6, \
-                        max_cover_v4, max_cover_v6, publish, machine_id, password, password_file";
-
 /// A parsed `lapi_url`: host, port and the path prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Url {

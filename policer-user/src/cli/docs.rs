@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::CommandFactory;
 
 use super::{Cli, manual};
+use crate::config::schema;
 
 #[derive(clap::Args)]
 pub struct ManArgs {
@@ -162,7 +163,8 @@ fn files_section() -> String {
     t
 }
 
-/// policer.toml(5): every key of every table.
+/// policer.toml(5): every listed key of every table of the config's
+/// [`schema`].
 fn config_page() -> String {
     let mut t = format!(
         ".TH policer.toml 5 \"\" \"policer {}\" \"policer manual\"\n.SH NAME\npolicer.toml \\- the policer \
@@ -177,16 +179,16 @@ fn config_page() -> String {
          check FILE` lists every problem with its line. Unknown keys, wrong types, a prefix and class given twice \
          and classes that could tie are errors.",
     ));
-    for (table, head, when) in manual::CONFIG_TABLES {
-        t.push_str(&format!(".SH \"{}\"\n", esc(head)));
-        t.push_str(&paragraphs(when));
-        for key in manual::CONFIG_KEYS.iter().filter(|k| k.table == *table) {
+    for table in schema::TABLES {
+        t.push_str(&format!(".SH \"{}\"\n", esc(table.header)));
+        t.push_str(&paragraphs(table.help));
+        for key in schema::KEYS.iter().filter(|k| k.table() == table.table && k.listed) {
             t.push_str(&format!(
                 ".TP\n\\fB{}\\fR (\\fI{}\\fR; default: {})\n{}\n",
                 esc(key.key),
                 esc(key.kind),
                 esc(key.default),
-                inline(key.meaning)
+                inline(key.help)
             ));
         }
     }
@@ -463,34 +465,43 @@ mod tests {
         assert!(bad.is_empty(), "options without help: {bad:?}");
     }
 
-    /// policer.toml(5) names every key the config reader takes, and no
-    /// other: the reader's own lists, from its errors for an unknown key.
+    /// policer.toml(5) names every key of every table the file is
+    /// written from (serde's structs, whose fields the schema's test holds
+    /// to the keys the reader takes), and no other: the page's lists,
+    /// read back from the page, against the structs' field names.
     #[test]
     fn the_config_page_has_every_key() {
-        let listed = |toml: &str| -> Vec<String> {
-            let (_, _, problems) = crate::config::Config::check_all(toml, None);
-            let errs: String =
-                problems.into_iter().map(|p| p.message).find(|m| m.contains("keys are")).unwrap_or_default();
-            let keys = errs.split("keys are ").nth(1).unwrap_or_else(|| panic!("{errs}"));
-            keys.split(|c: char| c == ',' || c.is_whitespace())
-                .map(|k| k.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '_'))
-                .filter(|k| !k.is_empty())
-                .take_while(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit()))
-                .map(str::to_string)
-                .collect()
-        };
-        for (table, toml) in [
-            ("daemon", "[daemon]\nzzz = 1\n"),
-            ("rule", "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nzzz = 1\n"),
-            ("set", "[[set]]\nname = \"a\"\nfile = \"a.txt\"\nzzz = 1\n"),
-            ("crowdsec", "[crowdsec]\nzzz = 1\n"),
-        ] {
-            let mut reader = listed(toml);
-            let mut documented: Vec<String> =
-                manual::CONFIG_KEYS.iter().filter(|k| k.table == table).map(|k| k.key.to_string()).collect();
-            reader.sort();
-            documented.sort();
-            assert_eq!(documented, reader, "[{table}]: policer.toml(5) and the reader disagree");
+        use crate::config::schema::{Table, serde_fields};
+        let page = config_page();
+        // `.SH "[[rule]]"` heads a table; `.TP` and `\fBkey\fR (` a key.
+        let mut on_page: Vec<(String, Vec<String>)> = Vec::new();
+        let mut lines = page.lines().peekable();
+        while let Some(line) = lines.next() {
+            if let Some(head) = line.strip_prefix(".SH \"[").and_then(|h| h.strip_suffix("]\"")) {
+                on_page.push((head.trim_matches(['[', ']']).to_string(), Vec::new()));
+            } else if line == ".TP"
+                && let Some((_, keys)) = on_page.last_mut()
+                && let Some(key) = lines.peek().and_then(|l| l.strip_prefix("\\fB")?.split_once("\\fR (").map(|k| k.0))
+            {
+                keys.push(key.replace("\\-", "-"));
+            }
+        }
+        let structs = [
+            (Table::Daemon, serde_fields::<crate::config::DaemonConfig>()),
+            (Table::Rule, serde_fields::<crate::rules::RuleConfig>()),
+            (Table::Set, serde_fields::<crate::config::SetConfig>()),
+            (Table::Crowdsec, serde_fields::<crate::crowdsec::CrowdsecConfig>()),
+        ];
+        let tables: Vec<&str> = on_page.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(tables, ["daemon", "rule", "set", "crowdsec"], "the page's tables");
+        for ((name, mut keys), (table, fields)) in on_page.into_iter().zip(structs) {
+            assert_eq!(name, table.name());
+            // `ttl` is on the wire only: a file may not hold it.
+            let mut fields: Vec<String> =
+                fields.into_iter().filter(|f| !(table == Table::Rule && *f == "ttl")).map(str::to_string).collect();
+            keys.sort();
+            fields.sort();
+            assert_eq!(keys, fields, "[{name}]: policer.toml(5) and the config's struct disagree");
         }
     }
 }

@@ -21,6 +21,9 @@
 //! ```
 //!
 //! - [`Config`]: parsing and strict validation (unknown keys refused).
+//! - [`schema`]: every key of every table, with its kind, default and
+//!   help: what the reader (`read.rs`) dispatches on and what
+//!   policer.toml(5) lists.
 //! - [`ConfigFile`] (`file.rs`): what the daemon holds; changes the file the
 //!   operator wrote (`edit.rs`: comments and layout kept) and refuses to
 //!   overwrite a hand edit not yet reloaded.
@@ -32,6 +35,7 @@ mod edit;
 mod file;
 mod lex;
 mod read;
+pub mod schema;
 mod splice;
 mod write;
 

@@ -8,10 +8,15 @@
 //! toml's spanned tree (with its recovery from syntax errors: all of them
 //! are reported), and each key is checked here against what it may hold.
 //! The derive stays for the wire and for writing the file.
+//!
+//! Which keys a table holds is [`schema`]'s to say: each key is looked up
+//! there (not found: unknown, and the message lists the table's keys from
+//! there) and read by its [`Field`].
 
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use super::schema::{self, CrowdsecField as C, DaemonField as D, Field, RuleField as R, SetField as S, Shared, Table};
 use super::{Config, DaemonConfig, Problem, SetConfig};
 use crate::rules::{BurstValue, PortValue, RuleConfig};
 
@@ -73,13 +78,13 @@ pub(super) fn read(text: &str) -> Read {
     let mut set_origins = Vec::new();
     let mut crowdsec_line = None;
     for (key, value) in root.get_ref().iter() {
-        match &**key.get_ref() {
-            "daemon" => {
+        match Table::named(key.get_ref()) {
+            Some(Table::Daemon) => {
                 if let Some(d) = r.daemon(value) {
                     config.daemon = d;
                 }
             }
-            "rule" => {
+            Some(Table::Rule) => {
                 let example = "[[rule]] with prefix = \"10.0.0.0/8\" and its keys below";
                 for (origin, item, broken) in r.tables("rule", value, example, &syntax) {
                     if let Some(rule) = r.rule(origin, item)
@@ -90,7 +95,7 @@ pub(super) fn read(text: &str) -> Read {
                     }
                 }
             }
-            "set" => {
+            Some(Table::Set) => {
                 let example = "[[set]] with name = \"blocklist\" and file = \"blocklist.txt\" below";
                 for (origin, item, broken) in r.tables("set", value, example, &syntax) {
                     let Some(set) = r.set(origin, item).filter(|_| !broken) else { continue };
@@ -110,20 +115,20 @@ pub(super) fn read(text: &str) -> Read {
                     set_origins.push(origin);
                 }
             }
-            "crowdsec" => {
+            Some(Table::Crowdsec) => {
                 if let Some(c) = r.crowdsec(value) {
                     config.crowdsec = Some(c);
                     crowdsec_line = Some(r.table_line(value));
                 }
             }
-            other => {
+            None => {
                 let at = r.line(key.span());
                 r.push(
                     Some(at),
                     format!(
                         "unknown key `{}`: the file holds a [daemon] table, [[rule]] and [[set]] tables and a \
                          [crowdsec] table",
-                        crate::text::escaped(other)
+                        crate::text::escaped(key.get_ref())
                     ),
                 );
             }
@@ -296,8 +301,21 @@ impl Reader {
         let place = Place::Daemon;
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
-            let good = match key {
-                "interfaces" => match v.get_ref() {
+            let Some(Field::Daemon(field)) = schema::find(Table::Daemon, key).map(|k| k.field) else {
+                let at = self.line(k.span());
+                self.push(
+                    Some(at),
+                    format!(
+                        "daemon: unknown key `{}`; the keys are {}",
+                        crate::text::escaped(key),
+                        schema::listed(Table::Daemon)
+                    ),
+                );
+                ok = false;
+                continue;
+            };
+            let good = match field {
+                D::Interfaces => match v.get_ref() {
                     DeValue::Array(a) if a.iter().all(|i| matches!(i.get_ref(), DeValue::String(_))) => {
                         d.interfaces = a
                             .iter()
@@ -313,7 +331,7 @@ impl Reader {
                         false
                     }
                 },
-                "mode" => {
+                D::Mode => {
                     let m = match v.get_ref() {
                         DeValue::String(s) => <crate::loader::Mode as clap::ValueEnum>::from_str(s, false).ok(),
                         _ => None,
@@ -324,7 +342,7 @@ impl Reader {
                     d.mode = m;
                     m.is_some()
                 }
-                "max_sources" => {
+                D::MaxSources => {
                     let n = unsigned(v.get_ref(), u32::MAX.into());
                     if n.is_none() {
                         self.bad(place, key, v, "a number of sources", "max_sources = 1048576 (at most 4294967295)");
@@ -332,7 +350,7 @@ impl Reader {
                     d.max_sources = n.map(|n| n as u32);
                     n.is_some()
                 }
-                "max_rules" => {
+                D::MaxRules => {
                     let n = unsigned(v.get_ref(), u32::MAX.into());
                     if n.is_none() {
                         self.bad(
@@ -346,7 +364,7 @@ impl Reader {
                     d.max_rules = n.map(|n| n as u32);
                     n.is_some()
                 }
-                "protect" => match v.get_ref() {
+                D::Protect => match v.get_ref() {
                     DeValue::Array(a) if a.iter().all(|i| matches!(i.get_ref(), DeValue::String(_))) => {
                         let list: Vec<String> = a
                             .iter()
@@ -376,17 +394,6 @@ impl Reader {
                         false
                     }
                 },
-                other => {
-                    let at = self.line(k.span());
-                    self.push(
-                        Some(at),
-                        format!(
-                            "daemon: unknown key `{}`; the keys are interfaces, mode, max_sources, max_rules, protect",
-                            crate::text::escaped(other)
-                        ),
-                    );
-                    false
-                }
             };
             ok &= good;
         }
@@ -402,6 +409,19 @@ impl Reader {
         let mut url = false;
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
+            let Some(Field::Crowdsec(field)) = schema::find(Table::Crowdsec, key).map(|k| k.field) else {
+                let at = self.line(k.span());
+                self.push(
+                    Some(at),
+                    format!(
+                        "crowdsec: unknown key `{}`; the keys are {}",
+                        crate::text::escaped(key),
+                        schema::listed(Table::Crowdsec)
+                    ),
+                );
+                ok = false;
+                continue;
+            };
             let bad = |r: &mut Reader, is_not: &str, write: &str| {
                 let at = r.line(v.span());
                 r.push(Some(at), format!("crowdsec.{key}: {} is not {is_not}; write {write}", shown(v.get_ref())));
@@ -422,63 +442,74 @@ impl Reader {
                 ),
                 _ => None,
             };
-            let good = match key {
-                "lapi_url" | "api_key" | "api_key_file" | "update_frequency" | "action" | "set" | "machine_id"
-                | "password" | "password_file" => match text {
-                    Some(s) if key == "lapi_url" => {
+            let good = match field {
+                C::LapiUrl
+                | C::ApiKey
+                | C::ApiKeyFile
+                | C::UpdateFrequency
+                | C::Action
+                | C::Set
+                | C::MachineId
+                | C::Password
+                | C::PasswordFile => match text {
+                    Some(s) if field == C::LapiUrl => {
                         url = true;
                         c.lapi_url = s;
                         true
                     }
                     Some(s) => {
-                        *match key {
-                            "api_key" => &mut c.api_key,
-                            "api_key_file" => &mut c.api_key_file,
-                            "update_frequency" => &mut c.update_frequency,
-                            "action" => &mut c.action,
-                            "set" => &mut c.set,
-                            "machine_id" => &mut c.machine_id,
-                            "password" => &mut c.password,
+                        *match field {
+                            C::ApiKey => &mut c.api_key,
+                            C::ApiKeyFile => &mut c.api_key_file,
+                            C::UpdateFrequency => &mut c.update_frequency,
+                            C::Action => &mut c.action,
+                            C::Set => &mut c.set,
+                            C::MachineId => &mut c.machine_id,
+                            C::Password => &mut c.password,
                             _ => &mut c.password_file,
                         } = Some(s);
                         true
                     }
                     // A secret's value is never quoted back.
-                    None if key == "api_key" || key == "password" => {
+                    None if matches!(field, C::ApiKey | C::Password) => {
                         let at = self.line(v.span());
                         self.push(Some(at), format!("crowdsec.{key}: not a string; write {key} = \"...\""));
                         false
                     }
                     None => bad(self, "a string", &format!("{key} = \"...\"")),
                 },
-                "origins" | "scopes" | "scenarios" | "scenarios_containing" | "scenarios_not_containing" | "types" => {
-                    match list {
-                        Some(l) => {
-                            *match key {
-                                "origins" => &mut c.origins,
-                                "scopes" => &mut c.scopes,
-                                "scenarios" => &mut c.scenarios,
-                                "scenarios_containing" => &mut c.scenarios_containing,
-                                "scenarios_not_containing" => &mut c.scenarios_not_containing,
-                                _ => &mut c.types,
-                            } = l;
-                            true
-                        }
-                        None => bad(self, "a list of strings", &format!("{key} = [\"...\"]")),
+                C::Origins
+                | C::Scopes
+                | C::Scenarios
+                | C::ScenariosContaining
+                | C::ScenariosNotContaining
+                | C::Types => match list {
+                    Some(l) => {
+                        *match field {
+                            C::Origins => &mut c.origins,
+                            C::Scopes => &mut c.scopes,
+                            C::Scenarios => &mut c.scenarios,
+                            C::ScenariosContaining => &mut c.scenarios_containing,
+                            C::ScenariosNotContaining => &mut c.scenarios_not_containing,
+                            _ => &mut c.types,
+                        } = l;
+                        true
                     }
-                }
-                "publish" => match v.get_ref() {
+                    None => bad(self, "a list of strings", &format!("{key} = [\"...\"]")),
+                },
+                C::Publish => match v.get_ref() {
                     DeValue::Boolean(b) => {
                         c.publish = *b;
                         true
                     }
                     _ => bad(self, "true or false", "publish = true"),
                 },
-                "min_prefix_len_v4" | "min_prefix_len_v6" => {
-                    let max = if key.ends_with("v4") { 32 } else { 128 };
+                C::MinPrefixLenV4 | C::MinPrefixLenV6 => {
+                    let v4 = field == C::MinPrefixLenV4;
+                    let max = if v4 { 32 } else { 128 };
                     match unsigned(v.get_ref(), max) {
                         Some(n) => {
-                            if key.ends_with("v4") {
+                            if v4 {
                                 c.min_prefix_len_v4 = Some(n as u8);
                             } else {
                                 c.min_prefix_len_v6 = Some(n as u8);
@@ -488,11 +519,12 @@ impl Reader {
                         None => bad(self, &format!("a prefix length of at most {max}"), &format!("{key} = 8")),
                     }
                 }
-                "max_cover_v4" | "max_cover_v6" => {
-                    let max = if key.ends_with("v4") { 32 } else { 128 };
+                C::MaxCoverV4 | C::MaxCoverV6 => {
+                    let v4 = field == C::MaxCoverV4;
+                    let max = if v4 { 32 } else { 128 };
                     match unsigned(v.get_ref(), max) {
                         Some(n) => {
-                            if key.ends_with("v4") {
+                            if v4 {
                                 c.max_cover_v4 = Some(n as u8);
                             } else {
                                 c.max_cover_v6 = Some(n as u8);
@@ -501,18 +533,6 @@ impl Reader {
                         }
                         None => bad(self, &format!("a prefix length of at most {max}"), &format!("{key} = 7")),
                     }
-                }
-                other => {
-                    let at = self.line(k.span());
-                    self.push(
-                        Some(at),
-                        format!(
-                            "crowdsec: unknown key `{}`; the keys are {}",
-                            crate::text::escaped(other),
-                            crate::crowdsec::KEYS
-                        ),
-                    );
-                    false
                 }
             };
             ok &= good;
@@ -579,12 +599,24 @@ impl Reader {
         let mut total = None;
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
-            let good = match key {
-                "prefix" => true,
-                "rate" | "total_rate" | "burst" | "total_burst" | "action" | "key_len" => {
-                    self.param(place, key, v, &mut r, &mut rate, &mut total)
-                }
-                "icmp_type" => {
+            let Some(Field::Rule(field)) = schema::find(Table::Rule, key).map(|k| k.field) else {
+                let at = self.line(k.span());
+                self.push(
+                    Some(at),
+                    format!(
+                        "{}: unknown key `{}`; a rule's keys are {}",
+                        place.head(),
+                        crate::text::escaped(key),
+                        schema::listed(Table::Rule)
+                    ),
+                );
+                ok = false;
+                continue;
+            };
+            let good = match field {
+                R::Prefix => true,
+                R::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
+                R::IcmpType => {
                     let n = unsigned(v.get_ref(), 255);
                     if n.is_none() {
                         self.bad(place, key, v, "an ICMP type", "icmp_type = 8 (0 to 255)");
@@ -592,7 +624,7 @@ impl Reader {
                     r.icmp_type = n.map(|n| n as u32);
                     n.is_some()
                 }
-                "ban_after" => {
+                R::BanAfter => {
                     let n = unsigned(v.get_ref(), u32::MAX.into()).filter(|n| *n > 0);
                     if n.is_none() {
                         self.bad(place, key, v, "a number of refused frames", "ban_after = 10 (at least 1)");
@@ -600,7 +632,7 @@ impl Reader {
                     r.ban_after = n.map(|n| n as u32);
                     n.is_some()
                 }
-                "dport" => match v.get_ref() {
+                R::Dport => match v.get_ref() {
                     DeValue::Integer(_) => match unsigned(v.get_ref(), 65535) {
                         Some(n) => {
                             r.dport = Some(PortValue::Number(n as u32));
@@ -620,7 +652,7 @@ impl Reader {
                         false
                     }
                 },
-                "proto" => {
+                R::Proto => {
                     r.proto = self.string(
                         place,
                         key,
@@ -630,22 +662,22 @@ impl Reader {
                     );
                     r.proto.is_some()
                 }
-                "tcp_flags" => {
+                R::TcpFlags => {
                     r.tcp_flags = self.string(place, key, v, "a set of TCP flags", "tcp_flags = \"syn,!ack\"");
                     r.tcp_flags.is_some()
                 }
-                "dst" => {
+                R::Dst => {
                     r.dst = self.string(place, key, v, "a destination prefix", "dst = \"192.0.2.0/24\"");
                     r.dst.is_some()
                 }
-                "ban_for" | "ban_max" | "ttl" => {
+                R::BanFor | R::BanMax | R::Ttl => {
                     let write =
                         format!("{key} = \"10m\" (a whole number and a unit: 500ms, 30s, 10m, 1h, 7d; or 1h30m)");
                     match self.string(place, key, v, "a duration", &write) {
                         Some(s) if crate::duration::parse(&s).is_ok() => {
-                            match key {
-                                "ban_for" => r.ban_for = Some(s),
-                                "ban_max" => r.ban_max = Some(s),
+                            match field {
+                                R::BanFor => r.ban_for = Some(s),
+                                R::BanMax => r.ban_max = Some(s),
                                 _ => r.ttl = Some(s),
                             }
                             true
@@ -657,7 +689,7 @@ impl Reader {
                         None => false,
                     }
                 }
-                "expires" => {
+                R::Expires => {
                     let write = "expires = \"2026-11-25T01:02:03Z\" (UTC, quoted)";
                     match self.string(place, key, v, "a time", write) {
                         Some(s) if crate::duration::parse_rfc3339(&s).is_ok() => {
@@ -671,7 +703,7 @@ impl Reader {
                         None => false,
                     }
                 }
-                "ban" => match v.get_ref() {
+                R::Ban => match v.get_ref() {
                     DeValue::Boolean(b) => {
                         r.ban = Some(*b);
                         true
@@ -687,23 +719,9 @@ impl Reader {
                         false
                     }
                 },
-                "reason" => {
+                R::Reason => {
                     r.reason = self.string(place, key, v, "a reason", "reason = \"scanner\"");
                     r.reason.is_some()
-                }
-                other => {
-                    let at = self.line(k.span());
-                    self.push(
-                        Some(at),
-                        format!(
-                            "{}: unknown key `{}`; a rule's keys are prefix, rate, burst, action, key_len, proto, \
-                             dport, tcp_flags, icmp_type, dst, total_rate, total_burst, ban_for, ban_after, \
-                             ban_max, ban, reason, expires",
-                            place.head(),
-                            crate::text::escaped(other)
-                        ),
-                    );
-                    false
                 }
             };
             ok &= good;
@@ -762,9 +780,23 @@ impl Reader {
         let (mut rate, mut total) = (None, None);
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
-            let good = match key {
-                "name" => true,
-                "file" => match v.get_ref() {
+            let Some(Field::Set(field)) = schema::find(Table::Set, key).map(|k| k.field) else {
+                let at = self.line(k.span());
+                self.push(
+                    Some(at),
+                    format!(
+                        "{}: unknown key `{}`; a set's keys are {}",
+                        place.head(),
+                        crate::text::escaped(key),
+                        schema::listed(Table::Set)
+                    ),
+                );
+                ok = false;
+                continue;
+            };
+            let good = match field {
+                S::Name => true,
+                S::File => match v.get_ref() {
                     DeValue::String(f) if !f.is_empty() && !f.contains('\0') => {
                         s.file = f.to_string();
                         true
@@ -780,19 +812,7 @@ impl Reader {
                         false
                     }
                 },
-                "rate" | "burst" | "action" | "key_len" => self.param(place, key, v, &mut r, &mut rate, &mut total),
-                other => {
-                    let at = self.line(k.span());
-                    self.push(
-                        Some(at),
-                        format!(
-                            "{}: unknown key `{}`; a set's keys are name, file, action, rate, burst, key_len",
-                            place.head(),
-                            crate::text::escaped(other)
-                        ),
-                    );
-                    false
-                }
+                S::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
             };
             ok &= good;
         }
@@ -802,25 +822,28 @@ impl Reader {
     }
 
     /// One of the keys a rule and a set share (rate, burst, their totals,
-    /// action, key_len): whether its value is valid, kept in `r`.
+    /// action, key_len), named `key` in the file: whether its value is
+    /// valid, kept in `r`.
+    #[expect(clippy::too_many_arguments, reason = "the key, its value, and the rule and rates read so far")]
     fn param(
         &mut self,
         place: Place<'_>,
+        shared: Shared,
         key: &str,
         v: &Spanned<DeValue<'_>>,
         r: &mut RuleConfig,
         rate: &mut Option<policer_common::rate::Rate>,
         total: &mut Option<policer_common::rate::Rate>,
     ) -> bool {
-        match key {
-            "rate" | "total_rate" => {
+        match shared {
+            Shared::Rate | Shared::TotalRate => {
                 let write = format!(
                     "{key} = \"10kpps\" (packets/s: pps, kpps, mpps) or \"100mbit\" (bits/s: kbit, mbit, gbit)"
                 );
                 match self.string(place, key, v, "a rate", &write) {
                     Some(s) => match policer_common::rate::Rate::parse(&s) {
                         Ok(parsed) => {
-                            if key == "rate" {
+                            if shared == Shared::Rate {
                                 (r.rate, *rate) = (Some(s), Some(parsed));
                             } else {
                                 (r.total_rate, *total) = (Some(s), Some(parsed));
@@ -835,13 +858,13 @@ impl Reader {
                     None => false,
                 }
             }
-            "burst" | "total_burst" => {
+            Shared::Burst | Shared::TotalBurst => {
                 let write = format!("a count like {key} = 50 or a size like {key} = \"64kb\" (with a bit rate)");
                 match v.get_ref() {
                     DeValue::Integer(_) => match unsigned(v.get_ref(), u64::MAX) {
                         Some(n) if n > 0 => {
                             let b = Some(BurstValue::Count(n));
-                            if key == "burst" {
+                            if shared == Shared::Burst {
                                 r.burst = b
                             } else {
                                 r.total_burst = b
@@ -855,7 +878,7 @@ impl Reader {
                     },
                     DeValue::String(s) => {
                         let b = Some(BurstValue::Text(s.to_string()));
-                        if key == "burst" {
+                        if shared == Shared::Burst {
                             r.burst = b
                         } else {
                             r.total_burst = b
@@ -868,7 +891,7 @@ impl Reader {
                     }
                 }
             }
-            "action" => {
+            Shared::Action => {
                 let a = match v.get_ref() {
                     DeValue::String(s) => <policer_common::bucket::Action as clap::ValueEnum>::from_str(s, false).ok(),
                     _ => None,
@@ -879,7 +902,7 @@ impl Reader {
                 r.action = a;
                 a.is_some()
             }
-            "key_len" => {
+            Shared::KeyLen => {
                 let n = unsigned(v.get_ref(), 128);
                 if n.is_none() {
                     self.bad(
@@ -893,7 +916,6 @@ impl Reader {
                 r.key_len = n.map(|n| n as u32);
                 n.is_some()
             }
-            _ => false,
         }
     }
 
