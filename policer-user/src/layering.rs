@@ -1,12 +1,26 @@
-//! No top-level module of a crate uses a module that uses it (issue 27):
-//! a cycle is what let `classes` and `rules` grow into each other, and
-//! what keeps a reader from understanding one without the other.
+//! No module of a crate uses a module that uses it (issues 27 and 42): a
+//! cycle is what let `classes` and `rules` grow into each other, and what
+//! keeps a reader from understanding one without the other. This holds at
+//! every level: among the crate's top-level modules, among `daemon`'s
+//! files (`daemon/sets.rs`, `daemon/serve/`...), among `daemon/serve`'s,
+//! and so on down.
 //!
-//! The check reads the sources, not the compiler's view: every path that
-//! starts at `crate`, `super` or `self` (in `use` lines and in code) is
-//! resolved to the top-level module it names, through the crate root's
-//! `pub use` re-exports. Comments and string literals are skipped. Paths
-//! through other crates do not count.
+//! A use counts at the level where the two modules part: `daemon/sets.rs`
+//! using `daemon/serve/control.rs` is the edge `sets -> serve` among
+//! `daemon`'s children, and `cli/import.rs` using `daemon/owner.rs` is
+//! `cli -> daemon` at the top. A module using its own parent's items
+//! (`super::Daemon` from `daemon/mod.rs`), or a parent using its child,
+//! is not an edge: a parent is the floor its children stand on.
+//!
+//! The check reads the sources, not the compiler's view. Every path that
+//! starts at `crate`, `super` or `self`, and every `use` tree (including
+//! `use child::X` in a parent), is resolved to the module that defines
+//! what it names: module by module, through the `use` lines of each
+//! module on the way (`pub use` or not: a child may name its parent's
+//! private imports) and glob re-exports (`pub use maps::*`). Comments
+//! and string literals are skipped; paths into other crates do not count.
+//! Not followed: names a file brings in with a glob of its parent (`use
+//! super::*` outside tests) and then writes bare, and macros' paths.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -14,8 +28,13 @@ use std::{
     path::{Path, PathBuf},
 };
 
-/// An edge: `from` uses `to`, first seen at `at` (file:line).
-type Edges = BTreeMap<(String, String), String>;
+/// A module's path from the crate root (`["daemon", "serve"]`; the root is
+/// empty).
+type Module = Vec<String>;
+
+/// An edge among the children of `parent`: `(parent, from, to)`, with the
+/// first place it is seen (file:line).
+type Edges = BTreeMap<(Module, String, String), String>;
 
 /// The source with comments, string and char literals blanked (newlines
 /// kept, so line numbers hold).
@@ -156,184 +175,304 @@ fn files(src: &Path) -> Vec<(Vec<String>, PathBuf)> {
     out
 }
 
-/// The crate root's modules and what its `pub use` lines re-export: a name
-/// at the root and the module it comes from. A glob (`pub use maps::*`)
-/// re-exports the `pub` items of that module's file.
-fn root(src: &Path) -> (BTreeSet<String>, BTreeMap<String, String>) {
-    let lib = fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
-    let t = tokens(&code_only(&lib));
-    let word = |i: usize| t.get(i).map_or("", |(s, _)| s.as_str());
-    let (mut mods, mut names) = (BTreeSet::new(), BTreeMap::new());
-    for i in 0..t.len() {
-        if word(i) == "mod" && word(i + 2) == ";" {
-            mods.insert(word(i + 1).to_string());
-        }
-    }
-    for i in 0..t.len() {
-        if !(word(i) == "pub" && word(i + 1) == "use" && mods.contains(word(i + 2)) && word(i + 3) == "::") {
-            continue;
-        }
-        let m = word(i + 2).to_string();
-        // Each item ends at `,`, `}` or `;`; its name is its last word
-        // (`a::B` gives `B`, `B as C` gives `C`).
-        let mut last: Option<&str> = None;
-        for j in i + 4..t.len() {
-            match word(j) {
-                "*" => {
-                    let file = [src.join(format!("{m}.rs")), src.join(&m).join("mod.rs")]
-                        .into_iter()
-                        .find(|p| p.exists())
-                        .expect("the glob's module file");
-                    let ft = tokens(&code_only(&fs::read_to_string(file).expect("module file")));
-                    let item = ["const", "static", "struct", "enum", "union", "fn", "type", "trait", "mod"];
-                    for w in ft.windows(3) {
-                        if w[0].0 == "pub" && item.contains(&w[1].0.as_str()) {
-                            names.insert(w[2].0.clone(), m.clone());
-                        }
-                    }
-                }
-                "," | "}" | ";" => {
-                    if let Some(n) = last.take().filter(|n| *n != "self") {
-                        names.insert(n.to_string(), m.clone());
-                    }
-                }
-                w if w.starts_with(|c: char| c.is_alphabetic() || c == '_') && w != "as" => last = Some(w),
-                _ => {}
-            }
-            if word(j) == ";" {
-                break;
-            }
-        }
-    }
-    (mods, names)
+type Tokens = Vec<(String, usize)>;
+
+fn word(t: &Tokens, i: usize) -> &str {
+    t.get(i).map_or("", |(s, _)| s.as_str())
 }
 
-/// Which top-level module uses which, with where.
-fn edges(src: &Path) -> Edges {
-    let (mods, reexported) = root(src);
-    let top_of = |name: &str| -> Option<String> {
-        if mods.contains(name) { Some(name.to_string()) } else { reexported.get(name).cloned() }
-    };
-    let mut out = Edges::new();
-    for (file_mod, path) in files(src) {
-        let Some(from) = file_mod.first().cloned() else { continue };
-        let t = tokens(&code_only(&fs::read_to_string(&path).expect("source")));
-        let word = |i: usize| t.get(i).map_or("", |(s, _)| s.as_str());
-        // Inline modules (`mod tests { ... }`) change what `super` means.
-        let mut inline: Vec<(String, i32)> = Vec::new();
-        let mut depth = 0;
-        let mut i = 0;
-        while i < t.len() {
-            match word(i) {
-                "{" => depth += 1,
-                "}" => {
-                    depth -= 1;
-                    if inline.last().is_some_and(|(_, d)| *d == depth) {
-                        inline.pop();
-                    }
-                }
-                "mod" if word(i + 2) == "{" => inline.push((word(i + 1).to_string(), depth)),
-                _ => {}
-            }
-            let w = word(i);
-            let starts =
-                matches!(w, "crate" | "super" | "self") && word(i + 1) == "::" && word(i.wrapping_sub(1)) != "::";
-            if !starts || (i > 0 && word(i - 1) == "$") {
+fn is_name(w: &str) -> bool {
+    w.starts_with(|c: char| c.is_alphabetic() || c == '_')
+}
+
+/// One path of a `use` tree or of code, as written: its segments and the
+/// name it brings in (`None` for a glob or a path in code).
+struct Leaf {
+    segs: Vec<String>,
+    name: Option<String>,
+    glob: bool,
+}
+
+/// Reads the path or `use` tree at `i` (`a::b::{c, d::e as f, g::*}`,
+/// `a::B::<T>`) onto `out`, each leaf with its whole path; returns the
+/// index past it.
+fn tree(t: &Tokens, mut i: usize, mut segs: Vec<String>, out: &mut Vec<Leaf>) -> usize {
+    if word(t, i) == "::" {
+        i += 1;
+    }
+    loop {
+        match word(t, i) {
+            "{" => {
                 i += 1;
-                continue;
-            }
-            let mut at: Vec<String> = file_mod.clone();
-            at.extend(inline.iter().map(|(n, _)| n.clone()));
-            let mut j = i;
-            // Leading crate/super/self segments.
-            loop {
-                match word(j) {
-                    "crate" => at.clear(),
-                    "super" => {
-                        at.pop();
+                while i < t.len() && word(t, i) != "}" {
+                    let before = i;
+                    i = tree(t, i, segs.clone(), out);
+                    if word(t, i) == "," || i == before {
+                        i += 1;
                     }
-                    "self" => {}
-                    _ => break,
                 }
-                if word(j + 1) != "::" {
-                    break;
-                }
-                j += 2;
+                return i + 1;
             }
-            let mut named: Vec<String> = Vec::new();
-            if let Some(first) = at.first() {
-                named.push(first.clone());
-            } else if word(j) == "{" {
-                // crate::{a, b::c, d as e}: the first word of each item.
-                let mut d = 0;
-                let mut expect_item = true;
-                while j < t.len() {
-                    match word(j) {
-                        "{" => {
-                            d += 1;
-                            expect_item = d == 1;
-                        }
-                        "}" => {
-                            d -= 1;
-                            if d == 0 {
-                                break;
+            "*" => {
+                out.push(Leaf { segs, name: None, glob: true });
+                return i + 1;
+            }
+            w if is_name(w) => {
+                segs.push(w.to_string());
+                i += 1;
+                let next = word(t, i + 1);
+                if word(t, i) == "::" && (is_name(next) || matches!(next, "{" | "*")) {
+                    i += 1;
+                    continue;
+                }
+                let mut name = w.to_string();
+                if w == "self" && segs.len() > 1 {
+                    // `a::{self, b}`: the module `a` itself.
+                    segs.pop();
+                    name = segs.last().expect("a segment before self").clone();
+                }
+                if word(t, i) == "as" {
+                    name = word(t, i + 1).to_string();
+                    i += 2;
+                }
+                out.push(Leaf { segs, name: Some(name).filter(|n| n != "_"), glob: false });
+                return i;
+            }
+            _ => {
+                if !segs.is_empty() {
+                    out.push(Leaf { segs, name: None, glob: false });
+                }
+                return i;
+            }
+        }
+    }
+}
+
+/// A crate's sources, read once: its modules, what each file defines at
+/// its top level, and the names each brings in with `use`.
+struct Crate {
+    src: PathBuf,
+    files: Vec<(Module, PathBuf, Tokens)>,
+    mods: BTreeSet<Module>,
+    items: BTreeMap<Module, BTreeSet<String>>,
+    /// A module's `use` lines at its top level: a name and its path, as
+    /// written in that module.
+    names: BTreeMap<Module, BTreeMap<String, Vec<String>>>,
+    /// A module's glob `use` lines at its top level (`pub use maps::*`).
+    globs: BTreeMap<Module, Vec<Vec<String>>>,
+}
+
+impl Crate {
+    fn read(src: &Path) -> Crate {
+        let mut c = Crate {
+            src: src.to_path_buf(),
+            files: Vec::new(),
+            mods: BTreeSet::new(),
+            items: BTreeMap::new(),
+            names: BTreeMap::new(),
+            globs: BTreeMap::new(),
+        };
+        for (m, path) in files(src) {
+            let t = tokens(&code_only(&fs::read_to_string(&path).expect("source")));
+            c.mods.insert(m.clone());
+            let (items, names, globs) = (
+                c.items.entry(m.clone()).or_default(),
+                c.names.entry(m.clone()).or_default(),
+                c.globs.entry(m.clone()).or_default(),
+            );
+            let item = ["const", "static", "struct", "enum", "union", "fn", "type", "trait", "mod", "macro_rules"];
+            let mut depth = 0;
+            let mut i = 0;
+            while i < t.len() {
+                match word(&t, i) {
+                    "{" => depth += 1,
+                    "}" => depth -= 1,
+                    "use" if depth == 0 => {
+                        let mut leaves = Vec::new();
+                        i = tree(&t, i + 1, Vec::new(), &mut leaves);
+                        for l in leaves {
+                            if l.glob {
+                                globs.push(l.segs);
+                            } else if let Some(n) = l.name {
+                                names.insert(n, l.segs);
                             }
                         }
-                        "," if d == 1 => expect_item = true,
-                        w if expect_item && d == 1 => {
-                            named.extend(top_of(w));
-                            expect_item = false;
-                        }
-                        _ => {}
+                        continue;
                     }
-                    j += 1;
+                    w if depth == 0 && item.contains(&w) => {
+                        let n = if word(&t, i + 1) == "!" { word(&t, i + 2) } else { word(&t, i + 1) };
+                        if is_name(n) {
+                            items.insert(n.to_string());
+                        }
+                    }
+                    _ => {}
                 }
-            } else {
-                named.extend(top_of(word(j)));
+                i += 1;
             }
-            for to in named {
-                if to != from {
-                    let line = t[i].1;
-                    let rel = path.strip_prefix(src).unwrap_or(&path).display().to_string();
-                    out.entry((from.clone(), to)).or_insert_with(|| format!("{rel}:{line}"));
-                }
-            }
-            i += 1;
+            c.files.push((m, path, t));
         }
+        c
     }
-    out
+
+    /// The module `segs`, written in module `at`, names or lives in, and
+    /// whether every segment was a module; `None` for another crate's path.
+    fn resolve(&self, at: &[String], segs: &[String], depth: usize) -> Option<(Module, bool)> {
+        if depth > 16 {
+            return None;
+        }
+        let mut cur: Module = at.to_vec();
+        let mut k = 0;
+        while let Some(s) = segs.get(k) {
+            match s.as_str() {
+                "crate" if k == 0 => cur.clear(),
+                "super" => {
+                    cur.pop()?;
+                }
+                "self" => {}
+                _ => break,
+            }
+            k += 1;
+        }
+        let relative = k > 0;
+        for (n, s) in segs.iter().enumerate().skip(k) {
+            let mut child = cur.clone();
+            child.push(s.clone());
+            if self.mods.contains(&child) {
+                cur = child;
+                continue;
+            }
+            if self.items.get(&cur).is_some_and(|i| i.contains(s)) {
+                return Some((cur, false));
+            }
+            if let Some(to) = self.names.get(&cur).and_then(|m| m.get(s)) {
+                let (m, whole) = self.resolve(&cur, to, depth + 1)?;
+                if !whole {
+                    return Some((m, false));
+                }
+                // A module brought in by name: go on inside it.
+                let rest: Vec<String> =
+                    std::iter::once("self".to_string()).chain(segs[n + 1..].iter().cloned()).collect();
+                return self.resolve(&m, &rest, depth + 1);
+            }
+            for g in self.globs.get(&cur).into_iter().flatten() {
+                let Some((gm, true)) = self.resolve(&cur, g, depth + 1) else { continue };
+                let mut gchild = gm.clone();
+                gchild.push(s.clone());
+                let has = self.mods.contains(&gchild)
+                    || self.items.get(&gm).is_some_and(|i| i.contains(s))
+                    || self.names.get(&gm).is_some_and(|m| m.contains_key(s));
+                if has {
+                    let rest: Vec<String> =
+                        std::iter::once("self".to_string()).chain(segs[n..].iter().cloned()).collect();
+                    return self.resolve(&gm, &rest, depth + 1);
+                }
+            }
+            if n == 0 && !relative {
+                // A bare first name that is nothing of this module's: a
+                // crate's (`std::...`) or a local one.
+                return None;
+            }
+            return Some((cur, false));
+        }
+        Some((cur, true))
+    }
+
+    /// Which module uses which, at the level where they part, with where.
+    fn edges(&self) -> Edges {
+        let mut out = Edges::new();
+        for (file_mod, path, t) in &self.files {
+            let rel = path.strip_prefix(&self.src).unwrap_or(path).display().to_string();
+            // Inline modules (`mod tests { ... }`) change what `super` means.
+            let mut inline: Vec<(String, i32)> = Vec::new();
+            let mut depth = 0;
+            for i in 0..t.len() {
+                let w = word(t, i);
+                match w {
+                    "{" => depth += 1,
+                    "}" => {
+                        depth -= 1;
+                        if inline.last().is_some_and(|(_, d)| *d == depth) {
+                            inline.pop();
+                        }
+                    }
+                    "mod" if word(t, i + 2) == "{" => inline.push((word(t, i + 1).to_string(), depth)),
+                    _ => {}
+                }
+                let path_start = matches!(w, "crate" | "super" | "self")
+                    && word(t, i + 1) == "::"
+                    && !matches!(word(t, i.wrapping_sub(1)), "::" | "$");
+                let use_start = w == "use";
+                if !path_start && !use_start {
+                    continue;
+                }
+                let mut at: Module = file_mod.clone();
+                at.extend(inline.iter().map(|(n, _)| n.clone()));
+                let mut leaves = Vec::new();
+                tree(t, if use_start { i + 1 } else { i }, Vec::new(), &mut leaves);
+                for l in leaves {
+                    let Some((to, _)) = self.resolve(&at, &l.segs, 0) else { continue };
+                    let k = file_mod.iter().zip(&to).take_while(|(a, b)| a == b).count();
+                    if k < file_mod.len() && k < to.len() {
+                        let key = (file_mod[..k].to_vec(), file_mod[k].clone(), to[k].clone());
+                        out.entry(key).or_insert_with(|| format!("{rel}:{}", t[i].1));
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
-/// Every pair of top-level modules that reach each other, with the first
-/// use each way (a pair is enough to show a cycle of any length: each
-/// module of a longer cycle reaches the others).
-fn cycles(src: &Path) -> Vec<String> {
-    let e = edges(src);
-    let mut next: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (a, b) in e.keys() {
-        next.entry(a).or_default().insert(b);
+/// The name of a level's module, for messages: `daemon/serve`, or
+/// `(crate)` for the top.
+fn level(m: &[String]) -> String {
+    if m.is_empty() { "(crate)".into() } else { m.join("/") }
+}
+
+/// An edge among the children of a level, for messages and the known
+/// list: (level, from, to).
+type Named = (String, String, String);
+
+/// Every edge that closes a circle, with the circle: the edge, then the
+/// shortest way back, each step with where it is seen.
+fn cycles(e: &Edges) -> Vec<(Named, String)> {
+    let mut next: BTreeMap<(&Module, &str), Vec<&str>> = BTreeMap::new();
+    for (p, a, b) in e.keys() {
+        next.entry((p, a.as_str())).or_default().push(b.as_str());
     }
-    let reach = |a: &str| -> BTreeSet<&str> {
-        let (mut seen, mut todo) = (BTreeSet::new(), vec![a]);
-        while let Some(x) = todo.pop() {
-            for y in next.get(x).into_iter().flatten() {
-                if seen.insert(*y) {
-                    todo.push(y);
+    // The shortest way from `a` to `b` among `p`'s children, if any.
+    let way = |p: &Module, a: &str, b: &str| -> Option<Vec<String>> {
+        let mut from: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut todo = std::collections::VecDeque::from([a]);
+        while let Some(x) = todo.pop_front() {
+            if x == b {
+                let mut steps = vec![b.to_string()];
+                let mut y = b;
+                while y != a {
+                    y = from[y];
+                    steps.push(y.to_string());
+                }
+                steps.reverse();
+                return Some(steps);
+            }
+            for y in next.get(&(p, x)).into_iter().flatten() {
+                if *y != a && !from.contains_key(y) {
+                    from.insert(y, x);
+                    todo.push_back(y);
                 }
             }
         }
-        seen
+        None
     };
+    let at = |p: &Module, a: &str, b: &str| e[&(p.clone(), a.to_string(), b.to_string())].clone();
     let mut out = Vec::new();
-    for a in next.keys() {
-        let ra = reach(a);
-        for b in ra.iter().filter(|b| *a < **b) {
-            if reach(b).contains(a) {
-                let via = |x: &str, y: &str| {
-                    e.get(&(x.to_string(), y.to_string())).map_or_else(|| "through others".into(), |s| s.clone())
-                };
-                out.push(format!("{a} -> {b} ({}), {b} -> {a} ({})", via(a, b), via(b, a)));
+    for (p, a, b) in e.keys() {
+        if let Some(back) = way(p, b, a) {
+            let mut s = format!("in {}: {a} -> {b} ({})", level(p), at(p, a, b));
+            for w in back.windows(2) {
+                s += &format!(", {} -> {} ({})", w[0], w[1], at(p, &w[0], &w[1]));
             }
+            out.push(((level(p), a.clone(), b.clone()), s));
         }
     }
     out
@@ -343,10 +482,74 @@ fn crate_src(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name).join("src")
 }
 
+/// The edges of the circles left in `daemon/` when this check came to
+/// its second level (issue 42, point 4), as (level, from, to). The list
+/// only shrinks: an edge here that no longer closes a circle fails the
+/// test until it is taken off; an edge not here that closes one fails it.
+const KNOWN: &[(&str, &str, &str)] = &[
+    ("daemon", "bans", "crowdsec"),
+    ("daemon", "capture", "serve"),
+    ("daemon", "capture", "views"),
+    ("daemon", "crowdsec", "owner"),
+    ("daemon", "crowdsec", "sets"),
+    ("daemon", "crowdsec", "views"),
+    ("daemon", "dryrun", "owner"),
+    ("daemon", "dryrun", "sets"),
+    ("daemon", "owner", "dryrun"),
+    ("daemon", "owner", "sets"),
+    ("daemon", "owner", "views"),
+    ("daemon", "ruleset", "bans"),
+    ("daemon", "ruleset", "sets"),
+    ("daemon", "serve", "capture"),
+    ("daemon", "serve", "dryrun"),
+    ("daemon", "serve", "owner"),
+    ("daemon", "serve", "sets"),
+    ("daemon", "serve", "views"),
+    ("daemon", "sets", "dryrun"),
+    ("daemon", "sets", "ruleset"),
+    ("daemon", "sets", "views"),
+    ("daemon", "views", "bans"),
+    ("daemon", "views", "capture"),
+    ("daemon", "views", "sets"),
+];
+
+/// What fails the check of the crate at `src`: the circles an edge not
+/// in `known` closes (the edge, then the way back), and the edges of
+/// `known` that no longer close one.
+fn verdict(src: &Path, known: &[(&str, &str, &str)]) -> (Vec<String>, Vec<String>) {
+    let c = cycles(&Crate::read(src).edges());
+    let is_known = |(p, a, b): &Named| known.contains(&(p.as_str(), a.as_str(), b.as_str()));
+    let new = c.iter().filter(|(n, _)| !is_known(n)).map(|(_, s)| s.clone()).collect();
+    let stale = known
+        .iter()
+        .filter(|(p, a, b)| !c.iter().any(|(n, _)| n == &(p.to_string(), a.to_string(), b.to_string())))
+        .map(|(p, a, b)| format!("in {p}: {a} -> {b}"))
+        .collect();
+    (new, stale)
+}
+
+fn check(name: &str, known: &[(&str, &str, &str)]) {
+    let (new, stale) = verdict(&crate_src(name), known);
+    assert!(new.is_empty(), "module cycles in {name} (an edge, then the way back):\n{}", new.join("\n"));
+    assert!(stale.is_empty(), "these no longer close a circle in {name}: take them off KNOWN:\n{}", stale.join("\n"));
+}
+
 #[test]
-fn no_top_level_module_of_policer_user_uses_one_that_uses_it() {
-    let c = cycles(&crate_src("policer-user"));
-    assert!(c.is_empty(), "top-level module cycles in policer-user:\n{}", c.join("\n"));
+fn no_module_of_policer_user_uses_one_that_uses_it_at_any_level() {
+    check("policer-user", KNOWN);
+}
+
+/// policer-common's modules form layers (its crate doc lists them): none
+/// uses one that uses it either.
+#[test]
+fn no_module_of_policer_common_uses_one_that_uses_it() {
+    check("policer-common", &[]);
+}
+
+/// The program's modules (maps, parse, police...; issue 42, point 6).
+#[test]
+fn no_module_of_policer_ebpf_uses_one_that_uses_it() {
+    check("policer-ebpf", &[]);
 }
 
 #[test]
@@ -363,20 +566,68 @@ fn the_check_finds_a_cycle_through_braces_super_and_reexports() {
     w("b/mod.rs", "mod inner;\n");
     w("b/inner.rs", "fn f() { let _ = super::super::Item; }\n");
     w("c.rs", "pub struct Thing; pub struct Item;\nmod tests { use super::*; }\n");
-    let e = edges(src);
-    let pairs: Vec<(&str, &str)> = e.keys().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let e = Crate::read(src).edges();
+    let pairs: Vec<(&str, &str)> = e.keys().map(|(_, a, b)| (a.as_str(), b.as_str())).collect();
     assert_eq!(pairs, [("a", "b"), ("a", "c"), ("b", "c")], "comments and strings do not count");
-    assert!(cycles(src).is_empty());
+    assert!(e.keys().all(|(p, _, _)| p.is_empty()), "all at the top");
+    assert!(cycles(&e).is_empty());
     w("c.rs", "pub struct Thing; pub struct Item;\nmod tests { fn t() { crate::a::f(); } }\n");
-    let c = cycles(src);
-    assert_eq!(c.len(), 3, "a, b and c all reach each other: {c:?}");
-    assert_eq!(c[1], "a -> c (a.rs:2), c -> a (c.rs:2)");
+    let c = cycles(&Crate::read(src).edges());
+    let closing: Vec<&Named> = c.iter().map(|(n, _)| n).collect();
+    let top = |a: &str, b: &str| ("(crate)".to_string(), a.to_string(), b.to_string());
+    assert_eq!(closing, [&top("a", "b"), &top("a", "c"), &top("b", "c"), &top("c", "a")], "every edge of a, b, c");
+    assert_eq!(c[0].1, "in (crate): a -> b (a.rs:2), b -> c (b/inner.rs:1), c -> a (c.rs:2)");
+    assert_eq!(c[1].1, "in (crate): a -> c (a.rs:2), c -> a (c.rs:2)");
 }
 
-/// policer-common's modules form layers (its crate doc lists them): none
-/// uses one that uses it either.
+/// Issue 42, point 4: a circle among a module's children, or among a
+/// child's children, fails as one at the top does, named at its level
+/// and followed through a parent's imports (private or `pub use`); a
+/// child using its parent, or the parent its child, is no edge; a known
+/// edge is let through, and fails once it no longer closes a circle.
 #[test]
-fn no_top_level_module_of_policer_common_uses_one_that_uses_it() {
-    let c = cycles(&crate_src("policer-common"));
-    assert!(c.is_empty(), "top-level module cycles in policer-common:\n{}", c.join("\n"));
+fn the_check_finds_circles_at_every_level() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path();
+    let w = |p: &str, s: &str| {
+        let p = src.join(p);
+        fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        fs::write(p, s).expect("write");
+    };
+    w("lib.rs", "pub mod d;\npub mod top;\n");
+    w("top.rs", "use crate::d::Z;\n");
+    w("d/mod.rs", "mod x;\nmod y;\nmod z;\npub use z::Z;\nuse self::y::Y;\npub struct Hub(x::X, Y);\n");
+    w("d/x.rs", "use super::{Hub, Z, y};\npub struct X;\nfn f(_: y::Y, _: Hub) {}\n");
+    w("d/y.rs", "pub struct Y;\nfn g() -> super::Z { todo!() }\n");
+    w("d/z/mod.rs", "pub struct Z;\nmod inner;\nmod other;\n");
+    w("d/z/inner.rs", "fn h() { let _ = super::other::O; }\n");
+    w("d/z/other.rs", "pub struct O;\n");
+    let e = Crate::read(src).edges();
+    let named: Vec<String> = e.keys().map(|(p, a, b)| format!("{}: {a} -> {b}", level(p))).collect();
+    assert_eq!(named, ["(crate): top -> d", "d: x -> y", "d: x -> z", "d: y -> z", "d/z: inner -> other"]);
+    assert_eq!(verdict(src, &[]), (vec![], vec![]));
+
+    // A use through the parent's private import closes d: y -> z -> y.
+    w("d/z/other.rs", "pub struct O;\nfn k() { let _ = crate::d::Y; }\n");
+    let (new, stale) = verdict(src, &[]);
+    assert_eq!(
+        new,
+        ["in d: y -> z (d/y.rs:2), z -> y (d/z/other.rs:2)", "in d: z -> y (d/z/other.rs:2), y -> z (d/y.rs:2)"]
+    );
+    assert!(stale.is_empty());
+    assert_eq!(verdict(src, &[("d", "y", "z"), ("d", "z", "y")]), (vec![], vec![]), "known");
+    let (new, _) = verdict(src, &[("d", "z", "y")]);
+    assert_eq!(new.len(), 1, "y -> z is not known: {new:?}");
+
+    // One level down, with `use a::{self}` and `as`.
+    w("d/z/other.rs", "pub struct O;\nuse super::inner::{self as i};\n");
+    let (new, stale) = verdict(src, &[("d", "y", "z"), ("d", "z", "y")]);
+    assert_eq!(
+        new,
+        [
+            "in d/z: inner -> other (d/z/inner.rs:1), other -> inner (d/z/other.rs:2)",
+            "in d/z: other -> inner (d/z/other.rs:2), inner -> other (d/z/inner.rs:1)"
+        ]
+    );
+    assert_eq!(stale, ["in d: y -> z", "in d: z -> y"], "a known edge that no longer closes a circle");
 }

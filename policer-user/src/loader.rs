@@ -314,9 +314,32 @@ pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
     Ok(())
 }
 
+/// Whether a program can be loaded for `n` sources (`what`: the setting,
+/// as the message names it): at least 1, at most [`MAX_SOURCES`], whose
+/// tables take what the kernel must preallocate at a start (said in the
+/// message). A config past it would be applied by a reload and then fail
+/// the next start with ENOMEM: it is refused wherever it is read (the
+/// config's checks call it too; it lives here, where the tables are
+/// sized, as `config` stands on the loader).
+///
+/// [`MAX_SOURCES`]: policer_common::MAX_SOURCES
+pub fn check_max_sources(n: u32, what: &str) -> std::result::Result<(), String> {
+    use policer_common::{MAX_SOURCES, layout::source_tables_bytes};
+    let mib = |n: u32| source_tables_bytes(n).div_ceil(1 << 20);
+    if (1..=MAX_SOURCES).contains(&n) {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} must be 1 ..= {MAX_SOURCES} (the source tables are preallocated in the kernel at a start: \
+         {} MiB at {MAX_SOURCES}; {n} would take {} MiB)",
+        mib(MAX_SOURCES),
+        mib(n)
+    ))
+}
+
 impl Policer {
     pub fn load(opts: &LoadOptions) -> Result<Policer> {
-        crate::config::check_max_sources(opts.max_sources, "--max-sources").map_err(Error::Invalid)?;
+        check_max_sources(opts.max_sources, "--max-sources").map_err(Error::Invalid)?;
         if !(1..=MAX_RULES).contains(&opts.max_rules) {
             return Err(Error::Invalid(format!("--max-rules must be 1 ..= {MAX_RULES}")));
         }

@@ -143,7 +143,7 @@ pub fn ls(name: String, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&v)?);
         return Ok(());
     }
-    super::rule::print_rules(std::slice::from_ref(&v.rule), false)?;
+    super::rule_list::print(std::slice::from_ref(&v.rule), false)?;
     use std::io::Write;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for e in &v.entries {

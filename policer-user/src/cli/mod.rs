@@ -14,6 +14,7 @@ mod manual;
 mod reload;
 mod replay;
 mod rule;
+mod rule_list;
 mod stats;
 mod status;
 mod top;

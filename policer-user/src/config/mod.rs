@@ -56,7 +56,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     error::{Error, Result},
-    loader::Mode,
+    loader::{Mode, check_max_sources},
     rules::{RuleConfig, RuleKey, RuleSpec},
 };
 
@@ -358,27 +358,6 @@ impl Config {
         }
         if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
     }
-}
-
-/// Whether a program can be loaded for `n` sources (`what`: the setting,
-/// as the message names it): at least 1, at most [`MAX_SOURCES`], whose
-/// tables take what the kernel must preallocate at a start (said in the
-/// message). A config past it would be applied by a reload and then fail
-/// the next start with ENOMEM: it is refused wherever it is read.
-///
-/// [`MAX_SOURCES`]: policer_common::MAX_SOURCES
-pub fn check_max_sources(n: u32, what: &str) -> std::result::Result<(), String> {
-    use policer_common::{MAX_SOURCES, layout::source_tables_bytes};
-    let mib = |n: u32| source_tables_bytes(n).div_ceil(1 << 20);
-    if (1..=MAX_SOURCES).contains(&n) {
-        return Ok(());
-    }
-    Err(format!(
-        "{what} must be 1 ..= {MAX_SOURCES} (the source tables are preallocated in the kernel at a start: \
-         {} MiB at {MAX_SOURCES}; {n} would take {} MiB)",
-        mib(MAX_SOURCES),
-        mib(n)
-    ))
 }
 
 /// `message` with the command line's options (`--total-rate`) named as
