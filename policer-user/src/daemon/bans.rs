@@ -11,6 +11,7 @@
 use std::{
     collections::HashMap,
     net::IpAddr,
+    path::Path,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -21,12 +22,13 @@ use std::{
 use ipnet::IpNet;
 use policer_common::{BucketKey, BucketKeyV6, RuleCounters, ban::Ban};
 
-use super::{Daemon, monotonic_ns};
+use super::{audit::Audit, monotonic_ns, ruleset::RuleSet};
 use crate::{
+    config::ConfigFile,
     duration,
     error::{Error, Result},
-    prefix::parse_prefix,
-    rules::{RuleConfig, RuleKey},
+    loader::Policer,
+    rules::{RuleConfig, RuleKey, RuleSpec},
 };
 
 /// How often the automatic bans are read (to log their starts and ends,
@@ -46,10 +48,13 @@ const LOG_LINES_PER_SCAN: usize = 10;
 const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 const CATCH_UP_MAX: Duration = Duration::from_secs(60);
 
-/// What the daemon remembers of automatic bans between scans, and of
-/// expiries its files do not show yet.
+/// The bans' owner: what the daemon remembers of automatic bans between
+/// scans (the program starts them itself, in the `BANS` store), and of
+/// expiries its files do not show yet. Manual bans are rule-set entries
+/// ([`RuleSet`]): a ban is planned here ([`plan_ban`], [`plan_unban`]) and
+/// made by the owner as any change of the rules (`owner.rs`).
 #[derive(Default)]
-pub(super) struct BanLog {
+pub(super) struct Bans {
     /// Bans seen in force: their start and end (program clock, ns).
     seen: HashMap<BucketKeyV6, (u64, u64)>,
     last_scan: Option<Instant>,
@@ -64,13 +69,15 @@ pub(super) struct BanLog {
     file_behind: bool,
     /// Sets that ended whose state file could not be removed: removed
     /// again until it goes.
-    pub(super) set_files_behind: Vec<String>,
+    set_files_behind: Vec<String>,
     last_catch_up: Option<Instant>,
     /// How long after the last catch-up the next is tried (0: at once).
     catch_up_wait: Duration,
     /// The automatic bans' counts, as the last scan found them (shared
     /// with the views).
-    pub(super) tally: Arc<BanTally>,
+    tally: Arc<BanTally>,
+    /// Where automatic bans go to be published (`[crowdsec] publish`).
+    publish: Option<tokio::sync::mpsc::Sender<super::crowdsec::AutoBan>>,
 }
 
 /// The automatic bans' counts the views read (`stats`, `status`,
@@ -192,190 +199,158 @@ pub(super) enum After {
 /// daemon learns of it within a second, when it scans the bans store).
 const AUTO: &str = "the program (automatic ban)";
 
-impl Daemon {
-    /// `policer ban PREFIX --for DURATION [--reason TEXT]`.
-    pub(super) fn ban(&mut self, rc: &RuleConfig, runtime: bool, force: bool) -> Result<String> {
-        if rc.ttl.is_none() {
-            return Err(Error::Invalid(format!("ban {}: a ban needs a duration (--for)", rc.prefix)));
-        }
-        rc.check_reason()?;
-        let mut rc = rc.clone();
-        rc.ban = Some(true);
-        let spec = rc.validate()?;
-        if !force {
-            crate::rules::refuse_everyone(&spec.net, "a ban of")?;
-        }
-        let key = spec.key();
-        let replaced = self.rule_in_force(&key).is_some();
-        self.change(runtime, &[(key.clone(), Some(spec.clone()))])?;
-        self.changed = true;
-        let until = spec.expires.map(duration::rfc3339).unwrap_or_default();
-        let what = if replaced { "ban replaced" } else { "banned" };
-        let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
-        let why = spec.ban().cloned().flatten().map(|r| format!(": {r}")).unwrap_or_default();
-        if !self.dry() {
-            // Said once the ban is in force: in a group, after its write.
-            self.when_written(After::Say(format!("policer: manual ban of {} until {until}{why}", key.net)));
-        }
-        Ok(format!("{what}: {} until {until} ({} from now){note}", key.net, rc.ttl.as_deref().unwrap_or("")))
+/// A manual ban, planned: the edit of the rule set that makes it, what the
+/// change answers, and the log line said once it is in force.
+#[derive(Debug)]
+pub(super) struct BanPlan {
+    pub edit: (RuleKey, Option<RuleSpec>),
+    pub message: String,
+    pub log_line: String,
+}
+
+/// Plans `policer ban PREFIX --for DURATION [--reason TEXT]` (pure): the
+/// ban checked and made a rule-set entry. `in_force`: whether a ban of that
+/// key is in force (as the changes before it leave the rules).
+pub(super) fn plan_ban(
+    rc: &RuleConfig,
+    runtime: bool,
+    force: bool,
+    in_force: impl FnOnce(&RuleKey) -> bool,
+) -> Result<BanPlan> {
+    if rc.ttl.is_none() {
+        return Err(Error::Invalid(format!("ban {}: a ban needs a duration (--for)", rc.prefix)));
+    }
+    rc.check_reason()?;
+    let mut rc = rc.clone();
+    rc.ban = Some(true);
+    let spec = rc.validate()?;
+    if !force {
+        crate::rules::refuse_everyone(&spec.net, "a ban of")?;
+    }
+    let key = spec.key();
+    let replaced = in_force(&key);
+    let until = spec.expires.map(duration::rfc3339).unwrap_or_default();
+    let what = if replaced { "ban replaced" } else { "banned" };
+    let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
+    let why = spec.ban().cloned().flatten().map(|r| format!(": {r}")).unwrap_or_default();
+    let log_line = format!("policer: manual ban of {} until {until}{why}", key.net);
+    let message = format!("{what}: {} until {until} ({} from now){note}", key.net, rc.ttl.as_deref().unwrap_or(""));
+    Ok(BanPlan { edit: (key, Some(spec)), message, log_line })
+}
+
+/// An unban, planned: the manual ban to remove (its key), and the
+/// automatic bans to lift.
+#[derive(Debug, PartialEq)]
+pub(super) struct UnbanPlan {
+    pub net: IpNet,
+    pub manual: Option<RuleKey>,
+    pub autos: Vec<BucketKeyV6>,
+}
+
+/// Plans `policer unban PREFIX` (pure): the manual ban of exactly `net`
+/// (when `manual`: one is in force or in the file), and every automatic
+/// ban in force at `now_ns` among `bans` (the store) of a source in `net`
+/// (or of a source prefix that holds it), but those an unban before it in
+/// the same group lifts already (`pending`). Nothing to lift is an error.
+pub(super) fn plan_unban(
+    net: IpNet,
+    manual: bool,
+    bans: &[(BucketKeyV6, Ban)],
+    now_ns: u64,
+    pending: impl Fn(&BucketKeyV6) -> bool,
+) -> Result<UnbanPlan> {
+    let autos: Vec<BucketKeyV6> = bans
+        .iter()
+        .filter(|(k, b)| b.end_ns > now_ns && key_net(k).is_some_and(|n| overlaps(&n, &net)))
+        .map(|(k, _)| *k)
+        .filter(|k| !pending(k))
+        .collect();
+    if !manual && autos.is_empty() {
+        return Err(Error::Invalid(format!("no ban for {net} (see `policer ban ls`)")));
+    }
+    let manual = manual.then(|| RuleKey::new(net, Default::default(), true));
+    Ok(UnbanPlan { net, manual, autos })
+}
+
+/// The manual bans and rules whose end has come at `now_ms`, as the edits
+/// that remove them (pure).
+pub(super) fn plan_expiry(rs: &RuleSet, now_ms: u64) -> Vec<(RuleKey, Option<RuleSpec>)> {
+    rs.ended(now_ms).into_iter().map(|k| (k, None)).collect()
+}
+
+impl Bans {
+    /// The automatic bans' counts, shared with the views.
+    pub(super) fn tally(&self) -> Arc<BanTally> {
+        self.tally.clone()
     }
 
-    /// `policer unban PREFIX`: the manual ban of exactly that prefix, and
-    /// every automatic ban of a source in it (or of a source prefix that
-    /// holds it). Nothing to lift is an error.
-    pub(super) fn unban(&mut self, prefix: &str, runtime: bool) -> Result<String> {
-        let net = parse_prefix(prefix)?;
-        let key = RuleKey::new(net, Default::default(), true);
-        let manual = self.rule_in_force(&key).is_some() || (!runtime && self.in_file(&key));
-        let now = monotonic_ns();
-        let autos: Vec<BucketKeyV6> = self
-            .policer
-            .reader()
-            .bans()?
-            .into_iter()
-            .filter(|(k, b)| b.end_ns > now && key_net(k).is_some_and(|n| overlaps(&n, &net)))
-            .map(|(k, _)| k)
-            // Not those an unban before it in the same group lifts.
-            .filter(|k| !self.lift_pending(k))
-            .collect();
-        if !manual && autos.is_empty() {
-            return Err(Error::Invalid(format!("no ban for {net} (see `policer ban ls`)")));
-        }
-        let mut parts = Vec::new();
-        if manual {
-            self.change(runtime, &[(key, None)])?;
-            parts.push(format!("lifted the ban of {net}"));
-            self.when_written(After::Say(format!("policer: the manual ban of {net} was lifted")));
-        }
-        // With a manual ban in a group, the automatic ones are lifted with
-        // it, after the group's write: a write that fails lifts neither.
-        let lifted = if self.write_pending() {
-            let n = autos.len() as u64;
-            self.when_written(After::Lift(autos));
-            n
-        } else {
-            self.lift_autos(&autos)?
-        };
-        if lifted > 0 {
-            parts.push(format!("lifted {lifted} automatic ban{}", if lifted == 1 { "" } else { "s" }));
-        }
-        self.changed = true;
-        Ok(parts.join("; "))
+    /// Automatic bans that start go to `tx` (`[crowdsec] publish`).
+    pub(super) fn publish_to(&mut self, tx: tokio::sync::mpsc::Sender<super::crowdsec::AutoBan>) {
+        self.publish = Some(tx);
     }
 
-    /// Lifts the automatic bans `autos`: how many were in force.
-    fn lift_autos(&mut self, autos: &[BucketKeyV6]) -> Result<u64> {
+    /// Whether automatic bans are published (they are then read sooner).
+    pub(super) fn publishing(&self) -> bool {
+        self.publish.is_some()
+    }
+
+    /// Lifts the automatic bans `autos` in `policer`: how many were in force.
+    pub(super) fn lift(&mut self, policer: &mut Policer, autos: &[BucketKeyV6]) -> Result<u64> {
         let mut lifted = 0;
         for k in autos {
-            if self.policer.lift_ban(k)? {
+            if policer.lift_ban(k)? {
                 lifted += 1;
-                self.ban_log.seen.remove(k);
+                self.seen.remove(k);
             }
         }
-        self.ban_log.tally.lifted(lifted);
+        self.tally.lifted(lifted);
         Ok(lifted)
     }
 
-    /// Does what a change left for after its write ([`After`]).
-    pub(super) fn done_after(&mut self, a: After) {
-        match a {
-            After::Say(line) => say!("{line}"),
-            After::Lift(autos) => {
-                if let Err(e) = self.lift_autos(&autos) {
-                    say_err!("policer: lifting {} automatic ban(s) failed: {e}", autos.len());
-                }
-                self.changed = true;
-            }
+    /// An expiry could not be written to the config file, and was made in
+    /// the kernel only: the file is written again until it lands.
+    pub(super) fn file_behind(&mut self) {
+        self.file_behind = true;
+    }
+
+    /// An expiry failed: said once a minute at most.
+    pub(super) fn expiry_failed(&mut self, e: &Error) {
+        if self.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            self.expiry_failed = Some(Instant::now());
+            say_err!("policer: removing expired entries failed (tried again): {e}");
         }
     }
 
-    /// Whether the last tick changed what the views show (then cleared).
-    pub(super) fn take_changed(&mut self) -> bool {
-        std::mem::take(&mut self.changed)
+    /// The state file of the ended set `name` could not be removed: it is
+    /// removed again until it goes.
+    pub(super) fn set_file_behind(&mut self, name: String) {
+        self.set_files_behind.push(name);
     }
 
-    /// The periodic work: expiries, then (once a second) automatic bans.
-    pub(super) fn tick(&mut self) -> Result<()> {
-        self.expire();
-        for m in self.expire_sets(super::unix_now()) {
-            self.audit.record("expiry", &m);
-        }
-        self.catch_up();
-        // Publishing to a fleet: bans travel sooner (they reach the other
-        // nodes within the scan and one poll of theirs).
-        let every = if self.publish.is_some() { SCAN_EVERY_PUBLISHING } else { SCAN_EVERY };
-        if self.ban_log.last_scan.is_none_or(|t| t.elapsed() >= every) {
-            self.ban_log.last_scan = Some(Instant::now());
-            if let Err(e) = self.scan_bans() {
-                log::warn!("reading the automatic bans: {e}");
-            }
-        }
-        Ok(())
+    /// The set `name` is made again: its state file is its own once more.
+    pub(super) fn set_file_back(&mut self, name: &str) {
+        self.set_files_behind.retain(|n| n != name);
     }
 
-    /// Removes rules and manual bans whose expiry has come, in one change
-    /// (kernel and file; the kernel only when the file is read-only).
-    pub(super) fn expire(&mut self) {
-        let now = duration::unix_ms();
-        let due: Vec<RuleKey> = self.rs.ended(now);
-        if due.is_empty() {
-            return;
+    /// Writes what ended but its files still show: the config `file`
+    /// without the rules and bans that ended while it could not be written
+    /// (`rs` holds what is in force), and the removal of ended sets' state
+    /// files in `sets_dir`. Once a second at most, until each lands (a
+    /// restart would skip what ended anyway, but the file is what an
+    /// operator reads). True when the file's rules changed.
+    pub(super) fn catch_up(&mut self, rs: &mut RuleSet, file: &mut ConfigFile, sets_dir: &Path) -> bool {
+        if !self.file_behind && self.set_files_behind.is_empty() {
+            return false;
         }
-        let edit: Vec<(RuleKey, Option<crate::rules::RuleSpec>)> = due.iter().map(|k| (k.clone(), None)).collect();
-        // An end is kept even when the file cannot be written (a full disk):
-        // then in the kernel only, and the next write of the file (or the
-        // next start, which skips what ended) catches up.
-        let r = match self.change(self.file.read_only(), &edit) {
-            Err(e) if !self.file.read_only() => {
-                say_err!(
-                    "policer: writing the config file after an expiry failed ({e}); removed in the kernel only, \
-                     the file is written again until it lands"
-                );
-                let r = self.change(true, &edit);
-                self.ban_log.file_behind |= r.is_ok();
-                r
-            }
-            r => r,
-        };
-        match r {
-            Ok(()) => {
-                self.changed = true;
-                for k in &due {
-                    if k.ban {
-                        self.audit.record("expiry", &format!("the ban of {} ended (expired)", k.net));
-                    } else {
-                        self.audit.record("expiry", &format!("the rule for {k} expired and was removed"));
-                    }
-                }
-            }
-            Err(e) => {
-                if self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-                    self.ban_log.expiry_failed = Some(Instant::now());
-                    say_err!("policer: removing expired entries failed (tried again): {e}");
-                }
-            }
+        let wait = self.catch_up_wait;
+        if self.last_catch_up.is_some_and(|t| t.elapsed() < wait) {
+            return false;
         }
-    }
-
-    /// Writes what ended but its files still show: the config file without
-    /// the rules and bans that ended while it could not be written, and
-    /// the removal of ended sets' state files. Once a second at most,
-    /// until each lands (a restart would skip what ended anyway, but the
-    /// file is what an operator reads).
-    fn catch_up(&mut self) {
-        if !self.ban_log.file_behind && self.ban_log.set_files_behind.is_empty() {
-            return;
-        }
-        let wait = self.ban_log.catch_up_wait;
-        if self.ban_log.last_catch_up.is_some_and(|t| t.elapsed() < wait) {
-            return;
-        }
-        self.ban_log.last_catch_up = Some(Instant::now());
+        self.last_catch_up = Some(Instant::now());
         // Until what is tried here lands: twice the wait, up to a minute.
-        self.ban_log.catch_up_wait = (wait * 2).clamp(CATCH_UP_EVERY, CATCH_UP_MAX);
-        let dir = self.sets_dir.clone();
+        self.catch_up_wait = (wait * 2).clamp(CATCH_UP_EVERY, CATCH_UP_MAX);
         let mut failed = None;
-        self.ban_log.set_files_behind.retain(|name| match crate::sets::remove(&dir, name) {
+        self.set_files_behind.retain(|name| match crate::sets::remove(sets_dir, name) {
             Ok(()) => {
                 say!("policer: the state file of the ended set '{name}' is removed now");
                 false
@@ -386,78 +361,84 @@ impl Daemon {
             }
         });
         if let Some(e) = failed
-            && self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+            && self.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
         {
-            self.ban_log.expiry_failed = Some(Instant::now());
+            self.expiry_failed = Some(Instant::now());
             say_err!("policer: removing an ended set's state file failed again (tried again): {e}");
         }
-        if !self.ban_log.file_behind {
-            if self.ban_log.set_files_behind.is_empty() {
-                self.ban_log.catch_up_wait = Duration::ZERO;
+        if !self.file_behind {
+            if self.set_files_behind.is_empty() {
+                self.catch_up_wait = Duration::ZERO;
             }
-            return;
+            return false;
         }
         let now = duration::unix_ms();
-        let mut file = self.rs.file_specs();
-        let before = file.len();
+        let mut specs = rs.file_specs();
+        let before = specs.len();
         // What the kernel still holds is the ordinary expiry's (this tick's
         // or the next); what it does not and has ended, the file's only.
-        file.retain(|k, s| self.rs.rules().contains_key(k) || s.expires.is_none_or(|e| e > now));
-        let ended = before - file.len();
+        specs.retain(|k, s| rs.rules().contains_key(k) || s.expires.is_none_or(|e| e > now));
+        let ended = before - specs.len();
         // Nothing left to write (a reload or a later write took it), or
         // nothing the daemon may write.
-        if ended == 0 || self.file.read_only() {
-            self.ban_log.file_behind = false;
-            self.ban_log.catch_up_wait = Duration::ZERO;
-            return;
+        if ended == 0 || file.read_only() {
+            self.file_behind = false;
+            self.catch_up_wait = Duration::ZERO;
+            return false;
         }
-        match self.file.apply_rules(&file) {
+        match file.apply_rules(&specs) {
             Ok(()) => {
-                self.rs.set_file_rules(file);
-                self.ban_log.file_behind = false;
-                self.ban_log.catch_up_wait = Duration::ZERO;
-                self.changed = true;
+                rs.set_file_rules(specs);
+                self.file_behind = false;
+                self.catch_up_wait = Duration::ZERO;
                 say!(
                     "policer: {} caught up: {ended} expired rules and bans that it still held are removed from it",
-                    self.file.path().display()
+                    file.path().display()
                 );
+                true
             }
             Err(e) => {
-                if self.ban_log.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-                    self.ban_log.expiry_failed = Some(Instant::now());
+                if self.expiry_failed.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    self.expiry_failed = Some(Instant::now());
                     say_err!("policer: writing the config file after an expiry failed again (tried again): {e}");
                 }
+                false
             }
         }
     }
 
-    /// The rule a counter slot belongs to, as text.
-    fn rule_of_slot(&self, slot: u32) -> String {
-        self.rs
-            .rules()
-            .iter()
-            .find(|(_, i)| i.slot == slot)
-            .map_or_else(|| format!("slot {slot}"), |(k, _)| k.to_string())
+    /// Once a second (or sooner when publishing): reads the automatic
+    /// bans ([`scan`](Self::scan)); a failure is a warning.
+    pub(super) fn scan_if_due(&mut self, rs: &RuleSet, policer: &mut Policer, audit: &Audit) {
+        // Publishing to a fleet: bans travel sooner (they reach the other
+        // nodes within the scan and one poll of theirs).
+        let every = if self.publishing() { SCAN_EVERY_PUBLISHING } else { SCAN_EVERY };
+        if self.last_scan.is_none_or(|t| t.elapsed() >= every) {
+            self.last_scan = Some(Instant::now());
+            if let Err(e) = self.scan(rs, policer, audit) {
+                log::warn!("reading the automatic bans: {e}");
+            }
+        }
     }
 
     /// Logs automatic bans that started or ended since the last scan
     /// (bounded), and forgets those past their escalation window.
-    fn scan_bans(&mut self) -> Result<()> {
-        let any_rule = self.rs.rules().values().any(|i| i.spec.auto_ban().is_some());
-        if !any_rule && self.ban_log.seen.is_empty() && self.ban_log.stored == Some(0) {
+    fn scan(&mut self, rs: &RuleSet, policer: &mut Policer, audit: &Audit) -> Result<()> {
+        let any_rule = rs.rules().values().any(|i| i.spec.auto_ban().is_some());
+        if !any_rule && self.seen.is_empty() && self.stored == Some(0) {
             return Ok(());
         }
         let now = monotonic_ns();
-        let bans: Vec<(BucketKeyV6, Ban)> = self.policer.reader().bans()?;
+        let bans: Vec<(BucketKeyV6, Ban)> = policer.reader().bans()?;
         let (mut started, mut ended) = (Vec::new(), Vec::new());
         for (k, b) in &bans {
-            if b.end_ns > now && self.ban_log.seen.get(k).map(|s| s.0) != Some(b.start_ns) {
-                self.ban_log.seen.insert(*k, (b.start_ns, b.end_ns));
+            if b.end_ns > now && self.seen.get(k).map(|s| s.0) != Some(b.start_ns) {
+                self.seen.insert(*k, (b.start_ns, b.end_ns));
                 started.push((*k, *b));
             }
         }
         let live: HashMap<BucketKeyV6, u64> = bans.iter().map(|(k, b)| (*k, b.end_ns)).collect();
-        self.ban_log.seen.retain(|k, (_, end)| {
+        self.seen.retain(|k, (_, end)| {
             // A ban made longer by another start is seen again above.
             let end = live.get(k).copied().unwrap_or(*end);
             if end <= now {
@@ -473,7 +454,7 @@ impl Daemon {
                 let ban = super::crowdsec::AutoBan {
                     net,
                     secs: Duration::from_nanos(b.len_ns).as_secs().max(1),
-                    rule: self.rule_of_slot(b.rule_slot),
+                    rule: rule_of_slot(rs, b.rule_slot),
                     count: b.count,
                 };
                 if tx.try_send(ban).is_err() {
@@ -483,33 +464,38 @@ impl Daemon {
         }
         for (i, (k, b)) in started.iter().enumerate() {
             if i == LOG_LINES_PER_SCAN {
-                self.audit.record(AUTO, &format!("... and {} more automatic bans started", started.len() - i));
+                audit.record(AUTO, &format!("... and {} more automatic bans started", started.len() - i));
                 break;
             }
-            self.audit.record(
+            audit.record(
                 AUTO,
                 &format!(
                     "banned {} for {} (rule {}; ban #{} of this source)",
                     key_text(k),
                     duration::format(Duration::from_nanos(b.len_ns)),
-                    self.rule_of_slot(b.rule_slot),
+                    rule_of_slot(rs, b.rule_slot),
                     b.count
                 ),
             );
         }
         for (i, k) in ended.iter().enumerate() {
             if i == LOG_LINES_PER_SCAN {
-                self.audit.record(AUTO, &format!("... and {} more automatic bans ended", ended.len() - i));
+                audit.record(AUTO, &format!("... and {} more automatic bans ended", ended.len() - i));
                 break;
             }
-            self.audit.record(AUTO, &format!("the automatic ban of {} ended", key_text(k)));
+            audit.record(AUTO, &format!("the automatic ban of {} ended", key_text(k)));
         }
-        let forgotten = self.policer.expire_bans(now)?.len();
-        self.ban_log.stored = Some(bans.len().saturating_sub(forgotten));
+        let forgotten = policer.expire_bans(now)?.len();
+        self.stored = Some(bans.len().saturating_sub(forgotten));
         let (active, stored) = tally_of(&bans, forgotten, now);
-        self.ban_log.tally.scanned(active, stored);
+        self.tally.scanned(active, stored);
         Ok(())
     }
+}
+
+/// The rule a counter slot belongs to, as text.
+fn rule_of_slot(rs: &RuleSet, slot: u32) -> String {
+    rs.rules().iter().find(|(_, i)| i.slot == slot).map_or_else(|| format!("slot {slot}"), |(k, _)| k.to_string())
 }
 
 #[cfg(test)]
@@ -524,6 +510,66 @@ mod tests {
 
     fn ban(end_ns: u64) -> Ban {
         Ban { end_ns, ..Default::default() }
+    }
+
+    fn ban_rc(prefix: &str, ttl: Option<&str>) -> RuleConfig {
+        RuleConfig {
+            prefix: prefix.into(),
+            ttl: ttl.map(Into::into),
+            reason: Some("scan".into()),
+            ..Default::default()
+        }
+    }
+
+    /// A ban is planned as a rule-set entry of its own key (a ban), with
+    /// the answer and log line it will give; a ban with no duration, or of
+    /// everyone without force, is refused before anything is planned.
+    #[test]
+    fn a_ban_is_planned_as_a_rule_set_entry() {
+        let p = plan_ban(&ban_rc("192.0.2.0/24", Some("10m")), false, false, |_| false).unwrap();
+        let (key, spec) = &p.edit;
+        assert!(key.ban);
+        assert_eq!(key.net, "192.0.2.0/24".parse::<IpNet>().unwrap());
+        assert_eq!(spec.as_ref().map(|s| s.key()), Some(key.clone()));
+        assert!(p.message.starts_with("banned: 192.0.2.0/24 until "), "{}", p.message);
+        assert!(p.message.ends_with("(10m from now)"), "{}", p.message);
+        assert!(p.log_line.starts_with("policer: manual ban of 192.0.2.0/24 until "), "{}", p.log_line);
+        assert!(p.log_line.ends_with(": scan"), "{}", p.log_line);
+        let p = plan_ban(&ban_rc("192.0.2.0/24", Some("10m")), true, false, |k| k.ban).unwrap();
+        assert!(p.message.starts_with("ban replaced: "), "{}", p.message);
+        assert!(p.message.ends_with("(runtime only: not written to the config file)"), "{}", p.message);
+        let e = plan_ban(&ban_rc("192.0.2.0/24", None), false, false, |_| false).unwrap_err();
+        assert!(e.to_string().contains("a ban needs a duration"), "{e}");
+        assert!(plan_ban(&ban_rc("0.0.0.0/0", Some("10m")), false, false, |_| false).is_err());
+        assert!(plan_ban(&ban_rc("0.0.0.0/0", Some("10m")), false, true, |_| false).is_ok());
+    }
+
+    /// An unban lifts the automatic bans in force that overlap its prefix,
+    /// not those an unban before it in the group lifts already; with no
+    /// manual ban and none of those, it is refused.
+    #[test]
+    fn an_unban_plans_the_automatic_bans_it_lifts() {
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        // As the program keys an IPv4 source: mapped, in the last 4 bytes.
+        let v4 = |a: [u8; 4]| {
+            let mut addr = [0; 16];
+            addr[12..].copy_from_slice(&a);
+            BucketKeyV6 { addr, key_len: 32 | policer_common::KEY_LEN_V4_MAPPED, class: 0 }
+        };
+        let key = |i: u8| v4([10, 0, 0, i]);
+        let outside = v4([198, 51, 100, 1]);
+        assert_eq!(key_net(&key(1)), Some(net("10.0.0.1/32")));
+        let store = [(key(1), ban(100)), (key(2), ban(100)), (key(3), ban(50)), (outside, ban(100))];
+        let p = plan_unban(net("10.0.0.0/24"), false, &store, 60, |_| false).unwrap();
+        assert_eq!(p, UnbanPlan { net: net("10.0.0.0/24"), manual: None, autos: vec![key(1), key(2)] });
+        let p = plan_unban(net("10.0.0.0/24"), true, &store, 60, |k| *k == key(1)).unwrap();
+        let manual = Some(RuleKey::new(net("10.0.0.0/24"), Default::default(), true));
+        assert_eq!(p, UnbanPlan { net: net("10.0.0.0/24"), manual, autos: vec![key(2)] });
+        // A source prefix that holds the unbanned one is lifted too.
+        let p = plan_unban(net("10.0.0.2/32"), false, &store, 60, |_| false).unwrap();
+        assert_eq!(p.autos, vec![key(2)]);
+        let e = plan_unban(net("10.0.0.0/24"), false, &store, 100, |_| false).unwrap_err();
+        assert_eq!(e.to_string(), "no ban for 10.0.0.0/24 (see `policer ban ls`)");
     }
 
     /// A scan counts the bans in force now, and the entries the store

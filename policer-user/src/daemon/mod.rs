@@ -143,7 +143,8 @@ pub struct Daemon {
     reload: ruleset::ReloadState,
     /// Whether a tick changed the rules (the snapshot is then published).
     changed: bool,
-    ban_log: bans::BanLog,
+    /// Automatic bans and what expiries left to catch up (`bans.rs`).
+    bans: bans::Bans,
     /// Named sets (`rule import`), by name; their entries are in the
     /// tries but not in `compiled`.
     sets: BTreeMap<String, sets::SetState>,
@@ -155,8 +156,6 @@ pub struct Daemon {
     metrics_addr: Option<std::net::SocketAddr>,
     /// `[crowdsec]` as checked at start (its task starts with the server).
     feed: Option<crate::crowdsec::Settings>,
-    /// Where automatic bans go to be published (`[crowdsec] publish`).
-    publish: Option<tokio::sync::mpsc::Sender<crowdsec::AutoBan>>,
     /// The set the feed writes (`[crowdsec] set`): no one else does.
     feed_set: Option<String>,
     /// Set while a `--dry-run` is handled: the change stops before its
@@ -285,13 +284,13 @@ async fn serve(
     let interval = d.interval;
     let reader = d.policer.reader();
     let audit = d.audit.clone();
-    let tally = d.ban_log.tally.clone();
+    let tally = d.bans.tally();
     let (snap_tx, snap_rx) = watch::channel(d.snapshot());
     let feed = d.feed.take();
     let publish_rx = match feed.as_ref().and_then(|f| f.publish.as_ref()) {
         Some(_) => {
             let (tx, rx) = tokio::sync::mpsc::channel(crowdsec::PUBLISH_QUEUE);
-            d.publish = Some(tx);
+            d.bans.publish_to(tx);
             Some(rx)
         }
         None => None,

@@ -16,11 +16,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
     Daemon,
+    bans::{self, After},
     views::{IfaceRef, Snapshot},
 };
 use crate::{
     error::{Error, Result},
-    rules::RuleConfig,
+    rules::{RuleConfig, RuleKey},
 };
 
 /// What the owner is asked to do.
@@ -221,6 +222,123 @@ impl Daemon {
             self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());
         } else {
             self.rs.set_file_rules(rules);
+        }
+    }
+
+    /// `policer ban`: planned in `bans.rs` ([`bans::plan_ban`]), made as a
+    /// change of the rules.
+    fn ban(&mut self, rc: &RuleConfig, runtime: bool, force: bool) -> Result<String> {
+        let plan = bans::plan_ban(rc, runtime, force, |k| self.rule_in_force(k).is_some())?;
+        self.change(runtime, std::slice::from_ref(&plan.edit))?;
+        self.changed = true;
+        if !self.dry() {
+            // Said once the ban is in force: in a group, after its write.
+            self.when_written(After::Say(plan.log_line));
+        }
+        Ok(plan.message)
+    }
+
+    /// `policer unban PREFIX`: the manual ban of exactly that prefix, and
+    /// every automatic ban of a source in it (or of a source prefix that
+    /// holds it), planned in `bans.rs` ([`bans::plan_unban`]). Nothing to
+    /// lift is an error.
+    fn unban(&mut self, prefix: &str, runtime: bool) -> Result<String> {
+        let net = crate::prefix::parse_prefix(prefix)?;
+        let key = RuleKey::new(net, Default::default(), true);
+        let manual = self.rule_in_force(&key).is_some() || (!runtime && self.in_file(&key));
+        let now = super::monotonic_ns();
+        let store = self.policer.reader().bans()?;
+        let plan = bans::plan_unban(net, manual, &store, now, |k| self.lift_pending(k))?;
+        let mut parts = Vec::new();
+        if let Some(key) = plan.manual {
+            self.change(runtime, &[(key, None)])?;
+            parts.push(format!("lifted the ban of {net}"));
+            self.when_written(After::Say(format!("policer: the manual ban of {net} was lifted")));
+        }
+        // With a manual ban in a group, the automatic ones are lifted with
+        // it, after the group's write: a write that fails lifts neither.
+        let lifted = if self.write_pending() {
+            let n = plan.autos.len() as u64;
+            self.when_written(After::Lift(plan.autos));
+            n
+        } else {
+            self.bans.lift(&mut self.policer, &plan.autos)?
+        };
+        if lifted > 0 {
+            parts.push(format!("lifted {lifted} automatic ban{}", if lifted == 1 { "" } else { "s" }));
+        }
+        self.changed = true;
+        Ok(parts.join("; "))
+    }
+
+    /// Does what a change left for after its write ([`After`]).
+    pub(super) fn done_after(&mut self, a: After) {
+        match a {
+            After::Say(line) => say!("{line}"),
+            After::Lift(autos) => {
+                if let Err(e) = self.bans.lift(&mut self.policer, &autos) {
+                    say_err!("policer: lifting {} automatic ban(s) failed: {e}", autos.len());
+                }
+                self.changed = true;
+            }
+        }
+    }
+
+    /// Whether the last tick changed what the views show (then cleared).
+    fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// The periodic work: expiries, then (once a second) automatic bans.
+    fn tick(&mut self) -> Result<()> {
+        self.expire();
+        for m in self.expire_sets(super::unix_now()) {
+            self.audit.record("expiry", &m);
+        }
+        if self.bans.catch_up(&mut self.rs, &mut self.file, &self.sets_dir) {
+            self.changed = true;
+        }
+        self.bans.scan_if_due(&self.rs, &mut self.policer, &self.audit);
+        Ok(())
+    }
+
+    /// Removes rules and manual bans whose expiry has come
+    /// ([`bans::plan_expiry`]), in one change (kernel and file; the kernel
+    /// only when the file is read-only).
+    pub(super) fn expire(&mut self) {
+        let edit = bans::plan_expiry(&self.rs, crate::duration::unix_ms());
+        if edit.is_empty() {
+            return;
+        }
+        // An end is kept even when the file cannot be written (a full disk):
+        // then in the kernel only, and the next write of the file (or the
+        // next start, which skips what ended) catches up.
+        let r = match self.change(self.file.read_only(), &edit) {
+            Err(e) if !self.file.read_only() => {
+                say_err!(
+                    "policer: writing the config file after an expiry failed ({e}); removed in the kernel only, \
+                     the file is written again until it lands"
+                );
+                let r = self.change(true, &edit);
+                if r.is_ok() {
+                    self.bans.file_behind();
+                }
+                r
+            }
+            r => r,
+        };
+        match r {
+            Ok(()) => {
+                self.changed = true;
+                for (k, _) in &edit {
+                    if k.ban {
+                        self.audit.record("expiry", &format!("the ban of {} ended (expired)", k.net));
+                    } else {
+                        self.audit.record("expiry", &format!("the rule for {k} expired and was removed"));
+                    }
+                }
+            }
+            Err(e) => self.bans.expiry_failed(&e),
         }
     }
 

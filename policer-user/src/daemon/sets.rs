@@ -498,7 +498,7 @@ impl Daemon {
         // A state file of this name now is the new set's, not an ended
         // one's still to remove.
         if next.origin == Origin::Saved {
-            self.ban_log.set_files_behind.retain(|n| *n != name);
+            self.bans.set_file_back(&name);
         }
         self.sets.insert(name, next);
         self.changed = true;
@@ -748,7 +748,7 @@ impl Daemon {
         self.changed = true;
         if let Err(e) = sets::remove(&self.sets_dir, &s.header.name) {
             say_err!("policer: set '{}' removed, but not its state file (tried again): {e}", s.header.name);
-            self.ban_log.set_files_behind.push(s.header.name.clone());
+            self.bans.set_file_behind(s.header.name.clone());
         }
         self.sync_fast_path()
     }

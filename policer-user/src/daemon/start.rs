@@ -222,7 +222,7 @@ impl Daemon {
             finished: true,
             reload: super::ruleset::ReloadState::new(),
             changed: false,
-            ban_log: Default::default(),
+            bans: Default::default(),
             audit: Default::default(),
             metrics_addr,
             sets: BTreeMap::new(),
@@ -231,7 +231,6 @@ impl Daemon {
             dry: None,
             group: None,
             feed: s.crowdsec.clone(),
-            publish: None,
         };
         let mut undo = Undo::new(new_prog, maps)?;
         let replaced = sets.replaced.clone();
