@@ -10,8 +10,8 @@ use ipnet::IpNet;
 use policer_common::{
     ACTION_NONE, Rule,
     class::{
-        ClassCand, ClassFilter, ClassList, FrameL4, INDEX_GROUP_BITS, INDEX_PROTO_BITS, MAX_CANDIDATES,
-        MAX_CLASS_GROUPS, RULE_CLASS, index_key,
+        ClassCand, ClassFilter, ClassList, INDEX_GROUP_BITS, INDEX_PROTO_BITS, MAX_CANDIDATES, MAX_CLASS_GROUPS,
+        RULE_CLASS, index_key,
     },
 };
 
@@ -345,6 +345,9 @@ fn blocks(mut lo: u32, hi: u32) -> Vec<(u32, u32)> {
     }
     out
 }
+
+#[cfg(test)]
+use policer_common::class::FrameL4;
 
 /// The rule the compiled maps give a frame from `src`, looked up as the
 /// program does (the tests' model of it): the trie's longest match, then the program's own class

@@ -1,15 +1,14 @@
 //! `--dry-run` of a change (`rule set`, `rule rm`, `rule import`, `ban`,
 //! `reload`): the owner runs the change's own validation and planner in a
 //! mode that stops before anything is written ([`Daemon::preview`]), and
-//! hands back the rules, compiled maps and sets before and after
-//! ([`Preview`]). The connection's task then says what differs ([`diff`],
+//! hands back the rules and sets before and after ([`Preview`]). The connection's task then says what differs ([`diff`],
 //! host-tested) and, off the owner, which sources live in the bucket table
 //! would change verdict ([`judge_live`]): each source's rate measured over
 //! a window, judged under the rule the program's longest-prefix lookup
-//! gives it before and after, with the bucket math of `policer_common`.
+//! gives it before and after (as [`crate::resolve`] answers it), with the bucket math of `policer_common`.
 //! What it can and cannot predict: docs/dry-run.md.
 
-use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use ipnet::IpNet;
 use policer_common::{
@@ -23,6 +22,7 @@ use crate::{
     compile::Compiled,
     control::{DRY_SAMPLE, DryLive, DryRule, DryRuleChange, DryRunView, DrySet, DrySource, FieldChange},
     loader::MapReader,
+    resolve::{By, Resolver, SetList},
     rules::{RuleKey, RuleSpec},
 };
 
@@ -38,22 +38,30 @@ pub(super) struct Capture {
     pub set_changes: Vec<DrySet>,
 }
 
-/// The rules, rule maps and sets as the program would see them: what a
-/// source is judged against.
+/// The rules, sets and protected prefixes as the program would hold
+/// them: what a source is judged against ([`Resolver`]).
 pub(crate) struct World {
     rules: super::Rules,
-    compiled: Compiled,
-    sets: Vec<JudgeSet>,
+    sets: Vec<SetList>,
     protect: Vec<IpNet>,
 }
 
-/// A set as the tries hold it: its value per family, its precedence.
-struct JudgeSet {
-    name: String,
-    v4: Rule,
-    v6: Rule,
-    rank: (u8, std::cmp::Reverse<String>),
-    entries: Arc<Vec<IpNet>>,
+impl World {
+    fn new(rules: super::Rules, sets: &BTreeMap<String, SetState>, protect: &crate::protect::Protect) -> World {
+        let sets = sets
+            .values()
+            .filter_map(|s| {
+                let (v4, v6) = s.values().ok()?;
+                let (name, action, entries) = (s.header.name.clone(), s.spec4.action, s.entries.clone());
+                Some(SetList { name, action, v4, v6, entries })
+            })
+            .collect();
+        World { rules, sets, protect: protect.nets().to_vec() }
+    }
+
+    fn resolver(&self) -> Resolver<'_, super::Rules> {
+        Resolver::new(&self.rules, &self.sets, &self.protect)
+    }
 }
 
 /// What a dry run found on the owner.
@@ -104,40 +112,12 @@ impl Daemon {
             Ok(m) => m,
             Err(e) => return outcome(Err(e)),
         };
-        let before = self.world(self.rs.rules().clone(), self.rs.compiled().clone(), &self.sets, self.rs.protect());
-        let (rules, compiled) = capture.rules.unwrap_or_else(|| (self.rs.rules().clone(), self.rs.compiled().clone()));
+        let before = World::new(self.rs.rules().clone(), &self.sets, self.rs.protect());
+        let rules = capture.rules.map_or_else(|| self.rs.rules().clone(), |(rules, _)| rules);
         let sets = capture.sets.as_ref().unwrap_or(&self.sets);
-        let after = self.world(rules, compiled, sets, self.rs.protect());
+        let after = World::new(rules, sets, self.rs.protect());
         let preview = Preview { verb, message, before, after, set_changes: capture.set_changes };
         Outcome { result: Ok(String::new()), exit: false, counts: None, preview: Some(Box::new(preview)) }
-    }
-
-    fn world(
-        &self,
-        rules: super::Rules,
-        mut compiled: Compiled,
-        sets: &BTreeMap<String, SetState>,
-        protect: &crate::protect::Protect,
-    ) -> World {
-        // The class maps are not judged against (a class bucket is judged
-        // under its own class rule): only the tries are kept.
-        compiled.index.clear();
-        compiled.filters.clear();
-        let sets = sets
-            .values()
-            .filter_map(|s| {
-                let (v4, v6) = s.values().ok()?;
-                let (rank, name) = super::sets::precedence(s.spec4.action, &s.header.name);
-                Some(JudgeSet {
-                    name: s.header.name.clone(),
-                    v4,
-                    v6,
-                    rank: (rank, std::cmp::Reverse(name.0.to_string())),
-                    entries: s.entries.clone(),
-                })
-            })
-            .collect();
-        World { rules, compiled, sets, protect: protect.nets().to_vec() }
     }
 }
 
@@ -225,50 +205,26 @@ const FRAME_BYTES: u32 = 1500;
 
 /// A rule a source falls to, and its name.
 struct Judged {
+    /// The tries' value over the source (before classes).
     rule: Option<Rule>,
+    /// Whether that value has classes (frames are looked up in them).
+    classes: bool,
     label: String,
 }
 
 impl World {
-    /// The rule the program gives a frame from `addr` before classes: the
-    /// longest prefix the tries hold over it, a set entry's value being its
-    /// set of highest precedence, or a manual ban's over it (a protected
-    /// prefix aside). As `policer inspect` finds it in the kernel's tries.
-    fn lookup(&self, addr: IpAddr) -> Judged {
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        for len in (0..=max).rev() {
-            let Ok(net) = IpNet::new(addr, len).map(|n| n.trunc()) else { continue };
-            if let Some(r) = self.compiled.prefixes.get(&net) {
-                return Judged { rule: Some(*r), label: self.label_of(net, r) };
-            }
-            let best =
-                self.sets.iter().filter(|s| s.entries.binary_search(&net).is_ok()).max_by(|a, b| a.rank.cmp(&b.rank));
-            if let Some(s) = best {
-                let protected = self.protect.iter().any(|p| p.contains(&net));
-                let ban = self
-                    .rules
-                    .keys()
-                    .filter(|k| k.ban && k.net.contains(&net))
-                    .max_by_key(|k| k.net.prefix_len())
-                    .and_then(|k| self.compiled.prefixes.get(&k.net).map(|r| (k, r)));
-                if let (false, Some((k, r))) = (protected, ban) {
-                    return Judged { rule: Some(*r), label: k.to_string() };
-                }
-                let r = if addr.is_ipv4() { s.v4 } else { s.v6 };
-                return Judged { rule: Some(r), label: format!("set:{} ({net})", s.name) };
-            }
-        }
-        Judged { rule: None, label: "-".into() }
-    }
-
-    fn label_of(&self, net: IpNet, r: &Rule) -> String {
-        if r.counter_slot == 0 && self.protect.contains(&net) {
-            return format!("protect {net}");
-        }
-        match self.rules.iter().find(|(_, i)| i.slot == r.counter_slot) {
-            Some((k, _)) => k.to_string(),
-            None => net.to_string(),
-        }
+    /// The rule the program gives a frame from `addr` before classes, by
+    /// the resolver (as `policer inspect` finds it in the kernel's tries).
+    fn lookup(&self, r: &Resolver<'_, super::Rules>, addr: IpAddr) -> Judged {
+        let a = r.resolve(addr, None);
+        let label = match (a.by, a.prefix) {
+            (By::Nothing, _) | (_, None) => "-".into(),
+            (By::Protect(p), Some(n)) if p == n => format!("protect {p}"),
+            (By::Protect(_) | By::Classes { fallback: None }, Some(n)) => n.to_string(),
+            (By::Ban(e) | By::Rule(e) | By::Classes { fallback: Some(e) }, _) => e.key.to_string(),
+            (By::Set { set, entry }, _) => format!("set:{} ({entry})", self.sets[set].name),
+        };
+        Judged { rule: a.trie, classes: a.classes(), label }
     }
 
     /// The class rule of counter slot `slot`, and its key.
@@ -338,9 +294,9 @@ fn limited(r: &Rule, b: &Bucket, now_ns: u64) -> bool {
 }
 
 /// Whether two rules judge a source alike (ids and counter slots aside).
-fn alike(a: Option<&Rule>, b: Option<&Rule>) -> bool {
-    let plain = |r: &Rule| (r.action, r.pkt_cost, r.byte_cost, r.limit, r.shift, r.key_len, r.classes != 0);
-    a.map(plain) == b.map(plain)
+fn alike(a: &Judged, b: &Judged) -> bool {
+    let plain = |r: &Rule| (r.action, r.pkt_cost, r.byte_cost, r.limit, r.shift, r.key_len);
+    (a.rule.as_ref().map(plain), a.classes) == (b.rule.as_ref().map(plain), b.classes)
 }
 
 /// Sources whose rate is measured at most: each is read
@@ -401,24 +357,25 @@ fn rate(c: &Cand) -> f64 {
 pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration) -> DryLive {
     let mut live = DryLive { window_ms: window.as_millis() as u64, ..Default::default() };
     let mut cands: Vec<(u64, Cand)> = Vec::new();
+    let (before, after) = (preview.before.resolver(), preview.after.resolver());
     let r = reader.for_each_bucket_read(|k, b, _| {
         live.sources += 1;
         let (addr, source) = source_of(k);
         let (now, after, class) = if k.class == 0 {
-            (preview.before.lookup(addr), preview.after.lookup(addr), "-".to_string())
+            (preview.before.lookup(&before, addr), preview.after.lookup(&after, addr), "-".to_string())
         } else {
             let Some((key, rule)) = preview.before.class_rule(k.class) else { return };
-            let base = preview.after.lookup(addr);
-            let denied = base.rule.is_some_and(|r| r.classes == 0 && r.action == Action::Deny as u32);
+            let base = preview.after.lookup(&after, addr);
+            let denied = !base.classes && base.rule.is_some_and(|r| r.action == Action::Deny as u32);
             let after = match (denied, preview.after.class_rule_of(&key)) {
                 (true, _) => base,
-                (false, Some(r)) => Judged { rule: Some(r), label: key.to_string() },
+                (false, Some(r)) => Judged { rule: Some(r), classes: false, label: key.to_string() },
                 // Its frames fall to a rule only a frame tells.
                 (false, None) => return,
             };
-            (Judged { rule: Some(rule), label: key.to_string() }, after, key.class().to_string())
+            (Judged { rule: Some(rule), classes: false, label: key.to_string() }, after, key.class().to_string())
         };
-        if alike(now.rule.as_ref(), after.rule.as_ref()) {
+        if alike(&now, &after) {
             return;
         }
         let c = Cand { key: *k, source, class, now, after, first: None, last: None, busy: 0, refusing: 0, reads: 0 };
@@ -589,8 +546,8 @@ mod tests {
             key: BucketKey::default(),
             source: String::new(),
             class: String::new(),
-            now: Judged { rule: Some(r), label: String::new() },
-            after: Judged { rule: None, label: String::new() },
+            now: Judged { rule: Some(r), classes: false, label: String::new() },
+            after: Judged { rule: None, classes: false, label: String::new() },
             first: Some((b(3), now)),
             last: Some((b(10), now + 1_000_000_000)),
             busy: 20,

@@ -31,6 +31,8 @@ use crate::{
     error::{Error, Result},
     loader::MapReader,
     netlink,
+    protect::protected_rule,
+    resolve::{self, Answer, By, Cover, Resolver, SetList},
     rules::{RuleKey, RuleSpec},
 };
 
@@ -94,6 +96,25 @@ impl SetRow {
             let n = ipnet::IpNet::new(addr, len).ok()?.trunc();
             self.entries.binary_search(&n).is_ok().then_some(n)
         })
+    }
+}
+
+/// The rules in force as the resolver reads them: the keys of one prefix
+/// are a range of the map (a key orders by prefix first).
+impl crate::resolve::RuleSource for super::Rules {
+    type Key = RuleKey;
+
+    fn nets(&self) -> impl Iterator<Item = ipnet::IpNet> + '_ {
+        self.keys().map(|k| k.net)
+    }
+
+    fn at<'s>(&'s self, net: ipnet::IpNet, out: &mut Vec<crate::resolve::Entry<'s, RuleKey>>) {
+        let first = RuleKey::new(net, crate::classes::Class::default(), false);
+        for (k, i) in self.range(first..).take_while(|(k, _)| k.net == net) {
+            let Ok(value) = i.spec.kernel(i.id) else { continue };
+            let value = value.with_counter_slot(i.slot);
+            out.push(crate::resolve::Entry { net, class: k.class(), value, ban: k.ban, key: k });
+        }
     }
 }
 
@@ -508,19 +529,26 @@ impl Views {
         let snap = self.snap();
         let auto: Vec<(BucketKey, BanView)> =
             self.auto_bans(&self.ban_ls()?)?.into_iter().filter(|(k, _)| key_covers(k, addr)).collect();
-        let (mut v, applied) = self.judge(&snap, addr, frame, &auto)?;
-        v.covering = self.covering(&snap, addr, !frame.is_empty(), &applied, auto)?;
+        let sets = set_lists(&snap);
+        let resolver = Resolver::new(&snap.rules, &sets, &snap.protect);
+        let covers = resolver.covering(addr);
+        let answer = resolver.answer(addr, &covers, None);
+        let (mut v, applied) = self.judge(&snap, addr, frame, &auto, &covers, &answer)?;
+        v.covering = self.covering(&snap, (&resolver, &covers), addr, !frame.is_empty(), &applied, auto)?;
         Ok(v)
     }
 
     /// [`Views::inspect`] but `covering`: the view, and what the program
-    /// applies.
+    /// applies (`covers` and `answer`: the resolver's, which decides a
+    /// manual ban; the rest is read from the program's maps).
     fn judge(
         &self,
         snap: &Snapshot,
         addr: IpAddr,
         frame: &InspectFrame,
         auto: &[(BucketKey, BanView)],
+        covers: &[Cover<'_, RuleKey>],
+        answer: &Answer<'_, RuleKey>,
     ) -> Result<(InspectView, Applied)> {
         let now = monotonic_ns();
         let mut v = InspectView {
@@ -534,18 +562,13 @@ impl Views {
         if frame.is_empty() {
             v.buckets = self.buckets_of(snap, addr)?;
         }
-        // A protected prefix passes its sources over any ban (the tries
-        // hold its allow over the ban's deny: `Protect::apply`).
-        let protected = longest_over(snap.protect.iter(), addr);
+        // The longest protected prefix over the source: it passes its
+        // sources over any ban (`Protect::apply`).
+        let protected = covers.iter().find_map(|c| if let Cover::Protect(p) = c { Some(*p) } else { None });
         // A manual ban over it overrides every rule and set entry under
         // the ban's prefix.
-        if protected.is_none()
-            && let Some((k, _)) = snap
-                .rules
-                .iter()
-                .filter(|(k, _)| k.ban && k.net.contains(&addr))
-                .max_by_key(|(k, _)| k.net.prefix_len())
-        {
+        if let By::Ban(e) = answer.by {
+            let k = e.key;
             let net = k.net.to_string();
             v.ban = self.bans()?.into_iter().find(|b| b.origin == "manual" && b.prefix == net);
             v.rule = Some(k.to_string());
@@ -667,38 +690,41 @@ impl Views {
     fn covering(
         &self,
         snap: &Snapshot,
+        (resolver, covers): (&Resolver<'_, super::Rules>, &[Cover<'_, RuleKey>]),
         addr: IpAddr,
         framed: bool,
         applied: &Applied,
         auto: Vec<(BucketKey, BanView)>,
     ) -> Result<Vec<InspectCover>> {
         let mut cands: Vec<Cand> = Vec::new();
-        for p in snap.protect.iter().filter(|p| p.contains(&addr)) {
-            cands.push(Cand::new(Kind::Protect, *p, format!("protect {p}"), "allow".into()));
-        }
-        let manual = if snap.rules.keys().any(|k| k.ban && k.net.contains(&addr)) { self.bans()? } else { vec![] };
-        for (k, r) in snap.rules.iter().filter(|(k, _)| k.net.contains(&addr)) {
-            let kind = if k.ban { Kind::Ban } else { Kind::Rule };
-            let mut c = Cand::new(kind, k.net, k.to_string(), r.spec.action.to_string());
-            c.slot = Some(r.slot);
-            if k.ban {
-                let net = k.net.to_string();
-                c.cover.action = "deny".into();
-                c.cover.ban = manual.iter().find(|b| b.origin == "manual" && b.prefix == net).cloned();
-            } else {
-                c.cover.class = Some(k.class().to_string());
-                c.class_rule = !k.class().is_none();
-                c.bucket = self.has_bucket(addr, &r.spec, r.slot)?;
-            }
-            cands.push(c);
-        }
-        for s in &snap.sets {
-            let spec = if addr.is_ipv4() { &s.spec4 } else { &s.spec6 };
-            for n in s.entries_over(addr) {
-                let mut c = Cand::new(Kind::Set, n, format!("{} ({n})", s.view.prefix), s.view.action.clone());
-                c.slot = Some(s.slot);
-                c.bucket = self.has_bucket(addr, spec, s.slot)?;
-                cands.push(c);
+        let manual = if covers.iter().any(|c| c.kind() == resolve::Kind::Ban) { self.bans()? } else { vec![] };
+        for c in covers {
+            match c {
+                Cover::Protect(p) => cands.push(Cand::new(Kind::Protect, *p, format!("protect {p}"), "allow".into())),
+                Cover::Ban(e) | Cover::Rule(e) => {
+                    let (k, Some(r)) = (e.key, snap.rules.get(e.key)) else { continue };
+                    let kind = if k.ban { Kind::Ban } else { Kind::Rule };
+                    let mut c = Cand::new(kind, k.net, k.to_string(), r.spec.action.to_string());
+                    c.slot = Some(r.slot);
+                    if k.ban {
+                        let net = k.net.to_string();
+                        c.cover.action = "deny".into();
+                        c.cover.ban = manual.iter().find(|b| b.origin == "manual" && b.prefix == net).cloned();
+                    } else {
+                        c.cover.class = Some(k.class().to_string());
+                        c.class_rule = !k.class().is_none();
+                        c.bucket = self.has_bucket(addr, &r.spec, r.slot)?;
+                    }
+                    cands.push(c);
+                }
+                Cover::Set { set, entry: n } => {
+                    let s = &snap.sets[*set];
+                    let spec = if addr.is_ipv4() { &s.spec4 } else { &s.spec6 };
+                    let mut c = Cand::new(Kind::Set, *n, format!("{} ({n})", s.view.prefix), s.view.action.clone());
+                    c.slot = Some(s.slot);
+                    c.bucket = self.has_bucket(addr, spec, s.slot)?;
+                    cands.push(c);
+                }
             }
         }
         for (k, b) in auto {
@@ -737,12 +763,7 @@ impl Views {
             cover.applies = c.applies(applied, applied_net);
             let more_specific = |a: ipnet::IpNet| format!("{a} is more specific (the longest prefix wins)");
             // The set of highest precedence among those holding `c.net`.
-            let winner = || {
-                snap.sets
-                    .iter()
-                    .filter(|s| s.entries.binary_search(&c.net).is_ok())
-                    .max_by(|a, b| set_precedence(a).cmp(&set_precedence(b)))
-            };
+            let winner = || resolver.set_winner(&c.net).map(|i| &snap.sets[i]);
             cover.why = match (c.kind, applied) {
                 (Kind::Protect, _) if cover.applies => {
                     "a protected prefix (protect in [daemon]): its sources pass whatever rule, set or ban covers them"
@@ -778,7 +799,7 @@ impl Views {
                     }
                 }
                 (Kind::Set, _) if cover.applies => match winner() {
-                    Some(w) if snap.sets.iter().filter(|s| s.entries.binary_search(&c.net).is_ok()).count() > 1 => {
+                    Some(w) if resolver.sets().iter().filter(|s| s.holds(&c.net)).count() > 1 => {
                         format!(
                             "the longest prefix over the source; {} is in several sets and {} wins ({RANK})",
                             c.net, w.view.prefix
@@ -1097,9 +1118,20 @@ impl Cand {
     }
 }
 
-/// The longest of `nets` that holds `addr`.
-fn longest_over<'a>(nets: impl Iterator<Item = &'a ipnet::IpNet>, addr: IpAddr) -> Option<ipnet::IpNet> {
-    nets.filter(|n| n.contains(&addr)).max_by_key(|n| n.prefix_len()).copied()
+/// The snapshot's sets as the resolver takes them, in its order (a
+/// [`Cover::Set`]'s index is the snapshot's).
+fn set_lists(snap: &Snapshot) -> Vec<SetList> {
+    let value = |spec: &RuleSpec, slot| spec.kernel(0).map_or(protected_rule(), |r| r.with_counter_slot(slot));
+    snap.sets
+        .iter()
+        .map(|s| SetList {
+            name: s.view.set.clone().unwrap_or_else(|| s.view.prefix.clone()),
+            action: s.spec4.action,
+            v4: value(&s.spec4, s.slot),
+            v6: value(&s.spec6, s.slot),
+            entries: s.entries.clone(),
+        })
+        .collect()
 }
 
 /// Whether the bucket key `k` is `addr`'s (its family, and `addr` masked
@@ -1112,7 +1144,7 @@ fn key_covers(k: &BucketKey, addr: IpAddr) -> bool {
 
 /// A set's precedence where several hold one prefix (`sets::precedence`).
 fn set_precedence(s: &SetRow) -> (u8, std::cmp::Reverse<&str>) {
-    super::sets::precedence(s.spec4.action, s.view.set.as_deref().unwrap_or(&s.view.prefix))
+    crate::resolve::precedence(s.spec4.action, s.view.set.as_deref().unwrap_or(&s.view.prefix))
 }
 
 /// The set entry the tries hold over `addr` among the sets: the longest,

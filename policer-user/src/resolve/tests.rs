@@ -281,7 +281,7 @@ fn a_frame_falls_through_the_classes_to_the_class_less_rule() {
         rule: Rule::packets(100, 10).unwrap().with_counter_slot(slot),
         ban: false,
     };
-    let rules = vec![
+    let rules = [
         KernelRule { class: Class::default(), ..r("0.0.0.0/0", "udp _ _ _ _", 1) },
         r("10.0.0.0/8", "udp 53 _ _ _", 2),
         r("10.1.0.0/16", "tcp _ syn _ _", 3),
