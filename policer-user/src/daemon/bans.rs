@@ -77,7 +77,17 @@ pub(super) struct Bans {
     /// with the views).
     tally: Arc<BanTally>,
     /// Where automatic bans go to be published (`[crowdsec] publish`).
-    publish: Option<tokio::sync::mpsc::Sender<super::crowdsec::AutoBan>>,
+    publish: Option<tokio::sync::mpsc::Sender<AutoBan>>,
+}
+
+/// An automatic ban for the fleet: its prefix, length and why (what
+/// the ban owner hands `[crowdsec] publish`, `crowdsec.rs`).
+#[derive(Clone, Debug)]
+pub struct AutoBan {
+    pub net: IpNet,
+    pub secs: u64,
+    pub rule: String,
+    pub count: u32,
 }
 
 /// The automatic bans' counts the views read (`stats`, `status`,
@@ -124,17 +134,6 @@ fn tally_of(bans: &[(BucketKeyV6, Ban)], forgotten: usize, now_ns: u64) -> (u64,
     (active as u64, bans.len().saturating_sub(forgotten) as u64)
 }
 
-/// The counter slots of the manual bans among `rules`, sorted: the owner
-/// publishes them with each snapshot (once per change, not per read).
-pub(super) fn manual_ban_slots<'a, V: 'a>(
-    rules: impl Iterator<Item = (&'a RuleKey, &'a V)>,
-    slot: impl Fn(&V) -> u32,
-) -> Arc<Vec<u32>> {
-    let mut slots: Vec<u32> = rules.filter(|(k, _)| k.ban).map(|(_, v)| slot(v)).collect();
-    slots.sort_unstable();
-    Arc::new(slots)
-}
-
 /// The frames the manual bans dropped: their slots' counters, found in one
 /// walk of both sorted lists (the rule counters come in slot order from
 /// the array): what `stats` reads of the counters anyway, not a lookup
@@ -175,24 +174,8 @@ pub(crate) fn key_text(k: &BucketKeyV6) -> String {
     }
 }
 
-/// Leaves out the rules and bans whose expiry has passed.
-pub(super) fn drop_expired(specs: &mut std::collections::BTreeMap<RuleKey, crate::rules::RuleSpec>) {
-    let now = duration::unix_ms();
-    specs.retain(|_, s| s.expires.is_none_or(|e| e > now));
-}
-
 fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
-}
-
-/// What a change does once it is written (in a group of changes, after
-/// the group's one write; never if that write fails).
-#[derive(Debug)]
-pub(super) enum After {
-    /// A line of the log.
-    Say(String),
-    /// Automatic bans an `unban` lifts with a manual ban.
-    Lift(Vec<BucketKeyV6>),
 }
 
 /// Who makes an automatic ban, in the audit trail: the program bans (the
@@ -285,7 +268,7 @@ impl Bans {
     }
 
     /// Automatic bans that start go to `tx` (`[crowdsec] publish`).
-    pub(super) fn publish_to(&mut self, tx: tokio::sync::mpsc::Sender<super::crowdsec::AutoBan>) {
+    pub(super) fn publish_to(&mut self, tx: tokio::sync::mpsc::Sender<AutoBan>) {
         self.publish = Some(tx);
     }
 
@@ -451,7 +434,7 @@ impl Bans {
         if let Some(tx) = &self.publish {
             for (k, b) in &started {
                 let Some(net) = key_net(k) else { continue };
-                let ban = super::crowdsec::AutoBan {
+                let ban = AutoBan {
                     net,
                     secs: Duration::from_nanos(b.len_ns).as_secs().max(1),
                     rule: rule_of_slot(rs, b.rule_slot),
@@ -616,7 +599,7 @@ mod tests {
             (RuleKey::new(net("198.51.100.0/24"), Default::default(), false), 5),
         ]
         .into();
-        let slots = manual_ban_slots(rules.iter(), |s| *s);
+        let slots = super::super::ruleset::manual_ban_slots(rules.iter(), |s| *s);
         assert_eq!(*slots, vec![4, 9, 40]);
         let c = |d: u64| RuleCounters { dropped_pkts: d, passed_pkts: 1000, ..Default::default() };
         let counters: Vec<(u32, RuleCounters)> = (0..=20).map(|s| (s, c(u64::from(s) * 10))).collect();

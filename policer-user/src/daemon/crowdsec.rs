@@ -18,10 +18,9 @@ use std::{
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
-use ipnet::IpNet;
 use tokio::sync::mpsc;
 
-use super::{Command, Owner, Views};
+use super::{Command, Owner, Views, bans::AutoBan};
 use crate::{
     control::FeedStatus,
     crowdsec::{Applied, Pull, Settings, Store, Url},
@@ -51,15 +50,6 @@ pub const PUBLISH_QUEUE: usize = 10_000;
 const PUBLISH_BATCH: usize = 500;
 /// The scenario of the alerts of automatic bans.
 const SCENARIO: &str = "policer/auto-ban";
-
-/// An automatic ban for the fleet: its prefix, length and why.
-#[derive(Clone, Debug)]
-pub struct AutoBan {
-    pub net: IpNet,
-    pub secs: u64,
-    pub rule: String,
-    pub count: u32,
-}
 
 /// A failed request, by kind (the `errors` label).
 #[derive(Debug)]

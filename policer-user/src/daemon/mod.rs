@@ -33,6 +33,7 @@ mod capture;
 mod crowdsec;
 mod dryrun;
 mod follow;
+mod offline;
 mod owner;
 mod plan;
 mod ruleset;
@@ -51,9 +52,9 @@ use std::{
 
 pub use adopt::{attached_programs, detach_orphan};
 pub(crate) use dryrun::{Preview, WINDOW as DRY_RUN_WINDOW, judge_live};
+pub use offline::{Offline, OfflineRule, install_offline};
 pub use owner::{Command, Outcome, Owner};
 use policer_common::rate::Rate;
-pub use ruleset::{Offline, OfflineRule, install_offline};
 pub use serve::{Caps, fit as fit_connection_caps};
 pub use sets::OfflineSet;
 pub use sets::{Import, read_import};

@@ -15,8 +15,8 @@ use std::{
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    Daemon,
-    bans::{self, After},
+    Daemon, bans,
+    ruleset::After,
     views::{IfaceRef, Snapshot},
 };
 use crate::{

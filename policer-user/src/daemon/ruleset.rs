@@ -218,7 +218,7 @@ impl RuleSet {
         let expiring: std::collections::BTreeSet<(u64, RuleKey)> =
             self.rules.iter().filter_map(|(k, i)| i.spec.expires.map(|e| (e, k.clone()))).collect();
         assert_eq!(self.expiring, expiring, "the rules that end");
-        assert_eq!(self.ban_slots, super::bans::manual_ban_slots(self.rules.iter(), |i| i.slot), "the ban slots");
+        assert_eq!(self.ban_slots, manual_ban_slots(self.rules.iter(), |i| i.slot), "the ban slots");
         assert_eq!(self.removed_at_runtime, removed_at_runtime(&self.file_rules, &self.rules), "removed at runtime");
         for (k, i) in &self.rules {
             assert_eq!(i.persisted, !self.file_rules.differs.contains_key(k), "{k} persisted");
@@ -315,7 +315,7 @@ impl RuleSet {
                     *self.class_nets.entry(k.net).or_default() += 1;
                 }
                 self.expiring = rules.iter().filter_map(|(k, i)| i.spec.expires.map(|e| (e, k.clone()))).collect();
-                self.ban_slots = super::bans::manual_ban_slots(rules.iter(), |i| i.slot);
+                self.ban_slots = manual_ban_slots(rules.iter(), |i| i.slot);
                 self.removed_at_runtime = removed_at_runtime(&self.file_rules, &rules);
             }
         }
@@ -460,7 +460,7 @@ impl RuleSet {
 
     /// Whether the tries hold /0 prefixes only (no rule of a longer one,
     /// no protected prefix): the default rules' fast path may judge.
-    fn only_defaults(&self) -> bool {
+    pub fn only_defaults(&self) -> bool {
         self.compiled.prefixes.keys().all(|n| n.prefix_len() == 0)
     }
 }
@@ -493,7 +493,7 @@ pub(super) struct Group {
     checked: bool,
     /// What the changes do once the write is done (log lines, automatic
     /// bans an `unban` lifts): nothing of it if the write fails.
-    after: Vec<super::bans::After>,
+    after: Vec<After>,
 }
 
 /// The file's rules not in force.
@@ -918,9 +918,7 @@ impl Daemon {
     /// Whether an `unban` of the group handled so far lifts the automatic
     /// ban `k` once the group is written (to a later change, it is lifted).
     pub(super) fn lift_pending(&self, k: &policer_common::BucketKeyV6) -> bool {
-        self.group
-            .as_ref()
-            .is_some_and(|g| g.after.iter().any(|a| matches!(a, super::bans::After::Lift(l) if l.contains(k))))
+        self.group.as_ref().is_some_and(|g| g.after.iter().any(|a| matches!(a, After::Lift(l) if l.contains(k))))
     }
 
     /// Whether the change just handled waits for a group's write.
@@ -931,7 +929,7 @@ impl Daemon {
     /// Does `a` once the change just handled is written: at once outside
     /// a group (or when the change wrote nothing), after the group's write
     /// in a group, and never if that write fails.
-    pub(super) fn when_written(&mut self, a: super::bans::After) {
+    pub(super) fn when_written(&mut self, a: After) {
         match self.group.as_mut() {
             Some(g) if g.wrote => g.after.push(a),
             _ => self.done_after(a),
@@ -1081,7 +1079,7 @@ impl Daemon {
     fn reload_file(&mut self, bytes: Option<Vec<u8>>, discard_runtime: bool, followed: bool) -> Result<String> {
         let snap = self.file.snapshot(bytes)?;
         let mut file = snap.rules.clone();
-        super::bans::drop_expired(&mut file);
+        drop_expired(&mut file);
         let path = self.file.path().display().to_string();
         if file.is_empty() {
             return Err(Error::Invalid(format!("{path}: no rules; nothing changed")));
@@ -1102,7 +1100,7 @@ impl Daemon {
         // What is in force and not yet expired (a ban past its end waits
         // for the next tick): an ended ban is not one the file lifts.
         let mut live = before.clone();
-        super::bans::drop_expired(&mut live);
+        drop_expired(&mut live);
         let drastic = diff.drastic(&live, &want);
         // A file a killed writer cut short: never applied when followed.
         snap.check_whole(self.file.path(), followed, drastic.as_deref())?;
@@ -1263,8 +1261,8 @@ pub(super) type Overlay = BTreeMap<RuleKey, Option<RuleSpec>>;
 /// ended ban is not a change to keep).
 pub(super) fn overlay(in_force: &BTreeMap<RuleKey, RuleSpec>, file: &BTreeMap<RuleKey, RuleSpec>) -> Overlay {
     let (mut in_force, mut file) = (in_force.clone(), file.clone());
-    super::bans::drop_expired(&mut in_force);
-    super::bans::drop_expired(&mut file);
+    drop_expired(&mut in_force);
+    drop_expired(&mut file);
     let mut o: Overlay =
         in_force.iter().filter(|(k, s)| file.get(k) != Some(*s)).map(|(k, s)| (k.clone(), Some(s.clone()))).collect();
     o.extend(file.keys().filter(|k| !in_force.contains_key(k)).map(|k| (k.clone(), None)));
@@ -1370,56 +1368,31 @@ impl Diff {
     }
 }
 
-/// A rule as [`install_offline`] wrote it.
-#[derive(Clone, Debug)]
-pub struct OfflineRule {
-    pub key: RuleKey,
-    pub spec: RuleSpec,
-    /// Its counter slot (`Rule::counter_slot` of what the tries hold).
-    pub slot: u32,
+/// What a change does once it is written (in a group of changes, after
+/// the group's one write; never if that write fails).
+#[derive(Debug)]
+pub(super) enum After {
+    /// A line of the log.
+    Say(String),
+    /// Automatic bans an `unban` lifts with a manual ban.
+    Lift(Vec<policer_common::BucketKeyV6>),
 }
 
-/// What [`install_offline`] wrote: the rules, and the named sets.
-#[derive(Clone, Debug)]
-pub struct Offline {
-    pub rules: Vec<OfflineRule>,
-    pub sets: Vec<super::sets::OfflineSet>,
+/// The counter slots of the manual bans among `rules`, sorted: the owner
+/// publishes them with each snapshot (once per change, not per read).
+pub(super) fn manual_ban_slots<'a, V: 'a>(
+    rules: impl Iterator<Item = (&'a RuleKey, &'a V)>,
+    slot: impl Fn(&V) -> u32,
+) -> std::sync::Arc<Vec<u32>> {
+    let mut slots: Vec<u32> = rules.filter(|(k, _)| k.ban).map(|(_, v)| slot(v)).collect();
+    slots.sort_unstable();
+    std::sync::Arc::new(slots)
 }
 
-/// Writes `specs` into a freshly loaded program that no interface runs
-/// (`policer replay`) as a start writes them into fresh maps: planned by
-/// the daemon's [`super::plan::plan`], each rule's new-source limiter, ban
-/// parameters and aggregate bucket at its slot on the program's clock at
-/// `now_ns`, then the rule maps, then the config's named sets (`declared`,
-/// their files relative to `config`: [`super::sets::install_offline`]),
-/// then the default rules' fast path when only default rules exist (as
-/// `Daemon::sync_fast_path` does).
-pub fn install_offline(
-    p: &mut Policer,
-    specs: &BTreeMap<RuleKey, RuleSpec>,
-    protect: &Protect,
-    config: &std::path::Path,
-    declared: &[crate::sets::SetConfig],
-    now_ns: u64,
-) -> Result<Offline> {
-    // A fresh program's maps hold nothing: the first rule id is 1, as
-    // `plan_rules` finds at a start with nothing adopted.
-    let mut rs = RuleSet::new(Slots::new(p.max_rules()?), Groups::default(), Compiled::default(), 1);
-    rs.set_protect(protect.clone());
-    let plan = rs.plan(specs)?;
-    prepare_slots(p, plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, true)), now_ns)?;
-    p.sync_rules_from(&Compiled::default(), &plan.compiled)?;
-    let rules =
-        plan.rules.iter().map(|(k, i)| OfflineRule { key: k.clone(), spec: (*i.spec).clone(), slot: i.slot }).collect();
-    rs.commit(plan);
-    rs.set_entries_protect(protect.clone());
-    let sets = super::sets::install_offline(p, &mut rs, config, declared, now_ns)?;
-    if rs.only_defaults() && sets.is_empty() {
-        let rule = |net: &str| -> Option<Rule> { rs.compiled.prefixes.get(&net.parse::<IpNet>().ok()?).copied() };
-        p.set_default_rules(0, rule("0.0.0.0/0"), rule("::/0"))?;
-        p.set_fast_path(1)?;
-    }
-    Ok(Offline { rules, sets })
+/// Leaves out the rules and bans whose expiry has passed.
+pub(super) fn drop_expired(specs: &mut BTreeMap<RuleKey, RuleSpec>) {
+    let now = crate::duration::unix_ms();
+    specs.retain(|_, s| s.expires.is_none_or(|e| e > now));
 }
 
 /// The aggregate bucket of a rule (`--total-rate`), starting full, on the

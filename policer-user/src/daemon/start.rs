@@ -427,7 +427,7 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
     let (file, mut specs) = ConfigFile::open_from(&args.config, bytes)?;
     // Rules and bans that expired while no daemon ran stay expired (the
     // next write of the file drops them).
-    super::bans::drop_expired(&mut specs);
+    super::ruleset::drop_expired(&mut specs);
     let cfg = file.config();
     if let Some(rate) = args.rate {
         for s in default_rules(rate, &args.burst)? {
