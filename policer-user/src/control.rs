@@ -361,6 +361,14 @@ pub struct Busy {
 }
 
 impl Reply {
+    /// The reply as its line on the socket: JSON, then a newline.
+    pub fn line(&self) -> Vec<u8> {
+        let mut text =
+            serde_json::to_vec(self).unwrap_or_else(|_| b"{\"reply\":\"refused\",\"error\":\"internal\"}".to_vec());
+        text.push(b'\n');
+        text
+    }
+
     /// A refusal of a request: nothing changed.
     pub fn refused(error: impl Into<String>) -> Reply {
         Reply::Refused { error: error.into(), busy: None }

@@ -32,7 +32,6 @@ use tokio::{
     time::{Instant, timeout},
 };
 
-use super::Views;
 use crate::{
     capture::{CHUNK_DATA, CHUNK_END, CaptureSpec, CaptureStatus, CaptureSummary, Frame, PcapNg, frame_chunk},
     control::Reply,
@@ -168,9 +167,8 @@ impl Hub {
 
     /// Starts a capture: a free lane written with its filter, then its
     /// bit set in the mask the program reads.
-    fn open(&self, spec: &CaptureSpec, views: &Views) -> Result<Session> {
+    fn open(&self, spec: &CaptureSpec, names: Names) -> Result<Session> {
         spec.check()?;
-        let names = views.capture_names();
         let mut lane = CaptureLane::bounded(spec.max_pps, spec.sample);
         lane.verdicts = spec.verdicts;
         let mut slots = Vec::new();
@@ -362,20 +360,20 @@ pub struct Names {
 /// Serves a `capture` request on its connection: the first line, then
 /// pcapng chunks until the capture ends (its count, its duration, the
 /// client going away, a client that stops reading, the daemon stopping),
-/// then the summary.
+/// then the summary. `names`: the rules' and interfaces' names as the
+/// views have them now (`Views::capture_names`).
 pub async fn serve(
     mut stream: UnixStream,
     hub: &Hub,
-    views: &Views,
+    names: Names,
     spec: CaptureSpec,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let session = hub.open(&spec, views);
+    let session = hub.open(&spec, names);
     let mut s = match session {
         Ok(s) => s,
         Err(e) => {
-            let _ =
-                timeout(STALL, stream.write_all(&super::serve::control::line(&Reply::refused(e.to_string())))).await;
+            let _ = timeout(STALL, stream.write_all(&Reply::refused(e.to_string()).line())).await;
             return;
         }
     };
@@ -412,7 +410,7 @@ async fn run(
         spec.max_pps,
         if spec.sample > 1 { format!(", 1 in {}", spec.sample) } else { String::new() }
     );
-    let first = super::serve::control::line(&Reply::Capturing { message });
+    let first = Reply::Capturing { message }.line();
     if timeout(STALL, stream.write_all(&first)).await.map_or(true, |r| r.is_err()) {
         return "client".into();
     }

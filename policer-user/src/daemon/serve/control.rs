@@ -36,7 +36,7 @@ pub async fn run(listener: UnixListener, ctx: Arc<Ctx>) {
         // see a reset after the answer; the CLI reads the answer first.
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             let in_use = cap - permits.available_permits();
-            let _ = stream.try_write(&line(&Reply::busy(in_use, cap)));
+            let _ = stream.try_write(&Reply::busy(in_use, cap).line());
             drop(stream);
             continue;
         };
@@ -62,14 +62,6 @@ async fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, String> {
         }
         Ok(Ok(_)) => Ok(line),
     }
-}
-
-/// A reply as its JSON line.
-pub(crate) fn line(reply: &Reply) -> Vec<u8> {
-    let mut text =
-        serde_json::to_vec(reply).unwrap_or_else(|_| b"{\"reply\":\"refused\",\"error\":\"internal\"}".to_vec());
-    text.push(b'\n');
-    text
 }
 
 /// What a request gets: a reply, or a set's entries to stream.
@@ -99,7 +91,7 @@ async fn serve(mut stream: UnixStream, ctx: &Ctx) {
     };
     match answer {
         Answer::Reply(reply, exit) => {
-            let text = line(&reply);
+            let text = reply.line();
             let _ = timeout(WRITE_TIMEOUT, async {
                 stream.write_all(&text).await?;
                 stream.shutdown().await
@@ -119,7 +111,8 @@ async fn serve(mut stream: UnixStream, ctx: &Ctx) {
             let _ = timeout(STREAM_DEADLINE, stream_bans(&mut stream, &ls, &reader, WRITE_TIMEOUT)).await;
         }
         Answer::Capture(spec) => {
-            crate::daemon::capture::serve(stream, &ctx.capture, &ctx.views, spec, ctx.stop.subscribe()).await;
+            crate::daemon::capture::serve(stream, &ctx.capture, ctx.views.capture_names(), spec, ctx.stop.subscribe())
+                .await;
         }
     }
 }
