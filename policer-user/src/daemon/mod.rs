@@ -36,6 +36,7 @@ mod follow;
 mod offline;
 mod owner;
 mod plan;
+mod reload;
 mod ruleset;
 mod serve;
 mod sets;
@@ -141,7 +142,7 @@ pub struct Daemon {
     /// Set once [`Daemon::finish`] ran.
     finished: bool,
     /// How the last reload went.
-    reload: ruleset::ReloadState,
+    reload: reload::Reload,
     /// Whether a tick changed the rules (the snapshot is then published).
     changed: bool,
     /// Automatic bans and what expiries left to catch up (`bans.rs`).

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
     Daemon, bans,
+    reload::{self, FollowStep},
     ruleset::After,
     views::{IfaceRef, Snapshot},
 };
@@ -340,6 +341,130 @@ impl Daemon {
             }
             Err(e) => self.bans.expiry_failed(&e),
         }
+    }
+
+    /// Re-reads the config file; applies it only if all of it is valid.
+    /// What was changed with `--runtime` (rules and bans set, file rules
+    /// removed) stays in force over the new file, unless `discard_runtime`
+    /// (`policer reload --discard-runtime`): on a read-only ConfigMap a
+    /// runtime ban is the only ban there is, and an unrelated edit of the
+    /// file must not lift it. The file is read once: what is judged is what
+    /// a refusal remembers.
+    fn reload(&mut self, discard_runtime: bool) -> Result<String> {
+        self.reload_as(discard_runtime, false)
+    }
+
+    /// [`reload`](Self::reload); `followed`: the follower asks, so the file
+    /// must end as a whole file does (`Snapshot::check_whole`).
+    fn reload_as(&mut self, discard_runtime: bool, followed: bool) -> Result<String> {
+        let bytes = self.file.bytes_on_disk();
+        let judged = bytes.as_ref().ok().map(|b| crate::config::sha256_hex(b.as_deref().unwrap_or_default()));
+        let r = bytes.and_then(|b| self.reload_file(b, discard_runtime, followed));
+        // A dry run is no reload: `status` keeps the last real one's.
+        if !self.dry() {
+            self.reload.record(&r, judged);
+        }
+        r
+    }
+
+    /// A name on the config's path was finished (closed after writing,
+    /// renamed into place, linked): reloads when the file's bytes differ
+    /// from those in force and from a file already refused
+    /// ([`reload::Reload::follow_step`]). An empty message: nothing to do
+    /// (the daemon's own write, a file put back as it was, no file).
+    /// [`Error::ConfigRead`]: the file could not be read, and the follower
+    /// tries again.
+    fn follow(&mut self) -> Result<String> {
+        let now = match self.file.sha256_on_disk() {
+            Ok(Some(now)) => now,
+            // Gone (between two steps of a swap, or removed): keep running.
+            Ok(None) => return Ok(String::new()),
+            Err(e) => {
+                let r = Err(e);
+                self.reload.record(&r, None);
+                return r;
+            }
+        };
+        match self.reload.follow_step(&now, &self.file.sha256()) {
+            FollowStep::Nothing => Ok(String::new()),
+            FollowStep::BackInForce => {
+                // Back to the file in force after a refused one.
+                self.reload.record(&Ok(String::new()), None);
+                Ok(format!("{} is the file in force again", self.file.path().display()))
+            }
+            FollowStep::Reload => self.reload_as(false, true),
+        }
+    }
+
+    /// A reload of the file's `bytes`: planned by [`reload::plan`] (the
+    /// rules) and `Daemon::plan_config_sets` (its sets, every list file
+    /// read and checked), then made by `Daemon::apply_with_config_sets`.
+    fn reload_file(&mut self, bytes: Option<Vec<u8>>, discard_runtime: bool, followed: bool) -> Result<String> {
+        let snap = self.file.snapshot(bytes)?;
+        let path = self.file.path().display().to_string();
+        let before = self.rs.specs();
+        let plan = reload::plan(&path, &snap.rules, &before, &self.rs.file_specs(), discard_runtime)?;
+        let want = &plan.want;
+        // The new file's protected prefixes apply with its rules and sets.
+        let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
+        // The config's sets: every list file read and checked against the
+        // new rules before the kernel is touched (a bad line or a conflict
+        // refuses the whole reload). Not followed: `policer reload` rereads
+        // them.
+        let config_sets = self.plan_config_sets(&snap.config.sets, want, &protect)?;
+        let changing = config_sets.names();
+        self.refuse_set_prefixes_but(want, &changing)?;
+        // A file a killed writer cut short: never applied when followed.
+        snap.check_whole(self.file.path(), followed, plan.drastic.as_deref())?;
+        let old_protect = self.rs.protect().clone();
+        self.rs.set_protect(protect);
+        if let Err(e) = self.refuse_protected_entries(&changing) {
+            self.rs.set_protect(old_protect);
+            return Err(e);
+        }
+        let sets_summary = config_sets.summary();
+        let counts = plan.diff.counts();
+        if self.dry() {
+            let r = self.preview_config_sets(&config_sets, want);
+            self.rs.set_protect(old_protect);
+            r?;
+            let changes = plan.changes_text(&before);
+            return Ok(format!("reloaded {path}: {} rules ({counts}){changes}{sets_summary}", want.len()));
+        }
+        if let Err(e) = self.apply_with_config_sets(config_sets, want, &before) {
+            self.rs.set_protect(old_protect);
+            return Err(e);
+        }
+        if let Some(what) = &plan.drastic {
+            say!("policer: warning: the config reload from {path} did {what}: removed {}", plan.diff.removed_list());
+        }
+        // A protected prefix the feed's set lists: those entries leave it.
+        let feed_note = match self.refilter_feed_set() {
+            None => String::new(),
+            Some(Ok(msg)) => {
+                say!("policer: {msg}");
+                format!("; {msg}")
+            }
+            Some(Err(e)) => {
+                say_err!("policer: the feed's set could not leave out the newly protected prefixes: {e}");
+                format!("; warning: the feed's set still holds entries inside the protected prefixes: {e}")
+            }
+        };
+        let daemon_differs = snap.config.daemon.differs_at_start(&self.file.config().daemon);
+        let feed_differs = snap.config.crowdsec != self.file.config().crowdsec;
+        let note = match (daemon_differs, feed_differs) {
+            (true, true) => " ([daemon] settings and [crowdsec] apply at the next start)",
+            (true, false) => " ([daemon] settings apply at the next start)",
+            (false, true) => " ([crowdsec] applies at the next start)",
+            (false, false) => "",
+        };
+        // Only now that its rules are in force is the file what we run from.
+        self.file.accept(snap);
+        let n = want.len();
+        let kept = plan.kept_text();
+        let changes = plan.changes_text(&before);
+        self.rs.set_file_rules(plan.file);
+        Ok(format!("reloaded {path}: {n} rules ({counts}){changes}{sets_summary}{kept}{note}{feed_note}"))
     }
 
     pub(super) fn handle(&mut self, cmd: Command) -> Outcome {

@@ -220,7 +220,7 @@ impl Daemon {
             // before `d`, so while the lock is still held), not by leaving
             // as a stopped daemon would.
             finished: true,
-            reload: super::ruleset::ReloadState::new(),
+            reload: super::reload::Reload::new(),
             changed: false,
             bans: Default::default(),
             audit: Default::default(),
