@@ -45,8 +45,10 @@
 //! makes the change (parsing the result whole). The `[daemon]` table's
 //! edits ([`splice_interfaces`]) are shown the same way.
 //!
-//! The result is what `edit.rs` would write, byte for byte (the tests
-//! make every edit both ways and compare): a changed rule keeps its
+//! The result is what `edit.rs` would write, line for line (the tests
+//! make every edit both ways and compare; where a removed rule sat between
+//! comment paragraphs the two may keep a different number of blank lines
+//! there): a changed rule keeps its
 //! comments and the keys whose meaning did not change; a removed rule goes
 //! with the comment lines directly above it, and a comment paragraph set
 //! off from it by a blank line stays; a new rule is appended after the

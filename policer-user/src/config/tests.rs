@@ -1390,7 +1390,7 @@ rate = \"1kpps\"
 /// header spellings around; random changes, removals and additions, made
 /// the daemon's way. The file written always parses and holds exactly the
 /// rules wanted (and, inside, `file.rs` checks every change made in place
-/// against the whole-document edit, byte for byte).
+/// against the whole-document edit, line for line).
 mod splice_props {
     use proptest::prelude::*;
 
