@@ -223,7 +223,7 @@ fn class_frame_table() {
         let f = spec.build(None);
         // The reference resolver agrees with the table (else the row is wrong).
         let Expect::Ip { l4, .. } = reference::parse(&f) else { panic!("{what}: not IP") };
-        let r = *Resolver::new(&rules[..], &[], &[]).resolve(spec.src, Some(&l4)).entry().expect("a rule").key;
+        let r = Resolver::new(&rules[..], &[], &[]).resolve(spec.src, Some(&l4)).entry().expect("a rule").key.clone();
         assert_eq!(r.rule.counter_slot, *slot, "{what}: the reference resolver picks {} '{}'", r.net, r.class);
         class_hits += u64::from(!r.class.is_none());
         let before = slot_passed_dropped(&p, *slot);

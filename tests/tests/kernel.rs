@@ -472,8 +472,12 @@ fn fuzz_classes_against_the_reference() {
         } else {
             std::net::Ipv4Addr::new(src[0], src[1], src[2], src[3]).into()
         };
-        let r =
-            *Resolver::new(&rules[..], &[], &[]).resolve(addr, Some(&l4)).entry().expect("every source has a rule").key;
+        let r = Resolver::new(&rules[..], &[], &[])
+            .resolve(addr, Some(&l4))
+            .entry()
+            .expect("every source has a rule")
+            .key
+            .clone();
         let slot = r.rule.counter_slot;
         want[slot as usize] += 1;
         seen_slots.insert(slot);
