@@ -164,8 +164,8 @@ pub struct Daemon {
     /// first write and leaves what it planned here (`dryrun.rs`).
     dry: Option<dryrun::Capture>,
     /// Set while the owner handles a group of changes whose file writes
-    /// are made as one (`ruleset.rs`, [`Group`](ruleset::Group)).
-    group: Option<ruleset::Group>,
+    /// are made as one (`owner.rs`, [`Group`](owner::Group)).
+    group: Option<owner::Group>,
 }
 
 impl Daemon {

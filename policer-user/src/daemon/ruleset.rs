@@ -470,31 +470,6 @@ thread_local! {
     pub(super) static PLANNED_EDITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Changes handled together whose file writes are one write (group
-/// commit): what arrives while a write is in flight waits for the next
-/// one write, not one each. Nothing of a group reaches the kernel before
-/// its file is written ([`Daemon::end_group`]): each change is judged and
-/// planned on the rules as the group's changes before it leave them, and
-/// the group is staged in the file, then made in the kernel, then put in
-/// place — as a change on its own is.
-#[derive(Debug, Default)]
-pub(super) struct Group {
-    /// What the group's changes do so far: each key as the last of them
-    /// left it (`None`: removed).
-    pending: BTreeMap<RuleKey, Option<RuleSpec>>,
-    /// The plan of all of `pending` made to the rules in force.
-    plan: Option<Plan>,
-    /// The changes that wait for the write.
-    changes: u64,
-    /// The change handled last waits for the write.
-    wrote: bool,
-    /// The file was checked for a hand edit.
-    checked: bool,
-    /// What the changes do once the write is done (log lines, automatic
-    /// bans an `unban` lifts): nothing of it if the write fails.
-    after: Vec<After>,
-}
-
 /// The file's rules not in force.
 fn removed_at_runtime(file: &FileRules, rules: &super::Rules) -> BTreeMap<RuleKey, RuleSpec> {
     let file = file.differs.iter().filter_map(|(k, f)| f.as_ref().map(|s| (k, s)));
@@ -621,7 +596,7 @@ use crate::rules::edit_rules;
 
 /// A change the config file could not take: nothing changed, and
 /// `--runtime` is the way to make it anyway.
-fn not_written(e: Error) -> Error {
+pub(super) fn not_written(e: Error) -> Error {
     if e.is_config_not_written() {
         Error::Invalid(format!(
             "{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"
@@ -778,245 +753,15 @@ impl Daemon {
         Ok(format!("removed the rule for {key}{note}"))
     }
 
-    /// One change of the rules: `edits` (each key once: `Some` sets the
-    /// rule, `None` removes it) made to the kernel's rules and, unless
-    /// `runtime`, to the file's. All or nothing, in an order that keeps it
-    /// so: the new file is staged (a hand edit, a full disk or a read-only
-    /// file refuses the change before the kernel is touched), then the
-    /// kernel changes, then the file is put in place. The file's text is
-    /// edited only where those rules are (`config/splice.rs`).
-    pub(super) fn change(&mut self, runtime: bool, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<()> {
-        if !runtime && self.file.read_only() {
-            return Err(Error::Invalid(format!(
-                "{} is read-only (a ConfigMap or a read-only mount: change the file at its source, \
-                 the daemon follows it); nothing changed (`--runtime` applies the change to the kernel only, \
-                 not persisted)",
-                self.file.path().display()
-            )));
-        }
-        // What to put back if the change fails (last edit of a key first).
-        let undo: Vec<(RuleKey, Option<RuleSpec>)> =
-            edits.iter().rev().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
-        self.refuse_set_prefixes_of(edits.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| k))?;
-        if !runtime && self.group.is_some() && !self.dry() {
-            return self.change_in_group(edits);
-        }
-        // Planned (and compiled) once, before anything is staged or
-        // written: the rule limit, or classes that tie or crowd a frame,
-        // refuse the change here. At a cost that grows with the edits, not
-        // the rules, where it can (`plan_edits`).
-        let plan = self.rs.plan_edits(edits)?;
-        let staged = if runtime {
-            None
-        } else {
-            let before = self.rs.file_rules();
-            // The file's rules change only where they differ from the edit.
-            let file_edits: Vec<(RuleKey, Option<RuleSpec>)> =
-                edits.iter().filter(|(k, v)| before.get(k).map(|s| &**s) != v.as_ref()).cloned().collect();
-            // A dry run checks what staging checks and writes nothing.
-            let pending = if file_edits.is_empty() {
-                Ok(None)
-            } else if self.dry() {
-                self.file.check_stage_rules(&before, &file_edits).map(|()| None)
-            } else {
-                self.file.stage_rules(&before, &file_edits).map(Some)
-            };
-            let pending = pending.map_err(|e| {
-                if e.is_config_not_written() {
-                    Error::Invalid(format!(
-                        "{e}; nothing changed (`--runtime` applies the change to the kernel only, not persisted)"
-                    ))
-                } else {
-                    e
-                }
-            })?;
-            pending.map(|p| (p, file_edits))
-        };
-        if self.dry.is_some() {
-            let compiled = plan.compiled_after(self.rs.compiled());
-            if let Some(d) = self.dry.as_mut() {
-                d.rules = Some((plan.rules, compiled));
-            }
-            return Ok(());
-        }
-        if let Err(e) = self.apply_plan(plan) {
-            // Back to what was in force (the write stops at the first
-            // failure); the staged file is dropped, and so removed.
-            return Err(self.undo_edits(&undo, e));
-        }
-        if let Some((pending, file_edits)) = staged {
-            if let Err(e) = self.file.commit(pending) {
-                return Err(self.undo_edits(&undo, e));
-            }
-            self.rs.edit_file_rules(&file_edits);
-        }
-        Ok(())
-    }
-
     /// Puts the rules a change edited back (`undo`: each edited key as it
     /// was) after `e`; the error to report.
-    fn undo_edits(&mut self, undo: &[(RuleKey, Option<RuleSpec>)], e: Error) -> Error {
+    pub(super) fn undo_edits(&mut self, undo: &[(RuleKey, Option<RuleSpec>)], e: Error) -> Error {
         match self.rs.plan_edits(undo).and_then(|p| self.apply_plan(p)) {
             Ok(()) => e,
             Err(u) => {
                 Error::Invalid(format!("{e}; and putting the rules back failed too: {u} (see `policer rule ls`)"))
             }
         }
-    }
-
-    /// A change of a group: judged and planned now, on the rules in force
-    /// with the group's changes before it made; made in the file and then
-    /// in the kernel with the rest of the group ([`Daemon::end_group`]).
-    fn change_in_group(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<()> {
-        let g = self.group.as_ref().expect("in a group");
-        let before = self.rs.file_rules();
-        let file_changes = edits.iter().any(|(k, v)| {
-            let now = match g.pending.get(k) {
-                Some(p) => p.as_ref(),
-                None => before.get(k).map(|s| &**s),
-            };
-            now != v.as_ref()
-        });
-        if file_changes {
-            self.group_check().map_err(not_written)?;
-        }
-        let g = self.group.as_ref().expect("in a group");
-        let all: Vec<(RuleKey, Option<RuleSpec>)> =
-            g.pending.iter().map(|(k, v)| (k.clone(), v.clone())).chain(edits.iter().cloned()).collect();
-        // The rule limit, or classes that tie or crowd a frame, refuse
-        // this change here, and the group's others stand.
-        let plan = self.rs.plan_edits(&all)?;
-        let g = self.group.as_mut().expect("in a group");
-        for (k, v) in edits {
-            g.pending.insert(k.clone(), v.clone());
-        }
-        g.plan = Some(plan);
-        g.changes += 1;
-        g.wrote = true;
-        Ok(())
-    }
-
-    /// The rule in force for `key` as the changes of the group handled so
-    /// far leave it (they reach the kernel after their write).
-    pub(super) fn rule_in_force(&self, key: &RuleKey) -> Option<std::sync::Arc<RuleSpec>> {
-        match self.group.as_ref().and_then(|g| g.pending.get(key)) {
-            Some(p) => p.clone().map(std::sync::Arc::new),
-            None => self.rs.rules().get(key).map(|i| i.spec.clone()),
-        }
-    }
-
-    /// Whether the config file holds a rule for `key`, the group's changes
-    /// handled so far made.
-    pub(super) fn in_file(&self, key: &RuleKey) -> bool {
-        match self.group.as_ref().and_then(|g| g.pending.get(key)) {
-            Some(p) => p.is_some(),
-            None => self.rs.file_rules().contains_key(key),
-        }
-    }
-
-    /// Whether an `unban` of the group handled so far lifts the automatic
-    /// ban `k` once the group is written (to a later change, it is lifted).
-    pub(super) fn lift_pending(&self, k: &policer_common::BucketKeyV6) -> bool {
-        self.group.as_ref().is_some_and(|g| g.after.iter().any(|a| matches!(a, After::Lift(l) if l.contains(k))))
-    }
-
-    /// Whether the change just handled waits for a group's write.
-    pub(super) fn write_pending(&self) -> bool {
-        self.group.as_ref().is_some_and(|g| g.wrote)
-    }
-
-    /// Does `a` once the change just handled is written: at once outside
-    /// a group (or when the change wrote nothing), after the group's write
-    /// in a group, and never if that write fails.
-    pub(super) fn when_written(&mut self, a: After) {
-        match self.group.as_mut() {
-            Some(g) if g.wrote => g.after.push(a),
-            _ => self.done_after(a),
-        }
-    }
-
-    /// Checks, once per group, what staging the file checks first: the
-    /// file as the daemon last wrote it (not edited by hand since).
-    fn group_check(&mut self) -> Result<()> {
-        if self.group.as_ref().is_some_and(|g| g.checked) {
-            return Ok(());
-        }
-        if self.file.changed_on_disk()? {
-            return Err(Error::ConfigChanged { path: self.file.path().to_path_buf() });
-        }
-        if let Some(g) = self.group.as_mut() {
-            g.checked = true;
-        }
-        Ok(())
-    }
-
-    /// Starts a group of changes (`owner.rs`): until [`end_group`], a
-    /// change is made in the kernel at once and in the file once for all.
-    ///
-    /// [`end_group`]: Self::end_group
-    pub(super) fn begin_group(&mut self) {
-        self.group = Some(Group::default());
-    }
-
-    /// Whether the change just handled waits for the group's write (then
-    /// cleared for the next).
-    pub(super) fn take_group_wrote(&mut self) -> bool {
-        self.group.as_mut().is_some_and(|g| std::mem::take(&mut g.wrote))
-    }
-
-    /// Writes the group's changes into the file in one atomic write, then
-    /// makes them in the kernel, then puts the file in place (the order of
-    /// [`Daemon::change`]): a write that fails (a full disk) leaves the
-    /// kernel as it was, and the error is every one of the changes'.
-    pub(super) fn end_group(&mut self) -> Result<()> {
-        let Some(g) = self.group.take() else { return Ok(()) };
-        let Some(plan) = g.plan else { return Ok(()) };
-        let edits: Vec<(RuleKey, Option<RuleSpec>)> = g.pending.into_iter().collect();
-        let before = self.rs.file_rules();
-        let file_edits: Vec<(RuleKey, Option<RuleSpec>)> =
-            edits.iter().filter(|(k, v)| before.get(k).map(|s| &**s) != v.as_ref()).cloned().collect();
-        // Staged first: nothing reaches the kernel before the file is written.
-        let staged = if file_edits.is_empty() {
-            None
-        } else {
-            match self.file.stage_rules(&before, &file_edits) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    let e = not_written(e);
-                    // Said in the log too: nothing of the group took effect.
-                    say_err!(
-                        "policer: writing {} change(s) to {} failed ({e}); none of them took effect",
-                        g.changes,
-                        self.file.path().display()
-                    );
-                    return Err(e);
-                }
-            }
-        };
-        // What to put back if the kernel or the rename fails.
-        let undo: Vec<(RuleKey, Option<RuleSpec>)> =
-            edits.iter().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
-        // The staged file is dropped, and so removed, on a failure.
-        if let Err(e) = self.apply_plan(plan) {
-            return Err(self.undo_edits(&undo, e));
-        }
-        if let Some(p) = staged {
-            if let Err(e) = self.file.commit(p) {
-                let e = not_written(e);
-                say_err!(
-                    "policer: writing {} change(s) to {} failed ({e}); they are undone in the kernel",
-                    g.changes,
-                    self.file.path().display()
-                );
-                return Err(self.undo_edits(&undo, e));
-            }
-            self.rs.edit_file_rules(&file_edits);
-            self.reload.group_written(g.changes);
-        }
-        for a in g.after {
-            self.done_after(a);
-        }
-        Ok(())
     }
 
     /// Detaches `name`; true when no interface is left.
