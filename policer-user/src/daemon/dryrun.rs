@@ -1,6 +1,6 @@
 //! `--dry-run` of a change (`rule set`, `rule rm`, `rule import`, `ban`,
 //! `reload`): the owner runs the change's own validation and planner in a
-//! mode that stops before anything is written ([`Daemon::preview`]), and
+//! mode that stops before anything is written (`Daemon::preview`, `owner.rs`), and
 //! hands back the rules and sets before and after ([`Preview`]). The connection's task then says what differs ([`diff`],
 //! host-tested) and, off the owner, which sources live in the bucket table
 //! would change verdict ([`judge_live`]): each source's rate measured over
@@ -17,7 +17,7 @@ use policer_common::{
     bucket::Action,
 };
 
-use super::{Daemon, owner::Command, owner::Outcome, sets::SetState};
+use super::sets::SetState;
 use crate::{
     compile::Compiled,
     control::{DRY_SAMPLE, DryLive, DryRule, DryRuleChange, DryRunView, DrySet, DrySource, FieldChange},
@@ -47,7 +47,11 @@ pub(crate) struct World {
 }
 
 impl World {
-    fn new(rules: super::Rules, sets: &BTreeMap<String, SetState>, protect: &crate::protect::Protect) -> World {
+    pub(super) fn new(
+        rules: super::Rules,
+        sets: &BTreeMap<String, SetState>,
+        protect: &crate::protect::Protect,
+    ) -> World {
         let sets = sets
             .values()
             .filter_map(|s| {
@@ -72,53 +76,6 @@ pub struct Preview {
     pub(crate) before: World,
     pub(crate) after: World,
     pub(crate) set_changes: Vec<DrySet>,
-}
-
-fn verb(cmd: &Command) -> Option<&'static str> {
-    Some(match cmd {
-        Command::RuleSet { .. } => "rule set",
-        Command::RuleRm { .. } => "rule rm",
-        Command::Import(_) => "rule import",
-        Command::Ban { .. } => "ban",
-        Command::Reload { .. } => "reload",
-        _ => return None,
-    })
-}
-
-impl Daemon {
-    /// Whether the change being handled is a dry run (nothing is written).
-    pub(super) fn dry(&self) -> bool {
-        self.dry.is_some()
-    }
-
-    /// Runs `cmd` as a dry run: the same checks and plan, nothing written
-    /// (kernel, config file, state files, audit trail, reload status).
-    pub(super) fn preview(&mut self, cmd: Command) -> Outcome {
-        let outcome = |result| Outcome { result, exit: false, counts: None, preview: None };
-        let Some(verb) = verb(&cmd) else {
-            return outcome(Err(crate::Error::Invalid(
-                "--dry-run is for rule set, rule rm, rule import, ban and reload".into(),
-            )));
-        };
-        let changed = self.changed;
-        self.dry = Some(Capture::default());
-        let r = match cmd {
-            Command::Import(imp) => self.import(*imp).map(|(m, _)| m),
-            cmd => self.handle(cmd).result,
-        };
-        let capture = self.dry.take().unwrap_or_default();
-        self.changed = changed;
-        let message = match r {
-            Ok(m) => m,
-            Err(e) => return outcome(Err(e)),
-        };
-        let before = World::new(self.rs.rules().clone(), &self.sets, self.rs.protect());
-        let rules = capture.rules.map_or_else(|| self.rs.rules().clone(), |(rules, _)| rules);
-        let sets = capture.sets.as_ref().unwrap_or(&self.sets);
-        let after = World::new(rules, sets, self.rs.protect());
-        let preview = Preview { verb, message, before, after, set_changes: capture.set_changes };
-        Outcome { result: Ok(String::new()), exit: false, counts: None, preview: Some(Box::new(preview)) }
-    }
 }
 
 /// A set's change for the diff: `old` → `new` (`None`: absent).

@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
     Daemon, bans,
+    dryrun::{Capture, Preview, World},
     plan::Plan,
     reload::{self, FollowStep},
     ruleset::{After, not_written},
@@ -732,6 +733,40 @@ impl Daemon {
         Ok(())
     }
 
+    /// Whether the change being handled is a dry run (nothing is written).
+    pub(super) fn dry(&self) -> bool {
+        self.dry.is_some()
+    }
+
+    /// Runs `cmd` as a dry run: the same checks and plan, nothing written
+    /// (kernel, config file, state files, audit trail, reload status).
+    pub(super) fn preview(&mut self, cmd: Command) -> Outcome {
+        let outcome = |result| Outcome { result, exit: false, counts: None, preview: None };
+        let Some(verb) = verb(&cmd) else {
+            return outcome(Err(crate::Error::Invalid(
+                "--dry-run is for rule set, rule rm, rule import, ban and reload".into(),
+            )));
+        };
+        let changed = self.changed;
+        self.dry = Some(Capture::default());
+        let r = match cmd {
+            Command::Import(imp) => self.import(*imp).map(|(m, _)| m),
+            cmd => self.handle(cmd).result,
+        };
+        let capture = self.dry.take().unwrap_or_default();
+        self.changed = changed;
+        let message = match r {
+            Ok(m) => m,
+            Err(e) => return outcome(Err(e)),
+        };
+        let before = World::new(self.rs.rules().clone(), &self.sets, self.rs.protect());
+        let rules = capture.rules.map_or_else(|| self.rs.rules().clone(), |(rules, _)| rules);
+        let sets = capture.sets.as_ref().unwrap_or(&self.sets);
+        let after = World::new(rules, sets, self.rs.protect());
+        let preview = Preview { verb, message, before, after, set_changes: capture.set_changes };
+        Outcome { result: Ok(String::new()), exit: false, counts: None, preview: Some(Box::new(preview)) }
+    }
+
     pub(super) fn handle(&mut self, cmd: Command) -> Outcome {
         let done = |result| Outcome { result, exit: false, counts: None, preview: None };
         match cmd {
@@ -770,6 +805,18 @@ impl Daemon {
             Command::Preview(cmd) => self.preview(*cmd),
         }
     }
+}
+
+/// The verb of a change a dry run may preview.
+fn verb(cmd: &Command) -> Option<&'static str> {
+    Some(match cmd {
+        Command::RuleSet { .. } => "rule set",
+        Command::RuleRm { .. } => "rule rm",
+        Command::Import(_) => "rule import",
+        Command::Ban { .. } => "ban",
+        Command::Reload { .. } => "reload",
+        _ => return None,
+    })
 }
 
 /// Starts the owner thread with `daemon`; every change is published on
