@@ -812,7 +812,7 @@ fn stream_answer(
 }
 
 /// `rule ls` on the control socket every 20 ms until `stop`: each
-/// request's latency, ms.
+/// request's latency, ms (NaN if it failed).
 fn probe(net: &Net, stop: &std::sync::atomic::AtomicBool) -> Vec<f64> {
     let mut v = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -822,6 +822,47 @@ fn probe(net: &Net, stop: &std::sync::atomic::AtomicBool) -> Vec<f64> {
         std::thread::sleep(Duration::from_millis(20));
     }
     v
+}
+
+/// A change meanwhile: `policer rule set 198.51.100.N/32 --rate R
+/// --runtime` on the control socket every 20 ms until `stop`, N going
+/// round the /24 and R flipping between 100pps and 101pps each round (so
+/// each request changes what is in force and goes through the owner, as
+/// `policer ban` does), going on from `k` (where the last probe stopped).
+/// Each request's wait, ms, answered or not (a failure after a long wait
+/// is a long wait); how many failed or were refused, and the first one's
+/// words.
+fn probe_change(net: &Net, stop: &std::sync::atomic::AtomicBool, k: &mut u32) -> (Vec<f64>, usize, Option<String>) {
+    let (mut v, mut failed, mut why) = (Vec::new(), 0, None);
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let req = Request::RuleSet {
+            rule: RuleConfig {
+                prefix: format!("198.51.100.{}/32", *k % 256),
+                rate: Some(if (*k / 256).is_multiple_of(2) { "100pps" } else { "101pps" }.into()),
+                ..RuleConfig::default()
+            },
+            runtime: true,
+            replace: false,
+            force: false,
+        };
+        *k = k.wrapping_add(1);
+        let t0 = Instant::now();
+        let ok = match request(net, &req) {
+            Ok(Reply::Done { .. }) => true,
+            Ok(other) => {
+                why.get_or_insert_with(|| format!("{other:?}"));
+                false
+            }
+            Err(e) => {
+                why.get_or_insert_with(|| format!("{e:#}"));
+                false
+            }
+        };
+        v.push(t0.elapsed().as_secs_f64() * 1e3);
+        failed += usize::from(!ok);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (v, failed, why)
 }
 
 /// The 99th percentile of `v` (NaN if empty; a failed request counts as
@@ -835,18 +876,46 @@ fn p99(v: &[f64]) -> f64 {
     s[((s.len() as f64 * 0.99).ceil() as usize).clamp(1, s.len()) - 1]
 }
 
-/// Runs `f` while [`probe`] measures the control socket: what `f` gave,
-/// and the probe's p99 and max.
-fn probed<T>(net: &Net, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
+/// The slowest of `v` (a failed request is infinitely slow).
+fn slowest(v: &[f64]) -> f64 {
+    v.iter().map(|x| if x.is_finite() { *x } else { f64::INFINITY }).fold(0.0, f64::max)
+}
+
+/// What [`probed`] saw on the control socket meanwhile: `rule ls` (a
+/// read, answered from a snapshot) and `rule set --runtime` (a change,
+/// through the owner).
+struct Probes {
+    ls_p99: f64,
+    ls_max: f64,
+    set_p99: f64,
+    set_max: f64,
+    set_n: usize,
+    set_failed: usize,
+    set_why: Option<String>,
+}
+
+/// Runs `f` while [`probe`] reads and [`probe_change`] changes (from its
+/// `k`-th request on) on the control socket: what `f` gave, and both
+/// probes' p99 and max.
+fn probed<T>(net: &Net, k: &mut u32, f: impl FnOnce() -> Result<T>) -> Result<(T, Probes)> {
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let (r, lat) = std::thread::scope(|s| {
+    let (r, ls, (set, set_failed, set_why)) = std::thread::scope(|s| {
         let h = s.spawn(|| probe(net, &stop));
+        let hc = s.spawn(|| probe_change(net, &stop, k));
         let r = f();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        (r, h.join().unwrap_or_default())
+        (r, h.join().unwrap_or_default(), hc.join().unwrap_or_default())
     });
-    let max = lat.iter().map(|x| if x.is_finite() { *x } else { f64::INFINITY }).fold(0.0, f64::max);
-    Ok((r?, p99(&lat), max))
+    let p = Probes {
+        ls_p99: p99(&ls),
+        ls_max: slowest(&ls),
+        set_p99: p99(&set),
+        set_max: slowest(&set),
+        set_n: set.len(),
+        set_failed,
+        set_why,
+    };
+    Ok((r?, p))
 }
 
 /// Issue 41, points 2 and 8: a feed of a million decisions. A daemon
@@ -854,18 +923,45 @@ fn probed<T>(net: &Net, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> 
 /// decisions (~140 MB): start to the set holding them; then a delta
 /// deleting 100 000 by id and 1 000 by value alone; then the million's
 /// own ends (all at once, 60 s after the pull). Throughout, `rule ls` on
-/// the control socket every 20 ms: its p99 (and max) while each runs.
+/// the control socket every 20 ms (a read) and `rule set … --runtime`
+/// every 20 ms (a change, through the owner that also applies the feed):
+/// their p99 and max while each runs.
 fn feed_million_rows(net: &Net, reps: usize) -> Result<Vec<Measure>> {
     const BY_ID: u32 = 100_000;
     const BY_VALUE: u32 = 1_000;
     let note = "a bench-only server of the stream protocol (the real LAPI cannot hold a million decisions in a bench's \
-                time); rule ls every 20 ms meanwhile";
+                time); rule ls and rule set --runtime every 20 ms meanwhile";
     say("control: the CrowdSec feed, 1 000 000 decisions (pull, delete, expire) and control requests meanwhile");
     let server = StreamServer::start(&net.sb.rx_ns, 18_498)?;
     let state = crate::daemon::state_dir_of(&net.sb.config);
-    let (mut pull, mut pull_p99, mut del, mut del_p99, mut exp, mut exp_p99) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
-    let mut worst: f64 = 0.0;
+    // Per phase (pull, delete, expire): its time, and the probes' p99 and
+    // max for each run.
+    #[derive(Default)]
+    struct Phase {
+        ms: Vec<f64>,
+        ls_p99: Vec<f64>,
+        ls_max: f64,
+        set_p99: Vec<f64>,
+        set_max: Vec<f64>,
+        set_n: usize,
+        set_failed: usize,
+        set_why: Option<String>,
+    }
+    impl Phase {
+        fn add(&mut self, ms: f64, p: Probes) {
+            self.ms.push(ms);
+            self.ls_p99.push(p.ls_p99);
+            self.ls_max = self.ls_max.max(p.ls_max);
+            self.set_p99.push(p.set_p99);
+            self.set_max.push(p.set_max);
+            self.set_n += p.set_n;
+            self.set_failed += p.set_failed;
+            if self.set_why.is_none() {
+                self.set_why = p.set_why;
+            }
+        }
+    }
+    let (mut pull, mut del, mut exp) = (Phase::default(), Phase::default(), Phase::default());
     for _ in 0..reps {
         let _ = std::fs::remove_dir_all(&state);
         std::fs::write(
@@ -877,91 +973,102 @@ fn feed_million_rows(net: &Net, reps: usize) -> Result<Vec<Measure>> {
             ),
         )?;
         server.queue(stream_answer(0..MILLION, "60s", 0..0, 0..0));
+        // The changes' requests, counted over the three phases: each is a
+        // change (a rule added, or its rate flipped), never "unchanged".
+        let mut k = 0;
         let t_pull = Instant::now();
         // Probed from the daemon's start (its control socket up) until the
         // set holds the million: the pull runs from the start on.
         let (mut d, _) = start(net, &[]);
-        let (ms, p, mx) = probed(net, || {
+        let (ms, p) = probed(net, &mut k, || {
             if wait_feed_line(&d, MILLION, Duration::from_secs(300)).is_none() {
                 bail!("the feed did not put {MILLION} decisions in force in 300 s:\n{}", d.stdout());
             }
             Ok(t_pull.elapsed().as_secs_f64() * 1e3)
         })?;
-        pull.push(ms);
-        pull_p99.push(p);
-        worst = worst.max(mx);
+        pull.add(ms, p);
         let left = MILLION - BY_ID - BY_VALUE;
         server.queue(stream_answer(0..0, "60s", 0..BY_ID, BY_ID..BY_ID + BY_VALUE));
-        let (ms, p, mx) = probed(net, || {
+        let (ms, p) = probed(net, &mut k, || {
             let t0 = Instant::now();
             let Some(_) = wait_feed_line(&d, left, Duration::from_secs(120)) else {
                 bail!("the feed did not delete {} decisions in 120 s:\n{}", BY_ID + BY_VALUE, d.stdout());
             };
             Ok(t0.elapsed().as_secs_f64() * 1e3)
         })?;
-        del.push(ms);
-        del_p99.push(p);
-        worst = worst.max(mx);
+        del.add(ms, p);
         // The ends: 60 s after the pull (± the pull's own time).
         let end = t_pull + Duration::from_secs(60);
         std::thread::sleep(end.saturating_duration_since(Instant::now()).saturating_sub(Duration::from_secs(2)));
-        let (ms, p, mx) = probed(net, || {
+        let (ms, p) = probed(net, &mut k, || {
             let Some(_) = wait_feed_line(&d, 0, Duration::from_secs(180)) else {
                 bail!("the million's ends did not empty the set in 180 s:\n{}", d.stdout());
             };
             Ok(Instant::now().saturating_duration_since(end).as_secs_f64() * 1e3)
         })?;
-        exp.push(ms);
-        exp_p99.push(p);
-        worst = worst.max(mx);
+        exp.add(ms, p);
         d.stop_with(libc::SIGTERM);
     }
     let _ = std::fs::remove_dir_all(&state);
     drop(server);
-    Ok(vec![
-        m(
+    let worst = pull.ls_max.max(del.ls_max).max(exp.ls_max);
+    let mut rows = vec![];
+    for (ph, key, label, ms_note, ls_label, ls_note, while_) in [
+        (
+            &pull,
             "crowdsec_pull_1m",
             "CrowdSec feed: 1 000 000 decisions in force after a start (start to set written)",
-            "ms",
-            &pull,
             note,
-        ),
-        m(
-            "crowdsec_pull_1m_control_p99",
             "control request (rule ls) p99 while 1 000 000 decisions are pulled",
-            "ms",
-            &pull_p99,
             format!("target ≤ 100 ms; the slowest of all runs {worst:.1} ms"),
+            "while 1 000 000 decisions are pulled",
         ),
-        m(
+        (
+            &del,
             "crowdsec_delete_1m",
             "CrowdSec feed: 100 000 deletions by id and 1 000 by value over 1 000 000, in force",
-            "ms",
-            &del,
             "includes waiting up to 1 s for the next poll",
-        ),
-        m(
-            "crowdsec_delete_1m_control_p99",
             "control request (rule ls) p99 while they are applied",
-            "ms",
-            &del_p99,
-            "target ≤ 100 ms",
+            "target ≤ 100 ms".to_string(),
+            "while 101 000 of them are deleted",
         ),
-        m(
+        (
+            &exp,
             "crowdsec_expire_1m",
             "CrowdSec feed: 1 000 000 decisions ending at once, from their end to the set emptied",
-            "ms",
-            &exp,
             "decisions end within a second of their end (checked once a second)",
-        ),
-        m(
-            "crowdsec_expire_1m_control_p99",
             "control request (rule ls) p99 while they end",
-            "ms",
-            &exp_p99,
-            "target ≤ 100 ms",
+            "target ≤ 100 ms".to_string(),
+            "while they end",
         ),
-    ])
+    ] {
+        rows.push(m(key, label, "ms", &ph.ms, ms_note));
+        rows.push(m(&format!("{key}_control_p99"), ls_label, "ms", &ph.ls_p99, ls_note));
+        let failed = match (&ph.set_why, ph.set_failed) {
+            (_, 0) => String::new(),
+            (Some(w), n) => format!("; {n} failed or were refused (each counted as its wait), the first: {w}"),
+            (None, n) => format!("; {n} failed (each counted as its wait)"),
+        };
+        rows.push(m(
+            &format!("{key}_change_p99"),
+            &format!("control change (`rule set 198.51.100.N/32 --rate 100pps --runtime`) p99 {while_}"),
+            "ms",
+            &ph.set_p99,
+            format!(
+                "target ≤ 100 ms; a change goes through the owner, which also applies the feed; {} requests, one \
+                 every 20 ms after the last answer{failed}",
+                ph.set_n
+            ),
+        ));
+        rows.push(m(
+            &format!("{key}_change_max"),
+            &format!("control change (`rule set … --runtime`): the longest wait {while_}"),
+            "ms",
+            &ph.set_max,
+            "target ≤ 100 ms (issue 41, point 2: no control request waits longer)",
+        ));
+    }
+    Ok(rows)
 }
 
 /// Only the import rows (`policer-bench --only import`).

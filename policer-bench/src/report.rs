@@ -647,6 +647,42 @@ pub fn targets(r: &Results) -> Vec<Target> {
             "ms",
             100.0,
         ),
+        (
+            "crowdsec_pull_1m_change_p99",
+            "control changes (`rule set … --runtime`) wait ≤ 100 ms (p99) while 1 000 000 CrowdSec decisions are pulled",
+            "ms",
+            100.0,
+        ),
+        (
+            "crowdsec_pull_1m_change_max",
+            "no control change waits > 100 ms while 1 000 000 CrowdSec decisions are pulled",
+            "ms",
+            100.0,
+        ),
+        (
+            "crowdsec_delete_1m_change_p99",
+            "control changes wait ≤ 100 ms (p99) while 101 000 of 1 000 000 CrowdSec decisions are deleted",
+            "ms",
+            100.0,
+        ),
+        (
+            "crowdsec_delete_1m_change_max",
+            "no control change waits > 100 ms while 101 000 of 1 000 000 CrowdSec decisions are deleted",
+            "ms",
+            100.0,
+        ),
+        (
+            "crowdsec_expire_1m_change_p99",
+            "control changes wait ≤ 100 ms (p99) while 1 000 000 CrowdSec decisions end",
+            "ms",
+            100.0,
+        ),
+        (
+            "crowdsec_expire_1m_change_max",
+            "no control change waits > 100 ms while 1 000 000 CrowdSec decisions end",
+            "ms",
+            100.0,
+        ),
     ] {
         let mut tg = target(key, what, unit, limit, cm(key), || "see the control-plane table".into());
         if tg.met.is_none()
