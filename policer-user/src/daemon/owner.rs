@@ -767,6 +767,14 @@ impl Daemon {
         Outcome { result: Ok(String::new()), exit: false, counts: None, preview: Some(Box::new(preview)) }
     }
 
+    /// `policer rule import` (and a feed's delta, an import of its set):
+    /// planned in `sets.rs` ([`Daemon::plan_import`]), then previewed or
+    /// written.
+    pub(super) fn import(&mut self, imp: super::sets::Import) -> Result<(String, crate::control::ImportCounts)> {
+        let plan = self.plan_import(imp)?;
+        if self.dry() { self.preview_import(plan) } else { self.write_import(plan) }
+    }
+
     pub(super) fn handle(&mut self, cmd: Command) -> Outcome {
         let done = |result| Outcome { result, exit: false, counts: None, preview: None };
         match cmd {

@@ -299,6 +299,24 @@ fn delete(fds: TrieWriter, nets: &[IpNet]) -> Result<()> {
     fds.delete_all(true, v6)
 }
 
+/// An import, planned ([`Daemon::plan_import`]): the set as it will be,
+/// what changes, and what the answer and the timings need.
+pub(super) struct ImportPlan {
+    imp: Import,
+    /// `--set` was given (the set becomes the list, not the union).
+    explicit: bool,
+    name: String,
+    header: Header,
+    spec4: RuleSpec,
+    spec6: RuleSpec,
+    entries: Vec<IpNet>,
+    d: sets::Diff,
+    /// A feed's entries left out: (inside a protected prefix, a rule's prefix).
+    refused: (usize, usize),
+    t0: Instant,
+    t_checked: std::time::Duration,
+}
+
 /// Sorted union of two sorted lists.
 fn union(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
     let mut out = Vec::with_capacity(a.len() + b.len());
@@ -310,9 +328,12 @@ fn union(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
 }
 
 impl Daemon {
-    /// `policer rule import`: the set becomes the file (`--set`), or the
-    /// implicit set grows by it; in one change, all or nothing.
-    pub(super) fn import(&mut self, mut imp: Import) -> Result<(String, crate::control::ImportCounts)> {
+    /// Plans `policer rule import`: the set becomes the file (`--set`), or
+    /// the implicit set grows by it. Judged whole (name, the feed's set,
+    /// `--max-remove`, conflicts with rules and bans, the rule limit);
+    /// nothing written. The owner previews it or writes it
+    /// (`owner.rs`: `Daemon::import`).
+    pub(super) fn plan_import(&mut self, mut imp: Import) -> Result<ImportPlan> {
         let t0 = Instant::now();
         let explicit = imp.set.is_some();
         let expires_ms = match &imp.rule.ttl {
@@ -383,10 +404,14 @@ impl Daemon {
         self.check_capacity(&name, &entries)?;
         let header = Header { name: name.clone(), rule, expires_ms };
         let t_checked = t0.elapsed();
-        if self.dry() {
-            return self.preview_import(&imp, header, spec4, spec6, entries, &d);
-        }
+        Ok(ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, t0, t_checked })
+    }
 
+    /// Writes an import's plan ([`plan_import`](Self::plan_import)) in one
+    /// change, all or nothing: the set's state file staged, the tries
+    /// written in steps, the file put in place.
+    pub(super) fn write_import(&mut self, plan: ImportPlan) -> Result<(String, crate::control::ImportCounts)> {
+        let ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, t0, t_checked } = plan;
         let fds = self.policer.trie_writer()?;
         let old = self.sets.get(&name).cloned();
         let (slot, new_slot) = match &old {
@@ -507,15 +532,8 @@ impl Daemon {
 
     /// A dry run's import, once checked as the real one is: a slot for a
     /// new set, the sets after and the set's change; nothing written.
-    fn preview_import(
-        &mut self,
-        imp: &Import,
-        header: Header,
-        spec4: RuleSpec,
-        spec6: RuleSpec,
-        entries: Vec<IpNet>,
-        d: &sets::Diff,
-    ) -> Result<(String, crate::control::ImportCounts)> {
+    pub(super) fn preview_import(&mut self, plan: ImportPlan) -> Result<(String, crate::control::ImportCounts)> {
+        let ImportPlan { imp, header, spec4, spec6, entries, d, .. } = plan;
         let name = header.name.clone();
         let old = self.sets.get(&name).cloned();
         if old.is_none() && self.rs.free_slot_count() == 0 {
