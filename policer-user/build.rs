@@ -24,5 +24,28 @@ fn main() -> anyhow::Result<()> {
     aya_build::build_ebpf(
         [Package { name: "policer-ebpf", root_dir: root, ..Default::default() }],
         Toolchain::Custom(&toolchain),
-    )
+    )?;
+    strip_debug()
+}
+
+/// Drops the object's DWARF (`.debug_*`, about half of it) before it is
+/// embedded: bpf-linker makes the BTF the loader and the verifier use
+/// (`.BTF`, `.BTF.ext` with its line info) from it, and nothing reads it
+/// after (`llvm-strip -g`, as the kernel's BPF selftests do). The program's
+/// sections are untouched. The LLVM bpf-linker is built against ships
+/// llvm-objcopy; without it the object is embedded as built, said once.
+fn strip_debug() -> anyhow::Result<()> {
+    let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("policer");
+    if std::fs::metadata(&out).map(|m| m.len() == 0).unwrap_or(true) {
+        return Ok(());
+    }
+    let objcopy = std::env::var("LLVM_PREFIX").unwrap_or_else(|_| "/usr/lib/llvm-22".into()) + "/bin/llvm-objcopy";
+    match std::process::Command::new(&objcopy).arg("--strip-debug").arg(&out).status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => anyhow::bail!("{objcopy} --strip-debug {}: {s}", out.display()),
+        Err(e) => {
+            println!("cargo::warning=the XDP object is embedded with its DWARF: {objcopy}: {e}");
+            Ok(())
+        }
+    }
 }
