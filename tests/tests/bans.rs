@@ -716,6 +716,14 @@ fn a_group_refused_on_a_full_disk_never_reaches_the_kernel_the_log_or_the_bans()
     policer(&sb, &["rule", "set", "192.0.2.0/24", "--action", "deny"]);
     let ls = policer(&sb, &["ban", "ls", "--json"]);
     assert!(ls.contains("\"prefix\": \"10.72.0.1\"") && ls.contains("\"origin\": \"auto\""), "{ls}");
+    // The owner logs an automatic ban at its scan of the ban store (once
+    // a second), which may come after `ban ls` already shows it: the log
+    // is read from that line on, so that it belongs to what took effect.
+    let t0 = std::time::Instant::now();
+    while !d.stdout().lines().any(|l| l.contains("change by") && l.contains("10.72.0.1")) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the automatic ban was never logged:\n{}", d.stdout());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let out_before = d.stdout();
     disk.fill();
 
