@@ -509,11 +509,7 @@ impl ConfigFile {
             // number of blank lines there (no meaning; both parse to the
             // same document, which the tests check on the file written).
             let lines = |t: &str| t.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect::<Vec<_>>();
-            assert_eq!(
-                whole.map(|(t, _)| lines(&t)).ok(),
-                Some(lines(&out)),
-                "splice.rs and edit.rs disagree:\n{out}"
-            );
+            assert_eq!(whole.map(|(t, _)| lines(&t)).ok(), Some(lines(&out)), "splice.rs and edit.rs disagree:\n{out}");
             SPLICED.with(|n| n.set(n.get() + 1));
         }
         Some((out, ops))
