@@ -35,12 +35,20 @@ pub const DEFAULT_MIN_PREFIX_V4: u8 = 8;
 pub const DEFAULT_MIN_PREFIX_V6: u8 = 32;
 /// What a feed may cover in all, per family, as a prefix length: at most
 /// as many addresses as one prefix of it (`max_cover_v4`/`_v6`). By
-/// default twice the widest range a decision may have (a /7's worth of
-/// IPv4, 0.8 % of it; a /31's worth of IPv6): a feed holding the widest
+/// default a /7's worth of IPv4 (0.8 % of it) and a /31's worth of IPv6,
+/// or twice the widest range a decision may have where `min_prefix_len`
+/// allows wider ones (`min_prefix_len - 1`): a feed holding the widest
 /// decision allowed and as much again is taken, 256 `/8`s (all of IPv4)
-/// are not. A pull beyond it is refused whole.
-pub fn default_max_cover(min_prefix_len: u8) -> u8 {
-    min_prefix_len.saturating_sub(1)
+/// are not. A stricter `min_prefix_len` (24) does not shrink it: the
+/// bound is on the feed, not on one decision. A pull beyond it is refused
+/// whole.
+pub fn default_max_cover_v4(min_prefix_len: u8) -> u8 {
+    min_prefix_len.saturating_sub(1).min(DEFAULT_MIN_PREFIX_V4 - 1)
+}
+
+/// [`default_max_cover_v4`] for IPv6: at most a /31's worth.
+pub fn default_max_cover_v6(min_prefix_len: u8) -> u8 {
+    min_prefix_len.saturating_sub(1).min(DEFAULT_MIN_PREFIX_V6 - 1)
 }
 
 /// `[crowdsec]`: the Local API to pull decisions from (and, with
@@ -93,8 +101,9 @@ pub struct CrowdsecConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_prefix_len_v6: Option<u8>,
     /// What all the decisions may cover, per family, as a prefix length:
-    /// at most as many addresses as one such prefix (default: twice the
-    /// widest decision, /7 and /31). A pull beyond it is refused whole.
+    /// at most as many addresses as one such prefix (default /7 and /31,
+    /// or `min_prefix_len - 1` where that is wider). A pull beyond it is
+    /// refused whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cover_v4: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -287,13 +296,16 @@ impl CrowdsecConfig {
         if min_v4 > 32 || min_v6 > 128 {
             return Err(Error::Invalid("crowdsec: min_prefix_len_v4 is at most 32, min_prefix_len_v6 128".into()));
         }
-        let max_cover_v4 = self.max_cover_v4.unwrap_or_else(|| default_max_cover(min_v4));
-        let max_cover_v6 = self.max_cover_v6.unwrap_or_else(|| default_max_cover(min_v6));
-        if max_cover_v4 > 32 || max_cover_v6 > 128 {
+        let max_cover_v4 = self.max_cover_v4.unwrap_or_else(|| default_max_cover_v4(min_v4));
+        let max_cover_v6 = self.max_cover_v6.unwrap_or_else(|| default_max_cover_v6(min_v6));
+        if max_cover_v4 > 32 {
             return Err(Error::Invalid(
-                "crowdsec: max_cover_v4 is a prefix length of at most 32, max_cover_v6 of at most 128; write \
-                 max_cover_v4 = 7"
-                    .into(),
+                "crowdsec: max_cover_v4 is a prefix length of at most 32; write max_cover_v4 = 7".into(),
+            ));
+        }
+        if max_cover_v6 > 128 {
+            return Err(Error::Invalid(
+                "crowdsec: max_cover_v6 is a prefix length of at most 128; write max_cover_v6 = 31".into(),
             ));
         }
         let publish = if self.publish {
@@ -1392,6 +1404,42 @@ mod tests {
             let e = bad.settings(std::path::Path::new("/")).unwrap_err().to_string();
             assert!(e.contains("max_cover"), "{e}");
         }
+    }
+
+    /// A stricter `min_prefix_len` bounds each decision, not the feed: the
+    /// default cover stays a /7's (a /31's) worth, and a feed of a few
+    /// thousand hosts is taken (a default of `min_prefix_len - 1`, /23,
+    /// refused any feed of more than 512 hosts).
+    #[test]
+    fn a_stricter_min_prefix_len_does_not_shrink_the_default_cover() {
+        let with = |v4: u8, v6: u8| {
+            CrowdsecConfig {
+                lapi_url: "http://127.0.0.1:8080/".into(),
+                api_key: Some("k".into()),
+                min_prefix_len_v4: Some(v4),
+                min_prefix_len_v6: Some(v6),
+                ..Default::default()
+            }
+            .settings(std::path::Path::new("/"))
+            .unwrap()
+        };
+        let s = with(24, 64);
+        assert_eq!((s.max_cover_v4, s.max_cover_v6), (7, 31));
+        // Wider single decisions allowed: twice the widest.
+        let wide = with(4, 16);
+        assert_eq!((wide.max_cover_v4, wide.max_cover_v6), (3, 15));
+        let hosts: Vec<Value> = (0..2000u32)
+            .map(|i| dj(i64::from(i), "Ip", &std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string(), "ban", "1h"))
+            .chain((0..2000u32).map(|i| dj(10_000 + i64::from(i), "Ip", &format!("2001:db8::{i:x}"), "ban", "1h")))
+            .collect();
+        let mut st = Store::default();
+        let a = st.apply(&s, &pull(&s, hosts, vec![]), true, 0).unwrap();
+        assert_eq!((a.added, st.values()), (4000, 4000));
+        // The bound still holds: 33 /8s are more than a /3's worth.
+        let eights: Vec<Value> =
+            (0..33).map(|i| dj(20_000 + i, "Range", &format!("{}.0.0.0/8", 100 + i), "ban", "1h")).collect();
+        let e = st.apply(&wide, &pull(&wide, eights, vec![]), true, 1).unwrap_err();
+        assert!(e.contains("max_cover_v4 = 3"), "{e}");
     }
 
     #[test]

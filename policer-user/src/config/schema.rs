@@ -477,11 +477,11 @@ pub static KEYS: &[Key] = &[
         C::MaxCoverV4,
         "max_cover_v4",
         "integer",
-        "min_prefix_len_v4 - 1 (7)",
+        "7, or min_prefix_len_v4 - 1 if shorter",
         "What all the decisions may cover: as many IPv4 addresses as one prefix of this length. A pull beyond it \
          is refused whole; what was in force stays.",
     ),
-    crowdsec(C::MaxCoverV6, "max_cover_v6", "integer", "min_prefix_len_v6 - 1 (31)", "The same for IPv6."),
+    crowdsec(C::MaxCoverV6, "max_cover_v6", "integer", "31, or min_prefix_len_v6 - 1 if shorter", "The same for IPv6."),
     crowdsec(
         C::Publish,
         "publish",
