@@ -716,6 +716,15 @@ pub struct Held {
     pub origin: Arc<str>,
 }
 
+/// Why a state file is not restored.
+#[derive(Debug, PartialEq)]
+pub enum Restore {
+    /// Not the feed's state file.
+    Unreadable(String),
+    /// Its decisions cover more than `max_cover_v4`/`_v6` (why).
+    Cover(String),
+}
+
 /// What one pull changed.
 #[derive(Debug, Default, PartialEq)]
 pub struct Applied {
@@ -977,6 +986,18 @@ impl Store {
         }
         a.changed = std::mem::take(&mut self.values_changed);
         Ok(a)
+    }
+
+    /// The decisions of a previous run's state file (`text`) still in
+    /// force at `now_ms`, and how many ended while it was stopped. A file
+    /// whose decisions cover more than `max_cover_v4`/`_v6` (written before
+    /// the bound, or under a wider one) is refused as a pull beyond it is:
+    /// [`Restore::Cover`], and the daemon starts empty.
+    pub fn restore(text: &[u8], s: &Settings, now_ms: u64) -> std::result::Result<(Store, usize), Restore> {
+        let mut st = serde_json::from_slice::<Store>(text).map_err(|e| Restore::Unreadable(e.to_string()))?;
+        let (ended, _) = st.expire(now_ms);
+        st.check_cover(s).map_err(Restore::Cover)?;
+        Ok((st, ended))
     }
 
     /// Whether both hold the same values.
@@ -1440,6 +1461,26 @@ mod tests {
             (0..33).map(|i| dj(20_000 + i, "Range", &format!("{}.0.0.0/8", 100 + i), "ban", "1h")).collect();
         let e = st.apply(&wide, &pull(&wide, eights, vec![]), true, 1).unwrap_err();
         assert!(e.contains("max_cover_v4 = 3"), "{e}");
+    }
+
+    /// A restart must not bring back what a pull would be refused: a state
+    /// file beyond `max_cover` (written before the bound, or under a wider
+    /// one) is refused, one within it restored less what ended.
+    #[test]
+    fn a_state_file_beyond_max_cover_is_not_restored() {
+        let s = settings();
+        let beyond = r#"{"held":{"1":{"net":"10.0.0.0/8","until_ms":9000,"origin":"cscli"},
+                                 "2":{"net":"11.0.0.0/8","until_ms":9000,"origin":"cscli"},
+                                 "3":{"net":"192.0.2.1/32","until_ms":9000,"origin":"cscli"}}}"#;
+        match Store::restore(beyond.as_bytes(), &s, 10) {
+            Err(Restore::Cover(why)) => assert!(why.contains("max_cover_v4 = 7"), "{why}"),
+            other => panic!("a state file beyond max_cover was taken: {other:?}"),
+        }
+        // The same file once one /8 has ended: within the bound.
+        let some_ended = beyond.replacen(r#""until_ms":9000"#, r#""until_ms":5"#, 1);
+        let (st, ended) = Store::restore(some_ended.as_bytes(), &s, 10).unwrap();
+        assert_eq!((st.len(), ended), (2, 1));
+        assert!(matches!(Store::restore(b"{}", &s, 10), Err(Restore::Unreadable(_))));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::{Command, Owner, Views, bans::AutoBan};
 use crate::{
     control::FeedStatus,
-    crowdsec::{Applied, Pull, Settings, Store, Url},
+    crowdsec::{Applied, Pull, Restore, Settings, Store, Url},
     error::{Error, Result},
     rules::RuleConfig,
 };
@@ -313,19 +313,23 @@ impl Run {
         });
     }
 
-    /// Reads the file of a previous run: what has not ended yet.
+    /// Reads the file of a previous run: what has not ended yet. A file
+    /// beyond `max_cover` is refused as a pull beyond it is (counted
+    /// `cover`, the reason in `status`): the feed starts empty and writes
+    /// the set empty, since the set saved with the file holds them.
     async fn restore(&mut self) {
-        let file = self.file.clone();
+        let (file, s) = (self.file.clone(), self.s.clone());
         let r = self
-            .on_store(move |st| -> std::result::Result<Option<(usize, usize)>, String> {
+            .on_store(move |st| -> std::result::Result<Option<(usize, usize)>, Restore> {
                 let text = match crate::files::read_regular(&file, crate::files::FEED_STATE) {
                     Ok(t) => t,
                     Err(e) if e.is_not_found() => return Ok(None),
-                    Err(e) => return Err(format!("cannot read {}: {e}; starting empty", file.display())),
+                    Err(e) => return Err(Restore::Unreadable(format!("cannot read {}: {e}", file.display()))),
                 };
-                let mut read = serde_json::from_slice::<Store>(&text)
-                    .map_err(|e| format!("{} is unreadable ({e}); starting empty", file.display()))?;
-                let (ended, _) = read.expire(crate::duration::unix_ms());
+                let (read, ended) = Store::restore(&text, &s, crate::duration::unix_ms()).map_err(|e| match e {
+                    Restore::Unreadable(e) => Restore::Unreadable(format!("{} is unreadable ({e})", file.display())),
+                    cover => cover,
+                })?;
                 *st = read;
                 Ok(Some((st.len(), ended)))
             })
@@ -340,7 +344,18 @@ impl Run {
                 );
                 self.dirty = true;
             }
-            Some(Err(e)) => say_err!("policer: crowdsec: {e}"),
+            Some(Err(Restore::Cover(why))) => {
+                let why = format!("max_cover: the decisions of {}: {why}; not restored", self.file.display());
+                say_err!(
+                    "policer: crowdsec: {why}: starting empty, the set '{}' emptied until the first pull",
+                    self.s.set
+                );
+                self.error("cover", &why);
+                self.status(|st| st.last_error = Some(why));
+                // The set saved with the file holds them: written empty.
+                self.dirty = true;
+            }
+            Some(Err(Restore::Unreadable(e))) => say_err!("policer: crowdsec: {e}; starting empty"),
             None => say_err!("policer: crowdsec: reading {} failed; starting empty", self.file.display()),
         }
     }
