@@ -824,6 +824,80 @@ fn a_group_refused_on_a_full_disk_never_reaches_the_kernel_the_log_or_the_bans()
 /// arrive again within half a second of the end, measured on the receiving
 /// side (they used to wait for the import: 1.4–1.8 s with the release
 /// build, 2 s and more with the debug one).
+/// The last ban ends while the owner writes a new set (no other set holds
+/// entries): the expiry's plan leaves only default rules, which would turn
+/// the default-rules fast path on, skipping the tries the set is being
+/// written to. After the import the set's deny holds for its sources, and
+/// the source of the ended ban passes. The ban's end is placed in the
+/// owner's part of the import (the answer's `in X s`, before the answer),
+/// moved there over a few tries as this machine's import takes.
+#[test]
+fn a_set_imported_while_the_last_ban_ends_is_judged_by_the_tries() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("banfast");
+    let d = daemon(&sb);
+    let list = std::env::temp_dir().join(format!("policer-banfast-{}.txt", std::process::id()));
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&list).unwrap());
+        for i in 0..1_000_000u32 {
+            writeln!(f, "100.{}.{}.{}", 64 + (i >> 16), (i >> 8) & 255, i & 255).unwrap();
+        }
+    }
+    let list_s = list.to_str().unwrap().to_string();
+    let mut for_ms = 1500u64;
+    let mut rounds = Vec::new();
+    let mut hit = false;
+    for _ in 0..5 {
+        let tb = std::time::Instant::now();
+        policer(&sb, &["ban", "10.74.0.0/24", "--for", &format!("{for_ms}ms")]);
+        let tb_ret = std::time::Instant::now();
+        let out = policer(&sb, &["--timeout", "120", "rule", "import", &list_s, "--action", "deny", "--set", "busy"]);
+        let answered = std::time::Instant::now();
+        // The owner's part: "... in X.XX s" of the answer.
+        let w = out
+            .rsplit_once(" in ")
+            .and_then(|(_, t)| t.split_whitespace().next())
+            .and_then(|t| t.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no time in the import's answer: {out}"));
+        let owner_from = answered.checked_sub(Duration::from_secs_f64(w)).unwrap_or(tb);
+        let (end_lo, end_hi) = (tb + Duration::from_millis(for_ms), tb_ret + Duration::from_millis(for_ms));
+        rounds.push((for_ms, w, end_lo.saturating_duration_since(owner_from), answered.duration_since(tb)));
+        if end_lo > owner_from && end_hi + Duration::from_millis(30) < answered {
+            hit = true;
+            break;
+        }
+        // Not inside: the set goes, the ban ends, and the next ban aims
+        // at the middle of the owner's part of this import.
+        policer(&sb, &["rule", "rm", "--set", "busy"]);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while policer(&sb, &["ban", "ls"]).contains("10.74.0.0/24") {
+            assert!(std::time::Instant::now() < until, "the ban did not end");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let aim = answered.duration_since(tb).as_secs_f64() - w / 2.0;
+        for_ms = ((aim * 1000.0) as u64).max(200);
+    }
+    let _ = std::fs::remove_file(&list);
+    assert!(
+        hit,
+        "no ban ended inside the owner's part of an import (for_ms, owner s, end after owner start, answered): {rounds:?}"
+    );
+    let ls = policer(&sb, &["ban", "ls"]);
+    assert!(!ls.contains("10.74.0.0/24"), "{ls}");
+    let flows =
+        [Flow { src: ip("100.64.1.2"), pps: 1000.0, len: 64 }, Flow { src: ip("10.74.0.1"), pps: 1000.0, len: 64 }];
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(1));
+    assert!(sent.sent[0] > 500 && sent.sent[1] > 500, "sent {:?}", sent.sent);
+    assert!(got.per_flow[1] > 0, "the ended ban's source is still dropped: {:?}; {}", got.per_flow, d.stderr());
+    assert_eq!(
+        got.per_flow[0], 0,
+        "frames of a source in the deny set passed after the import ({rounds:?}): the fast path skips the tries"
+    );
+}
+
 #[test]
 fn a_ban_ends_on_time_while_the_owner_imports_a_million_entries() {
     if !privileged("bans tier") {

@@ -527,6 +527,9 @@ impl Daemon {
         }
         self.sets.insert(name, next);
         self.changed = true;
+        // The fast path follows the rules and sets now in force (a ban
+        // that ended mid-import left it off).
+        self.sync_fast_path()?;
         Ok((msg, counts))
     }
 
@@ -646,6 +649,11 @@ impl Daemon {
         }
         let before = self.ban_values();
         self.expire();
+        // The expiry's plan turned the fast path on if only default rules
+        // are left, but the set being written is not in `self.sets` yet:
+        // back to the tries (the import's end derives it from the sets
+        // then in force).
+        self.fast_path_off()?;
         let after = self.ban_values();
         let ended: Vec<(IpNet, Rule)> = before.into_iter().filter(|b| !after.contains(b)).collect();
         if ended.is_empty() || done.is_empty() {
