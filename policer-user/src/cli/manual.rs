@@ -401,13 +401,18 @@ sources. The capture is streamed: memory stays bounded whatever its size (the so
 or twice --top; past that the sources with the fewest drops are let go, and the report says so). Frames are \
 judged in order, up to 34 to a test run (millions a second); a frame longer than a test run takes (3 520 bytes) \
 is replayed clipped, its IP length made to fit, and counted in clipped_frames. A progress bar is shown on a \
-terminal. FILE may be a FIFO (mkfifo; tcpdump -w FIFO): replay waits at most 30 s for a writer to open it, and \
-says so. A damaged capture is refused at the first bad record, named by frame number and byte offset (a record \
+terminal. FILE may be a FIFO (mkfifo; tcpdump -U -w FIFO: without -U tcpdump holds even the file's header until \
+its buffer fills): replay waits at most 30 s for a writer to open it, and says so. A damaged capture is refused \
+at the first bad record, named by frame number and byte offset (a record \
 whose captured length is past the file's snap length or 256 KiB is refused by its header, before anything is read \
 for it). Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
         examples: &[
             ("What 2 kpps with bursts of 50 would have done", "policer replay tuesday.pcap --rate 2kpps --burst 50"),
             ("A candidate config against a capture", "policer replay tuesday.pcapng --config new.toml --top 20"),
+            (
+                "Live traffic through a FIFO",
+                "mkfifo /tmp/live; tcpdump -i eth0 -U -w /tmp/live & policer replay /tmp/live",
+            ),
         ],
         json: None,
         see_also: &["policer-check", "policer-capture", "policer-inspect"],

@@ -7,7 +7,7 @@
 use std::{
     fs::File,
     io::{BufRead, BufReader, Read},
-    os::{fd::AsRawFd, unix::fs::FileTypeExt},
+    os::unix::fs::FileTypeExt,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -178,8 +178,8 @@ impl Capture {
                     None => break None,
                     Some(Err(PcapNgReadError::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                         return Err(bad(format!(
-                            "the file ends inside a block, {} bytes in (cut short, or a block length past its end: \
-                             damaged)",
+                            "the file ends inside a block, at or before byte {} (cut short, or a block length past \
+                             its end: damaged)",
                             self.read.get()
                         )));
                     }
@@ -284,65 +284,66 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Opens the capture. A FIFO is opened without waiting for a writer (a
-/// plain open would block until one comes, for ever if none does), then
-/// waited on for at most [`FIFO_WAIT`], saying so on stderr: a writer
-/// that opens it (and writes, or closes) ends the wait; none is an error
-/// that names the FIFO.
+/// Opens the capture. A FIFO is waited on for a writer for at most
+/// [`FIFO_WAIT`], saying so on stderr: a plain (blocking) open of its read
+/// end, on a helper thread, returns exactly when a writer opens it (Linux's
+/// poll reports nothing for a writer that has only opened it, and
+/// `tcpdump -w FIFO` without `-U` writes nothing, not even its header,
+/// until its buffer fills). No writer within the wait is an error that
+/// names the FIFO; the helper is then woken by opening the FIFO for
+/// writing here, and both ends are dropped. Reads block as usual after.
 fn open_input(path: &Path, wait: Duration) -> Result<File> {
     let read_err = |source| Error::ConfigRead { path: path.to_path_buf(), source };
     let fifo = std::fs::metadata(path).map(|m| m.file_type().is_fifo()).unwrap_or(false);
     if !fifo {
         return File::open(path).map_err(read_err);
     }
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(read_err)?;
-    if !fifo_ready(&file, Duration::ZERO).map_err(read_err)? {
-        eprintln!(
-            "policer replay: {} is a FIFO with no writer yet; waiting up to {} s for one",
-            path.display(),
-            wait.as_secs()
-        );
-        if !fifo_ready(&file, wait).map_err(read_err)? {
-            return Err(Error::Invalid(format!(
-                "{}: a FIFO that no writer opened within {} s (start the writer, e.g. `tcpdump -w {}`, or replay a \
-                 file)",
-                path.display(),
-                wait.as_secs(),
-                path.display()
-            )));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let opening = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("policer-fifo".into())
+        .spawn(move || {
+            let _ = tx.send(File::open(opening));
+        })
+        .map_err(read_err)?;
+    let deadline = std::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        // A writer already there: no word of waiting.
+        let step = if said { deadline.saturating_duration_since(std::time::Instant::now()) } else { NO_WORD };
+        match rx.recv_timeout(step.min(wait)) {
+            Ok(opened) => return opened.map_err(read_err),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !said && step < wait => {
+                said = true;
+                eprintln!(
+                    "policer replay: {} is a FIFO with no writer yet; waiting up to {} s for one",
+                    path.display(),
+                    wait.as_secs()
+                );
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(read_err(std::io::Error::other("the FIFO's opening thread ended without an answer")));
+            }
         }
     }
-    // Reads block from here on (a writer that pauses is waited for).
-    // SAFETY: fcntl on a descriptor this function owns.
-    let fd = file.as_raw_fd();
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
-        return Err(read_err(std::io::Error::last_os_error()));
+    // Wakes the helper's open (a reader waiting in open counts as one, so
+    // this open succeeds); what it opened is dropped with this end.
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(wake) = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(path) {
+        let _ = rx.recv_timeout(Duration::from_secs(1));
+        drop(wake);
     }
-    Ok(file)
+    Err(Error::Invalid(format!(
+        "{}: no writer opened the FIFO within {} s (start the writer, e.g. `tcpdump -U -w {}`, or replay a file)",
+        path.display(),
+        wait.as_secs(),
+        path.display()
+    )))
 }
 
-/// Whether a writer has come to the FIFO `file` (data to read, or a
-/// writer that came and left) within `wait`. Linux reports neither for a
-/// FIFO no writer ever opened.
-fn fifo_ready(file: &File, wait: Duration) -> std::io::Result<bool> {
-    let mut p = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let deadline = std::time::Instant::now() + wait;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        // SAFETY: one pollfd, valid for the call.
-        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        return Ok(n > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0);
-    }
-}
+/// How long a FIFO's open may take before `replay` says it is waiting.
+const NO_WORD: Duration = Duration::from_millis(100);
 
 /// A clipped frame's IP length made what is left of it, so that the
 /// program parses the clipped frame as the frame it was (an IPv4 total
@@ -398,6 +399,8 @@ fn ethernet(link: Link, data: &[u8], out: &mut Vec<u8>) -> std::result::Result<i
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     /// A little-endian microsecond pcap of Ethernet frames: (caplen, len, data).
@@ -470,7 +473,7 @@ mod tests {
         let t0 = std::time::Instant::now();
         let e = open_input(&path, Duration::from_millis(300)).unwrap_err().to_string();
         assert!(t0.elapsed() < Duration::from_secs(5));
-        assert!(e.contains("no writer opened within"), "{e}");
+        assert!(e.contains("no writer opened the FIFO within"), "{e}");
         // A writer that comes during the wait: its capture is read whole.
         let bytes = pcap(&[(60, 60, &[0u8; 60])]);
         let w = {
@@ -481,6 +484,33 @@ mod tests {
             })
         };
         let mut f = open_input(&path, Duration::from_secs(10)).unwrap();
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).unwrap();
+        w.join().unwrap();
+        assert_eq!(got, bytes);
+    }
+
+    /// Issue 41, point 12 (review): a writer that opens the FIFO and
+    /// writes nothing for a while (`tcpdump -w FIFO` buffers even its
+    /// header) is a writer: the open returns when it opens, and reads wait
+    /// for its bytes. Polling for data refused it after the wait.
+    #[test]
+    fn a_fifo_writer_that_writes_nothing_for_a_while_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fifo");
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a path string valid for the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let bytes = pcap(&[(60, 60, &[0u8; 60])]);
+        let w = {
+            let (path, bytes) = (path.clone(), bytes.clone());
+            std::thread::spawn(move || {
+                let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                std::thread::sleep(Duration::from_secs(1));
+                f.write_all(&bytes).unwrap();
+            })
+        };
+        let mut f = open_input(&path, Duration::from_millis(500)).unwrap();
         let mut got = Vec::new();
         f.read_to_end(&mut got).unwrap();
         w.join().unwrap();
