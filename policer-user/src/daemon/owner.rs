@@ -440,6 +440,9 @@ impl Daemon {
         let path = self.file.path().display().to_string();
         let before = self.rs.specs();
         let plan = reload::plan(&path, &snap.rules, &before, &self.rs.file_specs(), discard_runtime)?;
+        // A file a killed writer cut short: never applied when followed
+        // (refused before the sets' files are read, and said as itself).
+        snap.check_whole(self.file.path(), followed, plan.drastic.as_deref())?;
         let want = &plan.want;
         // The new file's protected prefixes apply with its rules and sets.
         let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
@@ -450,8 +453,6 @@ impl Daemon {
         let config_sets = self.plan_config_sets(&snap.config.sets, want, &protect)?;
         let changing = config_sets.names();
         self.refuse_set_prefixes_but(want, &changing)?;
-        // A file a killed writer cut short: never applied when followed.
-        snap.check_whole(self.file.path(), followed, plan.drastic.as_deref())?;
         let old_protect = self.rs.protect().clone();
         self.rs.set_protect(protect);
         if let Err(e) = self.refuse_protected_entries(&changing) {
