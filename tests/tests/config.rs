@@ -1076,6 +1076,31 @@ fn a_followed_cut_file_without_its_newline_changes_nothing() {
     assert_eq!(rule(&rules(&sb), "198.20.0.0/24").unwrap()["burst"], 80);
 }
 
+/// Review of issue 41, point 5: a followed file cut without its final
+/// newline is refused as such before its sets' list files are read: a set
+/// whose file is missing does not mask the refusal (nor cost the reads).
+/// The same file whole is refused for the set, which shows the set error
+/// was there to mask it.
+#[test]
+fn a_followed_cut_file_is_refused_before_its_sets_are_read() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfgcut3");
+    let dir = Dir::new("cut3");
+    let config = dir.path.join("policer.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let d = attach(&sb, &config);
+    let n = rules(&sb).as_array().unwrap().len();
+    let with_set = format!("{CONFIG}\n[[set]]\nname = \"deny\"\nfile = \"missing-list.txt\"\naction = \"deny\"\n");
+    std::fs::write(&config, with_set.trim_end_matches('\n')).unwrap();
+    wait_for(|| d.stdout().contains("does not end with a newline"), "the cut refused as a cut");
+    assert!(!d.stdout().contains("missing-list.txt"), "the set's error masked the cut:\n{}", d.stdout());
+    std::fs::write(&config, &with_set).unwrap();
+    wait_for(|| d.stdout().contains("missing-list.txt"), "the whole file refused for its set");
+    assert_eq!(rules(&sb).as_array().unwrap().len(), n);
+}
+
 /// Issue 41, point 10: `max_sources = 4294967295` passed `policer check`
 /// and a reload, and the next start failed with ENOMEM. `check` refuses it
 /// with the bound and what it would take; a size at the bound passes.
