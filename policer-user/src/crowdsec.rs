@@ -908,7 +908,7 @@ impl Store {
             if c > bound(len, bits) {
                 return Err(format!(
                     "the decisions would cover {} {fam} addresses, more than {key} = {len} allows (a /{len}'s worth, \
-                     {}): the pull is refused whole and what was in force stays",
+                     {})",
                     if c == u128::MAX { "all".to_string() } else { c.to_string() },
                     bound(len, bits)
                 ));
@@ -934,7 +934,7 @@ impl Store {
             for n in &pull.new {
                 fresh.add(n, now_ms);
             }
-            fresh.check_cover(s)?;
+            fresh.check_cover(s).map_err(|e| format!("{e}: the pull is refused whole"))?;
             let changed = !self.same_values(&fresh);
             let a = Applied { added: pull.new.len(), deleted: self.held.len(), changed };
             *self = fresh;
@@ -982,7 +982,7 @@ impl Store {
                 }
             }
             self.values_changed = false;
-            return Err(e);
+            return Err(format!("{e}: the pull is refused whole"));
         }
         a.changed = std::mem::take(&mut self.values_changed);
         Ok(a)
@@ -1392,6 +1392,8 @@ mod tests {
         let more = pull(&s, vec![dj(3, "Range", "11.0.0.0/8", "ban", "1h")], vec![]);
         let e = st.apply(&s, &more, false, 1).unwrap_err();
         assert!(e.contains("max_cover_v4 = 7") && e.contains("refused"), "{e}");
+        // Said once: the daemon's log adds what stays in force.
+        assert!(e.matches("refused").count() == 1 && !e.contains("in force"), "{e}");
         assert_eq!(st, before, "a refused delta changed what is held");
         assert_eq!(st.prefixes(), before.prefixes());
         assert_eq!(st.cover(), before.cover());
@@ -1424,6 +1426,9 @@ mod tests {
         ] {
             let e = bad.settings(std::path::Path::new("/")).unwrap_err().to_string();
             assert!(e.contains("max_cover"), "{e}");
+            // The example is of the key that is wrong.
+            let (key, other) = if bad.max_cover_v6.is_some() { ("v6 = 31", "v4") } else { ("v4 = 7", "v6") };
+            assert!(e.contains(&format!("max_cover_{key}")) && !e.contains(&format!("max_cover_{other}")), "{e}");
         }
     }
 

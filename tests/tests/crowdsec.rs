@@ -400,7 +400,9 @@ fn a_200_answer_that_is_not_the_stream_is_a_failed_pull_and_changes_nothing() {
     });
     let f = feed(&sb);
     assert_eq!(f["last_sync_success"], false, "{f:#}");
-    assert!(f["last_error"].as_str().unwrap_or("").contains("not a decision stream"), "{f:#}");
+    let why = f["last_error"].as_str().unwrap_or("");
+    assert!(why.contains("not a decision stream"), "{f:#}");
+    assert_eq!(why.matches("decision stream").count(), 1, "said twice: {why}");
     assert_eq!(f["decisions"], 2, "the maintenance answer changed the decisions: {f:#}");
     assert_eq!(set_entries(&sb, "crowdsec"), before, "the maintenance answer changed the set");
     let m = samples(&scrape(&sb.rx_ns, 9487));

@@ -531,7 +531,11 @@ impl Reader {
                             }
                             true
                         }
-                        None => bad(self, &format!("a prefix length of at most {max}"), &format!("{key} = 7")),
+                        None => bad(
+                            self,
+                            &format!("a prefix length of at most {max}"),
+                            &format!("{key} = {}", if v4 { 7 } else { 31 }),
+                        ),
                     }
                 }
             };

@@ -345,7 +345,7 @@ impl Run {
                 self.dirty = true;
             }
             Some(Err(Restore::Cover(why))) => {
-                let why = format!("max_cover: the decisions of {}: {why}; not restored", self.file.display());
+                let why = format!("max_cover: {} not restored: {why}", self.file.display());
                 say_err!(
                     "policer: crowdsec: {why}: starting empty, the set '{}' emptied until the first pull",
                     self.s.set
@@ -497,7 +497,7 @@ impl Run {
             let reader = std::io::BufReader::with_capacity(64 << 10, BodyReader { rx, cur: Bytes::new() });
             let pull = crate::crowdsec::parse_stream(&s, reader).map_err(|e| PullError {
                 kind: if e.is_io() { "body".into() } else { "parse".into() },
-                why: format!("the stream's answer is not the decision stream: {e}; nothing changed"),
+                why: format!("reading the stream's answer: {e}; nothing changed"),
             })?;
             let now = crate::duration::unix_ms();
             let mut st = lock(&store);
