@@ -19,7 +19,6 @@ use policer_common::{
 
 use super::sets::SetState;
 use crate::{
-    compile::Compiled,
     control::{DRY_SAMPLE, DryLive, DryRule, DryRuleChange, DryRunView, DrySet, DrySource, FieldChange},
     loader::MapReader,
     resolve::{By, Resolver, SetList},
@@ -30,8 +29,8 @@ use crate::{
 /// would have started writing.
 #[derive(Default)]
 pub(super) struct Capture {
-    /// The planned rules and rule maps (a change of the rules).
-    pub rules: Option<(super::Rules, Compiled)>,
+    /// The planned rules (a change of the rules).
+    pub rules: Option<super::Rules>,
     /// The sets after (an import, a reload with `[[set]]`s).
     pub sets: Option<BTreeMap<String, SetState>>,
     /// How the sets' entries and rules change.

@@ -558,11 +558,8 @@ impl Daemon {
             })?;
             pending.map(|p| (p, file_edits))
         };
-        if self.dry.is_some() {
-            let compiled = plan.compiled_after(self.rs.compiled());
-            if let Some(d) = self.dry.as_mut() {
-                d.rules = Some((plan.rules, compiled));
-            }
+        if let Some(d) = self.dry.as_mut() {
+            d.rules = Some(plan.rules);
             return Ok(());
         }
         if let Err(e) = self.apply_plan(plan) {
@@ -761,7 +758,7 @@ impl Daemon {
             Err(e) => return outcome(Err(e)),
         };
         let before = World::new(self.rs.rules().clone(), &self.sets, self.rs.protect());
-        let rules = capture.rules.map_or_else(|| self.rs.rules().clone(), |(rules, _)| rules);
+        let rules = capture.rules.unwrap_or_else(|| self.rs.rules().clone());
         let sets = capture.sets.as_ref().unwrap_or(&self.sets);
         let after = World::new(rules, sets, self.rs.protect());
         let preview = Preview { verb, message, before, after, set_changes: capture.set_changes };

@@ -125,7 +125,8 @@ pub(super) struct Delta {
 
 impl Plan {
     /// What the rule maps hold after the plan, the maps in force holding
-    /// `now`.
+    /// `now` (tests: a plan of edits against the whole plan).
+    #[cfg(test)]
     pub fn compiled_after(&self, now: &Compiled) -> Compiled {
         let Some(d) = &self.delta else { return self.compiled.clone() };
         let mut c = now.clone();

@@ -1087,7 +1087,7 @@ impl Daemon {
             }
         }
         if let Some(d) = self.dry.as_mut() {
-            d.rules = Some((rules.rules, rules.compiled));
+            d.rules = Some(rules.rules);
             d.sets = Some(sets);
             d.set_changes = changes;
         }
