@@ -13,7 +13,6 @@
 //! its decisions is in force.
 
 use std::{
-    borrow::Cow,
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
     sync::Arc,
@@ -377,25 +376,24 @@ impl Settings {
 }
 
 /// One decision as the stream sends it. Every field may be missing or odd:
-/// a decision that cannot be read is counted, never applied. Its strings
-/// are borrowed from the answer where they can be: the answer is read a
-/// decision at a time ([`parse_stream`]), never whole as a tree.
+/// a decision that cannot be read is counted, never applied. The answer
+/// is read a decision at a time ([`parse_stream`]), never whole as a tree.
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct Decision<'a> {
+pub struct Decision {
     #[serde(default)]
     pub id: Option<i64>,
-    #[serde(default, borrow)]
-    pub origin: Option<Cow<'a, str>>,
-    #[serde(default, borrow, rename = "type")]
-    pub kind: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    pub scope: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    pub value: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    pub duration: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    pub scenario: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub origin: Option<String>,
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub scope: Option<String>,
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub duration: Option<String>,
+    #[serde(default)]
+    pub scenario: Option<String>,
 }
 
 /// A decision of `new` that is applied: its prefix, what is left of it and
@@ -441,23 +439,10 @@ const EXAMPLES: usize = 5;
 /// `{"message": "maintenance"}` answered with a 200 — is an error, so the
 /// pull fails and changes nothing.
 pub fn parse_stream<R: std::io::Read>(s: &Settings, r: R) -> serde_json::Result<Pull> {
-    let mut de = serde_json::Deserializer::from_reader(r);
-    parse_with(s, &mut de)
-}
-
-/// [`parse_stream`] of an answer in memory (its strings borrowed).
-pub fn parse_stream_slice(s: &Settings, body: &[u8]) -> serde_json::Result<Pull> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    parse_with(s, &mut de)
-}
-
-fn parse_with<'de, R: serde_json::de::Read<'de>>(
-    s: &Settings,
-    de: &mut serde_json::Deserializer<R>,
-) -> serde_json::Result<Pull> {
     use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_reader(r);
     let mut r = Reader { s, pull: Pull::default(), origins: BTreeMap::new() };
-    Top(&mut r).deserialize(&mut *de)?;
+    Top(&mut r).deserialize(&mut de)?;
     de.end()?;
     Ok(r.pull)
 }
@@ -477,7 +462,7 @@ impl Reader<'_> {
         *self.pull.skipped.entry(why.to_string()).or_insert(0) += 1;
     }
 
-    fn new_decision(&mut self, d: Decision<'_>) {
+    fn new_decision(&mut self, d: Decision) {
         self.pull.received += 1;
         let secs = d.duration.as_deref().and_then(go_duration);
         let (net, secs) = match (Store::admit(self.s, &d), secs) {
@@ -498,7 +483,7 @@ impl Reader<'_> {
         self.pull.new.push(New { id: d.id, net, ms_left: (secs * 1000.0) as u64, origin });
     }
 
-    fn deleted_decision(&mut self, d: Decision<'_>) {
+    fn deleted_decision(&mut self, d: Decision) {
         match d.id {
             Some(id) => self.pull.deleted.push(Gone::Id(id)),
             // Without an id, by its value (a value that names no prefix
@@ -588,7 +573,7 @@ impl<'de> serde::de::Visitor<'de> for List<'_, '_> {
         d.deserialize_seq(self)
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
-        while let Some(d) = seq.next_element::<Decision<'de>>()? {
+        while let Some(d) = seq.next_element::<Decision>()? {
             if self.deleted {
                 self.r.deleted_decision(d);
             } else {
@@ -788,7 +773,7 @@ fn bound(len: u8, bits: usize) -> u128 {
 
 impl Store {
     /// The value of `d` if it is applied under `s`, else why not.
-    pub fn admit(s: &Settings, d: &Decision<'_>) -> std::result::Result<IpNet, Skip> {
+    pub fn admit(s: &Settings, d: &Decision) -> std::result::Result<IpNet, Skip> {
         let kind = d.kind.as_deref().unwrap_or("").to_ascii_lowercase();
         if !s.types.contains(&kind) {
             return Err(Skip::Type(word(&kind)));
@@ -827,10 +812,6 @@ impl Store {
     /// Distinct values in force (the set's entries).
     pub fn values(&self) -> usize {
         self.values
-    }
-
-    pub fn held(&self) -> impl Iterator<Item = (&i64, &Held)> {
-        self.held.iter()
     }
 
     fn has_value(&self, net: IpNet) -> bool {
@@ -1111,7 +1092,7 @@ mod tests {
             .unwrap()
     }
 
-    fn d(id: i64, scope: &str, value: &str, kind: &str, duration: &str) -> Decision<'static> {
+    fn d(id: i64, scope: &str, value: &str, kind: &str, duration: &str) -> Decision {
         Decision {
             id: Some(id),
             origin: Some("cscli".into()),
@@ -1130,7 +1111,7 @@ mod tests {
     }
 
     fn pull(s: &Settings, new: Vec<Value>, deleted: Vec<Value>) -> Pull {
-        parse_stream_slice(s, json!({"new": new, "deleted": deleted}).to_string().as_bytes()).unwrap()
+        parse_stream(s, json!({"new": new, "deleted": deleted}).to_string().as_bytes()).unwrap()
     }
 
     fn net(v: &str) -> IpNet {
@@ -1306,14 +1287,13 @@ mod tests {
     #[test]
     fn null_lists_are_empty_and_unknown_fields_ignored() {
         let s = settings();
-        let p = parse_stream_slice(&s, br#"{"new":null,"deleted":null}"#).unwrap();
+        let p = parse_stream(&s, &br#"{"new":null,"deleted":null}"#[..]).unwrap();
         assert!(p.new.is_empty() && p.deleted.is_empty());
         let text = r#"{"deleted":null,"new":[{"duration":"3h59m59s","id":1,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"1.2.3.4","extra":{"a":[1]}}],"more":1}"#;
-        for p in [parse_stream_slice(&s, text.as_bytes()).unwrap(), parse_stream(&s, text.as_bytes()).unwrap()] {
-            assert_eq!(p.new.len(), 1);
-            assert_eq!(p.new[0].net, net("1.2.3.4/32"));
-            assert_eq!(&*p.new[0].origin, "cscli");
-        }
+        let p = parse_stream(&s, text.as_bytes()).unwrap();
+        assert_eq!(p.new.len(), 1);
+        assert_eq!(p.new[0].net, net("1.2.3.4/32"));
+        assert_eq!(&*p.new[0].origin, "cscli");
     }
 
     #[test]
@@ -1331,10 +1311,9 @@ mod tests {
             r#"{"new":null,"deleted":null} x"#,
             r#"{"new":[{"id":1,"type":"ban","scope":"Ip","value":"1.2.3.4","duration":"1h"}"#,
         ] {
-            assert!(parse_stream_slice(&s, bad.as_bytes()).is_err(), "{bad} was taken as a stream");
-            assert!(parse_stream(&s, bad.as_bytes()).is_err(), "{bad} was taken as a stream (reader)");
+            assert!(parse_stream(&s, bad.as_bytes()).is_err(), "{bad} was taken as a stream");
         }
-        let e = parse_stream_slice(&s, br#"{"message":"maintenance"}"#).unwrap_err().to_string();
+        let e = parse_stream(&s, &br#"{"message":"maintenance"}"#[..]).unwrap_err().to_string();
         assert!(e.contains("not a decision stream"), "{e}");
     }
 
@@ -1492,11 +1471,12 @@ mod tests {
     fn the_state_file_round_trips_and_old_files_read() {
         let s = settings();
         let mut st = Store::default();
-        let p = parse_stream_slice(
+        let p = parse_stream(
             &s,
             br#"{"new":[{"type":"ban","scope":"Ip","value":"192.0.2.1","duration":"1h","origin":"cscli"},
                         {"id":5,"type":"ban","scope":"Range","value":"2001:db8::/48","duration":"1h","origin":"lists"}],
-                 "deleted":null}"#,
+                 "deleted":null}"#
+                .as_slice(),
         )
         .unwrap();
         st.apply(&s, &p, true, 10).unwrap();
@@ -1507,9 +1487,9 @@ mod tests {
         assert_eq!(back.by_origin(), st.by_origin());
         // A new decision without an id after a restore takes an id not held.
         let mut back = back;
-        let p = parse_stream_slice(
+        let p = parse_stream(
             &s,
-            br#"{"new":[{"type":"ban","scope":"Ip","value":"192.0.2.2","duration":"1h"}],"deleted":null}"#,
+            br#"{"new":[{"type":"ban","scope":"Ip","value":"192.0.2.2","duration":"1h"}],"deleted":null}"#.as_slice(),
         )
         .unwrap();
         back.apply(&s, &p, false, 11).unwrap();
