@@ -268,7 +268,7 @@ Lifts the prefix's manual ban and every automatic ban of a source inside it. Wit
         description: "\
 Applies the config file only if the whole file is valid; otherwise prints why, exits 1 and changes nothing. \
 SIGHUP does the same, and so does the daemon by itself when the file is rewritten (then only a file that ends \
-with a newline, as a writer killed mid-file leaves none; a reload that would remove most rules or every ban \
+with a newline, as a write cut inside a line leaves none; a reload that would remove most rules or every ban \
 needs it too). [daemon] settings take \
 effect at the next start. What was changed with --runtime is kept over the file (the reply says what); \
 --discard-runtime drops it, so the rules in force become exactly the file's.",

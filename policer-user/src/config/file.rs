@@ -47,10 +47,22 @@ pub struct Snapshot {
     seen: Seen,
 }
 
+/// What `policer check` says of a valid file's `text` that does not end
+/// with a newline: a followed update of it would be refused
+/// ([`Snapshot::check_whole`]); `None` when it does (or is empty).
+pub fn final_newline_warning(text: &str) -> Option<String> {
+    (!text.is_empty() && !text.ends_with('\n')).then(|| {
+        "it does not end with a newline: the daemon refuses a followed update of a file like this (a write cut \
+         inside a line leaves none), and one that would remove most rules or every ban; end it with a newline \
+         (a Kubernetes ConfigMap: `policer.toml: |`, not `|-`)"
+            .to_string()
+    })
+}
+
 impl Snapshot {
-    /// Whether the file ends with a newline, as every editor and tool
-    /// writes it and a write cut short almost never leaves it.
-    pub fn ends_with_newline(&self) -> bool {
+    /// Whether the file ends with a newline, as most editors and tools
+    /// write it and a write cut inside a line never leaves it.
+    fn ends_with_newline(&self) -> bool {
         matches!(&self.seen, Seen::Text(t) if t.ends_with('\n'))
     }
 
@@ -77,14 +89,15 @@ impl Snapshot {
         let path = path.display();
         match (drastic, followed) {
             (Some(what), _) => Err(Error::Invalid(format!(
-                "{path} would {what}, and it does not end with a newline, as a file cut short by an interrupted \
-                 write would not (an editor's save always ends with one); nothing changed: if the file is whole, \
-                 end it with a newline"
+                "{path} would {what}, and it does not end with a newline, as a file cut inside a line by an \
+                 interrupted write would not (most editors end a file with one; some do not, nor does a Kubernetes \
+                 ConfigMap value written with `|-`); nothing changed: if the file is whole, end it with a newline"
             ))),
             (None, true) => Err(Error::Invalid(format!(
-                "{path} does not end with a newline, as a file cut short by an interrupted write would not (an \
-                 editor's save always ends with one); nothing changed: if the file is whole, end it with a newline \
-                 (or apply it as it is with `policer reload`)"
+                "{path} does not end with a newline, as a file cut inside a line by an interrupted write would \
+                 not (most editors end a file with one; some do not, nor does a Kubernetes ConfigMap value written \
+                 with `|-`); nothing changed: if the file is whole, end it with a newline (or apply it as it is \
+                 with `policer reload`)"
             ))),
             (None, false) => Ok(()),
         }

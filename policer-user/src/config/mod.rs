@@ -46,7 +46,7 @@ pub use crate::sets::SetConfig;
 pub use edit::Change;
 #[cfg(test)]
 use file::SPLICED;
-pub use file::{ConfigFile, Pending, Snapshot, sha256_hex};
+pub use file::{ConfigFile, Pending, Snapshot, final_newline_warning, sha256_hex};
 pub use write::NEW_FILE_MODE;
 pub(crate) use write::remove_leftovers;
 
