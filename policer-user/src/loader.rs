@@ -329,17 +329,71 @@ pub fn check_max_sources(n: u32, what: &str) -> std::result::Result<(), String> 
     if (1..=MAX_SOURCES).contains(&n) {
         return Ok(());
     }
+    let would = if n > MAX_SOURCES { format!("; {n} would take {} MiB", mib(n)) } else { String::new() };
     Err(format!(
         "{what} must be 1 ..= {MAX_SOURCES} (the source tables are preallocated in the kernel at a start: \
-         {} MiB at {MAX_SOURCES}; {n} would take {} MiB)",
+         {} MiB at {MAX_SOURCES}{would})",
         mib(MAX_SOURCES),
-        mib(n)
     ))
 }
 
+/// Whether `n` sources fit a machine of `mem_total` bytes (its MemTotal):
+/// their tables ([`source_tables_bytes`]) past all of it are refused (the
+/// start would fail with ENOMEM, or leave the machine nothing), past half
+/// of it are warned of (`Ok(Some(warning))`). `what`: the setting, as the
+/// message names it.
+///
+/// [`source_tables_bytes`]: policer_common::layout::source_tables_bytes
+pub fn check_sources_memory(n: u32, mem_total: u64, what: &str) -> std::result::Result<Option<String>, String> {
+    let need = policer_common::layout::source_tables_bytes(n);
+    let mib = |b: u64| b.div_ceil(1 << 20);
+    let say = |how: &str| {
+        format!(
+            "{what} = {n}: the source tables take {} MiB of kernel memory at a start, {how} this machine's {} MiB \
+             (MemTotal)",
+            mib(need),
+            mib(mem_total)
+        )
+    };
+    if need > mem_total {
+        Err(format!("{}; nothing changed: give fewer sources", say("more than")))
+    } else if need > mem_total / 2 {
+        Ok(Some(say("over half of")))
+    } else {
+        Ok(None)
+    }
+}
+
+/// This machine's memory (MemTotal of /proc/meminfo), in bytes; `None`
+/// where it cannot be read.
+pub fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// [`check_max_sources`], then [`check_sources_memory`] on this machine
+/// (skipped where its memory cannot be read): what a start of `n`
+/// sources needs, checked where the operator gives it (the command line,
+/// the config's `max_sources` at a start, a reload, `policer check`).
+pub fn check_sources_here(n: u32, what: &str) -> std::result::Result<Option<String>, String> {
+    check_max_sources(n, what)?;
+    match mem_total() {
+        Some(total) => check_sources_memory(n, total, what),
+        None => Ok(None),
+    }
+}
+
 impl Policer {
+    /// Loads the program. `opts.max_sources` is not bounded here: an
+    /// adopted program's size is whatever its build allowed (its maps are
+    /// reused); the sizes an operator gives are checked where given
+    /// ([`check_sources_here`]).
     pub fn load(opts: &LoadOptions) -> Result<Policer> {
-        check_max_sources(opts.max_sources, "--max-sources").map_err(Error::Invalid)?;
+        if opts.max_sources == 0 {
+            return Err(Error::Invalid("a table of 0 sources cannot be loaded".into()));
+        }
         if !(1..=MAX_RULES).contains(&opts.max_rules) {
             return Err(Error::Invalid(format!("--max-rules must be 1 ..= {MAX_RULES}")));
         }

@@ -820,6 +820,52 @@ fn failed_start(sb: &Sandbox, config: &Path) -> (policer_tests::daemon::Exited, 
     }
 }
 
+/// Review of issue 41, point 10: a start given `--max-sources` outside
+/// 1 ..= 16777216 fails at once with the one message of the bound (0 said
+/// "must be at least 1" before; too large names what it would take), and
+/// attaches nothing.
+#[test]
+fn a_start_refuses_a_max_sources_outside_the_bound() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("cfgmaxs");
+    let dir = Dir::new("maxs");
+    let config = dir.path.join("policer.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let c = config.to_str().unwrap();
+    for (n, would) in [("0", None), ("16777217", Some("16777217 would take 2817 MiB"))] {
+        let args = ["attach", &sb.rx_if, "--config", c, "--interval", "0", "--max-sources", n];
+        let e = match Daemon::try_start(&policer_tests::daemon::policer_bin(), &sb.rx_ns, &args, &[]) {
+            Ok(d) => panic!("started with --max-sources {n}:\n{}", d.stdout()),
+            Err(e) => e,
+        };
+        assert!(e.stderr.contains("--max-sources must be 1 ..= 16777216 (the source tables"), "{}", e.stderr);
+        assert_eq!(e.stderr.contains("would take"), would.is_some(), "{}", e.stderr);
+        if let Some(w) = would {
+            assert!(e.stderr.contains(w), "{}", e.stderr);
+        }
+        assert_eq!(sb.rx_xdp(), None);
+    }
+}
+
+/// Review of issue 41, point 10: the loader does not bound the table's
+/// size itself. A start adopting a running program loads with that
+/// program's size, which an older build may have made past today's bound
+/// (its maps are reused); refusing it there named a flag nobody gave and
+/// made such a box impossible to adopt. The bound is the operator's
+/// values' (`a_start_refuses_a_max_sources_outside_the_bound`).
+#[test]
+fn the_loader_takes_a_size_past_the_bound_as_an_adopted_program_has_it() {
+    if !privileged("config tier") {
+        return;
+    }
+    use policer_user::loader::{LoadOptions, Policer};
+    let n = policer_common::MAX_SOURCES + 1;
+    let p = Policer::load(&LoadOptions { max_sources: n, ..Default::default() }).expect("a size past the bound");
+    assert_eq!(p.max_sources().unwrap(), n);
+}
+
 /// The peak resident memory of a process, in kB (VmHWM).
 fn peak_rss_kb(pid: i32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -16,7 +16,7 @@ pub struct Args {
     /// The file to check, as `policer check FILE`.
     #[arg(value_name = "FILE")]
     file: Option<PathBuf>,
-    /// One JSON object: {"ok", "file", "rules", "ipv4_rules", "ipv6_rules", "interfaces", "problems"}.
+    /// One JSON object: {"ok", "file", "rules", "ipv4_rules", "ipv6_rules", "interfaces", "problems", "warnings"}.
     #[arg(long)]
     pub(super) json: bool,
     /// The rule limit the daemon will run with (as `attach --max-rules`).
@@ -33,6 +33,9 @@ struct Report<'a> {
     ipv6_rules: usize,
     interfaces: Vec<String>,
     problems: &'a [Problem],
+    /// What is valid but worth changing (no final newline; source tables
+    /// over half of this machine's memory).
+    warnings: &'a [String],
 }
 
 pub fn run(mut a: Args) -> anyhow::Result<()> {
@@ -48,26 +51,40 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         Ok(Err(e)) => {
             let p =
                 [Problem { line: None, message: format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()) }];
-            return finish(a.json, &file, None, &p);
+            return finish(a.json, &file, None, &p, &[]);
         }
         Err(e) => {
             let message = match e {
                 crate::files::ReadError::Io(e) => format!("cannot read it: {e}"),
                 e => format!("it {e}"),
             };
-            return finish(a.json, &file, None, &[Problem { line: None, message }]);
+            return finish(a.json, &file, None, &[Problem { line: None, message }], &[]);
         }
     };
     match Config::check_at(&text, a.max_rules, Some(&a.config)) {
         Ok((cfg, rules)) => {
+            let mut warnings: Vec<String> = crate::config::final_newline_warning(&text).into_iter().collect();
+            // What a start of this file will need of this machine.
+            if let Some(n) = cfg.daemon.max_sources {
+                match crate::loader::check_sources_here(n, "daemon.max_sources") {
+                    Ok(w) => warnings.extend(w),
+                    Err(message) => return finish(a.json, &file, None, &[Problem { line: None, message }], &[]),
+                }
+            }
             let v4 = rules.keys().filter(|k| matches!(k.net, ipnet::IpNet::V4(_))).count();
-            finish(a.json, &file, Some((cfg, rules.len(), v4)), &[])
+            finish(a.json, &file, Some((cfg, rules.len(), v4)), &[], &warnings)
         }
-        Err(problems) => finish(a.json, &file, None, &problems),
+        Err(problems) => finish(a.json, &file, None, &problems, &[]),
     }
 }
 
-fn finish(json: bool, file: &str, good: Option<(Config, usize, usize)>, problems: &[Problem]) -> anyhow::Result<()> {
+fn finish(
+    json: bool,
+    file: &str,
+    good: Option<(Config, usize, usize)>,
+    problems: &[Problem],
+    warnings: &[String],
+) -> anyhow::Result<()> {
     let (interfaces, rules, v4) = match &good {
         Some((cfg, n, v4)) => (cfg.daemon.interfaces.clone(), *n, *v4),
         None => (vec![], 0, 0),
@@ -81,6 +98,7 @@ fn finish(json: bool, file: &str, good: Option<(Config, usize, usize)>, problems
             ipv6_rules: rules - v4,
             interfaces: interfaces.clone(),
             problems,
+            warnings,
         };
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else if problems.is_empty() {
@@ -92,6 +110,9 @@ fn finish(json: bool, file: &str, good: Option<(Config, usize, usize)>, problems
             _ => String::new(),
         };
         println!("{file}: ok: {rules} rules ({v4} IPv4, {} IPv6){sets}; interfaces: {ifs}", rules - v4);
+        for w in warnings {
+            eprintln!("{file}: warning: {w}");
+        }
     } else {
         for p in problems {
             match p.line {

@@ -287,7 +287,9 @@ effect at the next start. What was changed with --runtime is kept over the file 
         description: "\
 Checks a config file as attach and reload would, and reports every problem in one run (syntax, keys and values, \
 rules that do not hold together), each with its line, the key and an example of a valid value. Exits 0 when \
-the file is valid, 1 otherwise: usable as a configuration manager's validate command.",
+the file is valid, 1 otherwise: usable as a configuration manager's validate command. A max_sources whose \
+tables (176 B a source) would take more than this machine's memory is a problem; over half of it, and a file \
+that does not end with a newline (the daemon refuses a followed update of it), are warned of on stderr, exit 0.",
         examples: &[
             ("Check the file in place", "policer check /etc/policer/policer.toml"),
             ("Ansible's template module", "validate: policer check %s"),

@@ -290,9 +290,16 @@ impl ConfigFile {
     }
 
     /// Validates `bytes` (from [`bytes_on_disk`](Self::bytes_on_disk)) as
-    /// the file's content; changes nothing.
+    /// the file's content, for a reload: a `max_sources` whose tables this
+    /// machine could not hold is refused too (the next start would fail);
+    /// changes nothing.
     pub fn snapshot(&self, bytes: Option<Vec<u8>>) -> Result<Snapshot> {
-        snapshot(&self.path, bytes)
+        let snap = snapshot(&self.path, bytes)?;
+        if let Some(n) = snap.config.daemon.max_sources {
+            crate::loader::check_sources_here(n, "daemon.max_sources")
+                .map_err(|e| Error::Invalid(format!("{}: {e}", self.path.display())))?;
+        }
+        Ok(snap)
     }
 
     /// The sha256 (hex) of the file as last read or written; of no bytes

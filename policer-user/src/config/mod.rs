@@ -477,7 +477,44 @@ action = "deny"
         assert!(e[0].message.starts_with("daemon.max_sources must be 1 ..="), "{e:?}");
         assert!(Config::parse(&format!("[daemon]\nmax_sources = {max}\n"), Path::new("t.toml")).is_ok());
         assert_eq!(policer_common::layout::source_tables_bytes(max).div_ceil(1 << 20), 2816);
-        assert!(check_max_sources(0, "--max-sources").unwrap_err().starts_with("--max-sources must be 1 ..="));
+        let e = check_max_sources(0, "--max-sources").unwrap_err();
+        assert!(e.starts_with("--max-sources must be 1 ..=") && !e.contains("would take"), "{e}");
+    }
+
+    /// Issue 41, point 10 (review): what a start will need of the
+    /// machine: source tables past its MemTotal are refused with the
+    /// numbers, past half of it warned of, below that nothing said.
+    #[test]
+    fn max_sources_is_checked_against_the_machines_memory() {
+        use crate::loader::check_sources_memory;
+        let need = policer_common::layout::source_tables_bytes(1 << 20);
+        assert_eq!(need, 176 << 20);
+        let e = check_sources_memory(1 << 20, need - 1, "daemon.max_sources").unwrap_err();
+        assert!(
+            e.starts_with("daemon.max_sources = 1048576: the source tables take 176 MiB")
+                && e.contains("more than this machine's 176 MiB (MemTotal)")
+                && e.contains("nothing changed"),
+            "{e}"
+        );
+        assert!(check_sources_memory(1 << 20, 100 << 20, "--max-sources").unwrap_err().contains("100 MiB"));
+        let w = check_sources_memory(1 << 20, need, "--max-sources").unwrap().unwrap();
+        assert!(w.contains("176 MiB") && w.contains("over half of this machine's 176 MiB"), "{w}");
+        let w = check_sources_memory(1 << 20, 2 * need - 1, "--max-sources").unwrap().unwrap();
+        assert!(w.contains("over half of"), "{w}");
+        assert_eq!(check_sources_memory(1 << 20, 2 * need, "--max-sources"), Ok(None));
+        assert_eq!(check_sources_memory(policer_common::MAX_SOURCES, 64 << 30, "--max-sources"), Ok(None));
+        // This machine's MemTotal reads (Linux).
+        assert!(crate::loader::mem_total().is_some_and(|m| m > 1 << 20));
+    }
+
+    /// `policer check` warns of a valid file without a final newline: a
+    /// followed update of it would be refused.
+    #[test]
+    fn check_warns_of_a_missing_final_newline() {
+        let w = super::final_newline_warning("[daemon]\nmode = \"auto\"").unwrap();
+        assert!(w.starts_with("it does not end with a newline") && w.contains("|-"), "{w}");
+        assert_eq!(super::final_newline_warning("[daemon]\nmode = \"auto\"\n"), None);
+        assert_eq!(super::final_newline_warning(""), None);
     }
 
     #[test]

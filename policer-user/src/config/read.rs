@@ -345,7 +345,8 @@ impl Reader {
                 D::MaxSources => {
                     let n = unsigned(v.get_ref(), u32::MAX.into());
                     if n.is_none() {
-                        self.bad(place, key, v, "a number of sources", "max_sources = 1048576 (at most 4294967295)");
+                        let write = format!("max_sources = 1048576 (at most {})", policer_common::MAX_SOURCES);
+                        self.bad(place, key, v, "a number of sources", &write);
                     }
                     d.max_sources = n.map(|n| n as u32);
                     n.is_some()

@@ -464,8 +464,14 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
             specs.len()
         )));
     }
-    if max_sources == 0 {
-        return Err(Error::Invalid("--max-sources must be at least 1".into()));
+    // What the operator gives is checked (an adopted program keeps its own
+    // size, whatever its build allowed): the bound, and this machine's
+    // memory.
+    let what = if args.max_sources.is_some() { "--max-sources" } else { "daemon.max_sources" };
+    if (args.max_sources.is_some() || cfg.daemon.max_sources.is_some())
+        && let Some(warning) = crate::loader::check_sources_here(max_sources, what).map_err(Error::Invalid)?
+    {
+        say!("policer: {warning}");
     }
     if !(args.interval == 0.0 || (0.05..=3600.0).contains(&args.interval)) {
         return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
@@ -570,8 +576,11 @@ fn early_load(args: &DaemonArgs, text: Option<Option<&[u8]>>) -> Option<Early> {
         Some(bytes) => crate::config::daemon_before_rules(std::str::from_utf8(bytes).ok()?)?,
         None => Default::default(),
     };
+    let max_sources = args.max_sources.or(daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
+    // Past the bound or the machine: not begun (the settings refuse it).
+    crate::loader::check_sources_here(max_sources, "").ok()?;
     let opts = LoadOptions {
-        max_sources: args.max_sources.or(daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES),
+        max_sources,
         max_rules: args.max_rules.or(daemon.max_rules).unwrap_or(DEFAULT_MAX_RULES),
         layout_version: hooks::layout_version().ok()?,
         ..Default::default()
