@@ -277,3 +277,40 @@ fn a_dry_run_is_refused_as_the_change_would_be() {
     assert_eq!(before.rules, after.rules);
     assert_eq!(before.changes, after.changes, "a refused dry run is in the audit trail");
 }
+
+/// Review of the resolver: a reload's dry run judges the sources against
+/// the file's `protect`, not the one in force. A dropping source the file
+/// newly protects goes drop → pass in the preview. The file is written
+/// without its final newline so the daemon does not follow it (a followed
+/// file must end with one); `policer reload` would take it.
+#[test]
+fn a_reload_dry_run_judges_sources_against_the_files_protect() {
+    if !privileged("dryrun") {
+        return;
+    }
+    let sb = Sandbox::new("dry-prot");
+    let _d = daemon(&sb);
+    succeeds(&cli(&sb, &["rule", "set", "10.78.0.0/16", "--rate", "40pps", "--burst", "20"]));
+    let flows =
+        [Flow { src: ip("10.78.0.1"), pps: 400.0, len: 64 }, Flow { src: ip("10.78.0.2"), pps: 400.0, len: 64 }];
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = RunOptions { stop: Some(stop.clone()), ..Default::default() };
+    let v = std::thread::scope(|scope| {
+        let run = scope.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(30), &opts));
+        std::thread::sleep(Duration::from_secs(2));
+        let text = std::fs::read_to_string(&sb.config).unwrap();
+        let with = if text.contains("[daemon]\n") {
+            text.replacen("[daemon]\n", "[daemon]\nprotect = [\"10.78.0.1/32\"]\n", 1)
+        } else {
+            format!("[daemon]\nprotect = [\"10.78.0.1/32\"]\n\n{text}")
+        };
+        std::fs::write(&sb.config, with.trim_end()).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let v = json(&cli(&sb, &["reload", "--dry-run", "--json"]));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        run.join().unwrap();
+        v
+    });
+    assert_eq!(named(&v, "drop_to_pass_top"), ["10.78.0.1"], "{v:#}");
+    assert!(named(&v, "pass_to_drop_top").is_empty(), "{v:#}");
+}

@@ -35,6 +35,8 @@ pub(super) struct Capture {
     pub sets: Option<BTreeMap<String, SetState>>,
     /// How the sets' entries and rules change.
     pub set_changes: Vec<DrySet>,
+    /// The planned protected prefixes (a reload: the file's `protect`).
+    pub protect: Option<crate::protect::Protect>,
 }
 
 /// The rules, sets and protected prefixes as the program would hold

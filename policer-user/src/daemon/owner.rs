@@ -463,6 +463,10 @@ impl Daemon {
         let counts = plan.diff.counts();
         if self.dry() {
             let r = self.preview_config_sets(&config_sets, want);
+            // The preview judges sources against the file's protect.
+            if let Some(d) = self.dry.as_mut() {
+                d.protect = Some(self.rs.protect().clone());
+            }
             self.rs.set_protect(old_protect);
             r?;
             let changes = plan.changes_text(&before);
@@ -760,7 +764,7 @@ impl Daemon {
         let before = World::new(self.rs.rules().clone(), &self.sets, self.rs.protect());
         let rules = capture.rules.unwrap_or_else(|| self.rs.rules().clone());
         let sets = capture.sets.as_ref().unwrap_or(&self.sets);
-        let after = World::new(rules, sets, self.rs.protect());
+        let after = World::new(rules, sets, capture.protect.as_ref().unwrap_or(self.rs.protect()));
         let preview = Preview { verb, message, before, after, set_changes: capture.set_changes };
         Outcome { result: Ok(String::new()), exit: false, counts: None, preview: Some(Box::new(preview)) }
     }
