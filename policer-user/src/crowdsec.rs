@@ -1096,10 +1096,10 @@ mod tests {
         Decision {
             id: Some(id),
             origin: Some("cscli".into()),
-            kind: Some(kind.to_string().into()),
-            scope: Some(scope.to_string().into()),
-            value: Some(value.to_string().into()),
-            duration: Some(duration.to_string().into()),
+            kind: Some(kind.to_string()),
+            scope: Some(scope.to_string()),
+            value: Some(value.to_string()),
+            duration: Some(duration.to_string()),
             scenario: Some("manual".into()),
         }
     }
