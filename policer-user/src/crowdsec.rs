@@ -14,7 +14,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::IpAddr,
     sync::Arc,
     time::Duration,
 };
@@ -591,22 +590,12 @@ impl<'de> serde::de::Visitor<'de> for List<'_, '_> {
 /// refused, as `rule import` refuses it: widening it silently would drop
 /// what the decision did not name.
 pub fn value_net(value: &str) -> std::result::Result<IpNet, Skip> {
-    let value = value.trim();
-    let net = match value.parse::<IpAddr>() {
-        Ok(a) => IpNet::from(a),
-        Err(_) => {
-            let n = value.parse::<IpNet>().map_err(|_| Skip::InvalidValue)?;
-            if n != n.trunc() {
-                return Err(Skip::HostBits);
-            }
-            n
-        }
-    };
-    match crate::prefix::unmap(net.addr(), net.prefix_len()) {
-        Ok(Some((v4, len))) => Ok(IpNet::V4(ipnet::Ipv4Net::new(v4, len).map_err(|_| Skip::InvalidValue)?)),
-        Ok(None) => Ok(net),
-        Err(_) => Err(Skip::InvalidValue),
-    }
+    // The one parser of prefixes; a refusal is told apart here: host bits
+    // (a prefix that parses, not truncated) or anything else.
+    crate::prefix::parse_prefix(value).map_err(|_| match value.trim().parse::<IpNet>() {
+        Ok(n) if n != n.trunc() => Skip::HostBits,
+        _ => Skip::InvalidValue,
+    })
 }
 
 /// Go's `time.Duration` text (`3h59m58.123s`, `-1.5s`, `250ms`, `0s`):
@@ -1215,6 +1204,27 @@ mod tests {
         assert_eq!(Store::admit(&only, &d(1, "Ip", "192.0.2.7", "ban", "1h")), Err(Skip::Scenario));
     }
 
+    /// Values through the one prefix parser, told apart as before.
+    #[test]
+    fn values_are_parsed_by_the_prefix_parser_and_classified() {
+        for (v, want) in [
+            (" 192.0.2.7 ", Ok(net("192.0.2.7/32"))),
+            ("2001:db8::/48", Ok(net("2001:db8::/48"))),
+            ("::ffff:192.0.2.0/120", Ok(net("192.0.2.0/24"))),
+            ("::ffff:192.0.2.9", Ok(net("192.0.2.9/32"))),
+            ("192.0.2.9/24", Err(Skip::HostBits)),
+            ("::ffff:192.0.2.9/120", Err(Skip::HostBits)),
+            ("2001:db8::1/32", Err(Skip::HostBits)),
+            // A mapped block shorter than /8 names no IPv4 prefix taken.
+            ("::ffff:0:0/96", Err(Skip::InvalidValue)),
+            ("192.0.2.0/33", Err(Skip::InvalidValue)),
+            ("bogus", Err(Skip::InvalidValue)),
+            ("", Err(Skip::InvalidValue)),
+        ] {
+            assert_eq!(value_net(v), want, "{v:?}");
+        }
+    }
+
     #[test]
     fn a_value_with_host_bits_is_refused_counted_and_logged_not_widened() {
         let s = settings();
@@ -1325,7 +1335,7 @@ mod tests {
         let new: Vec<New> = (0..n)
             .map(|i| New {
                 id: Some(i64::from(i)),
-                net: IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i))),
+                net: IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i))),
                 ms_left: 3_600_000,
                 origin: Arc::from("cscli"),
             })
