@@ -447,6 +447,31 @@ fn check_as_nobody(file: &Path, json: bool) -> std::process::Output {
     c.output().expect("run policer check")
 }
 
+/// Review of issue 41, point 5: `policer check` warns of a valid file
+/// without its final newline (the daemon refuses a followed update of
+/// such a file), exit 0; the JSON says it in "warnings"; a file with its
+/// newline has none.
+#[test]
+fn check_warns_of_a_file_without_its_final_newline() {
+    let dir = Dir::new("checknl");
+    std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.path.join("cm.toml");
+    std::fs::write(&file, CONFIG.trim_end_matches('\n')).unwrap();
+    let out = check_as_nobody(&file, false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(&format!("{}: warning: it does not end with a newline", file.display())), "{err}");
+    let out = check_as_nobody(&file, true);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    assert!(v["warnings"][0].as_str().unwrap().starts_with("it does not end with a newline"), "{v}");
+    std::fs::write(&file, CONFIG).unwrap();
+    let out = check_as_nobody(&file, true);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["warnings"], serde_json::json!([]), "{v}");
+    assert!(check_as_nobody(&file, false).stderr.is_empty());
+}
+
 #[test]
 fn check_validates_a_file_without_root_or_daemon() {
     let dir = Dir::new("check");
