@@ -1273,6 +1273,17 @@ fn edits_say_what_was_wanted(text: &str, edits: &[(RuleKey, Option<RuleSpec>)]) 
     written
 }
 
+/// `edits_say_what_was_wanted`, and whether the edit was made in place by
+/// `splice.rs` (the fast path; `SPLICED` counts them) or not (the
+/// whole-document edit of `edit.rs`).
+fn edits_spliced(text: &str, edits: &[(RuleKey, Option<RuleSpec>)]) -> (String, bool) {
+    let before = super::SPLICED.with(|n| n.get());
+    let written = edits_say_what_was_wanted(text, edits);
+    let after = super::SPLICED.with(|n| n.get());
+    assert!(after <= before + 1, "one edit, spliced {} times", after - before);
+    (written, after == before + 1)
+}
+
 /// Issue 41, point 1, the red team's first case: a hand-written last rule
 /// whose reason is a multi-line string holding a line that starts with
 /// `[`. A rule set and a ban after it were written inside the string (the
@@ -1296,16 +1307,19 @@ reason = \"\"\"
 [INC-4711] scanner
 \"\"\"
 ";
+    // Each made in place (the fast path sees the string for what it is,
+    // rather than leaving every file with one to the whole-document edit).
     let deny = rule("10.77.0.0/16", None, None, Some(policer_common::bucket::Action::Deny));
-    let written = edits_say_what_was_wanted(text, &[(deny.key(), Some(deny.clone()))]);
+    let (written, spliced) = edits_spliced(text, &[(deny.key(), Some(deny.clone()))]);
+    assert!(spliced);
     let ban = ban_spec("203.0.113.0/24", None);
-    edits_say_what_was_wanted(&written, &[(ban.key(), Some(ban))]);
+    assert!(edits_spliced(&written, &[(ban.key(), Some(ban))]).1);
     // Both at once, and a change of the rule with the string itself.
     let both =
         [(deny.key(), Some(deny)), (ban_spec("203.0.113.0/24", None).key(), Some(ban_spec("203.0.113.0/24", None)))];
-    edits_say_what_was_wanted(text, &both);
+    assert!(edits_spliced(text, &both).1);
     let b = ban_spec("198.51.100.7", Some("other"));
-    edits_say_what_was_wanted(text, &[(b.key(), Some(b))]);
+    assert!(edits_spliced(text, &[(b.key(), Some(b))]).1);
 }
 
 /// The red team's second case: a reason ending in a line `#4711"""` right
@@ -1332,13 +1346,13 @@ rate = \"1kpps\"
 # the end
 ";
     let k = rule("10.0.0.0/8", Some("1kpps"), None, None).key();
-    let written = edits_say_what_was_wanted(text, &[(k, None)]);
-    assert!(written.contains("#4711\"\"\"\n"), "{written}");
+    let (written, spliced) = edits_spliced(text, &[(k, None)]);
+    assert!(written.contains("#4711\"\"\"\n") && spliced, "{written}");
     // A comment of its own above it goes with it; the string's lines stay.
     let text = text.replace("#4711\"\"\"\n", "#4711\"\"\"\n# the /8\n");
     let k = rule("10.0.0.0/8", Some("1kpps"), None, None).key();
-    let written = edits_say_what_was_wanted(&text, &[(k, None)]);
-    assert!(written.contains("#4711\"\"\"\n") && !written.contains("# the /8"), "{written}");
+    let (written, spliced) = edits_spliced(&text, &[(k, None)]);
+    assert!(written.contains("#4711\"\"\"\n") && !written.contains("# the /8") && spliced, "{written}");
 }
 
 /// The red team's third case: a header written with an escape
@@ -1367,12 +1381,20 @@ rate = \"1kpps\"
 prefix = \"10.0.0.0/8\"
 rate = \"1kpps\"
 ";
+    // A header spelled with an escape is `edit.rs`'s (the whole document
+    // edited), never spliced; the same file with `[[rule]]` is spliced.
     let r = rule("10.0.0.0/8", Some("2kpps"), None, None);
-    edits_say_what_was_wanted(text, &[(r.key(), Some(r))]);
+    assert!(!edits_spliced(text, &[(r.key(), Some(r))]).1);
     let r = rule("10.0.0.0/8", Some("2kpps"), None, None);
-    edits_say_what_was_wanted(text, &[(r.key(), None)]);
+    assert!(!edits_spliced(text, &[(r.key(), None)]).1);
     let c = rule("10.1.0.0/16", Some("2kpps"), None, None);
-    edits_say_what_was_wanted(text, &[(c.key(), Some(c))]);
+    assert!(!edits_spliced(text, &[(c.key(), Some(c))]).1);
+    let plain = text.replace("[[\"ru\\u006ce\"]]", "[[rule]]");
+    assert_ne!(plain, text);
+    let r = rule("10.0.0.0/8", Some("2kpps"), None, None);
+    assert!(edits_spliced(&plain, &[(r.key(), Some(r))]).1);
+    let c = rule("10.1.0.0/16", Some("2kpps"), None, None);
+    assert!(edits_spliced(&plain, &[(c.key(), Some(c))]).1);
 
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("policer.toml");
@@ -1396,8 +1418,11 @@ mod splice_props {
 
     use super::*;
 
-    /// A document from `pick` (each call: a choice below its argument).
-    fn document(pick: &mut impl FnMut(usize) -> usize) -> String {
+    /// A document from `pick` (each call: a choice below its argument),
+    /// and whether it is `splice.rs`'s: every header spelled `[[rule]]`
+    /// and no `daemon` key spelled with an escape (strings of every kind
+    /// inside it).
+    fn document(pick: &mut impl FnMut(usize) -> usize) -> (String, bool) {
         const BASIC: [&str; 12] = [
             "[INC-4711] scanner",
             "[[rule]]",
@@ -1433,9 +1458,13 @@ mod splice_props {
         if pick(2) == 0 {
             t.push_str("# preamble\n\n");
         }
+        let mut plain = true;
         match pick(4) {
             0 => t.push_str("[daemon]\ninterfaces = [\"eth0\"]\n\n"),
-            1 => t.push_str("\"d\\u0061emon\" = { interfaces = [\"eth0\"] }\n\n"),
+            1 => {
+                t.push_str("\"d\\u0061emon\" = { interfaces = [\"eth0\"] }\n\n");
+                plain = false;
+            }
             _ => {}
         }
         let n = 1 + pick(7);
@@ -1443,7 +1472,12 @@ mod splice_props {
             for _ in 0..pick(3) {
                 t.push_str(["\n", "# about it\n", "#[[rule]]\n"][pick(3)]);
             }
-            let h = if pick(10) == 0 { HEADERS[2 + pick(4)] } else { HEADERS[pick(2)] };
+            let h = if pick(10) == 0 {
+                plain = false;
+                HEADERS[2 + pick(4)]
+            } else {
+                HEADERS[pick(2)]
+            };
             t.push_str(h);
             t.push('\n');
             if pick(3) == 0 {
@@ -1481,7 +1515,7 @@ mod splice_props {
                 t.push_str("# after it\n");
             }
         }
-        t
+        (t, plain)
     }
 
     /// Random edits of `rules`.
@@ -1529,7 +1563,7 @@ mod splice_props {
                 at += 1;
                 choices[at % choices.len()] as usize % n.max(1)
             };
-            let text = document(&mut pick);
+            let (text, plain) = document(&mut pick);
             let (_, before) = super::super::Config::parse(&text, Path::new("-"))
                 .unwrap_or_else(|e| panic!("the generated document does not parse: {e}\n{text}"));
             let mut text = text;
@@ -1539,7 +1573,16 @@ mod splice_props {
                     break;
                 }
                 let e = edits(&rules, &mut pick);
-                text = edits_say_what_was_wanted(&text, &e);
+                let (written, spliced) = edits_spliced(&text, &e);
+                // One change or addition in a document of `[[rule]]`
+                // headers is made in place, whatever its strings hold (a
+                // lexer that gave up on them would leave every such file
+                // to the whole-document edit); several edits may meet, or
+                // a removal take a comment, which `splice.rs` leaves to
+                // `edit.rs`.
+                let one_set = matches!(e.as_slice(), [(_, Some(_))]);
+                prop_assert!(spliced || !plain || !one_set, "not spliced: {e:?}\n{text}");
+                text = written;
                 crate::rules::edit_rules(&mut rules, &e);
             }
         }
