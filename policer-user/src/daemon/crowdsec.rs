@@ -235,8 +235,27 @@ struct Run {
     dirty: bool,
     /// The store changed since the state file was last written.
     unsaved: bool,
+    /// Whether a pull of this daemon has succeeded yet.
+    synced: Synced,
     token: Option<(String, Instant)>,
     pending: Vec<AutoBan>,
+}
+
+/// When a good pull makes an import: when it changed the set's values, or
+/// when it is this daemon's first (an empty feed's set is still created;
+/// what the restored set holds is made the pulled truth). A later startup
+/// pull (after any failed one: a Local API restart, one 503) that changes
+/// nothing imports nothing: a million decisions are not written again.
+#[derive(Debug, Default)]
+struct Synced(bool);
+
+impl Synced {
+    /// A pull succeeded that changed the set's values or not: whether an
+    /// import is due.
+    fn pulled(&mut self, changed: bool) -> bool {
+        let first = !std::mem::replace(&mut self.0, true);
+        changed || first
+    }
 }
 
 fn lock(m: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
@@ -462,7 +481,7 @@ impl Run {
                 *s.skipped.entry(why.clone()).or_insert(0) += n;
             }
         });
-        if a.changed || startup {
+        if self.synced.pulled(a.changed) {
             self.dirty = true;
         }
         if a.added > 0 || a.deleted > 0 || skipped > 0 {
@@ -684,6 +703,7 @@ pub fn spawn(feed: Feed) {
         file,
         dirty: false,
         unsaved: false,
+        synced: Synced::default(),
         token: None,
         pending: Vec::new(),
     };
@@ -789,6 +809,19 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_first_good_pull_or_a_change_makes_an_import() {
+        let mut s = Synced::default();
+        // The first good pull: due even when nothing changed (an empty
+        // feed's set is created).
+        assert!(s.pulled(false));
+        // Later pulls, startup ones after a failure included: only a change.
+        assert!(!s.pulled(false));
+        assert!(!s.pulled(false));
+        assert!(s.pulled(true));
+        assert!(!s.pulled(false));
+    }
 
     #[test]
     fn an_alert_carries_one_policer_decision() {
