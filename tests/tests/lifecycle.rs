@@ -652,3 +652,72 @@ fn the_daemon_outlives_its_stdout() {
     assert_eq!(stderr.matches("stdout is gone").count(), 1, "said once: {stderr}");
     assert_eq!(sb.rx_xdp(), None, "the program stayed attached");
 }
+
+/// Review (point 5): a daemon whose stdout nobody reads (`attach | less`
+/// not scrolled, Ctrl-S, a wedged journald) still answers changes: each
+/// change prints a line, the pipe (one page here) fills after a few dozen,
+/// and the owner must not wait for it. Once the pipe is read again the
+/// queued lines follow (a line past the queue is dropped and counted: the
+/// host test of `daemon/output.rs`).
+#[test]
+fn a_daemon_whose_stdout_nobody_reads_still_answers_changes() {
+    if !privileged("lifecycle") {
+        return;
+    }
+    use std::os::fd::AsRawFd;
+    let sb = Sandbox::new("lc-stall");
+    let err_path = std::env::temp_dir().join(format!("policer-lc-stall-{}.err", std::process::id()));
+    let err = std::fs::File::create(&err_path).unwrap();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &sb.rx_ns])
+        .arg(policer_bin())
+        .args(["attach", &sb.rx_if, "--config", &sb.config, "--interval", "0", "--rate", "100kpps"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .unwrap();
+    // A failed assertion leaves no daemon behind, blocked on its pipe.
+    struct KillOnPanic(i32);
+    impl Drop for KillOnPanic {
+        fn drop(&mut self) {
+            if thread::panicking() {
+                // SAFETY: signalling our child.
+                unsafe { libc::kill(self.0, libc::SIGKILL) };
+            }
+        }
+    }
+    let _guard = KillOnPanic(child.id() as i32);
+    // The pipe as small as the kernel allows: a few dozen lines fill it.
+    let fd = child.stdout.as_ref().unwrap().as_raw_fd();
+    // SAFETY: resizing a pipe we own.
+    let size = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, 4096) };
+    assert!(size > 0 && size <= 8192, "F_SETPIPE_SZ: {size}");
+    let t0 = Instant::now();
+    while !cli(&sb, &["stats"]).status.success() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the daemon did not start");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let stderr = || std::fs::read_to_string(&err_path).unwrap_or_default();
+    // 200 lines of ~80 bytes: four times the pipe.
+    for i in 0..200 {
+        let out =
+            cli(&sb, &["--timeout", "60", "rule", "set", &format!("10.9.{i}.0/24"), "--rate", "100pps", "--runtime"]);
+        assert!(
+            out.status.success(),
+            "change {i} not answered (the owner waits for stdout): {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            stderr()
+        );
+    }
+    // SAFETY: signalling our child (`ip netns exec` execs policer).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_file(&err_path);
+    assert!(out.status.success(), "{:?}: {stdout}", out.status);
+    // The queue held what the pipe did not (fewer lines than it holds):
+    // written once the pipe is read, up to the daemon's last line.
+    assert!(stdout.contains("added the rule for 10.9.199.0/24"), "{stdout}");
+    assert!(stdout.contains("policer: detached from"), "{stdout}");
+}

@@ -68,6 +68,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         DaemonArgs { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, state_dir, persist, metrics };
     // Start before any thread exists: adopting a running program uses a
     // private mount namespace for this process.
-    Daemon::start(&args)?.run()?;
+    let r = Daemon::start(&args).and_then(|d| d.run());
+    // The daemon's last lines (queued) are written before the process ends.
+    crate::daemon::output::flush(std::time::Duration::from_secs(2));
+    r?;
     Ok(())
 }

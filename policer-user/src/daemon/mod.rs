@@ -172,6 +172,8 @@ impl Daemon {
     /// Runs until SIGINT/SIGTERM (or the last interface is detached), then
     /// leaves as configured. Errors on the way still detach (or persist).
     pub fn run(mut self) -> Result<()> {
+        // From here on a line never waits for a stream nobody reads.
+        output::start();
         // Blocking threads (map reads for stats, top, /metrics) are kept for
         // the daemon's life once made, and bounded: a pool that grows and
         // shrinks with the load would make new threads for ever. The views

@@ -9,6 +9,15 @@
 //! stdout), and once more when the stream works again. The lint below
 //! keeps the daemon's modules off the panicking macros.
 //!
+//! Once the daemon runs ([`start`]), a line does not wait for its stream:
+//! it goes into a bounded queue ([`Lane`]) that one thread per stream
+//! writes. A stream nobody reads (`attach | less` not scrolled, Ctrl-S in a
+//! terminal, a wedged journald) blocks only that thread; the owner, whose
+//! changes and ban ends print lines, goes on. A line that finds the queue
+//! full is dropped and counted, and the count is said on the stream once it
+//! has caught up. Before [`start`] (the start, which may unshare the mount
+//! namespace and so must be single-threaded) lines are written in place.
+//!
 //! SIGPIPE is ignored by Rust's runtime, so a write to a closed pipe is an
 //! EPIPE error here, not a signal. SIGHUP (a terminal closing sends it to
 //! its jobs) is `policer reload` (`daemon/mod.rs`): harmless to a daemon
@@ -17,8 +26,19 @@
 use std::{
     fmt,
     io::Write,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc::{self, SyncSender, TryRecvError, TrySendError},
+    },
+    time::{Duration, Instant},
 };
+
+/// Lines a stream's queue holds while its writer waits.
+const QUEUE_LINES: usize = 1024;
+
+/// The queues of stdout and stderr, once the daemon runs.
+static LANES: OnceLock<[Lane; 2]> = OnceLock::new();
 
 /// Whether the last write of each stream failed.
 static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
@@ -67,21 +87,169 @@ impl Stream {
     }
 }
 
-/// One line on `stream`; never fails, never panics.
+/// One line on `stream`; never fails, never panics, and once the daemon
+/// runs never waits for the stream.
 pub(crate) fn line(stream: Stream, args: fmt::Arguments<'_>) {
     let mut text = fmt::format(args);
     text.push('\n');
-    emit(stream, text.as_bytes(), &|s, b| s.write(b));
+    send(stream, text.into_bytes());
 }
 
-/// [`line`] with the writer given (tests).
-fn emit(stream: Stream, text: &[u8], write: &dyn Fn(Stream, &[u8]) -> std::io::Result<()>) {
+/// Queues `text` for `stream` (written in place before [`start`], or if
+/// its writer is gone).
+fn send(stream: Stream, text: Vec<u8>) {
+    match LANES.get() {
+        Some(lanes) => {
+            if let Err(text) = lanes[stream as usize].send(text) {
+                emit(stream, &text, &|s, b| s.write(b));
+            }
+        }
+        None => {
+            emit(stream, &text, &|s, b| s.write(b));
+        }
+    }
+}
+
+/// From now on lines go through a queue and a writer thread per stream.
+/// Called when the daemon runs, after its start (which must be
+/// single-threaded). If a thread cannot be made, lines stay written in
+/// place.
+pub(crate) fn start() {
+    if LANES.get().is_some() {
+        return;
+    }
+    let lane = |stream: Stream| {
+        // The writer's notes for the other stream go through its queue.
+        let write = move |b: &[u8]| {
+            emit(stream, b, &|s, b| {
+                if s == stream {
+                    s.write(b)
+                } else {
+                    send(s, b.to_vec());
+                    Ok(())
+                }
+            })
+        };
+        Lane::spawn(&format!("policer-{}", stream.name()), stream.name(), QUEUE_LINES, write)
+    };
+    if let (Ok(out), Ok(err)) = (lane(Stream::Out), lane(Stream::Err)) {
+        let _ = LANES.set([out, err]);
+    }
+}
+
+/// Waits (up to `limit`) until the lines queued so far are written: before
+/// the process ends.
+pub(crate) fn flush(limit: Duration) {
+    if let Some(lanes) = LANES.get() {
+        let until = Instant::now() + limit;
+        for l in lanes {
+            l.flush(until);
+        }
+    }
+}
+
+enum Msg {
+    Line(Vec<u8>),
+    Flush(mpsc::Sender<()>),
+}
+
+/// A stream's bounded queue and the thread that writes it.
+struct Lane {
+    tx: SyncSender<Msg>,
+    /// Lines dropped on a full queue, not yet said.
+    dropped: Arc<AtomicU64>,
+}
+
+impl Lane {
+    /// A queue of `cap` lines; `write` writes one (true: written).
+    fn spawn(
+        thread: &str,
+        stream: &'static str,
+        cap: usize,
+        mut write: impl FnMut(&[u8]) -> bool + Send + 'static,
+    ) -> std::io::Result<Lane> {
+        let (tx, rx) = mpsc::sync_channel::<Msg>(cap);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let d = dropped.clone();
+        std::thread::Builder::new().name(thread.into()).spawn(move || {
+            // Said once the queue is empty (the stream caught up).
+            let say_dropped = |write: &mut dyn FnMut(&[u8]) -> bool| {
+                let n = d.swap(0, Ordering::SeqCst);
+                if n > 0 {
+                    let note = format!(
+                        "policer: {n} lines to {stream} were dropped: it was not read (the daemon does not wait \
+                         for its output)\n"
+                    );
+                    write(note.as_bytes());
+                }
+            };
+            loop {
+                let m = match rx.try_recv() {
+                    Ok(m) => m,
+                    Err(TryRecvError::Disconnected) => return,
+                    Err(TryRecvError::Empty) => {
+                        say_dropped(&mut write);
+                        match rx.recv() {
+                            Ok(m) => m,
+                            Err(_) => return,
+                        }
+                    }
+                };
+                match m {
+                    Msg::Line(b) => {
+                        write(&b);
+                    }
+                    Msg::Flush(ack) => {
+                        say_dropped(&mut write);
+                        let _ = ack.send(());
+                    }
+                }
+            }
+        })?;
+        Ok(Lane { tx, dropped })
+    }
+
+    /// Queues a line, or drops and counts it when the queue is full;
+    /// `Err(line)`: the writer is gone.
+    fn send(&self, line: Vec<u8>) -> Result<(), Vec<u8>> {
+        match self.tx.try_send(Msg::Line(line)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                self.dropped.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(TrySendError::Disconnected(Msg::Line(l))) => Err(l),
+            Err(TrySendError::Disconnected(_)) => Ok(()),
+        }
+    }
+
+    /// Waits until what was queued before is written (or `until`).
+    fn flush(&self, until: Instant) -> bool {
+        let (ack, done) = mpsc::channel();
+        let mut msg = Msg::Flush(ack);
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if Instant::now() < until => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return false,
+            }
+        }
+        done.recv_timeout(until.saturating_duration_since(Instant::now())).is_ok()
+    }
+}
+
+/// [`line`] with the writer given (tests); true: written.
+fn emit(stream: Stream, text: &[u8], write: &dyn Fn(Stream, &[u8]) -> std::io::Result<()>) -> bool {
     match write(stream, text) {
         Ok(()) => {
             if stream.gone().swap(false, Ordering::SeqCst) {
                 let note = format!("policer: {} works again; lines written meanwhile were dropped\n", stream.name());
                 let _ = write(stream.other(), note.as_bytes());
             }
+            true
         }
         Err(e) => {
             if !stream.gone().swap(true, Ordering::SeqCst) {
@@ -97,6 +265,7 @@ fn emit(stream: Stream, text: &[u8], write: &dyn Fn(Stream, &[u8]) -> std::io::R
                     stream.other().gone().store(true, Ordering::SeqCst);
                 }
             }
+            false
         }
     }
 }
@@ -153,6 +322,52 @@ mod tests {
         assert_eq!(l[1], (Stream::Out, "back\n".to_string()));
         assert!(l[2].0 == Stream::Err && l[2].1.contains("stdout works again"), "{l:?}");
         assert!(!STDOUT_GONE.load(Ordering::SeqCst));
+    }
+
+    /// A stream nobody reads blocks its writer, never the one who prints:
+    /// lines past the queue are dropped and counted, and the count is said
+    /// once the stream moves again.
+    #[test]
+    fn a_stream_nobody_reads_drops_lines_instead_of_blocking_and_says_how_many() {
+        let (open, gate) = mpsc::channel::<()>();
+        let written = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let w = written.clone();
+        let mut blocked = true;
+        let lane = Lane::spawn("test-lane", "stdout", 8, move |b: &[u8]| {
+            if blocked {
+                // Blocks as a write to a full pipe nobody reads does.
+                let _ = gate.recv();
+                blocked = false;
+            }
+            w.lock().unwrap().push(String::from_utf8_lossy(b).into_owned());
+            true
+        })
+        .unwrap();
+        let lane = Arc::new(lane);
+        // 100 lines while the writer is stuck: the sender never waits.
+        let (sent, done) = mpsc::channel();
+        let l = lane.clone();
+        std::thread::spawn(move || {
+            for i in 0..100 {
+                l.send(format!("line {i}\n").into_bytes()).unwrap();
+            }
+            let _ = sent.send(());
+        });
+        done.recv_timeout(Duration::from_secs(60)).expect("a line waited for a stream nobody reads");
+        assert!(written.lock().unwrap().is_empty(), "the writer is still blocked");
+        let dropped = lane.dropped.load(Ordering::SeqCst);
+        assert!((90..=92).contains(&dropped), "8 queued, one taken by the writer: {dropped} dropped");
+        open.send(()).unwrap();
+        assert!(lane.flush(Instant::now() + Duration::from_secs(60)), "flushed");
+        let w = written.lock().unwrap();
+        let lines: Vec<&String> = w.iter().filter(|l| l.starts_with("line ")).collect();
+        assert_eq!(lines.len() as u64 + dropped, 100, "{w:?}");
+        assert_eq!(lines[0], "line 0\n", "{w:?}");
+        let notes: Vec<&String> = w.iter().filter(|l| l.contains("dropped")).collect();
+        assert_eq!(notes.len(), 1, "said once: {w:?}");
+        assert!(notes[0].contains(&format!("{dropped} lines to stdout were dropped")), "{w:?}");
+        assert_eq!(w.last(), Some(notes[0]), "said after the queued lines: {w:?}");
+        assert_eq!(lane.dropped.load(Ordering::SeqCst), 0);
     }
 
     #[test]
