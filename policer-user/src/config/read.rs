@@ -259,6 +259,15 @@ impl Reader {
         self.problems.push(Problem { line, message });
     }
 
+    /// A key of no table of `table`'s kind, at `span`: said with the keys
+    /// there are (`head`: the table as the message names it; `whose`:
+    /// "the", "a rule's").
+    fn unknown_key(&mut self, span: std::ops::Range<usize>, head: &str, whose: &str, key: &str, table: Table) {
+        let at = self.line(span);
+        let listed = schema::listed(table);
+        self.push(Some(at), format!("{head}: unknown key `{}`; {whose} keys are {listed}", crate::text::escaped(key)));
+    }
+
     /// A problem with `key`'s value: what it is not, and an example.
     fn bad(&mut self, place: Place<'_>, key: &str, v: &Spanned<DeValue<'_>>, is_not: &str, write: &str) {
         let at = self.line(v.span());
@@ -302,15 +311,7 @@ impl Reader {
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
             let Some(Field::Daemon(field)) = schema::find(Table::Daemon, key).map(|k| k.field) else {
-                let at = self.line(k.span());
-                self.push(
-                    Some(at),
-                    format!(
-                        "daemon: unknown key `{}`; the keys are {}",
-                        crate::text::escaped(key),
-                        schema::listed(Table::Daemon)
-                    ),
-                );
+                self.unknown_key(k.span(), "daemon", "the", key, Table::Daemon);
                 ok = false;
                 continue;
             };
@@ -411,15 +412,7 @@ impl Reader {
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
             let Some(Field::Crowdsec(field)) = schema::find(Table::Crowdsec, key).map(|k| k.field) else {
-                let at = self.line(k.span());
-                self.push(
-                    Some(at),
-                    format!(
-                        "crowdsec: unknown key `{}`; the keys are {}",
-                        crate::text::escaped(key),
-                        schema::listed(Table::Crowdsec)
-                    ),
-                );
+                self.unknown_key(k.span(), "crowdsec", "the", key, Table::Crowdsec);
                 ok = false;
                 continue;
             };
@@ -605,16 +598,7 @@ impl Reader {
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
             let Some(Field::Rule(field)) = schema::find(Table::Rule, key).map(|k| k.field) else {
-                let at = self.line(k.span());
-                self.push(
-                    Some(at),
-                    format!(
-                        "{}: unknown key `{}`; a rule's keys are {}",
-                        place.head(),
-                        crate::text::escaped(key),
-                        schema::listed(Table::Rule)
-                    ),
-                );
+                self.unknown_key(k.span(), &place.head(), "a rule's", key, Table::Rule);
                 ok = false;
                 continue;
             };
@@ -786,16 +770,7 @@ impl Reader {
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
             let Some(Field::Set(field)) = schema::find(Table::Set, key).map(|k| k.field) else {
-                let at = self.line(k.span());
-                self.push(
-                    Some(at),
-                    format!(
-                        "{}: unknown key `{}`; a set's keys are {}",
-                        place.head(),
-                        crate::text::escaped(key),
-                        schema::listed(Table::Set)
-                    ),
-                );
+                self.unknown_key(k.span(), &place.head(), "a set's", key, Table::Set);
                 ok = false;
                 continue;
             };
