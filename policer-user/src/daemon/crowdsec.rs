@@ -43,6 +43,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// second, not one each).
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 
+/// While pulls are refused for `max_cover`, the refusal is logged again at
+/// most this often (other failures are logged at the first of a run).
+const COVER_WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// Automatic bans waiting to be posted at most; past it they are counted
 /// and dropped (the ban itself is in force here regardless).
 pub const PUBLISH_QUEUE: usize = 10_000;
@@ -237,8 +241,36 @@ struct Run {
     unsaved: bool,
     /// Whether a pull of this daemon has succeeded yet.
     synced: Synced,
+    /// The last pull was refused for `max_cover`; when that was last logged.
+    cover: CoverWarn,
     token: Option<(String, Instant)>,
     pending: Vec<AutoBan>,
+}
+
+/// A refusal for `max_cover` is not a passing outage: the operator must
+/// act (the Local API's decisions or the bound). It is logged again once a
+/// [`COVER_WARN_EVERY`] while pulls are refused for it.
+#[derive(Debug, Default)]
+struct CoverWarn {
+    refused: bool,
+    logged: Option<tokio::time::Instant>,
+}
+
+impl CoverWarn {
+    /// A pull ended at `now`, refused for `max_cover` or not: whether its
+    /// refusal is to be logged now.
+    fn pulled(&mut self, refused: bool, now: tokio::time::Instant) -> bool {
+        self.refused = refused;
+        if !refused {
+            self.logged = None;
+            return false;
+        }
+        if self.logged.is_some_and(|t| now < t + COVER_WARN_EVERY) {
+            return false;
+        }
+        self.logged = Some(now);
+        true
+    }
 }
 
 /// When a good pull makes an import: when it changed the set's values, or
@@ -466,9 +498,11 @@ impl Run {
             Ok(p) => p,
             Err(e) => {
                 self.error(&e.kind, &e.why);
+                self.cover.refused = e.kind == "cover";
                 return Err(e.why);
             }
         };
+        self.cover.refused = false;
         for (why, v) in &p.examples {
             say_err!("policer: crowdsec: a decision not applied ({why}): {v}");
         }
@@ -704,6 +738,7 @@ pub fn spawn(feed: Feed) {
         dirty: false,
         unsaved: false,
         synced: Synced::default(),
+        cover: CoverWarn::default(),
         token: None,
         pending: Vec::new(),
     };
@@ -764,6 +799,7 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
             let t = unix_s();
             match r.pull(startup).await {
                 Ok(()) => {
+                    r.cover.pulled(false, tokio::time::Instant::now());
                     startup = false;
                     wait = r.s.every;
                     r.status(|s| {
@@ -777,7 +813,11 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
                     // A pull may have reached the Local API and its answer
                     // been lost: the next is a whole one, so no change is
                     // missed.
-                    if !startup || r.status.lock().map(|s| s.last_sync_success).unwrap_or(true) {
+                    let cover = r.cover.refused;
+                    let cover_due = r.cover.pulled(cover, tokio::time::Instant::now());
+                    if (!cover && (!startup || r.status.lock().map(|s| s.last_sync_success).unwrap_or(true)))
+                        || cover_due
+                    {
                         say_err!(
                             "policer: crowdsec: pulling decisions from {} failed: {e}; the {} decisions in force \
                              stay (each until its end); trying again in {} s",
@@ -821,6 +861,22 @@ mod tests {
         assert!(!s.pulled(false));
         assert!(s.pulled(true));
         assert!(!s.pulled(false));
+    }
+
+    #[test]
+    fn a_cover_refusal_is_logged_again_once_a_minute_while_it_lasts() {
+        let mut c = CoverWarn::default();
+        let t0 = tokio::time::Instant::now();
+        let s = Duration::from_secs;
+        assert!(c.pulled(true, t0), "the first refusal is logged");
+        assert!(!c.pulled(true, t0 + s(10)));
+        assert!(!c.pulled(true, t0 + s(59)));
+        assert!(c.pulled(true, t0 + s(60)), "still refused a minute later: logged again");
+        assert!(!c.pulled(true, t0 + s(100)));
+        // A good pull (or another failure) ends the run: the next refusal
+        // is logged at once.
+        assert!(!c.pulled(false, t0 + s(101)));
+        assert!(c.pulled(true, t0 + s(102)));
     }
 
     #[test]
