@@ -439,16 +439,22 @@ async fn run(
                 }
                 summary.written += 1;
                 let done = spec.count.is_some_and(|c| summary.written >= c);
-                if (done || pcap.pending() >= CHUNK_BYTES) && write_data(&mut wr, pcap.take()).await.is_err() {
-                    return "client".into();
+                if done || pcap.pending() >= CHUNK_BYTES {
+                    if write_data(&mut wr, pcap.take()).await.is_err() {
+                        return "client".into();
+                    }
+                    taken.wrote();
                 }
                 if done {
                     return "count".into();
                 }
             }
             _ = flush.tick() => {
-                if pcap.pending() > 0 && write_data(&mut wr, pcap.take()).await.is_err() {
-                    return "client".into();
+                if pcap.pending() > 0 {
+                    if write_data(&mut wr, pcap.take()).await.is_err() {
+                        return "client".into();
+                    }
+                    taken.wrote();
                 }
             }
             _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {
@@ -494,7 +500,10 @@ fn unread(fd: std::os::fd::RawFd) -> usize {
 
 /// Whether a client takes what it is sent: the bytes it has not read,
 /// looked at once per [`KEEPALIVE`]. Stalled when they were there and
-/// never fell for [`STALL`].
+/// never fell for [`STALL`], and no frames' write went through meanwhile:
+/// while frames flow faster than a slow client reads, its queue stays
+/// full yet it reads — a write that goes through is progress, and a write
+/// the client never takes ends at its own [`STALL`] timeout.
 #[derive(Default)]
 struct Taken {
     last: usize,
@@ -510,6 +519,11 @@ impl Taken {
             return false;
         }
         now.duration_since(*self.since.get_or_insert(now)) >= STALL
+    }
+
+    /// Frames' bytes went to the client (its queue had room for them).
+    fn wrote(&mut self) {
+        self.since = None;
     }
 }
 
@@ -550,5 +564,29 @@ mod stall_tests {
             let unread = if i % 3 == 0 { 0 } else { 1000 - i as usize };
             assert!(!t.stalled(unread, t0 + Duration::from_secs(i)), "at {i}");
         }
+    }
+
+    /// A client slower than the frames: its queue stays full at every look,
+    /// but the frames' writes go through as it reads. Not stalled; once the
+    /// writes stop going through (no frames, or it stopped reading) the
+    /// bound counts from the first look after the last write.
+    #[test]
+    fn a_slow_reader_under_a_full_queue_is_not_stalled_while_writes_go_through() {
+        let t0 = std::time::Instant::now();
+        let mut t = Taken::default();
+        let full = 212_992;
+        for i in 0..100u64 {
+            t.wrote();
+            assert!(!t.stalled(full, t0 + Duration::from_secs(i)), "dropped at {i} s while reading");
+        }
+        let mut stalled_at = None;
+        for i in 100..130u64 {
+            if t.stalled(full, t0 + Duration::from_secs(i)) {
+                stalled_at = Some(i);
+                break;
+            }
+        }
+        // The last write at 99 s, the first look after it at 99 s.
+        assert_eq!(stalled_at, Some(99 + STALL.as_secs()));
     }
 }
