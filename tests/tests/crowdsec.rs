@@ -469,3 +469,39 @@ fn decisions_covering_more_than_max_cover_are_refused_whole_and_earlier_bans_sta
     let (got, sent) = send(&sb, &["12.1.2.3", "13.1.2.3", "11.1.2.3", "10.71.8.1"]);
     assert_eq!(got, [0, sent[1], sent[2], 0], "within the bound: {got:?} of {sent:?}");
 }
+
+/// Review of point 7: a restart must not bring back what a pull would
+/// refuse. Decisions within the bound are saved (state file and set); the
+/// daemon restarts, the Local API down, under a tighter `max_cover_v4`:
+/// the state file is refused as a pull beyond the bound is (counted
+/// `cover`, logged), the feed starts empty and the set saved with the file
+/// is written empty, so its sources pass. It restored both and kept them.
+#[test]
+fn a_restart_does_not_restore_decisions_beyond_max_cover() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-restore");
+    let mut lapi = Lapi::start(&sb.rx_ns, port(9));
+    let key = lapi.bouncer_key("policer-restore");
+    lapi.add_ip("10.71.9.1", "1h");
+    lapi.add_range("11.0.0.0/8", "1h");
+    write_config(&sb, &lapi.url(), &key, "");
+    let mut d = daemon(&sb, 9489);
+    wait_feed(&sb, 10, "the startup sync", |f| f["decisions"] == 2 && f["last_sync_success"] == true);
+    wait_set(&sb, 10.0, "the feed's set", |e| e.len() == 2);
+    assert!(d.stop_with(libc::SIGTERM));
+    drop(d);
+    lapi.kill();
+    // One /8's worth: a /8 and a host are beyond it.
+    write_config(&sb, &lapi.url(), &key, "max_cover_v4 = 8");
+    let d = daemon(&sb, 9489);
+    wait_feed(&sb, 10, "the state file refused", |f| f["errors"]["cover"].as_u64().unwrap_or(0) >= 1);
+    wait_set(&sb, 10.0, "the set written empty", |e| e.is_empty());
+    let f = feed(&sb);
+    assert_eq!(f["decisions"], 0, "{f:#}");
+    let log = format!("{}\n{}", d.stdout(), d.stderr());
+    assert!(log.contains("not restored") && log.contains("max_cover_v4 = 8"), "{log}");
+    let (got, sent) = send(&sb, &["10.71.9.1", "11.1.2.3"]);
+    assert_eq!(got, sent, "sources of the refused state file were dropped: {got:?} of {sent:?}");
+}
