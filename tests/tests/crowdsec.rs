@@ -505,3 +505,46 @@ fn a_restart_does_not_restore_decisions_beyond_max_cover() {
     let (got, sent) = send(&sb, &["10.71.9.1", "11.1.2.3"]);
     assert_eq!(got, sent, "sources of the refused state file were dropped: {got:?} of {sent:?}");
 }
+
+/// Review: a startup pull after a failed one (a Local API restart, one
+/// 503) that finds the same decisions imports nothing; only the daemon's
+/// first good pull and a change do (each import is a "change by crowdsec"
+/// line). Every such startup pull imported the whole set again.
+#[test]
+fn a_startup_pull_after_a_failure_that_changes_nothing_imports_nothing() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-noimport");
+    let lapi = Lapi::start(&sb.rx_ns, port(10));
+    let key = lapi.bouncer_key("policer-noimport");
+    lapi.add_ip("10.71.10.1", "1h");
+    let proxy = lapi::Proxy::start(&sb.rx_ns, port(20), lapi.port());
+    write_config(&sb, &proxy.url(), &key, "");
+    let d = daemon(&sb, 9490);
+    wait_feed(&sb, 10, "the startup sync", |f| f["decisions"] == 1 && f["last_sync_success"] == true);
+    wait_set(&sb, 10.0, "the feed's set", |e| e.len() == 1);
+    let imports = || d.stdout().lines().filter(|l| l.contains("change by crowdsec")).count();
+    assert_eq!(imports(), 1, "{}", d.stdout());
+    proxy.answer(503, r#"{"message":"down"}"#);
+    wait_feed(&sb, 10, "a failed pull", |f| f["errors"]["http_503"].as_u64().unwrap_or(0) >= 1);
+    let served = proxy.served();
+    proxy.pass();
+    // The startup pull after it, and a delta after that: both good.
+    wait_feed(&sb, 20, "a good pull again", |f| f["last_sync_success"] == true);
+    let t0 = Instant::now();
+    while proxy.served() < served + 2 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no pulls after the failure");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(imports(), 1, "a startup pull that changed nothing imported the set: {}", d.stdout());
+    // A change still imports.
+    lapi.add_ip("10.71.10.2", "1h");
+    wait_set(&sb, 10.0, "the new decision", |e| e.len() == 2);
+    let t0 = Instant::now();
+    while imports() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the change's import not logged: {}", d.stdout());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(imports(), 2, "{}", d.stdout());
+}
