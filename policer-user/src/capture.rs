@@ -151,6 +151,45 @@ pub enum Chunk {
     End(CaptureSummary),
 }
 
+/// Counts the frames (enhanced packet blocks) of a pcapng stream of this
+/// machine's byte order ([`PcapNg`] writes its own), fed in pieces that
+/// may cut a block.
+#[derive(Default, Debug)]
+pub struct FrameCount {
+    head: Vec<u8>,
+    skip: usize,
+    pub frames: u64,
+}
+
+impl FrameCount {
+    pub fn feed(&mut self, mut b: &[u8]) {
+        loop {
+            let n = self.skip.min(b.len());
+            self.skip -= n;
+            b = &b[n..];
+            if self.skip > 0 || b.is_empty() {
+                return;
+            }
+            let n = (8 - self.head.len()).min(b.len());
+            self.head.extend_from_slice(&b[..n]);
+            b = &b[n..];
+            if self.head.len() < 8 {
+                return;
+            }
+            let word =
+                |i: usize| u32::from_ne_bytes([self.head[i], self.head[i + 1], self.head[i + 2], self.head[i + 3]]);
+            if word(0) == 6 {
+                self.frames += 1;
+            }
+            // A block is at least 12 bytes; a shorter length is no pcapng:
+            // nothing more is counted.
+            let len = word(4) as usize;
+            self.skip = if len < 12 { usize::MAX } else { len - 8 };
+            self.head.clear();
+        }
+    }
+}
+
 /// A chunk as it goes on the wire: its tag, its length (u32, LE), its bytes.
 pub fn frame_chunk(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(5 + payload.len());
@@ -289,6 +328,30 @@ mod tests {
             max_pps: 100,
             count: None,
             duration_ms: None,
+        }
+    }
+
+    #[test]
+    fn frames_are_counted_in_a_stream_cut_anywhere() {
+        let mut p = PcapNg::new(BTreeMap::from([(3, "eth0".to_string())])).unwrap();
+        for i in 0..7u32 {
+            let f = Frame {
+                unix_ns: 1_700_000_000_000_000_000 + u64::from(i),
+                ifindex: 3,
+                verdict: CAPTURE_DROPPED,
+                rule: "10.0.0.0/8".into(),
+                len: 60 + i,
+                data: vec![i as u8; 60 + i as usize],
+            };
+            p.write(&f).unwrap();
+        }
+        let bytes = p.take();
+        for cut in [1, 3, 7, 8, 13, 64, bytes.len()] {
+            let mut c = FrameCount::default();
+            for piece in bytes.chunks(cut) {
+                c.feed(piece);
+            }
+            assert_eq!(c.frames, 7, "pieces of {cut}");
         }
     }
 

@@ -491,6 +491,9 @@ fn stalled_captures_give_their_lanes_back_and_max_size_bounds_the_file() {
     assert!(size <= 65536 && size > 32 << 10, "{size} bytes");
     let frames = tcpdump(&file);
     assert!(frames.len() > 50, "{} frames", frames.len());
+    // The summary follows, counting the frames in the file.
+    let want = format!("policer capture: {} frames written;", frames.len());
+    assert!(err.contains(&want) && err.contains("(ended: --max-size)"), "{want}: {err}");
     wait_active(&sb, 0);
     fails_with(&cli(&sb, &["capture", "-w", &file, "--max-size", "10"]), "at least 4096");
     let _ = std::fs::remove_dir_all(&dir);

@@ -60,10 +60,23 @@ pub struct Args {
     #[arg(long, value_name = "T")]
     duration: Option<String>,
     /// End before the output passes this many bytes (suffixes k, M, G:
-    /// KiB, MiB, GiB; 0: no bound). The capture then stops cleanly with a
-    /// whole file (every frame whole) and says so on stderr; exit 0.
-    #[arg(long, value_name = "SIZE", default_value = "100M", value_parser = parse_size)]
-    max_size: u64,
+    /// KiB, MiB, GiB; 0: no bound; default 100M for a file, no bound for
+    /// `-w -`). The capture then stops cleanly with a whole file (every
+    /// frame whole) and says so on stderr, with the summary; exit 0.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_size: Option<u64>,
+}
+
+/// The bound on the output: `--max-size` as given (0: none), else 100 MiB
+/// for a file and none for stdout (a live pipe into `tcpdump -r -` runs
+/// until it is stopped).
+fn max_size(write: &str, given: Option<u64>) -> Option<u64> {
+    match given {
+        Some(0) => None,
+        Some(n) => Some(n),
+        None if write == "-" => None,
+        None => Some(100 << 20),
+    }
 }
 
 /// Bytes, with k, M or G (binary: KiB, MiB, GiB).
@@ -132,20 +145,38 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // of the connection is shut, the daemon sends what it has and the
     // summary.
     on_interrupt_shut(reader.get_ref());
+    let bound = max_size(&a.write, a.max_size);
     let mut written: u64 = 0;
+    let mut frames = crate::capture::FrameCount::default();
     loop {
         match read_chunk(&mut reader)? {
             Some(Chunk::Data(bytes)) => {
                 // The daemon's chunks hold whole blocks: stopping before one
                 // leaves a whole file.
-                if a.max_size > 0 && written + bytes.len() as u64 > a.max_size {
+                if let Some(bound) = bound
+                    && written + bytes.len() as u64 > bound
+                {
                     out.flush()?;
                     eprintln!(
-                        "policer: capture stopped at --max-size {}: {written} bytes written, every frame whole",
-                        a.max_size
+                        "policer: capture stopped at --max-size {bound}: {written} bytes written, every frame whole"
                     );
-                    return Ok(());
+                    // The daemon's summary: our side shut, as Ctrl-C does;
+                    // what it sends meanwhile is not written.
+                    let _ = reader.get_ref().shutdown(std::net::Shutdown::Write);
+                    loop {
+                        match read_chunk(&mut reader)? {
+                            Some(Chunk::Data(_)) => {}
+                            Some(Chunk::End(mut summary)) => {
+                                summary.written = frames.frames;
+                                summary.ended = "--max-size".into();
+                                eprintln!("{}", summary.line());
+                                return Ok(());
+                            }
+                            None => return Ok(()),
+                        }
+                    }
                 }
+                frames.feed(&bytes);
                 written += bytes.len() as u64;
                 if let Err(e) = out.write_all(&bytes).and_then(|_| out.flush()) {
                     // A reader of stdout that went away (`| head`): the
@@ -194,7 +225,16 @@ fn on_interrupt_shut(stream: &UnixStream) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{max_size, parse_size};
+
+    #[test]
+    fn stdout_is_unbounded_unless_asked_and_a_file_is_100m() {
+        assert_eq!(max_size("-", None), None);
+        assert_eq!(max_size("-", Some(8192)), Some(8192));
+        assert_eq!(max_size("out.pcapng", None), Some(100 << 20));
+        assert_eq!(max_size("out.pcapng", Some(0)), None);
+        assert_eq!(max_size("-", Some(0)), None);
+    }
 
     #[test]
     fn sizes_parse_with_binary_suffixes_and_bad_ones_are_refused() {

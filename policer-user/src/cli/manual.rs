@@ -368,8 +368,9 @@ with a comment naming its verdict, rule and interface. tcpdump and Wireshark rea
 The filters (--dropped, --passed, --would-drop, --all; --rule; --source), the sampling (--sample 1/N) and the \
 rate bound (--max-pps) are applied in the kernel: a flood cannot flood the daemon, and a full ring or a slow \
 reader loses frames (counted in the summary), never time. Up to 8 captures run at once, each with its own \
-filters and bound. A capture ends at --count, at --duration, on Ctrl-C or when its reader goes away; the \
-summary (frames written, bounded, lost) goes to stderr. With no capture running the drop path reads one word \
+filters and bound. A capture ends at --count, at --duration, before -w FILE passes --max-size (100M by \
+default; -w - has no bound unless given one), on Ctrl-C, when its reader goes away, or when the daemon finds \
+it took nothing for 10 s; the summary (frames written, bounded, lost) goes to stderr. With no capture running the drop path reads one word \
 more.
 
 Only frames a rule judged are captured: not non-IP, malformed or unmatched frames.",
