@@ -57,21 +57,10 @@ pub(crate) enum Origin {
 /// (action, name) — deny over police over monitor over allow, and between
 /// sets of one action the name that sorts first. The blocklist wins over
 /// the allowlist; two police sets do not depend on the order of imports.
+/// The resolver's order ([`crate::resolve::precedence`]), one for the
+/// kernel's writes and the host's answers.
 fn rank(s: &SetState) -> (u8, std::cmp::Reverse<&str>) {
-    precedence(s.spec4.action, &s.header.name)
-}
-
-/// [`rank`] of a set of `action` named `name` (`inspect` names the winner
-/// with it).
-pub(super) fn precedence(action: policer_common::bucket::Action, name: &str) -> (u8, std::cmp::Reverse<&str>) {
-    use policer_common::bucket::Action;
-    let a = match action {
-        Action::Deny => 3,
-        Action::Police => 2,
-        Action::Monitor => 1,
-        Action::Allow => 0,
-    };
-    (a, std::cmp::Reverse(name))
+    crate::resolve::precedence(s.spec4.action, &s.header.name)
 }
 
 /// For each of sorted `nets` that a set of `others` holds too, the one of

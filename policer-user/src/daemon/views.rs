@@ -1142,7 +1142,7 @@ fn key_covers(k: &BucketKey, addr: IpAddr) -> bool {
     masked == *k
 }
 
-/// A set's precedence where several hold one prefix (`sets::precedence`).
+/// A set's precedence where several hold one prefix (`resolve::precedence`).
 fn set_precedence(s: &SetRow) -> (u8, std::cmp::Reverse<&str>) {
     crate::resolve::precedence(s.spec4.action, s.view.set.as_deref().unwrap_or(&s.view.prefix))
 }
