@@ -397,7 +397,7 @@ async fn event_loop(
                 tokio::spawn(async move {
                     match o.ask(Command::Reload { discard_runtime: false }).await.result {
                         Ok(m) => audit.record("SIGHUP", &m),
-                        Err(e) => say!("policer: SIGHUP: reload refused, nothing changed: {e}"),
+                        Err(e) => say_err!("policer: SIGHUP: reload refused, nothing changed: {e}"),
                     }
                 });
             }
