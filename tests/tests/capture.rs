@@ -464,7 +464,8 @@ fn stalled_captures_give_their_lanes_back_and_max_size_bounds_the_file() {
         if active == 0 {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(15), "{active} stalled captures still hold their lanes");
+        // Dropped after 10 s untaken; 60 s leaves a busy host its time.
+        assert!(t0.elapsed() < Duration::from_secs(60), "{active} stalled captures still hold their lanes");
         std::thread::sleep(Duration::from_millis(200));
     }
     let ok = cli(&sb, &["capture", "-w", &format!("{dir}/ninth.pcapng"), "--all", "--duration", "1s"]);
