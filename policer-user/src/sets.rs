@@ -276,6 +276,23 @@ pub fn first_common(a: &[IpNet], b: &[IpNet]) -> Option<IpNet> {
     None
 }
 
+/// Whether `p` overlaps an entry of sorted, canonical `list`: an entry
+/// holds `p`, or lies inside it (either may be the other). A look of
+/// `p`'s length at most, whatever the list's: what the owner asks of a
+/// change that arrives while a long import runs (`daemon/owner.rs`).
+pub fn overlaps(list: &[IpNet], p: IpNet) -> bool {
+    let p = p.trunc();
+    // Entries inside `p` (or at its address, holding it) are one run of
+    // the sorted list: those whose address is in p's range.
+    let start = IpNet::new(p.network(), 0).unwrap_or(p);
+    let lo = list.partition_point(|e| *e < start);
+    if list.get(lo).is_some_and(|e| e.addr() >= p.network() && e.addr() <= p.broadcast()) {
+        return true;
+    }
+    // Entries holding `p` from below its address: one per shorter length.
+    (0..p.prefix_len()).any(|l| IpNet::new(p.addr(), l).is_ok_and(|s| list.binary_search(&s.trunc()).is_ok()))
+}
+
 /// The implicit set of an import without `--set`: one per action and rate,
 /// only growing (`deny`, `allow`, `police-100pps`).
 pub fn implicit_name(rule: &RuleConfig) -> String {

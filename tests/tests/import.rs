@@ -298,6 +298,67 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
 }
 
 /// A list file of `text`, removed on drop.
+/// Issue 41, point 2: no change waits for a long import it cannot meet.
+/// While `rule import` of a million entries runs (the set's state file
+/// staged, then seconds of kernel writes), `rule set --runtime` of
+/// prefixes outside the set are answered one after the other before the
+/// import is; a change of one of the set's own prefixes waits for the
+/// import's end and is judged on the set it leaves (refused: that prefix is
+/// now an entry). On real traffic afterwards: the set drops, the deny
+/// served meanwhile drops, an unlisted source passes.
+#[test]
+fn changes_elsewhere_are_served_while_a_million_are_imported() {
+    if !privileged("import tier") {
+        return;
+    }
+    let sb = Sandbox::new("impaside");
+    let sets = SetsDir::of(&sb);
+    let _d = daemon(&sb, &[]);
+    let big = ListFile::hosts("aside", 1_000_000, &[], "");
+    let (import, inside, served, during) = std::thread::scope(|s| {
+        let import = s.spawn(|| {
+            cli(&sb, &["--timeout", "300", "rule", "import", big.path(), "--action", "deny", "--set", "feed"])
+        });
+        // The import has reached the owner once its state file is staged.
+        while !import.is_finished() && !std::fs::read_dir(&sets.0).is_ok_and(|mut d| d.next().is_some()) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // A change of one of the set's prefixes (10.0.0.7): it waits.
+        let inside =
+            s.spawn(|| cli(&sb, &["rule", "set", "10.0.0.7/32", "--action", "police", "--rate", "10pps", "--runtime"]));
+        // Changes elsewhere, one after the other until the import answers;
+        // the first a deny (checked on traffic below).
+        let (mut served, mut during) = (Vec::new(), 0);
+        while !import.is_finished() && served.len() < 200 {
+            let k = served.len();
+            let prefix = format!("198.51.100.{}/32", 200 + k % 50);
+            let args: Vec<&str> = if k == 0 {
+                vec!["rule", "set", &prefix, "--action", "deny", "--runtime"]
+            } else {
+                vec!["rule", "set", &prefix, "--rate", if k % 2 == 0 { "100pps" } else { "101pps" }, "--runtime"]
+            };
+            let out = cli(&sb, &args);
+            during += usize::from(!import.is_finished());
+            served.push((prefix.clone(), out));
+        }
+        (import.join().unwrap(), inside.join().unwrap(), served, during)
+    });
+    let msg = succeeds(&import);
+    assert!(msg.contains("1000000 added"), "{msg}");
+    for (prefix, out) in &served {
+        assert!(out.status.success(), "rule set {prefix}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(
+        during >= 3,
+        "only {during} of {} changes outside the set were answered while the import ran: changes waited for it",
+        served.len()
+    );
+    // Judged after the import, on the set it left.
+    fails_with(&inside, "10.0.0.7/32 is an entry of set 'feed'");
+    expect(&sb, &[("10.0.0.5", true), ("198.51.100.200", true), ("198.18.0.7", false)], "after the import");
+    assert_eq!(set_row(&sb, "feed").unwrap()["entries"], 1_000_000);
+}
+
 fn list(tag: &str, text: &[u8]) -> ListFile {
     let p = std::env::temp_dir().join(format!("policer-import-{tag}-{}.txt", std::process::id()));
     std::fs::write(&p, text).unwrap();

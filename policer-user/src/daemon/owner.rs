@@ -12,7 +12,7 @@
 //! once ([`Group`]), or written now.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, VecDeque},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -752,7 +752,7 @@ impl Daemon {
         let changed = self.changed;
         self.dry = Some(Capture::default());
         let r = match cmd {
-            Command::Import(imp) => self.import(*imp).map(|(m, _)| m),
+            Command::Import(imp) => self.import(*imp, &mut Nothing).map(|(m, _)| m),
             cmd => self.handle(cmd).result,
         };
         let capture = self.dry.take().unwrap_or_default();
@@ -772,12 +772,22 @@ impl Daemon {
     /// `policer rule import` (and a feed's delta, an import of its set):
     /// planned in `sets.rs` ([`Daemon::plan_import`]), then previewed or
     /// written.
-    pub(super) fn import(&mut self, imp: super::sets::Import) -> Result<(String, crate::control::ImportCounts)> {
+    pub(super) fn import(
+        &mut self,
+        imp: super::sets::Import,
+        aside: &mut dyn Aside,
+    ) -> Result<(String, crate::control::ImportCounts)> {
         let plan = self.plan_import(imp)?;
-        if self.dry() { self.preview_import(plan) } else { self.write_import(plan) }
+        if self.dry() { self.preview_import(plan) } else { self.write_import(plan, aside) }
     }
 
     pub(super) fn handle(&mut self, cmd: Command) -> Outcome {
+        self.handle_aside(cmd, &mut Nothing)
+    }
+
+    /// [`handle`](Self::handle), with what a long import lets the owner
+    /// serve meanwhile (`aside`).
+    fn handle_aside(&mut self, cmd: Command, aside: &mut dyn Aside) -> Outcome {
         let done = |result| Outcome { result, exit: false, counts: None, preview: None };
         match cmd {
             Command::Ban { rule, runtime, force } => done(self.ban(&rule, runtime, force)),
@@ -806,7 +816,7 @@ impl Daemon {
                 Ok(false) => done(Ok(format!("detached from {iface}"))),
                 Err(e) => done(Err(e)),
             },
-            Command::Import(imp) => match self.import(*imp) {
+            Command::Import(imp) => match self.import(*imp, aside) {
                 Ok((m, c)) => Outcome { result: Ok(m), exit: false, counts: Some(Box::new(c)), preview: None },
                 Err(e) => done(Err(e)),
             },
@@ -833,26 +843,21 @@ fn verb(cmd: &Command) -> Option<&'static str> {
 /// `snapshot`. The thread ends after [`Command::Shutdown`] (or when every
 /// [`Owner`] is gone, which also shuts down).
 pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Result<(Owner, thread::JoinHandle<()>)> {
-    let (tx, mut rx) = mpsc::channel::<Job>(QUEUE);
+    let (tx, rx) = mpsc::channel::<Job>(QUEUE);
     let stopping = Arc::new(AtomicBool::new(false));
     let stop = stopping.clone();
     let tick_pending = Arc::new(AtomicBool::new(false));
     let pending = tick_pending.clone();
     let handle = thread::Builder::new().name("policer-owner".into()).spawn(move || {
-        let mut next: Option<Job> = None;
+        let mut queue = Queue { rx, later: VecDeque::new() };
         // Memory a group of changes freed goes back to the system at the
         // next tick (within 100 ms), not after each group: a burst of
         // changes does not wait behind it.
         let mut trim = false;
         loop {
-            let Some(job) = next.take().or_else(|| rx.blocking_recv()) else { break };
+            let Some(job) = queue.next() else { break };
             if !matches!(job.cmd, Command::Shutdown) && stop.load(Ordering::SeqCst) {
-                let _ = job.reply.send(Outcome {
-                    result: Err(Error::Invalid("the daemon is shutting down; nothing changed".into())),
-                    exit: false,
-                    counts: None,
-                    preview: None,
-                });
+                refuse_stopping(job);
                 continue;
             }
             if job.cmd.writes_rules_to_file() {
@@ -863,29 +868,16 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                 // answered when that is done.
                 let mut group = vec![job];
                 while group.len() < GROUP {
-                    match rx.try_recv() {
-                        Ok(j) if j.cmd.writes_rules_to_file() && !stop.load(Ordering::SeqCst) => group.push(j),
-                        Ok(j) => {
-                            next = Some(j);
+                    match queue.try_next() {
+                        Some(j) if j.cmd.writes_rules_to_file() && !stop.load(Ordering::SeqCst) => group.push(j),
+                        Some(j) => {
+                            queue.later.push_front(j);
                             break;
                         }
-                        Err(_) => break,
+                        None => break,
                     }
                 }
-                daemon.begin_group();
-                let mut answers = Vec::with_capacity(group.len());
-                for Job { cmd, reply } in group {
-                    let outcome = daemon.handle(cmd);
-                    answers.push((outcome, daemon.take_group_wrote(), reply));
-                }
-                let written = daemon.end_group();
-                snapshot.send_replace(daemon.snapshot());
-                for (mut outcome, waited, reply) in answers {
-                    if waited && let Err(e) = &written {
-                        outcome.result = Err(Error::Invalid(e.to_string()));
-                    }
-                    let _ = reply.send(outcome);
-                }
+                run_group(&mut daemon, group, &snapshot);
                 trim = true;
                 continue;
             }
@@ -897,7 +889,10 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
             }
             // A dry run changes nothing: nothing to publish.
             let quiet = tick || matches!(cmd, Command::Preview(_));
-            let outcome = daemon.handle(cmd);
+            let outcome = {
+                let mut aside = Serve { queue: &mut queue, snapshot: &snapshot, stop: &stop };
+                daemon.handle_aside(cmd, &mut aside)
+            };
             // A tick that changed nothing publishes nothing.
             if !quiet || daemon.take_changed() {
                 snapshot.send_replace(daemon.snapshot());
@@ -920,4 +915,134 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
         }
     })?;
     Ok((Owner { tx, stopping, tick_pending }, handle))
+}
+
+/// Where the owner takes its next job: those it put off while an import
+/// ran ([`Serve`]), in the order they came, then the channel.
+struct Queue {
+    rx: mpsc::Receiver<Job>,
+    later: VecDeque<Job>,
+}
+
+impl Queue {
+    fn next(&mut self) -> Option<Job> {
+        self.later.pop_front().or_else(|| self.rx.blocking_recv())
+    }
+
+    fn try_next(&mut self) -> Option<Job> {
+        self.later.pop_front().or_else(|| self.rx.try_recv().ok())
+    }
+}
+
+fn refuse_stopping(job: Job) {
+    let _ = job.reply.send(Outcome {
+        result: Err(Error::Invalid("the daemon is shutting down; nothing changed".into())),
+        exit: false,
+        counts: None,
+        preview: None,
+    });
+}
+
+/// Changes that write the config file, handled as one group (see
+/// [`Group`]): each judged and planned in turn, the file written once,
+/// then the kernel; the new state published, then each answered.
+fn run_group(daemon: &mut Daemon, group: Vec<Job>, snapshot: &watch::Sender<Arc<Snapshot>>) {
+    daemon.begin_group();
+    let mut answers = Vec::with_capacity(group.len());
+    for Job { cmd, reply } in group {
+        let outcome = daemon.handle(cmd);
+        answers.push((outcome, daemon.take_group_wrote(), reply));
+    }
+    let written = daemon.end_group();
+    snapshot.send_replace(daemon.snapshot());
+    for (mut outcome, waited, reply) in answers {
+        if waited && let Err(e) = &written {
+            outcome.result = Err(Error::Invalid(e.to_string()));
+        }
+        let _ = reply.send(outcome);
+    }
+}
+
+/// What the owner may do while a long change (an import of a million
+/// entries takes the kernel seconds) is under way, between two of its
+/// steps: the change's prefixes are `guard`'s, and what it leaves between
+/// steps is whole (`sets.rs`: `Daemon::write_import`).
+pub(super) trait Aside {
+    fn serve(&mut self, d: &mut Daemon, guard: &super::sets::Guard<'_>);
+    /// Anything to serve at all (else the long steps just run).
+    fn serves(&self) -> bool {
+        true
+    }
+}
+
+/// Nothing aside: a dry run's import, a reload's.
+pub(super) struct Nothing;
+
+impl Aside for Nothing {
+    fn serve(&mut self, _: &mut Daemon, _: &super::sets::Guard<'_>) {}
+
+    fn serves(&self) -> bool {
+        false
+    }
+}
+
+/// The owner's loop aside an import: the changes queued meanwhile that
+/// cannot meet the import are served (answered in milliseconds, not
+/// after the import's seconds); the others wait for its end, in order.
+struct Serve<'a> {
+    queue: &'a mut Queue,
+    snapshot: &'a watch::Sender<Arc<Snapshot>>,
+    stop: &'a AtomicBool,
+}
+
+impl Aside for Serve<'_> {
+    fn serve(&mut self, d: &mut Daemon, guard: &super::sets::Guard<'_>) {
+        // What is put off stays bounded as the channel is: past that,
+        // requests wait in the channel (and new ones are told "busy").
+        while self.queue.later.len() < QUEUE {
+            let Ok(job) = self.queue.rx.try_recv() else { return };
+            if self.stop.load(Ordering::SeqCst) && !matches!(job.cmd, Command::Shutdown) {
+                refuse_stopping(job);
+                continue;
+            }
+            if !apart(&job.cmd, guard) {
+                self.queue.later.push_back(job);
+                continue;
+            }
+            if job.cmd.writes_rules_to_file() {
+                run_group(d, vec![job], self.snapshot);
+            } else {
+                let Job { cmd, reply } = job;
+                let dry = matches!(cmd, Command::Preview(_));
+                let outcome = d.handle(cmd);
+                if !dry {
+                    self.snapshot.send_replace(d.snapshot());
+                }
+                let _ = reply.send(outcome);
+            }
+            // The change's plan may have turned the fast path on (only
+            // default rules and the sets in force, not the one being
+            // written): the tries decide while the import writes them.
+            if guard.tries
+                && let Err(e) = d.fast_path_off()
+            {
+                log::warn!("aside an import: {e}");
+            }
+        }
+    }
+}
+
+/// A change that cannot meet an import of `guard`'s prefixes: a rule,
+/// ban or unban (or its dry run) whose prefix neither holds nor lies
+/// inside one of them. A prefix that does not parse is refused at once by
+/// the change itself. Anything else (a reload, another import, a set's
+/// removal, a tick: the import honours ends itself) waits.
+fn apart(cmd: &Command, guard: &super::sets::Guard<'_>) -> bool {
+    let prefix = match cmd {
+        Command::RuleSet { rule, .. } | Command::RuleRm { rule, .. } | Command::Ban { rule, .. } => &rule.prefix,
+        Command::Unban { prefix, .. } => prefix,
+        Command::Preview(c) => return apart(c, guard),
+        _ => return false,
+    };
+    crate::prefix::parse_prefix(prefix).map_or(true, |net| !guard.meets(net))
 }

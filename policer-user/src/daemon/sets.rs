@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Instant};
 use ipnet::IpNet;
 use policer_common::Rule;
 
-use super::{Daemon, ruleset::prepare};
+use super::{Daemon, owner::Aside, ruleset::prepare};
 use crate::{
     compile::Compiled,
     control::RuleView,
@@ -288,6 +288,22 @@ fn delete(fds: TrieWriter, nets: &[IpNet]) -> Result<()> {
     fds.delete_all(true, v6)
 }
 
+/// The prefixes a long import changes (the set's before and after): a
+/// change served beside it ([`Aside`]) must not meet them.
+pub(super) struct Guard<'a> {
+    lists: [&'a [IpNet]; 2],
+    /// The import writes entries: the tries decide meanwhile (the fast
+    /// path stays off).
+    pub tries: bool,
+}
+
+impl Guard<'_> {
+    /// `p` holds, or lies inside, one of the import's prefixes.
+    pub fn meets(&self, p: IpNet) -> bool {
+        self.lists.iter().any(|l| sets::overlaps(l, p))
+    }
+}
+
 /// An import, planned ([`Daemon::plan_import`]): the set as it will be,
 /// what changes, and what the answer and the timings need.
 pub(super) struct ImportPlan {
@@ -399,7 +415,16 @@ impl Daemon {
     /// Writes an import's plan ([`plan_import`](Self::plan_import)) in one
     /// change, all or nothing: the set's state file staged, the tries
     /// written in steps, the file put in place.
-    pub(super) fn write_import(&mut self, plan: ImportPlan) -> Result<(String, crate::control::ImportCounts)> {
+    ///
+    /// Its long steps (the state file, the kernel's writes) run beside the
+    /// owner, which serves `aside` meanwhile the changes that cannot meet
+    /// the set's prefixes ([`Guard`]): a million entries take the kernel
+    /// seconds, a `rule set` elsewhere is answered in milliseconds.
+    pub(super) fn write_import(
+        &mut self,
+        plan: ImportPlan,
+        aside: &mut dyn Aside,
+    ) -> Result<(String, crate::control::ImportCounts)> {
         let ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, t0, t_checked } = plan;
         let fds = self.policer.trie_writer()?;
         let old = self.sets.get(&name).cloned();
@@ -419,10 +444,15 @@ impl Daemon {
         // Not written beside the kernel writes: on two CPUs it slows them
         // more than it saves.
         let body = if explicit && !imp.feed { sets::Body::Text(&imp.text) } else { sets::Body::Entries(&next.entries) };
+        let guard = Guard {
+            lists: [old.as_ref().map_or(&[][..], |o| &o.entries[..]), &next.entries[..]],
+            tries: !next.entries.is_empty(),
+        };
         let staged = if imp.runtime {
             None
         } else {
-            match sets::stage(&self.sets_dir, sets::file_mode(self.file.path()), &next.header, body) {
+            let (dir, mode) = (self.sets_dir.clone(), sets::file_mode(self.file.path()));
+            match self.beside(aside, &guard, || sets::stage(&dir, mode, &next.header, body)) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     if new_slot {
@@ -447,7 +477,7 @@ impl Daemon {
             if !next.entries.is_empty() {
                 self.fast_path_off()?;
             }
-            self.import_transition(fds, old.as_ref(), &next)
+            self.import_transition(fds, old.as_ref(), &next, aside, &guard)
         })();
         let t_written = t0.elapsed();
         let r = r.and_then(|shadowed| staged.map_or(Ok(()), sets::Staged::commit).map(|()| shadowed));
@@ -604,7 +634,18 @@ impl Daemon {
     /// owner's tick waits for the import; issue 41). Between two steps the
     /// state is whole: the sets in force, and a prefix of the bulk written
     /// with the new set's value.
-    fn import_transition(&mut self, fds: TrieWriter, old: Option<&SetState>, new: &SetState) -> Result<usize> {
+    ///
+    /// Each step runs beside the owner, which serves `aside` meanwhile
+    /// what `guard` allows; so do the removals, in steps too (with the
+    /// ends that came due honoured before each).
+    fn import_transition(
+        &mut self,
+        fds: TrieWriter,
+        old: Option<&SetState>,
+        new: &SetState,
+        aside: &mut dyn Aside,
+        guard: &Guard<'_>,
+    ) -> Result<usize> {
         let w = {
             let name = new.header.name.as_str();
             let others: Vec<&SetState> = self.sets.values().filter(|s| s.header.name != name).collect();
@@ -612,10 +653,10 @@ impl Daemon {
         };
         let values = new.values()?;
         for (i, step) in w.bulk.chunks(IMPORT_STEP).enumerate() {
-            self.end_due_mid_import(fds, &w.bulk[..i * IMPORT_STEP], values)?;
-            write(fds, step, values)?;
+            self.end_due_mid_import(fds, &w.bulk[..i * IMPORT_STEP], Some(values))?;
+            self.beside(aside, guard, || write(fds, step, values))?;
         }
-        self.end_due_mid_import(fds, &w.bulk, values)?;
+        self.end_due_mid_import(fds, &w.bulk, Some(values))?;
         write_pairs(fds, &w.pairs)?;
         let bans = ban_values(&self.rs);
         if !bans.is_empty() {
@@ -623,16 +664,40 @@ impl Daemon {
             touched.sort_unstable();
             write_pairs(fds, &banned(&touched, &bans, self.rs.protect()))?;
         }
-        delete(fds, &not_rules(&self.rs, &w.delete))?;
+        for (i, step) in w.delete.chunks(IMPORT_STEP).enumerate() {
+            self.end_due_mid_import(fds, &w.delete[..i * IMPORT_STEP], None)?;
+            let gone = not_rules(&self.rs, step);
+            self.beside(aside, guard, || delete(fds, &gone))?;
+        }
+        self.end_due_mid_import(fds, &w.delete, None)?;
         Ok(w.shadowed)
+    }
+
+    /// Runs `work` on a thread of its own while the owner serves `aside`
+    /// what `guard` allows (every millisecond); what `work` gave, once
+    /// done. Without anything aside ([`Nothing`](super::owner::Nothing)),
+    /// just `work`.
+    fn beside<T: Send>(&mut self, aside: &mut dyn Aside, guard: &Guard<'_>, work: impl FnOnce() -> T + Send) -> T {
+        if !aside.serves() {
+            return work();
+        }
+        std::thread::scope(|s| {
+            let h = s.spawn(work);
+            while !h.is_finished() {
+                aside.serve(self, guard);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
     }
 
     /// Mid-import: removes the rules and bans whose end has come (as the
     /// tick does). Entries of the import already written (`done`) under a
     /// ban that ended were given back the value of the sets in force
     /// before the import (`follow_bans`): they take the new set's value
-    /// (`values`), unless another ban still holds them.
-    fn end_due_mid_import(&mut self, fds: TrieWriter, done: &[IpNet], values: (Rule, Rule)) -> Result<()> {
+    /// (`values`), or, of the removals (`None`), leave again — unless
+    /// another ban still holds them.
+    fn end_due_mid_import(&mut self, fds: TrieWriter, done: &[IpNet], values: Option<(Rule, Rule)>) -> Result<()> {
         if self.rs.ended(crate::duration::unix_ms()).is_empty() {
             return Ok(());
         }
@@ -652,7 +717,10 @@ impl Daemon {
         let still: std::collections::BTreeSet<IpNet> =
             banned(&under, &after, self.rs.protect()).into_iter().map(|(n, _)| n).collect();
         let free: Vec<IpNet> = under.into_iter().filter(|n| !still.contains(n)).collect();
-        write(fds, &free, values)
+        match values {
+            Some(v) => write(fds, &free, v),
+            None => delete(fds, &free),
+        }
     }
 
     /// The set's rule per family, validated against its entries
@@ -872,7 +940,7 @@ impl Daemon {
             runtime: false,
             feed: true,
         };
-        Some(self.import(imp).map(|(msg, _)| msg))
+        Some(self.import(imp, &mut super::owner::Nothing).map(|(msg, _)| msg))
     }
 
     /// Leaves out of `c` (read back from the kernel) the sets' entries,

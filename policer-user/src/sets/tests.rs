@@ -307,3 +307,67 @@ fn legacy_sets_are_copied_once() {
     assert!(migrate(&bad, &other, 0o600).unwrap_err().to_string().contains("x.set:1: not a policer set file"));
     assert!(!other.exists());
 }
+
+/// `overlaps` says what a look at every entry says: an entry holds the
+/// prefix or lies inside it, in either family.
+mod overlap {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn slow(list: &[IpNet], p: IpNet) -> bool {
+        let p = p.trunc();
+        list.iter().any(|e| e.contains(&p) || p.contains(e))
+    }
+
+    /// Prefixes in a small corner of each family, so that lists and probes
+    /// meet often.
+    fn net() -> impl Strategy<Value = IpNet> {
+        prop_oneof![
+            (any::<u8>(), 16u8..=32).prop_map(|(b, l)| IpNet::new(
+                std::net::Ipv4Addr::new(10, 0, b >> 4, b << 4).into(),
+                l
+            )
+            .unwrap()
+            .trunc()),
+            (any::<u16>(), 112u8..=128).prop_map(|(b, l)| IpNet::new(
+                std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, b >> 8, b << 8).into(),
+                l
+            )
+            .unwrap()
+            .trunc()),
+            (0u8..=8).prop_map(|l| IpNet::new(std::net::Ipv4Addr::new(10, 0, 0, 0).into(), l).unwrap().trunc()),
+        ]
+    }
+
+    #[test]
+    fn cases() {
+        let list = nets(&["10.1.0.0/16", "10.2.3.4/32", "2001:db8::/64"]);
+        for (p, want) in [
+            ("10.1.2.0/24", true),  // inside an entry
+            ("10.0.0.0/8", true),   // holds entries
+            ("10.1.0.0/16", true),  // an entry
+            ("10.2.3.0/24", true),  // holds the /32
+            ("10.2.3.5/32", false), // beside it
+            ("10.3.0.0/16", false), // beside
+            ("0.0.0.0/0", true),    // holds all of IPv4
+            ("::/0", true),         // holds the IPv6 entry
+            ("2001:db8:0:1::/64", false),
+            ("2001:db8::1/128", true),
+            ("192.0.2.1/32", false),
+        ] {
+            let p: IpNet = p.parse().unwrap();
+            assert_eq!(overlaps(&list, p), want, "{p}");
+            assert_eq!(slow(&list, p), want, "{p} (the slow look)");
+        }
+        assert!(!overlaps(&[], "0.0.0.0/0".parse().unwrap()));
+    }
+
+    proptest! {
+        #[test]
+        fn overlaps_is_a_look_at_every_entry(mut list in proptest::collection::vec(net(), 0..40), p in net()) {
+            list.sort_unstable();
+            list.dedup();
+            prop_assert_eq!(overlaps(&list, p), slow(&list, p));
+        }
+    }
+}
