@@ -45,6 +45,12 @@ pub enum Error {
     Missing(&'static str),
     #[error("{0}")]
     Invalid(String),
+    /// The owner's queue of changes is full: the change was not queued.
+    #[error("the daemon is busy (too many changes queued); try again")]
+    ChangesQueued,
+    /// The daemon is leaving: `note` says whether anything was done.
+    #[error("the daemon is shutting down{note}")]
+    ShuttingDown { note: &'static str },
     #[error(
         "no policer daemon is running in this network namespace \
          (start one with `policer attach IFACE --rate RATE`)"

@@ -85,6 +85,29 @@ pub enum Command {
     Preview(Box<Command>),
 }
 
+/// A change request as the owner's command: the one place a request
+/// becomes a command. Not a command: the reads (served from the snapshot
+/// and the maps), an import (its file is read off the owner first, then
+/// it is [`Command::Import`]) and a dry run (its change, in
+/// [`Command::Preview`]); those come back as they were.
+impl TryFrom<crate::control::Request> for Command {
+    type Error = crate::control::Request;
+
+    fn try_from(r: crate::control::Request) -> std::result::Result<Command, crate::control::Request> {
+        use crate::control::Request;
+        Ok(match r {
+            Request::RuleSet { rule, runtime, replace, force } => Command::RuleSet { rule, runtime, replace, force },
+            Request::RuleRm { rule, runtime } => Command::RuleRm { rule, runtime },
+            Request::Reload { discard_runtime } => Command::Reload { discard_runtime },
+            Request::Detach { iface } => Command::Detach { iface },
+            Request::Ban { rule, runtime, force } => Command::Ban { rule, runtime, force },
+            Request::Unban { prefix, runtime } => Command::Unban { prefix, runtime },
+            Request::SetRm { name } => Command::SetRm { name },
+            other => return Err(other),
+        })
+    }
+}
+
 /// The owner's answer: a message or an error, and whether the daemon
 /// should now exit (its last interface was detached).
 #[derive(Debug)]
@@ -164,14 +187,14 @@ impl Owner {
     pub async fn ask(&self, cmd: Command) -> Outcome {
         let (reply, rx) = oneshot::channel();
         if let Err(e) = self.tx.try_send(Job { cmd, reply }) {
-            let why = match e {
-                mpsc::error::TrySendError::Full(_) => "the daemon is busy (too many changes queued); try again",
-                mpsc::error::TrySendError::Closed(_) => "the daemon is shutting down",
+            let e = match e {
+                mpsc::error::TrySendError::Full(_) => Error::ChangesQueued,
+                mpsc::error::TrySendError::Closed(_) => Error::ShuttingDown { note: "" },
             };
-            return Outcome { result: Err(Error::Invalid(why.into())), exit: false, counts: None, preview: None };
+            return Outcome { result: Err(e), exit: false, counts: None, preview: None };
         }
         rx.await.unwrap_or(Outcome {
-            result: Err(Error::Invalid("the daemon is shutting down".into())),
+            result: Err(Error::ShuttingDown { note: "" }),
             exit: false,
             counts: None,
             preview: None,
@@ -936,7 +959,7 @@ impl Queue {
 
 fn refuse_stopping(job: Job) {
     let _ = job.reply.send(Outcome {
-        result: Err(Error::Invalid("the daemon is shutting down; nothing changed".into())),
+        result: Err(Error::ShuttingDown { note: "; nothing changed" }),
         exit: false,
         counts: None,
         preview: None,

@@ -281,12 +281,6 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
     let read = |reply| Answer::Reply(reply, false);
     let views = ctx.views.clone();
     match env.request {
-        Request::RuleSet { rule, runtime, replace, force } => {
-            change(Command::RuleSet { rule, runtime, replace, force }).await
-        }
-        Request::RuleRm { rule, runtime } => change(Command::RuleRm { rule, runtime }).await,
-        Request::Reload { discard_runtime } => change(Command::Reload { discard_runtime }).await,
-        Request::Detach { iface } => change(Command::Detach { iface }).await,
         Request::RuleLs => read(Reply::Rules { rules: views.rules() }),
         Request::Status => read(Reply::Status(Box::new(views.status()))),
         Request::Stats => {
@@ -298,8 +292,6 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
                 .await
                 .map_or_else(refused, |v| Reply::Inspect(Box::new(v))),
         ),
-        Request::Ban { rule, runtime, force } => change(Command::Ban { rule, runtime, force }).await,
-        Request::Unban { prefix, runtime } => change(Command::Unban { prefix, runtime }).await,
         // Streamed by this connection as the store is read; the rule
         // counters (each manual ban's drops) are read first, in their lane.
         Request::BanLs => match bounded(ctx.ban_ls.run(move || views.ban_ls())).await {
@@ -324,18 +316,11 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
                 }
             }
         },
-        Request::SetRm { name } => change(Command::SetRm { name }).await,
         // Judged and planned by the owner as the change would be, nothing
         // written nor put in the audit trail; the live sources are judged
         // here, off the owner, in the lane of the table reads.
         Request::DryRun { change } => {
             let cmd = match *change {
-                Request::RuleSet { rule, runtime, replace, force } => {
-                    Command::RuleSet { rule, runtime, replace, force }
-                }
-                Request::RuleRm { rule, runtime } => Command::RuleRm { rule, runtime },
-                Request::Reload { discard_runtime } => Command::Reload { discard_runtime },
-                Request::Ban { rule, runtime, force } => Command::Ban { rule, runtime, force },
                 Request::Import { path, shown, set, rule, max_remove, force, runtime } => {
                     let imp = match ctx.import.hold().await {
                         Err(e) => return read(refused(e)),
@@ -352,11 +337,15 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
                         Err(e) => return read(refused(e)),
                     }
                 }
-                _ => {
-                    return read(Reply::refused(
-                        "--dry-run is for rule set, rule rm, rule import, ban and reload".to_string(),
-                    ));
-                }
+                // The owner says which changes it previews.
+                other => match Command::try_from(other) {
+                    Ok(cmd) => cmd,
+                    Err(_) => {
+                        return read(Reply::refused(
+                            "--dry-run is for rule set, rule rm, rule import, ban and reload".to_string(),
+                        ));
+                    }
+                },
             };
             let out = ctx.owner.ask(Command::Preview(Box::new(cmd))).await;
             match (out.result, out.preview) {
@@ -383,6 +372,11 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
             Ok(row) => Answer::Set(Box::new(row)),
             Err(e) => read(refused(e)),
         },
+        // Every other request is a change through the owner.
+        other => match Command::try_from(other) {
+            Ok(cmd) => change(cmd).await,
+            Err(r) => read(Reply::refused(format!("not a request this daemon serves: {r:?}"))),
+        },
     }
 }
 
@@ -390,6 +384,33 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
 mod tests {
     use super::*;
     use crate::control::{RuleView, SetView};
+
+    /// The changes become the owner's commands; reads, an import (read
+    /// first) and a dry run come back as they were.
+    #[test]
+    fn a_change_request_is_a_command_and_nothing_else_is() {
+        let rule = crate::rules::RuleConfig { prefix: "10.0.0.0/8".into(), ..Default::default() };
+        let changes = [
+            Request::RuleSet { rule: rule.clone(), runtime: true, replace: false, force: false },
+            Request::RuleRm { rule: rule.clone(), runtime: false },
+            Request::Reload { discard_runtime: true },
+            Request::Detach { iface: "eth0".into() },
+            Request::Ban { rule: rule.clone(), runtime: false, force: true },
+            Request::Unban { prefix: "10.0.0.0/8".into(), runtime: true },
+            Request::SetRm { name: "feed".into() },
+        ];
+        for r in changes {
+            let shown = format!("{r:?}");
+            let cmd = Command::try_from(r).unwrap_or_else(|r| panic!("{r:?} is a change"));
+            // Same variant, same fields.
+            let (want, got) = (shown.split([' ', '{']).next().unwrap(), format!("{cmd:?}"));
+            assert!(got.starts_with(want) && got.contains("runtime") == shown.contains("runtime"), "{shown} -> {got}");
+        }
+        for r in [Request::RuleLs, Request::Status, Request::Stats, Request::BanLs, Request::SetLs { name: "x".into() }]
+        {
+            assert!(Command::try_from(r).is_err());
+        }
+    }
 
     fn row(entries: &[&str]) -> SetRow {
         let spec = crate::rules::RuleConfig {

@@ -203,7 +203,7 @@ impl Lane {
     /// A permit, held for as long as the caller keeps it (an import keeps
     /// it until the owner has applied the file it parsed).
     pub async fn hold(&self) -> crate::Result<tokio::sync::SemaphorePermit<'_>> {
-        self.0.acquire().await.map_err(|_| crate::Error::Invalid("the daemon is shutting down".into()))
+        self.0.acquire().await.map_err(|_| crate::Error::ShuttingDown { note: "" })
     }
 }
 

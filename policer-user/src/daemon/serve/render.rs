@@ -89,7 +89,7 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
                 Some((_, Err(e))) => Err(Error::Invalid(e.clone())),
                 None => Err(Error::Invalid("internal error: no render".into())),
             },
-            Err(_) => Err(Error::Invalid("the daemon is shutting down".into())),
+            Err(_) => Err(Error::ShuttingDown { note: "" }),
         }
     }
 }
