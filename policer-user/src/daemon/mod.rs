@@ -27,6 +27,7 @@
 #[macro_use]
 pub(crate) mod output;
 mod adopt;
+mod aside;
 mod audit;
 mod bans;
 mod capture;

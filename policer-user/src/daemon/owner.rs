@@ -24,7 +24,9 @@ use std::{
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    Daemon, bans,
+    Daemon,
+    aside::{Aside, Guard, Nothing},
+    bans,
     dryrun::{Capture, Preview, World},
     plan::Plan,
     reload::{self, FollowStep},
@@ -485,13 +487,11 @@ impl Daemon {
         let sets_summary = config_sets.summary();
         let counts = plan.diff.counts();
         if self.dry() {
+            // The preview judges sources against the file's protect (in
+            // force until the preview is planned).
             let r = self.preview_config_sets(&config_sets, want);
-            // The preview judges sources against the file's protect.
-            if let Some(d) = self.dry.as_mut() {
-                d.protect = Some(self.rs.protect().clone());
-            }
             self.rs.set_protect(old_protect);
-            r?;
+            self.dry = Some(r?);
             let changes = plan.changes_text(&before);
             return Ok(format!("reloaded {path}: {} rules ({counts}){changes}{sets_summary}", want.len()));
         }
@@ -801,7 +801,12 @@ impl Daemon {
         aside: &mut dyn Aside,
     ) -> Result<(String, crate::control::ImportCounts)> {
         let plan = self.plan_import(imp)?;
-        if self.dry() { self.preview_import(plan) } else { self.write_import(plan, aside) }
+        if !self.dry() {
+            return self.write_import(plan, aside);
+        }
+        let (msg, capture) = self.preview_import(plan)?;
+        self.dry = Some(capture);
+        Ok((msg, crate::control::ImportCounts::default()))
     }
 
     pub(super) fn handle(&mut self, cmd: Command) -> Outcome {
@@ -986,29 +991,6 @@ fn run_group(daemon: &mut Daemon, group: Vec<Job>, snapshot: &watch::Sender<Arc<
     }
 }
 
-/// What the owner may do while a long change (an import of a million
-/// entries takes the kernel seconds) is under way, between two of its
-/// steps: the change's prefixes are `guard`'s, and what it leaves between
-/// steps is whole (`sets.rs`: `Daemon::write_import`).
-pub(super) trait Aside {
-    fn serve(&mut self, d: &mut Daemon, guard: &super::sets::Guard<'_>);
-    /// Anything to serve at all (else the long steps just run).
-    fn serves(&self) -> bool {
-        true
-    }
-}
-
-/// Nothing aside: a dry run's import, a reload's.
-pub(super) struct Nothing;
-
-impl Aside for Nothing {
-    fn serve(&mut self, _: &mut Daemon, _: &super::sets::Guard<'_>) {}
-
-    fn serves(&self) -> bool {
-        false
-    }
-}
-
 /// The owner's loop aside an import: the changes queued meanwhile that
 /// cannot meet the import are served (answered in milliseconds, not
 /// after the import's seconds); the others wait for its end, in order.
@@ -1019,7 +1001,7 @@ struct Serve<'a> {
 }
 
 impl Aside for Serve<'_> {
-    fn serve(&mut self, d: &mut Daemon, guard: &super::sets::Guard<'_>) {
+    fn serve(&mut self, d: &mut Daemon, guard: &Guard<'_>) {
         // What is put off stays bounded as the channel is: past that,
         // requests wait in the channel (and new ones are told "busy").
         while self.queue.later.len() < QUEUE {
@@ -1060,7 +1042,7 @@ impl Aside for Serve<'_> {
 /// inside one of them. A prefix that does not parse is refused at once by
 /// the change itself. Anything else (a reload, another import, a set's
 /// removal, a tick: the import honours ends itself) waits.
-fn apart(cmd: &Command, guard: &super::sets::Guard<'_>) -> bool {
+fn apart(cmd: &Command, guard: &Guard<'_>) -> bool {
     let prefix = match cmd {
         Command::RuleSet { rule, .. } | Command::RuleRm { rule, .. } | Command::Ban { rule, .. } => &rule.prefix,
         Command::Unban { prefix, .. } => prefix,

@@ -10,7 +10,12 @@ use std::{collections::BTreeMap, sync::Arc, time::Instant};
 use ipnet::IpNet;
 use policer_common::Rule;
 
-use super::{Daemon, owner::Aside, ruleset::prepare};
+use super::{
+    Daemon,
+    aside::{Aside, Guard},
+    dryrun::Capture,
+    ruleset::prepare,
+};
 use crate::{
     compile::Compiled,
     control::RuleView,
@@ -288,22 +293,6 @@ fn delete(fds: TrieWriter, nets: &[IpNet]) -> Result<()> {
     fds.delete_all(true, v6)
 }
 
-/// The prefixes a long import changes (the set's before and after): a
-/// change served beside it ([`Aside`]) must not meet them.
-pub(super) struct Guard<'a> {
-    lists: [&'a [IpNet]; 2],
-    /// The import writes entries: the tries decide meanwhile (the fast
-    /// path stays off).
-    pub tries: bool,
-}
-
-impl Guard<'_> {
-    /// `p` holds, or lies inside, one of the import's prefixes.
-    pub fn meets(&self, p: IpNet) -> bool {
-        self.lists.iter().any(|l| sets::overlaps(l, p))
-    }
-}
-
 /// An import, planned ([`Daemon::plan_import`]): the set as it will be,
 /// what changes, and what the answer and the timings need.
 pub(super) struct ImportPlan {
@@ -553,8 +542,9 @@ impl Daemon {
     }
 
     /// A dry run's import, once checked as the real one is: a slot for a
-    /// new set, the sets after and the set's change; nothing written.
-    pub(super) fn preview_import(&mut self, plan: ImportPlan) -> Result<(String, crate::control::ImportCounts)> {
+    /// new set, the sets after and the set's change (what the owner keeps
+    /// for the preview); nothing written.
+    pub(super) fn preview_import(&self, plan: ImportPlan) -> Result<(String, Capture)> {
         let ImportPlan { imp, header, spec4, spec6, entries, d, .. } = plan;
         let name = header.name.clone();
         let old = self.sets.get(&name).cloned();
@@ -578,11 +568,7 @@ impl Daemon {
         );
         let mut sets = self.sets.clone();
         sets.insert(name, next);
-        if let Some(c) = self.dry.as_mut() {
-            c.sets = Some(sets);
-            c.set_changes = vec![change];
-        }
-        Ok((msg, crate::control::ImportCounts::default()))
+        Ok((msg, Capture { sets: Some(sets), set_changes: vec![change], ..Capture::default() }))
     }
 
     /// Puts a failed import back: the set as it was in the tries, its
@@ -675,7 +661,7 @@ impl Daemon {
 
     /// Runs `work` on a thread of its own while the owner serves `aside`
     /// what `guard` allows (every millisecond); what `work` gave, once
-    /// done. Without anything aside ([`Nothing`](super::owner::Nothing)),
+    /// done. Without anything aside ([`Nothing`](super::aside::Nothing)),
     /// just `work`.
     fn beside<T: Send>(&mut self, aside: &mut dyn Aside, guard: &Guard<'_>, work: impl FnOnce() -> T + Send) -> T {
         if !aside.serves() {
@@ -940,7 +926,7 @@ impl Daemon {
             runtime: false,
             feed: true,
         };
-        Some(self.import(imp, &mut super::owner::Nothing).map(|(msg, _)| msg))
+        Some(self.import(imp, &mut super::aside::Nothing).map(|(msg, _)| msg))
     }
 
     /// Leaves out of `c` (read back from the kernel) the sets' entries,
@@ -1120,8 +1106,9 @@ impl Daemon {
 
     /// A dry run's reload: the rules planned (with the new protected
     /// prefixes, already set), a slot for each added set as the real
-    /// reload takes one, and the sets after; nothing written.
-    pub(super) fn preview_config_sets(&mut self, plan: &ConfigSets, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
+    /// reload takes one, and the sets after (what the owner keeps for the
+    /// preview); nothing written.
+    pub(super) fn preview_config_sets(&self, plan: &ConfigSets, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<Capture> {
         let rules = self.rs.plan(want)?;
         let free = self.rs.free_slot_count() + rules.freed.len() - rules.taken.len();
         let added = plan.changes.iter().filter(|(o, n)| o.is_none() && n.is_some()).count();
@@ -1143,12 +1130,12 @@ impl Daemon {
                 (None, None) => {}
             }
         }
-        if let Some(d) = self.dry.as_mut() {
-            d.rules = Some(rules.rules);
-            d.sets = Some(sets);
-            d.set_changes = changes;
-        }
-        Ok(())
+        Ok(Capture {
+            rules: Some(rules.rules),
+            sets: Some(sets),
+            set_changes: changes,
+            protect: Some(self.rs.protect().clone()),
+        })
     }
 
     /// Writes a reload: the sets' removals (entries that go, values that
