@@ -252,7 +252,8 @@ pub fn verdict_name(bit: u32) -> &'static str {
 /// ([`PcapNg::take`]): a section header, an interface description block
 /// per interface as its first frame comes (name, nanosecond timestamps),
 /// and an enhanced packet block per frame with the comment
-/// `verdict=dropped rule=10.0.0.0/8 iface=eth0`.
+/// `verdict=dropped rule=10.0.0.0/8 iface=eth0` (`ban=10.0.0.0/24` for a
+/// frame a manual ban dropped).
 pub struct PcapNg {
     w: PcapNgWriter<Vec<u8>>,
     /// ifindex → interface id in this section.
@@ -291,7 +292,11 @@ impl PcapNg {
                 id
             }
         };
-        let comment = format!("verdict={} rule={} iface={}", verdict_name(f.verdict), f.rule, self.name(f.ifindex));
+        let by = match f.rule.strip_prefix("ban ") {
+            Some(prefix) => format!("ban={prefix}"),
+            None => format!("rule={}", f.rule),
+        };
+        let comment = format!("verdict={} {by} iface={}", verdict_name(f.verdict), self.name(f.ifindex));
         let epb = EnhancedPacketBlock {
             interface_id: id,
             timestamp: Duration::from_nanos(f.unix_ns),
@@ -412,6 +417,14 @@ mod tests {
                 rule: "::/0".into(),
                 data: vec![2; 60],
             },
+            Frame {
+                unix_ns: 1_700_000_002_000_000_000,
+                len: 64,
+                ifindex: 7,
+                verdict: CAPTURE_DROPPED,
+                rule: "ban 192.0.2.0/24".into(),
+                data: vec![3; 64],
+            },
         ];
         let mut bytes = Vec::new();
         for f in &frames {
@@ -436,6 +449,7 @@ mod tests {
             [
                 (0, frames[0].unix_ns, 1500, 256, Some("verdict=dropped rule=10.0.0.0/8 iface=veth0".into())),
                 (1, frames[1].unix_ns, 60, 60, Some("verdict=passed rule=::/0 iface=if9".into())),
+                (0, frames[2].unix_ns, 64, 64, Some("verdict=dropped ban=192.0.2.0/24 iface=veth0".into())),
             ]
         );
     }

@@ -276,6 +276,49 @@ fn a_capture_ends_with_its_client_and_bad_requests_start_none() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 43, point 4: a frame a manual ban dropped is labelled with the
+/// ban (`ban=PREFIX`), not with the rule of the same prefix, as `rule ls`
+/// and `replay` name it; a frame that rule passes elsewhere keeps `rule=`.
+#[test]
+fn a_frame_a_ban_dropped_names_the_ban() {
+    if !privileged("capture tier") {
+        return;
+    }
+    let sb = Sandbox::new("capban");
+    let _d = Daemon::attach(&sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0"]);
+    let dir = tempfile_dir("capban");
+    let file = format!("{dir}/ban.pcapng");
+    succeeds(&cli(&sb, &["rule", "set", "198.18.0.0/16", "--rate", "50kpps"]));
+    succeeds(&cli(&sb, &["ban", "198.18.7.0/24", "--for", "1h"]));
+    succeeds(&cli(&sb, &["rule", "set", "198.18.7.0/24", "--rate", "50kpps"]));
+    let c = spawn_capture(&sb, &["-w", &file, "--all"]);
+    wait_active(&sb, 1);
+    let flows =
+        [Flow { src: ip("198.18.7.9"), pps: 500.0, len: 64 }, Flow { src: ip("198.18.8.9"), pps: 500.0, len: 64 }];
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_millis(600));
+    assert!(sent.sent[0] > 100 && sent.sent[1] > 100, "sent {:?}", sent.sent);
+    assert_eq!(got.per_flow[0], 0, "the banned source passed: {:?}", got.per_flow);
+    assert_eq!(got.per_flow[1], sent.sent[1], "the rule's source was dropped: {:?}", got.per_flow);
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    let (_, err) = finish(c);
+    let comments = comments(&file);
+    let iface = &sb.rx_if;
+    let banned = format!("verdict=dropped ban=198.18.7.0/24 iface={iface}");
+    let passed = format!("verdict=passed rule=198.18.0.0/16 iface={iface}");
+    assert!(
+        comments.iter().any(|c| *c == banned),
+        "no frame labelled '{banned}': {err}; {:?}",
+        &comments[..5.min(comments.len())]
+    );
+    assert!(comments.iter().any(|c| *c == passed), "no frame labelled '{passed}': {err}");
+    assert!(
+        !comments.iter().any(|c| c.contains("rule=198.18.7.0/24")),
+        "a frame the ban dropped is labelled with the rule of its prefix"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A daemon killed (SIGKILL) mid-capture with `--persist` leaves its
 /// program policing with the capture word still set: the program array
 /// closed with the daemon, so the tail call fails and each verdict stands

@@ -184,14 +184,23 @@ impl Views {
     }
 
     /// The names a capture writes: each rule's prefix and `rule ls` name
-    /// (with its class) by counter slot, each interface's by index.
+    /// (with its class; `ban PREFIX` for a manual ban) by counter slot,
+    /// each interface's by index.
     pub fn capture_names(&self) -> super::capture::Names {
         let snap = self.snap();
         let mut rules = BTreeMap::new();
         for r in snap.rules.values() {
             let prefix = r.spec.net.to_string();
             let class = r.spec.class().to_string();
-            let name = if class == "-" || class.is_empty() { prefix.clone() } else { format!("{prefix} ({class})") };
+            // A ban is named as `rule ls` and `replay` name it: the frame it
+            // dropped is the ban's, not a rule's at the same prefix.
+            let name = if r.spec.ban().is_some() {
+                format!("ban {prefix}")
+            } else if class == "-" || class.is_empty() {
+                prefix.clone()
+            } else {
+                format!("{prefix} ({class})")
+            };
             rules.insert(r.slot, (prefix, name));
         }
         for set in &snap.sets {
