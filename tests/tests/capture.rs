@@ -307,11 +307,11 @@ fn a_frame_a_ban_dropped_names_the_ban() {
     let banned = format!("verdict=dropped ban=198.18.7.0/24 iface={iface}");
     let passed = format!("verdict=passed rule=198.18.0.0/16 iface={iface}");
     assert!(
-        comments.iter().any(|c| *c == banned),
+        comments.contains(&banned),
         "no frame labelled '{banned}': {err}; {:?}",
         &comments[..5.min(comments.len())]
     );
-    assert!(comments.iter().any(|c| *c == passed), "no frame labelled '{passed}': {err}");
+    assert!(comments.contains(&passed), "no frame labelled '{passed}': {err}");
     assert!(
         !comments.iter().any(|c| c.contains("rule=198.18.7.0/24")),
         "a frame the ban dropped is labelled with the rule of its prefix"
