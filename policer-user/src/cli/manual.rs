@@ -75,7 +75,9 @@ SIGINT or SIGTERM, which detach it (with --persist the program stays attached an
 `policer attach` adopts it with its buckets). SIGHUP re-reads the config file, as `policer reload` does.
 
 The rules come from the config file; --rate and --burst set the default rules (0.0.0.0/0 and ::/0) and write \
-them into the file. One daemon runs per network namespace: a second is refused, naming the first's pid.
+them into the file, saying what they changed there (\"change by policer attach: --rate/--burst changed the rules \
+of FILE: 0.0.0.0/0: rate 100pps → 10kpps\", in the audit trail too): leave them out to start with the file's rules \
+as they are. One daemon runs per network namespace: a second is refused, naming the first's pid.
 
 Errors leave nothing attached and the file untouched: a bad interface, rate, burst or config file, a missing \
 privilege (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON), or another XDP program on the interface, which is never \

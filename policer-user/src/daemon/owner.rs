@@ -268,7 +268,10 @@ impl Daemon {
     /// into the config file. A failure is a warning: policing runs from the
     /// command line, the file keeps what it says, and `rule ls` shows the
     /// difference.
-    pub(super) fn write_start_config(&mut self, names: &[String], rules_changed: bool) {
+    /// `rate_changes`: what `--rate/--burst` changed in the file's rules,
+    /// said and audited once written (a tuned default rule is never
+    /// rewritten silently).
+    pub(super) fn write_start_config(&mut self, names: &[String], rules_changed: bool, rate_changes: &[String]) {
         // Rules the file already holds (no `--rate`) are not written
         // again: only the interfaces then (the [daemon] table alone,
         // `config/splice.rs`); the file's rules stay what they are.
@@ -284,6 +287,16 @@ impl Daemon {
             self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());
         } else {
             self.rs.set_file_rules(rules);
+            if !rate_changes.is_empty() {
+                let msg = format!(
+                    "--rate/--burst changed the rules of {}: {}",
+                    self.file.path().display(),
+                    rate_changes.join("; ")
+                );
+                // Said ("change by policer attach: ...") and kept in the
+                // audit trail as any change.
+                self.audit.record("policer attach", &msg);
+            }
         }
     }
 

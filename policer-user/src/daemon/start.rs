@@ -103,6 +103,9 @@ struct Settings {
     changes_file: bool,
     /// Whether the rules it writes differ from the file's (`--rate`).
     changes_rules: bool,
+    /// What `--rate/--burst` change in the file's rules, each as a reload
+    /// says a change (`0.0.0.0/0: rate 100pps → 200pps`).
+    rate_changes: Vec<String>,
     /// The rules to police with.
     specs: BTreeMap<RuleKey, RuleSpec>,
     ifaces: Interfaces,
@@ -272,7 +275,7 @@ impl Daemon {
 
         // Before saying "policing", so whoever reads the file next sees it.
         if s.changes_file {
-            d.write_start_config(&s.ifaces.given, s.changes_rules);
+            d.write_start_config(&s.ifaces.given, s.changes_rules, &s.rate_changes);
         }
         // What reading and planning the rules held for a moment (the
         // file's parse tree, the plan) goes back to the system.
@@ -429,9 +432,20 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
     // next write of the file drops them).
     super::ruleset::drop_expired(&mut specs);
     let cfg = file.config();
+    // What `--rate/--burst` change in the file's rules (issue 43, point
+    // 9): said and audited once the start has written them.
+    let mut rate_changes = Vec::new();
     if let Some(rate) = args.rate {
         for s in default_rules(rate, &args.burst)? {
-            specs.insert(s.key(), s);
+            let k = s.key();
+            match specs.get(&k) {
+                None => rate_changes.push(format!("+{k} ({})", crate::rules::summary(&s))),
+                Some(old) if *old != s => {
+                    rate_changes.push(format!("{k}: {}", crate::rules::changes(old, &s).join(", ")))
+                }
+                Some(_) => {}
+            }
+            specs.insert(k, s);
         }
     } else if args.burst.is_some() {
         return Err(Error::Invalid("--burst needs --rate".into()));
@@ -497,6 +511,7 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
         file,
         changes_file,
         changes_rules: args.rate.is_some(),
+        rate_changes,
         specs,
         ifaces: Interfaces { given, names, indexes, mode },
         max_sources,
