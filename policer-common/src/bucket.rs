@@ -251,10 +251,10 @@ impl core::fmt::Display for RuleError {
         match self {
             RuleError::RateOutOfRange => write!(
                 f,
-                "rate out of range ({MIN_RATE_PPS} pps ..= {MAX_RATE_PPS} pps, \
+                "rate out of range ({MIN_RATE_PPS} pps to {MAX_RATE_PPS} pps, \
                  {MIN_RATE_BPS} bit/s ..= {MAX_RATE_BPS} bit/s)"
             ),
-            RuleError::BurstOutOfRange => write!(f, "burst out of range (1 ..= {MAX_BURST})"),
+            RuleError::BurstOutOfRange => write!(f, "burst out of range (1 to {MAX_BURST})"),
             RuleError::KeyLenOutOfRange => {
                 write!(f, "key length out of range (1..=32 for IPv4, 1..=128 for IPv6)")
             }

@@ -65,7 +65,7 @@ impl CaptureSpec {
             return Err(Error::Invalid("--sample 1/N: N must be at least 1".into()));
         }
         if !(1..=MAX_CAPTURE_PPS).contains(&self.max_pps) {
-            return Err(Error::Invalid(format!("--max-pps must be 1 ..= {MAX_CAPTURE_PPS}")));
+            return Err(Error::Invalid(format!("--max-pps must be 1 to {MAX_CAPTURE_PPS}")));
         }
         if self.count == Some(0) {
             return Err(Error::Invalid("--count must be at least 1".into()));

@@ -93,9 +93,9 @@ pub(crate) fn parse_proto(s: &str) -> Result<u8> {
     }
     match t.parse::<u16>() {
         Ok(n) if n <= 255 => Ok(n as u8),
-        Ok(_) => Err(Error::Invalid(format!("--proto '{s}': a protocol number is 0..=255"))),
+        Ok(_) => Err(Error::Invalid(format!("--proto '{s}': a protocol number is 0 to 255"))),
         Err(_) => Err(Error::Invalid(format!(
-            "--proto '{s}': unknown protocol (tcp, udp, icmp, icmpv6, sctp, udplite, or a number 0..=255)"
+            "--proto '{s}': unknown protocol (tcp, udp, icmp, icmpv6, sctp, udplite, or a number 0 to 255)"
         ))),
     }
 }
@@ -104,7 +104,7 @@ fn parse_port(s: &str, whole: &str) -> Result<u16> {
     let t = s.trim();
     match t.parse::<u32>() {
         Ok(n) if n <= 65_535 => Ok(n as u16),
-        Ok(_) => Err(Error::Invalid(format!("--dport '{whole}': port {t} out of range 0..=65535"))),
+        Ok(_) => Err(Error::Invalid(format!("--dport '{whole}': port {t} out of range 0 to 65535"))),
         Err(_) => Err(Error::Invalid(format!("--dport '{whole}': '{t}' is not a port number (PORT or LOW-HIGH)"))),
     }
 }
@@ -173,7 +173,7 @@ impl Class {
         let tcp_flags = t.tcp_flags.as_deref().map(parse_flags).transpose()?;
         let icmp_type = match t.icmp_type.as_deref() {
             Some(s) => Some(s.trim().parse::<u8>().map_err(|_| {
-                Error::Invalid(format!("--icmp-type '{s}': an ICMP type is a number 0..=255 (8: echo request)"))
+                Error::Invalid(format!("--icmp-type '{s}': an ICMP type is a number 0 to 255 (8: echo request)"))
             })?),
             None => None,
         };

@@ -331,7 +331,7 @@ pub fn check_max_sources(n: u32, what: &str) -> std::result::Result<(), String> 
     }
     let would = if n > MAX_SOURCES { format!("; {n} would take {} MiB", mib(n)) } else { String::new() };
     Err(format!(
-        "{what} must be 1 ..= {MAX_SOURCES} (the source tables are preallocated in the kernel at a start: \
+        "{what} must be 1 to {MAX_SOURCES} (the source tables are preallocated in the kernel at a start: \
          {} MiB at {MAX_SOURCES}{would})",
         mib(MAX_SOURCES),
     ))
@@ -395,7 +395,7 @@ impl Policer {
             return Err(Error::Invalid("a table of 0 sources cannot be loaded".into()));
         }
         if !(1..=MAX_RULES).contains(&opts.max_rules) {
-            return Err(Error::Invalid(format!("--max-rules must be 1 ..= {MAX_RULES}")));
+            return Err(Error::Invalid(format!("--max-rules must be 1 to {MAX_RULES}")));
         }
         let test_clock: u32 = opts.test_clock.into();
         let tick_ns = opts.tick_ns.unwrap_or_else(|| kernel_hz().map_or(0, policer_common::clock::tick_ns));

@@ -65,7 +65,7 @@ pub fn parse_prefix(s: &str) -> Result<IpNet> {
         .map_err(|_| Error::Invalid(format!("'{}' in '{}' is not an IP address", excerpt(addr), excerpt(s))))?;
     let max = if a.is_ipv4() { 32 } else { 128 };
     let len: u8 = len.parse().ok().filter(|l| *l <= max).ok_or_else(|| {
-        Error::Invalid(format!("prefix length '/{}' in '{}' must be 0..={max}", excerpt(len), excerpt(s)))
+        Error::Invalid(format!("prefix length '/{}' in '{}' must be 0 to {max}", excerpt(len), excerpt(s)))
     })?;
     let net = match unmap(a, len).map_err(Error::Invalid)? {
         Some((v4, len)) => IpNet::new(IpAddr::V4(v4), len),

@@ -609,7 +609,7 @@ pub fn refuse_everyone(net: &IpNet, what: &str) -> Result<()> {
 fn check_key_len(k: u32, net: &IpNet) -> Result<()> {
     let max = if net.addr().is_ipv6() { 128 } else { 32 };
     if k == 0 || k > max {
-        return Err(Error::Invalid(format!("key length {k} out of range 1..={max}")));
+        return Err(Error::Invalid(format!("key length {k} out of range 1 to {max}")));
     }
     if k < u32::from(net.prefix_len()) {
         return Err(Error::Invalid(format!(

@@ -76,7 +76,7 @@ fn parse_entry(s: &str) -> std::result::Result<(IpNet, bool), String> {
             .parse::<u8>()
             .ok()
             .filter(|l| *l <= max)
-            .ok_or_else(|| format!("prefix length '/{}' must be 0..={max}", excerpt(l)))?,
+            .ok_or_else(|| format!("prefix length '/{}' must be 0 to {max}", excerpt(l)))?,
     };
     let (net, mapped) = match (a, crate::prefix::unmap(a, len)?) {
         (_, Some((v4, len))) => (IpNet::V4(Ipv4Net::new(v4, len).map_err(|e| e.to_string())?), true),

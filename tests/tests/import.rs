@@ -195,7 +195,7 @@ fn a_million_denies_then_a_smaller_set_bad_input_restart_and_ttl() {
     std::fs::write(&rel, "# relative\n10.20.30.40/33\n").unwrap();
     let out = cli(&sb, &["rule", "import", &rel, "--set", "x"]);
     let _ = std::fs::remove_file(&rel);
-    fails_with(&out, &format!("{rel}:2: prefix length '/33' must be 0..=32"));
+    fails_with(&out, &format!("{rel}:2: prefix length '/33' must be 0 to 32"));
     // Unknown sets, named with the known ones.
     fails_with(&cli(&sb, &["rule", "ls", "--set", "nope"]), "no set 'nope'; the sets are: feed");
     fails_with(&cli(&sb, &["rule", "rm", "--set", "nope"]), "no set 'nope'; the sets are: feed");

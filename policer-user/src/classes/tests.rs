@@ -50,7 +50,7 @@ fn bad_classes_say_why() {
         assert!(e.contains(want), "{e:?} lacks {want:?}");
     };
     bad(text(Some("tcpp"), None, None, None, None), false, "unknown protocol");
-    bad(text(Some("300"), None, None, None, None), false, "0..=255");
+    bad(text(Some("300"), None, None, None, None), false, "0 to 255");
     bad(text(Some("udp"), Some("70000"), None, None, None), false, "out of range");
     bad(text(Some("udp"), Some("100-50"), None, None, None), false, "below LOW");
     bad(text(Some("udp"), Some("x"), None, None, None), false, "not a port");
@@ -60,7 +60,7 @@ fn bad_classes_say_why() {
     bad(text(Some("tcp"), None, Some("syn,bogus"), None, None), false, "unknown flag");
     bad(text(Some("tcp"), None, Some("syn,!syn"), None, None), false, "twice");
     bad(text(Some("tcp"), None, None, Some("8"), None), false, "--icmp-type needs --proto icmp");
-    bad(text(Some("icmp"), None, None, Some("300"), None), false, "0..=255");
+    bad(text(Some("icmp"), None, None, Some("300"), None), false, "0 to 255");
     bad(text(Some("icmp"), None, None, None, None), true, "use --proto icmpv6");
     bad(text(Some("icmpv6"), None, None, None, None), false, "use --proto icmp");
     bad(text(None, None, None, None, Some("2001:db8::/32")), false, "IPv6 destination");

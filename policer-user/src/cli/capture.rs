@@ -113,7 +113,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         verdicts = CAPTURE_DROPPED;
     }
     if !(1..=MAX_CAPTURE_PPS).contains(&a.max_pps) {
-        anyhow::bail!("--max-pps {}: must be 1 ..= {MAX_CAPTURE_PPS}", a.max_pps);
+        anyhow::bail!("--max-pps {}: must be 1 to {MAX_CAPTURE_PPS}", a.max_pps);
     }
     let duration_ms = match &a.duration {
         Some(d) => Some(crate::duration::parse(d)?.as_millis().min(u64::MAX as u128) as u64),

@@ -95,7 +95,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     if matches!(action, "allow" | "deny") {
-        println!("now         {} (an {action} rule has no bucket)", v.now);
+        let article = if action == "allow" { "an" } else { "a" };
+        println!("now         {} ({article} {action} rule has no bucket)", v.now);
         return Ok(());
     }
     if v.has_bucket {

@@ -161,7 +161,7 @@ impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         let timeout = self.wait().unwrap_or(control::CALL_TIMEOUT.as_secs_f64());
         if !(0.1..=3600.0).contains(&timeout) {
-            anyhow::bail!("--timeout {timeout}: must be 0.1 ..= 3600 seconds");
+            anyhow::bail!("--timeout {timeout}: must be 0.1 to 3600 seconds");
         }
         TIMEOUT.set(Duration::from_secs_f64(timeout)).ok();
         if !matches!(self.cmd, Cmd::Attach(_)) {
@@ -253,6 +253,6 @@ fn watch_period(w: Option<f64>) -> anyhow::Result<Option<Duration>> {
     match w {
         None => Ok(None),
         Some(s) if (0.1..=3600.0).contains(&s) => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => anyhow::bail!("--watch {s}: must be 0.1 ..= 3600 seconds"),
+        Some(s) => anyhow::bail!("--watch {s}: must be 0.1 to 3600 seconds"),
     }
 }

@@ -20,7 +20,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.n == 0 || a.n > 100_000 {
-        anyhow::bail!("-n {}: must be 1 ..= 100000", a.n);
+        anyhow::bail!("-n {}: must be 1 to 100000", a.n);
     }
     let period = watch_period(a.watch)?;
     loop {

@@ -255,7 +255,7 @@ pub static KEYS: &[Key] = &[
         "max_sources",
         "integer",
         "1048576",
-        "Sources tracked at once, per address family (176 bytes of kernel memory each, both families with the recall, preallocated at start): 1 ..= 16777216 (2.75 GiB). `policer check` and a reload refuse a size past it.",
+        "Sources tracked at once, per address family (176 bytes of kernel memory each, both families with the recall, preallocated at start): 1 to 16777216 (2.75 GiB). `policer check` and a reload refuse a size past it.",
     ),
     daemon(
         D::MaxRules,

@@ -488,7 +488,7 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
         say!("policer: {warning}");
     }
     if !(args.interval == 0.0 || (0.05..=3600.0).contains(&args.interval)) {
-        return Err(Error::Invalid("--interval must be 0 (off) or 0.05 ..= 3600 seconds".into()));
+        return Err(Error::Invalid("--interval must be 0 (off) or 0.05 to 3600 seconds".into()));
     }
     let metrics_addr = args.metrics.as_deref().map(crate::metrics::parse_addr).transpose()?;
     let layout_version = hooks::layout_version()?;

@@ -1250,7 +1250,7 @@ fn frame_l4(addr: IpAddr, f: &InspectFrame) -> Result<Option<FrameL4>> {
     if let Some(b) = f.bytes
         && !(64..=policer_common::bucket::MAX_FRAME_LEN).contains(&b)
     {
-        return Err(Error::Invalid(format!("--frame-bytes {b}: a frame is 64 ..= 65535 bytes")));
+        return Err(Error::Invalid(format!("--frame-bytes {b}: a frame is 64 to 65535 bytes")));
     }
     let g = InspectFrame { bytes: None, ..f.clone() };
     if g.is_empty() {
@@ -1433,7 +1433,7 @@ mod tests {
         let a = "198.18.0.5";
         for (e, want) in [
             (err(a, |f| f.dport = Some(53)), "need --proto"),
-            (err(a, |f| f.bytes = Some(63)), "--frame-bytes 63: a frame is 64 ..= 65535 bytes"),
+            (err(a, |f| f.bytes = Some(63)), "--frame-bytes 63: a frame is 64 to 65535 bytes"),
             (err(a, |f| f.bytes = Some(65_536)), "--frame-bytes 65536"),
             (err(a, |f| f.proto = Some("nope".into())), "nope"),
             (
