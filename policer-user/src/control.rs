@@ -126,6 +126,10 @@ pub enum Request {
         /// `--runtime`: in force until the daemon stops, no state file.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         runtime: bool,
+        /// `--skip-protected`: entries inside a protected prefix are left
+        /// out (counted and named), not a refusal of the whole file.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        skip_protected: bool,
     },
     /// `policer rule ls --set NAME`.
     SetLs {
@@ -1350,19 +1354,9 @@ impl Client {
         self.change(Request::Unban { prefix, runtime })
     }
 
-    /// `policer rule import`; `max_remove` and `force` only with `set`.
-    #[expect(clippy::too_many_arguments, reason = "the fields of Request::Import, one per flag of the verb")]
-    pub fn import(
-        &self,
-        path: String,
-        shown: String,
-        set: Option<String>,
-        rule: RuleConfig,
-        max_remove: Option<crate::sets::MaxRemove>,
-        force: bool,
-        runtime: bool,
-    ) -> Result<(String, Option<Box<ImportCounts>>)> {
-        let req = Request::Import { path, shown, set, rule, max_remove, force, runtime };
+    /// `policer rule import` (`req`: a [`Request::Import`], one field per
+    /// flag of the verb).
+    pub fn import(&self, req: Request) -> Result<(String, Option<Box<ImportCounts>>)> {
         self.ask(req, "done", |r| take!(r, Reply::Done { message, counts } => (message, counts)))
     }
 

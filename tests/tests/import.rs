@@ -359,6 +359,47 @@ fn changes_elsewhere_are_served_while_a_million_are_imported() {
     assert_eq!(set_row(&sb, "feed").unwrap()["entries"], 1_000_000);
 }
 
+/// Issue 43, point 13: a feed imported from a timer with a line inside
+/// `protect` is refused whole, naming the line; with `--skip-protected`
+/// the rest is imported and the answer counts and names what was left
+/// out (as the CrowdSec feed does). On traffic: the listed sources drop,
+/// the protected ones the list named pass. The state file holds what was
+/// imported: a restart brings the set back as it was in force.
+#[test]
+fn a_timer_import_skips_protected_entries_with_skip_protected() {
+    if !privileged("import tier") {
+        return;
+    }
+    let sb = Sandbox::new("impskip");
+    let _sets = SetsDir::of(&sb);
+    std::fs::write(&sb.config, "[daemon]\nprotect = [\"198.18.7.0/24\"]\n").unwrap();
+    let mut d = daemon(&sb, &["--persist"]);
+    let feed = list("skip", b"198.18.9.0/24\n198.18.7.32/27 ; inside\n198.18.7.5\n198.18.10.1\n");
+    let args = ["rule", "import", feed.path(), "--action", "deny", "--set", "feed"];
+    fails_with(&cli(&sb, &args), &format!("{}:3: 198.18.7.5/32 is inside the protected prefix", feed.path()));
+    assert!(set_row(&sb, "feed").is_none(), "a refused import made the set");
+    let mut skip = args.to_vec();
+    skip.extend(["--skip-protected", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &skip))).unwrap();
+    let msg = v["message"].as_str().unwrap();
+    assert!(
+        msg.contains(
+            "left out (--skip-protected): 2 inside a protected prefix (198.18.7.5/32 in 198.18.7.0/24, \
+             198.18.7.32/27 in 198.18.7.0/24)"
+        ),
+        "{msg}"
+    );
+    assert_eq!((v["entries"].as_u64(), v["refused_protected"].as_u64()), (Some(2), Some(2)), "{v}");
+    assert_eq!(entries(&sb, "feed"), ["198.18.9.0/24", "198.18.10.1/32"]);
+    let srcs = [("198.18.9.9", true), ("198.18.10.1", true), ("198.18.7.40", false), ("198.18.7.5", false)];
+    expect(&sb, &srcs, "after the import with --skip-protected");
+    // A restart reads the set back as it was imported.
+    d.stop_with(libc::SIGTERM);
+    let _d = daemon(&sb, &["--persist"]);
+    assert_eq!(entries(&sb, "feed"), ["198.18.9.0/24", "198.18.10.1/32"]);
+    expect(&sb, &srcs, "after a restart");
+}
+
 fn list(tag: &str, text: &[u8]) -> ListFile {
     let p = std::env::temp_dir().join(format!("policer-import-{tag}-{}.txt", std::process::id()));
     std::fs::write(&p, text).unwrap();

@@ -60,6 +60,13 @@ pub struct Args {
     /// as saved and comes back at the next start.
     #[arg(long)]
     runtime: bool,
+    /// Leave out the entries inside a protected prefix (`protect` in
+    /// [daemon]) instead of refusing the whole file: the answer counts
+    /// them and names the first (for a feed imported from a timer, which
+    /// cannot be told to fix one line). The state file holds what was
+    /// imported.
+    #[arg(long)]
+    skip_protected: bool,
     /// Print the outcome as JSON: {"message", "set", "action", "rate",
     /// "entries", "added", "changed", "removed", "unchanged", "duplicates",
     /// "mapped", "shadowed", "saved", "expires"}.
@@ -106,20 +113,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Err(e) = std::fs::metadata(&path) {
         anyhow::bail!("{}: {e}; nothing imported", a.file);
     }
+    let req = crate::control::Request::Import {
+        path: path.to_string_lossy().into_owned(),
+        shown: a.file,
+        set: a.set,
+        rule,
+        max_remove,
+        force: a.force,
+        runtime: a.runtime,
+        skip_protected: a.skip_protected,
+    };
     if a.dry_run {
-        let req = crate::control::Request::Import {
-            path: path.to_string_lossy().into_owned(),
-            shown: a.file,
-            set: a.set,
-            rule,
-            max_remove,
-            force: a.force,
-            runtime: a.runtime,
-        };
         return super::dryrun::print(&daemon()?.dry_run(req)?, a.json);
     }
-    let (msg, counts) =
-        daemon()?.import(path.to_string_lossy().into_owned(), a.file, a.set, rule, max_remove, a.force, a.runtime)?;
+    let (msg, counts) = daemon()?.import(req)?;
     if a.json {
         let mut v = serde_json::to_value(counts.unwrap_or_default())?;
         if let Some(o) = v.as_object_mut() {

@@ -465,6 +465,7 @@ impl Run {
             // its first frame, before the feed's task runs.
             runtime: false,
             feed: true,
+            skip_protected: false,
         };
         let out = self.owner.ask(Command::Import(Box::new(imp))).await;
         match out.result {

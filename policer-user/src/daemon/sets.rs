@@ -222,6 +222,9 @@ pub struct Import {
     /// that are a rule's prefix are left out and counted, not a refusal of
     /// the whole list (a feed cannot be told to fix one line).
     pub feed: bool,
+    /// `--skip-protected`: entries inside a protected prefix are left out,
+    /// counted and named, not a refusal of the whole list.
+    pub skip_protected: bool,
 }
 
 fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
@@ -307,8 +310,22 @@ pub(super) struct ImportPlan {
     d: sets::Diff,
     /// A feed's entries left out: (inside a protected prefix, a rule's prefix).
     refused: (usize, usize),
+    /// With `--skip-protected`: each entry left out, and the protected
+    /// prefix that holds it.
+    skipped: Vec<(IpNet, IpNet)>,
     t0: Instant,
     t_checked: std::time::Duration,
+}
+
+/// The first few entries `--skip-protected` left out, each with the
+/// protected prefix that holds it; then how many more.
+fn skipped_text(skipped: &[(IpNet, IpNet)]) -> String {
+    const SHOWN: usize = 5;
+    let mut s: Vec<String> = skipped.iter().take(SHOWN).map(|(e, p)| format!("{e} in {p}")).collect();
+    if skipped.len() > SHOWN {
+        s.push(format!("and {} more", skipped.len() - SHOWN));
+    }
+    s.join(", ")
 }
 
 /// Sorted union of two sorted lists.
@@ -363,11 +380,17 @@ impl Daemon {
         } else {
             union(old.map_or(&[][..], |s| &s.entries), &imp.list.entries)
         };
-        // A feed's list, less what it may not drop.
-        let (entries, refused) = if imp.feed {
-            self.feed_entries(entries, rule.action.unwrap_or(policer_common::bucket::Action::Police))
+        // A feed's list, less what it may not drop; with --skip-protected,
+        // less what lies inside a protected prefix (named in the answer).
+        let action = rule.action.unwrap_or(policer_common::bucket::Action::Police);
+        let (entries, refused, skipped) = if imp.feed {
+            let (entries, refused) = self.feed_entries(entries, action);
+            (entries, refused, Vec::new())
+        } else if imp.skip_protected {
+            let (entries, skipped) = self.unprotected(entries, action);
+            (entries, (skipped.len(), 0), skipped)
         } else {
-            (entries, (0, 0))
+            (entries, (0, 0), Vec::new())
         };
         let old_entries = old.map_or(&[][..], |o| &o.entries[..]);
         let d = sets::diff(old_entries, &entries);
@@ -398,7 +421,7 @@ impl Daemon {
         self.check_capacity(&name, &entries)?;
         let header = Header { name: name.clone(), rule, expires_ms };
         let t_checked = t0.elapsed();
-        Ok(ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, t0, t_checked })
+        Ok(ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, skipped, t0, t_checked })
     }
 
     /// Writes an import's plan ([`plan_import`](Self::plan_import)) in one
@@ -414,7 +437,8 @@ impl Daemon {
         plan: ImportPlan,
         aside: &mut dyn Aside,
     ) -> Result<(String, crate::control::ImportCounts)> {
-        let ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, t0, t_checked } = plan;
+        let ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, skipped, t0, t_checked } =
+            plan;
         let fds = self.policer.trie_writer()?;
         let old = self.sets.get(&name).cloned();
         let (slot, new_slot) = match &old {
@@ -432,7 +456,13 @@ impl Daemon {
         // kernel is touched), put in place once the kernel took the change.
         // Not written beside the kernel writes: on two CPUs it slows them
         // more than it saves.
-        let body = if explicit && !imp.feed { sets::Body::Text(&imp.text) } else { sets::Body::Entries(&next.entries) };
+        // The file as imported, unless entries were left out of it: then
+        // what was imported (a restart reads back what is in force).
+        let body = if explicit && !imp.feed && skipped.is_empty() {
+            sets::Body::Text(&imp.text)
+        } else {
+            sets::Body::Entries(&next.entries)
+        };
         let guard = Guard {
             lists: [old.as_ref().map_or(&[][..], |o| &o.entries[..]), &next.entries[..]],
             tries: !next.entries.is_empty(),
@@ -506,6 +536,10 @@ impl Daemon {
         );
         let msg = match refused {
             (0, 0) => msg,
+            (p, 0) if !skipped.is_empty() => format!(
+                "{msg}; left out (--skip-protected): {p} inside a protected prefix ({})",
+                skipped_text(&skipped)
+            ),
             (p, r) => format!(
                 "{msg}; left out: {p} inside a protected prefix, {r} the prefix of a rule (`policer inspect ADDR` \
                  says which)"
@@ -545,7 +579,7 @@ impl Daemon {
     /// new set, the sets after and the set's change (what the owner keeps
     /// for the preview); nothing written.
     pub(super) fn preview_import(&self, plan: ImportPlan) -> Result<(String, Capture)> {
-        let ImportPlan { imp, header, spec4, spec6, entries, d, .. } = plan;
+        let ImportPlan { imp, header, spec4, spec6, entries, d, skipped, .. } = plan;
         let name = header.name.clone();
         let old = self.sets.get(&name).cloned();
         if old.is_none() && self.rs.free_slot_count() == 0 {
@@ -558,13 +592,22 @@ impl Daemon {
         let same_rule = old.as_ref().is_some_and(|o| o.spec4 == next.spec4 && o.spec6 == next.spec6);
         let changed = if same_rule { 0 } else { d.keep.len() };
         let msg = format!(
-            "set '{name}' ({}): {} prefixes from {}: {} added, {changed} changed, {} removed{}",
+            "set '{name}' ({}): {} prefixes from {}: {} added, {changed} changed, {} removed{}{}",
             describe(&next.spec4),
             next.entries.len(),
             imp.file,
             d.add.len(),
             d.remove.len(),
             notes(&imp.list),
+            if skipped.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; left out (--skip-protected): {} inside a protected prefix ({})",
+                    skipped.len(),
+                    skipped_text(&skipped)
+                )
+            },
         );
         let mut sets = self.sets.clone();
         sets.insert(name, next);
@@ -759,6 +802,32 @@ impl Daemon {
         (kept, (protected, rule))
     }
 
+    /// `entries` without those inside a protected prefix (a set that
+    /// does `action` may not hold them, unless it allows): what is kept,
+    /// and each left out with the protected prefix that holds it.
+    fn unprotected(
+        &self,
+        entries: Vec<IpNet>,
+        action: policer_common::bucket::Action,
+    ) -> (Vec<IpNet>, Vec<(IpNet, IpNet)>) {
+        let protect = self.rs.protect();
+        if protect.is_empty() || action == policer_common::bucket::Action::Allow {
+            return (entries, Vec::new());
+        }
+        let mut skipped = Vec::new();
+        let kept = entries
+            .into_iter()
+            .filter(|n| match protect.holding(n) {
+                Some(p) => {
+                    skipped.push((*n, *p));
+                    false
+                }
+                None => true,
+            })
+            .collect();
+        (kept, skipped)
+    }
+
     /// The tries' room: what they hold after the change, per family.
     fn check_capacity(&self, name: &str, entries: &[IpNet]) -> Result<()> {
         let (c4, c6) = self.policer.rule_trie_capacity()?;
@@ -925,6 +994,7 @@ impl Daemon {
             force: true,
             runtime: false,
             feed: true,
+            skip_protected: false,
         };
         Some(self.import(imp, &mut super::aside::Nothing).map(|(msg, _)| msg))
     }
@@ -1686,6 +1756,7 @@ pub fn read_import(
         force,
         runtime: false,
         feed: false,
+        skip_protected: false,
     })
 }
 

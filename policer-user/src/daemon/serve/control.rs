@@ -303,31 +303,33 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         // The lane's permit is held until the owner has applied the import:
         // it bounds the parsed files held in memory (a list can be 1 GiB),
         // not only the parsing.
-        Request::Import { path, shown, set, rule, max_remove, force, runtime } => match ctx.import.hold().await {
-            Err(e) => read(refused(e)),
-            Ok(_permit) => {
-                let imp = super::blocking(move || {
-                    crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
-                        .map(|imp| crate::daemon::Import { runtime, ..imp })
-                });
-                match imp.await {
-                    Ok(imp) => change(Command::Import(Box::new(imp))).await,
-                    Err(e) => read(refused(e)),
+        Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
+            match ctx.import.hold().await {
+                Err(e) => read(refused(e)),
+                Ok(_permit) => {
+                    let imp = super::blocking(move || {
+                        crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
+                            .map(|imp| crate::daemon::Import { runtime, skip_protected, ..imp })
+                    });
+                    match imp.await {
+                        Ok(imp) => change(Command::Import(Box::new(imp))).await,
+                        Err(e) => read(refused(e)),
+                    }
                 }
             }
-        },
+        }
         // Judged and planned by the owner as the change would be, nothing
         // written nor put in the audit trail; the live sources are judged
         // here, off the owner, in the lane of the table reads.
         Request::DryRun { change } => {
             let cmd = match *change {
-                Request::Import { path, shown, set, rule, max_remove, force, runtime } => {
+                Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
                     let imp = match ctx.import.hold().await {
                         Err(e) => return read(refused(e)),
                         Ok(_permit) => {
                             super::blocking(move || {
                                 crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
-                                    .map(|imp| crate::daemon::Import { runtime, ..imp })
+                                    .map(|imp| crate::daemon::Import { runtime, skip_protected, ..imp })
                             })
                             .await
                         }
