@@ -960,6 +960,12 @@ pub struct StatusView {
     /// The decision feeds (`[crowdsec]`), as in `stats --json`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub feeds: Vec<FeedStatus>,
+    /// The protected prefixes (`protect` in [daemon]): never dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protect: Option<Vec<String>>,
+    /// `policer capture`s running now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captures: Option<u32>,
 }
 
 /// An interface and its XDP mode, in `status`.

@@ -291,8 +291,13 @@ fn a_frame_a_ban_dropped_names_the_ban() {
     succeeds(&cli(&sb, &["rule", "set", "198.18.0.0/16", "--rate", "50kpps"]));
     succeeds(&cli(&sb, &["ban", "198.18.7.0/24", "--for", "1h"]));
     succeeds(&cli(&sb, &["rule", "set", "198.18.7.0/24", "--rate", "50kpps"]));
+    assert!(succeeds(&cli(&sb, &["status"])).contains("captures: none running"));
     let c = spawn_capture(&sb, &["-w", &file, "--all"]);
     wait_active(&sb, 1);
+    // `status` shows the capture running (issue 43, point 5).
+    let st = succeeds(&cli(&sb, &["status"]));
+    assert!(st.contains("captures: 1 running"), "{st}");
+    assert_eq!(json(&succeeds(&cli(&sb, &["status", "--json"])))["captures"], 1);
     let flows =
         [Flow { src: ip("198.18.7.9"), pps: 500.0, len: 64 }, Flow { src: ip("198.18.8.9"), pps: 500.0, len: 64 }];
     let (sent, got) = traffic::run(&sb, &flows, Duration::from_millis(600));

@@ -374,6 +374,9 @@ fn a_timer_import_skips_protected_entries_with_skip_protected() {
     let _sets = SetsDir::of(&sb);
     std::fs::write(&sb.config, "[daemon]\nprotect = [\"198.18.7.0/24\"]\n").unwrap();
     let mut d = daemon(&sb, &["--persist"]);
+    // `status` names the protected prefix (issue 43, point 5).
+    let st = succeeds(&cli(&sb, &["status"]));
+    assert!(st.contains("protect: 198.18.7.0/24 (never dropped)"), "{st}");
     let feed = list("skip", b"198.18.9.0/24\n198.18.7.32/27 ; inside\n198.18.7.5\n198.18.10.1\n");
     let args = ["rule", "import", feed.path(), "--action", "deny", "--set", "feed"];
     fails_with(&cli(&sb, &args), &format!("{}:3: 198.18.7.5/32 is inside the protected prefix", feed.path()));

@@ -1,6 +1,7 @@
 //! `policer status`: the running daemon (version, uptime, interfaces and
 //! their modes, config and whether it is read-only, rules, sets, bans,
-//! metrics); with no daemon, whether a kept program is policing anyway.
+//! protected prefixes, running captures, metrics); with no daemon, whether
+//! a kept program is policing anyway.
 
 use super::daemon;
 
@@ -78,6 +79,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     if let Some(b) = s.bans {
         println!("bans: {} manual, {} automatic (`policer ban ls` lists them)", b.manual, b.auto);
+    }
+    if let Some(p) = &s.protect {
+        let text = if p.is_empty() { "none".to_string() } else { format!("{} (never dropped)", p.join(", ")) };
+        println!("protect: {text}");
+    }
+    match s.captures {
+        Some(0) => println!("captures: none running"),
+        Some(n) => println!("captures: {n} running (`policer stats` counts their frames)"),
+        None => {}
     }
     for f in &s.feeds {
         let when = |t: f64| {

@@ -312,6 +312,8 @@ impl Views {
             program_id: s.program_id,
             config_status: Some(s.config_status.clone()),
             feeds: self.feeds(),
+            protect: Some(s.protect.iter().map(|p| p.to_string()).collect()),
+            captures: Some(self.capture.get().and_then(|h| h.status()).map_or(0, |c| c.active)),
         }
     }
 
