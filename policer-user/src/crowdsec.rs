@@ -215,6 +215,9 @@ pub struct Settings {
     pub max_cover_v6: u8,
     /// machine id and password, with `publish`.
     pub publish: Option<(String, String)>,
+    /// What a start, a reload and `check` warn of: a secret's file that
+    /// others than its owner may read.
+    pub warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -227,8 +230,17 @@ fn lower(v: &[String]) -> Vec<String> {
     v.iter().map(|s| s.to_ascii_lowercase()).collect()
 }
 
-/// A secret given inline or in a file (the file's first line, trimmed).
-fn secret(inline: &Option<String>, file: &Option<String>, what: &str, base: &std::path::Path) -> Result<String> {
+/// A secret given inline or in a file (the file's first line, trimmed);
+/// a file others than its owner may read adds a warning to `warnings`
+/// (policer.toml(5): mode 0600). Warned of, not refused: a key file that
+/// worked must not fail the next start after an upgrade.
+fn secret(
+    inline: &Option<String>,
+    file: &Option<String>,
+    what: &str,
+    base: &std::path::Path,
+    warnings: &mut Vec<String>,
+) -> Result<String> {
     match (inline, file) {
         (Some(_), Some(_)) => Err(Error::Invalid(format!("crowdsec: give {what} or {what}_file, not both"))),
         (Some(k), None) if !k.trim().is_empty() => Ok(k.trim().to_string()),
@@ -236,6 +248,18 @@ fn secret(inline: &Option<String>, file: &Option<String>, what: &str, base: &std
             let p = base.join(f);
             let bytes = crate::files::read_regular(&p, crate::files::SECRET)
                 .map_err(|e| Error::Invalid(format!("crowdsec.{what}_file: cannot read {}: {e}", p.display())))?;
+            if let Ok(m) = std::fs::metadata(&p) {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = m.permissions().mode() & 0o777;
+                if mode & 0o077 != 0 {
+                    warnings.push(format!(
+                        "crowdsec.{what}_file: {} is mode {mode:04o}: others than its owner may read the secret; \
+                         `chmod 600 {}`",
+                        p.display(),
+                        p.display()
+                    ));
+                }
+            }
             let text = String::from_utf8_lossy(&bytes);
             let k = text.lines().next().unwrap_or("").trim().to_string();
             if k.is_empty() {
@@ -253,7 +277,8 @@ impl CrowdsecConfig {
     /// secret.
     pub fn settings(&self, base: &std::path::Path) -> Result<Settings> {
         let url = Url::parse(&self.lapi_url)?;
-        let api_key = secret(&self.api_key, &self.api_key_file, "api_key", base)?;
+        let mut warnings = Vec::new();
+        let api_key = secret(&self.api_key, &self.api_key_file, "api_key", base, &mut warnings)?;
         if api_key.contains(|c: char| c.is_control() || c == ' ') {
             return Err(Error::Invalid("crowdsec: the API key holds spaces or control characters".into()));
         }
@@ -312,7 +337,7 @@ impl CrowdsecConfig {
                 .clone()
                 .filter(|m| !m.trim().is_empty())
                 .ok_or_else(|| Error::Invalid("crowdsec: publish = true needs machine_id (and password)".into()))?;
-            Some((id, secret(&self.password, &self.password_file, "password", base)?))
+            Some((id, secret(&self.password, &self.password_file, "password", base, &mut warnings)?))
         } else {
             if self.machine_id.is_some() || self.password.is_some() || self.password_file.is_some() {
                 return Err(Error::Invalid(
@@ -338,6 +363,7 @@ impl CrowdsecConfig {
             max_cover_v4,
             max_cover_v6,
             publish,
+            warnings,
         })
     }
 }
@@ -1172,7 +1198,17 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("key"), "fromfile\n").unwrap();
         let f = CrowdsecConfig { api_key_file: Some("key".into()), ..base };
-        assert_eq!(f.settings(&dir).unwrap().api_key, "fromfile");
+        // Readable by others (as `tee` leaves it under umask 022): taken,
+        // and warned of; 0600: no warning.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join("key"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let s = f.settings(&dir).unwrap();
+        assert_eq!(s.api_key, "fromfile");
+        assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+        assert!(s.warnings[0].contains("is mode 0644") && s.warnings[0].contains("chmod 600"), "{:?}", s.warnings);
+        assert!(!s.warnings[0].contains("fromfile"), "the warning quotes the secret");
+        std::fs::set_permissions(dir.join("key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(f.settings(&dir).unwrap().warnings.is_empty());
         // A FIFO where the key should be: refused at once, not waited on.
         let fifo = dir.join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();

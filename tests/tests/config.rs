@@ -1242,3 +1242,31 @@ fn attach_rate_over_a_tuned_config_says_what_it_changed() {
     let d = Daemon::start(&sb.rx_ns, &args);
     assert_eq!(said(&d), 0, "a start that changes nothing said it changed something:\n{}", d.stdout());
 }
+
+/// Issue 43, point 15: a CrowdSec key file others may read is warned of,
+/// as policer.toml(5) says (mode 0600), by `policer check` (and at a
+/// start); not refused (a key that worked must not fail the next start);
+/// at 0600, no warning. The secret is never quoted.
+#[test]
+fn check_warns_of_a_crowdsec_key_file_others_may_read() {
+    let dir = Dir::new("cskey");
+    let key = dir.path.join("crowdsec.key");
+    std::fs::write(&key, "s3cretkey\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let file = dir.path.join("policer.toml");
+    std::fs::write(
+        &file,
+        format!("{CONFIG}\n[crowdsec]\nlapi_url = \"http://127.0.0.1:8080/\"\napi_key_file = \"crowdsec.key\"\n"),
+    )
+    .unwrap();
+    let check = || Command::new(policer_tests::daemon::policer_bin()).args(["check", "--config"]).arg(&file).output();
+    let out = check().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let want = format!("warning: crowdsec.api_key_file: {} is mode 0644", key.display());
+    assert!(err.contains(&want) && err.contains("chmod 600"), "{err}");
+    assert!(!err.contains("s3cretkey"), "{err}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = check().unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -71,6 +71,13 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     Err(message) => return finish(a.json, &file, None, &[Problem { line: None, message }], &[]),
                 }
             }
+            // The feed's secrets' files that others may read (the values
+            // were checked with the file).
+            if let Some(c) = &cfg.crowdsec
+                && let Ok(s) = c.settings(a.config.parent().unwrap_or(std::path::Path::new("/")))
+            {
+                warnings.extend(s.warnings);
+            }
             let v4 = rules.keys().filter(|k| matches!(k.net, ipnet::IpNet::V4(_))).count();
             finish(a.json, &file, Some((cfg, rules.len(), v4)), &[], &warnings)
         }

@@ -412,7 +412,7 @@ pub static KEYS: &[Key] = &[
         "api_key_file",
         "string (path)",
         "none",
-        "A file holding the key (relative to the config file's directory); mode 0600.",
+        "A file holding the key (relative to the config file's directory); mode 0600: one others than its owner may read is warned of at a start and by `policer check`.",
     ),
     crowdsec(
         C::UpdateFrequency,
@@ -497,7 +497,13 @@ pub static KEYS: &[Key] = &[
         "The machine login (`cscli machines add`).",
     ),
     crowdsec(C::Password, "password", "string", "one of password, password_file", "The machine password."),
-    crowdsec(C::PasswordFile, "password_file", "string (path)", "none", "A file holding it; mode 0600."),
+    crowdsec(
+        C::PasswordFile,
+        "password_file",
+        "string (path)",
+        "none",
+        "A file holding it; mode 0600 (warned of otherwise, as api_key_file).",
+    ),
 ];
 
 /// The field names a serde struct `T` takes, as its derived

@@ -500,6 +500,9 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
         Some(c) => {
             let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
             let s = c.settings(base)?;
+            for w in &s.warnings {
+                say_err!("policer: warning: {w}");
+            }
             if let Some(warning) = super::crowdsec::check_at_start(&s)? {
                 say!("policer: {warning}");
             }
