@@ -973,6 +973,13 @@ pub struct StatusView {
 pub struct IfaceMode {
     pub name: String,
     pub mode: String,
+    /// Whether the policer program is on the interface's hook now (none
+    /// from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<bool>,
+    /// Since when it is not (removed from outside; `--on-detach`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached_since: Option<String>,
 }
 
 /// A named set in `status`.

@@ -723,3 +723,88 @@ fn a_daemon_whose_stdout_nobody_reads_still_answers_changes() {
     assert!(stdout.contains("added the rule for 10.9.199.0/24"), "{stdout}");
     assert!(stdout.contains("policer: detached from"), "{stdout}");
 }
+
+/// Removes whatever XDP program is on the sandbox's receiving interface,
+/// from outside, as an operator or another tool would.
+fn xdp_off(sb: &Sandbox) {
+    for kind in ["xdp", "xdpgeneric"] {
+        let st = Command::new("ip").args(["-n", &sb.rx_ns, "link", "set", "dev", &sb.rx_if, kind, "off"]).status();
+        assert!(st.is_ok_and(|s| s.success()), "ip link set {kind} off");
+    }
+}
+
+/// Frames of a banned source that arrived, of those sent (400 pps, 0.5 s).
+fn banned_through(sb: &Sandbox) -> (u64, u64) {
+    let (sent, got) = traffic::run(sb, &[flow("198.18.0.7", 400.0)], Duration::from_millis(500));
+    (got.per_flow[0], sent.sent[0])
+}
+
+/// Waits up to 3 s for `what` in the daemon's stderr.
+fn wait_stderr(d: &Daemon, what: &str) {
+    let t0 = Instant::now();
+    while !d.stderr().contains(what) {
+        assert!(t0.elapsed() < Duration::from_secs(3), "no '{what}' in 3 s:\n{}\n{}", d.stdout(), d.stderr());
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 43, point 1: the program removed from outside (`ip link set dev
+/// IFACE xdp off`) is found within a tick and dealt with as `--on-detach`
+/// says. `reattach` (the default) puts the same program back: the ban set
+/// before still drops, the program id is the same. `stay` says NOT
+/// policing, `status` shows NOT ATTACHED (and the banned source's frames
+/// do pass: the view tells the truth), and the exit does not claim to
+/// leave anything attached. `exit` ends the daemon with status 1, saying
+/// why.
+#[test]
+fn a_program_removed_from_outside_is_put_back_shown_or_ends_the_daemon() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    let sb = Sandbox::new("hook");
+    // reattach (the default)
+    let mut d = attach_env(&sb, &[&sb.rx_if], &["--rate", "1000pps"], &[]).unwrap();
+    let id = prog_id(&sb);
+    succeeds(&cli(&sb, &["ban", "198.18.0.0/24", "--for", "1h"]));
+    assert_eq!(banned_through(&sb).0, 0, "the ban drops");
+    xdp_off(&sb);
+    wait_stderr(&d, "put back");
+    assert!(d.stderr().contains("removed from outside"), "{}", d.stderr());
+    assert_eq!(prog_id(&sb), id, "the same program is back");
+    let (got, sent) = banned_through(&sb);
+    assert!(sent > 100 && got == 0, "the ban survived the removal: {got} of {sent} arrived");
+    let st: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(st["interface_modes"][0]["attached"], true, "{st}");
+    assert!(d.stop_with(libc::SIGTERM));
+    assert!(!has_xdp(&sb, &sb.rx_if), "a plain exit detaches");
+
+    // stay
+    let mut d = attach_env(&sb, &[&sb.rx_if], &["--rate", "1000pps", "--on-detach", "stay"], &[]).unwrap();
+    succeeds(&cli(&sb, &["ban", "198.18.0.0/24", "--for", "1h"]));
+    xdp_off(&sb);
+    wait_stderr(&d, &format!("NOT policing {}", sb.rx_if));
+    let text = succeeds(&cli(&sb, &["status"]));
+    assert!(text.contains(&format!("{} (NOT ATTACHED since ", sb.rx_if)), "{text}");
+    let st: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    assert_eq!(st["interface_modes"][0]["attached"], false, "{st}");
+    assert!(st["interface_modes"][0]["detached_since"].is_string(), "{st}");
+    let (got, sent) = banned_through(&sb);
+    assert!(sent > 100 && got == sent, "nothing polices the interface now, as status says: {got} of {sent}");
+    assert!(!has_xdp(&sb, &sb.rx_if), "stay puts nothing back");
+    d.stop_with(libc::SIGTERM);
+    assert!(d.stdout().contains("not attached to") && !d.stdout().contains("detached from"), "{}", d.stdout());
+
+    // exit
+    let mut d = attach_env(&sb, &[&sb.rx_if], &["--rate", "1000pps", "--on-detach", "exit"], &[]).unwrap();
+    xdp_off(&sb);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = d.try_wait() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(3), "the daemon did not exit:\n{}", d.stderr());
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1), "{}", d.stderr());
+    assert!(d.stderr().contains("the daemon exits (--on-detach exit)"), "{}", d.stderr());
+}

@@ -56,6 +56,15 @@ pub struct Args {
     /// Serve Prometheus /metrics and /healthz: PORT or :PORT (127.0.0.1), or ADDRESS:PORT.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// When the program is removed from an interface from outside (`ip
+    /// link set dev IFACE xdp off`, another loader, a driver reset), found
+    /// within a tenth of a second and logged: `reattach` puts the same
+    /// program back onto the empty hook (buckets, bans and counters kept;
+    /// a program someone else attached is never replaced, only named),
+    /// `exit` ends the daemon with status 1, `stay` keeps it running, not
+    /// policing there. `status` shows NOT ATTACHED meanwhile.
+    #[arg(long, value_enum, default_value_t = crate::daemon::hook::OnDetach::Reattach)]
+    on_detach: crate::daemon::hook::OnDetach,
 }
 
 fn parse_rate(s: &str) -> Result<Rate, String> {
@@ -63,9 +72,34 @@ fn parse_rate(s: &str) -> Result<Rate, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let Args { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, state_dir, persist, metrics } = a;
-    let args =
-        DaemonArgs { ifaces, rate, burst, mode, max_sources, max_rules, interval, config, state_dir, persist, metrics };
+    let Args {
+        ifaces,
+        rate,
+        burst,
+        mode,
+        max_sources,
+        max_rules,
+        interval,
+        config,
+        state_dir,
+        persist,
+        metrics,
+        on_detach,
+    } = a;
+    let args = DaemonArgs {
+        ifaces,
+        rate,
+        burst,
+        mode,
+        max_sources,
+        max_rules,
+        interval,
+        config,
+        state_dir,
+        persist,
+        metrics,
+        on_detach,
+    };
     // Start before any thread exists: adopting a running program uses a
     // private mount namespace for this process.
     let r = Daemon::start(&args).and_then(|d| d.run());

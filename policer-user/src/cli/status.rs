@@ -41,7 +41,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let ifaces = if s.interface_modes.is_empty() {
         s.interfaces.join(", ")
     } else {
-        s.interface_modes.iter().map(|i| format!("{} ({})", i.name, i.mode)).collect::<Vec<_>>().join(", ")
+        s.interface_modes
+            .iter()
+            .map(|i| match (&i.attached, &i.detached_since) {
+                (Some(false), Some(t)) => format!("{} (NOT ATTACHED since {t}: removed from outside)", i.name),
+                _ => format!("{} ({})", i.name, i.mode),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     println!("interfaces: {ifaces}");
     let runtime = if s.runtime_rules > 0 {

@@ -34,6 +34,7 @@ mod capture;
 mod crowdsec;
 mod dryrun;
 mod follow;
+pub mod hook;
 mod offline;
 mod owner;
 mod plan;
@@ -95,6 +96,8 @@ pub struct DaemonArgs {
     pub persist: bool,
     /// Serve Prometheus /metrics here (`9100` = 127.0.0.1:9100).
     pub metrics: Option<String>,
+    /// What to do when the program is removed from outside.
+    pub on_detach: hook::OnDetach,
 }
 
 /// A rule as installed in the kernel.
@@ -121,6 +124,9 @@ struct Iface {
     name: String,
     index: u32,
     mode_flags: u32,
+    /// Since when (Unix ms) the program is found gone from the hook
+    /// (`hook.rs`); none while it polices.
+    lost_since: Option<u64>,
 }
 
 /// The daemon's state. After [`Daemon::start`] it belongs to the owner
@@ -167,6 +173,11 @@ pub struct Daemon {
     /// Set while the owner handles a group of changes whose file writes
     /// are made as one (`owner.rs`, [`Group`](owner::Group)).
     group: Option<owner::Group>,
+    /// What to do when the program is removed from outside (`hook.rs`).
+    on_detach: hook::OnDetach,
+    /// Why the daemon leaves on its own (`--on-detach exit`): published,
+    /// and the event loop exits non-zero with it.
+    exit: Option<String>,
 }
 
 impl Daemon {
@@ -214,24 +225,34 @@ impl Daemon {
             return Ok("already stopped".into());
         }
         self.finished = true;
-        let names = self.ifaces.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
-        if self.ifaces.is_empty() {
-            return Ok("no interface left; exiting".into());
+        // Where the program was removed from outside (`hook.rs`), nothing
+        // is detached, and nothing is said to stay.
+        let (attached, lost): (Vec<&Iface>, Vec<&Iface>) = self.ifaces.iter().partition(|i| i.lost_since.is_none());
+        let names = attached.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
+        let lost = match lost.len() {
+            0 => String::new(),
+            _ => format!(
+                "; not attached to {} (removed from outside)",
+                lost.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        if attached.is_empty() {
+            return Ok(format!("no interface left; exiting{lost}"));
         }
         if self.persist {
             return Ok(format!(
-                "exiting; XDP stays attached on {names} and keeps policing (`policer detach IFACE` removes it)"
+                "exiting; XDP stays attached on {names} and keeps policing (`policer detach IFACE` removes it){lost}"
             ));
         }
         let fd = self.policer.prog_fd()?;
         let mut failed = Vec::new();
-        for i in &self.ifaces {
+        for i in attached {
             if let Err(e) = netlink::set(i.index, -1, i.mode_flags, Some(fd)) {
                 failed.push(format!("{}: cannot detach: {e}", i.name));
             }
         }
         if failed.is_empty() {
-            Ok(format!("detached from {names}"))
+            Ok(format!("detached from {names}{lost}"))
         } else {
             Err(crate::Error::Invalid(failed.join("; ")))
         }
@@ -388,6 +409,9 @@ async fn event_loop(
                 // state went with it, and `Daemon`'s drop detached (or left
                 // the program policing under --persist). Exit non-zero.
                 return Err(crate::Error::Invalid("the owner thread ended unexpectedly; exiting".into()));
+            } else if let Some(why) = owner_alive.borrow_and_update().exit.clone() {
+                // `--on-detach exit`: the program was removed from outside.
+                return Err(crate::Error::Invalid(why));
             },
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,

@@ -242,6 +242,7 @@ impl Daemon {
                     name: i.name.clone(),
                     index: i.index,
                     mode: crate::loader::Mode::flag_name(i.mode_flags),
+                    lost_since: i.lost_since,
                 })
                 .collect(),
             rules: self.rs.shared_rules(),
@@ -260,6 +261,7 @@ impl Daemon {
             sets: self.set_rows(),
             manual_ban_slots: self.rs.ban_slots(),
             protect: self.rs.protect().nets().to_vec(),
+            exit: self.exit.clone(),
             metrics: self.metrics_addr,
         })
     }
@@ -364,8 +366,10 @@ impl Daemon {
         std::mem::take(&mut self.changed)
     }
 
-    /// The periodic work: expiries, then (once a second) automatic bans.
+    /// The periodic work: the hooks, expiries, then (once a second)
+    /// automatic bans.
     fn tick(&mut self) -> Result<()> {
+        self.watch_hooks();
         self.expire();
         for m in self.expire_sets(super::unix_now()) {
             self.audit.record("expiry", &m);
@@ -375,6 +379,75 @@ impl Daemon {
         }
         self.bans.scan_if_due(&self.rs, &mut self.policer, &self.audit);
         Ok(())
+    }
+
+    /// Looks at each interface's XDP hook: the program removed from
+    /// outside is said, shown, and dealt with as `--on-detach` says
+    /// (`hook.rs`: [`hook::judge`](super::hook::judge)).
+    fn watch_hooks(&mut self) {
+        use super::hook::{Act, Seen, judge};
+        let Ok(fd) = self.policer.prog_fd() else { return };
+        for i in 0..self.ifaces.len() {
+            let (name, index, flags, lost) = {
+                let f = &self.ifaces[i];
+                (f.name.clone(), f.index, f.mode_flags, f.lost_since.is_some())
+            };
+            let seen = match crate::netlink::query(index) {
+                Ok(Some(st)) if st.prog_id == self.program_id => Seen::Ours,
+                Ok(Some(st)) => Seen::Other(super::adopt::describe_program(st.prog_id, st.mode_flags)),
+                Ok(None) => Seen::Empty,
+                // Not known this time (the interface went?): next tick.
+                Err(_) => continue,
+            };
+            let lose = |d: &mut Daemon| {
+                if d.ifaces[i].lost_since.is_none() {
+                    d.ifaces[i].lost_since = Some(crate::duration::unix_ms());
+                    d.changed = true;
+                }
+            };
+            match judge(&name, &seen, lost, self.on_detach) {
+                Act::Nothing => {}
+                Act::Back => {
+                    self.ifaces[i].lost_since = None;
+                    self.changed = true;
+                    say!(
+                        "policer: {name}: the policer program is attached again (program {}); policing",
+                        self.program_id
+                    );
+                }
+                Act::PutBack { first } => {
+                    use crate::loader::Mode;
+                    let mode = if flags & crate::netlink::XDP_FLAGS_SKB_MODE != 0 { Mode::Skb } else { Mode::Native };
+                    match super::adopt::attach_fresh(&name, index, fd, mode) {
+                        Ok(_) => {
+                            self.ifaces[i].lost_since = None;
+                            self.changed = true;
+                            say_err!(
+                                "policer: {name}: the policer program was removed from outside (`ip link set dev                                  {name} xdp off`, another loader, a driver reset); put back (program {}: its                                  buckets, bans and counters kept; --on-detach reattach)",
+                                self.program_id
+                            );
+                        }
+                        Err(e) => {
+                            if first {
+                                say_err!(
+                                    "policer: {name}: the policer program was removed from outside and cannot be                                      put back: {e}; NOT policing {name} (tried again every tenth of a second)"
+                                );
+                            }
+                            lose(self);
+                        }
+                    }
+                }
+                Act::Lost { why } => {
+                    say_err!("policer: {why}");
+                    lose(self);
+                }
+                Act::Exit { why } => {
+                    say_err!("policer: {why}");
+                    lose(self);
+                    self.exit = Some(why);
+                }
+            }
+        }
     }
 
     /// Removes rules and manual bans whose expiry has come

@@ -773,8 +773,12 @@ impl Daemon {
             .ok_or_else(|| Error::Invalid(format!("{name} is not policed by this daemon")))?;
         let fd = self.policer.prog_fd()?;
         let i = &self.ifaces[pos];
-        netlink::set(i.index, -1, i.mode_flags, Some(fd))
-            .map_err(|source| Error::Netlink { iface: name.into(), source })?;
+        // Removed from outside already (`hook.rs`): nothing to take off
+        // the hook (whatever is there now is not ours).
+        if i.lost_since.is_none() {
+            netlink::set(i.index, -1, i.mode_flags, Some(fd))
+                .map_err(|source| Error::Netlink { iface: name.into(), source })?;
+        }
         self.ifaces.remove(pos);
         let left: Vec<String> = self.file.config().daemon.interfaces.iter().filter(|n| *n != name).cloned().collect();
         if let Err(e) = self.file.set_interfaces(&left) {

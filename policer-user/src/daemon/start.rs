@@ -234,6 +234,8 @@ impl Daemon {
             dry: None,
             group: None,
             feed: s.crowdsec.clone(),
+            on_detach: args.on_detach,
+            exit: None,
         };
         let mut undo = Undo::new(new_prog, maps)?;
         let replaced = sets.replaced.clone();
@@ -335,13 +337,13 @@ impl Daemon {
                         "policer: replaced program {prog_id} on {name} ({} mode)",
                         Mode::flag_name(*mode_flags)
                     );
-                    self.ifaces.push(Iface { name: name.clone(), index, mode_flags: *mode_flags });
+                    self.ifaces.push(Iface { name: name.clone(), index, mode_flags: *mode_flags, lost_since: None });
                     undo.attached(name, index, *mode_flags, Some((*prog_id, old)))?;
                 }
                 Existing::None => {
                     let flags = attach_fresh(name, index, new_fd, ifaces.mode)?;
                     let _ = writeln!(out, "policer: attached to {name} ({} mode)", Mode::flag_name(flags));
-                    self.ifaces.push(Iface { name: name.clone(), index, mode_flags: flags });
+                    self.ifaces.push(Iface { name: name.clone(), index, mode_flags: flags, lost_since: None });
                     undo.attached(name, index, flags, None)?;
                 }
             }

@@ -47,6 +47,9 @@ pub struct IfaceRef {
     pub index: u32,
     /// `native` or `skb`.
     pub mode: &'static str,
+    /// Since when (Unix ms) the program is found gone from this hook
+    /// (`hook.rs`); none while it polices.
+    pub lost_since: Option<u64>,
 }
 
 /// What the owner thread publishes after every change.
@@ -68,6 +71,8 @@ pub struct Snapshot {
     pub metrics: Option<std::net::SocketAddr>,
     /// The protected prefixes (`protect` in [daemon]).
     pub protect: Vec<ipnet::IpNet>,
+    /// Why the daemon leaves on its own (`--on-detach exit`).
+    pub exit: Option<String>,
     /// The manual bans' counter slots, sorted: their count and drops for
     /// `stats` and `/metrics` without a walk of the rules.
     pub manual_ban_slots: Arc<Vec<u32>>,
@@ -287,7 +292,12 @@ impl Views {
             interface_modes: s
                 .ifaces
                 .iter()
-                .map(|i| crate::control::IfaceMode { name: i.name.clone(), mode: i.mode.to_string() })
+                .map(|i| crate::control::IfaceMode {
+                    name: i.name.clone(),
+                    mode: i.mode.to_string(),
+                    attached: Some(i.lost_since.is_none()),
+                    detached_since: i.lost_since.map(crate::duration::rfc3339),
+                })
                 .collect(),
             sets: Some(
                 s.sets
