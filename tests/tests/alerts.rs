@@ -239,7 +239,9 @@ fn a_real_prometheus_evaluates_every_rule_and_every_dashboard_query_on_a_policin
         ),
     )
     .unwrap();
-    let _d = Daemon::attach(&sb, &["--interval", "0", "--metrics", "9491"]);
+    // --on-detach stay: the program taken off below stays off (the default
+    // puts it back within a tick), so the alert has a state to see.
+    let _d = Daemon::attach(&sb, &["--interval", "0", "--metrics", "9491", "--on-detach", "stay"]);
     succeeds(&cli(&sb, &["ban", "10.96.0.0/24", "--for", "1h", "--reason", "test"]));
     let prom = Prometheus::start(&sb.rx_ns, 19_491, "127.0.0.1:9491".parse().unwrap());
     let ip4 = |s: &str| -> IpAddr { s.parse().unwrap() };

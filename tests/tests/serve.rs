@@ -372,7 +372,9 @@ fn healthz_says_whether_every_interface_is_policed() {
         return;
     }
     let sb = Sandbox::new("hlz");
-    let _d = Daemon::attach(&sb, &["--rate", "1kpps", "--interval", "0", "--metrics", "9472"]);
+    // --on-detach stay: the program taken off below stays off (the default
+    // puts it back within a tick: lifecycle tier).
+    let _d = Daemon::attach(&sb, &["--rate", "1kpps", "--interval", "0", "--metrics", "9472", "--on-detach", "stay"]);
     let get = |path: &'static str| {
         let ns = sb.rx_ns.clone();
         thread::spawn(move || {
