@@ -484,7 +484,8 @@ fn status_says_what_runs() {
     let v: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
     assert_eq!(v["version"], version, "{v}");
     assert!(v["uptime_seconds"].as_f64().is_some_and(|u| u >= 1.0), "{v}");
-    assert_eq!(v["interface_modes"], serde_json::json!([{ "name": sb.rx_if, "mode": "skb" }]), "{v}");
+    assert_eq!(v["interface_modes"], serde_json::json!([{ "name": sb.rx_if, "mode": "skb", "attached": true }]), "{v}");
+    assert_eq!((v["protect"].clone(), v["captures"].clone()), (serde_json::json!([]), serde_json::json!(0)), "{v}");
     assert_eq!(
         v["sets"],
         serde_json::json!([{ "name": "feed", "action": "deny", "entries": 2, "origin": "saved" }]),
