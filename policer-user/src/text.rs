@@ -62,6 +62,17 @@ pub fn excerpt(s: &str) -> String {
     out
 }
 
+/// The first `shown` of `items` joined by commas, then how many more
+/// (`a, b, and 3 more`): a list in a message that stays one line.
+pub fn first_few(items: impl ExactSizeIterator<Item = String>, shown: usize) -> String {
+    let n = items.len();
+    let mut s: Vec<String> = items.take(shown).collect();
+    if n > shown {
+        s.push(format!("and {} more", n - shown));
+    }
+    s.join(", ")
+}
+
 /// `s` with control and [`invisible`] characters escaped, whole: one log
 /// line that reads as it is (no text can start a line of its own).
 pub fn escaped(s: &str) -> String {
@@ -81,6 +92,14 @@ fn escape_into(out: &mut String, c: char) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_few_then_how_many_more() {
+        let v = |n: usize| (0..n).map(|i| i.to_string()).collect::<Vec<_>>();
+        assert_eq!(first_few(v(0).into_iter(), 2), "");
+        assert_eq!(first_few(v(2).into_iter(), 2), "0, 1");
+        assert_eq!(first_few(v(5).into_iter(), 2), "0, 1, and 3 more");
+    }
 
     #[test]
     fn plain_text_passes_and_tricks_are_named() {

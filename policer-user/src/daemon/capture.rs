@@ -132,6 +132,12 @@ impl Hub {
         }
     }
 
+    /// The captures running now (`status`): the hub's own state, no
+    /// kernel read.
+    pub fn active(&self) -> u32 {
+        self.state.lock().map(|s| s.lanes.iter().filter(|l| l.is_some()).count() as u32).unwrap_or(0)
+    }
+
     /// `stats --json`'s and `/metrics`' capture counts; none when the
     /// program has no capture maps.
     pub fn status(&self) -> Option<CaptureStatus> {
@@ -144,9 +150,8 @@ impl Hub {
                 }
             }
         }
-        let active = self.state.lock().map(|s| s.lanes.iter().filter(|l| l.is_some()).count() as u32).unwrap_or(0);
         Some(CaptureStatus {
-            active,
+            active: self.active(),
             kernel_mask: k.on.get(&0, 0).unwrap_or(0),
             frames: total.captured,
             rate_bounded: total.rate_bounded,

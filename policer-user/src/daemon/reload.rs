@@ -226,12 +226,7 @@ fn changes(before: &BTreeMap<RuleKey, RuleSpec>, want: &BTreeMap<RuleKey, RuleSp
 
 /// The first 20 of `items`, then how many more.
 fn list(items: &[String]) -> String {
-    const SHOWN: usize = 20;
-    let mut s: Vec<String> = items.iter().take(SHOWN).cloned().collect();
-    if items.len() > SHOWN {
-        s.push(format!("and {} more", items.len() - SHOWN));
-    }
-    s.join(", ")
+    crate::text::first_few(items.iter().cloned(), 20)
 }
 
 /// What a reload changes in the rules in force.

@@ -320,12 +320,7 @@ pub(super) struct ImportPlan {
 /// The first few entries `--skip-protected` left out, each with the
 /// protected prefix that holds it; then how many more.
 fn skipped_text(skipped: &[(IpNet, IpNet)]) -> String {
-    const SHOWN: usize = 5;
-    let mut s: Vec<String> = skipped.iter().take(SHOWN).map(|(e, p)| format!("{e} in {p}")).collect();
-    if skipped.len() > SHOWN {
-        s.push(format!("and {} more", skipped.len() - SHOWN));
-    }
-    s.join(", ")
+    crate::text::first_few(skipped.iter().map(|(e, p)| format!("{e} in {p}")), 5)
 }
 
 /// Sorted union of two sorted lists.

@@ -323,7 +323,7 @@ impl Views {
             config_status: Some(s.config_status.clone()),
             feeds: self.feeds(),
             protect: Some(s.protect.iter().map(|p| p.to_string()).collect()),
-            captures: Some(self.capture.get().and_then(|h| h.status()).map_or(0, |c| c.active)),
+            captures: Some(self.capture.get().map_or(0, |h| h.active())),
         }
     }
 
