@@ -276,9 +276,14 @@ fn slow_and_silent_clients_stall_nothing() {
         "rule set ms: base {base_set:.0?} load {load_set:.0?}\nstats ms: base {base_stats:.0?} load {load_stats:.0?}\n\
          /metrics {body} bytes; reconnects of cut-off clients {reconnects}; SIGTERM to exit {exit_s:.2} s"
     );
+    // A stall behind a bad client costs a request deadline (5 s); the
+    // bound is 100 ms or half the call's own time, whichever is more, far
+    // above the host's noise and far below a stall: a debug `stats` of
+    // 18 000 rules takes 0.5-0.8 s on a two-core host and 2.75-3.46 s on a
+    // busy one (issue 43 point 17; CI of stop 49 saw 710 against 602 ms).
     for (what, base, load) in [("rule set", &base_set, &load_set), ("stats", &base_stats, &load_stats)] {
         assert!(
-            median(load) <= median(base) + 100.0,
+            median(load) <= median(base) + f64::max(100.0, median(base) / 2.0),
             "`policer {what}` took {:.0} ms under load against {:.0} ms without",
             median(load),
             median(base)
