@@ -12,7 +12,7 @@ use super::Daemon;
 /// What the owner may do while a long change (an import of a million
 /// entries takes the kernel seconds) is under way, between two of its
 /// steps: the change's prefixes are `guard`'s, and what it leaves between
-/// steps is whole (`sets.rs`: `Daemon::write_import`).
+/// steps is whole (`owner.rs`: `Daemon::write_import`).
 pub(super) trait Aside {
     fn serve(&mut self, d: &mut Daemon, guard: &Guard<'_>);
     /// Anything to serve at all (else the long steps just run).

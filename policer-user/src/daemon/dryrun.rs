@@ -17,7 +17,7 @@ use policer_common::{
     bucket::Action,
 };
 
-use super::sets::SetState;
+use super::sets::{SetState, SetsAfter};
 use crate::{
     control::{DRY_SAMPLE, DryLive, DryRule, DryRuleChange, DryRunView, DrySet, DrySource, FieldChange},
     loader::MapReader,
@@ -37,6 +37,15 @@ pub(super) struct Capture {
     pub set_changes: Vec<DrySet>,
     /// The planned protected prefixes (a reload: the file's `protect`).
     pub protect: Option<crate::protect::Protect>,
+}
+
+impl Capture {
+    /// A set change's preview ([`SetsAfter`]): the sets after, and each
+    /// set's change as the dry run shows it.
+    pub(super) fn of_sets(after: SetsAfter) -> Capture {
+        let set_changes = after.changes.iter().map(|(o, n)| set_change(o.as_ref(), n.as_ref())).collect();
+        Capture { sets: Some(after.sets), set_changes, ..Capture::default() }
+    }
 }
 
 /// The rules, sets and protected prefixes as the program would hold
@@ -80,7 +89,7 @@ pub struct Preview {
 }
 
 /// A set's change for the diff: `old` → `new` (`None`: absent).
-pub(super) fn set_change(old: Option<&SetState>, new: Option<&SetState>) -> DrySet {
+fn set_change(old: Option<&SetState>, new: Option<&SetState>) -> DrySet {
     let empty: &[IpNet] = &[];
     let (a, b) = (old.map_or(empty, |s| &s.entries[..]), new.map_or(empty, |s| &s.entries[..]));
     let d = crate::sets::diff(a, b);

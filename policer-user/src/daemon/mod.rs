@@ -70,10 +70,11 @@ pub use views::{Health, Snapshot, Views};
 
 use crate::{
     config::ConfigFile,
-    error::Result,
+    error::{Error, Result},
     loader::{Mode, Policer},
     netlink,
     report::format_line,
+    rules::RuleKey,
     rules::RuleSpec,
 };
 
@@ -154,19 +155,16 @@ pub struct Daemon {
     changed: bool,
     /// Automatic bans and what expiries left to catch up (`bans.rs`).
     bans: bans::Bans,
-    /// Named sets (`rule import`), by name; their entries are in the
-    /// tries but not in `compiled`.
-    sets: BTreeMap<String, sets::SetState>,
-    /// Where the sets' state files are (`STATE_DIR/sets/`).
-    sets_dir: PathBuf,
+    /// Named sets (`rule import`, `[[set]]`, the feed's), their state
+    /// files; their entries are in the tries but not in `compiled`
+    /// (`sets.rs`).
+    sets: sets::Sets,
     /// The audit trail, shared with the views and the connections.
     audit: audit::Audit,
     /// Where `/metrics` is served (the listener itself goes to the server).
     metrics_addr: Option<std::net::SocketAddr>,
     /// `[crowdsec]` as checked at start (its task starts with the server).
     feed: Option<crate::crowdsec::Settings>,
-    /// The set the feed writes (`[crowdsec] set`): no one else does.
-    feed_set: Option<String>,
     /// Set while a `--dry-run` is handled: the change stops before its
     /// first write and leaves what it planned here (`dryrun.rs`).
     dry: Option<dryrun::Capture>,
@@ -178,6 +176,106 @@ pub struct Daemon {
     /// Why the daemon leaves on its own (`--on-detach exit`): published,
     /// and the event loop exits non-zero with it.
     exit: Option<String>,
+}
+
+/// The writes every change ends in (rules, the set entries that follow
+/// the bans, the fast path), for the owner's changes and the start.
+impl Daemon {
+    /// [`RuleSet::sync_fast_path`](ruleset::RuleSet::sync_fast_path) of the
+    /// rules and sets in force.
+    fn sync_fast_path(&mut self) -> Result<()> {
+        let set_entries = self.sets.has_entries();
+        self.rs.sync_fast_path(&mut self.policer, set_entries)
+    }
+
+    /// Back to the tries ([`RuleSet::fast_path_off`](ruleset::RuleSet::fast_path_off)).
+    fn fast_path_off(&mut self) -> Result<()> {
+        self.rs.fast_path_off(&mut self.policer)
+    }
+
+    /// The manual bans in force: each prefix and the value the tries hold
+    /// there.
+    fn ban_values(&self) -> Vec<(ipnet::IpNet, policer_common::Rule)> {
+        sets::ban_values(&self.rs)
+    }
+
+    /// Applies `want` (already validated) to the kernel: plans it, then
+    /// writes the plan.
+    fn apply(&mut self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
+        let plan = self.rs.plan(want)?;
+        self.apply_plan(plan)
+    }
+
+    /// Writes `plan` to the kernel (changed and new prefixes first, removed
+    /// ones last, each one atomic for its prefix) and takes it as the rules
+    /// in force; set entries under bans that came or went follow.
+    fn apply_plan(&mut self, plan: plan::Plan) -> Result<()> {
+        if plan.adds_longer_prefix() {
+            self.fast_path_off()?;
+        }
+        // Set entries follow the bans: only when there are sets, and a ban
+        // may have changed.
+        let bans_may_change = plan.delta.as_ref().is_none_or(|d| d.keys.iter().any(|k| k.ban));
+        let bans = if self.sets.is_empty() || !bans_may_change { None } else { Some(self.ban_values()) };
+        let r = self
+            .write_plan(plan)
+            .and_then(|()| bans.map_or(Ok(()), |b| self.sets.follow_bans(&mut self.rs, &self.policer, &b)));
+        // Whatever happened, the fast path follows the rules now in force.
+        self.sync_fast_path()?;
+        r
+    }
+
+    /// The one writer of a plan after the start: counters of new slots,
+    /// limiters, totals, then the rule maps. On failure the maps are read
+    /// back, so that putting the rules back diffs against what they hold.
+    fn write_plan(&mut self, plan: plan::Plan) -> Result<()> {
+        let r = (|| -> Result<()> {
+            for w in plan.writes.iter().filter(|w| w.fresh) {
+                self.policer.reset_rule_counters(w.slot)?;
+            }
+            let slots = plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, w.total));
+            ruleset::prepare_slots(&mut self.policer, slots, monotonic_ns())?;
+            match &plan.delta {
+                Some(d) => self.policer.write_rule_prefixes(&d.prefixes),
+                None => self.policer.sync_rules_from(self.rs.compiled(), &plan.compiled),
+            }
+        })();
+        if let Err(e) = r {
+            match self.policer.kernel_compiled() {
+                Ok(now) => {
+                    let now = self.sets.without_entries(now);
+                    self.rs.read_back(now);
+                }
+                Err(k) => log::warn!("reading the rule maps back after a failed change: {k}"),
+            }
+            return Err(e);
+        }
+        self.rs.commit(plan);
+        Ok(())
+    }
+
+    /// Detaches `name`; true when no interface is left.
+    fn detach(&mut self, name: &str) -> Result<bool> {
+        let pos = self
+            .ifaces
+            .iter()
+            .position(|i| i.name == name)
+            .ok_or_else(|| Error::Invalid(format!("{name} is not policed by this daemon")))?;
+        let fd = self.policer.prog_fd()?;
+        let i = &self.ifaces[pos];
+        // Removed from outside already (`hook.rs`): nothing to take off
+        // the hook (whatever is there now is not ours).
+        if i.lost_since.is_none() {
+            netlink::set(i.index, -1, i.mode_flags, Some(fd))
+                .map_err(|source| Error::Netlink { iface: name.into(), source })?;
+        }
+        self.ifaces.remove(pos);
+        let left: Vec<String> = self.file.config().daemon.interfaces.iter().filter(|n| *n != name).cloned().collect();
+        if let Err(e) = self.file.set_interfaces(&left) {
+            log::warn!("{name} detached, but the config file still lists it: {e}");
+        }
+        Ok(self.ifaces.is_empty())
+    }
 }
 
 impl Daemon {
@@ -321,7 +419,7 @@ async fn serve(
         }
         None => None,
     };
-    let feeds_dir = crate::sets::feeds_dir_of(&d.sets_dir);
+    let feeds_dir = crate::sets::feeds_dir_of(d.sets.dir());
     let (owner, handle) = match owner::spawn(d, snap_tx) {
         Ok(x) => x,
         Err(e) => return (Err(e), None),

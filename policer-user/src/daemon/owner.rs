@@ -23,6 +23,9 @@ use std::{
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use ipnet::IpNet;
+use policer_common::Rule;
+
 use super::{
     Daemon,
     aside::{Aside, Guard, Nothing},
@@ -30,12 +33,14 @@ use super::{
     dryrun::{Capture, Preview, World},
     plan::Plan,
     reload::{self, FollowStep},
-    ruleset::{After, not_written},
+    ruleset::{After, not_written, prepare},
+    sets::{self, SetState},
     views::{IfaceRef, Snapshot},
 };
 use crate::{
     error::{Error, Result},
     rules::{RuleConfig, RuleKey, RuleSpec},
+    trie::TrieWriter,
 };
 
 /// What the owner is asked to do.
@@ -258,7 +263,7 @@ impl Daemon {
             persist: self.persist,
             program_id: self.program_id,
             config_status: self.reload.status(self.file.sha256(), self.file.read_only()),
-            sets: self.set_rows(),
+            sets: super::views::set_rows(&self.sets),
             manual_ban_slots: self.rs.ban_slots(),
             protect: self.rs.protect().nets().to_vec(),
             exit: self.exit.clone(),
@@ -374,7 +379,7 @@ impl Daemon {
         for m in self.expire_sets(super::unix_now()) {
             self.audit.record("expiry", &m);
         }
-        if self.bans.catch_up(&mut self.rs, &mut self.file, &self.sets_dir) {
+        if self.bans.catch_up(&mut self.rs, &mut self.file, self.sets.dir()) {
             self.changed = true;
         }
         self.bans.scan_if_due(&self.rs, &mut self.policer, &self.audit);
@@ -544,7 +549,7 @@ impl Daemon {
     }
 
     /// A reload of the file's `bytes`: planned by [`reload::plan`] (the
-    /// rules) and `Daemon::plan_config_sets` (its sets, every list file
+    /// rules) and `Sets::plan_config` (its sets, every list file
     /// read and checked), then made by `Daemon::apply_with_config_sets`.
     fn reload_file(&mut self, bytes: Option<Vec<u8>>, discard_runtime: bool, followed: bool) -> Result<String> {
         let snap = self.file.snapshot(bytes)?;
@@ -561,12 +566,12 @@ impl Daemon {
         // new rules before the kernel is touched (a bad line or a conflict
         // refuses the whole reload). Not followed: `policer reload` rereads
         // them.
-        let config_sets = self.plan_config_sets(&snap.config.sets, want, &protect)?;
+        let config_sets = self.sets.plan_config(self.file.path(), &snap.config.sets, want, &protect)?;
         let changing = config_sets.names();
-        self.refuse_set_prefixes_but(want, &changing)?;
+        self.sets.refuse_set_prefixes_but(want, &changing)?;
         let old_protect = self.rs.protect().clone();
         self.rs.set_protect(protect);
-        if let Err(e) = self.refuse_protected_entries(&changing) {
+        if let Err(e) = self.sets.refuse_protected_entries(self.rs.protect(), &changing) {
             self.rs.set_protect(old_protect);
             return Err(e);
         }
@@ -575,9 +580,11 @@ impl Daemon {
         if self.dry() {
             // The preview judges sources against the file's protect (in
             // force until the preview is planned).
-            let r = self.preview_config_sets(&config_sets, want);
+            let r = self.sets.preview_config(&config_sets, &self.rs, want);
+            let protect = self.rs.protect().clone();
             self.rs.set_protect(old_protect);
-            self.dry = Some(r?);
+            let (rules, after) = r?;
+            self.dry = Some(Capture { rules: Some(rules), protect: Some(protect), ..Capture::of_sets(after) });
             let changes = plan.changes_text(&before);
             return Ok(format!("reloaded {path}: {} rules ({counts}){changes}{sets_summary}", want.len()));
         }
@@ -636,7 +643,7 @@ impl Daemon {
         // What to put back if the change fails (last edit of a key first).
         let undo: Vec<(RuleKey, Option<RuleSpec>)> =
             edits.iter().rev().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
-        self.refuse_set_prefixes_of(edits.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| k))?;
+        self.sets.refuse_set_prefixes_of(edits.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| k))?;
         if !runtime && self.group.is_some() && !self.dry() {
             return self.change_in_group(edits);
         }
@@ -879,19 +886,19 @@ impl Daemon {
     }
 
     /// `policer rule import` (and a feed's delta, an import of its set):
-    /// planned in `sets.rs` ([`Daemon::plan_import`]), then previewed or
+    /// planned in `sets.rs` ([`Sets::plan_import`](sets::Sets::plan_import)), then previewed or
     /// written.
     pub(super) fn import(
         &mut self,
         imp: super::sets::Import,
         aside: &mut dyn Aside,
     ) -> Result<(String, crate::control::ImportCounts)> {
-        let plan = self.plan_import(imp)?;
+        let plan = self.sets.plan_import(imp, &self.rs, &self.policer, self.file.path())?;
         if !self.dry() {
             return self.write_import(plan, aside);
         }
-        let (msg, capture) = self.preview_import(plan)?;
-        self.dry = Some(capture);
+        let (msg, after) = self.sets.preview_import(plan, &self.rs)?;
+        self.dry = Some(Capture::of_sets(after));
         Ok((msg, crate::control::ImportCounts::default()))
     }
 
@@ -937,6 +944,355 @@ impl Daemon {
             Command::SetRm { name } => done(self.set_rm(&name)),
             Command::Shutdown => done(self.finish().map(|m| m.to_string())),
             Command::Preview(cmd) => self.preview(*cmd),
+        }
+    }
+
+    /// `policer rule set`: in the kernel, then in the file (unless
+    /// `runtime`); if the file cannot be written the kernel change is
+    /// undone. The given fields are laid over the rule in force for the
+    /// prefix and class, if any (`replace`: the given fields alone); the
+    /// reply names every field that changed, old → new.
+    pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
+        let key = rc.key()?;
+        let old = self.rule_in_force(&key);
+        let mut rc = match &old {
+            Some(old) if !replace => crate::rules::merge(old, rc),
+            _ => rc.clone(),
+        };
+        // Judged on the rule as it will be (an existing deny given a rate
+        // is still a deny).
+        let mut warnings = Vec::new();
+        let action = rc.action.unwrap_or(policer_common::bucket::Action::Police);
+        if !action.polices() && rc.rate.is_some() {
+            warnings.push(format!(
+                "--rate (and --burst) ignored: a {action} rule has no bucket (it {} every frame)",
+                if action == policer_common::bucket::Action::Deny { "drops" } else { "passes" }
+            ));
+            (rc.rate, rc.burst) = (None, None);
+        }
+        let spec = rc.validate()?;
+        if spec.action == policer_common::bucket::Action::Deny && spec.class().is_none() && !force {
+            crate::rules::refuse_everyone(&spec.net, "a deny of")?;
+        }
+        if spec.rate.is_some_and(|r| r.is_bytes()) && spec.burst < 1500 {
+            warnings.push(format!(
+                "a burst of {} bytes is less than one 1500-byte frame: full-size frames are never admitted",
+                spec.burst
+            ));
+        }
+        self.change(runtime, &[(key.clone(), Some(spec.clone()))])?;
+        let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
+        let what = match &old {
+            None => format!("added the rule for {key}: {}", crate::rules::summary(&spec)),
+            Some(old) => match crate::rules::changes(old, &spec) {
+                c if c.is_empty() => format!("the rule for {key} is unchanged"),
+                c => format!("changed the rule for {key}: {}", c.join(", ")),
+            },
+        };
+        let warn: String = warnings.iter().map(|w| format!("; warning: {w}")).collect();
+        Ok(format!("{what}{note}{warn}"))
+    }
+
+    /// `policer rule rm`. Without `runtime` it also takes a prefix the
+    /// file has but the kernel no longer does (removed earlier with
+    /// `--runtime`), so that removal can be made to stick.
+    pub(super) fn rule_rm(&mut self, rule: &RuleConfig, runtime: bool) -> Result<String> {
+        let key = rule.key()?;
+        let in_file = !runtime && self.in_file(&key);
+        if self.rule_in_force(&key).is_none() && !in_file {
+            return Err(Error::Invalid(format!("no rule for {key} (see `policer rule ls`)")));
+        }
+        self.change(runtime, &[(key.clone(), None)])?;
+        let note = if runtime { " (runtime only: the config file still has it)" } else { "" };
+        Ok(format!("removed the rule for {key}{note}"))
+    }
+
+    /// Puts the rules a change edited back (`undo`: each edited key as it
+    /// was) after `e`; the error to report.
+    pub(super) fn undo_edits(&mut self, undo: &[(RuleKey, Option<RuleSpec>)], e: Error) -> Error {
+        match self.rs.plan_edits(undo).and_then(|p| self.apply_plan(p)) {
+            Ok(()) => e,
+            Err(u) => {
+                Error::Invalid(format!("{e}; and putting the rules back failed too: {u} (see `policer rule ls`)"))
+            }
+        }
+    }
+}
+
+/// How the owner writes a set's change: the sets (`sets.rs`: `Sets`)
+/// plan and record it, the owner sequences the kernel's writes, the
+/// slots and the fast path, and serves what may be served meanwhile.
+impl Daemon {
+    /// Writes an import's plan (`Sets::plan_import`) in one change, all
+    /// or nothing: the set's state file staged, the tries written in steps,
+    /// the file put in place.
+    ///
+    /// Its long steps (the state file, the kernel's writes) run beside the
+    /// owner, which serves `aside` meanwhile the changes that cannot meet
+    /// the set's prefixes ([`Guard`]): a million entries take the kernel
+    /// seconds, a `rule set` elsewhere is answered in milliseconds.
+    pub(super) fn write_import(
+        &mut self,
+        plan: sets::ImportPlan,
+        aside: &mut dyn Aside,
+    ) -> Result<(String, crate::control::ImportCounts)> {
+        let fds = self.policer.trie_writer()?;
+        let w = self.sets.writing(plan, &mut self.rs)?;
+        let guard = w.guard();
+        // The state file first (a full disk refuses the import before the
+        // kernel is touched), put in place once the kernel took the change.
+        // Not written beside the kernel writes: on two CPUs it slows them
+        // more than it saves.
+        let staged = if w.runtime() {
+            None
+        } else {
+            let (dir, mode) = (self.sets.dir().to_path_buf(), crate::sets::file_mode(self.file.path()));
+            match self.beside(aside, &guard, || w.stage(&dir, mode)) {
+                Ok(s) => Some(s),
+                Err(e) => return Err(w.unstaged(&mut self.rs, e)),
+            }
+        };
+        let t_staged = w.t0.elapsed();
+        let r = (|| -> Result<usize> {
+            if w.new_slot {
+                self.policer.reset_rule_counters(w.next.slot)?;
+            }
+            if !w.same_rule {
+                prepare(&mut self.policer, &w.next.spec4, w.next.slot)?;
+            }
+            // A set's prefixes are not default rules: the tries decide.
+            if !w.next.entries.is_empty() {
+                self.fast_path_off()?;
+            }
+            self.import_transition(fds, w.old.as_ref(), &w.next, aside, &guard)
+        })();
+        let t_written = w.t0.elapsed();
+        let r = r.and_then(|shadowed| staged.map_or(Ok(()), crate::sets::Staged::commit).map(|()| shadowed));
+        log::debug!(
+            "import of set '{}': checked {:?}, staged {t_staged:?}, written {t_written:?}, committed {:?}",
+            w.next.header.name,
+            w.checked(),
+            w.t0.elapsed()
+        );
+        let shadowed = match r {
+            Ok(n) => n,
+            Err(e) => return Err(self.undo_import(fds, e, &w)),
+        };
+        let answer = w.answer(shadowed);
+        // A state file of this name now is the new set's, not an ended
+        // one's still to remove.
+        if w.next.origin == sets::Origin::Saved {
+            self.bans.set_file_back(&w.next.header.name);
+        }
+        self.sets.put(w.next);
+        self.changed = true;
+        // The fast path follows the rules and sets now in force (a ban
+        // that ended mid-import left it off).
+        self.sync_fast_path()?;
+        Ok(answer)
+    }
+
+    /// Puts a failed import back: the set as it was in the tries, its
+    /// limiter, its slot.
+    fn undo_import(&mut self, fds: TrieWriter, e: Error, w: &sets::Writing) -> Error {
+        let name = w.next.header.name.clone();
+        let undo = (|| -> Result<()> {
+            self.sets.transition(&self.rs, fds, Some(&w.next), w.old.as_ref())?;
+            if let Some(o) = &w.old
+                && !w.same_rule
+            {
+                prepare(&mut self.policer, &o.spec4, o.slot)?;
+            }
+            Ok(())
+        })();
+        if w.new_slot {
+            self.rs.free_slot(w.next.slot);
+        }
+        let _ = self.sync_fast_path();
+        match undo {
+            Ok(()) => Error::Invalid(format!("{e}; nothing imported")),
+            Err(u) => Error::Invalid(format!(
+                "{e}; and putting set '{name}' back failed too: {u} (see `policer rule ls --set {name}`)"
+            )),
+        }
+    }
+
+    /// `Sets::transition` to `new` for an import, its bulk written in
+    /// steps with the ends that came due honoured before each: a million
+    /// entries take the kernel seconds, and a ban ends on time meanwhile
+    /// (the owner's tick waits for the import; issue 41). Between two steps
+    /// the state is whole: the sets in force, and a prefix of the bulk
+    /// written with the new set's value.
+    ///
+    /// Each step runs beside the owner, which serves `aside` meanwhile
+    /// what `guard` allows; so do the removals, in steps too (with the
+    /// ends that came due honoured before each).
+    fn import_transition(
+        &mut self,
+        fds: TrieWriter,
+        old: Option<&SetState>,
+        new: &SetState,
+        aside: &mut dyn Aside,
+        guard: &Guard<'_>,
+    ) -> Result<usize> {
+        let w = {
+            let name = new.header.name.as_str();
+            let others: Vec<&SetState> = self.sets.values().filter(|s| s.header.name != name).collect();
+            sets::plan_writes(&others, old, Some(new))?
+        };
+        let values = new.values()?;
+        for (i, step) in w.bulk.chunks(sets::IMPORT_STEP).enumerate() {
+            self.end_due_mid_import(fds, &w.bulk[..i * sets::IMPORT_STEP], Some(values))?;
+            self.beside(aside, guard, || sets::write(fds, step, values))?;
+        }
+        self.end_due_mid_import(fds, &w.bulk, Some(values))?;
+        sets::write_pairs(fds, &w.pairs)?;
+        let bans = self.ban_values();
+        if !bans.is_empty() {
+            let mut touched: Vec<IpNet> = w.bulk.iter().copied().chain(w.pairs.iter().map(|p| p.0)).collect();
+            touched.sort_unstable();
+            sets::write_pairs(fds, &sets::banned(&touched, &bans, self.rs.protect()))?;
+        }
+        for (i, step) in w.delete.chunks(sets::IMPORT_STEP).enumerate() {
+            self.end_due_mid_import(fds, &w.delete[..i * sets::IMPORT_STEP], None)?;
+            let gone = sets::not_rules(&self.rs, step);
+            self.beside(aside, guard, || sets::delete(fds, &gone))?;
+        }
+        self.end_due_mid_import(fds, &w.delete, None)?;
+        Ok(w.shadowed)
+    }
+
+    /// Runs `work` on a thread of its own while the owner serves `aside`
+    /// what `guard` allows (every millisecond); what `work` gave, once
+    /// done. Without anything aside ([`Nothing`]), just `work`.
+    fn beside<T: Send>(&mut self, aside: &mut dyn Aside, guard: &Guard<'_>, work: impl FnOnce() -> T + Send) -> T {
+        if !aside.serves() {
+            return work();
+        }
+        std::thread::scope(|s| {
+            let h = s.spawn(work);
+            while !h.is_finished() {
+                aside.serve(self, guard);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// Mid-import: removes the rules and bans whose end has come (as the
+    /// tick does). Entries of the import already written (`done`) under a
+    /// ban that ended were given back the value of the sets in force
+    /// before the import (`Sets::follow_bans`): they take the new set's
+    /// value (`values`), or, of the removals (`None`), leave again —
+    /// unless another ban still holds them.
+    fn end_due_mid_import(&mut self, fds: TrieWriter, done: &[IpNet], values: Option<(Rule, Rule)>) -> Result<()> {
+        if self.rs.ended(crate::duration::unix_ms()).is_empty() {
+            return Ok(());
+        }
+        let before = self.ban_values();
+        self.expire();
+        // The expiry's plan turned the fast path on if only default rules
+        // are left, but the set being written is not in `self.sets` yet:
+        // back to the tries (the import's end derives it from the sets
+        // then in force).
+        self.fast_path_off()?;
+        let after = self.ban_values();
+        let ended: Vec<(IpNet, Rule)> = before.into_iter().filter(|b| !after.contains(b)).collect();
+        if ended.is_empty() || done.is_empty() {
+            return Ok(());
+        }
+        let protect = crate::protect::Protect::default();
+        let under: Vec<IpNet> = sets::banned(done, &ended, &protect).into_iter().map(|(n, _)| n).collect();
+        let still: std::collections::BTreeSet<IpNet> =
+            sets::banned(&under, &after, self.rs.protect()).into_iter().map(|(n, _)| n).collect();
+        let free: Vec<IpNet> = under.into_iter().filter(|n| !still.contains(n)).collect();
+        match values {
+            Some(v) => sets::write(fds, &free, v),
+            None => sets::delete(fds, &free),
+        }
+    }
+
+    /// `policer rule rm --set NAME`.
+    pub(super) fn set_rm(&mut self, name: &str) -> Result<String> {
+        let s = self.sets.removable(name, self.file.path())?;
+        self.remove_set(&s)?;
+        Ok(format!("removed set '{name}' ({} prefixes)", s.entries.len()))
+    }
+
+    /// Takes `s` out (`Sets::remove`); the fast path follows.
+    fn remove_set(&mut self, s: &SetState) -> Result<()> {
+        self.sets.remove(s, &mut self.rs, &self.policer, &mut self.bans)?;
+        self.changed = true;
+        self.sync_fast_path()
+    }
+
+    /// Removes the sets whose expiry has come (each in one change); the
+    /// messages for the log. Called by the tick.
+    pub fn expire_sets(&mut self, now_unix: f64) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in self.sets.due(now_unix) {
+            out.push(match self.remove_set(&s) {
+                Ok(()) => format!("set '{}' expired: {} prefixes removed", s.header.name, s.entries.len()),
+                Err(e) => format!("set '{}' expired, but removing it failed (tried again): {e}", s.header.name),
+            });
+        }
+        out
+    }
+
+    /// After `protect` changed: the feed's set without the entries now
+    /// inside a protected prefix (`Sets::feed_refilter`), imported in one
+    /// change. `None`: nothing to leave out.
+    pub(super) fn refilter_feed_set(&mut self) -> Option<Result<String>> {
+        let imp = self.sets.feed_refilter(&self.rs)?;
+        Some(self.import(imp, &mut Nothing).map(|(msg, _)| msg))
+    }
+
+    /// Writes a reload: the sets' removals (entries that go, values that
+    /// change), then the rules (`want`), then the sets' additions; all or
+    /// nothing (a failure puts sets and rules back). In that order a prefix
+    /// that passes from a set to a rule, or back, is never deleted after
+    /// it was written.
+    pub(super) fn apply_with_config_sets(
+        &mut self,
+        plan: sets::ConfigSets,
+        want: &BTreeMap<RuleKey, RuleSpec>,
+        before: &BTreeMap<RuleKey, RuleSpec>,
+    ) -> Result<()> {
+        let mut w = sets::ConfigWrite::default();
+        let r = (|| -> Result<()> {
+            self.sets.config_removals(&plan, &mut self.rs, &mut self.policer, &mut w)?;
+            self.apply(want)?;
+            if self.sets.config_slots(&plan, &mut self.rs, &mut self.policer, &mut w)? {
+                self.fast_path_off()?;
+            }
+            self.sets.config_additions(&self.rs, &self.policer, &mut w)
+        })();
+        if let Err(e) = r {
+            return Err(self.undo_config_sets(w, before, e));
+        }
+        self.sets.config_done(plan, &mut self.rs);
+        self.changed = true;
+        self.sync_fast_path()
+    }
+
+    /// Puts a failed reload's sets and rules back, last step first: the
+    /// additions, the rules (`before`), the removals.
+    fn undo_config_sets(&mut self, w: sets::ConfigWrite, before: &BTreeMap<RuleKey, RuleSpec>, e: Error) -> Error {
+        let (removals, additions) = w.split();
+        let mut failed = Vec::new();
+        self.sets.undo_config(additions, &mut self.rs, &mut self.policer, &mut failed);
+        if let Err(u) = self.apply(before) {
+            failed.push(u.to_string());
+        }
+        self.sets.undo_config(removals, &mut self.rs, &mut self.policer, &mut failed);
+        let _ = self.sync_fast_path();
+        if failed.is_empty() {
+            Error::Invalid(format!("{e}; nothing changed"))
+        } else {
+            Error::Invalid(format!(
+                "{e}; and putting the rules and sets back failed too: {} (see `policer rule ls`)",
+                failed.join("; ")
+            ))
         }
     }
 }

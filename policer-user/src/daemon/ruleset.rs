@@ -17,16 +17,15 @@ use ipnet::IpNet;
 use policer_common::{NewSources, Rule, rate::Rate};
 
 use super::{
-    Daemon, monotonic_ns,
+    monotonic_ns,
     plan::{Held, Plan},
 };
 use crate::{
     compile::{Compiled, Groups},
     error::{Error, Result},
     loader::Policer,
-    netlink,
     protect::Protect,
-    rules::{RuleConfig, RuleKey, RuleSpec},
+    rules::{RuleKey, RuleSpec},
 };
 
 /// Allocates rule counter slots; slot 0 is shared by rules past the last.
@@ -606,185 +605,39 @@ pub(super) fn not_written(e: Error) -> Error {
     }
 }
 
-impl Daemon {
-    /// Turns the default-rules fast path on (with the current default rules)
-    /// when only default rules exist, off otherwise. The rules go into the
-    /// pair not in use, then one u32 write switches readers over, so no
-    /// packet sees a rule half written; switches are at least 1 ms apart so
-    /// a reader of the pair before last (a program run lasts microseconds)
-    /// is long gone before that pair is rewritten.
-    pub(super) fn sync_fast_path(&mut self) -> Result<()> {
-        if !self.rs.only_defaults() || self.has_set_entries() {
-            return self.fast_path_off();
+impl RuleSet {
+    /// Turns the default-rules fast path of `policer` on (with the current
+    /// default rules) when only default rules exist and no set holds an
+    /// entry (`set_entries`), off otherwise. The rules go into the pair not
+    /// in use, then one u32 write switches readers over, so no packet sees
+    /// a rule half written; switches are at least 1 ms apart so a reader of
+    /// the pair before last (a program run lasts microseconds) is long gone
+    /// before that pair is rewritten.
+    pub(super) fn sync_fast_path(&mut self, policer: &mut Policer, set_entries: bool) -> Result<()> {
+        if !self.only_defaults() || set_entries {
+            return self.fast_path_off(policer);
         }
         // The compiled values: with the group of the prefix's classes.
         let rule = |rs: &RuleSet, net: &str| -> Option<Rule> {
             let net: IpNet = net.parse().expect("literal");
             rs.compiled.prefixes.get(&net).copied()
         };
-        let (v4, v6) = (rule(&self.rs, "0.0.0.0/0"), rule(&self.rs, "::/0"));
-        let next = self.rs.next_fast_pair();
-        self.policer.set_default_rules(next - 1, v4, v6)?;
-        self.policer.set_fast_path(next)?;
-        self.rs.fast_path_is(next);
+        let (v4, v6) = (rule(self, "0.0.0.0/0"), rule(self, "::/0"));
+        let next = self.next_fast_pair();
+        policer.set_default_rules(next - 1, v4, v6)?;
+        policer.set_fast_path(next)?;
+        self.fast_path_is(next);
         Ok(())
     }
 
     /// Back to the tries (before a prefix that is not a default rule goes
     /// in, so no frame is judged by a default rule it no longer falls under).
-    pub(super) fn fast_path_off(&mut self) -> Result<()> {
-        if self.rs.fast != 0 {
-            self.policer.set_fast_path(0)?;
-            self.rs.fast_path_is(0);
+    pub(super) fn fast_path_off(&mut self, policer: &mut Policer) -> Result<()> {
+        if self.fast != 0 {
+            policer.set_fast_path(0)?;
+            self.fast_path_is(0);
         }
         Ok(())
-    }
-
-    /// Applies `want` (already validated) to the kernel: plans it, then
-    /// writes the plan.
-    pub(super) fn apply(&mut self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<()> {
-        let plan = self.rs.plan(want)?;
-        self.apply_plan(plan)
-    }
-
-    /// Writes `plan` to the kernel (changed and new prefixes first, removed
-    /// ones last, each one atomic for its prefix) and takes it as the rules
-    /// in force; set entries under bans that came or went follow.
-    pub(super) fn apply_plan(&mut self, plan: Plan) -> Result<()> {
-        if plan.adds_longer_prefix() {
-            self.fast_path_off()?;
-        }
-        // Set entries follow the bans: only when there are sets, and a ban
-        // may have changed.
-        let bans_may_change = plan.delta.as_ref().is_none_or(|d| d.keys.iter().any(|k| k.ban));
-        let bans = if self.sets.is_empty() || !bans_may_change { None } else { Some(self.ban_values()) };
-        let r = self.write_plan(plan).and_then(|()| bans.map_or(Ok(()), |b| self.follow_bans(&b)));
-        // Whatever happened, the fast path follows the rules now in force.
-        self.sync_fast_path()?;
-        r
-    }
-
-    /// The one writer of a plan after the start: counters of new slots,
-    /// limiters, totals, then the rule maps. On failure the maps are read
-    /// back, so that putting the rules back diffs against what they hold.
-    fn write_plan(&mut self, plan: Plan) -> Result<()> {
-        let r = (|| -> Result<()> {
-            for w in plan.writes.iter().filter(|w| w.fresh) {
-                self.policer.reset_rule_counters(w.slot)?;
-            }
-            let slots = plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, w.total));
-            prepare_slots(&mut self.policer, slots, monotonic_ns())?;
-            match &plan.delta {
-                Some(d) => self.policer.write_rule_prefixes(&d.prefixes),
-                None => self.policer.sync_rules_from(self.rs.compiled(), &plan.compiled),
-            }
-        })();
-        if let Err(e) = r {
-            match self.policer.kernel_compiled() {
-                Ok(now) => {
-                    let now = self.without_set_entries(now);
-                    self.rs.read_back(now);
-                }
-                Err(k) => log::warn!("reading the rule maps back after a failed change: {k}"),
-            }
-            return Err(e);
-        }
-        self.rs.commit(plan);
-        Ok(())
-    }
-
-    /// `policer rule set`: in the kernel, then in the file (unless
-    /// `runtime`); if the file cannot be written the kernel change is
-    /// undone. The given fields are laid over the rule in force for the
-    /// prefix and class, if any (`replace`: the given fields alone); the
-    /// reply names every field that changed, old → new.
-    pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
-        let key = rc.key()?;
-        let old = self.rule_in_force(&key);
-        let mut rc = match &old {
-            Some(old) if !replace => crate::rules::merge(old, rc),
-            _ => rc.clone(),
-        };
-        // Judged on the rule as it will be (an existing deny given a rate
-        // is still a deny).
-        let mut warnings = Vec::new();
-        let action = rc.action.unwrap_or(policer_common::bucket::Action::Police);
-        if !action.polices() && rc.rate.is_some() {
-            warnings.push(format!(
-                "--rate (and --burst) ignored: a {action} rule has no bucket (it {} every frame)",
-                if action == policer_common::bucket::Action::Deny { "drops" } else { "passes" }
-            ));
-            (rc.rate, rc.burst) = (None, None);
-        }
-        let spec = rc.validate()?;
-        if spec.action == policer_common::bucket::Action::Deny && spec.class().is_none() && !force {
-            crate::rules::refuse_everyone(&spec.net, "a deny of")?;
-        }
-        if spec.rate.is_some_and(|r| r.is_bytes()) && spec.burst < 1500 {
-            warnings.push(format!(
-                "a burst of {} bytes is less than one 1500-byte frame: full-size frames are never admitted",
-                spec.burst
-            ));
-        }
-        self.change(runtime, &[(key.clone(), Some(spec.clone()))])?;
-        let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
-        let what = match &old {
-            None => format!("added the rule for {key}: {}", crate::rules::summary(&spec)),
-            Some(old) => match crate::rules::changes(old, &spec) {
-                c if c.is_empty() => format!("the rule for {key} is unchanged"),
-                c => format!("changed the rule for {key}: {}", c.join(", ")),
-            },
-        };
-        let warn: String = warnings.iter().map(|w| format!("; warning: {w}")).collect();
-        Ok(format!("{what}{note}{warn}"))
-    }
-
-    /// `policer rule rm`. Without `runtime` it also takes a prefix the
-    /// file has but the kernel no longer does (removed earlier with
-    /// `--runtime`), so that removal can be made to stick.
-    pub(super) fn rule_rm(&mut self, rule: &RuleConfig, runtime: bool) -> Result<String> {
-        let key = rule.key()?;
-        let in_file = !runtime && self.in_file(&key);
-        if self.rule_in_force(&key).is_none() && !in_file {
-            return Err(Error::Invalid(format!("no rule for {key} (see `policer rule ls`)")));
-        }
-        self.change(runtime, &[(key.clone(), None)])?;
-        let note = if runtime { " (runtime only: the config file still has it)" } else { "" };
-        Ok(format!("removed the rule for {key}{note}"))
-    }
-
-    /// Puts the rules a change edited back (`undo`: each edited key as it
-    /// was) after `e`; the error to report.
-    pub(super) fn undo_edits(&mut self, undo: &[(RuleKey, Option<RuleSpec>)], e: Error) -> Error {
-        match self.rs.plan_edits(undo).and_then(|p| self.apply_plan(p)) {
-            Ok(()) => e,
-            Err(u) => {
-                Error::Invalid(format!("{e}; and putting the rules back failed too: {u} (see `policer rule ls`)"))
-            }
-        }
-    }
-
-    /// Detaches `name`; true when no interface is left.
-    pub(super) fn detach(&mut self, name: &str) -> Result<bool> {
-        let pos = self
-            .ifaces
-            .iter()
-            .position(|i| i.name == name)
-            .ok_or_else(|| Error::Invalid(format!("{name} is not policed by this daemon")))?;
-        let fd = self.policer.prog_fd()?;
-        let i = &self.ifaces[pos];
-        // Removed from outside already (`hook.rs`): nothing to take off
-        // the hook (whatever is there now is not ours).
-        if i.lost_since.is_none() {
-            netlink::set(i.index, -1, i.mode_flags, Some(fd))
-                .map_err(|source| Error::Netlink { iface: name.into(), source })?;
-        }
-        self.ifaces.remove(pos);
-        let left: Vec<String> = self.file.config().daemon.interfaces.iter().filter(|n| *n != name).cloned().collect();
-        if let Err(e) = self.file.set_interfaces(&left) {
-            log::warn!("{name} detached, but the config file still lists it: {e}");
-        }
-        Ok(self.ifaces.is_empty())
     }
 }
 

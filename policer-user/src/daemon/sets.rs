@@ -1,25 +1,30 @@
 //! Named sets (`policer rule import`): many prefixes under one rule. The
 //! set's entries go straight into the rule tries, each with the set's
-//! compiled rule as its value; they are not in [`Daemon::compiled`] (a
+//! compiled rule as its value; they are not in [`RuleSet::compiled`] (a
 //! million entries there would make every `rule set` diff a million), so
 //! a rule change never touches them, and a set change touches only them.
 //! See the README (`policer rule import`) and docs/design.md ("Sets").
 
-use std::{collections::BTreeMap, sync::Arc, time::Instant};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Instant,
+};
 
 use ipnet::IpNet;
 use policer_common::Rule;
 
 use super::{
-    Daemon,
-    aside::{Aside, Guard},
-    dryrun::Capture,
-    ruleset::prepare,
+    aside::Guard,
+    bans::Bans,
+    ruleset::{RuleSet, prepare},
 };
 use crate::{
     compile::Compiled,
     control::RuleView,
     error::{Error, Result},
+    loader::Policer,
     protect::Protect,
     rules::{RuleConfig, RuleKey, RuleSpec},
     sets::{self, Header, List, MaxRemove},
@@ -232,7 +237,7 @@ fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
 }
 
 /// Writes sorted `nets` with the value of their family.
-fn write(fds: TrieWriter, nets: &[IpNet], values: (Rule, Rule)) -> Result<()> {
+pub(super) fn write(fds: TrieWriter, nets: &[IpNet], values: (Rule, Rule)) -> Result<()> {
     let (v4, v6) = split(nets);
     write_parallel(fds, false, v4, &values.0)?;
     write_parallel(fds, true, v6, &values.1)
@@ -263,7 +268,7 @@ fn write_parallel(fds: TrieWriter, v6: bool, nets: &[IpNet], value: &Rule) -> Re
 /// The entries of sorted `list` under a manual ban, each with the value of
 /// the longest ban over it: a ban drops all of a prefix's traffic, set
 /// entries under it included (as `compile::compile` does for rules).
-fn banned(list: &[IpNet], bans: &[(IpNet, Rule)], protect: &Protect) -> Vec<(IpNet, Rule)> {
+pub(super) fn banned(list: &[IpNet], bans: &[(IpNet, Rule)], protect: &Protect) -> Vec<(IpNet, Rule)> {
     let mut out: BTreeMap<IpNet, (u8, Rule)> = BTreeMap::new();
     for (p, value) in bans {
         let (v4, v6) = split(list);
@@ -283,20 +288,20 @@ fn banned(list: &[IpNet], bans: &[(IpNet, Rule)], protect: &Protect) -> Vec<(IpN
 }
 
 /// A few entries, each with its own value.
-fn write_pairs(fds: TrieWriter, pairs: &[(IpNet, Rule)]) -> Result<()> {
+pub(super) fn write_pairs(fds: TrieWriter, pairs: &[(IpNet, Rule)]) -> Result<()> {
     for (n, v) in pairs {
         fds.set(*n, Some(v))?;
     }
     Ok(())
 }
 
-fn delete(fds: TrieWriter, nets: &[IpNet]) -> Result<()> {
+pub(super) fn delete(fds: TrieWriter, nets: &[IpNet]) -> Result<()> {
     let (v4, v6) = split(nets);
     fds.delete_all(false, v4)?;
     fds.delete_all(true, v6)
 }
 
-/// An import, planned ([`Daemon::plan_import`]): the set as it will be,
+/// An import, planned ([`Sets::plan_import`]): the set as it will be,
 /// what changes, and what the answer and the timings need.
 pub(super) struct ImportPlan {
     imp: Import,
@@ -333,33 +338,73 @@ fn union(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
     out
 }
 
-impl Daemon {
+/// The named sets in force, where their state files live, and which one
+/// the CrowdSec feed writes: the owner of what `rule import`, the
+/// config's `[[set]]` tables and the feed change. Its methods take what
+/// else they need — the rules ([`RuleSet`]), the program ([`Policer`]),
+/// the bans' bookkeeping — as arguments; the owner (`owner.rs`) plans with
+/// them and sequences the writes. Read as the map of the sets by name
+/// (`Deref`); changed only through its methods.
+pub(super) struct Sets {
+    by_name: BTreeMap<String, SetState>,
+    /// `STATE_DIR/sets/`.
+    dir: PathBuf,
+    /// The set the feed writes (`[crowdsec] set`): no one else does.
+    feed: Option<String>,
+}
+
+impl std::ops::Deref for Sets {
+    type Target = BTreeMap<String, SetState>;
+    fn deref(&self) -> &Self::Target {
+        &self.by_name
+    }
+}
+
+/// What a dry run of a set change leaves for the preview (`dryrun.rs`
+/// judges it): the sets after, and each set's change (before, after).
+pub(super) struct SetsAfter {
+    pub sets: BTreeMap<String, SetState>,
+    pub changes: Vec<(Option<SetState>, Option<SetState>)>,
+}
+
+impl Sets {
+    /// No sets yet; their state files in `dir`; `feed`: the feed's set.
+    pub(super) fn new(dir: PathBuf, feed: Option<String>) -> Sets {
+        Sets { by_name: BTreeMap::new(), dir, feed }
+    }
+
+    /// Where the sets' state files are (`STATE_DIR/sets/`).
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `s` in force from now on, in place of a set of its name.
+    pub(super) fn put(&mut self, s: SetState) {
+        self.by_name.insert(s.header.name.clone(), s);
+    }
+
     /// Plans `policer rule import`: the set becomes the file (`--set`), or
     /// the implicit set grows by it. Judged whole (name, the feed's set,
-    /// `--max-remove`, conflicts with rules and bans, the rule limit);
-    /// nothing written. The owner previews it or writes it
-    /// (`owner.rs`: `Daemon::import`).
-    pub(super) fn plan_import(&mut self, mut imp: Import) -> Result<ImportPlan> {
+    /// `--max-remove`, conflicts with the rules of `rs` and bans, the room
+    /// in `policer`'s tries); nothing written. The owner previews it or
+    /// writes it (`owner.rs`: `Daemon::import`).
+    pub(super) fn plan_import(
+        &self,
+        mut imp: Import,
+        rs: &RuleSet,
+        policer: &Policer,
+        config: &Path,
+    ) -> Result<ImportPlan> {
         let t0 = Instant::now();
         let explicit = imp.set.is_some();
         let expires_ms = match &imp.rule.ttl {
             Some(t) => Some(crate::duration::unix_ms().saturating_add(crate::duration::parse(t)?.as_millis() as u64)),
             None => None,
         };
-        // Without --set: the implicit set of the action and rate, which
-        // only grows; with a ttl, one of its own per end (to the second),
-        // so entries given a ttl go when it ends and no others do.
-        let name = imp.set.clone().unwrap_or_else(|| match expires_ms {
-            Some(e) => {
-                let end: String =
-                    crate::duration::rfc3339(e / 1000 * 1000).chars().filter(|c| *c != '-' && *c != ':').collect();
-                format!("{}-until-{end}", sets::implicit_name(&imp.rule))
-            }
-            None => sets::implicit_name(&imp.rule),
-        });
+        let name = import_name(&imp, expires_ms);
         sets::check_name(&name)?;
-        if !imp.feed && self.feed_set.as_deref() == Some(name.as_str()) {
-            return Err(self.feed_owns(&name));
+        if !imp.feed && self.feed.as_deref() == Some(name.as_str()) {
+            return Err(feed_owns(&name, config));
         }
         let rule = RuleConfig {
             prefix: String::new(),
@@ -369,7 +414,7 @@ impl Daemon {
             key_len: imp.rule.key_len,
             ..RuleConfig::default()
         };
-        let old = self.sets.get(&name);
+        let old = self.by_name.get(&name);
         let entries = if explicit {
             std::mem::take(&mut imp.list.entries)
         } else {
@@ -379,10 +424,10 @@ impl Daemon {
         // less what lies inside a protected prefix (named in the answer).
         let action = rule.action.unwrap_or(policer_common::bucket::Action::Police);
         let (entries, refused, skipped) = if imp.feed {
-            let (entries, refused) = self.feed_entries(entries, action);
+            let (entries, refused) = feed_entries(rs, entries, action);
             (entries, refused, Vec::new())
         } else if imp.skip_protected {
-            let (entries, skipped) = self.unprotected(entries, action);
+            let (entries, skipped) = unprotected(rs.protect(), entries, action);
             (entries, (skipped.len(), 0), skipped)
         } else {
             (entries, (0, 0), Vec::new())
@@ -391,121 +436,473 @@ impl Daemon {
         let d = sets::diff(old_entries, &entries);
         // A feed cut short or a failed download must not open a blocklist.
         if !imp.force && !imp.max_remove.allows(d.remove.len(), old_entries.len()) {
-            return Err(Error::Invalid(format!(
-                "{} would remove {} of the {} entries of set '{name}' ({:.1} %), more than --max-remove {} allows \
-                 (a feed cut short or a failed download?); nothing changed: check the file, or give --force \
-                 (or a larger --max-remove) if the set is to shrink that much",
-                imp.file,
-                d.remove.len(),
-                old_entries.len(),
-                d.remove.len() as f64 * 100.0 / old_entries.len().max(1) as f64,
-                imp.max_remove
-            )));
+            return Err(too_many_removed(&imp, &name, d.remove.len(), old_entries.len()));
         }
-        if let Some(o) = self.sets.get(&name)
+        if let Some(o) = old
             && o.origin == Origin::Config
         {
             return Err(Error::Invalid(format!(
                 "set '{name}' is declared in the config ([[set]] in {}): change its file or its table, then \
                  `policer reload`; nothing imported",
-                self.file.path().display()
+                config.display()
             )));
         }
-        let (spec4, spec6) = self.set_specs(&name, &rule, &entries)?;
-        self.check_set_conflicts(&entries, spec4.action, |n| where_in(&imp.file, &imp.text, n))?;
-        self.check_capacity(&name, &entries)?;
+        let (spec4, spec6) = sets::specs(&name, &rule, &entries)?;
+        check_set_conflicts(rs, &entries, spec4.action, |n| where_in(&imp.file, &imp.text, n))?;
+        self.check_capacity(rs, policer, &name, &entries)?;
         let header = Header { name: name.clone(), rule, expires_ms };
         let t_checked = t0.elapsed();
         Ok(ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, skipped, t0, t_checked })
     }
 
-    /// Writes an import's plan ([`plan_import`](Self::plan_import)) in one
-    /// change, all or nothing: the set's state file staged, the tries
-    /// written in steps, the file put in place.
-    ///
-    /// Its long steps (the state file, the kernel's writes) run beside the
-    /// owner, which serves `aside` meanwhile the changes that cannot meet
-    /// the set's prefixes ([`Guard`]): a million entries take the kernel
-    /// seconds, a `rule set` elsewhere is answered in milliseconds.
-    pub(super) fn write_import(
-        &mut self,
-        plan: ImportPlan,
-        aside: &mut dyn Aside,
-    ) -> Result<(String, crate::control::ImportCounts)> {
-        let ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, skipped, t0, t_checked } =
-            plan;
-        let fds = self.policer.trie_writer()?;
-        let old = self.sets.get(&name).cloned();
+    /// An import's plan made ready to write: the set as it will be, with
+    /// its counter slot (taken from `rs` for a new set) and its rule id (a
+    /// new one when its rule changes).
+    pub(super) fn writing(&self, plan: ImportPlan, rs: &mut RuleSet) -> Result<Writing> {
+        let old = self.by_name.get(&plan.name).cloned();
         let (slot, new_slot) = match &old {
             Some(o) => (o.slot, false),
-            None => (self.rs.take_slot()?, true),
+            None => (rs.take_slot()?, true),
         };
-        let same_rule = old.as_ref().is_some_and(|o| o.spec4 == spec4 && o.spec6 == spec6);
+        let same_rule = old.as_ref().is_some_and(|o| o.spec4 == plan.spec4 && o.spec6 == plan.spec6);
         let id = match &old {
             Some(o) if same_rule => o.id,
-            _ => self.rs.new_id(),
+            _ => rs.new_id(),
         };
+        let ImportPlan { imp, explicit, header, spec4, spec6, entries, d, refused, skipped, t0, t_checked, .. } = plan;
         let origin = if imp.runtime { Origin::Runtime } else { Origin::Saved };
         let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries), origin };
-        // The state file first (a full disk refuses the import before the
-        // kernel is touched), put in place once the kernel took the change.
-        // Not written beside the kernel writes: on two CPUs it slows them
-        // more than it saves.
-        // The file as imported, unless entries were left out of it: then
-        // what was imported (a restart reads back what is in force).
-        let body = if explicit && !imp.feed && skipped.is_empty() {
-            sets::Body::Text(&imp.text)
-        } else {
-            sets::Body::Entries(&next.entries)
+        Ok(Writing { imp, explicit, d, refused, skipped, t0, t_checked, old, next, new_slot, same_rule })
+    }
+
+    /// A dry run's import, once checked as the real one is: a slot for a
+    /// new set, the sets after and the set's change (what the owner keeps
+    /// for the preview); nothing written.
+    pub(super) fn preview_import(&self, plan: ImportPlan, rs: &RuleSet) -> Result<(String, SetsAfter)> {
+        let ImportPlan { imp, header, spec4, spec6, entries, d, skipped, .. } = plan;
+        let name = header.name.clone();
+        let old = self.by_name.get(&name).cloned();
+        if old.is_none() && rs.free_slot_count() == 0 {
+            return Err(super::plan::limit(format!("this policer holds {} rules", rs.capacity())));
+        }
+        let (id, slot) = old.as_ref().map_or((0, 0), |o| (o.id, o.slot));
+        let origin = if imp.runtime { Origin::Runtime } else { Origin::Saved };
+        let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries), origin };
+        let same_rule = old.as_ref().is_some_and(|o| o.spec4 == next.spec4 && o.spec6 == next.spec6);
+        let changed = if same_rule { 0 } else { d.keep.len() };
+        let msg = format!(
+            "set '{name}' ({}): {} prefixes from {}: {} added, {changed} changed, {} removed{}{}",
+            describe(&next.spec4),
+            next.entries.len(),
+            imp.file,
+            d.add.len(),
+            d.remove.len(),
+            notes(&imp.list),
+            if skipped.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; left out (--skip-protected): {} inside a protected prefix ({})",
+                    skipped.len(),
+                    skipped_text(&skipped)
+                )
+            },
+        );
+        let mut sets = self.by_name.clone();
+        sets.insert(name, next.clone());
+        Ok((msg, SetsAfter { sets, changes: vec![(old, Some(next))] }))
+    }
+
+    /// Writes a set's change from `old` to `new` (either absent) into the
+    /// tries: each entry holds the value of the set of highest [`rank`]
+    /// holding it, or of the longest manual ban of `rs` over it; entries no
+    /// set holds any more leave (unless a rule holds the prefix). Adds and
+    /// rewrites first, removes last. Returns how many of `new`'s entries
+    /// another set outranks.
+    pub(super) fn transition(
+        &self,
+        rs: &RuleSet,
+        fds: TrieWriter,
+        old: Option<&SetState>,
+        new: Option<&SetState>,
+    ) -> Result<usize> {
+        transition(fds, &self.by_name, rs, old, new)
+    }
+
+    /// The tries' room: what they hold after the change, per family.
+    fn check_capacity(&self, rs: &RuleSet, policer: &Policer, name: &str, entries: &[IpNet]) -> Result<()> {
+        let (c4, c6) = policer.rule_trie_capacity()?;
+        let count = |v6: bool| {
+            let rules = rs.compiled().prefixes.keys().filter(|n| n.addr().is_ipv6() == v6).count();
+            let sets: usize = self
+                .by_name
+                .iter()
+                .filter(|(n, _)| n.as_str() != name)
+                .map(|(_, s)| s.entries.iter().filter(|n| n.addr().is_ipv6() == v6).count())
+                .sum();
+            rules + sets + entries.iter().filter(|n| n.addr().is_ipv6() == v6).count()
         };
-        let guard = Guard {
-            lists: [old.as_ref().map_or(&[][..], |o| &o.entries[..]), &next.entries[..]],
-            tries: !next.entries.is_empty(),
-        };
-        let staged = if imp.runtime {
-            None
-        } else {
-            let (dir, mode) = (self.sets_dir.clone(), sets::file_mode(self.file.path()));
-            match self.beside(aside, &guard, || sets::stage(&dir, mode, &next.header, body)) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    if new_slot {
-                        self.rs.free_slot(slot);
-                    }
+        for (v6, cap) in [(false, c4), (true, c6)] {
+            let n = count(v6);
+            if n > cap as usize {
+                return Err(Error::Invalid(format!(
+                    "the {} rule trie holds {cap} prefixes; this import needs {n} (a program loaded by an older \
+                     policer keeps its size: `policer detach`, then start again, for {}); nothing imported",
+                    if v6 { "IPv6" } else { "IPv4" },
+                    crate::loader::TRIE_PREFIXES
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `policer rule rm --set NAME`, judged: the set to remove, unless it
+    /// is the feed's or the config's (`config`: the config file's path).
+    pub(super) fn removable(&self, name: &str, config: &Path) -> Result<SetState> {
+        let s = self.by_name.get(name).cloned().ok_or_else(|| self.unknown_set(name))?;
+        if self.feed.as_deref() == Some(name) {
+            return Err(feed_owns(name, config));
+        }
+        if s.origin == Origin::Config {
+            return Err(Error::Invalid(format!(
+                "set '{name}' is declared in the config ([[set]] in {}): remove its table, then `policer reload`; \
+                 nothing changed",
+                config.display()
+            )));
+        }
+        Ok(s)
+    }
+
+    /// Takes `s` out of the tries (all or nothing), frees its slot in
+    /// `rs`, and removes its state file (a file that stays is handed to
+    /// the bans' catch-up, which tries again).
+    pub(super) fn remove(&mut self, s: &SetState, rs: &mut RuleSet, policer: &Policer, bans: &mut Bans) -> Result<()> {
+        let fds = policer.trie_writer()?;
+        if let Err(e) = self.transition(rs, fds, Some(s), None) {
+            let undo = self.transition(rs, fds, None, Some(s));
+            return Err(match undo {
+                Ok(_) => Error::Invalid(format!("{e}; nothing changed")),
+                Err(u) => Error::Invalid(format!("{e}; and putting it back failed too: {u}")),
+            });
+        }
+        self.by_name.remove(&s.header.name);
+        rs.free_slot(s.slot);
+        if let Err(e) = sets::remove(&self.dir, &s.header.name) {
+            say_err!("policer: set '{}' removed, but not its state file (tried again): {e}", s.header.name);
+            bans.set_file_behind(s.header.name.clone());
+        }
+        Ok(())
+    }
+
+    pub(super) fn unknown_set(&self, name: &str) -> Error {
+        unknown_set(name, self.by_name.keys().map(String::as_str))
+    }
+
+    /// The sets whose expiry has come by `now_unix`.
+    pub(super) fn due(&self, now_unix: f64) -> Vec<SetState> {
+        let now_ms = (now_unix * 1000.0) as u64;
+        self.by_name.values().filter(|s| s.header.expires_ms.is_some_and(|e| e <= now_ms)).cloned().collect()
+    }
+
+    /// Refuses rules at a prefix a set holds (a reload), but for the sets
+    /// named in `skip` (a reload's changed config sets, checked against
+    /// their new lists).
+    pub(super) fn refuse_set_prefixes_but(&self, want: &BTreeMap<RuleKey, RuleSpec>, skip: &[String]) -> Result<()> {
+        self.refuse_set_prefixes_in(want.keys(), skip)
+    }
+
+    /// Refuses rules at a prefix a set holds, for the rules of `keys` only
+    /// (a change's new and changed rules: the others were checked when
+    /// they came).
+    pub(super) fn refuse_set_prefixes_of<'a>(&self, keys: impl Iterator<Item = &'a RuleKey>) -> Result<()> {
+        if self.by_name.is_empty() {
+            return Ok(());
+        }
+        self.refuse_set_prefixes_in(keys, &[])
+    }
+
+    fn refuse_set_prefixes_in<'a>(&self, keys: impl Iterator<Item = &'a RuleKey>, skip: &[String]) -> Result<()> {
+        for key in keys.filter(|k| !k.ban) {
+            for (name, s) in self.by_name.iter().filter(|(n, _)| !skip.contains(n)) {
+                if s.entries.binary_search(&key.net).is_ok() {
                     return Err(Error::Invalid(format!(
-                        "{e}; nothing imported (the state directory is `policer attach --state-dir`; \
-                         `rule import --runtime` imports without saving)"
+                        "{} is an entry of set '{name}': a prefix has a rule or is an entry of a set, not both \
+                         (`policer rule ls --set {name}`); nothing changed",
+                        key.net
                     )));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses when a set holds an entry inside a prefix of `protect` that
+    /// it would not allow (the tries' longest match would give the entry).
+    /// A feed's set is not refused: its entries inside are left out
+    /// ([`Sets::feed_refilter`]), as its syncs leave them out.
+    pub(super) fn refuse_protected_entries(&self, protect: &Protect, skip: &[String]) -> Result<()> {
+        if protect.is_empty() {
+            return Ok(());
+        }
+        let feed = self.feed.as_deref();
+        for (name, s) in self.by_name.iter().filter(|(n, _)| !skip.contains(n) && Some(n.as_str()) != feed) {
+            for net in s.entries.iter() {
+                protect.refuse_entry(net, s.spec4.action).map_err(|e| Error::Invalid(format!("set '{name}': {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After `protect` changed: the import that leaves out of the feed's
+    /// set the entries now inside a protected prefix (or a rule's prefix)
+    /// of `rs`, in one change, as a sync of the feed would leave them out.
+    /// A feed cannot be told to fix a decision, and an operator protecting
+    /// its own network must not be refused because a feed listed it.
+    /// `None`: nothing to leave out.
+    pub(super) fn feed_refilter(&self, rs: &RuleSet) -> Option<Import> {
+        let name = self.feed.clone()?;
+        let s = self.by_name.get(&name)?;
+        let action = s.spec4.action;
+        let entries = s.entries.to_vec();
+        let (kept, (protected, _)) = feed_entries(rs, entries.clone(), action);
+        if kept.len() == entries.len() {
+            return None;
+        }
+        Some(Import {
+            file: format!("the feed's set '{name}' ({protected} entries now inside a protected prefix left out)"),
+            text: Vec::new(),
+            list: crate::sets::List { entries, duplicates: 0, mapped: 0 },
+            set: Some(name),
+            rule: RuleConfig { action: Some(action), ..RuleConfig::default() },
+            max_remove: Default::default(),
+            force: true,
+            runtime: false,
+            feed: true,
+            skip_protected: false,
+        })
+    }
+
+    /// Leaves out of `c` (read back from the kernel) the sets' entries,
+    /// which [`RuleSet::compiled`] does not hold.
+    pub(super) fn without_entries(&self, mut c: Compiled) -> Compiled {
+        strip(&mut c, &self.by_name);
+        c
+    }
+
+    /// After a change of the rules of `rs`: set entries under a ban that
+    /// came, went or changed (`before`: the bans before) get the value they
+    /// now have (the ban's, or their set's). Cheap when the bans did not
+    /// change (the usual case).
+    pub(super) fn follow_bans(&self, rs: &mut RuleSet, policer: &Policer, before: &[(IpNet, Rule)]) -> Result<()> {
+        let after = ban_values(rs);
+        let protect = rs.protect().clone();
+        if self.by_name.is_empty() || (after == before && *rs.entries_protect() == protect) {
+            rs.set_entries_protect(protect);
+            return Ok(());
+        }
+        let fds = policer.trie_writer()?;
+        let all: Vec<&SetState> = self.by_name.values().collect();
+        // What was under the old bans gets its winning set's value back,
+        // then what is under the new ones the ban's.
+        let mut pairs: BTreeMap<IpNet, Rule> = BTreeMap::new();
+        for s in &all {
+            for (n, _) in banned(&s.entries, before, &Protect::default()) {
+                if let std::collections::btree_map::Entry::Vacant(v) = pairs.entry(n) {
+                    let w = all.iter().filter(|o| o.entries.binary_search(&n).is_ok()).max_by_key(|o| rank(o));
+                    if let Some(w) = w {
+                        v.insert(w.value_for(&n)?);
+                    }
+                }
+            }
+        }
+        for s in &all {
+            pairs.extend(banned(&s.entries, &after, &protect));
+        }
+        write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())?;
+        rs.set_entries_protect(protect);
+        Ok(())
+    }
+
+    /// Whether any set holds an entry (the fast path is off then).
+    pub(super) fn has_entries(&self) -> bool {
+        self.by_name.values().any(|s| !s.entries.is_empty())
+    }
+}
+
+/// The set an import writes: `--set NAME`, or the implicit set of the
+/// action and rate, which only grows; with a ttl, one of its own per end
+/// (to the second), so entries given a ttl go when it ends and no others
+/// do.
+fn import_name(imp: &Import, expires_ms: Option<u64>) -> String {
+    imp.set.clone().unwrap_or_else(|| match expires_ms {
+        Some(e) => {
+            let end: String =
+                crate::duration::rfc3339(e / 1000 * 1000).chars().filter(|c| *c != '-' && *c != ':').collect();
+            format!("{}-until-{end}", sets::implicit_name(&imp.rule))
+        }
+        None => sets::implicit_name(&imp.rule),
+    })
+}
+
+/// The refusal of an import that would remove more than `--max-remove`.
+fn too_many_removed(imp: &Import, name: &str, removed: usize, had: usize) -> Error {
+    Error::Invalid(format!(
+        "{} would remove {removed} of the {had} entries of set '{name}' ({:.1} %), more than --max-remove {} allows \
+         (a feed cut short or a failed download?); nothing changed: check the file, or give --force \
+         (or a larger --max-remove) if the set is to shrink that much",
+        imp.file,
+        removed as f64 * 100.0 / had.max(1) as f64,
+        imp.max_remove
+    ))
+}
+
+/// The refusal of a change by hand to the feed's set (`config`: the
+/// config file's path).
+fn feed_owns(name: &str, config: &Path) -> Error {
+    Error::Invalid(format!(
+        "set '{name}' is the CrowdSec feed's ([crowdsec] in {}): it follows the Local API (`cscli decisions \
+         add/delete` change it); nothing changed",
+        config.display()
+    ))
+}
+
+/// No entry is a prefix of a rule of `rs` (a set entry and a rule would
+/// fight for one trie key): refused before anything is written, naming
+/// where the entry is (`locate`: `FILE:LINE`) and the rule. An entry may
+/// be in several sets ([`rank`] decides). No entry of a set that does not
+/// allow lies inside a protected prefix (`protect` in [daemon]).
+fn check_set_conflicts(
+    rs: &RuleSet,
+    entries: &[IpNet],
+    action: policer_common::bucket::Action,
+    locate: impl Fn(IpNet) -> String,
+) -> Result<()> {
+    let rules = rs.rules().keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
+    sets::check_conflicts(entries, action, rules, rs.protect(), locate)
+}
+
+/// A feed's `entries` without those it may not hold: inside a protected
+/// prefix of `rs` (unless it allows), or a rule's prefix. With how many of
+/// each were left out.
+fn feed_entries(
+    rs: &RuleSet,
+    entries: Vec<IpNet>,
+    action: policer_common::bucket::Action,
+) -> (Vec<IpNet>, (usize, usize)) {
+    let protect = rs.protect();
+    let rules: std::collections::BTreeSet<IpNet> = rs.rules().keys().filter(|k| !k.ban).map(|k| k.net).collect();
+    let (mut protected, mut rule) = (0, 0);
+    let kept = entries
+        .into_iter()
+        .filter(|n| {
+            if !protect.is_empty() && protect.refuse_entry(n, action).is_err() {
+                protected += 1;
+                false
+            } else if rules.contains(n) {
+                rule += 1;
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
+    (kept, (protected, rule))
+}
+
+/// `entries` without those inside a prefix of `protect` (a set that does
+/// `action` may not hold them, unless it allows): what is kept, and each
+/// left out with the protected prefix that holds it.
+fn unprotected(
+    protect: &Protect,
+    entries: Vec<IpNet>,
+    action: policer_common::bucket::Action,
+) -> (Vec<IpNet>, Vec<(IpNet, IpNet)>) {
+    if protect.is_empty() || action == policer_common::bucket::Action::Allow {
+        return (entries, Vec::new());
+    }
+    let mut skipped = Vec::new();
+    let kept = entries
+        .into_iter()
+        .filter(|n| match protect.holding(n) {
+            Some(p) => {
+                skipped.push((*n, *p));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    (kept, skipped)
+}
+
+/// An import as it is written ([`Sets::writing`]): the set as it will be,
+/// the set as it was, and what the answer and an undo need.
+pub(super) struct Writing {
+    imp: Import,
+    explicit: bool,
+    d: sets::Diff,
+    refused: (usize, usize),
+    skipped: Vec<(IpNet, IpNet)>,
+    pub t0: Instant,
+    t_checked: std::time::Duration,
+    pub old: Option<SetState>,
+    pub next: SetState,
+    /// The set is new: its slot was taken for it.
+    pub new_slot: bool,
+    /// Its rule is the one in force (its limiter and id stay).
+    pub same_rule: bool,
+}
+
+impl Writing {
+    /// `rule import --runtime`: no state file.
+    pub(super) fn runtime(&self) -> bool {
+        self.imp.runtime
+    }
+
+    /// What the owner may serve while this import writes: the changes
+    /// that meet neither the old nor the new entries.
+    pub(super) fn guard(&self) -> Guard<'_> {
+        Guard {
+            lists: [self.old.as_ref().map_or(&[][..], |o| &o.entries[..]), &self.next.entries[..]],
+            tries: !self.next.entries.is_empty(),
+        }
+    }
+
+    /// Stages the set's state file in `dir` (mode `mode`): the file as
+    /// imported, unless entries were left out of it: then what is
+    /// imported (a restart reads back what is in force).
+    pub(super) fn stage(&self, dir: &Path, mode: u32) -> Result<sets::Staged> {
+        let body = if self.explicit && !self.imp.feed && self.skipped.is_empty() {
+            sets::Body::Text(&self.imp.text)
+        } else {
+            sets::Body::Entries(&self.next.entries)
         };
-        let t_staged = t0.elapsed();
-        let r = (|| -> Result<usize> {
-            if new_slot {
-                self.policer.reset_rule_counters(slot)?;
-            }
-            if !same_rule {
-                prepare(&mut self.policer, &next.spec4, slot)?;
-            }
-            // A set's prefixes are not default rules: the tries decide.
-            if !next.entries.is_empty() {
-                self.fast_path_off()?;
-            }
-            self.import_transition(fds, old.as_ref(), &next, aside, &guard)
-        })();
-        let t_written = t0.elapsed();
-        let r = r.and_then(|shadowed| staged.map_or(Ok(()), sets::Staged::commit).map(|()| shadowed));
-        log::debug!(
-            "import of set '{name}': checked {t_checked:?}, staged {t_staged:?}, written {t_written:?}, committed {:?}",
-            t0.elapsed()
-        );
-        let shadowed = match r {
-            Ok(n) => n,
-            Err(e) => return Err(self.undo_import(fds, e, old.as_ref(), &next, same_rule, new_slot)),
-        };
-        let changed = if same_rule { 0 } else { d.keep.len() };
+        sets::stage(dir, mode, &self.next.header, body)
+    }
+
+    /// The state file could not be staged: the slot back to `rs`, and the
+    /// refusal.
+    pub(super) fn unstaged(&self, rs: &mut RuleSet, e: Error) -> Error {
+        if self.new_slot {
+            rs.free_slot(self.next.slot);
+        }
+        Error::Invalid(format!(
+            "{e}; nothing imported (the state directory is `policer attach --state-dir`; \
+             `rule import --runtime` imports without saving)"
+        ))
+    }
+
+    /// How long it was checking the plan (for the log).
+    pub(super) fn checked(&self) -> std::time::Duration {
+        self.t_checked
+    }
+
+    /// The answer to a written import (`shadowed`: entries another set
+    /// outranks): the line, and the counts (`--json`).
+    pub(super) fn answer(&self, shadowed: usize) -> (String, crate::control::ImportCounts) {
+        let (imp, d, next, name) = (&self.imp, &self.d, &self.next, &self.next.header.name);
+        let changed = if self.same_rule { 0 } else { d.keep.len() };
         let expires = next.header.expires_ms.map(crate::duration::rfc3339);
-        let saved = match (&next.origin, old.as_ref().map(|o| &o.origin)) {
+        let saved = match (&next.origin, self.old.as_ref().map(|o| &o.origin)) {
             (Origin::Runtime, Some(Origin::Saved)) => {
                 "; runtime only: the saved set of this name returns at a restart".to_string()
             }
@@ -527,13 +924,13 @@ impl Daemon {
                 String::new()
             },
             expires.as_ref().map(|e| format!("; expires {e}")).unwrap_or_default(),
-            t0.elapsed().as_secs_f64()
+            self.t0.elapsed().as_secs_f64()
         );
-        let msg = match refused {
+        let msg = match self.refused {
             (0, 0) => msg,
-            (p, 0) if !skipped.is_empty() => format!(
+            (p, 0) if !self.skipped.is_empty() => format!(
                 "{msg}; left out (--skip-protected): {p} inside a protected prefix ({})",
-                skipped_text(&skipped)
+                skipped_text(&self.skipped)
             ),
             (p, r) => format!(
                 "{msg}; left out: {p} inside a protected prefix, {r} the prefix of a rule (`policer inspect ADDR` \
@@ -554,508 +951,10 @@ impl Daemon {
             shadowed: shadowed as u64,
             saved: next.origin == Origin::Saved,
             expires,
-            refused_protected: refused.0 as u64,
-            refused_rule_prefix: refused.1 as u64,
+            refused_protected: self.refused.0 as u64,
+            refused_rule_prefix: self.refused.1 as u64,
         };
-        // A state file of this name now is the new set's, not an ended
-        // one's still to remove.
-        if next.origin == Origin::Saved {
-            self.bans.set_file_back(&name);
-        }
-        self.sets.insert(name, next);
-        self.changed = true;
-        // The fast path follows the rules and sets now in force (a ban
-        // that ended mid-import left it off).
-        self.sync_fast_path()?;
-        Ok((msg, counts))
-    }
-
-    /// A dry run's import, once checked as the real one is: a slot for a
-    /// new set, the sets after and the set's change (what the owner keeps
-    /// for the preview); nothing written.
-    pub(super) fn preview_import(&self, plan: ImportPlan) -> Result<(String, Capture)> {
-        let ImportPlan { imp, header, spec4, spec6, entries, d, skipped, .. } = plan;
-        let name = header.name.clone();
-        let old = self.sets.get(&name).cloned();
-        if old.is_none() && self.rs.free_slot_count() == 0 {
-            return Err(super::plan::limit(format!("this policer holds {} rules", self.rs.capacity())));
-        }
-        let (id, slot) = old.as_ref().map_or((0, 0), |o| (o.id, o.slot));
-        let origin = if imp.runtime { Origin::Runtime } else { Origin::Saved };
-        let next = SetState { header, spec4, spec6, id, slot, entries: Arc::new(entries), origin };
-        let change = super::dryrun::set_change(old.as_ref(), Some(&next));
-        let same_rule = old.as_ref().is_some_and(|o| o.spec4 == next.spec4 && o.spec6 == next.spec6);
-        let changed = if same_rule { 0 } else { d.keep.len() };
-        let msg = format!(
-            "set '{name}' ({}): {} prefixes from {}: {} added, {changed} changed, {} removed{}{}",
-            describe(&next.spec4),
-            next.entries.len(),
-            imp.file,
-            d.add.len(),
-            d.remove.len(),
-            notes(&imp.list),
-            if skipped.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; left out (--skip-protected): {} inside a protected prefix ({})",
-                    skipped.len(),
-                    skipped_text(&skipped)
-                )
-            },
-        );
-        let mut sets = self.sets.clone();
-        sets.insert(name, next);
-        Ok((msg, Capture { sets: Some(sets), set_changes: vec![change], ..Capture::default() }))
-    }
-
-    /// Puts a failed import back: the set as it was in the tries, its
-    /// limiter, its slot.
-    fn undo_import(
-        &mut self,
-        fds: TrieWriter,
-        e: Error,
-        old: Option<&SetState>,
-        next: &SetState,
-        same_rule: bool,
-        new_slot: bool,
-    ) -> Error {
-        let name = next.header.name.clone();
-        let undo = (|| -> Result<()> {
-            self.transition(fds, Some(next), old)?;
-            if let Some(o) = old
-                && !same_rule
-            {
-                prepare(&mut self.policer, &o.spec4, o.slot)?;
-            }
-            Ok(())
-        })();
-        if new_slot {
-            self.rs.free_slot(next.slot);
-        }
-        let _ = self.sync_fast_path();
-        match undo {
-            Ok(()) => Error::Invalid(format!("{e}; nothing imported")),
-            Err(u) => Error::Invalid(format!(
-                "{e}; and putting set '{name}' back failed too: {u} (see `policer rule ls --set {name}`)"
-            )),
-        }
-    }
-
-    /// Writes a set's change from `old` to `new` (either absent) into the
-    /// tries: each entry holds the value of the set of highest [`rank`]
-    /// holding it, or of the longest manual ban over it; entries no set
-    /// holds any more leave (unless a rule holds the prefix). Adds and
-    /// rewrites first, removes last. Returns how many of `new`'s entries
-    /// another set outranks.
-    fn transition(&self, fds: TrieWriter, old: Option<&SetState>, new: Option<&SetState>) -> Result<usize> {
-        transition(fds, &self.sets, &self.rs, old, new)
-    }
-
-    /// [`transition`] to `new` for an import, its bulk written in steps
-    /// with the ends that came due honoured before each: a million entries
-    /// take the kernel seconds, and a ban ends on time meanwhile (the
-    /// owner's tick waits for the import; issue 41). Between two steps the
-    /// state is whole: the sets in force, and a prefix of the bulk written
-    /// with the new set's value.
-    ///
-    /// Each step runs beside the owner, which serves `aside` meanwhile
-    /// what `guard` allows; so do the removals, in steps too (with the
-    /// ends that came due honoured before each).
-    fn import_transition(
-        &mut self,
-        fds: TrieWriter,
-        old: Option<&SetState>,
-        new: &SetState,
-        aside: &mut dyn Aside,
-        guard: &Guard<'_>,
-    ) -> Result<usize> {
-        let w = {
-            let name = new.header.name.as_str();
-            let others: Vec<&SetState> = self.sets.values().filter(|s| s.header.name != name).collect();
-            plan_writes(&others, old, Some(new))?
-        };
-        let values = new.values()?;
-        for (i, step) in w.bulk.chunks(IMPORT_STEP).enumerate() {
-            self.end_due_mid_import(fds, &w.bulk[..i * IMPORT_STEP], Some(values))?;
-            self.beside(aside, guard, || write(fds, step, values))?;
-        }
-        self.end_due_mid_import(fds, &w.bulk, Some(values))?;
-        write_pairs(fds, &w.pairs)?;
-        let bans = ban_values(&self.rs);
-        if !bans.is_empty() {
-            let mut touched: Vec<IpNet> = w.bulk.iter().copied().chain(w.pairs.iter().map(|p| p.0)).collect();
-            touched.sort_unstable();
-            write_pairs(fds, &banned(&touched, &bans, self.rs.protect()))?;
-        }
-        for (i, step) in w.delete.chunks(IMPORT_STEP).enumerate() {
-            self.end_due_mid_import(fds, &w.delete[..i * IMPORT_STEP], None)?;
-            let gone = not_rules(&self.rs, step);
-            self.beside(aside, guard, || delete(fds, &gone))?;
-        }
-        self.end_due_mid_import(fds, &w.delete, None)?;
-        Ok(w.shadowed)
-    }
-
-    /// Runs `work` on a thread of its own while the owner serves `aside`
-    /// what `guard` allows (every millisecond); what `work` gave, once
-    /// done. Without anything aside ([`Nothing`](super::aside::Nothing)),
-    /// just `work`.
-    fn beside<T: Send>(&mut self, aside: &mut dyn Aside, guard: &Guard<'_>, work: impl FnOnce() -> T + Send) -> T {
-        if !aside.serves() {
-            return work();
-        }
-        std::thread::scope(|s| {
-            let h = s.spawn(work);
-            while !h.is_finished() {
-                aside.serve(self, guard);
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
-    }
-
-    /// Mid-import: removes the rules and bans whose end has come (as the
-    /// tick does). Entries of the import already written (`done`) under a
-    /// ban that ended were given back the value of the sets in force
-    /// before the import (`follow_bans`): they take the new set's value
-    /// (`values`), or, of the removals (`None`), leave again — unless
-    /// another ban still holds them.
-    fn end_due_mid_import(&mut self, fds: TrieWriter, done: &[IpNet], values: Option<(Rule, Rule)>) -> Result<()> {
-        if self.rs.ended(crate::duration::unix_ms()).is_empty() {
-            return Ok(());
-        }
-        let before = self.ban_values();
-        self.expire();
-        // The expiry's plan turned the fast path on if only default rules
-        // are left, but the set being written is not in `self.sets` yet:
-        // back to the tries (the import's end derives it from the sets
-        // then in force).
-        self.fast_path_off()?;
-        let after = self.ban_values();
-        let ended: Vec<(IpNet, Rule)> = before.into_iter().filter(|b| !after.contains(b)).collect();
-        if ended.is_empty() || done.is_empty() {
-            return Ok(());
-        }
-        let under: Vec<IpNet> = banned(done, &ended, &Protect::default()).into_iter().map(|(n, _)| n).collect();
-        let still: std::collections::BTreeSet<IpNet> =
-            banned(&under, &after, self.rs.protect()).into_iter().map(|(n, _)| n).collect();
-        let free: Vec<IpNet> = under.into_iter().filter(|n| !still.contains(n)).collect();
-        match values {
-            Some(v) => write(fds, &free, v),
-            None => delete(fds, &free),
-        }
-    }
-
-    /// The set's rule per family, validated against its entries
-    /// ([`sets::specs`]).
-    fn set_specs(&self, name: &str, rule: &RuleConfig, entries: &[IpNet]) -> Result<(RuleSpec, RuleSpec)> {
-        sets::specs(name, rule, entries)
-    }
-
-    /// No entry is a rule's prefix (a set entry and a rule would fight for
-    /// one trie key): refused before anything is written, naming where
-    /// the entry is (`locate`: `FILE:LINE`) and the rule. An entry may be
-    /// in several sets ([`rank`] decides). No entry of a set that does not
-    /// allow lies inside a protected prefix (`protect` in [daemon]).
-    fn check_set_conflicts(
-        &self,
-        entries: &[IpNet],
-        action: policer_common::bucket::Action,
-        locate: impl Fn(IpNet) -> String,
-    ) -> Result<()> {
-        let rules = self.rs.rules().keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
-        sets::check_conflicts(entries, action, rules, self.rs.protect(), locate)
-    }
-
-    /// A feed's `entries` without those it may not hold: inside a
-    /// protected prefix (unless it allows), or a rule's prefix. With how
-    /// many of each were left out.
-    fn feed_entries(
-        &self,
-        entries: Vec<IpNet>,
-        action: policer_common::bucket::Action,
-    ) -> (Vec<IpNet>, (usize, usize)) {
-        let protect = self.rs.protect();
-        let rules: std::collections::BTreeSet<IpNet> =
-            self.rs.rules().keys().filter(|k| !k.ban).map(|k| k.net).collect();
-        let (mut protected, mut rule) = (0, 0);
-        let kept = entries
-            .into_iter()
-            .filter(|n| {
-                if !protect.is_empty() && protect.refuse_entry(n, action).is_err() {
-                    protected += 1;
-                    false
-                } else if rules.contains(n) {
-                    rule += 1;
-                    false
-                } else {
-                    true
-                }
-            })
-            .collect();
-        (kept, (protected, rule))
-    }
-
-    /// `entries` without those inside a protected prefix (a set that
-    /// does `action` may not hold them, unless it allows): what is kept,
-    /// and each left out with the protected prefix that holds it.
-    fn unprotected(
-        &self,
-        entries: Vec<IpNet>,
-        action: policer_common::bucket::Action,
-    ) -> (Vec<IpNet>, Vec<(IpNet, IpNet)>) {
-        let protect = self.rs.protect();
-        if protect.is_empty() || action == policer_common::bucket::Action::Allow {
-            return (entries, Vec::new());
-        }
-        let mut skipped = Vec::new();
-        let kept = entries
-            .into_iter()
-            .filter(|n| match protect.holding(n) {
-                Some(p) => {
-                    skipped.push((*n, *p));
-                    false
-                }
-                None => true,
-            })
-            .collect();
-        (kept, skipped)
-    }
-
-    /// The tries' room: what they hold after the change, per family.
-    fn check_capacity(&self, name: &str, entries: &[IpNet]) -> Result<()> {
-        let (c4, c6) = self.policer.rule_trie_capacity()?;
-        let count = |v6: bool| {
-            let rules = self.rs.compiled().prefixes.keys().filter(|n| n.addr().is_ipv6() == v6).count();
-            let sets: usize = self
-                .sets
-                .iter()
-                .filter(|(n, _)| n.as_str() != name)
-                .map(|(_, s)| s.entries.iter().filter(|n| n.addr().is_ipv6() == v6).count())
-                .sum();
-            rules + sets + entries.iter().filter(|n| n.addr().is_ipv6() == v6).count()
-        };
-        for (v6, cap) in [(false, c4), (true, c6)] {
-            let n = count(v6);
-            if n > cap as usize {
-                return Err(Error::Invalid(format!(
-                    "the {} rule trie holds {cap} prefixes; this import needs {n} (a program loaded by an older \
-                     policer keeps its size: `policer detach`, then start again, for {}); nothing imported",
-                    if v6 { "IPv6" } else { "IPv4" },
-                    crate::loader::TRIE_PREFIXES
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// `policer rule rm --set NAME`.
-    pub(super) fn set_rm(&mut self, name: &str) -> Result<String> {
-        let s = self.sets.get(name).cloned().ok_or_else(|| self.unknown_set(name))?;
-        if self.feed_set.as_deref() == Some(name) {
-            return Err(self.feed_owns(name));
-        }
-        if s.origin == Origin::Config {
-            return Err(Error::Invalid(format!(
-                "set '{name}' is declared in the config ([[set]] in {}): remove its table, then `policer reload`; \
-                 nothing changed",
-                self.file.path().display()
-            )));
-        }
-        self.remove_set(&s)?;
-        Ok(format!("removed set '{name}' ({} prefixes)", s.entries.len()))
-    }
-
-    fn remove_set(&mut self, s: &SetState) -> Result<()> {
-        let fds = self.policer.trie_writer()?;
-        if let Err(e) = self.transition(fds, Some(s), None) {
-            let undo = self.transition(fds, None, Some(s));
-            return Err(match undo {
-                Ok(_) => Error::Invalid(format!("{e}; nothing changed")),
-                Err(u) => Error::Invalid(format!("{e}; and putting it back failed too: {u}")),
-            });
-        }
-        self.sets.remove(&s.header.name);
-        self.rs.free_slot(s.slot);
-        self.changed = true;
-        if let Err(e) = sets::remove(&self.sets_dir, &s.header.name) {
-            say_err!("policer: set '{}' removed, but not its state file (tried again): {e}", s.header.name);
-            self.bans.set_file_behind(s.header.name.clone());
-        }
-        self.sync_fast_path()
-    }
-
-    /// The refusal of a change by hand to the feed's set.
-    fn feed_owns(&self, name: &str) -> Error {
-        Error::Invalid(format!(
-            "set '{name}' is the CrowdSec feed's ([crowdsec] in {}): it follows the Local API (`cscli decisions \
-             add/delete` change it); nothing changed",
-            self.file.path().display()
-        ))
-    }
-
-    pub(super) fn unknown_set(&self, name: &str) -> Error {
-        unknown_set(name, self.sets.keys().map(String::as_str))
-    }
-
-    /// Removes the sets whose expiry has come (each in one change); the
-    /// messages for the log. Called by the tick.
-    pub fn expire_sets(&mut self, now_unix: f64) -> Vec<String> {
-        let now_ms = (now_unix * 1000.0) as u64;
-        let due: Vec<SetState> =
-            self.sets.values().filter(|s| s.header.expires_ms.is_some_and(|e| e <= now_ms)).cloned().collect();
-        let mut out = Vec::new();
-        for s in due {
-            out.push(match self.remove_set(&s) {
-                Ok(()) => format!("set '{}' expired: {} prefixes removed", s.header.name, s.entries.len()),
-                Err(e) => format!("set '{}' expired, but removing it failed (tried again): {e}", s.header.name),
-            });
-        }
-        out
-    }
-
-    /// Refuses rules at a prefix a set holds (a reload), but for the sets
-    /// named in `skip` (a reload's changed config sets, checked against
-    /// their new lists).
-    pub(super) fn refuse_set_prefixes_but(&self, want: &BTreeMap<RuleKey, RuleSpec>, skip: &[String]) -> Result<()> {
-        self.refuse_set_prefixes_in(want.keys(), skip)
-    }
-
-    /// Refuses rules at a prefix a set holds, for the rules of `keys` only
-    /// (a change's new and changed rules: the others were checked when
-    /// they came).
-    pub(super) fn refuse_set_prefixes_of<'a>(&self, keys: impl Iterator<Item = &'a RuleKey>) -> Result<()> {
-        if self.sets.is_empty() {
-            return Ok(());
-        }
-        self.refuse_set_prefixes_in(keys, &[])
-    }
-
-    fn refuse_set_prefixes_in<'a>(&self, keys: impl Iterator<Item = &'a RuleKey>, skip: &[String]) -> Result<()> {
-        for key in keys.filter(|k| !k.ban) {
-            for (name, s) in self.sets.iter().filter(|(n, _)| !skip.contains(n)) {
-                if s.entries.binary_search(&key.net).is_ok() {
-                    return Err(Error::Invalid(format!(
-                        "{} is an entry of set '{name}': a prefix has a rule or is an entry of a set, not both \
-                         (`policer rule ls --set {name}`); nothing changed",
-                        key.net
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses when a set holds an entry inside a protected prefix that it
-    /// would not allow (the tries' longest match would give the entry). A
-    /// feed's set is not refused: its entries inside are left out
-    /// ([`Daemon::refilter_feed_set`]), as its syncs leave them out.
-    pub(super) fn refuse_protected_entries(&self, skip: &[String]) -> Result<()> {
-        let protect = self.rs.protect();
-        if protect.is_empty() {
-            return Ok(());
-        }
-        let feed = self.feed_set.as_deref();
-        for (name, s) in self.sets.iter().filter(|(n, _)| !skip.contains(n) && Some(n.as_str()) != feed) {
-            for net in s.entries.iter() {
-                protect.refuse_entry(net, s.spec4.action).map_err(|e| Error::Invalid(format!("set '{name}': {e}")))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// After `protect` changed: the feed's set without the entries now
-    /// inside a protected prefix (or a rule's prefix), in one change, as a
-    /// sync of the feed would leave them out. A feed cannot be told to fix
-    /// a decision, and an operator protecting its own network must not be
-    /// refused because a feed listed it. `None`: nothing to leave out.
-    pub(super) fn refilter_feed_set(&mut self) -> Option<Result<String>> {
-        let name = self.feed_set.clone()?;
-        let s = self.sets.get(&name)?;
-        let action = s.spec4.action;
-        let entries = s.entries.to_vec();
-        let (kept, (protected, _)) = self.feed_entries(entries.clone(), action);
-        if kept.len() == entries.len() {
-            return None;
-        }
-        let imp = Import {
-            file: format!("the feed's set '{name}' ({protected} entries now inside a protected prefix left out)"),
-            text: Vec::new(),
-            list: crate::sets::List { entries, duplicates: 0, mapped: 0 },
-            set: Some(name),
-            rule: RuleConfig { action: Some(action), ..RuleConfig::default() },
-            max_remove: Default::default(),
-            force: true,
-            runtime: false,
-            feed: true,
-            skip_protected: false,
-        };
-        Some(self.import(imp, &mut super::aside::Nothing).map(|(msg, _)| msg))
-    }
-
-    /// Leaves out of `c` (read back from the kernel) the sets' entries,
-    /// which [`Daemon::compiled`] does not hold.
-    pub(super) fn without_set_entries(&self, mut c: Compiled) -> Compiled {
-        strip(&mut c, &self.sets);
-        c
-    }
-
-    /// The manual bans in force: each prefix and the value the tries hold
-    /// there.
-    pub(super) fn ban_values(&self) -> Vec<(IpNet, Rule)> {
-        ban_values(&self.rs)
-    }
-
-    /// After a change of the rules: set entries under a ban that came,
-    /// went or changed get the value they now have (the ban's, or their
-    /// set's). Cheap when the bans did not change (the usual case).
-    pub(super) fn follow_bans(&mut self, before: &[(IpNet, Rule)]) -> Result<()> {
-        let after = self.ban_values();
-        let protect = self.rs.protect().clone();
-        if self.sets.is_empty() || (after == before && *self.rs.entries_protect() == protect) {
-            self.rs.set_entries_protect(protect);
-            return Ok(());
-        }
-        let fds = self.policer.trie_writer()?;
-        let all: Vec<&SetState> = self.sets.values().collect();
-        // What was under the old bans gets its winning set's value back,
-        // then what is under the new ones the ban's.
-        let mut pairs: BTreeMap<IpNet, Rule> = BTreeMap::new();
-        for s in &all {
-            for (n, _) in banned(&s.entries, before, &Protect::default()) {
-                if let std::collections::btree_map::Entry::Vacant(v) = pairs.entry(n) {
-                    let w = all.iter().filter(|o| o.entries.binary_search(&n).is_ok()).max_by_key(|o| rank(o));
-                    if let Some(w) = w {
-                        v.insert(w.value_for(&n)?);
-                    }
-                }
-            }
-        }
-        for s in &all {
-            pairs.extend(banned(&s.entries, &after, &protect));
-        }
-        write_pairs(fds, &pairs.into_iter().collect::<Vec<_>>())?;
-        self.rs.set_entries_protect(protect);
-        Ok(())
-    }
-
-    pub(super) fn has_set_entries(&self) -> bool {
-        self.sets.values().any(|s| !s.entries.is_empty())
-    }
-
-    /// The sets' rows for `rule ls`, `stats`, `inspect` (the snapshot).
-    pub(super) fn set_rows(&self) -> Vec<super::views::SetRow> {
-        self.sets
-            .values()
-            .map(|s| super::views::SetRow {
-                view: s.view(),
-                slot: s.slot,
-                spec4: s.spec4.clone(),
-                spec6: s.spec6.clone(),
-                entries: s.entries.clone(),
-            })
-            .collect()
+        (msg, counts)
     }
 }
 
@@ -1105,7 +1004,7 @@ fn n_entries(s: &SetState) -> usize {
 
 /// One step of a reload's set change, for its undo: the set from `before`
 /// to `after`, and whether `after` took a new slot.
-struct Step {
+pub(super) struct Step {
     before: Option<SetState>,
     after: Option<SetState>,
     new_slot: bool,
@@ -1118,21 +1017,43 @@ fn common(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
     sets::diff(a, b).keep
 }
 
-impl Daemon {
-    /// Reads and checks the config's `[[set]]`s for a reload, against the
-    /// rules and protected prefixes it will put in force: every list file
-    /// read and parsed, each set's rule against its entries, no entry a
-    /// rule's prefix or inside a protected prefix (named `FILE:LINE`). The
-    /// kernel is not touched.
-    pub(super) fn plan_config_sets(
+/// A reload's set change as it is written ([`Sets::config_removals`],
+/// [`Sets::config_slots`], [`Sets::config_additions`]): the steps done,
+/// for the undo, and the sets as they end.
+#[derive(Default)]
+pub(super) struct ConfigWrite {
+    steps: Vec<Step>,
+    /// (the set between the removals and the additions, the set as it
+    /// ends).
+    finals: Vec<(Option<SetState>, SetState)>,
+}
+
+impl ConfigWrite {
+    /// The steps done, the removals' (written before the rules) apart from
+    /// the additions' (after): an undo puts the additions back, then the
+    /// rules, then the removals.
+    pub(super) fn split(self) -> (Vec<Step>, Vec<Step>) {
+        self.steps.into_iter().partition(|s| !s.late)
+    }
+}
+
+impl Sets {
+    /// Reads and checks the config's `[[set]]`s for a reload (`config`:
+    /// the config file's path, their list files relative to it), against
+    /// the rules and protected prefixes it will put in force: every list
+    /// file read and parsed, each set's rule against its entries, no entry
+    /// a rule's prefix or inside a protected prefix (named `FILE:LINE`).
+    /// The kernel is not touched.
+    pub(super) fn plan_config(
         &self,
+        config: &Path,
         declared: &[sets::SetConfig],
         want: &BTreeMap<RuleKey, RuleSpec>,
-        protect: &crate::protect::Protect,
+        protect: &Protect,
     ) -> Result<ConfigSets> {
         let mut plan = ConfigSets::default();
         for sc in declared {
-            let l = sets::read_config_list(self.file.path(), sc)?;
+            let l = sets::read_config_list(config, sc)?;
             let rule = sc.rule();
             let (spec4, spec6) = sets::specs(&sc.name, &rule, &l.list.entries)?;
             let file = l.path.display().to_string();
@@ -1141,7 +1062,7 @@ impl Daemon {
                 .map_err(|e| {
                     Error::Invalid(format!("set '{}': {}", sc.name, e.to_string().replace("; nothing imported", "")))
                 })?;
-            let old = self.sets.get(&sc.name);
+            let old = self.by_name.get(&sc.name);
             if let Some(o) = old
                 && o.origin == Origin::Config
                 && o.header.rule == rule
@@ -1161,7 +1082,7 @@ impl Daemon {
             };
             plan.changes.push((old.cloned(), Some(new)));
         }
-        for s in self.sets.values().filter(|s| s.origin == Origin::Config) {
+        for s in self.by_name.values().filter(|s| s.origin == Origin::Config) {
             if !declared.iter().any(|d| d.name == s.header.name) {
                 plan.changes.push((Some(s.clone()), None));
             }
@@ -1169,21 +1090,24 @@ impl Daemon {
         Ok(plan)
     }
 
-    /// A dry run's reload: the rules planned (with the new protected
-    /// prefixes, already set), a slot for each added set as the real
-    /// reload takes one, and the sets after (what the owner keeps for the
-    /// preview); nothing written.
-    pub(super) fn preview_config_sets(&self, plan: &ConfigSets, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<Capture> {
-        let rules = self.rs.plan(want)?;
-        let free = self.rs.free_slot_count() + rules.freed.len() - rules.taken.len();
+    /// A dry run's reload: the rules of `rs` planned to `want` (with the
+    /// new protected prefixes, already set), a slot for each added set as
+    /// the real reload takes one, and the sets after (what the owner keeps
+    /// for the preview); nothing written.
+    pub(super) fn preview_config(
+        &self,
+        plan: &ConfigSets,
+        rs: &RuleSet,
+        want: &BTreeMap<RuleKey, RuleSpec>,
+    ) -> Result<(super::Rules, SetsAfter)> {
+        let rules = rs.plan(want)?;
+        let free = rs.free_slot_count() + rules.freed.len() - rules.taken.len();
         let added = plan.changes.iter().filter(|(o, n)| o.is_none() && n.is_some()).count();
         if added > free {
-            return Err(super::plan::limit(format!("this policer holds {} rules", self.rs.capacity())));
+            return Err(super::plan::limit(format!("this policer holds {} rules", rs.capacity())));
         }
-        let mut sets = self.sets.clone();
-        let mut changes = Vec::new();
+        let mut sets = self.by_name.clone();
         for (old, new) in &plan.changes {
-            changes.push(super::dryrun::set_change(old.as_ref(), new.as_ref()));
             match (old, new) {
                 (Some(o), None) => {
                     sets.remove(&o.header.name);
@@ -1195,124 +1119,126 @@ impl Daemon {
                 (None, None) => {}
             }
         }
-        Ok(Capture {
-            rules: Some(rules.rules),
-            sets: Some(sets),
-            set_changes: changes,
-            protect: Some(self.rs.protect().clone()),
-        })
+        Ok((rules.rules, SetsAfter { sets, changes: plan.changes.clone() }))
     }
 
-    /// Writes a reload: the sets' removals (entries that go, values that
-    /// change), then the rules (`want`), then the sets' additions; all or
-    /// nothing (a failure puts sets and rules back). In that order a prefix
-    /// that passes from a set to a rule, or back, is never deleted after
-    /// it was written.
-    pub(super) fn apply_with_config_sets(
+    /// A reload's first writes, before the rules: of each set that changes
+    /// or goes, the entries that go, and the new values of those kept (a
+    /// changed rule: its limiter in `policer`, a new id from `rs`). Each
+    /// step is recorded in `w` before it is written.
+    pub(super) fn config_removals(
         &mut self,
-        plan: ConfigSets,
-        want: &BTreeMap<RuleKey, RuleSpec>,
-        before: &BTreeMap<RuleKey, RuleSpec>,
+        plan: &ConfigSets,
+        rs: &mut RuleSet,
+        policer: &mut Policer,
+        w: &mut ConfigWrite,
     ) -> Result<()> {
-        let mut steps: Vec<Step> = Vec::new();
-        let mut finals: Vec<(Option<SetState>, SetState)> = Vec::new();
-        let r = (|| -> Result<()> {
-            // Removals first: what goes, and kept entries' new values.
-            for (old, new) in &plan.changes {
-                let Some(o) = old else { continue };
-                let mut same = true;
-                let mid = match new {
-                    Some(n) => {
-                        same = o.spec4 == n.spec4 && o.spec6 == n.spec6;
-                        let id = if same { o.id } else { self.rs.new_id() };
-                        let full = SetState { id, slot: o.slot, ..n.clone() };
-                        let mid = SetState { entries: Arc::new(common(&o.entries, &n.entries)), ..full.clone() };
-                        finals.push((Some(mid.clone()), full));
-                        Some(mid)
-                    }
-                    None => None,
-                };
-                steps.push(Step { before: Some(o.clone()), after: mid.clone(), new_slot: false, late: false });
-                if let Some(m) = &mid
-                    && !same
-                {
-                    prepare(&mut self.policer, &m.spec4, o.slot)?;
+        for (old, new) in &plan.changes {
+            let Some(o) = old else { continue };
+            let mut same = true;
+            let mid = match new {
+                Some(n) => {
+                    same = o.spec4 == n.spec4 && o.spec6 == n.spec6;
+                    let id = if same { o.id } else { rs.new_id() };
+                    let full = SetState { id, slot: o.slot, ..n.clone() };
+                    let mid = SetState { entries: Arc::new(common(&o.entries, &n.entries)), ..full.clone() };
+                    w.finals.push((Some(mid.clone()), full));
+                    Some(mid)
                 }
-                let fds = self.policer.trie_writer()?;
-                self.transition(fds, Some(o), mid.as_ref())?;
-                match mid {
-                    Some(m) => self.sets.insert(m.header.name.clone(), m),
-                    None => self.sets.remove(&o.header.name),
-                };
+                None => None,
+            };
+            w.steps.push(Step { before: Some(o.clone()), after: mid.clone(), new_slot: false, late: false });
+            if let Some(m) = &mid
+                && !same
+            {
+                prepare(policer, &m.spec4, o.slot)?;
             }
-            self.apply(want)?;
-            for (old, new) in &plan.changes {
-                if old.is_none()
-                    && let Some(n) = new
-                {
-                    let slot = self.rs.take_slot()?;
-                    let full = SetState { id: self.rs.new_id(), slot, ..n.clone() };
-                    steps.push(Step { before: None, after: Some(full.clone()), new_slot: true, late: true });
-                    self.policer.reset_rule_counters(slot)?;
-                    prepare(&mut self.policer, &full.spec4, slot)?;
-                    finals.push((None, full));
+            let fds = policer.trie_writer()?;
+            self.transition(rs, fds, Some(o), mid.as_ref())?;
+            match mid {
+                Some(m) => self.put(m),
+                None => {
+                    self.by_name.remove(&o.header.name);
                 }
             }
-            if finals.iter().any(|(_, f)| !f.entries.is_empty()) {
-                self.fast_path_off()?;
-            }
-            // The additions.
-            let fds = self.policer.trie_writer()?;
-            for (mid, full) in &finals {
-                if mid.is_some() {
-                    steps.push(Step { before: mid.clone(), after: Some(full.clone()), new_slot: false, late: true });
-                }
-                self.transition(fds, mid.as_ref(), Some(full))?;
-                self.sets.insert(full.header.name.clone(), full.clone());
-            }
-            Ok(())
-        })();
-        if let Err(e) = r {
-            return Err(self.undo_config_sets(steps, before, e));
         }
-        // Removed sets' slots are free now; a replaced saved set's state
-        // file would bring it back at a restart.
+        Ok(())
+    }
+
+    /// After the rules: each added set's slot (from `rs`), counters and
+    /// limiter. Whether a set of the reload will hold entries (the fast
+    /// path must be off before they are written).
+    pub(super) fn config_slots(
+        &mut self,
+        plan: &ConfigSets,
+        rs: &mut RuleSet,
+        policer: &mut Policer,
+        w: &mut ConfigWrite,
+    ) -> Result<bool> {
+        for (old, new) in &plan.changes {
+            if old.is_none()
+                && let Some(n) = new
+            {
+                let slot = rs.take_slot()?;
+                let full = SetState { id: rs.new_id(), slot, ..n.clone() };
+                w.steps.push(Step { before: None, after: Some(full.clone()), new_slot: true, late: true });
+                policer.reset_rule_counters(slot)?;
+                prepare(policer, &full.spec4, slot)?;
+                w.finals.push((None, full));
+            }
+        }
+        Ok(w.finals.iter().any(|(_, f)| !f.entries.is_empty()))
+    }
+
+    /// The reload's last writes: every changed or added set's entries as
+    /// they end.
+    pub(super) fn config_additions(&mut self, rs: &RuleSet, policer: &Policer, w: &mut ConfigWrite) -> Result<()> {
+        let fds = policer.trie_writer()?;
+        for (mid, full) in &w.finals {
+            if mid.is_some() {
+                w.steps.push(Step { before: mid.clone(), after: Some(full.clone()), new_slot: false, late: true });
+            }
+            self.transition(rs, fds, mid.as_ref(), Some(full))?;
+            self.put(full.clone());
+        }
+        Ok(())
+    }
+
+    /// A reload's sets written: removed sets' slots are free now (in
+    /// `rs`); a replaced saved set's state file, which would bring it back
+    /// at a restart, goes.
+    pub(super) fn config_done(&self, plan: ConfigSets, rs: &mut RuleSet) {
         for (old, new) in &plan.changes {
             if let Some(o) = old {
                 if new.is_none() {
-                    self.rs.free_slot(o.slot);
+                    rs.free_slot(o.slot);
                 }
                 if o.origin == Origin::Saved
-                    && let Err(e) = sets::remove(&self.sets_dir, &o.header.name)
+                    && let Err(e) = sets::remove(&self.dir, &o.header.name)
                 {
                     say_err!("policer: set '{}' replaced, but not its state file: {e}", o.header.name);
                 }
             }
         }
-        self.changed = true;
-        self.sync_fast_path()
     }
 
-    /// Puts a failed reload's sets and rules back, last step first (the
-    /// rules between the removals and the additions, as they were written).
-    fn undo_config_sets(&mut self, steps: Vec<Step>, before: &BTreeMap<RuleKey, RuleSpec>, e: Error) -> Error {
-        let mut failed = Vec::new();
-        let mut rules_back = false;
+    /// Puts the sets of a failed reload's `steps` back, last step first
+    /// (`failed`: what could not be put back).
+    pub(super) fn undo_config(
+        &mut self,
+        steps: Vec<Step>,
+        rs: &mut RuleSet,
+        policer: &mut Policer,
+        failed: &mut Vec<String>,
+    ) {
         for st in steps.into_iter().rev() {
-            // The removals came before the rules: the rules go back first.
-            if !st.late && !rules_back {
-                rules_back = true;
-                if let Err(u) = self.apply(before) {
-                    failed.push(u.to_string());
-                }
-            }
             let r = (|| -> Result<()> {
-                let fds = self.policer.trie_writer()?;
-                self.transition(fds, st.after.as_ref(), st.before.as_ref())?;
+                let fds = policer.trie_writer()?;
+                self.transition(rs, fds, st.after.as_ref(), st.before.as_ref())?;
                 if let Some(b) = &st.before
                     && st.after.as_ref().is_some_and(|a| a.spec4 != b.spec4)
                 {
-                    prepare(&mut self.policer, &b.spec4, b.slot)?;
+                    prepare(policer, &b.spec4, b.slot)?;
                 }
                 Ok(())
             })();
@@ -1322,29 +1248,17 @@ impl Daemon {
             let name = st.after.as_ref().or(st.before.as_ref()).map(|s| s.header.name.clone()).unwrap_or_default();
             match st.before {
                 Some(b) => {
-                    self.sets.insert(name, b);
+                    self.by_name.insert(name, b);
                 }
                 None => {
-                    self.sets.remove(&name);
+                    self.by_name.remove(&name);
                 }
             }
             if st.new_slot
                 && let Some(a) = &st.after
             {
-                self.rs.free_slot(a.slot);
+                rs.free_slot(a.slot);
             }
-        }
-        if !rules_back && let Err(u) = self.apply(before) {
-            failed.push(u.to_string());
-        }
-        let _ = self.sync_fast_path();
-        if failed.is_empty() {
-            Error::Invalid(format!("{e}; nothing changed"))
-        } else {
-            Error::Invalid(format!(
-                "{e}; and putting the rules and sets back failed too: {} (see `policer rule ls`)",
-                failed.join("; ")
-            ))
         }
     }
 }
@@ -1493,7 +1407,7 @@ impl Loaded {
 }
 
 /// The tries' writes for one set going from `old` to `new` beside the
-/// other sets of `sets` (see [`Daemon::transition`]): one definition for
+/// other sets of `sets` (see [`Sets::transition`]): one definition for
 /// the daemon and `policer replay` ([`install_offline`]).
 fn transition(
     fds: TrieWriter,
@@ -1520,12 +1434,12 @@ fn transition(
 }
 
 /// Entries an import writes between two looks at the ends that came due
-/// ([`Daemon::import_transition`]): two writers' batches, a quarter of a
+/// (`owner.rs`: `Daemon::import_transition`): two writers' batches, a quarter of a
 /// second or so.
-const IMPORT_STEP: usize = 2 * CHUNK;
+pub(super) const IMPORT_STEP: usize = 2 * CHUNK;
 
 /// The manual bans of `rs`: each prefix and the value the tries hold there.
-fn ban_values(rs: &super::ruleset::RuleSet) -> Vec<(IpNet, Rule)> {
+pub(super) fn ban_values(rs: &super::ruleset::RuleSet) -> Vec<(IpNet, Rule)> {
     rs.rules()
         .keys()
         .filter(|k| k.ban)
@@ -1535,7 +1449,7 @@ fn ban_values(rs: &super::ruleset::RuleSet) -> Vec<(IpNet, Rule)> {
 
 /// `nets` but those the rules of `rs` hold too (a manual ban at an entry's
 /// prefix): removing the entry leaves the ban's trie entry alone.
-fn not_rules<'a>(rs: &super::ruleset::RuleSet, nets: &'a [IpNet]) -> std::borrow::Cow<'a, [IpNet]> {
+pub(super) fn not_rules<'a>(rs: &super::ruleset::RuleSet, nets: &'a [IpNet]) -> std::borrow::Cow<'a, [IpNet]> {
     let bans: Vec<IpNet> = rs.rules().keys().filter(|k| k.ban).map(|k| k.net).collect();
     if bans.iter().all(|b| nets.binary_search(b).is_err()) {
         return std::borrow::Cow::Borrowed(nets);
@@ -1592,14 +1506,20 @@ pub(super) fn install_offline(
     Ok(out)
 }
 
-impl Daemon {
+impl Sets {
     /// Installs the sets read at start: each keeps the counter slot its
     /// entries have in the kernel (an adopted program), or takes one. What
     /// it changes in an adopted program is recorded in `undo` first. The
     /// sets that expired while the daemon was down are left out (and their
     /// entries removed); their names are returned, for the start to remove
     /// their files once it commits (a failed start leaves them).
-    pub(super) fn install_sets(&mut self, loaded: Loaded, undo: &mut impl SetUndo) -> Result<Vec<String>> {
+    pub(super) fn install(
+        &mut self,
+        loaded: Loaded,
+        rs: &mut RuleSet,
+        policer: &mut Policer,
+        undo: &mut impl SetUndo,
+    ) -> Result<Vec<String>> {
         let mut expired = Vec::new();
         let now = crate::duration::unix_ms();
         let config = loaded.config;
@@ -1620,32 +1540,32 @@ impl Daemon {
                 // kept out of the rules' sync).
                 // Not a prefix the rules now hold (a manual ban or a rule
                 // at an entry's prefix: the rules' sync wrote it again).
-                let held = &self.rs.compiled().prefixes;
+                let held = &rs.compiled().prefixes;
                 let old: BTreeMap<IpNet, Rule> = old.into_iter().filter(|(n, _)| !held.contains_key(n)).collect();
                 if !old.is_empty() {
                     let gone: Vec<IpNet> = old.keys().copied().collect();
                     undo.entries(Arc::new(gone.clone()), old)?;
-                    delete(self.policer.trie_writer()?, &gone)?;
+                    delete(policer.trie_writer()?, &gone)?;
                 }
                 expired.push(h.name);
                 continue;
             }
-            let (spec4, spec6) = self.set_specs(&h.name, &h.rule, &l.entries)?;
+            let (spec4, spec6) = sets::specs(&h.name, &h.rule, &l.entries)?;
             let from_config = config.get(&h.name);
-            let file = from_config.cloned().unwrap_or_else(|| sets::sets_dir_file(&self.sets_dir, &h.name));
-            self.check_set_conflicts(&l.entries, spec4.action, |n| {
+            let file = from_config.cloned().unwrap_or_else(|| sets::sets_dir_file(&self.dir, &h.name));
+            check_set_conflicts(rs, &l.entries, spec4.action, |n| {
                 let text = std::fs::read(&file).unwrap_or_default();
                 where_in(&file.display().to_string(), &text, n)
             })?;
             let slot = match k {
-                Some(r) if self.rs.mark_slot_used(r.counter_slot) => r.counter_slot,
+                Some(r) if rs.mark_slot_used(r.counter_slot) => r.counter_slot,
                 _ => {
-                    let s = self.rs.take_slot()?;
-                    undo.zeroing_counters(&mut self.policer, s)?;
+                    let s = rs.take_slot()?;
+                    undo.zeroing_counters(policer, s)?;
                     s
                 }
             };
-            let id = self.rs.new_id();
+            let id = rs.new_id();
             let origin = if from_config.is_some() { Origin::Config } else { Origin::Saved };
             let mut s = SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries), origin };
             // The same rule as the kernel's keeps its id (its buckets go on).
@@ -1657,19 +1577,19 @@ impl Daemon {
                 }
             }
             undo.limiter(slot)?;
-            prepare(&mut self.policer, &s.spec4, slot)?;
+            prepare(policer, &s.spec4, slot)?;
             undo.entries(s.entries.clone(), old)?;
-            self.transition(self.policer.trie_writer()?, None, Some(&s))?;
-            self.sets.insert(s.header.name.clone(), s);
+            self.transition(rs, policer.trie_writer()?, None, Some(&s))?;
+            self.put(s);
         }
         Ok(expired)
     }
 
     /// Removes the state files of sets that expired while the daemon was
-    /// down (see [`Daemon::install_sets`]).
+    /// down (see [`Sets::install`]).
     pub(super) fn remove_expired(&self, names: &[String], out: &mut impl std::io::Write) {
         for n in names {
-            match sets::remove(&self.sets_dir, n) {
+            match sets::remove(&self.dir, n) {
                 Ok(()) => {
                     let _ = writeln!(out, "policer: set '{n}' expired while the daemon was stopped; removed");
                 }

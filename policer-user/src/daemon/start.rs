@@ -228,9 +228,7 @@ impl Daemon {
             bans: Default::default(),
             audit: Default::default(),
             metrics_addr,
-            sets: BTreeMap::new(),
-            sets_dir,
-            feed_set: s.crowdsec.as_ref().map(|c| c.set.clone()),
+            sets: super::sets::Sets::new(sets_dir, s.crowdsec.as_ref().map(|c| c.set.clone())),
             dry: None,
             group: None,
             feed: s.crowdsec.clone(),
@@ -253,11 +251,11 @@ impl Daemon {
         d.sync_fast_path()?;
         undo.commit()?;
         d.finished = false;
-        d.remove_expired(&expired, out);
+        d.sets.remove_expired(&expired, out);
         // A config set replaced the saved set of its name: its state file
         // would bring it back at a restart without the [[set]] table.
         for n in &replaced {
-            if let Err(e) = crate::sets::remove(&d.sets_dir, n) {
+            if let Err(e) = crate::sets::remove(d.sets.dir(), n) {
                 let _ = writeln!(out, "policer: warning: the saved set '{n}' is replaced, but not its state file: {e}");
             }
         }
@@ -270,7 +268,7 @@ impl Daemon {
                     out,
                     "policer: {} is no longer read (its sets are in {} now) and could not be removed: {e}",
                     legacy.display(),
-                    d.sets_dir.display()
+                    d.sets.dir().display()
                 ),
             };
         }
@@ -383,7 +381,7 @@ impl Daemon {
         undo.rules(have, &plan.compiled)?;
         p.sync_rules_from(have, &plan.compiled)?;
         self.rs.commit(plan);
-        self.install_sets(sets, undo)
+        self.sets.install(sets, &mut self.rs, &mut self.policer, undo)
     }
 }
 

@@ -88,6 +88,19 @@ pub struct SetRow {
     pub entries: Arc<Vec<ipnet::IpNet>>,
 }
 
+/// The sets' rows for `rule ls`, `stats`, `inspect` (the snapshot).
+pub(super) fn set_rows(sets: &BTreeMap<String, super::sets::SetState>) -> Vec<SetRow> {
+    sets.values()
+        .map(|s| SetRow {
+            view: s.view(),
+            slot: s.slot,
+            spec4: s.spec4.clone(),
+            spec6: s.spec6.clone(),
+            entries: s.entries.clone(),
+        })
+        .collect()
+}
+
 impl SetRow {
     /// The longest entry that holds `addr`: a lookup per prefix length.
     pub fn entry_for(&self, addr: IpAddr) -> Option<ipnet::IpNet> {
