@@ -82,6 +82,40 @@ fn verdicts(c: &CountersView) -> [(&'static str, u64, u64); 3] {
 /// policed, whether our program is the one attached to it now.
 pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)]) -> String {
     let mut reg = Registry::with_prefix("policer");
+    // The families are written in the order they are registered.
+    interface_metrics(&mut reg, s, attached);
+    rule_metrics(&mut reg, s);
+    table_metrics(&mut reg, s, live, evicted);
+    ban_metrics(&mut reg, &s.bans);
+    config_metrics(&mut reg, &s.config);
+    if let Some(f) = s.feeds.iter().find(|f| f.kind == "crowdsec") {
+        feed_metrics(&mut reg, f);
+    }
+    if let Some(c) = &s.capture {
+        capture_metrics(&mut reg, c);
+    }
+    let mut out = String::new();
+    encode(&mut out, &reg).expect("writing to a String cannot fail");
+    out
+}
+
+/// A counter that reads `v`.
+fn counter(v: u64) -> Counter {
+    let c: Counter = Counter::default();
+    c.inc_by(v);
+    c
+}
+
+/// A gauge that reads `v`.
+fn gauge(v: u64) -> Gauge {
+    let g: Gauge = Gauge::default();
+    g.set(v as i64);
+    g
+}
+
+/// `policer_interface_attached`, and each interface's verdicts and parse
+/// outcomes (`policer_packets`, `policer_bytes`, `policer_parse_packets`).
+fn interface_metrics(reg: &mut Registry, s: &StatsView, attached: &[(String, bool)]) {
     let on = Family::<Iface, Gauge>::default();
     for (iface, yes) in attached {
         on.get_or_create(&Iface { iface: iface.clone() }).set(i64::from(*yes));
@@ -117,7 +151,10 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
         "Frames by parse outcome (unmatched, non_ip and fragment pass; malformed is dropped)",
         parse,
     );
+}
 
+/// `policer_rule_*`: each rule's verdicts, sources and aggregate drops.
+fn rule_metrics(reg: &mut Registry, s: &StatsView) {
     let rpkts = Family::<RuleVerdict, Counter>::default();
     let rbytes = Family::<RuleVerdict, Counter>::default();
     let rsources = Family::<RuleLabel, Counter>::default();
@@ -146,17 +183,11 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
     reg.register("rule_packets", "Frames judged by each rule, by verdict", rpkts);
     reg.register("rule_bytes", "Bytes judged by each rule, by verdict", rbytes);
     reg.register("rule_buckets_created", "Buckets (sources) created under each rule", rsources);
+}
 
-    let counter = |v: u64| {
-        let c: Counter = Counter::default();
-        c.inc_by(v);
-        c
-    };
-    let gauge = |v: u64| {
-        let g: Gauge = Gauge::default();
-        g.set(v as i64);
-        g
-    };
+/// The bucket table, the recall, the new-source limiter and the totals of
+/// all rules (`policer_buckets_created` ... `policer_rules`).
+fn table_metrics(reg: &mut Registry, s: &StatsView, live: u64, evicted: u64) {
     reg.register("buckets_created", "Buckets created in the table", counter(s.table.created));
     reg.register(
         "bucket_evictions",
@@ -205,7 +236,10 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
         "Rules and sets installed (manual bans are in policer_bans_active)",
         gauge(s.rules.len() as u64),
     );
-    let b = &s.bans;
+}
+
+/// `policer_bans_*`, `policer_ban_*`: manual and automatic bans.
+fn ban_metrics(reg: &mut Registry, b: &crate::control::BanStats) {
     let by_origin = |manual: u64, auto: u64| {
         let f = Family::<BanOrigin, Gauge>::default();
         f.get_or_create(&BanOrigin { origin: "manual".into() }).set(manual as i64);
@@ -235,40 +269,35 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
          last scan of it (at most 1 s stale)",
         gauge(b.auto_stored),
     );
+}
+
+/// `policer_config_*`: the config file in force, its reloads and writes.
+fn config_metrics(reg: &mut Registry, c: &crate::control::ConfigStatus) {
     let info = Family::<ConfigLabel, Gauge>::default();
-    info.get_or_create(&ConfigLabel { sha256: s.config.sha256.clone() }).set(1);
+    info.get_or_create(&ConfigLabel { sha256: c.sha256.clone() }).set(1);
     reg.register("config_info", "The config file in force, by the sha256 of its bytes", info);
     reg.register(
         "config_last_reload_success",
         "Whether the last reload of the config file applied it (1) or was refused (0)",
-        gauge(s.config.last_reload_success as u64),
+        gauge(c.last_reload_success as u64),
     );
     reg.register(
         "config_writes",
         "Writes of the config file by rule and ban changes (changes that arrive together share one write)",
-        counter(s.config.writes),
+        counter(c.writes),
     );
     reg.register(
         "config_changes_written",
         "Rule and ban changes written to the config file; divided by policer_config_writes_total: changes per write",
-        counter(s.config.changes_written),
+        counter(c.changes_written),
     );
     let at: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
-    at.set(s.config.last_reload_timestamp_seconds);
+    at.set(c.last_reload_timestamp_seconds);
     reg.register(
         "config_last_reload_timestamp_seconds",
         "When the config file was last reloaded or refused (or the daemon started), Unix time",
         at,
     );
-    if let Some(f) = s.feeds.iter().find(|f| f.kind == "crowdsec") {
-        feed_metrics(&mut reg, f);
-    }
-    if let Some(c) = &s.capture {
-        capture_metrics(&mut reg, c);
-    }
-    let mut out = String::new();
-    encode(&mut out, &reg).expect("writing to a String cannot fail");
-    out
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

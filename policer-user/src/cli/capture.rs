@@ -4,7 +4,7 @@
 //! pcapng (docs/capture.md).
 
 use std::{
-    io::Write,
+    io::{BufReader, Write},
     os::{fd::AsRawFd, unix::net::UnixStream},
     path::PathBuf,
 };
@@ -96,6 +96,57 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let spec = capture_spec(&a)?;
+    spec.check()?;
+    // The output first: a file that cannot be written starts no capture.
+    let mut out = output(&a.write)?;
+    let (message, mut reader) = daemon()?.capture(spec)?;
+    eprintln!("policer: {message}");
+    // Ctrl-C (or SIGTERM) ends the capture as the daemon sees it: our side
+    // of the connection is shut, the daemon sends what it has and the
+    // summary.
+    on_interrupt_shut(reader.get_ref());
+    let bound = max_size(&a.write, a.max_size);
+    let mut written: u64 = 0;
+    let mut frames = crate::capture::FrameCount::default();
+    loop {
+        match read_chunk(&mut reader)? {
+            Some(Chunk::Data(bytes)) => {
+                // The daemon's chunks hold whole blocks: stopping before one
+                // leaves a whole file.
+                if let Some(bound) = bound
+                    && written + bytes.len() as u64 > bound
+                {
+                    out.flush()?;
+                    eprintln!(
+                        "policer: capture stopped at --max-size {bound}: {written} bytes written, every frame whole"
+                    );
+                    return end_at_max_size(&mut reader, &frames);
+                }
+                frames.feed(&bytes);
+                written += bytes.len() as u64;
+                if let Err(e) = out.write_all(&bytes).and_then(|_| out.flush()) {
+                    // A reader of stdout that went away (`| head`): the
+                    // capture ends; the daemon sees the connection close.
+                    if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        return Ok(());
+                    }
+                    anyhow::bail!("-w {}: {e}", a.write);
+                }
+            }
+            Some(Chunk::End(summary)) => {
+                out.flush()?;
+                eprintln!("{}", summary.line());
+                return Ok(());
+            }
+            None => anyhow::bail!("the daemon closed the capture without a summary (it stopped?)"),
+        }
+    }
+}
+
+/// What the arguments ask to capture (the verdicts named, else drops);
+/// its own check ([`CaptureSpec::check`]) is the caller's to make.
+fn capture_spec(a: &Args) -> anyhow::Result<CaptureSpec> {
     let mut verdicts = 0;
     if a.all {
         verdicts = CAPTURE_PASSED | CAPTURE_DROPPED | CAPTURE_WOULD_DROP;
@@ -119,7 +170,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(d) => Some(crate::duration::parse(d)?.as_millis().min(u64::MAX as u128) as u64),
         None => None,
     };
-    let spec = CaptureSpec {
+    Ok(CaptureSpec {
         verdicts,
         rules: a.rules.iter().map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
         source: a.source.clone(),
@@ -127,72 +178,39 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_pps: a.max_pps,
         count: a.count,
         duration_ms,
-    };
-    spec.check()?;
-    // The output first: a file that cannot be written starts no capture.
-    let mut out: Box<dyn Write> = if a.write == "-" {
+    })
+}
+
+/// `-w`'s output: stdout for `-`, else the file, created (or truncated).
+fn output(write: &str) -> anyhow::Result<Box<dyn Write>> {
+    Ok(if write == "-" {
         Box::new(std::io::stdout().lock())
     } else {
-        let path = PathBuf::from(&a.write);
+        let path = PathBuf::from(write);
         Box::new(
             std::fs::File::create(&path)
                 .map_err(|e| anyhow::anyhow!("-w {}: cannot create it: {e}", path.display()))?,
         )
-    };
-    let (message, mut reader) = daemon()?.capture(spec)?;
-    eprintln!("policer: {message}");
-    // Ctrl-C (or SIGTERM) ends the capture as the daemon sees it: our side
-    // of the connection is shut, the daemon sends what it has and the
-    // summary.
-    on_interrupt_shut(reader.get_ref());
-    let bound = max_size(&a.write, a.max_size);
-    let mut written: u64 = 0;
-    let mut frames = crate::capture::FrameCount::default();
+    })
+}
+
+/// The end of a capture stopped at `--max-size` (the output flushed, the
+/// stop said): the daemon's summary, with the frames written (`frames`),
+/// on stderr.
+fn end_at_max_size(reader: &mut BufReader<UnixStream>, frames: &crate::capture::FrameCount) -> anyhow::Result<()> {
+    // The daemon's summary: our side shut, as Ctrl-C does;
+    // what it sends meanwhile is not written.
+    let _ = reader.get_ref().shutdown(std::net::Shutdown::Write);
     loop {
-        match read_chunk(&mut reader)? {
-            Some(Chunk::Data(bytes)) => {
-                // The daemon's chunks hold whole blocks: stopping before one
-                // leaves a whole file.
-                if let Some(bound) = bound
-                    && written + bytes.len() as u64 > bound
-                {
-                    out.flush()?;
-                    eprintln!(
-                        "policer: capture stopped at --max-size {bound}: {written} bytes written, every frame whole"
-                    );
-                    // The daemon's summary: our side shut, as Ctrl-C does;
-                    // what it sends meanwhile is not written.
-                    let _ = reader.get_ref().shutdown(std::net::Shutdown::Write);
-                    loop {
-                        match read_chunk(&mut reader)? {
-                            Some(Chunk::Data(_)) => {}
-                            Some(Chunk::End(mut summary)) => {
-                                summary.written = frames.frames;
-                                summary.ended = "--max-size".into();
-                                eprintln!("{}", summary.line());
-                                return Ok(());
-                            }
-                            None => return Ok(()),
-                        }
-                    }
-                }
-                frames.feed(&bytes);
-                written += bytes.len() as u64;
-                if let Err(e) = out.write_all(&bytes).and_then(|_| out.flush()) {
-                    // A reader of stdout that went away (`| head`): the
-                    // capture ends; the daemon sees the connection close.
-                    if e.kind() == std::io::ErrorKind::BrokenPipe {
-                        return Ok(());
-                    }
-                    anyhow::bail!("-w {}: {e}", a.write);
-                }
-            }
-            Some(Chunk::End(summary)) => {
-                out.flush()?;
+        match read_chunk(reader)? {
+            Some(Chunk::Data(_)) => {}
+            Some(Chunk::End(mut summary)) => {
+                summary.written = frames.frames;
+                summary.ended = "--max-size".into();
                 eprintln!("{}", summary.line());
                 return Ok(());
             }
-            None => anyhow::bail!("the daemon closed the capture without a summary (it stopped?)"),
+            None => return Ok(()),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! a kept program is policing anyway.
 
 use super::daemon;
+use crate::control::{FeedStatus, StatusView};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,6 +28,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
+    print_daemon(&s);
+    print_config(&s);
+    print_enforced(&s);
+    for f in &s.feeds {
+        print_feed(f);
+    }
+    if s.version.is_some() {
+        match &s.metrics {
+            Some(m) => println!("metrics: http://{m}/metrics"),
+            None => println!("metrics: not served (attach --metrics ADDR serves them)"),
+        }
+    }
+    Ok(())
+}
+
+/// The daemon (version, pid, uptime, program, what it does on exit) and
+/// its interfaces with their modes.
+fn print_daemon(s: &StatusView) {
     let version = s.version.as_deref().map_or_else(|| "policer daemon".to_string(), |v| format!("policer {v} daemon"));
     let up = s
         .uptime_seconds
@@ -51,6 +70,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .join(", ")
     };
     println!("interfaces: {ifaces}");
+}
+
+/// The config file, whether it is writable, its rules, and a last reload
+/// that was not applied.
+fn print_config(s: &StatusView) {
     let runtime = if s.runtime_rules > 0 {
         format!(" ({} not persisted: set or removed with --runtime; `policer rule ls` shows which)", s.runtime_rules)
     } else {
@@ -70,6 +94,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             c.last_reload_error.as_deref().unwrap_or("(no reason recorded)")
         );
     }
+}
+
+/// The sets, bans, protected prefixes and running captures, each when the
+/// daemon says them.
+fn print_enforced(s: &StatusView) {
     if let Some(sets) = &s.sets {
         let text = if sets.is_empty() {
             "none".to_string()
@@ -96,38 +125,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(n) => println!("captures: {n} running (`policer stats` counts their frames)"),
         None => {}
     }
-    for f in &s.feeds {
-        let when = |t: f64| {
-            if t <= 0.0 { "never".to_string() } else { crate::duration::rfc3339((t * 1000.0) as u64) }
-        };
-        let state = if f.last_sync_success {
-            format!("last pull ok at {}", when(f.last_sync_timestamp_seconds))
-        } else {
-            format!(
-                "last pull FAILED at {} ({}); last success {}",
-                when(f.last_sync_timestamp_seconds),
-                f.last_error.as_deref().unwrap_or("no reason recorded"),
-                when(f.last_success_timestamp_seconds)
-            )
-        };
-        let skipped: u64 = f.skipped.values().sum();
-        println!(
-            "feed: {} {} into set '{}': {} decisions in force ({} prefixes), {skipped} not applied; {state}{}",
-            f.kind,
-            f.url,
-            f.set,
-            f.decisions,
-            f.prefixes,
-            if f.publish { format!("; publishes automatic bans ({} posted)", f.published) } else { String::new() }
-        );
-    }
-    if s.version.is_some() {
-        match &s.metrics {
-            Some(m) => println!("metrics: http://{m}/metrics"),
-            None => println!("metrics: not served (attach --metrics ADDR serves them)"),
-        }
-    }
-    Ok(())
+}
+
+/// A decision feed: where it pulls from, into which set, what is in force,
+/// and how its last pull went.
+fn print_feed(f: &FeedStatus) {
+    let when = |t: f64| {
+        if t <= 0.0 { "never".to_string() } else { crate::duration::rfc3339((t * 1000.0) as u64) }
+    };
+    let state = if f.last_sync_success {
+        format!("last pull ok at {}", when(f.last_sync_timestamp_seconds))
+    } else {
+        format!(
+            "last pull FAILED at {} ({}); last success {}",
+            when(f.last_sync_timestamp_seconds),
+            f.last_error.as_deref().unwrap_or("no reason recorded"),
+            when(f.last_success_timestamp_seconds)
+        )
+    };
+    let skipped: u64 = f.skipped.values().sum();
+    println!(
+        "feed: {} {} into set '{}': {} decisions in force ({} prefixes), {skipped} not applied; {state}{}",
+        f.kind,
+        f.url,
+        f.set,
+        f.decisions,
+        f.prefixes,
+        if f.publish { format!("; publishes automatic bans ({} posted)", f.published) } else { String::new() }
+    );
 }
 
 /// No daemon: exit status 3, and any policer program left attached named

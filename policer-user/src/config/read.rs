@@ -416,26 +416,6 @@ impl Reader {
                 ok = false;
                 continue;
             };
-            let bad = |r: &mut Reader, is_not: &str, write: &str| {
-                let at = r.line(v.span());
-                r.push(Some(at), format!("crowdsec.{key}: {} is not {is_not}; write {write}", shown(v.get_ref())));
-                false
-            };
-            let text = match v.get_ref() {
-                DeValue::String(s) => Some(s.to_string()),
-                _ => None,
-            };
-            let list = match v.get_ref() {
-                DeValue::Array(a) if a.iter().all(|i| matches!(i.get_ref(), DeValue::String(_))) => Some(
-                    a.iter()
-                        .filter_map(|i| match i.get_ref() {
-                            DeValue::String(s) => Some(s.to_string()),
-                            _ => None,
-                        })
-                        .collect::<Vec<_>>(),
-                ),
-                _ => None,
-            };
             let good = match field {
                 C::LapiUrl
                 | C::ApiKey
@@ -445,94 +425,26 @@ impl Reader {
                 | C::Set
                 | C::MachineId
                 | C::Password
-                | C::PasswordFile => match text {
-                    Some(s) if field == C::LapiUrl => {
-                        url = true;
-                        c.lapi_url = s;
-                        true
-                    }
-                    Some(s) => {
-                        *match field {
-                            C::ApiKey => &mut c.api_key,
-                            C::ApiKeyFile => &mut c.api_key_file,
-                            C::UpdateFrequency => &mut c.update_frequency,
-                            C::Action => &mut c.action,
-                            C::Set => &mut c.set,
-                            C::MachineId => &mut c.machine_id,
-                            C::Password => &mut c.password,
-                            _ => &mut c.password_file,
-                        } = Some(s);
-                        true
-                    }
-                    // A secret's value is never quoted back.
-                    None if matches!(field, C::ApiKey | C::Password) => {
-                        let at = self.line(v.span());
-                        self.push(Some(at), format!("crowdsec.{key}: not a string; write {key} = \"...\""));
-                        false
-                    }
-                    None => bad(self, "a string", &format!("{key} = \"...\"")),
-                },
+                | C::PasswordFile => self.crowdsec_string(&mut c, field, key, v),
                 C::Origins
                 | C::Scopes
                 | C::Scenarios
                 | C::ScenariosContaining
                 | C::ScenariosNotContaining
-                | C::Types => match list {
-                    Some(l) => {
-                        *match field {
-                            C::Origins => &mut c.origins,
-                            C::Scopes => &mut c.scopes,
-                            C::Scenarios => &mut c.scenarios,
-                            C::ScenariosContaining => &mut c.scenarios_containing,
-                            C::ScenariosNotContaining => &mut c.scenarios_not_containing,
-                            _ => &mut c.types,
-                        } = l;
-                        true
-                    }
-                    None => bad(self, "a list of strings", &format!("{key} = [\"...\"]")),
-                },
+                | C::Types => self.crowdsec_list(&mut c, field, key, v),
                 C::Publish => match v.get_ref() {
                     DeValue::Boolean(b) => {
                         c.publish = *b;
                         true
                     }
-                    _ => bad(self, "true or false", "publish = true"),
+                    _ => self.crowdsec_bad(key, v, "true or false", "publish = true"),
                 },
-                C::MinPrefixLenV4 | C::MinPrefixLenV6 => {
-                    let v4 = field == C::MinPrefixLenV4;
-                    let max = if v4 { 32 } else { 128 };
-                    match unsigned(v.get_ref(), max) {
-                        Some(n) => {
-                            if v4 {
-                                c.min_prefix_len_v4 = Some(n as u8);
-                            } else {
-                                c.min_prefix_len_v6 = Some(n as u8);
-                            }
-                            true
-                        }
-                        None => bad(self, &format!("a prefix length of at most {max}"), &format!("{key} = 8")),
-                    }
-                }
-                C::MaxCoverV4 | C::MaxCoverV6 => {
-                    let v4 = field == C::MaxCoverV4;
-                    let max = if v4 { 32 } else { 128 };
-                    match unsigned(v.get_ref(), max) {
-                        Some(n) => {
-                            if v4 {
-                                c.max_cover_v4 = Some(n as u8);
-                            } else {
-                                c.max_cover_v6 = Some(n as u8);
-                            }
-                            true
-                        }
-                        None => bad(
-                            self,
-                            &format!("a prefix length of at most {max}"),
-                            &format!("{key} = {}", if v4 { 7 } else { 31 }),
-                        ),
-                    }
+                C::MinPrefixLenV4 | C::MinPrefixLenV6 | C::MaxCoverV4 | C::MaxCoverV6 => {
+                    self.crowdsec_prefix_len(&mut c, field, key, v)
                 }
             };
+            // A lapi_url that is a string is the one the feed pulls from.
+            url |= field == C::LapiUrl && good;
             ok &= good;
         }
         if !url {
@@ -541,6 +453,120 @@ impl Reader {
             ok = false;
         }
         ok.then_some(c)
+    }
+
+    /// A problem with `crowdsec.{key}`'s value: what it is not, and an
+    /// example; false, for the key's reading.
+    fn crowdsec_bad(&mut self, key: &str, v: &Spanned<DeValue<'_>>, is_not: &str, write: &str) -> bool {
+        let at = self.line(v.span());
+        self.push(Some(at), format!("crowdsec.{key}: {} is not {is_not}; write {write}", shown(v.get_ref())));
+        false
+    }
+
+    /// One of `[crowdsec]`'s string keys (`field`, named `key` in the
+    /// file): whether its value is a string, kept in `c`.
+    fn crowdsec_string(
+        &mut self,
+        c: &mut crate::crowdsec::CrowdsecConfig,
+        field: C,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+    ) -> bool {
+        let text = match v.get_ref() {
+            DeValue::String(s) => Some(s.to_string()),
+            _ => None,
+        };
+        match text {
+            Some(s) if field == C::LapiUrl => {
+                c.lapi_url = s;
+                true
+            }
+            Some(s) => {
+                *match field {
+                    C::ApiKey => &mut c.api_key,
+                    C::ApiKeyFile => &mut c.api_key_file,
+                    C::UpdateFrequency => &mut c.update_frequency,
+                    C::Action => &mut c.action,
+                    C::Set => &mut c.set,
+                    C::MachineId => &mut c.machine_id,
+                    C::Password => &mut c.password,
+                    _ => &mut c.password_file,
+                } = Some(s);
+                true
+            }
+            // A secret's value is never quoted back.
+            None if matches!(field, C::ApiKey | C::Password) => {
+                let at = self.line(v.span());
+                self.push(Some(at), format!("crowdsec.{key}: not a string; write {key} = \"...\""));
+                false
+            }
+            None => self.crowdsec_bad(key, v, "a string", &format!("{key} = \"...\"")),
+        }
+    }
+
+    /// One of `[crowdsec]`'s list keys (`field`, named `key` in the file):
+    /// whether its value is a list of strings, kept in `c`.
+    fn crowdsec_list(
+        &mut self,
+        c: &mut crate::crowdsec::CrowdsecConfig,
+        field: C,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+    ) -> bool {
+        let list = match v.get_ref() {
+            DeValue::Array(a) if a.iter().all(|i| matches!(i.get_ref(), DeValue::String(_))) => Some(
+                a.iter()
+                    .filter_map(|i| match i.get_ref() {
+                        DeValue::String(s) => Some(s.to_string()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        };
+        match list {
+            Some(l) => {
+                *match field {
+                    C::Origins => &mut c.origins,
+                    C::Scopes => &mut c.scopes,
+                    C::Scenarios => &mut c.scenarios,
+                    C::ScenariosContaining => &mut c.scenarios_containing,
+                    C::ScenariosNotContaining => &mut c.scenarios_not_containing,
+                    _ => &mut c.types,
+                } = l;
+                true
+            }
+            None => self.crowdsec_bad(key, v, "a list of strings", &format!("{key} = [\"...\"]")),
+        }
+    }
+
+    /// One of `[crowdsec]`'s prefix lengths (`min_prefix_len_v4`/`_v6`,
+    /// `max_cover_v4`/`_v6`: `field`, named `key` in the file): whether
+    /// its value is one of its family's, kept in `c`.
+    fn crowdsec_prefix_len(
+        &mut self,
+        c: &mut crate::crowdsec::CrowdsecConfig,
+        field: C,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+    ) -> bool {
+        // Whether it is IPv4's, the example its problem gives, where it goes.
+        let (v4, example, len) = match field {
+            C::MinPrefixLenV4 => (true, 8, &mut c.min_prefix_len_v4),
+            C::MinPrefixLenV6 => (false, 8, &mut c.min_prefix_len_v6),
+            C::MaxCoverV4 => (true, 7, &mut c.max_cover_v4),
+            _ => (false, 31, &mut c.max_cover_v6),
+        };
+        let max = if v4 { 32 } else { 128 };
+        match unsigned(v.get_ref(), max) {
+            Some(n) => {
+                *len = Some(n as u8);
+                true
+            }
+            None => {
+                self.crowdsec_bad(key, v, &format!("a prefix length of at most {max}"), &format!("{key} = {example}"))
+            }
+        }
     }
 
     /// One `[[rule]]`: the rule when every key has a valid value; each
@@ -557,40 +583,9 @@ impl Reader {
         let place = Place::Rule(origin.number, shown_prefix.as_deref());
         let mut r = RuleConfig::default();
         let mut ok = true;
-        match (prefix, &prefix_text) {
-            (None, _) => {
-                self.push(
-                    origin.line,
-                    format!("{}: a rule needs a prefix; write prefix = \"10.0.0.0/8\"", place.key("prefix")),
-                );
-                ok = false;
-            }
-            (Some(v), None) => {
-                self.bad(
-                    place,
-                    "prefix",
-                    v,
-                    "a prefix",
-                    "prefix = \"10.0.0.0/8\" (or \"2001:db8::/32\", \"192.0.2.1\")",
-                );
-                ok = false;
-            }
-            (Some(v), Some(p)) => match crate::prefix::parse_prefix(p) {
-                Ok(_) => r.prefix = p.clone(),
-                Err(e) => {
-                    let at = self.line(v.span());
-                    // Its own words say how to mend it when they can
-                    // ("did you mean 10.0.0.0/8?").
-                    let e = e.to_string();
-                    let example = if e.ends_with('?') {
-                        String::new()
-                    } else {
-                        "; write prefix = \"10.0.0.0/8\" (or \"2001:db8::/32\", \"192.0.2.1\")".into()
-                    };
-                    self.push(Some(at), format!("{}: {e}{example}", place.key("prefix")));
-                    ok = false;
-                }
-            },
+        match self.rule_prefix(origin, place, prefix, prefix_text.as_deref()) {
+            Some(p) => r.prefix = p.to_string(),
+            None => ok = false,
         }
         // The rate's unit says what a burst counts.
         let mut rate = None;
@@ -605,118 +600,193 @@ impl Reader {
             let good = match field {
                 R::Prefix => true,
                 R::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
-                R::IcmpType => {
-                    let n = unsigned(v.get_ref(), 255);
-                    if n.is_none() {
-                        self.bad(place, key, v, "an ICMP type", "icmp_type = 8 (0 to 255)");
-                    }
-                    r.icmp_type = n.map(|n| n as u32);
-                    n.is_some()
+                R::IcmpType | R::Dport | R::Proto | R::TcpFlags | R::Dst => {
+                    self.rule_match(place, field, key, v, &mut r)
                 }
-                R::BanAfter => {
-                    let n = unsigned(v.get_ref(), u32::MAX.into()).filter(|n| *n > 0);
-                    if n.is_none() {
-                        self.bad(place, key, v, "a number of refused frames", "ban_after = 10 (at least 1)");
-                    }
-                    r.ban_after = n.map(|n| n as u32);
-                    n.is_some()
-                }
-                R::Dport => match v.get_ref() {
-                    DeValue::Integer(_) => match unsigned(v.get_ref(), 65535) {
-                        Some(n) => {
-                            r.dport = Some(PortValue::Number(n as u32));
-                            true
-                        }
-                        None => {
-                            self.bad(place, key, v, "a port", "dport = 53 or a range like dport = \"8000-8999\"");
-                            false
-                        }
-                    },
-                    DeValue::String(s) => {
-                        r.dport = Some(PortValue::Text(s.to_string()));
-                        true
-                    }
-                    _ => {
-                        self.bad(place, key, v, "a port", "dport = 53 or a range like dport = \"8000-8999\"");
-                        false
-                    }
-                },
-                R::Proto => {
-                    r.proto = self.string(
-                        place,
-                        key,
-                        v,
-                        "a protocol",
-                        "proto = \"udp\" (or \"tcp\", \"icmp\", \"icmpv6\", \"sctp\", \"udplite\", a number as \"47\")",
-                    );
-                    r.proto.is_some()
-                }
-                R::TcpFlags => {
-                    r.tcp_flags = self.string(place, key, v, "a set of TCP flags", "tcp_flags = \"syn,!ack\"");
-                    r.tcp_flags.is_some()
-                }
-                R::Dst => {
-                    r.dst = self.string(place, key, v, "a destination prefix", "dst = \"192.0.2.0/24\"");
-                    r.dst.is_some()
-                }
-                R::BanFor | R::BanMax | R::Ttl => {
-                    let write =
-                        format!("{key} = \"10m\" (a whole number and a unit: 500ms, 30s, 10m, 1h, 7d; or 1h30m)");
-                    match self.string(place, key, v, "a duration", &write) {
-                        Some(s) if crate::duration::parse(&s).is_ok() => {
-                            match field {
-                                R::BanFor => r.ban_for = Some(s),
-                                R::BanMax => r.ban_max = Some(s),
-                                _ => r.ttl = Some(s),
-                            }
-                            true
-                        }
-                        Some(_) => {
-                            self.bad(place, key, v, "a duration", &write);
-                            false
-                        }
-                        None => false,
-                    }
-                }
-                R::Expires => {
-                    let write = "expires = \"2026-11-25T01:02:03Z\" (UTC, quoted)";
-                    match self.string(place, key, v, "a time", write) {
-                        Some(s) if crate::duration::parse_rfc3339(&s).is_ok() => {
-                            r.expires = Some(s);
-                            true
-                        }
-                        Some(_) => {
-                            self.bad(place, key, v, "a time", write);
-                            false
-                        }
-                        None => false,
-                    }
-                }
-                R::Ban => match v.get_ref() {
-                    DeValue::Boolean(b) => {
-                        r.ban = Some(*b);
-                        true
-                    }
-                    _ => {
-                        self.bad(
-                            place,
-                            key,
-                            v,
-                            "true or false",
-                            "ban = true (a manual ban, as `policer ban` writes it)",
-                        );
-                        false
-                    }
-                },
-                R::Reason => {
-                    r.reason = self.string(place, key, v, "a reason", "reason = \"scanner\"");
-                    r.reason.is_some()
+                R::BanAfter | R::BanFor | R::BanMax | R::Ttl | R::Expires | R::Ban | R::Reason => {
+                    self.rule_ban(place, field, key, v, &mut r)
                 }
             };
             ok &= good;
         }
         ok &= self.burst_units(place, t, &r, rate, total);
         ok.then_some(r)
+    }
+
+    /// A rule's `prefix` (`v`, its value; `text`, the value when it is a
+    /// string): the prefix when it is one, else its problem and `None`.
+    fn rule_prefix<'t>(
+        &mut self,
+        origin: Origin,
+        place: Place<'_>,
+        v: Option<&Spanned<DeValue<'_>>>,
+        text: Option<&'t str>,
+    ) -> Option<&'t str> {
+        match (v, text) {
+            (None, _) => {
+                self.push(
+                    origin.line,
+                    format!("{}: a rule needs a prefix; write prefix = \"10.0.0.0/8\"", place.key("prefix")),
+                );
+                None
+            }
+            (Some(v), None) => {
+                self.bad(
+                    place,
+                    "prefix",
+                    v,
+                    "a prefix",
+                    "prefix = \"10.0.0.0/8\" (or \"2001:db8::/32\", \"192.0.2.1\")",
+                );
+                None
+            }
+            (Some(v), Some(p)) => match crate::prefix::parse_prefix(p) {
+                Ok(_) => Some(p),
+                Err(e) => {
+                    let at = self.line(v.span());
+                    // Its own words say how to mend it when they can
+                    // ("did you mean 10.0.0.0/8?").
+                    let e = e.to_string();
+                    let example = if e.ends_with('?') {
+                        String::new()
+                    } else {
+                        "; write prefix = \"10.0.0.0/8\" (or \"2001:db8::/32\", \"192.0.2.1\")".into()
+                    };
+                    self.push(Some(at), format!("{}: {e}{example}", place.key("prefix")));
+                    None
+                }
+            },
+        }
+    }
+
+    /// One of the keys that narrow the frames a rule takes (`icmp_type`,
+    /// `dport`, `proto`, `tcp_flags`, `dst`: `field`, named `key` in the
+    /// file): whether its value is valid, kept in `r`.
+    fn rule_match(
+        &mut self,
+        place: Place<'_>,
+        field: R,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+        r: &mut RuleConfig,
+    ) -> bool {
+        match field {
+            R::IcmpType => {
+                let n = unsigned(v.get_ref(), 255);
+                if n.is_none() {
+                    self.bad(place, key, v, "an ICMP type", "icmp_type = 8 (0 to 255)");
+                }
+                r.icmp_type = n.map(|n| n as u32);
+                n.is_some()
+            }
+            R::Dport => match v.get_ref() {
+                DeValue::Integer(_) => match unsigned(v.get_ref(), 65535) {
+                    Some(n) => {
+                        r.dport = Some(PortValue::Number(n as u32));
+                        true
+                    }
+                    None => {
+                        self.bad(place, key, v, "a port", "dport = 53 or a range like dport = \"8000-8999\"");
+                        false
+                    }
+                },
+                DeValue::String(s) => {
+                    r.dport = Some(PortValue::Text(s.to_string()));
+                    true
+                }
+                _ => {
+                    self.bad(place, key, v, "a port", "dport = 53 or a range like dport = \"8000-8999\"");
+                    false
+                }
+            },
+            R::Proto => {
+                r.proto = self.string(
+                    place,
+                    key,
+                    v,
+                    "a protocol",
+                    "proto = \"udp\" (or \"tcp\", \"icmp\", \"icmpv6\", \"sctp\", \"udplite\", a number as \"47\")",
+                );
+                r.proto.is_some()
+            }
+            R::TcpFlags => {
+                r.tcp_flags = self.string(place, key, v, "a set of TCP flags", "tcp_flags = \"syn,!ack\"");
+                r.tcp_flags.is_some()
+            }
+            _ => {
+                r.dst = self.string(place, key, v, "a destination prefix", "dst = \"192.0.2.0/24\"");
+                r.dst.is_some()
+            }
+        }
+    }
+
+    /// One of the keys of a rule's bans and lifetime (`ban_after`,
+    /// `ban_for`, `ban_max`, `ttl`, `expires`, `ban`, `reason`: `field`,
+    /// named `key` in the file): whether its value is valid, kept in `r`.
+    fn rule_ban(
+        &mut self,
+        place: Place<'_>,
+        field: R,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+        r: &mut RuleConfig,
+    ) -> bool {
+        match field {
+            R::BanAfter => {
+                let n = unsigned(v.get_ref(), u32::MAX.into()).filter(|n| *n > 0);
+                if n.is_none() {
+                    self.bad(place, key, v, "a number of refused frames", "ban_after = 10 (at least 1)");
+                }
+                r.ban_after = n.map(|n| n as u32);
+                n.is_some()
+            }
+            R::BanFor | R::BanMax | R::Ttl => {
+                let write = format!("{key} = \"10m\" (a whole number and a unit: 500ms, 30s, 10m, 1h, 7d; or 1h30m)");
+                match self.string(place, key, v, "a duration", &write) {
+                    Some(s) if crate::duration::parse(&s).is_ok() => {
+                        match field {
+                            R::BanFor => r.ban_for = Some(s),
+                            R::BanMax => r.ban_max = Some(s),
+                            _ => r.ttl = Some(s),
+                        }
+                        true
+                    }
+                    Some(_) => {
+                        self.bad(place, key, v, "a duration", &write);
+                        false
+                    }
+                    None => false,
+                }
+            }
+            R::Expires => {
+                let write = "expires = \"2026-11-25T01:02:03Z\" (UTC, quoted)";
+                match self.string(place, key, v, "a time", write) {
+                    Some(s) if crate::duration::parse_rfc3339(&s).is_ok() => {
+                        r.expires = Some(s);
+                        true
+                    }
+                    Some(_) => {
+                        self.bad(place, key, v, "a time", write);
+                        false
+                    }
+                    None => false,
+                }
+            }
+            R::Ban => match v.get_ref() {
+                DeValue::Boolean(b) => {
+                    r.ban = Some(*b);
+                    true
+                }
+                _ => {
+                    self.bad(place, key, v, "true or false", "ban = true (a manual ban, as `policer ban` writes it)");
+                    false
+                }
+            },
+            _ => {
+                r.reason = self.string(place, key, v, "a reason", "reason = \"scanner\"");
+                r.reason.is_some()
+            }
+        }
     }
 
     /// One `[[set]]`: the set when every key has a valid value; each

@@ -320,15 +320,46 @@ pub(super) fn splice(
     {
         return None;
     }
+    let (at, new) = sorted(layout, before, edits)?;
+    let last = layout.headers.len() - 1;
+    // An addition goes after the last rule: not with an edit of it.
+    if !new.is_empty() && at.last().is_some_and(|(i, ..)| *i == last) {
+        return None;
+    }
+    let (ops, floor) = regions(text, layout, before, at)?;
+    // Additions: after the last rule, each as `edit.rs` appends one.
+    let (insert, pushes) = if new.is_empty() {
+        (None, Vec::new())
+    } else {
+        let (insert, pushes) = additions(text, layout.headers[last], floor, &new)?;
+        (Some(insert), pushes)
+    };
+    let out = joined(text, &ops, insert.as_ref());
+    Some((out, placed(ops, pushes)))
+}
+
+/// An edit of a rule the file has: its place in the layout, its key, and
+/// the rule it becomes (`None`: removed).
+type InPlace<'e> = (usize, &'e RuleKey, Option<&'e RuleSpec>);
+
+/// `edits` sorted: the changes and removals of rules the file has, by
+/// place, and the additions, in the order of their keys; `None` when a
+/// key comes twice, or the layout and the rules disagree about one.
+fn sorted<'e>(
+    layout: &Layout,
+    before: &dyn SpecMap,
+    edits: &'e [(RuleKey, Option<RuleSpec>)],
+) -> Option<(Vec<InPlace<'e>>, Vec<&'e RuleSpec>)> {
     // Changes and removals of rules the file has, by place; additions.
-    let mut at: Vec<(usize, &RuleKey, Option<&RuleSpec>)> = Vec::new();
+    let mut at: Vec<InPlace<'e>> = Vec::new();
     let mut new: Vec<&RuleSpec> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (k, want) in edits {
         if !seen.insert(k.clone()) {
             return None;
         }
-        // A key found by hash is checked below against the rule there.
+        // A key found by hash is checked against the rule there
+        // ([`regions`]).
         match (layout.slot(k), before.spec(k), want) {
             (Some(_), Some(old), Some(w)) if old == w => {}
             (Some(i), Some(_), w) => at.push((i, k, w.as_ref())),
@@ -341,12 +372,19 @@ pub(super) fn splice(
     at.sort_by_key(|(i, ..)| *i);
     // Appended in the order of their keys, as `edit.rs` appends them.
     new.sort_by_cached_key(|s| s.key());
-    let last = layout.headers.len() - 1;
-    // An addition goes after the last rule: not with an edit of it.
-    if !new.is_empty() && at.last().is_some_and(|(i, ..)| *i == last) {
-        return None;
-    }
+    Some((at, new))
+}
 
+/// Each edit's region of `text` and what goes in its place, in file
+/// order, and where the text after the last region starts (past the
+/// blank and comment lines up to the next header); `None` when a region
+/// is not as this expects or runs into the one before.
+fn regions(
+    text: &str,
+    layout: &Layout,
+    before: &dyn SpecMap,
+    at: Vec<InPlace<'_>>,
+) -> Option<(Vec<(Op, String)>, usize)> {
     // Each edit's region, checked apart from its neighbours', then made
     // from the last to the first so the places before each stay valid.
     let mut ops: Vec<(Op, String)> = Vec::new();
@@ -359,46 +397,8 @@ pub(super) fn splice(
             return None;
         }
         let (op, with) = match want {
-            Some(new) => {
-                let mut doc: DocumentMut = text[h..end].parse().ok()?;
-                edit::update(table(&mut doc)?, &old, new);
-                let mut out = doc.to_string();
-                if one_rule(&out).as_ref() != Some(new) {
-                    edit::write_params(table(&mut doc)?, &new.config());
-                    out = doc.to_string();
-                    if one_rule(&out).as_ref() != Some(new) {
-                        return None;
-                    }
-                }
-                if !whole_lines(&out, Some(rule_table)) {
-                    return None;
-                }
-                (Op { kind: Kind::Replace { i }, from: h, to: end, new_len: out.len() }, out)
-            }
-            None => {
-                // The comment block above: its paragraphs set off by a
-                // blank line stay (with the next table, blank lines at
-                // its top trimmed), its last one goes with the rule.
-                let p = decor_start(text, if i == 0 { 0 } else { layout.headers[i - 1] }, h)?;
-                let prefix = &text[p..h];
-                let d = p + edit::split_detached(prefix).0.len();
-                if !text[p..d].contains('#') {
-                    (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: 0 }, String::new())
-                } else if let Some(next) = next {
-                    let after = &text[end..next];
-                    let trimmed = after.len() - edit::trim_blank_lines(after).len();
-                    (
-                        Op { kind: Kind::Remove { i, key: key.clone() }, from: d, to: end + trimmed, new_len: 0 },
-                        String::new(),
-                    )
-                } else {
-                    let kept = format!("{}\n", text[p..d].trim_end_matches('\n'));
-                    if !whole_lines(&kept, None) {
-                        return None;
-                    }
-                    (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: kept.len() }, kept)
-                }
-            }
+            Some(new) => replacement(text, i, h..end, &old, new)?,
+            None => removal(text, layout, i, key, end, next)?,
         };
         if op.from < floor {
             return None;
@@ -406,52 +406,125 @@ pub(super) fn splice(
         floor = op.to.max(next.unwrap_or(op.to));
         ops.push((op, with));
     }
-    // Additions: after the last rule, each as `edit.rs` appends one.
-    let mut insert: Option<(usize, String)> = None;
-    let mut pushes = Vec::new();
-    if !new.is_empty() {
-        let (end, _) = table_end(text, layout.headers[last])?;
-        if end < floor {
+    Some((ops, floor))
+}
+
+/// Rule `i`, whose table `text[span]` says `old`, rewritten to say `new`
+/// as `edit.rs` rewrites it (its comments and the keys whose meaning did
+/// not change kept): the edit and the table's new text; `None` when the
+/// rewritten table, read alone, does not say `new` or is not whole lines.
+fn replacement(
+    text: &str,
+    i: usize,
+    span: std::ops::Range<usize>,
+    old: &RuleSpec,
+    new: &RuleSpec,
+) -> Option<(Op, String)> {
+    let mut doc: DocumentMut = text[span.clone()].parse().ok()?;
+    edit::update(table(&mut doc)?, old, new);
+    let mut out = doc.to_string();
+    if one_rule(&out).as_ref() != Some(new) {
+        edit::write_params(table(&mut doc)?, &new.config());
+        out = doc.to_string();
+        if one_rule(&out).as_ref() != Some(new) {
             return None;
         }
-        let mut added = String::new();
-        for s in new {
-            let mut t = Table::new();
-            t.decor_mut().set_prefix("\n");
-            edit::fill(&mut t, s);
-            let mut one = ArrayOfTables::new();
-            one.push(t);
-            let mut d = DocumentMut::new();
-            d.insert("rule", Item::ArrayOfTables(one));
-            let out = d.to_string();
-            if one_rule(&out).as_ref() != Some(s) || !whole_lines(&out, Some(rule_table)) {
-                return None;
-            }
-            // Its header's place in the text the edits before it leave.
-            let header = end + added.len() + out.find("[[")?;
-            pushes.push(Op { kind: Kind::Push { key: s.key(), header }, from: end, to: end, new_len: 0 });
-            added.push_str(&out);
-        }
-        insert = Some((end, added));
     }
+    if !whole_lines(&out, Some(rule_table)) {
+        return None;
+    }
+    Some((Op { kind: Kind::Replace { i }, from: span.start, to: span.end, new_len: out.len() }, out))
+}
 
-    let grow: usize = ops.iter().map(|(_, w)| w.len()).sum::<usize>() + insert.as_ref().map_or(0, |(_, a)| a.len());
+/// Rule `i` (key `key`; its table ends at `end`, the next header is at
+/// `next`) removed with the comment lines directly above it: the edit and
+/// what stays in its place; `None` when what stays is not whole lines.
+fn removal(
+    text: &str,
+    layout: &Layout,
+    i: usize,
+    key: &RuleKey,
+    end: usize,
+    next: Option<usize>,
+) -> Option<(Op, String)> {
+    let h = layout.headers[i];
+    // The comment block above: its paragraphs set off by a
+    // blank line stay (with the next table, blank lines at
+    // its top trimmed), its last one goes with the rule.
+    let p = decor_start(text, if i == 0 { 0 } else { layout.headers[i - 1] }, h)?;
+    let prefix = &text[p..h];
+    let d = p + edit::split_detached(prefix).0.len();
+    Some(if !text[p..d].contains('#') {
+        (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: 0 }, String::new())
+    } else if let Some(next) = next {
+        let after = &text[end..next];
+        let trimmed = after.len() - edit::trim_blank_lines(after).len();
+        (Op { kind: Kind::Remove { i, key: key.clone() }, from: d, to: end + trimmed, new_len: 0 }, String::new())
+    } else {
+        let kept = format!("{}\n", text[p..d].trim_end_matches('\n'));
+        if !whole_lines(&kept, None) {
+            return None;
+        }
+        (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: kept.len() }, kept)
+    })
+}
+
+/// The rules `new` added after the last rule (whose header is at `last`),
+/// each as `edit.rs` appends one: where they go in `text` and their text,
+/// and an edit for each for the layout; `None` when that place runs into
+/// an edit's region (`floor`) or a new rule's text, read alone, does not
+/// say the rule or is not whole lines.
+fn additions(text: &str, last: usize, floor: usize, new: &[&RuleSpec]) -> Option<((usize, String), Vec<Op>)> {
+    let (end, _) = table_end(text, last)?;
+    if end < floor {
+        return None;
+    }
+    let mut added = String::new();
+    let mut pushes = Vec::new();
+    for &s in new {
+        let mut t = Table::new();
+        t.decor_mut().set_prefix("\n");
+        edit::fill(&mut t, s);
+        let mut one = ArrayOfTables::new();
+        one.push(t);
+        let mut d = DocumentMut::new();
+        d.insert("rule", Item::ArrayOfTables(one));
+        let out = d.to_string();
+        if one_rule(&out).as_ref() != Some(s) || !whole_lines(&out, Some(rule_table)) {
+            return None;
+        }
+        // Its header's place in the text the edits before it leave.
+        let header = end + added.len() + out.find("[[")?;
+        pushes.push(Op { kind: Kind::Push { key: s.key(), header }, from: end, to: end, new_len: 0 });
+        added.push_str(&out);
+    }
+    Some(((end, added), pushes))
+}
+
+/// `text` with each edit's region replaced by its text, in file order,
+/// and `insert`'s text put at its place.
+fn joined(text: &str, ops: &[(Op, String)], insert: Option<&(usize, String)>) -> String {
+    let grow: usize = ops.iter().map(|(_, w)| w.len()).sum::<usize>() + insert.map_or(0, |(_, a)| a.len());
     let mut out = String::with_capacity(text.len() + grow);
     let mut pos = 0;
-    for (op, with) in &ops {
+    for (op, with) in ops {
         out.push_str(&text[pos..op.from]);
         out.push_str(with);
         pos = op.to;
     }
-    if let Some((at, added)) = &insert {
+    if let Some((at, added)) = insert {
         out.push_str(&text[pos..*at]);
         out.push_str(added);
         pos = *at;
     }
     out.push_str(&text[pos..]);
+    out
+}
 
-    // For the layout, in file order: each edit's place and rule index in
-    // the text the edits before it left.
+/// For the layout, in file order: each edit's place and rule index in
+/// the text the edits before it left (`ops`, then the additions'
+/// `pushes`).
+fn placed(ops: Vec<(Op, String)>, pushes: Vec<Op>) -> Vec<Op> {
     let mut done = Vec::with_capacity(ops.len() + pushes.len());
     let (mut moved, mut removed) = (0isize, 0usize);
     for (mut op, _) in ops {
@@ -474,7 +547,7 @@ pub(super) fn splice(
         }
         done.push(op);
     }
-    Some((out, done))
+    done
 }
 
 /// `text` with `daemon.interfaces` set to `names`, where `daemon` is what

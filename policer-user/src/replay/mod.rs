@@ -517,6 +517,28 @@ struct Counting {
 }
 
 impl Counting {
+    /// Nothing counted yet, of the capture at `capture`, with `slots` rule
+    /// slots and the per-source table for `--top` `top`.
+    fn new(capture: PathBuf, slots: usize, top: usize) -> Counting {
+        let r = Report {
+            capture,
+            total: Tally::default(),
+            not_ip_frames: 0,
+            clipped_frames: 0,
+            no_rule_frames: 0,
+            first_ns: None,
+            last_ns: None,
+            sources: None,
+            sources_tracked: 0,
+            sources_let_go: 0,
+            rules: Vec::new(),
+            top_dropped: Vec::new(),
+            elapsed_secs: 0.0,
+            frames_per_sec: 0.0,
+        };
+        Counting { r, per_rule: vec![Tally::default(); slots], sources: Sources::new(top) }
+    }
+
     /// Counts a frame (`head`: at least its first bytes, for its source)
     /// that the program returned `ret` for, judged by `judged`'s rule slot.
     fn count(&mut self, ts_ns: u64, len: u32, head: &[u8], ret: u32, judged: Option<(u32, Verdict)>) -> Result<()> {
@@ -559,7 +581,32 @@ pub fn replay(o: &Options) -> Result<Report> {
     let (specs, cfg) = rules(o)?;
     let mut cap = Capture::open(&o.capture)?;
     let size = std::fs::metadata(&o.capture).map(|m| m.len()).unwrap_or(0);
-    let mut frame = Vec::with_capacity(capture::MAX_FRAME);
+    let config_path = o.config.clone().unwrap_or_default();
+    let mut p = load(&specs, &cfg)?;
+    let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
+    let installed = install_offline(&mut p, &specs, &protect, &config_path, &cfg.sets, CLOCK_START_NS)?;
+    let names = slot_names(&installed.rules, &installed.sets);
+    let slots = names.keys().copied().max().unwrap_or(0) as usize + 1;
+    let mut count = Counting::new(o.capture.clone(), slots, o.top);
+    let progress = Progress::new(!o.json, size);
+    let mut batch = Batch::new(&p)?;
+    let started = Instant::now();
+    judge_all(&mut cap, &mut p, &mut batch, &mut count, &progress)?;
+    let Counting { mut r, per_rule, sources } = count;
+    progress.finish();
+    r.elapsed_secs = started.elapsed().as_secs_f64();
+    r.frames_per_sec = if r.elapsed_secs > 0.0 { r.total.frames as f64 / r.elapsed_secs } else { 0.0 };
+    r.sources_tracked = sources.map.len() as u64;
+    r.sources_let_go = sources.evicted;
+    r.sources = (sources.evicted == 0).then_some(sources.map.len() as u64);
+    r.rules = rule_reports(&installed.rules, &installed.sets, &per_rule);
+    r.top_dropped = top_dropped(sources, o.top, &names);
+    Ok(r)
+}
+
+/// The program loaded for a replay of `specs` and `cfg`'s sets (on the
+/// test clock, at [`CLOCK_START_NS`]); nothing is attached.
+fn load(specs: &BTreeMap<RuleKey, RuleSpec>, cfg: &Config) -> Result<Policer> {
     let opts = LoadOptions {
         max_sources: cfg.daemon.max_sources.unwrap_or(DEFAULT_MAX_SOURCES),
         max_rules: cfg.daemon.max_rules.unwrap_or(DEFAULT_MAX_RULES).max(specs.len() as u32 + cfg.sets.len() as u32),
@@ -570,7 +617,6 @@ pub fn replay(o: &Options) -> Result<Report> {
         replay_batch: policer_common::replay::REPLAY_BATCH,
         ..Default::default()
     };
-    let config_path = o.config.clone().unwrap_or_default();
     let mut p = Policer::load(&opts).map_err(|e| match e {
         // Measured: the load needs these three, and no more (nothing is attached).
         Error::NotRoot(_) => Error::Invalid(
@@ -582,32 +628,19 @@ pub fn replay(o: &Options) -> Result<Report> {
     })?;
     p.set_jiffies(0)?;
     p.set_clock(CLOCK_START_NS)?;
-    let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
-    let installed = install_offline(&mut p, &specs, &protect, &config_path, &cfg.sets, CLOCK_START_NS)?;
-    let names = slot_names(&installed.rules, &installed.sets);
-    let slots = names.keys().copied().max().unwrap_or(0) as usize + 1;
-    let per_rule = vec![Tally::default(); slots];
-    let sources = Sources::new(o.top);
-    let r = Report {
-        capture: o.capture.clone(),
-        total: Tally::default(),
-        not_ip_frames: 0,
-        clipped_frames: 0,
-        no_rule_frames: 0,
-        first_ns: None,
-        last_ns: None,
-        sources: None,
-        sources_tracked: 0,
-        sources_let_go: 0,
-        rules: Vec::new(),
-        top_dropped: Vec::new(),
-        elapsed_secs: 0.0,
-        frames_per_sec: 0.0,
-    };
-    let progress = Progress::new(!o.json, size);
-    let mut batch = Batch::new(&p)?;
-    let mut count = Counting { r, per_rule, sources };
-    let started = Instant::now();
+    Ok(p)
+}
+
+/// Every frame of `cap` through the program, in batches, counted in
+/// `count` in capture order.
+fn judge_all(
+    cap: &mut Capture,
+    p: &mut Policer,
+    batch: &mut Batch,
+    count: &mut Counting,
+    progress: &Progress,
+) -> Result<()> {
+    let mut frame = Vec::with_capacity(capture::MAX_FRAME);
     while let Some(f) = cap.next(&mut frame)? {
         let first = *count.r.first_ns.get_or_insert(f.ts_ns);
         count.r.last_ns = Some(f.ts_ns);
@@ -615,27 +648,23 @@ pub fn replay(o: &Options) -> Result<Report> {
         if f.len < REPLAY_MIN_LEN {
             // Not an Ethernet frame: the program passes it unread (and a
             // test run refuses it). Counted in its place.
-            batch.flush(&mut p, &mut count)?;
+            batch.flush(p, count)?;
             count.count(f.ts_ns, f.len, &frame, XDP_PASS, None)?;
             continue;
         }
         batch.push(&frame, clock(first, f.ts_ns), f.ts_ns);
         if batch.full() {
-            batch.flush(&mut p, &mut count)?;
+            batch.flush(p, count)?;
             progress.set(cap.bytes_read(), count.r.total.frames);
         }
     }
-    batch.flush(&mut p, &mut count)?;
-    let Counting { mut r, per_rule, sources } = count;
-    progress.finish();
-    r.elapsed_secs = started.elapsed().as_secs_f64();
-    r.frames_per_sec = if r.elapsed_secs > 0.0 { r.total.frames as f64 / r.elapsed_secs } else { 0.0 };
-    r.sources_tracked = sources.map.len() as u64;
-    r.sources_let_go = sources.evicted;
-    r.sources = (sources.evicted == 0).then_some(sources.map.len() as u64);
-    let name = |slot: u32| names.get(&slot).cloned().or_else(|| (slot == 0).then(|| "protect".to_string()));
-    r.rules = installed
-        .rules
+    batch.flush(p, count)
+}
+
+/// The report's line of each rule, then of each set, from the tallies by
+/// rule slot.
+fn rule_reports(installed: &[OfflineRule], sets: &[OfflineSet], per_rule: &[Tally]) -> Vec<RuleReport> {
+    installed
         .iter()
         .map(|i| RuleReport {
             rule: i.key.to_string(),
@@ -644,28 +673,34 @@ pub fn replay(o: &Options) -> Result<Report> {
             burst: i.spec.burst,
             tally: per_rule[i.slot as usize],
         })
-        .chain(installed.sets.iter().map(|s| RuleReport {
+        .chain(sets.iter().map(|s| RuleReport {
             rule: format!("set {}", s.name),
             action: s.spec.action.to_string(),
             rate: s.spec.rate.map(|r| r.to_string()),
             burst: s.spec.burst,
             tally: per_rule[s.slot as usize],
         }))
-        .collect();
+        .collect()
+}
+
+/// The sources with the most drops (then would-drops), most first: the
+/// first `top` of those that had any (`top` 0: every source tracked), each
+/// with the rule of its last frame as `names` names its slot.
+fn top_dropped(sources: Sources, top: usize, names: &HashMap<u32, String>) -> Vec<SourceReport> {
+    let name = |slot: u32| names.get(&slot).cloned().or_else(|| (slot == 0).then(|| "protect".to_string()));
     let mut dropped: Vec<(IpAddr, SourceTally)> = sources
         .map
         .into_iter()
-        .filter(|(_, s)| o.top == 0 || s.tally.dropped_frames + s.tally.would_drop_frames > 0)
+        .filter(|(_, s)| top == 0 || s.tally.dropped_frames + s.tally.would_drop_frames > 0)
         .collect();
     dropped.sort_by(|a, b| (weight(&b.1.tally), a.0).cmp(&(weight(&a.1.tally), b.0)));
-    if o.top != 0 {
-        dropped.truncate(o.top);
+    if top != 0 {
+        dropped.truncate(top);
     }
-    r.top_dropped = dropped
+    dropped
         .into_iter()
         .map(|(source, s)| SourceReport { source, rule: s.slot.and_then(name), exact: s.exact, tally: s.tally })
-        .collect();
-    Ok(r)
+        .collect()
 }
 
 /// A time of the capture as the time since its first frame: `+12.345678s`.
