@@ -116,6 +116,25 @@ impl Error {
         matches!(self, Error::ConfigWrite { .. } | Error::ConfigChanged { .. })
     }
 
+    /// The same error again, for each of several waiters (a group's file
+    /// write failed once for all its changes): the config file's errors
+    /// keep their kind and errno, so "not persisted" stays apart from "not
+    /// valid"; any other keeps its text.
+    pub(crate) fn for_each_waiter(&self) -> Error {
+        let io = |e: &io::Error| match e.raw_os_error() {
+            Some(code) => io::Error::from_raw_os_error(code),
+            None => io::Error::new(e.kind(), e.to_string()),
+        };
+        match self {
+            Error::ConfigWrite { path, what, source } => {
+                Error::ConfigWrite { path: path.clone(), what: what.clone(), source: io(source) }
+            }
+            Error::ConfigChanged { path } => Error::ConfigChanged { path: path.clone() },
+            Error::ConfigRead { path, source } => Error::ConfigRead { path: path.clone(), source: io(source) },
+            other => Error::Invalid(other.to_string()),
+        }
+    }
+
     /// The kernel's errno behind this error, if a system call failed.
     pub fn errno(&self) -> Option<i32> {
         match self {

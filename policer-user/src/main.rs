@@ -19,8 +19,10 @@ fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
-    // Warnings (including sampled kernel events) to stderr; RUST_LOG overrides.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // Warnings (including sampled kernel events) to stderr, through the
+    // daemon's voice (never blocking it; the journal's priorities under
+    // systemd); RUST_LOG overrides.
+    policer_user::daemon::init_log();
     let json = cli.json();
     match cli.run() {
         Ok(()) => ExitCode::SUCCESS,

@@ -469,13 +469,13 @@ impl Run {
         };
         let out = self.owner.ask(Command::Import(Box::new(imp))).await;
         match out.result {
-            Ok(msg) => {
+            Ok(r) => {
                 self.dirty = false;
                 // The feed's file follows the set: a restart restores the
                 // decisions of the set it starts with, not older ones.
                 self.unsaved = true;
-                self.views.audit().record(&format!("crowdsec ({})", self.s.url_text), &msg);
-                if let Some(c) = out.counts {
+                self.views.audit().record(&format!("crowdsec ({})", self.s.url_text), r.message());
+                if let super::Response::Imported { counts: c, .. } = r {
                     self.status(|s| {
                         s.left_out_protected = c.refused_protected;
                         s.left_out_rule_prefix = c.refused_rule_prefix;

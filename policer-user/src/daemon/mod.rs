@@ -56,7 +56,8 @@ use std::{
 pub use adopt::{attached_programs, detach_orphan};
 pub(crate) use dryrun::{Preview, WINDOW as DRY_RUN_WINDOW, judge_live};
 pub use offline::{Offline, OfflineRule, install_offline};
-pub use owner::{Command, Outcome, Owner};
+pub use output::init_log;
+pub use owner::{Command, Outcome, Owner, Response};
 use policer_common::rate::Rate;
 pub use serve::{Caps, fit as fit_connection_caps};
 pub use sets::OfflineSet;
@@ -442,7 +443,7 @@ async fn serve(
     // Whatever ended the loop, the owner leaves as configured: ahead of
     // queued changes, and within the second SIGTERM is given.
     match owner.shutdown(SHUTDOWN_DEADLINE).await {
-        Some(Outcome { result: Ok(m), .. }) => say!("policer: {m}"),
+        Some(Outcome { result: Ok(m), .. }) => say!("policer: {}", m.message()),
         Some(Outcome { result: Err(e), .. }) => say_err!("policer: {e}"),
         None => {
             say_err!(
@@ -519,7 +520,7 @@ async fn event_loop(
                 let audit = views.audit().clone();
                 tokio::spawn(async move {
                     match o.ask(Command::Reload { discard_runtime: false }).await.result {
-                        Ok(m) => audit.record("SIGHUP", &m),
+                        Ok(r) => audit.record("SIGHUP", r.message()),
                         Err(e) => say_err!("policer: SIGHUP: reload refused, nothing changed: {e}"),
                     }
                 });

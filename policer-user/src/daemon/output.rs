@@ -18,6 +18,15 @@
 //! has caught up. Before [`start`] (the start, which may unshare the mount
 //! namespace and so must be single-threaded) lines are written in place.
 //!
+//! It is the daemon's one voice: `say!`/`say_err!` (what it did, what it
+//! refused) and the `log` records (warnings of the machinery, debug
+//! lines; [`init_log`] sends them through the same queues as
+//! `policer: LEVEL: …`). When a stream is the journal's (systemd sets
+//! `JOURNAL_STREAM` to its device and inode, systemd.exec(5)), each line
+//! starts with its syslog priority, `<N>`, which journald takes as the
+//! entry's priority (sd-daemon(3)): `journalctl -u policer -p warning`
+//! lists the daemon's warnings and errors, not its every change.
+//!
 //! SIGPIPE is ignored by Rust's runtime, so a write to a closed pipe is an
 //! EPIPE error here, not a signal. SIGHUP (a terminal closing sends it to
 //! its jobs) is `policer reload` (`daemon/mod.rs`): harmless to a daemon
@@ -90,9 +99,150 @@ impl Stream {
 /// One line on `stream`; never fails, never panics, and once the daemon
 /// runs never waits for the stream.
 pub(crate) fn line(stream: Stream, args: fmt::Arguments<'_>) {
-    let mut text = fmt::format(args);
-    text.push('\n');
-    send(stream, text.into_bytes());
+    send(stream, framed(stream, &fmt::format(args)));
+}
+
+/// `text` as a line of `stream`: its priority first when the stream is
+/// the journal's (a warning's, or an answer's on stdout, an error's on
+/// stderr), a newline last.
+fn framed(stream: Stream, text: &str) -> Vec<u8> {
+    frame(journal()[stream as usize], stream, text)
+}
+
+/// [`framed`], told whether the stream is the journal's.
+fn frame(journal: bool, stream: Stream, text: &str) -> Vec<u8> {
+    let priority = match stream {
+        _ if text.starts_with("policer: warning") => WARNING,
+        Stream::Out => INFO,
+        Stream::Err => ERR,
+    };
+    let mut out = String::with_capacity(text.len() + 4);
+    if journal {
+        out.push_str(PRIORITIES[priority as usize]);
+    }
+    out.push_str(text);
+    out.push('\n');
+    out.into_bytes()
+}
+
+/// `<N>` for each syslog priority N.
+const PRIORITIES: [&str; 8] = ["<0>", "<1>", "<2>", "<3>", "<4>", "<5>", "<6>", "<7>"];
+
+/// A `Write` for code that writes its lines to a writer (the start's
+/// report): each whole line goes out as [`line`] sends it.
+pub(crate) struct Voice {
+    stream: Stream,
+    pending: Vec<u8>,
+}
+
+impl Voice {
+    pub(crate) fn new(stream: Stream) -> Voice {
+        Voice { stream, pending: Vec::new() }
+    }
+}
+
+impl Write for Voice {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let rest = self.pending.split_off(end + 1);
+            let text = String::from_utf8_lossy(&self.pending[..end]).into_owned();
+            self.pending = rest;
+            send(self.stream, framed(self.stream, &text));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Voice {
+    /// A last line without its newline is said too.
+    fn drop(&mut self) {
+        if !self.pending.is_empty() {
+            let text = String::from_utf8_lossy(&self.pending).into_owned();
+            send(self.stream, framed(self.stream, &text));
+        }
+    }
+}
+
+/// Syslog priorities (sd-daemon(3)): what a line is, for the journal.
+const ERR: u8 = 3;
+const WARNING: u8 = 4;
+const INFO: u8 = 6;
+const DEBUG: u8 = 7;
+
+/// `<N>` when `stream` is the journal's, else nothing.
+fn prefix(stream: Stream, priority: u8) -> &'static str {
+    if journal()[stream as usize] { PRIORITIES[priority as usize & 7] } else { "" }
+}
+
+/// Whether stdout and stderr are the journal's streams: `JOURNAL_STREAM`
+/// (`DEVICE:INODE`) names the one systemd connected, and the descriptor
+/// still is it (a child's redirected stream is not).
+fn journal() -> [bool; 2] {
+    static JOURNAL: OnceLock<[bool; 2]> = OnceLock::new();
+    *JOURNAL.get_or_init(|| {
+        let Some((dev, ino)) = std::env::var("JOURNAL_STREAM").ok().and_then(|v| parse_journal_stream(&v)) else {
+            return [false, false];
+        };
+        let is = |fd: i32| {
+            // SAFETY: fstat(2) on a descriptor this process holds (or
+            // not: then it fails), into a zeroed struct of the right type.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            (unsafe { libc::fstat(fd, &mut st) } == 0) && st.st_dev as u64 == dev && st.st_ino as u64 == ino
+        };
+        [is(1), is(2)]
+    })
+}
+
+/// `DEVICE:INODE` of `JOURNAL_STREAM`, both decimal.
+fn parse_journal_stream(v: &str) -> Option<(u64, u64)> {
+    let (d, i) = v.split_once(':')?;
+    Some((d.parse().ok()?, i.parse().ok()?))
+}
+
+/// Sends the `log` records (the machinery's warnings; debug lines with
+/// `RUST_LOG=debug`) through the daemon's voice: on stderr, through its
+/// queue once the daemon runs (so a stream nobody reads never holds the
+/// owner), as `policer: warning: …`, with the journal's priority when
+/// stderr is the journal's. `RUST_LOG` sets the level (warnings by
+/// default).
+pub fn init_log() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format(|buf, record| {
+            let (word, priority) = match record.level() {
+                log::Level::Error => ("error", ERR),
+                log::Level::Warn => ("warning", WARNING),
+                log::Level::Info => ("info", INFO),
+                log::Level::Debug => ("debug", DEBUG),
+                log::Level::Trace => ("trace", DEBUG),
+            };
+            writeln!(buf, "{}policer: {word}: {}", prefix(Stream::Err, priority), record.args())
+        })
+        .target(env_logger::Target::Pipe(Box::new(LogPipe(Vec::new()))))
+        .init();
+}
+
+/// What `env_logger` writes into: whole lines, sent as [`line`] sends
+/// them.
+struct LogPipe(Vec<u8>);
+
+impl Write for LogPipe {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        while let Some(end) = self.0.iter().position(|b| *b == b'\n') {
+            let rest = self.0.split_off(end + 1);
+            send(Stream::Err, std::mem::replace(&mut self.0, rest));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Queues `text` for `stream` (written in place before [`start`], or if
@@ -286,6 +436,26 @@ macro_rules! say_err {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_journal_reads_each_lines_priority() {
+        use super::{Stream, frame};
+        let f = |j, s, t| String::from_utf8(frame(j, s, t)).unwrap();
+        assert_eq!(f(true, Stream::Out, "policer: added the rule"), "<6>policer: added the rule\n");
+        assert_eq!(f(true, Stream::Out, "policer: warning: x"), "<4>policer: warning: x\n");
+        assert_eq!(f(true, Stream::Err, "policer: the set could not"), "<3>policer: the set could not\n");
+        assert_eq!(f(true, Stream::Err, "policer: warning: y"), "<4>policer: warning: y\n");
+        // Not the journal's stream: the line as it is.
+        assert_eq!(f(false, Stream::Err, "policer: warning: y"), "policer: warning: y\n");
+    }
+
+    #[test]
+    fn journal_stream_is_device_colon_inode() {
+        assert_eq!(super::parse_journal_stream("8:12345"), Some((8, 12345)));
+        for bad in ["", "8", "8:", ":1", "a:1", "8:12345:1"] {
+            assert_eq!(super::parse_journal_stream(bad), None, "{bad}");
+        }
+    }
+
     use std::sync::Mutex;
 
     use super::*;

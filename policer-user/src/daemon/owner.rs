@@ -115,16 +115,50 @@ impl TryFrom<crate::control::Request> for Command {
     }
 }
 
-/// The owner's answer: a message or an error, and whether the daemon
-/// should now exit (its last interface was detached).
+/// The owner's answer: what the command did or why it was refused (a
+/// typed error), and whether the daemon should now exit (its last
+/// interface was detached).
 #[derive(Debug)]
 pub struct Outcome {
-    pub result: Result<String>,
+    pub result: Result<Response>,
     pub exit: bool,
-    /// An import's counts (`rule import --json`).
-    pub counts: Option<Box<crate::control::ImportCounts>>,
-    /// A dry run's plan (`Command::Preview`).
-    pub preview: Option<Box<super::Preview>>,
+}
+
+/// What a command that went through answers, by kind of command.
+#[derive(Debug)]
+pub enum Response {
+    /// What changed (or that nothing did), in a line; empty: nothing was
+    /// done (a tick, a followed file that did not change).
+    Done(String),
+    /// `rule import` (and a feed's delta): the line, and the counts
+    /// (`rule import --json`, the feed's status).
+    Imported { message: String, counts: Box<crate::control::ImportCounts> },
+    /// `Command::Preview`: the dry run's plan, which the connection's task
+    /// judges against live sources.
+    Previewed(Box<super::Preview>),
+}
+
+impl Response {
+    /// The line of a change (for the audit trail and the log); empty for
+    /// a preview.
+    pub fn message(&self) -> &str {
+        match self {
+            Response::Done(m) | Response::Imported { message: m, .. } => m,
+            Response::Previewed(_) => "",
+        }
+    }
+}
+
+impl Outcome {
+    /// An answer that leaves the daemon running.
+    fn of(result: Result<Response>) -> Outcome {
+        Outcome { result, exit: false }
+    }
+
+    /// A change's line (or its refusal), the daemon running on.
+    fn done(result: Result<String>) -> Outcome {
+        Outcome::of(result.map(Response::Done))
+    }
 }
 
 struct Job {
@@ -198,14 +232,9 @@ impl Owner {
                 mpsc::error::TrySendError::Full(_) => Error::ChangesQueued,
                 mpsc::error::TrySendError::Closed(_) => Error::ShuttingDown { note: "" },
             };
-            return Outcome { result: Err(e), exit: false, counts: None, preview: None };
+            return Outcome::of(Err(e));
         }
-        rx.await.unwrap_or(Outcome {
-            result: Err(Error::ShuttingDown { note: "" }),
-            exit: false,
-            counts: None,
-            preview: None,
-        })
+        rx.await.unwrap_or(Outcome::of(Err(Error::ShuttingDown { note: "" })))
     }
 
     /// Queues a [`Command::Tick`] unless the owner is busy (a tick then
@@ -859,9 +888,8 @@ impl Daemon {
     /// Runs `cmd` as a dry run: the same checks and plan, nothing written
     /// (kernel, config file, state files, audit trail, reload status).
     pub(super) fn preview(&mut self, cmd: Command) -> Outcome {
-        let outcome = |result| Outcome { result, exit: false, counts: None, preview: None };
         let Some(verb) = verb(&cmd) else {
-            return outcome(Err(crate::Error::Invalid(
+            return Outcome::of(Err(crate::Error::Invalid(
                 "--dry-run is for rule set, rule rm, rule import, ban and reload".into(),
             )));
         };
@@ -869,20 +897,20 @@ impl Daemon {
         self.dry = Some(Capture::default());
         let r = match cmd {
             Command::Import(imp) => self.import(*imp, &mut Nothing).map(|(m, _)| m),
-            cmd => self.handle(cmd).result,
+            cmd => self.handle(cmd).result.map(|r| r.message().to_string()),
         };
         let capture = self.dry.take().unwrap_or_default();
         self.changed = changed;
         let message = match r {
             Ok(m) => m,
-            Err(e) => return outcome(Err(e)),
+            Err(e) => return Outcome::of(Err(e)),
         };
         let before = World::new(self.rs.rules().clone(), &self.sets, self.rs.protect());
         let rules = capture.rules.unwrap_or_else(|| self.rs.rules().clone());
         let sets = capture.sets.as_ref().unwrap_or(&self.sets);
         let after = World::new(rules, sets, capture.protect.as_ref().unwrap_or(self.rs.protect()));
         let preview = Preview { verb, message, before, after, set_changes: capture.set_changes };
-        Outcome { result: Ok(String::new()), exit: false, counts: None, preview: Some(Box::new(preview)) }
+        Outcome::of(Ok(Response::Previewed(Box::new(preview))))
     }
 
     /// `policer rule import` (and a feed's delta, an import of its set):
@@ -909,7 +937,7 @@ impl Daemon {
     /// [`handle`](Self::handle), with what a long import lets the owner
     /// serve meanwhile (`aside`).
     fn handle_aside(&mut self, cmd: Command, aside: &mut dyn Aside) -> Outcome {
-        let done = |result| Outcome { result, exit: false, counts: None, preview: None };
+        let done = Outcome::done;
         match cmd {
             Command::Ban { rule, runtime, force } => done(self.ban(&rule, runtime, force)),
             Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
@@ -929,16 +957,14 @@ impl Daemon {
             }
             Command::Detach { iface } => match self.detach(&iface) {
                 Ok(true) => Outcome {
-                    result: Ok(format!("detached from {iface}; no interface left, the daemon exits")),
+                    result: Ok(Response::Done(format!("detached from {iface}; no interface left, the daemon exits"))),
                     exit: true,
-                    counts: None,
-                    preview: None,
                 },
                 Ok(false) => done(Ok(format!("detached from {iface}"))),
                 Err(e) => done(Err(e)),
             },
             Command::Import(imp) => match self.import(*imp, aside) {
-                Ok((m, c)) => Outcome { result: Ok(m), exit: false, counts: Some(Box::new(c)), preview: None },
+                Ok((message, c)) => Outcome::of(Ok(Response::Imported { message, counts: Box::new(c) })),
                 Err(e) => done(Err(e)),
             },
             Command::SetRm { name } => done(self.set_rm(&name)),
@@ -1405,12 +1431,7 @@ impl Queue {
 }
 
 fn refuse_stopping(job: Job) {
-    let _ = job.reply.send(Outcome {
-        result: Err(Error::ShuttingDown { note: "; nothing changed" }),
-        exit: false,
-        counts: None,
-        preview: None,
-    });
+    let _ = job.reply.send(Outcome::of(Err(Error::ShuttingDown { note: "; nothing changed" })));
 }
 
 /// Changes that write the config file, handled as one group (see
@@ -1427,7 +1448,7 @@ fn run_group(daemon: &mut Daemon, group: Vec<Job>, snapshot: &watch::Sender<Arc<
     snapshot.send_replace(daemon.snapshot());
     for (mut outcome, waited, reply) in answers {
         if waited && let Err(e) = &written {
-            outcome.result = Err(Error::Invalid(e.to_string()));
+            outcome.result = Err(e.for_each_waiter());
         }
         let _ = reply.send(outcome);
     }

@@ -177,7 +177,8 @@ impl Daemon {
         let claim = claim(&s)?;
         super::sets::remove_leftovers(&args.config, &crate::sets::sets_dir(&args.state_dir));
         let survey = survey(&s)?;
-        let mut out = std::io::stdout().lock();
+        // The start's report, in the daemon's voice (`output.rs`).
+        let mut out = super::output::Voice::new(super::output::Stream::Out);
         let loaded = load(&s, &survey, early, &mut out)?;
         let planned = plan_rules(&loaded.policer, &s, survey.adopt_from.is_some(), args, &mut out)?;
         let d = Daemon::transaction(args, s, claim, survey, loaded, planned, &mut out)?;

@@ -14,7 +14,7 @@ use super::{Ctx, REQUEST_DEADLINE, WRITE_TIMEOUT};
 use crate::{
     control::{Envelope, MAX_REQUEST_BYTES, PROTOCOL, Reply, Request},
     daemon::{
-        Command,
+        Command, Response,
         views::{BanLs, SetRow},
     },
     loader::MapReader,
@@ -268,11 +268,15 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
     let change = |cmd| async {
         let out = ctx.owner.ask(cmd).await;
         let reply = match out.result {
-            Ok(message) => {
+            Ok(response) => {
                 // The audit trail: every change made through the socket, by
                 // whom, with what it changed (old → new where it has one).
-                ctx.views.audit().record(who, &message);
-                Reply::Done { message, counts: out.counts }
+                ctx.views.audit().record(who, response.message());
+                match response {
+                    Response::Done(message) => Reply::Done { message, counts: None },
+                    Response::Imported { message, counts } => Reply::Done { message, counts: Some(counts) },
+                    Response::Previewed(_) => Reply::refused("a change answered with a dry run's plan".to_string()),
+                }
             }
             Err(e) => refused(e),
         };
@@ -350,10 +354,12 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
                 },
             };
             let out = ctx.owner.ask(Command::Preview(Box::new(cmd))).await;
-            match (out.result, out.preview) {
-                (Err(e), _) => read(refused(e)),
-                (Ok(_), None) => read(Reply::refused("the dry run planned nothing".to_string())),
-                (Ok(_), Some(p)) => {
+            match out.result {
+                Err(e) => read(refused(e)),
+                Ok(Response::Done(_) | Response::Imported { .. }) => {
+                    read(Reply::refused("the dry run planned nothing".to_string()))
+                }
+                Ok(Response::Previewed(p)) => {
                     let reader = views.reader();
                     let judged = ctx
                         .top
