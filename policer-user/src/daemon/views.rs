@@ -589,35 +589,10 @@ impl Views {
         // A manual ban over it overrides every rule and set entry under
         // the ban's prefix.
         if let By::Ban(e) = answer.by {
-            let k = e.key;
-            let net = k.net.to_string();
-            v.ban = self.bans()?.into_iter().find(|b| b.origin == "manual" && b.prefix == net);
-            v.rule = Some(k.to_string());
-            v.action = Some("deny".into());
-            v.now = "drop".into();
-            v.verdict = "drop".into();
-            return Ok((v, Applied::Ban(k.net)));
+            return self.judge_manual_ban(v, e.key);
         }
         // The program's own choice, from its maps.
-        let Some(prefix_rule) = self.reader.prefix_rule(addr)? else {
-            return Ok((v, Applied::Rule { slot: None, banned: None }));
-        };
-        let rule = match l4 {
-            Some(f) => {
-                let filter = self.reader.class_filter(prefix_rule.classes)?;
-                let list = match prefix_rule.classes {
-                    0 => None,
-                    g => self.reader.class_list(policer_common::class::index_key(g, f.proto, f.dport))?,
-                };
-                let mut l = Fetched { frame: f, filter: filter.as_ref(), list: list.as_ref() };
-                policer_common::class::select(&prefix_rule, f.proto, &mut l).copied().unwrap_or(prefix_rule)
-            }
-            None => prefix_rule,
-        };
-        if rule.action == policer_common::ACTION_NONE {
-            return Ok((v, Applied::Rule { slot: None, banned: None }));
-        }
-        let Some(action) = Action::from_u32(rule.action) else {
+        let Some((rule, action)) = self.program_choice(addr, l4)? else {
             return Ok((v, Applied::Rule { slot: None, banned: None }));
         };
         // The protected prefix's own value (`protect::protected_rule`:
@@ -665,7 +640,54 @@ impl Views {
         // Byte mode: a full-size frame unless told (a 64-byte one is
         // admitted long before the frames a flow really sends).
         v.frame_bytes = if rule.byte_cost != 0 { frame.bytes.unwrap_or(FULL_FRAME_BYTES) } else { 0 };
-        let bucket = self.reader.bucket(&key)?;
+        let refused = self.judge_bucket(&mut v, &rule, &key)?;
+        v.now = if refused && action == Action::Police { "drop" } else { "pass" }.into();
+        v.verdict = if refused { refusal } else { "pass" }.into();
+        Ok((v, applied))
+    }
+
+    /// The view of a source under the manual ban of key `k`: dropped, over
+    /// every rule and set entry under the ban's prefix.
+    fn judge_manual_ban(&self, mut v: InspectView, k: &RuleKey) -> Result<(InspectView, Applied)> {
+        let net = k.net.to_string();
+        v.ban = self.bans()?.into_iter().find(|b| b.origin == "manual" && b.prefix == net);
+        v.rule = Some(k.to_string());
+        v.action = Some("deny".into());
+        v.now = "drop".into();
+        v.verdict = "drop".into();
+        Ok((v, Applied::Ban(k.net)))
+    }
+
+    /// The program's own choice for a frame from `addr` (`l4`: its fields,
+    /// if given), from its maps: the prefix's rule, or the class of it that
+    /// takes the frame, and its action; none when no rule applies.
+    fn program_choice(&self, addr: IpAddr, l4: Option<FrameL4>) -> Result<Option<(Rule, Action)>> {
+        let Some(prefix_rule) = self.reader.prefix_rule(addr)? else {
+            return Ok(None);
+        };
+        let rule = match l4 {
+            Some(f) => {
+                let filter = self.reader.class_filter(prefix_rule.classes)?;
+                let list = match prefix_rule.classes {
+                    0 => None,
+                    g => self.reader.class_list(policer_common::class::index_key(g, f.proto, f.dport))?,
+                };
+                let mut l = Fetched { frame: f, filter: filter.as_ref(), list: list.as_ref() };
+                policer_common::class::select(&prefix_rule, f.proto, &mut l).copied().unwrap_or(prefix_rule)
+            }
+            None => prefix_rule,
+        };
+        if rule.action == policer_common::ACTION_NONE {
+            return Ok(None);
+        }
+        Ok(Action::from_u32(rule.action).map(|action| (rule, action)))
+    }
+
+    /// A police or monitor rule's bucket of `key` as the program reads it
+    /// for the frame (with no bucket, the recall, then the rule's
+    /// new-source limiter), into `v`: whether the frame is refused now.
+    fn judge_bucket(&self, v: &mut InspectView, rule: &Rule, key: &BucketKey) -> Result<bool> {
+        let bucket = self.reader.bucket(key)?;
         // The clock after the copy (see `top`).
         let now = monotonic_ns();
         v.time_ns = now;
@@ -679,7 +701,7 @@ impl Views {
         // limiter. A recalled debt is judged as a bucket of that debt.
         let mut resumed = None;
         if bucket.is_none() {
-            match self.reader.recalled(&key, now)? {
+            match self.reader.recalled(key, now)? {
                 Some(debt) => {
                     v.new_source = Some("recalled".into());
                     let resumed_bucket = rule.bucket(rule.resumed_tat(now, debt));
@@ -696,10 +718,7 @@ impl Views {
         }
         let wait = rule.wait_ns(bucket.as_ref().or(resumed.as_ref()), now, v.frame_bytes.max(64));
         v.next_admit_ns = (wait != u64::MAX).then_some(wait);
-        let refused = wait != 0 || v.new_source.as_deref() == Some("limited");
-        v.now = if refused && action == Action::Police { "drop" } else { "pass" }.into();
-        v.verdict = if refused { refusal } else { "pass" }.into();
-        Ok((v, applied))
+        Ok(wait != 0 || v.new_source.as_deref() == Some("limited"))
     }
 
     /// Everything over `addr`, most specific first, each saying whether
