@@ -254,26 +254,9 @@ impl Daemon {
         undo.commit()?;
         d.finished = false;
         d.remove_expired(&expired, out);
-        // A config set replaced the saved set of its name: its state file
-        // would bring it back at a restart without the [[set]] table.
-        for n in &replaced {
-            if let Err(e) = crate::sets::remove(&d.sets_dir, n) {
-                let _ = writeln!(out, "policer: warning: the saved set '{n}' is replaced, but not its state file: {e}");
-            }
-        }
+        d.remove_replaced_state_files(&replaced, out);
         d.rs.set_file_rules(s.specs);
-        if !migrated.is_empty() {
-            let legacy = crate::sets::legacy_dir(&args.config);
-            let _ = match crate::sets::remove_legacy(&legacy, &migrated) {
-                Ok(()) => writeln!(out, "policer: removed {}, the sets' old place", legacy.display()),
-                Err(e) => writeln!(
-                    out,
-                    "policer: {} is no longer read (its sets are in {} now) and could not be removed: {e}",
-                    legacy.display(),
-                    d.sets_dir.display()
-                ),
-            };
-        }
+        d.remove_legacy_sets_dir(&args.config, &migrated, out);
 
         // Before saying "policing", so whoever reads the file next sees it.
         if s.changes_file {
@@ -282,7 +265,41 @@ impl Daemon {
         // What reading and planning the rules held for a moment (the
         // file's parse tree, the plan) goes back to the system.
         crate::config::ConfigFile::release_memory();
-        if let Some(m) = &d.metrics
+        d.announce(args, &s.ifaces.names, &replaced, out);
+        Ok(d)
+    }
+
+    /// A config set replaced the saved set of its name: its state file
+    /// would bring it back at a restart without the [[set]] table.
+    fn remove_replaced_state_files(&self, replaced: &[String], out: &mut impl Write) {
+        for n in replaced {
+            if let Err(e) = crate::sets::remove(&self.sets_dir, n) {
+                let _ = writeln!(out, "policer: warning: the saved set '{n}' is replaced, but not its state file: {e}");
+            }
+        }
+    }
+
+    /// Once sets were copied from beside `config` (`migrated`, an
+    /// upgrade), removes their old place, saying so.
+    fn remove_legacy_sets_dir(&self, config: &Path, migrated: &[String], out: &mut impl Write) {
+        if !migrated.is_empty() {
+            let legacy = crate::sets::legacy_dir(config);
+            let _ = match crate::sets::remove_legacy(&legacy, migrated) {
+                Ok(()) => writeln!(out, "policer: removed {}, the sets' old place", legacy.display()),
+                Err(e) => writeln!(
+                    out,
+                    "policer: {} is no longer read (its sets are in {} now) and could not be removed: {e}",
+                    legacy.display(),
+                    self.sets_dir.display()
+                ),
+            };
+        }
+    }
+
+    /// Says that the daemon polices (on `names`), and where it serves
+    /// metrics; `replaced`: the saved sets the config's replace.
+    fn announce(&self, args: &DaemonArgs, names: &[String], replaced: &[String], out: &mut impl Write) {
+        if let Some(m) = &self.metrics
             && let Ok(a) = m.local_addr()
         {
             let _ = writeln!(out, "policer: serving Prometheus metrics on http://{a}/metrics");
@@ -290,17 +307,16 @@ impl Daemon {
         let _ = writeln!(
             out,
             "policer: policing on {} with {} rules from {}{}{}; {}",
-            s.ifaces.names.join(", "),
-            d.rs.rules().len(),
+            names.join(", "),
+            self.rs.rules().len(),
             args.config.display(),
-            d.beyond_defaults(),
+            self.beyond_defaults(),
             replaced
                 .iter()
                 .map(|n| format!("; the config's set '{n}' replaces the saved set of that name"))
                 .collect::<String>(),
             if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
         );
-        Ok(d)
     }
 
     /// Attaches the new program to every interface: replacing a policer
