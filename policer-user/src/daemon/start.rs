@@ -450,44 +450,14 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
     // next write of the file drops them).
     super::ruleset::drop_expired(&mut specs);
     let cfg = file.config();
-    // What `--rate/--burst` change in the file's rules (issue 43, point
-    // 9): said and audited once the start has written them.
-    let mut rate_changes = Vec::new();
-    if let Some(rate) = args.rate {
-        for s in default_rules(rate, &args.burst)? {
-            let k = s.key();
-            match specs.get(&k) {
-                None => rate_changes.push(format!("+{k} ({})", crate::rules::summary(&s))),
-                Some(old) if *old != s => {
-                    rate_changes.push(format!("{k}: {}", crate::rules::changes(old, &s).join(", ")))
-                }
-                Some(_) => {}
-            }
-            specs.insert(k, s);
-        }
-    } else if args.burst.is_some() {
-        return Err(Error::Invalid("--burst needs --rate".into()));
-    }
+    let rate_changes = rate_changes(args, &mut specs)?;
     if specs.is_empty() {
         return Err(Error::Invalid(format!(
             "nothing to police: give --rate (and --burst), or rules in {}",
             args.config.display()
         )));
     }
-    let given = if args.ifaces.is_empty() { cfg.daemon.interfaces.clone() } else { args.ifaces.clone() };
-    if given.is_empty() {
-        return Err(Error::Invalid(format!("no interface given, and none in {}", args.config.display())));
-    }
-    let names = netlink::resolve_interfaces(&given)?;
-    let mut seen = std::collections::HashSet::new();
-    let mut indexes = Vec::new();
-    for n in &names {
-        if !seen.insert(n) {
-            return Err(Error::DuplicateInterface(n.clone()));
-        }
-        indexes.push(if_index(n)?);
-    }
-    let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
+    let ifaces = interfaces(args, cfg)?;
     let max_sources = args.max_sources.or(cfg.daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
     let max_rules = args.max_rules.or(cfg.daemon.max_rules).unwrap_or(DEFAULT_MAX_RULES);
     if specs.len() > max_rules as usize {
@@ -512,29 +482,16 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
     let layout_version = hooks::layout_version()?;
     let sized_sources = args.max_sources.is_some() || cfg.daemon.max_sources.is_some();
     let sized_rules = args.max_rules.is_some() || cfg.daemon.max_rules.is_some();
-    let changes_file = args.rate.is_some() || cfg.daemon.interfaces != given;
+    let changes_file = args.rate.is_some() || cfg.daemon.interfaces != ifaces.given;
     let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
-    let crowdsec = match &cfg.crowdsec {
-        Some(c) => {
-            let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
-            let s = c.settings(base)?;
-            for w in &s.warnings {
-                say_err!("policer: warning: {w}");
-            }
-            if let Some(warning) = super::crowdsec::check_at_start(&s)? {
-                say!("policer: {warning}");
-            }
-            Some(s)
-        }
-        None => None,
-    };
+    let crowdsec = crowdsec_settings(args, cfg)?;
     Ok(Settings {
         file,
         changes_file,
         changes_rules: args.rate.is_some(),
         rate_changes,
         specs,
-        ifaces: Interfaces { given, names, indexes, mode },
+        ifaces,
         max_sources,
         max_rules,
         sized_sources,
@@ -544,6 +501,64 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
         protect,
         crowdsec,
     })
+}
+
+/// Puts the default rules of `--rate/--burst` in `specs`; what they change
+/// in the file's rules (issue 43, point 9): said and audited once the
+/// start has written them.
+fn rate_changes(args: &DaemonArgs, specs: &mut BTreeMap<RuleKey, RuleSpec>) -> Result<Vec<String>> {
+    let mut rate_changes = Vec::new();
+    if let Some(rate) = args.rate {
+        for s in default_rules(rate, &args.burst)? {
+            let k = s.key();
+            match specs.get(&k) {
+                None => rate_changes.push(format!("+{k} ({})", crate::rules::summary(&s))),
+                Some(old) if *old != s => {
+                    rate_changes.push(format!("{k}: {}", crate::rules::changes(old, &s).join(", ")))
+                }
+                Some(_) => {}
+            }
+            specs.insert(k, s);
+        }
+    } else if args.burst.is_some() {
+        return Err(Error::Invalid("--burst needs --rate".into()));
+    }
+    Ok(rate_changes)
+}
+
+/// The interfaces to police (the command line's, or the file's), each
+/// resolved to its name and index once, and the attach mode.
+fn interfaces(args: &DaemonArgs, cfg: &crate::config::Config) -> Result<Interfaces> {
+    let given = if args.ifaces.is_empty() { cfg.daemon.interfaces.clone() } else { args.ifaces.clone() };
+    if given.is_empty() {
+        return Err(Error::Invalid(format!("no interface given, and none in {}", args.config.display())));
+    }
+    let names = netlink::resolve_interfaces(&given)?;
+    let mut seen = std::collections::HashSet::new();
+    let mut indexes = Vec::new();
+    for n in &names {
+        if !seen.insert(n) {
+            return Err(Error::DuplicateInterface(n.clone()));
+        }
+        indexes.push(if_index(n)?);
+    }
+    let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
+    Ok(Interfaces { given, names, indexes, mode })
+}
+
+/// `[crowdsec]`, checked, its warnings said (and its key tried against the
+/// Local API); none without the table.
+fn crowdsec_settings(args: &DaemonArgs, cfg: &crate::config::Config) -> Result<Option<crate::crowdsec::Settings>> {
+    let Some(c) = &cfg.crowdsec else { return Ok(None) };
+    let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
+    let s = c.settings(base)?;
+    for w in &s.warnings {
+        say_err!("policer: warning: {w}");
+    }
+    if let Some(warning) = super::crowdsec::check_at_start(&s)? {
+        say!("policer: {warning}");
+    }
+    Ok(Some(s))
 }
 
 /// Takes this namespace's lock and the metrics port: a second daemon, or a
