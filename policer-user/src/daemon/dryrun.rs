@@ -323,10 +323,40 @@ fn rate(c: &Cand) -> f64 {
 /// their rate, each judged under the rule each side gives it.
 pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration) -> DryLive {
     let mut live = DryLive { window_ms: window.as_millis() as u64, ..Default::default() };
+    let mut cands = match changing_sources(reader, preview, &mut live.sources) {
+        Ok(cands) => cands,
+        Err(e) => {
+            live.error = Some(e.to_string());
+            return live;
+        }
+    };
+    live.judged = cands.len() as u64;
+    if let Err(e) = watch(reader, &mut cands, window) {
+        live.error = Some(e.to_string());
+        return live;
+    }
+    let window_s = window.as_secs_f64().max(1e-3);
+    let rows: Vec<(bool, DrySource)> = cands.into_iter().filter_map(|c| changed_verdict(c, window_s)).collect();
+    let (mut p2d, mut d2p): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(pass_now, _)| *pass_now);
+    for (list, count, top) in [
+        (&mut p2d, &mut live.pass_to_drop, &mut live.pass_to_drop_top),
+        (&mut d2p, &mut live.drop_to_pass, &mut live.drop_to_pass_top),
+    ] {
+        *count = list.len() as u64;
+        list.sort_by(|a, b| b.1.rate_pps.total_cmp(&a.1.rate_pps).then_with(|| a.1.source.cmp(&b.1.source)));
+        *top = list.drain(..).take(DRY_SAMPLE).map(|(_, s)| s).collect();
+    }
+    live
+}
+
+/// The sources in the bucket table (read once, off the owner; `sources`
+/// counts them) whose rule would change: the first [`MAX_MEASURED`], most
+/// dropped first.
+fn changing_sources(reader: &MapReader, preview: &Preview, sources: &mut u64) -> crate::Result<Vec<Cand>> {
     let mut cands: Vec<(u64, Cand)> = Vec::new();
     let (before, after) = (preview.before.resolver(), preview.after.resolver());
-    let r = reader.for_each_bucket_read(|k, b, _| {
-        live.sources += 1;
+    reader.for_each_bucket_read(|k, b, _| {
+        *sources += 1;
         let (addr, source) = source_of(k);
         let (now, after, class) = if k.class == 0 {
             (preview.before.lookup(&before, addr), preview.after.lookup(&after, addr), "-".to_string())
@@ -347,28 +377,21 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
         }
         let c = Cand { key: *k, source, class, now, after, first: None, last: None, busy: 0, refusing: 0, reads: 0 };
         cands.push((b.drops(), c));
-    });
-    if let Err(e) = r {
-        live.error = Some(e.to_string());
-        return live;
-    }
+    })?;
     cands.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.source.cmp(&b.1.source)));
-    let mut cands: Vec<Cand> = cands.into_iter().take(MAX_MEASURED).map(|(_, c)| c).collect();
-    live.judged = cands.len() as u64;
+    Ok(cands.into_iter().take(MAX_MEASURED).map(|(_, c)| c).collect())
+}
+
+/// Reads the bucket of each of `cands` [`SAMPLES`] times over `window`,
+/// each read kept in its [`Cand`].
+fn watch(reader: &MapReader, cands: &mut [Cand], window: Duration) -> crate::Result<()> {
     // Reads spread over the window, each pause jittered so that a source
     // sending at a steady pace is not read in step with it.
     let step = window / SAMPLES as u32;
     let mut seed = super::monotonic_ns() | 1;
     for _ in 0..SAMPLES {
         for c in cands.iter_mut() {
-            let b = match reader.bucket(&c.key) {
-                Ok(Some(b)) => b,
-                Ok(None) => continue,
-                Err(e) => {
-                    live.error = Some(e.to_string());
-                    return live;
-                }
-            };
+            let Some(b) = reader.bucket(&c.key)? else { continue };
             let t = super::monotonic_ns();
             c.first.get_or_insert((b, t));
             c.last = Some((b, t));
@@ -386,65 +409,58 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
         let jitter = step.mul_f64(0.5 + (seed % 1000) as f64 / 1000.0);
         std::thread::sleep(jitter);
     }
-    let window_s = window.as_secs_f64().max(1e-3);
-    let mut rows: Vec<(bool, DrySource)> = Vec::new();
-    for c in cands {
-        let Some((b, t)) = c.last else { continue };
-        let fps = rate(&c);
-        let (mut pass_now, mut why_now) = verdict(c.now.rule.as_ref(), fps, &b, t, window_s);
-        // Drops counted while watched are the verdict now, whatever the
-        // rate says (drops are counted one in 2^N, as 2^N: the rate of a
-        // dropped source is the less exact part).
-        let dropped = c.first.map_or(0, |(b0, _)| b.drops().saturating_sub(b0.drops()));
-        let polices = |r: Option<&Rule>| r.is_some_and(|r| r.action == Action::Police as u32);
-        // A bucket found refusing at most reads is at its limit: the source
-        // sends at least the rule's rate and loses the rest (the drops it
-        // lost are counted one in 2^N, so their absence says little).
-        let at_limit = c.refusing * 2 > c.reads;
-        if pass_now && polices(c.now.rule.as_ref()) && (dropped > 0 || at_limit) {
-            let how = if at_limit { "is at its limit" } else { "lost frames" };
-            (pass_now, why_now) = (false, format!("sends {fps:.0} pps or more and {how} while watched"));
-        }
-        let (mut pass_after, mut why_after) = verdict(c.after.rule.as_ref(), fps, &b, t, window_s);
-        // At its limit now, it sends at least that rate: a rule after that
-        // admits no more than the rule now drops it too.
-        if at_limit
-            && pass_after
-            && let (Some(n), Some(a)) = (c.now.rule.as_ref(), c.after.rule.as_ref())
-            && polices(Some(a))
-            && capacity_fps(a) <= capacity_fps(n) * 1.01 + 1.0 / window_s
-        {
-            (pass_after, why_after) =
-                (false, format!("sends at least the {:.0} pps it is held to now, over the rule's", capacity_fps(a)));
-        }
-        if pass_now == pass_after {
-            continue;
-        }
-        let word = |p: bool| if p { "pass" } else { "drop" }.to_string();
-        rows.push((
-            pass_now,
-            DrySource {
-                source: c.source,
-                class: c.class,
-                rule_now: c.now.label,
-                rule_after: c.after.label,
-                rate_pps: (fps * 10.0).round() / 10.0,
-                now: word(pass_now),
-                after: word(pass_after),
-                why: format!("now: {why_now}; after: {why_after}"),
-            },
-        ));
+    Ok(())
+}
+
+/// A watched source judged now and after at the rate it sent (`window_s`:
+/// the window, in seconds): its row and whether it passes now, if its
+/// verdict changes.
+fn changed_verdict(c: Cand, window_s: f64) -> Option<(bool, DrySource)> {
+    let (b, t) = c.last?;
+    let fps = rate(&c);
+    let (mut pass_now, mut why_now) = verdict(c.now.rule.as_ref(), fps, &b, t, window_s);
+    // Drops counted while watched are the verdict now, whatever the
+    // rate says (drops are counted one in 2^N, as 2^N: the rate of a
+    // dropped source is the less exact part).
+    let dropped = c.first.map_or(0, |(b0, _)| b.drops().saturating_sub(b0.drops()));
+    let polices = |r: Option<&Rule>| r.is_some_and(|r| r.action == Action::Police as u32);
+    // A bucket found refusing at most reads is at its limit: the source
+    // sends at least the rule's rate and loses the rest (the drops it
+    // lost are counted one in 2^N, so their absence says little).
+    let at_limit = c.refusing * 2 > c.reads;
+    if pass_now && polices(c.now.rule.as_ref()) && (dropped > 0 || at_limit) {
+        let how = if at_limit { "is at its limit" } else { "lost frames" };
+        (pass_now, why_now) = (false, format!("sends {fps:.0} pps or more and {how} while watched"));
     }
-    let (mut p2d, mut d2p): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(pass_now, _)| *pass_now);
-    for (list, count, top) in [
-        (&mut p2d, &mut live.pass_to_drop, &mut live.pass_to_drop_top),
-        (&mut d2p, &mut live.drop_to_pass, &mut live.drop_to_pass_top),
-    ] {
-        *count = list.len() as u64;
-        list.sort_by(|a, b| b.1.rate_pps.total_cmp(&a.1.rate_pps).then_with(|| a.1.source.cmp(&b.1.source)));
-        *top = list.drain(..).take(DRY_SAMPLE).map(|(_, s)| s).collect();
+    let (mut pass_after, mut why_after) = verdict(c.after.rule.as_ref(), fps, &b, t, window_s);
+    // At its limit now, it sends at least that rate: a rule after that
+    // admits no more than the rule now drops it too.
+    if at_limit
+        && pass_after
+        && let (Some(n), Some(a)) = (c.now.rule.as_ref(), c.after.rule.as_ref())
+        && polices(Some(a))
+        && capacity_fps(a) <= capacity_fps(n) * 1.01 + 1.0 / window_s
+    {
+        (pass_after, why_after) =
+            (false, format!("sends at least the {:.0} pps it is held to now, over the rule's", capacity_fps(a)));
     }
-    live
+    if pass_now == pass_after {
+        return None;
+    }
+    let word = |p: bool| if p { "pass" } else { "drop" }.to_string();
+    Some((
+        pass_now,
+        DrySource {
+            source: c.source,
+            class: c.class,
+            rule_now: c.now.label,
+            rule_after: c.after.label,
+            rate_pps: (fps * 10.0).round() / 10.0,
+            now: word(pass_now),
+            after: word(pass_after),
+            why: format!("now: {why_now}; after: {why_after}"),
+        },
+    ))
 }
 
 #[cfg(test)]

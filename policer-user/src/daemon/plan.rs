@@ -282,21 +282,8 @@ pub(super) fn plan_edits(
     edits: &BTreeMap<RuleKey, Option<RuleSpec>>,
     free: impl IntoIterator<Item = u32>,
 ) -> Result<Option<Plan>> {
-    for (key, spec) in edits {
-        if !key.class().is_none() || (key.ban && key.net.prefix_len() == 0) {
-            return Ok(None);
-        }
-        if let Some(spec) = spec {
-            now.protect.refuse_rule(spec)?;
-        }
-    }
-    if !now.class_nets.is_empty() {
-        if now.class_nets.len() > MAX_CLASS_NETS_SCANNED {
-            return Ok(None);
-        }
-        if edits.keys().any(|k| now.class_nets.keys().any(|c| k.net.contains(c))) {
-            return Ok(None);
-        }
+    if !edits_plannable(now, edits)? {
+        return Ok(None);
     }
     let added = edits.iter().filter(|(k, v)| v.is_some() && !now.rules.contains_key(*k)).count();
     let removed = edits.iter().filter(|(k, v)| v.is_none() && now.rules.contains_key(*k)).count();
@@ -347,6 +334,52 @@ pub(super) fn plan_edits(
         rules.insert(key.clone(), inst);
     }
     let next_id = id;
+    let prefixes = changed_prefixes(now, edits, &rules)?;
+    let mut groups = now.groups.clone();
+    groups.settle();
+    Ok(Some(Plan {
+        rules,
+        writes,
+        taken,
+        freed: gone,
+        compiled: Compiled::default(),
+        delta: Some(Delta { keys: edits.keys().cloned().collect(), prefixes }),
+        groups,
+        next_id,
+    }))
+}
+
+/// Whether [`plan_edits`] plans `edits` on their own: no rule with a
+/// class, no ban of a /0, and no class rule at or under an edited prefix
+/// (among at most [`MAX_CLASS_NETS_SCANNED`] class prefixes). Refuses a
+/// rule over a protected prefix first.
+fn edits_plannable(now: &InForce<'_>, edits: &BTreeMap<RuleKey, Option<RuleSpec>>) -> Result<bool> {
+    for (key, spec) in edits {
+        if !key.class().is_none() || (key.ban && key.net.prefix_len() == 0) {
+            return Ok(false);
+        }
+        if let Some(spec) = spec {
+            now.protect.refuse_rule(spec)?;
+        }
+    }
+    if !now.class_nets.is_empty() {
+        if now.class_nets.len() > MAX_CLASS_NETS_SCANNED {
+            return Ok(false);
+        }
+        if edits.keys().any(|k| now.class_nets.keys().any(|c| k.net.contains(c))) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The tries' prefixes whose value `edits` change, in order, each with
+/// its value under `rules` (the rules after the edits; `None`: removed).
+fn changed_prefixes(
+    now: &InForce<'_>,
+    edits: &BTreeMap<RuleKey, Option<RuleSpec>>,
+    rules: &Rules,
+) -> Result<Vec<(IpNet, Option<Rule>)>> {
     // The prefixes whose value may change: each edited one, and under an
     // edited ban every prefix with a rule.
     let mut nets: BTreeSet<IpNet> = edits.keys().map(|k| k.net).collect();
@@ -363,23 +396,12 @@ pub(super) fn plan_edits(
     }
     let mut prefixes = Vec::new();
     for net in nets {
-        let value = value_at(&rules, net, now.protect)?;
+        let value = value_at(rules, net, now.protect)?;
         if now.compiled.prefixes.get(&net) != value.as_ref() {
             prefixes.push((net, value));
         }
     }
-    let mut groups = now.groups.clone();
-    groups.settle();
-    Ok(Some(Plan {
-        rules,
-        writes,
-        taken,
-        freed: gone,
-        compiled: Compiled::default(),
-        delta: Some(Delta { keys: edits.keys().cloned().collect(), prefixes }),
-        groups,
-        next_id,
-    }))
+    Ok(prefixes)
 }
 
 /// The tries' value at `net` under `rules`, as [`compile`] and

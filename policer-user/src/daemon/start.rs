@@ -253,26 +253,9 @@ impl Daemon {
         undo.commit()?;
         d.finished = false;
         d.sets.remove_expired(&expired, out);
-        // A config set replaced the saved set of its name: its state file
-        // would bring it back at a restart without the [[set]] table.
-        for n in &replaced {
-            if let Err(e) = crate::sets::remove(d.sets.dir(), n) {
-                let _ = writeln!(out, "policer: warning: the saved set '{n}' is replaced, but not its state file: {e}");
-            }
-        }
+        d.remove_replaced_state_files(&replaced, out);
         d.rs.set_file_rules(s.specs);
-        if !migrated.is_empty() {
-            let legacy = crate::sets::legacy_dir(&args.config);
-            let _ = match crate::sets::remove_legacy(&legacy, &migrated) {
-                Ok(()) => writeln!(out, "policer: removed {}, the sets' old place", legacy.display()),
-                Err(e) => writeln!(
-                    out,
-                    "policer: {} is no longer read (its sets are in {} now) and could not be removed: {e}",
-                    legacy.display(),
-                    d.sets.dir().display()
-                ),
-            };
-        }
+        d.remove_legacy_sets_dir(&args.config, &migrated, out);
 
         // Before saying "policing", so whoever reads the file next sees it.
         if s.changes_file {
@@ -281,7 +264,41 @@ impl Daemon {
         // What reading and planning the rules held for a moment (the
         // file's parse tree, the plan) goes back to the system.
         crate::config::ConfigFile::release_memory();
-        if let Some(m) = &d.metrics
+        d.announce(args, &s.ifaces.names, &replaced, out);
+        Ok(d)
+    }
+
+    /// A config set replaced the saved set of its name: its state file
+    /// would bring it back at a restart without the [[set]] table.
+    fn remove_replaced_state_files(&self, replaced: &[String], out: &mut impl Write) {
+        for n in replaced {
+            if let Err(e) = crate::sets::remove(self.sets.dir(), n) {
+                let _ = writeln!(out, "policer: warning: the saved set '{n}' is replaced, but not its state file: {e}");
+            }
+        }
+    }
+
+    /// Once sets were copied from beside `config` (`migrated`, an
+    /// upgrade), removes their old place, saying so.
+    fn remove_legacy_sets_dir(&self, config: &Path, migrated: &[String], out: &mut impl Write) {
+        if !migrated.is_empty() {
+            let legacy = crate::sets::legacy_dir(config);
+            let _ = match crate::sets::remove_legacy(&legacy, migrated) {
+                Ok(()) => writeln!(out, "policer: removed {}, the sets' old place", legacy.display()),
+                Err(e) => writeln!(
+                    out,
+                    "policer: {} is no longer read (its sets are in {} now) and could not be removed: {e}",
+                    legacy.display(),
+                    self.sets.dir().display()
+                ),
+            };
+        }
+    }
+
+    /// Says that the daemon polices (on `names`), and where it serves
+    /// metrics; `replaced`: the saved sets the config's replace.
+    fn announce(&self, args: &DaemonArgs, names: &[String], replaced: &[String], out: &mut impl Write) {
+        if let Some(m) = &self.metrics
             && let Ok(a) = m.local_addr()
         {
             let _ = writeln!(out, "policer: serving Prometheus metrics on http://{a}/metrics");
@@ -289,17 +306,16 @@ impl Daemon {
         let _ = writeln!(
             out,
             "policer: policing on {} with {} rules from {}{}{}; {}",
-            s.ifaces.names.join(", "),
-            d.rs.rules().len(),
+            names.join(", "),
+            self.rs.rules().len(),
             args.config.display(),
-            d.beyond_defaults(),
+            self.beyond_defaults(),
             replaced
                 .iter()
                 .map(|n| format!("; the config's set '{n}' replaces the saved set of that name"))
                 .collect::<String>(),
             if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
         );
-        Ok(d)
     }
 
     /// Attaches the new program to every interface: replacing a policer
@@ -433,44 +449,14 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
     // next write of the file drops them).
     super::ruleset::drop_expired(&mut specs);
     let cfg = file.config();
-    // What `--rate/--burst` change in the file's rules (issue 43, point
-    // 9): said and audited once the start has written them.
-    let mut rate_changes = Vec::new();
-    if let Some(rate) = args.rate {
-        for s in default_rules(rate, &args.burst)? {
-            let k = s.key();
-            match specs.get(&k) {
-                None => rate_changes.push(format!("+{k} ({})", crate::rules::summary(&s))),
-                Some(old) if *old != s => {
-                    rate_changes.push(format!("{k}: {}", crate::rules::changes(old, &s).join(", ")))
-                }
-                Some(_) => {}
-            }
-            specs.insert(k, s);
-        }
-    } else if args.burst.is_some() {
-        return Err(Error::Invalid("--burst needs --rate".into()));
-    }
+    let rate_changes = rate_changes(args, &mut specs)?;
     if specs.is_empty() {
         return Err(Error::Invalid(format!(
             "nothing to police: give --rate (and --burst), or rules in {}",
             args.config.display()
         )));
     }
-    let given = if args.ifaces.is_empty() { cfg.daemon.interfaces.clone() } else { args.ifaces.clone() };
-    if given.is_empty() {
-        return Err(Error::Invalid(format!("no interface given, and none in {}", args.config.display())));
-    }
-    let names = netlink::resolve_interfaces(&given)?;
-    let mut seen = std::collections::HashSet::new();
-    let mut indexes = Vec::new();
-    for n in &names {
-        if !seen.insert(n) {
-            return Err(Error::DuplicateInterface(n.clone()));
-        }
-        indexes.push(if_index(n)?);
-    }
-    let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
+    let ifaces = interfaces(args, cfg)?;
     let max_sources = args.max_sources.or(cfg.daemon.max_sources).unwrap_or(DEFAULT_MAX_SOURCES);
     let max_rules = args.max_rules.or(cfg.daemon.max_rules).unwrap_or(DEFAULT_MAX_RULES);
     if specs.len() > max_rules as usize {
@@ -495,29 +481,16 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
     let layout_version = hooks::layout_version()?;
     let sized_sources = args.max_sources.is_some() || cfg.daemon.max_sources.is_some();
     let sized_rules = args.max_rules.is_some() || cfg.daemon.max_rules.is_some();
-    let changes_file = args.rate.is_some() || cfg.daemon.interfaces != given;
+    let changes_file = args.rate.is_some() || cfg.daemon.interfaces != ifaces.given;
     let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
-    let crowdsec = match &cfg.crowdsec {
-        Some(c) => {
-            let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
-            let s = c.settings(base)?;
-            for w in &s.warnings {
-                say_err!("policer: warning: {w}");
-            }
-            if let Some(warning) = super::crowdsec::check_at_start(&s)? {
-                say!("policer: {warning}");
-            }
-            Some(s)
-        }
-        None => None,
-    };
+    let crowdsec = crowdsec_settings(args, cfg)?;
     Ok(Settings {
         file,
         changes_file,
         changes_rules: args.rate.is_some(),
         rate_changes,
         specs,
-        ifaces: Interfaces { given, names, indexes, mode },
+        ifaces,
         max_sources,
         max_rules,
         sized_sources,
@@ -527,6 +500,64 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
         protect,
         crowdsec,
     })
+}
+
+/// Puts the default rules of `--rate/--burst` in `specs`; what they change
+/// in the file's rules (issue 43, point 9): said and audited once the
+/// start has written them.
+fn rate_changes(args: &DaemonArgs, specs: &mut BTreeMap<RuleKey, RuleSpec>) -> Result<Vec<String>> {
+    let mut rate_changes = Vec::new();
+    if let Some(rate) = args.rate {
+        for s in default_rules(rate, &args.burst)? {
+            let k = s.key();
+            match specs.get(&k) {
+                None => rate_changes.push(format!("+{k} ({})", crate::rules::summary(&s))),
+                Some(old) if *old != s => {
+                    rate_changes.push(format!("{k}: {}", crate::rules::changes(old, &s).join(", ")))
+                }
+                Some(_) => {}
+            }
+            specs.insert(k, s);
+        }
+    } else if args.burst.is_some() {
+        return Err(Error::Invalid("--burst needs --rate".into()));
+    }
+    Ok(rate_changes)
+}
+
+/// The interfaces to police (the command line's, or the file's), each
+/// resolved to its name and index once, and the attach mode.
+fn interfaces(args: &DaemonArgs, cfg: &crate::config::Config) -> Result<Interfaces> {
+    let given = if args.ifaces.is_empty() { cfg.daemon.interfaces.clone() } else { args.ifaces.clone() };
+    if given.is_empty() {
+        return Err(Error::Invalid(format!("no interface given, and none in {}", args.config.display())));
+    }
+    let names = netlink::resolve_interfaces(&given)?;
+    let mut seen = std::collections::HashSet::new();
+    let mut indexes = Vec::new();
+    for n in &names {
+        if !seen.insert(n) {
+            return Err(Error::DuplicateInterface(n.clone()));
+        }
+        indexes.push(if_index(n)?);
+    }
+    let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
+    Ok(Interfaces { given, names, indexes, mode })
+}
+
+/// `[crowdsec]`, checked, its warnings said (and its key tried against the
+/// Local API); none without the table.
+fn crowdsec_settings(args: &DaemonArgs, cfg: &crate::config::Config) -> Result<Option<crate::crowdsec::Settings>> {
+    let Some(c) = &cfg.crowdsec else { return Ok(None) };
+    let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
+    let s = c.settings(base)?;
+    for w in &s.warnings {
+        say_err!("policer: warning: {w}");
+    }
+    if let Some(warning) = super::crowdsec::check_at_start(&s)? {
+        say!("policer: {warning}");
+    }
+    Ok(Some(s))
 }
 
 /// Takes this namespace's lock and the metrics port: a second daemon, or a

@@ -602,35 +602,10 @@ impl Views {
         // A manual ban over it overrides every rule and set entry under
         // the ban's prefix.
         if let By::Ban(e) = answer.by {
-            let k = e.key;
-            let net = k.net.to_string();
-            v.ban = self.bans()?.into_iter().find(|b| b.origin == "manual" && b.prefix == net);
-            v.rule = Some(k.to_string());
-            v.action = Some("deny".into());
-            v.now = "drop".into();
-            v.verdict = "drop".into();
-            return Ok((v, Applied::Ban(k.net)));
+            return self.judge_manual_ban(v, e.key);
         }
         // The program's own choice, from its maps.
-        let Some(prefix_rule) = self.reader.prefix_rule(addr)? else {
-            return Ok((v, Applied::Rule { slot: None, banned: None }));
-        };
-        let rule = match l4 {
-            Some(f) => {
-                let filter = self.reader.class_filter(prefix_rule.classes)?;
-                let list = match prefix_rule.classes {
-                    0 => None,
-                    g => self.reader.class_list(policer_common::class::index_key(g, f.proto, f.dport))?,
-                };
-                let mut l = Fetched { frame: f, filter: filter.as_ref(), list: list.as_ref() };
-                policer_common::class::select(&prefix_rule, f.proto, &mut l).copied().unwrap_or(prefix_rule)
-            }
-            None => prefix_rule,
-        };
-        if rule.action == policer_common::ACTION_NONE {
-            return Ok((v, Applied::Rule { slot: None, banned: None }));
-        }
-        let Some(action) = Action::from_u32(rule.action) else {
+        let Some((rule, action)) = self.program_choice(addr, l4)? else {
             return Ok((v, Applied::Rule { slot: None, banned: None }));
         };
         // The protected prefix's own value (`protect::protected_rule`:
@@ -678,7 +653,54 @@ impl Views {
         // Byte mode: a full-size frame unless told (a 64-byte one is
         // admitted long before the frames a flow really sends).
         v.frame_bytes = if rule.byte_cost != 0 { frame.bytes.unwrap_or(FULL_FRAME_BYTES) } else { 0 };
-        let bucket = self.reader.bucket(&key)?;
+        let refused = self.judge_bucket(&mut v, &rule, &key)?;
+        v.now = if refused && action == Action::Police { "drop" } else { "pass" }.into();
+        v.verdict = if refused { refusal } else { "pass" }.into();
+        Ok((v, applied))
+    }
+
+    /// The view of a source under the manual ban of key `k`: dropped, over
+    /// every rule and set entry under the ban's prefix.
+    fn judge_manual_ban(&self, mut v: InspectView, k: &RuleKey) -> Result<(InspectView, Applied)> {
+        let net = k.net.to_string();
+        v.ban = self.bans()?.into_iter().find(|b| b.origin == "manual" && b.prefix == net);
+        v.rule = Some(k.to_string());
+        v.action = Some("deny".into());
+        v.now = "drop".into();
+        v.verdict = "drop".into();
+        Ok((v, Applied::Ban(k.net)))
+    }
+
+    /// The program's own choice for a frame from `addr` (`l4`: its fields,
+    /// if given), from its maps: the prefix's rule, or the class of it that
+    /// takes the frame, and its action; none when no rule applies.
+    fn program_choice(&self, addr: IpAddr, l4: Option<FrameL4>) -> Result<Option<(Rule, Action)>> {
+        let Some(prefix_rule) = self.reader.prefix_rule(addr)? else {
+            return Ok(None);
+        };
+        let rule = match l4 {
+            Some(f) => {
+                let filter = self.reader.class_filter(prefix_rule.classes)?;
+                let list = match prefix_rule.classes {
+                    0 => None,
+                    g => self.reader.class_list(policer_common::class::index_key(g, f.proto, f.dport))?,
+                };
+                let mut l = Fetched { frame: f, filter: filter.as_ref(), list: list.as_ref() };
+                policer_common::class::select(&prefix_rule, f.proto, &mut l).copied().unwrap_or(prefix_rule)
+            }
+            None => prefix_rule,
+        };
+        if rule.action == policer_common::ACTION_NONE {
+            return Ok(None);
+        }
+        Ok(Action::from_u32(rule.action).map(|action| (rule, action)))
+    }
+
+    /// A police or monitor rule's bucket of `key` as the program reads it
+    /// for the frame (with no bucket, the recall, then the rule's
+    /// new-source limiter), into `v`: whether the frame is refused now.
+    fn judge_bucket(&self, v: &mut InspectView, rule: &Rule, key: &BucketKey) -> Result<bool> {
+        let bucket = self.reader.bucket(key)?;
         // The clock after the copy (see `top`).
         let now = monotonic_ns();
         v.time_ns = now;
@@ -692,7 +714,7 @@ impl Views {
         // limiter. A recalled debt is judged as a bucket of that debt.
         let mut resumed = None;
         if bucket.is_none() {
-            match self.reader.recalled(&key, now)? {
+            match self.reader.recalled(key, now)? {
                 Some(debt) => {
                     v.new_source = Some("recalled".into());
                     let resumed_bucket = rule.bucket(rule.resumed_tat(now, debt));
@@ -709,10 +731,7 @@ impl Views {
         }
         let wait = rule.wait_ns(bucket.as_ref().or(resumed.as_ref()), now, v.frame_bytes.max(64));
         v.next_admit_ns = (wait != u64::MAX).then_some(wait);
-        let refused = wait != 0 || v.new_source.as_deref() == Some("limited");
-        v.now = if refused && action == Action::Police { "drop" } else { "pass" }.into();
-        v.verdict = if refused { refusal } else { "pass" }.into();
-        Ok((v, applied))
+        Ok(wait != 0 || v.new_source.as_deref() == Some("limited"))
     }
 
     /// Everything over `addr`, most specific first, each saying whether
@@ -730,6 +749,21 @@ impl Views {
         applied: &Applied,
         auto: Vec<(BucketKey, BanView)>,
     ) -> Result<Vec<InspectCover>> {
+        let cands = self.candidates(snap, covers, addr, auto)?;
+        let weighing = Weighing::new(snap, resolver, &cands, applied, framed);
+        Ok(cands.iter().map(|c| weighing.cover(c)).collect())
+    }
+
+    /// What `covering` weighs: the resolver's `covers` over `addr` and the
+    /// automatic bans of its buckets (`auto`), most specific first; at one
+    /// prefix, in the order the program weighs them.
+    fn candidates(
+        &self,
+        snap: &Snapshot,
+        covers: &[Cover<'_, RuleKey>],
+        addr: IpAddr,
+        auto: Vec<(BucketKey, BanView)>,
+    ) -> Result<Vec<Cand>> {
         let mut cands: Vec<Cand> = Vec::new();
         let manual = if covers.iter().any(|c| c.kind() == resolve::Kind::Ban) { self.bans()? } else { vec![] };
         for c in covers {
@@ -772,116 +806,7 @@ impl Views {
         // Most specific first; at one prefix, in the order the program
         // weighs them.
         cands.sort_by_key(|c| (std::cmp::Reverse(c.net.prefix_len()), c.kind));
-        // The longest prefix the tries hold over `addr`, and the longest
-        // rule's (where classes are looked for).
-        let longest = cands.iter().filter(|c| c.kind != Kind::AutoBan).map(|c| c.net).next();
-        let longest_rule = cands.iter().filter(|c| c.kind == Kind::Rule).map(|c| c.net).next();
-        let applied_net: Option<ipnet::IpNet> = match applied {
-            Applied::Protect(p) | Applied::Ban(p) => Some(*p),
-            Applied::Rule { slot: Some(slot), .. } => {
-                cands.iter().find(|c| matches!(c.kind, Kind::Rule | Kind::Set) && c.slot == Some(*slot)).map(|c| c.net)
-            }
-            Applied::Rule { slot: None, .. } => None,
-        };
-        let applied_label = cands
-            .iter()
-            .find(|c| {
-                Some(c.net) == applied_net && matches!(c.kind, Kind::Rule | Kind::Set) && c.applies(applied, None)
-            })
-            .map(|c| c.cover.rule.clone());
-        const RANK: &str = "deny > police > monitor > allow, then the name that sorts first";
-        let mut out = Vec::with_capacity(cands.len());
-        for c in &cands {
-            let mut cover = c.cover.clone();
-            cover.has_bucket = c.bucket;
-            cover.applies = c.applies(applied, applied_net);
-            let more_specific = |a: ipnet::IpNet| format!("{a} is more specific (the longest prefix wins)");
-            // The set of highest precedence among those holding `c.net`.
-            let winner = || resolver.set_winner(&c.net).map(|i| &snap.sets[i]);
-            cover.why = match (c.kind, applied) {
-                (Kind::Protect, _) if cover.applies => {
-                    "a protected prefix (protect in [daemon]): its sources pass whatever rule, set or ban covers them"
-                        .into()
-                }
-                (_, Applied::Protect(p)) => {
-                    format!(
-                        "the protected prefix {p} (protect in [daemon]) passes every source in it, over any rule, set or ban"
-                    )
-                }
-                (Kind::Ban, _) if cover.applies => {
-                    "a manual ban: drops every source in it, over the rules and set entries under it".into()
-                }
-                (Kind::AutoBan, Applied::Ban(b)) => {
-                    format!("the manual ban of {b} drops the source before any bucket is charged")
-                }
-                (_, Applied::Ban(b)) if b.contains(&c.net) => {
-                    format!("the manual ban of {b} drops every source in it, over the rules and set entries under it")
-                }
-                (_, Applied::Ban(b)) => more_specific(*b),
-                (Kind::AutoBan, _) if cover.applies => {
-                    "bans the bucket this frame charges: refused until it ends".into()
-                }
-                (Kind::AutoBan, Applied::Rule { .. }) => {
-                    let of = c.cover.ban.as_ref().and_then(|b| b.rule.clone()).unwrap_or_else(|| "another rule".into());
-                    match (c.key.map_or(0, |k| k.class), &applied_label) {
-                        (1.., _) if !framed => format!(
-                            "bans the source's bucket of {of}, a class: only frames of that class (give --proto … to \
-                             judge one)"
-                        ),
-                        (_, Some(a)) => format!("bans the source's bucket of {of}; this frame charges {a}'s"),
-                        (_, None) => format!("bans the source's bucket of {of}; this frame charges no bucket"),
-                    }
-                }
-                (Kind::Set, _) if cover.applies => match winner() {
-                    Some(w) if resolver.sets().iter().filter(|s| s.holds(&c.net)).count() > 1 => {
-                        format!(
-                            "the longest prefix over the source; {} is in several sets and {} wins ({RANK})",
-                            c.net, w.view.prefix
-                        )
-                    }
-                    _ => "the longest prefix over the source".into(),
-                },
-                (_, _) if cover.applies && c.class_rule => "the frame is of its class".into(),
-                (_, _) if cover.applies => match longest_rule {
-                    Some(l) if l != c.net && longest == Some(l) => {
-                        format!("the frame matches no class of {l}, so it falls to this class-less rule")
-                    }
-                    _ => "the longest prefix over the source".into(),
-                },
-                (Kind::Set, Applied::Rule { .. }) if applied_net == Some(c.net) => match winner() {
-                    Some(w) => format!("{} is in several sets: {} wins ({RANK})", c.net, w.view.prefix),
-                    None => "another set holds this prefix".into(),
-                },
-                (Kind::Rule, Applied::Rule { .. }) if c.class_rule => {
-                    // The classes of the longest rule prefix, then of each
-                    // shorter one until a class-less rule stops the chain.
-                    let stop = cands
-                        .iter()
-                        .filter(|o| o.kind == Kind::Rule && !o.class_rule && o.net.prefix_len() > c.net.prefix_len())
-                        .map(|o| o.net)
-                        .next_back();
-                    match (longest, stop) {
-                        (Some(l), _) if longest_rule != Some(l) && l.prefix_len() > c.net.prefix_len() => {
-                            more_specific(l)
-                        }
-                        (_, Some(s)) => {
-                            format!("{s} has a class-less rule: a shorter prefix's classes do not reach past it")
-                        }
-                        _ if framed => "the frame is not of its class, or a more specific class takes it".into(),
-                        _ => {
-                            let class = c.cover.class.clone().unwrap_or_default();
-                            format!("only frames of its class ({class}): give --proto … to judge one")
-                        }
-                    }
-                }
-                (_, Applied::Rule { .. }) => match applied_net.or(longest) {
-                    Some(a) if a.prefix_len() > c.net.prefix_len() => more_specific(a),
-                    _ => "not in force for this source".into(),
-                },
-            };
-            out.push(cover);
-        }
-        Ok(out)
+        Ok(cands)
     }
 
     /// For a police or monitor rule (or set): whether `addr` has a bucket
@@ -1150,6 +1075,162 @@ impl Cand {
             _ => false,
         }
     }
+}
+
+/// What `covering` weighs each thing over the source against: what the
+/// program applies, and the prefixes over the source.
+struct Weighing<'a> {
+    snap: &'a Snapshot,
+    resolver: &'a Resolver<'a, super::Rules>,
+    /// Everything over the source, most specific first.
+    cands: &'a [Cand],
+    applied: &'a Applied,
+    /// Frame options were given.
+    framed: bool,
+    /// The longest prefix the tries hold over the source, and the longest
+    /// rule's (where classes are looked for).
+    longest: Option<ipnet::IpNet>,
+    longest_rule: Option<ipnet::IpNet>,
+    /// The prefix of the rule or set entry that applies, and its label.
+    applied_net: Option<ipnet::IpNet>,
+    applied_label: Option<String>,
+}
+
+impl<'a> Weighing<'a> {
+    /// The weighing of `cands` (most specific first) against `applied`;
+    /// `framed`: frame options were given.
+    fn new(
+        snap: &'a Snapshot,
+        resolver: &'a Resolver<'a, super::Rules>,
+        cands: &'a [Cand],
+        applied: &'a Applied,
+        framed: bool,
+    ) -> Self {
+        let longest = cands.iter().filter(|c| c.kind != Kind::AutoBan).map(|c| c.net).next();
+        let longest_rule = cands.iter().filter(|c| c.kind == Kind::Rule).map(|c| c.net).next();
+        let applied_net: Option<ipnet::IpNet> = match applied {
+            Applied::Protect(p) | Applied::Ban(p) => Some(*p),
+            Applied::Rule { slot: Some(slot), .. } => {
+                cands.iter().find(|c| matches!(c.kind, Kind::Rule | Kind::Set) && c.slot == Some(*slot)).map(|c| c.net)
+            }
+            Applied::Rule { slot: None, .. } => None,
+        };
+        let applied_label = cands
+            .iter()
+            .find(|c| {
+                Some(c.net) == applied_net && matches!(c.kind, Kind::Rule | Kind::Set) && c.applies(applied, None)
+            })
+            .map(|c| c.cover.rule.clone());
+        Weighing { snap, resolver, cands, applied, framed, longest, longest_rule, applied_net, applied_label }
+    }
+
+    /// `c` as `covering` lists it: whether the program applies it, and why
+    /// (or why not).
+    fn cover(&self, c: &Cand) -> InspectCover {
+        let mut cover = c.cover.clone();
+        cover.has_bucket = c.bucket;
+        cover.applies = c.applies(self.applied, self.applied_net);
+        cover.why = self.why(c, cover.applies);
+        cover
+    }
+
+    /// Why the program applies `c` (`applies`), or why not.
+    fn why(&self, c: &Cand, applies: bool) -> String {
+        const RANK: &str = "deny > police > monitor > allow, then the name that sorts first";
+        match (c.kind, self.applied) {
+            (Kind::Protect, _) if applies => {
+                "a protected prefix (protect in [daemon]): its sources pass whatever rule, set or ban covers them"
+                    .into()
+            }
+            (_, Applied::Protect(p)) => {
+                format!(
+                    "the protected prefix {p} (protect in [daemon]) passes every source in it, over any rule, set or ban"
+                )
+            }
+            (Kind::Ban, _) if applies => {
+                "a manual ban: drops every source in it, over the rules and set entries under it".into()
+            }
+            (Kind::AutoBan, Applied::Ban(b)) => {
+                format!("the manual ban of {b} drops the source before any bucket is charged")
+            }
+            (_, Applied::Ban(b)) if b.contains(&c.net) => {
+                format!("the manual ban of {b} drops every source in it, over the rules and set entries under it")
+            }
+            (_, Applied::Ban(b)) => more_specific(*b),
+            (Kind::AutoBan, _) if applies => "bans the bucket this frame charges: refused until it ends".into(),
+            (Kind::AutoBan, Applied::Rule { .. }) => self.why_auto_ban_elsewhere(c),
+            (Kind::Set, _) if applies => match self.winner(c) {
+                Some(w) if self.resolver.sets().iter().filter(|s| s.holds(&c.net)).count() > 1 => {
+                    format!(
+                        "the longest prefix over the source; {} is in several sets and {} wins ({RANK})",
+                        c.net, w.view.prefix
+                    )
+                }
+                _ => "the longest prefix over the source".into(),
+            },
+            (_, _) if applies && c.class_rule => "the frame is of its class".into(),
+            (_, _) if applies => match self.longest_rule {
+                Some(l) if l != c.net && self.longest == Some(l) => {
+                    format!("the frame matches no class of {l}, so it falls to this class-less rule")
+                }
+                _ => "the longest prefix over the source".into(),
+            },
+            (Kind::Set, Applied::Rule { .. }) if self.applied_net == Some(c.net) => match self.winner(c) {
+                Some(w) => format!("{} is in several sets: {} wins ({RANK})", c.net, w.view.prefix),
+                None => "another set holds this prefix".into(),
+            },
+            (Kind::Rule, Applied::Rule { .. }) if c.class_rule => self.why_class_not_taken(c),
+            (_, Applied::Rule { .. }) => match self.applied_net.or(self.longest) {
+                Some(a) if a.prefix_len() > c.net.prefix_len() => more_specific(a),
+                _ => "not in force for this source".into(),
+            },
+        }
+    }
+
+    /// The set of highest precedence among those holding `c.net`.
+    fn winner(&self, c: &Cand) -> Option<&'a SetRow> {
+        self.resolver.set_winner(&c.net).map(|i| &self.snap.sets[i])
+    }
+
+    /// Why an automatic ban `c` of another bucket of the source does not
+    /// refuse this frame.
+    fn why_auto_ban_elsewhere(&self, c: &Cand) -> String {
+        let of = c.cover.ban.as_ref().and_then(|b| b.rule.clone()).unwrap_or_else(|| "another rule".into());
+        match (c.key.map_or(0, |k| k.class), &self.applied_label) {
+            (1.., _) if !self.framed => format!(
+                "bans the source's bucket of {of}, a class: only frames of that class (give --proto … to \
+                 judge one)"
+            ),
+            (_, Some(a)) => format!("bans the source's bucket of {of}; this frame charges {a}'s"),
+            (_, None) => format!("bans the source's bucket of {of}; this frame charges no bucket"),
+        }
+    }
+
+    /// Why the class rule `c` does not take this frame.
+    fn why_class_not_taken(&self, c: &Cand) -> String {
+        // The classes of the longest rule prefix, then of each
+        // shorter one until a class-less rule stops the chain.
+        let stop = self
+            .cands
+            .iter()
+            .filter(|o| o.kind == Kind::Rule && !o.class_rule && o.net.prefix_len() > c.net.prefix_len())
+            .map(|o| o.net)
+            .next_back();
+        match (self.longest, stop) {
+            (Some(l), _) if self.longest_rule != Some(l) && l.prefix_len() > c.net.prefix_len() => more_specific(l),
+            (_, Some(s)) => format!("{s} has a class-less rule: a shorter prefix's classes do not reach past it"),
+            _ if self.framed => "the frame is not of its class, or a more specific class takes it".into(),
+            _ => {
+                let class = c.cover.class.clone().unwrap_or_default();
+                format!("only frames of its class ({class}): give --proto … to judge one")
+            }
+        }
+    }
+}
+
+/// Why a shorter prefix loses to `a`, a more specific one over the source.
+fn more_specific(a: ipnet::IpNet) -> String {
+    format!("{a} is more specific (the longest prefix wins)")
 }
 
 /// The snapshot's sets as the resolver takes them, in its order (a

@@ -240,49 +240,13 @@ async fn bounded<T>(f: impl std::future::Future<Output = crate::Result<T>>) -> c
     })
 }
 
+/// The answer to a request line from `who`: a read, made here (off the
+/// owner), or a change through the owner.
 async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
-    let env: Envelope = match serde_json::from_slice(line) {
-        Ok(e) => e,
-        Err(e) => {
-            // Tell an older CLI (no protocol field) what is wrong.
-            let old = serde_json::from_slice::<serde_json::Value>(line)
-                .ok()
-                .is_some_and(|v| v.get("op").is_some() && v.get("protocol").is_none());
-            let error = if old {
-                "this CLI is another version of policer than the daemon (no protocol version); use the same build"
-                    .to_string()
-            } else {
-                format!("bad request: {e}")
-            };
-            return Answer::Reply(Reply::refused(error), false);
-        }
+    let env = match envelope(line) {
+        Ok(env) => env,
+        Err(error) => return Answer::Reply(Reply::refused(error), false),
     };
-    if env.protocol != PROTOCOL {
-        let error = format!(
-            "the CLI speaks protocol {} and the daemon {PROTOCOL}: use the same build of policer for both",
-            env.protocol
-        );
-        return Answer::Reply(Reply::refused(error), false);
-    }
-    let refused = |e: crate::Error| Reply::refused(e.to_string());
-    let change = |cmd| async {
-        let out = ctx.owner.ask(cmd).await;
-        let reply = match out.result {
-            Ok(response) => {
-                // The audit trail: every change made through the socket, by
-                // whom, with what it changed (old → new where it has one).
-                ctx.views.audit().record(who, response.message());
-                match response {
-                    Response::Done(message) => Reply::Done { message, counts: None },
-                    Response::Imported { message, counts } => Reply::Done { message, counts: Some(counts) },
-                    Response::Previewed(_) => Reply::refused("a change answered with a dry run's plan".to_string()),
-                }
-            }
-            Err(e) => refused(e),
-        };
-        Answer::Reply(reply, out.exit)
-    };
-    let read = |reply| Answer::Reply(reply, false);
     let views = ctx.views.clone();
     match env.request {
         Request::RuleLs => read(Reply::Rules { rules: views.rules() }),
@@ -302,77 +266,17 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
             Ok(ls) => Answer::Bans(Box::new(ls)),
             Err(e) => read(refused(e)),
         },
-        // Read and parsed here, off the owner: the owner only diffs and
-        // writes.
-        // The lane's permit is held until the owner has applied the import:
-        // it bounds the parsed files held in memory (a list can be 1 GiB),
-        // not only the parsing.
         Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
-            match ctx.import.hold().await {
-                Err(e) => read(refused(e)),
-                Ok(_permit) => {
-                    let imp = super::blocking(move || {
-                        crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
-                            .map(|imp| crate::daemon::Import { runtime, skip_protected, ..imp })
-                    });
-                    match imp.await {
-                        Ok(imp) => change(Command::Import(Box::new(imp))).await,
-                        Err(e) => read(refused(e)),
-                    }
-                }
-            }
+            let reading = move || {
+                crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
+                    .map(|imp| crate::daemon::Import { runtime, skip_protected, ..imp })
+            };
+            import(ctx, who, reading).await
         }
         // Judged and planned by the owner as the change would be, nothing
         // written nor put in the audit trail; the live sources are judged
         // here, off the owner, in the lane of the table reads.
-        Request::DryRun { change } => {
-            let cmd = match *change {
-                Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
-                    let imp = match ctx.import.hold().await {
-                        Err(e) => return read(refused(e)),
-                        Ok(_permit) => {
-                            super::blocking(move || {
-                                crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
-                                    .map(|imp| crate::daemon::Import { runtime, skip_protected, ..imp })
-                            })
-                            .await
-                        }
-                    };
-                    match imp {
-                        Ok(imp) => Command::Import(Box::new(imp)),
-                        Err(e) => return read(refused(e)),
-                    }
-                }
-                // The owner says which changes it previews.
-                other => match Command::try_from(other) {
-                    Ok(cmd) => cmd,
-                    Err(_) => {
-                        return read(Reply::refused(
-                            "--dry-run is for rule set, rule rm, rule import, ban and reload".to_string(),
-                        ));
-                    }
-                },
-            };
-            let out = ctx.owner.ask(Command::Preview(Box::new(cmd))).await;
-            match out.result {
-                Err(e) => read(refused(e)),
-                Ok(Response::Done(_) | Response::Imported { .. }) => {
-                    read(Reply::refused("the dry run planned nothing".to_string()))
-                }
-                Ok(Response::Previewed(p)) => {
-                    let reader = views.reader();
-                    let judged = ctx
-                        .top
-                        .run(move || {
-                            let mut v = p.view();
-                            v.live = crate::daemon::judge_live(&reader, &p, crate::daemon::DRY_RUN_WINDOW);
-                            Ok(v)
-                        })
-                        .await;
-                    read(judged.map_or_else(refused, |v| Reply::DryRun(Box::new(v))))
-                }
-            }
-        }
+        Request::DryRun { change } => dry_run(*change, ctx).await,
         // From the snapshot, off the owner: a million entries are streamed
         // by this connection, and no change waits for them.
         Request::Capture { spec } => Answer::Capture(spec),
@@ -382,9 +286,139 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         },
         // Every other request is a change through the owner.
         other => match Command::try_from(other) {
-            Ok(cmd) => change(cmd).await,
+            Ok(cmd) => make_change(ctx, who, cmd).await,
             Err(r) => read(Reply::refused(format!("not a request this daemon serves: {r:?}"))),
         },
+    }
+}
+
+/// The request of a line, or why it is refused: not a request, or one of
+/// another protocol version.
+fn envelope(line: &[u8]) -> Result<Envelope, String> {
+    let env: Envelope = match serde_json::from_slice(line) {
+        Ok(e) => e,
+        Err(e) => {
+            // Tell an older CLI (no protocol field) what is wrong.
+            let old = serde_json::from_slice::<serde_json::Value>(line)
+                .ok()
+                .is_some_and(|v| v.get("op").is_some() && v.get("protocol").is_none());
+            let error = if old {
+                "this CLI is another version of policer than the daemon (no protocol version); use the same build"
+                    .to_string()
+            } else {
+                format!("bad request: {e}")
+            };
+            return Err(error);
+        }
+    };
+    if env.protocol != PROTOCOL {
+        let error = format!(
+            "the CLI speaks protocol {} and the daemon {PROTOCOL}: use the same build of policer for both",
+            env.protocol
+        );
+        return Err(error);
+    }
+    Ok(env)
+}
+
+/// A refusal saying `e`.
+fn refused(e: crate::Error) -> Reply {
+    Reply::refused(e.to_string())
+}
+
+/// The answer of a read: a reply, after which the daemon goes on.
+fn read(reply: Reply) -> Answer {
+    Answer::Reply(reply, false)
+}
+
+/// A change through the owner, put in the audit trail as made by `who`.
+async fn make_change(ctx: &Ctx, who: &str, cmd: Command) -> Answer {
+    let out = ctx.owner.ask(cmd).await;
+    let reply = match out.result {
+        Ok(response) => {
+            // The audit trail: every change made through the socket, by
+            // whom, with what it changed (old → new where it has one).
+            ctx.views.audit().record(who, response.message());
+            match response {
+                Response::Done(message) => Reply::Done { message, counts: None },
+                Response::Imported { message, counts } => Reply::Done { message, counts: Some(counts) },
+                Response::Previewed(_) => Reply::refused("a change answered with a dry run's plan".to_string()),
+            }
+        }
+        Err(e) => refused(e),
+    };
+    Answer::Reply(reply, out.exit)
+}
+
+/// An import: `reading` reads and parses the list here, off the owner
+/// (the owner only diffs and writes). The lane's permit is held until the
+/// owner has applied the import: it bounds the parsed files held in memory
+/// (a list can be 1 GiB), not only the parsing.
+async fn import(
+    ctx: &Ctx,
+    who: &str,
+    reading: impl FnOnce() -> crate::Result<crate::daemon::Import> + Send + 'static,
+) -> Answer {
+    match ctx.import.hold().await {
+        Err(e) => read(refused(e)),
+        Ok(_permit) => {
+            let imp = super::blocking(reading);
+            match imp.await {
+                Ok(imp) => make_change(ctx, who, Command::Import(Box::new(imp))).await,
+                Err(e) => read(refused(e)),
+            }
+        }
+    }
+}
+
+/// `--dry-run` of the change `request`: previewed by the owner, then the
+/// live sources judged (`daemon::judge_live`).
+async fn dry_run(request: Request, ctx: &Ctx) -> Answer {
+    let cmd = match request {
+        Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
+            let imp = match ctx.import.hold().await {
+                Err(e) => return read(refused(e)),
+                Ok(_permit) => {
+                    super::blocking(move || {
+                        crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
+                            .map(|imp| crate::daemon::Import { runtime, skip_protected, ..imp })
+                    })
+                    .await
+                }
+            };
+            match imp {
+                Ok(imp) => Command::Import(Box::new(imp)),
+                Err(e) => return read(refused(e)),
+            }
+        }
+        // The owner says which changes it previews.
+        other => match Command::try_from(other) {
+            Ok(cmd) => cmd,
+            Err(_) => {
+                return read(Reply::refused(
+                    "--dry-run is for rule set, rule rm, rule import, ban and reload".to_string(),
+                ));
+            }
+        },
+    };
+    let out = ctx.owner.ask(Command::Preview(Box::new(cmd))).await;
+    match out.result {
+        Err(e) => read(refused(e)),
+        Ok(Response::Done(_) | Response::Imported { .. }) => {
+            read(Reply::refused("the dry run planned nothing".to_string()))
+        }
+        Ok(Response::Previewed(p)) => {
+            let reader = ctx.views.reader();
+            let judged = ctx
+                .top
+                .run(move || {
+                    let mut v = p.view();
+                    v.live = crate::daemon::judge_live(&reader, &p, crate::daemon::DRY_RUN_WINDOW);
+                    Ok(v)
+                })
+                .await;
+            read(judged.map_or_else(refused, |v| Reply::DryRun(Box::new(v))))
+        }
     }
 }
 
