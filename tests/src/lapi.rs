@@ -28,6 +28,15 @@
 //! - `POST /v1/watchers/login` needs a `User-Agent` of the form
 //!   `NAME/VERSION` (exactly one `/`): without one, 401 as for a wrong
 //!   password (the LAPI logs "bad user agent").
+//! - `cscli decisions list` and `cscli alerts list` ask for
+//!   `include_capi=false` unless given `--all` (`GET
+//!   /v1/alerts?has_active_decision=true&include_capi=false&limit=100`,
+//!   `?include_capi=false&limit=50`), and 1.4.6 then returns only alerts
+//!   with a decision of origin `crowdsec` or `cscli`: an alert whose
+//!   decisions are of origin `policer` (or `cscli-import`) is served to
+//!   bouncers and listed by neither command without `--all` or
+//!   `--origin`. `-o json` prints the alerts (`null` when none), each
+//!   with `source`, `scenario`, `message`, `machine_id` and `decisions`.
 //! - `cscli decisions import` ignores the CSV's `origin` (always
 //!   `cscli-import`) and `scope` columns: a CIDR imported with
 //!   `scope=range` (or `--scope range`) comes back with scope `Ip` and the

@@ -15,7 +15,10 @@
 //! - a refused key fails the start with a clear error, and a key revoked at
 //!   run time shows as a failure while the decisions stay;
 //! - two daemons in two namespaces sharing one Local API: an automatic ban
-//!   on one (`publish = true`) drops the source on the other.
+//!   on one (`publish = true`) drops the source on the other;
+//! - a published automatic ban shows in the operator's own views, `cscli
+//!   decisions list` and `cscli alerts list` with their default filters,
+//!   and leaves `cscli decisions list` at its end.
 
 use std::{
     net::IpAddr,
@@ -321,13 +324,102 @@ fn an_automatic_ban_on_one_node_drops_the_source_on_the_other() {
     });
     wait_feed(&a, 5, "node A's publication", |f| f["published"].as_u64().unwrap_or(0) >= 1);
     let f = feed(&b);
-    assert_eq!(f["decisions_by_origin"]["policer"], 1, "{f:#}");
+    // Of origin `crowdsec`, as any watcher's (so `cscli decisions list`
+    // shows it).
+    assert_eq!(f["decisions_by_origin"]["crowdsec"], 1, "{f:#}");
     let (got, sent) = send(&b, &["10.90.0.5", "10.90.0.6"]);
     assert_eq!((got[0], got[1]), (0, sent[1]), "on node B: {got:?} of {sent:?}");
     // No loop: node B publishes nothing (it banned nothing itself).
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(feed(&b)["published"], 0);
     assert_eq!(feed(&a)["published"], 1);
+}
+
+/// What `cscli decisions list -o json` or `cscli alerts list -o json`
+/// (the operator's plain command: only cscli's default filters) lists,
+/// as the alerts it prints (`null` when there is none).
+fn cscli_list(lapi: &Lapi, what: &str) -> Vec<serde_json::Value> {
+    let out = lapi.cscli(&[what, "list", "-o", "json"]);
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("cscli {what} list -o json: not JSON ({e}): {out}"));
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// The listed alerts whose source is `value`.
+fn alerts_of<'a>(alerts: &'a [serde_json::Value], value: &str) -> Vec<&'a serde_json::Value> {
+    alerts.iter().filter(|a| a["source"]["value"] == value).collect()
+}
+
+/// The operator's own views of the Local API show a published automatic
+/// ban (issue 43, point 16): `cscli decisions list` and `cscli alerts
+/// list`, with only their default filters, list the banned source with
+/// policer's scenario and message, sent by the daemon's machine, and
+/// `cscli decisions list` drops it at the ban's end. (CrowdSec 1.4.6 lists
+/// by default only alerts with a decision of origin `crowdsec` or `cscli`:
+/// an alert whose decisions were of origin `policer` was served to the
+/// bouncers and shown by neither command without `--all`.)
+#[test]
+fn a_published_automatic_ban_shows_in_cscli_decisions_and_alerts_lists_until_its_end() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    let sb = Sandbox::new("cs-cscli");
+    let lapi = Lapi::start(&sb.rx_ns, port(11));
+    let (login, password) = lapi.machine();
+    let key = lapi.bouncer_key("policer-cscli");
+    let publish = format!("publish = true\nmachine_id = \"{login}\"\npassword = \"{password}\"\n");
+    write_config(&sb, &lapi.url(), &key, &publish);
+    let _d = daemon(&sb, 9491);
+    wait_feed(&sb, 5, "the first pull", |f| f["last_sync_success"] == true);
+    assert!(cscli_list(&lapi, "decisions").is_empty() && cscli_list(&lapi, "alerts").is_empty());
+    // A heavy source of 10.91.0.0/16 banned for 5 s by its first refused
+    // frame (the flood's start is the ban's, to a few ms).
+    succeeds(&cli(&sb, &["rule", "set", "10.91.0.0/16", "--rate", "100pps", "--burst", "10", "--ban-for", "5s"]));
+    let flows = [Flow { src: ip("10.91.0.5"), pps: 2000.0, len: 64 }];
+    let banned = Instant::now();
+    traffic::run_with(&sb, &flows, Duration::from_millis(300), &RunOptions::default());
+    wait_feed(&sb, 3, "the ban's publication", |f| f["published"].as_u64().unwrap_or(0) >= 1);
+    // What bouncers get is the ban: the source, a ban, policer's scenario.
+    let s = lapi.stream(&key, true);
+    let served: Vec<_> =
+        s["new"].as_array().into_iter().flatten().filter(|d| d["value"] == "10.91.0.5").cloned().collect();
+    assert_eq!(served.len(), 1, "{s:#}");
+    for (field, want) in [("type", "ban"), ("scope", "Ip"), ("scenario", "policer/auto-ban")] {
+        assert_eq!(served[0][field], want, "{s:#}");
+    }
+    // `cscli decisions list`: the source, banned, for policer's reason.
+    let listed = cscli_list(&lapi, "decisions");
+    let mine = alerts_of(&listed, "10.91.0.5");
+    assert_eq!(mine.len(), 1, "cscli decisions list does not show the ban: {listed:#?}");
+    let a = mine[0];
+    assert_eq!(a["source"]["scope"], "Ip", "{a:#}");
+    assert_eq!(a["scenario"], "policer/auto-ban", "{a:#}");
+    assert_eq!(a["machine_id"], login.as_str(), "{a:#}");
+    let d = &a["decisions"][0];
+    for (field, want) in [("value", "10.91.0.5"), ("type", "ban"), ("scenario", "policer/auto-ban")] {
+        assert_eq!(d[field], want, "{a:#}");
+    }
+    // `cscli alerts list`: the alert, with policer's message.
+    let listed = cscli_list(&lapi, "alerts");
+    let mine = alerts_of(&listed, "10.91.0.5");
+    assert_eq!(mine.len(), 1, "cscli alerts list does not show the ban: {listed:#?}");
+    assert_eq!(mine[0]["scenario"], "policer/auto-ban", "{:#}", mine[0]);
+    let message = mine[0]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("policer: automatic ban of 10.91.0.5 for 5 s"), "{message}");
+    // At the ban's end (5 s, published a moment after it started) it
+    // leaves `cscli decisions list`.
+    loop {
+        let listed = cscli_list(&lapi, "decisions");
+        if alerts_of(&listed, "10.91.0.5").is_empty() {
+            break;
+        }
+        let t = banned.elapsed();
+        assert!(t < Duration::from_secs(8), "still listed {:.1} s after a 5 s ban: {listed:#?}", t.as_secs_f64());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let gone = banned.elapsed();
+    eprintln!("the ban left cscli decisions list {:.2} s after it started", gone.as_secs_f64());
+    assert!(gone >= Duration::from_millis(4500), "{gone:?}: gone from cscli decisions list before the ban's end");
 }
 
 /// An operator who finds its own network among the feed's decisions can

@@ -487,7 +487,9 @@ pub static KEYS: &[Key] = &[
         "publish",
         "boolean",
         "false",
-        "Post this node's automatic bans to the Local API as alerts, so other nodes drop them too.",
+        "Post this node's automatic bans to the Local API as alerts (scenario `policer/auto-ban`, decisions of \
+         origin `crowdsec`), so other nodes drop them too and `cscli decisions list` and `cscli alerts list` show \
+         them.",
     ),
     crowdsec(
         C::MachineId,

@@ -54,6 +54,15 @@ pub const PUBLISH_QUEUE: usize = 10_000;
 const PUBLISH_BATCH: usize = 500;
 /// The scenario of the alerts of automatic bans.
 const SCENARIO: &str = "policer/auto-ban";
+/// The origin of their decisions: `crowdsec`, that of a decision a
+/// watcher (a machine of the Local API, as the daemon is with `publish`)
+/// takes from its scenario. The operator's views list no other by
+/// default: `cscli decisions list` and `cscli alerts list` (CrowdSec 1.4
+/// and 1.5) show only alerts with a decision of origin `crowdsec` or
+/// `cscli` unless given `--all` or `--origin`, so decisions of origin
+/// `policer` were served to every bouncer and listed by neither.
+/// Policer's bans are told apart by their scenario and machine.
+const ORIGIN: &str = "crowdsec";
 
 /// A failed request, by kind (the `errors` label).
 #[derive(Debug)]
@@ -677,7 +686,7 @@ impl Run {
 }
 
 /// An automatic ban as a CrowdSec alert with one decision of origin
-/// `policer`.
+/// [`ORIGIN`].
 fn alert(b: &AutoBan) -> serde_json::Value {
     let host = b.net.prefix_len() == b.net.max_prefix_len();
     let (scope, value) = if host { ("Ip", b.net.addr().to_string()) } else { ("Range", b.net.to_string()) };
@@ -708,7 +717,7 @@ fn alert(b: &AutoBan) -> serde_json::Value {
         "simulated": false,
         "source": source,
         "decisions": [{
-            "origin": "policer",
+            "origin": ORIGIN,
             "type": "ban",
             "scope": scope,
             "value": value,
@@ -884,7 +893,11 @@ mod tests {
     fn an_alert_carries_one_policer_decision() {
         let a = alert(&AutoBan { net: "192.0.2.7/32".parse().unwrap(), secs: 60, rule: "0.0.0.0/0".into(), count: 2 });
         assert_eq!(a["source"]["ip"], "192.0.2.7");
-        assert_eq!(a["decisions"][0]["origin"], "policer");
+        // Listed by `cscli decisions list` without `--all` (1.4.6 lists
+        // only the origins `crowdsec` and `cscli` by default).
+        assert_eq!(a["decisions"][0]["origin"], "crowdsec");
+        assert_eq!(a["decisions"][0]["scenario"], "policer/auto-ban");
+        assert_eq!(a["scenario"], "policer/auto-ban");
         assert_eq!(a["decisions"][0]["scope"], "Ip");
         assert_eq!(a["decisions"][0]["duration"], "60s");
         let a = alert(&AutoBan { net: "2001:db8::/64".parse().unwrap(), secs: 5, rule: "::/0".into(), count: 1 });
