@@ -9,7 +9,7 @@
 //! rename, the kubelet's `..data` swap), created as a symlink, or removed.
 //! A writer killed midway also closes the file, so a followed reload adds
 //! a second guard: the file must end as a whole file does, with a newline
-//! (`Snapshot::check_whole` in `config/file.rs`, which says what a cut at
+//! (`FileSnapshot::check_whole` in `config/file.rs`, which says what a cut at
 //! a line's end leaves). A file refused is logged once and looked at again
 //! when it changes.
 //!

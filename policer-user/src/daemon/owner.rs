@@ -536,7 +536,7 @@ impl Daemon {
     }
 
     /// [`reload`](Self::reload); `followed`: the follower asks, so the file
-    /// must end as a whole file does (`Snapshot::check_whole`).
+    /// must end as a whole file does (`FileSnapshot::check_whole`).
     fn reload_as(&mut self, discard_runtime: bool, followed: bool) -> Result<String> {
         let bytes = self.file.bytes_on_disk();
         let judged = bytes.as_ref().ok().map(|b| crate::config::sha256_hex(b.as_deref().unwrap_or_default()));
