@@ -128,7 +128,7 @@ fn parent<'a>(net: &IpNet, prefixes: &'a BTreeSet<IpNet>) -> Option<&'a IpNet> {
 /// rule a frame gets). Fails when a
 /// frame could have more than [`MAX_CANDIDATES`] classes to choose from.
 pub fn compile(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
-    let bans = Bans::new(rules.iter().filter(|r| r.ban).map(|r| (r.net, r.rule)));
+    let bans = BanIndex::new(rules.iter().filter(|r| r.ban).map(|r| (r.net, r.rule)));
     if bans.is_empty() {
         return compile_rules(rules, groups);
     }
@@ -150,16 +150,16 @@ pub fn compile(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> {
 
 /// Manual bans by prefix, and the prefix lengths they have (few), so that
 /// finding the ban over a prefix costs a lookup per length, not per ban.
-struct Bans {
+struct BanIndex {
     by_net: std::collections::HashMap<IpNet, Rule>,
     lens: BTreeSet<(bool, u8)>,
 }
 
-impl Bans {
-    fn new(bans: impl Iterator<Item = (IpNet, Rule)>) -> Bans {
+impl BanIndex {
+    fn new(bans: impl Iterator<Item = (IpNet, Rule)>) -> BanIndex {
         let by_net: std::collections::HashMap<IpNet, Rule> = bans.collect();
         let lens = by_net.keys().map(|n| (n.addr().is_ipv6(), n.prefix_len())).collect();
-        Bans { by_net, lens }
+        BanIndex { by_net, lens }
     }
 
     fn is_empty(&self) -> bool {

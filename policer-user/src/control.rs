@@ -1131,7 +1131,7 @@ pub fn call_bans(path: &Path, timeout: Duration, each: &mut dyn FnMut(BanView) -
     let mut failed = None;
     let got = {
         let mut de = serde_json::Deserializer::from_reader(&mut read);
-        serde::de::DeserializeSeed::deserialize(bans_stream::Reply { each, failed: &mut failed }, &mut de)
+        serde::de::DeserializeSeed::deserialize(bans_stream::ReplySeed { each, failed: &mut failed }, &mut de)
     };
     if let Some(e) = failed {
         return Err(Error::Io(e));
@@ -1205,13 +1205,13 @@ mod bans_stream {
 
     /// The reply: `{"reply": KIND, ...}`, KIND first (the daemon writes
     /// it so, as serde writes every tagged reply).
-    pub struct Reply<'a> {
+    pub struct ReplySeed<'a> {
         pub each: &'a mut dyn FnMut(BanView) -> std::io::Result<()>,
         /// Where a failure of `each` (stdout closed) is left.
         pub failed: &'a mut Option<std::io::Error>,
     }
 
-    impl<'de> DeserializeSeed<'de> for Reply<'_> {
+    impl<'de> DeserializeSeed<'de> for ReplySeed<'_> {
         type Value = Got;
         fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Got, D::Error> {
             d.deserialize_map(self)
@@ -1229,7 +1229,7 @@ mod bans_stream {
         serde::Deserialize::deserialize(serde_json::Value::Object(rest)).map(Got::Other).map_err(de::Error::custom)
     }
 
-    impl<'de> Visitor<'de> for Reply<'_> {
+    impl<'de> Visitor<'de> for ReplySeed<'_> {
         type Value = Got;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("a reply object")

@@ -466,19 +466,19 @@ const EXAMPLES: usize = 5;
 pub fn parse_stream<R: std::io::Read>(s: &Settings, r: R) -> serde_json::Result<Pull> {
     use serde::de::DeserializeSeed;
     let mut de = serde_json::Deserializer::from_reader(r);
-    let mut r = Reader { s, pull: Pull::default(), origins: BTreeMap::new() };
+    let mut r = StreamReader { s, pull: Pull::default(), origins: BTreeMap::new() };
     Top(&mut r).deserialize(&mut de)?;
     de.end()?;
     Ok(r.pull)
 }
 
-struct Reader<'s> {
+struct StreamReader<'s> {
     s: &'s Settings,
     pull: Pull,
     origins: BTreeMap<String, Arc<str>>,
 }
 
-impl Reader<'_> {
+impl StreamReader<'_> {
     fn skip(&mut self, why: Skip, value: Option<&str>) {
         if matches!(why, Skip::InvalidValue | Skip::TooWide | Skip::HostBits) && self.pull.examples.len() < EXAMPLES {
             let v: String = value.unwrap_or("(none)").chars().take(64).collect();
@@ -524,7 +524,7 @@ impl Reader<'_> {
 
 /// The answer's object: `new` and `deleted` read in place, any other key
 /// skipped, both required.
-struct Top<'r, 's>(&'r mut Reader<'s>);
+struct Top<'r, 's>(&'r mut StreamReader<'s>);
 
 impl<'de> serde::de::DeserializeSeed<'de> for Top<'_, '_> {
     type Value = ();
@@ -548,11 +548,11 @@ impl<'de> serde::de::Visitor<'de> for Top<'_, '_> {
                     return Err(A::Error::custom(format!("\"{k}\" given twice")));
                 }
                 "new" => {
-                    m.next_value_seed(List { r: &mut *r, deleted: false })?;
+                    m.next_value_seed(DecisionList { r: &mut *r, deleted: false })?;
                     new = true;
                 }
                 "deleted" => {
-                    m.next_value_seed(List { r: &mut *r, deleted: true })?;
+                    m.next_value_seed(DecisionList { r: &mut *r, deleted: true })?;
                     deleted = true;
                 }
                 _ => {
@@ -571,19 +571,19 @@ impl<'de> serde::de::Visitor<'de> for Top<'_, '_> {
 }
 
 /// `new` or `deleted`: `null`, or a list read a decision at a time.
-struct List<'r, 's> {
-    r: &'r mut Reader<'s>,
+struct DecisionList<'r, 's> {
+    r: &'r mut StreamReader<'s>,
     deleted: bool,
 }
 
-impl<'de> serde::de::DeserializeSeed<'de> for List<'_, '_> {
+impl<'de> serde::de::DeserializeSeed<'de> for DecisionList<'_, '_> {
     type Value = ();
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
         d.deserialize_option(self)
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for List<'_, '_> {
+impl<'de> serde::de::Visitor<'de> for DecisionList<'_, '_> {
     type Value = ();
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a list of decisions, or null")

@@ -32,12 +32,12 @@ struct Verdict {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Iface {
+struct IfaceLabel {
     iface: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Outcome {
+struct OutcomeLabel {
     iface: String,
     outcome: String,
 }
@@ -116,9 +116,9 @@ fn gauge(v: u64) -> Gauge {
 /// `policer_interface_attached`, and each interface's verdicts and parse
 /// outcomes (`policer_packets`, `policer_bytes`, `policer_parse_packets`).
 fn interface_metrics(reg: &mut Registry, s: &StatsView, attached: &[(String, bool)]) {
-    let on = Family::<Iface, Gauge>::default();
+    let on = Family::<IfaceLabel, Gauge>::default();
     for (iface, yes) in attached {
-        on.get_or_create(&Iface { iface: iface.clone() }).set(i64::from(*yes));
+        on.get_or_create(&IfaceLabel { iface: iface.clone() }).set(i64::from(*yes));
     }
     reg.register(
         "interface_attached",
@@ -128,7 +128,7 @@ fn interface_metrics(reg: &mut Registry, s: &StatsView, attached: &[(String, boo
     );
     let pkts = Family::<Verdict, Counter>::default();
     let bytes = Family::<Verdict, Counter>::default();
-    let parse = Family::<Outcome, Counter>::default();
+    let parse = Family::<OutcomeLabel, Counter>::default();
     for i in &s.interfaces {
         for (v, p, b) in verdicts(&i.counters) {
             let l = Verdict { iface: i.name.clone(), verdict: v.into() };
@@ -141,7 +141,7 @@ fn interface_metrics(reg: &mut Registry, s: &StatsView, attached: &[(String, boo
             ("malformed", i.malformed_packets),
             ("fragment", i.fragment_packets),
         ] {
-            parse.get_or_create(&Outcome { iface: i.name.clone(), outcome: o.into() }).inc_by(n);
+            parse.get_or_create(&OutcomeLabel { iface: i.name.clone(), outcome: o.into() }).inc_by(n);
         }
     }
     reg.register("packets", "Frames judged by a rule, by interface and verdict", pkts);
@@ -306,7 +306,7 @@ struct Label {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Kind {
+struct KindLabel {
     kind: String,
 }
 
@@ -385,12 +385,12 @@ fn feed_metrics(reg: &mut Registry, f: &crate::control::FeedStatus) {
     left.get_or_create(&Reason { reason: "protected".into() }).set(f.left_out_protected as i64);
     left.get_or_create(&Reason { reason: "rule_prefix".into() }).set(f.left_out_rule_prefix as i64);
     cs.register("left_out", "Prefixes in force left out of the set now (protected, or a rule's prefix)", left);
-    let errors = Family::<Kind, Counter>::default();
+    let errors = Family::<KindLabel, Counter>::default();
     for k in crate::crowdsec::ERROR_KINDS {
-        let _ = errors.get_or_create(&Kind { kind: (*k).into() });
+        let _ = errors.get_or_create(&KindLabel { kind: (*k).into() });
     }
     for (k, n) in &f.errors {
-        errors.get_or_create(&Kind { kind: k.clone() }).inc_by(*n);
+        errors.get_or_create(&KindLabel { kind: k.clone() }).inc_by(*n);
     }
     cs.register("errors", "Failed requests to the Local API and failed applies, by kind", errors);
     cs.register("published_bans", "Automatic bans posted to the Local API (publish = true)", counter(f.published));

@@ -25,7 +25,7 @@ pub struct Args {
 }
 
 #[derive(Serialize)]
-struct Report<'a> {
+struct CheckReport<'a> {
     ok: bool,
     file: String,
     rules: usize,
@@ -97,7 +97,7 @@ fn finish(
         None => (vec![], 0, 0),
     };
     if json {
-        let r = Report {
+        let r = CheckReport {
             ok: problems.is_empty(),
             file: file.into(),
             rules,

@@ -135,35 +135,35 @@ pub(super) fn set(t: &mut dyn TableLike, key: &str, v: Option<Value>) {
 }
 
 /// The rules of a document, however they are written.
-enum Rules<'a> {
+enum RuleArray<'a> {
     Tables(&'a mut ArrayOfTables),
     Inline(&'a mut Array),
 }
 
-impl Rules<'_> {
+impl RuleArray<'_> {
     fn len(&self) -> usize {
         match self {
-            Rules::Tables(a) => a.len(),
-            Rules::Inline(a) => a.len(),
+            RuleArray::Tables(a) => a.len(),
+            RuleArray::Inline(a) => a.len(),
         }
     }
 
     fn get_mut(&mut self, i: usize) -> Option<&mut dyn TableLike> {
         match self {
-            Rules::Tables(a) => a.get_mut(i).map(|t| t as &mut dyn TableLike),
-            Rules::Inline(a) => a.get_mut(i).and_then(Value::as_inline_table_mut).map(|t| t as &mut dyn TableLike),
+            RuleArray::Tables(a) => a.get_mut(i).map(|t| t as &mut dyn TableLike),
+            RuleArray::Inline(a) => a.get_mut(i).and_then(Value::as_inline_table_mut).map(|t| t as &mut dyn TableLike),
         }
     }
 
     fn push(&mut self, spec: &RuleSpec) {
         match self {
-            Rules::Tables(a) => {
+            RuleArray::Tables(a) => {
                 let mut t = Table::new();
                 t.decor_mut().set_prefix("\n");
                 fill(&mut t, spec);
                 a.push(t);
             }
-            Rules::Inline(a) => {
+            RuleArray::Inline(a) => {
                 let mut t = InlineTable::new();
                 fill(&mut t, spec);
                 let mut v = Value::InlineTable(t);
@@ -188,12 +188,12 @@ impl Rules<'_> {
     fn spec(&self, i: usize, origin: &Path) -> Result<RuleSpec> {
         let mut d = DocumentMut::new();
         match self {
-            Rules::Tables(a) => {
+            RuleArray::Tables(a) => {
                 let mut one = ArrayOfTables::new();
                 one.push(a.get(i).cloned().unwrap_or_default());
                 d.insert("rule", Item::ArrayOfTables(one));
             }
-            Rules::Inline(a) => {
+            RuleArray::Inline(a) => {
                 let one: Array = a.get(i).cloned().into_iter().collect();
                 d.insert("rule", Item::Value(Value::Array(one)));
             }
@@ -203,11 +203,11 @@ impl Rules<'_> {
     }
 }
 
-fn rules_mut<'a>(doc: &'a mut DocumentMut, origin: &Path) -> Result<Option<Rules<'a>>> {
+fn rules_mut<'a>(doc: &'a mut DocumentMut, origin: &Path) -> Result<Option<RuleArray<'a>>> {
     Ok(match doc.get_mut("rule") {
         None => None,
-        Some(Item::ArrayOfTables(a)) => Some(Rules::Tables(a)),
-        Some(Item::Value(Value::Array(a))) => Some(Rules::Inline(a)),
+        Some(Item::ArrayOfTables(a)) => Some(RuleArray::Tables(a)),
+        Some(Item::Value(Value::Array(a))) => Some(RuleArray::Inline(a)),
         Some(_) => return Err(invalid(origin, "`rule` is neither [[rule]] tables nor an array of tables")),
     })
 }
@@ -350,8 +350,8 @@ fn set_rules(
 
 fn remove_rule(doc: &mut DocumentMut, i: usize, origin: &Path) -> Result<()> {
     let removed = match rules_mut(doc, origin)? {
-        Some(Rules::Tables(a)) => a.remove(i),
-        Some(Rules::Inline(a)) => {
+        Some(RuleArray::Tables(a)) => a.remove(i),
+        Some(RuleArray::Inline(a)) => {
             let gone = a.remove(i);
             // The comment after a rule's comma is the start of the next
             // one's prefix: keep the previous rule's, drop the removed one's.

@@ -21,7 +21,7 @@ use std::{
 use super::{
     Config,
     edit::{self, Change},
-    splice::{self, Layout},
+    splice::{self, RuleLayout},
     write,
 };
 use crate::{
@@ -32,7 +32,7 @@ use crate::{
 
 /// The file's content as the daemon last saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Seen {
+enum LastSeen {
     /// There was no file.
     Missing,
     Text(String),
@@ -41,15 +41,15 @@ enum Seen {
 /// A config file read from disk and validated; not yet what the daemon
 /// runs from until [`ConfigFile::accept`]ed.
 #[derive(Clone, Debug)]
-pub struct Snapshot {
+pub struct FileSnapshot {
     pub config: Config,
     pub rules: BTreeMap<RuleKey, RuleSpec>,
-    seen: Seen,
+    seen: LastSeen,
 }
 
 /// What `policer check` says of a valid file's `text` that does not end
 /// with a newline: a followed update of it would be refused
-/// ([`Snapshot::check_whole`]); `None` when it does (or is empty).
+/// ([`FileSnapshot::check_whole`]); `None` when it does (or is empty).
 pub fn final_newline_warning(text: &str) -> Option<String> {
     (!text.is_empty() && !text.ends_with('\n')).then(|| {
         "it does not end with a newline: the daemon refuses a followed update of a file like this (a write cut \
@@ -59,11 +59,11 @@ pub fn final_newline_warning(text: &str) -> Option<String> {
     })
 }
 
-impl Snapshot {
+impl FileSnapshot {
     /// Whether the file ends with a newline, as most editors and tools
     /// write it and a write cut inside a line never leaves it.
     fn ends_with_newline(&self) -> bool {
-        matches!(&self.seen, Seen::Text(t) if t.ends_with('\n'))
+        matches!(&self.seen, LastSeen::Text(t) if t.ends_with('\n'))
     }
 
     /// Refuses a reload of this file that a writer killed mid-file could
@@ -83,7 +83,7 @@ impl Snapshot {
     /// ban is logged loudly. Nothing in the bytes tells it from a file
     /// written that way.
     pub fn check_whole(&self, path: &Path, followed: bool, drastic: Option<&str>) -> Result<()> {
-        if self.ends_with_newline() || matches!(self.seen, Seen::Missing) {
+        if self.ends_with_newline() || matches!(self.seen, LastSeen::Missing) {
             return Ok(());
         }
         let path = path.display();
@@ -132,12 +132,12 @@ enum After {
 pub struct ConfigFile {
     path: PathBuf,
     config: Config,
-    seen: Seen,
+    seen: LastSeen,
     /// Where the rules of `seen` are (`None`: the text is not laid out for
     /// `splice.rs`). `config.rules` is then not kept: the layout and the
     /// owner's rules say all a change needs (a whole-document edit reads
     /// the text again).
-    layout: Option<Layout>,
+    layout: Option<RuleLayout>,
     /// The sha256 of `seen`, once asked for (every snapshot of the daemon
     /// asks: hashing 6 MB each time would cost more than a change).
     sha: std::sync::OnceLock<String>,
@@ -257,7 +257,7 @@ impl ConfigFile {
         let mut file = ConfigFile {
             path: path.to_path_buf(),
             config: Config::default(),
-            seen: Seen::Missing,
+            seen: LastSeen::Missing,
             layout: None,
             sha: std::sync::OnceLock::new(),
             stamp: std::cell::Cell::new(None),
@@ -279,7 +279,7 @@ impl ConfigFile {
     /// Reads and validates the file as it is now; changes nothing. For
     /// `policer reload`: apply `snapshot.rules`, and [`accept`](Self::accept)
     /// the snapshot only once they are in force.
-    pub fn read(&self) -> Result<Snapshot> {
+    pub fn read(&self) -> Result<FileSnapshot> {
         read(&self.path)
     }
 
@@ -293,7 +293,7 @@ impl ConfigFile {
     /// the file's content, for a reload: a `max_sources` whose tables this
     /// machine could not hold is refused too (the next start would fail);
     /// changes nothing.
-    pub fn snapshot(&self, bytes: Option<Vec<u8>>) -> Result<Snapshot> {
+    pub fn snapshot(&self, bytes: Option<Vec<u8>>) -> Result<FileSnapshot> {
         let snap = snapshot(&self.path, bytes)?;
         if let Some(n) = snap.config.daemon.max_sources {
             crate::loader::check_sources_here(n, "daemon.max_sources")
@@ -307,14 +307,14 @@ impl ConfigFile {
     pub fn sha256(&self) -> String {
         self.sha
             .get_or_init(|| match &self.seen {
-                Seen::Missing => sha256_hex(b""),
-                Seen::Text(t) => sha256_hex(t.as_bytes()),
+                LastSeen::Missing => sha256_hex(b""),
+                LastSeen::Text(t) => sha256_hex(t.as_bytes()),
             })
             .clone()
     }
 
     /// Takes `seen` as the file's text (and forgets the hash of the last).
-    fn set_seen(&mut self, seen: Seen) {
+    fn set_seen(&mut self, seen: LastSeen) {
         self.seen = seen;
         self.sha = std::sync::OnceLock::new();
         self.stamp.set(None);
@@ -335,7 +335,7 @@ impl ConfigFile {
     }
 
     /// Takes `snap` as what the daemon runs from: later writes edit it.
-    pub fn accept(&mut self, snap: Snapshot) {
+    pub fn accept(&mut self, snap: FileSnapshot) {
         self.set_seen(snap.seen);
         self.take_config(snap.config);
     }
@@ -345,8 +345,8 @@ impl ConfigFile {
     /// another form).
     fn take_config(&mut self, mut config: Config) {
         self.layout = match &self.seen {
-            Seen::Text(t) => Layout::of(t, &config.rules),
-            Seen::Missing => None,
+            LastSeen::Text(t) => RuleLayout::of(t, &config.rules),
+            LastSeen::Missing => None,
         };
         if self.layout.is_some() {
             config.rules = Vec::new();
@@ -357,7 +357,7 @@ impl ConfigFile {
     /// The config with its rules as written (read again if let go).
     fn whole_config(&self) -> Result<std::borrow::Cow<'_, Config>> {
         match (&self.seen, &self.layout) {
-            (Seen::Text(t), Some(_)) => Ok(std::borrow::Cow::Owned(Config::parse(t, &self.path)?.0)),
+            (LastSeen::Text(t), Some(_)) => Ok(std::borrow::Cow::Owned(Config::parse(t, &self.path)?.0)),
             _ => Ok(std::borrow::Cow::Borrowed(&self.config)),
         }
     }
@@ -374,7 +374,7 @@ impl ConfigFile {
         // The tests' edits go the way of a change of a few rules where they
         // can, which checks that way against this one (`spliced`).
         #[cfg(test)]
-        if let Seen::Text(t) = &self.seen
+        if let LastSeen::Text(t) = &self.seen
             && let Ok((_, before)) = Config::parse(t, &self.path)
         {
             let mut edits: Vec<(RuleKey, Option<RuleSpec>)> =
@@ -479,7 +479,7 @@ impl ConfigFile {
     /// The file's text with `daemon.interfaces` set by `splice.rs` (after
     /// the check for a hand edit); `None` when it is not for it.
     fn spliced_interfaces(&self, names: &[String]) -> Result<Option<(String, usize, usize, usize)>> {
-        let Seen::Text(text) = &self.seen else { return Ok(None) };
+        let LastSeen::Text(text) = &self.seen else { return Ok(None) };
         if self.layout.is_none() {
             return Ok(None);
         }
@@ -506,7 +506,7 @@ impl ConfigFile {
         before: &dyn SpecMap,
         edits: &[(RuleKey, Option<RuleSpec>)],
     ) -> Option<(String, Vec<splice::Op>)> {
-        let (Seen::Text(text), Some(layout)) = (&self.seen, &self.layout) else { return None };
+        let (LastSeen::Text(text), Some(layout)) = (&self.seen, &self.layout) else { return None };
         // What makes the text say exactly what was wanted without a parse
         // of the whole of it: the argument in `splice.rs`'s doc (places cut
         // at outside every string, pieces parsed alone).
@@ -554,8 +554,8 @@ impl ConfigFile {
     /// The file's text as last read; `None`: there was none.
     fn seen_text(&self) -> Option<&str> {
         match &self.seen {
-            Seen::Missing => None,
-            Seen::Text(t) => Some(t.as_str()),
+            LastSeen::Missing => None,
+            LastSeen::Text(t) => Some(t.as_str()),
         }
     }
 
@@ -569,7 +569,7 @@ impl ConfigFile {
         // worked must not be overwritten either. Dropping `staged` removes it.
         self.check_unchanged()?;
         staged.commit()?;
-        self.set_seen(Seen::Text(text));
+        self.set_seen(LastSeen::Text(text));
         // What was just put in place, stamped now: with fine timestamps an
         // edit from here on changes the stamp.
         if self.fine() {
@@ -638,8 +638,8 @@ impl ConfigFile {
         }
         let now = self.current()?;
         let same = match &self.seen {
-            Seen::Missing => now.is_none(),
-            Seen::Text(t) => now.as_deref() == Some(t.as_bytes()),
+            LastSeen::Missing => now.is_none(),
+            LastSeen::Text(t) => now.as_deref() == Some(t.as_bytes()),
         };
         // Taken before the read: an edit after it changes the stamp (or
         // the bytes just read).
@@ -667,7 +667,7 @@ fn with_edits(before: &dyn SpecMap, edits: &[(RuleKey, Option<RuleSpec>)]) -> BT
     want
 }
 
-fn read(path: &Path) -> Result<Snapshot> {
+fn read(path: &Path) -> Result<FileSnapshot> {
     snapshot(path, bytes(path)?)
 }
 
@@ -684,15 +684,15 @@ fn bytes(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
-fn snapshot(path: &Path, bytes: Option<Vec<u8>>) -> Result<Snapshot> {
+fn snapshot(path: &Path, bytes: Option<Vec<u8>>) -> Result<FileSnapshot> {
     let Some(bytes) = bytes else {
-        return Ok(Snapshot { config: Config::default(), rules: BTreeMap::new(), seen: Seen::Missing });
+        return Ok(FileSnapshot { config: Config::default(), rules: BTreeMap::new(), seen: LastSeen::Missing });
     };
     let text = String::from_utf8(bytes).map_err(|e| {
         Error::Invalid(format!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))
     })?;
     let (config, rules) = Config::parse(&text, path)?;
-    Ok(Snapshot { config, rules, seen: Seen::Text(text) })
+    Ok(FileSnapshot { config, rules, seen: LastSeen::Text(text) })
 }
 
 /// Lower-case hex sha256 of `bytes`.

@@ -20,7 +20,7 @@ pub(super) enum Line<'a> {
     /// A comment only, outside every string and value.
     Comment,
     /// A table header, `[a.b]` or `[[a.b]]`.
-    Header(Header<'a>),
+    Header(TableHeader<'a>),
     /// A `key = value` line at the top level: its key's first part
     /// (`None`: a quoted part with escapes, not decoded here).
     Key(Option<&'a str>),
@@ -31,7 +31,7 @@ pub(super) enum Line<'a> {
 
 /// A table header's name.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Header<'a> {
+pub(super) struct TableHeader<'a> {
     /// `[[...]]`: an element of an array of tables.
     pub array: bool,
     /// The dotted key's first part, unquoted; `None` when a part is a
@@ -41,7 +41,7 @@ pub(super) struct Header<'a> {
     pub parts: usize,
 }
 
-impl Header<'_> {
+impl TableHeader<'_> {
     /// Whether it is exactly the plain header of the table `name`
     /// (`[name]`, or `[[name]]` if `array`; quoted without escapes, spaces
     /// and a comment allowed).
@@ -193,7 +193,7 @@ fn key_part(s: &str, i: usize) -> Option<(Option<&str>, usize)> {
 
 /// The header of line `b` (from its `[`): its name; `None` when it is not a
 /// header as this reads one.
-fn header(s: &str) -> Option<Header<'_>> {
+fn header(s: &str) -> Option<TableHeader<'_>> {
     let b = s.as_bytes();
     let array = b.starts_with(b"[[");
     let mut i = if array { 2 } else { 1 };
@@ -229,7 +229,7 @@ fn header(s: &str) -> Option<Header<'_>> {
         Some(b'\r') if b.get(i + 1).is_none_or(|c| *c == b'\n') => {}
         _ => return None,
     }
-    Some(Header { array, first: first.filter(|_| !escaped), parts })
+    Some(TableHeader { array, first: first.filter(|_| !escaped), parts })
 }
 
 #[cfg(test)]
@@ -243,7 +243,7 @@ mod tests {
     }
 
     fn h(array: bool, first: Option<&str>, parts: usize) -> Line<'_> {
-        Line::Header(Header { array, first, parts })
+        Line::Header(TableHeader { array, first, parts })
     }
 
     #[test]

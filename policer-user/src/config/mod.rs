@@ -46,7 +46,7 @@ pub use crate::sets::SetConfig;
 pub use edit::Change;
 #[cfg(test)]
 use file::SPLICED;
-pub use file::{ConfigFile, Pending, Snapshot, final_newline_warning, sha256_hex};
+pub use file::{ConfigFile, FileSnapshot, Pending, final_newline_warning, sha256_hex};
 pub use write::NEW_FILE_MODE;
 pub(crate) use write::remove_leftovers;
 
@@ -199,7 +199,7 @@ impl Config {
     /// [`Config::check_all`]), each at its table's line.
     fn set_problems(
         &self,
-        origins: &[read::Origin],
+        origins: &[read::TableOrigin],
         rules: &BTreeMap<RuleKey, RuleSpec>,
         sets_from: Option<&Path>,
     ) -> Vec<Problem> {
@@ -248,8 +248,8 @@ impl Config {
     /// Validates every rule; prefixes must be unique. The first problem
     /// is the error (see [`Config::check`] for all of them).
     pub fn validate(&self) -> Result<BTreeMap<RuleKey, RuleSpec>> {
-        let origins: Vec<read::Origin> =
-            (0..self.rules.len()).map(|i| read::Origin { number: i + 1, line: None }).collect();
+        let origins: Vec<read::TableOrigin> =
+            (0..self.rules.len()).map(|i| read::TableOrigin { number: i + 1, line: None }).collect();
         let (rules, problems) = self.problems_at(&origins);
         match problems.into_iter().next() {
             Some(p) => Err(Error::Invalid(p.message)),
@@ -260,7 +260,7 @@ impl Config {
     /// Every problem of the rules and the daemon table that needs more
     /// than one key to see, each rule's at its line (`origins[i]` is where
     /// `self.rules[i]` came from); and the rules that are valid.
-    fn problems_at(&self, origins: &[read::Origin]) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
+    fn problems_at(&self, origins: &[read::TableOrigin]) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         let mut out = BTreeMap::new();
         let mut problems = Vec::new();
         let protect = crate::protect::Protect::parse(&self.daemon.protect).unwrap_or_else(|e| {

@@ -16,14 +16,16 @@
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::schema::{self, CrowdsecField as C, DaemonField as D, Field, RuleField as R, SetField as S, Shared, Table};
+use super::schema::{
+    self, CrowdsecField as C, DaemonField as D, Field, RuleField as R, SetField as S, SharedField, Table,
+};
 use super::{Config, DaemonConfig, Problem, SetConfig};
 use crate::rules::{BurstValue, PortValue, RuleConfig};
 
-/// A rule read from the file: its number in the file (1-based) and the
-/// line it starts on.
+/// A `[[rule]]` or `[[set]]` table read from the file: its number among
+/// the tables of its kind (1-based) and the line it starts on.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Origin {
+pub(super) struct TableOrigin {
     pub number: usize,
     pub line: Option<usize>,
 }
@@ -33,9 +35,9 @@ pub(super) struct Origin {
 /// every problem found: syntax, unknown keys, values of the wrong kind.
 pub(super) struct Read {
     pub config: Config,
-    pub origins: Vec<Origin>,
+    pub origins: Vec<TableOrigin>,
     /// Where `config.sets[i]` came from.
-    pub set_origins: Vec<Origin>,
+    pub set_origins: Vec<TableOrigin>,
     /// The line of `[crowdsec]`.
     pub crowdsec_line: Option<usize>,
     pub problems: Vec<Problem>,
@@ -106,7 +108,7 @@ pub(super) fn read(text: &str) -> Read {
                                 "set {} (name {}): the name of set {} too; a set is declared once",
                                 origin.number,
                                 set.name,
-                                set_origins.get(first).map_or(0, |o: &Origin| o.number)
+                                set_origins.get(first).map_or(0, |o: &TableOrigin| o.number)
                             ),
                         );
                         continue;
@@ -220,7 +222,7 @@ impl Reader {
         value: &'v Spanned<DeValue<'d>>,
         example: &str,
         syntax: &[usize],
-    ) -> Vec<(Origin, &'v Spanned<DeValue<'d>>, bool)> {
+    ) -> Vec<(TableOrigin, &'v Spanned<DeValue<'d>>, bool)> {
         let DeValue::Array(a) = value.get_ref() else {
             let at = self.line(value.span());
             self.push(
@@ -235,7 +237,7 @@ impl Reader {
             .map(|(i, item)| {
                 let end = starts.get(i + 1).copied().unwrap_or(usize::MAX);
                 let broken = syntax.iter().any(|l| (starts[i]..end).contains(l));
-                (Origin { number: i + 1, line: Some(starts[i]) }, item, broken)
+                (TableOrigin { number: i + 1, line: Some(starts[i]) }, item, broken)
             })
             .collect()
     }
@@ -571,7 +573,7 @@ impl Reader {
 
     /// One `[[rule]]`: the rule when every key has a valid value; each
     /// problem otherwise.
-    fn rule(&mut self, origin: Origin, item: &Spanned<DeValue<'_>>) -> Option<RuleConfig> {
+    fn rule(&mut self, origin: TableOrigin, item: &Spanned<DeValue<'_>>) -> Option<RuleConfig> {
         let t = self.table(&format!("rule {}", origin.number), item, "[[rule]] with prefix = \"10.0.0.0/8\"")?;
         // The prefix first: every other message names it.
         let prefix = t.iter().find(|(k, _)| &**k.get_ref() == "prefix").map(|(_, v)| v);
@@ -617,7 +619,7 @@ impl Reader {
     /// string): the prefix when it is one, else its problem and `None`.
     fn rule_prefix<'t>(
         &mut self,
-        origin: Origin,
+        origin: TableOrigin,
         place: Place<'_>,
         v: Option<&Spanned<DeValue<'_>>>,
         text: Option<&'t str>,
@@ -791,7 +793,7 @@ impl Reader {
 
     /// One `[[set]]`: the set when every key has a valid value; each
     /// problem otherwise.
-    fn set(&mut self, origin: Origin, item: &Spanned<DeValue<'_>>) -> Option<SetConfig> {
+    fn set(&mut self, origin: TableOrigin, item: &Spanned<DeValue<'_>>) -> Option<SetConfig> {
         const WRITE: &str = "[[set]] with name = \"blocklist\" and file = \"blocklist.txt\"";
         let t = self.table(&format!("set {}", origin.number), item, WRITE)?;
         // The name first: every other message names it.
@@ -878,7 +880,7 @@ impl Reader {
     fn param(
         &mut self,
         place: Place<'_>,
-        shared: Shared,
+        shared: SharedField,
         key: &str,
         v: &Spanned<DeValue<'_>>,
         r: &mut RuleConfig,
@@ -886,14 +888,14 @@ impl Reader {
         total: &mut Option<policer_common::rate::Rate>,
     ) -> bool {
         match shared {
-            Shared::Rate | Shared::TotalRate => {
+            SharedField::Rate | SharedField::TotalRate => {
                 let write = format!(
                     "{key} = \"10kpps\" (packets/s: pps, kpps, mpps) or \"100mbit\" (bits/s: kbit, mbit, gbit)"
                 );
                 match self.string(place, key, v, "a rate", &write) {
                     Some(s) => match policer_common::rate::Rate::parse(&s) {
                         Ok(parsed) => {
-                            if shared == Shared::Rate {
+                            if shared == SharedField::Rate {
                                 (r.rate, *rate) = (Some(s), Some(parsed));
                             } else {
                                 (r.total_rate, *total) = (Some(s), Some(parsed));
@@ -908,13 +910,13 @@ impl Reader {
                     None => false,
                 }
             }
-            Shared::Burst | Shared::TotalBurst => {
+            SharedField::Burst | SharedField::TotalBurst => {
                 let write = format!("a count like {key} = 50 or a size like {key} = \"64kb\" (with a bit rate)");
                 match v.get_ref() {
                     DeValue::Integer(_) => match unsigned(v.get_ref(), u64::MAX) {
                         Some(n) if n > 0 => {
                             let b = Some(BurstValue::Count(n));
-                            if shared == Shared::Burst {
+                            if shared == SharedField::Burst {
                                 r.burst = b
                             } else {
                                 r.total_burst = b
@@ -928,7 +930,7 @@ impl Reader {
                     },
                     DeValue::String(s) => {
                         let b = Some(BurstValue::Text(s.to_string()));
-                        if shared == Shared::Burst {
+                        if shared == SharedField::Burst {
                             r.burst = b
                         } else {
                             r.total_burst = b
@@ -941,7 +943,7 @@ impl Reader {
                     }
                 }
             }
-            Shared::Action => {
+            SharedField::Action => {
                 let a = match v.get_ref() {
                     DeValue::String(s) => <policer_common::bucket::Action as clap::ValueEnum>::from_str(s, false).ok(),
                     _ => None,
@@ -952,7 +954,7 @@ impl Reader {
                 r.action = a;
                 a.is_some()
             }
-            Shared::KeyLen => {
+            SharedField::KeyLen => {
                 let n = unsigned(v.get_ref(), 128);
                 if n.is_none() {
                     self.bad(

@@ -78,7 +78,7 @@ pub enum DaemonField {
 
 /// The settings a rule and a set share: their bucket and action.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shared {
+pub enum SharedField {
     Rate,
     TotalRate,
     Burst,
@@ -87,11 +87,11 @@ pub enum Shared {
     KeyLen,
 }
 
-/// `[[rule]]`'s settings beyond [`Shared`].
+/// `[[rule]]`'s settings beyond [`SharedField`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RuleField {
     Prefix,
-    Shared(Shared),
+    Shared(SharedField),
     Proto,
     Dport,
     TcpFlags,
@@ -108,12 +108,12 @@ pub enum RuleField {
     Ttl,
 }
 
-/// `[[set]]`'s settings beyond [`Shared`].
+/// `[[set]]`'s settings beyond [`SharedField`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetField {
     Name,
     File,
-    Shared(Shared),
+    Shared(SharedField),
 }
 
 /// `[crowdsec]`'s settings.
@@ -279,28 +279,28 @@ pub static KEYS: &[Key] = &[
         "The source prefix: 203.0.113.0/24, 2001:db8::/32. The longest matching prefix wins.",
     ),
     rule(
-        R::Shared(Shared::Rate),
+        R::Shared(SharedField::Rate),
         "rate",
         "string",
         "required for police and monitor",
         "Rate per source (per key_len group): 500pps, 10kpps (k = 1000); or a bit rate 64kbit, 100mbit (byte mode).",
     ),
     rule(
-        R::Shared(Shared::Burst),
+        R::Shared(SharedField::Burst),
         "burst",
         "integer or string",
         "1/50 s of the rate, at least 5 packets",
         "Bucket size: packets (200, \"2k\"), or bytes in byte mode (\"1500b\", \"64kb\").",
     ),
     rule(
-        R::Shared(Shared::Action),
+        R::Shared(SharedField::Action),
         "action",
         "string",
         "\"police\"",
         "police, monitor (count what would be dropped), allow (never police) or deny (drop everything).",
     ),
     rule(
-        R::Shared(Shared::KeyLen),
+        R::Shared(SharedField::KeyLen),
         "key_len",
         "integer",
         "32 (IPv4), 64 (IPv6)",
@@ -324,14 +324,14 @@ pub static KEYS: &[Key] = &[
     ),
     rule(R::Dst, "dst", "string (CIDR or address)", "none", "Class: a destination prefix."),
     rule(
-        R::Shared(Shared::TotalRate),
+        R::Shared(SharedField::TotalRate),
         "total_rate",
         "string",
         "none",
         "Rate of the whole rule, all sources together (an aggregate bucket charged after the source's).",
     ),
     rule(
-        R::Shared(Shared::TotalBurst),
+        R::Shared(SharedField::TotalBurst),
         "total_burst",
         "integer or string",
         "from total_rate",
@@ -389,10 +389,10 @@ pub static KEYS: &[Key] = &[
         "required",
         "The file of prefixes, one per line (# and ; comments); relative to the config file's directory.",
     ),
-    set(S::Shared(Shared::Action), "action", "string", "\"deny\"", "As a rule's action."),
-    set(S::Shared(Shared::Rate), "rate", "string", "required for police and monitor", "As a rule's rate."),
-    set(S::Shared(Shared::Burst), "burst", "integer or string", "as a rule's", "As a rule's burst."),
-    set(S::Shared(Shared::KeyLen), "key_len", "integer", "as a rule's", "As a rule's key_len."),
+    set(S::Shared(SharedField::Action), "action", "string", "\"deny\"", "As a rule's action."),
+    set(S::Shared(SharedField::Rate), "rate", "string", "required for police and monitor", "As a rule's rate."),
+    set(S::Shared(SharedField::Burst), "burst", "integer or string", "as a rule's", "As a rule's burst."),
+    set(S::Shared(SharedField::KeyLen), "key_len", "integer", "as a rule's", "As a rule's key_len."),
     crowdsec(
         C::LapiUrl,
         "lapi_url",

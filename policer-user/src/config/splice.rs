@@ -4,7 +4,7 @@
 //! back: right for any layout, but a 100 000-rule file costs about a
 //! second per `policer rule set`. Here a change of a few rules touches
 //! only their text: the file's `[[rule]]` headers are found once by a scan
-//! of the whole text ([`Layout`], checked against the rules the file was
+//! of the whole text ([`RuleLayout`], checked against the rules the file was
 //! read to hold), kept up to date as rules are changed, removed and added,
 //! and each change parses and writes only the rule it is about. Whatever
 //! is not laid out as this expects (rules in an inline array, a rule's
@@ -20,7 +20,7 @@
 //! blank line. Call a place *at the top level* when it is the start of a
 //! line outside every string and value.
 //!
-//! 1. [`Layout::of`] reads the whole text once: every `[[rule]]` header it
+//! 1. [`RuleLayout::of`] reads the whole text once: every `[[rule]]` header it
 //!    keeps is at the top level, there is one per rule of the file, and no
 //!    header or top-level key might name `rule` otherwise (`[rule.x]`,
 //!    `[["ru\u006ce"]]` give no layout). So the k-th header starts the
@@ -61,7 +61,7 @@ use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
 use super::{
     Config, edit,
-    lex::{Header, Lexer, Line},
+    lex::{Lexer, Line, TableHeader},
 };
 use crate::rules::{RuleConfig, RuleKey, RuleSpec, SpecMap};
 
@@ -71,7 +71,7 @@ pub(super) const MAX_EDITS: usize = 64;
 
 /// Where the `[[rule]]` tables of a text start.
 #[derive(Clone, Debug, Default)]
-pub(super) struct Layout {
+pub(super) struct RuleLayout {
     /// The byte offset of each rule's header line, in file order.
     headers: Vec<usize>,
     /// Each rule's place in `headers`, by a 64-bit hash of its key
@@ -84,7 +84,7 @@ pub(super) struct Layout {
     hasher: RandomState,
 }
 
-impl Layout {
+impl RuleLayout {
     fn slot(&self, key: &RuleKey) -> Option<usize> {
         self.index.get(&self.hasher.hash_one(key)).map(|&i| i as usize)
     }
@@ -107,7 +107,7 @@ fn lines(text: &str, from: usize, to: usize, mut f: impl FnMut(usize, &str, &Lin
 /// so: it starts and ends at the top level, ends with a newline (or is
 /// empty), and holds no header but one for which `header` says yes, with
 /// only comments and blank lines before it (`None`: no header at all).
-fn whole_lines(piece: &str, header: Option<fn(&Header) -> bool>) -> bool {
+fn whole_lines(piece: &str, header: Option<fn(&TableHeader) -> bool>) -> bool {
     let mut seen = false;
     let ok = lines(piece, 0, piece.len(), |_, _, l| match l {
         Line::Header(h) if !seen && header.is_some_and(|f| f(h)) => {
@@ -123,12 +123,12 @@ fn whole_lines(piece: &str, header: Option<fn(&Header) -> bool>) -> bool {
 }
 
 /// A plain `[[rule]]` header.
-fn rule_table(h: &Header) -> bool {
+fn rule_table(h: &TableHeader) -> bool {
     h.is(true, "rule")
 }
 
 /// A plain `[daemon]` header.
-fn daemon_table(h: &Header) -> bool {
+fn daemon_table(h: &TableHeader) -> bool {
     h.is(false, "daemon")
 }
 
@@ -148,12 +148,12 @@ pub(super) fn first_rule_header(text: &str) -> Option<usize> {
     Some(first.unwrap_or(text.len()))
 }
 
-impl Layout {
+impl RuleLayout {
     /// The layout of `text`, whose rules are `rules` in file order; `None`
     /// when its top-level `[[rule]]` headers are not exactly one per rule
     /// (rules in an inline array), a header or a top-level key might name
     /// `rule` otherwise, or `lex.rs` does not read a line.
-    pub(super) fn of(text: &str, rules: &[RuleConfig]) -> Option<Layout> {
+    pub(super) fn of(text: &str, rules: &[RuleConfig]) -> Option<RuleLayout> {
         let mut headers = Vec::with_capacity(rules.len());
         // Before the first header, a key is the document's own.
         let mut root = true;
@@ -181,7 +181,7 @@ impl Layout {
                 return None;
             }
         }
-        Some(Layout { headers, index, hasher })
+        Some(RuleLayout { headers, index, hasher })
     }
 
     /// Takes an edit of `[from, to)` into `new_len` bytes that holds no
@@ -196,10 +196,10 @@ impl Layout {
     pub(super) fn apply(&mut self, op: &Op) {
         let shift = |h: &mut usize| *h = (*h + op.new_len).wrapping_sub(op.to - op.from);
         match &op.kind {
-            Kind::Replace { i } => {
+            RuleEdit::Replace { i } => {
                 self.headers[i + 1..].iter_mut().for_each(shift);
             }
-            Kind::Remove { i, key } => {
+            RuleEdit::Remove { i, key } => {
                 self.headers.remove(*i);
                 self.index.remove(&self.hasher.hash_one(key));
                 for v in self.index.values_mut() {
@@ -209,7 +209,7 @@ impl Layout {
                 }
                 self.headers[*i..].iter_mut().for_each(shift);
             }
-            Kind::Push { key, header } => {
+            RuleEdit::Push { key, header } => {
                 // `splice` adds no key whose hash a rule of the file has.
                 self.index.insert(self.hasher.hash_one(key), self.headers.len() as u32);
                 self.headers.push(*header);
@@ -218,10 +218,10 @@ impl Layout {
     }
 }
 
-/// What an edit did to the rules, for [`Layout::apply`] and the config's
+/// What an edit did to the rules, for [`RuleLayout::apply`] and the config's
 /// rule list.
 #[derive(Clone, Debug)]
-pub(super) enum Kind {
+pub(super) enum RuleEdit {
     /// Rule `i` was rewritten.
     Replace {
         i: usize,
@@ -240,7 +240,7 @@ pub(super) enum Kind {
 /// One edit of the text: `[from, to)` replaced by `new_len` bytes.
 #[derive(Clone, Debug)]
 pub(super) struct Op {
-    pub kind: Kind,
+    pub kind: RuleEdit,
     from: usize,
     to: usize,
     new_len: usize,
@@ -307,7 +307,7 @@ fn table(doc: &mut DocumentMut) -> Option<&mut Table> {
 /// `edit.rs` makes them).
 pub(super) fn splice(
     text: &str,
-    layout: &Layout,
+    layout: &RuleLayout,
     before: &dyn SpecMap,
     edits: &[(RuleKey, Option<RuleSpec>)],
 ) -> Option<(String, Vec<Op>)> {
@@ -346,7 +346,7 @@ type InPlace<'e> = (usize, &'e RuleKey, Option<&'e RuleSpec>);
 /// place, and the additions, in the order of their keys; `None` when a
 /// key comes twice, or the layout and the rules disagree about one.
 fn sorted<'e>(
-    layout: &Layout,
+    layout: &RuleLayout,
     before: &dyn SpecMap,
     edits: &'e [(RuleKey, Option<RuleSpec>)],
 ) -> Option<(Vec<InPlace<'e>>, Vec<&'e RuleSpec>)> {
@@ -381,7 +381,7 @@ fn sorted<'e>(
 /// is not as this expects or runs into the one before.
 fn regions(
     text: &str,
-    layout: &Layout,
+    layout: &RuleLayout,
     before: &dyn SpecMap,
     at: Vec<InPlace<'_>>,
 ) -> Option<(Vec<(Op, String)>, usize)> {
@@ -433,7 +433,7 @@ fn replacement(
     if !whole_lines(&out, Some(rule_table)) {
         return None;
     }
-    Some((Op { kind: Kind::Replace { i }, from: span.start, to: span.end, new_len: out.len() }, out))
+    Some((Op { kind: RuleEdit::Replace { i }, from: span.start, to: span.end, new_len: out.len() }, out))
 }
 
 /// Rule `i` (key `key`; its table ends at `end`, the next header is at
@@ -441,7 +441,7 @@ fn replacement(
 /// what stays in its place; `None` when what stays is not whole lines.
 fn removal(
     text: &str,
-    layout: &Layout,
+    layout: &RuleLayout,
     i: usize,
     key: &RuleKey,
     end: usize,
@@ -455,17 +455,17 @@ fn removal(
     let prefix = &text[p..h];
     let d = p + edit::split_detached(prefix).0.len();
     Some(if !text[p..d].contains('#') {
-        (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: 0 }, String::new())
+        (Op { kind: RuleEdit::Remove { i, key: key.clone() }, from: p, to: end, new_len: 0 }, String::new())
     } else if let Some(next) = next {
         let after = &text[end..next];
         let trimmed = after.len() - edit::trim_blank_lines(after).len();
-        (Op { kind: Kind::Remove { i, key: key.clone() }, from: d, to: end + trimmed, new_len: 0 }, String::new())
+        (Op { kind: RuleEdit::Remove { i, key: key.clone() }, from: d, to: end + trimmed, new_len: 0 }, String::new())
     } else {
         let kept = format!("{}\n", text[p..d].trim_end_matches('\n'));
         if !whole_lines(&kept, None) {
             return None;
         }
-        (Op { kind: Kind::Remove { i, key: key.clone() }, from: p, to: end, new_len: kept.len() }, kept)
+        (Op { kind: RuleEdit::Remove { i, key: key.clone() }, from: p, to: end, new_len: kept.len() }, kept)
     })
 }
 
@@ -495,7 +495,7 @@ fn additions(text: &str, last: usize, floor: usize, new: &[&RuleSpec]) -> Option
         }
         // Its header's place in the text the edits before it leave.
         let header = end + added.len() + out.find("[[")?;
-        pushes.push(Op { kind: Kind::Push { key: s.key(), header }, from: end, to: end, new_len: 0 });
+        pushes.push(Op { kind: RuleEdit::Push { key: s.key(), header }, from: end, to: end, new_len: 0 });
         added.push_str(&out);
     }
     Some(((end, added), pushes))
@@ -532,17 +532,17 @@ fn placed(ops: Vec<(Op, String)>, pushes: Vec<Op>) -> Vec<Op> {
         op.to = op.to.wrapping_add_signed(moved);
         moved += op.new_len as isize - (op.to - op.from) as isize;
         match &mut op.kind {
-            Kind::Replace { i } => *i -= removed,
-            Kind::Remove { i, .. } => {
+            RuleEdit::Replace { i } => *i -= removed,
+            RuleEdit::Remove { i, .. } => {
                 *i -= removed;
                 removed += 1;
             }
-            Kind::Push { .. } => {}
+            RuleEdit::Push { .. } => {}
         }
         done.push(op);
     }
     for mut op in pushes {
-        if let Kind::Push { header, .. } = &mut op.kind {
+        if let RuleEdit::Push { header, .. } = &mut op.kind {
             *header = header.wrapping_add_signed(moved);
         }
         done.push(op);
@@ -652,7 +652,7 @@ mod tests {
     #[test]
     fn a_hash_that_leads_to_another_rule_is_not_followed() {
         let (cfg, before) = Config::parse(TEXT, std::path::Path::new("-")).unwrap();
-        let layout = Layout::of(TEXT, &cfg.rules).unwrap();
+        let layout = RuleLayout::of(TEXT, &cfg.rules).unwrap();
         let a = spec("10.0.0.0/8", "5kpps");
         let (out, _) = splice(TEXT, &layout, &before, &[(a.key(), Some(a.clone()))]).unwrap();
         assert!(out.contains("rate = \"5kpps\"") && out.contains("rate = \"2kpps\""), "{out}");

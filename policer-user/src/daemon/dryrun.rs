@@ -28,7 +28,7 @@ use crate::{
 /// What a previewed change captured on its way, where the real change
 /// would have started writing.
 #[derive(Default)]
-pub(super) struct Capture {
+pub(super) struct PreviewCapture {
     /// The planned rules (a change of the rules).
     pub rules: Option<super::Rules>,
     /// The sets after (an import, a reload with `[[set]]`s).
@@ -39,12 +39,12 @@ pub(super) struct Capture {
     pub protect: Option<crate::protect::Protect>,
 }
 
-impl Capture {
+impl PreviewCapture {
     /// A set change's preview ([`SetsAfter`]): the sets after, and each
     /// set's change as the dry run shows it.
-    pub(super) fn of_sets(after: SetsAfter) -> Capture {
+    pub(super) fn of_sets(after: SetsAfter) -> PreviewCapture {
         let set_changes = after.changes.iter().map(|(o, n)| set_change(o.as_ref(), n.as_ref())).collect();
-        Capture { sets: Some(after.sets), set_changes, ..Capture::default() }
+        PreviewCapture { sets: Some(after.sets), set_changes, ..PreviewCapture::default() }
     }
 }
 
@@ -273,7 +273,7 @@ pub const MAX_MEASURED: usize = 2048;
 const SAMPLES: u64 = 40;
 
 /// A source whose rule would change: what it is judged under.
-struct Cand {
+struct ChangingSource {
     key: BucketKey,
     source: String,
     class: String,
@@ -293,7 +293,7 @@ struct Cand {
 /// bucket drains at one second per second while it holds any, and the
 /// share of reads that found debt is the share of time it held some (a
 /// source in profile drains it between frames; a heavy one never does).
-fn rate(c: &Cand) -> f64 {
+fn rate(c: &ChangingSource) -> f64 {
     let (Some((b0, t0)), Some((b1, t1))) = (c.first, c.last) else { return 0.0 };
     let secs = t1.saturating_sub(t0) as f64 / 1e9;
     if secs <= 0.0 {
@@ -352,8 +352,8 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
 /// The sources in the bucket table (read once, off the owner; `sources`
 /// counts them) whose rule would change: the first [`MAX_MEASURED`], most
 /// dropped first.
-fn changing_sources(reader: &MapReader, preview: &Preview, sources: &mut u64) -> crate::Result<Vec<Cand>> {
-    let mut cands: Vec<(u64, Cand)> = Vec::new();
+fn changing_sources(reader: &MapReader, preview: &Preview, sources: &mut u64) -> crate::Result<Vec<ChangingSource>> {
+    let mut cands: Vec<(u64, ChangingSource)> = Vec::new();
     let (before, after) = (preview.before.resolver(), preview.after.resolver());
     reader.for_each_bucket_read(|k, b, _| {
         *sources += 1;
@@ -375,7 +375,18 @@ fn changing_sources(reader: &MapReader, preview: &Preview, sources: &mut u64) ->
         if alike(&now, &after) {
             return;
         }
-        let c = Cand { key: *k, source, class, now, after, first: None, last: None, busy: 0, refusing: 0, reads: 0 };
+        let c = ChangingSource {
+            key: *k,
+            source,
+            class,
+            now,
+            after,
+            first: None,
+            last: None,
+            busy: 0,
+            refusing: 0,
+            reads: 0,
+        };
         cands.push((b.drops(), c));
     })?;
     cands.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.source.cmp(&b.1.source)));
@@ -383,8 +394,8 @@ fn changing_sources(reader: &MapReader, preview: &Preview, sources: &mut u64) ->
 }
 
 /// Reads the bucket of each of `cands` [`SAMPLES`] times over `window`,
-/// each read kept in its [`Cand`].
-fn watch(reader: &MapReader, cands: &mut [Cand], window: Duration) -> crate::Result<()> {
+/// each read kept in its [`ChangingSource`].
+fn watch(reader: &MapReader, cands: &mut [ChangingSource], window: Duration) -> crate::Result<()> {
     // Reads spread over the window, each pause jittered so that a source
     // sending at a steady pace is not read in step with it.
     let step = window / SAMPLES as u32;
@@ -415,7 +426,7 @@ fn watch(reader: &MapReader, cands: &mut [Cand], window: Duration) -> crate::Res
 /// A watched source judged now and after at the rate it sent (`window_s`:
 /// the window, in seconds): its row and whether it passes now, if its
 /// verdict changes.
-fn changed_verdict(c: Cand, window_s: f64) -> Option<(bool, DrySource)> {
+fn changed_verdict(c: ChangingSource, window_s: f64) -> Option<(bool, DrySource)> {
     let (b, t) = c.last?;
     let fps = rate(&c);
     let (mut pass_now, mut why_now) = verdict(c.now.rule.as_ref(), fps, &b, t, window_s);
@@ -525,7 +536,7 @@ mod tests {
         // the reads, its debt the same at both ends: half a second of
         // work, 50 frames of 10 ms; and 7 dropped.
         let b = |drops: u64| Bucket { tat: now.wrapping_shl(shift), meta: r.bucket(0).meta | (drops << 24) };
-        let c = Cand {
+        let c = ChangingSource {
             key: BucketKey::default(),
             source: String::new(),
             class: String::new(),

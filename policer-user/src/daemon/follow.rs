@@ -9,7 +9,7 @@
 //! rename, the kubelet's `..data` swap), created as a symlink, or removed.
 //! A writer killed midway also closes the file, so a followed reload adds
 //! a second guard: the file must end as a whole file does, with a newline
-//! (`Snapshot::check_whole` in `config/file.rs`, which says what a cut at
+//! (`FileSnapshot::check_whole` in `config/file.rs`, which says what a cut at
 //! a line's end leaves). A file refused is logged once and looked at again
 //! when it changes.
 //!
@@ -138,7 +138,7 @@ fn finishing(kind: &EventKind) -> bool {
 
 /// What the watcher hands the follower: a finishing event's paths, or
 /// "look anyway" (the kernel's queue overflowed, or the watcher failed).
-enum Seen {
+enum WatchEvent {
     Paths(EventKind, Vec<PathBuf>),
     Rescan,
 }
@@ -222,8 +222,8 @@ impl Watches {
     /// regular file just created under it (its close says when it is
     /// whole): move the watches only, for what comes next is a new file
     /// being written.
-    fn wants(&self, seen: &Seen) -> Want {
-        let Seen::Paths(kind, paths) = seen else { return Want::Look };
+    fn wants(&self, seen: &WatchEvent) -> Want {
+        let WatchEvent::Paths(kind, paths) = seen else { return Want::Look };
         if paths.iter().any(|p| self.dirs.contains_key(p)) {
             return Want::Look;
         }
@@ -248,17 +248,17 @@ impl Watches {
 /// directory that cannot be watched is a warning: `policer reload` and
 /// SIGHUP still work.
 pub(super) fn start(owner: Owner, config: &Path) {
-    let (tx, mut rx) = mpsc::channel::<Seen>(1024);
+    let (tx, mut rx) = mpsc::channel::<WatchEvent>(1024);
     // Set when an event found the queue full: the follower is behind, and
     // what it missed may have been the config's; it looks once it catches up.
     let missed = Arc::new(AtomicBool::new(false));
     let missed_w = missed.clone();
     let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         let seen = match ev {
-            Ok(e) if e.need_rescan() => Seen::Rescan,
-            Ok(e) if finishing(&e.kind) => Seen::Paths(e.kind, e.paths),
+            Ok(e) if e.need_rescan() => WatchEvent::Rescan,
+            Ok(e) if finishing(&e.kind) => WatchEvent::Paths(e.kind, e.paths),
             Ok(_) => return,
-            Err(_) => Seen::Rescan,
+            Err(_) => WatchEvent::Rescan,
         };
         if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(seen) {
             missed_w.store(true, Ordering::SeqCst);
@@ -404,7 +404,7 @@ mod tests {
         let names: HashSet<_> = chain(&d.join("config.toml")).into_iter().collect();
         let dirs = [(d.clone(), identity(&d).unwrap())].into();
         let w = Watches { config: d.join("config.toml"), dirs, names };
-        let ev = |kind, p: &[&str]| Seen::Paths(kind, p.iter().map(|p| d.join(p)).collect());
+        let ev = |kind, p: &[&str]| WatchEvent::Paths(kind, p.iter().map(|p| d.join(p)).collect());
         let close = EventKind::Access(AccessKind::Close(AccessMode::Write));
         let rename = |m| EventKind::Modify(ModifyKind::Name(m));
         assert_eq!(w.wants(&ev(close, &["config.toml"])), Want::Look);
@@ -425,8 +425,8 @@ mod tests {
         let removed = EventKind::Remove(notify::event::RemoveKind::File);
         assert_eq!(w.wants(&ev(removed, &["config.toml"])), Want::Rearm);
         // The watched directory itself moved or gone: another may stand there.
-        assert_eq!(w.wants(&Seen::Paths(rename(RenameMode::From), vec![d.clone()])), Want::Look);
-        assert_eq!(w.wants(&Seen::Rescan), Want::Look);
+        assert_eq!(w.wants(&WatchEvent::Paths(rename(RenameMode::From), vec![d.clone()])), Want::Look);
+        assert_eq!(w.wants(&WatchEvent::Rescan), Want::Look);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

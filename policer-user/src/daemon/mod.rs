@@ -168,7 +168,7 @@ pub struct Daemon {
     feed: Option<crate::crowdsec::Settings>,
     /// Set while a `--dry-run` is handled: the change stops before its
     /// first write and leaves what it planned here (`dryrun.rs`).
-    dry: Option<dryrun::Capture>,
+    dry: Option<dryrun::PreviewCapture>,
     /// Set while the owner handles a group of changes whose file writes
     /// are made as one (`owner.rs`, [`Group`](owner::Group)).
     group: Option<owner::Group>,

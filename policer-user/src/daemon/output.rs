@@ -10,7 +10,7 @@
 //! keeps the daemon's modules off the panicking macros.
 //!
 //! Once the daemon runs ([`start`]), a line does not wait for its stream:
-//! it goes into a bounded queue ([`Lane`]) that one thread per stream
+//! it goes into a bounded queue ([`StreamQueue`]) that one thread per stream
 //! writes. A stream nobody reads (`attach | less` not scrolled, Ctrl-S in a
 //! terminal, a wedged journald) blocks only that thread; the owner, whose
 //! changes and ban ends print lines, goes on. A line that finds the queue
@@ -47,7 +47,7 @@ use std::{
 const QUEUE_LINES: usize = 1024;
 
 /// The queues of stdout and stderr, once the daemon runs.
-static LANES: OnceLock<[Lane; 2]> = OnceLock::new();
+static QUEUES: OnceLock<[StreamQueue; 2]> = OnceLock::new();
 
 /// Whether the last write of each stream failed.
 static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
@@ -248,9 +248,9 @@ impl Write for LogPipe {
 /// Queues `text` for `stream` (written in place before [`start`], or if
 /// its writer is gone).
 fn send(stream: Stream, text: Vec<u8>) {
-    match LANES.get() {
-        Some(lanes) => {
-            if let Err(text) = lanes[stream as usize].send(text) {
+    match QUEUES.get() {
+        Some(queues) => {
+            if let Err(text) = queues[stream as usize].send(text) {
                 emit(stream, &text, &|s, b| s.write(b));
             }
         }
@@ -265,10 +265,10 @@ fn send(stream: Stream, text: Vec<u8>) {
 /// single-threaded). If a thread cannot be made, lines stay written in
 /// place.
 pub(crate) fn start() {
-    if LANES.get().is_some() {
+    if QUEUES.get().is_some() {
         return;
     }
-    let lane = |stream: Stream| {
+    let queue = |stream: Stream| {
         // The writer's notes for the other stream go through its queue.
         let write = move |b: &[u8]| {
             emit(stream, b, &|s, b| {
@@ -280,19 +280,19 @@ pub(crate) fn start() {
                 }
             })
         };
-        Lane::spawn(&format!("policer-{}", stream.name()), stream.name(), QUEUE_LINES, write)
+        StreamQueue::spawn(&format!("policer-{}", stream.name()), stream.name(), QUEUE_LINES, write)
     };
-    if let (Ok(out), Ok(err)) = (lane(Stream::Out), lane(Stream::Err)) {
-        let _ = LANES.set([out, err]);
+    if let (Ok(out), Ok(err)) = (queue(Stream::Out), queue(Stream::Err)) {
+        let _ = QUEUES.set([out, err]);
     }
 }
 
 /// Waits (up to `limit`) until the lines queued so far are written: before
 /// the process ends.
 pub(crate) fn flush(limit: Duration) {
-    if let Some(lanes) = LANES.get() {
+    if let Some(queues) = QUEUES.get() {
         let until = Instant::now() + limit;
-        for l in lanes {
+        for l in queues {
             l.flush(until);
         }
     }
@@ -304,20 +304,20 @@ enum Msg {
 }
 
 /// A stream's bounded queue and the thread that writes it.
-struct Lane {
+struct StreamQueue {
     tx: SyncSender<Msg>,
     /// Lines dropped on a full queue, not yet said.
     dropped: Arc<AtomicU64>,
 }
 
-impl Lane {
+impl StreamQueue {
     /// A queue of `cap` lines; `write` writes one (true: written).
     fn spawn(
         thread: &str,
         stream: &'static str,
         cap: usize,
         mut write: impl FnMut(&[u8]) -> bool + Send + 'static,
-    ) -> std::io::Result<Lane> {
+    ) -> std::io::Result<StreamQueue> {
         let (tx, rx) = mpsc::sync_channel::<Msg>(cap);
         let dropped = Arc::new(AtomicU64::new(0));
         let d = dropped.clone();
@@ -356,7 +356,7 @@ impl Lane {
                 }
             }
         })?;
-        Ok(Lane { tx, dropped })
+        Ok(StreamQueue { tx, dropped })
     }
 
     /// Queues a line, or drops and counts it when the queue is full;
@@ -503,7 +503,7 @@ mod tests {
         let written = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let w = written.clone();
         let mut blocked = true;
-        let lane = Lane::spawn("test-lane", "stdout", 8, move |b: &[u8]| {
+        let queue = StreamQueue::spawn("test-queue", "stdout", 8, move |b: &[u8]| {
             if blocked {
                 // Blocks as a write to a full pipe nobody reads does.
                 let _ = gate.recv();
@@ -513,10 +513,10 @@ mod tests {
             true
         })
         .unwrap();
-        let lane = Arc::new(lane);
+        let queue = Arc::new(queue);
         // 100 lines while the writer is stuck: the sender never waits.
         let (sent, done) = mpsc::channel();
-        let l = lane.clone();
+        let l = queue.clone();
         std::thread::spawn(move || {
             for i in 0..100 {
                 l.send(format!("line {i}\n").into_bytes()).unwrap();
@@ -525,10 +525,10 @@ mod tests {
         });
         done.recv_timeout(Duration::from_secs(60)).expect("a line waited for a stream nobody reads");
         assert!(written.lock().unwrap().is_empty(), "the writer is still blocked");
-        let dropped = lane.dropped.load(Ordering::SeqCst);
+        let dropped = queue.dropped.load(Ordering::SeqCst);
         assert!((90..=92).contains(&dropped), "8 queued, one taken by the writer: {dropped} dropped");
         open.send(()).unwrap();
-        assert!(lane.flush(Instant::now() + Duration::from_secs(60)), "flushed");
+        assert!(queue.flush(Instant::now() + Duration::from_secs(60)), "flushed");
         let w = written.lock().unwrap();
         let lines: Vec<&String> = w.iter().filter(|l| l.starts_with("line ")).collect();
         assert_eq!(lines.len() as u64 + dropped, 100, "{w:?}");
@@ -537,7 +537,7 @@ mod tests {
         assert_eq!(notes.len(), 1, "said once: {w:?}");
         assert!(notes[0].contains(&format!("{dropped} lines to stdout were dropped")), "{w:?}");
         assert_eq!(w.last(), Some(notes[0]), "said after the queued lines: {w:?}");
-        assert_eq!(lane.dropped.load(Ordering::SeqCst), 0);
+        assert_eq!(queue.dropped.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -30,10 +30,10 @@ use super::{
     Daemon,
     aside::{Aside, Guard, Nothing},
     bans,
-    dryrun::{Capture, Preview, World},
+    dryrun::{Preview, PreviewCapture, World},
     plan::Plan,
     reload::{self, FollowStep},
-    ruleset::{After, not_written, prepare},
+    ruleset::{WhenWritten, not_written, prepare},
     sets::{self, SetState},
     views::{IfaceRef, Snapshot},
 };
@@ -206,7 +206,7 @@ pub(super) struct Group {
     checked: bool,
     /// What the changes do once the write is done (log lines, automatic
     /// bans an `unban` lifts): nothing of it if the write fails.
-    after: Vec<After>,
+    after: Vec<WhenWritten>,
 }
 
 impl Command {
@@ -344,7 +344,7 @@ impl Daemon {
         self.changed = true;
         if !self.dry() {
             // Said once the ban is in force: in a group, after its write.
-            self.when_written(After::Say(plan.log_line));
+            self.when_written(WhenWritten::Say(plan.log_line));
         }
         Ok(plan.message)
     }
@@ -364,13 +364,13 @@ impl Daemon {
         if let Some(key) = plan.manual {
             self.change(runtime, &[(key, None)])?;
             parts.push(format!("lifted the ban of {net}"));
-            self.when_written(After::Say(format!("policer: the manual ban of {net} was lifted")));
+            self.when_written(WhenWritten::Say(format!("policer: the manual ban of {net} was lifted")));
         }
         // With a manual ban in a group, the automatic ones are lifted with
         // it, after the group's write: a write that fails lifts neither.
         let lifted = if self.write_pending() {
             let n = plan.autos.len() as u64;
-            self.when_written(After::Lift(plan.autos));
+            self.when_written(WhenWritten::Lift(plan.autos));
             n
         } else {
             self.bans.lift(&mut self.policer, &plan.autos)?
@@ -382,11 +382,11 @@ impl Daemon {
         Ok(parts.join("; "))
     }
 
-    /// Does what a change left for after its write ([`After`]).
-    pub(super) fn done_after(&mut self, a: After) {
+    /// Does what a change left for after its write ([`WhenWritten`]).
+    pub(super) fn done_after(&mut self, a: WhenWritten) {
         match a {
-            After::Say(line) => say!("{line}"),
-            After::Lift(autos) => {
+            WhenWritten::Say(line) => say!("{line}"),
+            WhenWritten::Lift(autos) => {
                 if let Err(e) = self.bans.lift(&mut self.policer, &autos) {
                     say_err!("policer: lifting {} automatic ban(s) failed: {e}", autos.len());
                 }
@@ -536,7 +536,7 @@ impl Daemon {
     }
 
     /// [`reload`](Self::reload); `followed`: the follower asks, so the file
-    /// must end as a whole file does (`Snapshot::check_whole`).
+    /// must end as a whole file does (`FileSnapshot::check_whole`).
     fn reload_as(&mut self, discard_runtime: bool, followed: bool) -> Result<String> {
         let bytes = self.file.bytes_on_disk();
         let judged = bytes.as_ref().ok().map(|b| crate::config::sha256_hex(b.as_deref().unwrap_or_default()));
@@ -613,7 +613,8 @@ impl Daemon {
             let protect = self.rs.protect().clone();
             self.rs.set_protect(old_protect);
             let (rules, after) = r?;
-            self.dry = Some(Capture { rules: Some(rules), protect: Some(protect), ..Capture::of_sets(after) });
+            self.dry =
+                Some(PreviewCapture { rules: Some(rules), protect: Some(protect), ..PreviewCapture::of_sets(after) });
             let changes = plan.changes_text(&before);
             return Ok(format!("reloaded {path}: {} rules ({counts}){changes}{sets_summary}", want.len()));
         }
@@ -778,7 +779,7 @@ impl Daemon {
     /// Whether an `unban` of the group handled so far lifts the automatic
     /// ban `k` once the group is written (to a later change, it is lifted).
     pub(super) fn lift_pending(&self, k: &policer_common::BucketKeyV6) -> bool {
-        self.group.as_ref().is_some_and(|g| g.after.iter().any(|a| matches!(a, After::Lift(l) if l.contains(k))))
+        self.group.as_ref().is_some_and(|g| g.after.iter().any(|a| matches!(a, WhenWritten::Lift(l) if l.contains(k))))
     }
 
     /// Whether the change just handled waits for a group's write.
@@ -789,7 +790,7 @@ impl Daemon {
     /// Does `a` once the change just handled is written: at once outside
     /// a group (or when the change wrote nothing), after the group's write
     /// in a group, and never if that write fails.
-    pub(super) fn when_written(&mut self, a: After) {
+    pub(super) fn when_written(&mut self, a: WhenWritten) {
         match self.group.as_mut() {
             Some(g) if g.wrote => g.after.push(a),
             _ => self.done_after(a),
@@ -894,7 +895,7 @@ impl Daemon {
             )));
         };
         let changed = self.changed;
-        self.dry = Some(Capture::default());
+        self.dry = Some(PreviewCapture::default());
         let r = match cmd {
             Command::Import(imp) => self.import(*imp, &mut Nothing).map(|(m, _)| m),
             cmd => self.handle(cmd).result.map(|r| r.message().to_string()),
@@ -926,7 +927,7 @@ impl Daemon {
             return self.write_import(plan, aside);
         }
         let (msg, after) = self.sets.preview_import(plan, &self.rs)?;
-        self.dry = Some(Capture::of_sets(after));
+        self.dry = Some(PreviewCapture::of_sets(after));
         Ok((msg, crate::control::ImportCounts::default()))
     }
 

@@ -38,13 +38,13 @@ pub(super) enum Form<'a> {
 
 /// A rule held now, with its id and counter slot.
 #[derive(Clone, Debug)]
-pub(super) struct Held<'a> {
+pub(super) struct HeldRule<'a> {
     pub id: u32,
     pub slot: u32,
     pub form: Form<'a>,
 }
 
-impl Held<'_> {
+impl HeldRule<'_> {
     /// Whether `want` polices exactly as this rule does (it then keeps its
     /// id, and so its buckets).
     fn same(&self, want: &RuleSpec) -> Result<bool> {
@@ -61,9 +61,9 @@ impl Held<'_> {
     }
 }
 
-impl<'a> From<&'a Installed> for Held<'a> {
-    fn from(i: &'a Installed) -> Held<'a> {
-        Held { id: i.id, slot: i.slot, form: Form::Spec(&i.spec) }
+impl<'a> From<&'a Installed> for HeldRule<'a> {
+    fn from(i: &'a Installed) -> HeldRule<'a> {
+        HeldRule { id: i.id, slot: i.slot, form: Form::Spec(&i.spec) }
     }
 }
 
@@ -159,7 +159,7 @@ impl Plan {
 /// anything but allow inside a `protect`ed prefix fails the plan, and the
 /// protected prefixes allow in the tries over any ban ([`Protect`]).
 pub(super) fn plan(
-    held: &BTreeMap<RuleKey, Held<'_>>,
+    held: &BTreeMap<RuleKey, HeldRule<'_>>,
     want: &BTreeMap<RuleKey, RuleSpec>,
     protect: &Protect,
     free: impl IntoIterator<Item = u32>,
@@ -464,8 +464,8 @@ mod tests {
         specs.iter().map(|s| (s.key(), s.clone())).collect()
     }
 
-    fn held(p: &Plan) -> BTreeMap<RuleKey, Held<'_>> {
-        p.rules.iter().map(|(k, i)| (k.clone(), Held::from(i))).collect()
+    fn held(p: &Plan) -> BTreeMap<RuleKey, HeldRule<'_>> {
+        p.rules.iter().map(|(k, i)| (k.clone(), HeldRule::from(i))).collect()
     }
 
     /// Plans `w` after `before` with slots 1..=cap of which `before` holds some.
@@ -522,7 +522,7 @@ mod tests {
     fn an_adopted_rule_keeps_its_id_when_it_polices_alike() {
         let a = spec("10.0.0.0/8", "1kpps");
         let k = a.kernel(41).unwrap().with_counter_slot(3);
-        let h: BTreeMap<_, _> = [(a.key(), Held { id: 41, slot: 3, form: Form::Kernel(k) })].into();
+        let h: BTreeMap<_, _> = [(a.key(), HeldRule { id: 41, slot: 3, form: Form::Kernel(k) })].into();
         let p = plan(&h, &want(std::slice::from_ref(&a)), &Protect::default(), [1, 2, 4], 4, &Groups::default(), 42)
             .unwrap();
         assert_eq!((p.rules[&a.key()].id, p.rules[&a.key()].slot), (41, 3));

@@ -103,8 +103,8 @@ pub(super) struct ReloadPlan {
     pub overlay: Overlay,
     /// The rules wanted in force: the file's with the overlay laid over.
     pub want: BTreeMap<RuleKey, RuleSpec>,
-    pub diff: Diff,
-    /// What makes the reload drastic ([`Diff::drastic`]), if anything.
+    pub diff: RuleDiff,
+    /// What makes the reload drastic ([`RuleDiff::drastic`]), if anything.
     pub drastic: Option<String>,
 }
 
@@ -127,7 +127,7 @@ pub(super) fn plan(
     }
     let overlay = if discard_runtime { Overlay::new() } else { overlay(before, file_before) };
     let want = with_overlay(file.clone(), &overlay);
-    let diff = Diff::of(before, &want);
+    let diff = RuleDiff::of(before, &want);
     // What is in force and not yet expired (a ban past its end waits
     // for the next tick): an ended ban is not one the file lifts.
     let mut live = before.clone();
@@ -230,15 +230,15 @@ fn list(items: &[String]) -> String {
 }
 
 /// What a reload changes in the rules in force.
-pub(super) struct Diff {
+pub(super) struct RuleDiff {
     pub added: usize,
     pub changed: usize,
     pub removed: Vec<RuleKey>,
 }
 
-impl Diff {
-    pub fn of(before: &BTreeMap<RuleKey, RuleSpec>, want: &BTreeMap<RuleKey, RuleSpec>) -> Diff {
-        Diff {
+impl RuleDiff {
+    pub fn of(before: &BTreeMap<RuleKey, RuleSpec>, want: &BTreeMap<RuleKey, RuleSpec>) -> RuleDiff {
+        RuleDiff {
             added: want.keys().filter(|k| !before.contains_key(k)).count(),
             changed: want.iter().filter(|(k, s)| before.get(k).is_some_and(|b| b != *s)).count(),
             removed: before.keys().filter(|k| !want.contains_key(k)).cloned().collect(),

@@ -18,7 +18,7 @@ use policer_common::{NewSources, Rule, rate::Rate};
 
 use super::{
     monotonic_ns,
-    plan::{Held, Plan},
+    plan::{HeldRule, Plan},
 };
 use crate::{
     compile::{Compiled, Groups},
@@ -137,7 +137,8 @@ impl RuleSet {
 
     /// Plans bringing the rules in force to `want` (see `plan.rs`).
     pub fn plan(&self, want: &BTreeMap<RuleKey, RuleSpec>) -> Result<Plan> {
-        let held: BTreeMap<RuleKey, Held<'_>> = self.rules.iter().map(|(k, i)| (k.clone(), Held::from(i))).collect();
+        let held: BTreeMap<RuleKey, HeldRule<'_>> =
+            self.rules.iter().map(|(k, i)| (k.clone(), HeldRule::from(i))).collect();
         super::plan::plan(
             &held,
             want,
@@ -644,7 +645,7 @@ impl RuleSet {
 /// What a change does once it is written (in a group of changes, after
 /// the group's one write; never if that write fails).
 #[derive(Debug)]
-pub(super) enum After {
+pub(super) enum WhenWritten {
     /// A line of the log.
     Say(String),
     /// Automatic bans an `unban` lifts with a manual ban.

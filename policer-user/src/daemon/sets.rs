@@ -1004,7 +1004,7 @@ fn n_entries(s: &SetState) -> usize {
 
 /// One step of a reload's set change, for its undo: the set from `before`
 /// to `after`, and whether `after` took a new slot.
-pub(super) struct Step {
+pub(super) struct SetStep {
     before: Option<SetState>,
     after: Option<SetState>,
     new_slot: bool,
@@ -1022,7 +1022,7 @@ fn common(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
 /// for the undo, and the sets as they end.
 #[derive(Default)]
 pub(super) struct ConfigWrite {
-    steps: Vec<Step>,
+    steps: Vec<SetStep>,
     /// (the set between the removals and the additions, the set as it
     /// ends).
     finals: Vec<(Option<SetState>, SetState)>,
@@ -1032,7 +1032,7 @@ impl ConfigWrite {
     /// The steps done, the removals' (written before the rules) apart from
     /// the additions' (after): an undo puts the additions back, then the
     /// rules, then the removals.
-    pub(super) fn split(self) -> (Vec<Step>, Vec<Step>) {
+    pub(super) fn split(self) -> (Vec<SetStep>, Vec<SetStep>) {
         self.steps.into_iter().partition(|s| !s.late)
     }
 }
@@ -1147,7 +1147,7 @@ impl Sets {
                 }
                 None => None,
             };
-            w.steps.push(Step { before: Some(o.clone()), after: mid.clone(), new_slot: false, late: false });
+            w.steps.push(SetStep { before: Some(o.clone()), after: mid.clone(), new_slot: false, late: false });
             if let Some(m) = &mid
                 && !same
             {
@@ -1181,7 +1181,7 @@ impl Sets {
             {
                 let slot = rs.take_slot()?;
                 let full = SetState { id: rs.new_id(), slot, ..n.clone() };
-                w.steps.push(Step { before: None, after: Some(full.clone()), new_slot: true, late: true });
+                w.steps.push(SetStep { before: None, after: Some(full.clone()), new_slot: true, late: true });
                 policer.reset_rule_counters(slot)?;
                 prepare(policer, &full.spec4, slot)?;
                 w.finals.push((None, full));
@@ -1196,7 +1196,7 @@ impl Sets {
         let fds = policer.trie_writer()?;
         for (mid, full) in &w.finals {
             if mid.is_some() {
-                w.steps.push(Step { before: mid.clone(), after: Some(full.clone()), new_slot: false, late: true });
+                w.steps.push(SetStep { before: mid.clone(), after: Some(full.clone()), new_slot: false, late: true });
             }
             self.transition(rs, fds, mid.as_ref(), Some(full))?;
             self.put(full.clone());
@@ -1226,7 +1226,7 @@ impl Sets {
     /// (`failed`: what could not be put back).
     pub(super) fn undo_config(
         &mut self,
-        steps: Vec<Step>,
+        steps: Vec<SetStep>,
         rs: &mut RuleSet,
         policer: &mut Policer,
         failed: &mut Vec<String>,
@@ -1315,7 +1315,7 @@ fn describe(s: &RuleSpec) -> String {
 }
 
 /// The sets read at start, to be installed once the rules are.
-pub(super) struct Loaded {
+pub(super) struct StartSets {
     pub sets: Vec<(Header, List)>,
     /// The kernel's value at each set's first entry (an adopted program).
     kernel: Vec<Option<Rule>>,
@@ -1343,18 +1343,18 @@ pub(super) trait SetUndo {
     fn entries(&mut self, written: Arc<Vec<IpNet>>, old: BTreeMap<IpNet, Rule>) -> Result<()>;
 }
 
-impl Loaded {
+impl StartSets {
     /// The counter slots the adopted program's sets count into.
     pub(super) fn kernel_slots(&self) -> impl Iterator<Item = u32> + '_ {
         self.kernel.iter().flatten().map(|r| r.counter_slot).filter(|s| *s != 0)
     }
 }
 
-impl Loaded {
+impl StartSets {
     /// Reads the state directory; a set file that does not read is an
     /// error (the start fails rather than policing without a feed).
-    pub fn read(dir: &std::path::Path) -> Result<Loaded> {
-        Ok(Loaded {
+    pub fn read(dir: &std::path::Path) -> Result<StartSets> {
+        Ok(StartSets {
             sets: sets::read_all(dir)?,
             kernel: Vec::new(),
             old: Vec::new(),
@@ -1470,7 +1470,7 @@ pub struct OfflineSet {
 /// Installs the config's `[[set]]`s (`config`: the config file's path,
 /// which their list files are relative to) into a fresh program that no
 /// interface runs (`policer replay`), after the rules of `rs`: each set
-/// read and checked as a start reads and checks it ([`Loaded::add_config`],
+/// read and checked as a start reads and checks it ([`StartSets::add_config`],
 /// [`sets::specs`], the conflicts with rules and `protect`), given a slot,
 /// its limiter set on the program's clock at `now_ns`, its entries written
 /// as a start writes them ([`transition`]). Saved sets (the state
@@ -1482,8 +1482,13 @@ pub(super) fn install_offline(
     declared: &[sets::SetConfig],
     now_ns: u64,
 ) -> Result<Vec<OfflineSet>> {
-    let mut loaded =
-        Loaded { sets: Vec::new(), kernel: Vec::new(), old: Vec::new(), config: BTreeMap::new(), replaced: Vec::new() };
+    let mut loaded = StartSets {
+        sets: Vec::new(),
+        kernel: Vec::new(),
+        old: Vec::new(),
+        config: BTreeMap::new(),
+        replaced: Vec::new(),
+    };
     loaded.add_config(config, declared)?;
     let mut states: BTreeMap<String, SetState> = BTreeMap::new();
     let mut out = Vec::new();
@@ -1515,7 +1520,7 @@ impl Sets {
     /// their files once it commits (a failed start leaves them).
     pub(super) fn install(
         &mut self,
-        loaded: Loaded,
+        loaded: StartSets,
         rs: &mut RuleSet,
         policer: &mut Policer,
         undo: &mut impl SetUndo,

@@ -39,7 +39,7 @@ use policer_common::{
 use super::{
     Daemon, DaemonArgs, Iface,
     adopt::{Existing, Layout, PrivateBpffs, attach_fresh, find, inspect},
-    plan::{Form, Held, Plan},
+    plan::{Form, HeldRule, Plan},
     ruleset::{RuleSet, Slots},
 };
 use crate::{
@@ -96,7 +96,7 @@ pub fn default_rules(rate: Rate, burst: &Option<String>) -> Result<Vec<RuleSpec>
 
 /// What the start is asked to do, resolved from the command line and the
 /// config file; nothing is changed yet.
-struct Settings {
+struct StartSettings {
     file: ConfigFile,
     /// Whether the start changes what the file says (the default rules from
     /// `--rate`, or the interfaces): it is rewritten once the start commits.
@@ -146,7 +146,7 @@ struct Survey {
 
 /// The program loaded (reusing an adopted program's maps), and a
 /// descriptor of every program it replaces.
-struct Loaded {
+struct LoadedProgram {
     policer: Policer,
     old_fds: BTreeMap<u32, ProgramFd>,
 }
@@ -156,7 +156,7 @@ struct Planned {
     /// What the loaded maps hold (`rs.compiled()`), and the plan from it.
     rs: RuleSet,
     plan: Plan,
-    sets: super::sets::Loaded,
+    sets: super::sets::StartSets,
     sets_dir: std::path::PathBuf,
     /// The sets copied from beside the config (an upgrade), whose old
     /// files go once the start commits.
@@ -190,14 +190,14 @@ impl Daemon {
     /// everything back (see the module's comment for the order).
     fn transaction(
         args: &DaemonArgs,
-        s: Settings,
+        s: StartSettings,
         claim: Claim,
         survey: Survey,
-        loaded: Loaded,
+        loaded: LoadedProgram,
         planned: Planned,
         out: &mut impl Write,
     ) -> Result<Daemon> {
-        let Loaded { mut policer, old_fds } = loaded;
+        let LoadedProgram { mut policer, old_fds } = loaded;
         let Planned { rs, plan, sets, sets_dir, migrated } = planned;
         // The last step that can fail before the kernel changes.
         let socket = control::socket_path()?;
@@ -373,7 +373,7 @@ impl Daemon {
     /// force, then installs the named sets (returning those that expired
     /// while the daemon was down). With adopted maps, what is overwritten
     /// is saved in `undo` first.
-    fn install(&mut self, undo: &mut Undo, plan: Plan, sets: super::sets::Loaded) -> Result<Vec<String>> {
+    fn install(&mut self, undo: &mut Undo, plan: Plan, sets: super::sets::StartSets) -> Result<Vec<String>> {
         // What the maps hold now: the loaded program's (its sets' entries aside).
         let (p, have) = (&mut self.policer, self.rs.compiled());
         for w in &plan.writes {
@@ -443,7 +443,7 @@ impl Daemon {
 
 /// Resolves the settings: the config file and its rules, `--rate`, the
 /// interfaces, sizes and limits. Reads files and interface names only.
-fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
+fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<StartSettings> {
     let (file, mut specs) = ConfigFile::open_from(&args.config, bytes)?;
     // Rules and bans that expired while no daemon ran stay expired (the
     // next write of the file drops them).
@@ -484,7 +484,7 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<Settings> {
     let changes_file = args.rate.is_some() || cfg.daemon.interfaces != ifaces.given;
     let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
     let crowdsec = crowdsec_settings(args, cfg)?;
-    Ok(Settings {
+    Ok(StartSettings {
         file,
         changes_file,
         changes_rules: args.rate.is_some(),
@@ -562,7 +562,7 @@ fn crowdsec_settings(args: &DaemonArgs, cfg: &crate::config::Config) -> Result<O
 
 /// Takes this namespace's lock and the metrics port: a second daemon, or a
 /// taken port, fails here with nothing changed.
-fn claim(s: &Settings) -> Result<Claim> {
+fn claim(s: &StartSettings) -> Result<Claim> {
     if !is_root() {
         return Err(Error::NotRoot("attaching XDP"));
     }
@@ -583,7 +583,7 @@ fn claim(s: &Settings) -> Result<Claim> {
 /// What is on the interfaces now; the policer program of this layout to
 /// adopt, if any. One with too few rule slots for this start is replaced
 /// rather than adopted (its buckets start empty).
-fn survey(s: &Settings) -> Result<Survey> {
+fn survey(s: &StartSettings) -> Result<Survey> {
     let mut existing = Vec::new();
     for (n, &i) in s.ifaces.names.iter().zip(&s.ifaces.indexes) {
         existing.push(inspect(n, i)?);
@@ -647,7 +647,7 @@ fn early_load(args: &DaemonArgs, text: Option<Option<&[u8]>>) -> Option<Early> {
 /// Loads the program, reusing the adopted program's shared maps (pinned
 /// for a moment in a private bpffs), and takes a descriptor of every
 /// program it will replace.
-fn load(s: &Settings, survey: &Survey, early: Option<Early>, out: &mut impl Write) -> Result<Loaded> {
+fn load(s: &StartSettings, survey: &Survey, early: Option<Early>, out: &mut impl Write) -> Result<LoadedProgram> {
     let mut opts = LoadOptions {
         max_sources: s.max_sources,
         max_rules: s.max_rules,
@@ -739,7 +739,7 @@ fn load(s: &Settings, survey: &Survey, early: Option<Early>, out: &mut impl Writ
             old_fds.insert(*prog_id, f.prog_fd);
         }
     }
-    Ok(Loaded { policer, old_fds })
+    Ok(LoadedProgram { policer, old_fds })
 }
 
 /// Plans the config's rules against what the loaded maps hold, keeping the
@@ -747,7 +747,7 @@ fn load(s: &Settings, survey: &Survey, early: Option<Early>, out: &mut impl Writ
 /// that did not change. Written in the transaction.
 fn plan_rules(
     policer: &Policer,
-    s: &Settings,
+    s: &StartSettings,
     adopting: bool,
     args: &DaemonArgs,
     out: &mut impl Write,
@@ -772,7 +772,7 @@ fn plan_rules(
         }
         crate::sets::Migrated::Nothing => Vec::new(),
     };
-    let mut loaded = super::sets::Loaded::read(&sets_dir)?;
+    let mut loaded = super::sets::StartSets::read(&sets_dir)?;
     // The config's [[set]]s, from their files now (a saved set of the same
     // name gives way).
     loaded.add_config(&args.config, &s.file.config().sets)?;
@@ -784,7 +784,7 @@ fn plan_rules(
     // prefixes first: a prefix with classes holds a copy of the rule it
     // falls to, slot and all, which is not its own. Rules with classes get
     // fresh slots (their buckets and counters start anew at a restart).
-    let mut held: BTreeMap<RuleKey, Held> = BTreeMap::new();
+    let mut held: BTreeMap<RuleKey, HeldRule> = BTreeMap::new();
     if adopting {
         let mut order: Vec<&RuleKey> = s.specs.keys().filter(|k| k.class().is_none()).collect();
         order.sort_by_key(|k| (k.net.prefix_len(), *k));
@@ -792,7 +792,7 @@ fn plan_rules(
             if let Some(k) = have.prefixes.get(&key.net)
                 && slots.mark_used(k.counter_slot)
             {
-                held.insert(key.clone(), Held { id: k.rule_id, slot: k.counter_slot, form: Form::Kernel(*k) });
+                held.insert(key.clone(), HeldRule { id: k.rule_id, slot: k.counter_slot, form: Form::Kernel(*k) });
             }
         }
     }
@@ -812,7 +812,7 @@ fn plan_rules(
 }
 
 /// One kernel change of a start, with what it replaced.
-enum Step {
+enum StartStep {
     /// The new program was attached to an interface, replacing `old`
     /// (program id and a descriptor of it) or nothing.
     Attached { iface: String, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)> },
@@ -852,7 +852,7 @@ impl super::sets::SetUndo for Undo {
         if self.maps.is_none() {
             return Ok(());
         }
-        self.push(Step::SetEntries { written, old })
+        self.push(StartStep::SetEntries { written, old })
     }
 }
 
@@ -866,7 +866,7 @@ struct Undo {
     /// The adopted maps the start writes into (None: fresh maps, which no
     /// running program reads, need no undo).
     maps: Option<SharedMaps>,
-    steps: Vec<Step>,
+    steps: Vec<StartStep>,
     /// Slots already saved: the first value seen is the one to restore.
     saved_limiters: BTreeSet<u32>,
     saved_counters: BTreeSet<u32>,
@@ -965,20 +965,20 @@ impl Undo {
         })
     }
 
-    fn push(&mut self, step: Step) -> Result<()> {
+    fn push(&mut self, step: StartStep) -> Result<()> {
         self.steps.push(step);
         self.hooks.after_change(self.steps.len())
     }
 
     fn attached(&mut self, iface: &str, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)>) -> Result<()> {
-        self.push(Step::Attached { iface: iface.into(), index, mode_flags, old })
+        self.push(StartStep::Attached { iface: iface.into(), index, mode_flags, old })
     }
 
     fn rules(&mut self, old: &crate::compile::Compiled, new: &crate::compile::Compiled) -> Result<()> {
         if self.maps.is_none() {
             return Ok(());
         }
-        self.push(Step::Rules { old: Box::new(old.clone()), new: Box::new(new.clone()) })
+        self.push(StartStep::Rules { old: Box::new(old.clone()), new: Box::new(new.clone()) })
     }
 
     fn total(&mut self, slot: u32) -> Result<()> {
@@ -989,7 +989,7 @@ impl Undo {
             return Ok(());
         }
         let old = m.total(slot)?;
-        self.push(Step::Total { slot, old })
+        self.push(StartStep::Total { slot, old })
     }
 
     fn new_sources(&mut self, slot: u32) -> Result<()> {
@@ -1001,7 +1001,7 @@ impl Undo {
         }
         let old = m.new_sources(slot)?;
         let old_bans = m.ban_params(slot)?;
-        self.push(Step::NewSources { slot, old, old_bans })
+        self.push(StartStep::NewSources { slot, old, old_bans })
     }
 
     /// A counter slot's values before it is zeroed (None: nothing to save,
@@ -1018,7 +1018,7 @@ impl Undo {
 
     fn zeroed_rule_counters(&mut self, slot: u32, old: PerCpuValues<RuleCounters>) -> Result<()> {
         self.saved_counters.insert(slot);
-        self.push(Step::RuleCounters { slot, old })
+        self.push(StartStep::RuleCounters { slot, old })
     }
 
     /// Ends the transaction, unless SIGINT or SIGTERM came meanwhile: then
@@ -1045,7 +1045,7 @@ impl Undo {
         let new = self.new_prog.as_raw_fd();
         while let Some(step) = self.steps.pop() {
             let r = match step {
-                Step::Attached { iface, index, mode_flags, old } => {
+                StartStep::Attached { iface, index, mode_flags, old } => {
                     let (fd, what) = match &old {
                         Some((id, fd)) => (fd.as_raw_fd(), format!("program {id} back on {iface}")),
                         None => (-1, format!("detached from {iface}")),
@@ -1057,29 +1057,29 @@ impl Undo {
                     }
                     r.map_err(|e| (what, e))
                 }
-                Step::Rules { old, new } => {
+                StartStep::Rules { old, new } => {
                     rules += old.prefixes.len();
                     let m = self.maps.as_mut().expect("recorded only with maps");
                     m.sync_rules(&new, &old).map_err(|e| ("the rules".to_string(), e))
                 }
-                Step::Total { slot, old } => {
+                StartStep::Total { slot, old } => {
                     limiters += 1;
                     let m = self.maps.as_mut().expect("recorded only with maps");
                     m.set_total(slot, &old).map_err(|e| (format!("the total of slot {slot}"), e))
                 }
-                Step::NewSources { slot, old, old_bans } => {
+                StartStep::NewSources { slot, old, old_bans } => {
                     limiters += 1;
                     let m = self.maps.as_mut().expect("recorded only with maps");
                     m.set_new_sources(slot, &old)
                         .and_then(|()| m.set_ban_params(slot, &old_bans))
                         .map_err(|e| (format!("the new-source limiter and bans of slot {slot}"), e))
                 }
-                Step::SetEntries { written, old } => {
+                StartStep::SetEntries { written, old } => {
                     sets += 1;
                     let m = self.maps.as_mut().expect("recorded only with maps");
                     m.restore_entries(&written, &old).map_err(|e| ("a set's entries".to_string(), e))
                 }
-                Step::RuleCounters { slot, old } => {
+                StartStep::RuleCounters { slot, old } => {
                     counters += 1;
                     let m = self.maps.as_mut().expect("recorded only with maps");
                     // What was there plus what was counted since it was

@@ -583,7 +583,7 @@ impl Views {
         auto: &[(BucketKey, BanView)],
         covers: &[Cover<'_, RuleKey>],
         answer: &Answer<'_, RuleKey>,
-    ) -> Result<(InspectView, Applied)> {
+    ) -> Result<(InspectView, InspectApplied)> {
         let now = monotonic_ns();
         let mut v = InspectView {
             time_ns: now,
@@ -606,7 +606,7 @@ impl Views {
         }
         // The program's own choice, from its maps.
         let Some((rule, action)) = self.program_choice(addr, l4)? else {
-            return Ok((v, Applied::Rule { slot: None, banned: None }));
+            return Ok((v, InspectApplied::Rule { slot: None, banned: None }));
         };
         // The protected prefix's own value (`protect::protected_rule`:
         // counter slot 0, which no rule owns).
@@ -617,14 +617,14 @@ impl Views {
             v.class = Some("-".into());
             v.action = Some(action.to_string());
             v.next_admit_ns = Some(0);
-            return Ok((v, Applied::Protect(p)));
+            return Ok((v, InspectApplied::Protect(p)));
         }
         let (label, class, spec) = rule_of_slot(snap, addr, rule.counter_slot);
         v.rule = Some(label);
         v.class = Some(class);
         v.action = Some(action.to_string());
         let key = rule_bucket_key(addr, &rule);
-        let mut applied = Applied::Rule { slot: Some(rule.counter_slot), banned: None };
+        let mut applied = InspectApplied::Rule { slot: Some(rule.counter_slot), banned: None };
         v.key = Some(bucket_source(&key));
         match action {
             Action::Allow => {
@@ -647,7 +647,7 @@ impl Views {
             v.ban = Some(b.clone());
             v.now = if action == Action::Police { "drop" } else { "pass" }.into();
             v.verdict = refusal.into();
-            applied = Applied::Rule { slot: Some(rule.counter_slot), banned: Some(key) };
+            applied = InspectApplied::Rule { slot: Some(rule.counter_slot), banned: Some(key) };
             return Ok((v, applied));
         }
         // Byte mode: a full-size frame unless told (a 64-byte one is
@@ -661,14 +661,14 @@ impl Views {
 
     /// The view of a source under the manual ban of key `k`: dropped, over
     /// every rule and set entry under the ban's prefix.
-    fn judge_manual_ban(&self, mut v: InspectView, k: &RuleKey) -> Result<(InspectView, Applied)> {
+    fn judge_manual_ban(&self, mut v: InspectView, k: &RuleKey) -> Result<(InspectView, InspectApplied)> {
         let net = k.net.to_string();
         v.ban = self.bans()?.into_iter().find(|b| b.origin == "manual" && b.prefix == net);
         v.rule = Some(k.to_string());
         v.action = Some("deny".into());
         v.now = "drop".into();
         v.verdict = "drop".into();
-        Ok((v, Applied::Ban(k.net)))
+        Ok((v, InspectApplied::Ban(k.net)))
     }
 
     /// The program's own choice for a frame from `addr` (`l4`: its fields,
@@ -746,7 +746,7 @@ impl Views {
         (resolver, covers): (&Resolver<'_, super::Rules>, &[Cover<'_, RuleKey>]),
         addr: IpAddr,
         framed: bool,
-        applied: &Applied,
+        applied: &InspectApplied,
         auto: Vec<(BucketKey, BanView)>,
     ) -> Result<Vec<InspectCover>> {
         let cands = self.candidates(snap, covers, addr, auto)?;
@@ -768,10 +768,12 @@ impl Views {
         let manual = if covers.iter().any(|c| c.kind() == resolve::Kind::Ban) { self.bans()? } else { vec![] };
         for c in covers {
             match c {
-                Cover::Protect(p) => cands.push(Cand::new(Kind::Protect, *p, format!("protect {p}"), "allow".into())),
+                Cover::Protect(p) => {
+                    cands.push(Cand::new(CoverKind::Protect, *p, format!("protect {p}"), "allow".into()))
+                }
                 Cover::Ban(e) | Cover::Rule(e) => {
                     let (k, Some(r)) = (e.key, snap.rules.get(e.key)) else { continue };
-                    let kind = if k.ban { Kind::Ban } else { Kind::Rule };
+                    let kind = if k.ban { CoverKind::Ban } else { CoverKind::Rule };
                     let mut c = Cand::new(kind, k.net, k.to_string(), r.spec.action.to_string());
                     c.slot = Some(r.slot);
                     if k.ban {
@@ -788,7 +790,8 @@ impl Views {
                 Cover::Set { set, entry: n } => {
                     let s = &snap.sets[*set];
                     let spec = if addr.is_ipv4() { &s.spec4 } else { &s.spec6 };
-                    let mut c = Cand::new(Kind::Set, *n, format!("{} ({n})", s.view.prefix), s.view.action.clone());
+                    let mut c =
+                        Cand::new(CoverKind::Set, *n, format!("{} ({n})", s.view.prefix), s.view.action.clone());
                     c.slot = Some(s.slot);
                     c.bucket = self.has_bucket(addr, spec, s.slot)?;
                     cands.push(c);
@@ -797,7 +800,7 @@ impl Views {
         }
         for (k, b) in auto {
             let net = ipnet::IpNet::new(key_addr(&k), k.key_len as u8).unwrap_or_else(|_| ipnet::IpNet::from(addr));
-            let mut c = Cand::new(Kind::AutoBan, net, b.rule.clone().unwrap_or_else(|| "-".into()), "deny".into());
+            let mut c = Cand::new(CoverKind::AutoBan, net, b.rule.clone().unwrap_or_else(|| "-".into()), "deny".into());
             c.cover.prefix = b.prefix.clone();
             c.cover.ban = Some(b);
             c.key = Some(k);
@@ -999,7 +1002,7 @@ impl BanLs {
 
 /// What the program applies to the frame `inspect` judges.
 #[derive(Clone, Copy, Debug)]
-enum Applied {
+enum InspectApplied {
     /// A protected prefix's own allow.
     Protect(ipnet::IpNet),
     /// A manual ban of this prefix.
@@ -1012,7 +1015,7 @@ enum Applied {
 /// The kinds of things over a source, in the order the program weighs
 /// them at one prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
+enum CoverKind {
     Protect,
     Ban,
     AutoBan,
@@ -1020,21 +1023,21 @@ enum Kind {
     Rule,
 }
 
-impl Kind {
+impl CoverKind {
     fn name(self) -> &'static str {
         match self {
-            Kind::Protect => "protect",
-            Kind::Ban => "ban",
-            Kind::AutoBan => "auto ban",
-            Kind::Set => "set",
-            Kind::Rule => "rule",
+            CoverKind::Protect => "protect",
+            CoverKind::Ban => "ban",
+            CoverKind::AutoBan => "auto ban",
+            CoverKind::Set => "set",
+            CoverKind::Rule => "rule",
         }
     }
 }
 
 /// One thing over the source, as `covering` weighs it.
 struct Cand {
-    kind: Kind,
+    kind: CoverKind,
     net: ipnet::IpNet,
     slot: Option<u32>,
     /// An automatic ban's bucket key.
@@ -1045,7 +1048,7 @@ struct Cand {
 }
 
 impl Cand {
-    fn new(kind: Kind, net: ipnet::IpNet, rule: String, action: String) -> Cand {
+    fn new(kind: CoverKind, net: ipnet::IpNet, rule: String, action: String) -> Cand {
         Cand {
             kind,
             net,
@@ -1065,13 +1068,15 @@ impl Cand {
 
     /// Whether the program applies it: `applied_net` is the prefix of the
     /// rule or set entry that applies (a set's shorter entries do not).
-    fn applies(&self, applied: &Applied, applied_net: Option<ipnet::IpNet>) -> bool {
+    fn applies(&self, applied: &InspectApplied, applied_net: Option<ipnet::IpNet>) -> bool {
         match (self.kind, applied) {
-            (Kind::Protect, Applied::Protect(p)) | (Kind::Ban, Applied::Ban(p)) => *p == self.net,
-            (Kind::Rule | Kind::Set, Applied::Rule { slot: Some(s), .. }) => {
+            (CoverKind::Protect, InspectApplied::Protect(p)) | (CoverKind::Ban, InspectApplied::Ban(p)) => {
+                *p == self.net
+            }
+            (CoverKind::Rule | CoverKind::Set, InspectApplied::Rule { slot: Some(s), .. }) => {
                 self.slot == Some(*s) && applied_net.is_none_or(|n| n == self.net)
             }
-            (Kind::AutoBan, Applied::Rule { banned: Some(k), .. }) => self.key == Some(*k),
+            (CoverKind::AutoBan, InspectApplied::Rule { banned: Some(k), .. }) => self.key == Some(*k),
             _ => false,
         }
     }
@@ -1084,7 +1089,7 @@ struct Weighing<'a> {
     resolver: &'a Resolver<'a, super::Rules>,
     /// Everything over the source, most specific first.
     cands: &'a [Cand],
-    applied: &'a Applied,
+    applied: &'a InspectApplied,
     /// Frame options were given.
     framed: bool,
     /// The longest prefix the tries hold over the source, and the longest
@@ -1103,22 +1108,25 @@ impl<'a> Weighing<'a> {
         snap: &'a Snapshot,
         resolver: &'a Resolver<'a, super::Rules>,
         cands: &'a [Cand],
-        applied: &'a Applied,
+        applied: &'a InspectApplied,
         framed: bool,
     ) -> Self {
-        let longest = cands.iter().filter(|c| c.kind != Kind::AutoBan).map(|c| c.net).next();
-        let longest_rule = cands.iter().filter(|c| c.kind == Kind::Rule).map(|c| c.net).next();
+        let longest = cands.iter().filter(|c| c.kind != CoverKind::AutoBan).map(|c| c.net).next();
+        let longest_rule = cands.iter().filter(|c| c.kind == CoverKind::Rule).map(|c| c.net).next();
         let applied_net: Option<ipnet::IpNet> = match applied {
-            Applied::Protect(p) | Applied::Ban(p) => Some(*p),
-            Applied::Rule { slot: Some(slot), .. } => {
-                cands.iter().find(|c| matches!(c.kind, Kind::Rule | Kind::Set) && c.slot == Some(*slot)).map(|c| c.net)
-            }
-            Applied::Rule { slot: None, .. } => None,
+            InspectApplied::Protect(p) | InspectApplied::Ban(p) => Some(*p),
+            InspectApplied::Rule { slot: Some(slot), .. } => cands
+                .iter()
+                .find(|c| matches!(c.kind, CoverKind::Rule | CoverKind::Set) && c.slot == Some(*slot))
+                .map(|c| c.net),
+            InspectApplied::Rule { slot: None, .. } => None,
         };
         let applied_label = cands
             .iter()
             .find(|c| {
-                Some(c.net) == applied_net && matches!(c.kind, Kind::Rule | Kind::Set) && c.applies(applied, None)
+                Some(c.net) == applied_net
+                    && matches!(c.kind, CoverKind::Rule | CoverKind::Set)
+                    && c.applies(applied, None)
             })
             .map(|c| c.cover.rule.clone());
         Weighing { snap, resolver, cands, applied, framed, longest, longest_rule, applied_net, applied_label }
@@ -1138,28 +1146,28 @@ impl<'a> Weighing<'a> {
     fn why(&self, c: &Cand, applies: bool) -> String {
         const RANK: &str = "deny > police > monitor > allow, then the name that sorts first";
         match (c.kind, self.applied) {
-            (Kind::Protect, _) if applies => {
+            (CoverKind::Protect, _) if applies => {
                 "a protected prefix (protect in [daemon]): its sources pass whatever rule, set or ban covers them"
                     .into()
             }
-            (_, Applied::Protect(p)) => {
+            (_, InspectApplied::Protect(p)) => {
                 format!(
                     "the protected prefix {p} (protect in [daemon]) passes every source in it, over any rule, set or ban"
                 )
             }
-            (Kind::Ban, _) if applies => {
+            (CoverKind::Ban, _) if applies => {
                 "a manual ban: drops every source in it, over the rules and set entries under it".into()
             }
-            (Kind::AutoBan, Applied::Ban(b)) => {
+            (CoverKind::AutoBan, InspectApplied::Ban(b)) => {
                 format!("the manual ban of {b} drops the source before any bucket is charged")
             }
-            (_, Applied::Ban(b)) if b.contains(&c.net) => {
+            (_, InspectApplied::Ban(b)) if b.contains(&c.net) => {
                 format!("the manual ban of {b} drops every source in it, over the rules and set entries under it")
             }
-            (_, Applied::Ban(b)) => more_specific(*b),
-            (Kind::AutoBan, _) if applies => "bans the bucket this frame charges: refused until it ends".into(),
-            (Kind::AutoBan, Applied::Rule { .. }) => self.why_auto_ban_elsewhere(c),
-            (Kind::Set, _) if applies => match self.winner(c) {
+            (_, InspectApplied::Ban(b)) => more_specific(*b),
+            (CoverKind::AutoBan, _) if applies => "bans the bucket this frame charges: refused until it ends".into(),
+            (CoverKind::AutoBan, InspectApplied::Rule { .. }) => self.why_auto_ban_elsewhere(c),
+            (CoverKind::Set, _) if applies => match self.winner(c) {
                 Some(w) if self.resolver.sets().iter().filter(|s| s.holds(&c.net)).count() > 1 => {
                     format!(
                         "the longest prefix over the source; {} is in several sets and {} wins ({RANK})",
@@ -1175,12 +1183,12 @@ impl<'a> Weighing<'a> {
                 }
                 _ => "the longest prefix over the source".into(),
             },
-            (Kind::Set, Applied::Rule { .. }) if self.applied_net == Some(c.net) => match self.winner(c) {
+            (CoverKind::Set, InspectApplied::Rule { .. }) if self.applied_net == Some(c.net) => match self.winner(c) {
                 Some(w) => format!("{} is in several sets: {} wins ({RANK})", c.net, w.view.prefix),
                 None => "another set holds this prefix".into(),
             },
-            (Kind::Rule, Applied::Rule { .. }) if c.class_rule => self.why_class_not_taken(c),
-            (_, Applied::Rule { .. }) => match self.applied_net.or(self.longest) {
+            (CoverKind::Rule, InspectApplied::Rule { .. }) if c.class_rule => self.why_class_not_taken(c),
+            (_, InspectApplied::Rule { .. }) => match self.applied_net.or(self.longest) {
                 Some(a) if a.prefix_len() > c.net.prefix_len() => more_specific(a),
                 _ => "not in force for this source".into(),
             },
@@ -1213,7 +1221,7 @@ impl<'a> Weighing<'a> {
         let stop = self
             .cands
             .iter()
-            .filter(|o| o.kind == Kind::Rule && !o.class_rule && o.net.prefix_len() > c.net.prefix_len())
+            .filter(|o| o.kind == CoverKind::Rule && !o.class_rule && o.net.prefix_len() > c.net.prefix_len())
             .map(|o| o.net)
             .next_back();
         match (self.longest, stop) {

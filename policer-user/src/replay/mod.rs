@@ -14,7 +14,7 @@
 //! for the frame's source and for that rule (or set). Nothing is attached;
 //! the program and its maps go away at the end.
 
-pub mod capture;
+pub mod pcap;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -38,7 +38,7 @@ use crate::{
     loader::{LoadOptions, Policer},
     rules::{RuleKey, RuleSpec},
 };
-use capture::Capture;
+use pcap::Capture;
 
 /// XDP verdicts (`enum xdp_action`).
 const XDP_DROP: u32 = 1;
@@ -640,7 +640,7 @@ fn judge_all(
     count: &mut Counting,
     progress: &Progress,
 ) -> Result<()> {
-    let mut frame = Vec::with_capacity(capture::MAX_FRAME);
+    let mut frame = Vec::with_capacity(pcap::MAX_FRAME);
     while let Some(f) = cap.next(&mut frame)? {
         let first = *count.r.first_ns.get_or_insert(f.ts_ns);
         count.r.last_ns = Some(f.ts_ns);
@@ -737,7 +737,7 @@ pub fn text(r: &Report) -> String {
         r.not_ip_frames,
         r.no_rule_frames,
         if r.clipped_frames > 0 {
-            format!(", {} clipped to {} bytes", r.clipped_frames, capture::MAX_FRAME)
+            format!(", {} clipped to {} bytes", r.clipped_frames, pcap::MAX_FRAME)
         } else {
             String::new()
         }

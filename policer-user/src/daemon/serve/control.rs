@@ -65,7 +65,7 @@ async fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, String> {
 }
 
 /// What a request gets: a reply, or a set's entries to stream.
-enum Answer {
+enum Outgoing {
     /// The reply, and whether the daemon should now exit.
     Reply(Reply, bool),
     Set(Box<SetRow>),
@@ -87,10 +87,10 @@ async fn serve(mut stream: UnixStream, ctx: &Ctx) {
     };
     let answer = match read_request(&mut stream).await {
         Ok(line) => answer(&line, ctx, &who).await,
-        Err(e) => Answer::Reply(Reply::refused(e), false),
+        Err(e) => Outgoing::Reply(Reply::refused(e), false),
     };
     match answer {
-        Answer::Reply(reply, exit) => {
+        Outgoing::Reply(reply, exit) => {
             let text = reply.line();
             let _ = timeout(WRITE_TIMEOUT, async {
                 stream.write_all(&text).await?;
@@ -103,14 +103,14 @@ async fn serve(mut stream: UnixStream, ctx: &Ctx) {
                 ctx.stop.send_replace(true);
             }
         }
-        Answer::Set(row) => {
+        Outgoing::Set(row) => {
             let _ = timeout(STREAM_DEADLINE, stream_set(&mut stream, &row, WRITE_TIMEOUT)).await;
         }
-        Answer::Bans(ls) => {
+        Outgoing::Bans(ls) => {
             let reader = ctx.views.map_reader().clone();
             let _ = timeout(STREAM_DEADLINE, stream_bans(&mut stream, &ls, &reader, WRITE_TIMEOUT)).await;
         }
-        Answer::Capture(spec) => {
+        Outgoing::Capture(spec) => {
             crate::daemon::capture::serve(stream, &ctx.capture, ctx.views.capture_names(), spec, ctx.stop.subscribe())
                 .await;
         }
@@ -242,10 +242,10 @@ async fn bounded<T>(f: impl std::future::Future<Output = crate::Result<T>>) -> c
 
 /// The answer to a request line from `who`: a read, made here (off the
 /// owner), or a change through the owner.
-async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
+async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Outgoing {
     let env = match envelope(line) {
         Ok(env) => env,
-        Err(error) => return Answer::Reply(Reply::refused(error), false),
+        Err(error) => return Outgoing::Reply(Reply::refused(error), false),
     };
     let views = ctx.views.clone();
     match env.request {
@@ -261,9 +261,9 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
                 .map_or_else(refused, |v| Reply::Inspect(Box::new(v))),
         ),
         // Streamed by this connection as the store is read; the rule
-        // counters (each manual ban's drops) are read first, in their lane.
+        // counters (each manual ban's drops) are read first, in their pool.
         Request::BanLs => match bounded(ctx.ban_ls.run(move || views.ban_ls())).await {
-            Ok(ls) => Answer::Bans(Box::new(ls)),
+            Ok(ls) => Outgoing::Bans(Box::new(ls)),
             Err(e) => read(refused(e)),
         },
         Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
@@ -275,13 +275,13 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Answer {
         }
         // Judged and planned by the owner as the change would be, nothing
         // written nor put in the audit trail; the live sources are judged
-        // here, off the owner, in the lane of the table reads.
+        // here, off the owner, in the pool of the table reads.
         Request::DryRun { change } => dry_run(*change, ctx).await,
         // From the snapshot, off the owner: a million entries are streamed
         // by this connection, and no change waits for them.
-        Request::Capture { spec } => Answer::Capture(spec),
+        Request::Capture { spec } => Outgoing::Capture(spec),
         Request::SetLs { name } => match views.set(&name) {
-            Ok(row) => Answer::Set(Box::new(row)),
+            Ok(row) => Outgoing::Set(Box::new(row)),
             Err(e) => read(refused(e)),
         },
         // Every other request is a change through the owner.
@@ -327,12 +327,12 @@ fn refused(e: crate::Error) -> Reply {
 }
 
 /// The answer of a read: a reply, after which the daemon goes on.
-fn read(reply: Reply) -> Answer {
-    Answer::Reply(reply, false)
+fn read(reply: Reply) -> Outgoing {
+    Outgoing::Reply(reply, false)
 }
 
 /// A change through the owner, put in the audit trail as made by `who`.
-async fn make_change(ctx: &Ctx, who: &str, cmd: Command) -> Answer {
+async fn make_change(ctx: &Ctx, who: &str, cmd: Command) -> Outgoing {
     let out = ctx.owner.ask(cmd).await;
     let reply = match out.result {
         Ok(response) => {
@@ -347,18 +347,18 @@ async fn make_change(ctx: &Ctx, who: &str, cmd: Command) -> Answer {
         }
         Err(e) => refused(e),
     };
-    Answer::Reply(reply, out.exit)
+    Outgoing::Reply(reply, out.exit)
 }
 
 /// An import: `reading` reads and parses the list here, off the owner
-/// (the owner only diffs and writes). The lane's permit is held until the
+/// (the owner only diffs and writes). The pool's permit is held until the
 /// owner has applied the import: it bounds the parsed files held in memory
 /// (a list can be 1 GiB), not only the parsing.
 async fn import(
     ctx: &Ctx,
     who: &str,
     reading: impl FnOnce() -> crate::Result<crate::daemon::Import> + Send + 'static,
-) -> Answer {
+) -> Outgoing {
     match ctx.import.hold().await {
         Err(e) => read(refused(e)),
         Ok(_permit) => {
@@ -373,7 +373,7 @@ async fn import(
 
 /// `--dry-run` of the change `request`: previewed by the owner, then the
 /// live sources judged (`daemon::judge_live`).
-async fn dry_run(request: Request, ctx: &Ctx) -> Answer {
+async fn dry_run(request: Request, ctx: &Ctx) -> Outgoing {
     let cmd = match request {
         Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
             let imp = match ctx.import.hold().await {

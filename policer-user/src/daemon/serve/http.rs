@@ -44,7 +44,7 @@ pub const MAX_PER_PEER: usize = 64;
 /// one, and a client holding slots only displaces its own connections.
 /// When no connection is idle (all are being answered), the oldest goes:
 /// it has had the longest to take its answer.
-struct Slots {
+struct ConnSlots {
     cap: usize,
     inner: Mutex<Inner>,
 }
@@ -66,8 +66,8 @@ struct Conn {
 }
 
 /// A connection's place; gives it back when dropped.
-struct Slot {
-    slots: Arc<Slots>,
+struct ConnSlot {
+    slots: Arc<ConnSlots>,
     id: u64,
     answering: Arc<AtomicBool>,
     /// Fires when the connection is shed.
@@ -95,11 +95,11 @@ impl Inner {
     }
 }
 
-impl Slots {
+impl ConnSlots {
     /// A place for a new connection from `peer`, shedding an idle one when
     /// a cap is reached; `None` when every connection under that cap is
     /// being answered.
-    fn take(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
+    fn take(self: &Arc<Self>, peer: IpAddr) -> Option<ConnSlot> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if g.per_peer.get(&peer).is_some_and(|n| *n >= MAX_PER_PEER) {
             let victim = g.oldest_idle(Some(peer))?;
@@ -118,11 +118,11 @@ impl Slots {
         let (tx, shed) = oneshot::channel();
         g.conns.insert(id, Conn { peer, answering: answering.clone(), _shed: tx });
         *g.per_peer.entry(peer).or_default() += 1;
-        Some(Slot { slots: self.clone(), id, answering, shed })
+        Some(ConnSlot { slots: self.clone(), id, answering, shed })
     }
 }
 
-impl Drop for Slot {
+impl Drop for ConnSlot {
     fn drop(&mut self) {
         self.slots.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(self.id);
     }
@@ -130,7 +130,7 @@ impl Drop for Slot {
 
 /// Accepts until the runtime ends.
 pub async fn run(listener: TcpListener, ctx: Arc<Ctx>) {
-    let slots = Arc::new(Slots { cap: ctx.caps.http, inner: Mutex::default() });
+    let slots = Arc::new(ConnSlots { cap: ctx.caps.http, inner: Mutex::default() });
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -201,7 +201,7 @@ mod tests {
         IpAddr::from([127, 0, 0, last])
     }
 
-    fn shed(s: &mut Slot) -> bool {
+    fn shed(s: &mut ConnSlot) -> bool {
         !matches!(s.shed.try_recv(), Err(oneshot::error::TryRecvError::Empty))
     }
 
@@ -209,7 +209,7 @@ mod tests {
     /// being answered; with every one answered the newcomer is refused.
     #[test]
     fn at_the_cap_the_oldest_idle_connection_is_shed() {
-        let slots = Arc::new(Slots { cap: 3, inner: Mutex::default() });
+        let slots = Arc::new(ConnSlots { cap: 3, inner: Mutex::default() });
         let mut a = slots.take(ip(1)).unwrap();
         let mut b = slots.take(ip(2)).unwrap();
         let mut c = slots.take(ip(3)).unwrap();
@@ -236,9 +236,9 @@ mod tests {
     /// connection, not another address's; with none idle it is refused.
     #[test]
     fn an_address_at_its_cap_displaces_only_its_own() {
-        let slots = Arc::new(Slots { cap: 1000, inner: Mutex::default() });
+        let slots = Arc::new(ConnSlots { cap: 1000, inner: Mutex::default() });
         let mut other = slots.take(ip(9)).unwrap();
-        let mut mine: Vec<Slot> = (0..MAX_PER_PEER).map(|_| slots.take(ip(1)).unwrap()).collect();
+        let mut mine: Vec<ConnSlot> = (0..MAX_PER_PEER).map(|_| slots.take(ip(1)).unwrap()).collect();
         let mut next = slots.take(ip(1)).unwrap();
         assert!(shed(&mut mine[0]) && !shed(&mut mine[1]) && !shed(&mut other) && !shed(&mut next));
         mine.remove(0);

@@ -16,7 +16,7 @@
 //!
 //! Views never wait for a thread: a render shared by every request that
 //! waits for it ([`render::Shared`]: `/metrics`, `stats`, `/healthz`), or
-//! a small pool of their own per kind ([`Lane`]: `top`, `inspect`, an
+//! a small pool of their own per kind ([`Pool`]: `top`, `inspect`, an
 //! import's read, `ban ls`'s read of the rule counters before it streams), whose permit is awaited before a blocking
 //! thread is taken. So a storm of one kind never holds the threads another
 //! needs.
@@ -47,10 +47,10 @@ pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Blocking threads of the runtime (`Daemon::run`): the shared renders
-/// and the lanes take at most [`BLOCKING_USED`] of them; the rest is
+/// and the pools take at most [`BLOCKING_USED`] of them; the rest is
 /// headroom.
 pub const BLOCKING_THREADS: usize = 32;
-/// Permits of each lane. `top` reads the whole table (tens of MB for a
+/// Permits of each pool. `top` reads the whole table (tens of MB for a
 /// million sources), an import parses a whole list: few at once.
 const TOP_PERMITS: usize = 2;
 const INSPECT_PERMITS: usize = 4;
@@ -143,10 +143,10 @@ pub struct Ctx {
     pub metrics: render::Shared<bytes::Bytes>,
     pub stats: render::Shared<Arc<crate::control::StatsView>>,
     pub health: render::Shared<Arc<Health>>,
-    pub top: Lane,
-    pub inspect: Lane,
-    pub import: Lane,
-    pub ban_ls: Lane,
+    pub top: Pool,
+    pub inspect: Pool,
+    pub import: Pool,
+    pub ban_ls: Pool,
 }
 
 impl Ctx {
@@ -174,21 +174,21 @@ impl Ctx {
             metrics,
             stats,
             health,
-            top: Lane::new(TOP_PERMITS),
-            inspect: Lane::new(INSPECT_PERMITS),
-            import: Lane::new(IMPORT_PERMITS),
-            ban_ls: Lane::new(BAN_LS_PERMITS),
+            top: Pool::new(TOP_PERMITS),
+            inspect: Pool::new(INSPECT_PERMITS),
+            import: Pool::new(IMPORT_PERMITS),
+            ban_ls: Pool::new(BAN_LS_PERMITS),
         }
     }
 }
 
 /// A small pool of blocking threads for one kind of request: a request
 /// waits for a permit as a task, and takes a thread only with one.
-pub struct Lane(Semaphore);
+pub struct Pool(Semaphore);
 
-impl Lane {
-    fn new(permits: usize) -> Lane {
-        Lane(Semaphore::new(permits))
+impl Pool {
+    fn new(permits: usize) -> Pool {
+        Pool(Semaphore::new(permits))
     }
 
     /// Runs `f` on a blocking thread once a permit is free.

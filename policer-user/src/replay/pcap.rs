@@ -52,7 +52,7 @@ impl Link {
 
 /// A frame's place in time and its length on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Frame {
+pub struct FrameMeta {
     /// The capture's timestamp, ns since the Unix epoch.
     pub ts_ns: u64,
     /// The frame's length as the program is given it (the original
@@ -76,7 +76,7 @@ pub const FIFO_WAIT: Duration = Duration::from_secs(30);
 const PCAP_HEADER: u64 = 24;
 const RECORD_HEADER: usize = 16;
 
-enum Reader {
+enum FormatReader {
     /// Classic pcap, read record by record here (so that a record's
     /// header is judged before its body is read: [`MAX_RECORD`]), each
     /// record parsed by pcap-file's parser.
@@ -107,7 +107,7 @@ impl std::io::Read for Counted {
 /// An open capture.
 pub struct Capture {
     path: PathBuf,
-    reader: Reader,
+    reader: FormatReader,
     /// Frames read so far (for errors: "frame N").
     frames: u64,
     /// Bytes read from the file so far (ahead of the frames by at most the
@@ -136,14 +136,14 @@ impl Capture {
         let mut buf = BufReader::with_capacity(256 * 1024, Counted { file, read: read.clone() });
         let head = buf.fill_buf().map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
         let reader = if head.starts_with(&PCAPNG_MAGIC) {
-            Reader::PcapNg(PcapNgReader::new(buf).map_err(|e| bad(format!("not a valid pcapng file: {e}")))?)
+            FormatReader::PcapNg(PcapNgReader::new(buf).map_err(|e| bad(format!("not a valid pcapng file: {e}")))?)
         } else {
             let mut head = [0u8; PCAP_HEADER as usize];
             read_full(&mut buf, &mut head).map_err(|source| Error::ConfigRead { path: path.to_path_buf(), source })?;
             let (_, parser) = PcapParser::new(&head).map_err(|e| bad(format!("neither pcap nor pcapng: {e}")))?;
             let d = parser.header().datalink;
             let link = Link::of(d).ok_or_else(|| unsupported(path, d, ""))?;
-            Reader::Pcap { r: buf, parser, link, record: Vec::new(), offset: PCAP_HEADER }
+            FormatReader::Pcap { r: buf, parser, link, record: Vec::new(), offset: PCAP_HEADER }
         };
         Ok(Capture { path: path.to_path_buf(), reader, frames: 0, read })
     }
@@ -155,12 +155,12 @@ impl Capture {
 
     /// The next frame, written into `out` as an Ethernet frame; `None` at
     /// the end of the capture.
-    pub fn next(&mut self, out: &mut Vec<u8>) -> Result<Option<Frame>> {
+    pub fn next(&mut self, out: &mut Vec<u8>) -> Result<Option<FrameMeta>> {
         let path = self.path.clone();
         let n = self.frames + 1;
         let bad = |what: String| Error::Invalid(format!("{}: frame {n}: {what}", path.display()));
         let got = match &mut self.reader {
-            Reader::Pcap { r, parser, link, record, offset } => {
+            FormatReader::Pcap { r, parser, link, record, offset } => {
                 let at = *offset;
                 match next_record(r, parser, record).map_err(|e| bad(format!("the record at byte {at}: {e}")))? {
                     None => None,
@@ -173,7 +173,7 @@ impl Capture {
                     }
                 }
             }
-            Reader::PcapNg(r) => loop {
+            FormatReader::PcapNg(r) => loop {
                 match r.next_block() {
                     None => break None,
                     Some(Err(PcapNgReadError::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -217,7 +217,7 @@ impl Capture {
         if clipped {
             fit_ip_length(out);
         }
-        Ok(Some(Frame { ts_ns, len: out.len() as u32, clipped }))
+        Ok(Some(FrameMeta { ts_ns, len: out.len() as u32, clipped }))
     }
 }
 
