@@ -13,8 +13,7 @@ fn main() -> ExitCode {
         // the command line asked for JSON: then it is JSON on stdout.
         Err(e) if e.use_stderr() && std::env::args_os().any(|a| a == "--json") => {
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or_default().trim_start_matches("error: ");
-            println!("{}", serde_json::json!({ "error": first, "exit": Cli::EXIT_USAGE }));
+            println!("{}", serde_json::json!({ "error": usage_error(&text), "exit": Cli::EXIT_USAGE }));
             return ExitCode::from(Cli::EXIT_USAGE);
         }
         Err(e) => e.exit(),
@@ -39,5 +38,24 @@ fn main() -> ExitCode {
             }
             ExitCode::from(status)
         }
+    }
+}
+
+/// clap's usage error as one line: its message and what it names on the
+/// lines below it (the missing arguments, the value it refused), without
+/// the usage and the "--help" hint that follow a blank line.
+fn usage_error(text: &str) -> String {
+    let head = text.split("\n\n").next().unwrap_or_default();
+    let words: Vec<&str> = head.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    words.join(" ").trim_start_matches("error: ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_usage_error_in_json_names_what_is_missing() {
+        let clap = "error: the following required arguments were not provided:\n  <CIDR>\n\nUsage: policer rule set <CIDR>\n\nFor more information, try '--help'.\n";
+        assert_eq!(super::usage_error(clap), "the following required arguments were not provided: <CIDR>");
+        assert_eq!(super::usage_error("error: unexpected argument '--x' found\n"), "unexpected argument '--x' found");
     }
 }

@@ -126,6 +126,12 @@ fn kill_9_during_a_flood_keeps_enforcing() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON usage error");
         assert!(!v["error"].as_str().unwrap().is_empty(), "{verb:?}: {v}");
     }
+    // It says what is missing, not only that something is (issue 43, 15).
+    let out = cli(&sb, &["inspect", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON usage error");
+    let e = v["error"].as_str().unwrap();
+    assert!(e.contains("not provided") && e.contains("<ADDR"), "{v}");
     // Refused (bad input): 1.
     assert_eq!(cli(&sb, &["rule", "set", "10.0.0.1/8", "--rate", "1kpps"]).status.code(), Some(1));
     // A new daemon adopts the program (no --rate: the rules come from the file).

@@ -423,6 +423,39 @@ for it). Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
         see_also: &["policer-check", "policer-capture", "policer-inspect"],
         asks_daemon: false,
     },
+    Page {
+        name: "policer-man",
+        summary: "write the man pages: policer(8), a page per verb, and policer.toml(5)",
+        description: "\
+Writes the manual into a directory: policer.8, policer-VERB.8 for every verb (and policer-rule-set.8 and the like \
+for the verbs under rule), and policer.toml.5, each page from the same definitions as the command line's help, \
+so the pages and the binary never disagree. The Debian package and `cargo xtask install` ship them; this verb \
+is for an install by hand. Prints the path of each page written.",
+        examples: &[(
+            "Pages for an install under /usr/local",
+            "policer man --out /usr/local/share/man/man8 && mv /usr/local/share/man/man8/policer.toml.5 /usr/local/share/man/man5/",
+        )],
+        json: None,
+        see_also: &["policer-completions"],
+        asks_daemon: false,
+    },
+    Page {
+        name: "policer-completions",
+        summary: "print a shell completion script (bash, zsh, fish)",
+        description: "\
+Prints the completion script of a shell: verbs, options and their values, interface names where an interface \
+is asked for, and the running daemon's set names for --set (asked when completing, through `policer \
+completions --list sets`, which prints nothing when no daemon answers). The Debian package installs the three \
+scripts where each shell looks.",
+        examples: &[
+            ("bash, for this shell", "source <(policer completions bash)"),
+            ("zsh, for every shell of this user", "policer completions zsh > ~/.zfunc/_policer"),
+            ("fish", "policer completions fish > ~/.config/fish/completions/policer.fish"),
+        ],
+        json: None,
+        see_also: &["policer-man"],
+        asks_daemon: false,
+    },
 ];
 
 /// The files every page names.

@@ -90,11 +90,10 @@ enum Cmd {
     /// a pcapng file or stdout: filtered, sampled and rate-bounded in the
     /// kernel.
     Capture(capture::Args),
-    /// Write the man pages (policer.8 and one per verb) into a directory.
-    #[command(hide = true)]
+    /// Write the man pages (policer.8, one per verb, policer.toml.5) into a
+    /// directory.
     Man(docs::ManArgs),
     /// Print a shell completion script (bash, zsh, fish).
-    #[command(hide = true)]
     Completions(docs::CompletionsArgs),
 }
 
