@@ -206,6 +206,64 @@ fn a_ttl_rule_stops_dropping_after_its_ttl() {
     assert!(!ls.contains("10.64.0.0/16"), "the expired rule is still listed: {ls}");
 }
 
+/// A temporary tightening of a permanent rule (`--ttl` over a rule
+/// without an end) ends in the rule it replaced, not in no rule: the
+/// config file keeps that rule throughout (issue 43, point 7). Before, the
+/// end deleted the permanent rule, and the prefix fell to the default.
+#[test]
+fn a_ttl_over_a_permanent_rule_ends_in_that_rule_not_in_none() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-ttlb");
+    let _d = daemon(&sb);
+    policer(&sb, &["rule", "set", "10.68.0.0/16", "--rate", "100pps", "--burst", "10"]);
+    let file_before = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(file_before.contains("10.68.0.0/16"), "{file_before}");
+    let flows = [Flow { src: ip("10.68.0.5"), pps: 1000.0, len: 64 }];
+    let (sent, got, set, reply) = std::thread::scope(|s| {
+        let run = s.spawn(|| traffic::run_with(&sb, &flows, Duration::from_secs(5), &keep_marks()));
+        std::thread::sleep(Duration::from_millis(500));
+        let reply = policer(&sb, &["rule", "set", "10.68.0.0/16", "--action", "deny", "--ttl", "2s"]);
+        let set = traffic::epoch_ns();
+        // The file keeps the permanent rule while the temporary one is in
+        // force.
+        assert_eq!(std::fs::read_to_string(&sb.config).unwrap(), file_before, "the file changed");
+        let (sent, got) = run.join().unwrap();
+        (sent, got, set, reply)
+    });
+    assert!(
+        reply.contains("at its end the rule comes back (action police") && reply.contains("rate 100pps"),
+        "{reply}"
+    );
+    let tl = timeline(&sent, &got, 0);
+    let (s, a) = window(&sent, &got, 0, set, set + 1_800_000_000);
+    assert!(s > 1000 && a == 0, "while the temporary deny lived {a} of {s} arrived; timeline {tl}");
+    // After its end: the permanent 100 pps again (bucket math: 100 per
+    // second and a burst of 10; a frame's timing and the tick's 100 ms
+    // allow some slack), not the default 100 kpps.
+    let from = set + 2_400_000_000;
+    let last = sent.start_epoch_ns + sent.last_ns[0];
+    let (s, a) = window(&sent, &got, 0, from, u64::MAX);
+    let secs = (last.saturating_sub(from)) as f64 / 1e9;
+    let want = 100.0 * secs + 10.0;
+    assert!(s > 1500, "the sender fell short after the end: {s}; timeline {tl}");
+    assert!(
+        (a as f64) <= want * 1.1 + 5.0 && (a as f64) >= want * 0.8,
+        "after the end {a} of {s} arrived in {secs:.2} s: the 100 pps rule would admit about {want:.0}; timeline {tl}"
+    );
+    let ls = policer(&sb, &["rule", "ls", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let r = v.as_array().unwrap().iter().find(|r| r["prefix"] == "10.68.0.0/16").expect("the rule is back");
+    assert_eq!(
+        (r["action"].as_str(), r["rate"].as_str(), r["expires"].is_null()),
+        (Some("police"), Some("100pps"), true),
+        "{r}"
+    );
+    assert_eq!(r["persisted"], true, "{r}");
+    assert_eq!(std::fs::read_to_string(&sb.config).unwrap(), file_before, "the file changed");
+}
+
 #[test]
 fn bad_ban_input_is_refused_and_changes_nothing() {
     if !privileged("bans tier") {

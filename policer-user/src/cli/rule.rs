@@ -102,7 +102,10 @@ pub enum Cmd {
         #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
         ban_max: Option<String>,
         /// Remove the rule this long from now (its sources fall to the next
-        /// rule); kept across restarts as an absolute time.
+        /// rule); kept across restarts as an absolute time. Given to a rule
+        /// that has no end, a temporary change: that rule comes back when it
+        /// ends (the config file keeps it; the change is in the kernel only,
+        /// and a restart before the end brings the rule back early).
         #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
         ttl: Option<String>,
         /// Apply to the kernel only, without writing the config file (for

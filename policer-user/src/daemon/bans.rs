@@ -256,9 +256,17 @@ pub(super) fn plan_unban(
 }
 
 /// The manual bans and rules whose end has come at `now_ms`, as the edits
-/// that remove them (pure).
+/// that end them (pure): each removed, or the rule it temporarily replaced
+/// put back ([`RuleSet::back_at_end`]: the config file's, or the one a
+/// `rule set … --ttl` changed).
 pub(super) fn plan_expiry(rs: &RuleSet, now_ms: u64) -> Vec<(RuleKey, Option<RuleSpec>)> {
-    rs.ended(now_ms).into_iter().map(|k| (k, None)).collect()
+    rs.ended(now_ms)
+        .into_iter()
+        .map(|k| {
+            let back = if k.ban { None } else { rs.back_at_end(&k, now_ms) };
+            (k, back)
+        })
+        .collect()
 }
 
 impl Bans {

@@ -512,9 +512,15 @@ impl Daemon {
         match r {
             Ok(()) => {
                 self.changed = true;
-                for (k, _) in &edit {
+                for (k, back) in &edit {
                     if k.ban {
                         self.audit.record("expiry", &format!("the ban of {} ended (expired)", k.net));
+                    } else if let Some(b) = back {
+                        let m = format!(
+                            "the rule for {k} expired; the rule it replaced is back: {}",
+                            crate::rules::summary(b)
+                        );
+                        self.audit.record("expiry", &m);
                     } else {
                         self.audit.record("expiry", &format!("the rule for {k} expired and was removed"));
                     }
@@ -981,6 +987,7 @@ impl Daemon {
     /// reply names every field that changed, old → new.
     pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
         let key = rc.key()?;
+        let given_ttl = rc.ttl.is_some() || rc.expires.is_some();
         let old = self.rule_in_force(&key);
         let mut rc = match &old {
             Some(old) if !replace => crate::rules::merge(old, rc),
@@ -1007,8 +1014,29 @@ impl Daemon {
                 spec.burst
             ));
         }
+        // A temporary change (`--ttl`) of a rule without an end: that rule
+        // comes back when it ends, and the config file keeps it (the
+        // change is made in the kernel only; issue 43 point 7).
+        let back = match &old {
+            Some(o) if given_ttl && o.expires.is_none() && spec.expires.is_some() => Some(o.clone()),
+            _ => None,
+        };
+        let runtime = runtime || back.is_some();
         self.change(runtime, &[(key.clone(), Some(spec.clone()))])?;
-        let note = if runtime { " (runtime only: not written to the config file)" } else { "" };
+        if let Some(b) = &back
+            && !self.dry()
+        {
+            self.rs.restore_at_end(&key, b.clone());
+        }
+        let note = match &back {
+            Some(b) => format!(
+                "; temporary: at its end the rule comes back ({}); the config file keeps that rule, and a \
+                 restart before the end brings it back early",
+                crate::rules::summary(b)
+            ),
+            None if runtime => " (runtime only: not written to the config file)".to_string(),
+            None => String::new(),
+        };
         let what = match &old {
             None => format!("added the rule for {key}: {}", crate::rules::summary(&spec)),
             Some(old) => match crate::rules::changes(old, &spec) {

@@ -111,6 +111,12 @@ pub(super) struct RuleSet {
     /// The protected prefixes the set entries under manual bans were last
     /// written for (a reload that changes `protect` rewrites them).
     entries_protect: Protect,
+    /// A temporary change's rule to come back (`rule set P … --ttl` over a
+    /// rule without an end), by key, for a rule the config file does not
+    /// hold (the file's rule comes back where it holds one: see
+    /// [`RuleSet::back_at_end`]). Kept while that key's rule in force has
+    /// an end.
+    restore: BTreeMap<RuleKey, std::sync::Arc<RuleSpec>>,
 }
 
 impl RuleSet {
@@ -124,6 +130,7 @@ impl RuleSet {
             removed_at_runtime: BTreeMap::new(),
             ban_slots: Default::default(),
             expiring: Default::default(),
+            restore: BTreeMap::new(),
             slots,
             groups,
             compiled,
@@ -321,6 +328,32 @@ impl RuleSet {
         self.rules = rules;
         self.groups = plan.groups;
         self.next_id = plan.next_id;
+        // A rule to come back is kept while a temporary one is in force
+        // at its key.
+        if !self.restore.is_empty() {
+            let rules = &self.rules;
+            self.restore.retain(|k, _| rules.get(k).is_some_and(|i| i.spec.expires.is_some()));
+        }
+    }
+
+    /// `spec` comes back at `key` when the temporary rule about to be put
+    /// there ends (`rule set … --ttl` over a rule without an end). A
+    /// temporary change of a temporary change keeps the first rule to come
+    /// back.
+    pub fn restore_at_end(&mut self, key: &RuleKey, spec: std::sync::Arc<RuleSpec>) {
+        self.restore.entry(key.clone()).or_insert(spec);
+    }
+
+    /// What comes back at `key` when its rule ends at `now_ms`: the config
+    /// file's rule for it (unless that one has ended too), else the rule
+    /// a temporary change replaced ([`RuleSet::restore_at_end`]), else
+    /// nothing (the key's rule goes).
+    pub fn back_at_end(&self, key: &RuleKey, now_ms: u64) -> Option<RuleSpec> {
+        let in_file = self.file_rules().get(key).map(|s| (**s).clone());
+        match in_file {
+            Some(f) if f.expires.is_none_or(|e| e > now_ms) => Some(f),
+            _ => self.restore.get(key).map(|s| (**s).clone()),
+        }
     }
 
     /// The rules in force, to share with the views.
