@@ -464,6 +464,11 @@ impl From<&policer_common::RuleCounters> for CountersView {
 pub struct IfaceStats {
     pub name: String,
     pub ifindex: u32,
+    /// Since when the program is NOT on this interface's hook (removed
+    /// from outside; `--on-detach`): its frames pass unjudged meanwhile.
+    /// None while it polices (and for the totals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached_since: Option<String>,
     #[serde(flatten)]
     pub counters: CountersView,
     pub unmatched_packets: u64,
@@ -728,6 +733,10 @@ pub struct TopView {
     pub bans: Vec<BanView>,
     #[serde(default)]
     pub bans_total: usize,
+    /// The interfaces whose hook has lost the program (removed from
+    /// outside), each `IFACE since TIME`: their sources are not judged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_attached: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -818,6 +827,11 @@ pub struct InspectView {
     /// the program applies, and why each other one does not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub covering: Vec<InspectCover>,
+    /// The interfaces whose hook has lost the program (removed from
+    /// outside), each `IFACE since TIME`: there every frame passes, whatever
+    /// `now` and `verdict` say the program would do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_attached: Vec<String>,
 }
 
 /// One entry of `inspect`'s `covering`.

@@ -52,6 +52,15 @@ pub fn stats_text(s: &StatsView) -> String {
     }
     iface_row(&mut t, &s.totals);
     let _ = writeln!(out, "{t}\n");
+    for i in s.interfaces.iter().filter(|i| i.detached_since.is_some()) {
+        let _ = writeln!(
+            out,
+            "warning: {}: the program is NOT ATTACHED since {} (removed from outside): its frames pass unjudged, \
+             not counted here\n",
+            i.name,
+            i.detached_since.as_deref().unwrap_or_default()
+        );
+    }
     let mut t =
         table(&["RULE", "CLASS", "ACTION", "PASSED", "", "DROPPED", "", "BY-TOTAL", "WOULD-DROP", "SOURCES"], 3);
     for r in &s.rules {
@@ -125,6 +134,12 @@ pub(crate) fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
 
 pub fn top_text(t: &TopView) -> String {
     let mut out = String::new();
+    for n in &t.not_attached {
+        let _ = writeln!(
+            out,
+            "warning: the program is NOT ATTACHED on {n} (removed from outside): frames pass unjudged there\n"
+        );
+    }
     top_rows(&mut out, "most debt now (fill of the bucket; 100% = dropping, or would drop under monitor):", &t.by_debt);
     let _ = writeln!(out);
     top_rows(&mut out, "most drops (since each bucket was created):", &t.by_drops);

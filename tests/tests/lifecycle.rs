@@ -788,6 +788,16 @@ fn a_program_removed_from_outside_is_put_back_shown_or_ends_the_daemon() {
     let st: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
     assert_eq!(st["interface_modes"][0]["attached"], false, "{st}");
     assert!(st["interface_modes"][0]["detached_since"].is_string(), "{st}");
+    // stats, inspect and top say it too (issue 43, point 1): inspect's
+    // "now drop" for the banned source does not hold there.
+    let text = succeeds(&cli(&sb, &["stats"]));
+    assert!(text.contains(&format!("warning: {}: the program is NOT ATTACHED since ", sb.rx_if)), "{text}");
+    let stats: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["stats", "--json"]))).unwrap();
+    assert!(stats["interfaces"][0]["detached_since"].is_string(), "{stats}");
+    let text = succeeds(&cli(&sb, &["inspect", "198.18.0.7"]));
+    assert!(text.contains(&format!("the program is NOT ATTACHED on {} since ", sb.rx_if)), "{text}");
+    let top: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["top", "--json"]))).unwrap();
+    assert!(top["not_attached"][0].as_str().is_some_and(|n| n.starts_with(&format!("{} since ", sb.rx_if))), "{top}");
     let (got, sent) = banned_through(&sb);
     assert!(sent > 100 && got == sent, "nothing polices the interface now, as status says: {got} of {sent}");
     assert!(!has_xdp(&sb, &sb.rx_if), "stay puts nothing back");

@@ -70,6 +70,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    for n in &v.not_attached {
+        println!(
+            "warning: the program is NOT ATTACHED on {n} (removed from outside): there every frame passes, whatever follows"
+        );
+    }
     let Some(rule) = &v.rule else {
         println!("{}: no rule matches; its frames pass unpoliced", v.address);
         print_buckets(&v);

@@ -369,7 +369,10 @@ impl Views {
             .iter()
             .map(|i| {
                 let c = slots.iter().find(|(s, _)| *s == i.index % MAX_IFACE_SLOTS).map(|x| x.1).unwrap_or_default();
-                iface_stats(&i.name, i.index, &c)
+                IfaceStats {
+                    detached_since: i.lost_since.map(crate::duration::rfc3339),
+                    ..iface_stats(&i.name, i.index, &c)
+                }
             })
             .collect();
         let counters = self.reader.rule_counters()?;
@@ -549,7 +552,8 @@ impl Views {
         let mut bans = self.bans()?;
         let bans_total = bans.len();
         bans.truncate(n);
-        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops, bans, bans_total })
+        let not_attached = not_attached(&snap);
+        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops, bans, bans_total, not_attached })
     }
 
     /// `policer inspect ADDR [--proto … --dport … …]`: the rule the
@@ -569,6 +573,7 @@ impl Views {
         let answer = resolver.answer(addr, &covers, None);
         let (mut v, applied) = self.judge(&snap, addr, frame, &auto, &covers, &answer)?;
         v.covering = self.covering(&snap, (&resolver, &covers), addr, !frame.is_empty(), &applied, auto)?;
+        v.not_attached = not_attached(&snap);
         Ok(v)
     }
 
@@ -1298,10 +1303,19 @@ fn rule_for(snap: &Snapshot, k: &BucketKey) -> Option<RuleKey> {
         .cloned()
 }
 
+/// The interfaces whose hook lost the program, as `IFACE since TIME`.
+fn not_attached(snap: &Snapshot) -> Vec<String> {
+    snap.ifaces
+        .iter()
+        .filter_map(|i| i.lost_since.map(|t| format!("{} since {}", i.name, crate::duration::rfc3339(t))))
+        .collect()
+}
+
 fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
     IfaceStats {
         name: name.into(),
         ifindex,
+        detached_since: None,
         counters: CountersView::from(&c.verdicts()),
         unmatched_packets: c.unmatched_pkts,
         non_ip_packets: c.non_ip_pkts,
