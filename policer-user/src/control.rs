@@ -420,6 +420,10 @@ pub struct BanView {
     /// Frames dropped while banned: exact for a manual ban; for an
     /// automatic ban an estimate from sampled counts.
     pub dropped_pkts: u64,
+    /// How far that sampled count (an automatic ban's) may be from the truth (two standard
+    /// deviations: the truth is within it 19 times in 20); 0: exact.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drops_margin: u64,
     /// How many times this source was banned in a row (escalation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u32>,
@@ -710,8 +714,13 @@ pub struct TopEntry {
     pub debt_ns: u64,
     /// Debt as a fraction of the bucket size (1.0 = full: dropping).
     pub fill: f64,
-    /// Frames dropped (or would-drop) since the bucket was created.
+    /// Frames dropped (or would-drop) since the bucket was created:
+    /// sampled, an estimate (`drops_margin`).
     pub drops: u64,
+    /// How far that sampled count may be from the truth (two standard
+    /// deviations: the truth is within it 19 times in 20); 0: exact.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drops_margin: u64,
     /// The action of that rule (`police`, `monitor`): a monitor rule's
     /// refusals are would-drops, its frames pass.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -811,6 +820,10 @@ pub struct InspectView {
     /// Frames dropped from it since its bucket was made (sampled: see
     /// README, top).
     pub drops: u64,
+    /// How far `drops` may be from the truth (two standard deviations);
+    /// 0: exact.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drops_margin: u64,
     /// Without a bucket: "recalled" if the recall remembers it (evicted
     /// recently or in debt: it skips the limiter, and `debt_ns` is the debt
     /// it resumes), else whether its rule's new-source limiter would give
@@ -1516,6 +1529,7 @@ mod tests {
                 expires: "2026-01-01T00:00:00.000Z".into(),
                 left_seconds: 1.5,
                 dropped_pkts: i,
+                drops_margin: 0,
                 count: (i > 0).then_some(1),
                 length_seconds: (i > 0).then_some(60.0),
             })

@@ -579,6 +579,13 @@ impl Policer {
         Ok(had)
     }
 
+    /// Puts `ban` into the automatic-ban store at `key` (a start bringing
+    /// back the bans a plain exit kept: `daemon/bans.rs`, `KeptBan`).
+    pub fn put_ban(&mut self, key: &BucketKeyV6, ban: &Ban) -> Result<()> {
+        let fd = self.map_fd(policer_common::MAP_BANS)?;
+        crate::batch::update_elem(fd, key, ban).map_err(Error::kernel(policer_common::MAP_BANS))
+    }
+
     /// Removes the store's entries whose escalation window is over at
     /// `now_ns` (policer_common::ban::forgettable); returns them.
     pub fn expire_bans(&mut self, now_ns: u64) -> Result<Vec<(BucketKeyV6, Ban)>> {

@@ -112,6 +112,12 @@ pub fn stats_text(s: &StatsView) -> String {
     out
 }
 
+/// A count as it was counted: `1984`, or a sampled one `~1984 ±838` (its
+/// margin: two standard deviations).
+pub fn estimate(n: u64, margin: u64) -> String {
+    if margin == 0 { n.to_string() } else { format!("~{n} ±{margin}") }
+}
+
 pub(crate) fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
     let _ = writeln!(out, "{title}");
     if rows.is_empty() {
@@ -126,7 +132,11 @@ pub(crate) fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
             format!("{:.1}%", e.fill * 100.0),
             format!("{:.3}ms", e.debt_ns as f64 / 1e6),
             // A monitor rule drops nothing: its refusals would-drop.
-            if e.action == "monitor" { format!("{} (would drop)", e.drops) } else { e.drops.to_string() },
+            if e.action == "monitor" {
+                format!("{} (would drop)", estimate(e.drops, e.drops_margin))
+            } else {
+                estimate(e.drops, e.drops_margin)
+            },
         ]);
     }
     let _ = writeln!(out, "{t}");

@@ -585,6 +585,60 @@ fn an_automatic_ban_is_logged_and_survives_an_adopting_restart() {
     );
 }
 
+/// A plain restart (SIGTERM without `--persist`: the program and its ban
+/// store go) keeps the automatic bans too: the exit writes them to the
+/// state directory, the next start puts them back into its fresh program
+/// with their ends (issue 43, point 1).
+#[test]
+fn an_automatic_ban_survives_a_plain_restart() {
+    if !privileged("bans tier") {
+        return;
+    }
+    let sb = Sandbox::new("ban-keep");
+    let mut d = Daemon::attach(&sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0"]);
+    policer(&sb, &["rule", "set", "10.75.0.0/16", "--rate", "100pps", "--burst", "10", "--ban-for", "1m"]);
+    let flows =
+        [Flow { src: ip("10.75.0.1"), pps: 1000.0, len: 64 }, Flow { src: ip("10.75.0.2"), pps: 20.0, len: 64 }];
+    let (_, got) = traffic::run(&sb, &flows, Duration::from_millis(1500));
+    assert!((10..=14).contains(&got.per_flow[0]), "{} frames through before the ban", got.per_flow[0]);
+    // The seconds the ban has left, and when that was read.
+    let ban_left = |sb: &Sandbox| -> Option<(f64, std::time::Instant)> {
+        let v: serde_json::Value = serde_json::from_str(&policer(sb, &["ban", "ls", "--json"])).unwrap();
+        let b = v.as_array()?.iter().find(|b| b["prefix"] == "10.75.0.1" && b["origin"] == "auto")?;
+        Some((b["left_seconds"].as_f64()?, std::time::Instant::now()))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let before = loop {
+        if let Some(e) = ban_left(&sb) {
+            break e;
+        }
+        assert!(std::time::Instant::now() < deadline, "no automatic ban listed");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(d.stop_with(libc::SIGTERM), "the daemon did not stop");
+    assert!(
+        d.stdout().contains("detached from") && d.stdout().contains("1 automatic bans kept for the next start"),
+        "{}",
+        d.stdout()
+    );
+    drop(d);
+    assert!(sb.rx_xdp().is_none(), "a plain exit detaches");
+    let d = Daemon::attach(&sb, &["--interval", "0"]);
+    assert!(!d.stdout().contains("adopting"), "{}", d.stdout());
+    assert!(d.stdout().contains("1 automatic bans restored from "), "{}", d.stdout());
+    let (left, at) = ban_left(&sb).expect("the automatic ban is not back");
+    let want = before.0 - at.duration_since(before.1).as_secs_f64();
+    assert!((left - want).abs() < 1.5, "the ban came back with {left:.1} s left, not {want:.1}");
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(1));
+    assert!(
+        sent.sent[0] > 800 && got.per_flow[0] == 0,
+        "after the restart {} of {} got through",
+        got.per_flow[0],
+        sent.sent[0]
+    );
+    assert_eq!(got.per_flow[1], sent.sent[1], "the other source lost frames");
+}
+
 #[test]
 fn a_restart_neither_revives_nor_forgets_an_expiry() {
     if !privileged("bans tier") {

@@ -377,3 +377,14 @@ proptest! {
         prop_assert_eq!(slot_debt_ns(&slot, now), slot.bucket(0).debt_ns(now));
     }
 }
+
+#[test]
+fn a_sampled_count_carries_its_margin() {
+    use super::drop_count_margin as m;
+    assert_eq!(m(0, 6), 0);
+    assert_eq!(m(1000, 0), 0);
+    // sqrt(64 * 2751) = 419.6: within 2 sigma, 838.
+    assert_eq!(m(2751, 6), 838);
+    // 5 % once it has dropped 25 000 frames (the constant's doc): 2 sigma 2 528.
+    assert_eq!(m(25_000, 6), 2528);
+}

@@ -216,7 +216,7 @@ fn cells(b: &BanView) -> [String; 6] {
         (o, _, _) => o.to_string(),
     };
     let left = crate::duration::format(std::time::Duration::from_millis((b.left_seconds * 1000.0) as u64));
-    let dropped = if b.origin == "auto" { format!("~{}", b.dropped_pkts) } else { b.dropped_pkts.to_string() };
+    let dropped = crate::report::estimate(b.dropped_pkts, b.drops_margin);
     [
         b.prefix.clone(),
         origin,
@@ -259,6 +259,11 @@ mod tests {
             expires: "2026-01-01T00:00:00.000Z".into(),
             left_seconds: f64::from(i) * 7.5,
             dropped_pkts: u64::from(i) * 1000,
+            drops_margin: if origin == "auto" {
+                policer_common::table::drop_count_margin(u64::from(i) * 1000, 6)
+            } else {
+                0
+            },
             count: (origin == "auto").then_some(i % 4),
             length_seconds: (origin == "auto").then_some(60.0),
         }

@@ -106,7 +106,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     if v.has_bucket {
         println!("debt        {} ({:.1} % of the bucket)", human(v.debt_ns), v.fill * 100.0);
-        println!("drops       {}", v.drops);
+        println!("drops       {}", crate::report::estimate(v.drops, v.drops_margin));
     } else if v.new_source.as_deref() == Some("recalled") {
         println!(
             "debt        {} ({:.1} % of the bucket), kept by the recall: no bucket (evicted), its next frame \

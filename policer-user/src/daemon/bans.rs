@@ -489,6 +489,149 @@ fn rule_of_slot(rs: &RuleSet, slot: u32) -> String {
     rs.rules().iter().find(|(_, i)| i.slot == slot).map_or_else(|| format!("slot {slot}"), |(k, _)| k.to_string())
 }
 
+/// The automatic bans a daemon that detaches keeps for the next start
+/// (issue 43, point 1): the program and its ban store go with a plain exit
+/// (no `--persist`), so the store is written here, `STATE_DIR/auto-bans.json`,
+/// and a start with a fresh program puts it back. A start that adopts a
+/// program keeps that program's store instead (and removes a file left by
+/// an older exit).
+pub(super) fn kept_bans_file(sets_dir: &Path) -> std::path::PathBuf {
+    sets_dir.parent().map_or_else(|| std::path::PathBuf::from("auto-bans.json"), |p| p.join("auto-bans.json"))
+}
+
+/// One entry of the ban store as a restart keeps it: its times on the
+/// wall clock (the program's clock starts again at boot), its rules by
+/// key (counter slots are given anew at each start).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct KeptBan {
+    /// The store's key: the masked source (16 bytes, hex) and its length
+    /// as the store holds them.
+    pub addr: String,
+    pub key_len: u32,
+    /// The class rule whose bucket is banned (none: a class-less one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_rule: Option<String>,
+    /// The rule whose bucket the source exceeded.
+    pub rule: String,
+    pub start_unix_ms: u64,
+    pub end_unix_ms: u64,
+    pub len_ns: u64,
+    pub count: u32,
+    pub drops: u64,
+}
+
+/// Writes `kept` to `file` whole (a temporary file synced, then renamed).
+pub(super) fn write_kept_bans(file: &Path, kept: &[KeptBan]) -> std::io::Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(dir)?;
+    let (tmp, f) = crate::files::create_temp(dir, "auto-bans.json", crate::files::NEW_FILE_MODE)?;
+    let written = (|| {
+        let mut w = std::io::BufWriter::new(f);
+        serde_json::to_writer(&mut w, kept).map_err(std::io::Error::other)?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, file)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// The bans a plain exit kept in `file`; none when there is no file.
+pub(super) fn read_kept_bans(file: &Path) -> std::result::Result<Vec<KeptBan>, String> {
+    match std::fs::read(file) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", file.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(format!("{}: {e}", file.display())),
+    }
+}
+
+/// `ns` of the program's clock on the wall clock, given both now.
+fn wall_ms(ns: u64, now_ns: u64, now_ms: u64) -> u64 {
+    let d = (ns as i128 - now_ns as i128) / 1_000_000;
+    (now_ms as i128 + d).max(0) as u64
+}
+
+/// `ms` of the wall clock on the program's clock, given both now.
+fn clock_ns(ms: u64, now_ns: u64, now_ms: u64) -> u64 {
+    let d = (ms as i128 - now_ms as i128) * 1_000_000;
+    (now_ns as i128 + d).max(0) as u64
+}
+
+/// The store's entries worth keeping at `now_ns` (bans in force, and those
+/// still in their escalation window), with their rules' keys (`slots`:
+/// counter slot → rule key); entries of a rule no longer known are left.
+pub(super) fn keep_bans(
+    store: &[(BucketKeyV6, Ban)],
+    slots: &HashMap<u32, String>,
+    now_ns: u64,
+    now_ms: u64,
+) -> Vec<KeptBan> {
+    store
+        .iter()
+        .filter(|(_, b)| !policer_common::ban::forgettable(b, now_ns))
+        .filter_map(|(k, b)| {
+            let class_rule = match k.class {
+                0 => None,
+                c => Some(slots.get(&c)?.clone()),
+            };
+            Some(KeptBan {
+                addr: k.addr.iter().map(|b| format!("{b:02x}")).collect(),
+                key_len: k.key_len,
+                class_rule,
+                rule: slots.get(&b.rule_slot)?.clone(),
+                start_unix_ms: wall_ms(b.start_ns, now_ns, now_ms),
+                end_unix_ms: wall_ms(b.end_ns, now_ns, now_ms),
+                len_ns: b.len_ns,
+                count: b.count,
+                drops: b.drops,
+            })
+        })
+        .collect()
+}
+
+/// The kept bans back as store entries at `now_ns` (`slots`: rule key →
+/// its counter slot now): those whose escalation window is over, or whose
+/// rules are gone, are left out (counted in the second value).
+pub(super) fn restore_bans(
+    kept: &[KeptBan],
+    slots: &HashMap<String, u32>,
+    now_ns: u64,
+    now_ms: u64,
+) -> (Vec<(BucketKeyV6, Ban)>, usize) {
+    let mut left = 0;
+    let mut out = Vec::new();
+    for k in kept {
+        let addr = (0..16).map(|i| k.addr.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()));
+        let addr: Option<Vec<u8>> = addr.collect();
+        let class = match &k.class_rule {
+            None => Some(0),
+            Some(r) => slots.get(r).copied(),
+        };
+        let (Some(addr), Some(class), Some(rule_slot)) = (addr, class, slots.get(&k.rule).copied()) else {
+            left += 1;
+            continue;
+        };
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&addr);
+        let ban = Ban {
+            end_ns: clock_ns(k.end_unix_ms, now_ns, now_ms),
+            len_ns: k.len_ns,
+            start_ns: clock_ns(k.start_unix_ms, now_ns, now_ms),
+            drops: k.drops,
+            rule_slot,
+            count: k.count,
+        };
+        if policer_common::ban::forgettable(&ban, now_ns) {
+            left += 1;
+            continue;
+        }
+        out.push((BucketKeyV6 { addr: a, key_len: k.key_len, class }, ban));
+    }
+    (out, left)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,5 +760,41 @@ mod tests {
         assert_eq!(manual_dropped(&[], &slots), 0);
         let all: Vec<u32> = (0..=20).collect();
         assert_eq!(manual_dropped(&counters, &all), (0..=20).map(|s| s * 10).sum::<u64>());
+    }
+
+    #[test]
+    fn kept_bans_come_back_with_their_wall_clock_ends_and_new_slots() {
+        use policer_common::{BucketKeyV6, ban::Ban};
+        let key = BucketKeyV6 { addr: [0xff; 16], key_len: 32 | 0x100, class: 7 };
+        let ban = Ban {
+            end_ns: 70_000_000_000,
+            len_ns: 60_000_000_000,
+            start_ns: 10_000_000_000,
+            drops: 5,
+            rule_slot: 3,
+            count: 2,
+        };
+        // Ended long ago: forgotten, not kept.
+        let old = Ban { end_ns: 1_000_000_000, len_ns: 1_000_000_000, ..ban };
+        let slots: std::collections::HashMap<u32, String> =
+            [(3, "10.0.0.0/8".to_string()), (7, "10.0.0.0/8 [udp dport 53]".to_string())].into();
+        // The old daemon's clock: 20 s since boot, at wall clock 1e12 ms.
+        let kept = super::keep_bans(&[(key, ban), (key, old)], &slots, 20_000_000_000, 1_000_000_000_000);
+        assert_eq!(kept.len(), 1);
+        assert_eq!((kept[0].end_unix_ms, kept[0].start_unix_ms), (1_000_000_050_000, 999_999_990_000));
+        // A reboot later: 5 s since boot, 30 s of wall clock later; the
+        // rules have other slots now.
+        let slots: std::collections::HashMap<String, u32> =
+            [("10.0.0.0/8".to_string(), 11), ("10.0.0.0/8 [udp dport 53]".to_string(), 12)].into();
+        let (back, left) = super::restore_bans(&kept, &slots, 5_000_000_000, 1_000_000_030_000);
+        assert_eq!(left, 0);
+        let (k, b) = back[0];
+        assert_eq!((k.addr, k.key_len, k.class), ([0xff; 16], 32 | 0x100, 12));
+        // 20 s left of the ban, on the new clock.
+        assert_eq!((b.end_ns, b.start_ns, b.rule_slot, b.count, b.drops), (25_000_000_000, 0, 11, 2, 5));
+        // Its rule gone: left out.
+        let (back, left) =
+            super::restore_bans(&kept, &std::collections::HashMap::new(), 5_000_000_000, 1_000_000_030_000);
+        assert_eq!((back.len(), left), (0, 1));
     }
 }

@@ -343,6 +343,7 @@ impl Daemon {
                 "exiting; XDP stays attached on {names} and keeps policing (`policer detach IFACE` removes it){lost}"
             ));
         }
+        let kept = self.keep_bans();
         let fd = self.policer.prog_fd()?;
         let mut failed = Vec::new();
         for i in attached {
@@ -351,9 +352,34 @@ impl Daemon {
             }
         }
         if failed.is_empty() {
-            Ok(format!("detached from {names}{lost}"))
+            Ok(format!("detached from {names}{lost}{kept}"))
         } else {
             Err(crate::Error::Invalid(failed.join("; ")))
+        }
+    }
+}
+
+impl Daemon {
+    /// Before a plain exit takes the program and its ban store away: the
+    /// automatic bans in force (and in their escalation window) written to
+    /// the state directory, for the next start ([`bans::KeptBan`]). What
+    /// the exit line adds about them.
+    fn keep_bans(&self) -> String {
+        let store = match self.policer.reader().bans() {
+            Ok(s) => s,
+            Err(e) => return format!("; the automatic bans could not be read, and are not kept: {e}"),
+        };
+        let file = bans::kept_bans_file(self.sets.dir());
+        if store.is_empty() {
+            let _ = std::fs::remove_file(&file);
+            return String::new();
+        }
+        let slots: std::collections::HashMap<u32, String> =
+            self.rs.rules().iter().map(|(k, i)| (i.slot, k.to_string())).collect();
+        let kept = bans::keep_bans(&store, &slots, monotonic_ns(), crate::duration::unix_ms());
+        match bans::write_kept_bans(&file, &kept) {
+            Ok(()) => format!("; {} automatic bans kept for the next start ({})", kept.len(), file.display()),
+            Err(e) => format!("; the automatic bans could not be kept ({}: {e})", file.display()),
         }
     }
 }

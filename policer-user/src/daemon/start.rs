@@ -244,6 +244,11 @@ impl Daemon {
         if !shared && let Some((plan, sets)) = rules.take() {
             expired = d.install(&mut undo, plan, sets)?;
         }
+        // The automatic bans a plain exit kept: back into fresh maps before
+        // the first frame (an adopted program's store has its own).
+        if !shared {
+            d.restore_kept_bans(out)?;
+        }
         d.attach_all(&s.ifaces, &survey, &old_fds, new_fd, &mut undo, out)?;
         // Adopted maps: the rules once every interface runs the new program.
         if let Some((plan, sets)) = rules.take() {
@@ -253,6 +258,8 @@ impl Daemon {
         undo.commit()?;
         d.finished = false;
         d.sets.remove_expired(&expired, out);
+        // Taken (or an older exit's, under an adopted program): gone.
+        let _ = std::fs::remove_file(super::bans::kept_bans_file(d.sets.dir()));
         d.remove_replaced_state_files(&replaced, out);
         d.rs.set_file_rules(s.specs);
         d.remove_legacy_sets_dir(&args.config, &migrated, out);
@@ -266,6 +273,38 @@ impl Daemon {
         crate::config::ConfigFile::release_memory();
         d.announce(args, &s.ifaces.names, &replaced, out);
         Ok(d)
+    }
+
+    /// Puts the automatic bans a plain exit kept ([`super::bans::KeptBan`])
+    /// into the fresh program's store, saying how many (a file that does
+    /// not read is said and left out; it goes once the start commits).
+    fn restore_kept_bans(&mut self, out: &mut impl Write) -> Result<()> {
+        let file = super::bans::kept_bans_file(self.sets.dir());
+        let kept = match super::bans::read_kept_bans(&file) {
+            Ok(k) => k,
+            Err(e) => {
+                let _ = writeln!(
+                    out,
+                    "policer: warning: the automatic bans kept by the last exit do not read ({e}); not restored"
+                );
+                return Ok(());
+            }
+        };
+        if kept.is_empty() {
+            return Ok(());
+        }
+        let slots: std::collections::HashMap<String, u32> =
+            self.rs.rules().iter().map(|(k, i)| (k.to_string(), i.slot)).collect();
+        let (back, left) = super::bans::restore_bans(&kept, &slots, super::monotonic_ns(), crate::duration::unix_ms());
+        for (k, b) in &back {
+            self.policer.put_ban(k, b)?;
+        }
+        let left = match left {
+            0 => String::new(),
+            n => format!(" ({n} ended meanwhile or of a rule no longer in force, left out)"),
+        };
+        let _ = writeln!(out, "policer: {} automatic bans restored from {}{left}", back.len(), file.display());
+        Ok(())
     }
 
     /// A config set replaced the saved set of its name: its state file

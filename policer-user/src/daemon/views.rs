@@ -529,6 +529,7 @@ impl Views {
                 debt_ns: r.debt_ns,
                 fill: r.fill as f64 / 65536.0,
                 drops: r.drops,
+                drops_margin: sampled_margin(r.drops),
                 action: match set {
                     Some((_, s)) => s.view.action.clone(),
                     None => {
@@ -714,6 +715,7 @@ impl Views {
             v.debt_ns = b.shown_debt_ns(now);
             v.fill = b.fill_q16(now) as f64 / 65536.0;
             v.drops = b.drops();
+            v.drops_margin = sampled_margin(v.drops);
         }
         // No bucket: the recall (policer_common::recall) decides before the
         // limiter. A recalled debt is judged as a bucket of that debt.
@@ -885,6 +887,7 @@ impl Views {
                     debt_ns: b.shown_debt_ns(at),
                     fill: b.fill_q16(at) as f64 / 65536.0,
                     drops: b.drops(),
+                    drops_margin: sampled_margin(b.drops()),
                     action: spec.action.to_string(),
                 });
             }
@@ -972,6 +975,8 @@ impl BanLs {
                 expires: crate::duration::rfc3339(expires),
                 left_seconds: expires.saturating_sub(now_ms) as f64 / 1000.0,
                 dropped_pkts: self.dropped.get(r.slot as usize).copied().unwrap_or(0),
+                // A manual ban's drops are its rule's counter: exact.
+                drops_margin: 0,
                 count: None,
                 length_seconds: None,
             }
@@ -999,6 +1004,7 @@ impl BanLs {
             expires: crate::duration::rfc3339(now_ms + left_ns / 1_000_000),
             left_seconds: left_ns as f64 / 1e9,
             dropped_pkts: b.drops,
+            drops_margin: sampled_margin(b.drops),
             count: Some(b.count),
             length_seconds: Some(b.len_ns as f64 / 1e9),
         })
@@ -1301,6 +1307,12 @@ fn rule_for(snap: &Snapshot, k: &BucketKey) -> Option<RuleKey> {
         .filter(|key| key.class().is_none() && !key.ban && key.net.contains(&addr))
         .max_by_key(|key| key.net.prefix_len())
         .cloned()
+}
+
+/// How far a per-source drop count (sampled, one drop in 64 counted as
+/// 64: the program's `DROP_SAMPLE_SHIFT`) may be from the truth.
+fn sampled_margin(n: u64) -> u64 {
+    policer_common::table::drop_count_margin(n, policer_common::table::DROP_SAMPLE_SHIFT)
 }
 
 /// The interfaces whose hook lost the program, as `IFACE since TIME`.
