@@ -730,8 +730,12 @@ pub struct TopEntry {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TopView {
     pub time_ns: u64,
-    /// Live buckets read.
+    /// Buckets read (every source the table holds a bucket for).
     pub live: u64,
+    /// Of those, drained ones: no debt, kept until their slot is needed
+    /// (a source seen once an hour ago is one).
+    #[serde(default)]
+    pub idle: u64,
     /// Milliseconds the table read took.
     pub read_ms: f64,
     pub by_debt: Vec<TopEntry>,

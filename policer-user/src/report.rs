@@ -168,7 +168,14 @@ pub fn top_text(t: &TopView) -> String {
         }
         let _ = writeln!(out, "{bt}");
     }
-    let _ = writeln!(out, "\n{} live sources read in {:.1} ms", t.live, t.read_ms);
+    let _ = writeln!(
+        out,
+        "\n{} sources hold a bucket ({} in debt, {} idle: drained, kept until the slot is needed), read in {:.1} ms",
+        t.live,
+        t.live - t.idle.min(t.live),
+        t.idle,
+        t.read_ms
+    );
     out
 }
 

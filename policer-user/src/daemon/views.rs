@@ -510,6 +510,7 @@ impl Views {
             rows.push(Row { key: *k, fill: b.fill_q16(read_ns), debt_ns: b.shown_debt_ns(read_ns), drops: b.drops() })
         })?;
         let live = rows.len() as u64;
+        let idle = rows.iter().filter(|r| r.debt_ns == 0).count() as u64;
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
         let entry = |r: &Row| {
             let rule = rule_for(&snap, &r.key);
@@ -554,7 +555,7 @@ impl Views {
         let bans_total = bans.len();
         bans.truncate(n);
         let not_attached = not_attached(&snap);
-        Ok(TopView { time_ns: now, live, read_ms, by_debt, by_drops, bans, bans_total, not_attached })
+        Ok(TopView { time_ns: now, live, idle, read_ms, by_debt, by_drops, bans, bans_total, not_attached })
     }
 
     /// `policer inspect ADDR [--proto … --dport … …]`: the rule the
