@@ -155,18 +155,24 @@ fn counters_are_exact_and_metrics_agree() {
     let t = json(&succeeds(&cli(&sb, &["top", "-n", "5", "--json"])));
     assert_eq!(t["by_drops"][0]["source"], "198.18.0.1", "{t}");
     assert_eq!(t["by_drops"][0]["rule"], "0.0.0.0/0");
-    // IPv4 drops are counted by sampling (one in 16, as 16): the estimate
-    // is within 6 standard deviations (sqrt(16 n)) of the exact count.
+    // IPv4 drops are counted by sampling (one in 64, as 64): the estimate
+    // is within 6 standard deviations (sqrt(64 n)) of the exact count, and
+    // shown as an estimate with its margin of 2 (issue 43, point 3).
     let exact = tx - rx - (sent.sent[1..deny].iter().sum::<u64>() - got.per_flow[1..deny].iter().sum::<u64>());
     let est = n(&t["by_drops"][0], "drops");
+    let margin = n(&t["by_drops"][0], "drops_margin");
+    assert_eq!(margin, policer_common::table::drop_count_margin(est, policer_common::table::DROP_SAMPLE_SHIFT), "{t}");
     assert!(
-        (est as f64 - exact as f64).abs() <= 6.0 * (16.0 * exact as f64).sqrt() + 16.0,
+        (est as f64 - exact as f64).abs() <= 6.0 * (64.0 * exact as f64).sqrt() + 64.0,
         "top estimated {est} drops, exactly {exact}"
     );
+    let text = succeeds(&cli(&sb, &["top"]));
+    assert!(text.contains(&format!("~{est} ±{margin}")), "the estimate is not shown as one: {text}");
     // After the flood the heavy hitter has drained (10 ms of debt); the
     // monitored source still owes 5 s.
     assert_eq!(t["by_debt"][0]["source"], "192.0.2.9", "{t}");
     assert_eq!(n(&t, "live"), 22);
+    assert!(n(&t, "idle") < 22, "{t}");
     // During a flood, the heavy hitter's bucket is full: top of the debt list.
     // The flood outlasts the reads (a debug build walks the 1M-slot table
     // for about a second), so it is still full when its slot is copied. Its
