@@ -608,3 +608,77 @@ fn the_check_finds_circles_at_every_level() {
     );
     assert_eq!(stale, ["in d: y -> z", "in d: z -> y"], "a known edge that no longer closes a circle");
 }
+
+/// The functions of `text` (a source file, tests aside) longer than
+/// `limit` lines, from the `fn` line to the brace at its indentation that
+/// closes it, as (name, first line, lines).
+fn long_functions(text: &str, limit: usize) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    // Test modules are the tests' own (`#[cfg(test)] mod …` to its end).
+    let tests_from = lines
+        .windows(2)
+        .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod "))
+        .unwrap_or(lines.len());
+    for (i, l) in lines[..tests_from].iter().enumerate() {
+        let t = l.trim_start();
+        let indent = &l[..l.len() - t.len()];
+        let t = ["pub ", "pub(crate) ", "pub(super) ", "const ", "async ", "unsafe "]
+            .iter()
+            .fold(t, |t, p| t.strip_prefix(p).unwrap_or(t));
+        let Some(rest) = t.strip_prefix("fn ") else { continue };
+        // A signature without a body (a trait's) ends with `;` before any `{`.
+        let opens = lines[i..].iter().find(|x| x.contains('{') || x.trim_end().ends_with(';'));
+        if opens.is_none_or(|x| !x.contains('{')) {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        let Some(end) = lines[i + 1..].iter().position(|x| *x == close) else { continue };
+        let n = end + 2;
+        if n > limit {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            out.push((name, i + 1, n));
+        }
+    }
+    out
+}
+
+/// No product function over 100 lines (issue 42): a function that long
+/// does several things, each of which deserves a name. The tests' own
+/// files and modules aside.
+#[test]
+fn no_product_function_is_over_100_lines() {
+    let mut long = Vec::new();
+    for name in ["policer-user", "policer-common", "policer-ebpf"] {
+        for (_, p) in files(&crate_src(name)) {
+            if p.file_name().is_some_and(|f| f == "tests.rs") {
+                continue;
+            }
+            let text = fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            for (f, line, n) in long_functions(&text, 100) {
+                long.push(format!("{}:{line} fn {f}: {n} lines", p.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "functions over 100 lines:\n{}", long.join("\n"));
+}
+
+/// The program is in modules of a concern each, none over 700 lines
+/// (issue 42, point 6).
+#[test]
+fn no_file_of_the_program_is_over_700_lines() {
+    for (_, p) in files(&crate_src("policer-ebpf")) {
+        let n = fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).lines().count();
+        assert!(n <= 700, "{}: {n} lines", p.display());
+    }
+}
+
+#[test]
+fn the_length_check_finds_a_long_function_and_skips_tests() {
+    let body = "    x();\n".repeat(100);
+    let text = format!(
+        "trait T {{\n    fn sig(&self);\n}}\n\nfn short() {{\n}}\n\npub(crate) fn long() {{\n{body}}}\n\n\
+         #[cfg(test)]\nmod tests {{\n    fn t() {{\n{body}    }}\n}}\n"
+    );
+    assert_eq!(long_functions(&text, 100), vec![("long".to_string(), 8, 102)]);
+}
