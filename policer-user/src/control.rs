@@ -196,7 +196,7 @@ pub enum Reply {
     },
     Status(Box<StatusView>),
     Stats(Box<StatsView>),
-    Top(TopView),
+    Top(Box<TopView>),
     Inspect(Box<InspectView>),
     Bans {
         bans: Vec<BanView>,
@@ -1439,7 +1439,7 @@ impl Client {
     }
 
     pub fn top(&self, n: usize) -> Result<TopView> {
-        self.ask(Request::Top { n }, "top", |r| take!(r, Reply::Top(v) => v))
+        self.ask(Request::Top { n }, "top", |r| take!(r, Reply::Top(v) => *v))
     }
 
     /// `--dry-run` of `change`: what it would do, or its refusal.

@@ -254,7 +254,9 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Outgoing {
         Request::Stats => {
             read(bounded(ctx.stats.get()).await.map_or_else(refused, |s| Reply::Stats(Box::new((*s).clone()))))
         }
-        Request::Top { n } => read(bounded(ctx.top.run(move || views.top(n))).await.map_or_else(refused, Reply::Top)),
+        Request::Top { n } => {
+            read(bounded(ctx.top.run(move || views.top(n))).await.map_or_else(refused, |t| Reply::Top(Box::new(t))))
+        }
         Request::Inspect { addr, frame } => read(
             bounded(ctx.inspect.run(move || views.inspect(addr, &frame)))
                 .await
