@@ -15,6 +15,7 @@ pub mod lapi;
 pub mod netns;
 pub mod packet;
 pub mod readable;
+pub mod readme;
 pub mod reference;
 pub mod soak;
 pub mod spoof;

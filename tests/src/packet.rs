@@ -115,6 +115,15 @@ impl RawSocket {
     /// Frames the kernel dropped for this socket (queue full) since the
     /// last call.
     pub fn drops(&self) -> io::Result<u32> {
+        self.counts().map(|(_, drops)| drops)
+    }
+
+    /// (frames that reached this socket, those of them it dropped) since
+    /// the last call of this or [`RawSocket::drops`] (reading resets both).
+    /// A frame its filter rejects is in neither; one dropped for a full
+    /// queue is in both, so a socket never read still counts every frame
+    /// its filter accepts: a counter of what arrived past XDP.
+    pub fn counts(&self) -> io::Result<(u32, u32)> {
         let mut st = libc::tpacket_stats { tp_packets: 0, tp_drops: 0 };
         let mut len = mem::size_of_val(&st) as u32;
         // SAFETY: pointer and length describe `st`.
@@ -127,6 +136,7 @@ impl RawSocket {
                 &mut len,
             )
         };
-        if r != 0 { Err(io::Error::last_os_error()) } else { Ok(st.tp_drops) }
+        // The kernel reports tp_packets with tp_drops already added.
+        if r != 0 { Err(io::Error::last_os_error()) } else { Ok((st.tp_packets, st.tp_drops)) }
     }
 }

@@ -89,6 +89,12 @@ impl Flood {
     /// thread pinned to `cpu`; returns once the generator is loaded and
     /// its first call is under way.
     pub fn start(sb: &Sandbox, spoof: Spoof, cpu: usize) -> Result<Flood> {
+        Flood::start_to(sb, spoof, None, cpu)
+    }
+
+    /// [`Flood::start`] with UDP destination port `dport` in every frame
+    /// (none: the generator's own, [`crate::bench::generator::FLOOD_DPORT`]).
+    pub fn start_to(sb: &Sandbox, spoof: Spoof, dport: Option<u16>, cpu: usize) -> Result<Flood> {
         let (ns, ifc, mac) = (sb.tx_ns.clone(), sb.tx_if.clone(), sb.rx_mac());
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
@@ -98,6 +104,10 @@ impl Flood {
             enter(&ns).context("enter the transmit namespace")?;
             pin_cpu(cpu)?;
             let g = spoof.generator(tx_index, mac)?;
+            let g = match dport {
+                Some(p) => g.with_dport(p)?,
+                None => g,
+            };
             let _ = ready_tx.send(());
             let t0 = Instant::now();
             let mut r = FloodReport::default();

@@ -393,6 +393,47 @@ pub fn accept_only_marked(sock: &RawSocket) -> std::io::Result<()> {
     if r != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
+/// A classic BPF socket filter on `sock` that keeps only untagged UDP
+/// frames to port `dport` of one family (IPv4 without options, or IPv6
+/// without extension headers), as [`send`] and the flood generator build
+/// them: with [`RawSocket::counts`], a count of what of one kind of traffic
+/// arrived past XDP.
+pub fn accept_only_udp_to(sock: &RawSocket, v6: bool, dport: u16) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
+    let (ld_b, ld_h, jeq, ret) = (
+        libc::BPF_LD | libc::BPF_B | libc::BPF_ABS,
+        libc::BPF_LD | libc::BPF_H | libc::BPF_ABS,
+        libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+        libc::BPF_RET | libc::BPF_K,
+    );
+    // EtherType; the IP protocol (or IPv6 next header); the UDP port.
+    let (ether, proto_at, port_at) = if v6 { (0x86dd, 14 + 6, 14 + 40 + 2) } else { (0x0800, 14 + 9, 14 + 20 + 2) };
+    let prog = [
+        op(ld_h, 0, 0, 12),              // 0: EtherType
+        op(jeq, 0, 4, ether),            // 1: the family -> 2, else 6
+        op(ld_b, 0, 0, proto_at),        // 2: protocol
+        op(jeq, 0, 2, 17),               // 3: UDP -> 4, else 6
+        op(ld_h, 0, 0, port_at),         // 4: destination port
+        op(jeq, 1, 0, u32::from(dport)), // 5: the port -> 7, else 6
+        op(ret, 0, 0, 0),                // 6: reject
+        op(ret, 0, 0, 0xffff),           // 7: accept
+    ];
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: pointer and length describe `fprog`, which points at `prog`;
+    // the kernel copies the program.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            &fprog as *const _ as *const libc::c_void,
+            std::mem::size_of_val(&fprog) as u32,
+        )
+    };
+    if r != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
 fn rand_u32() -> u32 {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     (t.subsec_nanos() ^ std::process::id().rotate_left(16)) | 1

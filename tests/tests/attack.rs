@@ -10,7 +10,10 @@
 //!   sources paced beside it;
 //! - an IPv6 attacker rotating addresses inside its /64, and across the
 //!   /64s of a /48 under a `--key-len 48` rule;
-//! - byte-mode accuracy with mixed frame sizes.
+//! - byte-mode accuracy with mixed frame sizes;
+//! - the README's first paragraph with the README's own example config:
+//!   a flood from 100 000 spoofed sources, each within its rate, is cut to
+//!   the rule's total for all sources together.
 
 use std::{net::IpAddr, thread, time::Duration};
 
@@ -598,4 +601,286 @@ fn in_profile_frames_under_a_spoofed_flood_v6() {
     if privileged("attack tier") {
         in_profile_frames_under_a_spoofed_flood(Family::V6);
     }
+}
+
+// The README's first paragraph, with the README's own example config as
+// written (read from README.md when the test runs: `policer_tests::readme`):
+// a spoofed flood from 100 000 sources, each far within its own rate, in
+// turn against each police rule of the example (IPv4 class-less, the DNS
+// class, IPv6 class-less), with clients of the same rule sending at a
+// tenth of its rate (100 pps at most) beside it.
+const README_SOURCES: u32 = 100_000;
+const README_CLIENTS: usize = 20;
+/// The clients send alone first (so they are known, as an edge's are when
+/// an attack starts), then under the flood.
+const README_BEFORE: Duration = Duration::from_secs(1);
+const README_UNDER: Duration = Duration::from_secs(4);
+
+/// The entry of `stats --json`'s rules for (prefix, class).
+fn rule_stats<'a>(st: &'a serde_json::Value, prefix: &str, class: &str) -> Option<&'a serde_json::Value> {
+    st["rules"].as_array()?.iter().find(|r| r["prefix"] == prefix && r["class"] == class)
+}
+
+/// A counter of a `stats --json` rule entry (0 if absent).
+fn rule_count(r: Option<&serde_json::Value>, key: &str) -> u64 {
+    r.and_then(|r| r.get(key)).and_then(|v| v.as_u64()).unwrap_or(0)
+}
+
+/// A packet rate of `rule ls --json` (`10kpps`), in packets per second.
+fn pps_of(v: &serde_json::Value) -> Option<f64> {
+    match Rate::parse(v.as_str()?).ok()? {
+        Rate::Pps(r) => Some(r as f64),
+        Rate::Bps(_) => None,
+    }
+}
+
+/// What one flood against the README's example found.
+struct ReadmeFlood {
+    /// What it measured.
+    line: String,
+    /// Every way the README's claim failed.
+    fails: Vec<String>,
+    /// The machine could not run the experiment (the flood too small, or
+    /// the clients' counts lost): worth another try.
+    overloaded: bool,
+}
+
+/// One flood of `README_SOURCES` spoofed sources in turn (each source's
+/// frame is one in 100 000: a few to twenty a second each, far within any
+/// rate of the example), UDP to `dport`, against the daemon in `sb`;
+/// clients of the same rule beside it. Sources new to the daemon for each
+/// `tag` (the kind of flood) and `attempt`.
+fn readme_flood(sb: &Sandbox, fam: Family, dport: u16, tag: u32, attempt: u32) -> ReadmeFlood {
+    use policer_tests::{bench::generator::v6_source, frame::L4, netns::enter, packet::RawSocket};
+    let what = format!("{fam:?} UDP to port {dport}, try {attempt}");
+    let base = match fam {
+        Family::V4 => ip(&format!("10.{}.0.0", 64 * tag + 2 * attempt)),
+        Family::V6 => ip(&format!("3fff:0:{attempt}00:0:a:b:c:d")),
+    };
+    let first = match base {
+        IpAddr::V6(b) => IpAddr::from(v6_source(b, 0)),
+        v4 => v4,
+    };
+    // The rule the program gives the flood's frames, as `inspect` reads it
+    // from the maps, and its settings as `rule ls` shows them.
+    let port = dport.to_string();
+    let seen_as: serde_json::Value = serde_json::from_str(&succeeds(&cli(
+        sb,
+        &["inspect", &first.to_string(), "--proto", "udp", "--dport", &port, "--json"],
+    )))
+    .unwrap();
+    let (Some(named), Some(class)) = (seen_as["rule"].as_str(), seen_as["class"].as_str()) else {
+        let fails = vec![format!("{what}: no rule of the example judges it: {seen_as}")];
+        return ReadmeFlood { line: format!("{what}: no rule"), fails, overloaded: false };
+    };
+    // `0.0.0.0/0`, or `0.0.0.0/0 [udp dport 53]` for a class.
+    let prefix = named.split(" [").next().unwrap();
+    let rules: serde_json::Value = serde_json::from_str(&succeeds(&cli(sb, &["rule", "ls", "--json"]))).unwrap();
+    let rule = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["prefix"] == prefix && r["class"] == class)
+        .unwrap_or_else(|| panic!("rule ls has no {prefix} [{class}]: {rules}"))
+        .clone();
+    let rate = pps_of(&rule["rate"]).expect("a packet rate per source");
+    let cap = pps_of(&rule["total_rate"]);
+    let total_burst = rule["total_burst"].as_u64().unwrap_or(0) as f64;
+    // The clients: same rule, same kind of traffic.
+    let client = |k: usize| match fam {
+        Family::V4 => ip(&format!("198.18.{}.{}", 4 * tag + attempt, k + 1)),
+        Family::V6 => ip(&format!("2001:db8:{}:{k:x}::1", 4 * tag + attempt)),
+    };
+    let pps = (rate / 10.0).min(100.0);
+    let clients: Vec<Flow> = (0..README_CLIENTS).map(|k| Flow { src: client(k), pps, len: 64 }).collect();
+    let mut specs = traffic::spec_flows(&clients);
+    for s in &mut specs {
+        s.spec = s.spec.clone().with_l4(L4::Udp { sport: 40000, dport });
+    }
+    let gen_cpu = bench_cpu();
+    let opts = RunOptions {
+        marked_only: true,
+        sender_cpu: (gen_cpu != 0).then_some(0),
+        keep_marks: true,
+        ..Default::default()
+    };
+    let before = stats(sb);
+    // What of this kind of traffic arrives past XDP: a socket that keeps
+    // only it and is never read counts every frame it is offered.
+    let counter = {
+        let (ns, ifc, v6) = (sb.rx_ns.clone(), sb.rx_if.clone(), fam == Family::V6);
+        thread::spawn(move || {
+            enter(&ns).unwrap();
+            let s = RawSocket::bind(&ifc).unwrap();
+            traffic::accept_only_udp_to(&s, v6, dport).unwrap();
+            s
+        })
+        .join()
+        .unwrap()
+    };
+    counter.counts().unwrap();
+    let t0 = traffic::epoch_ns();
+    let spoof = Spoof { base, sources: README_SOURCES, random: false };
+    let (sent, got, fr, from_ns) = thread::scope(|s| {
+        let paced = s.spawn(|| traffic::run_specs(sb, &specs, README_BEFORE + README_UNDER, &opts));
+        thread::sleep(README_BEFORE);
+        let mut generator = Flood::start_to(sb, spoof, Some(dport), gen_cpu).expect("start the flood");
+        let from_ns = traffic::epoch_ns();
+        let (sent, got) = paced.join().expect("paced traffic");
+        (sent, got, generator.stop().expect("the flood"), from_ns)
+    });
+    thread::sleep(Duration::from_millis(100));
+    let (arrived, _) = counter.counts().unwrap();
+    let window = (traffic::epoch_ns() - t0) as f64 / 1e9;
+    let arrived = u64::from(arrived);
+    let st = stats(sb);
+    let (now, was) = (rule_stats(&st, prefix, class), rule_stats(&before, prefix, class));
+    let delta = |k: &str| rule_count(now, k) - rule_count(was, k);
+    let (passed, dropped, by_total, created) =
+        (delta("passed_packets"), delta("dropped_packets"), delta("total_dropped_packets"), delta("buckets_created"));
+    let limited = total(&st, "new_sources_limited") - total(&before, "new_sources_limited");
+    // A source whose bucket drained can lose its slot to a new one and come
+    // back (the recall knows it): sources new to the policer are the
+    // buckets made less those returns.
+    let fresh = created.saturating_sub(total(&st, "recall_known") - total(&before, "recall_known"));
+    let s_all: u64 = sent.sent.iter().sum();
+    let g_all: u64 = got.per_flow.iter().sum();
+    let (s_win, g_win) = traffic::since(&sent, &got, from_ns);
+    let (s_in, g_in): (u64, u64) = (s_win.iter().sum(), g_win.iter().sum());
+    let flood_seen = (passed + dropped).saturating_sub(s_all);
+    let flood_arrived = arrived.saturating_sub(g_all);
+    let flood_secs = fr.wall_ns as f64 / 1e9;
+    let line = format!(
+        "{what} -> rule {prefix} [{class}] ({} per source, total {}): flood of {} frames from the generator in \
+         {flood_secs:.2} s, {flood_seen} reached the policer ({:.0} pps, {:.1} frames per source per second), \
+         {flood_arrived} arrived ({:.1} %); new buckets {created}, of sources new to the policer {fresh}, new sources \
+         limited {limited}, rule passed \
+         {passed}, dropped {dropped} (by its total {by_total}); everything of this kind that arrived in {window:.2} s: \
+         {arrived} ({:.0} pps; total x T + burst = {}); clients {g_in}/{s_in} under the flood ({:.1} %, {g_all}/{s_all} \
+         in all), flood frames {:.1} % of what reached the policer; socket drops {}",
+        rule["rate"],
+        rule["total_rate"],
+        fr.frames,
+        flood_seen as f64 / flood_secs,
+        flood_seen as f64 / flood_secs / f64::from(README_SOURCES),
+        100.0 * flood_arrived as f64 / flood_seen.max(1) as f64,
+        arrived as f64 / window,
+        cap.map_or("none".into(), |t| format!("{:.0}", t * window + total_burst)),
+        100.0 * g_in as f64 / s_in.max(1) as f64,
+        100.0 * flood_seen as f64 / (flood_seen + s_all).max(1) as f64,
+        got.socket_drops,
+    );
+    let mut fails = Vec::new();
+    let mut fail = |m: String| fails.push(format!("{what} (rule {prefix} [{class}]): {m}"));
+    let overloaded = got.socket_drops != 0 || cap.is_some_and(|t| (flood_seen as f64) < 2.0 * t * flood_secs);
+    // The flood is the one the claim is about: every source reached the
+    // policer, and none was over its own rate.
+    if fresh < u64::from(README_SOURCES) {
+        fail(format!("only {fresh} new sources reached the policer, not {README_SOURCES}"));
+    }
+    if dropped != by_total {
+        fail(format!("{} frames were over their source's own rate: not the flood of the claim", dropped - by_total));
+    }
+    if got.socket_drops != 0 {
+        fail(format!("the clients' receive socket lost {} frames: counts not trustworthy", got.socket_drops));
+    }
+    // The receiving side and the policer agree on what passed.
+    if passed != arrived {
+        fail(format!("the rule passed {passed} frames, {arrived} arrived"));
+    }
+    match cap {
+        None => fail(format!(
+            "no total for all sources together: the flood was not cut ({flood_arrived} of {flood_seen} frames \
+             arrived, {:.0} pps)",
+            flood_arrived as f64 / flood_secs
+        )),
+        Some(t) => {
+            if (flood_seen as f64) < 2.0 * t * flood_secs {
+                fail(format!(
+                    "the flood reached the policer at {:.0} pps, under twice the total {t}: too small to show a cut \
+                     (machine overloaded?)",
+                    flood_seen as f64 / flood_secs
+                ));
+            }
+            // Cut to the total: what arrived over the window is within the
+            // aggregate bucket's bound (+2 ms for frames judged just
+            // before the window opened, one frame of rounding)...
+            let bound = t * (window + 0.002) + total_burst + 1.0;
+            if arrived as f64 > bound {
+                fail(format!("{arrived} frames arrived in {window:.3} s, over total x T + burst = {bound:.0}"));
+            }
+            // ...and to it, not below: the total was handed out (the
+            // generator pauses between its calls, so not all of it).
+            if (arrived as f64) < 0.5 * t * flood_secs {
+                fail(format!("{arrived} frames arrived: under half the total over the flood's {flood_secs:.2} s"));
+            }
+            // The other sources share the total with the flood: an
+            // aggregate promises no fairness, but frames reach it in the
+            // order they come, so the clients keep at least about the
+            // flood's fraction of their frames (here more: the flood's
+            // bursts leave gaps the clients' paced frames fall into).
+            let (kept, flood_kept) =
+                (g_in as f64 / s_in.max(1) as f64, flood_arrived as f64 / flood_seen.max(1) as f64);
+            if g_in == 0 || kept < 0.5 * flood_kept {
+                fail(format!(
+                    "the clients kept {g_in} of {s_in} frames under the flood ({:.1} %), the flood {:.1} % of its own: \
+                     not a share",
+                    100.0 * kept,
+                    100.0 * flood_kept
+                ));
+            }
+        }
+    }
+    ReadmeFlood { line, fails, overloaded }
+}
+
+/// The README's first paragraph, with the README's example config as
+/// written, attached in native mode to a veth in its own namespaces: a
+/// flood from 100 000 spoofed sources, each within its own rate, is cut in
+/// the driver to the total the example sets for all sources of the rule
+/// together (what arrives over the run is within total x T + burst), for
+/// each police rule of the example in turn; the rule's clients, sending
+/// beside it, share that total. And the config the package installs
+/// carries the same default rules as the README's example.
+#[test]
+fn readme_example_cuts_a_spoofed_flood_of_100k_sources() {
+    if !privileged("attack tier") {
+        return;
+    }
+    let example = policer_tests::readme::example_config();
+    let sb = Sandbox::new("rdme");
+    std::fs::write(&sb.config, &example).unwrap();
+    let d = Daemon::attach(&sb, &["--interval", "0"]);
+    assert!(d.stdout().contains("(native mode)"), "not cut in the driver: {}", d.stdout());
+    let mut fails: Vec<String> = same_defaults_as_the_package(&example).into_iter().collect();
+    for (tag, (fam, dport)) in [(Family::V4, 9), (Family::V4, 53), (Family::V6, 9)].into_iter().enumerate() {
+        // Up to three tries, each with fresh sources, while the machine
+        // cannot run the experiment.
+        for attempt in 1..=3 {
+            let r = readme_flood(&sb, fam, dport, tag as u32 + 1, attempt);
+            eprintln!("README example: {}", r.line);
+            if !r.overloaded || attempt == 3 {
+                fails.extend(r.fails);
+                break;
+            }
+        }
+    }
+    assert!(fails.is_empty(), "the README's claim does not hold for its example config:\n{}", fails.join("\n"));
+}
+
+/// The class-less rules of the README's example are the rules of the
+/// config the package installs (deploy/policer.toml), setting for setting;
+/// if not, how they differ.
+fn same_defaults_as_the_package(example: &str) -> Option<String> {
+    use policer_user::config::Config;
+    let (_, readme) = Config::parse(example, "README.md".as_ref()).expect("the README's example config is valid");
+    let deploy = policer_tests::readme::deploy_config();
+    let (_, deploy) = Config::parse(&deploy, "deploy/policer.toml".as_ref()).expect("deploy/policer.toml is valid");
+    let class_less: std::collections::BTreeMap<_, _> =
+        readme.into_iter().filter(|(k, _)| k.class().is_none()).collect();
+    (class_less != deploy).then(|| {
+        format!(
+            "the README's example and deploy/policer.toml differ in their default rules:\n{class_less:?}\n{deploy:?}"
+        )
+    })
 }
