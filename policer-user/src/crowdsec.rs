@@ -272,6 +272,25 @@ fn secret(
 }
 
 impl CrowdsecConfig {
+    /// The feed's set: its name (`set`, default `crowdsec`) and what it
+    /// does (`action`, default `deny`), checked; no secret is read
+    /// (`policer replay` installs the set without a Local API).
+    pub fn feed_set(&self) -> Result<(String, policer_common::bucket::Action)> {
+        use policer_common::bucket::Action;
+        let action = match self.action.as_deref().unwrap_or("deny") {
+            "deny" => Action::Deny,
+            "monitor" => Action::Monitor,
+            other => {
+                return Err(Error::Invalid(format!(
+                    "crowdsec.action: {other:?} is not deny or monitor; write action = \"deny\""
+                )));
+            }
+        };
+        let set = self.set.clone().unwrap_or_else(|| DEFAULT_SET.into());
+        crate::sets::check_name(&set).map_err(|e| Error::Invalid(format!("crowdsec.set: {e}")))?;
+        Ok((set, action))
+    }
+
     /// Checks every value and reads the secrets' files (relative paths are
     /// from `base`, the config file's directory). The errors never quote a
     /// secret.
@@ -302,18 +321,7 @@ impl CrowdsecConfig {
             )));
         }
         let types = if self.types.is_empty() { vec!["ban".into()] } else { lower(&self.types) };
-        use policer_common::bucket::Action;
-        let action = match self.action.as_deref().unwrap_or("deny") {
-            "deny" => Action::Deny,
-            "monitor" => Action::Monitor,
-            other => {
-                return Err(Error::Invalid(format!(
-                    "crowdsec.action: {other:?} is not deny or monitor; write action = \"deny\""
-                )));
-            }
-        };
-        let set = self.set.clone().unwrap_or_else(|| DEFAULT_SET.into());
-        crate::sets::check_name(&set).map_err(|e| Error::Invalid(format!("crowdsec.set: {e}")))?;
+        let (set, action) = self.feed_set()?;
         let min_v4 = self.min_prefix_len_v4.unwrap_or(DEFAULT_MIN_PREFIX_V4);
         let min_v6 = self.min_prefix_len_v6.unwrap_or(DEFAULT_MIN_PREFIX_V6);
         if min_v4 > 32 || min_v6 > 128 {

@@ -5,7 +5,14 @@
 use std::{collections::BTreeMap, net::IpAddr, path::Path, process::Command};
 
 use policer_common::rate::Rate;
-use policer_tests::{daemon::policer_bin, frame::FrameSpec, privileged, rng, traffic::exact_admitted_at};
+use policer_tests::{
+    daemon::{Daemon, cli, policer_bin, state_dir_of, succeeds},
+    frame::FrameSpec,
+    lapi::Proxy,
+    netns::Sandbox,
+    privileged, rng,
+    traffic::{self, Flow, exact_admitted_at},
+};
 use serde_json::Value;
 
 const SEC: u64 = 1_000_000_000;
@@ -111,8 +118,16 @@ fn write_pcapng(path: &Path, frames: &[Captured]) {
     std::fs::write(path, b).unwrap();
 }
 
+/// `policer replay ARGS`; without `--state-dir`, one that does not exist
+/// (never the shared default, /var/lib/policer, whose saved sets would
+/// change what is replayed).
 fn replay(args: &[&str]) -> std::process::Output {
-    Command::new(policer_bin()).arg("replay").args(args).output().expect("run policer replay")
+    let mut c = Command::new(policer_bin());
+    c.arg("replay").args(args);
+    if !args.contains(&"--state-dir") {
+        c.arg("--state-dir").arg(tmp("no-state-dir"));
+    }
+    c.output().expect("run policer replay")
 }
 
 fn replay_json(args: &[&str]) -> Value {
@@ -522,7 +537,10 @@ fn replay_of_a_gigabyte_capture_in_bounded_memory() {
     }
     w.finish().unwrap();
     let size = std::fs::metadata(&pcap).unwrap().len();
-    let (code, maxrss_kib, out) = run_measured(&[pcap.to_str().unwrap(), "--rate", "100pps", "--burst", "2", "--json"]);
+    let none = tmp("no-state-dir");
+    let args =
+        [pcap.to_str().unwrap(), "--rate", "100pps", "--burst", "2", "--json", "--state-dir", none.to_str().unwrap()];
+    let (code, maxrss_kib, out) = run_measured(&args);
     std::fs::remove_file(&pcap).unwrap();
     assert_eq!(code, 0);
     let r: Value = serde_json::from_slice(&out).expect("JSON");
@@ -634,4 +652,326 @@ fn replay_in_batches_keeps_lengths_and_deep_headers() {
     assert_eq!(*admitted6, gcra(500, 10, t6.into_iter()), "{r}");
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&config);
+}
+
+/// The frames `traffic::run` sent (`sent.frames`: when, which flow), as a
+/// capture of them: each flow's UDP frames of `len` bytes, at the capture
+/// time of their sending.
+fn as_sent(sent: &traffic::SendReport, flows: &[Flow]) -> Vec<Captured> {
+    sent.frames
+        .iter()
+        .map(|&(t, i)| {
+            let src = flows[i as usize].src;
+            Captured {
+                ts_ns: EPOCH_NS + t,
+                frame: FrameSpec::udp(src, dst(src), flows[i as usize].len).build(None),
+                src: Some(src),
+            }
+        })
+        .collect()
+}
+
+fn live_flow(src: &str) -> Flow {
+    Flow { src: src.parse().unwrap(), pps: 200.0, len: 64 }
+}
+
+fn write_list(name: &str, text: &str) -> String {
+    let p = tmp(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+/// The sets a real daemon saved in its state directory (`policer rule
+/// import` of a daemon in a namespace) replayed with `--state-dir`, as a
+/// start installs them: a deny set and a rate-limited one judge the frames
+/// of their entries (the deny set every frame, as the daemon did to the
+/// same traffic over veth; the limited one exactly as the test's bucket),
+/// a source outside them is admitted (as the daemon did), a saved set that
+/// ended since is left out, and a config `[[set]]` of a saved set's name
+/// replaces it; the report (JSON and text) says which sets were installed,
+/// from where, with their entry counts, and which were left out.
+#[test]
+fn replay_installs_the_daemons_saved_sets_as_a_start_does() {
+    if !privileged("replay tier") {
+        return;
+    }
+    let sb = Sandbox::new("rpsaved");
+    let defaults = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"100kpps\"\nburst = 1000\n\n\
+                    [[rule]]\nprefix = \"::/0\"\nrate = \"100kpps\"\nburst = 1000\n";
+    std::fs::write(&sb.config, defaults).unwrap();
+    let state = state_dir_of(&sb.config);
+    let mut d = Daemon::attach(&sb, &["--interval", "0"]);
+    let deny = write_list("saved-deny.txt", "203.0.113.0/24\n2001:db8:bad::/48\n");
+    let slow = write_list("saved-slow.txt", "192.0.2.99\n");
+    let swap = write_list("saved-swap.txt", "192.0.2.77\n");
+    let gone = write_list("saved-gone.txt", "198.51.100.0/24\n");
+    for args in [
+        vec!["rule", "import", &deny, "--set", "deny", "--action", "deny"],
+        vec!["rule", "import", &slow, "--set", "slow", "--action", "police", "--rate", "200pps", "--burst", "4"],
+        vec!["rule", "import", &swap, "--set", "swap", "--action", "deny"],
+    ] {
+        succeeds(&cli(&sb, &args));
+    }
+    // What the daemon does: the deny set's entry and the swap set's lose
+    // every frame, a source outside the sets none.
+    let live = [live_flow("203.0.113.9"), live_flow("192.0.2.20"), live_flow("192.0.2.77")];
+    let (sent, got) = traffic::run(&sb, &live, std::time::Duration::from_secs(1));
+    assert_eq!(got.socket_drops, 0);
+    assert!(sent.sent.iter().all(|n| *n > 100), "{:?}", sent.sent);
+    assert_eq!(got.per_flow, vec![0, sent.sent[1], 0], "the daemon's verdicts (sent {:?})", sent.sent);
+    // A set that ends 3 s from now, saved with its end; the daemon stops
+    // before it (a start after it leaves the set out).
+    let t_gone = std::time::Instant::now();
+    succeeds(&cli(&sb, &["rule", "import", &gone, "--set", "gone", "--action", "deny", "--ttl", "3s"]));
+    assert!(d.stop_with(libc::SIGTERM), "{}", d.stderr());
+    for n in ["deny", "slow", "swap", "gone"] {
+        assert!(state.join(format!("sets/{n}.set")).exists(), "the daemon saved no {n}");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(3500).saturating_sub(t_gone.elapsed()));
+    // The config now declares a set of a saved set's name: it replaces it.
+    let swap2 = write_list("config-swap.txt", "192.0.2.88\n");
+    std::fs::write(
+        &sb.config,
+        format!("{defaults}\n[[set]]\nname = \"swap\"\nfile = \"{swap2}\"\naction = \"deny\"\n"),
+    )
+    .unwrap();
+
+    // The capture: the traffic the daemon judged, then more of each set.
+    let ms = SEC / 1000;
+    let mut frames = as_sent(&sent, &live);
+    let after = EPOCH_NS + 2 * SEC;
+    let later = |c: Vec<Captured>| c.into_iter().map(|c| Captured { ts_ns: c.ts_ns + 2 * SEC, ..c });
+    frames.extend(later(flow_of("192.0.2.99", 2 * ms, ms / 2, 1_000, 11, other))); // slow: 500 pps against 200
+    frames.extend(later(flow_of("198.51.100.7", 5 * ms, ms, 200, 12, other))); // the ended set's
+    frames.extend(later(flow_of("192.0.2.88", 5 * ms, ms, 200, 13, other))); // the config's swap
+    frames.extend(later(flow_of("2001:db8:bad::1", 5 * ms, ms, 200, 14, other))); // deny, IPv6
+    frames.sort_by_key(|c| c.ts_ns);
+    assert!(frames.iter().filter(|c| c.ts_ns >= after).count() == 1_600);
+    let pcap = tmp("saved-sets.pcap");
+    write_pcap(&pcap, &frames);
+    let args = [
+        pcap.to_str().unwrap(),
+        "--config",
+        &sb.config,
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--json",
+        "--top",
+        "0",
+    ];
+    let r = replay_json(&args);
+    let got_r = by_source(&r);
+    let src = |s: &str| got_r[&s.parse::<IpAddr>().unwrap()].clone();
+    // As the daemon did to the same frames.
+    assert_eq!(src("203.0.113.9"), (sent.sent[0], got.per_flow[0], "set deny".into()));
+    assert_eq!(src("192.0.2.20"), (sent.sent[1], got.per_flow[1], "0.0.0.0/0".into()));
+    // The saved swap gave way to the config's: its entry is not dropped,
+    // the config's is.
+    assert_eq!(src("192.0.2.77"), (sent.sent[2], sent.sent[2], "0.0.0.0/0".into()));
+    assert_eq!(src("192.0.2.88"), (200, 0, "set swap".into()));
+    let slow_ts: Vec<u64> =
+        frames.iter().filter(|c| c.src == Some("192.0.2.99".parse().unwrap())).map(|c| c.ts_ns).collect();
+    let want_slow = gcra(200, 4, slow_ts.into_iter());
+    assert!(want_slow < 600, "{want_slow}");
+    assert_eq!(src("192.0.2.99"), (1_000, want_slow, "set slow".into()));
+    assert_eq!(src("198.51.100.7"), (200, 200, "0.0.0.0/0".into()), "the ended set is left out");
+    assert_eq!(src("2001:db8:bad::1"), (200, 0, "set deny".into()));
+    // What was installed, from where, with how many entries.
+    assert_eq!(r["state_dir"], state.to_str().unwrap());
+    assert_eq!(r["state_dir_exists"], true);
+    let sets: Vec<(String, String, u64, String)> = r["sets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let name = s["name"].as_str().unwrap().to_string();
+            (name, s["source"].as_str().unwrap().to_string(), u(s, "entries"), s["file"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let saved = |n: &str| state.join(format!("sets/{n}.set")).display().to_string();
+    assert_eq!(
+        sets,
+        vec![
+            ("deny".into(), "saved".into(), 2, saved("deny")),
+            ("slow".into(), "saved".into(), 1, saved("slow")),
+            ("swap".into(), "config".into(), 1, swap2.clone()),
+        ]
+    );
+    let left: Vec<(String, String)> = r["sets_left_out"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["name"].as_str().unwrap().to_string(), l["why"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().any(|(n, why)| n == "gone" && why.contains("expired")), "{left:?}");
+    assert!(
+        left.iter().any(|(n, why)| n == "swap" && why.contains("replaced by the config's [[set]] swap")),
+        "{left:?}"
+    );
+    assert!(r["feed"].is_null());
+    // The text says it too.
+    let out = replay(&args[..args.len() - 3]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        format!("state directory {}: 4 saved sets", state.display()),
+        format!("left out: set gone (saved, {})", saved("gone")),
+        format!("left out: set swap (saved, {}): replaced by the config's [[set]] swap", saved("swap")),
+    ] {
+        assert!(text.contains(&want), "{want:?} not in:\n{text}");
+    }
+    let row =
+        |name: &str| text.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_default().to_string();
+    assert!(
+        row("deny").contains("saved") && row("deny").contains(" 2 ") && row("deny").contains(&saved("deny")),
+        "{text}"
+    );
+    assert!(row("slow").contains("police 200pps"), "{text}");
+    assert!(row("swap").contains("config") && row("swap").contains(&swap2), "{text}");
+}
+
+/// A config with `[crowdsec]` replays with the feed's set as the daemon
+/// saved it: a real daemon's feed pulls two decisions (from a stand-in
+/// Local API in its namespace) into its set, drops their sources' traffic,
+/// and saves the set; the replay of that traffic with the config and the
+/// state directory drops them too, under `set crowdsec`, and says the set
+/// is the feed's saved one and that live decisions are not fetched.
+/// Without a saved set the feed's set is empty, and the replay says so.
+#[test]
+fn replay_of_a_crowdsec_config_uses_the_feeds_saved_set() {
+    if !privileged("replay tier") {
+        return;
+    }
+    let sb = Sandbox::new("rpfeed");
+    // Every request answered with the stream of two decisions (nothing
+    // listens on the upstream port: nothing is passed on).
+    let lapi = Proxy::start(&sb.rx_ns, 8080, 9);
+    lapi.answer(
+        200,
+        r#"{"deleted": null, "new": [
+            {"duration": "3h59m59.5s", "id": 1, "origin": "cscli", "scenario": "test", "scope": "Ip", "type": "ban", "value": "203.0.113.9"},
+            {"duration": "3h59m59.5s", "id": 2, "origin": "cscli", "scenario": "test", "scope": "Range", "type": "ban", "value": "198.51.100.0/24"}
+        ]}"#,
+    );
+    std::fs::write(
+        &sb.config,
+        format!(
+            "[crowdsec]\nlapi_url = \"{}\"\napi_key = \"key\"\nupdate_frequency = \"1h\"\n\n\
+             [[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"100kpps\"\nburst = 1000\n",
+            lapi.url()
+        ),
+    )
+    .unwrap();
+    let state = state_dir_of(&sb.config);
+    let saved = state.join("sets/crowdsec.set");
+    let mut d = Daemon::attach(&sb, &["--interval", "0"]);
+    let t0 = std::time::Instant::now();
+    while !saved.exists() {
+        assert!(t0.elapsed().as_secs() < 20, "the feed saved no set: {}\n{}", d.stdout(), d.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let rows = succeeds(&cli(&sb, &["rule", "ls", "--set", "crowdsec"]));
+    assert!(rows.contains("203.0.113.9") && rows.contains("198.51.100.0/24"), "{rows}");
+    let live = [live_flow("203.0.113.9"), live_flow("198.51.100.7"), live_flow("192.0.2.20")];
+    let (sent, got) = traffic::run(&sb, &live, std::time::Duration::from_secs(1));
+    assert_eq!(got.socket_drops, 0);
+    assert!(sent.sent.iter().all(|n| *n > 100), "{:?}", sent.sent);
+    assert_eq!(got.per_flow, vec![0, 0, sent.sent[2]], "the daemon's verdicts (sent {:?})", sent.sent);
+    assert!(d.stop_with(libc::SIGTERM), "{}", d.stderr());
+    drop(lapi);
+
+    let frames = as_sent(&sent, &live);
+    let pcap = tmp("feed.pcap");
+    write_pcap(&pcap, &frames);
+    let p = pcap.to_str().unwrap();
+    let args = [p, "--config", &sb.config, "--state-dir", state.to_str().unwrap(), "--json", "--top", "0"];
+    let r = replay_json(&args);
+    let got_r = by_source(&r);
+    let src = |s: &str| got_r[&s.parse::<IpAddr>().unwrap()].clone();
+    assert_eq!(src("203.0.113.9"), (sent.sent[0], got.per_flow[0], "set crowdsec".into()));
+    assert_eq!(src("198.51.100.7"), (sent.sent[1], got.per_flow[1], "set crowdsec".into()));
+    assert_eq!(src("192.0.2.20"), (sent.sent[2], got.per_flow[2], "0.0.0.0/0".into()));
+    let f = &r["feed"];
+    assert_eq!((f["set"].as_str(), f["saved"].as_bool(), u(f, "entries")), (Some("crowdsec"), Some(true), 2), "{f}");
+    assert_eq!(f["file"], saved.to_str().unwrap());
+    assert_eq!(f["live_decisions_fetched"], false);
+    let set = &r["sets"][0];
+    assert_eq!((set["name"].as_str(), set["source"].as_str(), u(set, "entries")), (Some("crowdsec"), Some("feed"), 2));
+    let out = replay(&args[..args.len() - 3]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("the set 'crowdsec' is the feed's saved set (2 entries")
+            && text.contains("live decisions are not fetched"),
+        "{text}"
+    );
+
+    // No saved set: the feed's set is empty, and said to be.
+    let none = tmp("feed-no-state");
+    let args = [p, "--config", &sb.config, "--state-dir", none.to_str().unwrap(), "--json", "--top", "0"];
+    let r = replay_json(&args);
+    let f = &r["feed"];
+    assert_eq!((f["saved"].as_bool(), u(f, "entries")), (Some(false), 0), "{f}");
+    assert_eq!(r["sets"].as_array().unwrap().len(), 0);
+    for (s, (n, admitted, _)) in by_source(&r) {
+        assert_eq!(n, admitted, "{s}: dropped with the feed's set empty");
+    }
+    let out = replay(&args[..args.len() - 3]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("does not exist: no saved sets")
+            && text.contains("the set 'crowdsec' is empty")
+            && text.contains("live decisions are not fetched"),
+        "{text}"
+    );
+}
+
+/// A state directory that does not exist holds no saved set, and the
+/// report says so; a state file that does not read is an error naming it,
+/// before anything is loaded (so without privileges).
+#[test]
+fn replay_says_a_missing_state_dir_and_names_a_bad_state_file() {
+    let not_capture = tmp("bad-state-not-a-capture");
+    std::fs::write(&not_capture, "hello\n").unwrap();
+    let header = "#policer-set {\"name\":\"ok\",\"rule\":{\"prefix\":\"\",\"action\":\"deny\"}}\n";
+    for (tag, file, text, want) in [
+        ("junk", "junk.set", "hello\n".to_string(), ":1: not a policer set file"),
+        ("entry", "ok.set", format!("{header}192.0.2.1\nnot-a-prefix\n"), ":3: "),
+    ] {
+        let dir = tmp(&format!("bad-state-{tag}"));
+        std::fs::create_dir_all(dir.join("sets")).unwrap();
+        let path = dir.join("sets").join(file);
+        std::fs::write(&path, text).unwrap();
+        let out = replay(&[not_capture.to_str().unwrap(), "--rate", "1kpps", "--state-dir", dir.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{tag}: {err}");
+        let want = format!("{}{want}", path.display());
+        assert!(err.contains(&want), "{tag}: {want:?} not in {err}");
+    }
+    // A directory named as a state file.
+    let dir = tmp("bad-state-dir");
+    std::fs::create_dir_all(dir.join("sets/odd.set")).unwrap();
+    let out = replay(&[not_capture.to_str().unwrap(), "--rate", "1kpps", "--state-dir", dir.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&dir.join("sets/odd.set").display().to_string()), "{err}");
+
+    if !privileged("replay tier") {
+        return;
+    }
+    let frames = flow("192.0.2.10", SEC / 100, SEC / 400, 100, 1);
+    let pcap = tmp("no-state.pcap");
+    write_pcap(&pcap, &frames);
+    let none = tmp("really-no-state-dir");
+    let p = pcap.to_str().unwrap();
+    let r = replay_json(&[p, "--rate", "1kpps", "--state-dir", none.to_str().unwrap(), "--json"]);
+    assert_eq!(r["state_dir"], none.to_str().unwrap());
+    assert_eq!(r["state_dir_exists"], false);
+    assert_eq!(r["sets"].as_array().map(Vec::len), Some(0));
+    assert_eq!(u(&r, "frames"), 100);
+    let out = replay(&[p, "--rate", "1kpps", "--state-dir", none.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("state directory {}: does not exist: no saved sets", none.display())), "{text}");
 }

@@ -400,9 +400,14 @@ Only frames a rule judged are captured: not non-IP, malformed or unmatched frame
         description: "\
 Runs every frame of a pcap or pcapng file (tcpdump -w) through the real XDP program (BPF_PROG_TEST_RUN), on the \
 capture's own timestamps as the program's clock, with the rules of --config (their classes, automatic bans, \
-manual bans, [[set]]s and protect) or of --rate/--burst; nothing is attached and no daemon is needed. Reports per \
-rule and per source the frames and bytes admitted and dropped, the first and last drop, and the top dropped \
-sources. The capture is streamed: memory stays bounded whatever its size (the source table holds 65 536 sources, \
+manual bans, [[set]]s and protect) or of --rate/--burst, and the sets the daemon saved in --state-dir (default \
+/var/lib/policer, as policer attach: rule import's sets, and with [crowdsec] in the config the feed's saved set), \
+installed as a start installs them: a [[set]] of the config replaces a saved set of its name, a set whose --ttl \
+ended is left out. A state directory that does not exist holds no saved set; a state file that does not read is \
+an error naming it. The feed's set is replayed as saved: live decisions are not fetched, and without a saved set \
+it is empty. Nothing is attached and no daemon is needed. Reports which sets were installed and from where \
+(config, saved, feed) with their entries, and per rule and per source the frames and bytes admitted and dropped, \
+the first and last drop, and the top dropped sources. The capture is streamed: memory stays bounded whatever its size (the source table holds 65 536 sources, \
 or twice --top; past that the sources with the fewest drops are let go, and the report says so). Frames are \
 judged in order, up to 34 to a test run (millions a second); a frame longer than a test run takes (3 520 bytes) \
 is replayed clipped, its IP length made to fit, and counted in clipped_frames. A progress bar is shown on a \
@@ -414,6 +419,10 @@ for it). Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
         examples: &[
             ("What 2 kpps with bursts of 50 would have done", "policer replay tuesday.pcap --rate 2kpps --burst 50"),
             ("A candidate config against a capture", "policer replay tuesday.pcapng --config new.toml --top 20"),
+            (
+                "The daemon's config and saved sets (imports, the CrowdSec feed's set)",
+                "policer replay tuesday.pcap --config /etc/policer/policer.toml --state-dir /var/lib/policer",
+            ),
             (
                 "Live traffic through a FIFO",
                 "mkfifo /tmp/live; tcpdump -i eth0 -U -w /tmp/live & policer replay /tmp/live",

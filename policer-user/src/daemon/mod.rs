@@ -60,7 +60,7 @@ pub use output::init_log;
 pub use owner::{Command, Outcome, Owner, Response};
 use policer_common::rate::Rate;
 pub use serve::{Caps, fit as fit_connection_caps};
-pub use sets::OfflineSet;
+pub use sets::{FeedSet, LeftOut, OfflineSet, OfflineSets, SetSource, read_offline};
 pub use sets::{Import, read_import};
 pub use start::default_rules;
 use tokio::{

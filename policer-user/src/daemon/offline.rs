@@ -10,7 +10,7 @@ use policer_common::Rule;
 
 use super::{
     ruleset::{RuleSet, Slots, prepare_slots},
-    sets::{self, OfflineSet},
+    sets::{self, OfflineSet, OfflineSets},
 };
 use crate::{
     compile::{Compiled, Groups},
@@ -40,16 +40,16 @@ pub struct Offline {
 /// (`policer replay`) as a start writes them into fresh maps: planned by
 /// the daemon's [`super::plan::plan`], each rule's new-source limiter, ban
 /// parameters and aggregate bucket at its slot on the program's clock at
-/// `now_ns`, then the rule maps, then the config's named sets (`declared`,
-/// their files relative to `config`: [`sets::install_offline`]),
-/// then the default rules' fast path when only default rules exist (as
+/// `now_ns`, then the rule maps, then the named sets (`sets`, read by
+/// [`sets::read_offline`]: the state directory's saved sets and the
+/// config's `[[set]]`s; [`sets::install_offline`]), then the default
+/// rules' fast path when only default rules exist (as
 /// `Daemon::sync_fast_path` does).
 pub fn install_offline(
     p: &mut Policer,
     specs: &BTreeMap<RuleKey, RuleSpec>,
     protect: &Protect,
-    config: &std::path::Path,
-    declared: &[crate::sets::SetConfig],
+    sets: OfflineSets,
     now_ns: u64,
 ) -> Result<Offline> {
     // A fresh program's maps hold nothing: the first rule id is 1, as
@@ -63,7 +63,7 @@ pub fn install_offline(
         plan.rules.iter().map(|(k, i)| OfflineRule { key: k.clone(), spec: (*i.spec).clone(), slot: i.slot }).collect();
     rs.commit(plan);
     rs.set_entries_protect(protect.clone());
-    let sets = sets::install_offline(p, &mut rs, config, declared, now_ns)?;
+    let sets = sets::install_offline(p, &mut rs, sets, now_ns)?;
     if rs.only_defaults() && sets.is_empty() {
         let rule = |net: &str| -> Option<Rule> { rs.compiled().prefixes.get(&net.parse::<IpNet>().ok()?).copied() };
         p.set_default_rules(0, rule("0.0.0.0/0"), rule("::/0"))?;

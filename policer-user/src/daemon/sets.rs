@@ -1457,6 +1457,28 @@ pub(super) fn not_rules<'a>(rs: &super::ruleset::RuleSet, nets: &'a [IpNet]) -> 
     std::borrow::Cow::Owned(nets.iter().filter(|n| !bans.contains(n)).copied().collect())
 }
 
+/// Where a set `policer replay` installs comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SetSource {
+    /// A `[[set]]` table of the config: its list file.
+    Config,
+    /// A set saved in the state directory (`rule import`): its state file.
+    Saved,
+    /// The `[crowdsec]` feed's set, as saved in the state directory.
+    Feed,
+}
+
+impl std::fmt::Display for SetSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SetSource::Config => "config",
+            SetSource::Saved => "saved",
+            SetSource::Feed => "feed",
+        })
+    }
+}
+
 /// A named set as [`install_offline`] wrote it.
 #[derive(Clone, Debug)]
 pub struct OfflineSet {
@@ -1465,36 +1487,151 @@ pub struct OfflineSet {
     pub spec: RuleSpec,
     /// The counter slot its entries count into.
     pub slot: u32,
+    pub source: SetSource,
+    /// Where it was read: the config's list file, or the state file.
+    pub file: PathBuf,
+    pub entries: usize,
 }
 
-/// Installs the config's `[[set]]`s (`config`: the config file's path,
-/// which their list files are relative to) into a fresh program that no
-/// interface runs (`policer replay`), after the rules of `rs`: each set
-/// read and checked as a start reads and checks it ([`StartSets::add_config`],
-/// [`sets::specs`], the conflicts with rules and `protect`), given a slot,
-/// its limiter set on the program's clock at `now_ns`, its entries written
-/// as a start writes them ([`transition`]). Saved sets (the state
-/// directory) are not read: a replay is of the config alone.
+/// A set a start would not install, and why.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LeftOut {
+    pub name: String,
+    pub source: SetSource,
+    pub file: PathBuf,
+    pub why: String,
+}
+
+/// The `[crowdsec]` feed's set in a replay: its saved set, or none.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FeedSet {
+    pub set: String,
+    /// Its state file in the state directory (read when `saved`).
+    pub file: PathBuf,
+    /// A saved set of the feed was found (and installed); `false`: the
+    /// feed's set is empty in the replay.
+    pub saved: bool,
+    pub entries: usize,
+}
+
+/// The sets `policer replay` installs, read (and checked as far as they
+/// can be without a program) before anything is loaded: the saved sets
+/// of the state directory and the config's `[[set]]`s, as a start reads
+/// them ([`StartSets::read`], [`StartSets::add_config`]).
+pub struct OfflineSets {
+    /// In the order a start installs them (by name), each with where it
+    /// comes from and the file it was read from.
+    sets: Vec<(Header, List, SetSource, PathBuf)>,
+    /// The state directory given, and whether it exists.
+    pub state_dir: PathBuf,
+    pub state_dir_exists: bool,
+    /// The saved sets found (the feed's included), before any was left out.
+    pub saved: usize,
+    /// Saved sets a start leaves out: ended while the daemon was stopped,
+    /// or replaced by a config set of their name.
+    pub left_out: Vec<LeftOut>,
+    /// With `[crowdsec]`: the feed's set.
+    pub feed: Option<FeedSet>,
+}
+
+impl OfflineSets {
+    /// No set at all (nothing to install).
+    pub fn is_empty(&self) -> bool {
+        self.sets.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sets.len()
+    }
+}
+
+/// Reads what [`install_offline`] installs: the sets saved in `state_dir`
+/// (`DIR/sets/NAME.set`; a directory that does not exist holds none, one
+/// that does not read, or a state file that does not, is an error naming
+/// it), then the config's `[[set]]`s (their files relative to `config`;
+/// a saved set of the same name gives way, as at a start). A saved set
+/// that ended by `now_ms` is left out, as a start leaves it out. `feed`:
+/// the `[crowdsec]` feed's set name and action; its saved set takes the
+/// feed's action, as the feed's first write at a start gives it.
+pub fn read_offline(
+    state_dir: &Path,
+    config: &Path,
+    declared: &[sets::SetConfig],
+    feed: Option<(String, policer_common::bucket::Action)>,
+    now_ms: u64,
+) -> Result<OfflineSets> {
+    let state_dir_exists = match std::fs::metadata(state_dir) {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(Error::Invalid(format!("the state directory {}: {e}", state_dir.display()))),
+    };
+    let dir = sets::sets_dir(state_dir);
+    // A state directory that does not exist has no `sets/` either: none.
+    let mut loaded = StartSets::read(&dir)?;
+    let saved = loaded.sets.len();
+    let saved_file = |name: &str| sets::sets_dir_file(&dir, name);
+    loaded.add_config(config, declared)?;
+    let mut left_out: Vec<LeftOut> = loaded
+        .replaced
+        .iter()
+        .map(|n| LeftOut {
+            name: n.clone(),
+            source: SetSource::Saved,
+            file: saved_file(n),
+            why: format!("replaced by the config's [[set]] {n}"),
+        })
+        .collect();
+    let feed_name = feed.as_ref().map(|(n, _)| n.as_str());
+    let mut out = Vec::new();
+    for (mut h, l) in loaded.sets {
+        let (source, file) = match loaded.config.get(&h.name) {
+            Some(f) => (SetSource::Config, f.clone()),
+            None if Some(h.name.as_str()) == feed_name => (SetSource::Feed, saved_file(&h.name)),
+            None => (SetSource::Saved, saved_file(&h.name)),
+        };
+        if let Some(e) = h.expires_ms.filter(|e| *e <= now_ms) {
+            left_out.push(LeftOut {
+                name: h.name.clone(),
+                source,
+                file,
+                why: format!("expired at {} (a start removes it)", crate::duration::rfc3339(e)),
+            });
+            continue;
+        }
+        if let (SetSource::Feed, Some((_, action))) = (source, &feed) {
+            h.rule.action = Some(*action);
+        }
+        out.push((h, l, source, file));
+    }
+    let feed = feed.map(|(set, _)| {
+        let found = out.iter().find(|(h, _, s, _)| *s == SetSource::Feed && h.name == set);
+        FeedSet {
+            file: saved_file(&set),
+            saved: found.is_some(),
+            entries: found.map_or(0, |(_, l, _, _)| l.entries.len()),
+            set,
+        }
+    });
+    Ok(OfflineSets { sets: out, state_dir: state_dir.to_path_buf(), state_dir_exists, saved, left_out, feed })
+}
+
+/// Installs the sets of [`read_offline`] into a fresh program that no
+/// interface runs (`policer replay`), after the rules of `rs`, as a start
+/// installs them ([`Sets::install`]): each checked against the rules and
+/// `protect` ([`sets::specs`], the conflicts), given a slot, its limiter
+/// set on the program's clock at `now_ns`, its entries written beside the
+/// sets before it ([`transition`]: the same precedence where sets share
+/// an entry).
 pub(super) fn install_offline(
     p: &mut crate::loader::Policer,
     rs: &mut super::ruleset::RuleSet,
-    config: &std::path::Path,
-    declared: &[sets::SetConfig],
+    loaded: OfflineSets,
     now_ns: u64,
 ) -> Result<Vec<OfflineSet>> {
-    let mut loaded = StartSets {
-        sets: Vec::new(),
-        kernel: Vec::new(),
-        old: Vec::new(),
-        config: BTreeMap::new(),
-        replaced: Vec::new(),
-    };
-    loaded.add_config(config, declared)?;
     let mut states: BTreeMap<String, SetState> = BTreeMap::new();
     let mut out = Vec::new();
-    for (h, l) in loaded.sets {
+    for (h, l, source, file) in loaded.sets {
         let (spec4, spec6) = sets::specs(&h.name, &h.rule, &l.entries)?;
-        let file = loaded.config.get(&h.name).cloned().unwrap_or_default();
         let rules = rs.rules().keys().filter(|k| !k.ban).map(|k| (k.net, k.to_string()));
         sets::check_conflicts(&l.entries, spec4.action, rules, rs.protect(), |n| {
             let text = std::fs::read(&file).unwrap_or_default();
@@ -1502,10 +1639,12 @@ pub(super) fn install_offline(
         })?;
         let slot = rs.take_slot()?;
         let id = rs.new_id();
-        let s = SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries), origin: Origin::Config };
+        let origin = if source == SetSource::Config { Origin::Config } else { Origin::Saved };
+        let entries = l.entries.len();
+        let s = SetState { header: h, spec4, spec6, id, slot, entries: Arc::new(l.entries), origin };
         super::ruleset::prepare_at(p, &s.spec4, slot, now_ns)?;
         transition(p.trie_writer()?, &states, rs, None, Some(&s))?;
-        out.push(OfflineSet { name: s.header.name.clone(), spec: s.spec4.clone(), slot });
+        out.push(OfflineSet { name: s.header.name.clone(), spec: s.spec4.clone(), slot, source, file, entries });
         states.insert(s.header.name.clone(), s);
     }
     Ok(out)
@@ -1800,5 +1939,62 @@ mod tests {
         let u = union(&a, &b);
         let (v4, v6) = split(&u);
         assert_eq!((v4.len(), v6.len()), (2, 1));
+    }
+
+    /// What a replay reads of a state directory (`read_offline`): the
+    /// saved sets as a start reads them (state files written by the
+    /// daemon's own writer), a config set of a saved set's name in its
+    /// place, an ended set left out, the feed's set named with the feed's
+    /// action; a missing directory holds none; a bad state file is an
+    /// error naming it.
+    #[test]
+    fn a_replay_reads_the_saved_sets_as_a_start_does() {
+        use policer_common::bucket::Action;
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let config = tmp.path().join("policer.toml");
+        let none = read_offline(&state, &config, &[], None, 1_000).unwrap();
+        assert!(!none.state_dir_exists && none.is_empty() && none.saved == 0);
+        let dir = sets::sets_dir(&state);
+        let save = |name: &str, action: Action, expires_ms: Option<u64>, list: &[&str]| {
+            let rule = RuleConfig { action: Some(action), ..RuleConfig::default() };
+            let h = Header { name: name.into(), rule, expires_ms };
+            sets::stage(&dir, 0o600, &h, sets::Body::Entries(&nets(list))).unwrap().commit().unwrap();
+        };
+        save("crowdsec", Action::Deny, None, &["192.0.2.1/32", "192.0.2.2/32"]);
+        save("deny", Action::Deny, None, &["203.0.113.0/24"]);
+        save("ended", Action::Deny, Some(999), &["198.51.100.0/24"]);
+        save("swap", Action::Deny, Some(5_000), &["192.0.2.77/32"]);
+        std::fs::write(tmp.path().join("swap.txt"), "192.0.2.88\n").unwrap();
+        let declared = [sets::SetConfig { name: "swap".into(), file: "swap.txt".into(), ..sets::SetConfig::default() }];
+        let r = read_offline(&state, &config, &declared, Some(("crowdsec".into(), Action::Monitor)), 1_000).unwrap();
+        assert!(r.state_dir_exists);
+        assert_eq!(r.saved, 4);
+        let got: Vec<(&str, SetSource, usize, Option<Action>)> =
+            r.sets.iter().map(|(h, l, s, _)| (h.name.as_str(), *s, l.entries.len(), h.rule.action)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("crowdsec", SetSource::Feed, 2, Some(Action::Monitor)),
+                ("deny", SetSource::Saved, 1, Some(Action::Deny)),
+                ("swap", SetSource::Config, 1, None),
+            ]
+        );
+        assert_eq!(r.sets[2].3, tmp.path().join("swap.txt"));
+        assert_eq!(r.sets[0].3, dir.join("crowdsec.set"));
+        let left: Vec<(&str, &str)> = r.left_out.iter().map(|l| (l.name.as_str(), l.why.as_str())).collect();
+        assert_eq!(left.len(), 2);
+        assert!(left.contains(&("swap", "replaced by the config's [[set]] swap")), "{left:?}");
+        assert!(left.iter().any(|(n, why)| *n == "ended" && why.starts_with("expired at 1970-01-01T00:00:00.999Z")));
+        let f = r.feed.unwrap();
+        assert_eq!((f.set.as_str(), f.saved, f.entries), ("crowdsec", true, 2));
+        // A feed without a saved set: empty.
+        let r = read_offline(&state, &config, &[], Some(("other".into(), Action::Deny)), 1_000).unwrap();
+        let f = r.feed.unwrap();
+        assert_eq!((f.saved, f.entries, f.file), (false, 0, dir.join("other.set")));
+        // A state file that does not read: named.
+        std::fs::write(dir.join("bad.set"), "not a set\n").unwrap();
+        let e = read_offline(&state, &config, &[], None, 1_000).err().unwrap().to_string();
+        assert!(e.contains(&format!("{}:1: not a policer set file", dir.join("bad.set").display())), "{e}");
     }
 }

@@ -1,8 +1,9 @@
 //! `policer replay`: a capture's frames through the real XDP program
 //! (BPF_PROG_TEST_RUN), the capture's own timestamps as the program's clock,
 //! with the rules, classes, bans and sets of a config file (or
-//! `--rate/--burst`) installed as a start installs them
-//! ([`crate::daemon::install_offline`]).
+//! `--rate/--burst`), and the sets saved in the state directory (`rule
+//! import`'s, the `[crowdsec]` feed's), installed as a start installs them
+//! ([`crate::daemon::read_offline`], [`crate::daemon::install_offline`]).
 //!
 //! Frames go in batches (`policer_common::replay`): up to 2 048 records in
 //! an mmapped array, judged by the object's replay entry up to 34 to a test
@@ -33,7 +34,7 @@ use serde::Serialize;
 
 use crate::{
     config::Config,
-    daemon::{OfflineRule, OfflineSet, default_rules, install_offline},
+    daemon::{LeftOut, OfflineRule, OfflineSet, OfflineSets, SetSource, default_rules, install_offline, read_offline},
     error::{Error, Result},
     loader::{LoadOptions, Policer},
     rules::{RuleKey, RuleSpec},
@@ -51,11 +52,15 @@ const CLOCK_START_NS: u64 = 1_000_000_000_000;
 
 /// What to replay, against which rules: a config file's (its `[[rule]]`s
 /// and `protect`), with `--rate/--burst` for the default rules over them,
-/// as `policer attach` takes them.
+/// as `policer attach` takes them, and the sets saved in a state
+/// directory (`policer attach --state-dir`).
 #[derive(Clone, Debug)]
 pub struct Options {
     pub capture: PathBuf,
     pub config: Option<PathBuf>,
+    /// The daemon's state directory: its saved sets are installed as a
+    /// start installs them (none when it does not exist).
+    pub state_dir: PathBuf,
     pub rate: Option<policer_common::rate::Rate>,
     pub burst: Option<String>,
     /// Dropped sources listed (0: every source tracked).
@@ -142,10 +147,48 @@ pub struct SourceReport {
     pub tally: Tally,
 }
 
+/// A named set the replay installed, and where it was read.
+#[derive(Clone, Debug, Serialize)]
+pub struct SetReport {
+    pub name: String,
+    /// `config` (a `[[set]]`: its list file), `saved` (a `rule import`'s
+    /// state file in the state directory) or `feed` (the `[crowdsec]`
+    /// feed's set as saved there).
+    pub source: SetSource,
+    pub file: PathBuf,
+    pub entries: u64,
+    pub action: String,
+    pub rate: Option<String>,
+}
+
+/// The `[crowdsec]` feed's set in the replay: its saved set, or empty.
+#[derive(Clone, Debug, Serialize)]
+pub struct FeedReport {
+    pub set: String,
+    /// Its state file in the state directory.
+    pub file: PathBuf,
+    /// A saved set was found and installed; `false`: the set is empty.
+    pub saved: bool,
+    pub entries: u64,
+    /// Always `false`: a replay never asks the Local API.
+    pub live_decisions_fetched: bool,
+}
+
 /// What a replay found.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub capture: PathBuf,
+    /// The state directory whose saved sets were read, and whether it
+    /// exists (when not: no saved sets).
+    pub state_dir: PathBuf,
+    pub state_dir_exists: bool,
+    /// The named sets installed, in the order a start installs them.
+    pub sets: Vec<SetReport>,
+    /// Saved sets a start would leave out (ended, or replaced by a
+    /// config set of their name), so the replay did.
+    pub sets_left_out: Vec<LeftOut>,
+    /// With a `[crowdsec]` config: the feed's set.
+    pub feed: Option<FeedReport>,
     /// Every frame of the capture.
     #[serde(flatten)]
     pub total: Tally,
@@ -250,11 +293,19 @@ impl Sources {
     }
 }
 
+/// What a replay installs, read and checked before anything is loaded.
+struct Inputs {
+    specs: BTreeMap<RuleKey, RuleSpec>,
+    cfg: Config,
+    sets: OfflineSets,
+}
+
 /// The rules to install: the config's, and `--rate/--burst` over its
-/// default rules; refused here (before anything is loaded) what the replay
-/// does not do.
-fn rules(o: &Options) -> Result<(BTreeMap<RuleKey, RuleSpec>, Config)> {
-    let Options { config, rate, burst, .. } = o;
+/// default rules; the named sets: the state directory's saved sets (the
+/// feed's among them) and the config's `[[set]]`s. Bad input is refused
+/// here, before anything is loaded.
+fn inputs(o: &Options) -> Result<Inputs> {
+    let Options { config, rate, burst, state_dir, .. } = o;
     let (cfg, mut specs) = match config {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|source| Error::ConfigRead { path: p.clone(), source })?;
@@ -271,19 +322,20 @@ fn rules(o: &Options) -> Result<(BTreeMap<RuleKey, RuleSpec>, Config)> {
         None if burst.is_some() => return Err(Error::Invalid("--burst needs --rate".into())),
         None => {}
     }
-    if specs.is_empty() && cfg.sets.is_empty() {
-        return Err(Error::Invalid(
-            "nothing to replay against: give --config FILE with rules, or --rate (and --burst)".into(),
-        ));
+    // The feed's set is replayed as saved: its name and action only (no
+    // secret is read, no Local API asked).
+    let feed = cfg.crowdsec.as_ref().map(|c| c.feed_set()).transpose()?;
+    let config_path = config.clone().unwrap_or_default();
+    let sets = read_offline(state_dir, &config_path, &cfg.sets, feed, crate::duration::unix_ms())?;
+    if specs.is_empty() && sets.is_empty() && sets.feed.is_none() {
+        return Err(Error::Invalid(format!(
+            "nothing to replay against: give --config FILE with rules, or --rate (and --burst); the state \
+             directory {} holds no saved set{}",
+            state_dir.display(),
+            if sets.state_dir_exists { "" } else { " (it does not exist)" }
+        )));
     }
-    if cfg.crowdsec.is_some() {
-        return Err(Error::Invalid(
-            "the config has a [crowdsec] feed: `policer replay` does not replay a feed's decisions (they are not \
-             in the file); remove the [crowdsec] table, or import the decisions as a set"
-                .into(),
-        ));
-    }
-    Ok((specs, cfg))
+    Ok(Inputs { specs, cfg, sets })
 }
 
 /// The program's clock for a frame at `ts_ns`, the first at `first_ns`.
@@ -522,6 +574,11 @@ impl Counting {
     fn new(capture: PathBuf, slots: usize, top: usize) -> Counting {
         let r = Report {
             capture,
+            state_dir: PathBuf::new(),
+            state_dir_exists: false,
+            sets: Vec::new(),
+            sets_left_out: Vec::new(),
+            feed: None,
             total: Tally::default(),
             not_ip_frames: 0,
             clipped_frames: 0,
@@ -578,16 +635,28 @@ impl Counting {
 
 /// Replays the capture; see the module's comment.
 pub fn replay(o: &Options) -> Result<Report> {
-    let (specs, cfg) = rules(o)?;
+    let Inputs { specs, cfg, sets } = inputs(o)?;
     let mut cap = Capture::open(&o.capture)?;
     let size = std::fs::metadata(&o.capture).map(|m| m.len()).unwrap_or(0);
-    let config_path = o.config.clone().unwrap_or_default();
-    let mut p = load(&specs, &cfg)?;
+    let mut p = load(&specs, &cfg, sets.len())?;
     let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
-    let installed = install_offline(&mut p, &specs, &protect, &config_path, &cfg.sets, CLOCK_START_NS)?;
+    let (state_dir, state_dir_exists) = (sets.state_dir.clone(), sets.state_dir_exists);
+    let (left_out, feed) = (sets.left_out.clone(), sets.feed.clone());
+    let installed = install_offline(&mut p, &specs, &protect, sets, CLOCK_START_NS)?;
     let names = slot_names(&installed.rules, &installed.sets);
     let slots = names.keys().copied().max().unwrap_or(0) as usize + 1;
     let mut count = Counting::new(o.capture.clone(), slots, o.top);
+    count.r.state_dir = state_dir;
+    count.r.state_dir_exists = state_dir_exists;
+    count.r.sets = installed.sets.iter().map(set_report).collect();
+    count.r.sets_left_out = left_out;
+    count.r.feed = feed.map(|f| FeedReport {
+        set: f.set,
+        file: f.file,
+        saved: f.saved,
+        entries: f.entries as u64,
+        live_decisions_fetched: false,
+    });
     let progress = Progress::new(!o.json, size);
     let mut batch = Batch::new(&p)?;
     let started = Instant::now();
@@ -604,12 +673,12 @@ pub fn replay(o: &Options) -> Result<Report> {
     Ok(r)
 }
 
-/// The program loaded for a replay of `specs` and `cfg`'s sets (on the
-/// test clock, at [`CLOCK_START_NS`]); nothing is attached.
-fn load(specs: &BTreeMap<RuleKey, RuleSpec>, cfg: &Config) -> Result<Policer> {
+/// The program loaded for a replay of `specs` and `sets` named sets (on
+/// the test clock, at [`CLOCK_START_NS`]); nothing is attached.
+fn load(specs: &BTreeMap<RuleKey, RuleSpec>, cfg: &Config, sets: usize) -> Result<Policer> {
     let opts = LoadOptions {
         max_sources: cfg.daemon.max_sources.unwrap_or(DEFAULT_MAX_SOURCES),
-        max_rules: cfg.daemon.max_rules.unwrap_or(DEFAULT_MAX_RULES).max(specs.len() as u32 + cfg.sets.len() as u32),
+        max_rules: cfg.daemon.max_rules.unwrap_or(DEFAULT_MAX_RULES).max(specs.len() as u32 + sets as u32),
         test_clock: true,
         // No clock window: the program reads the (test) clock for every
         // frame that needs it.
@@ -659,6 +728,18 @@ fn judge_all(
         }
     }
     batch.flush(p, count)
+}
+
+/// A set's line of the report's list of sets.
+fn set_report(s: &OfflineSet) -> SetReport {
+    SetReport {
+        name: s.name.clone(),
+        source: s.source,
+        file: s.file.clone(),
+        entries: s.entries as u64,
+        action: s.spec.action.to_string(),
+        rate: s.spec.rate.map(|r| r.to_string()),
+    }
 }
 
 /// The report's line of each rule, then of each set, from the tallies by
@@ -742,7 +823,8 @@ pub fn text(r: &Report) -> String {
             String::new()
         }
     );
-    let _ = writeln!(out, "replayed in {:.3} s ({:.0} frames/s)\n", r.elapsed_secs, r.frames_per_sec);
+    let _ = writeln!(out, "replayed in {:.3} s ({:.0} frames/s)", r.elapsed_secs, r.frames_per_sec);
+    sets_text(&mut out, r);
     let head =
         ["RULE", "ACTION", "FRAMES", "ADMITTED", "DROPPED", "WOULD_DROP", "DROPPED_BYTES", "FIRST_DROP", "LAST_DROP"];
     let mut tab = crate::report::table(&head, 2);
@@ -776,6 +858,67 @@ pub fn text(r: &Report) -> String {
     }
     let _ = writeln!(out, "{tab}");
     out
+}
+
+/// The report's header on the sets: the state directory, the feed's set,
+/// the saved sets left out, and each set installed with where it was read.
+fn sets_text(out: &mut String, r: &Report) {
+    use std::fmt::Write;
+    let saved = r.sets.iter().filter(|s| s.source != SetSource::Config).count()
+        + r.sets_left_out.iter().filter(|l| l.source != SetSource::Config).count();
+    let _ = writeln!(
+        out,
+        "state directory {}: {}",
+        r.state_dir.display(),
+        match (r.state_dir_exists, saved) {
+            (false, _) => "does not exist: no saved sets".to_string(),
+            (true, 0) => "no saved sets".to_string(),
+            (true, 1) => "1 saved set".to_string(),
+            (true, n) => format!("{n} saved sets"),
+        }
+    );
+    if let Some(f) = &r.feed {
+        let _ = if f.saved {
+            writeln!(
+                out,
+                "[crowdsec] feed: the set '{}' is the feed's saved set ({} entries, {}); live decisions are not \
+                 fetched",
+                f.set,
+                f.entries,
+                f.file.display()
+            )
+        } else {
+            writeln!(
+                out,
+                "[crowdsec] feed: the set '{}' is empty: no saved set ({} is not there); live decisions are not \
+                 fetched",
+                f.set,
+                f.file.display()
+            )
+        };
+    }
+    for l in &r.sets_left_out {
+        let _ = writeln!(out, "left out: set {} ({}, {}): {}", l.name, l.source, l.file.display(), l.why);
+    }
+    let _ = writeln!(out);
+    if r.sets.is_empty() {
+        return;
+    }
+    let mut tab = crate::report::table(&["SET", "FROM", "ENTRIES", "ACTION", "FILE"], 5);
+    for s in &r.sets {
+        let action = match &s.rate {
+            Some(rate) => format!("{} {rate}", s.action),
+            None => s.action.clone(),
+        };
+        tab.add_row(vec![
+            s.name.clone(),
+            s.source.to_string(),
+            s.entries.to_string(),
+            action,
+            s.file.display().to_string(),
+        ]);
+    }
+    let _ = writeln!(out, "{tab}\n");
 }
 
 /// A tally's cells after the row's own: frames, admitted, dropped,
