@@ -197,10 +197,14 @@ fn removing_a_rule_keeps_the_paragraph_above_it() {
     assert!(new.is_empty(), "{new:?}");
     assert_eq!(
         gone,
-        ["# The default rule: every IPv4 source at 10 000 packets/s, bursts of 200.", "prefix = \"0.0.0.0/0\"",]
+        [
+            "# The default rule: every IPv4 source at 10 000 packets/s, bursts of 200,",
+            "# all of them together at most 100 000 packets/s.",
+            "prefix = \"0.0.0.0/0\"",
+        ]
     );
     assert!(text.contains(
-        "# and nothing else; the examples below are comments.\n\n# Every IPv6 /64 (the default key length for IPv6) likewise.\n[[rule]]\nprefix = \"::/0\""
+        "# its total, the rule's other sources share that total with it.\n\n# Every IPv6 /64 (the default key length for IPv6) likewise.\n[[rule]]\nprefix = \"::/0\""
     ), "{text}");
 }
 
