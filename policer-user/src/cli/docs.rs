@@ -38,7 +38,7 @@ pub fn man(a: ManArgs) -> anyhow::Result<()> {
 }
 
 /// Every page, into `dir`: the paths written.
-fn write_all(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub(super) fn write_all(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut cmd = Cli::command().name("policer").bin_name("policer");
     // Built, so the global options reach every verb and each verb knows
     // its full name (`policer rule set`).

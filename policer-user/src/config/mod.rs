@@ -113,7 +113,8 @@ pub struct Config {
 }
 
 pub(crate) const HEADER: &str = "\
-# policer configuration (see README, \"Config file\").
+# policer configuration (see README, \"Service and config file\", and
+# policer.toml(5)).
 # Written by the policer daemon after every change. A running daemon
 # follows edits by hand (as `policer reload` or SIGHUP do): nothing is
 # applied unless the whole file is valid.
