@@ -166,54 +166,87 @@ impl Class {
         *self == Class::default()
     }
 
-    /// Validates a class of a rule for a source prefix of family `v6`.
+    /// Validates a class of a rule for a source prefix of family `v6`:
+    /// the first problem [`Class::checked`] finds.
     pub fn parse(t: &ClassText, v6: bool) -> Result<Class> {
-        let proto = t.proto.as_deref().map(parse_proto).transpose()?;
-        let dport = t.dport.as_deref().map(parse_ports).transpose()?;
-        let tcp_flags = t.tcp_flags.as_deref().map(parse_flags).transpose()?;
-        let icmp_type = match t.icmp_type.as_deref() {
-            Some(s) => Some(s.trim().parse::<u8>().map_err(|_| {
-                Error::Invalid(format!("--icmp-type '{s}': an ICMP type is a number 0 to 255 (8: echo request)"))
-            })?),
-            None => None,
-        };
-        let dst = match t.dst.as_deref() {
-            Some(s) => {
+        let mut found = Vec::new();
+        match Class::checked(t, Some(v6), &[], &mut found) {
+            Some(c) if found.is_empty() => Ok(c),
+            _ => Err(found.into_iter().next().map_or_else(|| Error::Invalid("not a valid class".into()), |(_, e)| e)),
+        }
+    }
+
+    /// Every problem of a class, each with its key (`proto`, `dport`,
+    /// `tcp_flags`, `icmp_type`, `dst`), into `found`; the class when it
+    /// has none. `v6`: the source prefix's family, when known (else what
+    /// depends on it is not checked). `broken`: keys given whose values
+    /// could not be read (unset here): what follows only from them (a
+    /// dport "needs a protocol" when the protocol was not one) is not said.
+    pub fn checked(
+        t: &ClassText,
+        v6: Option<bool>,
+        broken: &[&str],
+        found: &mut Vec<(&'static str, Error)>,
+    ) -> Option<Class> {
+        let before = found.len();
+        // Each field: `None` when not known, `Some(None)` when not given.
+        fn field<T>(
+            key: &'static str,
+            given: Option<&str>,
+            broken: &[&str],
+            parse: impl FnOnce(&str) -> Result<T>,
+            found: &mut Vec<(&'static str, Error)>,
+        ) -> Option<Option<T>> {
+            if broken.contains(&key) {
+                return None;
+            }
+            match given.map(parse) {
+                None => Some(None),
+                Some(Ok(v)) => Some(Some(v)),
+                Some(Err(e)) => {
+                    found.push((key, e));
+                    None
+                }
+            }
+        }
+        let proto = field("proto", t.proto.as_deref(), broken, parse_proto, found);
+        let dport = field("dport", t.dport.as_deref(), broken, parse_ports, found);
+        let tcp_flags = field("tcp_flags", t.tcp_flags.as_deref(), broken, parse_flags, found);
+        let icmp_type = field(
+            "icmp_type",
+            t.icmp_type.as_deref(),
+            broken,
+            |s| {
+                s.trim().parse::<u8>().map_err(|_| {
+                    Error::Invalid(format!("--icmp-type '{s}': an ICMP type is a number 0 to 255 (8: echo request)"))
+                })
+            },
+            found,
+        );
+        let dst = field(
+            "dst",
+            t.dst.as_deref(),
+            broken,
+            |s| {
                 let n = parse_prefix(s).map_err(|e| Error::Invalid(format!("--dst: {e}")))?;
-                if n.addr().is_ipv6() != v6 {
-                    return Err(Error::Invalid(format!(
+                match v6 {
+                    Some(v6) if n.addr().is_ipv6() != v6 => Err(Error::Invalid(format!(
                         "--dst {n}: an {} destination for an {} source prefix",
                         if v6 { "IPv4" } else { "IPv6" },
                         if v6 { "IPv6" } else { "IPv4" }
-                    )));
+                    ))),
+                    _ => Ok(n),
                 }
-                Some(n)
-            }
-            None => None,
-        };
-        if dport.is_some() && !proto.is_some_and(|p| PROTOS_WITH_PORTS.contains(&p)) {
-            return Err(Error::Invalid(
-                "--dport needs a protocol with ports: --proto tcp, udp, sctp or udplite".into(),
-            ));
+            },
+            found,
+        );
+        let given =
+            (matches!(dport, Some(Some(_))), matches!(tcp_flags, Some(Some(_))), matches!(icmp_type, Some(Some(_))));
+        needs_of_proto(proto, given, v6, found);
+        if found.len() > before {
+            return None;
         }
-        if tcp_flags.is_some() && proto != Some(IPPROTO_TCP) {
-            return Err(Error::Invalid("--tcp-flags needs --proto tcp".into()));
-        }
-        if let Some(p) = proto {
-            let wrong_icmp = if v6 { IPPROTO_ICMP } else { IPPROTO_ICMPV6 };
-            if p == wrong_icmp {
-                return Err(Error::Invalid(format!(
-                    "--proto {}: {} source prefix; use --proto {}",
-                    proto_name(p),
-                    if v6 { "an IPv6" } else { "an IPv4" },
-                    if v6 { "icmpv6" } else { "icmp" }
-                )));
-            }
-        }
-        if icmp_type.is_some() && !matches!(proto, Some(IPPROTO_ICMP) | Some(IPPROTO_ICMPV6)) {
-            return Err(Error::Invalid(format!("--icmp-type needs --proto {}", if v6 { "icmpv6" } else { "icmp" })));
-        }
-        Ok(Class { proto, dport, tcp_flags, icmp_type, dst })
+        Some(Class { proto: proto?, dport: dport?, tcp_flags: tcp_flags?, icmp_type: icmp_type?, dst: dst? })
     }
 
     /// Back to the written form (canonical).
@@ -401,6 +434,54 @@ pub fn check_ties<'a>(rules: impl IntoIterator<Item = (&'a IpNet, &'a Class)>) -
         }
     }
     Ok(())
+}
+
+/// What a class's fields need of its protocol, when the protocol is known
+/// (`proto`: `None` not known, `Some(None)` not given): each problem into
+/// `found`. `given`: whether dport, tcp_flags and icmp_type are given.
+fn needs_of_proto(
+    proto: Option<Option<u8>>,
+    (dport, tcp_flags, icmp_type): (bool, bool, bool),
+    v6: Option<bool>,
+    found: &mut Vec<(&'static str, Error)>,
+) {
+    if let (true, Some(proto)) = (dport, proto)
+        && !proto.is_some_and(|p| PROTOS_WITH_PORTS.contains(&p))
+    {
+        found.push((
+            "dport",
+            Error::Invalid("--dport needs a protocol with ports: --proto tcp, udp, sctp or udplite".into()),
+        ));
+    }
+    if let (true, Some(proto)) = (tcp_flags, proto)
+        && proto != Some(IPPROTO_TCP)
+    {
+        found.push(("tcp_flags", Error::Invalid("--tcp-flags needs --proto tcp".into())));
+    }
+    if let (Some(Some(p)), Some(v6)) = (proto, v6) {
+        let wrong_icmp = if v6 { IPPROTO_ICMP } else { IPPROTO_ICMPV6 };
+        if p == wrong_icmp {
+            found.push((
+                "proto",
+                Error::Invalid(format!(
+                    "--proto {}: {} source prefix; use --proto {}",
+                    proto_name(p),
+                    if v6 { "an IPv6" } else { "an IPv4" },
+                    if v6 { "icmpv6" } else { "icmp" }
+                )),
+            ));
+        }
+    }
+    if let (true, Some(proto)) = (icmp_type, proto)
+        && !matches!(proto, Some(IPPROTO_ICMP) | Some(IPPROTO_ICMPV6))
+    {
+        let want = match v6 {
+            Some(true) => "icmpv6",
+            Some(false) => "icmp",
+            None => "icmp or icmpv6",
+        };
+        found.push(("icmp_type", Error::Invalid(format!("--icmp-type needs --proto {want}"))));
+    }
 }
 
 #[cfg(test)]

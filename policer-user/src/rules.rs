@@ -287,70 +287,104 @@ impl RuleConfig {
         Ok(RuleKey::new(net, Class::parse(&self.class_text(), net.addr().is_ipv6())?, self.ban == Some(true)))
     }
 
-    /// The expiry as Unix ms: `expires` as written, or `ttl` from now.
-    fn expiry(&self) -> Result<Option<u64>> {
+    /// The expiry as Unix ms: `expires` as written, or `ttl` from now; or
+    /// the problem, with the key it is about.
+    fn expiry(&self) -> std::result::Result<Option<u64>, KeyProblem> {
         match (&self.ttl, &self.expires) {
-            (Some(_), Some(_)) => Err(Error::Invalid(format!("{}: give a ttl or an expiry, not both", self.prefix))),
+            (Some(_), Some(_)) => Err(KeyProblem::new(
+                "ttl",
+                Error::Invalid(format!("{}: give a ttl or an expiry, not both", self.prefix)),
+            )),
             (Some(t), None) => {
-                let d = crate::duration::parse(t)?;
+                let d = crate::duration::parse(t).map_err(|e| KeyProblem::new("ttl", e))?;
                 Ok(Some(crate::duration::unix_ms().saturating_add(d.as_millis() as u64)))
             }
-            (None, Some(e)) => Ok(Some(crate::duration::parse_rfc3339(e)?)),
+            (None, Some(e)) => Ok(Some(crate::duration::parse_rfc3339(e).map_err(|e| KeyProblem::new("expires", e))?)),
             (None, None) => Ok(None),
         }
     }
 
-    /// `--ban-for`, `--ban-after`, `--ban-max`, checked together.
-    fn ban_policy(&self, action: Action) -> Result<Option<BanPolicy>> {
+    /// `--ban-for`, `--ban-after`, `--ban-max`, checked together, against
+    /// the rule's action and whether it has a per-source rate (`None`:
+    /// not known). `None`: a problem, or what it depends on is not known.
+    fn ban_policy(
+        &self,
+        action: Option<Action>,
+        rate: Option<bool>,
+        p: &mut Problems<'_>,
+    ) -> Option<Option<BanPolicy>> {
         let Some(f) = &self.ban_for else {
-            if self.ban_after.is_some() || self.ban_max.is_some() {
-                return Err(Error::Invalid(format!("{}: --ban-after and --ban-max need --ban-for", self.prefix)));
+            if p.broken("ban_for") {
+                return None;
             }
-            return Ok(None);
+            if self.ban_after.is_some() || self.ban_max.is_some() {
+                let key = if self.ban_after.is_some() { "ban_after" } else { "ban_max" };
+                p.push(key, format!("{}: --ban-after and --ban-max need --ban-for", self.prefix));
+                return None;
+            }
+            return Some(None);
         };
+        let action = action?;
         if action != Action::Police {
-            return Err(Error::Invalid(format!(
-                "{}: --ban-for needs a police rule (a {action} rule has no bucket that refuses)",
-                self.prefix
-            )));
+            p.push(
+                "ban_for",
+                format!("{}: --ban-for needs a police rule (a {action} rule has no bucket that refuses)", self.prefix),
+            );
+            return None;
         }
-        if self.rate.is_none() {
-            return Err(Error::Invalid(format!(
-                "{}: --ban-for needs a per-source rate (--rate): a source is banned when its bucket refuses",
-                self.prefix
-            )));
+        if !rate? {
+            p.push(
+                "ban_for",
+                format!(
+                    "{}: --ban-for needs a per-source rate (--rate): a source is banned when its bucket refuses",
+                    self.prefix
+                ),
+            );
+            return None;
         }
-        let ban_for = crate::duration::parse(f)?;
+        let ban_for = p.take("ban_for", crate::duration::parse(f));
+        let said = p.said();
         let ban_after = self.ban_after.unwrap_or(1);
         if ban_after == 0 {
-            return Err(Error::Invalid(format!(
-                "{}: --ban-after must be at least 1 (refused frames before a ban)",
-                self.prefix
-            )));
+            p.push(
+                "ban_after",
+                format!("{}: --ban-after must be at least 1 (refused frames before a ban)", self.prefix),
+            );
+        } else if ban_after > policer_common::ban::MAX_BAN_AFTER {
+            p.push(
+                "ban_after",
+                format!("{}: --ban-after must be at most {}", self.prefix, policer_common::ban::MAX_BAN_AFTER),
+            );
         }
-        if ban_after > policer_common::ban::MAX_BAN_AFTER {
-            return Err(Error::Invalid(format!(
-                "{}: --ban-after must be at most {}",
-                self.prefix,
-                policer_common::ban::MAX_BAN_AFTER
-            )));
-        }
-        let ban_max = self.ban_max.as_deref().map(crate::duration::parse).transpose()?;
-        if let Some(m) = ban_max
-            && m < ban_for
+        let ban_max = if p.broken("ban_max") {
+            None
+        } else {
+            p.take("ban_max", self.ban_max.as_deref().map(crate::duration::parse).transpose())
+        };
+        if let (Some(f), Some(Some(m))) = (ban_for, ban_max)
+            && m < f
         {
-            return Err(Error::Invalid(format!(
-                "{}: --ban-max ({}) is shorter than --ban-for ({})",
-                self.prefix,
-                crate::duration::format(m),
-                crate::duration::format(ban_for)
-            )));
+            p.push(
+                "ban_max",
+                format!(
+                    "{}: --ban-max ({}) is shorter than --ban-for ({})",
+                    self.prefix,
+                    crate::duration::format(m),
+                    crate::duration::format(f)
+                ),
+            );
         }
-        Ok(Some(BanPolicy { ban_for, ban_after, ban_max }))
+        if p.said() > said || p.broken("ban_after") {
+            return None;
+        }
+        Some(Some(BanPolicy { ban_for: ban_for?, ban_after, ban_max: ban_max? }))
     }
 
-    /// A manual ban: a deny entry, with an expiry and perhaps a reason.
-    fn validate_ban(&self, net: IpNet, expires: Option<u64>) -> Result<RuleSpec> {
+    /// A manual ban: a deny entry, with an expiry and perhaps a reason
+    /// (`net`, `expires`: `None` when not known).
+    fn validate_ban(&self, net: Option<IpNet>, expires: Option<Option<u64>>, p: &mut Problems<'_>) -> Option<RuleSpec> {
+        let said = p.said();
+        let name = net.map_or_else(|| self.prefix.clone(), |n| n.to_string());
         let extra = self.rate.is_some()
             || self.burst.is_some()
             || self.key_len.is_some()
@@ -361,20 +395,25 @@ impl RuleConfig {
             || self.ban_after.is_some()
             || self.ban_max.is_some();
         if extra || self.action.is_some_and(|a| a != Action::Deny) {
-            return Err(Error::Invalid(format!(
-                "ban {net}: a ban drops all of the prefix's traffic; it takes a duration and a reason, nothing else"
-            )));
+            p.push(
+                "ban",
+                format!(
+                    "ban {name}: a ban drops all of the prefix's traffic; it takes a duration and a reason, nothing else"
+                ),
+            );
         }
-        let Some(expires) = expires else {
-            return Err(Error::Invalid(format!("ban {net}: a ban needs a duration (--for)")));
-        };
+        if expires == Some(None) {
+            p.push("ban", format!("ban {name}: a ban needs a duration (--for)"));
+        }
         if let Some(r) = &self.reason
             && r.chars().count() > MAX_REASON
         {
-            return Err(Error::Invalid(format!(
-                "ban {net}: the reason must be one line of at most {MAX_REASON} characters"
-            )));
+            p.push("reason", format!("ban {name}: the reason must be one line of at most {MAX_REASON} characters"));
         }
+        if p.said() > said || p.broken("action") {
+            return None;
+        }
+        let (net, expires) = (net?, expires??);
         let mut spec = RuleSpec {
             net,
             rate: None,
@@ -385,7 +424,7 @@ impl RuleConfig {
             rare: None,
         };
         spec.set_ban(Some(self.reason.clone().filter(|r| !r.is_empty())));
-        Ok(spec)
+        Some(spec)
     }
 
     /// A ban's reason as typed (`policer ban --reason`): plain text that
@@ -406,7 +445,7 @@ impl RuleConfig {
     /// validated in full by the daemon.
     pub fn check_fields(&self) -> Result<()> {
         let net = parse_prefix(&self.prefix)?;
-        self.expiry()?;
+        self.expiry().map_err(|p| p.error)?;
         Class::parse(&self.class_text(), net.addr().is_ipv6())?;
         if let Some(k) = self.key_len {
             check_key_len(k, &net)?;
@@ -424,67 +463,192 @@ impl RuleConfig {
         Ok(())
     }
 
+    /// The rule, validated; else its first problem (as [`RuleConfig::checked`]
+    /// meets them).
     pub fn validate(&self) -> Result<RuleSpec> {
-        let net = parse_prefix(&self.prefix)?;
-        let expires = self.expiry()?;
-        match self.ban {
-            Some(true) => return self.validate_ban(net, expires),
-            _ if self.reason.is_some() => {
-                return Err(Error::Invalid(format!("{net}: a reason belongs to a ban (`policer ban`)")));
-            }
-            _ => {}
+        match self.checked(&[]) {
+            (_, mut found) if !found.is_empty() => Err(found.swap_remove(0).error),
+            (Some(spec), _) => Ok(spec),
+            (None, _) => Err(Error::Invalid(format!("{}: not a valid rule", self.prefix))),
         }
-        let v6 = net.addr().is_ipv6();
-        let class = Class::parse(&self.class_text(), v6)?;
-        let action = self.action.unwrap_or(Action::Police);
-        let total = match (&self.total_rate, &self.total_burst) {
+    }
+
+    /// Every problem of the rule, each with the key it is about, in the
+    /// order [`RuleConfig::validate`] meets them (its first is
+    /// validate's); and the rule when it has none.
+    ///
+    /// `broken`: keys given whose values could not be read (a config
+    /// file's `rate = 5`), unset here, their problems said already. What
+    /// follows only from them is not said again: no "a burst needs a
+    /// rate" after a rate that is not one, no "needs a rate" after an
+    /// action that is not one. With any, no rule is given.
+    pub fn checked(&self, broken: &[&str]) -> (Option<RuleSpec>, Vec<KeyProblem>) {
+        let mut p = Problems { found: Vec::new(), broken };
+        let spec = self.check_into(&mut p).filter(|_| broken.is_empty() && p.found.is_empty());
+        (spec, p.found)
+    }
+
+    /// [`RuleConfig::checked`]'s work: every problem into `p`, and the
+    /// rule when all it needs is known. A value is `None` here when it is
+    /// not known (broken, or refused); `Some(None)`, known to be unset.
+    fn check_into(&self, p: &mut Problems<'_>) -> Option<RuleSpec> {
+        let net = if p.broken("prefix") { None } else { p.take("prefix", parse_prefix(&self.prefix)) };
+        let expires = match () {
+            _ if p.broken("ttl") || p.broken("expires") => None,
+            _ => self.expiry().map_err(|e| p.found.push(e)).ok(),
+        };
+        if p.broken("ban") {
+            // Whether it is a ban or a rule is not known.
+            return None;
+        }
+        if self.ban == Some(true) {
+            return self.validate_ban(net, expires, p);
+        }
+        if self.reason.is_some() {
+            let name = net.map_or_else(|| self.prefix.clone(), |n| n.to_string());
+            p.push("reason", format!("{name}: a reason belongs to a ban (`policer ban`)"));
+        }
+        let v6 = net.map(|n| n.addr().is_ipv6());
+        let class = {
+            let mut found = Vec::new();
+            let class = Class::checked(&self.class_text(), v6, p.broken, &mut found);
+            p.found.extend(found.into_iter().map(|(key, error)| KeyProblem { key, error }));
+            class
+        };
+        let action = if p.broken("action") { None } else { Some(self.action.unwrap_or(Action::Police)) };
+        let total = self.check_total(p);
+        if let (Some(Some(_)), Some(action)) = (total, action)
+            && !action.polices()
+        {
+            p.push("total_rate", format!("{}: --total-rate needs a police or monitor rule, not {action}", self.prefix));
+        }
+        let rate: Option<Option<Rate>> = match &self.rate {
+            Some(r) => p.take("rate", Rate::parse(r).map_err(|e| Error::Invalid(format!("rate '{r}': {e}")))).map(Some),
+            None if p.broken("rate") => None,
+            None => match (action, total) {
+                (Some(action), Some(None)) if action.polices() => {
+                    p.push(
+                        "rate",
+                        format!(
+                            "{}: a {action} rule needs a rate (--rate), a total (--total-rate), or both",
+                            self.prefix
+                        ),
+                    );
+                    None
+                }
+                _ => Some(None),
+            },
+        };
+        let burst = self.check_burst(rate, p);
+        let key_len = match net {
+            Some(net) if !p.broken("key_len") => {
+                let k = self.key_len.unwrap_or(default_key_len(&net));
+                p.take("key_len", check_key_len(k, &net)).map(|()| k)
+            }
+            _ => None,
+        };
+        let auto_ban = self.ban_policy(action, rate.map(|r| r.is_some()), p);
+        let mut spec = RuleSpec {
+            net: net?,
+            rate: rate?,
+            burst: burst?,
+            action: action?,
+            key_len: key_len?,
+            expires: expires?,
+            rare: None,
+        };
+        spec.set_class(class?);
+        spec.set_total(total?);
+        spec.set_auto_ban(auto_ban?);
+        if p.found.is_empty() {
+            let key = if self.burst.is_some() { "burst" } else { "rate" };
+            p.take(key, spec.kernel(0))?;
+        }
+        Some(spec)
+    }
+
+    /// `total_rate` and `total_burst`: `None` when not known (a problem,
+    /// or a broken key), `Some(None)` when not given.
+    fn check_total(&self, p: &mut Problems<'_>) -> Option<Option<(Rate, u64)>> {
+        match (&self.total_rate, &self.total_burst) {
             (Some(t), b) => {
-                let r = Rate::parse(t).map_err(|e| Error::Invalid(format!("total rate '{t}': {e}")))?;
-                Some((r, burst_of(&r, b, "total burst")?))
+                let r =
+                    p.take("total_rate", Rate::parse(t).map_err(|e| Error::Invalid(format!("total rate '{t}': {e}"))));
+                match r {
+                    Some(r) if !p.broken("total_burst") => {
+                        p.take("total_burst", burst_of(&r, b, "total burst")).map(|b| Some((r, b)))
+                    }
+                    _ => None,
+                }
             }
+            (None, _) if p.broken("total_rate") => None,
             (None, Some(_)) => {
-                return Err(Error::Invalid(format!("{}: --total-burst needs --total-rate", self.prefix)));
+                p.push("total_burst", format!("{}: --total-burst needs --total-rate", self.prefix));
+                None
             }
-            (None, None) => None,
-        };
-        if total.is_some() && !action.polices() {
-            return Err(Error::Invalid(format!(
-                "{}: --total-rate needs a police or monitor rule, not {action}",
-                self.prefix
-            )));
+            (None, None) => Some(None),
         }
-        let rate = match &self.rate {
-            Some(r) => Some(Rate::parse(r).map_err(|e| Error::Invalid(format!("rate '{r}': {e}")))?),
-            None if action.polices() && total.is_none() => {
-                return Err(Error::Invalid(format!(
-                    "{}: a {action} rule needs a rate (--rate), a total (--total-rate), or both",
-                    self.prefix
-                )));
+    }
+
+    /// `burst`, for the rate as checked (`None`: not known).
+    fn check_burst(&self, rate: Option<Option<Rate>>, p: &mut Problems<'_>) -> Option<u64> {
+        match (rate, &self.burst) {
+            (None, _) => None,
+            (Some(_), _) if p.broken("burst") => None,
+            (Some(Some(r)), Some(BurstValue::Count(n))) => {
+                p.take("burst", r.parse_burst(&n.to_string()).map_err(|e| Error::Invalid(format!("burst '{n}': {e}"))))
             }
-            None => None,
-        };
-        let burst = match (&rate, &self.burst) {
-            (Some(r), Some(BurstValue::Count(n))) => {
-                r.parse_burst(&n.to_string()).map_err(|e| Error::Invalid(format!("burst '{n}': {e}")))?
+            (Some(Some(r)), Some(BurstValue::Text(t))) => {
+                p.take("burst", r.parse_burst(t).map_err(|e| Error::Invalid(format!("burst '{t}': {e}"))))
             }
-            (Some(r), Some(BurstValue::Text(t))) => {
-                r.parse_burst(t).map_err(|e| Error::Invalid(format!("burst '{t}': {e}")))?
+            (Some(Some(r)), None) => Some(r.default_burst()),
+            (Some(None), Some(_)) => {
+                p.push("burst", format!("{}: a burst needs a rate", self.prefix));
+                None
             }
-            (Some(r), None) => r.default_burst(),
-            (None, Some(_)) => {
-                return Err(Error::Invalid(format!("{}: a burst needs a rate", self.prefix)));
-            }
-            (None, None) => 1,
-        };
-        let key_len = self.key_len.unwrap_or(default_key_len(&net));
-        check_key_len(key_len, &net)?;
-        let auto_ban = self.ban_policy(action)?;
-        let mut spec = RuleSpec { net, rate, burst, action, key_len, expires, rare: None };
-        spec.set_class(class);
-        spec.set_total(total);
-        spec.set_auto_ban(auto_ban);
-        spec.kernel(0)?;
-        Ok(spec)
+            (Some(None), None) => Some(1),
+        }
+    }
+}
+
+/// A problem of a rule, with the key it is about (as the config file names
+/// it: `total_rate`).
+#[derive(Debug)]
+pub struct KeyProblem {
+    pub key: &'static str,
+    pub error: Error,
+}
+
+impl KeyProblem {
+    fn new(key: &'static str, error: Error) -> KeyProblem {
+        KeyProblem { key, error }
+    }
+}
+
+/// What [`RuleConfig::checked`] found so far, and the keys it was told are
+/// broken.
+struct Problems<'b> {
+    found: Vec<KeyProblem>,
+    broken: &'b [&'b str],
+}
+
+impl Problems<'_> {
+    fn broken(&self, key: &str) -> bool {
+        self.broken.contains(&key)
+    }
+
+    /// How many problems were said: a step compares it before and after.
+    fn said(&self) -> usize {
+        self.found.len()
+    }
+
+    fn push(&mut self, key: &'static str, message: String) {
+        self.found.push(KeyProblem::new(key, Error::Invalid(message)));
+    }
+
+    /// `r`'s value, or `None` and its error noted against `key`.
+    fn take<T>(&mut self, key: &'static str, r: Result<T>) -> Option<T> {
+        r.map_err(|e| self.found.push(KeyProblem::new(key, e))).ok()
     }
 }
 
@@ -993,6 +1157,64 @@ mod tests {
             let e = refused(&r);
             assert!(e.contains(want), "{r:?}: '{e}' does not say '{want}'");
         }
+    }
+
+    /// `checked` finds every problem of a rule, each with its key, and
+    /// validate's error is the first of them; a key said to be broken
+    /// (its value unread, its problem said) has none of its consequences
+    /// said.
+    #[test]
+    fn every_problem_of_a_rule_with_its_key() {
+        let r = class_rule("10.0.0.0/16", |r| {
+            r.proto = Some("foo".into());
+            r.tcp_flags = Some("syn,syn".into());
+            r.key_len = Some(8);
+            r.ban_for = Some("1h".into());
+            r.ban_max = Some("1m".into());
+            r.reason = Some("x".into());
+        });
+        let (spec, found) = r.checked(&[]);
+        assert!(spec.is_none());
+        let keys: Vec<&str> = found.iter().map(|p| p.key).collect();
+        assert_eq!(keys, ["reason", "proto", "tcp_flags", "key_len", "ban_max"], "{found:?}");
+        assert_eq!(refused(&r), found[0].error.to_string());
+        // A rate that could not be read: its burst, its bans and the
+        // "needs a rate" are not said; the rest is.
+        let r = class_rule("10.0.0.0/16", |r| {
+            r.rate = None;
+            r.burst = Some(BurstValue::Count(10));
+            r.ban_for = Some("1m".into());
+            r.dport = Some(PortValue::Number(53));
+        });
+        let (_, found) = r.checked(&["rate"]);
+        let keys: Vec<&str> = found.iter().map(|p| p.key).collect();
+        assert_eq!(keys, ["dport"], "{found:?}");
+        // Without that, the missing rate is said, once (not its burst).
+        let (_, found) = r.checked(&[]);
+        let keys: Vec<&str> = found.iter().map(|p| p.key).collect();
+        assert_eq!(keys, ["dport", "rate"], "{found:?}");
+        // An action that could not be read: nothing that depends on it.
+        let r = class_rule("10.0.0.0/16", |r| {
+            r.rate = None;
+            r.total_rate = Some("1kpps".into());
+            r.ban_for = Some("1m".into());
+        });
+        assert_eq!(r.checked(&["action"]).1.len(), 0);
+        assert!(r.checked(&["action"]).0.is_none(), "no rule with a key unread");
+        // A prefix that could not be read: what needs its family is not
+        // checked, the rest is.
+        let r = RuleConfig {
+            prefix: String::new(),
+            rate: Some("1kpps".into()),
+            proto: Some("icmpv6".into()),
+            icmp_type: Some(300),
+            ..RuleConfig::default()
+        };
+        let keys: Vec<&str> = r.checked(&["prefix"]).1.iter().map(|p| p.key).collect();
+        assert_eq!(keys, ["icmp_type"]);
+        // A valid rule: the rule, nothing found.
+        let (spec, found) = rc("10.0.0.0/8", Some("1kpps"), None).checked(&[]);
+        assert!(spec.is_some() && found.is_empty());
     }
 
     #[test]

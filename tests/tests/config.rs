@@ -484,13 +484,15 @@ fn check_validates_a_file_without_root_or_daemon() {
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("ok: 3 rules (2 IPv4, 1 IPv6)"), "{stdout}");
 
-    // Every problem, each with its line; exit 1.
+    // Every problem, each with its line; exit 1. Every problem of a rule
+    // too (rule 3: its rate, its protocol and its key length; not its
+    // burst, which only lacks the rate that is not one).
     let bad = dir.path.join("bad.toml");
     std::fs::write(
         &bad,
         "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n\n\
          [[rule]]\nprefix = \"10.0.0.1/8\"\nrate = \"1kpps\"\n\n\
-         [[rule]]\nprefix = \"192.0.2.0/24\"\nrate = \"fast\"\n\n\
+         [[rule]]\nprefix = \"192.0.2.0/24\"\nrate = \"fast\"\nburst = 10\nproto = \"bogus\"\nkey_len = 8\n\n\
          [[rule]]\nprefix = \"0.0.0.0/0\"\naction = \"deny\"\n\n\
          [[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1kpps\n\
          [[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nburst = \"abc\"\n",
@@ -506,13 +508,22 @@ fn check_validates_a_file_without_root_or_daemon() {
     for want in [
         format!("{b}:6: rule 2 (prefix 10.0.0.1/8): prefix: '10.0.0.1/8' has host bits set"),
         format!("{b}:11: rule 3 (prefix 192.0.2.0/24): rate: \"fast\" is not a rate; write rate = \"10kpps\""),
-        format!("{b}:13: rule 4 (prefix 0.0.0.0/0): prefix 0.0.0.0/0 appears twice"),
-        format!("{b}:19: not valid TOML"),
-        format!("{b}:23: rule 6 (prefix 10.0.0.0/8): burst: \"abc\" is not a burst; write a count like burst = 50"),
+        format!("{b}:13: rule 3 (prefix 192.0.2.0/24): proto 'bogus': unknown protocol"),
+        format!("{b}:14: rule 3 (prefix 192.0.2.0/24): key_len: key length 8 is shorter than the prefix 192.0.2.0/24"),
+        format!("{b}:16: rule 4 (prefix 0.0.0.0/0): prefix 0.0.0.0/0 appears twice"),
+        format!("{b}:22: not valid TOML"),
+        format!("{b}:26: rule 6 (prefix 10.0.0.0/8): burst: \"abc\" is not a burst; write a count like burst = 50"),
     ] {
         assert!(err.contains(&want), "missing {want:?} in:\n{err}");
     }
-    assert_eq!(err.lines().count(), 5, "one line a problem, no noise from the rule cut short:\n{err}");
+    assert_eq!(
+        err.lines().count(),
+        7,
+        "one line a problem, in the file's order, no noise from the rule cut short nor from a rate that is not one:\n{err}"
+    );
+    let lines: Vec<usize> =
+        err.lines().filter_map(|l| l.strip_prefix(&format!("{b}:"))?.split(':').next()?.parse().ok()).collect();
+    assert_eq!(lines, [6, 11, 13, 14, 16, 22, 26], "{err}");
     assert!(!err.contains("panicked"));
     // A syntax error names its line; JSON says the same.
     std::fs::write(&bad, "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = 1kpps\n").unwrap();

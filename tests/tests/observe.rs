@@ -539,10 +539,119 @@ fn bash_completes_interfaces_protocols_and_the_daemons_sets() {
     assert_eq!(sets, ["scanners-x"]);
     let verbs = complete(&["policer", ""]);
     assert!(verbs.contains(&"inspect".to_string()), "{verbs:?}");
-    // Every verb `policer --help` lists (man and completions are verbs an
-    // operator types too; issue 43, point 15).
-    for v in ["man", "completions", "capture", "replay"] {
-        assert!(verbs.iter().any(|w| w == v), "{v} not offered: {verbs:?}");
+    // Every verb `policer --help` lists, `man` and `completions` too.
+    assert!(verbs.iter().any(|v| v == "man") && verbs.iter().any(|v| v == "completions"), "{verbs:?}");
+}
+
+/// Issue 43, point 15: the completions offer the running daemon's names
+/// wherever a verb takes one, in bash, zsh and fish as each asks: its
+/// rules' prefixes for `rule rm` and `rule set` (a class rule's prefix
+/// once; no set, no ban), their first addresses for `inspect`, the manual
+/// bans for `unban` (and nothing of the daemon's for a new `ban`), and the
+/// sets for `--set` of `rule ls`, `rule rm` and `rule import`.
+#[test]
+fn completions_offer_the_daemons_prefixes_bans_and_sets() {
+    if !privileged("observability tier") {
+        return;
+    }
+    let sb = Sandbox::new("cmpn");
+    let _d = Daemon::attach(&sb, &["--rate", "1kpps", "--interval", "0"]);
+    for args in [
+        &["rule", "set", "198.18.0.0/24", "--rate", "10pps"][..],
+        &["rule", "set", "198.18.0.0/24", "--rate", "5pps", "--proto", "udp", "--dport", "53"],
+        &["rule", "set", "2001:db8::/48", "--rate", "10pps"],
+        &["ban", "203.0.113.0/24", "--for", "1h"],
+    ] {
+        succeeds(&cli(&sb, args));
+    }
+    let list = std::env::temp_dir().join(format!("policer-cmpn-{}.txt", std::process::id()));
+    std::fs::write(&list, "198.51.100.0/24\n").unwrap();
+    succeeds(&cli(&sb, &["rule", "import", list.to_str().unwrap(), "--set", "scanners-x"]));
+    let _ = std::fs::remove_file(&list);
+    let bin = policer_tests::daemon::policer_bin();
+    let path = format!("{}:{}", bin.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let run = |shell: &str, script: &str| -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &sb.rx_ns, shell, "-c", script])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // What `--list` prints: the scripts' source.
+    let listed = |what: &str| -> Vec<String> {
+        run("bash", &format!("policer completions --list {what}")).lines().map(str::to_string).collect()
+    };
+    assert_eq!(listed("prefixes"), ["0.0.0.0/0", "198.18.0.0/24", "2001:db8::/48", "::/0"]);
+    assert_eq!(listed("addresses"), ["0.0.0.0", "198.18.0.0", "2001:db8::", "::"]);
+    assert_eq!(listed("bans"), ["203.0.113.0/24"]);
+    assert_eq!(listed("sets"), ["scanners-x"]);
+    // Each case: the words typed (the last one being completed) and what
+    // is offered, options left out.
+    let cases: [(&[&str], &[&str]); 10] = [
+        (&["policer", "rule", "rm", "19"], &["198.18.0.0/24"]),
+        (&["policer", "rule", "rm", "2001"], &["2001:db8::/48"]),
+        (&["policer", "rule", "set", "198"], &["198.18.0.0/24"]),
+        (&["policer", "inspect", "198"], &["198.18.0.0"]),
+        (&["policer", "unban", "20"], &["203.0.113.0/24"]),
+        (&["policer", "unban", ""], &["203.0.113.0/24"]),
+        (&["policer", "ban", "19"], &[]),
+        (&["policer", "rule", "ls", "--set", "sc"], &["scanners-x"]),
+        (&["policer", "rule", "rm", "--set", "sc"], &["scanners-x"]),
+        (&["policer", "rule", "import", "list.txt", "--set", "sc"], &["scanners-x"]),
+    ];
+    // bash: the script sourced, `_policer` called as bash calls it.
+    for (words, want) in cases {
+        let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+        let script = format!(
+            "source <(policer completions bash); COMP_WORDS=({}); COMP_CWORD={}; _policer policer '{}' '{}'; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            quoted.join(" "),
+            words.len() - 1,
+            words[words.len() - 1],
+            words[words.len() - 2]
+        );
+        let got: Vec<String> =
+            run("bash", &script).lines().filter(|l| !l.is_empty() && !l.starts_with('-')).map(str::to_string).collect();
+        assert_eq!(got, want, "bash: {words:?}");
+    }
+    // fish: the script sourced, `complete -C` as fish asks.
+    if Command::new("fish").arg("--version").output().is_ok() {
+        for (words, want) in cases {
+            let line = words.join(" ");
+            let script = format!("policer completions fish | source; complete -C '{line}'");
+            let got: Vec<String> = run("fish", &script)
+                .lines()
+                .map(|l| l.split('\t').next().unwrap_or("").to_string())
+                .filter(|c| !c.is_empty() && !c.starts_with('-'))
+                .collect();
+            assert_eq!(got, want, "fish: {line:?}");
+        }
+    } else {
+        policer_tests::skip("observe tier: no fish (`cargo xtask setup` installs it)");
+    }
+    // zsh: an interactive zsh on a pseudo-terminal (zpty) with the script
+    // loaded, the words typed and a tab: a single candidate is completed
+    // into the line.
+    if Command::new("zsh").arg("--version").output().is_ok() {
+        for (words, want) in cases.iter().filter(|(_, want)| want.len() == 1) {
+            let typed = words[1..].join(" ");
+            let script = format!(
+                "zmodload zsh/zpty; zpty z 'zsh -f -i'; \
+                 zpty -w z 'PS1=\"> \"; autoload -U compinit; compinit -u -D; source <(policer completions zsh)'; \
+                 zpty -w -n z $'policer {typed}\\t'; sleep 2; all=''; \
+                 while zpty -r -t z chunk; do all+=$chunk; done; print -r -- \"$all\"; zpty -d z"
+            );
+            let before = words[1..words.len() - 1].join(" ");
+            let got = run("zsh", &script);
+            assert!(
+                got.contains(&format!("{before} {}", want[0])),
+                "zsh: {typed:?} did not complete to {want:?}: {got:?}"
+            );
+        }
+    } else {
+        policer_tests::skip("observe tier: no zsh (`cargo xtask setup` installs it)");
     }
 }
 

@@ -37,6 +37,10 @@ const APT_PACKAGES: &[&str] = &[
     "python3-prometheus-client",
     // `tcpdump -r`, to read back what `policer capture` writes (tests/tests/capture.rs).
     "tcpdump",
+    // The shells whose completion scripts the observe tier sources and asks
+    // (bash is there already).
+    "zsh",
+    "fish",
 ];
 
 #[derive(Parser)]

@@ -1,4 +1,4 @@
-//! Hidden verbs for packagers and `cargo xtask install`: man pages and
+//! The verbs for packagers and `cargo xtask install`: man pages and
 //! shell completions, generated from the CLI definition itself (so they
 //! cannot drift from it).
 
@@ -21,9 +21,12 @@ pub struct CompletionsArgs {
     /// bash, zsh or fish.
     #[arg(required_unless_present = "list")]
     shell: Option<clap_complete::Shell>,
-    /// Print the names the scripts complete from the running daemon
-    /// (`sets`), one per line; nothing when no daemon answers.
-    #[arg(long, value_name = "WHAT", value_parser = ["sets"])]
+    /// Print the names the scripts complete from the running daemon, one
+    /// per line: `sets` (for --set), `prefixes` (its rules' prefixes, for
+    /// `rule set` and `rule rm`), `addresses` (their first addresses, for
+    /// `inspect`), `bans` (the manual bans' prefixes, for `unban`);
+    /// nothing when no daemon answers.
+    #[arg(long, value_name = "WHAT", value_parser = LISTS.map(|(_, what)| what))]
     list: Option<String>,
 }
 
@@ -38,7 +41,7 @@ pub fn man(a: ManArgs) -> anyhow::Result<()> {
 }
 
 /// Every page, into `dir`: the paths written.
-fn write_all(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub(super) fn write_all(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut cmd = Cli::command().name("policer").bin_name("policer");
     // Built, so the global options reach every verb and each verb knows
     // its full name (`policer rule set`).
@@ -263,12 +266,20 @@ fn esc(s: &str) -> String {
 
 /// Stand-ins for what a script cannot know when it is written: each
 /// becomes the shell's own way to list it (interfaces) or a call of
-/// `policer completions --list` (sets).
+/// `policer completions --list` ([`LISTS`]).
 const IFACES: &str = "__policer_interfaces__";
 const SETS: &str = "__policer_sets__";
+const PREFIXES: &str = "__policer_prefixes__";
+const ADDRESSES: &str = "__policer_addresses__";
+const BANS: &str = "__policer_bans__";
+
+/// The stand-ins the running daemon fills, each with what `--list`
+/// prints for it.
+const LISTS: [(&str, &str); 4] = [(SETS, "sets"), (PREFIXES, "prefixes"), (ADDRESSES, "addresses"), (BANS, "bans")];
 
 /// The values each option is completed with, where its parser alone does
-/// not list them (a protocol may also be a number; flags combine).
+/// not list them (a protocol may also be a number; flags combine): the
+/// option's id, in every verb that has it.
 fn hints() -> [(&'static str, Vec<&'static str>); 4] {
     [
         ("proto", vec!["tcp", "udp", "icmp", "icmpv6", "sctp", "udplite"]),
@@ -278,20 +289,43 @@ fn hints() -> [(&'static str, Vec<&'static str>); 4] {
     ]
 }
 
+/// The values of a verb's positional argument: the verb (its words after
+/// `policer`), the argument's id, and its stand-in. A rule's prefix
+/// completes from the rules in force, an address to inspect from their
+/// first addresses, a ban to lift from the manual bans.
+const POSITIONALS: [(&str, &str, &str); 5] = [
+    ("attach", "ifaces", IFACES),
+    ("rule set", "cidr", PREFIXES),
+    ("rule rm", "cidr", PREFIXES),
+    ("inspect", "addr", ADDRESSES),
+    ("unban", "cidr", BANS),
+];
+
 /// The command the scripts are written from: the visible verbs only, and
-/// the values of [`hints`] (and interfaces for `attach`) as possible
-/// values. Parsing is not changed: only the scripts see these.
+/// the values of [`hints`] and [`POSITIONALS`] as possible values. Parsing
+/// is not changed: only the scripts see these.
 fn completion_command() -> clap::Command {
-    fn shape(mut c: clap::Command) -> clap::Command {
+    /// `c`, which is the verb `verb` (its words after `policer`).
+    fn shape(mut c: clap::Command, verb: &str) -> clap::Command {
         for (id, vals) in hints() {
             if c.get_arguments().any(|a| a.get_id() == id) {
                 c = c.mut_arg(id, |a| a.value_parser(clap::builder::PossibleValuesParser::new(vals)));
             }
         }
-        if c.get_name() == "attach" {
-            c = c.mut_arg("ifaces", |a| a.value_parser(clap::builder::PossibleValuesParser::new([IFACES])));
+        for (v, id, stand_in) in POSITIONALS {
+            if v == verb {
+                c = c.mut_arg(id, |a| a.value_parser(clap::builder::PossibleValuesParser::new([stand_in])));
+            }
         }
-        let subs: Vec<clap::Command> = c.get_subcommands().filter(|s| !s.is_hide_set()).cloned().map(shape).collect();
+        let subs: Vec<clap::Command> = c
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set())
+            .cloned()
+            .map(|s| {
+                let name = s.get_name().to_string();
+                shape(s, if verb.is_empty() { name } else { format!("{verb} {name}") }.as_str())
+            })
+            .collect();
         // clap_complete lists hidden verbs too: the command is rebuilt
         // without them (clap names are &'static str; this runs once).
         let name: &'static str = Box::leak(c.get_name().to_string().into_boxed_str());
@@ -302,7 +336,7 @@ fn completion_command() -> clap::Command {
         }
         out.subcommands(subs)
     }
-    let mut cmd = shape(Cli::command()).name("policer").version(env!("CARGO_PKG_VERSION"));
+    let mut cmd = shape(Cli::command(), "").name("policer").version(env!("CARGO_PKG_VERSION"));
     cmd.build();
     cmd
 }
@@ -313,26 +347,45 @@ pub(crate) fn completion_script(shell: clap_complete::Shell) -> anyhow::Result<S
     let mut cmd = completion_command();
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut cmd, "policer", &mut out);
-    let text = String::from_utf8(out)?;
-    let sets = "policer completions --list sets 2>/dev/null";
+    let mut text = String::from_utf8(out)?;
+    let list = |what: &str| format!("policer completions --list {what} 2>/dev/null");
     Ok(match shell {
         clap_complete::Shell::Bash => {
-            text.replace(IFACES, "$(command ls /sys/class/net 2>/dev/null)").replace(SETS, &format!("$({sets})"))
-        }
-        clap_complete::Shell::Zsh => text
-            .replace(&format!("({IFACES})"), "_net_interfaces")
-            // `{…}` actions are evaluated when completing.
-            .replace(&format!("({SETS})"), &format!("{{compadd -- $({sets})}}")),
-        clap_complete::Shell::Fish => {
-            let mut t = text.replace(&format!("\"{SETS}\\t''\""), &format!("\"({sets})\""));
-            // fish's script completes no positional values: the interfaces
-            // of attach and detach are said here.
-            for verb in ["attach", "detach"] {
-                t.push_str(&format!(
-                    "complete -c policer -n \"__fish_policer_using_subcommand {verb}\" -f -a \"(__fish_print_interfaces)\"\n"
-                ));
+            text = text.replace(IFACES, "$(command ls /sys/class/net 2>/dev/null)");
+            for (stand_in, what) in LISTS {
+                text = text.replace(stand_in, &format!("$({})", list(what)));
             }
-            t
+            text
+        }
+        clap_complete::Shell::Zsh => {
+            text = text.replace(&format!("({IFACES})"), "_net_interfaces");
+            // `{…}` actions are evaluated when completing.
+            for (stand_in, what) in LISTS {
+                text = text.replace(&format!("({stand_in})"), &format!("{{compadd -- $({})}}", list(what)));
+            }
+            text
+        }
+        clap_complete::Shell::Fish => {
+            for (stand_in, what) in LISTS {
+                text = text.replace(&format!("\"{stand_in}\\t''\""), &format!("\"({})\"", list(what)));
+            }
+            // fish's script completes no positional values: they are said
+            // here, the interfaces of attach and detach and the daemon's
+            // names.
+            let fill = |stand_in: &str| match LISTS.iter().find(|(s, _)| *s == stand_in) {
+                Some((_, what)) => format!("({})", list(what)),
+                None => "(__fish_print_interfaces)".into(),
+            };
+            for (verb, stand_in) in POSITIONALS.iter().map(|(v, _, s)| (*v, *s)).chain([("detach", IFACES)]) {
+                let when = match verb.split_once(' ') {
+                    Some((verb, sub)) => {
+                        format!("__fish_policer_using_subcommand {verb}; and __fish_seen_subcommand_from {sub}")
+                    }
+                    None => format!("__fish_policer_using_subcommand {verb}"),
+                };
+                text.push_str(&format!("complete -c policer -n \"{when}\" -f -a \"{}\"\n", fill(stand_in)));
+            }
+            text
         }
         _ => text,
     })
@@ -341,10 +394,24 @@ pub(crate) fn completion_script(shell: clap_complete::Shell) -> anyhow::Result<S
 /// Prints the completion script for a shell, or (`--list`) the names the
 /// scripts complete from the daemon.
 pub fn completions(a: CompletionsArgs) -> anyhow::Result<()> {
-    if a.list.is_some() {
+    if let Some(what) = a.list {
         // Quietly nothing without a daemon (or without the right to ask it).
         if let Ok(rules) = super::daemon().and_then(|d| d.rule_ls()) {
-            let mut names: Vec<String> = rules.into_iter().filter_map(|r| r.set).collect();
+            let rules = rules.into_iter();
+            let mut names: Vec<String> = match what.as_str() {
+                "sets" => rules.filter_map(|r| r.set).collect(),
+                "bans" => rules.filter(|r| r.ban && r.in_force).map(|r| r.prefix).collect(),
+                prefixes => {
+                    let rules = rules.filter(|r| r.set.is_none() && !r.ban && r.in_force);
+                    if prefixes == "addresses" {
+                        rules
+                            .map(|r| r.prefix.split_once('/').map_or(r.prefix.clone(), |(a, _)| a.to_string()))
+                            .collect()
+                    } else {
+                        rules.map(|r| r.prefix).collect()
+                    }
+                }
+            };
             names.sort();
             names.dedup();
             for n in names {
@@ -377,12 +444,12 @@ mod tests {
         ] {
             assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
         }
-        // Every verb `policer --help` lists has its page (man and
-        // completions too); clap's `help` none.
+        // `man` and `completions` are verbs with pages of their own (`policer
+        // --help` lists them); `help` is clap's, with none.
         for want in ["policer-man.8", "policer-completions.8"] {
             assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
         }
-        assert!(!names.iter().any(|n| n.contains("help")), "a page for help: {names:?}");
+        assert!(!names.iter().any(|n| n.contains("help")), "a page for clap's help: {names:?}");
         // Every entry of the manual is a page (none left over).
         for p in manual::PAGES {
             assert!(names.contains(&format!("{}.8", p.name)), "cli/manual.rs has {} but no such verb", p.name);
@@ -419,13 +486,24 @@ mod tests {
         for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
             let text = completion_script(shell).unwrap();
             assert!(text.contains("inspect") && text.contains("max-rules"), "{shell:?}");
-            // Every verb `policer --help` lists, man and completions too.
-            assert!(text.contains("completions") && text.contains("man"), "{shell:?}: {text}");
+            // Every verb `policer --help` lists, `man` and `completions` too.
+            for verb in ["man", "completions"] {
+                let offered = match shell {
+                    clap_complete::Shell::Bash => format!("policer,{verb})"),
+                    clap_complete::Shell::Zsh => format!("'{verb}:"),
+                    _ => format!("-a \"{verb}\""),
+                };
+                assert!(text.contains(&offered), "{shell:?} does not offer {verb}");
+            }
             // Values: protocols, actions, modes, interfaces, sets.
             for want in ["udplite", "monitor", "native", "syn,!ack"] {
                 assert!(text.contains(want), "{shell:?} does not complete {want}");
             }
             assert!(!text.contains("__policer_"), "{shell:?}: a stand-in left");
+            // The daemon's names (the observe tier asks each shell).
+            for what in ["sets", "prefixes", "addresses", "bans"] {
+                assert!(text.contains(&format!("policer completions --list {what} ")), "{shell:?}: no {what}");
+            }
         }
     }
 

@@ -11,6 +11,8 @@ mod dryrun;
 mod import;
 mod inspect;
 mod manual;
+#[cfg(test)]
+mod references;
 mod reload;
 mod replay;
 mod rule;

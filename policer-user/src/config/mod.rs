@@ -113,7 +113,8 @@ pub struct Config {
 }
 
 pub(crate) const HEADER: &str = "\
-# policer configuration (see README, \"Config file\").
+# policer configuration (see README, \"Service and config file\", and
+# policer.toml(5)).
 # Written by the policer daemon after every change. A running daemon
 # follows edits by hand (as `policer reload` or SIGHUP do): nothing is
 # applied unless the whole file is valid.
@@ -164,7 +165,7 @@ impl Config {
         sets_from: Option<&Path>,
     ) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         let read = read::read(text);
-        let (rules, semantic) = read.config.problems_at(&read.origins);
+        let (rules, semantic) = read.config.problems_at(&read.rule_reads);
         let mut problems = read.problems;
         // The rules' own checks speak of the command line's options; in
         // a file, the keys are what the operator wrote.
@@ -248,9 +249,9 @@ impl Config {
     /// Validates every rule; prefixes must be unique. The first problem
     /// is the error (see [`Config::check`] for all of them).
     pub fn validate(&self) -> Result<BTreeMap<RuleKey, RuleSpec>> {
-        let origins: Vec<read::TableOrigin> =
-            (0..self.rules.len()).map(|i| read::TableOrigin { number: i + 1, line: None }).collect();
-        let (rules, problems) = self.problems_at(&origins);
+        let reads: Vec<read::RuleRead> =
+            self.rules.iter().enumerate().map(|(i, r)| read::RuleRead::given(i + 1, r)).collect();
+        let (rules, problems) = self.problems_at(&reads);
         match problems.into_iter().next() {
             Some(p) => Err(Error::Invalid(p.message)),
             None => Ok(rules),
@@ -258,48 +259,64 @@ impl Config {
     }
 
     /// Every problem of the rules and the daemon table that needs more
-    /// than one key to see, each rule's at its line (`origins[i]` is where
-    /// `self.rules[i]` came from); and the rules that are valid.
-    fn problems_at(&self, origins: &[read::TableOrigin]) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
+    /// than one key to see (`reads`: the rule tables, in the file's
+    /// order), each at the line of the key it is about (else its rule's);
+    /// and the rules that are valid. A rule the reader found a problem in
+    /// is checked for what its other keys say (with nothing said that
+    /// only follows from the keys it could not read), not taken.
+    fn problems_at(&self, reads: &[read::RuleRead]) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         let mut out = BTreeMap::new();
         let mut problems = Vec::new();
         let protect = crate::protect::Protect::parse(&self.daemon.protect).unwrap_or_else(|e| {
             problems.push(Problem { line: None, message: e.to_string() });
             Default::default()
         });
-        for (r, o) in self.rules.iter().zip(origins) {
-            let at = |m: String| Problem {
-                line: o.line,
-                message: format!("rule {} (prefix {}): {m}", o.number, crate::text::escaped(&r.prefix)),
+        // Every rule's identity seen, valid or not: the same rule twice is
+        // said whatever else is wrong with either.
+        let mut seen = std::collections::BTreeSet::new();
+        for read in reads.iter().filter(|r| !r.cut) {
+            let r = &read.rule;
+            let head = match &read.shown {
+                Some(p) => format!("rule {} (prefix {})", read.origin.number, crate::text::escaped(p)),
+                None => format!("rule {}", read.origin.number),
             };
-            if r.ttl.is_some() {
-                problems.push(at("`ttl` is for the command line (every reload would restart it); write \
-                     expires = \"2026-11-25T01:02:03Z\" (UTC) instead"
-                    .into()));
+            let mut broken = read.broken.clone();
+            if r.ttl.is_some() && !broken.contains(&"ttl") {
+                problems.push(Problem {
+                    line: read.line_of("ttl"),
+                    message: format!(
+                        "{head}: `ttl` is for the command line (every reload would restart it); write \
+                         expires = \"2026-11-25T01:02:03Z\" (UTC) instead"
+                    ),
+                });
+                broken.push("ttl");
+            }
+            let (spec, found) = r.checked(&broken);
+            let identity = ["prefix", "proto", "dport", "tcp_flags", "icmp_type", "dst", "ban"];
+            let known = |k: &str| !broken.contains(&k) && !found.iter().any(|p| p.key == k);
+            let key = match &spec {
+                Some(s) => Some(s.key()),
+                None if identity.iter().all(|k| known(k)) => r.key().ok(),
+                None => None,
+            };
+            for p in &found {
+                problems.push(Problem { line: read.line_of(p.key), message: format!("{head}: {}", keyed(r, p)) });
+            }
+            if let Some(key) = key
+                && !seen.insert(key.clone())
+            {
+                let what =
+                    if key.class().is_none() { format!("prefix {}", key.net) } else { format!("the rule {key}") };
+                problems.push(Problem { line: read.origin.line, message: format!("{head}: {what} appears twice") });
                 continue;
             }
-            match r.validate() {
-                Ok(spec) => {
-                    if let Err(e) = protect.refuse_rule(&spec) {
-                        problems.push(at(e.to_string().replace("; nothing changed", "")));
-                        continue;
-                    }
-                    if out.insert(spec.key(), spec.clone()).is_some() {
-                        let what = if spec.class().is_none() {
-                            format!("prefix {}", spec.net)
-                        } else {
-                            format!("the rule {}", spec.key())
-                        };
-                        problems.push(at(format!("{what} appears twice")));
-                    }
-                }
-                Err(e) => {
-                    // The message names the rule already.
-                    let e = e.to_string();
-                    let e = e.strip_prefix(&format!("{}: ", r.prefix)).map_or(e.clone(), str::to_string);
-                    problems.push(at(e))
-                }
+            let Some(spec) = spec.filter(|_| !read.flawed) else { continue };
+            if let Err(e) = protect.refuse_rule(&spec) {
+                let e = e.to_string().replace("; nothing changed", "");
+                problems.push(Problem { line: read.origin.line, message: format!("{head}: {e}") });
+                continue;
             }
+            out.insert(spec.key(), spec);
         }
         // Classes that tie, or too many for one frame: what the daemon's
         // compiler would refuse.
@@ -360,11 +377,31 @@ impl Config {
     }
 }
 
+/// A rule's problem as its line in a file says it (after `rule N (prefix
+/// P): `): the key it is about first, unless its words begin with it; the
+/// rule's own name (`10.0.0.0/8: `, `ban 10.0.0.0/8: `) left out, the
+/// line's head says it; the command line's options named as the keys.
+fn keyed(r: &RuleConfig, p: &crate::rules::KeyProblem) -> String {
+    let mut m = p.error.to_string();
+    let canonical = crate::prefix::parse_prefix(&r.prefix).map(|n| n.to_string()).ok();
+    // (A prefix that could not be read is empty here: `: ...`.)
+    for name in [Some(r.prefix.clone()), canonical].into_iter().flatten() {
+        for head in [format!("ban {name}: "), format!("{name}: ")] {
+            if let Some(rest) = m.strip_prefix(&head) {
+                m = rest.to_string();
+            }
+        }
+    }
+    let m = as_keys(&m);
+    let named = m.strip_prefix(p.key).is_some_and(|rest| rest.starts_with([' ', ':', '\'']));
+    if named { m } else { format!("{}: {m}", p.key) }
+}
+
 /// `message` with the command line's options (`--total-rate`) named as
 /// the config file's keys (`total_rate`).
 fn as_keys(message: &str) -> String {
     // Longest first: `--total-rate` before `--rate`.
-    const OPTIONS: [(&str, &str); 13] = [
+    const OPTIONS: [(&str, &str); 14] = [
         ("--total-burst", "total_burst"),
         ("--total-rate", "total_rate"),
         ("--tcp-flags", "tcp_flags"),
@@ -376,6 +413,7 @@ fn as_keys(message: &str) -> String {
         ("--action", "action"),
         ("--proto", "proto"),
         ("--dport", "dport"),
+        ("--dst", "dst"),
         ("--burst", "burst"),
         ("--rate", "rate"),
     ];
@@ -438,7 +476,10 @@ action = "deny"
         for (bad, needle) in [
             ("[daemon]\ncolour = 1\n", "line 2: daemon: unknown key `colour`"),
             ("[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"1kpps\"\nburst = 5\nfoo = 1\n", "unknown key"),
-            ("[[rule]]\nprefix = 10\n", "rule 1: prefix: 10 is not a prefix; write prefix = \"10.0.0.0/8\""),
+            (
+                "[[rule]]\nprefix = 10\nrate = \"1kpps\"\n",
+                "rule 1: prefix: 10 is not a prefix; write prefix = \"10.0.0.0/8\"",
+            ),
             (
                 "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = 1000\n",
                 "line 3: rule 1 (prefix 10.0.0.0/8): rate: 1000 is not a rate",

@@ -30,12 +30,57 @@ pub(super) struct TableOrigin {
     pub line: Option<usize>,
 }
 
+/// A `[[rule]]` table as read, whatever its problems: what the checks of
+/// a rule as a whole ([`RuleConfig::checked`]) are given, so that a rule's
+/// every problem is said, each at its key's line, and none that only
+/// follows from another.
+pub(super) struct RuleRead {
+    pub origin: TableOrigin,
+    /// Its keys whose values were read (the others are unset).
+    pub rule: RuleConfig,
+    /// Its prefix as written, when a string: how its messages name it.
+    pub shown: Option<String>,
+    /// The keys given whose values could not be read (their problems are
+    /// said), and `prefix` when it is missing.
+    pub broken: Vec<&'static str>,
+    /// The line of each key it holds.
+    pub lines: Vec<(&'static str, usize)>,
+    /// Whether the reader found a problem in it (a value, an unknown key):
+    /// it is checked as a whole for what its other keys say, not taken.
+    pub flawed: bool,
+    /// Whether a syntax error lies in it: read in part, so not checked as
+    /// a whole (what is missing may be what the error cut).
+    pub cut: bool,
+}
+
+impl RuleRead {
+    /// A rule that was not read from a file: no lines, nothing broken.
+    pub fn given(number: usize, rule: &RuleConfig) -> RuleRead {
+        RuleRead {
+            origin: TableOrigin { number, line: None },
+            rule: rule.clone(),
+            shown: Some(rule.prefix.clone()),
+            broken: Vec::new(),
+            lines: Vec::new(),
+            flawed: false,
+            cut: false,
+        }
+    }
+
+    /// The line of `key`, where the rule holds it; else the table's.
+    pub fn line_of(&self, key: &str) -> Option<usize> {
+        self.lines.iter().find(|(k, _)| *k == key).map(|(_, l)| *l).or(self.origin.line)
+    }
+}
+
 /// What the text holds: the config with every rule whose keys all have
-/// valid values (`origins[i]` says where `config.rules[i]` came from), and
-/// every problem found: syntax, unknown keys, values of the wrong kind.
+/// valid values, and every problem found: syntax, unknown keys, values of
+/// the wrong kind.
 pub(super) struct Read {
     pub config: Config,
-    pub origins: Vec<TableOrigin>,
+    /// Every `[[rule]]` table, in the file's order (those in
+    /// `config.rules` too).
+    pub rule_reads: Vec<RuleRead>,
     /// Where `config.sets[i]` came from.
     pub set_origins: Vec<TableOrigin>,
     /// The line of `[crowdsec]`.
@@ -76,7 +121,7 @@ pub(super) fn read(text: &str) -> Read {
         r.problems.push(Problem { line, message: format!("not valid TOML: {}", e.message().trim()) });
     }
     let mut config = Config::default();
-    let mut origins = Vec::new();
+    let mut rule_reads = Vec::new();
     let mut set_origins = Vec::new();
     let mut crowdsec_line = None;
     for (key, value) in root.get_ref().iter() {
@@ -89,12 +134,12 @@ pub(super) fn read(text: &str) -> Read {
             Some(Table::Rule) => {
                 let example = "[[rule]] with prefix = \"10.0.0.0/8\" and its keys below";
                 for (origin, item, broken) in r.tables("rule", value, example, &syntax) {
-                    if let Some(rule) = r.rule(origin, item)
-                        && !broken
-                    {
-                        config.rules.push(rule);
-                        origins.push(origin);
+                    let Some(mut read) = r.rule(origin, item) else { continue };
+                    read.cut = broken;
+                    if !read.flawed && !broken {
+                        config.rules.push(read.rule.clone());
                     }
+                    rule_reads.push(read);
                 }
             }
             Some(Table::Set) => {
@@ -136,7 +181,7 @@ pub(super) fn read(text: &str) -> Read {
             }
         }
     }
-    Read { config, origins, set_origins, crowdsec_line, problems: r.problems }
+    Read { config, rule_reads, set_origins, crowdsec_line, problems: r.problems }
 }
 
 /// `shown` of a value as the operator wrote it, for messages: `"abc"`,
@@ -571,9 +616,9 @@ impl Reader {
         }
     }
 
-    /// One `[[rule]]`: the rule when every key has a valid value; each
-    /// problem otherwise.
-    fn rule(&mut self, origin: TableOrigin, item: &Spanned<DeValue<'_>>) -> Option<RuleConfig> {
+    /// One `[[rule]]`: what was read of it, each problem of a key said
+    /// (`None`: not a table).
+    fn rule(&mut self, origin: TableOrigin, item: &Spanned<DeValue<'_>>) -> Option<RuleRead> {
         let t = self.table(&format!("rule {}", origin.number), item, "[[rule]] with prefix = \"10.0.0.0/8\"")?;
         // The prefix first: every other message names it.
         let prefix = t.iter().find(|(k, _)| &**k.get_ref() == "prefix").map(|(_, v)| v);
@@ -585,20 +630,27 @@ impl Reader {
         let place = Place::Rule(origin.number, shown_prefix.as_deref());
         let mut r = RuleConfig::default();
         let mut ok = true;
+        let mut broken = Vec::new();
+        let mut lines = Vec::new();
         match self.rule_prefix(origin, place, prefix, prefix_text.as_deref()) {
             Some(p) => r.prefix = p.to_string(),
-            None => ok = false,
+            None => {
+                ok = false;
+                broken.push("prefix");
+            }
         }
         // The rate's unit says what a burst counts.
         let mut rate = None;
         let mut total = None;
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
-            let Some(Field::Rule(field)) = schema::find(Table::Rule, key).map(|k| k.field) else {
+            let Some(known) = schema::find(Table::Rule, key) else {
                 self.unknown_key(k.span(), &place.head(), "a rule's", key, Table::Rule);
                 ok = false;
                 continue;
             };
+            let Field::Rule(field) = known.field else { continue };
+            lines.push((known.key, self.line(k.span())));
             let good = match field {
                 R::Prefix => true,
                 R::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
@@ -609,10 +661,15 @@ impl Reader {
                     self.rule_ban(place, field, key, v, &mut r)
                 }
             };
+            if !good && field != R::Prefix {
+                broken.push(known.key);
+            }
             ok &= good;
         }
-        ok &= self.burst_units(place, t, &r, rate, total);
-        ok.then_some(r)
+        let units = self.burst_units(place, t, &r, rate, total);
+        ok &= units.is_empty();
+        broken.extend(units);
+        Some(RuleRead { origin, rule: r, shown: prefix_text, broken, lines, flawed: !ok, cut: false })
     }
 
     /// A rule's `prefix` (`v`, its value; `text`, the value when it is a
@@ -868,7 +925,7 @@ impl Reader {
             };
             ok &= good;
         }
-        ok &= self.burst_units(place, t, &r, rate, total);
+        ok &= self.burst_units(place, t, &r, rate, total).is_empty();
         (s.action, s.rate, s.burst, s.key_len) = (r.action, r.rate, r.burst, r.key_len);
         ok.then_some(s)
     }
@@ -972,7 +1029,7 @@ impl Reader {
     }
 
     /// A burst's text against its rate's unit, where both are known (a
-    /// burst without a rate is `validate`'s to refuse).
+    /// burst without a rate is `validate`'s to refuse): the keys refused.
     fn burst_units(
         &mut self,
         place: Place<'_>,
@@ -980,8 +1037,8 @@ impl Reader {
         r: &RuleConfig,
         rate: Option<policer_common::rate::Rate>,
         total: Option<policer_common::rate::Rate>,
-    ) -> bool {
-        let mut ok = true;
+    ) -> Vec<&'static str> {
+        let mut refused = Vec::new();
         for (key, b, rate) in [("burst", &r.burst, rate), ("total_burst", &r.total_burst, total)] {
             if let (Some(BurstValue::Text(s)), Some(rate)) = (b, rate)
                 && rate.parse_burst(s).is_err()
@@ -993,9 +1050,9 @@ impl Reader {
                     format!("a count like {key} = 50 (packets; \"2k\" is 2000)")
                 };
                 self.bad(place, key, v, "a burst", &write);
-                ok = false;
+                refused.push(key);
             }
         }
-        ok
+        refused
     }
 }

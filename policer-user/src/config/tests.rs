@@ -575,19 +575,20 @@ fn class_rules_written_and_read_back() {
 /// fields, tying classes, a rule twice.
 #[test]
 fn class_problems_in_a_file() {
+    // Each at the line of the key it is about.
     let bad = [
-        ("proto = \"tpc\"", "tpc"),
-        ("proto = \"udp\"\ndport = \"90-80\"", "below LOW"),
-        ("dport = 53", "dport"),
-        ("proto = \"udp\"\ntcp_flags = \"syn\"", "tcp_flags needs proto tcp"),
-        ("proto = \"udp\"\nicmp_type = 8", "icmp_type"),
-        ("total_burst = 10", "total_burst needs total_rate"),
+        ("proto = \"tpc\"", "tpc", 4),
+        ("proto = \"udp\"\ndport = \"90-80\"", "below LOW", 5),
+        ("dport = 53", "dport", 4),
+        ("proto = \"udp\"\ntcp_flags = \"syn\"", "tcp_flags needs proto tcp", 5),
+        ("proto = \"udp\"\nicmp_type = 8", "icmp_type", 5),
+        ("total_burst = 10", "total_burst needs total_rate", 4),
     ];
-    for (fields, want) in bad {
+    for (fields, want, line) in bad {
         let text = format!("[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n{fields}\n");
         let problems = super::Config::check(&text, None).err().unwrap_or_else(|| panic!("accepted:\n{text}"));
-        assert!(problems.iter().any(|p| p.message.contains(want)), "{text}: {problems:?}");
-        assert_eq!(problems[0].line, Some(1), "{problems:?}");
+        assert!(problems.iter().any(|p| p.message.contains(want) && p.line == Some(line)), "{text}: {problems:?}");
+        assert_eq!(problems.len(), 1, "{problems:?}");
     }
     // Two classes that tie: neither more specific, one frame matches both.
     let tie = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nproto = \"udp\"\ndport = \"50-60\"\n\n\
@@ -907,12 +908,105 @@ action = \"deny\"
         (14, "rule 3 (prefix 10.0.0.1/8): prefix: '10.0.0.1/8' has host bits set; did you mean 10.0.0.0/8?"),
         (20, "rule 4 (prefix 192.0.2.0/24): key_len: \"24\""),
         (21, "rule 4 (prefix 192.0.2.0/24): action: \"drop\""),
-        (23, "rule 5 (prefix 198.51.100.0/24): total_burst needs total_rate"),
+        (25, "rule 5 (prefix 198.51.100.0/24): total_burst needs total_rate"),
     ];
     for (line, msg) in want {
         assert!(got.iter().any(|(l, m)| *l == Some(line) && m.contains(msg)), "want {line}: {msg:?} in {got:#?}");
     }
     assert!(got.windows(2).all(|w| w[0].0 <= w[1].0), "not in the file's order: {got:#?}");
+}
+
+/// Issue 43, point 15: every problem of every rule, not a rule's first:
+/// the values of its keys and what its keys say together, each at the line
+/// of its key (a key that is missing: at the rule's), in the file's order;
+/// nothing twice, and nothing that only follows from another problem (no
+/// "a burst needs a rate" after a rate that is not one, nothing of
+/// `ban_for` after an action that is not one). The daemon's error on such
+/// a file counts them all.
+#[test]
+fn every_problem_of_every_rule() {
+    let text = "\
+[[rule]]
+prefix = \"10.0.0.1/8\"
+rate = \"fast\"
+colour = \"red\"
+
+[[rule]]
+prefix = \"10.1.0.0/16\"
+rate = \"1kpps\"
+proto = \"foo\"
+tcp_flags = \"xyz\"
+dport = \"9000-8000\"
+key_len = 8
+ban_for = \"1h\"
+ban_max = \"1m\"
+
+[[rule]]
+prefix = \"10.3.0.1/16\"
+proto = \"bogus\"
+rate = \"1kpps\"
+
+[[rule]]
+prefix = \"10.2.0.0/16\"
+rate = \"fast\"
+burst = 10
+ban_for = \"1m\"
+total_burst = 5
+
+[[rule]]
+prefix = \"10.4.0.0/16\"
+action = \"dney\"
+ban_for = \"1m\"
+reason = \"why\"
+
+[[rule]]
+prefix = \"10.5.0.0/16\"
+burst = 10
+ban_after = 3
+proto = \"udp\"
+icmp_type = 8
+dst = \"2001:db8::/32\"
+
+[[rule]]
+prefix = \"10.2.0.0/16\"
+rate = \"2kpps\"
+";
+    let problems = super::Config::check(text, None).unwrap_err();
+    let got: Vec<(usize, &str)> = problems.iter().map(|p| (p.line.unwrap_or(0), p.message.as_str())).collect();
+    let want: &[(usize, &str)] = &[
+        (2, "rule 1 (prefix 10.0.0.1/8): prefix: '10.0.0.1/8' has host bits set"),
+        (3, "rule 1 (prefix 10.0.0.1/8): rate: \"fast\" is not a rate"),
+        (4, "rule 1 (prefix 10.0.0.1/8): unknown key `colour`"),
+        (9, "rule 2 (prefix 10.1.0.0/16): proto 'foo': unknown protocol"),
+        (10, "rule 2 (prefix 10.1.0.0/16): tcp_flags 'xyz': unknown flag 'xyz'"),
+        (11, "rule 2 (prefix 10.1.0.0/16): dport '9000-8000': HIGH (8000) is below LOW (9000)"),
+        (12, "rule 2 (prefix 10.1.0.0/16): key_len: key length 8 is shorter than the prefix 10.1.0.0/16"),
+        (14, "rule 2 (prefix 10.1.0.0/16): ban_max (1m) is shorter than ban_for (1h)"),
+        (17, "rule 3 (prefix 10.3.0.1/16): prefix: '10.3.0.1/16' has host bits set"),
+        (18, "rule 3 (prefix 10.3.0.1/16): proto 'bogus': unknown protocol"),
+        (23, "rule 4 (prefix 10.2.0.0/16): rate: \"fast\" is not a rate"),
+        (26, "rule 4 (prefix 10.2.0.0/16): total_burst needs total_rate"),
+        (30, "rule 5 (prefix 10.4.0.0/16): action: \"dney\" is not an action"),
+        (32, "rule 5 (prefix 10.4.0.0/16): reason: a reason belongs to a ban"),
+        (34, "rule 6 (prefix 10.5.0.0/16): rate: a police rule needs a rate (rate), a total (total_rate), or both"),
+        (37, "rule 6 (prefix 10.5.0.0/16): ban_after and ban_max need ban_for"),
+        (39, "rule 6 (prefix 10.5.0.0/16): icmp_type needs proto icmp"),
+        (40, "rule 6 (prefix 10.5.0.0/16): dst 2001:db8::/32: an IPv6 destination for an IPv4 source prefix"),
+        (42, "rule 7 (prefix 10.2.0.0/16): prefix 10.2.0.0/16 appears twice"),
+    ];
+    let shown = || got.iter().map(|(l, m)| format!("{l}: {m}\n")).collect::<String>();
+    for (i, (line, start)) in want.iter().enumerate() {
+        let (l, m) = got.get(i).unwrap_or_else(|| panic!("want {line}: {start:?}, got:\n{}", shown()));
+        assert!(l == line && m.starts_with(start), "{i}: want {line}: {start:?}, got:\n{}", shown());
+    }
+    assert_eq!(got.len(), want.len(), "more than wanted:\n{}", shown());
+    // The daemon's refusal: the first, and how many more.
+    let e = super::Config::parse(text, Path::new("t.toml")).unwrap_err().to_string();
+    assert!(e.starts_with("t.toml: line 2: rule 1 (prefix 10.0.0.1/8): prefix: '10.0.0.1/8'"), "{e}");
+    assert!(
+        e.ends_with(&format!("(and {} more problems: `policer check --config FILE` lists them all)", want.len() - 1)),
+        "{e}"
+    );
 }
 
 /// `[[set]]` tables are read key by key: each problem names the set, the
