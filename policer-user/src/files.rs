@@ -152,6 +152,27 @@ thread_local! {
     pub(crate) static NEXT_NAME: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
+/// Writes `value` as JSON to `file`, whole or not at all: a temporary file
+/// beside it ([`create_temp`], mode [`NEW_FILE_MODE`]), synced, renamed
+/// into place; on a failure the temporary goes and `file` is as it was.
+pub fn replace_json(file: &Path, value: &impl serde::Serialize) -> io::Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    fs::create_dir_all(dir)?;
+    let stem = file.file_name().and_then(|n| n.to_str()).unwrap_or("state.json");
+    let (tmp, f) = create_temp(dir, stem, NEW_FILE_MODE)?;
+    let written = (|| {
+        let mut w = io::BufWriter::new(f);
+        serde_json::to_writer(&mut w, value).map_err(io::Error::other)?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        fs::rename(&tmp, file)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
+}
+
 /// A temporary file beside `stem`'s final name in `dir`:
 /// `.STEM.<16 hex digits>.tmp`, new (`O_CREAT|O_EXCL|O_NOFOLLOW`), of mode
 /// `mode` less the umask, locked (`flock`) for as long as the returned

@@ -358,7 +358,6 @@ pub fn since(sent: &SendReport, got: &Received, from_ns: u64) -> (Vec<u64>, Vec<
 /// options) or IPv6 frame, as [`send`] builds them. Frames it rejects are
 /// not counted as the socket's drops.
 pub fn accept_only_marked(sock: &RawSocket) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
     let marker = u32::from_be_bytes(crate::frame::MARKER);
     let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
     let (ld_h, ld_w, jeq, ret) = (
@@ -378,19 +377,7 @@ pub fn accept_only_marked(sock: &RawSocket) -> std::io::Result<()> {
         op(ret, 0, 0, 0xffff), // 7: accept
         op(ret, 0, 0, 0),      // 8: reject
     ];
-    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
-    // SAFETY: pointer and length describe `fprog`, which points at `prog`;
-    // the kernel copies the program.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            &fprog as *const _ as *const libc::c_void,
-            std::mem::size_of_val(&fprog) as u32,
-        )
-    };
-    if r != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+    attach_filter(sock, &prog)
 }
 
 /// A classic BPF socket filter on `sock` that keeps only untagged UDP
@@ -399,7 +386,6 @@ pub fn accept_only_marked(sock: &RawSocket) -> std::io::Result<()> {
 /// them: with [`RawSocket::counts`], a count of what of one kind of traffic
 /// arrived past XDP.
 pub fn accept_only_udp_to(sock: &RawSocket, v6: bool, dport: u16) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
     let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
     let (ld_b, ld_h, jeq, ret) = (
         libc::BPF_LD | libc::BPF_B | libc::BPF_ABS,
@@ -419,6 +405,12 @@ pub fn accept_only_udp_to(sock: &RawSocket, v6: bool, dport: u16) -> std::io::Re
         op(ret, 0, 0, 0),                // 6: reject
         op(ret, 0, 0, 0xffff),           // 7: accept
     ];
+    attach_filter(sock, &prog)
+}
+
+/// Attaches the classic BPF program `prog` to `sock` (SO_ATTACH_FILTER).
+fn attach_filter(sock: &RawSocket, prog: &[libc::sock_filter]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
     let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
     // SAFETY: pointer and length describe `fprog`, which points at `prog`;
     // the kernel copies the program.

@@ -514,15 +514,7 @@ fn bash_completes_interfaces_protocols_and_the_daemons_sets() {
     let bin = policer_tests::daemon::policer_bin();
     let dir = bin.parent().unwrap().to_str().unwrap().to_string();
     let complete = |words: &[&str]| -> Vec<String> {
-        let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
-        let script = format!(
-            "source <(policer completions bash); COMP_WORDS=({}); COMP_CWORD={}; _policer policer '{}' '{}'; \
-             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
-            quoted.join(" "),
-            words.len() - 1,
-            words[words.len() - 1],
-            words[words.len() - 2]
-        );
+        let script = bash_asks(words);
         let out = Command::new("ip")
             .args(["netns", "exec", &sb.rx_ns, "bash", "-c", &script])
             .env("PATH", format!("{dir}:{}", std::env::var("PATH").unwrap_or_default()))
@@ -603,15 +595,7 @@ fn completions_offer_the_daemons_prefixes_bans_and_sets() {
     ];
     // bash: the script sourced, `_policer` called as bash calls it.
     for (words, want) in cases {
-        let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
-        let script = format!(
-            "source <(policer completions bash); COMP_WORDS=({}); COMP_CWORD={}; _policer policer '{}' '{}'; \
-             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
-            quoted.join(" "),
-            words.len() - 1,
-            words[words.len() - 1],
-            words[words.len() - 2]
-        );
+        let script = bash_asks(words);
         let got: Vec<String> =
             run("bash", &script).lines().filter(|l| !l.is_empty() && !l.starts_with('-')).map(str::to_string).collect();
         assert_eq!(got, want, "bash: {words:?}");
@@ -653,6 +637,21 @@ fn completions_offer_the_daemons_prefixes_bans_and_sets() {
     } else {
         policer_tests::skip("observe tier: no zsh (`cargo xtask setup` installs it)");
     }
+}
+
+/// The script that asks bash's completion of `words` as bash asks it:
+/// `policer completions bash` sourced, `_policer` called with the words
+/// and the cursor on the last, the answers a line each.
+fn bash_asks(words: &[&str]) -> String {
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    format!(
+        "source <(policer completions bash); COMP_WORDS=({}); COMP_CWORD={}; _policer policer '{}' '{}'; \
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        quoted.join(" "),
+        words.len() - 1,
+        words[words.len() - 1],
+        words[words.len() - 2]
+    )
 }
 
 /// `policer…(N)` references in a rendered page.

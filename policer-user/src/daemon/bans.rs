@@ -520,22 +520,9 @@ pub(super) struct KeptBan {
     pub drops: u64,
 }
 
-/// Writes `kept` to `file` whole (a temporary file synced, then renamed).
+/// Writes `kept` to `file` whole ([`crate::files::replace_json`]).
 pub(super) fn write_kept_bans(file: &Path, kept: &[KeptBan]) -> std::io::Result<()> {
-    let dir = file.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir)?;
-    let (tmp, f) = crate::files::create_temp(dir, "auto-bans.json", crate::files::NEW_FILE_MODE)?;
-    let written = (|| {
-        let mut w = std::io::BufWriter::new(f);
-        serde_json::to_writer(&mut w, kept).map_err(std::io::Error::other)?;
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, file)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    crate::files::replace_json(file, &kept)
 }
 
 /// The bans a plain exit kept in `file`; none when there is no file.

@@ -426,23 +426,7 @@ impl Run {
         }
         let file = self.file.clone();
         let r = self
-            .on_store(move |st| -> std::io::Result<()> {
-                let dir = file.parent().unwrap_or(Path::new("/"));
-                std::fs::create_dir_all(dir)?;
-                let stem = file.file_name().and_then(|n| n.to_str()).unwrap_or("feed.json");
-                let (tmp, f) = crate::files::create_temp(dir, stem, crate::files::NEW_FILE_MODE)?;
-                let written = (|| {
-                    let mut w = std::io::BufWriter::new(f);
-                    serde_json::to_writer(&mut w, &*st).map_err(std::io::Error::other)?;
-                    let f = w.into_inner().map_err(|e| e.into_error())?;
-                    f.sync_all()?;
-                    std::fs::rename(&tmp, &file)
-                })();
-                if written.is_err() {
-                    let _ = std::fs::remove_file(&tmp);
-                }
-                written
-            })
+            .on_store(move |st| -> std::io::Result<()> { crate::files::replace_json(&file, &*st) })
             .await
             .unwrap_or_else(|| Err(std::io::Error::other("the writer failed")));
         match r {

@@ -1750,7 +1750,17 @@ impl Sets {
 /// each named in the log. Run at start, once this namespace's lock is held.
 pub(super) fn remove_leftovers(config: &std::path::Path, sets_dir: &std::path::Path) {
     let (mut removed, mut failed) = crate::config::remove_leftovers(config);
-    for (r, f) in [sets::remove_leftovers(sets_dir), sets::remove_feed_leftovers(&sets::feeds_dir_of(sets_dir))] {
+    // The automatic bans a plain exit keeps (`bans.rs`), beside `sets/`.
+    let kept = super::bans::kept_bans_file(sets_dir);
+    let kept_leftovers = match kept.parent() {
+        Some(dir) if dir.is_dir() => {
+            crate::files::remove_leftovers(dir, |n| crate::files::temp_stem(n) == Some("auto-bans.json"))
+        }
+        _ => (Vec::new(), Vec::new()),
+    };
+    for (r, f) in
+        [sets::remove_leftovers(sets_dir), sets::remove_feed_leftovers(&sets::feeds_dir_of(sets_dir)), kept_leftovers]
+    {
         removed.extend(r);
         failed.extend(f);
     }

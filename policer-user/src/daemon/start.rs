@@ -296,14 +296,32 @@ impl Daemon {
         let slots: std::collections::HashMap<String, u32> =
             self.rs.rules().iter().map(|(k, i)| (k.to_string(), i.slot)).collect();
         let (back, left) = super::bans::restore_bans(&kept, &slots, super::monotonic_ns(), crate::duration::unix_ms());
+        // A store that takes fewer now (`--max-bans`) or refuses one does
+        // not fail the start: what went in is said, and why the rest did not.
+        let mut put = 0;
+        let mut failed = None;
         for (k, b) in &back {
-            self.policer.put_ban(k, b)?;
+            match self.policer.put_ban(k, b) {
+                Ok(()) => put += 1,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
         }
         let left = match left {
             0 => String::new(),
             n => format!(" ({n} ended meanwhile or of a rule no longer in force, left out)"),
         };
-        let _ = writeln!(out, "policer: {} automatic bans restored from {}{left}", back.len(), file.display());
+        let _ = match failed {
+            None => writeln!(out, "policer: {put} automatic bans restored from {}{left}", file.display()),
+            Some(e) => writeln!(
+                out,
+                "policer: warning: {put} of {} automatic bans restored from {}, the rest refused: {e}{left}",
+                back.len(),
+                file.display()
+            ),
+        };
         Ok(())
     }
 
