@@ -276,10 +276,11 @@ impl Config {
         let mut seen = std::collections::BTreeSet::new();
         for read in reads.iter().filter(|r| !r.cut) {
             let r = &read.rule;
-            let head = match &read.shown {
-                Some(p) => format!("rule {} (prefix {})", read.origin.number, crate::text::escaped(p)),
-                None => format!("rule {}", read.origin.number),
-            };
+            // Made only for a message, not for every rule.
+            let head = std::fmt::from_fn(|f| match &read.shown {
+                Some(p) => write!(f, "rule {} (prefix {})", read.origin.number, crate::text::escaped(p)),
+                None => write!(f, "rule {}", read.origin.number),
+            });
             let mut broken = read.broken.clone();
             if r.ttl.is_some() && !broken.contains(&"ttl") {
                 problems.push(Problem {
@@ -302,21 +303,43 @@ impl Config {
             for p in &found {
                 problems.push(Problem { line: read.line_of(p.key), message: format!("{head}: {}", keyed(r, p)) });
             }
-            if let Some(key) = key
-                && !seen.insert(key.clone())
-            {
-                let what =
-                    if key.class().is_none() { format!("prefix {}", key.net) } else { format!("the rule {key}") };
-                problems.push(Problem { line: read.origin.line, message: format!("{head}: {what} appears twice") });
+            // A valid rule's identity is a key of `out` (one search of it
+            // a rule), the others' are in `seen`.
+            let twice = |key: &RuleKey| Problem {
+                line: read.origin.line,
+                message: if key.class().is_none() {
+                    format!("{head}: prefix {} appears twice", key.net)
+                } else {
+                    format!("{head}: the rule {key} appears twice")
+                },
+            };
+            let (spec, key) = match (spec.filter(|_| !read.flawed), key) {
+                (Some(spec), Some(key)) => (spec, key),
+                (_, key) => {
+                    if let Some(key) = key
+                        && (out.contains_key(&key) || !seen.insert(key.clone()))
+                    {
+                        problems.push(twice(&key));
+                    }
+                    continue;
+                }
+            };
+            if seen.contains(&key) {
+                problems.push(twice(&key));
                 continue;
             }
-            let Some(spec) = spec.filter(|_| !read.flawed) else { continue };
             if let Err(e) = protect.refuse_rule(&spec) {
                 let e = e.to_string().replace("; nothing changed", "");
                 problems.push(Problem { line: read.origin.line, message: format!("{head}: {e}") });
+                seen.insert(key);
                 continue;
             }
-            out.insert(spec.key(), spec);
+            match out.entry(key) {
+                std::collections::btree_map::Entry::Occupied(o) => problems.push(twice(o.key())),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(spec);
+                }
+            }
         }
         // Classes that tie, or too many for one frame: what the daemon's
         // compiler would refuse.

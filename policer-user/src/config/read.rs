@@ -226,13 +226,15 @@ enum Place<'a> {
 }
 
 impl Place<'_> {
-    /// `rule 3 (prefix 10.0.0.0/8)`, `rule 3`, `daemon`.
+    /// `rule 3 (prefix 10.0.0.0/8)`, `rule 3`, `daemon`. The prefix or
+    /// name is escaped here, when a message is made, not for every rule.
     fn head(&self) -> String {
+        use crate::text::escaped;
         match self {
             Place::Daemon => "daemon".into(),
-            Place::Rule(n, Some(p)) => format!("rule {n} (prefix {p})"),
+            Place::Rule(n, Some(p)) => format!("rule {n} (prefix {})", escaped(p)),
             Place::Rule(n, None) => format!("rule {n}"),
-            Place::Set(n, Some(name)) => format!("set {n} (name {name})"),
+            Place::Set(n, Some(name)) => format!("set {n} (name {})", escaped(name)),
             Place::Set(n, None) => format!("set {n}"),
         }
     }
@@ -240,9 +242,7 @@ impl Place<'_> {
     fn key(&self, key: &str) -> String {
         match self {
             Place::Daemon => format!("daemon.{key}"),
-            Place::Rule(n, Some(p)) => format!("rule {n} (prefix {p}): {key}"),
-            Place::Rule(n, None) => format!("rule {n}: {key}"),
-            Place::Set(..) => format!("{}: {key}", self.head()),
+            _ => format!("{}: {key}", self.head()),
         }
     }
 }
@@ -316,7 +316,14 @@ impl Reader {
     }
 
     /// A problem with `key`'s value: what it is not, and an example.
-    fn bad(&mut self, place: Place<'_>, key: &str, v: &Spanned<DeValue<'_>>, is_not: &str, write: &str) {
+    fn bad(
+        &mut self,
+        place: Place<'_>,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+        is_not: &str,
+        write: impl std::fmt::Display,
+    ) {
         let at = self.line(v.span());
         self.push(Some(at), format!("{}: {} is not {is_not}; write {write}", place.key(key), shown(v.get_ref())));
     }
@@ -327,7 +334,7 @@ impl Reader {
         key: &str,
         v: &Spanned<DeValue<'_>>,
         is_not: &str,
-        write: &str,
+        write: impl std::fmt::Display,
     ) -> Option<String> {
         match v.get_ref() {
             DeValue::String(s) => Some(s.to_string()),
@@ -339,7 +346,12 @@ impl Reader {
     }
 
     /// A table's entries, or a problem when `v` is something else.
-    fn table<'v, 'i>(&mut self, what: &str, v: &'v Spanned<DeValue<'i>>, write: &str) -> Option<&'v DeTable<'i>> {
+    fn table<'v, 'i>(
+        &mut self,
+        what: impl std::fmt::Display,
+        v: &'v Spanned<DeValue<'i>>,
+        write: &str,
+    ) -> Option<&'v DeTable<'i>> {
         match v.get_ref() {
             DeValue::Table(t) => Some(t),
             other => {
@@ -619,15 +631,14 @@ impl Reader {
     /// One `[[rule]]`: what was read of it, each problem of a key said
     /// (`None`: not a table).
     fn rule(&mut self, origin: TableOrigin, item: &Spanned<DeValue<'_>>) -> Option<RuleRead> {
-        let t = self.table(&format!("rule {}", origin.number), item, "[[rule]] with prefix = \"10.0.0.0/8\"")?;
+        let t = self.table(format_args!("rule {}", origin.number), item, "[[rule]] with prefix = \"10.0.0.0/8\"")?;
         // The prefix first: every other message names it.
         let prefix = t.iter().find(|(k, _)| &**k.get_ref() == "prefix").map(|(_, v)| v);
         let prefix_text = match prefix.map(|p| p.get_ref()) {
             Some(DeValue::String(s)) => Some(s.to_string()),
             _ => None,
         };
-        let shown_prefix = prefix_text.as_deref().map(crate::text::escaped);
-        let place = Place::Rule(origin.number, shown_prefix.as_deref());
+        let place = Place::Rule(origin.number, prefix_text.as_deref());
         let mut r = RuleConfig::default();
         let mut ok = true;
         let mut broken = Vec::new();
@@ -852,15 +863,14 @@ impl Reader {
     /// problem otherwise.
     fn set(&mut self, origin: TableOrigin, item: &Spanned<DeValue<'_>>) -> Option<SetConfig> {
         const WRITE: &str = "[[set]] with name = \"blocklist\" and file = \"blocklist.txt\"";
-        let t = self.table(&format!("set {}", origin.number), item, WRITE)?;
+        let t = self.table(format_args!("set {}", origin.number), item, WRITE)?;
         // The name first: every other message names it.
         let name = t.iter().find(|(k, _)| &**k.get_ref() == "name").map(|(_, v)| v);
         let name_text = match name.map(|p| p.get_ref()) {
             Some(DeValue::String(s)) => Some(s.to_string()),
             _ => None,
         };
-        let shown_name = name_text.as_deref().map(crate::text::escaped);
-        let place = Place::Set(origin.number, shown_name.as_deref());
+        let place = Place::Set(origin.number, name_text.as_deref());
         let mut s = SetConfig::default();
         let mut r = crate::rules::RuleConfig::default();
         let mut ok = true;
@@ -946,9 +956,13 @@ impl Reader {
     ) -> bool {
         match shared {
             SharedField::Rate | SharedField::TotalRate => {
-                let write = format!(
-                    "{key} = \"10kpps\" (packets/s: pps, kpps, mpps) or \"100mbit\" (bits/s: kbit, mbit, gbit)"
-                );
+                // Made only for a message, not for every rule read.
+                let write = std::fmt::from_fn(|f| {
+                    write!(
+                        f,
+                        "{key} = \"10kpps\" (packets/s: pps, kpps, mpps) or \"100mbit\" (bits/s: kbit, mbit, gbit)"
+                    )
+                });
                 match self.string(place, key, v, "a rate", &write) {
                     Some(s) => match policer_common::rate::Rate::parse(&s) {
                         Ok(parsed) => {
@@ -968,7 +982,9 @@ impl Reader {
                 }
             }
             SharedField::Burst | SharedField::TotalBurst => {
-                let write = format!("a count like {key} = 50 or a size like {key} = \"64kb\" (with a bit rate)");
+                let write = std::fmt::from_fn(|f| {
+                    write!(f, "a count like {key} = 50 or a size like {key} = \"64kb\" (with a bit rate)")
+                });
                 match v.get_ref() {
                     DeValue::Integer(_) => match unsigned(v.get_ref(), u64::MAX) {
                         Some(n) if n > 0 => {
