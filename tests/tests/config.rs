@@ -611,6 +611,9 @@ fn a_slow_writer_and_a_cut_file_are_not_applied() {
     wait_for(|| status()["config_status"]["last_reload_success"] == false, "the refused cut file shows");
     let why = status()["config_status"]["last_reload_error"].as_str().unwrap().to_string();
     assert!(why.contains("remove 7 of 8 rules and lift every ban (1)") && why.contains("newline"), "{why}");
+    // `status` counts the rules as the guard does: 8 rules, the ban apart.
+    assert_eq!((status()["rules"].as_u64(), status()["bans"]["manual"].as_u64()), (Some(8), Some(1)));
+    assert!(succeeds(&cli(&sb, &["status"])).contains("; 8 rules"), "`status` counts 8 rules");
     assert!(succeeds(&cli(&sb, &["status"])).contains("not applied"), "`status` says it");
     assert!(d.stdout().contains("not applied, the running rules stay"), "{}", d.stdout());
     assert!(scrape(&sb.rx_ns, 9472).lines().any(|l| l == "policer_config_last_reload_success 0"));

@@ -458,6 +458,17 @@ fn protecting_a_prefix_the_feed_lists_is_taken_and_leaves_it_out() {
     lapi.add_ip("10.77.0.5", "1h");
     wait_set(&sb, 5.0, "the next sync", |e| e == ["10.76.0.5/32", "10.77.0.5/32"]);
     wait_feed(&sb, 5, "the left-out count", |f| f["left_out_protected"] == 1);
+    // Issue 43 point 5: the feed's count and the set's agree, the
+    // protected entry counted apart, in `status` too.
+    let f = feed(&sb);
+    assert_eq!(f["prefixes"], 3, "{f:#}");
+    assert_eq!(set_entries(&sb, "crowdsec").len(), 3 - 1, "the set holds the prefixes less the one left out");
+    let st = succeeds(&cli(&sb, &["status"]));
+    assert!(
+        st.contains("(3 prefixes, 1 of them left out of the set (1 inside protected prefixes, 0 at a rule's prefix))"),
+        "{st}"
+    );
+    assert!(st.lines().any(|l| l.starts_with("sets: ") && l.contains(", 2 entries")), "{st}");
 }
 
 /// Issue 41, point 6: after a failed pull, a 200 whose body is an object

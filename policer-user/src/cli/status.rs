@@ -144,8 +144,16 @@ fn print_feed(f: &FeedStatus) {
         )
     };
     let skipped: u64 = f.skipped.values().sum();
+    // The set's entries are the prefixes less those left out: said, so
+    // the feed's count and the set's agree.
+    let left_out = match (f.left_out_protected, f.left_out_rule_prefix) {
+        (0, 0) => String::new(),
+        (p, r) => {
+            format!(", {} of them left out of the set ({p} inside protected prefixes, {r} at a rule's prefix)", p + r)
+        }
+    };
     println!(
-        "feed: {} {} into set '{}': {} decisions in force ({} prefixes), {skipped} not applied; {state}{}",
+        "feed: {} {} into set '{}': {} decisions in force ({} prefixes{left_out}), {skipped} not applied; {state}{}",
         f.kind,
         f.url,
         f.set,

@@ -329,7 +329,9 @@ impl Views {
             pid: std::process::id(),
             interfaces: s.ifaces.iter().map(|i| i.name.clone()).collect(),
             config: s.config.clone(),
-            rules: s.rules.len(),
+            // The rules, as the reload guard counts them: the manual bans
+            // are `bans.manual`.
+            rules: s.rules.keys().filter(|k| !k.ban).count(),
             runtime_rules: s.rules.values().filter(|r| !r.persisted).count() + s.removed_at_runtime.len(),
             persist: s.persist,
             program_id: s.program_id,
