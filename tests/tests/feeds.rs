@@ -527,6 +527,41 @@ fn until_banned(sb: &Sandbox, f2b: &Fail2ban, prefix: &str, want: bool, within: 
     }
 }
 
+/// Flow 0's frames sent from `from` (ns since the epoch) on that did not
+/// arrive (their send time after `from`, ms), the other flow's losses, the
+/// veth pair's drop counters and the program's counts.
+fn lost_diagnosis(sb: &Sandbox, sent: &SendReport, got: &traffic::Received, from: u64) -> String {
+    let arrived: std::collections::HashSet<(u32, u32)> = got.marks.iter().copied().collect();
+    let mut seq = [0u32; 2];
+    let mut lost = Vec::new();
+    for &(t, i) in &sent.frames {
+        let k = seq[i as usize];
+        seq[i as usize] += 1;
+        let at = sent.start_epoch_ns + t;
+        if i == 0 && at >= from && !arrived.contains(&(0, k)) {
+            lost.push(format!("#{k} at +{:.1} ms", (at - from) as f64 / 1e6));
+        }
+    }
+    let link = |ns: &str, dev: &str| {
+        let out = std::process::Command::new("ip").args(["-n", ns, "-s", "link", "show", "dev", dev]).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    let stats = cli(sb, &["stats", "--json"]);
+    let v: Value = serde_json::from_slice(&stats.stdout).unwrap_or(Value::Null);
+    format!(
+        "lost after the lift: [{}]; the other flow {} of {}; rx {}; tx {}; program totals {}; rules {}; changes {}",
+        lost.join(", "),
+        got.per_flow[1],
+        sent.sent[1],
+        link(&sb.rx_ns, &sb.rx_if),
+        link(&sb.tx_ns, &sb.tx_if),
+        v["totals"],
+        v["rules"],
+        v["recent_changes"]
+    )
+}
+
 fn window(sent: &SendReport, got: &traffic::Received, i: usize, from: u64, to: u64) -> (u64, u64) {
     let (s0, a0) = traffic::since(sent, got, from);
     let (s1, a1) = traffic::since(sent, got, to);
@@ -577,9 +612,13 @@ fn fail2ban_bans_through_policer_after_maxretry_and_lifts_at_the_bantime() {
     let (s, a) = window(&sent, &got, 0, banned, last_banned);
     assert!(s > 3000, "sent {s} while banned");
     assert_eq!(a, 0, "{a} of {s} frames sent while banned arrived");
-    // From the lift on: everything again.
+    // From the lift on: everything again. A loss says where it lies (issue
+    // 43 point 2: it was seen once, 2 frames): which frames, sent how long
+    // after the lift, and what the receiver, the veth pair and the program
+    // counted, so that a failure tells its cause.
+    assert_eq!(got.socket_drops, 0, "the receive socket lost frames: counts not trustworthy");
     let (s, a) = window(&sent, &got, 0, lifted, u64::MAX);
-    assert!(s > 1000 && a == s, "after the lift {a} of {s} arrived");
+    assert!(s > 1000 && a == s, "after the lift {a} of {s} arrived; {}", lost_diagnosis(&sb, &sent, &got, lifted));
     assert_eq!(got.per_flow[1], sent.sent[1], "the other source lost frames");
     let logs = f2b.logs();
     assert!(logs.contains(&format!("[{JAIL}] Ban 10.71.0.5")), "{logs}");
