@@ -77,6 +77,10 @@ pub enum Request {
         /// over the file (sent only when set: older daemons drop it anyway).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         discard_runtime: bool,
+        /// A candidate file judged in the config file's place (`reload
+        /// --dry-run FILE`: a dry run only), an absolute path.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        candidate: Option<std::path::PathBuf>,
     },
     Status,
     Stats,
@@ -1387,7 +1391,7 @@ impl Client {
     }
 
     pub fn reload(&self, discard_runtime: bool) -> Result<String> {
-        self.change(Request::Reload { discard_runtime })
+        self.change(Request::Reload { discard_runtime, candidate: None })
     }
 
     pub fn ban(&self, rule: RuleConfig, runtime: bool, force: bool) -> Result<String> {

@@ -20,11 +20,23 @@ pub struct Args {
     /// With --dry-run: print it as JSON (docs/json.md).
     #[arg(long, requires = "dry_run")]
     pub json: bool,
+    /// With --dry-run: judge this candidate file in the config file's
+    /// place, before it is moved there (its [[set]] files are found from the
+    /// config file's directory, where it is to go). The daemon reads it.
+    #[arg(value_name = "FILE", requires = "dry_run", value_hint = clap::ValueHint::FilePath)]
+    pub file: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.dry_run {
-        let req = crate::control::Request::Reload { discard_runtime: a.discard_runtime };
+        // The daemon reads it: a path from here is made absolute here.
+        let candidate = match a.file {
+            Some(f) => {
+                Some(std::path::absolute(&f).map_err(|e| anyhow::anyhow!("{}: {e}; nothing changed", f.display()))?)
+            }
+            None => None,
+        };
+        let req = crate::control::Request::Reload { discard_runtime: a.discard_runtime, candidate };
         return super::dryrun::print(&super::daemon()?.dry_run(req)?, a.json);
     }
     println!("policer: {}", daemon()?.reload(a.discard_runtime)?);

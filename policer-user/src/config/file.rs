@@ -294,10 +294,17 @@ impl ConfigFile {
     /// machine could not hold is refused too (the next start would fail);
     /// changes nothing.
     pub fn snapshot(&self, bytes: Option<Vec<u8>>) -> Result<FileSnapshot> {
-        let snap = snapshot(&self.path, bytes)?;
+        self.snapshot_named(None, bytes)
+    }
+
+    /// [`snapshot`](Self::snapshot) of a candidate's bytes, its messages
+    /// naming `named` (else the file's path).
+    pub fn snapshot_named(&self, named: Option<&Path>, bytes: Option<Vec<u8>>) -> Result<FileSnapshot> {
+        let path = named.unwrap_or(&self.path);
+        let snap = snapshot(path, bytes)?;
         if let Some(n) = snap.config.daemon.max_sources {
             crate::loader::check_sources_here(n, "daemon.max_sources")
-                .map_err(|e| Error::Invalid(format!("{}: {e}", self.path.display())))?;
+                .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
         }
         Ok(snap)
     }

@@ -545,7 +545,7 @@ async fn event_loop(
                 let o = owner.clone();
                 let audit = views.audit().clone();
                 tokio::spawn(async move {
-                    match o.ask(Command::Reload { discard_runtime: false }).await.result {
+                    match o.ask(Command::Reload { discard_runtime: false, candidate: None }).await.result {
                         Ok(r) => audit.record("SIGHUP", r.message()),
                         Err(e) => say_err!("policer: SIGHUP: reload refused, nothing changed: {e}"),
                     }

@@ -60,6 +60,8 @@ pub enum Command {
     /// changed with `--runtime` instead of keeping it over the file.
     Reload {
         discard_runtime: bool,
+        /// `reload --dry-run FILE`: the file judged in the config's place.
+        candidate: Option<std::path::PathBuf>,
     },
     /// The config file's directory changed: reload if the file's bytes
     /// differ from those in force (and from a file already refused).
@@ -105,7 +107,7 @@ impl TryFrom<crate::control::Request> for Command {
         Ok(match r {
             Request::RuleSet { rule, runtime, replace, force } => Command::RuleSet { rule, runtime, replace, force },
             Request::RuleRm { rule, runtime } => Command::RuleRm { rule, runtime },
-            Request::Reload { discard_runtime } => Command::Reload { discard_runtime },
+            Request::Reload { discard_runtime, candidate } => Command::Reload { discard_runtime, candidate },
             Request::Detach { iface } => Command::Detach { iface },
             Request::Ban { rule, runtime, force } => Command::Ban { rule, runtime, force },
             Request::Unban { prefix, runtime } => Command::Unban { prefix, runtime },
@@ -537,8 +539,22 @@ impl Daemon {
     /// runtime ban is the only ban there is, and an unrelated edit of the
     /// file must not lift it. The file is read once: what is judged is what
     /// a refusal remembers.
-    fn reload(&mut self, discard_runtime: bool) -> Result<String> {
-        self.reload_as(discard_runtime, false)
+    fn reload(&mut self, discard_runtime: bool, candidate: Option<&std::path::Path>) -> Result<String> {
+        let Some(candidate) = candidate else { return self.reload_as(discard_runtime, false) };
+        // `reload --dry-run FILE`: the file judged as if it were the config
+        // file (its [[set]] files found from the config's directory, where
+        // it is to go), before it is moved into place.
+        if !self.dry() {
+            return Err(Error::Invalid(format!(
+                "{} is previewed only (`policer reload --dry-run FILE`); to apply it, move it into place as {} \
+                 (the daemon follows the file) or reload; nothing changed",
+                candidate.display(),
+                self.file.path().display()
+            )));
+        }
+        let bytes = std::fs::read(candidate)
+            .map_err(|e| Error::Invalid(format!("{}: cannot be read ({e}); nothing changed", candidate.display())))?;
+        self.reload_file(Some(bytes), discard_runtime, false, Some(candidate))
     }
 
     /// [`reload`](Self::reload); `followed`: the follower asks, so the file
@@ -546,7 +562,7 @@ impl Daemon {
     fn reload_as(&mut self, discard_runtime: bool, followed: bool) -> Result<String> {
         let bytes = self.file.bytes_on_disk();
         let judged = bytes.as_ref().ok().map(|b| crate::config::sha256_hex(b.as_deref().unwrap_or_default()));
-        let r = bytes.and_then(|b| self.reload_file(b, discard_runtime, followed));
+        let r = bytes.and_then(|b| self.reload_file(b, discard_runtime, followed, None));
         // A dry run is no reload: `status` keeps the last real one's.
         if !self.dry() {
             self.reload.record(&r, judged);
@@ -586,14 +602,22 @@ impl Daemon {
     /// A reload of the file's `bytes`: planned by [`reload::plan`] (the
     /// rules) and `Sets::plan_config` (its sets, every list file
     /// read and checked), then made by `Daemon::apply_with_config_sets`.
-    fn reload_file(&mut self, bytes: Option<Vec<u8>>, discard_runtime: bool, followed: bool) -> Result<String> {
-        let snap = self.file.snapshot(bytes)?;
-        let path = self.file.path().display().to_string();
+    /// `named`: the candidate file they are from (`reload --dry-run
+    /// FILE`), which messages name.
+    fn reload_file(
+        &mut self,
+        bytes: Option<Vec<u8>>,
+        discard_runtime: bool,
+        followed: bool,
+        named: Option<&std::path::Path>,
+    ) -> Result<String> {
+        let snap = self.file.snapshot_named(named, bytes)?;
+        let path = named.unwrap_or(self.file.path()).display().to_string();
         let before = self.rs.specs();
         let plan = reload::plan(&path, &snap.rules, &before, &self.rs.file_specs(), discard_runtime)?;
         // A file a killed writer cut short: never applied when followed
         // (refused before the sets' files are read, and said as itself).
-        snap.check_whole(self.file.path(), followed, plan.drastic.as_deref())?;
+        snap.check_whole(named.unwrap_or(self.file.path()), followed, plan.drastic.as_deref())?;
         let want = &plan.want;
         // The new file's protected prefixes apply with its rules and sets.
         let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
@@ -951,7 +975,7 @@ impl Daemon {
             Command::Tick => done(self.tick().map(|_| String::new())),
             Command::RuleSet { rule, runtime, replace, force } => done(self.rule_set(&rule, runtime, replace, force)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
-            Command::Reload { discard_runtime } => done(self.reload(discard_runtime)),
+            Command::Reload { discard_runtime, candidate } => done(self.reload(discard_runtime, candidate.as_deref())),
             Command::Follow => {
                 let r = self.follow();
                 // An empty message: nothing was done.

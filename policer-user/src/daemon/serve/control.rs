@@ -437,7 +437,7 @@ mod tests {
         let changes = [
             Request::RuleSet { rule: rule.clone(), runtime: true, replace: false, force: false },
             Request::RuleRm { rule: rule.clone(), runtime: false },
-            Request::Reload { discard_runtime: true },
+            Request::Reload { discard_runtime: true, candidate: None },
             Request::Detach { iface: "eth0".into() },
             Request::Ban { rule: rule.clone(), runtime: false, force: true },
             Request::Unban { prefix: "10.0.0.0/8".into(), runtime: true },
