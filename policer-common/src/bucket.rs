@@ -548,6 +548,29 @@ impl Rule {
         Rule::debt(tat, now, self.debt_bound()) >> self.shift()
     }
 
+    /// The frames of `frame_len` bytes this rule admitted between two reads
+    /// of one bucket: `tat` `prev_tat` at `prev_ns`, then `tat` at `now_ns`
+    /// (the user side's measure of a source's rate, `--dry-run`). Exact
+    /// while the bucket stayed in debt from one read to the next (each
+    /// frame adds its cost then); otherwise it drained between the reads
+    /// and the frames since are those its debt now holds, at least one
+    /// when `tat` moved (exact when the reads come faster than the frames).
+    pub fn admitted_between(&self, prev_tat: u64, prev_ns: u64, tat: u64, now_ns: u64, frame_len: u32) -> u64 {
+        if tat == prev_tat {
+            return 0;
+        }
+        let cost = self.cost(frame_len).max(1);
+        if self.debt_ns(prev_tat, prev_ns) >= now_ns.saturating_sub(prev_ns) {
+            // In debt throughout: every frame added its cost.
+            let moved = tat.wrapping_sub(prev_tat);
+            if moved <= self.debt_bound() {
+                return ((moved + cost / 2) / cost).max(1);
+            }
+        }
+        let frame_ns = (cost >> self.shift()).max(1);
+        self.debt_ns(tat, now_ns).div_ceil(frame_ns).max(1)
+    }
+
     /// Carries a bucket over to this rule from the rule that last charged
     /// it (the prefix's rule changed size or unit, or the source now falls
     /// under another prefix whose does: the bucket's stamp differs). The bucket keeps its *fill*: a full bucket stays full and a

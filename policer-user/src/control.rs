@@ -337,9 +337,39 @@ pub struct DryLive {
     /// The first of each by rate, highest first ([`DRY_SAMPLE`] at most).
     pub pass_to_drop_top: Vec<DrySource>,
     pub drop_to_pass_top: Vec<DrySource>,
+    /// Judged sources that sent nothing while watched: no verdict of
+    /// theirs changes now, so none is listed.
+    #[serde(default)]
+    pub idle: u64,
+    /// Each rule with a total (`--total-rate`) the change adds, changes or
+    /// removes: what its sources send together against the total.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aggregates: Vec<DryAggregate>,
     /// Why the table could not be read (the diff still stands).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// A rule's aggregate in a dry run: what all the sources it covers send
+/// together, against its total now and after.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DryAggregate {
+    pub rule: String,
+    /// Frames per second its sources sent together while watched (none:
+    /// not measured, `measured_by` says why).
+    pub rate_pps: Option<f64>,
+    /// How: `the rule's counters` (a rule in force), `the buckets of N
+    /// sources` (a new rule: the sources under it with a bucket now), or
+    /// why it could not be measured.
+    pub measured_by: String,
+    /// Its total now and after (frames per second; of 1500-byte frames for
+    /// a bit rate); none: no total.
+    pub total_now_pps: Option<f64>,
+    pub total_after_pps: Option<f64>,
+    /// About how many frames per second the total drops, now and after
+    /// (which sources lose them is first come, first served).
+    pub drop_now_pps: f64,
+    pub drop_after_pps: f64,
 }
 
 /// One source (a bucket's key) whose verdict would change.

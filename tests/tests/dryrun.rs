@@ -364,6 +364,9 @@ fn a_candidate_file_is_previewed_before_it_is_moved_into_place() {
     });
     assert_eq!(v["rules_changed"].as_array().map(|a| a.len()), Some(1), "{v:#}");
     assert_eq!(named(&v, "pass_to_drop_top"), ["10.79.0.1"], "{v:#}");
+    // Its rate within 5 % of the paced sender's 300 pps.
+    let rate = v["live"]["pass_to_drop_top"][0]["rate_pps"].as_f64().unwrap();
+    assert!((rate - 300.0).abs() <= 15.0, "a source sending 300 pps measured at {rate} pps");
     // Traffic ran meanwhile: the counters moved, the rules and limiters not.
     assert_eq!((&before.kernel.rules, &before.kernel.new_sources), (&after.kernel.rules, &after.kernel.new_sources));
     assert_eq!((&before.config, &before.rules, &before.changes), (&after.config, &after.rules, &after.changes));
@@ -378,4 +381,74 @@ fn a_candidate_file_is_previewed_before_it_is_moved_into_place() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--dry-run"));
     assert_eq!(everything(&sb).config, after.config);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--dry-run` of `rule set` while `flows` send for 30 s (asked after 2
+/// s): the JSON.
+fn preview_under(sb: &Sandbox, flows: &[Flow], args: &[&str]) -> serde_json::Value {
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = RunOptions { stop: Some(stop.clone()), ..Default::default() };
+    std::thread::scope(|scope| {
+        let run = scope.spawn(|| traffic::run_with(sb, flows, Duration::from_secs(30), &opts));
+        std::thread::sleep(Duration::from_secs(2));
+        let mut a = vec!["rule", "set"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["--dry-run", "--json"]);
+        let v = json(&cli(sb, &a));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        run.join().unwrap();
+        v
+    })
+}
+
+/// Issue 43 point 10: a dry run judges aggregates. Five sources at 100
+/// pps under a per-source rule: adding `--total-rate 200pps` is judged
+/// from the rule's counters (about 500 pps together, about 300 pps to be
+/// dropped), no source listed as going to drop on its own, and the change
+/// made drops what was predicted. A total-only rule over sources the
+/// default rule judges now is judged from their buckets, with no invented
+/// per-source rate. A source that sent nothing while watched is counted
+/// idle, not listed.
+#[test]
+fn a_dry_run_judges_a_total_for_all_its_sources_together() {
+    if !privileged("dryrun") {
+        return;
+    }
+    let sb = Sandbox::new("dry-tot");
+    let _d = daemon(&sb);
+    succeeds(&cli(&sb, &["rule", "set", "10.80.0.0/16", "--rate", "1000pps", "--burst", "50"]));
+    let five: Vec<Flow> = (1..=5).map(|i| Flow { src: ip(&format!("10.80.0.{i}")), pps: 100.0, len: 64 }).collect();
+    let args = ["10.80.0.0/16", "--rate", "1000pps", "--burst", "50", "--total-rate", "200pps", "--total-burst", "20"];
+    let v = preview_under(&sb, &five, &args);
+    let a = &v["live"]["aggregates"];
+    assert_eq!(a.as_array().map(|a| a.len()), Some(1), "{v:#}");
+    let a = &a[0];
+    assert_eq!((a["rule"].as_str(), a["measured_by"].as_str()), (Some("10.80.0.0/16"), Some("the rule's counters")));
+    let rate = a["rate_pps"].as_f64().unwrap();
+    assert!((rate - 500.0).abs() <= 25.0, "five sources at 100 pps measured at {rate} pps together: {a:#}");
+    let drop = a["drop_after_pps"].as_f64().unwrap();
+    assert!((drop - 300.0).abs() <= 25.0, "{a:#}");
+    assert_eq!((a["total_now_pps"].clone(), a["total_after_pps"].as_f64()), (serde_json::Value::Null, Some(200.0)));
+    assert!(named(&v, "pass_to_drop_top").is_empty(), "no source goes over on its own: {v:#}");
+    // Made: what the total lets through over 3 s is what the preview said.
+    succeeds(&cli(&sb, &["rule", "set"].iter().copied().chain(args).collect::<Vec<_>>()));
+    let (sent, got) = traffic::run_with(&sb, &five, Duration::from_secs(3), &RunOptions::default());
+    let (s, g) = (sent.sent.iter().sum::<u64>() as f64, got.per_flow.iter().sum::<u64>() as f64);
+    let secs = 3.0;
+    assert!(((s - g) / secs - drop).abs() <= drop * 0.1, "dropped {:.0} pps, the preview said {drop}", (s - g) / secs);
+
+    // A total only, over sources the default rule judges now (each has
+    // a bucket): measured from their buckets; none given a rate of its
+    // own. The fourth source sent before and stopped: idle.
+    let stopped = [Flow { src: ip("10.81.0.4"), pps: 100.0, len: 64 }];
+    traffic::run_with(&sb, &stopped, Duration::from_secs(1), &RunOptions::default());
+    let three: Vec<Flow> = (1..=3).map(|i| Flow { src: ip(&format!("10.81.0.{i}")), pps: 100.0, len: 64 }).collect();
+    let v = preview_under(&sb, &three, &["10.81.0.0/16", "--total-rate", "100pps", "--total-burst", "10"]);
+    let a = &v["live"]["aggregates"][0];
+    assert_eq!(a["measured_by"], "the buckets of 4 sources under it", "{v:#}");
+    let rate = a["rate_pps"].as_f64().unwrap();
+    assert!((rate - 300.0).abs() <= 30.0, "{a:#}");
+    assert!((a["drop_after_pps"].as_f64().unwrap() - 200.0).abs() <= 30.0, "{a:#}");
+    assert_eq!(v["live"]["pass_to_drop"], 0, "a total-only rule gives no source a rate of its own: {v:#}");
+    assert_eq!(v["live"]["idle"], 1, "{v:#}");
 }

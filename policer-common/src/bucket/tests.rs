@@ -956,3 +956,31 @@ fn wait_after_a_burst_is_one_frame_at_the_rate() {
     assert_eq!(rule.wait_ns(Some(&rule.bucket(tat)), t + 400_000, 64), 600_000);
     assert_eq!(rule.wait_ns(Some(&rule.bucket(tat)), t + 2_000_000, 64), 0);
 }
+
+#[test]
+fn frames_admitted_between_two_reads_of_a_bucket() {
+    // 1000 pps, burst 10: a frame costs 1 ms.
+    let r = Rule::packets(1000, 10).unwrap();
+    let ms = 1_000_000u64;
+    let t0 = 1_000 * ms;
+    // One frame at t0 + 2 ms on a drained bucket, read at t0 + 2.5 ms.
+    let mut tat = r.empty_tat(t0);
+    let before = tat;
+    tat = r.admit(tat, t0 + 2 * ms, 64).unwrap();
+    assert_eq!(r.admitted_between(before, t0, tat, t0 + 2 * ms + ms / 2, 64), 1);
+    // Nothing moved: none.
+    assert_eq!(r.admitted_between(tat, t0, tat, t0 + 3 * ms, 64), 0);
+    // Five frames close together (in debt throughout), read before it drains.
+    let (p, pt) = (tat, t0 + 2 * ms + ms / 2);
+    for k in 0..5 {
+        tat = r.admit(tat, pt + k * 10_000, 64).unwrap();
+    }
+    assert_eq!(r.admitted_between(p, pt, tat, pt + 100_000, 64), 5);
+    // Drained between the reads, then three frames at once: its debt.
+    let p = tat;
+    let later = pt + 50 * ms;
+    for k in 0..3 {
+        tat = r.admit(tat, later + k, 64).unwrap();
+    }
+    assert_eq!(r.admitted_between(p, pt + 100_000, tat, later + 10, 64), 3);
+}

@@ -3,7 +3,7 @@
 //! live sources whose verdict would change; or the JSON object of
 //! docs/json.md.
 
-use crate::control::{DryRunView, DrySource, FieldChange};
+use crate::control::{DryAggregate, DryRunView, DrySource, FieldChange};
 
 pub fn print(v: &DryRunView, json: bool) -> anyhow::Result<()> {
     if json {
@@ -27,6 +27,35 @@ fn source(s: &DrySource) -> String {
     let rule =
         if s.rule_now == s.rule_after { s.rule_now.clone() } else { format!("{} → {}", s.rule_now, s.rule_after) };
     format!("    {}{class}  {} pps  rule {rule}  ({})\n", s.source, s.rate_pps, s.why)
+}
+
+/// A rule's total judged for all its sources together.
+fn aggregate(a: &DryAggregate) -> String {
+    let total = |t: Option<f64>| t.map_or("none".to_string(), |t| format!("{t:.0} pps"));
+    let Some(rate) = a.rate_pps else {
+        return format!(
+            "  total of {}: {} → {}; {}\n",
+            a.rule,
+            total(a.total_now_pps),
+            total(a.total_after_pps),
+            a.measured_by
+        );
+    };
+    let dropped = |t: Option<f64>, d: f64| match t {
+        None => "no total".to_string(),
+        Some(_) if d > 0.0 => format!("about {d:.0} pps dropped"),
+        Some(_) => "nothing dropped".to_string(),
+    };
+    format!(
+        "  total of {}: its sources send {rate:.0} pps together ({}); total {} → {}: now {}, after {} \
+         (which sources lose them: first come, first served)\n",
+        a.rule,
+        a.measured_by,
+        total(a.total_now_pps),
+        total(a.total_after_pps),
+        dropped(a.total_now_pps, a.drop_now_pps),
+        dropped(a.total_after_pps, a.drop_after_pps)
+    )
 }
 
 /// The human form: leads with "dry run: nothing changed".
@@ -67,10 +96,14 @@ pub fn text(v: &DryRunView) -> String {
         o.push_str(&format!("live sources: not judged: {e}\n"));
         return o;
     }
+    let idle = if l.idle > 0 { format!(" ({} of them sent nothing while watched)", l.idle) } else { String::new() };
     o.push_str(&format!(
-        "live sources: {} in the table, {} judged (rates over {} ms); {} would go pass → drop, {} drop → pass\n",
+        "live sources: {} in the table, {} judged{idle} (rates over {} ms); {} would go pass → drop, {} drop → pass\n",
         l.sources, l.judged, l.window_ms, l.pass_to_drop, l.drop_to_pass
     ));
+    for a in &l.aggregates {
+        o.push_str(&aggregate(a));
+    }
     for (what, n, top) in
         [("pass → drop", l.pass_to_drop, &l.pass_to_drop_top), ("drop → pass", l.drop_to_pass, &l.drop_to_pass_top)]
     {

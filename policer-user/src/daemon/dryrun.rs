@@ -19,7 +19,7 @@ use policer_common::{
 
 use super::sets::{SetState, SetsAfter};
 use crate::{
-    control::{DRY_SAMPLE, DryLive, DryRule, DryRuleChange, DryRunView, DrySet, DrySource, FieldChange},
+    control::{DRY_SAMPLE, DryAggregate, DryLive, DryRule, DryRuleChange, DryRunView, DrySet, DrySource, FieldChange},
     loader::MapReader,
     resolve::{By, Resolver, SetList},
     rules::{RuleKey, RuleSpec},
@@ -225,6 +225,11 @@ fn verdict(rule: Option<&Rule>, fps: f64, b: &Bucket, now_ns: u64, window_s: f64
         Some(Action::Deny) => (false, "deny".into()),
         Some(Action::Monitor) => (true, "monitor (counts, passes)".into()),
         None => (true, "no rule".into()),
+        // A total only: no source has a rate of its own; the total is
+        // judged for all of them together (`aggregates`).
+        Some(Action::Police) if r.flags & policer_common::class::RULE_NO_SOURCE != 0 => {
+            (true, "no rate of its own (the rule's total is judged as an aggregate)".into())
+        }
         Some(Action::Police) => {
             if slot_ban(b.stamp()) == SlotBan::Banned && b.tat > now_ns {
                 return (false, "banned automatically".into());
@@ -267,10 +272,18 @@ fn alike(a: &Judged, b: &Judged) -> bool {
 }
 
 /// Sources whose rate is measured at most: each is read
-/// [`SAMPLES`] times over the window.
+/// [`samples`] times over the window.
 pub const MAX_MEASURED: usize = 2048;
-/// Reads of each measured source's bucket over the window.
-const SAMPLES: u64 = 40;
+/// Reads of each measured source's bucket over the window: at least
+/// 40, and as many as [`READS`] shared by the sources allow, up to 2 000
+/// (a read each half millisecond: faster than the frames of a source of up
+/// to ~2 000 pps, whose frames are then each seen, [`Rule::admitted_between`]).
+fn samples(sources: usize) -> u64 {
+    (READS / sources.max(1) as u64).clamp(40, 2000)
+}
+/// Bucket reads a dry run makes over its window, at most (each is a
+/// system call: 80 000 of them take a fraction of a core for a second).
+const READS: u64 = 80_000;
 
 /// A source whose rule would change: what it is judged under.
 struct ChangingSource {
@@ -286,6 +299,8 @@ struct ChangingSource {
     /// Reads that found the bucket refusing a frame (at its limit).
     refusing: u64,
     reads: u64,
+    /// Frames admitted between reads, as the bucket's moves show them.
+    admitted: u64,
 }
 
 /// The frames per second `c` sent while watched (admitted and dropped).
@@ -313,13 +328,85 @@ fn rate(c: &ChangingSource) -> f64 {
         0.0
     };
     let frame_ns = (r.cost(FRAME_BYTES) >> r.shift.min(policer_common::bucket::MAX_SHIFT)).max(1) as f64;
-    (work_ns / frame_ns + drops) / secs
+    // The frames the bucket's moves showed are exact while it stays in
+    // debt, and while the reads come faster than the frames (at least two
+    // reads a frame); else at least that many, and the work it took (a
+    // share of reads, so within a few percent) says more.
+    let seen = c.admitted as f64;
+    let admitted = if seen > 0.0 && c.reads as f64 >= 2.0 * seen { seen } else { (work_ns / frame_ns).max(seen) };
+    (admitted + drops) / secs
+}
+
+/// Rule counters of every slot, and the clock when read.
+type Counted = (Vec<(u32, policer_common::RuleCounters)>, u64);
+
+/// The frames per second a total of `rate`, `burst` admits (of
+/// [`FRAME_BYTES`] frames for a bit rate).
+fn total_fps(total: Option<(policer_common::rate::Rate, u64)>) -> Option<f64> {
+    let (rate, burst) = total?;
+    rate.rule(burst).ok().map(|r| capacity_fps(&r))
+}
+
+/// Each rule with a total that the change adds, changes or removes: what
+/// its sources sent together while watched against its total now and
+/// after. A rule in force is measured by its counters over the window
+/// (`counts`: before and after it); a new one by the buckets of the
+/// sources it would take (`cands`, measured), when they have any.
+fn aggregates(preview: &Preview, cands: &[ChangingSource], counts: Option<&(Counted, Counted)>) -> Vec<DryAggregate> {
+    let (before, after) = (&preview.before.rules, &preview.after.rules);
+    let total = |r: &super::Rules, k: &RuleKey| r.get(k).and_then(|i| i.spec.total());
+    let mut keys: Vec<&RuleKey> = after.keys().chain(before.keys().filter(|k| !after.contains_key(*k))).collect();
+    keys.retain(|&k| {
+        let (now, then) = (total(before, k), total(after, k));
+        let spec = |r: &super::Rules| r.get(k).map(|i| i.spec.clone());
+        (now.is_some() || then.is_some()) && (now != then || spec(before) != spec(after))
+    });
+    keys.into_iter()
+        .map(|k| {
+            let (rate_pps, measured_by) = match (before.get(k), counts) {
+                (Some(i), Some(((c0, t0), (c1, t1)))) => {
+                    let sum = |c: &[(u32, policer_common::RuleCounters)]| {
+                        c.iter()
+                            .find(|(s, _)| *s == i.slot)
+                            .map_or(0, |(_, r)| r.passed_pkts + r.dropped_pkts + r.would_drop_pkts)
+                    };
+                    let secs = t1.saturating_sub(*t0) as f64 / 1e9;
+                    let pps = (secs > 0.0).then(|| sum(c1).saturating_sub(sum(c0)) as f64 / secs);
+                    (pps, "the rule's counters".to_string())
+                }
+                (Some(_), None) => (None, "not measured: the rule counters could not be read".into()),
+                (None, _) => {
+                    let label = k.to_string();
+                    let under: Vec<&ChangingSource> = cands.iter().filter(|c| c.after.label == label).collect();
+                    if under.is_empty() {
+                        (None, "not measured: no source under it has a bucket now (a new rule over sources that a deny, a ban or a total only judges, or none sent)".into())
+                    } else {
+                        (Some(under.iter().map(|c| rate(c)).sum()), format!("the buckets of {} sources under it", under.len()))
+                    }
+                }
+            };
+            let (now, then) = (total_fps(total(before, k)), total_fps(total(after, k)));
+            let drop = |cap: Option<f64>| match (rate_pps, cap) {
+                (Some(r), Some(c)) => ((r - c).max(0.0) * 10.0).round() / 10.0,
+                _ => 0.0,
+            };
+            DryAggregate {
+                rule: k.to_string(),
+                rate_pps: rate_pps.map(|r| (r * 10.0).round() / 10.0),
+                measured_by,
+                total_now_pps: now,
+                total_after_pps: then,
+                drop_now_pps: drop(now),
+                drop_after_pps: drop(then),
+            }
+        })
+        .collect()
 }
 
 /// Which sources in the bucket table would change verdict from `before`
 /// to `after`: the table read once (off the owner) for the sources whose
 /// rule would change, the buckets of those (the first [`MAX_MEASURED`],
-/// most dropped first) read [`SAMPLES`] times over `window` to measure
+/// most dropped first) read [`samples`] times over `window` to measure
 /// their rate, each judged under the rule each side gives it.
 pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration) -> DryLive {
     let mut live = DryLive { window_ms: window.as_millis() as u64, ..Default::default() };
@@ -331,12 +418,25 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
         }
     };
     live.judged = cands.len() as u64;
+    let counted = |r: &MapReader| r.rule_counters().map(|c| (c, super::monotonic_ns()));
+    let before = counted(reader);
     if let Err(e) = watch(reader, &mut cands, window) {
         live.error = Some(e.to_string());
         return live;
     }
+    let counts = before.and_then(|b| Ok((b, counted(reader)?)));
+    live.aggregates = aggregates(preview, &cands, counts.as_ref().ok());
     let window_s = window.as_secs_f64().max(1e-3);
-    let rows: Vec<(bool, DrySource)> = cands.into_iter().filter_map(|c| changed_verdict(c, window_s)).collect();
+    // A source that sent nothing while watched changes no verdict now.
+    let (idle, sending): (Vec<_>, Vec<_>) = cands.into_iter().partition(|c| {
+        let dropped = match (c.first, c.last) {
+            (Some((b0, _)), Some((b1, _))) => b1.drops() > b0.drops(),
+            _ => false,
+        };
+        rate(c) == 0.0 && !dropped
+    });
+    live.idle = idle.len() as u64;
+    let rows: Vec<(bool, DrySource)> = sending.into_iter().filter_map(|c| changed_verdict(c, window_s)).collect();
     let (mut p2d, mut d2p): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(pass_now, _)| *pass_now);
     for (list, count, top) in [
         (&mut p2d, &mut live.pass_to_drop, &mut live.pass_to_drop_top),
@@ -386,6 +486,7 @@ fn changing_sources(reader: &MapReader, preview: &Preview, sources: &mut u64) ->
             busy: 0,
             refusing: 0,
             reads: 0,
+            admitted: 0,
         };
         cands.push((b.drops(), c));
     })?;
@@ -393,17 +494,23 @@ fn changing_sources(reader: &MapReader, preview: &Preview, sources: &mut u64) ->
     Ok(cands.into_iter().take(MAX_MEASURED).map(|(_, c)| c).collect())
 }
 
-/// Reads the bucket of each of `cands` [`SAMPLES`] times over `window`,
+/// Reads the bucket of each of `cands` [`samples`] times over `window`,
 /// each read kept in its [`ChangingSource`].
 fn watch(reader: &MapReader, cands: &mut [ChangingSource], window: Duration) -> crate::Result<()> {
     // Reads spread over the window, each pause jittered so that a source
     // sending at a steady pace is not read in step with it.
-    let step = window / SAMPLES as u32;
+    let n = samples(cands.len());
+    let step = window / n as u32;
     let mut seed = super::monotonic_ns() | 1;
-    for _ in 0..SAMPLES {
+    for _ in 0..n {
         for c in cands.iter_mut() {
             let Some(b) = reader.bucket(&c.key)? else { continue };
             let t = super::monotonic_ns();
+            if let (Some((pb, pt)), Some(r)) = (c.last, c.now.rule.as_ref())
+                && pb.stamp() == b.stamp()
+            {
+                c.admitted += r.admitted_between(pb.tat, pt, b.tat, t, FRAME_BYTES);
+            }
             c.first.get_or_insert((b, t));
             c.last = Some((b, t));
             c.reads += 1;
@@ -547,6 +654,7 @@ mod tests {
             busy: 20,
             refusing: 0,
             reads: 40,
+            admitted: 0,
         };
         assert!((rate(&c) - 57.0).abs() < 0.01, "{}", rate(&c));
         let b2 = b(10);
