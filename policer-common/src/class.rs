@@ -163,6 +163,11 @@ impl ClassCand {
             return false;
         }
         if n & NEEDS_SPORT != 0 {
+            // Read from the frame's memory at each candidate: kept in a
+            // register across the scan, the source port takes a stack slot
+            // of its own in each of the program's two copies of the class
+            // step (IPv4, IPv6), 16 bytes its deepest call chain (512) has
+            // no room for (480 + the log record's 32, as before).
             // SAFETY: a plain read of a field of a live reference.
             let sport = unsafe { core::ptr::read_volatile(&f.sport) };
             if sport < self.sport_lo || sport > self.sport_hi {

@@ -29,11 +29,7 @@ use std::{
     time::Duration,
 };
 
-use policer_common::{
-    Rule,
-    class::TCP_ACK,
-    rate::Rate,
-};
+use policer_common::{Rule, class::TCP_ACK, rate::Rate};
 use policer_tests::{
     daemon::{Daemon, cli, fails_with, policer_bin, samples, scrape, succeeds},
     frame::{Ext, FrameSpec, L4},
@@ -228,7 +224,9 @@ fn reflection(tag: &str, v6: bool) {
     // what arrived.
     let m = samples(&scrape(&sb.rx_ns, METRICS));
     let passed = |class: &str| {
-        let k = format!("policer_rule_packets_total{{rule=\"{prefix}\",class=\"{class}\",action=\"police\",verdict=\"passed\"}}");
+        let k = format!(
+            "policer_rule_packets_total{{rule=\"{prefix}\",class=\"{class}\",action=\"police\",verdict=\"passed\"}}"
+        );
         *m.get(&k).unwrap_or_else(|| panic!("/metrics has no {k}"))
     };
     let arrived = |k: Kind| flows.iter().zip(&got.per_flow).filter(|(f, _)| f.0 == k).map(|(_, n)| n).sum::<u64>();
@@ -330,7 +328,10 @@ fn replay_agrees(tag: &str, sb: &Sandbox, flows: &[(Kind, SpecFlow)], sent: &Sen
         // rule admits all of it, as it did live); the source's row names
         // one of its rules.
         let want = traffic::exact_admitted_at(&pps(DNS_RULE.0, DNS_RULE.1), times(i)).0;
-        eprintln!("{tag} replay: DNS reflector {i}: {n} frames, admitted {admitted} ({rule}); exact {want}, live {}", got.per_flow[i]);
+        eprintln!(
+            "{tag} replay: DNS reflector {i}: {n} frames, admitted {admitted} ({rule}); exact {want}, live {}",
+            got.per_flow[i]
+        );
         let others: u64 = flows
             .iter()
             .enumerate()
@@ -404,7 +405,10 @@ fn a_first_fragment_matches_a_source_port_class_and_a_later_one_does_not() {
     for (i, first) in [(0, true), (1, false), (2, true), (3, false)] {
         let rule = if first { pps(1000, 10) } else { pps(CLASSLESS.0, CLASSLESS.1) };
         let exact = traffic::exact_admitted_flow(&sent, &rule, i, 64);
-        eprintln!("fragments: flow {i} (first: {first}): sent {}, arrived {}, exact {exact}", sent.sent[i], got.per_flow[i]);
+        eprintln!(
+            "fragments: flow {i} (first: {first}): sent {}, arrived {}, exact {exact}",
+            sent.sent[i], got.per_flow[i]
+        );
         let ok = if first {
             near(got.per_flow[i], exact) && got.per_flow[i] * 2 < sent.sent[i]
         } else if exact == sent.sent[i] {
@@ -413,7 +417,10 @@ fn a_first_fragment_matches_a_source_port_class_and_a_later_one_does_not() {
             near(got.per_flow[i], exact)
         };
         if !ok {
-            fails.push(format!("flow {i} (first fragment: {first}): arrived {} of {}, want {exact}", got.per_flow[i], sent.sent[i]));
+            fails.push(format!(
+                "flow {i} (first fragment: {first}): arrived {} of {}, want {exact}",
+                got.per_flow[i], sent.sent[i]
+            ));
         }
     }
     assert!(fails.is_empty(), "{}", fails.join("\n"));

@@ -130,7 +130,9 @@ fn the_filter_passes_what_a_class_can_match() {
     g.set_ports(132, 5000, 5000);
     assert!(g.may_match(132, false, 0, 0), "a protocol without a lane: every frame");
     let u = f.union(&g);
-    assert!(u.may_match(132, true, 1, 0) && u.may_match(IPPROTO_ICMP, true, 0, 0) && u.may_match(IPPROTO_UDP, true, 9, 0));
+    assert!(
+        u.may_match(132, true, 1, 0) && u.may_match(IPPROTO_ICMP, true, 0, 0) && u.may_match(IPPROTO_UDP, true, 9, 0)
+    );
 }
 
 /// One group's maps, as [`select`] reads them, recording what it read.

@@ -141,7 +141,8 @@ fn source_port_classes_compile_to_the_filter_and_candidates() {
     let later = FrameL4 { proto: 17, has_l4: false, ..FrameL4::default() };
     assert_eq!(lookup(&c, src, &later).map(|r| r.counter_slot), Some(1), "a later fragment: no port class");
     // Source-port classes are candidates for every port of their protocol.
-    let many: Vec<KernelRule> = (0..9).map(|i| r("10.0.0.0/8", sport("udp _ _ _ _", &(100 + i).to_string()), i + 1)).collect();
+    let many: Vec<KernelRule> =
+        (0..9).map(|i| r("10.0.0.0/8", sport("udp _ _ _ _", &(100 + i).to_string()), i + 1)).collect();
     let e = compile(&many, &mut Groups::default()).unwrap_err().to_string();
     assert!(e.contains("at most 8") && e.contains("--sport"), "{e}");
 }

@@ -83,7 +83,8 @@ fn world(rng: &mut Rng) -> World {
         let class = if rng.one_in(3) {
             Class::default()
         } else {
-            Class::parse(&ClassText { sport: sport.map(Into::into), ..text(proto, dport, flags, None, dst) }, v6).unwrap()
+            Class::parse(&ClassText { sport: sport.map(Into::into), ..text(proto, dport, flags, None, dst) }, v6)
+                .unwrap()
         };
         let action = rng.pick(&ACTIONS);
         let inside = guard.holding(&n).is_some();
