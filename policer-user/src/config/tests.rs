@@ -537,7 +537,7 @@ fn class_rules_written_and_read_back() {
     let reflect = class_spec("203.0.113.0/24", |r| {
         r.proto = Some("udp".into());
         r.sport = Some(crate::rules::PortValue::Number(123));
-        r.total_rate = Some("5kpps".into());
+        r.total_rate = Some("4kpps".into());
     });
     let replies = class_spec("2001:db8::/32", |r| {
         r.proto = Some("tcp".into());
