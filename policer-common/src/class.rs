@@ -1,6 +1,6 @@
 //! Classes: rules for one kind of a source prefix's traffic (a protocol,
-//! a destination port or range, TCP flags, an ICMP type, a destination
-//! prefix), and aggregate caps on a whole rule.
+//! a destination port or range, a source port or range, TCP flags, an ICMP
+//! type, a destination prefix), and aggregate caps on a whole rule.
 //!
 //! # How a frame finds its rule
 //!
@@ -16,6 +16,13 @@
 //! update replaces a list atomically). The first whose remaining fields
 //! match ([`ClassCand::matches`]) is the rule; none: the fallback.
 //!
+//! The index is keyed by the destination port only. A class that names a
+//! source port (`--sport`) is a candidate like the others: one without a
+//! destination port sits in its protocol's entry and behind every port's,
+//! and [`ClassCand::matches`] compares the frame's source port with its
+//! range; the filter has lanes for the source ports such classes name, so
+//! a frame that neither port can match still skips the lookup.
+//!
 //! Port ranges become LPM prefixes: user space cuts the port space of a
 //! group and protocol into the intervals where the set of classes does not
 //! change and writes each as aligned blocks, so the trie's longest match is
@@ -29,8 +36,9 @@
 //!
 //! Frames without a layer-4 header to read (a non-first fragment, a header
 //! cut short, an IPv6 extension chain longer than the parser walks) are
-//! looked up with port 0 and match only classes that read nothing past the
-//! IP header: protocol and destination ([`NEEDS_L4`]).
+//! looked up with ports 0 and match only classes that read nothing past the
+//! IP header: protocol and destination ([`NEEDS_L4`]); a source port class
+//! needs the layer-4 header as a destination port class does.
 
 use crate::bucket::Rule;
 
@@ -61,9 +69,14 @@ pub const NEEDS_TCP_FLAGS: u8 = 2;
 pub const NEEDS_ICMP_TYPE: u8 = 4;
 /// [`ClassCand::needs`]: match `dst`/`dst_mask`.
 pub const NEEDS_DST: u8 = 8;
+/// [`ClassCand::needs`]: match `sport_lo..=sport_hi`.
+pub const NEEDS_SPORT: u8 = 16;
 
 /// IP protocols whose destination port a class can name.
 pub const PROTOS_WITH_PORTS: [u8; 4] = [6, 17, 132, 136];
+/// IP protocols whose source port a class can name: those with a lane in
+/// the [`ClassFilter`] (TCP and UDP).
+pub const PROTOS_WITH_SPORTS: [u8; 2] = [6, 17];
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -107,6 +120,7 @@ pub struct FrameL4 {
     /// Whether the layer-4 header was read (see the module doc).
     pub has_l4: bool,
     pub dport: u16,
+    pub sport: u16,
     pub tcp_flags: u8,
     pub icmp_type: u8,
     /// Destination address, network order (IPv4: the first 4 bytes).
@@ -128,7 +142,9 @@ pub struct ClassCand {
     pub tcp_mask: u8,
     pub tcp_flags: u8,
     pub icmp_type: u8,
-    pub _pad: [u8; 4],
+    /// Source ports, inclusive ([`NEEDS_SPORT`]).
+    pub sport_lo: u16,
+    pub sport_hi: u16,
 }
 
 impl ClassCand {
@@ -145,6 +161,18 @@ impl ClassCand {
         }
         if n & NEEDS_ICMP_TYPE != 0 && f.icmp_type != self.icmp_type {
             return false;
+        }
+        if n & NEEDS_SPORT != 0 {
+            // Read from the frame's memory at each candidate: kept in a
+            // register across the scan, the source port takes a stack slot
+            // of its own in each of the program's two copies of the class
+            // step (IPv4, IPv6), 16 bytes its deepest call chain (512) has
+            // no room for (480 + the log record's 32, as before).
+            // SAFETY: a plain read of a field of a live reference.
+            let sport = unsafe { core::ptr::read_volatile(&f.sport) };
+            if sport < self.sport_lo || sport > self.sport_hi {
+                return false;
+            }
         }
         if n & NEEDS_DST != 0 {
             let (d, a, m) = (words(&f.dst), words(&self.dst), words(&self.dst_mask));
@@ -231,7 +259,7 @@ pub fn select<'a>(rule: &Rule, proto: u8, l: &mut impl ClassLookups<'a>) -> Opti
         return None;
     }
     let mut f = l.l4(proto);
-    if !l.filter(rule.classes)?.may_match(proto, f.has_l4, f.dport) {
+    if !l.filter(rule.classes)?.may_match(proto, f.has_l4, f.dport, f.sport) {
         return None;
     }
     f.dst = l.dst()?;
@@ -261,6 +289,9 @@ pub struct ClassFilter {
     /// TCP, then UDP: bit `port % 512` set for every port a class of that
     /// protocol names.
     pub ports: [[u64; 8]; 2],
+    /// TCP, then UDP: bit `port % 512` set for every source port a class
+    /// of that protocol names without a destination port.
+    pub sports: [[u64; 8]; 2],
 }
 
 impl ClassFilter {
@@ -274,18 +305,21 @@ impl ClassFilter {
         }
     }
 
-    /// Whether a frame of `proto` to `port` (`has_l4`: its layer-4 header
-    /// was read) may match a class.
+    /// Whether a frame of `proto` to `port` from `sport` (`has_l4`: its
+    /// layer-4 header was read) may match a class. The source port's lane
+    /// is read only when the destination port's rules the frame out.
     #[inline(always)]
-    pub fn may_match(&self, proto: u8, has_l4: bool, port: u16) -> bool {
+    pub fn may_match(&self, proto: u8, has_l4: bool, port: u16, sport: u16) -> bool {
         if self.any[(proto >> 6) as usize & 3] & (1u64 << (proto & 63)) != 0 {
             return true;
         }
         let Some(lane) = ClassFilter::lane(proto) else {
             return false;
         };
-        let bit = port as u32 % FILTER_PORT_BITS;
-        has_l4 && self.ports[lane & 1][(bit >> 6) as usize & 7] & (1u64 << (bit & 63)) != 0
+        let (bit, sbit) = (port as u32 % FILTER_PORT_BITS, sport as u32 % FILTER_PORT_BITS);
+        has_l4
+            && (self.ports[lane & 1][(bit >> 6) as usize & 7] & (1u64 << (bit & 63)) != 0
+                || self.sports[lane & 1][(sbit >> 6) as usize & 7] & (1u64 << (sbit & 63)) != 0)
     }
 
     /// Marks protocol `proto` as looked up for every frame.
@@ -296,19 +330,19 @@ impl ClassFilter {
     /// Marks the ports `lo..=hi` of `proto` (a protocol without a lane is
     /// looked up for every frame).
     pub fn set_ports(&mut self, proto: u8, lo: u16, hi: u16) {
-        let Some(lane) = ClassFilter::lane(proto) else {
-            self.set_any(proto);
-            return;
-        };
-        if (hi - lo) as u32 + 1 >= FILTER_PORT_BITS {
-            self.ports[lane] = [u64::MAX; 8];
-            return;
+        match ClassFilter::lane(proto) {
+            Some(lane) => set_lane(&mut self.ports[lane], lo, hi),
+            None => self.set_any(proto),
         }
-        let mut p = lo as u32;
-        while p <= hi as u32 {
-            let bit = p % FILTER_PORT_BITS;
-            self.ports[lane][(bit >> 6) as usize] |= 1u64 << (bit & 63);
-            p += 1;
+    }
+
+    /// Marks the source ports `lo..=hi` of `proto` (of a class without a
+    /// destination port; a protocol without a lane is looked up for every
+    /// frame).
+    pub fn set_sports(&mut self, proto: u8, lo: u16, hi: u16) {
+        match ClassFilter::lane(proto) {
+            Some(lane) => set_lane(&mut self.sports[lane], lo, hi),
+            None => self.set_any(proto),
         }
     }
 
@@ -321,9 +355,24 @@ impl ClassFilter {
         for l in 0..2 {
             for i in 0..8 {
                 u.ports[l][i] |= o.ports[l][i];
+                u.sports[l][i] |= o.sports[l][i];
             }
         }
         u
+    }
+}
+
+/// Sets the bits of ports `lo..=hi` in a lane.
+fn set_lane(lane: &mut [u64; 8], lo: u16, hi: u16) {
+    if (hi - lo) as u32 + 1 >= FILTER_PORT_BITS {
+        *lane = [u64::MAX; 8];
+        return;
+    }
+    let mut p = lo as u32;
+    while p <= hi as u32 {
+        let bit = p % FILTER_PORT_BITS;
+        lane[(bit >> 6) as usize] |= 1u64 << (bit & 63);
+        p += 1;
     }
 }
 

@@ -33,7 +33,10 @@ use crate::{
 /// drop counters.
 /// 4: automatic bans: the ban store and the rules' ban parameters, the
 /// banned and counting stamps of a slot, the ban counters.
-pub const LAYOUT_VERSION: u32 = 4;
+/// 5: source-port classes: a class candidate's source port range (in what
+/// was its padding, read under a new `needs` bit) and the class filter's
+/// source port lanes.
+pub const LAYOUT_VERSION: u32 = 5;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
 /// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
@@ -131,7 +134,7 @@ const _: () = {
     assert!(size_of::<ClassCand>() == 120);
     assert!(size_of::<ClassList>() == 8 + 8 * 120);
     assert!(size_of::<Total>() == 88);
-    assert!(size_of::<ClassFilter>() == 160);
+    assert!(size_of::<ClassFilter>() == 288);
     assert!(size_of::<RecallSet>() == 64);
     assert!(size_of::<Rule>() == 80);
     assert!(size_of::<Counters>() == 23 * 8);

@@ -57,7 +57,7 @@ impl<const V6: bool> class::ClassLookups<'static> for FrameClasses<'_, V6> {
     #[inline(always)]
     fn l4(&mut self, proto: u8) -> FrameL4 {
         let ctx = self.ctx;
-        let mut f = FrameL4 { proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst: [0; 16] };
+        let mut f = FrameL4 { proto, has_l4: false, dport: 0, sport: 0, tcp_flags: 0, icmp_type: 0, dst: [0; 16] };
         // Laundered: the IPv6 walk ends at one of several offsets, and the
         // verifier would follow what comes next once for each.
         let off = launder(self.l4.off() as u64) as usize;
@@ -67,6 +67,7 @@ impl<const V6: bool> class::ClassLookups<'static> for FrameClasses<'_, V6> {
                 if let Some(h) = ptr_at::<[u8; 14]>(ctx, off) {
                     // SAFETY: bounds checked by ptr_at.
                     let h = unsafe { *h };
+                    f.sport = u16::from_be_bytes([h[0], h[1]]);
                     f.dport = u16::from_be_bytes([h[2], h[3]]);
                     f.tcp_flags = h[13];
                     f.has_l4 = true;
@@ -81,6 +82,7 @@ impl<const V6: bool> class::ClassLookups<'static> for FrameClasses<'_, V6> {
                 if let Some(h) = ptr_at::<[u8; 4]>(ctx, off) {
                     // SAFETY: bounds checked by ptr_at.
                     let h = unsafe { *h };
+                    f.sport = u16::from_be_bytes([h[0], h[1]]);
                     f.dport = u16::from_be_bytes([h[2], h[3]]);
                     f.has_l4 = true;
                 }

@@ -1,5 +1,5 @@
-//! Classes as operators write them (`--proto`, `--dport`, `--tcp-flags`,
-//! `--icmp-type`, `--dst`) and their order: the vocabulary. How a set of
+//! Classes as operators write them (`--proto`, `--dport`, `--sport`,
+//! `--tcp-flags`, `--icmp-type`, `--dst`) and their order: the vocabulary. How a set of
 //! classed rules becomes what the program reads is [`crate::compile`]'s.
 //!
 //! # Which rule a frame gets
@@ -7,15 +7,22 @@
 //! 1. The longest source prefix that has any rule (with or without a
 //!    class), as before.
 //! 2. Among that prefix's classes, the most specific that matches
-//!    ([`Class::order`]): more fields beat fewer; then a narrower port
-//!    range; then a longer destination prefix; then more TCP flags looked
-//!    at. Two classes of one prefix that no field tells apart and that one
-//!    frame could match are refused at `rule set` ([`check_ties`]).
+//!    ([`Class::order`]): more fields beat fewer (`--sport` and `--dport`
+//!    are a field each); then fewer port pairs (the source ports a class
+//!    covers times its destination ports: a narrower range of either);
+//!    then a longer destination prefix; then more TCP flags looked at;
+//!    last, a narrower destination port range, so that of a source-port
+//!    class and a destination-port class equal in all else
+//!    (`udp sport 53`, `udp dport 53`), the destination's wins a frame
+//!    both match (from port 53 to port 53: traffic for this host's own
+//!    service). Two classes of one prefix that no field tells apart and
+//!    that one frame could match are refused at `rule set` ([`check_ties`]).
 //! 3. None matches: the prefix's class-less rule, if it has one; else the
 //!    next shorter prefix with a rule, from step 2.
 //!
 //! Non-first fragments carry no ports, flags or ICMP type: they match only
-//! classes that name nothing past the IP header (`--proto`, `--dst`).
+//! classes that name nothing past the IP header (`--proto`, `--dst`); a
+//! `--sport` class takes a flood's first fragments, not the later ones.
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
@@ -24,8 +31,8 @@ use policer_common::{
     Rule,
     class::{
         ClassCand, FrameL4, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, NEEDS_DST, NEEDS_ICMP_TYPE, NEEDS_L4,
-        NEEDS_TCP_FLAGS, PROTOS_WITH_PORTS, TCP_ACK, TCP_CWR, TCP_ECE, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, TCP_URG,
-        mapped_v4,
+        NEEDS_SPORT, NEEDS_TCP_FLAGS, PROTOS_WITH_PORTS, PROTOS_WITH_SPORTS, TCP_ACK, TCP_CWR, TCP_ECE, TCP_FIN,
+        TCP_PSH, TCP_RST, TCP_SYN, TCP_URG, mapped_v4,
     },
 };
 
@@ -42,6 +49,8 @@ pub struct Class {
     pub proto: Option<u8>,
     /// Destination ports, inclusive.
     pub dport: Option<(u16, u16)>,
+    /// Source ports, inclusive (TCP and UDP).
+    pub sport: Option<(u16, u16)>,
     /// TCP flags: (looked at, of those set).
     pub tcp_flags: Option<(u8, u8)>,
     pub icmp_type: Option<u8>,
@@ -55,6 +64,7 @@ pub struct Class {
 pub struct ClassText {
     pub proto: Option<String>,
     pub dport: Option<String>,
+    pub sport: Option<String>,
     pub tcp_flags: Option<String>,
     pub icmp_type: Option<String>,
     pub dst: Option<String>,
@@ -100,29 +110,34 @@ pub(crate) fn parse_proto(s: &str) -> Result<u8> {
     }
 }
 
-fn parse_port(s: &str, whole: &str) -> Result<u16> {
+fn parse_port(s: &str, whole: &str, opt: &str) -> Result<u16> {
     let t = s.trim();
     match t.parse::<u32>() {
         Ok(n) if n <= 65_535 => Ok(n as u16),
-        Ok(_) => Err(Error::Invalid(format!("--dport '{whole}': port {t} out of range 0 to 65535"))),
-        Err(_) => Err(Error::Invalid(format!("--dport '{whole}': '{t}' is not a port number (PORT or LOW-HIGH)"))),
+        Ok(_) => Err(Error::Invalid(format!("{opt} '{whole}': port {t} out of range 0 to 65535"))),
+        Err(_) => Err(Error::Invalid(format!("{opt} '{whole}': '{t}' is not a port number (PORT or LOW-HIGH)"))),
     }
 }
 
-fn parse_ports(s: &str) -> Result<(u16, u16)> {
+/// `PORT` or `LOW-HIGH`, for the option `opt` (`--dport`, `--sport`).
+fn parse_ports(s: &str, opt: &str) -> Result<(u16, u16)> {
     match s.split_once('-') {
         None => {
-            let p = parse_port(s, s)?;
+            let p = parse_port(s, s, opt)?;
             Ok((p, p))
         }
         Some((lo, hi)) => {
-            let (lo, hi) = (parse_port(lo, s)?, parse_port(hi, s)?);
+            let (lo, hi) = (parse_port(lo, s, opt)?, parse_port(hi, s, opt)?);
             if hi < lo {
-                return Err(Error::Invalid(format!("--dport '{s}': HIGH ({hi}) is below LOW ({lo})")));
+                return Err(Error::Invalid(format!("{opt} '{s}': HIGH ({hi}) is below LOW ({lo})")));
             }
             Ok((lo, hi))
         }
     }
+}
+
+fn ports_text((lo, hi): (u16, u16)) -> String {
+    if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }
 }
 
 pub(crate) fn parse_flags(s: &str) -> Result<(u8, u8)> {
@@ -148,6 +163,11 @@ pub(crate) fn parse_flags(s: &str) -> Result<(u8, u8)> {
         }
     }
     Ok((mask, set))
+}
+
+/// Ports `PORT` or `LOW-HIGH` cover (65 536 when none is named).
+fn span(ports: Option<(u16, u16)>) -> u64 {
+    ports.map_or(65_536, |(lo, hi)| u64::from(hi - lo) + 1)
 }
 
 fn flags_text(mask: u8, set: u8) -> String {
@@ -177,7 +197,7 @@ impl Class {
     }
 
     /// Every problem of a class, each with its key (`proto`, `dport`,
-    /// `tcp_flags`, `icmp_type`, `dst`), into `found`; the class when it
+    /// `sport`, `tcp_flags`, `icmp_type`, `dst`), into `found`; the class when it
     /// has none. `v6`: the source prefix's family, when known (else what
     /// depends on it is not checked). `broken`: keys given whose values
     /// could not be read (unset here): what follows only from them (a
@@ -210,7 +230,8 @@ impl Class {
             }
         }
         let proto = field("proto", t.proto.as_deref(), broken, parse_proto, found);
-        let dport = field("dport", t.dport.as_deref(), broken, parse_ports, found);
+        let dport = field("dport", t.dport.as_deref(), broken, |s| parse_ports(s, "--dport"), found);
+        let sport = field("sport", t.sport.as_deref(), broken, |s| parse_ports(s, "--sport"), found);
         let tcp_flags = field("tcp_flags", t.tcp_flags.as_deref(), broken, parse_flags, found);
         let icmp_type = field(
             "icmp_type",
@@ -240,20 +261,32 @@ impl Class {
             },
             found,
         );
-        let given =
-            (matches!(dport, Some(Some(_))), matches!(tcp_flags, Some(Some(_))), matches!(icmp_type, Some(Some(_))));
+        let given = Given {
+            dport: matches!(dport, Some(Some(_))),
+            sport: matches!(sport, Some(Some(_))),
+            tcp_flags: matches!(tcp_flags, Some(Some(_))),
+            icmp_type: matches!(icmp_type, Some(Some(_))),
+        };
         needs_of_proto(proto, given, v6, found);
         if found.len() > before {
             return None;
         }
-        Some(Class { proto: proto?, dport: dport?, tcp_flags: tcp_flags?, icmp_type: icmp_type?, dst: dst? })
+        Some(Class {
+            proto: proto?,
+            dport: dport?,
+            sport: sport?,
+            tcp_flags: tcp_flags?,
+            icmp_type: icmp_type?,
+            dst: dst?,
+        })
     }
 
     /// Back to the written form (canonical).
     pub fn text(&self) -> ClassText {
         ClassText {
             proto: self.proto.map(proto_name),
-            dport: self.dport.map(|(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }),
+            dport: self.dport.map(ports_text),
+            sport: self.sport.map(ports_text),
             tcp_flags: self.tcp_flags.map(|(m, s)| flags_text(m, s)),
             icmp_type: self.icmp_type.map(|t| t.to_string()),
             dst: self.dst.map(|d| d.to_string()),
@@ -264,23 +297,30 @@ impl Class {
     fn fields(&self) -> u32 {
         self.proto.is_some() as u32
             + self.dport.is_some() as u32
+            + self.sport.is_some() as u32
             + self.tcp_flags.is_some() as u32
             + self.icmp_type.is_some() as u32
             + self.dst.is_some() as u32
     }
 
-    /// Ports the class covers (65 536 when it names none).
-    fn port_span(&self) -> u32 {
-        self.dport.map_or(65_536, |(lo, hi)| u32::from(hi - lo) + 1)
+    /// Destination ports the class covers (65 536 when it names none).
+    fn dport_span(&self) -> u64 {
+        span(self.dport)
+    }
+
+    /// (Source, destination) port pairs the class covers.
+    fn port_pairs(&self) -> u64 {
+        span(self.sport) * self.dport_span()
     }
 
     /// How specific the class is: the greater wins ([module doc](self)).
-    pub fn order(&self) -> (u32, std::cmp::Reverse<u32>, u8, u32) {
+    pub fn order(&self) -> (u32, std::cmp::Reverse<u64>, u8, u32, std::cmp::Reverse<u64>) {
         (
             self.fields(),
-            std::cmp::Reverse(self.port_span()),
+            std::cmp::Reverse(self.port_pairs()),
             self.dst.map_or(0, |d| d.prefix_len()),
             self.tcp_flags.map_or(0, |(m, _)| m.count_ones()),
+            std::cmp::Reverse(self.dport_span()),
         )
     }
 
@@ -290,10 +330,12 @@ impl Class {
         if !both(self.proto, o.proto) || !both(self.icmp_type, o.icmp_type) {
             return false;
         }
-        if let (Some((a0, a1)), Some((b0, b1))) = (self.dport, o.dport)
-            && (a1 < b0 || b1 < a0)
-        {
-            return false;
+        for (a, b) in [(self.dport, o.dport), (self.sport, o.sport)] {
+            if let (Some((a0, a1)), Some((b0, b1))) = (a, b)
+                && (a1 < b0 || b1 < a0)
+            {
+                return false;
+            }
         }
         if let (Some((am, av)), Some((bm, bv))) = (self.tcp_flags, o.tcp_flags)
             && (av ^ bv) & am & bm != 0
@@ -315,11 +357,13 @@ impl Class {
         if self.proto.is_some_and(|p| p != f.proto) {
             return false;
         }
-        let needs_l4 = self.dport.is_some() || self.tcp_flags.is_some() || self.icmp_type.is_some();
-        if needs_l4 && !f.has_l4 {
+        if self.needs_l4() && !f.has_l4 {
             return false;
         }
         if self.dport.is_some_and(|(lo, hi)| !(lo..=hi).contains(&f.dport)) {
+            return false;
+        }
+        if self.sport.is_some_and(|(lo, hi)| !(lo..=hi).contains(&f.sport)) {
             return false;
         }
         if self.tcp_flags.is_some_and(|(m, s)| f.tcp_flags & m != s) {
@@ -341,6 +385,12 @@ impl Class {
         true
     }
 
+    /// Whether the class reads the layer-4 header (a port, TCP flags or an
+    /// ICMP type).
+    fn needs_l4(&self) -> bool {
+        self.dport.is_some() || self.sport.is_some() || self.tcp_flags.is_some() || self.icmp_type.is_some()
+    }
+
     /// The program's form of this class, with its rule.
     pub fn candidate(&self, rule: Rule) -> ClassCand {
         let mut c = ClassCand {
@@ -351,10 +401,15 @@ impl Class {
             tcp_mask: 0,
             tcp_flags: 0,
             icmp_type: 0,
-            _pad: [0; 4],
+            sport_lo: 0,
+            sport_hi: 0,
         };
-        if self.dport.is_some() || self.tcp_flags.is_some() || self.icmp_type.is_some() {
+        if self.needs_l4() {
             c.needs |= NEEDS_L4;
+        }
+        if let Some((lo, hi)) = self.sport {
+            c.needs |= NEEDS_SPORT;
+            (c.sport_lo, c.sport_hi) = (lo, hi);
         }
         if let Some((m, s)) = self.tcp_flags {
             c.needs |= NEEDS_TCP_FLAGS;
@@ -384,8 +439,8 @@ impl Class {
 }
 
 impl fmt::Display for Class {
-    /// `udp dport 53`, `tcp flags syn,!ack`, `icmp type 8`, `dst 192.0.2.10/32`;
-    /// `-` for no class.
+    /// `udp dport 53`, `udp sport 123`, `tcp flags syn,!ack`, `icmp type 8`,
+    /// `dst 192.0.2.10/32`; `-` for no class.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_none() {
             return f.write_str("-");
@@ -394,6 +449,9 @@ impl fmt::Display for Class {
         let mut parts = Vec::new();
         if let Some(p) = t.proto {
             parts.push(p);
+        }
+        if let Some(p) = t.sport {
+            parts.push(format!("sport {p}"));
         }
         if let Some(p) = t.dport {
             parts.push(format!("dport {p}"));
@@ -426,7 +484,7 @@ pub fn check_ties<'a>(rules: impl IntoIterator<Item = (&'a IpNet, &'a Class)>) -
                 if a != b && a.order() == b.order() && a.overlaps(b) {
                     return Err(Error::Invalid(format!(
                         "{net}: the classes '{a}' and '{b}' tie: the same frame can match both and neither is more \
-                         specific (more fields, a narrower port range, a longer --dst, more --tcp-flags win); \
+                         specific (more fields, narrower port ranges, a longer --dst, more --tcp-flags win); \
                          make one narrower, or remove one"
                     )));
                 }
@@ -436,12 +494,21 @@ pub fn check_ties<'a>(rules: impl IntoIterator<Item = (&'a IpNet, &'a Class)>) -
     Ok(())
 }
 
+/// Which of the fields that need a protocol a class gives.
+#[derive(Clone, Copy)]
+struct Given {
+    dport: bool,
+    sport: bool,
+    tcp_flags: bool,
+    icmp_type: bool,
+}
+
 /// What a class's fields need of its protocol, when the protocol is known
 /// (`proto`: `None` not known, `Some(None)` not given): each problem into
-/// `found`. `given`: whether dport, tcp_flags and icmp_type are given.
+/// `found`.
 fn needs_of_proto(
     proto: Option<Option<u8>>,
-    (dport, tcp_flags, icmp_type): (bool, bool, bool),
+    Given { dport, sport, tcp_flags, icmp_type }: Given,
     v6: Option<bool>,
     found: &mut Vec<(&'static str, Error)>,
 ) {
@@ -452,6 +519,11 @@ fn needs_of_proto(
             "dport",
             Error::Invalid("--dport needs a protocol with ports: --proto tcp, udp, sctp or udplite".into()),
         ));
+    }
+    if let (true, Some(proto)) = (sport, proto)
+        && !proto.is_some_and(|p| PROTOS_WITH_SPORTS.contains(&p))
+    {
+        found.push(("sport", Error::Invalid("--sport needs --proto tcp or udp".into())));
     }
     if let (true, Some(proto)) = (tcp_flags, proto)
         && proto != Some(IPPROTO_TCP)

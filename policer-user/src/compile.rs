@@ -250,26 +250,30 @@ pub(crate) fn no_rule() -> Rule {
 
 /// Which frames a chain of classes can match: a protocol with a class that
 /// names no port (or a class that names no protocol) is looked up for
-/// every frame; otherwise the ports its classes name.
+/// every frame; otherwise the destination ports its classes name, and the
+/// source ports of those that name only a source port.
 fn filter(chain: &[(Class, Rule)]) -> ClassFilter {
     let mut f = ClassFilter::default();
     for (c, _) in chain {
-        match (c.proto, c.dport) {
-            (None, _) => {
+        match (c.proto, c.dport, c.sport) {
+            (None, _, _) => {
                 for p in 0..=255 {
                     f.set_any(p);
                 }
             }
-            (Some(p), None) => f.set_any(p),
-            (Some(p), Some((lo, hi))) => f.set_ports(p, lo, hi),
+            (Some(p), None, None) => f.set_any(p),
+            (Some(p), Some((lo, hi)), _) => f.set_ports(p, lo, hi),
+            (Some(p), None, Some((lo, hi))) => f.set_sports(p, lo, hi),
         }
     }
     f
 }
 
 /// The index entries of one group: for each protocol the classes name,
-/// the port space cut where the set of classes changes, each piece as
-/// aligned blocks.
+/// the destination port space cut where the set of classes changes, each
+/// piece as aligned blocks. (The source port is the candidates' to match:
+/// a class with a source port and no destination port is in its
+/// protocol's entry and every port's.)
 fn index_group(
     group: u32,
     net: &IpNet,
@@ -280,8 +284,9 @@ fn index_group(
         let members: Vec<&(Class, Rule)> = members.collect();
         if members.len() > MAX_CANDIDATES {
             return Err(Error::Invalid(format!(
-                "{net}: {} classes (of this prefix and the shorter ones it falls to) can match the same frame \
-                 ({what}); at most {MAX_CANDIDATES}",
+                "{net}: {} classes (of this prefix and the shorter ones it falls to) are candidates for the same \
+                 frame ({what}; a class with a --sport and no --dport is one for every port of its protocol); at \
+                 most {MAX_CANDIDATES}",
                 members.len()
             )));
         }

@@ -799,6 +799,8 @@ pub struct InspectFrame {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dport: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sport: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_flags: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub icmp_type: Option<u8>,
@@ -918,14 +920,16 @@ pub struct InspectCover {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleView {
     pub prefix: String,
-    /// The class as one text (`udp dport 53`, `tcp flags syn,!ack`; `-`
-    /// for none), then its fields as written.
+    /// The class as one text (`udp dport 53`, `udp sport 123`, `tcp flags
+    /// syn,!ack`; `-` for none), then its fields as written.
     #[serde(default)]
     pub class: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proto: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dport: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sport: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_flags: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

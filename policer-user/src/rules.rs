@@ -45,6 +45,10 @@ pub struct RuleConfig {
     /// Destination port or `LOW-HIGH` (a number or a string in TOML).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dport: Option<PortValue>,
+    /// Source port or `LOW-HIGH` (TCP and UDP; a number or a string in
+    /// TOML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sport: Option<PortValue>,
     /// `syn`, `syn,!ack`, `rst`, ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_flags: Option<String>,
@@ -257,6 +261,7 @@ impl RuleConfig {
         ClassText {
             proto: self.proto.clone(),
             dport: self.dport.as_ref().map(PortValue::text),
+            sport: self.sport.as_ref().map(PortValue::text),
             tcp_flags: self.tcp_flags.clone(),
             icmp_type: self.icmp_type.map(|t| t.to_string()),
             dst: self.dst.clone(),
@@ -267,6 +272,7 @@ impl RuleConfig {
     pub fn with_class_text(mut self, t: ClassText) -> RuleConfig {
         self.proto = t.proto;
         self.dport = t.dport.map(PortValue::Text);
+        self.sport = t.sport.map(PortValue::Text);
         self.tcp_flags = t.tcp_flags;
         self.icmp_type = None;
         self.dst = t.dst;
@@ -853,6 +859,7 @@ impl RuleSpec {
             key_len: (self.key_len != default_key).then_some(self.key_len),
             proto: None,
             dport: None,
+            sport: None,
             tcp_flags: None,
             icmp_type: None,
             dst: None,
@@ -874,12 +881,15 @@ impl RuleSpec {
 }
 
 impl RuleConfig {
-    /// A single port as a TOML number (`dport = 53`), a range as text.
+    /// A single port as a TOML number (`dport = 53`, `sport = 123`), a
+    /// range as text.
     fn with_dport_number(mut self) -> RuleConfig {
-        if let Some(PortValue::Text(t)) = &self.dport
-            && let Ok(n) = t.parse::<u32>()
-        {
-            self.dport = Some(PortValue::Number(n));
+        for ports in [&mut self.dport, &mut self.sport] {
+            if let Some(PortValue::Text(t)) = ports
+                && let Ok(n) = t.parse::<u32>()
+            {
+                *ports = Some(PortValue::Number(n));
+            }
         }
         self
     }

@@ -26,6 +26,7 @@ pub fn class(v6: bool, words: &str) -> Class {
         let slot = match k {
             "proto" => &mut t.proto,
             "dport" => &mut t.dport,
+            "sport" => &mut t.sport,
             "tcp-flags" => &mut t.tcp_flags,
             "icmp-type" => &mut t.icmp_type,
             "dst" => &mut t.dst,

@@ -132,7 +132,7 @@ pub fn parse(f: &[u8]) -> Expect {
 /// `at` (None: nothing to read). A header the frame cuts short reads as
 /// none.
 fn layer4(f: &[u8], proto: u8, at: Option<usize>, dst: [u8; 16]) -> FrameL4 {
-    let mut l4 = FrameL4 { proto, has_l4: false, dport: 0, tcp_flags: 0, icmp_type: 0, dst };
+    let mut l4 = FrameL4 { proto, has_l4: false, dport: 0, sport: 0, tcp_flags: 0, icmp_type: 0, dst };
     let Some(p) = at else {
         return l4;
     };
@@ -140,6 +140,7 @@ fn layer4(f: &[u8], proto: u8, at: Option<usize>, dst: [u8; 16]) -> FrameL4 {
     match proto {
         6 => {
             if have(14) {
+                l4.sport = be16(f, p) as u16;
                 l4.dport = be16(f, p + 2) as u16;
                 l4.tcp_flags = f[p + 13];
                 l4.has_l4 = true;
@@ -153,6 +154,7 @@ fn layer4(f: &[u8], proto: u8, at: Option<usize>, dst: [u8; 16]) -> FrameL4 {
         }
         17 | 132 | 136 => {
             if have(4) {
+                l4.sport = be16(f, p) as u16;
                 l4.dport = be16(f, p + 2) as u16;
                 l4.has_l4 = true;
             }

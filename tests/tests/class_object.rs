@@ -78,6 +78,9 @@ const V6_DEFAULT: u32 = 13;
 const V6_DNS: u32 = 14;
 const V6_SYN: u32 = 15;
 const V6_ECHO: u32 = 16;
+const A_NTP: u32 = 17;
+const A_TLS: u32 = 18;
+const V6_SDNS: u32 = 19;
 const ANY: u32 = 1;
 
 fn table_rules() -> Vec<KernelRule> {
@@ -93,6 +96,9 @@ fn table_rules() -> Vec<KernelRule> {
         kernel_rule("10.0.0.0/8", "proto=icmp icmp-type=8", act(Deny, false), A_ECHO),
         kernel_rule("10.0.0.0/8", "dst=192.0.2.0/24", act(Deny, false), A_DST),
         kernel_rule("10.0.0.0/8", "proto=47", act(Deny, false), A_GRE),
+        // Source ports (issue 46): alone, and with a destination port.
+        kernel_rule("10.0.0.0/8", "proto=udp sport=123", act(Deny, false), A_NTP),
+        kernel_rule("10.0.0.0/8", "proto=tcp sport=1024-65535 dport=8443", act(Deny, false), A_TLS),
         // B: 10.1/16, one port-less class and no class-less rule (falls to A).
         kernel_rule("10.1.0.0/16", "proto=udp", act(Deny, false), B_UDP),
         // C: 10.2/16, its own class-less rule (stops the fall to A).
@@ -102,6 +108,7 @@ fn table_rules() -> Vec<KernelRule> {
         kernel_rule("2001:db8::/32", "proto=udp dport=53", act(Deny, true), V6_DNS),
         kernel_rule("2001:db8::/32", "proto=tcp tcp-flags=syn", act(Deny, true), V6_SYN),
         kernel_rule("2001:db8::/32", "proto=icmpv6 icmp-type=128", act(Deny, true), V6_ECHO),
+        kernel_rule("2001:db8::/32", "proto=udp sport=53", act(Deny, true), V6_SDNS),
     ]
 }
 
@@ -126,8 +133,10 @@ fn class_frame_table() {
         s.ipv4_frag = Some((off, more));
         s
     };
+    let from = |src: &str, sport: u16, dport: u16| udp(src, dport).with_l4(L4::Udp { sport, dport });
     let tcp6 = |dport: u16, flags: u8| FrameSpec::tcp(ip("2001:db8::1"), d6, 100, 40000, dport, flags);
     let udp6 = |dport: u16| FrameSpec::udp_to(ip("2001:db8::1"), d6, 100, dport);
+    let from6 = |sport: u16, dport: u16| udp6(dport).with_l4(L4::Udp { sport, dport });
     let ext = |mut s: FrameSpec, e: &[Ext]| {
         s.ipv6_ext = e.to_vec();
         s
@@ -215,6 +224,38 @@ fn class_frame_table() {
         ("ICMPv6 echo request", FrameSpec::echo(ip("2001:db8::1"), d6, 100), V6_ECHO, DROP),
         ("ICMPv6 echo reply", echo6_reply, V6_DEFAULT, PASS),
         ("IPv6 QinQ, UDP 53", tagged(udp6(53), qinq), V6_DNS, DROP),
+        ("UDP from 123: the source-port class", from("10.0.0.1", 123, 40000), A_NTP, DROP),
+        ("UDP from 124: class-less", from("10.0.0.1", 124, 40000), A_DEFAULT, PASS),
+        ("UDP from 123 to 53: the destination port's class wins a tie", from("10.0.0.1", 123, 53), A_DNS, DROP),
+        ("UDP from 123 to 5353: (allow) the destination port's class", from("10.0.0.1", 123, 5353), A_MDNS, PASS),
+        ("UDP from 123 to 5000: one source port beats a range of 1000", from("10.0.0.1", 123, 5000), A_NTP, DROP),
+        (
+            "TCP from 123: the NTP class is UDP only",
+            FrameSpec::tcp(ip("10.0.0.1"), d4, 80, 123, 22, TCP_ACK),
+            A_DEFAULT,
+            PASS,
+        ),
+        ("TCP 40000 to 8443: source and destination port", tcp("10.0.0.1", 8443, TCP_ACK), A_TLS, DROP),
+        (
+            "TCP 80 to 8443: the source port below the range",
+            FrameSpec::tcp(ip("10.0.0.1"), d4, 80, 80, 8443, TCP_ACK),
+            A_DEFAULT,
+            PASS,
+        ),
+        ("IPv4 first fragment from 123", frag4(from("10.0.0.1", 123, 40000), 0, true), A_NTP, DROP),
+        (
+            "IPv4 later fragment (from-123 look-alike): class-less",
+            frag4(from("10.0.0.1", 123, 40000), 185, true),
+            A_DEFAULT,
+            PASS,
+        ),
+        ("B: UDP from 123, the longer prefix's UDP class wins", from("10.1.0.1", 123, 40000), B_UDP, DROP),
+        ("C: UDP from 123 stops at C's class-less rule", from("10.2.0.1", 123, 40000), C_DEFAULT, PASS),
+        ("IPv6 UDP from 53: the source-port class", from6(53, 40000), V6_SDNS, DROP),
+        ("IPv6 UDP from 53 to 53: the destination port's class", from6(53, 53), V6_DNS, DROP),
+        ("IPv6 UDP from 54: class-less", from6(54, 40000), V6_DEFAULT, PASS),
+        ("IPv6 first fragment from 53", ext(from6(53, 40000), &[frag_first]), V6_SDNS, DROP),
+        ("IPv6 later fragment (from-53 look-alike)", ext(from6(53, 40000), &[frag_later]), V6_DEFAULT, PASS),
         ("IPv6 802.1Q, hop-by-hop, SYN", tagged(ext(tcp6(443, TCP_SYN), &[Ext::HopByHop]), dot1q), V6_SYN, DROP),
     ];
     let mut class_hits = 0;

@@ -267,6 +267,12 @@ fn class_templates() -> Vec<Vec<u8>> {
         FrameSpec::udp_to(o6, d6, 90, 53),
         FrameSpec::udp_to(o6, d6, 90, 9),
         FrameSpec::echo(o6, d6, 90),
+        // Replies from port 53 (the source-port classes), to a high port
+        // and to port 53.
+        FrameSpec::udp(o4, d4, 64).with_l4(policer_tests::frame::L4::Udp { sport: 53, dport: 40000 }),
+        FrameSpec::udp(o4, d4, 64).with_l4(policer_tests::frame::L4::Udp { sport: 53, dport: 53 }),
+        FrameSpec::udp(o6, d6, 90).with_l4(policer_tests::frame::L4::Udp { sport: 53, dport: 40000 }),
+        FrameSpec::tcp(o4, d4, 64, 40000, 80, TCP_ACK),
     ];
     let mut v = FrameSpec::udp_to(s4, d4, 64, 53);
     v.vlans = vec![(0x8100, 7)];
@@ -373,6 +379,11 @@ fn class_rules() -> Vec<KernelRule> {
         ("0.0.0.0/0", "proto=icmp icmp-type=8"),
         ("0.0.0.0/0", "dst=192.0.2.0/24"),
         ("0.0.0.0/0", "proto=47"),
+        // Source ports (issue 46): a wide range many random frames hit, one
+        // port, and with a destination port.
+        ("0.0.0.0/0", "proto=udp sport=0-32767"),
+        ("0.0.0.0/0", "proto=udp sport=53"),
+        ("0.0.0.0/0", "proto=tcp sport=1024-65535 dport=80"),
         // A prefix with classes and no class-less rule: falls to 0/0.
         ("198.18.0.0/16", "proto=udp dport=9"),
         ("198.18.0.0/16", "proto=tcp dport=443 dst=192.0.2.10/32"),
@@ -382,6 +393,7 @@ fn class_rules() -> Vec<KernelRule> {
         ("::/0", "proto=tcp tcp-flags=syn"),
         ("::/0", "proto=icmpv6 icmp-type=128"),
         ("::/0", "proto=udp"),
+        ("::/0", "proto=udp sport=0-32767"),
         ("2001:db8::/32", "proto=udp dst=2001:db8:eeee::/48"),
         ("2001:db8::/32", "dst=2001:db8:ffff::/48"),
     ];

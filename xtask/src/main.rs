@@ -344,6 +344,7 @@ fn test(host_only: bool) -> Result<()> {
         "serve",
         "soak",
         "classes",
+        "sport",
         "bans",
         "import",
         "feeds",

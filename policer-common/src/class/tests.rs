@@ -9,7 +9,8 @@ fn cand(needs: u8) -> ClassCand {
         tcp_mask: 0,
         tcp_flags: 0,
         icmp_type: 0,
-        _pad: [0; 4],
+        sport_lo: 0,
+        sport_hi: 0,
     }
 }
 
@@ -63,6 +64,41 @@ fn icmp_types_and_destinations() {
 }
 
 #[test]
+fn source_ports_match_their_range_and_need_layer_4() {
+    let mut c = cand(NEEDS_L4 | NEEDS_SPORT);
+    (c.sport_lo, c.sport_hi) = (53, 53);
+    let from = |p| FrameL4 { sport: p, dport: 40_000, ..frame(IPPROTO_UDP) };
+    assert!(c.matches(&from(53)));
+    assert!(!c.matches(&from(54)) && !c.matches(&from(52)));
+    assert!(!c.matches(&FrameL4 { has_l4: false, ..from(53) }), "a later fragment has no source port");
+    (c.sport_lo, c.sport_hi) = (1000, 2000);
+    assert!(c.matches(&from(1000)) && c.matches(&from(2000)) && c.matches(&from(1500)));
+    assert!(!c.matches(&from(999)) && !c.matches(&from(2001)));
+    // The source port is not the destination port.
+    assert!(!c.matches(&FrameL4 { sport: 9, dport: 1500, ..frame(IPPROTO_UDP) }));
+}
+
+#[test]
+fn the_filter_passes_a_source_port_a_class_names() {
+    let mut f = ClassFilter::default();
+    f.set_sports(IPPROTO_UDP, 123, 123);
+    assert!(f.may_match(IPPROTO_UDP, true, 40_000, 123), "from 123, to any port");
+    assert!(!f.may_match(IPPROTO_UDP, true, 123, 40_000), "to 123 is not from 123");
+    assert!(!f.may_match(IPPROTO_TCP, true, 40_000, 123), "another protocol's lane");
+    assert!(!f.may_match(IPPROTO_UDP, false, 0, 123), "no layer 4");
+    f.set_ports(IPPROTO_UDP, 53, 53);
+    assert!(f.may_match(IPPROTO_UDP, true, 53, 9) && f.may_match(IPPROTO_UDP, true, 9, 123));
+    assert!(!f.may_match(IPPROTO_UDP, true, 9, 9));
+    let mut g = ClassFilter::default();
+    g.set_sports(IPPROTO_TCP, 0, 1023);
+    assert!((0..512).all(|p| g.may_match(IPPROTO_TCP, true, 9, p)), "a range of 512 ports or more: every bit");
+    g.set_sports(132, 9, 9);
+    assert!(g.may_match(132, true, 0, 0), "a protocol without a lane: every frame");
+    let u = ClassFilter::default().union(&f);
+    assert!(u.may_match(IPPROTO_UDP, true, 40_000, 123));
+}
+
+#[test]
 fn the_first_match_wins_and_the_length_bounds_the_scan() {
     let mut l = ClassList { len: 2, _pad: 0, cands: [cand(NEEDS_L4); MAX_CANDIDATES] };
     l.cands[0].needs = NEEDS_L4 | NEEDS_ICMP_TYPE;
@@ -81,20 +117,22 @@ fn the_filter_passes_what_a_class_can_match() {
     f.set_ports(IPPROTO_UDP, 53, 53);
     f.set_ports(IPPROTO_TCP, 8000, 8999);
     f.set_any(IPPROTO_ICMP);
-    assert!(f.may_match(IPPROTO_UDP, true, 53));
-    assert!(!f.may_match(IPPROTO_UDP, true, 9), "another port");
-    assert!(f.may_match(IPPROTO_UDP, true, 53 + 512), "a port sharing the bit: looked up, the index decides");
-    assert!(!f.may_match(IPPROTO_UDP, false, 53), "no layer 4: port classes cannot match");
-    assert!(f.may_match(IPPROTO_TCP, true, 8500));
-    assert!(f.may_match(IPPROTO_ICMP, false, 0));
-    assert!(!f.may_match(47, true, 0), "a protocol no class names");
+    assert!(f.may_match(IPPROTO_UDP, true, 53, 0));
+    assert!(!f.may_match(IPPROTO_UDP, true, 9, 0), "another port");
+    assert!(f.may_match(IPPROTO_UDP, true, 53 + 512, 0), "a port sharing the bit: looked up, the index decides");
+    assert!(!f.may_match(IPPROTO_UDP, false, 53, 0), "no layer 4: port classes cannot match");
+    assert!(f.may_match(IPPROTO_TCP, true, 8500, 0));
+    assert!(f.may_match(IPPROTO_ICMP, false, 0, 0));
+    assert!(!f.may_match(47, true, 0, 0), "a protocol no class names");
     let mut g = ClassFilter::default();
     g.set_ports(IPPROTO_UDP, 1000, 2000);
-    assert!((0..512).all(|p| g.may_match(IPPROTO_UDP, true, p)), "a range of 512 ports or more: every bit");
+    assert!((0..512).all(|p| g.may_match(IPPROTO_UDP, true, p, 0)), "a range of 512 ports or more: every bit");
     g.set_ports(132, 5000, 5000);
-    assert!(g.may_match(132, false, 0), "a protocol without a lane: every frame");
+    assert!(g.may_match(132, false, 0, 0), "a protocol without a lane: every frame");
     let u = f.union(&g);
-    assert!(u.may_match(132, true, 1) && u.may_match(IPPROTO_ICMP, true, 0) && u.may_match(IPPROTO_UDP, true, 9));
+    assert!(
+        u.may_match(132, true, 1, 0) && u.may_match(IPPROTO_ICMP, true, 0, 0) && u.may_match(IPPROTO_UDP, true, 9, 0)
+    );
 }
 
 /// One group's maps, as [`select`] reads them, recording what it read.

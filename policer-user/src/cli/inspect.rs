@@ -1,4 +1,4 @@
-//! `policer inspect ADDR [--proto … --dport … --tcp-flags … --icmp-type …
+//! `policer inspect ADDR [--proto … --dport … --sport … --tcp-flags … --icmp-type …
 //! --dst … --frame-bytes N] [--json]`: one source, as the policer sees it
 //! now.
 
@@ -24,6 +24,9 @@ pub struct Args {
     /// udplite).
     #[arg(long, value_name = "PORT", requires = "proto")]
     dport: Option<u16>,
+    /// The frame's source port (with --proto tcp or udp).
+    #[arg(long, value_name = "PORT", requires = "proto")]
+    sport: Option<u16>,
     /// The TCP flags the frame has set, e.g. `syn` or `syn,ack` (with
     /// --proto tcp).
     #[arg(long, value_name = "FLAGS", requires = "proto")]
@@ -60,6 +63,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let frame = InspectFrame {
         proto: a.proto,
         dport: a.dport,
+        sport: a.sport,
         tcp_flags: a.tcp_flags,
         icmp_type: a.icmp_type,
         dst: a.dst,

@@ -140,9 +140,12 @@ written, nothing changes and the command says why. Buckets keep their fill acros
 fraction of their size), also when a source moves to another prefix's rule; changing --key-len regroups \
 sources into new, empty buckets.
 
-A class (--proto, --dport, --tcp-flags, --icmp-type, --dst) gives each source a bucket per class, apart from its \
-class-less bucket: a flood of one kind is cut without starving the same source's other traffic. Classes that \
-could tie are refused. --total-rate adds one bucket for the whole rule, all sources together, charged after the \
+A class (--proto, --dport, --sport, --tcp-flags, --icmp-type, --dst) gives each source a bucket per class, apart \
+from its class-less bucket: a flood of one kind is cut without starving the same source's other traffic. \
+--sport (tcp, udp) takes a reflection flood by its reflectors' service port (53 DNS, 123 NTP); like --dport it \
+needs a first fragment (later fragments carry no ports). The most specific class wins: more fields, then \
+narrower port ranges; of a --sport and a --dport class otherwise equal, the --dport class. Classes that could tie \
+are refused. --total-rate adds one bucket for the whole rule, all sources together, charged after the \
 source's own. --ban-for bans a source whose bucket refuses --ban-after frames. A class-less deny of a whole \
 family (0.0.0.0/0, ::/0) is refused without --force; a rule inside a protected prefix (policer.toml(5), \
 `protect`) that does anything but allow is refused.",
@@ -160,6 +163,14 @@ family (0.0.0.0/0, ::/0) is refused without --force; a rule inside a protected p
             (
                 "SSH: ban a source for 10 minutes after 20 refused frames, doubling up to a day",
                 "policer rule set 0.0.0.0/0 --proto tcp --dport 22 --rate 5pps --burst 10 --ban-for 10m --ban-after 20 --ban-max 1d",
+            ),
+            (
+                "A DNS reflection: replies from port 53, per reflector",
+                "policer rule set 0.0.0.0/0 --proto udp --sport 53 --rate 100pps --burst 200",
+            ),
+            (
+                "An NTP reflection: replies from port 123, all reflectors together",
+                "policer rule set 0.0.0.0/0 --proto udp --sport 123 --total-rate 5kpps",
             ),
             ("A rule that removes itself in two hours", "policer rule set 198.51.100.0/24 --action deny --ttl 2h"),
             (
@@ -353,6 +364,7 @@ others do not.",
         examples: &[
             ("Why a source is dropped", "policer inspect 198.18.0.1"),
             ("Its DNS queries", "policer inspect 198.18.0.1 --proto udp --dport 53"),
+            ("Its DNS replies (a reflector)", "policer inspect 198.18.0.1 --proto udp --sport 53 --dport 40000"),
         ],
         json: Some("## `policer inspect ADDR --json`"),
         see_also: &["policer-top", "policer-rule-ls"],

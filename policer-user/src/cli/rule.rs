@@ -20,6 +20,9 @@ pub struct ClassArgs {
     /// Destination port or range LOW-HIGH (tcp, udp, sctp, udplite).
     #[arg(long, allow_hyphen_values = true)]
     dport: Option<String>,
+    /// Source port or range LOW-HIGH (tcp, udp): 53 or 123 for a DNS or NTP reflection.
+    #[arg(long, allow_hyphen_values = true)]
+    sport: Option<String>,
     /// TCP flags, comma-separated, `!` negates: syn, syn,!ack (a bare SYN), rst.
     #[arg(long, allow_hyphen_values = true)]
     tcp_flags: Option<String>,
@@ -36,6 +39,7 @@ impl ClassArgs {
         ClassText {
             proto: self.proto.clone(),
             dport: self.dport.clone(),
+            sport: self.sport.clone(),
             tcp_flags: self.tcp_flags.clone(),
             icmp_type: self.icmp_type.clone(),
             dst: self.dst.clone(),

@@ -91,3 +91,58 @@ fn a_manual_ban_overrides_every_rule_under_it_and_gives_them_back() {
     }
     assert_eq!(after.index.len(), before.index.len());
 }
+
+/// Source-port classes: their ports in the filter's source lanes (a frame
+/// from another port skips the index), their range matched by the
+/// candidate, and a destination-port class that equals one in all else
+/// winning a frame both match.
+#[test]
+fn source_port_classes_compile_to_the_filter_and_candidates() {
+    let r = |net: &str, class: Class, slot| KernelRule {
+        net: net.parse().unwrap(),
+        class,
+        rule: Rule::packets(100, 10).unwrap().with_counter_slot(slot),
+        ban: false,
+    };
+    let sport = |s: &str, p: &str| Class {
+        sport: Some(match p.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+            None => (p.parse().unwrap(), p.parse().unwrap()),
+        }),
+        ..class(s)
+    };
+    let rules = vec![
+        r("0.0.0.0/0", Class::default(), 1),
+        r("0.0.0.0/0", sport("udp _ _ _ _", "53"), 2),
+        r("0.0.0.0/0", sport("udp _ _ _ _", "123"), 3),
+        r("0.0.0.0/0", class("udp 53 _ _ _"), 4),
+        r("0.0.0.0/0", sport("tcp 443 _ _ _", "1024-65535"), 5),
+    ];
+    let c = compile(&rules, &mut Groups::default()).unwrap();
+    let g = c.prefixes[&"0.0.0.0/0".parse::<IpNet>().unwrap()].classes;
+    let f = c.filters[&g];
+    assert!(f.may_match(17, true, 40_000, 53) && f.may_match(17, true, 40_000, 123));
+    assert!(!f.may_match(17, true, 40_000, 124), "from another port, to another port: no lookup");
+    assert!(f.may_match(6, true, 443, 80), "tcp to 443 is looked up (its source checked by the candidate)");
+    assert!(!f.may_match(6, true, 80, 1024), "a source port of a class with a destination port: not a lane");
+    let src = "192.0.2.1".parse().unwrap();
+    let slot = |sport, dport, proto| {
+        let f = FrameL4 { proto, has_l4: true, sport, dport, ..FrameL4::default() };
+        lookup(&c, src, &f).map(|r| r.counter_slot)
+    };
+    assert_eq!(slot(53, 40_000, 17), Some(2), "a DNS reply");
+    assert_eq!(slot(123, 40_000, 17), Some(3), "an NTP reply");
+    assert_eq!(slot(124, 40_000, 17), Some(1), "neither: the class-less rule");
+    assert_eq!(slot(40_000, 53, 17), Some(4), "a DNS query");
+    assert_eq!(slot(53, 53, 17), Some(4), "from 53 to 53: the destination port's class");
+    assert_eq!(slot(123, 53, 17), Some(4), "to 53 from 123: equal, the destination's");
+    assert_eq!(slot(40_000, 443, 6), Some(5));
+    assert_eq!(slot(80, 443, 6), Some(1), "a source port below the range");
+    let later = FrameL4 { proto: 17, has_l4: false, ..FrameL4::default() };
+    assert_eq!(lookup(&c, src, &later).map(|r| r.counter_slot), Some(1), "a later fragment: no port class");
+    // Source-port classes are candidates for every port of their protocol.
+    let many: Vec<KernelRule> =
+        (0..9).map(|i| r("10.0.0.0/8", sport("udp _ _ _ _", &(100 + i).to_string()), i + 1)).collect();
+    let e = compile(&many, &mut Groups::default()).unwrap_err().to_string();
+    assert!(e.contains("at most 8") && e.contains("--sport"), "{e}");
+}

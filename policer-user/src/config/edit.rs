@@ -243,14 +243,12 @@ fn write_bans(t: &mut dyn TableLike, c: &RuleConfig) {
 /// The class fields (what identifies the rule with its prefix).
 fn write_class(t: &mut dyn TableLike, c: &RuleConfig) {
     set(t, "proto", c.proto.clone().map(Value::from));
-    set(
-        t,
-        "dport",
-        c.dport.as_ref().map(|p| match p {
-            PortValue::Number(n) => Value::from(i64::from(*n)),
-            PortValue::Text(s) => Value::from(s.as_str()),
-        }),
-    );
+    let port = |p: &PortValue| match p {
+        PortValue::Number(n) => Value::from(i64::from(*n)),
+        PortValue::Text(s) => Value::from(s.as_str()),
+    };
+    set(t, "dport", c.dport.as_ref().map(port));
+    set(t, "sport", c.sport.as_ref().map(port));
     set(t, "tcp_flags", c.tcp_flags.clone().map(Value::from));
     set(t, "icmp_type", c.icmp_type.map(|n| Value::from(i64::from(n))));
     set(t, "dst", c.dst.clone().map(Value::from));

@@ -293,7 +293,7 @@ impl Config {
                 broken.push("ttl");
             }
             let (spec, found) = r.checked(&broken);
-            let identity = ["prefix", "proto", "dport", "tcp_flags", "icmp_type", "dst", "ban"];
+            let identity = ["prefix", "proto", "dport", "sport", "tcp_flags", "icmp_type", "dst", "ban"];
             let known = |k: &str| !broken.contains(&k) && !found.iter().any(|p| p.key == k);
             let key = match &spec {
                 Some(s) => Some(s.key()),
@@ -424,7 +424,7 @@ fn keyed(r: &RuleConfig, p: &crate::rules::KeyProblem) -> String {
 /// the config file's keys (`total_rate`).
 fn as_keys(message: &str) -> String {
     // Longest first: `--total-rate` before `--rate`.
-    const OPTIONS: [(&str, &str); 14] = [
+    const OPTIONS: [(&str, &str); 15] = [
         ("--total-burst", "total_burst"),
         ("--total-rate", "total_rate"),
         ("--tcp-flags", "tcp_flags"),
@@ -436,6 +436,7 @@ fn as_keys(message: &str) -> String {
         ("--action", "action"),
         ("--proto", "proto"),
         ("--dport", "dport"),
+        ("--sport", "sport"),
         ("--dst", "dst"),
         ("--burst", "burst"),
         ("--rate", "rate"),

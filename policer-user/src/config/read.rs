@@ -665,7 +665,7 @@ impl Reader {
             let good = match field {
                 R::Prefix => true,
                 R::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
-                R::IcmpType | R::Dport | R::Proto | R::TcpFlags | R::Dst => {
+                R::IcmpType | R::Dport | R::Sport | R::Proto | R::TcpFlags | R::Dst => {
                     self.rule_match(place, field, key, v, &mut r)
                 }
                 R::BanAfter | R::BanFor | R::BanMax | R::Ttl | R::Expires | R::Ban | R::Reason => {
@@ -730,7 +730,7 @@ impl Reader {
     }
 
     /// One of the keys that narrow the frames a rule takes (`icmp_type`,
-    /// `dport`, `proto`, `tcp_flags`, `dst`: `field`, named `key` in the
+    /// `dport`, `sport`, `proto`, `tcp_flags`, `dst`: `field`, named `key` in the
     /// file): whether its value is valid, kept in `r`.
     fn rule_match(
         &mut self,
@@ -749,26 +749,23 @@ impl Reader {
                 r.icmp_type = n.map(|n| n as u32);
                 n.is_some()
             }
-            R::Dport => match v.get_ref() {
-                DeValue::Integer(_) => match unsigned(v.get_ref(), 65535) {
-                    Some(n) => {
-                        r.dport = Some(PortValue::Number(n as u32));
-                        true
-                    }
-                    None => {
-                        self.bad(place, key, v, "a port", "dport = 53 or a range like dport = \"8000-8999\"");
-                        false
-                    }
-                },
-                DeValue::String(s) => {
-                    r.dport = Some(PortValue::Text(s.to_string()));
-                    true
+            R::Dport | R::Sport => {
+                let (slot, example) = match field {
+                    R::Dport => (&mut r.dport, "dport = 53 or a range like dport = \"8000-8999\""),
+                    _ => (&mut r.sport, "sport = 53 or a range like sport = \"1024-65535\""),
+                };
+                let port = match v.get_ref() {
+                    DeValue::Integer(_) => unsigned(v.get_ref(), 65535).map(|n| PortValue::Number(n as u32)),
+                    DeValue::String(s) => Some(PortValue::Text(s.to_string())),
+                    _ => None,
+                };
+                let good = port.is_some();
+                *slot = port;
+                if !good {
+                    self.bad(place, key, v, "a port", example);
                 }
-                _ => {
-                    self.bad(place, key, v, "a port", "dport = 53 or a range like dport = \"8000-8999\"");
-                    false
-                }
-            },
+                good
+            }
             R::Proto => {
                 r.proto = self.string(
                     place,

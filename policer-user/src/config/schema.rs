@@ -94,6 +94,7 @@ pub enum RuleField {
     Shared(SharedField),
     Proto,
     Dport,
+    Sport,
     TcpFlags,
     IcmpType,
     Dst,
@@ -314,6 +315,13 @@ pub static KEYS: &[Key] = &[
         "Class: tcp, udp, icmp, icmpv6, sctp, udplite or a protocol number.",
     ),
     rule(R::Dport, "dport", "integer or string", "none", "Class: a destination port, or a range \"8000-8999\"."),
+    rule(
+        R::Sport,
+        "sport",
+        "integer or string",
+        "none",
+        "Class: a source port, or a range \"1024-65535\" (tcp or udp): sport = 53 is DNS replies, a reflection.",
+    ),
     rule(R::TcpFlags, "tcp_flags", "string", "none", "Class: TCP flags, ! negates: \"syn,!ack\" is a bare SYN."),
     rule(
         R::IcmpType,

@@ -534,8 +534,19 @@ fn class_rules_written_and_read_back() {
         r.proto = Some("icmpv6".into());
         r.icmp_type = Some(128);
     });
+    let reflect = class_spec("203.0.113.0/24", |r| {
+        r.proto = Some("udp".into());
+        r.sport = Some(crate::rules::PortValue::Number(123));
+        r.total_rate = Some("4kpps".into());
+    });
+    let replies = class_spec("2001:db8::/32", |r| {
+        r.proto = Some("tcp".into());
+        r.sport = Some(crate::rules::PortValue::Text("1024-65535".into()));
+        r.dport = Some(crate::rules::PortValue::Number(443));
+    });
     let all = with(with(with(with(rules.clone(), dns.clone()), syn.clone()), game.clone()), echo.clone());
-    assert_eq!(all.len(), rules.len() + 4, "two classes of one prefix are two rules");
+    let all = with(with(all, reflect.clone()), replies.clone());
+    assert_eq!(all.len(), rules.len() + 6, "two classes of one prefix are two rules");
     f.apply_rules(&all).unwrap();
     let text = fs::read_to_string(&p).unwrap();
     for want in [
@@ -545,6 +556,8 @@ fn class_rules_written_and_read_back() {
         "dport = \"27015-27020\"",
         "dst = \"192.0.2.10/32\"",
         "icmp_type = 128",
+        "proto = \"udp\"\nsport = 123\n",
+        "proto = \"tcp\"\ndport = 443\nsport = \"1024-65535\"\n",
     ] {
         assert!(text.contains(want), "no '{want}' in:\n{text}");
     }
@@ -783,6 +796,8 @@ fn bad_values_name_the_key_and_an_example() {
         (rule("proto = 17"), 4, r#"proto: 17 is not a protocol; write proto = "udp""#),
         (rule("dport = 70000"), 4, "dport: 70000 is not a port; write dport = 53"),
         (rule("dport = true"), 4, "dport: true is not a port"),
+        (rule("sport = 70000"), 4, "sport: 70000 is not a port; write sport = 53"),
+        (rule("sport = [53]"), 4, "sport: a list is not a port"),
         (rule("tcp_flags = [\"syn\"]"), 4, "tcp_flags: a list is not a set of TCP flags"),
         (rule("dst = 1"), 4, "dst: 1 is not a destination prefix"),
         (rule("total_rate = \"lots\""), 4, r#"total_rate: "lots" is not a rate; write total_rate = "10kpps""#),

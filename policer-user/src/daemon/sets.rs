@@ -173,6 +173,7 @@ impl SetState {
             class: String::new(),
             proto: None,
             dport: None,
+            sport: None,
             tcp_flags: None,
             icmp_type: None,
             dst: None,

@@ -257,6 +257,7 @@ impl Views {
                 class: s.class().to_string(),
                 proto: t.proto,
                 dport: t.dport,
+                sport: t.sport,
                 tcp_flags: t.tcp_flags,
                 icmp_type: t.icmp_type,
                 dst: t.dst,
@@ -1389,7 +1390,7 @@ const FULL_FRAME_BYTES: u32 = 1500;
 /// The frame `inspect` judges, as the program reads it (`None`: no frame
 /// fields given, the frame matches no class).
 fn frame_l4(addr: IpAddr, f: &InspectFrame) -> Result<Option<FrameL4>> {
-    use policer_common::class::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, PROTOS_WITH_PORTS};
+    use policer_common::class::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, PROTOS_WITH_PORTS, PROTOS_WITH_SPORTS};
     if let Some(b) = f.bytes
         && !(64..=policer_common::bucket::MAX_FRAME_LEN).contains(&b)
     {
@@ -1401,12 +1402,15 @@ fn frame_l4(addr: IpAddr, f: &InspectFrame) -> Result<Option<FrameL4>> {
     }
     let Some(proto) = f.proto.as_deref() else {
         return Err(Error::Invalid(
-            "--dport, --tcp-flags, --icmp-type and --dst need --proto (the frame's protocol)".into(),
+            "--dport, --sport, --tcp-flags, --icmp-type and --dst need --proto (the frame's protocol)".into(),
         ));
     };
     let proto = crate::classes::parse_proto(proto)?;
     if f.dport.is_some() && !PROTOS_WITH_PORTS.contains(&proto) {
         return Err(Error::Invalid("--dport needs a protocol with ports: --proto tcp, udp, sctp or udplite".into()));
+    }
+    if f.sport.is_some() && !PROTOS_WITH_SPORTS.contains(&proto) {
+        return Err(Error::Invalid("--sport needs --proto tcp or udp".into()));
     }
     let tcp_flags = match f.tcp_flags.as_deref() {
         Some(t) if proto == IPPROTO_TCP => {
@@ -1439,6 +1443,7 @@ fn frame_l4(addr: IpAddr, f: &InspectFrame) -> Result<Option<FrameL4>> {
         proto,
         has_l4: true,
         dport: f.dport.unwrap_or(0),
+        sport: f.sport.unwrap_or(0),
         tcp_flags,
         icmp_type: f.icmp_type.unwrap_or(0),
         dst,
@@ -1527,11 +1532,12 @@ mod tests {
             &frame(|f| {
                 f.proto = Some("udp".into());
                 f.dport = Some(53);
+                f.sport = Some(40_000);
             }),
         )
         .unwrap()
         .unwrap();
-        assert_eq!((f.proto, f.dport, f.tcp_flags, f.has_l4), (17, 53, 0, true));
+        assert_eq!((f.proto, f.dport, f.sport, f.tcp_flags, f.has_l4), (17, 53, 40_000, 0, true));
         // Unnamed, the destination is the unspecified address (no --dst
         // class holds it), mapped for IPv4 as the program reads it.
         assert_eq!(f.dst, mapped_v4([0; 4]));
@@ -1586,6 +1592,14 @@ mod tests {
                 }),
                 "--dport needs a protocol with ports",
             ),
+            (
+                err(a, |f| {
+                    f.proto = Some("sctp".into());
+                    f.sport = Some(53);
+                }),
+                "--sport needs --proto tcp or udp",
+            ),
+            (err(a, |f| f.sport = Some(53)), "need --proto"),
             (
                 err(a, |f| {
                     f.proto = Some("udp".into());

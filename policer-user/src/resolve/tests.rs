@@ -4,7 +4,7 @@ use policer_common::class::{TCP_ACK, TCP_RST, TCP_SYN, mapped_v4};
 
 use super::*;
 use crate::{
-    classes::{check_ties, tests::text},
+    classes::{ClassText, check_ties, tests::text},
     compile::{Compiled, Groups, compile, lookup},
     protect::Protect,
 };
@@ -77,12 +77,14 @@ fn world(rng: &mut Rng) -> World {
         let proto = if v6 && proto == Some("icmp") { Some("icmpv6") } else { proto };
         let ports = matches!(proto, Some("tcp") | Some("udp"));
         let dport = if ports { rng.pick(&[None, Some("53"), Some("50-59"), Some("1024-65535")]) } else { None };
+        let sport = if ports { rng.pick(&[None, None, Some("53"), Some("123"), Some("1024-65535")]) } else { None };
         let flags = if proto == Some("tcp") { rng.pick(&[None, Some("syn"), Some("syn,!ack")]) } else { None };
         let dst = if v6 { None } else { rng.pick(&[None, Some("198.51.100.0/24")]) };
         let class = if rng.one_in(3) {
             Class::default()
         } else {
-            Class::parse(&text(proto, dport, flags, None, dst), v6).unwrap()
+            Class::parse(&ClassText { sport: sport.map(Into::into), ..text(proto, dport, flags, None, dst) }, v6)
+                .unwrap()
         };
         let action = rng.pick(&ACTIONS);
         let inside = guard.holding(&n).is_some();
@@ -177,11 +179,12 @@ fn frame(rng: &mut Rng, v6: bool) -> FrameL4 {
         proto: rng.pick(&[6u8, 17, icmp, 47]),
         has_l4: !rng.one_in(5),
         dport: rng.pick(&[53u16, 55, 80, 1023, 1024, 65535]),
+        sport: rng.pick(&[53u16, 123, 124, 1023, 1024, 40_000]),
         tcp_flags: rng.pick(&[TCP_SYN, TCP_SYN | TCP_ACK, TCP_ACK, TCP_RST]),
         icmp_type: rng.pick(&[8u8, 128]),
         dst,
     };
-    if f.has_l4 { f } else { FrameL4 { dport: 0, tcp_flags: 0, icmp_type: 0, ..f } }
+    if f.has_l4 { f } else { FrameL4 { dport: 0, sport: 0, tcp_flags: 0, icmp_type: 0, ..f } }
 }
 
 const SOURCES: [&str; 14] = [
@@ -310,6 +313,7 @@ fn the_compiled_index_agrees_with_the_rules() {
     let protos = [None, Some("tcp"), Some("udp"), Some("icmp"), Some("47")];
     let ports = [None, Some("53"), Some("50-59"), Some("0-1023"), Some("1024-65535"), Some("80"), Some("443")];
     let dsts = [None, Some("198.51.100.0/24"), Some("198.51.100.7")];
+    let sports = [None, None, None, Some("53"), Some("123"), Some("0-1023"), Some("1024-65535")];
     let mut checked = 0;
     for round in 0..300 {
         let mut rules: Vec<KernelRule> = Vec::new();
@@ -319,6 +323,7 @@ fn the_compiled_index_agrees_with_the_rules() {
             let proto = rng.pick(&protos);
             let has_ports = matches!(proto, Some("tcp") | Some("udp"));
             let dport = if has_ports { rng.pick(&ports) } else { None };
+            let sport = if has_ports { rng.pick(&sports) } else { None };
             let flags =
                 if proto == Some("tcp") { rng.pick(&[None, Some("syn"), Some("syn,!ack"), Some("rst")]) } else { None };
             let icmp = if proto == Some("icmp") { rng.pick(&[None, Some("8"), Some("0")]) } else { None };
@@ -326,7 +331,8 @@ fn the_compiled_index_agrees_with_the_rules() {
             let class = if rng.next().is_multiple_of(4) {
                 Class::default()
             } else {
-                Class::parse(&text(proto, dport, flags, icmp, dst), false).unwrap()
+                Class::parse(&ClassText { sport: sport.map(Into::into), ..text(proto, dport, flags, icmp, dst) }, false)
+                    .unwrap()
             };
             if rules.iter().any(|r| r.net == net && r.class == class) {
                 continue;
@@ -356,11 +362,12 @@ fn the_compiled_index_agrees_with_the_rules() {
                 proto,
                 has_l4: !rng.next().is_multiple_of(5),
                 dport: rng.pick(&[53u16, 55, 80, 443, 1023, 1024, 5000, 65535]),
+                sport: rng.pick(&[53u16, 123, 80, 1023, 1024, 40_000]),
                 tcp_flags: rng.pick(&[TCP_SYN, TCP_SYN | TCP_ACK, TCP_ACK, TCP_RST]),
                 icmp_type: rng.pick(&[8u8, 0, 3]),
                 dst: mapped_v4(dst),
             };
-            let f = if f.has_l4 { f } else { FrameL4 { dport: 0, tcp_flags: 0, icmp_type: 0, ..f } };
+            let f = if f.has_l4 { f } else { FrameL4 { dport: 0, sport: 0, tcp_flags: 0, icmp_type: 0, ..f } };
             let want = Resolver::new(&rules[..], &[], &[]).resolve(src, Some(&f)).rule().map(|r| r.counter_slot);
             let got = lookup(&compiled, src, &f).map(|r| r.counter_slot);
             let shown: Vec<String> =
