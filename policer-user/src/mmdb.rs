@@ -13,13 +13,7 @@
 //! it skips; networks a database holds under `::ffff:0:0/96` of their own
 //! are taken as the IPv4 networks they are. Each network is listed once.
 
-use std::{
-    collections::HashMap,
-    fmt,
-    net::IpAddr,
-    path::Path,
-    sync::Arc,
-};
+use std::{collections::HashMap, fmt, net::IpAddr, path::Path, sync::Arc};
 
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
@@ -83,10 +77,7 @@ pub fn country(s: &str) -> Result<String> {
     if t.len() == 2 && t.bytes().all(|b| b.is_ascii_alphabetic()) {
         Ok(t.to_ascii_uppercase())
     } else {
-        Err(Error::Invalid(format!(
-            "country '{}': an ISO 3166-1 alpha-2 code of two letters (DE, FR, US)",
-            excerpt(s)
-        )))
+        Err(Error::Invalid(format!("country '{}': an ISO 3166-1 alpha-2 code of two letters (DE, FR, US)", excerpt(s))))
     }
 }
 
@@ -289,7 +280,7 @@ enum CountryField {
         #[serde(default)]
         iso_code: Option<String>,
     },
-    Name(String),
+    Name(serde::de::IgnoredAny),
 }
 
 #[derive(Deserialize)]
@@ -351,14 +342,11 @@ impl Db {
         &self.reader.metadata().database_type
     }
 
-    /// Every network of the database whose record names a country or AS
-    /// of `q` (both families), each once. A database with no network at
-    /// all is refused (an empty download); so is a query that takes none
-    /// (naming the database's type: an ASN database has no countries).
-    pub fn select(&self, q: &Query) -> Result<Selected> {
-        let mut q = q.clone();
-        q.country.sort();
-        q.asn.sort();
+    /// Every network of the database with the label `pick` gives its
+    /// record (none: not taken), IPv4 as IPv4; how many networks it holds
+    /// in all, and how many were under `::ffff:0:0/96`. A database with no
+    /// network at all is refused (an empty download).
+    fn walk(&self, pick: impl Fn(&Record) -> Option<Label>) -> Result<(Vec<(IpNet, Label)>, usize, usize)> {
         let bad = |e: maxminddb::MaxMindDbError| Error::Invalid(format!("{}: {e} (a damaged database?)", self.shown));
         // Records are shared by many networks: decoded once each.
         let mut seen: HashMap<usize, Option<Label>> = HashMap::new();
@@ -367,18 +355,16 @@ impl Db {
         for r in self.reader.networks(maxminddb::WithinOptions::default()).map_err(bad)? {
             let r = r.map_err(bad)?;
             networks += 1;
-            let label = match r.offset() {
-                Some(off) => match seen.get(&off) {
-                    Some(l) => l.clone(),
-                    None => {
-                        // Every field is optional: a record that does not
-                        // decode as a map is a damaged database.
-                        let l = r.decode::<Record>().map_err(bad)?.and_then(|rec| rec.matches(&q));
-                        seen.insert(off, l.clone());
-                        l
-                    }
-                },
-                None => None,
+            let Some(off) = r.offset() else { continue };
+            let label = match seen.get(&off) {
+                Some(l) => l.clone(),
+                None => {
+                    // Every field is optional: a record that does not
+                    // decode as a map is a damaged database.
+                    let l = r.decode::<Record>().map_err(bad)?.and_then(|rec| pick(&rec));
+                    seen.insert(off, l.clone());
+                    l
+                }
             };
             let Some(label) = label else { continue };
             let n = r.network().map_err(bad)?;
@@ -392,6 +378,18 @@ impl Db {
                 self.shown
             )));
         }
+        Ok((pairs, networks, mapped))
+    }
+
+    /// Every network of the database whose record names a country or AS
+    /// of `q` (both families), each once. A database with no network at
+    /// all is refused (an empty download); so is a query that takes none
+    /// (naming the database's type: an ASN database has no countries).
+    pub fn select(&self, q: &Query) -> Result<Selected> {
+        let mut q = q.clone();
+        q.country.sort();
+        q.asn.sort();
+        let (pairs, networks, mapped) = self.walk(|rec| rec.matches(&q))?;
         let labels = Labels::new(pairs);
         let entries: Vec<IpNet> = labels.of.iter().map(|p| p.0).collect();
         if entries.is_empty() {
@@ -403,6 +401,32 @@ impl Db {
             )));
         }
         Ok(Selected { entries, labels: Arc::new(labels), networks, mapped, database_type: self.database_type().into() })
+    }
+
+    /// Every network of the database by its country (`country`) or its AS:
+    /// what CrowdSec's `Country` and `AS` decisions stand for. Each list
+    /// sorted, each network once.
+    pub fn by_label(&self, country: bool) -> Result<HashMap<Label, Vec<IpNet>>> {
+        let pick = |rec: &Record| if country { rec.country().map(Label::Country) } else { rec.asn().map(Label::As) };
+        let (pairs, networks, _) = self.walk(pick)?;
+        if pairs.is_empty() {
+            return Err(Error::Invalid(format!(
+                "{} ({}, {networks} networks) names no {} (a {} database?)",
+                self.shown,
+                self.database_type(),
+                if country { "country" } else { "AS" },
+                if country { "Country" } else { "ASN" }
+            )));
+        }
+        let mut out: HashMap<Label, Vec<IpNet>> = HashMap::new();
+        for (n, l) in pairs {
+            out.entry(l).or_default().push(n);
+        }
+        for v in out.values_mut() {
+            v.sort_unstable();
+            v.dedup();
+        }
+        Ok(out)
     }
 }
 

@@ -39,7 +39,13 @@ fn a_country_is_every_network_of_it_both_families_ipv4_once() {
     assert_eq!(s.entries.iter().filter(|n| **n == "198.51.100.0/24".parse::<IpNet>().unwrap()).count(), 1);
     // Only under ::ffff:0:0/96: IPv4 too.
     assert!(s.entries.contains(&"203.0.113.0/24".parse().unwrap()));
-    assert!(s.entries.iter().all(|n| n.addr().to_string().parse::<std::net::Ipv6Addr>().map_or(true, |a| a.to_ipv4_mapped().is_none())));
+    assert!(
+        s.entries.iter().all(|n| n
+            .addr()
+            .to_string()
+            .parse::<std::net::Ipv6Addr>()
+            .map_or(true, |a| a.to_ipv4_mapped().is_none()))
+    );
     assert!(s.mapped >= 2, "{}", s.mapped);
     assert!(s.entries.contains(&"2001:db8:8000::/33".parse().unwrap()));
     assert_eq!(s.labels.get(&"10.0.0.0/16".parse().unwrap()), Some(&Label::Country("FR".into())));
