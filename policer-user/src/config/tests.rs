@@ -1058,7 +1058,10 @@ name = \"nofile\"
         (10, "set 3: name: a set needs a name; write name = \"blocklist\""),
         (11, "set 3: file: 7 is not a file; write file = \"blocklist.txt\""),
         (12, "set 3: rate: \"fast\" is not a rate; write rate = \"10kpps\""),
-        (13, "set 3: unknown key `colour`; a set's keys are name, file, action, rate, burst, key_len"),
+        (
+            13,
+            "set 3: unknown key `colour`; a set's keys are name, file, mmdb, country, asn, action, rate, burst, key_len",
+        ),
         (15, "set 4 (name slow): a police set needs a rate per source"),
         (25, "set 6 (name nofile): file: a set needs a list file; write file = \"blocklist.txt\""),
     ];
