@@ -234,8 +234,8 @@ pub static TABLES: &[TableDoc] = &[
     TableDoc {
         table: Table::Set,
         header: "[[set]]",
-        help: "A named set: many prefixes under one rule, listed in a file. The file is read at start and by a reload (it is \
-         not followed: reload after changing it).",
+        help: "A named set: many prefixes under one rule, listed in a file or taken from a MaxMind DB file (mmdb). The file \
+         is read at start and by a reload (it is not followed: reload after changing it).",
     },
     TableDoc {
         table: Table::Crowdsec,
