@@ -336,6 +336,16 @@ fn as_set_entry(addr: IpAddr, len: u8) -> Option<(IpNet, bool)> {
     Some((net, false))
 }
 
+/// What a walk of the whole tree took ([`Db::walk`]).
+struct Walked {
+    /// Each network taken, with its label.
+    pairs: Vec<(IpNet, Label)>,
+    /// Networks with data in the database, taken or not.
+    networks: usize,
+    /// Networks taken from under `::ffff:0:0/96`.
+    mapped: usize,
+}
+
 impl Db {
     /// The database's type (`GeoLite2-Country`).
     pub fn database_type(&self) -> &str {
@@ -346,7 +356,7 @@ impl Db {
     /// record (none: not taken), IPv4 as IPv4; how many networks it holds
     /// in all, and how many were under `::ffff:0:0/96`. A database with no
     /// network at all is refused (an empty download).
-    fn walk(&self, pick: impl Fn(&Record) -> Option<Label>) -> Result<(Vec<(IpNet, Label)>, usize, usize)> {
+    fn walk(&self, pick: impl Fn(&Record) -> Option<Label>) -> Result<Walked> {
         let bad = |e: maxminddb::MaxMindDbError| Error::Invalid(format!("{}: {e} (a damaged database?)", self.shown));
         // Records are shared by many networks: decoded once each.
         let mut seen: HashMap<usize, Option<Label>> = HashMap::new();
@@ -378,7 +388,7 @@ impl Db {
                 self.shown
             )));
         }
-        Ok((pairs, networks, mapped))
+        Ok(Walked { pairs, networks, mapped })
     }
 
     /// Every network of the database whose record names a country or AS
@@ -389,7 +399,7 @@ impl Db {
         let mut q = q.clone();
         q.country.sort();
         q.asn.sort();
-        let (pairs, networks, mapped) = self.walk(|rec| rec.matches(&q))?;
+        let Walked { pairs, networks, mapped } = self.walk(|rec| rec.matches(&q))?;
         let labels = Labels::new(pairs);
         let entries: Vec<IpNet> = labels.of.iter().map(|p| p.0).collect();
         if entries.is_empty() {
@@ -408,7 +418,7 @@ impl Db {
     /// sorted, each network once.
     pub fn by_label(&self, country: bool) -> Result<HashMap<Label, Vec<IpNet>>> {
         let pick = |rec: &Record| if country { rec.country().map(Label::Country) } else { rec.asn().map(Label::As) };
-        let (pairs, networks, _) = self.walk(pick)?;
+        let Walked { pairs, networks, .. } = self.walk(pick)?;
         if pairs.is_empty() {
             return Err(Error::Invalid(format!(
                 "{} ({}, {networks} networks) names no {} (a {} database?)",

@@ -252,7 +252,7 @@ fn an_import_by_country_and_by_as_is_exactly_their_networks_on_real_traffic() {
     // 10.0.0.9 (AS64500) passes whole.
     let got = arrived(&sb, &["203.0.113.9", "10.0.0.9"]);
     let (p, ps) = got[0];
-    assert!(p >= 20 && p <= 40 && ps >= 90, "a source of AS64501 policed at 50 pps: {p} of {ps} arrived");
+    assert!((20..=40).contains(&p) && ps >= 90, "a source of AS64501 policed at 50 pps: {p} of {ps} arrived");
     assert_eq!(got[1].0, got[1].1, "a source of AS64500 lost frames: {:?}", got[1]);
     let r = inspect_rule(&sb, "203.0.113.9");
     assert!(r.contains("set:as64501") && r.contains("AS64501"), "{r}");

@@ -1857,7 +1857,6 @@ pub fn read_import(
 /// the set's whole truth, replaced as a list file replaces its set. A
 /// database that does not open, holds nothing, is cut short or has none
 /// of them changes nothing.
-#[expect(clippy::too_many_arguments, reason = "an import's options, as read_import's")]
 fn read_mmdb_import(
     path: &str,
     file: &str,

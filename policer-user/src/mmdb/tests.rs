@@ -74,7 +74,8 @@ fn countries_and_ases_together_label_each_network() {
 #[test]
 fn ipinfo_lite_and_an_ipv4_database_read_too() {
     let i = db("ipinfo");
-    assert_eq!(i.select(&q(&["de"], &[])).unwrap_err().to_string().contains("DE"), false);
+    // Codes are upper case, as `Query::parse` makes them.
+    assert!(i.select(&q(&["de"], &[])).is_err());
     let de = i.select(&q(&["DE"], &[])).unwrap();
     assert_eq!(de.entries, vec!["2001:db8::/32".parse::<IpNet>().unwrap()]);
     let a = i.select(&q(&[], &[64500])).unwrap();
