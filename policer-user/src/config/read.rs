@@ -971,39 +971,33 @@ impl Reader {
                 true
             }
             (S::Country, DeValue::Array(a)) if !a.is_empty() => {
-                let codes: Option<Vec<String>> = a
-                    .iter()
-                    .map(|i| match i.get_ref() {
-                        DeValue::String(c) => crate::mmdb::country(c).ok(),
-                        _ => None,
-                    })
-                    .collect();
-                match codes {
-                    Some(c) => {
-                        s.country = c;
+                let code = |i: &DeValue<'_>| match i {
+                    DeValue::String(c) => crate::mmdb::country(c).ok(),
+                    _ => None,
+                };
+                match a.iter().find(|i| code(i.get_ref()).is_none()) {
+                    None => {
+                        s.country = a.iter().filter_map(|i| code(i.get_ref())).collect();
                         true
                     }
-                    None => {
-                        self.bad(place, key, v, "a list of country codes", "country = [\"DE\", \"FR\"]");
+                    Some(i) => {
+                        self.bad(place, key, i, "a country code (two letters)", "country = [\"DE\", \"FR\"]");
                         false
                     }
                 }
             }
             (S::Asn, DeValue::Array(a)) if !a.is_empty() => {
-                let asns: Option<Vec<u32>> = a
-                    .iter()
-                    .map(|i| match i.get_ref() {
-                        DeValue::String(t) => crate::mmdb::asn(t).ok(),
-                        n => unsigned(n, u64::from(u32::MAX)).map(|n| n as u32),
-                    })
-                    .collect();
-                match asns {
-                    Some(n) => {
-                        s.asn = n;
+                let number = |i: &DeValue<'_>| match i {
+                    DeValue::String(t) => crate::mmdb::asn(t).ok(),
+                    n => unsigned(n, u64::from(u32::MAX)).map(|n| n as u32),
+                };
+                match a.iter().find(|i| number(i.get_ref()).is_none()) {
+                    None => {
+                        s.asn = a.iter().filter_map(|i| number(i.get_ref())).collect();
                         true
                     }
-                    None => {
-                        self.bad(place, key, v, "a list of AS numbers", "asn = [64500, 64501]");
+                    Some(i) => {
+                        self.bad(place, key, i, "an AS number", "asn = [64500, 64501]");
                         false
                     }
                 }
