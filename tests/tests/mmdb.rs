@@ -12,8 +12,10 @@
 //!   or AS; a cut, an empty or a foreign file is refused and changes
 //!   nothing;
 //! - a `[[set]]` with `mmdb`, `country` and `asn` is in force from the
-//!   start; a swapped database replaces the set at `policer reload`; a cut
-//!   one is refused by the reload, which changes nothing;
+//!   start; a database swapped into place replaces the set by itself (the
+//!   daemon follows it as it follows the config) and `policer reload` then
+//!   changes nothing; a cut one is refused, followed or reloaded, and
+//!   changes nothing;
 //! - CrowdSec's `Country` and `AS` decisions (`cscli decisions add --scope
 //!   Country --value DE`), through `country_mmdb` and `asn_mmdb`, are the
 //!   networks of that country or AS in the feed's set, enforced on
@@ -304,14 +306,33 @@ fn a_config_set_of_a_database_follows_a_swapped_database_at_reload() {
         ]),
     );
     std::fs::rename(&next.0, &db.0).unwrap();
+    // Followed: in force without a reload within a few seconds.
+    let want = of(&relisted, |r| r["country"]["iso_code"] == "DE");
+    let t0 = Instant::now();
+    while entries(&sb, "geo") != want {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the swapped database was not followed: {:?}",
+            entries(&sb, "geo")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("the swapped database in force {:.2} s after its rename", t0.elapsed().as_secs_f64());
+    // And `policer reload` of it changes nothing more.
     let msg = succeeds(&cli(&sb, &["reload"]));
-    assert!(msg.contains("config sets: changed geo"), "{msg}");
-    assert_eq!(entries(&sb, "geo"), of(&relisted, |r| r["country"]["iso_code"] == "DE"));
+    assert!(!msg.contains("config sets: changed geo"), "{msg}");
+    assert_eq!(entries(&sb, "geo"), want);
     expect(&sb, &[("192.0.2.7", false), ("198.51.100.7", true), ("10.1.0.5", true)], "after the swap");
 
-    // Cut short: the reload is refused saying why; nothing changes.
+    // Cut short (written in place, as a download killed midway leaves
+    // it): followed and refused, and `policer reload` is refused saying
+    // why; nothing changes.
     let whole = std::fs::read(&db.0).unwrap();
     std::fs::write(&db.0, &whole[..whole.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let st: Value = serde_json::from_str(&succeeds(&cli(&sb, &["status", "--json"]))).unwrap();
+    let last = st["config_status"]["last_reload_error"].as_str().unwrap_or_default().to_string();
+    assert!(last.contains("not a whole MaxMind DB file"), "the followed cut database: {st:#}");
     let out = cli(&sb, &["reload"]);
     fails_with(&out, "not a whole MaxMind DB file");
     fails_with(&out, "set 'geo'");

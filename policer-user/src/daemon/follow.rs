@@ -175,7 +175,12 @@ impl Watches {
     /// to a directory now standing where a watched one stood); says what
     /// cannot be watched.
     fn rearm(&mut self, w: &mut impl Watcher) {
-        let names: HashSet<_> = chain(&self.config).into_iter().collect();
+        let mut names: HashSet<_> = chain(&self.config).into_iter().collect();
+        // The MaxMind DB files of its `[[set]]`s too: a new database is read
+        // as a new config is (`Daemon::follow` reloads the sets).
+        for db in databases(&self.config) {
+            names.extend(chain(&db));
+        }
         let wanted: BTreeSet<PathBuf> = names.iter().map(|(d, _)| d.clone()).collect();
         let mut kept = BTreeMap::new();
         for (d, id) in std::mem::take(&mut self.dirs) {
@@ -241,6 +246,16 @@ impl Watches {
             EventKind::Remove(_) if on(paths.first()) => Want::Rearm,
             _ => Want::Nothing,
         }
+    }
+}
+
+/// The MaxMind DB files the `[[set]]`s of `config` read (none when the
+/// file does not read or parse: the follower looks at the config then).
+fn databases(config: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string(config) else { return Vec::new() };
+    match crate::config::Config::parse(&text, config) {
+        Ok((c, _)) => c.sets.iter().filter(|s| s.mmdb.is_some()).map(|s| s.path(config)).collect(),
+        Err(_) => Vec::new(),
     }
 }
 

@@ -742,6 +742,12 @@ impl Sets {
     pub(super) fn has_entries(&self) -> bool {
         self.by_name.values().any(|s| !s.entries.is_empty())
     }
+
+    /// Whether a `[[set]]` of the config is read from a MaxMind DB file
+    /// (the follower watches those files: a new database is a reload).
+    pub(super) fn has_config_databases(&self) -> bool {
+        self.by_name.values().any(|s| s.origin == Origin::Config && s.header.mmdb.is_some())
+    }
 }
 
 /// The set an import writes: `--set NAME`, or the implicit set of the
