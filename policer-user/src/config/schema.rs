@@ -235,7 +235,7 @@ pub static TABLES: &[TableDoc] = &[
         table: Table::Set,
         header: "[[set]]",
         help: "A named set: many prefixes under one rule, listed in a file or taken from a MaxMind DB file (mmdb). The file \
-         is read at start and by a reload (it is not followed: reload after changing it).",
+         is read at start and by a reload (a list file is not followed: reload after changing it; a database is).",
     },
     TableDoc {
         table: Table::Crowdsec,
@@ -400,8 +400,8 @@ pub static KEYS: &[Key] = &[
         "string (path)",
         "none",
         "A MaxMind DB file (GeoLite2/GeoIP2 Country or ASN, DB-IP lite, IPinfo lite) instead of file: the set is its \
-         networks of country and asn, both families. Read at start and by a reload; one that does not open, is empty or \
-         cut short changes nothing.",
+         networks of country and asn, both families. Read at start, by a reload, and when it is replaced (followed); one \
+         that does not open, is empty or cut short changes nothing.",
     ),
     set(S::Country, "country", "array of strings", "none", "With mmdb: the countries, ISO 3166-1 codes ([\"DE\"])."),
     set(S::Asn, "asn", "array of integers", "none", "With mmdb: the AS numbers ([64500])."),
