@@ -249,14 +249,26 @@ impl Watches {
     }
 }
 
-/// The MaxMind DB files the `[[set]]`s of `config` read (none when the
-/// file does not read or parse: the follower looks at the config then).
+/// The MaxMind DB files the `[[set]]`s of `config` read: its `mmdb = "…"`
+/// lines, found by a scan of its lines (no parse: this runs on the
+/// runtime, at every re-arm). Read as the owner reads the config, a
+/// regular file only (a FIFO or a device put in its place is not opened:
+/// `files::read_regular`), and only up to a size a hand-written config
+/// has; none when it does not read. A line that is not a `[[set]]`'s only
+/// adds a name to watch.
 fn databases(config: &Path) -> Vec<PathBuf> {
-    let Ok(text) = std::fs::read_to_string(config) else { return Vec::new() };
-    match crate::config::Config::parse(&text, config) {
-        Ok((c, _)) => c.sets.iter().filter(|s| s.mmdb.is_some()).map(|s| s.path(config)).collect(),
-        Err(_) => Vec::new(),
-    }
+    const SMALL: crate::files::Limit = crate::files::Limit { what: "a config file", max_bytes: 4 << 20 };
+    let Ok(text) = crate::files::read_regular(config, SMALL) else { return Vec::new() };
+    let dir = config.parent().filter(|d| !d.as_os_str().is_empty());
+    text.split(|b| *b == b'\n')
+        .filter_map(|line| {
+            let line = std::str::from_utf8(line).ok()?.trim();
+            let rest = line.strip_prefix("mmdb")?.trim_start().strip_prefix('=')?.trim();
+            let path = rest.strip_prefix('"')?.split('"').next()?;
+            let p = Path::new(path);
+            Some(if p.is_absolute() { p.to_path_buf() } else { dir.map_or_else(|| p.to_path_buf(), |d| d.join(p)) })
+        })
+        .collect()
 }
 
 /// Starts following `config`; the watcher lives as long as the task. A
