@@ -134,6 +134,10 @@ pub enum Request {
         /// out (counted and named), not a refusal of the whole file.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         skip_protected: bool,
+        /// `--mmdb`: `path` is a MaxMind DB file, and the set its networks
+        /// of these countries and ASes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mmdb: Option<crate::mmdb::Query>,
     },
     /// `policer rule ls --set NAME`.
     SetLs {
@@ -653,6 +657,10 @@ pub struct FeedStatus {
     /// distinct prefixes they make (the set's entries before any refused).
     pub decisions: u64,
     pub decisions_by_origin: BTreeMap<String, u64>,
+    /// Decisions in force by scope: `ip`, `range`, and with `country_mmdb`
+    /// and `asn_mmdb`, `country` and `as`.
+    #[serde(default)]
+    pub decisions_by_scope: BTreeMap<String, u64>,
     pub prefixes: u64,
     /// Decisions received since the start, and those that ended by a
     /// deletion from the feed or by their own duration.

@@ -116,6 +116,14 @@ pub struct CrowdsecConfig {
     pub password: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_file: Option<String>,
+    /// A MaxMind DB Country file: `Country` decisions are applied as its
+    /// networks of that country (without it they are counted and skipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country_mmdb: Option<String>,
+    /// A MaxMind DB ASN file: `AS` decisions are applied as its networks of
+    /// that AS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asn_mmdb: Option<String>,
 }
 
 impl std::fmt::Debug for CrowdsecConfig {
@@ -218,6 +226,33 @@ pub struct Settings {
     /// What a start, a reload and `check` warn of: a secret's file that
     /// others than its owner may read.
     pub warnings: Vec<String>,
+    /// `country_mmdb`, `asn_mmdb`: where they are (relative to the config's
+    /// directory) and, once read ([`Settings::load_mmdb`]), their networks
+    /// by country and by AS.
+    pub country_mmdb: Option<std::path::PathBuf>,
+    pub asn_mmdb: Option<std::path::PathBuf>,
+    pub scoped: Arc<Scoped>,
+}
+
+/// The networks of each country and AS of `country_mmdb` and `asn_mmdb`:
+/// what a `Country` or `AS` decision stands for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scoped {
+    pub country: Option<HashMap<String, Vec<IpNet>>>,
+    pub asn: Option<HashMap<u32, Vec<IpNet>>>,
+}
+
+impl Scoped {
+    /// The networks a scoped value stands for (sorted); none when its
+    /// database is not read.
+    pub fn networks(&self, l: &crate::mmdb::Label) -> Option<&[IpNet]> {
+        use crate::mmdb::Label;
+        static NONE: Vec<IpNet> = Vec::new();
+        match l {
+            Label::Country(c) => self.country.as_ref().map(|m| m.get(c).unwrap_or(&NONE).as_slice()),
+            Label::As(a) => self.asn.as_ref().map(|m| m.get(a).unwrap_or(&NONE).as_slice()),
+        }
+    }
 }
 
 impl std::fmt::Debug for Settings {
@@ -314,10 +349,21 @@ impl CrowdsecConfig {
                 d
             }
         };
-        let scopes = if self.scopes.is_empty() { vec!["ip".into(), "range".into()] } else { lower(&self.scopes) };
-        if let Some(s) = scopes.iter().find(|s| !["ip", "range"].contains(&s.as_str())) {
+        let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
+        let (country_mmdb, asn_mmdb) = (path(&self.country_mmdb), path(&self.asn_mmdb));
+        let mut known = vec!["ip", "range"];
+        known.extend(country_mmdb.as_ref().map(|_| "country"));
+        known.extend(asn_mmdb.as_ref().map(|_| "as"));
+        let scopes =
+            if self.scopes.is_empty() { known.iter().map(|s| s.to_string()).collect() } else { lower(&self.scopes) };
+        if let Some(s) = scopes.iter().find(|s| !known.contains(&s.as_str())) {
+            let hint = match s.as_str() {
+                "country" => " (Country decisions need country_mmdb, a MaxMind DB Country file)",
+                "as" => " (AS decisions need asn_mmdb, a MaxMind DB ASN file)",
+                _ => "",
+            };
             return Err(Error::Invalid(format!(
-                "crowdsec.scopes: {s:?} is not a scope policer enforces; write scopes = [\"ip\", \"range\"]"
+                "crowdsec.scopes: {s:?} is not a scope policer enforces{hint}; write scopes = [\"ip\", \"range\"]"
             )));
         }
         let types = if self.types.is_empty() { vec!["ban".into()] } else { lower(&self.types) };
@@ -372,7 +418,50 @@ impl CrowdsecConfig {
             max_cover_v6,
             publish,
             warnings,
+            country_mmdb,
+            asn_mmdb,
+            scoped: Arc::default(),
         })
+    }
+}
+
+impl Settings {
+    /// Reads `country_mmdb` and `asn_mmdb` into [`Settings::scoped`]. A
+    /// database that does not read leaves its scope out (its decisions
+    /// are counted and skipped, as without it): the warnings say why.
+    pub fn load_mmdb(&mut self) -> Vec<String> {
+        use crate::mmdb::Label;
+        let mut warnings = Vec::new();
+        let mut scoped = Scoped::default();
+        for (path, country) in [(&self.country_mmdb, true), (&self.asn_mmdb, false)] {
+            let Some(p) = path else { continue };
+            let shown = p.display().to_string();
+            let key = if country { "country_mmdb" } else { "asn_mmdb" };
+            match crate::mmdb::open(p, &shown).and_then(|db| db.by_label(country)) {
+                Ok(m) => {
+                    if country {
+                        scoped.country = Some(
+                            m.into_iter()
+                                .filter_map(|(l, v)| if let Label::Country(c) = l { Some((c, v)) } else { None })
+                                .collect(),
+                        );
+                    } else {
+                        scoped.asn = Some(
+                            m.into_iter()
+                                .filter_map(|(l, v)| if let Label::As(a) = l { Some((a, v)) } else { None })
+                                .collect(),
+                        );
+                    }
+                }
+                Err(e) => {
+                    warnings.push(format!("crowdsec.{key}: {e}: its decisions are counted and skipped"));
+                    let scope = if country { "country" } else { "as" };
+                    self.scopes.retain(|s| s != scope);
+                }
+            }
+        }
+        self.scoped = Arc::new(scoped);
+        warnings
     }
 }
 
@@ -429,13 +518,35 @@ pub struct Decision {
     pub scenario: Option<String>,
 }
 
-/// A decision of `new` that is applied: its prefix, what is left of it and
+/// What a decision applies to: a prefix (the Ip and Range scopes), or a
+/// country or AS (the Country and AS scopes, with `country_mmdb` and
+/// `asn_mmdb`: the networks the database gives it). Prefixes sort first.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Value {
+    Net(IpNet),
+    Scope(crate::mmdb::Label),
+}
+
+impl Value {
+    /// The scope it counts under in the feed's metrics: `ip` (a host),
+    /// `range`, `country`, `as`.
+    pub fn scope(&self) -> &'static str {
+        match self {
+            Value::Net(n) if n.prefix_len() == n.max_prefix_len() => "ip",
+            Value::Net(_) => "range",
+            Value::Scope(crate::mmdb::Label::Country(_)) => "country",
+            Value::Scope(crate::mmdb::Label::As(_)) => "as",
+        }
+    }
+}
+
+/// A decision of `new` that is applied: its value, what is left of it and
 /// its origin (shared: a feed has a handful of origins, not one a
 /// decision).
 #[derive(Clone, Debug, PartialEq)]
 pub struct New {
     pub id: Option<i64>,
-    pub net: IpNet,
+    pub value: Value,
     pub ms_left: u64,
     pub origin: Arc<str>,
 }
@@ -444,7 +555,7 @@ pub struct New {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Gone {
     Id(i64),
-    Value(IpNet),
+    Value(Value),
 }
 
 /// One answer of the stream, read: the decisions to apply (checked under
@@ -513,7 +624,7 @@ impl StreamReader<'_> {
                 o
             }
         };
-        self.pull.new.push(New { id: d.id, net, ms_left: (secs * 1000.0) as u64, origin });
+        self.pull.new.push(New { id: d.id, value: net, ms_left: (secs * 1000.0) as u64, origin });
     }
 
     fn deleted_decision(&mut self, d: Decision) {
@@ -522,8 +633,8 @@ impl StreamReader<'_> {
             // Without an id, by its value (a value that names no prefix
             // names nothing held).
             None => {
-                if let Ok(net) = value_net(d.value.as_deref().unwrap_or("")) {
-                    self.pull.deleted.push(Gone::Value(net));
+                if let Ok(v) = scoped_value(d.scope.as_deref().unwrap_or(""), d.value.as_deref().unwrap_or("")) {
+                    self.pull.deleted.push(Gone::Value(v));
                 }
             }
         }
@@ -632,6 +743,22 @@ pub fn value_net(value: &str) -> std::result::Result<IpNet, Skip> {
     })
 }
 
+/// A decision's value under its scope: a country code (Country), an AS
+/// number (AS, `64500` or `AS64500`), else a prefix ([`value_net`]).
+pub fn scoped_value(scope: &str, value: &str) -> std::result::Result<Value, Skip> {
+    if scope.eq_ignore_ascii_case("country") {
+        return crate::mmdb::country(value)
+            .map(|c| Value::Scope(crate::mmdb::Label::Country(c)))
+            .map_err(|_| Skip::InvalidValue);
+    }
+    if scope.eq_ignore_ascii_case("as") {
+        return crate::mmdb::asn(value)
+            .map(|a| Value::Scope(crate::mmdb::Label::As(a)))
+            .map_err(|_| Skip::InvalidValue);
+    }
+    value_net(value).map(Value::Net)
+}
+
 /// Go's `time.Duration` text (`3h59m58.123s`, `-1.5s`, `250ms`, `0s`):
 /// seconds, negative for a decision already over.
 pub fn go_duration(s: &str) -> Option<f64> {
@@ -718,7 +845,7 @@ fn word(s: &str) -> String {
 /// A decision in force.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Held {
-    pub net: IpNet,
+    pub value: Value,
     /// Unix ms.
     pub until_ms: u64,
     pub origin: Arc<str>,
@@ -749,7 +876,9 @@ pub struct Applied {
 #[derive(Debug, Clone)]
 pub struct Store {
     held: HashMap<i64, Held>,
-    by_value: BTreeSet<(IpNet, i64)>,
+    by_value: BTreeSet<(Value, i64)>,
+    /// Decisions in force by scope (`ip`, `range`, `country`, `as`).
+    by_scope: BTreeMap<&'static str, u64>,
     by_end: BTreeSet<(u64, i64)>,
     by_origin: BTreeMap<Arc<str>, u64>,
     /// Distinct values by prefix length: IPv4 0..=32, IPv6 0..=128.
@@ -766,6 +895,7 @@ impl Default for Store {
         Store {
             held: HashMap::new(),
             by_value: BTreeSet::new(),
+            by_scope: BTreeMap::new(),
             by_end: BTreeSet::new(),
             by_origin: BTreeMap::new(),
             lens4: [0; 33],
@@ -811,7 +941,7 @@ fn bound(len: u8, bits: usize) -> u128 {
 
 impl Store {
     /// The value of `d` if it is applied under `s`, else why not.
-    pub fn admit(s: &Settings, d: &Decision) -> std::result::Result<IpNet, Skip> {
+    pub fn admit(s: &Settings, d: &Decision) -> std::result::Result<Value, Skip> {
         let kind = d.kind.as_deref().unwrap_or("").to_ascii_lowercase();
         if !s.types.contains(&kind) {
             return Err(Skip::Type(word(&kind)));
@@ -830,12 +960,14 @@ impl Store {
         {
             return Err(Skip::Scenario);
         }
-        let net = value_net(d.value.as_deref().unwrap_or(""))?;
-        let min = if net.addr().is_ipv4() { s.min_v4 } else { s.min_v6 };
-        if net.prefix_len() < min {
-            return Err(Skip::TooWide);
+        let v = scoped_value(&scope, d.value.as_deref().unwrap_or(""))?;
+        if let Value::Net(net) = &v {
+            let min = if net.addr().is_ipv4() { s.min_v4 } else { s.min_v6 };
+            if net.prefix_len() < min {
+                return Err(Skip::TooWide);
+            }
         }
-        Ok(net)
+        Ok(v)
     }
 
     /// Decisions in force.
@@ -852,20 +984,26 @@ impl Store {
         self.values
     }
 
-    fn has_value(&self, net: IpNet) -> bool {
-        self.by_value.range((net, i64::MIN)..=(net, i64::MAX)).next().map(walked).is_some()
+    fn has_value(&self, v: &Value) -> bool {
+        self.by_value.range((v.clone(), i64::MIN)..=(v.clone(), i64::MAX)).next().map(walked).is_some()
     }
 
-    fn count_value(&mut self, net: IpNet, came: bool) {
-        let n = match net {
-            IpNet::V4(_) => &mut self.lens4[usize::from(net.prefix_len())],
-            IpNet::V6(_) => &mut self.lens6[usize::from(net.prefix_len())],
+    fn count_value(&mut self, v: &Value, came: bool) {
+        let lens = match v {
+            Value::Net(net @ IpNet::V4(_)) => Some(&mut self.lens4[usize::from(net.prefix_len())]),
+            Value::Net(net) => Some(&mut self.lens6[usize::from(net.prefix_len())]),
+            // A country's or an AS's cover is its networks' ([`Store::cover_in`]).
+            Value::Scope(_) => None,
         };
         if came {
-            *n += 1;
+            if let Some(n) = lens {
+                *n += 1;
+            }
             self.values += 1;
         } else {
-            *n -= 1;
+            if let Some(n) = lens {
+                *n -= 1;
+            }
             self.values -= 1;
         }
         self.values_changed = true;
@@ -874,10 +1012,11 @@ impl Store {
     /// Holds `h` under `id`; what it held there before.
     fn insert(&mut self, id: i64, h: Held) -> Option<Held> {
         let old = self.remove(id);
-        if !self.has_value(h.net) {
-            self.count_value(h.net, true);
+        if !self.has_value(&h.value) {
+            self.count_value(&h.value, true);
         }
-        self.by_value.insert((h.net, id));
+        *self.by_scope.entry(h.value.scope()).or_insert(0) += 1;
+        self.by_value.insert((h.value.clone(), id));
         self.by_end.insert((h.until_ms, id));
         *self.by_origin.entry(h.origin.clone()).or_insert(0) += 1;
         self.held.insert(id, h);
@@ -886,9 +1025,15 @@ impl Store {
 
     fn remove(&mut self, id: i64) -> Option<Held> {
         let h = self.held.remove(&id)?;
-        self.by_value.remove(&(h.net, id));
-        if !self.has_value(h.net) {
-            self.count_value(h.net, false);
+        self.by_value.remove(&(h.value.clone(), id));
+        if !self.has_value(&h.value) {
+            self.count_value(&h.value, false);
+        }
+        if let Some(n) = self.by_scope.get_mut(h.value.scope()) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_scope.remove(h.value.scope());
+            }
         }
         self.by_end.remove(&(h.until_ms, id));
         if let Some(n) = self.by_origin.get_mut(&h.origin) {
@@ -905,7 +1050,7 @@ impl Store {
             self.anon -= 1;
             self.anon
         });
-        let h = Held { net: n.net, until_ms: now_ms.saturating_add(n.ms_left), origin: n.origin.clone() };
+        let h = Held { value: n.value.clone(), until_ms: now_ms.saturating_add(n.ms_left), origin: n.origin.clone() };
         (id, self.insert(id, h))
     }
 
@@ -918,9 +1063,35 @@ impl Store {
         (sum(&self.lens4, 32), sum(&self.lens6, 128))
     }
 
+    /// [`Store::cover`] with each country and AS held counted as its
+    /// networks in `scoped` (the sum of their addresses, per family): a
+    /// country's cover is the address space the database gives it.
+    pub fn cover_in(&self, scoped: &Scoped) -> (u128, u128) {
+        let (mut c4, mut c6) = self.cover();
+        for l in self.scope_values() {
+            for n in scoped.networks(l).unwrap_or_default() {
+                match n {
+                    IpNet::V4(_) => c4 = c4.saturating_add(addresses(1, n.prefix_len().into(), 32)),
+                    IpNet::V6(_) => c6 = c6.saturating_add(addresses(1, n.prefix_len().into(), 128)),
+                }
+            }
+        }
+        (c4, c6)
+    }
+
+    /// The countries and ASes held, each once.
+    fn scope_values(&self) -> impl Iterator<Item = &crate::mmdb::Label> + '_ {
+        let first = Value::Scope(crate::mmdb::Label::Country(String::new()));
+        let mut last = None;
+        self.by_value.range((first, i64::MIN)..).filter_map(move |(v, _)| match v {
+            Value::Scope(l) if last.replace(l) != Some(l) => Some(l),
+            _ => None,
+        })
+    }
+
     /// Whether what is held fits `max_cover_v4`/`_v6`; why not.
     pub fn check_cover(&self, s: &Settings) -> std::result::Result<(), String> {
-        let (c4, c6) = self.cover();
+        let (c4, c6) = self.cover_in(&s.scoped);
         for (fam, c, len, bits, key) in
             [("IPv4", c4, s.max_cover_v4, 32, "max_cover_v4"), ("IPv6", c6, s.max_cover_v6, 128, "max_cover_v6")]
         {
@@ -973,9 +1144,12 @@ impl Store {
                 }
                 // Every decision of that value, found by the index: what
                 // it matches, not what is held.
-                Gone::Value(net) => {
-                    let ids: Vec<i64> =
-                        self.by_value.range((net, i64::MIN)..=(net, i64::MAX)).map(|(_, id)| walked(*id)).collect();
+                Gone::Value(ref v) => {
+                    let ids: Vec<i64> = self
+                        .by_value
+                        .range((v.clone(), i64::MIN)..=(v.clone(), i64::MAX))
+                        .map(|(_, id)| walked(*id))
+                        .collect();
                     for id in ids {
                         if let Some(h) = self.remove(id) {
                             undo.push((id, Some(h)));
@@ -1024,9 +1198,9 @@ impl Store {
         self.values == o.values && self.value_iter().eq(o.value_iter())
     }
 
-    fn value_iter(&self) -> impl Iterator<Item = IpNet> + '_ {
+    fn value_iter(&self) -> impl Iterator<Item = &Value> + '_ {
         let mut last = None;
-        self.by_value.iter().map(walked).filter_map(move |(n, _)| (last.replace(*n) != Some(*n)).then_some(*n))
+        self.by_value.iter().map(walked).filter_map(move |(v, _)| (last.replace(v) != Some(v)).then_some(v))
     }
 
     /// Removes the decisions whose end has come (the soonest first, by the
@@ -1049,11 +1223,38 @@ impl Store {
         self.by_end.first().map(|(t, _)| *t)
     }
 
-    /// The set's entries: each value in force once, sorted.
+    /// The prefixes of the Ip and Range decisions in force, each once,
+    /// sorted.
     pub fn prefixes(&self) -> Vec<IpNet> {
         let mut v = Vec::with_capacity(self.values);
-        v.extend(self.value_iter());
+        v.extend(self.value_iter().filter_map(|v| if let Value::Net(n) = v { Some(*n) } else { None }));
         v
+    }
+
+    /// The set's entries: the prefixes of the Ip and Range decisions, and
+    /// the networks of each country and AS held (from `scoped`), each
+    /// once, sorted; with what put each network of a country or AS there
+    /// (none when no country nor AS is held).
+    pub fn entries(&self, scoped: &Scoped) -> (Vec<IpNet>, Option<crate::mmdb::Labels>) {
+        let mut v = self.prefixes();
+        let mut labels = Vec::new();
+        for l in self.scope_values() {
+            for n in scoped.networks(l).unwrap_or_default() {
+                labels.push((*n, l.clone()));
+            }
+        }
+        if labels.is_empty() {
+            return (v, None);
+        }
+        v.extend(labels.iter().map(|p| p.0));
+        v.sort_unstable();
+        v.dedup();
+        (v, Some(crate::mmdb::Labels::new(labels)))
+    }
+
+    /// Decisions in force by scope (`ip`, `range`, `country`, `as`).
+    pub fn by_scope(&self) -> BTreeMap<String, u64> {
+        self.by_scope.iter().map(|(s, n)| (s.to_string(), *n)).collect()
     }
 
     pub fn by_origin(&self) -> BTreeMap<String, u64> {
@@ -1067,16 +1268,27 @@ impl Serialize for Store {
         use serde::ser::SerializeStruct;
         #[derive(Serialize)]
         struct Out<'a> {
-            net: IpNet,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            net: Option<IpNet>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            country: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            asn: Option<u32>,
             until_ms: u64,
             origin: &'a str,
         }
         struct Map<'a>(&'a HashMap<i64, Held>);
         impl Serialize for Map<'_> {
             fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-                s.collect_map(
-                    self.0.iter().map(|(id, h)| (id, Out { net: h.net, until_ms: h.until_ms, origin: &h.origin })),
-                )
+                use crate::mmdb::Label;
+                s.collect_map(self.0.iter().map(|(id, h)| {
+                    let (net, country, asn) = match &h.value {
+                        Value::Net(n) => (Some(*n), None, None),
+                        Value::Scope(Label::Country(c)) => (None, Some(c.as_str()), None),
+                        Value::Scope(Label::As(a)) => (None, None, Some(*a)),
+                    };
+                    (id, Out { net, country, asn, until_ms: h.until_ms, origin: &h.origin })
+                }))
             }
         }
         let mut st = s.serialize_struct("Store", 1)?;
@@ -1089,7 +1301,12 @@ impl<'de> Deserialize<'de> for Store {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Store, D::Error> {
         #[derive(Deserialize)]
         struct In {
-            net: IpNet,
+            #[serde(default)]
+            net: Option<IpNet>,
+            #[serde(default)]
+            country: Option<String>,
+            #[serde(default)]
+            asn: Option<u32>,
             until_ms: u64,
             origin: String,
         }
@@ -1102,7 +1319,16 @@ impl<'de> Deserialize<'de> for Store {
         let mut origins: BTreeMap<String, Arc<str>> = BTreeMap::new();
         for (id, h) in f.held {
             let origin = origins.entry(h.origin).or_insert_with_key(|k| Arc::from(k.as_str())).clone();
-            st.insert(id, Held { net: h.net, until_ms: h.until_ms, origin });
+            use crate::mmdb::Label;
+            let value = match (h.net, h.country, h.asn) {
+                (Some(n), _, _) => Value::Net(n),
+                (None, Some(c), _) => Value::Scope(Label::Country(c)),
+                (None, None, Some(a)) => Value::Scope(Label::As(a)),
+                (None, None, None) => {
+                    return Err(serde::de::Error::custom(format!("decision {id}: no net, country or asn")));
+                }
+            };
+            st.insert(id, Held { value, until_ms: h.until_ms, origin });
             // Ids of its own below those held: a restored store never
             // gives a new decision the id of one it holds.
             st.anon = st.anon.min(id);
@@ -1243,15 +1469,27 @@ mod tests {
     #[test]
     fn decisions_are_admitted_or_counted_never_dropped_silently() {
         let s = settings();
-        assert_eq!(Store::admit(&s, &d(1, "Ip", "192.0.2.7", "ban", "1h")), Ok(net("192.0.2.7/32")));
-        assert_eq!(Store::admit(&s, &d(1, "Ip", "2001:db8::1", "ban", "1h")), Ok(net("2001:db8::1/128")));
-        assert_eq!(Store::admit(&s, &d(1, "Range", "198.51.100.0/24", "ban", "1h")), Ok(net("198.51.100.0/24")));
+        assert_eq!(Store::admit(&s, &d(1, "Ip", "192.0.2.7", "ban", "1h")), Ok(super::Value::Net(net("192.0.2.7/32"))));
+        assert_eq!(
+            Store::admit(&s, &d(1, "Ip", "2001:db8::1", "ban", "1h")),
+            Ok(super::Value::Net(net("2001:db8::1/128")))
+        );
+        assert_eq!(
+            Store::admit(&s, &d(1, "Range", "198.51.100.0/24", "ban", "1h")),
+            Ok(super::Value::Net(net("198.51.100.0/24")))
+        );
         assert_eq!(Store::admit(&s, &d(1, "Range", "198.51.100.9/24", "ban", "1h")), Err(Skip::HostBits));
-        assert_eq!(Store::admit(&s, &d(1, "Ip", "::ffff:192.0.2.8", "ban", "1h")), Ok(net("192.0.2.8/32")));
+        assert_eq!(
+            Store::admit(&s, &d(1, "Ip", "::ffff:192.0.2.8", "ban", "1h")),
+            Ok(super::Value::Net(net("192.0.2.8/32")))
+        );
         assert_eq!(Store::admit(&s, &d(1, "Ip", "192.0.2.7", "captcha", "1h")), Err(Skip::Type("captcha".into())));
         assert_eq!(Store::admit(&s, &d(1, "Country", "FR", "ban", "1h")), Err(Skip::Scope("country".into())));
         assert_eq!(Store::admit(&s, &d(1, "Ip", "192.0.2.300", "ban", "1h")), Err(Skip::InvalidValue));
-        assert_eq!(Store::admit(&s, &d(1, "Ip", "192.0.2.0/24", "ban", "1h")), Ok(net("192.0.2.0/24")));
+        assert_eq!(
+            Store::admit(&s, &d(1, "Ip", "192.0.2.0/24", "ban", "1h")),
+            Ok(super::Value::Net(net("192.0.2.0/24")))
+        );
         assert_eq!(Store::admit(&s, &d(1, "Ip", "192.0.2.0/33", "ban", "1h")), Err(Skip::InvalidValue));
         assert_eq!(Store::admit(&s, &d(1, "Range", "0.0.0.0/0", "ban", "1h")), Err(Skip::TooWide));
         assert_eq!(Store::admit(&s, &d(1, "Range", "2000::/3", "ban", "1h")), Err(Skip::TooWide));
@@ -1361,7 +1599,7 @@ mod tests {
         let text = r#"{"deleted":null,"new":[{"duration":"3h59m59s","id":1,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"1.2.3.4","extra":{"a":[1]}}],"more":1}"#;
         let p = parse_stream(&s, text.as_bytes()).unwrap();
         assert_eq!(p.new.len(), 1);
-        assert_eq!(p.new[0].net, net("1.2.3.4/32"));
+        assert_eq!(p.new[0].value, super::Value::Net(net("1.2.3.4/32")));
         assert_eq!(&*p.new[0].origin, "cscli");
     }
 
@@ -1394,7 +1632,9 @@ mod tests {
         let new: Vec<New> = (0..n)
             .map(|i| New {
                 id: Some(i64::from(i)),
-                net: IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i))),
+                value: super::Value::Net(IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(
+                    0x0a00_0000 + i,
+                )))),
                 ms_left: 3_600_000,
                 origin: Arc::from("cscli"),
             })
@@ -1403,7 +1643,7 @@ mod tests {
         // Two decisions of one value, and a range that starts at an
         // address deleted by value (not deleted with it).
         p.new.push(New { id: Some(-7), ..p.new[5].clone() });
-        p.new.push(New { id: Some(1_000_000), net: net("10.0.0.8/29"), ..p.new[5].clone() });
+        p.new.push(New { id: Some(1_000_000), value: super::Value::Net(net("10.0.0.8/29")), ..p.new[5].clone() });
         st.apply(&s, &p, true, 0).unwrap();
         assert_eq!((st.len(), st.values()), (n as usize + 2, n as usize + 1));
         let gone = |v: &str| json!({"type": "ban", "scope": "Ip", "value": v, "duration": "-1s"});
@@ -1574,5 +1814,109 @@ mod tests {
         let old = r#"{"held":{"7":{"net":"198.51.100.0/24","until_ms":99,"origin":"cscli"}}}"#;
         let st: Store = serde_json::from_str(old).unwrap();
         assert_eq!((st.len(), st.prefixes(), st.next_end()), (1, vec![net("198.51.100.0/24")], Some(99)));
+    }
+
+    /// `country_mmdb` and `asn_mmdb` of the host tests' databases
+    /// (`policer-user/testdata/`, written by mmdb-writer).
+    fn scoped_settings(max_cover_v4: Option<u8>) -> Settings {
+        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+        let mut s = CrowdsecConfig {
+            lapi_url: "http://127.0.0.1:8080/".into(),
+            api_key: Some("k".into()),
+            country_mmdb: Some("country.mmdb".into()),
+            asn_mmdb: Some("asn.mmdb".into()),
+            max_cover_v4,
+            ..Default::default()
+        }
+        .settings(&data)
+        .unwrap();
+        assert_eq!(s.load_mmdb(), Vec::<String>::new());
+        s
+    }
+
+    #[test]
+    fn country_and_as_decisions_are_their_networks_counted_by_scope_and_bounded_by_cover() {
+        use crate::mmdb::Label;
+        let s = scoped_settings(None);
+        assert_eq!(s.stream_path(true), "/v1/decisions/stream?startup=true&scopes=ip%2Crange%2Ccountry%2Cas");
+        assert_eq!(
+            Store::admit(&s, &d(1, "Country", "fr", "ban", "1h")),
+            Ok(super::Value::Scope(Label::Country("FR".into())))
+        );
+        assert_eq!(Store::admit(&s, &d(1, "AS", "AS64501", "ban", "1h")), Ok(super::Value::Scope(Label::As(64501))));
+        assert_eq!(Store::admit(&s, &d(1, "Country", "France", "ban", "1h")), Err(Skip::InvalidValue));
+        let p = pull(
+            &s,
+            vec![
+                dj(1, "Country", "DE", "ban", "1h"),
+                dj(2, "AS", "64501", "ban", "1h"),
+                dj(3, "Ip", "192.0.2.9", "ban", "1h"),
+            ],
+            vec![],
+        );
+        let mut st = Store::default();
+        st.apply(&s, &p, true, 0).unwrap();
+        let (entries, labels) = st.entries(&s.scoped);
+        let labels = labels.unwrap();
+        // DE: 10.1.0.0/16, 192.0.2.0/24, 2001:db8:1::/48; AS64501: 10.1.0.0/16, 2001:db8::/32.
+        let want: Vec<IpNet> = ["10.1.0.0/16", "192.0.2.0/24", "192.0.2.9/32", "2001:db8::/32", "2001:db8:1::/48"]
+            .iter()
+            .map(|n| net(n))
+            .collect();
+        assert_eq!(entries, want);
+        assert_eq!(labels.get(&net("192.0.2.0/24")), Some(&Label::Country("DE".into())));
+        assert_eq!(labels.get(&net("2001:db8::/32")), Some(&Label::As(64501)));
+        assert_eq!(labels.get(&net("192.0.2.9/32")), None);
+        assert_eq!(st.by_scope(), [("as".to_string(), 1), ("country".to_string(), 1), ("ip".to_string(), 1)].into());
+        // A country's cover is its networks' addresses: DE's and AS64501's
+        // 10.1.0.0/16 count twice, plus the /24 and the host.
+        assert_eq!(st.cover_in(&s.scoped).0, 2 * 65536 + 256 + 1);
+        // The state file keeps them; a restart reads them back.
+        let text = serde_json::to_vec(&st).unwrap();
+        let (back, _) = Store::restore(&text, &s, 0).unwrap();
+        assert_eq!(back, st);
+        // Ended at their end.
+        let (n, changed) = st.expire(3_600_000);
+        assert_eq!((n, changed), (3, true));
+        assert_eq!(st.entries(&s.scoped), (vec![], None));
+        // A country bigger than max_cover_v4 is refused whole: FR holds
+        // most of 10.0.0.0/8 (more than a /9's worth with 198.51.100.0/24).
+        let tight = scoped_settings(Some(9));
+        let mut st = Store::default();
+        let e =
+            st.apply(&tight, &pull(&tight, vec![dj(1, "Country", "FR", "ban", "1h")], vec![]), true, 0).unwrap_err();
+        assert!(e.contains("max_cover_v4 = 9"), "{e}");
+        assert!(st.is_empty());
+        // A deletion without an id, by its value.
+        let mut st = Store::default();
+        st.apply(&s, &pull(&s, vec![dj(1, "Country", "DE", "ban", "1h")], vec![]), true, 0).unwrap();
+        let gone = json!({"type": "ban", "scope": "Country", "value": "de", "duration": "-1s"});
+        let a = st.apply(&s, &pull(&s, vec![], vec![gone]), false, 0).unwrap();
+        assert!(a.changed && st.is_empty());
+    }
+
+    #[test]
+    fn without_their_database_country_and_as_scopes_are_refused_and_skipped() {
+        let e = CrowdsecConfig {
+            lapi_url: "http://127.0.0.1:8080/".into(),
+            api_key: Some("k".into()),
+            scopes: vec!["ip".into(), "country".into()],
+            ..Default::default()
+        }
+        .settings(std::path::Path::new("/"))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("country_mmdb"), "{e}");
+        let mut s = CrowdsecConfig {
+            lapi_url: "http://127.0.0.1:8080/".into(),
+            api_key: Some("k".into()),
+            country_mmdb: Some("/nonexistent/country.mmdb".into()),
+            ..Default::default()
+        }
+        .settings(std::path::Path::new("/"))
+        .unwrap();
+        let w = s.load_mmdb();
+        assert!(w.len() == 1 && w[0].contains("/nonexistent/country.mmdb") && w[0].contains("skipped"), "{w:?}");
+        assert_eq!(Store::admit(&s, &d(1, "Country", "FR", "ban", "1h")), Err(Skip::Scope("country".into())));
     }
 }

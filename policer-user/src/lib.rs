@@ -18,6 +18,7 @@ mod layering;
 pub mod loader;
 pub mod lockfile;
 pub mod metrics;
+pub mod mmdb;
 pub mod netlink;
 pub mod prefix;
 pub mod protect;

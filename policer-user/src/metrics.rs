@@ -311,6 +311,11 @@ struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScopeLabel {
+    scope: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Reason {
     reason: String,
 }
@@ -369,6 +374,14 @@ fn feed_metrics(reg: &mut Registry, f: &crate::control::FeedStatus) {
         by.get_or_create(&Label { origin: o.clone() }).set(*n as i64);
     }
     cs.register("decisions", "Decisions in force, by origin", by);
+    let by_scope = Family::<ScopeLabel, Gauge>::default();
+    for sc in ["ip", "range", "country", "as"] {
+        let _ = by_scope.get_or_create(&ScopeLabel { scope: sc.into() });
+    }
+    for (sc, n) in &f.decisions_by_scope {
+        by_scope.get_or_create(&ScopeLabel { scope: sc.clone() }).set(*n as i64);
+    }
+    cs.register("scope_decisions", "Decisions in force, by scope (ip, range, country, as)", by_scope);
     cs.register("prefixes", "Distinct prefixes the decisions in force make", gauge(f.prefixes));
     cs.register("decisions_received", "Decisions received from the Local API", counter(f.received));
     cs.register("decisions_deleted", "Decisions the Local API deleted", counter(f.deleted));

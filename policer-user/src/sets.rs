@@ -309,7 +309,7 @@ pub fn implicit_name(rule: &RuleConfig) -> String {
 
 /// What a state file says of its set besides the entries (its first line,
 /// JSON after `#policer-set `).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Header {
     pub name: String,
     /// action, rate, burst, key_len as given (prefix unused).
@@ -318,6 +318,27 @@ pub struct Header {
     /// revives nor forgets it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<u64>,
+    /// A set taken from a MaxMind DB file (`rule import --mmdb`, a
+    /// `[[set]]` with `mmdb`): the file and what was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmdb: Option<MmdbSource>,
+    /// What put each entry in such a set (its country or AS): `inspect`
+    /// names it. Not in the header line: the state file keeps it as each
+    /// line's comment ([`crate::mmdb::Labels::from_text`]).
+    #[serde(skip)]
+    pub labels: Option<std::sync::Arc<crate::mmdb::Labels>>,
+    /// The state file's lines carry their labels (set when it is staged
+    /// with them: the feed's Country and AS decisions).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub labeled: bool,
+}
+
+/// Where a set of a MaxMind DB file comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmdbSource {
+    pub file: String,
+    #[serde(flatten)]
+    pub query: crate::mmdb::Query,
 }
 
 const MAGIC: &str = "#policer-set ";
@@ -505,6 +526,8 @@ pub fn stage(dir: &Path, mode: u32, h: &Header, body: Body<'_>) -> Result<Staged
     fs::DirBuilder::new().recursive(true).mode(dir_mode(mode)).create(dir).map_err(err)?;
     let mut buf = Vec::with_capacity(256);
     buf.extend_from_slice(MAGIC.as_bytes());
+    let labels = h.labels.as_deref().filter(|l| !l.is_empty());
+    let h = &Header { labeled: labels.is_some(), ..h.clone() };
     serde_json::to_writer(&mut buf, h).map_err(|e| Error::Invalid(e.to_string()))?;
     buf.push(b'\n');
     let (tmp, f) = files::create_temp(dir, &format!("{}.set", h.name), mode).map_err(err)?;
@@ -523,7 +546,11 @@ pub fn stage(dir: &Path, mode: u32, h: &Header, body: Body<'_>) -> Result<Staged
         Body::Entries(entries) => {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut *f);
             for e in entries {
-                writeln!(w, "{e}").map_err(err)?;
+                match labels.and_then(|l| l.get(e)) {
+                    Some(l) => writeln!(w, "{e} # {l}"),
+                    None => writeln!(w, "{e}"),
+                }
+                .map_err(err)?;
             }
             w.flush().map_err(err)?;
         }
@@ -579,12 +606,15 @@ pub fn read_all(dir: &Path) -> Result<Vec<(Header, List)>> {
         })?;
         let text = text.strip_prefix(BOM).unwrap_or(&text);
         let first = text.split(|b| *b == b'\n').next().unwrap_or_default();
-        let h: Header = std::str::from_utf8(first)
+        let mut h: Header = std::str::from_utf8(first)
             .ok()
             .and_then(|l| l.strip_prefix(MAGIC))
             .and_then(|j| serde_json::from_str(j).ok())
             .ok_or_else(|| Error::Invalid(format!("{}:1: not a policer set file", p.display())))?;
         let list = parse(text, &p.display().to_string())?;
+        if h.mmdb.is_some() || h.labeled {
+            h.labels = Some(std::sync::Arc::new(crate::mmdb::Labels::from_text(text)));
+        }
         out.push((h, list));
     }
     out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
@@ -711,8 +741,17 @@ pub fn check_conflicts(
 pub struct SetConfig {
     pub name: String,
     /// The list file; a relative path is relative to the config file's
-    /// directory.
+    /// directory. Empty with `mmdb`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub file: String,
+    /// A MaxMind DB file (Country or ASN) instead of a list: the set is
+    /// its networks of `country` and `asn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmdb: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub country: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asn: Vec<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<policer_common::bucket::Action>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -736,10 +775,10 @@ impl SetConfig {
         }
     }
 
-    /// Where the list file is: `file` as written when absolute, else in
-    /// the config file's directory.
+    /// Where the list file (or the database) is: as written when
+    /// absolute, else in the config file's directory.
     pub fn path(&self, config: &Path) -> PathBuf {
-        let f = Path::new(&self.file);
+        let f = Path::new(self.mmdb.as_deref().unwrap_or(&self.file));
         if f.is_absolute() {
             return f.to_path_buf();
         }
@@ -757,6 +796,23 @@ pub struct ConfigList {
     pub path: PathBuf,
     pub text: Vec<u8>,
     pub list: List,
+    /// A set of a MaxMind DB file: where it comes from, what put each
+    /// entry in.
+    pub mmdb: Option<(MmdbSource, std::sync::Arc<crate::mmdb::Labels>)>,
+}
+
+impl ConfigList {
+    /// The header of the set it makes (`rule`: the set's rule).
+    pub fn header(&self, name: &str, rule: RuleConfig) -> Header {
+        Header {
+            name: name.to_string(),
+            rule,
+            expires_ms: None,
+            mmdb: self.mmdb.as_ref().map(|m| m.0.clone()),
+            labels: self.mmdb.as_ref().map(|m| m.1.clone()),
+            labeled: false,
+        }
+    }
 }
 
 /// Reads and parses the list file of `set` (a `[[set]]` of the config
@@ -765,6 +821,9 @@ pub struct ConfigList {
 /// import's is: an empty feed is a failed download far more often than a
 /// wish. Errors name the file (and the line).
 pub fn read_config_list(config: &Path, set: &SetConfig) -> Result<ConfigList> {
+    if set.mmdb.is_some() {
+        return read_config_mmdb(config, set);
+    }
     let path = set.path(config);
     let file = path.display().to_string();
     let mut text = files::read_regular(&path, files::IMPORT).map_err(|e| {
@@ -788,7 +847,27 @@ pub fn read_config_list(config: &Path, set: &SetConfig) -> Result<ConfigList> {
             text.len()
         )));
     }
-    Ok(ConfigList { path, text, list })
+    Ok(ConfigList { path, text, list, mmdb: None })
+}
+
+/// [`read_config_list`] of a `[[set]]` with `mmdb`: the database's
+/// networks of its `country` and `asn` ([`crate::mmdb::read`]). A database
+/// that does not open, holds no network, is cut short, or has none of
+/// them is refused, naming the set and why.
+fn read_config_mmdb(config: &Path, set: &SetConfig) -> Result<ConfigList> {
+    let path = set.path(config);
+    let file = path.display().to_string();
+    let query = crate::mmdb::Query { country: set.country.clone(), asn: set.asn.clone() };
+    let named = |e: Error| match e {
+        Error::Invalid(m) => Error::Invalid(format!("set '{}': {m}", set.name)),
+        e => e,
+    };
+    query.check().map_err(named)?;
+    let sel = crate::mmdb::read(&path, &file, &query).map_err(named)?;
+    let text = sel.text();
+    let list = List { entries: sel.entries, duplicates: 0, mapped: sel.mapped };
+    let source = MmdbSource { file, query };
+    Ok(ConfigList { path, text, list, mmdb: Some((source, sel.labels)) })
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod foreign;
 pub mod frame;
 pub mod kstate;
 pub mod lapi;
+pub mod mmdb;
 pub mod netns;
 pub mod packet;
 pub mod readable;

@@ -146,7 +146,10 @@ fn cargo() -> Command {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Setup => setup().and_then(|()| setup_feed_tools()).and_then(|()| setup_observe_tools()),
+        Cmd::Setup => setup()
+            .and_then(|()| setup_feed_tools())
+            .and_then(|()| setup_observe_tools())
+            .and_then(|()| setup_mmdb_tools()),
         Cmd::Build { release } => {
             setup()?;
             let mut c = cargo();
@@ -329,6 +332,7 @@ fn test(host_only: bool) -> Result<()> {
     setup_fleet_tools()?;
     setup_feed_tools()?;
     setup_observe_tools()?;
+    setup_mmdb_tools()?;
     image()?; // builds the package (dist) first
     // `dist` also checks that a release build carries no test hooks.
     sh(cargo().args(["build", "--release", "-p", "policer-user", "--bin", "policer"]))?;
@@ -349,6 +353,7 @@ fn test(host_only: bool) -> Result<()> {
         "import",
         "feeds",
         "crowdsec",
+        "mmdb",
         "alerts",
         "dryrun",
         "capture",
@@ -684,6 +689,30 @@ fn setup_fleet_tools() -> Result<()> {
     // Debian's python3, not whatever `python3` a PATH finds first.
     sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
     sh(Command::new(venv.join("bin/pip")).args(["install", "-q", "kubernetes-validate"]))
+}
+
+/// What the MMDB tests write their databases with (tests/tests/mmdb.rs):
+/// PyPI's `mmdb-writer` and `netaddr`, pinned, in a venv under the target
+/// directory (Debian ships no writer of MaxMind DB files). Idempotent.
+fn setup_mmdb_tools() -> Result<()> {
+    let venv = target_dir().join("tools/mmdb-venv");
+    let ok = venv.join("lib").read_dir().ok().and_then(|mut d| d.next()).and_then(|e| e.ok()).is_some_and(|py| {
+        py.path().join("site-packages/mmdb_writer").exists() && py.path().join("site-packages/netaddr").exists()
+    });
+    if ok {
+        return Ok(());
+    }
+    let missing = missing_packages(&["python3-venv"]);
+    if !missing.is_empty() {
+        if !is_root() {
+            bail!("missing packages {missing:?}: run as root, or `sudo apt-get install {}`", missing.join(" "));
+        }
+        apt_install(&missing)?;
+    }
+    say("installing mmdb-writer and netaddr (PyPI) into a venv");
+    // Debian's python3, not whatever `python3` a PATH finds first.
+    sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
+    sh(Command::new(venv.join("bin/pip")).args(["install", "-q", "mmdb-writer==0.2.7", "netaddr==1.3.0"]))
 }
 
 /// What the feeds tests run (tests/tests/feeds.rs): fail2ban, the Debian

@@ -19,7 +19,23 @@ pub struct Args {
     /// as the IPv4 prefixes they are (/N), and the outcome says how many.
     /// A regular file of at most 1 GiB; a file with no entries is refused
     /// (an empty feed is a failed download more often than a wish).
-    file: String,
+    #[arg(required_unless_present = "mmdb", conflicts_with = "mmdb")]
+    file: Option<String>,
+    /// A MaxMind DB file instead of a list (GeoLite2/GeoIP2 Country or
+    /// ASN, DB-IP lite, IPinfo lite): the set is every network of it, IPv4
+    /// and IPv6, whose country is one of --country or whose AS is one of
+    /// --asn. Needs --set: the database is the whole set, replaced as a
+    /// new list replaces it. A file that does not open, holds no network,
+    /// is cut short or has none of them changes nothing. `inspect ADDR`
+    /// names the country or AS that put a source in the set.
+    #[arg(long, value_name = "FILE", requires = "set")]
+    mmdb: Option<String>,
+    /// With --mmdb: the countries, ISO 3166-1 codes (DE,FR).
+    #[arg(long, value_name = "CC[,CC…]", requires = "mmdb")]
+    country: Option<String>,
+    /// With --mmdb: the AS numbers (64500,AS64501).
+    #[arg(long, value_name = "N[,N…]", requires = "mmdb")]
+    asn: Option<String>,
     /// What the set does to its sources. A prefix in several sets takes
     /// the value of one: deny over police over monitor over allow, and
     /// between sets of one action the name that sorts first.
@@ -106,22 +122,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ttl: a.ttl,
         ..RuleConfig::default()
     };
+    let mmdb = match &a.mmdb {
+        Some(_) => Some(crate::mmdb::Query::parse(a.country.as_deref(), a.asn.as_deref())?),
+        None => None,
+    };
+    let file = a.mmdb.or(a.file).unwrap_or_default();
     // The daemon reads the file itself (a million lines are not sent over
     // the socket): a relative path is resolved here, against where the
     // user is.
-    let path = std::path::absolute(&a.file).map_err(|e| anyhow::anyhow!("{}: {e}", a.file))?;
+    let path = std::path::absolute(&file).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
     if let Err(e) = std::fs::metadata(&path) {
-        anyhow::bail!("{}: {e}; nothing imported", a.file);
+        anyhow::bail!("{file}: {e}; nothing imported");
     }
     let req = crate::control::Request::Import {
         path: path.to_string_lossy().into_owned(),
-        shown: a.file,
+        shown: file,
         set: a.set,
         rule,
         max_remove,
         force: a.force,
         runtime: a.runtime,
         skip_protected: a.skip_protected,
+        mmdb,
     };
     if a.dry_run {
         return super::dryrun::print(&daemon()?.dry_run(req)?, a.json);

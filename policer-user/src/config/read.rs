@@ -484,7 +484,9 @@ impl Reader {
                 | C::Set
                 | C::MachineId
                 | C::Password
-                | C::PasswordFile => self.crowdsec_string(&mut c, field, key, v),
+                | C::PasswordFile
+                | C::CountryMmdb
+                | C::AsnMmdb => self.crowdsec_string(&mut c, field, key, v),
                 C::Origins
                 | C::Scopes
                 | C::Scenarios
@@ -549,6 +551,8 @@ impl Reader {
                     C::Set => &mut c.set,
                     C::MachineId => &mut c.machine_id,
                     C::Password => &mut c.password,
+                    C::CountryMmdb => &mut c.country_mmdb,
+                    C::AsnMmdb => &mut c.asn_mmdb,
                     _ => &mut c.password_file,
                 } = Some(s);
                 true
@@ -892,16 +896,7 @@ impl Reader {
                 }
             },
         }
-        if !t.iter().any(|(k, _)| &**k.get_ref() == "file") {
-            self.push(
-                origin.line,
-                format!(
-                    "{}: a set needs a list file; write file = \"blocklist.txt\" (relative to the config's directory)",
-                    place.key("file")
-                ),
-            );
-            ok = false;
-        }
+        ok &= self.set_source(origin.line, place, t);
         let (mut rate, mut total) = (None, None);
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
@@ -928,6 +923,7 @@ impl Reader {
                         false
                     }
                 },
+                S::Mmdb | S::Country | S::Asn => self.set_mmdb_key(place, field, key, v, &mut s),
                 S::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
             };
             ok &= good;
@@ -935,6 +931,103 @@ impl Reader {
         ok &= self.burst_units(place, t, &r, rate, total).is_empty();
         (s.action, s.rate, s.burst, s.key_len) = (r.action, r.rate, r.burst, r.key_len);
         ok.then_some(s)
+    }
+
+    /// A set's source: a list `file`, or an `mmdb` database with `country`
+    /// or `asn` (not both kinds; `country` and `asn` only with `mmdb`).
+    fn set_source(&mut self, line: Option<usize>, place: Place<'_>, t: &DeTable<'_>) -> bool {
+        let has = |k: &str| t.iter().any(|(key, _)| &**key.get_ref() == k);
+        let problem = match (has("file"), has("mmdb"), has("country") || has("asn")) {
+            (false, false, _) => Some((
+                "file",
+                "a set needs a list file; write file = \"blocklist.txt\" (relative to the config's directory)"
+                    .to_string(),
+            )),
+            (true, true, _) => Some(("mmdb", "a set reads a list file or an MMDB database, not both".into())),
+            (false, true, false) => {
+                Some(("mmdb", "an MMDB set needs country or asn; write country = [\"DE\"] or asn = [64500]".into()))
+            }
+            (true, false, true) => Some((
+                "file",
+                "country and asn pick networks of an MMDB database; write mmdb = \"GeoLite2-Country.mmdb\"".into(),
+            )),
+            _ => None,
+        };
+        match problem {
+            Some((key, why)) => {
+                self.push(line, format!("{}: {why}", place.key(key)));
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// `mmdb`, `country` or `asn` of a `[[set]]`: whether its value is
+    /// valid, kept in `s`.
+    fn set_mmdb_key(
+        &mut self,
+        place: Place<'_>,
+        field: S,
+        key: &str,
+        v: &Spanned<DeValue<'_>>,
+        s: &mut SetConfig,
+    ) -> bool {
+        match (field, v.get_ref()) {
+            (S::Mmdb, DeValue::String(f)) if !f.is_empty() && !f.contains('\0') => {
+                s.mmdb = Some(f.to_string());
+                true
+            }
+            (S::Country, DeValue::Array(a)) if !a.is_empty() => {
+                let code = |i: &DeValue<'_>| match i {
+                    DeValue::String(c) => crate::mmdb::country(c).ok(),
+                    _ => None,
+                };
+                match a.iter().find(|i| code(i.get_ref()).is_none()) {
+                    None => {
+                        s.country = a.iter().filter_map(|i| code(i.get_ref())).collect();
+                        true
+                    }
+                    Some(i) => {
+                        self.bad(place, key, i, "a country code (two letters)", "country = [\"DE\", \"FR\"]");
+                        false
+                    }
+                }
+            }
+            (S::Asn, DeValue::Array(a)) if !a.is_empty() => {
+                let number = |i: &DeValue<'_>| match i {
+                    DeValue::String(t) => crate::mmdb::asn(t).ok(),
+                    n => unsigned(n, u64::from(u32::MAX)).map(|n| n as u32),
+                };
+                match a.iter().find(|i| number(i.get_ref()).is_none()) {
+                    None => {
+                        s.asn = a.iter().filter_map(|i| number(i.get_ref())).collect();
+                        true
+                    }
+                    Some(i) => {
+                        self.bad(place, key, i, "an AS number", "asn = [64500, 64501]");
+                        false
+                    }
+                }
+            }
+            (S::Mmdb, _) => {
+                self.bad(
+                    place,
+                    key,
+                    v,
+                    "a file",
+                    "mmdb = \"GeoLite2-Country.mmdb\" (relative to the config's directory)",
+                );
+                false
+            }
+            (S::Country, _) => {
+                self.bad(place, key, v, "a list of country codes", "country = [\"DE\", \"FR\"]");
+                false
+            }
+            _ => {
+                self.bad(place, key, v, "a list of AS numbers", "asn = [64500, 64501]");
+                false
+            }
+        }
     }
 
     /// One of the keys a rule and a set share (rate, burst, their totals,

@@ -114,6 +114,9 @@ pub enum RuleField {
 pub enum SetField {
     Name,
     File,
+    Mmdb,
+    Country,
+    Asn,
     Shared(SharedField),
 }
 
@@ -140,6 +143,8 @@ pub enum CrowdsecField {
     MachineId,
     Password,
     PasswordFile,
+    CountryMmdb,
+    AsnMmdb,
 }
 
 /// One key of the file.
@@ -230,8 +235,8 @@ pub static TABLES: &[TableDoc] = &[
     TableDoc {
         table: Table::Set,
         header: "[[set]]",
-        help: "A named set: many prefixes under one rule, listed in a file. The file is read at start and by a reload (it is \
-         not followed: reload after changing it).",
+        help: "A named set: many prefixes under one rule, listed in a file or taken from a MaxMind DB file (mmdb). The file \
+         is read at start and by a reload (a list file is not followed: reload after changing it; a database is).",
     },
     TableDoc {
         table: Table::Crowdsec,
@@ -395,8 +400,19 @@ pub static KEYS: &[Key] = &[
         "file",
         "string (path)",
         "required",
-        "The file of prefixes, one per line (# and ; comments); relative to the config file's directory.",
+        "The file of prefixes, one per line (# and ; comments); relative to the config file's directory. Or mmdb.",
     ),
+    set(
+        S::Mmdb,
+        "mmdb",
+        "string (path)",
+        "none",
+        "A MaxMind DB file (GeoLite2/GeoIP2 Country or ASN, DB-IP lite, IPinfo lite) instead of file: the set is its \
+         networks of country and asn, both families. Read at start, by a reload, and when it is replaced (followed); one \
+         that does not open, is empty or cut short changes nothing.",
+    ),
+    set(S::Country, "country", "array of strings", "none", "With mmdb: the countries, ISO 3166-1 codes ([\"DE\"])."),
+    set(S::Asn, "asn", "array of integers", "none", "With mmdb: the AS numbers ([64500])."),
     set(S::Shared(SharedField::Action), "action", "string", "\"deny\"", "As a rule's action."),
     set(S::Shared(SharedField::Rate), "rate", "string", "required for police and monitor", "As a rule's rate."),
     set(S::Shared(SharedField::Burst), "burst", "integer or string", "as a rule's", "As a rule's burst."),
@@ -473,6 +489,21 @@ pub static KEYS: &[Key] = &[
         "What the set does to the decisions' prefixes: deny, or monitor (count what it would drop, to try a feed first).",
     ),
     crowdsec(C::Set, "set", "string", "\"crowdsec\"", "The name of the set the decisions go into."),
+    crowdsec(
+        C::CountryMmdb,
+        "country_mmdb",
+        "string (path)",
+        "none",
+        "A MaxMind DB Country file: Country decisions are applied as its networks of that country (without it they \
+         are counted and skipped). Read at start.",
+    ),
+    crowdsec(
+        C::AsnMmdb,
+        "asn_mmdb",
+        "string (path)",
+        "none",
+        "A MaxMind DB ASN file: AS decisions are applied as its networks of that AS. Read at start.",
+    ),
     crowdsec(
         C::MinPrefixLenV4,
         "min_prefix_len_v4",
@@ -595,7 +626,7 @@ mod tests {
             }
         }
         assert!(find(Table::Daemon, "rate").is_none() && find(Table::Rule, "zzz").is_none());
-        assert_eq!(listed(Table::Set), "name, file, action, rate, burst, key_len");
+        assert_eq!(listed(Table::Set), "name, file, mmdb, country, asn, action, rate, burst, key_len");
         assert!(!listed(Table::Rule).contains("ttl"));
         assert_eq!(Table::named("crowdsec"), Some(Table::Crowdsec));
         assert_eq!(Table::named("rules"), None);

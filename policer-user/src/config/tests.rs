@@ -1024,6 +1024,50 @@ rate = \"2kpps\"
     );
 }
 
+/// A `[[set]]` of a MaxMind DB file: `mmdb` with `country` and/or `asn`
+/// (codes taken upper case, AS numbers as numbers or `AS…`), read key by
+/// key; `file` and `mmdb` together, `mmdb` alone, and `country` without
+/// `mmdb` are each a problem naming the set and the key.
+#[test]
+fn set_tables_of_a_database() {
+    let good = "[[set]]\nname = \"geo\"\nmmdb = \"GeoLite2-Country.mmdb\"\ncountry = [\"de\", \"FR\"]\nasn = [64500, \"AS64501\"]\naction = \"deny\"\n";
+    let (cfg, _) = super::Config::check(good, None).unwrap();
+    let s = &cfg.sets[0];
+    assert_eq!((s.mmdb.as_deref(), s.file.as_str()), (Some("GeoLite2-Country.mmdb"), ""));
+    assert_eq!((s.country.clone(), s.asn.clone()), (vec!["DE".to_string(), "FR".to_string()], vec![64500, 64501]));
+    assert_eq!(s.path(Path::new("/etc/policer/policer.toml")), Path::new("/etc/policer/GeoLite2-Country.mmdb"));
+    for (text, line, msg) in [
+        (
+            "[[set]]\nname = \"a\"\nfile = \"a.txt\"\nmmdb = \"a.mmdb\"\ncountry = [\"DE\"]\n",
+            1,
+            "set 1 (name a): mmdb: a set reads a list file or an MMDB database, not both",
+        ),
+        ("[[set]]\nname = \"a\"\nmmdb = \"a.mmdb\"\n", 1, "set 1 (name a): mmdb: an MMDB set needs country or asn"),
+        (
+            "[[set]]\nname = \"a\"\nfile = \"a.txt\"\nasn = [1]\n",
+            1,
+            "set 1 (name a): file: country and asn pick networks of an MMDB database",
+        ),
+        (
+            "[[set]]\nname = \"a\"\nmmdb = \"a.mmdb\"\ncountry = [\"DEU\"]\n",
+            4,
+            "set 1 (name a): country: \"DEU\" is not a country code (two letters)",
+        ),
+        (
+            "[[set]]\nname = \"a\"\nmmdb = \"a.mmdb\"\nasn = [\"ASx\"]\n",
+            4,
+            "set 1 (name a): asn: \"ASx\" is not an AS number",
+        ),
+        ("[[set]]\nname = \"a\"\nmmdb = 3\ncountry = [\"DE\"]\n", 3, "set 1 (name a): mmdb: 3 is not a file"),
+    ] {
+        let problems = super::Config::check(text, None).unwrap_err();
+        assert!(
+            problems.iter().any(|p| p.line == Some(line) && p.message.starts_with(msg)),
+            "{text}: want {line}: {msg:?} in {problems:#?}"
+        );
+    }
+}
+
 /// `[[set]]` tables are read key by key: each problem names the set, the
 /// key, an example, and the line; a good one reads as what it says.
 #[test]
@@ -1073,7 +1117,10 @@ name = \"nofile\"
         (10, "set 3: name: a set needs a name; write name = \"blocklist\""),
         (11, "set 3: file: 7 is not a file; write file = \"blocklist.txt\""),
         (12, "set 3: rate: \"fast\" is not a rate; write rate = \"10kpps\""),
-        (13, "set 3: unknown key `colour`; a set's keys are name, file, action, rate, burst, key_len"),
+        (
+            13,
+            "set 3: unknown key `colour`; a set's keys are name, file, mmdb, country, asn, action, rate, burst, key_len",
+        ),
         (15, "set 4 (name slow): a police set needs a rate per source"),
         (25, "set 6 (name nofile): file: a set needs a list file; write file = \"blocklist.txt\""),
     ];

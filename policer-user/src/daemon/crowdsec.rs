@@ -362,13 +362,14 @@ impl Run {
 
     /// Counts kept as the store changes: no walk of what is held.
     fn levels(&self) {
-        let (n, by, p) = {
+        let (n, by, p, scopes) = {
             let st = lock(&self.store);
-            (st.len() as u64, st.by_origin(), st.values() as u64)
+            (st.len() as u64, st.by_origin(), st.values() as u64, st.by_scope())
         };
         self.status(|s| {
             s.decisions = n;
             s.decisions_by_origin = by;
+            s.decisions_by_scope = scopes;
             s.prefixes = p;
         });
     }
@@ -440,7 +441,8 @@ impl Run {
         if !self.dirty {
             return;
         }
-        let Some((entries, held)) = self.on_store(|st| (st.prefixes(), st.len())).await else {
+        let scoped = self.s.scoped.clone();
+        let Some(((entries, labels), held)) = self.on_store(move |st| (st.entries(&scoped), st.len())).await else {
             self.error("apply", "listing the decisions failed");
             return;
         };
@@ -459,6 +461,8 @@ impl Run {
             runtime: false,
             feed: true,
             skip_protected: false,
+            mmdb: None,
+            labels: labels.map(Arc::new),
         };
         let out = self.owner.ask(Command::Import(Box::new(imp))).await;
         match out.result {

@@ -175,7 +175,12 @@ impl Watches {
     /// to a directory now standing where a watched one stood); says what
     /// cannot be watched.
     fn rearm(&mut self, w: &mut impl Watcher) {
-        let names: HashSet<_> = chain(&self.config).into_iter().collect();
+        let mut names: HashSet<_> = chain(&self.config).into_iter().collect();
+        // The MaxMind DB files of its `[[set]]`s too: a new database is read
+        // as a new config is (`Daemon::follow` reloads the sets).
+        for db in databases(&self.config) {
+            names.extend(chain(&db));
+        }
         let wanted: BTreeSet<PathBuf> = names.iter().map(|(d, _)| d.clone()).collect();
         let mut kept = BTreeMap::new();
         for (d, id) in std::mem::take(&mut self.dirs) {
@@ -242,6 +247,28 @@ impl Watches {
             _ => Want::Nothing,
         }
     }
+}
+
+/// The MaxMind DB files the `[[set]]`s of `config` read: its `mmdb = "…"`
+/// lines, found by a scan of its lines (no parse: this runs on the
+/// runtime, at every re-arm). Read as the owner reads the config, a
+/// regular file only (a FIFO or a device put in its place is not opened:
+/// `files::read_regular`), and only up to a size a hand-written config
+/// has; none when it does not read. A line that is not a `[[set]]`'s only
+/// adds a name to watch.
+fn databases(config: &Path) -> Vec<PathBuf> {
+    const SMALL: crate::files::Limit = crate::files::Limit { what: "a config file", max_bytes: 4 << 20 };
+    let Ok(text) = crate::files::read_regular(config, SMALL) else { return Vec::new() };
+    let dir = config.parent().filter(|d| !d.as_os_str().is_empty());
+    text.split(|b| *b == b'\n')
+        .filter_map(|line| {
+            let line = std::str::from_utf8(line).ok()?.trim();
+            let rest = line.strip_prefix("mmdb")?.trim_start().strip_prefix('=')?.trim();
+            let path = rest.strip_prefix('"')?.split('"').next()?;
+            let p = Path::new(path);
+            Some(if p.is_absolute() { p.to_path_buf() } else { dir.map_or_else(|| p.to_path_buf(), |d| d.join(p)) })
+        })
+        .collect()
 }
 
 /// Starts following `config`; the watcher lives as long as the task. A

@@ -588,6 +588,14 @@ impl Daemon {
                 return r;
             }
         };
+        // The file in force, and a set of it read from a MaxMind DB file:
+        // the event may be the database's (the follower watches it too), so
+        // the sets are read again; a set whose database did not change is
+        // left as it is (`Sets::plan_config`), and a database cut short or
+        // empty refuses the reload, which changes nothing.
+        if now == self.file.sha256() && self.sets.has_config_databases() {
+            return self.reload_as(false, true);
+        }
         match self.reload.follow_step(&now, &self.file.sha256()) {
             FollowStep::Nothing => Ok(String::new()),
             FollowStep::BackInForce => {
@@ -623,8 +631,8 @@ impl Daemon {
         let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
         // The config's sets: every list file read and checked against the
         // new rules before the kernel is touched (a bad line or a conflict
-        // refuses the whole reload). Not followed: `policer reload` rereads
-        // them.
+        // refuses the whole reload). List files are not followed (`policer
+        // reload` rereads them); MaxMind DB files are (`Daemon::follow`).
         let config_sets = self.sets.plan_config(self.file.path(), &snap.config.sets, want, &protect)?;
         let changing = config_sets.names();
         self.sets.refuse_set_prefixes_but(want, &changing)?;

@@ -231,6 +231,12 @@ pub struct Import {
     /// `--skip-protected`: entries inside a protected prefix are left out,
     /// counted and named, not a refusal of the whole list.
     pub skip_protected: bool,
+    /// `--mmdb FILE --country … --asn …`: the database and what was taken
+    /// (the list is its networks, `text` them with their labels).
+    pub mmdb: Option<sets::MmdbSource>,
+    /// What put each entry in (a database's country or AS; the feed's
+    /// Country and AS decisions).
+    pub labels: Option<Arc<crate::mmdb::Labels>>,
 }
 
 fn split(nets: &[IpNet]) -> (&[IpNet], &[IpNet]) {
@@ -451,7 +457,14 @@ impl Sets {
         let (spec4, spec6) = sets::specs(&name, &rule, &entries)?;
         check_set_conflicts(rs, &entries, spec4.action, |n| where_in(&imp.file, &imp.text, n))?;
         self.check_capacity(rs, policer, &name, &entries)?;
-        let header = Header { name: name.clone(), rule, expires_ms };
+        let header = Header {
+            name: name.clone(),
+            rule,
+            expires_ms,
+            mmdb: imp.mmdb.clone(),
+            labels: imp.labels.clone(),
+            labeled: false,
+        };
         let t_checked = t0.elapsed();
         Ok(ImportPlan { imp, explicit, name, header, spec4, spec6, entries, d, refused, skipped, t0, t_checked })
     }
@@ -680,6 +693,8 @@ impl Sets {
             runtime: false,
             feed: true,
             skip_protected: false,
+            mmdb: None,
+            labels: s.header.labels.clone(),
         })
     }
 
@@ -727,6 +742,12 @@ impl Sets {
     /// Whether any set holds an entry (the fast path is off then).
     pub(super) fn has_entries(&self) -> bool {
         self.by_name.values().any(|s| !s.entries.is_empty())
+    }
+
+    /// Whether a `[[set]]` of the config is read from a MaxMind DB file
+    /// (the follower watches those files: a new database is a reload).
+    pub(super) fn has_config_databases(&self) -> bool {
+        self.by_name.values().any(|s| s.origin == Origin::Config && s.header.mmdb.is_some())
     }
 }
 
@@ -1068,10 +1089,11 @@ impl Sets {
                 && o.origin == Origin::Config
                 && o.header.rule == rule
                 && o.entries[..] == l.list.entries[..]
+                && o.header.labels.as_deref() == l.mmdb.as_ref().map(|m| &*m.1)
             {
                 continue;
             }
-            let header = Header { name: sc.name.clone(), rule, expires_ms: None };
+            let header = l.header(&sc.name, rule);
             let new = SetState {
                 header,
                 spec4,
@@ -1374,7 +1396,7 @@ impl StartSets {
                 self.sets.remove(i);
                 self.replaced.push(sc.name.clone());
             }
-            let header = Header { name: sc.name.clone(), rule: sc.rule(), expires_ms: None };
+            let header = l.header(&sc.name, sc.rule());
             self.sets.push((header, l.list));
             self.config.insert(sc.name.clone(), l.path);
         }
@@ -1789,10 +1811,14 @@ pub fn read_import(
     rule: RuleConfig,
     max_remove: Option<MaxRemove>,
     force: bool,
+    mmdb: Option<crate::mmdb::Query>,
 ) -> Result<Import> {
     let file = if shown.is_empty() { path.to_string() } else { shown.to_string() };
     if let Some(n) = &set {
         sets::check_name(n)?;
+    }
+    if let Some(q) = mmdb {
+        return read_mmdb_import(path, &file, set, rule, max_remove, force, q);
     }
     let mut text = crate::files::read_regular(std::path::Path::new(path), crate::files::IMPORT).map_err(|e| {
         Error::Invalid(match e {
@@ -1827,6 +1853,56 @@ pub fn read_import(
         runtime: false,
         feed: false,
         skip_protected: false,
+        mmdb: None,
+        labels: None,
+    })
+}
+
+/// [`read_import`] of `--mmdb FILE --country … --asn …`: the set is the
+/// database's networks of those countries and ASes, each labelled with
+/// what put it there. Only into a named set (`--set`): the database is
+/// the set's whole truth, replaced as a list file replaces its set. A
+/// database that does not open, holds nothing, is cut short or has none
+/// of them changes nothing.
+fn read_mmdb_import(
+    path: &str,
+    file: &str,
+    set: Option<String>,
+    rule: RuleConfig,
+    max_remove: Option<MaxRemove>,
+    force: bool,
+    q: crate::mmdb::Query,
+) -> Result<Import> {
+    let nothing = |e: Error| match e {
+        Error::Invalid(m) => Error::Invalid(format!("{m}; nothing imported")),
+        e => e,
+    };
+    if set.is_none() {
+        return Err(Error::Invalid("--mmdb needs --set NAME: the database is the whole of that set".into()));
+    }
+    q.check().map_err(nothing)?;
+    let sel = crate::mmdb::read(std::path::Path::new(path), file, &q).map_err(nothing)?;
+    let text = sel.text();
+    let shown = format!(
+        "{file} ({}, {} of its {} networks: {})",
+        sel.database_type,
+        sel.entries.len(),
+        sel.networks,
+        q.describe()
+    );
+    Ok(Import {
+        file: shown,
+        text,
+        list: List { entries: sel.entries, duplicates: 0, mapped: sel.mapped },
+        set,
+        rule,
+        max_remove: max_remove.unwrap_or_default(),
+        force,
+        runtime: false,
+        feed: false,
+        skip_protected: false,
+        mmdb: Some(sets::MmdbSource { file: path.to_string(), query: q }),
+        labels: Some(sel.labels),
     })
 }
 
@@ -1884,7 +1960,7 @@ mod tests {
             ..RuleConfig::default()
         };
         SetState {
-            header: Header { name: name.into(), rule: rule.clone(), expires_ms: None },
+            header: Header { name: name.into(), rule: rule.clone(), expires_ms: None, ..Header::default() },
             spec4: family_spec(name, &rule, false).unwrap(),
             spec6: family_spec(name, &rule, true).unwrap(),
             id,
@@ -1969,7 +2045,7 @@ mod tests {
         let dir = sets::sets_dir(&state);
         let save = |name: &str, action: Action, expires_ms: Option<u64>, list: &[&str]| {
             let rule = RuleConfig { action: Some(action), ..RuleConfig::default() };
-            let h = Header { name: name.into(), rule, expires_ms };
+            let h = Header { name: name.into(), rule, expires_ms, ..Header::default() };
             sets::stage(&dir, 0o600, &h, sets::Body::Entries(&nets(list))).unwrap().commit().unwrap();
         };
         save("crowdsec", Action::Deny, None, &["192.0.2.1/32", "192.0.2.2/32"]);

@@ -607,8 +607,10 @@ fn interfaces(args: &DaemonArgs, cfg: &crate::config::Config) -> Result<Interfac
 fn crowdsec_settings(args: &DaemonArgs, cfg: &crate::config::Config) -> Result<Option<crate::crowdsec::Settings>> {
     let Some(c) = &cfg.crowdsec else { return Ok(None) };
     let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
-    let s = c.settings(base)?;
-    for w in &s.warnings {
+    let mut s = c.settings(base)?;
+    // Country and AS decisions stand for the networks of these databases.
+    let loaded = s.load_mmdb();
+    for w in s.warnings.iter().chain(&loaded) {
         say_err!("policer: warning: {w}");
     }
     if let Some(warning) = super::crowdsec::check_at_start(&s)? {

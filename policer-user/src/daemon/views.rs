@@ -86,6 +86,8 @@ pub struct SetRow {
     pub spec4: RuleSpec,
     pub spec6: RuleSpec,
     pub entries: Arc<Vec<ipnet::IpNet>>,
+    /// What put each entry in (a MaxMind DB set's country or AS).
+    pub labels: Option<Arc<crate::mmdb::Labels>>,
 }
 
 /// The sets' rows for `rule ls`, `stats`, `inspect` (the snapshot).
@@ -97,11 +99,21 @@ pub(super) fn set_rows(sets: &BTreeMap<String, super::sets::SetState>) -> Vec<Se
             spec4: s.spec4.clone(),
             spec6: s.spec6.clone(),
             entries: s.entries.clone(),
+            labels: s.header.labels.clone(),
         })
         .collect()
 }
 
 impl SetRow {
+    /// `set:NAME (ENTRY)`, with what put the entry in when the set knows
+    /// (`set:geo (192.0.2.0/24, country DE)`).
+    pub fn entry_name(&self, n: &ipnet::IpNet) -> String {
+        match self.labels.as_ref().and_then(|l| l.get(n)) {
+            Some(l) => format!("{} ({n}, {l})", self.view.prefix),
+            None => format!("{} ({n})", self.view.prefix),
+        }
+    }
+
     /// The longest entry that holds `addr`: a lookup per prefix length.
     pub fn entry_for(&self, addr: IpAddr) -> Option<ipnet::IpNet> {
         self.entries_over(addr).next()
@@ -801,8 +813,7 @@ impl Views {
                 Cover::Set { set, entry: n } => {
                     let s = &snap.sets[*set];
                     let spec = if addr.is_ipv4() { &s.spec4 } else { &s.spec6 };
-                    let mut c =
-                        Cand::new(CoverKind::Set, *n, format!("{} ({n})", s.view.prefix), s.view.action.clone());
+                    let mut c = Cand::new(CoverKind::Set, *n, s.entry_name(n), s.view.action.clone());
                     c.slot = Some(s.slot);
                     c.bucket = self.has_bucket(addr, spec, s.slot)?;
                     cands.push(c);
@@ -1485,7 +1496,7 @@ fn rule_of_slot(snap: &Snapshot, addr: IpAddr, slot: u32) -> (String, String, Op
     }
     if let Some(s) = snap.sets.iter().find(|s| s.slot == slot) {
         let label = match s.entry_for(addr) {
-            Some(n) => format!("{} ({n})", s.view.prefix),
+            Some(n) => s.entry_name(&n),
             None => s.view.prefix.clone(),
         };
         return (label, "-".into(), Some(if addr.is_ipv4() { &s.spec4 } else { &s.spec6 }));

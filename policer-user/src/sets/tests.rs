@@ -91,6 +91,7 @@ fn names_and_state_files() {
         name: "feed".into(),
         rule: RuleConfig { action: Some(policer_common::bucket::Action::Deny), ..RuleConfig::default() },
         expires_ms: Some(1_700_000_000_000),
+        ..Header::default()
     };
     let entries = nets(&["10.0.0.1/32", "2001:db8::/32"]);
     stage(&dir, 0o600, &h, Body::Entries(&entries)).unwrap().commit().unwrap();
@@ -201,7 +202,7 @@ fn state_files_are_private_as_the_config_and_not_through_links() {
     fs::set_permissions(&config, fs::Permissions::from_mode(0o600)).unwrap();
 
     let dir = legacy_dir(&config);
-    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None };
+    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None, ..Header::default() };
     // A link to a file root must not overwrite, planted at the very name
     // the next write tries first, and at the fixed name an older policer
     // used: neither is followed.
@@ -255,7 +256,7 @@ fn state_files_that_are_not_files_are_named() {
     assert!(e.ends_with("is a directory, not a regular file"), "{e}");
     fs::remove_dir(&fifo).unwrap();
     // A state file with a byte order mark (edited by hand) still reads.
-    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None };
+    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None, ..Header::default() };
     let mut text = b"\xef\xbb\xbf#policer-set ".to_vec();
     text.extend(serde_json::to_vec(&h).unwrap());
     text.extend(b"\n10.0.0.1\n");
@@ -286,7 +287,7 @@ fn legacy_sets_are_copied_once() {
     let legacy = legacy_dir(&config);
     let new = sets_dir(&d.path().join("state"));
     assert_eq!(migrate(&legacy, &new, 0o600).unwrap(), Migrated::Nothing, "no old directory");
-    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None };
+    let h = Header { name: "feed".into(), rule: RuleConfig::default(), expires_ms: None, ..Header::default() };
     stage(&legacy, 0o640, &h, Body::Text(b"10.0.0.1\n; x\n")).unwrap().commit().unwrap();
     assert_eq!(migrate(&legacy, &new, 0o640).unwrap(), Migrated::Copied(vec!["feed".into()]));
     let all = read_all(&new).unwrap();

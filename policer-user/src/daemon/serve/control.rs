@@ -268,9 +268,9 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Outgoing {
             Ok(ls) => Outgoing::Bans(Box::new(ls)),
             Err(e) => read(refused(e)),
         },
-        Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
+        Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected, mmdb } => {
             let reading = move || {
-                crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
+                crate::daemon::read_import(&path, &shown, set, rule, max_remove, force, mmdb)
                     .map(|imp| crate::daemon::Import { runtime, skip_protected, ..imp })
             };
             import(ctx, who, reading).await
@@ -377,12 +377,12 @@ async fn import(
 /// live sources judged (`daemon::judge_live`).
 async fn dry_run(request: Request, ctx: &Ctx) -> Outgoing {
     let cmd = match request {
-        Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected } => {
+        Request::Import { path, shown, set, rule, max_remove, force, runtime, skip_protected, mmdb } => {
             let imp = match ctx.import.hold().await {
                 Err(e) => return read(refused(e)),
                 Ok(_permit) => {
                     super::blocking(move || {
-                        crate::daemon::read_import(&path, &shown, set, rule, max_remove, force)
+                        crate::daemon::read_import(&path, &shown, set, rule, max_remove, force, mmdb)
                             .map(|imp| crate::daemon::Import { runtime, skip_protected, ..imp })
                     })
                     .await
@@ -475,6 +475,7 @@ mod tests {
             spec4: spec.clone(),
             spec6: spec,
             entries: Arc::new(entries.iter().map(|e| e.parse().unwrap()).collect()),
+            labels: None,
         }
     }
 
