@@ -351,6 +351,7 @@ fn test(host_only: bool) -> Result<()> {
         "alerts",
         "dryrun",
         "capture",
+        "suggest",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
