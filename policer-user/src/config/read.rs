@@ -419,7 +419,7 @@ impl Reader {
                             key,
                             v,
                             "a number of rules",
-                            &format!("max_rules = {}", policer_common::DEFAULT_MAX_RULES),
+                            format!("max_rules = {}", policer_common::DEFAULT_MAX_RULES),
                         );
                     }
                     d.max_rules = n.map(|n| n as u32);
