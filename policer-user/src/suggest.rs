@@ -418,7 +418,10 @@ pub fn text(r: &Report) -> String {
         s.push_str(&format!("\nno frames for: {}\n", r.unseen_rules.join(", ")));
     }
     if !r.rules.is_empty() {
-        s.push_str("\n# To apply (add --dry-run first to see what each would have dropped):\n");
+        s.push_str(
+            "\n# To apply (first with --dry-run, and --action police for a rule in monitor mode, to see which live \
+             sources each would drop):\n",
+        );
         for rr in &r.rules {
             s.push_str(&rr.command);
             s.push('\n');

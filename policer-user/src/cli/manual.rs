@@ -444,8 +444,9 @@ observed, and proposes the rate and burst that the --keep share of sources stays
 share's 10 s peak (its 1 s peak when less than 10 s was observed), the burst what its 1 s and 100 ms peaks \
 exceed the rate by, and at least a tenth of a second at the rate. It lists the sources the proposal would cut, \
 and ends with the `policer rule set PREFIX --rate Rpps --burst B` lines that apply it (the rule's other fields, \
-its action among them, keep their values): run them with --dry-run first, to see which live sources they would \
-drop, and leave a rule in monitor mode until that looks right.
+its action among them, keep their values): run them with --dry-run first (with --action police for a rule in \
+monitor mode), to see which live sources they would drop, and leave a rule in monitor mode until that looks \
+right.
 
 With --watch DURATION the numbers come from the running daemon. The daemon keeps no per-source frame counts (a \
 bucket holds only when its debt drains, and its drops), so suggest observes: it captures every frame the rules \
@@ -458,7 +459,10 @@ left out (and said so). Up to 262 144 sources are tracked; frames of more are co
         examples: &[
             ("Ten minutes of a rule in monitor mode", "policer suggest --watch 10m --rule 198.51.100.0/24"),
             ("From last Tuesday's capture, keeping 99 % of sources", "policer suggest --pcap tuesday.pcap --config /etc/policer/policer.toml --keep 99%"),
-            ("What the proposal would drop now", "policer rule set 198.51.100.0/24 --rate 240pps --burst 24 --dry-run"),
+            (
+                "What the proposal would drop now, for a rule in monitor mode",
+                "policer rule set 198.51.100.0/24 --rate 240pps --burst 24 --action police --dry-run",
+            ),
         ],
         json: Some("## `policer suggest --json`"),
         see_also: &["policer-rule-set", "policer-capture", "policer-replay"],
