@@ -393,7 +393,10 @@ pub fn text(r: &Report) -> String {
             "\nrule {} ({}, now {now}, key /{}): {} sources, {} frames\n",
             rr.rule, rr.action, rr.key_len, rr.sources, rr.frames
         ));
-        s.push_str("  peak per source (pps)     p50      p90      p99    p99.9      max\n");
+        s.push_str(&format!(
+            "  {:<24}{:>8} {:>8} {:>8} {:>8} {:>8}\n",
+            "peak per source (pps)", "p50", "p90", "p99", "p99.9", "max"
+        ));
         let row = |name: &str, d: &Dist| {
             format!("  over {name:<19}{:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}\n", d.p50, d.p90, d.p99, d.p99_9, d.max)
         };
