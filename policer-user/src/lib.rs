@@ -27,6 +27,7 @@ pub mod report;
 pub mod resolve;
 pub mod rules;
 pub mod sets;
+pub mod suggest;
 pub mod text;
 pub mod trie;
 

@@ -357,6 +357,7 @@ fn test(host_only: bool) -> Result<()> {
         "alerts",
         "dryrun",
         "capture",
+        "suggest",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

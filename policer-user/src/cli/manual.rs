@@ -445,6 +445,42 @@ for it). Needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.",
         asks_daemon: false,
     },
     Page {
+        name: "policer-suggest",
+        summary: "propose per rule a rate and burst that a share of its sources stays within",
+        description: "\
+Counts, per rule, each source's frames (a source is a bucket key: the rule's key_len leading bits) in bins of \
+100 ms, and takes each source's peak over sliding windows of 100 ms, 1 s and 10 s (only windows wholly inside \
+the observation: 10 s windows need 10 s observed). Per rule it prints those peaks' distribution over the \
+sources (p50, p90, p99, p99.9, max: nearest rank, no interpolation), the sources seen and how long was \
+observed, and proposes the rate and burst that the --keep share of sources stays within: the rate is the kept \
+share's 10 s peak (its 1 s peak when less than 10 s was observed), the burst what its 1 s and 100 ms peaks \
+exceed the rate by, and at least a tenth of a second at the rate. It lists the sources the proposal would cut, \
+and ends with the `policer rule set PREFIX --rate Rpps --burst B` lines that apply it (the rule's other fields, \
+its action among them, keep their values): run them with --dry-run first (with --action police for a rule in \
+monitor mode), to see which live sources they would drop, and leave a rule in monitor mode until that looks \
+right.
+
+With --watch DURATION the numbers come from the running daemon. The daemon keeps no per-source frame counts (a \
+bucket holds only when its debt drains, and its drops), so suggest observes: it captures every frame the rules \
+judge (as policer capture --all, bounded in the kernel by --max-pps, 100 000 frames a second by default) for \
+DURATION, counts each under the rule that judged it (class rules too) on the kernel's timestamps, and says how \
+many frames the capture did not deliver (then the peaks are low bounds). With --pcap FILE --config FILE the \
+numbers come from a capture, read as policer replay reads it (pcap or pcapng), on its own timestamps: each frame \
+counts under the class-less rule of the config whose prefix is the longest over its source; class rules are \
+left out (and said so). Up to 262 144 sources are tracked; frames of more are counted and said.",
+        examples: &[
+            ("Ten minutes of a rule in monitor mode", "policer suggest --watch 10m --rule 198.51.100.0/24"),
+            ("From last Tuesday's capture, keeping 99 % of sources", "policer suggest --pcap tuesday.pcap --config /etc/policer/policer.toml --keep 99%"),
+            (
+                "What the proposal would drop now, for a rule in monitor mode",
+                "policer rule set 198.51.100.0/24 --rate 240pps --burst 24 --action police --dry-run",
+            ),
+        ],
+        json: Some("## `policer suggest --json`"),
+        see_also: &["policer-rule-set", "policer-capture", "policer-replay"],
+        asks_daemon: true,
+    },
+    Page {
         name: "policer-man",
         summary: "write the man pages: policer(8), a page per verb, and policer.toml(5)",
         description: "\

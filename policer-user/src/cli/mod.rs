@@ -19,6 +19,7 @@ mod rule;
 mod rule_list;
 mod stats;
 mod status;
+mod suggest;
 mod top;
 
 use std::time::Duration;
@@ -88,6 +89,11 @@ enum Cmd {
     /// What the rules would have done to a capture: every frame through the
     /// real program, on the capture's own clock (no daemon, nothing attached).
     Replay(replay::Args),
+    /// Propose per rule a rate and burst that a share of its sources stays
+    /// within (--keep, 99.9% by default), from the daemon's traffic
+    /// (--watch DURATION) or a capture (--pcap FILE): the distribution, and
+    /// the `rule set` lines that apply it.
+    Suggest(suggest::Args),
     /// Write the frames the running daemon judges (dropped by default) to
     /// a pcapng file or stdout: filtered, sampled and rate-bounded in the
     /// kernel.
@@ -127,6 +133,7 @@ impl Cli {
             Cmd::Inspect(a) => a.json,
             Cmd::Check(a) => a.json,
             Cmd::Replay(a) => a.json,
+            Cmd::Suggest(a) => a.json,
             Cmd::Rule { cmd } => match &**cmd {
                 rule::Cmd::Ls { json, .. } | rule::Cmd::Set { json, .. } | rule::Cmd::Rm { json, .. } => *json,
                 rule::Cmd::Import(a) => a.json,
@@ -154,6 +161,7 @@ impl Cli {
             Cmd::Top(a) => a.wait,
             Cmd::Inspect(a) => a.wait,
             Cmd::Capture(a) => a.wait,
+            Cmd::Suggest(a) => a.wait,
             _ => Wait::default(),
         };
         verb.timeout.or(self.timeout)
@@ -186,6 +194,7 @@ impl Cli {
             Cmd::Top(a) => top::run(a),
             Cmd::Inspect(a) => inspect::run(a),
             Cmd::Replay(a) => replay::run(a),
+            Cmd::Suggest(a) => suggest::run(a),
             Cmd::Capture(a) => capture::run(a),
             Cmd::Man(a) => docs::man(a),
             Cmd::Completions(a) => docs::completions(a),
