@@ -475,6 +475,13 @@ pub struct IfaceStats {
     pub detached_since: Option<String>,
     #[serde(flatten)]
     pub counters: CountersView,
+    /// Frames the verdict passed that a program of the chain took
+    /// (policer_common::chain).
+    #[serde(default)]
+    pub chain_handed_packets: u64,
+    /// Frames the verdict passed while the chain was empty (passed).
+    #[serde(default)]
+    pub chain_empty_packets: u64,
     pub unmatched_packets: u64,
     pub non_ip_packets: u64,
     pub malformed_packets: u64,

@@ -41,6 +41,10 @@ const APT_PACKAGES: &[&str] = &[
     // (bash is there already).
     "zsh",
     "fish",
+    // The chain tier (tests/tests/chain.rs): an unmodified xdp-filter and
+    // its objects behind policer, and bpftool to put a pinned program in.
+    "xdp-tools",
+    "bpftool",
 ];
 
 #[derive(Parser)]

@@ -364,13 +364,22 @@ impl Views {
         for (_, c) in &slots {
             total.add(c);
         }
+        let chain = self.reader.chain_counters()?;
+        let mut chain_total = policer_common::chain::ChainCounters::default();
+        for (_, c) in &chain {
+            chain_total.add(c);
+        }
         let interfaces = snap
             .ifaces
             .iter()
             .map(|i| {
-                let c = slots.iter().find(|(s, _)| *s == i.index % MAX_IFACE_SLOTS).map(|x| x.1).unwrap_or_default();
+                let at = i.index % MAX_IFACE_SLOTS;
+                let c = slots.iter().find(|(s, _)| *s == at).map(|x| x.1).unwrap_or_default();
+                let ch = chain.iter().find(|(s, _)| *s == at).map(|x| x.1).unwrap_or_default();
                 IfaceStats {
                     detached_since: i.lost_since.map(crate::duration::rfc3339),
+                    chain_handed_packets: ch.handed_pkts,
+                    chain_empty_packets: ch.empty_pkts,
                     ..iface_stats(&i.name, i.index, &c)
                 }
             })
@@ -411,7 +420,11 @@ impl Views {
         };
         Ok(StatsView {
             time_ns,
-            totals: iface_stats("total", 0, &total),
+            totals: IfaceStats {
+                chain_handed_packets: chain_total.handed_pkts,
+                chain_empty_packets: chain_total.empty_pkts,
+                ..iface_stats("total", 0, &total)
+            },
             interfaces,
             rules,
             table,
@@ -1330,6 +1343,8 @@ fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
         ifindex,
         detached_since: None,
         counters: CountersView::from(&c.verdicts()),
+        chain_handed_packets: 0,
+        chain_empty_packets: 0,
         unmatched_packets: c.unmatched_pkts,
         non_ip_packets: c.non_ip_pkts,
         malformed_packets: c.malformed_pkts,
