@@ -14,25 +14,21 @@ use crate::maps::{CHAIN, CHAIN_COUNTERS};
 /// Hands the frame on, counting it first (a tail call that succeeds does
 /// not return): handed, or passed because every slot is empty.
 ///
-/// A function of its own (a BPF-to-BPF call) so that its stack (the
-/// counter's key) is not added to the attached entry's frame, under the
-/// policer's own deep call chain: the verifier allows 512 bytes for the
-/// deepest chain, which the policer's code nearly fills.
-#[inline(never)]
-pub(crate) fn hand_to_chain(md: *mut xdp_md) -> u32 {
-    let ctx = &XdpContext::new(md);
-    // SAFETY: reading the ingress ifindex from the context.
-    let slot = unsafe { (*ctx.ctx).ingress_ifindex } % MAX_IFACE_SLOTS;
-    let c = CHAIN_COUNTERS.get_ptr_mut(slot);
-    if let Some(c) = c {
-        // SAFETY: per-CPU slot, only this CPU writes it while we run.
-        unsafe { (*c).handed_pkts += 1 };
-    }
+/// Inlined into the program's entry: the tail calls must be made from the
+/// entry itself, for the chain's verdict to be the program's. (From a
+/// BPF-to-BPF callee the target returns into the caller, and the compiler,
+/// seeing a callee that always returns XDP_PASS, would use that constant.)
+/// The counting is in callees of their own (`count`), so that the
+/// counter's key is not on the entry's stack, under the policer's own
+/// deep call chain (the verifier allows 512 bytes for the deepest one).
+#[inline(always)]
+pub(crate) fn hand_to_chain(ctx: &XdpContext) -> u32 {
+    count(ctx.ctx, HANDED);
     // One call per slot with a constant index: the JIT patches each into
     // a direct jump (or a fall-through while the slot is empty), so an
     // empty chain costs a few instructions. A call that returns found its
     // slot empty.
-    // SAFETY: tail calls from this program's own context.
+    // SAFETY: tail calls from the entry's own context.
     unsafe {
         CHAIN.tail_call(ctx, 0);
         CHAIN.tail_call(ctx, 1);
@@ -43,12 +39,31 @@ pub(crate) fn hand_to_chain(md: *mut xdp_md) -> u32 {
         CHAIN.tail_call(ctx, 6);
         CHAIN.tail_call(ctx, 7);
     }
-    if let Some(c) = c {
-        // SAFETY: as above; the frame was counted as handed, and was not.
-        unsafe {
+    count(ctx.ctx, EMPTY);
+    xdp_action::XDP_PASS
+}
+
+/// A frame handed on.
+const HANDED: u32 = 0;
+/// A frame counted as handed that found every slot empty.
+const EMPTY: u32 = 1;
+
+/// Counts a frame of the interface `md` came on: handed, or moved from
+/// handed to passed with the chain empty.
+#[inline(never)]
+fn count(md: *mut xdp_md, what: u32) {
+    // SAFETY: reading the ingress ifindex from the context.
+    let slot = unsafe { (*md).ingress_ifindex } % MAX_IFACE_SLOTS;
+    let Some(c) = CHAIN_COUNTERS.get_ptr_mut(slot) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while we run.
+    unsafe {
+        if what == HANDED {
+            (*c).handed_pkts += 1;
+        } else {
             (*c).handed_pkts -= 1;
             (*c).empty_pkts += 1;
         }
     }
-    xdp_action::XDP_PASS
 }

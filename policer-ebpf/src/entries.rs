@@ -23,7 +23,7 @@ use crate::{
 #[xdp]
 pub fn policer(ctx: XdpContext) -> u32 {
     let action = judge_frame(ctx.ctx);
-    if action == xdp_action::XDP_PASS { hand_to_chain(ctx.ctx) } else { action }
+    if action == xdp_action::XDP_PASS { hand_to_chain(&ctx) } else { action }
 }
 
 /// The policer's code on a frame: the attached program's body, and what
@@ -81,5 +81,5 @@ pub fn policer_capture(ctx: XdpContext) -> u32 {
         capture(&ctx, sc, lanes, least_sample(on), verdict, slot, len);
     }
     // What passes goes on to the chain, as from the policer itself.
-    if verdict == CAPTURE_DROPPED { xdp_action::XDP_DROP } else { hand_to_chain(ctx.ctx) }
+    if verdict == CAPTURE_DROPPED { xdp_action::XDP_DROP } else { hand_to_chain(&ctx) }
 }

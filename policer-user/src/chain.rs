@@ -21,8 +21,12 @@ use crate::error::{Error, Result};
 /// `BPF_FS_MAGIC` (linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
-/// Whether `path` is a bpffs mount (or in one).
+/// Whether `path` is a bpffs mount (or in one; a path not made yet: its
+/// nearest existing ancestor).
 pub fn is_bpffs(path: &Path) -> bool {
+    let Some(path) = path.ancestors().find(|p| p.exists()) else {
+        return false;
+    };
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
     };
@@ -86,6 +90,62 @@ fn open(iface: &str) -> Result<ProgramArray<MapData>> {
 /// user space, is the program's id).
 fn slot_id(m: &MapData, slot: u32) -> Result<Option<u32>> {
     crate::batch::lookup(m.fd().as_fd().as_raw_fd(), &slot).map_err(Error::kernel(format!("reading {MAP_CHAIN}")))
+}
+
+/// One `[[chain]]` table: a program in a slot of an interface's chain,
+/// from an object file (`object`, `program`, `pin_maps`) or a bpffs pin
+/// (`pinned`). Written by `policer chain add/rm`, read at start and reload.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainConfig {
+    pub interface: String,
+    pub slot: u32,
+    /// A libbpf-style object file (absolute, or relative to the config's
+    /// directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// The object's program (default: its only XDP program).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    /// Where the object's pin-by-name maps are pinned (default /sys/fs/bpf).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_maps: Option<String>,
+    /// A program already loaded and pinned in bpffs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
+}
+
+impl ChainConfig {
+    /// Where the program comes from, for `chain ls` and messages.
+    pub fn from(&self) -> String {
+        match (&self.object, &self.pinned) {
+            (Some(o), _) => match &self.program {
+                Some(p) => format!("{o} ({p})"),
+                None => o.clone(),
+            },
+            (None, Some(p)) => format!("pinned {p}"),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// The table's problems beyond its keys' types: a slot in range, one
+    /// source, the object's keys only with an object.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.interface.is_empty() {
+            return Err("needs an interface; write interface = \"eth0\"".into());
+        }
+        if self.slot >= CHAIN_SLOTS {
+            return Err(format!("slot {}: the chain has slots 0 to {}", self.slot, CHAIN_SLOTS - 1));
+        }
+        match (&self.object, &self.pinned) {
+            (Some(_), Some(_)) => Err("names both object and pinned; a slot holds one program".into()),
+            (None, None) => Err("needs object = \"FILE.o\" or pinned = \"/sys/fs/bpf/PATH\"".into()),
+            (None, Some(_)) if self.program.is_some() || self.pin_maps.is_some() => {
+                Err("program and pin_maps go with object, not pinned".into())
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One filled slot, as `chain ls` shows it.

@@ -570,9 +570,10 @@ mod tests {
             (Table::Rule, serde_fields::<crate::rules::RuleConfig>()),
             (Table::Set, serde_fields::<crate::config::SetConfig>()),
             (Table::Crowdsec, serde_fields::<crate::crowdsec::CrowdsecConfig>()),
+            (Table::Chain, serde_fields::<crate::chain::ChainConfig>()),
         ];
         let tables: Vec<&str> = on_page.iter().map(|(t, _)| t.as_str()).collect();
-        assert_eq!(tables, ["daemon", "rule", "set", "crowdsec"], "the page's tables");
+        assert_eq!(tables, ["daemon", "rule", "set", "crowdsec", "chain"], "the page's tables");
         for ((name, mut keys), (table, fields)) in on_page.into_iter().zip(structs) {
             assert_eq!(name, table.name());
             // `ttl` is on the wire only: a file may not hold it.

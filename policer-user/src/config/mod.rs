@@ -110,6 +110,9 @@ pub struct Config {
     /// (and automatic bans published to it); read at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crowdsec: Option<crate::crowdsec::CrowdsecConfig>,
+    /// `[[chain]]` tables: the programs behind policer (docs/chain.md).
+    #[serde(default, rename = "chain", skip_serializing_if = "Vec::is_empty")]
+    pub chains: Vec<crate::chain::ChainConfig>,
 }
 
 pub(crate) const HEADER: &str = "\

@@ -279,6 +279,9 @@ impl Daemon {
         // What reading and planning the rules held for a moment (the
         // file's parse tree, the plan) goes back to the system.
         crate::config::ConfigFile::release_memory();
+        // The programs behind policer: the file's [[chain]] tables into
+        // the empty slots (an adopted chain keeps its programs).
+        d.fill_chains();
         d.announce(args, &s.ifaces.names, &replaced, out);
         Ok(d)
     }

@@ -76,6 +76,8 @@ pub struct Snapshot {
     /// The manual bans' counter slots, sorted: their count and drops for
     /// `stats` and `/metrics` without a walk of the rules.
     pub manual_ban_slots: Arc<Vec<u32>>,
+    /// The config's `[[chain]]` tables (where a slot's program came from).
+    pub chains: Vec<crate::chain::ChainConfig>,
 }
 
 /// A named set: its `rule ls` row, counter slot, rule and entries.
@@ -337,6 +339,7 @@ impl Views {
             feeds: self.feeds(),
             protect: Some(s.protect.iter().map(|p| p.to_string()).collect()),
             captures: Some(self.capture.get().map_or(0, |h| h.active())),
+            chains: self.chain_ls(None).ok(),
         }
     }
 
@@ -353,6 +356,30 @@ impl Views {
         if let Ok(mut f) = self.feeds.lock() {
             f.push(status);
         }
+    }
+
+    /// Each policed interface's chain (`iface`: that one alone), with its
+    /// counters.
+    pub fn chain_ls(&self, iface: Option<&str>) -> Result<Vec<crate::control::ChainView>> {
+        let snap = self.snap();
+        if let Some(n) = iface
+            && !snap.ifaces.iter().any(|i| i.name == n)
+        {
+            return Err(crate::Error::Invalid(format!("{n} is not policed by this daemon")));
+        }
+        let counts = self.reader.chain_counters()?;
+        let mut out = Vec::new();
+        for i in snap.ifaces.iter().filter(|i| iface.is_none_or(|n| n == i.name)) {
+            let c = counts.iter().find(|(s, _)| *s == i.index % MAX_IFACE_SLOTS).map(|x| x.1).unwrap_or_default();
+            out.push(crate::control::ChainView {
+                interface: i.name.clone(),
+                pinned: policer_common::chain::pin_path(&i.name).display().to_string(),
+                handed_packets: c.handed_pkts,
+                empty_packets: c.empty_pkts,
+                slots: super::chain::listed(&i.name, &snap.chains)?,
+            });
+        }
+        Ok(out)
     }
 
     /// One sample of every counter.
