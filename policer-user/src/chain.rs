@@ -286,6 +286,16 @@ fn section_kind(s: &aya_obj::ProgramSection) -> String {
     d.split([' ', '{', '(']).next().unwrap_or_default().to_string()
 }
 
+/// What `policer check` can tell of a table without loading it: its
+/// object is there and has a program that can join (a pinned program is
+/// the running host's, not checked).
+pub fn check_object(c: &ChainConfig, base: &Path) -> std::result::Result<(), String> {
+    let Some(object) = &c.object else { return Ok(()) };
+    let path = if Path::new(object).is_absolute() { PathBuf::from(object) } else { base.join(object) };
+    let bytes = std::fs::read(&path).map_err(|e| format!("{object}: {e}"))?;
+    pick_program(&bytes, c.program.as_deref()).map(|_| ()).map_err(|e| format!("{object}: {e}"))
+}
+
 /// Where `pin_maps` defaults: libbpf's own place for pin-by-name maps.
 pub fn default_pin_maps() -> PathBuf {
     PathBuf::from(BPFFS)

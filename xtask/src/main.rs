@@ -355,6 +355,7 @@ fn test(host_only: bool) -> Result<()> {
         "alerts",
         "dryrun",
         "capture",
+        "chain",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

@@ -460,6 +460,7 @@ action = "deny"
             rules: rules.values().map(RuleSpec::config).collect(),
             sets: cfg.sets.clone(),
             crowdsec: cfg.crowdsec.clone(),
+            chains: cfg.chains.clone(),
         };
         toml::to_string_pretty(&c).expect("config serializes")
     }
