@@ -575,7 +575,8 @@ fn ab_measure(objects: &[(String, Vec<u8>)], reps: usize, repeat: u32) -> Result
                 subjects.push((format!("{name}, {what}, {n} sources"), Subject::RawPolicer(Box::new(e))));
                 // An object with the chain: the same with xdp_pass in its
                 // slot 0 (what it hands on runs one more program).
-                let mut e = raw_policer(object, n, M, &rule(rate, burst)?).with_context(|| format!("loading {name}"))?;
+                let mut e =
+                    raw_policer(object, n, M, &rule(rate, burst)?).with_context(|| format!("loading {name}"))?;
                 if chain_pass(&mut e)? {
                     let label = format!("{name}, {what}, xdp_pass in the chain, {n} sources");
                     subjects.push((label, Subject::RawPolicer(Box::new(e))));

@@ -700,7 +700,8 @@ fn chain_pass(bin: &std::path::Path, ns: &str) -> Result<()> {
         maps::{Map, MapData, MapInfo, ProgramArray},
         programs::{Xdp, loaded_programs},
     };
-    let out = std::process::Command::new("ip").args(["netns", "exec", ns]).arg(bin).args(["status", "--json"]).output()?;
+    let out =
+        std::process::Command::new("ip").args(["netns", "exec", ns]).arg(bin).args(["status", "--json"]).output()?;
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).context("policer status --json")?;
     let id = status["program_id"].as_u64().context("status: program_id")? as u32;
     let info = loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == id).context("the daemon's program")?;
@@ -708,7 +709,10 @@ fn chain_pass(bin: &std::path::Path, ns: &str) -> Result<()> {
         .map_ids()?
         .unwrap_or_default()
         .into_iter()
-        .find(|&m| MapInfo::from_id(m).ok().and_then(|i| i.name_as_str().map(|n| n == policer_common::chain::MAP_CHAIN)) == Some(true))
+        .find(|&m| {
+            MapInfo::from_id(m).ok().and_then(|i| i.name_as_str().map(|n| n == policer_common::chain::MAP_CHAIN))
+                == Some(true)
+        })
         .context("the program has no chain (a build from before it)")?;
     let mut arr = ProgramArray::try_from(Map::ProgramArray(MapData::from_id(chain)?))?;
     let pass = super::kernel::reference("xdp_pass", 0, 1, 0)?;

@@ -48,7 +48,10 @@ pub fn ensure_bpffs() -> Result<bool> {
     // SAFETY: plain mount(2) with static C strings.
     let r = unsafe { libc::mount(c"bpf".as_ptr(), c"/sys/fs/bpf".as_ptr(), c"bpf".as_ptr(), 0, std::ptr::null()) };
     if r != 0 {
-        return Err(Error::Kernel { what: format!("mounting a bpffs at {BPFFS}"), source: std::io::Error::last_os_error() });
+        return Err(Error::Kernel {
+            what: format!("mounting a bpffs at {BPFFS}"),
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(true)
 }
@@ -188,7 +191,8 @@ pub fn program_info(id: u32) -> Option<ProgramInfo> {
 pub fn put(iface: &str, slot: u32, prog: &ProgramFd) -> Result<()> {
     let mut arr = open(iface)?;
     arr.set(slot, prog, 0).map_err(|e| {
-        let invalid = matches!(&e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EINVAL));
+        let invalid =
+            matches!(&e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EINVAL));
         if invalid {
             Error::Invalid(format!(
                 "the kernel refused the program in slot {slot} of {iface}'s chain: a program array takes only \
@@ -243,8 +247,10 @@ pub fn pick_program(object: &[u8], program: Option<&str>) -> Result<String> {
             ))
         })?,
         None => {
-            let xdp: Vec<&&String> =
-                names.iter().filter(|n| matches!(obj.programs[n.as_str()].section, ProgramSection::Xdp { .. })).collect();
+            let xdp: Vec<&&String> = names
+                .iter()
+                .filter(|n| matches!(obj.programs[n.as_str()].section, ProgramSection::Xdp { .. }))
+                .collect();
             match xdp.as_slice() {
                 [one] => *one,
                 [] => match names.first() {

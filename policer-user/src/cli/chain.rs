@@ -108,7 +108,11 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
 pub(super) fn summary(c: &ChainView) -> String {
     let slots = match c.slots.as_slice() {
         [] => "empty".to_string(),
-        s => s.iter().map(|s| format!("slot {} '{}' (id {})", s.slot, s.name, s.program_id)).collect::<Vec<_>>().join(", "),
+        s => s
+            .iter()
+            .map(|s| format!("slot {} '{}' (id {})", s.slot, s.name, s.program_id))
+            .collect::<Vec<_>>()
+            .join(", "),
     };
     format!("{slots}; {} frames handed on, {} passed with the chain empty", c.handed_packets, c.empty_packets)
 }
@@ -128,7 +132,13 @@ fn text(chains: &[ChainView]) -> String {
         }
         let mut t = crate::report::table(&["SLOT", "ID", "NAME", "TAG", "FROM"], 5);
         for s in &c.slots {
-            t.add_row(vec![s.slot.to_string(), s.program_id.to_string(), s.name.clone(), s.tag.clone(), s.from.clone()]);
+            t.add_row(vec![
+                s.slot.to_string(),
+                s.program_id.to_string(),
+                s.name.clone(),
+                s.tag.clone(),
+                s.from.clone(),
+            ]);
         }
         let _ = writeln!(out, "{t}\n");
     }

@@ -82,7 +82,8 @@ pub(crate) fn edit(
     let rules_ok = change.rules.is_none_or(|want| &rules == want);
     let ifaces_ok = change.interfaces.is_none_or(|n| got.daemon.interfaces == n);
     let rest_ok = got.daemon.mode == cfg.daemon.mode && got.daemon.max_sources == cfg.daemon.max_sources;
-    let chains_ok = change.chains.is_none_or(|c| got.chains == c) && (change.chains.is_some() || got.chains == cfg.chains);
+    let chains_ok =
+        change.chains.is_none_or(|c| got.chains == c) && (change.chains.is_some() || got.chains == cfg.chains);
     if !(rules_ok && ifaces_ok && rest_ok && chains_ok) {
         return Err(invalid(origin, "internal error: the edited file does not say what was asked; nothing written"));
     }

@@ -478,7 +478,9 @@ impl ConfigFile {
         self.check_unchanged()?;
         match self.spliced(before, edits) {
             Some(_) => Ok(()),
-            None => self.check_stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None, chains: None }),
+            None => {
+                self.check_stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None, chains: None })
+            }
         }
     }
 

@@ -166,7 +166,11 @@ pub(super) fn read(text: &str) -> Read {
                 let example = "[[chain]] with interface = \"eth0\", slot = 0 and object = \"filter.o\" below";
                 for (origin, item, broken) in r.tables("chain", value, example, &syntax) {
                     let Some(c) = r.chain(origin, item).filter(|_| !broken) else { continue };
-                    if config.chains.iter().any(|o: &crate::chain::ChainConfig| o.interface == c.interface && o.slot == c.slot) {
+                    if config
+                        .chains
+                        .iter()
+                        .any(|o: &crate::chain::ChainConfig| o.interface == c.interface && o.slot == c.slot)
+                    {
                         r.push(
                             origin.line,
                             format!(

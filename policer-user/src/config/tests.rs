@@ -846,7 +846,11 @@ fn bad_values_name_the_key_and_an_example() {
         ("[daemon]\nmax_rules = -5\n".into(), 2, "daemon.max_rules: -5 is not a number of rules; write max_rules = "),
         ("[daemon]\nspeed = 1\n".into(), 2, "daemon: unknown key `speed`"),
         ("daemon = 3\n".into(), 1, "daemon: 3 is not a table"),
-        ("rules = []\n".into(), 1, "unknown key `rules`: the file holds a [daemon] table, [[rule]], [[set]] and [[chain]] tables"),
+        (
+            "rules = []\n".into(),
+            1,
+            "unknown key `rules`: the file holds a [daemon] table, [[rule]], [[set]] and [[chain]] tables",
+        ),
     ];
     for (text, line, want) in &cases {
         let problems = super::Config::check(text, None).err().unwrap_or_else(|| panic!("accepted:\n{text}"));

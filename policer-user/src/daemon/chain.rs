@@ -34,8 +34,8 @@ pub(super) fn load(c: &ChainConfig, base: &Path) -> Result<Joining> {
         if p.is_absolute() { p.to_path_buf() } else { base.join(p) }
     };
     if let Some(pin) = &c.pinned {
-        let info = ProgramInfo::from_pin(at(pin))
-            .map_err(|e| Error::Invalid(format!("{pin}: not a pinned program: {e}")))?;
+        let info =
+            ProgramInfo::from_pin(at(pin)).map_err(|e| Error::Invalid(format!("{pin}: not a pinned program: {e}")))?;
         if info.program_type() != aya_obj::generated::bpf_prog_type::BPF_PROG_TYPE_XDP {
             return Err(Error::Invalid(format!(
                 "{pin}: not an XDP program (type {:?}): only XDP programs can join the chain",
@@ -63,10 +63,9 @@ pub(super) fn load(c: &ChainConfig, base: &Path) -> Result<Joining> {
         )));
     }
     std::fs::create_dir_all(&pin_maps).map_err(|e| Error::Invalid(format!("{}: {e}", pin_maps.display())))?;
-    let mut ebpf = EbpfLoader::new()
-        .default_map_pin_directory(&pin_maps)
-        .load(&bytes)
-        .map_err(|e| Error::Invalid(format!("{object}: cannot load (its maps pinned under {}): {e}", pin_maps.display())))?;
+    let mut ebpf = EbpfLoader::new().default_map_pin_directory(&pin_maps).load(&bytes).map_err(|e| {
+        Error::Invalid(format!("{object}: cannot load (its maps pinned under {}): {e}", pin_maps.display()))
+    })?;
     let prog: &mut Xdp = ebpf
         .program_mut(&name)
         .ok_or_else(|| Error::Invalid(format!("{object}: no program {name}")))?

@@ -326,13 +326,17 @@ impl Daemon {
         // again: only the interfaces then (the [daemon] table alone,
         // `config/splice.rs`); the file's rules stay what they are.
         if !rules_changed {
-            if let Err(e) = self.file.update(crate::config::Change { rules: None, interfaces: Some(names), chains: None }) {
+            if let Err(e) =
+                self.file.update(crate::config::Change { rules: None, interfaces: Some(names), chains: None })
+            {
                 say!("policer: warning: {e}");
             }
             return;
         }
         let rules = self.rs.specs();
-        if let Err(e) = self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names), chains: None }) {
+        if let Err(e) =
+            self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names), chains: None })
+        {
             say!("policer: warning: {e}");
             self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());
         } else {

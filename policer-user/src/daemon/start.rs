@@ -175,7 +175,10 @@ impl Daemon {
         // The chain's pin needs a bpffs at /sys/fs/bpf, mounted before the
         // load (which pins) and before a private mount namespace (adopting).
         if is_root() && crate::chain::ensure_bpffs()? {
-            say!("policer: mounted a bpffs at {} (none was mounted), for the chain's pin", policer_common::chain::BPFFS);
+            say!(
+                "policer: mounted a bpffs at {} (none was mounted), for the chain's pin",
+                policer_common::chain::BPFFS
+            );
         }
         let early = early_load(args, bytes.as_ref().ok().map(Option::as_deref));
         let s = settings(args, bytes?)?;
