@@ -80,6 +80,9 @@ pub fn policer_capture(ctx: XdpContext) -> u32 {
         let len = (ctx.data_end() - ctx.data()) as u32;
         capture(&ctx, sc, lanes, least_sample(on), verdict, slot, len);
     }
-    // What passes goes on to the chain, as from the policer itself.
-    if verdict == CAPTURE_DROPPED { xdp_action::XDP_DROP } else { hand_to_chain(&ctx) }
+    // Reached by a tail call from the policer's code (`judge_frame`, a
+    // BPF-to-BPF callee of the attached entry): this verdict returns into
+    // the entry as `judge_frame`'s, and the entry hands a pass to the
+    // chain. Handing it on here too would chain it twice.
+    if verdict == CAPTURE_DROPPED { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS }
 }
