@@ -39,7 +39,7 @@ impl ChainCounters {
 }
 
 /// The pin of `iface`'s chain.
-#[cfg(feature = "std")]
+#[cfg(any(test, feature = "std"))]
 pub fn pin_path(iface: &str) -> std::path::PathBuf {
     std::path::Path::new(PIN_ROOT).join(iface).join("chain")
 }

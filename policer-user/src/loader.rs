@@ -431,15 +431,7 @@ impl Policer {
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true);
-        for (name, path) in &opts.reuse {
-            loader.map_pin_path(name, path.as_path());
-        }
-        if let Some(pin) = &opts.chain_pin {
-            if let Some(dir) = pin.parent() {
-                std::fs::create_dir_all(dir).map_err(Error::kernel(format!("making {}", dir.display())))?;
-            }
-            loader.map_pin_path(policer_common::chain::MAP_CHAIN, pin.as_path());
-        }
+        pin_paths(&mut loader, opts)?;
         let object = match &opts.variant {
             Some(v) => {
                 for (name, value) in &v.globals {
@@ -1457,6 +1449,22 @@ impl Policer {
         }
         Ok(out)
     }
+}
+
+/// The maps reused from their pins (`opts.reuse`), and the chain
+/// (policer_common::chain) pinned at `opts.chain_pin`: reused when pinned
+/// there, else made and pinned (its directory made first).
+fn pin_paths<'a>(loader: &mut EbpfLoader<'a>, opts: &'a LoadOptions) -> Result<()> {
+    for (name, path) in &opts.reuse {
+        loader.map_pin_path(name, path.as_path());
+    }
+    if let Some(pin) = opts.chain_pin.as_deref() {
+        if let Some(dir) = pin.parent() {
+            std::fs::create_dir_all(dir).map_err(Error::kernel(format!("making {}", dir.display())))?;
+        }
+        loader.map_pin_path(policer_common::chain::MAP_CHAIN, pin);
+    }
+    Ok(())
 }
 
 /// Loads the capture program beside the policer's and puts it in the

@@ -18,8 +18,9 @@ pub enum Cmd {
         wait: super::Wait,
         /// The interface (one this daemon polices).
         iface: String,
-        /// The object file (xdp-filter's xdpfilt_dny_udp.o, your own).
-        #[arg(required_unless_present = "pinned", conflicts_with = "pinned")]
+        /// The object file (xdp-filter's xdpfilt_alw_udp.o, your own);
+        /// or --pinned.
+        #[arg(conflicts_with = "pinned")]
         object: Option<String>,
         /// The object's program (default: its only XDP program).
         #[arg(long, requires = "object")]
@@ -39,7 +40,9 @@ pub enum Cmd {
     Rm {
         #[command(flatten)]
         wait: super::Wait,
+        /// The interface.
         iface: String,
+        /// The slot to empty, 0 to 7.
         #[arg(long)]
         slot: u32,
     },
@@ -81,6 +84,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     let d = super::daemon()?;
     match cmd {
         Cmd::Add { iface, object, program, slot, pin_maps, pinned, .. } => {
+            if object.is_none() && pinned.is_none() {
+                return Err(super::Usage("chain add: name an OBJECT file, or --pinned BPFFS_PATH".into()).into());
+            }
             let c = ChainConfig {
                 interface: iface,
                 slot: 0,
