@@ -383,6 +383,21 @@ pub(crate) fn reference(name: &'static str, sources: u32, table: u32, steps: u32
     Ok(e)
 }
 
+/// Puts the reference xdp_pass in slot 0 of the policer's chain
+/// (policer_common::chain); false for an object without one (a build from
+/// before the chain). The array holds the program once it is in.
+fn chain_pass(e: &mut Ebpf) -> Result<bool> {
+    use aya::maps::ProgramArray;
+    let Some(m) = e.map_mut(policer_common::chain::MAP_CHAIN) else {
+        return Ok(false);
+    };
+    let mut chain = ProgramArray::try_from(m)?;
+    let pass = reference("xdp_pass", 0, 1, 0)?;
+    let x: &Xdp = pass.program("xdp_pass").context("xdp_pass")?.try_into()?;
+    chain.set(0, x.fd()?, 0)?;
+    Ok(true)
+}
+
 /// The cumulative steps of the breakdown rows (see reference.rs).
 pub const STEPS: [(u32, &str); 4] = [
     (1, "+ LPM-trie rule lookup"),
@@ -558,6 +573,14 @@ fn ab_measure(objects: &[(String, Vec<u8>)], reps: usize, repeat: u32) -> Result
             for (rate, burst, what) in [("1pps", 1, "dropping"), ("100Mpps", 1_000_000, "all admitted")] {
                 let e = raw_policer(object, n, M, &rule(rate, burst)?).with_context(|| format!("loading {name}"))?;
                 subjects.push((format!("{name}, {what}, {n} sources"), Subject::RawPolicer(Box::new(e))));
+                // An object with the chain: the same with xdp_pass in its
+                // slot 0 (what it hands on runs one more program).
+                let mut e =
+                    raw_policer(object, n, M, &rule(rate, burst)?).with_context(|| format!("loading {name}"))?;
+                if chain_pass(&mut e)? {
+                    let label = format!("{name}, {what}, xdp_pass in the chain, {n} sources");
+                    subjects.push((label, Subject::RawPolicer(Box::new(e))));
+                }
             }
         }
     }

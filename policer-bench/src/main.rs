@@ -103,6 +103,11 @@ struct Args {
     /// while a capture runs.
     #[arg(long, value_name = "1/N", requires = "ab_veth")]
     ab_veth_capture: Option<String>,
+    /// Each binary but the first also with the reference xdp_pass in slot
+    /// 0 of its chain (policer_common::chain): the drop path's cost with a
+    /// program behind policer (drops never enter the chain).
+    #[arg(long, requires = "ab_veth")]
+    ab_veth_chain: bool,
 }
 
 /// `--ab-veth`.
@@ -134,6 +139,7 @@ fn ab_veth(a: &Args) -> anyhow::Result<()> {
                 bans: a.ab_veth_bans,
                 banned: a.ab_veth_banned,
                 capture: a.ab_veth_capture.as_deref(),
+                chain: a.ab_veth_chain,
             },
         )
     })?;

@@ -550,6 +550,8 @@ pub struct AbVariants<'a> {
     /// Each binary but the first with a capture of its drops running,
     /// sampling `1/N`.
     pub capture: Option<&'a str>,
+    /// Each binary but the first with xdp_pass in slot 0 of its chain.
+    pub chain: bool,
 }
 
 /// The flood of an [`ab`] run.
@@ -573,7 +575,7 @@ pub struct AbFlood {
 /// benchmark's 16 class rules installed ([`CLASS_RULES`](super::peers::CLASS_RULES),
 /// none matching the flood), right after its source-only row.
 pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, v: &AbVariants) -> Result<Vec<AbVethRow>> {
-    let AbVariants { classes, bans, banned, capture } = *v;
+    let AbVariants { classes, bans, banned, capture, chain } = *v;
     let cpu = bench_cpu();
     let mut setups = Vec::new();
     let mut captures = Captures(Vec::new());
@@ -637,6 +639,14 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, v: &Ab
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
             setups.push((format!("{bin} banning (--ban-for 1d)"), net, Installed::Daemon(Box::new(d)), g));
         }
+        if chain && i > 0 {
+            say(&format!("veth: setting up the dropping policer of {bin} with xdp_pass in its chain"));
+            let net = Net::new(&format!("abh{i}"))?;
+            let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
+            chain_pass(&bin.path, &net.sb.rx_ns)?;
+            let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
+            setups.push((format!("{bin} + xdp_pass in the chain"), net, Installed::Daemon(Box::new(d)), g));
+        }
         if let Some(sample) = capture
             && i > 0
         {
@@ -679,6 +689,36 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, v: &Ab
             vs_first: ratio(&cpu_of(i), &cpu_of(reference(i))),
         })
         .collect())
+}
+
+/// Puts the reference xdp_pass in slot 0 of the chain of the daemon of
+/// namespace `ns` (`bin status --json` names its program; the chain is
+/// found among that program's maps: the daemon's pin is in its own mount
+/// namespace, which `ip netns exec` gave it).
+fn chain_pass(bin: &std::path::Path, ns: &str) -> Result<()> {
+    use aya::{
+        maps::{Map, MapData, MapInfo, ProgramArray},
+        programs::{Xdp, loaded_programs},
+    };
+    let out =
+        std::process::Command::new("ip").args(["netns", "exec", ns]).arg(bin).args(["status", "--json"]).output()?;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).context("policer status --json")?;
+    let id = status["program_id"].as_u64().context("status: program_id")? as u32;
+    let info = loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == id).context("the daemon's program")?;
+    let chain = info
+        .map_ids()?
+        .unwrap_or_default()
+        .into_iter()
+        .find(|&m| {
+            MapInfo::from_id(m).ok().and_then(|i| i.name_as_str().map(|n| n == policer_common::chain::MAP_CHAIN))
+                == Some(true)
+        })
+        .context("the program has no chain (a build from before it)")?;
+    let mut arr = ProgramArray::try_from(Map::ProgramArray(MapData::from_id(chain)?))?;
+    let pass = super::kernel::reference("xdp_pass", 0, 1, 0)?;
+    let x: &Xdp = pass.program("xdp_pass").context("xdp_pass")?.try_into()?;
+    arr.set(0, x.fd()?, 0)?;
+    Ok(())
 }
 
 /// The `policer capture` clients of an [`ab`] run, ended when it ends.

@@ -35,7 +35,8 @@ use crate::{
 /// banned and counting stamps of a slot, the ban counters.
 /// 5: source-port classes: a class candidate's source port range (in what
 /// was its padding, read under a new `needs` bit) and the class filter's
-/// source port lanes.
+/// source port lanes; and the chain's counters (crate::chain; the chain
+/// itself is reused by its pin, not by adoption).
 pub const LAYOUT_VERSION: u32 = 5;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
@@ -48,9 +49,9 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 18] = {
+pub const SHARED_MAPS: [&str; 19] = {
     // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 18];
+    let mut names = [""; 19];
     let mut i = 0;
     while i < names.len() {
         names[i] = SHARED_MAP_LAYOUT[i].0;
@@ -64,7 +65,7 @@ pub const SHARED_MAPS: [&str; 18] = {
 /// differ in either is another build's: its state would be misread, so it
 /// is not adopted. (The LPM tries' keys are the kernel's
 /// `bpf_lpm_trie_key`: a `u32` prefix length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 18] = [
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 19] = [
     (MAP_RULES_V4, 4 + 4, size_of::<Rule>()),
     (MAP_RULES_V6, 4 + 16, size_of::<Rule>()),
     (MAP_BUCKETS_V4, 4, size_of::<Set>()),
@@ -83,6 +84,7 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 18] = [
     (MAP_CLASS_FILTER, 4, size_of::<ClassFilter>()),
     (MAP_BANS, size_of::<BucketKeyV6>(), size_of::<Ban>()),
     (MAP_BAN_PARAMS, 4, size_of::<BanParams>()),
+    (crate::chain::MAP_CHAIN_COUNTERS, 4, size_of::<crate::chain::ChainCounters>()),
 ];
 
 /// The kernel memory the source tables of a program loaded for
@@ -118,6 +120,7 @@ mod pod {
     unsafe impl aya::Pod for ClassFilter {}
     unsafe impl aya::Pod for CaptureLane {}
     unsafe impl aya::Pod for CaptureCounters {}
+    unsafe impl aya::Pod for crate::chain::ChainCounters {}
 }
 
 const _: () = {
@@ -140,6 +143,7 @@ const _: () = {
     assert!(size_of::<Counters>() == 23 * 8);
     assert!(size_of::<NewSources>() == 32);
     assert!(size_of::<RuleCounters>() == 8 * 8);
+    assert!(size_of::<crate::chain::ChainCounters>() == 2 * 8);
     // Capture (not shared: each program gets its own, see crate::capture).
     assert!(size_of::<CaptureLane>() == 3 * 8 + 32 + 4 * 4);
     assert!(size_of::<CaptureCounters>() == 4 * 8);

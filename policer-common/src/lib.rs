@@ -14,7 +14,8 @@
 //!
 //! 1. **Plain types**, which use nothing: [`maps`] (map names, the bucket
 //!    keys, the counters, a ban's entry and parameters, wire constants)
-//!    and [`flat`] (branch-free comparisons).
+//!    [`flat`] (branch-free comparisons) and [`chain`] (the programs
+//!    behind policer: the array, its counters).
 //! 2. **The math**: [`clock`], [`bucket`] (`Rule`, `Bucket`, `Action`, the
 //!    new-source limiter), `rate` (host only).
 //! 3. **The decisions**: [`table`], [`recall`], [`ban`], [`slot`],
@@ -36,6 +37,7 @@ extern crate std;
 pub mod ban;
 pub mod bucket;
 pub mod capture;
+pub mod chain;
 pub mod class;
 pub mod clock;
 pub mod flat;

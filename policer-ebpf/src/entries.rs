@@ -12,15 +12,18 @@ use policer_common::capture::{CAPTURE_DROPPED, ON_LANES, least_sample};
 
 use crate::{
     capture::capture,
+    chain::hand_to_chain,
     frame::try_policer,
     maps::{CAPTURE_ON, CAPTURE_SCRATCH, REPLAY_PROG, TEST_CLOCK},
     replay::{replay_finish, replay_prepare},
 };
 
-/// The attached program: each frame the interface receives.
+/// The attached program: each frame the interface receives. What the
+/// verdict passes goes on to the chain (`chain`); a drop ends here.
 #[xdp]
 pub fn policer(ctx: XdpContext) -> u32 {
-    judge_frame(ctx.ctx)
+    let action = judge_frame(ctx.ctx);
+    if action == xdp_action::XDP_PASS { hand_to_chain(&ctx) } else { action }
 }
 
 /// The policer's code on a frame: the attached program's body, and what
@@ -77,5 +80,9 @@ pub fn policer_capture(ctx: XdpContext) -> u32 {
         let len = (ctx.data_end() - ctx.data()) as u32;
         capture(&ctx, sc, lanes, least_sample(on), verdict, slot, len);
     }
+    // Reached by a tail call from the policer's code (`judge_frame`, a
+    // BPF-to-BPF callee of the attached entry): this verdict returns into
+    // the entry as `judge_frame`'s, and the entry hands a pass to the
+    // chain. Handing it on here too would chain it twice.
     if verdict == CAPTURE_DROPPED { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS }
 }

@@ -40,6 +40,8 @@ mod buckets;
 #[cfg(target_arch = "bpf")]
 mod capture;
 #[cfg(target_arch = "bpf")]
+mod chain;
+#[cfg(target_arch = "bpf")]
 mod clock;
 #[cfg(target_arch = "bpf")]
 mod entries;

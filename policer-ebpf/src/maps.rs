@@ -9,7 +9,8 @@
 
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
-    macros::map,
+    btf_maps,
+    macros::{btf_map, map},
     maps::{Array, HashMap, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
 };
 use policer_common::{
@@ -17,6 +18,7 @@ use policer_common::{
     RuleCounters,
     ban::{self, Ban, BanParams},
     capture::{CAPTURE_RING_BYTES, CaptureCounters, CaptureLane, CaptureScratch, MAX_CAPTURES},
+    chain::ChainCounters,
     class::{self, ClassFilter, ClassList, Total},
     recall::RecallSet,
     replay::{ReplayCtl, ReplayFrame},
@@ -91,6 +93,16 @@ pub(crate) static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT
 /// bound to the program by the loader, never read here.
 #[map]
 pub(crate) static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
+
+/// The chain (policer_common::chain): the programs the policer hands what
+/// it passes to, pinned by the loader at /sys/fs/bpf/policer/IFACE/chain.
+/// BTF maps, so libbpf tools (bpftool, Katran-style roots) read them.
+#[btf_map]
+pub(crate) static CHAIN: btf_maps::ProgramArray<{ policer_common::chain::CHAIN_SLOTS as usize }> =
+    btf_maps::ProgramArray::new();
+#[btf_map]
+pub(crate) static CHAIN_COUNTERS: btf_maps::PerCpuArray<ChainCounters, { MAX_IFACE_SLOTS as usize }> =
+    btf_maps::PerCpuArray::new();
 
 /// `policer capture` (policer_common::capture): the mask of the lanes in
 /// use, read once per judged frame; 0 while no capture runs. A global of

@@ -71,6 +71,29 @@ pub enum Request {
     RuleLs,
     Detach {
         iface: String,
+        /// With programs in the chain: attach slot 0's in policer's place.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        hand_over: bool,
+        /// With programs in the chain: detach anyway, emptying it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
+    },
+    /// `policer chain add`: the table to add (its slot: `slot`, else the
+    /// first free one).
+    ChainAdd {
+        chain: crate::chain::ChainConfig,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        slot: Option<u32>,
+    },
+    /// `policer chain rm IFACE --slot N`.
+    ChainRm {
+        iface: String,
+        slot: u32,
+    },
+    /// `policer chain ls [IFACE]`.
+    ChainLs {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iface: Option<String>,
     },
     Reload {
         /// Drop what was changed with `--runtime` instead of keeping it
@@ -170,6 +193,8 @@ impl Request {
             Request::RuleSet { .. }
                 | Request::RuleRm { .. }
                 | Request::Detach { .. }
+                | Request::ChainAdd { .. }
+                | Request::ChainRm { .. }
                 | Request::Reload { .. }
                 | Request::Ban { .. }
                 | Request::Unban { .. }
@@ -210,6 +235,10 @@ pub enum Reply {
         bans: Vec<BanView>,
     },
     Set(Box<SetView>),
+    /// `policer chain ls`: each interface's chain.
+    Chains {
+        chains: Vec<ChainView>,
+    },
     /// What a change would do (`--dry-run`): nothing changed.
     DryRun(Box<DryRunView>),
     /// A capture started; its chunks follow on the connection.
@@ -433,6 +462,7 @@ impl Reply {
             Reply::Inspect(_) => "inspect",
             Reply::Bans { .. } => "bans",
             Reply::Set(_) => "set",
+            Reply::Chains { .. } => "chains",
             Reply::DryRun(_) => "dry_run",
             Reply::Capturing { .. } => "capturing",
             Reply::Refused { .. } => "refused",
@@ -501,6 +531,19 @@ impl From<&policer_common::RuleCounters> for CountersView {
     }
 }
 
+/// One interface's chain (`policer chain ls`, `status`): its filled
+/// slots, and the frames handed to it (all to the first filled slot) or
+/// passed with it empty.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChainView {
+    pub interface: String,
+    /// Where it is pinned.
+    pub pinned: String,
+    pub handed_packets: u64,
+    pub empty_packets: u64,
+    pub slots: Vec<crate::chain::SlotView>,
+}
+
 /// Per-interface view: verdicts plus parse outcomes and table events.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct IfaceStats {
@@ -513,6 +556,13 @@ pub struct IfaceStats {
     pub detached_since: Option<String>,
     #[serde(flatten)]
     pub counters: CountersView,
+    /// Frames the verdict passed that a program of the chain took
+    /// (policer_common::chain).
+    #[serde(default)]
+    pub chain_handed_packets: u64,
+    /// Frames the verdict passed while the chain was empty (passed).
+    #[serde(default)]
+    pub chain_empty_packets: u64,
     pub unmatched_packets: u64,
     pub non_ip_packets: u64,
     pub malformed_packets: u64,
@@ -1043,6 +1093,9 @@ pub struct StatusView {
     /// `policer capture`s running now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captures: Option<u32>,
+    /// Each interface's chain (absent from older daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chains: Option<Vec<ChainView>>,
 }
 
 /// An interface and its XDP mode, in `status`.
@@ -1428,8 +1481,20 @@ impl Client {
         self.change(Request::RuleRm { rule, runtime })
     }
 
-    pub fn detach(&self, iface: String) -> Result<String> {
-        self.change(Request::Detach { iface })
+    pub fn detach(&self, iface: String, hand_over: bool, force: bool) -> Result<String> {
+        self.change(Request::Detach { iface, hand_over, force })
+    }
+
+    pub fn chain_add(&self, chain: crate::chain::ChainConfig, slot: Option<u32>) -> Result<String> {
+        self.change(Request::ChainAdd { chain, slot })
+    }
+
+    pub fn chain_rm(&self, iface: String, slot: u32) -> Result<String> {
+        self.change(Request::ChainRm { iface, slot })
+    }
+
+    pub fn chain_ls(&self, iface: Option<String>) -> Result<Vec<ChainView>> {
+        self.ask(Request::ChainLs { iface }, "chains", |r| take!(r, Reply::Chains { chains } => chains))
     }
 
     pub fn reload(&self, discard_runtime: bool) -> Result<String> {

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod capture;
+pub mod chain;
 pub mod classes;
 pub mod cli;
 pub mod compile;

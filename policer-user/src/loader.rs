@@ -107,6 +107,10 @@ pub struct LoadOptions {
     /// attached entry and the capture program: such a load is for
     /// replay only (its `program()` is not loaded, and cannot be attached).
     pub replay_batch: u32,
+    /// Where the chain (policer_common::chain) is pinned: reused when a
+    /// pin is there (a restart, an upgrade: the programs in it stay),
+    /// else made and pinned there. `None`: the program's own, unpinned.
+    pub chain_pin: Option<PathBuf>,
 }
 
 /// A build of the XDP program other than the product's, and the `u32`
@@ -138,6 +142,7 @@ impl Default for LoadOptions {
             drop_sample_shift: table::DROP_SAMPLE_SHIFT,
             layout_version: Some(LAYOUT_VERSION),
             replay_batch: 0,
+            chain_pin: None,
         }
     }
 }
@@ -175,6 +180,8 @@ pub struct MapReader {
     default_rules: OwnedFd,
     class_index: OwnedFd,
     class_filter: OwnedFd,
+    /// The chain's counters per interface slot (policer_common::chain).
+    chain_counters: OwnedFd,
     /// Entries the ban store holds.
     ban_capacity: u32,
     /// The tables' hash and size; fixed for the tables' life.
@@ -424,9 +431,7 @@ impl Policer {
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true);
-        for (name, path) in &opts.reuse {
-            loader.map_pin_path(name, path.as_path());
-        }
+        pin_paths(&mut loader, opts)?;
         let object = match &opts.variant {
             Some(v) => {
                 for (name, value) in &v.globals {
@@ -898,6 +903,7 @@ impl MapReader {
             default_rules: dup(MAP_DEFAULT_RULES)?,
             class_index: dup(MAP_CLASS_INDEX)?,
             class_filter: dup(MAP_CLASS_FILTER)?,
+            chain_counters: dup(policer_common::chain::MAP_CHAIN_COUNTERS)?,
             ban_capacity: match ebpf.map(policer_common::MAP_BANS) {
                 Some(aya::maps::Map::HashMap(d)) => {
                     d.info().map(|i| i.max_entries()).map_err(Error::map(policer_common::MAP_BANS))?
@@ -1109,6 +1115,12 @@ impl MapReader {
     /// Counters of every interface slot (summed over CPUs).
     pub fn iface_counters(&self) -> Result<Vec<(u32, Counters)>> {
         self.per_cpu_slots(&self.counters, MAP_COUNTERS, Counters::add)
+    }
+
+    /// The chain's counters of every interface slot (summed over CPUs).
+    pub fn chain_counters(&self) -> Result<Vec<(u32, policer_common::chain::ChainCounters)>> {
+        use policer_common::chain::{ChainCounters, MAP_CHAIN_COUNTERS};
+        self.per_cpu_slots(&self.chain_counters, MAP_CHAIN_COUNTERS, ChainCounters::add)
     }
 
     /// Counters summed over CPUs and interfaces.
@@ -1437,6 +1449,22 @@ impl Policer {
         }
         Ok(out)
     }
+}
+
+/// The maps reused from their pins (`opts.reuse`), and the chain
+/// (policer_common::chain) pinned at `opts.chain_pin`: reused when pinned
+/// there, else made and pinned (its directory made first).
+fn pin_paths<'a>(loader: &mut EbpfLoader<'a>, opts: &'a LoadOptions) -> Result<()> {
+    for (name, path) in &opts.reuse {
+        loader.map_pin_path(name, path.as_path());
+    }
+    if let Some(pin) = opts.chain_pin.as_deref() {
+        if let Some(dir) = pin.parent() {
+            std::fs::create_dir_all(dir).map_err(Error::kernel(format!("making {}", dir.display())))?;
+        }
+        loader.map_pin_path(policer_common::chain::MAP_CHAIN, pin);
+    }
+    Ok(())
 }
 
 /// Loads the capture program beside the policer's and puts it in the

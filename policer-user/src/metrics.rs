@@ -144,6 +144,17 @@ fn interface_metrics(reg: &mut Registry, s: &StatsView, attached: &[(String, boo
             parse.get_or_create(&OutcomeLabel { iface: i.name.clone(), outcome: o.into() }).inc_by(n);
         }
     }
+    let chain = Family::<OutcomeLabel, Counter>::default();
+    for i in &s.interfaces {
+        for (o, n) in [("handed", i.chain_handed_packets), ("empty", i.chain_empty_packets)] {
+            chain.get_or_create(&OutcomeLabel { iface: i.name.clone(), outcome: o.into() }).inc_by(n);
+        }
+    }
+    reg.register(
+        "chain_packets",
+        "Frames the verdict passed on to the chain: handed to a program of it, or passed because it was empty",
+        chain,
+    );
     reg.register("packets", "Frames judged by a rule, by interface and verdict", pkts);
     reg.register("bytes", "Bytes of frames judged by a rule, by interface and verdict", bytes);
     reg.register(

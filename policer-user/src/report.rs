@@ -84,6 +84,13 @@ pub fn stats_text(s: &StatsView) -> String {
         "\nbucket table: capacity {}, buckets created {}, insert failures {}, compare-and-swap retries {}",
         s.table.capacity, s.table.created, s.table.insert_failures, s.totals.cas_retries
     );
+    for i in &s.interfaces {
+        let _ = writeln!(
+            out,
+            "chain on {}: {} frames handed on, {} passed with the chain empty",
+            i.name, i.chain_handed_packets, i.chain_empty_packets
+        );
+    }
     let _ = writeln!(
         out,
         "table pressure: new sources limited {}, recall: {} of {} entries live, {} stored, {} known sources let in, \

@@ -99,11 +99,31 @@ impl Daemon {
     /// the daemon once it reports that it is policing, or how it exited
     /// before (a start expected to fail).
     pub fn try_start(bin: &std::path::Path, ns: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<Daemon, Exited> {
+        let mut enter = Command::new("ip");
+        enter.args(["netns", "exec", ns]);
+        Daemon::try_start_with(enter, bin, args, envs)
+    }
+
+    /// [`Daemon::try_start`] through `nsenter --net`: the network namespace
+    /// alone, the host's mounts kept (bpffs pins shared with the host and
+    /// its tools, as on a real host; `ip netns exec` gives each process a
+    /// /sys of its own: docs/platform.md).
+    pub fn try_start_nsenter(bin: &std::path::Path, ns: &str, args: &[&str]) -> Result<Daemon, Exited> {
+        let mut enter = Command::new("nsenter");
+        enter.arg(format!("--net=/run/netns/{ns}"));
+        Daemon::try_start_with(enter, bin, args, &[])
+    }
+
+    fn try_start_with(
+        mut enter: Command,
+        bin: &std::path::Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<Daemon, Exited> {
         // An older build (an upgrade test) knows no --state-dir.
         let args =
             if bin == policer_bin() { with_state_dir(args) } else { args.iter().map(|a| a.to_string()).collect() };
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns])
+        let mut child = enter
             .arg(bin)
             .args(&args)
             .envs(envs.iter().copied())

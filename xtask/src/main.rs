@@ -41,6 +41,10 @@ const APT_PACKAGES: &[&str] = &[
     // (bash is there already).
     "zsh",
     "fish",
+    // The chain tier (tests/tests/chain.rs): an unmodified xdp-filter and
+    // its objects behind policer, and bpftool to put a pinned program in.
+    "xdp-tools",
+    "bpftool",
 ];
 
 #[derive(Parser)]
@@ -358,6 +362,7 @@ fn test(host_only: bool) -> Result<()> {
         "dryrun",
         "capture",
         "suggest",
+        "chain",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

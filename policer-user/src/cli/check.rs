@@ -78,6 +78,18 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
             {
                 warnings.extend(s.warnings);
             }
+            // The chain's objects: there, and with a program that can join.
+            let base = a.config.parent().unwrap_or(std::path::Path::new("/"));
+            let chain: Vec<Problem> = cfg
+                .chains
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| crate::chain::check_object(c, base).err().map(|e| (i, e)))
+                .map(|(i, e)| Problem { line: None, message: format!("chain {}: {e}", i + 1) })
+                .collect();
+            if !chain.is_empty() {
+                return finish(a.json, &file, None, &chain, &[]);
+            }
             let v4 = rules.keys().filter(|k| matches!(k.net, ipnet::IpNet::V4(_))).count();
             finish(a.json, &file, Some((cfg, rules.len(), v4)), &[], &warnings)
         }

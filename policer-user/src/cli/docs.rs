@@ -306,17 +306,22 @@ const POSITIONALS: [(&str, &str, &str); 5] = [
 /// is not changed: only the scripts see these.
 fn completion_command() -> clap::Command {
     /// `c`, which is the verb `verb` (its words after `policer`).
-    fn shape(mut c: clap::Command, verb: &str) -> clap::Command {
-        for (id, vals) in hints() {
-            if c.get_arguments().any(|a| a.get_id() == id) {
-                c = c.mut_arg(id, |a| a.value_parser(clap::builder::PossibleValuesParser::new(vals)));
-            }
-        }
-        for (v, id, stand_in) in POSITIONALS {
-            if v == verb {
-                c = c.mut_arg(id, |a| a.value_parser(clap::builder::PossibleValuesParser::new([stand_in])));
-            }
-        }
+    fn shape(c: clap::Command, verb: &str) -> clap::Command {
+        // Each argument given its values where it stands: `mut_arg` would
+        // move it to the end, and a positional moved behind another
+        // (`chain add IFACE [OBJECT]`) changes their order.
+        let args: Vec<clap::Arg> = c
+            .get_arguments()
+            .cloned()
+            .map(|a| {
+                let id = a.get_id().as_str().to_string();
+                let positional = POSITIONALS.iter().find(|(v, p, _)| *v == verb && *p == id).map(|(_, _, s)| vec![*s]);
+                match positional.or_else(|| hints().into_iter().find(|(h, _)| *h == id).map(|(_, v)| v)) {
+                    Some(vals) => a.value_parser(clap::builder::PossibleValuesParser::new(vals)),
+                    None => a,
+                }
+            })
+            .collect();
         let subs: Vec<clap::Command> = c
             .get_subcommands()
             .filter(|s| !s.is_hide_set())
@@ -330,7 +335,7 @@ fn completion_command() -> clap::Command {
         // without them (clap names are &'static str; this runs once).
         let name: &'static str = Box::leak(c.get_name().to_string().into_boxed_str());
         let mut out = clap::Command::new(name);
-        out = out.args(c.get_arguments().cloned());
+        out = out.args(args);
         if let Some(a) = c.get_about() {
             out = out.about(a.clone());
         }
@@ -570,9 +575,10 @@ mod tests {
             (Table::Rule, serde_fields::<crate::rules::RuleConfig>()),
             (Table::Set, serde_fields::<crate::config::SetConfig>()),
             (Table::Crowdsec, serde_fields::<crate::crowdsec::CrowdsecConfig>()),
+            (Table::Chain, serde_fields::<crate::chain::ChainConfig>()),
         ];
         let tables: Vec<&str> = on_page.iter().map(|(t, _)| t.as_str()).collect();
-        assert_eq!(tables, ["daemon", "rule", "set", "crowdsec"], "the page's tables");
+        assert_eq!(tables, ["daemon", "rule", "set", "crowdsec", "chain"], "the page's tables");
         for ((name, mut keys), (table, fields)) in on_page.into_iter().zip(structs) {
             assert_eq!(name, table.name());
             // `ttl` is on the wire only: a file may not hold it.

@@ -103,10 +103,14 @@ replaced: the error names it. When one of several interfaces fails, the ones don
         description: "\
 Through the running daemon: detaches that interface (the daemon exits when none is left). With no daemon: \
 removes a policer program left attached (by --persist, or a daemon that was killed); any other XDP program is \
-refused, never removed.",
-        examples: &[("Stop policing eth1", "policer detach eth1")],
+refused, never removed. While the interface's chain holds programs, detach refuses and names them: \
+--hand-over attaches slot 0's program in policer's place (atomically), --force detaches and empties the chain.",
+        examples: &[
+            ("Stop policing eth1", "policer detach eth1"),
+            ("Leave xdp-filter alone on eth0", "policer detach eth0 --hand-over"),
+        ],
         json: None,
-        see_also: &["policer-attach", "policer-status"],
+        see_also: &["policer-attach", "policer-status", "policer-chain"],
         asks_daemon: true,
     },
     Page {
@@ -273,6 +277,71 @@ Lifts the prefix's manual ban and every automatic ban of a source inside it. Wit
         examples: &[("Lift a ban", "policer unban 198.51.100.0/24")],
         json: None,
         see_also: &["policer-ban", "policer-ban-ls"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-chain",
+        summary: "the programs behind policer on an interface",
+        description: "\
+What policer passes on an interface (admitted, allowed, monitored, unmatched, not IP) is handed to the first \
+filled slot of its chain, a program array of 8 slots pinned at /sys/fs/bpf/policer/IFACE/chain; that program's \
+verdict is final. What policer drops never reaches it. Any XDP program like policer's (not built for xdp.frags, \
+attach type xdp) can join: xdp-filter's objects, your own, or one another tool puts in the pinned array \
+(bpftool map update pinned ... key N 0 0 0 value pinned PROG). add and rm write the config's [[chain]] tables; \
+a start or reload fills the empty slots they name. The chain is pinned: it survives kill -9, restarts and \
+upgrades. See docs/chain.md.",
+        examples: &[
+            (
+                "xdp-filter behind policer",
+                "policer chain add eth0 /usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_udp.o --pin-maps /sys/fs/bpf/xdp-filter",
+            ),
+            ("What runs behind policer", "policer chain ls eth0"),
+        ],
+        json: None,
+        see_also: &["policer-chain-add", "policer-chain-rm", "policer-chain-ls", "policer-detach"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-chain-add",
+        summary: "put a program in a slot of an interface's chain",
+        description: "\
+Loads OBJECT's program (--program, else its only XDP program) in the daemon, its pin-by-name maps pinned under \
+--pin-maps (default /sys/fs/bpf, reused when pinned there already, as libbpf does), and puts it in --slot (else \
+the first free one); or puts the program pinned at --pinned. Then writes a [[chain]] table. A program built for \
+xdp.frags, for another attach type (devmap, cpumap), not XDP, or whose maps cannot be pinned is refused with the \
+reason, and nothing changes; so is a slot that holds a program.",
+        examples: &[
+            (
+                "xdp-filter's UDP filter in slot 0",
+                "policer chain add eth0 /usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_udp.o --pin-maps /sys/fs/bpf/xdp-filter",
+            ),
+            ("A program bpftool loaded", "policer chain add eth0 --pinned /sys/fs/bpf/my_xdp --slot 1"),
+        ],
+        json: None,
+        see_also: &["policer-chain", "policer-chain-rm"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-chain-rm",
+        summary: "empty a slot of an interface's chain",
+        description: "\
+Removes the slot's [[chain]] table from the config file, then empties the slot: what policer passes goes to the \
+next filled slot, or up the stack.",
+        examples: &[("Take slot 0's program out", "policer chain rm eth0 --slot 0")],
+        json: None,
+        see_also: &["policer-chain", "policer-chain-add"],
+        asks_daemon: true,
+    },
+    Page {
+        name: "policer-chain-ls",
+        summary: "list the programs behind policer",
+        description: "\
+For each interface (or IFACE): where its chain is pinned, the frames handed to it (all to the first filled \
+slot) and those passed with it empty, and each filled slot: program id, name, tag, and where it came from (the \
+config's table, or outside policer for a program another tool put there).",
+        examples: &[("Every interface's chain", "policer chain ls"), ("As JSON", "policer chain ls eth0 --json")],
+        json: Some("## `policer chain ls [IFACE] --json`"),
+        see_also: &["policer-chain", "policer-stats"],
         asks_daemon: true,
     },
     Page {

@@ -4,6 +4,7 @@
 mod attach;
 mod ban;
 mod capture;
+mod chain;
 mod check;
 mod detach;
 mod docs;
@@ -72,6 +73,13 @@ enum Cmd {
     /// Ban a prefix for a while (`ban PREFIX --for 1h`), or list the bans
     /// in force (`ban ls`).
     Ban(ban::Args),
+    /// The programs behind policer on an interface: what policer passes
+    /// is handed to the first filled slot of its chain (xdp-filter, your
+    /// own XDP program).
+    Chain {
+        #[command(subcommand)]
+        cmd: Box<chain::Cmd>,
+    },
     /// Lift a ban: a manual one, and the automatic bans of sources in the prefix.
     Unban(ban::UnbanArgs),
     /// Re-read the config file; applied only if all of it is valid. What was changed with `--runtime` is kept.
@@ -140,6 +148,7 @@ impl Cli {
             },
             Cmd::Reload(a) => a.json,
             Cmd::Ban(a) => a.json(),
+            Cmd::Chain { cmd } => cmd.json(),
             _ => false,
         }
     }
@@ -155,6 +164,7 @@ impl Cli {
             },
             Cmd::Ban(a) => a.wait(),
             Cmd::Unban(a) => a.wait,
+            Cmd::Chain { cmd } => cmd.wait(),
             Cmd::Reload(a) => a.wait,
             Cmd::Status(a) => a.wait,
             Cmd::Stats(a) => a.wait,
@@ -187,6 +197,7 @@ impl Cli {
             Cmd::Rule { cmd } => rule::run(*cmd),
             Cmd::Ban(a) => ban::run(a),
             Cmd::Unban(a) => ban::unban(a),
+            Cmd::Chain { cmd } => chain::run(*cmd),
             Cmd::Reload(a) => reload::run(a),
             Cmd::Check(a) => check::run(a),
             Cmd::Status(a) => status::run(a),

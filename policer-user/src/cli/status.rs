@@ -34,6 +34,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for f in &s.feeds {
         print_feed(f);
     }
+    for c in s.chains.iter().flatten() {
+        println!("chain on {}: {}", c.interface, super::chain::summary(c));
+    }
     if s.version.is_some() {
         match &s.metrics {
             Some(m) => println!("metrics: http://{m}/metrics"),

@@ -36,6 +36,8 @@ pub struct Change<'a> {
     pub rules: Option<&'a BTreeMap<RuleKey, RuleSpec>>,
     /// `daemon.interfaces`.
     pub interfaces: Option<&'a [String]>,
+    /// Every `[[chain]]` table, as it should be.
+    pub chains: Option<&'a [crate::chain::ChainConfig]>,
 }
 
 /// `text` (the file as it is; `None`: there is none) with `change` made,
@@ -64,6 +66,11 @@ pub(crate) fn edit(
         let have = cfg.rules.iter().map(RuleConfig::validate).collect::<Result<Vec<_>>>()?;
         set_rules(&mut doc, &have, want, origin)?;
     }
+    if let Some(want) = change.chains
+        && cfg.chains != want
+    {
+        set_chains(&mut doc, want);
+    }
     let out = match text {
         Some(_) => doc.to_string(),
         None => format!("{HEADER}\n{}", doc.to_string().trim_start_matches('\n')),
@@ -75,10 +82,37 @@ pub(crate) fn edit(
     let rules_ok = change.rules.is_none_or(|want| &rules == want);
     let ifaces_ok = change.interfaces.is_none_or(|n| got.daemon.interfaces == n);
     let rest_ok = got.daemon.mode == cfg.daemon.mode && got.daemon.max_sources == cfg.daemon.max_sources;
-    if !(rules_ok && ifaces_ok && rest_ok) {
+    let chains_ok =
+        change.chains.is_none_or(|c| got.chains == c) && (change.chains.is_some() || got.chains == cfg.chains);
+    if !(rules_ok && ifaces_ok && rest_ok && chains_ok) {
         return Err(invalid(origin, "internal error: the edited file does not say what was asked; nothing written"));
     }
     Ok((out, got))
+}
+
+/// Writes every `[[chain]]` table anew, after the file's other tables
+/// (the tables of one array stay together; a comment inside one is not
+/// kept).
+fn set_chains(doc: &mut DocumentMut, want: &[crate::chain::ChainConfig]) {
+    doc.remove("chain");
+    if want.is_empty() {
+        return;
+    }
+    let mut tables = toml_edit::ArrayOfTables::new();
+    for c in want {
+        let mut t = Table::new();
+        t.insert("interface", toml_edit::value(c.interface.as_str()));
+        t.insert("slot", toml_edit::value(i64::from(c.slot)));
+        for (k, v) in [("object", &c.object), ("program", &c.program), ("pin_maps", &c.pin_maps), ("pinned", &c.pinned)]
+        {
+            if let Some(v) = v {
+                t.insert(k, toml_edit::value(v.as_str()));
+            }
+        }
+        t.decor_mut().set_prefix("\n");
+        tables.push(t);
+    }
+    doc.insert("chain", Item::ArrayOfTables(tables));
 }
 
 fn invalid(origin: &Path, msg: &str) -> Error {

@@ -394,12 +394,18 @@ impl ConfigFile {
                 return self.commit(pending);
             }
         }
-        self.update(Change { rules: Some(rules), interfaces: None })
+        self.update(Change { rules: Some(rules), interfaces: None, chains: None })
     }
 
     /// Writes `names` as `daemon.interfaces`.
     pub fn set_interfaces(&mut self, names: &[String]) -> Result<()> {
-        self.update(Change { rules: None, interfaces: Some(names) })
+        self.update(Change { rules: None, interfaces: Some(names), chains: None })
+    }
+
+    /// Writes `chains` as the file's `[[chain]]` tables (`policer chain
+    /// add/rm`), in one atomic write as every change.
+    pub fn set_chains(&mut self, chains: &[crate::chain::ChainConfig]) -> Result<()> {
+        self.update(Change { rules: None, interfaces: None, chains: Some(chains) })
     }
 
     /// Makes `change` in the file in one atomic write. Refused with
@@ -469,7 +475,7 @@ impl ConfigFile {
                 });
                 Ok(Pending { staged: Some(staged?), text, after: After::Edits(ops), sha })
             }
-            None => self.stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None }),
+            None => self.stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None, chains: None }),
         }
     }
 
@@ -479,7 +485,9 @@ impl ConfigFile {
         self.check_unchanged()?;
         match self.spliced(before, edits) {
             Some(_) => Ok(()),
-            None => self.check_stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None }),
+            None => {
+                self.check_stage(Change { rules: Some(&with_edits(before, edits)), interfaces: None, chains: None })
+            }
         }
     }
 
@@ -497,7 +505,7 @@ impl ConfigFile {
             let whole = edit::edit(
                 Some(text),
                 &*self.whole_config()?,
-                Change { rules: None, interfaces: Some(names) },
+                Change { rules: None, interfaces: Some(names), chains: None },
                 &self.path,
             );
             assert_eq!(whole.map(|(t, _)| t).ok().as_deref(), Some(out.0.as_str()), "splice.rs and edit.rs disagree");
@@ -528,7 +536,7 @@ impl ConfigFile {
             let whole = edit::edit(
                 Some(text),
                 &*self.whole_config().ok()?,
-                Change { rules: Some(&with_edits(before, edits)), interfaces: None },
+                Change { rules: Some(&with_edits(before, edits)), interfaces: None, chains: None },
                 &self.path,
             );
             // Line for line, blank lines aside: where a removed rule sat

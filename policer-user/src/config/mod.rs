@@ -110,6 +110,9 @@ pub struct Config {
     /// (and automatic bans published to it); read at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crowdsec: Option<crate::crowdsec::CrowdsecConfig>,
+    /// `[[chain]]` tables: the programs behind policer (docs/chain.md).
+    #[serde(default, rename = "chain", skip_serializing_if = "Vec::is_empty")]
+    pub chains: Vec<crate::chain::ChainConfig>,
 }
 
 pub(crate) const HEADER: &str = "\
@@ -481,6 +484,7 @@ action = "deny"
             rules: rules.values().map(RuleSpec::config).collect(),
             sets: cfg.sets.clone(),
             crowdsec: cfg.crowdsec.clone(),
+            chains: cfg.chains.clone(),
         };
         toml::to_string_pretty(&c).expect("config serializes")
     }

@@ -162,6 +162,27 @@ pub(super) fn read(text: &str) -> Read {
                     set_origins.push(origin);
                 }
             }
+            Some(Table::Chain) => {
+                let example = "[[chain]] with interface = \"eth0\", slot = 0 and object = \"filter.o\" below";
+                for (origin, item, broken) in r.tables("chain", value, example, &syntax) {
+                    let Some(c) = r.chain(origin, item).filter(|_| !broken) else { continue };
+                    if config
+                        .chains
+                        .iter()
+                        .any(|o: &crate::chain::ChainConfig| o.interface == c.interface && o.slot == c.slot)
+                    {
+                        r.push(
+                            origin.line,
+                            format!(
+                                "chain {}: slot {} of {} is named twice; a slot holds one program",
+                                origin.number, c.slot, c.interface
+                            ),
+                        );
+                        continue;
+                    }
+                    config.chains.push(c);
+                }
+            }
             Some(Table::Crowdsec) => {
                 if let Some(c) = r.crowdsec(value) {
                     config.crowdsec = Some(c);
@@ -173,8 +194,8 @@ pub(super) fn read(text: &str) -> Read {
                 r.push(
                     Some(at),
                     format!(
-                        "unknown key `{}`: the file holds a [daemon] table, [[rule]] and [[set]] tables and a \
-                         [crowdsec] table",
+                        "unknown key `{}`: the file holds a [daemon] table, [[rule]], [[set]] and [[chain]] tables \
+                         and a [crowdsec] table",
                         crate::text::escaped(key.get_ref())
                     ),
                 );
@@ -210,6 +231,8 @@ fn shown(v: &DeValue<'_>) -> String {
         DeValue::Table(_) => "a table".into(),
     }
 }
+
+mod chain;
 
 struct Reader {
     lines: Lines,

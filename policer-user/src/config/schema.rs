@@ -27,6 +27,7 @@ pub enum Table {
     Rule,
     Set,
     Crowdsec,
+    Chain,
 }
 
 impl Table {
@@ -37,6 +38,7 @@ impl Table {
             Table::Rule => "rule",
             Table::Set => "set",
             Table::Crowdsec => "crowdsec",
+            Table::Chain => "chain",
         }
     }
 
@@ -53,6 +55,7 @@ pub enum Field {
     Rule(RuleField),
     Set(SetField),
     Crowdsec(CrowdsecField),
+    Chain(ChainField),
 }
 
 impl Field {
@@ -62,6 +65,7 @@ impl Field {
             Field::Rule(_) => Table::Rule,
             Field::Set(_) => Table::Set,
             Field::Crowdsec(_) => Table::Crowdsec,
+            Field::Chain(_) => Table::Chain,
         }
     }
 }
@@ -118,6 +122,17 @@ pub enum SetField {
     Country,
     Asn,
     Shared(SharedField),
+}
+
+/// `[[chain]]`'s settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainField {
+    Interface,
+    Slot,
+    Object,
+    Program,
+    PinMaps,
+    Pinned,
 }
 
 /// `[crowdsec]`'s settings.
@@ -201,6 +216,10 @@ const fn rule(f: RuleField, k: &'static str, kind: &'static str, default: &'stat
     key(Field::Rule(f), k, kind, default, help)
 }
 
+const fn chain(f: ChainField, k: &'static str, kind: &'static str, default: &'static str, help: &'static str) -> Key {
+    key(Field::Chain(f), k, kind, default, help)
+}
+
 const fn set(f: SetField, k: &'static str, kind: &'static str, default: &'static str, help: &'static str) -> Key {
     key(Field::Set(f), k, kind, default, help)
 }
@@ -243,6 +262,12 @@ pub static TABLES: &[TableDoc] = &[
         header: "[crowdsec]",
         help: "A CrowdSec Local API whose decisions are pulled into a set. Read at start (a reload keeps the feed as it \
          started).",
+    },
+    TableDoc {
+        table: Table::Chain,
+        header: "[[chain]]",
+        help: "A program behind policer: what policer passes on an interface is handed to the first filled slot of its \
+         chain (`policer chain add` writes these). Read at start and by a reload, which fill the slots they name.",
     },
 ];
 
@@ -545,6 +570,30 @@ pub static KEYS: &[Key] = &[
         "none",
         "A file holding it; mode 0600 (warned of otherwise, as api_key_file).",
     ),
+    chain(ChainField::Interface, "interface", "string", "required", "The interface whose chain the program joins."),
+    chain(ChainField::Slot, "slot", "integer", "required", "The slot, 0 to 7: the first filled slot runs."),
+    chain(
+        ChainField::Object,
+        "object",
+        "string (path)",
+        "one of object, pinned",
+        "A libbpf-style XDP object (BTF maps); relative to the config file's directory.",
+    ),
+    chain(ChainField::Program, "program", "string", "the object's only XDP program", "The object's program to load."),
+    chain(
+        ChainField::PinMaps,
+        "pin_maps",
+        "string (path)",
+        "\"/sys/fs/bpf\"",
+        "Where the object's pin-by-name maps are pinned (reused when pinned there already), as libbpf does.",
+    ),
+    chain(
+        ChainField::Pinned,
+        "pinned",
+        "string (path)",
+        "one of object, pinned",
+        "A program already loaded and pinned in bpffs (`bpftool prog load OBJ PATH`).",
+    ),
 ];
 
 /// The field names a serde struct `T` takes, as its derived
@@ -603,6 +652,7 @@ mod tests {
             (Table::Rule, serde_fields::<RuleConfig>()),
             (Table::Set, serde_fields::<super::super::SetConfig>()),
             (Table::Crowdsec, serde_fields::<CrowdsecConfig>()),
+            (Table::Chain, serde_fields::<crate::chain::ChainConfig>()),
         ] {
             assert_eq!(keys_of(table), sorted(fields), "[{}]: the schema and serde's struct disagree", table.name());
         }

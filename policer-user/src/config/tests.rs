@@ -263,7 +263,7 @@ fn new_file_is_0600_and_valid() {
     f.set_interfaces(&[]).unwrap();
     assert!(!p.exists(), "a change that changes nothing created the file");
     let rules = with(rules, rule("0.0.0.0/0", Some("10kpps"), Some(200), None));
-    f.update(super::Change { rules: Some(&rules), interfaces: Some(&["eth0".into()]) }).unwrap();
+    f.update(super::Change { rules: Some(&rules), interfaces: Some(&["eth0".into()]), chains: None }).unwrap();
     let text = fs::read_to_string(&p).unwrap();
     assert!(text.starts_with("# policer configuration"), "{text}");
     assert!(text.find("[daemon]").unwrap() < text.find("[[rule]]").unwrap(), "{text}");
@@ -861,7 +861,11 @@ fn bad_values_name_the_key_and_an_example() {
         ("[daemon]\nmax_rules = -5\n".into(), 2, "daemon.max_rules: -5 is not a number of rules; write max_rules = "),
         ("[daemon]\nspeed = 1\n".into(), 2, "daemon: unknown key `speed`"),
         ("daemon = 3\n".into(), 1, "daemon: 3 is not a table"),
-        ("rules = []\n".into(), 1, "unknown key `rules`: the file holds a [daemon] table, [[rule]] and [[set]] tables"),
+        (
+            "rules = []\n".into(),
+            1,
+            "unknown key `rules`: the file holds a [daemon] table, [[rule]], [[set]] and [[chain]] tables",
+        ),
     ];
     for (text, line, want) in &cases {
         let problems = super::Config::check(text, None).err().unwrap_or_else(|| panic!("accepted:\n{text}"));
@@ -1560,7 +1564,7 @@ rate = \"1kpps\"
     let p = d.path().join("policer.toml");
     fs::write(&p, "\"d\\u0061emon\" = {}\n\n[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\n").unwrap();
     let (mut f, rules) = ConfigFile::open(&p).unwrap();
-    f.update(super::Change { rules: None, interfaces: Some(&["eth0".into()]) }).unwrap();
+    f.update(super::Change { rules: None, interfaces: Some(&["eth0".into()]), chains: None }).unwrap();
     let written = fs::read_to_string(&p).unwrap();
     let (cfg, read) = super::Config::parse(&written, &p).unwrap_or_else(|e| panic!("{e}:\n{written}"));
     assert_eq!((cfg.daemon.interfaces, read), (vec!["eth0".to_string()], rules), "{written}");

@@ -31,6 +31,7 @@ mod aside;
 mod audit;
 mod bans;
 mod capture;
+mod chain;
 mod crowdsec;
 mod dryrun;
 mod follow;
@@ -256,6 +257,18 @@ impl Daemon {
     }
 
     /// Detaches `name`; true when no interface is left.
+    /// An interface whose hook is no longer ours (handed over to the
+    /// chain's first program): forgotten, and gone from the file's
+    /// interfaces. True: none is left.
+    fn forget_iface(&mut self, name: &str) -> bool {
+        self.ifaces.retain(|i| i.name != name);
+        let left: Vec<String> = self.file.config().daemon.interfaces.iter().filter(|n| *n != name).cloned().collect();
+        if let Err(e) = self.file.set_interfaces(&left) {
+            log::warn!("{name} handed over, but the config file still lists it: {e}");
+        }
+        self.ifaces.is_empty()
+    }
+
     fn detach(&mut self, name: &str) -> Result<bool> {
         let pos = self
             .ifaces

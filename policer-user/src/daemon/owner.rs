@@ -68,6 +68,17 @@ pub enum Command {
     Follow,
     Detach {
         iface: String,
+        hand_over: bool,
+        force: bool,
+    },
+    /// `policer chain add` (crate::chain).
+    ChainAdd {
+        chain: crate::chain::ChainConfig,
+        slot: Option<u32>,
+    },
+    ChainRm {
+        iface: String,
+        slot: u32,
     },
     /// `policer ban`: a manual ban (the rule config of one).
     Ban {
@@ -108,7 +119,9 @@ impl TryFrom<crate::control::Request> for Command {
             Request::RuleSet { rule, runtime, replace, force } => Command::RuleSet { rule, runtime, replace, force },
             Request::RuleRm { rule, runtime } => Command::RuleRm { rule, runtime },
             Request::Reload { discard_runtime, candidate } => Command::Reload { discard_runtime, candidate },
-            Request::Detach { iface } => Command::Detach { iface },
+            Request::Detach { iface, hand_over, force } => Command::Detach { iface, hand_over, force },
+            Request::ChainAdd { chain, slot } => Command::ChainAdd { chain, slot },
+            Request::ChainRm { iface, slot } => Command::ChainRm { iface, slot },
             Request::Ban { rule, runtime, force } => Command::Ban { rule, runtime, force },
             Request::Unban { prefix, runtime } => Command::Unban { prefix, runtime },
             Request::SetRm { name } => Command::SetRm { name },
@@ -296,6 +309,7 @@ impl Daemon {
             config_status: self.reload.status(self.file.sha256(), self.file.read_only()),
             sets: super::views::set_rows(&self.sets),
             manual_ban_slots: self.rs.ban_slots(),
+            chains: self.file.config().chains.clone(),
             protect: self.rs.protect().nets().to_vec(),
             exit: self.exit.clone(),
             metrics: self.metrics_addr,
@@ -314,13 +328,17 @@ impl Daemon {
         // again: only the interfaces then (the [daemon] table alone,
         // `config/splice.rs`); the file's rules stay what they are.
         if !rules_changed {
-            if let Err(e) = self.file.update(crate::config::Change { rules: None, interfaces: Some(names) }) {
+            if let Err(e) =
+                self.file.update(crate::config::Change { rules: None, interfaces: Some(names), chains: None })
+            {
                 say!("policer: warning: {e}");
             }
             return;
         }
         let rules = self.rs.specs();
-        if let Err(e) = self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names) }) {
+        if let Err(e) =
+            self.file.update(crate::config::Change { rules: Some(&rules), interfaces: Some(names), chains: None })
+        {
             say!("policer: warning: {e}");
             self.rs.set_file_rules(self.file.read().map(|s| s.rules).unwrap_or_default());
         } else {
@@ -685,11 +703,12 @@ impl Daemon {
         };
         // Only now that its rules are in force is the file what we run from.
         self.file.accept(snap);
+        let chain_note = self.fill_chains();
         let n = want.len();
         let kept = plan.kept_text();
         let changes = plan.changes_text(&before);
         self.rs.set_file_rules(plan.file);
-        Ok(format!("reloaded {path}: {n} rules ({counts}){changes}{sets_summary}{kept}{note}{feed_note}"))
+        Ok(format!("reloaded {path}: {n} rules ({counts}){changes}{sets_summary}{kept}{note}{feed_note}{chain_note}"))
     }
 
     /// One change of the rules: `edits` (each key once: `Some` sets the
@@ -994,14 +1013,22 @@ impl Daemon {
                 }
                 done(r)
             }
-            Command::Detach { iface } => match self.detach(&iface) {
-                Ok(true) => Outcome {
-                    result: Ok(Response::Done(format!("detached from {iface}; no interface left, the daemon exits"))),
+            Command::Detach { iface, hand_over, force } => match self.detach_chained(&iface, hand_over, force) {
+                Ok((said, true)) => Outcome {
+                    result: Ok(Response::Done(format!("{said}; no interface left, the daemon exits"))),
                     exit: true,
                 },
-                Ok(false) => done(Ok(format!("detached from {iface}"))),
+                Ok((said, false)) => done(Ok(said)),
                 Err(e) => done(Err(e)),
             },
+            Command::ChainAdd { chain, slot } => done(self.chain_add(chain, slot)),
+            Command::ChainRm { iface, slot } => {
+                let r = self.policed(&iface).and_then(|()| super::chain::rm(&mut self.file, &iface, slot));
+                if let Ok(m) = &r {
+                    self.audit.record("chain rm", m);
+                }
+                done(r)
+            }
             Command::Import(imp) => match self.import(*imp, aside) {
                 Ok((message, c)) => Outcome::of(Ok(Response::Imported { message, counts: Box::new(c) })),
                 Err(e) => done(Err(e)),
@@ -1381,6 +1408,74 @@ impl Daemon {
                 failed.join("; ")
             ))
         }
+    }
+}
+
+impl Daemon {
+    /// Refused unless this daemon polices `iface`.
+    fn policed(&self, iface: &str) -> Result<()> {
+        match self.ifaces.iter().any(|i| i.name == iface) {
+            true => Ok(()),
+            false => Err(Error::Invalid(format!("{iface} is not policed by this daemon"))),
+        }
+    }
+
+    /// The file's `[[chain]]` tables into the empty slots they name (start
+    /// and reload; `chain::fill`); what was loaded, each said. Returns
+    /// what a reload's answer adds: the slots filled now.
+    pub(super) fn fill_chains(&mut self) -> String {
+        let names: Vec<String> = self.ifaces.iter().map(|i| i.name.clone()).collect();
+        let base = self.file.path().parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+        let mut filled = Vec::new();
+        for line in super::chain::fill(&self.file.config().chains, &names, &base) {
+            say!("policer: {line}");
+            if !line.starts_with("keeping") {
+                filled.push(line);
+            }
+        }
+        filled.iter().map(|l| format!("; {l}")).collect()
+    }
+
+    /// `policer chain add`: into `slot`, else the first free one.
+    fn chain_add(&mut self, mut c: crate::chain::ChainConfig, slot: Option<u32>) -> Result<String> {
+        self.policed(&c.interface)?;
+        c.slot = match slot {
+            Some(s) => crate::chain::check_slot(s)?,
+            None => crate::chain::first_free(&c.interface)?,
+        };
+        let m = super::chain::add(&mut self.file, c)?;
+        self.audit.record("chain add", &m);
+        Ok(m)
+    }
+
+    /// `detach`, with what the chain holds dealt with first
+    /// (`chain::before_detach`): refused, handed over, or emptied. True:
+    /// no interface is left.
+    fn detach_chained(&mut self, iface: &str, hand_over: bool, force: bool) -> Result<(String, bool)> {
+        self.policed(iface)?;
+        let i = self.ifaces.iter().find(|i| i.name == iface).map(|i| (i.index, i.mode_flags));
+        let ours = self.policer.prog_fd()?;
+        let replace = |fd: &aya::programs::ProgramFd| -> Result<()> {
+            use std::os::fd::{AsFd, AsRawFd};
+            let (index, flags) = i.ok_or_else(|| Error::Invalid(format!("{iface} is not policed by this daemon")))?;
+            crate::netlink::set(index, fd.as_fd().as_raw_fd(), flags, Some(ours))
+                .map_err(|source| Error::Netlink { iface: iface.into(), source })
+        };
+        let (said, handed) = super::chain::before_detach(iface, hand_over, force, replace)?;
+        if !said.is_empty() {
+            let left: Vec<_> = self.file.config().chains.iter().filter(|c| c.interface != iface).cloned().collect();
+            if let Err(e) = self.file.set_chains(&left) {
+                log::warn!("{said}, but the config file still has its [[chain]] tables: {e}");
+            }
+        }
+        let last = if handed { self.forget_iface(iface) } else { self.detach(iface)? };
+        let said = match (said.is_empty(), handed) {
+            (_, true) => said,
+            (true, false) => format!("detached from {iface}"),
+            (false, false) => format!("{said}; detached from {iface}"),
+        };
+        self.audit.record("detach", &said);
+        Ok((said, last))
     }
 }
 

@@ -172,6 +172,14 @@ impl Daemon {
         // The config is read once: its `[daemon]` table for the early load,
         // the whole of it for the settings.
         let bytes = ConfigFile::read_bytes(&args.config);
+        // The chain's pin needs a bpffs at /sys/fs/bpf, mounted before the
+        // load (which pins) and before a private mount namespace (adopting).
+        if is_root() && crate::chain::ensure_bpffs()? {
+            say!(
+                "policer: mounted a bpffs at {} (none was mounted), for the chain's pin",
+                policer_common::chain::BPFFS
+            );
+        }
         let early = early_load(args, bytes.as_ref().ok().map(Option::as_deref));
         let s = settings(args, bytes?)?;
         let claim = claim(&s)?;
@@ -249,6 +257,9 @@ impl Daemon {
         if !shared {
             d.restore_kept_bans(out)?;
         }
+        // One program polices every interface: its chain is pinned under
+        // each one's name (the load pinned the first's).
+        crate::chain::pin_for_all(&s.ifaces.names)?;
         d.attach_all(&s.ifaces, &survey, &old_fds, new_fd, &mut undo, out)?;
         // Adopted maps: the rules once every interface runs the new program.
         if let Some((plan, sets)) = rules.take() {
@@ -271,6 +282,9 @@ impl Daemon {
         // What reading and planning the rules held for a moment (the
         // file's parse tree, the plan) goes back to the system.
         crate::config::ConfigFile::release_memory();
+        // The programs behind policer: the file's [[chain]] tables into
+        // the empty slots (an adopted chain keeps its programs).
+        d.fill_chains();
         d.announce(args, &s.ifaces.names, &replaced, out);
         Ok(d)
     }
@@ -692,6 +706,14 @@ fn early_load(args: &DaemonArgs, text: Option<Option<&[u8]>>) -> Option<Early> {
         max_sources,
         max_rules: args.max_rules.or(daemon.max_rules).unwrap_or(DEFAULT_MAX_RULES),
         layout_version: hooks::layout_version().ok()?,
+        // The first interface's chain, as `load` will ask (a name to resolve,
+        // `@default-route`, is left to it).
+        chain_pin: args
+            .ifaces
+            .first()
+            .or(daemon.interfaces.first())
+            .filter(|n| !n.starts_with('@'))
+            .map(|n| policer_common::chain::pin_path(n)),
         ..Default::default()
     };
     let o = opts.clone();
@@ -711,6 +733,7 @@ fn load(s: &StartSettings, survey: &Survey, early: Option<Early>, out: &mut impl
         max_sources: s.max_sources,
         max_rules: s.max_rules,
         layout_version: s.layout_version,
+        chain_pin: s.ifaces.names.first().map(|n| policer_common::chain::pin_path(n)),
         ..Default::default()
     };
     let mut bpffs = None;
@@ -763,6 +786,7 @@ fn load(s: &StartSettings, survey: &Survey, early: Option<Early>, out: &mut impl
     }
     let same = |e: &LoadOptions| {
         (e.max_sources, e.max_rules, e.layout_version) == (opts.max_sources, opts.max_rules, opts.layout_version)
+            && e.chain_pin == opts.chain_pin
             && opts.reuse.is_empty()
     };
     let policer = match early.filter(|e| same(&e.opts)).map(|e| e.load.join()) {

@@ -76,6 +76,8 @@ pub struct Snapshot {
     /// The manual bans' counter slots, sorted: their count and drops for
     /// `stats` and `/metrics` without a walk of the rules.
     pub manual_ban_slots: Arc<Vec<u32>>,
+    /// The config's `[[chain]]` tables (where a slot's program came from).
+    pub chains: Vec<crate::chain::ChainConfig>,
 }
 
 /// A named set: its `rule ls` row, counter slot, rule and entries.
@@ -352,6 +354,7 @@ impl Views {
             feeds: self.feeds(),
             protect: Some(s.protect.iter().map(|p| p.to_string()).collect()),
             captures: Some(self.capture.get().map_or(0, |h| h.active())),
+            chains: self.chain_ls(None).ok(),
         }
     }
 
@@ -370,6 +373,30 @@ impl Views {
         }
     }
 
+    /// Each policed interface's chain (`iface`: that one alone), with its
+    /// counters.
+    pub fn chain_ls(&self, iface: Option<&str>) -> Result<Vec<crate::control::ChainView>> {
+        let snap = self.snap();
+        if let Some(n) = iface
+            && !snap.ifaces.iter().any(|i| i.name == n)
+        {
+            return Err(crate::Error::Invalid(format!("{n} is not policed by this daemon")));
+        }
+        let counts = self.reader.chain_counters()?;
+        let mut out = Vec::new();
+        for i in snap.ifaces.iter().filter(|i| iface.is_none_or(|n| n == i.name)) {
+            let c = counts.iter().find(|(s, _)| *s == i.index % MAX_IFACE_SLOTS).map(|x| x.1).unwrap_or_default();
+            out.push(crate::control::ChainView {
+                interface: i.name.clone(),
+                pinned: policer_common::chain::pin_path(&i.name).display().to_string(),
+                handed_packets: c.handed_pkts,
+                empty_packets: c.empty_pkts,
+                slots: super::chain::listed(&i.name, &snap.chains)?,
+            });
+        }
+        Ok(out)
+    }
+
     /// One sample of every counter.
     pub fn stats(&self) -> Result<StatsView> {
         let snap = self.snap();
@@ -379,13 +406,22 @@ impl Views {
         for (_, c) in &slots {
             total.add(c);
         }
+        let chain = self.reader.chain_counters()?;
+        let mut chain_total = policer_common::chain::ChainCounters::default();
+        for (_, c) in &chain {
+            chain_total.add(c);
+        }
         let interfaces = snap
             .ifaces
             .iter()
             .map(|i| {
-                let c = slots.iter().find(|(s, _)| *s == i.index % MAX_IFACE_SLOTS).map(|x| x.1).unwrap_or_default();
+                let at = i.index % MAX_IFACE_SLOTS;
+                let c = slots.iter().find(|(s, _)| *s == at).map(|x| x.1).unwrap_or_default();
+                let ch = chain.iter().find(|(s, _)| *s == at).map(|x| x.1).unwrap_or_default();
                 IfaceStats {
                     detached_since: i.lost_since.map(crate::duration::rfc3339),
+                    chain_handed_packets: ch.handed_pkts,
+                    chain_empty_packets: ch.empty_pkts,
                     ..iface_stats(&i.name, i.index, &c)
                 }
             })
@@ -426,7 +462,11 @@ impl Views {
         };
         Ok(StatsView {
             time_ns,
-            totals: iface_stats("total", 0, &total),
+            totals: IfaceStats {
+                chain_handed_packets: chain_total.handed_pkts,
+                chain_empty_packets: chain_total.empty_pkts,
+                ..iface_stats("total", 0, &total)
+            },
             interfaces,
             rules,
             table,
@@ -1344,6 +1384,8 @@ fn iface_stats(name: &str, ifindex: u32, c: &Counters) -> IfaceStats {
         ifindex,
         detached_since: None,
         counters: CountersView::from(&c.verdicts()),
+        chain_handed_packets: 0,
+        chain_empty_packets: 0,
         unmatched_packets: c.unmatched_pkts,
         non_ip_packets: c.non_ip_pkts,
         malformed_packets: c.malformed_pkts,

@@ -282,6 +282,10 @@ async fn answer(line: &[u8], ctx: &Ctx, who: &str) -> Outgoing {
         // From the snapshot, off the owner: a million entries are streamed
         // by this connection, and no change waits for them.
         Request::Capture { spec } => Outgoing::Capture(spec),
+        Request::ChainLs { iface } => match views.chain_ls(iface.as_deref()) {
+            Ok(chains) => read(Reply::Chains { chains }),
+            Err(e) => read(refused(e)),
+        },
         Request::SetLs { name } => match views.set(&name) {
             Ok(row) => Outgoing::Set(Box::new(row)),
             Err(e) => read(refused(e)),
@@ -438,7 +442,7 @@ mod tests {
             Request::RuleSet { rule: rule.clone(), runtime: true, replace: false, force: false },
             Request::RuleRm { rule: rule.clone(), runtime: false },
             Request::Reload { discard_runtime: true, candidate: None },
-            Request::Detach { iface: "eth0".into() },
+            Request::Detach { iface: "eth0".into(), hand_over: false, force: false },
             Request::Ban { rule: rule.clone(), runtime: false, force: true },
             Request::Unban { prefix: "10.0.0.0/8".into(), runtime: true },
             Request::SetRm { name: "feed".into() },

@@ -1,0 +1,58 @@
+//! The chain (docs/chain.md): the programs behind policer on an
+//! interface. Every frame the policer's verdict passes is handed to the
+//! first filled slot of a program array of [`CHAIN_SLOTS`] (a tail call, as
+//! Katran's `xdp_root` hands frames on); the drop path never enters it.
+//! The array is pinned at [`pin_path`], where any tool can put a program
+//! (`bpftool map update pinned … key 0 0 0 0 value pinned PROG`).
+
+/// Program array (`BPF_MAP_TYPE_PROG_ARRAY`, a BTF map) of
+/// [`CHAIN_SLOTS`]: `u32` slot -> program. Katran-compatible keys and
+/// values.
+pub const MAP_CHAIN: &str = "CHAIN";
+/// Per-CPU array of [`ChainCounters`], one per interface slot
+/// (`ifindex % MAX_IFACE_SLOTS`, as [`crate::MAP_COUNTERS`]).
+pub const MAP_CHAIN_COUNTERS: &str = "CHAIN_COUNTERS";
+/// Slots of the chain: the first filled one runs, its verdict is final.
+pub const CHAIN_SLOTS: u32 = 8;
+/// Where policer pins an interface's chain: `/sys/fs/bpf/policer/IFACE/chain`.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/policer";
+/// The bpffs mount point the pins live under.
+pub const BPFFS: &str = "/sys/fs/bpf";
+
+/// What the chain saw on one interface, counted before the jump (a tail
+/// call that succeeds does not return).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChainCounters {
+    /// Frames the verdict passed that a program of the chain took.
+    pub handed_pkts: u64,
+    /// Frames the verdict passed while every slot was empty (passed).
+    pub empty_pkts: u64,
+}
+
+impl ChainCounters {
+    /// The sum over CPUs.
+    pub fn add(&mut self, other: &ChainCounters) {
+        self.handed_pkts = self.handed_pkts.wrapping_add(other.handed_pkts);
+        self.empty_pkts = self.empty_pkts.wrapping_add(other.empty_pkts);
+    }
+}
+
+/// The pin of `iface`'s chain.
+#[cfg(any(test, feature = "std"))]
+pub fn pin_path(iface: &str) -> std::path::PathBuf {
+    std::path::Path::new(PIN_ROOT).join(iface).join("chain")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_under_the_interface() {
+        assert_eq!(pin_path("eth0"), std::path::PathBuf::from("/sys/fs/bpf/policer/eth0/chain"));
+        let mut a = ChainCounters { handed_pkts: 1, empty_pkts: 2 };
+        a.add(&ChainCounters { handed_pkts: 3, empty_pkts: 4 });
+        assert_eq!(a, ChainCounters { handed_pkts: 4, empty_pkts: 6 });
+    }
+}

@@ -1,0 +1,325 @@
+//! The chain on the user side (docs/chain.md): the bpffs it is pinned in,
+//! the programs in its slots, and the checks a program passes before it
+//! joins. The array and its counters are policer_common::chain's; the
+//! daemon's owner puts programs in and takes them out
+//! (`daemon/chain.rs`), the CLI only asks.
+
+use std::{
+    os::fd::{AsFd, AsRawFd},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Map, MapData, ProgramArray},
+    programs::{ProgramFd, ProgramInfo, loaded_programs},
+};
+use policer_common::chain::{BPFFS, CHAIN_SLOTS, MAP_CHAIN, pin_path};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// `BPF_FS_MAGIC` (linux/magic.h).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Whether `path` is a bpffs mount (or in one; a path not made yet: its
+/// nearest existing ancestor).
+pub fn is_bpffs(path: &Path) -> bool {
+    let Some(path) = path.ancestors().find(|p| p.exists()) else {
+        return false;
+    };
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs into a zeroed struct with a valid C string.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    }
+}
+
+/// Mounts a bpffs at /sys/fs/bpf where none is (a real host's systemd
+/// mounts one; a bare VM may not). True when it mounted one now.
+pub fn ensure_bpffs() -> Result<bool> {
+    let at = Path::new(BPFFS);
+    if is_bpffs(at) {
+        return Ok(false);
+    }
+    std::fs::create_dir_all(at).map_err(Error::kernel(format!("making {BPFFS}")))?;
+    // SAFETY: plain mount(2) with static C strings.
+    let r = unsafe { libc::mount(c"bpf".as_ptr(), c"/sys/fs/bpf".as_ptr(), c"bpf".as_ptr(), 0, std::ptr::null()) };
+    if r != 0 {
+        return Err(Error::Kernel {
+            what: format!("mounting a bpffs at {BPFFS}"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(true)
+}
+
+/// Pins the chain pinned for `first` under every other interface's name
+/// too (one program polices them all, so they share one chain).
+pub fn pin_for_all(names: &[String]) -> Result<()> {
+    let Some((first, rest)) = names.split_first() else {
+        return Ok(());
+    };
+    for n in rest {
+        let at = pin_path(n);
+        if at.exists() {
+            continue;
+        }
+        if let Some(dir) = at.parent() {
+            std::fs::create_dir_all(dir).map_err(Error::kernel(format!("making {}", dir.display())))?;
+        }
+        let m = MapData::from_pin(pin_path(first)).map_err(Error::map(MAP_CHAIN))?;
+        m.pin(&at).map_err(|e| Error::Invalid(format!("cannot pin the chain at {}: {e}", at.display())))?;
+    }
+    Ok(())
+}
+
+/// The chain pinned for `iface`.
+fn open_data(iface: &str) -> Result<MapData> {
+    let at = pin_path(iface);
+    MapData::from_pin(&at).map_err(|e| {
+        Error::Invalid(format!("{iface} has no chain at {} (policer pins it when it attaches): {e}", at.display()))
+    })
+}
+
+/// The chain pinned for `iface`, to change.
+fn open(iface: &str) -> Result<ProgramArray<MapData>> {
+    ProgramArray::try_from(Map::ProgramArray(open_data(iface)?)).map_err(Error::map(MAP_CHAIN))
+}
+
+/// The id of the program in `slot` (a program array's value, read from
+/// user space, is the program's id).
+fn slot_id(m: &MapData, slot: u32) -> Result<Option<u32>> {
+    crate::batch::lookup(m.fd().as_fd().as_raw_fd(), &slot).map_err(Error::kernel(format!("reading {MAP_CHAIN}")))
+}
+
+/// One `[[chain]]` table: a program in a slot of an interface's chain,
+/// from an object file (`object`, `program`, `pin_maps`) or a bpffs pin
+/// (`pinned`). Written by `policer chain add/rm`, read at start and reload.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainConfig {
+    pub interface: String,
+    pub slot: u32,
+    /// A libbpf-style object file (absolute, or relative to the config's
+    /// directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// The object's program (default: its only XDP program).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    /// Where the object's pin-by-name maps are pinned (default /sys/fs/bpf).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_maps: Option<String>,
+    /// A program already loaded and pinned in bpffs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
+}
+
+impl ChainConfig {
+    /// Where the program comes from, for `chain ls` and messages.
+    pub fn from(&self) -> String {
+        match (&self.object, &self.pinned) {
+            (Some(o), _) => match &self.program {
+                Some(p) => format!("{o} ({p})"),
+                None => o.clone(),
+            },
+            (None, Some(p)) => format!("pinned {p}"),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// The table's problems beyond its keys' types: a slot in range, one
+    /// source, the object's keys only with an object.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.interface.is_empty() {
+            return Err("needs an interface; write interface = \"eth0\"".into());
+        }
+        if self.slot >= CHAIN_SLOTS {
+            return Err(format!("slot {}: the chain has slots 0 to {}", self.slot, CHAIN_SLOTS - 1));
+        }
+        match (&self.object, &self.pinned) {
+            (Some(_), Some(_)) => Err("names both object and pinned; a slot holds one program".into()),
+            (None, None) => Err("needs object = \"FILE.o\" or pinned = \"/sys/fs/bpf/PATH\"".into()),
+            (None, Some(_)) if self.program.is_some() || self.pin_maps.is_some() => {
+                Err("program and pin_maps go with object, not pinned".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One filled slot, as `chain ls` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlotView {
+    pub slot: u32,
+    pub program_id: u32,
+    pub name: String,
+    /// The program's tag (hex), as bpftool shows it.
+    pub tag: String,
+    /// Where it came from: the config's object or pin, or "outside policer"
+    /// (bpftool, another tool) when the config names nothing for the slot.
+    pub from: String,
+}
+
+/// The filled slots of `iface`'s chain (program id, name, tag).
+pub fn slots(iface: &str) -> Result<Vec<SlotView>> {
+    let m = open_data(iface)?;
+    let mut out = Vec::new();
+    for slot in 0..CHAIN_SLOTS {
+        let Some(id) = slot_id(&m, slot)? else { continue };
+        let info = program_info(id);
+        out.push(SlotView {
+            slot,
+            program_id: id,
+            name: info.as_ref().and_then(|i| i.name_as_str().map(str::to_string)).unwrap_or_default(),
+            tag: info.as_ref().map(|i| format!("{:016x}", i.tag())).unwrap_or_default(),
+            from: String::new(),
+        });
+    }
+    Ok(out)
+}
+
+/// The loaded program with `id`, if it still is.
+pub fn program_info(id: u32) -> Option<ProgramInfo> {
+    loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == id)
+}
+
+/// Puts `prog` in `slot` of `iface`'s chain; the kernel's refusal named.
+pub fn put(iface: &str, slot: u32, prog: &ProgramFd) -> Result<()> {
+    let mut arr = open(iface)?;
+    arr.set(slot, prog, 0).map_err(|e| {
+        let invalid =
+            matches!(&e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EINVAL));
+        if invalid {
+            Error::Invalid(format!(
+                "the kernel refused the program in slot {slot} of {iface}'s chain: a program array takes only \
+                 programs like policer's (XDP, without xdp.frags, attach type xdp): {e}"
+            ))
+        } else {
+            Error::map(MAP_CHAIN)(e)
+        }
+    })
+}
+
+/// Empties `slot` of `iface`'s chain; the id of the program it held.
+pub fn take(iface: &str, slot: u32) -> Result<Option<u32>> {
+    let id = slot_id(&open_data(iface)?, slot)?;
+    if id.is_some() {
+        open(iface)?.clear_index(&slot).map_err(Error::map(MAP_CHAIN))?;
+    }
+    Ok(id)
+}
+
+/// The first empty slot of `iface`'s chain.
+pub fn first_free(iface: &str) -> Result<u32> {
+    let used: Vec<u32> = slots(iface)?.iter().map(|s| s.slot).collect();
+    (0..CHAIN_SLOTS)
+        .find(|s| !used.contains(s))
+        .ok_or_else(|| Error::Invalid(format!("{iface}'s chain is full ({CHAIN_SLOTS} slots): `policer chain rm` one")))
+}
+
+/// Checks a slot number given by an operator.
+pub fn check_slot(slot: u32) -> Result<u32> {
+    if slot < CHAIN_SLOTS {
+        Ok(slot)
+    } else {
+        Err(Error::Invalid(format!("slot {slot}: the chain has slots 0 to {}", CHAIN_SLOTS - 1)))
+    }
+}
+
+/// Which program of an object joins the chain, or why none can: the one
+/// named (else the object's only XDP program), of section `xdp` (an
+/// interface's attach type, without frags), as policer's own program is:
+/// the kernel takes only such programs into the array.
+pub fn pick_program(object: &[u8], program: Option<&str>) -> Result<String> {
+    use aya_obj::{ProgramSection, programs::XdpAttachType};
+    let obj = aya_obj::Object::parse(object).map_err(|e| Error::Invalid(format!("not a BPF object: {e}")))?;
+    let mut names: Vec<&String> = obj.programs.keys().collect();
+    names.sort();
+    let name = match program {
+        Some(p) => obj.programs.get_key_value(p).map(|(k, _)| k).ok_or_else(|| {
+            Error::Invalid(format!(
+                "the object has no program '{p}' (it has: {})",
+                names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })?,
+        None => {
+            let xdp: Vec<&&String> = names
+                .iter()
+                .filter(|n| matches!(obj.programs[n.as_str()].section, ProgramSection::Xdp { .. }))
+                .collect();
+            match xdp.as_slice() {
+                [one] => *one,
+                [] => match names.first() {
+                    Some(n) => n,
+                    None => return Err(Error::Invalid("the object holds no program".into())),
+                },
+                more => {
+                    return Err(Error::Invalid(format!(
+                        "the object has {} XDP programs ({}): name one with --program",
+                        more.len(),
+                        more.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+                    )));
+                }
+            }
+        }
+    };
+    match &obj.programs[name].section {
+        ProgramSection::Xdp { frags: true, .. } => Err(Error::Invalid(format!(
+            "program '{name}' is built for xdp.frags (multi-buffer): policer's program is not, and the kernel takes \
+             only programs like the array's owner into a chain"
+        ))),
+        ProgramSection::Xdp { attach_type: XdpAttachType::CpuMap | XdpAttachType::DevMap, .. } => {
+            Err(Error::Invalid(format!(
+                "program '{name}' is built for another attach type (a cpumap or devmap program): only an \
+                 interface's XDP program (section \"xdp\") can join the chain"
+            )))
+        }
+        ProgramSection::Xdp { .. } => Ok(name.clone()),
+        other => Err(Error::Invalid(format!(
+            "program '{name}' is not an XDP program (section kind {}): only XDP programs can join the chain",
+            section_kind(other)
+        ))),
+    }
+}
+
+/// A section's kind for messages: `SocketFilter`, `SchedClassifier`, ...
+fn section_kind(s: &aya_obj::ProgramSection) -> String {
+    let d = format!("{s:?}");
+    d.split([' ', '{', '(']).next().unwrap_or_default().to_string()
+}
+
+/// What `policer check` can tell of a table without loading it: its
+/// object is there and has a program that can join (a pinned program is
+/// the running host's, not checked).
+pub fn check_object(c: &ChainConfig, base: &Path) -> std::result::Result<(), String> {
+    let Some(object) = &c.object else { return Ok(()) };
+    let path = if Path::new(object).is_absolute() { PathBuf::from(object) } else { base.join(object) };
+    let bytes = std::fs::read(&path).map_err(|e| format!("{object}: {e}"))?;
+    pick_program(&bytes, c.program.as_deref()).map(|_| ()).map_err(|e| format!("{object}: {e}"))
+}
+
+/// Where `pin_maps` defaults: libbpf's own place for pin-by-name maps.
+pub fn default_pin_maps() -> PathBuf {
+    PathBuf::from(BPFFS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_checked() {
+        assert_eq!(check_slot(0).unwrap(), 0);
+        assert_eq!(check_slot(7).unwrap(), 7);
+        assert!(check_slot(8).unwrap_err().to_string().contains("slots 0 to 7"));
+    }
+
+    #[test]
+    fn not_an_object_is_named() {
+        assert!(pick_program(b"hello", None).unwrap_err().to_string().contains("not a BPF object"));
+    }
+}
