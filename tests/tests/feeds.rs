@@ -443,7 +443,14 @@ impl Fail2ban {
             .expect("spawn fail2ban-server");
         let mut f = Fail2ban { dir, child, log };
         let t0 = Instant::now();
-        while !f.client(&["status", JAIL]).0 {
+        // Ready when the server lists the jail: asking the jail's own
+        // status before it exists makes fail2ban log an ERROR
+        // (UnknownJailException), which the tests count as the action failing.
+        let ready = |f: &Fail2ban| {
+            let (ok, out) = f.client(&["status"]);
+            ok && out.contains(JAIL)
+        };
+        while !ready(&f) {
             if let Ok(Some(st)) = f.child.try_wait() {
                 panic!("fail2ban-server exited ({st}):\n{}", f.logs());
             }
