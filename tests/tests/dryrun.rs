@@ -376,6 +376,14 @@ fn a_candidate_file_is_previewed_before_it_is_moved_into_place() {
     assert!(!out.status.success(), "a broken candidate was taken");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(candidate.to_str().unwrap()) && err.contains("rate"), "{err}");
+    // A FIFO in its place is refused at once, never opened (it would hold
+    // the daemon's owner until a writer came).
+    let fifo = dir.join("fifo.toml");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let out = cli(&sb, &["reload", "--dry-run", fifo.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is a FIFO, not a regular file"), "{err}");
     // Not a dry run: the command line refuses FILE alone.
     let out = cli(&sb, &["reload", candidate.to_str().unwrap()]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--dry-run"));

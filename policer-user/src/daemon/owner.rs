@@ -570,8 +570,12 @@ impl Daemon {
                 self.file.path().display()
             )));
         }
-        let bytes = std::fs::read(candidate)
-            .map_err(|e| Error::Invalid(format!("{}: cannot be read ({e}); nothing changed", candidate.display())))?;
+        // As the config file is read: a regular file within the bound, never
+        // a FIFO or a device that would hold the owner.
+        let bytes = crate::files::read_regular(candidate, crate::files::CONFIG).map_err(|e| {
+            let sep = if matches!(e, crate::files::ReadError::Io(_)) { ":" } else { "" };
+            Error::Invalid(format!("{}{sep} {e}; nothing changed", candidate.display()))
+        })?;
         self.reload_file(Some(bytes), discard_runtime, false, Some(candidate))
     }
 
