@@ -684,6 +684,12 @@ fn setup_fleet_tools() -> Result<()> {
     if kv.exists() {
         return Ok(());
     }
+    pip_venv(&venv, &["kubernetes-validate"])
+}
+
+/// A venv at `venv` (Debian's python3-venv installed first when missing)
+/// with the PyPI packages `pkgs` installed into it.
+fn pip_venv(venv: &Path, pkgs: &[&str]) -> Result<()> {
     let missing = missing_packages(&["python3-venv"]);
     if !missing.is_empty() {
         if !is_root() {
@@ -691,10 +697,10 @@ fn setup_fleet_tools() -> Result<()> {
         }
         apt_install(&missing)?;
     }
-    say("installing kubernetes-validate (PyPI) into a venv");
+    say(&format!("installing {} (PyPI) into a venv", pkgs.join(", ")));
     // Debian's python3, not whatever `python3` a PATH finds first.
-    sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
-    sh(Command::new(venv.join("bin/pip")).args(["install", "-q", "kubernetes-validate"]))
+    sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(venv))?;
+    sh(Command::new(venv.join("bin/pip")).args(["install", "-q"]).args(pkgs))
 }
 
 /// What the MMDB tests write their databases with (tests/tests/mmdb.rs):
@@ -708,17 +714,7 @@ fn setup_mmdb_tools() -> Result<()> {
     if ok {
         return Ok(());
     }
-    let missing = missing_packages(&["python3-venv"]);
-    if !missing.is_empty() {
-        if !is_root() {
-            bail!("missing packages {missing:?}: run as root, or `sudo apt-get install {}`", missing.join(" "));
-        }
-        apt_install(&missing)?;
-    }
-    say("installing mmdb-writer and netaddr (PyPI) into a venv");
-    // Debian's python3, not whatever `python3` a PATH finds first.
-    sh(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
-    sh(Command::new(venv.join("bin/pip")).args(["install", "-q", "mmdb-writer==0.2.7", "netaddr==1.3.0"]))
+    pip_venv(&venv, &["mmdb-writer==0.2.7", "netaddr==1.3.0"])
 }
 
 /// What the feeds tests run (tests/tests/feeds.rs): fail2ban, the Debian
