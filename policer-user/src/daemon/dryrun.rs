@@ -418,7 +418,15 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
         }
     };
     live.judged = cands.len() as u64;
-    let counted = |r: &MapReader| r.rule_counters().map(|c| (c, super::monotonic_ns()));
+    // The read's time is the middle of the clocks taken around it: a
+    // thread held between the read and one clock (a busy host) would
+    // otherwise shift the window by all of that.
+    let counted = |r: &MapReader| {
+        let a = super::monotonic_ns();
+        let c = r.rule_counters()?;
+        let b = super::monotonic_ns();
+        Ok::<_, crate::Error>((c, a + (b - a) / 2))
+    };
     let before = counted(reader);
     if let Err(e) = watch(reader, &mut cands, window) {
         live.error = Some(e.to_string());
@@ -504,8 +512,11 @@ fn watch(reader: &MapReader, cands: &mut [ChangingSource], window: Duration) -> 
     let mut seed = super::monotonic_ns() | 1;
     for _ in 0..n {
         for c in cands.iter_mut() {
+            // Stamped at the middle of the clocks around the read (a thread
+            // held on one side of it would shift the window).
+            let a = super::monotonic_ns();
             let Some(b) = reader.bucket(&c.key)? else { continue };
-            let t = super::monotonic_ns();
+            let t = a + (super::monotonic_ns() - a) / 2;
             if let (Some((pb, pt)), Some(r)) = (c.last, c.now.rule.as_ref())
                 && pb.stamp() == b.stamp()
             {
