@@ -454,6 +454,35 @@ pub fn exact_admitted_flow(sent: &SendReport, rule: &policer_common::Rule, flow:
     exact_model(rule, sent.frames.iter().filter(|f| f.1 as usize == flow).map(|&(t, _)| (t, len))).0
 }
 
+/// Of flow `flow`'s frames sent in `[from_ns, to_ns)` (ns since
+/// [`epoch_ns`]), how many an exact policer under `rule` admits when the
+/// rule was in force from the flow's first frame on: the bucket runs over
+/// every earlier frame too, so a catch-up burst after a sender's stall is
+/// judged as the kernel judges it.
+pub fn exact_admitted_in(sent: &SendReport, rule: &policer_common::Rule, flow: usize, from_ns: u64, to_ns: u64) -> u64 {
+    let (from, to) = (from_ns.saturating_sub(sent.start_epoch_ns), to_ns.saturating_sub(sent.start_epoch_ns));
+    let mut tat = rule.empty_tat(1_000_000_000);
+    let mut n = 0;
+    for &(t, _) in sent.frames.iter().filter(|f| f.1 as usize == flow && f.0 < to) {
+        if let Some(new) = rule.admit(tat, 1_000_000_000 + t, 64) {
+            tat = new;
+            n += u64::from(t >= from);
+        }
+    }
+    n
+}
+
+/// Whether flow `flow` got what a source under `rule` (one bucket, from its
+/// first frame, 64-byte frames) is due over its real send times: every
+/// frame when the sender kept its pace, else the exact policer's count
+/// within 0.5 % + 2 frames. `Err` says what arrived against what is due.
+pub fn within_rule(sent: &SendReport, got: &Received, rule: &policer_common::Rule, flow: usize) -> Result<(), String> {
+    let (s, a) = (sent.sent[flow], got.per_flow[flow]);
+    let exact = exact_admitted_flow(sent, rule, flow, 64);
+    let ok = if exact == s { a == s } else { (a as f64 - exact as f64).abs() <= exact as f64 * 0.005 + 2.0 };
+    if ok { Ok(()) } else { Err(format!("arrived {a} of {s}, an exact policer admits {exact}")) }
+}
+
 /// Frames one bucket under `rule` admits of the frames of `flows` together
 /// (an aggregate over some flows), frames of 64 bytes.
 pub fn exact_model_of_flows(sent: &SendReport, rule: &policer_common::Rule, flows: &[usize]) -> u64 {
