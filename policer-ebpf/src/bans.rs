@@ -2,22 +2,24 @@
 //! a source's refusals in its slot and, at the count, starts a ban in the
 //! ban store (`BANS`, by the source's key), which its slot then caches. A
 //! source the table does not hold is looked up in the store on a miss.
+//! With `--ban-within` the refusals are counted in a window instead
+//! (`BAN_WINDOWS`), admissions or not.
 //! A banned source's drops are counted in its ban's entry, sampled.
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use policer_common::{
     BucketKeyV6, Counters, Rule,
-    ban::Ban,
+    ban::{self, Ban, BanParams},
     class,
     slot::{self, Refusal},
-    table::Slot,
+    table::{self, Slot},
 };
 
 use crate::{
     buckets::cas,
     clock::Clock,
-    maps::{BAN_PARAMS, BANS, DROP_SAMPLE_SHIFT},
+    maps::{BAN_PARAMS, BAN_WINDOWS, BANS, DROP_SAMPLE_SHIFT},
 };
 
 /// A rule with bans refused the source's `n`-th frame since it was last
@@ -41,13 +43,25 @@ pub(crate) unsafe fn refused<const V6: bool>(
     };
     // SAFETY: the caller's contract; `p` is a live array value.
     unsafe {
-        let banned = match slot::refusal(word, n, &*p) {
-            Refusal::Ignore => return,
-            Refusal::Count(counted) => {
-                cas(&raw mut (*slot).key, word, counted);
+        let windowed = (*p).ban_within_ms != 0 && (*p).ban_for_ns != 0;
+        let banned = if windowed {
+            // Counted in the window's map, not the slot (policer_common::ban).
+            let Some(key) = ban_key::<V6>(clock, word, v6_key) else {
+                return;
+            };
+            if !window_refused(&*key, clock.now(), &*p) {
                 return;
             }
-            Refusal::Ban(banned) => banned,
+            table::stamped(word, ban::STAMP_BANNED)
+        } else {
+            match slot::refusal(word, n, &*p) {
+                Refusal::Ignore => return,
+                Refusal::Count(counted) => {
+                    cas(&raw mut (*slot).key, word, counted);
+                    return;
+                }
+                Refusal::Ban(banned) => banned,
+            }
         };
         let Some(key) = ban_key::<V6>(clock, word, v6_key) else {
             return;
@@ -75,6 +89,31 @@ pub(crate) unsafe fn refused<const V6: bool>(
             core::ptr::write_volatile(&raw mut (*slot).tat, end);
         }
     }
+}
+
+/// A refusal at `now` of the source `key` by a rule with a window
+/// (`--ban-within`): counted in its window; whether it starts the ban
+/// (then the window's entry goes: the next refusal starts a new one).
+#[inline(always)]
+fn window_refused(key: &BucketKeyV6, now: u64, p: &BanParams) -> bool {
+    let prev = BAN_WINDOWS.get_ptr_mut(key);
+    // SAFETY: a live map value; its words are written whole (a race of two
+    // CPUs loses at most a count).
+    let (w, ban) = ban::window_refusal(prev.map(|w| unsafe { &*w }), now, p);
+    if ban {
+        let _ = BAN_WINDOWS.remove(key);
+        return true;
+    }
+    match prev {
+        Some(e) => unsafe {
+            core::ptr::write_volatile(&raw mut (*e).start_ns, w.start_ns);
+            core::ptr::write_volatile(&raw mut (*e).count, w.count);
+        },
+        None => {
+            let _ = BAN_WINDOWS.insert(key, &w, 0);
+        }
+    }
+    false
 }
 
 /// The store's key of the source (the keyed table's key, or for the IPv4

@@ -68,7 +68,7 @@ fn banning(v6: bool) -> Rule {
 }
 
 fn params(ban_for_ms: u64, ban_after: u32, ban_max_ms: u64) -> BanParams {
-    BanParams { ban_for_ns: ban_for_ms * MS, ban_max_ns: ban_max_ms * MS, ban_after, _pad: 0 }
+    BanParams { ban_for_ns: ban_for_ms * MS, ban_max_ns: ban_max_ms * MS, ban_after, ban_within_ms: 0 }
 }
 
 /// Installs `rule` for `net` at counter slot 2 with ban `params`.

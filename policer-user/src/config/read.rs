@@ -695,7 +695,15 @@ impl Reader {
                 R::IcmpType | R::Dport | R::Sport | R::Proto | R::TcpFlags | R::Dst => {
                     self.rule_match(place, field, key, v, &mut r)
                 }
-                R::BanAfter | R::BanFor | R::BanMax | R::Ttl | R::Expires | R::Ban | R::Reason => {
+                R::BanAfter
+                | R::BanFor
+                | R::BanMax
+                | R::BanWithin
+                | R::Ttl
+                | R::Expires
+                | R::Ban
+                | R::Reason
+                | R::Inherit => {
                     self.rule_ban(place, field, key, v, &mut r)
                 }
             };
@@ -834,13 +842,14 @@ impl Reader {
                 r.ban_after = n.map(|n| n as u32);
                 n.is_some()
             }
-            R::BanFor | R::BanMax | R::Ttl => {
+            R::BanFor | R::BanMax | R::BanWithin | R::Ttl => {
                 let write = format!("{key} = \"10m\" (a whole number and a unit: 500ms, 30s, 10m, 1h, 7d; or 1h30m)");
                 match self.string(place, key, v, "a duration", &write) {
                     Some(s) if crate::duration::parse(&s).is_ok() => {
                         match field {
                             R::BanFor => r.ban_for = Some(s),
                             R::BanMax => r.ban_max = Some(s),
+                            R::BanWithin => r.ban_within = Some(s),
                             _ => r.ttl = Some(s),
                         }
                         true
@@ -866,6 +875,16 @@ impl Reader {
                     None => false,
                 }
             }
+            R::Inherit => match v.get_ref() {
+                DeValue::Boolean(b) => {
+                    r.inherit = Some(*b);
+                    true
+                }
+                _ => {
+                    self.bad(place, key, v, "true or false", "inherit = false (this prefix's own rules alone)");
+                    false
+                }
+            },
             R::Ban => match v.get_ref() {
                 DeValue::Boolean(b) => {
                     r.ban = Some(*b);

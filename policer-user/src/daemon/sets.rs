@@ -191,6 +191,7 @@ impl SetState {
             ban_for: None,
             ban_after: None,
             ban_max: None,
+            ban_within: None,
             expires: self.header.expires_ms.map(crate::duration::rfc3339),
             set: Some(self.header.name.clone()),
             entries: Some(self.entries.len() as u64),
