@@ -13,7 +13,7 @@ use policer_common::{
     ban::{self, Ban, BanParams},
     class,
     slot::{self, Refusal},
-    table::{self, Slot},
+    table::Slot,
 };
 
 use crate::{
@@ -43,25 +43,26 @@ pub(crate) unsafe fn refused<const V6: bool>(
     };
     // SAFETY: the caller's contract; `p` is a live array value.
     unsafe {
-        let windowed = (*p).ban_within_ms != 0 && (*p).ban_for_ns != 0;
-        let banned = if windowed {
-            // Counted in the window's map, not the slot (policer_common::ban).
+        // With `--ban-within` the refusals are counted in the window's map
+        // (policer_common::ban), never in the slot.
+        let windowed = (*p).ban_within_ms != 0;
+        let n = if windowed {
             let Some(key) = ban_key::<V6>(clock, word, v6_key) else {
                 return;
             };
-            if !window_refused(&*key, clock.now(), &*p) {
+            window_count(&*key, clock.now(), &*p)
+        } else {
+            n
+        };
+        let banned = match slot::refusal(word, n, &*p) {
+            Refusal::Ignore => return,
+            Refusal::Count(counted) => {
+                if !windowed {
+                    cas(&raw mut (*slot).key, word, counted);
+                }
                 return;
             }
-            table::stamped(word, ban::STAMP_BANNED)
-        } else {
-            match slot::refusal(word, n, &*p) {
-                Refusal::Ignore => return,
-                Refusal::Count(counted) => {
-                    cas(&raw mut (*slot).key, word, counted);
-                    return;
-                }
-                Refusal::Ban(banned) => banned,
-            }
+            Refusal::Ban(banned) => banned,
         };
         let Some(key) = ban_key::<V6>(clock, word, v6_key) else {
             return;
@@ -92,28 +93,22 @@ pub(crate) unsafe fn refused<const V6: bool>(
 }
 
 /// A refusal at `now` of the source `key` by a rule with a window
-/// (`--ban-within`): counted in its window; whether it starts the ban
-/// (then the window's entry goes: the next refusal starts a new one).
-#[inline(always)]
-fn window_refused(key: &BucketKeyV6, now: u64, p: &BanParams) -> bool {
-    let prev = BAN_WINDOWS.get_ptr_mut(key);
-    // SAFETY: a live map value; its words are written whole (a race of two
-    // CPUs loses at most a count).
-    let (w, ban) = ban::window_refusal(prev.map(|w| unsafe { &*w }), now, p);
+/// (`--ban-within`): the refusals in its window with this one
+/// (policer_common::ban::window_refusal). At the rule's `--ban-after` the
+/// window is written empty: the next refusal starts a new one. A function
+/// of its own (a BPF call), so that its branches are not the caller's.
+#[inline(never)]
+fn window_count(key: &BucketKeyV6, now: u64, p: &BanParams) -> u32 {
+    // SAFETY: a live map value, copied at once (a race of two CPUs loses
+    // at most a count).
+    let prev = unsafe { BAN_WINDOWS.get(key).copied() };
+    let (mut w, ban) = ban::window_refusal(prev.as_ref(), now, p);
+    let n = w.count;
     if ban {
-        let _ = BAN_WINDOWS.remove(key);
-        return true;
+        w.count = 0;
     }
-    match prev {
-        Some(e) => unsafe {
-            core::ptr::write_volatile(&raw mut (*e).start_ns, w.start_ns);
-            core::ptr::write_volatile(&raw mut (*e).count, w.count);
-        },
-        None => {
-            let _ = BAN_WINDOWS.insert(key, &w, 0);
-        }
-    }
-    false
+    let _ = BAN_WINDOWS.insert(key, &w, 0);
+    n
 }
 
 /// The store's key of the source (the keyed table's key, or for the IPv4

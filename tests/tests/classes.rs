@@ -1017,6 +1017,13 @@ fn class_limits_refuse_and_class_matched_counts() {
     assert_all_passed(&sent, &got, 3, "port 123 from the /25");
 }
 
+/// The sender kept its pace: the exact policer over the real send times
+/// within 0.2 % (at least two frames: at 100 pps 0.2 % is under one) of
+/// rate x T + burst.
+fn kept_pace(o: &Outcome) -> bool {
+    (o.exact - o.ideal).abs() <= (0.002 * o.ideal).max(2.0)
+}
+
 /// Issue 43 point 6, the issue's case: a `0.0.0.0/0 udp dport 53` class at
 /// 300 pps, then `rule set 198.18.0.0/24 --rate 100pps`: the reply and its
 /// dry run say the /0's class still applies under the /24; `inspect` gives
@@ -1064,7 +1071,7 @@ fn a_longer_prefix_keeps_the_classes_of_shorter_ones_unless_it_opts_out() {
         );
         assert_exact(&dns, "the /24's DNS under the /0's class");
         assert_exact(&other, "the /24's other UDP under its own rule");
-        if dns.smooth && other.smooth {
+        if kept_pace(&dns) && kept_pace(&other) {
             done = true;
             break;
         }
@@ -1087,7 +1094,7 @@ fn a_longer_prefix_keeps_the_classes_of_shorter_ones_unless_it_opts_out() {
             sent.sent[0], dns.admitted, dns.exact
         );
         assert_exact(&dns, "the /24's DNS under its own rule after --no-inherit");
-        if dns.smooth {
+        if kept_pace(&dns) {
             return;
         }
     }
