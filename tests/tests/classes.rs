@@ -979,9 +979,10 @@ fn class_limits_refuse_and_class_matched_counts() {
     // A class on a longer prefix with no class-less rule of its own falls
     // to the /24's classes: nine compete.
     refused(&["198.18.0.0/25", "--proto", "udp", "--dport", "55"]);
-    // With a class-less rule the /25's frames never reach the /24's
-    // classes: its class is taken.
-    rule_set(&sb, &["198.18.0.0/25", "--rate", "20kpps", "--burst", "200"]);
+    // With a class-less rule that stops inheritance (issue 43 point 6:
+    // else the /24's classes apply under it too) the /25's frames never
+    // reach the /24's classes: its class is taken.
+    rule_set(&sb, &["198.18.0.0/25", "--rate", "20kpps", "--burst", "200", "--no-inherit"]);
     rule_set(&sb, &["198.18.0.0/25", "--proto", "udp", "--dport", "55", "--rate", "1000pps", "--burst", "10"]);
     assert_eq!(classes_of(&sb, "198.18.0.0/25").len(), 2, "the /25's rules");
 

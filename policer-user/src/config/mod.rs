@@ -216,32 +216,24 @@ impl Config {
                 Problem { line: o.line, message: format!("set {} (name {}): {}", o.number, s.name, as_keys(&m)) }
             };
             // Every problem of the set's rule (issue 43 point 15), not the
-            // first: those of the values it gives, as a rule's (its key
-            // length, and a rate it lacks, are judged below, against its
-            // entries).
+            // first: those of the values it gives, as a rule's; then the
+            // rest judged as if those were good ones (its key length
+            // against its entries, its entries against the rules).
             let any = crate::sets::family_any(false).to_string();
             let (_, found) = crate::rules::RuleConfig { prefix: any.clone(), ..s.rule() }.checked(&[]);
-            let found: Vec<String> = found
-                .into_iter()
-                .filter(|p| match p.key {
-                    "rate" => s.rate.is_some(),
-                    "burst" => s.burst.is_some(),
-                    "action" => true,
-                    _ => false,
-                })
-                .map(|p| {
-                    let m = p.error.to_string();
-                    m.strip_prefix(&format!("{any}: ")).map_or(m.clone(), str::to_string)
-                })
-                .collect();
-            if !found.is_empty() {
-                problems.extend(found.into_iter().map(at));
-                // A key length no family has, too.
-                let any6 = crate::sets::family_any(true).to_string();
-                let (_, six) = crate::rules::RuleConfig { prefix: any6, ..s.rule() }.checked(&[]);
-                problems.extend(six.into_iter().filter(|p| p.key == "key_len").map(|p| at(p.error.to_string())));
-                continue;
+            let mut clean = s.clone();
+            for p in &found {
+                let m = p.error.to_string();
+                let m = m.strip_prefix(&format!("{any}: ")).map_or(m.clone(), str::to_string);
+                match p.key {
+                    "rate" if s.rate.is_some() => clean.rate = Some("1pps".into()),
+                    "burst" if s.burst.is_some() => clean.burst = None,
+                    "action" => clean.action = Some(policer_common::bucket::Action::Deny),
+                    _ => continue,
+                }
+                problems.push(at(m));
             }
+            let s = &clean;
             let Some(config) = sets_from else {
                 if let Err(e) = crate::sets::specs(&s.name, &s.rule(), &[]) {
                     problems.push(at(e.to_string()));

@@ -940,6 +940,7 @@ impl Reader {
         }
         ok &= self.set_source(origin.line, place, t);
         let (mut rate, mut total) = (None, None);
+        let (mut params_ok, mut broken) = (true, Vec::new());
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
             let Some(Field::Set(field)) = schema::find(Table::Set, key).map(|k| k.field) else {
@@ -966,12 +967,37 @@ impl Reader {
                     }
                 },
                 S::Mmdb | S::Country | S::Asn => self.set_mmdb_key(place, field, key, v, &mut s),
-                S::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
+                S::Shared(shared) => {
+                    let good = self.param(place, shared, key, v, &mut r, &mut rate, &mut total);
+                    if !good {
+                        broken.push(shared);
+                    }
+                    params_ok &= good;
+                    continue;
+                }
             };
             ok &= good;
         }
-        ok &= self.burst_units(place, t, &r, rate, total).is_empty();
+        if !self.burst_units(place, t, &r, rate, total).is_empty() {
+            broken.push(SharedField::Burst);
+            params_ok = false;
+        }
         (s.action, s.rate, s.burst, s.key_len) = (r.action, r.rate, r.burst, r.key_len);
+        // A set whose only problems are its rule's values is still judged
+        // as a whole (issue 43 point 15: every problem, not the first), as
+        // if those values were good ones: the file's problems refuse it
+        // all the same.
+        if !params_ok {
+            for f in broken {
+                match f {
+                    SharedField::Rate => s.rate = Some("1pps".into()),
+                    SharedField::Action => s.action = Some(policer_common::bucket::Action::Deny),
+                    SharedField::Burst => s.burst = None,
+                    SharedField::KeyLen => s.key_len = None,
+                    _ => {}
+                }
+            }
+        }
         ok.then_some(s)
     }
 

@@ -2065,7 +2065,7 @@ mod tests {
             vec![
                 ("crowdsec", SetSource::Feed, 2, Some(Action::Monitor)),
                 ("deny", SetSource::Saved, 1, Some(Action::Deny)),
-                ("swap", SetSource::Config, 1, None),
+                ("swap", SetSource::Config, 1, Some(Action::Deny)),
             ]
         );
         assert_eq!(r.sets[2].3, tmp.path().join("swap.txt"));
