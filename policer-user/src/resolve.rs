@@ -401,7 +401,8 @@ impl Inheritance {
     /// Of `net`, from `rules`: every rule (not ban) at `net` and at the
     /// shorter prefixes that hold it, as (prefix, class, inherit).
     pub fn of(net: IpNet, rules: &[(IpNet, Class, bool)]) -> Inheritance {
-        let mut over: Vec<&(IpNet, Class, bool)> = rules.iter().filter(|(n, ..)| *n != net && n.contains(&net)).collect();
+        let mut over: Vec<&(IpNet, Class, bool)> =
+            rules.iter().filter(|(n, ..)| *n != net && n.contains(&net)).collect();
         over.sort_by_key(|(n, ..)| Reverse(n.prefix_len()));
         let own = |c: &Class| rules.iter().any(|(n, d, _)| *n == net && d == c);
         let stops = rules.iter().any(|(n, _, i)| *n == net && !i);

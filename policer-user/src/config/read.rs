@@ -703,9 +703,7 @@ impl Reader {
                 | R::Expires
                 | R::Ban
                 | R::Reason
-                | R::Inherit => {
-                    self.rule_ban(place, field, key, v, &mut r)
-                }
+                | R::Inherit => self.rule_ban(place, field, key, v, &mut r),
             };
             if !good && field != R::Prefix {
                 broken.push(known.key);

@@ -145,7 +145,14 @@ impl crate::resolve::RuleSource for super::Rules {
         for (k, i) in self.range(first..).take_while(|(k, _)| k.net == net) {
             let Ok(value) = i.spec.kernel(i.id) else { continue };
             let value = value.with_counter_slot(i.slot);
-            out.push(crate::resolve::Entry { net, class: k.class(), value, ban: k.ban, inherit: i.spec.inherits(), key: k });
+            out.push(crate::resolve::Entry {
+                net,
+                class: k.class(),
+                value,
+                ban: k.ban,
+                inherit: i.spec.inherits(),
+                key: k,
+            });
         }
     }
 }
