@@ -59,6 +59,10 @@ impl ClassArgs {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value per process, parsed once from the command line: its size costs nothing"
+)]
 pub enum Cmd {
     /// Add the rule for a prefix and class, or change the one there: the
     /// options given change those fields, the rest keep their values
