@@ -340,7 +340,7 @@ fn the_compiled_index_agrees_with_the_rules() {
             }
             let mut candidate = rules.clone();
             let rule = Rule::packets(100, 10).unwrap().with_counter_slot(slot);
-            candidate.push(KernelRule { net, class, rule, ban: false, inherit: rng.next() % 4 != 0 });
+            candidate.push(KernelRule { net, class, rule, ban: false, inherit: !rng.next().is_multiple_of(4) });
             if check_ties(candidate.iter().map(|r| (&r.net, &r.class))).is_err() {
                 continue;
             }
