@@ -355,7 +355,10 @@ impl RuleConfig {
                     _ if self.ban_max.is_some() => "ban_max",
                     _ => "ban_within",
                 };
-                p.push(key, format!("{}: --ban-after, --ban-within and --ban-max need --ban-for", self.prefix));
+                p.push(
+                    key,
+                    format!("{}: --ban-after and --ban-max need --ban-for (and so does --ban-within)", self.prefix),
+                );
                 return None;
             }
             return Some(None);
