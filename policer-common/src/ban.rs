@@ -25,6 +25,14 @@
 //! slot evicted by a flood) is looked up in the store before it may have a
 //! new one, so eviction cannot lift a ban. Rules without bans never look.
 //!
+//! **Counting in a window** (`--ban-after N --ban-within W`, fail2ban's
+//! maxretry and findtime): refusals are counted in a map of their own
+//! (`BAN_WINDOWS`, an LRU keyed as the store), admissions or not, from the
+//! first refusal of a window for `W` ([`window_refusal`]); the N-th within
+//! it starts the ban, and the next refusal after `W` starts a new window.
+//! The slot stays the rule's (no counting stamp). Rules without
+//! `--ban-within` count as below.
+//!
 //! **Counting** (`--ban-after N > 1`): refusals since the source was last
 //! admitted are counted in the stamp ([`STAMP_COUNTING`], the count in its
 //! upper 19 bits) until the N-th starts the ban; an admission ends the
@@ -36,7 +44,7 @@ use crate::{BucketKeyV6, KEY_LEN_V4_MAPPED, mapped_v4};
 
 // The store's values and the rules' parameters are map values, defined
 // with the other keys and values in `maps`; they keep their paths here.
-pub use crate::{Ban, BanParams};
+pub use crate::{Ban, BanParams, BanWindow};
 
 /// Rule flag ([`crate::Rule::flags`]): the rule bans sources (its
 /// [`BanParams`] are in `BAN_PARAMS` at its counter slot).
@@ -115,6 +123,24 @@ pub const fn start(prev: Option<&Ban>, now_ns: u64, p: &BanParams, rule_slot: u3
     Ban { end_ns: now_ns.saturating_add(len), len_ns: len, start_ns: now_ns, drops: 0, rule_slot, count }
 }
 
+/// A refusal at `now_ns` of a source whose window (`--ban-within`) is
+/// `prev`: the window after it, and whether it starts the ban (the
+/// `ban_after`-th refusal within `ban_within_ms` of the window's first). A
+/// window that is over (or none) starts again with this refusal; a ban
+/// starts the next window afresh (the caller removes the entry).
+#[inline(always)]
+pub const fn window_refusal(prev: Option<&BanWindow>, now_ns: u64, p: &BanParams) -> (BanWindow, bool) {
+    let within_ns = p.ban_within_ms as u64 * 1_000_000;
+    let w = match prev {
+        Some(w) if now_ns >= w.start_ns && now_ns - w.start_ns < within_ns => {
+            BanWindow { start_ns: w.start_ns, count: w.count.saturating_add(1), _pad: 0 }
+        }
+        _ => BanWindow { start_ns: now_ns, count: 1, _pad: 0 },
+    };
+    let ban = w.count >= p.ban_after;
+    (w, ban)
+}
+
 /// Whether user space may remove an entry at `now_ns`: its ban ended and
 /// a new one could no longer grow from it (twice its length has passed).
 pub const fn forgettable(b: &Ban, now_ns: u64) -> bool {
@@ -142,7 +168,7 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     fn p(ban_for: u64, ban_max: u64) -> BanParams {
-        BanParams { ban_for_ns: ban_for * S, ban_max_ns: ban_max * S, ban_after: 1, _pad: 0 }
+        BanParams { ban_for_ns: ban_for * S, ban_max_ns: ban_max * S, ban_after: 1, ban_within_ms: 0 }
     }
 
     #[test]
@@ -180,6 +206,40 @@ mod tests {
         assert_eq!((later.len_ns, later.count), (3 * S, 1));
         assert!(forgettable(&fifth, fifth.end_ns + 40 * S));
         assert!(!forgettable(&fifth, fifth.end_ns + 40 * S - 1));
+    }
+
+    /// `--ban-after 20 --ban-within 60s`: a source refused 100 times a
+    /// second (admitted 5 times a second between) is banned at its 20th
+    /// refusal, 0.19 s in; one refused 19 times a minute never is; a
+    /// window that is over starts again.
+    #[test]
+    fn refusals_are_counted_in_their_window_admissions_or_not() {
+        let p = BanParams { ban_for_ns: 600 * S, ban_max_ns: 0, ban_after: 20, ban_within_ms: 60_000 };
+        let mut w = None;
+        let mut banned_at = None;
+        for i in 0..100u64 {
+            let (next, ban) = window_refusal(w.as_ref(), i * S / 100, &p);
+            if ban {
+                banned_at = Some(i);
+                break;
+            }
+            w = Some(next);
+        }
+        assert_eq!(banned_at, Some(19), "the 20th refusal");
+        let mut w = None;
+        for i in 0..200u64 {
+            // 19 refusals a minute, spread evenly.
+            let (next, ban) = window_refusal(w.as_ref(), i * 60 * S / 19 + S, &p);
+            assert!(!ban, "refusal {i}: 19 a minute never reach 20 in 60 s");
+            w = Some(next);
+        }
+        let first = BanWindow { start_ns: 10 * S, count: 19, _pad: 0 };
+        assert!(window_refusal(Some(&first), 69 * S, &p).1, "the 20th within 60 s");
+        let (again, ban) = window_refusal(Some(&first), 70 * S, &p);
+        assert_eq!((again.start_ns, again.count, ban), (70 * S, 1, false), "the window is over: it starts again");
+        // A clock before the window's start (another CPU's earlier
+        // reading): a new window, never a negative span.
+        assert_eq!(window_refusal(Some(&first), 9 * S, &p).0.count, 1);
     }
 
     #[test]

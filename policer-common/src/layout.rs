@@ -10,10 +10,10 @@
 use core::mem::size_of;
 
 use crate::{
-    Ban, BanParams, Bucket, BucketKeyV4, BucketKeyV6, Counters, MAP_BAN_PARAMS, MAP_BANS, MAP_BUCKETS_V4,
-    MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS,
-    MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS,
-    MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS, NewSources, Rule, RuleCounters,
+    Ban, BanParams, BanWindow, Bucket, BucketKeyV4, BucketKeyV6, Counters, MAP_BAN_PARAMS, MAP_BAN_WINDOWS, MAP_BANS,
+    MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS,
+    MAP_BUCKETS_V6_KEYS, MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RECALL,
+    MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS, NewSources, Rule, RuleCounters,
     capture::{CaptureCounters, CaptureHeader, CaptureLane, CaptureRecord, SNAP_BYTES},
     class::{ClassCand, ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
     recall::RecallSet,
@@ -37,7 +37,9 @@ use crate::{
 /// was its padding, read under a new `needs` bit) and the class filter's
 /// source port lanes; and the chain's counters (crate::chain; the chain
 /// itself is reused by its pin, not by adoption).
-pub const LAYOUT_VERSION: u32 = 5;
+/// 6: `--ban-within`: the rules' ban parameters carry the window (in what
+/// was their padding) and the refusals in windows have a map of their own.
+pub const LAYOUT_VERSION: u32 = 6;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
 /// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
@@ -49,9 +51,9 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 19] = {
+pub const SHARED_MAPS: [&str; 20] = {
     // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 19];
+    let mut names = [""; 20];
     let mut i = 0;
     while i < names.len() {
         names[i] = SHARED_MAP_LAYOUT[i].0;
@@ -65,7 +67,7 @@ pub const SHARED_MAPS: [&str; 19] = {
 /// differ in either is another build's: its state would be misread, so it
 /// is not adopted. (The LPM tries' keys are the kernel's
 /// `bpf_lpm_trie_key`: a `u32` prefix length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 19] = [
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 20] = [
     (MAP_RULES_V4, 4 + 4, size_of::<Rule>()),
     (MAP_RULES_V6, 4 + 16, size_of::<Rule>()),
     (MAP_BUCKETS_V4, 4, size_of::<Set>()),
@@ -84,6 +86,7 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 19] = [
     (MAP_CLASS_FILTER, 4, size_of::<ClassFilter>()),
     (MAP_BANS, size_of::<BucketKeyV6>(), size_of::<Ban>()),
     (MAP_BAN_PARAMS, 4, size_of::<BanParams>()),
+    (MAP_BAN_WINDOWS, size_of::<BucketKeyV6>(), size_of::<BanWindow>()),
     (crate::chain::MAP_CHAIN_COUNTERS, 4, size_of::<crate::chain::ChainCounters>()),
 ];
 
@@ -108,6 +111,7 @@ mod pod {
     unsafe impl aya::Pod for NewSources {}
     unsafe impl aya::Pod for Ban {}
     unsafe impl aya::Pod for BanParams {}
+    unsafe impl aya::Pod for BanWindow {}
     unsafe impl aya::Pod for Bucket {}
     unsafe impl aya::Pod for Set {}
     unsafe impl aya::Pod for SetDrops {}

@@ -49,6 +49,12 @@ pub const MAP_BANS: &str = "BANS";
 /// Array of [`BanParams`], one per rule counter slot: the automatic bans of
 /// rules with `--ban-for`.
 pub const MAP_BAN_PARAMS: &str = "BAN_PARAMS";
+/// LRU hash of [`BucketKeyV6`] -> [`BanWindow`]: the refusals of sources
+/// of rules with `--ban-within`, each in its window (an entry pushed out
+/// by others starts its count again: at most a delayed ban).
+pub const MAP_BAN_WINDOWS: &str = "BAN_WINDOWS";
+/// Entries of [`MAP_BAN_WINDOWS`].
+pub const MAX_BAN_WINDOWS: u32 = 65_536;
 /// Entries of [`MAP_CLASS_INDEX`] (port blocks of every group).
 pub const MAX_CLASS_INDEX_ENTRIES: u32 = 65_536;
 /// Per-CPU array of [`Counters`], one slot per interface
@@ -327,8 +333,24 @@ pub struct BanParams {
     pub ban_for_ns: u64,
     /// The longest a repeated ban grows to, ns (0: no growth).
     pub ban_max_ns: u64,
-    /// Refused frames since the last admission that start a ban (>= 1).
+    /// Refused frames that start a ban (>= 1): since the last admission,
+    /// or with `ban_within_ms`, within that window.
     pub ban_after: u32,
+    /// `--ban-within`, ms (0: refusals since the last admission, counted
+    /// in the slot). Else refusals are counted in [`MAP_BAN_WINDOWS`]
+    /// ([`crate::ban::window_refusal`]), admissions or not.
+    pub ban_within_ms: u32,
+}
+
+/// One entry of [`MAP_BAN_WINDOWS`]: a source's refusals counted in a
+/// window (`--ban-within`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BanWindow {
+    /// When the window began (its first refusal), ns.
+    pub start_ns: u64,
+    /// Refusals in it so far.
+    pub count: u32,
     pub _pad: u32,
 }
 

@@ -2,13 +2,15 @@
 //! a source's refusals in its slot and, at the count, starts a ban in the
 //! ban store (`BANS`, by the source's key), which its slot then caches. A
 //! source the table does not hold is looked up in the store on a miss.
+//! With `--ban-within` the refusals are counted in a window instead
+//! (`BAN_WINDOWS`), admissions or not.
 //! A banned source's drops are counted in its ban's entry, sampled.
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use policer_common::{
     BucketKeyV6, Counters, Rule,
-    ban::Ban,
+    ban::{self, Ban, BanParams},
     class,
     slot::{self, Refusal},
     table::Slot,
@@ -17,7 +19,7 @@ use policer_common::{
 use crate::{
     buckets::cas,
     clock::Clock,
-    maps::{BAN_PARAMS, BANS, DROP_SAMPLE_SHIFT},
+    maps::{BAN_PARAMS, BAN_WINDOWS, BANS, DROP_SAMPLE_SHIFT},
 };
 
 /// A rule with bans refused the source's `n`-th frame since it was last
@@ -41,10 +43,23 @@ pub(crate) unsafe fn refused<const V6: bool>(
     };
     // SAFETY: the caller's contract; `p` is a live array value.
     unsafe {
+        // With `--ban-within` the refusals are counted in the window's map
+        // (policer_common::ban), never in the slot.
+        let windowed = (*p).ban_within_ms != 0;
+        let n = if windowed {
+            let Some(key) = ban_key::<V6>(clock, word, v6_key) else {
+                return;
+            };
+            window_count(&*key, clock.now(), &*p)
+        } else {
+            n
+        };
         let banned = match slot::refusal(word, n, &*p) {
             Refusal::Ignore => return,
             Refusal::Count(counted) => {
-                cas(&raw mut (*slot).key, word, counted);
+                if !windowed {
+                    cas(&raw mut (*slot).key, word, counted);
+                }
                 return;
             }
             Refusal::Ban(banned) => banned,
@@ -75,6 +90,25 @@ pub(crate) unsafe fn refused<const V6: bool>(
             core::ptr::write_volatile(&raw mut (*slot).tat, end);
         }
     }
+}
+
+/// A refusal at `now` of the source `key` by a rule with a window
+/// (`--ban-within`): the refusals in its window with this one
+/// (policer_common::ban::window_refusal). At the rule's `--ban-after` the
+/// window is written empty: the next refusal starts a new one. A function
+/// of its own (a BPF call), so that its branches are not the caller's.
+#[inline(never)]
+fn window_count(key: &BucketKeyV6, now: u64, p: &BanParams) -> u32 {
+    // SAFETY: a live map value, copied at once (a race of two CPUs loses
+    // at most a count).
+    let prev = unsafe { BAN_WINDOWS.get(key).copied() };
+    let (mut w, ban) = ban::window_refusal(prev.as_ref(), now, p);
+    let n = w.count;
+    if ban {
+        w.count = 0;
+    }
+    let _ = BAN_WINDOWS.insert(key, &w, 0);
+    n
 }
 
 /// The store's key of the source (the keyed table's key, or for the IPv4

@@ -11,12 +11,12 @@ use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     btf_maps,
     macros::{btf_map, map},
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use policer_common::{
     BucketKeyV6, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAX_IFACE_SLOTS, NewSources, Rule,
     RuleCounters,
-    ban::{self, Ban, BanParams},
+    ban::{self, Ban, BanParams, BanWindow},
     capture::{CAPTURE_RING_BYTES, CaptureCounters, CaptureLane, CaptureScratch, MAX_CAPTURES},
     chain::ChainCounters,
     class::{self, ClassFilter, ClassList, Total},
@@ -89,6 +89,11 @@ pub(crate) static BANS: HashMap<BucketKeyV6, Ban> = HashMap::with_max_entries(ba
 /// The automatic bans of each rule, at its counter slot.
 #[map]
 pub(crate) static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+/// Refusals counted in a window (`--ban-within`), by bucket key: read
+/// and written only by a refusal of a rule with a window.
+#[map]
+pub(crate) static BAN_WINDOWS: LruHashMap<BucketKeyV6, BanWindow> =
+    LruHashMap::with_max_entries(policer_common::MAX_BAN_WINDOWS, 0);
 /// The layout version stamp (policer_common::MAP_LAYOUT): written and
 /// bound to the program by the loader, never read here.
 #[map]

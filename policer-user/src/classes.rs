@@ -17,8 +17,14 @@
 //!    both match (from port 53 to port 53: traffic for this host's own
 //!    service). Two classes of one prefix that no field tells apart and
 //!    that one frame could match are refused at `rule set` ([`check_ties`]).
-//! 3. None matches: the prefix's class-less rule, if it has one; else the
-//!    next shorter prefix with a rule, from step 2.
+//! 3. None matches: the classes of each shorter prefix (longest first, its
+//!    most specific first), up to and including the nearest one with a
+//!    rule that says `inherit = false` (none, if the prefix itself says
+//!    it); a class of a shorter prefix that the longer one defines too is
+//!    met there first (it shadows it). Issue 43: classes compose, as
+//!    nftables operators expect.
+//! 4. None matches: the prefix's class-less rule, if it has one; else the
+//!    next shorter prefix's class-less rule.
 //!
 //! Non-first fragments carry no ports, flags or ICMP type: they match only
 //! classes that name nothing past the IP header (`--proto`, `--dst`); a

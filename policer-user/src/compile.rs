@@ -32,7 +32,15 @@ pub fn check_rules<'a>(rules: impl IntoIterator<Item = &'a RuleSpec>) -> Result<
     }
     let kernel = rules
         .iter()
-        .map(|s| Ok(KernelRule { net: s.net, class: s.class(), rule: s.kernel(0)?, ban: s.ban().is_some() }))
+        .map(|s| {
+            Ok(KernelRule {
+                net: s.net,
+                class: s.class(),
+                rule: s.kernel(0)?,
+                ban: s.ban().is_some(),
+                inherit: s.inherits(),
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     compile(&kernel, &mut Groups::default()).map(|_| ())
 }
@@ -47,6 +55,10 @@ pub struct KernelRule {
     /// A manual ban: its deny value replaces the rules of every prefix it
     /// covers (theirs come back when it ends).
     pub ban: bool,
+    /// `inherit` (default true): the classes of shorter prefixes apply
+    /// under this prefix; false on any rule of a prefix stops them there
+    /// (for the prefix and every longer one under it).
+    pub inherit: bool,
 }
 
 /// A `CLASS_INDEX` key: prefix length and data ([`index_key`]).
@@ -110,18 +122,32 @@ fn proto_bit(p: u8) -> u64 {
     1u64 << (p & 63)
 }
 
-/// The next shorter prefix with any rule that contains `net`.
-fn parent<'a>(net: &IpNet, prefixes: &'a BTreeSet<IpNet>) -> Option<&'a IpNet> {
-    let mut best: Option<&IpNet> = None;
-    for p in prefixes {
-        if p != net && p.prefix_len() < net.prefix_len() && p.contains(net) {
-            best = match best {
-                Some(b) if b.prefix_len() >= p.prefix_len() => Some(b),
-                _ => Some(p),
-            };
-        }
+/// Prefixes by family and the lengths they have (few), so that the
+/// longest one holding a prefix costs a lookup per length held, not per
+/// prefix.
+struct Lens<'a, V> {
+    map: &'a BTreeMap<IpNet, V>,
+    lens: Vec<(bool, u8)>,
+}
+
+impl<'a, V> Lens<'a, V> {
+    fn new(map: &'a BTreeMap<IpNet, V>) -> Self {
+        let mut lens: Vec<(bool, u8)> = map.keys().map(|n| (n.addr().is_ipv6(), n.prefix_len())).collect();
+        lens.sort_unstable();
+        lens.dedup();
+        Lens { map, lens }
     }
-    best
+
+    /// The prefixes of the map strictly shorter than `net` that hold it,
+    /// longest first.
+    fn over(&self, net: &IpNet) -> impl Iterator<Item = (IpNet, &'a V)> + '_ {
+        let (v6, len) = (net.addr().is_ipv6(), net.prefix_len());
+        let addr = net.addr();
+        self.lens.iter().rev().filter(move |(f, l)| *f == v6 && *l < len).filter_map(move |(_, l)| {
+            let n = IpNet::new(addr, *l).ok()?.trunc();
+            self.map.get(&n).map(|v| (n, v))
+        })
+    }
 }
 
 /// The kernel's rule maps for `rules` (see [`crate::classes`] for which
@@ -201,43 +227,97 @@ fn compile_rules(rules: &[KernelRule], groups: &mut Groups) -> Result<Compiled> 
     let freed: BTreeSet<u32> = before.values().filter(|g| !groups.of.values().any(|h| h == *g)).copied().collect();
     let mut used: BTreeSet<u32> = groups.of.values().copied().collect();
     used.extend(&groups.resting);
-    let all: BTreeSet<IpNet> = classless.keys().chain(classes.keys()).copied().collect();
-    // Class-less prefixes without classes: as before. (Only prefixes with
-    // classes need their ancestors; keep this linear for 100 000 rules.)
-    // Collected in one go, for full nodes: the map is kept as long as the
-    // rules are in force.
+    // Where the classes of shorter prefixes stop: a prefix with a rule
+    // that says `inherit = false`.
+    let stops: BTreeMap<IpNet, ()> = rules.iter().filter(|r| !r.inherit).map(|r| (r.net, ())).collect();
+    let (classless_at, class_at, stop_at) = (Lens::new(&classless), Lens::new(&classes), Lens::new(&stops));
+    // Class-less prefixes without classes: as before, unless under a
+    // prefix with classes (below). Collected in one go, for full nodes:
+    // the map is kept as long as the rules are in force.
     let mut out = Compiled {
         prefixes: classless.iter().filter(|(n, _)| !classes.contains_key(n)).map(|(n, r)| (*n, *r)).collect(),
         ..Compiled::default()
     };
+    let mut chains: BTreeMap<IpNet, (u32, u64)> = BTreeMap::new();
     for net in classes.keys() {
-        // The chain: this prefix's classes, then (while no class-less rule
-        // stops it) each shorter prefix's.
-        let mut chain: Vec<(Class, Rule)> = Vec::new();
-        let mut fallback: Option<Rule> = None;
-        let mut at = Some(net);
-        while let Some(p) = at {
-            let mut own = classes.get(p).cloned().unwrap_or_default();
-            // Most specific first; ties were refused.
-            own.sort_by(|a, b| b.0.order().cmp(&a.0.order()).then(a.0.cmp(&b.0)));
-            chain.extend(own);
-            if let Some(r) = classless.get(p) {
-                fallback = Some(*r);
-                break;
-            }
-            at = parent(p, &all);
-        }
+        let chain = chain_of(net, &classes, &class_at, &stops, &stop_at);
+        // A frame of none of the classes: the class-less rule of this
+        // prefix or of the next shorter one with one.
+        let fallback = classless.get(net).copied().or_else(|| classless_at.over(net).next().map(|(_, r)| *r));
         let group = groups.take(*net, &used)?;
         used.insert(group);
         let mut value = fallback.unwrap_or_else(no_rule);
         value.classes = group;
         value.class_protos = chain.iter().fold(0, |m, (c, _)| m | c.proto.map_or(u64::MAX, proto_bit));
         out.prefixes.insert(*net, value);
+        chains.insert(*net, (group, value.class_protos));
         index_group(group, net, &chain, &mut out.index)?;
         out.filters.insert(group, filter(&chain));
     }
+    // A class-less prefix under a prefix with classes inherits its chain
+    // whole (it adds no class of its own): it shares that prefix's group,
+    // with its own rule as the fallback. A cost of a few lookups a rule,
+    // and none without classes.
+    if !classes.is_empty() {
+        for (net, rule) in &classless {
+            if classes.contains_key(net) || stops.contains_key(net) {
+                continue;
+            }
+            if let Some(owner) = inherited_from(net, &class_at, &stop_at) {
+                let (group, protos) = chains[&owner];
+                let mut value = *rule;
+                value.classes = group;
+                value.class_protos = protos;
+                out.prefixes.insert(*net, value);
+            }
+        }
+    }
     groups.resting = freed;
     Ok(out)
+}
+
+/// The classes a frame from `net` (a prefix with classes) is matched
+/// against, in order: its own, most specific first; then, unless a rule
+/// of `net` stops inheritance, each shorter prefix's (longest first, up to
+/// and including the nearest prefix that stops it), leaving out a class
+/// a longer prefix defines already (that one shadows it).
+fn chain_of(
+    net: &IpNet,
+    classes: &BTreeMap<IpNet, Vec<(Class, Rule)>>,
+    class_at: &Lens<'_, Vec<(Class, Rule)>>,
+    stops: &BTreeMap<IpNet, ()>,
+    stop_at: &Lens<'_, ()>,
+) -> Vec<(Class, Rule)> {
+    let sorted = |p: &IpNet| {
+        let mut own = classes.get(p).cloned().unwrap_or_default();
+        // Most specific first; ties were refused.
+        own.sort_by(|a, b| b.0.order().cmp(&a.0.order()).then(a.0.cmp(&b.0)));
+        own
+    };
+    let mut chain = sorted(net);
+    if stops.contains_key(net) {
+        return chain;
+    }
+    let floor = stop_at.over(net).next().map_or(0, |(s, _)| s.prefix_len());
+    for (p, _) in class_at.over(net).take_while(|(p, _)| p.prefix_len() >= floor) {
+        for (c, r) in sorted(&p) {
+            if !chain.iter().any(|(d, _)| *d == c) {
+                chain.push((c, r));
+            }
+        }
+    }
+    chain
+}
+
+/// The prefix with classes whose chain a class-less prefix `net` (without
+/// classes, not stopping inheritance) inherits: the longest with classes
+/// over it, unless a prefix between them stops inheritance.
+fn inherited_from(net: &IpNet, class_at: &Lens<'_, Vec<(Class, Rule)>>, stop_at: &Lens<'_, ()>) -> Option<IpNet> {
+    let (owner, _) = class_at.over(net).next()?;
+    match stop_at.over(net).next() {
+        Some((s, _)) if s.prefix_len() > owner.prefix_len() => None,
+        _ => Some(owner),
+    }
 }
 
 /// The tries' value of a prefix with classes and no class-less rule to

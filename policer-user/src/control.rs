@@ -1025,6 +1025,9 @@ pub struct RuleView {
     pub ban_after: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ban_max: Option<String>,
+    /// `--ban-within`: the window `ban_after` refusals are counted in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_within: Option<String>,
     /// When the entry is removed (RFC 3339 UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,

@@ -19,8 +19,9 @@
 //!
 //! The program takes the longest prefix the tries hold; where its value
 //! has classes, a frame is matched against the classes of that prefix
-//! and of each shorter one until a class-less rule, most specific first
-//! ([`crate::classes`]).
+//! and of each shorter one (up to the nearest that says `inherit =
+//! false`), most specific first ([`crate::classes`]); a class-less prefix
+//! under one with classes has them too.
 //!
 //! [`Protect::apply`]: crate::protect::Protect::apply
 
@@ -43,6 +44,9 @@ pub struct Entry<'a, K> {
     pub class: Class,
     pub value: Rule,
     pub ban: bool,
+    /// `inherit` (false: the classes of shorter prefixes stop at this
+    /// prefix).
+    pub inherit: bool,
     pub key: &'a K,
 }
 
@@ -72,7 +76,7 @@ impl RuleSource for [KernelRule] {
 
     fn at<'s>(&'s self, net: IpNet, out: &mut Vec<Entry<'s, KernelRule>>) {
         for r in self.iter().filter(|r| r.net == net) {
-            out.push(Entry { net, class: r.class, value: r.rule, ban: r.ban, key: r });
+            out.push(Entry { net, class: r.class, value: r.rule, ban: r.ban, inherit: r.inherit, key: r });
         }
     }
 }
@@ -315,7 +319,13 @@ impl<'a, R: RuleSource + ?Sized> Resolver<'a, R> {
             return answer(By::Set { set, entry: l }, self.sets[set].value(v6));
         }
         let rules = || covers.iter().filter_map(|c| if let Cover::Rule(e) = c { Some(e) } else { None });
-        let has_classes = rules().any(|e| e.net == l && !e.class.is_none());
+        // Its own classes, or (a class-less rule) those of a shorter prefix
+        // it inherits, none stopping them between.
+        let has_classes = rules().any(|e| e.net == l && !e.class.is_none())
+            || rules().next().is_some_and(|e| e.net == l)
+                && class_floor(rules(), l).is_some_and(|floor| {
+                    rules().any(|e| e.net != l && !e.class.is_none() && e.net.prefix_len() >= floor)
+                });
         let (by, value) = match ban {
             Some(b) => (By::Ban(b), b.value),
             None if has_classes => {
@@ -345,8 +355,10 @@ impl<'a, R: RuleSource + ?Sized> Resolver<'a, R> {
     }
 
     /// The class of the longest prefix's chain that takes frame `f`: its
-    /// classes, then each shorter prefix's until one with a class-less
-    /// rule, each prefix's most specific first.
+    /// classes, then (unless it stops inheritance) each shorter prefix's
+    /// up to the nearest one that stops it, each prefix's most specific
+    /// first. (A class a longer prefix defines too never takes a frame
+    /// there: the longer one's, the same match, is met first.)
     fn class_of<'e>(
         &self,
         rules: impl Iterator<Item = &'e Entry<'a, R::Key>>,
@@ -357,8 +369,10 @@ impl<'a, R: RuleSource + ?Sized> Resolver<'a, R> {
         'a: 'e,
     {
         let rules: Vec<&Entry<'a, R::Key>> = rules.collect();
+        let l = rules.first()?.net;
+        let floor = class_floor(rules.iter().copied(), l).unwrap_or(l.prefix_len());
         let mut i = 0;
-        while i < rules.len() {
+        while i < rules.len() && rules[i].net.prefix_len() >= floor {
             let net = rules[i].net;
             let mut own: Vec<&Entry<'a, R::Key>> =
                 rules[i..].iter().take_while(|e| e.net == net).filter(|e| !e.class.is_none()).copied().collect();
@@ -366,13 +380,89 @@ impl<'a, R: RuleSource + ?Sized> Resolver<'a, R> {
             if let Some(e) = own.into_iter().find(|e| e.class.matches(f, v6)) {
                 return Some(*e);
             }
-            if rules[i..].iter().take_while(|e| e.net == net).any(|e| e.class.is_none()) {
-                return None;
-            }
             i += rules[i..].iter().take_while(|e| e.net == net).count();
         }
         None
     }
+}
+
+/// What the classes of shorter prefixes do under a prefix: those that
+/// apply to its sources (inherited), those its own class of the same
+/// match overrides (shadowed), and those its `inherit = false` keeps out
+/// (hidden); each the longest prefix's of its match, as `(prefix, class)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inheritance {
+    pub inherited: Vec<(IpNet, Class)>,
+    pub shadowed: Vec<(IpNet, Class)>,
+    pub hidden: Vec<(IpNet, Class)>,
+}
+
+impl Inheritance {
+    /// Of `net`, from `rules`: every rule (not ban) at `net` and at the
+    /// shorter prefixes that hold it, as (prefix, class, inherit).
+    pub fn of(net: IpNet, rules: &[(IpNet, Class, bool)]) -> Inheritance {
+        let mut over: Vec<&(IpNet, Class, bool)> =
+            rules.iter().filter(|(n, ..)| *n != net && n.contains(&net)).collect();
+        over.sort_by_key(|(n, ..)| Reverse(n.prefix_len()));
+        let own = |c: &Class| rules.iter().any(|(n, d, _)| *n == net && d == c);
+        let stops = rules.iter().any(|(n, _, i)| *n == net && !i);
+        let floor = over.iter().filter(|(.., i)| !i).map(|(n, ..)| n.prefix_len()).max().unwrap_or(0);
+        let mut out = Inheritance::default();
+        let mut seen: Vec<Class> = Vec::new();
+        for (n, c, _) in over.into_iter().filter(|(n, c, _)| !c.is_none() && n.prefix_len() >= floor) {
+            if seen.contains(c) {
+                continue;
+            }
+            seen.push(*c);
+            let list = match () {
+                _ if own(c) => &mut out.shadowed,
+                _ if stops => &mut out.hidden,
+                _ => &mut out.inherited,
+            };
+            list.push((*n, *c));
+        }
+        out
+    }
+
+    /// The note a `rule set` reply (and its dry run) ends with; empty when
+    /// no class of a shorter prefix reaches the prefix.
+    pub fn note(&self) -> String {
+        let list = |v: &[(IpNet, Class)]| {
+            let mut s: Vec<String> = v.iter().take(8).map(|(n, c)| format!("{n} [{c}]")).collect();
+            if v.len() > 8 {
+                s.push(format!("and {} more", v.len() - 8));
+            }
+            s.join(", ")
+        };
+        let mut out = String::new();
+        if !self.inherited.is_empty() {
+            out += &format!(
+                "; classes of shorter prefixes that still apply to its sources: {} (--no-inherit stops them)",
+                list(&self.inherited)
+            );
+        }
+        if !self.shadowed.is_empty() {
+            out += &format!("; its own classes override {} for its sources", list(&self.shadowed));
+        }
+        if !self.hidden.is_empty() {
+            out += &format!(
+                "; no-inherit: {} no longer apply to its sources (--inherit brings them back)",
+                list(&self.hidden)
+            );
+        }
+        out
+    }
+}
+
+/// How far up the classes of shorter prefixes reach a frame whose
+/// longest prefix is `l` (`rules`: those over it, longest first): the
+/// length of the nearest shorter prefix that stops inheritance (its own
+/// classes still apply), or 0; `None` when `l` itself stops it.
+fn class_floor<'e, 'a: 'e, K: 'a>(rules: impl Iterator<Item = &'e Entry<'a, K>> + Clone, l: IpNet) -> Option<u8> {
+    if rules.clone().any(|e| e.net == l && !e.inherit) {
+        return None;
+    }
+    Some(rules.filter(|e| e.net != l && !e.inherit).map(|e| e.net.prefix_len()).max().unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -63,7 +63,8 @@ pub struct RuleConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_burst: Option<BurstValue>,
     /// Automatic bans: a source whose bucket refuses `ban_after` frames
-    /// (default 1) since it was last admitted is banned this long
+    /// (default 1) since it was last admitted, or within `ban_within`, is
+    /// banned this long
     /// ([`crate::duration`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ban_for: Option<String>,
@@ -72,6 +73,16 @@ pub struct RuleConfig {
     /// The longest a repeated ban grows to (doubling); none: no growth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ban_max: Option<String>,
+    /// `ban_after` refusals within this window start a ban, admissions or
+    /// not (fail2ban's findtime); none: refusals since the last admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_within: Option<String>,
+    /// Whether the classes of shorter (covering) prefixes apply under this
+    /// rule's prefix where it defines no class of its own (default true;
+    /// `false`: this prefix's own rules alone, the behaviour before issue
+    /// 43; see [`crate::classes`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inherit: Option<bool>,
     /// A manual ban (`policer ban`): every frame from the prefix is
     /// dropped, whatever rule a more specific prefix has, until `expires`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,6 +164,9 @@ pub struct BanPolicy {
     pub ban_after: u32,
     /// The longest a repeated ban grows to; None: no growth.
     pub ban_max: Option<std::time::Duration>,
+    /// `--ban-within`: `ban_after` refusals within this window ban
+    /// (fail2ban's findtime); None: refusals since the last admission.
+    pub ban_within: Option<std::time::Duration>,
 }
 
 /// The longest reason a manual ban keeps.
@@ -194,6 +208,8 @@ struct Rare {
     /// A manual ban (a deny entry that overrides the rules of every prefix
     /// under it), with its reason.
     ban: Option<Option<String>>,
+    /// `inherit = false`: the classes of shorter prefixes stop here.
+    no_inherit: bool,
 }
 
 impl RuleSpec {
@@ -233,6 +249,16 @@ impl RuleSpec {
 
     pub fn set_ban(&mut self, ban: Option<Option<String>>) {
         self.with_rare(|r| r.ban = ban);
+    }
+
+    /// Whether the classes of shorter prefixes apply under this rule's
+    /// prefix (`inherit`, default true).
+    pub fn inherits(&self) -> bool {
+        !self.rare.as_ref().is_some_and(|r| r.no_inherit)
+    }
+
+    pub fn set_inherit(&mut self, inherit: bool) {
+        self.with_rare(|r| r.no_inherit = !inherit);
     }
 
     /// Changes the rare fields, keeping `rare` None when all are defaults.
@@ -323,9 +349,16 @@ impl RuleConfig {
             if p.broken("ban_for") {
                 return None;
             }
-            if self.ban_after.is_some() || self.ban_max.is_some() {
-                let key = if self.ban_after.is_some() { "ban_after" } else { "ban_max" };
-                p.push(key, format!("{}: --ban-after and --ban-max need --ban-for", self.prefix));
+            if self.ban_after.is_some() || self.ban_max.is_some() || self.ban_within.is_some() {
+                let key = match () {
+                    _ if self.ban_after.is_some() => "ban_after",
+                    _ if self.ban_max.is_some() => "ban_max",
+                    _ => "ban_within",
+                };
+                p.push(
+                    key,
+                    format!("{}: --ban-after and --ban-max need --ban-for (and so does --ban-within)", self.prefix),
+                );
                 return None;
             }
             return Some(None);
@@ -362,6 +395,11 @@ impl RuleConfig {
                 format!("{}: --ban-after must be at most {}", self.prefix, policer_common::ban::MAX_BAN_AFTER),
             );
         }
+        let ban_within = if p.broken("ban_within") {
+            None
+        } else {
+            p.take("ban_within", self.ban_within.as_deref().map(check_within).transpose())
+        };
         let ban_max = if p.broken("ban_max") {
             None
         } else {
@@ -383,7 +421,7 @@ impl RuleConfig {
         if p.said() > said || p.broken("ban_after") {
             return None;
         }
-        Some(Some(BanPolicy { ban_for: ban_for?, ban_after, ban_max: ban_max? }))
+        Some(Some(BanPolicy { ban_for: ban_for?, ban_after, ban_max: ban_max?, ban_within: ban_within? }))
     }
 
     /// A manual ban: a deny entry, with an expiry and perhaps a reason
@@ -399,7 +437,9 @@ impl RuleConfig {
             || self.total_burst.is_some()
             || self.ban_for.is_some()
             || self.ban_after.is_some()
-            || self.ban_max.is_some();
+            || self.ban_max.is_some()
+            || self.ban_within.is_some()
+            || self.inherit.is_some();
         if extra || self.action.is_some_and(|a| a != Action::Deny) {
             p.push(
                 "ban",
@@ -462,6 +502,9 @@ impl RuleConfig {
         }
         for d in [&self.ban_for, &self.ban_max].into_iter().flatten() {
             crate::duration::parse(d)?;
+        }
+        if let Some(w) = &self.ban_within {
+            check_within(w)?;
         }
         if self.ban_after == Some(0) {
             return Err(Error::Invalid(format!("{}: --ban-after must be at least 1", self.prefix)));
@@ -566,6 +609,7 @@ impl RuleConfig {
         spec.set_class(class?);
         spec.set_total(total?);
         spec.set_auto_ban(auto_ban?);
+        spec.set_inherit(self.inherit.unwrap_or(true));
         if p.found.is_empty() {
             let key = if self.burst.is_some() { "burst" } else { "rate" };
             p.take(key, spec.kernel(0))?;
@@ -697,15 +741,19 @@ pub fn merge(old: &RuleSpec, given: &RuleConfig) -> RuleConfig {
     if given.total_burst.is_some() {
         m.total_burst = given.total_burst.clone();
     }
-    if given.ban_for.is_some() || given.ban_after.is_some() || given.ban_max.is_some() {
+    if given.ban_for.is_some() || given.ban_after.is_some() || given.ban_max.is_some() || given.ban_within.is_some() {
         m.ban_for = given.ban_for.clone().or(m.ban_for);
         m.ban_after = given.ban_after.or(m.ban_after);
         m.ban_max = given.ban_max.clone().or(m.ban_max);
+        m.ban_within = given.ban_within.clone().or(m.ban_within);
     } else if m.action.unwrap_or(Action::Police) != Action::Police {
-        (m.ban_for, m.ban_after, m.ban_max) = (None, None, None);
+        (m.ban_for, m.ban_after, m.ban_max, m.ban_within) = (None, None, None, None);
     }
     if given.ttl.is_some() {
         (m.ttl, m.expires) = (given.ttl.clone(), None);
+    }
+    if given.inherit.is_some() {
+        m.inherit = given.inherit;
     }
     m
 }
@@ -773,6 +821,16 @@ pub fn refuse_everyone(net: &IpNet, what: &str) -> Result<()> {
     )))
 }
 
+/// A `--ban-within` window: a duration of 1 ms up to 49 days (the
+/// kernel keeps it in milliseconds, a `u32`).
+fn check_within(w: &str) -> Result<std::time::Duration> {
+    let d = crate::duration::parse(w)?;
+    if d.as_millis() == 0 || d.as_millis() > u128::from(u32::MAX) {
+        return Err(Error::Invalid(format!("--ban-within '{w}': a window of 1ms up to 49d")));
+    }
+    Ok(d)
+}
+
 /// A key length `net`'s rule may have: 1 up to the family's bits, and not
 /// shorter than the prefix (buckets are keyed by masked source and key
 /// length: a shorter key could share a bucket with a shorter rule's).
@@ -837,7 +895,7 @@ impl RuleSpec {
             ban_for_ns: b.ban_for.as_nanos() as u64,
             ban_max_ns: b.ban_max.map_or(0, |m| m.as_nanos() as u64),
             ban_after: b.ban_after,
-            ..Default::default()
+            ban_within_ms: b.ban_within.map_or(0, |w| w.as_millis() as u32),
         })
     }
 
@@ -870,6 +928,8 @@ impl RuleSpec {
             ban_for: self.auto_ban().map(|b| crate::duration::format(b.ban_for)),
             ban_after: self.auto_ban().map(|b| b.ban_after).filter(|n| *n != 1),
             ban_max: self.auto_ban().and_then(|b| b.ban_max).map(crate::duration::format),
+            ban_within: self.auto_ban().and_then(|b| b.ban_within).map(crate::duration::format),
+            inherit: (!self.inherits()).then_some(false),
             ban: self.ban().is_some().then_some(true),
             reason: self.ban().cloned().flatten(),
             expires: self.expires.map(crate::duration::rfc3339),

@@ -764,10 +764,11 @@ pub struct SetConfig {
 
 impl SetConfig {
     /// The set's rule (action, rate, burst, key_len; no prefix), as an
-    /// import's.
+    /// import's. A set that names no action denies (as `rule import` does, and as
+    /// policer.toml(5) says).
     pub fn rule(&self) -> RuleConfig {
         RuleConfig {
-            action: self.action,
+            action: Some(self.action.unwrap_or(policer_common::bucket::Action::Deny)),
             rate: self.rate.clone(),
             burst: self.burst.clone(),
             key_len: self.key_len,

@@ -43,7 +43,7 @@ pub fn kernel_rule(net: &str, words: &str, mut rule: Rule, slot: u32) -> KernelR
     let net: IpNet = net.parse().unwrap();
     rule.counter_slot = slot;
     rule.rule_id = slot;
-    KernelRule { net, class: class(net.addr().is_ipv6(), words), rule, ban: false }
+    KernelRule { net, class: class(net.addr().is_ipv6(), words), rule, ban: false, inherit: true }
 }
 
 /// `rule` with an aggregate bucket (`--total-rate`): the flag, and its

@@ -6,7 +6,8 @@
 //!   ban; nothing passes until the ban's end, not one ns before; then the
 //!   burst again; the bucket is untouched while banned;
 //! - `--ban-after 3`: three refusals since the last admission, and an
-//!   admission in between starts the count again;
+//!   admission in between starts the count again; with `--ban-within 1s`,
+//!   three refusals within a second, admissions between them or not;
 //! - escalation: twice as long within twice the last length, up to
 //!   `--ban-max`, back to `--ban-for` after a quiet spell;
 //! - a banned source whose slot a crowd of sources in debt takes is still
@@ -68,7 +69,7 @@ fn banning(v6: bool) -> Rule {
 }
 
 fn params(ban_for_ms: u64, ban_after: u32, ban_max_ms: u64) -> BanParams {
-    BanParams { ban_for_ns: ban_for_ms * MS, ban_max_ns: ban_max_ms * MS, ban_after, _pad: 0 }
+    BanParams { ban_for_ns: ban_for_ms * MS, ban_max_ns: ban_max_ms * MS, ban_after, ban_within_ms: 0 }
 }
 
 /// Installs `rule` for `net` at counter slot 2 with ban `params`.
@@ -146,6 +147,39 @@ fn ban_after_counts_refusals_since_the_last_admission() {
     // Even when the bucket would admit again, the ban holds.
     assert_eq!(passed(&frames(&mut p, &f, T0 + 900 * MS, 5)), 0);
     assert_eq!(passed(&frames(&mut p, &f, T0 + 1100 * MS, 1)), 1, "the ban (1 s from +100 ms) is over");
+}
+
+/// `--ban-after 3 --ban-within 1s` (issue 43 point 8): refusals counted
+/// in their window, admissions between them or not; a window that is over
+/// starts again; the slot stays the rule's (no count in it).
+#[test]
+fn ban_within_counts_refusals_in_a_window_admissions_or_not() {
+    if !privileged("ban object tier") {
+        return;
+    }
+    let mut p = load(4096, 1024);
+    let windowed = BanParams { ban_within_ms: 1000, ..params(1000, 3, 0) };
+    setup(&mut p, "10.0.0.0/8", "", banning(false), &windowed);
+    let f = udp("10.2.0.1");
+    assert_eq!(passed(&frames(&mut p, &f, T0, 4)), 4);
+    // Two refusals, an admission, one more refusal: the third within 1 s.
+    assert_eq!(frames(&mut p, &f, T0, 2), [DROP, DROP]);
+    assert_eq!(frames(&mut p, &f, T0 + 100 * MS, 1), [PASS]);
+    assert_eq!(counters(&p).bans_started, 0);
+    assert_eq!(frames(&mut p, &f, T0 + 100 * MS, 1), [DROP]);
+    assert_eq!(counters(&p).bans_started, 1, "the third refusal within the window bans, admissions or not");
+    assert_eq!(passed(&frames(&mut p, &f, T0 + 900 * MS, 5)), 0, "banned");
+    // After the ban (ends at +1.1 s): its burst, then two refusals, and the
+    // third only after the window (1 s from the first) is over: no ban.
+    assert_eq!(passed(&frames(&mut p, &f, T0 + 1100 * MS, 4)), 4);
+    assert_eq!(frames(&mut p, &f, T0 + 1100 * MS, 2), [DROP, DROP]);
+    // +2.2 s: the window of +1.1 s is over. The burst, then a refusal
+    // starts a new window; its third refusal bans.
+    assert_eq!(passed(&frames(&mut p, &f, T0 + 2200 * MS, 4)), 4);
+    assert_eq!(frames(&mut p, &f, T0 + 2200 * MS, 2), [DROP, DROP]);
+    assert_eq!(counters(&p).bans_started, 1, "two refusals of a new window: no ban");
+    assert_eq!(frames(&mut p, &f, T0 + 2200 * MS, 1), [DROP]);
+    assert_eq!(counters(&p).bans_started, 2, "the third of the new window bans");
 }
 
 #[test]

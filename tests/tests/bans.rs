@@ -1120,3 +1120,80 @@ fn a_ban_ends_on_time_while_the_owner_imports_a_million_entries() {
         assert_eq!(st.lines().filter(|x| x.starts_with("100.")).count(), 1_000_000, "set busy{l}");
     }
 }
+
+/// Issue 43 point 8: the README's SSH example, run as written (read from
+/// the README), against a brute-forcer at 100 SYN/s to port 22. Its bucket
+/// (5 pps, burst 10) admits a frame every 200 ms, so refusals since the
+/// last admission never reach 20; `--ban-within 1m` counts them in a window
+/// instead: the 20th refusal bans it, and nothing of it arrives after. The
+/// receiving side's count equals the exact model's (the bucket over the
+/// real send times, the ban at the 20th refusal), and `ban ls` lists the
+/// source's automatic ban for the SSH rule.
+#[test]
+fn the_readme_ssh_example_bans_a_brute_forcer_at_100_syn_per_second() {
+    use policer_common::{class::TCP_SYN, rate::Rate};
+    use policer_tests::{frame::FrameSpec, traffic::SpecFlow};
+    if !privileged("bans tier") {
+        return;
+    }
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("sudo policer rule set 0.0.0.0/0 --proto tcp --dport 22 "))
+        .expect("the README's SSH example");
+    let args: Vec<String> = line.split_whitespace().skip(2).map(|a| a.trim_matches('\'').to_string()).collect();
+    let word = |k: &str| args.iter().position(|a| a == k).map(|i| args[i + 1].clone());
+    assert_eq!(
+        (word("--rate").as_deref(), word("--burst").as_deref(), word("--ban-after").as_deref()),
+        (Some("5pps"), Some("10"), Some("20")),
+        "the example this test models: {line}"
+    );
+    let sb = Sandbox::new("ban-ssh");
+    let _d = daemon(&sb);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    policer(&sb, &args);
+    let src = ip("10.72.0.1");
+    let flows = [SpecFlow { spec: FrameSpec::tcp(src, ip("198.19.255.1"), 64, 40000, 22, TCP_SYN), pps: 100.0 }];
+    let (sent, got) = traffic::run_specs(&sb, &flows, Duration::from_secs(3), &keep_marks());
+    assert_eq!(got.socket_drops, 0, "receive socket lost frames: counts not trustworthy");
+    // The exact model: the bucket over the real send times until the 20th
+    // refusal, nothing after it.
+    let rule = Rate::Pps(5).rule(10).unwrap();
+    let (mut tat, mut admitted, mut refused, mut banned_at) = (rule.empty_tat(1_000_000_000), 0u64, 0u32, None);
+    for (i, &(t, _)) in sent.frames.iter().enumerate() {
+        match rule.admit(tat, 1_000_000_000 + t, 64) {
+            Some(next) => {
+                tat = next;
+                admitted += 1;
+            }
+            None => {
+                refused += 1;
+                if refused == 20 {
+                    banned_at = Some(i);
+                    break;
+                }
+            }
+        }
+    }
+    let arrived = got.per_flow[0];
+    let tl = timeline(&sent, &got, 0);
+    eprintln!(
+        "SSH brute-forcer: sent {}, arrived {arrived}, model {admitted} (banned at frame {banned_at:?}); timeline {tl}",
+        sent.sent[0]
+    );
+    assert!(banned_at.is_some(), "the model bans within the run");
+    assert!(sent.sent[0] >= 250, "the generator fell short: {}", sent.sent[0]);
+    assert!(
+        arrived.abs_diff(admitted) <= 1,
+        "arrived {arrived}, the exact model with the ban at the 20th refusal {admitted}; timeline {tl}"
+    );
+    // Nothing of it in the last two seconds.
+    let end = sent.start_epoch_ns + sent.last_ns[0] + 1;
+    let (late_sent, late_arrived) = window(&sent, &got, 0, end - 2_000_000_000, end);
+    assert!(late_sent >= 150, "frames sent in the last 2 s: {late_sent}");
+    assert_eq!(late_arrived, 0, "banned: nothing arrives; timeline {tl}");
+    let ls = policer(&sb, &["ban", "ls", "--json"]);
+    let bans: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let auto = bans.as_array().unwrap().iter().find(|b| b["origin"] == "auto").unwrap_or_else(|| panic!("{ls}"));
+    assert_eq!(auto["prefix"], "10.72.0.1", "{ls}");
+}

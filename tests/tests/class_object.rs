@@ -82,6 +82,9 @@ const A_NTP: u32 = 17;
 const A_TLS: u32 = 18;
 const V6_SDNS: u32 = 19;
 const ANY: u32 = 1;
+const D_DEFAULT: u32 = 20;
+const E_DEFAULT: u32 = 21;
+const E_DNS: u32 = 22;
 
 fn table_rules() -> Vec<KernelRule> {
     use Action::{Allow, Deny};
@@ -101,9 +104,17 @@ fn table_rules() -> Vec<KernelRule> {
         kernel_rule("10.0.0.0/8", "proto=tcp sport=1024-65535 dport=8443", act(Deny, false), A_TLS),
         // B: 10.1/16, one port-less class and no class-less rule (falls to A).
         kernel_rule("10.1.0.0/16", "proto=udp", act(Deny, false), B_UDP),
-        // C: 10.2/16, its own class-less rule (stops the fall to A).
-        kernel_rule("10.2.0.0/16", "", act(Allow, false), C_DEFAULT),
+        // C: 10.2/16, its own class-less rule that says `inherit = false`
+        // (stops the fall to A's classes).
+        KernelRule { inherit: false, ..kernel_rule("10.2.0.0/16", "", act(Allow, false), C_DEFAULT) },
         kernel_rule("10.2.0.0/16", "proto=tcp dport=80", act(Deny, false), C_HTTP),
+        // D: 10.3/16, a class-less rule alone: A's classes apply under it
+        // (issue 43 point 6), its own rule takes the rest.
+        kernel_rule("10.3.0.0/16", "", act(Allow, false), D_DEFAULT),
+        // E: 10.4/16, its own class-less rule and a DNS class of its own:
+        // A's DNS class is shadowed, A's other classes apply.
+        kernel_rule("10.4.0.0/16", "", act(Allow, false), E_DEFAULT),
+        kernel_rule("10.4.0.0/16", "proto=udp dport=53", act(Allow, false), E_DNS),
         kernel_rule("2001:db8::/32", "", police("1Mpps", 100_000, true), V6_DEFAULT),
         kernel_rule("2001:db8::/32", "proto=udp dport=53", act(Deny, true), V6_DNS),
         kernel_rule("2001:db8::/32", "proto=tcp tcp-flags=syn", act(Deny, true), V6_SYN),
@@ -206,6 +217,14 @@ fn class_frame_table() {
         ("C: TCP 80", tcp("10.2.0.1", 80, TCP_ACK), C_HTTP, DROP),
         ("C: later fragment (port-80 look-alike)", frag4(tcp("10.2.0.1", 80, TCP_ACK), 100, false), C_DEFAULT, PASS),
         ("no prefix with classes", tcp("192.168.0.1", 22, TCP_SYN), ANY, PASS),
+        ("D: bare SYN, A's SYN class applies under D (inherited)", tcp("10.3.0.1", 22, TCP_SYN), A_SYN, DROP),
+        ("D: UDP 53, A's DNS class (inherited)", udp("10.3.0.1", 53), A_DNS, DROP),
+        ("D: ACK, D's own class-less rule", tcp("10.3.0.1", 22, TCP_ACK), D_DEFAULT, PASS),
+        ("D: UDP 54, D's own class-less rule", udp("10.3.0.1", 54), D_DEFAULT, PASS),
+        ("E: UDP 53, E's own DNS class shadows A's", udp("10.4.0.1", 53), E_DNS, PASS),
+        ("E: bare SYN, A's SYN class (inherited)", tcp("10.4.0.1", 22, TCP_SYN), A_SYN, DROP),
+        ("E: UDP 5000, A's range class (inherited)", udp("10.4.0.1", 5000), A_RANGE, DROP),
+        ("E: ACK, E's own class-less rule", tcp("10.4.0.1", 22, TCP_ACK), E_DEFAULT, PASS),
         ("IPv6 UDP 53", udp6(53), V6_DNS, DROP),
         ("IPv6 UDP 54", udp6(54), V6_DEFAULT, PASS),
         ("IPv6 hop-by-hop + dest options, UDP 53", ext(udp6(53), &[Ext::HopByHop, Ext::DestOpts]), V6_DNS, DROP),

@@ -774,3 +774,42 @@ fn sets_declared_in_the_config() {
     expect(&sb, &[("10.0.0.1", false), ("10.0.0.3", false)], "after the table's removal");
     drop(d);
 }
+
+/// Issue 43 point 15: a `[[set]]` that names no action denies, as
+/// policer.toml(5) says and as `rule import` does (the code made it police,
+/// and the file was refused for a rate it did not need): `check` takes the
+/// real file, and from the start its entries' frames are dropped on the
+/// wire, others pass. And `check` lists every problem of a set (a burst
+/// that is not one, and an IPv6 key length for IPv4 entries), not the first.
+#[test]
+fn a_config_set_without_an_action_denies_and_check_lists_all_its_problems() {
+    if !privileged("import tier") {
+        return;
+    }
+    let sb = Sandbox::new("impdeny");
+    let _sets = SetsDir::of(&sb);
+    let name = format!("policer-cfgdeny-{}.txt", std::process::id());
+    let list = ListFile(Path::new(&sb.config).parent().unwrap().join(&name));
+    std::fs::write(&list.0, "10.0.0.1\n10.0.0.2\n").unwrap();
+    let rules = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"100kpps\"\nburst = 1000\n";
+    std::fs::write(&sb.config, format!("{rules}\n[[set]]\nname = \"bl\"\nfile = \"{name}\"\n")).unwrap();
+    succeeds(&cli(&sb, &["check", &sb.config]));
+    let _d = daemon(&sb, &[]);
+    let row = set_row(&sb, "bl").expect("the config set is a row of rule ls");
+    assert_eq!(row["action"], "deny", "{row}");
+    expect(&sb, &[("10.0.0.1", true), ("10.0.0.2", true), ("10.0.0.3", false)], "a set without an action");
+    // Every problem of a set, each on its own line.
+    let bad = format!(
+        "{rules}\n[[set]]\nname = \"bad\"\nfile = \"{name}\"\naction = \"police\"\nrate = \"10pps\"\nburst = 0\n\
+         key_len = 64\n"
+    );
+    let file = Path::new(&sb.config).with_file_name(format!("policer-bad-{}.toml", std::process::id()));
+    std::fs::write(&file, bad).unwrap();
+    let out = cli(&sb, &["check", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_file(&file);
+    assert!(!out.status.success(), "a bad set passed check: {err}");
+    for what in ["burst", "key_len 64"] {
+        assert!(err.contains(what), "check names the {what} problem of the set: {err}");
+    }
+}

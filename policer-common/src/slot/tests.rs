@@ -17,7 +17,7 @@ fn banning(rate_pps: u64, burst: u64, ban_for: u64, ban_after: u32) -> (Rule, Ba
     if ban_for != 0 {
         r.flags |= RULE_BAN;
     }
-    let p = BanParams { ban_for_ns: ban_for * S, ban_max_ns: 0, ban_after, _pad: 0 };
+    let p = BanParams { ban_for_ns: ban_for * S, ban_max_ns: 0, ban_after, ban_within_ms: 0 };
     (r, p)
 }
 
@@ -56,7 +56,7 @@ fn a_slot_already_the_rules_is_ready_and_its_second_frame_restamps() {
 #[test]
 fn refusals_count_then_ban_and_a_rule_without_bans_ignores_them() {
     let word = wanted(slot_key([192, 0, 2, 1], 32) | table::KEY_VALID, &banning(10, 5, 0, 1).0);
-    let p = BanParams { ban_for_ns: S, ban_max_ns: 0, ban_after: 3, _pad: 0 };
+    let p = BanParams { ban_for_ns: S, ban_max_ns: 0, ban_after: 3, ban_within_ms: 0 };
     assert_eq!(refusal(word, 1, &p), Refusal::Count(table::stamped(word, ban::counting_stamp(1))));
     assert_eq!(refusal(word, 2, &p), Refusal::Count(table::stamped(word, ban::counting_stamp(2))));
     assert_eq!(refusal(word, 3, &p), Refusal::Ban(table::stamped(word, ban::STAMP_BANNED)));
@@ -68,7 +68,7 @@ fn refusals_count_then_ban_and_a_rule_without_bans_ignores_them() {
 
 #[test]
 fn a_ban_in_force_in_the_store_is_cached_not_restarted() {
-    let p = BanParams { ban_for_ns: 10 * S, ban_max_ns: 0, ban_after: 1, _pad: 0 };
+    let p = BanParams { ban_for_ns: 10 * S, ban_max_ns: 0, ban_after: 1, ban_within_ms: 0 };
     let running = ban::start(None, T0, &p, 3);
     assert_eq!(ban_to_start(Some(&running), T0 + S, &p, 3), None);
     let after = ban_to_start(Some(&running), running.end_ns, &p, 3).expect("over: a new one");

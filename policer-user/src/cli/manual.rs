@@ -149,8 +149,12 @@ from its class-less bucket: a flood of one kind is cut without starving the same
 --sport (tcp, udp) takes a reflection flood by its reflectors' service port (53 DNS, 123 NTP); like --dport it \
 needs a first fragment (later fragments carry no ports). The most specific class wins: more fields, then \
 narrower port ranges; of a --sport and a --dport class otherwise equal, the --dport class. Classes that could tie \
-are refused. --total-rate adds one bucket for the whole rule, all sources together, charged after the \
-source's own. --ban-for bans a source whose bucket refuses --ban-after frames. A class-less deny of a whole \
+are refused. Classes compose: those of shorter (covering) prefixes apply under a longer prefix unless it defines the \
+same class (a 0.0.0.0/0 DNS class still limits the DNS of a later 203.0.113.0/24 rule); --no-inherit gives a prefix \
+its own rules alone, --inherit undoes it. The reply (and --dry-run) says which classes of shorter prefixes the rule \
+inherits, overrides or hides. --total-rate adds one bucket for the whole rule, all sources together, charged after the \
+source's own. --ban-for bans a source whose bucket refuses --ban-after frames within --ban-within (admitted frames \
+between them or not; without it, in a row since its last admission). A class-less deny of a whole \
 family (0.0.0.0/0, ::/0) is refused without --force; a rule inside a protected prefix (policer.toml(5), \
 `protect`) that does anything but allow is refused.",
         examples: &[
@@ -161,12 +165,16 @@ family (0.0.0.0/0, ::/0) is refused without --force; a rule inside a protected p
                 "policer rule set 192.0.2.0/24 --rate 1kpps --action monitor",
             ),
             (
+                "A prefix's own rules alone, without the classes of shorter prefixes",
+                "policer rule set 203.0.113.0/24 --rate 100pps --no-inherit",
+            ),
+            (
                 "Bare SYNs per source",
                 "policer rule set 0.0.0.0/0 --proto tcp --tcp-flags 'syn,!ack' --rate 20pps --burst 40",
             ),
             (
-                "SSH: ban a source for 10 minutes after 20 refused frames, doubling up to a day",
-                "policer rule set 0.0.0.0/0 --proto tcp --dport 22 --rate 5pps --burst 10 --ban-for 10m --ban-after 20 --ban-max 1d",
+                "SSH: ban a source for 10 minutes after 20 refused frames within a minute, doubling up to a day",
+                "policer rule set 0.0.0.0/0 --proto tcp --dport 22 --rate 5pps --burst 10 --ban-for 10m --ban-after 20 --ban-within 1m --ban-max 1d",
             ),
             (
                 "A DNS reflection: replies from port 53, per reflector",

@@ -59,6 +59,10 @@ impl ClassArgs {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value per process, parsed once from the command line: its size costs nothing"
+)]
 pub enum Cmd {
     /// Add the rule for a prefix and class, or change the one there: the
     /// options given change those fields, the rest keep their values
@@ -92,19 +96,37 @@ pub enum Cmd {
         /// Burst of the aggregate bucket: packets, or bytes for a bit rate.
         #[arg(long, allow_hyphen_values = true)]
         total_burst: Option<String>,
-        /// Ban a source whose bucket refuses --ban-after frames since it
-        /// was last admitted, for this long (500ms, 30s, 10m, 1h, 7d): its
+        /// Ban a source whose bucket refuses --ban-after frames (since it
+        /// was last admitted, or within --ban-within), for this long (500ms, 30s, 10m, 1h, 7d): its
         /// frames are dropped without touching its bucket until the ban
         /// ends; then it has its full burst again.
         #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
         ban_for: Option<String>,
-        /// Refused frames that start a ban (default 1: the first).
+        /// Refused frames that start a ban (default 1: the first): since
+        /// the source was last admitted, or with --ban-within, within that
+        /// window.
         #[arg(long, allow_hyphen_values = true, value_name = "N")]
         ban_after: Option<String>,
+        /// Count --ban-after's refusals in a window of this long, admitted
+        /// frames between them or not (fail2ban's findtime; maxretry is
+        /// --ban-after): a brute-forcer whose bucket admits a few frames a
+        /// second is banned at its N-th refusal within the window.
+        #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
+        ban_within: Option<String>,
         /// A source banned again within twice its last ban's length is
         /// banned twice as long, up to this (default: no growth).
         #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
         ban_max: Option<String>,
+        /// The classes of shorter (covering) prefixes stop at this prefix:
+        /// its sources get its own rules alone (by default a class of a
+        /// shorter prefix, `0.0.0.0/0 --proto udp --dport 53`, applies
+        /// under it unless it defines the same class).
+        #[arg(long, conflicts_with = "inherit")]
+        no_inherit: bool,
+        /// Undo --no-inherit: the classes of shorter prefixes apply under
+        /// this prefix again (the default).
+        #[arg(long)]
+        inherit: bool,
         /// Remove the rule this long from now (its sources fall to the next
         /// rule); kept across restarts as an absolute time. Given to a rule
         /// that has no end, a temporary change: that rule comes back when it
@@ -195,7 +217,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             total_burst,
             ban_for,
             ban_after,
+            ban_within,
             ban_max,
+            no_inherit,
+            inherit,
             ttl,
             runtime,
             replace,
@@ -225,7 +250,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 total_burst: total_burst.map(BurstValue::Text),
                 ban_for,
                 ban_after,
+                ban_within,
                 ban_max,
+                inherit: if no_inherit { Some(false) } else { inherit.then_some(true) },
                 ttl,
                 ..class.rule(&cidr)?
             };

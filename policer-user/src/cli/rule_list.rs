@@ -15,6 +15,9 @@ fn bans_text(r: &RuleView) -> String {
     match &r.ban_for {
         Some(f) => {
             let mut s = format!("{f} after {}", r.ban_after.unwrap_or(1));
+            if let Some(w) = &r.ban_within {
+                s.push_str(&format!(" within {w}"));
+            }
             if let Some(m) = &r.ban_max {
                 s.push_str(&format!(", up to {m}"));
             }

@@ -26,6 +26,7 @@ fn the_fallback_is_the_next_shorter_prefix_and_class_buckets_are_marked() {
         class,
         rule: Rule::packets(100, 10).unwrap().with_counter_slot(slot),
         ban: false,
+        inherit: true,
     };
     let rules = vec![r("0.0.0.0/0", Class::default(), 1), r("10.0.0.0/8", class("udp 53 _ _ _"), 2)];
     let c = compile(&rules, &mut Groups::default()).unwrap();
@@ -56,6 +57,7 @@ fn a_manual_ban_overrides_every_rule_under_it_and_gives_them_back() {
             Rule::packets(100, 10).unwrap().with_counter_slot(slot)
         },
         ban,
+        inherit: true,
     };
     let rules = vec![
         rule("0.0.0.0/0", Class::default(), 1, false),
@@ -103,6 +105,7 @@ fn source_port_classes_compile_to_the_filter_and_candidates() {
         class,
         rule: Rule::packets(100, 10).unwrap().with_counter_slot(slot),
         ban: false,
+        inherit: true,
     };
     let sport = |s: &str, p: &str| Class {
         sport: Some(match p.split_once('-') {
@@ -145,4 +148,44 @@ fn source_port_classes_compile_to_the_filter_and_candidates() {
         (0..9).map(|i| r("10.0.0.0/8", sport("udp _ _ _ _", &(100 + i).to_string()), i + 1)).collect();
     let e = compile(&many, &mut Groups::default()).unwrap_err().to_string();
     assert!(e.contains("at most 8") && e.contains("--sport"), "{e}");
+}
+
+/// Issue 43 point 6: the classes of a covering prefix apply under a
+/// class-less longer one (which shares its group, its own rule the
+/// fallback), a class of the same match at the longer prefix shadows the
+/// shorter one's, and `inherit = false` stops them.
+#[test]
+fn classes_of_covering_prefixes_apply_under_longer_ones_unless_stopped() {
+    let r = |net: &str, class: Class, slot, inherit| KernelRule {
+        net: net.parse().unwrap(),
+        class,
+        rule: Rule::packets(100, 10).unwrap().with_counter_slot(slot),
+        ban: false,
+        inherit,
+    };
+    let dns = FrameL4 { proto: 17, has_l4: true, dport: 53, ..FrameL4::default() };
+    let ntp = FrameL4 { dport: 123, ..dns };
+    let slot = |c: &Compiled, src: &str, f: &FrameL4| lookup(c, src.parse().unwrap(), f).map(|r| r.counter_slot);
+    let rules = vec![
+        r("0.0.0.0/0", Class::default(), 1, true),
+        r("0.0.0.0/0", class("udp 53 _ _ _"), 2, true),
+        r("203.0.113.0/24", Class::default(), 3, true),
+        r("198.51.100.0/24", Class::default(), 4, true),
+        r("198.51.100.0/24", class("udp 53 _ _ _"), 5, true),
+        r("192.0.2.0/24", Class::default(), 6, false),
+        r("192.0.2.128/25", Class::default(), 7, true),
+    ];
+    let c = compile(&rules, &mut Groups::default()).unwrap();
+    // Inherited: the /24's DNS to the /0's class, the rest to its own rule.
+    assert_eq!(slot(&c, "203.0.113.1", &dns), Some(2));
+    assert_eq!(slot(&c, "203.0.113.1", &ntp), Some(3));
+    let g = |n: &str| c.prefixes[&n.parse::<IpNet>().unwrap()].classes;
+    assert_eq!(g("203.0.113.0/24"), g("0.0.0.0/0"), "the same chain: the same group");
+    // Shadowed: its own DNS class.
+    assert_eq!(slot(&c, "198.51.100.1", &dns), Some(5));
+    // Stopped, also for the longer prefix under the stop.
+    assert_eq!(slot(&c, "192.0.2.1", &dns), Some(6));
+    assert_eq!(slot(&c, "192.0.2.200", &dns), Some(7));
+    assert_eq!(g("192.0.2.0/24"), 0);
+    assert_eq!(g("192.0.2.128/25"), 0);
 }

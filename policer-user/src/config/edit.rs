@@ -269,6 +269,8 @@ fn write_bans(t: &mut dyn TableLike, c: &RuleConfig) {
     set(t, "ban_for", c.ban_for.clone().map(Value::from));
     set(t, "ban_after", c.ban_after.map(|n| Value::from(i64::from(n))));
     set(t, "ban_max", c.ban_max.clone().map(Value::from));
+    set(t, "ban_within", c.ban_within.clone().map(Value::from));
+    set(t, "inherit", c.inherit.map(Value::from));
     set(t, "ban", c.ban.map(Value::from));
     set(t, "reason", c.reason.clone().map(Value::from));
     set(t, "expires", c.expires.clone().map(Value::from));

@@ -215,6 +215,25 @@ impl Config {
                 let m = m.strip_prefix(&format!("set '{}': ", s.name)).map_or(m.clone(), str::to_string);
                 Problem { line: o.line, message: format!("set {} (name {}): {}", o.number, s.name, as_keys(&m)) }
             };
+            // Every problem of the set's rule (issue 43 point 15), not the
+            // first: those of the values it gives, as a rule's; then the
+            // rest judged as if those were good ones (its key length
+            // against its entries, its entries against the rules).
+            let any = crate::sets::family_any(false).to_string();
+            let (_, found) = crate::rules::RuleConfig { prefix: any.clone(), ..s.rule() }.checked(&[]);
+            let mut clean = s.clone();
+            for p in &found {
+                let m = p.error.to_string();
+                let m = m.strip_prefix(&format!("{any}: ")).map_or(m.clone(), str::to_string);
+                match p.key {
+                    "rate" if s.rate.is_some() => clean.rate = Some("1pps".into()),
+                    "burst" if s.burst.is_some() => clean.burst = None,
+                    "action" => clean.action = Some(policer_common::bucket::Action::Deny),
+                    _ => continue,
+                }
+                problems.push(at(m));
+            }
+            let s = &clean;
             let Some(config) = sets_from else {
                 if let Err(e) = crate::sets::specs(&s.name, &s.rule(), &[]) {
                     problems.push(at(e.to_string()));
@@ -427,7 +446,9 @@ fn keyed(r: &RuleConfig, p: &crate::rules::KeyProblem) -> String {
 /// the config file's keys (`total_rate`).
 fn as_keys(message: &str) -> String {
     // Longest first: `--total-rate` before `--rate`.
-    const OPTIONS: [(&str, &str); 15] = [
+    const OPTIONS: [(&str, &str); 17] = [
+        ("--no-inherit", "inherit = false"),
+        ("--ban-within", "ban_within"),
         ("--total-burst", "total_burst"),
         ("--total-rate", "total_rate"),
         ("--tcp-flags", "tcp_flags"),

@@ -695,9 +695,15 @@ impl Reader {
                 R::IcmpType | R::Dport | R::Sport | R::Proto | R::TcpFlags | R::Dst => {
                     self.rule_match(place, field, key, v, &mut r)
                 }
-                R::BanAfter | R::BanFor | R::BanMax | R::Ttl | R::Expires | R::Ban | R::Reason => {
-                    self.rule_ban(place, field, key, v, &mut r)
-                }
+                R::BanAfter
+                | R::BanFor
+                | R::BanMax
+                | R::BanWithin
+                | R::Ttl
+                | R::Expires
+                | R::Ban
+                | R::Reason
+                | R::Inherit => self.rule_ban(place, field, key, v, &mut r),
             };
             if !good && field != R::Prefix {
                 broken.push(known.key);
@@ -834,13 +840,14 @@ impl Reader {
                 r.ban_after = n.map(|n| n as u32);
                 n.is_some()
             }
-            R::BanFor | R::BanMax | R::Ttl => {
+            R::BanFor | R::BanMax | R::BanWithin | R::Ttl => {
                 let write = format!("{key} = \"10m\" (a whole number and a unit: 500ms, 30s, 10m, 1h, 7d; or 1h30m)");
                 match self.string(place, key, v, "a duration", &write) {
                     Some(s) if crate::duration::parse(&s).is_ok() => {
                         match field {
                             R::BanFor => r.ban_for = Some(s),
                             R::BanMax => r.ban_max = Some(s),
+                            R::BanWithin => r.ban_within = Some(s),
                             _ => r.ttl = Some(s),
                         }
                         true
@@ -866,6 +873,16 @@ impl Reader {
                     None => false,
                 }
             }
+            R::Inherit => match v.get_ref() {
+                DeValue::Boolean(b) => {
+                    r.inherit = Some(*b);
+                    true
+                }
+                _ => {
+                    self.bad(place, key, v, "true or false", "inherit = false (this prefix's own rules alone)");
+                    false
+                }
+            },
             R::Ban => match v.get_ref() {
                 DeValue::Boolean(b) => {
                     r.ban = Some(*b);
@@ -921,6 +938,7 @@ impl Reader {
         }
         ok &= self.set_source(origin.line, place, t);
         let (mut rate, mut total) = (None, None);
+        let (mut params_ok, mut broken) = (true, Vec::new());
         for (k, v) in t.iter() {
             let key = &**k.get_ref();
             let Some(Field::Set(field)) = schema::find(Table::Set, key).map(|k| k.field) else {
@@ -947,12 +965,37 @@ impl Reader {
                     }
                 },
                 S::Mmdb | S::Country | S::Asn => self.set_mmdb_key(place, field, key, v, &mut s),
-                S::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
+                S::Shared(shared) => {
+                    let good = self.param(place, shared, key, v, &mut r, &mut rate, &mut total);
+                    if !good {
+                        broken.push(shared);
+                    }
+                    params_ok &= good;
+                    continue;
+                }
             };
             ok &= good;
         }
-        ok &= self.burst_units(place, t, &r, rate, total).is_empty();
+        if !self.burst_units(place, t, &r, rate, total).is_empty() {
+            broken.push(SharedField::Burst);
+            params_ok = false;
+        }
         (s.action, s.rate, s.burst, s.key_len) = (r.action, r.rate, r.burst, r.key_len);
+        // A set whose only problems are its rule's values is still judged
+        // as a whole (issue 43 point 15: every problem, not the first), as
+        // if those values were good ones: the file's problems refuse it
+        // all the same.
+        if !params_ok {
+            for f in broken {
+                match f {
+                    SharedField::Rate => s.rate = Some("1pps".into()),
+                    SharedField::Action => s.action = Some(policer_common::bucket::Action::Deny),
+                    SharedField::Burst => s.burst = None,
+                    SharedField::KeyLen => s.key_len = None,
+                    _ => {}
+                }
+            }
+        }
         ok.then_some(s)
     }
 

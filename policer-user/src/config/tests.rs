@@ -1008,7 +1008,7 @@ rate = \"2kpps\"
         (30, "rule 5 (prefix 10.4.0.0/16): action: \"dney\" is not an action"),
         (32, "rule 5 (prefix 10.4.0.0/16): reason: a reason belongs to a ban"),
         (34, "rule 6 (prefix 10.5.0.0/16): rate: a police rule needs a rate (rate), a total (total_rate), or both"),
-        (37, "rule 6 (prefix 10.5.0.0/16): ban_after and ban_max need ban_for"),
+        (37, "rule 6 (prefix 10.5.0.0/16): ban_after and ban_max need ban_for (and so does ban_within)"),
         (39, "rule 6 (prefix 10.5.0.0/16): icmp_type needs proto icmp"),
         (40, "rule 6 (prefix 10.5.0.0/16): dst 2001:db8::/32: an IPv6 destination for an IPv4 source prefix"),
         (42, "rule 7 (prefix 10.2.0.0/16): prefix 10.2.0.0/16 appears twice"),

@@ -1043,6 +1043,23 @@ impl Daemon {
         }
     }
 
+    /// What the classes of shorter prefixes do under `key`'s prefix once
+    /// `spec` is its rule (issue 43 point 6): from the rules in force at the
+    /// prefix and over it, with `spec` in place of the rule it sets.
+    fn inheritance(&self, key: &RuleKey, spec: &crate::rules::RuleSpec) -> crate::resolve::Inheritance {
+        use crate::resolve::RuleSource;
+        let net = key.net;
+        let mut at = Vec::new();
+        for len in 0..=net.prefix_len() {
+            let Ok(over) = ipnet::IpNet::new(net.addr(), len) else { continue };
+            self.rs.rules().at(over.trunc(), &mut at);
+        }
+        let mut rules: Vec<(ipnet::IpNet, crate::classes::Class, bool)> =
+            at.iter().filter(|e| !e.ban && *e.key != *key).map(|e| (e.net, e.class, e.inherit)).collect();
+        rules.push((net, spec.class(), spec.inherits()));
+        crate::resolve::Inheritance::of(net, &rules)
+    }
+
     /// `policer rule set`: in the kernel, then in the file (unless
     /// `runtime`); if the file cannot be written the kernel change is
     /// undone. The given fields are laid over the rule in force for the
@@ -1108,7 +1125,8 @@ impl Daemon {
             },
         };
         let warn: String = warnings.iter().map(|w| format!("; warning: {w}")).collect();
-        Ok(format!("{what}{note}{warn}"))
+        let classes = self.inheritance(&key, &spec).note();
+        Ok(format!("{what}{note}{classes}{warn}"))
     }
 
     /// `policer rule rm`. Without `runtime` it also takes a prefix the

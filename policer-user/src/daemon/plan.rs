@@ -220,6 +220,7 @@ pub(super) fn plan(
                 class: k.class(),
                 rule: i.spec.kernel(i.id)?.with_counter_slot(i.slot),
                 ban: k.ban,
+                inherit: i.spec.inherits(),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -273,8 +274,8 @@ const MAX_CLASS_NETS_SCANNED: usize = 4096;
 /// set with the edits made — the same rules, ids, slots and writes, and
 /// the same rule maps after it — at a cost that grows with the edits, not
 /// with the rules. `None` when the edits are not of that kind: a rule with
-/// a class, or a prefix with a class rule at or under an edited one (the
-/// class chains and groups are compiled as a whole), or a ban of a /0;
+/// a class, or a prefix with a class rule at, under or over an edited one
+/// (the class chains and groups are compiled as a whole), or a ban of a /0;
 /// the whole plan is made then. Tests check every such plan against the
 /// whole one (`RuleSet::plan_edits`).
 pub(super) fn plan_edits(
@@ -350,7 +351,7 @@ pub(super) fn plan_edits(
 }
 
 /// Whether [`plan_edits`] plans `edits` on their own: no rule with a
-/// class, no ban of a /0, and no class rule at or under an edited prefix
+/// class, no ban of a /0, and no class rule at, under or over an edited prefix
 /// (among at most [`MAX_CLASS_NETS_SCANNED`] class prefixes). Refuses a
 /// rule over a protected prefix first.
 fn edits_plannable(now: &InForce<'_>, edits: &BTreeMap<RuleKey, Option<RuleSpec>>) -> Result<bool> {
@@ -366,7 +367,9 @@ fn edits_plannable(now: &InForce<'_>, edits: &BTreeMap<RuleKey, Option<RuleSpec>
         if now.class_nets.len() > MAX_CLASS_NETS_SCANNED {
             return Ok(false);
         }
-        if edits.keys().any(|k| now.class_nets.keys().any(|c| k.net.contains(c))) {
+        // A class prefix under an edited one, or over it (a class-less
+        // prefix under one with classes inherits its chain).
+        if edits.keys().any(|k| now.class_nets.keys().any(|c| k.net.contains(c) || c.contains(&k.net))) {
             return Ok(false);
         }
     }

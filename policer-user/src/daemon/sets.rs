@@ -191,6 +191,7 @@ impl SetState {
             ban_for: None,
             ban_after: None,
             ban_max: None,
+            ban_within: None,
             expires: self.header.expires_ms.map(crate::duration::rfc3339),
             set: Some(self.header.name.clone()),
             entries: Some(self.entries.len() as u64),
@@ -2064,7 +2065,7 @@ mod tests {
             vec![
                 ("crowdsec", SetSource::Feed, 2, Some(Action::Monitor)),
                 ("deny", SetSource::Saved, 1, Some(Action::Deny)),
-                ("swap", SetSource::Config, 1, None),
+                ("swap", SetSource::Config, 1, Some(Action::Deny)),
             ]
         );
         assert_eq!(r.sets[2].3, tmp.path().join("swap.txt"));

@@ -145,7 +145,14 @@ impl crate::resolve::RuleSource for super::Rules {
         for (k, i) in self.range(first..).take_while(|(k, _)| k.net == net) {
             let Ok(value) = i.spec.kernel(i.id) else { continue };
             let value = value.with_counter_slot(i.slot);
-            out.push(crate::resolve::Entry { net, class: k.class(), value, ban: k.ban, key: k });
+            out.push(crate::resolve::Entry {
+                net,
+                class: k.class(),
+                value,
+                ban: k.ban,
+                inherit: i.spec.inherits(),
+                key: k,
+            });
         }
     }
 }
@@ -289,6 +296,7 @@ impl Views {
                 ban_for: s.auto_ban().map(|b| crate::duration::format(b.ban_for)),
                 ban_after: s.auto_ban().map(|b| b.ban_after),
                 ban_max: s.auto_ban().and_then(|b| b.ban_max).map(crate::duration::format),
+                ban_within: s.auto_ban().and_then(|b| b.ban_within).map(crate::duration::format),
                 expires: s.expires.map(crate::duration::rfc3339),
                 set: None,
                 entries: None,
@@ -846,6 +854,7 @@ impl Views {
                     } else {
                         c.cover.class = Some(k.class().to_string());
                         c.class_rule = !k.class().is_none();
+                        c.stops = !e.inherit;
                         c.bucket = self.has_bucket(addr, &r.spec, r.slot)?;
                     }
                     cands.push(c);
@@ -1109,6 +1118,8 @@ struct Cand {
     /// An automatic ban's bucket key.
     key: Option<BucketKey>,
     class_rule: bool,
+    /// A rule of its prefix says `inherit = false`.
+    stops: bool,
     bucket: Option<bool>,
     cover: InspectCover,
 }
@@ -1121,6 +1132,7 @@ impl Cand {
             slot: None,
             key: None,
             class_rule: false,
+            stops: false,
             bucket: None,
             cover: InspectCover {
                 kind: kind.name().into(),
@@ -1254,6 +1266,15 @@ impl<'a> Weighing<'a> {
                 None => "another set holds this prefix".into(),
             },
             (CoverKind::Rule, InspectApplied::Rule { .. }) if c.class_rule => self.why_class_not_taken(c),
+            (CoverKind::Rule, InspectApplied::Rule { .. })
+                if self.applied_net.is_some_and(|a| a.prefix_len() < c.net.prefix_len()) =>
+            {
+                format!(
+                    "the frame is of a class of {}, which applies under this prefix too (it defines no class of \
+                     that match; --no-inherit stops it)",
+                    self.applied_net.map(|a| a.to_string()).unwrap_or_default()
+                )
+            }
             (_, InspectApplied::Rule { .. }) => match self.applied_net.or(self.longest) {
                 Some(a) if a.prefix_len() > c.net.prefix_len() => more_specific(a),
                 _ => "not in force for this source".into(),
@@ -1282,17 +1303,17 @@ impl<'a> Weighing<'a> {
 
     /// Why the class rule `c` does not take this frame.
     fn why_class_not_taken(&self, c: &Cand) -> String {
-        // The classes of the longest rule prefix, then of each
-        // shorter one until a class-less rule stops the chain.
+        // The classes of the longest rule prefix, then of each shorter
+        // one up to a prefix that says `inherit = false`.
         let stop = self
             .cands
             .iter()
-            .filter(|o| o.kind == CoverKind::Rule && !o.class_rule && o.net.prefix_len() > c.net.prefix_len())
+            .filter(|o| o.kind == CoverKind::Rule && o.stops && o.net.prefix_len() > c.net.prefix_len())
             .map(|o| o.net)
             .next_back();
         match (self.longest, stop) {
             (Some(l), _) if self.longest_rule != Some(l) && l.prefix_len() > c.net.prefix_len() => more_specific(l),
-            (_, Some(s)) => format!("{s} has a class-less rule: a shorter prefix's classes do not reach past it"),
+            (_, Some(s)) => format!("{s} says inherit = false: a shorter prefix's classes do not reach past it"),
             _ if self.framed => "the frame is not of its class, or a more specific class takes it".into(),
             _ => {
                 let class = c.cover.class.clone().unwrap_or_default();

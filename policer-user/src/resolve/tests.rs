@@ -96,7 +96,7 @@ fn world(rng: &mut Rng) -> World {
         }
         let rule = Rule::packets(100, 10).unwrap().with_action(action).with_counter_slot(slot);
         let mut candidate = rules.clone();
-        candidate.push(KernelRule { net: n, class, rule, ban: false });
+        candidate.push(KernelRule { net: n, class, rule, ban: false, inherit: !rng.one_in(4) });
         if check_ties(candidate.iter().filter(|r| !r.ban).map(|r| (&r.net, &r.class))).is_err() {
             continue;
         }
@@ -109,7 +109,7 @@ fn world(rng: &mut Rng) -> World {
             continue;
         }
         let rule = Rule::packets(1, 1).unwrap().with_action(Action::Deny).with_counter_slot(slot);
-        rules.push(KernelRule { net: n, class: Class::default(), rule, ban: true });
+        rules.push(KernelRule { net: n, class: Class::default(), rule, ban: true, inherit: true });
         slot += 1;
     }
     let mut sets = Vec::new();
@@ -283,6 +283,7 @@ fn a_frame_falls_through_the_classes_to_the_class_less_rule() {
         class: crate::classes::tests::class(class),
         rule: Rule::packets(100, 10).unwrap().with_counter_slot(slot),
         ban: false,
+        inherit: true,
     };
     let rules = [
         KernelRule { class: Class::default(), ..r("0.0.0.0/0", "udp _ _ _ _", 1) },
@@ -339,7 +340,7 @@ fn the_compiled_index_agrees_with_the_rules() {
             }
             let mut candidate = rules.clone();
             let rule = Rule::packets(100, 10).unwrap().with_counter_slot(slot);
-            candidate.push(KernelRule { net, class, rule, ban: false });
+            candidate.push(KernelRule { net, class, rule, ban: false, inherit: !rng.next().is_multiple_of(4) });
             if check_ties(candidate.iter().map(|r| (&r.net, &r.class))).is_err() {
                 continue;
             }
@@ -377,4 +378,31 @@ fn the_compiled_index_agrees_with_the_rules() {
         }
     }
     assert!(checked > 20_000, "{checked}");
+}
+
+/// What `rule set` says a rule inherits, overrides and hides.
+#[test]
+fn inheritance_names_what_a_prefix_inherits_shadows_and_hides() {
+    let dns = crate::classes::tests::class("udp 53 _ _ _");
+    let syn = crate::classes::tests::class("tcp _ syn _ _");
+    let rules = [
+        (net("0.0.0.0/0"), Class::default(), true),
+        (net("0.0.0.0/0"), dns, true),
+        (net("10.0.0.0/8"), dns, true),
+        (net("10.0.0.0/8"), syn, true),
+    ];
+    let with = |extra: &[(IpNet, Class, bool)]| [&rules[..], extra].concat();
+    let i = Inheritance::of(net("10.1.0.0/16"), &with(&[(net("10.1.0.0/16"), Class::default(), true)]));
+    assert_eq!(i.inherited, vec![(net("10.0.0.0/8"), dns), (net("10.0.0.0/8"), syn)], "the /8's DNS shadows the /0's");
+    let i = Inheritance::of(net("10.1.0.0/16"), &with(&[(net("10.1.0.0/16"), dns, true)]));
+    assert_eq!((i.inherited, i.shadowed), (vec![(net("10.0.0.0/8"), syn)], vec![(net("10.0.0.0/8"), dns)]));
+    let i = Inheritance::of(net("10.1.0.0/16"), &with(&[(net("10.1.0.0/16"), Class::default(), false)]));
+    assert_eq!((i.inherited.len(), i.hidden.len()), (0, 2));
+    assert!(i.note().contains("no longer apply"), "{}", i.note());
+    // A stop between: nothing from above it.
+    let i = Inheritance::of(
+        net("10.1.2.0/24"),
+        &with(&[(net("10.1.0.0/16"), Class::default(), false), (net("10.1.2.0/24"), Class::default(), true)]),
+    );
+    assert_eq!(i, Inheritance::default());
 }
