@@ -1,0 +1,250 @@
+//! Tier 3, fleet budgets (issue 47, docs/fleet.md): three edges share one
+//! `--total-rate 30kpps --global svc` through a real Redis (Debian's
+//! redis-server, started by the tests in a control namespace reached over
+//! a bridge), each edge its own namespace with its own `policer` daemon
+//! and a veth from its generator namespace, real paced frames, and the
+//! edges' own counters (`stats --json`) and views (`status --json`,
+//! /metrics, the log).
+//!
+//! - 50/30/20 of the offered load over the edges: the admitted sum over
+//!   10 s is the budget within 3 %, and each edge's share follows its
+//!   demand;
+//! - all the load moves to one edge: two lease periods later it admits
+//!   at least 90 % of the budget;
+//! - Redis stopped: every edge falls back at the first lease round after
+//!   (within a period) and says so once; restarted: leases resume within
+//!   three periods and the sum converges to the budget again;
+//! - one edge cut off from Redis (an iptables rule in its namespace): it
+//!   alone falls back;
+//! - a daemon killed: the others' shares grow to the budget within the
+//!   registration's TTL (10 periods).
+//!
+//! Offered load: 90 kpps (45 + 27 + 18 kpps) is what the issue asks for; on
+//! a 2-vCPU VM three paced generators, three daemons and Redis share two
+//! cores, so the tests offer `SCALE` of it (the ratios and the overload
+//! kept: 1.5× the budget at 0.5) and check the budget against what the
+//! generators really sent. `POLICER_FLEET_SCALE=1` runs the full 90 kpps.
+
+use std::{
+    process::Command,
+    sync::{Arc, atomic::AtomicBool},
+    thread,
+    time::{Duration, Instant},
+};
+
+use policer_tests::{
+    daemon::{cli, samples, scrape, succeeds},
+    fleet::{Fleet, METRICS, REDIS_IP},
+    traffic::SendReport,
+};
+use serde_json::Value;
+
+/// Each edge's rule: the whole fleet's budget, shared as `svc`.
+const RULE: &str = "[[rule]]\nprefix = \"0.0.0.0/0\"\ntotal_rate = \"30kpps\"\nglobal = \"svc\"\n";
+
+/// The fleet's budget, packets/s.
+const BUDGET: f64 = 30_000.0;
+/// The lease period (the default).
+const PERIOD: Duration = Duration::from_millis(100);
+/// The share of the issue's 90 kpps offered (see the module doc).
+fn scale() -> f64 {
+    std::env::var("POLICER_FLEET_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0)
+}
+
+/// The issue's split of 90 kpps, scaled.
+fn offered() -> [f64; 3] {
+    let s = scale();
+    [45_000.0 * s, 27_000.0 * s, 18_000.0 * s]
+}
+
+fn sent_pps(r: &SendReport) -> f64 {
+    r.sent.iter().sum::<u64>() as f64 / r.span_secs(0).max(1e-9)
+}
+
+#[test]
+fn three_edges_enforce_one_budget_and_shares_follow_demand() {
+    let f = Fleet::new("fshr", RULE);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = offered().iter().enumerate().map(|(n, pps)| f.load(n, *pps, 14.0, &stop)).collect();
+    // Two seconds for the shares to settle, then ten measured.
+    thread::sleep(Duration::from_secs(2));
+    let got = f.admitted(&[0, 1, 2], Duration::from_secs(10));
+    let sent: Vec<f64> = load.into_iter().map(|h| sent_pps(&h.join().unwrap())).collect();
+    let sum: f64 = got.iter().sum();
+    let offered: f64 = sent.iter().sum();
+    eprintln!("offered {sent:?} = {offered:.0} pps, admitted {got:?} = {sum:.0} pps (budget {BUDGET})");
+    assert!(offered > BUDGET * 1.2, "the generators offered {offered:.0} pps: not over the budget (machine overloaded?)");
+    assert!((sum - BUDGET).abs() <= BUDGET * 0.03, "admitted {sum:.0} pps, not {BUDGET} within 3 %");
+    for n in 0..3 {
+        let (want, share) = (sent[n] / offered, got[n] / sum);
+        assert!((share - want).abs() <= 0.05, "edge {n}: {share:.3} of the budget for {want:.3} of the demand");
+    }
+    // The views: status, and the metrics of the budget.
+    for n in 0..3 {
+        let (fleet, b) = f.fleet(n);
+        assert_eq!((fleet["backend_up"].clone(), b["name"].clone(), b["live_nodes"].clone()), (true.into(), "svc".into(), 3.into()));
+        assert!(b["granted_total"].as_u64().unwrap() > 0 && b["asked_total"].as_u64().unwrap() > 0, "{b}");
+        let m = samples(&scrape(&f.edges[n].rx_ns, METRICS + n as u16));
+        assert_eq!(m.get("policer_global_backend_up"), Some(&1.0));
+        assert_eq!(m.get("policer_global_live_nodes{global=\"svc\"}"), Some(&3.0));
+        assert!(m.get("policer_global_used_packets_total{global=\"svc\"}").is_some_and(|v| *v > 0.0));
+    }
+    let ls = succeeds(&cli(&f.edges[0], &["rule", "ls"]));
+    assert!(ls.contains("global svc"), "{ls}");
+}
+
+#[test]
+fn all_load_moved_to_one_edge_takes_the_budget_within_two_periods() {
+    let f = Fleet::new("fmov", RULE);
+    let stop = Arc::new(AtomicBool::new(false));
+    let o = offered();
+    let total: f64 = o.iter().sum();
+    // The split for 3 s, then everything on edge 0.
+    let early: Vec<_> = (1..3).map(|n| f.load(n, o[n], 3.0, &stop)).collect();
+    let first = f.load(0, o[0], 3.0, &stop);
+    first.join().unwrap();
+    let moved = Instant::now();
+    let all = f.load(0, total, 4.0, &stop);
+    for h in early {
+        h.join().unwrap();
+    }
+    // Two lease periods after the move, one second measured.
+    thread::sleep((moved + 2 * PERIOD).saturating_duration_since(Instant::now()));
+    let got = f.admitted(&[0], Duration::from_secs(1))[0];
+    let sent = sent_pps(&all.join().unwrap());
+    eprintln!("edge 0 offered {sent:.0} pps after the move, admitted {got:.0} pps two periods on (budget {BUDGET})");
+    assert!(sent > BUDGET * 1.2, "the generator offered {sent:.0} pps (machine overloaded?)");
+    assert!(got >= BUDGET * 0.9, "edge 0 admitted {got:.0} pps: under 90 % of the budget two periods after the move");
+}
+
+/// Waits until `pred` holds of edge `n`'s fleet status; the status then.
+fn until(f: &Fleet, n: usize, within: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let s = f.fleet(n).0;
+        if pred(&s) {
+            return s;
+        }
+        assert!(t0.elapsed() < within, "edge {n}: {what} not seen within {within:?}: {s}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn redis_stopped_every_edge_falls_back_within_a_period_and_resumes_within_three() {
+    let mut f = Fleet::new("fred", RULE);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = offered().iter().enumerate().map(|(n, pps)| f.load(n, *pps, 8.0, &stop)).collect();
+    thread::sleep(Duration::from_secs(1));
+    let rounds: Vec<u64> = (0..3).map(|n| f.fleet(n).0["rounds"].as_u64().unwrap()).collect();
+    f.redis.stop();
+    for n in 0..3 {
+        let s = until(&f, n, Duration::from_secs(2), "the fallback", |s| s["backend_up"] == false);
+        // The round in flight when Redis went, and the next one at most:
+        // the fallback came within one period.
+        let failed_at = s["rounds"].as_u64().unwrap();
+        assert!(failed_at <= rounds[n] + 2, "edge {n}: fell back at round {failed_at}, Redis stopped after {}", rounds[n]);
+        let (_, b) = f.fleet(n);
+        assert_eq!(b["fallback"], true, "{b}");
+        // share: the budget over the 3 nodes last seen live.
+        assert_eq!(b["rate_pps"].as_u64(), Some(10_000), "{b}");
+        let m = samples(&scrape(&f.edges[n].rx_ns, METRICS + n as u16));
+        assert_eq!(m.get("policer_global_backend_up"), Some(&0.0));
+    }
+    // Down for a second: the log says it once, not every period.
+    thread::sleep(Duration::from_secs(1));
+    let rounds: Vec<u64> = (0..3).map(|n| f.fleet(n).0["rounds"].as_u64().unwrap()).collect();
+    f.redis.restart();
+    for n in 0..3 {
+        let s = until(&f, n, Duration::from_secs(2), "leases resumed", |s| s["backend_up"] == true);
+        let at = s["rounds"].as_u64().unwrap();
+        assert!(at <= rounds[n] + 3 + 1, "edge {n}: leases resumed at round {at}, Redis back after {}", rounds[n]);
+    }
+    thread::sleep(Duration::from_millis(500));
+    let got: f64 = f.admitted(&[0, 1, 2], Duration::from_secs(2)).iter().sum();
+    for h in load {
+        h.join().unwrap();
+    }
+    for n in 0..3 {
+        let log = f.daemons[n].as_ref().unwrap().stderr() + &f.daemons[n].as_ref().unwrap().stdout();
+        assert_eq!(log.matches("the global rules fall back").count(), 1, "edge {n}: {log}");
+        assert_eq!(log.matches("leases resumed").count(), 1, "edge {n}: {log}");
+    }
+    assert!((got - BUDGET).abs() <= BUDGET * 0.05, "after Redis came back: {got:.0} pps, not the budget");
+}
+
+#[test]
+fn a_redis_answering_later_than_a_period_puts_every_edge_on_its_fallback() {
+    let f = Fleet::new("fslo", RULE);
+    // DEBUG SLEEP holds Redis's one thread: every lease answers late.
+    let ctl = f.ctl.clone();
+    let sleeper = thread::spawn(move || {
+        Command::new("ip").args(["netns", "exec", &ctl, "redis-cli", "-h", REDIS_IP, "debug", "sleep", "1.5"]).output()
+    });
+    for n in 0..3 {
+        let s = until(&f, n, Duration::from_secs(1), "the fallback", |s| s["backend_up"] == false);
+        assert!(s["last_error"].is_string(), "{s}");
+    }
+    // The hanging Redis holds only the lease thread: a change through the
+    // owner is answered at once.
+    let t0 = Instant::now();
+    succeeds(&cli(&f.edges[0], &["rule", "set", "10.9.0.0/16", "--rate", "1kpps", "--runtime"]));
+    assert!(t0.elapsed() < Duration::from_millis(500), "rule set took {:?} while Redis hung", t0.elapsed());
+    sleeper.join().unwrap().unwrap();
+    for n in 0..3 {
+        until(&f, n, Duration::from_secs(2), "leases resumed", |s| s["backend_up"] == true);
+    }
+}
+
+#[test]
+fn an_edge_cut_off_from_redis_alone_falls_back() {
+    let f = Fleet::new("fcut", RULE);
+    let rule = ["-d", REDIS_IP, "-j", "DROP"];
+    let ipt = |op: &str| {
+        let st = Command::new("ip")
+            .args(["netns", "exec", &f.edges[1].rx_ns, "iptables", op, "OUTPUT"])
+            .args(rule)
+            .status()
+            .unwrap();
+        assert!(st.success(), "iptables {op}");
+    };
+    ipt("-I");
+    let s = until(&f, 1, Duration::from_secs(2), "the fallback", |s| s["backend_up"] == false);
+    assert!(s["last_error"].is_string(), "{s}");
+    // Over a second of it, the others lease all along.
+    for _ in 0..10 {
+        for n in [0, 2] {
+            assert_eq!(f.fleet(n).0["backend_up"], true, "edge {n} fell back with edge 1 cut off");
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(f.fleet(1).0["backend_up"], false);
+    ipt("-D");
+    until(&f, 1, Duration::from_secs(2), "leases resumed", |s| s["backend_up"] == true);
+}
+
+#[test]
+fn a_killed_daemon_gives_its_share_to_the_others_within_the_ttl() {
+    let mut f = Fleet::new("fkil", RULE);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = offered().iter().enumerate().map(|(n, pps)| f.load(n, *pps, 7.0, &stop)).collect();
+    thread::sleep(Duration::from_secs(2));
+    let before: f64 = f.admitted(&[0, 1], Duration::from_secs(1)).iter().sum();
+    let mut d = f.daemons[2].take().unwrap();
+    d.stop_with(libc::SIGKILL);
+    let killed = Instant::now();
+    // The registration's TTL is 10 periods.
+    for n in [0, 1] {
+        until(&f, n, Duration::from_secs(3), "2 live nodes", |s| s["budgets"][0]["live_nodes"] == 2);
+    }
+    let seen = killed.elapsed();
+    eprintln!("the others saw 2 live nodes {} ms after the kill", seen.as_millis());
+    assert!(seen <= 10 * PERIOD + 3 * PERIOD, "{seen:?}: later than the TTL");
+    let after: f64 = f.admitted(&[0, 1], Duration::from_secs(1)).iter().sum();
+    for h in load {
+        h.join().unwrap();
+    }
+    eprintln!("edges 0 and 1 admitted {before:.0} pps with edge 2 alive, {after:.0} pps after");
+    assert!(after > before * 1.1, "their shares did not grow: {before:.0} → {after:.0} pps");
+    assert!((after - BUDGET).abs() <= BUDGET * 0.05, "{after:.0} pps, not the budget");
+}
