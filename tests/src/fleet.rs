@@ -158,7 +158,7 @@ impl Fleet {
         let s: Value = serde_json::from_str(&succeeds(&cli(&self.edges[n], &["stats", "--json"]))).unwrap();
         let at = Instant::now();
         let r = s["rules"].as_array().unwrap().iter().find(|r| r["prefix"] == "0.0.0.0/0").expect("the rule");
-        (r["counters"]["passed_packets"].as_u64().unwrap(), at)
+        (r["passed_packets"].as_u64().expect("passed_packets"), at)
     }
 
     /// Each edge's admitted rate over `window`, packets/s.

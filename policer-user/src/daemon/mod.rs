@@ -466,7 +466,8 @@ async fn serve(
     let tally = d.bans.tally();
     let (snap_tx, snap_rx) = watch::channel(d.snapshot());
     let feed = d.feed.take();
-    let global = d.global.take();
+    // Kept by the owner too: `rule set --global` needs the table.
+    let global = d.global.clone();
     let publish_rx = match feed.as_ref().and_then(|f| f.publish.as_ref()) {
         Some(_) => {
             let (tx, rx) = tokio::sync::mpsc::channel(crowdsec::PUBLISH_QUEUE);
