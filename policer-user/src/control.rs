@@ -703,6 +703,9 @@ pub struct FleetStatus {
     /// Why the last one failed (none while up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// When `backend_up` last changed (the first round's end at the
+    /// start), Unix ms: the end of the round that failed or came back.
+    pub changed_unix_ms: u64,
     /// Lease rounds tried and failed since the start.
     pub rounds: u64,
     pub failures: u64,

@@ -51,6 +51,14 @@ fn scale() -> f64 {
     std::env::var("POLICER_FLEET_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0)
 }
 
+/// What a round's end may lag its period on a loaded 2-vCPU VM (the
+/// thread's wake-up and a refused connect), ms.
+const SLACK_MS: u64 = 50;
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
 /// The split of 90 kpps, scaled.
 fn offered() -> [f64; 3] {
     let s = scale();
@@ -134,16 +142,18 @@ fn until(f: &Fleet, n: usize, within: Duration, what: &str, pred: impl Fn(&Value
 fn redis_stopped_every_edge_falls_back_within_a_period_and_resumes_within_three() {
     let mut f = Fleet::new("fred", RULE);
     let stop = Arc::new(AtomicBool::new(false));
-    let load: Vec<_> = offered().iter().enumerate().map(|(n, pps)| f.load(n, *pps, 8.0, &stop)).collect();
+    // Stopped once measured.
+    let load: Vec<_> = offered().iter().enumerate().map(|(n, pps)| f.load(n, *pps, 30.0, &stop)).collect();
     thread::sleep(Duration::from_secs(1));
-    let rounds: Vec<u64> = (0..3).map(|n| f.fleet(n).0["rounds"].as_u64().unwrap()).collect();
+    let stopped = unix_ms();
     f.redis.stop();
     for n in 0..3 {
         let s = until(&f, n, Duration::from_secs(2), "the fallback", |s| s["backend_up"] == false);
-        // The round in flight when Redis went, and the next one at most:
-        // the fallback came within one period.
-        let failed_at = s["rounds"].as_u64().unwrap();
-        assert!(failed_at <= rounds[n] + 2, "edge {n}: fell back at round {failed_at}, Redis stopped after {}", rounds[n]);
+        // The round that failed ended within a period of Redis's end (the
+        // next round starts within a period and fails at once).
+        let after = s["changed_unix_ms"].as_u64().unwrap().saturating_sub(stopped);
+        eprintln!("edge {n}: on its fallback {after} ms after Redis stopped");
+        assert!(after <= PERIOD.as_millis() as u64 + SLACK_MS, "edge {n}: fell back {after} ms after Redis stopped");
         let (_, b) = f.fleet(n);
         assert_eq!(b["fallback"], true, "{b}");
         // share: the budget over the 3 nodes last seen live.
@@ -153,15 +163,17 @@ fn redis_stopped_every_edge_falls_back_within_a_period_and_resumes_within_three(
     }
     // Down for a second: the log says it once, not every period.
     thread::sleep(Duration::from_secs(1));
-    let rounds: Vec<u64> = (0..3).map(|n| f.fleet(n).0["rounds"].as_u64().unwrap()).collect();
     f.redis.restart();
+    let back = unix_ms();
     for n in 0..3 {
         let s = until(&f, n, Duration::from_secs(2), "leases resumed", |s| s["backend_up"] == true);
-        let at = s["rounds"].as_u64().unwrap();
-        assert!(at <= rounds[n] + 3 + 1, "edge {n}: leases resumed at round {at}, Redis back after {}", rounds[n]);
+        let after = s["changed_unix_ms"].as_u64().unwrap().saturating_sub(back);
+        eprintln!("edge {n}: leasing again {after} ms after Redis answered");
+        assert!(after <= 3 * PERIOD.as_millis() as u64, "edge {n}: leases resumed {after} ms after Redis came back");
     }
     thread::sleep(Duration::from_millis(500));
     let got: f64 = f.admitted(&[0, 1, 2], Duration::from_secs(2)).iter().sum();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for h in load {
         h.join().unwrap();
     }

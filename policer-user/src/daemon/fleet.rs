@@ -250,8 +250,12 @@ impl Lease {
             (None, Ok(_)) => say!("policer: fleet: leasing from Redis {redis} as node {}", self.settings.node_id),
             _ => {}
         }
+        let changed = self.up != Some(up);
         self.up = Some(up);
         if let Ok(mut s) = self.status.lock() {
+            if changed {
+                s.changed_unix_ms = crate::duration::unix_ms();
+            }
             s.backend_up = up;
             s.rounds += 1;
             s.failures += u64::from(!up);
