@@ -944,6 +944,12 @@ pub struct InspectView {
     /// frames pass unpoliced.
     pub rule: Option<String>,
     pub action: Option<String>,
+    /// The rule's aggregate: its `--total-rate`, and the fleet budget it
+    /// shares it through (`--global`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<String>,
     /// Its bucket's key: the address, or the masked prefix (--key-len).
     pub key: Option<String>,
     /// Whether the table holds a bucket for it. No bucket means no debt

@@ -1808,12 +1808,12 @@ fn a_cut_file_is_followed_only_if_it_ends_as_a_whole_file_does() {
 fn global_table_and_rules() {
     let table = "[global]\nredis_url = \"redis://127.0.0.1:6379/0\"\nnode_id = \"edge1\"\nlease_period = \"50ms\"\n\n";
     let rule = "[[rule]]\nprefix = \"0.0.0.0/0\"\ntotal_rate = \"30kpps\"\nglobal = \"svc\"\n";
-    let (cfg, rules, problems) = Config::check_all(&format!("{table}{rule}"), None);
+    let (cfg, rules, problems) = super::Config::check_all(&format!("{table}{rule}"), None);
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(cfg.global.as_ref().and_then(|g| g.node_id.as_deref()), Some("edge1"));
     assert_eq!(rules.values().next().and_then(|s| s.global()), Some("svc"));
     let said = |text: &str| -> String {
-        let (_, _, p) = Config::check_all(text, None);
+        let (_, _, p) = super::Config::check_all(text, None);
         p.iter().map(|p| p.message.clone()).collect::<Vec<_>>().join("; ")
     };
     for (text, needle) in [

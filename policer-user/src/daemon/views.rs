@@ -702,6 +702,8 @@ impl Views {
         v.rule = Some(label);
         v.class = Some(class);
         v.action = Some(action.to_string());
+        v.total_rate = spec.and_then(|s| s.total()).map(|(r, _)| r.to_string());
+        v.global = spec.and_then(|s| s.global()).map(str::to_string);
         let key = rule_bucket_key(addr, &rule);
         let mut applied = InspectApplied::Rule { slot: Some(rule.counter_slot), banned: None };
         v.key = Some(bucket_source(&key));
