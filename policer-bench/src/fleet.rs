@@ -163,6 +163,10 @@ fn render(rows: &[Row], secs: u64) -> String {
         rows.iter().map(|r| r.rounds).sum::<u64>() / rows.len().max(1) as u64,
         rows.iter().map(|r| r.failures).sum::<u64>(),
     );
-    let _ = writeln!(out, "\nEach window: {}", rows.iter().map(|r| format!("{:.1} s", r.secs)).collect::<Vec<_>>().join(", "));
+    let _ = writeln!(
+        out,
+        "\nEach window: {}",
+        rows.iter().map(|r| format!("{:.1} s", r.secs)).collect::<Vec<_>>().join(", ")
+    );
     out
 }

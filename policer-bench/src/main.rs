@@ -231,7 +231,11 @@ fn main() -> ExitCode {
     }
     let mut a = a;
     if a.only.iter().any(|o| o == "global") {
-        let report = if a.report == PathBuf::from("BENCHMARKS.md") { PathBuf::from("bench/fleet.md") } else { a.report.clone() };
+        let report = if a.report.as_path() == std::path::Path::new("BENCHMARKS.md") {
+            PathBuf::from("bench/fleet.md")
+        } else {
+            a.report.clone()
+        };
         let (secs, reps) = if a.quick { (3, 1) } else { (10, 3) };
         if let Err(e) = policer_bench::fleet::run(&report, secs, reps) {
             say(&format!("error: global: {e:#}"));

@@ -115,17 +115,17 @@ impl GlobalConfig {
                 crate::text::escaped(&self.redis_url)
             )));
         }
-        let mut info = self
-            .redis_url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| bad(format!("redis_url: {}; write redis_url = \"redis://127.0.0.1:6379/0\"", e.detail().unwrap_or("not valid"))))?;
+        let mut info = self.redis_url.as_str().into_connection_info().map_err(|e| {
+            bad(format!(
+                "redis_url: {}; write redis_url = \"redis://127.0.0.1:6379/0\"",
+                e.detail().unwrap_or("not valid")
+            ))
+        })?;
         let shown = info.addr().to_string();
         let mut redis = info.redis_settings().clone();
         if let Some(f) = &self.password_file {
             let p = base.join(f);
-            let text = std::fs::read_to_string(&p)
-                .map_err(|e| bad(format!("password_file: {}: {e}", p.display())))?;
+            let text = std::fs::read_to_string(&p).map_err(|e| bad(format!("password_file: {}: {e}", p.display())))?;
             let pw = text.trim_end_matches(['\n', '\r']);
             if pw.is_empty() || pw.contains(['\n', '\r']) {
                 return Err(bad(format!("password_file: {}: not one line holding the password", p.display())));

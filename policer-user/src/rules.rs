@@ -622,7 +622,10 @@ impl RuleConfig {
         let name = p.take("global", crate::fleet::check_name(name))?;
         match total {
             Some(Some((r, _))) if r.is_bytes() => {
-                p.push("global", format!("{}: --global shares a packet rate; --total-rate {r} is a bit rate", self.prefix));
+                p.push(
+                    "global",
+                    format!("{}: --global shares a packet rate; --total-rate {r} is a bit rate", self.prefix),
+                );
                 None
             }
             Some(Some(_)) => Some(Some(name)),

@@ -121,9 +121,7 @@ impl Fleet {
             ip(&["-n", &sb.rx_ns, "link", "set", &e, "up"]);
             std::fs::write(
                 &sb.config,
-                format!(
-                    "[global]\nredis_url = \"redis://{REDIS_IP}:6379/0\"\nnode_id = \"edge{n}\"\n\n{rules}"
-                ),
+                format!("[global]\nredis_url = \"redis://{REDIS_IP}:6379/0\"\nnode_id = \"edge{n}\"\n\n{rules}"),
             )
             .unwrap();
             edges.push(sb);
@@ -197,4 +195,3 @@ impl Fleet {
         })
     }
 }
-

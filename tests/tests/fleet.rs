@@ -84,7 +84,10 @@ fn three_edges_enforce_one_budget_and_shares_follow_demand() {
     let sum: f64 = got.iter().sum();
     let offered: f64 = sent.iter().sum();
     eprintln!("offered {sent:?} = {offered:.0} pps, admitted {got:?} = {sum:.0} pps (budget {BUDGET})");
-    assert!(offered > BUDGET * 1.2, "the generators offered {offered:.0} pps: not over the budget (machine overloaded?)");
+    assert!(
+        offered > BUDGET * 1.2,
+        "the generators offered {offered:.0} pps: not over the budget (machine overloaded?)"
+    );
     assert!((sum - BUDGET).abs() <= BUDGET * 0.03, "admitted {sum:.0} pps, not {BUDGET} within 3 %");
     for n in 0..3 {
         let (want, share) = (sent[n] / offered, got[n] / sum);
@@ -93,7 +96,10 @@ fn three_edges_enforce_one_budget_and_shares_follow_demand() {
     // The views: status, and the metrics of the budget.
     for n in 0..3 {
         let (fleet, b) = f.fleet(n);
-        assert_eq!((fleet["backend_up"].clone(), b["name"].clone(), b["live_nodes"].clone()), (true.into(), "svc".into(), 3.into()));
+        assert_eq!(
+            (fleet["backend_up"].clone(), b["name"].clone(), b["live_nodes"].clone()),
+            (true.into(), "svc".into(), 3.into())
+        );
         assert!(b["granted_total"].as_u64().unwrap() > 0 && b["asked_total"].as_u64().unwrap() > 0, "{b}");
         let m = samples(&scrape(&f.edges[n].rx_ns, METRICS + n as u16));
         assert_eq!(m.get("policer_global_backend_up"), Some(&1.0));

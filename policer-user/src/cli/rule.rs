@@ -59,6 +59,11 @@ impl ClassArgs {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per command line and matched at once: boxing `Set` would only cost clap's derive its \
+              plain fields"
+)]
 pub enum Cmd {
     /// Add the rule for a prefix and class, or change the one there: the
     /// options given change those fields, the rest keep their values

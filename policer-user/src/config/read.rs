@@ -226,7 +226,11 @@ impl Read {
         match &self.config.global {
             Some(g) => {
                 let base = sets_from.and_then(std::path::Path::parent).unwrap_or(std::path::Path::new("/nonexistent"));
-                let g = if sets_from.is_some() { g.clone() } else { crate::fleet::GlobalConfig { password_file: None, ..g.clone() } };
+                let g = if sets_from.is_some() {
+                    g.clone()
+                } else {
+                    crate::fleet::GlobalConfig { password_file: None, ..g.clone() }
+                };
                 if let Err(e) = g.settings(base) {
                     out.push(Problem { line: self.global_line, message: e.to_string() });
                 }

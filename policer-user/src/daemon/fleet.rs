@@ -104,7 +104,9 @@ impl Lease {
         let members = self.members();
         self.budgets.retain(|name, _| members.contains_key(name));
         let counters: BTreeMap<u32, (u64, u64)> = match self.views.map_reader().rule_counters() {
-            Ok(c) => c.into_iter().map(|(slot, c)| (slot, (c.passed_pkts + c.total_dropped_pkts, c.passed_pkts))).collect(),
+            Ok(c) => {
+                c.into_iter().map(|(slot, c)| (slot, (c.passed_pkts + c.total_dropped_pkts, c.passed_pkts))).collect()
+            }
             Err(e) => {
                 say_err!("policer: fleet: reading the rules' counters: {e}");
                 return;
@@ -244,7 +246,9 @@ impl Lease {
         let (redis, fallback) = (&self.settings.shown, self.settings.fallback.name());
         match (self.up, answer) {
             (Some(true) | None, Err(e)) => {
-                say_err!("policer: fleet: Redis {redis} failed ({e}): the global rules fall back ({fallback}) until it answers");
+                say_err!(
+                    "policer: fleet: Redis {redis} failed ({e}): the global rules fall back ({fallback}) until it answers"
+                );
             }
             (Some(false), Ok(_)) => say!("policer: fleet: Redis {redis} answers again: leases resumed"),
             (None, Ok(_)) => say!("policer: fleet: leasing from Redis {redis} as node {}", self.settings.node_id),
@@ -272,13 +276,7 @@ impl Lease {
 
 /// A budget's tokens for the next period over its rules on this node, in
 /// proportion to each one's demand of the last (evenly when none had any).
-fn split(
-    rules: &[Member],
-    demands: &BTreeMap<u32, u64>,
-    tokens: u64,
-    name: &str,
-    period: Duration,
-) -> Vec<LeaseWrite> {
+fn split(rules: &[Member], demands: &BTreeMap<u32, u64>, tokens: u64, name: &str, period: Duration) -> Vec<LeaseWrite> {
     let total: u64 = rules.iter().map(|m| demands.get(&m.slot).copied().unwrap_or(0)).sum();
     rules
         .iter()
@@ -287,7 +285,12 @@ fn split(
                 0 => tokens / rules.len().max(1) as u64,
                 t => (tokens as u128 * demands.get(&m.slot).copied().unwrap_or(0) as u128 / t as u128) as u64,
             };
-            LeaseWrite { key: m.key.clone(), slot: m.slot, name: name.to_string(), limiter: fleet::limiter(share, period) }
+            LeaseWrite {
+                key: m.key.clone(),
+                slot: m.slot,
+                name: name.to_string(),
+                limiter: fleet::limiter(share, period),
+            }
         })
         .collect()
 }
