@@ -728,6 +728,9 @@ pub struct GlobalStatus {
     /// Nodes live at the last lease (this one included; while in fallback,
     /// the last known).
     pub live_nodes: u64,
+    /// When `live_nodes` last changed, Unix ms (the end of that lease).
+    #[serde(default)]
+    pub live_changed_unix_ms: u64,
     /// The last period: tokens asked, granted (or the fallback's), and
     /// frames that reached the aggregate and that it admitted.
     pub asked: u64,

@@ -152,7 +152,11 @@ impl Lease {
             };
             let tokens = match reply {
                 Some((grant, live, _)) => {
-                    b.live = live.max(1) as u64;
+                    let live = live.max(1) as u64;
+                    if live != b.live {
+                        b.status.live_changed_unix_ms = crate::duration::unix_ms();
+                    }
+                    b.live = live;
                     grant.max(0) as u64
                 }
                 None => fleet::fallback_tokens(a.budget_pps, period, b.live, self.settings.fallback),
