@@ -130,19 +130,24 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn render(rows: &[Row], secs: u64) -> String {
     let cpu = crate::sys::run("sh", &["-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"]).unwrap_or_default();
     let date = crate::sys::run("date", &["-u", "+%Y-%m-%d %H:%M"]).unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load.split_whitespace().next().unwrap_or("?").to_string();
     let redis = crate::sys::run("redis-server", &["--version"]).unwrap_or_default();
     let m = |f: fn(&Row) -> f64| median(rows.iter().map(f).collect());
     let mut out = format!(
         "# Fleet budgets: lease traffic and Redis CPU\n\n\
-         `policer-bench --only global` ({date}; {}; {}): {NODES} nodes (each its own namespace and \
+         `policer-bench --only global` ({}; {}; {}): {NODES} nodes (each its own namespace and \
          `policer` daemon) × {RULES} global rules (`--total-rate 30kpps --global gN`, one budget each), \
          the default lease period of 100 ms, one Debian redis-server on a bridge in a control namespace. \
          Counted by Redis itself (`INFO`: the EVALSHA/EVAL calls, network bytes, CPU) over {} windows of \
          {secs} s; medians. No traffic: a rule's lease is the same script call whatever its demand \
-         (docs/fleet.md).\n\n",
+         (docs/fleet.md). Redis's figures do not depend on how `policer` was built; its lease thread's rounds \
+         (failed or late: later than a period) do, and on what else the machine runs (load average {}).\n\n",
+        date.trim(),
         cpu.trim(),
         redis.trim(),
-        rows.len()
+        rows.len(),
+        load
     );
     out.push_str("| per node per rule | requests/s | bytes/s to Redis | bytes/s from Redis |\n|---|---|---|---|\n");
     let _ = writeln!(
