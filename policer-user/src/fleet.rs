@@ -206,7 +206,9 @@ pub fn keys(name: &str) -> [String; 3] {
 /// budget of `ARGV[3]` tokens a second for one period of `ARGV[4]` µs.
 /// Expired nodes are dropped with their asks; the ask is cut to the node's
 /// share of one period's budget in proportion to the live nodes' asks;
-/// then a GCRA over the budget (tolerance: one period) grants what it has.
+/// then a GCRA over the budget (tolerance: two periods, so nodes whose
+/// rounds fall at different phases do not starve each other) grants what
+/// it has.
 /// Returns `{grant, live nodes, sum of the asks}`.
 pub const SCRIPT: &str = r#"
 local t = redis.call('TIME')
@@ -229,10 +231,10 @@ if sum > budget then share = math.floor(budget * ask / sum) end
 local every = 1000000 / rate
 local tat = tonumber(redis.call('GET', KEYS[1])) or now
 if tat < now then tat = now end
-local room = math.floor((now + period - tat) / every)
+local room = math.floor((now + 2 * period - tat) / every)
 local grant = math.max(0, math.min(share, room))
 tat = tat + grant * every
-local keep = math.ceil((ttl + period) / 1000)
+local keep = math.ceil((ttl + 2 * period) / 1000)
 redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', keep)
 redis.call('PEXPIRE', KEYS[2], keep)
 redis.call('PEXPIRE', KEYS[3], keep)
