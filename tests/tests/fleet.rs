@@ -199,9 +199,9 @@ fn redis_stopped_every_edge_falls_back_within_a_period_and_resumes_within_three(
         h.join().unwrap();
     }
     // Down for a second, then back: said once each, not every period.
-    for n in 0..3 {
+    for (n, before) in said.iter().enumerate() {
         let [mut err, mut out] = log(&f, n);
-        let (err, out) = (err.split_off(said[n][0]), out.split_off(said[n][1]));
+        let (err, out) = (err.split_off(before[0]), out.split_off(before[1]));
         let text = format!("{err:?} {out:?}");
         assert_eq!(err.iter().filter(|l| l.contains("the global rules fall back")).count(), 1, "edge {n}: {text}");
         assert_eq!(out.iter().filter(|l| l.contains("leases resumed")).count(), 1, "edge {n}: {text}");
