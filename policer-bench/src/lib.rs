@@ -12,6 +12,7 @@
 
 pub mod accuracy;
 pub mod control;
+pub mod fleet;
 pub mod kernel;
 pub mod peers;
 pub mod plot;

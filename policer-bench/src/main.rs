@@ -38,8 +38,11 @@ struct Args {
     /// rule, nftables and iptables-legacy hashlimit; beside the IPv4 floor
     /// and dropping policer), pressure (population and spoofed floods),
     /// accuracy, control, import (the import rows of control alone),
-    /// crowdsec (the CrowdSec feed rows of control alone).
-    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "classes", "pressure", "accuracy", "control", "import", "crowdsec"])]
+    /// crowdsec (the CrowdSec feed rows of control alone), global (the
+    /// fleet budgets' lease traffic and Redis CPU at 3 nodes × 100 global
+    /// rules; only when named, into its own report: bench/fleet.md, or
+    /// --report when given).
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "classes", "pressure", "accuracy", "control", "import", "crowdsec", "global"])]
     only: Vec<String>,
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the
@@ -225,6 +228,23 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    let mut a = a;
+    if a.only.iter().any(|o| o == "global") {
+        let report = if a.report.as_path() == std::path::Path::new("BENCHMARKS.md") {
+            PathBuf::from("bench/fleet.md")
+        } else {
+            a.report.clone()
+        };
+        let (secs, reps) = if a.quick { (3, 1) } else { (10, 3) };
+        if let Err(e) = policer_bench::fleet::run(&report, secs, reps) {
+            say(&format!("error: global: {e:#}"));
+            return ExitCode::FAILURE;
+        }
+        a.only.retain(|o| o != "global");
+        if a.only.is_empty() {
+            return ExitCode::SUCCESS;
+        }
     }
     let o = Options {
         quick: a.quick,

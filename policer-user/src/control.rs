@@ -681,6 +681,68 @@ pub struct StatsView {
     /// capture maps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capture: Option<crate::capture::CaptureStatus>,
+    /// The fleet budgets (`[global]`, `--global`): none when the config
+    /// has no `[global]` table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetStatus>,
+}
+
+/// The fleet budgets as the lease thread last saw them (`[global]`,
+/// docs/fleet.md): `stats --json`'s and `status --json`'s `fleet`, and
+/// `policer_global_*` on /metrics. Never holds the Redis password.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetStatus {
+    /// `HOST:PORT` of the Redis.
+    pub redis: String,
+    pub node_id: String,
+    pub lease_period_ms: u64,
+    /// `share` or `local`.
+    pub fallback: String,
+    /// Whether the last lease round trip succeeded in time.
+    pub backend_up: bool,
+    /// Why the last one failed (none while up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When `backend_up` last changed (the first round's end at the
+    /// start), Unix ms: the end of the round that failed or came back.
+    pub changed_unix_ms: u64,
+    /// Lease rounds tried and failed since the start.
+    pub rounds: u64,
+    pub failures: u64,
+    /// Each budget the rules in force name.
+    pub budgets: Vec<GlobalStatus>,
+}
+
+/// One fleet budget on this node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GlobalStatus {
+    /// The budget's name (`--global NAME`).
+    pub name: String,
+    /// The rule(s) in force that name it.
+    pub rules: Vec<String>,
+    /// The whole fleet's rate, packets/s (the rules' `--total-rate`).
+    pub budget_pps: u64,
+    /// Whether this node runs on its fallback now (Redis not answering
+    /// in time, or refusing).
+    pub fallback: bool,
+    /// Nodes live at the last lease (this one included; while in fallback,
+    /// the last known).
+    pub live_nodes: u64,
+    /// When `live_nodes` last changed, Unix ms (the end of that lease).
+    #[serde(default)]
+    pub live_changed_unix_ms: u64,
+    /// The last period: tokens asked, granted (or the fallback's), and
+    /// frames that reached the aggregate and that it admitted.
+    pub asked: u64,
+    pub granted: u64,
+    pub demand: u64,
+    pub used: u64,
+    /// The rate the aggregate runs at now, packets/s.
+    pub rate_pps: u64,
+    /// Since the start: tokens asked and granted, frames admitted.
+    pub asked_total: u64,
+    pub granted_total: u64,
+    pub used_total: u64,
 }
 
 /// A decision feed (CrowdSec's Local API) as the daemon last saw it:
@@ -885,6 +947,12 @@ pub struct InspectView {
     /// frames pass unpoliced.
     pub rule: Option<String>,
     pub action: Option<String>,
+    /// The rule's aggregate: its `--total-rate`, and the fleet budget it
+    /// shares it through (`--global`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<String>,
     /// Its bucket's key: the address, or the masked prefix (--key-len).
     pub key: Option<String>,
     /// Whether the table holds a bucket for it. No bucket means no debt
@@ -999,6 +1067,9 @@ pub struct RuleView {
     pub total_rate: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_burst: Option<u64>,
+    /// The fleet budget the total is shared through (`--global NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<String>,
     pub action: String,
     /// None for allow/deny rules without a rate.
     pub rate: Option<String>,
@@ -1090,6 +1161,9 @@ pub struct StatusView {
     /// The decision feeds (`[crowdsec]`), as in `stats --json`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub feeds: Vec<FeedStatus>,
+    /// The fleet budgets (`[global]`), as in `stats --json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetStatus>,
     /// The protected prefixes (`protect` in [daemon]): never dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protect: Option<Vec<String>>,

@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod duration;
 pub mod error;
 pub mod files;
+pub mod fleet;
 #[cfg(test)]
 mod layering;
 pub mod loader;

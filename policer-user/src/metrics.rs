@@ -94,6 +94,9 @@ pub fn render(s: &StatsView, live: u64, evicted: u64, attached: &[(String, bool)
     if let Some(c) = &s.capture {
         capture_metrics(&mut reg, c);
     }
+    if let Some(f) = &s.fleet {
+        fleet_metrics(&mut reg, f);
+    }
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
@@ -356,6 +359,45 @@ fn capture_metrics(reg: &mut Registry, c: &crate::capture::CaptureStatus) {
     );
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GlobalLabel {
+    global: String,
+}
+
+/// `policer_global_*`: the fleet budgets (`[global]`, docs/fleet.md).
+fn fleet_metrics(reg: &mut Registry, f: &crate::control::FleetStatus) {
+    let g = reg.sub_registry_with_prefix("global");
+    g.register(
+        "backend_up",
+        "Whether the last lease round trip to Redis succeeded within a lease period (1) or not (0: the global rules \
+         run on their fallback)",
+        gauge(u64::from(f.backend_up)),
+    );
+    g.register("lease_rounds", "Lease round trips tried", counter(f.rounds));
+    g.register("lease_failures", "Lease round trips that failed or answered later than a period", counter(f.failures));
+    type Gauges = Family<GlobalLabel, Gauge>;
+    type Counters = Family<GlobalLabel, Counter>;
+    let (fallback, live, budget, rate) = (Gauges::default(), Gauges::default(), Gauges::default(), Gauges::default());
+    let (asked, granted, used) = (Counters::default(), Counters::default(), Counters::default());
+    for b in &f.budgets {
+        let l = GlobalLabel { global: b.name.clone() };
+        fallback.get_or_create(&l).set(i64::from(b.fallback));
+        live.get_or_create(&l).set(b.live_nodes as i64);
+        budget.get_or_create(&l).set(b.budget_pps as i64);
+        rate.get_or_create(&l).set(b.rate_pps as i64);
+        asked.get_or_create(&l).inc_by(b.asked_total);
+        granted.get_or_create(&l).inc_by(b.granted_total);
+        used.get_or_create(&l).inc_by(b.used_total);
+    }
+    g.register("fallback", "1 while the budget runs on its fallback on this node", fallback);
+    g.register("live_nodes", "Nodes live in the budget at the last lease (the last known in fallback)", live);
+    g.register("budget_pps", "The whole fleet's rate of the budget, packets/s", budget);
+    g.register("rate_pps", "The rate this node's share runs at now, packets/s", rate);
+    g.register("asked_packets", "Tokens this node asked for", asked);
+    g.register("granted_packets", "Tokens granted to this node (or taken by its fallback)", granted);
+    g.register("used_packets", "Frames the budget's aggregate admitted on this node", used);
+}
+
 /// `policer_crowdsec_*`: the feed from CrowdSec's Local API.
 fn feed_metrics(reg: &mut Registry, f: &crate::control::FeedStatus) {
     let gauge = |v: u64| {
@@ -511,6 +553,10 @@ mod tests {
                 errors: [("connect".to_string(), 1)].into(),
                 ..Default::default()
             }],
+            fleet: Some(crate::control::FleetStatus {
+                budgets: vec![crate::control::GlobalStatus { name: "svc".into(), ..Default::default() }],
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let text = render(&s, 0, 0, &[("eth0".into(), true)]);

@@ -40,6 +40,37 @@ fn iface_row(t: &mut comfy_table::Table, i: &IfaceStats) {
     ]);
 }
 
+/// The fleet budgets (`[global]`): the backend's state, then a line per
+/// budget with its last period (`status` and `stats`).
+pub fn fleet_lines(f: &crate::control::FleetStatus) -> Vec<String> {
+    let state = if f.backend_up {
+        "up".to_string()
+    } else {
+        format!("DOWN ({}): global rules on their fallback", f.last_error.as_deref().unwrap_or("no answer yet"))
+    };
+    let mut out = vec![format!(
+        "fleet: node {} leasing from Redis {} every {} ms (fallback {}): backend {state}; {} rounds, {} failed",
+        f.node_id, f.redis, f.lease_period_ms, f.fallback, f.rounds, f.failures
+    )];
+    for b in &f.budgets {
+        out.push(format!(
+            "  global {}: budget {} pps over {} live nodes; last period asked {}, granted {}{} ({} pps), used {} of \
+             {} offered; rules {}",
+            b.name,
+            b.budget_pps,
+            b.live_nodes,
+            b.asked,
+            b.granted,
+            if b.fallback { " by FALLBACK" } else { "" },
+            b.rate_pps,
+            b.used,
+            b.demand,
+            b.rules.join(", ")
+        ));
+    }
+    out
+}
+
 /// The text form of one stats sample.
 pub fn stats_text(s: &StatsView) -> String {
     let mut out = String::new();
@@ -102,6 +133,9 @@ pub fn stats_text(s: &StatsView) -> String {
         s.totals.recall_known,
         s.totals.recall_debt_drops
     );
+    for l in s.fleet.iter().flat_map(fleet_lines) {
+        let _ = writeln!(out, "{l}");
+    }
     let b = &s.bans;
     let _ = writeln!(
         out,

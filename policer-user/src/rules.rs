@@ -62,6 +62,10 @@ pub struct RuleConfig {
     pub total_rate: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_burst: Option<BurstValue>,
+    /// The fleet budget this rule's total is a node's share of
+    /// (`--global NAME`, `[global]`: docs/fleet.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<String>,
     /// Automatic bans: a source whose bucket refuses `ban_after` frames
     /// (default 1) since it was last admitted, or within `ban_within`, is
     /// banned this long
@@ -203,6 +207,8 @@ struct Rare {
     /// The aggregate bucket of the whole rule: rate and burst (packets, or
     /// bytes for a bit rate).
     total: Option<(Rate, u64)>,
+    /// The fleet budget the total is shared through (`--global NAME`).
+    global: Option<String>,
     /// Automatic bans of the rule's sources.
     auto_ban: Option<BanPolicy>,
     /// A manual ban (a deny entry that overrides the rules of every prefix
@@ -222,6 +228,16 @@ impl RuleSpec {
     /// bytes for a bit rate).
     pub fn total(&self) -> Option<(Rate, u64)> {
         self.rare.as_ref().and_then(|r| r.total)
+    }
+
+    /// The fleet budget the total is shared through (`--global NAME`):
+    /// the total is then the whole fleet's (docs/fleet.md).
+    pub fn global(&self) -> Option<&str> {
+        self.rare.as_ref().and_then(|r| r.global.as_deref())
+    }
+
+    pub fn set_global(&mut self, global: Option<String>) {
+        self.with_rare(|r| r.global = global);
     }
 
     /// Automatic bans of the rule's sources.
@@ -435,6 +451,7 @@ impl RuleConfig {
             || self.class_text() != ClassText::default()
             || self.total_rate.is_some()
             || self.total_burst.is_some()
+            || self.global.is_some()
             || self.ban_for.is_some()
             || self.ban_after.is_some()
             || self.ban_max.is_some()
@@ -607,7 +624,9 @@ impl RuleConfig {
             rare: None,
         };
         spec.set_class(class?);
+        let global = self.check_global(total, p);
         spec.set_total(total?);
+        spec.set_global(global?);
         spec.set_auto_ban(auto_ban?);
         spec.set_inherit(self.inherit.unwrap_or(true));
         if p.found.is_empty() {
@@ -637,6 +656,28 @@ impl RuleConfig {
                 None
             }
             (None, None) => Some(None),
+        }
+    }
+
+    /// `global`: a name ([`crate::fleet::check_name`]) on a rule with a
+    /// total (`None`: not known).
+    fn check_global(&self, total: Option<Option<(Rate, u64)>>, p: &mut Problems<'_>) -> Option<Option<String>> {
+        let Some(name) = &self.global else { return Some(None) };
+        let name = p.take("global", crate::fleet::check_name(name))?;
+        match total {
+            Some(Some((r, _))) if r.is_bytes() => {
+                p.push(
+                    "global",
+                    format!("{}: --global shares a packet rate; --total-rate {r} is a bit rate", self.prefix),
+                );
+                None
+            }
+            Some(Some(_)) => Some(Some(name)),
+            Some(None) => {
+                p.push("global", format!("{}: --global needs --total-rate (the fleet's budget)", self.prefix));
+                None
+            }
+            None => None,
         }
     }
 
@@ -730,7 +771,10 @@ pub fn merge(old: &RuleSpec, given: &RuleConfig) -> RuleConfig {
         m.key_len = given.key_len;
     }
     if !keeps_bucket && given.total_rate.is_none() {
-        (m.total_rate, m.total_burst) = (None, None);
+        (m.total_rate, m.total_burst, m.global) = (None, None, None);
+    }
+    if given.global.is_some() {
+        m.global = given.global.clone();
     }
     if given.total_rate.is_some() {
         if given.total_burst.is_none() && unit(&given.total_rate) != unit(&m.total_rate) {
@@ -925,6 +969,7 @@ impl RuleSpec {
             total_burst: self
                 .total()
                 .map(|(r, b)| if r.is_bytes() { BurstValue::Text(format!("{b}b")) } else { BurstValue::Count(b) }),
+            global: self.global().map(str::to_string),
             ban_for: self.auto_ban().map(|b| crate::duration::format(b.ban_for)),
             ban_after: self.auto_ban().map(|b| b.ban_after).filter(|n| *n != 1),
             ban_max: self.auto_ban().and_then(|b| b.ban_max).map(crate::duration::format),

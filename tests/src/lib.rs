@@ -8,6 +8,7 @@ pub mod bench;
 pub mod capture;
 pub mod classes;
 pub mod daemon;
+pub mod fleet;
 pub mod foreign;
 pub mod frame;
 pub mod kstate;

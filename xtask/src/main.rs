@@ -45,6 +45,9 @@ const APT_PACKAGES: &[&str] = &[
     // its objects behind policer, and bpftool to put a pinned program in.
     "xdp-tools",
     "bpftool",
+    // The fleet tier (tests/tests/fleet.rs): the Redis the fleet budgets
+    // lease from (redis-server and redis-cli; the tests start it).
+    "redis-server",
 ];
 
 #[derive(Parser)]
@@ -363,6 +366,7 @@ fn test(host_only: bool) -> Result<()> {
         "capture",
         "suggest",
         "chain",
+        "fleet",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

@@ -175,7 +175,8 @@ fn config_page() -> String {
         env!("CARGO_PKG_VERSION")
     );
     t.push_str(&paragraphs(
-        "A TOML file: one [daemon] table, [[rule]] and [[set]] tables, and a [crowdsec] table. The daemon starts \
+        "A TOML file: one [daemon] table, [[rule]] and [[set]] tables, a [crowdsec] and a [global] table (fleet budgets: \
+         docs/fleet.md). The daemon starts \
          from it, writes every rule change into it (keeping its comments, order and spelling, atomically), and \
          follows it: a finished write (a close after writing, a rename over it, a symlink swap) is applied within \
          a second, as `policer reload` does. Nothing of a file is applied unless all of it is valid; `policer \
@@ -576,9 +577,10 @@ mod tests {
             (Table::Set, serde_fields::<crate::config::SetConfig>()),
             (Table::Crowdsec, serde_fields::<crate::crowdsec::CrowdsecConfig>()),
             (Table::Chain, serde_fields::<crate::chain::ChainConfig>()),
+            (Table::Global, serde_fields::<crate::fleet::GlobalConfig>()),
         ];
         let tables: Vec<&str> = on_page.iter().map(|(t, _)| t.as_str()).collect();
-        assert_eq!(tables, ["daemon", "rule", "set", "crowdsec", "chain"], "the page's tables");
+        assert_eq!(tables, ["daemon", "rule", "set", "crowdsec", "chain", "global"], "the page's tables");
         for ((name, mut keys), (table, fields)) in on_page.into_iter().zip(structs) {
             assert_eq!(name, table.name());
             // `ttl` is on the wire only: a file may not hold it.

@@ -88,6 +88,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let action = v.action.as_deref().unwrap_or("-");
     println!("source      {}", v.address);
     println!("rule        {rule} ({action})");
+    if let Some(t) = &v.total_rate {
+        match &v.global {
+            Some(g) => println!("total       {t} for the whole fleet, shared as global {g} (`policer status`)"),
+            None => println!("total       {t} for the rule's sources together"),
+        }
+    }
     print_buckets(&v);
     print_covering(&v);
     if let Some(k) = &v.key {

@@ -96,6 +96,11 @@ pub enum Cmd {
         /// Burst of the aggregate bucket: packets, or bytes for a bit rate.
         #[arg(long, allow_hyphen_values = true)]
         total_burst: Option<String>,
+        /// Share --total-rate with every node whose rule names the same
+        /// budget: the total is then the whole fleet's, leased through the
+        /// Redis of the config's [global] table (docs/fleet.md).
+        #[arg(long, value_name = "NAME")]
+        global: Option<String>,
         /// Ban a source whose bucket refuses --ban-after frames (since it
         /// was last admitted, or within --ban-within), for this long (500ms, 30s, 10m, 1h, 7d): its
         /// frames are dropped without touching its bucket until the ban
@@ -215,6 +220,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             key_len,
             total_rate,
             total_burst,
+            global,
             ban_for,
             ban_after,
             ban_within,
@@ -248,6 +254,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 key_len,
                 total_rate,
                 total_burst: total_burst.map(BurstValue::Text),
+                global,
                 ban_for,
                 ban_after,
                 ban_within,

@@ -40,7 +40,10 @@ pub(super) fn print(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
     );
     for r in rules {
         let burst = r.burst.map(|b| format!("{b} {}", if r.unit == "bytes" { "B" } else { "pkt" }));
-        let total = r.total_rate.as_ref().map(|t| format!("{t}, burst {}", r.total_burst.unwrap_or(0)));
+        let total = r.total_rate.as_ref().map(|t| {
+            let global = r.global.as_ref().map(|g| format!(", global {g}")).unwrap_or_default();
+            format!("{t}, burst {}{global}", r.total_burst.unwrap_or(0))
+        });
         t.add_row(vec![
             r.prefix.clone(),
             if r.class.is_empty() { "-".into() } else { r.class.clone() },

@@ -34,6 +34,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for f in &s.feeds {
         print_feed(f);
     }
+    for l in s.fleet.iter().flat_map(crate::report::fleet_lines) {
+        println!("{l}");
+    }
     for c in s.chains.iter().flatten() {
         println!("chain on {}: {}", c.interface, super::chain::summary(c));
     }

@@ -293,6 +293,7 @@ fn write_class(t: &mut dyn TableLike, c: &RuleConfig) {
 fn write_total(t: &mut dyn TableLike, c: &RuleConfig) {
     set(t, "total_rate", c.total_rate.clone().map(Value::from));
     set(t, "total_burst", c.total_burst.as_ref().map(burst_value));
+    set(t, "global", c.global.clone().map(Value::from));
 }
 
 fn burst_value(b: &BurstValue) -> Value {
@@ -326,7 +327,7 @@ pub(super) fn update(t: &mut dyn TableLike, old: &RuleSpec, new: &RuleSpec) {
             set(t, "key_len", None);
         }
     }
-    if old.total() != new.total() {
+    if old.total() != new.total() || old.global() != new.global() {
         write_total(t, &c);
     }
     if old.auto_ban() != new.auto_ban() || old.ban() != new.ban() || old.expires != new.expires {

@@ -113,6 +113,10 @@ pub struct Config {
     /// `[[chain]]` tables: the programs behind policer (docs/chain.md).
     #[serde(default, rename = "chain", skip_serializing_if = "Vec::is_empty")]
     pub chains: Vec<crate::chain::ChainConfig>,
+    /// `[global]`: the Redis of the fleet budgets (docs/fleet.md); read
+    /// at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<crate::fleet::GlobalConfig>,
 }
 
 pub(crate) const HEADER: &str = "\
@@ -169,6 +173,7 @@ impl Config {
     ) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         let read = read::read(text);
         let (rules, semantic) = read.config.problems_at(&read.rule_reads);
+        let global = read.global_problems(&rules, sets_from);
         let mut problems = read.problems;
         // The rules' own checks speak of the command line's options; in
         // a file, the keys are what the operator wrote.
@@ -194,6 +199,7 @@ impl Config {
                 problems.push(Problem { line: read.crowdsec_line, message: e.to_string() });
             }
         }
+        problems.extend(global);
         // In the order of the file; the file-wide ones last.
         problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
         (read.config, rules, problems)
@@ -446,7 +452,7 @@ fn keyed(r: &RuleConfig, p: &crate::rules::KeyProblem) -> String {
 /// the config file's keys (`total_rate`).
 fn as_keys(message: &str) -> String {
     // Longest first: `--total-rate` before `--rate`.
-    const OPTIONS: [(&str, &str); 17] = [
+    const OPTIONS: [(&str, &str); 18] = [
         ("--no-inherit", "inherit = false"),
         ("--ban-within", "ban_within"),
         ("--total-burst", "total_burst"),
@@ -462,6 +468,7 @@ fn as_keys(message: &str) -> String {
         ("--dport", "dport"),
         ("--sport", "sport"),
         ("--dst", "dst"),
+        ("--global", "global"),
         ("--burst", "burst"),
         ("--rate", "rate"),
     ];
@@ -506,6 +513,7 @@ action = "deny"
             sets: cfg.sets.clone(),
             crowdsec: cfg.crowdsec.clone(),
             chains: cfg.chains.clone(),
+            global: cfg.global.clone(),
         };
         toml::to_string_pretty(&c).expect("config serializes")
     }

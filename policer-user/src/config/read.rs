@@ -85,6 +85,8 @@ pub(super) struct Read {
     pub set_origins: Vec<TableOrigin>,
     /// The line of `[crowdsec]`.
     pub crowdsec_line: Option<usize>,
+    /// The line of `[global]`.
+    pub global_line: Option<usize>,
     pub problems: Vec<Problem>,
 }
 
@@ -124,6 +126,7 @@ pub(super) fn read(text: &str) -> Read {
     let mut rule_reads = Vec::new();
     let mut set_origins = Vec::new();
     let mut crowdsec_line = None;
+    let mut global_line = None;
     for (key, value) in root.get_ref().iter() {
         match Table::named(key.get_ref()) {
             Some(Table::Daemon) => {
@@ -189,20 +192,65 @@ pub(super) fn read(text: &str) -> Read {
                     crowdsec_line = Some(r.table_line(value));
                 }
             }
+            Some(Table::Global) => {
+                if let Some(g) = r.global(value) {
+                    config.global = Some(g);
+                    global_line = Some(r.table_line(value));
+                }
+            }
             None => {
                 let at = r.line(key.span());
                 r.push(
                     Some(at),
                     format!(
                         "unknown key `{}`: the file holds a [daemon] table, [[rule]], [[set]] and [[chain]] tables \
-                         and a [crowdsec] table",
+                         , a [crowdsec] and a [global] table",
                         crate::text::escaped(key.get_ref())
                     ),
                 );
             }
         }
     }
-    Read { config, rule_reads, set_origins, crowdsec_line, problems: r.problems }
+    Read { config, rule_reads, set_origins, crowdsec_line, global_line, problems: r.problems }
+}
+
+impl Read {
+    /// `[global]`'s values (its password file read when the file's place
+    /// `sets_from` is known), and the rules that name a budget without it.
+    pub fn global_problems(
+        &self,
+        rules: &std::collections::BTreeMap<crate::rules::RuleKey, crate::rules::RuleSpec>,
+        sets_from: Option<&std::path::Path>,
+    ) -> Vec<Problem> {
+        let mut out = Vec::new();
+        match &self.config.global {
+            Some(g) => {
+                let base = sets_from.and_then(std::path::Path::parent).unwrap_or(std::path::Path::new("/nonexistent"));
+                let g = if sets_from.is_some() {
+                    g.clone()
+                } else {
+                    crate::fleet::GlobalConfig { password_file: None, ..g.clone() }
+                };
+                if let Err(e) = g.settings(base) {
+                    out.push(Problem { line: self.global_line, message: e.to_string() });
+                }
+            }
+            None => {
+                for s in rules.values().filter(|s| s.global().is_some()) {
+                    let line = self.rule_reads.iter().find(|r| r.shown.as_deref() == Some(&s.net.to_string()));
+                    out.push(Problem {
+                        line: line.and_then(|r| r.line_of("global")),
+                        message: format!(
+                            "rule {}: global = {:?} needs a [global] table with redis_url (docs/fleet.md)",
+                            s.net,
+                            s.global().unwrap_or_default()
+                        ),
+                    });
+                }
+            }
+        }
+        out
+    }
 }
 
 /// `shown` of a value as the operator wrote it, for messages: `"abc"`,
@@ -539,6 +587,64 @@ impl Reader {
         ok.then_some(c)
     }
 
+    /// `[global]`: each key of the kind it must be (the values' meaning is
+    /// checked by [`crate::fleet::GlobalConfig::settings`]).
+    fn global(&mut self, v: &Spanned<DeValue<'_>>) -> Option<crate::fleet::GlobalConfig> {
+        use super::schema::GlobalField as G;
+        let t = self.table("global", v, "[global] on a line of its own, redis_url below")?;
+        let mut g = crate::fleet::GlobalConfig::default();
+        let (mut ok, mut url) = (true, false);
+        for (k, v) in t.iter() {
+            let key = &**k.get_ref();
+            let Some(Field::Global(field)) = schema::find(Table::Global, key).map(|k| k.field) else {
+                self.unknown_key(k.span(), "global", "the", key, Table::Global);
+                ok = false;
+                continue;
+            };
+            let text = match v.get_ref() {
+                DeValue::String(s) => Some(s.to_string()),
+                _ => None,
+            };
+            let good = match (field, text) {
+                (G::Database, _) => match unsigned(v.get_ref(), 1 << 20) {
+                    Some(n) => {
+                        g.database = Some(n as u32);
+                        true
+                    }
+                    None => self.global_bad(key, v, "a database number", "database = 0"),
+                },
+                (G::RedisUrl, Some(s)) => {
+                    (g.redis_url, url) = (s, true);
+                    true
+                }
+                (G::PasswordFile | G::NodeId | G::LeasePeriod | G::Fallback, Some(s)) => {
+                    *match field {
+                        G::PasswordFile => &mut g.password_file,
+                        G::NodeId => &mut g.node_id,
+                        G::LeasePeriod => &mut g.lease_period,
+                        _ => &mut g.fallback,
+                    } = Some(s);
+                    true
+                }
+                (_, None) => self.global_bad(key, v, "a string", &format!("{key} = \"...\"")),
+            };
+            ok &= good;
+        }
+        if !url {
+            let at = self.line(v.span());
+            self.push(Some(at), "global: redis_url is needed; write redis_url = \"redis://127.0.0.1:6379/0\"".into());
+            ok = false;
+        }
+        ok.then_some(g)
+    }
+
+    /// A problem with `global.{key}`'s value; false, for the key's reading.
+    fn global_bad(&mut self, key: &str, v: &Spanned<DeValue<'_>>, is_not: &str, write: &str) -> bool {
+        let at = self.line(v.span());
+        self.push(Some(at), format!("global.{key}: {} is not {is_not}; write {write}", shown(v.get_ref())));
+        false
+    }
+
     /// A problem with `crowdsec.{key}`'s value: what it is not, and an
     /// example; false, for the key's reading.
     fn crowdsec_bad(&mut self, key: &str, v: &Spanned<DeValue<'_>>, is_not: &str, write: &str) -> bool {
@@ -695,6 +801,13 @@ impl Reader {
                 R::IcmpType | R::Dport | R::Sport | R::Proto | R::TcpFlags | R::Dst => {
                     self.rule_match(place, field, key, v, &mut r)
                 }
+                R::Global => match self.string(place, key, v, "a name", "global = \"svc\"") {
+                    Some(s) => {
+                        r.global = Some(s);
+                        true
+                    }
+                    None => false,
+                },
                 R::BanAfter
                 | R::BanFor
                 | R::BanMax

@@ -28,6 +28,7 @@ pub enum Table {
     Set,
     Crowdsec,
     Chain,
+    Global,
 }
 
 impl Table {
@@ -39,6 +40,7 @@ impl Table {
             Table::Set => "set",
             Table::Crowdsec => "crowdsec",
             Table::Chain => "chain",
+            Table::Global => "global",
         }
     }
 
@@ -56,6 +58,7 @@ pub enum Field {
     Set(SetField),
     Crowdsec(CrowdsecField),
     Chain(ChainField),
+    Global(GlobalField),
 }
 
 impl Field {
@@ -66,6 +69,7 @@ impl Field {
             Field::Set(_) => Table::Set,
             Field::Crowdsec(_) => Table::Crowdsec,
             Field::Chain(_) => Table::Chain,
+            Field::Global(_) => Table::Global,
         }
     }
 }
@@ -110,6 +114,8 @@ pub enum RuleField {
     Ban,
     Reason,
     Expires,
+    /// `global = "svc"`: the total is a fleet budget (docs/fleet.md).
+    Global,
     /// On the wire only (`--ttl`): read, so that its problem can say to
     /// write `expires` instead, but never listed.
     Ttl,
@@ -135,6 +141,17 @@ pub enum ChainField {
     Program,
     PinMaps,
     Pinned,
+}
+
+/// `[global]`'s settings (docs/fleet.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlobalField {
+    RedisUrl,
+    PasswordFile,
+    Database,
+    NodeId,
+    LeasePeriod,
+    Fallback,
 }
 
 /// `[crowdsec]`'s settings.
@@ -236,6 +253,10 @@ const fn crowdsec(
     key(Field::Crowdsec(f), k, kind, default, help)
 }
 
+const fn global(f: GlobalField, k: &'static str, kind: &'static str, default: &'static str, help: &'static str) -> Key {
+    key(Field::Global(f), k, kind, default, help)
+}
+
 use CrowdsecField as C;
 use DaemonField as D;
 use RuleField as R;
@@ -270,6 +291,13 @@ pub static TABLES: &[TableDoc] = &[
         header: "[[chain]]",
         help: "A program behind policer: what policer passes on an interface is handed to the first filled slot of its \
          chain (`policer chain add` writes these). Read at start and by a reload, which fill the slots they name.",
+    },
+    TableDoc {
+        table: Table::Global,
+        header: "[global]",
+        help: "Fleet budgets (docs/fleet.md): the Redis through which the rules with `global` share their `total_rate` \
+         with every node that names the same budget, in leases of tokens. Read at start (a reload keeps it as it \
+         started).",
     },
 ];
 
@@ -376,6 +404,14 @@ pub static KEYS: &[Key] = &[
         "integer or string",
         "from total_rate",
         "Burst of the aggregate bucket.",
+    ),
+    rule(
+        R::Global,
+        "global",
+        "string",
+        "none",
+        "The fleet budget (a name) this rule's total_rate is: every node whose rule names it shares that rate, \
+         leased through [global]'s Redis (packet rates only).",
     ),
     rule(
         R::BanFor,
@@ -593,6 +629,42 @@ pub static KEYS: &[Key] = &[
         "none",
         "A file holding it; mode 0600 (warned of otherwise, as api_key_file).",
     ),
+    global(
+        GlobalField::RedisUrl,
+        "redis_url",
+        "string",
+        "required",
+        "The Redis: \"redis://HOST:PORT/DB\" (plain TCP; a password may be in the URL, or in password_file).",
+    ),
+    global(
+        GlobalField::PasswordFile,
+        "password_file",
+        "string (path)",
+        "none",
+        "A file holding the Redis password (one line), relative to the config file's directory.",
+    ),
+    global(GlobalField::Database, "database", "integer", "the URL's, else 0", "The Redis database."),
+    global(
+        GlobalField::NodeId,
+        "node_id",
+        "string",
+        "the hostname",
+        "This node's name in the fleet: letters, digits, '.', '_', '-'.",
+    ),
+    global(
+        GlobalField::LeasePeriod,
+        "lease_period",
+        "string (duration)",
+        "\"100ms\"",
+        "How often a node asks for its lease (10ms to 10s); a node is live for 10 periods after its last ask.",
+    ),
+    global(
+        GlobalField::Fallback,
+        "fallback",
+        "string",
+        "\"share\"",
+        "While Redis cannot be asked: share (the budget divided by the nodes last seen live) or local (the whole budget).",
+    ),
     chain(ChainField::Interface, "interface", "string", "required", "The interface whose chain the program joins."),
     chain(ChainField::Slot, "slot", "integer", "required", "The slot, 0 to 7: the first filled slot runs."),
     chain(
@@ -676,6 +748,7 @@ mod tests {
             (Table::Set, serde_fields::<super::super::SetConfig>()),
             (Table::Crowdsec, serde_fields::<CrowdsecConfig>()),
             (Table::Chain, serde_fields::<crate::chain::ChainConfig>()),
+            (Table::Global, serde_fields::<crate::fleet::GlobalConfig>()),
         ] {
             assert_eq!(keys_of(table), sorted(fields), "[{}]: the schema and serde's struct disagree", table.name());
         }

@@ -1801,3 +1801,35 @@ fn a_cut_file_is_followed_only_if_it_ends_as_a_whole_file_does() {
     assert!(f.snapshot(Some(whole.to_vec())).and_then(|s| s.check_whole(&p, true, None)).is_ok());
     assert!(f.snapshot(None).and_then(|s| s.check_whole(&p, true, None)).is_ok());
 }
+
+/// `[global]` and a rule's `global` (fleet budgets, docs/fleet.md): read,
+/// checked, and a rule that names a budget without the table refused.
+#[test]
+fn global_table_and_rules() {
+    let table = "[global]\nredis_url = \"redis://127.0.0.1:6379/0\"\nnode_id = \"edge1\"\nlease_period = \"50ms\"\n\n";
+    let rule = "[[rule]]\nprefix = \"0.0.0.0/0\"\ntotal_rate = \"30kpps\"\nglobal = \"svc\"\n";
+    let (cfg, rules, problems) = super::Config::check_all(&format!("{table}{rule}"), None);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(cfg.global.as_ref().and_then(|g| g.node_id.as_deref()), Some("edge1"));
+    assert_eq!(rules.values().next().and_then(|s| s.global()), Some("svc"));
+    let said = |text: &str| -> String {
+        let (_, _, p) = super::Config::check_all(text, None);
+        p.iter().map(|p| p.message.clone()).collect::<Vec<_>>().join("; ")
+    };
+    for (text, needle) in [
+        (rule.to_string(), "needs a [global] table"),
+        (format!("{table}[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nglobal = \"svc\"\n"), "global needs"),
+        (format!("{table}[[rule]]\nprefix = \"0.0.0.0/0\"\ntotal_rate = \"1mbit\"\nglobal = \"svc\"\n"), "bit rate"),
+        (format!("{table}[[rule]]\nprefix = \"0.0.0.0/0\"\ntotal_rate = \"1kpps\"\nglobal = \"a b\"\n"), "not a name"),
+        ("[global]\nnode_id = \"x\"\n".to_string(), "redis_url is needed"),
+        ("[global]\nredis_url = \"redis://h/0\"\nperiod = 1\n".to_string(), "period"),
+        ("[global]\nredis_url = \"redis://h/0\"\nfallback = \"all\"\n".to_string(), "fallback"),
+        ("[global]\nredis_url = \"redis://h/0\"\ndatabase = \"x\"\n".to_string(), "database"),
+    ] {
+        let s = said(&text);
+        assert!(s.contains(needle), "{text}: {s}");
+    }
+    // Written back as read.
+    let spec = rules.values().next().unwrap();
+    assert_eq!(spec.config().global.as_deref(), Some("svc"));
+}

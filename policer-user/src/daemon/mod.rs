@@ -34,6 +34,7 @@ mod capture;
 mod chain;
 mod crowdsec;
 mod dryrun;
+mod fleet;
 mod follow;
 pub mod hook;
 mod offline;
@@ -117,6 +118,17 @@ pub struct Installed {
     pub persisted: bool,
 }
 
+/// One global rule's aggregate bucket for the next lease period
+/// (`fleet.rs` asks, the owner writes: [`Daemon::lease`] in `owner.rs`).
+#[derive(Clone, Debug)]
+pub struct LeaseWrite {
+    pub key: crate::rules::RuleKey,
+    pub slot: u32,
+    /// The budget it was leased for: the rule must still name it.
+    pub name: String,
+    pub limiter: policer_common::Rule,
+}
+
 /// The rules in force, by key: a persistent map (`imbl`), so that a change
 /// of a few rules makes a new map sharing all the rest with the one before
 /// (which the views' snapshot may still hold), at a cost that does not
@@ -167,6 +179,9 @@ pub struct Daemon {
     metrics_addr: Option<std::net::SocketAddr>,
     /// `[crowdsec]` as checked at start (its task starts with the server).
     feed: Option<crate::crowdsec::Settings>,
+    /// `[global]` as checked at start: its lease thread starts with the
+    /// server (`fleet.rs`); a rule naming a budget needs it.
+    global: Option<crate::fleet::Settings>,
     /// Set while a `--dry-run` is handled: the change stops before its
     /// first write and leaves what it planned here (`dryrun.rs`).
     dry: Option<dryrun::PreviewCapture>,
@@ -451,6 +466,8 @@ async fn serve(
     let tally = d.bans.tally();
     let (snap_tx, snap_rx) = watch::channel(d.snapshot());
     let feed = d.feed.take();
+    // Kept by the owner too: `rule set --global` needs the table.
+    let global = d.global.clone();
     let publish_rx = match feed.as_ref().and_then(|f| f.publish.as_ref()) {
         Some(_) => {
             let (tx, rx) = tokio::sync::mpsc::channel(crowdsec::PUBLISH_QUEUE);
@@ -476,6 +493,9 @@ async fn serve(
             dir: feeds_dir,
             publish: publish_rx,
         });
+    }
+    if let Some(settings) = global {
+        fleet::spawn(settings, owner.clone(), views.clone());
     }
     follow::start(owner.clone(), &config);
     let r = event_loop(owner.clone(), views, hub, listener, metrics, interval).await;

@@ -93,6 +93,9 @@ pub enum Command {
     /// Periodic: removes what expired, and follows automatic bans (logs
     /// their starts and ends, forgets those past their escalation window).
     Tick,
+    /// The fleet budgets' aggregates for the next lease period
+    /// (`fleet.rs`): written where the rule still names its budget.
+    Lease(Vec<super::LeaseWrite>),
     /// `policer rule import` (the file already read and parsed).
     Import(Box<super::sets::Import>),
     SetRm {
@@ -262,6 +265,19 @@ impl Owner {
         if self.tx.try_send(Job { cmd: Command::Tick, reply }).is_err() {
             self.tick_pending.store(false, Ordering::SeqCst);
         }
+    }
+
+    /// Queues the fleet budgets' aggregates for the next period without
+    /// waiting (the lease thread never waits for the owner); false when
+    /// the queue is full or the owner gone (that period keeps the last).
+    pub fn lease(&self, writes: Vec<super::LeaseWrite>) -> bool {
+        let (reply, _) = oneshot::channel();
+        self.tx.try_send(Job { cmd: Command::Lease(writes), reply }).is_ok()
+    }
+
+    /// Whether the owner thread is gone.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
     }
 
     /// Asks the owner to leave, ahead of any queued change, and waits at
@@ -1004,6 +1020,7 @@ impl Daemon {
             Command::Ban { rule, runtime, force } => done(self.ban(&rule, runtime, force)),
             Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
             Command::Tick => done(self.tick().map(|_| String::new())),
+            Command::Lease(writes) => done(self.lease(&writes).map(|_| String::new())),
             Command::RuleSet { rule, runtime, replace, force } => done(self.rule_set(&rule, runtime, replace, force)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
             Command::Reload { discard_runtime, candidate } => done(self.reload(discard_runtime, candidate.as_deref())),
@@ -1065,6 +1082,30 @@ impl Daemon {
     /// undone. The given fields are laid over the rule in force for the
     /// prefix and class, if any (`replace`: the given fields alone); the
     /// reply names every field that changed, old → new.
+    /// Writes each global rule's aggregate for the next lease period, its
+    /// fill carried over ([`policer_common::Rule::rescale`]), where the
+    /// rule at the key still has that slot and names that budget (a rule
+    /// changed since the lease thread read the snapshot is left alone).
+    pub(super) fn lease(&mut self, writes: &[super::LeaseWrite]) -> Result<()> {
+        let now = super::monotonic_ns();
+        for w in writes {
+            let ours = self
+                .rs
+                .rules()
+                .get(&w.key)
+                .is_some_and(|i| i.slot == w.slot && i.spec.global() == Some(w.name.as_str()));
+            if !ours {
+                continue;
+            }
+            let tat = match self.policer.total(w.slot)? {
+                Some(old) if old.limiter.limit != 0 => w.limiter.rescale(&old.limiter.bucket(old.tat), now),
+                _ => w.limiter.empty_tat(now),
+            };
+            self.policer.set_total(w.slot, Some(&policer_common::class::Total { tat, limiter: w.limiter }))?;
+        }
+        Ok(())
+    }
+
     pub(super) fn rule_set(&mut self, rc: &RuleConfig, runtime: bool, replace: bool, force: bool) -> Result<String> {
         let key = rc.key()?;
         let given_ttl = rc.ttl.is_some() || rc.expires.is_some();
@@ -1085,6 +1126,13 @@ impl Daemon {
             (rc.rate, rc.burst) = (None, None);
         }
         let spec = rc.validate()?;
+        if let (Some(name), None) = (spec.global(), &self.global) {
+            return Err(Error::Invalid(format!(
+                "{}: --global {name}: the config has no [global] table (the Redis the fleet's budgets are leased \
+                 from; docs/fleet.md); nothing changed",
+                spec.net
+            )));
+        }
         if spec.action == policer_common::bucket::Action::Deny && spec.class().is_none() && !force {
             crate::rules::refuse_everyone(&spec.net, "a deny of")?;
         }
@@ -1562,7 +1610,7 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                 pending.store(false, Ordering::SeqCst);
             }
             // A dry run changes nothing: nothing to publish.
-            let quiet = tick || matches!(cmd, Command::Preview(_));
+            let quiet = tick || matches!(cmd, Command::Preview(_) | Command::Lease(_));
             let outcome = {
                 let mut aside = Serve { queue: &mut queue, snapshot: &snapshot, stop: &stop };
                 daemon.handle_aside(cmd, &mut aside)

@@ -179,6 +179,7 @@ impl SetState {
             dst: None,
             total_rate: None,
             total_burst: None,
+            global: None,
             action: s.action.to_string(),
             rate: s.rate.map(|r| r.to_string()),
             burst: s.rate.map(|_| s.burst),

@@ -120,6 +120,8 @@ struct StartSettings {
     protect: crate::protect::Protect,
     /// `[crowdsec]`, checked (and its key tried against the Local API).
     crowdsec: Option<crate::crowdsec::Settings>,
+    /// `[global]`, checked (docs/fleet.md).
+    global: Option<crate::fleet::Settings>,
 }
 
 /// The interfaces to police.
@@ -241,6 +243,7 @@ impl Daemon {
             dry: None,
             group: None,
             feed: s.crowdsec.clone(),
+            global: s.global.clone(),
             on_detach: args.on_detach,
             exit: None,
         };
@@ -555,6 +558,8 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<StartSettings> 
     let changes_file = args.rate.is_some() || cfg.daemon.interfaces != ifaces.given;
     let protect = crate::protect::Protect::parse(&cfg.daemon.protect)?;
     let crowdsec = crowdsec_settings(args, cfg)?;
+    let base = args.config.parent().unwrap_or(std::path::Path::new("/"));
+    let global = cfg.global.as_ref().map(|g| g.settings(base)).transpose()?;
     Ok(StartSettings {
         file,
         changes_file,
@@ -570,6 +575,7 @@ fn settings(args: &DaemonArgs, bytes: Option<Vec<u8>>) -> Result<StartSettings> 
         layout_version,
         protect,
         crowdsec,
+        global,
     })
 }
 

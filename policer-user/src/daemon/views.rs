@@ -169,6 +169,8 @@ pub struct Views {
     started: Instant,
     /// The decision feeds' statuses (`[crowdsec]`).
     feeds: Mutex<Vec<Arc<Mutex<crate::control::FeedStatus>>>>,
+    /// The fleet budgets' lease thread's status (`[global]`, `fleet.rs`).
+    fleet: std::sync::OnceLock<Arc<Mutex<crate::control::FleetStatus>>>,
     /// `policer capture`'s hub (set once serving starts).
     capture: std::sync::OnceLock<Arc<super::capture::Hub>>,
     /// The automatic bans' counts the owner keeps.
@@ -208,6 +210,7 @@ impl Views {
             audit,
             started: Instant::now(),
             feeds: Mutex::new(Vec::new()),
+            fleet: std::sync::OnceLock::new(),
             capture: std::sync::OnceLock::new(),
         }
     }
@@ -284,6 +287,7 @@ impl Views {
                 dst: t.dst,
                 total_rate: s.total().map(|(r, _)| r.to_string()),
                 total_burst: s.total().map(|(_, b)| b),
+                global: s.global().map(str::to_string),
                 action: s.action.to_string(),
                 rate: s.rate.map(|r| r.to_string()),
                 burst: s.rate.map(|_| s.burst),
@@ -360,6 +364,7 @@ impl Views {
             program_id: s.program_id,
             config_status: Some(s.config_status.clone()),
             feeds: self.feeds(),
+            fleet: self.fleet(),
             protect: Some(s.protect.iter().map(|p| p.to_string()).collect()),
             captures: Some(self.capture.get().map_or(0, |h| h.active())),
             chains: self.chain_ls(None).ok(),
@@ -372,6 +377,17 @@ impl Views {
             .lock()
             .map(|f| f.iter().map(|f| f.lock().map(|s| s.clone()).unwrap_or_default()).collect())
             .unwrap_or_default()
+    }
+
+    /// The fleet budgets as the lease thread last reported (none without
+    /// `[global]`).
+    pub fn fleet(&self) -> Option<crate::control::FleetStatus> {
+        self.fleet.get().and_then(|f| f.lock().ok().map(|s| s.clone()))
+    }
+
+    /// Registers the lease thread's status (it updates it in place).
+    pub fn set_fleet(&self, status: Arc<Mutex<crate::control::FleetStatus>>) {
+        let _ = self.fleet.set(status);
     }
 
     /// Registers a feed's status (its task updates it in place).
@@ -482,6 +498,7 @@ impl Views {
             bans,
             recent_changes: self.audit.recent(),
             feeds: self.feeds(),
+            fleet: self.fleet(),
             capture: self.capture.get().and_then(|h| h.status()),
         })
     }
@@ -693,6 +710,8 @@ impl Views {
         v.rule = Some(label);
         v.class = Some(class);
         v.action = Some(action.to_string());
+        v.total_rate = spec.and_then(|s| s.total()).map(|(r, _)| r.to_string());
+        v.global = spec.and_then(|s| s.global()).map(str::to_string);
         let key = rule_bucket_key(addr, &rule);
         let mut applied = InspectApplied::Rule { slot: Some(rule.counter_slot), banned: None };
         v.key = Some(bucket_source(&key));
