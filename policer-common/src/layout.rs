@@ -37,7 +37,10 @@ use crate::{
 /// was its padding, read under a new `needs` bit) and the class filter's
 /// source port lanes; and the chain's counters (crate::chain; the chain
 /// itself is reused by its pin, not by adoption).
-pub const LAYOUT_VERSION: u32 = 5;
+/// 6: SYN cookies: the rule flag `syn::RULE_SYN` and the program's own SYN
+/// maps (settings, budgets, counters, verified sources, the reflection
+/// cap; none shared with the program it adopts).
+pub const LAYOUT_VERSION: u32 = 6;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
 /// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
@@ -121,6 +124,8 @@ mod pod {
     unsafe impl aya::Pod for CaptureLane {}
     unsafe impl aya::Pod for CaptureCounters {}
     unsafe impl aya::Pod for crate::chain::ChainCounters {}
+    unsafe impl aya::Pod for crate::syn::SynConf {}
+    unsafe impl aya::Pod for crate::syn::SynCounters {}
 }
 
 const _: () = {
@@ -144,6 +149,8 @@ const _: () = {
     assert!(size_of::<NewSources>() == 32);
     assert!(size_of::<RuleCounters>() == 8 * 8);
     assert!(size_of::<crate::chain::ChainCounters>() == 2 * 8);
+    assert!(size_of::<crate::syn::SynConf>() == 2 * 8 + 4 * 4);
+    assert!(size_of::<crate::syn::SynCounters>() == 8 * 8);
     // Capture (not shared: each program gets its own, see crate::capture).
     assert!(size_of::<CaptureLane>() == 3 * 8 + 32 + 4 * 4);
     assert!(size_of::<CaptureCounters>() == 4 * 8);

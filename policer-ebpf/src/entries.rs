@@ -8,21 +8,41 @@ use aya_ebpf::{
     macros::xdp,
     programs::XdpContext,
 };
-use policer_common::capture::{CAPTURE_DROPPED, ON_LANES, least_sample};
+use policer_common::{
+    capture::{CAPTURE_DROPPED, ON_LANES, least_sample},
+    syn::{SYN_PATH, SYN_POLICE},
+};
 
 use crate::{
     capture::capture,
     chain::hand_to_chain,
     frame::try_policer,
-    maps::{CAPTURE_ON, CAPTURE_SCRATCH, REPLAY_PROG, TEST_CLOCK},
+    maps::{CAPTURE_ON, CAPTURE_SCRATCH, REPLAY_PROG, SYN_PROG, TEST_CLOCK},
     replay::{replay_finish, replay_prepare},
+    syn::{set_pass, syn_path},
 };
 
 /// The attached program: each frame the interface receives. What the
 /// verdict passes goes on to the chain (`chain`); a drop ends here.
 #[xdp]
 pub fn policer(ctx: XdpContext) -> u32 {
-    let action = judge_frame(ctx.ctx);
+    let mut action = judge_frame(ctx.ctx);
+    if action == SYN_PATH {
+        // A TCP frame of a rule with SYN cookies (crate::syn): answered
+        // there, or policed as without cookies by this program run again
+        // on it (a tail call to itself: calling the policer's code a second
+        // time here would double what the verifier walks).
+        action = syn_path(ctx.ctx);
+        if action == SYN_POLICE {
+            set_pass(1);
+            // SAFETY: a tail call from this program's own context.
+            unsafe { SYN_PROG.tail_call(&ctx, 0) };
+            // No program in the array (the daemon gone without a pin):
+            // the kernel has the SYN, as without the policer.
+            set_pass(0);
+            action = xdp_action::XDP_PASS;
+        }
+    }
     if action == xdp_action::XDP_PASS { hand_to_chain(&ctx) } else { action }
 }
 
@@ -48,6 +68,9 @@ pub fn policer_replay(ctx: XdpContext) -> u32 {
     // registers, so that the policer's code has as much of the stack as in
     // the attached program (the verifier allows 512 bytes for the deepest
     // chain of calls), and is the attached program's own function.
+    // SYN cookies are not replayed: their rules' frames are policed as
+    // without them (`policer replay` says so).
+    set_pass(1);
     let i = replay_prepare(ctx.ctx);
     if i < 0 {
         return xdp_action::XDP_ABORTED;

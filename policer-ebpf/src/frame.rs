@@ -11,6 +11,7 @@ use policer_common::{
     bucket::Action,
     capture,
     class::{self, RULE_CLASS, RULE_NO_SOURCE, RULE_TOTAL},
+    syn::{RULE_SYN, SYN_PATH},
     table,
     verdict::{self, Verdict},
 };
@@ -24,6 +25,7 @@ use crate::{
     parse::{Parsed, parse},
     police::{Judged, count_drop, police_table},
     rules::{lookup_rule, resolve_class},
+    syn::syn_gate,
     totals::total_admits,
 };
 
@@ -57,7 +59,7 @@ pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
     // SAFETY: per-CPU slot, only this CPU writes it while we run.
     let c = unsafe { &mut *c };
     let len = (ctx.data_end() - ctx.data()) as u32;
-    let (rule, target) = match parse(ctx) {
+    let (rule, target, l4, v6) = match parse(ctx) {
         Parsed::NonIp => {
             c.non_ip_pkts += 1;
             return xdp_action::XDP_PASS;
@@ -82,18 +84,26 @@ pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
                 Some(r) if r.flags & RULE_CLASS != 0 => {
                     let m = &r.key_mask;
                     let masked = [src[0] & m[0], src[1] & m[1], src[2] & m[2], src[3] & m[3]];
-                    (rule, Target::Keyed(class::mapped_v4(masked), class::KEY_LEN_V4_MAPPED))
+                    (rule, Target::Keyed(class::mapped_v4(masked), class::KEY_LEN_V4_MAPPED), l4, false)
                 }
-                _ => (rule, Target::V4(src)),
+                _ => (rule, Target::V4(src), l4, false),
             }
         }
         Parsed::V6 { src, fragment, l4 } => {
             c.fragment_pkts += fragment as u64;
             let rule =
                 lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src))).map(|r| resolve_class::<true>(ctx, r, l4, c));
-            (rule, Target::Keyed(src, 0))
+            (rule, Target::Keyed(src, 0), l4, true)
         }
     };
+    // A rule with SYN cookies: its TCP frames go to the SYN path first
+    // (from the entry, crate::syn), uncounted; the rest as for any rule.
+    if let Some(r) = rule
+        && r.flags & RULE_SYN != 0
+        && syn_gate(r.counter_slot, l4, v6)
+    {
+        return SYN_PATH;
+    }
     // One call site each, so each is inlined once.
     match target {
         Target::V4(src) => verdict(

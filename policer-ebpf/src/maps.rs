@@ -11,7 +11,7 @@ use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     btf_maps,
     macros::{btf_map, map},
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use policer_common::{
     BucketKeyV6, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAX_IFACE_SLOTS, NewSources, Rule,
@@ -21,6 +21,7 @@ use policer_common::{
     chain::ChainCounters,
     class::{self, ClassFilter, ClassList, Total},
     recall::RecallSet,
+    syn::{self, SynConf, SynCounters, SynScratch},
     replay::{ReplayCtl, ReplayFrame},
     table::{self, Geometry, Set, SetDrops, SetKeys},
 };
@@ -89,6 +90,25 @@ pub(crate) static BANS: HashMap<BucketKeyV6, Ban> = HashMap::with_max_entries(ba
 /// The automatic bans of each rule, at its counter slot.
 #[map]
 pub(crate) static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+// SYN cookies (crate::syn): per rule slot, the mode and cap, the
+// `flood` mode's SYN budget, the counters; the verified sources and the
+// reflection cap's networks; this CPU's work area.
+#[map]
+pub(crate) static SYN_CONF: Array<SynConf> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[map]
+pub(crate) static SYN_TOTALS: Array<Total> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[map]
+pub(crate) static SYN_COUNTERS: PerCpuArray<SynCounters> = PerCpuArray::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[map]
+pub(crate) static SYN_VERIFIED: LruHashMap<[u8; 16], u64> = LruHashMap::with_max_entries(syn::MAX_VERIFIED, 0);
+#[map]
+pub(crate) static SYN_CAP: LruHashMap<[u8; 16], u64> = LruHashMap::with_max_entries(syn::MAX_CAP_NETS, 0);
+/// The attached program itself, for the tail call that polices a frame
+/// the SYN path handed back (filled by the loader).
+#[map]
+pub(crate) static SYN_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[map]
+pub(crate) static SYN_SCRATCH: PerCpuArray<SynScratch> = PerCpuArray::with_max_entries(1, 0);
 /// The layout version stamp (policer_common::MAP_LAYOUT): written and
 /// bound to the program by the loader, never read here.
 #[map]

@@ -164,6 +164,9 @@ pub struct Policer {
 pub struct MapReader {
     counters: OwnedFd,
     rule_counters: OwnedFd,
+    /// SYN cookies' counters (policer_common::syn); None in a program
+    /// built before them.
+    syn_counters: Option<OwnedFd>,
     buckets_v4: OwnedFd,
     buckets_v4_drops: OwnedFd,
     buckets_v6: OwnedFd,
@@ -424,6 +427,9 @@ impl Policer {
             .map_max_entries(MAP_RULE_COUNTERS, opts.max_rules + 1)
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
             .map_max_entries(MAP_TOTALS, opts.max_rules + 1)
+            .map_max_entries(policer_common::syn::MAP_SYN_CONF, opts.max_rules + 1)
+            .map_max_entries(policer_common::syn::MAP_SYN_TOTALS, opts.max_rules + 1)
+            .map_max_entries(policer_common::syn::MAP_SYN_COUNTERS, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BAN_PARAMS, opts.max_rules + 1)
             .map_max_entries(policer_common::capture::MAP_CAPTURE_RULES, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BANS, opts.max_bans.max(1))
@@ -460,6 +466,7 @@ impl Policer {
                 .map_err(|e| Error::Program(Box::new(e)))?;
             prog.load().map_err(|e| Error::Program(Box::new(e)))?;
             load_capture(&mut ebpf)?;
+            load_syn_self(&mut ebpf)?;
             if let Some(v) = opts.layout_version {
                 stamp_layout(&mut ebpf, v)?;
             }
@@ -889,6 +896,7 @@ impl MapReader {
         Ok(MapReader {
             counters: dup(MAP_COUNTERS)?,
             rule_counters: dup(MAP_RULE_COUNTERS)?,
+            syn_counters: dup(policer_common::syn::MAP_SYN_COUNTERS).ok(),
             buckets_v4: dup(MAP_BUCKETS_V4)?,
             buckets_v4_drops: dup(MAP_BUCKETS_V4_DROPS)?,
             buckets_v6: dup(MAP_BUCKETS_V6)?,
@@ -1137,6 +1145,14 @@ impl MapReader {
         self.per_cpu_slots(&self.rule_counters, MAP_RULE_COUNTERS, RuleCounters::add)
     }
 
+    /// SYN cookies' counters of every rule slot (summed over CPUs).
+    pub fn syn_counters(&self) -> Result<Vec<(u32, policer_common::syn::SynCounters)>> {
+        match &self.syn_counters {
+            Some(fd) => self.per_cpu_slots(fd, policer_common::syn::MAP_SYN_COUNTERS, policer_common::syn::SynCounters::add),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// Calls `f` for every live bucket, IPv4 then IPv6.
     pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
         self.for_each_bucket_read(|k, b, _| f(k, b))
@@ -1285,6 +1301,18 @@ impl Policer {
         write_array(self.map_fd(MAP_NEW_SOURCES)?, MAP_NEW_SOURCES, new_sources)?;
         write_array(self.map_fd(policer_common::MAP_BAN_PARAMS)?, policer_common::MAP_BAN_PARAMS, bans)?;
         write_array(self.map_fd(MAP_TOTALS)?, MAP_TOTALS, totals)
+    }
+
+    /// Writes the SYN cookies' settings of rule slots, and the `flood`
+    /// mode's SYN budgets (policer_common::syn).
+    pub fn set_syn_slots(
+        &mut self,
+        conf: &[(u32, policer_common::syn::SynConf)],
+        totals: &[(u32, Total)],
+    ) -> Result<()> {
+        use policer_common::syn::{MAP_SYN_CONF, MAP_SYN_TOTALS};
+        write_array(self.map_fd(MAP_SYN_CONF)?, MAP_SYN_CONF, conf)?;
+        write_array(self.map_fd(MAP_SYN_TOTALS)?, MAP_SYN_TOTALS, totals)
     }
 
     /// Zeroes a rule slot before it is given to a new prefix.
@@ -1481,6 +1509,29 @@ fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
         return Ok(());
     }
     load_into_array(ebpf, CAPTURE_PROGRAM, MAP_CAPTURE_PROG)
+}
+
+/// Puts the (loaded) policer program into its own SYN-cookie program
+/// array (policer_common::syn::MAP_SYN_PROG): a frame the SYN path hands
+/// back is policed by a tail call to it. The kernel empties the array with
+/// its last descriptor (a program left running without a pin then passes
+/// those frames). An object without the array (another build) skips it.
+fn load_syn_self(ebpf: &mut Ebpf) -> Result<()> {
+    use policer_common::syn::MAP_SYN_PROG;
+    if ebpf.map(MAP_SYN_PROG).is_none() {
+        return Ok(());
+    }
+    let prog: &Xdp =
+        ebpf.program(PROGRAM_NAME).ok_or(Error::Missing(PROGRAM_NAME))?.try_into().map_err(|e| Error::Program(Box::new(e)))?;
+    let fd = prog
+        .fd()
+        .map_err(|e| Error::Program(Box::new(e)))?
+        .try_clone()
+        .map_err(Error::kernel(format!("duplicating the descriptor of program {PROGRAM_NAME}")))?;
+    let mut m =
+        ProgramArray::try_from(ebpf.map_mut(MAP_SYN_PROG).ok_or(Error::Missing(MAP_SYN_PROG))?).map_err(Error::map(MAP_SYN_PROG))?;
+    m.set(0, &fd, 0).map_err(Error::map(MAP_SYN_PROG))?;
+    Ok(())
 }
 
 /// Loads `policer replay`'s batch entry and puts it in its own program

@@ -68,6 +68,13 @@ struct RuleLabel {
     class: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SynLabel {
+    rule: String,
+    class: String,
+    event: String,
+}
+
 fn verdicts(c: &CountersView) -> [(&'static str, u64, u64); 3] {
     [
         ("passed", c.passed_packets, c.passed_bytes),
@@ -170,7 +177,24 @@ fn rule_metrics(reg: &mut Registry, s: &StatsView) {
     let rbytes = Family::<RuleVerdict, Counter>::default();
     let rsources = Family::<RuleLabel, Counter>::default();
     let rtotal = Family::<RuleLabel, Counter>::default();
+    let rsyn = Family::<SynLabel, Counter>::default();
     for r in &s.rules {
+        if let Some(y) = &r.syn {
+            let class = if r.class.is_empty() { "-".to_string() } else { r.class.clone() };
+            for (event, n) in [
+                ("syn", y.syns),
+                ("cookie_sent", y.cookies_sent),
+                ("ack_accepted", y.acks_accepted),
+                ("ack_refused", y.acks_refused),
+                ("source_verified", y.sources_verified),
+                ("synack_capped", y.synacks_capped),
+                ("no_listener", y.no_listener),
+                ("no_cookie", y.no_cookie),
+            ] {
+                let l = SynLabel { rule: r.prefix.clone(), class: class.clone(), event: event.into() };
+                rsyn.get_or_create(&l).inc_by(n);
+            }
+        }
         let class = if r.class.is_empty() { "-".to_string() } else { r.class.clone() };
         for (v, p, b) in verdicts(&r.counters) {
             let l = RuleVerdict {
@@ -190,6 +214,12 @@ fn rule_metrics(reg: &mut Registry, s: &StatsView) {
         "rule_total_dropped_packets",
         "Frames of each rule its aggregate bucket (--total-rate) dropped, after their source's bucket admitted them",
         rtotal,
+    );
+    reg.register(
+        "rule_syn_cookie_events",
+        "SYN cookies of each rule with --syn-cookies, by event: syn (of an unverified source), cookie_sent, \
+         ack_accepted, ack_refused, source_verified, synack_capped (reflection cap), no_listener, no_cookie",
+        rsyn,
     );
     reg.register("rule_packets", "Frames judged by each rule, by verdict", rpkts);
     reg.register("rule_bytes", "Bytes judged by each rule, by verdict", rbytes);

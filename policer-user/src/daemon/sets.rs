@@ -179,6 +179,8 @@ impl SetState {
             dst: None,
             total_rate: None,
             total_burst: None,
+            syn_cookies: None,
+            syn_ack_rate: None,
             action: s.action.to_string(),
             rate: s.rate.map(|r| r.to_string()),
             burst: s.rate.map(|_| s.burst),
