@@ -30,9 +30,13 @@ pub const SYN_FLOOD: u32 = 2;
 /// The program's answer for a frame the SYN path hands back to policing
 /// (not an XDP action: those are 0..=4).
 pub const SYN_POLICE: u32 = 0x5359_4e00;
-/// What `judge_frame` returns for a frame of a SYN-cookie rule that the
-/// SYN path must see first (the frame is not counted yet).
-pub const SYN_PATH: u32 = 0x5359_4e01;
+/// What the policer's code returns for a frame of a SYN-cookie rule that
+/// the SYN path must see first (the frame is not counted yet): this bit
+/// and the rule's counter slot.
+pub const SYN_PATH: u32 = 1 << 31;
+/// The program the attached one tail-calls to police a frame the SYN path
+/// handed back: the same code without the SYN path.
+pub const SYN_POLICE_PROGRAM: &str = "policer_syn_police";
 
 /// Map names (not shared with an adopted program: a new program starts
 /// with no verified sources and its own counters).
@@ -41,8 +45,8 @@ pub const MAP_SYN_TOTALS: &str = "SYN_TOTALS";
 pub const MAP_SYN_COUNTERS: &str = "SYN_COUNTERS";
 pub const MAP_SYN_VERIFIED: &str = "SYN_VERIFIED";
 pub const MAP_SYN_CAP: &str = "SYN_CAP";
-/// `ProgramArray`, one entry: the attached program itself (the policing
-/// of a frame the SYN path hands back is a tail call to it).
+/// `ProgramArray`, one entry: [`SYN_POLICE_PROGRAM`] (the policing of a
+/// frame the SYN path hands back is a tail call to it).
 pub const MAP_SYN_PROG: &str = "SYN_PROG";
 
 /// Sources that proved their address (LRU: the least recently seen go).
@@ -148,11 +152,9 @@ pub const IP_MAX: usize = 40;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct SynScratch {
-    /// Set while the policer's code is run again on a frame the SYN path
-    /// handed back: it polices it as a rule without cookies would.
-    pub pass: u32,
     /// The rule's counter slot, the IP and TCP headers' offsets, IPv6.
     pub slot: u32,
+    pub _pad0: u32,
     pub ip_off: u32,
     pub l4_off: u32,
     pub v6: u32,

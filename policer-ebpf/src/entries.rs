@@ -19,39 +19,47 @@ use crate::{
     frame::try_policer,
     maps::{CAPTURE_ON, CAPTURE_SCRATCH, REPLAY_PROG, SYN_PROG, TEST_CLOCK},
     replay::{replay_finish, replay_prepare},
-    syn::{set_pass, syn_path},
+    syn::syn_path,
 };
 
 /// The attached program: each frame the interface receives. What the
 /// verdict passes goes on to the chain (`chain`); a drop ends here.
 #[xdp]
 pub fn policer(ctx: XdpContext) -> u32 {
-    let mut action = judge_frame(ctx.ctx);
-    if action == SYN_PATH {
-        // A TCP frame of a rule with SYN cookies (crate::syn): answered
-        // there, or policed as without cookies by this program run again
-        // on it (a tail call to itself: calling the policer's code a second
-        // time here would double what the verifier walks).
-        action = syn_path(ctx.ctx);
+    let mut action = judge_frame::<true>(ctx.ctx);
+    if action & SYN_PATH != 0 {
+        // A frame of a rule with SYN cookies (crate::syn), its slot in the
+        // answer: answered there, or policed as without cookies by the
+        // same code without the SYN path (`policer_syn_police`, a tail
+        // call: calling the policer's code a second time here would double
+        // what the verifier walks).
+        action = syn_path(ctx.ctx, action & !SYN_PATH);
         if action == SYN_POLICE {
-            set_pass(1);
             // SAFETY: a tail call from this program's own context.
             unsafe { SYN_PROG.tail_call(&ctx, 0) };
             // No program in the array (the daemon gone without a pin):
-            // the kernel has the SYN, as without the policer.
-            set_pass(0);
+            // the kernel has the frame, as without the policer.
             action = xdp_action::XDP_PASS;
         }
     }
     if action == xdp_action::XDP_PASS { hand_to_chain(&ctx) } else { action }
 }
 
-/// The policer's code on a frame: the attached program's body, and what
-/// `policer_replay` runs for each frame of a batch (one copy in the
-/// object, called by both).
+/// The attached program's code without the SYN path: what polices a frame
+/// the SYN path handed back. Never attached: reached only by the tail
+/// call above (`SYN_PROG`).
+#[xdp]
+pub fn policer_syn_police(ctx: XdpContext) -> u32 {
+    let action = judge_frame::<false>(ctx.ctx);
+    if action == xdp_action::XDP_PASS { hand_to_chain(&ctx) } else { action }
+}
+
+/// The policer's code on a frame: the attached program's body (`SYN`: with
+/// the SYN path's hand-over), and what `policer_replay` runs for each frame
+/// of a batch.
 #[inline(never)]
-fn judge_frame(md: *mut xdp_md) -> u32 {
-    try_policer(&XdpContext::new(md))
+fn judge_frame<const SYN: bool>(md: *mut xdp_md) -> u32 {
+    try_policer::<SYN>(&XdpContext::new(md))
 }
 
 /// `policer replay`'s batch entry (policer_common::replay): run with a
@@ -68,14 +76,13 @@ pub fn policer_replay(ctx: XdpContext) -> u32 {
     // registers, so that the policer's code has as much of the stack as in
     // the attached program (the verifier allows 512 bytes for the deepest
     // chain of calls), and is the attached program's own function.
-    // SYN cookies are not replayed: their rules' frames are policed as
-    // without them (`policer replay` says so).
-    set_pass(1);
     let i = replay_prepare(ctx.ctx);
     if i < 0 {
         return xdp_action::XDP_ABORTED;
     }
-    let ret = judge_frame(ctx.ctx);
+    // SYN cookies are not replayed: their rules' frames are policed as
+    // without them (docs/syn-cookies.md).
+    let ret = judge_frame::<false>(ctx.ctx);
     replay_finish(ctx.ctx, i as u32, ret);
     // The next frame, in the same test run: a tail call starts afresh
     // (stack and all); after the kernel's limit (33 in a row) it fails

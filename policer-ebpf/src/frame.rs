@@ -25,7 +25,6 @@ use crate::{
     parse::{Parsed, parse},
     police::{Judged, count_drop, police_table},
     rules::{lookup_rule, resolve_class},
-    syn::syn_gate,
     totals::total_admits,
 };
 
@@ -50,7 +49,7 @@ fn bench_source(n: u32) -> [u8; 4] {
 }
 
 #[inline(always)]
-pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
+pub(crate) fn try_policer<const SYN: bool>(ctx: &XdpContext) -> u32 {
     // SAFETY: reading the ingress ifindex from the context.
     let slot = unsafe { (*ctx.ctx).ingress_ifindex } % MAX_IFACE_SLOTS;
     let Some(c) = COUNTERS.get_ptr_mut(slot) else {
@@ -59,7 +58,7 @@ pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
     // SAFETY: per-CPU slot, only this CPU writes it while we run.
     let c = unsafe { &mut *c };
     let len = (ctx.data_end() - ctx.data()) as u32;
-    let (rule, target, l4, v6) = match parse(ctx) {
+    let (rule, target) = match parse(ctx) {
         Parsed::NonIp => {
             c.non_ip_pkts += 1;
             return xdp_action::XDP_PASS;
@@ -78,32 +77,30 @@ pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
             };
             let rule = lookup_rule::<false>(|| RULES_V4.get(&Key::new(32, src)))
                 .map(|r| resolve_class::<false>(ctx, r, l4, c));
+            if let Some(a) = syn_first::<SYN>(rule) {
+                return a;
+            }
             match rule {
                 // A class's buckets are per (source, class): in the keyed
                 // table, the source as ::ffff:a.b.c.d.
                 Some(r) if r.flags & RULE_CLASS != 0 => {
                     let m = &r.key_mask;
                     let masked = [src[0] & m[0], src[1] & m[1], src[2] & m[2], src[3] & m[3]];
-                    (rule, Target::Keyed(class::mapped_v4(masked), class::KEY_LEN_V4_MAPPED), l4, false)
+                    (rule, Target::Keyed(class::mapped_v4(masked), class::KEY_LEN_V4_MAPPED))
                 }
-                _ => (rule, Target::V4(src), l4, false),
+                _ => (rule, Target::V4(src)),
             }
         }
         Parsed::V6 { src, fragment, l4 } => {
             c.fragment_pkts += fragment as u64;
             let rule =
                 lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src))).map(|r| resolve_class::<true>(ctx, r, l4, c));
-            (rule, Target::Keyed(src, 0), l4, true)
+            if let Some(a) = syn_first::<SYN>(rule) {
+                return a;
+            }
+            (rule, Target::Keyed(src, 0))
         }
     };
-    // A rule with SYN cookies: its TCP frames go to the SYN path first
-    // (from the entry, crate::syn), uncounted; the rest as for any rule.
-    if let Some(r) = rule
-        && r.flags & RULE_SYN != 0
-        && syn_gate(r.counter_slot, l4, v6)
-    {
-        return SYN_PATH;
-    }
     // One call site each, so each is inlined once.
     match target {
         Target::V4(src) => verdict(
@@ -127,6 +124,21 @@ pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
             },
         ),
         Target::Keyed(addr, mapped) => keyed_verdict(ctx, rule, addr, mapped, len, c),
+    }
+}
+
+/// With `SYN` (the attached entry), a frame whose rule has SYN cookies
+/// goes to the SYN path first (from the entry, crate::syn), uncounted: the
+/// answer is `SYN_PATH` with the rule's slot. Only the slot is handed
+/// over, in the return value: the SYN path parses the frame again itself,
+/// so nothing of the parse lives on past the class lookup here (a value
+/// live through it multiplies what the verifier walks, and the policer's
+/// stack has no room to spare).
+#[inline(always)]
+fn syn_first<const SYN: bool>(rule: Option<&'static Rule>) -> Option<u32> {
+    match rule {
+        Some(r) if SYN && r.flags & RULE_SYN != 0 => Some(SYN_PATH | r.counter_slot),
+        _ => None,
     }
 }
 

@@ -1,6 +1,6 @@
 //! SYN cookies (policer_common::syn, docs/syn-cookies.md): the policer's
-//! code hands a TCP frame of a rule with `--syn-cookies` here first
-//! ([`syn_gate`]); [`syn_path`] answers a SYN of an unverified source for a
+//! code hands a frame of a rule with `--syn-cookies` here first (its
+//! answer `SYN_PATH` with the rule's slot); [`syn_path`] answers a SYN of an unverified source for a
 //! local listener with the kernel's cookie (`XDP_TX`), marks a source
 //! verified when the kernel accepts its cookie ACK (or holds a connection
 //! of it), and hands everything else back to policing (`SYN_POLICE`). A
@@ -24,7 +24,7 @@ use crate::{
     buckets::{Charge, charge},
     clock::Clock,
     maps::{SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_TOTALS, SYN_VERIFIED},
-    parse::{L4At, ptr_at},
+    parse::{Parsed, parse, ptr_at},
     verifier::launder,
 };
 
@@ -34,53 +34,24 @@ const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
 const TCP_FIN: u8 = 0x01;
 
-/// Whether the policer's code hands this frame (of a rule with the flag)
-/// to the SYN path: TCP with its header, and not on the second run the SYN
-/// path asked for. Writes what the SYN path needs into the CPU's scratch.
+/// `n` (1..=64) as a helper's size argument: a range the verifier knows
+/// (laundered first: the compiler would drop a mask it can prove idle).
 #[inline(always)]
-pub(crate) fn syn_gate(slot: u32, l4: L4At, v6: bool) -> bool {
-    if l4.proto() != 6 || l4.off() == 0 {
-        return false;
-    }
-    let Some(s) = SYN_SCRATCH.get_ptr_mut(0) else {
-        return false;
-    };
-    // SAFETY: this CPU's slot; only this CPU touches it while we run.
-    unsafe {
-        // Consumed here: the one frame the SYN path handed back.
-        if (*s).pass != 0 {
-            (*s).pass = 0;
-            return false;
-        }
-        (*s).slot = slot;
-        (*s).ip_off = l4.ip() as u32;
-        (*s).l4_off = l4.off() as u32;
-        (*s).v6 = v6 as u32;
-    }
-    true
+fn size_1_to_64(n: u32) -> u32 {
+    (((launder(n as u64) as u32).wrapping_sub(1)) & 63) + 1
 }
 
-/// Sets (or clears) the scratch's `pass`: the policer's code then polices
-/// a SYN-cookie rule's frames as if it had none.
-#[inline(always)]
-pub(crate) fn set_pass(pass: u32) {
-    if let Some(s) = SYN_SCRATCH.get_ptr_mut(0) {
-        // SAFETY: as above.
-        unsafe { (*s).pass = pass };
-    }
-}
-
-/// The SYN path for the frame `syn_gate` took: an XDP action, or
-/// `SYN_POLICE`.
+/// The SYN path for a frame of the rule at `slot` (with `RULE_SYN`): an
+/// XDP action, or `SYN_POLICE`.
 #[inline(never)]
-pub(crate) fn syn_path(md: *mut xdp_md) -> u32 {
+pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
     let ctx = XdpContext::new(md);
     let Some(s) = SYN_SCRATCH.get_ptr_mut(0) else {
         return SYN_POLICE;
     };
     // SAFETY: this CPU's slot; only this CPU touches it while we run.
     let s = unsafe { &mut *s };
-    let slot = s.slot;
+    s.slot = slot;
     let (Some(conf), Some(sc)) = (SYN_CONF.get(slot), SYN_COUNTERS.get_ptr_mut(slot)) else {
         return SYN_POLICE;
     };
@@ -89,10 +60,23 @@ pub(crate) fn syn_path(md: *mut xdp_md) -> u32 {
     }
     // SAFETY: per-CPU slot.
     let sc = unsafe { &mut *sc };
-    let v6 = s.v6 != 0;
+    // The frame parsed again (the policer's code hands over only the
+    // slot): TCP with its header, or policed.
+    let (l4, v6) = match parse(&ctx) {
+        Parsed::V4 { l4, .. } => (l4, false),
+        Parsed::V6 { l4, .. } => (l4, true),
+        _ => return SYN_POLICE,
+    };
+    if l4.proto() != 6 || l4.off() == 0 {
+        return SYN_POLICE;
+    }
+    s.ip_off = l4.ip() as u32;
+    s.l4_off = l4.off() as u32;
+    s.v6 = v6 as u32;
     let Some(tcp_len) = copy_headers(md, s, v6) else {
         return SYN_POLICE;
     };
+
     let src = if v6 {
         let mut a = [0u8; 16];
         a.copy_from_slice(&s.ip[8..24]);
@@ -136,12 +120,9 @@ fn copy_headers(md: *mut xdp_md, s: &mut SynScratch, v6: bool) -> Option<u32> {
     if len < 20 {
         return None;
     }
-    let more = (len - 20) & 63;
-    if more > 0 && more <= 40 {
-        // SAFETY: as above; `more` ≤ 40 fits tcp[20..64].
-        if unsafe { bpf_xdp_load_bytes(md, l4 + 20, s.tcp[20..].as_mut_ptr().cast(), more) } != 0 {
-            return None;
-        }
+    // SAFETY: as above; at most 64 bytes into the 64 of tcp.
+    if len > 20 && unsafe { bpf_xdp_load_bytes(md, l4, s.tcp.as_mut_ptr().cast(), size_1_to_64(len)) } != 0 {
+        return None;
     }
     // `struct bpf_sock_tuple`: addresses and ports as in the frame.
     s.tuple = [0; 40];
@@ -152,7 +133,7 @@ fn copy_headers(md: *mut xdp_md, s: &mut SynScratch, v6: bool) -> Option<u32> {
         s.tuple[0..8].copy_from_slice(&s.ip[12..20]);
         s.tuple[8..12].copy_from_slice(&s.tcp[0..4]);
     }
-    Some(20 + more)
+    Some(len)
 }
 
 /// `flood` mode: whether the rule's SYNs of unverified sources are over
@@ -224,7 +205,7 @@ fn answer_syn(
             s.ip.as_mut_ptr().cast(),
             iplen,
             s.tcp.as_mut_ptr().cast::<tcphdr>(),
-            tcp_len,
+            size_1_to_64(tcp_len),
         );
         bpf_sk_release(sk.cast());
         r
@@ -267,10 +248,7 @@ fn send(ctx: &XdpContext, s: &mut SynScratch, iplen: u32, n: u32) -> bool {
         out[0..6].copy_from_slice(&e[6..12]);
         out[6..12].copy_from_slice(&e[0..6]);
     }
-    let n = n & 63;
-    if n < 20 {
-        return false;
-    }
+    let n = size_1_to_64(n);
     // SAFETY: helpers reading this CPU's map value, within its arrays.
     unsafe {
         let ip = s.ip_out.as_mut_ptr().cast();
@@ -303,7 +281,7 @@ fn check_ack(ctx: &XdpContext, s: &mut SynScratch, sc: &mut SynCounters, src: &[
                 s.ip.as_mut_ptr().cast(),
                 iplen,
                 s.tcp.as_mut_ptr().cast::<tcphdr>(),
-                tcp_len,
+                size_1_to_64(tcp_len),
             )
         };
         if r == 0 {

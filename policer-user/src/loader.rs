@@ -466,7 +466,7 @@ impl Policer {
                 .map_err(|e| Error::Program(Box::new(e)))?;
             prog.load().map_err(|e| Error::Program(Box::new(e)))?;
             load_capture(&mut ebpf)?;
-            load_syn_self(&mut ebpf)?;
+            load_syn_police(&mut ebpf)?;
             if let Some(v) = opts.layout_version {
                 stamp_layout(&mut ebpf, v)?;
             }
@@ -1511,27 +1511,18 @@ fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
     load_into_array(ebpf, CAPTURE_PROGRAM, MAP_CAPTURE_PROG)
 }
 
-/// Puts the (loaded) policer program into its own SYN-cookie program
-/// array (policer_common::syn::MAP_SYN_PROG): a frame the SYN path hands
-/// back is policed by a tail call to it. The kernel empties the array with
-/// its last descriptor (a program left running without a pin then passes
-/// those frames). An object without the array (another build) skips it.
-fn load_syn_self(ebpf: &mut Ebpf) -> Result<()> {
-    use policer_common::syn::MAP_SYN_PROG;
-    if ebpf.map(MAP_SYN_PROG).is_none() {
+/// Loads the policer's code without the SYN path
+/// (policer_common::syn::SYN_POLICE_PROGRAM) and puts it in the array the
+/// attached program tail-calls to police a frame its SYN path hands back.
+/// The kernel empties the array with its last descriptor (a program left
+/// running without a pin then passes those frames). An object without it
+/// (another build) skips it.
+fn load_syn_police(ebpf: &mut Ebpf) -> Result<()> {
+    use policer_common::syn::{MAP_SYN_PROG, SYN_POLICE_PROGRAM};
+    if ebpf.program(SYN_POLICE_PROGRAM).is_none() || ebpf.map(MAP_SYN_PROG).is_none() {
         return Ok(());
     }
-    let prog: &Xdp =
-        ebpf.program(PROGRAM_NAME).ok_or(Error::Missing(PROGRAM_NAME))?.try_into().map_err(|e| Error::Program(Box::new(e)))?;
-    let fd = prog
-        .fd()
-        .map_err(|e| Error::Program(Box::new(e)))?
-        .try_clone()
-        .map_err(Error::kernel(format!("duplicating the descriptor of program {PROGRAM_NAME}")))?;
-    let mut m =
-        ProgramArray::try_from(ebpf.map_mut(MAP_SYN_PROG).ok_or(Error::Missing(MAP_SYN_PROG))?).map_err(Error::map(MAP_SYN_PROG))?;
-    m.set(0, &fd, 0).map_err(Error::map(MAP_SYN_PROG))?;
-    Ok(())
+    load_into_array(ebpf, SYN_POLICE_PROGRAM, MAP_SYN_PROG)
 }
 
 /// Loads `policer replay`'s batch entry and puts it in its own program

@@ -29,6 +29,8 @@ const APT_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
     "iproute2",
+    // GRO on a veth, so frames sent back with XDP_TX arrive (tests/tests/syn.rs).
+    "ethtool",
     "util-linux",
     "procps",
     // `man`, for the test that renders the generated man pages with it.
@@ -363,6 +365,7 @@ fn test(host_only: bool) -> Result<()> {
         "capture",
         "suggest",
         "chain",
+        "syn",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])
