@@ -958,6 +958,10 @@ pub struct InspectView {
     /// Frames dropped from it since its bucket was made (sampled: see
     /// README, top).
     pub drops: u64,
+    /// With a rule that has SYN cookies: whether this source proved its
+    /// address (its SYNs are policed by its bucket; else they get cookies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn_verified: Option<bool>,
     /// How far `drops` may be from the truth (two standard deviations);
     /// 0: exact.
     #[serde(default, skip_serializing_if = "is_zero")]

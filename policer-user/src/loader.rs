@@ -167,6 +167,8 @@ pub struct MapReader {
     /// SYN cookies' counters (policer_common::syn); None in a program
     /// built before them.
     syn_counters: Option<OwnedFd>,
+    /// SYN cookies' verified sources; None in a program built before them.
+    syn_verified: Option<OwnedFd>,
     buckets_v4: OwnedFd,
     buckets_v4_drops: OwnedFd,
     buckets_v6: OwnedFd,
@@ -897,6 +899,7 @@ impl MapReader {
             counters: dup(MAP_COUNTERS)?,
             rule_counters: dup(MAP_RULE_COUNTERS)?,
             syn_counters: dup(policer_common::syn::MAP_SYN_COUNTERS).ok(),
+            syn_verified: dup(policer_common::syn::MAP_SYN_VERIFIED).ok(),
             buckets_v4: dup(MAP_BUCKETS_V4)?,
             buckets_v4_drops: dup(MAP_BUCKETS_V4_DROPS)?,
             buckets_v6: dup(MAP_BUCKETS_V6)?,
@@ -1143,6 +1146,19 @@ impl MapReader {
     /// Counters of every rule slot (summed over CPUs).
     pub fn rule_counters(&self) -> Result<Vec<(u32, RuleCounters)>> {
         self.per_cpu_slots(&self.rule_counters, MAP_RULE_COUNTERS, RuleCounters::add)
+    }
+
+    /// Whether `addr` proved its address to SYN cookies (None: a program
+    /// without them).
+    pub fn syn_verified(&self, addr: std::net::IpAddr) -> Result<Option<bool>> {
+        let Some(fd) = &self.syn_verified else { return Ok(None) };
+        let key: [u8; 16] = match addr {
+            std::net::IpAddr::V4(a) => policer_common::mapped_v4(a.octets()),
+            std::net::IpAddr::V6(a) => a.octets(),
+        };
+        let v: Option<u64> = crate::batch::lookup(fd.as_raw_fd(), &key)
+            .map_err(Error::kernel(format!("reading {}", policer_common::syn::MAP_SYN_VERIFIED)))?;
+        Ok(Some(v.is_some()))
     }
 
     /// SYN cookies' counters of every rule slot (summed over CPUs).

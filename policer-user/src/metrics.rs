@@ -487,6 +487,12 @@ mod tests {
                 class: "udp dport 53".into(),
                 action: "police".into(),
                 counters: c,
+                syn: Some(crate::control::SynStatsView {
+                    mode: "always".into(),
+                    syns: 9,
+                    cookies_sent: 7,
+                    ..Default::default()
+                }),
                 rates: None,
             }],
             table: TableStats { capacity: 1024, created: 10, live: None, insert_failures: 0, ..Default::default() },
@@ -508,6 +514,8 @@ mod tests {
             "policer_parse_packets_total{iface=\"eth0\",outcome=\"malformed\"} 2",
             "policer_rule_packets_total{rule=\"0.0.0.0/0\",class=\"udp dport 53\",action=\"police\",verdict=\"passed\"} 5",
             "policer_bucket_evictions_total 6",
+            "policer_rule_syn_cookie_events_total{rule=\"0.0.0.0/0\",class=\"udp dport 53\",event=\"cookie_sent\"} 7",
+            "policer_rule_syn_cookie_events_total{rule=\"0.0.0.0/0\",class=\"udp dport 53\",event=\"syn\"} 9",
             "policer_interface_attached{iface=\"eth0\"} 1",
             "policer_interface_attached{iface=\"eth1\"} 0",
             "policer_bucket_table_capacity 1024",

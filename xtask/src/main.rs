@@ -29,8 +29,6 @@ const APT_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
     "iproute2",
-    // GRO on a veth, so frames sent back with XDP_TX arrive (tests/tests/syn.rs).
-    "ethtool",
     "util-linux",
     "procps",
     // `man`, for the test that renders the generated man pages with it.

@@ -88,6 +88,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let action = v.action.as_deref().unwrap_or("-");
     println!("source      {}", v.address);
     println!("rule        {rule} ({action})");
+    match v.syn_verified {
+        Some(true) => println!("syn cookies verified: its SYNs are policed by its bucket"),
+        Some(false) => println!("syn cookies not verified: its SYNs to a listener get cookies"),
+        None => {}
+    }
     print_buckets(&v);
     print_covering(&v);
     if let Some(k) = &v.key {

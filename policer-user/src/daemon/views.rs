@@ -661,6 +661,11 @@ impl Views {
         let (mut v, applied) = self.judge(&snap, addr, frame, &auto, &covers, &answer)?;
         v.covering = self.covering(&snap, (&resolver, &covers), addr, !frame.is_empty(), &applied, auto)?;
         v.not_attached = not_attached(&snap);
+        // SYN cookies: whether the source proved its address (only said
+        // while a rule has them).
+        if snap.rules.values().any(|r| r.spec.syn().is_some()) {
+            v.syn_verified = self.reader.syn_verified(addr)?;
+        }
         Ok(v)
     }
 
