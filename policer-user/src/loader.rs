@@ -429,9 +429,6 @@ impl Policer {
             .map_max_entries(MAP_RULE_COUNTERS, opts.max_rules + 1)
             .map_max_entries(MAP_NEW_SOURCES, opts.max_rules + 1)
             .map_max_entries(MAP_TOTALS, opts.max_rules + 1)
-            .map_max_entries(policer_common::syn::MAP_SYN_CONF, opts.max_rules + 1)
-            .map_max_entries(policer_common::syn::MAP_SYN_TOTALS, opts.max_rules + 1)
-            .map_max_entries(policer_common::syn::MAP_SYN_COUNTERS, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BAN_PARAMS, opts.max_rules + 1)
             .map_max_entries(policer_common::capture::MAP_CAPTURE_RULES, opts.max_rules + 1)
             .map_max_entries(policer_common::MAP_BANS, opts.max_bans.max(1))
@@ -439,6 +436,7 @@ impl Policer {
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true);
+        size_syn_maps(&mut loader, opts.max_rules);
         pin_paths(&mut loader, opts)?;
         let object = match &opts.variant {
             Some(v) => {
@@ -1525,6 +1523,15 @@ fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
         return Ok(());
     }
     load_into_array(ebpf, CAPTURE_PROGRAM, MAP_CAPTURE_PROG)
+}
+
+/// Sizes SYN cookies' per-rule maps (policer_common::syn) for
+/// `max_rules` (slot 0 is never a rule's: one more).
+fn size_syn_maps(loader: &mut EbpfLoader<'_>, max_rules: u32) {
+    use policer_common::syn::{MAP_SYN_CONF, MAP_SYN_COUNTERS, MAP_SYN_TOTALS};
+    for m in [MAP_SYN_CONF, MAP_SYN_TOTALS, MAP_SYN_COUNTERS] {
+        loader.map_max_entries(m, max_rules + 1);
+    }
 }
 
 /// Loads the policer's code without the SYN path

@@ -541,7 +541,12 @@ mod tests {
             serde_json::from_str(include_str!("../../deploy/grafana-dashboard.json")).unwrap();
         let s = StatsView {
             interfaces: vec![IfaceStats { name: "eth0".into(), ..Default::default() }],
-            rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), ..Default::default() }],
+            rules: vec![RuleStats {
+                prefix: "0.0.0.0/0".into(),
+                action: "police".into(),
+                syn: Some(crate::control::SynStatsView { mode: "always".into(), ..Default::default() }),
+                ..Default::default()
+            }],
             feeds: vec![crate::control::FeedStatus {
                 kind: "crowdsec".into(),
                 decisions_by_origin: [("cscli".to_string(), 1)].into(),

@@ -166,7 +166,9 @@ mod tests {
         // Debian's default tcp_rmem maximum (6 MiB): 7, as `ss -ti` shows.
         assert_eq!(host(6_291_456).wscale(), 7);
         assert_eq!(host(4_194_304).wscale(), 7);
-        assert_eq!(host(65_535).wscale(), 0);
+        assert_eq!(HostTcp { core_rmem_max: 65_535, ..host(65_535) }.wscale(), 0);
+        // net.core.rmem_max counts too: the larger of the two.
+        assert_eq!(HostTcp { core_rmem_max: 33_554_432, ..host(6_291_456) }.wscale(), 10);
         assert_eq!(host(u32::MAX).wscale(), 14);
     }
 
