@@ -21,8 +21,8 @@ use policer_common::{
     chain::ChainCounters,
     class::{self, ClassFilter, ClassList, Total},
     recall::RecallSet,
-    syn::{self, SynConf, SynCounters, SynScratch},
     replay::{ReplayCtl, ReplayFrame},
+    syn::{self, SynConf, SynCounters, SynScratch},
     table::{self, Geometry, Set, SetDrops, SetKeys},
 };
 

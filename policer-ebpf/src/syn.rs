@@ -215,7 +215,8 @@ fn answer_syn(
         return SYN_POLICE;
     }
     let mss = if v6 { conf.mss_v6 } else { conf.mss_v4 };
-    let p = SynAckParams { cookie: r as u32, mss: mss as u16, wscale: conf.wscale as u8, now_ms: (now / 1_000_000) as u32 };
+    let p =
+        SynAckParams { cookie: r as u32, mss: mss as u16, wscale: conf.wscale as u8, now_ms: (now / 1_000_000) as u32 };
     let o = syn::parse_syn_with(&s.tcp, tcp_len as usize, launder);
     let n = syn::build_synack(&s.ip, &s.tcp, &o, v6, &p, &mut s.ip_out, &mut s.tcp_out) as u32;
     if send(ctx, s, iplen, n) {
@@ -265,7 +266,14 @@ fn send(ctx: &XdpContext, s: &mut SynScratch, iplen: u32, n: u32) -> bool {
 /// holds a connection (or a request) of its tuple, or accepts its cookie;
 /// an ACK to a listener with a cookie it refuses is dropped.
 #[inline(always)]
-fn check_ack(ctx: &XdpContext, s: &mut SynScratch, sc: &mut SynCounters, src: &[u8; 16], v6: bool, tcp_len: u32) -> u32 {
+fn check_ack(
+    ctx: &XdpContext,
+    s: &mut SynScratch,
+    sc: &mut SynCounters,
+    src: &[u8; 16],
+    v6: bool,
+    tcp_len: u32,
+) -> u32 {
     let sk = lookup(ctx, s, v6);
     if sk.is_null() {
         return SYN_POLICE;

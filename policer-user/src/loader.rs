@@ -1162,7 +1162,9 @@ impl MapReader {
     /// SYN cookies' counters of every rule slot (summed over CPUs).
     pub fn syn_counters(&self) -> Result<Vec<(u32, policer_common::syn::SynCounters)>> {
         match &self.syn_counters {
-            Some(fd) => self.per_cpu_slots(fd, policer_common::syn::MAP_SYN_COUNTERS, policer_common::syn::SynCounters::add),
+            Some(fd) => {
+                self.per_cpu_slots(fd, policer_common::syn::MAP_SYN_COUNTERS, policer_common::syn::SynCounters::add)
+            }
             None => Ok(Vec::new()),
         }
     }

@@ -712,7 +712,10 @@ impl RuleConfig {
         if mode == SynMode::Flood && total == Some(None) {
             p.push(
                 "syn_cookies",
-                format!("{}: --syn-cookies flood needs --total-rate (the SYN rate above which it answers)", self.prefix),
+                format!(
+                    "{}: --syn-cookies flood needs --total-rate (the SYN rate above which it answers)",
+                    self.prefix
+                ),
             );
         }
         if p.said() > said {

@@ -91,14 +91,19 @@ impl HostTcp {
     pub fn preflight(&self) -> Vec<(bool, String)> {
         let mut out = Vec::new();
         out.push(match self.syncookies {
-            2 => (true, "net.ipv4.tcp_syncookies = 2: the kernel makes a cookie for every SYN the policer answers".into()),
+            2 => (
+                true,
+                "net.ipv4.tcp_syncookies = 2: the kernel makes a cookie for every SYN the policer answers".into(),
+            ),
             1 => (
                 false,
                 "net.ipv4.tcp_syncookies = 1: the kernel makes cookies only while a listener's queue overflows; \
                  until then SYNs are policed without cookies (set it to 2)"
                     .into(),
             ),
-            n => (false, format!("net.ipv4.tcp_syncookies = {n}: no cookies at all; every SYN is policed (set it to 2)")),
+            n => {
+                (false, format!("net.ipv4.tcp_syncookies = {n}: no cookies at all; every SYN is policed (set it to 2)"))
+            }
         });
         out.push(match self.timestamps {
             2 => (true, "net.ipv4.tcp_timestamps = 2: a cookie's timestamp keeps window scale, SACK and ECN".into()),
@@ -122,7 +127,12 @@ impl HostTcp {
         }
         out.push((
             true,
-            format!("SYN-ACKs offer window scale {} and MSS {}/{} (IPv4/IPv6)", self.wscale(), self.mtu - 40, self.mtu - 60),
+            format!(
+                "SYN-ACKs offer window scale {} and MSS {}/{} (IPv4/IPv6)",
+                self.wscale(),
+                self.mtu - 40,
+                self.mtu - 60
+            ),
         ));
         out
     }
@@ -137,8 +147,7 @@ pub fn listening(port: u16) -> bool {
                 let mut w = l.split_whitespace();
                 let local = w.nth(1).unwrap_or("");
                 let state = w.nth(1).unwrap_or("");
-                state == "0A"
-                    && local.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+                state == "0A" && local.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
             })
         })
     })
@@ -193,8 +202,12 @@ pub fn warnings<'a>(specs: impl IntoIterator<Item = &'a crate::rules::RuleSpec>)
     if syn.is_empty() {
         return Vec::new();
     }
-    let mut out: Vec<String> =
-        HostTcp::read().preflight().into_iter().filter(|(ok, _)| !ok).map(|(_, m)| format!("syn cookies: {m}")).collect();
+    let mut out: Vec<String> = HostTcp::read()
+        .preflight()
+        .into_iter()
+        .filter(|(ok, _)| !ok)
+        .map(|(_, m)| format!("syn cookies: {m}"))
+        .collect();
     for s in syn {
         if let Some((lo, hi)) = s.class().dport
             && !(lo..=hi).take(1024).any(listening)

@@ -16,8 +16,8 @@
 
 use std::{
     io::{Read, Write},
-    os::fd::AsRawFd,
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd,
     process::Command,
     sync::{
         Arc,
@@ -29,15 +29,13 @@ use std::{
 
 use policer_common::class::{TCP_ACK, TCP_SYN};
 use policer_tests::{
-    foreign,
-    bench::{
-        sys::pin_cpu,
-    },
+    bench::sys::pin_cpu,
     daemon::{Daemon, cli, succeeds},
+    foreign,
     frame::FrameSpec,
     netns::{Sandbox, enter, ip},
-    privileged,
     packet::RawSocket,
+    privileged,
     traffic::send_raw,
 };
 use serde_json::Value;
@@ -231,7 +229,8 @@ fn daemon(sb: &Sandbox) -> Daemon {
 /// `ss -tin` in `ns`: the `wscale:a,b` and whether `sack` is on, of the
 /// first established connection with port `port` on the side named.
 fn ss_options(ns: &str, filter: &str) -> (String, bool) {
-    let out = Command::new("ip").args(["netns", "exec", ns, "ss", "-tinH", "state", "established", filter]).output().unwrap();
+    let out =
+        Command::new("ip").args(["netns", "exec", ns, "ss", "-tinH", "state", "established", filter]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let ws = text.split_whitespace().find(|w| w.starts_with("wscale:")).unwrap_or("none").to_string();
     (ws, text.contains(" sack"))
@@ -249,7 +248,19 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
     for prefix in ["0.0.0.0/0", "::/0"] {
         succeeds(&cli(
             &sb,
-            &["rule", "set", prefix, "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always", "--syn-ack-rate", "2kpps"],
+            &[
+                "rule",
+                "set",
+                prefix,
+                "--proto",
+                "tcp",
+                "--rate",
+                "20kpps",
+                "--syn-cookies",
+                "always",
+                "--syn-ack-rate",
+                "2kpps",
+            ],
         ));
     }
     let ls = succeeds(&cli(&sb, &["rule", "ls"]));
@@ -319,7 +330,11 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
             // drops what it has no room for: most of the generator's
             // frames), and went to SYN-ACKs (one each at most), not the
             // stack nor the table.
-            eprintln!("of {frames} flood frames generated, the SYN path saw {}; interfaces: {}", n(y, "syns"), s["totals"]);
+            eprintln!(
+                "of {frames} flood frames generated, the SYN path saw {}; interfaces: {}",
+                n(y, "syns"),
+                s["totals"]
+            );
             assert!(n(y, "syns") >= 1000, "{y}");
         }
     }
@@ -394,8 +409,21 @@ fn flood_mode_answers_only_above_the_total() {
     succeeds(&cli(
         &sb,
         &[
-            "rule", "set", "0.0.0.0/0", "--proto", "tcp", "--dport", "8080", "--rate", "20kpps", "--total-rate", "100kpps",
-            "--total-burst", "1000", "--syn-cookies", "flood",
+            "rule",
+            "set",
+            "0.0.0.0/0",
+            "--proto",
+            "tcp",
+            "--dport",
+            "8080",
+            "--rate",
+            "20kpps",
+            "--total-rate",
+            "100kpps",
+            "--total-burst",
+            "1000",
+            "--syn-cookies",
+            "flood",
         ],
     ));
     // Quiet: 50 connections are the kernel's own handshakes.
@@ -429,4 +457,3 @@ fn flood_mode_answers_only_above_the_total() {
     stop.store(true, Ordering::Relaxed);
     srv.join().unwrap();
 }
-

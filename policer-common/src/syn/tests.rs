@@ -75,7 +75,13 @@ fn ts_of(opts: &[O]) -> Option<(u32, u32)> {
 
 #[test]
 fn linux_syn_gets_every_option_back_both_families() {
-    let linux = [O::MaximumSegmentSize(1460), O::SelectiveAcknowledgementPermitted, O::Timestamp(77, 0), O::Noop, O::WindowScale(9)];
+    let linux = [
+        O::MaximumSegmentSize(1460),
+        O::SelectiveAcknowledgementPermitted,
+        O::Timestamp(77, 0),
+        O::Noop,
+        O::WindowScale(9),
+    ];
     for v6 in [false, true] {
         let (ip, tcp, len) = syn(v6, &linux, false, 1000);
         assert_eq!(parse_syn(&tcp, len), SynOpts { wscale: Some(9), sack: true, tsval: Some(77), ecn: false });
@@ -99,7 +105,14 @@ fn linux_syn_gets_every_option_back_both_families() {
 #[test]
 fn without_timestamps_only_mss() {
     // Windows' SYN: MSS, NOP, WS, NOP, NOP, SACK-permitted, no timestamps.
-    let win = [O::MaximumSegmentSize(1460), O::Noop, O::WindowScale(8), O::Noop, O::Noop, O::SelectiveAcknowledgementPermitted];
+    let win = [
+        O::MaximumSegmentSize(1460),
+        O::Noop,
+        O::WindowScale(8),
+        O::Noop,
+        O::Noop,
+        O::SelectiveAcknowledgementPermitted,
+    ];
     for v6 in [false, true] {
         let (ip, tcp, len) = syn(v6, &win, true, u32::MAX);
         let (t, opts) = answer(v6, &ip, &tcp, len, &P);
@@ -132,7 +145,10 @@ fn cap_allows_its_burst_then_its_rate() {
     assert_eq!(sent, 5);
     // 10 ms later, one more.
     assert!(cap_admit(tat, 1_010_000_000, &c).is_some());
-    assert_eq!(cap_key(&[0x20, 1, 0xd, 0xb8, 0xaa, 0xbb, 0xcc, 1, 0, 0, 0, 0, 0, 0, 0, 1], true)[..8], [0x20, 1, 0xd, 0xb8, 0xaa, 0xbb, 0, 0]);
+    assert_eq!(
+        cap_key(&[0x20, 1, 0xd, 0xb8, 0xaa, 0xbb, 0xcc, 1, 0, 0, 0, 0, 0, 0, 0, 1], true)[..8],
+        [0x20, 1, 0xd, 0xb8, 0xaa, 0xbb, 0, 0]
+    );
     let v4 = crate::mapped_v4([198, 51, 100, 7]);
     assert_eq!(cap_key(&v4, false), crate::mapped_v4([198, 51, 100, 0]));
 }

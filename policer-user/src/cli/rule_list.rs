@@ -32,7 +32,20 @@ pub(super) fn print(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut t = crate::report::table(
-        &["PREFIX", "CLASS", "ACTION", "RATE", "BURST", "TOTAL", "SYN-COOKIES", "KEY-LEN", "BANS", "EXPIRES", "SAVED", "ENTRIES"],
+        &[
+            "PREFIX",
+            "CLASS",
+            "ACTION",
+            "RATE",
+            "BURST",
+            "TOTAL",
+            "SYN-COOKIES",
+            "KEY-LEN",
+            "BANS",
+            "EXPIRES",
+            "SAVED",
+            "ENTRIES",
+        ],
         2,
     );
     for r in rules {

@@ -808,7 +808,8 @@ impl Reader {
                 r.tcp_flags.is_some()
             }
             R::SynCookies => {
-                r.syn_cookies = self.string(place, key, v, "a SYN cookie mode", "syn_cookies = \"flood\" (or \"off\", \"always\")");
+                r.syn_cookies =
+                    self.string(place, key, v, "a SYN cookie mode", "syn_cookies = \"flood\" (or \"off\", \"always\")");
                 r.syn_cookies.is_some()
             }
             R::SynAckRate => {

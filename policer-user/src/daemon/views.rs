@@ -359,7 +359,12 @@ impl Views {
             chains: self.chain_ls(None).ok(),
             syn_cookies: self.syn_status(&s),
             syn_cookie_warnings: if s.rules.values().any(|r| r.spec.syn().is_some()) {
-                crate::syncookies::HostTcp::read().preflight().into_iter().filter(|(ok, _)| !ok).map(|(_, m)| m).collect()
+                crate::syncookies::HostTcp::read()
+                    .preflight()
+                    .into_iter()
+                    .filter(|(ok, _)| !ok)
+                    .map(|(_, m)| m)
+                    .collect()
             } else {
                 Vec::new()
             },
