@@ -347,7 +347,7 @@ pub fn build_synack(
     tcp_out[13] = 0x12 | if ts && o.ecn { 0x40 } else { 0 };
     // The window: 64 KiB less, in whole segments (as the kernel's first).
     let seg = p.mss as u32 - if ts { 12 } else { 0 };
-    let win = if seg == 0 { 65535 } else { 65535 / seg * seg };
+    let win = 65535u32.checked_div(seg).map_or(65535, |q| q * seg);
     tcp_out[14..16].copy_from_slice(&(win as u16).to_be_bytes());
     // Addresses swapped; the pseudo-header's sum, then the TCP header's.
     let mut sum = 6 + n as u32;
