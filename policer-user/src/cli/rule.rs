@@ -59,6 +59,10 @@ impl ClassArgs {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per run: `rule set`'s options (SYN cookies' too) inline, as clap fills them"
+)]
 pub enum Cmd {
     /// Add the rule for a prefix and class, or change the one there: the
     /// options given change those fields, the rest keep their values
