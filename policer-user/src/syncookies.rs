@@ -153,6 +153,36 @@ pub fn listening(port: u16) -> bool {
     })
 }
 
+/// What `policer check` and the start warn of for `specs` (the rules in a
+/// file): the kernel settings SYN cookies need that are not set, and each
+/// SYN-cookie rule's destination port nobody listens on here. None when no
+/// rule has SYN cookies.
+pub fn warnings<'a>(specs: impl IntoIterator<Item = &'a crate::rules::RuleSpec>) -> Vec<String> {
+    let syn: Vec<_> = specs.into_iter().filter(|s| s.syn().is_some()).collect();
+    if syn.is_empty() {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = HostTcp::read()
+        .preflight()
+        .into_iter()
+        .filter(|(ok, _)| !ok)
+        .map(|(_, m)| format!("syn cookies: {m}"))
+        .collect();
+    for s in syn {
+        if let Some((lo, hi)) = s.class().dport
+            && !(lo..=hi).take(1024).any(listening)
+        {
+            out.push(format!(
+                "syn cookies: {} [{}]: nothing listens on that port in this network namespace: its SYNs are policed \
+                 without cookies until something does",
+                s.net,
+                s.class()
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,34 +221,4 @@ mod tests {
         let bad = HostTcp { syncookies: 1, timestamps: 1, ..host(6_291_456) };
         assert_eq!(bad.preflight().iter().filter(|(ok, _)| !ok).count(), 2);
     }
-}
-
-/// What `policer check` and the start warn of for `specs` (the rules in a
-/// file): the kernel settings SYN cookies need that are not set, and each
-/// SYN-cookie rule's destination port nobody listens on here. None when no
-/// rule has SYN cookies.
-pub fn warnings<'a>(specs: impl IntoIterator<Item = &'a crate::rules::RuleSpec>) -> Vec<String> {
-    let syn: Vec<_> = specs.into_iter().filter(|s| s.syn().is_some()).collect();
-    if syn.is_empty() {
-        return Vec::new();
-    }
-    let mut out: Vec<String> = HostTcp::read()
-        .preflight()
-        .into_iter()
-        .filter(|(ok, _)| !ok)
-        .map(|(_, m)| format!("syn cookies: {m}"))
-        .collect();
-    for s in syn {
-        if let Some((lo, hi)) = s.class().dport
-            && !(lo..=hi).take(1024).any(listening)
-        {
-            out.push(format!(
-                "syn cookies: {} [{}]: nothing listens on that port in this network namespace: its SYNs are policed \
-                 without cookies until something does",
-                s.net,
-                s.class()
-            ));
-        }
-    }
-    out
 }
