@@ -38,7 +38,10 @@ use crate::{
 /// source port lanes; and the chain's counters (crate::chain; the chain
 /// itself is reused by its pin, not by adoption).
 /// 6: `--ban-within`: the rules' ban parameters carry the window (in what
-/// was their padding) and the refusals in windows have a map of their own.
+/// was their padding) and the refusals in windows have a map of their own;
+/// SYN cookies: the rule flag `syn::RULE_SYN` and the program's own SYN
+/// maps (settings, budgets, counters, verified sources, the reflection
+/// cap; none shared with the program it adopts).
 pub const LAYOUT_VERSION: u32 = 6;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
@@ -125,6 +128,8 @@ mod pod {
     unsafe impl aya::Pod for CaptureLane {}
     unsafe impl aya::Pod for CaptureCounters {}
     unsafe impl aya::Pod for crate::chain::ChainCounters {}
+    unsafe impl aya::Pod for crate::syn::SynConf {}
+    unsafe impl aya::Pod for crate::syn::SynCounters {}
 }
 
 const _: () = {
@@ -148,6 +153,8 @@ const _: () = {
     assert!(size_of::<NewSources>() == 32);
     assert!(size_of::<RuleCounters>() == 8 * 8);
     assert!(size_of::<crate::chain::ChainCounters>() == 2 * 8);
+    assert!(size_of::<crate::syn::SynConf>() == 2 * 8 + 4 * 4);
+    assert!(size_of::<crate::syn::SynCounters>() == 8 * 8);
     // Capture (not shared: each program gets its own, see crate::capture).
     assert!(size_of::<CaptureLane>() == 3 * 8 + 32 + 4 * 4);
     assert!(size_of::<CaptureCounters>() == 4 * 8);

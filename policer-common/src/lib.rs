@@ -48,6 +48,7 @@ pub mod rate;
 pub mod recall;
 pub mod replay;
 pub mod slot;
+pub mod syn;
 pub mod table;
 pub mod verdict;
 

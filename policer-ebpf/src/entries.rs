@@ -8,30 +8,58 @@ use aya_ebpf::{
     macros::xdp,
     programs::XdpContext,
 };
-use policer_common::capture::{CAPTURE_DROPPED, ON_LANES, least_sample};
+use policer_common::{
+    capture::{CAPTURE_DROPPED, ON_LANES, least_sample},
+    syn::{SYN_PATH, SYN_POLICE},
+};
 
 use crate::{
     capture::capture,
     chain::hand_to_chain,
     frame::try_policer,
-    maps::{CAPTURE_ON, CAPTURE_SCRATCH, REPLAY_PROG, TEST_CLOCK},
+    maps::{CAPTURE_ON, CAPTURE_SCRATCH, REPLAY_PROG, SYN_PROG, TEST_CLOCK},
     replay::{replay_finish, replay_prepare},
+    syn::syn_path,
 };
 
 /// The attached program: each frame the interface receives. What the
 /// verdict passes goes on to the chain (`chain`); a drop ends here.
 #[xdp]
 pub fn policer(ctx: XdpContext) -> u32 {
-    let action = judge_frame(ctx.ctx);
+    let mut action = judge_frame::<true>(ctx.ctx);
+    if action & SYN_PATH != 0 {
+        // A frame of a rule with SYN cookies (crate::syn), its slot in the
+        // answer: answered there, or policed as without cookies by the
+        // same code without the SYN path (`policer_syn_police`, a tail
+        // call: calling the policer's code a second time here would double
+        // what the verifier walks).
+        action = syn_path(ctx.ctx, action & !SYN_PATH);
+        if action == SYN_POLICE {
+            // SAFETY: a tail call from this program's own context.
+            unsafe { SYN_PROG.tail_call(&ctx, 0) };
+            // No program in the array (the daemon gone without a pin):
+            // the kernel has the frame, as without the policer.
+            action = xdp_action::XDP_PASS;
+        }
+    }
     if action == xdp_action::XDP_PASS { hand_to_chain(&ctx) } else { action }
 }
 
-/// The policer's code on a frame: the attached program's body, and what
-/// `policer_replay` runs for each frame of a batch (one copy in the
-/// object, called by both).
+/// The attached program's code without the SYN path: what polices a frame
+/// the SYN path handed back. Never attached: reached only by the tail
+/// call above (`SYN_PROG`).
+#[xdp]
+pub fn policer_syn_police(ctx: XdpContext) -> u32 {
+    let action = judge_frame::<false>(ctx.ctx);
+    if action == xdp_action::XDP_PASS { hand_to_chain(&ctx) } else { action }
+}
+
+/// The policer's code on a frame: the attached program's body (`SYN`: with
+/// the SYN path's hand-over), and what `policer_replay` runs for each frame
+/// of a batch.
 #[inline(never)]
-fn judge_frame(md: *mut xdp_md) -> u32 {
-    try_policer(&XdpContext::new(md))
+fn judge_frame<const SYN: bool>(md: *mut xdp_md) -> u32 {
+    try_policer::<SYN>(&XdpContext::new(md))
 }
 
 /// `policer replay`'s batch entry (policer_common::replay): run with a
@@ -52,7 +80,9 @@ pub fn policer_replay(ctx: XdpContext) -> u32 {
     if i < 0 {
         return xdp_action::XDP_ABORTED;
     }
-    let ret = judge_frame(ctx.ctx);
+    // SYN cookies are not replayed: their rules' frames are policed as
+    // without them (docs/syn-cookies.md).
+    let ret = judge_frame::<false>(ctx.ctx);
     replay_finish(ctx.ctx, i as u32, ret);
     // The next frame, in the same test run: a tail call starts afresh
     // (stack and all); after the kernel's limit (33 in a row) it fails

@@ -11,6 +11,7 @@ use policer_common::{
     bucket::Action,
     capture,
     class::{self, RULE_CLASS, RULE_NO_SOURCE, RULE_TOTAL},
+    syn::{RULE_SYN, SYN_PATH},
     table,
     verdict::{self, Verdict},
 };
@@ -48,7 +49,7 @@ fn bench_source(n: u32) -> [u8; 4] {
 }
 
 #[inline(always)]
-pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
+pub(crate) fn try_policer<const SYN: bool>(ctx: &XdpContext) -> u32 {
     // SAFETY: reading the ingress ifindex from the context.
     let slot = unsafe { (*ctx.ctx).ingress_ifindex } % MAX_IFACE_SLOTS;
     let Some(c) = COUNTERS.get_ptr_mut(slot) else {
@@ -76,6 +77,9 @@ pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
             };
             let rule = lookup_rule::<false>(|| RULES_V4.get(&Key::new(32, src)))
                 .map(|r| resolve_class::<false>(ctx, r, l4, c));
+            if let Some(a) = syn_first::<SYN>(rule) {
+                return a;
+            }
             match rule {
                 // A class's buckets are per (source, class): in the keyed
                 // table, the source as ::ffff:a.b.c.d.
@@ -91,6 +95,9 @@ pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
             c.fragment_pkts += fragment as u64;
             let rule =
                 lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src))).map(|r| resolve_class::<true>(ctx, r, l4, c));
+            if let Some(a) = syn_first::<SYN>(rule) {
+                return a;
+            }
             (rule, Target::Keyed(src, 0))
         }
     };
@@ -117,6 +124,21 @@ pub(crate) fn try_policer(ctx: &XdpContext) -> u32 {
             },
         ),
         Target::Keyed(addr, mapped) => keyed_verdict(ctx, rule, addr, mapped, len, c),
+    }
+}
+
+/// With `SYN` (the attached entry), a frame whose rule has SYN cookies
+/// goes to the SYN path first (from the entry, crate::syn), uncounted: the
+/// answer is `SYN_PATH` with the rule's slot. Only the slot is handed
+/// over, in the return value: the SYN path parses the frame again itself,
+/// so nothing of the parse lives on past the class lookup here (a value
+/// live through it multiplies what the verifier walks, and the policer's
+/// stack has no room to spare).
+#[inline(always)]
+fn syn_first<const SYN: bool>(rule: Option<&'static Rule>) -> Option<u32> {
+    match rule {
+        Some(r) if SYN && r.flags & RULE_SYN != 0 => Some(SYN_PATH | r.counter_slot),
+        _ => None,
     }
 }
 

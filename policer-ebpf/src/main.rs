@@ -58,6 +58,8 @@ mod replay;
 #[cfg(target_arch = "bpf")]
 mod rules;
 #[cfg(target_arch = "bpf")]
+mod syn;
+#[cfg(target_arch = "bpf")]
 mod totals;
 #[cfg(target_arch = "bpf")]
 mod verifier;

@@ -22,6 +22,7 @@ use policer_common::{
     class::{self, ClassFilter, ClassList, Total},
     recall::RecallSet,
     replay::{ReplayCtl, ReplayFrame},
+    syn::{self, SynConf, SynCounters, SynScratch},
     table::{self, Geometry, Set, SetDrops, SetKeys},
 };
 
@@ -94,6 +95,25 @@ pub(crate) static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT
 #[map]
 pub(crate) static BAN_WINDOWS: LruHashMap<BucketKeyV6, BanWindow> =
     LruHashMap::with_max_entries(policer_common::MAX_BAN_WINDOWS, 0);
+// SYN cookies (crate::syn): per rule slot, the mode and cap, the
+// `flood` mode's SYN budget, the counters; the verified sources and the
+// reflection cap's networks; this CPU's work area.
+#[map]
+pub(crate) static SYN_CONF: Array<SynConf> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[map]
+pub(crate) static SYN_TOTALS: Array<Total> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[map]
+pub(crate) static SYN_COUNTERS: PerCpuArray<SynCounters> = PerCpuArray::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[map]
+pub(crate) static SYN_VERIFIED: LruHashMap<[u8; 16], u64> = LruHashMap::with_max_entries(syn::MAX_VERIFIED, 0);
+#[map]
+pub(crate) static SYN_CAP: LruHashMap<[u8; 16], u64> = LruHashMap::with_max_entries(syn::MAX_CAP_NETS, 0);
+/// The attached program itself, for the tail call that polices a frame
+/// the SYN path handed back (filled by the loader).
+#[map]
+pub(crate) static SYN_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[map]
+pub(crate) static SYN_SCRATCH: PerCpuArray<SynScratch> = PerCpuArray::with_max_entries(1, 0);
 /// The layout version stamp (policer_common::MAP_LAYOUT): written and
 /// bound to the program by the loader, never read here.
 #[map]

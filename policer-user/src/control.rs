@@ -627,9 +627,49 @@ pub struct RuleStats {
     pub action: String,
     #[serde(flatten)]
     pub counters: CountersView,
+    /// SYN cookies' counters (a rule with `--syn-cookies`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn: Option<SynStatsView>,
     /// Per-second rates since the previous sample (`--watch` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rates: Option<RateView>,
+}
+
+/// A rule's SYN cookies as `stats --json` shows them (policer_common::syn::SynCounters).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SynStatsView {
+    /// `flood` or `always`.
+    pub mode: String,
+    /// SYNs of unverified sources seen.
+    pub syns: u64,
+    /// SYNs answered with a cookie (SYN-ACKs sent).
+    pub cookies_sent: u64,
+    pub acks_accepted: u64,
+    /// Cookie ACKs refused (dropped).
+    pub acks_refused: u64,
+    pub sources_verified: u64,
+    /// SYN-ACKs the reflection cap held back (the SYN dropped).
+    pub synacks_capped: u64,
+    /// SYNs to a port nobody listens on (policed).
+    pub no_listener: u64,
+    /// SYNs the kernel made no cookie for (policed).
+    pub no_cookie: u64,
+}
+
+impl SynStatsView {
+    pub fn of(mode: &str, c: &policer_common::syn::SynCounters) -> SynStatsView {
+        SynStatsView {
+            mode: mode.to_string(),
+            syns: c.syns,
+            cookies_sent: c.cookies_sent,
+            acks_accepted: c.acks_accepted,
+            acks_refused: c.acks_refused,
+            sources_verified: c.sources_verified,
+            synacks_capped: c.synacks_capped,
+            no_listener: c.no_listener,
+            no_cookie: c.no_cookie,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -986,6 +1026,10 @@ pub struct InspectView {
     /// Frames dropped from it since its bucket was made (sampled: see
     /// README, top).
     pub drops: u64,
+    /// With a rule that has SYN cookies: whether this source proved its
+    /// address (its SYNs are policed by its bucket; else they get cookies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn_verified: Option<bool>,
     /// How far `drops` may be from the truth (two standard deviations);
     /// 0: exact.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -1070,6 +1114,12 @@ pub struct RuleView {
     /// The fleet budget the total is shared through (`--global NAME`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global: Option<String>,
+    /// SYN cookies (`--syn-cookies`): `flood` or `always`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn_cookies: Option<String>,
+    /// Their reflection cap, SYN-ACKs a second toward one /24 or /48.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn_ack_rate: Option<u64>,
     pub action: String,
     /// None for allow/deny rules without a rate.
     pub rate: Option<String>,
@@ -1173,6 +1223,22 @@ pub struct StatusView {
     /// Each interface's chain (absent from older daemons).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chains: Option<Vec<ChainView>>,
+    /// The rules with SYN cookies, each with its counters and what the
+    /// kernel's settings make of them (docs/syn-cookies.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syn_cookies: Vec<SynStatus>,
+    /// The kernel settings SYN cookies need that are not as they should
+    /// be (empty when all are, or no rule has them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syn_cookie_warnings: Vec<String>,
+}
+
+/// A rule with SYN cookies, in `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SynStatus {
+    pub rule: String,
+    #[serde(flatten)]
+    pub counters: SynStatsView,
 }
 
 /// An interface and its XDP mode, in `status`.

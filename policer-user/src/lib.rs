@@ -30,6 +30,7 @@ pub mod resolve;
 pub mod rules;
 pub mod sets;
 pub mod suggest;
+pub mod syncookies;
 pub mod text;
 pub mod trie;
 

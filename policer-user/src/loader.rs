@@ -164,6 +164,11 @@ pub struct Policer {
 pub struct MapReader {
     counters: OwnedFd,
     rule_counters: OwnedFd,
+    /// SYN cookies' counters (policer_common::syn); None in a program
+    /// built before them.
+    syn_counters: Option<OwnedFd>,
+    /// SYN cookies' verified sources; None in a program built before them.
+    syn_verified: Option<OwnedFd>,
     buckets_v4: OwnedFd,
     buckets_v4_drops: OwnedFd,
     buckets_v6: OwnedFd,
@@ -431,6 +436,7 @@ impl Policer {
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
             .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true);
+        size_syn_maps(&mut loader, opts.max_rules);
         pin_paths(&mut loader, opts)?;
         let object = match &opts.variant {
             Some(v) => {
@@ -460,6 +466,7 @@ impl Policer {
                 .map_err(|e| Error::Program(Box::new(e)))?;
             prog.load().map_err(|e| Error::Program(Box::new(e)))?;
             load_capture(&mut ebpf)?;
+            load_syn_police(&mut ebpf)?;
             if let Some(v) = opts.layout_version {
                 stamp_layout(&mut ebpf, v)?;
             }
@@ -889,6 +896,8 @@ impl MapReader {
         Ok(MapReader {
             counters: dup(MAP_COUNTERS)?,
             rule_counters: dup(MAP_RULE_COUNTERS)?,
+            syn_counters: dup(policer_common::syn::MAP_SYN_COUNTERS).ok(),
+            syn_verified: dup(policer_common::syn::MAP_SYN_VERIFIED).ok(),
             buckets_v4: dup(MAP_BUCKETS_V4)?,
             buckets_v4_drops: dup(MAP_BUCKETS_V4_DROPS)?,
             buckets_v6: dup(MAP_BUCKETS_V6)?,
@@ -1137,6 +1146,29 @@ impl MapReader {
         self.per_cpu_slots(&self.rule_counters, MAP_RULE_COUNTERS, RuleCounters::add)
     }
 
+    /// Whether `addr` proved its address to SYN cookies (None: a program
+    /// without them).
+    pub fn syn_verified(&self, addr: std::net::IpAddr) -> Result<Option<bool>> {
+        let Some(fd) = &self.syn_verified else { return Ok(None) };
+        let key: [u8; 16] = match addr {
+            std::net::IpAddr::V4(a) => policer_common::mapped_v4(a.octets()),
+            std::net::IpAddr::V6(a) => a.octets(),
+        };
+        let v: Option<u64> = crate::batch::lookup(fd.as_raw_fd(), &key)
+            .map_err(Error::kernel(format!("reading {}", policer_common::syn::MAP_SYN_VERIFIED)))?;
+        Ok(Some(v.is_some()))
+    }
+
+    /// SYN cookies' counters of every rule slot (summed over CPUs).
+    pub fn syn_counters(&self) -> Result<Vec<(u32, policer_common::syn::SynCounters)>> {
+        match &self.syn_counters {
+            Some(fd) => {
+                self.per_cpu_slots(fd, policer_common::syn::MAP_SYN_COUNTERS, policer_common::syn::SynCounters::add)
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// Calls `f` for every live bucket, IPv4 then IPv6.
     pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
         self.for_each_bucket_read(|k, b, _| f(k, b))
@@ -1285,6 +1317,18 @@ impl Policer {
         write_array(self.map_fd(MAP_NEW_SOURCES)?, MAP_NEW_SOURCES, new_sources)?;
         write_array(self.map_fd(policer_common::MAP_BAN_PARAMS)?, policer_common::MAP_BAN_PARAMS, bans)?;
         write_array(self.map_fd(MAP_TOTALS)?, MAP_TOTALS, totals)
+    }
+
+    /// Writes the SYN cookies' settings of rule slots, and the `flood`
+    /// mode's SYN budgets (policer_common::syn).
+    pub fn set_syn_slots(
+        &mut self,
+        conf: &[(u32, policer_common::syn::SynConf)],
+        totals: &[(u32, Total)],
+    ) -> Result<()> {
+        use policer_common::syn::{MAP_SYN_CONF, MAP_SYN_TOTALS};
+        write_array(self.map_fd(MAP_SYN_CONF)?, MAP_SYN_CONF, conf)?;
+        write_array(self.map_fd(MAP_SYN_TOTALS)?, MAP_SYN_TOTALS, totals)
     }
 
     /// Zeroes a rule slot before it is given to a new prefix.
@@ -1481,6 +1525,29 @@ fn load_capture(ebpf: &mut Ebpf) -> Result<()> {
         return Ok(());
     }
     load_into_array(ebpf, CAPTURE_PROGRAM, MAP_CAPTURE_PROG)
+}
+
+/// Sizes SYN cookies' per-rule maps (policer_common::syn) for
+/// `max_rules` (slot 0 is never a rule's: one more).
+fn size_syn_maps(loader: &mut EbpfLoader<'_>, max_rules: u32) {
+    use policer_common::syn::{MAP_SYN_CONF, MAP_SYN_COUNTERS, MAP_SYN_TOTALS};
+    for m in [MAP_SYN_CONF, MAP_SYN_TOTALS, MAP_SYN_COUNTERS] {
+        loader.map_max_entries(m, max_rules + 1);
+    }
+}
+
+/// Loads the policer's code without the SYN path
+/// (policer_common::syn::SYN_POLICE_PROGRAM) and puts it in the array the
+/// attached program tail-calls to police a frame its SYN path hands back.
+/// The kernel empties the array with its last descriptor (a program left
+/// running without a pin then passes those frames). An object without it
+/// (another build) skips it.
+fn load_syn_police(ebpf: &mut Ebpf) -> Result<()> {
+    use policer_common::syn::{MAP_SYN_PROG, SYN_POLICE_PROGRAM};
+    if ebpf.program(SYN_POLICE_PROGRAM).is_none() || ebpf.map(MAP_SYN_PROG).is_none() {
+        return Ok(());
+    }
+    load_into_array(ebpf, SYN_POLICE_PROGRAM, MAP_SYN_PROG)
 }
 
 /// Loads `policer replay`'s batch entry and puts it in its own program

@@ -68,6 +68,13 @@ struct RuleLabel {
     class: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SynLabel {
+    rule: String,
+    class: String,
+    event: String,
+}
+
 fn verdicts(c: &CountersView) -> [(&'static str, u64, u64); 3] {
     [
         ("passed", c.passed_packets, c.passed_bytes),
@@ -173,7 +180,24 @@ fn rule_metrics(reg: &mut Registry, s: &StatsView) {
     let rbytes = Family::<RuleVerdict, Counter>::default();
     let rsources = Family::<RuleLabel, Counter>::default();
     let rtotal = Family::<RuleLabel, Counter>::default();
+    let rsyn = Family::<SynLabel, Counter>::default();
     for r in &s.rules {
+        if let Some(y) = &r.syn {
+            let class = if r.class.is_empty() { "-".to_string() } else { r.class.clone() };
+            for (event, n) in [
+                ("syn", y.syns),
+                ("cookie_sent", y.cookies_sent),
+                ("ack_accepted", y.acks_accepted),
+                ("ack_refused", y.acks_refused),
+                ("source_verified", y.sources_verified),
+                ("synack_capped", y.synacks_capped),
+                ("no_listener", y.no_listener),
+                ("no_cookie", y.no_cookie),
+            ] {
+                let l = SynLabel { rule: r.prefix.clone(), class: class.clone(), event: event.into() };
+                rsyn.get_or_create(&l).inc_by(n);
+            }
+        }
         let class = if r.class.is_empty() { "-".to_string() } else { r.class.clone() };
         for (v, p, b) in verdicts(&r.counters) {
             let l = RuleVerdict {
@@ -193,6 +217,12 @@ fn rule_metrics(reg: &mut Registry, s: &StatsView) {
         "rule_total_dropped_packets",
         "Frames of each rule its aggregate bucket (--total-rate) dropped, after their source's bucket admitted them",
         rtotal,
+    );
+    reg.register(
+        "rule_syn_cookie_events",
+        "SYN cookies of each rule with --syn-cookies, by event: syn (of an unverified source), cookie_sent, \
+         ack_accepted, ack_refused, source_verified, synack_capped (reflection cap), no_listener, no_cookie",
+        rsyn,
     );
     reg.register("rule_packets", "Frames judged by each rule, by verdict", rpkts);
     reg.register("rule_bytes", "Bytes judged by each rule, by verdict", rbytes);
@@ -499,6 +529,12 @@ mod tests {
                 class: "udp dport 53".into(),
                 action: "police".into(),
                 counters: c,
+                syn: Some(crate::control::SynStatsView {
+                    mode: "always".into(),
+                    syns: 9,
+                    cookies_sent: 7,
+                    ..Default::default()
+                }),
                 rates: None,
             }],
             table: TableStats { capacity: 1024, created: 10, live: None, insert_failures: 0, ..Default::default() },
@@ -520,6 +556,8 @@ mod tests {
             "policer_parse_packets_total{iface=\"eth0\",outcome=\"malformed\"} 2",
             "policer_rule_packets_total{rule=\"0.0.0.0/0\",class=\"udp dport 53\",action=\"police\",verdict=\"passed\"} 5",
             "policer_bucket_evictions_total 6",
+            "policer_rule_syn_cookie_events_total{rule=\"0.0.0.0/0\",class=\"udp dport 53\",event=\"cookie_sent\"} 7",
+            "policer_rule_syn_cookie_events_total{rule=\"0.0.0.0/0\",class=\"udp dport 53\",event=\"syn\"} 9",
             "policer_interface_attached{iface=\"eth0\"} 1",
             "policer_interface_attached{iface=\"eth1\"} 0",
             "policer_bucket_table_capacity 1024",
@@ -545,7 +583,12 @@ mod tests {
             serde_json::from_str(include_str!("../../deploy/grafana-dashboard.json")).unwrap();
         let s = StatsView {
             interfaces: vec![IfaceStats { name: "eth0".into(), ..Default::default() }],
-            rules: vec![RuleStats { prefix: "0.0.0.0/0".into(), action: "police".into(), ..Default::default() }],
+            rules: vec![RuleStats {
+                prefix: "0.0.0.0/0".into(),
+                action: "police".into(),
+                syn: Some(crate::control::SynStatsView { mode: "always".into(), ..Default::default() }),
+                ..Default::default()
+            }],
             feeds: vec![crate::control::FeedStatus {
                 kind: "crowdsec".into(),
                 decisions_by_origin: [("cscli".to_string(), 1)].into(),

@@ -110,6 +110,27 @@ pub fn stats_text(s: &StatsView) -> String {
         ]);
     }
     let _ = writeln!(out, "{t}");
+    for r in &s.rules {
+        if let Some(y) = &r.syn {
+            let _ = writeln!(
+                out,
+                "syn cookies of {} [{}] ({}): {} SYNs of unverified sources, {} answered with cookies, {} held back by \
+                 the reflection cap; cookie ACKs {} accepted, {} refused; {} sources verified; {} SYNs to no listener, \
+                 {} without a cookie from the kernel",
+                r.prefix,
+                r.class,
+                y.mode,
+                y.syns,
+                y.cookies_sent,
+                y.synacks_capped,
+                y.acks_accepted,
+                y.acks_refused,
+                y.sources_verified,
+                y.no_listener,
+                y.no_cookie
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "\nbucket table: capacity {}, buckets created {}, insert failures {}, compare-and-swap retries {}",

@@ -66,6 +66,13 @@ pub struct RuleConfig {
     /// (`--global NAME`, `[global]`: docs/fleet.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global: Option<String>,
+    /// SYN cookies (a TCP class): `off`, `flood` or `always`
+    /// (docs/syn-cookies.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn_cookies: Option<String>,
+    /// The reflection cap: SYN-ACKs a second toward one /24 (IPv6: /48).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn_ack_rate: Option<String>,
     /// Automatic bans: a source whose bucket refuses `ban_after` frames
     /// (default 1) since it was last admitted, or within `ban_within`, is
     /// banned this long
@@ -173,6 +180,60 @@ pub struct BanPolicy {
     pub ban_within: Option<std::time::Duration>,
 }
 
+/// When a rule answers SYNs with cookies (`--syn-cookies`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynMode {
+    /// Only while the rule's SYNs of unverified sources exceed its total.
+    Flood,
+    /// Every SYN of an unverified source.
+    Always,
+}
+
+impl SynMode {
+    /// `off` (None), `flood` or `always`.
+    pub fn parse(s: &str) -> Result<Option<SynMode>> {
+        match s {
+            "off" => Ok(None),
+            "flood" => Ok(Some(SynMode::Flood)),
+            "always" => Ok(Some(SynMode::Always)),
+            _ => Err(Error::Invalid(format!("--syn-cookies '{s}': off, flood or always"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SynMode::Flood => "flood",
+            SynMode::Always => "always",
+        }
+    }
+
+    /// The kernel's `SynConf::mode`.
+    pub fn kernel(self) -> u32 {
+        match self {
+            SynMode::Flood => policer_common::syn::SYN_FLOOD,
+            SynMode::Always => policer_common::syn::SYN_ALWAYS,
+        }
+    }
+}
+
+/// A rule's SYN cookies: when, and the reflection cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SynPolicy {
+    pub mode: SynMode,
+    /// SYN-ACKs a second toward one /24 (IPv6: /48).
+    pub syn_ack_pps: u64,
+}
+
+/// `--syn-ack-rate`: packets a second (`500pps`, `2kpps`, or a number).
+pub fn parse_syn_ack_rate(s: &str) -> Result<u64> {
+    let bad = || Error::Invalid(format!("--syn-ack-rate '{s}': a packet rate like 500pps or 2kpps"));
+    let r = if s.bytes().all(|b| b.is_ascii_digit()) { Rate::parse(&format!("{s}pps")) } else { Rate::parse(s) };
+    match r.map_err(|_| bad())? {
+        Rate::Pps(n) if n > 0 => Ok(n),
+        _ => Err(bad()),
+    }
+}
+
 /// The longest reason a manual ban keeps.
 pub const MAX_REASON: usize = 200;
 
@@ -211,6 +272,8 @@ struct Rare {
     global: Option<String>,
     /// Automatic bans of the rule's sources.
     auto_ban: Option<BanPolicy>,
+    /// SYN cookies.
+    syn: Option<SynPolicy>,
     /// A manual ban (a deny entry that overrides the rules of every prefix
     /// under it), with its reason.
     ban: Option<Option<String>>,
@@ -243,6 +306,15 @@ impl RuleSpec {
     /// Automatic bans of the rule's sources.
     pub fn auto_ban(&self) -> Option<BanPolicy> {
         self.rare.as_ref().and_then(|r| r.auto_ban)
+    }
+
+    /// SYN cookies (`--syn-cookies`), if the rule answers with them.
+    pub fn syn(&self) -> Option<SynPolicy> {
+        self.rare.as_ref().and_then(|r| r.syn)
+    }
+
+    pub fn set_syn(&mut self, syn: Option<SynPolicy>) {
+        self.with_rare(|r| r.syn = syn);
     }
 
     /// A manual ban (a deny entry that overrides the rules of every prefix
@@ -452,6 +524,8 @@ impl RuleConfig {
             || self.total_rate.is_some()
             || self.total_burst.is_some()
             || self.global.is_some()
+            || self.syn_cookies.is_some()
+            || self.syn_ack_rate.is_some()
             || self.ban_for.is_some()
             || self.ban_after.is_some()
             || self.ban_max.is_some()
@@ -516,6 +590,12 @@ impl RuleConfig {
         if let Some(t) = &self.total_rate {
             let r = Rate::parse(t).map_err(|e| Error::Invalid(format!("total rate '{t}': {e}")))?;
             burst_of(&r, &self.total_burst, "total burst")?;
+        }
+        if let Some(m) = &self.syn_cookies {
+            SynMode::parse(m)?;
+        }
+        if let Some(r) = &self.syn_ack_rate {
+            parse_syn_ack_rate(r)?;
         }
         for d in [&self.ban_for, &self.ban_max].into_iter().flatten() {
             crate::duration::parse(d)?;
@@ -605,6 +685,7 @@ impl RuleConfig {
                 _ => Some(None),
             },
         };
+        let syn = self.check_syn(class.as_ref(), action, total, p);
         let burst = self.check_burst(rate, p);
         let key_len = match net {
             Some(net) if !p.broken("key_len") => {
@@ -629,6 +710,7 @@ impl RuleConfig {
         spec.set_global(global?);
         spec.set_auto_ban(auto_ban?);
         spec.set_inherit(self.inherit.unwrap_or(true));
+        spec.set_syn(syn?);
         if p.found.is_empty() {
             let key = if self.burst.is_some() { "burst" } else { "rate" };
             p.take(key, spec.kernel(0))?;
@@ -679,6 +761,53 @@ impl RuleConfig {
             }
             None => None,
         }
+    }
+
+    /// `syn_cookies` and `syn_ack_rate` for the class, action and total as
+    /// checked: `None` when not known, `Some(None)` when off.
+    fn check_syn(
+        &self,
+        class: Option<&Class>,
+        action: Option<Action>,
+        total: Option<Option<(Rate, u64)>>,
+        p: &mut Problems<'_>,
+    ) -> Option<Option<SynPolicy>> {
+        let said = p.said();
+        let mode = match &self.syn_cookies {
+            Some(m) => p.take("syn_cookies", SynMode::parse(m))?,
+            None => None,
+        };
+        let cap = match &self.syn_ack_rate {
+            Some(r) => Some(p.take("syn_ack_rate", parse_syn_ack_rate(r))?),
+            None => None,
+        };
+        let Some(mode) = mode else {
+            if cap.is_some() {
+                p.push("syn_ack_rate", format!("{}: --syn-ack-rate needs --syn-cookies flood or always", self.prefix));
+                return None;
+            }
+            return Some(None);
+        };
+        if class.is_some_and(|c| c.proto != Some(policer_common::class::IPPROTO_TCP)) {
+            p.push("syn_cookies", format!("{}: --syn-cookies needs a TCP class (--proto tcp)", self.prefix));
+        }
+        if action.is_some_and(|a| a != Action::Police) {
+            p.push("syn_cookies", format!("{}: --syn-cookies needs a police rule", self.prefix));
+        }
+        if mode == SynMode::Flood && total == Some(None) {
+            p.push(
+                "syn_cookies",
+                format!(
+                    "{}: --syn-cookies flood needs --total-rate (the SYN rate above which it answers)",
+                    self.prefix
+                ),
+            );
+        }
+        if p.said() > said {
+            return None;
+        }
+        let syn_ack_pps = cap.unwrap_or(policer_common::syn::DEFAULT_SYN_ACK_RATE_PPS);
+        Some(Some(SynPolicy { mode, syn_ack_pps }))
     }
 
     /// `burst`, for the rate as checked (`None`: not known).
@@ -784,6 +913,14 @@ pub fn merge(old: &RuleSpec, given: &RuleConfig) -> RuleConfig {
     }
     if given.total_burst.is_some() {
         m.total_burst = given.total_burst.clone();
+    }
+    match given.syn_cookies.as_deref() {
+        Some("off") => (m.syn_cookies, m.syn_ack_rate) = (None, None),
+        Some(mode) => m.syn_cookies = Some(mode.to_string()),
+        None => {}
+    }
+    if given.syn_ack_rate.is_some() {
+        m.syn_ack_rate = given.syn_ack_rate.clone();
     }
     if given.ban_for.is_some() || given.ban_after.is_some() || given.ban_max.is_some() || given.ban_within.is_some() {
         m.ban_for = given.ban_for.clone().or(m.ban_for);
@@ -925,6 +1062,9 @@ impl RuleSpec {
         if self.auto_ban().is_some() {
             rule.flags |= policer_common::ban::RULE_BAN;
         }
+        if self.syn().is_some() {
+            rule.flags |= policer_common::syn::RULE_SYN;
+        }
         Ok(rule)
     }
 
@@ -970,6 +1110,12 @@ impl RuleSpec {
                 .total()
                 .map(|(r, b)| if r.is_bytes() { BurstValue::Text(format!("{b}b")) } else { BurstValue::Count(b) }),
             global: self.global().map(str::to_string),
+            syn_cookies: self.syn().map(|s| s.mode.name().to_string()),
+            syn_ack_rate: self
+                .syn()
+                .map(|s| s.syn_ack_pps)
+                .filter(|r| *r != policer_common::syn::DEFAULT_SYN_ACK_RATE_PPS)
+                .map(|r| format!("{r}pps")),
             ban_for: self.auto_ban().map(|b| crate::duration::format(b.ban_for)),
             ban_after: self.auto_ban().map(|b| b.ban_after).filter(|n| *n != 1),
             ban_max: self.auto_ban().and_then(|b| b.ban_max).map(crate::duration::format),

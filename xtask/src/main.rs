@@ -367,6 +367,7 @@ fn test(host_only: bool) -> Result<()> {
         "suggest",
         "chain",
         "fleet",
+        "syn",
     ] {
         sh(cargo()
             .args(["test", "-p", "policer-tests", "--test", t, "--", "--test-threads=1"])

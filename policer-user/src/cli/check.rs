@@ -78,6 +78,8 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
             {
                 warnings.extend(s.warnings);
             }
+            // SYN cookies: the kernel settings they need, and listeners.
+            warnings.extend(crate::syncookies::warnings(rules.values()));
             // The chain's objects: there, and with a program that can join.
             let base = a.config.parent().unwrap_or(std::path::Path::new("/"));
             let chain: Vec<Problem> = cfg

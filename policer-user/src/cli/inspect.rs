@@ -94,6 +94,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             None => println!("total       {t} for the rule's sources together"),
         }
     }
+    match v.syn_verified {
+        Some(true) => println!("syn cookies verified: its SYNs are policed by its bucket"),
+        Some(false) => println!("syn cookies not verified: its SYNs to a listener get cookies"),
+        None => {}
+    }
     print_buckets(&v);
     print_covering(&v);
     if let Some(k) = &v.key {

@@ -101,6 +101,18 @@ pub enum Cmd {
         /// Redis of the config's [global] table (docs/fleet.md).
         #[arg(long, value_name = "NAME")]
         global: Option<String>,
+        /// SYN cookies, for a TCP class (--proto tcp): off, flood (only
+        /// while the rule's SYNs exceed --total-rate) or always. A SYN from
+        /// a source that has not proved its address is answered by a SYN-ACK
+        /// with the kernel's cookie from XDP; an ACK the kernel's cookie
+        /// check accepts verifies the source and gives it a bucket
+        /// (docs/syn-cookies.md).
+        #[arg(long, value_name = "MODE", value_parser = ["off", "flood", "always"])]
+        syn_cookies: Option<String>,
+        /// The reflection cap of SYN cookies: SYN-ACKs a second toward one
+        /// /24 (IPv6: /48) (default 1000pps).
+        #[arg(long, value_name = "RATE")]
+        syn_ack_rate: Option<String>,
         /// Ban a source whose bucket refuses --ban-after frames (since it
         /// was last admitted, or within --ban-within), for this long (500ms, 30s, 10m, 1h, 7d): its
         /// frames are dropped without touching its bucket until the ban
@@ -221,6 +233,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             total_rate,
             total_burst,
             global,
+            syn_cookies,
+            syn_ack_rate,
             ban_for,
             ban_after,
             ban_within,
@@ -255,6 +269,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 total_rate,
                 total_burst: total_burst.map(BurstValue::Text),
                 global,
+                syn_cookies,
+                syn_ack_rate,
                 ban_for,
                 ban_after,
                 ban_within,

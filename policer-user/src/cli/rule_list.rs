@@ -35,7 +35,20 @@ pub(super) fn print(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut t = crate::report::table(
-        &["PREFIX", "CLASS", "ACTION", "RATE", "BURST", "TOTAL", "KEY-LEN", "BANS", "EXPIRES", "SAVED", "ENTRIES"],
+        &[
+            "PREFIX",
+            "CLASS",
+            "ACTION",
+            "RATE",
+            "BURST",
+            "TOTAL",
+            "SYN-COOKIES",
+            "KEY-LEN",
+            "BANS",
+            "EXPIRES",
+            "SAVED",
+            "ENTRIES",
+        ],
         2,
     );
     for r in rules {
@@ -51,6 +64,11 @@ pub(super) fn print(rules: &[RuleView], json: bool) -> anyhow::Result<()> {
             r.rate.clone().unwrap_or_else(|| "-".into()),
             burst.unwrap_or_else(|| "-".into()),
             total.unwrap_or_else(|| "-".into()),
+            match (&r.syn_cookies, r.syn_ack_rate) {
+                (Some(m), Some(cap)) => format!("{m}, cap {cap}/s per /24"),
+                (Some(m), None) => m.clone(),
+                _ => "-".into(),
+            },
             r.key_len.to_string(),
             bans_text(r),
             r.expires.clone().unwrap_or_else(|| "-".into()),

@@ -31,6 +31,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     print_daemon(&s);
     print_config(&s);
     print_enforced(&s);
+    print_syn_cookies(&s);
     for f in &s.feeds {
         print_feed(f);
     }
@@ -198,4 +199,27 @@ fn no_daemon(json: bool) -> anyhow::Result<()> {
         return Err(anyhow::Error::new(crate::Error::NoDaemon).context(super::Quiet));
     }
     Err(anyhow::Error::new(crate::Error::NoDaemon).context(message))
+}
+
+/// The rules with SYN cookies, their counters, and the kernel settings
+/// they need that are not set.
+fn print_syn_cookies(s: &StatusView) {
+    for y in &s.syn_cookies {
+        let c = &y.counters;
+        println!(
+            "syn cookies: {} ({}): {} SYNs of unverified sources, {} cookies sent, {} held back by the cap, \
+             {} ACKs accepted, {} refused, {} sources verified",
+            y.rule,
+            c.mode,
+            c.syns,
+            c.cookies_sent,
+            c.synacks_capped,
+            c.acks_accepted,
+            c.acks_refused,
+            c.sources_verified
+        );
+    }
+    for w in &s.syn_cookie_warnings {
+        println!("syn cookies: warning: {w}");
+    }
 }

@@ -294,6 +294,8 @@ fn write_total(t: &mut dyn TableLike, c: &RuleConfig) {
     set(t, "total_rate", c.total_rate.clone().map(Value::from));
     set(t, "total_burst", c.total_burst.as_ref().map(burst_value));
     set(t, "global", c.global.clone().map(Value::from));
+    set(t, "syn_cookies", c.syn_cookies.clone().map(Value::from));
+    set(t, "syn_ack_rate", c.syn_ack_rate.clone().map(Value::from));
 }
 
 fn burst_value(b: &BurstValue) -> Value {

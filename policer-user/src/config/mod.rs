@@ -452,9 +452,11 @@ fn keyed(r: &RuleConfig, p: &crate::rules::KeyProblem) -> String {
 /// the config file's keys (`total_rate`).
 fn as_keys(message: &str) -> String {
     // Longest first: `--total-rate` before `--rate`.
-    const OPTIONS: [(&str, &str); 18] = [
+    const OPTIONS: [(&str, &str); 20] = [
         ("--no-inherit", "inherit = false"),
         ("--ban-within", "ban_within"),
+        ("--syn-ack-rate", "syn_ack_rate"),
+        ("--syn-cookies", "syn_cookies"),
         ("--total-burst", "total_burst"),
         ("--total-rate", "total_rate"),
         ("--tcp-flags", "tcp_flags"),

@@ -798,7 +798,7 @@ impl Reader {
             let good = match field {
                 R::Prefix => true,
                 R::Shared(shared) => self.param(place, shared, key, v, &mut r, &mut rate, &mut total),
-                R::IcmpType | R::Dport | R::Sport | R::Proto | R::TcpFlags | R::Dst => {
+                R::IcmpType | R::Dport | R::Sport | R::Proto | R::TcpFlags | R::Dst | R::SynCookies | R::SynAckRate => {
                     self.rule_match(place, field, key, v, &mut r)
                 }
                 R::Global => match self.string(place, key, v, "a name", "global = \"svc\"") {
@@ -925,6 +925,15 @@ impl Reader {
             R::TcpFlags => {
                 r.tcp_flags = self.string(place, key, v, "a set of TCP flags", "tcp_flags = \"syn,!ack\"");
                 r.tcp_flags.is_some()
+            }
+            R::SynCookies => {
+                r.syn_cookies =
+                    self.string(place, key, v, "a SYN cookie mode", "syn_cookies = \"flood\" (or \"off\", \"always\")");
+                r.syn_cookies.is_some()
+            }
+            R::SynAckRate => {
+                r.syn_ack_rate = self.string(place, key, v, "a packet rate", "syn_ack_rate = \"500pps\"");
+                r.syn_ack_rate.is_some()
             }
             _ => {
                 r.dst = self.string(place, key, v, "a destination prefix", "dst = \"192.0.2.0/24\"");

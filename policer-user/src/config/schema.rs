@@ -106,6 +106,8 @@ pub enum RuleField {
     TcpFlags,
     IcmpType,
     Dst,
+    SynCookies,
+    SynAckRate,
     BanFor,
     BanAfter,
     BanMax,
@@ -412,6 +414,20 @@ pub static KEYS: &[Key] = &[
         "none",
         "The fleet budget (a name) this rule's total_rate is: every node whose rule names it shares that rate, \
          leased through [global]'s Redis (packet rates only).",
+    ),
+    rule(
+        R::SynCookies,
+        "syn_cookies",
+        "string",
+        "\"off\"",
+        "A TCP class: answer SYNs of unverified sources with the kernel's cookies: off, flood (above total_rate) or always.",
+    ),
+    rule(
+        R::SynAckRate,
+        "syn_ack_rate",
+        "string",
+        "\"1000pps\"",
+        "SYN cookies' reflection cap: SYN-ACKs a second toward one /24 (IPv6: /48).",
     ),
     rule(
         R::BanFor,

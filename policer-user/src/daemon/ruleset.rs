@@ -717,7 +717,8 @@ pub(super) fn prepare(p: &mut Policer, spec: &RuleSpec, slot: u32) -> Result<()>
 pub(super) fn prepare_at(p: &mut Policer, spec: &RuleSpec, slot: u32, now_ns: u64) -> Result<()> {
     let ns = new_sources(spec, p.max_sources()?, now_ns);
     p.set_new_sources(slot, &ns)?;
-    p.set_ban_params(slot, spec.ban_params().as_ref())
+    p.set_ban_params(slot, spec.ban_params().as_ref())?;
+    p.set_syn_slots(&[(slot, crate::syncookies::HostTcp::read().conf(spec.syn()))], &[])
 }
 
 /// The new-source limiter of a rule, for a table of `max_sources`.
@@ -744,14 +745,23 @@ pub(super) fn prepare_slots<'a>(
 ) -> Result<()> {
     let max_sources = p.max_sources()?;
     let (mut limiters, mut bans, mut totals) = (Vec::new(), Vec::new(), Vec::new());
+    // SYN cookies: each slot's settings (off for most), and the `flood`
+    // mode's SYN budget beside the aggregate bucket.
+    let host = crate::syncookies::HostTcp::read();
+    let mut syn = Vec::new();
+    let mut syn_totals = Vec::new();
     for (slot, spec, total) in slots {
         limiters.push((slot, new_sources(spec, max_sources, now_ns)));
         bans.push((slot, spec.ban_params().unwrap_or_default()));
+        syn.push((slot, host.conf(spec.syn())));
         if total {
-            totals.push((slot, total_at(spec, now_ns)?.unwrap_or_else(crate::loader::no_total)));
+            let t = total_at(spec, now_ns)?.unwrap_or_else(crate::loader::no_total);
+            totals.push((slot, t));
+            syn_totals.push((slot, t));
         }
     }
-    p.set_slots(&limiters, &bans, &totals)
+    p.set_slots(&limiters, &bans, &totals)?;
+    p.set_syn_slots(&syn, &syn_totals)
 }
 
 #[cfg(test)]

@@ -180,6 +180,8 @@ impl SetState {
             total_rate: None,
             total_burst: None,
             global: None,
+            syn_cookies: None,
+            syn_ack_rate: None,
             action: s.action.to_string(),
             rate: s.rate.map(|r| r.to_string()),
             burst: s.rate.map(|_| s.burst),

@@ -861,6 +861,10 @@ fn plan_rules(
         }
         crate::sets::Migrated::Nothing => Vec::new(),
     };
+    // SYN cookies: the kernel settings they need, said at the start.
+    for w in crate::syncookies::warnings(s.specs.values()) {
+        let _ = writeln!(out, "policer: warning: {w}");
+    }
     let mut loaded = super::sets::StartSets::read(&sets_dir)?;
     // The config's [[set]]s, from their files now (a saved set of the same
     // name gives way).

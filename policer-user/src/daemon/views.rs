@@ -288,6 +288,8 @@ impl Views {
                 total_rate: s.total().map(|(r, _)| r.to_string()),
                 total_burst: s.total().map(|(_, b)| b),
                 global: s.global().map(str::to_string),
+                syn_cookies: s.syn().map(|y| y.mode.name().to_string()),
+                syn_ack_rate: s.syn().map(|y| y.syn_ack_pps),
                 action: s.action.to_string(),
                 rate: s.rate.map(|r| r.to_string()),
                 burst: s.rate.map(|_| s.burst),
@@ -368,7 +370,35 @@ impl Views {
             protect: Some(s.protect.iter().map(|p| p.to_string()).collect()),
             captures: Some(self.capture.get().map_or(0, |h| h.active())),
             chains: self.chain_ls(None).ok(),
+            syn_cookies: self.syn_status(&s),
+            syn_cookie_warnings: if s.rules.values().any(|r| r.spec.syn().is_some()) {
+                crate::syncookies::HostTcp::read()
+                    .preflight()
+                    .into_iter()
+                    .filter(|(ok, _)| !ok)
+                    .map(|(_, m)| m)
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
+    }
+
+    /// The rules with SYN cookies and their counters (`status`).
+    fn syn_status(&self, s: &Snapshot) -> Vec<crate::control::SynStatus> {
+        let counters: BTreeMap<u32, policer_common::syn::SynCounters> =
+            self.reader.syn_counters().unwrap_or_default().into_iter().collect();
+        s.rules
+            .iter()
+            .filter_map(|(k, r)| {
+                let y = r.spec.syn()?;
+                let c = counters.get(&r.slot).copied().unwrap_or_default();
+                Some(crate::control::SynStatus {
+                    rule: k.to_string(),
+                    counters: crate::control::SynStatsView::of(y.mode.name(), &c),
+                })
+            })
+            .collect()
     }
 
     /// The decision feeds as their tasks last reported.
@@ -451,6 +481,7 @@ impl Views {
             })
             .collect();
         let counters = self.reader.rule_counters()?;
+        let syn: BTreeMap<u32, policer_common::syn::SynCounters> = self.reader.syn_counters()?.into_iter().collect();
         let bans = self.ban_stats(&snap, &counters, &total);
         let rc: BTreeMap<u32, RuleCounters> = counters.into_iter().collect();
         // Manual bans are not rows here: their count and drops are in
@@ -465,6 +496,9 @@ impl Views {
                 class: key.class().to_string(),
                 action: r.spec.action.to_string(),
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
+                syn: r.spec.syn().map(|y| {
+                    crate::control::SynStatsView::of(y.mode.name(), &syn.get(&r.slot).copied().unwrap_or_default())
+                }),
                 rates: None,
             })
             .chain(snap.sets.iter().map(|s| RuleStats {
@@ -472,6 +506,7 @@ impl Views {
                 class: String::new(),
                 action: s.view.action.clone(),
                 counters: CountersView::from(&rc.get(&s.slot).copied().unwrap_or_default()),
+                syn: None,
                 rates: None,
             }))
             .collect();
@@ -656,6 +691,11 @@ impl Views {
         let (mut v, applied) = self.judge(&snap, addr, frame, &auto, &covers, &answer)?;
         v.covering = self.covering(&snap, (&resolver, &covers), addr, !frame.is_empty(), &applied, auto)?;
         v.not_attached = not_attached(&snap);
+        // SYN cookies: whether the source proved its address (only said
+        // while a rule has them).
+        if snap.rules.values().any(|r| r.spec.syn().is_some()) {
+            v.syn_verified = self.reader.syn_verified(addr)?;
+        }
         Ok(v)
     }
 

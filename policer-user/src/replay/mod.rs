@@ -200,6 +200,10 @@ pub struct Report {
     pub clipped_frames: u64,
     /// Frames of an IP source that no rule covers (passed).
     pub no_rule_frames: u64,
+    /// Rules with SYN cookies (`--syn-cookies`), replayed as without them:
+    /// the replay answers no SYN (docs/syn-cookies.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syn_cookies_not_replayed: Vec<String>,
     /// The capture's first and last timestamps (ns since the Unix epoch).
     pub first_ns: Option<u64>,
     pub last_ns: Option<u64>,
@@ -583,6 +587,7 @@ impl Counting {
             not_ip_frames: 0,
             clipped_frames: 0,
             no_rule_frames: 0,
+            syn_cookies_not_replayed: Vec::new(),
             first_ns: None,
             last_ns: None,
             sources: None,
@@ -646,6 +651,8 @@ pub fn replay(o: &Options) -> Result<Report> {
     let names = slot_names(&installed.rules, &installed.sets);
     let slots = names.keys().copied().max().unwrap_or(0) as usize + 1;
     let mut count = Counting::new(o.capture.clone(), slots, o.top);
+    count.r.syn_cookies_not_replayed =
+        specs.iter().filter(|(_, s)| s.syn().is_some()).map(|(k, _)| k.to_string()).collect();
     count.r.state_dir = state_dir;
     count.r.state_dir_exists = state_dir_exists;
     count.r.sets = installed.sets.iter().map(set_report).collect();
@@ -824,6 +831,13 @@ pub fn text(r: &Report) -> String {
         }
     );
     let _ = writeln!(out, "replayed in {:.3} s ({:.0} frames/s)", r.elapsed_secs, r.frames_per_sec);
+    if !r.syn_cookies_not_replayed.is_empty() {
+        let _ = writeln!(
+            out,
+            "syn cookies are not replayed: the frames of {} are judged as if the rule had none",
+            r.syn_cookies_not_replayed.join(", ")
+        );
+    }
     sets_text(&mut out, r);
     let head =
         ["RULE", "ACTION", "FRAMES", "ADMITTED", "DROPPED", "WOULD_DROP", "DROPPED_BYTES", "FIRST_DROP", "LAST_DROP"];

@@ -114,6 +114,13 @@ impl Generator {
         Generator::load(tx_index, frame, sources, v6_index_base(base), random)
     }
 
+    /// A generator of `frame` (untagged IPv4: `xdp_gen` writes its source,
+    /// `base` + 0..`sources`, and the IP header checksum; a TCP checksum
+    /// is left as built, wrong for every other source).
+    pub fn from_frame(tx_index: u32, frame: Vec<u8>, sources: u32, base: Ipv4Addr, random: bool) -> Result<Generator> {
+        Generator::load(tx_index, frame, sources, u32::from(base), random)
+    }
+
     fn load(tx_index: u32, frame: Vec<u8>, sources: u32, base: u32, random: bool) -> Result<Generator> {
         let random = u32::from(random);
         let sources = sources.max(1);

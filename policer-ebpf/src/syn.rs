@@ -1,0 +1,313 @@
+//! SYN cookies (policer_common::syn, docs/syn-cookies.md): the policer's
+//! code hands a frame of a rule with `--syn-cookies` here first (its
+//! answer `SYN_PATH` with the rule's slot); [`syn_path`] answers a SYN of an unverified source for a
+//! local listener with the kernel's cookie (`XDP_TX`), marks a source
+//! verified when the kernel accepts its cookie ACK (or holds a connection
+//! of it), and hands everything else back to policing (`SYN_POLICE`). A
+//! function of its own, called from the entry: its stack is not added to
+//! the policer's.
+
+use aya_ebpf::{
+    bindings::{bpf_sock, bpf_sock_tuple, tcphdr, xdp_action, xdp_md},
+    helpers::{
+        bpf_ktime_get_ns, bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_check_syncookie, bpf_tcp_gen_syncookie,
+        bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
+    },
+    programs::XdpContext,
+};
+use policer_common::{
+    mapped_v4,
+    syn::{self, SYN_FLOOD, SYN_POLICE, SynAckParams, SynCounters, SynScratch},
+};
+
+use crate::{
+    buckets::{Charge, charge},
+    clock::Clock,
+    maps::{SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_TOTALS, SYN_VERIFIED},
+    parse::{Parsed, parse, ptr_at},
+    verifier::launder,
+};
+
+const TCP_LISTEN: u32 = 10;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+const TCP_FIN: u8 = 0x01;
+
+/// `n` (1..=64) as a helper's size argument: a range the verifier knows
+/// (laundered first: the compiler would drop a mask it can prove idle).
+#[inline(always)]
+fn size_1_to_64(n: u32) -> u32 {
+    (((launder(n as u64) as u32).wrapping_sub(1)) & 63) + 1
+}
+
+/// The SYN path for a frame of the rule at `slot` (with `RULE_SYN`): an
+/// XDP action, or `SYN_POLICE`.
+#[inline(never)]
+pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
+    let ctx = XdpContext::new(md);
+    let Some(s) = SYN_SCRATCH.get_ptr_mut(0) else {
+        return SYN_POLICE;
+    };
+    // SAFETY: this CPU's slot; only this CPU touches it while we run.
+    let s = unsafe { &mut *s };
+    s.slot = slot;
+    let (Some(conf), Some(sc)) = (SYN_CONF.get(slot), SYN_COUNTERS.get_ptr_mut(slot)) else {
+        return SYN_POLICE;
+    };
+    if conf.mode == 0 {
+        return SYN_POLICE;
+    }
+    // SAFETY: per-CPU slot.
+    let sc = unsafe { &mut *sc };
+    // The frame parsed again (the policer's code hands over only the
+    // slot): TCP with its header, or policed.
+    let (l4, v6) = match parse(&ctx) {
+        Parsed::V4 { l4, .. } => (l4, false),
+        Parsed::V6 { l4, .. } => (l4, true),
+        _ => return SYN_POLICE,
+    };
+    if l4.proto() != 6 || l4.off() == 0 {
+        return SYN_POLICE;
+    }
+    s.ip_off = l4.ip() as u32;
+    s.l4_off = l4.off() as u32;
+    s.v6 = v6 as u32;
+    let Some(tcp_len) = copy_headers(md, s, v6) else {
+        return SYN_POLICE;
+    };
+
+    let src = if v6 {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&s.ip[8..24]);
+        a
+    } else {
+        mapped_v4([s.ip[12], s.ip[13], s.ip[14], s.ip[15]])
+    };
+    if SYN_VERIFIED.get_ptr(&src).is_some() {
+        return SYN_POLICE;
+    }
+    let flags = s.tcp[13];
+    let syn = flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN;
+    let ack = flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK;
+    if syn {
+        sc.syns += 1;
+        if conf.mode == SYN_FLOOD && !flooding(&ctx, slot) {
+            return SYN_POLICE;
+        }
+        answer_syn(&ctx, s, sc, conf, &src, v6, tcp_len)
+    } else if ack {
+        check_ack(&ctx, s, sc, &src, v6, tcp_len)
+    } else {
+        SYN_POLICE
+    }
+}
+
+/// Copies the IP header (IPv4: its first 20 bytes) and the TCP header into
+/// the scratch, and the socket tuple; the TCP header's length.
+#[inline(always)]
+fn copy_headers(md: *mut xdp_md, s: &mut SynScratch, v6: bool) -> Option<u32> {
+    let l4 = s.l4_off;
+    // SAFETY: helpers writing into this CPU's map value, within its arrays.
+    unsafe {
+        let ip = s.ip.as_mut_ptr().cast();
+        let r = if v6 { bpf_xdp_load_bytes(md, s.ip_off, ip, 40) } else { bpf_xdp_load_bytes(md, s.ip_off, ip, 20) };
+        if r != 0 || bpf_xdp_load_bytes(md, l4, s.tcp.as_mut_ptr().cast(), 20) != 0 {
+            return None;
+        }
+    }
+    let len = ((s.tcp[12] >> 4) as u32) * 4;
+    if len < 20 {
+        return None;
+    }
+    // SAFETY: as above; at most 64 bytes into the 64 of tcp.
+    if len > 20 && unsafe { bpf_xdp_load_bytes(md, l4, s.tcp.as_mut_ptr().cast(), size_1_to_64(len)) } != 0 {
+        return None;
+    }
+    // `struct bpf_sock_tuple`: addresses and ports as in the frame.
+    s.tuple = [0; 40];
+    if v6 {
+        s.tuple[0..32].copy_from_slice(&s.ip[8..40]);
+        s.tuple[32..36].copy_from_slice(&s.tcp[0..4]);
+    } else {
+        s.tuple[0..8].copy_from_slice(&s.ip[12..20]);
+        s.tuple[8..12].copy_from_slice(&s.tcp[0..4]);
+    }
+    Some(len)
+}
+
+/// `flood` mode: whether the rule's SYNs of unverified sources are over
+/// its aggregate budget (this SYN charged to `SYN_TOTALS`).
+#[inline(always)]
+fn flooding(ctx: &XdpContext, slot: u32) -> bool {
+    let Some(t) = SYN_TOTALS.get_ptr_mut(slot) else {
+        return true;
+    };
+    let mut clock = Clock::new(ctx);
+    let mut retries = 0;
+    // SAFETY: a live array value; `tat` only changed by compare-and-swap.
+    unsafe { !matches!(charge(&raw mut (*t).tat, &(*t).limiter, &mut clock, 60, &mut retries), Charge::Admitted) }
+}
+
+/// The listening (or connected) socket the frame's tuple reaches, if any.
+#[inline(always)]
+fn lookup(ctx: &XdpContext, s: &mut SynScratch, v6: bool) -> *mut bpf_sock {
+    let size = if v6 { 36 } else { 12 };
+    // SAFETY: the tuple is in this CPU's map value; BPF_F_CURRENT_NETNS.
+    unsafe { bpf_skc_lookup_tcp(ctx.ctx.cast(), s.tuple.as_mut_ptr().cast::<bpf_sock_tuple>(), size, u64::MAX, 0) }
+}
+
+/// A SYN of an unverified source: the kernel's cookie in a SYN-ACK sent
+/// back out of the interface, unless no one listens (policed), the kernel
+/// makes no cookie (policed), or the reflection cap holds it back
+/// (dropped).
+#[inline(always)]
+fn answer_syn(
+    ctx: &XdpContext,
+    s: &mut SynScratch,
+    sc: &mut SynCounters,
+    conf: &syn::SynConf,
+    src: &[u8; 16],
+    v6: bool,
+    tcp_len: u32,
+) -> u32 {
+    let sk = lookup(ctx, s, v6);
+    if sk.is_null() {
+        sc.no_listener += 1;
+        return SYN_POLICE;
+    }
+    // SAFETY: a socket the lookup returned, released on every path below.
+    let state = unsafe { core::ptr::read_volatile(&(*sk).state) };
+    if state != TCP_LISTEN {
+        // SAFETY: as above.
+        unsafe { bpf_sk_release(sk.cast()) };
+        return SYN_POLICE;
+    }
+    // SAFETY: BPF helper with no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let key = syn::cap_key(src, v6);
+    let tat = SYN_CAP.get_ptr(&key).map_or(0, |t| {
+        // SAFETY: a live map value.
+        unsafe { *t }
+    });
+    let Some(tat) = syn::cap_admit(tat, now, conf) else {
+        // SAFETY: as above.
+        unsafe { bpf_sk_release(sk.cast()) };
+        sc.synacks_capped += 1;
+        return xdp_action::XDP_DROP;
+    };
+    let _ = SYN_CAP.insert(&key, &tat, 0);
+    let iplen = if v6 { 40 } else { 20 };
+    // SAFETY: the socket and the headers copied into this CPU's map value.
+    let r = unsafe {
+        let r = bpf_tcp_gen_syncookie(
+            sk.cast(),
+            s.ip.as_mut_ptr().cast(),
+            iplen,
+            s.tcp.as_mut_ptr().cast::<tcphdr>(),
+            size_1_to_64(tcp_len),
+        );
+        bpf_sk_release(sk.cast());
+        r
+    };
+    if r < 0 {
+        sc.no_cookie += 1;
+        return SYN_POLICE;
+    }
+    let mss = if v6 { conf.mss_v6 } else { conf.mss_v4 };
+    let p =
+        SynAckParams { cookie: r as u32, mss: mss as u16, wscale: conf.wscale as u8, now_ms: (now / 1_000_000) as u32 };
+    let o = syn::parse_syn_with(&s.tcp, tcp_len as usize, launder);
+    let n = syn::build_synack(&s.ip, &s.tcp, &o, v6, &p, &mut s.ip_out, &mut s.tcp_out) as u32;
+    if send(ctx, s, iplen, n) {
+        sc.cookies_sent += 1;
+        xdp_action::XDP_TX
+    } else {
+        xdp_action::XDP_DROP
+    }
+}
+
+/// Makes the frame the SYN-ACK built in the scratch: its length, the MACs
+/// swapped (VLAN tags kept), the IP and TCP headers written.
+#[inline(always)]
+fn send(ctx: &XdpContext, s: &mut SynScratch, iplen: u32, n: u32) -> bool {
+    // Laundered: else the compiler folds it into arithmetic on the packet
+    // end pointer, which the verifier refuses.
+    let len = launder((ctx.data_end() - ctx.data()) as u64) as i64;
+    let want = (s.ip_off + iplen + n) as i64;
+    // SAFETY: the context; packet pointers are read again after it.
+    if unsafe { bpf_xdp_adjust_tail(ctx.ctx, (want - len) as i32) } != 0 {
+        return false;
+    }
+    let Some(eth) = ptr_at::<[u8; 12]>(ctx, 0) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    unsafe {
+        let e = *eth;
+        let out = &mut *(eth as *mut [u8; 12]);
+        out[0..6].copy_from_slice(&e[6..12]);
+        out[6..12].copy_from_slice(&e[0..6]);
+    }
+    let n = size_1_to_64(n);
+    // SAFETY: helpers reading this CPU's map value, within its arrays.
+    unsafe {
+        let ip = s.ip_out.as_mut_ptr().cast();
+        let r = if iplen == 40 {
+            bpf_xdp_store_bytes(ctx.ctx, s.ip_off, ip, 40)
+        } else {
+            bpf_xdp_store_bytes(ctx.ctx, s.ip_off, ip, 20)
+        };
+        r == 0 && bpf_xdp_store_bytes(ctx.ctx, s.ip_off + iplen, s.tcp_out.as_mut_ptr().cast(), n) == 0
+    }
+}
+
+/// An ACK of an unverified source: the source is verified when the kernel
+/// holds a connection (or a request) of its tuple, or accepts its cookie;
+/// an ACK to a listener with a cookie it refuses is dropped.
+#[inline(always)]
+fn check_ack(
+    ctx: &XdpContext,
+    s: &mut SynScratch,
+    sc: &mut SynCounters,
+    src: &[u8; 16],
+    v6: bool,
+    tcp_len: u32,
+) -> u32 {
+    let sk = lookup(ctx, s, v6);
+    if sk.is_null() {
+        return SYN_POLICE;
+    }
+    // SAFETY: a socket the lookup returned, released on every path below.
+    let state = unsafe { core::ptr::read_volatile(&(*sk).state) };
+    let ok = state != TCP_LISTEN || {
+        let iplen = if v6 { 40 } else { 20 };
+        // SAFETY: the listener and the headers in this CPU's map value.
+        let r = unsafe {
+            bpf_tcp_check_syncookie(
+                sk.cast(),
+                s.ip.as_mut_ptr().cast(),
+                iplen,
+                s.tcp.as_mut_ptr().cast::<tcphdr>(),
+                size_1_to_64(tcp_len),
+            )
+        };
+        if r == 0 {
+            sc.acks_accepted += 1;
+        } else {
+            sc.acks_refused += 1;
+        }
+        r == 0
+    };
+    // SAFETY: as above.
+    unsafe { bpf_sk_release(sk.cast()) };
+    if !ok {
+        return xdp_action::XDP_DROP;
+    }
+    // SAFETY: BPF helper with no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if SYN_VERIFIED.insert(src, &now, 0).is_ok() {
+        sc.sources_verified += 1;
+    }
+    SYN_POLICE
+}

@@ -1,0 +1,224 @@
+//! SYN cookies on the host side (docs/syn-cookies.md): what the kernel's
+//! TCP settings make of cookies the program sends, the settings a rule's
+//! slot gets (`SynConf`: the window scale and MSS the SYN-ACK offers), and
+//! the preflight `policer check` and the start report.
+
+use policer_common::syn::SynConf;
+
+use crate::rules::SynPolicy;
+
+/// The kernel's TCP settings that decide whether an XDP-made cookie is
+/// accepted, and with which options (read from /proc/sys of the daemon's
+/// network namespace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostTcp {
+    /// `net.ipv4.tcp_syncookies`: 2 makes `bpf_tcp_gen_syncookie` answer
+    /// always; 1 only while the listener's queue overflows; 0 never (and
+    /// the kernel refuses every cookie ACK).
+    pub syncookies: u32,
+    /// `net.ipv4.tcp_timestamps`: 1 adds a per-connection random offset
+    /// the program cannot know, so the options a cookie's timestamp
+    /// carries are misread; 2 (no offset) keeps them; 0 drops them.
+    pub timestamps: u32,
+    pub window_scaling: u32,
+    pub sack: u32,
+    /// `net.ipv4.tcp_rmem`'s maximum and `net.core.rmem_max`: the window
+    /// scale the kernel gives a connection.
+    pub rmem_max: u32,
+    pub core_rmem_max: u32,
+    /// The smallest MTU of the namespace's interfaces (loopback aside).
+    pub mtu: u32,
+}
+
+fn sysctl(path: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/sys/{path}")).ok()?.split_whitespace().last()?.parse().ok()
+}
+
+fn smallest_mtu() -> u32 {
+    let mut mtu = None::<u32>;
+    if let Ok(d) = std::fs::read_dir("/sys/class/net") {
+        for e in d.flatten() {
+            if e.file_name() == "lo" {
+                continue;
+            }
+            if let Some(m) = std::fs::read_to_string(e.path().join("mtu")).ok().and_then(|s| s.trim().parse().ok()) {
+                mtu = Some(mtu.map_or(m, |x: u32| x.min(m)));
+            }
+        }
+    }
+    mtu.unwrap_or(1500).clamp(576, 9000)
+}
+
+impl HostTcp {
+    /// The settings as they are now (a setting that cannot be read is
+    /// the kernel's default).
+    pub fn read() -> HostTcp {
+        HostTcp {
+            syncookies: sysctl("net/ipv4/tcp_syncookies").unwrap_or(1),
+            timestamps: sysctl("net/ipv4/tcp_timestamps").unwrap_or(1),
+            window_scaling: sysctl("net/ipv4/tcp_window_scaling").unwrap_or(1),
+            sack: sysctl("net/ipv4/tcp_sack").unwrap_or(1),
+            rmem_max: sysctl("net/ipv4/tcp_rmem").unwrap_or(6_291_456),
+            core_rmem_max: sysctl("net/core/rmem_max").unwrap_or(212_992),
+            mtu: smallest_mtu(),
+        }
+    }
+
+    /// The window scale the kernel gives a connection it makes from a
+    /// cookie (`tcp_select_initial_window`: log2 of the largest receive
+    /// space, less 15, within 0..=14), for a listener without SO_RCVBUF.
+    pub fn wscale(&self) -> u8 {
+        let space = self.rmem_max.max(self.core_rmem_max).min(u16::MAX as u32 * (1 << 14));
+        (space.max(1).ilog2() as i32 - 15).clamp(0, 14) as u8
+    }
+
+    /// A rule slot's settings: off (zeros) without SYN cookies.
+    pub fn conf(&self, syn: Option<SynPolicy>) -> SynConf {
+        let Some(s) = syn else { return SynConf::default() };
+        SynConf {
+            mode: s.mode.kernel(),
+            wscale: self.wscale() as u32,
+            mss_v4: self.mtu - 40,
+            mss_v6: self.mtu - 60,
+            ..SynConf::default()
+        }
+        // A burst of a tenth of a second (at least 4): a few clients
+        // behind one /24 connecting at once are not held back.
+        .with_cap(s.syn_ack_pps, (s.syn_ack_pps / 10).max(4))
+    }
+
+    /// What the settings make of SYN cookies: (fine, one line each).
+    pub fn preflight(&self) -> Vec<(bool, String)> {
+        let mut out = Vec::new();
+        out.push(match self.syncookies {
+            2 => (
+                true,
+                "net.ipv4.tcp_syncookies = 2: the kernel makes a cookie for every SYN the policer answers".into(),
+            ),
+            1 => (
+                false,
+                "net.ipv4.tcp_syncookies = 1: the kernel makes cookies only while a listener's queue overflows; \
+                 until then SYNs are policed without cookies (set it to 2)"
+                    .into(),
+            ),
+            n => {
+                (false, format!("net.ipv4.tcp_syncookies = {n}: no cookies at all; every SYN is policed (set it to 2)"))
+            }
+        });
+        out.push(match self.timestamps {
+            2 => (true, "net.ipv4.tcp_timestamps = 2: a cookie's timestamp keeps window scale, SACK and ECN".into()),
+            1 => (
+                false,
+                "net.ipv4.tcp_timestamps = 1: the kernel offsets timestamps by a secret the program cannot know, \
+                 so a cookie ACK's options are misread and refused (set it to 2)"
+                    .into(),
+            ),
+            _ => (
+                false,
+                "net.ipv4.tcp_timestamps = 0: connections made from cookies have no window scale or SACK (set it to 2)"
+                    .into(),
+            ),
+        });
+        if self.window_scaling == 0 {
+            out.push((false, "net.ipv4.tcp_window_scaling = 0: connections from cookies get no window scale".into()));
+        }
+        if self.sack == 0 {
+            out.push((false, "net.ipv4.tcp_sack = 0: a cookie ACK that asked for SACK is refused".into()));
+        }
+        out.push((
+            true,
+            format!(
+                "SYN-ACKs offer window scale {} and MSS {}/{} (IPv4/IPv6)",
+                self.wscale(),
+                self.mtu - 40,
+                self.mtu - 60
+            ),
+        ));
+        out
+    }
+}
+
+/// Whether a TCP socket listens on `port` in this network namespace (from
+/// /proc/net/tcp and tcp6): SYNs to a port nobody serves get no cookie.
+pub fn listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let mut w = l.split_whitespace();
+                let local = w.nth(1).unwrap_or("");
+                let state = w.nth(1).unwrap_or("");
+                state == "0A" && local.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+            })
+        })
+    })
+}
+
+/// What `policer check` and the start warn of for `specs` (the rules in a
+/// file): the kernel settings SYN cookies need that are not set, and each
+/// SYN-cookie rule's destination port nobody listens on here. None when no
+/// rule has SYN cookies.
+pub fn warnings<'a>(specs: impl IntoIterator<Item = &'a crate::rules::RuleSpec>) -> Vec<String> {
+    let syn: Vec<_> = specs.into_iter().filter(|s| s.syn().is_some()).collect();
+    if syn.is_empty() {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = HostTcp::read()
+        .preflight()
+        .into_iter()
+        .filter(|(ok, _)| !ok)
+        .map(|(_, m)| format!("syn cookies: {m}"))
+        .collect();
+    for s in syn {
+        if let Some((lo, hi)) = s.class().dport
+            && !(lo..=hi).take(1024).any(listening)
+        {
+            out.push(format!(
+                "syn cookies: {} [{}]: nothing listens on that port in this network namespace: its SYNs are policed \
+                 without cookies until something does",
+                s.net,
+                s.class()
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{SynMode, SynPolicy};
+
+    fn host(rmem: u32) -> HostTcp {
+        HostTcp {
+            syncookies: 2,
+            timestamps: 2,
+            window_scaling: 1,
+            sack: 1,
+            rmem_max: rmem,
+            core_rmem_max: 212_992,
+            mtu: 1500,
+        }
+    }
+
+    #[test]
+    fn wscale_is_the_kernels() {
+        // Debian's default tcp_rmem maximum (6 MiB): 7, as `ss -ti` shows.
+        assert_eq!(host(6_291_456).wscale(), 7);
+        assert_eq!(host(4_194_304).wscale(), 7);
+        assert_eq!(HostTcp { core_rmem_max: 65_535, ..host(65_535) }.wscale(), 0);
+        // net.core.rmem_max counts too: the larger of the two.
+        assert_eq!(HostTcp { core_rmem_max: 33_554_432, ..host(6_291_456) }.wscale(), 10);
+        assert_eq!(host(u32::MAX).wscale(), 14);
+    }
+
+    #[test]
+    fn conf_of_a_rule() {
+        let c = host(6_291_456).conf(Some(SynPolicy { mode: SynMode::Always, syn_ack_pps: 1000 }));
+        assert_eq!((c.mode, c.wscale, c.mss_v4, c.mss_v6), (policer_common::syn::SYN_ALWAYS, 7, 1460, 1440));
+        assert_eq!(c.cap_interval_ns, 1_000_000);
+        assert_eq!(c.cap_tolerance_ns, 99_000_000);
+        assert_eq!(host(1).conf(None), SynConf::default());
+        let bad = HostTcp { syncookies: 1, timestamps: 1, ..host(6_291_456) };
+        assert_eq!(bad.preflight().iter().filter(|(ok, _)| !ok).count(), 2);
+    }
+}
