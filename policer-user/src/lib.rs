@@ -18,6 +18,7 @@ pub mod files;
 mod layering;
 pub mod loader;
 pub mod lockfile;
+pub mod member;
 pub mod metrics;
 pub mod mmdb;
 pub mod netlink;
