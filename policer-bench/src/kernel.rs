@@ -92,7 +92,8 @@ pub struct KernelRow {
     /// Stable key: `policer_drop`, `policer_admit`, `parse_lookup`, `xdp_pass`, `xdp_drop`,
     /// `breakdown`, `policer_drop_class1` (+ 1 class rule, fast path),
     /// `policer_drop_classes` (+ 16 class rules, fast path),
-    /// `policer_drop_classes_tries` (the same, rule from the tries).
+    /// `policer_drop_classes_tries` (the same, rule from the tries),
+    /// `policer_admit_chain` (all admitted, xdp_pass in the chain's slot 0).
     pub key: String,
     pub label: String,
     pub sources: u32,
@@ -501,6 +502,24 @@ fn measure(quick: bool, reps: usize) -> Result<KernelResults> {
             table,
             policer(n, table, "100Mpps", 1_000_000)?,
         );
+        // The chain's hand-off (docs/chain.md): the same with a
+        // pass-through program (xdp_pass) in slot 0 of the policer's chain,
+        // against the row above (the chain empty): the tail call and the
+        // member's run.
+        if n <= 65_536 {
+            let mut s = policer(n, table, "100Mpps", 1_000_000)?;
+            if let Subject::Policer(p) = &mut s
+                && chain_pass(&mut p.ebpf)?
+            {
+                add(
+                    "policer_admit_chain",
+                    format!("policer, all admitted, xdp_pass in its chain's slot 0, {tag}"),
+                    n,
+                    table,
+                    s,
+                );
+            }
+        }
     }
     let data = frame();
     // Warm-up: one pass over every source creates the entries.

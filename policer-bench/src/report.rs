@@ -910,6 +910,7 @@ pub fn markdown(r: &Results) -> String {
             );
         }
         let _ = writeln!(w, "\n![Kernel ns per packet](bench/kernel-cost.png)\n");
+        chain_cost(w, k);
         breakdown(w, k);
         memory(w, k);
     }
@@ -1478,6 +1479,39 @@ fn breakdown(w: &mut String, k: &KernelResults) {
         "| the policer itself (dropping): rule checks, key masking, bucket arithmetic, CAS, its own branches | {:.0} | {:+.0} |\n",
         pol.kernel_ns.median,
         pol.kernel_ns.median - prev
+    );
+}
+
+/// The chain's hand-off (docs/chain.md): the admitted policer with a
+/// pass-through program in slot 0 of its chain, against the chain empty,
+/// repetition by repetition.
+fn chain_cost(w: &mut impl std::fmt::Write, k: &KernelResults) {
+    let mut lines = Vec::new();
+    for n in [1, 65_536] {
+        let at = |key: &str| k.rows.iter().find(|r| r.key == key && r.sources == n);
+        if let (Some(a), Some(c)) = (at("policer_admit"), at("policer_admit_chain")) {
+            let d: Vec<f64> = a.kernel_reps.iter().zip(&c.kernel_reps).map(|(a, c)| c - a).collect();
+            let d = Stat::of(&d);
+            lines.push(format!(
+                "- {n} source{}: {:.0} ns with the chain empty, {:.0} ns with xdp_pass in slot 0: the tail call and \
+                 the member's run cost {:.1} ns (median of the per-repetition differences; min {:.1}, max {:.1})",
+                if n == 1 { "" } else { "s" },
+                a.kernel_ns.median,
+                c.kernel_ns.median,
+                d.median,
+                d.min,
+                d.max
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "**The chain's hand-off** (docs/chain.md): what policer admits goes to the first filled slot of its chain by \
+         a tail call; what it drops never does. Admitted frames, kernel ns per packet:\n\n{}\n",
+        lines.join("\n")
     );
 }
 

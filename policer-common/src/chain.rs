@@ -18,6 +18,13 @@ pub const CHAIN_SLOTS: u32 = 8;
 pub const PIN_ROOT: &str = "/sys/fs/bpf/policer";
 /// The bpffs mount point the pins live under.
 pub const BPFFS: &str = "/sys/fs/bpf";
+/// Read-only global (`u32`): the first slot of the chain the program
+/// hands to. 0 when policer owns the hook; N + 1 when policer is itself a
+/// member, in slot N, of another root's program array (`attach --join
+/// PATH --slot N`): the array is then that root's, and policer hands on
+/// to the slots behind its own. Set at load, so the verifier drops the
+/// tail calls before it.
+pub const GLOBAL_CHAIN_FROM: &str = "CHAIN_FROM";
 
 /// What the chain saw on one interface, counted before the jump (a tail
 /// call that succeeds does not return).

@@ -6,8 +6,6 @@
 
 use core::intrinsics::{AtomicOrdering, atomic_cxchg};
 
-use aya_ebpf::programs::XdpContext;
-use aya_log_ebpf::warn;
 use policer_common::{Bucket, Counters, Rule};
 
 use crate::{clock::Clock, maps::NEW_SOURCES};
@@ -45,14 +43,7 @@ pub(crate) unsafe fn carry_over(tat_ptr: *mut u64, old: &Bucket, rule: &Rule, cl
 /// # Safety
 /// `tat_ptr` must point into a live map value.
 #[inline(always)]
-pub(crate) unsafe fn judge(
-    ctx: &XdpContext,
-    tat_ptr: *mut u64,
-    rule: &Rule,
-    clock: &mut Clock,
-    len: u32,
-    c: &mut Counters,
-) -> bool {
+pub(crate) unsafe fn judge(tat_ptr: *mut u64, rule: &Rule, clock: &mut Clock, len: u32, c: &mut Counters) -> bool {
     // SAFETY: the caller's contract.
     match unsafe { charge(tat_ptr, rule, clock, len, &mut c.cas_retries) } {
         Charge::Admitted => return true,
@@ -60,16 +51,11 @@ pub(crate) unsafe fn judge(
         Charge::Lost => {}
     }
     // Lost every round to other CPUs admitting from this bucket: it is
-    // being hammered, so dropping is the conservative answer.
+    // being hammered, so dropping is the conservative answer. Counted
+    // (`cas_exhausted`: stats, /metrics); not logged from the kernel:
+    // aya-log's ring buffer is a legacy map, and every map of the object
+    // is a BTF map (docs/chain.md).
     c.cas_exhausted += 1;
-    if c.cas_exhausted.is_power_of_two() {
-        warn!(
-            ctx,
-            "a bucket lost {} compare-and-swap rounds in a row ({} drops so far on this CPU)",
-            CAS_ROUNDS,
-            c.cas_exhausted
-        );
-    }
     false
 }
 

@@ -160,7 +160,7 @@ pub(crate) fn capture(
     if took == 0 {
         return;
     }
-    let Some(mut entry) = CAPTURE_RING.reserve::<CaptureRecord>(0) else {
+    let Some(mut entry) = CAPTURE_RING.reserve_untyped::<CaptureRecord>(0) else {
         count_lanes(took, |cc| cc.ring_full += 1);
         return;
     };

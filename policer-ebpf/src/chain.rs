@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use policer_common::MAX_IFACE_SLOTS;
 
-use crate::maps::{CHAIN, CHAIN_COUNTERS};
+use crate::maps::{CHAIN, CHAIN_COUNTERS, CHAIN_FROM};
 
 /// Hands the frame on, counting it first (a tail call that succeeds does
 /// not return): handed, or passed because every slot is empty.
@@ -27,17 +27,36 @@ pub(crate) fn hand_to_chain(ctx: &XdpContext) -> u32 {
     // One call per slot with a constant index: the JIT patches each into
     // a direct jump (or a fall-through while the slot is empty), so an
     // empty chain costs a few instructions. A call that returns found its
-    // slot empty.
+    // slot empty. `CHAIN_FROM` is a constant of the load (read-only data):
+    // the verifier drops the calls before it, and the compares with it.
+    // SAFETY: a read of a plain static the loader may rewrite before load.
+    let from = unsafe { core::ptr::read_volatile(&CHAIN_FROM) };
     // SAFETY: tail calls from the entry's own context.
     unsafe {
-        CHAIN.tail_call(ctx, 0);
-        CHAIN.tail_call(ctx, 1);
-        CHAIN.tail_call(ctx, 2);
-        CHAIN.tail_call(ctx, 3);
-        CHAIN.tail_call(ctx, 4);
-        CHAIN.tail_call(ctx, 5);
-        CHAIN.tail_call(ctx, 6);
-        CHAIN.tail_call(ctx, 7);
+        if from == 0 {
+            CHAIN.tail_call(ctx, 0);
+        }
+        if from <= 1 {
+            CHAIN.tail_call(ctx, 1);
+        }
+        if from <= 2 {
+            CHAIN.tail_call(ctx, 2);
+        }
+        if from <= 3 {
+            CHAIN.tail_call(ctx, 3);
+        }
+        if from <= 4 {
+            CHAIN.tail_call(ctx, 4);
+        }
+        if from <= 5 {
+            CHAIN.tail_call(ctx, 5);
+        }
+        if from <= 6 {
+            CHAIN.tail_call(ctx, 6);
+        }
+        if from <= 7 {
+            CHAIN.tail_call(ctx, 7);
+        }
     }
     count(ctx.ctx, EMPTY);
     xdp_action::XDP_PASS

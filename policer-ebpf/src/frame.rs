@@ -26,6 +26,7 @@ use crate::{
     police::{Judged, count_drop, police_table},
     rules::{lookup_rule, resolve_class},
     totals::total_admits,
+    verifier::trie_get,
 };
 
 /// Synthetic IPv4 source for the benchmark variant.
@@ -75,7 +76,7 @@ pub(crate) fn try_policer<const SYN: bool>(ctx: &XdpContext) -> u32 {
                 0 => src,
                 n => bench_source(n),
             };
-            let rule = lookup_rule::<false>(|| RULES_V4.get(&Key::new(32, src)))
+            let rule = lookup_rule::<false>(|| trie_get(&RULES_V4, &Key::new(32, src)))
                 .map(|r| resolve_class::<false>(ctx, r, l4, c));
             if let Some(a) = syn_first::<SYN>(rule) {
                 return a;
@@ -93,8 +94,8 @@ pub(crate) fn try_policer<const SYN: bool>(ctx: &XdpContext) -> u32 {
         }
         Parsed::V6 { src, fragment, l4 } => {
             c.fragment_pkts += fragment as u64;
-            let rule =
-                lookup_rule::<true>(|| RULES_V6.get(&Key::new(128, src))).map(|r| resolve_class::<true>(ctx, r, l4, c));
+            let rule = lookup_rule::<true>(|| trie_get(&RULES_V6, &Key::new(128, src)))
+                .map(|r| resolve_class::<true>(ctx, r, l4, c));
             if let Some(a) = syn_first::<SYN>(rule) {
                 return a;
             }

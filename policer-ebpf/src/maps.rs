@@ -6,12 +6,15 @@
 //! who reads them: the rules and the sources' tables (the policer), the
 //! counters, the clock, classes, totals and bans, then capture's and
 //! replay's own, then the globals the loader sets.
+//!
+//! Every map is a BTF map (its key and value types in the object's BTF),
+//! so libbpf tools read and load the object: `bpftool map dump` formats
+//! the values, `bpftool prog loadall` loads it (docs/chain.md).
 
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
-    btf_maps,
-    macros::{btf_map, map},
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    macros::btf_map,
 };
 use policer_common::{
     BucketKeyV6, Counters, CpuScratch, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, MAX_IFACE_SLOTS, NewSources, Rule,
@@ -26,108 +29,118 @@ use policer_common::{
     table::{self, Geometry, Set, SetDrops, SetKeys},
 };
 
-#[map]
-pub(crate) static RULES_V4: LpmTrie<[u8; 4], Rule> = LpmTrie::with_max_entries(DEFAULT_MAX_RULES, 0);
-#[map]
-pub(crate) static RULES_V6: LpmTrie<[u8; 16], Rule> = LpmTrie::with_max_entries(DEFAULT_MAX_RULES, 0);
+#[btf_map]
+pub(crate) static RULES_V4: LpmTrie<[u8; 4], Rule, { DEFAULT_MAX_RULES as usize }> = LpmTrie::new();
+#[btf_map]
+pub(crate) static RULES_V6: LpmTrie<[u8; 16], Rule, { DEFAULT_MAX_RULES as usize }> = LpmTrie::new();
+/// The tables' sets at the default size (the loader resizes them).
+const SETS: usize = table::sets_for(DEFAULT_MAX_SOURCES) as usize;
+/// Rule slots at the default size (the loader resizes them): slot 0 is
+/// never given to a rule.
+const RULE_SLOTS: usize = DEFAULT_MAX_RULES as usize + 1;
+/// `BPF_F_MMAPABLE`, as a map definition's flags.
+const MMAPABLE: usize = BPF_F_MMAPABLE as usize;
+/// A family's table of sources, and its drop counts.
+pub(crate) type Table = Array<Set, SETS, MMAPABLE>;
+pub(crate) type TableDrops = Array<SetDrops, SETS>;
+
 /// The IPv4 sources: a set-associative table (see policer_common::table),
 /// resized by the loader to `--max-sources`. Mmapable, so the sets start on
 /// a page and each is exactly one cache line.
-#[map]
-pub(crate) static BUCKETS_V4: Array<Set> =
-    Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
+#[btf_map]
+pub(crate) static BUCKETS_V4: Table = Array::new();
 /// Drops counted per slot of BUCKETS_V4 (same index, sampled); kept apart
 /// so the drop path does not write the table.
-#[map]
-pub(crate) static BUCKETS_V4_DROP: Array<SetDrops> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
+#[btf_map]
+pub(crate) static BUCKETS_V4_DROP: TableDrops = Array::new();
 /// The tables' hash seed and size (written by the loader).
-#[map]
-pub(crate) static BUCKETS_V4_GEOM: Array<Geometry> = Array::with_max_entries(1, 0);
+#[btf_map]
+pub(crate) static BUCKETS_V4_GEOM: Array<Geometry, 1> = Array::new();
 /// The IPv6 sources: the same design, fingerprints for keys.
-#[map]
-pub(crate) static BUCKETS_V6: Array<Set> =
-    Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
-#[map]
-pub(crate) static BUCKETS_V6_DROP: Array<SetDrops> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
+#[btf_map]
+pub(crate) static BUCKETS_V6: Table = Array::new();
+#[btf_map]
+pub(crate) static BUCKETS_V6_DROP: TableDrops = Array::new();
 /// The IPv6 sources behind the fingerprints (for user space only).
-#[map]
-pub(crate) static BUCKETS_V6_KEYS: Array<SetKeys> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
+#[btf_map]
+pub(crate) static BUCKETS_V6_KEYS: Array<SetKeys, SETS> = Array::new();
 /// What eviction forgot (policer_common::recall), one set per table set.
-#[map]
-pub(crate) static RECALL: Array<RecallSet> = Array::with_max_entries(table::sets_for(DEFAULT_MAX_SOURCES), 0);
-#[map]
-pub(crate) static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_IFACE_SLOTS, 0);
-#[map]
-pub(crate) static RULE_COUNTERS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[btf_map]
+pub(crate) static RECALL: Array<RecallSet, SETS> = Array::new();
+#[btf_map]
+pub(crate) static COUNTERS: PerCpuArray<Counters, { MAX_IFACE_SLOTS as usize }> = PerCpuArray::new();
+#[btf_map]
+pub(crate) static RULE_COUNTERS: PerCpuArray<RuleCounters, RULE_SLOTS> = PerCpuArray::new();
 /// This CPU's last clock reading and the bench sequence (see CpuScratch).
-#[map]
-pub(crate) static CPU_SCRATCH: PerCpuArray<CpuScratch> = PerCpuArray::with_max_entries(1, 0);
-#[map]
-pub(crate) static NEW_SOURCES: Array<NewSources> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[btf_map]
+pub(crate) static CPU_SCRATCH: PerCpuArray<CpuScratch, 1> = PerCpuArray::new();
+#[btf_map]
+pub(crate) static NEW_SOURCES: Array<NewSources, RULE_SLOTS> = Array::new();
 /// See policer_common::MAP_FAST_PATH. Array lookups are inlined by the
 /// verifier; the LPM-trie lookup is a helper call (9-15 ns measured).
-#[map]
-pub(crate) static FAST_PATH: Array<u32> = Array::with_max_entries(1, 0);
-#[map]
-pub(crate) static DEFAULT_RULES: Array<Rule> = Array::with_max_entries(4, 0);
+#[btf_map]
+pub(crate) static FAST_PATH: Array<u32, 1> = Array::new();
+#[btf_map]
+pub(crate) static DEFAULT_RULES: Array<Rule, 4> = Array::new();
 /// The test clock: [ns, jiffies] (jiffies 0: no clock window).
-#[map]
-pub(crate) static CLOCK: Array<u64> = Array::with_max_entries(2, 0);
+#[btf_map]
+pub(crate) static CLOCK: Array<u64, 2> = Array::new();
 /// The classes of the prefixes that have some (policer_common::class).
-#[map]
-pub(crate) static CLASS_INDEX: LpmTrie<[u8; class::INDEX_KEY_BYTES], ClassList> =
-    LpmTrie::with_max_entries(policer_common::MAX_CLASS_INDEX_ENTRIES, 0);
+#[btf_map]
+pub(crate) static CLASS_INDEX: LpmTrie<
+    [u8; class::INDEX_KEY_BYTES],
+    ClassList,
+    { policer_common::MAX_CLASS_INDEX_ENTRIES as usize },
+> = LpmTrie::new();
 /// Which frames each group's classes can match (read before the lookup).
-#[map]
-pub(crate) static CLASS_FILTER: Array<ClassFilter> = Array::with_max_entries(class::MAX_CLASS_GROUPS, 0);
+#[btf_map]
+pub(crate) static CLASS_FILTER: Array<ClassFilter, { class::MAX_CLASS_GROUPS as usize }> = Array::new();
 /// The rules' aggregate buckets, at their counter slots.
-#[map]
-pub(crate) static TOTALS: Array<Total> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[btf_map]
+pub(crate) static TOTALS: Array<Total, RULE_SLOTS> = Array::new();
 /// Automatic bans by bucket key (policer_common::ban): preallocated, never
 /// evicted.
-#[map]
-pub(crate) static BANS: HashMap<BucketKeyV6, Ban> = HashMap::with_max_entries(ban::DEFAULT_MAX_BANS, 0);
+#[btf_map]
+pub(crate) static BANS: HashMap<BucketKeyV6, Ban, { ban::DEFAULT_MAX_BANS as usize }> = HashMap::new();
 /// The automatic bans of each rule, at its counter slot.
-#[map]
-pub(crate) static BAN_PARAMS: Array<BanParams> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
+#[btf_map]
+pub(crate) static BAN_PARAMS: Array<BanParams, RULE_SLOTS> = Array::new();
 /// Refusals counted in a window (`--ban-within`), by bucket key: read
 /// and written only by a refusal of a rule with a window.
-#[map]
-pub(crate) static BAN_WINDOWS: LruHashMap<BucketKeyV6, BanWindow> =
-    LruHashMap::with_max_entries(policer_common::MAX_BAN_WINDOWS, 0);
+#[btf_map]
+pub(crate) static BAN_WINDOWS: LruHashMap<BucketKeyV6, BanWindow, { policer_common::MAX_BAN_WINDOWS as usize }> =
+    LruHashMap::new();
 // SYN cookies (crate::syn): per rule slot, the mode and cap, the
 // `flood` mode's SYN budget, the counters; the verified sources and the
 // reflection cap's networks; this CPU's work area.
-#[map]
-pub(crate) static SYN_CONF: Array<SynConf> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
-#[map]
-pub(crate) static SYN_TOTALS: Array<Total> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
-#[map]
-pub(crate) static SYN_COUNTERS: PerCpuArray<SynCounters> = PerCpuArray::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
-#[map]
-pub(crate) static SYN_VERIFIED: LruHashMap<[u8; 16], u64> = LruHashMap::with_max_entries(syn::MAX_VERIFIED, 0);
-#[map]
-pub(crate) static SYN_CAP: LruHashMap<[u8; 16], u64> = LruHashMap::with_max_entries(syn::MAX_CAP_NETS, 0);
+#[btf_map]
+pub(crate) static SYN_CONF: Array<SynConf, RULE_SLOTS> = Array::new();
+#[btf_map]
+pub(crate) static SYN_TOTALS: Array<Total, RULE_SLOTS> = Array::new();
+#[btf_map]
+pub(crate) static SYN_COUNTERS: PerCpuArray<SynCounters, RULE_SLOTS> = PerCpuArray::new();
+#[btf_map]
+pub(crate) static SYN_VERIFIED: LruHashMap<[u8; 16], u64, { syn::MAX_VERIFIED as usize }> = LruHashMap::new();
+#[btf_map]
+pub(crate) static SYN_CAP: LruHashMap<[u8; 16], u64, { syn::MAX_CAP_NETS as usize }> = LruHashMap::new();
 /// The attached program itself, for the tail call that polices a frame
 /// the SYN path handed back (filled by the loader).
-#[map]
-pub(crate) static SYN_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
-#[map]
-pub(crate) static SYN_SCRATCH: PerCpuArray<SynScratch> = PerCpuArray::with_max_entries(1, 0);
+#[btf_map]
+pub(crate) static SYN_PROG: ProgramArray<1> = ProgramArray::new();
+#[btf_map]
+pub(crate) static SYN_SCRATCH: PerCpuArray<SynScratch, 1> = PerCpuArray::new();
 /// The layout version stamp (policer_common::MAP_LAYOUT): written and
 /// bound to the program by the loader, never read here.
-#[map]
-pub(crate) static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
+#[btf_map]
+pub(crate) static LAYOUT: Array<u32, 1> = Array::new();
 
 /// The chain (policer_common::chain): the programs the policer hands what
 /// it passes to, pinned by the loader at /sys/fs/bpf/policer/IFACE/chain.
 /// BTF maps, so libbpf tools (bpftool, Katran-style roots) read them.
 #[btf_map]
-pub(crate) static CHAIN: btf_maps::ProgramArray<{ policer_common::chain::CHAIN_SLOTS as usize }> =
-    btf_maps::ProgramArray::new();
+pub(crate) static CHAIN: ProgramArray<{ policer_common::chain::CHAIN_SLOTS as usize }> = ProgramArray::new();
 #[btf_map]
-pub(crate) static CHAIN_COUNTERS: btf_maps::PerCpuArray<ChainCounters, { MAX_IFACE_SLOTS as usize }> =
-    btf_maps::PerCpuArray::new();
+pub(crate) static CHAIN_COUNTERS: PerCpuArray<ChainCounters, { MAX_IFACE_SLOTS as usize }> = PerCpuArray::new();
 
 /// `policer capture` (policer_common::capture): the mask of the lanes in
 /// use, read once per judged frame; 0 while no capture runs. A global of
@@ -138,46 +151,54 @@ pub(crate) static CHAIN_COUNTERS: btf_maps::PerCpuArray<ChainCounters, { MAX_IFA
 #[unsafe(no_mangle)]
 pub(crate) static mut CAPTURE_ON: u64 = 0;
 /// Each capture's filter, sampling and rate bound.
-#[map]
-pub(crate) static CAPTURE_LANES: Array<CaptureLane> = Array::with_max_entries(MAX_CAPTURES as u32, 0);
+#[btf_map]
+pub(crate) static CAPTURE_LANES: Array<CaptureLane, MAX_CAPTURES> = Array::new();
 /// The lanes that capture each rule (at its counter slot).
-#[map]
-pub(crate) static CAPTURE_RULES: Array<u32> = Array::with_max_entries(DEFAULT_MAX_RULES + 1, 0);
-#[map]
-pub(crate) static CAPTURE_COUNTERS: PerCpuArray<CaptureCounters> =
-    PerCpuArray::with_max_entries(MAX_CAPTURES as u32, 0);
+#[btf_map]
+pub(crate) static CAPTURE_RULES: Array<u32, RULE_SLOTS> = Array::new();
+#[btf_map]
+pub(crate) static CAPTURE_COUNTERS: PerCpuArray<CaptureCounters, MAX_CAPTURES> = PerCpuArray::new();
 /// What the capture loop carries between lanes (see CaptureScratch).
-#[map]
-pub(crate) static CAPTURE_SCRATCH: PerCpuArray<CaptureScratch> = PerCpuArray::with_max_entries(1, 0);
-/// The captured frames, to the daemon.
-#[map]
-pub(crate) static CAPTURE_RING: RingBuf = RingBuf::with_byte_size(CAPTURE_RING_BYTES, 0);
+#[btf_map]
+pub(crate) static CAPTURE_SCRATCH: PerCpuArray<CaptureScratch, 1> = PerCpuArray::new();
+/// The captured frames, to the daemon. Its type is `()`, not the record:
+/// libbpf (bpftool) takes a BTF map's value size from its value type, and
+/// the kernel wants 0 for a ring buffer; the records are reserved by type
+/// (`reserve_untyped`).
+#[btf_map]
+pub(crate) static CAPTURE_RING: RingBuf<(), { CAPTURE_RING_BYTES as usize }> = RingBuf::new();
 /// The capture program (`policer_capture` below), put here by the loader:
 /// the verdict reaches it by a tail call, so the lanes run on a stack of
 /// their own (this program's frame leaves too little of the 512 bytes the
 /// verifier allows a call chain). Empty (a tail call that fails) until the
 /// loader fills it, and again once the last descriptor of this array is
 /// closed (the kernel clears a program array with its last user).
-#[map]
-pub(crate) static CAPTURE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[btf_map]
+pub(crate) static CAPTURE_PROG: ProgramArray<1> = ProgramArray::new();
 
 /// `policer replay`'s batch of frames and its cursor
 /// (policer_common::replay): one entry each in the object; replay sizes the
 /// batch. Read only by `policer_replay`, which only replay loads.
-#[map]
-pub(crate) static REPLAY_FRAMES: Array<ReplayFrame> = Array::with_max_entries(1, BPF_F_MMAPABLE);
-#[map]
-pub(crate) static REPLAY_CTL: Array<ReplayCtl> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+#[btf_map]
+pub(crate) static REPLAY_FRAMES: Array<ReplayFrame, 1, MMAPABLE> = Array::new();
+#[btf_map]
+pub(crate) static REPLAY_CTL: Array<ReplayCtl, 1, MMAPABLE> = Array::new();
 /// `policer_replay` itself, put here by replay's loader: each frame ends
 /// in a tail call to the next (policer_common::replay).
-#[map]
-pub(crate) static REPLAY_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[btf_map]
+pub(crate) static REPLAY_PROG: ProgramArray<1> = ProgramArray::new();
 
 /// Set by the loader (read-only data): non-zero reads the clock from
 /// `CLOCK`, for tests that control time. Constant after load, so the
 /// verifier prunes the branch that is not taken.
 #[unsafe(no_mangle)]
 pub(crate) static TEST_CLOCK: u32 = 0;
+
+/// Set by the loader (read-only data): the chain's first slot
+/// (policer_common::chain::GLOBAL_CHAIN_FROM): 0 on the hook, N + 1 as a
+/// member in slot N of another root's array.
+#[unsafe(no_mangle)]
+pub(crate) static CHAIN_FROM: u32 = 0;
 
 /// Set by the loader: the kernel's tick (1e9 / CONFIG_HZ) in ns, so the
 /// program knows how far the clock can be from its last reading by the

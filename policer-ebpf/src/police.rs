@@ -9,20 +9,23 @@
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
-use aya_ebpf::{maps::Array, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use policer_common::{
     BucketKeyV6, Counters, Rule, RuleCounters,
     ban::RULE_BAN,
     recall,
     slot::{self, Found, Miss},
-    table::{self, Geometry, KEY_MASK, Set, SetDrops, Slot, WAYS},
+    table::{self, Geometry, KEY_MASK, Set, Slot, WAYS},
 };
 
 use crate::{
     bans::{banned, count_slot_ban_drop, refused},
     buckets::{carry_over, cas, judge, new_source_allowed},
     clock::Clock,
-    maps::{BUCKETS_V4, BUCKETS_V4_DROP, BUCKETS_V6, BUCKETS_V6_DROP, BUCKETS_V6_KEYS, DROP_SAMPLE_SHIFT, RECALL},
+    maps::{
+        BUCKETS_V4, BUCKETS_V4_DROP, BUCKETS_V6, BUCKETS_V6_DROP, BUCKETS_V6_KEYS, DROP_SAMPLE_SHIFT, RECALL, Table,
+        TableDrops,
+    },
     verifier::launder,
 };
 
@@ -47,7 +50,7 @@ impl Judged {
 
 /// The family's table and its drop counts.
 #[inline(always)]
-fn table_of<const V6: bool>() -> (&'static Array<Set>, &'static Array<SetDrops>) {
+fn table_of<const V6: bool>() -> (&'static Table, &'static TableDrops) {
     if V6 { (&BUCKETS_V6, &BUCKETS_V6_DROP) } else { (&BUCKETS_V4, &BUCKETS_V4_DROP) }
 }
 
@@ -315,7 +318,9 @@ unsafe fn find(set: *mut Set, key: u64) -> Option<(usize, u64)> {
     reason = "inlined glue: the found slot and the frame, passed as the verifier tracks them"
 )]
 unsafe fn slot_admit<const V6: bool>(
-    ctx: &XdpContext,
+    // The frame: what the kernel log was given here (a lost
+    // compare-and-swap race); kept in the signature of the inlined glue.
+    _ctx: &XdpContext,
     slot: *mut Slot,
     word: u64,
     v6_key: &BucketKeyV6,
@@ -345,7 +350,7 @@ unsafe fn slot_admit<const V6: bool>(
                 }
             }
             Found::Counting(n) => {
-                if judge(ctx, &raw mut (*slot).tat, rule, clock, len, c) {
+                if judge(&raw mut (*slot).tat, rule, clock, len, c) {
                     cas(&raw mut (*slot).key, word, want);
                     return true;
                 }
@@ -360,7 +365,7 @@ unsafe fn slot_admit<const V6: bool>(
                 cas(&raw mut (*slot).key, word, want);
             }
         }
-        let admit = judge(ctx, &raw mut (*slot).tat, rule, clock, len, c);
+        let admit = judge(&raw mut (*slot).tat, rule, clock, len, c);
         if !admit && rule.flags & RULE_BAN != 0 {
             refused::<V6>(slot, want, 1, v6_key, rule, clock, c);
         }

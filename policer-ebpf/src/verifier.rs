@@ -16,3 +16,23 @@ pub(crate) fn launder(x: u64) -> u64 {
         None => x,
     }
 }
+
+/// A lookup in an LPM trie whose value the kernel stores right after the
+/// key's data (`trie_lookup_elem`: `found->data + trie->data_size`): for the
+/// IPv4 rule trie at offset 4, so its `Rule` is only 4-aligned there. aya's
+/// typed `btf_maps::LpmTrie::get` refuses such a trie at compile time; the
+/// program has always read it so (the JITs load unaligned words, and the
+/// verifier checks alignment only under BPF_F_STRICT_ALIGNMENT). The same
+/// helper call as `get`.
+#[inline(always)]
+pub(crate) fn trie_get<M, K, V>(map: &'static M, key: &aya_ebpf::maps::lpm_trie::Key<K>) -> Option<&'static V> {
+    // SAFETY: `map` is a map definition (its address is what the loader
+    // relocates), `key` a whole key; the kernel returns a value or null.
+    unsafe {
+        let p = aya_ebpf::helpers::bpf_map_lookup_elem(
+            core::ptr::from_ref(map).cast_mut().cast(),
+            core::ptr::from_ref(key).cast(),
+        );
+        p.cast::<V>().cast_const().as_ref()
+    }
+}

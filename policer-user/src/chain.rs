@@ -166,10 +166,21 @@ pub struct SlotView {
 
 /// The filled slots of `iface`'s chain (program id, name, tag).
 pub fn slots(iface: &str) -> Result<Vec<SlotView>> {
-    let m = open_data(iface)?;
+    read_slots(&open_data(iface)?, 0..CHAIN_SLOTS)
+}
+
+/// The filled slots of `range` of the program array pinned at `path`
+/// (another root's, for a member: `attach --join`).
+pub fn slots_in(path: &Path, range: std::ops::Range<u32>) -> Result<Vec<SlotView>> {
+    let m = MapData::from_pin(path)
+        .map_err(|e| Error::Invalid(format!("cannot open the program array at {}: {e}", path.display())))?;
+    read_slots(&m, range)
+}
+
+fn read_slots(m: &MapData, range: std::ops::Range<u32>) -> Result<Vec<SlotView>> {
     let mut out = Vec::new();
-    for slot in 0..CHAIN_SLOTS {
-        let Some(id) = slot_id(&m, slot)? else { continue };
+    for slot in range {
+        let Some(id) = slot_id(m, slot)? else { continue };
         let info = program_info(id);
         out.push(SlotView {
             slot,

@@ -19,6 +19,7 @@ pub mod fleet;
 mod layering;
 pub mod loader;
 pub mod lockfile;
+pub mod member;
 pub mod metrics;
 pub mod mmdb;
 pub mod netlink;

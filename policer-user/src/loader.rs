@@ -111,6 +111,12 @@ pub struct LoadOptions {
     /// pin is there (a restart, an upgrade: the programs in it stay),
     /// else made and pinned there. `None`: the program's own, unpinned.
     pub chain_pin: Option<PathBuf>,
+    /// The chain's first slot ([`GLOBAL_CHAIN_FROM`]): 0 on the hook; N +
+    /// 1 as a member in slot N of another root's array (`chain_pin` is
+    /// then that array).
+    ///
+    /// [`GLOBAL_CHAIN_FROM`]: policer_common::chain::GLOBAL_CHAIN_FROM
+    pub chain_from: u32,
 }
 
 /// A build of the XDP program other than the product's, and the `u32`
@@ -143,6 +149,7 @@ impl Default for LoadOptions {
             layout_version: Some(LAYOUT_VERSION),
             replay_batch: 0,
             chain_pin: None,
+            chain_from: 0,
         }
     }
 }
@@ -435,7 +442,8 @@ impl Policer {
             .map_max_entries(policer_common::replay::MAP_REPLAY_FRAMES, opts.replay_batch.max(1))
             .override_global(GLOBAL_DROP_SAMPLE_SHIFT, &drop_shift, true)
             .override_global(GLOBAL_TEST_CLOCK, &test_clock, true)
-            .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true);
+            .override_global(policer_common::GLOBAL_TICK_NS, &tick_ns, true)
+            .override_global(policer_common::chain::GLOBAL_CHAIN_FROM, &opts.chain_from, true);
         size_syn_maps(&mut loader, opts.max_rules);
         pin_paths(&mut loader, opts)?;
         let object = match &opts.variant {
@@ -1507,6 +1515,12 @@ fn pin_paths<'a>(loader: &mut EbpfLoader<'a>, opts: &'a LoadOptions) -> Result<(
             std::fs::create_dir_all(dir).map_err(Error::kernel(format!("making {}", dir.display())))?;
         }
         loader.map_pin_path(policer_common::chain::MAP_CHAIN, pin);
+        // A pinned array is taken as it is (aya requires the object's size
+        // to be the map's): another root's may have fewer or more slots
+        // than policer's own 8; tail calls past its end find them empty.
+        if let Ok(info) = aya::maps::MapInfo::from_pin(pin) {
+            loader.map_max_entries(policer_common::chain::MAP_CHAIN, info.max_entries());
+        }
     }
     Ok(())
 }

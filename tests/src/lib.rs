@@ -19,6 +19,7 @@ pub mod packet;
 pub mod readable;
 pub mod readme;
 pub mod reference;
+pub mod root;
 pub mod soak;
 pub mod spoof;
 pub mod traffic;

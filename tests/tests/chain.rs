@@ -26,6 +26,7 @@ use policer_tests::{
 };
 
 const XDPFILT: &str = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_dny_udp.o";
+const XDPFILT_ALW: &str = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_udp.o";
 const FILTER_PINS: &str = "/sys/fs/bpf/xdp-filter";
 const RATE: f64 = 1000.0;
 const BURST: f64 = 50.0;
@@ -78,8 +79,22 @@ fn sandbox() -> (Sandbox, Pins) {
 }
 
 fn start(sb: &Sandbox) -> Daemon {
-    let args = ["attach", sb.rx_if.as_str(), "--config", sb.config.as_str(), "--interval", "0", "--mode", "native"];
-    match Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args) {
+    start_with(sb, &[])
+}
+
+/// `policer attach` of the sandbox's interface with `extra` arguments,
+/// under nsenter (the host's bpffs).
+fn try_start(bin: &Path, sb: &Sandbox, extra: &[&str]) -> Result<Daemon, policer_tests::daemon::Exited> {
+    let mut args = vec!["attach", sb.rx_if.as_str(), "--config", sb.config.as_str(), "--interval", "0"];
+    if !extra.contains(&"--join") {
+        args.extend_from_slice(&["--mode", "native"]);
+    }
+    args.extend_from_slice(extra);
+    Daemon::try_start_nsenter(bin, &sb.rx_ns, &args)
+}
+
+fn start_with(sb: &Sandbox, extra: &[&str]) -> Daemon {
+    match try_start(&policer_bin(), sb, extra) {
         Ok(d) => d,
         Err(e) => panic!("policer did not start ({}):\n{}\n{}", e.status, e.stdout, e.stderr),
     }
@@ -298,4 +313,368 @@ fn tempdir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("policer-chain-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A directory of this test's own in the host's bpffs, removed on drop.
+struct BpfDir(PathBuf);
+
+impl BpfDir {
+    fn new(tag: &str) -> BpfDir {
+        let d = PathBuf::from(format!("/sys/fs/bpf/policer-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        BpfDir(d)
+    }
+}
+
+impl Drop for BpfDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The Katran-style root of the tests' own (tests/src/root.rs), pinned
+/// under `dir` and attached to the sandbox's interface (native mode).
+fn attach_root(sb: &Sandbox, dir: &Path) -> policer_tests::root::Root {
+    use std::os::fd::AsRawFd;
+    let root = policer_tests::root::Root::create(dir).expect("make the root");
+    let (ns, ifc, fd) = (sb.rx_ns.clone(), sb.rx_if.clone(), root.prog.as_raw_fd());
+    std::thread::spawn(move || {
+        policer_tests::netns::enter(&ns).unwrap();
+        let idx = policer_user::loader::if_index(&ifc).unwrap();
+        policer_user::netlink::set(idx, fd, policer_user::netlink::XDP_FLAGS_DRV_MODE, None).expect("attach the root");
+    })
+    .join()
+    .unwrap();
+    root
+}
+
+/// The program ids in the slots of the array pinned at `path` (bpftool's
+/// view).
+fn slot_ids(path: &Path) -> Vec<(u32, u32)> {
+    let out = Command::new("bpftool").args(["-j", "map", "dump", "pinned"]).arg(path).output().expect("bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let mut ids = Vec::new();
+    for e in v.as_array().into_iter().flatten() {
+        let word = |k: &str| -> u32 {
+            let bytes: Vec<u8> = e[k]
+                .as_array()
+                .map(|a| {
+                    a.iter().filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok()).collect()
+                })
+                .unwrap_or_default();
+            bytes.get(..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        ids.push((word("key"), word("value")));
+    }
+    ids
+}
+
+/// Loads the unmodified xdp-filter object `obj` with aya (its maps pinned
+/// by name under FILTER_PINS, where `xdp-filter` looks) and pins its
+/// program at `at`, for a root's tool to put in a slot.
+fn load_filter(obj: &str, program: &str, at: &Path) {
+    std::fs::create_dir_all(FILTER_PINS).unwrap();
+    let mut ebpf = aya::EbpfLoader::new()
+        .default_map_pin_directory(Path::new(FILTER_PINS))
+        .load_file(obj)
+        .expect("load xdp-filter");
+    let prog: &mut aya::programs::Xdp = ebpf.program_mut(program).unwrap().try_into().unwrap();
+    prog.load().expect("xdp-filter's program loads");
+    prog.pin(at).expect("pin xdp-filter's program");
+}
+
+fn bpftool_put(array: &Path, slot: u32, prog: &Path) {
+    let out = Command::new("bpftool")
+        .args(["map", "update", "pinned"])
+        .arg(array)
+        .arg("key")
+        .args(slot.to_le_bytes().map(|b| b.to_string()))
+        .args(["value", "pinned"])
+        .arg(prog)
+        .output()
+        .expect("bpftool");
+    assert!(out.status.success(), "bpftool map update: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Member mode: a root of the tests' own owns the hook; policer joins its
+/// array in slot 1 (`attach --join`) and polices through it, xdp-filter in
+/// slot 2 behind policer. Refusals first: nothing changes.
+#[test]
+fn policer_joins_a_katran_style_root() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let dir = BpfDir::new("root");
+    let _root = attach_root(&sb, &dir.0);
+    let root_id = sb.rx_xdp().expect("the root is attached");
+    let progs = dir.0.join("progs");
+    let progs_s = progs.to_str().unwrap();
+    let before = std::fs::read(&sb.config).unwrap();
+
+    // Refused, and nothing changes: the hook, the slots, the file.
+    let not_bpffs = tempdir().join("progs");
+    std::fs::write(&not_bpffs, "").unwrap();
+    policer_tests::root::pin_plain_array(&dir.0.join("plain")).unwrap();
+    let occupant = policer_tests::root::load_pass("occupant").unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        policer_tests::root::put(_root.array.as_raw_fd(), 3, occupant.as_raw_fd()).unwrap();
+    }
+    let slots_before = slot_ids(&progs);
+    let (plain, root_pin) = (dir.0.join("plain"), dir.0.join("root"));
+    let refused: [(&[&str], &str); 5] = [
+        (&["--join", not_bpffs.to_str().unwrap(), "--slot", "1"], "not in a bpffs"),
+        (&["--join", plain.to_str().unwrap(), "--slot", "1"], "not a program array"),
+        (&["--join", root_pin.to_str().unwrap(), "--slot", "1"], "not a map"),
+        (&["--join", progs_s, "--slot", "8"], "slots 0 to 7"),
+        (&["--join", progs_s, "--slot", "3"], "is taken by"),
+    ];
+    for (args, why) in refused {
+        match try_start(&policer_bin(), &sb, args) {
+            Ok(_) => panic!("attach {args:?} started"),
+            Err(e) => assert!(e.stderr.contains(why), "attach {args:?}: want '{why}' in:\n{}", e.stderr),
+        }
+        assert_eq!(sb.rx_xdp().as_deref(), Some(root_id.as_str()), "the root stays on the hook");
+        assert_eq!(slot_ids(&progs), slots_before, "the root's slots are unchanged");
+        assert_eq!(std::fs::read(&sb.config).unwrap(), before, "the config file is unchanged");
+    }
+    drop(occupant);
+    let _ = Command::new("bpftool").args(["map", "delete", "pinned", progs_s, "key", "3", "0", "0", "0"]).status();
+
+    // Joined: the root keeps the hook, policer is in slot 1.
+    let mut d = start_with(&sb, &["--join", progs_s, "--slot", "1"]);
+    assert!(d.stdout().contains("joined slot 1"), "{}", d.stdout());
+    assert_eq!(sb.rx_xdp().as_deref(), Some(root_id.as_str()), "the root keeps the hook");
+    let held = slot_ids(&progs);
+    assert_eq!(held.len(), 1, "{held:?}");
+    let info = policer_user::chain::program_info(held[0].1).expect("policer's program");
+    assert_eq!((held[0].0, info.name_as_str()), (1, Some("policer")));
+    // xdp-filter's deny program behind policer, put there by the root's
+    // tool (bpftool): policer hands it what it passes.
+    load_filter(XDPFILT, "xdpfilt_dny_udp", &dir.0.join("filter"));
+    bpftool_put(&progs, 2, &dir.0.join("filter"));
+    xdp_filter(&["port", "9999", "--mode", "dst", "--proto", "udp"]);
+    let ls = succeeds(&cli(&sb, &["chain", "ls", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    assert_eq!(v[0]["slots"][0]["slot"], 2, "{ls}");
+    assert_eq!(v[0]["slots"][0]["name"], "xdpfilt_dny_udp", "{ls}");
+    both_enforce(&sb, "policer in the root's slot 1, xdp-filter in slot 2");
+    fails_with(&cli(&sb, &["chain", "add", &sb.rx_if, XDPFILT]), "member mode");
+
+    // detach: policer's slot is emptied, nothing else; the root and
+    // xdp-filter keep running.
+    let said = succeeds(&cli(&sb, &["detach", &sb.rx_if]));
+    assert!(said.contains("left slot 1"), "{said}");
+    let t0 = std::time::Instant::now();
+    while d.try_wait().is_none() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let held = slot_ids(&progs);
+    assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), [2], "only xdp-filter's slot is left: {held:?}");
+    assert_eq!(sb.rx_xdp().as_deref(), Some(root_id.as_str()), "the root keeps the hook");
+    let (sent, got) = run(&sb);
+    assert_eq!(got[0], sent[0], "policer gone: the heavy source all arrives");
+    assert_eq!(got[2], 0, "xdp-filter behind the root still drops UDP/7777");
+}
+
+/// `policer ARGS` of binary `bin` in the sandbox's namespace, as a user
+/// runs it.
+fn cli_bin(bin: &Path, sb: &Sandbox, args: &[&str]) -> std::process::Output {
+    Command::new("ip").args(["netns", "exec", &sb.rx_ns]).arg(bin).args(args).output().expect("run policer")
+}
+
+/// The program id in `slot` of the chain pinned for the interface.
+fn chain_slot(sb: &Sandbox, slot: u32) -> Option<u32> {
+    slot_ids(&policer_common::chain::pin_path(&sb.rx_if)).into_iter().find(|s| s.0 == slot).map(|s| s.1)
+}
+
+/// `detach --force` with a program in the chain: policer leaves the
+/// interface, the chain is emptied, its pin goes, the tables leave the
+/// file; every frame arrives (nothing is on the hook).
+#[test]
+fn detach_force_empties_the_chain() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let mut d = start(&sb);
+    succeeds(&cli(&sb, &["chain", "add", &sb.rx_if, XDPFILT, "--pin-maps", FILTER_PINS]));
+    xdp_filter(&["port", "9999", "--mode", "dst", "--proto", "udp"]);
+    both_enforce(&sb, "before detach --force");
+    fails_with(&cli(&sb, &["detach", &sb.rx_if]), "xdpfilt_dny_udp");
+    let said = succeeds(&cli(&sb, &["detach", &sb.rx_if, "--force"]));
+    assert!(said.contains("emptied") && said.contains("xdpfilt_dny_udp"), "{said}");
+    let t0 = std::time::Instant::now();
+    while d.try_wait().is_none() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(sb.rx_xdp().is_none(), "nothing on the hook");
+    let pin = policer_common::chain::pin_path(&sb.rx_if);
+    assert!(!pin.parent().unwrap().exists(), "the chain's pin directory is removed: {}", pin.display());
+    assert!(!std::fs::read_to_string(&sb.config).unwrap().contains("[[chain]]"), "the tables are gone");
+    let (sent, got) = run(&sb);
+    assert_eq!(got, sent, "policer and the chain gone: every frame arrives");
+}
+
+/// A plain detach with an empty chain removes the chain's pin directory.
+#[test]
+fn detach_with_an_empty_chain_removes_its_pin() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let _d = start(&sb);
+    let pin = policer_common::chain::pin_path(&sb.rx_if);
+    assert!(pin.exists(), "pinned at attach: {}", pin.display());
+    succeeds(&cli(&sb, &["detach", &sb.rx_if]));
+    assert!(!pin.parent().unwrap().exists(), "the pin directory is removed: {}", pin.display());
+}
+
+/// A program another tool puts in the pinned chain (`bpftool map update
+/// pinned …/chain key 0 0 0 0 value pinned PROG`, Katran's way) runs
+/// behind policer and is listed by `chain ls` as from outside policer.
+#[test]
+fn a_program_bpftool_puts_in_the_chain_joins() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let _d = start(&sb);
+    let dir = BpfDir::new("bpftool");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    load_filter(XDPFILT, "xdpfilt_dny_udp", &dir.0.join("filter"));
+    bpftool_put(&policer_common::chain::pin_path(&sb.rx_if), 0, &dir.0.join("filter"));
+    xdp_filter(&["port", "9999", "--mode", "dst", "--proto", "udp"]);
+    let ls = succeeds(&cli(&sb, &["chain", "ls", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    assert_eq!(v[0]["slots"][0]["name"], "xdpfilt_dny_udp", "{ls}");
+    assert!(v[0]["slots"][0]["from"].as_str().unwrap_or_default().contains("outside policer"), "{ls}");
+    both_enforce(&sb, "a program bpftool put in slot 0");
+}
+
+/// xdp-filter's allow-policy program (`xdpfilt_alw_udp.o`, unmodified:
+/// the ports `xdp-filter port` lists are dropped, the rest pass), its maps
+/// pinned where xdp-filter pins them: UDP/7777 listed and dropped behind
+/// policer, UDP/9999 arriving, the heavy source cut by policer; counted on
+/// the receiving side, and xdp-filter counts what policer handed on.
+#[test]
+fn xdp_filter_allow_policy_behind_policer() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let _d = start(&sb);
+    let added = succeeds(&cli(&sb, &["chain", "add", &sb.rx_if, XDPFILT_ALW, "--pin-maps", FILTER_PINS]));
+    assert!(added.contains("xdpfilt_alw_udp"), "{added}");
+    xdp_filter(&["port", "7777", "--mode", "dst", "--proto", "udp"]);
+    let (fd0, fp0) = filter_counts();
+    let (h0, _, dropped0) = chain_counts(&sb);
+    both_enforce(&sb, "xdpfilt_alw_udp listing UDP/7777");
+    let (fd1, fp1) = filter_counts();
+    let (h1, _, dropped1) = chain_counts(&sb);
+    assert!(dropped1 - dropped0 > 1000, "policer dropped the heavy source's excess");
+    assert_eq!((fd1 - fd0) + (fp1 - fp0), h1 - h0, "xdp-filter counted exactly the frames policer handed on");
+}
+
+/// An upgrade: an older policer build (POLICER_OLD_BIN, with the chain)
+/// runs with xdp-filter in its chain and exits leaving it policing
+/// (--persist, as the package's unit runs it); this build starts and
+/// takes over. The chain's program stays in its slot, and both enforce.
+#[test]
+fn an_upgrade_keeps_the_chain() {
+    if !tools() {
+        return;
+    }
+    let Some(old) = std::env::var_os("POLICER_OLD_BIN").map(PathBuf::from) else {
+        policer_tests::skip("chain: upgrade skipped: set POLICER_OLD_BIN to an older policer build with the chain");
+        return;
+    };
+    let (sb, _pins) = sandbox();
+    let mut d = match try_start(&old, &sb, &["--persist"]) {
+        Ok(d) => d,
+        Err(e) => panic!("the old policer did not start ({}):\n{}\n{}", e.status, e.stdout, e.stderr),
+    };
+    let added = cli_bin(&old, &sb, &["chain", "add", &sb.rx_if, XDPFILT, "--pin-maps", FILTER_PINS]);
+    assert!(added.status.success(), "old chain add: {}", String::from_utf8_lossy(&added.stderr));
+    xdp_filter(&["port", "9999", "--mode", "dst", "--proto", "udp"]);
+    both_enforce(&sb, "the old build");
+    let member = chain_slot(&sb, 0).expect("xdp-filter in slot 0");
+    assert!(d.stop_with(libc::SIGTERM), "the old daemon exits");
+    assert_eq!(chain_slot(&sb, 0), Some(member), "a --persist exit keeps the chain");
+    let d = start(&sb);
+    assert!(d.stdout().contains("keeping program"), "the chain is kept: {}", d.stdout());
+    assert_eq!(chain_slot(&sb, 0), Some(member), "the same program in slot 0 after the upgrade");
+    assert_eq!(hook_program(&sb), "policer");
+    both_enforce(&sb, "after the upgrade");
+    let ls = succeeds(&cli(&sb, &["chain", "ls", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    assert_eq!(v[0]["slots"][0]["program_id"], member, "{ls}");
+}
+
+/// A `[[chain]]` table deleted from the file by hand: the reload empties
+/// its slot and says so.
+#[test]
+fn a_table_deleted_by_hand_empties_its_slot_at_reload() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let _d = start(&sb);
+    succeeds(&cli(&sb, &["chain", "add", &sb.rx_if, XDPFILT, "--pin-maps", FILTER_PINS, "--slot", "2"]));
+    assert!(chain_slot(&sb, 2).is_some());
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    let at = text.find("[[chain]]").expect("the table");
+    std::fs::write(&sb.config, &text[..at]).unwrap();
+    let said = succeeds(&cli(&sb, &["reload"]));
+    assert!(said.contains("emptied slot 2") && said.contains("gone from the file"), "{said}");
+    assert_eq!(chain_slot(&sb, 2), None, "the slot is empty");
+}
+
+/// The object as a file (`policer object --write`) loads with libbpf
+/// (`bpftool prog loadall`, which refuses legacy map definitions), and
+/// every map of the attached program that the kernel can type carries its
+/// BTF key and value types (arrays, per-CPU arrays, hashes, tries; a
+/// program array, the ring buffer and the global data sections cannot).
+#[test]
+fn the_object_and_every_map_carry_btf() {
+    if !tools() {
+        return;
+    }
+    let dir = tempdir();
+    let object = dir.join("policer.bpf.o");
+    let out = Command::new(policer_bin()).args(["object", "--write"]).arg(&object).output().unwrap();
+    assert!(out.status.success(), "policer object: {}", String::from_utf8_lossy(&out.stderr));
+    let pins = BpfDir::new("loadall");
+    let out = Command::new("bpftool").args(["prog", "loadall"]).arg(&object).arg(&pins.0).output().unwrap();
+    assert!(out.status.success(), "bpftool prog loadall: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(pins.0.join("policer").exists(), "the policer program pinned by bpftool");
+    drop(pins);
+
+    let (sb, _pins) = sandbox();
+    let _d = start(&sb);
+    let id = sb.rx_xdp().expect("attached");
+    let out = Command::new("bpftool").args(["-j", "prog", "show", "id", &id]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u32> = v["map_ids"].as_array().unwrap().iter().map(|m| m.as_u64().unwrap() as u32).collect();
+    assert!(ids.len() > 20, "the program's maps: {v}");
+    const TYPED: [u32; 4] = [1, 2, 6, 11]; // hash, array, per-CPU array, LPM trie
+    let mut untyped = Vec::new();
+    let mut typed = 0;
+    for m in ids {
+        let info = policer_tests::root::map_btf(m).unwrap();
+        if !TYPED.contains(&info.map_type) || info.name.ends_with(".rodata") || info.name.ends_with(".bss") {
+            continue;
+        }
+        typed += 1;
+        if info.btf_id == 0 || info.key_type_id == 0 || info.value_type_id == 0 {
+            untyped.push(format!(
+                "{} (type {}, btf {}, key {}, value {})",
+                info.name, info.map_type, info.btf_id, info.key_type_id, info.value_type_id
+            ));
+        }
+    }
+    assert!(typed > 20, "{typed} maps checked");
+    assert!(untyped.is_empty(), "maps without BTF key and value types: {untyped:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

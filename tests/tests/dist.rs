@@ -128,6 +128,7 @@ fn deb_installs_into_a_scratch_root_and_purges_cleanly() {
         "etc/policer/policer.toml",
         "lib/systemd/system/policer.service",
         "usr/bin/policer",
+        "usr/lib/policer/policer.bpf.o",
         "usr/share/bash-completion/completions/policer",
         "usr/share/doc/policer/copyright",
         "usr/share/doc/policer/examples/grafana-dashboard.json",
@@ -167,6 +168,10 @@ fn deb_installs_into_a_scratch_root_and_purges_cleanly() {
         fs::read(root.0.join("etc/fail2ban/action.d/policer.conf")).unwrap(),
         fs::read(workspace().join("deploy/fail2ban/action.d/policer.conf")).unwrap()
     );
+    // The XDP object as a file: the binary's own, an ELF for BPF.
+    let object = fs::read(root.0.join("usr/lib/policer/policer.bpf.o")).unwrap();
+    assert_eq!(&object[..4], b"\x7fELF", "the object is an ELF file");
+    assert_eq!(u16::from_le_bytes([object[18], object[19]]), 247, "e_machine EM_BPF");
     run(Command::new(root.0.join("usr/bin/policer"))
         .args(["check", "--config"])
         .arg(root.0.join("etc/policer/policer.toml")));

@@ -580,6 +580,11 @@ fn build_deb(bin: &Path, out: &Path) -> Result<PathBuf> {
     };
     let ws = workspace();
     put("usr/bin/policer", &std::fs::read(bin)?, 0o755)?;
+    // The XDP object the binary carries, as a file for libbpf tools
+    // (bpftool, xdp-loader): written by the binary itself.
+    let object = stage.join("usr/lib/policer/policer.bpf.o");
+    std::fs::create_dir_all(object.parent().expect("a directory"))?;
+    sh(Command::new(bin).arg("object").arg("--write").arg(&object))?;
     // The repository's unit runs the `cargo xtask install` binary; the
     // package's runs its own.
     let unit = std::fs::read_to_string(ws.join("deploy/policer.service"))?;

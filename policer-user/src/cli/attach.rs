@@ -65,6 +65,16 @@ pub struct Args {
     /// policing there. `status` shows NOT ATTACHED meanwhile.
     #[arg(long, value_enum, default_value_t = crate::daemon::hook::OnDetach::Reattach)]
     on_detach: crate::daemon::hook::OnDetach,
+    /// Member mode: another root owns the hook (a Katran-style root that
+    /// tail-calls into a pinned program array); policer puts its program in
+    /// slot --slot of the array pinned at BPFFS_PATH, not onto the hook, and
+    /// hands what it passes to the slots behind its own. One interface.
+    /// Detach empties only that slot.
+    #[arg(long, value_name = "BPFFS_PATH", requires = "slot")]
+    join: Option<PathBuf>,
+    /// The slot of the --join array policer runs in.
+    #[arg(long, value_name = "N", requires = "join")]
+    slot: Option<u32>,
 }
 
 fn parse_rate(s: &str) -> Result<Rate, String> {
@@ -85,6 +95,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         persist,
         metrics,
         on_detach,
+        join,
+        slot,
     } = a;
     let args = DaemonArgs {
         ifaces,
@@ -99,6 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         persist,
         metrics,
         on_detach,
+        join: join.zip(slot),
     };
     // Start before any thread exists: adopting a running program uses a
     // private mount namespace for this process.

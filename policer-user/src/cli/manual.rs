@@ -81,13 +81,23 @@ as they are. One daemon runs per network namespace: a second is refused, naming 
 
 Errors leave nothing attached and the file untouched: a bad interface, rate, burst or config file, a missing \
 privilege (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON), or another XDP program on the interface, which is never \
-replaced: the error names it. When one of several interfaces fails, the ones done are put back.",
+replaced: the error names it. When one of several interfaces fails, the ones done are put back.
+
+Member mode (--join BPFFS_PATH --slot N): another root owns the interface's hook (a Katran-style root that \
+tail-calls into a program array pinned at BPFFS_PATH). policer puts its program in slot N of that array instead \
+of attaching, and hands what it passes to the slots behind its own (N + 1 and up); what it drops goes no \
+further. A path outside a bpffs, a pinned object that is not a program array, a slot past its end or a slot \
+that holds another program is refused, and nothing changes. Detach, and a plain exit, empty only that slot.",
         examples: &[
             (
                 "Two interfaces, native XDP, 1.5 Mpps per source",
                 "policer attach eth0 eth1 --rate 1.5Mpps --burst 5k --mode native",
             ),
             ("Byte mode: 100 Mbit/s per source, 64 KiB bursts", "policer attach eth0 --rate 100mbit --burst 64kb"),
+            (
+                "Behind a root that owns eth0's hook, in slot 1 of its array",
+                "policer attach eth0 --join /sys/fs/bpf/root/progs --slot 1",
+            ),
             (
                 "As the systemd unit runs it: the config's interfaces, metrics on port 9100",
                 "policer attach --config /etc/policer/policer.toml --persist --metrics 9100",
@@ -351,6 +361,22 @@ config's table, or outside policer for a program another tool put there).",
         json: Some("## `policer chain ls [IFACE] --json`"),
         see_also: &["policer-chain", "policer-stats"],
         asks_daemon: true,
+    },
+    Page {
+        name: "policer-object",
+        summary: "write the XDP object policer carries to a file",
+        description: "\
+Writes the XDP object embedded in this binary (the program policer attaches, with its BTF and BTF maps) to FILE, \
+or to stdout with --write -, so libbpf tools and other loaders can inspect or load it: bpftool prog loadall, \
+bpftool btf dump, xdp-loader. The Debian package installs it as /usr/lib/policer/policer.bpf.o. A program loaded \
+that way has no rules (its maps are empty: every frame passes) and no daemon; policer attach loads its own.",
+        examples: &[
+            ("The object as a file", "policer object --write /tmp/policer.bpf.o"),
+            ("Its programs and maps, loaded by bpftool", "bpftool prog loadall /tmp/policer.bpf.o /sys/fs/bpf/policer-obj"),
+        ],
+        json: None,
+        see_also: &["policer-attach", "policer-chain"],
+        asks_daemon: false,
     },
     Page {
         name: "policer-reload",

@@ -12,6 +12,7 @@ mod dryrun;
 mod import;
 mod inspect;
 mod manual;
+mod object;
 #[cfg(test)]
 mod references;
 mod reload;
@@ -106,6 +107,9 @@ enum Cmd {
     /// a pcapng file or stdout: filtered, sampled and rate-bounded in the
     /// kernel.
     Capture(capture::Args),
+    /// Write the XDP object this binary carries to a file (for bpftool,
+    /// xdp-loader, another loader).
+    Object(object::Args),
     /// Write the man pages (policer.8, one per verb, policer.toml.5) into a
     /// directory.
     Man(docs::ManArgs),
@@ -207,6 +211,7 @@ impl Cli {
             Cmd::Replay(a) => replay::run(a),
             Cmd::Suggest(a) => suggest::run(a),
             Cmd::Capture(a) => capture::run(a),
+            Cmd::Object(a) => object::run(a),
             Cmd::Man(a) => docs::man(a),
             Cmd::Completions(a) => docs::completions(a),
         }

@@ -108,6 +108,24 @@ pub(super) fn inspect(iface: &str, index: u32) -> Result<Existing> {
     }
 }
 
+/// What is in a member's slot (`--join`, crate::member): nothing, a
+/// policer program (adopted, or replaced if of another layout), or
+/// another program: refused, the slot is taken.
+pub(super) fn inspect_slot(j: &crate::member::Join) -> Result<Existing> {
+    let Some(id) = j.held()? else {
+        return Ok(Existing::None);
+    };
+    match find(id) {
+        Some(f) if f.layout == Layout::Same => Ok(Existing::Ours { prog_id: id, mode_flags: 0 }),
+        Some(f) => Ok(Existing::OtherLayout { prog_id: id, mode_flags: 0, layout: f.layout }),
+        None => Err(Error::Invalid(format!(
+            "{} is taken by {}: policer joins an empty slot (or its own, to adopt it); nothing changed",
+            j.describe(),
+            describe_program(id, 0)
+        ))),
+    }
+}
+
 /// A program on an interface, for an operator: `'xdp_dispatcher' (id 42,
 /// native mode; a libxdp dispatcher)`. From what the kernel says of it;
 /// a program gone meanwhile is named by its id.

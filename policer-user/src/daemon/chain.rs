@@ -157,6 +157,53 @@ pub(super) fn fill(tables: &[ChainConfig], ifaces: &[String], base: &Path) -> Ve
     said
 }
 
+/// At reload: the tables the file had (`old`) and no longer has (`new`),
+/// for interfaces in `ifaces`: their slots emptied, a line said each. A
+/// table deleted by hand is a `chain rm`; a slot it never filled (an
+/// empty one) is said too.
+pub(super) fn empty_gone(old: &[ChainConfig], new: &[ChainConfig], ifaces: &[String]) -> Vec<String> {
+    let mut said = Vec::new();
+    for c in old.iter().filter(|c| ifaces.contains(&c.interface)) {
+        if new.iter().any(|n| n.interface == c.interface && n.slot == c.slot) {
+            continue;
+        }
+        said.push(match chain::take(&c.interface, c.slot) {
+            Ok(Some(id)) => format!(
+                "emptied slot {} of {}'s chain (program {id}): its [[chain]] table ({}) is gone from the file",
+                c.slot,
+                c.interface,
+                c.from()
+            ),
+            Ok(None) => format!(
+                "slot {} of {}'s chain was empty; its [[chain]] table ({}) is gone from the file",
+                c.slot,
+                c.interface,
+                c.from()
+            ),
+            Err(e) => format!(
+                "warning: the [[chain]] table of slot {} of {} is gone from the file, but the slot could not be \
+                 emptied: {e}",
+                c.slot, c.interface
+            ),
+        });
+    }
+    said
+}
+
+/// After a detach with the chain empty: its pin and the interface's pin
+/// directory go (nothing is left to keep; a start pins a fresh one). A
+/// chain that holds programs (`--persist` aside, never the case after
+/// `before_detach`) is kept.
+pub(super) fn unpin_if_empty(iface: &str) {
+    if chain::slots(iface).is_ok_and(|s| s.is_empty()) {
+        let pin = policer_common::chain::pin_path(iface);
+        let _ = std::fs::remove_file(&pin);
+        if let Some(dir) = pin.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 /// The filled slots of `iface`'s chain, each with where the file says it
 /// came from.
 pub(super) fn listed(iface: &str, tables: &[ChainConfig]) -> Result<Vec<SlotView>> {

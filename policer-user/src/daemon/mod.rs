@@ -102,6 +102,9 @@ pub struct DaemonArgs {
     pub metrics: Option<String>,
     /// What to do when the program is removed from outside.
     pub on_detach: hook::OnDetach,
+    /// Member mode (`--join PATH --slot N`, crate::member): policer runs
+    /// in slot N of another root's pinned program array, not on the hook.
+    pub join: Option<(PathBuf, u32)>,
 }
 
 /// A rule as installed in the kernel.
@@ -142,6 +145,21 @@ struct Iface {
     /// Since when (Unix ms) the program is found gone from the hook
     /// (`hook.rs`); none while it polices.
     lost_since: Option<u64>,
+    /// Member mode: the root's slot policer runs in instead of the hook.
+    join: Option<crate::member::Join>,
+}
+
+impl Iface {
+    /// Takes policer off the interface: off the hook (netlink, only if the
+    /// program there is `fd`), or, in member mode, out of its slot of the
+    /// root's array (only if the slot holds program `id`).
+    fn take_off(&self, fd: i32, id: u32) -> Result<()> {
+        match &self.join {
+            Some(j) => j.clear_if(id).map(|_| ()),
+            None => netlink::set(self.index, -1, self.mode_flags, Some(fd))
+                .map_err(|source| Error::Netlink { iface: self.name.clone(), source }),
+        }
+    }
 }
 
 /// The daemon's state. After [`Daemon::start`] it belongs to the owner
@@ -295,8 +313,7 @@ impl Daemon {
         // Removed from outside already (`hook.rs`): nothing to take off
         // the hook (whatever is there now is not ours).
         if i.lost_since.is_none() {
-            netlink::set(i.index, -1, i.mode_flags, Some(fd))
-                .map_err(|source| Error::Netlink { iface: name.into(), source })?;
+            i.take_off(fd, self.program_id)?;
         }
         self.ifaces.remove(pos);
         let left: Vec<String> = self.file.config().daemon.interfaces.iter().filter(|n| *n != name).cloned().collect();
@@ -375,8 +392,11 @@ impl Daemon {
         let fd = self.policer.prog_fd()?;
         let mut failed = Vec::new();
         for i in attached {
-            if let Err(e) = netlink::set(i.index, -1, i.mode_flags, Some(fd)) {
-                failed.push(format!("{}: cannot detach: {e}", i.name));
+            match i.take_off(fd, self.program_id) {
+                Err(e) => failed.push(format!("{}: cannot detach: {e}", i.name)),
+                // Policer's own chain, empty: its pin goes with policer.
+                Ok(()) if i.join.is_none() => chain::unpin_if_empty(&i.name),
+                Ok(()) => {}
             }
         }
         if failed.is_empty() {
@@ -425,28 +445,6 @@ impl Drop for Daemon {
     }
 }
 
-/// Forwards the program's rare kernel events (sampled) to the log.
-fn start_kernel_log(policer: &mut Policer) {
-    match aya_log::EbpfLogger::init(&mut policer.ebpf) {
-        Ok(logger) => {
-            // SAFETY: the logger owns its ring buffer fd and flushing
-            // neither closes nor replaces it.
-            match unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
-                Ok(mut fd) => {
-                    tokio::spawn(async move {
-                        while let Ok(mut guard) = fd.readable_mut().await {
-                            guard.get_inner_mut().flush();
-                            guard.clear_ready();
-                        }
-                    });
-                }
-                Err(e) => log::warn!("kernel event log unavailable: {e}"),
-            }
-        }
-        Err(e) => log::warn!("kernel event log unavailable: {e}"),
-    }
-}
-
 /// How long leaving waits for the owner thread.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_millis(700);
 
@@ -457,7 +455,6 @@ async fn serve(
     listener: UnixListener,
     metrics: Option<std::net::TcpListener>,
 ) -> (Result<()>, Option<std::thread::JoinHandle<()>>) {
-    start_kernel_log(&mut d.policer);
     // The capture maps go to the capture hub, their one writer.
     let capture_maps = d.policer.take_capture();
     let interval = d.interval;

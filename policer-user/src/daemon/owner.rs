@@ -306,8 +306,9 @@ impl Daemon {
                 .map(|i| IfaceRef {
                     name: i.name.clone(),
                     index: i.index,
-                    mode: crate::loader::Mode::flag_name(i.mode_flags),
+                    mode: if i.join.is_some() { "member" } else { crate::loader::Mode::flag_name(i.mode_flags) },
                     lost_since: i.lost_since,
+                    join: i.join.clone(),
                 })
                 .collect(),
             rules: self.rs.shared_rules(),
@@ -458,16 +459,21 @@ impl Daemon {
         use super::hook::{Act, Seen, judge};
         let Ok(fd) = self.policer.prog_fd() else { return };
         for i in 0..self.ifaces.len() {
-            let (name, index, flags, lost) = {
+            let (name, index, flags, lost, join) = {
                 let f = &self.ifaces[i];
-                (f.name.clone(), f.index, f.mode_flags, f.lost_since.is_some())
+                (f.name.clone(), f.index, f.mode_flags, f.lost_since.is_some(), f.join.clone())
             };
-            let seen = match crate::netlink::query(index) {
-                Ok(Some(st)) if st.prog_id == self.program_id => Seen::Ours,
-                Ok(Some(st)) => Seen::Other(super::adopt::describe_program(st.prog_id, st.mode_flags)),
+            // Member mode: the root's slot is policer's hook.
+            let held = match &join {
+                Some(j) => j.held().map(|id| id.map(|id| (id, 0))).map_err(|_| ()),
+                None => crate::netlink::query(index).map(|st| st.map(|st| (st.prog_id, st.mode_flags))).map_err(|_| ()),
+            };
+            let seen = match held {
+                Ok(Some((id, _))) if id == self.program_id => Seen::Ours,
+                Ok(Some((id, flags))) => Seen::Other(super::adopt::describe_program(id, flags)),
                 Ok(None) => Seen::Empty,
                 // Not known this time (the interface went?): next tick.
-                Err(_) => continue,
+                Err(()) => continue,
             };
             let lose = |d: &mut Daemon| {
                 if d.ifaces[i].lost_since.is_none() {
@@ -488,7 +494,11 @@ impl Daemon {
                 Act::PutBack { first } => {
                     use crate::loader::Mode;
                     let mode = if flags & crate::netlink::XDP_FLAGS_SKB_MODE != 0 { Mode::Skb } else { Mode::Native };
-                    match super::adopt::attach_fresh(&name, index, fd, mode) {
+                    let put = match &join {
+                        Some(j) => j.put(fd).map(|()| 0),
+                        None => super::adopt::attach_fresh(&name, index, fd, mode),
+                    };
+                    match put {
                         Ok(_) => {
                             self.ifaces[i].lost_since = None;
                             self.changed = true;
@@ -722,8 +732,10 @@ impl Daemon {
             (false, false) => "",
         };
         // Only now that its rules are in force is the file what we run from.
+        let old_chains = self.file.config().chains.clone();
         self.file.accept(snap);
-        let chain_note = self.fill_chains();
+        let mut chain_note = self.empty_gone_chains(&old_chains);
+        chain_note.push_str(&self.fill_chains());
         let n = want.len();
         let kept = plan.kept_text();
         let changes = plan.changes_text(&before);
@@ -1044,7 +1056,10 @@ impl Daemon {
             },
             Command::ChainAdd { chain, slot } => done(self.chain_add(chain, slot)),
             Command::ChainRm { iface, slot } => {
-                let r = self.policed(&iface).and_then(|()| super::chain::rm(&mut self.file, &iface, slot));
+                let r = self
+                    .policed(&iface)
+                    .and_then(|()| self.not_member(&iface))
+                    .and_then(|()| super::chain::rm(&mut self.file, &iface, slot));
                 if let Ok(m) = &r {
                     self.audit.record("chain rm", m);
                 }
@@ -1490,11 +1505,30 @@ impl Daemon {
         }
     }
 
+    /// Refuses a change of policer's own chain on an interface where
+    /// policer is a member of another root's array (`--join`): that array
+    /// is the chain, and its slots are the root's to give.
+    fn not_member(&self, iface: &str) -> Result<()> {
+        match self.ifaces.iter().find(|i| i.name == iface).and_then(|i| i.join.as_ref()) {
+            None => Ok(()),
+            Some(j) => Err(Error::Invalid(format!(
+                "policer runs in {} on {iface} (member mode, --join): that array is the chain; put programs behind \
+                 policer in its slots {} and up with the root's tool (`bpftool map update pinned {} key {} 0 0 0 \
+                 value pinned PROG`); nothing changed",
+                j.describe(),
+                j.slot + 1,
+                j.path.display(),
+                j.slot + 1
+            ))),
+        }
+    }
+
     /// The file's `[[chain]]` tables into the empty slots they name (start
     /// and reload; `chain::fill`); what was loaded, each said. Returns
     /// what a reload's answer adds: the slots filled now.
     pub(super) fn fill_chains(&mut self) -> String {
-        let names: Vec<String> = self.ifaces.iter().map(|i| i.name.clone()).collect();
+        // A member's chain is the root's array (`not_member`).
+        let names: Vec<String> = self.ifaces.iter().filter(|i| i.join.is_none()).map(|i| i.name.clone()).collect();
         let base = self.file.path().parent().map(std::path::Path::to_path_buf).unwrap_or_default();
         let mut filled = Vec::new();
         for line in super::chain::fill(&self.file.config().chains, &names, &base) {
@@ -1506,14 +1540,37 @@ impl Daemon {
         filled.iter().map(|l| format!("; {l}")).collect()
     }
 
+    /// At reload: the slots whose `[[chain]]` table the new file no longer
+    /// has, emptied and said (`chain::empty_gone`); what the answer adds.
+    fn empty_gone_chains(&mut self, old: &[crate::chain::ChainConfig]) -> String {
+        let names: Vec<String> = self.ifaces.iter().filter(|i| i.join.is_none()).map(|i| i.name.clone()).collect();
+        let mut note = String::new();
+        for line in super::chain::empty_gone(old, &self.file.config().chains, &names) {
+            say!("policer: {line}");
+            self.audit.record("chain rm", &line);
+            note.push_str(&format!("; {line}"));
+        }
+        note
+    }
+
     /// `policer chain add`: into `slot`, else the first free one.
     fn chain_add(&mut self, mut c: crate::chain::ChainConfig, slot: Option<u32>) -> Result<String> {
         self.policed(&c.interface)?;
+        self.not_member(&c.interface)?;
         c.slot = match slot {
             Some(s) => crate::chain::check_slot(s)?,
             None => crate::chain::first_free(&c.interface)?,
         };
-        let m = super::chain::add(&mut self.file, c)?;
+        let mut m = super::chain::add(&mut self.file, c)?;
+        // One program polices every interface of this daemon, so its
+        // interfaces share one chain (docs/chain.md, "Several interfaces").
+        let own: Vec<&str> = self.ifaces.iter().filter(|i| i.join.is_none()).map(|i| i.name.as_str()).collect();
+        if own.len() > 1 {
+            m.push_str(&format!(
+                "; note: {} share one chain (one program polices them all), so it runs behind policer on each",
+                own.join(", ")
+            ));
+        }
         self.audit.record("chain add", &m);
         Ok(m)
     }
@@ -1531,7 +1588,12 @@ impl Daemon {
             crate::netlink::set(index, fd.as_fd().as_raw_fd(), flags, Some(ours))
                 .map_err(|source| Error::Netlink { iface: iface.into(), source })
         };
-        let (said, handed) = super::chain::before_detach(iface, hand_over, force, replace)?;
+        // A member's chain is the root's array: its slots are not policer's.
+        let member = self.ifaces.iter().find(|i| i.name == iface).and_then(|i| i.join.as_ref().map(|j| j.describe()));
+        let (said, handed) = match &member {
+            Some(_) => (String::new(), false),
+            None => super::chain::before_detach(iface, hand_over, force, replace)?,
+        };
         if !said.is_empty() {
             let left: Vec<_> = self.file.config().chains.iter().filter(|c| c.interface != iface).cloned().collect();
             if let Err(e) = self.file.set_chains(&left) {
@@ -1539,7 +1601,12 @@ impl Daemon {
             }
         }
         let last = if handed { self.forget_iface(iface) } else { self.detach(iface)? };
+        // Policer's own chain, empty now: its pin goes with policer.
+        if member.is_none() {
+            super::chain::unpin_if_empty(iface);
+        }
         let said = match (said.is_empty(), handed) {
+            _ if member.is_some() => format!("left {} on {iface} (member mode)", member.unwrap_or_default()),
             (_, true) => said,
             (true, false) => format!("detached from {iface}"),
             (false, false) => format!("{said}; detached from {iface}"),

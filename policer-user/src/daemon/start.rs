@@ -38,7 +38,7 @@ use policer_common::{
 
 use super::{
     Daemon, DaemonArgs, Iface,
-    adopt::{Existing, Layout, PrivateBpffs, attach_fresh, find, inspect},
+    adopt::{Existing, Layout, PrivateBpffs, attach_fresh, find, inspect, inspect_slot},
     plan::{Form, HeldRule, Plan},
     ruleset::{RuleSet, Slots},
 };
@@ -132,6 +132,8 @@ struct Interfaces {
     names: Vec<String>,
     indexes: Vec<u32>,
     mode: Mode,
+    /// Member mode (`--join`): the root's slot, checked.
+    join: Option<crate::member::Join>,
 }
 
 /// What holds this daemon's place: the lock, and the metrics port.
@@ -262,7 +264,9 @@ impl Daemon {
         }
         // One program polices every interface: its chain is pinned under
         // each one's name (the load pinned the first's).
-        crate::chain::pin_for_all(&s.ifaces.names)?;
+        if s.ifaces.join.is_none() {
+            crate::chain::pin_for_all(&s.ifaces.names)?;
+        }
         d.attach_all(&s.ifaces, &survey, &old_fds, new_fd, &mut undo, out)?;
         // Adopted maps: the rules once every interface runs the new program.
         if let Some((plan, sets)) = rules.take() {
@@ -403,6 +407,11 @@ impl Daemon {
         undo: &mut Undo,
         out: &mut impl Write,
     ) -> Result<()> {
+        if let (Some(j), [name], [index], [e]) =
+            (&ifaces.join, ifaces.names.as_slice(), ifaces.indexes.as_slice(), survey.existing.as_slice())
+        {
+            return self.join_slot(j, name, *index, e, old_fds, new_fd, undo, out);
+        }
         let config = self.file.path().to_path_buf();
         for ((name, &index), e) in ifaces.names.iter().zip(&ifaces.indexes).zip(&survey.existing) {
             match e {
@@ -426,18 +435,74 @@ impl Daemon {
                         "policer: replaced program {prog_id} on {name} ({} mode)",
                         Mode::flag_name(*mode_flags)
                     );
-                    self.ifaces.push(Iface { name: name.clone(), index, mode_flags: *mode_flags, lost_since: None });
+                    self.ifaces.push(Iface {
+                        name: name.clone(),
+                        index,
+                        mode_flags: *mode_flags,
+                        lost_since: None,
+                        join: None,
+                    });
                     undo.attached(name, index, *mode_flags, Some((*prog_id, old)))?;
                 }
                 Existing::None => {
                     let flags = attach_fresh(name, index, new_fd, ifaces.mode)?;
                     let _ = writeln!(out, "policer: attached to {name} ({} mode)", Mode::flag_name(flags));
-                    self.ifaces.push(Iface { name: name.clone(), index, mode_flags: flags, lost_since: None });
+                    self.ifaces.push(Iface {
+                        name: name.clone(),
+                        index,
+                        mode_flags: flags,
+                        lost_since: None,
+                        join: None,
+                    });
                     undo.attached(name, index, flags, None)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Member mode (`--join`): the new program into the root's slot,
+    /// replacing a policer program there (adopted, or of another layout)
+    /// in one step, or into the empty slot. The hook is the root's.
+    #[expect(clippy::too_many_arguments, reason = "attach_all's own arguments, for its member case")]
+    fn join_slot(
+        &mut self,
+        j: &crate::member::Join,
+        name: &str,
+        index: u32,
+        e: &Existing,
+        old_fds: &BTreeMap<u32, ProgramFd>,
+        new_fd: i32,
+        undo: &mut Undo,
+        out: &mut impl Write,
+    ) -> Result<()> {
+        let old = match e {
+            Existing::Ours { prog_id, .. } | Existing::OtherLayout { prog_id, .. } => {
+                if let Existing::OtherLayout { layout, .. } = e {
+                    let _ = writeln!(
+                        out,
+                        "policer: replacing policer program {prog_id} of {} in {}: buckets start empty and \
+                         counters at zero",
+                        layout.describe(),
+                        j.describe()
+                    );
+                }
+                Some((*prog_id, old_fds[prog_id].as_fd().try_clone_to_owned()?))
+            }
+            Existing::None => None,
+        };
+        j.put(new_fd)?;
+        let _ = match &old {
+            Some((id, _)) => writeln!(out, "policer: replaced program {id} in {} ({name})", j.describe()),
+            None => writeln!(
+                out,
+                "policer: joined {} on {name} (member mode: the root owns the hook and hands frames to policer; \
+                 policer hands what it passes to the slots behind its own)",
+                j.describe()
+            ),
+        };
+        self.ifaces.push(Iface { name: name.into(), index, mode_flags: 0, lost_since: None, join: Some(j.clone()) });
+        undo.push(StartStep::Joined { join: j.clone(), new_id: self.program_id, old })
     }
 
     /// Writes the planned rules (each new or changed rule's limiter, total
@@ -619,7 +684,19 @@ fn interfaces(args: &DaemonArgs, cfg: &crate::config::Config) -> Result<Interfac
         indexes.push(if_index(n)?);
     }
     let mode = args.mode.or(cfg.daemon.mode).unwrap_or(Mode::Auto);
-    Ok(Interfaces { given, names, indexes, mode })
+    let join = match &args.join {
+        Some((path, slot)) => {
+            if names.len() != 1 {
+                return Err(Error::Invalid(format!(
+                    "--join runs policer in one slot of one root: name one interface (not {})",
+                    names.join(", ")
+                )));
+            }
+            Some(crate::member::Join::open(path, *slot)?)
+        }
+        None => None,
+    };
+    Ok(Interfaces { given, names, indexes, mode, join })
 }
 
 /// `[crowdsec]`, checked, its warnings said (and its key tried against the
@@ -665,7 +742,10 @@ fn claim(s: &StartSettings) -> Result<Claim> {
 fn survey(s: &StartSettings) -> Result<Survey> {
     let mut existing = Vec::new();
     for (n, &i) in s.ifaces.names.iter().zip(&s.ifaces.indexes) {
-        existing.push(inspect(n, i)?);
+        existing.push(match &s.ifaces.join {
+            Some(j) => inspect_slot(j)?,
+            None => inspect(n, i)?,
+        });
     }
     let needs = if s.sized_rules { s.max_rules } else { s.specs.len() as u32 };
     for e in existing.iter_mut() {
@@ -701,6 +781,11 @@ struct Early {
 /// loads again). `text`: the config's bytes (`Some(None)`: no file);
 /// `None` or a text that does not read: none begun (the settings say why).
 fn early_load(args: &DaemonArgs, text: Option<Option<&[u8]>>) -> Option<Early> {
+    // A member's chain is the root's array, checked first: no early load
+    // (it would pin a chain of policer's own).
+    if args.join.is_some() {
+        return None;
+    }
     let daemon = match text? {
         Some(bytes) => crate::config::daemon_before_rules(std::str::from_utf8(bytes).ok()?)?,
         None => Default::default(),
@@ -739,7 +824,11 @@ fn load(s: &StartSettings, survey: &Survey, early: Option<Early>, out: &mut impl
         max_sources: s.max_sources,
         max_rules: s.max_rules,
         layout_version: s.layout_version,
-        chain_pin: s.ifaces.names.first().map(|n| policer_common::chain::pin_path(n)),
+        chain_pin: match &s.ifaces.join {
+            Some(j) => Some(j.path.clone()),
+            None => s.ifaces.names.first().map(|n| policer_common::chain::pin_path(n)),
+        },
+        chain_from: s.ifaces.join.as_ref().map_or(0, |j| j.slot + 1),
         ..Default::default()
     };
     let mut bpffs = None;
@@ -792,7 +881,7 @@ fn load(s: &StartSettings, survey: &Survey, early: Option<Early>, out: &mut impl
     }
     let same = |e: &LoadOptions| {
         (e.max_sources, e.max_rules, e.layout_version) == (opts.max_sources, opts.max_rules, opts.layout_version)
-            && e.chain_pin == opts.chain_pin
+            && (e.chain_pin.as_ref(), e.chain_from) == (opts.chain_pin.as_ref(), opts.chain_from)
             && opts.reuse.is_empty()
     };
     let policer = match early.filter(|e| same(&e.opts)).map(|e| e.load.join()) {
@@ -909,6 +998,9 @@ enum StartStep {
     /// The new program was attached to an interface, replacing `old`
     /// (program id and a descriptor of it) or nothing.
     Attached { iface: String, index: u32, mode_flags: u32, old: Option<(u32, OwnedFd)> },
+    /// Member mode: the new program (`new_id`) was put in a root's slot,
+    /// replacing `old` or nothing.
+    Joined { join: crate::member::Join, new_id: u32, old: Option<(u32, OwnedFd)> },
     /// The adopted rule maps (tries, class index and filter), from `old`
     /// to `new`.
     Rules { old: Box<crate::compile::Compiled>, new: Box<crate::compile::Compiled> },
@@ -1145,6 +1237,18 @@ impl Undo {
                     };
                     let r = netlink::set(index, fd, mode_flags, Some(new))
                         .map_err(|source| Error::Netlink { iface: iface.clone(), source });
+                    if r.is_ok() {
+                        done.push(what.clone());
+                    }
+                    r.map_err(|e| (what, e))
+                }
+                StartStep::Joined { join, new_id, old } => {
+                    let (r, what) = match &old {
+                        Some((id, fd)) => {
+                            (join.put(fd.as_raw_fd()), format!("program {id} back in {}", join.describe()))
+                        }
+                        None => (join.clear_if(new_id).map(|_| ()), format!("left {}", join.describe())),
+                    };
                     if r.is_ok() {
                         done.push(what.clone());
                     }

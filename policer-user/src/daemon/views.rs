@@ -50,6 +50,8 @@ pub struct IfaceRef {
     /// Since when (Unix ms) the program is found gone from this hook
     /// (`hook.rs`); none while it polices.
     pub lost_since: Option<u64>,
+    /// Member mode (`--join`): the root's slot policer runs in.
+    pub join: Option<crate::member::Join>,
 }
 
 /// What the owner thread publishes after every change.
@@ -430,6 +432,7 @@ impl Views {
     /// Each policed interface's chain (`iface`: that one alone), with its
     /// counters.
     pub fn chain_ls(&self, iface: Option<&str>) -> Result<Vec<crate::control::ChainView>> {
+        use policer_common::chain::CHAIN_SLOTS;
         let snap = self.snap();
         if let Some(n) = iface
             && !snap.ifaces.iter().any(|i| i.name == n)
@@ -440,6 +443,21 @@ impl Views {
         let mut out = Vec::new();
         for i in snap.ifaces.iter().filter(|i| iface.is_none_or(|n| n == i.name)) {
             let c = counts.iter().find(|(s, _)| *s == i.index % MAX_IFACE_SLOTS).map(|x| x.1).unwrap_or_default();
+            // A member's chain: the root's slots behind policer's own.
+            if let Some(j) = &i.join {
+                let mut slots = crate::chain::slots_in(&j.path, j.slot + 1..j.slot + 1 + CHAIN_SLOTS)?;
+                for s in slots.iter_mut() {
+                    s.from = "the root's array, behind policer (member mode)".into();
+                }
+                out.push(crate::control::ChainView {
+                    interface: i.name.clone(),
+                    pinned: j.path.display().to_string(),
+                    handed_packets: c.handed_pkts,
+                    empty_packets: c.empty_pkts,
+                    slots,
+                });
+                continue;
+            }
             out.push(crate::control::ChainView {
                 interface: i.name.clone(),
                 pinned: policer_common::chain::pin_path(&i.name).display().to_string(),
@@ -1054,19 +1072,34 @@ impl Views {
         let interfaces: Vec<IfaceHealth> = snap
             .ifaces
             .iter()
-            .map(|i| match netlink::query(i.index) {
-                Ok(Some(st)) => IfaceHealth {
+            .map(|i| match i.join.as_ref().map(|j| j.held()) {
+                // Member mode: the root's slot is policer's hook.
+                Some(Ok(held)) => IfaceHealth {
                     name: i.name.clone(),
-                    attached: st.prog_id == snap.program_id,
-                    error: (st.prog_id != snap.program_id)
-                        .then(|| format!("another XDP program ({}) is attached", st.prog_id)),
+                    attached: held == Some(snap.program_id),
+                    error: (held != Some(snap.program_id)).then(|| match held {
+                        Some(id) => format!(
+                            "another program ({id}) is in {}",
+                            i.join.as_ref().map(|j| j.describe()).unwrap_or_default()
+                        ),
+                        None => format!("{} is empty", i.join.as_ref().map(|j| j.describe()).unwrap_or_default()),
+                    }),
                 },
-                Ok(None) => IfaceHealth {
-                    name: i.name.clone(),
-                    attached: false,
-                    error: Some("no XDP program is attached".into()),
+                Some(Err(e)) => IfaceHealth { name: i.name.clone(), attached: false, error: Some(e.to_string()) },
+                None => match netlink::query(i.index) {
+                    Ok(Some(st)) => IfaceHealth {
+                        name: i.name.clone(),
+                        attached: st.prog_id == snap.program_id,
+                        error: (st.prog_id != snap.program_id)
+                            .then(|| format!("another XDP program ({}) is attached", st.prog_id)),
+                    },
+                    Ok(None) => IfaceHealth {
+                        name: i.name.clone(),
+                        attached: false,
+                        error: Some("no XDP program is attached".into()),
+                    },
+                    Err(e) => IfaceHealth { name: i.name.clone(), attached: false, error: Some(e.to_string()) },
                 },
-                Err(e) => IfaceHealth { name: i.name.clone(), attached: false, error: Some(e.to_string()) },
             })
             .collect();
         let healthy = !interfaces.is_empty() && interfaces.iter().all(|i| i.attached);
