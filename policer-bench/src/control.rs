@@ -29,6 +29,9 @@ use crate::{
 
 pub const RULES: u32 = 100_000;
 
+/// The rules of the biggest start measured (issue 43, point 14).
+pub const MILLION: u32 = 1_000_000;
+
 /// One measured quantity: a statistic, or why it was not measured.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Measure {
@@ -83,8 +86,12 @@ fn timed_scrape(net: &Net, port: u16) -> f64 {
 }
 
 fn start(net: &Net, args: &[&str]) -> (Daemon, f64) {
-    // Room for the big rule set and the rules the runs add.
-    let max_rules = (RULES + 1_000).to_string();
+    start_with(net, RULES, args)
+}
+
+/// [`start`] with room for `rules` rules (and the 1 000 the runs add).
+fn start_with(net: &Net, rules: u32, args: &[&str]) -> (Daemon, f64) {
+    let max_rules = (rules + 1_000).to_string();
     let mut v = vec!["--mode", "native", "--interval", "0", "--max-rules", &max_rules];
     v.extend_from_slice(args);
     let t0 = Instant::now();
@@ -129,6 +136,61 @@ fn rule_set(i: u32, rate: &str) -> Request {
 
 fn rss_mib(d: &Daemon) -> f64 {
     rss_kib(d.pid()).map(|k| k as f64 / 1024.0).unwrap_or(f64::NAN)
+}
+
+/// The daemon's peak RSS so far (VmHWM), MiB.
+fn peak_mib(d: &Daemon) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap_or_default();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next());
+    kib.and_then(|k| k.parse::<f64>().ok()).map_or(f64::NAN, |k| k / 1024.0)
+}
+
+/// The CPU time the daemon has used so far (user and system, all its
+/// threads), ms.
+fn cpu_ms(d: &Daemon) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", d.pid())).unwrap_or_default();
+    // After the command's closing parenthesis: field 3 on; utime and stime
+    // are fields 14 and 15, in clock ticks.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(14) + ticks(15)) * 1e3 / hz
+}
+
+/// A start with 1 000 000 rules in the config file: until policing, its
+/// peak RSS and its CPU time (issue 43, point 14: ≤ 3 s, ≤ 1 GiB).
+fn million(net: &Net, reps: usize) -> Result<Vec<Measure>> {
+    say("control: daemon start-up with 1 000 000 rules");
+    std::fs::write(&net.sb.config, config(MILLION, "500pps"))?;
+    let (mut ms, mut peak, mut cpu) = (vec![], vec![], vec![]);
+    for _ in 0..reps {
+        let (mut d, t) = start_with(net, MILLION, &[]);
+        ms.push(t);
+        peak.push(peak_mib(&d));
+        cpu.push(cpu_ms(&d));
+        d.stop_with(libc::SIGTERM);
+    }
+    Ok(vec![
+        m(
+            "start_1m",
+            "`policer attach`, 1 000 000 rules in the config file (65 MB): start until policing",
+            "ms",
+            &ms,
+            format!(
+                "target ≤ 3 s; the daemon's CPU time until then (all threads) {:.0} ms",
+                Stat::of(&cpu).median
+            ),
+        ),
+        m(
+            "peak_rss_1m",
+            "daemon peak RSS (VmHWM) of that start, 1 000 000 rules",
+            "MiB",
+            &peak,
+            "target ≤ 1024 MiB",
+        ),
+    ])
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -181,6 +243,7 @@ pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
     ));
     rows.push(m("rss_default", "daemon RSS (VmRSS), 1 rule", "MiB", &rss0, ""));
     rows.push(m("rss_100k", "daemon RSS (VmRSS), 100 000 rules", "MiB", &rss1, ""));
+    rows.extend(million(&net, if quick { 1 } else { reps.min(3) })?);
 
     // 2. With 100 000 rules loaded: reload with every rule changed, rule ls,
     // single rule changes through the CLI.

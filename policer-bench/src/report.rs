@@ -623,6 +623,8 @@ pub fn targets(r: &Results) -> Vec<Target> {
             50.0,
         ),
         ("rss_100k", "daemon RSS with 100 000 rules ≤ 60 MiB", "MiB", 60.0),
+        ("start_1m", "a start with 1 000 000 rules ≤ 3 s", "ms", 3000.0),
+        ("peak_rss_1m", "the peak RSS of a start with 1 000 000 rules ≤ 1 GiB", "MiB", 1024.0),
         ("metrics_100k_bans", "`/metrics` with 100 000 bans ≤ 50 ms", "ms", 50.0),
         ("change_to_deny", "rule change visibly enforced ≤ 50 ms after `policer rule set` returns", "ms", 50.0),
         ("stats_1m", "`policer stats` with 1 000 000 live buckets ≤ 1 s", "ms", 1000.0),
