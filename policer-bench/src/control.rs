@@ -159,6 +159,105 @@ fn cpu_ms(d: &Daemon) -> f64 {
     (ticks(14) + ticks(15)) * 1e3 / hz
 }
 
+/// A writer of `path` that syncs every 64 KiB it writes (as `dd
+/// oflag=dsync` does), until `stop`: the slow disk of a shared host.
+fn dsync_writer(path: std::path::PathBuf, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _, sync::atomic::Ordering};
+    let mut written = 0u64;
+    let block = vec![0x5au8; 64 << 10];
+    while !stop.load(Ordering::SeqCst) {
+        let Ok(mut f) =
+            std::fs::OpenOptions::new().create(true).write(true).truncate(true).custom_flags(libc::O_DSYNC).open(&path)
+        else {
+            return written;
+        };
+        // 16 MiB a file, then it starts again (the disk's room stays as it was).
+        for _ in 0..256 {
+            if stop.load(Ordering::SeqCst) || f.write_all(&block).is_err() {
+                break;
+            }
+            written += block.len() as u64;
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    written
+}
+
+/// `rule set` requests, one after another from 4 clients, with 100 000
+/// rules loaded while a writer beside the config file syncs every 64 KiB
+/// it writes: each request's time, and the owner's record of how long a
+/// request waited in its queue and a write of the file held it.
+fn dsync(net: &Net, quick: bool) -> Result<Vec<Measure>> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    say("control: rule set while another writer syncs the disk");
+    std::fs::write(&net.sb.config, config(RULES, "500pps"))?;
+    let (d, _) = start(net, &[]);
+    let dir = std::path::Path::new(&net.sb.config).parent().unwrap_or(std::path::Path::new("/tmp")).to_path_buf();
+    let stop = AtomicBool::new(false);
+    let per = if quick { 25 } else { 100 };
+    let (mut each, written, secs) = std::thread::scope(|s| {
+        let w = s.spawn(|| dsync_writer(dir.join(".policer-bench-dsync"), &stop));
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = Instant::now();
+        let hs: Vec<_> = (0..4u32)
+            .map(|c| {
+                s.spawn(move || {
+                    (0..per)
+                        .map(|i| {
+                            let rate = if i % 2 == 0 { "730pps" } else { "740pps" };
+                            let t = Instant::now();
+                            let ok = request(net, &rule_set((c * per + i) * 131 % RULES, rate)).is_ok();
+                            if ok { t.elapsed().as_secs_f64() * 1e3 } else { f64::NAN }
+                        })
+                        .collect::<Vec<f64>>()
+                })
+            })
+            .collect();
+        let each: Vec<f64> = hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
+        let secs = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::SeqCst);
+        (each, w.join().unwrap_or(0), secs)
+    });
+    let record = timed_cli(net, &["status", "--json"])
+        .ok()
+        .and_then(|(_, out)| serde_json::from_str::<serde_json::Value>(&out).ok())
+        .map(|v| v["config_status"].clone())
+        .unwrap_or_default();
+    drop(d);
+    let failed = each.iter().filter(|x| x.is_nan()).count();
+    each.retain(|x| !x.is_nan());
+    each.sort_by(f64::total_cmp);
+    let pct = |q: f64| each.get(((each.len() as f64 * q).ceil() as usize).saturating_sub(1)).copied();
+    let f = |k: &str| record[k].as_f64().unwrap_or(f64::NAN);
+    let note = format!(
+        "{} requests ({failed} failed) from 4 clients, median {:.1} ms, max {:.1} ms; the other writer wrote {:.0} MB/s \
+         in O_DSYNC blocks of 64 KiB beside the config file; the owner's record: the longest a write of the file held \
+         it {:.0} ms, {} requests waited over 100 ms in its queue",
+        each.len(),
+        pct(0.5).unwrap_or(f64::NAN),
+        each.last().copied().unwrap_or(f64::NAN),
+        written as f64 / 1e6 / secs,
+        f("longest_write_ms"),
+        f("waits_over_100ms"),
+    );
+    Ok(vec![
+        m(
+            "rule_set_dsync_p99",
+            "`rule set` with 100 000 rules loaded while another writer syncs the disk: p99",
+            "ms",
+            &pct(0.99).into_iter().collect::<Vec<_>>(),
+            note,
+        ),
+        m(
+            "owner_wait_dsync_max",
+            "the longest a request waited in the owner's queue meanwhile (the owner's record)",
+            "ms",
+            &[f("longest_wait_ms")],
+            "target ≤ 100 ms: no request waits behind a write of the file",
+        ),
+    ])
+}
+
 /// A start with 1 000 000 rules in the config file: until policing, its
 /// peak RSS and its CPU time (issue 43, point 14: ≤ 3 s, ≤ 1 GiB).
 fn million(net: &Net, reps: usize) -> Result<Vec<Measure>> {
@@ -337,6 +436,10 @@ pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
         "per-rule counters for every rule",
     ));
     drop(d);
+
+    // 2a. Changes while another writer syncs the same disk (issue 43,
+    // point 14): what a request waits, and the owner's own record.
+    rows.extend(dsync(&net, quick)?);
 
     // 2b. With 100 000 manual bans (issue 32: reads that do not grow with
     // the bans): a scrape and `stats` read kept counts, `ban ls` streams.

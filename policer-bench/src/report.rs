@@ -625,6 +625,12 @@ pub fn targets(r: &Results) -> Vec<Target> {
         ("rss_100k", "daemon RSS with 100 000 rules ≤ 60 MiB", "MiB", 60.0),
         ("start_1m", "a start with 1 000 000 rules ≤ 3 s", "ms", 3000.0),
         ("peak_rss_1m", "the peak RSS of a start with 1 000 000 rules ≤ 1 GiB", "MiB", 1024.0),
+        (
+            "owner_wait_dsync_max",
+            "no control request waits behind a write of the file > 100 ms (another writer syncing the disk)",
+            "ms",
+            100.0,
+        ),
         ("metrics_100k_bans", "`/metrics` with 100 000 bans ≤ 50 ms", "ms", 50.0),
         ("change_to_deny", "rule change visibly enforced ≤ 50 ms after `policer rule set` returns", "ms", 50.0),
         ("stats_1m", "`policer stats` with 1 000 000 live buckets ≤ 1 s", "ms", 1000.0),

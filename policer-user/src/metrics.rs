@@ -468,6 +468,7 @@ mod tests {
                 read_only: false,
                 writes: 3,
                 changes_written: 7,
+                ..Default::default()
             },
             ..Default::default()
         };

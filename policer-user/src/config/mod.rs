@@ -62,6 +62,10 @@ use crate::{
 
 pub const DEFAULT_PATH: &str = "/etc/policer/policer.toml";
 
+/// Where each `[[rule]]` header of a text starts, when its reader found
+/// them.
+pub(super) type Headers = Option<Vec<usize>>;
+
 /// One problem of a config file, as `policer check` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Problem {
@@ -139,9 +143,16 @@ impl Config {
     /// The error is the first problem, with its line; `policer check`
     /// lists them all.
     pub fn parse(text: &str, origin: &Path) -> Result<(Config, BTreeMap<RuleKey, RuleSpec>)> {
-        let (cfg, rules, problems) = Config::check_all(text, None);
+        Config::parse_headed(text, origin).map(|(c, r, _)| (c, r))
+    }
+
+    /// [`Config::parse`], and where each `[[rule]]` header starts when the
+    /// reader found them (a big file, read in chunks): the file's layout
+    /// for `splice.rs` needs no other pass over the text.
+    pub(super) fn parse_headed(text: &str, origin: &Path) -> Result<(Config, BTreeMap<RuleKey, RuleSpec>, Headers)> {
+        let (cfg, rules, problems, headers) = Config::check_headed(text, None);
         if problems.is_empty() {
-            return Ok((cfg, rules));
+            return Ok((cfg, rules, headers));
         }
         Err({
             let more = problems.len().saturating_sub(1);
@@ -167,6 +178,15 @@ impl Config {
         text: &str,
         sets_from: Option<&Path>,
     ) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
+        let (cfg, rules, problems, _) = Config::check_headed(text, sets_from);
+        (cfg, rules, problems)
+    }
+
+    /// [`Config::check_all`], and the rules' headers if found.
+    fn check_headed(
+        text: &str,
+        sets_from: Option<&Path>,
+    ) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>, Headers) {
         let read = read::read(text);
         let checker = read.checker.unwrap_or_else(|| RuleChecker::new(&read.config.daemon));
         let (rules, semantic) = checker.finish(&read.config.daemon);
@@ -197,7 +217,7 @@ impl Config {
         }
         // In the order of the file; the file-wide ones last.
         problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
-        (read.config, rules, problems)
+        (read.config, rules, problems, read.headers)
     }
 
     /// The problems of the `[[set]]` tables beyond a key's own value (see

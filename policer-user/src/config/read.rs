@@ -88,6 +88,10 @@ pub(super) struct Read {
     /// The line of `[crowdsec]`.
     pub crowdsec_line: Option<usize>,
     pub problems: Vec<Problem>,
+    /// Where each `[[rule]]` header starts, when the text was read in
+    /// chunks (found as `splice.rs` finds them: its layout needs no other
+    /// pass over the text).
+    pub headers: Option<Vec<usize>>,
 }
 
 /// Where each line of a text starts, so that a line is found by a binary
@@ -120,8 +124,10 @@ impl Lines {
 pub(super) fn read(text: &str) -> Read {
     #[cfg(test)]
     {
-        let whole = read_whole(text);
-        chunks::check_same_as_whole(text, &whole);
+        // With the headers a chunked read finds: the layout takes them
+        // (and the tests compare them with its own).
+        let mut whole = read_whole(text);
+        whole.headers = chunks::check_same_as_whole(text, &whole);
         whole
     }
     #[cfg(not(test))]
@@ -233,15 +239,34 @@ impl Reader {
     /// The `[[rule]]` tables of `value` into `out`, the first numbered
     /// `before + 1`.
     fn rule_tables(&mut self, value: &Spanned<DeValue<'_>>, syntax: &[usize], before: usize, out: &mut Read) {
+        for read in self.rule_reads(value, syntax, before) {
+            out.take_rule(read);
+        }
+    }
+
+    /// The `[[rule]]` tables of `value` as read, the first numbered
+    /// `before + 1` (their problems said in `self`).
+    fn rule_reads(&mut self, value: &Spanned<DeValue<'_>>, syntax: &[usize], before: usize) -> Vec<RuleRead> {
         let example = "[[rule]] with prefix = \"10.0.0.0/8\" and its keys below";
-        for (origin, item, broken) in self.tables("rule", value, example, syntax, before) {
+        let tables = self.tables("rule", value, example, syntax, before);
+        let mut reads = Vec::with_capacity(tables.len());
+        for (origin, item, broken) in tables {
             let Some(mut read) = self.rule(origin, item) else { continue };
             read.cut = broken;
-            let daemon = &out.config.daemon;
-            out.checker.get_or_insert_with(|| RuleChecker::new(daemon)).check(&read);
-            if !read.flawed && !broken {
-                out.config.rules.push(read.rule);
-            }
+            reads.push(read);
+        }
+        reads
+    }
+}
+
+impl Read {
+    /// Checks a rule as read, and takes it into the config when the
+    /// reader found no problem in it; what was read of it is let go.
+    fn take_rule(&mut self, read: RuleRead) {
+        let daemon = &self.config.daemon;
+        self.checker.get_or_insert_with(|| RuleChecker::new(daemon)).check(&read);
+        if !read.flawed && !read.cut {
+            self.config.rules.push(read.rule);
         }
     }
 }
