@@ -339,7 +339,7 @@ impl Config {
 /// other keys say (with nothing said that only follows from the keys it
 /// could not read), not taken.
 #[derive(Clone)]
-pub(super) struct RuleChecker {
+struct RuleChecker {
     out: BTreeMap<RuleKey, RuleSpec>,
     /// Every rule's identity seen, valid or not: the same rule twice is
     /// said whatever else is wrong with either. A valid rule's identity is
@@ -350,7 +350,7 @@ pub(super) struct RuleChecker {
 }
 
 impl RuleChecker {
-    pub(super) fn new(daemon: &DaemonConfig) -> RuleChecker {
+    fn new(daemon: &DaemonConfig) -> RuleChecker {
         let mut problems = Vec::new();
         let protect = crate::protect::Protect::parse(&daemon.protect).unwrap_or_else(|e| {
             problems.push(Problem { line: None, message: e.to_string() });
@@ -360,7 +360,7 @@ impl RuleChecker {
     }
 
     /// Checks one rule as read.
-    pub(super) fn check(&mut self, read: &read::RuleRead) {
+    fn check(&mut self, read: &read::RuleRead) {
         if read.cut {
             return;
         }
@@ -432,7 +432,7 @@ impl RuleChecker {
 
     /// The valid rules and every problem, with those of the rules as a
     /// whole and of the daemon table's limits.
-    pub(super) fn finish(self, d: &DaemonConfig) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
+    fn finish(self, d: &DaemonConfig) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
         let Self { out, mut problems, .. } = self;
         // Classes that tie, or too many for one frame: what the daemon's
         // compiler would refuse.
