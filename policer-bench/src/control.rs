@@ -277,18 +277,9 @@ fn million(net: &Net, reps: usize) -> Result<Vec<Measure>> {
             "`policer attach`, 1 000 000 rules in the config file (65 MB): start until policing",
             "ms",
             &ms,
-            format!(
-                "target ≤ 3 s; the daemon's CPU time until then (all threads) {:.0} ms",
-                Stat::of(&cpu).median
-            ),
+            format!("target ≤ 3 s; the daemon's CPU time until then (all threads) {:.0} ms", Stat::of(&cpu).median),
         ),
-        m(
-            "peak_rss_1m",
-            "daemon peak RSS (VmHWM) of that start, 1 000 000 rules",
-            "MiB",
-            &peak,
-            "target ≤ 1024 MiB",
-        ),
+        m("peak_rss_1m", "daemon peak RSS (VmHWM) of that start, 1 000 000 rules", "MiB", &peak, "target ≤ 1024 MiB"),
     ])
 }
 

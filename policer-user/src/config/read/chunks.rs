@@ -225,8 +225,17 @@ mod tests {
         let texts = [
             rules(7),
             format!("# head\n[daemon]\nmode = \"native\"\n\n{}", rules(5)),
-            format!("{}[daemon]\nmode = \"skb\"\n{}[[set]]\nname = \"s\"\nfile = \"s.txt\"\n{}", rules(3), rules(4), rules(2)),
-            format!("{}[[rule]]\nprefix = \"10.9.0.0/16\"\nrate = \"1kpps\"\nreason = \"\"\"\n[[rule]]\n[daemon]\n\"\"\"\n{}", rules(3), rules(3)),
+            format!(
+                "{}[daemon]\nmode = \"skb\"\n{}[[set]]\nname = \"s\"\nfile = \"s.txt\"\n{}",
+                rules(3),
+                rules(4),
+                rules(2)
+            ),
+            format!(
+                "{}[[rule]]\nprefix = \"10.9.0.0/16\"\nrate = \"1kpps\"\nreason = \"\"\"\n[[rule]]\n[daemon]\n\"\"\"\n{}",
+                rules(3),
+                rules(3)
+            ),
             format!("{}[[rule]]\nprefix = \"10.9.0.0/16\"\nrate = 5\ncolour = 1\n{}", rules(3), rules(3)),
             format!("{}{}", rules(4), rules(2)),
             format!("{}[rule.x]\na = 1\n{}", rules(3), rules(3)),
