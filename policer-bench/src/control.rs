@@ -29,9 +29,6 @@ use crate::{
 
 pub const RULES: u32 = 100_000;
 
-/// The rules of the biggest start measured (issue 43, point 14).
-pub const MILLION: u32 = 1_000_000;
-
 /// One measured quantity: a statistic, or why it was not measured.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Measure {
