@@ -83,8 +83,12 @@ fn timed_scrape(net: &Net, port: u16) -> f64 {
 }
 
 fn start(net: &Net, args: &[&str]) -> (Daemon, f64) {
-    // Room for the big rule set and the rules the runs add.
-    let max_rules = (RULES + 1_000).to_string();
+    start_with(net, RULES, args)
+}
+
+/// [`start`] with room for `rules` rules (and the 1 000 the runs add).
+fn start_with(net: &Net, rules: u32, args: &[&str]) -> (Daemon, f64) {
+    let max_rules = (rules + 1_000).to_string();
     let mut v = vec!["--mode", "native", "--interval", "0", "--max-rules", &max_rules];
     v.extend_from_slice(args);
     let t0 = Instant::now();
@@ -129,6 +133,151 @@ fn rule_set(i: u32, rate: &str) -> Request {
 
 fn rss_mib(d: &Daemon) -> f64 {
     rss_kib(d.pid()).map(|k| k as f64 / 1024.0).unwrap_or(f64::NAN)
+}
+
+/// The daemon's peak RSS so far (VmHWM), MiB.
+fn peak_mib(d: &Daemon) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap_or_default();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next());
+    kib.and_then(|k| k.parse::<f64>().ok()).map_or(f64::NAN, |k| k / 1024.0)
+}
+
+/// The CPU time the daemon has used so far (user and system, all its
+/// threads), ms.
+fn cpu_ms(d: &Daemon) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", d.pid())).unwrap_or_default();
+    // After the command's closing parenthesis: field 3 on; utime and stime
+    // are fields 14 and 15, in clock ticks.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(14) + ticks(15)) * 1e3 / hz
+}
+
+/// A writer of `path` that syncs every 64 KiB it writes (as `dd
+/// oflag=dsync` does), until `stop`: the slow disk of a shared host.
+fn dsync_writer(path: std::path::PathBuf, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _, sync::atomic::Ordering};
+    let mut written = 0u64;
+    let block = vec![0x5au8; 64 << 10];
+    while !stop.load(Ordering::SeqCst) {
+        let Ok(mut f) =
+            std::fs::OpenOptions::new().create(true).write(true).truncate(true).custom_flags(libc::O_DSYNC).open(&path)
+        else {
+            return written;
+        };
+        // 16 MiB a file, then it starts again (the disk's room stays as it was).
+        for _ in 0..256 {
+            if stop.load(Ordering::SeqCst) || f.write_all(&block).is_err() {
+                break;
+            }
+            written += block.len() as u64;
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    written
+}
+
+/// `rule set` requests, one after another from 4 clients, with 100 000
+/// rules loaded while a writer beside the config file syncs every 64 KiB
+/// it writes: each request's time, and the owner's record of how long a
+/// request waited in its queue and a write of the file held it.
+fn dsync(net: &Net, quick: bool) -> Result<Vec<Measure>> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    say("control: rule set while another writer syncs the disk");
+    std::fs::write(&net.sb.config, config(RULES, "500pps"))?;
+    let (d, _) = start(net, &[]);
+    let dir = std::path::Path::new(&net.sb.config).parent().unwrap_or(std::path::Path::new("/tmp")).to_path_buf();
+    let stop = AtomicBool::new(false);
+    let per = if quick { 25 } else { 100 };
+    let (mut each, written, secs) = std::thread::scope(|s| {
+        let w = s.spawn(|| dsync_writer(dir.join(".policer-bench-dsync"), &stop));
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = Instant::now();
+        let hs: Vec<_> = (0..4u32)
+            .map(|c| {
+                s.spawn(move || {
+                    (0..per)
+                        .map(|i| {
+                            let rate = if i % 2 == 0 { "730pps" } else { "740pps" };
+                            let t = Instant::now();
+                            let ok = request(net, &rule_set((c * per + i) * 131 % RULES, rate)).is_ok();
+                            if ok { t.elapsed().as_secs_f64() * 1e3 } else { f64::NAN }
+                        })
+                        .collect::<Vec<f64>>()
+                })
+            })
+            .collect();
+        let each: Vec<f64> = hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
+        let secs = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::SeqCst);
+        (each, w.join().unwrap_or(0), secs)
+    });
+    let record = timed_cli(net, &["status", "--json"])
+        .ok()
+        .and_then(|(_, out)| serde_json::from_str::<serde_json::Value>(&out).ok())
+        .map(|v| v["config_status"].clone())
+        .unwrap_or_default();
+    drop(d);
+    let failed = each.iter().filter(|x| x.is_nan()).count();
+    each.retain(|x| !x.is_nan());
+    each.sort_by(f64::total_cmp);
+    let pct = |q: f64| each.get(((each.len() as f64 * q).ceil() as usize).saturating_sub(1)).copied();
+    let f = |k: &str| record[k].as_f64().unwrap_or(f64::NAN);
+    let note = format!(
+        "{} requests ({failed} failed) from 4 clients, median {:.1} ms, max {:.1} ms; the other writer wrote {:.0} MB/s \
+         in O_DSYNC blocks of 64 KiB beside the config file; the owner's record: the longest a write of the file held \
+         it {:.0} ms, {} requests waited over 100 ms in its queue",
+        each.len(),
+        pct(0.5).unwrap_or(f64::NAN),
+        each.last().copied().unwrap_or(f64::NAN),
+        written as f64 / 1e6 / secs,
+        f("longest_write_ms"),
+        f("waits_over_100ms"),
+    );
+    Ok(vec![
+        m(
+            "rule_set_dsync_p99",
+            "`rule set` with 100 000 rules loaded while another writer syncs the disk: p99",
+            "ms",
+            &pct(0.99).into_iter().collect::<Vec<_>>(),
+            note,
+        ),
+        m(
+            "owner_wait_dsync_max",
+            "the longest a request waited in the owner's queue meanwhile (the owner's record)",
+            "ms",
+            &[f("longest_wait_ms")],
+            "target ≤ 100 ms: no request waits behind a write of the file",
+        ),
+    ])
+}
+
+/// A start with 1 000 000 rules in the config file: until policing, its
+/// peak RSS and its CPU time (issue 43, point 14: ≤ 3 s, ≤ 1 GiB).
+fn million(net: &Net, reps: usize) -> Result<Vec<Measure>> {
+    say("control: daemon start-up with 1 000 000 rules");
+    std::fs::write(&net.sb.config, config(MILLION, "500pps"))?;
+    let (mut ms, mut peak, mut cpu) = (vec![], vec![], vec![]);
+    for _ in 0..reps {
+        let (mut d, t) = start_with(net, MILLION, &[]);
+        ms.push(t);
+        peak.push(peak_mib(&d));
+        cpu.push(cpu_ms(&d));
+        d.stop_with(libc::SIGTERM);
+    }
+    Ok(vec![
+        m(
+            "start_1m",
+            "`policer attach`, 1 000 000 rules in the config file (65 MB): start until policing",
+            "ms",
+            &ms,
+            format!("target ≤ 3 s; the daemon's CPU time until then (all threads) {:.0} ms", Stat::of(&cpu).median),
+        ),
+        m("peak_rss_1m", "daemon peak RSS (VmHWM) of that start, 1 000 000 rules", "MiB", &peak, "target ≤ 1024 MiB"),
+    ])
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -181,6 +330,7 @@ pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
     ));
     rows.push(m("rss_default", "daemon RSS (VmRSS), 1 rule", "MiB", &rss0, ""));
     rows.push(m("rss_100k", "daemon RSS (VmRSS), 100 000 rules", "MiB", &rss1, ""));
+    rows.extend(million(&net, if quick { 1 } else { reps.min(3) })?);
 
     // 2. With 100 000 rules loaded: reload with every rule changed, rule ls,
     // single rule changes through the CLI.
@@ -274,6 +424,10 @@ pub fn run(quick: bool, reps: usize) -> Result<ControlResults> {
         "per-rule counters for every rule",
     ));
     drop(d);
+
+    // 2a. Changes while another writer syncs the same disk (issue 43,
+    // point 14): what a request waits, and the owner's own record.
+    rows.extend(dsync(&net, quick)?);
 
     // 2b. With 100 000 manual bans (issue 32: reads that do not grow with
     // the bans): a scrape and `stats` read kept counts, `ban ls` streams.

@@ -891,6 +891,16 @@ pub struct ConfigStatus {
     pub writes: u64,
     #[serde(default)]
     pub changes_written: u64,
+    /// The owner's own record since the start: the longest a control
+    /// request (a change, a reload, a dry run) waited in its queue before
+    /// it was taken, ms; how many waited over 100 ms; the longest a write
+    /// of the file by a group of changes held it, ms.
+    #[serde(default)]
+    pub longest_wait_ms: f64,
+    #[serde(default)]
+    pub waits_over_100ms: u64,
+    #[serde(default)]
+    pub longest_write_ms: f64,
 }
 
 /// One source in `policer top`.

@@ -546,6 +546,7 @@ mod tests {
                 read_only: false,
                 writes: 3,
                 changes_written: 7,
+                ..Default::default()
             },
             ..Default::default()
         };

@@ -45,6 +45,8 @@ pub struct FileSnapshot {
     pub config: Config,
     pub rules: BTreeMap<RuleKey, RuleSpec>,
     seen: LastSeen,
+    /// Where the text's `[[rule]]` headers start, if its reader found them.
+    headers: super::Headers,
 }
 
 /// What `policer check` says of a valid file's `text` that does not end
@@ -252,8 +254,10 @@ impl ConfigFile {
     /// [`open`](Self::open) of `bytes`, read from `path` by
     /// [`read_bytes`](Self::read_bytes).
     pub fn open_from(path: &Path, bytes: Option<Vec<u8>>) -> Result<(ConfigFile, BTreeMap<RuleKey, RuleSpec>)> {
-        let snap = snapshot(path, bytes)?;
-        let rules = snap.rules.clone();
+        let FileSnapshot { config, rules, seen, headers } = snapshot(path, bytes)?;
+        // The rules are the caller's (not a copy: 1 000 000 of them are
+        // a few hundred MB).
+        let snap = FileSnapshot { config, rules: BTreeMap::new(), seen, headers };
         let mut file = ConfigFile {
             path: path.to_path_buf(),
             config: Config::default(),
@@ -344,15 +348,15 @@ impl ConfigFile {
     /// Takes `snap` as what the daemon runs from: later writes edit it.
     pub fn accept(&mut self, snap: FileSnapshot) {
         self.set_seen(snap.seen);
-        self.take_config(snap.config);
+        self.take_config(snap.config, snap.headers);
     }
 
     /// Takes `config`, what the text now says: its layout found, its rules
     /// let go (100 000 rules as written are 50 MB the daemon has in
     /// another form).
-    fn take_config(&mut self, mut config: Config) {
+    fn take_config(&mut self, mut config: Config, headers: super::Headers) {
         self.layout = match &self.seen {
-            LastSeen::Text(t) => RuleLayout::of(t, &config.rules),
+            LastSeen::Text(t) => RuleLayout::of(t, &config.rules, headers),
             LastSeen::Missing => None,
         };
         if self.layout.is_some() {
@@ -594,7 +598,7 @@ impl ConfigFile {
             let _ = self.sha.set(sha);
         }
         match after {
-            After::Whole(config) => self.take_config(*config),
+            After::Whole(config) => self.take_config(*config, None),
             After::Edits(ops) => {
                 if let Some(l) = &mut self.layout {
                     ops.iter().for_each(|op| l.apply(op));
@@ -701,13 +705,18 @@ fn bytes(path: &Path) -> Result<Option<Vec<u8>>> {
 
 fn snapshot(path: &Path, bytes: Option<Vec<u8>>) -> Result<FileSnapshot> {
     let Some(bytes) = bytes else {
-        return Ok(FileSnapshot { config: Config::default(), rules: BTreeMap::new(), seen: LastSeen::Missing });
+        return Ok(FileSnapshot {
+            config: Config::default(),
+            rules: BTreeMap::new(),
+            seen: LastSeen::Missing,
+            headers: None,
+        });
     };
     let text = String::from_utf8(bytes).map_err(|e| {
         Error::Invalid(format!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))
     })?;
-    let (config, rules) = Config::parse(&text, path)?;
-    Ok(FileSnapshot { config, rules, seen: LastSeen::Text(text) })
+    let (config, rules, headers) = Config::parse_headed(&text, path)?;
+    Ok(FileSnapshot { config, rules, seen: LastSeen::Text(text), headers })
 }
 
 /// Lower-case hex sha256 of `bytes`.

@@ -62,6 +62,10 @@ use crate::{
 
 pub const DEFAULT_PATH: &str = "/etc/policer/policer.toml";
 
+/// Where each `[[rule]]` header of a text starts, when its reader found
+/// them.
+pub(super) type Headers = Option<Vec<usize>>;
+
 /// One problem of a config file, as `policer check` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Problem {
@@ -143,9 +147,16 @@ impl Config {
     /// The error is the first problem, with its line; `policer check`
     /// lists them all.
     pub fn parse(text: &str, origin: &Path) -> Result<(Config, BTreeMap<RuleKey, RuleSpec>)> {
-        let (cfg, rules, problems) = Config::check_all(text, None);
+        Config::parse_headed(text, origin).map(|(c, r, _)| (c, r))
+    }
+
+    /// [`Config::parse`], and where each `[[rule]]` header starts when the
+    /// reader found them (a big file, read in chunks): the file's layout
+    /// for `splice.rs` needs no other pass over the text.
+    pub(super) fn parse_headed(text: &str, origin: &Path) -> Result<(Config, BTreeMap<RuleKey, RuleSpec>, Headers)> {
+        let (cfg, rules, problems, headers) = Config::check_headed(text, None);
         if problems.is_empty() {
-            return Ok((cfg, rules));
+            return Ok((cfg, rules, headers));
         }
         Err({
             let more = problems.len().saturating_sub(1);
@@ -171,8 +182,18 @@ impl Config {
         text: &str,
         sets_from: Option<&Path>,
     ) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
-        let read = read::read(text);
-        let (rules, semantic) = read.config.problems_at(&read.rule_reads);
+        let (cfg, rules, problems, _) = Config::check_headed(text, sets_from);
+        (cfg, rules, problems)
+    }
+
+    /// [`Config::check_all`], and the rules' headers if found.
+    fn check_headed(
+        text: &str,
+        sets_from: Option<&Path>,
+    ) -> (Config, BTreeMap<RuleKey, RuleSpec>, Vec<Problem>, Headers) {
+        let mut read = read::read(text);
+        let checker = read.checker.take().unwrap_or_else(|| RuleChecker::new(&read.config.daemon));
+        let (rules, semantic) = checker.finish(&read.config.daemon);
         let global = read.global_problems(&rules, sets_from);
         let mut problems = read.problems;
         // The rules' own checks speak of the command line's options; in
@@ -202,7 +223,7 @@ impl Config {
         problems.extend(global);
         // In the order of the file; the file-wide ones last.
         problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
-        (read.config, rules, problems)
+        (read.config, rules, problems, read.headers)
     }
 
     /// The problems of the `[[set]]` tables beyond a key's own value (see
@@ -289,106 +310,13 @@ impl Config {
     /// Every problem of the rules and the daemon table that needs more
     /// than one key to see (`reads`: the rule tables, in the file's
     /// order), each at the line of the key it is about (else its rule's);
-    /// and the rules that are valid. A rule the reader found a problem in
-    /// is checked for what its other keys say (with nothing said that
-    /// only follows from the keys it could not read), not taken.
+    /// and the rules that are valid (see [`RuleChecker`]).
     fn problems_at(&self, reads: &[read::RuleRead]) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
-        let mut out = BTreeMap::new();
-        let mut problems = Vec::new();
-        let protect = crate::protect::Protect::parse(&self.daemon.protect).unwrap_or_else(|e| {
-            problems.push(Problem { line: None, message: e.to_string() });
-            Default::default()
-        });
-        // Every rule's identity seen, valid or not: the same rule twice is
-        // said whatever else is wrong with either.
-        let mut seen = std::collections::BTreeSet::new();
-        for read in reads.iter().filter(|r| !r.cut) {
-            let r = &read.rule;
-            // Made only for a message, not for every rule.
-            let head = std::fmt::from_fn(|f| match &read.shown {
-                Some(p) => write!(f, "rule {} (prefix {})", read.origin.number, crate::text::escaped(p)),
-                None => write!(f, "rule {}", read.origin.number),
-            });
-            let mut broken = read.broken.clone();
-            if r.ttl.is_some() && !broken.contains(&"ttl") {
-                problems.push(Problem {
-                    line: read.line_of("ttl"),
-                    message: format!(
-                        "{head}: `ttl` is for the command line (every reload would restart it); write \
-                         expires = \"2026-11-25T01:02:03Z\" (UTC) instead"
-                    ),
-                });
-                broken.push("ttl");
-            }
-            let (spec, found) = r.checked(&broken);
-            let identity = ["prefix", "proto", "dport", "sport", "tcp_flags", "icmp_type", "dst", "ban"];
-            let known = |k: &str| !broken.contains(&k) && !found.iter().any(|p| p.key == k);
-            let key = match &spec {
-                Some(s) => Some(s.key()),
-                None if identity.iter().all(|k| known(k)) => r.key().ok(),
-                None => None,
-            };
-            for p in &found {
-                problems.push(Problem { line: read.line_of(p.key), message: format!("{head}: {}", keyed(r, p)) });
-            }
-            // A valid rule's identity is a key of `out` (one search of it
-            // a rule), the others' are in `seen`.
-            let twice = |key: &RuleKey| Problem {
-                line: read.origin.line,
-                message: if key.class().is_none() {
-                    format!("{head}: prefix {} appears twice", key.net)
-                } else {
-                    format!("{head}: the rule {key} appears twice")
-                },
-            };
-            let (spec, key) = match (spec.filter(|_| !read.flawed), key) {
-                (Some(spec), Some(key)) => (spec, key),
-                (_, key) => {
-                    if let Some(key) = key
-                        && (out.contains_key(&key) || !seen.insert(key.clone()))
-                    {
-                        problems.push(twice(&key));
-                    }
-                    continue;
-                }
-            };
-            if seen.contains(&key) {
-                problems.push(twice(&key));
-                continue;
-            }
-            if let Err(e) = protect.refuse_rule(&spec) {
-                let e = e.to_string().replace("; nothing changed", "");
-                problems.push(Problem { line: read.origin.line, message: format!("{head}: {e}") });
-                seen.insert(key);
-                continue;
-            }
-            match out.entry(key) {
-                std::collections::btree_map::Entry::Occupied(o) => problems.push(twice(o.key())),
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert(spec);
-                }
-            }
+        let mut c = RuleChecker::new(&self.daemon);
+        for r in reads {
+            c.check(r);
         }
-        // Classes that tie, or too many for one frame: what the daemon's
-        // compiler would refuse.
-        if let Err(e) = crate::compile::check_rules(out.values()) {
-            problems.push(Problem { line: None, message: e.to_string() });
-        }
-        let d = &self.daemon;
-        if let Some(n) = d.max_sources
-            && let Err(e) = check_max_sources(n, "daemon.max_sources")
-        {
-            problems.push(Problem { line: None, message: e });
-        }
-        if let Some(m) = d.max_rules
-            && !(1..=policer_common::MAX_RULES).contains(&m)
-        {
-            problems.push(Problem {
-                line: None,
-                message: format!("daemon.max_rules must be 1 to {}", policer_common::MAX_RULES),
-            });
-        }
-        (out, problems)
+        c.finish(&self.daemon)
     }
 
     /// `policer check`: the whole file's problems, all of them, each with
@@ -425,6 +353,131 @@ impl Config {
             });
         }
         if problems.is_empty() { Ok((cfg, rules)) } else { Err(problems) }
+    }
+}
+
+/// The checks of the rules that need more than one key to see, a rule at
+/// a time in the file's order (a file's rules are read a chunk at a time,
+/// and each rule as read is let go once checked): each problem at the
+/// line of the key it is about (else its rule's), and the rules that are
+/// valid. A rule the reader found a problem in is checked for what its
+/// other keys say (with nothing said that only follows from the keys it
+/// could not read), not taken.
+#[derive(Clone)]
+struct RuleChecker {
+    out: BTreeMap<RuleKey, RuleSpec>,
+    /// Every rule's identity seen, valid or not: the same rule twice is
+    /// said whatever else is wrong with either. A valid rule's identity is
+    /// a key of `out` (one search of it a rule), the others' are here.
+    seen: std::collections::BTreeSet<RuleKey>,
+    protect: crate::protect::Protect,
+    problems: Vec<Problem>,
+}
+
+impl RuleChecker {
+    fn new(daemon: &DaemonConfig) -> RuleChecker {
+        let mut problems = Vec::new();
+        let protect = crate::protect::Protect::parse(&daemon.protect).unwrap_or_else(|e| {
+            problems.push(Problem { line: None, message: e.to_string() });
+            Default::default()
+        });
+        RuleChecker { out: BTreeMap::new(), seen: std::collections::BTreeSet::new(), protect, problems }
+    }
+
+    /// Checks one rule as read.
+    fn check(&mut self, read: &read::RuleRead) {
+        if read.cut {
+            return;
+        }
+        let Self { out, seen, protect, problems } = self;
+        let r = &read.rule;
+        // Made only for a message, not for every rule.
+        let head = std::fmt::from_fn(|f| match &read.shown {
+            Some(p) => write!(f, "rule {} (prefix {})", read.origin.number, crate::text::escaped(p)),
+            None => write!(f, "rule {}", read.origin.number),
+        });
+        let mut broken = read.broken.clone();
+        if r.ttl.is_some() && !broken.contains(&"ttl") {
+            problems.push(Problem {
+                line: read.line_of("ttl"),
+                message: format!(
+                    "{head}: `ttl` is for the command line (every reload would restart it); write \
+                     expires = \"2026-11-25T01:02:03Z\" (UTC) instead"
+                ),
+            });
+            broken.push("ttl");
+        }
+        let (spec, found) = r.checked(&broken);
+        let identity = ["prefix", "proto", "dport", "sport", "tcp_flags", "icmp_type", "dst", "ban"];
+        let known = |k: &str| !broken.contains(&k) && !found.iter().any(|p| p.key == k);
+        let key = match &spec {
+            Some(s) => Some(s.key()),
+            None if identity.iter().all(|k| known(k)) => r.key().ok(),
+            None => None,
+        };
+        for p in &found {
+            problems.push(Problem { line: read.line_of(p.key), message: format!("{head}: {}", keyed(r, p)) });
+        }
+        let twice = |key: &RuleKey| Problem {
+            line: read.origin.line,
+            message: if key.class().is_none() {
+                format!("{head}: prefix {} appears twice", key.net)
+            } else {
+                format!("{head}: the rule {key} appears twice")
+            },
+        };
+        let (spec, key) = match (spec.filter(|_| !read.flawed), key) {
+            (Some(spec), Some(key)) => (spec, key),
+            (_, key) => {
+                if let Some(key) = key
+                    && (out.contains_key(&key) || !seen.insert(key.clone()))
+                {
+                    problems.push(twice(&key));
+                }
+                return;
+            }
+        };
+        if seen.contains(&key) {
+            problems.push(twice(&key));
+            return;
+        }
+        if let Err(e) = protect.refuse_rule(&spec) {
+            let e = e.to_string().replace("; nothing changed", "");
+            problems.push(Problem { line: read.origin.line, message: format!("{head}: {e}") });
+            seen.insert(key);
+            return;
+        }
+        match out.entry(key) {
+            std::collections::btree_map::Entry::Occupied(o) => problems.push(twice(o.key())),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(spec);
+            }
+        }
+    }
+
+    /// The valid rules and every problem, with those of the rules as a
+    /// whole and of the daemon table's limits.
+    fn finish(self, d: &DaemonConfig) -> (BTreeMap<RuleKey, RuleSpec>, Vec<Problem>) {
+        let Self { out, mut problems, .. } = self;
+        // Classes that tie, or too many for one frame: what the daemon's
+        // compiler would refuse.
+        if let Err(e) = crate::compile::check_rules(out.values()) {
+            problems.push(Problem { line: None, message: e.to_string() });
+        }
+        if let Some(n) = d.max_sources
+            && let Err(e) = check_max_sources(n, "daemon.max_sources")
+        {
+            problems.push(Problem { line: None, message: e });
+        }
+        if let Some(m) = d.max_rules
+            && !(1..=policer_common::MAX_RULES).contains(&m)
+        {
+            problems.push(Problem {
+                line: None,
+                message: format!("daemon.max_rules must be 1 to {}", policer_common::MAX_RULES),
+            });
+        }
+        (out, problems)
     }
 }
 

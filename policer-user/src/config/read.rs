@@ -19,7 +19,7 @@ use toml::de::{DeTable, DeValue};
 use super::schema::{
     self, CrowdsecField as C, DaemonField as D, Field, RuleField as R, SetField as S, SharedField, Table,
 };
-use super::{Config, DaemonConfig, Problem, SetConfig};
+use super::{Config, DaemonConfig, Problem, RuleChecker, SetConfig};
 use crate::rules::{BurstValue, PortValue, RuleConfig};
 
 /// A `[[rule]]` or `[[set]]` table read from the file: its number among
@@ -76,18 +76,27 @@ impl RuleRead {
 /// What the text holds: the config with every rule whose keys all have
 /// valid values, and every problem found: syntax, unknown keys, values of
 /// the wrong kind.
+#[derive(Default)]
 pub(super) struct Read {
     pub config: Config,
-    /// Every `[[rule]]` table, in the file's order (those in
-    /// `config.rules` too).
-    pub rule_reads: Vec<RuleRead>,
+    /// Every `[[rule]]` table checked as it was read, in the file's order
+    /// (those without a problem taken into `config.rules`); `None`: the
+    /// file has none.
+    pub checker: Option<RuleChecker>,
     /// Where `config.sets[i]` came from.
     pub set_origins: Vec<TableOrigin>,
     /// The line of `[crowdsec]`.
     pub crowdsec_line: Option<usize>,
     /// The line of `[global]`.
     pub global_line: Option<usize>,
+    /// The rules that name a fleet budget (as written) and the line of
+    /// their `global` key, for [`Read::global_problems`].
+    pub global_lines: Vec<(String, Option<usize>)>,
     pub problems: Vec<Problem>,
+    /// Where each `[[rule]]` header starts, when the text was read in
+    /// chunks (found as `splice.rs` finds them: its layout needs no other
+    /// pass over the text).
+    pub headers: Option<Vec<usize>>,
 }
 
 /// Where each line of a text starts, so that a line is found by a binary
@@ -113,63 +122,89 @@ impl Lines {
     }
 }
 
+/// Reads `text`: a big file in chunks cut at its `[[rule]]` headers
+/// (`chunks.rs`: the parse tree of 1 000 000 rules is gigabytes, a chunk's
+/// a few MB), else whole; both read the same (the tests read every text
+/// both ways and compare).
 pub(super) fn read(text: &str) -> Read {
+    #[cfg(test)]
+    {
+        // With the headers a chunked read finds: the layout takes them
+        // (and the tests compare them with its own).
+        let mut whole = read_whole(text);
+        whole.headers = chunks::check_same_as_whole(text, &whole);
+        whole
+    }
+    #[cfg(not(test))]
+    chunks::read(text, chunks::CHUNK).unwrap_or_else(|| read_whole(text))
+}
+
+/// Reads `text` as one document, with toml's recovery from syntax errors.
+pub(super) fn read_whole(text: &str) -> Read {
     let (root, errors) = DeTable::parse_recoverable(text);
-    let mut r = Reader { lines: Lines::of(text), problems: Vec::new() };
+    let mut r = Reader::of(text, 0);
     let mut syntax = Vec::new();
     for e in &errors {
         let line = e.span().map(|s| r.lines.at(s.start));
         syntax.extend(line);
         r.problems.push(Problem { line, message: format!("not valid TOML: {}", e.message().trim()) });
     }
-    let mut config = Config::default();
-    let mut rule_reads = Vec::new();
-    let mut set_origins = Vec::new();
-    let mut crowdsec_line = None;
-    let mut global_line = None;
+    let mut out = Read::default();
     for (key, value) in root.get_ref().iter() {
+        r.root_entry(key, value, &syntax, &mut out);
+    }
+    out.problems = r.problems;
+    out
+}
+
+impl Reader {
+    /// A reader of `text` whose first line is line `base + 1` of the file.
+    fn of(text: &str, base: usize) -> Reader {
+        Reader { lines: Lines::of(text), base, problems: Vec::new() }
+    }
+
+    /// One key of the document's root and what it holds, into `out`.
+    fn root_entry(
+        &mut self,
+        key: &Spanned<std::borrow::Cow<'_, str>>,
+        value: &Spanned<DeValue<'_>>,
+        syntax: &[usize],
+        out: &mut Read,
+    ) {
+        let r = self;
         match Table::named(key.get_ref()) {
             Some(Table::Daemon) => {
                 if let Some(d) = r.daemon(value) {
-                    config.daemon = d;
+                    out.config.daemon = d;
                 }
             }
-            Some(Table::Rule) => {
-                let example = "[[rule]] with prefix = \"10.0.0.0/8\" and its keys below";
-                for (origin, item, broken) in r.tables("rule", value, example, &syntax) {
-                    let Some(mut read) = r.rule(origin, item) else { continue };
-                    read.cut = broken;
-                    if !read.flawed && !broken {
-                        config.rules.push(read.rule.clone());
-                    }
-                    rule_reads.push(read);
-                }
-            }
+            Some(Table::Rule) => r.rule_tables(value, syntax, 0, out),
             Some(Table::Set) => {
                 let example = "[[set]] with name = \"blocklist\" and file = \"blocklist.txt\" below";
-                for (origin, item, broken) in r.tables("set", value, example, &syntax) {
+                for (origin, item, broken) in r.tables("set", value, example, syntax, 0) {
                     let Some(set) = r.set(origin, item).filter(|_| !broken) else { continue };
-                    if let Some(first) = config.sets.iter().position(|s: &SetConfig| s.name == set.name) {
+                    if let Some(first) = out.config.sets.iter().position(|s: &SetConfig| s.name == set.name) {
                         r.push(
                             origin.line,
                             format!(
                                 "set {} (name {}): the name of set {} too; a set is declared once",
                                 origin.number,
                                 set.name,
-                                set_origins.get(first).map_or(0, |o: &TableOrigin| o.number)
+                                out.set_origins.get(first).map_or(0, |o: &TableOrigin| o.number)
                             ),
                         );
                         continue;
                     }
-                    config.sets.push(set);
-                    set_origins.push(origin);
+                    out.config.sets.push(set);
+                    out.set_origins.push(origin);
                 }
             }
             Some(Table::Chain) => {
                 let example = "[[chain]] with interface = \"eth0\", slot = 0 and object = \"filter.o\" below";
-                for (origin, item, broken) in r.tables("chain", value, example, &syntax) {
+                for (origin, item, broken) in r.tables("chain", value, example, syntax, 0) {
                     let Some(c) = r.chain(origin, item).filter(|_| !broken) else { continue };
-                    if config
+                    if out
+                        .config
                         .chains
                         .iter()
                         .any(|o: &crate::chain::ChainConfig| o.interface == c.interface && o.slot == c.slot)
@@ -183,19 +218,19 @@ pub(super) fn read(text: &str) -> Read {
                         );
                         continue;
                     }
-                    config.chains.push(c);
+                    out.config.chains.push(c);
                 }
             }
             Some(Table::Crowdsec) => {
                 if let Some(c) = r.crowdsec(value) {
-                    config.crowdsec = Some(c);
-                    crowdsec_line = Some(r.table_line(value));
+                    out.config.crowdsec = Some(c);
+                    out.crowdsec_line = Some(r.table_line(value));
                 }
             }
             Some(Table::Global) => {
                 if let Some(g) = r.global(value) {
-                    config.global = Some(g);
-                    global_line = Some(r.table_line(value));
+                    out.config.global = Some(g);
+                    out.global_line = Some(r.table_line(value));
                 }
             }
             None => {
@@ -211,7 +246,43 @@ pub(super) fn read(text: &str) -> Read {
             }
         }
     }
-    Read { config, rule_reads, set_origins, crowdsec_line, global_line, problems: r.problems }
+
+    /// The `[[rule]]` tables of `value` into `out`, the first numbered
+    /// `before + 1`.
+    fn rule_tables(&mut self, value: &Spanned<DeValue<'_>>, syntax: &[usize], before: usize, out: &mut Read) {
+        for read in self.rule_reads(value, syntax, before) {
+            out.take_rule(read);
+        }
+    }
+
+    /// The `[[rule]]` tables of `value` as read, the first numbered
+    /// `before + 1` (their problems said in `self`).
+    fn rule_reads(&mut self, value: &Spanned<DeValue<'_>>, syntax: &[usize], before: usize) -> Vec<RuleRead> {
+        let example = "[[rule]] with prefix = \"10.0.0.0/8\" and its keys below";
+        let tables = self.tables("rule", value, example, syntax, before);
+        let mut reads = Vec::with_capacity(tables.len());
+        for (origin, item, broken) in tables {
+            let Some(mut read) = self.rule(origin, item) else { continue };
+            read.cut = broken;
+            reads.push(read);
+        }
+        reads
+    }
+}
+
+impl Read {
+    /// Checks a rule as read, and takes it into the config when the
+    /// reader found no problem in it; what was read of it is let go.
+    fn take_rule(&mut self, read: RuleRead) {
+        let daemon = &self.config.daemon;
+        self.checker.get_or_insert_with(|| RuleChecker::new(daemon)).check(&read);
+        if read.rule.global.is_some() {
+            self.global_lines.push((read.shown.clone().unwrap_or_default(), read.line_of("global")));
+        }
+        if !read.flawed && !read.cut {
+            self.config.rules.push(read.rule);
+        }
+    }
 }
 
 impl Read {
@@ -237,9 +308,10 @@ impl Read {
             }
             None => {
                 for s in rules.values().filter(|s| s.global().is_some()) {
-                    let line = self.rule_reads.iter().find(|r| r.shown.as_deref() == Some(&s.net.to_string()));
+                    let shown = s.net.to_string();
+                    let line = self.global_lines.iter().find(|(p, _)| *p == shown).and_then(|(_, l)| *l);
                     out.push(Problem {
-                        line: line.and_then(|r| r.line_of("global")),
+                        line,
                         message: format!(
                             "rule {}: global = {:?} needs a [global] table with redis_url (docs/fleet.md)",
                             s.net,
@@ -281,9 +353,12 @@ fn shown(v: &DeValue<'_>) -> String {
 }
 
 mod chain;
+mod chunks;
 
 struct Reader {
     lines: Lines,
+    /// The lines of the file before the text `lines` is of.
+    base: usize,
     problems: Vec<Problem>,
 }
 
@@ -326,7 +401,12 @@ fn unsigned(v: &DeValue<'_>, max: u64) -> Option<u64> {
 
 impl Reader {
     fn line(&self, span: std::ops::Range<usize>) -> usize {
-        self.lines.at(span.start)
+        self.at(span.start)
+    }
+
+    /// The file's line of byte `at` of the text read.
+    fn at(&self, at: usize) -> usize {
+        self.lines.at(at) + self.base
     }
 
     /// The tables of an array of tables (`[[rule]]`, `[[set]]`), each with
@@ -338,6 +418,7 @@ impl Reader {
         value: &'v Spanned<DeValue<'d>>,
         example: &str,
         syntax: &[usize],
+        before: usize,
     ) -> Vec<(TableOrigin, &'v Spanned<DeValue<'d>>, bool)> {
         let DeValue::Array(a) = value.get_ref() else {
             let at = self.line(value.span());
@@ -353,7 +434,7 @@ impl Reader {
             .map(|(i, item)| {
                 let end = starts.get(i + 1).copied().unwrap_or(usize::MAX);
                 let broken = syntax.iter().any(|l| (starts[i]..end).contains(l));
-                (TableOrigin { number: i + 1, line: Some(starts[i]) }, item, broken)
+                (TableOrigin { number: before + i + 1, line: Some(starts[i]) }, item, broken)
             })
             .collect()
     }
@@ -367,9 +448,9 @@ impl Reader {
             _ => None,
         };
         match (own.is_empty(), first_key) {
-            (true, Some(k)) => self.lines.at(k),
-            (_, Some(k)) if k < own.start => self.lines.at(k),
-            _ => self.lines.at(own.start),
+            (true, Some(k)) => self.at(k),
+            (_, Some(k)) if k < own.start => self.at(k),
+            _ => self.at(own.start),
         }
     }
 

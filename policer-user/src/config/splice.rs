@@ -133,19 +133,45 @@ fn daemon_table(h: &TableHeader) -> bool {
 }
 
 /// Where the first table that may hold rules starts in `text` (its end:
-/// none); `None` when the text is not read (see `lex.rs`).
+/// none); `None` when the text up to there is not read (see `lex.rs`).
+/// The lines after it are not read (a start's early look at a
+/// 1 000 000-rule file reads its head only).
 pub(super) fn first_rule_header(text: &str) -> Option<usize> {
-    let mut first = None;
-    lines(text, 0, text.len(), |at, _, l| {
-        if let Line::Header(h) = l
-            && first.is_none()
+    let mut lx = Lexer::default();
+    let mut at = 0;
+    for l in text.split_inclusive('\n') {
+        if let Line::Header(h) = lx.line(l)?
             && h.may_be("rule")
         {
-            first = Some(at);
+            return Some(at);
         }
+        at += l.len();
+    }
+    lx.at_top().then_some(text.len())
+}
+
+/// Where the `[[rule]]` headers of `text` start, each at the top level;
+/// `None` when a header or a top-level key might name `rule` otherwise, or
+/// `lex.rs` does not read a line.
+fn rule_headers(text: &str) -> Option<Vec<usize>> {
+    let mut headers = Vec::new();
+    // Before the first header, a key is the document's own.
+    let mut root = true;
+    lines(text, 0, text.len(), |at, line, l| {
+        match l {
+            // Spelled as `edit.rs` writes it (a quoted or spaced name
+            // is not kept by the whole-document edit).
+            Line::Header(h) if rule_table(h) && line.trim_start().starts_with("[[rule]]") => headers.push(at),
+            // `[rule.x]`, `[["ru\u006ce"]]`, `[[ "rule" ]]`: not laid
+            // out as this expects.
+            Line::Header(h) if h.may_be("rule") => return None,
+            Line::Key(k) if root && k.as_deref().is_none_or(|k| k == "rule") => return None,
+            _ => {}
+        }
+        root &= !matches!(l, Line::Header(_));
         Some(())
     })?;
-    Some(first.unwrap_or(text.len()))
+    Some(headers)
 }
 
 impl RuleLayout {
@@ -153,24 +179,37 @@ impl RuleLayout {
     /// when its top-level `[[rule]]` headers are not exactly one per rule
     /// (rules in an inline array), a header or a top-level key might name
     /// `rule` otherwise, or `lex.rs` does not read a line.
-    pub(super) fn of(text: &str, rules: &[RuleConfig]) -> Option<RuleLayout> {
-        let mut headers = Vec::with_capacity(rules.len());
-        // Before the first header, a key is the document's own.
-        let mut root = true;
-        lines(text, 0, text.len(), |at, line, l| {
-            match l {
-                // Spelled as `edit.rs` writes it (a quoted or spaced name
-                // is not kept by the whole-document edit).
-                Line::Header(h) if rule_table(h) && line.trim_start().starts_with("[[rule]]") => headers.push(at),
-                // `[rule.x]`, `[["ru\u006ce"]]`, `[[ "rule" ]]`: not laid
-                // out as this expects.
-                Line::Header(h) if h.may_be("rule") => return None,
-                Line::Key(k) if root && k.as_deref().is_none_or(|k| k == "rule") => return None,
-                _ => {}
+    ///
+    /// `found`: the headers as the chunked reader found them (`read/chunks.rs`:
+    /// by the same lexer, each a plain `[[rule]]` at the top level, no other
+    /// header that may name `rule`, the whole text read): then only the
+    /// lines before the first are read here, for the root's keys.
+    pub(super) fn of(text: &str, rules: &[RuleConfig], found: Option<Vec<usize>>) -> Option<RuleLayout> {
+        let headers = match found {
+            Some(headers) => {
+                // Before the first header, a key is the document's own.
+                let head = headers.first().copied().unwrap_or(text.len());
+                let mut root = true;
+                lines(text, 0, head, |_, _, l| {
+                    match l {
+                        Line::Key(k) if root && k.as_deref().is_none_or(|k| k == "rule") => return None,
+                        Line::Header(_) => root = false,
+                        _ => {}
+                    }
+                    Some(())
+                })?;
+                // The tests find them both ways.
+                #[cfg(test)]
+                assert_eq!(Some(&headers), rule_headers(text).as_ref(), "{text}");
+                headers
             }
-            root &= !matches!(l, Line::Header(_));
-            Some(())
-        })?;
+            None => rule_headers(text)?,
+        };
+        RuleLayout::indexed(headers, rules)
+    }
+
+    /// The layout of rules whose headers are `headers`, one each.
+    fn indexed(headers: Vec<usize>, rules: &[RuleConfig]) -> Option<RuleLayout> {
         if headers.len() != rules.len() {
             return None;
         }
@@ -652,7 +691,7 @@ mod tests {
     #[test]
     fn a_hash_that_leads_to_another_rule_is_not_followed() {
         let (cfg, before) = Config::parse(TEXT, std::path::Path::new("-")).unwrap();
-        let layout = RuleLayout::of(TEXT, &cfg.rules).unwrap();
+        let layout = RuleLayout::of(TEXT, &cfg.rules, None).unwrap();
         let a = spec("10.0.0.0/8", "5kpps");
         let (out, _) = splice(TEXT, &layout, &before, &[(a.key(), Some(a.clone()))]).unwrap();
         assert!(out.contains("rate = \"5kpps\"") && out.contains("rate = \"2kpps\""), "{out}");

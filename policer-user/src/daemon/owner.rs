@@ -182,6 +182,9 @@ impl Outcome {
 struct Job {
     cmd: Command,
     reply: oneshot::Sender<Outcome>,
+    /// When it was queued: how long it waited for the owner is recorded
+    /// ([`Reload::waited`](super::reload::Reload::waited)).
+    queued: std::time::Instant,
 }
 
 /// How connections reach the owner. Cheap to clone.
@@ -245,7 +248,7 @@ impl Owner {
     /// Asks the owner and waits for its answer.
     pub async fn ask(&self, cmd: Command) -> Outcome {
         let (reply, rx) = oneshot::channel();
-        if let Err(e) = self.tx.try_send(Job { cmd, reply }) {
+        if let Err(e) = self.tx.try_send(Job { cmd, reply, queued: std::time::Instant::now() }) {
             let e = match e {
                 mpsc::error::TrySendError::Full(_) => Error::ChangesQueued,
                 mpsc::error::TrySendError::Closed(_) => Error::ShuttingDown { note: "" },
@@ -262,7 +265,7 @@ impl Owner {
             return;
         }
         let (reply, _) = oneshot::channel();
-        if self.tx.try_send(Job { cmd: Command::Tick, reply }).is_err() {
+        if self.tx.try_send(Job { cmd: Command::Tick, reply, queued: std::time::Instant::now() }).is_err() {
             self.tick_pending.store(false, Ordering::SeqCst);
         }
     }
@@ -272,7 +275,7 @@ impl Owner {
     /// the queue is full or the owner gone (that period keeps the last).
     pub fn lease(&self, writes: Vec<super::LeaseWrite>) -> bool {
         let (reply, _) = oneshot::channel();
-        self.tx.try_send(Job { cmd: Command::Lease(writes), reply }).is_ok()
+        self.tx.try_send(Job { cmd: Command::Lease(writes), reply, queued: std::time::Instant::now() }).is_ok()
     }
 
     /// Whether the owner thread is gone.
@@ -288,7 +291,7 @@ impl Owner {
         self.stopping.store(true, Ordering::SeqCst);
         let (reply, rx) = oneshot::channel();
         let ask = async {
-            self.tx.send(Job { cmd: Command::Shutdown, reply }).await.ok()?;
+            self.tx.send(Job { cmd: Command::Shutdown, reply, queued: std::time::Instant::now() }).await.ok()?;
             rx.await.ok()
         };
         tokio::time::timeout(deadline, ask).await.ok().flatten()
@@ -927,6 +930,7 @@ impl Daemon {
         let file_edits: Vec<(RuleKey, Option<RuleSpec>)> =
             edits.iter().filter(|(k, v)| before.get(k).map(|s| &**s) != v.as_ref()).cloned().collect();
         // Staged first: nothing reaches the kernel before the file is written.
+        let t0 = std::time::Instant::now();
         let staged = if file_edits.is_empty() {
             None
         } else {
@@ -944,6 +948,7 @@ impl Daemon {
                 }
             }
         };
+        let mut writing = t0.elapsed();
         // What to put back if the kernel or the rename fails.
         let undo: Vec<(RuleKey, Option<RuleSpec>)> =
             edits.iter().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
@@ -952,7 +957,11 @@ impl Daemon {
             return Err(self.undo_edits(&undo, e));
         }
         if let Some(p) = staged {
-            if let Err(e) = self.file.commit(p) {
+            let t1 = std::time::Instant::now();
+            let committed = self.file.commit(p);
+            writing += t1.elapsed();
+            self.reload.wrote(writing);
+            if let Err(e) = committed {
                 let e = not_written(e);
                 say_err!(
                     "policer: writing {} change(s) to {} failed ({e}); they are undone in the kernel",
@@ -1670,9 +1679,12 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                 trim = true;
                 continue;
             }
-            let Job { cmd, reply } = job;
+            let Job { cmd, reply, queued } = job;
             let last = matches!(cmd, Command::Shutdown);
             let tick = matches!(cmd, Command::Tick);
+            if !tick {
+                daemon.reload.waited(queued.elapsed());
+            }
             if tick {
                 pending.store(false, Ordering::SeqCst);
             }
@@ -1733,7 +1745,8 @@ fn refuse_stopping(job: Job) {
 fn run_group(daemon: &mut Daemon, group: Vec<Job>, snapshot: &watch::Sender<Arc<Snapshot>>) {
     daemon.begin_group();
     let mut answers = Vec::with_capacity(group.len());
-    for Job { cmd, reply } in group {
+    for Job { cmd, reply, queued } in group {
+        daemon.reload.waited(queued.elapsed());
         let outcome = daemon.handle(cmd);
         answers.push((outcome, daemon.take_group_wrote(), reply));
     }
@@ -1773,7 +1786,8 @@ impl Aside for Serve<'_> {
             if job.cmd.writes_rules_to_file() {
                 run_group(d, vec![job], self.snapshot);
             } else {
-                let Job { cmd, reply } = job;
+                let Job { cmd, reply, queued } = job;
+                d.reload.waited(queued.elapsed());
                 let dry = matches!(cmd, Command::Preview(_));
                 let outcome = d.handle(cmd);
                 if !dry {

@@ -32,6 +32,13 @@ pub(super) struct Reload {
     /// they wrote: their ratio is how many changes share a write.
     writes: u64,
     changes_written: u64,
+    /// The longest a request waited in the owner's queue before the owner
+    /// took it, and how many waited over 100 ms (since the start).
+    longest_wait: std::time::Duration,
+    waits_over_100ms: u64,
+    /// The longest a group's write of the file held the owner (written
+    /// and synced beside it, renamed, the directory synced).
+    longest_write: std::time::Duration,
 }
 
 /// What a followed edit of the config file calls for ([`Reload::follow_step`]).
@@ -48,7 +55,17 @@ pub(super) enum FollowStep {
 impl Reload {
     /// At start: the file just read is in force.
     pub fn new() -> Reload {
-        Reload { ok: true, at: super::unix_now(), error: None, refused_sha: None, writes: 0, changes_written: 0 }
+        Reload {
+            ok: true,
+            at: super::unix_now(),
+            error: None,
+            refused_sha: None,
+            writes: 0,
+            changes_written: 0,
+            longest_wait: std::time::Duration::ZERO,
+            waits_over_100ms: 0,
+            longest_write: std::time::Duration::ZERO,
+        }
     }
 
     /// Records a reload's outcome; `judged` is the sha256 of the bytes it
@@ -61,6 +78,17 @@ impl Reload {
             Err(Error::ConfigRead { .. }) | Ok(_) => None,
             Err(_) => judged,
         };
+    }
+
+    /// A request waited `d` in the owner's queue before it was taken.
+    pub fn waited(&mut self, d: std::time::Duration) {
+        self.longest_wait = self.longest_wait.max(d);
+        self.waits_over_100ms += u64::from(d > std::time::Duration::from_millis(100));
+    }
+
+    /// A group's write of the file held the owner `d`.
+    pub fn wrote(&mut self, d: std::time::Duration) {
+        self.longest_write = self.longest_write.max(d);
     }
 
     /// A group's one write of the file took `changes` changes.
@@ -91,6 +119,9 @@ impl Reload {
             read_only,
             writes: self.writes,
             changes_written: self.changes_written,
+            longest_wait_ms: self.longest_wait.as_secs_f64() * 1e3,
+            waits_over_100ms: self.waits_over_100ms,
+            longest_write_ms: self.longest_write.as_secs_f64() * 1e3,
         }
     }
 }
