@@ -410,12 +410,7 @@ impl Policer {
     /// reused); the sizes an operator gives are checked where given
     /// ([`check_sources_here`]).
     pub fn load(opts: &LoadOptions) -> Result<Policer> {
-        if opts.max_sources == 0 {
-            return Err(Error::Invalid("a table of 0 sources cannot be loaded".into()));
-        }
-        if !(1..=MAX_RULES).contains(&opts.max_rules) {
-            return Err(Error::Invalid(format!("--max-rules must be 1 to {MAX_RULES}")));
-        }
+        check_sizes(opts)?;
         let test_clock: u32 = opts.test_clock.into();
         let tick_ns = opts.tick_ns.unwrap_or_else(|| kernel_hz().map_or(0, policer_common::clock::tick_ns));
         let drop_shift = opts.drop_sample_shift.min(15);
@@ -1628,6 +1623,18 @@ fn random_u64() -> Result<u64> {
         return Err(Error::Kernel { what: "getrandom".into(), source: io::Error::last_os_error() });
     }
     Ok(u64::from_ne_bytes(b))
+}
+
+/// The table and rule sizes a load is asked for, checked before anything
+/// is loaded.
+fn check_sizes(opts: &LoadOptions) -> Result<()> {
+    if opts.max_sources == 0 {
+        return Err(Error::Invalid("a table of 0 sources cannot be loaded".into()));
+    }
+    if !(1..=MAX_RULES).contains(&opts.max_rules) {
+        return Err(Error::Invalid(format!("--max-rules must be 1 to {MAX_RULES}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

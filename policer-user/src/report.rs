@@ -136,12 +136,8 @@ pub fn stats_text(s: &StatsView) -> String {
         "\nbucket table: capacity {}, buckets created {}, insert failures {}, compare-and-swap retries {}",
         s.table.capacity, s.table.created, s.table.insert_failures, s.totals.cas_retries
     );
-    for i in &s.interfaces {
-        let _ = writeln!(
-            out,
-            "chain on {}: {} frames handed on, {} passed with the chain empty",
-            i.name, i.chain_handed_packets, i.chain_empty_packets
-        );
+    for l in s.interfaces.iter().map(chain_line) {
+        let _ = writeln!(out, "{l}");
     }
     let _ = writeln!(
         out,
@@ -172,6 +168,14 @@ pub fn stats_text(s: &StatsView) -> String {
         b.auto_refused_full
     );
     out
+}
+
+/// An interface's chain hand-offs, for `stats`.
+fn chain_line(i: &crate::control::IfaceStats) -> String {
+    format!(
+        "chain on {}: {} frames handed on, {} passed with the chain empty",
+        i.name, i.chain_handed_packets, i.chain_empty_packets
+    )
 }
 
 /// A count as it was counted: `1984`, or a sampled one `~1984 ±838` (its
