@@ -93,9 +93,9 @@ fn kill_9_during_a_flood_keeps_enforcing() {
     // The in-profile sources lost nothing the 1000 pps burst 10 rule would
     // not cut over their real send times (a stalled sender's catch-up).
     let rule = Rate::Pps(1000).rule(10).unwrap();
-    for i in 1..flows.len() {
+    for (i, f) in flows.iter().enumerate().skip(1) {
         if let Err(e) = traffic::within_rule(&sent, &got, &rule, i) {
-            panic!("in-profile source {} lost frames: {e}", flows[i].src);
+            panic!("in-profile source {} lost frames: {e}", f.src);
         }
     }
     // No daemon now: the CLI says so, with exit status 3 (as LSB `status`
