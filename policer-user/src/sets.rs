@@ -765,10 +765,10 @@ pub struct SetConfig {
 impl SetConfig {
     /// The set's rule (action, rate, burst, key_len; no prefix), as an
     /// import's. A set that names no action denies (as `rule import` does, and as
-    /// policer.toml(5) says).
+    /// policer.toml(5) says), unless it gives a rate: then it polices at it.
     pub fn rule(&self) -> RuleConfig {
         RuleConfig {
-            action: Some(self.action.unwrap_or(policer_common::bucket::Action::Deny)),
+            action: self.action.or(self.rate.is_none().then_some(policer_common::bucket::Action::Deny)),
             rate: self.rate.clone(),
             burst: self.burst.clone(),
             key_len: self.key_len,

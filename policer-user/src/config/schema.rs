@@ -513,7 +513,7 @@ pub static KEYS: &[Key] = &[
     ),
     set(S::Country, "country", "array of strings", "none", "With mmdb: the countries, ISO 3166-1 codes ([\"DE\"])."),
     set(S::Asn, "asn", "array of integers", "none", "With mmdb: the AS numbers ([64500])."),
-    set(S::Shared(SharedField::Action), "action", "string", "\"deny\"", "As a rule's action."),
+    set(S::Shared(SharedField::Action), "action", "string", "\"deny\" (\"police\" with a rate)", "As a rule's action."),
     set(S::Shared(SharedField::Rate), "rate", "string", "required for police and monitor", "As a rule's rate."),
     set(S::Shared(SharedField::Burst), "burst", "integer or string", "as a rule's", "As a rule's burst."),
     set(S::Shared(SharedField::KeyLen), "key_len", "integer", "as a rule's", "As a rule's key_len."),
