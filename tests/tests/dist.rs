@@ -453,7 +453,7 @@ fn image_is_scratch_small_and_runs_policer() {
     let img = &images[0];
     let names: Vec<&str> = img["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
     assert!(names.contains(&name.as_str()) && names.contains(&"localhost/policer:latest"), "{names:?}");
-    // "8.74 MB": buildah's decimal units.
+    // "11.1 MB": buildah's decimal units. Under 12 MB: the Redis client (fleet budgets) and the SYN program took it past 10.
     let size = img["size"].as_str().unwrap();
     let (n, unit) = size.split_once(' ').unwrap();
     let bytes = n.parse::<f64>().unwrap()
@@ -463,7 +463,7 @@ fn image_is_scratch_small_and_runs_policer() {
             "MB" => 1e6,
             other => panic!("image of {n} {other}"),
         };
-    assert!(bytes <= 10e6, "image is {size}");
+    assert!(bytes <= 12e6, "image is {size}");
     let entry = run(Command::new("buildah").args([
         "inspect",
         "--type",
