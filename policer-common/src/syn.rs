@@ -100,9 +100,11 @@ impl SynConf {
     }
 }
 
-/// Per rule slot, per CPU: what the SYN path did.
+/// Per rule slot, per CPU: what the SYN path did (summed over CPUs, the
+/// counters `stats --json` shows).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct SynCounters {
     /// SYNs of unverified sources the SYN path saw (a SYN-ACK answers at
     /// most each).

@@ -635,41 +635,14 @@ pub struct RuleStats {
     pub rates: Option<RateView>,
 }
 
-/// A rule's SYN cookies as `stats --json` shows them (policer_common::syn::SynCounters).
+/// A rule's SYN cookies as `stats --json` shows them: its mode and the
+/// kernel's counters, summed over CPUs, as they are.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SynStatsView {
     /// `flood` or `always`.
     pub mode: String,
-    /// SYNs of unverified sources seen.
-    pub syns: u64,
-    /// SYNs answered with a cookie (SYN-ACKs sent).
-    pub cookies_sent: u64,
-    pub acks_accepted: u64,
-    /// Cookie ACKs refused (dropped).
-    pub acks_refused: u64,
-    pub sources_verified: u64,
-    /// SYN-ACKs the reflection cap held back (the SYN dropped).
-    pub synacks_capped: u64,
-    /// SYNs to a port nobody listens on (policed).
-    pub no_listener: u64,
-    /// SYNs the kernel made no cookie for (policed).
-    pub no_cookie: u64,
-}
-
-impl SynStatsView {
-    pub fn of(mode: &str, c: &policer_common::syn::SynCounters) -> SynStatsView {
-        SynStatsView {
-            mode: mode.to_string(),
-            syns: c.syns,
-            cookies_sent: c.cookies_sent,
-            acks_accepted: c.acks_accepted,
-            acks_refused: c.acks_refused,
-            sources_verified: c.sources_verified,
-            synacks_capped: c.synacks_capped,
-            no_listener: c.no_listener,
-            no_cookie: c.no_cookie,
-        }
-    }
+    #[serde(flatten)]
+    pub counters: policer_common::syn::SynCounters,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

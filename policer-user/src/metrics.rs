@@ -185,14 +185,14 @@ fn rule_metrics(reg: &mut Registry, s: &StatsView) {
         if let Some(y) = &r.syn {
             let class = if r.class.is_empty() { "-".to_string() } else { r.class.clone() };
             for (event, n) in [
-                ("syn", y.syns),
-                ("cookie_sent", y.cookies_sent),
-                ("ack_accepted", y.acks_accepted),
-                ("ack_refused", y.acks_refused),
-                ("source_verified", y.sources_verified),
-                ("synack_capped", y.synacks_capped),
-                ("no_listener", y.no_listener),
-                ("no_cookie", y.no_cookie),
+                ("syn", y.counters.syns),
+                ("cookie_sent", y.counters.cookies_sent),
+                ("ack_accepted", y.counters.acks_accepted),
+                ("ack_refused", y.counters.acks_refused),
+                ("source_verified", y.counters.sources_verified),
+                ("synack_capped", y.counters.synacks_capped),
+                ("no_listener", y.counters.no_listener),
+                ("no_cookie", y.counters.no_cookie),
             ] {
                 let l = SynLabel { rule: r.prefix.clone(), class: class.clone(), event: event.into() };
                 rsyn.get_or_create(&l).inc_by(n);
@@ -531,9 +531,7 @@ mod tests {
                 counters: c,
                 syn: Some(crate::control::SynStatsView {
                     mode: "always".into(),
-                    syns: 9,
-                    cookies_sent: 7,
-                    ..Default::default()
+                    counters: policer_common::syn::SynCounters { syns: 9, cookies_sent: 7, ..Default::default() },
                 }),
                 rates: None,
             }],

@@ -120,14 +120,14 @@ pub fn stats_text(s: &StatsView) -> String {
                 r.prefix,
                 r.class,
                 y.mode,
-                y.syns,
-                y.cookies_sent,
-                y.synacks_capped,
-                y.acks_accepted,
-                y.acks_refused,
-                y.sources_verified,
-                y.no_listener,
-                y.no_cookie
+                y.counters.syns,
+                y.counters.cookies_sent,
+                y.counters.synacks_capped,
+                y.counters.acks_accepted,
+                y.counters.acks_refused,
+                y.counters.sources_verified,
+                y.counters.no_listener,
+                y.counters.no_cookie
             );
         }
     }

@@ -205,12 +205,12 @@ fn no_daemon(json: bool) -> anyhow::Result<()> {
 /// they need that are not set.
 fn print_syn_cookies(s: &StatusView) {
     for y in &s.syn_cookies {
-        let c = &y.counters;
+        let (mode, c) = (&y.counters.mode, &y.counters.counters);
         println!(
             "syn cookies: {} ({}): {} SYNs of unverified sources, {} cookies sent, {} held back by the cap, \
              {} ACKs accepted, {} refused, {} sources verified",
             y.rule,
-            c.mode,
+            mode,
             c.syns,
             c.cookies_sent,
             c.synacks_capped,

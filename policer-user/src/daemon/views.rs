@@ -397,7 +397,7 @@ impl Views {
                 let c = counters.get(&r.slot).copied().unwrap_or_default();
                 Some(crate::control::SynStatus {
                     rule: k.to_string(),
-                    counters: crate::control::SynStatsView::of(y.mode.name(), &c),
+                    counters: crate::control::SynStatsView { mode: y.mode.name().to_string(), counters: c },
                 })
             })
             .collect()
@@ -514,8 +514,9 @@ impl Views {
                 class: key.class().to_string(),
                 action: r.spec.action.to_string(),
                 counters: CountersView::from(&rc.get(&r.slot).copied().unwrap_or_default()),
-                syn: r.spec.syn().map(|y| {
-                    crate::control::SynStatsView::of(y.mode.name(), &syn.get(&r.slot).copied().unwrap_or_default())
+                syn: r.spec.syn().map(|y| crate::control::SynStatsView {
+                    mode: y.mode.name().to_string(),
+                    counters: syn.get(&r.slot).copied().unwrap_or_default(),
                 }),
                 rates: None,
             })
