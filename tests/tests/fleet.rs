@@ -216,17 +216,17 @@ fn a_redis_answering_later_than_a_period_puts_every_edge_on_its_fallback() {
     // DEBUG SLEEP holds Redis's one thread: every lease answers late.
     let ctl = f.ctl.clone();
     let sleeper = thread::spawn(move || {
-        Command::new("ip").args(["netns", "exec", &ctl, "redis-cli", "-h", REDIS_IP, "debug", "sleep", "1.5"]).output()
+        Command::new("ip").args(["netns", "exec", &ctl, "redis-cli", "-h", REDIS_IP, "debug", "sleep", "3"]).output()
     });
     for n in 0..3 {
         let s = until(&f, n, Duration::from_secs(1), "the fallback", |s| s["backend_up"] == false);
         assert!(s["last_error"].is_string(), "{s}");
     }
     // The hanging Redis holds only the lease thread: a change through the
-    // owner is answered at once.
-    let t0 = Instant::now();
+    // owner is answered while Redis still sleeps (not a timing against the
+    // host: the sleep is still running when the answer comes).
     succeeds(&cli(&f.edges[0], &["rule", "set", "10.9.0.0/16", "--rate", "1kpps", "--runtime"]));
-    assert!(t0.elapsed() < Duration::from_millis(500), "rule set took {:?} while Redis hung", t0.elapsed());
+    assert!(!sleeper.is_finished(), "rule set was answered only after Redis woke: the owner waited for the lease");
     sleeper.join().unwrap().unwrap();
     for n in 0..3 {
         until(&f, n, Duration::from_secs(2), "leases resumed", |s| s["backend_up"] == true);

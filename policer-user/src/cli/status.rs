@@ -209,14 +209,7 @@ fn print_syn_cookies(s: &StatusView) {
         println!(
             "syn cookies: {} ({}): {} SYNs of unverified sources, {} cookies sent, {} held back by the cap, \
              {} ACKs accepted, {} refused, {} sources verified",
-            y.rule,
-            mode,
-            c.syns,
-            c.cookies_sent,
-            c.synacks_capped,
-            c.acks_accepted,
-            c.acks_refused,
-            c.sources_verified
+            y.rule, mode, c.syns, c.cookies_sent, c.synacks_capped, c.acks_accepted, c.acks_refused, c.sources_verified
         );
     }
     for w in &s.syn_cookie_warnings {
