@@ -25,20 +25,26 @@ pub const REDIS_IP: &str = "10.77.0.254";
 /// A redis-server in the control namespace, killed on drop.
 pub struct Redis {
     ns: String,
+    bind: String,
     port: u16,
     child: Option<Child>,
 }
 
 impl Redis {
     pub fn start(ns: &str, port: u16) -> Redis {
-        let mut r = Redis { ns: ns.into(), port, child: None };
+        Redis::start_on(ns, REDIS_IP, port)
+    }
+
+    /// A redis-server listening on `bind` in `ns`.
+    pub fn start_on(ns: &str, bind: &str, port: u16) -> Redis {
+        let mut r = Redis { ns: ns.into(), bind: bind.into(), port, child: None };
         r.restart();
         r
     }
 
     pub fn restart(&mut self) {
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "redis-server", "--bind", REDIS_IP, "--port", &self.port.to_string()])
+            .args(["netns", "exec", &self.ns, "redis-server", "--bind", &self.bind, "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning"])
             // DEBUG SLEEP: a Redis that answers late (the fleet tier).
             .args(["--enable-debug-command", "yes"])
@@ -58,7 +64,7 @@ impl Redis {
     /// Whether `PING` is answered `PONG`.
     pub fn answers(&self) -> bool {
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "redis-cli", "-h", REDIS_IP, "-p", &self.port.to_string(), "ping"])
+            .args(["netns", "exec", &self.ns, "redis-cli", "-h", &self.bind, "-p", &self.port.to_string(), "ping"])
             .stdin(Stdio::null())
             .output();
         out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("PONG"))

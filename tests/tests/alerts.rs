@@ -17,6 +17,7 @@ use std::{
 
 use policer_tests::{
     daemon::{Daemon, cli, succeeds},
+    fleet::Redis,
     lapi::{self, Lapi},
     netns::{Sandbox, ip},
     traffic::{self, Flow, RunOptions},
@@ -224,12 +225,18 @@ fn a_real_prometheus_evaluates_every_rule_and_every_dashboard_query_on_a_policin
     let (login, password) = lapi.machine();
     // Every kind of series the dashboard draws: a policed default with
     // automatic bans, a monitor rule, a class, an aggregate, a manual ban,
-    // a feed that publishes.
+    // a feed that publishes, a fleet budget leased from a real Redis, a
+    // class with SYN cookies.
+    let _redis = Redis::start_on(&sb.rx_ns, "127.0.0.1", 16_391);
     std::fs::write(
         &sb.config,
         format!(
             "[crowdsec]\nlapi_url = \"{}\"\napi_key = \"{key}\"\nupdate_frequency = \"1s\"\npublish = true\n\
              machine_id = \"{login}\"\npassword = \"{password}\"\n\n\
+             [global]\nredis_url = \"redis://127.0.0.1:16391\"\nnode_id = \"edge-a\"\n\n\
+             [[rule]]\nprefix = \"10.98.0.0/16\"\nrate = \"1kpps\"\nburst = 10\ntotal_rate = \"2kpps\"\nglobal = \"svc\"\n\n\
+             [[rule]]\nprefix = \"10.97.0.0/16\"\nproto = \"tcp\"\ndport = 8443\nrate = \"100pps\"\nburst = 10\n\
+             syn_cookies = \"always\"\n\n\
              [[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"200pps\"\nburst = 10\nban_for = \"1m\"\n\n\
              [[rule]]\nprefix = \"10.92.0.0/16\"\nrate = \"100pps\"\nburst = 10\naction = \"monitor\"\n\n\
              [[rule]]\nprefix = \"10.93.0.0/16\"\nrate = \"100pps\"\nburst = 10\nproto = \"udp\"\n\n\
@@ -251,6 +258,7 @@ fn a_real_prometheus_evaluates_every_rule_and_every_dashboard_query_on_a_policin
         Flow { src: ip4("10.93.0.5"), pps: 500.0, len: 64 },
         Flow { src: ip4("10.94.0.5"), pps: 300.0, len: 64 },
         Flow { src: ip4("10.96.0.5"), pps: 100.0, len: 64 },
+        Flow { src: ip4("10.98.0.5"), pps: 300.0, len: 64 },
     ];
     traffic::run_with(&sb, &flows, Duration::from_secs(6), &RunOptions::default());
     // A few scrapes after the traffic, and the rules evaluated on them.

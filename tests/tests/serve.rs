@@ -276,17 +276,19 @@ fn slow_and_silent_clients_stall_nothing() {
         "rule set ms: base {base_set:.0?} load {load_set:.0?}\nstats ms: base {base_stats:.0?} load {load_stats:.0?}\n\
          /metrics {body} bytes; reconnects of cut-off clients {reconnects}; SIGTERM to exit {exit_s:.2} s"
     );
-    // A stall behind a bad client costs a request deadline (5 s); the
-    // bound is 100 ms or half the call's own time, whichever is more, far
-    // above the host's noise and far below a stall: a debug `stats` of
-    // 18 000 rules takes 0.5-0.8 s on a two-core host and 2.75-3.46 s on a
-    // busy one (issue 43 point 17; CI of stop 49 saw 710 against 602 ms).
+    // A stall behind a bad client costs a request deadline (5 s): the call
+    // that waited takes that much longer than any call without the load.
+    // So no call under load may take more than the slowest without it plus
+    // half a deadline: far above the host's noise (a debug `stats` of 18 000
+    // rules takes 0.5-0.8 s on a two-core host, 1-3.5 s on a busy one, and
+    // the load's own clients take CPU from it; issue 43 point 17), far below
+    // a stall. The timings themselves are the benchmark's (control rows).
     for (what, base, load) in [("rule set", &base_set, &load_set), ("stats", &base_stats, &load_stats)] {
+        let slowest = base.iter().copied().fold(0.0, f64::max);
+        let worst = load.iter().copied().fold(0.0, f64::max);
         assert!(
-            median(load) <= median(base) + f64::max(100.0, median(base) / 2.0),
-            "`policer {what}` took {:.0} ms under load against {:.0} ms without",
-            median(load),
-            median(base)
+            worst <= slowest + 2_500.0,
+            "`policer {what}` took {worst:.0} ms under load, the slowest without it {slowest:.0} ms: a stall behind a bad client"
         );
     }
     // Counter lines kept their period through the load.
