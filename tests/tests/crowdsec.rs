@@ -105,6 +105,12 @@ fn wait_set(sb: &Sandbox, secs: f64, what: &str, cond: impl Fn(&[String]) -> boo
     }
 }
 
+/// Seconds to wait for the end of a decision of `secs` added at `added`:
+/// until 2 s past its end.
+fn until_end(added: Instant, secs: u64) -> f64 {
+    (added + Duration::from_secs(secs + 2)).saturating_duration_since(Instant::now()).as_secs_f64().max(2.0)
+}
+
 /// Sends 1 s of each flow; how many of each arrived, and were sent.
 fn send(sb: &Sandbox, srcs: &[&str]) -> (Vec<u64>, Vec<u64>) {
     let flows: Vec<Flow> = srcs.iter().map(|s| Flow { src: ip(s), pps: 300.0, len: 64 }).collect();
@@ -125,7 +131,10 @@ fn every_decision_is_in_force_after_the_sync_and_deletes_adds_and_ends_follow() 
     lapi.add_range("10.72.0.0/24", "1h");
     lapi.add_range("fd00:72::/64", "1h");
     lapi.add_decision(&["--ip", "10.73.0.1", "--type", "captcha", "--duration", "1h"]);
-    lapi.add_ip("10.74.0.1", "4s");
+    // Long enough to be in force at the first pull on a busy host (a 4 s
+    // one ended before a loaded debug daemon's start: 1005 of 1006).
+    let short_added = Instant::now();
+    lapi.add_ip("10.74.0.1", "20s");
     // A feed's worth in one import (Ip scope, some of them CIDRs).
     let mut csv = String::from("value,duration,reason\n");
     for i in 0..1000u32 {
@@ -161,8 +170,8 @@ fn every_decision_is_in_force_after_the_sync_and_deletes_adds_and_ends_follow() 
     eprintln!("a delta in force {:.2} s after cscli returned", took.as_secs_f64());
     let (got, sent) = send(&sb, &["10.71.0.1", "10.76.0.1"]);
     assert_eq!((got[0], got[1]), (sent[0], 0), "after the delta: {got:?} of {sent:?}");
-    // The 4 s decision ended at its end (±1 s), with no word from the feed.
-    wait_set(&sb, 6.0, "the end of a 4 s decision", |e| !e.iter().any(|x| x == "10.74.0.1/32"));
+    // The 20 s decision ended at its end (+2 s), with no word from the feed.
+    wait_set(&sb, until_end(short_added, 20), "the end of a 20 s decision", |e| !e.iter().any(|x| x == "10.74.0.1/32"));
     // The feed counts the end once the owner has written the set: its
     // status follows the set by a moment.
     wait_feed(&sb, 2, "the end counted", |f| f["expired"].as_u64().unwrap_or(0) >= 1);
@@ -201,7 +210,8 @@ fn the_lapi_down_keeps_what_is_in_force_and_the_feed_catches_up() {
     let mut lapi = Lapi::start(&sb.rx_ns, port(2));
     let key = lapi.bouncer_key("policer-down");
     lapi.add_ip("10.71.0.2", "1h");
-    lapi.add_ip("10.71.0.3", "3s");
+    let short_added = Instant::now();
+    lapi.add_ip("10.71.0.3", "15s");
     write_config(&sb, &lapi.url(), &key, "");
     let mut d = daemon(&sb, 9482);
     wait_feed(&sb, 5, "the startup sync", |f| f["decisions"] == 2);
@@ -214,10 +224,10 @@ fn the_lapi_down_keeps_what_is_in_force_and_the_feed_catches_up() {
     assert_eq!(m.get("policer_crowdsec_last_sync_success"), Some(&0.0), "{m:?}");
     let st = succeeds(&cli(&sb, &["status"]));
     assert!(st.contains("last pull FAILED"), "{st}");
-    // Down: the ban stays; the 3 s one still ends at its end.
+    // Down: the ban stays; the 15 s one still ends at its end.
     let (got, sent) = send(&sb, &["10.71.0.2", "10.75.0.2"]);
     assert_eq!((got[0], got[1]), (0, sent[1]), "with the LAPI down: {got:?} of {sent:?}");
-    wait_set(&sb, 5.0, "the end of a 3 s decision with the LAPI down", |e| {
+    wait_set(&sb, until_end(short_added, 15), "the end of a 15 s decision with the LAPI down", |e| {
         !e.iter().any(|x| x == "10.71.0.3/32") && e.iter().any(|x| x == "10.71.0.2/32")
     });
     // Back: what changed meanwhile arrives.
