@@ -107,11 +107,16 @@ impl Daemon {
     /// [`Daemon::try_start`] through `nsenter --net`: the network namespace
     /// alone, the host's mounts kept (bpffs pins shared with the host and
     /// its tools, as on a real host; `ip netns exec` gives each process a
-    /// /sys of its own: docs/platform.md).
-    pub fn try_start_nsenter(bin: &std::path::Path, ns: &str, args: &[&str]) -> Result<Daemon, Exited> {
+    /// /sys of its own: docs/platform.md), with extra environment variables.
+    pub fn try_start_nsenter(
+        bin: &std::path::Path,
+        ns: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<Daemon, Exited> {
         let mut enter = Command::new("nsenter");
         enter.arg(format!("--net=/run/netns/{ns}"));
-        Daemon::try_start_with(enter, bin, args, &[])
+        Daemon::try_start_with(enter, bin, args, envs)
     }
 
     fn try_start_with(

@@ -85,12 +85,22 @@ fn start(sb: &Sandbox) -> Daemon {
 /// `policer attach` of the sandbox's interface with `extra` arguments,
 /// under nsenter (the host's bpffs).
 fn try_start(bin: &Path, sb: &Sandbox, extra: &[&str]) -> Result<Daemon, policer_tests::daemon::Exited> {
+    try_start_env(bin, sb, extra, &[])
+}
+
+/// [`try_start`] with extra environment variables (the test hooks).
+fn try_start_env(
+    bin: &Path,
+    sb: &Sandbox,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Result<Daemon, policer_tests::daemon::Exited> {
     let mut args = vec!["attach", sb.rx_if.as_str(), "--config", sb.config.as_str(), "--interval", "0"];
     if !extra.contains(&"--join") {
         args.extend_from_slice(&["--mode", "native"]);
     }
     args.extend_from_slice(extra);
-    Daemon::try_start_nsenter(bin, &sb.rx_ns, &args)
+    Daemon::try_start_nsenter(bin, &sb.rx_ns, &args, envs)
 }
 
 fn start_with(sb: &Sandbox, extra: &[&str]) -> Daemon {
@@ -114,8 +124,13 @@ fn flows() -> Vec<SpecFlow> {
 /// What arrived of each flow of [`flows`] in a run of [`SECS`] (and what
 /// was sent).
 fn run(sb: &Sandbox) -> (Vec<u64>, Vec<u64>) {
+    run_for(sb, SECS)
+}
+
+/// [`run`] for `secs` seconds.
+fn run_for(sb: &Sandbox, secs: f64) -> (Vec<u64>, Vec<u64>) {
     let (sent, got) =
-        traffic::run_specs(sb, &flows(), Duration::from_secs_f64(SECS), &RunOptions { ..Default::default() });
+        traffic::run_specs(sb, &flows(), Duration::from_secs_f64(secs), &RunOptions { ..Default::default() });
     assert_eq!(got.socket_drops, 0, "the receiving socket lost frames: counts cannot be trusted");
     (sent.sent, got.per_flow)
 }
@@ -123,7 +138,12 @@ fn run(sb: &Sandbox) -> (Vec<u64>, Vec<u64>) {
 /// What the heavy source may get through policer in a run: its rate over
 /// the run and its burst, with room for a loaded machine's pacing.
 fn heavy_admitted_ok(arrived: u64, sent: u64) {
-    let want = RATE * SECS + BURST;
+    heavy_admitted_ok_for(arrived, sent, SECS);
+}
+
+/// [`heavy_admitted_ok`] for a run of `secs` seconds.
+fn heavy_admitted_ok_for(arrived: u64, sent: u64, secs: f64) {
+    let want = RATE * secs + BURST;
     assert!(
         (arrived as f64) > 0.8 * want && (arrived as f64) < 1.2 * want,
         "heavy source: {arrived} of {sent} arrived, want about {want} (policer's rate): machine overloaded?"
@@ -478,6 +498,98 @@ fn policer_joins_a_katran_style_root() {
     assert_eq!(got[2], 0, "xdp-filter behind the root still drops UDP/7777");
 }
 
+/// Member mode through a crash: `kill -9` of the daemon joined to a root
+/// leaves policer's program in the root's slot and xdp-filter's behind it,
+/// both enforcing on real traffic; a restart with the same `--join`
+/// adopts the slot (the program's maps) and puts its new program there in
+/// one map update, xdp-filter's slot untouched.
+#[test]
+fn kill_9_of_a_member_keeps_enforcing_and_a_restart_adopts_its_slot() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let dir = BpfDir::new("member");
+    let _root = attach_root(&sb, &dir.0);
+    let root_id = sb.rx_xdp().expect("the root is attached");
+    let progs = dir.0.join("progs");
+    let join = ["--join", progs.to_str().unwrap(), "--slot", "1"];
+    let mut d = start_with(&sb, &join);
+    load_filter(XDPFILT, "xdpfilt_dny_udp", &dir.0.join("filter"));
+    bpftool_put(&progs, 2, &dir.0.join("filter"));
+    xdp_filter(&["port", "9999", "--mode", "dst", "--proto", "udp"]);
+    both_enforce(&sb, "a member, before kill -9");
+    let held = slot_ids(&progs);
+    assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2], "{held:?}");
+    let (policer_id, filter_id) = (held[0].1, held[1].1);
+
+    d.stop_with(libc::SIGKILL);
+    assert_eq!(slot_ids(&progs), held, "kill -9 leaves policer in slot 1 and xdp-filter in slot 2");
+    both_enforce(&sb, "after kill -9 of the member's daemon");
+
+    let d = start_with(&sb, &join);
+    let said = d.stdout();
+    assert!(said.contains(&format!("adopting the policer already running (program {policer_id})")), "{said}");
+    assert!(said.contains(&format!("replaced program {policer_id} in")), "{said}");
+    let after = slot_ids(&progs);
+    assert_eq!(after.iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2], "{after:?}");
+    assert_ne!(after[0].1, policer_id, "the restart's program in slot 1");
+    let info = policer_user::chain::program_info(after[0].1).expect("policer's program");
+    assert_eq!(info.name_as_str(), Some("policer"));
+    assert_eq!(after[1].1, filter_id, "xdp-filter's program stays in slot 2");
+    assert_eq!(sb.rx_xdp().as_deref(), Some(root_id.as_str()), "the root keeps the hook");
+    both_enforce(&sb, "after the member's restart");
+    let said = succeeds(&cli(&sb, &["detach", &sb.rx_if]));
+    assert!(said.contains("left slot 1"), "{said}");
+}
+
+/// The object as a file attached by libxdp's loader, unmodified Debian
+/// xdp-tools: `xdp-loader load -m skb IFACE FILE`. This kernel refuses
+/// libxdp's dispatcher (freplace), so libxdp falls back to attaching the
+/// one program; it runs: with no rules every frame passes (unmatched) and
+/// its own counters count them.
+#[test]
+fn xdp_loader_attaches_the_object_file() {
+    if !tools() {
+        return;
+    }
+    let dir = tempdir();
+    let object = dir.join("policer-xdp-loader.bpf.o");
+    let out = Command::new(policer_bin()).args(["object", "--write"]).arg(&object).output().unwrap();
+    assert!(out.status.success(), "policer object: {}", String::from_utf8_lossy(&out.stderr));
+    let (sb, _pins) = sandbox();
+    // Under nsenter --net: the host's bpffs, where libxdp looks first.
+    let loader = |args: &[&str]| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", sb.rx_ns))
+            .arg("xdp-loader")
+            .args(args)
+            .output()
+            .expect("xdp-loader");
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let (ok, said) = loader(&["load", "-v", "-m", "skb", &sb.rx_if, object.to_str().unwrap()]);
+    assert!(ok, "xdp-loader load: {said}");
+    assert!(said.contains("Falling back to loading single prog"), "libxdp's fallback to the one program: {said}");
+    assert_eq!(hook_program(&sb), "policer", "policer's program alone on the hook");
+    let (ok, status) = loader(&["status", &sb.rx_if]);
+    assert!(ok && status.contains("policer") && status.contains("skb"), "xdp-loader status: {status}");
+    let id: u32 = sb.rx_xdp().expect("attached").parse().unwrap();
+    let before = policer_tests::kstate::read(id).counters;
+    let (sent, got) = run(&sb);
+    assert_eq!(got, sent, "no rules: every frame passes");
+    let after = policer_tests::kstate::read(id).counters;
+    let counted = after.unmatched_pkts - before.unmatched_pkts;
+    assert!(counted >= sent.iter().sum::<u64>(), "the program counted {counted} unmatched frames of {sent:?} sent");
+    let (ok, said) = loader(&["unload", &sb.rx_if, "--all"]);
+    assert!(ok, "xdp-loader unload: {said}");
+    assert!(sb.rx_xdp().is_none(), "unloaded");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `policer ARGS` of binary `bin` in the sandbox's namespace, as a user
 /// runs it.
 fn cli_bin(bin: &Path, sb: &Sandbox, args: &[&str]) -> std::process::Output {
@@ -577,38 +689,102 @@ fn xdp_filter_allow_policy_behind_policer() {
     assert_eq!((fd1 - fd0) + (fp1 - fp0), h1 - h0, "xdp-filter counted exactly the frames policer handed on");
 }
 
-/// An upgrade: an older policer build (POLICER_OLD_BIN, with the chain)
-/// runs with xdp-filter in its chain and exits leaving it policing
-/// (--persist, as the package's unit runs it); this build starts and
-/// takes over. The chain's program stays in its slot, and both enforce.
+/// An upgrade from an older build (POLICER_OLD_BIN, with the chain):
+/// [`upgrade_keeps_the_chain`] with that build as the old one. Runs where
+/// one is given; CI, which has only this build, runs the two upgrades
+/// below.
 #[test]
 fn an_upgrade_keeps_the_chain() {
     if !tools() {
         return;
     }
     let Some(old) = std::env::var_os("POLICER_OLD_BIN").map(PathBuf::from) else {
-        // An older build is not part of the suite's build (CI has only
-        // this one): the upgrade runs where one is given.
-        eprintln!("chain: upgrade not run: set POLICER_OLD_BIN to an older policer build with the chain");
+        eprintln!(
+            "chain: the upgrade from an older build not run: set POLICER_OLD_BIN to an older policer build with \
+             the chain (the upgrades of this build over itself and over another layout run without it)"
+        );
         return;
     };
+    upgrade_keeps_the_chain(&old, &[], "an older build");
+}
+
+/// An upgrade as every start over a running policer makes it, this build
+/// over a program of its own layout: the new program is loaded with the
+/// running one's maps and the pinned chain, and replaces it on the hook
+/// (`XDP_FLAGS_REPLACE`). The same mechanism as an upgrade from an older
+/// build of the same layout: no older build needed.
+#[test]
+fn an_upgrade_over_the_same_layout_keeps_the_chain() {
+    if !tools() {
+        return;
+    }
+    upgrade_keeps_the_chain(&policer_bin(), &[], "the same layout");
+}
+
+/// An upgrade over a program of another layout: this build plays the
+/// older one (its program stamped with the layout version before this
+/// one's, the test hook lifecycle's layout tests use); the new program
+/// takes fresh maps but the same pinned chain, and replaces the old one
+/// (`XDP_FLAGS_REPLACE`).
+#[test]
+fn an_upgrade_over_another_layout_keeps_the_chain() {
+    if !tools() {
+        return;
+    }
+    let older = (policer_common::LAYOUT_VERSION - 1).to_string();
+    upgrade_keeps_the_chain(&policer_bin(), &[("POLICER_TEST_LAYOUT_VERSION", &older)], "another layout");
+}
+
+/// Seconds of traffic across an upgrade; the new daemon starts after
+/// [`UPGRADE_AFTER`] of them.
+const UPGRADE_SECS: f64 = 8.0;
+const UPGRADE_AFTER: Duration = Duration::from_millis(1500);
+
+/// An upgrade: `old` (another build, or this one with the test hooks
+/// `envs`) runs with xdp-filter in its chain and exits leaving it policing
+/// (--persist, as the package's unit runs it); this build starts while
+/// traffic flows and takes over: a new program replaces the old one on
+/// the hook (XDP_FLAGS_REPLACE), the chain's program stays in its slot,
+/// and through the whole run no frame passed unchained (UDP/7777: none
+/// arrives) or unpoliced (the heavy source: its rate).
+fn upgrade_keeps_the_chain(old: &Path, envs: &[(&str, &str)], what: &str) {
     let (sb, _pins) = sandbox();
-    let mut d = match try_start(&old, &sb, &["--persist"]) {
+    let mut d = match try_start_env(old, &sb, &["--persist"], envs) {
         Ok(d) => d,
-        Err(e) => panic!("the old policer did not start ({}):\n{}\n{}", e.status, e.stdout, e.stderr),
+        Err(e) => panic!("the old policer ({what}) did not start ({}):\n{}\n{}", e.status, e.stdout, e.stderr),
     };
-    let added = cli_bin(&old, &sb, &["chain", "add", &sb.rx_if, XDPFILT, "--pin-maps", FILTER_PINS]);
+    let added = cli_bin(old, &sb, &["chain", "add", &sb.rx_if, XDPFILT, "--pin-maps", FILTER_PINS]);
     assert!(added.status.success(), "old chain add: {}", String::from_utf8_lossy(&added.stderr));
     xdp_filter(&["port", "9999", "--mode", "dst", "--proto", "udp"]);
-    both_enforce(&sb, "the old build");
+    both_enforce(&sb, &format!("the old program ({what})"));
     let member = chain_slot(&sb, 0).expect("xdp-filter in slot 0");
+    let old_id = sb.rx_xdp().expect("the old program on the hook");
     assert!(d.stop_with(libc::SIGTERM), "the old daemon exits");
     assert_eq!(chain_slot(&sb, 0), Some(member), "a --persist exit keeps the chain");
-    let d = start(&sb);
-    assert!(d.stdout().contains("keeping program"), "the chain is kept: {}", d.stdout());
-    assert_eq!(chain_slot(&sb, 0), Some(member), "the same program in slot 0 after the upgrade");
+    assert_eq!(sb.rx_xdp().as_deref(), Some(old_id.as_str()), "a --persist exit keeps the program");
+
+    let (d, (sent, got)) = std::thread::scope(|s| {
+        let traffic = s.spawn(|| run_for(&sb, UPGRADE_SECS));
+        std::thread::sleep(UPGRADE_AFTER);
+        let d = start(&sb);
+        (d, traffic.join().expect("the traffic"))
+    });
+    let said = d.stdout();
+    assert!(said.contains(&format!("replaced program {old_id} on {}", sb.rx_if)), "{what}: {said}");
+    assert!(said.contains("keeping program"), "{what}: the chain is kept: {said}");
+    if !envs.is_empty() {
+        // The program of another layout is replaced, not adopted.
+        assert!(said.contains(&format!("replacing policer program {old_id} of")), "{what}: {said}");
+    }
+    let new_id = sb.rx_xdp().expect("a program on the hook");
+    assert_ne!(new_id, old_id, "{what}: a new program on the hook");
     assert_eq!(hook_program(&sb), "policer");
-    both_enforce(&sb, "after the upgrade");
+    assert_eq!(chain_slot(&sb, 0), Some(member), "{what}: the same program in slot 0 after the upgrade");
+    // Across the replace: never unchained, never unpoliced.
+    assert_eq!(got[2], 0, "{what}: UDP/7777 arrived during the upgrade: the chain was skipped ({} sent)", sent[2]);
+    assert_eq!(got[1], sent[1], "{what}: in-profile UDP/9999 must all arrive during the upgrade");
+    heavy_admitted_ok_for(got[0], sent[0], UPGRADE_SECS);
+    both_enforce(&sb, &format!("after the upgrade over {what}"));
     let ls = succeeds(&cli(&sb, &["chain", "ls", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
     assert_eq!(v[0]["slots"][0]["program_id"], member, "{ls}");
