@@ -67,6 +67,10 @@ pub struct SynRow {
     /// SYNs a second the flood reached (the sender's pace with this system
     /// on its CPU).
     pub syns_per_s: Stat,
+    /// Frames the sending side received per SYN (the SYN-ACKs: 1 when
+    /// every SYN was answered, 0 for the floor).
+    #[serde(default)]
+    pub back_per_syn: Stat,
     /// Real connections (kernel clients, data both ways) that completed
     /// during a flood, of `connects_tried`.
     pub connects_ok: u64,
@@ -190,11 +194,15 @@ fn rig_for(key: &'static str, i: usize) -> Result<Rig> {
 fn synproxy(sb: &Sandbox) -> Result<()> {
     let rules = format!(
         "table ip pbsyn {{
-  chain pre {{ type filter hook prerouting priority raw; policy accept;
-    tcp dport {PORT} tcp flags & (fin|syn|rst|ack) == syn notrack }}
-  chain inp {{ type filter hook input priority filter; policy accept;
+  chain pre {{
+    type filter hook prerouting priority raw; policy accept;
+    tcp dport {PORT} tcp flags & (fin|syn|rst|ack) == syn notrack
+  }}
+  chain inp {{
+    type filter hook input priority filter; policy accept;
     tcp dport {PORT} ct state invalid,untracked synproxy mss 1460 wscale 7 timestamp sack-perm
-    ct state invalid drop }}
+    ct state invalid drop
+  }}
 }}\n"
     );
     crate::sys::run_in_stdin(&sb.rx_ns, "nft", &["-f", "-"], &rules).context("nft synproxy ruleset")?;
@@ -211,10 +219,16 @@ fn tx_dropped(sb: &Sandbox) -> u64 {
         .unwrap_or(0)
 }
 
-/// One flood of `secs` at `rig`: (CPU ns per SYN taken, SYNs a second).
-fn measure(rig: &Rig, cpu: usize, secs: f64) -> Result<(f64, f64)> {
+/// Frames the sending veth received so far (the SYN-ACKs back).
+fn tx_received(sb: &Sandbox) -> u64 {
+    crate::sys::link_stats(&sb.tx_ns, &sb.tx_if).map_or(0, |s| s.rx_packets)
+}
+
+/// One flood of `secs` at `rig`: (CPU ns per SYN taken, SYNs a second,
+/// frames back to the sending side per SYN taken).
+fn measure(rig: &Rig, cpu: usize, secs: f64) -> Result<(f64, f64, f64)> {
     settle();
-    let d0 = tx_dropped(&rig.sb);
+    let (d0, b0) = (tx_dropped(&rig.sb), tx_received(&rig.sb));
     let stop = Arc::new(AtomicBool::new(false));
     let f = rig::flood(&rig.sb, rig.frames.clone(), cpu, stop, Duration::from_secs_f64(secs))
         .join()
@@ -223,7 +237,8 @@ fn measure(rig: &Rig, cpu: usize, secs: f64) -> Result<(f64, f64)> {
     if taken == 0 {
         bail!("{}: no SYN reached the receiving side", rig.key);
     }
-    Ok((f.own_ns as f64 / taken as f64, taken as f64 / (f.wall_ns as f64 / 1e9)))
+    let back = tx_received(&rig.sb).saturating_sub(b0) as f64 / taken as f64;
+    Ok((f.own_ns as f64 / taken as f64, taken as f64 / (f.wall_ns as f64 / 1e9), back))
 }
 
 /// Real connections through a flood at `rig`: how many of `n` completed.
@@ -259,11 +274,13 @@ pub fn run(quick: bool, reps: usize) -> Result<SynResults> {
     }
     let mut gross = vec![Vec::new(); rigs.len()];
     let mut rate = vec![Vec::new(); rigs.len()];
+    let mut back = vec![Vec::new(); rigs.len()];
     for rep in 0..reps {
         for (i, r) in rigs.iter().enumerate() {
-            let (ns, pps) = measure(r, cpu, secs)?;
+            let (ns, pps, b) = measure(r, cpu, secs)?;
             gross[i].push(ns);
             rate[i].push(pps);
+            back[i].push(b);
         }
         say(&format!(
             "syn: repetition {}/{reps}: {}",
@@ -290,6 +307,7 @@ pub fn run(quick: bool, reps: usize) -> Result<SynResults> {
             gross_ns: Stat::of(&gross[i]),
             net_ns: (i > 0).then(|| Stat::of(&net(i))),
             syns_per_s: Stat::of(&rate[i]),
+            back_per_syn: Stat::of(&back[i]),
             connects_ok: oks[i],
         })
         .collect();
@@ -346,8 +364,8 @@ pub fn section(w: &mut String, s: &SynResults) {
          not the live-frames generator (docs/syn-cookies.md, \"Open\").\n",
         s.reps, s.secs
     );
-    let _ = writeln!(w, "| system | CPU ns / SYN | less the floor | SYNs/s reached | connected |");
-    let _ = writeln!(w, "|---|---|---|---|---|");
+    let _ = writeln!(w, "| system | CPU ns / SYN | less the floor | SYNs/s reached | frames back / SYN | connected |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
     for r in &s.rows {
         let net = r.net_ns.as_ref().map_or("–".to_string(), stat_ns);
         let conn = if r.key == "floor" {
@@ -360,8 +378,15 @@ pub fn section(w: &mut String, s: &SynResults) {
                 100.0 * r.connects_ok as f64 / s.connects_tried.max(1) as f64
             )
         };
-        let _ =
-            writeln!(w, "| {} | {} | {} | {:.0} | {conn} |", r.label, stat_ns(&r.gross_ns), net, r.syns_per_s.median);
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {:.0} | {:.2} | {conn} |",
+            r.label,
+            stat_ns(&r.gross_ns),
+            net,
+            r.syns_per_s.median,
+            r.back_per_syn.median
+        );
     }
     let f = |x: &Stat| {
         if x.n == 0 { "–".to_string() } else { format!("{:.2}× ({:.2}–{:.2})", x.median, x.min, x.max) }

@@ -203,7 +203,11 @@ pub fn syn_frames(
             let len = if dst.is_ipv6() { 74 } else { 64 };
             let mut spec = FrameSpec::tcp(source(r), dst, len, sport, dport, TCP_SYN);
             spec.dst_mac = mac;
-            spec.build(None)
+            let mut f = spec.build(None);
+            // A valid TCP checksum: the kernel drops a SYN without one
+            // before it answers (XDP does not look).
+            fix_tcp_checksum(&mut f, 14 + if dst.is_ipv6() { 40 } else { 20 }, dst.is_ipv6());
+            f
         })
         .collect()
 }
@@ -221,11 +225,17 @@ pub fn forged_ack(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, ack: u32, ma
     f
 }
 
-/// Recomputes the TCP checksum of a frame whose TCP header is at `tcp`.
+/// Recomputes the TCP checksum of an untagged frame whose TCP header is
+/// at `tcp` (the segment's length from the IP header: Ethernet padding
+/// after it is not the segment's).
 fn fix_tcp_checksum(f: &mut [u8], tcp: usize, v6: bool) {
     f[tcp + 16] = 0;
     f[tcp + 17] = 0;
-    let seg = f.len() - tcp;
+    let seg = if v6 {
+        usize::from(u16::from_be_bytes([f[14 + 4], f[14 + 5]]))
+    } else {
+        usize::from(u16::from_be_bytes([f[14 + 2], f[14 + 3]])) - (tcp - 14)
+    };
     let mut sum: u32 = 0;
     let mut add = |b: &[u8]| {
         for c in b.chunks(2) {
@@ -239,7 +249,7 @@ fn fix_tcp_checksum(f: &mut [u8], tcp: usize, v6: bool) {
     }
     add(&(seg as u32).to_be_bytes());
     add(&[0, 6]);
-    add(&f[tcp..]);
+    add(&f[tcp..tcp + seg]);
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }

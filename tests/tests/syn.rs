@@ -438,10 +438,10 @@ fn reflection_cap_per_network_v4_and_v6() {
                         Some(IpAddr::V6(a)) if a.segments()[..3] == [0x2001, 0xdb8, 0x70] => v6 += 1,
                         _ => {}
                     },
-                    None if rstop.load(Ordering::Relaxed) => {
-                        if quiet.get_or_insert_with(Instant::now).elapsed() > Duration::from_millis(300) {
-                            break;
-                        }
+                    None if rstop.load(Ordering::Relaxed)
+                        && quiet.get_or_insert_with(Instant::now).elapsed() > Duration::from_millis(300) =>
+                    {
+                        break;
                     }
                     None => {}
                 }
