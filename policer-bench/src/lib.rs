@@ -18,6 +18,7 @@ pub mod peers;
 pub mod plot;
 pub mod pressure;
 pub mod report;
+pub mod syn;
 pub mod veth;
 
 /// The policer's program built with its `bench` feature (the BENCH_SOURCES
@@ -84,6 +85,9 @@ pub struct Results {
     pub pressure: Option<pressure::PressureResults>,
     pub accuracy: Option<accuracy::AccuracyResults>,
     pub control: Option<control::ControlResults>,
+    /// `--only syn` (absent from the results of runs before it).
+    #[serde(default)]
+    pub syn: Option<syn::SynResults>,
     pub targets: Vec<report::Target>,
     /// Experiments that failed, and why.
     pub errors: Vec<String>,
@@ -98,7 +102,7 @@ pub struct Options {
     pub results: PathBuf,
     pub plots: PathBuf,
     /// Only these experiments (kernel, veth, ipv6, classes, pressure,
-    /// accuracy, control); all if empty.
+    /// accuracy, control, syn); all if empty.
     pub only: Vec<String>,
 }
 
@@ -177,6 +181,7 @@ pub fn run(o: &Options) -> Result<Results> {
     } else {
         None
     };
+    let syn = if want("syn") { guarded("syn cookies", &mut errors, || syn::run(o.quick, reps)) } else { None };
     let date = sys::run("date", &["-u", "+%Y-%m-%d %H:%M"]).unwrap_or_default().trim().to_string();
     let commit = head_commit();
 
@@ -191,6 +196,7 @@ pub fn run(o: &Options) -> Result<Results> {
         pressure,
         accuracy,
         control,
+        syn,
         targets: vec![],
         errors,
     };
@@ -282,7 +288,7 @@ pub fn render(o: &Options) -> Result<()> {
 }
 
 /// `git rev-parse --short HEAD`, marked when the tree has changes.
-fn head_commit() -> String {
+pub fn head_commit() -> String {
     let mut commit = sys::run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_default().trim().to_string();
     if sys::run("git", &["status", "--porcelain", "--untracked-files=no"]).is_ok_and(|s| !s.trim().is_empty()) {
         commit.push_str(" + uncommitted changes");

@@ -41,8 +41,11 @@ struct Args {
     /// crowdsec (the CrowdSec feed rows of control alone), global (the
     /// fleet budgets' lease traffic and Redis CPU at 3 nodes × 100 global
     /// rules; only when named, into its own report: bench/fleet.md, or
-    /// --report when given).
-    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "classes", "pressure", "accuracy", "control", "import", "crowdsec", "global"])]
+    /// --report when given), syn (CPU per SYN of a spoofed SYN flood: the
+    /// policer's cookies in XDP, the kernel's own, nftables synproxy; part
+    /// of the full run; named alone, into its own report: bench/syn.md and
+    /// bench/syn.json, or --report and --results when given).
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "veth", "ipv6", "classes", "pressure", "accuracy", "control", "import", "crowdsec", "global", "syn"])]
     only: Vec<String>,
     /// Instead of the benchmark: compare policer objects by PROG_TEST_RUN,
     /// side by side in one run (comma-separated ELF files; `built` is the
@@ -189,6 +192,28 @@ fn objects(a: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--only syn` alone: its own report, bench/syn.md, and results,
+/// bench/syn.json (or --report and --results when given).
+fn syn_alone(a: &Args) -> anyhow::Result<()> {
+    let named = |p: &PathBuf, default: &str, own: &str| {
+        if p.as_path() == std::path::Path::new(default) { PathBuf::from(own) } else { p.clone() }
+    };
+    let report = named(&a.report, "BENCHMARKS.md", "bench/syn.md");
+    let results = named(&a.results, "bench/results.json", "bench/syn.json");
+    let s = policer_bench::unpanic(|| policer_bench::syn::run(a.quick, if a.quick { 2 } else { 5 }))?;
+    let date = policer_tests::bench::sys::run("date", &["-u", "+%Y-%m-%d %H:%M"]).unwrap_or_default();
+    let md = policer_bench::syn::report(
+        &s,
+        date.trim(),
+        &policer_bench::head_commit(),
+        &policer_tests::bench::sys::machine(),
+    );
+    std::fs::write(&report, md)?;
+    std::fs::write(&results, serde_json::to_string_pretty(&s)? + "\n")?;
+    say(&format!("wrote {} and {}", report.display(), results.display()));
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let a = Args::parse();
     if a.render {
@@ -245,6 +270,15 @@ fn main() -> ExitCode {
         if a.only.is_empty() {
             return ExitCode::SUCCESS;
         }
+    }
+    if a.only == ["syn"] {
+        return match syn_alone(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                say(&format!("error: syn: {e:#}"));
+                ExitCode::FAILURE
+            }
+        };
     }
     let o = Options {
         quick: a.quick,

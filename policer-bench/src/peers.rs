@@ -214,16 +214,21 @@ pub fn attach_reference(net: &Net, name: &str) -> Result<Ebpf> {
 /// [`attach_reference`] with the reference's LRU tables (`REF_TABLE`,
 /// `REF_TABLE6`) for `table` sources.
 pub fn attach_reference_sized(net: &Net, name: &str, table: u32) -> Result<Ebpf> {
+    attach_reference_in(&net.sb.rx_ns, &net.sb.rx_if, name, table)
+}
+
+/// [`attach_reference_sized`] on interface `ifc` of namespace `ns`.
+pub fn attach_reference_in(ns: &str, ifc: &str, name: &str, table: u32) -> Result<Ebpf> {
     let mut e = aya::EbpfLoader::new()
         .map_max_entries("REF_TABLE", table.max(1))
         .map_max_entries("REF_TABLE6", table.max(1))
         .load(REFERENCE_OBJECT)?;
     let p: &mut Xdp = e.program_mut(name).context("reference program")?.try_into()?;
     p.load()?;
-    let idx = if_index(&net.sb.rx_ns, &net.sb.rx_if)?;
+    let idx = if_index(ns, ifc)?;
     std::thread::scope(|s| {
         s.spawn(|| -> Result<()> {
-            enter(&net.sb.rx_ns)?;
+            enter(ns)?;
             p.attach(idx, XdpMode::Driver)?;
             Ok(())
         })

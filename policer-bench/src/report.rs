@@ -66,7 +66,7 @@ fn kratio(a: &KernelRow, b: &KernelRow) -> Stat {
     Stat::of(&r)
 }
 
-fn target(
+pub(crate) fn target(
     key: &str,
     what: &str,
     unit: &str,
@@ -722,6 +722,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
     );
     tg.measured = fps;
     t.push(tg);
+    t.push(crate::syn::target(r.syn.as_ref()));
     t
 }
 
@@ -1003,6 +1004,9 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(w);
     }
 
+    if let Some(y) = &r.syn {
+        crate::syn::section(w, y);
+    }
     let _ = writeln!(w, "## How to run\n");
     let _ = writeln!(
         w,
@@ -1011,7 +1015,8 @@ pub fn markdown(r: &Results) -> String {
          missing, builds release binaries and runs `target/release/policer-bench`, which rewrites this file, \
          `bench/results.json` and `bench/*.png`. Some groups alone, written elsewhere: `sudo \
          POLICER_BIN=target/release/policer target/release/policer-bench --quick --only ipv6,pressure --report \
-         /tmp/b.md --results /tmp/b.json --plots /tmp` (groups: kernel, veth, ipv6, classes, pressure, accuracy, control). \
+         /tmp/b.md --results /tmp/b.json --plots /tmp` (groups: kernel, veth, ipv6, classes, pressure, accuracy, control, \
+         syn; `--only syn` alone writes bench/syn.md). \
          Everything runs inside network namespaces named `pb-*` that are removed afterwards. Nothing here asserts a \
          timing: the benchmark only reports."
     );
@@ -1623,6 +1628,7 @@ mod tests {
             pressure: None,
             accuracy: None,
             control: None,
+            syn: None,
             targets: vec![],
             errors: vec![],
         };
@@ -1681,6 +1687,7 @@ mod tests {
             pressure: None,
             accuracy: None,
             control: None,
+            syn: None,
             targets: vec![],
             errors: vec![],
         };

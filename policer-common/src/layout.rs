@@ -42,7 +42,10 @@ use crate::{
 /// SYN cookies: the rule flag `syn::RULE_SYN` and the program's own SYN
 /// maps (settings, budgets, counters, verified sources, the reflection
 /// cap; none shared with the program it adopts).
-pub const LAYOUT_VERSION: u32 = 6;
+/// 7: the SYN counters' `syns_passed` (a `flood` rule's SYNs within its
+/// SYN budget, passed to the kernel): a map the daemon reads, though not
+/// one a new program takes over.
+pub const LAYOUT_VERSION: u32 = 7;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
 /// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
@@ -154,7 +157,7 @@ const _: () = {
     assert!(size_of::<RuleCounters>() == 8 * 8);
     assert!(size_of::<crate::chain::ChainCounters>() == 2 * 8);
     assert!(size_of::<crate::syn::SynConf>() == 2 * 8 + 4 * 4);
-    assert!(size_of::<crate::syn::SynCounters>() == 8 * 8);
+    assert!(size_of::<crate::syn::SynCounters>() == 9 * 8);
     // Capture (not shared: each program gets its own, see crate::capture).
     assert!(size_of::<CaptureLane>() == 3 * 8 + 32 + 4 * 4);
     assert!(size_of::<CaptureCounters>() == 4 * 8);

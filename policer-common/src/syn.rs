@@ -24,7 +24,8 @@ pub const RULE_SYN: u32 = 16;
 /// [`SynConf::mode`]: cookies for every SYN of an unverified source.
 pub const SYN_ALWAYS: u32 = 1;
 /// [`SynConf::mode`]: cookies only while the rule's SYNs from unverified
-/// sources exceed its aggregate budget (`--total-rate`).
+/// sources exceed its SYN budget (`--total-rate`, a bucket of its own:
+/// the SYNs within it go to the kernel, not charged to the rule's total).
 pub const SYN_FLOOD: u32 = 2;
 
 /// The program's answer for a frame the SYN path hands back to policing
@@ -105,6 +106,8 @@ impl SynConf {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+// A daemon of an older build answers without the newer counters: zero.
+#[cfg_attr(feature = "user", serde(default))]
 pub struct SynCounters {
     /// SYNs of unverified sources the SYN path saw (a SYN-ACK answers at
     /// most each).
@@ -126,6 +129,9 @@ pub struct SynCounters {
     /// SYNs the kernel would not make a cookie for (policed; e.g.
     /// `net.ipv4.tcp_syncookies` is not 2 and the queue is not full).
     pub no_cookie: u64,
+    /// `flood`: SYNs within the rule's SYN budget, passed to the kernel
+    /// (no bucket made, not charged to the rule's total).
+    pub syns_passed: u64,
 }
 
 impl SynCounters {
@@ -139,6 +145,7 @@ impl SynCounters {
         self.synacks_capped += o.synacks_capped;
         self.no_listener += o.no_listener;
         self.no_cookie += o.no_cookie;
+        self.syns_passed += o.syns_passed;
     }
 }
 

@@ -3,7 +3,8 @@
 //! answer `SYN_PATH` with the rule's slot); [`syn_path`] answers a SYN of an unverified source for a
 //! local listener with the kernel's cookie (`XDP_TX`), marks a source
 //! verified when the kernel accepts its cookie ACK (or holds a connection
-//! of it), and hands everything else back to policing (`SYN_POLICE`). A
+//! of it), passes a `flood` rule's SYNs that are within its SYN budget,
+//! and hands everything else back to policing (`SYN_POLICE`). A
 //! function of its own, called from the entry: its stack is not added to
 //! the policer's.
 
@@ -92,8 +93,13 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
     let ack = flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK;
     if syn {
         sc.syns += 1;
+        // `flood`: a SYN within the rule's SYN budget goes to the kernel
+        // as it is, judged by that budget alone: no bucket for its source
+        // (unverified), and not charged to the rule's total, which is
+        // the verified sources' (docs/syn-cookies.md).
         if conf.mode == SYN_FLOOD && !flooding(&ctx, slot) {
-            return SYN_POLICE;
+            sc.syns_passed += 1;
+            return xdp_action::XDP_PASS;
         }
         answer_syn(&ctx, s, sc, conf, &src, v6, tcp_len)
     } else if ack {
@@ -137,7 +143,8 @@ fn copy_headers(md: *mut xdp_md, s: &mut SynScratch, v6: bool) -> Option<u32> {
 }
 
 /// `flood` mode: whether the rule's SYNs of unverified sources are over
-/// its aggregate budget (this SYN charged to `SYN_TOTALS`).
+/// its SYN budget (`SYN_TOTALS`: the `--total-rate`'s arithmetic, a
+/// bucket of its own beside the rule's total; this SYN charged to it).
 #[inline(always)]
 fn flooding(ctx: &XdpContext, slot: u32) -> bool {
     let Some(t) = SYN_TOTALS.get_ptr_mut(slot) else {

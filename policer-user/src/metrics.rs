@@ -193,6 +193,7 @@ fn rule_metrics(reg: &mut Registry, s: &StatsView) {
                 ("synack_capped", y.counters.synacks_capped),
                 ("no_listener", y.counters.no_listener),
                 ("no_cookie", y.counters.no_cookie),
+                ("syn_passed", y.counters.syns_passed),
             ] {
                 let l = SynLabel { rule: r.prefix.clone(), class: class.clone(), event: event.into() };
                 rsyn.get_or_create(&l).inc_by(n);
@@ -221,7 +222,8 @@ fn rule_metrics(reg: &mut Registry, s: &StatsView) {
     reg.register(
         "rule_syn_cookie_events",
         "SYN cookies of each rule with --syn-cookies, by event: syn (of an unverified source), cookie_sent, \
-         ack_accepted, ack_refused, source_verified, synack_capped (reflection cap), no_listener, no_cookie",
+         ack_accepted, ack_refused, source_verified, synack_capped (reflection cap), no_listener, no_cookie, \
+         syn_passed (flood mode: within the SYN budget, to the kernel)",
         rsyn,
     );
     reg.register("rule_packets", "Frames judged by each rule, by verdict", rpkts);

@@ -115,14 +115,15 @@ pub fn stats_text(s: &StatsView) -> String {
             let _ = writeln!(
                 out,
                 "syn cookies of {} [{}] ({}): {} SYNs of unverified sources, {} answered with cookies, {} held back by \
-                 the reflection cap; cookie ACKs {} accepted, {} refused; {} sources verified; {} SYNs to no listener, \
-                 {} without a cookie from the kernel",
+                 the reflection cap, {} passed to the kernel within the flood budget; cookie ACKs {} accepted, {} \
+                 refused; {} sources verified; {} SYNs to no listener, {} without a cookie from the kernel",
                 r.prefix,
                 r.class,
                 y.mode,
                 y.counters.syns,
                 y.counters.cookies_sent,
                 y.counters.synacks_capped,
+                y.counters.syns_passed,
                 y.counters.acks_accepted,
                 y.counters.acks_refused,
                 y.counters.sources_verified,

@@ -22,6 +22,7 @@ pub mod reference;
 pub mod root;
 pub mod soak;
 pub mod spoof;
+pub mod syn;
 pub mod traffic;
 
 /// The reference XDP programs (tests/ebpf: xdp_pass, xdp_drop, parse + one

@@ -2,238 +2,90 @@
 //! `policer` daemon and CLI as separate processes, a TCP server of the
 //! kernel's in the receiving namespace (a std `TcpListener`), real kernel
 //! clients in the sending one, and a spoofed SYN flood (random sources,
-//! the live-frames generator) at the rate the machine gives:
+//! from a raw socket) at the rate the machine gives (the rig:
+//! policer_tests::syn):
 //!
 //! - `--syn-cookies always`: ≥ 99 % of 500 real connections complete and
 //!   carry data both ways through the flood; the window scale and SACK the
 //!   server's socket has (`ss -ti`) are the client's; the flood never
-//!   enters the table (the rule's sources stay at the one real client);
-//!   SYN-ACKs ≤ SYNs, and toward the flood's /24s within the cap; a port
-//!   nobody listens on gets no cookie; an ACK with a forged cookie is
-//!   refused and counted; IPv6 the same;
+//!   enters the table (the rule's sources stay at the real clients);
+//!   SYN-ACKs ≤ SYNs; IPv6 the same;
+//! - 200 in-profile UDP sources policed by the same daemon keep ≥ 99.5 %
+//!   of their frames through the flood, and the table holds them and
+//!   nothing of the flood;
+//! - the reflection cap on a flood from one /24 and one /48: the SYN-ACKs
+//!   that reach the sending side toward each network stay within
+//!   `--syn-ack-rate`, and no more than the SYNs sent;
+//! - a port nobody listens on gets no cookie; an ACK with a forged cookie
+//!   is refused and counted; IPv4 and IPv6;
 //! - `flood`: below the rule's `--total-rate` SYNs are the kernel's, above
-//!   it they get cookies.
+//!   it they get cookies, and the verified clients' frames are not starved
+//!   by the flood's SYNs (these have a budget of their own).
 
 use std::{
-    io::{Read, Write},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
-    process::Command,
+    io::Write,
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     thread,
     time::{Duration, Instant},
 };
 
-use policer_common::class::{TCP_ACK, TCP_SYN};
 use policer_tests::{
-    bench::sys::pin_cpu,
     daemon::{Daemon, cli, succeeds},
-    foreign,
-    frame::FrameSpec,
-    netns::{Sandbox, enter, ip},
+    netns::{Sandbox, enter},
     packet::RawSocket,
     privileged,
-    traffic::send_raw,
+    syn::{
+        CLIENTS, CLOSED, PORT, RX4, RX6, client4, client6, connect_from, connect_many, flood, forged_ack, one_net_v4,
+        one_net_v6, server, spoofed_v4, ss_options, syn_frames, synack_to,
+    },
+    traffic::{Flow, RunOptions, run_with, send_raw},
 };
 use serde_json::Value;
 
-const PORT: u16 = 8080;
-const CLOSED: u16 = 8081;
-const RX4: &str = "10.99.0.1";
-const TX4: &str = "10.99.0.2";
-const RX6: &str = "fd99::1";
-const TX6: &str = "fd99::2";
-
-fn sysctl(ns: &str, kv: &str) {
-    let ok = Command::new("ip").args(["netns", "exec", ns, "sysctl", "-qw", kv]).status().unwrap().success();
-    assert!(ok, "sysctl {kv}");
-}
-
-/// Client addresses: `CLIENTS` of each family on the sending side, each a
-/// source that proves itself once.
-const CLIENTS: u8 = 20;
-
-fn client4(i: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(10, 99, 0, 10 + i))
-}
-
-fn client6(i: u8) -> IpAddr {
-    format!("fd99::{:x}", 0x10 + u32::from(i)).parse().unwrap()
-}
-
-/// A sandbox with addresses on both sides (IPv6 too; `CLIENTS` + 1 client
-/// addresses of each family), the kernel set for cookies
-/// (docs/syn-cookies.md), and an XDP program on the sending veth: what the
-/// policer sends back (`XDP_TX`) is received there only when the peer has
-/// one (measured on 6.18: GRO alone leaves the frames in the peer's ring
-/// until other traffic wakes it).
 fn sandbox(tag: &str) -> Sandbox {
-    let sb = Sandbox::new(tag);
-    for (ns, ifc, a4, a6) in [(&sb.rx_ns, &sb.rx_if, RX4, RX6), (&sb.tx_ns, &sb.tx_if, TX4, TX6)] {
-        sysctl(ns, &format!("net.ipv6.conf.{ifc}.disable_ipv6=0"));
-        ip(&["-n", ns, "addr", "add", &format!("{a4}/24"), "dev", ifc]);
-        ip(&["-n", ns, "addr", "add", &format!("{a6}/64"), "dev", ifc, "nodad"]);
-    }
-    for i in 0..=CLIENTS {
-        ip(&["-n", &sb.tx_ns, "addr", "add", &format!("{}/24", client4(i)), "dev", &sb.tx_if]);
-        ip(&["-n", &sb.tx_ns, "addr", "add", &format!("{}/64", client6(i)), "dev", &sb.tx_if, "nodad"]);
-    }
-    sysctl(&sb.rx_ns, "net.ipv4.tcp_syncookies=2");
-    sysctl(&sb.rx_ns, "net.ipv4.tcp_timestamps=2");
-    let (ns, ifc) = (sb.tx_ns.clone(), sb.tx_if.clone());
-    thread::spawn(move || {
-        enter(&ns).unwrap();
-        let fd = foreign::load_xdp_pass().expect("load xdp_pass");
-        let idx = policer_user::loader::if_index(&ifc).unwrap();
-        policer_user::netlink::set(idx, fd.as_raw_fd(), policer_user::netlink::XDP_FLAGS_DRV_MODE, None)
-            .expect("attach xdp_pass to the sending veth");
-    })
-    .join()
-    .unwrap();
-    sb
-}
-
-/// A kernel TCP server in `ns` on `[::]:PORT` (IPv4 too): each connection
-/// reads a line and answers `pong` with it. Stops with the flag.
-fn server(ns: &str, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
-    let ns = ns.to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = thread::spawn(move || {
-        enter(&ns).unwrap();
-        let l = TcpListener::bind(("::", PORT)).unwrap();
-        l.set_nonblocking(true).unwrap();
-        tx.send(()).unwrap();
-        while !stop.load(Ordering::Relaxed) {
-            match l.accept() {
-                Ok((mut s, _)) => {
-                    thread::spawn(move || {
-                        s.set_nonblocking(false).unwrap();
-                        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                        let mut b = [0u8; 64];
-                        if let Ok(n) = s.read(&mut b) {
-                            let _ = s.write_all(&[b"pong ", &b[..n]].concat());
-                        }
-                        // Held a moment: `ss -ti` sees it established.
-                        thread::sleep(Duration::from_millis(300));
-                    });
-                }
-                Err(_) => thread::sleep(Duration::from_millis(1)),
-            }
-        }
-    });
-    rx.recv().unwrap();
-    h
-}
-
-/// `n` real connections from `ns` to `to`, 10 at a time, from the client
-/// addresses `from` in turn: how many completed and carried data both ways.
-fn connect_many(ns: &str, from: Vec<IpAddr>, to: SocketAddr, n: u64) -> u64 {
-    let ok = Arc::new(AtomicU64::new(0));
-    let hs: Vec<_> = (0..10)
-        .map(|t| {
-            let (ns, ok, from) = (ns.to_string(), ok.clone(), from.clone());
-            thread::spawn(move || {
-                enter(&ns).unwrap();
-                for i in (t..n).step_by(10) {
-                    let src = SocketAddr::new(from[i as usize % from.len()], 0);
-                    let Ok(mut s) = connect_from(src, to) else { continue };
-                    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                    let msg = format!("ping {i}");
-                    if s.write_all(msg.as_bytes()).is_err() {
-                        continue;
-                    }
-                    let mut b = [0u8; 64];
-                    if let Ok(k) = s.read(&mut b)
-                        && b[..k] == *format!("pong {msg}").as_bytes()
-                    {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
-    ok.load(Ordering::Relaxed)
-}
-
-/// A kernel TCP connection from `src` to `to` (5 s to connect).
-fn connect_from(src: SocketAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let domain = if to.is_ipv6() { socket2::Domain::IPV6 } else { socket2::Domain::IPV4 };
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
-    s.bind(&src.into())?;
-    s.connect_timeout(&to.into(), Duration::from_secs(5))?;
-    Ok(s.into())
+    policer_tests::syn::sandbox(Sandbox::new(tag))
 }
 
 /// A spoofed SYN flood to `dport` from random sources of 100.64.0.0/10,
-/// as fast as a raw socket sends from the sending namespace, until the
-/// flag: the number of SYNs sent.
+/// as fast as a raw socket sends from the sending namespace (CPU 0), until
+/// the flag: the number of SYNs sent.
 ///
 /// Not the live-frames generator: its frames arrive on the receiving veth
 /// as redirected XDP frames, and on those the SYN path handed (nearly)
 /// every SYN back to policing uncounted on this kernel — not understood
 /// yet (docs/syn-cookies.md, "Open").
 fn syn_flood(sb: &Sandbox, dport: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
-    let (ns, ifc, mac) = (sb.tx_ns.clone(), sb.tx_if.clone(), sb.rx_mac());
-    let mut seed = 0x5eed_u64;
-    let frames: Vec<Vec<u8>> = (0..20_000)
-        .map(|_| {
-            let r = policer_tests::rng(&mut seed) as u32;
-            let src = Ipv4Addr::from(0x6440_0000 | (r & 0x003f_ffff));
-            let mut spec = FrameSpec::tcp(src.into(), RX4.parse().unwrap(), 64, 40000, dport, TCP_SYN);
-            spec.dst_mac = mac;
-            spec.build(None)
-        })
-        .collect();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = thread::spawn(move || {
-        enter(&ns).unwrap();
-        pin_cpu(0).unwrap();
-        let sock = RawSocket::bind(&ifc).unwrap();
-        tx.send(()).unwrap();
-        let mut sent = 0;
-        let t0 = Instant::now();
-        while !stop.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(60) {
-            for f in &frames {
-                if sock.send(f).is_ok() {
-                    sent += 1;
-                }
-            }
-        }
-        sent
-    });
-    rx.recv().unwrap();
-    h
+    let frames = syn_frames(20_000, 0x5eed, spoofed_v4, RX4.parse().unwrap(), dport, sb.rx_mac());
+    let h = flood(sb, frames, 0, stop, Duration::from_secs(60));
+    thread::spawn(move || h.join().unwrap().sent)
 }
 
 fn stats(sb: &Sandbox) -> Value {
     serde_json::from_str(&succeeds(&cli(sb, &["stats", "--json"]))).unwrap()
 }
 
-/// The stats row of the rule with class `class`.
-fn rule_row<'a>(s: &'a Value, class: &str) -> &'a Value {
-    s["rules"].as_array().unwrap().iter().find(|r| r["class"] == class).unwrap_or_else(|| panic!("{class}: {s}"))
+/// The stats row of the rule with `prefix` and `class`.
+fn rule_row<'a>(s: &'a Value, prefix: &str, class: &str) -> &'a Value {
+    s["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["class"] == class && r["prefix"] == prefix)
+        .unwrap_or_else(|| panic!("{prefix} {class}: {s}"))
+}
+
+fn n(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"))
 }
 
 fn daemon(sb: &Sandbox) -> Daemon {
     // The rules' own rate per source is generous: a real client makes
     // hundreds of connections here, and only the flood is in question.
     Daemon::attach(sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536"])
-}
-
-/// `ss -tin` in `ns`: the `wscale:a,b` and whether `sack` is on, of the
-/// first established connection with port `port` on the side named.
-fn ss_options(ns: &str, filter: &str) -> (String, bool) {
-    let out =
-        Command::new("ip").args(["netns", "exec", ns, "ss", "-tinH", "state", "established", filter]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let ws = text.split_whitespace().find(|w| w.starts_with("wscale:")).unwrap_or("none").to_string();
-    (ws, text.contains(" sack"))
 }
 
 #[test]
@@ -317,7 +169,6 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
     assert_eq!(server_side.0, flip(&client_side.0));
     assert_eq!(server_side.1, client_side.1, "SACK on the server as on the client");
     let s = stats(&sb);
-    let n = |v: &Value, k: &str| v[k].as_u64().unwrap();
     let rows: Vec<&Value> = s["rules"].as_array().unwrap().iter().filter(|r| r["class"] == "tcp").collect();
     assert_eq!(rows.len(), 2, "{s}");
     for r in rows {
@@ -354,7 +205,7 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
 }
 
 #[test]
-fn no_listener_no_cookie_and_a_forged_cookie_is_refused() {
+fn no_listener_no_cookie_and_a_forged_cookie_is_refused_v4_and_v6() {
     if !privileged("syn") {
         return;
     }
@@ -362,53 +213,54 @@ fn no_listener_no_cookie_and_a_forged_cookie_is_refused() {
     let stop = Arc::new(AtomicBool::new(false));
     let srv = server(&sb.rx_ns, stop.clone());
     let _d = daemon(&sb);
-    succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
-    // A connect to a port nobody serves: refused by the kernel (RST), and
-    // no cookie.
-    let closed = thread::spawn({
-        let ns = sb.tx_ns.clone();
-        move || {
-            enter(&ns).unwrap();
-            TcpStream::connect_timeout(&SocketAddr::new(RX4.parse().unwrap(), CLOSED), Duration::from_secs(3))
-                .map(|_| ())
-                .map_err(|e| e.kind())
-        }
-    })
-    .join()
-    .unwrap();
-    assert_eq!(closed, Err(std::io::ErrorKind::ConnectionRefused));
-    // ACKs with forged cookies from 50 spoofed sources to the listener.
+    for prefix in ["0.0.0.0/0", "::/0"] {
+        succeeds(&cli(&sb, &["rule", "set", prefix, "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
+    }
     let mac = sb.rx_mac();
-    let frames: Vec<Vec<u8>> = (0..50u8)
-        .map(|i| {
-            let src = IpAddr::V4(Ipv4Addr::new(100, 70, 1, i + 1));
-            let mut spec = FrameSpec::tcp(src, RX4.parse().unwrap(), 54, 40000 + u16::from(i), PORT, TCP_ACK);
-            spec.dst_mac = mac;
-            let mut f = spec.build(None);
-            // The acknowledgment number: a cookie nobody was sent.
-            f[14 + 20 + 8..14 + 20 + 12].copy_from_slice(&(0x1234_5678u32 + u32::from(i) * 7919).to_be_bytes());
-            f
+    let forged4: fn(u8) -> IpAddr = |i| IpAddr::V4(Ipv4Addr::new(100, 70, 1, i + 1));
+    let forged6: fn(u8) -> IpAddr = |i| format!("2001:db8:71::{:x}", u32::from(i) + 1).parse::<IpAddr>().unwrap();
+    for (prefix, rx, forged) in [("0.0.0.0/0", RX4, forged4), ("::/0", RX6, forged6)] {
+        let rx: IpAddr = rx.parse().unwrap();
+        // A connect to a port nobody serves: refused by the kernel (RST),
+        // and no cookie.
+        let closed = thread::spawn({
+            let ns = sb.tx_ns.clone();
+            move || {
+                enter(&ns).unwrap();
+                TcpStream::connect_timeout(&SocketAddr::new(rx, CLOSED), Duration::from_secs(3))
+                    .map(|_| ())
+                    .map_err(|e| e.kind())
+            }
         })
-        .collect();
-    send_raw(&sb, frames);
-    thread::sleep(Duration::from_millis(300));
-    let s = stats(&sb);
-    let r = rule_row(&s, "tcp");
-    let y = &r["syn"];
-    assert_eq!(y["cookies_sent"], 0, "{y}");
-    assert!(y["no_listener"].as_u64().unwrap() >= 1, "{y}");
-    assert_eq!(y["acks_refused"], 50, "{y}");
-    assert_eq!(y["sources_verified"], 0, "{y}");
-    // Status and /metrics-free views say it too.
+        .join()
+        .unwrap();
+        assert_eq!(closed, Err(std::io::ErrorKind::ConnectionRefused), "{prefix}");
+        // ACKs with forged cookies from 50 spoofed sources to the listener.
+        let frames: Vec<Vec<u8>> = (0..50u8)
+            .map(|i| forged_ack(forged(i), rx, 40000 + u16::from(i), PORT, 0x1234_5678 + u32::from(i) * 7919, mac))
+            .collect();
+        send_raw(&sb, frames);
+        thread::sleep(Duration::from_millis(300));
+        let s = stats(&sb);
+        let y = &rule_row(&s, prefix, "tcp")["syn"];
+        eprintln!("{prefix}: {y}");
+        assert_eq!(y["cookies_sent"], 0, "{prefix}: {y}");
+        assert!(n(y, "no_listener") >= 1, "{prefix}: {y}");
+        assert_eq!(y["acks_refused"], 50, "{prefix}: {y}");
+        assert_eq!(y["sources_verified"], 0, "{prefix}: {y}");
+        // The refused connect's SYN (no listener: policed as without
+        // cookies) made its client's bucket; the forged ACKs made none.
+        assert!(n(rule_row(&s, prefix, "tcp"), "buckets_created") <= 1, "{prefix}: forged ACKs get no bucket");
+    }
+    // Status says it too.
     let st = succeeds(&cli(&sb, &["status"]));
     assert!(st.contains("syn cookies: 0.0.0.0/0 [tcp] (always)"), "{st}");
+    assert!(st.contains("syn cookies: ::/0 [tcp] (always)"), "{st}");
     stop.store(true, Ordering::Relaxed);
     srv.join().unwrap();
 }
 
 #[test]
-#[ignore = "issue 45, open: flood SYNs within the SYN budget are charged to the rule's total too, so the total \
-            shared with verified clients' ACKs and data stays full and drops some of theirs (197 of 200 connected)"]
 fn flood_mode_answers_only_above_the_total() {
     if !privileged("syn") {
         return;
@@ -439,12 +291,15 @@ fn flood_mode_answers_only_above_the_total() {
             "flood",
         ],
     ));
-    // Quiet: 50 connections are the kernel's own handshakes.
+    // Quiet: 50 connections are the kernel's own handshakes (the first
+    // SYN within the SYN budget, passed; its ACK verifies the source, whose
+    // later SYNs its own bucket polices).
     let ok = connect_many(&sb.tx_ns, vec![client4(0)], SocketAddr::new(RX4.parse().unwrap(), PORT), 50);
     assert_eq!(ok, 50);
     let quiet = stats(&sb);
-    let y = &rule_row(&quiet, "tcp dport 8080")["syn"];
+    let y = &rule_row(&quiet, "0.0.0.0/0", "tcp dport 8080")["syn"];
     assert_eq!(y["cookies_sent"], 0, "below the total: no cookies: {y}");
+    assert!(n(y, "syns_passed") >= 1, "{y}");
     // A lower total under a flood: cookies, and real clients still in.
     succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--proto", "tcp", "--dport", "8080", "--total-rate", "1kpps"]));
     let fstop = Arc::new(AtomicBool::new(false));
@@ -454,19 +309,190 @@ fn flood_mode_answers_only_above_the_total() {
     let c4: Vec<IpAddr> = (1..CLIENTS).map(client4).collect();
     let ok = connect_many(&sb.tx_ns, c4, SocketAddr::new(RX4.parse().unwrap(), PORT), 200);
     fstop.store(true, Ordering::Relaxed);
-    flood.join().unwrap();
+    let sent = flood.join().unwrap();
     let secs = t0.elapsed().as_secs_f64();
     let s = stats(&sb);
-    let r = rule_row(&s, "tcp dport 8080");
+    let r = rule_row(&s, "0.0.0.0/0", "tcp dport 8080");
     let y = &r["syn"];
-    eprintln!("flood mode: {ok}/200; {r}");
-    assert!(ok >= 198, "{ok} of 200");
-    assert!(y["cookies_sent"].as_u64().unwrap() > 1000, "{y}");
-    // Below the total the flood's SYNs are policed as without cookies
-    // (each a bucket): never more than the total's burst and rate let
-    // through, plus the real clients.
-    let allowed = 1000.0 + 1000.0 * secs + f64::from(CLIENTS);
-    assert!((r["buckets_created"].as_u64().unwrap() as f64) <= allowed, "{r} in {secs:.1} s");
+    eprintln!("flood mode: {ok}/200 through {sent} SYNs in {secs:.1} s; {r}");
+    // Every connection: the flood's SYNs are judged by the SYN budget, not
+    // charged to the total the verified clients' frames use.
+    assert!(ok >= 199, "{ok} of 200");
+    assert!(n(y, "cookies_sent") > 1000, "{y}");
+    // Within the SYN budget the flood's SYNs went to the kernel: never more
+    // than its burst and rate let through (and the quiet phase's).
+    let allowed = 1000.0 + 1000.0 * secs + 50.0;
+    assert!((n(y, "syns_passed") as f64) <= allowed, "{y} in {secs:.1} s");
+    // No spoofed source got a bucket: the table holds the real clients.
+    assert!(n(r, "buckets_created") <= u64::from(CLIENTS), "{r}");
+    // Each client address proved itself (two first handshakes of one
+    // address at once may both count).
+    assert!(n(y, "sources_verified") >= u64::from(CLIENTS), "{y}");
+    stop.store(true, Ordering::Relaxed);
+    srv.join().unwrap();
+}
+
+#[test]
+fn udp_sources_keep_their_buckets_through_the_flood() {
+    if !privileged("syn") {
+        return;
+    }
+    let sb = sandbox("synu");
+    let stop = Arc::new(AtomicBool::new(false));
+    let srv = server(&sb.rx_ns, stop.clone());
+    let _d = daemon(&sb);
+    succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
+    // The UDP sources' own rule: in profile at 20 pps each against 50 pps.
+    succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--proto", "udp", "--rate", "50pps", "--burst", "10"]));
+    let flows: Vec<Flow> = (0..200u32)
+        .map(|i| Flow {
+            src: IpAddr::V4(Ipv4Addr::new(10, 98, (i / 250) as u8, (i % 250) as u8 + 1)),
+            pps: 20.0,
+            len: 64,
+        })
+        .collect();
+    let fstop = Arc::new(AtomicBool::new(false));
+    let flood = syn_flood(&sb, PORT, fstop.clone());
+    thread::sleep(Duration::from_millis(300));
+    let opts = RunOptions { marked_only: true, sender_cpu: Some(1), ..Default::default() };
+    let (sent, got) = run_with(&sb, &flows, Duration::from_secs(5), &opts);
+    // Real clients beside them, through the same flood.
+    let c4: Vec<IpAddr> = (0..CLIENTS).map(client4).collect();
+    let ok = connect_many(&sb.tx_ns, c4, SocketAddr::new(RX4.parse().unwrap(), PORT), 100);
+    fstop.store(true, Ordering::Relaxed);
+    let syns = flood.join().unwrap();
+    let (tx, rx): (u64, u64) = (sent.sent.iter().sum(), got.per_flow.iter().sum());
+    let s = stats(&sb);
+    let tcp = rule_row(&s, "0.0.0.0/0", "tcp");
+    let udp = rule_row(&s, "0.0.0.0/0", "udp");
+    eprintln!(
+        "UDP: {rx} of {tx} frames arrived (socket drops {}), {ok}/100 connections, through {syns} SYNs; table: {}; \
+         tcp: {tcp}; udp: {udp}",
+        got.socket_drops, s["table"]
+    );
+    assert_eq!(got.socket_drops, 0, "the receiving socket lost frames: counts not trusted");
+    assert!(got.per_flow.iter().all(|&k| k > 0), "every UDP source got frames through");
+    assert!(rx as f64 >= 0.995 * tx as f64, "UDP: {rx} of {tx}");
+    assert!(ok >= 99, "{ok} of 100 connections");
+    assert!(n(&tcp["syn"], "syns") >= 1000, "the flood reached the program: {tcp}");
+    // The table holds the UDP sources and the real clients, nothing of
+    // the flood: a bucket each, none pushed out and made again.
+    // (One run made 202 for the 200 sources, unexplained: not the flood,
+    // whose sources number in the hundreds of thousands.)
+    assert!((200..=205).contains(&n(udp, "buckets_created")), "{udp}");
+    assert_eq!(n(tcp, "buckets_created"), u64::from(CLIENTS), "{tcp}");
+    // The whole table: those, and at most a few of the sending side's own
+    // IPv6 chatter (neighbour discovery, MLD) under the default rule.
+    assert!(n(&s["table"], "created") <= 200 + u64::from(CLIENTS) + 10, "{}", s["table"]);
+    stop.store(true, Ordering::Relaxed);
+    srv.join().unwrap();
+}
+
+#[test]
+fn reflection_cap_per_network_v4_and_v6() {
+    if !privileged("syn") {
+        return;
+    }
+    let sb = sandbox("sync");
+    let stop = Arc::new(AtomicBool::new(false));
+    let srv = server(&sb.rx_ns, stop.clone());
+    let _d = daemon(&sb);
+    // 100 SYN-ACKs a second toward one network, a burst of 10.
+    let (rate, burst) = (100.0, 10.0);
+    for prefix in ["0.0.0.0/0", "::/0"] {
+        succeeds(&cli(
+            &sb,
+            &[
+                "rule",
+                "set",
+                prefix,
+                "--proto",
+                "tcp",
+                "--rate",
+                "20kpps",
+                "--syn-cookies",
+                "always",
+                "--syn-ack-rate",
+                "100pps",
+            ],
+        ));
+    }
+    // What comes back to the sending side, by network.
+    let rstop = Arc::new(AtomicBool::new(false));
+    let (ready, is_ready) = std::sync::mpsc::channel();
+    let counter = thread::spawn({
+        let (ns, ifc, rstop) = (sb.tx_ns.clone(), sb.tx_if.clone(), rstop.clone());
+        move || {
+            enter(&ns).unwrap();
+            let sock = RawSocket::bind(&ifc).unwrap();
+            sock.big_buffers().unwrap();
+            sock.set_timeout(Duration::from_millis(50)).unwrap();
+            ready.send(()).unwrap();
+            let (mut v4, mut v6) = (0u64, 0u64);
+            let mut buf = vec![0u8; 2048];
+            let mut quiet = None::<Instant>;
+            loop {
+                match sock.recv(&mut buf).unwrap() {
+                    Some(len) => match synack_to(&buf[..len]) {
+                        Some(IpAddr::V4(a)) if a.octets()[..3] == [100, 70, 5] => v4 += 1,
+                        Some(IpAddr::V6(a)) if a.segments()[..3] == [0x2001, 0xdb8, 0x70] => v6 += 1,
+                        _ => {}
+                    },
+                    None if rstop.load(Ordering::Relaxed)
+                        && quiet.get_or_insert_with(Instant::now).elapsed() > Duration::from_millis(300) =>
+                    {
+                        break;
+                    }
+                    None => {}
+                }
+            }
+            (v4, v6, sock.drops().unwrap_or(u32::MAX))
+        }
+    });
+    is_ready.recv().unwrap();
+    // One flood: SYNs from one /24 and from one /48, interleaved, with real
+    // clients of another network connecting through it.
+    let mac = sb.rx_mac();
+    let a = syn_frames(5000, 1, one_net_v4, RX4.parse().unwrap(), PORT, mac);
+    let b = syn_frames(5000, 2, one_net_v6, RX6.parse().unwrap(), PORT, mac);
+    let frames: Vec<Vec<u8>> = a.into_iter().zip(b).flat_map(|(x, y)| [x, y]).collect();
+    let fstop = Arc::new(AtomicBool::new(false));
+    let h = flood(&sb, frames, 0, fstop.clone(), Duration::from_secs(60));
+    let ok =
+        connect_many(&sb.tx_ns, (0..CLIENTS).map(client4).collect(), SocketAddr::new(RX4.parse().unwrap(), PORT), 50);
+    thread::sleep(Duration::from_secs(2));
+    fstop.store(true, Ordering::Relaxed);
+    let f = h.join().unwrap();
+    rstop.store(true, Ordering::Relaxed);
+    let (v4, v6, drops) = counter.join().unwrap();
+    let secs = f.wall_ns as f64 / 1e9;
+    let s = stats(&sb);
+    let (y4, y6) = (&rule_row(&s, "0.0.0.0/0", "tcp")["syn"], &rule_row(&s, "::/0", "tcp")["syn"]);
+    eprintln!(
+        "{} SYNs in {secs:.1} s; SYN-ACKs back: {v4} to the /24, {v6} to the /48; {ok}/50; v4 {y4}; v6 {y6}",
+        f.sent
+    );
+    assert_eq!(drops, 0, "the counting socket lost frames");
+    // Within 5 %: the cap's bucket is a plain read-modify-write, and the
+    // receiving veth's softirq may run on either CPU (docs/syn-cookies.md,
+    // "Limits"; one run: 313 against 310).
+    let cap = (burst + rate * secs) * 1.05;
+    for (what, got, y) in [("/24", v4, y4), ("/48", v6, y6)] {
+        assert!(n(y, "syns") >= 1000, "{what}: {y}");
+        assert!(n(y, "synacks_capped") > 0, "{what}: {y}");
+        assert!((got as f64) <= cap, "{what}: {got} SYN-ACKs in {secs:.1} s, over the cap {cap:.0}");
+        // Received ≤ sent by the program ≤ SYNs it saw ≤ SYNs sent.
+        // The cap lets SYN-ACKs through, not only its burst (how many
+        // depends on how long the sender ran: the machine's load).
+        assert!(got as f64 > 2.0 * burst, "{what}: the cap let SYN-ACKs through: {got}");
+        assert!(got <= n(y, "cookies_sent"), "{what}: {got} {y}");
+        assert!(n(y, "cookies_sent") + n(y, "synacks_capped") <= n(y, "syns"), "{what}: {y}");
+    }
+    // The SYNs the program saw: the flood's and the clients' (50 at most
+    // from unverified addresses).
+    assert!(n(y4, "syns") + n(y6, "syns") <= f.sent + 50, "{} SYNs sent: {y4} {y6}", f.sent);
+    // The clients' own network has its own cap: they are not held back.
+    assert!(ok >= 49, "{ok} of 50 connections");
     stop.store(true, Ordering::Relaxed);
     srv.join().unwrap();
 }

@@ -105,7 +105,10 @@ pub enum Cmd {
         /// while the rule's SYNs exceed --total-rate) or always. A SYN from
         /// a source that has not proved its address is answered by a SYN-ACK
         /// with the kernel's cookie from XDP; an ACK the kernel's cookie
-        /// check accepts verifies the source and gives it a bucket
+        /// check accepts verifies the source and gives it a bucket. With
+        /// flood, the unverified sources' SYNs have a budget of their own at
+        /// --total-rate: within it they go to the kernel without a bucket,
+        /// and the rule's total polices the verified sources' frames
         /// (docs/syn-cookies.md).
         #[arg(long, value_name = "MODE", value_parser = ["off", "flood", "always"])]
         syn_cookies: Option<String>,
