@@ -11,7 +11,8 @@ use core::mem::size_of;
 
 use crate::{
     Ban, BanParams, BanWindow, Bucket, BucketKeyV4, BucketKeyV6, Counters, MAP_BAN_PARAMS, MAP_BAN_WINDOWS, MAP_BANS,
-    MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS,
+    MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V4_USED, MAP_BUCKETS_V6,
+    MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_USED,
     MAP_BUCKETS_V6_KEYS, MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RECALL,
     MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS, NewSources, Rule, RuleCounters,
     capture::{CaptureCounters, CaptureHeader, CaptureLane, CaptureRecord, SNAP_BYTES},
@@ -42,7 +43,10 @@ use crate::{
 /// SYN cookies: the rule flag `syn::RULE_SYN` and the program's own SYN
 /// maps (settings, budgets, counters, verified sources, the reflection
 /// cap; none shared with the program it adopts).
-pub const LAYOUT_VERSION: u32 = 6;
+/// 7: a slot's drop word holds the counter slot of the rule that dropped
+/// its count above the count (`table::drop_word`); each table has a
+/// bitmap of the sets it used (`table::used_bit`).
+pub const LAYOUT_VERSION: u32 = 7;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
 /// [`SHARED_MAP_LAYOUT`]'s sizes is taken for version 1; one with other
@@ -54,9 +58,9 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 20] = {
+pub const SHARED_MAPS: [&str; 22] = {
     // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 20];
+    let mut names = [""; 22];
     let mut i = 0;
     while i < names.len() {
         names[i] = SHARED_MAP_LAYOUT[i].0;
@@ -70,7 +74,7 @@ pub const SHARED_MAPS: [&str; 20] = {
 /// differ in either is another build's: its state would be misread, so it
 /// is not adopted. (The LPM tries' keys are the kernel's
 /// `bpf_lpm_trie_key`: a `u32` prefix length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 20] = [
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 22] = [
     (MAP_RULES_V4, 4 + 4, size_of::<Rule>()),
     (MAP_RULES_V6, 4 + 16, size_of::<Rule>()),
     (MAP_BUCKETS_V4, 4, size_of::<Set>()),
@@ -79,6 +83,8 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 20] = [
     (MAP_BUCKETS_V6, 4, size_of::<Set>()),
     (MAP_BUCKETS_V6_DROPS, 4, size_of::<SetDrops>()),
     (MAP_BUCKETS_V6_KEYS, 4, size_of::<SetKeys>()),
+    (MAP_BUCKETS_V4_USED, 4, size_of::<u64>()),
+    (MAP_BUCKETS_V6_USED, 4, size_of::<u64>()),
     (MAP_RECALL, 4, size_of::<RecallSet>()),
     (MAP_COUNTERS, 4, size_of::<Counters>()),
     (MAP_RULE_COUNTERS, 4, size_of::<RuleCounters>()),
@@ -98,7 +104,8 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 20] = [
 /// their drop counts, the IPv6 sources' addresses, and the recall.
 pub const fn source_tables_bytes(max_sources: u32) -> u64 {
     let per_set = 2 * size_of::<Set>() + 2 * size_of::<SetDrops>() + size_of::<SetKeys>() + size_of::<RecallSet>();
-    crate::table::sets_for(max_sources) as u64 * per_set as u64
+    let sets = crate::table::sets_for(max_sources);
+    sets as u64 * per_set as u64 + 2 * crate::table::used_words(sets) as u64 * size_of::<u64>() as u64
 }
 
 #[cfg(feature = "user")]

@@ -65,7 +65,7 @@ use std::{
 };
 
 use policer_tests::{
-    daemon::{Daemon, cli, policer_bin},
+    daemon::{Daemon, cli, policer_bin, state_dir_of},
     lapi::{self, Lapi, http_in, link_namespaces},
     netns::Sandbox,
     privileged, skip,
@@ -633,6 +633,65 @@ fn fail2ban_bans_through_policer_after_maxretry_and_lifts_at_the_bantime() {
     assert!(!logs.contains("ERROR"), "fail2ban logged errors (the action failed?):\n{logs}");
     let (_, status) = f2b.client(&["status", JAIL]);
     assert!(status.contains("Currently banned:\t0"), "{status}");
+}
+
+/// fail2ban's bans stay out of the hand-managed config file (issue 43,
+/// point 15): the action bans with `--state`, so they are kept in the
+/// state directory's `bans.json`, listed by `ban ls` and counted by
+/// `status` as any manual ban, kept by `reload --discard-runtime`, back
+/// in force after a restart of the daemon (frames from the address
+/// dropped), and gone from the file once fail2ban lifts them.
+#[test]
+fn fail2ban_bans_live_in_the_state_directory_and_survive_a_restart() {
+    if !privileged("feeds tier") || !Fail2ban::available() {
+        return;
+    }
+    let sb = Sandbox::new("f2b-state");
+    let args = ["--rate", "100kpps", "--burst", "1000", "--interval", "0"];
+    let mut d = Daemon::attach(&sb, &args);
+    let f2b = Fail2ban::start(&sb, "1h");
+    for _ in 0..3 {
+        f2b.append("auth failure from 10.75.0.5");
+    }
+    until_banned(&sb, &f2b, "10.75.0.5/32", true, Duration::from_secs(5));
+    let config = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(!config.contains("10.75.0.5"), "a fail2ban ban in the config file:\n{config}");
+    let kept = state_dir_of(&sb.config).join("bans.json");
+    let saved = std::fs::read_to_string(&kept).unwrap_or_default();
+    assert!(saved.contains("10.75.0.5/32") && saved.contains(&format!("fail2ban:{JAIL}")), "{saved}");
+    let manual_bans = |sb: &Sandbox| {
+        let out = cli(sb, &["status", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["bans"]["manual"].as_u64().unwrap_or_else(|| panic!("{v}"))
+    };
+    assert_eq!(manual_bans(&sb), 1);
+    // A reload that drops the runtime changes keeps it.
+    let out = cli(&sb, &["reload", "--discard-runtime"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(bans(&sb), [("10.75.0.5/32".to_string(), format!("fail2ban:{JAIL}"))]);
+    // A restart: back in force, its end kept.
+    assert!(d.stop_with(libc::SIGINT), "the daemon did not stop cleanly");
+    d = Daemon::attach(&sb, &args);
+    assert_eq!(bans(&sb), [("10.75.0.5/32".to_string(), format!("fail2ban:{JAIL}"))]);
+    assert_eq!(manual_bans(&sb), 1);
+    let out = cli(&sb, &["ban", "ls", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let left = v[0]["left_seconds"].as_f64().unwrap();
+    assert!(left > 3500.0 && left <= 3600.0, "{v}");
+    let flows = [Flow { src: "10.75.0.5".parse().unwrap(), pps: 500.0, len: 64 }];
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(1));
+    assert!(sent.sent[0] > 300 && got.per_flow[0] == 0, "{} of {} arrived after the restart", got.per_flow[0], sent.sent[0]);
+    assert!(!std::fs::read_to_string(&sb.config).unwrap().contains("10.75.0.5"));
+    // fail2ban lifts it: gone from the state directory, frames pass.
+    let (ok, out) = f2b.client(&["set", JAIL, "unbanip", "10.75.0.5"]);
+    assert!(ok, "{out}");
+    until_banned(&sb, &f2b, "10.75.0.5/32", false, Duration::from_secs(3));
+    let saved = std::fs::read_to_string(&kept).unwrap_or_default();
+    assert!(!saved.contains("10.75.0.5"), "a lifted ban stays in {}: {saved}", kept.display());
+    let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(1));
+    assert_eq!(got.per_flow[0], sent.sent[0]);
+    assert!(!f2b.logs().contains("ERROR"), "fail2ban logged errors:\n{}", f2b.logs());
+    drop(d);
 }
 
 #[test]
