@@ -680,7 +680,12 @@ fn fail2ban_bans_live_in_the_state_directory_and_survive_a_restart() {
     assert!(left > 3500.0 && left <= 3600.0, "{v}");
     let flows = [Flow { src: "10.75.0.5".parse().unwrap(), pps: 500.0, len: 64 }];
     let (sent, got) = traffic::run(&sb, &flows, Duration::from_secs(1));
-    assert!(sent.sent[0] > 300 && got.per_flow[0] == 0, "{} of {} arrived after the restart", got.per_flow[0], sent.sent[0]);
+    assert!(
+        sent.sent[0] > 300 && got.per_flow[0] == 0,
+        "{} of {} arrived after the restart",
+        got.per_flow[0],
+        sent.sent[0]
+    );
     assert!(!std::fs::read_to_string(&sb.config).unwrap().contains("10.75.0.5"));
     // fail2ban lifts it: gone from the state directory, frames pass.
     let (ok, out) = f2b.client(&["set", JAIL, "unbanip", "10.75.0.5"]);

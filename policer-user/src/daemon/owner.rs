@@ -624,8 +624,11 @@ impl Daemon {
         match r {
             Ok(()) => {
                 self.changed = true;
-                let kept: Vec<ipnet::IpNet> =
-                    edit.iter().filter(|(k, _)| k.ban && self.state_bans.contains(&k.net)).map(|(k, _)| k.net).collect();
+                let kept: Vec<ipnet::IpNet> = edit
+                    .iter()
+                    .filter(|(k, _)| k.ban && self.state_bans.contains(&k.net))
+                    .map(|(k, _)| k.net)
+                    .collect();
                 if !kept.is_empty() {
                     self.forget_state_bans(&kept);
                 }

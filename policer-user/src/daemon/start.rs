@@ -282,13 +282,14 @@ impl Daemon {
         let _ = std::fs::remove_file(super::bans::kept_bans_file(d.sets.dir()));
         d.remove_replaced_state_files(&replaced, out);
         d.rs.set_file_rules(s.specs);
-        d.restore_state_bans(out);
         d.remove_legacy_sets_dir(&args.config, &migrated, out);
 
         // Before saying "policing", so whoever reads the file next sees it.
         if s.changes_file {
             d.write_start_config(&s.ifaces.given, s.changes_rules, &s.rate_changes);
         }
+        // Not before: that write takes the rules in force as the file's.
+        d.restore_state_bans(out);
         // What reading and planning the rules held for a moment (the
         // file's parse tree, the plan) goes back to the system.
         crate::config::ConfigFile::release_memory();
@@ -311,7 +312,9 @@ impl Daemon {
         if !edits.is_empty() {
             let _ = match self.change(true, &edits) {
                 Ok(()) => writeln!(out, "policer: {} bans kept in {file} back in force", edits.len()),
-                Err(e) => writeln!(out, "policer: warning: the {} bans kept in {file} are not in force: {e}", edits.len()),
+                Err(e) => {
+                    writeln!(out, "policer: warning: the {} bans kept in {file} are not in force: {e}", edits.len())
+                }
             };
         }
         if let Err(e) = self.state_bans.drop_ended(now) {

@@ -671,10 +671,16 @@ impl Views {
             };
             TopEntry {
                 source: bucket_source(&r.key),
-                dropped_by: dropped_by(&snap, &r.key, r.drops, r.by, match set {
-                    Some((_, s)) => Some(s.slot),
-                    None => rule.as_ref().and_then(|k| snap.rules.get(k)).map(|row| row.slot),
-                }),
+                dropped_by: dropped_by(
+                    &snap,
+                    &r.key,
+                    r.drops,
+                    r.by,
+                    match set {
+                        Some((_, s)) => Some(s.slot),
+                        None => rule.as_ref().and_then(|k| snap.rules.get(k)).map(|row| row.slot),
+                    },
+                ),
                 rule: label,
                 class: rule.as_ref().map(|n| n.class().to_string()).unwrap_or_else(|| "-".into()),
                 debt_ns: r.debt_ns,
