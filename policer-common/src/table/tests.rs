@@ -400,7 +400,7 @@ fn the_used_sets_bitmap_marks_a_bit_a_set() {
         let (w, bit) = used_bit(s);
         words[w as usize] |= bit;
     }
-    assert_eq!(used_sets(&words).collect::<Vec<_>>(), [0, 63, 64, 130, 199]);
+    assert_eq!(used_sets(&words).collect::<std::vec::Vec<_>>(), [0, 63, 64, 130, 199]);
     assert_eq!(used_sets(&[0, 0]).count(), 0);
 }
 
