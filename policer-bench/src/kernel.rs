@@ -352,6 +352,8 @@ fn raw_policer(object: &[u8], sources: u32, table: u32, rule: &Rule) -> Result<E
         .map_max_entries(policer_common::MAP_BUCKETS_V6_DROPS, table::sets_for(table))
         .map_max_entries(policer_common::MAP_BUCKETS_V6_KEYS, table::sets_for(table))
         .map_max_entries(policer_common::MAP_RECALL, table::sets_for(table))
+        .map_max_entries(policer_common::MAP_BUCKETS_V4_USED, table::used_words(table::sets_for(table)))
+        .map_max_entries(policer_common::MAP_BUCKETS_V6_USED, table::used_words(table::sets_for(table)))
         .override_global(GLOBAL_TEST_CLOCK, &0u32, true)
         .override_global(GLOBAL_TICK_NS, &tick_ns, true)
         .override_global(GLOBAL_BENCH_SOURCES, &sources, true);

@@ -11,9 +11,10 @@ use core::mem::size_of;
 
 use crate::{
     Ban, BanParams, BanWindow, Bucket, BucketKeyV4, BucketKeyV6, Counters, MAP_BAN_PARAMS, MAP_BAN_WINDOWS, MAP_BANS,
-    MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS,
-    MAP_BUCKETS_V6_KEYS, MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RECALL,
-    MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS, NewSources, Rule, RuleCounters,
+    MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V4_USED, MAP_BUCKETS_V6,
+    MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_BUCKETS_V6_USED, MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK,
+    MAP_COUNTERS, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS, NewSources,
+    Rule, RuleCounters,
     capture::{CaptureCounters, CaptureHeader, CaptureLane, CaptureRecord, SNAP_BYTES},
     class::{ClassCand, ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
     recall::RecallSet,
@@ -42,9 +43,12 @@ use crate::{
 /// SYN cookies: the rule flag `syn::RULE_SYN` and the program's own SYN
 /// maps (settings, budgets, counters, verified sources, the reflection
 /// cap; none shared with the program it adopts).
-/// 7: the SYN counters' `syns_passed` (a `flood` rule's SYNs within its
-/// SYN budget, passed to the kernel): a map the daemon reads, though not
-/// one a new program takes over.
+/// 7: a slot's drop word holds the counter slot of the rule that dropped
+/// its count above the count (`table::drop_word`); each table has a
+/// bitmap of the sets it used (`table::used_bit`); the SYN counters'
+/// `syns_passed` (a `flood` rule's SYNs within its SYN budget, passed to
+/// the kernel): a map the daemon reads, though not one a new program
+/// takes over.
 pub const LAYOUT_VERSION: u32 = 7;
 /// Builds from before layout versions carry no stamp. Their last layout
 /// is version 1: an unstamped program whose shared maps have
@@ -57,9 +61,9 @@ pub const UNSTAMPED_LAYOUT_VERSION: u32 = 1;
 pub const MAPS_OF_EVERY_BUILD: [&str; 3] = [MAP_RULES_V4, MAP_RULES_V6, MAP_COUNTERS];
 /// The maps a newly loaded program takes over from a running one it
 /// adopts (rules, buckets, counters): the state that outlives a restart.
-pub const SHARED_MAPS: [&str; 20] = {
+pub const SHARED_MAPS: [&str; 22] = {
     // The names of SHARED_MAP_LAYOUT, the one list of the shared maps.
-    let mut names = [""; 20];
+    let mut names = [""; 22];
     let mut i = 0;
     while i < names.len() {
         names[i] = SHARED_MAP_LAYOUT[i].0;
@@ -73,7 +77,7 @@ pub const SHARED_MAPS: [&str; 20] = {
 /// differ in either is another build's: its state would be misread, so it
 /// is not adopted. (The LPM tries' keys are the kernel's
 /// `bpf_lpm_trie_key`: a `u32` prefix length, then the address.)
-pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 20] = [
+pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 22] = [
     (MAP_RULES_V4, 4 + 4, size_of::<Rule>()),
     (MAP_RULES_V6, 4 + 16, size_of::<Rule>()),
     (MAP_BUCKETS_V4, 4, size_of::<Set>()),
@@ -82,6 +86,8 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 20] = [
     (MAP_BUCKETS_V6, 4, size_of::<Set>()),
     (MAP_BUCKETS_V6_DROPS, 4, size_of::<SetDrops>()),
     (MAP_BUCKETS_V6_KEYS, 4, size_of::<SetKeys>()),
+    (MAP_BUCKETS_V4_USED, 4, size_of::<u64>()),
+    (MAP_BUCKETS_V6_USED, 4, size_of::<u64>()),
     (MAP_RECALL, 4, size_of::<RecallSet>()),
     (MAP_COUNTERS, 4, size_of::<Counters>()),
     (MAP_RULE_COUNTERS, 4, size_of::<RuleCounters>()),
@@ -100,6 +106,7 @@ pub const SHARED_MAP_LAYOUT: [(&str, usize, usize); 20] = [
 /// `max_sources` take, preallocated at load: for each family the sets and
 /// their drop counts, the IPv6 sources' addresses, and the recall.
 pub const fn source_tables_bytes(max_sources: u32) -> u64 {
+    // The used-sets bitmaps (a bit a set, 0.06 % of this) are left out.
     let per_set = 2 * size_of::<Set>() + 2 * size_of::<SetDrops>() + size_of::<SetKeys>() + size_of::<RecallSet>();
     crate::table::sets_for(max_sources) as u64 * per_set as u64
 }

@@ -18,6 +18,12 @@ pub const MAP_BUCKETS_V4: &str = "BUCKETS_V4";
 /// Array of [`crate::table::SetDrops`], one per set of [`MAP_BUCKETS_V4`]:
 /// the drops counted for each slot (sampled).
 pub const MAP_BUCKETS_V4_DROPS: &str = "BUCKETS_V4_DROP";
+/// Array of `u64`, [`crate::table::used_words`] of the sets: which sets
+/// of [`MAP_BUCKETS_V4`] ever held a bucket, a bit each
+/// ([`crate::table::used_bit`]).
+pub const MAP_BUCKETS_V4_USED: &str = "BUCKETS_V4_USED";
+/// The same for [`MAP_BUCKETS_V6`].
+pub const MAP_BUCKETS_V6_USED: &str = "BUCKETS_V6_USED";
 /// Array of one [`crate::table::Geometry`]: the hash and size of both
 /// families' tables and of the recall.
 pub const MAP_BUCKETS_V4_GEOMETRY: &str = "BUCKETS_V4_GEOM";

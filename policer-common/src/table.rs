@@ -102,9 +102,10 @@ impl Slot {
         (self.key >> SLOT_STAMP_SHIFT) as u32
     }
 
-    /// The slot as a [`Bucket`], with `drops` frames dropped.
-    pub const fn bucket(&self, drops: u64) -> Bucket {
-        Bucket { tat: self.tat, meta: self.stamp() as u64 | (drops << STAMP_BITS) }
+    /// The slot as a [`Bucket`], with the drops its drop word
+    /// ([`SetDrops`]) counts.
+    pub const fn bucket(&self, drop_word: u64) -> Bucket {
+        Bucket { tat: self.tat, meta: self.stamp() as u64 | (drop_count(drop_word) << STAMP_BITS) }
     }
 }
 
@@ -124,7 +125,8 @@ pub struct Set {
 }
 
 /// Drops counted for each slot of a set (the array beside the table,
-/// same index). Sampled: see [`DROP_SAMPLE_SHIFT`].
+/// same index), each a drop word ([`drop_word`]: the count and the rule
+/// that dropped them). Sampled: see [`DROP_SAMPLE_SHIFT`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SetDrops {
@@ -150,6 +152,81 @@ pub const fn drop_count_margin(n: u64, shift: u32) -> u64 {
         return 0;
     }
     2 * n.saturating_mul(1 << shift).isqrt()
+}
+
+/// The words of a table's used-sets bitmap (the array beside it,
+/// [`crate::MAP_BUCKETS_V4_USED`]) for `sets` sets: a bit a set. The
+/// program sets a set's bit when it claims a slot of it, and never clears
+/// it (a drained slot stays its set's), so a reader of the table (`policer
+/// top`, the live count) can read only the sets marked: its cost follows
+/// the sets a table has used, not its size (issue 43, point 3: a `top`
+/// of four sources read the whole table, 0.35–1 s of the daemon's CPU).
+pub const fn used_words(sets: u32) -> u32 {
+    let w = sets.div_ceil(64);
+    if w == 0 { 1 } else { w }
+}
+
+/// Where set `set`'s bit is in the used-sets bitmap: (word, bit).
+#[inline(always)]
+pub const fn used_bit(set: u32) -> (u32, u64) {
+    (set / 64, 1u64 << (set % 64))
+}
+
+/// The sets a used-sets bitmap marks, in order.
+pub fn used_sets(words: &[u64]) -> impl Iterator<Item = u32> + '_ {
+    words.iter().enumerate().flat_map(|(i, &w)| {
+        let mut bits = w;
+        core::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let b = bits.trailing_zeros();
+            bits &= bits - 1;
+            Some(i as u32 * 64 + b)
+        })
+    })
+}
+
+/// The bits of a drop word that count drops; above them, the counter slot
+/// of the rule that dropped them. 2^40 drops of one source before the count
+/// would reach the slot's bits, as [`Bucket::drops`] has.
+pub const DROP_COUNT_BITS: u32 = 40;
+/// A drop word's count.
+pub const DROP_COUNT_MASK: u64 = (1 << DROP_COUNT_BITS) - 1;
+/// The counter slots a drop word holds (every rule slot: at most
+/// `MAX_RULES` + 1 of them).
+pub const DROP_SLOT_MASK: u64 = (1 << (64 - DROP_COUNT_BITS)) - 1;
+
+/// A slot's drop word: `n` drops, all by the rule of counter slot
+/// `rule_slot`. A source's drops are credited to the rule that dropped
+/// them, not to whichever covers it when they are read (issue 43, point
+/// 3): the program keeps counting while the same rule drops
+/// ([`same_dropper`]) and starts a new count, with the new rule's slot,
+/// when another does. So a count is always one rule's.
+#[inline(always)]
+pub const fn drop_word(rule_slot: u32, n: u64) -> u64 {
+    ((rule_slot as u64 & DROP_SLOT_MASK) << DROP_COUNT_BITS) | (n & DROP_COUNT_MASK)
+}
+
+/// Whether the drops of the word `word` are the rule of `rule_slot`'s
+/// (a drop of it then adds to the count).
+#[inline(always)]
+pub const fn same_dropper(word: u64, rule_slot: u32) -> bool {
+    word >> DROP_COUNT_BITS == rule_slot as u64 & DROP_SLOT_MASK
+}
+
+/// The drops a drop word counts.
+#[inline(always)]
+pub const fn drop_count(word: u64) -> u64 {
+    word & DROP_COUNT_MASK
+}
+
+/// The counter slot of the rule whose drops a drop word counts; none when
+/// it counts none, or the word was written by a build before the slot was
+/// recorded (slot 0 is no rule's).
+pub const fn dropped_by(word: u64) -> Option<u32> {
+    let slot = (word >> DROP_COUNT_BITS) as u32;
+    if slot == 0 || drop_count(word) == 0 { None } else { Some(slot) }
 }
 
 /// The IPv6 sources of one set, beside the IPv6 table (same index): the

@@ -226,7 +226,7 @@ fn verdict(
             } else {
                 let j = police(rule, &mut clock, c, rc);
                 if !j.admit {
-                    count_drop(&j.drop_at, &mut clock);
+                    count_drop(&j.drop_at, slot, &mut clock);
                 }
                 j.admit
             };

@@ -43,6 +43,8 @@ const MMAPABLE: usize = BPF_F_MMAPABLE as usize;
 /// A family's table of sources, and its drop counts.
 pub(crate) type Table = Array<Set, SETS, MMAPABLE>;
 pub(crate) type TableDrops = Array<SetDrops, SETS>;
+/// The words of a table's used-sets bitmap at the default size.
+const USED_WORDS: usize = table::used_words(SETS as u32) as usize;
 
 /// The IPv4 sources: a set-associative table (see policer_common::table),
 /// resized by the loader to `--max-sources`. Mmapable, so the sets start on
@@ -56,11 +58,17 @@ pub(crate) static BUCKETS_V4_DROP: TableDrops = Array::new();
 /// The tables' hash seed and size (written by the loader).
 #[btf_map]
 pub(crate) static BUCKETS_V4_GEOM: Array<Geometry, 1> = Array::new();
+/// Which sets of BUCKETS_V4 ever held a bucket, a bit each
+/// (policer_common::table::used_bit): what a reader of the table reads.
+#[btf_map]
+pub(crate) static BUCKETS_V4_USED: Array<u64, USED_WORDS> = Array::new();
 /// The IPv6 sources: the same design, fingerprints for keys.
 #[btf_map]
 pub(crate) static BUCKETS_V6: Table = Array::new();
 #[btf_map]
 pub(crate) static BUCKETS_V6_DROP: TableDrops = Array::new();
+#[btf_map]
+pub(crate) static BUCKETS_V6_USED: Array<u64, USED_WORDS> = Array::new();
 /// The IPv6 sources behind the fingerprints (for user space only).
 #[btf_map]
 pub(crate) static BUCKETS_V6_KEYS: Array<SetKeys, SETS> = Array::new();

@@ -23,8 +23,8 @@ use crate::{
     buckets::{carry_over, cas, judge, new_source_allowed},
     clock::Clock,
     maps::{
-        BUCKETS_V4, BUCKETS_V4_DROP, BUCKETS_V6, BUCKETS_V6_DROP, BUCKETS_V6_KEYS, DROP_SAMPLE_SHIFT, RECALL, Table,
-        TableDrops,
+        BUCKETS_V4, BUCKETS_V4_DROP, BUCKETS_V4_USED, BUCKETS_V6, BUCKETS_V6_DROP, BUCKETS_V6_KEYS, BUCKETS_V6_USED,
+        DROP_SAMPLE_SHIFT, RECALL, Table, TableDrops,
     },
     verifier::launder,
 };
@@ -206,6 +206,7 @@ unsafe fn claim<const V6: bool>(
             }
             c.buckets_created += 1;
             rc.buckets_created += 1;
+            mark_used::<V6>(index);
             remember::<V6>(g, &old, now, c);
             return Judged::new_bucket(true);
         }
@@ -218,6 +219,31 @@ unsafe fn claim<const V6: bool>(
     // Lost the slot to another new source: rare; admitted, and counted.
     c.bucket_insert_failed += 1;
     Judged::new_bucket(true)
+}
+
+/// Marks set `index` of the family's table as used (a bit of its
+/// used-sets bitmap, policer_common::table::used_bit), once: only a new
+/// bucket comes here, and only the first in a set writes. A
+/// compare-and-swap, as another CPU may mark a set of the same word at
+/// once; tried twice (a third CPU in between can cost a mark: rare, and
+/// that set's sources are then missing from `top` until it is marked).
+#[inline(always)]
+fn mark_used<const V6: bool>(index: u32) {
+    let (w, bit) = table::used_bit(index);
+    let used = if V6 { &BUCKETS_V6_USED } else { &BUCKETS_V4_USED };
+    let Some(p) = used.get_ptr_mut(w) else {
+        return;
+    };
+    // SAFETY: a live array value, written by compare-and-swap.
+    unsafe {
+        let old = core::ptr::read_volatile(p);
+        if old & bit == 0 {
+            let seen = cas(p, old, old | bit);
+            if seen != old {
+                cas(p, seen, seen | bit);
+            }
+        }
+    }
 }
 
 /// What the miss policy reads for a source the table does not hold: the
@@ -373,10 +399,14 @@ unsafe fn slot_admit<const V6: bool>(
     }
 }
 
-/// Counts a drop on its source, sampled (DROP_SAMPLE_SHIFT): atomic adds,
-/// because other CPUs may count drops on the same source.
+/// Counts a drop on its source, sampled (DROP_SAMPLE_SHIFT), to the rule
+/// of counter slot `rule_slot` that dropped it: added while the slot's drop
+/// word counts that rule's drops (atomic, other CPUs may count drops on
+/// the same source), else begun anew with that rule's slot
+/// (policer_common::table::drop_word). Only the sampled drop reads the
+/// word: the drop path is as it was.
 #[inline(always)]
-pub(crate) fn count_drop(at: &DropAt, clock: &mut Clock) {
+pub(crate) fn count_drop(at: &DropAt, rule_slot: u32, clock: &mut Clock) {
     let DropAt::Slot(v6, set, way) = *at else {
         return;
     };
@@ -389,10 +419,15 @@ pub(crate) fn count_drop(at: &DropAt, clock: &mut Clock) {
     if let Some(d) = d {
         // SAFETY: live map value; `way` < WAYS.
         unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
-                (&raw mut (*d).ways as *mut u64).add(way % WAYS),
-                1u64 << shift,
-            );
+            let word = (&raw mut (*d).ways as *mut u64).add(way % WAYS);
+            if table::same_dropper(core::ptr::read_volatile(word), rule_slot) {
+                atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(word, 1u64 << shift);
+            } else {
+                // Another rule dropped the count so far: this one's starts.
+                // Two CPUs at once may each write theirs; one count is
+                // lost, rare and bounded.
+                core::ptr::write_volatile(word, table::drop_word(rule_slot, 1u64 << shift));
+            }
         }
     }
 }

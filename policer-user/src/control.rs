@@ -124,6 +124,9 @@ pub enum Request {
         /// A ban of a whole family (`0.0.0.0/0`, `::/0`) is meant.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         force: bool,
+        /// Kept in the state directory, not the config file (`--state`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        state: bool,
     },
     Unban {
         prefix: String,
@@ -902,6 +905,11 @@ pub struct TopEntry {
     /// refusals are would-drops, its frames pass.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub action: String,
+    /// The rule that dropped `drops`, when not `rule`: the source's drops
+    /// are credited to the rule that dropped them (a count is one rule's:
+    /// it starts over when another rule drops the source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_by: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -1627,8 +1635,8 @@ impl Client {
         self.change(Request::Reload { discard_runtime, candidate: None })
     }
 
-    pub fn ban(&self, rule: RuleConfig, runtime: bool, force: bool) -> Result<String> {
-        self.change(Request::Ban { rule, runtime, force })
+    pub fn ban(&self, rule: RuleConfig, runtime: bool, force: bool, state: bool) -> Result<String> {
+        self.change(Request::Ban { rule, runtime, force, state })
     }
 
     pub fn unban(&self, prefix: String, runtime: bool) -> Result<String> {

@@ -17,10 +17,11 @@ use aya::{
 use ipnet::IpNet;
 use policer_common::{
     Bucket, BucketKey, BucketKeyV6, Counters, DEFAULT_MAX_RULES, DEFAULT_MAX_SOURCES, GLOBAL_DROP_SAMPLE_SHIFT,
-    GLOBAL_TEST_CLOCK, LAYOUT_VERSION, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY, MAP_BUCKETS_V6,
-    MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS,
-    MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4,
-    MAP_RULES_V6, MAP_TOTALS, MAX_RULES, NewSources, PROGRAM_NAME, Rule, RuleCounters,
+    GLOBAL_TEST_CLOCK, LAYOUT_VERSION, MAP_BUCKETS_V4, MAP_BUCKETS_V4_DROPS, MAP_BUCKETS_V4_GEOMETRY,
+    MAP_BUCKETS_V4_USED, MAP_BUCKETS_V6, MAP_BUCKETS_V6_DROPS, MAP_BUCKETS_V6_KEYS, MAP_BUCKETS_V6_USED,
+    MAP_CLASS_FILTER, MAP_CLASS_INDEX, MAP_CLOCK, MAP_COUNTERS, MAP_DEFAULT_RULES, MAP_FAST_PATH, MAP_LAYOUT,
+    MAP_NEW_SOURCES, MAP_RECALL, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, MAP_TOTALS, MAX_RULES, NewSources,
+    PROGRAM_NAME, Rule, RuleCounters,
     ban::{Ban, BanParams},
     class::{ClassFilter, ClassList, INDEX_KEY_BYTES, Total},
     recall::{self, RecallSet},
@@ -181,6 +182,10 @@ pub struct MapReader {
     buckets_v6: OwnedFd,
     buckets_v6_drops: OwnedFd,
     buckets_v6_keys: OwnedFd,
+    /// The tables' used-sets bitmaps (policer_common::table::used_bit);
+    /// None in a program built before them (its tables are read whole).
+    buckets_v4_used: Option<OwnedFd>,
+    buckets_v6_used: Option<OwnedFd>,
     recall: OwnedFd,
     new_sources: OwnedFd,
     bans: OwnedFd,
@@ -421,6 +426,8 @@ impl Policer {
             .map_max_entries(MAP_BUCKETS_V6, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V6_DROPS, table::sets_for(opts.max_sources))
             .map_max_entries(MAP_BUCKETS_V6_KEYS, table::sets_for(opts.max_sources))
+            .map_max_entries(MAP_BUCKETS_V4_USED, table::used_words(table::sets_for(opts.max_sources)))
+            .map_max_entries(MAP_BUCKETS_V6_USED, table::used_words(table::sets_for(opts.max_sources)))
             .map_max_entries(MAP_RECALL, table::sets_for(opts.max_sources))
             // Tries hold sets' prefixes too (`rule import`): sized for
             // millions; an LPM trie is never preallocated, so the size
@@ -906,6 +913,8 @@ impl MapReader {
             buckets_v6: dup(MAP_BUCKETS_V6)?,
             buckets_v6_drops: dup(MAP_BUCKETS_V6_DROPS)?,
             buckets_v6_keys: dup(MAP_BUCKETS_V6_KEYS)?,
+            buckets_v4_used: dup(MAP_BUCKETS_V4_USED).ok(),
+            buckets_v6_used: dup(MAP_BUCKETS_V6_USED).ok(),
             recall: dup(MAP_RECALL)?,
             new_sources: dup(MAP_NEW_SOURCES)?,
             bans: dup(policer_common::MAP_BANS)?,
@@ -1027,6 +1036,12 @@ impl MapReader {
     /// The bucket of one source, if it has one (what `policer inspect`
     /// shows): its first set, then its second (see policer_common::table).
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
+        Ok(self.bucket_dropped_by(key)?.map(|(b, _)| b))
+    }
+
+    /// [`MapReader::bucket`], with the counter slot of the rule whose drops
+    /// its count is (policer_common::table::dropped_by).
+    pub fn bucket_dropped_by(&self, key: &BucketKey) -> Result<Option<(Bucket, Option<u32>)>> {
         let io = |name: &'static str| Error::kernel(format!("reading {name}"));
         let (want, sets, (table, drops), (table_name, drops_name)) = match key.keyed() {
             None => {
@@ -1043,7 +1058,12 @@ impl MapReader {
             let set: Option<Set> = crate::batch::lookup(table.as_raw_fd(), &i).map_err(io(table_name))?;
             let drops: Option<SetDrops> = crate::batch::lookup(drops.as_raw_fd(), &i).map_err(io(drops_name))?;
             let (Some(set), drops) = (set, drops.unwrap_or_default()) else { continue };
-            if let Some(b) = set.ways.iter().zip(drops.ways).find(|(s, _)| s.source() == want).map(|(s, n)| s.bucket(n))
+            if let Some(b) = set
+                .ways
+                .iter()
+                .zip(drops.ways)
+                .find(|(s, _)| s.source() == want)
+                .map(|(s, n)| (s.bucket(n), table::dropped_by(n)))
             {
                 return Ok(Some(b));
             }
@@ -1174,7 +1194,7 @@ impl MapReader {
 
     /// Calls `f` for every live bucket, IPv4 then IPv6.
     pub fn for_each_bucket(&self, mut f: impl FnMut(&BucketKey, &Bucket)) -> Result<()> {
-        self.for_each_bucket_read(|k, b, _| f(k, b))
+        self.for_each_bucket_read(|k, b, _, _| f(k, b))
     }
 
     /// [`MapReader::for_each_bucket`], each bucket with the monotonic clock
@@ -1184,11 +1204,14 @@ impl MapReader {
     /// second, which a source at half its rate would show as a full bucket);
     /// one read after it can only show a hair less debt than there was.
     /// Read per batch of slots scanned, not per bucket kept, so a sparse
-    /// table is judged as closely as a full one.
-    pub fn for_each_bucket_read(&self, mut f: impl FnMut(&BucketKey, &Bucket, u64)) -> Result<()> {
-        self.for_each_slot(&self.buckets_v4, &self.buckets_v4_drops, MAP_BUCKETS_V4, |_, _, slot, n, read_ns| {
+    /// table is judged as closely as a full one. The last argument is the
+    /// counter slot of the rule whose drops the bucket's count is
+    /// (policer_common::table::dropped_by).
+    pub fn for_each_bucket_read(&self, mut f: impl FnMut(&BucketKey, &Bucket, u64, Option<u32>)) -> Result<()> {
+        let v4 = (&self.buckets_v4, &self.buckets_v4_drops, self.buckets_v4_used.as_ref());
+        self.for_each_slot(v4, MAP_BUCKETS_V4, |_, _, slot, n, read_ns| {
             if let Some(k) = table::key_of(slot.key) {
-                f(&k.into(), &slot.bucket(n), read_ns);
+                f(&k.into(), &slot.bucket(n), read_ns, table::dropped_by(n));
             }
         })?;
         // IPv6 slots hold fingerprints: the keys sit beside them, written
@@ -1196,7 +1219,8 @@ impl MapReader {
         // (being rewritten) is skipped. The keys (40 bytes a source) are
         // read whole only when many sets are in use, else set by set.
         let mut used: Vec<(u32, usize, table::Slot, u64, u64)> = Vec::new();
-        self.for_each_slot(&self.buckets_v6, &self.buckets_v6_drops, MAP_BUCKETS_V6, |i, w, slot, n, read_ns| {
+        let v6 = (&self.buckets_v6, &self.buckets_v6_drops, self.buckets_v6_used.as_ref());
+        self.for_each_slot(v6, MAP_BUCKETS_V6, |i, w, slot, n, read_ns| {
             if slot.key & table::KEY_VALID != 0 {
                 used.push((i, w, *slot, n, read_ns));
             }
@@ -1222,21 +1246,41 @@ impl MapReader {
             let Some(k) = keys.get(&i).map(|s| s.ways[w]) else { continue };
             let (word, sets) = self.v6_word(&k);
             if word == slot.source() && sets.contains(&i) {
-                f(&k.into(), &slot.bucket(n), read_ns);
+                f(&k.into(), &slot.bucket(n), read_ns, table::dropped_by(n));
             }
         }
         Ok(())
     }
 
-    /// Calls `f(set, way, slot, drops, read_ns)` for every slot of a table,
-    /// `read_ns` being when the kernel copied it (`batch::Copied::at`).
+    /// Calls `f(set, way, slot, drop word, read_ns)` for every slot of a
+    /// table (`table`: its sets, drop words and used-sets bitmap) that may
+    /// hold a bucket, `read_ns` being when the kernel copied it
+    /// (`batch::Copied::at`). Only the sets its bitmap marks are read
+    /// when they are few ([`SPARSE_SETS`]): a `top` of a few sources costs
+    /// a few lookups, not a walk of a million-source table.
     fn for_each_slot(
         &self,
-        table: &OwnedFd,
-        drops: &OwnedFd,
+        (table, drops, used): (&OwnedFd, &OwnedFd, Option<&OwnedFd>),
         name: &'static str,
         mut f: impl FnMut(u32, usize, &table::Slot, u64, u64),
     ) -> Result<()> {
+        if let Some(used) = used {
+            let words: Vec<u64> = read_array(used, name)?;
+            let marked: u64 = words.iter().map(|w| u64::from(w.count_ones())).sum();
+            if marked <= self.geometry.sets / SPARSE_SETS {
+                let io = || Error::kernel(format!("reading {name}"));
+                for i in table::used_sets(&words) {
+                    let set: Option<Set> = crate::batch::lookup(table.as_raw_fd(), &i).map_err(io())?;
+                    let d: Option<SetDrops> = crate::batch::lookup(drops.as_raw_fd(), &i).map_err(io())?;
+                    let read_ns = crate::duration::monotonic_ns();
+                    let (Some(set), d) = (set, d.unwrap_or_default()) else { continue };
+                    for (w, (slot, n)) in set.ways.iter().zip(d.ways).enumerate() {
+                        f(i, w, slot, n, read_ns);
+                    }
+                }
+                return Ok(());
+            }
+        }
         // The drop counts first (a set's index is its key), then the sets.
         let drops: Vec<SetDrops> = read_array(drops, name)?;
         crate::batch::for_each_batch(table.as_raw_fd(), size_of::<u32>(), size_of::<Set>(), 8192, |copied, entries| {
@@ -1258,6 +1302,11 @@ impl MapReader {
         .map_err(Error::kernel(format!("reading {name}")))
     }
 }
+
+/// A table whose used-sets bitmap marks at most one set in this many is
+/// read set by set (two lookups a set, about 2 µs), not whole (a batched
+/// walk of every set, about 0.7 µs a set).
+const SPARSE_SETS: u64 = 4;
 
 /// Every value of an array map, by index.
 fn read_array<T: aya::Pod + Default + Clone>(fd: &OwnedFd, name: &'static str) -> Result<Vec<T>> {
@@ -1348,6 +1397,12 @@ impl Policer {
     /// The bucket of one source, if it has one.
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
         self.reader.bucket(key)
+    }
+
+    /// [`Policer::bucket`] with the counter slot of the rule that dropped
+    /// its count.
+    pub fn bucket_dropped_by(&self, key: &BucketKey) -> Result<Option<(Bucket, Option<u32>)>> {
+        self.reader.bucket_dropped_by(key)
     }
 
     /// Sets the test clock (only read when loaded with `test_clock`).

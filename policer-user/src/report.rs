@@ -198,11 +198,12 @@ pub(crate) fn top_rows(out: &mut String, title: &str, rows: &[TopEntry]) {
             e.rule.clone(),
             format!("{:.1}%", e.fill * 100.0),
             format!("{:.3}ms", e.debt_ns as f64 / 1e6),
-            // A monitor rule drops nothing: its refusals would-drop.
-            if e.action == "monitor" {
-                format!("{} (would drop)", estimate(e.drops, e.drops_margin))
-            } else {
-                estimate(e.drops, e.drops_margin)
+            // A monitor rule drops nothing: its refusals would-drop. Drops
+            // another rule made are credited to it.
+            match (e.action == "monitor", &e.dropped_by) {
+                (_, Some(by)) => format!("{} (by {by})", estimate(e.drops, e.drops_margin)),
+                (true, None) => format!("{} (would drop)", estimate(e.drops, e.drops_margin)),
+                (false, None) => estimate(e.drops, e.drops_margin),
             },
         ]);
     }
@@ -231,7 +232,12 @@ pub fn top_text(t: &TopView) -> String {
                 Some(r) => format!("{} ({r})", b.origin),
                 None => b.origin.clone(),
             };
-            bt.add_row(vec![b.prefix.clone(), origin, format!("{:.1}s", b.left_seconds), b.dropped_pkts.to_string()]);
+            bt.add_row(vec![
+                b.prefix.clone(),
+                origin,
+                format!("{:.1}s", b.left_seconds),
+                estimate(b.dropped_pkts, b.drops_margin),
+            ]);
         }
         let _ = writeln!(out, "{bt}");
     }

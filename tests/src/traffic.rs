@@ -78,6 +78,11 @@ pub fn epoch_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+/// `t` as ns since [`epoch_ns`]'s origin (0 for an instant before it).
+pub fn epoch_ns_at(t: Instant) -> u64 {
+    t.saturating_duration_since(*EPOCH.get_or_init(Instant::now)).as_nanos() as u64
+}
+
 const DST_V4: &str = "198.19.255.1";
 const DST_V6: &str = "2001:db8:ffff::1";
 
@@ -140,8 +145,12 @@ pub fn send_specs(
     let phase: Vec<f64> = (0..n).map(|i| period[i] * (i as f64 / n as f64)).collect();
     let end_ns = duration.as_nanos() as u64;
     let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..n).map(|i| Reverse((phase[i] as u64, i))).collect();
+    // The schedule's origin and its epoch time are one clock reading: two
+    // readings would put every send time late by whatever came between
+    // them (a preemption of the sender there is milliseconds), and a frame
+    // sent just before a change would count as sent after it.
     let start = Instant::now();
-    rep.start_epoch_ns = epoch_ns();
+    rep.start_epoch_ns = epoch_ns_at(start);
     while let Some(Reverse((due, i))) = heap.pop() {
         if due >= end_ns || stop.load(Ordering::Relaxed) {
             continue;

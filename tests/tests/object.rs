@@ -333,6 +333,41 @@ fn ipv4_table_evicts_drained_then_least_debt() {
     assert_eq!((b.drops(), b.stamp()), (3, rule("20pps", 2, 32, false).stamp));
 }
 
+/// A source's drops are the rule's that dropped them (issue 43, point 3):
+/// the drop word records the dropping rule's counter slot, a drop of the
+/// same rule adds to the count, a drop of another starts it anew with that
+/// rule's slot. And the table's used-sets bitmap lists the source.
+#[test]
+fn drops_are_counted_to_the_rule_that_dropped_them() {
+    if !privileged("object tier") {
+        return;
+    }
+    // Every drop counted, to check the counts exactly.
+    let (mut p, _) = small_table(0);
+    let src = "100.64.7.7";
+    p.set_clock(30 * SEC).unwrap();
+    p.set_rule(net("0.0.0.0/0"), &rule("10pps", 2, 32, false).with_id(1).with_counter_slot(3)).unwrap();
+    let mut verdicts = vec![];
+    for _ in 0..5 {
+        verdicts.push(run(&mut p, &udp(src, 64)));
+    }
+    assert_eq!(verdicts, [PASS, PASS, DROP, DROP, DROP]);
+    let (b, by) = p.bucket_dropped_by(&v4_key(src)).unwrap().unwrap();
+    assert_eq!((b.drops(), by), (3, Some(3)));
+    // Another rule (slot 5) over the same source drops it: its own count.
+    p.set_rule(net("100.64.0.0/16"), &rule("10pps", 2, 32, false).with_id(2).with_counter_slot(5)).unwrap();
+    assert_eq!(run(&mut p, &udp(src, 64)), DROP);
+    let (b, by) = p.bucket_dropped_by(&v4_key(src)).unwrap().unwrap();
+    assert_eq!((b.drops(), by), (1, Some(5)));
+    assert_eq!(run(&mut p, &udp(src, 64)), DROP);
+    let (b, by) = p.bucket_dropped_by(&v4_key(src)).unwrap().unwrap();
+    assert_eq!((b.drops(), by), (2, Some(5)));
+    // The source is read back by a walk of the table's used sets.
+    let mut listed = vec![];
+    p.for_each_bucket(|k, b| listed.push((*k, b.drops()))).unwrap();
+    assert_eq!(listed, [(v4_key(src), 2)]);
+}
+
 /// Sources that share their first set are all held to their rate: with
 /// one set per source, the fifth and sixth of six such sources found the
 /// set full of buckets in debt, evicted one, and the evicted one did the

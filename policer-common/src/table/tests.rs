@@ -388,3 +388,40 @@ fn a_sampled_count_carries_its_margin() {
     // 5 % once it has dropped 25 000 frames (the constant's doc): 2 sigma 2 528.
     assert_eq!(m(25_000, 6), 2528);
 }
+
+/// A set's bit in the used-sets bitmap, and the sets a bitmap marks.
+#[test]
+fn the_used_sets_bitmap_marks_a_bit_a_set() {
+    use super::{used_bit, used_sets, used_words};
+    assert_eq!((used_words(0), used_words(1), used_words(64), used_words(65)), (1, 1, 1, 2));
+    assert_eq!(used_words(super::sets_for(crate::maps::DEFAULT_MAX_SOURCES)), 8192);
+    let mut words = vec![0u64; used_words(200) as usize];
+    for s in [0, 63, 64, 130, 199] {
+        let (w, bit) = used_bit(s);
+        words[w as usize] |= bit;
+    }
+    assert_eq!(used_sets(&words).collect::<std::vec::Vec<_>>(), [0, 63, 64, 130, 199]);
+    assert_eq!(used_sets(&[0, 0]).count(), 0);
+}
+
+/// A drop word keeps one rule's count: the same rule adds, another starts
+/// over with its own slot; a word of an earlier build (no slot) names none.
+#[test]
+fn a_drop_word_counts_one_rules_drops() {
+    use super::{DROP_COUNT_MASK, drop_count, drop_word, dropped_by, same_dropper};
+    let w = drop_word(7, 64);
+    assert_eq!((drop_count(w), dropped_by(w)), (64, Some(7)));
+    assert!(same_dropper(w, 7) && !same_dropper(w, 8) && !same_dropper(w, 0));
+    assert_eq!(drop_count(w + 64), 128);
+    assert_eq!(dropped_by(w + 64), Some(7));
+    // The largest rule slot and count stay apart.
+    let big = drop_word(super::DROP_SLOT_MASK as u32, DROP_COUNT_MASK);
+    assert_eq!((drop_count(big), dropped_by(big)), (DROP_COUNT_MASK, Some(super::DROP_SLOT_MASK as u32)));
+    assert!(u64::from(crate::maps::MAX_RULES) < super::DROP_SLOT_MASK);
+    // An earlier build's word: a count, no slot.
+    assert_eq!((drop_count(640), dropped_by(640)), (640, None));
+    assert_eq!(dropped_by(drop_word(3, 0)), None);
+    // A slot's bucket reads the count alone.
+    let slot = super::Slot { key: 0, tat: 0 };
+    assert_eq!(slot.bucket(w).drops(), 64);
+}

@@ -28,8 +28,15 @@ pub struct Args {
     reason: Option<String>,
     /// Apply to the kernel only, without writing the config file (kept
     /// across reloads; gone at the next start or `reload --discard-runtime`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "state")]
     runtime: bool,
+    /// Keep the ban in the state directory (STATE_DIR/bans.json), not in
+    /// the config file: for bans another program manages (fail2ban's
+    /// action), which stay out of the hand-managed policer.toml. Listed
+    /// and counted as any manual ban, lifted by `policer unban` or at its
+    /// end, kept across reloads (`--discard-runtime` too) and restarts.
+    #[arg(long)]
+    state: bool,
     /// Allow a ban of a whole family (`0.0.0.0/0`, `::/0`), which drops
     /// every source, the operator's own sessions included.
     #[arg(long)]
@@ -90,7 +97,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let (Some(cidr), Some(ttl)) = (a.cidr, a.duration) else {
         return Err(super::Usage(
-            "usage: policer ban PREFIX --for DURATION [--reason TEXT] [--runtime] [--force] [--dry-run [--json]]"
+            "usage: policer ban PREFIX --for DURATION [--reason TEXT] [--runtime | --state] [--force] [--dry-run [--json]]"
                 .into(),
         )
         .into());
@@ -103,10 +110,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         eprintln!("policer: note: {note}");
     }
     if a.dry_run {
-        let req = crate::control::Request::Ban { rule, runtime: a.runtime, force: a.force };
+        let req = crate::control::Request::Ban { rule, runtime: a.runtime, force: a.force, state: a.state };
         return super::dryrun::print(&daemon()?.dry_run(req)?, a.json);
     }
-    println!("policer: {}", daemon()?.ban(rule, a.runtime, a.force)?);
+    println!("policer: {}", daemon()?.ban(rule, a.runtime, a.force, a.state)?);
     Ok(())
 }
 

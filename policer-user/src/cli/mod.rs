@@ -92,6 +92,13 @@ enum Cmd {
     /// Counters: totals, per interface, per rule (exact, summed over CPUs).
     Stats(stats::Args),
     /// The sources with the most debt and the most drops right now.
+    ///
+    /// A source's drops are counted by sampling (one in 64): shown as
+    /// estimates, `~N ±M` (two standard deviations), and credited to the
+    /// rule that dropped them, `(by RULE)` when that is not the rule that
+    /// charges the source now. Sources holding a bucket are said in debt
+    /// and idle apart. The daemon reads only the parts of its tables that
+    /// ever held a source.
     Top(top::Args),
     /// One source now: its rule, bucket, debt, and when it would be admitted.
     Inspect(inspect::Args),

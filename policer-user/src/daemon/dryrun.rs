@@ -463,7 +463,7 @@ pub(crate) fn judge_live(reader: &MapReader, preview: &Preview, window: Duration
 fn changing_sources(reader: &MapReader, preview: &Preview, sources: &mut u64) -> crate::Result<Vec<ChangingSource>> {
     let mut cands: Vec<(u64, ChangingSource)> = Vec::new();
     let (before, after) = (preview.before.resolver(), preview.after.resolver());
-    reader.for_each_bucket_read(|k, b, _| {
+    reader.for_each_bucket_read(|k, b, _, _| {
         *sources += 1;
         let (addr, source) = source_of(k);
         let (now, after, class) = if k.class == 0 {

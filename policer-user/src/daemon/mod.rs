@@ -45,6 +45,7 @@ mod ruleset;
 mod serve;
 mod sets;
 mod start;
+mod statebans;
 mod views;
 
 use std::{
@@ -191,6 +192,9 @@ pub struct Daemon {
     /// files; their entries are in the tries but not in `compiled`
     /// (`sets.rs`).
     sets: sets::Sets,
+    /// Manual bans kept in the state directory, not the config file
+    /// (`ban --state`, fail2ban's action: `statebans.rs`).
+    state_bans: statebans::StateBans,
     /// The audit trail, shared with the views and the connections.
     audit: audit::Audit,
     /// Where `/metrics` is served (the listener itself goes to the server).

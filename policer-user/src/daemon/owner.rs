@@ -85,6 +85,8 @@ pub enum Command {
         rule: RuleConfig,
         runtime: bool,
         force: bool,
+        /// Kept in the state directory (`statebans.rs`), not the file.
+        state: bool,
     },
     Unban {
         prefix: String,
@@ -125,7 +127,7 @@ impl TryFrom<crate::control::Request> for Command {
             Request::Detach { iface, hand_over, force } => Command::Detach { iface, hand_over, force },
             Request::ChainAdd { chain, slot } => Command::ChainAdd { chain, slot },
             Request::ChainRm { iface, slot } => Command::ChainRm { iface, slot },
-            Request::Ban { rule, runtime, force } => Command::Ban { rule, runtime, force },
+            Request::Ban { rule, runtime, force, state } => Command::Ban { rule, runtime, force, state },
             Request::Unban { prefix, runtime } => Command::Unban { prefix, runtime },
             Request::SetRm { name } => Command::SetRm { name },
             other => return Err(other),
@@ -238,7 +240,7 @@ impl Command {
             self,
             Command::RuleSet { runtime: false, .. }
                 | Command::RuleRm { runtime: false, .. }
-                | Command::Ban { runtime: false, .. }
+                | Command::Ban { runtime: false, state: false, .. }
                 | Command::Unban { runtime: false, .. }
         )
     }
@@ -378,15 +380,61 @@ impl Daemon {
 
     /// `policer ban`: planned in `bans.rs` ([`bans::plan_ban`]), made as a
     /// change of the rules.
-    fn ban(&mut self, rc: &RuleConfig, runtime: bool, force: bool) -> Result<String> {
+    fn ban(&mut self, rc: &RuleConfig, runtime: bool, force: bool, state: bool) -> Result<String> {
+        if state {
+            return self.state_ban(rc, runtime, force);
+        }
         let plan = bans::plan_ban(rc, runtime, force, |k| self.rule_in_force(k).is_some())?;
         self.change(runtime, std::slice::from_ref(&plan.edit))?;
+        // A ban of a prefix the state directory kept is the file's now.
+        if !runtime && !self.dry() && self.state_bans.contains(&plan.edit.0.net) {
+            self.when_written(WhenWritten::ForgetStateBan(plan.edit.0.net));
+        }
         self.changed = true;
         if !self.dry() {
             // Said once the ban is in force: in a group, after its write.
             self.when_written(WhenWritten::Say(plan.log_line));
         }
         Ok(plan.message)
+    }
+
+    /// `policer ban --state`: a manual ban in force as a runtime one, and
+    /// kept in the state directory (`statebans.rs`) for the next start,
+    /// not in the config file. Handled alone (not in a group of file
+    /// writes): in force in the kernel, then written to its file, undone
+    /// in the kernel when that write fails.
+    fn state_ban(&mut self, rc: &RuleConfig, runtime: bool, force: bool) -> Result<String> {
+        if runtime {
+            return Err(Error::Invalid(
+                "ban: --state keeps the ban in the state directory, --runtime keeps it nowhere: one or the other; \
+                 nothing changed"
+                    .into(),
+            ));
+        }
+        let plan = bans::plan_ban(rc, false, force, |k| self.rule_in_force(k).is_some())?;
+        let (key, spec) = (&plan.edit.0, plan.edit.1.as_ref());
+        if self.in_file(key) {
+            return Err(Error::Invalid(format!(
+                "ban {}: the config file holds a ban of it; lift that one (`policer unban {}`) to keep the ban in \
+                 the state directory instead; nothing changed",
+                key.net, key.net
+            )));
+        }
+        let before = self.rule_in_force(key).map(|s| (*s).clone());
+        self.change(true, std::slice::from_ref(&plan.edit))?;
+        if self.dry() {
+            return Ok(plan.message);
+        }
+        if let Err(e) = self.state_bans.change(spec, &[]) {
+            let undone = self.change(true, &[(key.clone(), before)]);
+            return Err(Error::Invalid(match undone {
+                Ok(()) => format!("{e}; nothing changed"),
+                Err(u) => format!("{e}; and undoing the ban in the kernel failed: {u}"),
+            }));
+        }
+        self.changed = true;
+        self.when_written(WhenWritten::Say(plan.log_line));
+        Ok(format!("{} (kept in {}, not in the config file)", plan.message, self.state_bans.path().display()))
     }
 
     /// `policer unban PREFIX`: the manual ban of exactly that prefix, and
@@ -404,6 +452,10 @@ impl Daemon {
         if let Some(key) = plan.manual {
             self.change(runtime, &[(key, None)])?;
             parts.push(format!("lifted the ban of {net}"));
+            // Gone from the state directory too, once lifted.
+            if !self.dry() && self.state_bans.contains(&net) {
+                self.when_written(WhenWritten::ForgetStateBan(net));
+            }
             self.when_written(WhenWritten::Say(format!("policer: the manual ban of {net} was lifted")));
         }
         // With a manual ban in a group, the automatic ones are lifted with
@@ -432,6 +484,17 @@ impl Daemon {
                 }
                 self.changed = true;
             }
+            WhenWritten::ForgetStateBan(net) => self.forget_state_bans(&[net]),
+        }
+    }
+
+    /// Leaves the bans of `nets` out of the state directory's file (lifted,
+    /// ended, or now the config file's). A write that fails is said: the
+    /// next start then puts back a ban that ended or was lifted, until its
+    /// end.
+    pub(super) fn forget_state_bans(&mut self, nets: &[ipnet::IpNet]) {
+        if let Err(e) = self.state_bans.change(None, nets) {
+            say_err!("policer: {e}; a restart before its end brings the ban back");
         }
     }
 
@@ -561,6 +624,14 @@ impl Daemon {
         match r {
             Ok(()) => {
                 self.changed = true;
+                let kept: Vec<ipnet::IpNet> = edit
+                    .iter()
+                    .filter(|(k, _)| k.ban && self.state_bans.contains(&k.net))
+                    .map(|(k, _)| k.net)
+                    .collect();
+                if !kept.is_empty() {
+                    self.forget_state_bans(&kept);
+                }
                 for (k, back) in &edit {
                     if k.ban {
                         self.audit.record("expiry", &format!("the ban of {} ended (expired)", k.net));
@@ -673,7 +744,8 @@ impl Daemon {
         let snap = self.file.snapshot_named(named, bytes)?;
         let path = named.unwrap_or(self.file.path()).display().to_string();
         let before = self.rs.specs();
-        let plan = reload::plan(&path, &snap.rules, &before, &self.rs.file_specs(), discard_runtime)?;
+        let kept = self.state_bans.specs(crate::duration::unix_ms());
+        let plan = reload::plan(&path, &snap.rules, &before, &self.rs.file_specs(), discard_runtime, &kept)?;
         // A file a killed writer cut short: never applied when followed
         // (refused before the sets' files are read, and said as itself).
         snap.check_whole(named.unwrap_or(self.file.path()), followed, plan.drastic.as_deref())?;
@@ -1038,7 +1110,7 @@ impl Daemon {
     fn handle_aside(&mut self, cmd: Command, aside: &mut dyn Aside) -> Outcome {
         let done = Outcome::done;
         match cmd {
-            Command::Ban { rule, runtime, force } => done(self.ban(&rule, runtime, force)),
+            Command::Ban { rule, runtime, force, state } => done(self.ban(&rule, runtime, force, state)),
             Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
             Command::Tick => done(self.tick().map(|_| String::new())),
             Command::Lease(writes) => done(self.lease(&writes).map(|_| String::new())),

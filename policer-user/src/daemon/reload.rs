@@ -142,21 +142,26 @@ pub(super) struct ReloadPlan {
 /// Plans a reload of the rules `file_rules` read from `path` (pure): with
 /// `before` in force and `file_before` the file's rules so far, what is in
 /// force after. The runtime changes stay over the new file unless
-/// `discard_runtime`. A file with no rules (once what ended is left out)
-/// is refused.
+/// `discard_runtime`, but for the bans the state directory keeps
+/// (`kept`, `ban --state`), which a reload never lifts. A file with no
+/// rules (once what ended is left out) is refused.
 pub(super) fn plan(
     path: &str,
     file_rules: &BTreeMap<RuleKey, RuleSpec>,
     before: &BTreeMap<RuleKey, RuleSpec>,
     file_before: &BTreeMap<RuleKey, RuleSpec>,
     discard_runtime: bool,
+    kept: &BTreeMap<RuleKey, RuleSpec>,
 ) -> Result<ReloadPlan> {
     let mut file = file_rules.clone();
     drop_expired(&mut file);
     if file.is_empty() {
         return Err(Error::Invalid(format!("{path}: no rules; nothing changed")));
     }
-    let overlay = if discard_runtime { Overlay::new() } else { overlay(before, file_before) };
+    let mut overlay = if discard_runtime { Overlay::new() } else { overlay(before, file_before) };
+    for (k, s) in kept {
+        overlay.entry(k.clone()).or_insert_with(|| Some(s.clone()));
+    }
     let want = with_overlay(file.clone(), &overlay);
     let diff = RuleDiff::of(before, &want);
     // What is in force and not yet expired (a ban past its end waits
@@ -362,17 +367,22 @@ mod tests {
         // At runtime: the lab's rule changed.
         let before = map(&[&all, &lab2]);
         let new = map(&[&all, &lab, &other]);
-        let p = plan("f.toml", &new, &before, &file_before, false).unwrap();
+        let p = plan("f.toml", &new, &before, &file_before, false, &BTreeMap::new()).unwrap();
         assert_eq!(p.want, map(&[&all, &lab2, &other]));
         assert_eq!(p.diff.counts(), "1 added, 0 changed, 0 removed");
         assert_eq!(p.drastic, None);
         assert_eq!(p.changes_text(&before), format!(": +::/0 ({})", crate::rules::summary(&other)));
         assert!(p.kept_text().starts_with("; kept 1 runtime change over the file's (rule for 10.0.0.0/8;"));
-        let p = plan("f.toml", &map(&[&other]), &before, &file_before, true).unwrap();
+        let p = plan("f.toml", &map(&[&other]), &before, &file_before, true, &BTreeMap::new()).unwrap();
         assert_eq!(p.want, map(&[&other]));
         assert_eq!(p.drastic.as_deref(), Some("remove 2 of 2 rules"));
         assert_eq!(p.kept_text(), "");
-        let e = plan("f.toml", &BTreeMap::new(), &before, &file_before, false).err().unwrap();
+        // The bans the state directory keeps stay, --discard-runtime too.
+        let b = ban("198.18.0.0/24", "1h");
+        let kept = map(&[&b]);
+        let p = plan("f.toml", &map(&[&other]), &map(&[&all, &lab2, &b]), &file_before, true, &kept).unwrap();
+        assert_eq!(p.want, map(&[&other, &b]));
+        let e = plan("f.toml", &BTreeMap::new(), &before, &file_before, false, &BTreeMap::new()).err().unwrap();
         assert_eq!(e.to_string(), "f.toml: no rules; nothing changed");
     }
 

@@ -683,6 +683,9 @@ pub(super) enum WhenWritten {
     Say(String),
     /// Automatic bans an `unban` lifts with a manual ban.
     Lift(Vec<policer_common::BucketKeyV6>),
+    /// A ban the state directory keeps (`statebans.rs`), lifted, or the
+    /// config file's now.
+    ForgetStateBan(ipnet::IpNet),
 }
 
 /// The counter slots of the manual bans among `rules`, sorted: the owner

@@ -1781,7 +1781,10 @@ pub(super) fn remove_leftovers(config: &std::path::Path, sets_dir: &std::path::P
     let kept = super::bans::kept_bans_file(sets_dir);
     let kept_leftovers = match kept.parent() {
         Some(dir) if dir.is_dir() => {
-            crate::files::remove_leftovers(dir, |n| crate::files::temp_stem(n) == Some("auto-bans.json"))
+            // And the bans it keeps (`ban --state`, `statebans.rs`).
+            crate::files::remove_leftovers(dir, |n| {
+                matches!(crate::files::temp_stem(n), Some("auto-bans.json" | "bans.json"))
+            })
         }
         _ => (Vec::new(), Vec::new()),
     };

@@ -211,6 +211,7 @@ impl Daemon {
     ) -> Result<Daemon> {
         let LoadedProgram { mut policer, old_fds } = loaded;
         let Planned { rs, plan, sets, sets_dir, migrated } = planned;
+        let state_bans = super::statebans::StateBans::read(&sets_dir)?;
         // The last step that can fail before the kernel changes.
         let socket = control::socket_path()?;
         let listener = bind_private(&socket)?;
@@ -242,6 +243,7 @@ impl Daemon {
             audit: Default::default(),
             metrics_addr,
             sets: super::sets::Sets::new(sets_dir, s.crowdsec.as_ref().map(|c| c.set.clone())),
+            state_bans,
             dry: None,
             group: None,
             feed: s.crowdsec.clone(),
@@ -286,6 +288,8 @@ impl Daemon {
         if s.changes_file {
             d.write_start_config(&s.ifaces.given, s.changes_rules, &s.rate_changes);
         }
+        // Not before: that write takes the rules in force as the file's.
+        d.restore_state_bans(out);
         // What reading and planning the rules held for a moment (the
         // file's parse tree, the plan) goes back to the system.
         crate::config::ConfigFile::release_memory();
@@ -294,6 +298,28 @@ impl Daemon {
         d.fill_chains();
         d.announce(args, &s.ifaces.names, &replaced, out);
         Ok(d)
+    }
+
+    /// Puts the bans the state directory keeps (`statebans.rs`) that have
+    /// not ended back in force, as runtime bans over the config's rules,
+    /// saying how many; those that ended leave its file. Once the start
+    /// has committed: a failure is said, and the daemon polices without
+    /// them.
+    fn restore_state_bans(&mut self, out: &mut impl Write) {
+        let now = crate::duration::unix_ms();
+        let edits = self.state_bans.edits(now);
+        let file = self.state_bans.path().display().to_string();
+        if !edits.is_empty() {
+            let _ = match self.change(true, &edits) {
+                Ok(()) => writeln!(out, "policer: {} bans kept in {file} back in force", edits.len()),
+                Err(e) => {
+                    writeln!(out, "policer: warning: the {} bans kept in {file} are not in force: {e}", edits.len())
+                }
+            };
+        }
+        if let Err(e) = self.state_bans.drop_ended(now) {
+            let _ = writeln!(out, "policer: warning: {e}");
+        }
     }
 
     /// Puts the automatic bans a plain exit kept ([`super::bans::KeptBan`])

@@ -596,7 +596,10 @@ impl Views {
     pub fn ban_ls(&self) -> Result<BanLs> {
         let snap = self.snap();
         let mut dropped = Vec::new();
-        for (slot, c) in self.reader.rule_counters()? {
+        // Only a manual ban's drops are read from the rule counters (every
+        // rule slot on every CPU): with none, nothing is read.
+        let counters = if snap.manual_ban_slots.is_empty() { Vec::new() } else { self.reader.rule_counters()? };
+        for (slot, c) in counters {
             let i = slot as usize;
             if dropped.len() <= i {
                 dropped.resize(i + 1, 0);
@@ -634,14 +637,22 @@ impl Views {
             fill: u64,
             debt_ns: u64,
             drops: u64,
+            /// The counter slot of the rule that dropped `drops`.
+            by: Option<u32>,
         }
         let mut rows = Vec::new();
         // Each bucket judged at the clock read just after its batch of
         // slots was copied (see `MapReader::for_each_bucket_read`): a
         // clock older than the copy would count the walk (a quarter of a
         // second over a 1M-slot table) as debt.
-        self.reader.for_each_bucket_read(|k, b, read_ns| {
-            rows.push(Row { key: *k, fill: b.fill_q16(read_ns), debt_ns: b.shown_debt_ns(read_ns), drops: b.drops() })
+        self.reader.for_each_bucket_read(|k, b, read_ns, by| {
+            rows.push(Row {
+                key: *k,
+                fill: b.fill_q16(read_ns),
+                debt_ns: b.shown_debt_ns(read_ns),
+                drops: b.drops(),
+                by,
+            })
         })?;
         let live = rows.len() as u64;
         let idle = rows.iter().filter(|r| r.debt_ns == 0).count() as u64;
@@ -654,12 +665,23 @@ impl Views {
                 .then(|| set_over(&snap, key_addr(&r.key)))
                 .flatten()
                 .filter(|(n, _)| rule.as_ref().is_none_or(|k| n.prefix_len() > k.net.prefix_len()));
+            let label = match set {
+                Some((n, s)) => format!("{} ({n})", s.view.prefix),
+                None => rule.as_ref().map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+            };
             TopEntry {
                 source: bucket_source(&r.key),
-                rule: match set {
-                    Some((n, s)) => format!("{} ({n})", s.view.prefix),
-                    None => rule.as_ref().map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
-                },
+                dropped_by: dropped_by(
+                    &snap,
+                    &r.key,
+                    r.drops,
+                    r.by,
+                    match set {
+                        Some((_, s)) => Some(s.slot),
+                        None => rule.as_ref().and_then(|k| snap.rules.get(k)).map(|row| row.slot),
+                    },
+                ),
+                rule: label,
                 class: rule.as_ref().map(|n| n.class().to_string()).unwrap_or_else(|| "-".into()),
                 debt_ns: r.debt_ns,
                 fill: r.fill as f64 / 65536.0,
@@ -1020,10 +1042,11 @@ impl Views {
             if !seen.insert((key.addr, key.key_len, key.class)) {
                 continue;
             }
-            if let Some(b) = self.reader.bucket(&key)? {
+            if let Some((b, by)) = self.reader.bucket_dropped_by(&key)? {
                 let at = monotonic_ns();
                 out.push(TopEntry {
                     source: bucket_source(&key),
+                    dropped_by: dropped_by(snap, &key, b.drops(), by, Some(slot)),
                     rule: label,
                     class,
                     debt_ns: b.shown_debt_ns(at),
@@ -1476,6 +1499,19 @@ fn rule_for(snap: &Snapshot, k: &BucketKey) -> Option<RuleKey> {
         .filter(|key| key.class().is_none() && !key.ban && key.net.contains(&addr))
         .max_by_key(|key| key.net.prefix_len())
         .cloned()
+}
+
+/// The rule that dropped a bucket's `drops` (the counter slot `by` its drop
+/// word names), when it is not the one of counter slot `now` (the rule
+/// `top` shows the bucket under): the rule as `rule ls` names it, a set's
+/// entry, or a rule removed since.
+fn dropped_by(snap: &Snapshot, k: &BucketKey, drops: u64, by: Option<u32>, now: Option<u32>) -> Option<String> {
+    let slot = by.filter(|&b| drops > 0 && Some(b) != now)?;
+    Some(if snap.rules.values().any(|r| r.slot == slot) || snap.sets.iter().any(|s| s.slot == slot) {
+        rule_of_slot(snap, key_addr(k), slot).0
+    } else {
+        format!("a rule removed since (counter slot {slot})")
+    })
 }
 
 /// How far a per-source drop count (sampled, one drop in 64 counted as

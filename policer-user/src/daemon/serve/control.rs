@@ -443,7 +443,7 @@ mod tests {
             Request::RuleRm { rule: rule.clone(), runtime: false },
             Request::Reload { discard_runtime: true, candidate: None },
             Request::Detach { iface: "eth0".into(), hand_over: false, force: false },
-            Request::Ban { rule: rule.clone(), runtime: false, force: true },
+            Request::Ban { rule: rule.clone(), runtime: false, force: true, state: false },
             Request::Unban { prefix: "10.0.0.0/8".into(), runtime: true },
             Request::SetRm { name: "feed".into() },
         ];
