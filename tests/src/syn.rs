@@ -8,7 +8,7 @@
 use std::{
     io::{Read, Write},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
+    os::fd::{AsFd, AsRawFd},
     process::Command,
     sync::{
         Arc,
@@ -88,6 +88,33 @@ pub fn sandbox(sb: Sandbox) -> Sandbox {
     sb
 }
 
+/// Replaces the sending veth's `xdp_pass` with `xdp_sink` (tests/ebpf):
+/// frames to `net`/`len` are dropped there. The SYN-ACKs answering a flood
+/// spoofed from `net` would go out to the forged sources, not into the
+/// clients' host: without it the clients' kernel takes each of them
+/// through its stack, on the two CPUs the rig shares, and the rings both
+/// ways overflow more often (a client that lost its SYNs seven times in a
+/// row gives up after 6 s on 6.18: `tcp_syn_linear_timeouts`).
+pub fn sink_replies_to(sb: &Sandbox, net: Ipv4Addr, len: u8) {
+    let (ns, ifc) = (sb.tx_ns.clone(), sb.tx_if.clone());
+    let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+    let net = u32::from(net) & mask;
+    thread::spawn(move || {
+        enter(&ns).unwrap();
+        let mut loader = aya::EbpfLoader::new();
+        loader.override_global("SINK_NET", &net, true).override_global("SINK_MASK", &mask, true);
+        let mut ebpf = loader.load(crate::REFERENCE_OBJECT).expect("load the reference object");
+        let p: &mut aya::programs::Xdp = ebpf.program_mut("xdp_sink").unwrap().try_into().unwrap();
+        p.load().expect("load xdp_sink");
+        let fd = p.fd().unwrap().as_fd().as_raw_fd();
+        let idx = policer_user::loader::if_index(&ifc).unwrap();
+        policer_user::netlink::set(idx, fd, policer_user::netlink::XDP_FLAGS_DRV_MODE, None)
+            .expect("attach xdp_sink to the sending veth");
+    })
+    .join()
+    .unwrap();
+}
+
 /// A kernel TCP server in `ns` on `[::]:PORT` (IPv4 too): each connection
 /// reads a line and answers `pong` with it. Stops with the flag.
 pub fn server(ns: &str, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
@@ -139,17 +166,10 @@ pub fn connect_many_on(ns: &str, from: Vec<IpAddr>, to: SocketAddr, n: u64, cpu:
                 }
                 for i in (t..n).step_by(10) {
                     let src = SocketAddr::new(from[i as usize % from.len()], 0);
-                    let Ok(mut s) = connect_from(src, to) else { continue };
-                    s.set_read_timeout(Some(CLIENT_PATIENCE)).unwrap();
-                    let msg = format!("ping {i}");
-                    if s.write_all(msg.as_bytes()).is_err() {
-                        continue;
-                    }
-                    let mut b = [0u8; 64];
-                    if let Ok(k) = s.read(&mut b)
-                        && b[..k] == *format!("pong {msg}").as_bytes()
-                    {
-                        ok.fetch_add(1, Ordering::Relaxed);
+                    match one_connection(src, to, i) {
+                        Ok(()) => _ = ok.fetch_add(1, Ordering::Relaxed),
+                        // Why a connection failed, for the log.
+                        Err(e) => eprintln!("connection {i} from {src} to {to}: {e}"),
                     }
                 }
             })
@@ -159,6 +179,24 @@ pub fn connect_many_on(ns: &str, from: Vec<IpAddr>, to: SocketAddr, n: u64, cpu:
         h.join().unwrap();
     }
     ok.load(Ordering::Relaxed)
+}
+
+/// One connection from `src` to `to` that carries `ping i` and its answer,
+/// or which step failed and how.
+fn one_connection(src: SocketAddr, to: SocketAddr, i: u64) -> Result<(), String> {
+    let started = Instant::now();
+    let at = |step: &str, e: &dyn std::fmt::Display| format!("{step} after {:?}: {e}", started.elapsed());
+    let mut s = connect_from(src, to).map_err(|e| at("connect", &e))?;
+    let local = s.local_addr().map(|a| a.port()).unwrap_or(0);
+    s.set_read_timeout(Some(CLIENT_PATIENCE)).unwrap();
+    let msg = format!("ping {i}");
+    s.write_all(msg.as_bytes()).map_err(|e| at(&format!("write (port {local})"), &e))?;
+    let mut b = [0u8; 64];
+    let k = s.read(&mut b).map_err(|e| at(&format!("read (port {local})"), &e))?;
+    if b[..k] != *format!("pong {msg}").as_bytes() {
+        return Err(at(&format!("answer (port {local})"), &String::from_utf8_lossy(&b[..k])));
+    }
+    Ok(())
 }
 
 /// How long a client waits to connect, and for its answer: a real
@@ -340,4 +378,39 @@ pub fn synack_to(f: &[u8]) -> Option<IpAddr> {
         let b: [u8; 4] = f.get(14 + 16..14 + 20)?.try_into().ok()?;
         IpAddr::V4(b.into())
     })
+}
+
+/// The nonzero drop and XDP counters of both veths (`ethtool -S`): where a
+/// frame lost before the program or before the client went.
+pub fn veth_drops(sb: &Sandbox) -> String {
+    [(&sb.rx_ns, &sb.rx_if), (&sb.tx_ns, &sb.tx_if)]
+        .iter()
+        .map(|(ns, ifc)| {
+            let out = Command::new("ip").args(["netns", "exec", ns, "ethtool", "-S", ifc]).output();
+            let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            let rows: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.trim().split_once(": "))
+                .filter(|(k, v)| *v != "0" && (k.contains("drop") || k.contains("err") || k.contains("xdp")))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            format!("{ifc}: {}", rows.join(" "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The nonzero TCP counters of `ns` (`nstat -az`, kernel totals since the
+/// namespace was made): what the kernel did with the connections.
+pub fn tcp_counters(ns: &str) -> String {
+    let out = Command::new("ip").args(["netns", "exec", ns, "nstat", "-az"]).output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (k, v) = (w.next()?, w.next()?);
+            (k.starts_with("Tcp") && v != "0").then(|| format!("{k}={v}"))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -40,7 +40,7 @@ use policer_tests::{
     privileged,
     syn::{
         CLIENTS, CLOSED, PORT, RX4, RX6, client4, client6, connect_from, connect_many, flood, forged_ack, one_net_v4,
-        one_net_v6, server, spoofed_v4, ss_options, syn_frames, synack_to,
+        one_net_v6, server, sink_replies_to, spoofed_v4, ss_options, syn_frames, synack_to, tcp_counters, veth_drops,
     },
     traffic::{self, Flow, RunOptions, run_with, send_raw},
 };
@@ -59,6 +59,7 @@ fn sandbox(tag: &str) -> Sandbox {
 /// every SYN back to policing uncounted on this kernel — not understood
 /// yet (docs/syn-cookies.md, "Open").
 fn syn_flood(sb: &Sandbox, dport: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
+    sink_replies_to(sb, Ipv4Addr::new(100, 64, 0, 0), 10);
     let frames = syn_frames(20_000, 0x5eed, spoofed_v4, RX4.parse().unwrap(), dport, sb.rx_mac());
     let h = flood(sb, frames, 0, stop, Duration::from_secs(60));
     thread::spawn(move || h.join().unwrap().sent)
@@ -124,7 +125,7 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
     let c4: Vec<IpAddr> = (0..CLIENTS).map(client4).collect();
     let c6: Vec<IpAddr> = (0..CLIENTS).map(client6).collect();
     let ok4 = connect_many(&sb.tx_ns, c4, SocketAddr::new(RX4.parse().unwrap(), PORT), 500);
-    let ok6 = connect_many(&sb.tx_ns, c6, SocketAddr::new(RX6.parse().unwrap(), PORT), 100);
+    let ok6 = connect_many(&sb.tx_ns, c6, SocketAddr::new(RX6.parse().unwrap(), PORT), 500);
     // Options while a connection is held: the server's own scale is its
     // kernel's, and the client's is what the cookie carried.
     // The probe holds its connection until both sides were read (a loaded
@@ -156,10 +157,16 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
     drop(probe.join().unwrap());
     fstop.store(true, Ordering::Relaxed);
     let frames = flood.join().unwrap();
-    eprintln!("flood: {frames} SYNs sent; connections: {ok4}/500 IPv4, {ok6}/100 IPv6");
+    eprintln!("flood: {frames} SYNs sent; connections: {ok4}/500 IPv4, {ok6}/500 IPv6");
     eprintln!("ss: server {server_side:?}, client {client_side:?}");
+    let s = stats(&sb);
+    // Before the verdict: where frames went (a failed connection's SYNs
+    // may have been lost in the receiving veth's ring, before XDP).
+    eprintln!("stats: {s}\nveths: {}", veth_drops(&sb));
+    eprintln!("server's TCP: {}\nclients' TCP: {}", tcp_counters(&sb.rx_ns), tcp_counters(&sb.tx_ns));
+    // The issue's ≥ 99 % of 500, each family.
     assert!(ok4 >= 495, "IPv4: {ok4} of 500 connections");
-    assert!(ok6 >= 99, "IPv6: {ok6} of 100 connections");
+    assert!(ok6 >= 495, "IPv6: {ok6} of 500 connections");
     // wscale:a,b on each side is (the peer's, its own): mirrored.
     let flip = |w: &str| {
         let (a, b) = w.trim_start_matches("wscale:").split_once(',').unwrap();
@@ -168,7 +175,6 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
     assert_ne!(server_side.0, "none", "the server's connection has a window scale");
     assert_eq!(server_side.0, flip(&client_side.0));
     assert_eq!(server_side.1, client_side.1, "SACK on the server as on the client");
-    let s = stats(&sb);
     let rows: Vec<&Value> = s["rules"].as_array().unwrap().iter().filter(|r| r["class"] == "tcp").collect();
     assert_eq!(rows.len(), 2, "{s}");
     for r in rows {
@@ -358,15 +364,17 @@ fn udp_sources_keep_their_buckets_through_the_flood() {
     let (sent, got) = run_with(&sb, &flows, Duration::from_secs(5), &opts);
     // Real clients beside them, through the same flood.
     let c4: Vec<IpAddr> = (0..CLIENTS).map(client4).collect();
-    let ok = connect_many(&sb.tx_ns, c4, SocketAddr::new(RX4.parse().unwrap(), PORT), 100);
+    let ok = connect_many(&sb.tx_ns, c4, SocketAddr::new(RX4.parse().unwrap(), PORT), 500);
     fstop.store(true, Ordering::Relaxed);
     let syns = flood.join().unwrap();
     let (tx, rx): (u64, u64) = (sent.sent.iter().sum(), got.per_flow.iter().sum());
     let s = stats(&sb);
     let tcp = rule_row(&s, "0.0.0.0/0", "tcp");
     let udp = rule_row(&s, "0.0.0.0/0", "udp");
+    eprintln!("veths: {}", veth_drops(&sb));
+    eprintln!("server's TCP: {}\nclients' TCP: {}", tcp_counters(&sb.rx_ns), tcp_counters(&sb.tx_ns));
     eprintln!(
-        "UDP: {rx} of {tx} frames arrived (socket drops {}), {ok}/100 connections, through {syns} SYNs; table: {}; \
+        "UDP: {rx} of {tx} frames arrived (socket drops {}), {ok}/500 connections, through {syns} SYNs; table: {}; \
          tcp: {tcp}; udp: {udp}",
         got.socket_drops, s["table"]
     );
@@ -385,7 +393,8 @@ fn udp_sources_keep_their_buckets_through_the_flood() {
         rx as f64 >= 0.995 * exact as f64 && rx <= exact + 2,
         "UDP: {rx} arrived of {tx}, an exact policer admits {exact}"
     );
-    assert!(ok >= 99, "{ok} of 100 connections");
+    // The issue's ≥ 99 % of 500 (of 100, one lost SYN's retries decided it).
+    assert!(ok >= 495, "{ok} of 500 connections");
     assert!(n(&tcp["syn"], "syns") >= 1000, "the flood reached the program: {tcp}");
     // The table holds the UDP sources and the real clients, nothing of
     // the flood: a bucket each, none pushed out and made again.

@@ -19,6 +19,8 @@
 //!   `REF_TABLE6` (insert on a miss) and a read of the value; drops every
 //!   IPv6 frame. A program of its own, so that `parse_lookup`, the kernel
 //!   benchmark's IPv4 reference, stays exactly what it was.
+//! - `xdp_sink`: drops IPv4 frames to one network, passes the rest (the
+//!   SYN-cookie rig's client side: the answers to a spoofed flood).
 //! - `xdp_gen`: run with `BPF_F_TEST_XDP_LIVE_FRAMES`, rewrites each frame's
 //!   IPv4 source (GEN_BASE + 0..GEN_SOURCES, in turn or at random), fixes the
 //!   header checksum and redirects the frame into `GEN_IFINDEX`.
@@ -268,6 +270,37 @@ mod programs {
         }
         // SAFETY: helper with no preconditions.
         unsafe { bpf_redirect(ro(&GEN_IFINDEX), 0) as u32 }
+    }
+
+    /// The network `xdp_sink` drops frames to (host order) and its mask.
+    #[unsafe(no_mangle)]
+    static SINK_NET: u32 = 0;
+    #[unsafe(no_mangle)]
+    static SINK_MASK: u32 = 0xffff_ffff;
+
+    /// Drops IPv4 frames whose destination is in `SINK_NET`/`SINK_MASK`,
+    /// passes every other frame: on a client's side of the SYN-cookie rig,
+    /// the SYN-ACKs answering a spoofed flood go nowhere, as they would go
+    /// out to the forged sources' networks, not into the clients' stack.
+    #[xdp]
+    pub fn xdp_sink(ctx: XdpContext) -> u32 {
+        let data = ctx.data();
+        if data + ETH_HLEN + IPV4_HLEN > ctx.data_end() {
+            return xdp_action::XDP_PASS;
+        }
+        // SAFETY: bounds checked above.
+        let (ethertype, dst) = unsafe {
+            let p = data as *const u8;
+            (
+                u16::from_be_bytes([*p.add(12), *p.add(13)]),
+                u32::from_be_bytes([*p.add(30), *p.add(31), *p.add(32), *p.add(33)]),
+            )
+        };
+        if ethertype == 0x0800 && dst & ro(&SINK_MASK) == ro(&SINK_NET) {
+            xdp_action::XDP_DROP
+        } else {
+            xdp_action::XDP_PASS
+        }
     }
 
     #[panic_handler]
