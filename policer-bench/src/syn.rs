@@ -21,8 +21,12 @@
 //! system's cost per SYN is that less the floor's in the same repetition,
 //! and the headline ratio is the policer's against the kernel's, taken
 //! repetition by repetition. The SYN-ACKs of every system go back over the
-//! veth to the sending side's own address (the receiving side routes the
-//! flood's sources there), so each row pays the same for them.
+//! veth (the receiving side routes the flood's sources there) and are
+//! dropped by an XDP program on the sending veth, as they would leave the
+//! host for the forged sources: each row pays the same for them, the
+//! veth's hand-off and one XDP drop. (Until 2026-11-29 the sending side's
+//! stack took each of them, about 1 µs of the same CPU per SYN in every
+//! row but the floor's, which diluted the ratio.)
 
 use std::{
     net::SocketAddr,
@@ -144,6 +148,7 @@ fn rig_for(key: &'static str, i: usize) -> Result<Rig> {
     // The flood's sources are routed back to the sending side: the
     // kernel's and synproxy's SYN-ACKs leave as the policer's do.
     ip(&["-n", &sb.rx_ns, "route", "add", "default", "via", TX4]);
+    rig::sink_replies_to(&sb, std::net::Ipv4Addr::new(100, 64, 0, 0), 10);
     for k in ["all", "default", sb.rx_if.as_str()] {
         run_in(&sb.rx_ns, "sysctl", &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")])?;
     }
@@ -360,7 +365,8 @@ pub fn section(w: &mut String, s: &SynResults) {
          repetition: what answering a SYN costs. {} repetitions of {:.0} s, systems interleaved. **Connected**: real \
          kernel clients (on the other CPU; a connection counts when data went both ways) through the same flood. \
          The kernel is set for cookies (`tcp_syncookies = 2`, `tcp_timestamps = 2`); every SYN-ACK goes back to \
-         the sending side (its sources routed there), so each row pays the same for them. Generator: a raw socket, \
+         the sending veth (its sources routed there) and is dropped there by an XDP program, as it would leave \
+         the host for the forged source: each row pays the same for them. Generator: a raw socket, \
          not the live-frames generator (docs/syn-cookies.md, \"Open\").\n",
         s.reps, s.secs
     );

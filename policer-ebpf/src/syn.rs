@@ -9,7 +9,7 @@
 //! the policer's.
 
 use aya_ebpf::{
-    bindings::{bpf_sock, bpf_sock_tuple, tcphdr, xdp_action, xdp_md},
+    bindings::{BPF_NOEXIST, bpf_sock, bpf_sock_tuple, tcphdr, xdp_action, xdp_md},
     helpers::{
         bpf_ktime_get_ns, bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_check_syncookie, bpf_tcp_gen_syncookie,
         bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
@@ -22,7 +22,7 @@ use policer_common::{
 };
 
 use crate::{
-    buckets::{Charge, charge},
+    buckets::{CAS_ROUNDS, Charge, cas, charge},
     clock::Clock,
     maps::{SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_TOTALS, SYN_VERIFIED},
     parse::{Parsed, parse, ptr_at},
@@ -192,18 +192,12 @@ fn answer_syn(
     }
     // SAFETY: BPF helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let key = syn::cap_key(src, v6);
-    let tat = SYN_CAP.get_ptr(&key).map_or(0, |t| {
-        // SAFETY: a live map value.
-        unsafe { *t }
-    });
-    let Some(tat) = syn::cap_admit(tat, now, conf) else {
+    if !cap_admits(&syn::cap_key(src, v6), now, conf) {
         // SAFETY: as above.
         unsafe { bpf_sk_release(sk.cast()) };
         sc.synacks_capped += 1;
         return xdp_action::XDP_DROP;
-    };
-    let _ = SYN_CAP.insert(&key, &tat, 0);
+    }
     let iplen = if v6 { 40 } else { 20 };
     // SAFETY: the socket and the headers copied into this CPU's map value.
     let r = unsafe {
@@ -232,6 +226,39 @@ fn answer_syn(
     } else {
         xdp_action::XDP_DROP
     }
+}
+
+/// The reflection cap of the network `key`: whether one more SYN-ACK may
+/// go toward it now (charged if so). A network seen before is charged in
+/// place by compare-and-swap, so two CPUs never send the same allowance
+/// twice; only a new one is inserted (an LRU map's update allocates an
+/// element each time: it was most of a flood's map work). Lost rounds
+/// hold the SYN-ACK back, as a bucket's do.
+#[inline(always)]
+fn cap_admits(key: &[u8; 16], now: u64, conf: &syn::SynConf) -> bool {
+    let Some(p) = SYN_CAP.get_ptr_mut(key) else {
+        // A new network: a first SYN-ACK always goes. Another CPU may have
+        // inserted it meanwhile (`BPF_NOEXIST` fails): that one counted.
+        let Some(tat) = syn::cap_admit(0, now, conf) else {
+            return false;
+        };
+        let _ = SYN_CAP.insert(key, &tat, u64::from(BPF_NOEXIST));
+        return true;
+    };
+    // SAFETY: a live map value; other CPUs change it only by CAS.
+    let mut old = unsafe { core::ptr::read_volatile(p) };
+    for _ in 0..CAS_ROUNDS {
+        let Some(new) = syn::cap_admit(old, now, conf) else {
+            return false;
+        };
+        // SAFETY: as above.
+        let seen = unsafe { cas(p, old, new) };
+        if seen == old {
+            return true;
+        }
+        old = seen;
+    }
+    false
 }
 
 /// Makes the frame the SYN-ACK built in the scratch: its length, the MACs
