@@ -54,6 +54,35 @@ pub const MAP_SYN_PROG: &str = "SYN_PROG";
 pub const MAX_VERIFIED: u32 = 262_144;
 /// Networks (/24, /48) the reflection cap remembers (LRU).
 pub const MAX_CAP_NETS: u32 = 65_536;
+/// The filter in front of the verified sources (`SYN_SEEN`, the program's
+/// own array): one bit per hashed source, 2^20 bits in 16 384 words
+/// (128 KiB), set when a source is verified and never cleared. A clear bit
+/// is a source never verified: its SYN skips the lookup of
+/// `SYN_VERIFIED`, which for a forged source is a miss in a 4 MiB bucket
+/// array (the largest single cost of answering a flood's SYN: docs/syn-
+/// cookies.md). A set bit is only a maybe: the exact set decides. Bits of
+/// sources the LRU set has let go stay set: after about a million distinct
+/// verified sources most SYNs take the lookup again, as before the filter
+/// (a new program starts it empty, with an empty verified set).
+pub const SEEN_WORDS: u32 = 16_384;
+pub const MAP_SYN_SEEN: &str = "SYN_SEEN";
+
+/// The word and the bit of `src` (an IPv4 source as `::ffff:a.b.c.d`) in
+/// the verified-sources filter: its four 32-bit words folded, then mixed
+/// by murmur3's finalizer, so that neighbouring addresses spread over the
+/// whole filter.
+pub fn seen_bit(src: &[u8; 16]) -> (u32, u64) {
+    let w = |i: usize| u32::from_le_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
+    let mut h = w(0) ^ w(4).rotate_left(8) ^ w(8).rotate_left(16) ^ w(12);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    let bit = h & (SEEN_WORDS * 64 - 1);
+    (bit / 64, 1u64 << (bit % 64))
+}
+
 /// The reflection cap's default: SYN-ACKs per second toward one /24 or /48.
 pub const DEFAULT_SYN_ACK_RATE_PPS: u64 = 1000;
 

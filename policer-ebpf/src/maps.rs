@@ -131,6 +131,9 @@ pub(crate) static SYN_COUNTERS: PerCpuArray<SynCounters, RULE_SLOTS> = PerCpuArr
 pub(crate) static SYN_VERIFIED: LruHashMap<[u8; 16], u64, { syn::MAX_VERIFIED as usize }> = LruHashMap::new();
 #[btf_map]
 pub(crate) static SYN_CAP: LruHashMap<[u8; 16], u64, { syn::MAX_CAP_NETS as usize }> = LruHashMap::new();
+/// The filter in front of `SYN_VERIFIED` (policer_common::syn::seen_bit).
+#[btf_map]
+pub(crate) static SYN_SEEN: Array<u64, { syn::SEEN_WORDS as usize }> = Array::new();
 /// The attached program itself, for the tail call that polices a frame
 /// the SYN path handed back (filled by the loader).
 #[btf_map]

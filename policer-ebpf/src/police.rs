@@ -7,7 +7,7 @@
 //! and [`claim`] takes one, sending the source it evicts to the recall.
 //! Drops are counted per slot, sampled ([`count_drop`]).
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use core::intrinsics::{AtomicOrdering, atomic_or, atomic_xadd};
 
 use aya_ebpf::programs::XdpContext;
 use policer_common::{
@@ -223,10 +223,10 @@ unsafe fn claim<const V6: bool>(
 
 /// Marks set `index` of the family's table as used (a bit of its
 /// used-sets bitmap, policer_common::table::used_bit), once: only a new
-/// bucket comes here, and only the first in a set writes. A
-/// compare-and-swap, as another CPU may mark a set of the same word at
-/// once; tried twice (a third CPU in between can cost a mark: rare, and
-/// that set's sources are then missing from `top` until it is marked).
+/// bucket comes here, and only the first in a set writes. An atomic OR
+/// (`lock or`): another CPU marking a set of the same word at once cannot
+/// cost a mark, as the two compare-and-swap tries before could (a set's
+/// sources were then missing from `top` until it was marked again).
 #[inline(always)]
 fn mark_used<const V6: bool>(index: u32) {
     let (w, bit) = table::used_bit(index);
@@ -234,14 +234,10 @@ fn mark_used<const V6: bool>(index: u32) {
     let Some(p) = used.get_ptr_mut(w) else {
         return;
     };
-    // SAFETY: a live array value, written by compare-and-swap.
+    // SAFETY: a live array value, changed only by atomic operations.
     unsafe {
-        let old = core::ptr::read_volatile(p);
-        if old & bit == 0 {
-            let seen = cas(p, old, old | bit);
-            if seen != old {
-                cas(p, seen, seen | bit);
-            }
+        if core::ptr::read_volatile(p) & bit == 0 {
+            atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(p, bit);
         }
     }
 }

@@ -8,6 +8,8 @@
 //! function of its own, called from the entry: its stack is not added to
 //! the policer's.
 
+use core::intrinsics::{AtomicOrdering, atomic_or};
+
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, bpf_sock, bpf_sock_tuple, tcphdr, xdp_action, xdp_md},
     helpers::{
@@ -24,7 +26,7 @@ use policer_common::{
 use crate::{
     buckets::{CAS_ROUNDS, Charge, cas, charge},
     clock::Clock,
-    maps::{SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_TOTALS, SYN_VERIFIED},
+    maps::{SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_SEEN, SYN_TOTALS, SYN_VERIFIED},
     parse::{Parsed, parse, ptr_at},
     verifier::launder,
 };
@@ -85,7 +87,9 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
     } else {
         mapped_v4([s.ip[12], s.ip[13], s.ip[14], s.ip[15]])
     };
-    if SYN_VERIFIED.get_ptr(&src).is_some() {
+    // The filter first: a forged source's bit is clear (an array word,
+    // inlined), and only a set one costs the hash lookup.
+    if seen(&src) && SYN_VERIFIED.get_ptr(&src).is_some() {
         return SYN_POLICE;
     }
     let flags = s.tcp[13];
@@ -342,6 +346,28 @@ fn check_ack(
     let now = unsafe { bpf_ktime_get_ns() };
     if SYN_VERIFIED.insert(src, &now, 0).is_ok() {
         sc.sources_verified += 1;
+        mark_seen(src);
     }
     SYN_POLICE
+}
+
+/// Whether `src`'s bit of the verified-sources filter is set (maybe
+/// verified; clear: never verified).
+#[inline(always)]
+fn seen(src: &[u8; 16]) -> bool {
+    let (w, bit) = syn::seen_bit(src);
+    // Out of range cannot happen (the word is below SEEN_WORDS): then the
+    // exact set decides.
+    SYN_SEEN.get(w).is_none_or(|v| v & bit != 0)
+}
+
+/// Sets `src`'s bit of the filter (an atomic OR: other CPUs set bits of
+/// the same word).
+#[inline(always)]
+fn mark_seen(src: &[u8; 16]) {
+    let (w, bit) = syn::seen_bit(src);
+    if let Some(p) = SYN_SEEN.get_ptr_mut(w) {
+        // SAFETY: a live array value, changed only by atomic operations.
+        unsafe { atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(p, bit) };
+    }
 }

@@ -182,3 +182,43 @@ proptest! {
         }
     }
 }
+
+/// Distinct filter bits `n` sources take, against the expectation for
+/// random ones (`m (1 - e^(-n/m))`, m the filter's bits).
+fn spread(srcs: impl Iterator<Item = [u8; 16]>) -> (usize, f64) {
+    let mut bits = std::collections::BTreeSet::new();
+    let mut n = 0usize;
+    for s in srcs {
+        let (w, b) = seen_bit(&s);
+        assert!(w < SEEN_WORDS && b.count_ones() == 1);
+        bits.insert(w as u64 * 64 + u64::from(b.trailing_zeros()));
+        n += 1;
+    }
+    let m = f64::from(SEEN_WORDS) * 64.0;
+    (bits.len(), m * (1.0 - (-(n as f64) / m).exp()))
+}
+
+#[test]
+fn the_verified_filter_spreads_neighbours_like_random_sources() {
+    // A /16 of IPv4 sources, in turn.
+    let (got, want) = spread((0..65_536u32).map(|i| crate::mapped_v4((0x0a00_0000 | i).to_be_bytes())));
+    assert!(got as f64 >= 0.98 * want, "IPv4 /16: {got} bits, random sources take {want:.0}");
+    // IPv6 sources of one /64 that differ in their last two bytes, and
+    // /64s of one /48.
+    let v6 = |hi: u16, lo: u16| {
+        let mut a = [0x20, 0x01, 0x0d, 0xb8, 0, 0x70, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        a[6..8].copy_from_slice(&hi.to_be_bytes());
+        a[14..16].copy_from_slice(&lo.to_be_bytes());
+        a
+    };
+    let (got, want) = spread((0..=u16::MAX).map(|i| v6(0, i)));
+    assert!(got as f64 >= 0.98 * want, "one /64: {got} bits, random sources take {want:.0}");
+    let (got, want) = spread((0..=u16::MAX).map(|i| v6(i, 1)));
+    assert!(got as f64 >= 0.98 * want, "one /48: {got} bits, random sources take {want:.0}");
+    // The same source, the same bit; another family's twin, another bit.
+    let a = crate::mapped_v4([192, 0, 2, 1]);
+    assert_eq!(seen_bit(&a), seen_bit(&a));
+    let mut b = [0u8; 16];
+    b[12..].copy_from_slice(&[192, 0, 2, 1]);
+    assert_ne!(seen_bit(&a), seen_bit(&b));
+}
