@@ -387,16 +387,31 @@ pub(crate) fn reference(name: &'static str, sources: u32, table: u32, steps: u32
 }
 
 /// Puts the reference xdp_pass in slot 0 of the policer's chain
-/// (policer_common::chain); false for an object without one (a build from
-/// before the chain). The array holds the program once it is in.
+/// (policer_common::chain): a chain array with its dispatcher at the slot
+/// of interface index 0 (a test run's frame comes on no interface), as the
+/// daemon makes one for each interface; in a build from before
+/// dispatchers, its one `CHAIN`. False for an object without a chain. The
+/// arrays hold the programs once they are in.
 fn chain_pass(e: &mut Ebpf) -> Result<bool> {
-    use aya::maps::ProgramArray;
-    let Some(m) = e.map_mut(policer_common::chain::MAP_CHAIN) else {
+    use aya::maps::{Map, ProgramArray};
+    use policer_common::chain::{MAP_CHAIN, MAP_CHAIN_COUNTERS, MAP_CHAINS};
+    use policer_user::chain::dispatch;
+    use std::os::fd::AsFd;
+    let pass = reference("xdp_pass", 0, 1, 0)?;
+    let x: &Xdp = pass.program("xdp_pass").context("xdp_pass")?.try_into()?;
+    if let (Some(Map::ProgramArray(chains)), Some(Map::PerCpuArray(counters))) =
+        (e.map(MAP_CHAINS), e.map(MAP_CHAIN_COUNTERS))
+    {
+        let array = dispatch::create_array()?;
+        dispatch::put(array.as_fd(), 0, x.fd()?.as_fd())?;
+        let d = dispatch::load_dispatcher(array.as_fd(), counters.fd().as_fd(), 0)?;
+        dispatch::put(chains.fd().as_fd(), 0, d.as_fd())?;
+        return Ok(true);
+    }
+    let Some(m) = e.map_mut(MAP_CHAIN) else {
         return Ok(false);
     };
     let mut chain = ProgramArray::try_from(m)?;
-    let pass = reference("xdp_pass", 0, 1, 0)?;
-    let x: &Xdp = pass.program("xdp_pass").context("xdp_pass")?.try_into()?;
     chain.set(0, x.fd()?, 0)?;
     Ok(true)
 }

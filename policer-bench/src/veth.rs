@@ -643,7 +643,7 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, v: &Ab
             say(&format!("veth: setting up the dropping policer of {bin} with xdp_pass in its chain"));
             let net = Net::new(&format!("abh{i}"))?;
             let d = super::peers::policer_bin(&bin.path, &net, DROP_LIMIT, &["--max-sources", &capacity]);
-            chain_pass(&bin.path, &net.sb.rx_ns)?;
+            chain_pass(&bin.path, &net.sb.rx_ns, &net.sb.rx_if)?;
             let g = flood(&net, flood_.sources, flood_.family, flood_.random)?;
             setups.push((format!("{bin} + xdp_pass in the chain"), net, Installed::Daemon(Box::new(d)), g));
         }
@@ -692,28 +692,49 @@ pub fn ab(bins: &[AbBinary], reps: usize, dur: Duration, flood_: AbFlood, v: &Ab
 }
 
 /// Puts the reference xdp_pass in slot 0 of the chain of the daemon of
-/// namespace `ns` (`bin status --json` names its program; the chain is
-/// found among that program's maps: the daemon's pin is in its own mount
-/// namespace, which `ip netns exec` gave it).
-fn chain_pass(bin: &std::path::Path, ns: &str) -> Result<()> {
+/// namespace `ns` on its interface `iface` (`bin status --json` names its
+/// program; the chain is found through that program's maps, as the
+/// daemon's pins are in its own mount namespace, which `ip netns exec`
+/// gave it): the array of the interface's dispatcher in `CHAINS`, or in a
+/// build from before dispatchers the program's one `CHAIN`.
+fn chain_pass(bin: &std::path::Path, ns: &str, iface: &str) -> Result<()> {
     use aya::{
         maps::{Map, MapData, MapInfo, ProgramArray},
         programs::{Xdp, loaded_programs},
     };
+    use policer_common::chain::{MAP_CHAIN, MAP_CHAINS};
     let out =
         std::process::Command::new("ip").args(["netns", "exec", ns]).arg(bin).args(["status", "--json"]).output()?;
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).context("policer status --json")?;
     let id = status["program_id"].as_u64().context("status: program_id")? as u32;
-    let info = loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == id).context("the daemon's program")?;
-    let chain = info
-        .map_ids()?
-        .unwrap_or_default()
-        .into_iter()
-        .find(|&m| {
-            MapInfo::from_id(m).ok().and_then(|i| i.name_as_str().map(|n| n == policer_common::chain::MAP_CHAIN))
-                == Some(true)
-        })
-        .context("the program has no chain (a build from before it)")?;
+    let program_maps = |id: u32| -> Result<Vec<(u32, String)>> {
+        let info = loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == id).context("a program")?;
+        Ok(info
+            .map_ids()?
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| Some((m, MapInfo::from_id(m).ok()?.name_as_str()?.to_string())))
+            .collect())
+    };
+    let maps = program_maps(id)?;
+    let chain = match maps.iter().find(|(_, n)| n == MAP_CHAINS) {
+        Some((chains, _)) => {
+            let index = policer_common::MAX_IFACE_SLOTS;
+            let link = std::process::Command::new("ip").args(["-n", ns, "-j", "link", "show", iface]).output()?;
+            let ifindex = serde_json::from_slice::<serde_json::Value>(&link.stdout)
+                .ok()
+                .and_then(|v| v[0]["ifindex"].as_u64())
+                .context("the interface's index")? as u32;
+            use std::os::fd::{AsFd, AsRawFd};
+            let chains = MapData::from_id(*chains)?;
+            let d: u32 = policer_user::batch::lookup(chains.fd().as_fd().as_raw_fd(), &(ifindex % index))?
+                .context("no dispatcher for the interface")?;
+            program_maps(d)?.into_iter().find(|(_, n)| n == MAP_CHAIN).context("the dispatcher's chain")?.0
+        }
+        None => {
+            maps.iter().find(|(_, n)| n == MAP_CHAIN).context("the program has no chain (a build from before it)")?.0
+        }
+    };
     let mut arr = ProgramArray::try_from(Map::ProgramArray(MapData::from_id(chain)?))?;
     let pass = super::kernel::reference("xdp_pass", 0, 1, 0)?;
     let x: &Xdp = pass.program("xdp_pass").context("xdp_pass")?.try_into()?;

@@ -4,11 +4,26 @@
 //! Katran's `xdp_root` hands frames on); the drop path never enters it.
 //! The array is pinned at [`pin_path`], where any tool can put a program
 //! (`bpftool map update pinned … key 0 0 0 0 value pinned PROG`).
+//!
+//! Each interface has a chain of its own, though one program polices them
+//! all: the program hands a frame to its interface's *dispatcher*, in
+//! [`MAP_CHAINS`] at the interface's slot, a small program the daemon
+//! loads for each interface that tail-calls that interface's array
+//! ([`DISPATCHER_PROGRAM`]). A member of another root (`attach --join`)
+//! hands straight to the root's array ([`MAP_CHAIN`]).
 
 /// Program array (`BPF_MAP_TYPE_PROG_ARRAY`, a BTF map) of
 /// [`CHAIN_SLOTS`]: `u32` slot -> program. Katran-compatible keys and
 /// values.
 pub const MAP_CHAIN: &str = "CHAIN";
+/// Program array of [`crate::MAX_IFACE_SLOTS`]: at an interface's slot
+/// (`ifindex % MAX_IFACE_SLOTS`), the dispatcher of its chain. Pinned
+/// at [`dispatch_pin_path`] of each interface, so the dispatchers (and
+/// the chains through them) outlive the daemon as the hook does.
+pub const MAP_CHAINS: &str = "CHAINS";
+/// The name of the dispatcher the daemon loads for each interface (a
+/// program of its own: it holds the interface's array).
+pub const DISPATCHER_PROGRAM: &str = "policer_chain";
 /// Per-CPU array of [`ChainCounters`], one per interface slot
 /// (`ifindex % MAX_IFACE_SLOTS`, as [`crate::MAP_COUNTERS`]).
 pub const MAP_CHAIN_COUNTERS: &str = "CHAIN_COUNTERS";
@@ -51,6 +66,13 @@ pub fn pin_path(iface: &str) -> std::path::PathBuf {
     std::path::Path::new(PIN_ROOT).join(iface).join("chain")
 }
 
+/// The pin of the dispatchers' array ([`MAP_CHAINS`]) beside `iface`'s
+/// chain: `/sys/fs/bpf/policer/IFACE/dispatch`.
+#[cfg(any(test, feature = "std"))]
+pub fn dispatch_pin_path(iface: &str) -> std::path::PathBuf {
+    std::path::Path::new(PIN_ROOT).join(iface).join("dispatch")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,6 +80,7 @@ mod tests {
     #[test]
     fn pins_under_the_interface() {
         assert_eq!(pin_path("eth0"), std::path::PathBuf::from("/sys/fs/bpf/policer/eth0/chain"));
+        assert_eq!(dispatch_pin_path("eth0"), std::path::PathBuf::from("/sys/fs/bpf/policer/eth0/dispatch"));
         let mut a = ChainCounters { handed_pkts: 1, empty_pkts: 2 };
         a.add(&ChainCounters { handed_pkts: 3, empty_pkts: 4 });
         assert_eq!(a, ChainCounters { handed_pkts: 4, empty_pkts: 6 });

@@ -1,6 +1,7 @@
 //! The hand-off to the chain (policer_common::chain): a frame the verdict
-//! passed goes to the first filled slot of `CHAIN`, as Katran's root hands
-//! frames on. Only the passing verdicts reach it: the drop path is not
+//! passed goes to the first filled slot of its interface's chain (through
+//! that interface's dispatcher in `CHAINS`), or, as a member of another
+//! root, of that root's `CHAIN`, as Katran's root hands frames on. Only the passing verdicts reach it: the drop path is not
 //! one instruction longer.
 
 use aya_ebpf::{
@@ -9,7 +10,7 @@ use aya_ebpf::{
 };
 use policer_common::MAX_IFACE_SLOTS;
 
-use crate::maps::{CHAIN, CHAIN_COUNTERS, CHAIN_FROM};
+use crate::maps::{CHAIN, CHAIN_COUNTERS, CHAIN_FROM, CHAINS};
 
 /// Hands the frame on, counting it first (a tail call that succeeds does
 /// not return): handed, or passed because every slot is empty.
@@ -24,38 +25,51 @@ use crate::maps::{CHAIN, CHAIN_COUNTERS, CHAIN_FROM};
 #[inline(always)]
 pub(crate) fn hand_to_chain(ctx: &XdpContext) -> u32 {
     count(ctx.ctx, HANDED);
-    // One call per slot with a constant index: the JIT patches each into
-    // a direct jump (or a fall-through while the slot is empty), so an
-    // empty chain costs a few instructions. A call that returns found its
-    // slot empty. `CHAIN_FROM` is a constant of the load (read-only data):
-    // the verifier drops the calls before it, and the compares with it.
+    // `CHAIN_FROM` is a constant of the load (read-only data): the
+    // verifier drops the branch not taken, and the calls before it.
     // SAFETY: a read of a plain static the loader may rewrite before load.
     let from = unsafe { core::ptr::read_volatile(&CHAIN_FROM) };
-    // SAFETY: tail calls from the entry's own context.
-    unsafe {
-        if from == 0 {
-            CHAIN.tail_call(ctx, 0);
+    if from == 0 {
+        // On the hook: the interface's own chain, through its dispatcher
+        // in `CHAINS` (policer_common::chain::MAP_CHAINS), which tail-calls
+        // the chain's slots and counts a frame that found them all empty.
+        // An empty entry (no dispatcher: a program loaded without the
+        // daemon) returns here.
+        // SAFETY: reading the ingress ifindex from the context; a tail
+        // call from the entry's own context.
+        unsafe {
+            let at = (*ctx.ctx).ingress_ifindex % MAX_IFACE_SLOTS;
+            let _ = CHAINS.tail_call(ctx, at);
         }
-        if from <= 1 {
-            CHAIN.tail_call(ctx, 1);
-        }
-        if from <= 2 {
-            CHAIN.tail_call(ctx, 2);
-        }
-        if from <= 3 {
-            CHAIN.tail_call(ctx, 3);
-        }
-        if from <= 4 {
-            CHAIN.tail_call(ctx, 4);
-        }
-        if from <= 5 {
-            CHAIN.tail_call(ctx, 5);
-        }
-        if from <= 6 {
-            CHAIN.tail_call(ctx, 6);
-        }
-        if from <= 7 {
-            CHAIN.tail_call(ctx, 7);
+    } else {
+        // A member, in slot `from - 1` of another root's array (`CHAIN`):
+        // the slots behind its own. One call per slot with a constant
+        // index: the JIT patches each into a direct jump (or a
+        // fall-through while the slot is empty). A call that returns found
+        // its slot empty.
+        // SAFETY: tail calls from the entry's own context.
+        unsafe {
+            if from <= 1 {
+                let _ = CHAIN.tail_call(ctx, 1);
+            }
+            if from <= 2 {
+                let _ = CHAIN.tail_call(ctx, 2);
+            }
+            if from <= 3 {
+                let _ = CHAIN.tail_call(ctx, 3);
+            }
+            if from <= 4 {
+                let _ = CHAIN.tail_call(ctx, 4);
+            }
+            if from <= 5 {
+                let _ = CHAIN.tail_call(ctx, 5);
+            }
+            if from <= 6 {
+                let _ = CHAIN.tail_call(ctx, 6);
+            }
+            if from <= 7 {
+                let _ = CHAIN.tail_call(ctx, 7);
+            }
         }
     }
     count(ctx.ctx, EMPTY);

@@ -145,11 +145,17 @@ pub(crate) static SYN_SCRATCH: PerCpuArray<SynScratch, 1> = PerCpuArray::new();
 #[btf_map]
 pub(crate) static LAYOUT: Array<u32, 1> = Array::new();
 
-/// The chain (policer_common::chain): the programs the policer hands what
-/// it passes to, pinned by the loader at /sys/fs/bpf/policer/IFACE/chain.
+/// The chain of a member (policer_common::chain): the root's program
+/// array policer joined (`attach --join`), pinned by that root; on the hook
+/// each interface's chain is its own array, reached through `CHAINS`.
 /// BTF maps, so libbpf tools (bpftool, Katran-style roots) read them.
 #[btf_map]
 pub(crate) static CHAIN: ProgramArray<{ policer_common::chain::CHAIN_SLOTS as usize }> = ProgramArray::new();
+/// Per interface slot (`ifindex % MAX_IFACE_SLOTS`), the dispatcher of
+/// that interface's own chain (policer_common::chain::MAP_CHAINS), put
+/// here by the daemon: the hook's hand-off tail-calls it.
+#[btf_map]
+pub(crate) static CHAINS: ProgramArray<{ MAX_IFACE_SLOTS as usize }> = ProgramArray::new();
 #[btf_map]
 pub(crate) static CHAIN_COUNTERS: PerCpuArray<ChainCounters, { MAX_IFACE_SLOTS as usize }> = PerCpuArray::new();
 

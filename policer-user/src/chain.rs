@@ -4,8 +4,10 @@
 //! daemon's owner puts programs in and takes them out
 //! (`daemon/chain.rs`), the CLI only asks.
 
+pub mod dispatch;
+
 use std::{
-    os::fd::{AsFd, AsRawFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd},
     path::{Path, PathBuf},
 };
 
@@ -13,7 +15,10 @@ use aya::{
     maps::{Map, MapData, ProgramArray},
     programs::{ProgramFd, ProgramInfo, loaded_programs},
 };
-use policer_common::chain::{BPFFS, CHAIN_SLOTS, MAP_CHAIN, pin_path};
+use policer_common::{
+    MAX_IFACE_SLOTS,
+    chain::{BPFFS, CHAIN_SLOTS, MAP_CHAIN, MAP_CHAINS, dispatch_pin_path, pin_path},
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -56,24 +61,89 @@ pub fn ensure_bpffs() -> Result<bool> {
     Ok(true)
 }
 
-/// Pins the chain pinned for `first` under every other interface's name
-/// too (one program polices them all, so they share one chain).
-pub fn pin_for_all(names: &[String]) -> Result<()> {
-    let Some((first, rest)) = names.split_first() else {
-        return Ok(());
-    };
-    for n in rest {
-        let at = pin_path(n);
-        if at.exists() {
+/// Gives each interface (name, ifindex) its own chain and the dispatcher
+/// that reaches it, before the program is attached (so the hand-off finds
+/// them from its first frame): the array pinned at the interface's
+/// [`pin_path`] (kept with its programs when pinned there already, else
+/// made), its dispatcher loaded and put in `chains` at the interface's
+/// slot (replacing an earlier start's in one step), and `chains` pinned
+/// beside it ([`dispatch_pin_path`]). An array one interface shares with
+/// another (a build before this one pinned one chain under every name) is
+/// split: a copy of its slots for each interface after the first. What
+/// changed, in lines to say.
+pub fn dispatch_all(ifaces: &[(String, u32)], chains: &MapData, counters: RawFd) -> Result<Vec<String>> {
+    for (i, (a, ai)) in ifaces.iter().enumerate() {
+        if let Some((b, _)) = ifaces[..i].iter().find(|(_, bi)| bi % MAX_IFACE_SLOTS == ai % MAX_IFACE_SLOTS) {
+            return Err(Error::Invalid(format!(
+                "{b} and {a} share an interface slot (their indexes are equal modulo {MAX_IFACE_SLOTS}): one \
+                 daemon cannot keep their chains and counters apart; run a daemon for each"
+            )));
+        }
+    }
+    let chains_id = chains.info().map_err(Error::map(MAP_CHAINS))?.id();
+    // SAFETY: the program's counters map, open as long as `chains` is.
+    let counters = unsafe { BorrowedFd::borrow_raw(counters) };
+    let mut said = Vec::new();
+    let mut seen: Vec<(u32, String)> = Vec::new();
+    for (name, index) in ifaces {
+        let array = own_array(name, &mut seen, &mut said)?;
+        let dispatcher = dispatch::load_dispatcher(array.as_fd(), counters, *index)
+            .map_err(Error::kernel(format!("loading the dispatcher of {name}'s chain")))?;
+        dispatch::put(chains.fd().as_fd(), index % MAX_IFACE_SLOTS, dispatcher.as_fd())
+            .map_err(Error::kernel(format!("putting {name}'s chain dispatcher in {MAP_CHAINS}")))?;
+        let at = dispatch_pin_path(name);
+        if aya::maps::MapInfo::from_pin(&at).is_ok_and(|i| i.id() == chains_id) {
             continue;
         }
-        if let Some(dir) = at.parent() {
-            std::fs::create_dir_all(dir).map_err(Error::kernel(format!("making {}", dir.display())))?;
-        }
-        let m = MapData::from_pin(pin_path(first)).map_err(Error::map(MAP_CHAIN))?;
-        m.pin(&at).map_err(|e| Error::Invalid(format!("cannot pin the chain at {}: {e}", at.display())))?;
+        let _ = std::fs::remove_file(&at);
+        dispatch::pin(chains.fd().as_fd(), &at).map_err(Error::kernel(format!("pinning {}", at.display())))?;
     }
-    Ok(())
+    Ok(said)
+}
+
+/// `iface`'s own chain array: its pin's, else a new one pinned there; a
+/// copy when its pin is an array `seen` for an earlier interface.
+fn own_array(iface: &str, seen: &mut Vec<(u32, String)>, said: &mut Vec<String>) -> Result<OwnedFd> {
+    let at = pin_path(iface);
+    if at.exists() {
+        let m = open_data(iface)?;
+        let id = m.info().map_err(Error::map(MAP_CHAIN))?.id();
+        let Some((_, first)) = seen.iter().find(|(i, _)| *i == id) else {
+            seen.push((id, iface.to_string()));
+            return Ok(m.fd().as_fd().try_clone_to_owned()?);
+        };
+        let copy = dispatch::create_array().map_err(Error::kernel(format!("making {iface}'s chain")))?;
+        let mut moved = Vec::new();
+        for s in read_slots(&m, 0..CHAIN_SLOTS)? {
+            let prog = program_info(s.program_id)
+                .ok_or_else(|| Error::Invalid(format!("program {} went away", s.program_id)))?
+                .fd()
+                .map_err(|e| Error::Program(Box::new(e)))?;
+            dispatch::put(copy.as_fd(), s.slot, prog.as_fd())
+                .map_err(Error::kernel(format!("copying slot {} of {iface}'s chain", s.slot)))?;
+            moved.push(format!("slot {}: program {} ('{}')", s.slot, s.program_id, s.name));
+        }
+        std::fs::remove_file(&at).map_err(Error::kernel(format!("replacing {}", at.display())))?;
+        dispatch::pin(copy.as_fd(), &at).map_err(Error::kernel(format!("pinning {}", at.display())))?;
+        said.push(format!(
+            "policer: {iface} has a chain of its own now (it shared {first}'s, as builds before this one made \
+             them){}",
+            if moved.is_empty() { String::new() } else { format!(": copied {}", moved.join(", ")) }
+        ));
+        return Ok(copy);
+    }
+    if let Some(dir) = at.parent() {
+        std::fs::create_dir_all(dir).map_err(Error::kernel(format!("making {}", dir.display())))?;
+    }
+    let new = dispatch::create_array().map_err(Error::kernel(format!("making {iface}'s chain")))?;
+    dispatch::pin(new.as_fd(), &at).map_err(Error::kernel(format!("pinning {}", at.display())))?;
+    seen.push((new_id(&at)?, iface.to_string()));
+    Ok(new)
+}
+
+/// The id of the map pinned at `at`.
+fn new_id(at: &Path) -> Result<u32> {
+    aya::maps::MapInfo::from_pin(at).map(|i| i.id()).map_err(Error::map(MAP_CHAIN))
 }
 
 /// The chain pinned for `iface`.

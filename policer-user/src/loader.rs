@@ -108,9 +108,12 @@ pub struct LoadOptions {
     /// attached entry and the capture program: such a load is for
     /// replay only (its `program()` is not loaded, and cannot be attached).
     pub replay_batch: u32,
-    /// Where the chain (policer_common::chain) is pinned: reused when a
-    /// pin is there (a restart, an upgrade: the programs in it stay),
-    /// else made and pinned there. `None`: the program's own, unpinned.
+    /// Where the chain's array (policer_common::chain) is pinned: on the
+    /// hook (`chain_from` 0) the interfaces' dispatchers (`CHAINS`, at the
+    /// first interface's `dispatch` pin), as a member the root's array.
+    /// Reused when a pin is there (a restart, an upgrade: the programs in
+    /// it stay), else made and pinned there. `None`: the program's own,
+    /// unpinned.
     pub chain_pin: Option<PathBuf>,
     /// The chain's first slot ([`GLOBAL_CHAIN_FROM`]): 0 on the hook; N +
     /// 1 as a member in slot N of another root's array (`chain_pin` is
@@ -844,6 +847,18 @@ impl Policer {
         let fd = self.program().fd().map_err(|e| Error::Program(Box::new(e)))?;
         Ok(fd.as_fd().try_clone_to_owned()?)
     }
+
+    /// The interfaces' dispatchers' array (`CHAINS`) and the descriptor
+    /// of the chain's counters, for the dispatchers
+    /// ([`crate::chain::dispatch_all`]).
+    pub fn chain_maps(&self) -> Result<(&MapData, RawFd)> {
+        use policer_common::chain::{MAP_CHAIN_COUNTERS, MAP_CHAINS};
+        let chains = match self.ebpf.map(MAP_CHAINS) {
+            Some(aya::maps::Map::ProgramArray(d)) => d,
+            _ => return Err(Error::Missing(MAP_CHAINS)),
+        };
+        Ok((chains, map_fd(&self.ebpf, MAP_CHAIN_COUNTERS)?))
+    }
 }
 
 /// The aggregate bucket of a slot without one (`--total-rate` not given).
@@ -1553,10 +1568,13 @@ impl Policer {
     }
 }
 
-/// The maps reused from their pins (`opts.reuse`), and the chain
-/// (policer_common::chain) pinned at `opts.chain_pin`: reused when pinned
-/// there, else made and pinned (its directory made first).
+/// The maps reused from their pins (`opts.reuse`), and the chain's array
+/// (policer_common::chain) pinned at `opts.chain_pin`: on the hook the
+/// interfaces' dispatchers (`CHAINS`), as a member the root's array
+/// (`CHAIN`); reused when pinned there, else made and pinned (its
+/// directory made first).
 fn pin_paths<'a>(loader: &mut EbpfLoader<'a>, opts: &'a LoadOptions) -> Result<()> {
+    use policer_common::chain::{MAP_CHAIN, MAP_CHAINS};
     for (name, path) in &opts.reuse {
         loader.map_pin_path(name, path.as_path());
     }
@@ -1564,12 +1582,16 @@ fn pin_paths<'a>(loader: &mut EbpfLoader<'a>, opts: &'a LoadOptions) -> Result<(
         if let Some(dir) = pin.parent() {
             std::fs::create_dir_all(dir).map_err(Error::kernel(format!("making {}", dir.display())))?;
         }
-        loader.map_pin_path(policer_common::chain::MAP_CHAIN, pin);
+        if opts.chain_from == 0 {
+            loader.map_pin_path(MAP_CHAINS, pin);
+            return Ok(());
+        }
+        loader.map_pin_path(MAP_CHAIN, pin);
         // A pinned array is taken as it is (aya requires the object's size
         // to be the map's): another root's may have fewer or more slots
         // than policer's own 8; tail calls past its end find them empty.
         if let Ok(info) = aya::maps::MapInfo::from_pin(pin) {
-            loader.map_max_entries(policer_common::chain::MAP_CHAIN, info.max_entries());
+            loader.map_max_entries(MAP_CHAIN, info.max_entries());
         }
     }
     Ok(())

@@ -856,3 +856,127 @@ fn the_object_and_every_map_carry_btf() {
     assert!(untyped.is_empty(), "maps without BTF key and value types: {untyped:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A second veth pair between the sandbox's namespaces, as a sandbox of
+/// its own for the traffic helpers (its namespaces are `sb`'s: never
+/// dropped, `sb` deletes them).
+fn second_pair(sb: &Sandbox) -> std::mem::ManuallyDrop<Sandbox> {
+    let (rx, tx) = (format!("{}b", sb.rx_if), format!("{}b", sb.tx_if));
+    policer_tests::netns::ip(&[
+        "link", "add", &rx, "netns", &sb.rx_ns, "type", "veth", "peer", "name", &tx, "netns", &sb.tx_ns,
+    ]);
+    for (ns, ifc) in [(&sb.rx_ns, &rx), (&sb.tx_ns, &tx)] {
+        policer_tests::netns::ip(&["-n", ns, "link", "set", ifc, "up"]);
+    }
+    std::mem::ManuallyDrop::new(Sandbox {
+        config: sb.config.clone(),
+        rx_ns: sb.rx_ns.clone(),
+        tx_ns: sb.tx_ns.clone(),
+        rx_if: rx,
+        tx_if: tx,
+    })
+}
+
+/// The id of the map pinned at `path` (bpftool's view).
+fn pinned_map_id(path: &Path) -> u64 {
+    let out = Command::new("bpftool").args(["-j", "map", "show", "pinned"]).arg(path).output().expect("bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["id"].as_u64().unwrap_or_else(|| panic!("no map pinned at {}: {v}", path.display()))
+}
+
+/// One daemon polices two interfaces, and each has a chain of its own: a
+/// program in one interface's chain acts on that interface's frames only,
+/// each chain is its own array at its own pin, and each interface's chain
+/// counters are its own (docs/chain.md, "Several interfaces").
+#[test]
+fn each_interface_has_a_chain_of_its_own() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let b = second_pair(&sb);
+    let _pins_b = Pins(b.rx_if.clone());
+    let args = ["attach", &sb.rx_if, &b.rx_if, "--config", &sb.config, "--interval", "0", "--mode", "native"];
+    let _d = Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args, &[])
+        .unwrap_or_else(|e| panic!("policer did not start ({}):\n{}\n{}", e.status, e.stdout, e.stderr));
+    let (pin_a, pin_b) = (policer_common::chain::pin_path(&sb.rx_if), policer_common::chain::pin_path(&b.rx_if));
+    assert_ne!(pinned_map_id(&pin_a), pinned_map_id(&pin_b), "each interface's chain is an array of its own");
+    succeeds(&cli(&sb, &["chain", "add", &sb.rx_if, XDPFILT, "--pin-maps", FILTER_PINS]));
+    xdp_filter(&["port", "9999", "--mode", "dst", "--proto", "udp"]);
+    let ls = succeeds(&cli(&sb, &["chain", "ls", &b.rx_if, "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    assert_eq!(v[0]["slots"].as_array().map(Vec::len), Some(0), "the second interface's chain is empty: {ls}");
+
+    // The first interface: policer, then xdp-filter.
+    both_enforce(&sb, "the first interface");
+    // The second: policer alone (xdp-filter would drop UDP/7777).
+    let (sent, got) = run(&b);
+    heavy_admitted_ok(got[0], sent[0]);
+    assert_eq!((got[1], got[2]), (sent[1], sent[2]), "the second interface's chain is empty: all in-profile arrive");
+    let out = succeeds(&cli(&sb, &["stats", "--json"]));
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let of = |name: &str, k: &str| -> u64 {
+        let i =
+            st["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == name).unwrap_or_else(|| panic!("{st}"));
+        i[k].as_u64().unwrap_or_else(|| panic!("{k} in {i}"))
+    };
+    assert!(of(&sb.rx_if, "chain_handed_packets") > 0, "{st}");
+    assert_eq!(of(&b.rx_if, "chain_handed_packets"), 0, "nothing handed on the second interface: {st}");
+    assert!(of(&b.rx_if, "chain_empty_packets") >= sent[1] + sent[2], "{st}");
+
+    // A program bpftool puts in the second interface's pin joins there only.
+    let dir = BpfDir::new("ifaces");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let dropper = dir.0.join("drop");
+    let fd = policer_tests::root::load_xdp(&[0x0000_0001_0000_00b7, 0x95], "drop_all").unwrap();
+    policer_tests::root::pin(std::os::fd::AsRawFd::as_raw_fd(&fd), &dropper).unwrap();
+    bpftool_put(&pin_b, 0, &dropper);
+    let (sent, got) = run(&b);
+    assert!(
+        sent[1] > 0 && got.iter().sum::<u64>() == 0,
+        "the second interface's chain drops all it is handed: {got:?}"
+    );
+    both_enforce(&sb, "the first interface, beside the second's program");
+}
+
+/// A build before this one pinned one chain under every interface's name:
+/// a start gives each interface a copy of its own, with the programs in
+/// it, before it attaches (no frame passes unchained); then removing the
+/// program from one interface's chain leaves the other's.
+#[test]
+fn a_chain_an_older_build_shared_is_split_at_start() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let b = second_pair(&sb);
+    let _pins_b = Pins(b.rx_if.clone());
+    let (pin_a, pin_b) = (policer_common::chain::pin_path(&sb.rx_if), policer_common::chain::pin_path(&b.rx_if));
+    std::fs::create_dir_all(pin_a.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(pin_b.parent().unwrap()).unwrap();
+    // As the older build left it: one array under both names, a program
+    // (dropping all it is handed) in slot 2.
+    let array = policer_tests::root::map_create(3, 8, "CHAIN").unwrap();
+    let dropper = policer_tests::root::load_xdp(&[0x0000_0001_0000_00b7, 0x95], "drop_all").unwrap();
+    use std::os::fd::AsRawFd;
+    policer_tests::root::put(array.as_raw_fd(), 2, dropper.as_raw_fd()).unwrap();
+    policer_tests::root::pin(array.as_raw_fd(), &pin_a).unwrap();
+    policer_tests::root::pin(array.as_raw_fd(), &pin_b).unwrap();
+    drop((array, dropper));
+    let args = ["attach", &sb.rx_if, &b.rx_if, "--config", &sb.config, "--interval", "0", "--mode", "native"];
+    let d = Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args, &[])
+        .unwrap_or_else(|e| panic!("policer did not start ({}):\n{}\n{}", e.status, e.stdout, e.stderr));
+    assert!(d.stdout().contains(&format!("{} has a chain of its own now", b.rx_if)), "said: {}", d.stdout());
+    assert_ne!(pinned_map_id(&pin_a), pinned_map_id(&pin_b), "split into two arrays");
+    for s in [&sb as &Sandbox, &b] {
+        let (sent, got) = run(s);
+        assert!(sent[0] > 0 && got.iter().sum::<u64>() == 0, "{}: the copied program drops all: {got:?}", s.rx_if);
+    }
+    let said = succeeds(&cli(&sb, &["chain", "rm", &b.rx_if, "--slot", "2"]));
+    assert!(said.contains("removed"), "{said}");
+    let (sent, got) = run(&b);
+    heavy_admitted_ok(got[0], sent[0]);
+    assert_eq!((got[1], got[2]), (sent[1], sent[2]), "the second interface's chain is empty now");
+    let (sent, got) = run(&sb);
+    assert!(sent[0] > 0 && got.iter().sum::<u64>() == 0, "the first's keeps its program: {got:?}");
+}

@@ -307,7 +307,7 @@ verdict is final. What policer drops never reaches it. Any XDP program like poli
 attach type xdp) can join: xdp-filter's objects, your own, or one another tool puts in the pinned array \
 (bpftool map update pinned ... key N 0 0 0 value pinned PROG). add and rm write the config's [[chain]] tables; \
 a start or reload fills the empty slots they name. The chain is pinned: it survives kill -9, restarts and \
-upgrades. See docs/chain.md.",
+upgrades. Each interface has a chain of its own, also when one daemon polices several. See docs/chain.md.",
         examples: &[
             (
                 "xdp-filter behind policer",

@@ -190,13 +190,14 @@ pub(super) fn empty_gone(old: &[ChainConfig], new: &[ChainConfig], ifaces: &[Str
     said
 }
 
-/// After a detach with the chain empty: its pin and the interface's pin
-/// directory go (nothing is left to keep; a start pins a fresh one). A
-/// chain that holds programs (`--persist` aside, never the case after
-/// `before_detach`) is kept.
+/// After a detach with the chain empty: its pin, the dispatchers' pin
+/// beside it and the interface's pin directory go (nothing is left to
+/// keep; a start pins fresh ones). A chain that holds programs
+/// (`--persist` aside, never the case after `before_detach`) is kept.
 pub(super) fn unpin_if_empty(iface: &str) {
     if chain::slots(iface).is_ok_and(|s| s.is_empty()) {
         let pin = policer_common::chain::pin_path(iface);
+        let _ = std::fs::remove_file(policer_common::chain::dispatch_pin_path(iface));
         let _ = std::fs::remove_file(&pin);
         if let Some(dir) = pin.parent() {
             let _ = std::fs::remove_dir(dir);

@@ -1642,16 +1642,7 @@ impl Daemon {
             Some(s) => crate::chain::check_slot(s)?,
             None => crate::chain::first_free(&c.interface)?,
         };
-        let mut m = super::chain::add(&mut self.file, c)?;
-        // One program polices every interface of this daemon, so its
-        // interfaces share one chain (docs/chain.md, "Several interfaces").
-        let own: Vec<&str> = self.ifaces.iter().filter(|i| i.join.is_none()).map(|i| i.name.as_str()).collect();
-        if own.len() > 1 {
-            m.push_str(&format!(
-                "; note: {} share one chain (one program polices them all), so it runs behind policer on each",
-                own.join(", ")
-            ));
-        }
+        let m = super::chain::add(&mut self.file, c)?;
         self.audit.record("chain add", &m);
         Ok(m)
     }

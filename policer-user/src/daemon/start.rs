@@ -264,10 +264,11 @@ impl Daemon {
         if !shared {
             d.restore_kept_bans(out)?;
         }
-        // One program polices every interface: its chain is pinned under
-        // each one's name (the load pinned the first's).
+        // One program polices every interface, each with a chain of its
+        // own behind it: the arrays and their dispatchers, in place before
+        // the program's first frame.
         if s.ifaces.join.is_none() {
-            crate::chain::pin_for_all(&s.ifaces.names)?;
+            d.dispatch_chains(&s.ifaces, out)?;
         }
         d.attach_all(&s.ifaces, &survey, &old_fds, new_fd, &mut undo, out)?;
         // Adopted maps: the rules once every interface runs the new program.
@@ -420,6 +421,17 @@ impl Daemon {
                 .collect::<String>(),
             if args.persist { "exiting leaves it attached and policing" } else { "Ctrl-C detaches" }
         );
+    }
+
+    /// Each interface's chain and its dispatcher (`chain::dispatch_all`),
+    /// said.
+    fn dispatch_chains(&mut self, ifaces: &Interfaces, out: &mut impl Write) -> Result<()> {
+        let named: Vec<(String, u32)> = ifaces.names.iter().cloned().zip(ifaces.indexes.iter().copied()).collect();
+        let (chains, counters) = self.policer.chain_maps()?;
+        for line in crate::chain::dispatch_all(&named, chains, counters)? {
+            let _ = writeln!(out, "{line}");
+        }
+        Ok(())
     }
 
     /// Attaches the new program to every interface: replacing a policer
@@ -833,7 +845,7 @@ fn early_load(args: &DaemonArgs, text: Option<Option<&[u8]>>) -> Option<Early> {
             .first()
             .or(daemon.interfaces.first())
             .filter(|n| !n.starts_with('@'))
-            .map(|n| policer_common::chain::pin_path(n)),
+            .map(|n| policer_common::chain::dispatch_pin_path(n)),
         ..Default::default()
     };
     let o = opts.clone();
@@ -855,7 +867,7 @@ fn load(s: &StartSettings, survey: &Survey, early: Option<Early>, out: &mut impl
         layout_version: s.layout_version,
         chain_pin: match &s.ifaces.join {
             Some(j) => Some(j.path.clone()),
-            None => s.ifaces.names.first().map(|n| policer_common::chain::pin_path(n)),
+            None => s.ifaces.names.first().map(|n| policer_common::chain::dispatch_pin_path(n)),
         },
         chain_from: s.ifaces.join.as_ref().map_or(0, |j| j.slot + 1),
         ..Default::default()
