@@ -6,111 +6,46 @@
 //! can join it (`policer attach IFACE --join PATH --slot N`).
 
 use std::{
-    ffi::CString,
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd},
     path::Path,
 };
 
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_OBJ_PIN: libc::c_long = 6;
+use policer_user::chain::dispatch::{self, BPF_MAP_TYPE_PROG_ARRAY, insn};
+
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
-const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-/// `BPF_XDP`: the expected attach type libbpf and aya give an "xdp"
-/// program; a program array takes only programs of its owner's.
-const BPF_XDP: u32 = 37;
-const BPF_FUNC_TAIL_CALL: i32 = 12;
 
 /// The slots of the root's array.
 pub const ROOT_SLOTS: u32 = 8;
 
-fn bpf(cmd: libc::c_long, attr: &[u8]) -> io::Result<i64> {
-    // SAFETY: `attr` is a valid bpf_attr prefix for `cmd`; pointers in it
-    // outlive the call.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), attr.len()) };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
-}
-
-fn fd_of(r: i64) -> OwnedFd {
-    // SAFETY: a fresh descriptor returned by bpf(2), ours.
-    unsafe { OwnedFd::from_raw_fd(r as i32) }
-}
-
 /// A map of `kind` (u32 keys and values), named `name`.
 pub fn map_create(kind: u32, max_entries: u32, name: &str) -> io::Result<OwnedFd> {
-    let mut attr = [0u8; 72];
-    attr[0..4].copy_from_slice(&kind.to_ne_bytes());
-    attr[4..8].copy_from_slice(&4u32.to_ne_bytes());
-    attr[8..12].copy_from_slice(&4u32.to_ne_bytes());
-    attr[12..16].copy_from_slice(&max_entries.to_ne_bytes());
-    // map_name at offset 28.
-    let n = name.as_bytes();
-    attr[28..28 + n.len().min(15)].copy_from_slice(&n[..n.len().min(15)]);
-    bpf(BPF_MAP_CREATE, &attr).map(fd_of)
+    dispatch::map_create(kind, max_entries, name)
 }
 
 /// Pins `fd` (a map or a program) at `path`.
 pub fn pin(fd: RawFd, path: &Path) -> io::Result<()> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL");
-    let mut attr = [0u8; 16];
-    attr[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
-    attr[8..12].copy_from_slice(&(fd as u32).to_ne_bytes());
-    bpf(BPF_OBJ_PIN, &attr).map(|_| ())
+    // SAFETY: the caller's open descriptor, for the call.
+    dispatch::pin(unsafe { BorrowedFd::borrow_raw(fd) }, path)
 }
 
 /// Puts program `prog` at `slot` of the program array `map`.
 pub fn put(map: RawFd, slot: u32, prog: RawFd) -> io::Result<()> {
-    let (k, v) = (slot, prog as u32);
-    let mut attr = [0u8; 32];
-    attr[0..4].copy_from_slice(&(map as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(&k as *const u32 as u64).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(&v as *const u32 as u64).to_ne_bytes());
-    bpf(BPF_MAP_UPDATE_ELEM, &attr).map(|_| ())
+    // SAFETY: the caller's open descriptors, for the call.
+    unsafe { dispatch::put(BorrowedFd::borrow_raw(map), slot, BorrowedFd::borrow_raw(prog)) }
 }
 
 /// An XDP program of `insns` (attach type xdp, as libbpf loads one).
 pub fn load_xdp(insns: &[u64], name: &str) -> io::Result<OwnedFd> {
-    let license = c"GPL";
-    let mut attr = [0u8; 128];
-    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_XDP.to_ne_bytes());
-    attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-    let n = name.as_bytes();
-    attr[48..48 + n.len().min(15)].copy_from_slice(&n[..n.len().min(15)]);
-    attr[68..72].copy_from_slice(&BPF_XDP.to_ne_bytes());
-    bpf(BPF_PROG_LOAD, &attr).map(fd_of)
-}
-
-/// One instruction: opcode, registers (dst, src), offset, immediate.
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
-    let o = off.to_le_bytes();
-    let i = imm.to_le_bytes();
-    u64::from_le_bytes([code, (src << 4) | dst, o[0], o[1], i[0], i[1], i[2], i[3]])
+    dispatch::load_xdp(insns, name)
 }
 
 /// The root: for each slot in turn, `bpf_tail_call(ctx, array, slot)`
 /// (a call that returns found the slot empty); then `XDP_PASS`.
 fn root_insns(array: RawFd) -> Vec<u64> {
-    const MOV64_REG: u8 = 0xbf;
-    const MOV64_IMM: u8 = 0xb7;
-    const LD_IMM64: u8 = 0x18;
-    const CALL: u8 = 0x85;
-    const EXIT: u8 = 0x95;
-    const PSEUDO_MAP_FD: u8 = 1;
-    let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0)]; // r6 = ctx
-    for slot in 0..ROOT_SLOTS {
-        p.push(insn(MOV64_REG, 1, 6, 0, 0)); // r1 = ctx
-        p.push(insn(LD_IMM64, 2, PSEUDO_MAP_FD, 0, array)); // r2 = &array
-        p.push(0);
-        p.push(insn(MOV64_IMM, 3, 0, 0, slot as i32)); // r3 = slot
-        p.push(insn(CALL, 0, 0, 0, BPF_FUNC_TAIL_CALL));
-    }
-    p.push(insn(MOV64_IMM, 0, 0, 0, 2)); // XDP_PASS
-    p.push(insn(EXIT, 0, 0, 0, 0));
+    let mut p = dispatch::tail_call_each(array, ROOT_SLOTS);
+    p.push(insn(0xb7, 0, 0, 0, 2)); // r0 = XDP_PASS
+    p.push(insn(0x95, 0, 0, 0, 0)); // exit
     p
 }
 
@@ -161,13 +96,13 @@ pub fn map_btf(id: u32) -> io::Result<MapBtf> {
     const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
     let mut attr = [0u8; 16];
     attr[0..4].copy_from_slice(&id.to_ne_bytes());
-    let fd = bpf(BPF_MAP_GET_FD_BY_ID, &attr).map(fd_of)?;
+    let fd = dispatch::bpf(BPF_MAP_GET_FD_BY_ID, &attr).map(dispatch::owned)?;
     let mut info = [0u8; 96];
     let mut attr = [0u8; 16];
     attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
     attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
     attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr)?;
+    dispatch::bpf(BPF_OBJ_GET_INFO_BY_FD, &attr)?;
     let word = |at: usize| u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]);
     let name = info[24..40].iter().take_while(|b| **b != 0).map(|b| *b as char).collect();
     Ok(MapBtf { map_type: word(0), name, btf_id: word(64), key_type_id: word(68), value_type_id: word(72) })

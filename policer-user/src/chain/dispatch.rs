@@ -30,7 +30,8 @@ const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
-const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
+/// `BPF_MAP_TYPE_PROG_ARRAY`.
+pub const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 /// `BPF_XDP`: the expected attach type aya and libbpf give an "xdp"
 /// program; a program array takes only programs like its owner.
@@ -40,14 +41,16 @@ const BPF_FUNC_TAIL_CALL: i32 = 12;
 /// The license of policer's object (policer-ebpf's `license` section).
 const LICENSE: &std::ffi::CStr = c"Dual MIT/GPL";
 
-fn bpf(cmd: libc::c_long, attr: &[u8]) -> io::Result<i64> {
+/// bpf(2) with `attr`; its result (a descriptor, or 0).
+pub fn bpf(cmd: libc::c_long, attr: &[u8]) -> io::Result<i64> {
     // SAFETY: `attr` is a valid bpf_attr prefix for `cmd`; the pointers in
     // it outlive the call.
     let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), attr.len()) };
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
 }
 
-fn owned(r: i64) -> OwnedFd {
+/// The descriptor a bpf(2) command returned, owned.
+pub fn owned(r: i64) -> OwnedFd {
     // SAFETY: a fresh descriptor bpf(2) returned, ours alone.
     unsafe { OwnedFd::from_raw_fd(r as RawFd) }
 }
@@ -55,13 +58,19 @@ fn owned(r: i64) -> OwnedFd {
 /// A new, empty chain: a program array of [`CHAIN_SLOTS`] (u32 keys, program
 /// values), named as the object's chain map.
 pub fn create_array() -> io::Result<OwnedFd> {
+    map_create(BPF_MAP_TYPE_PROG_ARRAY, CHAIN_SLOTS, MAP_CHAIN)
+}
+
+/// A map of `kind` (`BPF_MAP_TYPE_*`) of `max_entries` u32 keys and
+/// values, named `name` (the kernel keeps 15 bytes of it).
+pub fn map_create(kind: u32, max_entries: u32, name: &str) -> io::Result<OwnedFd> {
     let mut attr = [0u8; 72];
-    attr[0..4].copy_from_slice(&BPF_MAP_TYPE_PROG_ARRAY.to_ne_bytes());
+    attr[0..4].copy_from_slice(&kind.to_ne_bytes());
     attr[4..8].copy_from_slice(&4u32.to_ne_bytes());
     attr[8..12].copy_from_slice(&4u32.to_ne_bytes());
-    attr[12..16].copy_from_slice(&CHAIN_SLOTS.to_ne_bytes());
+    attr[12..16].copy_from_slice(&max_entries.to_ne_bytes());
     // `map_name` at offset 28 (at most 15 bytes and a NUL).
-    let n = MAP_CHAIN.as_bytes();
+    let n = &name.as_bytes()[..name.len().min(15)];
     attr[28..28 + n.len()].copy_from_slice(n);
     bpf(BPF_MAP_CREATE, &attr).map(owned)
 }
@@ -88,26 +97,54 @@ pub fn put(map: BorrowedFd<'_>, key: u32, prog: BorrowedFd<'_>) -> io::Result<()
 
 /// Loads the dispatcher of the interface at `ifindex`: the chain `array`,
 /// counted in `counters` (the program's `CHAIN_COUNTERS`) at the
-/// interface's slot. Its verifier log, on a refusal, is the kernel's.
+/// interface's slot.
 pub fn load_dispatcher(array: BorrowedFd<'_>, counters: BorrowedFd<'_>, ifindex: u32) -> io::Result<OwnedFd> {
     let insns = dispatcher_insns(array.as_raw_fd(), counters.as_raw_fd(), ifindex % MAX_IFACE_SLOTS);
+    load_xdp(&insns, DISPATCHER_PROGRAM)
+}
+
+/// An XDP program of `insns`, attach type xdp (as aya and libbpf load an
+/// "xdp" program, so a program array takes it beside policer's), named
+/// `name` (15 bytes kept).
+pub fn load_xdp(insns: &[u64], name: &str) -> io::Result<OwnedFd> {
     let mut attr = [0u8; 128];
     attr[0..4].copy_from_slice(&BPF_PROG_TYPE_XDP.to_ne_bytes());
     attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
     attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
     attr[16..24].copy_from_slice(&(LICENSE.as_ptr() as u64).to_ne_bytes());
     // `prog_name` at offset 48, `expected_attach_type` at 68.
-    let n = DISPATCHER_PROGRAM.as_bytes();
+    let n = &name.as_bytes()[..name.len().min(15)];
     attr[48..48 + n.len()].copy_from_slice(n);
     attr[68..72].copy_from_slice(&BPF_XDP.to_ne_bytes());
     bpf(BPF_PROG_LOAD, &attr).map(owned)
 }
 
 /// One instruction: opcode, registers (dst, src), offset, immediate.
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
+pub fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
     let o = off.to_le_bytes();
     let i = imm.to_le_bytes();
     u64::from_le_bytes([code, (src << 4) | dst, o[0], o[1], i[0], i[1], i[2], i[3]])
+}
+
+/// `r6 = ctx`, then `bpf_tail_call(ctx, array, slot)` for slots 0 to
+/// `slots - 1` in turn (a call that returns found its slot empty; the
+/// kernel patches a constant slot into a direct jump): the start of a
+/// Katran-style root, and of a dispatcher.
+pub fn tail_call_each(array: RawFd, slots: u32) -> Vec<u64> {
+    const MOV64_REG: u8 = 0xbf;
+    const MOV64_IMM: u8 = 0xb7;
+    const LD_IMM64: u8 = 0x18;
+    const CALL: u8 = 0x85;
+    const PSEUDO_MAP_FD: u8 = 1;
+    let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0)]; // r6 = ctx
+    for slot in 0..slots {
+        p.push(insn(MOV64_REG, 1, 6, 0, 0)); // r1 = ctx
+        p.push(insn(LD_IMM64, 2, PSEUDO_MAP_FD, 0, array)); // r2 = &array
+        p.push(0);
+        p.push(insn(MOV64_IMM, 3, 0, 0, slot as i32)); // r3 = slot
+        p.push(insn(CALL, 0, 0, 0, BPF_FUNC_TAIL_CALL));
+    }
+    p
 }
 
 /// The dispatcher: `bpf_tail_call(ctx, array, slot)` for each slot in
@@ -131,14 +168,7 @@ fn dispatcher_insns(array: RawFd, counters: RawFd, key: u32) -> Vec<u64> {
     const XDP_PASS: i32 = 2;
     let handed = std::mem::offset_of!(ChainCounters, handed_pkts) as i16;
     let empty = std::mem::offset_of!(ChainCounters, empty_pkts) as i16;
-    let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0)]; // r6 = ctx
-    for slot in 0..CHAIN_SLOTS {
-        p.push(insn(MOV64_REG, 1, 6, 0, 0)); // r1 = ctx
-        p.push(insn(LD_IMM64, 2, PSEUDO_MAP_FD, 0, array)); // r2 = &array
-        p.push(0);
-        p.push(insn(MOV64_IMM, 3, 0, 0, slot as i32)); // r3 = slot
-        p.push(insn(CALL, 0, 0, 0, BPF_FUNC_TAIL_CALL));
-    }
+    let mut p = tail_call_each(array, CHAIN_SLOTS);
     p.extend([
         insn(ST_W, 10, 0, -4, key as i32), // *(u32 *)(fp - 4) = key
         insn(MOV64_REG, 2, 10, 0, 0),      // r2 = fp
