@@ -75,6 +75,16 @@ pub fn sandbox(sb: Sandbox) -> Sandbox {
     }
     sysctl(&sb.rx_ns, "net.ipv4.tcp_syncookies=2");
     sysctl(&sb.rx_ns, "net.ipv4.tcp_timestamps=2");
+    // The clients' patience, [`CLIENT_PATIENCE`]: here a client's SYN can
+    // fail on its own host (the flood keeps the receiving veth's ring of 256
+    // full; `veth_xmit` drops and tells TCP, `TCPRetransFail`), which a real
+    // client behind a wire never sees. TCP then tries again after 0.5 s
+    // instead of its backoff and counts it as a retransmission: with the
+    // default 6 (+ `tcp_syn_linear_timeouts` 4) a client gave up after
+    // 6.2 s of local failures (seen in CI on a slow host: 9 of 500). 40
+    // tries keep it trying for the 20 s it waits, as a client behind a real
+    // wire would (its backoff gives it about two minutes).
+    sysctl(&sb.tx_ns, "net.ipv4.tcp_syn_retries=40");
     let (ns, ifc) = (sb.tx_ns.clone(), sb.tx_if.clone());
     thread::spawn(move || {
         enter(&ns).unwrap();
@@ -394,7 +404,15 @@ pub fn veth_drops(sb: &Sandbox) -> String {
                 .filter(|(k, v)| *v != "0" && (k.contains("drop") || k.contains("err") || k.contains("xdp")))
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
-            format!("{ifc}: {}", rows.join(" "))
+            // A frame `veth_xmit` could not put in the peer's ring is the
+            // sender's TX drop (`ip -s link`), not in `ethtool -S`.
+            let link = Command::new("ip").args(["-n", ns, "-s", "-j", "link", "show", "dev", ifc]).output();
+            let tx_dropped = link
+                .ok()
+                .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+                .and_then(|v| v[0]["stats64"]["tx"]["dropped"].as_u64())
+                .unwrap_or(0);
+            format!("{ifc}: {} tx_dropped={tx_dropped}", rows.join(" "))
         })
         .collect::<Vec<_>>()
         .join("; ")
