@@ -61,6 +61,36 @@ pub fn ensure_bpffs() -> Result<bool> {
     Ok(true)
 }
 
+/// What is pinned under policer's root in the bpffs now: each
+/// interface's directory and the chains and dispatchers in it.
+pub fn pins_now() -> Vec<PathBuf> {
+    let Ok(dirs) = std::fs::read_dir(policer_common::chain::PIN_ROOT) else {
+        return Vec::new();
+    };
+    let mut pins = Vec::new();
+    for dir in dirs.filter_map(|e| Some(e.ok()?.path())) {
+        pins.extend(std::fs::read_dir(&dir).into_iter().flatten().filter_map(|e| Some(e.ok()?.path())));
+        pins.push(dir);
+    }
+    pins
+}
+
+/// After a start that failed: the pins it made for `iface` (not in
+/// `before`, [`pins_now`]'s) go, a chain only while empty (nothing put a
+/// program in it meanwhile), the directory when emptied.
+pub fn unpin_made(iface: &str, before: &[PathBuf]) {
+    let (chain, dispatch) = (pin_path(iface), dispatch_pin_path(iface));
+    if !before.contains(&dispatch) {
+        let _ = std::fs::remove_file(&dispatch);
+    }
+    if !before.contains(&chain) && slots(iface).is_ok_and(|s| s.is_empty()) {
+        let _ = std::fs::remove_file(&chain);
+    }
+    if let Some(dir) = chain.parent().filter(|d| !before.iter().any(|p| p == d)) {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
 /// Gives each interface (name, ifindex) its own chain and the dispatcher
 /// that reaches it, before the program is attached (so the hand-off finds
 /// them from its first frame): the array pinned at the interface's
@@ -107,7 +137,9 @@ fn own_array(iface: &str, seen: &mut Vec<(u32, String)>, said: &mut Vec<String>)
     let at = pin_path(iface);
     if at.exists() {
         let m = open_data(iface)?;
-        let id = m.info().map_err(Error::map(MAP_CHAIN))?.id();
+        let info = m.info().map_err(Error::map(MAP_CHAIN))?;
+        is_a_chain(&info, &at)?;
+        let id = info.id();
         let Some((_, first)) = seen.iter().find(|(i, _)| *i == id) else {
             seen.push((id, iface.to_string()));
             return Ok(m.fd().as_fd().try_clone_to_owned()?);
@@ -139,6 +171,25 @@ fn own_array(iface: &str, seen: &mut Vec<(u32, String)>, said: &mut Vec<String>)
     dispatch::pin(new.as_fd(), &at).map_err(Error::kernel(format!("pinning {}", at.display())))?;
     seen.push((new_id(&at)?, iface.to_string()));
     Ok(new)
+}
+
+/// Whether the map pinned at `at` is a chain: a program array of
+/// [`CHAIN_SLOTS`] slots. Anything else there (another tool's map, a
+/// hand-made pin) is refused by name, not with the kernel's error at the
+/// first put.
+fn is_a_chain(info: &aya::maps::MapInfo, at: &Path) -> Result<()> {
+    let kind = info.map_type().map_or_else(|e| format!("a map of an unknown type ({e})"), |t| format!("{t:?}"));
+    if matches!(info.map_type(), Ok(aya::maps::MapType::ProgramArray)) && info.max_entries() == CHAIN_SLOTS {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "{} is not a policer chain (a program array of {CHAIN_SLOTS} slots) but {kind} of {} entries ('{}', map \
+         {}): move it away or remove it, and policer pins a chain there",
+        at.display(),
+        info.max_entries(),
+        info.name_as_str().unwrap_or("?"),
+        info.id()
+    )))
 }
 
 /// The id of the map pinned at `at`.

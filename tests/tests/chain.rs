@@ -937,6 +937,26 @@ fn each_interface_has_a_chain_of_its_own() {
         "the second interface's chain drops all it is handed: {got:?}"
     );
     both_enforce(&sb, "the first interface, beside the second's program");
+
+    // The second detached while the daemon polices the first: its
+    // dispatcher leaves CHAINS (holding its chain open for nothing), and
+    // its emptied chain's pins go.
+    let dispatch = policer_common::chain::dispatch_pin_path(&sb.rx_if);
+    let link = Command::new("ip").args(["-n", &b.rx_ns, "-j", "link", "show", "dev", &b.rx_if]).output().unwrap();
+    let link: serde_json::Value = serde_json::from_slice(&link.stdout).unwrap();
+    let slot = link[0]["ifindex"].as_u64().unwrap() as u32 % policer_common::MAX_IFACE_SLOTS;
+    let key: Vec<String> = slot.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let lookup = || {
+        let mut c = Command::new("bpftool");
+        c.args(["map", "lookup", "pinned"]).arg(&dispatch).arg("key").args(&key);
+        c.output().unwrap().status.success()
+    };
+    assert!(lookup(), "the second interface's dispatcher is in CHAINS at {slot}");
+    let said = succeeds(&cli(&sb, &["detach", &b.rx_if, "--force"]));
+    assert!(said.contains("detached from"), "{said}");
+    assert!(!lookup(), "the detached interface's dispatcher is still in CHAINS at {slot}");
+    assert!(!pin_b.exists(), "the detached interface's emptied chain is still pinned");
+    both_enforce(&sb, "the first interface, after the second's detach");
 }
 
 /// A build before this one pinned one chain under every interface's name:
@@ -979,4 +999,55 @@ fn a_chain_an_older_build_shared_is_split_at_start() {
     assert_eq!((got[1], got[2]), (sent[1], sent[2]), "the second interface's chain is empty now");
     let (sent, got) = run(&sb);
     assert!(sent[0] > 0 && got.iter().sum::<u64>() == 0, "the first's keeps its program: {got:?}");
+}
+
+/// What is pinned where an interface's chain goes, when it is not one
+/// (another tool's map, a hand-made pin): the start refuses it by name and
+/// leaves it alone. And a start that fails after its first kernel change
+/// (test hooks) leaves no chain or dispatchers' pin of its own making.
+#[test]
+fn a_foreign_map_at_the_chain_pin_is_refused_and_a_failed_start_pins_nothing() {
+    if !tools() {
+        return;
+    }
+    let (sb, _pins) = sandbox();
+    let pin = policer_common::chain::pin_path(&sb.rx_if);
+    let dir = pin.parent().unwrap().to_path_buf();
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::fd::AsRawFd;
+    // A hash map (BPF_MAP_TYPE_HASH) where the chain goes.
+    let foreign = policer_tests::root::map_create(1, 8, "not_a_chain").unwrap();
+    policer_tests::root::pin(foreign.as_raw_fd(), &pin).unwrap();
+    let id = pinned_map_id(&pin);
+    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--interval", "0", "--mode", "native"];
+    let e = match Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args, &[]) {
+        Ok(_) => panic!("policer started over a hash map pinned as its chain"),
+        Err(e) => e,
+    };
+    let said = format!("{} is not a policer chain (a program array of 8 slots) but Hash", pin.display());
+    assert!(e.stderr.contains(&said), "{}\n{}", e.stdout, e.stderr);
+    assert!(!e.stderr.contains("panicked"), "{}", e.stderr);
+    assert_eq!(pinned_map_id(&pin), id, "the foreign map's pin is left as it was");
+    assert!(sb.rx_xdp().is_none(), "nothing attached");
+    std::fs::remove_file(&pin).unwrap();
+    std::fs::remove_dir(&dir).unwrap();
+    drop(foreign);
+
+    if !policer_tests::file_contains(&policer_bin(), b"POLICER_TEST_FAIL_AT") {
+        eprintln!("{} has no test hooks: the failed start's pins are not checked", policer_bin().display());
+        return;
+    }
+    let e = match Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args, &[("POLICER_TEST_FAIL_AT", "1")]) {
+        Ok(_) => panic!("the start did not fail on purpose"),
+        Err(e) => e,
+    };
+    assert!(e.stderr.contains("failing on purpose after kernel change 1 "), "{}\n{}", e.stdout, e.stderr);
+    assert!(sb.rx_xdp().is_none(), "undone: nothing attached");
+    assert!(!dir.exists(), "a failed start left {}: {:?}", dir.display(), std::fs::read_dir(&dir).map(|d| d.count()));
+    // And a start that succeeds pins both.
+    let mut d = Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args, &[])
+        .unwrap_or_else(|e| panic!("policer did not start ({}):\n{}\n{}", e.status, e.stdout, e.stderr));
+    assert!(pin.exists() && policer_common::chain::dispatch_pin_path(&sb.rx_if).exists());
+    assert!(d.stop_with(libc::SIGTERM));
+    assert!(!dir.exists(), "a detach with the chain empty leaves no pins");
 }

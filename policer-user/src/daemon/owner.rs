@@ -1672,9 +1672,25 @@ impl Daemon {
                 log::warn!("{said}, but the config file still has its [[chain]] tables: {e}");
             }
         }
+        let index = self.ifaces.iter().find(|i| i.name == iface).map(|i| i.index);
         let last = if handed { self.forget_iface(iface) } else { self.detach(iface)? };
         // Policer's own chain, empty now: its pin goes with policer.
         if member.is_none() {
+            // The interface's dispatcher leaves CHAINS (the program polices
+            // others still): nothing holds its chain open for it.
+            if let (Some(index), false) = (index, last) {
+                let chains = self
+                    .policer
+                    .chain_maps()
+                    .map(|(c, _)| std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(c.fd())));
+                let key = index % policer_common::MAX_IFACE_SLOTS;
+                if let Err(e) = chains
+                    .map_err(|e| e.to_string())
+                    .and_then(|fd| crate::batch::delete_elem(fd, &key).map_err(|e| e.to_string()))
+                {
+                    log::warn!("{iface}'s chain dispatcher stays in {}: {e}", policer_common::chain::MAP_CHAINS);
+                }
+            }
             super::chain::unpin_if_empty(iface);
         }
         let said = match (said.is_empty(), handed) {

@@ -184,6 +184,9 @@ impl Daemon {
                 policer_common::chain::BPFFS
             );
         }
+        // The chains' pins before this start: a start that fails removes
+        // only the (empty) chains and dispatchers' pins it made itself.
+        let pinned_before = crate::chain::pins_now();
         let early = early_load(args, bytes.as_ref().ok().map(Option::as_deref));
         let s = settings(args, bytes?)?;
         let claim = claim(&s)?;
@@ -193,7 +196,12 @@ impl Daemon {
         let mut out = super::output::Voice::new(super::output::Stream::Out);
         let loaded = load(&s, &survey, early, &mut out)?;
         let planned = plan_rules(&loaded.policer, &s, survey.adopt_from.is_some(), args, &mut out)?;
-        let d = Daemon::transaction(args, s, claim, survey, loaded, planned, &mut out)?;
+        // A start that fails leaves no empty chain or dispatchers' pin of
+        // its own making behind (a chain holding programs stays).
+        let chained: Vec<String> = if s.ifaces.join.is_none() { s.ifaces.names.clone() } else { Vec::new() };
+        let d = Daemon::transaction(args, s, claim, survey, loaded, planned, &mut out).inspect_err(|_| {
+            chained.iter().for_each(|i| crate::chain::unpin_made(i, &pinned_before));
+        })?;
         let _ = out.flush();
         Ok(d)
     }
