@@ -19,7 +19,7 @@ use crate::{
     frame::try_policer,
     maps::{CAPTURE_ON, CAPTURE_SCRATCH, REPLAY_PROG, SYN_PROG, TEST_CLOCK},
     replay::{replay_finish, replay_prepare},
-    syn::syn_path,
+    syn::{handed_back, syn_path},
 };
 
 /// The attached program: each frame the interface receives. What the
@@ -51,6 +51,8 @@ pub fn policer(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn policer_syn_police(ctx: XdpContext) -> u32 {
     let action = judge_frame::<false>(ctx.ctx);
+    // The frame was counted (its class, a fragment) before the SYN path.
+    handed_back(ctx.ctx);
     if action == xdp_action::XDP_PASS { hand_to_chain(&ctx) } else { action }
 }
 

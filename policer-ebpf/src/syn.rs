@@ -19,14 +19,14 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use policer_common::{
-    mapped_v4,
+    MAX_IFACE_SLOTS, mapped_v4,
     syn::{self, SYN_FLOOD, SYN_POLICE, SynAckParams, SynCounters, SynScratch},
 };
 
 use crate::{
     buckets::{CAS_ROUNDS, Charge, cas, charge},
     clock::Clock,
-    maps::{SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_SEEN, SYN_TOTALS, SYN_VERIFIED},
+    maps::{COUNTERS, SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_SEEN, SYN_TOTALS, SYN_VERIFIED},
     parse::{Parsed, parse, ptr_at},
     verifier::launder,
 };
@@ -42,6 +42,25 @@ const TCP_FIN: u8 = 0x01;
 #[inline(always)]
 fn size_1_to_64(n: u32) -> u32 {
     (((launder(n as u64) as u32).wrapping_sub(1)) & 63) + 1
+}
+
+/// After the policing of a frame the SYN path handed back: the attached
+/// entry counted its class (and a fragment) already, and the policing
+/// again; taken back, so that each frame counts once.
+#[inline(never)]
+pub(crate) fn handed_back(md: *mut xdp_md) {
+    let ctx = XdpContext::new(md);
+    // SAFETY: reading the ingress ifindex from the context.
+    let at = unsafe { (*md).ingress_ifindex } % MAX_IFACE_SLOTS;
+    let Some(c) = COUNTERS.get_ptr_mut(at) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while we run.
+    let c = unsafe { &mut *c };
+    c.class_matched = c.class_matched.saturating_sub(1);
+    if let Parsed::V4 { fragment: true, .. } | Parsed::V6 { fragment: true, .. } = parse(&ctx) {
+        c.fragment_pkts = c.fragment_pkts.saturating_sub(1);
+    }
 }
 
 /// The SYN path for a frame of the rule at `slot` (with `RULE_SYN`): an

@@ -33,8 +33,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use policer_common::class::TCP_RST;
 use policer_tests::{
     daemon::{Daemon, cli, succeeds},
+    frame::FrameSpec,
     netns::{Sandbox, enter},
     packet::RawSocket,
     privileged,
@@ -210,6 +212,9 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
     srv.join().unwrap();
 }
 
+/// TCP segments with RST alone sent by each family's check.
+const RSTS: u64 = 30;
+
 #[test]
 fn no_listener_no_cookie_and_a_forged_cookie_is_refused_v4_and_v6() {
     if !privileged("syn") {
@@ -246,6 +251,17 @@ fn no_listener_no_cookie_and_a_forged_cookie_is_refused_v4_and_v6() {
             .map(|i| forged_ack(forged(i), rx, 40000 + u16::from(i), PORT, 0x1234_5678 + u32::from(i) * 7919, mac))
             .collect();
         send_raw(&sb, frames);
+        // Segments that are neither a SYN nor an ACK: handed back to
+        // policing by the SYN path, and counted once each as any frame.
+        let rsts: Vec<Vec<u8>> = (0..RSTS)
+            .map(|i| {
+                let len = if rx.is_ipv6() { 74 } else { 54 };
+                let mut spec = FrameSpec::tcp(forged(200), rx, len, 41000 + i as u16, PORT, TCP_RST);
+                spec.dst_mac = mac;
+                spec.build(None)
+            })
+            .collect();
+        send_raw(&sb, rsts);
         thread::sleep(Duration::from_millis(300));
         let s = stats(&sb);
         let y = &rule_row(&s, prefix, "tcp")["syn"];
@@ -255,8 +271,26 @@ fn no_listener_no_cookie_and_a_forged_cookie_is_refused_v4_and_v6() {
         assert_eq!(y["acks_refused"], 50, "{prefix}: {y}");
         assert_eq!(y["sources_verified"], 0, "{prefix}: {y}");
         // The refused connect's SYN (no listener: policed as without
-        // cookies) made its client's bucket; the forged ACKs made none.
-        assert!(n(rule_row(&s, prefix, "tcp"), "buckets_created") <= 1, "{prefix}: forged ACKs get no bucket");
+        // cookies) made its client's bucket, the RST segments' source (policed
+        // as any) its own; the forged ACKs made none.
+        assert!(n(rule_row(&s, prefix, "tcp"), "buckets_created") <= 2, "{prefix}: forged ACKs get no bucket");
+    }
+    // Every segment of the TCP class, once: the SYNs and ACKs the SYN path
+    // judged (a refused connect's SYN, the forged ACKs) and the segments it
+    // handed back, even those it judged first (the no-listener SYN) and
+    // that policing then judged again.
+    let s = stats(&sb);
+    let judged: u64 = ["0.0.0.0/0", "::/0"]
+        .iter()
+        .map(|p| {
+            let y = &rule_row(&s, p, "tcp")["syn"];
+            n(y, "syns") + n(y, "acks_refused") + n(y, "acks_accepted") + RSTS
+        })
+        .sum();
+    assert_eq!(n(&s["totals"], "class_matched"), judged, "each TCP segment counted once: {}", s["totals"]);
+    for p in ["0.0.0.0/0", "::/0"] {
+        let r = rule_row(&s, p, "tcp");
+        assert!(n(r, "passed_packets") + n(r, "dropped_packets") >= RSTS, "{p}: the handed-back segments policed: {r}");
     }
     // Status says it too.
     let st = succeeds(&cli(&sb, &["status"]));
