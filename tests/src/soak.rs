@@ -317,8 +317,8 @@ impl SoakReport {
              removing it), scrapes `/metrics` and runs `policer top -n 10 --json` and `policer stats --json`: \
              {} rounds. Every CLI call is timed as a whole process (`ip netns exec` to exit); before the traffic \
              starts, the same cycle runs {BASELINE_CYCLES} times with no traffic (the machine is shared: \
-             other work may load either phase). A call *waited* its \
-             latency minus the median of the same call in that baseline.\n",
+             other work may load either phase; the disks' pending writes are written out before each, `sync`). A call \
+             *waited* its latency minus the median of the same call in that baseline.\n",
             self.xdp_mode,
             self.max_sources,
             self.flood_pps,
@@ -429,6 +429,24 @@ const WAITS_TRACED: &str = "Traced apart from this run (a 3-minute soak of commi
      file), `top`, `stats` and `/metrics` stayed under 100 ms, and a `reload` that waited 86 ms made no daemon \
      system call over 40 ms: what else a call waits for, in a run on this machine shared with other builds and \
      tests, was not traced.";
+
+/// Writes out what the machine has pending for its disks before a phase is
+/// timed. The daemon's `rule set`/`rule rm` fsync the config file, and on
+/// ext4 an fsync commits the journal, which first writes the dirty data of
+/// every file: right after a build (CI compiles the tests just before
+/// this tier) that is hundreds of MB, written back 30 s after it was
+/// dirtied — in the middle of the soak. One such fsync made a `rule rm`
+/// wait 1.85 s (1.5 GB written without fsync just before the soak); with
+/// the backlog written first, the calls wait for the daemon's own write.
+fn settle_disk(say: &dyn Fn(&str)) {
+    let t = Instant::now();
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if ms > 50.0 {
+        say(&format!("the machine's pending disk writes took {ms:.0} ms to write out"));
+    }
+}
 
 /// Sets the flag when dropped: the traffic threads stop even when the
 /// driver panics, before the sandbox they run in is deleted.
@@ -655,11 +673,13 @@ pub fn run(o: &Options, say: &dyn Fn(&str)) -> Result<SoakReport> {
     let mut load: Vec<Vec<f64>> = vec![vec![]; CALLS.len()];
     let (mut base_scrape, mut load_scrape) = (vec![], vec![]);
 
+    settle_disk(say);
     say(&format!("baseline: {BASELINE_CYCLES} times the driver's cycle of six rounds, with no traffic"));
     for k in 0..BASELINE_CYCLES * 6 {
         round(&sb, k, &mut base, &mut base_scrape, &mut r.errors);
     }
 
+    settle_disk(say);
     say(&format!(
         "traffic for {:.0} s ({} spoofed frames/s, heavy hitter, {IN_PROFILE} in-profile sources)",
         o.duration.as_secs_f64(),
