@@ -131,6 +131,14 @@ pub fn dispatch_all(ifaces: &[(String, u32)], chains: &MapData, counters: RawFd)
     Ok(said)
 }
 
+/// Takes the dispatcher of the interface with `ifindex` out of `chains`
+/// (the interface leaves a program that polices others still): nothing
+/// holds that interface's chain open for the program any more.
+pub fn forget_dispatcher(chains: &MapData, ifindex: u32) -> Result<()> {
+    crate::batch::delete_elem(chains.fd().as_fd().as_raw_fd(), &(ifindex % MAX_IFACE_SLOTS))
+        .map_err(Error::kernel(format!("taking a dispatcher out of {MAP_CHAINS}")))
+}
+
 /// `iface`'s own chain array: its pin's, else a new one pinned there; a
 /// copy when its pin is an array `seen` for an earlier interface.
 fn own_array(iface: &str, seen: &mut Vec<(u32, String)>, said: &mut Vec<String>) -> Result<OwnedFd> {

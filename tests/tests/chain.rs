@@ -1004,7 +1004,9 @@ fn a_chain_an_older_build_shared_is_split_at_start() {
 /// What is pinned where an interface's chain goes, when it is not one
 /// (another tool's map, a hand-made pin): the start refuses it by name and
 /// leaves it alone. And a start that fails after its first kernel change
-/// (test hooks) leaves no chain or dispatchers' pin of its own making.
+/// (test hooks), or that its config refuses, leaves no chain or
+/// dispatchers' pin of its own making; a second daemon refused on the same
+/// interface leaves the running one's pins.
 #[test]
 fn a_foreign_map_at_the_chain_pin_is_refused_and_a_failed_start_pins_nothing() {
     if !tools() {
@@ -1044,10 +1046,32 @@ fn a_foreign_map_at_the_chain_pin_is_refused_and_a_failed_start_pins_nothing() {
     assert!(e.stderr.contains("failing on purpose after kernel change 1 "), "{}\n{}", e.stdout, e.stderr);
     assert!(sb.rx_xdp().is_none(), "undone: nothing attached");
     assert!(!dir.exists(), "a failed start left {}: {:?}", dir.display(), std::fs::read_dir(&dir).map(|d| d.count()));
+    // A start refused before its transaction (a rule of the file that does
+    // not hold), while its early load pinned the dispatchers' array: no
+    // pin left either.
+    let good = std::fs::read(&sb.config).unwrap();
+    std::fs::write(&sb.config, "[[rule]]\nprefix = \"10.0.0.0/8\"\nrate = \"fast\"\n").unwrap();
+    let e = match Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args, &[]) {
+        Ok(_) => panic!("policer started with a rate of \"fast\""),
+        Err(e) => e,
+    };
+    assert!(e.stderr.contains("fast"), "{}\n{}", e.stdout, e.stderr);
+    assert!(!dir.exists(), "a start refused by its config left {}: {:?}", dir.display(), std::fs::read_dir(&dir));
+    std::fs::write(&sb.config, good).unwrap();
     // And a start that succeeds pins both.
     let mut d = Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args, &[])
         .unwrap_or_else(|e| panic!("policer did not start ({}):\n{}\n{}", e.status, e.stdout, e.stderr));
-    assert!(pin.exists() && policer_common::chain::dispatch_pin_path(&sb.rx_if).exists());
+    let dispatch = policer_common::chain::dispatch_pin_path(&sb.rx_if);
+    assert!(pin.exists() && dispatch.exists());
+    let ids = (pinned_map_id(&pin), pinned_map_id(&dispatch));
+    // A second daemon on the same interface is refused, and leaves the
+    // running one's pins as they are.
+    let e = match Daemon::try_start_nsenter(&policer_bin(), &sb.rx_ns, &args, &[]) {
+        Ok(_) => panic!("a second daemon started on {}", sb.rx_if),
+        Err(e) => e,
+    };
+    assert!(!e.stderr.contains("panicked"), "{}", e.stderr);
+    assert_eq!((pinned_map_id(&pin), pinned_map_id(&dispatch)), ids, "a refused start touched the running pins");
     assert!(d.stop_with(libc::SIGTERM));
     assert!(!dir.exists(), "a detach with the chain empty leaves no pins");
 }

@@ -1678,18 +1678,10 @@ impl Daemon {
         if member.is_none() {
             // The interface's dispatcher leaves CHAINS (the program polices
             // others still): nothing holds its chain open for it.
-            if let (Some(index), false) = (index, last) {
-                let chains = self
-                    .policer
-                    .chain_maps()
-                    .map(|(c, _)| std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(c.fd())));
-                let key = index % policer_common::MAX_IFACE_SLOTS;
-                if let Err(e) = chains
-                    .map_err(|e| e.to_string())
-                    .and_then(|fd| crate::batch::delete_elem(fd, &key).map_err(|e| e.to_string()))
-                {
-                    log::warn!("{iface}'s chain dispatcher stays in {}: {e}", policer_common::chain::MAP_CHAINS);
-                }
+            if let (Some(index), false) = (index, last)
+                && let Err(e) = self.policer.chain_maps().and_then(|(c, _)| crate::chain::forget_dispatcher(c, index))
+            {
+                log::warn!("{iface}'s chain dispatcher stays: {e}");
             }
             super::chain::unpin_if_empty(iface);
         }

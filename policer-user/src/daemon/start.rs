@@ -188,20 +188,40 @@ impl Daemon {
         // only the (empty) chains and dispatchers' pins it made itself.
         let pinned_before = crate::chain::pins_now();
         let early = early_load(args, bytes.as_ref().ok().map(Option::as_deref));
-        let s = settings(args, bytes?)?;
-        let claim = claim(&s)?;
-        super::sets::remove_leftovers(&args.config, &crate::sets::sets_dir(&args.state_dir));
-        let survey = survey(&s)?;
+        // The interface whose dispatchers' pin the early load makes.
+        let early_iface = early.as_ref().and_then(Early::iface);
+        // A start that fails leaves no empty chain or dispatchers' pin of
+        // its own making behind (a chain holding programs stays; pins that
+        // were there before, another daemon's included, stay).
+        let unpin = |ifaces: &[String]| {
+            ifaces.iter().chain(&early_iface).for_each(|i| crate::chain::unpin_made(i, &pinned_before));
+        };
+        let ready = (|| -> Result<_> {
+            let s = settings(args, bytes?)?;
+            let claim = claim(&s)?;
+            super::sets::remove_leftovers(&args.config, &crate::sets::sets_dir(&args.state_dir));
+            let survey = survey(&s)?;
+            Ok((s, claim, survey))
+        })();
+        let (s, claim, survey) = match ready {
+            Ok(r) => r,
+            Err(e) => {
+                // The early load pins as it loads: done first, then undone.
+                if let Some(early) = early {
+                    let _ = early.load.join();
+                }
+                unpin(&[]);
+                return Err(e);
+            }
+        };
+        let chained: Vec<String> = if s.ifaces.join.is_none() { s.ifaces.names.clone() } else { Vec::new() };
         // The start's report, in the daemon's voice (`output.rs`).
         let mut out = super::output::Voice::new(super::output::Stream::Out);
-        let loaded = load(&s, &survey, early, &mut out)?;
-        let planned = plan_rules(&loaded.policer, &s, survey.adopt_from.is_some(), args, &mut out)?;
-        // A start that fails leaves no empty chain or dispatchers' pin of
-        // its own making behind (a chain holding programs stays).
-        let chained: Vec<String> = if s.ifaces.join.is_none() { s.ifaces.names.clone() } else { Vec::new() };
-        let d = Daemon::transaction(args, s, claim, survey, loaded, planned, &mut out).inspect_err(|_| {
-            chained.iter().for_each(|i| crate::chain::unpin_made(i, &pinned_before));
-        })?;
+        let loaded = load(&s, &survey, early, &mut out).inspect_err(|_| unpin(&chained))?;
+        let planned = plan_rules(&loaded.policer, &s, survey.adopt_from.is_some(), args, &mut out)
+            .inspect_err(|_| unpin(&chained))?;
+        let d =
+            Daemon::transaction(args, s, claim, survey, loaded, planned, &mut out).inspect_err(|_| unpin(&chained))?;
         let _ = out.flush();
         Ok(d)
     }
@@ -819,6 +839,14 @@ fn survey(s: &StartSettings) -> Result<Survey> {
 struct Early {
     opts: LoadOptions,
     load: std::thread::JoinHandle<Result<Policer>>,
+}
+
+impl Early {
+    /// The interface whose dispatchers' pin this load makes.
+    fn iface(&self) -> Option<String> {
+        let pin = self.opts.chain_pin.as_ref()?;
+        Some(pin.parent()?.file_name()?.to_str()?.to_string())
+    }
 }
 
 /// Begins loading the program on another thread, with the sizes the
