@@ -13,8 +13,9 @@
 //! - **nftables synproxy**: no XDP program; the SYNs untracked in raw
 //!   prerouting and answered by `synproxy` in the input hook.
 //!
-//! The flood comes from a raw socket (the live-frames generator's frames
-//! are not answered by the SYN path yet: docs/syn-cookies.md, "Open") on
+//! The flood comes from a raw socket (the live-frames generator sends
+//! again, within one call, the pages the policer rewrote into SYN-ACKs:
+//! docs/syn-cookies.md, "Redirected frames on veth") on
 //! one CPU, which also runs the receiving veth's softirq and the
 //! SYN-ACKs' way back into the sending namespace; its cost is that
 //! thread's CPU time plus the CPU's ksoftirqd, per SYN the veth took. A

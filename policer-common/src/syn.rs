@@ -56,15 +56,39 @@ pub const MAX_VERIFIED: u32 = 262_144;
 pub const MAX_CAP_NETS: u32 = 65_536;
 /// The filter in front of the verified sources (`SYN_SEEN`, the program's
 /// own array): one bit per hashed source, 2^20 bits in 16 384 words
-/// (128 KiB), set when a source is verified and never cleared. A clear bit
+/// (128 KiB), set by the program when a source is verified. A clear bit
 /// is a source never verified: its SYN skips the lookup of
 /// `SYN_VERIFIED`, which for a forged source is a miss in a 4 MiB bucket
 /// array (the largest single cost of answering a flood's SYN: docs/syn-
 /// cookies.md). A set bit is only a maybe: the exact set decides. Bits of
-/// sources the LRU set has let go stay set: after about a million distinct
-/// verified sources most SYNs take the lookup again, as before the filter
-/// (a new program starts it empty, with an empty verified set).
+/// sources the LRU set has let go stay set until the daemon rebuilds the
+/// filter from the exact set ([`seen_is_stale`]); a new program starts it
+/// empty, with an empty verified set.
 pub const SEEN_WORDS: u32 = 16_384;
+
+/// Set bits of the filter past which the daemon rebuilds it from
+/// `SYN_VERIFIED`: that set holds at most [`MAX_VERIFIED`] sources, so at
+/// most that many bits are live, and past this bound at least an eighth
+/// of the filter's bits belong to sources the set let go. Rebuilt, the
+/// filter is at most a quarter full (262 144 of 1 048 576 bits), and it
+/// is rebuilt again before it is three eighths full: at least five in
+/// eight forged SYNs skip the exact set's lookup, however long the
+/// program runs.
+pub const SEEN_REBUILD_BITS: u64 = MAX_VERIFIED as u64 + SEEN_WORDS as u64 * 64 / 8;
+
+/// Whether a filter with `set_bits` bits set is due for a rebuild.
+pub fn seen_is_stale(set_bits: u64) -> bool {
+    set_bits > SEEN_REBUILD_BITS
+}
+
+/// Sets `src`'s bit in `words` (a filter of [`SEEN_WORDS`] words, as the
+/// program's [`seen_bit`] does): the daemon's rebuild.
+pub fn mark_seen(words: &mut [u64], src: &[u8; 16]) {
+    let (w, bit) = seen_bit(src);
+    if let Some(v) = words.get_mut(w as usize) {
+        *v |= bit;
+    }
+}
 pub const MAP_SYN_SEEN: &str = "SYN_SEEN";
 
 /// The word and the bit of `src` (an IPv4 source as `::ffff:a.b.c.d`) in

@@ -573,6 +573,19 @@ impl Policer {
         self.reader.clone()
     }
 
+    /// The SYN path's filter of verified sources and its exact set, with
+    /// descriptors of their own (None: a program without SYN cookies).
+    pub fn seen_filter(&self) -> Option<crate::syncookies::SeenFilter> {
+        use policer_common::syn::{MAP_SYN_SEEN, MAP_SYN_VERIFIED};
+        let dup = |name: &'static str| -> Option<OwnedFd> {
+            let fd = map_fd(&self.ebpf, name).ok()?;
+            // SAFETY: `fd` is open for as long as `self.ebpf` lives; the
+            // duplicate is ours.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned().ok()
+        };
+        Some(crate::syncookies::SeenFilter { seen: dup(MAP_SYN_SEEN)?, verified: dup(MAP_SYN_VERIFIED)? })
+    }
+
     /// Sets (or with None clears) the automatic bans of the rule at `slot`.
     pub fn set_ban_params(&mut self, slot: u32, params: Option<&BanParams>) -> Result<()> {
         let p = params.copied().unwrap_or_default();

@@ -222,3 +222,104 @@ mod tests {
         assert_eq!(bad.preflight().iter().filter(|(ok, _)| !ok).count(), 2);
     }
 }
+
+/// The SYN path's filter in front of its verified sources
+/// (policer_common::syn::SEEN_WORDS), kept useful over a long run: the
+/// program only ever sets its bits, and the exact set (an LRU) lets
+/// sources go, so the daemon rebuilds the filter from the set when
+/// [`policer_common::syn::seen_is_stale`] says enough of it is stale.
+/// Holds its own descriptors of the two maps (a thread of its own runs
+/// it: `daemon::synfilter`).
+pub struct SeenFilter {
+    pub(crate) seen: std::os::fd::OwnedFd,
+    pub(crate) verified: std::os::fd::OwnedFd,
+}
+
+/// What a rebuild found and left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Bits set before, and after.
+    pub before: u64,
+    pub after: u64,
+    /// Sources of the exact set the filter was made of.
+    pub sources: u64,
+}
+
+/// How often the daemon looks at the filter (a read of its 128 KiB).
+pub const SEEN_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl SeenFilter {
+    /// Rebuilds the filter when it is stale; None when it is not.
+    ///
+    /// The program sets bits meanwhile (an atomic OR per verified source):
+    /// the words are written from the set as read, then the set is read
+    /// again and the bits of the sources verified during the rebuild are
+    /// put back. A source verified between that read and the last write
+    /// may lose its bit: it is asked for one more cookie, and verified
+    /// again (never refused).
+    pub fn refresh(&self) -> crate::Result<Option<Rebuilt>> {
+        use policer_common::syn::{MAP_SYN_SEEN, SEEN_WORDS, seen_is_stale};
+        use std::os::fd::AsRawFd;
+        let words = SEEN_WORDS as usize;
+        let mut now = vec![0u64; words];
+        crate::batch::for_each_chunk(self.seen.as_raw_fd(), 4, 8, words, |k, v| {
+            let i = u32::from_ne_bytes(k.try_into().unwrap_or_default()) as usize;
+            if let (Some(w), Ok(v)) = (now.get_mut(i), v.try_into()) {
+                *w = u64::from_ne_bytes(v);
+            }
+        })
+        .map_err(crate::Error::kernel(format!("reading {MAP_SYN_SEEN}")))?;
+        let before = ones(&now);
+        if !seen_is_stale(before) {
+            return Ok(None);
+        }
+        let (fresh, sources) = self.words_of_set()?;
+        self.write(&fresh, |i| fresh[i] != now[i])?;
+        // The sources verified while the words were made and written.
+        let (again, _) = self.words_of_set()?;
+        let merged: Vec<u64> = fresh.iter().zip(&again).map(|(a, b)| a | b).collect();
+        self.write(&merged, |i| merged[i] != fresh[i])?;
+        Ok(Some(Rebuilt { before, after: ones(&merged), sources }))
+    }
+
+    /// The filter's words for the sources the exact set holds now.
+    fn words_of_set(&self) -> crate::Result<(Vec<u64>, u64)> {
+        use policer_common::syn::{MAP_SYN_VERIFIED, SEEN_WORDS, mark_seen};
+        use std::os::fd::AsRawFd;
+        let mut words = vec![0u64; SEEN_WORDS as usize];
+        let mut n = 0u64;
+        crate::batch::for_each(self.verified.as_raw_fd(), 16, 8, |k, _| {
+            if let Ok(src) = <[u8; 16]>::try_from(k) {
+                mark_seen(&mut words, &src);
+                n += 1;
+            }
+        })
+        .map_err(crate::Error::kernel(format!("reading {MAP_SYN_VERIFIED}")))?;
+        Ok((words, n))
+    }
+
+    /// Writes the words `changed` picks (one batch).
+    fn write(&self, words: &[u64], changed: impl Fn(usize) -> bool) -> crate::Result<()> {
+        use std::os::fd::AsRawFd;
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for (i, w) in words.iter().enumerate().filter(|(i, _)| changed(*i)) {
+            keys.extend_from_slice(&(i as u32).to_ne_bytes());
+            values.extend_from_slice(&w.to_ne_bytes());
+        }
+        let n = keys.len() / 4;
+        if n == 0 {
+            return Ok(());
+        }
+        match crate::batch::update(self.seen.as_raw_fd(), &keys, &values, n) {
+            (_, Some(e)) => {
+                Err(crate::Error::Kernel { what: format!("writing {}", policer_common::syn::MAP_SYN_SEEN), source: e })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Bits set in `words`.
+fn ones(words: &[u64]) -> u64 {
+    words.iter().map(|w| u64::from(w.count_ones())).sum()
+}

@@ -222,3 +222,25 @@ fn the_verified_filter_spreads_neighbours_like_random_sources() {
     b[12..].copy_from_slice(&[192, 0, 2, 1]);
     assert_ne!(seen_bit(&a), seen_bit(&b));
 }
+
+#[test]
+fn a_rebuilt_filter_holds_the_sources_it_is_made_of_and_is_not_stale() {
+    let mut words = vec![0u64; SEEN_WORDS as usize];
+    let srcs: Vec<[u8; 16]> = (0..MAX_VERIFIED).map(|i| crate::mapped_v4((0x0a00_0000 | i).to_be_bytes())).collect();
+    for s in &srcs {
+        mark_seen(&mut words, s);
+    }
+    // Every source's bit is set, as the program would test it.
+    for s in &srcs {
+        let (w, b) = seen_bit(s);
+        assert_ne!(words[w as usize] & b, 0);
+    }
+    let set: u64 = words.iter().map(|w| u64::from(w.count_ones())).sum();
+    assert!(set <= u64::from(MAX_VERIFIED));
+    // A full verified set rebuilt is never due for another rebuild.
+    assert!(!seen_is_stale(set), "{set} bits");
+    assert!(!seen_is_stale(u64::from(MAX_VERIFIED)));
+    // A filter three eighths full is due; the whole of it, too.
+    assert!(seen_is_stale(u64::from(SEEN_WORDS) * 64 * 3 / 8 + 1));
+    assert!(seen_is_stale(u64::from(SEEN_WORDS) * 64));
+}

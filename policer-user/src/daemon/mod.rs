@@ -463,6 +463,9 @@ async fn serve(
     let capture_maps = d.policer.take_capture();
     let interval = d.interval;
     let reader = d.policer.reader();
+    if let Some(filter) = d.policer.seen_filter() {
+        spawn_seen_filter(filter);
+    }
     let audit = d.audit.clone();
     let tally = d.bans.tally();
     let (snap_tx, snap_rx) = watch::channel(d.snapshot());
@@ -515,6 +518,41 @@ async fn serve(
         }
     }
     (r, Some(handle))
+}
+
+/// Keeps the SYN path's filter of verified sources useful over a long run
+/// (`syncookies::SeenFilter`): a look every
+/// [`SEEN_CHECK`](crate::syncookies::SEEN_CHECK) on a thread of its own
+/// (a rebuild reads up to 262 144 sources: never on the owner's path),
+/// each rebuild said, a failure said once until a look succeeds again.
+fn spawn_seen_filter(filter: crate::syncookies::SeenFilter) {
+    let run = move || {
+        let mut failing = false;
+        loop {
+            std::thread::sleep(crate::syncookies::SEEN_CHECK);
+            match filter.refresh() {
+                Ok(Some(r)) => {
+                    failing = false;
+                    let full = |bits: u64| bits as f64 * 100.0 / (f64::from(policer_common::syn::SEEN_WORDS) * 64.0);
+                    say!(
+                        "policer: SYN cookies: the filter in front of the verified sources was {:.1} % full,                          much of it sources the verified set let go; rebuilt from the {} sources verified now                          ({:.1} % full)",
+                        full(r.before),
+                        r.sources,
+                        full(r.after)
+                    );
+                }
+                Ok(None) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    log::warn!("SYN cookies: the filter in front of the verified sources could not be rebuilt: {e}");
+                }
+                Err(_) => {}
+            }
+        }
+    };
+    if let Err(e) = std::thread::Builder::new().name("policer-synseen".into()).spawn(run) {
+        log::warn!("SYN cookies: no thread to keep the filter of verified sources ({e}): it is never rebuilt");
+    }
 }
 
 async fn event_loop(
