@@ -662,3 +662,48 @@ fn a_startup_pull_after_a_failure_that_changes_nothing_imports_nothing() {
     }
     assert_eq!(imports(), 2, "{}", d.stdout());
 }
+
+/// The Local API answers a pull of changes with what it wrote since its
+/// last answer to the key, and a decision it wrote while it answered one
+/// is in neither answer: 40 000 decisions imported while the daemon pulls
+/// every second (the import spans several pulls) lost 50 in every run
+/// here. The whole pull every `full_sync_every` brings them in: the set
+/// ends up holding every decision the Local API's own whole answer holds.
+#[test]
+fn a_whole_pull_brings_in_what_the_pulls_of_changes_missed() {
+    if !lapi::available("crowdsec tier") {
+        return;
+    }
+    const N: u32 = 40_000;
+    let sb = Sandbox::new("cs-whole");
+    let lapi = Lapi::start(&sb.rx_ns, port(12));
+    let key = lapi.bouncer_key("policer-whole");
+    write_config(&sb, &lapi.url(), &key, "full_sync_every = \"6s\"");
+    let d = daemon(&sb, 19_412);
+    wait_feed(&sb, 20, "the first pull", |f| f["last_sync_success"] == true);
+    let mut csv = String::from("value,duration,reason\n");
+    for i in 0..N {
+        let a = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 80, 0, 0)) + i);
+        csv.push_str(&format!("{a},1h,whole\n"));
+    }
+    assert_eq!(lapi.import_csv(&csv, &[]), N as usize);
+    // Read with a key of its own: the Local API keeps each key's last pull.
+    let truth = lapi.stream(&lapi.bouncer_key("policer-truth"), true)["new"].as_array().map_or(0, |a| a.len());
+    assert_eq!(truth, N as usize, "the Local API's whole answer");
+    wait_feed(&sb, 30, "every decision in force", |f| f["decisions"] == u64::from(N));
+    let out = d.stdout();
+    let deltas: Vec<&str> = out.lines().filter(|l| l.contains("crowdsec: delta pull:")).collect();
+    let wholes: Vec<&str> = out.lines().filter(|l| l.contains("crowdsec: whole pull:")).collect();
+    eprintln!("{}\n{}", deltas.join("\n"), wholes.join("\n"));
+    let by_deltas: u64 =
+        deltas.iter().filter_map(|l| l.split("delta pull: ").nth(1)?.split(' ').next()?.parse::<u64>().ok()).sum();
+    if by_deltas < u64::from(N) {
+        // What the pulls of changes missed came with a whole pull, said.
+        assert!(
+            wholes.iter().any(|l| l.contains(&format!("whole pull: {} new, 0 deleted", u64::from(N) - by_deltas))),
+            "the pulls of changes brought {by_deltas} of {N}; the whole pulls said: {wholes:?}"
+        );
+    } else {
+        eprintln!("this run's pulls of changes missed nothing (the import fell between two pulls)");
+    }
+}

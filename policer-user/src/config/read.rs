@@ -632,6 +632,7 @@ impl Reader {
                 | C::ApiKey
                 | C::ApiKeyFile
                 | C::UpdateFrequency
+                | C::FullSyncEvery
                 | C::Action
                 | C::Set
                 | C::MachineId
@@ -757,6 +758,7 @@ impl Reader {
                     C::ApiKey => &mut c.api_key,
                     C::ApiKeyFile => &mut c.api_key_file,
                     C::UpdateFrequency => &mut c.update_frequency,
+                    C::FullSyncEvery => &mut c.full_sync_every,
                     C::Action => &mut c.action,
                     C::Set => &mut c.set,
                     C::MachineId => &mut c.machine_id,

@@ -163,6 +163,7 @@ pub enum CrowdsecField {
     ApiKey,
     ApiKeyFile,
     UpdateFrequency,
+    FullSyncEvery,
     Origins,
     Scopes,
     Scenarios,
@@ -544,6 +545,13 @@ pub static KEYS: &[Key] = &[
         "string (duration)",
         "\"10s\"",
         "How often the decision stream is pulled (1s to 1h).",
+    ),
+    crowdsec(
+        C::FullSyncEvery,
+        "full_sync_every",
+        "string (duration)",
+        "\"10m\"",
+        "How often a whole pull (`startup=true`) replaces what the pulls of changes built, \"0s\" for never (at least `update_frequency`, at most 24h): the Local API can leave out of every pull of changes a decision written while one was answered.",
     ),
     crowdsec(
         C::Origins,

@@ -489,7 +489,8 @@ impl Run {
     /// One pull: the answer is read as it arrives, a decision at a time,
     /// and applied on the blocking pool, all or nothing. An answer that is
     /// not the stream, cut, late or past the bound changes nothing.
-    async fn pull(&mut self, startup: bool) -> std::result::Result<(), String> {
+    /// `word`: what the log calls it (`startup`, `whole`, `delta`).
+    async fn pull(&mut self, startup: bool, word: &str) -> std::result::Result<(), String> {
         let t0 = Instant::now();
         let r = self.pull_apply(startup).await;
         let p = match r {
@@ -518,13 +519,13 @@ impl Run {
         }
         if a.added > 0 || a.deleted > 0 || skipped > 0 {
             say!(
-                "policer: crowdsec: {} pull: {} new, {} deleted, {} not applied; {} decisions in force ({:.2} s)",
-                if startup { "startup" } else { "delta" },
+                "policer: crowdsec: {word} pull: {} new, {} deleted, {} not applied; {} decisions in force ({:.2} s){}",
                 a.added,
                 a.deleted,
                 skipped,
                 p.held,
-                t0.elapsed().as_secs_f64()
+                t0.elapsed().as_secs_f64(),
+                if word == "whole" { " (what the pulls of changes had missed or kept)" } else { "" }
             );
         }
         Ok(())
@@ -751,6 +752,9 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
     let mut wait = r.s.every;
     let mut next_pull = tokio::time::Instant::now();
     let mut last_expiry = tokio::time::Instant::now();
+    // The last whole pull (`full_sync_every`): the pulls of changes can
+    // miss a decision the Local API wrote while it answered one.
+    let mut last_whole = tokio::time::Instant::now();
     loop {
         // The next pull, the next end of a decision (a second after the
         // last at the soonest), a retry of the set or the file, or a ban
@@ -795,8 +799,20 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
         }
         if tokio::time::Instant::now() >= next_pull {
             let t = unix_s();
-            match r.pull(startup).await {
+            let due = r.s.full_every.is_some_and(|e| tokio::time::Instant::now() >= last_whole + e);
+            let whole = startup || due;
+            let word = if startup {
+                "startup"
+            } else if due {
+                "whole"
+            } else {
+                "delta"
+            };
+            match r.pull(whole, word).await {
                 Ok(()) => {
+                    if whole {
+                        last_whole = tokio::time::Instant::now();
+                    }
                     r.cover.pulled(false, tokio::time::Instant::now());
                     startup = false;
                     wait = r.s.every;
