@@ -342,17 +342,9 @@ impl CrowdsecConfig {
         Ok((set, action))
     }
 
-    /// Checks every value and reads the secrets' files (relative paths are
-    /// from `base`, the config file's directory). The errors never quote a
-    /// secret.
-    pub fn settings(&self, base: &std::path::Path) -> Result<Settings> {
-        let url = Url::parse(&self.lapi_url)?;
-        let mut warnings = Vec::new();
-        let api_key = secret(&self.api_key, &self.api_key_file, "api_key", base, &mut warnings)?;
-        if api_key.contains(|c: char| c.is_control() || c == ' ') {
-            return Err(Error::Invalid("crowdsec: the API key holds spaces or control characters".into()));
-        }
-        let every = match &self.update_frequency {
+    /// `update_frequency`, checked.
+    fn every(&self) -> Result<Duration> {
+        Ok(match &self.update_frequency {
             None => DEFAULT_UPDATE_FREQUENCY,
             Some(t) => {
                 let d = crate::duration::parse(t)
@@ -364,8 +356,12 @@ impl CrowdsecConfig {
                 }
                 d
             }
-        };
-        let full_every = match &self.full_sync_every {
+        })
+    }
+
+    /// `full_sync_every`, checked against `every` (None: never).
+    fn full_every(&self, every: Duration) -> Result<Option<Duration>> {
+        Ok(match &self.full_sync_every {
             None => Some(DEFAULT_FULL_SYNC_EVERY.max(every)),
             Some(t) if matches!(t.trim(), "0" | "0s") => None,
             Some(t) => {
@@ -381,7 +377,21 @@ impl CrowdsecConfig {
                     Some(d)
                 }
             }
-        };
+        })
+    }
+
+    /// Checks every value and reads the secrets' files (relative paths are
+    /// from `base`, the config file's directory). The errors never quote a
+    /// secret.
+    pub fn settings(&self, base: &std::path::Path) -> Result<Settings> {
+        let url = Url::parse(&self.lapi_url)?;
+        let mut warnings = Vec::new();
+        let api_key = secret(&self.api_key, &self.api_key_file, "api_key", base, &mut warnings)?;
+        if api_key.contains(|c: char| c.is_control() || c == ' ') {
+            return Err(Error::Invalid("crowdsec: the API key holds spaces or control characters".into()));
+        }
+        let every = self.every()?;
+        let full_every = self.full_every(every)?;
         let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
         let (country_mmdb, asn_mmdb) = (path(&self.country_mmdb), path(&self.asn_mmdb));
         let mut known = vec!["ip", "range"];

@@ -744,17 +744,91 @@ pub fn spawn(feed: Feed) {
     tokio::spawn(run_feed(run, feed.publish));
 }
 
+/// When the feed pulls next, and what.
+struct Pulls {
+    /// The next pull is a whole one (`startup=true`): the first, and
+    /// after a failed pull (its answer may have been lost, and its changes
+    /// with it).
+    startup: bool,
+    /// The wait after a failure (doubling up to [`BACKOFF_MAX`]).
+    wait: Duration,
+    next: tokio::time::Instant,
+    /// The last whole pull (`full_sync_every`): the pulls of changes can
+    /// miss a decision the Local API wrote while it answered one.
+    last_whole: tokio::time::Instant,
+}
+
+impl Run {
+    /// The pull that is due: whole (the first, after a failure, every
+    /// `full_sync_every`) or of changes; its outcome in the status, and
+    /// when the next one is.
+    async fn pull_due(&mut self, p: &mut Pulls) {
+        let t = unix_s();
+        let due = self.s.full_every.is_some_and(|e| tokio::time::Instant::now() >= p.last_whole + e);
+        let whole = p.startup || due;
+        let word = if p.startup {
+            "startup"
+        } else if due {
+            "whole"
+        } else {
+            "delta"
+        };
+        match self.pull(whole, word).await {
+            Ok(()) => {
+                if whole {
+                    p.last_whole = tokio::time::Instant::now();
+                }
+                self.cover.pulled(false, tokio::time::Instant::now());
+                p.startup = false;
+                p.wait = self.s.every;
+                self.status(|s| {
+                    s.last_sync_success = true;
+                    s.last_sync_timestamp_seconds = t;
+                    s.last_success_timestamp_seconds = t;
+                    s.last_error = None;
+                });
+            }
+            Err(e) => {
+                // A pull may have reached the Local API and its answer
+                // been lost: the next is a whole one, so no change is
+                // missed.
+                let cover = self.cover.refused;
+                let cover_due = self.cover.pulled(cover, tokio::time::Instant::now());
+                if (!cover && (!p.startup || self.status.lock().map(|s| s.last_sync_success).unwrap_or(true)))
+                    || cover_due
+                {
+                    say_err!(
+                        "policer: crowdsec: pulling decisions from {} failed: {e}; the {} decisions in force \
+                         stay (each until its end); trying again in {} s",
+                        self.s.url_text,
+                        lock(&self.store).len(),
+                        p.wait.as_secs()
+                    );
+                }
+                p.startup = true;
+                self.status(|s| {
+                    s.last_sync_success = false;
+                    s.last_sync_timestamp_seconds = t;
+                    s.last_error = Some(e);
+                });
+                p.wait = (p.wait * 2).min(BACKOFF_MAX);
+            }
+        }
+        p.next = tokio::time::Instant::now() + if p.startup { p.wait } else { self.s.every };
+    }
+}
+
 async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
     r.restore().await;
     r.write_set().await;
     r.levels();
-    let mut startup = true;
-    let mut wait = r.s.every;
-    let mut next_pull = tokio::time::Instant::now();
+    let mut pulls = Pulls {
+        startup: true,
+        wait: r.s.every,
+        next: tokio::time::Instant::now(),
+        last_whole: tokio::time::Instant::now(),
+    };
     let mut last_expiry = tokio::time::Instant::now();
-    // The last whole pull (`full_sync_every`): the pulls of changes can
-    // miss a decision the Local API wrote while it answered one.
-    let mut last_whole = tokio::time::Instant::now();
     loop {
         // The next pull, the next end of a decision (a second after the
         // last at the soonest), a retry of the set or the file, or a ban
@@ -763,7 +837,7 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
             let left = ms.saturating_sub(crate::duration::unix_ms());
             (tokio::time::Instant::now() + Duration::from_millis(left)).max(last_expiry + EXPIRE_EVERY)
         });
-        let until = next_end.map_or(next_pull, |e| e.min(next_pull));
+        let until = next_end.map_or(pulls.next, |e| e.min(pulls.next));
         let dirty_retry = r.dirty.then(|| tokio::time::Instant::now() + Duration::from_secs(1));
         let until = dirty_retry.map_or(until, |d| d.min(until));
         tokio::select! {
@@ -797,59 +871,8 @@ async fn run_feed(mut r: Run, mut publish: Option<mpsc::Receiver<AutoBan>>) {
                 r.dirty = true;
             }
         }
-        if tokio::time::Instant::now() >= next_pull {
-            let t = unix_s();
-            let due = r.s.full_every.is_some_and(|e| tokio::time::Instant::now() >= last_whole + e);
-            let whole = startup || due;
-            let word = if startup {
-                "startup"
-            } else if due {
-                "whole"
-            } else {
-                "delta"
-            };
-            match r.pull(whole, word).await {
-                Ok(()) => {
-                    if whole {
-                        last_whole = tokio::time::Instant::now();
-                    }
-                    r.cover.pulled(false, tokio::time::Instant::now());
-                    startup = false;
-                    wait = r.s.every;
-                    r.status(|s| {
-                        s.last_sync_success = true;
-                        s.last_sync_timestamp_seconds = t;
-                        s.last_success_timestamp_seconds = t;
-                        s.last_error = None;
-                    });
-                }
-                Err(e) => {
-                    // A pull may have reached the Local API and its answer
-                    // been lost: the next is a whole one, so no change is
-                    // missed.
-                    let cover = r.cover.refused;
-                    let cover_due = r.cover.pulled(cover, tokio::time::Instant::now());
-                    if (!cover && (!startup || r.status.lock().map(|s| s.last_sync_success).unwrap_or(true)))
-                        || cover_due
-                    {
-                        say_err!(
-                            "policer: crowdsec: pulling decisions from {} failed: {e}; the {} decisions in force \
-                             stay (each until its end); trying again in {} s",
-                            r.s.url_text,
-                            lock(&r.store).len(),
-                            wait.as_secs()
-                        );
-                    }
-                    startup = true;
-                    r.status(|s| {
-                        s.last_sync_success = false;
-                        s.last_sync_timestamp_seconds = t;
-                        s.last_error = Some(e);
-                    });
-                    wait = (wait * 2).min(BACKOFF_MAX);
-                }
-            }
-            next_pull = tokio::time::Instant::now() + if startup { wait } else { r.s.every };
+        if tokio::time::Instant::now() >= pulls.next {
+            r.pull_due(&mut pulls).await;
             if !r.pending.is_empty() {
                 r.publish().await;
             }
