@@ -439,10 +439,7 @@ const WAITS_TRACED: &str = "Traced apart from this run (a 3-minute soak of commi
 /// wait 1.85 s (1.5 GB written without fsync just before the soak); with
 /// the backlog written first, the calls wait for the daemon's own write.
 fn settle_disk(say: &dyn Fn(&str)) {
-    let t = Instant::now();
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
-    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let ms = crate::traffic::settle_disk().as_secs_f64() * 1e3;
     if ms > 50.0 {
         say(&format!("the machine's pending disk writes took {ms:.0} ms to write out"));
     }

@@ -530,6 +530,24 @@ fn exact_model(rule: &policer_common::Rule, frames: impl Iterator<Item = (u64, u
     (n, bytes)
 }
 
+/// How many tries a test that needs a smooth sender makes before it says
+/// the machine is overloaded (each try with fresh sources).
+pub const SMOOTH_TRIES: u32 = 5;
+
+/// Writes out what the machine has pending for its disks, before a run
+/// whose sender must keep its schedule; returns how long that took. Right
+/// after a build (CI compiles each tier just before running it) hundreds
+/// of MB are written back 30 s after they were dirtied, in the middle of
+/// the first tests, and on this 2-core machine that work can stall a
+/// sender for tens of ms (a stalled sender hands a bucket idle time it
+/// cannot bank beyond its burst, and the try does not count).
+pub fn settle_disk() -> Duration {
+    let t = std::time::Instant::now();
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    t.elapsed()
+}
+
 /// Whether flow 0 was sent smoothly enough for a rate x T + burst check:
 /// the exact policer's count over the real send times is within `tol` of it.
 pub fn smooth(sent: &SendReport, rule: &policer_common::Rule, rate_pps: f64, burst: f64, tol: f64) -> bool {
