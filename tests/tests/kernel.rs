@@ -497,7 +497,8 @@ fn fuzz_classes_against_the_reference() {
         let passed = slot_passed(slot);
         assert_eq!(
             passed, want[slot as usize],
-            "frame {i}: not counted on rule {} '{}' (slot {slot}) that the reference resolves for {addr} with {l4:?}:              {f:02x?}",
+            "frame {i}: not counted on rule {} '{}' (slot {slot}) that the reference resolves for {addr} with {l4:?}: \
+             {f:02x?}",
             r.net, r.class
         );
         let mut k = key_of(v6, &src);

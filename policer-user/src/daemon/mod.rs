@@ -535,7 +535,8 @@ fn spawn_seen_filter(filter: crate::syncookies::SeenFilter) {
                     failing = false;
                     let full = |bits: u64| bits as f64 * 100.0 / (f64::from(policer_common::syn::SEEN_WORDS) * 64.0);
                     say!(
-                        "policer: SYN cookies: the filter in front of the verified sources was {:.1} % full,                          much of it sources the verified set let go; rebuilt from the {} sources verified now                          ({:.1} % full)",
+                        "policer: SYN cookies: the filter in front of the verified sources was {:.1} % full, much of it \
+                         sources the verified set let go; rebuilt from the {} sources verified now ({:.1} % full)",
                         full(r.before),
                         r.sources,
                         full(r.after)

@@ -569,14 +569,17 @@ impl Daemon {
                             self.ifaces[i].lost_since = None;
                             self.changed = true;
                             say_err!(
-                                "policer: {name}: the policer program was removed from outside (`ip link set dev                                  {name} xdp off`, another loader, a driver reset); put back (program {}: its                                  buckets, bans and counters kept; --on-detach reattach)",
+                                "policer: {name}: the policer program was removed from outside (`ip link set dev \
+                                 {name} xdp off`, another loader, a driver reset); put back (program {}: its \
+                                 buckets, bans and counters kept; --on-detach reattach)",
                                 self.program_id
                             );
                         }
                         Err(e) => {
                             if first {
                                 say_err!(
-                                    "policer: {name}: the policer program was removed from outside and cannot be                                      put back: {e}; NOT policing {name} (tried again every tenth of a second)"
+                                    "policer: {name}: the policer program was removed from outside and cannot be \
+                                     put back: {e}; NOT policing {name} (tried again every tenth of a second)"
                                 );
                             }
                             lose(self);
