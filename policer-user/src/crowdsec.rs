@@ -848,7 +848,7 @@ pub const SKIP_REASONS: &[&str] = &["origin", "scenario", "invalid_value", "host
 /// The `kind`s of errors that do not depend on the answer (`http_NNN`
 /// does), shown from the start at 0 for the same reason.
 pub const ERROR_KINDS: &[&str] =
-    &["connect", "timeout", "body", "parse", "cover", "apply", "save", "login", "publish", "publish_dropped"];
+    &["connect", "timeout", "body", "parse", "cover", "shrink", "apply", "save", "login", "publish", "publish_dropped"];
 
 /// Why a decision was not applied.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -911,6 +911,9 @@ pub struct Applied {
     pub deleted: usize,
     /// The set's prefixes changed (an import is due).
     pub changed: bool,
+    /// A whole answer removing most of what was held, taken after whole
+    /// answers had said so for this long.
+    pub doubted_ms: Option<u64>,
 }
 
 /// The decisions in force, by id (a decision without an id is keyed by a
@@ -932,6 +935,9 @@ pub struct Store {
     /// A value came or went since this was last taken.
     values_changed: bool,
     anon: i64,
+    /// Since when (ms) whole answers have said to remove most of what is
+    /// held, refused until they have said so for [`SHRINK_CONFIRM_MS`].
+    shrink_since: Option<u64>,
 }
 
 impl Default for Store {
@@ -947,6 +953,54 @@ impl Default for Store {
             values: 0,
             values_changed: false,
             anon: 0,
+            shrink_since: None,
+        }
+    }
+}
+
+/// A whole answer removing at least this many decisions, and more than
+/// half of those held, is taken only when whole answers have said so for
+/// [`SHRINK_CONFIRM_MS`].
+pub const SHRINK_MIN: usize = 10;
+
+/// How long whole answers must keep saying to remove most of what is held
+/// before it is taken.
+pub const SHRINK_CONFIRM_MS: u64 = 60_000;
+
+/// Why a pull was refused whole; nothing changed.
+#[derive(Debug, PartialEq)]
+pub enum Refusal {
+    /// The decisions would cover more than `max_cover_v4`/`_v6`.
+    Cover(String),
+    /// A whole answer would remove more than half of what is held (and at
+    /// least [`SHRINK_MIN`]): an empty answer from a Local API whose
+    /// database is not there yet, or a glitch of one answer, must not
+    /// lift a blocklist. Taken once whole answers have said so for
+    /// [`SHRINK_CONFIRM_MS`]; `for_ms` is how long they have so far.
+    Shrink { deleted: usize, held: usize, for_ms: u64 },
+}
+
+impl Refusal {
+    /// The word the errors are counted by.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refusal::Cover(_) => "cover",
+            Refusal::Shrink { .. } => "shrink",
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Cover(why) => f.write_str(why),
+            Refusal::Shrink { deleted, held, for_ms } => write!(
+                f,
+                "the whole answer would remove {deleted} of the {held} decisions in force: refused until whole \
+                 answers have said so for {} s ({} s so far)",
+                SHRINK_CONFIRM_MS / 1000,
+                for_ms / 1000
+            ),
         }
     }
 }
@@ -1155,27 +1209,39 @@ impl Store {
     /// replaces what is held; a later one removes its `deleted` (by id; by
     /// value when the id is missing) and adds its `new`. A pull after
     /// which the decisions would cover more than `max_cover_v4`/`_v6` is
-    /// refused whole (the error says why) and nothing changes.
+    /// refused whole (the error says why) and nothing changes; so is the
+    /// first whole answer that would remove most of what is held
+    /// ([`Refusal::Shrink`]).
     pub fn apply(
         &mut self,
         s: &Settings,
         pull: &Pull,
         startup: bool,
         now_ms: u64,
-    ) -> std::result::Result<Applied, String> {
+    ) -> std::result::Result<Applied, Refusal> {
         if startup {
             let mut fresh = Store { anon: self.anon, ..Store::default() };
             for n in &pull.new {
                 fresh.add(n, now_ms);
             }
-            fresh.check_cover(s).map_err(|e| format!("{e}: the pull is refused whole"))?;
+            fresh.check_cover(s).map_err(|e| Refusal::Cover(format!("{e}: the pull is refused whole")))?;
             let changed = !self.same_values(&fresh);
             // What the whole answer changes, decision by decision: a
             // whole pull that agrees with what is held adds and deletes
             // nothing (and counts nothing as deleted by the feed).
             let added = fresh.held.keys().filter(|id| !self.held.contains_key(id)).count();
             let deleted = self.held.keys().filter(|id| !fresh.held.contains_key(id)).count();
-            let a = Applied { added, deleted, changed };
+            let held = self.held.len();
+            let mut doubted_ms = None;
+            if deleted >= SHRINK_MIN && deleted * 2 > held {
+                let since = *self.shrink_since.get_or_insert(now_ms);
+                let for_ms = now_ms.saturating_sub(since);
+                if for_ms < SHRINK_CONFIRM_MS {
+                    return Err(Refusal::Shrink { deleted, held, for_ms });
+                }
+                doubted_ms = Some(for_ms);
+            }
+            let a = Applied { added, deleted, changed, doubted_ms };
             *self = fresh;
             self.values_changed = false;
             return Ok(a);
@@ -1224,7 +1290,7 @@ impl Store {
                 }
             }
             self.values_changed = false;
-            return Err(format!("{e}: the pull is refused whole"));
+            return Err(Refusal::Cover(format!("{e}: the pull is refused whole")));
         }
         a.changed = std::mem::take(&mut self.values_changed);
         Ok(a)
@@ -1657,6 +1723,54 @@ mod tests {
         assert_eq!((a.added, a.deleted, a.changed), (1, 0, true));
     }
 
+    /// A valid but empty (or much shorter) whole answer does not lift a
+    /// blocklist at once: refused the first time, nothing changed; the
+    /// next whole answer that says the same is taken; one that agrees
+    /// with what is held ends the doubt.
+    #[test]
+    fn a_whole_answer_removing_most_is_taken_only_once_said_for_a_minute() {
+        let s = settings();
+        let hosts = |n: i64| -> Vec<Value> {
+            (0..n).map(|i| dj(i + 1, "Ip", &format!("192.0.2.{}", i + 1), "ban", "1h")).collect()
+        };
+        let empty = || pull(&s, vec![], vec![]);
+        let mut st = Store::default();
+        st.apply(&s, &pull(&s, hosts(40), vec![]), true, 0).unwrap();
+        let before = st.clone();
+        // Empty: refused, nothing changed, said with the numbers; and
+        // again while whole answers have said so for less than a minute.
+        let e = st.apply(&s, &empty(), true, 1_000).unwrap_err();
+        assert_eq!(e, Refusal::Shrink { deleted: 40, held: 40, for_ms: 0 });
+        assert_eq!(e.kind(), "shrink");
+        assert!(e.to_string().contains("remove 40 of the 40 decisions in force"), "{e}");
+        let e = st.apply(&s, &empty(), true, 1_000 + SHRINK_CONFIRM_MS - 1).unwrap_err();
+        assert_eq!(e, Refusal::Shrink { deleted: 40, held: 40, for_ms: SHRINK_CONFIRM_MS - 1 });
+        assert_eq!((st.len(), st.prefixes()), (before.len(), before.prefixes()));
+        // Said for a minute: taken, and said so.
+        let a = st.apply(&s, &empty(), true, 1_000 + SHRINK_CONFIRM_MS).unwrap();
+        assert_eq!((a.deleted, a.doubted_ms, st.len()), (40, Some(SHRINK_CONFIRM_MS), 0));
+        // Doubted, then an answer that agrees with what is held: the doubt
+        // is over, and a later shrinking one is doubted anew.
+        st.apply(&s, &pull(&s, hosts(40), vec![]), true, 100_000).unwrap();
+        assert!(st.apply(&s, &pull(&s, hosts(5), vec![]), true, 101_000).is_err());
+        assert_eq!(st.apply(&s, &pull(&s, hosts(40), vec![]), true, 102_000).unwrap().deleted, 0);
+        let e = st.apply(&s, &empty(), true, 200_000).unwrap_err();
+        assert_eq!(e, Refusal::Shrink { deleted: 40, held: 40, for_ms: 0 });
+        assert_eq!(st.len(), 40);
+        // Half or less, or fewer than SHRINK_MIN: taken at once.
+        let a = st.apply(&s, &pull(&s, hosts(20), vec![]), true, 201_000).unwrap();
+        assert_eq!((a.deleted, a.doubted_ms), (20, None));
+        assert_eq!(st.apply(&s, &pull(&s, hosts(11), vec![]), true, 202_000).unwrap().deleted, 9);
+        assert_eq!(st.apply(&s, &empty(), true, 203_000).unwrap_err().kind(), "shrink");
+        let mut small = Store::default();
+        small.apply(&s, &pull(&s, hosts(9), vec![]), true, 0).unwrap();
+        assert_eq!(small.apply(&s, &empty(), true, 1).unwrap().deleted, 9);
+        // Deletions named one by one (a pull of changes) are not doubted.
+        let mut st = Store::default();
+        st.apply(&s, &pull(&s, hosts(40), vec![]), true, 0).unwrap();
+        assert_eq!(st.apply(&s, &pull(&s, vec![], hosts(40)), false, 1).unwrap().deleted, 40);
+    }
+
     #[test]
     fn null_lists_are_empty_and_unknown_fields_ignored() {
         let s = settings();
@@ -1751,7 +1865,7 @@ mod tests {
         let before = st.clone();
         // Two /8s and a host: more than a /7's worth.
         let more = pull(&s, vec![dj(3, "Range", "11.0.0.0/8", "ban", "1h")], vec![]);
-        let e = st.apply(&s, &more, false, 1).unwrap_err();
+        let e = st.apply(&s, &more, false, 1).unwrap_err().to_string();
         assert!(e.contains("max_cover_v4 = 7") && e.contains("refused"), "{e}");
         // Said once: the daemon's log adds what stays in force.
         assert!(e.matches("refused").count() == 1 && !e.contains("in force"), "{e}");
@@ -1760,7 +1874,7 @@ mod tests {
         assert_eq!(st.cover(), before.cover());
         // 256 /8s: all of IPv4, refused as a startup pull; nothing changes.
         let all: Vec<Value> = (0..256).map(|i| dj(10 + i, "Range", &format!("{i}.0.0.0/8"), "ban", "1h")).collect();
-        let e = st.apply(&s, &pull(&s, all, vec![]), true, 2).unwrap_err();
+        let e = st.apply(&s, &pull(&s, all, vec![]), true, 2).unwrap_err().to_string();
         assert!(e.contains("4294967296 IPv4 addresses"), "{e}");
         assert_eq!(st, before);
         // Within the bound: taken (the /8 replaced by another and a host).
@@ -1825,7 +1939,7 @@ mod tests {
         // The bound still holds: 33 /8s are more than a /3's worth.
         let eights: Vec<Value> =
             (0..33).map(|i| dj(20_000 + i, "Range", &format!("{}.0.0.0/8", 100 + i), "ban", "1h")).collect();
-        let e = st.apply(&wide, &pull(&wide, eights, vec![]), true, 1).unwrap_err();
+        let e = st.apply(&wide, &pull(&wide, eights, vec![]), true, 1).unwrap_err().to_string();
         assert!(e.contains("max_cover_v4 = 3"), "{e}");
     }
 
@@ -1949,8 +2063,10 @@ mod tests {
         // most of 10.0.0.0/8 (more than a /9's worth with 198.51.100.0/24).
         let tight = scoped_settings(Some(9));
         let mut st = Store::default();
-        let e =
-            st.apply(&tight, &pull(&tight, vec![dj(1, "Country", "FR", "ban", "1h")], vec![]), true, 0).unwrap_err();
+        let e = st
+            .apply(&tight, &pull(&tight, vec![dj(1, "Country", "FR", "ban", "1h")], vec![]), true, 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("max_cover_v4 = 9"), "{e}");
         assert!(st.is_empty());
         // A deletion without an id, by its value.

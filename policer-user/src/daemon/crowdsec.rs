@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::{Command, Owner, Views, bans::AutoBan};
 use crate::{
     control::FeedStatus,
-    crowdsec::{Applied, Pull, Restore, Settings, Store, Url},
+    crowdsec::{Applied, Pull, Refusal, Restore, Settings, Store, Url},
     error::{Error, Result},
     rules::RuleConfig,
 };
@@ -307,6 +307,8 @@ fn lock(m: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
 struct PullError {
     kind: String,
     why: String,
+    /// Said already: a whole answer doubted again ([`Refusal::Shrink`]).
+    quiet: bool,
 }
 
 /// What a pull did, to count and log.
@@ -490,7 +492,7 @@ impl Run {
     /// and applied on the blocking pool, all or nothing. An answer that is
     /// not the stream, cut, late or past the bound changes nothing.
     /// `word`: what the log calls it (`startup`, `whole`, `delta`).
-    async fn pull(&mut self, startup: bool, word: &str) -> std::result::Result<(), String> {
+    async fn pull(&mut self, startup: bool, word: &str) -> std::result::Result<(), PullError> {
         let t0 = Instant::now();
         let r = self.pull_apply(startup).await;
         let p = match r {
@@ -498,7 +500,7 @@ impl Run {
             Err(e) => {
                 self.error(&e.kind, &e.why);
                 self.cover.refused = e.kind == "cover";
-                return Err(e.why);
+                return Err(e);
             }
         };
         self.cover.refused = false;
@@ -525,7 +527,11 @@ impl Run {
                 skipped,
                 p.held,
                 t0.elapsed().as_secs_f64(),
-                if word == "whole" { " (what the pulls of changes had missed or kept)" } else { "" }
+                match a.doubted_ms {
+                    Some(ms) => format!(" (taken after whole answers had said so for {} s)", ms / 1000),
+                    None if word == "whole" => " (what the pulls of changes had missed or kept)".to_string(),
+                    None => String::new(),
+                }
             );
         }
         Ok(())
@@ -535,7 +541,7 @@ impl Run {
         let deadline = tokio::time::Instant::now() + TIMEOUT;
         let path = self.s.stream_path(startup);
         let key = self.s.api_key.clone();
-        let http = |e: HttpError| PullError { kind: e.kind(), why: e.to_string() };
+        let http = |e: HttpError| PullError { kind: e.kind(), why: e.to_string(), quiet: false };
         let resp = send(&self.s.url, "GET", &path, &[("X-Api-Key", &key)], None, TIMEOUT).await.map_err(http)?;
         let status = resp.status();
         if !status.is_success() {
@@ -550,12 +556,18 @@ impl Run {
             let pull = crate::crowdsec::parse_stream(&s, reader).map_err(|e| PullError {
                 kind: if e.is_io() { "body".into() } else { "parse".into() },
                 why: format!("reading the stream's answer: {e}; nothing changed"),
+                quiet: false,
             })?;
             let now = crate::duration::unix_ms();
             let mut st = lock(&store);
-            let applied = st
-                .apply(&s, &pull, startup, now)
-                .map_err(|why| PullError { kind: "cover".into(), why: format!("max_cover: {why}") })?;
+            let applied = st.apply(&s, &pull, startup, now).map_err(|r| PullError {
+                kind: r.kind().into(),
+                quiet: matches!(r, Refusal::Shrink { for_ms, .. } if for_ms > 0),
+                why: match r {
+                    Refusal::Cover(why) => format!("max_cover: {why}"),
+                    r @ Refusal::Shrink { .. } => r.to_string(),
+                },
+            })?;
             let held = st.len();
             drop(st);
             let big = pull.new.len() + pull.deleted.len() > 100_000;
@@ -599,7 +611,11 @@ impl Run {
             let _ = tx.send(Err(e.to_string())).await;
         }
         drop(tx);
-        let out = job.await.map_err(|e| PullError { kind: "parse".into(), why: format!("internal error: {e}") })?;
+        let out = job.await.map_err(|e| PullError {
+            kind: "parse".into(),
+            why: format!("internal error: {e}"),
+            quiet: false,
+        })?;
         match (forwarded, out) {
             (Err(e), _) => Err(http(e)),
             (Ok(()), out) => out,
@@ -788,7 +804,25 @@ impl Run {
                     s.last_error = None;
                 });
             }
-            Err(e) => {
+            Err(PullError { kind, why, quiet }) if kind == "shrink" => {
+                // Asked again whole at the usual pace: taken once the
+                // answers have said so for a minute, dropped if one agrees.
+                if !quiet {
+                    say_err!(
+                        "policer: crowdsec: {word} pull from {}: {why}; the {} decisions in force stay for now",
+                        self.s.url_text,
+                        lock(&self.store).len(),
+                    );
+                }
+                p.startup = true;
+                p.wait = self.s.every;
+                self.status(|s| {
+                    s.last_sync_success = false;
+                    s.last_sync_timestamp_seconds = t;
+                    s.last_error = Some(why);
+                });
+            }
+            Err(PullError { why: e, .. }) => {
                 // A pull may have reached the Local API and its answer
                 // been lost: the next is a whole one, so no change is
                 // missed.
