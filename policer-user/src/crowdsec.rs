@@ -914,6 +914,8 @@ pub struct Applied {
     /// A whole answer removing most of what was held, taken after whole
     /// answers had said so for this long.
     pub doubted_ms: Option<u64>,
+    /// A whole answer removing most of what is held, not taken (yet).
+    pub doubt: Option<Doubt>,
 }
 
 /// The decisions in force, by id (a decision without an id is keyed by a
@@ -967,41 +969,30 @@ pub const SHRINK_MIN: usize = 10;
 /// before it is taken.
 pub const SHRINK_CONFIRM_MS: u64 = 60_000;
 
-/// Why a pull was refused whole; nothing changed.
+/// A whole answer that would remove more than half of what is held (and
+/// at least [`SHRINK_MIN`]): an empty answer from a Local API whose
+/// database is not there yet, or a glitch of one answer, must not lift a
+/// blocklist. What it adds is taken, what it leaves out stays, until whole
+/// answers have said so for [`SHRINK_CONFIRM_MS`]; `for_ms` is how long
+/// they have so far.
 #[derive(Debug, PartialEq)]
-pub enum Refusal {
-    /// The decisions would cover more than `max_cover_v4`/`_v6`.
-    Cover(String),
-    /// A whole answer would remove more than half of what is held (and at
-    /// least [`SHRINK_MIN`]): an empty answer from a Local API whose
-    /// database is not there yet, or a glitch of one answer, must not
-    /// lift a blocklist. Taken once whole answers have said so for
-    /// [`SHRINK_CONFIRM_MS`]; `for_ms` is how long they have so far.
-    Shrink { deleted: usize, held: usize, for_ms: u64 },
+pub struct Doubt {
+    pub deleted: usize,
+    pub held: usize,
+    pub for_ms: u64,
 }
 
-impl Refusal {
-    /// The word the errors are counted by.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Refusal::Cover(_) => "cover",
-            Refusal::Shrink { .. } => "shrink",
-        }
-    }
-}
-
-impl std::fmt::Display for Refusal {
+impl std::fmt::Display for Doubt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refusal::Cover(why) => f.write_str(why),
-            Refusal::Shrink { deleted, held, for_ms } => write!(
-                f,
-                "the whole answer would remove {deleted} of the {held} decisions in force: refused until whole \
-                 answers have said so for {} s ({} s so far)",
-                SHRINK_CONFIRM_MS / 1000,
-                for_ms / 1000
-            ),
-        }
+        write!(
+            f,
+            "the whole answer would remove {} of the {} decisions in force: they stay until whole answers have said \
+             so for {} s ({} s so far); what it adds is taken",
+            self.deleted,
+            self.held,
+            SHRINK_CONFIRM_MS / 1000,
+            self.for_ms / 1000
+        )
     }
 }
 
@@ -1209,22 +1200,23 @@ impl Store {
     /// replaces what is held; a later one removes its `deleted` (by id; by
     /// value when the id is missing) and adds its `new`. A pull after
     /// which the decisions would cover more than `max_cover_v4`/`_v6` is
-    /// refused whole (the error says why) and nothing changes; so is the
-    /// first whole answer that would remove most of what is held
-    /// ([`Refusal::Shrink`]).
+    /// refused whole (the error says why) and nothing changes. A whole
+    /// answer that would remove most of what is held is doubted
+    /// ([`Doubt`]): what it adds is taken, what it leaves out stays, until
+    /// whole answers have said so for [`SHRINK_CONFIRM_MS`].
     pub fn apply(
         &mut self,
         s: &Settings,
         pull: &Pull,
         startup: bool,
         now_ms: u64,
-    ) -> std::result::Result<Applied, Refusal> {
+    ) -> std::result::Result<Applied, String> {
         if startup {
             let mut fresh = Store { anon: self.anon, ..Store::default() };
             for n in &pull.new {
                 fresh.add(n, now_ms);
             }
-            fresh.check_cover(s).map_err(|e| Refusal::Cover(format!("{e}: the pull is refused whole")))?;
+            fresh.check_cover(s).map_err(|e| format!("{e}: the pull is refused whole"))?;
             let changed = !self.same_values(&fresh);
             // What the whole answer changes, decision by decision: a
             // whole pull that agrees with what is held adds and deletes
@@ -1237,11 +1229,13 @@ impl Store {
                 let since = *self.shrink_since.get_or_insert(now_ms);
                 let for_ms = now_ms.saturating_sub(since);
                 if for_ms < SHRINK_CONFIRM_MS {
-                    return Err(Refusal::Shrink { deleted, held, for_ms });
+                    let mut a = self.merge(s, pull, now_ms)?;
+                    a.doubt = Some(Doubt { deleted, held, for_ms });
+                    return Ok(a);
                 }
                 doubted_ms = Some(for_ms);
             }
-            let a = Applied { added, deleted, changed, doubted_ms };
+            let a = Applied { added, deleted, changed, doubted_ms, doubt: None };
             *self = fresh;
             self.values_changed = false;
             return Ok(a);
@@ -1278,22 +1272,52 @@ impl Store {
             undo.push(self.add(n, now_ms));
             a.added += 1;
         }
-        if let Err(e) = self.check_cover(s) {
-            for (id, prev) in undo.into_iter().rev() {
-                match prev {
-                    Some(h) => {
-                        self.insert(id, h);
-                    }
-                    None => {
-                        self.remove(id);
-                    }
-                }
-            }
-            self.values_changed = false;
-            return Err(Refusal::Cover(format!("{e}: the pull is refused whole")));
-        }
+        self.cover_or_undo(s, undo)?;
         a.changed = std::mem::take(&mut self.values_changed);
         Ok(a)
+    }
+
+    /// A doubted whole answer: its decisions added (those held renewed),
+    /// none removed. One without an id is added only when its value is not
+    /// held: each whole answer would otherwise add it again.
+    fn merge(&mut self, s: &Settings, pull: &Pull, now_ms: u64) -> std::result::Result<Applied, String> {
+        self.values_changed = false;
+        let mut undo: Vec<(i64, Option<Held>)> = Vec::new();
+        let mut a = Applied::default();
+        for n in &pull.new {
+            let held = match n.id {
+                Some(id) => self.held.contains_key(&id),
+                None => self.by_value.range((n.value.clone(), i64::MIN)..=(n.value.clone(), i64::MAX)).next().is_some(),
+            };
+            if n.id.is_none() && held {
+                continue;
+            }
+            undo.push(self.add(n, now_ms));
+            a.added += usize::from(!held);
+        }
+        self.cover_or_undo(s, undo)?;
+        a.changed = std::mem::take(&mut self.values_changed);
+        Ok(a)
+    }
+
+    /// Refuses what was just done (`undo`, in order) when the decisions now
+    /// cover more than `max_cover_v4`/`_v6`: everything put back.
+    fn cover_or_undo(&mut self, s: &Settings, undo: Vec<(i64, Option<Held>)>) -> std::result::Result<(), String> {
+        let Err(e) = self.check_cover(s) else {
+            return Ok(());
+        };
+        for (id, prev) in undo.into_iter().rev() {
+            match prev {
+                Some(h) => {
+                    self.insert(id, h);
+                }
+                None => {
+                    self.remove(id);
+                }
+            }
+        }
+        self.values_changed = false;
+        Err(format!("{e}: the pull is refused whole"))
     }
 
     /// The decisions of a previous run's state file (`text`) still in
@@ -1724,51 +1748,68 @@ mod tests {
     }
 
     /// A valid but empty (or much shorter) whole answer does not lift a
-    /// blocklist at once: refused the first time, nothing changed; the
-    /// next whole answer that says the same is taken; one that agrees
+    /// blocklist at once: what it leaves out stays (what it adds is taken)
+    /// until whole answers have said so for a minute; one that agrees
     /// with what is held ends the doubt.
     #[test]
     fn a_whole_answer_removing_most_is_taken_only_once_said_for_a_minute() {
         let s = settings();
-        let hosts = |n: i64| -> Vec<Value> {
-            (0..n).map(|i| dj(i + 1, "Ip", &format!("192.0.2.{}", i + 1), "ban", "1h")).collect()
+        let hosts = |from: i64, n: i64| -> Vec<Value> {
+            (from..from + n).map(|i| dj(i, "Ip", &format!("192.0.2.{i}"), "ban", "1h")).collect()
         };
         let empty = || pull(&s, vec![], vec![]);
         let mut st = Store::default();
-        st.apply(&s, &pull(&s, hosts(40), vec![]), true, 0).unwrap();
+        st.apply(&s, &pull(&s, hosts(1, 40), vec![]), true, 0).unwrap();
         let before = st.clone();
-        // Empty: refused, nothing changed, said with the numbers; and
+        // Empty: doubted, nothing removed, said with the numbers; and
         // again while whole answers have said so for less than a minute.
-        let e = st.apply(&s, &empty(), true, 1_000).unwrap_err();
-        assert_eq!(e, Refusal::Shrink { deleted: 40, held: 40, for_ms: 0 });
-        assert_eq!(e.kind(), "shrink");
-        assert!(e.to_string().contains("remove 40 of the 40 decisions in force"), "{e}");
-        let e = st.apply(&s, &empty(), true, 1_000 + SHRINK_CONFIRM_MS - 1).unwrap_err();
-        assert_eq!(e, Refusal::Shrink { deleted: 40, held: 40, for_ms: SHRINK_CONFIRM_MS - 1 });
-        assert_eq!((st.len(), st.prefixes()), (before.len(), before.prefixes()));
+        let a = st.apply(&s, &empty(), true, 1_000).unwrap();
+        assert_eq!(a.doubt, Some(Doubt { deleted: 40, held: 40, for_ms: 0 }));
+        assert_eq!((a.added, a.deleted, a.changed), (0, 0, false));
+        assert!(a.doubt.unwrap().to_string().contains("remove 40 of the 40 decisions in force"));
+        let a = st.apply(&s, &empty(), true, 1_000 + SHRINK_CONFIRM_MS - 1).unwrap();
+        assert_eq!(a.doubt, Some(Doubt { deleted: 40, held: 40, for_ms: SHRINK_CONFIRM_MS - 1 }));
+        assert_eq!(st, before);
+        assert_eq!(st.prefixes(), before.prefixes());
         // Said for a minute: taken, and said so.
         let a = st.apply(&s, &empty(), true, 1_000 + SHRINK_CONFIRM_MS).unwrap();
-        assert_eq!((a.deleted, a.doubted_ms, st.len()), (40, Some(SHRINK_CONFIRM_MS), 0));
-        // Doubted, then an answer that agrees with what is held: the doubt
-        // is over, and a later shrinking one is doubted anew.
-        st.apply(&s, &pull(&s, hosts(40), vec![]), true, 100_000).unwrap();
-        assert!(st.apply(&s, &pull(&s, hosts(5), vec![]), true, 101_000).is_err());
-        assert_eq!(st.apply(&s, &pull(&s, hosts(40), vec![]), true, 102_000).unwrap().deleted, 0);
-        let e = st.apply(&s, &empty(), true, 200_000).unwrap_err();
-        assert_eq!(e, Refusal::Shrink { deleted: 40, held: 40, for_ms: 0 });
-        assert_eq!(st.len(), 40);
+        assert_eq!((a.deleted, a.doubted_ms, a.doubt, st.len()), (40, Some(SHRINK_CONFIRM_MS), None, 0));
+        // A doubted answer's new decisions are taken at once; an id-less
+        // one once, however many doubted answers repeat it.
+        st.apply(&s, &pull(&s, hosts(1, 40), vec![]), true, 100_000).unwrap();
+        let mut anon = dj(0, "Ip", "198.51.100.1", "ban", "1h");
+        if let Value::Object(m) = &mut anon {
+            m.remove("id");
+        }
+        let mut short = hosts(41, 3);
+        short.push(anon);
+        for t in [101_000, 102_000] {
+            let a = st.apply(&s, &pull(&s, short.clone(), vec![]), true, t).unwrap();
+            assert!(a.doubt.is_some(), "{a:?}");
+            assert_eq!(a.added, if t == 101_000 { 4 } else { 0 });
+            assert_eq!(st.len(), 44);
+        }
+        // An answer that agrees with what is held ends the doubt: a later
+        // shrinking one is doubted anew.
+        let mut all = hosts(1, 43);
+        all.push(short[3].clone());
+        let a = st.apply(&s, &pull(&s, all, vec![]), true, 103_000).unwrap();
+        assert_eq!((a.doubt, st.len()), (None, 44));
+        let a = st.apply(&s, &empty(), true, 200_000).unwrap();
+        assert_eq!(a.doubt.map(|d| d.for_ms), Some(0));
+        assert_eq!(st.len(), 44);
         // Half or less, or fewer than SHRINK_MIN: taken at once.
-        let a = st.apply(&s, &pull(&s, hosts(20), vec![]), true, 201_000).unwrap();
-        assert_eq!((a.deleted, a.doubted_ms), (20, None));
-        assert_eq!(st.apply(&s, &pull(&s, hosts(11), vec![]), true, 202_000).unwrap().deleted, 9);
-        assert_eq!(st.apply(&s, &empty(), true, 203_000).unwrap_err().kind(), "shrink");
+        let a = st.apply(&s, &pull(&s, hosts(1, 22), vec![]), true, 201_000).unwrap();
+        assert_eq!((a.deleted, a.doubted_ms, a.doubt), (22, None, None));
+        assert_eq!(st.apply(&s, &pull(&s, hosts(1, 13), vec![]), true, 202_000).unwrap().deleted, 9);
+        assert!(st.apply(&s, &empty(), true, 203_000).unwrap().doubt.is_some());
         let mut small = Store::default();
-        small.apply(&s, &pull(&s, hosts(9), vec![]), true, 0).unwrap();
+        small.apply(&s, &pull(&s, hosts(1, 9), vec![]), true, 0).unwrap();
         assert_eq!(small.apply(&s, &empty(), true, 1).unwrap().deleted, 9);
         // Deletions named one by one (a pull of changes) are not doubted.
         let mut st = Store::default();
-        st.apply(&s, &pull(&s, hosts(40), vec![]), true, 0).unwrap();
-        assert_eq!(st.apply(&s, &pull(&s, vec![], hosts(40)), false, 1).unwrap().deleted, 40);
+        st.apply(&s, &pull(&s, hosts(1, 40), vec![]), true, 0).unwrap();
+        assert_eq!(st.apply(&s, &pull(&s, vec![], hosts(1, 40)), false, 1).unwrap().deleted, 40);
     }
 
     #[test]
@@ -1865,7 +1906,7 @@ mod tests {
         let before = st.clone();
         // Two /8s and a host: more than a /7's worth.
         let more = pull(&s, vec![dj(3, "Range", "11.0.0.0/8", "ban", "1h")], vec![]);
-        let e = st.apply(&s, &more, false, 1).unwrap_err().to_string();
+        let e = st.apply(&s, &more, false, 1).unwrap_err();
         assert!(e.contains("max_cover_v4 = 7") && e.contains("refused"), "{e}");
         // Said once: the daemon's log adds what stays in force.
         assert!(e.matches("refused").count() == 1 && !e.contains("in force"), "{e}");
@@ -1874,7 +1915,7 @@ mod tests {
         assert_eq!(st.cover(), before.cover());
         // 256 /8s: all of IPv4, refused as a startup pull; nothing changes.
         let all: Vec<Value> = (0..256).map(|i| dj(10 + i, "Range", &format!("{i}.0.0.0/8"), "ban", "1h")).collect();
-        let e = st.apply(&s, &pull(&s, all, vec![]), true, 2).unwrap_err().to_string();
+        let e = st.apply(&s, &pull(&s, all, vec![]), true, 2).unwrap_err();
         assert!(e.contains("4294967296 IPv4 addresses"), "{e}");
         assert_eq!(st, before);
         // Within the bound: taken (the /8 replaced by another and a host).
@@ -1939,7 +1980,7 @@ mod tests {
         // The bound still holds: 33 /8s are more than a /3's worth.
         let eights: Vec<Value> =
             (0..33).map(|i| dj(20_000 + i, "Range", &format!("{}.0.0.0/8", 100 + i), "ban", "1h")).collect();
-        let e = st.apply(&wide, &pull(&wide, eights, vec![]), true, 1).unwrap_err().to_string();
+        let e = st.apply(&wide, &pull(&wide, eights, vec![]), true, 1).unwrap_err();
         assert!(e.contains("max_cover_v4 = 3"), "{e}");
     }
 

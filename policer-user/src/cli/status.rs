@@ -141,7 +141,9 @@ fn print_feed(f: &FeedStatus) {
         if t <= 0.0 { "never".to_string() } else { crate::duration::rfc3339((t * 1000.0) as u64) }
     };
     let state = if f.last_sync_success {
-        format!("last pull ok at {}", when(f.last_sync_timestamp_seconds))
+        // A success with a note: a whole answer doubted (crowdsec).
+        let note = f.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
+        format!("last pull ok at {}{note}", when(f.last_sync_timestamp_seconds))
     } else {
         format!(
             "last pull FAILED at {} ({}); last success {}",

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::{Command, Owner, Views, bans::AutoBan};
 use crate::{
     control::FeedStatus,
-    crowdsec::{Applied, Pull, Refusal, Restore, Settings, Store, Url},
+    crowdsec::{Applied, Pull, Restore, Settings, Store, Url},
     error::{Error, Result},
     rules::RuleConfig,
 };
@@ -307,8 +307,6 @@ fn lock(m: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
 struct PullError {
     kind: String,
     why: String,
-    /// Said already: a whole answer doubted again ([`Refusal::Shrink`]).
-    quiet: bool,
 }
 
 /// What a pull did, to count and log.
@@ -492,7 +490,7 @@ impl Run {
     /// and applied on the blocking pool, all or nothing. An answer that is
     /// not the stream, cut, late or past the bound changes nothing.
     /// `word`: what the log calls it (`startup`, `whole`, `delta`).
-    async fn pull(&mut self, startup: bool, word: &str) -> std::result::Result<(), PullError> {
+    async fn pull(&mut self, startup: bool, word: &str) -> std::result::Result<Option<String>, String> {
         let t0 = Instant::now();
         let r = self.pull_apply(startup).await;
         let p = match r {
@@ -500,7 +498,7 @@ impl Run {
             Err(e) => {
                 self.error(&e.kind, &e.why);
                 self.cover.refused = e.kind == "cover";
-                return Err(e);
+                return Err(e.why);
             }
         };
         self.cover.refused = false;
@@ -534,14 +532,23 @@ impl Run {
                 }
             );
         }
-        Ok(())
+        // Said when it begins; counted at each answer; pulled whole at the
+        // usual pace while it lasts.
+        let doubt = a.doubt.as_ref().map(|d| {
+            self.status(|s| *s.errors.entry("shrink".into()).or_insert(0) += 1);
+            if d.for_ms == 0 {
+                say_err!("policer: crowdsec: {word} pull from {}: {d}", self.s.url_text);
+            }
+            d.to_string()
+        });
+        Ok(doubt)
     }
 
     async fn pull_apply(&self, startup: bool) -> std::result::Result<Pulled, PullError> {
         let deadline = tokio::time::Instant::now() + TIMEOUT;
         let path = self.s.stream_path(startup);
         let key = self.s.api_key.clone();
-        let http = |e: HttpError| PullError { kind: e.kind(), why: e.to_string(), quiet: false };
+        let http = |e: HttpError| PullError { kind: e.kind(), why: e.to_string() };
         let resp = send(&self.s.url, "GET", &path, &[("X-Api-Key", &key)], None, TIMEOUT).await.map_err(http)?;
         let status = resp.status();
         if !status.is_success() {
@@ -556,18 +563,12 @@ impl Run {
             let pull = crate::crowdsec::parse_stream(&s, reader).map_err(|e| PullError {
                 kind: if e.is_io() { "body".into() } else { "parse".into() },
                 why: format!("reading the stream's answer: {e}; nothing changed"),
-                quiet: false,
             })?;
             let now = crate::duration::unix_ms();
             let mut st = lock(&store);
-            let applied = st.apply(&s, &pull, startup, now).map_err(|r| PullError {
-                kind: r.kind().into(),
-                quiet: matches!(r, Refusal::Shrink { for_ms, .. } if for_ms > 0),
-                why: match r {
-                    Refusal::Cover(why) => format!("max_cover: {why}"),
-                    r @ Refusal::Shrink { .. } => r.to_string(),
-                },
-            })?;
+            let applied = st
+                .apply(&s, &pull, startup, now)
+                .map_err(|why| PullError { kind: "cover".into(), why: format!("max_cover: {why}") })?;
             let held = st.len();
             drop(st);
             let big = pull.new.len() + pull.deleted.len() > 100_000;
@@ -611,11 +612,7 @@ impl Run {
             let _ = tx.send(Err(e.to_string())).await;
         }
         drop(tx);
-        let out = job.await.map_err(|e| PullError {
-            kind: "parse".into(),
-            why: format!("internal error: {e}"),
-            quiet: false,
-        })?;
+        let out = job.await.map_err(|e| PullError { kind: "parse".into(), why: format!("internal error: {e}") })?;
         match (forwarded, out) {
             (Err(e), _) => Err(http(e)),
             (Ok(()), out) => out,
@@ -790,39 +787,21 @@ impl Run {
             "delta"
         };
         match self.pull(whole, word).await {
-            Ok(()) => {
+            Ok(doubt) => {
                 if whole {
                     p.last_whole = tokio::time::Instant::now();
                 }
                 self.cover.pulled(false, tokio::time::Instant::now());
-                p.startup = false;
+                p.startup = doubt.is_some();
                 p.wait = self.s.every;
                 self.status(|s| {
                     s.last_sync_success = true;
                     s.last_sync_timestamp_seconds = t;
                     s.last_success_timestamp_seconds = t;
-                    s.last_error = None;
+                    s.last_error = doubt;
                 });
             }
-            Err(PullError { kind, why, quiet }) if kind == "shrink" => {
-                // Asked again whole at the usual pace: taken once the
-                // answers have said so for a minute, dropped if one agrees.
-                if !quiet {
-                    say_err!(
-                        "policer: crowdsec: {word} pull from {}: {why}; the {} decisions in force stay for now",
-                        self.s.url_text,
-                        lock(&self.store).len(),
-                    );
-                }
-                p.startup = true;
-                p.wait = self.s.every;
-                self.status(|s| {
-                    s.last_sync_success = false;
-                    s.last_sync_timestamp_seconds = t;
-                    s.last_error = Some(why);
-                });
-            }
-            Err(PullError { why: e, .. }) => {
+            Err(e) => {
                 // A pull may have reached the Local API and its answer
                 // been lost: the next is a whole one, so no change is
                 // missed.
