@@ -489,12 +489,23 @@ impl Daemon {
     }
 
     /// Leaves the bans of `nets` out of the state directory's file (lifted,
-    /// ended, or now the config file's). A write that fails is said: the
-    /// next start then puts back a ban that ended or was lifted, until its
-    /// end.
+    /// ended, or now the config file's). A write that fails is said and
+    /// tried again every 10 s ([`Owner::catch_up_state_bans`]); a start
+    /// before it lands puts the ban back until its end.
     pub(super) fn forget_state_bans(&mut self, nets: &[ipnet::IpNet]) {
-        if let Err(e) = self.state_bans.change(None, nets) {
-            say_err!("policer: {e}; a restart before its end brings the ban back");
+        if let Err(e) = self.state_bans.forget(nets) {
+            say_err!(
+                "policer: {e}; the ban is lifted, and the file is written again every 10 s until it lands (a start \
+                 before then puts the ban back until its end)"
+            );
+        }
+    }
+
+    /// The state directory's file of bans, written again when a forget
+    /// left it behind; said when it lands.
+    fn catch_up_state_bans(&mut self) {
+        if let Some(Ok(())) = self.state_bans.catch_up(std::time::Instant::now()) {
+            say!("policer: {} written: the bans lifted or ended since are out of it", self.state_bans.path().display());
         }
     }
 
@@ -508,6 +519,7 @@ impl Daemon {
     fn tick(&mut self) -> Result<()> {
         self.watch_hooks();
         self.expire();
+        self.catch_up_state_bans();
         for m in self.expire_sets(super::unix_now()) {
             self.audit.record("expiry", &m);
         }

@@ -28,7 +28,13 @@ use crate::{
 pub(super) struct StateBans {
     file: PathBuf,
     bans: BTreeMap<IpNet, RuleSpec>,
+    /// A forget's write failed (a full disk): the bans are gone here, the
+    /// file still holds them; written again from this time on.
+    behind: Option<std::time::Instant>,
 }
+
+/// How often a file left behind by a failed forget is written again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `STATE_DIR/bans.json`, beside the sets' directory `sets_dir`.
 pub(super) fn file_of(sets_dir: &Path) -> PathBuf {
@@ -44,7 +50,9 @@ impl StateBans {
         let file = file_of(sets_dir);
         let bytes = match std::fs::read(&file) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(StateBans { file, bans: BTreeMap::new() }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(StateBans { file, ..StateBans::default() });
+            }
             Err(e) => return Err(Error::Invalid(format!("{}: {e}", file.display()))),
         };
         let rules: Vec<RuleConfig> =
@@ -57,7 +65,7 @@ impl StateBans {
             }
             bans.insert(spec.net, spec);
         }
-        Ok(StateBans { file, bans })
+        Ok(StateBans { file, bans, behind: None })
     }
 
     /// The file they are kept in.
@@ -101,22 +109,55 @@ impl StateBans {
         if let Some(s) = spec {
             next.insert(s.net, s.clone());
         }
-        if next == self.bans {
+        if next == self.bans && self.behind.is_none() {
             return Ok(());
         }
-        let rules: Vec<RuleConfig> = next.values().map(RuleSpec::config).collect();
-        crate::files::replace_json(&self.file, &rules)
-            .map_err(|e| Error::Invalid(format!("writing {}: {e}", self.file.display())))?;
+        write(&self.file, &next)?;
         self.bans = next;
+        self.behind = None;
         Ok(())
+    }
+
+    /// Without the bans of `gone` (lifted, ended, or now the config
+    /// file's): gone here at once, whatever the write does. A write that
+    /// fails leaves the file behind: [`StateBans::catch_up`] writes it
+    /// again (so does any later change) until it lands.
+    pub(super) fn forget(&mut self, gone: &[IpNet]) -> Result<()> {
+        let held = self.bans.len();
+        for n in gone {
+            self.bans.remove(n);
+        }
+        if self.bans.len() == held && self.behind.is_none() {
+            return Ok(());
+        }
+        let r = write(&self.file, &self.bans);
+        self.behind = r.is_err().then(|| std::time::Instant::now() + RETRY);
+        r
+    }
+
+    /// The file written again when a forget left it behind and its time
+    /// has come: `None` when nothing was tried.
+    pub(super) fn catch_up(&mut self, now: std::time::Instant) -> Option<Result<()>> {
+        if self.behind.is_none_or(|at| now < at) {
+            return None;
+        }
+        let r = write(&self.file, &self.bans);
+        self.behind = r.is_err().then(|| now + RETRY);
+        Some(r)
     }
 
     /// Leaves out the bans that ended by `now_ms` (written when any did).
     pub(super) fn drop_ended(&mut self, now_ms: u64) -> Result<()> {
         let ended: Vec<IpNet> =
             self.bans.iter().filter(|(_, s)| s.expires.is_none_or(|e| e <= now_ms)).map(|(n, _)| *n).collect();
-        self.change(None, &ended)
+        self.forget(&ended)
     }
+}
+
+/// `bans` written whole to `file`.
+fn write(file: &Path, bans: &BTreeMap<IpNet, RuleSpec>) -> Result<()> {
+    let rules: Vec<RuleConfig> = bans.values().map(RuleSpec::config).collect();
+    crate::files::replace_json(file, &rules).map_err(|e| Error::Invalid(format!("writing {}: {e}", file.display())))
 }
 
 #[cfg(test)]
@@ -164,6 +205,45 @@ mod tests {
         std::fs::write(dir.join("bans.json"), br#"[{"prefix":"10.0.0.1","rate":"10pps"}]"#).unwrap();
         let e = StateBans::read(&sets).unwrap_err().to_string();
         assert!(e.contains("bans.json") && e.contains("not a ban"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A lift whose write fails (here the file's place is taken by a
+    /// directory; in production a full disk) is a lift all the same, and
+    /// the file is written again until it lands: a start after that does
+    /// not bring the lifted ban back.
+    #[test]
+    fn a_forget_whose_write_fails_is_written_again_until_it_lands() {
+        let dir = std::env::temp_dir().join(format!("policer-statebans-behind-{}", std::process::id()));
+        let sets = dir.join("sets");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut s = StateBans::read(&sets).unwrap();
+        let (a, b) = (ban("10.0.0.5", "1h", "fail2ban:sshd"), ban("10.0.0.6", "1h", "fail2ban:sshd"));
+        s.change(Some(&a), &[]).unwrap();
+        s.change(Some(&b), &[]).unwrap();
+        let file = dir.join("bans.json");
+        std::fs::remove_file(&file).unwrap();
+        std::fs::create_dir_all(file.join("in-the-way")).unwrap();
+        let t0 = std::time::Instant::now();
+        assert!(s.forget(&[a.net]).is_err());
+        assert!(!s.contains(&a.net) && s.contains(&b.net), "lifted here whatever the write did");
+        assert!(s.catch_up(t0).is_none(), "tried again before its time");
+        assert!(s.catch_up(t0 + RETRY * 2).is_some_and(|r| r.is_err()));
+        std::fs::remove_dir_all(&file).unwrap();
+        assert!(s.catch_up(t0 + RETRY * 2).is_none(), "the failed retry set the next time");
+        assert!(s.catch_up(t0 + RETRY * 4).is_some_and(|r| r.is_ok()));
+        assert!(s.catch_up(t0 + RETRY * 8).is_none(), "nothing behind any more");
+        let back = StateBans::read(&sets).unwrap();
+        assert!(!back.contains(&a.net) && back.contains(&b.net));
+        // A forget of nothing new while behind writes too; so does a ban.
+        std::fs::remove_file(&file).unwrap();
+        std::fs::create_dir_all(file.join("in-the-way")).unwrap();
+        assert!(s.forget(&[b.net]).is_err());
+        std::fs::remove_dir_all(&file).unwrap();
+        s.change(Some(&a), &[]).unwrap();
+        let back = StateBans::read(&sets).unwrap();
+        assert!(back.contains(&a.net) && !back.contains(&b.net));
+        assert!(s.catch_up(t0 + RETRY * 100).is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
