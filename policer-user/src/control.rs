@@ -778,7 +778,8 @@ pub struct FeedStatus {
     /// seconds (0: never).
     pub last_sync_timestamp_seconds: f64,
     pub last_success_timestamp_seconds: f64,
-    /// Why the last pull failed (none after a success).
+    /// Why the last pull failed; after a success, none, or the note of a
+    /// whole answer doubted (it would remove most of what is in force).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// Decisions in force (each until its own end), by origin, and the
@@ -804,7 +805,7 @@ pub struct FeedStatus {
     pub left_out_protected: u64,
     pub left_out_rule_prefix: u64,
     /// Failed pulls and pushes by kind (`connect`, `timeout`, `http_403`,
-    /// `parse`, `cover`, `apply`, `login`, `publish`).
+    /// `parse`, `cover`, `shrink`, `apply`, `login`, `publish`).
     pub errors: BTreeMap<String, u64>,
     /// Automatic bans posted to the Local API (`publish = true`), and
     /// those waiting to be posted.
