@@ -490,7 +490,7 @@ impl Daemon {
 
     /// Leaves the bans of `nets` out of the state directory's file (lifted,
     /// ended, or now the config file's). A write that fails is said and
-    /// tried again every 10 s ([`Owner::catch_up_state_bans`]); a start
+    /// tried again every 10 s (`catch_up_state_bans`, at each tick); a start
     /// before it lands puts the ban back until its end.
     pub(super) fn forget_state_bans(&mut self, nets: &[ipnet::IpNet]) {
         if let Err(e) = self.state_bans.forget(nets) {
