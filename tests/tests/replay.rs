@@ -492,8 +492,7 @@ fn replay_with_a_ban_and_sets() {
     assert_eq!(admitted, 15, "{plain} admitted without bans");
 }
 
-/// Peak memory of a process (wait4's ru_maxrss), KiB; and its exit status.
-#[expect(clippy::zombie_processes, reason = "reaped by wait4, which gives its rusage too")]
+/// A replay's exit status, its peak memory (KiB) and its output.
 fn run_measured(args: &[&str]) -> (i32, u64, Vec<u8>) {
     use std::io::Read;
     use std::sync::atomic::{AtomicBool, Ordering};
