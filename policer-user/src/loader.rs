@@ -292,7 +292,7 @@ impl RuleFds {
 /// the kernel has batch updates for tries (100 000 rules at a start).
 /// Writes the tries' `changed` prefixes, then removes the `gone` ones; at
 /// the tries' limit one goes first for each new one that finds no room.
-fn write_prefixes(f: &RuleFds, changed: &[(IpNet, Rule)], mut gone: Vec<IpNet>) -> Result<()> {
+fn write_prefixes(f: &RuleFds, changed: impl IntoIterator<Item = (IpNet, Rule)>, mut gone: Vec<IpNet>) -> Result<()> {
     f.tries.write_each(changed, |net| {
         let Some(i) = gone.iter().rposition(|g| g.addr().is_ipv6() == net.addr().is_ipv6()) else { return Ok(false) };
         f.tries.set(gone.remove(i), None)?;
@@ -323,10 +323,9 @@ pub fn sync_maps(f: &RuleFds, have: &Compiled, want: &Compiled) -> Result<()> {
     }
     // Prefixes, new and changed; those that go, last. But at the tries'
     // limit one goes first for each new one that finds no room.
-    let changed: Vec<(IpNet, Rule)> =
-        want.prefixes.iter().filter(|(n, r)| have.prefixes.get(n) != Some(r)).map(|(n, r)| (*n, *r)).collect();
+    let changed = want.prefixes.iter().filter(|(n, r)| have.prefixes.get(n) != Some(r)).map(|(n, r)| (*n, *r));
     let gone: Vec<IpNet> = have.prefixes.keys().filter(|n| !want.prefixes.contains_key(n)).copied().collect();
-    write_prefixes(f, &changed, gone)?;
+    write_prefixes(f, changed, gone)?;
     for k in have.index.keys().filter(|k| !want.index.contains_key(k)) {
         crate::batch::delete_elem(f.index, &LpmKey { len: k.0, data: k.1 }).map_err(Error::kernel(MAP_CLASS_INDEX))?;
     }
@@ -798,8 +797,7 @@ impl SharedMaps {
     pub fn restore_entries(&mut self, written: &[IpNet], old: &std::collections::BTreeMap<IpNet, Rule>) -> Result<()> {
         let m = &self.rule_maps;
         let tries = TrieWriter::new(m[0].as_raw_fd(), m[1].as_raw_fd());
-        let back: Vec<(IpNet, Rule)> = old.iter().map(|(n, r)| (*n, *r)).collect();
-        tries.write_each(&back, |_| Ok(false))?;
+        tries.write_each(old.iter().map(|(n, r)| (*n, *r)), |_| Ok(false))?;
         let (v4, v6): (Vec<IpNet>, Vec<IpNet>) =
             written.iter().filter(|n| !old.contains_key(n)).partition(|n| n.addr().is_ipv4());
         tries.delete_all(false, &v4)?;
@@ -1477,6 +1475,12 @@ impl Policer {
         self.sync_rules_from(&have, want)
     }
 
+    /// The rule maps' descriptors, for a writer on another thread
+    /// ([`sync_maps`]); they live as long as this `Policer`.
+    pub fn rule_fds(&self) -> Result<RuleFds> {
+        RuleFds::of(&self.ebpf)
+    }
+
     /// [`Policer::sync_rules`] from a known state of the maps (the daemon
     /// keeps the one copy of it).
     pub fn sync_rules_from(&mut self, have: &Compiled, want: &Compiled) -> Result<()> {
@@ -1487,9 +1491,9 @@ impl Policer {
     /// class maps unchanged: new and changed prefixes first, removed ones
     /// last, as [`sync_maps`].
     pub fn write_rule_prefixes(&mut self, prefixes: &[(IpNet, Option<Rule>)]) -> Result<()> {
-        let changed: Vec<(IpNet, Rule)> = prefixes.iter().filter_map(|(n, r)| r.map(|r| (*n, r))).collect();
+        let changed = prefixes.iter().filter_map(|(n, r)| r.map(|r| (*n, r)));
         let gone: Vec<IpNet> = prefixes.iter().filter(|(_, r)| r.is_none()).map(|(n, _)| *n).collect();
-        write_prefixes(&RuleFds::of(&self.ebpf)?, &changed, gone)
+        write_prefixes(&RuleFds::of(&self.ebpf)?, changed, gone)
     }
 
     /// What the tries and the class index hold now.

@@ -115,45 +115,67 @@ impl TrieWriter {
         r.map_err(Error::kernel(format!("the rule for {net}")))
     }
 
-    /// Writes each prefix with its own value, batched per family. Where the
-    /// kernel has no batch writes for tries, or a trie is full, the rest go
-    /// one at a time; at a full trie `make_room(net)` may remove an entry
-    /// of `net`'s family (and says whether it did) before `net` is tried
-    /// again, else the error is returned.
+    /// Writes each prefix with its own value, batched per family, in
+    /// batches of [`CHUNK`], taken from `entries` as they are written (a
+    /// 1 000 000-rule start's keys and values are 5 MB at a time, not a
+    /// copy of them all). Where the kernel has no batch writes for tries,
+    /// or a trie is full, the rest of a batch go one at a time; at a full
+    /// trie `make_room(net)` may remove an entry of `net`'s family (and
+    /// says whether it did) before `net` is tried again, else the error is
+    /// returned.
     pub fn write_each(
         &self,
-        entries: &[(IpNet, Rule)],
+        entries: impl IntoIterator<Item = (IpNet, Rule)>,
         mut make_room: impl FnMut(&IpNet) -> Result<bool>,
     ) -> Result<()> {
-        for v6 in [false, true] {
-            let list: Vec<&(IpNet, Rule)> = entries.iter().filter(|(n, _)| n.addr().is_ipv6() == v6).collect();
-            if list.is_empty() {
-                continue;
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for e in entries {
+            let list = if e.0.addr().is_ipv6() { &mut v6 } else { &mut v4 };
+            list.push(e);
+            if list.len() == CHUNK {
+                let is_v6 = e.0.addr().is_ipv6();
+                self.write_batch(is_v6, list, &mut make_room)?;
+                list.clear();
             }
-            let (mut keys, mut values) = (Vec::new(), Vec::with_capacity(list.len() * size_of::<Rule>()));
-            for (n, r) in &list {
-                pack(n, &mut keys);
-                values.extend_from_slice(rule_bytes(r));
-            }
-            let (done, err) = batch::update(self.fd(v6), &keys, &values, list.len());
-            match err {
-                None => {}
-                Some(e) if no_batch(&e) || e.raw_os_error() == Some(libc::ENOSPC) => {
-                    for (net, rule) in &list[done..] {
-                        loop {
-                            match self.set(*net, Some(rule)) {
-                                Err(e) if e.errno() == Some(libc::ENOSPC) => {
-                                    if !make_room(net)? {
-                                        return Err(e);
-                                    }
+        }
+        self.write_batch(false, &v4, &mut make_room)?;
+        self.write_batch(true, &v6, &mut make_room)
+    }
+
+    /// One batch of [`TrieWriter::write_each`], all of one family.
+    fn write_batch(
+        &self,
+        v6: bool,
+        list: &[(IpNet, Rule)],
+        make_room: &mut impl FnMut(&IpNet) -> Result<bool>,
+    ) -> Result<()> {
+        if list.is_empty() {
+            return Ok(());
+        }
+        let (mut keys, mut values) =
+            (Vec::with_capacity(list.len() * KEY_V6), Vec::with_capacity(list.len() * size_of::<Rule>()));
+        for (n, r) in list {
+            pack(n, &mut keys);
+            values.extend_from_slice(rule_bytes(r));
+        }
+        let (done, err) = batch::update(self.fd(v6), &keys, &values, list.len());
+        match err {
+            None => {}
+            Some(e) if no_batch(&e) || e.raw_os_error() == Some(libc::ENOSPC) => {
+                for (net, rule) in &list[done..] {
+                    loop {
+                        match self.set(*net, Some(rule)) {
+                            Err(e) if e.errno() == Some(libc::ENOSPC) => {
+                                if !make_room(net)? {
+                                    return Err(e);
                                 }
-                                r => break r?,
                             }
+                            r => break r?,
                         }
                     }
                 }
-                Some(source) => return Err(Error::Kernel { what: "rule tries: batch update".into(), source }),
             }
+            Some(source) => return Err(Error::Kernel { what: "rule tries: batch update".into(), source }),
         }
         Ok(())
     }
