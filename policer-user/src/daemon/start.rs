@@ -608,10 +608,17 @@ impl Daemon {
             std::thread::scope(|s| {
                 let tries = std::thread::Builder::new()
                     .name("policer-tries".into())
-                    .spawn_scoped(s, || crate::loader::sync_maps(&fds, have, compiled))?;
+                    .spawn_scoped(s, || crate::loader::sync_maps(&fds, have, compiled));
                 let slots = super::ruleset::prepare_slots(p, slots, super::monotonic_ns());
-                let tries =
-                    tries.join().unwrap_or_else(|_| Err(Error::Invalid("writing the rule tries failed".into())));
+                let tries = match tries {
+                    Ok(t) => t
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::Invalid("the thread writing the rule tries panicked".into()))),
+                    // No thread to be had (a process at its limit): the
+                    // tries are written here, after the slots, as before.
+                    Err(_) if slots.is_ok() => crate::loader::sync_maps(&fds, have, compiled),
+                    Err(_) => Ok(()),
+                };
                 slots.and(tries)
             })?;
         } else {
