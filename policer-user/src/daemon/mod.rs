@@ -273,7 +273,7 @@ impl Daemon {
                 self.policer.reset_rule_counters(w.slot)?;
             }
             let slots = plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, w.total));
-            ruleset::prepare_slots(&mut self.policer, slots, monotonic_ns())?;
+            ruleset::prepare_slots(&mut self.policer, slots, monotonic_ns(), false)?;
             match &plan.delta {
                 Some(d) => self.policer.write_rule_prefixes(&d.prefixes),
                 None => self.policer.sync_rules_from(self.rs.compiled(), &plan.compiled),

@@ -57,7 +57,7 @@ pub fn install_offline(
     let mut rs = RuleSet::new(Slots::new(p.max_rules()?), Groups::default(), Compiled::default(), 1);
     rs.set_protect(protect.clone());
     let plan = rs.plan(specs)?;
-    prepare_slots(p, plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, true)), now_ns)?;
+    prepare_slots(p, plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, true)), now_ns, false)?;
     p.sync_rules_from(&Compiled::default(), &plan.compiled)?;
     let rules =
         plan.rules.iter().map(|(k, i)| OfflineRule { key: k.clone(), spec: (*i.spec).clone(), slot: i.slot }).collect();

@@ -609,7 +609,7 @@ impl Daemon {
                 let tries = std::thread::Builder::new()
                     .name("policer-tries".into())
                     .spawn_scoped(s, || crate::loader::sync_maps(&fds, have, compiled));
-                let slots = super::ruleset::prepare_slots(p, slots, super::monotonic_ns());
+                let slots = super::ruleset::prepare_slots(p, slots, super::monotonic_ns(), true);
                 let tries = match tries {
                     Ok(t) => t
                         .join()
@@ -622,7 +622,7 @@ impl Daemon {
                 slots.and(tries)
             })?;
         } else {
-            super::ruleset::prepare_slots(p, slots, super::monotonic_ns())?;
+            super::ruleset::prepare_slots(p, slots, super::monotonic_ns(), false)?;
             undo.rules(have, &plan.compiled)?;
             p.sync_rules_from(have, &plan.compiled)?;
         }
