@@ -870,6 +870,16 @@ pub fn no_total() -> Total {
     Total { tat: 0, limiter: Rule::packets(1, 1).expect("valid") }
 }
 
+/// The values of some rule slots, as [`Policer::save_slots`] read them.
+#[derive(Debug, Default)]
+pub struct SavedSlots {
+    new_sources: Vec<(u32, NewSources)>,
+    bans: Vec<(u32, BanParams)>,
+    totals: Vec<(u32, Total)>,
+    syn: Vec<(u32, policer_common::syn::SynConf)>,
+    syn_totals: Vec<(u32, Total)>,
+}
+
 /// Writes `entries` (index, value) into the array map `fd` ([`Policer::set_slots`]).
 fn write_array<V: aya::Pod>(fd: RawFd, name: &'static str, entries: &[(u32, V)]) -> Result<()> {
     const CHUNK: usize = 8192;
@@ -1400,6 +1410,44 @@ impl Policer {
         use policer_common::syn::{MAP_SYN_CONF, MAP_SYN_TOTALS};
         write_array(self.map_fd(MAP_SYN_CONF)?, MAP_SYN_CONF, conf)?;
         write_array(self.map_fd(MAP_SYN_TOTALS)?, MAP_SYN_TOTALS, totals)
+    }
+
+    /// What the arrays of rule slots hold at `slots`: each slot's
+    /// new-source limiter, ban parameters, aggregate bucket, SYN settings
+    /// and SYN budget, to be put back by [`Policer::restore_slots`] (a
+    /// change that failed after writing them). A slot an array does not
+    /// hold (an object without SYN cookies' maps) is left out of it.
+    pub fn save_slots(&self, slots: &[u32]) -> Result<SavedSlots> {
+        use policer_common::syn::{MAP_SYN_CONF, MAP_SYN_TOTALS};
+        fn read<V: aya::Pod>(fd: RawFd, name: &'static str, slots: &[u32]) -> Result<Vec<(u32, V)>> {
+            let mut out = Vec::with_capacity(slots.len());
+            for &slot in slots {
+                let v: Option<V> = crate::batch::lookup(fd, &slot).map_err(Error::kernel(format!("reading {name}")))?;
+                out.extend(v.map(|v| (slot, v)));
+            }
+            Ok(out)
+        }
+        let syn = |name: &'static str| self.ebpf.map(name).is_some();
+        Ok(SavedSlots {
+            new_sources: read(self.map_fd(MAP_NEW_SOURCES)?, MAP_NEW_SOURCES, slots)?,
+            bans: read(self.map_fd(policer_common::MAP_BAN_PARAMS)?, policer_common::MAP_BAN_PARAMS, slots)?,
+            totals: read(self.map_fd(MAP_TOTALS)?, MAP_TOTALS, slots)?,
+            syn: if syn(MAP_SYN_CONF) { read(self.map_fd(MAP_SYN_CONF)?, MAP_SYN_CONF, slots)? } else { Vec::new() },
+            syn_totals: if syn(MAP_SYN_TOTALS) {
+                read(self.map_fd(MAP_SYN_TOTALS)?, MAP_SYN_TOTALS, slots)?
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    /// Puts back what [`Policer::save_slots`] read.
+    pub fn restore_slots(&mut self, saved: &SavedSlots) -> Result<()> {
+        self.set_slots(&saved.new_sources, &saved.bans, &saved.totals)?;
+        if !saved.syn.is_empty() || !saved.syn_totals.is_empty() {
+            self.set_syn_slots(&saved.syn, &saved.syn_totals)?;
+        }
+        Ok(())
     }
 
     /// Zeroes a rule slot before it is given to a new prefix.

@@ -818,3 +818,57 @@ fn a_program_removed_from_outside_is_put_back_shown_or_ends_the_daemon() {
     assert_eq!(status.code(), Some(1), "{}", d.stderr());
     assert!(d.stderr().contains("the daemon exits (--on-detach exit)"), "{}", d.stderr());
 }
+
+/// A change of a running daemon's rules that fails after it wrote the
+/// rule slots (here on purpose, `POLICER_TEST_FAIL_RULE_MAPS`, before the
+/// rule maps) changes nothing: the rule in force keeps its own aggregate
+/// bucket. Before, the slots kept what the failed change wrote: a rule
+/// shown with `--total-rate 100pps` then admitted its sources' 800 pps.
+#[test]
+fn a_change_failing_after_the_slots_leaves_the_rule_in_force_as_it_was() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    needs_test_hooks();
+    let sb = Sandbox::new("slots");
+    std::fs::write(
+        &sb.config,
+        "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"10000pps\"\nburst = 100\n\n\
+         [[rule]]\nprefix = \"198.18.0.0/24\"\nrate = \"1000pps\"\nburst = 10\ntotal_rate = \"100pps\"\ntotal_burst = 10\n",
+    )
+    .unwrap();
+    let mut d = attach_env(&sb, &[&sb.rx_if], &[], &[("POLICER_TEST_FAIL_RULE_MAPS", "1")]).unwrap();
+    let flows: Vec<Flow> = (1..=4).map(|i| flow(&format!("198.18.0.{i}"), 200.0)).collect();
+    let admitted = |sb: &Sandbox| {
+        let (sent, got) = traffic::run(sb, &flows, Duration::from_secs(1));
+        (got.per_flow.iter().sum::<u64>(), sent.sent.iter().sum::<u64>())
+    };
+    let (got, sent) = admitted(&sb);
+    assert!(sent > 600 && got <= 160, "the aggregate of 100 pps holds before: {got} of {sent}");
+    let out = cli(
+        &sb,
+        &[
+            "rule",
+            "set",
+            "198.18.0.0/24",
+            "--rate",
+            "1000pps",
+            "--burst",
+            "10",
+            "--total-rate",
+            "10000pps",
+            "--total-burst",
+            "100",
+        ],
+    );
+    fails_with(&out, "failing on purpose");
+    let rules: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["rule", "ls", "--json"]))).unwrap();
+    let rule = rules.as_array().unwrap().iter().find(|r| r["prefix"] == "198.18.0.0/24").expect("the rule");
+    assert_eq!((&rule["total_rate"], &rule["total_burst"]), (&serde_json::json!("100pps"), &serde_json::json!(10)));
+    let (got, sent) = admitted(&sb);
+    assert!(
+        sent > 600 && got <= 160,
+        "after the failed change the rule in force still admits its aggregate of 100 pps: {got} of {sent}"
+    );
+    assert!(d.stop_with(libc::SIGTERM));
+}

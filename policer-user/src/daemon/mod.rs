@@ -268,18 +268,29 @@ impl Daemon {
     /// limiters, totals, then the rule maps. On failure the maps are read
     /// back, so that putting the rules back diffs against what they hold.
     fn write_plan(&mut self, plan: plan::Plan) -> Result<()> {
+        // The slots of rules in force that the change rewrites in place:
+        // what they hold now, put back if the change fails after them (the
+        // rule maps are read back, so the rules in force keep their own
+        // limiter, ban parameters, aggregate bucket and SYN settings). A
+        // fresh slot is read by no rule until the rule maps point to it.
+        let in_place: Vec<u32> = plan.writes.iter().filter(|w| !w.fresh).map(|w| w.slot).collect();
+        let saved = self.policer.save_slots(&in_place)?;
         let r = (|| -> Result<()> {
             for w in plan.writes.iter().filter(|w| w.fresh) {
                 self.policer.reset_rule_counters(w.slot)?;
             }
             let slots = plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, w.total));
             ruleset::prepare_slots(&mut self.policer, slots, monotonic_ns(), false)?;
+            start::hooks::rule_maps_write()?;
             match &plan.delta {
                 Some(d) => self.policer.write_rule_prefixes(&d.prefixes),
                 None => self.policer.sync_rules_from(self.rs.compiled(), &plan.compiled),
             }
         })();
         if let Err(e) = r {
+            if let Err(k) = self.policer.restore_slots(&saved) {
+                log::warn!("putting back the slots of {} rules after a failed change: {k}", in_place.len());
+            }
             match self.policer.kernel_compiled() {
                 Ok(now) => {
                     let now = self.sets.without_entries(now);

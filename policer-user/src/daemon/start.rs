@@ -52,7 +52,7 @@ use crate::{
     rules::{BurstValue, RuleConfig, RuleKey, RuleSpec},
 };
 
-mod hooks;
+pub(super) mod hooks;
 
 /// Binds the control socket with mode 0600 from the moment it exists (a
 /// umask around bind(2); start runs before any other thread, so no one

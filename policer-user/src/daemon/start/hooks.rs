@@ -8,7 +8,7 @@
 //! (release builds, `cargo xtask dist`, `cargo xtask install`) the product
 //! reads none of these variables and does not even carry their names.
 
-pub(super) use imp::{Steps, layout_version};
+pub(in crate::daemon) use imp::{Steps, layout_version, rule_maps_write};
 
 #[cfg(feature = "test-hooks")]
 mod imp {
@@ -21,6 +21,20 @@ mod imp {
     const FAIL_AT: &str = "POLICER_TEST_FAIL_AT";
     /// Pause the start for a second after its Nth kernel change.
     const PAUSE_AT: &str = "POLICER_TEST_PAUSE_AT";
+
+    /// Fail every change of a running daemon's rules between writing the
+    /// rule slots and writing the rule maps.
+    const FAIL_RULE_MAPS: &str = "POLICER_TEST_FAIL_RULE_MAPS";
+
+    /// Runs before a running daemon writes its rule maps.
+    pub(in crate::daemon) fn rule_maps_write() -> Result<()> {
+        if std::env::var_os(FAIL_RULE_MAPS).is_some() {
+            return Err(Error::Invalid(format!(
+                "failing on purpose before writing the rule maps ({FAIL_RULE_MAPS}, for tests)"
+            )));
+        }
+        Ok(())
+    }
 
     /// The layout version to stamp a started program with (None: none).
     pub(in crate::daemon) fn layout_version() -> Result<Option<u32>> {
@@ -71,6 +85,11 @@ mod imp {
     /// The product's programs carry this build's layout version.
     pub(in crate::daemon) fn layout_version() -> Result<Option<u32>> {
         Ok(Some(policer_common::LAYOUT_VERSION))
+    }
+
+    /// No hooks: a change of the rules never fails on purpose.
+    pub(in crate::daemon) fn rule_maps_write() -> Result<()> {
+        Ok(())
     }
 
     /// No hooks: a start neither fails nor pauses on purpose.
