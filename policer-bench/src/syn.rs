@@ -11,7 +11,11 @@
 //!   (it passes the SYNs), the kernel answering each with its own cookie
 //!   (`net.ipv4.tcp_syncookies = 2`);
 //! - **nftables synproxy**: no XDP program; the SYNs untracked in raw
-//!   prerouting and answered by `synproxy` in the input hook.
+//!   prerouting and answered by `synproxy` in the input hook;
+//! - **the hand-off alone**: the reference `xdp_reflect` sends each SYN
+//!   straight back (`XDP_TX`, addresses swapped, nothing else done): what
+//!   one frame back per SYN costs on the veth, before any of an answer's
+//!   own work (no cookie, no socket lookup, no policing).
 //!
 //! The flood comes from a raw socket (the live-frames generator sends
 //! again, within one call, the pages the policer rewrote into SYN-ACKs:
@@ -52,11 +56,12 @@ use crate::{
 };
 
 /// The systems, in the order measured within a repetition.
-const SYSTEMS: [(&str, &str); 4] = [
+const SYSTEMS: [(&str, &str); 5] = [
     ("floor", "xdp_drop (floor)"),
     ("policer", "policer, cookies in XDP (--syn-cookies always)"),
     ("kernel", "kernel SYN cookies (policer passing the SYNs)"),
     ("synproxy", "nftables synproxy"),
+    ("handoff", "XDP_TX of each SYN straight back (the hand-off alone)"),
 ];
 
 /// One system's row.
@@ -92,6 +97,11 @@ pub struct SynResults {
     pub policer_vs_kernel: Stat,
     /// The policer's / synproxy's.
     pub policer_vs_synproxy: Stat,
+    /// The hand-off alone (a frame sent back per SYN by `XDP_TX`) / the
+    /// kernel's cookies: what any answer from XDP pays on this rig before
+    /// its own work.
+    #[serde(default)]
+    pub handoff_vs_kernel: Stat,
     /// What the policer's SYN path counted over the run (SYNs, cookies):
     /// that every SYN was answered from XDP.
     pub policer_syns: u64,
@@ -159,6 +169,9 @@ fn rig_for(key: &'static str, i: usize) -> Result<Rig> {
     match key {
         "floor" => {
             xdp = Some(crate::peers::attach_reference_in(&sb.rx_ns, &sb.rx_if, "xdp_drop", 1024)?);
+        }
+        "handoff" => {
+            xdp = Some(crate::peers::attach_reference_in(&sb.rx_ns, &sb.rx_if, "xdp_reflect", 1024)?);
         }
         "policer" | "kernel" => {
             let d = Daemon::attach(
@@ -299,8 +312,10 @@ pub fn run(quick: bool, reps: usize) -> Result<SynResults> {
         ));
     }
     let (policer_syns, policer_cookies) = syn_counters(&rigs[1]);
-    let oks: Vec<u64> =
-        rigs.iter().map(|r| if r.key == "floor" { 0 } else { connects(r, cpu, other, tried) }).collect();
+    let oks: Vec<u64> = rigs
+        .iter()
+        .map(|r| if matches!(r.key, "floor" | "handoff") { 0 } else { connects(r, cpu, other, tried) })
+        .collect();
     let net = |i: usize| -> Vec<f64> { gross[i].iter().zip(&gross[0]).map(|(a, f)| a - f).collect() };
     let ratio =
         |a: usize, b: usize| -> Stat { Stat::of(&net(a).iter().zip(net(b)).map(|(x, y)| x / y).collect::<Vec<_>>()) };
@@ -324,6 +339,7 @@ pub fn run(quick: bool, reps: usize) -> Result<SynResults> {
         connects_tried: tried,
         policer_vs_kernel: ratio(1, 2),
         policer_vs_synproxy: ratio(1, 3),
+        handoff_vs_kernel: ratio(4, 2),
         policer_syns,
         policer_cookies,
     })
@@ -375,7 +391,7 @@ pub fn section(w: &mut String, s: &SynResults) {
     let _ = writeln!(w, "|---|---|---|---|---|---|");
     for r in &s.rows {
         let net = r.net_ns.as_ref().map_or("–".to_string(), stat_ns);
-        let conn = if r.key == "floor" {
+        let conn = if matches!(r.key.as_str(), "floor" | "handoff") {
             "–".to_string()
         } else {
             format!(
@@ -408,6 +424,16 @@ pub fn section(w: &mut String, s: &SynResults) {
         s.policer_syns,
         s.policer_cookies
     );
+    if s.handoff_vs_kernel.n > 0 {
+        let _ = writeln!(
+            w,
+            "The hand-off alone (each SYN sent straight back by `XDP_TX`, nothing else done: no socket lookup, no \
+             cookie, no policing) costs {} the kernel's own cookies on this rig: any answer from XDP pays that \
+             before its own work, so of a 0.3× budget it leaves the answer's own work the rest. A NIC's `XDP_TX` \
+             (no peer to hand the frame to) would cost less.\n",
+            f(&s.handoff_vs_kernel)
+        );
+    }
 }
 
 /// `--only syn`'s own report (bench/syn.md): the section and its target,
