@@ -121,6 +121,12 @@ pub struct LoadOptions {
     ///
     /// [`GLOBAL_CHAIN_FROM`]: policer_common::chain::GLOBAL_CHAIN_FROM
     pub chain_from: u32,
+    /// A large config is read while this load runs (the reading is then
+    /// the start's critical path): the tail calls' programs, verified
+    /// beside the attached one, are verified at a lower priority until the
+    /// attached one is done, so that a third busy thread does not take the
+    /// reading's CPU on a two-core machine.
+    pub reading_beside: bool,
 }
 
 /// A build of the XDP program other than the product's, and the `u32`
@@ -154,6 +160,7 @@ impl Default for LoadOptions {
             replay_batch: 0,
             chain_pin: None,
             chain_from: 0,
+            reading_beside: false,
         }
     }
 }
@@ -471,7 +478,7 @@ impl Policer {
             _ => Error::Load(Box::new(e)),
         })?;
         if opts.replay_batch == 0 {
-            load_programs(&mut ebpf)?;
+            load_programs(&mut ebpf, opts.reading_beside)?;
             if let Some(v) = opts.layout_version {
                 stamp_layout(&mut ebpf, v)?;
             }
@@ -1662,7 +1669,9 @@ fn pin_paths<'a>(loader: &mut EbpfLoader<'a>, opts: &'a LoadOptions) -> Result<(
 /// large ones (the attached program and the SYN path's police, each over a
 /// second of the verifier's time) are independent: the others are loaded
 /// on a thread of their own beside the attached one (one after the other
-/// if no thread can be had).
+/// if no thread can be had); with `yielding`, at nice 10 until the
+/// attached one is verified (put back to the process's priority then,
+/// where the kernel allows it).
 ///
 /// Both tail-call targets live as long as this load: their arrays are
 /// this program's own, created fresh by every start (an adopted program's
@@ -1672,7 +1681,7 @@ fn pin_paths<'a>(loader: &mut EbpfLoader<'a>, opts: &'a LoadOptions) -> Result<(
 /// object without the capture program (another build) loads without it:
 /// captures are then refused ([`Policer::take_capture`]); one without the
 /// SYN path's police or its array skips it.
-fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
+fn load_programs(ebpf: &mut Ebpf, yielding: bool) -> Result<()> {
     use policer_common::{
         capture::{CAPTURE_PROGRAM, MAP_CAPTURE_PROG},
         syn::{MAP_SYN_PROG, SYN_POLICE_PROGRAM},
@@ -1692,12 +1701,23 @@ fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
     let verify_beside = |beside: &mut Vec<(&'static str, &'static str, &mut aya::programs::Program)>| {
         beside.iter_mut().try_for_each(|(_, _, prog)| verify(prog))
     };
+    // The verifying thread's id once it yields; `Some(None)`: the attached
+    // program is done, it yields no more.
+    let yielded: std::sync::Mutex<Option<Option<libc::pid_t>>> = std::sync::Mutex::new(None);
     let (first, rest) = std::thread::scope(|s| {
         let thread = std::thread::Builder::new().name("policer-verify".into()).spawn_scoped(s, || {
-            yield_to_others();
+            if yielding {
+                let mut y = yielded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if y.is_none() {
+                    *y = Some(Some(set_nice(None, 10)));
+                }
+            }
             verify_beside(&mut beside)
         });
         let first = verify(attached);
+        if let Some(Some(tid)) = yielded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).replace(None) {
+            set_nice(Some(tid), 0);
+        }
         let rest = thread.map(|t| {
             t.join()
                 .unwrap_or_else(|_| Err(Error::Invalid("the thread loading the tail calls' programs panicked".into())))
@@ -1714,17 +1734,14 @@ fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
     Ok(())
 }
 
-/// Lowers this thread's priority (nice 10) so that the process's other
-/// threads come first: at a start with a large config the main thread
-/// reading it is the critical path, and a third busy thread on a
-/// two-core machine would take its CPU (a 1 000 000-rule start went from
-/// 14.1 to 15.9 s); when nothing else runs, the thread has the CPU all
-/// the same. Best effort: a refusal leaves the priority as it was.
-fn yield_to_others() {
-    // SAFETY: plain system calls on this thread's own id.
+/// Sets the nice value of thread `tid` (`None`: this one) to `nice`, best
+/// effort (raising a priority needs CAP_SYS_NICE); the thread's id.
+fn set_nice(tid: Option<libc::pid_t>, nice: i32) -> libc::pid_t {
+    // SAFETY: plain system calls on a thread id of this process.
     unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+        let tid = tid.unwrap_or_else(|| libc::gettid());
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
+        tid
     }
 }
 
