@@ -544,8 +544,13 @@ fn a_spoofed_flood_lifts_no_ban() {
     assert!(s > 500 && a == 0, "under the flood the banned source got {a} of {s} through; timeline {tl}");
     let (s, a) = window(&sent, &got, 1, from, to);
     assert!(s > 500 && a == 0, "under the flood the manually banned prefix got {a} of {s} through");
+    // The rule's new-source limiter lets 10 pps x 1024 / 5 = 2 048 new
+    // sources a second into the table of 1 024 (its burst: 1 024): over the
+    // 4 s flood about 9 200, each slot taken over about nine times. More
+    // than eight times the table is churn, with a margin for a flood that
+    // starts late (10 000 was over what the limiter allows: 9 976 seen).
     assert!(
-        stats["totals"]["buckets_created"].as_u64().unwrap() > 10_000,
+        stats["totals"]["buckets_created"].as_u64().unwrap() > 8 * 1024,
         "the flood did not churn the table: {stats}"
     );
     let ls = policer(&sb, &["ban", "ls", "--json"]);
