@@ -1,7 +1,8 @@
 //! Test hooks of a start: environment variables with which the test tiers
 //! make one binary play an older build, or fail or pause a start after its
 //! Nth kernel change (to check each change is undone, and to signal a start
-//! mid-way).
+//! mid-way); and one for a running daemon: fail every change of its rules
+//! between the slots and the rule maps (to check the slots are put back).
 //!
 //! Compiled in only with the `test-hooks` feature of policer-user, which
 //! `cargo xtask test` turns on for the binary its tiers run. Without it
