@@ -11,8 +11,8 @@
 //!   `cookie_timestamp_decode`);
 //! - [`build_synack`]: the SYN-ACK's IP and TCP headers with their
 //!   checksums, IPv4 or IPv6;
-//! - [`cap_admit`]: the reflection cap's bucket (SYN-ACKs toward one /24
-//!   or /48).
+//! - [`cap_admit`], [`cap_slot`]: the reflection cap's bucket (SYN-ACKs
+//!   toward one /24 or /48) and where a network's is.
 //!
 //! The kernel makes and checks the cookie itself (`bpf_tcp_gen_syncookie`,
 //! `bpf_tcp_check_syncookie`); nothing here knows its secret.
@@ -52,8 +52,18 @@ pub const MAP_SYN_PROG: &str = "SYN_PROG";
 
 /// Sources that proved their address (LRU: the least recently seen go).
 pub const MAX_VERIFIED: u32 = 262_144;
-/// Networks (/24, /48) the reflection cap remembers (LRU).
-pub const MAX_CAP_NETS: u32 = 65_536;
+/// Slots of the reflection cap (`SYN_CAP`, the program's own array of
+/// GCRA states, 2 MiB): each network (/24, /48) charges the slot its
+/// number hashes to ([`cap_slot`]). Networks that share a slot share its
+/// budget, so no network ever gets more than the cap; at 2^18 slots a
+/// flood from every /24 of the IPv4 space puts 64 networks on a slot, and
+/// a flood of 10 M SYNs a second charges each slot 38 a second against
+/// the default cap's 1000. (Until 2026-11-30 an LRU hash of 65 536
+/// networks: a bucket array and an element to walk for every SYN, a
+/// quarter of the SYN path's cost, and a flood from more networks than it
+/// held evicted a real one's state, whose next SYN-ACK then went as a new
+/// network's first.)
+pub const CAP_SLOTS: u32 = 1 << 18;
 /// The filter in front of the verified sources (`SYN_SEEN`, the program's
 /// own array): one bit per hashed source, 2^20 bits in 16 384 words
 /// (128 KiB), set by the program when a source is verified. A clear bit
@@ -365,8 +375,9 @@ pub struct SynAckParams {
 /// Builds the SYN-ACK answering the SYN whose IP header is `ip` (IPv4: its
 /// first 20 bytes; IPv6: 40), TCP header `tcp` and options `o`
 /// ([`parse_syn`]): its IP
-/// header into `ip_out` and TCP header into `tcp_out`, checksums filled.
-/// Returns the TCP header's length. Options as the kernel's cookie SYN-ACK
+/// header into `ip_out` (IPv4: its first 20 bytes) and TCP header into
+/// `tcp_out` (its first n bytes), checksums filled; the rest of each is
+/// left as it was. Returns the TCP header's length n. Options as the kernel's cookie SYN-ACK
 /// has them: MSS; with the client's timestamps also the timestamp (its low
 /// bits the cookie's options, [`cookie_tsval`]), SACK-permitted and window
 /// scale when the client sent them; without timestamps none but MSS (the
@@ -382,7 +393,8 @@ pub fn build_synack(
     tcp_out: &mut [u8; 64],
 ) -> usize {
     let ts = o.tsval.is_some();
-    *tcp_out = [0; 64];
+    // Every byte of the header is written below (no zeroing of the whole
+    // array first: in the program that is a byte loop of 64 steps).
     // Ports swapped; seq the cookie; ack the SYN's seq + 1.
     tcp_out[0..2].copy_from_slice(&[tcp[2], tcp[3]]);
     tcp_out[2..4].copy_from_slice(&[tcp[0], tcp[1]]);
@@ -411,11 +423,13 @@ pub fn build_synack(
     let seg = p.mss as u32 - if ts { 12 } else { 0 };
     let win = 65535u32.checked_div(seg).map_or(65535, |q| q * seg);
     tcp_out[14..16].copy_from_slice(&(win as u16).to_be_bytes());
+    // The checksum (zero while summing) and the urgent pointer.
+    tcp_out[16..20].copy_from_slice(&[0; 4]);
     // Addresses swapped; the pseudo-header's sum, then the TCP header's.
     let mut sum = 6 + n as u32;
-    *ip_out = [0; IP_MAX];
     if v6 {
-        ip_out[0] = 0x60;
+        // Version, no traffic class, no flow label.
+        ip_out[0..4].copy_from_slice(&[0x60, 0, 0, 0]);
         ip_out[4..6].copy_from_slice(&(n as u16).to_be_bytes());
         ip_out[6] = 6;
         ip_out[7] = 64;
@@ -423,12 +437,13 @@ pub fn build_synack(
         ip_out[24..40].copy_from_slice(&ip[8..24]);
         sum = sum_words(&ip_out[8..40], 32, sum);
     } else {
-        ip_out[0] = 0x45;
+        ip_out[0..2].copy_from_slice(&[0x45, 0]);
         ip_out[2..4].copy_from_slice(&(20 + n as u16).to_be_bytes());
-        // Don't fragment, as the kernel's own.
-        ip_out[6] = 0x40;
+        // No id; don't fragment, as the kernel's own.
+        ip_out[4..8].copy_from_slice(&[0, 0, 0x40, 0]);
         ip_out[8] = 64;
         ip_out[9] = 6;
+        ip_out[10..12].copy_from_slice(&[0, 0]);
         ip_out[12..16].copy_from_slice(&ip[16..20]);
         ip_out[16..20].copy_from_slice(&ip[12..16]);
         let c = fold(sum_words(&ip_out[..20], 20, 0));
@@ -451,18 +466,18 @@ pub fn cap_admit(tat: u64, now_ns: u64, conf: &SynConf) -> Option<u64> {
     Some(tat + conf.cap_interval_ns)
 }
 
-/// The reflection cap's key of a source: its /24 (IPv4, as
-/// `::ffff:a.b.c.0`) or /48 (IPv6).
-pub fn cap_key(src: &[u8; 16], v6: bool) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    if v6 {
-        k[..6].copy_from_slice(&src[..6]);
+/// The reflection cap's slot of a source ([`CAP_SLOTS`]): its /24 (IPv4)
+/// or /48 (IPv6) hashed (Fibonacci hashing of the network's bits, the
+/// family in the top bit), so neighbouring networks land far apart.
+#[inline(always)]
+pub fn cap_slot(src: &[u8; 16], v6: bool) -> u32 {
+    let b = |i: usize| src[i] as u64;
+    let net = if v6 {
+        1 << 63 | b(0) << 40 | b(1) << 32 | b(2) << 24 | b(3) << 16 | b(4) << 8 | b(5)
     } else {
-        k[10] = 0xff;
-        k[11] = 0xff;
-        k[12..15].copy_from_slice(&src[12..15]);
-    }
-    k
+        b(12) << 16 | b(13) << 8 | b(14)
+    };
+    (net.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - CAP_SLOTS.trailing_zeros())) as u32
 }
 
 #[cfg(test)]

@@ -129,8 +129,10 @@ pub(crate) static SYN_TOTALS: Array<Total, RULE_SLOTS> = Array::new();
 pub(crate) static SYN_COUNTERS: PerCpuArray<SynCounters, RULE_SLOTS> = PerCpuArray::new();
 #[btf_map]
 pub(crate) static SYN_VERIFIED: LruHashMap<[u8; 16], u64, { syn::MAX_VERIFIED as usize }> = LruHashMap::new();
+/// The reflection cap: a GCRA state (0: none yet) per slot of hashed
+/// networks (policer_common::syn::cap_slot).
 #[btf_map]
-pub(crate) static SYN_CAP: LruHashMap<[u8; 16], u64, { syn::MAX_CAP_NETS as usize }> = LruHashMap::new();
+pub(crate) static SYN_CAP: Array<u64, { syn::CAP_SLOTS as usize }> = Array::new();
 /// The filter in front of `SYN_VERIFIED` (policer_common::syn::seen_bit).
 #[btf_map]
 pub(crate) static SYN_SEEN: Array<u64, { syn::SEEN_WORDS as usize }> = Array::new();

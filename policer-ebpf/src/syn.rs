@@ -11,7 +11,7 @@
 use core::intrinsics::{AtomicOrdering, atomic_or};
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, bpf_sock, bpf_sock_tuple, tcphdr, xdp_action, xdp_md},
+    bindings::{bpf_sock, bpf_sock_tuple, tcphdr, xdp_action, xdp_md},
     helpers::{
         bpf_ktime_get_ns, bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_check_syncookie, bpf_tcp_gen_syncookie,
         bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
@@ -19,7 +19,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use policer_common::{
-    MAX_IFACE_SLOTS, mapped_v4,
+    MAX_IFACE_SLOTS,
     syn::{self, SYN_FLOOD, SYN_POLICE, SynAckParams, SynCounters, SynScratch},
 };
 
@@ -104,7 +104,10 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
         a.copy_from_slice(&s.ip[8..24]);
         a
     } else {
-        mapped_v4([s.ip[12], s.ip[13], s.ip[14], s.ip[15]])
+        // `::ffff:a.b.c.d` as two words (policer_common::mapped_v4 is an
+        // array of bytes with ten zeros: a byte loop in the program).
+        let w = u32::from_be_bytes([s.ip[12], s.ip[13], s.ip[14], s.ip[15]]);
+        (0xffff_u128 << 32 | w as u128).to_be_bytes()
     };
     // The filter first: a forged source's bit is clear (an array word,
     // inlined), and only a set one costs the hash lookup.
@@ -153,8 +156,8 @@ fn copy_headers(md: *mut xdp_md, s: &mut SynScratch, v6: bool) -> Option<u32> {
     if len > 20 && unsafe { bpf_xdp_load_bytes(md, l4, s.tcp.as_mut_ptr().cast(), size_1_to_64(len)) } != 0 {
         return None;
     }
-    // `struct bpf_sock_tuple`: addresses and ports as in the frame.
-    s.tuple = [0; 40];
+    // `struct bpf_sock_tuple`: addresses and ports as in the frame (the
+    // lookup reads only the family's 12 or 36 bytes: nothing zeroed).
     if v6 {
         s.tuple[0..32].copy_from_slice(&s.ip[8..40]);
         s.tuple[32..36].copy_from_slice(&s.tcp[0..4]);
@@ -215,7 +218,7 @@ fn answer_syn(
     }
     // SAFETY: BPF helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if !cap_admits(&syn::cap_key(src, v6), now, conf) {
+    if !cap_admits(syn::cap_slot(src, v6), now, conf) {
         // SAFETY: as above.
         unsafe { bpf_sk_release(sk.cast()) };
         sc.synacks_capped += 1;
@@ -251,24 +254,16 @@ fn answer_syn(
     }
 }
 
-/// The reflection cap of the network `key`: whether one more SYN-ACK may
-/// go toward it now (charged if so). A network seen before is charged in
-/// place by compare-and-swap, so two CPUs never send the same allowance
-/// twice; only a new one is inserted (an LRU map's update allocates an
-/// element each time: it was most of a flood's map work). Lost rounds
-/// hold the SYN-ACK back, as a bucket's do.
+/// The reflection cap's slot `slot` (the SYN's network's): whether one
+/// more SYN-ACK may go toward it now (charged if so), by compare-and-swap,
+/// so two CPUs never send the same allowance twice. Lost rounds hold the
+/// SYN-ACK back, as a bucket's do.
 #[inline(always)]
-fn cap_admits(key: &[u8; 16], now: u64, conf: &syn::SynConf) -> bool {
-    let Some(p) = SYN_CAP.get_ptr_mut(key) else {
-        // A new network: a first SYN-ACK always goes. Another CPU may have
-        // inserted it meanwhile (`BPF_NOEXIST` fails): that one counted.
-        let Some(tat) = syn::cap_admit(0, now, conf) else {
-            return false;
-        };
-        let _ = SYN_CAP.insert(key, &tat, u64::from(BPF_NOEXIST));
-        return true;
+fn cap_admits(slot: u32, now: u64, conf: &syn::SynConf) -> bool {
+    let Some(p) = SYN_CAP.get_ptr_mut(slot) else {
+        return false;
     };
-    // SAFETY: a live map value; other CPUs change it only by CAS.
+    // SAFETY: a live array value; other CPUs change it only by CAS.
     let mut old = unsafe { core::ptr::read_volatile(p) };
     for _ in 0..CAS_ROUNDS {
         let Some(new) = syn::cap_admit(old, now, conf) else {
