@@ -101,6 +101,22 @@ impl CpuScratch {
         self.clock_ns = now_ns;
         self.clock_jiffies = jiffies;
     }
+
+    /// A time no later than now for what a tick or two cannot change (the
+    /// SYN path's reflection cap and the SYN-ACK's timestamp): this CPU's
+    /// last reading while the jiffies have moved at most one tick since
+    /// the jiffies read before it (so it is at most about two ticks old);
+    /// `None`: read the clock (and [`CpuScratch::record`] it).
+    #[inline(always)]
+    pub fn recent(&self, jiffies: u64, tick_ns: u64) -> Option<u64> {
+        if self.clock_ns == 0 || tick_ns == 0 || tick_ns > MAX_TICK_NS {
+            return None;
+        }
+        if jiffies.wrapping_sub(self.clock_jiffies) > 1 {
+            return None;
+        }
+        Some(self.clock_ns)
+    }
 }
 
 /// The length of a tick for a kernel built with `CONFIG_HZ=hz`.

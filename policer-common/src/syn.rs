@@ -53,17 +53,17 @@ pub const MAP_SYN_PROG: &str = "SYN_PROG";
 /// Sources that proved their address (LRU: the least recently seen go).
 pub const MAX_VERIFIED: u32 = 262_144;
 /// Slots of the reflection cap (`SYN_CAP`, the program's own array of
-/// GCRA states, 2 MiB): each network (/24, /48) charges the slot its
-/// number hashes to ([`cap_slot`]). Networks that share a slot share its
-/// budget, so no network ever gets more than the cap; at 2^18 slots a
-/// flood from every /24 of the IPv4 space puts 64 networks on a slot, and
-/// a flood of 10 M SYNs a second charges each slot 38 a second against
-/// the default cap's 1000. (Until 2026-11-30 an LRU hash of 65 536
-/// networks: a bucket array and an element to walk for every SYN, a
-/// quarter of the SYN path's cost, and a flood from more networks than it
-/// held evicted a real one's state, whose next SYN-ACK then went as a new
-/// network's first.)
-pub const CAP_SLOTS: u32 = 1 << 18;
+/// GCRA states, 512 KiB: small enough to stay in a core's caches under a
+/// flood): each network (/24, /48) charges the slot its number hashes to
+/// ([`cap_slot`]). Networks that share a slot share its budget, so no
+/// network ever gets more than the cap; a flood from every /24 of the
+/// IPv4 space puts 256 networks on a slot, and a flood of 10 M SYNs a
+/// second charges each slot 153 a second against the default cap's 1000.
+/// (Until 2026-11-30 an LRU hash of 65 536 networks: a bucket array and an
+/// element to walk for every SYN, a quarter of the SYN path's cost, and a
+/// flood from more networks than it held evicted a real one's state,
+/// whose next SYN-ACK then went as a new network's first.)
+pub const CAP_SLOTS: u32 = 1 << 16;
 /// The filter in front of the verified sources (`SYN_SEEN`, the program's
 /// own array): one bit per hashed source, 2^20 bits in 16 384 words
 /// (128 KiB), set by the program when a source is verified. A clear bit
@@ -231,15 +231,36 @@ pub struct SynScratch {
     pub l4_off: u32,
     pub v6: u32,
     pub _pad: u32,
-    /// `struct bpf_sock_tuple` (IPv6's size).
-    pub tuple: [u8; 40],
-    /// The frame's IP header (IPv4: the first 20 bytes) and TCP header.
+    /// The frame's IP header at [`ip_at`] (IPv4: its first 20 bytes) and
+    /// its TCP header right after: as in the frame, so one copy takes
+    /// both, and the socket tuple (addresses, then ports) is read where
+    /// they are ([`TUPLE_AT_V4`], [`TUPLE_AT_V6`]).
     pub ip: [u8; IP_MAX],
     pub tcp: [u8; 64],
-    /// The SYN-ACK's IP and TCP headers.
+    /// The SYN-ACK's IP header (at [`ip_at`]) and TCP header: one store.
     pub ip_out: [u8; IP_MAX],
     pub tcp_out: [u8; 64],
 }
+
+/// Where a family's IP header sits in [`SynScratch::ip`] and `ip_out` (and
+/// in [`build_synack`]'s buffers): at their end, right before the TCP
+/// header that follows them (IPv6's at 0, IPv4's 20 bytes at 20).
+#[inline(always)]
+pub const fn ip_at(v6: bool) -> usize {
+    if v6 { 0 } else { IP_MAX - 20 }
+}
+
+/// Where `struct bpf_sock_tuple` (source and destination addresses, then
+/// ports: 12 bytes for IPv4, 36 for IPv6) starts in [`SynScratch::ip`]
+/// followed by the TCP header: the IP header's addresses and the TCP
+/// header's ports are that, back to back.
+pub const TUPLE_AT_V4: usize = IP_MAX - 20 + 12;
+pub const TUPLE_AT_V6: usize = 8;
+
+// The copies and the store take the IP and TCP headers as one run of
+// bytes: each pair of arrays must be adjacent.
+const _: () = assert!(core::mem::offset_of!(SynScratch, tcp) == core::mem::offset_of!(SynScratch, ip) + IP_MAX);
+const _: () = assert!(core::mem::offset_of!(SynScratch, tcp_out) == core::mem::offset_of!(SynScratch, ip_out) + IP_MAX);
 
 /// What a SYN asked for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -372,12 +393,13 @@ pub struct SynAckParams {
     pub now_ms: u32,
 }
 
-/// Builds the SYN-ACK answering the SYN whose IP header is `ip` (IPv4: its
-/// first 20 bytes; IPv6: 40), TCP header `tcp` and options `o`
+/// Builds the SYN-ACK answering the SYN whose IP header is in `ip` at
+/// [`ip_at`] (IPv4: its first 20 bytes; IPv6: 40), TCP header `tcp` and
+/// options `o`
 /// ([`parse_syn`]): its IP
-/// header into `ip_out` (IPv4: its first 20 bytes) and TCP header into
-/// `tcp_out` (its first n bytes), checksums filled; the rest of each is
-/// left as it was. Returns the TCP header's length n. Options as the kernel's cookie SYN-ACK
+/// header into `ip_out` at [`ip_at`] and TCP header into `tcp_out` (its
+/// first n bytes), checksums filled; the rest of each is left as it was.
+/// Returns the TCP header's length n. Options as the kernel's cookie SYN-ACK
 /// has them: MSS; with the client's timestamps also the timestamp (its low
 /// bits the cookie's options, [`cookie_tsval`]), SACK-permitted and window
 /// scale when the client sent them; without timestamps none but MSS (the
@@ -437,18 +459,19 @@ pub fn build_synack(
         ip_out[24..40].copy_from_slice(&ip[8..24]);
         sum = sum_words(&ip_out[8..40], 32, sum);
     } else {
-        ip_out[0..2].copy_from_slice(&[0x45, 0]);
-        ip_out[2..4].copy_from_slice(&(20 + n as u16).to_be_bytes());
+        const A: usize = ip_at(false);
+        ip_out[A..A + 2].copy_from_slice(&[0x45, 0]);
+        ip_out[A + 2..A + 4].copy_from_slice(&(20 + n as u16).to_be_bytes());
         // No id; don't fragment, as the kernel's own.
-        ip_out[4..8].copy_from_slice(&[0, 0, 0x40, 0]);
-        ip_out[8] = 64;
-        ip_out[9] = 6;
-        ip_out[10..12].copy_from_slice(&[0, 0]);
-        ip_out[12..16].copy_from_slice(&ip[16..20]);
-        ip_out[16..20].copy_from_slice(&ip[12..16]);
-        let c = fold(sum_words(&ip_out[..20], 20, 0));
-        ip_out[10..12].copy_from_slice(&c.to_be_bytes());
-        sum = sum_words(&ip_out[12..20], 8, sum);
+        ip_out[A + 4..A + 8].copy_from_slice(&[0, 0, 0x40, 0]);
+        ip_out[A + 8] = 64;
+        ip_out[A + 9] = 6;
+        ip_out[A + 10..A + 12].copy_from_slice(&[0, 0]);
+        ip_out[A + 12..A + 16].copy_from_slice(&ip[A + 16..A + 20]);
+        ip_out[A + 16..A + 20].copy_from_slice(&ip[A + 12..A + 16]);
+        let c = fold(sum_words(&ip_out[A..], 20, 0));
+        ip_out[A + 10..A + 12].copy_from_slice(&c.to_be_bytes());
+        sum = sum_words(&ip_out[A + 12..], 8, sum);
     }
     let c = fold(sum_words(&tcp_out[..], n, sum));
     tcp_out[16..18].copy_from_slice(&c.to_be_bytes());

@@ -13,8 +13,8 @@ use core::intrinsics::{AtomicOrdering, atomic_or};
 use aya_ebpf::{
     bindings::{bpf_sock, bpf_sock_tuple, tcphdr, xdp_action, xdp_md},
     helpers::{
-        bpf_ktime_get_ns, bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_check_syncookie, bpf_tcp_gen_syncookie,
-        bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
+        bpf_jiffies64, bpf_ktime_get_ns, bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_check_syncookie,
+        bpf_tcp_gen_syncookie, bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     programs::XdpContext,
 };
@@ -26,8 +26,11 @@ use policer_common::{
 use crate::{
     buckets::{CAS_ROUNDS, Charge, cas, charge},
     clock::Clock,
-    maps::{COUNTERS, SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_SEEN, SYN_TOTALS, SYN_VERIFIED},
-    parse::{Parsed, parse, ptr_at},
+    maps::{
+        COUNTERS, CPU_SCRATCH, SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_SEEN, SYN_TOTALS, SYN_VERIFIED,
+        TEST_CLOCK, TICK_NS,
+    },
+    parse::{L4At, Parsed, parse, ptr_at},
     verifier::launder,
 };
 
@@ -95,7 +98,7 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
     s.ip_off = l4.ip() as u32;
     s.l4_off = l4.off() as u32;
     s.v6 = v6 as u32;
-    let Some(tcp_len) = copy_headers(md, s, v6) else {
+    let Some(tcp_len) = copy_headers(&ctx, md, s, v6, &l4) else {
         return SYN_POLICE;
     };
 
@@ -106,17 +109,25 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
     } else {
         // `::ffff:a.b.c.d` as two words (policer_common::mapped_v4 is an
         // array of bytes with ten zeros: a byte loop in the program).
-        let w = u32::from_be_bytes([s.ip[12], s.ip[13], s.ip[14], s.ip[15]]);
+        const S: usize = syn::TUPLE_AT_V4;
+        let w = u32::from_be_bytes([s.ip[S], s.ip[S + 1], s.ip[S + 2], s.ip[S + 3]]);
         (0xffff_u128 << 32 | w as u128).to_be_bytes()
     };
+    let flags = s.tcp[13];
+    let syn = flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN;
+    let ack = flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK;
+    // A SYN's reflection cap slot is read here, beside the filter's word
+    // below: for a flood's SYN each is a miss in a random place, and
+    // issued together they are waited for once, not one after the other
+    // (the value read is where the compare-and-swap starts).
+    let cap = if syn { SYN_CAP.get_ptr_mut(syn::cap_slot(&src, v6)) } else { None };
+    // SAFETY: a live array value; other CPUs change it only by CAS.
+    let cap_old = cap.map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
     // The filter first: a forged source's bit is clear (an array word,
     // inlined), and only a set one costs the hash lookup.
     if seen(&src) && SYN_VERIFIED.get_ptr(&src).is_some() {
         return SYN_POLICE;
     }
-    let flags = s.tcp[13];
-    let syn = flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN;
-    let ack = flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK;
     if syn {
         sc.syns += 1;
         // `flood`: a SYN within the rule's SYN budget goes to the kernel
@@ -127,7 +138,10 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
             sc.syns_passed += 1;
             return xdp_action::XDP_PASS;
         }
-        answer_syn(&ctx, s, sc, conf, &src, v6, tcp_len)
+        let Some(cap) = cap else {
+            return SYN_POLICE;
+        };
+        answer_syn(&ctx, s, sc, conf, (cap, cap_old), v6, tcp_len)
     } else if ack {
         check_ack(&ctx, s, sc, &src, v6, tcp_len)
     } else {
@@ -135,37 +149,46 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
     }
 }
 
-/// Copies the IP header (IPv4: its first 20 bytes) and the TCP header into
-/// the scratch, and the socket tuple; the TCP header's length.
+/// A pointer `at` bytes into the scratch's run of IP and TCP headers
+/// (`ip` then `tcp`, adjacent: policer_common::syn), for the helpers.
 #[inline(always)]
-fn copy_headers(md: *mut xdp_md, s: &mut SynScratch, v6: bool) -> Option<u32> {
-    let l4 = s.l4_off;
-    // SAFETY: helpers writing into this CPU's map value, within its arrays.
-    unsafe {
-        let ip = s.ip.as_mut_ptr().cast();
-        let r = if v6 { bpf_xdp_load_bytes(md, s.ip_off, ip, 40) } else { bpf_xdp_load_bytes(md, s.ip_off, ip, 20) };
-        if r != 0 || bpf_xdp_load_bytes(md, l4, s.tcp.as_mut_ptr().cast(), 20) != 0 {
-            return None;
-        }
-    }
-    let len = ((s.tcp[12] >> 4) as u32) * 4;
+fn headers_at(s: &mut SynScratch, at: usize) -> *mut u8 {
+    // SAFETY: within the scratch (`at` below IP_MAX + 64 at every caller).
+    unsafe { (&raw mut s.ip).cast::<u8>().add(at) }
+}
+
+/// Copies the IP header (IPv4: its first 20 bytes) to `ip_at` and the TCP
+/// header after it: one copy when they are adjacent in the frame (no IPv4
+/// options, no IPv6 extension headers), else two. The TCP header's length.
+#[inline(always)]
+fn copy_headers(ctx: &XdpContext, md: *mut xdp_md, s: &mut SynScratch, v6: bool, l4: &L4At) -> Option<u32> {
+    // The TCP header's length from the frame itself (the parse saw its
+    // ports only).
+    let off = ptr_at::<u8>(ctx, l4.off() + 12)?;
+    // SAFETY: bounds checked by ptr_at.
+    let len = ((unsafe { *off } >> 4) as u32) * 4;
     if len < 20 {
         return None;
     }
-    // SAFETY: as above; at most 64 bytes into the 64 of tcp.
-    if len > 20 && unsafe { bpf_xdp_load_bytes(md, l4, s.tcp.as_mut_ptr().cast(), size_1_to_64(len)) } != 0 {
-        return None;
-    }
-    // `struct bpf_sock_tuple`: addresses and ports as in the frame (the
-    // lookup reads only the family's 12 or 36 bytes: nothing zeroed).
-    if v6 {
-        s.tuple[0..32].copy_from_slice(&s.ip[8..40]);
-        s.tuple[32..36].copy_from_slice(&s.tcp[0..4]);
-    } else {
-        s.tuple[0..8].copy_from_slice(&s.ip[12..20]);
-        s.tuple[8..12].copy_from_slice(&s.tcp[0..4]);
-    }
-    Some(len)
+    let tcp_len = size_1_to_64(len);
+    let (ip_off, l4_off) = (s.ip_off, s.l4_off);
+    // SAFETY: helpers writing into this CPU's map value: the IP header's
+    // bytes end where `tcp` starts, which takes at most 64.
+    let r = unsafe {
+        if v6 && l4_off == ip_off + 40 {
+            bpf_xdp_load_bytes(md, ip_off, headers_at(s, syn::ip_at(true)).cast(), 40 + tcp_len)
+        } else if !v6 && l4_off == ip_off + 20 {
+            bpf_xdp_load_bytes(md, ip_off, headers_at(s, syn::ip_at(false)).cast(), 20 + tcp_len)
+        } else {
+            let r = if v6 {
+                bpf_xdp_load_bytes(md, ip_off, headers_at(s, syn::ip_at(true)).cast(), 40)
+            } else {
+                bpf_xdp_load_bytes(md, ip_off, headers_at(s, syn::ip_at(false)).cast(), 20)
+            };
+            if r == 0 { bpf_xdp_load_bytes(md, l4_off, s.tcp.as_mut_ptr().cast(), tcp_len) } else { r }
+        }
+    };
+    (r == 0).then_some(len)
 }
 
 /// `flood` mode: whether the rule's SYNs of unverified sources are over
@@ -185,9 +208,12 @@ fn flooding(ctx: &XdpContext, slot: u32) -> bool {
 /// The listening (or connected) socket the frame's tuple reaches, if any.
 #[inline(always)]
 fn lookup(ctx: &XdpContext, s: &mut SynScratch, v6: bool) -> *mut bpf_sock {
-    let size = if v6 { 36 } else { 12 };
+    // The tuple is the headers' addresses and ports, back to back where
+    // they were copied.
+    let (at, size) = if v6 { (syn::TUPLE_AT_V6, 36) } else { (syn::TUPLE_AT_V4, 12) };
+    let t = headers_at(s, at).cast::<bpf_sock_tuple>();
     // SAFETY: the tuple is in this CPU's map value; BPF_F_CURRENT_NETNS.
-    unsafe { bpf_skc_lookup_tcp(ctx.ctx.cast(), s.tuple.as_mut_ptr().cast::<bpf_sock_tuple>(), size, u64::MAX, 0) }
+    unsafe { bpf_skc_lookup_tcp(ctx.ctx.cast(), t, size, u64::MAX, 0) }
 }
 
 /// A SYN of an unverified source: the kernel's cookie in a SYN-ACK sent
@@ -200,7 +226,7 @@ fn answer_syn(
     s: &mut SynScratch,
     sc: &mut SynCounters,
     conf: &syn::SynConf,
-    src: &[u8; 16],
+    cap: (*mut u64, u64),
     v6: bool,
     tcp_len: u32,
 ) -> u32 {
@@ -216,9 +242,8 @@ fn answer_syn(
         unsafe { bpf_sk_release(sk.cast()) };
         return SYN_POLICE;
     }
-    // SAFETY: BPF helper with no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !cap_admits(syn::cap_slot(src, v6), now, conf) {
+    let now = recent_time();
+    if !cap_admits(cap, now, conf) {
         // SAFETY: as above.
         unsafe { bpf_sk_release(sk.cast()) };
         sc.synacks_capped += 1;
@@ -229,7 +254,7 @@ fn answer_syn(
     let r = unsafe {
         let r = bpf_tcp_gen_syncookie(
             sk.cast(),
-            s.ip.as_mut_ptr().cast(),
+            headers_at(s, syn::ip_at(v6)).cast(),
             iplen,
             s.tcp.as_mut_ptr().cast::<tcphdr>(),
             size_1_to_64(tcp_len),
@@ -254,22 +279,17 @@ fn answer_syn(
     }
 }
 
-/// The reflection cap's slot `slot` (the SYN's network's): whether one
-/// more SYN-ACK may go toward it now (charged if so), by compare-and-swap,
-/// so two CPUs never send the same allowance twice. Lost rounds hold the
-/// SYN-ACK back, as a bucket's do.
+/// The reflection cap's slot of the SYN's network (`p`, its value read
+/// as `old`): whether one more SYN-ACK may go toward it now (charged if
+/// so), by compare-and-swap, so two CPUs never send the same allowance
+/// twice. Lost rounds hold the SYN-ACK back, as a bucket's do.
 #[inline(always)]
-fn cap_admits(slot: u32, now: u64, conf: &syn::SynConf) -> bool {
-    let Some(p) = SYN_CAP.get_ptr_mut(slot) else {
-        return false;
-    };
-    // SAFETY: a live array value; other CPUs change it only by CAS.
-    let mut old = unsafe { core::ptr::read_volatile(p) };
+fn cap_admits((p, mut old): (*mut u64, u64), now: u64, conf: &syn::SynConf) -> bool {
     for _ in 0..CAS_ROUNDS {
         let Some(new) = syn::cap_admit(old, now, conf) else {
             return false;
         };
-        // SAFETY: as above.
+        // SAFETY: a live array value; other CPUs change it only by CAS.
         let seen = unsafe { cas(p, old, new) };
         if seen == old {
             return true;
@@ -277,6 +297,33 @@ fn cap_admits(slot: u32, now: u64, conf: &syn::SynConf) -> bool {
         old = seen;
     }
     false
+}
+
+/// The time for the reflection cap and the SYN-ACK's timestamp, neither
+/// of which a tick or two changes: this CPU's last clock reading while it
+/// is that recent (policer_common::CpuScratch::recent), else a reading
+/// (recorded for the next SYNs and the policing alike). A flood's SYNs
+/// read the clock once a tick per CPU, not each. Under the test clock, the
+/// kernel's as before.
+#[inline(always)]
+fn recent_time() -> u64 {
+    // SAFETY: plain statics the loader may rewrite before load.
+    let (test, tick) = unsafe { (core::ptr::read_volatile(&TEST_CLOCK) != 0, core::ptr::read_volatile(&TICK_NS)) };
+    if !test && let Some(c) = CPU_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; only this CPU touches it while we run.
+        // BPF helpers with no preconditions.
+        unsafe {
+            let jiffies = bpf_jiffies64();
+            if let Some(t) = (*c).recent(jiffies, tick) {
+                return t;
+            }
+            let now = bpf_ktime_get_ns();
+            (*c).record(now, jiffies);
+            return now;
+        }
+    }
+    // SAFETY: BPF helper with no preconditions.
+    unsafe { bpf_ktime_get_ns() }
 }
 
 /// Makes the frame the SYN-ACK built in the scratch: its length, the MACs
@@ -302,15 +349,16 @@ fn send(ctx: &XdpContext, s: &mut SynScratch, iplen: u32, n: u32) -> bool {
         out[6..12].copy_from_slice(&e[0..6]);
     }
     let n = size_1_to_64(n);
-    // SAFETY: helpers reading this CPU's map value, within its arrays.
+    // SAFETY: a helper reading this CPU's map value: the IP header's bytes
+    // end where `tcp_out` starts, of which at most 64 are read.
     unsafe {
-        let ip = s.ip_out.as_mut_ptr().cast();
+        let out = (&raw mut s.ip_out).cast::<u8>();
         let r = if iplen == 40 {
-            bpf_xdp_store_bytes(ctx.ctx, s.ip_off, ip, 40)
+            bpf_xdp_store_bytes(ctx.ctx, s.ip_off, out.add(syn::ip_at(true)).cast(), 40 + n)
         } else {
-            bpf_xdp_store_bytes(ctx.ctx, s.ip_off, ip, 20)
+            bpf_xdp_store_bytes(ctx.ctx, s.ip_off, out.add(syn::ip_at(false)).cast(), 20 + n)
         };
-        r == 0 && bpf_xdp_store_bytes(ctx.ctx, s.ip_off + iplen, s.tcp_out.as_mut_ptr().cast(), n) == 0
+        r == 0
     }
 }
 
@@ -338,7 +386,7 @@ fn check_ack(
         let r = unsafe {
             bpf_tcp_check_syncookie(
                 sk.cast(),
-                s.ip.as_mut_ptr().cast(),
+                headers_at(s, syn::ip_at(v6)).cast(),
                 iplen,
                 s.tcp.as_mut_ptr().cast::<tcphdr>(),
                 size_1_to_64(tcp_len),

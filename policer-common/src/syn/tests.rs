@@ -34,7 +34,7 @@ fn syn(v6: bool, opts: &[O], ecn: bool, seq: u32) -> ([u8; IP_MAX], [u8; 64], us
         t.checksum = t.calc_checksum_ipv4(&h, &[]).unwrap();
         h.write(&mut raw).unwrap();
     }
-    ip[..raw.len()].copy_from_slice(&raw);
+    ip[ip_at(v6)..ip_at(v6) + raw.len()].copy_from_slice(&raw);
     let mut tcp = [0u8; 64];
     let th = t.to_bytes();
     tcp[..th.len()].copy_from_slice(&th);
@@ -51,14 +51,14 @@ fn answer(v6: bool, ip: &[u8; IP_MAX], tcp: &[u8; 64], tcp_len: usize, p: &SynAc
     let (t, rest) = TcpHeader::from_slice(&tcp_out[..n]).unwrap();
     assert!(rest.is_empty());
     if v6 {
-        let (h, _) = Ipv6Header::from_slice(&ip_out).unwrap();
-        let (s, _) = Ipv6Header::from_slice(ip).unwrap();
+        let (h, _) = Ipv6Header::from_slice(&ip_out[ip_at(true)..]).unwrap();
+        let (s, _) = Ipv6Header::from_slice(&ip[ip_at(true)..]).unwrap();
         assert_eq!((h.source, h.destination), (s.destination, s.source));
         assert_eq!(h.payload_length as usize, n);
         assert_eq!(t.calc_checksum_ipv6(&h, &[]).unwrap(), t.checksum, "TCP checksum (IPv6)");
     } else {
-        let (h, _) = Ipv4Header::from_slice(&ip_out[..20]).unwrap();
-        let (s, _) = Ipv4Header::from_slice(&ip[..20]).unwrap();
+        let (h, _) = Ipv4Header::from_slice(&ip_out[ip_at(false)..]).unwrap();
+        let (s, _) = Ipv4Header::from_slice(&ip[ip_at(false)..]).unwrap();
         assert_eq!((h.source, h.destination), (s.destination, s.source));
         assert_eq!(h.total_len as usize, 20 + n);
         assert_eq!(h.calc_header_checksum(), h.header_checksum, "IPv4 header checksum");
@@ -134,6 +134,28 @@ fn ecn_and_no_wscale_are_encoded() {
 }
 
 #[test]
+fn the_socket_tuple_is_where_the_headers_put_it() {
+    // As the program's scratch holds them: the IP header at ip_at, the TCP
+    // header right after the 40 bytes.
+    for v6 in [false, true] {
+        let (ip, tcp, _) = syn(v6, &[O::MaximumSegmentSize(1460)], false, 1);
+        let run: Vec<u8> = ip.iter().chain(tcp.iter()).copied().collect();
+        let (at, alen) = if v6 { (TUPLE_AT_V6, 16) } else { (TUPLE_AT_V4, 4) };
+        let t = &run[at..at + 2 * alen + 4];
+        let (src, dst) = if v6 {
+            let (h, _) = Ipv6Header::from_slice(&ip[ip_at(true)..]).unwrap();
+            (h.source.to_vec(), h.destination.to_vec())
+        } else {
+            let (h, _) = Ipv4Header::from_slice(&ip[ip_at(false)..]).unwrap();
+            (h.source.to_vec(), h.destination.to_vec())
+        };
+        assert_eq!(&t[..alen], &src[..]);
+        assert_eq!(&t[alen..2 * alen], &dst[..]);
+        assert_eq!(&t[2 * alen..], &[0x9c, 0x40, 0x01, 0xbb], "ports 40000 and 443");
+    }
+}
+
+#[test]
 fn cap_allows_its_burst_then_its_rate() {
     let c = SynConf::default().with_cap(100, 5);
     let mut tat = 0;
@@ -176,7 +198,7 @@ fn a_network_has_one_cap_slot_and_networks_spread_over_them() {
         }
         let most = load.values().max().copied().unwrap_or(0);
         assert!(most <= 3, "{nets} networks: a slot holds {most}");
-        assert!(load.len() as u32 >= nets * 9 / 10, "{nets} networks on {} slots", load.len());
+        assert!(load.len() as u32 >= nets.min(CAP_SLOTS) * 3 / 4, "{nets} networks on {} slots", load.len());
     }
 }
 
