@@ -181,7 +181,8 @@ pub fn run(o: &Options) -> Result<Results> {
     } else {
         None
     };
-    let syn = if want("syn") { guarded("syn cookies", &mut errors, || syn::run(o.quick, reps)) } else { None };
+    let syn =
+        if want("syn") { guarded("syn cookies", &mut errors, || syn::run(o.quick, syn::reps(o.quick))) } else { None };
     let date = sys::run("date", &["-u", "+%Y-%m-%d %H:%M"]).unwrap_or_default().trim().to_string();
     let commit = head_commit();
 

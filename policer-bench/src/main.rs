@@ -200,7 +200,7 @@ fn syn_alone(a: &Args) -> anyhow::Result<()> {
     };
     let report = named(&a.report, "BENCHMARKS.md", "bench/syn.md");
     let results = named(&a.results, "bench/results.json", "bench/syn.json");
-    let s = policer_bench::unpanic(|| policer_bench::syn::run(a.quick, if a.quick { 2 } else { 5 }))?;
+    let s = policer_bench::unpanic(|| policer_bench::syn::run(a.quick, policer_bench::syn::reps(a.quick)))?;
     let date = policer_tests::bench::sys::run("date", &["-u", "+%Y-%m-%d %H:%M"]).unwrap_or_default();
     let md = policer_bench::syn::report(
         &s,

@@ -280,6 +280,15 @@ fn syn_counters(rig: &Rig) -> (u64, u64) {
     (g("syns"), g("cookies_sent"))
 }
 
+/// Repetitions of the group: nine (about two minutes of floods). Its
+/// ratio is taken repetition by repetition, each a difference of two
+/// differences on a shared VM: with five, one rep's burst of someone
+/// else's load moved the median by 0.05 (one binary's medians 0.33 and
+/// 0.47 an hour apart on 2026-11-30).
+pub fn reps(quick: bool) -> usize {
+    if quick { 2 } else { 9 }
+}
+
 /// Runs the group: `reps` repetitions of `secs` per system, interleaved,
 /// then `connects` real connections through a flood at each.
 pub fn run(quick: bool, reps: usize) -> Result<SynResults> {

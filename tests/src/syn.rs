@@ -279,6 +279,22 @@ pub fn forged_ack(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, ack: u32, ma
     f
 }
 
+/// The ACK that completes the handshake `syn` (an untagged SYN frame with
+/// IP and TCP headers adjacent, as [`syn_frames`] makes) began, for the
+/// SYN-ACK whose sequence number (the cookie) is `cookie`: what a real
+/// client at the SYN's source would send.
+pub fn cookie_ack(syn: &[u8], cookie: u32) -> Vec<u8> {
+    let v6 = syn[12..14] == [0x86, 0xdd];
+    let tcp = 14 + if v6 { 40 } else { 20 };
+    let mut f = syn.to_vec();
+    let seq = u32::from_be_bytes(f[tcp + 4..tcp + 8].try_into().unwrap());
+    f[tcp + 4..tcp + 8].copy_from_slice(&seq.wrapping_add(1).to_be_bytes());
+    f[tcp + 8..tcp + 12].copy_from_slice(&cookie.wrapping_add(1).to_be_bytes());
+    f[tcp + 13] = TCP_ACK;
+    fix_tcp_checksum(&mut f, tcp, v6);
+    f
+}
+
 /// Recomputes the TCP checksum of an untagged frame whose TCP header is
 /// at `tcp` (the segment's length from the IP header: Ethernet padding
 /// after it is not the segment's).

@@ -21,6 +21,9 @@
 //! - `flood`: below the rule's `--total-rate` SYNs are the kernel's, above
 //!   it they get cookies, and the verified clients' frames are not starved
 //!   by the flood's SYNs (these have a budget of their own).
+//! - a SYN whose TCP header does not follow the IP header's fixed part
+//!   (IPv4 options, an IPv6 extension header) gets a well-formed SYN-ACK
+//!   whose cookie the kernel accepts; IPv4 and IPv6.
 
 use std::{
     io::Write,
@@ -42,8 +45,9 @@ use policer_tests::{
     packet::RawSocket,
     privileged,
     syn::{
-        CLIENTS, CLOSED, PORT, RX4, RX6, client4, client6, connect_from, connect_many, flood, forged_ack, one_net_v4,
-        one_net_v6, server, sink_replies_to, spoofed_v4, ss_options, syn_frames, synack_to, tcp_counters, veth_drops,
+        CLIENTS, CLOSED, PORT, RX4, RX6, client4, client6, connect_from, connect_many, cookie_ack, flood, forged_ack,
+        one_net_v4, one_net_v6, server, sink_replies_to, spoofed_v4, ss_options, syn_frames, synack_to, tcp_counters,
+        veth_drops,
     },
     traffic::{self, Flow, RunOptions, run_with, send_raw},
 };
@@ -703,6 +707,128 @@ fn redirected_xdp_frames_get_cookies_too() {
     assert_eq!(n(y, "synacks_capped"), 0, "{y}");
     assert_eq!(n(r, "buckets_created"), 0, "no forged source gets a bucket: {r}");
     assert_eq!(n(&s["totals"], "class_matched"), sent, "{}", s["totals"]);
+    stop.store(true, Ordering::Relaxed);
+    srv.join().unwrap();
+}
+
+/// The one's-complement sum of `parts` (each of even length but the last)
+/// folded: 0xffff over a header whose checksum is right.
+fn folded_sum(parts: &[&[u8]]) -> u16 {
+    let mut sum: u64 = 0;
+    for p in parts {
+        for c in p.chunks(2) {
+            sum += u64::from(c[0]) << 8 | u64::from(*c.get(1).unwrap_or(&0));
+        }
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// `syn` (untagged, IP and TCP headers adjacent) with a gap between them:
+/// four bytes of IPv4 options (NOP NOP NOP EOL), or an IPv6 destination
+/// options header of eight (PadN).
+fn with_headers_apart(syn: &[u8], v6: bool) -> Vec<u8> {
+    let (ip_end, gap): (usize, &[u8]) = if v6 { (54, &[6, 0, 1, 4, 0, 0, 0, 0]) } else { (34, &[1, 1, 1, 0]) };
+    let seg = if v6 { 20 } else { usize::from(u16::from_be_bytes([syn[16], syn[17]])) - 20 };
+    let mut f: Vec<u8> = syn[..ip_end].iter().chain(gap).chain(&syn[ip_end..ip_end + seg]).copied().collect();
+    if v6 {
+        f[14 + 4..14 + 6].copy_from_slice(&((seg + gap.len()) as u16).to_be_bytes());
+        f[14 + 6] = 60;
+    } else {
+        f[14] = 0x46;
+        f[16..18].copy_from_slice(&((24 + seg) as u16).to_be_bytes());
+        f[24..26].copy_from_slice(&[0, 0]);
+        let c = !folded_sum(&[&f[14..38]]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+    }
+    f
+}
+
+/// A SYN whose TCP header does not follow its IP header's fixed part (IPv4
+/// options, an IPv6 extension header) is copied in two parts, not one:
+/// its SYN-ACK is as well formed (checksums, addresses, ports, the
+/// acknowledgment), and the ACK a client at its source would send back is
+/// accepted by the kernel's cookie check and verifies the source.
+#[test]
+fn syns_with_headers_apart_get_a_valid_cookie_v4_and_v6() {
+    if !privileged("syn") {
+        return;
+    }
+    let sb = sandbox("synh");
+    let stop = Arc::new(AtomicBool::new(false));
+    let srv = server(&sb.rx_ns, stop.clone());
+    let _d = daemon(&sb);
+    for prefix in ["0.0.0.0/0", "::/0"] {
+        succeeds(&cli(&sb, &["rule", "set", prefix, "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
+    }
+    let mac = sb.rx_mac();
+    let src4: fn(u64) -> IpAddr = |_| IpAddr::V4(Ipv4Addr::new(100, 72, 1, 1));
+    let src6: fn(u64) -> IpAddr = |_| "2001:db8:72::1".parse().unwrap();
+    for (prefix, rx, source) in [("0.0.0.0/0", RX4, src4), ("::/0", RX6, src6)] {
+        let rx: IpAddr = rx.parse().unwrap();
+        let v6 = rx.is_ipv6();
+        let src = source(0);
+        let syn = syn_frames(1, 7, source, rx, PORT, mac).remove(0);
+        let apart = with_headers_apart(&syn, v6);
+        // The SYN-ACK, as the sending side receives it.
+        let (ready, is_ready) = std::sync::mpsc::channel();
+        let catcher = thread::spawn({
+            let (ns, ifc) = (sb.tx_ns.clone(), sb.tx_if.clone());
+            move || {
+                enter(&ns).unwrap();
+                let sock = RawSocket::bind(&ifc).unwrap();
+                sock.set_timeout(Duration::from_millis(100)).unwrap();
+                ready.send(()).unwrap();
+                let mut buf = vec![0u8; 2048];
+                let until = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < until {
+                    if let Some(len) = sock.recv(&mut buf).unwrap()
+                        && synack_to(&buf[..len]) == Some(src)
+                    {
+                        return Some(buf[..len].to_vec());
+                    }
+                }
+                None
+            }
+        });
+        is_ready.recv().unwrap();
+        send_raw(&sb, vec![apart]);
+        let a = catcher.join().unwrap().unwrap_or_else(|| panic!("{prefix}: no SYN-ACK to {src}"));
+        let (ip, tcp) = (14, 14 + if v6 { 40 } else { 20 });
+        let seg = if v6 {
+            usize::from(u16::from_be_bytes([a[ip + 4], a[ip + 5]]))
+        } else {
+            assert_eq!(a[ip], 0x45, "{prefix}: no options in the answer");
+            assert_eq!(folded_sum(&[&a[ip..ip + 20]]), 0xffff, "{prefix}: IPv4 header checksum");
+            usize::from(u16::from_be_bytes([a[ip + 2], a[ip + 3]])) - 20
+        };
+        assert_eq!(a.len(), tcp + seg, "{prefix}: the frame is the SYN-ACK's length");
+        let len = (seg as u32).to_be_bytes();
+        let pseudo: Vec<u8> = if v6 {
+            a[ip + 8..ip + 40].iter().chain(&len).chain(&[0, 0, 0, 6]).copied().collect()
+        } else {
+            a[ip + 12..ip + 20].iter().chain(&[0, 6]).chain(&len[2..]).copied().collect()
+        };
+        assert_eq!(folded_sum(&[&pseudo, &a[tcp..tcp + seg]]), 0xffff, "{prefix}: TCP checksum");
+        let stcp = 14 + if v6 { 40 } else { 20 };
+        assert_eq!(a[tcp..tcp + 2], syn[stcp + 2..stcp + 4], "{prefix}: source port");
+        assert_eq!(a[tcp + 2..tcp + 4], syn[stcp..stcp + 2], "{prefix}: destination port");
+        let seq = u32::from_be_bytes(syn[stcp + 4..stcp + 8].try_into().unwrap());
+        assert_eq!(u32::from_be_bytes(a[tcp + 8..tcp + 12].try_into().unwrap()), seq.wrapping_add(1), "{prefix}");
+        // The client's ACK: the kernel takes its cookie.
+        let cookie = u32::from_be_bytes(a[tcp + 4..tcp + 8].try_into().unwrap());
+        send_raw(&sb, vec![cookie_ack(&syn, cookie)]);
+        thread::sleep(Duration::from_millis(300));
+        let s = stats(&sb);
+        let y = &rule_row(&s, prefix, "tcp")["syn"];
+        eprintln!("{prefix}: {y}");
+        assert_eq!(n(y, "cookies_sent"), 1, "{prefix}: {y}");
+        assert_eq!(n(y, "acks_accepted"), 1, "{prefix}: {y}");
+        assert_eq!(n(y, "acks_refused"), 0, "{prefix}: {y}");
+        assert_eq!(n(y, "sources_verified"), 1, "{prefix}: {y}");
+    }
     stop.store(true, Ordering::Relaxed);
     srv.join().unwrap();
 }
