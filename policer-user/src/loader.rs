@@ -1759,7 +1759,8 @@ fn load_programs(ebpf: &mut Ebpf, yielding: bool) -> Result<()> {
 }
 
 /// Sets the nice value of thread `tid` (`None`: this one) to `nice`, best
-/// effort (raising a priority needs CAP_SYS_NICE); the thread's id.
+/// effort (raising a priority needs CAP_SYS_NICE, or an RLIMIT_NICE that
+/// allows it: the shipped unit's `LimitNICE=+0`); the thread's id.
 fn set_nice(tid: Option<libc::pid_t>, nice: i32) -> libc::pid_t {
     // SAFETY: plain system calls on a thread id of this process.
     unsafe {

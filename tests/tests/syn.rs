@@ -91,6 +91,19 @@ fn n(v: &Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"))
 }
 
+/// A sandbox serving TCP, its server (stop flag, thread) and the daemon,
+/// with `--syn-cookies always` on both families' TCP class.
+fn serving_always(tag: &str) -> (Sandbox, Arc<AtomicBool>, thread::JoinHandle<()>, Daemon) {
+    let sb = sandbox(tag);
+    let stop = Arc::new(AtomicBool::new(false));
+    let srv = server(&sb.rx_ns, stop.clone());
+    let d = daemon(&sb);
+    for prefix in ["0.0.0.0/0", "::/0"] {
+        succeeds(&cli(&sb, &["rule", "set", prefix, "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
+    }
+    (sb, stop, srv, d)
+}
+
 fn daemon(sb: &Sandbox) -> Daemon {
     // The rules' own rate per source is generous: a real client makes
     // hundreds of connections here, and only the flood is in question.
@@ -226,13 +239,7 @@ fn no_listener_no_cookie_and_a_forged_cookie_is_refused_v4_and_v6() {
     if !privileged("syn") {
         return;
     }
-    let sb = sandbox("synf");
-    let stop = Arc::new(AtomicBool::new(false));
-    let srv = server(&sb.rx_ns, stop.clone());
-    let _d = daemon(&sb);
-    for prefix in ["0.0.0.0/0", "::/0"] {
-        succeeds(&cli(&sb, &["rule", "set", prefix, "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
-    }
+    let (sb, stop, srv, _d) = serving_always("synf");
     let mac = sb.rx_mac();
     let forged4: fn(u8) -> IpAddr = |i| IpAddr::V4(Ipv4Addr::new(100, 70, 1, i + 1));
     let forged6: fn(u8) -> IpAddr = |i| format!("2001:db8:71::{:x}", u32::from(i) + 1).parse::<IpAddr>().unwrap();
@@ -756,13 +763,7 @@ fn syns_with_headers_apart_get_a_valid_cookie_v4_and_v6() {
     if !privileged("syn") {
         return;
     }
-    let sb = sandbox("synh");
-    let stop = Arc::new(AtomicBool::new(false));
-    let srv = server(&sb.rx_ns, stop.clone());
-    let _d = daemon(&sb);
-    for prefix in ["0.0.0.0/0", "::/0"] {
-        succeeds(&cli(&sb, &["rule", "set", prefix, "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
-    }
+    let (sb, stop, srv, _d) = serving_always("synh");
     let mac = sb.rx_mac();
     let src4: fn(u64) -> IpAddr = |_| IpAddr::V4(Ipv4Addr::new(100, 72, 1, 1));
     let src6: fn(u64) -> IpAddr = |_| "2001:db8:72::1".parse().unwrap();
