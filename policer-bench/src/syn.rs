@@ -244,8 +244,9 @@ fn tx_received(sb: &Sandbox) -> u64 {
 }
 
 /// One flood of `secs` at `rig`: (CPU ns per SYN taken, SYNs a second,
-/// frames back to the sending side per SYN taken).
-fn measure(rig: &Rig, cpu: usize, secs: f64) -> Result<(f64, f64, f64)> {
+/// frames back to the sending side per SYN taken, the share of the SYNs
+/// sent that the veth dropped, its ring full).
+fn measure(rig: &Rig, cpu: usize, secs: f64) -> Result<(f64, f64, f64, f64)> {
     settle();
     let (d0, b0) = (tx_dropped(&rig.sb), tx_received(&rig.sb));
     let stop = Arc::new(AtomicBool::new(false));
@@ -257,7 +258,8 @@ fn measure(rig: &Rig, cpu: usize, secs: f64) -> Result<(f64, f64, f64)> {
         bail!("{}: no SYN reached the receiving side", rig.key);
     }
     let back = tx_received(&rig.sb).saturating_sub(b0) as f64 / taken as f64;
-    Ok((f.own_ns as f64 / taken as f64, taken as f64 / (f.wall_ns as f64 / 1e9), back))
+    let lost = 1.0 - taken as f64 / f.sent.max(1) as f64;
+    Ok((f.own_ns as f64 / taken as f64, taken as f64 / (f.wall_ns as f64 / 1e9), back, lost))
 }
 
 /// Real connections through a flood at `rig`: how many of `n` completed.
@@ -280,17 +282,20 @@ fn syn_counters(rig: &Rig) -> (u64, u64) {
     (g("syns"), g("cookies_sent"))
 }
 
-/// Repetitions of the group: nine (about two minutes of floods). Its
-/// ratio is taken repetition by repetition, each a difference of two
-/// differences on a shared VM: with five, one rep's burst of someone
-/// else's load moved the median by 0.05 (one binary's medians 0.33 and
-/// 0.47 an hour apart on 2026-11-30).
+/// Repetitions of the group: ten (about two and a half minutes of
+/// floods), a multiple of the systems' five so that the rotated order
+/// puts each system in each place equally often. Its ratio is taken
+/// repetition by repetition, each a difference of two differences on a
+/// shared VM: with five, one rep's burst of someone else's load moved the
+/// median by 0.05 (one binary's medians 0.33 and 0.47 an hour apart on
+/// 2026-11-30).
 pub fn reps(quick: bool) -> usize {
-    if quick { 2 } else { 9 }
+    if quick { 2 } else { 10 }
 }
 
-/// Runs the group: `reps` repetitions of `secs` per system, interleaved,
-/// then `connects` real connections through a flood at each.
+/// Runs the group: `reps` repetitions of `secs` per system, interleaved
+/// in an order rotated each repetition, then `connects` real connections
+/// through a flood at each.
 pub fn run(quick: bool, reps: usize) -> Result<SynResults> {
     let secs = if quick { 1.0 } else { 2.0 };
     let tried: u64 = if quick { 50 } else { 200 };
@@ -303,9 +308,16 @@ pub fn run(quick: bool, reps: usize) -> Result<SynResults> {
     let mut gross = vec![Vec::new(); rigs.len()];
     let mut rate = vec![Vec::new(); rigs.len()];
     let mut back = vec![Vec::new(); rigs.len()];
+    let mut lost = vec![0.0; rigs.len()];
     for rep in 0..reps {
-        for (i, r) in rigs.iter().enumerate() {
-            let (ns, pps, b) = measure(r, cpu, secs)?;
+        // The order rotates each repetition, so that no system always
+        // follows the same one (ten repetitions: each system twice in each
+        // place).
+        for k in 0..rigs.len() {
+            let i = (k + rep) % rigs.len();
+            let r = &rigs[i];
+            let (ns, pps, b, l) = measure(r, cpu, secs)?;
+            lost[i] = l;
             gross[i].push(ns);
             rate[i].push(pps);
             back[i].push(b);
@@ -315,7 +327,7 @@ pub fn run(quick: bool, reps: usize) -> Result<SynResults> {
             rep + 1,
             rigs.iter()
                 .enumerate()
-                .map(|(i, r)| format!("{} {:.0} ns", r.key, gross[i][rep]))
+                .map(|(i, r)| format!("{} {:.0} ns ({:.1} % lost)", r.key, gross[i][rep], 100.0 * lost[i]))
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
@@ -388,7 +400,8 @@ pub fn section(w: &mut String, s: &SynResults) {
          TCP server's port) sent from a raw socket on one CPU into a veth whose peer serves TCP; that CPU also runs \
          the receiving softirq and the SYN-ACKs' way back. **CPU ns / SYN** = the sending thread's CPU time + that \
          CPU's ksoftirqd, per SYN the veth took; **less the floor** = the same less the xdp_drop row's, repetition by \
-         repetition: what answering a SYN costs. {} repetitions of {:.0} s, systems interleaved. **Connected**: real \
+         repetition: what answering a SYN costs. {} repetitions of {:.0} s, systems interleaved in an order rotated each \
+         repetition. **Connected**: real \
          kernel clients (on the other CPU; a connection counts when data went both ways) through the same flood. \
          The kernel is set for cookies (`tcp_syncookies = 2`, `tcp_timestamps = 2`); every SYN-ACK goes back to \
          the sending veth (its sources routed there) and is dropped there by an XDP program, as it would leave \
