@@ -12,6 +12,8 @@ use aya::{
 use policer_common::{
     Counters, MAP_COUNTERS, MAP_LAYOUT, MAP_NEW_SOURCES, MAP_RULE_COUNTERS, MAP_RULES_V4, MAP_RULES_V6, NewSources,
     Rule, RuleCounters,
+    class::Total,
+    syn::{MAP_SYN_CONF, MAP_SYN_TOTALS, SynConf},
 };
 
 /// The state of one program's maps.
@@ -27,6 +29,9 @@ pub struct State {
     pub counters: Counters,
     /// The layout stamp, if the program has one.
     pub layout: Option<u32>,
+    /// Every rule slot's SYN cookies' settings and SYN budget (empty for a
+    /// program without them).
+    pub syn: Vec<(SynConf, Total)>,
 }
 
 impl State {
@@ -51,6 +56,11 @@ impl State {
         for (i, (a, b)) in self.rule_counters.iter().zip(&other.rule_counters).enumerate() {
             if a != b {
                 d.push(format!("counter slot {i}: {a:?} -> {b:?}"));
+            }
+        }
+        for (i, (a, b)) in self.syn.iter().zip(&other.syn).enumerate() {
+            if a != b {
+                d.push(format!("SYN slot {i}: {a:?} -> {b:?}"));
             }
         }
         if self.counters != other.counters {
@@ -123,7 +133,15 @@ pub fn read(prog_id: u32) -> State {
         let m: Array<MapData, u32> = Array::try_from(Map::Array(MapData::from_id(id).unwrap())).unwrap();
         m.get(&0, 0).unwrap()
     });
-    State { rules, new_sources, rule_counters, counters, layout }
+    let syn = match (maps.get(MAP_SYN_CONF), maps.get(MAP_SYN_TOTALS)) {
+        (Some(_), Some(_)) => {
+            let conf: Array<MapData, SynConf> = Array::try_from(Map::Array(open(&maps, MAP_SYN_CONF))).unwrap();
+            let totals: Array<MapData, Total> = Array::try_from(Map::Array(open(&maps, MAP_SYN_TOTALS))).unwrap();
+            conf.iter().zip(totals.iter()).map(|(c, t)| (c.unwrap(), t.unwrap())).collect()
+        }
+        _ => Vec::new(),
+    };
+    State { rules, new_sources, rule_counters, counters, layout, syn }
 }
 
 /// The capacity (`max_entries`) of the map `name` of program `prog_id`.

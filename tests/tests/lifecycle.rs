@@ -98,11 +98,43 @@ prefix = "198.18.9.0/24"
 action = "deny"
 "#;
 
+/// A TCP class with SYN cookies that the next config changes (`flood`
+/// with its SYN budget, then `always` with a cap of its own): its slot's
+/// SYN settings and budget are among what a failed start puts back.
+const OLD_SYN: &str = r#"
+[[rule]]
+prefix = "198.18.1.0/24"
+proto = "tcp"
+dport = 8080
+rate = "100pps"
+burst = 10
+total_rate = "1kpps"
+syn_cookies = "flood"
+"#;
+
+/// [`OLD_SYN`] as the next config has it.
+const NEW_SYN: &str = r#"
+[[rule]]
+prefix = "198.18.1.0/24"
+proto = "tcp"
+dport = 8080
+rate = "100pps"
+burst = 10
+total_rate = "2kpps"
+syn_cookies = "always"
+syn_ack_rate = "500pps"
+"#;
+
 /// A daemon with OLD_RULES, some traffic through it (so counters, buckets
 /// and limiters hold something), then `kill -9`: the program is left
 /// attached, policing, with no daemon. Returns its id.
 fn orphan_with_old_rules(sb: &Sandbox) -> u32 {
-    std::fs::write(&sb.config, OLD_RULES).unwrap();
+    orphan_with(sb, OLD_RULES)
+}
+
+/// [`orphan_with_old_rules`] with the config `rules`.
+fn orphan_with(sb: &Sandbox, rules: &str) -> u32 {
+    std::fs::write(&sb.config, rules).unwrap();
     let mut d = Daemon::attach(sb, &["--interval", "0"]);
     let id = prog_id(sb);
     let warm = [flow("198.18.1.1", 2000.0), flow("198.18.2.1", 300.0), flow("198.18.9.1", 100.0)];
@@ -190,9 +222,11 @@ fn a_start_failing_after_any_kernel_change_undoes_it() {
     }
     needs_test_hooks();
     let sb = Sandbox::new("undo");
-    let id = orphan_with_old_rules(&sb);
+    let id = orphan_with(&sb, &format!("{OLD_RULES}{OLD_SYN}"));
     let before = kstate::read(id);
-    std::fs::write(&sb.config, NEW_RULES).unwrap();
+    let modes = |s: &kstate::State| s.syn.iter().map(|(c, _)| c.mode).filter(|m| *m != 0).collect::<Vec<_>>();
+    assert_eq!(modes(&before), [policer_common::syn::SYN_FLOOD], "the SYN class's slot");
+    std::fs::write(&sb.config, format!("{NEW_RULES}{NEW_SYN}")).unwrap();
     let file = std::fs::read(&sb.config).unwrap();
     let rx_if = sb.rx_if.clone();
     for k in 1.. {
@@ -212,12 +246,14 @@ fn a_start_failing_after_any_kernel_change_undoes_it() {
                 assert_eq!(std::fs::read(&sb.config).unwrap(), file, "failing after change {k}: file rewritten");
             }
             Ok(mut d) => {
-                // The changes: the attachment, the counter slot of the new
-                // rule (the removed rule's), the limiters of the changed
-                // and the new rule, their two rule entries, one removal.
-                assert_eq!(k - 1, 7, "kernel changes of this start:\n{}", d.stdout());
+                // The changes: the attachment, the limiters of the rules
+                // and classes written anew (each a slot's limiter, ban
+                // parameters and SYN settings), two counter slots, the
+                // rule entries (seven without the SYN class).
+                assert_eq!(k - 1, 10, "kernel changes of this start:\n{}", d.stdout());
                 let now = kstate::read(prog_id(&sb));
                 assert!(now.rules.contains_key("198.18.9.0/24") && !now.rules.contains_key("198.18.2.0/24"));
+                assert_eq!(modes(&now), [policer_common::syn::SYN_ALWAYS], "the SYN class's slot");
                 assert!(d.stop_with(libc::SIGTERM));
                 break;
             }
