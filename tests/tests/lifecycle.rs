@@ -99,8 +99,12 @@ action = "deny"
 "#;
 
 /// A TCP class with SYN cookies that the next config changes (`flood`
-/// with its SYN budget, then `always` with a cap of its own): its slot's
-/// SYN settings and budget are among what a failed start puts back.
+/// with its SYN budget, then `always` with a cap of its own). The SYN
+/// settings and budgets are each program's own maps (not shared with the
+/// program a start adopts): a failed start must leave the running
+/// program's as they were, and the start that succeeds gives the new
+/// program the new settings (a class rule is written anew by every
+/// adopting start, changed or not).
 const OLD_SYN: &str = r#"
 [[rule]]
 prefix = "198.18.1.0/24"
