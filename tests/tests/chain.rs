@@ -52,6 +52,9 @@ fn tools() -> bool {
             return false;
         }
     }
+    // The host's bpffs, where the tests pin before any daemon runs (a bare
+    // VM's init mounts none; the daemon mounts it the same way).
+    policer_user::chain::ensure_bpffs().expect("mounting a bpffs at /sys/fs/bpf");
     true
 }
 
