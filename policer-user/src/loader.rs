@@ -755,9 +755,6 @@ pub struct SharedMaps {
     new_sources: Array<MapData, NewSources>,
     rule_counters: PerCpuArray<MapData, RuleCounters>,
     ban_params: OwnedFd,
-    /// SYN cookies' settings and budgets of the rule slots (none in an
-    /// object without them).
-    syn: Option<(OwnedFd, OwnedFd)>,
 }
 
 impl SharedMaps {
@@ -781,28 +778,7 @@ impl SharedMaps {
             ban_params: dup(policer_common::MAP_BAN_PARAMS)?,
             rule_counters: PerCpuArray::try_from(Map::PerCpuArray(data(MAP_RULE_COUNTERS)?))
                 .map_err(Error::map(MAP_RULE_COUNTERS))?,
-            syn: dup(policer_common::syn::MAP_SYN_CONF).ok().zip(dup(policer_common::syn::MAP_SYN_TOTALS).ok()),
         })
-    }
-
-    /// The SYN settings and SYN budget of a rule slot (None: the program
-    /// has no SYN cookies' maps).
-    pub fn syn_slot(&self, slot: u32) -> Result<Option<(policer_common::syn::SynConf, Total)>> {
-        use policer_common::syn::{MAP_SYN_CONF, MAP_SYN_TOTALS};
-        let Some((conf, totals)) = &self.syn else { return Ok(None) };
-        let c =
-            crate::batch::lookup(conf.as_raw_fd(), &slot).map_err(Error::kernel(format!("reading {MAP_SYN_CONF}")))?;
-        let t = crate::batch::lookup(totals.as_raw_fd(), &slot)
-            .map_err(Error::kernel(format!("reading {MAP_SYN_TOTALS}")))?;
-        Ok(c.zip(t))
-    }
-
-    /// Writes what [`SharedMaps::syn_slot`] read.
-    pub fn set_syn_slot(&mut self, slot: u32, v: &(policer_common::syn::SynConf, Total)) -> Result<()> {
-        use policer_common::syn::{MAP_SYN_CONF, MAP_SYN_TOTALS};
-        let Some((conf, totals)) = &self.syn else { return Ok(()) };
-        crate::batch::update_elem(conf.as_raw_fd(), &slot, &v.0).map_err(Error::kernel(MAP_SYN_CONF))?;
-        crate::batch::update_elem(totals.as_raw_fd(), &slot, &v.1).map_err(Error::kernel(MAP_SYN_TOTALS))
     }
 
     /// Makes the rule maps go from `have` to `want` ([`sync_maps`]).

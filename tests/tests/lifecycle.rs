@@ -116,18 +116,13 @@ total_rate = "1kpps"
 syn_cookies = "flood"
 "#;
 
-/// [`OLD_SYN`] as the next config has it.
-const NEW_SYN: &str = r#"
-[[rule]]
-prefix = "198.18.1.0/24"
-proto = "tcp"
-dport = 8080
-rate = "100pps"
-burst = 10
-total_rate = "2kpps"
-syn_cookies = "always"
-syn_ack_rate = "500pps"
-"#;
+/// [`OLD_SYN`] as the next config has it: `always`, a cap of its own, a
+/// larger SYN budget.
+fn new_syn() -> String {
+    OLD_SYN
+        .replace("total_rate = \"1kpps\"", "total_rate = \"2kpps\"")
+        .replace("syn_cookies = \"flood\"", "syn_cookies = \"always\"\nsyn_ack_rate = \"500pps\"")
+}
 
 /// A daemon with OLD_RULES, some traffic through it (so counters, buckets
 /// and limiters hold something), then `kill -9`: the program is left
@@ -230,7 +225,7 @@ fn a_start_failing_after_any_kernel_change_undoes_it() {
     let before = kstate::read(id);
     let modes = |s: &kstate::State| s.syn.iter().map(|(c, _)| c.mode).filter(|m| *m != 0).collect::<Vec<_>>();
     assert_eq!(modes(&before), [policer_common::syn::SYN_FLOOD], "the SYN class's slot");
-    std::fs::write(&sb.config, format!("{NEW_RULES}{NEW_SYN}")).unwrap();
+    std::fs::write(&sb.config, format!("{NEW_RULES}{}", new_syn())).unwrap();
     let file = std::fs::read(&sb.config).unwrap();
     let rx_if = sb.rx_if.clone();
     for k in 1.. {
@@ -250,10 +245,11 @@ fn a_start_failing_after_any_kernel_change_undoes_it() {
                 assert_eq!(std::fs::read(&sb.config).unwrap(), file, "failing after change {k}: file rewritten");
             }
             Ok(mut d) => {
-                // The changes: the attachment, the limiters of the rules
-                // and classes written anew (each a slot's limiter, ban
-                // parameters and SYN settings), two counter slots, the
-                // rule entries (seven without the SYN class).
+                // The changes: the attachment; for each of the three slots
+                // written anew (the changed rule, the SYN class, the new
+                // deny rule) its limiter with its ban parameters and its
+                // aggregate bucket; the counter slots of the two rules new
+                // to the tries; the rule entries.
                 assert_eq!(k - 1, 10, "kernel changes of this start:\n{}", d.stdout());
                 let now = kstate::read(prog_id(&sb));
                 assert!(now.rules.contains_key("198.18.9.0/24") && !now.rules.contains_key("198.18.2.0/24"));

@@ -1121,12 +1121,10 @@ enum StartStep {
     /// An adopted total (aggregate bucket) slot.
     Total { slot: u32, old: policer_common::class::Total },
     /// An adopted new-source limiter slot, and the slot's ban parameters.
-    NewSources {
-        slot: u32,
-        old: NewSources,
-        old_bans: policer_common::ban::BanParams,
-        old_syn: Option<(policer_common::syn::SynConf, policer_common::class::Total)>,
-    },
+    /// (The slot's SYN settings and SYN budget are not recorded: those
+    /// maps are each program's own, never the adopted program's, so a
+    /// failed start leaves the running program's untouched.)
+    NewSources { slot: u32, old: NewSources, old_bans: policer_common::ban::BanParams },
     /// An adopted rule counter slot, per CPU, before it was zeroed.
     RuleCounters { slot: u32, old: PerCpuValues<RuleCounters> },
     /// A set's entries written into (or removed from) adopted tries, and
@@ -1305,8 +1303,7 @@ impl Undo {
         }
         let old = m.new_sources(slot)?;
         let old_bans = m.ban_params(slot)?;
-        let old_syn = m.syn_slot(slot)?;
-        self.push(StartStep::NewSources { slot, old, old_bans, old_syn })
+        self.push(StartStep::NewSources { slot, old, old_bans })
     }
 
     /// A counter slot's values before it is zeroed (None: nothing to save,
@@ -1384,13 +1381,12 @@ impl Undo {
                     let m = self.maps.as_mut().expect("recorded only with maps");
                     m.set_total(slot, &old).map_err(|e| (format!("the total of slot {slot}"), e))
                 }
-                StartStep::NewSources { slot, old, old_bans, old_syn } => {
+                StartStep::NewSources { slot, old, old_bans } => {
                     limiters += 1;
                     let m = self.maps.as_mut().expect("recorded only with maps");
                     m.set_new_sources(slot, &old)
                         .and_then(|()| m.set_ban_params(slot, &old_bans))
-                        .and_then(|()| old_syn.as_ref().map_or(Ok(()), |v| m.set_syn_slot(slot, v)))
-                        .map_err(|e| (format!("the new-source limiter, bans and SYN settings of slot {slot}"), e))
+                        .map_err(|e| (format!("the new-source limiter and bans of slot {slot}"), e))
                 }
                 StartStep::SetEntries { written, old } => {
                     sets += 1;
