@@ -247,7 +247,60 @@ impl Lapi {
     /// `value`, `duration`, `reason`, `type`, and ignores `origin` and
     /// `scope`: see the module doc) and runs `cscli decisions import -i
     /// FILE ARGS`; returns how many it says it imported.
+    ///
+    /// The LAPI's sqlite (WAL) refuses a write that meets another one
+    /// ("database is locked", not waited for: a daemon's pull writes the
+    /// bouncer's last pull while a long import runs; one CI run in many).
+    /// An import refused so is not all or nothing (its decisions are
+    /// written in batches), so it is taken again for the rows whose value
+    /// the LAPI's whole answer does not hold yet, at most four times; the
+    /// count returned is then of this CSV's rows the LAPI holds.
     pub fn import_csv(&self, csv: &str, args: &[&str]) -> usize {
+        let mut imported = 0;
+        let mut todo = csv.to_string();
+        for attempt in 1.. {
+            match self.import_once(&todo, args) {
+                Ok(n) => return imported + n,
+                Err(said) if said.contains("database is locked") && attempt < 5 => {
+                    eprintln!(
+                        "cscli decisions import, attempt {attempt}: database is locked; again for what is missing"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    let held = self.held_values();
+                    let mut lines = todo.lines();
+                    let header = lines.next().unwrap_or_default();
+                    let col = header.split(',').position(|c| c.trim() == "value").unwrap_or(0);
+                    let rows: Vec<&str> = lines.filter(|l| !l.trim().is_empty()).collect();
+                    let missing: Vec<&str> = rows
+                        .iter()
+                        .copied()
+                        .filter(|l| l.split(',').nth(col).is_none_or(|v| !held.contains(v.trim())))
+                        .collect();
+                    imported += rows.len() - missing.len();
+                    if missing.is_empty() {
+                        return imported;
+                    }
+                    todo = std::iter::once(header).chain(missing).collect::<Vec<_>>().join("\n");
+                }
+                Err(said) => panic!("{said}"),
+            }
+        }
+        unreachable!()
+    }
+
+    /// The values of every decision in the LAPI's whole answer, read with
+    /// a key of its own (the LAPI keeps each key's last pull).
+    fn held_values(&self) -> std::collections::HashSet<String> {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let key = self.bouncer_key(&format!("import-check-{n}"));
+        let whole = self.stream(&key, true);
+        whole["new"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|d| d["value"].as_str().map(str::to_string)).collect())
+            .unwrap_or_default()
+    }
+
+    fn import_once(&self, csv: &str, args: &[&str]) -> Result<usize, String> {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let file = self.dir.join(format!("import-{n}.csv"));
         std::fs::write(&file, csv).expect("write the CSV");
@@ -266,13 +319,16 @@ impl Lapi {
             .output()
             .expect("run cscli");
         let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "cscli {}: {said}", v.join(" "));
         let _ = std::fs::remove_file(&file);
+        if !out.status.success() {
+            return Err(format!("cscli {}: {said}", v.join(" ")));
+        }
         // `... msg="3 decisions successfully imported"`
-        said.split_once(" decisions successfully imported")
+        Ok(said
+            .split_once(" decisions successfully imported")
             .and_then(|(before, _)| before.rsplit(['"', ' ']).next())
             .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("cscli did not say how many it imported: {said}"))
+            .unwrap_or_else(|| panic!("cscli did not say how many it imported: {said}")))
     }
 
     /// SIGKILL: the LAPI stops answering at once, its database as it was.
