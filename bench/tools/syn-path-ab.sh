@@ -48,6 +48,11 @@ s = socket.socket(); s.bind(('10.99.0.1', 8080)); s.listen(1024); time.sleep(1e6
     --state-dir "$WORK/state$n" > "$WORK/daemon$n.log" 2>&1 &
   echo $! > "$WORK/d$n.pid"
   for _ in $(seq 100); do grep -q policing "$WORK/daemon$n.log" && break; sleep 0.2; done
+  if ! grep -q policing "$WORK/daemon$n.log"; then
+    echo "syn-path-ab: $B did not start in pbsyn$n:" >&2
+    cat "$WORK/daemon$n.log" >&2
+    exit 1
+  fi
   ip netns exec pbsyn$n "$B" rule set 0.0.0.0/0 --proto tcp --rate 20kpps --syn-cookies always > /dev/null
 done
 id_of() { ip netns exec "$1" bpftool net show dev va | grep -o "id [0-9]*" | head -1 | cut -d' ' -f2; }

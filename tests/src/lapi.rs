@@ -94,6 +94,9 @@ pub struct Lapi {
     child: Option<Child>,
     login: String,
     password: String,
+    /// A bouncer key of the harness's own, for reading the whole answer
+    /// around an import (made at the first import).
+    check_key: std::sync::OnceLock<String>,
 }
 
 impl Lapi {
@@ -108,7 +111,15 @@ impl Lapi {
         std::fs::write(dir.join("hub/.index.json"), "{}").expect("write the hub index");
         std::fs::write(dir.join("config.yaml"), config_yaml(&dir, port)).expect("write the LAPI config");
         let login = format!("policer-test-{n}");
-        let mut lapi = Lapi { ns: ns.into(), port, dir, child: None, login, password: String::new() };
+        let mut lapi = Lapi {
+            ns: ns.into(),
+            port,
+            dir,
+            child: None,
+            login,
+            password: String::new(),
+            check_key: Default::default(),
+        };
         let creds = lapi.dir.join("local_api_credentials.yaml");
         let creds = creds.to_str().expect("a UTF-8 path").to_string();
         let login = lapi.login.clone();
@@ -253,9 +264,12 @@ impl Lapi {
     /// bouncer's last pull while a long import runs; one CI run in many).
     /// An import refused so is not all or nothing (its decisions are
     /// written in batches), so it is taken again for the rows whose value
-    /// the LAPI's whole answer does not hold yet, at most four times; the
-    /// count returned is then of this CSV's rows the LAPI holds.
+    /// the LAPI's whole answer did not hold before the import and does not
+    /// hold yet, at most four times; the count returned is then of this
+    /// CSV's rows the LAPI came to hold (a row whose value it held before
+    /// counts only when an attempt says it imported it).
     pub fn import_csv(&self, csv: &str, args: &[&str]) -> usize {
+        let before = self.held_values();
         let mut imported = 0;
         let mut todo = csv.to_string();
         for attempt in 1.. {
@@ -274,7 +288,9 @@ impl Lapi {
                     let missing: Vec<&str> = rows
                         .iter()
                         .copied()
-                        .filter(|l| l.split(',').nth(col).is_none_or(|v| !held.contains(v.trim())))
+                        .filter(|l| {
+                            l.split(',').nth(col).is_none_or(|v| before.contains(v.trim()) || !held.contains(v.trim()))
+                        })
                         .collect();
                     imported += rows.len() - missing.len();
                     if missing.is_empty() {
@@ -289,11 +305,10 @@ impl Lapi {
     }
 
     /// The values of every decision in the LAPI's whole answer, read with
-    /// a key of its own (the LAPI keeps each key's last pull).
+    /// a key of the harness's own (no test's key's last pull moves).
     fn held_values(&self) -> std::collections::HashSet<String> {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let key = self.bouncer_key(&format!("import-check-{n}"));
-        let whole = self.stream(&key, true);
+        let key = self.check_key.get_or_init(|| self.bouncer_key("harness-import-check"));
+        let whole = self.stream(key, true);
         whole["new"]
             .as_array()
             .map(|a| a.iter().filter_map(|d| d["value"].as_str().map(str::to_string)).collect())
