@@ -183,7 +183,7 @@ fn dsync_writer(path: std::path::PathBuf, stop: &std::sync::atomic::AtomicBool) 
 /// `rule set` requests, one after another from 4 clients, with 100 000
 /// rules loaded while a writer beside the config file syncs every 64 KiB
 /// it writes: each request's time, and the owner's record of how long a
-/// request waited in its queue and a write of the file held it.
+/// request waited in its queue and a write of the file took.
 fn dsync(net: &Net, quick: bool) -> Result<Vec<Measure>> {
     use std::sync::atomic::{AtomicBool, Ordering};
     say("control: rule set while another writer syncs the disk");
@@ -228,8 +228,8 @@ fn dsync(net: &Net, quick: bool) -> Result<Vec<Measure>> {
     let f = |k: &str| record[k].as_f64().unwrap_or(f64::NAN);
     let note = format!(
         "{} requests ({failed} failed) from 4 clients, median {:.1} ms, max {:.1} ms; the other writer wrote {:.0} MB/s \
-         in O_DSYNC blocks of 64 KiB beside the config file; the owner's record: the longest a write of the file held \
-         it {:.0} ms, {} requests waited over 100 ms in its queue",
+         in O_DSYNC blocks of 64 KiB beside the config file; the owner's record: the longest a write of the file took \
+         {:.0} ms, {} requests waited over 100 ms in its queue",
         each.len(),
         pct(0.5).unwrap_or(f64::NAN),
         each.last().copied().unwrap_or(f64::NAN),

@@ -871,7 +871,8 @@ pub struct ConfigStatus {
     /// The owner's own record since the start: the longest a control
     /// request (a change, a reload, a dry run) waited in its queue before
     /// it was taken, ms; how many waited over 100 ms; the longest a write
-    /// of the file by a group of changes held it, ms.
+    /// of the file by a group of changes took, ms (the owner takes the
+    /// changes that come meanwhile into the next group).
     #[serde(default)]
     pub longest_wait_ms: f64,
     #[serde(default)]

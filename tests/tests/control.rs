@@ -528,6 +528,76 @@ fn status_says_what_runs() {
     let _ = std::fs::remove_dir_all(&sets_dir);
 }
 
+/// Issue 43 point 14: a slow disk (each sync of the config file's new
+/// version made 400 ms longer by the test hook `POLICER_TEST_SLOW_SYNC_MS`)
+/// keeps no change waiting in the owner's queue behind it: the changes
+/// that come while a write is on its way are taken at once into the next
+/// group (the owner's own record of the longest wait stays far below the
+/// sync), each is answered once written, and they police: a deny among
+/// them drops a real flow, another prefix passes.
+#[test]
+fn a_slow_disk_keeps_no_change_waiting_behind_a_write() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("slw");
+    let bin = policer_bin();
+    assert!(
+        policer_tests::file_contains(&bin, b"POLICER_TEST_SLOW_SYNC_MS"),
+        "{} has no test hooks: build it with `cargo build -p policer-user --bin policer --features test-hooks`",
+        bin.display()
+    );
+    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
+    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "400")]).expect("daemon");
+    let status = |sb: &Sandbox| -> serde_json::Value {
+        serde_json::from_str(&succeeds(&cli(sb, &["status", "--json"]))).unwrap()
+    };
+    let before = status(&sb)["config_status"].clone();
+    // Four clients, six changes each, one after another.
+    let acked: Vec<String> = thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|c| {
+                let sb = &sb;
+                s.spawn(move || {
+                    (0..6)
+                        .filter_map(|i| {
+                            let prefix = format!("10.{}.{i}.0/24", 120 + c);
+                            let args: Vec<&str> = if (c, i) == (0, 0) {
+                                vec!["rule", "set", "198.18.5.0/24", "--action", "deny"]
+                            } else {
+                                vec!["rule", "set", &prefix, "--rate", "300pps", "--burst", "20"]
+                            };
+                            let out = cli(sb, &args);
+                            out.status.success().then(|| args[2].to_string())
+                        })
+                        .collect::<Vec<String>>()
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(acked.len(), 24, "changes refused: only {acked:?} answered");
+    let after = status(&sb)["config_status"].clone();
+    let writes = after["writes"].as_u64().unwrap() - before["writes"].as_u64().unwrap();
+    let waited = after["longest_wait_ms"].as_f64().unwrap();
+    let wrote = after["longest_write_ms"].as_f64().unwrap();
+    eprintln!("24 changes in {writes} writes; the longest write {wrote:.0} ms, the longest wait {waited:.0} ms");
+    // Each write took the slow sync; no change waited for one in the queue
+    // (the bound is half the sync: a queue behind the disk waits up to all
+    // of it, and more behind two).
+    assert!(wrote >= 400.0, "the hook did not slow the writes: {after}");
+    assert!(waited < 200.0, "a change waited {waited:.0} ms in the owner's queue behind a 400 ms write: {after}");
+    assert!(writes < 24, "no two changes shared a write: {writes} writes");
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    let ls = rules_json(&sb);
+    for p in &acked {
+        assert!(text.contains(&format!("prefix = \"{p}\"")), "{p} answered, not in the file");
+        assert!(ls.contains(&format!("\"{p}\"")), "{p} answered, not in force");
+    }
+    let (got, sent) = send_two(&sb);
+    assert_eq!((got, sent > 0), (0, true), "the deny rule taken during a write does not drop");
+}
+
 /// Ten clients changing rules at once: changes that queue behind a write
 /// share the next one (group commit; `status --json` counts writes and the
 /// changes they carried), each is answered only once it is on disk, and a

@@ -22,7 +22,7 @@ use super::{
     Config,
     edit::{self, Change},
     splice::{self, RuleLayout},
-    write,
+    write::{self, DirSync},
 };
 use crate::{
     error::{Error, Result},
@@ -115,6 +115,42 @@ pub struct Pending {
     after: After,
     /// The text's sha256, if worked out already.
     sha: Option<String>,
+}
+
+/// A staged version on its way to the disk ([`ConfigFile::stage_rules_begin`]).
+#[derive(Debug)]
+pub struct Staging(StagingState);
+
+#[derive(Debug)]
+enum StagingState {
+    /// Staged already (or nothing to write).
+    Ready(Box<Pending>),
+    /// Being written and synced on a thread of its own.
+    Writing { thread: std::thread::JoinHandle<WriteDone>, after: After },
+}
+
+/// What a write's thread gives back: the staged file, the text, its sha256.
+type WriteDone = (Result<write::Staged>, String, Option<String>);
+
+impl Staging {
+    /// Whether [`wait`](Self::wait) would not wait.
+    pub fn is_finished(&self) -> bool {
+        match &self.0 {
+            StagingState::Ready(_) => true,
+            StagingState::Writing { thread, .. } => thread.is_finished(),
+        }
+    }
+
+    /// The staged version, once written and synced (or why not).
+    pub fn wait(self) -> Result<Pending> {
+        match self.0 {
+            StagingState::Ready(p) => Ok(*p),
+            StagingState::Writing { thread, after } => match thread.join() {
+                Ok((staged, text, sha)) => Ok(Pending { staged: Some(staged?), text, after, sha }),
+                Err(_) => Err(Error::Invalid("the thread writing the config file ended abnormally".into())),
+            },
+        }
+    }
 }
 
 /// What the file says after a staged change.
@@ -483,6 +519,55 @@ impl ConfigFile {
         }
     }
 
+    /// [`stage_rules`](Self::stage_rules) with the write (and its sync)
+    /// on a thread of its own: the owner goes on while the disk works,
+    /// and takes the staged file with [`Staging::wait`]. The text is made
+    /// (and the file checked for a hand edit) here, by `splice.rs` or, for
+    /// a layout it does not handle, the whole document's edit.
+    pub fn stage_rules_begin(
+        &mut self,
+        before: &dyn SpecMap,
+        edits: &[(RuleKey, Option<RuleSpec>)],
+    ) -> Result<Staging> {
+        self.check_unchanged()?;
+        let (text, after) = match self.spliced(before, edits) {
+            Some((text, ops)) => (text, After::Edits(ops)),
+            None => {
+                let (text, config) =
+                    self.edited(Change { rules: Some(&with_edits(before, edits)), interfaces: None, chains: None })?;
+                (text, After::Whole(Box::new(config)))
+            }
+        };
+        let old = self.seen_text();
+        // Nothing to say that the file (or its absence) does not say already.
+        let nothing = match &after {
+            After::Whole(c) => old.is_none() && **c == Config::default(),
+            _ => false,
+        };
+        if old == Some(text.as_str()) || nothing {
+            return Ok(Staging(StagingState::Ready(Box::new(Pending { staged: None, text, after, sha: None }))));
+        }
+        let path = self.path.clone();
+        #[cfg(test)]
+        let fault = write::FAULT.with(|f| f.get());
+        let thread = std::thread::Builder::new().name("policer-write".into()).spawn(move || {
+            #[cfg(test)]
+            write::FAULT.with(|f| f.set(fault));
+            // The sha256 (`status`, the follower) on another CPU while
+            // the write waits for the disk.
+            let (staged, sha) = std::thread::scope(|s| {
+                let sha = s.spawn(|| sha256_hex(text.as_bytes()));
+                (write::stage(&path, text.as_bytes()), sha.join().ok())
+            });
+            (staged, text, sha)
+        });
+        match thread {
+            Ok(thread) => Ok(Staging(StagingState::Writing { thread, after })),
+            // No thread to be had: written here.
+            Err(_) => self.stage_rules(before, edits).map(|p| Staging(StagingState::Ready(Box::new(p)))),
+        }
+    }
+
     /// What [`stage_rules`](Self::stage_rules) checks, with nothing
     /// written: a dry run's.
     pub fn check_stage_rules(&mut self, before: &dyn SpecMap, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<()> {
@@ -580,14 +665,22 @@ impl ConfigFile {
 
     /// Puts a staged version in place.
     pub fn commit(&mut self, pending: Pending) -> Result<()> {
+        self.commit_begin(pending).map(|sync| sync.map_or((), DirSync::sync))
+    }
+
+    /// [`commit`](Self::commit) up to the directory's sync, which is left
+    /// to the caller ([`DirSync::sync`], on a thread of its own if it
+    /// likes): the new version is in place, and what the daemon knows of
+    /// the file follows it, when this returns.
+    pub(crate) fn commit_begin(&mut self, pending: Pending) -> Result<Option<DirSync>> {
         let Pending { staged, text, after, sha } = pending;
         let Some(staged) = staged else {
-            return Ok(());
+            return Ok(None);
         };
         // Again, now that the new version is ready: an edit saved while we
         // worked must not be overwritten either. Dropping `staged` removes it.
         self.check_unchanged()?;
-        staged.commit()?;
+        let sync = staged.rename()?;
         self.set_seen(LastSeen::Text(text));
         // What was just put in place, stamped now: with fine timestamps an
         // edit from here on changes the stamp.
@@ -611,7 +704,7 @@ impl ConfigFile {
                 }
             }
         }
-        Ok(())
+        Ok(Some(sync))
     }
 
     /// The file's bytes now; `None`: there is none.

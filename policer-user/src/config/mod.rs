@@ -46,9 +46,9 @@ pub use crate::sets::SetConfig;
 pub use edit::Change;
 #[cfg(test)]
 use file::SPLICED;
-pub use file::{ConfigFile, FileSnapshot, Pending, final_newline_warning, sha256_hex};
+pub use file::{ConfigFile, FileSnapshot, Pending, Staging, final_newline_warning, sha256_hex};
 pub use write::NEW_FILE_MODE;
-pub(crate) use write::remove_leftovers;
+pub(crate) use write::{DirSync, remove_leftovers};
 
 use std::{collections::BTreeMap, path::Path};
 

@@ -130,13 +130,37 @@ pub(crate) fn stage(path: &Path, data: &[u8]) -> Result<Staged> {
         .and_then(|()| file.set_permissions(fs::Permissions::from_mode(mode)))
         .map_err(fail(format!("giving the new file the mode {mode:04o}")))?;
     fault(Step::Write).and_then(|()| file.write_all(data)).map_err(fail("writing the temporary file".into()))?;
+    slow_disk();
     fault(Step::Sync).and_then(|()| file.sync_all()).map_err(fail("syncing the temporary file to disk".into()))?;
     Ok(staged)
 }
 
+/// Tests only (policer-user's `test-hooks` feature, like the start's
+/// hooks in `daemon/start/hooks.rs`): each sync of a new version of the
+/// file takes `POLICER_TEST_SLOW_SYNC_MS` longer, a slow disk's, so the
+/// tiers can check that no request waits behind it.
+#[cfg(feature = "test-hooks")]
+fn slow_disk() {
+    if let Some(ms) = std::env::var("POLICER_TEST_SLOW_SYNC_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+fn slow_disk() {}
+
 impl Staged {
     /// Renames the temporary file over the target and syncs the directory.
-    pub(crate) fn commit(mut self) -> Result<()> {
+    #[cfg(test)]
+    pub(crate) fn commit(self) -> Result<()> {
+        self.rename().map(DirSync::sync)
+    }
+
+    /// Renames the temporary file over the target: the new content is in
+    /// place. What is left is to sync the directory ([`DirSync::sync`]) so
+    /// that the rename survives a power cut.
+    pub(crate) fn rename(mut self) -> Result<DirSync> {
         let tmp = self.tmp.clone().expect("staged until committed");
         fault(Step::Rename).and_then(|()| fs::rename(&tmp, &self.target)).map_err(|source| Error::ConfigWrite {
             path: self.shown.clone(),
@@ -144,14 +168,26 @@ impl Staged {
             source,
         })?;
         self.tmp = None;
-        // The new content is in place whatever happens now; a failed sync of
-        // the directory only means the rename may not survive a power cut, not
-        // a reason to call the change failed (and undo it in the kernel while
-        // the file keeps it).
+        Ok(DirSync { shown: self.shown.clone(), dir: self.dir.clone() })
+    }
+}
+
+/// The directory of a file just renamed into place, to be synced.
+#[derive(Clone, Debug)]
+pub(crate) struct DirSync {
+    shown: PathBuf,
+    dir: PathBuf,
+}
+
+impl DirSync {
+    /// Syncs the directory. The new content is in place whatever happens
+    /// now; a failed sync only means the rename may not survive a power
+    /// cut, not a reason to call the change failed (and undo it in the
+    /// kernel while the file keeps it): it is said, not returned.
+    pub(crate) fn sync(self) {
         if let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
             log::warn!("{}: cannot sync the directory {}: {e}", self.shown.display(), self.dir.display());
         }
-        Ok(())
     }
 }
 

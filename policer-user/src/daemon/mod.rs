@@ -208,8 +208,9 @@ pub struct Daemon {
     /// first write and leaves what it planned here (`dryrun.rs`).
     dry: Option<dryrun::PreviewCapture>,
     /// Set while the owner handles a group of changes whose file writes
-    /// are made as one (`owner.rs`, [`Group`](owner::Group)).
-    group: Option<owner::Group>,
+    /// are made as one, and while such a group's write is on its way
+    /// (`owner.rs`, [`Group`](owner::Group)).
+    groups: owner::Groups,
     /// What to do when the program is removed from outside (`hook.rs`).
     on_detach: hook::OnDetach,
     /// Why the daemon leaves on its own (`--on-detach exit`): published,

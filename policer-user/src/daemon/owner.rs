@@ -230,6 +230,42 @@ pub(super) struct Group {
     /// What the changes do once the write is done (log lines, automatic
     /// bans an `unban` lifts): nothing of it if the write fails.
     after: Vec<WhenWritten>,
+    /// The generation of the rules `plan` was made on
+    /// ([`RuleSet::generation`](super::ruleset::RuleSet::generation));
+    /// `None`: made on a group being written (its changes taken as made),
+    /// so made again once that group is in force.
+    made_on: Option<u64>,
+    /// Why none of the group's changes can be made: the group it was
+    /// judged on (being written when its changes were handled) failed.
+    failed: Option<String>,
+}
+
+/// The groups of changes not yet in force: the one the owner is taking
+/// changes into, and the one whose write is on its way to the disk.
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    pub(super) open: Option<Group>,
+    /// Its changes are judged on by those of `open` ([`run_groups`]).
+    pub(super) writing: Option<Group>,
+}
+
+/// A group's write on its way ([`Daemon::begin_write`]): the file's new
+/// version being staged on a thread of its own.
+pub(super) struct Write {
+    staging: Option<crate::config::Staging>,
+    /// The group's changes, each key once.
+    edits: Vec<(RuleKey, Option<RuleSpec>)>,
+    /// Those the file's rules change by.
+    file_edits: Vec<(RuleKey, Option<RuleSpec>)>,
+    since: std::time::Instant,
+}
+
+impl Write {
+    /// Whether the new version is staged (written and synced, or failed):
+    /// the kernel and the rename may follow without waiting.
+    fn staged(&self) -> bool {
+        self.staging.as_ref().is_none_or(crate::config::Staging::is_finished)
+    }
 }
 
 impl Command {
@@ -853,7 +889,7 @@ impl Daemon {
         let undo: Vec<(RuleKey, Option<RuleSpec>)> =
             edits.iter().rev().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
         self.sets.refuse_set_prefixes_of(edits.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| k))?;
-        if !runtime && self.group.is_some() && !self.dry() {
+        if !runtime && self.groups.open.is_some() && !self.dry() {
             return self.change_in_group(edits);
         }
         // Planned (and compiled) once, before anything is staged or
@@ -909,10 +945,9 @@ impl Daemon {
     /// with the group's changes before it made; made in the file and then
     /// in the kernel with the rest of the group ([`Daemon::end_group`]).
     fn change_in_group(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) -> Result<()> {
-        let g = self.group.as_ref().expect("in a group");
         let before = self.rs.file_rules();
         let file_changes = edits.iter().any(|(k, v)| {
-            let now = match g.pending.get(k) {
+            let now = match self.pending(k) {
                 Some(p) => p.as_ref(),
                 None => before.get(k).map(|s| &**s),
             };
@@ -921,17 +956,22 @@ impl Daemon {
         if file_changes {
             self.group_check().map_err(not_written)?;
         }
-        let g = self.group.as_ref().expect("in a group");
+        let g = self.groups.open.as_ref().expect("in a group");
+        // Judged on the group being written too, its changes taken as
+        // made (they reach the kernel before this group's).
+        let writing = self.groups.writing.iter().flat_map(|w| w.pending.iter());
         let all: Vec<(RuleKey, Option<RuleSpec>)> =
-            g.pending.iter().map(|(k, v)| (k.clone(), v.clone())).chain(edits.iter().cloned()).collect();
+            writing.chain(g.pending.iter()).map(|(k, v)| (k.clone(), v.clone())).chain(edits.iter().cloned()).collect();
         // The rule limit, or classes that tie or crowd a frame, refuse
         // this change here, and the group's others stand.
         let plan = self.rs.plan_edits(&all)?;
-        let g = self.group.as_mut().expect("in a group");
+        let made_on = if self.groups.writing.is_some() { None } else { Some(self.rs.generation()) };
+        let g = self.groups.open.as_mut().expect("in a group");
         for (k, v) in edits {
             g.pending.insert(k.clone(), v.clone());
         }
         g.plan = Some(plan);
+        g.made_on = made_on;
         g.changes += 1;
         g.wrote = true;
         Ok(())
@@ -940,7 +980,7 @@ impl Daemon {
     /// The rule in force for `key` as the changes of the group handled so
     /// far leave it (they reach the kernel after their write).
     pub(super) fn rule_in_force(&self, key: &RuleKey) -> Option<std::sync::Arc<RuleSpec>> {
-        match self.group.as_ref().and_then(|g| g.pending.get(key)) {
+        match self.pending(key) {
             Some(p) => p.clone().map(std::sync::Arc::new),
             None => self.rs.rules().get(key).map(|i| i.spec.clone()),
         }
@@ -949,7 +989,7 @@ impl Daemon {
     /// Whether the config file holds a rule for `key`, the group's changes
     /// handled so far made.
     pub(super) fn in_file(&self, key: &RuleKey) -> bool {
-        match self.group.as_ref().and_then(|g| g.pending.get(key)) {
+        match self.pending(key) {
             Some(p) => p.is_some(),
             None => self.rs.file_rules().contains_key(key),
         }
@@ -958,19 +998,32 @@ impl Daemon {
     /// Whether an `unban` of the group handled so far lifts the automatic
     /// ban `k` once the group is written (to a later change, it is lifted).
     pub(super) fn lift_pending(&self, k: &policer_common::BucketKeyV6) -> bool {
-        self.group.as_ref().is_some_and(|g| g.after.iter().any(|a| matches!(a, WhenWritten::Lift(l) if l.contains(k))))
+        [&self.groups.open, &self.groups.writing]
+            .into_iter()
+            .flatten()
+            .any(|g| g.after.iter().any(|a| matches!(a, WhenWritten::Lift(l) if l.contains(k))))
+    }
+
+    /// What the groups not yet in force (the open one, then the one being
+    /// written) leave `key` at; `None`: neither changes it.
+    fn pending(&self, key: &RuleKey) -> Option<&Option<RuleSpec>> {
+        self.groups
+            .open
+            .as_ref()
+            .and_then(|g| g.pending.get(key))
+            .or_else(|| self.groups.writing.as_ref()?.pending.get(key))
     }
 
     /// Whether the change just handled waits for a group's write.
     pub(super) fn write_pending(&self) -> bool {
-        self.group.as_ref().is_some_and(|g| g.wrote)
+        self.groups.open.as_ref().is_some_and(|g| g.wrote)
     }
 
     /// Does `a` once the change just handled is written: at once outside
     /// a group (or when the change wrote nothing), after the group's write
     /// in a group, and never if that write fails.
     pub(super) fn when_written(&mut self, a: WhenWritten) {
-        match self.group.as_mut() {
+        match self.groups.open.as_mut() {
             Some(g) if g.wrote => g.after.push(a),
             _ => self.done_after(a),
         }
@@ -979,13 +1032,13 @@ impl Daemon {
     /// Checks, once per group, what staging the file checks first: the
     /// file as the daemon last wrote it (not edited by hand since).
     fn group_check(&mut self) -> Result<()> {
-        if self.group.as_ref().is_some_and(|g| g.checked) {
+        if self.groups.open.as_ref().is_some_and(|g| g.checked) {
             return Ok(());
         }
         if self.file.changed_on_disk()? {
             return Err(Error::ConfigChanged { path: self.file.path().to_path_buf() });
         }
-        if let Some(g) = self.group.as_mut() {
+        if let Some(g) = self.groups.open.as_mut() {
             g.checked = true;
         }
         Ok(())
@@ -996,13 +1049,13 @@ impl Daemon {
     ///
     /// [`end_group`]: Self::end_group
     pub(super) fn begin_group(&mut self) {
-        self.group = Some(Group::default());
+        self.groups.open = Some(Group::default());
     }
 
     /// Whether the change just handled waits for the group's write (then
     /// cleared for the next).
     pub(super) fn take_group_wrote(&mut self) -> bool {
-        self.group.as_mut().is_some_and(|g| std::mem::take(&mut g.wrote))
+        self.groups.open.as_mut().is_some_and(|g| std::mem::take(&mut g.wrote))
     }
 
     /// Writes the group's changes into the file in one atomic write, then
@@ -1010,60 +1063,118 @@ impl Daemon {
     /// [`Daemon::change`]): a write that fails (a full disk) leaves the
     /// kernel as it was, and the error is every one of the changes'.
     pub(super) fn end_group(&mut self) -> Result<()> {
-        let Some(g) = self.group.take() else { return Ok(()) };
-        let Some(plan) = g.plan else { return Ok(()) };
-        let edits: Vec<(RuleKey, Option<RuleSpec>)> = g.pending.into_iter().collect();
+        let Some(w) = self.begin_write()? else { return Ok(()) };
+        if let Some(sync) = self.apply_write(w)? {
+            sync.sync();
+        }
+        Ok(())
+    }
+
+    /// The first half of [`end_group`](Self::end_group): the file's new
+    /// version staged on a thread of its own (its text made here); the
+    /// group is then the one being written, which the changes handled
+    /// meanwhile are judged on. `None`: nothing to write or make.
+    pub(super) fn begin_write(&mut self) -> Result<Option<Write>> {
+        let Some(g) = self.groups.open.take() else { return Ok(None) };
+        if let Some(why) = g.failed {
+            return Err(Error::Invalid(why));
+        }
+        if g.plan.is_none() {
+            return Ok(None);
+        }
+        let edits: Vec<(RuleKey, Option<RuleSpec>)> = g.pending.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let before = self.rs.file_rules();
         let file_edits: Vec<(RuleKey, Option<RuleSpec>)> =
             edits.iter().filter(|(k, v)| before.get(k).map(|s| &**s) != v.as_ref()).cloned().collect();
         // Staged first: nothing reaches the kernel before the file is written.
-        let t0 = std::time::Instant::now();
-        let staged = if file_edits.is_empty() {
+        let since = std::time::Instant::now();
+        let staging = if file_edits.is_empty() {
             None
         } else {
-            match self.file.stage_rules(&before, &file_edits) {
-                Ok(p) => Some(p),
+            match self.file.stage_rules_begin(&before, &file_edits) {
+                Ok(s) => Some(s),
+                Err(e) => return Err(self.not_staged(g.changes, e)),
+            }
+        };
+        self.groups.writing = Some(g);
+        Ok(Some(Write { staging, edits, file_edits, since }))
+    }
+
+    /// A group's staging failed: said in the log too, nothing of the group
+    /// took effect.
+    fn not_staged(&mut self, changes: u64, e: Error) -> Error {
+        let e = not_written(e);
+        say_err!(
+            "policer: writing {changes} change(s) to {} failed ({e}); none of them took effect",
+            self.file.path().display()
+        );
+        self.fail_next(&e);
+        e
+    }
+
+    /// The second half of [`end_group`](Self::end_group), once `w` is
+    /// staged (it waits for that otherwise): the group's changes made in
+    /// the kernel (planned again if the rules changed since its plan),
+    /// the file put in place, what waited for the write done. What is
+    /// left: the directory's sync, before the changes are answered.
+    pub(super) fn apply_write(&mut self, w: Write) -> Result<Option<crate::config::DirSync>> {
+        let g = self.groups.writing.take().expect("a group being written");
+        let staged = match w.staging.map(crate::config::Staging::wait).transpose() {
+            Ok(p) => p,
+            Err(e) => return Err(self.not_staged(g.changes, e)),
+        };
+        let mut writing = w.since.elapsed();
+        let plan = match (g.plan, g.made_on) {
+            (Some(p), Some(made_on)) if made_on == self.rs.generation() => Ok(p),
+            _ => self.rs.plan_edits(&w.edits),
+        };
+        // What to put back if the kernel or the rename fails.
+        let undo: Vec<(RuleKey, Option<RuleSpec>)> =
+            w.edits.iter().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
+        // The staged file is dropped, and so removed, on a failure.
+        if let Err(e) = plan.and_then(|p| self.apply_plan(p)) {
+            let e = self.undo_edits(&undo, e);
+            self.fail_next(&e);
+            return Err(e);
+        }
+        let mut sync = None;
+        if let Some(p) = staged {
+            let t1 = std::time::Instant::now();
+            let committed = self.file.commit_begin(p);
+            writing += t1.elapsed();
+            self.reload.wrote(writing);
+            match committed {
+                Ok(s) => sync = s,
                 Err(e) => {
                     let e = not_written(e);
-                    // Said in the log too: nothing of the group took effect.
                     say_err!(
-                        "policer: writing {} change(s) to {} failed ({e}); none of them took effect",
+                        "policer: writing {} change(s) to {} failed ({e}); they are undone in the kernel",
                         g.changes,
                         self.file.path().display()
                     );
+                    let e = self.undo_edits(&undo, e);
+                    self.fail_next(&e);
                     return Err(e);
                 }
             }
-        };
-        let mut writing = t0.elapsed();
-        // What to put back if the kernel or the rename fails.
-        let undo: Vec<(RuleKey, Option<RuleSpec>)> =
-            edits.iter().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
-        // The staged file is dropped, and so removed, on a failure.
-        if let Err(e) = self.apply_plan(plan) {
-            return Err(self.undo_edits(&undo, e));
-        }
-        if let Some(p) = staged {
-            let t1 = std::time::Instant::now();
-            let committed = self.file.commit(p);
-            writing += t1.elapsed();
-            self.reload.wrote(writing);
-            if let Err(e) = committed {
-                let e = not_written(e);
-                say_err!(
-                    "policer: writing {} change(s) to {} failed ({e}); they are undone in the kernel",
-                    g.changes,
-                    self.file.path().display()
-                );
-                return Err(self.undo_edits(&undo, e));
-            }
-            self.rs.edit_file_rules(&file_edits);
+            self.rs.edit_file_rules(&w.file_edits);
             self.reload.group_written(g.changes);
         }
         for a in g.after {
             self.done_after(a);
         }
-        Ok(())
+        Ok(sync)
+    }
+
+    /// The group being written failed with `e`: the open group, judged on
+    /// its changes, takes effect in none of its own either.
+    fn fail_next(&mut self, e: &Error) {
+        if let Some(next) = self.groups.open.as_mut().filter(|g| g.made_on.is_none() && g.plan.is_some()) {
+            next.failed = Some(format!(
+                "the change(s) written just before this one, which it was judged on, failed ({e}); nothing of it \
+                 changed"
+            ));
+        }
     }
 
     /// Whether the change being handled is a dry run (nothing is written).
@@ -1761,14 +1872,16 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                         None => break,
                     }
                 }
-                run_group(&mut daemon, group, &snapshot);
+                run_groups(&mut daemon, group, &mut queue, &snapshot, &stop);
                 trim = true;
                 continue;
             }
             let Job { cmd, reply, queued } = job;
             let last = matches!(cmd, Command::Shutdown);
             let tick = matches!(cmd, Command::Tick);
-            if !tick {
+            // The owner's record of waits is the control requests' (a
+            // tick and a followed edit are the daemon's own).
+            if !tick && !matches!(cmd, Command::Follow) {
                 daemon.reload.waited(queued.elapsed());
             }
             if tick {
@@ -1830,19 +1943,143 @@ fn refuse_stopping(job: Job) {
 /// then the kernel; the new state published, then each answered.
 fn run_group(daemon: &mut Daemon, group: Vec<Job>, snapshot: &watch::Sender<Arc<Snapshot>>) {
     daemon.begin_group();
-    let mut answers = Vec::with_capacity(group.len());
-    for Job { cmd, reply, queued } in group {
-        daemon.reload.waited(queued.elapsed());
-        let outcome = daemon.handle(cmd);
-        answers.push((outcome, daemon.take_group_wrote(), reply));
-    }
+    let answers: Vec<Answer> = group.into_iter().map(|j| handle_in_group(daemon, j)).collect();
     let written = daemon.end_group();
     snapshot.send_replace(daemon.snapshot());
+    answer(answers, &written);
+}
+
+/// A change's answer, and whether it waits for its group's write.
+type Answer = (Outcome, bool, oneshot::Sender<Outcome>);
+
+/// Handles a change of a group; its answer, sent once the group is written.
+fn handle_in_group(daemon: &mut Daemon, job: Job) -> Answer {
+    let Job { cmd, reply, queued } = job;
+    daemon.reload.waited(queued.elapsed());
+    let outcome = daemon.handle(cmd);
+    (outcome, daemon.take_group_wrote(), reply)
+}
+
+/// Answers a group's changes, `written` being its write's end.
+fn answer(answers: Vec<Answer>, written: &Result<()>) {
     for (mut outcome, waited, reply) in answers {
-        if waited && let Err(e) = &written {
+        if waited && let Err(e) = written {
             outcome.result = Err(e.for_each_waiter());
         }
         let _ = reply.send(outcome);
+    }
+}
+
+/// Groups of changes that write the config file (see [`Group`]), one
+/// after another, `first` the first: while a group's write is on its way
+/// to the disk (the new version's write and sync, then the directory's
+/// sync), the owner takes the changes queued meanwhile into the next
+/// group, judged and planned on the changes being written, so that none
+/// waits in the queue behind the disk. Each group is made in the kernel
+/// once its file is staged and answered once the file is in place.
+///
+/// What is not such a change ends the taking (the order of the queue is
+/// kept): it waits for the write's end, then is handled. A tick and a
+/// followed edit are put aside rather, handled after the write.
+fn run_groups(
+    daemon: &mut Daemon,
+    first: Vec<Job>,
+    queue: &mut Queue,
+    snapshot: &watch::Sender<Arc<Snapshot>>,
+    stop: &AtomicBool,
+) {
+    daemon.begin_group();
+    let mut answers: Vec<Answer> = first.into_iter().map(|j| handle_in_group(daemon, j)).collect();
+    loop {
+        let mut next = Vec::new();
+        let written = match daemon.begin_write() {
+            Err(e) => Err(e),
+            Ok(None) => Ok(()),
+            Ok(Some(w)) => {
+                daemon.begin_group();
+                let mut taking = Taking { queue: &mut *queue, stop, next: &mut next, held: Vec::new(), blocked: false };
+                taking.until(daemon, || w.staged());
+                let r = match daemon.apply_write(w) {
+                    Err(e) => Err(e),
+                    Ok(None) => Ok(()),
+                    Ok(Some(sync)) => {
+                        let spare = sync.clone();
+                        match thread::Builder::new().name("policer-dirsync".into()).spawn(move || sync.sync()) {
+                            Ok(h) => {
+                                taking.until(daemon, || h.is_finished());
+                                let _ = h.join();
+                            }
+                            Err(_) => spare.sync(),
+                        }
+                        Ok(())
+                    }
+                };
+                taking.put_back();
+                r
+            }
+        };
+        snapshot.send_replace(daemon.snapshot());
+        answer(std::mem::take(&mut answers), &written);
+        if next.is_empty() {
+            // Nothing came meanwhile: the group opened for it goes.
+            daemon.groups.open = None;
+            return;
+        }
+        answers = next;
+    }
+}
+
+/// What the owner takes from its queue while a group's write is on its
+/// way: changes of the next group, until one that is not (`blocked`).
+struct Taking<'a> {
+    queue: &'a mut Queue,
+    stop: &'a AtomicBool,
+    next: &'a mut Vec<Answer>,
+    /// Ticks and followed edits met meanwhile, handled after the write.
+    held: Vec<Job>,
+    blocked: bool,
+}
+
+impl Taking<'_> {
+    /// Takes changes into the next group until `done`.
+    fn until(&mut self, daemon: &mut Daemon, done: impl Fn() -> bool) {
+        while !done() {
+            if !self.blocked && self.next.len() < GROUP {
+                match self.queue.try_next() {
+                    Some(j) if j.cmd.writes_rules_to_file() => {
+                        if self.stop.load(Ordering::SeqCst) {
+                            refuse_stopping(j);
+                        } else {
+                            self.next.push(handle_in_group(daemon, j));
+                        }
+                        continue;
+                    }
+                    // A tick does what is due whenever it comes; a followed
+                    // edit (the file watcher sees this very write too) is
+                    // read once the write is done: a hand edit meanwhile is
+                    // refused by the changes taken, as any change is.
+                    Some(j) if matches!(j.cmd, Command::Tick | Command::Follow) => {
+                        self.held.push(j);
+                        continue;
+                    }
+                    Some(j) => {
+                        self.queue.later.push_front(j);
+                        self.blocked = true;
+                    }
+                    None => {}
+                }
+            }
+            // The disk answers in milliseconds at best: a look at the
+            // queue every half of one costs nothing and delays nothing.
+            thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    /// What was put aside goes first after the write.
+    fn put_back(&mut self) {
+        for j in self.held.drain(..).rev() {
+            self.queue.later.push_front(j);
+        }
     }
 }
 

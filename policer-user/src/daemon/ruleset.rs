@@ -117,6 +117,10 @@ pub(super) struct RuleSet {
     /// [`RuleSet::back_at_end`]). Kept while that key's rule in force has
     /// an end.
     restore: BTreeMap<RuleKey, std::sync::Arc<RuleSpec>>,
+    /// Counts the changes of what a plan is made against (rules, slots,
+    /// ids, groups, protected prefixes, the rule maps): a plan made at
+    /// another generation is made again before it is written.
+    generation: u64,
 }
 
 impl RuleSet {
@@ -139,7 +143,14 @@ impl RuleSet {
             last_flip: None,
             protect: Protect::default(),
             entries_protect: Protect::default(),
+            generation: 0,
         }
+    }
+
+    /// What a plan made now is made against ([`RuleSet::generation`]'s
+    /// field): equal later, the plan still holds.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Plans bringing the rules in force to `want` (see `plan.rs`).
@@ -254,6 +265,7 @@ impl RuleSet {
 
     /// Sets the protected prefixes of the next plans (a reload's new list).
     pub fn set_protect(&mut self, p: Protect) {
+        self.generation += 1;
         self.protect = p;
     }
 
@@ -268,6 +280,7 @@ impl RuleSet {
 
     /// Takes `plan` as the state in force, once the kernel holds it.
     pub fn commit(&mut self, plan: Plan) {
+        self.generation += 1;
         for s in &plan.taken {
             self.slots.mark_used(*s);
         }
@@ -384,6 +397,7 @@ impl RuleSet {
 
     /// The config file now holds `rules`.
     pub fn set_file_rules(&mut self, rules: BTreeMap<RuleKey, RuleSpec>) {
+        self.generation += 1;
         // Both in key order: one walk of each, no lookups (a start's
         // 100 000 rules).
         let mut differs = Vec::new();
@@ -420,6 +434,7 @@ impl RuleSet {
 
     /// The config file now holds its rules with `edits` made.
     pub fn edit_file_rules(&mut self, edits: &[(RuleKey, Option<RuleSpec>)]) {
+        self.generation += 1;
         for (k, v) in edits {
             self.file_rules.set(&self.rules, k, v.clone().map(std::sync::Arc::new));
         }
@@ -446,25 +461,30 @@ impl RuleSet {
 
     /// What the rule maps were read back to hold after a failed write.
     pub fn read_back(&mut self, compiled: Compiled) {
+        self.generation += 1;
         self.compiled = compiled;
     }
 
     /// A counter slot for a set; an error at the rule limit.
     pub fn take_slot(&mut self) -> Result<u32> {
+        self.generation += 1;
         self.slots.take()
     }
 
     /// Marks a slot an adopted set already uses (see [`Slots::mark_used`]).
     pub fn mark_slot_used(&mut self, s: u32) -> bool {
+        self.generation += 1;
         self.slots.mark_used(s)
     }
 
     pub fn free_slot(&mut self, s: u32) {
+        self.generation += 1;
         self.slots.free(s);
     }
 
     /// A rule id never used before (a set's).
     pub fn new_id(&mut self) -> u32 {
+        self.generation += 1;
         self.next_id += 1;
         self.next_id - 1
     }

@@ -273,7 +273,7 @@ impl Daemon {
             sets: super::sets::Sets::new(sets_dir, s.crowdsec.as_ref().map(|c| c.set.clone())),
             state_bans,
             dry: None,
-            group: None,
+            groups: Default::default(),
             feed: s.crowdsec.clone(),
             global: s.global.clone(),
             on_detach: args.on_detach,

@@ -3,6 +3,8 @@
 //! Nth kernel change (to check each change is undone, and to signal a start
 //! mid-way); and one for a running daemon: fail every change of its rules
 //! between the slots and the rule maps (to check the slots are put back).
+//! (One more lives where the config file is written, `config/write.rs`:
+//! `POLICER_TEST_SLOW_SYNC_MS`, a slow disk under every write of it.)
 //!
 //! Compiled in only with the `test-hooks` feature of policer-user, which
 //! `cargo xtask test` turns on for the binary its tiers run. Without it
