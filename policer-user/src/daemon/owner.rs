@@ -1077,6 +1077,7 @@ impl Daemon {
     pub(super) fn begin_write(&mut self) -> Result<Option<Write>> {
         let Some(g) = self.groups.open.take() else { return Ok(None) };
         if let Some(why) = g.failed {
+            say_err!("policer: {} change(s) refused: {why}", g.changes);
             return Err(Error::Invalid(why));
         }
         if g.plan.is_none() {
@@ -1872,7 +1873,7 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
                         None => break,
                     }
                 }
-                run_groups(&mut daemon, group, &mut queue, &snapshot, &stop);
+                run_groups(&mut daemon, group, &mut queue, &snapshot, (&stop, &pending));
                 trim = true;
                 continue;
             }
@@ -1986,18 +1987,19 @@ fn run_groups(
     first: Vec<Job>,
     queue: &mut Queue,
     snapshot: &watch::Sender<Arc<Snapshot>>,
-    stop: &AtomicBool,
+    (stop, tick_pending): (&AtomicBool, &AtomicBool),
 ) {
     daemon.begin_group();
     let mut answers: Vec<Answer> = first.into_iter().map(|j| handle_in_group(daemon, j)).collect();
     loop {
         let mut next = Vec::new();
+        let mut held = Vec::new();
         let written = match daemon.begin_write() {
             Err(e) => Err(e),
             Ok(None) => Ok(()),
             Ok(Some(w)) => {
                 daemon.begin_group();
-                let mut taking = Taking { queue: &mut *queue, stop, next: &mut next, held: Vec::new(), blocked: false };
+                let mut taking = Taking { queue: &mut *queue, stop, next: &mut next, held: &mut held, blocked: false };
                 taking.until(daemon, || w.staged());
                 let r = match daemon.apply_write(w) {
                     Err(e) => Err(e),
@@ -2014,12 +2016,15 @@ fn run_groups(
                         Ok(())
                     }
                 };
-                taking.put_back();
                 r
             }
         };
         snapshot.send_replace(daemon.snapshot());
         answer(std::mem::take(&mut answers), &written);
+        // Before the next group's write, what was put aside: a stream of
+        // changes must not keep the ticks (expiries, bans, the hook's
+        // watch) waiting.
+        handle_between(daemon, held, snapshot, tick_pending);
         if next.is_empty() {
             // Nothing came meanwhile: the group opened for it goes.
             daemon.groups.open = None;
@@ -2036,8 +2041,31 @@ struct Taking<'a> {
     stop: &'a AtomicBool,
     next: &'a mut Vec<Answer>,
     /// Ticks and followed edits met meanwhile, handled after the write.
-    held: Vec<Job>,
+    held: &'a mut Vec<Job>,
     blocked: bool,
+}
+
+/// Handles ticks and followed edits put aside during a write, once it is
+/// answered, the next group (taken meanwhile, not yet written) set aside
+/// too: they are handled as the owner's loop handles them, and that group
+/// is planned again if they changed the rules.
+fn handle_between(daemon: &mut Daemon, held: Vec<Job>, snapshot: &watch::Sender<Arc<Snapshot>>, ticks: &AtomicBool) {
+    if held.is_empty() {
+        return;
+    }
+    let open = daemon.groups.open.take();
+    for Job { cmd, reply, .. } in held {
+        let tick = matches!(cmd, Command::Tick);
+        if tick {
+            ticks.store(false, Ordering::SeqCst);
+        }
+        let outcome = daemon.handle(cmd);
+        if !tick || daemon.take_changed() {
+            snapshot.send_replace(daemon.snapshot());
+        }
+        let _ = reply.send(outcome);
+    }
+    daemon.groups.open = open;
 }
 
 impl Taking<'_> {
@@ -2072,13 +2100,6 @@ impl Taking<'_> {
             // The disk answers in milliseconds at best: a look at the
             // queue every half of one costs nothing and delays nothing.
             thread::sleep(Duration::from_micros(500));
-        }
-    }
-
-    /// What was put aside goes first after the write.
-    fn put_back(&mut self) {
-        for j in self.held.drain(..).rev() {
-            self.queue.later.push_front(j);
         }
     }
 }
