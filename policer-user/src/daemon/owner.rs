@@ -2001,7 +2001,7 @@ fn run_groups(
                 daemon.begin_group();
                 let mut taking = Taking { queue: &mut *queue, stop, next: &mut next, held: &mut held, blocked: false };
                 taking.until(daemon, || w.staged());
-                let r = match daemon.apply_write(w) {
+                match daemon.apply_write(w) {
                     Err(e) => Err(e),
                     Ok(None) => Ok(()),
                     Ok(Some(sync)) => {
@@ -2015,8 +2015,7 @@ fn run_groups(
                         }
                         Ok(())
                     }
-                };
-                r
+                }
             }
         };
         snapshot.send_replace(daemon.snapshot());
