@@ -13,6 +13,10 @@
 # flood (a system call and the interpreter between two SYNs): it compares
 # builds, it does not give the SYN path's cost in a flood (`policer-bench
 # --only syn` does). Root; the namespaces are removed at the end.
+# SETTLE=SECONDS waits that long after the rules are set before the first
+# round: 121 measures what a flood meets after the SYN path's first two
+# minutes (policer_common::syn::EXACT_NS: until then each SYN's listener
+# is looked up by the SYN's own tuple).
 set -eu
 OLD=$1; NEW=$2; ROUNDS=${3:-30}; CALLS=${4:-3000}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -55,6 +59,7 @@ s = socket.socket(); s.bind(('10.99.0.1', 8080)); s.listen(1024); time.sleep(1e6
   fi
   ip netns exec pbsyn$n "$B" rule set 0.0.0.0/0 --proto tcp --rate 20kpps --syn-cookies always > /dev/null
 done
+sleep "${SETTLE:-0}"
 id_of() { ip netns exec "$1" bpftool net show dev va | grep -o "id [0-9]*" | head -1 | cut -d' ' -f2; }
 sysctl -qw kernel.bpf_stats_enabled=1
 python3 "$HERE/syn_test_run.py" "$ROUNDS" "$CALLS" "pbsyn1:$(id_of pbsyn1)" "pbsyn2:$(id_of pbsyn2)"

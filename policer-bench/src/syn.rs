@@ -302,8 +302,19 @@ pub fn run(quick: bool, reps: usize) -> Result<SynResults> {
     let cpu = bench_cpu();
     let other = if cpu == 0 { 1 } else { 0 };
     let mut rigs = Vec::new();
+    let set_up = std::time::Instant::now();
     for (i, (key, _)) in SYSTEMS.iter().enumerate() {
         rigs.push(rig_for(key, i).with_context(|| format!("setting up {key}"))?);
+    }
+    // What a flood meets after its first two minutes: for that long after
+    // its rule gets SYN cookies the policer looks each SYN's listener up
+    // by the SYN's own tuple (policer_common::syn::EXACT_NS), a miss in the
+    // kernel's table of connections per forged source; then by its
+    // destination alone.
+    let exact = Duration::from_nanos(policer_common::syn::EXACT_NS);
+    if let Some(wait) = exact.checked_sub(set_up.elapsed()) {
+        say(&format!("syn: {:.0} s until the SYN path's first two minutes are over", wait.as_secs_f64()));
+        thread::sleep(wait + Duration::from_secs(1));
     }
     let mut gross = vec![Vec::new(); rigs.len()];
     let mut rate = vec![Vec::new(); rigs.len()];
@@ -401,7 +412,8 @@ pub fn section(w: &mut String, s: &SynResults) {
          the receiving softirq and the SYN-ACKs' way back. **CPU ns / SYN** = the sending thread's CPU time + that \
          CPU's ksoftirqd, per SYN the veth took; **less the floor** = the same less the xdp_drop row's, repetition by \
          repetition: what answering a SYN costs. {} repetitions of {:.0} s, systems interleaved in an order rotated each \
-         repetition. **Connected**: real \
+         repetition, after the policer's first two minutes of SYN cookies (until then it finds each SYN's listener by \
+         the SYN's own tuple: docs/syn-cookies.md, \"The listener's lookup\"). **Connected**: real \
          kernel clients (on the other CPU; a connection counts when data went both ways) through the same flood. \
          The kernel is set for cookies (`tcp_syncookies = 2`, `tcp_timestamps = 2`); every SYN-ACK goes back to \
          the sending veth (its sources routed there) and is dropped there by an XDP program, as it would leave \

@@ -49,6 +49,20 @@ pub const MAP_SYN_CAP: &str = "SYN_CAP";
 /// `ProgramArray`, one entry: [`SYN_POLICE_PROGRAM`] (the policing of a
 /// frame the SYN path hands back is a tail call to it).
 pub const MAP_SYN_PROG: &str = "SYN_PROG";
+/// Array of one `u64`: the monotonic time (ns) until which every SYN
+/// answered finds its listener by the SYN's own tuple ([`EXACT_NS`]).
+pub const MAP_SYN_EXACT: &str = "SYN_EXACT";
+/// How long after SYN cookies' settings are written (a start, a rule
+/// given `--syn-cookies`) the SYN path looks its listener up by the SYN's
+/// own tuple, which finds a connection or a TIME_WAIT of that tuple
+/// first (the kernel's to answer), at the cost of a miss in the kernel's
+/// table of connections for every forged source. After it, a SYN of a
+/// source the verified-sources filter has never seen finds the listener
+/// by its address and port alone: every source that had a connection
+/// since has been verified (an ACK of a connection the kernel holds
+/// verifies it), and a TIME_WAIT outlives no connection by more than
+/// 60 s (docs/syn-cookies.md, "The listener's lookup").
+pub const EXACT_NS: u64 = 120_000_000_000;
 
 /// Sources that proved their address (LRU: the least recently seen go).
 pub const MAX_VERIFIED: u32 = 262_144;

@@ -136,6 +136,11 @@ pub(crate) static SYN_CAP: Array<u64, { syn::CAP_SLOTS as usize }> = Array::new(
 /// The filter in front of `SYN_VERIFIED` (policer_common::syn::seen_bit).
 #[btf_map]
 pub(crate) static SYN_SEEN: Array<u64, { syn::SEEN_WORDS as usize }> = Array::new();
+/// Until when the listener is looked up by the SYN's own tuple
+/// (policer_common::syn::EXACT_NS; written before any rule slot gets
+/// SYN cookies).
+#[btf_map]
+pub(crate) static SYN_EXACT: Array<u64, 1> = Array::new();
 /// The attached program itself, for the tail call that polices a frame
 /// the SYN path handed back (filled by the loader).
 #[btf_map]

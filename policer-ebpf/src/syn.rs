@@ -27,8 +27,8 @@ use crate::{
     buckets::{CAS_ROUNDS, Charge, cas, charge},
     clock::Clock,
     maps::{
-        COUNTERS, CPU_SCRATCH, SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_SCRATCH, SYN_SEEN, SYN_TOTALS, SYN_VERIFIED,
-        TEST_CLOCK, TICK_NS,
+        COUNTERS, CPU_SCRATCH, SYN_CAP, SYN_CONF, SYN_COUNTERS, SYN_EXACT, SYN_SCRATCH, SYN_SEEN, SYN_TOTALS,
+        SYN_VERIFIED, TEST_CLOCK, TICK_NS,
     },
     parse::{L4At, Parsed, parse, ptr_at},
     verifier::launder,
@@ -125,7 +125,8 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
     let cap_old = cap.map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
     // The filter first: a forged source's bit is clear (an array word,
     // inlined), and only a set one costs the hash lookup.
-    if seen(&src) && SYN_VERIFIED.get_ptr(&src).is_some() {
+    let seen = seen(&src);
+    if seen && SYN_VERIFIED.get_ptr(&src).is_some() {
         return SYN_POLICE;
     }
     if syn {
@@ -141,7 +142,7 @@ pub(crate) fn syn_path(md: *mut xdp_md, slot: u32) -> u32 {
         let Some(cap) = cap else {
             return SYN_POLICE;
         };
-        answer_syn(&ctx, s, sc, conf, (cap, cap_old), v6, tcp_len)
+        answer_syn(&ctx, s, sc, conf, (cap, cap_old), (v6, seen), tcp_len)
     } else if ack {
         check_ack(&ctx, s, sc, &src, v6, tcp_len)
     } else {
@@ -205,6 +206,38 @@ fn flooding(ctx: &XdpContext, slot: u32) -> bool {
     unsafe { !matches!(charge(&raw mut (*t).tat, &(*t).limiter, &mut clock, 60, &mut retries), Charge::Admitted) }
 }
 
+/// The listener a SYN of a source never seen reaches, once the SYN path has
+/// been on for a while (policer_common::syn::EXACT_NS): looked up by the
+/// SYN's destination with no source (its tuple's source address and port
+/// zeroed for the lookup, then put back), whose bucket in the kernel's
+/// table of connections is the same for every SYN and so stays in the
+/// cache, where each forged source's own bucket is a miss. The listener
+/// found is the one its own tuple finds (a reuseport group shares its
+/// cookies' state).
+#[inline(always)]
+fn listener(ctx: &XdpContext, s: &mut SynScratch, v6: bool) -> *mut bpf_sock {
+    let sport = [s.tcp[0], s.tcp[1]];
+    (s.tcp[0], s.tcp[1]) = (0, 0);
+    let sk = if v6 {
+        let at = syn::TUPLE_AT_V6;
+        let mut saddr = [0u8; 16];
+        saddr.copy_from_slice(&s.ip[at..at + 16]);
+        s.ip[at..at + 16].fill(0);
+        let sk = lookup(ctx, s, true);
+        s.ip[at..at + 16].copy_from_slice(&saddr);
+        sk
+    } else {
+        let at = syn::TUPLE_AT_V4;
+        let saddr = [s.ip[at], s.ip[at + 1], s.ip[at + 2], s.ip[at + 3]];
+        s.ip[at..at + 4].fill(0);
+        let sk = lookup(ctx, s, false);
+        s.ip[at..at + 4].copy_from_slice(&saddr);
+        sk
+    };
+    (s.tcp[0], s.tcp[1]) = (sport[0], sport[1]);
+    sk
+}
+
 /// The listening (or connected) socket the frame's tuple reaches, if any.
 #[inline(always)]
 fn lookup(ctx: &XdpContext, s: &mut SynScratch, v6: bool) -> *mut bpf_sock {
@@ -227,10 +260,15 @@ fn answer_syn(
     sc: &mut SynCounters,
     conf: &syn::SynConf,
     cap: (*mut u64, u64),
-    v6: bool,
+    (v6, seen): (bool, bool),
     tcp_len: u32,
 ) -> u32 {
-    let sk = lookup(ctx, s, v6);
+    let now = recent_time();
+    // By its own tuple while the SYN path is new, or for a source the
+    // filter has seen (it may hold a connection or a TIME_WAIT): the
+    // kernel answers a SYN of those itself.
+    let exact = seen || SYN_EXACT.get(0).is_none_or(|until| now < *until);
+    let sk = if exact { lookup(ctx, s, v6) } else { listener(ctx, s, v6) };
     if sk.is_null() {
         sc.no_listener += 1;
         return SYN_POLICE;
@@ -242,7 +280,6 @@ fn answer_syn(
         unsafe { bpf_sk_release(sk.cast()) };
         return SYN_POLICE;
     }
-    let now = recent_time();
     if !cap_admits(cap, now, conf) {
         // SAFETY: as above.
         unsafe { bpf_sk_release(sk.cast()) };

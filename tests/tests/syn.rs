@@ -231,6 +231,119 @@ fn cookies_always_under_a_spoofed_flood_v4_and_v6() {
     srv.join().unwrap();
 }
 
+/// Once the SYN path has been on for a while (policer_common::syn::EXACT_NS,
+/// here 0 by the test hook `POLICER_TEST_SYN_EXACT_MS`), a SYN of a source
+/// never seen finds its listener by its destination alone: real clients of
+/// both families still connect through a spoofed flood, each with a cookie
+/// the kernel accepts, and each is verified once.
+#[test]
+fn a_listener_found_without_the_source_answers_as_by_the_tuple_v4_and_v6() {
+    if !privileged("syn") {
+        return;
+    }
+    let sb = sandbox("synx");
+    let stop = Arc::new(AtomicBool::new(false));
+    let srv = server(&sb.rx_ns, stop.clone());
+    let bin = policer_tests::daemon::policer_bin();
+    assert!(policer_tests::file_contains(&bin, b"POLICER_TEST_SYN_EXACT_MS"), "{} has no test hooks", bin.display());
+    let args = [
+        "attach",
+        &sb.rx_if,
+        "--config",
+        &sb.config,
+        "--rate",
+        "100kpps",
+        "--burst",
+        "1000",
+        "--interval",
+        "0",
+        "--max-sources",
+        "65536",
+    ];
+    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SYN_EXACT_MS", "0")]).expect("daemon");
+    for prefix in ["0.0.0.0/0", "::/0"] {
+        succeeds(&cli(&sb, &["rule", "set", prefix, "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
+    }
+    let fstop = Arc::new(AtomicBool::new(false));
+    let flood = syn_flood(&sb, PORT, fstop.clone());
+    thread::sleep(Duration::from_millis(300));
+    let c4: Vec<IpAddr> = (0..CLIENTS).map(client4).collect();
+    let c6: Vec<IpAddr> = (0..CLIENTS).map(client6).collect();
+    let ok4 = connect_many(&sb.tx_ns, c4, SocketAddr::new(RX4.parse().unwrap(), PORT), 200);
+    let ok6 = connect_many(&sb.tx_ns, c6, SocketAddr::new(RX6.parse().unwrap(), PORT), 200);
+    fstop.store(true, Ordering::Relaxed);
+    let frames = flood.join().unwrap();
+    let s = stats(&sb);
+    eprintln!("flood: {frames} SYNs; connections {ok4}/200 IPv4, {ok6}/200 IPv6; stats: {s}");
+    assert!(ok4 >= 198 && ok6 >= 198, "IPv4 {ok4}, IPv6 {ok6} of 200 connections");
+    for prefix in ["0.0.0.0/0", "::/0"] {
+        let y = &rule_row(&s, prefix, "tcp")["syn"];
+        assert!(n(y, "cookies_sent") >= u64::from(CLIENTS), "{prefix}: {y}");
+        assert_eq!(n(y, "sources_verified"), u64::from(CLIENTS), "{prefix}: {y}");
+        assert!(n(y, "acks_accepted") >= u64::from(CLIENTS), "{prefix}: {y}");
+        assert_eq!(n(y, "no_listener"), 0, "{prefix}: the listener was not found: {y}");
+    }
+    assert!(n(&rule_row(&s, "0.0.0.0/0", "tcp")["syn"], "syns") >= 1000, "the flood reached the SYN path: {s}");
+    stop.store(true, Ordering::Relaxed);
+    srv.join().unwrap();
+}
+
+/// A client whose last connection the server closed (a TIME_WAIT of its
+/// tuple on the server) connects again from the same port just after SYN
+/// cookies are turned on: while the SYN path is new it looks the listener
+/// up by the SYN's own tuple, finds the TIME_WAIT, and leaves the SYN to
+/// the kernel, which takes it as a new connection. (Answered with a cookie
+/// instead, the client's ACK would meet the TIME_WAIT and the connection
+/// would hang until it ends.)
+#[test]
+fn a_time_wait_of_the_tuple_is_the_kernels_while_the_syn_path_is_new() {
+    use std::io::Read;
+    if !privileged("syn") {
+        return;
+    }
+    let sb = sandbox("syntw");
+    let stop = Arc::new(AtomicBool::new(false));
+    let srv = server(&sb.rx_ns, stop.clone());
+    let _d = daemon(&sb);
+    let to = SocketAddr::new(RX4.parse().unwrap(), PORT);
+    let from = SocketAddr::new(client4(0), 40_123);
+    // Once, before the rule has SYN cookies: the server closes first (it
+    // answers, holds a moment, and drops), the client reads to the end.
+    let exchange = |what: &str| -> std::io::Result<Vec<u8>> {
+        let ns = sb.tx_ns.clone();
+        let what = what.to_string();
+        thread::spawn(move || {
+            enter(&ns).unwrap();
+            let mut s = connect_from(from, to)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(what.as_bytes())?;
+            let mut got = Vec::new();
+            s.read_to_end(&mut got)?;
+            Ok(got)
+        })
+        .join()
+        .unwrap()
+    };
+    assert_eq!(exchange("one").expect("the first connection"), b"pong one");
+    let tw = std::process::Command::new("ip")
+        .args(["netns", "exec", &sb.rx_ns, "ss", "-Htn", "state", "time-wait", "dst", &client4(0).to_string()])
+        .output()
+        .unwrap();
+    let tw = String::from_utf8_lossy(&tw.stdout).to_string();
+    assert!(tw.contains(":40123"), "the server holds no TIME_WAIT of the tuple: {tw:?}");
+    succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
+    // Again from the same port, the TIME_WAIT still there.
+    let t0 = Instant::now();
+    let again = exchange("two");
+    eprintln!("again: {again:?} in {:?}; TIME_WAIT was {tw:?}", t0.elapsed());
+    assert_eq!(again.expect("the second connection"), b"pong two");
+    let s = stats(&sb);
+    let y = &rule_row(&s, "0.0.0.0/0", "tcp")["syn"];
+    assert_eq!(n(y, "cookies_sent"), 0, "the SYN to the TIME_WAIT got a cookie: {y}");
+    stop.store(true, Ordering::Relaxed);
+    srv.join().unwrap();
+}
+
 /// TCP segments with RST alone sent by each family's check.
 const RSTS: u64 = 30;
 

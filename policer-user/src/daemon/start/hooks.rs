@@ -3,8 +3,10 @@
 //! Nth kernel change (to check each change is undone, and to signal a start
 //! mid-way); and one for a running daemon: fail every change of its rules
 //! between the slots and the rule maps (to check the slots are put back).
-//! (One more lives where the config file is written, `config/write.rs`:
-//! `POLICER_TEST_SLOW_SYNC_MS`, a slow disk under every write of it.)
+//! (Two more live where they act: `POLICER_TEST_SLOW_SYNC_MS` in
+//! `config/write.rs`, a slow disk under every write of the config file;
+//! `POLICER_TEST_SYN_EXACT_MS` in `loader.rs`, how long the SYN path looks
+//! listeners up by each SYN's own tuple.)
 //!
 //! Compiled in only with the `test-hooks` feature of policer-user, which
 //! `cargo xtask test` turns on for the binary its tiers run. Without it
