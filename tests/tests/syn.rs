@@ -104,10 +104,13 @@ fn serving_always(tag: &str) -> (Sandbox, Arc<AtomicBool>, thread::JoinHandle<()
     (sb, stop, srv, d)
 }
 
+/// The daemon's options: the rules' own rate per source is generous (a
+/// real client makes hundreds of connections here, and only the flood is
+/// in question).
+const OPTIONS: [&str; 8] = ["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536"];
+
 fn daemon(sb: &Sandbox) -> Daemon {
-    // The rules' own rate per source is generous: a real client makes
-    // hundreds of connections here, and only the flood is in question.
-    Daemon::attach(sb, &["--rate", "100kpps", "--burst", "1000", "--interval", "0", "--max-sources", "65536"])
+    Daemon::attach(sb, &OPTIONS)
 }
 
 #[test]
@@ -246,20 +249,8 @@ fn a_listener_found_without_the_source_answers_as_by_the_tuple_v4_and_v6() {
     let srv = server(&sb.rx_ns, stop.clone());
     let bin = policer_tests::daemon::policer_bin();
     assert!(policer_tests::file_contains(&bin, b"POLICER_TEST_SYN_EXACT_MS"), "{} has no test hooks", bin.display());
-    let args = [
-        "attach",
-        &sb.rx_if,
-        "--config",
-        &sb.config,
-        "--rate",
-        "100kpps",
-        "--burst",
-        "1000",
-        "--interval",
-        "0",
-        "--max-sources",
-        "65536",
-    ];
+    let mut args = vec!["attach", sb.rx_if.as_str(), "--config", sb.config.as_str()];
+    args.extend(OPTIONS);
     let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SYN_EXACT_MS", "0")]).expect("daemon");
     for prefix in ["0.0.0.0/0", "::/0"] {
         succeeds(&cli(&sb, &["rule", "set", prefix, "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
