@@ -598,6 +598,63 @@ fn a_slow_disk_keeps_no_change_waiting_behind_a_write() {
     assert_eq!((got, sent > 0), (0, true), "the deny rule taken during a write does not drop");
 }
 
+/// A hand edit saved while the daemon writes the file, with a change of
+/// the same rule taken meanwhile into the next group (the syncs made slow,
+/// 400 ms each, by `POLICER_TEST_SLOW_SYNC_MS`): the edit is never
+/// overwritten. The change judged on the file before the edit is refused
+/// (the file changed by hand), the edit stays as saved and the daemon
+/// follows it; the change whose write was on its way when the edit came
+/// stands.
+#[test]
+fn a_hand_edit_during_a_write_is_not_overwritten_by_the_next_group() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("hed");
+    let bin = policer_bin();
+    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
+    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "400")]).expect("daemon");
+    succeeds(&cli(&sb, &["rule", "set", "10.140.0.0/24", "--rate", "300pps", "--burst", "20"]));
+    let (first, second) = thread::scope(|s| {
+        // A write on its way (400 ms to stage, 400 ms to sync the
+        // directory after the rename) ...
+        let first = s.spawn(|| cli(&sb, &["rule", "set", "10.141.0.0/24", "--rate", "300pps", "--burst", "20"]));
+        thread::sleep(Duration::from_millis(150));
+        // ... a change of 10.140.0.0/24 taken into the next group ...
+        let second = s.spawn(|| cli(&sb, &["rule", "set", "10.140.0.0/24", "--rate", "200pps"]));
+        // ... and, once the first write is renamed into place, an edit
+        // of that same rule's burst saved by hand.
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(&sb.config).unwrap().contains("10.141.0.0/24") {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the first write never landed");
+            thread::sleep(Duration::from_millis(10));
+        }
+        let text = std::fs::read_to_string(&sb.config).unwrap();
+        let at = text.find("prefix = \"10.140.0.0/24\"").expect("the rule in the file");
+        let edited = format!("{}{}", &text[..at], text[at..].replacen("burst = 20", "burst = 77", 1));
+        assert_ne!(edited, text, "{text}");
+        std::fs::write(&sb.config, &edited).unwrap();
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let err = String::from_utf8_lossy(&second.stderr).to_string();
+    assert!(!second.status.success() && err.contains("changed on disk"), "the next group was not refused: {err}");
+    // The edit as saved, followed into force; the refused change nowhere.
+    let t0 = std::time::Instant::now();
+    loop {
+        let ls = rules_json(&sb);
+        if ls.contains("\"burst\": 77") {
+            assert!(!ls.contains("200pps") && !ls.contains(": 200,"), "the refused change is in force: {ls}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "the hand edit was not followed: {ls}");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(text.contains("burst = 77") && text.contains("10.141.0.0/24"), "{text}");
+    assert!(!text.contains("rate = \"200pps\""), "the refused change was written: {text}");
+}
+
 /// Ten clients changing rules at once: changes that queue behind a write
 /// share the next one (group commit; `status --json` counts writes and the
 /// changes they carried), each is answered only once it is on disk, and a

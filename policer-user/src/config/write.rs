@@ -137,8 +137,9 @@ pub(crate) fn stage(path: &Path, data: &[u8]) -> Result<Staged> {
 
 /// Tests only (policer-user's `test-hooks` feature, like the start's
 /// hooks in `daemon/start/hooks.rs`): each sync of a new version of the
-/// file takes `POLICER_TEST_SLOW_SYNC_MS` longer, a slow disk's, so the
-/// tiers can check that no request waits behind it.
+/// file, and of its directory after the rename, takes
+/// `POLICER_TEST_SLOW_SYNC_MS` longer, a slow disk's, so the tiers can
+/// check that no request waits behind it.
 #[cfg(feature = "test-hooks")]
 fn slow_disk() {
     if let Some(ms) = std::env::var("POLICER_TEST_SLOW_SYNC_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
@@ -185,6 +186,7 @@ impl DirSync {
     /// cut, not a reason to call the change failed (and undo it in the
     /// kernel while the file keeps it): it is said, not returned.
     pub(crate) fn sync(self) {
+        slow_disk();
         if let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
             log::warn!("{}: cannot sync the directory {}: {e}", self.shown.display(), self.dir.display());
         }

@@ -1372,6 +1372,15 @@ impl Daemon {
             Some(o) if given_ttl && o.expires.is_none() && spec.expires.is_some() => Some(o.clone()),
             _ => None,
         };
+        // Made in the kernel at once, that change would land before the
+        // rule's change being written (or grouped), which would then undo
+        // it: refused rather, until that change is in force.
+        if back.is_some() && self.pending(&key).is_some() {
+            return Err(Error::Invalid(format!(
+                "{key}: a change of this rule is being written to the config file, and a temporary change (--ttl) \
+                 is made on the rule in force; nothing changed: try again once that change is answered"
+            )));
+        }
         let runtime = runtime || back.is_some();
         self.change(runtime, &[(key.clone(), Some(spec.clone()))])?;
         if let Some(b) = &back
@@ -1980,8 +1989,9 @@ fn answer(answers: Vec<Answer>, written: &Result<()>) {
 /// once its file is staged and answered once the file is in place.
 ///
 /// What is not such a change ends the taking (the order of the queue is
-/// kept): it waits for the write's end, then is handled. A tick and a
-/// followed edit are put aside rather, handled after the write.
+/// kept): it waits for the write's end, then is handled. A tick, a lease
+/// and a followed edit are put aside rather, handled after the write
+/// (`handle_between`).
 fn run_groups(
     daemon: &mut Daemon,
     first: Vec<Job>,
@@ -2023,7 +2033,7 @@ fn run_groups(
         // Before the next group's write, what was put aside: a stream of
         // changes must not keep the ticks (expiries, bans, the hook's
         // watch) waiting.
-        handle_between(daemon, held, snapshot, tick_pending);
+        handle_between(daemon, held, queue, snapshot, (stop, tick_pending));
         if next.is_empty() {
             // Nothing came meanwhile: the group opened for it goes.
             daemon.groups.open = None;
@@ -2039,27 +2049,52 @@ struct Taking<'a> {
     queue: &'a mut Queue,
     stop: &'a AtomicBool,
     next: &'a mut Vec<Answer>,
-    /// Ticks and followed edits met meanwhile, handled after the write.
+    /// Ticks, leases and followed edits met meanwhile, handled after the
+    /// write (`handle_between`).
     held: &'a mut Vec<Job>,
     blocked: bool,
 }
 
-/// Handles ticks and followed edits put aside during a write, once it is
+/// Handles the ticks and leases put aside during a write, once it is
 /// answered, the next group (taken meanwhile, not yet written) set aside
-/// too: they are handled as the owner's loop handles them, and that group
-/// is planned again if they changed the rules.
-fn handle_between(daemon: &mut Daemon, held: Vec<Job>, snapshot: &watch::Sender<Arc<Snapshot>>, ticks: &AtomicBool) {
+/// too: as the owner's loop handles them, that group planned again if they
+/// changed the rules. A followed edit goes back to the queue's front while
+/// that group holds changes: read now, it would take a hand edit as the
+/// file, and the group's write would then splice its changes (judged on
+/// the file before the edit) into it; left, the group's write meets the
+/// edit and refuses the group, as any change is refused over a hand edit,
+/// and the edit is followed after the groups. Once the daemon is leaving,
+/// what was put aside is refused, as the owner's loop refuses it.
+fn handle_between(
+    daemon: &mut Daemon,
+    held: Vec<Job>,
+    queue: &mut Queue,
+    snapshot: &watch::Sender<Arc<Snapshot>>,
+    (stop, ticks): (&AtomicBool, &AtomicBool),
+) {
     if held.is_empty() {
         return;
     }
+    let next_writes = daemon.groups.open.as_ref().is_some_and(|g| g.plan.is_some());
+    let (follows, held): (Vec<Job>, Vec<Job>) =
+        held.into_iter().partition(|j| next_writes && matches!(j.cmd, Command::Follow));
+    for j in follows.into_iter().rev() {
+        queue.later.push_front(j);
+    }
     let open = daemon.groups.open.take();
-    for Job { cmd, reply, .. } in held {
+    for job in held {
+        if stop.load(Ordering::SeqCst) {
+            refuse_stopping(job);
+            continue;
+        }
+        let Job { cmd, reply, .. } = job;
         let tick = matches!(cmd, Command::Tick);
         if tick {
             ticks.store(false, Ordering::SeqCst);
         }
+        let quiet = tick || matches!(cmd, Command::Lease(_));
         let outcome = daemon.handle(cmd);
-        if !tick || daemon.take_changed() {
+        if !quiet || daemon.take_changed() {
             snapshot.send_replace(daemon.snapshot());
         }
         let _ = reply.send(outcome);
@@ -2081,11 +2116,10 @@ impl Taking<'_> {
                         }
                         continue;
                     }
-                    // A tick does what is due whenever it comes; a followed
-                    // edit (the file watcher sees this very write too) is
-                    // read once the write is done: a hand edit meanwhile is
-                    // refused by the changes taken, as any change is.
-                    Some(j) if matches!(j.cmd, Command::Tick | Command::Follow) => {
+                    // A tick or a lease does what is due whenever it comes;
+                    // a followed edit (the file watcher sees this very write
+                    // too) is read after the write (`handle_between`).
+                    Some(j) if matches!(j.cmd, Command::Tick | Command::Follow | Command::Lease(_)) => {
                         self.held.push(j);
                         continue;
                     }
