@@ -151,7 +151,8 @@ pub enum Cmd {
         /// rule); kept across restarts as an absolute time. Given to a rule
         /// that has no end, a temporary change: that rule comes back when it
         /// ends (the config file keeps it; the change is in the kernel only,
-        /// and a restart before the end brings the rule back early).
+        /// and a restart before the end brings the rule back early; refused
+        /// while a change of that rule is still being written).
         #[arg(long, allow_hyphen_values = true, value_name = "DURATION")]
         ttl: Option<String>,
         /// Apply to the kernel only, without writing the config file (for
