@@ -600,7 +600,7 @@ fn a_slow_disk_keeps_no_change_waiting_behind_a_write() {
 
 /// A hand edit saved while the daemon writes the file, with a change of
 /// the same rule taken meanwhile into the next group (the syncs made slow,
-/// 400 ms each, by `POLICER_TEST_SLOW_SYNC_MS`): the edit is never
+/// 1 s each, by `POLICER_TEST_SLOW_SYNC_MS`): the edit is never
 /// overwritten. The change judged on the file before the edit is refused
 /// (the file changed by hand), the edit stays as saved and the daemon
 /// follows it; the change whose write was on its way when the edit came
@@ -613,11 +613,12 @@ fn a_hand_edit_during_a_write_is_not_overwritten_by_the_next_group() {
     let sb = Sandbox::new("hed");
     let bin = policer_bin();
     let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
-    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "400")]).expect("daemon");
+    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "1000")]).expect("daemon");
     succeeds(&cli(&sb, &["rule", "set", "10.140.0.0/24", "--rate", "300pps", "--burst", "20"]));
     let (first, second) = thread::scope(|s| {
-        // A write on its way (400 ms to stage, 400 ms to sync the
-        // directory after the rename) ...
+        // A write on its way (1 s to stage, 1 s to sync the directory
+        // after the rename: room for a slow host to bring the next
+        // request in meanwhile) ...
         let first = s.spawn(|| cli(&sb, &["rule", "set", "10.141.0.0/24", "--rate", "300pps", "--burst", "20"]));
         thread::sleep(Duration::from_millis(150));
         // ... a change of 10.140.0.0/24 taken into the next group ...
