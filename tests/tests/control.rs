@@ -656,6 +656,139 @@ fn a_hand_edit_during_a_write_is_not_overwritten_by_the_next_group() {
     assert!(!text.contains("rate = \"200pps\""), "the refused change was written: {text}");
 }
 
+/// A temporary tightening of a permanent rule ends while a write is on
+/// its way (the syncs made 1 s slower by `POLICER_TEST_SLOW_SYNC_MS`), with
+/// a change of that rule taken meanwhile into the next group, judged on
+/// the temporary rule (whose end it keeps): the permanent rule comes back
+/// at the end, in force and in the file, as if the change had come first.
+/// (Before: the end, handled between the two groups, was undone by the
+/// next group's write, and at the next tick the rule was removed
+/// altogether, in the kernel and in the file.)
+#[test]
+fn a_rule_ending_during_a_write_comes_back_after_the_next_groups_change() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("end");
+    let bin = policer_bin();
+    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
+    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "1000")]).expect("daemon");
+    let p = "10.150.0.0/24";
+    succeeds(&cli(&sb, &["rule", "set", p, "--rate", "500pps", "--burst", "20"]));
+    // The tightening, in the kernel at once; it ends 4 s from now.
+    let t = std::time::Instant::now();
+    succeeds(&cli(&sb, &["rule", "set", p, "--rate", "100pps", "--ttl", "4s"]));
+    let t0 = std::time::Instant::now();
+    eprintln!("ttl set in {:?}", t.elapsed());
+    thread::sleep(Duration::from_millis(2500));
+    let (first, second) = thread::scope(|s| {
+        // A write on its way across the end (about 2 s: 1 s to stage, 1 s
+        // to sync the directory) ...
+        let first = s.spawn(|| cli(&sb, &["rule", "set", "10.151.0.0/24", "--rate", "300pps", "--burst", "20"]));
+        thread::sleep(Duration::from_millis(150));
+        // ... and a change of the tightened rule taken into the next group.
+        let second = s.spawn(|| cli(&sb, &["rule", "set", p, "--burst", "50"]));
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+    eprintln!("both answered at {:?}", t0.elapsed());
+    assert!(t0.elapsed() > Duration::from_secs(4), "the second change was answered before the end came");
+    // The end's own write after both (2 s), and the ticks after it: the
+    // permanent rule back.
+    let rule = loop {
+        let ls: serde_json::Value = serde_json::from_str(&rules_json(&sb)).unwrap();
+        let rule = ls.as_array().and_then(|r| r.iter().find(|r| r["prefix"] == p)).cloned();
+        match rule {
+            Some(r) if r["expires"].is_null() => break r,
+            r => assert!(t0.elapsed() < Duration::from_secs(14), "{p} did not come back: {r:?}"),
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("back at {:?}", t0.elapsed());
+    assert_eq!((rule["rate"].as_str(), rule["burst"].as_u64()), (Some("500pps"), Some(20)), "{rule}");
+    // Still so after more ticks.
+    thread::sleep(Duration::from_millis(1000));
+    assert!(rules_json(&sb).contains(&format!("\"{p}\"")), "{p} went after it came back");
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    let at = text.find(&format!("prefix = \"{p}\"")).unwrap_or_else(|| panic!("{p} is gone from the file: {text}"));
+    let block = &text[at..text[at..].find("[[rule]]").map_or(text.len(), |e| at + e)];
+    assert!(block.contains("rate = \"500pps\"") && block.contains("burst = 20"), "{block}");
+}
+
+/// A change refused on the strength of a write that then fails is refused
+/// with that failure, not with what the failed write would have made true:
+/// a `rule rm` of a rule whose removal is being written (the syncs made
+/// slow) is "no rule" only if the removal lands; when the removal fails (a
+/// hand edit saved meanwhile), the rule is still in force, and the second
+/// `rule rm` says the file changed, as the first does (before: "no rule
+/// for …", which a script takes as done).
+#[test]
+fn a_refusal_judged_on_a_failed_write_says_it_failed() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("rjf");
+    let bin = policer_bin();
+    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
+    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "1000")]).expect("daemon");
+    let p = "10.160.0.0/24";
+    succeeds(&cli(&sb, &["rule", "set", p, "--action", "deny"]));
+    let (first, second) = thread::scope(|s| {
+        let first = s.spawn(|| cli(&sb, &["rule", "rm", p]));
+        thread::sleep(Duration::from_millis(150));
+        let second = s.spawn(|| cli(&sb, &["rule", "rm", p]));
+        // Saved by hand while the removal is staged (1 s to sync).
+        thread::sleep(Duration::from_millis(250));
+        let text = std::fs::read_to_string(&sb.config).unwrap();
+        std::fs::write(&sb.config, format!("{text}# edited by hand\n")).unwrap();
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    let (e1, e2) = (String::from_utf8_lossy(&first.stderr), String::from_utf8_lossy(&second.stderr));
+    assert!(!first.status.success() && e1.contains("changed on disk"), "the removal was not refused: {e1}");
+    assert!(!second.status.success() && e2.contains("changed on disk"), "the second removal: {e2}");
+    assert!(!e2.contains("no rule"), "the second removal was told the rule is gone: {e2}");
+    assert!(rules_json(&sb).contains(&format!("\"{p}\"")), "the rule is not in force");
+    assert!(std::fs::read_to_string(&sb.config).unwrap().contains(&format!("prefix = \"{p}\"")));
+}
+
+/// SIGTERM while a write is on its way (the syncs made 250 ms slower),
+/// with a change taken meanwhile into the next group: the write on its way
+/// lands and is answered, the next group is refused whole ("shutting
+/// down; nothing changed": none of it is in the kernel or the file), and
+/// the daemon leaves within its deadline, detached (before: it wrote the
+/// next group too, missed the deadline, and left the program attached as
+/// with --persist).
+#[test]
+fn sigterm_during_a_write_refuses_the_next_group_and_detaches() {
+    if !privileged("control tier") {
+        return;
+    }
+    let sb = Sandbox::new("stw");
+    let bin = policer_bin();
+    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
+    let mut d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "250")]).expect("daemon");
+    let (a, b) = ("10.170.0.0/24", "10.171.0.0/24");
+    let (first, second, clean) = thread::scope(|s| {
+        let first = s.spawn(|| cli(&sb, &["rule", "set", a, "--rate", "300pps", "--burst", "20"]));
+        thread::sleep(Duration::from_millis(100));
+        let second = s.spawn(|| cli(&sb, &["rule", "set", b, "--rate", "300pps", "--burst", "20"]));
+        thread::sleep(Duration::from_millis(100));
+        let clean = d.stop_with(libc::SIGTERM);
+        (first.join().unwrap(), second.join().unwrap(), clean)
+    });
+    let log = d.stderr();
+    assert!(clean, "the daemon did not exit cleanly: {log}");
+    assert!(!log.contains("did not answer"), "the owner missed the shutdown deadline: {log}");
+    assert_eq!(sb.rx_xdp(), None, "the program stayed attached: {log}");
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let e2 = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success() && e2.contains("shutting down"), "the next group: {e2}");
+    let text = std::fs::read_to_string(&sb.config).unwrap();
+    assert!(text.contains(&format!("prefix = \"{a}\"")), "{text}");
+    assert!(!text.contains(&format!("prefix = \"{b}\"")), "a refused change was written: {text}");
+}
+
 /// Ten clients changing rules at once: changes that queue behind a write
 /// share the next one (group commit; `status --json` counts writes and the
 /// changes they carried), each is answered only once it is on disk, and a

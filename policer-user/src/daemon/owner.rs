@@ -1004,6 +1004,13 @@ impl Daemon {
             .any(|g| g.after.iter().any(|a| matches!(a, WhenWritten::Lift(l) if l.contains(k))))
     }
 
+    /// Whether a rule or ban whose end has come by `now_ms` is one the
+    /// open group changes ([`handle_between`]).
+    fn ends_pending(&self, now_ms: u64) -> bool {
+        let Some(g) = self.groups.open.as_ref() else { return false };
+        self.rs.ended(now_ms).iter().any(|k| g.pending.contains_key(k))
+    }
+
     /// What the groups not yet in force (the open one, then the one being
     /// written) leave `key` at; `None`: neither changes it.
     fn pending(&self, key: &RuleKey) -> Option<&Option<RuleSpec>> {
@@ -1134,6 +1141,7 @@ impl Daemon {
             w.edits.iter().map(|(k, _)| (k.clone(), self.rs.rules().get(k).map(|i| (*i.spec).clone()))).collect();
         // The staged file is dropped, and so removed, on a failure.
         if let Err(e) = plan.and_then(|p| self.apply_plan(p)) {
+            say_err!("policer: making {} change(s) in the kernel failed ({e}); none of them took effect", g.changes);
             let e = self.undo_edits(&undo, e);
             self.fail_next(&e);
             return Err(e);
@@ -2001,7 +2009,17 @@ fn run_groups(
 ) {
     daemon.begin_group();
     let mut answers: Vec<Answer> = first.into_iter().map(|j| handle_in_group(daemon, j)).collect();
+    // Something put aside came back to the queue's front: the next taking
+    // takes nothing, so that it is handled right after the next write.
+    let mut postponed = false;
     loop {
+        if stop.load(Ordering::SeqCst) {
+            // The daemon is leaving: a group not yet written is refused
+            // whole (none of it is in the kernel or the file), rather than
+            // a second write the exit would wait for.
+            refuse_group(daemon, answers);
+            return;
+        }
         let mut next = Vec::new();
         let mut held = Vec::new();
         let written = match daemon.begin_write() {
@@ -2009,7 +2027,8 @@ fn run_groups(
             Ok(None) => Ok(()),
             Ok(Some(w)) => {
                 daemon.begin_group();
-                let mut taking = Taking { queue: &mut *queue, stop, next: &mut next, held: &mut held, blocked: false };
+                let mut taking =
+                    Taking { queue: &mut *queue, stop, next: &mut next, held: &mut held, blocked: postponed };
                 taking.until(daemon, || w.staged());
                 match daemon.apply_write(w) {
                     Err(e) => Err(e),
@@ -2030,10 +2049,20 @@ fn run_groups(
         };
         snapshot.send_replace(daemon.snapshot());
         answer(std::mem::take(&mut answers), &written);
+        if let Err(e) = &written {
+            // The next group was judged on this one, which failed: its
+            // refusals too ("no rule for X" where X is still in force), not
+            // only the changes that waited (`fail_next`).
+            for (outcome, waited, _) in &mut next {
+                if !*waited && outcome.result.is_err() {
+                    outcome.result = Err(e.for_each_waiter());
+                }
+            }
+        }
         // Before the next group's write, what was put aside: a stream of
         // changes must not keep the ticks (expiries, bans, the hook's
         // watch) waiting.
-        handle_between(daemon, held, queue, snapshot, (stop, tick_pending));
+        postponed = handle_between(daemon, held, queue, snapshot, (stop, tick_pending));
         if next.is_empty() {
             // Nothing came meanwhile: the group opened for it goes.
             daemon.groups.open = None;
@@ -2055,15 +2084,19 @@ struct Taking<'a> {
     blocked: bool,
 }
 
-/// Handles the ticks and leases put aside during a write, once it is
-/// answered, the next group (taken meanwhile, not yet written) set aside
-/// too: as the owner's loop handles them, that group planned again if they
-/// changed the rules. A followed edit goes back to the queue's front while
-/// that group holds changes: read now, it would take a hand edit as the
-/// file, and the group's write would then splice its changes (judged on
-/// the file before the edit) into it; left, the group's write meets the
-/// edit and refuses the group, as any change is refused over a hand edit,
-/// and the edit is followed after the groups. Once the daemon is leaving,
+/// Handles the ticks, leases and followed edits put aside during a write,
+/// once it is answered, the next group (taken meanwhile, not yet written)
+/// set aside too: as the owner's loop handles them, that group planned
+/// again if they changed the rules. A followed hand edit of the file that
+/// the daemon takes up refuses that group if it holds changes: they were
+/// judged on the file before the edit, and written now they would be
+/// spliced into it (a database's new version only plans it again). A tick goes back
+/// to the queue's front when a rule or ban it would end is one that
+/// group changes: the change was judged on the rule as it was before its
+/// end (a change of a temporary rule keeps its end, and the rule it
+/// replaced comes back at that end), so the end comes after it, as if the
+/// change had come first; it is handled right after that group's write
+/// (true: the next taking takes nothing). Once the daemon is leaving,
 /// what was put aside is refused, as the owner's loop refuses it.
 fn handle_between(
     daemon: &mut Daemon,
@@ -2071,17 +2104,19 @@ fn handle_between(
     queue: &mut Queue,
     snapshot: &watch::Sender<Arc<Snapshot>>,
     (stop, ticks): (&AtomicBool, &AtomicBool),
-) {
+) -> bool {
     if held.is_empty() {
-        return;
+        return false;
     }
     let next_writes = daemon.groups.open.as_ref().is_some_and(|g| g.plan.is_some());
-    let (follows, held): (Vec<Job>, Vec<Job>) =
-        held.into_iter().partition(|j| next_writes && matches!(j.cmd, Command::Follow));
-    for j in follows.into_iter().rev() {
+    let ends_pending = next_writes && daemon.ends_pending(crate::duration::unix_ms());
+    let (back, held): (Vec<Job>, Vec<Job>) =
+        held.into_iter().partition(|j| ends_pending && matches!(j.cmd, Command::Tick));
+    let postponed = !back.is_empty();
+    for j in back.into_iter().rev() {
         queue.later.push_front(j);
     }
-    let open = daemon.groups.open.take();
+    let mut open = daemon.groups.open.take();
     for job in held {
         if stop.load(Ordering::SeqCst) {
             refuse_stopping(job);
@@ -2093,13 +2128,38 @@ fn handle_between(
             ticks.store(false, Ordering::SeqCst);
         }
         let quiet = tick || matches!(cmd, Command::Lease(_));
+        let file_before = matches!(cmd, Command::Follow).then(|| daemon.file.sha256());
         let outcome = daemon.handle(cmd);
+        if let Some(before) = file_before
+            && let Some(g) = open.as_mut().filter(|g| g.plan.is_some())
+            && daemon.file.sha256() != before
+        {
+            g.failed = Some(format!(
+                "{} changed on disk (edited, and followed) while this change waited to be written; nothing of it \
+                 changed",
+                daemon.file.path().display()
+            ));
+        }
         if !quiet || daemon.take_changed() {
             snapshot.send_replace(daemon.snapshot());
         }
         let _ = reply.send(outcome);
     }
     daemon.groups.open = open;
+    postponed
+}
+
+/// Refuses a group not yet written (the daemon leaving): the changes that
+/// wait for its write are told nothing changed; what a change did at once
+/// (a `--ttl` in the kernel, lifted automatic bans) is answered as it is.
+fn refuse_group(daemon: &mut Daemon, answers: Vec<Answer>) {
+    daemon.groups.open = None;
+    for (mut outcome, waited, reply) in answers {
+        if waited {
+            outcome.result = Err(Error::ShuttingDown { note: "; nothing changed" });
+        }
+        let _ = reply.send(outcome);
+    }
 }
 
 impl Taking<'_> {
@@ -2131,8 +2191,11 @@ impl Taking<'_> {
                 }
             }
             // The disk answers in milliseconds at best: a look at the
-            // queue every half of one costs nothing and delays nothing.
-            thread::sleep(Duration::from_micros(500));
+            // queue every half of one costs nothing and delays nothing;
+            // when nothing more is taken, only the write's end is waited
+            // for, and more slowly.
+            let taking = !self.blocked && self.next.len() < GROUP;
+            thread::sleep(Duration::from_micros(if taking { 500 } else { 2000 }));
         }
     }
 }
