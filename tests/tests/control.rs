@@ -528,6 +528,20 @@ fn status_says_what_runs() {
     let _ = std::fs::remove_dir_all(&sets_dir);
 }
 
+/// A daemon (the default rule 1000 pps, burst 10) whose every sync of the
+/// config file's new version and of its directory takes `ms` longer (the
+/// test hook `POLICER_TEST_SLOW_SYNC_MS`).
+fn slow_disk_daemon(sb: &Sandbox, ms: &str) -> Daemon {
+    let bin = policer_bin();
+    assert!(
+        policer_tests::file_contains(&bin, b"POLICER_TEST_SLOW_SYNC_MS"),
+        "{} has no test hooks: build it with `cargo build -p policer-user --bin policer --features test-hooks`",
+        bin.display()
+    );
+    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
+    Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", ms)]).expect("daemon")
+}
+
 /// Issue 43 point 14: a slow disk (each sync of the config file's new
 /// version made 400 ms longer by the test hook `POLICER_TEST_SLOW_SYNC_MS`)
 /// keeps no change waiting in the owner's queue behind it: the changes
@@ -541,14 +555,7 @@ fn a_slow_disk_keeps_no_change_waiting_behind_a_write() {
         return;
     }
     let sb = Sandbox::new("slw");
-    let bin = policer_bin();
-    assert!(
-        policer_tests::file_contains(&bin, b"POLICER_TEST_SLOW_SYNC_MS"),
-        "{} has no test hooks: build it with `cargo build -p policer-user --bin policer --features test-hooks`",
-        bin.display()
-    );
-    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
-    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "400")]).expect("daemon");
+    let _d = slow_disk_daemon(&sb, "400");
     let status = |sb: &Sandbox| -> serde_json::Value {
         serde_json::from_str(&succeeds(&cli(sb, &["status", "--json"]))).unwrap()
     };
@@ -611,9 +618,7 @@ fn a_hand_edit_during_a_write_is_not_overwritten_by_the_next_group() {
         return;
     }
     let sb = Sandbox::new("hed");
-    let bin = policer_bin();
-    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
-    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "1000")]).expect("daemon");
+    let _d = slow_disk_daemon(&sb, "1000");
     succeeds(&cli(&sb, &["rule", "set", "10.140.0.0/24", "--rate", "300pps", "--burst", "20"]));
     let (first, second) = thread::scope(|s| {
         // A write on its way (1 s to stage, 1 s to sync the directory
@@ -670,9 +675,7 @@ fn a_rule_ending_during_a_write_comes_back_after_the_next_groups_change() {
         return;
     }
     let sb = Sandbox::new("end");
-    let bin = policer_bin();
-    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
-    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "1000")]).expect("daemon");
+    let _d = slow_disk_daemon(&sb, "1000");
     let p = "10.150.0.0/24";
     succeeds(&cli(&sb, &["rule", "set", p, "--rate", "500pps", "--burst", "20"]));
     // The tightening, in the kernel at once; it ends 4 s from now.
@@ -729,9 +732,7 @@ fn a_refusal_judged_on_a_failed_write_says_it_failed() {
         return;
     }
     let sb = Sandbox::new("rjf");
-    let bin = policer_bin();
-    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
-    let _d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "1000")]).expect("daemon");
+    let _d = slow_disk_daemon(&sb, "1000");
     let p = "10.160.0.0/24";
     succeeds(&cli(&sb, &["rule", "set", p, "--action", "deny"]));
     let (first, second) = thread::scope(|s| {
@@ -765,9 +766,7 @@ fn sigterm_during_a_write_refuses_the_next_group_and_detaches() {
         return;
     }
     let sb = Sandbox::new("stw");
-    let bin = policer_bin();
-    let args = ["attach", &sb.rx_if, "--config", &sb.config, "--rate", "1000pps", "--burst", "10", "--interval", "0"];
-    let mut d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_SLOW_SYNC_MS", "250")]).expect("daemon");
+    let mut d = slow_disk_daemon(&sb, "250");
     let (a, b) = ("10.170.0.0/24", "10.171.0.0/24");
     let (first, second, clean) = thread::scope(|s| {
         let first = s.spawn(|| cli(&sb, &["rule", "set", a, "--rate", "300pps", "--burst", "20"]));
