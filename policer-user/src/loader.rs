@@ -1463,6 +1463,25 @@ impl Policer {
         Ok(())
     }
 
+    /// A rule slot's counters, one per CPU (what a change that zeroes the
+    /// slot puts back with [`Policer::add_back_rule_counters`] if it fails).
+    pub fn slot_counters(&mut self, slot: u32) -> Result<aya::maps::PerCpuValues<RuleCounters>> {
+        let m: PerCpuArray<&mut MapData, RuleCounters> =
+            PerCpuArray::try_from(self.ebpf.map_mut(MAP_RULE_COUNTERS).ok_or(Error::Missing(MAP_RULE_COUNTERS))?)
+                .map_err(Error::map(MAP_RULE_COUNTERS))?;
+        m.get(&slot, 0).map_err(Error::map(MAP_RULE_COUNTERS))
+    }
+
+    /// Puts `old` back into a slot zeroed since, with what was counted
+    /// there meanwhile added ([`merged_counters`]).
+    pub fn add_back_rule_counters(&mut self, slot: u32, old: &aya::maps::PerCpuValues<RuleCounters>) -> Result<()> {
+        let mut m: PerCpuArray<&mut MapData, RuleCounters> =
+            PerCpuArray::try_from(self.ebpf.map_mut(MAP_RULE_COUNTERS).ok_or(Error::Missing(MAP_RULE_COUNTERS))?)
+                .map_err(Error::map(MAP_RULE_COUNTERS))?;
+        let now = m.get(&slot, 0).map_err(Error::map(MAP_RULE_COUNTERS))?;
+        m.set(slot, merged_counters(old, &now)?, 0).map_err(Error::map(MAP_RULE_COUNTERS))
+    }
+
     /// Zeroes a rule slot before it is given to a new prefix.
     pub fn reset_rule_counters(&mut self, slot: u32) -> Result<()> {
         let cpus = crate::batch::possible_cpus()?;
@@ -1864,6 +1883,25 @@ fn check_sizes(opts: &LoadOptions) -> Result<()> {
         return Err(Error::Invalid(format!("--max-rules must be 1 to {MAX_RULES}")));
     }
     Ok(())
+}
+
+/// A slot's counters zeroed and then counted into again (`now`), with what
+/// it held before (`old`) added back, CPU by CPU: nothing the running
+/// program counted is lost when a failed change puts a slot back.
+pub fn merged_counters(
+    old: &aya::maps::PerCpuValues<RuleCounters>,
+    now: &aya::maps::PerCpuValues<RuleCounters>,
+) -> Result<aya::maps::PerCpuValues<RuleCounters>> {
+    let sum: Vec<RuleCounters> = old
+        .iter()
+        .zip(now.iter())
+        .map(|(o, n)| {
+            let mut c = *o;
+            c.add(n);
+            c
+        })
+        .collect();
+    aya::maps::PerCpuValues::try_from(sum).map_err(|e| Error::Invalid(e.to_string()))
 }
 
 #[cfg(test)]

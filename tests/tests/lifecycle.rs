@@ -855,6 +855,60 @@ fn a_program_removed_from_outside_is_put_back_shown_or_ends_the_daemon() {
     assert!(d.stderr().contains("the daemon exits (--on-detach exit)"), "{}", d.stderr());
 }
 
+/// At the rule limit, a change that removes a rule and adds another gives
+/// the new rule the removed one's slot; failing after it wrote that slot
+/// (`POLICER_TEST_FAIL_RULE_MAPS`, before the rule maps) it changes
+/// nothing: the rule still in force keeps its aggregate bucket and its
+/// counts (before: it read the new rule's slot, no aggregate, and its
+/// counters were zeroed; a rule shown with `--total-rate 100pps` admitted
+/// its sources' 800 pps).
+#[test]
+fn a_failed_change_at_the_rule_limit_leaves_the_removed_rules_slot_as_it_was() {
+    if !privileged("lifecycle tier") {
+        return;
+    }
+    needs_test_hooks();
+    let sb = Sandbox::new("slotre");
+    let default = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"10000pps\"\nburst = 100\n\n";
+    let a = "[[rule]]\nprefix = \"198.18.0.0/24\"\nrate = \"1000pps\"\nburst = 10\ntotal_rate = \"100pps\"\n\
+             total_burst = 10\n";
+    std::fs::write(&sb.config, format!("[daemon]\nmax_rules = 2\n\n{default}{a}")).unwrap();
+    let mut d = attach_env(&sb, &[&sb.rx_if], &[], &[("POLICER_TEST_FAIL_RULE_MAPS", "1")]).unwrap();
+    let flows: Vec<Flow> = (1..=4).map(|i| flow(&format!("198.18.0.{i}"), 200.0)).collect();
+    let admitted = |sb: &Sandbox| {
+        let t0 = Instant::now();
+        let (sent, got) = traffic::run(sb, &flows, Duration::from_secs(1));
+        let allowed = 10 + (100.0 * t0.elapsed().as_secs_f64()).ceil() as u64;
+        (got.per_flow.iter().sum::<u64>(), sent.sent.iter().sum::<u64>(), allowed)
+    };
+    let counted = |sb: &Sandbox| -> u64 {
+        let st: serde_json::Value = serde_json::from_str(&succeeds(&cli(sb, &["stats", "--json"]))).unwrap();
+        let r = st["rules"].as_array().unwrap().iter().find(|r| r["prefix"] == "198.18.0.0/24").cloned();
+        let r = r.unwrap_or_else(|| panic!("no row of the rule: {st}"));
+        r["passed_packets"].as_u64().unwrap() + r["dropped_packets"].as_u64().unwrap()
+    };
+    let (got, sent, allowed) = admitted(&sb);
+    assert!(sent > 600 && got <= allowed, "the aggregate of 100 pps holds before: {got} of {sent} (at most {allowed})");
+    let before = counted(&sb);
+    assert!(before >= sent, "the rule counted {before} of {sent} frames");
+    // The rule replaced by another (no aggregate) in the file: the new
+    // rule takes its slot, and the change fails after writing it.
+    let b = "[[rule]]\nprefix = \"198.18.1.0/24\"\nrate = \"1000pps\"\nburst = 10\n";
+    std::fs::write(&sb.config, format!("[daemon]\nmax_rules = 2\n\n{default}{b}")).unwrap();
+    fails_with(&cli(&sb, &["reload"]), "failing on purpose");
+    let rules: serde_json::Value = serde_json::from_str(&succeeds(&cli(&sb, &["rule", "ls", "--json"]))).unwrap();
+    let rule = rules.as_array().unwrap().iter().find(|r| r["prefix"] == "198.18.0.0/24").expect("the rule");
+    assert_eq!(&rule["total_rate"], &serde_json::json!("100pps"), "{rule}");
+    assert!(counted(&sb) >= before, "the rule's counts were lost: {} after {before}", counted(&sb));
+    let (got, sent, allowed) = admitted(&sb);
+    assert!(
+        sent > 600 && got <= allowed,
+        "after the failed change the rule in force still admits its aggregate of 100 pps: {got} of {sent} (at most \
+         {allowed})"
+    );
+    assert!(d.stop_with(libc::SIGTERM));
+}
+
 /// A change of a running daemon's rules that fails after it wrote the
 /// rule slots (here on purpose, `POLICER_TEST_FAIL_RULE_MAPS`, before the
 /// rule maps) changes nothing: the rule in force keeps its own aggregate

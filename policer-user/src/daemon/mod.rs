@@ -269,15 +269,24 @@ impl Daemon {
     /// limiters, totals, then the rule maps. On failure the maps are read
     /// back, so that putting the rules back diffs against what they hold.
     fn write_plan(&mut self, plan: plan::Plan) -> Result<()> {
-        // The slots of rules in force that the change rewrites in place:
-        // what they hold now, put back if the change fails after them (the
-        // rule maps are read back, so the rules in force keep their own
-        // limiter, ban parameters, aggregate bucket and SYN settings). A
-        // fresh slot is read by no rule until the rule maps point to it.
-        let in_place: Vec<u32> = plan.writes.iter().filter(|w| !w.fresh).map(|w| w.slot).collect();
-        let saved = self.policer.save_slots(&in_place)?;
+        // The slots a rule in force reads until the rule maps change: those
+        // the change rewrites in place, and those of rules it removes that
+        // it gives to new ones (at the rule limit). What they hold now is
+        // put back if the change fails after them (the rule maps are read
+        // back, so the rules in force keep their own limiter, ban
+        // parameters, aggregate bucket, SYN settings and counts). A slot
+        // taken from the free ones is read by no rule until the rule maps
+        // point to it.
+        let free: std::collections::HashSet<u32> = plan.taken.iter().copied().collect();
+        let held: Vec<u32> =
+            plan.writes.iter().filter(|w| !w.fresh || !free.contains(&w.slot)).map(|w| w.slot).collect();
+        let saved = self.policer.save_slots(&held)?;
+        let mut zeroed = Vec::new();
         let r = (|| -> Result<()> {
             for w in plan.writes.iter().filter(|w| w.fresh) {
+                if !free.contains(&w.slot) {
+                    zeroed.push((w.slot, self.policer.slot_counters(w.slot)?));
+                }
                 self.policer.reset_rule_counters(w.slot)?;
             }
             let slots = plan.writes.iter().map(|w| (w.slot, &*plan.rules[&w.key].spec, w.total));
@@ -290,7 +299,12 @@ impl Daemon {
         })();
         if let Err(e) = r {
             if let Err(k) = self.policer.restore_slots(&saved) {
-                log::warn!("putting back the slots of {} rules after a failed change: {k}", in_place.len());
+                log::warn!("putting back the slots of {} rules after a failed change: {k}", held.len());
+            }
+            for (slot, old) in &zeroed {
+                if let Err(k) = self.policer.add_back_rule_counters(*slot, old) {
+                    log::warn!("putting back the counters of slot {slot} after a failed change: {k}");
+                }
             }
             match self.policer.kernel_compiled() {
                 Ok(now) => {

@@ -1399,18 +1399,7 @@ impl Undo {
                     // What was there plus what was counted since it was
                     // zeroed (a removed rule that still used the slot until
                     // now): no frame the running program counted is lost.
-                    let merged = m.rule_counters(slot).and_then(|now| {
-                        let sum: Vec<RuleCounters> = old
-                            .iter()
-                            .zip(now.iter())
-                            .map(|(o, n)| {
-                                let mut c = *o;
-                                c.add(n);
-                                c
-                            })
-                            .collect();
-                        PerCpuValues::try_from(sum).map_err(|e| Error::Invalid(e.to_string()))
-                    });
+                    let merged = m.rule_counters(slot).and_then(|now| crate::loader::merged_counters(&old, &now));
                     merged
                         .and_then(|v| m.set_rule_counters(slot, v))
                         .map_err(|e| (format!("the counters of slot {slot}"), e))
