@@ -582,7 +582,11 @@ impl Policer {
             // duplicate is ours.
             unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned().ok()
         };
-        Some(crate::syncookies::SeenFilter { seen: dup(MAP_SYN_SEEN)?, verified: dup(MAP_SYN_VERIFIED)? })
+        Some(crate::syncookies::SeenFilter {
+            seen: dup(MAP_SYN_SEEN)?,
+            verified: dup(MAP_SYN_VERIFIED)?,
+            exact: dup(policer_common::syn::MAP_SYN_EXACT),
+        })
     }
 
     /// Sets (or with None clears) the automatic bans of the rule at `slot`.
@@ -1782,13 +1786,13 @@ fn verify(prog: &mut aya::programs::Program) -> Result<()> {
 /// policer_common::syn::EXACT_NS, so the tiers reach the SYN path's
 /// lookup of a listener without a source in seconds.
 #[cfg(feature = "test-hooks")]
-fn exact_ns(ns: u64) -> u64 {
+pub(crate) fn exact_ns(ns: u64) -> u64 {
     std::env::var("POLICER_TEST_SYN_EXACT_MS").ok().and_then(|v| v.parse::<u64>().ok()).map_or(ns, |ms| ms * 1_000_000)
 }
 
 #[cfg(not(feature = "test-hooks"))]
 #[inline(always)]
-fn exact_ns(ns: u64) -> u64 {
+pub(crate) fn exact_ns(ns: u64) -> u64 {
     ns
 }
 

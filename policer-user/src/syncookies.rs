@@ -229,10 +229,12 @@ mod tests {
 /// sources go, so the daemon rebuilds the filter from the set when
 /// [`policer_common::syn::seen_is_stale`] says enough of it is stale.
 /// Holds its own descriptors of the two maps (a thread of its own runs
-/// it: `daemon::synfilter`).
+/// it: `daemon::synfilter`), and of the time until which the program
+/// looks listeners up by each SYN's own tuple (`SYN_EXACT`).
 pub struct SeenFilter {
     pub(crate) seen: std::os::fd::OwnedFd,
     pub(crate) verified: std::os::fd::OwnedFd,
+    pub(crate) exact: Option<std::os::fd::OwnedFd>,
 }
 
 /// What a rebuild found and left.
@@ -274,12 +276,38 @@ impl SeenFilter {
             return Ok(None);
         }
         let (fresh, sources) = self.words_of_set()?;
+        // A bit cleared is a source the program takes as never seen, whose
+        // SYN then finds its listener without its own tuple: one the set
+        // let go may still have a connection or a TIME_WAIT of that tuple.
+        // So the program looks by the tuple again for as long as after
+        // SYN cookies are switched on (policer_common::syn::EXACT_NS),
+        // from before the first bit is cleared.
+        if fresh.iter().zip(&now).any(|(f, n)| n & !f != 0) {
+            self.exact_again()?;
+        }
         self.write(&fresh, |i| fresh[i] != now[i])?;
         // The sources verified while the words were made and written.
         let (again, _) = self.words_of_set()?;
         let merged: Vec<u64> = fresh.iter().zip(&again).map(|(a, b)| a | b).collect();
         self.write(&merged, |i| merged[i] != fresh[i])?;
         Ok(Some(Rebuilt { before, after: ones(&merged), sources }))
+    }
+
+    /// Moves the end of the program's lookups by the SYN's own tuple
+    /// (`SYN_EXACT`) to [`EXACT_NS`](policer_common::syn::EXACT_NS) from
+    /// now, unless it is later already.
+    fn exact_again(&self) -> crate::Result<()> {
+        use policer_common::syn::{EXACT_NS, MAP_SYN_EXACT};
+        use std::os::fd::AsRawFd;
+        let Some(fd) = &self.exact else { return Ok(()) };
+        let until = crate::duration::monotonic_ns().saturating_add(crate::loader::exact_ns(EXACT_NS));
+        let now: Option<u64> = crate::batch::lookup(fd.as_raw_fd(), &0u32)
+            .map_err(crate::Error::kernel(format!("reading {MAP_SYN_EXACT}")))?;
+        if now.is_none_or(|t| t < until) {
+            crate::batch::update_elem(fd.as_raw_fd(), &0u32, &until)
+                .map_err(crate::Error::kernel(format!("writing {MAP_SYN_EXACT}")))?;
+        }
+        Ok(())
     }
 
     /// The filter's words for the sources the exact set holds now.

@@ -709,12 +709,34 @@ fn seen_words(map: u64) -> Vec<u64> {
     words
 }
 
+/// The end of the SYN path's lookups by each SYN's own tuple
+/// (`SYN_EXACT`, monotonic ns).
+fn exact_until(sb: &Sandbox) -> u64 {
+    let map = attached_map(sb, policer_common::syn::MAP_SYN_EXACT);
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "lookup", "id", &map.to_string(), "key", "0", "0", "0", "0"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    let bytes: Vec<u8> = v["value"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|b| u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    u64::from_ne_bytes(bytes.try_into().unwrap())
+}
+
 /// The filter in front of the verified sources is only ever set by the
 /// program; the daemon rebuilds it from the exact set once it is stale, so
 /// that it keeps sparing forged SYNs the set's lookup over a long run.
 /// Here the filter is filled by hand (as years of sources the set let go
 /// would): within the daemon's look (10 s) it holds exactly the verified
 /// client's bit again, and that client still connects without a cookie.
+/// The rebuild cleared bits (of sources the set let go, which may still
+/// have a connection or a TIME_WAIT): the program looks listeners up by
+/// each SYN's own tuple again for the window it has after SYN cookies are
+/// switched on, from the rebuild.
 #[test]
 fn the_filter_of_verified_sources_is_rebuilt_when_stale() {
     if !privileged("syn") {
@@ -747,6 +769,7 @@ fn the_filter_of_verified_sources_is_rebuilt_when_stale() {
     let _ = std::fs::remove_file(&batch);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(seen_words(map).iter().all(|w| *w == u64::MAX));
+    let exact_before = exact_until(&sb);
     let t = Instant::now();
     while !d.stdout().contains("rebuilt from the 1 sources verified now") {
         assert!(t.elapsed() < Duration::from_secs(30), "no rebuild in 30 s:\n{}\n{}", d.stdout(), d.stderr());
@@ -756,6 +779,11 @@ fn the_filter_of_verified_sources_is_rebuilt_when_stale() {
     let words = seen_words(map);
     assert_eq!(words.iter().map(|w| w.count_ones()).sum::<u32>(), 1, "rebuilt: the one verified source's bit");
     assert_ne!(words[mine.0 as usize] & mine.1, 0, "the verified client's bit");
+    let exact_after = exact_until(&sb);
+    assert!(
+        exact_after > exact_before,
+        "the exact lookups were not renewed by the rebuild: until {exact_before} ns, then {exact_after} ns"
+    );
     // The verified client connects as before: policed by its budget, no
     // cookie; an unverified one gets a cookie and is verified.
     assert_eq!(connect_many(&sb.tx_ns, vec![client4(0)], to, 3), 3);
