@@ -1732,20 +1732,21 @@ fn load_programs(ebpf: &mut Ebpf, yielding: bool) -> Result<()> {
     };
     // The verifying thread's id once it yields; `Some(None)`: the attached
     // program is done, it yields no more.
-    let yielded: std::sync::Mutex<Option<Option<libc::pid_t>>> = std::sync::Mutex::new(None);
+    let yielded: std::sync::Mutex<Option<Option<(libc::pid_t, i32)>>> = std::sync::Mutex::new(None);
     let (first, rest) = std::thread::scope(|s| {
         let thread = std::thread::Builder::new().name("policer-verify".into()).spawn_scoped(s, || {
             if yielding {
                 let mut y = yielded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if y.is_none() {
-                    *y = Some(Some(set_nice(None, 10)));
+                    *y = Some(Some(nice_down(10)));
                 }
             }
             verify_beside(&mut beside)
         });
         let first = verify(attached);
-        if let Some(Some(tid)) = yielded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).replace(None) {
-            set_nice(Some(tid), 0);
+        if let Some(Some((tid, was))) = yielded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).replace(None)
+        {
+            set_nice(tid, was);
         }
         let rest = thread.map(|t| {
             t.join()
@@ -1763,16 +1764,28 @@ fn load_programs(ebpf: &mut Ebpf, yielding: bool) -> Result<()> {
     Ok(())
 }
 
-/// Sets the nice value of thread `tid` (`None`: this one) to `nice`, best
-/// effort (raising a priority needs CAP_SYS_NICE, or an RLIMIT_NICE that
-/// allows it: the shipped unit's `LimitNICE=+0`); the thread's id.
-fn set_nice(tid: Option<libc::pid_t>, nice: i32) -> libc::pid_t {
-    // SAFETY: plain system calls on a thread id of this process.
+/// Lowers the calling thread's priority by `by` (its nice raised, to 19
+/// at most), best effort: its id and the nice it had (the process's own,
+/// under `nice` or a unit's `Nice=`), to put back with [`set_nice`].
+fn nice_down(by: i32) -> (libc::pid_t, i32) {
+    // SAFETY: plain system calls on this thread; errno is this thread's.
     unsafe {
-        let tid = tid.unwrap_or_else(|| libc::gettid());
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
-        tid
+        let tid = libc::gettid();
+        // getpriority's -1 is also a nice: errno tells a failure apart.
+        *libc::__errno_location() = 0;
+        let was = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+        let was = if was == -1 && *libc::__errno_location() != 0 { 0 } else { was };
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, (was + by).min(19));
+        (tid, was)
     }
+}
+
+/// Sets the nice value of thread `tid` of this process, best effort
+/// (raising a priority needs CAP_SYS_NICE, or an RLIMIT_NICE that allows
+/// it: the shipped unit's `LimitNICE=+0`).
+fn set_nice(tid: libc::pid_t, nice: i32) {
+    // SAFETY: a plain system call on a thread id of this process.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
 }
 
 /// Loads (the kernel verifies) an XDP program of the object.
