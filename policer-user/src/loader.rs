@@ -1422,7 +1422,7 @@ impl Policer {
         // Settings that turn SYN cookies on: the listener is looked up by
         // each SYN's own tuple for a while (policer_common::syn::EXACT_NS).
         if conf.iter().any(|(_, c)| c.mode != 0) && self.ebpf.map(MAP_SYN_EXACT).is_some() {
-            let until = crate::duration::monotonic_ns().saturating_add(exact_ns(EXACT_NS));
+            let until = crate::duration::monotonic_ns().saturating_add(crate::syncookies::exact_ns(EXACT_NS));
             write_array(self.map_fd(MAP_SYN_EXACT)?, MAP_SYN_EXACT, &[(0u32, until)])?;
         }
         write_array(self.map_fd(MAP_SYN_CONF)?, MAP_SYN_CONF, conf)?;
@@ -1792,21 +1792,6 @@ fn set_nice(tid: libc::pid_t, nice: i32) {
 fn verify(prog: &mut aya::programs::Program) -> Result<()> {
     let prog: &mut Xdp = prog.try_into().map_err(|e| Error::Program(Box::new(e)))?;
     prog.load().map_err(|e| Error::Program(Box::new(e)))
-}
-
-/// Tests only (policer-user's `test-hooks` feature, like the start's hooks
-/// in `daemon/start/hooks.rs`): `POLICER_TEST_SYN_EXACT_MS` in place of
-/// policer_common::syn::EXACT_NS, so the tiers reach the SYN path's
-/// lookup of a listener without a source in seconds.
-#[cfg(feature = "test-hooks")]
-pub(crate) fn exact_ns(ns: u64) -> u64 {
-    std::env::var("POLICER_TEST_SYN_EXACT_MS").ok().and_then(|v| v.parse::<u64>().ok()).map_or(ns, |ms| ms * 1_000_000)
-}
-
-#[cfg(not(feature = "test-hooks"))]
-#[inline(always)]
-pub(crate) fn exact_ns(ns: u64) -> u64 {
-    ns
 }
 
 /// Sizes SYN cookies' per-rule maps (policer_common::syn) for

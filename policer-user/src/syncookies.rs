@@ -223,6 +223,21 @@ mod tests {
     }
 }
 
+/// Tests only (policer-user's `test-hooks` feature, like the start's hooks
+/// in `daemon/start/hooks.rs`): `POLICER_TEST_SYN_EXACT_MS` in place of
+/// policer_common::syn::EXACT_NS, so the tiers reach the SYN path's
+/// lookup of a listener without a source in seconds.
+#[cfg(feature = "test-hooks")]
+pub(crate) fn exact_ns(ns: u64) -> u64 {
+    std::env::var("POLICER_TEST_SYN_EXACT_MS").ok().and_then(|v| v.parse::<u64>().ok()).map_or(ns, |ms| ms * 1_000_000)
+}
+
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub(crate) fn exact_ns(ns: u64) -> u64 {
+    ns
+}
+
 /// The SYN path's filter in front of its verified sources
 /// (policer_common::syn::SEEN_WORDS), kept useful over a long run: the
 /// program only ever sets its bits, and the exact set (an LRU) lets
@@ -300,7 +315,7 @@ impl SeenFilter {
         use policer_common::syn::{EXACT_NS, MAP_SYN_EXACT};
         use std::os::fd::AsRawFd;
         let Some(fd) = &self.exact else { return Ok(()) };
-        let until = crate::duration::monotonic_ns().saturating_add(crate::loader::exact_ns(EXACT_NS));
+        let until = crate::duration::monotonic_ns().saturating_add(exact_ns(EXACT_NS));
         let now: Option<u64> = crate::batch::lookup(fd.as_raw_fd(), &0u32)
             .map_err(crate::Error::kernel(format!("reading {MAP_SYN_EXACT}")))?;
         if now.is_none_or(|t| t < until) {

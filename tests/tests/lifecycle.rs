@@ -855,6 +855,18 @@ fn a_program_removed_from_outside_is_put_back_shown_or_ends_the_daemon() {
     assert!(d.stderr().contains("the daemon exits (--on-detach exit)"), "{}", d.stderr());
 }
 
+/// Four sources of 198.18.0.0/24 at 200 pps each for a second: what
+/// arrived of their 800 pps, what was sent, and what an aggregate of 100
+/// pps with a burst of 10 allows at most over the run as long as it took
+/// (however late a busy host sends, never more).
+fn four_sources_of_198_18_0(sb: &Sandbox) -> (u64, u64, u64) {
+    let flows: Vec<Flow> = (1..=4).map(|i| flow(&format!("198.18.0.{i}"), 200.0)).collect();
+    let t0 = Instant::now();
+    let (sent, got) = traffic::run(sb, &flows, Duration::from_secs(1));
+    let allowed = 10 + (100.0 * t0.elapsed().as_secs_f64()).ceil() as u64;
+    (got.per_flow.iter().sum::<u64>(), sent.sent.iter().sum::<u64>(), allowed)
+}
+
 /// At the rule limit, a change that removes a rule and adds another gives
 /// the new rule the removed one's slot; failing after it wrote that slot
 /// (`POLICER_TEST_FAIL_RULE_MAPS`, before the rule maps) it changes
@@ -874,13 +886,7 @@ fn a_failed_change_at_the_rule_limit_leaves_the_removed_rules_slot_as_it_was() {
              total_burst = 10\n";
     std::fs::write(&sb.config, format!("[daemon]\nmax_rules = 2\n\n{default}{a}")).unwrap();
     let mut d = attach_env(&sb, &[&sb.rx_if], &[], &[("POLICER_TEST_FAIL_RULE_MAPS", "1")]).unwrap();
-    let flows: Vec<Flow> = (1..=4).map(|i| flow(&format!("198.18.0.{i}"), 200.0)).collect();
-    let admitted = |sb: &Sandbox| {
-        let t0 = Instant::now();
-        let (sent, got) = traffic::run(sb, &flows, Duration::from_secs(1));
-        let allowed = 10 + (100.0 * t0.elapsed().as_secs_f64()).ceil() as u64;
-        (got.per_flow.iter().sum::<u64>(), sent.sent.iter().sum::<u64>(), allowed)
-    };
+    let admitted = four_sources_of_198_18_0;
     let counted = |sb: &Sandbox| -> u64 {
         let st: serde_json::Value = serde_json::from_str(&succeeds(&cli(sb, &["stats", "--json"]))).unwrap();
         let r = st["rules"].as_array().unwrap().iter().find(|r| r["prefix"] == "198.18.0.0/24").cloned();
@@ -928,16 +934,7 @@ fn a_change_failing_after_the_slots_leaves_the_rule_in_force_as_it_was() {
     )
     .unwrap();
     let mut d = attach_env(&sb, &[&sb.rx_if], &[], &[("POLICER_TEST_FAIL_RULE_MAPS", "1")]).unwrap();
-    let flows: Vec<Flow> = (1..=4).map(|i| flow(&format!("198.18.0.{i}"), 200.0)).collect();
-    // What arrived of the four sources' 800 pps, what was sent, and what
-    // the aggregate allows at most over the run as long as it took (its
-    // burst of 10 and 100 pps: however late a busy host sends, never more).
-    let admitted = |sb: &Sandbox| {
-        let t0 = Instant::now();
-        let (sent, got) = traffic::run(sb, &flows, Duration::from_secs(1));
-        let allowed = 10 + (100.0 * t0.elapsed().as_secs_f64()).ceil() as u64;
-        (got.per_flow.iter().sum::<u64>(), sent.sent.iter().sum::<u64>(), allowed)
-    };
+    let admitted = four_sources_of_198_18_0;
     let (got, sent, allowed) = admitted(&sb);
     assert!(sent > 600 && got <= allowed, "the aggregate of 100 pps holds before: {got} of {sent} (at most {allowed})");
     let out = cli(
