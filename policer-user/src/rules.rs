@@ -226,10 +226,15 @@ pub struct SynPolicy {
 
 /// `--syn-ack-rate`: packets a second (`500pps`, `2kpps`, or a number).
 pub fn parse_syn_ack_rate(s: &str) -> Result<u64> {
+    use policer_common::bucket::{MAX_RATE_PPS, MIN_RATE_PPS};
     let bad = || Error::Invalid(format!("--syn-ack-rate '{s}': a packet rate like 500pps or 2kpps"));
     let r = if s.bytes().all(|b| b.is_ascii_digit()) { Rate::parse(&format!("{s}pps")) } else { Rate::parse(s) };
     match r.map_err(|_| bad())? {
-        Rate::Pps(n) if n > 0 => Ok(n),
+        // Above the range the cap's interval would round to 0 ns: no cap at all.
+        Rate::Pps(n) if (MIN_RATE_PPS..=MAX_RATE_PPS).contains(&n) => Ok(n),
+        Rate::Pps(_) => Err(Error::Invalid(format!(
+            "--syn-ack-rate '{s}': out of range ({MIN_RATE_PPS} pps to {MAX_RATE_PPS} pps)"
+        ))),
         _ => Err(bad()),
     }
 }
@@ -1212,6 +1217,20 @@ mod tests {
         assert!(k.validate().is_err());
         k.key_len = Some(24);
         assert_eq!(k.validate().unwrap().kernel(7).unwrap().rule_id, 7);
+    }
+
+    /// A SYN-ACK cap above the rate range would be an interval of 0 ns,
+    /// which the program reads as no cap: refused, as `--rate` is.
+    #[test]
+    fn syn_ack_rate_is_bounded_like_a_rate() {
+        assert_eq!(parse_syn_ack_rate("500pps").unwrap(), 500);
+        assert_eq!(parse_syn_ack_rate("2000").unwrap(), 2000);
+        assert_eq!(parse_syn_ack_rate("100Mpps").unwrap(), 100_000_000);
+        for bad in ["0", "0pps", "2Gpps", "5000000000", "1mbit", "fast"] {
+            let e = parse_syn_ack_rate(bad).unwrap_err().to_string();
+            assert!(e.contains("--syn-ack-rate"), "{bad}: {e}");
+        }
+        assert!(parse_syn_ack_rate("2Gpps").unwrap_err().to_string().contains("out of range"));
     }
 
     fn spec_of(f: impl FnOnce(&mut RuleConfig)) -> RuleSpec {

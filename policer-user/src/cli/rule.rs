@@ -113,7 +113,7 @@ pub enum Cmd {
         #[arg(long, value_name = "MODE", value_parser = ["off", "flood", "always"])]
         syn_cookies: Option<String>,
         /// The reflection cap of SYN cookies: SYN-ACKs a second toward one
-        /// /24 (IPv6: /48) (default 1000pps).
+        /// /24 (IPv6: /48), 1pps to 100Mpps (default 1000pps).
         #[arg(long, value_name = "RATE")]
         syn_ack_rate: Option<String>,
         /// Ban a source whose bucket refuses --ban-after frames (since it
