@@ -965,3 +965,70 @@ fn syns_with_headers_apart_get_a_valid_cookie_v4_and_v6() {
     stop.store(true, Ordering::Relaxed);
     srv.join().unwrap();
 }
+
+/// The server namespace's `TcpInSegs`: segments its TCP took in (a SYN
+/// answered in XDP is not one).
+fn tcp_in_segs(ns: &str) -> u64 {
+    let out = std::process::Command::new("ip").args(["netns", "exec", ns, "nstat", "-az", "TcpInSegs"]).output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("TcpInSegs")?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no TcpInSegs in nstat: {text}"))
+}
+
+/// A start that adopts a running program (after `kill -9`, or an upgrade
+/// from a daemon that exited with `--persist`) answers SYNs with cookies
+/// from the new program's first frame: the old program's SYN settings are
+/// written into the new one before the attach, not only with the rules
+/// after it. Here the start pauses a second right after the attach (its
+/// first kernel change, the test hook `POLICER_TEST_PAUSE_AT`): a spoofed
+/// flood through that second reaches the server's stack not once (its TCP
+/// takes in no segment) and takes no bucket. Before, the
+/// SYNs of that second were policed as if the rule had no SYN cookies.
+#[test]
+fn an_adopting_start_answers_syns_in_xdp_from_its_first_frame() {
+    if !privileged("syn") {
+        return;
+    }
+    let bin = policer_tests::daemon::policer_bin();
+    assert!(policer_tests::file_contains(&bin, b"POLICER_TEST_PAUSE_AT"), "{} has no test hooks", bin.display());
+    let sb = sandbox("synadopt");
+    let stop = Arc::new(AtomicBool::new(false));
+    let srv = server(&sb.rx_ns, stop.clone());
+    let mut old = daemon(&sb);
+    succeeds(&cli(&sb, &["rule", "set", "0.0.0.0/0", "--proto", "tcp", "--rate", "20kpps", "--syn-cookies", "always"]));
+    let fstop = Arc::new(AtomicBool::new(false));
+    let flood = syn_flood(&sb, PORT, fstop.clone());
+    thread::sleep(Duration::from_millis(500));
+    let buckets = n(rule_row(&stats(&sb), "0.0.0.0/0", "tcp"), "buckets_created");
+    old.stop_with(libc::SIGKILL);
+    let segs_before = tcp_in_segs(&sb.rx_ns);
+    let mut args = vec!["attach", sb.rx_if.as_str(), "--config", sb.config.as_str()];
+    args.extend(OPTIONS);
+    let t0 = Instant::now();
+    let d = Daemon::try_start(&bin, &sb.rx_ns, &args, &[("POLICER_TEST_PAUSE_AT", "1")]).expect("daemon");
+    let took = t0.elapsed();
+    thread::sleep(Duration::from_millis(200));
+    fstop.store(true, Ordering::Relaxed);
+    let frames = flood.join().unwrap();
+    let reached = tcp_in_segs(&sb.rx_ns) - segs_before;
+    let s = stats(&sb);
+    let r = rule_row(&s, "0.0.0.0/0", "tcp");
+    eprintln!(
+        "start (paused 1 s after the attach) {took:?}; flood {frames} SYNs; segments the server's TCP took in meanwhile {reached}"
+    );
+    eprintln!("rule: {r}\nserver's TCP: {}\ndaemon said: {}", tcp_counters(&sb.rx_ns), d.stdout());
+    assert!(took >= Duration::from_secs(1), "the start did not pause after its attach: {took:?}");
+    let said = d.stdout();
+    assert!(said.contains("replaced program") && !said.contains("buckets start empty"), "not adopted: {said}");
+    // The new program's SYN counters are its own, from its attach on: the
+    // flood went through it, and it answered every SYN itself.
+    let y = &r["syn"];
+    assert!(n(y, "syns") >= 1000, "the flood did not reach the new program: {y}");
+    assert_eq!(n(y, "cookies_sent") + n(y, "synacks_capped"), n(y, "syns"), "{y}");
+    assert_eq!(reached, 0, "SYNs reached the stack while the adopting start wrote its rules");
+    assert_eq!(n(r, "buckets_created"), buckets, "the flood's sources took buckets: {r}");
+    drop(d);
+    stop.store(true, Ordering::Relaxed);
+    srv.join().unwrap();
+}

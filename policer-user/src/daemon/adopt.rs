@@ -326,6 +326,61 @@ pub fn detach_orphan(name: &str) -> Result<String> {
     Ok(format!("detached policer (program {}) from {name}{of}", found.prog_id))
 }
 
+/// What an adopted program's SYN cookies were doing: the settings of its
+/// slots that answer SYNs, and those slots' SYN budgets (`flood`).
+pub(super) type SynSlots = (Vec<(u32, policer_common::syn::SynConf)>, Vec<(u32, policer_common::class::Total)>);
+
+/// The slots of the running program `prog_id` whose SYN cookies are on,
+/// with their settings and SYN budgets, read from its own maps (a program
+/// that adopts it shares none of them: `policer_common::LAYOUT_VERSION` 6).
+/// A start writes them into the new program before attaching it, so that
+/// from its first frame it answers the SYNs the old one answered, not only
+/// once the start has written the rules (at 1 000 000 rules seconds later;
+/// meanwhile a flood's SYNs reached the stack and took buckets). Empty when
+/// the old program has no such maps of this build's sizes (another build).
+pub(super) fn syn_slots(prog_id: u32) -> std::io::Result<SynSlots> {
+    use policer_common::{
+        class::Total,
+        syn::{MAP_SYN_CONF, MAP_SYN_TOTALS, SynConf},
+    };
+    let Some(info) = loaded_programs().filter_map(|p| p.ok()).find(|p| p.id() == prog_id) else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let mut fds = BTreeMap::new();
+    for id in info.map_ids().map_err(std::io::Error::other)?.unwrap_or_default() {
+        let Ok(m) = MapInfo::from_id(id) else {
+            continue;
+        };
+        let size = match m.name_as_str() {
+            Some(MAP_SYN_CONF) => (MAP_SYN_CONF, size_of::<SynConf>()),
+            Some(MAP_SYN_TOTALS) => (MAP_SYN_TOTALS, size_of::<Total>()),
+            _ => continue,
+        };
+        if m.key_size() == 4 && m.value_size() as usize == size.1 {
+            fds.insert(size.0, MapData::from_id(id).map_err(std::io::Error::other)?);
+        }
+    }
+    let (Some(conf_map), Some(totals_map)) = (fds.get(MAP_SYN_CONF), fds.get(MAP_SYN_TOTALS)) else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    fn read<V: Copy>(m: &MapData, mut keep: impl FnMut(u32, &V) -> bool) -> std::io::Result<Vec<(u32, V)>> {
+        let mut out = Vec::new();
+        crate::batch::for_each(m.fd().as_fd().as_raw_fd(), 4, size_of::<V>(), |k, v| {
+            let slot = u32::from_ne_bytes([k[0], k[1], k[2], k[3]]);
+            // SAFETY: the kernel copied a value of V's size (checked above).
+            let v = unsafe { std::ptr::read_unaligned(v.as_ptr().cast::<V>()) };
+            if keep(slot, &v) {
+                out.push((slot, v));
+            }
+        })?;
+        Ok(out)
+    }
+    let conf: Vec<(u32, SynConf)> = read(conf_map, |_, c: &SynConf| c.mode != 0)?;
+    let on: std::collections::BTreeSet<u32> = conf.iter().map(|e| e.0).collect();
+    let totals = read(totals_map, |slot, _: &Total| on.contains(&slot))?;
+    Ok((conf, totals))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

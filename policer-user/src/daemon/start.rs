@@ -283,14 +283,14 @@ impl Daemon {
         let replaced = sets.replaced.clone();
         let mut rules = Some((plan, sets));
         let mut expired = Vec::new();
-        // Fresh maps, which no running program reads: the rules first.
+        // Fresh maps, which no running program reads: the rules first, then
+        // the bans a plain exit kept. Adopted maps: the old program's SYN
+        // settings (carry_syn_slots). Each before the first frame.
         if !shared && let Some((plan, sets)) = rules.take() {
             expired = d.install(&mut undo, plan, sets)?;
-        }
-        // The automatic bans a plain exit kept: back into fresh maps before
-        // the first frame (an adopted program's store has its own).
-        if !shared {
             d.restore_kept_bans(out)?;
+        } else if let Some(id) = survey.adopt_from {
+            d.carry_syn_slots(id, out);
         }
         // One program polices every interface, each with a chain of its
         // own behind it: the arrays and their dispatchers, in place before
@@ -327,6 +327,29 @@ impl Daemon {
         d.fill_chains();
         d.announce(args, &s.ifaces.names, &replaced, out);
         Ok(d)
+    }
+
+    /// Writes the SYN cookies' settings and SYN budgets of the adopted
+    /// program `prog_id` into the new program's own maps, before it is
+    /// attached ([`super::adopt::syn_slots`]; the start writes the rules'
+    /// own after the attach). Only the new program's maps change: nothing
+    /// to undo. A failure is said and the start goes on, as before this
+    /// existed: the SYNs of the moment between the attach and the rules
+    /// are policed as if the rules had no SYN cookies.
+    fn carry_syn_slots(&mut self, prog_id: u32, out: &mut impl Write) {
+        let capacity = self.rs.capacity();
+        let carried = super::adopt::syn_slots(prog_id).map_err(Error::from).and_then(|(mut conf, mut totals)| {
+            conf.retain(|e| e.0 <= capacity);
+            totals.retain(|e| e.0 <= capacity);
+            if conf.is_empty() { Ok(()) } else { self.policer.set_syn_slots(&conf, &totals) }
+        });
+        if let Err(e) = carried {
+            let _ = writeln!(
+                out,
+                "policer: warning: the running program's SYN cookie settings were not carried over ({e}): \
+                 until its rules are written, the new program polices SYNs without cookies"
+            );
+        }
     }
 
     /// Puts the bans the state directory keeps (`statebans.rs`) that have
