@@ -1284,3 +1284,30 @@ fn check_warns_of_a_crowdsec_key_file_others_may_read() {
     let out = check().unwrap();
     assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A budget leased from the fleet's Redis (`global = "…"`) added by a
+/// reload to a daemon started without `[global]`: refused whole, nothing
+/// changed. The leases start with the daemon; before, the reload took the
+/// rule and each node held the whole budget, silently.
+#[test]
+fn a_reload_adding_a_fleet_budget_to_a_daemon_without_leases_is_refused() {
+    if !privileged("config tier") {
+        return;
+    }
+    let sb = Sandbox::new("glob");
+    let plain = "[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1000pps\"\n\n";
+    std::fs::write(&sb.config, plain).unwrap();
+    let _d = Daemon::attach(&sb, &["--interval", "0"]);
+    let before = rules(&sb);
+    let fleet = "[global]\nredis_url = \"redis://127.0.0.1:6379/0\"\nnode_id = \"edge1\"\n\n";
+    let budget = "[[rule]]\nprefix = \"198.18.0.0/16\"\nproto = \"udp\"\nrate = \"100pps\"\ntotal_rate = \"5kpps\"\n\
+                  global = \"dns\"\n";
+    std::fs::write(&sb.config, format!("{fleet}{plain}{budget}")).unwrap();
+    let out = cli(&sb, &["reload"]);
+    fails_with(&out, "198.18.0.0/16: global = \"dns\": this daemon was started without a [global] table");
+    fails_with(&out, "nothing changed");
+    assert_eq!(rules(&sb), before, "a refused reload changed the rules");
+    // Without the budget's rule, the file reloads.
+    std::fs::write(&sb.config, format!("{fleet}{plain}")).unwrap();
+    succeeds(&cli(&sb, &["reload"]));
+}

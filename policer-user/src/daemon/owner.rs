@@ -801,6 +801,20 @@ impl Daemon {
         // (refused before the sets' files are read, and said as itself).
         snap.check_whole(named.unwrap_or(self.file.path()), followed, plan.drastic.as_deref())?;
         let want = &plan.want;
+        // A budget leased from the fleet's Redis needs the leases, which
+        // start with the daemon: without them each node would hold the
+        // whole budget.
+        if self.global.is_none()
+            && let Some(spec) = want.values().find(|s| s.global().is_some())
+        {
+            return Err(Error::Invalid(format!(
+                "{path}: {}: global = \"{}\": this daemon was started without a [global] table, and the \
+                 fleet's leases start with the daemon (restart it to lease the budget; until then each node would \
+                 hold the whole budget); nothing changed",
+                spec.net,
+                spec.global().unwrap_or_default()
+            )));
+        }
         // The new file's protected prefixes apply with its rules and sets.
         let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
         // The config's sets: every list file read and checked against the
@@ -849,14 +863,7 @@ impl Daemon {
                 format!("; warning: the feed's set still holds entries inside the protected prefixes: {e}")
             }
         };
-        let daemon_differs = snap.config.daemon.differs_at_start(&self.file.config().daemon);
-        let feed_differs = snap.config.crowdsec != self.file.config().crowdsec;
-        let note = match (daemon_differs, feed_differs) {
-            (true, true) => " ([daemon] settings and [crowdsec] apply at the next start)",
-            (true, false) => " ([daemon] settings apply at the next start)",
-            (false, true) => " ([crowdsec] applies at the next start)",
-            (false, false) => "",
-        };
+        let note = at_next_start(&snap.config, self.file.config());
         // Only now that its rules are in force is the file what we run from.
         let old_chains = self.file.config().chains.clone();
         self.file.accept(snap);
@@ -1840,6 +1847,26 @@ impl Daemon {
     }
 }
 
+/// What a reload from `old` to `new` leaves for the next start, for its
+/// reply: ` ([daemon] settings, [global] apply at the next start)`, or
+/// empty.
+fn at_next_start(new: &crate::config::Config, old: &crate::config::Config) -> String {
+    let tables: Vec<&str> = [
+        (new.daemon.differs_at_start(&old.daemon), "[daemon] settings"),
+        (new.crowdsec != old.crowdsec, "[crowdsec]"),
+        (new.global != old.global, "[global]"),
+    ]
+    .into_iter()
+    .filter_map(|(differs, name)| differs.then_some(name))
+    .collect();
+    match tables.as_slice() {
+        [] => String::new(),
+        [one] if !one.ends_with('s') => format!(" ({one} applies at the next start)"),
+        [one] => format!(" ({one} apply at the next start)"),
+        [first @ .., last] => format!(" ({} and {last} apply at the next start)", first.join(", ")),
+    }
+}
+
 /// The verb of a change a dry run may preview.
 fn verb(cmd: &Command) -> Option<&'static str> {
     Some(match cmd {
@@ -2260,4 +2287,31 @@ fn apart(cmd: &Command, guard: &Guard<'_>) -> bool {
         _ => return false,
     };
     crate::prefix::parse_prefix(prefix).map_or(true, |net| !guard.meets(net))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    /// A reload's reply names each table it read but leaves for the next
+    /// start, `[global]` among them (the fleet's leases start with the
+    /// daemon).
+    #[test]
+    fn a_reload_says_which_tables_wait_for_the_next_start() {
+        let old = Config::default();
+        let mut new = Config::default();
+        assert_eq!(super::at_next_start(&new, &old), "");
+        new.global = Some(Default::default());
+        assert_eq!(super::at_next_start(&new, &old), " ([global] applies at the next start)");
+        new.crowdsec = Some(Default::default());
+        assert_eq!(super::at_next_start(&new, &old), " ([crowdsec] and [global] apply at the next start)");
+        new.daemon.max_rules = Some(7);
+        assert_eq!(
+            super::at_next_start(&new, &old),
+            " ([daemon] settings, [crowdsec] and [global] apply at the next start)"
+        );
+        new.global = None;
+        new.crowdsec = None;
+        assert_eq!(super::at_next_start(&new, &old), " ([daemon] settings apply at the next start)");
+    }
 }
