@@ -205,10 +205,13 @@ pub fn keys(name: &str) -> [String; 3] {
 /// `ARGV[1]` registers for `ARGV[5]` µs and asks `ARGV[2]` tokens of the
 /// budget of `ARGV[3]` tokens a second for one period of `ARGV[4]` µs.
 /// Expired nodes are dropped with their asks; the ask is cut to the node's
-/// share of one period's budget in proportion to the live nodes' asks;
-/// then a GCRA over the budget (tolerance: two periods, so nodes whose
-/// rounds fall at different phases do not starve each other) grants what
-/// it has.
+/// share of one period's budget in proportion to the live nodes' asks, or,
+/// when the asks leave part of the budget unused, given an equal part of
+/// what they leave (an idle node then admits new traffic from its first
+/// frame, not at the 1 pps of a grant of 0, and the shares still add up
+/// to one period's budget); then a GCRA over the budget (tolerance: two
+/// periods, so nodes whose rounds fall at different phases do not starve
+/// each other) grants what it has.
 /// Returns `{grant, live nodes, sum of the asks}`.
 pub const SCRIPT: &str = r#"
 local t = redis.call('TIME')
@@ -226,7 +229,7 @@ local live = redis.call('ZCARD', KEYS[2])
 local sum = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[3])) do sum = sum + tonumber(v) end
 local budget = math.floor(rate * period / 1000000)
-local share = ask
+local share = ask + math.floor((budget - sum) / live)
 if sum > budget then share = math.floor(budget * ask / sum) end
 local every = 1000000 / rate
 local tat = tonumber(redis.call('GET', KEYS[1])) or now

@@ -136,6 +136,29 @@ fn all_load_moved_to_one_edge_takes_the_budget_within_two_periods() {
     assert!(got >= BUDGET * 0.9, "edge 0 admitted {got:.0} pps: under 90 % of the budget two periods after the move");
 }
 
+/// New traffic on an idle edge is admitted from its first frame while the
+/// budget has room: an edge that asked for nothing (no demand in its last
+/// period) holds its part of the budget the others leave unused, not the
+/// 1 pps of a grant of 0. Before, the first one or two periods of a new
+/// flow, of a restarted daemon or of a new rule were dropped, within the
+/// budget.
+#[test]
+fn an_idle_edge_admits_new_traffic_within_the_budget_from_its_first_frame() {
+    let f = Fleet::new("fidle", RULE);
+    // Every edge idle for a few periods: each asks for nothing.
+    thread::sleep(3 * PERIOD);
+    let (before, _) = f.passed(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let offered = BUDGET * 0.1 * scale();
+    let sent = f.load(1, offered, 1.0, &stop).join().unwrap();
+    thread::sleep(Duration::from_millis(50));
+    let got = f.passed(1).0 - before;
+    let sent: u64 = sent.sent.iter().sum();
+    eprintln!("an idle edge offered {offered:.0} pps for 1 s: {sent} frames sent, {got} admitted (budget {BUDGET})");
+    assert!(sent > 0);
+    assert!(got as f64 >= sent as f64 * 0.995, "{got} of {sent} frames admitted, a tenth of the budget offered");
+}
+
 /// The fleet's lines of edge `n`'s log: stderr's (failures), stdout's.
 fn log(f: &Fleet, n: usize) -> [Vec<String>; 2] {
     let d = f.daemons[n].as_ref().unwrap();
