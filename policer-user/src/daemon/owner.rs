@@ -96,8 +96,9 @@ pub enum Command {
     /// their starts and ends, forgets those past their escalation window).
     Tick,
     /// The fleet budgets' aggregates for the next lease period
-    /// (`fleet.rs`): written where the rule still names its budget.
-    Lease(Vec<super::LeaseWrite>),
+    /// (`fleet.rs`): the newest the lease thread left in the slot
+    /// ([`Owner::lease`]), written where the rule still names its budget.
+    Lease(LeaseSlot),
     /// `policer rule import` (the file already read and parsed).
     Import(Box<super::sets::Import>),
     SetRm {
@@ -198,6 +199,20 @@ pub struct Owner {
     stopping: Arc<AtomicBool>,
     /// A tick is queued and not yet handled.
     tick_pending: Arc<AtomicBool>,
+    /// The lease thread's newest aggregates, not yet written.
+    lease: LeaseSlot,
+}
+
+/// The fleet budgets' newest aggregates, waiting for the owner: one queued
+/// [`Command::Lease`] at a time takes whatever is newest when it is
+/// handled, so leases never pile up in the queue behind a long change
+/// (a period each: 256 of them would have filled it, refusing every
+/// request as busy, then been written one after the other, all stale).
+pub type LeaseSlot = Arc<std::sync::Mutex<Option<Vec<super::LeaseWrite>>>>;
+
+/// Takes the newest aggregates from `slot` (none: already written).
+fn take_lease(slot: &LeaseSlot) -> Vec<super::LeaseWrite> {
+    slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take().unwrap_or_default()
 }
 
 /// Commands waiting for the owner at most; past that a request is refused
@@ -308,12 +323,23 @@ impl Owner {
         }
     }
 
-    /// Queues the fleet budgets' aggregates for the next period without
-    /// waiting (the lease thread never waits for the owner); false when
-    /// the queue is full or the owner gone (that period keeps the last).
+    /// Leaves the fleet budgets' aggregates for the next period to the
+    /// owner without waiting (the lease thread never waits for it): in
+    /// place of any not yet written, with one [`Command::Lease`] queued for
+    /// them. False when the queue is full or the owner gone (that period
+    /// keeps the last).
     pub fn lease(&self, writes: Vec<super::LeaseWrite>) -> bool {
+        let waiting = self.lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner).replace(writes).is_some();
+        if waiting {
+            return true;
+        }
         let (reply, _) = oneshot::channel();
-        self.tx.try_send(Job { cmd: Command::Lease(writes), reply, queued: std::time::Instant::now() }).is_ok()
+        let job = Job { cmd: Command::Lease(self.lease.clone()), reply, queued: std::time::Instant::now() };
+        if self.tx.try_send(job).is_ok() {
+            return true;
+        }
+        take_lease(&self.lease);
+        false
     }
 
     /// Whether the owner thread is gone.
@@ -1255,7 +1281,7 @@ impl Daemon {
             Command::Ban { rule, runtime, force, state } => done(self.ban(&rule, runtime, force, state)),
             Command::Unban { prefix, runtime } => done(self.unban(&prefix, runtime)),
             Command::Tick => done(self.tick().map(|_| String::new())),
-            Command::Lease(writes) => done(self.lease(&writes).map(|_| String::new())),
+            Command::Lease(slot) => done(self.lease(&take_lease(&slot)).map(|_| String::new())),
             Command::RuleSet { rule, runtime, replace, force } => done(self.rule_set(&rule, runtime, replace, force)),
             Command::RuleRm { rule, runtime } => done(self.rule_rm(&rule, runtime)),
             Command::Reload { discard_runtime, candidate } => done(self.reload(discard_runtime, candidate.as_deref())),
@@ -1959,7 +1985,7 @@ pub fn spawn(mut daemon: Daemon, snapshot: watch::Sender<Arc<Snapshot>>) -> Resu
             say_err!("policer: {e}");
         }
     })?;
-    Ok((Owner { tx, stopping, tick_pending }, handle))
+    Ok((Owner { tx, stopping, tick_pending, lease: Default::default() }, handle))
 }
 
 /// Where the owner takes its next job: those it put off while an import
@@ -2291,7 +2317,43 @@ fn apart(cmd: &Command, guard: &Guard<'_>) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::config::Config;
+
+    fn lease_of(slot: u32) -> Vec<super::super::LeaseWrite> {
+        let key = crate::rules::RuleKey::new("0.0.0.0/0".parse().unwrap(), Default::default(), false);
+        let limiter = policer_common::Rule::packets(100, 10).unwrap();
+        vec![super::super::LeaseWrite { key, slot, name: "svc".into(), limiter }]
+    }
+
+    /// The lease thread's aggregates never pile up in the owner's queue:
+    /// one job waits for the newest, however many periods the owner is
+    /// busy; a queue full of other work refuses the lease and keeps none
+    /// waiting.
+    #[test]
+    fn leases_never_pile_up_in_the_queue() {
+        let (tx, mut rx) = mpsc::channel::<Job>(4);
+        let owner =
+            Owner { tx, stopping: Default::default(), tick_pending: Default::default(), lease: Default::default() };
+        for slot in 0..1000 {
+            assert!(owner.lease(lease_of(slot)));
+        }
+        let Ok(Job { cmd: Command::Lease(slot), .. }) = rx.try_recv() else { panic!("no lease queued") };
+        assert!(rx.try_recv().is_err(), "more than one lease queued");
+        assert_eq!(take_lease(&slot).iter().map(|w| w.slot).collect::<Vec<_>>(), [999], "not the newest");
+        assert!(take_lease(&slot).is_empty(), "taken twice");
+        // Taken: the next period queues one again.
+        assert!(owner.lease(lease_of(1000)));
+        assert!(matches!(rx.try_recv(), Ok(Job { cmd: Command::Lease(_), .. })));
+        take_lease(&owner.lease);
+        // A queue full of other work: refused, none left waiting.
+        for _ in 0..4 {
+            owner.tick_pending.store(false, Ordering::SeqCst);
+            owner.tick();
+        }
+        assert!(!owner.lease(lease_of(1001)));
+        assert!(owner.lease.lock().unwrap().is_none());
+    }
 
     /// A reload's reply names each table it read but leaves for the next
     /// start, `[global]` among them (the fleet's leases start with the
