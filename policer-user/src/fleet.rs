@@ -211,7 +211,11 @@ pub fn keys(name: &str) -> [String; 3] {
 /// frame, not at the 1 pps of a grant of 0, and the shares still add up
 /// to one period's budget); then a GCRA over the budget (tolerance: two
 /// periods, so nodes whose rounds fall at different phases do not starve
-/// each other) grants what it has.
+/// each other) grants what it has. A TAT further ahead than the tolerance
+/// is one Redis's clock stepped back from (an NTP step, a VM resumed, a
+/// failover to a replica whose clock is behind): taken as a fresh start,
+/// as after a restart of Redis, not as a debt that grants nothing for as
+/// long as the step.
 /// Returns `{grant, live nodes, sum of the asks}`.
 pub const SCRIPT: &str = r#"
 local t = redis.call('TIME')
@@ -233,7 +237,7 @@ local share = ask + math.floor((budget - sum) / live)
 if sum > budget then share = math.floor(budget * ask / sum) end
 local every = 1000000 / rate
 local tat = tonumber(redis.call('GET', KEYS[1])) or now
-if tat < now then tat = now end
+if tat < now or tat > now + 2 * period then tat = now end
 local room = math.floor((now + 2 * period - tat) / every)
 local grant = math.max(0, math.min(share, room))
 tat = tat + grant * every

@@ -159,6 +159,32 @@ fn an_idle_edge_admits_new_traffic_within_the_budget_from_its_first_frame() {
     assert!(got as f64 >= sent as f64 * 0.995, "{got} of {sent} frames admitted, a tenth of the budget offered");
 }
 
+/// Redis's clock stepped back (an NTP step, a VM resumed, a failover to a
+/// replica whose clock is behind) leaves the budget's TAT ahead of it by
+/// the step: taken as a fresh start, as after a restart of Redis. Before,
+/// every node was granted nothing, 1 pps, for as long as the step.
+#[test]
+fn a_redis_clock_stepped_back_does_not_starve_the_fleet() {
+    let f = Fleet::new("fclk", RULE);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = f.load(0, offered()[0], 5.0, &stop);
+    thread::sleep(Duration::from_secs(1));
+    // The TAT a minute ahead of Redis's clock: its clock went back a minute.
+    let step = "local t = redis.call('TIME') \
+                redis.call('SET', KEYS[1], string.format('%.0f', (t[1] + 60) * 1000000 + t[2]), 'PX', 120000)";
+    let out = Command::new("ip")
+        .args(["netns", "exec", &f.ctl, "redis-cli", "-h", REDIS_IP, "eval", step, "1", "policer:{svc}:tat"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    thread::sleep(3 * PERIOD);
+    let got = f.admitted(&[0], Duration::from_secs(1))[0];
+    let sent = sent_pps(&load.join().unwrap());
+    eprintln!("edge 0 offered {sent:.0} pps; after the clock's step back it admitted {got:.0} pps (budget {BUDGET})");
+    assert!(sent > BUDGET * 1.2, "the generator offered {sent:.0} pps (machine overloaded?)");
+    assert!(got >= BUDGET * 0.9, "{got:.0} pps admitted after Redis's clock stepped back: starved");
+}
+
 /// The fleet's lines of edge `n`'s log: stderr's (failures), stdout's.
 fn log(f: &Fleet, n: usize) -> [Vec<String>; 2] {
     let d = f.daemons[n].as_ref().unwrap();
