@@ -235,6 +235,27 @@ pub fn lookup<K: aya::Pod, V: aya::Pod>(fd: RawFd, key: &K) -> io::Result<Option
     Ok(Some(unsafe { value.assume_init() }))
 }
 
+/// BPF_MAP_LOOKUP_ELEM of a plain-data key into `value`, which must be
+/// the size the kernel copies (for a per-CPU map: the value rounded up to
+/// 8 bytes, times the possible CPUs); false when the key is absent.
+pub fn lookup_into<K: aya::Pod>(fd: RawFd, key: &K, value: &mut [u8]) -> io::Result<bool> {
+    let mut attr = ElemAttr {
+        map_fd: fd as u32,
+        key: key as *const K as u64,
+        value: value.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: key points to a K of the map's key size; value is as large
+    // as what the kernel copies (the caller's contract).
+    let r =
+        unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_ELEM, &mut attr as *mut ElemAttr, size_of::<ElemAttr>()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOENT) { Ok(false) } else { Err(e) };
+    }
+    Ok(true)
+}
+
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 
