@@ -218,20 +218,13 @@ struct ElemAttr {
 /// `None` when the key is absent.
 pub fn lookup<K: aya::Pod, V: aya::Pod>(fd: RawFd, key: &K) -> io::Result<Option<V>> {
     let mut value = std::mem::MaybeUninit::<V>::zeroed();
-    let mut attr = ElemAttr {
-        map_fd: fd as u32,
-        key: key as *const K as u64,
-        value: value.as_mut_ptr() as u64,
-        ..Default::default()
-    };
-    // SAFETY: key and value point to a K and a V of the map's sizes.
-    let r =
-        unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_ELEM, &mut attr as *mut ElemAttr, size_of::<ElemAttr>()) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(e) };
+    // SAFETY: the zeroed V's own bytes, borrowed while the kernel writes them.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(value.as_mut_ptr().cast::<u8>(), size_of::<V>()) };
+    if !lookup_into(fd, key, bytes)? {
+        return Ok(None);
     }
-    // SAFETY: the kernel wrote a whole V; V is plain data (any bytes valid).
+    // SAFETY: zeroed, then written whole by the kernel; V is plain data
+    // (any bytes valid).
     Ok(Some(unsafe { value.assume_init() }))
 }
 
