@@ -725,6 +725,11 @@ pub struct FleetStatus {
     /// Lease rounds tried and failed since the start.
     pub rounds: u64,
     pub failures: u64,
+    /// Whether Redis finds another daemon leasing as this node round after
+    /// round (two nodes given one `node_id`: they share one node's place in
+    /// every budget).
+    #[serde(default)]
+    pub node_id_clash: bool,
     /// Each budget the rules in force name.
     pub budgets: Vec<GlobalStatus>,
 }

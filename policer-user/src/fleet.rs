@@ -195,10 +195,17 @@ pub fn check_name(name: &str) -> Result<String> {
 
 /// The Redis keys of budget `name`: the GCRA's theoretical arrival time,
 /// the live nodes (a sorted set scored by their registration's end, on
-/// Redis's clock) and their last asks (a hash). One hash tag, so a Redis
-/// Cluster keeps them on one shard.
-pub fn keys(name: &str) -> [String; 3] {
-    [format!("policer:{{{name}}}:tat"), format!("policer:{{{name}}}:live"), format!("policer:{{{name}}}:asks")]
+/// Redis's clock), their last asks (a hash) and the daemon that last
+/// leased as each node (a hash: node id to the daemon's instance, a
+/// random token of its start). One hash tag, so a Redis Cluster keeps them
+/// on one shard.
+pub fn keys(name: &str) -> [String; 4] {
+    [
+        format!("policer:{{{name}}}:tat"),
+        format!("policer:{{{name}}}:live"),
+        format!("policer:{{{name}}}:asks"),
+        format!("policer:{{{name}}}:inst"),
+    ]
 }
 
 /// The lease, in one atomic script on Redis's clock (`TIME`): node
@@ -215,18 +222,28 @@ pub fn keys(name: &str) -> [String; 3] {
 /// is one Redis's clock stepped back from (an NTP step, a VM resumed, a
 /// failover to a replica whose clock is behind): taken as a fresh start,
 /// as after a restart of Redis, not as a debt that grants nothing for as
-/// long as the step.
-/// Returns `{grant, live nodes, sum of the asks}`.
+/// long as the step. The caller's instance (`ARGV[6]`) is kept as the one
+/// leasing as its node; another one found there is said (`clash` 1): two
+/// daemons with one node id (a config copied between nodes) share one
+/// node's place in the shares, or a daemon restarted within its node's
+/// registration (once).
+/// Returns `{grant, live nodes, sum of the asks, clash}`.
 pub const SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local node, ask = ARGV[1], math.max(0, math.floor(tonumber(ARGV[2])))
 local rate, period, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local inst = ARGV[6]
 local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   redis.call('HDEL', KEYS[3], unpack(gone))
+  redis.call('HDEL', KEYS[4], unpack(gone))
 end
+local was = redis.call('HGET', KEYS[4], node)
+local clash = 0
+if was and was ~= inst then clash = 1 end
+redis.call('HSET', KEYS[4], node, inst)
 redis.call('ZADD', KEYS[2], now + ttl, node)
 redis.call('HSET', KEYS[3], node, ask)
 local live = redis.call('ZCARD', KEYS[2])
@@ -245,8 +262,39 @@ local keep = math.ceil((ttl + 2 * period) / 1000)
 redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', keep)
 redis.call('PEXPIRE', KEYS[2], keep)
 redis.call('PEXPIRE', KEYS[3], keep)
-return {grant, live, sum}
+redis.call('PEXPIRE', KEYS[4], keep)
+return {grant, live, sum, clash}
 "#;
+
+/// A node leaving a budget (its daemon exits and its program is
+/// detached): its registration, its ask and its instance removed at once,
+/// so that the other nodes' next leases share the budget without it
+/// instead of after its registration's TTL; only when the instance leasing
+/// as the node is still this daemon (`ARGV[2]`), never another daemon's
+/// with the same node id. Keys: `:live`, `:asks`, `:inst` ([`keys`]).
+/// Returns 1 when it left, 0 when it was not there.
+pub const LEAVE: &str = r#"
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
+"#;
+
+/// Why a budget of `rate_pps` cannot be shared in lease periods of
+/// `period`: under one packet a period, every node would be granted none
+/// of it (a grant is whole packets).
+pub fn budget_too_small(rate_pps: u64, period: Duration) -> Option<String> {
+    if budget_per_period(rate_pps, period) > 0 {
+        return None;
+    }
+    let least = 1_000_000_000u128.div_ceil(period.as_nanos().max(1));
+    Some(format!(
+        "a fleet budget of {rate_pps}pps is under one packet a lease period ({} ms): no node would be granted any of \
+         it; give at least {least}pps, or a longer lease_period in [global]",
+        period.as_millis()
+    ))
+}
 
 /// One period's budget in tokens (packets) of a budget of `rate_pps`.
 pub fn budget_per_period(rate_pps: u64, period: Duration) -> u64 {
@@ -338,6 +386,12 @@ mod tests {
         assert_eq!(fallback_tokens(30_000, p, 3, Fallback::Share), 1000);
         assert_eq!(fallback_tokens(30_000, p, 0, Fallback::Share), 3000);
         assert_eq!(fallback_tokens(30_000, p, 3, Fallback::Local), 3000);
+        // Under one packet a period: refused, saying what would do.
+        assert_eq!(budget_too_small(10, p), None);
+        let small = budget_too_small(9, p).unwrap();
+        assert!(small.contains("9pps") && small.contains("at least 10pps"), "{small}");
+        assert!(budget_too_small(1, Duration::from_secs(1)).is_none());
+        assert!(budget_too_small(2, Duration::from_millis(300)).unwrap().contains("at least 4pps"));
         // 1000 tokens a period of 100 ms: 10 kpps, a bucket of 1000.
         assert_eq!(limiter(1000, p), policer_common::Rule::packets(10_000, 1000).unwrap());
         // Nothing granted: the smallest rate the kernel takes.

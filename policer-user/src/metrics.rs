@@ -405,6 +405,11 @@ fn fleet_metrics(reg: &mut Registry, f: &crate::control::FleetStatus) {
          run on their fallback)",
         gauge(u64::from(f.backend_up)),
     );
+    g.register(
+        "node_id_clash",
+        "1 while Redis finds another daemon leasing as this node id round after round (two nodes given one node_id)",
+        gauge(u64::from(f.node_id_clash)),
+    );
     g.register("lease_rounds", "Lease round trips tried", counter(f.rounds));
     g.register("lease_failures", "Lease round trips that failed or answered later than a period", counter(f.failures));
     type Gauges = Family<GlobalLabel, Gauge>;

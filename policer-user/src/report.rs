@@ -52,6 +52,13 @@ pub fn fleet_lines(f: &crate::control::FleetStatus) -> Vec<String> {
         "fleet: node {} leasing from Redis {} every {} ms (fallback {}): backend {state}; {} rounds, {} failed",
         f.node_id, f.redis, f.lease_period_ms, f.fallback, f.rounds, f.failures
     )];
+    if f.node_id_clash {
+        out.push(format!(
+            "  WARNING: another daemon leases as node {} too: the two share one node's place in every budget; give \
+             each node its own node_id in [global]",
+            f.node_id
+        ));
+    }
     for b in &f.budgets {
         out.push(format!(
             "  global {}: budget {} pps over {} live nodes; last period asked {}, granted {}{} ({} pps), used {} of \

@@ -304,6 +304,19 @@ impl RuleSpec {
         self.rare.as_ref().and_then(|r| r.global.as_deref())
     }
 
+    /// Why this rule's fleet budget cannot be leased in periods of
+    /// `period` ([`crate::fleet::budget_too_small`]), naming the rule;
+    /// `None` for a rule without `global`, or one that can be.
+    pub fn fleet_refusal(&self, period: std::time::Duration) -> Option<String> {
+        let name = self.global()?;
+        match self.total()? {
+            (Rate::Pps(p), _) => {
+                crate::fleet::budget_too_small(p, period).map(|why| format!("{}: --global {name}: {why}", self.net))
+            }
+            _ => None,
+        }
+    }
+
     pub fn set_global(&mut self, global: Option<String>) {
         self.with_rare(|r| r.global = global);
     }

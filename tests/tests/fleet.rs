@@ -36,7 +36,7 @@ use std::{
 };
 
 use policer_tests::{
-    daemon::{cli, samples, scrape, succeeds},
+    daemon::{Daemon, cli, fails_with, samples, scrape, succeeds},
     fleet::{Fleet, METRICS, REDIS_IP},
     traffic::SendReport,
 };
@@ -336,4 +336,97 @@ fn a_killed_daemon_gives_its_share_to_the_others_within_the_ttl() {
     eprintln!("edges 0 and 1 admitted {before:.0} pps with edge 2 alive, {after:.0} pps after");
     assert!(after > before * 1.1, "their shares did not grow: {before:.0} → {after:.0} pps");
     assert!(after >= BUDGET * 0.9, "{after:.0} pps: not the budget");
+}
+
+/// A plain exit (SIGTERM, the program detached) leaves the budgets at once:
+/// the others count one node fewer at their next lease, not after the dead
+/// node's registration expires (10 periods); `--persist` keeps it
+/// registered until then. And a budget under one packet a period is
+/// refused, saying what would do.
+#[test]
+fn a_stopped_daemon_leaves_its_budgets_and_the_others_share_them_at_their_next_lease() {
+    let mut f = Fleet::new("flev", RULE);
+    let out = cli(&f.edges[0], &["rule", "set", "10.9.0.0/16", "--total-rate", "5pps", "--global", "tiny"]);
+    fails_with(&out, "at least 10pps");
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = offered().iter().enumerate().map(|(n, pps)| f.load(n, *pps, 120.0, &stop)).collect();
+    thread::sleep(Duration::from_secs(2));
+    for n in 0..3 {
+        assert_eq!(f.fleet(n).1["live_nodes"], 3, "edge {n}");
+    }
+    let mut d = f.daemons[2].take().unwrap();
+    assert!(d.stop_with(libc::SIGTERM), "edge 2 did not exit cleanly: {}", d.stderr());
+    let stopped = unix_ms();
+    let said: Vec<String> = d.stdout().lines().filter(|l| l.contains("policer: fleet:")).map(str::to_string).collect();
+    assert!(said.iter().any(|l| l.contains("node edge2 left svc")), "{said:?}\n{}", d.stderr());
+    for n in [0, 1] {
+        let s = until(&f, n, Duration::from_secs(3), "2 live nodes", |s| s["budgets"][0]["live_nodes"] == 2);
+        let seen = s["budgets"][0]["live_changed_unix_ms"].as_u64().unwrap().saturating_sub(stopped);
+        eprintln!("edge {n} counted 2 live nodes {seen} ms after edge 2 exited");
+        // Its next lease, not the 10 periods of the registration's TTL.
+        assert!(seen <= (2 * PERIOD).as_millis() as u64 + SLACK_MS, "edge {n}: {seen} ms: not at its next lease");
+    }
+    let after: f64 = f.admitted(&[0, 1], Duration::from_secs(1)).iter().sum();
+    eprintln!("edges 0 and 1 admitted {after:.0} pps after edge 2 left");
+    assert!(after >= BUDGET * 0.9, "{after:.0} pps: not the budget");
+    // With --persist the program keeps its last lease: the node stays
+    // registered until its TTL runs out.
+    f.daemons[2] = Some(Daemon::attach(&f.edges[2], &["--interval", "0", "--persist"]));
+    f.wait_up(&[2], Duration::from_secs(5));
+    until(&f, 0, Duration::from_secs(3), "3 live nodes", |s| s["budgets"][0]["live_nodes"] == 3);
+    let mut d = f.daemons[2].take().unwrap();
+    assert!(d.stop_with(libc::SIGTERM));
+    let stopped = Instant::now();
+    until(&f, 0, Duration::from_secs(3), "2 live nodes", |s| s["budgets"][0]["live_nodes"] == 2);
+    let seen = stopped.elapsed();
+    assert!(seen >= 5 * PERIOD, "a --persist exit left the budget after {seen:?}: its program still admits its share");
+    let _ = policer_tests::daemon::policer_in(&f.edges[2].rx_ns, &["detach", &f.edges[2].rx_if]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in load {
+        h.join().unwrap();
+    }
+}
+
+/// Two daemons given one node id (a config copied to another node) are
+/// told so, in the log, `status` and `/metrics`, round after round; a
+/// daemon killed and started again within its registration is not (it
+/// meets its predecessor once).
+#[test]
+fn two_daemons_with_one_node_id_are_told_so_and_a_restart_is_not() {
+    let mut f = Fleet::new("fdup", RULE);
+    let mut d = f.daemons[0].take().unwrap();
+    d.stop_with(libc::SIGKILL);
+    f.daemons[0] = Some(f.start_daemon(0));
+    f.wait_up(&[0], Duration::from_secs(5));
+    thread::sleep(Duration::from_secs(2));
+    assert_eq!(f.fleet(0).0["node_id_clash"], false, "a restart within the TTL taken for a second daemon");
+    assert!(log(&f, 0)[0].iter().all(|l| !l.contains("another daemon")), "{:?}", log(&f, 0));
+    // Edge 2 now says it is edge1.
+    let mut d = f.daemons[2].take().unwrap();
+    d.stop_with(libc::SIGKILL);
+    let text =
+        std::fs::read_to_string(&f.edges[2].config).unwrap().replace("node_id = \"edge2\"", "node_id = \"edge1\"");
+    std::fs::write(&f.edges[2].config, text).unwrap();
+    f.daemons[2] = Some(f.start_daemon(2));
+    for n in [1, 2] {
+        until(&f, n, Duration::from_secs(5), "the clash said", |s| s["node_id_clash"] == true);
+        let said = log(&f, n)[0].join("\n");
+        assert!(said.contains("another daemon leases as node edge1 too"), "edge {n}: {said}");
+        let text = succeeds(&cli(&f.edges[n], &["status"]));
+        assert!(text.contains("WARNING: another daemon leases as node edge1 too"), "edge {n}: {text}");
+        let m = samples(&scrape(&f.edges[n].rx_ns, METRICS + n as u16));
+        assert_eq!(m.get("policer_global_node_id_clash"), Some(&1.0), "edge {n}");
+    }
+    assert_eq!(f.fleet(0).0["node_id_clash"], false);
+    let m = samples(&scrape(&f.edges[0].rx_ns, METRICS));
+    assert_eq!(m.get("policer_global_node_id_clash"), Some(&0.0));
+    // One of them gone: the other hears no more of it.
+    let mut d = f.daemons[2].take().unwrap();
+    d.stop_with(libc::SIGTERM);
+    until(&f, 1, Duration::from_secs(5), "the clash over", |s| s["node_id_clash"] == false);
+    assert!(
+        log(&f, 1)[1].iter().any(|l| l.contains("no other daemon leases as node edge1 any more")),
+        "{:?}",
+        log(&f, 1)
+    );
 }

@@ -302,16 +302,19 @@ impl Read {
                 } else {
                     crate::fleet::GlobalConfig { password_file: None, ..g.clone() }
                 };
-                if let Err(e) = g.settings(base) {
-                    out.push(Problem { line: self.global_line, message: e.to_string() });
+                match g.settings(base) {
+                    Err(e) => out.push(Problem { line: self.global_line, message: e.to_string() }),
+                    Ok(g) => {
+                        for (s, why) in rules.values().filter_map(|s| Some((s, s.fleet_refusal(g.period)?))) {
+                            out.push(Problem { line: self.global_line_of(s), message: format!("rule {why}") });
+                        }
+                    }
                 }
             }
             None => {
                 for s in rules.values().filter(|s| s.global().is_some()) {
-                    let shown = s.net.to_string();
-                    let line = self.global_lines.iter().find(|(p, _)| *p == shown).and_then(|(_, l)| *l);
                     out.push(Problem {
-                        line,
+                        line: self.global_line_of(s),
                         message: format!(
                             "rule {}: global = {:?} needs a [global] table with redis_url (docs/fleet.md)",
                             s.net,
@@ -322,6 +325,12 @@ impl Read {
             }
         }
         out
+    }
+
+    /// The line of rule `s`'s `global` key.
+    fn global_line_of(&self, s: &crate::rules::RuleSpec) -> Option<usize> {
+        let shown = s.net.to_string();
+        self.global_lines.iter().find(|(p, _)| *p == shown).and_then(|(_, l)| *l)
     }
 }
 

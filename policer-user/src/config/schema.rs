@@ -673,14 +673,16 @@ pub static KEYS: &[Key] = &[
         "node_id",
         "string",
         "the hostname",
-        "This node's name in the fleet: letters, digits, '.', '_', '-'.",
+        "This node's name in the fleet, one to each node (two nodes with one name are warned about): letters, \
+         digits, '.', '_', '-'.",
     ),
     global(
         GlobalField::LeasePeriod,
         "lease_period",
         "string (duration)",
         "\"100ms\"",
-        "How often a node asks for its lease (10ms to 10s); a node is live for 10 periods after its last ask.",
+        "How often a node asks for its lease (10ms to 10s); a node is live for 10 periods after its last ask, and a \
+         budget must be at least one packet a period.",
     ),
     global(
         GlobalField::Fallback,

@@ -1821,6 +1821,10 @@ fn global_table_and_rules() {
         (format!("{table}[[rule]]\nprefix = \"0.0.0.0/0\"\nrate = \"1kpps\"\nglobal = \"svc\"\n"), "global needs"),
         (format!("{table}[[rule]]\nprefix = \"0.0.0.0/0\"\ntotal_rate = \"1mbit\"\nglobal = \"svc\"\n"), "bit rate"),
         (format!("{table}[[rule]]\nprefix = \"0.0.0.0/0\"\ntotal_rate = \"1kpps\"\nglobal = \"a b\"\n"), "not a name"),
+        (
+            format!("{table}[[rule]]\nprefix = \"0.0.0.0/0\"\ntotal_rate = \"19pps\"\nglobal = \"svc\"\n"),
+            "at least 20pps",
+        ),
         ("[global]\nnode_id = \"x\"\n".to_string(), "redis_url is needed"),
         ("[global]\nredis_url = \"redis://h/0\"\nperiod = 1\n".to_string(), "period"),
         ("[global]\nredis_url = \"redis://h/0\"\nfallback = \"all\"\n".to_string(), "fallback"),

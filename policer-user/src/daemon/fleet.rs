@@ -8,11 +8,16 @@
 //! it). A round trip that fails or answers later than a period puts every
 //! budget on its fallback at once. It runs on a thread of its own with
 //! socket timeouts, so a hanging Redis holds neither the owner nor a
-//! connection's task.
+//! connection's task. Redis says when another daemon leases as this node
+//! (two nodes given one `node_id`): said, and kept in the status. At a
+//! plain exit ([`LeaseThread::leave`]) the node leaves its budgets at once.
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        mpsc::{self, RecvTimeoutError},
+    },
     time::{Duration, Instant},
 };
 
@@ -41,8 +46,41 @@ struct Budget {
     status: GlobalStatus,
 }
 
+/// Rounds of the last [`CLASH_ROUNDS`] in which Redis found another daemon
+/// leasing as this node before it is said: a daemon restarted within its
+/// node's registration finds its predecessor there once, two daemons with
+/// one node id find each other nearly every round.
+const CLASH_SAID: u32 = 3;
+const CLASH_ROUNDS: u32 = 10;
+
+/// How long a leave waits for Redis at most, whatever the lease period
+/// (the connect, each read and write).
+const LEAVE_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long the daemon's exit waits for the leave (a round in flight, then
+/// the leave).
+pub(super) const LEAVE_WAIT: Duration = Duration::from_millis(400);
+
+/// The lease thread, as the daemon's exit sees it. Dropped, it ends at its
+/// next wake without leaving the budgets (the program stays attached:
+/// `--persist`, or a detach that failed).
+pub(super) struct LeaseThread {
+    leave: mpsc::Sender<()>,
+    left: mpsc::Receiver<()>,
+}
+
+impl LeaseThread {
+    /// Ends the lease thread, this node leaving every budget it leased
+    /// (`crate::fleet::LEAVE`): the daemon exits and its program is
+    /// detached, so the other nodes share the budget from their next lease
+    /// instead of after this node's registration expires. Waits at most
+    /// `within`; whether it was done.
+    pub(super) fn leave(self, within: Duration) -> bool {
+        self.leave.send(()).is_ok() && self.left.recv_timeout(within).is_ok()
+    }
+}
+
 /// Starts the lease thread; its status is registered with the views.
-pub(super) fn spawn(settings: Settings, owner: Owner, views: Arc<Views>) {
+pub(super) fn spawn(settings: Settings, owner: Owner, views: Arc<Views>) -> Option<LeaseThread> {
     let status = Arc::new(Mutex::new(FleetStatus {
         redis: settings.shown.clone(),
         node_id: settings.node_id.clone(),
@@ -51,9 +89,32 @@ pub(super) fn spawn(settings: Settings, owner: Owner, views: Arc<Views>) {
         ..FleetStatus::default()
     }));
     views.set_fleet(status.clone());
-    let run = Lease { settings, owner, views, status, conn: None, budgets: BTreeMap::new(), up: None };
-    if let Err(e) = std::thread::Builder::new().name("policer-fleet".into()).spawn(move || run.run()) {
-        say_err!("policer: fleet: the lease thread did not start: {e}");
+    // A token of this start, told apart from another daemon's with the
+    // same node id (the time as well, should getrandom fail).
+    let instance = match crate::files::random_u64() {
+        Ok(r) => format!("{r:016x}"),
+        Err(_) => format!("{:x}-{}", crate::duration::unix_ms(), std::process::id()),
+    };
+    let (leave, stop) = mpsc::channel();
+    let (done, left) = mpsc::channel();
+    let run = Lease {
+        settings,
+        owner,
+        views,
+        status,
+        conn: None,
+        budgets: BTreeMap::new(),
+        up: None,
+        instance,
+        clashes: 0,
+        clash: false,
+    };
+    match std::thread::Builder::new().name("policer-fleet".into()).spawn(move || run.run(&stop, &done)) {
+        Ok(_) => Some(LeaseThread { leave, left }),
+        Err(e) => {
+            say_err!("policer: fleet: the lease thread did not start: {e}");
+            None
+        }
     }
 }
 
@@ -66,6 +127,14 @@ struct Lease {
     budgets: BTreeMap<String, Budget>,
     /// Whether the last round reached Redis (none before the first).
     up: Option<bool>,
+    /// This start's token, what Redis keeps as the daemon leasing as this
+    /// node.
+    instance: String,
+    /// The last [`CLASH_ROUNDS`] rounds, a bit each (the newest lowest):
+    /// whether Redis found another daemon leasing as this node.
+    clashes: u32,
+    /// Whether that is said now.
+    clash: bool,
 }
 
 /// What one round asks of one budget.
@@ -76,18 +145,36 @@ struct Ask {
 }
 
 impl Lease {
-    fn run(mut self) {
+    /// Rounds until the owner is gone or the daemon's exit ends it
+    /// (`stop`: a message, leave the budgets and say so on `done`;
+    /// dropped, end without leaving).
+    fn run(mut self, stop: &mpsc::Receiver<()>, done: &mpsc::Sender<()>) {
         let period = self.settings.period;
         let mut next = Instant::now();
         let mut last = Instant::now();
         loop {
             next += period;
             let now = Instant::now();
-            match next.checked_duration_since(now) {
-                Some(wait) => std::thread::sleep(wait),
+            let woken = match next.checked_duration_since(now) {
+                Some(wait) => stop.recv_timeout(wait),
                 // A round that took longer than its period: start again
                 // from now rather than run the missed ones back to back.
-                None => next = now,
+                None => {
+                    next = now;
+                    stop.try_recv().map_err(|e| match e {
+                        mpsc::TryRecvError::Empty => RecvTimeoutError::Timeout,
+                        mpsc::TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                    })
+                }
+            };
+            match woken {
+                Ok(()) => {
+                    self.leave_budgets();
+                    let _ = done.send(());
+                    return;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {}
             }
             if self.owner.is_closed() {
                 return;
@@ -146,6 +233,9 @@ impl Lease {
         }
         let answer = self.ask_redis(&asks);
         self.said(&answer);
+        if let Ok(replies) = &answer {
+            self.clashed(replies.iter().any(|r| r.3 != 0));
+        }
         let mut writes = Vec::new();
         for (i, a) in asks.iter().enumerate() {
             let b = self.budgets.get_mut(&a.name).expect("a budget for each ask");
@@ -154,7 +244,7 @@ impl Lease {
                 Err(_) => None,
             };
             let tokens = match reply {
-                Some((grant, live, _)) => {
+                Some((grant, live, _, _)) => {
                     let live = live.max(1) as u64;
                     if live != b.live {
                         b.status.live_changed_unix_ms = crate::duration::unix_ms();
@@ -198,36 +288,44 @@ impl Lease {
         out
     }
 
-    /// One pipelined round trip: each budget's lease, `(grant, live nodes,
-    /// sum of the asks)`, or why there is none.
-    fn ask_redis(&mut self, asks: &[Ask]) -> Result<Vec<(i64, i64, i64)>, String> {
-        let s = &self.settings;
-        let timeout = s.period;
+    /// The connection to Redis, made anew (with `timeout` for the connect
+    /// and every read and write) when there is none.
+    fn connection(&mut self, timeout: Duration) -> Result<&mut redis::Connection, String> {
         if self.conn.is_none() {
-            let client = redis::Client::open(s.connection.clone()).map_err(|e| e.to_string())?;
+            let client = redis::Client::open(self.settings.connection.clone()).map_err(|e| e.to_string())?;
             let c = client.get_connection_with_timeout(timeout).map_err(|e| e.to_string())?;
             c.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
             c.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
             self.conn = Some(c);
         }
-        let conn = self.conn.as_mut().expect("connected above");
+        Ok(self.conn.as_mut().expect("connected above"))
+    }
+
+    /// One pipelined round trip: each budget's lease, `(grant, live nodes,
+    /// sum of the asks, another daemon leased as this node)`, or why there
+    /// is none.
+    fn ask_redis(&mut self, asks: &[Ask]) -> Result<Vec<(i64, i64, i64, i64)>, String> {
+        let timeout = self.settings.period;
+        let instance = self.instance.clone();
+        self.connection(timeout)?;
+        let (s, conn) = (&self.settings, self.conn.as_mut().expect("connected above"));
         let sha = redis::Script::new(fleet::SCRIPT).get_hash().to_string();
         let period_us = s.period.as_micros() as u64;
         let ttl_us = s.ttl().as_micros() as u64;
         let pipe = |eval: bool| {
             let mut p = redis::pipe();
             for a in asks {
-                let [tat, live, asked] = fleet::keys(&a.name);
+                let [tat, live, asked, inst] = fleet::keys(&a.name);
                 let c = if eval { p.cmd("EVAL").arg(fleet::SCRIPT) } else { p.cmd("EVALSHA").arg(&sha) };
-                c.arg(3).arg(tat).arg(live).arg(asked).arg(&s.node_id).arg(a.ask).arg(a.budget_pps);
-                c.arg(period_us).arg(ttl_us);
+                c.arg(4).arg(tat).arg(live).arg(asked).arg(inst).arg(&s.node_id).arg(a.ask).arg(a.budget_pps);
+                c.arg(period_us).arg(ttl_us).arg(&instance);
             }
             p
         };
         let started = Instant::now();
-        let r = match pipe(false).query::<Vec<(i64, i64, i64)>>(conn) {
+        let r = match pipe(false).query::<Vec<(i64, i64, i64, i64)>>(conn) {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                pipe(true).query::<Vec<(i64, i64, i64)>>(conn)
+                pipe(true).query::<Vec<(i64, i64, i64, i64)>>(conn)
             }
             r => r,
         };
@@ -248,7 +346,7 @@ impl Lease {
 
     /// Says a change of the backend's state once (not every period), and
     /// keeps it in the status.
-    fn said(&mut self, answer: &Result<Vec<(i64, i64, i64)>, String>) {
+    fn said(&mut self, answer: &Result<Vec<(i64, i64, i64, i64)>, String>) {
         let up = answer.is_ok();
         let (redis, fallback) = (&self.settings.shown, self.settings.fallback.name());
         match (self.up, answer) {
@@ -271,6 +369,63 @@ impl Lease {
             s.rounds += 1;
             s.failures += u64::from(!up);
             s.last_error = answer.as_ref().err().cloned();
+        }
+    }
+
+    /// Keeps whether Redis found another daemon leasing as this node this
+    /// round; says it when it comes back round after round (two daemons
+    /// with one node id), and when it stopped.
+    fn clashed(&mut self, now: bool) {
+        self.clashes = (self.clashes << 1 | u32::from(now)) & ((1 << CLASH_ROUNDS) - 1);
+        let n = self.clashes.count_ones();
+        let node = &self.settings.node_id;
+        if !self.clash && n >= CLASH_SAID {
+            self.clash = true;
+            say_err!(
+                "policer: fleet: another daemon leases as node {node} too ({n} of the last {CLASH_ROUNDS} lease \
+                 rounds): two nodes with one node_id share one node's place in every budget; give each node its \
+                 own node_id in [global]"
+            );
+        } else if self.clash && n == 0 {
+            self.clash = false;
+            say!("policer: fleet: no other daemon leases as node {node} any more");
+        }
+        if let Ok(mut s) = self.status.lock() {
+            s.node_id_clash = self.clash;
+        }
+    }
+
+    /// Leaves every budget this node leased (`crate::fleet::LEAVE`), within
+    /// [`LEAVE_TIMEOUT`] (or a period, when shorter); said.
+    fn leave_budgets(&mut self) {
+        let names: Vec<String> = self.budgets.keys().cloned().collect();
+        if names.is_empty() {
+            return;
+        }
+        let timeout = self.settings.period.min(LEAVE_TIMEOUT);
+        let (node, instance) = (self.settings.node_id.clone(), self.instance.clone());
+        if let Some(c) = &self.conn {
+            let _ = c.set_read_timeout(Some(timeout));
+            let _ = c.set_write_timeout(Some(timeout));
+        }
+        let r = self.connection(timeout).and_then(|conn| {
+            let mut p = redis::pipe();
+            for name in &names {
+                let [_, live, asked, inst] = fleet::keys(name);
+                p.cmd("EVAL").arg(fleet::LEAVE).arg(3).arg(live).arg(asked).arg(inst).arg(&node).arg(&instance);
+            }
+            p.query::<Vec<i64>>(conn).map_err(|e| e.to_string())
+        });
+        match r {
+            Ok(_) => say!(
+                "policer: fleet: node {node} left {}: the other nodes share them from their next lease",
+                names.join(", ")
+            ),
+            Err(e) => say_err!(
+                "policer: fleet: node {node} could not leave {} ({e}): the other nodes count it out when its \
+                 registration expires",
+                names.join(", ")
+            ),
         }
     }
 

@@ -498,6 +498,7 @@ async fn serve(
     let feed = d.feed.take();
     // Kept by the owner too: `rule set --global` needs the table.
     let global = d.global.clone();
+    let persist = d.persist;
     let publish_rx = match feed.as_ref().and_then(|f| f.publish.as_ref()) {
         Some(_) => {
             let (tx, rx) = tokio::sync::mpsc::channel(crowdsec::PUBLISH_QUEUE);
@@ -524,15 +525,21 @@ async fn serve(
             publish: publish_rx,
         });
     }
-    if let Some(settings) = global {
-        fleet::spawn(settings, owner.clone(), views.clone());
-    }
+    let leases = global.and_then(|settings| fleet::spawn(settings, owner.clone(), views.clone()));
     follow::start(owner.clone(), &config);
     let r = event_loop(owner.clone(), views, hub, listener, metrics, interval).await;
     // Whatever ended the loop, the owner leaves as configured: ahead of
     // queued changes, and within the second SIGTERM is given.
     match owner.shutdown(SHUTDOWN_DEADLINE).await {
-        Some(Outcome { result: Ok(m), .. }) => say!("policer: {}", m.message()),
+        Some(Outcome { result: Ok(m), .. }) => {
+            say!("policer: {}", m.message());
+            // Detached (not `--persist`): nothing here admits the fleet's
+            // budgets any more, so the node leaves them at once. Otherwise
+            // (the program policing on) its registration runs out.
+            if let Some(l) = leases.filter(|_| !persist) {
+                tokio::task::spawn_blocking(move || l.leave(fleet::LEAVE_WAIT)).await.ok();
+            }
+        }
         Some(Outcome { result: Err(e), .. }) => say_err!("policer: {e}"),
         None => {
             say_err!(

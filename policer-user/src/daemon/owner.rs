@@ -841,6 +841,11 @@ impl Daemon {
                 spec.global().unwrap_or_default()
             )));
         }
+        if let Some(g) = &self.global
+            && let Some(why) = want.values().find_map(|s| s.fleet_refusal(g.period))
+        {
+            return Err(Error::Invalid(format!("{path}: {why}; nothing changed")));
+        }
         // The new file's protected prefixes apply with its rules and sets.
         let protect = crate::protect::Protect::parse(&snap.config.daemon.protect)?;
         // The config's sets: every list file read and checked against the
@@ -1390,6 +1395,11 @@ impl Daemon {
             (rc.rate, rc.burst) = (None, None);
         }
         let spec = rc.validate()?;
+        if let Some(g) = &self.global
+            && let Some(why) = spec.fleet_refusal(g.period)
+        {
+            return Err(Error::Invalid(format!("{why}; nothing changed")));
+        }
         if let (Some(name), None) = (spec.global(), &self.global) {
             return Err(Error::Invalid(format!(
                 "{}: --global {name}: the config has no [global] table (the Redis the fleet's budgets are leased \
